@@ -1,0 +1,331 @@
+"""The metadata image: the cluster's metadata as plain state, changed only by `apply(record)`.
+
+No I/O happens here. Controllers keep one image as their replicated state; brokers replay the
+same log into their own image (Kafka's KRaft MetadataImage is the model). The image is a
+pydantic model so it snapshots to JSON and pickles (pysyncobj snapshots by pickling).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+
+from pydantic import BaseModel, Field
+
+from controlplane import records as r
+from controlplane.records import ObjectState, StreamState
+
+
+class BrokerState(BaseModel):
+    node_id: int
+    node_epoch: int
+    az: str
+    host: str
+    kafka_port: int
+    incarnation_id: str
+    fenced: bool = True
+    registered_ms: int = 0
+    fence_reason: str = ""
+
+
+class NodeWALState(BaseModel):
+    node_id: int
+    node_epoch: int
+    wal_uri: str
+    failover_mode: bool = False
+    failover_target_node_id: int | None = None
+
+
+class PartitionState(BaseModel):
+    partition: int
+    leader_node_id: int
+    leader_epoch: int
+    stream_id: int
+
+
+class TopicState(BaseModel):
+    topic_id: str
+    name: str
+    configs: dict[str, str] = Field(default_factory=dict)
+    partitions: dict[int, PartitionState] = Field(default_factory=dict)
+
+
+class RangeState(BaseModel):
+    range_index: int
+    epoch: int
+    start_offset: int
+    end_offset: int
+    node_id: int
+
+
+class ObjectRange(BaseModel):
+    """Where a stream's offsets [start, end) live: a stream-set object or a stream object."""
+
+    object_id: int
+    start_offset: int
+    end_offset: int
+    kind: str  # "sso" | "so"
+
+
+class StreamMetaState(BaseModel):
+    stream_id: int
+    epoch: int = -1
+    state: StreamState = StreamState.CLOSED
+    node_id: int = -1
+    start_offset: int = 0
+    ranges: list[RangeState] = Field(default_factory=list)
+    tags: dict[str, str] = Field(default_factory=dict)
+    # sorted by start_offset; the read path's index from offsets to objects
+    object_ranges: list[ObjectRange] = Field(default_factory=list)
+
+    @property
+    def end_offset(self) -> int:
+        """The committed end: offsets below it are in objects."""
+        return self.ranges[-1].end_offset if self.ranges else self.start_offset
+
+
+class ObjectMetaState(BaseModel):
+    object_id: int
+    state: ObjectState
+    bucket_id: int = 0
+    size_bytes: int = 0
+    prepared_ms: int = 0
+    deadline_ms: int = 0
+    committed_ms: int = 0
+    mark_destroyed_ms: int = 0
+
+
+class StreamSetObjectState(BaseModel):
+    object_id: int
+    node_id: int
+    order_id: int
+    ranges: list[r.StreamOffsetRange]
+    committed_ms: int
+
+
+class StreamObjectState(BaseModel):
+    object_id: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    committed_ms: int
+
+
+class RouteEpochState(BaseModel):
+    current_epoch: int = 0
+    fenced_epoch: int = -1
+    committed_epoch: int = -1
+
+
+class MetadataImage(BaseModel):
+    """All cluster metadata at one log offset."""
+
+    offset: int = -1  # offset of the last applied record
+    brokers: dict[int, BrokerState] = Field(default_factory=dict)
+    node_wals: dict[int, NodeWALState] = Field(default_factory=dict)
+    topics: dict[str, TopicState] = Field(default_factory=dict)
+    topic_ids_by_name: dict[str, str] = Field(default_factory=dict)
+    streams: dict[int, StreamMetaState] = Field(default_factory=dict)
+    objects: dict[int, ObjectMetaState] = Field(default_factory=dict)
+    stream_set_objects: dict[int, StreamSetObjectState] = Field(default_factory=dict)
+    stream_objects: dict[int, StreamObjectState] = Field(default_factory=dict)
+    route_epoch: RouteEpochState = Field(default_factory=RouteEpochState)
+    active_bucket_id: int = 0
+    kv: dict[str, str] = Field(default_factory=dict)
+    next_object_id: int = 0
+    next_stream_id: int = 0
+
+    # ------------------------------------------------------------ apply
+
+    def apply(self, record: r.MetadataRecord, offset: int | None = None) -> None:
+        """Apply one record. Records are validated before they are logged, so this never fails."""
+        handler = getattr(self, "_apply_" + record.type)
+        handler(record)
+        if offset is not None:
+            self.offset = offset
+
+    def _apply_register_broker(self, rec: r.RegisterBrokerRecord) -> None:
+        self.brokers[rec.node_id] = BrokerState(
+            node_id=rec.node_id, node_epoch=rec.node_epoch, az=rec.az, host=rec.host,
+            kafka_port=rec.kafka_port, incarnation_id=rec.incarnation_id, fenced=True,
+            registered_ms=rec.registered_ms,
+        )
+
+    def _apply_fence_broker(self, rec: r.FenceBrokerRecord) -> None:
+        broker = self.brokers.get(rec.node_id)
+        if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker.fenced = True
+            broker.fence_reason = rec.reason
+
+    def _apply_unfence_broker(self, rec: r.UnfenceBrokerRecord) -> None:
+        broker = self.brokers.get(rec.node_id)
+        if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker.fenced = False
+            broker.fence_reason = ""
+
+    def _apply_unregister_broker(self, rec: r.UnregisterBrokerRecord) -> None:
+        self.brokers.pop(rec.node_id, None)
+
+    def _apply_node_wal(self, rec: r.NodeWALMetadataRecord) -> None:
+        self.node_wals[rec.node_id] = NodeWALState(**rec.model_dump(exclude={"type"}))
+
+    def _apply_topic(self, rec: r.TopicRecord) -> None:
+        existing = self.topics.get(rec.topic_id)
+        partitions = existing.partitions if existing else {}
+        self.topics[rec.topic_id] = TopicState(
+            topic_id=rec.topic_id, name=rec.name, configs=dict(rec.configs), partitions=partitions)
+        self.topic_ids_by_name[rec.name] = rec.topic_id
+
+    def _apply_partition(self, rec: r.PartitionRecord) -> None:
+        topic = self.topics[rec.topic_id]
+        topic.partitions[rec.partition] = PartitionState(
+            partition=rec.partition, leader_node_id=rec.leader_node_id,
+            leader_epoch=rec.leader_epoch, stream_id=rec.stream_id)
+
+    def _apply_remove_topic(self, rec: r.RemoveTopicRecord) -> None:
+        topic = self.topics.pop(rec.topic_id, None)
+        if topic is not None:
+            self.topic_ids_by_name.pop(topic.name, None)
+
+    def _apply_create_stream(self, rec: r.CreateStreamRecord) -> None:
+        self.streams[rec.stream_id] = StreamMetaState(stream_id=rec.stream_id, tags=dict(rec.tags))
+        self.next_stream_id = max(self.next_stream_id, rec.stream_id + 1)
+
+    def _apply_stream_epoch(self, rec: r.StreamEpochRecord) -> None:
+        stream = self.streams[rec.stream_id]
+        stream.epoch = rec.epoch
+        stream.state = rec.state
+        stream.node_id = rec.node_id
+
+    def _apply_range(self, rec: r.RangeRecord) -> None:
+        stream = self.streams[rec.stream_id]
+        new = RangeState(range_index=rec.range_index, epoch=rec.epoch,
+                         start_offset=rec.start_offset, end_offset=rec.end_offset,
+                         node_id=rec.node_id)
+        if stream.ranges and stream.ranges[-1].range_index == rec.range_index:
+            stream.ranges[-1] = new
+        else:
+            stream.ranges.append(new)
+
+    def _apply_trim_stream(self, rec: r.TrimStreamRecord) -> None:
+        stream = self.streams[rec.stream_id]
+        stream.start_offset = rec.start_offset
+        # ranges wholly below the new start are gone; the last range always stays
+        while len(stream.ranges) > 1 and stream.ranges[0].end_offset <= rec.start_offset:
+            stream.ranges.pop(0)
+
+    def _apply_delete_stream(self, rec: r.DeleteStreamRecord) -> None:
+        self.streams.pop(rec.stream_id, None)
+
+    def _apply_s3_object(self, rec: r.S3ObjectRecord) -> None:
+        self.objects[rec.object_id] = ObjectMetaState(**rec.model_dump(exclude={"type"}))
+        self.next_object_id = max(self.next_object_id, rec.object_id + 1)
+
+    def _apply_remove_s3_object(self, rec: r.RemoveS3ObjectRecord) -> None:
+        self.objects.pop(rec.object_id, None)
+
+    def _apply_stream_set_object(self, rec: r.StreamSetObjectRecord) -> None:
+        self.stream_set_objects[rec.object_id] = StreamSetObjectState(
+            object_id=rec.object_id, node_id=rec.node_id, order_id=rec.order_id,
+            ranges=list(rec.ranges), committed_ms=rec.committed_ms)
+        for rng in rec.ranges:
+            stream = self.streams.get(rng.stream_id)
+            if stream is not None:
+                _insert_object_range(stream, ObjectRange(
+                    object_id=rec.object_id, start_offset=rng.start_offset,
+                    end_offset=rng.end_offset, kind="sso"))
+
+    def _apply_remove_stream_set_object(self, rec: r.RemoveStreamSetObjectRecord) -> None:
+        sso = self.stream_set_objects.pop(rec.object_id, None)
+        if sso is None:
+            return
+        for rng in sso.ranges:
+            stream = self.streams.get(rng.stream_id)
+            if stream is not None:
+                _remove_object_range(stream, rec.object_id)
+
+    def _apply_stream_object(self, rec: r.StreamObjectRecord) -> None:
+        self.stream_objects[rec.object_id] = StreamObjectState(
+            object_id=rec.object_id, stream_id=rec.stream_id, start_offset=rec.start_offset,
+            end_offset=rec.end_offset, committed_ms=rec.committed_ms)
+        stream = self.streams.get(rec.stream_id)
+        if stream is not None:
+            _insert_object_range(stream, ObjectRange(
+                object_id=rec.object_id, start_offset=rec.start_offset,
+                end_offset=rec.end_offset, kind="so"))
+
+    def _apply_remove_stream_object(self, rec: r.RemoveStreamObjectRecord) -> None:
+        self.stream_objects.pop(rec.object_id, None)
+        stream = self.streams.get(rec.stream_id)
+        if stream is not None:
+            _remove_object_range(stream, rec.object_id)
+
+    def _apply_route_epoch(self, rec: r.RouteEpochRecord) -> None:
+        self.route_epoch = RouteEpochState(current_epoch=rec.current_epoch,
+                                           fenced_epoch=rec.fenced_epoch,
+                                           committed_epoch=rec.committed_epoch)
+
+    def _apply_bucket_failover(self, rec: r.BucketFailoverRecord) -> None:
+        self.active_bucket_id = rec.active_bucket_id
+
+    def _apply_kv(self, rec: r.KVRecord) -> None:
+        if rec.value is None:
+            self.kv.pop(rec.key, None)
+        else:
+            self.kv[rec.key] = rec.value
+
+    def _apply_next_ids(self, rec: r.NextIdsRecord) -> None:
+        self.next_object_id = max(self.next_object_id, rec.next_object_id)
+        self.next_stream_id = max(self.next_stream_id, rec.next_stream_id)
+
+    # ------------------------------------------------------------ queries (pure)
+
+    def topic_by_name(self, name: str) -> TopicState | None:
+        topic_id = self.topic_ids_by_name.get(name)
+        return self.topics.get(topic_id) if topic_id else None
+
+    def stream_objects_in_range(self, stream_id: int, start_offset: int, end_offset: int,
+                                limit: int = 1000) -> list[tuple[ObjectRange, ObjectMetaState]]:
+        """Committed objects holding offsets of [start, end) of a stream, in offset order.
+
+        Where a stream object and a stream-set object overlap (compaction in progress), the
+        one that starts at the next needed offset wins; the result is contiguous as far as the
+        metadata allows.
+        """
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return []
+        result: list[tuple[ObjectRange, ObjectMetaState]] = []
+        ranges = stream.object_ranges
+        starts = [o.start_offset for o in ranges]
+        i = max(bisect.bisect_right(starts, start_offset) - 1, 0)
+        next_offset = start_offset
+        while i < len(ranges) and len(result) < limit and next_offset < end_offset:
+            o = ranges[i]
+            i += 1
+            if o.end_offset <= next_offset or o.start_offset > next_offset:
+                if o.start_offset > next_offset:
+                    break
+                continue
+            meta = self.objects.get(o.object_id)
+            if meta is None or meta.state != ObjectState.COMMITTED:
+                continue
+            result.append((o, meta))
+            next_offset = o.end_offset
+        return result
+
+    def fingerprint(self) -> str:
+        """A hash of the whole image: equal images on every node mean equal state."""
+        return hashlib.sha256(self.model_dump_json(exclude={"offset"}).encode()).hexdigest()
+
+
+def _insert_object_range(stream: StreamMetaState, obj: ObjectRange) -> None:
+    keys = [(o.start_offset, o.object_id) for o in stream.object_ranges]
+    idx = bisect.bisect_left(keys, (obj.start_offset, obj.object_id))
+    if idx < len(keys) and keys[idx] == (obj.start_offset, obj.object_id):
+        return
+    stream.object_ranges.insert(idx, obj)
+
+
+def _remove_object_range(stream: StreamMetaState, object_id: int) -> None:
+    stream.object_ranges = [o for o in stream.object_ranges if o.object_id != object_id]

@@ -1,0 +1,268 @@
+"""The metadata log's record types.
+
+Every change to cluster metadata is one of these records, appended to the Raft-replicated
+metadata log and applied to a `MetadataImage` (see `image.py`) by controllers and by brokers
+alike. Records are pydantic models tagged by `type` so the log can be stored and shipped as
+JSON and decoded with one discriminated union.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ---------------------------------------------------------------- brokers and nodes
+
+class RegisterBrokerRecord(_Record):
+    """A broker (re)registered; it gets a new node epoch and starts fenced."""
+
+    type: Literal["register_broker"] = "register_broker"
+    node_id: int
+    node_epoch: int
+    az: str
+    host: str
+    kafka_port: int
+    incarnation_id: str
+    registered_ms: int
+
+
+class FenceBrokerRecord(_Record):
+    """The broker's session expired (or it shut down): it may no longer write."""
+
+    type: Literal["fence_broker"] = "fence_broker"
+    node_id: int
+    node_epoch: int
+    reason: str
+
+
+class UnfenceBrokerRecord(_Record):
+    """The broker caught up with the metadata log and heartbeats: it may serve."""
+
+    type: Literal["unfence_broker"] = "unfence_broker"
+    node_id: int
+    node_epoch: int
+
+
+class UnregisterBrokerRecord(_Record):
+    type: Literal["unregister_broker"] = "unregister_broker"
+    node_id: int
+
+
+class NodeWALMetadataRecord(_Record):
+    """Where a node's WAL lives and whether another node is recovering it (failover mode)."""
+
+    type: Literal["node_wal"] = "node_wal"
+    node_id: int
+    node_epoch: int
+    wal_uri: str
+    failover_mode: bool = False
+    failover_target_node_id: int | None = None
+
+
+# ---------------------------------------------------------------- topics and partitions
+
+class TopicRecord(_Record):
+    type: Literal["topic"] = "topic"
+    topic_id: str
+    name: str
+    configs: dict[str, str] = Field(default_factory=dict)
+
+
+class PartitionRecord(_Record):
+    """A partition's placement. The stream epoch equals the leader epoch."""
+
+    type: Literal["partition"] = "partition"
+    topic_id: str
+    partition: int
+    leader_node_id: int
+    leader_epoch: int
+    stream_id: int
+
+
+class RemoveTopicRecord(_Record):
+    type: Literal["remove_topic"] = "remove_topic"
+    topic_id: str
+
+
+# ---------------------------------------------------------------- streams
+
+class StreamState(str, Enum):
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+class CreateStreamRecord(_Record):
+    type: Literal["create_stream"] = "create_stream"
+    stream_id: int
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class StreamEpochRecord(_Record):
+    """Open (new epoch, owner node) or close a stream; opening starts a new range."""
+
+    type: Literal["stream_epoch"] = "stream_epoch"
+    stream_id: int
+    epoch: int
+    state: StreamState
+    node_id: int
+
+
+class RangeRecord(_Record):
+    """One range of a stream: the offsets one epoch of one node wrote."""
+
+    type: Literal["range"] = "range"
+    stream_id: int
+    range_index: int
+    epoch: int
+    start_offset: int
+    end_offset: int
+    node_id: int
+
+
+class TrimStreamRecord(_Record):
+    type: Literal["trim_stream"] = "trim_stream"
+    stream_id: int
+    start_offset: int
+
+
+class DeleteStreamRecord(_Record):
+    type: Literal["delete_stream"] = "delete_stream"
+    stream_id: int
+
+
+# ---------------------------------------------------------------- objects
+
+class ObjectState(str, Enum):
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    MARK_DESTROYED = "mark_destroyed"
+
+
+class S3ObjectRecord(_Record):
+    """An object's lifecycle: PREPARED -> COMMITTED -> MARK_DESTROYED -> (removed)."""
+
+    type: Literal["s3_object"] = "s3_object"
+    object_id: int
+    state: ObjectState
+    bucket_id: int = 0
+    size_bytes: int = 0
+    prepared_ms: int = 0
+    deadline_ms: int = 0
+    committed_ms: int = 0
+    mark_destroyed_ms: int = 0
+
+
+class RemoveS3ObjectRecord(_Record):
+    """The object was deleted from its bucket; forget it."""
+
+    type: Literal["remove_s3_object"] = "remove_s3_object"
+    object_id: int
+
+
+class StreamOffsetRange(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+
+
+class StreamSetObjectRecord(_Record):
+    """A stream-set object: many streams' data uploaded by one node in one object."""
+
+    type: Literal["stream_set_object"] = "stream_set_object"
+    object_id: int
+    node_id: int
+    order_id: int
+    ranges: tuple[StreamOffsetRange, ...]
+    committed_ms: int
+
+
+class RemoveStreamSetObjectRecord(_Record):
+    type: Literal["remove_stream_set_object"] = "remove_stream_set_object"
+    object_id: int
+
+
+class StreamObjectRecord(_Record):
+    """A stream object: one stream's contiguous offsets in one object."""
+
+    type: Literal["stream_object"] = "stream_object"
+    object_id: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    committed_ms: int
+
+
+class RemoveStreamObjectRecord(_Record):
+    type: Literal["remove_stream_object"] = "remove_stream_object"
+    object_id: int
+    stream_id: int
+
+
+# ---------------------------------------------------------------- routing, failover, KV
+
+class RouteEpochRecord(_Record):
+    """Zone-router epochs: proxies may write for `current`; `fenced` and below are closed."""
+
+    type: Literal["route_epoch"] = "route_epoch"
+    current_epoch: int
+    fenced_epoch: int
+    committed_epoch: int
+
+
+class BucketFailoverRecord(_Record):
+    """Which bucket new objects go to (object-storage failover)."""
+
+    type: Literal["bucket_failover"] = "bucket_failover"
+    active_bucket_id: int
+    reason: str = ""
+    changed_ms: int = 0
+
+
+class KVRecord(_Record):
+    type: Literal["kv"] = "kv"
+    key: str
+    value: str | None  # None deletes
+
+
+class NextIdsRecord(_Record):
+    """Allocates id ranges (objects, streams) so ids are never reused."""
+
+    type: Literal["next_ids"] = "next_ids"
+    next_object_id: int
+    next_stream_id: int
+
+
+MetadataRecord = Annotated[
+    Union[
+        RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
+        NodeWALMetadataRecord, TopicRecord, PartitionRecord, RemoveTopicRecord,
+        CreateStreamRecord, StreamEpochRecord, RangeRecord, TrimStreamRecord, DeleteStreamRecord,
+        S3ObjectRecord, RemoveS3ObjectRecord, StreamSetObjectRecord, RemoveStreamSetObjectRecord,
+        StreamObjectRecord, RemoveStreamObjectRecord, RouteEpochRecord, BucketFailoverRecord,
+        KVRecord, NextIdsRecord,
+    ],
+    Field(discriminator="type"),
+]
+
+_RECORD_ADAPTER: TypeAdapter = TypeAdapter(MetadataRecord)
+
+
+def decode_record(data: dict | str | bytes) -> MetadataRecord:
+    """Decode one record from its JSON (text or already-parsed dict)."""
+    if isinstance(data, (str, bytes)):
+        return _RECORD_ADAPTER.validate_json(data)
+    return _RECORD_ADAPTER.validate_python(data)
+
+
+def encode_record(record: _Record) -> str:
+    """The record's JSON text as stored in the metadata log."""
+    return record.model_dump_json()

@@ -1,0 +1,256 @@
+"""Bodies of the controller API (pydantic): what brokers, the CLI and Spark jobs send.
+
+Each request class has a `command` name; the API posts it to `/v1/<command>` and the quorum
+replicates `(command, body)` so every controller validates and applies it identically.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_PARTITIONS_PER_TOPIC = 10_000
+MAX_RANGES_PER_COMMIT = 10_000
+MAX_OBJECTS_PER_PREPARE = 1_000
+MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    command: ClassVar[str]
+
+
+# ---------------------------------------------------------------- brokers
+
+class RegisterBrokerRequest(_Request):
+    command: ClassVar[str] = "register_broker"
+    node_id: int = Field(ge=0)
+    az: str = Field(min_length=1, max_length=64)
+    host: str = Field(min_length=1, max_length=255)
+    kafka_port: int = Field(ge=0, le=65535)
+    incarnation_id: str = Field(min_length=1, max_length=64)
+    wal_uri: str = Field(default="", max_length=1024)
+
+
+class RegisterBrokerResponse(BaseModel):
+    node_id: int
+    node_epoch: int
+
+
+class BrokerHeartbeatRequest(_Request):
+    command: ClassVar[str] = "broker_heartbeat"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    metadata_offset: int = -1  # how far the broker has replayed the log
+
+
+class BrokerHeartbeatResponse(BaseModel):
+    fenced: bool
+    node_epoch: int
+
+
+class FenceBrokerRequest(_Request):
+    """Fence a broker now (controlled shutdown, operator action)."""
+
+    command: ClassVar[str] = "fence_broker"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    reason: str = Field(default="requested", max_length=256)
+
+
+# ---------------------------------------------------------------- topics
+
+class CreateTopicRequest(_Request):
+    command: ClassVar[str] = "create_topic"
+    name: str = Field(min_length=1, max_length=249)
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS_PER_TOPIC)
+    configs: dict[str, str] = Field(default_factory=dict)
+    # filled in by the API before replication so every controller picks the same id
+    topic_id: str | None = None
+
+
+class CreateTopicResponse(BaseModel):
+    topic_id: str
+    name: str
+    partitions: int
+
+
+class DeleteTopicRequest(_Request):
+    command: ClassVar[str] = "delete_topic"
+    name: str = Field(min_length=1, max_length=249)
+
+
+class CreatePartitionsRequest(_Request):
+    command: ClassVar[str] = "create_partitions"
+    name: str = Field(min_length=1, max_length=249)
+    total_count: int = Field(ge=1, le=MAX_PARTITIONS_PER_TOPIC)
+
+
+# ---------------------------------------------------------------- streams
+
+class CreateStreamRequest(_Request):
+    command: ClassVar[str] = "create_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class CreateStreamResponse(BaseModel):
+    stream_id: int
+
+
+class OpenStreamRequest(_Request):
+    command: ClassVar[str] = "open_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+
+
+class OpenStreamResponse(BaseModel):
+    stream_id: int
+    stream_epoch: int
+    start_offset: int
+    next_offset: int
+
+
+class CloseStreamRequest(_Request):
+    command: ClassVar[str] = "close_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+
+
+class TrimStreamRequest(_Request):
+    command: ClassVar[str] = "trim_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+    new_start_offset: int = Field(ge=0)
+
+
+class DeleteStreamRequest(_Request):
+    command: ClassVar[str] = "delete_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+
+
+# ---------------------------------------------------------------- objects
+
+class PrepareObjectsRequest(_Request):
+    command: ClassVar[str] = "prepare_objects"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    count: int = Field(ge=1, le=MAX_OBJECTS_PER_PREPARE)
+    ttl_ms: int = Field(ge=1, le=MAX_PREPARE_TTL_MS)
+
+
+class PrepareObjectsResponse(BaseModel):
+    first_object_id: int
+    count: int
+    bucket_id: int  # the bucket new objects go to (object-storage failover may change it)
+
+
+class ObjectStreamRange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+    start_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+
+
+class StreamObjectSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    object_id: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+    start_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+    size_bytes: int = Field(ge=0)
+
+
+class CommitStreamSetObjectRequest(_Request):
+    """Atomically: commit a stream-set object and stream objects, advance the streams'
+    ranges (with a continuity check) and mark compacted objects destroyed.
+
+    `object_id` is -1 when the upload produced only stream objects.
+    """
+
+    command: ClassVar[str] = "commit_stream_set_object"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    object_id: int = Field(ge=-1)
+    order_id: int = Field(ge=0)
+    size_bytes: int = Field(ge=0)
+    bucket_id: int = Field(ge=0)
+    stream_ranges: list[ObjectStreamRange] = Field(default_factory=list,
+                                                   max_length=MAX_RANGES_PER_COMMIT)
+    stream_objects: list[StreamObjectSpec] = Field(default_factory=list,
+                                                   max_length=MAX_RANGES_PER_COMMIT)
+    compacted_object_ids: list[int] = Field(default_factory=list,
+                                            max_length=MAX_RANGES_PER_COMMIT)
+
+
+class CommitStreamObjectRequest(_Request):
+    """Commit a stream object made by compaction from `source_object_ids`."""
+
+    command: ClassVar[str] = "commit_stream_object"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    object_id: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    start_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+    size_bytes: int = Field(ge=0)
+    bucket_id: int = Field(ge=0)
+    source_object_ids: list[int] = Field(default_factory=list, max_length=MAX_RANGES_PER_COMMIT)
+
+
+class DeletedObjectsRequest(_Request):
+    """The lifecycle task deleted these MARK_DESTROYED objects from their buckets."""
+
+    command: ClassVar[str] = "objects_deleted"
+    object_ids: list[int] = Field(max_length=MAX_RANGES_PER_COMMIT)
+
+
+# ---------------------------------------------------------------- cluster-wide
+
+class SetActiveBucketRequest(_Request):
+    command: ClassVar[str] = "set_active_bucket"
+    bucket_id: int = Field(ge=0)
+    reason: str = Field(default="", max_length=256)
+
+
+class PutKVRequest(_Request):
+    command: ClassVar[str] = "put_kv"
+    key: str = Field(min_length=1, max_length=1024)
+    value: str | None = Field(default=None, max_length=1_000_000)
+
+
+class LifecycleTickRequest(_Request):
+    """Sent by the leader's timer: fence expired sessions, expire prepared objects."""
+
+    command: ClassVar[str] = "lifecycle_tick"
+    expired_brokers: list[tuple[int, int]] = Field(default_factory=list)  # (node_id, epoch)
+
+
+class EmptyResponse(BaseModel):
+    pass
+
+
+REQUEST_TYPES: dict[str, type[_Request]] = {
+    cls.command: cls
+    for cls in (
+        RegisterBrokerRequest, BrokerHeartbeatRequest, FenceBrokerRequest,
+        CreateTopicRequest, DeleteTopicRequest, CreatePartitionsRequest,
+        CreateStreamRequest, OpenStreamRequest, CloseStreamRequest, TrimStreamRequest,
+        DeleteStreamRequest, PrepareObjectsRequest, CommitStreamSetObjectRequest,
+        CommitStreamObjectRequest, DeletedObjectsRequest, SetActiveBucketRequest,
+        PutKVRequest, LifecycleTickRequest,
+    )
+}

@@ -1,0 +1,153 @@
+"""The replicated state machine: a command in, validated records out, applied to the image.
+
+Commands (not records) are what the Raft log replicates: every voter runs the same
+deterministic validation against the same image, so two racing requests can never both pass
+a check that only one of them may pass. Time enters only as the command's `now_ms`, stamped
+by the controller that received the request. No I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from controlplane import brokers, objects, records as r, streams, topics
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.image import MetadataImage
+from controlplane.records import encode_record
+from controlplane.requests import (
+    REQUEST_TYPES,
+    LifecycleTickRequest,
+    PutKVRequest,
+    SetActiveBucketRequest,
+)
+from controlplane.settings import ControllerSettings
+
+
+def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int):
+    recs = brokers.fence_expired_brokers(image, req.expired_brokers)
+    recs += objects.expire_prepared_objects(image, now_ms)
+    return recs, {"records": len(recs)}
+
+
+def _set_active_bucket(image: MetadataImage, req: SetActiveBucketRequest, now_ms: int,
+                       settings: ControllerSettings):
+    if req.bucket_id not in settings.bucket_ids:
+        raise ControllerError(ErrorCode.UNKNOWN_BUCKET,
+                              f"bucket {req.bucket_id} is not configured "
+                              f"(known: {settings.bucket_ids})")
+    if image.active_bucket_id == req.bucket_id:
+        return [], {"active_bucket_id": req.bucket_id}
+    return ([r.BucketFailoverRecord(active_bucket_id=req.bucket_id, reason=req.reason,
+                                    changed_ms=now_ms)],
+            {"active_bucket_id": req.bucket_id})
+
+
+def _put_kv(image: MetadataImage, req: PutKVRequest, now_ms: int):
+    return [r.KVRecord(key=req.key, value=req.value)], {}
+
+
+_Handler = Callable[..., tuple[list, Any]]
+_HANDLERS: dict[str, tuple[_Handler, bool]] = {
+    # command -> (handler, needs settings)
+    "register_broker": (brokers.register_broker, False),
+    "broker_heartbeat": (brokers.broker_heartbeat, False),
+    "fence_broker": (brokers.fence_broker, False),
+    "create_topic": (topics.create_topic, False),
+    "delete_topic": (topics.delete_topic, False),
+    "create_partitions": (topics.create_partitions, False),
+    "create_stream": (streams.create_stream, False),
+    "open_stream": (streams.open_stream, False),
+    "close_stream": (streams.close_stream, False),
+    "trim_stream": (streams.trim_stream, False),
+    "delete_stream": (streams.delete_stream, False),
+    "prepare_objects": (objects.prepare_objects, False),
+    "commit_stream_set_object": (objects.commit_stream_set_object, True),
+    "commit_stream_object": (objects.commit_stream_object, True),
+    "objects_deleted": (objects.objects_deleted, False),
+    "set_active_bucket": (_set_active_bucket, True),
+    "put_kv": (_put_kv, False),
+    "lifecycle_tick": (_lifecycle_tick, False),
+}
+assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
+
+
+class MetadataStateMachine:
+    """Image + the in-memory tail of the metadata log (JSON lines with offsets).
+
+    Picklable (no locks): pysyncobj snapshots it by pickling.
+    """
+
+    def __init__(self, settings: ControllerSettings | None = None):
+        self.settings = settings or ControllerSettings()
+        self.image = MetadataImage()
+        self.log: list[str] = []          # JSON text of records log_start_offset ...
+        self.log_start_offset = 0          # offset of self.log[0]
+        self.next_offset = 0               # offset the next record gets
+
+    # ------------------------------------------------------------ commands
+
+    def execute(self, command: str, body: dict, now_ms: int) -> dict:
+        """Validate and apply one command; returns {"result": ...} or {"error": {...}}.
+
+        A rejected command changes nothing.
+        """
+        try:
+            entry = _HANDLERS.get(command)
+            if entry is None:
+                raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
+            handler, needs_settings = entry
+            try:
+                req = REQUEST_TYPES[command].model_validate(body)
+            except ValidationError as exc:
+                raise ControllerError(ErrorCode.INVALID_REQUEST,
+                                      _validation_message(exc)) from None
+            if needs_settings:
+                recs, response = handler(self.image, req, now_ms, self.settings)
+            else:
+                recs, response = handler(self.image, req, now_ms)
+        except ControllerError as exc:
+            return exc.to_dict()
+        self.append(recs)
+        if isinstance(response, BaseModel):
+            response = response.model_dump(mode="json")
+        return {"result": response, "offset": self.next_offset - 1}
+
+    def append(self, recs: list) -> None:
+        for rec in recs:
+            self.image.apply(rec, self.next_offset)
+            self.log.append(encode_record(rec))
+            self.next_offset += 1
+        overflow = len(self.log) - self.settings.log_retention_records
+        if overflow > 0:
+            del self.log[:overflow]
+            self.log_start_offset += overflow
+
+    # ------------------------------------------------------------ log reading
+
+    def read_log(self, after_offset: int, max_records: int = 1000) -> dict:
+        """Records with offset > after_offset, or the image snapshot if they are gone.
+
+        A follower that was behind the retained tail gets `snapshot` (the image JSON at
+        `snapshot_offset`) and continues reading after that offset.
+        """
+        start = after_offset + 1
+        if start < self.log_start_offset:
+            return {"snapshot": json.loads(self.image.model_dump_json()),
+                    "snapshot_offset": self.next_offset - 1, "records": [],
+                    "next_offset": self.next_offset}
+        idx = start - self.log_start_offset
+        chunk = self.log[idx: idx + max_records]
+        return {"records": [{"offset": start + i, "record": json.loads(text)}
+                            for i, text in enumerate(chunk)],
+                "next_offset": self.next_offset}
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "malformed request: " + "; ".join(parts)

@@ -1,0 +1,96 @@
+"""Topics and partitions: creation with balanced leaders, deletion, partition growth."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from controlplane import records as r
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.image import MetadataImage
+from controlplane.requests import (
+    CreatePartitionsRequest,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+)
+from controlplane.streams import delete_stream_records
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's rules: letters, digits, '.', '_', '-'; at most 249; not '.' or '..'."""
+    if not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise ControllerError(ErrorCode.INVALID_TOPIC_NAME,
+                              f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-]")
+
+
+def _leader_choices(image: MetadataImage, count: int) -> list[int]:
+    """Leaders for `count` new partitions: unfenced brokers with the fewest leaderships first."""
+    live = sorted(b.node_id for b in image.brokers.values() if not b.fenced)
+    if not live:
+        raise ControllerError(ErrorCode.NOT_ENOUGH_BROKERS, "no unfenced broker to lead partitions")
+    load: Counter[int] = Counter({node: 0 for node in live})
+    for topic in image.topics.values():
+        for p in topic.partitions.values():
+            if p.leader_node_id in load:
+                load[p.leader_node_id] += 1
+    leaders = []
+    for _ in range(count):
+        node = min(live, key=lambda n: (load[n], n))
+        leaders.append(node)
+        load[node] += 1
+    return leaders
+
+
+def _partition_records(image: MetadataImage, topic_id: str, name: str, first: int,
+                       count: int) -> list:
+    recs: list = []
+    next_stream = image.next_stream_id
+    for i, leader in enumerate(_leader_choices(image, count)):
+        partition = first + i
+        stream_id = next_stream + i
+        recs.append(r.CreateStreamRecord(stream_id=stream_id,
+                                         tags={"topic": name, "topic_id": topic_id,
+                                               "partition": str(partition)}))
+        recs.append(r.PartitionRecord(topic_id=topic_id, partition=partition,
+                                      leader_node_id=leader, leader_epoch=0,
+                                      stream_id=stream_id))
+    return recs
+
+
+def create_topic(image: MetadataImage, req: CreateTopicRequest, now_ms: int):
+    validate_topic_name(req.name)
+    if req.topic_id is None:
+        raise ControllerError(ErrorCode.INVALID_REQUEST, "topic_id must be assigned by the API")
+    if req.name in image.topic_ids_by_name:
+        raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {req.name!r} already exists")
+    recs: list = [r.TopicRecord(topic_id=req.topic_id, name=req.name, configs=req.configs)]
+    recs += _partition_records(image, req.topic_id, req.name, 0, req.partitions)
+    return recs, CreateTopicResponse(topic_id=req.topic_id, name=req.name,
+                                     partitions=req.partitions)
+
+
+def delete_topic(image: MetadataImage, req: DeleteTopicRequest, now_ms: int):
+    topic = image.topic_by_name(req.name)
+    if topic is None:
+        raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {req.name!r} does not exist")
+    stream_ids = [p.stream_id for p in topic.partitions.values() if p.stream_id in image.streams]
+    recs: list = delete_stream_records(image, sorted(stream_ids), now_ms)
+    recs.append(r.RemoveTopicRecord(topic_id=topic.topic_id))
+    return recs, {"topic_id": topic.topic_id}
+
+
+def create_partitions(image: MetadataImage, req: CreatePartitionsRequest, now_ms: int):
+    topic = image.topic_by_name(req.name)
+    if topic is None:
+        raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {req.name!r} does not exist")
+    current = len(topic.partitions)
+    if req.total_count <= current:
+        raise ControllerError(ErrorCode.INVALID_PARTITIONS,
+                              f"topic {req.name!r} has {current} partitions; the new count "
+                              f"{req.total_count} must be greater")
+    recs = _partition_records(image, topic.topic_id, topic.name, current,
+                              req.total_count - current)
+    return recs, {"partitions": req.total_count}
