@@ -89,30 +89,48 @@ class MetadataStateMachine:
 
     # ------------------------------------------------------------ commands
 
+    def _run(self, command: str, body: dict, now_ms: int) -> tuple[list, Any]:
+        """Validate a command against the image: (records to append, response)."""
+        entry = _HANDLERS.get(command)
+        if entry is None:
+            raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
+        handler, needs_settings = entry
+        try:
+            req = REQUEST_TYPES[command].model_validate(body)
+        except ValidationError as exc:
+            raise ControllerError(ErrorCode.INVALID_REQUEST, _validation_message(exc)) from None
+        if needs_settings:
+            recs, response = handler(self.image, req, now_ms, self.settings)
+        else:
+            recs, response = handler(self.image, req, now_ms)
+        if isinstance(response, BaseModel):
+            response = response.model_dump(mode="json")
+        return recs, response
+
     def execute(self, command: str, body: dict, now_ms: int) -> dict:
         """Validate and apply one command; returns {"result": ...} or {"error": {...}}.
 
         A rejected command changes nothing.
         """
         try:
-            entry = _HANDLERS.get(command)
-            if entry is None:
-                raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
-            handler, needs_settings = entry
-            try:
-                req = REQUEST_TYPES[command].model_validate(body)
-            except ValidationError as exc:
-                raise ControllerError(ErrorCode.INVALID_REQUEST,
-                                      _validation_message(exc)) from None
-            if needs_settings:
-                recs, response = handler(self.image, req, now_ms, self.settings)
-            else:
-                recs, response = handler(self.image, req, now_ms)
+            recs, response = self._run(command, body, now_ms)
         except ControllerError as exc:
             return exc.to_dict()
         self.append(recs)
-        if isinstance(response, BaseModel):
-            response = response.model_dump(mode="json")
+        return {"result": response, "offset": self.next_offset - 1}
+
+    def execute_readonly(self, command: str, body: dict, now_ms: int = 0) -> dict:
+        """Answer a command without logging anything; refused if it would emit records.
+
+        Used for routine heartbeats, whose handler emits no record for an active broker.
+        """
+        try:
+            recs, response = self._run(command, body, now_ms)
+        except ControllerError as exc:
+            return exc.to_dict()
+        if recs:
+            return ControllerError(ErrorCode.INVALID_REQUEST,
+                                   f"{command} must be replicated").to_dict()
         return {"result": response, "offset": self.next_offset - 1}
 
     def append(self, recs: list) -> None:

@@ -1,0 +1,183 @@
+"""The controller's HTTP/JSON service for brokers, the CLI and Spark jobs.
+
+    POST /v1/<command>            a request body from `requests.py`; writes go to the leader
+                                  (a follower answers 421 NOT_CONTROLLER with the leader's
+                                  address, which `ControllerClient` follows)
+    GET  /v1/log?after=N&max=M&wait_ms=T   metadata log records after offset N (long-poll);
+                                  any controller serves it from its replicated state
+    GET  /v1/status               raft state of this controller, brokers with heartbeat ages
+    GET  /v1/image                the whole metadata image (JSON)
+    GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
+    GET  /metrics                 Prometheus text format
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlparse
+
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.requests import REQUEST_TYPES
+
+if TYPE_CHECKING:
+    from controlplane.server import ControllerNode
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_CONCURRENT_REQUESTS = 64
+MAX_LONG_POLL_MS = 30_000
+MAX_LOG_RECORDS_PER_READ = 5_000
+
+_STATUS_FOR_ERROR = {
+    ErrorCode.NOT_CONTROLLER: 421,
+    ErrorCode.NO_LEADER: 503,
+    ErrorCode.TIMEOUT: 503,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.UNKNOWN_COMMAND: 404,
+    ErrorCode.REQUEST_TOO_LARGE: 413,
+}
+
+
+class ControllerHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], node: "ControllerNode"):
+        self.node = node
+        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ControllerHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: object) -> None:  # access log at debug level
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _send(self, status: int, body: dict | str, content_type: str = "application/json") -> None:
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, exc: ControllerError, extra: dict | None = None) -> None:
+        body = exc.to_dict()
+        if extra:
+            body["error"].update(extra)
+        self._send(_STATUS_FOR_ERROR.get(exc.code, 409), body)
+
+    def _guarded(self, fn) -> None:
+        if not self.server.slots.acquire(timeout=5):
+            self._send(503, ControllerError(ErrorCode.TIMEOUT, "controller busy").to_dict())
+            return
+        try:
+            fn()
+        except ControllerError as exc:
+            self._send_error(exc, self._leader_hint() if exc.code in (
+                ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER) else None)
+        except Exception as exc:  # a bug: answer 500 instead of dropping the connection
+            log.exception("internal error serving %s", self.path)
+            self._send(500, {"error": {"code": "INTERNAL", "message": str(exc)}})
+        finally:
+            self.server.slots.release()
+
+    def _leader_hint(self) -> dict:
+        node = self.server.node
+        leader_api = node.config.api_for_raft(node.quorum.leader_address())
+        return {"leader_api": leader_api} if leader_api else {}
+
+    # ------------------------------------------------------------ POST: commands
+
+    def do_POST(self) -> None:
+        self._guarded(self._post)
+
+    def _post(self) -> None:
+        path = urlparse(self.path).path
+        if not path.startswith("/v1/"):
+            raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {path}")
+        command = path[len("/v1/"):]
+        if command not in REQUEST_TYPES or command == "lifecycle_tick":
+            raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_REQUEST_BYTES:
+            self.close_connection = True
+            raise ControllerError(ErrorCode.REQUEST_TOO_LARGE,
+                                  f"request of {length} bytes is over {MAX_REQUEST_BYTES}")
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise ControllerError(ErrorCode.INVALID_REQUEST, f"body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ControllerError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
+        node = self.server.node
+        if not node.quorum.is_leader():
+            raise ControllerError(ErrorCode.NOT_CONTROLLER, "this controller is not the leader")
+        if command == "broker_heartbeat":
+            result = node.handle_heartbeat(body)
+        else:
+            if command == "create_topic" and isinstance(body, dict) and not body.get("topic_id"):
+                body["topic_id"] = str(uuid.uuid4())
+            result = node.quorum.submit(command, body)
+        if "error" in result:
+            code = ErrorCode(result["error"]["code"])
+            self._send(_STATUS_FOR_ERROR.get(code, 409), result)
+        else:
+            self._send(200, result)
+
+    # ------------------------------------------------------------ GET: reads
+
+    def do_GET(self) -> None:
+        self._guarded(self._get)
+
+    def _get(self) -> None:
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        node = self.server.node
+        if url.path == "/v1/log":
+            after = _int(query, "after", -1)
+            max_records = min(_int(query, "max", 1000), MAX_LOG_RECORDS_PER_READ)
+            wait_ms = min(_int(query, "wait_ms", 0), MAX_LONG_POLL_MS)
+            if wait_ms > 0:
+                node.quorum.wait_for_offset(after, wait_ms / 1000)
+            self._send(200, node.quorum.machine.read_log(after, max_records))
+        elif url.path == "/v1/status":
+            self._send(200, node.status())
+        elif url.path == "/v1/image":
+            self._send(200, node.quorum.machine.image.model_dump_json())
+        elif url.path.startswith("/v1/streams/") and url.path.endswith("/objects"):
+            stream_id = int(url.path.split("/")[3])
+            image = node.quorum.machine.image
+            found = image.stream_objects_in_range(stream_id, _int(query, "start", 0),
+                                                  _int(query, "end", 2**62),
+                                                  min(_int(query, "limit", 100), 10_000))
+            self._send(200, {"objects": [
+                {**rng.model_dump(), "bucket_id": meta.bucket_id, "size_bytes": meta.size_bytes}
+                for rng, meta in found]})
+        elif url.path == "/metrics":
+            from prometheus_client import generate_latest
+            self._send(200, generate_latest().decode(), "text/plain; version=0.0.4")
+        elif url.path == "/healthz":
+            self._send(200, {"ok": True, "time_ms": int(time.time() * 1000)})
+        else:
+            raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {url.path}")
+
+
+def _int(query: dict, key: str, default: int) -> int:
+    try:
+        return int(query.get(key, default))
+    except ValueError:
+        raise ControllerError(ErrorCode.INVALID_REQUEST, f"{key} must be an integer") from None

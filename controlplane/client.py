@@ -1,0 +1,134 @@
+"""ControllerClient: how brokers, the CLI and Spark jobs talk to the controller quorum.
+
+Writes go to the leader: the client remembers it, follows a follower's NOT_CONTROLLER hint,
+and on connection errors or NO_LEADER tries the other controllers with a bounded backoff
+until `timeout_s` has passed. Reads of the metadata log may go to any controller.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from pydantic import BaseModel
+
+from controlplane.errors import ControllerError, ErrorCode
+
+_RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
+
+
+class ControllerUnavailableError(ControllerError):
+    """No controller answered within the deadline."""
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.NO_LEADER, message)
+
+
+class ControllerClient:
+    def __init__(self, api_addresses: list[str], timeout_s: float = 15.0,
+                 request_timeout_s: float = 10.0):
+        if not api_addresses:
+            raise ValueError("at least one controller API address is needed")
+        self.addresses = list(api_addresses)
+        self.timeout_s = timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._leader: str | None = None
+
+    # ------------------------------------------------------------ transport
+
+    def _http(self, address: str, method: str, path: str, body: bytes | None,
+              timeout_s: float) -> tuple[int, Any]:
+        host, port = address.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------ commands
+
+    def call(self, command: str, body: dict | BaseModel, timeout_s: float | None = None) -> dict:
+        """Send one command to the leader and return its result; raise ControllerError."""
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json")
+        payload = json.dumps(body).encode()
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
+        attempt = 0
+        last_error = "no attempt"
+        while True:
+            address = self._leader or self.addresses[attempt % len(self.addresses)]
+            attempt += 1
+            try:
+                status, data = self._http(address, "POST", f"/v1/{command}", payload,
+                                          self.request_timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                self._leader = None
+                last_error = f"{address}: {exc}"
+            else:
+                if "error" not in data:
+                    self._leader = address
+                    return data.get("result", {})
+                err = data["error"]
+                try:
+                    code = ErrorCode(err.get("code"))
+                except ValueError:
+                    raise ControllerError(ErrorCode.INVALID_REQUEST,
+                                          f"{err.get('code')}: {err.get('message')}") from None
+                if code not in _RETRIABLE:
+                    raise ControllerError(code, err.get("message", ""))
+                last_error = f"{address}: {code.value} {err.get('message', '')}"
+                self._leader = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                if self._leader is not None and self._leader != address:
+                    continue  # follow the hint at once
+                self._leader = None
+            if time.monotonic() >= deadline:
+                raise ControllerUnavailableError(
+                    f"no controller leader answered {command} in time (last: {last_error})")
+            time.sleep(min(0.05 * (2 ** min(attempt, 5)), 0.5) * (0.5 + random.random()))
+
+    # ------------------------------------------------------------ reads
+
+    def _get(self, path: str, timeout_s: float | None = None,
+             address: str | None = None) -> Any:
+        """GET from `address` or from any controller that answers."""
+        candidates = [address] if address else (
+            [self._leader] if self._leader else []) + self.addresses
+        last_error = ""
+        for addr in candidates:
+            try:
+                status, data = self._http(addr, "GET", path, None,
+                                          timeout_s or self.request_timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                last_error = f"{addr}: {exc}"
+                continue
+            if status == 200:
+                return data
+            err = data.get("error", {}) if isinstance(data, dict) else {}
+            raise ControllerError(ErrorCode(err.get("code", "INVALID_REQUEST")),
+                                  err.get("message", f"HTTP {status}"))
+        raise ControllerUnavailableError(f"no controller reachable for {path} ({last_error})")
+
+    def read_log(self, after_offset: int, max_records: int = 1000, wait_ms: int = 0,
+                 address: str | None = None) -> dict:
+        query = urlencode({"after": after_offset, "max": max_records, "wait_ms": wait_ms})
+        return self._get(f"/v1/log?{query}", timeout_s=wait_ms / 1000 + self.request_timeout_s,
+                         address=address)
+
+    def status(self, address: str) -> dict:
+        return self._get("/v1/status", address=address)
+
+    def image(self) -> dict:
+        return self._get("/v1/image")
+
+    def stream_objects(self, stream_id: int, start_offset: int, end_offset: int,
+                       limit: int = 100) -> list[dict]:
+        query = urlencode({"start": start_offset, "end": end_offset, "limit": limit})
+        return self._get(f"/v1/streams/{stream_id}/objects?{query}")["objects"]

@@ -1,0 +1,53 @@
+"""Configuration of controller processes (pydantic; written by `automqctl cluster up`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from controlplane.settings import ControllerSettings
+
+
+class ControllerAddress(BaseModel):
+    node_id: int
+    host: str = "127.0.0.1"
+    raft_port: int
+    api_port: int
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+    @property
+    def api_address(self) -> str:
+        return f"{self.host}:{self.api_port}"
+
+
+class BucketConfig(BaseModel):
+    """One bucket of the object store. Secrets stay in the cluster directory (mode 0600)."""
+
+    bucket_id: int
+    uri: str  # e.g. 0@s3://automq-main?region=us-east-1&endpoint=http://127.0.0.1:8333
+    access_key: str = ""
+    secret_key: str = ""
+
+
+class QuorumConfig(BaseModel):
+    controllers: list[ControllerAddress]
+    password: str = Field(min_length=16)
+    settings: ControllerSettings = Field(default_factory=ControllerSettings)
+    buckets: list[BucketConfig] = Field(default_factory=list)
+
+    def controller(self, node_id: int) -> ControllerAddress:
+        for c in self.controllers:
+            if c.node_id == node_id:
+                return c
+        raise KeyError(f"controller {node_id} is not in the quorum config")
+
+    def api_addresses(self) -> list[str]:
+        return [c.api_address for c in self.controllers]
+
+    def api_for_raft(self, raft_address: str | None) -> str | None:
+        for c in self.controllers:
+            if c.raft_address == raft_address:
+                return c.api_address
+        return None

@@ -1,0 +1,236 @@
+"""A controller process: one quorum voter, its HTTP API, and the leader's timers.
+
+Heartbeats are kept in the leader's memory (as Kafka's controller does); only decisions
+(unfence, fence on session expiry) go into the metadata log. The leader's lifecycle task
+fences expired sessions, expires PREPARED objects past their deadline, and deletes
+MARK_DESTROYED objects from their own bucket after the retention.
+
+Run: python -m controlplane.server --config quorum.json --node-id 0 --data-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from controlplane.api import ControllerHTTPServer
+from controlplane.config import QuorumConfig
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.objects import expire_prepared_objects, objects_to_delete
+from controlplane.quorum import MetadataQuorum, RaftTimeouts
+from controlplane.records import ObjectState
+
+log = logging.getLogger("controlplane.server")
+
+LIFECYCLE_INTERVAL_S = 0.5
+MAX_DELETES_PER_ROUND = 1000
+
+# deletes keys from one bucket; returns the keys it could not delete
+ObjectDeleter = Callable[[int, list[int]], list[int]]
+
+
+class ControllerNode:
+    """Everything one controller process runs."""
+
+    def __init__(self, config: QuorumConfig, node_id: int, data_dir: Path,
+                 timeouts: RaftTimeouts | None = None,
+                 object_deleter: ObjectDeleter | None = None):
+        self.config = config
+        self.node_id = node_id
+        me = config.controller(node_id)
+        partners = [c.raft_address for c in config.controllers if c.node_id != node_id]
+        self.quorum = MetadataQuorum(me.raft_address, partners, data_dir, config.password,
+                                     config.settings, timeouts)
+        self.http = ControllerHTTPServer((me.host, me.api_port), self)
+        self.object_deleter = object_deleter
+        self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
+        self._hb_lock = threading.Lock()
+        self._was_leader = False
+        self._leader_since = 0.0
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self.http.serve_forever, name="api", daemon=True),
+            threading.Thread(target=self._lifecycle_loop, name="lifecycle", daemon=True),
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+        log.info("controller %d serving API on %s, raft on %s", self.node_id,
+                 self.config.controller(self.node_id).api_address,
+                 self.config.controller(self.node_id).raft_address)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.http.shutdown()
+        self.http.server_close()
+        self.quorum.close()
+
+    # ------------------------------------------------------------ heartbeats
+
+    def handle_heartbeat(self, body: dict) -> dict:
+        try:
+            node_id, epoch = int(body["node_id"]), int(body["node_epoch"])
+        except (KeyError, TypeError, ValueError):
+            raise ControllerError(ErrorCode.INVALID_REQUEST,
+                                  "heartbeat needs integer node_id and node_epoch") from None
+        image = self.quorum.machine.image
+        broker = image.brokers.get(node_id)
+        if broker is not None and broker.node_epoch == epoch:
+            with self._hb_lock:
+                self._heartbeats[node_id] = (epoch, time.monotonic())
+        if broker is not None and broker.fenced and broker.fence_reason == "registered" \
+                and broker.node_epoch == epoch:
+            return self.quorum.submit("broker_heartbeat", body)
+        # answer from the image: no log write for a routine heartbeat
+        return self.quorum.machine.execute_readonly("broker_heartbeat", body)
+
+    def heartbeat_ages_ms(self) -> dict[int, int]:
+        now = time.monotonic()
+        with self._hb_lock:
+            return {n: int((now - t) * 1000) for n, (_, t) in self._heartbeats.items()}
+
+    def _expired_sessions(self) -> list[tuple[int, int]]:
+        timeout_s = self.config.settings.broker_session_timeout_ms / 1000
+        now = time.monotonic()
+        expired = []
+        with self._hb_lock:
+            for b in self.quorum.machine.image.brokers.values():
+                if b.fenced and b.fence_reason not in ("registered",):
+                    continue
+                epoch, seen = self._heartbeats.get(b.node_id, (b.node_epoch, self._leader_since))
+                if epoch != b.node_epoch:
+                    seen = self._leader_since
+                if now - max(seen, self._leader_since) > timeout_s:
+                    expired.append((b.node_id, b.node_epoch))
+        return expired
+
+    # ------------------------------------------------------------ leader timers
+
+    def _lifecycle_loop(self) -> None:
+        while not self._stop.wait(LIFECYCLE_INTERVAL_S):
+            try:
+                self._lifecycle_round()
+            except ControllerError as exc:
+                log.info("lifecycle round skipped: %s", exc)
+            except Exception:
+                log.exception("lifecycle round failed")
+
+    def _lifecycle_round(self) -> None:
+        leader = self.quorum.is_leader()
+        if leader and not self._was_leader:
+            # a new leader gives every broker a full session before fencing it
+            self._leader_since = time.monotonic()
+            with self._hb_lock:
+                self._heartbeats.clear()
+            log.info("controller %d is now the leader", self.node_id)
+        self._was_leader = leader
+        if not leader:
+            return
+        image = self.quorum.machine.image
+        now_ms = int(time.time() * 1000)
+        expired = self._expired_sessions()
+        if expired or expire_prepared_objects(image, now_ms):
+            result = self.quorum.submit("lifecycle_tick", {"expired_brokers": expired},
+                                        now_ms=now_ms)
+            if expired:
+                log.warning("fenced brokers with expired sessions: %s (%s)", expired, result)
+        if self.object_deleter is not None:
+            self._delete_destroyed_objects(now_ms)
+
+    def _delete_destroyed_objects(self, now_ms: int) -> None:
+        image = self.quorum.machine.image
+        due = objects_to_delete(image, now_ms, self.config.settings.object_destroy_retention_ms,
+                                MAX_DELETES_PER_ROUND)
+        if not due:
+            return
+        by_bucket: dict[int, list[int]] = {}
+        for meta in due:
+            if meta.state == ObjectState.MARK_DESTROYED:
+                by_bucket.setdefault(meta.bucket_id, []).append(meta.object_id)
+        deleted: list[int] = []
+        for bucket_id, ids in by_bucket.items():
+            failed = set(self.object_deleter(bucket_id, ids))
+            deleted += [i for i in ids if i not in failed]
+        if deleted:
+            self.quorum.submit("objects_deleted", {"object_ids": deleted})
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict:
+        image = self.quorum.machine.image
+        ages = self.heartbeat_ages_ms() if self.quorum.is_leader() else {}
+        return {
+            "node_id": self.node_id,
+            "api_address": self.config.controller(self.node_id).api_address,
+            "raft": self.quorum.raft_status(),
+            "metadata_offset": self.quorum.machine.next_offset - 1,
+            "fingerprint": image.fingerprint(),
+            "brokers": [
+                {"node_id": b.node_id, "az": b.az, "host": b.host, "kafka_port": b.kafka_port,
+                 "node_epoch": b.node_epoch, "fenced": b.fenced, "fence_reason": b.fence_reason,
+                 "last_heartbeat_age_ms": ages.get(b.node_id)}
+                for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
+            ],
+            "active_bucket_id": image.active_bucket_id,
+            "topics": len(image.topics),
+            "partitions": sum(len(t.partitions) for t in image.topics.values()),
+            "streams": len(image.streams),
+            "objects": len(image.objects),
+        }
+
+
+def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:
+    """Deletes objects from their bucket via the object-store leaf package."""
+    if not config.buckets:
+        return None
+    try:
+        from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris
+    except ImportError:  # the object-store package is optional for a bare quorum
+        return None
+    uris = parse_bucket_uris(",".join(b.uri for b in config.buckets))
+    creds = {b.bucket_id: (b.access_key, b.secret_key) for b in config.buckets}
+    store = ObjectStorage(uris, credentials=creds)
+
+    def delete(bucket_id: int, object_ids: list[int]) -> list[int]:
+        try:
+            store.delete_objects(bucket_id, [object_key(i) for i in object_ids])
+            return []
+        except Exception as exc:
+            log.warning("deleting %d objects from bucket %d failed: %s", len(object_ids),
+                        bucket_id, exc)
+            return object_ids
+
+    return delete
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="automq controller (metadata quorum voter)")
+    parser.add_argument("--config", required=True, type=Path, help="quorum config JSON")
+    parser.add_argument("--node-id", required=True, type=int)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = QuorumConfig.model_validate(json.loads(args.config.read_text()))
+    node = ControllerNode(config, args.node_id, args.data_dir, object_deleter=_s3_deleter(config))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    node.start()
+    stop.wait()
+    log.info("controller %d stopping", args.node_id)
+    node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
