@@ -54,8 +54,13 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something already listens on (host, port) or it cannot be bound."""
+    """True if something already listens on (host, port) or it cannot be bound.
+
+    SO_REUSEADDR as our servers set it: a port whose old connections linger in TIME_WAIT
+    after a restart is free, a port with a live listener is not.
+    """
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
         return False

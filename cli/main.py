@@ -1,0 +1,15 @@
+"""automqctl: the operator toolkit. One module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import cluster
+
+app = typer.Typer(help="Operate an S3-native, Kafka-compatible streaming cluster.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(cluster.app, name="cluster")
+
+
+if __name__ == "__main__":
+    app()

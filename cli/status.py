@@ -1,0 +1,96 @@
+"""Cluster status as one JSON document (a stable interface; see docs/operations.md)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from cli.processes import ClusterConfig, LocalCluster, redact_uri
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError
+
+STATUS_TIMEOUT_S = 3.0
+
+
+def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
+    """Ask every controller for its view; brokers and heartbeats come from the leader."""
+    addresses = config.quorum_config().api_addresses()
+    client = ControllerClient(addresses, request_timeout_s=STATUS_TIMEOUT_S)
+
+    def ask(address: str) -> dict | None:
+        try:
+            return client.status(address)
+        except (ControllerError, OSError):
+            return None
+
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        views = list(pool.map(ask, addresses))
+
+    pids = cluster.running_pids(config)
+    controllers = []
+    leader_view: dict | None = None
+    for ctrl, view in zip(config.controllers, views):
+        raft = (view or {}).get("raft", {})
+        is_leader = raft.get("state") == "leader"
+        if is_leader and (leader_view is None or raft.get("term", -1) >
+                          leader_view["raft"].get("term", -1)):
+            leader_view = view
+        controllers.append({
+            "node_id": ctrl.node_id,
+            "address": ctrl.api_address,
+            "raft_address": ctrl.raft_address,
+            "reachable": view is not None,
+            "is_leader": is_leader,
+            "state": raft.get("state", "unreachable"),
+            "term": raft.get("term"),
+            "commit_index": raft.get("commit_index"),
+            "last_applied": raft.get("last_applied"),
+            "pid": pids.get(f"controller-{ctrl.node_id}"),
+        })
+    # only one leader per term can be real; if two claim it, the higher term wins above
+    leader_id = leader_view["node_id"] if leader_view else None
+    for c in controllers:
+        c["is_leader"] = c["node_id"] == leader_id
+
+    registered = {b["node_id"]: b for b in (leader_view or {}).get("brokers", [])}
+    brokers = []
+    for spec in config.brokers:
+        b = registered.get(spec.node_id)
+        brokers.append({
+            "node_id": spec.node_id,
+            "az": spec.az,
+            "address": f"{config.host}:{spec.kafka_port}",
+            "registered": b is not None,
+            "fenced": True if b is None else b["fenced"],
+            "fence_reason": None if b is None else b["fence_reason"],
+            "node_epoch": None if b is None else b["node_epoch"],
+            "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
+            "pid": pids.get(f"broker-{spec.node_id}"),
+        })
+    active_bucket = (leader_view or {}).get("active_bucket_id", 0)
+    buckets = [{"bucket_id": b.bucket_id, "uri": redact_uri(b.uri),
+                "active": b.bucket_id == active_bucket} for b in config.buckets]
+
+    problems = []
+    if leader_view is None:
+        problems.append("no controller leader")
+    problems += [f"controller {c['node_id']} unreachable" for c in controllers if not c["reachable"]]
+    problems += [f"broker {b['node_id']} not registered" for b in brokers if not b["registered"]]
+    problems += [f"broker {b['node_id']} fenced ({b['fence_reason']})" for b in brokers
+                 if b["registered"] and b["fenced"]]
+    return {
+        "cluster_dir": str(cluster.dir),
+        "healthy": not problems,
+        "problems": problems,
+        "bootstrap_servers": config.bootstrap_servers(),
+        "leader": leader_id,
+        "controllers": controllers,
+        "brokers": brokers,
+        "buckets": buckets,
+        "failover_mode": "normal" if active_bucket == (config.buckets[0].bucket_id
+                                                       if config.buckets else 0) else "failover",
+        "object_store": {"embedded": bool(config.embedded_s3),
+                         "pid": pids.get("s3") if config.embedded_s3 else None},
+        "topics": (leader_view or {}).get("topics"),
+        "partitions": (leader_view or {}).get("partitions"),
+        "metadata_offset": (leader_view or {}).get("metadata_offset"),
+    }

@@ -1,0 +1,91 @@
+"""MetadataFollower: a broker's replica of the metadata image, replayed from the log.
+
+It long-polls the controllers' log, applies every record to its own `MetadataImage` (the same
+code the controllers run), and starts over from the image snapshot when it fell behind the
+log the controllers still keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError
+from controlplane.image import MetadataImage
+from controlplane.records import decode_record
+
+log = logging.getLogger(__name__)
+
+LONG_POLL_MS = 5_000
+MAX_RECORDS_PER_READ = 2_000
+
+
+class MetadataFollower:
+    def __init__(self, client: ControllerClient,
+                 on_records: Callable[[MetadataImage, list], None] | None = None):
+        self.client = client
+        self.image = MetadataImage()
+        self.on_records = on_records
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metadata-follower", daemon=True)
+
+    @property
+    def offset(self) -> int:
+        return self.image.offset
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def poll_once(self, wait_ms: int = 0) -> int:
+        """Read and apply one batch; returns how many records were applied."""
+        data = self.client.read_log(self.image.offset, MAX_RECORDS_PER_READ, wait_ms)
+        applied: list = []
+        if data.get("snapshot") is not None:
+            image = MetadataImage.model_validate(data["snapshot"])
+            image.offset = data["snapshot_offset"]
+            self.image = image
+            log.info("loaded metadata snapshot at offset %d", image.offset)
+        for item in data.get("records", []):
+            if item["offset"] != self.image.offset + 1:
+                break  # a gap would mean a bug or a truncated log: re-read from our offset
+            rec = decode_record(item["record"])
+            self.image.apply(rec, item["offset"])
+            applied.append(rec)
+        if applied or data.get("snapshot") is not None:
+            if self.on_records is not None:
+                self.on_records(self.image, applied)
+            with self._changed:
+                self._changed.notify_all()
+        return len(applied)
+
+    def wait_for_offset(self, offset: int, timeout_s: float) -> bool:
+        """Block until the image has applied `offset`; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self.image.offset < offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(min(remaining, 0.5))
+        return True
+
+    def _run(self) -> None:
+        backoff_s = 0.1
+        while not self._stop.is_set():
+            try:
+                self.poll_once(LONG_POLL_MS)
+                backoff_s = 0.1
+            except (ControllerError, OSError) as exc:
+                log.warning("metadata log read failed: %s", exc)
+                self._stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
+            except Exception:
+                log.exception("applying the metadata log failed")
+                self._stop.wait(1.0)

@@ -1,0 +1,129 @@
+"""A broker process: registers with the controllers, heartbeats, follows the metadata log.
+
+The storage engine and the Kafka protocol server plug in here (later layers); this module
+owns the node's identity (node id, AZ, node epoch) and its session with the controllers.
+
+Run: python -m dataplane.node --config broker.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.requests import BrokerHeartbeatRequest, RegisterBrokerRequest
+from dataplane.metadata import MetadataFollower
+
+log = logging.getLogger("dataplane.node")
+
+
+class BrokerConfig(BaseModel):
+    """One broker process's configuration (written by `automqctl cluster up`)."""
+
+    node_id: int = Field(ge=0)
+    az: str
+    host: str = "127.0.0.1"
+    kafka_port: int = Field(ge=0, le=65535)
+    data_dir: Path
+    controllers: list[str]  # controller API addresses host:port
+    heartbeat_interval_ms: int = Field(default=1_000, ge=50, le=60_000)
+
+
+class BrokerNode:
+    """The broker's control-plane side: session, node epoch and metadata image."""
+
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.client = ControllerClient(config.controllers)
+        self.metadata = MetadataFollower(self.client)
+        self.node_epoch: int | None = None
+        self.fenced = True
+        self._stop = threading.Event()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop,
+                                                  name="heartbeat", daemon=True)
+
+    def register(self) -> int:
+        req = RegisterBrokerRequest(
+            node_id=self.config.node_id, az=self.config.az, host=self.config.host,
+            kafka_port=self.config.kafka_port, incarnation_id=uuid.uuid4().hex,
+            wal_uri=f"file://{self.config.data_dir / 'wal'}")
+        result = self.client.call("register_broker", req, timeout_s=60)
+        self.node_epoch = int(result["node_epoch"])
+        self.fenced = True
+        log.info("registered node %d in %s with node epoch %d", self.config.node_id,
+                 self.config.az, self.node_epoch)
+        return self.node_epoch
+
+    def heartbeat(self) -> None:
+        assert self.node_epoch is not None
+        req = BrokerHeartbeatRequest(node_id=self.config.node_id, node_epoch=self.node_epoch,
+                                     metadata_offset=self.metadata.offset)
+        try:
+            result = self.client.call("broker_heartbeat", req, timeout_s=5)
+        except ControllerError as exc:
+            if exc.code in (ErrorCode.STALE_NODE_EPOCH, ErrorCode.UNKNOWN_NODE):
+                log.warning("heartbeat refused (%s): registering again", exc)
+                self.register()
+                return
+            raise
+        was_fenced, self.fenced = self.fenced, bool(result["fenced"])
+        if self.fenced and not was_fenced:
+            # fenced for good (session expired while we were paused, or shutdown): our
+            # writes of this epoch are refused from now on; come back with a new epoch
+            log.warning("node %d epoch %d was fenced: registering again", self.config.node_id,
+                        self.node_epoch)
+            self.register()
+        elif not self.fenced and was_fenced:
+            log.info("node %d epoch %d is unfenced", self.config.node_id, self.node_epoch)
+
+    def _heartbeat_loop(self) -> None:
+        interval_s = self.config.heartbeat_interval_ms / 1000
+        while not self._stop.wait(interval_s):
+            try:
+                self.heartbeat()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def start(self) -> None:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.metadata.start()
+        self.register()
+        self.heartbeat()
+        self._heartbeat_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.metadata.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="automq broker")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
+    node = BrokerNode(config)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    node.start()
+    stop.wait()
+    log.info("broker %d stopping", config.node_id)
+    node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
