@@ -1,0 +1,45 @@
+"""Object storage for the data plane: S3 (boto3) behind one small interface.
+
+A leaf package: it imports nothing else from this project, so controllers, brokers and Spark
+jobs can all use it. Modules, one concept each:
+
+* `bucket_uri` - `0@s3://bucket?region=..&endpoint=..,1@s3://...` -> `BucketURI` models
+* `errors`     - `ObjectStoreError` and its typed subclasses
+* `keys`       - `object_key(object_id)`: hash-prefixed keys under `data/`
+* `limiter`    - `BandwidthLimiter` token bucket with `Priority` classes
+* `merging`    - range-read merging (nearby concurrent reads share one GET)
+* `retry`      - which failures are retried, backoff
+* `metrics`    - Prometheus collectors (`automq_object_store_*`)
+* `store`      - `ObjectStorage`, tying the above to boto3
+* `seaweed`    - the embedded SeaweedFS server (not imported here; import it explicitly)
+"""
+
+from .bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
+from .errors import (AccessDeniedError, BandwidthLimitTimeoutError, InvalidRangeError,
+                     ObjectNotFoundError, ObjectStoreError, ObjectStoreUnavailableError,
+                     PreconditionFailedError)
+from .keys import object_id_from_key, object_key
+from .limiter import BandwidthLimiter, Priority
+from .metrics import ObjectStoreMetrics, default_metrics
+from .store import ObjectStorage, ObjectStorageConfig
+
+__all__ = [
+    "AccessDeniedError",
+    "BandwidthLimitTimeoutError",
+    "BandwidthLimiter",
+    "BucketURI",
+    "InvalidRangeError",
+    "ObjectNotFoundError",
+    "ObjectStorage",
+    "ObjectStorageConfig",
+    "ObjectStoreError",
+    "ObjectStoreMetrics",
+    "ObjectStoreUnavailableError",
+    "PreconditionFailedError",
+    "Priority",
+    "default_metrics",
+    "format_bucket_uris",
+    "object_id_from_key",
+    "object_key",
+    "parse_bucket_uris",
+]

@@ -1,0 +1,595 @@
+"""ObjectStorage: boto3 behind one small interface, several buckets addressed by id.
+
+    store = ObjectStorage(parse_bucket_uris("0@s3://main?...,1@s3://failover?..."))
+    store.put_object(1, object_key(42), data, if_none_match=True)
+    block = store.get_range(1, object_key(42), 0, 512 * 1024)
+    fut = store.get_range_async(1, object_key(42), 512 * 1024, 1024 * 1024)
+
+What it adds to boto3:
+
+* one lazily created client per bucket (path-style by default, our timeouts, botocore's own
+  retries off, connection pool sized to our thread pool plus headroom for sync callers);
+* bounded retries with backoff for timeouts, connection errors and 5xx/throttling (see
+  `retry.py`); 404/412/403/416 map to typed errors at once (see `errors.py`);
+* a bounded thread pool for the `*_async` variants, and a cap on pending async requests;
+* range-read merging for `get_range_async` (see `merging.py`); sync `get_range` reads
+  directly in the calling thread and is never delayed by the merge window;
+* priority bandwidth limits for reads and writes (see `limiter.py`). Note that a request
+  throttled in the pool occupies a worker while it waits for tokens;
+* Prometheus metrics per attempt (see `metrics.py`).
+
+A ranged read returns exactly `end_exclusive - start` bytes or raises: a range past the end
+of the object raises InvalidRangeError instead of returning a short buffer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .bucket_uri import BucketURI, parse_bucket_uris
+from .errors import (InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableError)
+from .limiter import BandwidthLimiter, Priority
+from .merging import ReadBatch, RangeMerger
+from .metrics import ObjectStoreMetrics, default_metrics
+from .retry import RetryPolicy, classify, final_error, http_status, unavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+MAX_KEY_BYTES = 1024            # S3's limit for a key
+S3_MAX_DELETE_BATCH = 1000      # S3's limit for one DeleteObjects request
+LIST_PAGE_KEYS = 1000
+
+ClientFactory = Callable[[BucketURI, BotoConfig], Any]
+
+
+class ObjectStorageConfig(BaseModel):
+    """Tunables of ObjectStorage, every one bounded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect_timeout_ms: int = Field(3_000, ge=1, le=600_000)
+    read_timeout_ms: int = Field(30_000, ge=1, le=600_000)
+    check_timeout_ms: int = Field(2_000, ge=1, le=60_000, description="check_reachable")
+    max_attempts: int = Field(4, ge=1, le=20)
+    backoff_base_ms: int = Field(50, ge=0, le=60_000)
+    backoff_max_ms: int = Field(2_000, ge=0, le=600_000)
+    max_concurrency: int = Field(16, ge=1, le=512, description="threads of the async pool")
+    extra_sync_connections: int = Field(8, ge=0, le=512,
+                                        description="pool headroom for sync callers")
+    max_pending_requests: int = Field(4_096, ge=1, le=1_000_000)
+    merge_window_ms: float = Field(5.0, ge=0, le=1_000, description="0 disables merging")
+    merge_gap_bytes: int = Field(512 * KiB, ge=0, le=256 * MiB)
+    merge_max_bytes: int = Field(4 * MiB, ge=0, le=256 * MiB)
+    merge_max_open_batches: int = Field(4_096, ge=1, le=1_000_000)
+    read_bandwidth_bytes_per_s: int = Field(0, ge=0, description="0 = unlimited")
+    write_bandwidth_bytes_per_s: int = Field(0, ge=0, description="0 = unlimited")
+    throttle_timeout_ms: int = Field(60_000, ge=1, le=3_600_000)
+    max_object_bytes: int = Field(1 * GiB, ge=1, le=5 * GiB)
+    delete_batch_keys: int = Field(S3_MAX_DELETE_BATCH, ge=1, le=S3_MAX_DELETE_BATCH)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ObjectStorageConfig":
+        if self.backoff_max_ms < self.backoff_base_ms:
+            raise ValueError("backoff_max_ms must be >= backoff_base_ms")
+        return self
+
+
+def default_client_factory(bucket: BucketURI, config: BotoConfig) -> Any:
+    """A boto3 S3 client for `bucket` (own Session: the default one is not thread-safe)."""
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=bucket.endpoint, region_name=bucket.region,
+                          config=config, **bucket.credentials())
+
+
+class ObjectStorage:
+    """Thread-safe access to the cluster's buckets; see the module docstring.
+
+    `buckets` is a bucket-URI string or parsed `BucketURI`s. Configuration comes from
+    `config` and/or keyword overrides of `ObjectStorageConfig` fields, e.g.
+    `ObjectStorage(uris, connect_timeout_ms=500, merge_window_ms=0)`.
+    `client_factory(bucket, botocore_config)` replaces boto3 client creation (tests, tools).
+    Use as a context manager or call `close()`.
+    """
+
+    def __init__(self, buckets: str | Sequence[BucketURI],
+                 config: ObjectStorageConfig | None = None, *,
+                 client_factory: ClientFactory | None = None,
+                 metrics: ObjectStoreMetrics | None = None,
+                 **overrides: Any) -> None:
+        if isinstance(buckets, str):
+            buckets = parse_bucket_uris(buckets)
+        if not buckets:
+            raise ValueError("ObjectStorage needs at least one bucket")
+        self._buckets: dict[int, BucketURI] = {}
+        for b in buckets:
+            if b.bucket_id in self._buckets:
+                raise ValueError(f"duplicate bucket id {b.bucket_id}")
+            self._buckets[b.bucket_id] = b
+        base = config or ObjectStorageConfig()
+        self.config = ObjectStorageConfig(**{**base.model_dump(), **overrides}) \
+            if overrides else base
+        cfg = self.config
+        self._client_factory = client_factory or default_client_factory
+        self.metrics = metrics or default_metrics()
+        self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms,
+                                        cfg.backoff_max_ms)
+        self.read_limiter = BandwidthLimiter(cfg.read_bandwidth_bytes_per_s)
+        self.write_limiter = BandwidthLimiter(cfg.write_bandwidth_bytes_per_s)
+        self._lock = threading.Lock()
+        self._clients: dict[int, Any] = {}
+        self._probe_clients: dict[int, Any] = {}
+        self._executor = ThreadPoolExecutor(max_workers=cfg.max_concurrency,
+                                            thread_name_prefix="objectstore")
+        self._pending = threading.BoundedSemaphore(cfg.max_pending_requests)
+        self._merger = RangeMerger(self._submit_batch, window_s=cfg.merge_window_ms / 1000,
+                                   gap_bytes=cfg.merge_gap_bytes, max_bytes=cfg.merge_max_bytes,
+                                   max_open_batches=cfg.merge_max_open_batches)
+        self._closed = False      # no new requests accepted
+        self._shut_down = False   # pool drained, clients released
+
+    # -- buckets and clients ------------------------------------------------------------------
+    @property
+    def bucket_ids(self) -> list[int]:
+        return sorted(self._buckets)
+
+    def bucket(self, bucket_id: int) -> BucketURI:
+        """The BucketURI of `bucket_id`; ObjectStoreError if it is not configured."""
+        try:
+            return self._buckets[bucket_id]
+        except KeyError:
+            raise ObjectStoreError(f"unknown bucket id {bucket_id!r}; configured ids: "
+                                   f"{self.bucket_ids}", bucket_id=bucket_id) from None
+
+    def boto3_client(self, bucket_id: int) -> Any:
+        """The (lazily created) boto3 client of a bucket, e.g. to register botocore events."""
+        return self._get_client(bucket_id, probe=False)
+
+    def _botocore_config(self, bucket: BucketURI, connect_ms: int, read_ms: int) -> BotoConfig:
+        return BotoConfig(
+            region_name=bucket.region,
+            connect_timeout=connect_ms / 1000,
+            read_timeout=read_ms / 1000,
+            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves
+            max_pool_connections=self.config.max_concurrency + self.config.extra_sync_connections,
+            s3={"addressing_style": "path" if bucket.path_style else "virtual"},
+            # S3-compatible stores differ in their support of the newer default checksums
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            tcp_keepalive=True,
+            user_agent_extra="automqctl-objectstore",
+        )
+
+    def _get_client(self, bucket_id: int, probe: bool) -> Any:
+        bucket = self.bucket(bucket_id)
+        cache = self._probe_clients if probe else self._clients
+        client = cache.get(bucket_id)
+        if client is not None:
+            return client
+        with self._lock:
+            if self._shut_down:
+                raise ObjectStoreError("object storage is closed", bucket_id=bucket_id)
+            client = cache.get(bucket_id)
+            if client is None:
+                cfg = self.config
+                if probe:
+                    bc = self._botocore_config(bucket, cfg.check_timeout_ms, cfg.check_timeout_ms)
+                else:
+                    bc = self._botocore_config(bucket, cfg.connect_timeout_ms, cfg.read_timeout_ms)
+                client = self._client_factory(bucket, bc)
+                cache[bucket_id] = client
+            return client
+
+    # -- retries ------------------------------------------------------------------------------
+    def _call(self, op: str, bucket_id: int, key: str | None, what: str,
+              attempt_fn: Callable[[Any, int], T], n_bytes: Callable[[T], int] | None = None) -> T:
+        """Run `attempt_fn(client, attempt_no)` with the retry policy; map failures."""
+        client = self._get_client(bucket_id, probe=False)
+        policy = self.retry_policy
+        for attempt in range(1, policy.max_attempts + 1):
+            t0 = time.monotonic()
+            try:
+                result = attempt_fn(client, attempt)
+            except ObjectStoreError:
+                raise  # already final (raised by our own checks inside the attempt)
+            except Exception as exc:
+                failure = classify(exc)
+                self.metrics.observe(op, bucket_id, failure.status, time.monotonic() - t0)
+                if not failure.retryable:
+                    raise final_error(what, failure, op=op, bucket_id=bucket_id,
+                                      key=key) from exc
+                if attempt >= policy.max_attempts:
+                    log.warning("%s: giving up after %d attempts: %s", what, attempt,
+                                failure.detail)
+                    raise unavailable(what, attempt, failure, op=op, bucket_id=bucket_id,
+                                      key=key) from exc
+                delay = policy.backoff_s(attempt)
+                log.debug("%s: attempt %d failed (%s); retrying in %.0f ms", what, attempt,
+                          failure.detail, delay * 1000)
+                time.sleep(delay)
+            else:
+                size = n_bytes(result) if n_bytes is not None else 0
+                self.metrics.observe(op, bucket_id, "ok", time.monotonic() - t0, size)
+                return result
+        raise AssertionError("unreachable")  # the loop always returns or raises
+
+    def _where(self, bucket_id: int, key: str) -> str:
+        return f"{self.bucket(bucket_id).describe()} key {key!r}"
+
+    # -- writes -------------------------------------------------------------------------------
+    def put_object(self, bucket_id: int, key: str, data: bytes, if_none_match: bool = False,
+                   priority: Priority = Priority.PRODUCE) -> None:
+        """Write `data` under `key`.
+
+        With `if_none_match` the write succeeds only if the key does not exist yet
+        (PreconditionFailedError otherwise). A retry after an ambiguous failure (timeout,
+        5xx) that then meets 412 checks whether the object holds exactly `data` - i.e. our
+        own earlier attempt landed - and then counts as success.
+        """
+        self._check_open()
+        self._put_object(bucket_id, key, data, if_none_match, priority)
+
+    def _put_object(self, bucket_id: int, key: str, data: bytes, if_none_match: bool,
+                    priority: Priority) -> None:
+        _check_key(key)
+        data = bytes(data) if not isinstance(data, bytes) else data
+        if len(data) > self.config.max_object_bytes:
+            raise ObjectStoreError(f"object of {len(data)} bytes exceeds max_object_bytes="
+                                   f"{self.config.max_object_bytes}", op="put",
+                                   bucket_id=bucket_id, key=key)
+        bucket = self.bucket(bucket_id)
+        self._throttle(self.write_limiter, len(data), priority, "put", bucket_id, key)
+        kwargs: dict[str, Any] = {"Bucket": bucket.bucket, "Key": key, "Body": data}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+
+        def attempt(client: Any, attempt_no: int) -> None:
+            try:
+                client.put_object(**kwargs)
+            except ClientError as exc:
+                if (if_none_match and attempt_no > 1 and http_status(exc) == 412
+                        and self._holds_exactly(client, bucket.bucket, key, data)):
+                    log.info("put %s: 412 on retry, but the object holds our bytes",
+                             self._where(bucket_id, key))
+                    return
+                raise
+
+        self._call("put", bucket_id, key, f"put {self._where(bucket_id, key)}", attempt,
+                   lambda _: len(data))
+
+    def put_object_async(self, bucket_id: int, key: str, data: bytes,
+                         if_none_match: bool = False,
+                         priority: Priority = Priority.PRODUCE) -> Future:
+        """`put_object` on the pool; the future's result is None."""
+        _check_key(key)
+        self.bucket(bucket_id)
+        return self._submit(self._put_object, bucket_id, key, data, if_none_match, priority)
+
+    @staticmethod
+    def _holds_exactly(client: Any, bucket: str, key: str, data: bytes) -> bool:
+        head = client.head_object(Bucket=bucket, Key=key)
+        if int(head.get("ContentLength", -1)) != len(data):
+            return False
+        if str(head.get("ETag", "")).strip('"') == hashlib.md5(data).hexdigest():
+            return True
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        try:
+            return body.read() == data
+        finally:
+            body.close()
+
+    def delete_objects(self, bucket_id: int, keys: Iterable[str]) -> int:
+        """Delete `keys` (missing keys are fine) in batches of up to 1000; returns the count.
+
+        Raises the typed error of the first per-key failure S3 reports.
+        """
+        self._check_open()
+        bucket = self.bucket(bucket_id)
+        key_list = list(keys)
+        for k in key_list:
+            _check_key(k)
+        step = self.config.delete_batch_keys
+        for i in range(0, len(key_list), step):
+            batch = key_list[i:i + step]
+            what = (f"delete of {len(batch)} keys (first {batch[0]!r}) in "
+                    f"{bucket.describe()}")
+
+            def attempt(client: Any, _: int, batch: list[str] = batch) -> dict:
+                return client.delete_objects(Bucket=bucket.bucket, Delete={
+                    "Objects": [{"Key": k} for k in batch], "Quiet": True})
+
+            response = self._call("delete", bucket_id, batch[0], what, attempt)
+            errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                first = errors[0]
+                fake = ClientError({"Error": {"Code": first.get("Code", ""),
+                                              "Message": first.get("Message", "")},
+                                    "ResponseMetadata": {"HTTPStatusCode": 0}}, "DeleteObjects")
+                failure = classify(fake)
+                sample = ", ".join(f"{e.get('Key')!r}: {e.get('Code')}" for e in errors[:3])
+                raise failure.error_type(
+                    f"{what}: {len(errors)} keys not deleted ({sample}) - {failure.detail}",
+                    op="delete", bucket_id=bucket_id, key=first.get("Key"))
+        return len(key_list)
+
+    # -- reads --------------------------------------------------------------------------------
+    def get_range(self, bucket_id: int, key: str, start: int, end_exclusive: int,
+                  priority: Priority = Priority.CATCH_UP) -> bytes:
+        """Bytes [start, end_exclusive) of the object, read in the calling thread.
+
+        Returns exactly `end_exclusive - start` bytes; InvalidRangeError if the object is
+        shorter, ObjectNotFoundError if it does not exist.
+        """
+        self._check_open()
+        return self._get_range(bucket_id, key, start, end_exclusive, priority)
+
+    def _get_range(self, bucket_id: int, key: str, start: int, end_exclusive: int,
+                   priority: Priority) -> bytes:
+        _check_key(key)
+        self._check_range(start, end_exclusive, bucket_id, key)
+        if end_exclusive == start:
+            return b""
+        data = self._read_span(bucket_id, key, start, end_exclusive, priority)
+        if len(data) < end_exclusive - start:
+            raise InvalidRangeError(
+                f"get {self._where(bucket_id, key)}: range [{start}, {end_exclusive}) runs past "
+                f"the end of the object ({start + len(data)} bytes)",
+                op="get", bucket_id=bucket_id, key=key)
+        return data
+
+    def get_range_async(self, bucket_id: int, key: str, start: int, end_exclusive: int,
+                        priority: Priority = Priority.CATCH_UP) -> Future:
+        """`get_range` on the pool; concurrent nearby ranges of one object share one GET.
+
+        Ranges of at most `merge_max_bytes` wait up to `merge_window_ms` for neighbours
+        (within `merge_gap_bytes`) before one GET serves them all.
+        """
+        _check_key(key)
+        self._check_range(start, end_exclusive, bucket_id, key)
+        self.bucket(bucket_id)
+        if end_exclusive == start:
+            done: Future = Future()
+            done.set_result(b"")
+            return done
+        if not self._merger.mergeable(start, end_exclusive):
+            return self._submit(self._get_range, bucket_id, key, start, end_exclusive, priority)
+        self._check_open()
+        self._acquire_pending()
+        try:
+            future = self._merger.submit(bucket_id, key, start, end_exclusive, priority)
+        except BaseException:
+            self._pending.release()
+            raise
+        future.add_done_callback(lambda _: self._pending.release())
+        return future
+
+    def get_object(self, bucket_id: int, key: str,
+                   priority: Priority = Priority.CATCH_UP) -> bytes:
+        """The whole object (at most `max_object_bytes`)."""
+        self._check_open()
+        _check_key(key)
+        bucket = self.bucket(bucket_id)
+        limit = self.config.max_object_bytes
+
+        def attempt(client: Any, _: int) -> bytes:
+            resp = client.get_object(Bucket=bucket.bucket, Key=key)
+            body = resp["Body"]
+            try:
+                size = int(resp.get("ContentLength", 0))
+                if size > limit:
+                    raise ObjectStoreError(
+                        f"get {self._where(bucket_id, key)}: object of {size} bytes exceeds "
+                        f"max_object_bytes={limit}; read it in ranges", op="get",
+                        bucket_id=bucket_id, key=key)
+                return body.read()
+            finally:
+                body.close()
+
+        data = self._call("get", bucket_id, key, f"get {self._where(bucket_id, key)}", attempt,
+                          len)
+        # the size is only known now: pay for it afterwards (the limiter allows debt)
+        self._throttle(self.read_limiter, len(data), priority, "get", bucket_id, key)
+        return data
+
+    def head_object(self, bucket_id: int, key: str) -> int:
+        """Size of the object in bytes; ObjectNotFoundError if it does not exist."""
+        self._check_open()
+        _check_key(key)
+        bucket = self.bucket(bucket_id)
+
+        def attempt(client: Any, _: int) -> int:
+            return int(client.head_object(Bucket=bucket.bucket, Key=key)["ContentLength"])
+
+        return self._call("head", bucket_id, key, f"head {self._where(bucket_id, key)}", attempt)
+
+    def iter_keys(self, bucket_id: int, prefix: str = "") -> Iterator[str]:
+        """All keys under `prefix`, page by page (1000 per request, each page retried)."""
+        self._check_open()
+        bucket = self.bucket(bucket_id)
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": bucket.bucket, "Prefix": prefix,
+                                      "MaxKeys": LIST_PAGE_KEYS}
+            if token:
+                kwargs["ContinuationToken"] = token
+
+            def attempt(client: Any, _: int, kwargs: dict = kwargs) -> dict:
+                return client.list_objects_v2(**kwargs)
+
+            page = self._call("list", bucket_id, prefix,
+                              f"list {bucket.describe()} prefix {prefix!r}", attempt)
+            for item in page.get("Contents", []):
+                yield item["Key"]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def list_keys(self, bucket_id: int, prefix: str = "", limit: int = 100_000) -> list[str]:
+        """Up to `limit` keys under `prefix`, in the store's (lexicographic) order."""
+        if limit <= 0:
+            raise ValueError(f"limit must be > 0, got {limit}")
+        out: list[str] = []
+        for key in self.iter_keys(bucket_id, prefix):
+            out.append(key)
+            if len(out) >= limit:
+                break
+        return out
+
+    def check_reachable(self, bucket_id: int) -> float:
+        """HEAD the bucket once with `check_timeout_ms`; returns the latency in ms.
+
+        Raises ObjectStoreUnavailableError whose message says why (refused, timeout, access
+        denied, no such bucket); the specific error is chained as `__cause__`.
+        """
+        self._check_open()
+        bucket = self.bucket(bucket_id)
+        client = self._get_client(bucket_id, probe=True)
+        t0 = time.monotonic()
+        try:
+            client.head_bucket(Bucket=bucket.bucket)
+        except Exception as exc:
+            failure = classify(exc)
+            if isinstance(exc, ClientError) and http_status(exc) == 404:
+                failure = type(failure)("client_error", False, ObjectStoreError,
+                                        f"{failure.detail} (the bucket does not exist)")
+            self.metrics.observe("head_bucket", bucket_id, failure.status,
+                                 time.monotonic() - t0)
+            raise ObjectStoreUnavailableError(
+                f"{bucket.describe()} is not usable: {failure.detail}", op="head_bucket",
+                bucket_id=bucket_id) from final_error(
+                    f"head {bucket.describe()}", failure, op="head_bucket",
+                    bucket_id=bucket_id, key=None)
+        elapsed = time.monotonic() - t0
+        self.metrics.observe("head_bucket", bucket_id, "ok", elapsed)
+        return elapsed * 1000
+
+    def _read_span(self, bucket_id: int, key: str, start: int, end_exclusive: int,
+                   priority: Priority) -> bytes:
+        """GET bytes [start, end_exclusive); may return fewer if the object ends earlier."""
+        bucket = self.bucket(bucket_id)
+        expected = end_exclusive - start
+        if expected > self.config.max_object_bytes:
+            raise ObjectStoreError(f"range of {expected} bytes exceeds max_object_bytes",
+                                   op="get", bucket_id=bucket_id, key=key)
+        self._throttle(self.read_limiter, expected, priority, "get", bucket_id, key)
+
+        def attempt(client: Any, _: int) -> bytes:
+            resp = client.get_object(Bucket=bucket.bucket, Key=key,
+                                     Range=f"bytes={start}-{end_exclusive - 1}")
+            body = resp["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
+            if not resp.get("ContentRange") and len(data) > expected:
+                data = data[start:end_exclusive]  # the server ignored Range: whole object
+            return data
+
+        data = self._call("get", bucket_id, key, f"get {self._where(bucket_id, key)} range "
+                          f"[{start}, {end_exclusive})", attempt, len)
+        if len(data) > expected:
+            raise ObjectStoreError(f"get {self._where(bucket_id, key)}: asked for {expected} "
+                                   f"bytes, got {len(data)}", op="get", bucket_id=bucket_id,
+                                   key=key)
+        return data
+
+    # -- pool, merging, throttling --------------------------------------------------------------
+    def _submit_batch(self, batch: ReadBatch) -> None:
+        """RangeMerger callback: run one GET for a flushed batch on the pool."""
+        self._executor.submit(self._run_batch, batch)
+
+    def _run_batch(self, batch: ReadBatch) -> None:
+        members = batch.claim()
+        if not members:
+            return
+        start, end = ReadBatch.span_of(members)
+        try:
+            data = self._read_span(batch.bucket_id, batch.key, start, end, batch.priority)
+        except BaseException as exc:
+            ReadBatch.fail(members, exc)
+            return
+        if len(members) > 1:
+            self.metrics.count_merged(batch.bucket_id, len(members))
+        batch.deliver(members, start, data)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future:
+        self._check_open()
+        self._acquire_pending()
+        try:
+            future = self._executor.submit(fn, *args)
+        except RuntimeError as exc:  # shut down concurrently
+            self._pending.release()
+            raise ObjectStoreError("object storage is closed") from exc
+        future.add_done_callback(lambda _: self._pending.release())
+        return future
+
+    def _acquire_pending(self) -> None:
+        if not self._pending.acquire(blocking=False):
+            raise ObjectStoreError(f"too many pending object store requests (limit "
+                                   f"{self.config.max_pending_requests}); back off and retry")
+
+    def _throttle(self, limiter: BandwidthLimiter, n_bytes: int, priority: Priority, op: str,
+                  bucket_id: int, key: str) -> None:
+        try:
+            limiter.acquire(n_bytes, priority, self.config.throttle_timeout_ms / 1000)
+        except ObjectStoreError as exc:
+            exc.op, exc.bucket_id, exc.key = op, bucket_id, key
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ObjectStoreError("object storage is closed")
+
+    @staticmethod
+    def _check_range(start: int, end_exclusive: int, bucket_id: int, key: str) -> None:
+        if start < 0 or end_exclusive < start:
+            raise ValueError(f"invalid range [{start}, {end_exclusive}) for {key!r} in bucket "
+                             f"{bucket_id}: need 0 <= start <= end_exclusive")
+
+    def close(self) -> None:
+        """Flush pending merged reads, wait for the pool, release the clients (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._merger.close()
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            self._shut_down = True
+            clients = list(self._clients.values()) + list(self._probe_clients.values())
+            self._clients.clear()
+            self._probe_clients.clear()
+        for client in clients:
+            closer = getattr(client, "close", None)
+            if callable(closer):
+                try:
+                    closer()
+                except Exception:  # closing is best effort
+                    pass
+
+    def __enter__(self) -> "ObjectStorage":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"object key must be a non-empty string, got {key!r}")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise ValueError(f"object key is longer than {MAX_KEY_BYTES} bytes: {key[:60]!r}...")
