@@ -59,7 +59,7 @@ class ClusterConfig(BaseModel):
     password: str
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
-    buckets: list[BucketConfig]
+    buckets: list[BucketConfig] = Field(default_factory=list)
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(controllers=self.controllers, password=self.password,
@@ -185,9 +185,12 @@ class LocalCluster:
         config = ClusterConfig(host=host, controllers=ctrl, brokers=brk,
                                password=secrets.token_urlsafe(24), settings=settings,
                                embedded_s3=embedded, buckets=buckets)
+        self.save(config)
+        return config
+
+    def save(self, config: ClusterConfig) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_private(self.config_path, config.model_dump_json(indent=2))
-        return config
 
     # ------------------------------------------------------------ processes
 

@@ -64,19 +64,19 @@ def _require_bucket(settings: ControllerSettings, bucket_id: int) -> None:
 
 def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) -> bool:
     """A retried commit: the same objects are committed already with the same content."""
-    ids = [so.object_id for so in req.stream_objects]
+    if req.object_id < 0 and not req.stream_objects:
+        return False
     if req.object_id >= 0:
         sso = image.stream_set_objects.get(req.object_id)
-        meta = image.objects.get(req.object_id)
-        if sso is None or meta is None or meta.state != ObjectState.COMMITTED:
+        if sso is None or sso.node_id != req.node_id or sso.order_id != req.order_id:
             return False
-        if sso.node_id != req.node_id or sso.order_id != req.order_id:
+        ranges = [(rg.stream_id, rg.start_offset, rg.end_offset) for rg in sso.ranges]
+        if ranges != [(rg.stream_id, rg.start_offset, rg.end_offset) for rg in req.stream_ranges]:
             return False
-    elif not ids:
-        return False
-    for object_id in ids:
-        meta = image.objects.get(object_id)
-        if meta is None or meta.state == ObjectState.PREPARED:
+    for spec in req.stream_objects:
+        so = image.stream_objects.get(spec.object_id)
+        if so is None or (so.stream_id, so.start_offset, so.end_offset) != (
+                spec.stream_id, spec.start_offset, spec.end_offset):
             return False
     return True
 
