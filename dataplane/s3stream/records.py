@@ -1,0 +1,205 @@
+"""StreamRecordBatch: the unit of data the S3Stream engine stores.
+
+A ``StreamRecordBatch`` is one append to one stream: a range of stream offsets
+``[base_offset, base_offset + record_count)`` and an opaque payload (for Kafka
+partitions: one Kafka record batch). It is what the WAL carries (as a record
+body), what the LogCache holds, and what data blocks of objects contain.
+
+Wire encoding (big-endian, 33-byte header + payload)::
+
+    magic        u8   0x22
+    stream_id    i64
+    epoch        i64
+    base_offset  i64
+    count        i32  negative = Link Record (|count| offsets covered)
+    payload_len  i32
+    payload      payload_len bytes
+
+A negative ``count`` marks a *Link Record* (zone router, seed 000): the payload
+is a pointer to data held elsewhere, and ``|count|`` is the number of stream
+offsets it covers. ``record_count`` is always ``|count|`` so offset arithmetic
+is the same for both kinds.
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "MAGIC",
+    "HEADER_SIZE_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "CorruptRecordError",
+    "StreamRecordBatch",
+    "decode_all",
+]
+
+MAGIC = 0x22
+"""First byte of every encoded StreamRecordBatch."""
+
+_HEADER = struct.Struct(">BqqqiI")
+HEADER_SIZE_BYTES = _HEADER.size  # 33
+"""Size of the fixed header that precedes the payload."""
+
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""Largest payload accepted when encoding or decoding (64 MiB)."""
+
+_I64_MAX = 2**63 - 1
+_I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
+
+
+class CorruptRecordError(ValueError):
+    """Encoded bytes are not a valid StreamRecordBatch (wrong magic, bad lengths, truncated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecordBatch:
+    """One append to one stream.
+
+    Attributes:
+        stream_id: the stream (>= 0).
+        epoch: the stream epoch of the writer (>= 0).
+        base_offset: first stream offset covered (>= 0).
+        count: number of offsets covered; negative marks a Link Record. Never 0.
+        payload: opaque bytes (at most ``MAX_PAYLOAD_BYTES``).
+    """
+
+    stream_id: int
+    epoch: int
+    base_offset: int
+    count: int
+    payload: bytes
+
+    def __post_init__(self) -> None:
+        problem = _validate_fields(self.stream_id, self.epoch, self.base_offset, self.count)
+        if problem is not None:
+            raise ValueError(problem)
+        if not isinstance(self.payload, bytes):
+            if isinstance(self.payload, (bytearray, memoryview)):
+                object.__setattr__(self, "payload", bytes(self.payload))
+            else:
+                raise TypeError(f"payload must be bytes, got {type(self.payload).__name__}")
+        if len(self.payload) > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"payload of {len(self.payload)} B exceeds {MAX_PAYLOAD_BYTES} B")
+
+    # ----------------------------------------------------------------- derived values
+    @property
+    def is_link(self) -> bool:
+        """True for a Link Record (negative count)."""
+        return self.count < 0
+
+    @property
+    def record_count(self) -> int:
+        """Number of stream offsets covered (``|count|``)."""
+        return -self.count if self.count < 0 else self.count
+
+    @property
+    def last_offset(self) -> int:
+        """Exclusive end offset: ``base_offset + record_count`` (the next batch's base)."""
+        return self.base_offset + self.record_count
+
+    @property
+    def size_bytes(self) -> int:
+        """Encoded size in bytes (header + payload)."""
+        return HEADER_SIZE_BYTES + len(self.payload)
+
+    # ----------------------------------------------------------------- codec
+    def encode(self) -> bytes:
+        """Encode to the wire format described in the module docstring."""
+        return (
+            _HEADER.pack(
+                MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+            )
+            + self.payload
+        )
+
+    def encode_into(self, out: bytearray) -> None:
+        """Append the encoding to ``out`` (avoids one copy when building blocks)."""
+        out += _HEADER.pack(
+            MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+        )
+        out += self.payload
+
+    @classmethod
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0
+    ) -> tuple["StreamRecordBatch", int]:
+        """Decode one batch starting at ``offset``.
+
+        Returns:
+            ``(batch, next_offset)`` where ``next_offset`` is the index just past it.
+
+        Raises:
+            CorruptRecordError: wrong magic, invalid field, bad payload length, truncation.
+        """
+        view = memoryview(buf)
+        if offset < 0:
+            raise CorruptRecordError(f"negative offset {offset}")
+        end_of_header = offset + HEADER_SIZE_BYTES
+        if end_of_header > len(view):
+            raise CorruptRecordError(
+                f"truncated record header at {offset}: need {HEADER_SIZE_BYTES} B, "
+                f"have {max(0, len(view) - offset)} B"
+            )
+        magic, stream_id, epoch, base_offset, count, payload_len = _HEADER.unpack_from(view, offset)
+        if magic != MAGIC:
+            raise CorruptRecordError(f"wrong magic 0x{magic:02x} at {offset} (expected 0x{MAGIC:02x})")
+        if payload_len > MAX_PAYLOAD_BYTES:
+            # payload_len is read unsigned; a negative i32 shows up as >= 2**31 here.
+            raise CorruptRecordError(
+                f"invalid payload length {_as_i32(payload_len)} at {offset} "
+                f"(must be 0..{MAX_PAYLOAD_BYTES})"
+            )
+        problem = _validate_fields(stream_id, epoch, base_offset, count)
+        if problem is not None:
+            raise CorruptRecordError(f"invalid record at {offset}: {problem}")
+        end = end_of_header + payload_len
+        if end > len(view):
+            raise CorruptRecordError(
+                f"truncated payload at {offset}: need {payload_len} B, "
+                f"have {len(view) - end_of_header} B"
+            )
+        batch = cls(stream_id, epoch, base_offset, count, bytes(view[end_of_header:end]))
+        return batch, end
+
+
+def decode_all(buf: bytes | bytearray | memoryview, max_records: int = 1_000_000) -> list[StreamRecordBatch]:
+    """Decode a concatenation of batches that must fill ``buf`` exactly.
+
+    Raises:
+        CorruptRecordError: on any invalid batch, trailing garbage, or more than
+            ``max_records`` batches.
+    """
+    out: list[StreamRecordBatch] = []
+    pos = 0
+    size = len(buf)
+    while pos < size:
+        if len(out) >= max_records:
+            raise CorruptRecordError(f"more than {max_records} records in buffer")
+        batch, pos = StreamRecordBatch.decode(buf, pos)
+        out.append(batch)
+    return out
+
+
+def _as_i32(value: int) -> int:
+    return value - 2**32 if value > _I32_MAX else value
+
+
+def _validate_fields(stream_id: int, epoch: int, base_offset: int, count: int) -> str | None:
+    """Return a description of the first invalid field, or None."""
+    for name, value in (("stream_id", stream_id), ("epoch", epoch), ("base_offset", base_offset)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"{name} must be int"
+        if not 0 <= value <= _I64_MAX:
+            return f"{name}={value} out of range 0..2^63-1"
+    if not isinstance(count, int) or isinstance(count, bool):
+        return "count must be int"
+    if count == 0 or not _I32_MIN < count <= _I32_MAX:
+        return f"count={count} must be non-zero and within (-2^31, 2^31)"
+    if base_offset + abs(count) > _I64_MAX:
+        return f"base_offset={base_offset} + |count|={abs(count)} overflows i64"
+    return None

@@ -1,0 +1,42 @@
+"""Write-ahead logs of the S3Stream engine.
+
+``WriteAheadLog`` is the interface; ``FileWAL`` is the local-file (cloud disk)
+implementation with group commit and a software reservation for crash
+failover; ``take_over`` is the recoverer's side of that reservation.
+"""
+
+from dataplane.s3stream.wal.base import (
+    AppendResult,
+    RecoveredRecord,
+    WALClosedError,
+    WALCorruptError,
+    WALError,
+    WALFencedError,
+    WALFullError,
+    WALTakeoverRefusedError,
+    WriteAheadLog,
+)
+from dataplane.s3stream.wal.file_wal import (
+    FileWAL,
+    FileWALConfig,
+    FileWALRecovery,
+    WALQueueTimeoutError,
+    take_over,
+)
+
+__all__ = [
+    "AppendResult",
+    "FileWAL",
+    "FileWALConfig",
+    "FileWALRecovery",
+    "RecoveredRecord",
+    "WALClosedError",
+    "WALCorruptError",
+    "WALError",
+    "WALFencedError",
+    "WALFullError",
+    "WALQueueTimeoutError",
+    "WALTakeoverRefusedError",
+    "WriteAheadLog",
+    "take_over",
+]

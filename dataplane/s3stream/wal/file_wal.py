@@ -1,0 +1,799 @@
+"""FileWAL: the write-ahead log on a local file / single-replica cloud disk (seed 001).
+
+* A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
+* Group commit: one writer thread takes queued appends (up to
+  ``max_batch_bytes``), writes them with one ``pwrite`` (two when the batch
+  wraps the ring end), calls ``fdatasync`` once and then completes all their
+  futures.
+* Software reservation (DESIGN.md "Crash failover"): the file names its owner
+  ``(node_id, node_epoch)``. Before writing a batch and again **after** its
+  fdatasync, the owner re-reads the reservation from disk; if it no longer names
+  it, the batch fails with :class:`WALFencedError` and the WAL stops. A
+  recoverer calls :func:`take_over`, which makes the new reservation durable
+  before it reads anything, so every append the old owner acknowledged was
+  durable before the takeover and is seen by the recovery.
+* Recovery on open scans from the trim offset and stops at the first torn or
+  corrupt record; appends continue from there. Before accepting appends, the
+  range a torn in-flight batch could have reached is zeroed, so a stale but
+  intact record of that batch can never reappear behind newer records.
+
+Limits of the reservation (documented in docs/formats.md): it fences
+acknowledgements, not writes. A fenced owner paused between its pre-write
+check and its pwrite can still land one batch (at most its ``max_batch_bytes``)
+after its last record; it never acknowledges it. :func:`take_over` therefore
+returns a recovery-only handle that does not append.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import crc32c as _crc32c
+
+from dataplane.s3stream.wal import metrics
+from dataplane.s3stream.wal.base import (
+    AppendResult,
+    RecoveredRecord,
+    WALClosedError,
+    WALCorruptError,
+    WALError,
+    WALFencedError,
+    WALFullError,
+    WALTakeoverRefusedError,
+    WriteAheadLog,
+)
+from dataplane.s3stream.wal.format import (
+    HEADER_AREA_BYTES,
+    RECORD_HEADER_SIZE_BYTES,
+    Reservation,
+    WALState,
+    decode_record_header,
+    encode_record_header,
+)
+from dataplane.s3stream.wal.ring import (
+    RecordScanner,
+    Ring,
+    fsync_data,
+    pwrite_all,
+    read_meta,
+    read_reservation,
+    read_state,
+)
+
+__all__ = ["FileWAL", "FileWALConfig", "FileWALRecovery", "WALQueueTimeoutError", "take_over"]
+
+log = logging.getLogger(__name__)
+
+MIN_CAPACITY_BYTES = 64 * 1024
+MAX_CAPACITY_BYTES = 1 << 40
+_U32_MAX = 2**32 - 1
+_I64_MAX = 2**63 - 1
+
+
+class WALQueueTimeoutError(WALError, TimeoutError):
+    """The append queue stayed full (``max_queue_bytes``) for ``queue_wait_timeout_s``."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileWALConfig:
+    """Tuning and limits of a :class:`FileWAL`.
+
+    Attributes:
+        max_record_bytes: largest record body accepted by ``append``.
+        max_batch_bytes: most bytes written by one group commit (one fdatasync).
+        max_queue_bytes: most bytes queued and not yet written; ``append``
+            blocks (backpressure) while the queue is full.
+        linger_s: how long the writer waits for more appends before writing
+            a batch smaller than ``max_batch_bytes`` (0 = write at once).
+        queue_wait_timeout_s: longest an ``append`` blocks on a full queue.
+        close_timeout_s: longest ``close`` waits for the writer to drain.
+        scan_chunk_bytes: read size of the recovery scan.
+    """
+
+    max_record_bytes: int = 4 * 1024 * 1024
+    max_batch_bytes: int = 8 * 1024 * 1024
+    max_queue_bytes: int = 64 * 1024 * 1024
+    linger_s: float = 0.0
+    queue_wait_timeout_s: float = 30.0
+    close_timeout_s: float = 30.0
+    scan_chunk_bytes: int = 1024 * 1024
+
+    def validate(self, capacity_bytes: int) -> None:
+        """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
+        if not 0 < self.max_record_bytes:
+            raise ValueError("max_record_bytes must be positive")
+        if self.max_record_bytes + RECORD_HEADER_SIZE_BYTES > self.max_batch_bytes:
+            raise ValueError("max_batch_bytes must hold one max_record_bytes record and its header")
+        if self.max_batch_bytes > min(capacity_bytes, _U32_MAX):
+            raise ValueError(
+                f"max_batch_bytes={self.max_batch_bytes} exceeds the capacity ({capacity_bytes} B)"
+            )
+        if self.max_queue_bytes < self.max_batch_bytes:
+            raise ValueError("max_queue_bytes must be >= max_batch_bytes")
+        if not 0.0 <= self.linger_s <= 1.0:
+            raise ValueError("linger_s must be within 0..1 s")
+        if self.queue_wait_timeout_s <= 0 or self.close_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.scan_chunk_bytes < 4096:
+            raise ValueError("scan_chunk_bytes must be >= 4096")
+
+
+@dataclass(slots=True)
+class _Pending:
+    offset: int
+    header: bytes
+    body: bytes
+    future: Future
+    enqueued_at_s: float
+
+
+@dataclass(slots=True)
+class _TrimRequest:
+    up_to_offset: int
+    future: Future
+
+
+_OPEN, _CLOSING, _FENCED, _FAILED = "open", "closing", "fenced", "failed"
+
+
+class FileWAL(WriteAheadLog):
+    """Local-file WAL with group commit and an on-disk owner reservation.
+
+    Create or open with :meth:`open`; do not call the constructor directly.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        node_id: int,
+        node_epoch: int,
+        capacity_bytes: int,
+        trim_offset: int,
+        end_offset: int,
+        state_seq: int,
+        config: FileWALConfig,
+        initial_fsyncs: int,
+    ) -> None:
+        self._path = path
+        self._fd = fd
+        self._node_id = node_id
+        self._node_epoch = node_epoch
+        self._capacity_bytes = capacity_bytes
+        self._config = config
+        self._ring = Ring(fd, capacity_bytes)
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+        self._trim_lock = threading.Lock()
+        self._queue: deque[_Pending] = deque()
+        self._trims: deque[_TrimRequest] = deque()
+        self._queued_bytes = 0
+        self._trim_offset = trim_offset
+        self._recovered_end = end_offset
+        self._durable_end = end_offset
+        self._reserved_end = end_offset
+        self._state_seq = state_seq
+        self._status = _OPEN
+        self._closed = False
+        self._failure: str = ""
+        self._fsyncs = initial_fsyncs
+        self._batches = 0
+        self._acked_records = 0
+        self._acked_bytes = 0
+        self._writer = threading.Thread(
+            target=self._run, name=f"file-wal-writer-{path.name}", daemon=True
+        )
+        self._writer.start()
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        node_id: int,
+        node_epoch: int,
+        *,
+        capacity_bytes: int | None = None,
+        config: FileWALConfig | None = None,
+    ) -> "FileWAL":
+        """Open (or create) the WAL at ``path`` as owner ``(node_id, node_epoch)``.
+
+        If the file does not exist it is created (``capacity_bytes`` required:
+        the ring size; the file is ``16 KiB + capacity_bytes``). If it exists,
+        its reservation must name ``(node_id, node_epoch)`` or an older epoch; an
+        older one is replaced (durably) before anything is read. Then the valid
+        record chain is recovered (see :meth:`recover`) and appends continue
+        after it.
+
+        Raises:
+            WALFencedError: the file is reserved by a newer epoch, or by another
+                node at the same epoch.
+            WALCorruptError: both slots of the reservation or the state are invalid.
+            FileNotFoundError: no file and no ``capacity_bytes``.
+        """
+        config = config or FileWALConfig()
+        _check_identity(node_id, node_epoch)
+        path = Path(path)
+        if not path.exists():
+            if capacity_bytes is None:
+                raise FileNotFoundError(f"{path} does not exist and no capacity_bytes was given")
+            config.validate(capacity_bytes)
+            _create_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            return cls._open_fd(path, fd, node_id, node_epoch, capacity_bytes, config)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _open_fd(
+        cls,
+        path: Path,
+        fd: int,
+        node_id: int,
+        node_epoch: int,
+        capacity_bytes: int | None,
+        config: FileWALConfig,
+    ) -> "FileWAL":
+        meta = read_meta(fd)
+        capacity = meta.capacity_bytes
+        if capacity_bytes is not None and capacity_bytes != capacity:
+            raise ValueError(f"{path} has capacity {capacity} B, not {capacity_bytes} B")
+        config.validate(capacity)
+        current = meta.reservation
+        same_owner = (current.node_id, current.node_epoch) == (node_id, node_epoch)
+        if not same_owner and node_epoch <= current.node_epoch:
+            raise WALFencedError(
+                f"{path} is reserved by node {current.node_id} epoch {current.node_epoch}; "
+                f"node {node_id} epoch {node_epoch} may not open it"
+            )
+        fsyncs = 0
+        if not same_owner or current.max_batch_bytes < config.max_batch_bytes:
+            _write_reservation(fd, current, node_id, node_epoch, max(config.max_batch_bytes, current.max_batch_bytes))
+            fsyncs += 1
+        # The state is read only after our reservation is durable.
+        state = read_state(fd)
+        if state is None:
+            raise WALCorruptError("both state slots are invalid")
+        scanner = RecordScanner(Ring(fd, capacity), state.trim_offset, chunk_bytes=config.scan_chunk_bytes)
+        records = 0
+        for _ in scanner:
+            records += 1
+        end = scanner.end_offset
+        log.info(
+            "opened WAL %s as node %d epoch %d: %d records in [%d, %d), scan stopped: %s",
+            path, node_id, node_epoch, records, state.trim_offset, end, scanner.stop_reason,
+        )
+        # Invalidate what a torn in-flight batch may have left after the chain.
+        zero_bytes = min(
+            max(current.max_batch_bytes, config.max_batch_bytes),
+            capacity - (end - state.trim_offset),
+        )
+        if zero_bytes > 0:
+            Ring(fd, capacity).write_zeros(end, zero_bytes)
+            fsync_data(fd)
+            fsyncs += 1
+        return cls(
+            path, fd, node_id, node_epoch, capacity, state.trim_offset, end, state.seq, config, fsyncs
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """``(node_id, node_epoch)`` this instance writes as."""
+        return (self._node_id, self._node_epoch)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._reserved_end - self._trim_offset
+
+    @property
+    def start_offset(self) -> int:
+        with self._lock:
+            return self._trim_offset
+
+    @property
+    def end_offset(self) -> int:
+        with self._lock:
+            return self._durable_end
+
+    @property
+    def recovered_end_offset(self) -> int:
+        """End of the record chain found when the WAL was opened."""
+        return self._recovered_end
+
+    @property
+    def fsync_count(self) -> int:
+        """fdatasync calls made by this instance (group commits, trims, open)."""
+        with self._lock:
+            return self._fsyncs
+
+    @property
+    def batch_count(self) -> int:
+        """Group commits completed by this instance."""
+        with self._lock:
+            return self._batches
+
+    @property
+    def acked_records(self) -> int:
+        """Records acknowledged by this instance."""
+        with self._lock:
+            return self._acked_records
+
+    @property
+    def fenced(self) -> bool:
+        with self._lock:
+            return self._status == _FENCED
+
+    # ------------------------------------------------------------------ API
+    def append(self, record: bytes) -> Future[AppendResult]:
+        """Queue ``record``; the future resolves once it is durable and ownership re-checked.
+
+        Blocks while the queue holds ``max_queue_bytes`` (backpressure).
+
+        Raises:
+            ValueError: record larger than ``max_record_bytes``.
+            WALFullError: no room until the WAL is trimmed.
+            WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
+            WALQueueTimeoutError: the queue stayed full too long.
+        """
+        body = record if isinstance(record, bytes) else bytes(record)
+        body_len = len(body)
+        if body_len > self._config.max_record_bytes:
+            raise ValueError(
+                f"record of {body_len} B exceeds max_record_bytes={self._config.max_record_bytes}"
+            )
+        body_crc = _crc32c.crc32c(body)
+        size = RECORD_HEADER_SIZE_BYTES + body_len
+        now = time.monotonic()
+        with self._lock:
+            self._raise_if_unusable()
+            if self._queued_bytes + size > self._config.max_queue_bytes:
+                deadline = now + self._config.queue_wait_timeout_s
+                while self._queued_bytes + size > self._config.max_queue_bytes:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise WALQueueTimeoutError(
+                            f"append queue full ({self._queued_bytes} B) for "
+                            f"{self._config.queue_wait_timeout_s} s"
+                        )
+                    self._not_full.wait(remaining)
+                    self._raise_if_unusable()
+            used = self._reserved_end - self._trim_offset
+            if used + size > self._capacity_bytes:
+                raise WALFullError(
+                    f"WAL full: {used} B of {self._capacity_bytes} B used, record needs {size} B; "
+                    "trim after upload"
+                )
+            offset = self._reserved_end
+            self._reserved_end += size
+            future: Future[AppendResult] = Future()
+            future.set_running_or_notify_cancel()  # appends cannot be cancelled
+            header = encode_record_header(body_len, offset + RECORD_HEADER_SIZE_BYTES, body_crc)
+            self._queue.append(_Pending(offset, header, body, future, now))
+            self._queued_bytes += size
+            self._not_empty.notify()
+        return future
+
+    def recover(self) -> Iterator[RecoveredRecord]:
+        """Yield the records in ``[start_offset, end_offset)`` as of this call, in order.
+
+        Meant for startup, before appends and trims. Raises WALCorruptError if an
+        acknowledged record no longer validates (e.g. trimmed and overwritten
+        concurrently, or damaged on disk).
+        """
+        with self._lock:
+            if self._closed:
+                raise WALClosedError("WAL is closed")
+            start, end = self._trim_offset, self._durable_end
+        yield from _recover_range(self._ring, start, end, self._config.scan_chunk_bytes)
+
+    def trim(self, up_to_offset: int) -> None:
+        """Release records below ``up_to_offset`` (a record boundary) durably.
+
+        No-op when ``up_to_offset`` is not above the current trim point.
+
+        Raises:
+            ValueError: beyond the durable end, or not a record boundary.
+            WALFencedError / WALClosedError / WALError: the WAL is unusable.
+        """
+        with self._trim_lock:
+            with self._lock:
+                self._raise_if_unusable()
+                trim, end = self._trim_offset, self._durable_end
+            if up_to_offset <= trim:
+                return
+            _check_trim_point(self._ring, up_to_offset, end)
+            request = _TrimRequest(up_to_offset, Future())
+            with self._lock:
+                self._raise_if_unusable()
+                self._trims.append(request)
+                self._not_empty.notify()
+            request.future.result(timeout=self._config.close_timeout_s)
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer and close the file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._status == _OPEN:
+                self._status = _CLOSING
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+        self._writer.join(self._config.close_timeout_s)
+        if self._writer.is_alive():
+            raise WALError(f"writer of {self._path} did not stop within {self._config.close_timeout_s} s")
+        os.close(self._fd)
+
+    def _raise_if_unusable(self) -> None:
+        """Caller holds the lock."""
+        if self._closed:
+            raise WALClosedError(f"WAL {self._path} is closed")
+        if self._status == _FENCED:
+            raise WALFencedError(f"WAL {self._path} was taken over: {self._failure}")
+        if self._status == _FAILED:
+            raise WALError(f"WAL {self._path} failed: {self._failure}")
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        while True:
+            trim: _TrimRequest | None = None
+            batch: list[_Pending] = []
+            with self._lock:
+                while not self._queue and not self._trims and self._status == _OPEN:
+                    self._not_empty.wait()
+                if self._status in (_FENCED, _FAILED):
+                    return
+                if not self._queue and not self._trims:
+                    return  # closing and drained
+                if self._trims:
+                    trim = self._trims.popleft()
+                else:
+                    self._linger()
+                    batch = self._take_batch()
+            if trim is not None:
+                self._do_trim(trim)
+            elif batch:
+                self._commit(batch)
+
+    def _linger(self) -> None:
+        """Caller holds the lock; wait up to linger_s for a fuller batch."""
+        linger = self._config.linger_s
+        if linger <= 0 or self._status != _OPEN:
+            return
+        deadline = self._queue[0].enqueued_at_s + linger
+        while self._queued_bytes < self._config.max_batch_bytes and self._status == _OPEN:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._trims:
+                return
+            self._not_empty.wait(remaining)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Caller holds the lock; pop up to max_batch_bytes of appends (at least one)."""
+        batch: list[_Pending] = []
+        total = 0
+        limit = self._config.max_batch_bytes
+        while self._queue:
+            size = RECORD_HEADER_SIZE_BYTES + len(self._queue[0].body)
+            if batch and total + size > limit:
+                break
+            batch.append(self._queue.popleft())
+            total += size
+        self._queued_bytes -= total
+        self._not_full.notify_all()
+        return batch
+
+    def _check_reservation(self) -> None:
+        current = read_reservation(self._fd)
+        if current is None:
+            raise WALFencedError("no valid reservation slot: ownership cannot be confirmed")
+        if (current.node_id, current.node_epoch) != (self._node_id, self._node_epoch):
+            raise WALFencedError(
+                f"reservation now names node {current.node_id} epoch {current.node_epoch}"
+            )
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        start = batch[0].offset
+        parts: list[bytes] = []
+        for pending in batch:
+            parts.append(pending.header)
+            parts.append(pending.body)
+        data = b"".join(parts)
+        try:
+            self._check_reservation()  # a fenced owner must not overwrite trimmed space
+            self._ring.write(start, data)
+            fsync_data(self._fd)
+            with self._lock:
+                self._fsyncs += 1
+            metrics.FSYNCS.inc()
+            self._check_reservation()  # ack only if we still own the WAL after the fsync
+        except WALFencedError as exc:
+            self._stop(_FENCED, str(exc), batch)
+            return
+        except OSError as exc:
+            self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
+            return
+        end = start + len(data)
+        with self._lock:
+            self._durable_end = end
+            self._batches += 1
+            self._acked_records += len(batch)
+            self._acked_bytes += len(data)
+        metrics.APPEND_BYTES.inc(len(data))
+        metrics.BATCH_BYTES.observe(len(data))
+        now = time.monotonic()
+        for pending in batch:
+            metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
+            pending.future.set_result(
+                AppendResult(pending.offset, RECORD_HEADER_SIZE_BYTES + len(pending.body))
+            )
+
+    def _do_trim(self, request: _TrimRequest) -> None:
+        try:
+            self._check_reservation()
+            state = WALState(
+                seq=self._state_seq + 1,
+                capacity_bytes=self._capacity_bytes,
+                trim_offset=request.up_to_offset,
+                writer_node_id=self._node_id,
+                writer_node_epoch=self._node_epoch,
+            )
+            pwrite_all(self._fd, state.encode(), state.slot_position)
+            fsync_data(self._fd)
+            metrics.FSYNCS.inc()
+        except WALFencedError as exc:
+            request.future.set_exception(WALFencedError(str(exc)))
+            self._stop(_FENCED, str(exc), [])
+            return
+        except OSError as exc:
+            request.future.set_exception(WALError(f"trim failed: {exc}"))
+            self._stop(_FAILED, f"{type(exc).__name__}: {exc}", [])
+            return
+        with self._lock:
+            self._fsyncs += 1
+            self._state_seq = state.seq
+            self._trim_offset = request.up_to_offset
+            self._not_full.notify_all()
+        request.future.set_result(None)
+
+    def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
+        """Fail ``batch``, everything queued, and all later calls."""
+        with self._lock:
+            self._status = status
+            self._failure = reason
+            pending = batch + list(self._queue)
+            trims = list(self._trims)
+            self._queue.clear()
+            self._trims.clear()
+            self._queued_bytes = 0
+            self._not_full.notify_all()
+            self._not_empty.notify_all()
+        if status == _FENCED:
+            log.warning("WAL %s fenced: %s; failing %d appends", self._path, reason, len(pending))
+        else:
+            log.error("WAL %s failed: %s; failing %d appends", self._path, reason, len(pending))
+        error = WALFencedError if status == _FENCED else WALError
+        for item in pending:
+            item.future.set_exception(error(reason))
+        for request in trims:
+            request.future.set_exception(error(reason))
+
+
+class FileWALRecovery:
+    """Recovery-only handle returned by :func:`take_over` (no appends).
+
+    Holds the reservation of ``(node_id, node_epoch)``; reads the records the
+    previous owner left and trims them once they are uploaded.
+    """
+
+    def __init__(self, path: Path, fd: int, node_id: int, node_epoch: int, capacity_bytes: int) -> None:
+        self._path = path
+        self._fd = fd
+        self._node_id = node_id
+        self._node_epoch = node_epoch
+        self._capacity_bytes = capacity_bytes
+        self._ring = Ring(fd, capacity_bytes)
+        self._closed = False
+        self._lock = threading.Lock()
+        state = read_state(fd)  # read only after the reservation is durable
+        if state is None:
+            raise WALCorruptError("both state slots are invalid")
+        self._state = state
+        self._end: int | None = None
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        return (self._node_id, self._node_epoch)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
+
+    @property
+    def start_offset(self) -> int:
+        return self._state.trim_offset
+
+    @property
+    def end_offset(self) -> int:
+        """End of the valid record chain (scans the WAL once on first use)."""
+        if self._end is None:
+            scanner = RecordScanner(self._ring, self._state.trim_offset)
+            for _ in scanner:
+                pass
+            self._end = scanner.end_offset
+        return self._end
+
+    def recover(self) -> Iterator[RecoveredRecord]:
+        """Yield every valid record from the trim offset, in order, stopping at a torn tail."""
+        self._check_open()
+        scanner = RecordScanner(self._ring, self._state.trim_offset)
+        for offset, body in scanner:
+            yield RecoveredRecord(offset, RECORD_HEADER_SIZE_BYTES + len(body), body)
+        self._end = scanner.end_offset
+
+    def trim(self, up_to_offset: int) -> None:
+        """Durably release records below ``up_to_offset`` (after they were uploaded)."""
+        with self._lock:
+            self._check_open()
+            if up_to_offset <= self._state.trim_offset:
+                return
+            _check_trim_point(self._ring, up_to_offset, self.end_offset)
+            current = read_reservation(self._fd)
+            if current is None or (current.node_id, current.node_epoch) != self.owner:
+                raise WALFencedError(f"{self._path} was taken over again")
+            state = WALState(
+                self._state.seq + 1, self._capacity_bytes, up_to_offset, self._node_id, self._node_epoch
+            )
+            pwrite_all(self._fd, state.encode(), state.slot_position)
+            fsync_data(self._fd)
+            metrics.FSYNCS.inc()
+            self._state = state
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._fd)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WALClosedError(f"{self._path} recovery handle is closed")
+
+    def __enter__(self) -> "FileWALRecovery":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def take_over(
+    path: str | os.PathLike[str], new_node_id: int, new_node_epoch: int
+) -> FileWALRecovery:
+    """Acquire the WAL at ``path`` for recovery (crash failover).
+
+    Writes the reservation ``(new_node_id, new_node_epoch)`` and fdatasyncs it
+    **before** reading any record, so the previous owner can no longer
+    acknowledge appends (it re-checks the reservation after each fsync).
+
+    Raises:
+        WALTakeoverRefusedError: ``new_node_epoch`` is not greater than the
+            current owner's epoch.
+        WALCorruptError: the header is unreadable.
+    """
+    _check_identity(new_node_id, new_node_epoch)
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        meta = read_meta(fd)
+        current = meta.reservation
+        if new_node_epoch <= current.node_epoch:
+            raise WALTakeoverRefusedError(
+                f"{path} is reserved by node {current.node_id} epoch {current.node_epoch}; "
+                f"takeover needs an epoch > {current.node_epoch}, got {new_node_epoch}"
+            )
+        _write_reservation(fd, current, new_node_id, new_node_epoch, current.max_batch_bytes)
+        log.warning(
+            "took over WAL %s: node %d epoch %d -> node %d epoch %d",
+            path, current.node_id, current.node_epoch, new_node_id, new_node_epoch,
+        )
+        return FileWALRecovery(path, fd, new_node_id, new_node_epoch, meta.capacity_bytes)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+# ---------------------------------------------------------------------- helpers
+def _check_identity(node_id: int, node_epoch: int) -> None:
+    if not 0 <= node_id <= _I64_MAX or not 0 <= node_epoch <= _I64_MAX:
+        raise ValueError(f"node_id={node_id} and node_epoch={node_epoch} must be within 0..2^63-1")
+
+
+def _write_reservation(
+    fd: int, current: Reservation, node_id: int, node_epoch: int, max_batch_bytes: int
+) -> Reservation:
+    new = Reservation(current.seq + 1, current.capacity_bytes, node_id, node_epoch, max_batch_bytes)
+    pwrite_all(fd, new.encode(), new.slot_position)
+    fsync_data(fd)
+    metrics.FSYNCS.inc()
+    return new
+
+
+def _create_file(
+    path: Path, capacity_bytes: int, node_id: int, node_epoch: int, max_batch_bytes: int
+) -> None:
+    """Create a preallocated WAL file atomically (temp file, fsync, link into place)."""
+    if not MIN_CAPACITY_BYTES <= capacity_bytes <= MAX_CAPACITY_BYTES:
+        raise ValueError(
+            f"capacity_bytes={capacity_bytes} must be within {MIN_CAPACITY_BYTES}..{MAX_CAPACITY_BYTES}"
+        )
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        total = HEADER_AREA_BYTES + capacity_bytes
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, total)
+        else:  # pragma: no cover - non-Linux
+            os.ftruncate(fd, total)
+        for seq in (0, 1):
+            reservation = Reservation(seq, capacity_bytes, node_id, node_epoch, max_batch_bytes)
+            state = WALState(seq, capacity_bytes, 0, node_id, node_epoch)
+            pwrite_all(fd, reservation.encode(), reservation.slot_position)
+            pwrite_all(fd, state.encode(), state.slot_position)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.link(tmp, path)  # fails if another creator won the race
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _check_trim_point(ring: Ring, up_to_offset: int, end_offset: int) -> None:
+    """A trim point must be the durable end or the offset of a valid record header."""
+    if up_to_offset > end_offset:
+        raise ValueError(f"cannot trim to {up_to_offset}: beyond the durable end {end_offset}")
+    if up_to_offset == end_offset:
+        return
+    header = decode_record_header(ring.read(up_to_offset, RECORD_HEADER_SIZE_BYTES))
+    if header is None or header.record_offset != up_to_offset:
+        raise ValueError(f"cannot trim to {up_to_offset}: not a record boundary")
+
+
+def _recover_range(ring: Ring, start: int, end: int, chunk_bytes: int) -> Iterator[RecoveredRecord]:
+    scanner = RecordScanner(ring, start, stop_at=end, chunk_bytes=chunk_bytes)
+    for offset, body in scanner:
+        yield RecoveredRecord(offset, RECORD_HEADER_SIZE_BYTES + len(body), body)
+    if scanner.end_offset != end:
+        raise WALCorruptError(
+            f"acknowledged records no longer validate at {scanner.end_offset} "
+            f"(expected records up to {end}): {scanner.stop_reason}"
+        )

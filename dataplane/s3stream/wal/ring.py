@@ -1,0 +1,214 @@
+"""File I/O helpers of the file WAL: positional reads/writes, the data ring, the record scanner."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import crc32c as _crc32c
+
+from dataplane.s3stream.wal.base import WALCorruptError
+from dataplane.s3stream.wal.format import (
+    DATA_START_BYTES,
+    HEADER_AREA_BYTES,
+    RECORD_HEADER_SIZE_BYTES,
+    RESERVATION_SLOT_POSITIONS,
+    STATE_SLOT_POSITIONS,
+    Reservation,
+    WALState,
+    decode_record_header,
+    latest,
+)
+
+__all__ = ["Ring", "RecordScanner", "FileMeta", "fsync_data", "pread_exact", "pwrite_all", "read_meta"]
+
+_MAX_IO_BYTES = 64 * 1024 * 1024  # one pread/pwrite call moves at most this much
+
+
+def fsync_data(fd: int) -> None:
+    """fdatasync where available (Linux), fsync elsewhere."""
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
+def pread_exact(fd: int, size: int, position: int) -> bytes:
+    """Read exactly ``size`` bytes at ``position``; a short file raises WALCorruptError."""
+    chunks: list[bytes] = []
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, _MAX_IO_BYTES), position + done)
+        if not chunk:
+            raise WALCorruptError(f"file too short: wanted {size} B at {position}, got {done} B")
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
+    """Write all of ``data`` at ``position`` (retrying short writes)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done : done + _MAX_IO_BYTES], position + done)
+        if written <= 0:
+            raise OSError(f"pwrite wrote {written} B at {position + done}")
+        done += written
+
+
+class Ring:
+    """The data area of the WAL file as a ring addressed by logical offsets."""
+
+    def __init__(self, fd: int, capacity_bytes: int) -> None:
+        self.fd = fd
+        self.capacity_bytes = capacity_bytes
+
+    def write(self, logical: int, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` (at most the capacity) at logical offset ``logical``, wrapping if needed."""
+        view = memoryview(data)
+        if len(view) > self.capacity_bytes:
+            raise ValueError(f"write of {len(view)} B exceeds the ring capacity")
+        pos = logical % self.capacity_bytes
+        first = min(len(view), self.capacity_bytes - pos)
+        pwrite_all(self.fd, view[:first], DATA_START_BYTES + pos)
+        if first < len(view):
+            pwrite_all(self.fd, view[first:], DATA_START_BYTES)
+
+    def read(self, logical: int, size: int) -> bytes:
+        """Read ``size`` bytes (at most the capacity) from logical offset ``logical``."""
+        if size > self.capacity_bytes:
+            raise ValueError(f"read of {size} B exceeds the ring capacity")
+        pos = logical % self.capacity_bytes
+        first = min(size, self.capacity_bytes - pos)
+        head = pread_exact(self.fd, first, DATA_START_BYTES + pos)
+        if first == size:
+            return head
+        return head + pread_exact(self.fd, size - first, DATA_START_BYTES)
+
+    def write_zeros(self, logical: int, size: int, chunk_bytes: int = 1024 * 1024) -> None:
+        """Overwrite ``size`` bytes from ``logical`` with zeros."""
+        zeros = bytes(min(size, chunk_bytes))
+        done = 0
+        while done < size:
+            n = min(len(zeros), size - done)
+            self.write(logical + done, memoryview(zeros)[:n])
+            done += n
+
+
+class RecordScanner:
+    """Iterates the valid record chain from ``start``; stops at the first invalid record.
+
+    A record is valid when its header has the magic and a matching header CRC,
+    its body offset equals the expected logical offset (continuity; this also
+    rejects stale records of an earlier lap around the ring), it fits in the
+    window ``[start, start + capacity)``, and its body CRC matches.
+
+    After iteration ``end_offset`` is the offset just past the last valid record
+    and ``stop_reason`` says why the scan stopped.
+    """
+
+    def __init__(
+        self,
+        ring: Ring,
+        start: int,
+        stop_at: int | None = None,
+        chunk_bytes: int = 1024 * 1024,
+    ) -> None:
+        self._ring = ring
+        self._start = start
+        self._limit = start + ring.capacity_bytes if stop_at is None else stop_at
+        self._chunk_bytes = max(RECORD_HEADER_SIZE_BYTES, min(chunk_bytes, ring.capacity_bytes))
+        self._buf = b""
+        self._buf_start = start
+        self.end_offset = start
+        self.stop_reason = "not scanned"
+
+    def _read(self, logical: int, size: int) -> bytes:
+        buf_end = self._buf_start + len(self._buf)
+        if self._buf_start <= logical and logical + size <= buf_end:
+            off = logical - self._buf_start
+            return self._buf[off : off + size]
+        if size >= self._chunk_bytes:
+            return self._ring.read(logical, size)
+        self._buf = self._ring.read(logical, min(self._chunk_bytes, self._limit - logical))
+        self._buf_start = logical
+        return self._buf[:size]
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        pos = self._start
+        limit = self._limit
+        self.stop_reason = "end of window"
+        while pos + RECORD_HEADER_SIZE_BYTES <= limit:
+            header = decode_record_header(self._read(pos, RECORD_HEADER_SIZE_BYTES))
+            if header is None:
+                self.stop_reason = f"no valid record header at {pos}"
+                break
+            if header.body_offset != pos + RECORD_HEADER_SIZE_BYTES:
+                self.stop_reason = (
+                    f"record at {pos} belongs to offset {header.record_offset} (stale or torn)"
+                )
+                break
+            end = header.body_offset + header.body_length
+            if end > limit:
+                self.stop_reason = f"record at {pos} of {header.body_length} B overruns the window"
+                break
+            body = self._read(header.body_offset, header.body_length) if header.body_length else b""
+            if _crc32c.crc32c(body) != header.body_crc32c:
+                self.stop_reason = f"body CRC mismatch in record at {pos}"
+                break
+            self.end_offset = end
+            yield pos, body
+            pos = end
+        self.end_offset = pos
+
+
+@dataclass(frozen=True, slots=True)
+class FileMeta:
+    """Reservation and state read from the header area."""
+
+    reservation: Reservation
+    state: WALState
+    capacity_bytes: int
+
+
+def read_reservation(fd: int) -> Reservation | None:
+    """The current reservation (valid slot with the highest seq), None if both slots are invalid."""
+    span = RESERVATION_SLOT_POSITIONS[1] + 64
+    raw = pread_exact(fd, span, 0)
+    return latest([Reservation.decode(raw[p : p + 64]) for p in RESERVATION_SLOT_POSITIONS])
+
+
+def read_state(fd: int) -> WALState | None:
+    """The current state (valid slot with the highest seq), None if both slots are invalid."""
+    base = STATE_SLOT_POSITIONS[0]
+    raw = pread_exact(fd, STATE_SLOT_POSITIONS[1] - base + 64, base)
+    return latest([WALState.decode(raw[p - base : p - base + 64]) for p in STATE_SLOT_POSITIONS])
+
+
+def read_meta(fd: int) -> FileMeta:
+    """Read and cross-check both slot pairs.
+
+    Raises:
+        WALCorruptError: no valid reservation or state slot, inconsistent
+            capacities, or a file shorter than header + capacity.
+    """
+    size = os.fstat(fd).st_size
+    if size < HEADER_AREA_BYTES:
+        raise WALCorruptError(f"WAL file of {size} B is shorter than its {HEADER_AREA_BYTES} B header")
+    reservation = read_reservation(fd)
+    if reservation is None:
+        raise WALCorruptError("both reservation slots are invalid")
+    state = read_state(fd)
+    if state is None:
+        raise WALCorruptError("both state slots are invalid")
+    if reservation.capacity_bytes != state.capacity_bytes:
+        raise WALCorruptError(
+            f"capacity mismatch: reservation {reservation.capacity_bytes} B, "
+            f"state {state.capacity_bytes} B"
+        )
+    if size < HEADER_AREA_BYTES + reservation.capacity_bytes:
+        raise WALCorruptError(
+            f"WAL file of {size} B is shorter than header + capacity "
+            f"({HEADER_AREA_BYTES + reservation.capacity_bytes} B)"
+        )
+    return FileMeta(reservation, state, reservation.capacity_bytes)
