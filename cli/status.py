@@ -77,6 +77,12 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     problems += [f"broker {b['node_id']} not registered" for b in brokers if not b["registered"]]
     problems += [f"broker {b['node_id']} fenced ({b['fence_reason']})" for b in brokers
                  if b["registered"] and b["fenced"]]
+    # the image alone can be stale (a broker that died without a word stays unfenced until
+    # its session expires): a live broker is one whose heartbeat the leader has seen lately
+    session_ms = config.settings.broker_session_timeout_ms
+    problems += [f"broker {b['node_id']} sends no heartbeats" for b in brokers
+                 if b["registered"] and not b["fenced"] and leader_view is not None
+                 and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)]
     return {
         "cluster_dir": str(cluster.dir),
         "healthy": not problems,

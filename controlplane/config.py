@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from pydantic import BaseModel, Field
 
 from controlplane.settings import ControllerSettings
@@ -29,6 +31,14 @@ class BucketConfig(BaseModel):
     uri: str  # e.g. 0@s3://automq-main?region=us-east-1&endpoint=http://127.0.0.1:8333
     access_key: str = ""
     secret_key: str = ""
+
+    def uri_with_credentials(self) -> str:
+        """The URI with accessKey/secretKey in its query (for the object-store client only)."""
+        if not self.access_key:
+            return self.uri
+        sep = "&" if "?" in self.uri else "?"
+        return (f"{self.uri}{sep}accessKey={quote(self.access_key, safe='')}"
+                f"&secretKey={quote(self.secret_key, safe='')}")
 
 
 class QuorumConfig(BaseModel):

@@ -195,9 +195,12 @@ def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:
         from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris
     except ImportError:  # the object-store package is optional for a bare quorum
         return None
-    uris = parse_bucket_uris(",".join(b.uri for b in config.buckets))
-    creds = {b.bucket_id: (b.access_key, b.secret_key) for b in config.buckets}
-    store = ObjectStorage(uris, credentials=creds)
+    try:
+        store = ObjectStorage(parse_bucket_uris(
+            ",".join(b.uri_with_credentials() for b in config.buckets)))
+    except Exception:  # a bad bucket config must not keep the quorum down
+        log.exception("object deletion disabled: cannot set up the object store client")
+        return None
 
     def delete(bucket_id: int, object_ids: list[int]) -> list[int]:
         try:
