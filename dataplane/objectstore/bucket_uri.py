@@ -14,7 +14,8 @@ Format (AutoMQ's `s3.data.buckets`), entries separated by commas::
                     SeaweedFS, Ceph; virtual-hosted style for AWS if you prefer);
     - `accessKey`, `secretKey`, `sessionToken` static credentials. Without them the
                     standard chain applies (env AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ...);
-    - anything else is kept verbatim in `extra`.
+    - anything else is kept verbatim in `extra`, except names that look secret (containing
+      secret/token/password/credential), which go to `secret_extra` as SecretStr.
   Values are percent-decoded; a comma inside a value must be written `%2C`.
 
 Secrets are held as `pydantic.SecretStr`; `repr()`, `str()` and `to_string()` (redacted by
@@ -45,7 +46,7 @@ _FALSE = {"false", "0", "no", "off"}
 # query-parameter names (lower-cased) that map to model fields
 _CREDENTIAL_PARAMS = {"accesskey": "access_key", "secretkey": "secret_key",
                       "sessiontoken": "session_token"}
-# extra parameters whose values are redacted too, just in case
+# other parameters whose names look secret: kept as SecretStr, redacted when printed
 _SECRET_NAME_RE = re.compile(r"secret|token|password|passwd|credential", re.IGNORECASE)
 
 
@@ -63,6 +64,7 @@ class BucketURI(BaseModel):
     secret_key: SecretStr | None = None
     session_token: SecretStr | None = None
     extra: dict[str, str] = Field(default_factory=dict)
+    secret_extra: dict[str, SecretStr] = Field(default_factory=dict)
 
     @field_validator("bucket")
     @classmethod
@@ -127,9 +129,9 @@ class BucketURI(BaseModel):
         if self.endpoint is not None:
             params.append(("endpoint", self.endpoint))
         params.append(("pathStyle", "true" if self.path_style else "false"))
-        for name, value in self.extra.items():
-            hidden = redact and _SECRET_NAME_RE.search(name) is not None
-            params.append((name, REDACTED if hidden else value))
+        params.extend(self.extra.items())
+        for name, secret_value in self.secret_extra.items():
+            params.append((name, REDACTED if redact else secret_value.get_secret_value()))
         for name, secret in (("accessKey", self.access_key), ("secretKey", self.secret_key),
                              ("sessionToken", self.session_token)):
             if secret is not None:
@@ -235,6 +237,7 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
 
     fields: dict[str, Any] = {"bucket_id": bucket_id, "bucket": authority}
     extra: dict[str, str] = {}
+    secret_extra: dict[str, SecretStr] = {}
     seen: set[str] = set()
     pairs = parse_qsl(query, keep_blank_values=True) if query else []
     if len(pairs) > MAX_QUERY_PARAMS:
@@ -259,11 +262,14 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
             if not value:
                 raise ValueError(f"{where}: {name} is empty")
             fields[_CREDENTIAL_PARAMS[lowered]] = SecretStr(value)
+        elif _SECRET_NAME_RE.search(name):
+            secret_extra[name] = SecretStr(value)
         else:
             extra[name] = value
     if ("access_key" in fields) != ("secret_key" in fields):
         raise ValueError(f"{where}: accessKey and secretKey must be given together")
     fields["extra"] = extra
+    fields["secret_extra"] = secret_extra
     try:
         return BucketURI(**fields)
     except Exception as exc:  # pydantic.ValidationError: re-raise as a short ValueError

@@ -36,6 +36,8 @@ DEFAULT_TIMEOUT_S = 60.0
 # a head waiting for tokens re-checks at least this often (seconds) and at most this rarely
 _MIN_WAIT_S = 0.0005
 _MAX_WAIT_S = 0.1
+# refills add float fractions of a byte; tolerate the rounding when comparing
+_EPSILON_BYTES = 1e-6
 
 
 class Priority(enum.IntEnum):
@@ -116,7 +118,7 @@ class BandwidthLimiter:
         with self._cond:
             deadline = self._clock() + timeout_s
             self._refill()
-            if not self._waiters and self._tokens >= min(n_bytes, self._burst):
+            if not self._waiters and self._tokens + _EPSILON_BYTES >= min(n_bytes, self._burst):
                 self._tokens -= n_bytes
                 return
             if len(self._waiters) >= self._max_waiters:
@@ -131,7 +133,7 @@ class BandwidthLimiter:
                     self._refill()
                     needed = min(n_bytes, self._burst)
                     is_head = self._waiters[0] == ticket
-                    if is_head and self._tokens >= needed:
+                    if is_head and self._tokens + _EPSILON_BYTES >= needed:
                         self._tokens -= n_bytes
                         return
                     remaining = deadline - self._clock()
