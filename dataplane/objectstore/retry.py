@@ -16,6 +16,7 @@ d = min(backoff_max_ms, backoff_base_ms * 2**(n-1)).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConnectionError,
@@ -85,8 +86,7 @@ def classify(exc: BaseException) -> Failure:
         label = "" if not code or code == str(status) else f" {code}"
         detail = f"HTTP {status or '?'}{label}" + (f": {message}" if message else "")
         if code == "NoSuchBucket":
-            return Failure("client_error", False, ObjectStoreError,
-                           detail + " (the bucket does not exist)")
+            return Failure("client_error", False, ObjectStoreError, detail)
         if status == 404 or code in _NOT_FOUND_CODES:
             return Failure("not_found", False, ObjectNotFoundError, detail)
         if status == 412 or code == "PreconditionFailed":
@@ -105,13 +105,21 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
         return Failure("timeout", True, ObjectStoreUnavailableError, str(exc))
     if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
-        return Failure("connection_error", True, ObjectStoreUnavailableError, str(exc))
+        return Failure("connection_error", True, ObjectStoreUnavailableError,
+                       str(exc) + _os_reason(exc))
     if isinstance(exc, (TimeoutError, ConnectionError)):  # raw socket errors from a body read
         return Failure("connection_error", True, ObjectStoreUnavailableError,
                        f"{type(exc).__name__}: {exc}")
     if isinstance(exc, BotoCoreError):
         return Failure("client_error", False, ObjectStoreError, str(exc))
     return Failure("client_error", False, ObjectStoreError, f"{type(exc).__name__}: {exc}")
+
+
+def _os_reason(exc: BaseException) -> str:
+    """' (Connection refused)' etc. from the wrapped socket error, if there is one."""
+    cause = getattr(exc, "kwargs", {}).get("error")
+    match = re.search(r"\[Errno -?\d+\] ([^'\"\)]+)", str(cause)) if cause else None
+    return f" ({match.group(1).strip()})" if match else ""
 
 
 def unavailable(what: str, attempts: int, failure: Failure, *, op: str, bucket_id: int,

@@ -484,7 +484,7 @@ class ObjectStorage:
             failure = classify(exc)
             if isinstance(exc, ClientError) and http_status(exc) == 404:
                 failure = type(failure)("client_error", False, ObjectStoreError,
-                                        f"{failure.detail} (the bucket does not exist)")
+                                        f"{failure.detail} (no such bucket)")
             self.metrics.observe("head_bucket", bucket_id, failure.status,
                                  time.monotonic() - t0)
             raise ObjectStoreUnavailableError(
