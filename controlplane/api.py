@@ -7,6 +7,7 @@
                                   any controller serves it from its replicated state
     GET  /v1/status               raft state of this controller, brokers with heartbeat ages
     GET  /v1/image                the whole metadata image (JSON)
+    GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
     GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
     GET  /metrics                 Prometheus text format
 """
@@ -158,8 +159,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, node.status())
         elif url.path == "/v1/image":
             self._send(200, node.quorum.machine.image.model_dump_json())
+        elif url.path.startswith("/v1/streams/") and url.path.count("/") == 3:
+            stream = node.quorum.machine.image.streams.get(_path_int(url.path, 3))
+            if stream is None:
+                raise ControllerError(ErrorCode.UNKNOWN_STREAM, f"no stream {url.path}")
+            self._send(200, {**stream.model_dump(mode="json", exclude={"object_ranges"}),
+                             "end_offset": stream.end_offset})
         elif url.path.startswith("/v1/streams/") and url.path.endswith("/objects"):
-            stream_id = int(url.path.split("/")[3])
+            stream_id = _path_int(url.path, 3)
             image = node.quorum.machine.image
             found = image.stream_objects_in_range(stream_id, _int(query, "start", 0),
                                                   _int(query, "end", 2**62),
@@ -174,6 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"ok": True, "time_ms": int(time.time() * 1000)})
         else:
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {url.path}")
+
+
+def _path_int(path: str, index: int) -> int:
+    try:
+        return int(path.split("/")[index])
+    except (IndexError, ValueError):
+        raise ControllerError(ErrorCode.INVALID_REQUEST, f"bad id in {path}") from None
 
 
 def _int(query: dict, key: str, default: int) -> int:

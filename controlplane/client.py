@@ -128,6 +128,10 @@ class ControllerClient:
     def image(self) -> dict:
         return self._get("/v1/image")
 
+    def stream(self, stream_id: int) -> dict:
+        """A stream's metadata (epoch, state, node_id, start_offset, end_offset)."""
+        return self._get(f"/v1/streams/{stream_id}")
+
     def stream_objects(self, stream_id: int, start_offset: int, end_offset: int,
                        limit: int = 100) -> list[dict]:
         query = urlencode({"start": start_offset, "end": end_offset, "limit": limit})

@@ -1,0 +1,509 @@
+"""S3Storage: the storage engine of one broker, and the Stream API on top of it.
+
+Write path: `Stream.append` -> WAL (group commit, fsync) -> LogCache -> acknowledged.
+The uploader turns acknowledged batches into objects once the cache passes a threshold, on an
+interval, or on demand: streams with at least `stream_split_bytes` in the upload get their own
+stream object, the rest share one stream-set object; ids are prepared, objects are put into
+the active bucket, one atomic commit tells the controller, and only then is the WAL trimmed.
+Read path: LogCache for the tail, `StreamReader`s over committed objects for the rest.
+On start the WAL is recovered and whatever was not committed yet is uploaded first, so a
+restart continues with no gap and no duplicate offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError, ErrorCode
+from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
+from dataplane.s3stream import metrics
+from dataplane.s3stream.block_cache import BlockCache
+from dataplane.s3stream.log_cache import LogCache
+from dataplane.s3stream.object_format import ObjectWriter
+from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.s3stream.stream_reader import (
+    BlockFetcher,
+    IndexCache,
+    ObjectLocation,
+    ObjectLocator,
+    StreamReader,
+)
+from dataplane.s3stream.wal import FileWAL, WALFullError
+
+log = logging.getLogger(__name__)
+
+_FENCING_CODES = {ErrorCode.STREAM_FENCED, ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
+                  ErrorCode.STREAM_NOT_OPENED, ErrorCode.UNKNOWN_NODE}
+
+
+class StorageError(RuntimeError):
+    """The engine cannot serve the request (fenced, closed, WAL full for too long...)."""
+
+
+@dataclass
+class StorageConfig:
+    """Limits and thresholds of the engine (AutoMQ's defaults scaled to one machine)."""
+
+    data_dir: Path
+    wal_capacity_bytes: int = 512 * 1024 * 1024
+    upload_threshold_bytes: int = 64 * 1024 * 1024
+    upload_interval_s: float = 5.0
+    max_object_bytes: int = 256 * 1024 * 1024
+    stream_split_bytes: int = 8 * 1024 * 1024
+    block_size_bytes: int = 512 * 1024
+    log_cache_uploaded_bytes: int = 256 * 1024 * 1024
+    block_cache_bytes: int = 512 * 1024 * 1024
+    prepared_ttl_ms: int = 60 * 60 * 1000
+    upload_attempts: int = 8
+    wal_full_wait_s: float = 30.0
+    max_readers: int = 10_000
+    reader_idle_s: float = 60.0
+
+
+class ControllerLocator:
+    """Finds a stream's objects through the controller API (always current)."""
+
+    def __init__(self, client: ControllerClient):
+        self.client = client
+
+    def locate(self, stream_id: int, start_offset: int, end_offset: int,
+               limit: int) -> list[ObjectLocation]:
+        return [ObjectLocation(object_id=o["object_id"], bucket_id=o["bucket_id"],
+                               size_bytes=o["size_bytes"], start_offset=o["start_offset"],
+                               end_offset=o["end_offset"])
+                for o in self.client.stream_objects(stream_id, start_offset, end_offset, limit)]
+
+
+@dataclass
+class _StreamState:
+    stream_id: int
+    epoch: int
+    next_offset: int       # offset the next append gets
+    confirmed_offset: int  # end of the acknowledged prefix
+    start_offset: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    error: BaseException | None = None
+    closed: bool = False
+
+
+class Stream:
+    """An open stream: append, fetch, trim, close."""
+
+    def __init__(self, storage: "S3Storage", state: _StreamState):
+        self._storage = storage
+        self._state = state
+
+    @property
+    def stream_id(self) -> int:
+        return self._state.stream_id
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def start_offset(self) -> int:
+        return self._state.start_offset
+
+    @property
+    def next_offset(self) -> int:
+        """End of the acknowledged records (what a reader may see)."""
+        return self._state.confirmed_offset
+
+    def append(self, payload: bytes, count: int = 1) -> Future:
+        """Append `count` offsets carried by `payload`; the future gives the base offset once
+        the batch is durable in the WAL."""
+        return self._storage._append(self._state, payload, count)
+
+    def fetch(self, start_offset: int, end_offset: int | None = None,
+              max_bytes: int = 1024 * 1024) -> list[StreamRecordBatch]:
+        return self._storage._fetch(self._state, start_offset,
+                                    end_offset if end_offset is not None else 2**62, max_bytes)
+
+    def trim(self, new_start_offset: int) -> None:
+        self._storage._trim(self._state, new_start_offset)
+
+    def close(self) -> None:
+        self._storage._close_stream(self._state)
+
+
+class S3Storage:
+    """One broker's storage engine (see the module docstring)."""
+
+    def __init__(self, config: StorageConfig, node_id: int, node_epoch: int,
+                 controller: ControllerClient, objects: ObjectStorage,
+                 locator: ObjectLocator | None = None):
+        self.config = config
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.controller = controller
+        self.objects = objects
+        self.locator = locator or ControllerLocator(controller)
+        self.log_cache = LogCache(config.log_cache_uploaded_bytes)
+        self.block_cache = BlockCache(config.block_cache_bytes)
+        self.index_cache = IndexCache(objects)
+        self.fetcher = BlockFetcher(objects, self.block_cache)
+        self._readers: OrderedDict[tuple[int, int], StreamReader] = OrderedDict()
+        self._readers_lock = threading.Lock()
+        self._seen_hits = self._seen_misses = 0
+        self._streams: dict[int, _StreamState] = {}
+        self._lock = threading.Lock()            # log cache and stream table
+        self._upload_lock = threading.Lock()     # one upload at a time, in WAL order
+        self._wake = threading.Condition()
+        self._flush_requested = False
+        self._stop = threading.Event()
+        self._order_id = int(time.time() * 1000)
+        self.wal: FileWAL | None = None
+        self.upload_error: BaseException | None = None
+        self.fenced_error: ControllerError | None = None
+        self._uploader = threading.Thread(target=self._upload_loop, name="uploader", daemon=True)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> int:
+        """Open (and recover) the WAL, upload what was not committed, start the uploader.
+        Returns the number of recovered batches that were uploaded."""
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.wal = FileWAL.open(self.config.data_dir / "wal", self.node_id, self.node_epoch,
+                                capacity_bytes=self.config.wal_capacity_bytes)
+        recovered = self._recover()
+        self._uploader.start()
+        return recovered
+
+    def _recover(self) -> int:
+        """Re-upload acknowledged batches the controller has not committed yet."""
+        assert self.wal is not None
+        by_stream: dict[int, list[tuple[StreamRecordBatch, int]]] = defaultdict(list)
+        for rec in self.wal.recover():
+            batch, _ = StreamRecordBatch.decode(rec.data)
+            by_stream[batch.stream_id].append((batch, rec.next_offset))
+        if not by_stream:
+            return 0
+        keep: list[tuple[StreamRecordBatch, int]] = []
+        for stream_id, items in by_stream.items():
+            try:
+                meta = self.controller.stream(stream_id)
+            except ControllerError as exc:
+                if exc.code == ErrorCode.UNKNOWN_STREAM:
+                    continue  # deleted meanwhile: nothing to keep
+                raise
+            end = meta["end_offset"]
+            fresh = [(b, w) for b, w in items if b.last_offset > end]
+            if fresh and fresh[0][0].base_offset != end:
+                log.error("stream %d: WAL resumes at %d but the committed end is %d; "
+                          "cannot recover these batches", stream_id, fresh[0][0].base_offset, end)
+                continue
+            keep += fresh
+        keep.sort(key=lambda item: item[1])  # WAL order
+        with self._lock:
+            for batch, wal_next in keep:
+                self.log_cache.put(batch, wal_next)
+        self._upload_all()
+        log.info("recovered %d batches from the WAL and uploaded them", len(keep))
+        return len(keep)
+
+    def close(self) -> None:
+        """Upload everything acknowledged, then stop (a graceful shutdown)."""
+        try:
+            self._upload_all()
+        finally:
+            self._stop.set()
+            with self._wake:
+                self._wake.notify_all()
+            if self._uploader.is_alive():
+                self._uploader.join(30)
+            with self._readers_lock:
+                for reader in self._readers.values():
+                    reader.release()
+                self._readers.clear()
+            if self.wal is not None:
+                self.wal.close()
+
+    # ------------------------------------------------------------ streams
+
+    def create_stream(self, tags: dict[str, str] | None = None) -> int:
+        return int(self.controller.call("create_stream", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "tags": tags or {}})["stream_id"])
+
+    def open_stream(self, stream_id: int, epoch: int) -> Stream:
+        res = self.controller.call("open_stream", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": stream_id,
+            "stream_epoch": epoch})
+        state = _StreamState(stream_id=stream_id, epoch=epoch, next_offset=res["next_offset"],
+                             confirmed_offset=res["next_offset"], start_offset=res["start_offset"])
+        with self._lock:
+            self._streams[stream_id] = state
+        return Stream(self, state)
+
+    def _check_writable(self, state: _StreamState) -> None:
+        if state.closed:
+            raise StorageError(f"stream {state.stream_id} is closed")
+        if state.error is not None:
+            raise StorageError(f"stream {state.stream_id} failed: {state.error}")
+        if self.fenced_error is not None:
+            raise StorageError(f"this node is fenced: {self.fenced_error}")
+
+    def _append(self, state: _StreamState, payload: bytes, count: int) -> Future:
+        assert self.wal is not None
+        self._check_writable(state)
+        result: Future = Future()
+        deadline = time.monotonic() + self.config.wal_full_wait_s
+        while True:
+            with state.lock:
+                self._check_writable(state)
+                batch = StreamRecordBatch(state.stream_id, state.epoch, state.next_offset,
+                                          count, payload)
+                try:
+                    wal_future = self.wal.append(batch.encode())
+                except WALFullError:
+                    wal_future = None
+                else:
+                    state.next_offset = batch.last_offset
+            if wal_future is not None:
+                break
+            # backpressure: the uploader frees WAL space; wait for it, bounded
+            if time.monotonic() > deadline:
+                raise StorageError(f"WAL full for {self.config.wal_full_wait_s}s: uploads are "
+                                   f"not keeping up ({self.upload_error})")
+            self.request_upload()
+            time.sleep(0.01)
+
+        def on_durable(f: Future) -> None:
+            error = f.exception()
+            if error is not None:
+                state.error = error
+                result.set_exception(error)
+                return
+            with self._lock:
+                self.log_cache.put(batch, f.result().next_offset)
+                state.confirmed_offset = batch.last_offset
+                pending = self.log_cache.pending_upload_bytes
+            metrics.WAL_CACHE_BYTES.set(pending)
+            if pending >= self.config.upload_threshold_bytes:
+                self.request_upload()
+            result.set_result(batch.base_offset)
+
+        wal_future.add_done_callback(on_durable)
+        return result
+
+    def _fetch(self, state: _StreamState, start: int, end: int,
+               max_bytes: int) -> list[StreamRecordBatch]:
+        end = min(end, state.confirmed_offset)
+        if start >= end:
+            return []
+        with self._lock:
+            cached_from = self.log_cache.start_offset(state.stream_id)
+            if cached_from is not None and start >= cached_from:
+                return self.log_cache.read(state.stream_id, start, end, max_bytes)
+        object_end = end if cached_from is None else min(end, cached_from)
+        out = self._read_objects(state.stream_id, start, object_end, max_bytes)
+        size = sum(b.size_bytes for b in out)
+        next_offset = out[-1].last_offset if out else start
+        if cached_from is not None and next_offset >= cached_from and size < max_bytes \
+                and next_offset < end:
+            with self._lock:
+                out += self.log_cache.read(state.stream_id, next_offset, end, max_bytes - size)
+        return out
+
+    def _read_objects(self, stream_id: int, start: int, end: int,
+                      max_bytes: int) -> list[StreamRecordBatch]:
+        with self._readers_lock:
+            reader = self._readers.pop((stream_id, start), None)
+            if reader is None:
+                reader = StreamReader(stream_id, start, self.locator, self.index_cache,
+                                      self.fetcher)
+        try:
+            out = reader.read(start, end, max_bytes)
+        except BaseException:
+            reader.release()
+            raise
+        with self._readers_lock:
+            self._readers[(stream_id, reader.next_offset)] = reader
+            self._expire_readers()
+        cache = self.block_cache
+        metrics.BLOCK_CACHE_BYTES.set(cache.used_bytes)
+        hits, misses = cache.hits, cache.misses
+        metrics.BLOCK_CACHE_HITS.inc(max(hits - self._seen_hits, 0))
+        metrics.BLOCK_CACHE_MISSES.inc(max(misses - self._seen_misses, 0))
+        self._seen_hits, self._seen_misses = hits, misses
+        return out
+
+    def _expire_readers(self) -> None:
+        now = time.monotonic()
+        while self._readers:
+            key, oldest = next(iter(self._readers.items()))
+            if len(self._readers) <= self.config.max_readers and \
+                    now - oldest.last_used < self.config.reader_idle_s:
+                break
+            del self._readers[key]
+            oldest.release()
+
+    @property
+    def readers(self) -> list[StreamReader]:
+        with self._readers_lock:
+            return list(self._readers.values())
+
+    def _trim(self, state: _StreamState, new_start: int) -> None:
+        if new_start > state.confirmed_offset:
+            raise StorageError(f"cannot trim stream {state.stream_id} to {new_start} past its "
+                               f"end {state.confirmed_offset}")
+        with self._lock:
+            must_upload = self.log_cache.has_pending(state.stream_id)
+        if must_upload:
+            self._upload_all()
+        self.controller.call("trim_stream", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": state.stream_id,
+            "stream_epoch": state.epoch, "new_start_offset": new_start})
+        state.start_offset = new_start
+
+    def _close_stream(self, state: _StreamState) -> None:
+        if state.closed:
+            return
+        self._upload_all()
+        self.controller.call("close_stream", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": state.stream_id,
+            "stream_epoch": state.epoch})
+        state.closed = True
+        with self._lock:
+            self._streams.pop(state.stream_id, None)
+            self.log_cache.drop_stream(state.stream_id)
+
+    # ------------------------------------------------------------ uploads
+
+    def request_upload(self) -> None:
+        with self._wake:
+            self._flush_requested = True
+            self._wake.notify_all()
+
+    def flush(self) -> None:
+        """Upload and commit everything acknowledged so far (blocks)."""
+        self._upload_all()
+
+    def _upload_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            with self._wake:
+                if not self._flush_requested:
+                    self._wake.wait(max(0.0, self.config.upload_interval_s - (time.monotonic() - last)))
+                self._flush_requested = False
+            if self._stop.is_set():
+                return
+            last = time.monotonic()
+            try:
+                self._upload_all()
+                self.upload_error = None
+            except ControllerError as exc:
+                if exc.code in _FENCING_CODES:
+                    log.error("upload refused, this node is fenced: %s", exc)
+                    self.fenced_error = exc
+                    return
+                self.upload_error = exc
+                log.warning("upload failed, will retry: %s", exc)
+                self._stop.wait(1.0)
+            except Exception as exc:
+                self.upload_error = exc
+                log.exception("upload failed, will retry")
+                self._stop.wait(1.0)
+
+    def _upload_all(self) -> None:
+        """Upload pending batches, object after object, until none is left."""
+        with self._upload_lock:
+            for _ in range(100_000):
+                with self._lock:
+                    batches, wal_end = self.log_cache.take_pending(self.config.max_object_bytes)
+                if not batches:
+                    return
+                self._upload(batches, wal_end)
+
+    def _upload(self, batches: list[StreamRecordBatch], wal_end: int) -> None:
+        started = time.monotonic()
+        per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
+        for b in batches:
+            per_stream[b.stream_id].append(b)
+        split = {sid for sid, bs in per_stream.items()
+                 if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes}
+        shared = [sid for sid in per_stream if sid not in split]
+        count = (1 if shared else 0) + len(split)
+        prepared = self._retry(lambda: self.controller.call("prepare_objects", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "count": count,
+            "ttl_ms": self.config.prepared_ttl_ms}))
+        next_id, bucket_id = prepared["first_object_id"], prepared["bucket_id"]
+        puts: list[tuple[int, bytes]] = []
+        sso_id = -1
+        ranges: list[dict] = []
+        if shared:
+            writer = ObjectWriter(self.config.block_size_bytes, self.config.max_object_bytes + 2**20)
+            for sid in shared:
+                writer.add_all(per_stream[sid])
+            obj = writer.finish()
+            sso_id = next_id
+            next_id += 1
+            puts.append((sso_id, obj.data))
+            epochs = {sid: per_stream[sid][0].epoch for sid in shared}
+            ranges = [{"stream_id": r.stream_id, "stream_epoch": epochs[r.stream_id],
+                       "start_offset": r.start_offset, "end_offset": r.end_offset}
+                      for r in obj.ranges]
+        stream_objects: list[dict] = []
+        for sid in sorted(split):
+            writer = ObjectWriter(self.config.block_size_bytes, self.config.max_object_bytes + 2**20)
+            writer.add_all(per_stream[sid])
+            obj = writer.finish()
+            puts.append((next_id, obj.data))
+            stream_objects.append({"object_id": next_id, "stream_id": sid,
+                                   "stream_epoch": per_stream[sid][0].epoch,
+                                   "start_offset": obj.ranges[0].start_offset,
+                                   "end_offset": obj.ranges[0].end_offset,
+                                   "size_bytes": len(obj.data)})
+            next_id += 1
+
+        def put_all() -> None:
+            futures = [self.objects.put_object_async(bucket_id, object_key(oid), data,
+                                                     priority=Priority.PRODUCE)
+                       for oid, data in puts]
+            for f in futures:
+                f.result()
+
+        self._retry(put_all)
+        self._order_id += 1
+        body = {"node_id": self.node_id, "node_epoch": self.node_epoch, "object_id": sso_id,
+                "order_id": self._order_id,
+                "size_bytes": len(puts[0][1]) if sso_id >= 0 else 0, "bucket_id": bucket_id,
+                "stream_ranges": ranges, "stream_objects": stream_objects,
+                "compacted_object_ids": []}
+        self._retry(lambda: self.controller.call("commit_stream_set_object", body))
+        with self._lock:
+            self.log_cache.mark_uploaded(batches)
+            metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
+        assert self.wal is not None
+        self.wal.trim(wal_end)
+        size = sum(len(d) for _, d in puts)
+        metrics.UPLOADS.inc()
+        metrics.UPLOAD_BYTES.inc(size)
+        metrics.UPLOAD_LATENCY.observe(time.monotonic() - started)
+        log.debug("uploaded %d batches in %d objects (%d bytes)", len(batches), len(puts), size)
+
+    def _retry(self, fn):
+        """Run fn with bounded retries on transient failures; fencing errors surface at once."""
+        delay = 0.1
+        for attempt in range(1, self.config.upload_attempts + 1):
+            try:
+                return fn()
+            except ControllerError as exc:
+                if exc.code in _FENCING_CODES or exc.code not in (
+                        ErrorCode.NO_LEADER, ErrorCode.TIMEOUT, ErrorCode.NOT_CONTROLLER):
+                    raise
+                error: Exception = exc
+            except ObjectStoreError as exc:
+                error = exc
+            if attempt == self.config.upload_attempts:
+                raise error
+            log.warning("upload step failed (attempt %d): %s", attempt, error)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
