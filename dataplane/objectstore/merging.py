@@ -80,7 +80,9 @@ class ReadBatch:
         view = memoryview(data)
         for m in members:
             lo, hi = m.start - span_start, m.end_exclusive - span_start
-            if hi <= len(data):
+            if lo == 0 and hi == len(data):
+                m.future.set_result(data)  # the whole body: no copy
+            elif hi <= len(data):
                 m.future.set_result(bytes(view[lo:hi]))
             else:
                 m.future.set_exception(InvalidRangeError(
