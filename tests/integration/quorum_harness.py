@@ -26,7 +26,8 @@ class QuorumHarness:
             controllers=[ControllerAddress(node_id=i, raft_port=ports[2 * i],
                                            api_port=ports[2 * i + 1]) for i in range(voters)],
             brokers=[], password=secrets.token_urlsafe(24),
-            settings=ControllerSettings(broker_session_timeout_ms=session_timeout_ms))
+            settings=ControllerSettings(broker_session_timeout_ms=session_timeout_ms,
+                                        bucket_ids=[0, 1]))
         self.cluster.save(self.config)
         self.client = ControllerClient(self.config.quorum_config().api_addresses(), timeout_s=20)
 
