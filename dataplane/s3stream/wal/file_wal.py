@@ -63,8 +63,10 @@ from dataplane.s3stream.wal.ring import (
     Ring,
     fsync_data,
     pwrite_all,
+    decode_reservation,
     read_meta,
     read_reservation,
+    read_reservation_raw,
     read_state,
 )
 
@@ -182,6 +184,7 @@ class FileWAL(WriteAheadLog):
         self._durable_end = end_offset
         self._reserved_end = end_offset
         self._state_seq = state_seq
+        self._owned_raw: tuple[bytes, bytes] | None = None
         self._status = _OPEN
         self._closed = False
         self._failure: str = ""
@@ -223,14 +226,19 @@ class FileWAL(WriteAheadLog):
         config = config or FileWALConfig()
         _check_identity(node_id, node_epoch)
         path = Path(path)
+        created = False
         if not path.exists():
             if capacity_bytes is None:
                 raise FileNotFoundError(f"{path} does not exist and no capacity_bytes was given")
             config.validate(capacity_bytes)
-            _create_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
+            try:
+                _create_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
+                created = True
+            except FileExistsError:
+                pass  # another opener created it first; open it like an existing file
         fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
-            return cls._open_fd(path, fd, node_id, node_epoch, capacity_bytes, config)
+            return cls._open_fd(path, fd, node_id, node_epoch, capacity_bytes, config, created)
         except BaseException:
             os.close(fd)
             raise
@@ -244,6 +252,7 @@ class FileWAL(WriteAheadLog):
         node_epoch: int,
         capacity_bytes: int | None,
         config: FileWALConfig,
+        created: bool,
     ) -> "FileWAL":
         meta = read_meta(fd)
         capacity = meta.capacity_bytes
@@ -279,7 +288,7 @@ class FileWAL(WriteAheadLog):
             max(current.max_batch_bytes, config.max_batch_bytes),
             capacity - (end - state.trim_offset),
         )
-        if zero_bytes > 0:
+        if zero_bytes > 0 and not created:  # a new file is all zeros already
             Ring(fd, capacity).write_zeros(end, zero_bytes)
             fsync_data(fd)
             fsyncs += 1
@@ -504,13 +513,17 @@ class FileWAL(WriteAheadLog):
         return batch
 
     def _check_reservation(self) -> None:
-        current = read_reservation(self._fd)
+        raw = read_reservation_raw(self._fd)
+        if raw == self._owned_raw:
+            return  # byte-identical to slots already verified to name us
+        current = decode_reservation(raw)
         if current is None:
             raise WALFencedError("no valid reservation slot: ownership cannot be confirmed")
         if (current.node_id, current.node_epoch) != (self._node_id, self._node_epoch):
             raise WALFencedError(
                 f"reservation now names node {current.node_id} epoch {current.node_epoch}"
             )
+        self._owned_raw = raw
 
     def _commit(self, batch: list[_Pending]) -> None:
         start = batch[0].offset
@@ -518,10 +531,10 @@ class FileWAL(WriteAheadLog):
         for pending in batch:
             parts.append(pending.header)
             parts.append(pending.body)
-        data = b"".join(parts)
+        size = sum(len(p) for p in parts)
         try:
             self._check_reservation()  # a fenced owner must not overwrite trimmed space
-            self._ring.write(start, data)
+            self._ring.write_batch(start, parts)
             fsync_data(self._fd)
             with self._lock:
                 self._fsyncs += 1
@@ -533,14 +546,13 @@ class FileWAL(WriteAheadLog):
         except OSError as exc:
             self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
             return
-        end = start + len(data)
         with self._lock:
-            self._durable_end = end
+            self._durable_end = start + size
             self._batches += 1
             self._acked_records += len(batch)
-            self._acked_bytes += len(data)
-        metrics.APPEND_BYTES.inc(len(data))
-        metrics.BATCH_BYTES.observe(len(data))
+            self._acked_bytes += size
+        metrics.APPEND_BYTES.inc(size)
+        metrics.BATCH_BYTES.observe(size)
         now = time.monotonic()
         for pending in batch:
             metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)

@@ -24,6 +24,11 @@ from dataplane.s3stream.wal.format import (
 __all__ = ["Ring", "RecordScanner", "FileMeta", "fsync_data", "pread_exact", "pwrite_all", "read_meta"]
 
 _MAX_IO_BYTES = 64 * 1024 * 1024  # one pread/pwrite call moves at most this much
+_HAS_PWRITEV = hasattr(os, "pwritev")
+try:
+    _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 16
 
 
 def fsync_data(fd: int) -> None:
@@ -73,6 +78,23 @@ class Ring:
         pwrite_all(self.fd, view[:first], DATA_START_BYTES + pos)
         if first < len(view):
             pwrite_all(self.fd, view[first:], DATA_START_BYTES)
+
+    def write_batch(self, logical: int, parts: list[bytes]) -> None:
+        """Write the concatenation of ``parts`` at ``logical``.
+
+        Uses one ``pwritev`` (no copy) when the batch does not wrap the ring end
+        and has at most ``_IOV_MAX`` parts; otherwise joins and writes.
+        """
+        total = sum(len(p) for p in parts)
+        pos = logical % self.capacity_bytes
+        if _HAS_PWRITEV and pos + total <= self.capacity_bytes and len(parts) <= _IOV_MAX:
+            written = os.pwritev(self.fd, parts, DATA_START_BYTES + pos)
+            if written == total:
+                return
+            # short write (rare): write the rest from the joined buffer
+            pwrite_all(self.fd, memoryview(b"".join(parts))[written:], DATA_START_BYTES + pos + written)
+            return
+        self.write(logical, b"".join(parts))
 
     def read(self, logical: int, size: int) -> bytes:
         """Read ``size`` bytes (at most the capacity) from logical offset ``logical``."""
@@ -171,11 +193,20 @@ class FileMeta:
     capacity_bytes: int
 
 
+def read_reservation_raw(fd: int) -> tuple[bytes, bytes]:
+    """The raw bytes of both reservation slots (64 B each), read with one pread."""
+    raw = pread_exact(fd, RESERVATION_SLOT_POSITIONS[1] + 64, 0)
+    return tuple(raw[p : p + 64] for p in RESERVATION_SLOT_POSITIONS)  # type: ignore[return-value]
+
+
+def decode_reservation(raw_slots: tuple[bytes, bytes]) -> Reservation | None:
+    """The valid slot with the highest seq among raw slots, None if both are invalid."""
+    return latest([Reservation.decode(raw) for raw in raw_slots])
+
+
 def read_reservation(fd: int) -> Reservation | None:
     """The current reservation (valid slot with the highest seq), None if both slots are invalid."""
-    span = RESERVATION_SLOT_POSITIONS[1] + 64
-    raw = pread_exact(fd, span, 0)
-    return latest([Reservation.decode(raw[p : p + 64]) for p in RESERVATION_SLOT_POSITIONS])
+    return decode_reservation(read_reservation_raw(fd))
 
 
 def read_state(fd: int) -> WALState | None:
