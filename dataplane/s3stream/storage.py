@@ -210,9 +210,17 @@ class S3Storage:
         return len(keep)
 
     def close(self) -> None:
-        """Upload everything acknowledged, then stop (a graceful shutdown)."""
+        """Graceful shutdown: upload everything acknowledged, close the open streams (so
+        another node may open them at once), stop."""
         try:
             self._upload_all()
+            with self._lock:
+                open_streams = list(self._streams.values())
+            for state in open_streams:
+                try:
+                    self._close_stream(state)
+                except ControllerError as exc:
+                    log.warning("closing stream %d on shutdown failed: %s", state.stream_id, exc)
         finally:
             self._stop.set()
             with self._wake:

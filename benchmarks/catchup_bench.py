@@ -1,0 +1,180 @@
+"""Catch-up read benchmark of the storage engine against a real SeaweedFS and quorum.
+
+    python benchmarks/catchup_bench.py [--streams 1000] [--backlog-kib 512] [--record-kib 16]
+                                       [--workers 16] [--cache-mib 2048] [--runs 3]
+
+1. A writer engine fills `streams` streams with a backlog each and uploads it (objects).
+2. Baseline: raw boto3 ranged GETs of every committed object, 512 KiB ranges, `workers`
+   threads (the object store's own speed on this machine, in this run).
+3. A fresh reader engine (empty caches) reads every stream from offset 0 to its end through
+   the Stream API, `workers` threads taking streams round-robin, each stream at its own pace
+   (max bytes per fetch between 64 KiB and 1 MiB), so read windows of all streams are active
+   together. Reported: MB/s delivered, the ratio to the baseline, bytes fetched from S3 per
+   byte delivered, and block-cache bytes held per active read window (sampled).
+Medians over `runs` runs; JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dataplane.objectstore import object_key  # noqa: E402
+from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
+from tests.integration.engine_harness import make_engine  # noqa: E402
+from tests.integration.quorum_harness import QuorumHarness  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def fill(q, store, tmp: Path, streams: int, backlog: int, record: int) -> list[tuple[int, int]]:
+    writer = make_engine(q.client, store, tmp / "writer", 1, upload_threshold_bytes=64 * MIB,
+                         stream_split_bytes=8 * MIB, log_cache_uploaded_bytes=0,
+                         wal_capacity_bytes=512 * MIB)
+    writer.start()
+    ends = []
+    try:
+        ids = [writer.create_stream() for _ in range(streams)]
+        handles = [writer.open_stream(sid, 0) for sid in ids]
+        per_stream = max(backlog // record, 1)
+        payload = b"x" * record
+        for round_ in range(per_stream):
+            futures = [h.append(payload, 1) for h in handles]
+            for f in futures:
+                f.result(60)
+        writer.flush()
+        ends = [(h.stream_id, h.next_offset) for h in handles]
+    finally:
+        writer.close()
+    return ends
+
+
+def raw_baseline(q, store, ends, workers: int) -> dict:
+    from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+    from tests.integration.engine_harness import bucket_uris
+    objs = {}
+    for sid, end in ends:
+        for o in q.client.stream_objects(sid, 0, end, 10_000):
+            objs[o["object_id"]] = (o["bucket_id"], o["size_bytes"])
+    storage = ObjectStorage(parse_bucket_uris(bucket_uris(store)))
+    client = storage.boto3_client(0)
+    bucket = storage.bucket(0).bucket
+    ranges = [(oid, start, min(start + 512 * 1024, size))
+              for oid, (_, size) in objs.items() for start in range(0, size, 512 * 1024)]
+
+    def get(r):
+        oid, start, end = r
+        body = client.get_object(Bucket=bucket, Key=object_key(oid),
+                                 Range=f"bytes={start}-{end - 1}")["Body"].read()
+        return len(body)
+
+    t = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        total = sum(pool.map(get, ranges))
+    elapsed = time.monotonic() - t
+    storage.close()
+    return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
+            "objects": len(objs)}
+
+
+def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int) -> dict:
+    reader = make_engine(q.client, store, tmp / f"reader-{run}", 100 + run,
+                         block_cache_bytes=cache_mib * MIB, wal_capacity_bytes=16 * MIB)
+    reader.start()
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.05):
+            active = [r for r in reader.readers if r.held_bytes > 0]
+            if active:
+                samples.append(reader.block_cache.used_bytes / len(active))
+
+    delivered = [0] * workers
+    streams = {sid: reader.open_stream(sid, 1 + run) for sid, _ in ends}
+    ends_by = dict(ends)
+    paces = {sid: 64 * 1024 * (1 + (i % 16)) for i, sid in enumerate(streams)}
+
+    def work(w: int):
+        mine = [sid for i, sid in enumerate(streams) if i % workers == w]
+        cursor = {sid: 0 for sid in mine}
+        while mine:
+            for sid in list(mine):
+                batches = streams[sid].fetch(cursor[sid], ends_by[sid], paces[sid])
+                if not batches:
+                    raise RuntimeError(f"stream {sid} returned nothing at {cursor[sid]}")
+                delivered[w] += sum(len(b.payload) for b in batches)
+                cursor[sid] = batches[-1].last_offset
+                if cursor[sid] >= ends_by[sid]:
+                    mine.remove(sid)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    fetched_before = reader.fetcher.bytes_fetched
+    t = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, range(workers)))
+    elapsed = time.monotonic() - t
+    stop.set()
+    fetched = reader.fetcher.bytes_fetched - fetched_before
+    total = sum(delivered)
+    reader._stop.set()
+    reader.wal.close()
+    return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
+            "fetched_per_delivered": fetched / total,
+            "held_bytes_per_window_median": statistics.median(samples) if samples else 0,
+            "held_bytes_per_window_p99": sorted(samples)[int(len(samples) * 0.99)] if samples else 0}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--streams", type=int, default=1000)
+    p.add_argument("--backlog-kib", type=int, default=512)
+    p.add_argument("--record-kib", type=int, default=16)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--cache-mib", type=int, default=2048)
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with EmbeddedSeaweed(tmp / "s3") as store, \
+                QuorumHarness(tmp / "q", session_timeout_ms=600_000) as q:
+            q.leader()
+            t = time.monotonic()
+            ends = fill(q, store, tmp, a.streams, a.backlog_kib * 1024, a.record_kib * 1024)
+            fill_s = time.monotonic() - t
+            raws, engines = [], []
+            for run in range(a.runs):
+                raws.append(raw_baseline(q, store, ends, a.workers))
+                engines.append(engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run))
+    raw_mb = statistics.median(r["mb_per_s"] for r in raws)
+    eng_mb = statistics.median(e["mb_per_s"] for e in engines)
+    print(json.dumps({
+        "streams": a.streams, "backlog_per_stream_kib": a.backlog_kib,
+        "record_kib": a.record_kib, "workers": a.workers, "cache_mib": a.cache_mib,
+        "fill_seconds": round(fill_s, 1), "objects": raws[0]["objects"],
+        "raw_get_mb_per_s_median": round(raw_mb, 1),
+        "engine_mb_per_s_median": round(eng_mb, 1),
+        "ratio_engine_to_raw": round(eng_mb / raw_mb, 3),
+        "fetched_per_delivered_median": round(statistics.median(
+            e["fetched_per_delivered"] for e in engines), 3),
+        "held_bytes_per_window_median_kib": round(statistics.median(
+            e["held_bytes_per_window_median"] for e in engines) / 1024, 1),
+        "held_bytes_per_window_p99_kib": round(statistics.median(
+            e["held_bytes_per_window_p99"] for e in engines) / 1024, 1),
+        "runs": {"raw": raws, "engine": engines},
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
