@@ -3,8 +3,9 @@
 * A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
 * Group commit: one writer thread takes queued appends (up to
   ``max_batch_bytes``), writes them with one ``pwrite`` (two when the batch
-  wraps the ring end), calls ``fdatasync`` once and then completes all their
-  futures.
+  wraps the ring end), calls ``fdatasync`` once, re-checks the reservation and
+  hands the batch to a completer thread that resolves the futures (in commit
+  order) while the writer already writes the next batch.
 * Software reservation (DESIGN.md "Crash failover"): the file names its owner
   ``(node_id, node_epoch)``. Before writing a batch and again **after** its
   fdatasync, the owner re-reads the reservation from disk; if it no longer names
@@ -192,10 +193,19 @@ class FileWAL(WriteAheadLog):
         self._batches = 0
         self._acked_records = 0
         self._acked_bytes = 0
+        # committed batches wait here for the completer thread, which resolves their
+        # futures while the writer already writes and fsyncs the next batch
+        self._done_cv = threading.Condition(threading.Lock())
+        self._completions: deque[list[_Pending]] = deque()
+        self._writer_exited = False
         self._writer = threading.Thread(
             target=self._run, name=f"file-wal-writer-{path.name}", daemon=True
         )
+        self._completer = threading.Thread(
+            target=self._complete_loop, name=f"file-wal-acks-{path.name}", daemon=True
+        )
         self._writer.start()
+        self._completer.start()
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -449,8 +459,10 @@ class FileWAL(WriteAheadLog):
                 self._status = _CLOSING
             self._not_empty.notify_all()
             self._not_full.notify_all()
+        deadline = time.monotonic() + self._config.close_timeout_s
         self._writer.join(self._config.close_timeout_s)
-        if self._writer.is_alive():
+        self._completer.join(max(0.0, deadline - time.monotonic()))
+        if self._writer.is_alive() or self._completer.is_alive():
             raise WALError(f"writer of {self._path} did not stop within {self._config.close_timeout_s} s")
         os.close(self._fd)
 
@@ -465,6 +477,34 @@ class FileWAL(WriteAheadLog):
 
     # ------------------------------------------------------------------ writer thread
     def _run(self) -> None:
+        try:
+            self._write_loop()
+        except BaseException as exc:  # a bug: fail everything queued rather than hang callers
+            log.exception("WAL %s writer crashed", self._path)
+            self._stop(_FAILED, f"writer crashed: {exc!r}", [])
+            raise
+        finally:
+            with self._done_cv:
+                self._writer_exited = True
+                self._done_cv.notify_all()
+
+    def _complete_loop(self) -> None:
+        """Completer thread: resolve the futures of committed batches, in commit order."""
+        while True:
+            with self._done_cv:
+                while not self._completions and not self._writer_exited:
+                    self._done_cv.wait()
+                if not self._completions:
+                    return
+                batch = self._completions.popleft()
+            now = time.monotonic()
+            for pending in batch:
+                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
+                pending.future.set_result(
+                    AppendResult(pending.offset, RECORD_HEADER_SIZE_BYTES + len(pending.body))
+                )
+
+    def _write_loop(self) -> None:
         while True:
             trim: _TrimRequest | None = None
             batch: list[_Pending] = []
@@ -543,7 +583,7 @@ class FileWAL(WriteAheadLog):
         except WALFencedError as exc:
             self._stop(_FENCED, str(exc), batch)
             return
-        except OSError as exc:
+        except Exception as exc:  # OSError, or anything unexpected: state unknown, stop
             self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
             return
         with self._lock:
@@ -553,12 +593,9 @@ class FileWAL(WriteAheadLog):
             self._acked_bytes += size
         metrics.APPEND_BYTES.inc(size)
         metrics.BATCH_BYTES.observe(size)
-        now = time.monotonic()
-        for pending in batch:
-            metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
-            pending.future.set_result(
-                AppendResult(pending.offset, RECORD_HEADER_SIZE_BYTES + len(pending.body))
-            )
+        with self._done_cv:
+            self._completions.append(batch)
+            self._done_cv.notify()
 
     def _do_trim(self, request: _TrimRequest) -> None:
         try:
@@ -577,7 +614,7 @@ class FileWAL(WriteAheadLog):
             request.future.set_exception(WALFencedError(str(exc)))
             self._stop(_FENCED, str(exc), [])
             return
-        except OSError as exc:
+        except Exception as exc:  # OSError, or anything unexpected
             request.future.set_exception(WALError(f"trim failed: {exc}"))
             self._stop(_FAILED, f"{type(exc).__name__}: {exc}", [])
             return
