@@ -460,13 +460,30 @@ def test_take_over_fences_the_owner(wal_path: Path) -> None:
                 owner.trim(acked[3].offset)
             assert owner.fenced
             got = recovered(recovery)
-            assert got == [(r.offset, b"a%d" % i) for i, r in enumerate(acked)]
-            assert recovery.end_offset == acked[-1].next_offset
+            assert got[: len(acked)] == [(r.offset, b"a%d" % i) for i, r in enumerate(acked)]
+            # the fenced batch was written (never acknowledged): it may be recovered, nothing else
+            assert got[len(acked):] in ([], [(acked[-1].next_offset, b"after takeover")])
+            assert recovery.end_offset == (got[-1][0] + RECORD_HEADER_SIZE_BYTES + len(got[-1][1]))
             recovery.trim(acked[10].offset)
             with take_over(wal_path, 3, 3) as third:
                 assert third.start_offset == acked[10].offset
                 with pytest.raises(WALFencedError):
                     recovery.trim(acked[12].offset)
+    finally:
+        owner.close()
+
+
+def test_first_batch_after_a_trim_checks_ownership_before_writing(wal_path: Path) -> None:
+    owner = open_wal(wal_path, node_id=1, epoch=1)
+    try:
+        acked = [append_sync(owner, b"a%d" % i) for i in range(10)]
+        owner.trim(acked[4].offset)
+        with take_over(wal_path, 2, 2) as recovery:
+            with pytest.raises(WALFencedError):
+                owner.append(b"must not be written").result(timeout=10)
+            # nothing was written: the chain ends at the last acknowledged record
+            assert [d for _, d in recovered(recovery)] == [b"a%d" % i for i in range(4, 10)]
+            assert recovery.end_offset == acked[-1].next_offset
     finally:
         owner.close()
 

@@ -7,9 +7,10 @@
   hands the batch to a completer thread that resolves the futures (in commit
   order) while the writer already writes the next batch.
 * Software reservation (DESIGN.md "Crash failover"): the file names its owner
-  ``(node_id, node_epoch)``. Before writing a batch and again **after** its
-  fdatasync, the owner re-reads the reservation from disk; if it no longer names
-  it, the batch fails with :class:`WALFencedError` and the WAL stops. A
+  ``(node_id, node_epoch)``. **After** every batch's fdatasync (and before the
+  first write after opening or after a trim) the owner re-reads the reservation
+  from disk; if it no longer names it, the batch fails with
+  :class:`WALFencedError` and the WAL stops. A
   recoverer calls :func:`take_over`, which makes the new reservation durable
   before it reads anything, so every append the old owner acknowledged was
   durable before the takeover and is seen by the recovery.
@@ -19,7 +20,7 @@
   intact record of that batch can never reappear behind newer records.
 
 Limits of the reservation (documented in docs/formats.md): it fences
-acknowledgements, not writes. A fenced owner paused between its pre-write
+acknowledgements, not writes. A fenced owner paused between its last passing
 check and its pwrite can still land one batch (at most its ``max_batch_bytes``)
 after its last record; it never acknowledges it. :func:`take_over` therefore
 returns a recovery-only handle that does not append.
@@ -186,6 +187,7 @@ class FileWAL(WriteAheadLog):
         self._reserved_end = end_offset
         self._state_seq = state_seq
         self._owned_raw: tuple[bytes, bytes] | None = None
+        self._precheck_needed = True  # until the first successful check after open / a trim
         self._status = _OPEN
         self._closed = False
         self._failure: str = ""
@@ -573,7 +575,13 @@ class FileWAL(WriteAheadLog):
             parts.append(pending.body)
         size = sum(len(p) for p in parts)
         try:
-            self._check_reservation()  # a fenced owner must not overwrite trimmed space
+            if self._precheck_needed:
+                # A fenced owner must not write into space freed by a trim the recoverer
+                # may not have seen: check ownership after every trim. Otherwise the
+                # previous batch's post-fsync check already covers this write (the write
+                # goes to space that was free at that check).
+                self._check_reservation()
+                self._precheck_needed = False
             self._ring.write_batch(start, parts)
             fsync_data(self._fd)
             with self._lock:
@@ -607,6 +615,7 @@ class FileWAL(WriteAheadLog):
                 writer_node_id=self._node_id,
                 writer_node_epoch=self._node_epoch,
             )
+            self._precheck_needed = True  # the next batch may write into the freed space
             pwrite_all(self._fd, state.encode(), state.slot_position)
             fsync_data(self._fd)
             metrics.FSYNCS.inc()
