@@ -58,7 +58,9 @@ def fill(q, store, tmp: Path, streams: int, backlog: int, record: int) -> list[t
     return ends
 
 
-def raw_baseline(q, store, ends, workers: int) -> dict:
+def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
+    """boto3 ranged GETs of every committed object: 512 KiB ranges, or (per_block) one GET
+    per data block, the ranges the engine itself needs when nothing merges."""
     from dataplane.objectstore import ObjectStorage, parse_bucket_uris
     from tests.integration.engine_harness import bucket_uris
     objs = {}
@@ -70,6 +72,15 @@ def raw_baseline(q, store, ends, workers: int) -> dict:
     bucket = storage.bucket(0).bucket
     ranges = [(oid, start, min(start + 512 * 1024, size))
               for oid, (_, size) in objs.items() for start in range(0, size, 512 * 1024)]
+    if per_block:
+        from dataplane.s3stream.stream_reader import IndexCache, ObjectLocation
+        index = IndexCache(storage)
+        ranges = []
+        for oid, (_, size) in objs.items():
+            loc = ObjectLocation(oid, 0, size, 0, 0)
+            index.get(loc, 0)
+            for entries in index._cache[oid].values():
+                ranges += [(oid, e.position, e.end_position) for e in entries]
 
     def get(r):
         oid, start, end = r
@@ -127,8 +138,7 @@ def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run:
     stop.set()
     fetched = reader.fetcher.bytes_fetched - fetched_before
     total = sum(delivered)
-    reader._stop.set()
-    reader.wal.close()
+    reader.close()  # closes the streams so the next run's reader may open them
     return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
             "fetched_per_delivered": fetched / total,
             "held_bytes_per_window_median": statistics.median(samples) if samples else 0,
@@ -152,12 +162,14 @@ def main() -> int:
             t = time.monotonic()
             ends = fill(q, store, tmp, a.streams, a.backlog_kib * 1024, a.record_kib * 1024)
             fill_s = time.monotonic() - t
-            raws, engines = [], []
+            raws, blocks, engines = [], [], []
             for run in range(a.runs):
                 raws.append(raw_baseline(q, store, ends, a.workers))
+                blocks.append(raw_baseline(q, store, ends, a.workers, per_block=True))
                 engines.append(engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run))
     raw_mb = statistics.median(r["mb_per_s"] for r in raws)
     eng_mb = statistics.median(e["mb_per_s"] for e in engines)
+    block_mb = statistics.median(r["mb_per_s"] for r in blocks)
     print(json.dumps({
         "streams": a.streams, "backlog_per_stream_kib": a.backlog_kib,
         "record_kib": a.record_kib, "workers": a.workers, "cache_mib": a.cache_mib,
@@ -165,13 +177,15 @@ def main() -> int:
         "raw_get_mb_per_s_median": round(raw_mb, 1),
         "engine_mb_per_s_median": round(eng_mb, 1),
         "ratio_engine_to_raw": round(eng_mb / raw_mb, 3),
+        "raw_per_block_get_mb_per_s_median": round(block_mb, 1),
+        "ratio_engine_to_raw_per_block": round(eng_mb / block_mb, 3),
         "fetched_per_delivered_median": round(statistics.median(
             e["fetched_per_delivered"] for e in engines), 3),
         "held_bytes_per_window_median_kib": round(statistics.median(
             e["held_bytes_per_window_median"] for e in engines) / 1024, 1),
         "held_bytes_per_window_p99_kib": round(statistics.median(
             e["held_bytes_per_window_p99"] for e in engines) / 1024, 1),
-        "runs": {"raw": raws, "engine": engines},
+        "runs": {"raw": raws, "raw_per_block": blocks, "engine": engines},
     }, indent=2))
     return 0
 

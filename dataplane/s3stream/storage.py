@@ -68,17 +68,44 @@ class StorageConfig:
 
 
 class ControllerLocator:
-    """Finds a stream's objects through the controller API (always current)."""
+    """Finds a stream's objects through the controller API.
 
-    def __init__(self, client: ControllerClient):
+    Committed offsets never move to other objects except by compaction, so answers are
+    cached per stream (bounded) and reused for any read that starts inside them; a read past
+    the cached span asks again. `forget(stream_id)` drops a stream's entry (after a read hit
+    an object that compaction deleted).
+    """
+
+    LOOKUP_LIMIT = 1000
+
+    def __init__(self, client: ControllerClient, max_streams: int = 100_000):
         self.client = client
+        self.max_streams = max_streams
+        self._cache: OrderedDict[int, list[ObjectLocation]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def locate(self, stream_id: int, start_offset: int, end_offset: int,
                limit: int) -> list[ObjectLocation]:
-        return [ObjectLocation(object_id=o["object_id"], bucket_id=o["bucket_id"],
-                               size_bytes=o["size_bytes"], start_offset=o["start_offset"],
-                               end_offset=o["end_offset"])
-                for o in self.client.stream_objects(stream_id, start_offset, end_offset, limit)]
+        with self._lock:
+            cached = self._cache.get(stream_id)
+            if cached and cached[0].start_offset <= start_offset < cached[-1].end_offset:
+                self._cache.move_to_end(stream_id)
+                return [loc for loc in cached if loc.end_offset > start_offset][:limit]
+        found = [ObjectLocation(object_id=o["object_id"], bucket_id=o["bucket_id"],
+                                size_bytes=o["size_bytes"], start_offset=o["start_offset"],
+                                end_offset=o["end_offset"])
+                 for o in self.client.stream_objects(stream_id, start_offset, end_offset,
+                                                     max(limit, self.LOOKUP_LIMIT))]
+        if found:
+            with self._lock:
+                self._cache[stream_id] = found
+                while len(self._cache) > self.max_streams:
+                    self._cache.popitem(last=False)
+        return found[:limit]
+
+    def forget(self, stream_id: int) -> None:
+        with self._lock:
+            self._cache.pop(stream_id, None)
 
 
 @dataclass

@@ -55,26 +55,45 @@ class ObjectLocator(Protocol):
 
 
 class IndexCache:
-    """Parsed index blocks of objects (LRU by count); loads footer and index on a miss."""
+    """Parsed index blocks of objects (LRU by count), grouped by stream so a lookup costs
+    the stream's entries, not the whole index of a stream-set object of 1000s of streams."""
 
     def __init__(self, storage: ObjectStorage, max_objects: int = 20_000):
         self.storage = storage
         self.max_objects = max_objects
-        self._cache: OrderedDict[int, list[IndexEntry]] = OrderedDict()
+        self._cache: OrderedDict[int, dict[int, list[IndexEntry]]] = OrderedDict()
+        self._loading: dict[int, Future] = {}
         self._lock = threading.Lock()
 
-    def get(self, loc: ObjectLocation) -> list[IndexEntry]:
+    def get(self, loc: ObjectLocation, stream_id: int) -> list[IndexEntry]:
+        """The index entries of `stream_id` in the object, in offset order."""
         with self._lock:
-            index = self._cache.get(loc.object_id)
-            if index is not None:
+            by_stream = self._cache.get(loc.object_id)
+            if by_stream is not None:
                 self._cache.move_to_end(loc.object_id)
-                return index
-        index = self._load(loc)
+                return by_stream.get(stream_id, [])
+            loading = self._loading.get(loc.object_id)
+            owner = loading is None
+            if owner:  # single flight: concurrent readers of a new object share one load
+                loading = self._loading[loc.object_id] = Future()
+        if not owner:
+            return loading.result(timeout=BLOCK_WAIT_TIMEOUT_S).get(stream_id, [])
+        try:
+            by_stream = {}
+            for entry in self._load(loc):
+                by_stream.setdefault(entry.stream_id, []).append(entry)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[loc.object_id]
+            loading.set_exception(exc)
+            raise
         with self._lock:
-            self._cache[loc.object_id] = index
+            self._cache[loc.object_id] = by_stream
+            del self._loading[loc.object_id]
             while len(self._cache) > self.max_objects:
                 self._cache.popitem(last=False)
-        return index
+        loading.set_result(by_stream)
+        return by_stream.get(stream_id, [])
 
     def _load(self, loc: ObjectLocation) -> list[IndexEntry]:
         key = object_key(loc.object_id)
@@ -203,7 +222,7 @@ class StreamReader:
                     continue
                 if loc.start_offset > cursor:
                     break
-                index = self.index_cache.get(loc)
+                index = self.index_cache.get(loc, self.stream_id)
                 for entry in find_blocks(index, self.stream_id, cursor, end_offset,
                                          max(want_bytes - held, 1)):
                     key = (loc.object_id, entry.position)

@@ -28,6 +28,8 @@ def register(client: ControllerClient, node_id: int) -> int:
 def make_engine(client: ControllerClient, store: EmbeddedSeaweed, data_dir: Path, node_id: int,
                 **config) -> S3Storage:
     epoch = register(client, node_id)
-    objects = ObjectStorage(parse_bucket_uris(bucket_uris(store)))
+    # the engine keeps many reads in flight (readahead of every reader): a wider pool than
+    # the object store's default of 16
+    objects = ObjectStorage(parse_bucket_uris(bucket_uris(store)), max_concurrency=64)
     cfg = StorageConfig(data_dir=data_dir, **{"wal_capacity_bytes": 64 << 20, **config})
     return S3Storage(cfg, node_id, epoch, client, objects)
