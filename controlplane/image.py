@@ -134,6 +134,7 @@ class MetadataImage(BaseModel):
     kv: dict[str, str] = Field(default_factory=dict)
     next_object_id: int = 0
     next_stream_id: int = 0
+    next_producer_id: int = 0
 
     # ------------------------------------------------------------ apply
 
@@ -277,6 +278,7 @@ class MetadataImage(BaseModel):
     def _apply_next_ids(self, rec: r.NextIdsRecord) -> None:
         self.next_object_id = max(self.next_object_id, rec.next_object_id)
         self.next_stream_id = max(self.next_stream_id, rec.next_stream_id)
+        self.next_producer_id = max(self.next_producer_id, rec.next_producer_id)
 
     # ------------------------------------------------------------ queries (pure)
 

@@ -239,6 +239,7 @@ class NextIdsRecord(_Record):
     type: Literal["next_ids"] = "next_ids"
     next_object_id: int
     next_stream_id: int
+    next_producer_id: int = 0
 
 
 MetadataRecord = Annotated[

@@ -239,6 +239,15 @@ class LifecycleTickRequest(_Request):
     expired_brokers: list[tuple[int, int]] = Field(default_factory=list)  # (node_id, epoch)
 
 
+class AllocateProducerIdsRequest(_Request):
+    """A block of idempotent-producer ids for one broker (never reused)."""
+
+    command: ClassVar[str] = "allocate_producer_ids"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    count: int = Field(ge=1, le=100_000)
+
+
 class EmptyResponse(BaseModel):
     pass
 
@@ -251,6 +260,6 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
         CreateStreamRequest, OpenStreamRequest, CloseStreamRequest, TrimStreamRequest,
         DeleteStreamRequest, PrepareObjectsRequest, CommitStreamSetObjectRequest,
         CommitStreamObjectRequest, DeletedObjectsRequest, SetActiveBucketRequest,
-        PutKVRequest, LifecycleTickRequest,
+        PutKVRequest, LifecycleTickRequest, AllocateProducerIdsRequest,
     )
 }

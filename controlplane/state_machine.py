@@ -19,6 +19,7 @@ from controlplane.image import MetadataImage
 from controlplane.records import encode_record
 from controlplane.requests import (
     REQUEST_TYPES,
+    AllocateProducerIdsRequest,
     LifecycleTickRequest,
     PutKVRequest,
     SetActiveBucketRequest,
@@ -43,6 +44,15 @@ def _set_active_bucket(image: MetadataImage, req: SetActiveBucketRequest, now_ms
     return ([r.BucketFailoverRecord(active_bucket_id=req.bucket_id, reason=req.reason,
                                     changed_ms=now_ms)],
             {"active_bucket_id": req.bucket_id})
+
+
+def _allocate_producer_ids(image: MetadataImage, req: AllocateProducerIdsRequest, now_ms: int):
+    brokers.require_active_broker(image, req.node_id, req.node_epoch)
+    first = image.next_producer_id
+    return ([r.NextIdsRecord(next_object_id=image.next_object_id,
+                             next_stream_id=image.next_stream_id,
+                             next_producer_id=first + req.count)],
+            {"first_producer_id": first, "count": req.count})
 
 
 def _put_kv(image: MetadataImage, req: PutKVRequest, now_ms: int):
@@ -70,6 +80,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "set_active_bucket": (_set_active_bucket, True),
     "put_kv": (_put_kv, False),
     "lifecycle_tick": (_lifecycle_tick, False),
+    "allocate_producer_ids": (_allocate_producer_ids, False),
 }
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 

@@ -19,6 +19,7 @@ from collections import OrderedDict, defaultdict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
@@ -147,7 +148,12 @@ class Stream:
     def append(self, payload: bytes, count: int = 1) -> Future:
         """Append `count` offsets carried by `payload`; the future gives the base offset once
         the batch is durable in the WAL."""
-        return self._storage._append(self._state, payload, count)
+        return self._storage._append(self._state, lambda _: payload, count)
+
+    def append_with(self, build: Callable[[int], bytes], count: int) -> Future:
+        """Like `append`, with the payload built from the base offset it gets (called under
+        the stream's lock: a Kafka batch gets its baseOffset patched in)."""
+        return self._storage._append(self._state, build, count)
 
     def fetch(self, start_offset: int, end_offset: int | None = None,
               max_bytes: int = 1024 * 1024) -> list[StreamRecordBatch]:
@@ -236,13 +242,14 @@ class S3Storage:
         log.info("recovered %d batches from the WAL and uploaded them", len(keep))
         return len(keep)
 
-    def close(self) -> None:
+    def close(self, close_streams: bool = True) -> None:
         """Graceful shutdown: upload everything acknowledged, close the open streams (so
-        another node may open them at once), stop."""
+        another node may open them at once; `close_streams=False` keeps them owned by this
+        node so its restart reopens them with the same epoch), stop."""
         try:
             self._upload_all()
             with self._lock:
-                open_streams = list(self._streams.values())
+                open_streams = list(self._streams.values()) if close_streams else []
             for state in open_streams:
                 try:
                     self._close_stream(state)
@@ -285,7 +292,7 @@ class S3Storage:
         if self.fenced_error is not None:
             raise StorageError(f"this node is fenced: {self.fenced_error}")
 
-    def _append(self, state: _StreamState, payload: bytes, count: int) -> Future:
+    def _append(self, state: _StreamState, build: Callable[[int], bytes], count: int) -> Future:
         assert self.wal is not None
         self._check_writable(state)
         result: Future = Future()
@@ -294,7 +301,7 @@ class S3Storage:
             with state.lock:
                 self._check_writable(state)
                 batch = StreamRecordBatch(state.stream_id, state.epoch, state.next_offset,
-                                          count, payload)
+                                          count, build(state.next_offset))
                 try:
                     wal_future = self.wal.append(batch.encode())
                 except WALFullError:

@@ -328,3 +328,10 @@ def test_a_reader_behind_the_retained_log_gets_a_snapshot():
     assert image.fingerprint() == sm.image.fingerprint()
     recent = sm.read_log(250, 10)
     assert [r["offset"] for r in recent["records"]] == list(range(251, 261))
+
+
+def test_producer_id_blocks_never_overlap(sm):
+    a = ok(sm.execute("allocate_producer_ids", {"node_id": 1, "node_epoch": 0, "count": 100}, NOW))
+    b = ok(sm.execute("allocate_producer_ids", {"node_id": 2, "node_epoch": 0, "count": 100}, NOW))
+    assert (a["first_producer_id"], b["first_producer_id"]) == (0, 100)
+    assert rejected_without_change(sm, "allocate_producer_ids", {"node_id": 1, "node_epoch": 3, "count": 1}) == "INVALID_REQUEST"
