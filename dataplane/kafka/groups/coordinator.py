@@ -511,6 +511,7 @@ class GroupCoordinator:
         log.info(
             "group %r: preparing rebalance (generation %d): %s", group.group_id, group.generation_id, reason
         )
+        self._try_complete_join(group)  # e.g. the last member left: nobody to wait for
 
     def _try_complete_join(self, group: Group) -> None:
         if (
