@@ -1,0 +1,532 @@
+"""Asyncio Kafka wire-protocol server: frames in, handlers, frames out in request order.
+
+Per connection there are two tasks:
+
+* the reader takes a slot of the in-flight budget (``max_inflight_per_connection``), reads
+  one frame (4-byte signed size + payload), decodes and routes it, starts its handler as a
+  task and queues that task; when the budget is used up it stops reading (TCP backpressure);
+* the writer takes queued tasks in request order, waits for each and writes its response,
+  so responses leave in request order even when handlers finish out of order. A handler
+  that returns None (Produce acks=0) sends nothing and the order of later responses holds.
+
+What closes a connection (other connections are never affected):
+
+* immediately: EOF or socket error, a negative size, a size above ``max_request_bytes``,
+  no complete frame for ``idle_timeout_s`` while nothing is in flight;
+* after the responses of the earlier requests are written (Kafka closes in order too):
+  an undecodable frame, an unknown or unserved api key, an unsupported version (except
+  ApiVersions, which gets Kafka's UNSUPPORTED_VERSION answer), a handler exception
+  (logged with its traceback) or `CloseConnection` raised by a handler.
+
+Handlers of requests that were queued behind the failure and have not started yet are not
+run; handlers already running finish and their responses are dropped (they are not
+cancelled: half-done work such as an append should complete). ``stop()`` cancels all.
+
+``KafkaServerThread`` runs a ``KafkaServer`` in its own event loop thread for the threaded
+broker process. Binds 127.0.0.1 by default. Imports nothing from the rest of the project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from .codec import DecodedRequest, decode_request
+from .errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
+from .registry import ApiRegistry, CloseConnection, Registration, RequestContext
+
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_INFLIGHT_PER_CONNECTION",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "KafkaServer",
+    "KafkaServerThread",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+DEFAULT_MAX_INFLIGHT_PER_CONNECTION = 64
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
+STOP_GRACE_S = 5.0
+_STREAM_LIMIT = 1024 * 1024  # StreamReader buffer hint: fewer pause/resume cycles on big frames
+
+_CLOSE = object()  # queue slot: close the connection once the earlier responses are written
+
+_READ_ABORT = "abort"  # close now, drop pending responses
+_READ_DRAIN = "drain"  # a close slot was queued: write what precedes it, then close
+
+
+def _peer_of(writer: asyncio.StreamWriter) -> tuple[str, int]:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return str(peer[0]), int(peer[1])
+    return ("?", 0)
+
+
+class _Connection:
+    """One client connection: reader and writer tasks around an ordered slot queue."""
+
+    def __init__(
+        self,
+        server: KafkaServer,
+        conn_id: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.server = server
+        self.conn_id = conn_id
+        self.reader = reader
+        self.writer = writer
+        self.peer = _peer_of(writer)
+        self.name = f"conn {conn_id} {self.peer[0]}:{self.peer[1]}"
+        self.closing = False
+        self.inflight = 0  # slots queued and not yet fully written
+        self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
+        self._budget = asyncio.Semaphore(server.max_inflight_per_connection)
+        self._last_sequential: asyncio.Task[bytes | None] | None = None
+        self._reader_task: asyncio.Task[str] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def run(self) -> None:
+        self._reader_task = asyncio.create_task(self._read_loop(), name=f"kafka-read-{self.conn_id}")
+        self._writer_task = asyncio.create_task(self._write_loop(), name=f"kafka-write-{self.conn_id}")
+        try:
+            done, _ = await asyncio.wait(
+                {self._reader_task, self._writer_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self._reader_task in done and not self._reader_task.cancelled():
+                error = self._reader_task.exception()
+                if error is not None:
+                    log.error("%s: reader failed", self.name, exc_info=error)
+                elif self._reader_task.result() == _READ_DRAIN:
+                    # A close slot is queued: write the responses before it, then close.
+                    await asyncio.wait({self._writer_task})
+                # else abort: close now; running handlers finish, their responses are dropped.
+        finally:
+            self.closing = True
+            for task in (self._reader_task, self._writer_task):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(self._reader_task, self._writer_task, return_exceptions=True)
+            if self._writer_task.done() and not self._writer_task.cancelled():
+                exc = self._writer_task.exception()
+                if exc is not None and not isinstance(exc, (ConnectionError, OSError)):
+                    log.error("%s: writer failed", self.name, exc_info=exc)
+            self.writer.close()
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.writer.wait_closed()
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - closing anyway
+                pass
+            log.debug("%s: closed", self.name)
+
+    def abort(self) -> None:
+        """Stop serving now (server stop): no more reads, no more writes."""
+        self.closing = True
+        for task in (self._reader_task, self._writer_task):
+            if task is not None and not task.done():
+                task.cancel()
+
+    # ----------------------------------------------------------------- reading
+
+    async def _read_exactly(self, n: int, *, between_frames: bool) -> bytes:
+        idle = self.server.idle_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    return await self.reader.readexactly(n)
+            except TimeoutError:
+                # Waiting for the next frame while responses are pending is not idleness.
+                if between_frames and self.inflight > 0:
+                    continue
+                raise
+
+    async def _read_frame(self) -> bytes | None:
+        """The next frame's payload, or None if the connection must be aborted."""
+        try:
+            head = await self._read_exactly(4, between_frames=True)
+            size = int.from_bytes(head, "big", signed=True)
+            if size < 0:
+                log.warning("%s: negative frame size %d, closing", self.name, size)
+                return None
+            if size > self.server.max_request_bytes:
+                log.warning(
+                    "%s: frame of %d bytes exceeds max_request_bytes=%d, closing",
+                    self.name,
+                    size,
+                    self.server.max_request_bytes,
+                )
+                return None
+            return await self._read_exactly(size, between_frames=False)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                log.info("%s: connection closed inside a frame (%d bytes read)", self.name, len(exc.partial))
+            return None
+        except TimeoutError:
+            log.info("%s: idle for %.0f s, closing", self.name, self.server.idle_timeout_s)
+            return None
+        except (ConnectionError, OSError) as exc:
+            log.debug("%s: read failed: %s", self.name, exc)
+            return None
+
+    async def _read_loop(self) -> str:
+        while True:
+            await self._budget.acquire()
+            queued = False
+            try:
+                if self.closing:
+                    return _READ_ABORT
+                frame = await self._read_frame()
+                if frame is None or self.closing:
+                    return _READ_ABORT
+                slot, keep_reading = self._dispatch(frame)
+                self.inflight += 1
+                self._queue.put_nowait(slot)
+                queued = True
+                if not keep_reading:
+                    return _READ_DRAIN
+            finally:
+                if not queued:
+                    self._budget.release()
+
+    def _dispatch(self, frame: bytes) -> tuple[object, bool]:
+        """Decode and route one frame: (queue slot, keep reading?)."""
+        received_at = time.monotonic()
+        try:
+            request = decode_request(frame)
+            registration = self.server.registry.route(request)
+        except UnsupportedVersionError as exc:
+            answer = self.server.registry.unsupported_version_response(exc)
+            if answer is not None:
+                log.info("%s: %s; answering UNSUPPORTED_VERSION with our api versions", self.name, exc)
+                ready: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+                ready.set_result(answer)
+                return ready, True
+            log.warning("%s: %s (client id %r), closing", self.name, exc, exc.client_id)
+            return _CLOSE, False
+        except UnknownApiKeyError as exc:
+            log.warning("%s: %s, closing", self.name, exc)
+            return _CLOSE, False
+        except MalformedRequestError as exc:
+            log.warning(
+                "%s: malformed request (api key %s, version %s, correlation id %s): %s; closing",
+                self.name,
+                exc.api_key,
+                exc.api_version,
+                exc.correlation_id,
+                exc.message,
+            )
+            return _CLOSE, False
+        ctx = RequestContext(
+            api_key=request.api_key,
+            api_version=request.api_version,
+            correlation_id=request.correlation_id,
+            client_id=request.client_id,
+            peer=self.peer,
+            connection_id=self.conn_id,
+            received_at=received_at,
+        )
+        previous = self._last_sequential if registration.sequential else None
+        task = asyncio.get_running_loop().create_task(
+            self._run_handler(request, ctx, registration, previous),
+            name=f"kafka-{self.conn_id}-{request.api_name}-{request.correlation_id}",
+        )
+        if registration.sequential:
+            self._last_sequential = task
+        self.server._track_handler(task, self)
+        return task, True
+
+    async def _run_handler(
+        self,
+        request: DecodedRequest,
+        ctx: RequestContext,
+        registration: Registration,
+        previous: asyncio.Task[bytes | None] | None,
+    ) -> bytes | None:
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous})
+        if self.closing:
+            # The connection failed or went away before this handler started: skip it.
+            raise CloseConnection("connection closed before the handler started")
+        return await self.server.registry.handle(request, ctx, registration)
+
+    # ----------------------------------------------------------------- writing
+
+    async def _write_loop(self) -> None:
+        while True:
+            slot = await self._queue.get()
+            try:
+                if slot is _CLOSE:
+                    self.closing = True
+                    return
+                assert isinstance(slot, asyncio.Future)
+                if not slot.done():
+                    await asyncio.wait({slot})
+                if slot.cancelled():
+                    self.closing = True
+                    return
+                exc = slot.exception()
+                if exc is not None:
+                    self.closing = True
+                    if isinstance(exc, CloseConnection):
+                        log.info("%s: closing on handler request: %s", self.name, exc)
+                    else:
+                        log.error("%s: handler failed, closing the connection", self.name, exc_info=exc)
+                    return
+                frame = slot.result()
+                if frame is not None:
+                    self.writer.write(frame)
+                    await self.writer.drain()
+            finally:
+                self.inflight -= 1
+                self._budget.release()
+
+
+class KafkaServer:
+    """Kafka protocol server on asyncio streams; one event loop, many connections.
+
+    ``port=0`` binds an ephemeral port: read the actual one from ``port`` after ``start()``.
+    """
+
+    def __init__(
+        self,
+        registry: ApiRegistry,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_inflight_per_connection: int = DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    ) -> None:
+        if not isinstance(registry, ApiRegistry):
+            raise TypeError("registry must be an ApiRegistry")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"bad port {port}")
+        for name, value in (
+            ("max_request_bytes", max_request_bytes),
+            ("max_inflight_per_connection", max_inflight_per_connection),
+            ("max_connections", max_connections),
+        ):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if max_request_bytes > 2**31 - 1:
+            raise ValueError("max_request_bytes cannot exceed 2**31 - 1 (the size prefix is an int32)")
+        if not idle_timeout_s > 0:
+            raise ValueError("idle_timeout_s must be > 0")
+        self.registry = registry
+        self.host = host
+        self._requested_port = port
+        self.max_request_bytes = max_request_bytes
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.max_connections = max_connections
+        self.idle_timeout_s = float(idle_timeout_s)
+        self._server: asyncio.Server | None = None
+        self._port: int | None = None
+        self._connections: dict[_Connection, asyncio.Task[Any]] = {}
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._ids = itertools.count(1)
+        self._stopping = False
+
+    @property
+    def port(self) -> int:
+        """The bound port (after ``start()``)."""
+        if self._port is None:
+            raise RuntimeError("server not started")
+        return self._port
+
+    @property
+    def connection_count(self) -> int:
+        """Connections currently served."""
+        return len(self._connections)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Bind and start accepting connections."""
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        self._stopping = False
+        self._server = await asyncio.start_server(
+            self._on_client, self.host, self._requested_port, limit=_STREAM_LIMIT, reuse_address=True
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        log.info("Kafka protocol server listening on %s:%d", self.host, self._port)
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop accepting, close every connection and cancel running handlers."""
+        server = self._server
+        if server is None:
+            return
+        self._stopping = True
+        server.close()
+        conns = list(self._connections.items())
+        for conn, _ in conns:
+            conn.abort()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        pending = [t for _, t in conns] + handlers
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=grace_s)
+            if still:
+                log.warning("%d connection/handler tasks did not finish within %.1f s", len(still), grace_s)
+        try:
+            async with asyncio.timeout(grace_s):
+                await server.wait_closed()
+        except TimeoutError:
+            log.warning("listener did not close within %.1f s", grace_s)
+        self._server = None
+        log.info("Kafka protocol server on %s:%s stopped", self.host, self._port)
+
+    async def __aenter__(self) -> KafkaServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------------------- internals
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopping or len(self._connections) >= self.max_connections:
+            log.warning(
+                "refusing connection from %s:%d: %s",
+                *_peer_of(writer),
+                "server stopping" if self._stopping else f"max_connections={self.max_connections} reached",
+            )
+            writer.close()
+            return
+        conn = _Connection(self, next(self._ids), reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[conn] = task
+        log.debug("%s: accepted", conn.name)
+        try:
+            await conn.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug in one connection must not take the server down
+            log.exception("%s: connection failed", conn.name)
+        finally:
+            self._connections.pop(conn, None)
+
+    def _track_handler(self, task: asyncio.Task[Any], conn: _Connection) -> None:
+        self._handlers.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._handlers.discard(t)
+            if t.cancelled():
+                return
+            exc = t.exception()  # marks it retrieved; the writer logs the ones it sees
+            if exc is not None and conn.closing and not isinstance(exc, CloseConnection):
+                log.debug("%s: handler %s ended with %r", conn.name, t.get_name(), exc)
+
+        task.add_done_callback(done)
+
+
+class KafkaServerThread:
+    """A `KafkaServer` running in its own event-loop thread (the broker process is threaded).
+
+    ``start()`` returns once the port is bound (``port`` is then valid); ``stop()`` stops the
+    server and joins the thread. ``run_coroutine`` submits work to the server's loop (e.g.
+    for handlers' owners that need to run something there). Usable as a context manager.
+    """
+
+    def __init__(
+        self, registry: ApiRegistry, host: str = "127.0.0.1", port: int = 0, **server_kwargs: Any
+    ) -> None:
+        self.server = KafkaServer(registry, host, port, **server_kwargs)  # validates arguments now
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("server thread not started")
+        return self._loop
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the thread and wait until the server listens (or raise its startup error)."""
+        if self._thread is not None:
+            raise RuntimeError("server thread already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"kafka-server-{self.server.host}", daemon=True
+        )
+        self._thread.start()
+        if not self._started.wait(timeout):
+            self.stop(timeout)
+            raise TimeoutError(f"Kafka server did not start within {timeout} s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            self._thread = None
+            raise RuntimeError(f"Kafka server failed to start: {self._error}") from self._error
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            try:
+                loop.run_until_complete(self.server.start())
+            except BaseException as exc:  # noqa: BLE001 - reported to start()
+                self._error = exc
+                return
+            finally:
+                self._started.set()
+            loop.run_forever()
+            loop.run_until_complete(self.server.stop())
+        except Exception:  # noqa: BLE001
+            log.exception("Kafka server thread failed")
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server and join the thread (no-op if not running)."""
+        thread = self._thread
+        if thread is None:
+            return
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:  # loop already closed
+                pass
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"Kafka server thread did not stop within {timeout} s")
+        self._thread = None
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Schedule ``coro`` on the server's loop from another thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def __enter__(self) -> KafkaServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
