@@ -36,9 +36,9 @@ if write_delay_s > 0:
     # a slow device: each group-commit write starts write_delay_s after the pre-write
     # ownership check, so SIGSTOP usually lands between that check and the write
     _write = ring.Ring.write_batch
-    def slow_write(self, logical, parts):
+    def slow_write(self, logical, parts, total):
         time.sleep(write_delay_s)
-        _write(self, logical, parts)
+        _write(self, logical, parts, total)
     ring.Ring.write_batch = slow_write
 config = FileWALConfig(max_record_bytes=16 * 1024, max_batch_bytes=1024 * 1024, max_queue_bytes=4 * 1024 * 1024)
 wal = FileWAL.open(path, 1, 1, capacity_bytes=256 * 1024 * 1024, config=config)

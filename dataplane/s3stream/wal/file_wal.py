@@ -62,13 +62,13 @@ from dataplane.s3stream.wal.format import (
 )
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
+    ReservationView,
     Ring,
     fsync_data,
     pwrite_all,
     decode_reservation,
     read_meta,
     read_reservation,
-    read_reservation_raw,
     read_state,
 )
 
@@ -133,6 +133,7 @@ class FileWALConfig:
 @dataclass(slots=True)
 class _Pending:
     offset: int
+    size_bytes: int  # header + body
     header: bytes
     body: bytes
     future: Future
@@ -174,6 +175,7 @@ class FileWAL(WriteAheadLog):
         self._capacity_bytes = capacity_bytes
         self._config = config
         self._ring = Ring(fd, capacity_bytes)
+        self._reservation_view = ReservationView(fd)
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
@@ -410,7 +412,7 @@ class FileWAL(WriteAheadLog):
             future: Future[AppendResult] = Future()
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
             header = encode_record_header(body_len, offset + RECORD_HEADER_SIZE_BYTES, body_crc)
-            self._queue.append(_Pending(offset, header, body, future, now))
+            self._queue.append(_Pending(offset, size, header, body, future, now))
             self._queued_bytes += size
             self._not_empty.notify()
         return future
@@ -466,6 +468,7 @@ class FileWAL(WriteAheadLog):
         self._completer.join(max(0.0, deadline - time.monotonic()))
         if self._writer.is_alive() or self._completer.is_alive():
             raise WALError(f"writer of {self._path} did not stop within {self._config.close_timeout_s} s")
+        self._reservation_view.close()
         os.close(self._fd)
 
     def _raise_if_unusable(self) -> None:
@@ -502,9 +505,7 @@ class FileWAL(WriteAheadLog):
             now = time.monotonic()
             for pending in batch:
                 metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
-                pending.future.set_result(
-                    AppendResult(pending.offset, RECORD_HEADER_SIZE_BYTES + len(pending.body))
-                )
+                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
 
     def _write_loop(self) -> None:
         while True:
@@ -544,18 +545,19 @@ class FileWAL(WriteAheadLog):
         batch: list[_Pending] = []
         total = 0
         limit = self._config.max_batch_bytes
-        while self._queue:
-            size = RECORD_HEADER_SIZE_BYTES + len(self._queue[0].body)
+        queue = self._queue
+        while queue:
+            size = queue[0].size_bytes
             if batch and total + size > limit:
                 break
-            batch.append(self._queue.popleft())
+            batch.append(queue.popleft())
             total += size
         self._queued_bytes -= total
         self._not_full.notify_all()
         return batch
 
     def _check_reservation(self) -> None:
-        raw = read_reservation_raw(self._fd)
+        raw = self._reservation_view.raw()
         if raw == self._owned_raw:
             return  # byte-identical to slots already verified to name us
         current = decode_reservation(raw)
@@ -569,11 +571,12 @@ class FileWAL(WriteAheadLog):
 
     def _commit(self, batch: list[_Pending]) -> None:
         start = batch[0].offset
+        last = batch[-1]
+        size = last.offset + last.size_bytes - start  # offsets are contiguous
         parts: list[bytes] = []
         for pending in batch:
             parts.append(pending.header)
             parts.append(pending.body)
-        size = sum(len(p) for p in parts)
         try:
             if self._precheck_needed:
                 # A fenced owner must not write into space freed by a trim the recoverer
@@ -582,7 +585,7 @@ class FileWAL(WriteAheadLog):
                 # goes to space that was free at that check).
                 self._check_reservation()
                 self._precheck_needed = False
-            self._ring.write_batch(start, parts)
+            self._ring.write_batch(start, parts, size)
             fsync_data(self._fd)
             with self._lock:
                 self._fsyncs += 1

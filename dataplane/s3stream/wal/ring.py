@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -21,7 +22,16 @@ from dataplane.s3stream.wal.format import (
     latest,
 )
 
-__all__ = ["Ring", "RecordScanner", "FileMeta", "fsync_data", "pread_exact", "pwrite_all", "read_meta"]
+__all__ = [
+    "FileMeta",
+    "RecordScanner",
+    "ReservationView",
+    "Ring",
+    "fsync_data",
+    "pread_exact",
+    "pwrite_all",
+    "read_meta",
+]
 
 _MAX_IO_BYTES = 64 * 1024 * 1024  # one pread/pwrite call moves at most this much
 _HAS_PWRITEV = hasattr(os, "pwritev")
@@ -79,13 +89,12 @@ class Ring:
         if first < len(view):
             pwrite_all(self.fd, view[first:], DATA_START_BYTES)
 
-    def write_batch(self, logical: int, parts: list[bytes]) -> None:
-        """Write the concatenation of ``parts`` at ``logical``.
+    def write_batch(self, logical: int, parts: list[bytes], total: int) -> None:
+        """Write the concatenation of ``parts`` (``total`` bytes) at ``logical``.
 
         Uses one ``pwritev`` (no copy) when the batch does not wrap the ring end
         and has at most ``_IOV_MAX`` parts; otherwise joins and writes.
         """
-        total = sum(len(p) for p in parts)
         pos = logical % self.capacity_bytes
         if _HAS_PWRITEV and pos + total <= self.capacity_bytes and len(parts) <= _IOV_MAX:
             written = os.pwritev(self.fd, parts, DATA_START_BYTES + pos)
@@ -197,6 +206,26 @@ def read_reservation_raw(fd: int) -> tuple[bytes, bytes]:
     """The raw bytes of both reservation slots (64 B each), read with one pread."""
     raw = pread_exact(fd, RESERVATION_SLOT_POSITIONS[1] + 64, 0)
     return tuple(raw[p : p + 64] for p in RESERVATION_SLOT_POSITIONS)  # type: ignore[return-value]
+
+
+class ReservationView:
+    """Reads the reservation slots through a shared read-only mmap of the header.
+
+    Same page cache as ``pread`` (so it sees another process's ``pwrite`` at once)
+    but no system call, so the writer thread keeps the GIL: it is used for the
+    per-batch ownership check on the hot path.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._map = mmap.mmap(fd, RESERVATION_SLOT_POSITIONS[1] + 4096, access=mmap.ACCESS_READ)
+
+    def raw(self) -> tuple[bytes, bytes]:
+        """The raw bytes of both reservation slots (64 B each)."""
+        m = self._map
+        return tuple(m[p : p + 64] for p in RESERVATION_SLOT_POSITIONS)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._map.close()
 
 
 def decode_reservation(raw_slots: tuple[bytes, bytes]) -> Reservation | None:
