@@ -85,6 +85,10 @@ def up(
             cluster.start_broker(config, b.node_id)
 
         def ready():
+            dead = [n for n in cluster.component_names(config) if cluster.running(n) is None]
+            if dead:
+                raise ClusterError(f"{', '.join(dead)} exited during start-up; see "
+                                   f"`automqctl cluster logs {dead[0]}`")
             status = collect_status(cluster, config)
             return status if status["healthy"] else None
 

@@ -262,7 +262,8 @@ class LocalCluster:
         bdir = self.dir / f"broker-{node_id}"
         bcfg = BrokerConfig(node_id=node_id, az=spec.az, host=config.host,
                             kafka_port=spec.kafka_port, data_dir=bdir,
-                            controllers=config.quorum_config().api_addresses())
+                            controllers=config.quorum_config().api_addresses(),
+                            bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets))
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
         return self._spawn(f"broker-{node_id}", [
             sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")])

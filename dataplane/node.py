@@ -1,7 +1,9 @@
-"""A broker process: registers with the controllers, heartbeats, follows the metadata log.
+"""A broker process: session with the controllers, storage engine, Kafka protocol server.
 
-The storage engine and the Kafka protocol server plug in here (later layers); this module
-owns the node's identity (node id, AZ, node epoch) and its session with the controllers.
+Start order: register (new node epoch) -> open and recover the WAL, uploading what was not
+committed -> follow the metadata log (partitions this node leads are opened as streams) ->
+serve Kafka on the configured port -> heartbeat. SIGTERM: stop serving, upload the WAL,
+fence our own epoch (controlled shutdown).
 
 Run: python -m dataplane.node --config broker.json
 """
@@ -37,6 +39,13 @@ class BrokerConfig(BaseModel):
     data_dir: Path
     controllers: list[str]  # controller API addresses host:port
     heartbeat_interval_ms: int = Field(default=1_000, ge=50, le=60_000)
+    # bucket URIs with credentials (this file is mode 0600); empty: no storage engine
+    bucket_uris: str = ""
+    wal_capacity_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
+    upload_threshold_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    upload_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    block_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
+    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024 * 1024)
 
 
 class BrokerNode:
@@ -48,6 +57,9 @@ class BrokerNode:
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True
+        self.storage = None
+        self.partitions = None
+        self.kafka = None
         self._stop = threading.Event()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop,
                                                   name="heartbeat", daemon=True)
@@ -60,6 +72,8 @@ class BrokerNode:
         result = self.client.call("register_broker", req, timeout_s=60)
         self.node_epoch = int(result["node_epoch"])
         self.fenced = True
+        if self.storage is not None:
+            self.storage.node_epoch = self.node_epoch
         log.info("registered node %d in %s with node epoch %d", self.config.node_id,
                  self.config.az, self.node_epoch)
         return self.node_epoch
@@ -96,15 +110,65 @@ class BrokerNode:
 
     def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.metadata.start()
         self.register()
+        if self.config.bucket_uris:
+            self._start_data_plane()
+        self.metadata.start()
         self.heartbeat()
         self._heartbeat_thread.start()
+
+    def _start_data_plane(self) -> None:
+        from dataplane.kafka.apis import BrokerIdentity, KafkaApis, coordinator_for
+        from dataplane.kafka.groups.coordinator import GroupCoordinator
+        from dataplane.kafka.groups.handlers import GroupHandlers
+        from dataplane.kafka.offset_store import KVOffsetStore
+        from dataplane.kafka.partitions import PartitionManager
+        from dataplane.kafka.registry import ApiRegistry
+        from dataplane.kafka.server import KafkaServerThread
+        from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+        from dataplane.s3stream.storage import S3Storage, StorageConfig
+
+        cfg = self.config
+        objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
+        assert self.node_epoch is not None
+        self.storage = S3Storage(StorageConfig(
+            data_dir=cfg.data_dir / "storage", wal_capacity_bytes=cfg.wal_capacity_bytes,
+            upload_threshold_bytes=cfg.upload_threshold_bytes,
+            upload_interval_s=cfg.upload_interval_s, block_cache_bytes=cfg.block_cache_bytes),
+            cfg.node_id, self.node_epoch, self.client, objects)
+        recovered = self.storage.start()
+        log.info("storage engine started (%d batches recovered from the WAL)", recovered)
+        self.partitions = PartitionManager(cfg.node_id, self.storage)
+        self.metadata.on_records = self.partitions.on_metadata
+        self.partitions.start()
+        apis = KafkaApis(BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
+                         lambda: self.metadata.image, self.metadata.wait_for_offset,
+                         self.client, self.partitions, lambda: self.node_epoch or 0)
+        image_fn = lambda: self.metadata.image  # noqa: E731
+        groups = GroupHandlers(GroupCoordinator(), KVOffsetStore(self.client, image_fn),
+                               lambda g: coordinator_for(g, image_fn()) == cfg.node_id)
+        registry = ApiRegistry()
+        for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
+            registry.register(request_class, lo, hi, handler)
+        self.kafka = KafkaServerThread(registry, host=cfg.host, port=cfg.kafka_port,
+                                       max_request_bytes=cfg.max_request_bytes)
+        self.kafka.start()
+        log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
 
     def stop(self) -> None:
         """Controlled shutdown: fence our own epoch so the controller need not wait for the
         session to expire before it moves our work elsewhere."""
         self._stop.set()
+        if self.kafka is not None:
+            self.kafka.stop()
+        if self.partitions is not None:
+            self.partitions.stop()
+        if self.storage is not None:
+            try:  # upload the WAL; streams stay ours so a restart reopens them at once
+                self.storage.close(close_streams=False)
+            except Exception as exc:
+                log.warning("uploading the WAL on shutdown failed (it is recovered on "
+                            "restart): %s", exc)
         if self.node_epoch is not None:
             try:
                 self.client.call("fence_broker", {"node_id": self.config.node_id,

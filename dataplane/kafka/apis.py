@@ -1,0 +1,659 @@
+"""The broker's Kafka APIs on top of the storage engine and the metadata image.
+
+Metadata, Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, CreateTopics, DeleteTopics,
+CreatePartitions, DescribeConfigs, FindCoordinator, InitProducerId. Each handler takes the
+decoded kafka-python request of the negotiated version and returns the response object of
+the same version (`None` for acks=0 produce). Partitions map to streams; the stream epoch is
+the partition leader epoch; only the leader appends, other brokers answer
+NOT_LEADER_OR_FOLLOWER so clients refresh their metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from kafka.protocol.admin import (
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+)
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+)
+from kafka.protocol.metadata import (
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+from kafka.protocol.producer import (
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
+
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.image import MetadataImage, TopicState
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partitions import PartitionLog, PartitionManager, ProducerStateTable
+from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, patch_batch
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ID = "automq-local-cluster"
+MAX_FETCH_WAIT_MS = 30_000
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+DEFAULT_PARTITIONS = 1
+PRODUCER_ID_BLOCK = 1000
+METADATA_WAIT_S = 10.0
+
+_CONTROLLER_TO_KAFKA = {
+    ErrorCode.TOPIC_ALREADY_EXISTS: KafkaError.TOPIC_ALREADY_EXISTS,
+    ErrorCode.INVALID_TOPIC_NAME: KafkaError.INVALID_TOPIC_EXCEPTION,
+    ErrorCode.UNKNOWN_TOPIC: KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_PARTITIONS: KafkaError.INVALID_PARTITIONS,
+    ErrorCode.NOT_ENOUGH_BROKERS: KafkaError.INVALID_REPLICATION_FACTOR,
+    ErrorCode.INVALID_REQUEST: KafkaError.INVALID_REQUEST,
+}
+
+
+def _kafka_error(exc: ControllerError) -> KafkaError:
+    return _CONTROLLER_TO_KAFKA.get(exc.code, KafkaError.REQUEST_TIMED_OUT
+                                    if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT)
+                                    else KafkaError.UNKNOWN_SERVER_ERROR)
+
+
+@dataclass
+class BrokerIdentity:
+    node_id: int
+    host: str
+    port: int
+    az: str
+
+
+def coordinator_for(key: str, image: MetadataImage) -> int | None:
+    """The broker that coordinates a group: the same answer on every broker for one image."""
+    live = sorted(b.node_id for b in image.brokers.values() if not b.fenced)
+    if not live:
+        return None
+    return live[zlib.crc32(key.encode()) % len(live)]
+
+
+class KafkaApis:
+    """Handlers of the broker's data and admin APIs."""
+
+    def __init__(self, me: BrokerIdentity, image_fn: Callable[[], MetadataImage],
+                 wait_for_offset: Callable[[int, float], bool], controller: ControllerClient,
+                 partitions: PartitionManager, node_epoch_fn: Callable[[], int],
+                 io_threads: int = 16):
+        self.me = me
+        self.image_fn = image_fn
+        self.wait_for_offset = wait_for_offset
+        self.controller = controller
+        self.partitions = partitions
+        self.node_epoch_fn = node_epoch_fn
+        # engine calls may block on S3 or the controller: keep them off the event loop
+        self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io")
+        self._pid_lock = threading.Lock()
+        self._pid_next = 0
+        self._pid_end = 0
+
+    def registrations(self) -> list:
+        """(request class, min version, max version, handler) for the API registry."""
+        return [
+            (MetadataRequest, 0, 12, self.metadata),
+            (ProduceRequest, 3, 11, self.produce),
+            (FetchRequest, 4, 16, self.fetch),
+            (ListOffsetsRequest, 1, 8, self.list_offsets),
+            (OffsetForLeaderEpochRequest, 2, 4, self.offset_for_leader_epoch),
+            (CreateTopicsRequest, 2, 7, self.create_topics),
+            (DeleteTopicsRequest, 1, 6, self.delete_topics),
+            (CreatePartitionsRequest, 0, 3, self.create_partitions),
+            (DescribeConfigsRequest, 1, 4, self.describe_configs),
+            (FindCoordinatorRequest, 0, 4, self.find_coordinator),
+            (InitProducerIdRequest, 0, 4, self.init_producer_id),
+        ]
+
+    async def _io(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
+
+    # ------------------------------------------------------------ metadata
+
+    def _topic(self, image: MetadataImage, name: str | None = None,
+               topic_id: uuid.UUID | None = None) -> TopicState | None:
+        if topic_id is not None and topic_id.int != 0:
+            return image.topics.get(str(topic_id))
+        return image.topic_by_name(name) if name else None
+
+    def _broker_list(self, image: MetadataImage) -> list:
+        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
+                if not b.fenced]
+
+    async def metadata(self, req, ctx):
+        v = ctx.api_version
+        image = self.image_fn()
+        wanted = None if req.topics is None else [t.name for t in req.topics]
+        if wanted is not None and v == 0 and not wanted:
+            wanted = None  # v0: an empty list means all topics
+        auto = bool(getattr(req, "allow_auto_topic_creation", True))
+        missing = [n for n in (wanted or []) if n and image.topic_by_name(n) is None]
+        if missing and auto:
+            await self._io(self._auto_create, missing)
+            image = self.image_fn()
+        R = MetadataResponse
+        brokers = [R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port,
+                                            rack=b.az) for b in self._broker_list(image)]
+        topics = []
+        names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
+        for name in names:
+            topic = image.topic_by_name(name) if name else None
+            if topic is None:
+                topics.append(R.MetadataResponseTopic(
+                    error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION, name=name,
+                    topic_id=uuid.UUID(int=0), is_internal=False, partitions=[]))
+                continue
+            parts = []
+            for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
+                leader = image.brokers.get(p.leader_node_id)
+                error = KafkaError.NONE if leader and not leader.fenced \
+                    else KafkaError.LEADER_NOT_AVAILABLE
+                parts.append(R.MetadataResponseTopic.MetadataResponsePartition(
+                    error_code=error, partition_index=p.partition,
+                    leader_id=p.leader_node_id if error == KafkaError.NONE else -1,
+                    leader_epoch=p.leader_epoch, replica_nodes=[p.leader_node_id],
+                    isr_nodes=[p.leader_node_id], offline_replicas=[]))
+            topics.append(R.MetadataResponseTopic(
+                error_code=KafkaError.NONE, name=topic.name, topic_id=uuid.UUID(topic.topic_id),
+                is_internal=False, partitions=parts))
+        controller_id = brokers[0].node_id if brokers else -1
+        return R[v](throttle_time_ms=0, brokers=brokers, cluster_id=CLUSTER_ID,
+                    controller_id=controller_id, topics=topics)
+
+    def _auto_create(self, names: list[str]) -> None:
+        last = -1
+        for name in names:
+            try:
+                res = self.controller.call("create_topic", {"name": name,
+                                                            "partitions": DEFAULT_PARTITIONS})
+                last = max(last, int(res.get("offset", -1)) if isinstance(res, dict) else -1)
+            except ControllerError as exc:
+                if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    log.info("auto-creating topic %r failed: %s", name, exc)
+        self._await_topics(names)
+
+    def _await_topics(self, names: list[str], present: bool = True) -> None:
+        deadline = time.monotonic() + METADATA_WAIT_S
+        while time.monotonic() < deadline:
+            image = self.image_fn()
+            if all((image.topic_by_name(n) is not None) == present for n in names):
+                if not present:
+                    return
+                # and this broker opened the partitions it leads
+                ok = True
+                for n in names:
+                    t = image.topic_by_name(n)
+                    for p in t.partitions.values():
+                        if p.leader_node_id == self.me.node_id and \
+                                self.partitions.get(t.topic_id, p.partition) is None:
+                            ok = False
+                if ok:
+                    return
+            time.sleep(0.02)
+
+    # ------------------------------------------------------------ produce
+
+    def _resolve(self, image: MetadataImage, name: str | None, topic_id, partition: int):
+        """(PartitionLog or None, error) for a produce/fetch target."""
+        topic = self._topic(image, name, topic_id)
+        if topic is None or partition not in topic.partitions:
+            if topic_id is not None and getattr(topic_id, "int", 0):
+                return None, KafkaError.UNKNOWN_TOPIC_ID
+            return None, KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+        plog = self.partitions.get(topic.topic_id, partition)
+        if plog is None:
+            return None, KafkaError.NOT_LEADER_OR_FOLLOWER
+        return plog, KafkaError.NONE
+
+    def _append_partition(self, plog: PartitionLog, records: bytes | None):
+        """Validate and append a partition's batches; (error, base_offset, futures)."""
+        if not records:
+            return KafkaError.CORRUPT_MESSAGE, -1, []
+        if len(records) > MAX_MESSAGE_BYTES:
+            return KafkaError.MESSAGE_TOO_LARGE, -1, []
+        try:
+            batches = parse_batches(records)
+        except InvalidRecordBatchError as exc:
+            return KafkaError(exc.error_code), -1, []
+        if not batches:
+            return KafkaError.CORRUPT_MESSAGE, -1, []
+        if any(b.is_transactional or b.is_control for b in batches):
+            return KafkaError.INVALID_TXN_STATE, -1, []  # transactions are not supported
+        futures = []
+        first_base = None
+        epoch = plog.leader_epoch
+        with plog.lock:
+            for b in batches:
+                count = b.last_offset_delta + 1
+                idempotent = b.producer_id >= 0 and b.base_sequence >= 0
+                if idempotent:
+                    last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
+                    verdict, value = plog.producers.check(b.producer_id, b.producer_epoch,
+                                                          b.base_sequence, last_seq)
+                    if verdict == ProducerStateTable.DUPLICATE:
+                        if first_base is None:
+                            first_base = value
+                        continue
+                    if verdict == "error":
+                        return KafkaError(value), -1, futures
+                data = b.data
+                holder: dict[str, int] = {}
+
+                def build(base: int, data=data, holder=holder) -> bytes:
+                    holder["base"] = base
+                    return patch_batch(data, base, epoch)
+
+                futures.append(plog.append_batch(build, count))
+                if first_base is None:
+                    first_base = holder["base"]
+                if idempotent:
+                    plog.producers.record(b.producer_id, b.producer_epoch, b.base_sequence,
+                                          last_seq, holder["base"])
+        return KafkaError.NONE, first_base if first_base is not None else -1, futures
+
+    async def produce(self, req, ctx):
+        v = ctx.api_version
+        image = self.image_fn()
+        R = ProduceResponse
+        results = []
+        waits = []
+        for t in req.topic_data:
+            topic_name = getattr(t, "name", None)
+            topic_id = getattr(t, "topic_id", None) if v >= 13 else None
+            parts = []
+            for p in t.partition_data:
+                plog, error = self._resolve(image, topic_name, topic_id, p.index)
+                base, log_start = -1, -1
+                futures = []
+                if plog is not None:
+                    try:
+                        error, base, futures = self._append_partition(plog, p.records)
+                    except Exception as exc:  # the engine refused (fenced, WAL full...)
+                        log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
+                        error = KafkaError.NOT_LEADER_OR_FOLLOWER
+                    log_start = plog.log_start_offset
+                entry = {"index": p.index, "error": error, "base": base, "log_start": log_start}
+                parts.append(entry)
+                waits.append((entry, futures))
+            results.append((t, parts))
+        if req.acks != 0:
+            timeout_s = max(req.timeout_ms, 1) / 1000
+            for entry, futures in waits:
+                for fut in futures:
+                    try:
+                        await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                    except asyncio.TimeoutError:
+                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                    except Exception as exc:
+                        log.warning("append failed: %s", exc)
+                        entry["error"] = KafkaError.NOT_LEADER_OR_FOLLOWER
+        else:
+            return None
+        responses = []
+        for t, parts in results:
+            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
+            responses.append(R.TopicProduceResponse(partition_responses=[
+                R.TopicProduceResponse.PartitionProduceResponse(
+                    index=e["index"], error_code=e["error"],
+                    base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
+                    log_append_time_ms=-1, log_start_offset=e["log_start"], record_errors=[],
+                    error_message=None)
+                for e in parts], **kwargs))
+        return R[v](responses=responses, throttle_time_ms=0)
+
+    # ------------------------------------------------------------ fetch
+
+    def _read(self, plog: PartitionLog, offset: int, max_bytes: int) -> bytes:
+        batches = plog.stream.fetch(offset, plog.high_watermark, max_bytes)
+        return b"".join(b.payload for b in batches)
+
+    async def fetch(self, req, ctx):
+        v = ctx.api_version
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
+        min_bytes = max(req.min_bytes, 0)
+        max_bytes = req.max_bytes if v >= 3 and req.max_bytes > 0 else 2**31 - 1
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        listening: list[PartitionLog] = []
+        try:
+            for _ in range(1_000_000):
+                woken.clear()
+                image = self.image_fn()
+                total, topics = await self._fetch_once(req, v, image, max_bytes, listening, wake)
+                if total >= min_bytes or loop.time() >= deadline or total < 0:
+                    break
+                try:
+                    await asyncio.wait_for(woken.wait(), max(deadline - loop.time(), 0))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            for plog in listening:
+                plog.remove_listener(wake)
+        return FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=0,
+                                responses=topics)
+
+    async def _fetch_once(self, req, v, image, max_bytes, listening, wake):
+        F = FetchResponse.FetchableTopicResponse
+        P = F.PartitionData
+        topics = []
+        total = 0
+        errors = False
+        for t in req.topics:
+            name = getattr(t, "topic", None) if v < 13 else None
+            topic_id = getattr(t, "topic_id", None) if v >= 13 else None
+            parts = []
+            for p in t.partitions:
+                plog, error = self._resolve(image, name, topic_id, p.partition)
+                hw, start, records = -1, -1, b""
+                if plog is not None:
+                    hw, start = plog.high_watermark, plog.log_start_offset
+                    current = getattr(p, "current_leader_epoch", -1)
+                    if current >= 0 and current < plog.leader_epoch:
+                        error = KafkaError.FENCED_LEADER_EPOCH
+                    elif current > plog.leader_epoch:
+                        error = KafkaError.UNKNOWN_LEADER_EPOCH
+                    elif p.fetch_offset < start or p.fetch_offset > hw:
+                        error = KafkaError.OFFSET_OUT_OF_RANGE
+                    elif p.fetch_offset < hw and total < max_bytes:
+                        budget = min(p.partition_max_bytes, max_bytes - total)
+                        records = await self._io(self._read, plog, p.fetch_offset,
+                                                 max(budget, 1))
+                        total += len(records)
+                    if plog not in listening:
+                        plog.add_listener(wake)
+                        listening.append(plog)
+                if error != KafkaError.NONE:
+                    errors = True
+                parts.append(P(partition_index=p.partition, error_code=error,
+                               high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
+                               aborted_transactions=[], preferred_read_replica=-1,
+                               records=records))
+            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}
+            topics.append(F(partitions=parts, **kwargs))
+        return (-1 if errors and total == 0 else total), topics
+
+    # ------------------------------------------------------------ offsets
+
+    def _offset_for_timestamp(self, plog: PartitionLog, timestamp: int) -> tuple[int, int]:
+        """First offset whose batch has max timestamp >= `timestamp` (scan, bounded)."""
+        offset, hw = plog.log_start_offset, plog.high_watermark
+        scanned = 0
+        while offset < hw and scanned < 4 * 1024 * 1024 * 1024:
+            batches = plog.stream.fetch(offset, hw, 1024 * 1024)
+            if not batches:
+                break
+            for b in batches:
+                scanned += len(b.payload)
+                headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
+                for h in headers:
+                    if h.max_timestamp >= timestamp:
+                        return b.base_offset, h.max_timestamp
+            offset = batches[-1].last_offset
+        return -1, -1
+
+    async def list_offsets(self, req, ctx):
+        v = ctx.api_version
+        image = self.image_fn()
+        R = ListOffsetsResponse
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                plog, error = self._resolve(image, t.name, None, p.partition_index)
+                offset, ts = -1, -1
+                if plog is not None:
+                    if p.timestamp == -2:
+                        offset = plog.log_start_offset
+                    elif p.timestamp in (-1, -3):  # latest; -3 = max timestamp (approximated)
+                        offset = plog.high_watermark
+                    else:
+                        offset, ts = await self._io(self._offset_for_timestamp, plog, p.timestamp)
+                parts.append(R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index, error_code=error, timestamp=ts,
+                    offset=offset, leader_epoch=plog.leader_epoch if plog else -1))
+            topics.append(R.ListOffsetsTopicResponse(name=t.name, partitions=parts))
+        return R[v](throttle_time_ms=0, topics=topics)
+
+    async def offset_for_leader_epoch(self, req, ctx):
+        v = ctx.api_version
+        image = self.image_fn()
+        R = OffsetForLeaderEpochResponse
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                plog, error = self._resolve(image, t.topic, None, p.partition)
+                epoch, end = -1, -1
+                if plog is not None:
+                    if p.leader_epoch >= plog.leader_epoch:
+                        epoch, end = plog.leader_epoch, plog.high_watermark
+                    else:
+                        stream = image.streams.get(plog.stream.stream_id)
+                        later = [rg for rg in (stream.ranges if stream else [])
+                                 if rg.epoch > p.leader_epoch]
+                        earlier = [rg for rg in (stream.ranges if stream else [])
+                                   if rg.epoch <= p.leader_epoch]
+                        if earlier:
+                            epoch = earlier[-1].epoch
+                            end = later[0].start_offset if later else plog.high_watermark
+                parts.append(R.OffsetForLeaderTopicResult.EpochEndOffset(
+                    error_code=error, partition=p.partition, leader_epoch=epoch,
+                    end_offset=end))
+            topics.append(R.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
+        return R[v](throttle_time_ms=0, topics=topics)
+
+    # ------------------------------------------------------------ admin
+
+    def _create_topic(self, name: str, partitions: int, configs: dict, validate_only: bool):
+        if validate_only:
+            image = self.image_fn()
+            if image.topic_by_name(name) is not None:
+                raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
+            return None
+        res = self.controller.call("create_topic", {"name": name, "partitions": partitions,
+                                                    "configs": configs})
+        self._await_topics([name])
+        return res
+
+    async def create_topics(self, req, ctx):
+        v = ctx.api_version
+        R = CreateTopicsResponse
+        out = []
+        for t in req.topics:
+            partitions = t.num_partitions if t.num_partitions > 0 else DEFAULT_PARTITIONS
+            configs = {c.name: c.value for c in (t.configs or []) if c.value is not None}
+            error, message, topic_id = KafkaError.NONE, None, uuid.UUID(int=0)
+            try:
+                res = await self._io(self._create_topic, t.name, partitions, configs,
+                                     bool(req.validate_only))
+                if res:
+                    topic_id = uuid.UUID(res["topic_id"])
+            except ControllerError as exc:
+                error, message = _kafka_error(exc), exc.message
+            out.append(R.CreatableTopicResult(
+                name=t.name, topic_id=topic_id, error_code=error, error_message=message,
+                num_partitions=partitions if error == KafkaError.NONE else -1,
+                replication_factor=1 if error == KafkaError.NONE else -1, configs=[]))
+        return R[v](throttle_time_ms=0, topics=out)
+
+    def _delete_topic(self, name: str) -> None:
+        self.controller.call("delete_topic", {"name": name})
+        self._await_topics([name], present=False)
+
+    async def delete_topics(self, req, ctx):
+        v = ctx.api_version
+        R = DeleteTopicsResponse
+        image = self.image_fn()
+        targets = []
+        if v >= 6:
+            for t in req.topics:
+                name = t.name
+                if name is None and t.topic_id is not None:
+                    topic = image.topics.get(str(t.topic_id))
+                    name = topic.name if topic else None
+                targets.append((name, t.topic_id))
+        else:
+            targets = [(n, None) for n in req.topic_names]
+        out = []
+        for name, tid in targets:
+            error, message = KafkaError.NONE, None
+            topic = image.topic_by_name(name) if name else None
+            if topic is None:
+                error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                try:
+                    await self._io(self._delete_topic, name)
+                except ControllerError as exc:
+                    error, message = _kafka_error(exc), exc.message
+            out.append(R.DeletableTopicResult(
+                name=name, topic_id=uuid.UUID(topic.topic_id) if topic else uuid.UUID(int=0),
+                error_code=error, error_message=message))
+        return R[v](throttle_time_ms=0, responses=out)
+
+    def _create_partitions(self, name: str, count: int, validate_only: bool) -> None:
+        if validate_only:
+            topic = self.image_fn().topic_by_name(name)
+            if topic is None:
+                raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {name} does not exist")
+            if count <= len(topic.partitions):
+                raise ControllerError(ErrorCode.INVALID_PARTITIONS, "count must grow")
+            return
+        res = self.controller.call("create_partitions", {"name": name, "total_count": count})
+        deadline = time.monotonic() + METADATA_WAIT_S
+        while time.monotonic() < deadline:
+            topic = self.image_fn().topic_by_name(name)
+            if topic is not None and len(topic.partitions) >= count:
+                return
+            time.sleep(0.02)
+        return res
+
+    async def create_partitions(self, req, ctx):
+        v = ctx.api_version
+        R = CreatePartitionsResponse
+        out = []
+        for t in req.topics:
+            error, message = KafkaError.NONE, None
+            try:
+                await self._io(self._create_partitions, t.name, t.count, bool(req.validate_only))
+            except ControllerError as exc:
+                error, message = _kafka_error(exc), exc.message
+            out.append(R.CreatePartitionsTopicResult(name=t.name, error_code=error,
+                                                     error_message=message))
+        return R[v](throttle_time_ms=0, results=out)
+
+    async def describe_configs(self, req, ctx):
+        v = ctx.api_version
+        R = DescribeConfigsResponse
+        image = self.image_fn()
+        results = []
+        for res in req.resources:
+            error, configs = KafkaError.NONE, {}
+            if res.resource_type == 2:  # topic
+                topic = image.topic_by_name(res.resource_name)
+                if topic is None:
+                    error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    configs = {"cleanup.policy": "delete", "retention.ms": "604800000",
+                               "max.message.bytes": str(MAX_MESSAGE_BYTES),
+                               "min.insync.replicas": "1", **topic.configs}
+            elif res.resource_type == 4:  # broker
+                configs = {"broker.id": str(self.me.node_id), "broker.rack": self.me.az,
+                           "num.partitions": str(DEFAULT_PARTITIONS),
+                           "auto.create.topics.enable": "true"}
+            else:
+                error = KafkaError.INVALID_REQUEST
+            keys = res.configuration_keys
+            entries = [R.DescribeConfigsResult.DescribeConfigsResourceResult(
+                name=k, value=val, read_only=res.resource_type == 4, is_default=False,
+                config_source=1 if res.resource_type == 2 else 4, is_sensitive=False,
+                synonyms=[], config_type=0, documentation=None)
+                for k, val in sorted(configs.items()) if keys is None or k in keys]
+            results.append(R.DescribeConfigsResult(
+                error_code=error, error_message=None, resource_type=res.resource_type,
+                resource_name=res.resource_name, configs=entries))
+        return R[v](throttle_time_ms=0, results=results)
+
+    # ------------------------------------------------------------ coordinators, producers
+
+    async def find_coordinator(self, req, ctx):
+        v = ctx.api_version
+        R = FindCoordinatorResponse
+        image = self.image_fn()
+        keys = list(req.coordinator_keys) if v >= 4 else [req.key]
+        key_type = getattr(req, "key_type", 0)
+        found = []
+        for key in keys:
+            node = coordinator_for(key, image) if key_type == 0 else None
+            broker = image.brokers.get(node) if node is not None else None
+            if broker is None:
+                found.append((key, KafkaError.COORDINATOR_NOT_AVAILABLE, -1, "", -1))
+            else:
+                found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))
+        if v >= 4:
+            return R[v](throttle_time_ms=0, coordinators=[
+                R.Coordinator(key=k, node_id=n, host=h, port=p, error_code=e, error_message=None)
+                for k, e, n, h, p in found])
+        _, e, n, h, p = found[0]
+        return R[v](throttle_time_ms=0, error_code=e, error_message=None, node_id=n, host=h,
+                    port=p)
+
+    def _next_producer_id(self) -> int:
+        with self._pid_lock:
+            if self._pid_next >= self._pid_end:
+                res = self.controller.call("allocate_producer_ids", {
+                    "node_id": self.me.node_id, "node_epoch": self.node_epoch_fn(),
+                    "count": PRODUCER_ID_BLOCK})
+                self._pid_next = res["first_producer_id"]
+                self._pid_end = self._pid_next + res["count"]
+            pid = self._pid_next
+            self._pid_next += 1
+            return pid
+
+    async def init_producer_id(self, req, ctx):
+        v = ctx.api_version
+        if req.transactional_id is not None:
+            return InitProducerIdResponse[v](throttle_time_ms=0,
+                                             error_code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                             producer_id=-1, producer_epoch=-1)
+        try:
+            pid = await self._io(self._next_producer_id)
+        except ControllerError as exc:
+            log.warning("producer id allocation failed: %s", exc)
+            return InitProducerIdResponse[v](throttle_time_ms=0,
+                                             error_code=KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                             producer_id=-1, producer_epoch=-1)
+        return InitProducerIdResponse[v](throttle_time_ms=0, error_code=KafkaError.NONE,
+                                         producer_id=pid, producer_epoch=0)

@@ -1,0 +1,289 @@
+"""Real Kafka clients against `automqctl cluster up`: every acked message exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kafka") / "cluster"
+    up = automqctl("cluster", "up", "--format", "json", cluster_dir=d)
+    assert up.returncode == 0, up.stderr + up.stdout
+    status = json.loads(up.stdout)
+    try:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
+    finally:
+        automqctl("cluster", "down", cluster_dir=d)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
+    futures[name].result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=10)
+        t = md.topics.get(name)
+        if t and t.error is None and len(t.partitions) == partitions and \
+                all(p.leader >= 0 for p in t.partitions.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"topic {name} not ready")
+
+
+def produce_confluent(bootstrap: str, topic: str, count: int, **config) -> list[dict]:
+    """Produce `count` messages; return the acknowledged ones with their offsets."""
+    acked: list[dict] = []
+    errors: list = []
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **config})
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append(err)
+            return
+        acked.append({"partition": msg.partition(), "offset": msg.offset(), "key": msg.key(),
+                      "value": msg.value(), "headers": msg.headers(),
+                      "timestamp": msg.timestamp()[1]})
+
+    base_ts = int(time.time() * 1000) - 10_000
+    for i in range(count):
+        producer.produce(topic, key=b"key-%d" % (i % 17), value=b"value-%d-" % i + os.urandom(8),
+                         headers=[("h", b"%d" % i)], timestamp=base_ts + i, on_delivery=on_delivery)
+        if i % 500 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    assert remaining == 0 and not errors, (remaining, errors[:3])
+    return acked
+
+
+def consume_all(bootstrap: str, topic: str, group: str, expected: int,
+                timeout_s: float = 60) -> list:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    got = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            got.append(msg)
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def assert_exactly_once(acked: list[dict], consumed: list) -> None:
+    by_key = {(m["partition"], m["offset"]): m for m in acked}
+    seen = set()
+    per_partition = defaultdict(list)
+    for msg in consumed:
+        k = (msg.partition(), msg.offset())
+        assert k not in seen, f"duplicate {k}"
+        seen.add(k)
+        per_partition[msg.partition()].append(msg.offset())
+        a = by_key.get(k)
+        if a is None:
+            continue
+        assert (msg.key(), msg.value()) == (a["key"], a["value"]), k
+        assert msg.headers() == a["headers"], k
+        assert msg.timestamp()[1] == a["timestamp"], k
+    assert set(by_key) <= seen, f"missing {len(set(by_key) - seen)} acked messages"
+    for offsets in per_partition.values():
+        assert offsets == sorted(offsets)
+
+
+def test_confluent_default_and_idempotent_producers_with_compression(cluster):
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 6)
+    acked = produce_confluent(cluster["bootstrap"], topic, 2000, acks="all")
+    acked += produce_confluent(cluster["bootstrap"], topic, 2000, acks="all",
+                               **{"enable.idempotence": True, "compression.type": "lz4"})
+    acked += produce_confluent(cluster["bootstrap"], topic, 2000, acks="all",
+                               **{"enable.idempotence": True, "compression.type": "zstd"})
+    assert len(acked) == 6000
+    consumed = consume_all(cluster["bootstrap"], topic, f"g-{topic}", 6000)
+    assert len(consumed) == 6000
+    assert_exactly_once(acked, consumed)
+
+
+def test_consumer_group_of_three_rebalances_when_one_leaves(cluster):
+    topic = f"events-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 6)
+    acked = produce_confluent(cluster["bootstrap"], topic, 3000, acks="all")
+    group = f"g-{topic}"
+    conf = {"bootstrap.servers": cluster["bootstrap"], "group.id": group,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500}
+    consumers = [Consumer(conf) for _ in range(3)]
+    for c in consumers:
+        c.subscribe([topic])
+    got = []
+    assigned = defaultdict(set)
+    try:
+        deadline = time.monotonic() + 60
+        # phase 1: all three share the partitions
+        while time.monotonic() < deadline and len(got) < 1000:
+            for i, c in enumerate(consumers):
+                msg = c.poll(0.1)
+                if msg is not None and not msg.error():
+                    got.append(msg)
+                    assigned[i].add(msg.partition())
+        for c in consumers:
+            c.commit(asynchronous=False)
+        assert len([i for i in assigned if assigned[i]]) >= 2, "partitions were not shared"
+        leaving = consumers.pop()
+        leaving.close()
+        # phase 2: the remaining two take over the leaver's partitions from its commits
+        while time.monotonic() < deadline + 60 and len({(m.partition(), m.offset()) for m in got}) < 3000:
+            for c in consumers:
+                msg = c.poll(0.1)
+                if msg is not None and not msg.error():
+                    got.append(msg)
+        for c in consumers:
+            c.commit(asynchronous=False)
+    finally:
+        for c in consumers:
+            c.close()
+    unique = {}
+    for m in got:
+        unique.setdefault((m.partition(), m.offset()), m)
+    assert len(unique) == 3000
+    assert_exactly_once(acked, list(unique.values()))
+    # committed offsets of the group cover everything
+    admin_consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": group})
+    try:
+        committed = admin_consumer.committed([TopicPartition(topic, p) for p in range(6)], timeout=20)
+    finally:
+        admin_consumer.close()
+    ends = defaultdict(int)
+    for a in acked:
+        ends[a["partition"]] = max(ends[a["partition"]], a["offset"] + 1)
+    assert {tp.partition: tp.offset for tp in committed} == dict(ends)
+
+
+def test_kafka_python_idempotent_producer_and_group_consumer(cluster):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    topic = f"kp-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 3)
+    producer = KafkaProducer(bootstrap_servers=cluster["bootstrap"], acks="all")
+    futures = [producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, headers=[("i", b"%d" % i)])
+               for i in range(500)]
+    producer.flush(30)
+    acked = {}
+    for i, f in enumerate(futures):
+        md = f.get(timeout=30)
+        acked[(md.partition, md.offset)] = (b"k%d" % i, b"v%d" % i)
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=cluster["bootstrap"], group_id=f"g-{topic}",
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=20_000)
+    got = {}
+    for msg in consumer:
+        got[(msg.partition, msg.offset)] = (msg.key, msg.value)
+        if len(got) >= 500:
+            break
+    consumer.commit()
+    consumer.close()
+    assert got == acked
+
+
+def test_aiokafka_producer_and_consumer(cluster):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic = f"aio-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 2)
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=cluster["bootstrap"], acks="all",
+                                    enable_idempotence=True)
+        await producer.start()
+        acked = {}
+        try:
+            for i in range(300):
+                md = await producer.send_and_wait(topic, key=b"k%d" % i, value=b"v%d" % i)
+                acked[(md.partition, md.offset)] = (b"k%d" % i, b"v%d" % i)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=cluster["bootstrap"],
+                                    group_id=f"g-{topic}", auto_offset_reset="earliest")
+        await consumer.start()
+        got = {}
+        try:
+            async with asyncio.timeout(30):
+                async for msg in consumer:
+                    got[(msg.partition, msg.offset)] = (msg.key, msg.value)
+                    if len(got) >= 300:
+                        break
+        finally:
+            await consumer.stop()
+        return acked, got
+
+    acked, got = asyncio.run(run())
+    assert got == acked
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat (Debian kafkacat) not installed")
+def test_kcat_metadata_produce_consume(cluster):
+    topic = f"kcat-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 1)
+    meta = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-L", "-J"], capture_output=True,
+                          text=True, timeout=30)
+    assert meta.returncode == 0, meta.stderr
+    assert topic in [t["topic"] for t in json.loads(meta.stdout)["topics"]]
+    lines = "".join(f"line-{i}\n" for i in range(100))
+    prod = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-P", "-t", topic],
+                          input=lines, capture_output=True, text=True, timeout=30)
+    assert prod.returncode == 0, prod.stderr
+    cons = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-C", "-t", topic, "-o",
+                           "beginning", "-e", "-q"], capture_output=True, text=True, timeout=30)
+    assert cons.returncode == 0, cons.stderr
+    assert cons.stdout.splitlines() == [f"line-{i}" for i in range(100)]
+
+
+def test_everything_survives_cluster_down_and_up(cluster):
+    topic = f"durable-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 3)
+    acked = produce_confluent(cluster["bootstrap"], topic, 1500, acks="all")
+    group = f"g-{topic}"
+    first = consume_all(cluster["bootstrap"], topic, group, 700, timeout_s=30)
+    assert len(first) >= 700
+    down = automqctl("cluster", "down", cluster_dir=cluster["dir"])
+    assert down.returncode == 0, down.stderr
+    up = automqctl("cluster", "up", "--format", "json", cluster_dir=cluster["dir"])
+    assert up.returncode == 0, up.stderr
+    # every message is still there, from the beginning
+    everything = consume_all(cluster["bootstrap"], topic, f"fresh-{topic}", 1500)
+    assert_exactly_once(acked, everything)
+    assert len(everything) == 1500
+    # and the group resumes from its committed offsets: nothing twice, nothing missing
+    rest = consume_all(cluster["bootstrap"], topic, group, 1500 - len(first), timeout_s=30)
+    assert len(first) + len(rest) == 1500
+    assert_exactly_once(acked, first + rest)
