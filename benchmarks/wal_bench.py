@@ -82,7 +82,11 @@ def wal_run(path: Path, batch_bytes: int, total_bytes: int, record_bytes: int, a
         max_batch_bytes=max(1, math.ceil(batch_bytes / record_bytes)) * record_total,
         max_queue_bytes=max(4 * batch_bytes, 2 * window * appenders * record_total),
     )
-    capacity = per_thread * appenders * record_total + 2 * config.max_batch_bytes
+    # room for every record, the padding records that align batches (<= 4 KiB + 24 B per
+    # batch; batches of one record in the worst case) and slack; a multiple of 4 KiB
+    data_bytes = per_thread * appenders * record_total
+    capacity = data_bytes + per_thread * appenders * (config.align_bytes + 24) + 2 * config.max_batch_bytes
+    capacity = -(-capacity // 4096) * 4096
     wal = FileWAL.open(path, 1, 1, capacity_bytes=capacity, config=config)
     payload = os.urandom(record_bytes)
     latencies: list[list[float]] = [[] for _ in range(appenders)]

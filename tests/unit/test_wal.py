@@ -34,6 +34,7 @@ from dataplane.s3stream.wal.format import (
     WALState,
     decode_record_header,
     encode_record_header,
+    padding_bytes,
 )
 
 CAPACITY = 256 * 1024
@@ -85,22 +86,42 @@ def test_is_a_write_ahead_log_and_file_layout(wal_path: Path) -> None:
     assert not [p for p in wal_path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_append_then_recover_after_close(wal_path: Path) -> None:
+@pytest.mark.parametrize("align", [0, 4096])
+def test_append_then_recover_after_close(wal_path: Path, align: int) -> None:
     rng = random.Random(1)
     payloads = [rng.randbytes(rng.randint(0, 3000)) for _ in range(60)]
-    with open_wal(wal_path) as wal:
+    with open_wal(wal_path, align_bytes=align) as wal:
         results = [wal.append(p) for p in payloads]
         results = [f.result(timeout=10) for f in results]
-    expected_offset = 0
+        end = wal.end_offset
+    previous_end = 0
     for payload, result in zip(payloads, results):
-        assert result.offset == expected_offset
         assert result.size_bytes == RECORD_HEADER_SIZE_BYTES + len(payload)
-        expected_offset = result.next_offset
-    with open_wal(wal_path) as wal:
-        assert wal.end_offset == expected_offset
+        if align == 0:
+            assert result.offset == previous_end  # contiguous
+        else:  # contiguous within a batch, a padding record between batches
+            assert previous_end <= result.offset < previous_end + align + RECORD_HEADER_SIZE_BYTES
+        previous_end = result.next_offset
+    assert end == previous_end if align == 0 else end % align == 0
+    with open_wal(wal_path, align_bytes=align) as wal:
+        assert wal.end_offset == end
         assert recovered(wal) == [(r.offset, p) for r, p in zip(results, payloads)]
         # appends continue after the recovered records
-        assert append_sync(wal, b"next").offset == expected_offset
+        assert append_sync(wal, b"next").offset == end
+
+
+def test_every_batch_ends_on_the_alignment_boundary(wal_path: Path) -> None:
+    with open_wal(wal_path, align_bytes=4096) as wal:
+        for size in (0, 1, 4072, 4073, 5000, 8192):
+            result = append_sync(wal, bytes(size))
+            assert wal.end_offset % 4096 == 0
+            assert wal.end_offset - result.next_offset in (0, *range(24, 4096 + 24))
+        recovered_sizes = [len(d) for _, d in recovered(wal)]
+    assert recovered_sizes == [0, 1, 4072, 4073, 5000, 8192]
+    with open(wal_path, "rb") as f:  # the padding after the first record is a padding record
+        f.seek(file_pos(24))
+        header = decode_record_header(f.read(24))
+    assert header is not None and header.is_padding and header.record_offset == 24
 
 
 def test_record_limits_and_closed(wal_path: Path) -> None:
@@ -248,8 +269,8 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
 
 
 # ---------------------------------------------------------------------------- torn tails
-def _write_records(path: Path, n: int, size: int = 200) -> list:
-    with open_wal(path) as wal:
+def _write_records(path: Path, n: int, size: int = 200, **overrides) -> list:
+    with open_wal(path, **overrides) as wal:
         return [f.result(timeout=10) for f in [wal.append(bytes([i]) * size) for i in range(n)]]
 
 
@@ -275,18 +296,21 @@ def test_torn_tail_is_dropped_and_overwritten(wal_path: Path, damage: str) -> No
         assert len(got) == 10
 
 
-def test_intact_records_after_a_torn_one_never_reappear(wal_path: Path) -> None:
+@pytest.mark.parametrize(("align", "size"), [(0, 200), (4096, 4096 - RECORD_HEADER_SIZE_BYTES)])
+def test_intact_records_after_a_torn_one_never_reappear(wal_path: Path, align: int, size: int) -> None:
     """Records after a corrupt one (same torn batch) must not come back behind new records."""
-    results = _write_records(wal_path, 10)
+    results = _write_records(wal_path, 10, size, align_bytes=align)
     torn = results[5]
     patch_file(wal_path, file_pos(torn.offset) + RECORD_HEADER_SIZE_BYTES + 1, b"\xee")
-    with open_wal(wal_path) as wal:
+    with open_wal(wal_path, align_bytes=align) as wal:
         assert len(recovered(wal)) == 5
-        # same size as the torn record: the next record would start exactly where record 6 was
-        assert append_sync(wal, b"n" * 200).next_offset == results[6].offset
-    with open_wal(wal_path) as wal:
+        # same size as the torn record (and aligned: no padding), so the chain now reaches
+        # exactly the offset of the intact, never-acknowledged record 6
+        assert append_sync(wal, b"n" * size).next_offset == results[6].offset
+        assert wal.end_offset == results[6].offset
+    with open_wal(wal_path, align_bytes=align) as wal:
         got = recovered(wal)
-        assert [d for _, d in got] == [bytes([i]) * 200 for i in range(5)] + [b"n" * 200]
+        assert [d for _, d in got] == [bytes([i]) * size for i in range(5)] + [b"n" * size]
 
 
 def test_stale_record_from_a_previous_lap_is_not_recovered(wal_path: Path) -> None:
@@ -346,7 +370,8 @@ def test_corrupt_state_slot_falls_back_to_older_trim(wal_path: Path) -> None:
 # ---------------------------------------------------------------------------- ring reuse
 def test_ring_wraps_after_trim(wal_path: Path) -> None:
     capacity = 64 * 1024
-    with open_wal(wal_path, capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024) as wal:
+    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=0)
+    with open_wal(wal_path, **kw) as wal:
         first = [append_sync(wal, bytes([i]) * 1100) for i in range(50)]  # ~56 KB
         wal.trim(first[40].offset)
         second = [append_sync(wal, bytes([100 + i]) * 1100) for i in range(30)]
@@ -355,20 +380,51 @@ def test_ring_wraps_after_trim(wal_path: Path) -> None:
         expected = [(r.offset, bytes([40 + i]) * 1100) for i, r in enumerate(first[40:])]
         expected += [(r.offset, bytes([100 + i]) * 1100) for i, r in enumerate(second)]
         assert recovered(wal) == expected
-    with open_wal(wal_path, capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024) as wal:
+    with open_wal(wal_path, **kw) as wal:
         assert recovered(wal) == expected
         assert wal.start_offset == first[40].offset
 
 
-def test_wal_full_then_trim_frees_space(wal_path: Path) -> None:
+def test_ring_wraps_with_padding(wal_path: Path) -> None:
     capacity = 64 * 1024
-    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024)
+    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096)
+    with open_wal(wal_path, **kw) as wal:
+        first = [append_sync(wal, bytes([i]) * 3000) for i in range(16)]  # one 4 KiB slot each
+        with pytest.raises(WALFullError):
+            wal.append(b"x")
+        wal.trim(first[10].offset)
+        second = [append_sync(wal, bytes([100 + i]) * 3000) for i in range(10)]
+        assert second[-1].offset > capacity
+        expected = [(r.offset, bytes([10 + i]) * 3000) for i, r in enumerate(first[10:])]
+        expected += [(r.offset, bytes([100 + i]) * 3000) for i, r in enumerate(second)]
+        assert recovered(wal) == expected
+    with open_wal(wal_path, **kw) as wal:
+        assert recovered(wal) == expected
+
+
+def test_padding_never_takes_space_of_admitted_appends(wal_path: Path) -> None:
+    kw = dict(capacity=64 * 1024, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096)
+    with open_wal(wal_path, **kw) as wal:
+        futures = []
+        with pytest.raises(WALFullError):
+            for _ in range(200):  # bounded: 64 KiB / 1 KiB
+                futures.append(wal.append(bytes(1000)))
+        assert len(futures) >= 60
+        for f in futures:  # every admitted append succeeds
+            f.result(timeout=10)
+        assert wal.used_bytes <= 64 * 1024
+
+
+@pytest.mark.parametrize(("align", "fits"), [(0, range(60, 70)), (4096, [16])])
+def test_wal_full_then_trim_frees_space(wal_path: Path, align: int, fits) -> None:
+    capacity = 64 * 1024
+    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=align)
     with open_wal(wal_path, **kw) as wal:
         results = []
         with pytest.raises(WALFullError, match="trim"):
             for i in range(1000):  # bounded: 64 KiB / 1 KiB records
                 results.append(append_sync(wal, bytes(1000)))
-        assert 60 <= len(results) < 70
+        assert len(results) in fits
         assert wal.used_bytes <= capacity
         wal.trim(results[10].offset)
         append_sync(wal, bytes(1000))
@@ -389,7 +445,9 @@ def test_capacity_reuse_many_laps(wal_path: Path) -> None:
             last = [f.result(timeout=10) for f in futures][-1]
             total += 10 * (3000 + RECORD_HEADER_SIZE_BYTES)
             assert [d[:6] for _, d in recovered(wal)][0].startswith(b"%d-0" % lap)
-            wal.trim(last.next_offset)
+            wal.trim(last.next_offset)  # a padding record may follow the last record
+            assert wal.used_bytes < 4096 + RECORD_HEADER_SIZE_BYTES
+            wal.trim(wal.end_offset)
             assert wal.used_bytes == 0
         assert total > 4 * capacity
         assert wal.end_offset > 4 * capacity
@@ -400,16 +458,25 @@ def test_trim_validation_and_persistence(wal_path: Path) -> None:
     with open_wal(wal_path) as wal:
         results = [append_sync(wal, b"x" * 100) for _ in range(5)]
         with pytest.raises(ValueError, match="durable end"):
-            wal.trim(results[-1].next_offset + 1)
+            wal.trim(wal.end_offset + 1)
         with pytest.raises(ValueError, match="record boundary"):
             wal.trim(results[2].offset + 7)
+        with pytest.raises(ValueError, match="record boundary"):  # inside a padding record
+            wal.trim(results[2].next_offset + 100)
         wal.trim(results[2].offset)
         wal.trim(results[1].offset)  # going back is a no-op
         assert wal.start_offset == results[2].offset
-        assert wal.used_bytes == results[-1].next_offset - results[2].offset
+        assert wal.used_bytes == wal.end_offset - results[2].offset
     with open_wal(wal_path) as wal:
         assert wal.start_offset == results[2].offset
-        assert len(recovered(wal)) == 3
+        assert [o for o, _ in recovered(wal)] == [r.offset for r in results[2:]]
+        wal.trim(results[-1].next_offset)  # the padding record's offset is a boundary too
+        assert wal.used_bytes == padding_bytes(results[-1].next_offset, 4096)
+    with open_wal(wal_path) as wal:
+        assert wal.start_offset == results[-1].next_offset
+        assert recovered(wal) == []
+        wal.trim(wal.end_offset)
+        assert wal.used_bytes == 0
 
 
 def test_random_operations_match_a_model(wal_path: Path) -> None:
@@ -462,8 +529,9 @@ def test_take_over_fences_the_owner(wal_path: Path) -> None:
             got = recovered(recovery)
             assert got[: len(acked)] == [(r.offset, b"a%d" % i) for i, r in enumerate(acked)]
             # the fenced batch was written (never acknowledged): it may be recovered, nothing else
-            assert got[len(acked):] in ([], [(acked[-1].next_offset, b"after takeover")])
-            assert recovery.end_offset == (got[-1][0] + RECORD_HEADER_SIZE_BYTES + len(got[-1][1]))
+            assert [d for _, d in got[len(acked):]] in ([], [b"after takeover"])
+            last_end = got[-1][0] + RECORD_HEADER_SIZE_BYTES + len(got[-1][1])
+            assert recovery.end_offset == last_end + padding_bytes(last_end, 4096)
             recovery.trim(acked[10].offset)
             with take_over(wal_path, 3, 3) as third:
                 assert third.start_offset == acked[10].offset
@@ -478,12 +546,13 @@ def test_first_batch_after_a_trim_checks_ownership_before_writing(wal_path: Path
     try:
         acked = [append_sync(owner, b"a%d" % i) for i in range(10)]
         owner.trim(acked[4].offset)
+        acked_end = owner.end_offset
         with take_over(wal_path, 2, 2) as recovery:
             with pytest.raises(WALFencedError):
                 owner.append(b"must not be written").result(timeout=10)
             # nothing was written: the chain ends at the last acknowledged record
             assert [d for _, d in recovered(recovery)] == [b"a%d" % i for i in range(4, 10)]
-            assert recovery.end_offset == acked[-1].next_offset
+            assert recovery.end_offset == acked_end
     finally:
         owner.close()
 

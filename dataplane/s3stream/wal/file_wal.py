@@ -54,11 +54,14 @@ from dataplane.s3stream.wal.base import (
 )
 from dataplane.s3stream.wal.format import (
     HEADER_AREA_BYTES,
+    MAX_ALIGN_BYTES,
     RECORD_HEADER_SIZE_BYTES,
     Reservation,
     WALState,
     decode_record_header,
+    encode_padding_record,
     encode_record_header,
+    padding_bytes,
 )
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
@@ -100,6 +103,11 @@ class FileWALConfig:
         queue_wait_timeout_s: longest an ``append`` blocks on a full queue.
         close_timeout_s: longest ``close`` waits for the writer to drain.
         scan_chunk_bytes: read size of the recovery scan.
+        align_bytes: each batch is followed by a padding record up to this
+            boundary (power of two; 0 or 1 = no padding) so every batch starts
+            on a fresh page: unaligned batches re-write the shared page at each
+            fdatasync (measured ~20% slower). Costs up to ``align_bytes + 23`` B
+            of ring space per batch.
     """
 
     max_record_bytes: int = 4 * 1024 * 1024
@@ -109,6 +117,7 @@ class FileWALConfig:
     queue_wait_timeout_s: float = 30.0
     close_timeout_s: float = 30.0
     scan_chunk_bytes: int = 1024 * 1024
+    align_bytes: int = 4096
 
     def validate(self, capacity_bytes: int) -> None:
         """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
@@ -128,16 +137,20 @@ class FileWALConfig:
             raise ValueError("timeouts must be positive")
         if self.scan_chunk_bytes < 4096:
             raise ValueError("scan_chunk_bytes must be >= 4096")
+        if self.align_bytes > 1 and (
+            self.align_bytes > MAX_ALIGN_BYTES or self.align_bytes & (self.align_bytes - 1)
+        ):
+            raise ValueError(f"align_bytes must be 0, 1 or a power of two <= {MAX_ALIGN_BYTES}")
 
 
 @dataclass(slots=True)
 class _Pending:
-    offset: int
     size_bytes: int  # header + body
-    header: bytes
     body: bytes
+    body_crc32c: int
     future: Future
     enqueued_at_s: float
+    offset: int = -1  # assigned by the writer when the record joins a batch
 
 
 @dataclass(slots=True)
@@ -186,7 +199,7 @@ class FileWAL(WriteAheadLog):
         self._trim_offset = trim_offset
         self._recovered_end = end_offset
         self._durable_end = end_offset
-        self._reserved_end = end_offset
+        self._next_offset = end_offset  # where the next batch starts (writer-assigned)
         self._state_seq = state_seq
         self._owned_raw: tuple[bytes, bytes] | None = None
         self._precheck_needed = True  # until the first successful check after open / a trim
@@ -299,7 +312,9 @@ class FileWAL(WriteAheadLog):
         )
         # Invalidate what a torn in-flight batch may have left after the chain.
         zero_bytes = min(
-            max(current.max_batch_bytes, config.max_batch_bytes),
+            max(current.max_batch_bytes, config.max_batch_bytes)
+            + MAX_ALIGN_BYTES
+            + RECORD_HEADER_SIZE_BYTES,  # the batch's padding record
             capacity - (end - state.trim_offset),
         )
         if zero_bytes > 0 and not created:  # a new file is all zeros already
@@ -327,7 +342,7 @@ class FileWAL(WriteAheadLog):
     @property
     def used_bytes(self) -> int:
         with self._lock:
-            return self._reserved_end - self._trim_offset
+            return self._next_offset + self._queued_bytes - self._trim_offset
 
     @property
     def start_offset(self) -> int:
@@ -401,18 +416,15 @@ class FileWAL(WriteAheadLog):
                         )
                     self._not_full.wait(remaining)
                     self._raise_if_unusable()
-            used = self._reserved_end - self._trim_offset
+            used = self._next_offset + self._queued_bytes - self._trim_offset
             if used + size > self._capacity_bytes:
                 raise WALFullError(
                     f"WAL full: {used} B of {self._capacity_bytes} B used, record needs {size} B; "
                     "trim after upload"
                 )
-            offset = self._reserved_end
-            self._reserved_end += size
             future: Future[AppendResult] = Future()
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
-            header = encode_record_header(body_len, offset + RECORD_HEADER_SIZE_BYTES, body_crc)
-            self._queue.append(_Pending(offset, size, header, body, future, now))
+            self._queue.append(_Pending(size, body, body_crc, future, now))
             self._queued_bytes += size
             self._not_empty.notify()
         return future
@@ -511,6 +523,7 @@ class FileWAL(WriteAheadLog):
         while True:
             trim: _TrimRequest | None = None
             batch: list[_Pending] = []
+            padding = 0
             with self._lock:
                 while not self._queue and not self._trims and self._status == _OPEN:
                     self._not_empty.wait()
@@ -522,11 +535,11 @@ class FileWAL(WriteAheadLog):
                     trim = self._trims.popleft()
                 else:
                     self._linger()
-                    batch = self._take_batch()
+                    batch, padding = self._take_batch()
             if trim is not None:
                 self._do_trim(trim)
             elif batch:
-                self._commit(batch)
+                self._commit(batch, padding)
 
     def _linger(self) -> None:
         """Caller holds the lock; wait up to linger_s for a fuller batch."""
@@ -540,21 +553,34 @@ class FileWAL(WriteAheadLog):
                 return
             self._not_empty.wait(remaining)
 
-    def _take_batch(self) -> list[_Pending]:
-        """Caller holds the lock; pop up to max_batch_bytes of appends (at least one)."""
+    def _take_batch(self) -> tuple[list[_Pending], int]:
+        """Caller holds the lock; pop up to max_batch_bytes of appends (at least one).
+
+        Assigns the records' offsets and decides the batch's padding record
+        (returned size, 0 for none): padding is added only when the space it takes
+        is not needed by appends already admitted to the queue.
+        """
         batch: list[_Pending] = []
-        total = 0
+        offset = self._next_offset
         limit = self._config.max_batch_bytes
         queue = self._queue
+        total = 0
         while queue:
             size = queue[0].size_bytes
             if batch and total + size > limit:
                 break
-            batch.append(queue.popleft())
+            pending = queue.popleft()
+            pending.offset = offset
+            offset += size
             total += size
+            batch.append(pending)
         self._queued_bytes -= total
+        padding = padding_bytes(offset, self._config.align_bytes)
+        if offset + padding + self._queued_bytes - self._trim_offset > self._capacity_bytes:
+            padding = 0
+        self._next_offset = offset + padding
         self._not_full.notify_all()
-        return batch
+        return batch, padding
 
     def _check_reservation(self) -> None:
         raw = self._reservation_view.raw()
@@ -569,14 +595,23 @@ class FileWAL(WriteAheadLog):
             )
         self._owned_raw = raw
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: list[_Pending], padding: int) -> None:
         start = batch[0].offset
         last = batch[-1]
-        size = last.offset + last.size_bytes - start  # offsets are contiguous
+        records_end = last.offset + last.size_bytes  # offsets are contiguous
+        size = records_end - start + padding
         parts: list[bytes] = []
         for pending in batch:
-            parts.append(pending.header)
+            parts.append(
+                encode_record_header(
+                    pending.size_bytes - RECORD_HEADER_SIZE_BYTES,
+                    pending.offset + RECORD_HEADER_SIZE_BYTES,
+                    pending.body_crc32c,
+                )
+            )
             parts.append(pending.body)
+        if padding:
+            parts.append(encode_padding_record(records_end, padding))
         try:
             if self._precheck_needed:
                 # A fenced owner must not write into space freed by a trim the recoverer
@@ -804,9 +839,10 @@ def _create_file(
     path: Path, capacity_bytes: int, node_id: int, node_epoch: int, max_batch_bytes: int
 ) -> None:
     """Create a preallocated WAL file atomically (temp file, fsync, link into place)."""
-    if not MIN_CAPACITY_BYTES <= capacity_bytes <= MAX_CAPACITY_BYTES:
+    if not MIN_CAPACITY_BYTES <= capacity_bytes <= MAX_CAPACITY_BYTES or capacity_bytes % 4096:
         raise ValueError(
-            f"capacity_bytes={capacity_bytes} must be within {MIN_CAPACITY_BYTES}..{MAX_CAPACITY_BYTES}"
+            f"capacity_bytes={capacity_bytes} must be a multiple of 4096 within "
+            f"{MIN_CAPACITY_BYTES}..{MAX_CAPACITY_BYTES}"
         )
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)

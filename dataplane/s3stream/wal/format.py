@@ -19,7 +19,9 @@ reservation with a stale copy of its own.
 
 A record in the data ring is a 24-byte header followed by the body; the
 record's logical offset L maps to ring position ``L % capacity`` and a record
-may wrap around the ring end.
+may wrap around the ring end. A *padding record* (magic "AWLP", zero body,
+body not checked) ends a group-commit batch on an alignment boundary (4 KiB by
+default) so that every batch starts on a fresh page.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ __all__ = [
     "Reservation",
     "WALState",
     "decode_record_header",
+    "encode_padding_record",
     "encode_record_header",
+    "padding_bytes",
     "latest",
 ]
 
@@ -55,6 +59,8 @@ HEADER_AREA_BYTES = 4 * SLOT_PAGE_BYTES
 DATA_START_BYTES = HEADER_AREA_BYTES
 
 RECORD_MAGIC = 0x41574C52  # "AWLR"
+PADDING_MAGIC = 0x41574C50  # "AWLP": fills a batch up to the alignment; carries no data
+MAX_ALIGN_BYTES = 64 * 1024
 RESERVATION_MAGIC = 0x41575253  # "AWRS"
 STATE_MAGIC = 0x41575354  # "AWST"
 
@@ -78,11 +84,12 @@ assert RECORD_HEADER_SIZE_BYTES == 24 and RESERVATION_SIZE_BYTES == 48 and STATE
 
 @dataclass(frozen=True, slots=True)
 class RecordHeader:
-    """Decoded 24-byte record header."""
+    """Decoded 24-byte record header (``is_padding``: a padding record, no data)."""
 
     body_length: int
     body_offset: int
     body_crc32c: int
+    is_padding: bool = False
 
     @property
     def record_offset(self) -> int:
@@ -103,11 +110,38 @@ def decode_record_header(buf: bytes | bytearray | memoryview) -> RecordHeader | 
     if len(buf) < RECORD_HEADER_SIZE_BYTES:
         return None
     magic, body_length, body_offset, body_crc, header_crc = _RECORD_HEADER.unpack_from(buf)
-    if magic != RECORD_MAGIC:
+    if magic != RECORD_MAGIC and magic != PADDING_MAGIC:
         return None
     if _crc32c.crc32c(bytes(buf[:_RECORD_HEADER_CRC_SPAN])) != header_crc:
         return None
-    return RecordHeader(body_length, body_offset, body_crc)
+    return RecordHeader(body_length, body_offset, body_crc, magic == PADDING_MAGIC)
+
+
+def padding_bytes(end_offset: int, align_bytes: int) -> int:
+    """Size of the padding record that moves ``end_offset`` to an ``align_bytes`` boundary.
+
+    0 when already aligned or alignment is off (``align_bytes`` <= 1); otherwise at
+    least a header (24 B), so it is in ``[24, align_bytes + 24)``.
+    """
+    if align_bytes <= 1:
+        return 0
+    pad = -end_offset % align_bytes
+    if 0 < pad < RECORD_HEADER_SIZE_BYTES:
+        pad += align_bytes
+    return pad
+
+
+def encode_padding_record(offset: int, size_bytes: int) -> bytes:
+    """A padding record of ``size_bytes`` (>= 24) at logical ``offset``: header + zeros.
+
+    Its body CRC field is 0 and its body is not verified: it holds no data.
+    """
+    if size_bytes < RECORD_HEADER_SIZE_BYTES:
+        raise ValueError(f"padding of {size_bytes} B is smaller than a header")
+    body_length = size_bytes - RECORD_HEADER_SIZE_BYTES
+    head = _RECORD_HEADER.pack(PADDING_MAGIC, body_length, offset + RECORD_HEADER_SIZE_BYTES, 0, 0)
+    span = head[:_RECORD_HEADER_CRC_SPAN]
+    return span + _crc32c.crc32c(span).to_bytes(4, "big") + bytes(body_length)
 
 
 def _seal(packed: bytes) -> bytes:

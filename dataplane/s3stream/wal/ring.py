@@ -129,6 +129,7 @@ class Ring:
 class RecordScanner:
     """Iterates the valid record chain from ``start``; stops at the first invalid record.
 
+    Padding records are skipped (their bodies carry no data and are not read).
     A record is valid when its header has the magic and a matching header CRC,
     its body offset equals the expected logical offset (continuity; this also
     rejects stale records of an earlier lap around the ring), it fits in the
@@ -183,6 +184,10 @@ class RecordScanner:
             if end > limit:
                 self.stop_reason = f"record at {pos} of {header.body_length} B overruns the window"
                 break
+            if header.is_padding:
+                self.end_offset = end
+                pos = end
+                continue
             body = self._read(header.body_offset, header.body_length) if header.body_length else b""
             if _crc32c.crc32c(body) != header.body_crc32c:
                 self.stop_reason = f"body CRC mismatch in record at {pos}"
