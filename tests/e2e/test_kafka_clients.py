@@ -61,18 +61,21 @@ def produce_confluent(bootstrap: str, topic: str, count: int, **config) -> list[
     errors: list = []
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **config})
 
-    def on_delivery(err, msg):
+    def on_delivery(err, msg, headers):
         if err is not None:
             errors.append(err)
             return
+        # delivery reports do not carry headers: remember the ones we sent
         acked.append({"partition": msg.partition(), "offset": msg.offset(), "key": msg.key(),
-                      "value": msg.value(), "headers": msg.headers(),
+                      "value": msg.value(), "headers": headers,
                       "timestamp": msg.timestamp()[1]})
 
     base_ts = int(time.time() * 1000) - 10_000
     for i in range(count):
+        headers = [("h", b"%d" % i)]
         producer.produce(topic, key=b"key-%d" % (i % 17), value=b"value-%d-" % i + os.urandom(8),
-                         headers=[("h", b"%d" % i)], timestamp=base_ts + i, on_delivery=on_delivery)
+                         headers=headers, timestamp=base_ts + i,
+                         on_delivery=lambda err, msg, h=headers: on_delivery(err, msg, h))
         if i % 500 == 0:
             producer.poll(0)
     remaining = producer.flush(60)
