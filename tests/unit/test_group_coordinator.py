@@ -218,6 +218,42 @@ def test_initial_rebalance_delay_waits_for_more_members() -> None:
     run(scenario)
 
 
+def test_initial_delay_is_extended_while_members_keep_arriving() -> None:
+    async def scenario() -> None:
+        # delay 200 ms: joins at 0, 100 and 300 ms.  Without the extension the first
+        # generation would close at 200 ms with two members.
+        coord = make_coordinator(group_initial_rebalance_delay_ms=200)
+        first = asyncio.ensure_future(coord.join_group(params(client_id="a")))
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(coord.join_group(params(client_id="b")))
+        await asyncio.sleep(0.2)
+        third = await coord.join_group(params(client_id="c"))
+        results = [await first, await second, third]
+        assert [r.generation_id for r in results] == [1, 1, 1]
+        assert len(results[0].members) == 3
+        coord.close()
+
+    run(scenario)
+
+
+def test_rebalance_waits_for_members_told_member_id_required() -> None:
+    async def scenario() -> None:
+        coord = make_coordinator()
+        (a,) = await form_group(coord, 1)
+        pending = await coord.join_group(params(client_id="b", require_known_member_id=True))
+        assert pending.error_code == errors.MEMBER_ID_REQUIRED
+        rejoin_a = asyncio.ensure_future(coord.join_group(params(member_id=a.member_id)))
+        await asyncio.sleep(0.05)
+        assert not rejoin_a.done()  # b holds a member id and is expected back
+        b = await coord.join_group(params(member_id=pending.member_id, require_known_member_id=True))
+        a2 = await rejoin_a
+        assert a2.generation_id == b.generation_id == 2
+        assert [m.member_id for m in a2.members] == [a.member_id, pending.member_id]
+        coord.close()
+
+    run(scenario)
+
+
 def test_initial_delay_is_bounded_by_rebalance_timeout() -> None:
     async def scenario() -> None:
         # Members keep arriving every 40 ms; the delay (60 ms) would be extended forever

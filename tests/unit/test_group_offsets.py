@@ -82,6 +82,8 @@ def test_simple_commit_to_unknown_or_empty_group_is_allowed() -> None:
         await coord.leave_group("g", [(joined.member_id, None)])
         assert coord.group_state("g") is GroupState.EMPTY
         assert await offsets.commit_offsets("g", -1, "", None, one(11)) == {("t", 0): errors.NONE}
+        # Generation -1 wins over a stale member id while the group is Empty (as Kafka).
+        assert await offsets.commit_offsets("g", -1, joined.member_id, None, one(11)) == {("t", 0): errors.NONE}
         assert (await offsets.fetch_offsets("g", [("t", 0)]))[1][("t", 0)].offset == 11
         coord.close()
 
