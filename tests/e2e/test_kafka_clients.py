@@ -290,3 +290,21 @@ def test_everything_survives_cluster_down_and_up(cluster):
     rest = consume_all(cluster["bootstrap"], topic, group, 1500 - len(first), timeout_s=30)
     assert len(first) + len(rest) == 1500
     assert_exactly_once(acked, first + rest)
+
+
+def test_topic_cli_over_the_kafka_protocol(cluster):
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    res = automqctl("topic", "create", name, "-p", "4", cluster_dir=cluster["dir"])
+    assert res.returncode == 0, res.stderr
+    listed = json.loads(automqctl("topic", "list", "--format", "json", cluster_dir=cluster["dir"]).stdout)
+    assert {"name": name, "partitions": 4} in listed
+    described = json.loads(automqctl("topic", "describe", name, "--format", "json",
+                                     "--bootstrap-server", cluster["bootstrap"],
+                                     cluster_dir=cluster["dir"]).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2, 3]
+    assert {p["leader"] for p in described["partitions"]} <= {1, 2, 3}
+    again = automqctl("topic", "create", name, "-p", "4", cluster_dir=cluster["dir"])
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert automqctl("topic", "delete", name, cluster_dir=cluster["dir"]).returncode == 0
+    gone = automqctl("topic", "describe", name, cluster_dir=cluster["dir"])
+    assert gone.returncode == 1 and "does not exist" in gone.stderr
