@@ -359,7 +359,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
 # --------------------------------------------------------------------------- responses
 
 
-def _frame(correlation_id: int, header_version: int, body: bytes | bytearray) -> bytes:
+def _frame(correlation_id: int, header_version: int, body: bytes | bytearray | memoryview) -> bytes:
     """Size prefix + response header + body."""
     tagged = b"\x00" if header_version >= 1 else b""
     size = 4 + len(tagged) + len(body)
@@ -369,10 +369,16 @@ def _frame(correlation_id: int, header_version: int, body: bytes | bytearray) ->
 def encode_response(request: DecodedRequest, response_obj: Any) -> bytes:
     """Encode ``response_obj`` as the answer to ``request``: a size-prefixed frame.
 
-    The body is encoded at the request's version whatever version the object was built
-    with. Raises `ResponseEncodingError` if the object is not the matching kafka-python
-    response class or kafka-python cannot encode it (missing/ill-typed fields).
+    ``response_obj`` is the matching kafka-python response object, encoded at the request's
+    version whatever version it was built with; or bytes-like: a body already encoded at
+    the request's version (e.g. assembled around large record sets without a copy through
+    kafka-python), to which only the size prefix and the response header are added.
+    Raises `ResponseEncodingError` if the object is not the matching kafka-python response
+    class or kafka-python cannot encode it (missing/ill-typed fields).
     """
+    header_version = response_header_version(request.api_key, request.api_version)
+    if isinstance(response_obj, (bytes, bytearray, memoryview)):
+        return _frame(request.correlation_id, header_version, response_obj)
     expected = _RESPONSE_CLASSES.get(request.api_key)
     if expected is None or not isinstance(response_obj, expected):
         raise ResponseEncodingError(
@@ -380,14 +386,15 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes:
             f"{getattr(expected, '__name__', '?')}, got {type(response_obj).__name__}"
         )
     try:
-        body = response_obj.encode(version=request.api_version)
+        # Set the version without the API_VERSION setter: on an object that carries a
+        # ResponseHeader (e.g. one decoded from another broker) kafka-python's setter fails.
+        response_obj._version = request.api_version
+        body = response_obj.encode()
     except Exception as exc:  # noqa: BLE001 - kafka-python raises many types on bad objects
         raise ResponseEncodingError(
             f"cannot encode {type(response_obj).__name__} v{request.api_version}: {type(exc).__name__}: {exc}"
         ) from exc
-    return _frame(
-        request.correlation_id, response_header_version(request.api_key, request.api_version), body
-    )
+    return _frame(request.correlation_id, header_version, body)
 
 
 def encode_api_versions_error(

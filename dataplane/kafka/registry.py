@@ -6,7 +6,9 @@ Handlers are business logic written elsewhere; this module only routes. A handle
 
 where ``body`` is the decoded kafka-python request object (``ctx.api_version`` tells its
 version) and the return value is the kafka-python response object (any version: it is
-encoded at the request's version), or None for "no response" (Produce with acks=0).
+encoded at the request's version), or None for "no response" (Produce with acks=0), or
+bytes: a response body already encoded at the request's version (the server adds the size
+prefix and the response header).
 
 Ordering: the server *starts* handlers in request order on a connection (each handler runs
 synchronously up to its first ``await`` before the next one starts), and runs them
@@ -24,7 +26,7 @@ it lists every registered key with min/max = the intersection of the registered 
 what kafka-python can decode. An ApiVersions request of a version we do not serve gets the
 v0 body with UNSUPPORTED_VERSION and the full list (Kafka's behaviour, so clients retry
 with a lower version). A v3+ request whose client software name/version do not match
-Kafka's pattern gets INVALID_REQUEST, as in Kafka.
+Kafka's pattern gets INVALID_REQUEST (as a v0 body, see `_handle_api_versions`).
 
 Pure routing: no I/O, imports nothing from the rest of the project.
 """
@@ -247,10 +249,13 @@ class ApiRegistry:
         return cls(version=version, **fields)
 
     async def _handle_api_versions(self, body: Any, ctx: RequestContext) -> Any:
-        error = KafkaError.NONE
         if ctx.api_version >= 3:
             name = body.client_software_name or ""
             ver = body.client_software_version or ""
             if not (_SOFTWARE_RE.fullmatch(name) and _SOFTWARE_RE.fullmatch(ver)):
-                error = KafkaError.INVALID_REQUEST
-        return self.api_versions_response(ctx.api_version, error)
+                # Kafka answers at the request's version; we answer with a v0 body, which
+                # every client reads (kafka-python decodes any ApiVersions error as v0, the
+                # Java client falls back to v0 when the requested version does not parse).
+                error = self.api_versions_response(0, KafkaError.INVALID_REQUEST)
+                return bytes(error.encode(version=0))
+        return self.api_versions_response(ctx.api_version)
