@@ -285,3 +285,39 @@ def test_fetch_returns_last_accepted_commit(commits: list[tuple[str, str, int, i
         coord.close()
 
     run(scenario)
+
+
+def test_concurrent_commits_of_one_group_reach_the_store_one_at_a_time() -> None:
+    """A read-modify-write store (one document per group, slow write) loses no commit."""
+
+    class DocumentStore(InMemoryOffsetStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.active = 0
+            self.max_active = 0
+
+        async def commit(self, group_id: str, offsets: dict[Any, CommittedOffset]) -> None:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            document = dict(await self.fetch(group_id, None))  # read
+            await asyncio.sleep(0.005)  # the replicated write takes a while
+            document.update(offsets)  # modify
+            self._groups[group_id] = document  # write: the whole document replaces the old one
+            self.active -= 1
+
+    async def scenario() -> None:
+        coord = GroupCoordinator(GroupCoordinatorConfig(group_initial_rebalance_delay_ms=0))
+        store = DocumentStore()
+        offsets = OffsetManager(coord, store)
+        results = await asyncio.gather(
+            *(offsets.commit_offsets(g, -1, "", None, {("t", p): CommittedOffset(p)}) for g in ("a", "b") for p in range(8))
+        )
+        assert all(r == {tp: errors.NONE for tp in r} for r in results)
+        for group in ("a", "b"):
+            _err, stored = await offsets.fetch_offsets(group, None)
+            assert {tp: o.offset for tp, o in stored.items()} == {("t", p): p for p in range(8)}
+        assert store.max_active == 2  # one per group: groups still commit in parallel
+        assert len(offsets._locks) == 0  # no lock left behind
+        coord.close()
+
+    run(scenario)

@@ -14,7 +14,8 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -65,8 +66,10 @@ class OffsetStoreError(Exception):
 class OffsetStore(Protocol):
     """Durable committed offsets, keyed by group id then (topic, partition).
 
-    Implementations must make ``commit`` atomic per call (all partitions or none),
-    and may be called concurrently from one event loop.
+    Implementations must make ``commit`` atomic per call (all partitions or none).
+    :class:`OffsetManager` never runs two ``commit``/``delete_group`` calls of the
+    same group at once (so a read-modify-write of a per-group document is safe);
+    calls for different groups, and ``fetch``/``list_groups``, may run concurrently.
     """
 
     async def commit(self, group_id: str, offsets: dict[TopicPartition, CommittedOffset]) -> None:
@@ -137,6 +140,31 @@ def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _GroupLocks:
+    """One asyncio lock per group id, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, group_id: str) -> AsyncIterator[None]:
+        """Hold the group's lock for the duration of the ``async with`` block."""
+        lock, users = self._locks.get(group_id, (asyncio.Lock(), 0))
+        self._locks[group_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[group_id]
+            if users <= 1:
+                del self._locks[group_id]
+            else:
+                self._locks[group_id] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 class OffsetManager:
     """Kafka's OffsetCommit / OffsetFetch / DeleteGroups rules over a store and a coordinator.
 
@@ -160,6 +188,7 @@ class OffsetManager:
         self._store = store
         self._max_metadata = offset_metadata_max_bytes
         self._clock = wall_clock_ms
+        self._locks = _GroupLocks()
 
     @property
     def store(self) -> OffsetStore:
@@ -178,7 +207,8 @@ class OffsetManager:
 
         ``commit_timestamp_ms`` < 0 in an entry means "now"; ``metadata`` None is
         stored as "" (as Kafka does).  Partitions with oversized metadata are
-        rejected individually; the others are committed in one store call.
+        rejected individually; the others are committed in one store call.  Commits
+        of one group reach the store one at a time (see :class:`OffsetStore`).
         """
         error = self._coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
         if error != errors.NONE:
@@ -200,7 +230,8 @@ class OffsetManager:
             results[tp] = errors.NONE
         if accepted:
             try:
-                await self._store.commit(group_id, accepted)
+                async with self._locks.hold(group_id):
+                    await self._store.commit(group_id, accepted)
             except Exception as exc:  # noqa: BLE001 - mapped to a Kafka error, logged
                 code = store_error_code(exc)
                 log.warning("offset commit of group %r failed: %r -> error %d", group_id, exc, code)
@@ -249,9 +280,10 @@ class OffsetManager:
         if error != errors.NONE:
             return error
         try:
-            if not known and not await self.has_offsets(group_id):
-                return errors.GROUP_ID_NOT_FOUND
-            await self._store.delete_group(group_id)
+            async with self._locks.hold(group_id):
+                if not known and not await self.has_offsets(group_id):
+                    return errors.GROUP_ID_NOT_FOUND
+                await self._store.delete_group(group_id)
             return errors.NONE
         except Exception as exc:  # noqa: BLE001 - mapped to a Kafka error, logged
             code = store_error_code(exc)
