@@ -47,6 +47,7 @@ class BrokerSpec(BaseModel):
     node_id: int
     az: str
     kafka_port: int
+    metrics_port: int | None = None  # Prometheus /metrics of the broker
 
 
 class ClusterConfig(BaseModel):
@@ -75,6 +76,8 @@ class ClusterConfig(BaseModel):
             ports[f"controller-{c.node_id} api"] = c.api_port
         for b in self.brokers:
             ports[f"broker-{b.node_id} kafka"] = b.kafka_port
+            if b.metrics_port:
+                ports[f"broker-{b.node_id} metrics"] = b.metrics_port
         if self.embedded_s3:
             for name, port in self.embedded_s3["ports"].items():
                 ports[f"s3 {name}"] = port
@@ -154,7 +157,7 @@ class LocalCluster:
             raise ClusterError(f"{controllers} controllers cannot form a safe majority; use an odd count")
         if not azs:
             raise ClusterError("at least one AZ name is needed")
-        needed = controllers * 2 + brokers + (0 if bucket_uris else 10)
+        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 10)
         if base_port is not None:
             if not 1024 <= base_port <= 65535 - needed:
                 raise ClusterError(f"--base-port must be in 1024..{65535 - needed}")
@@ -165,9 +168,10 @@ class LocalCluster:
         ctrl = [ControllerAddress(node_id=i, host=host, raft_port=ports[2 * i],
                                   api_port=ports[2 * i + 1]) for i in range(controllers)]
         off = controllers * 2
-        brk = [BrokerSpec(node_id=i + 1, az=azs[i % len(azs)], kafka_port=ports[off + i])
+        brk = [BrokerSpec(node_id=i + 1, az=azs[i % len(azs)], kafka_port=ports[off + 2 * i],
+                          metrics_port=ports[off + 2 * i + 1])
                for i in range(brokers)]
-        off += brokers
+        off += brokers * 2
         embedded: dict | None = None
         if bucket_uris:
             buckets = _external_buckets(bucket_uris)
@@ -263,7 +267,8 @@ class LocalCluster:
         bcfg = BrokerConfig(node_id=node_id, az=spec.az, host=config.host,
                             kafka_port=spec.kafka_port, data_dir=bdir,
                             controllers=config.quorum_config().api_addresses(),
-                            bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets))
+                            bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
+                            metrics_port=spec.metrics_port or 0)
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
         return self._spawn(f"broker-{node_id}", [
             sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")])

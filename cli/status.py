@@ -59,6 +59,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "node_id": spec.node_id,
             "az": spec.az,
             "address": f"{config.host}:{spec.kafka_port}",
+            "metrics_address": f"{config.host}:{spec.metrics_port}" if spec.metrics_port else None,
             "registered": b is not None,
             "fenced": True if b is None else b["fenced"],
             "fence_reason": None if b is None else b["fence_reason"],

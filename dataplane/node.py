@@ -46,6 +46,7 @@ class BrokerConfig(BaseModel):
     upload_interval_s: float = Field(default=5.0, gt=0, le=3600)
     block_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
     max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024 * 1024)
+    metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
 
 
 class BrokerNode:
@@ -154,6 +155,11 @@ class BrokerNode:
                                        max_request_bytes=cfg.max_request_bytes)
         self.kafka.start()
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
+        if cfg.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(cfg.metrics_port, addr=cfg.host)
+            log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
 
     def stop(self) -> None:
         """Controlled shutdown: fence our own epoch so the controller need not wait for the

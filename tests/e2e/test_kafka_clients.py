@@ -308,3 +308,54 @@ def test_topic_cli_over_the_kafka_protocol(cluster):
     assert automqctl("topic", "delete", name, cluster_dir=cluster["dir"]).returncode == 0
     gone = automqctl("topic", "describe", name, cluster_dir=cluster["dir"])
     assert gone.returncode == 1 and "does not exist" in gone.stderr
+
+
+def _raw_produce(bootstrap: str, topic: str, records: bytes) -> int:
+    """Send one Produce v9 on a raw socket; the partition's error code."""
+    import socket
+    import struct
+
+    from kafka.protocol.producer import ProduceRequest
+    from dataplane.kafka.codec import decode_response, encode_request
+
+    leader_host, leader_port = bootstrap.split(",")[0].rsplit(":", 1)
+    req = ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
+        ProduceRequest.TopicProduceData(name=topic, partition_data=[
+            ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)])])
+    with socket.create_connection((leader_host, int(leader_port)), timeout=15) as sock:
+        sock.sendall(encode_request(req, correlation_id=7))
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        frame = sock.recv(size, socket.MSG_WAITALL)
+    _, resp = decode_response(frame, 0, 9)
+    return resp.responses[0].partition_responses[0].error_code
+
+
+def test_garbage_record_batches_are_refused_and_store_nothing(cluster):
+    from dataplane.kafka.record_batch import build_batch
+
+    topic = f"bad-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 1)
+    # make broker 1 (the first bootstrap address) the leader-agnostic target: find the leader
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    brokers = cluster["bootstrap"].split(",")
+    target = brokers[leader - 1]
+    good = build_batch(b"\x00" * 10, 1)
+    bad_crc = bytearray(good)
+    bad_crc[-1] ^= 0xFF
+    wrong_magic = bytearray(good)
+    wrong_magic[16] = 1
+    negative = build_batch(b"", 1, last_offset_delta=-5)
+    for records, expected in [(bytes(bad_crc), 2), (bytes(wrong_magic), 2), (negative, 87),
+                              (b"\x00\x01garbage", 2)]:
+        code = _raw_produce(target, topic, records)
+        assert code in (expected, 2, 87), (records[:20], code)
+        assert code != 0
+    consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": "x"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    assert (low, high) == (0, 0)  # nothing stored
+    # the broker keeps serving well-formed requests
+    assert _raw_produce(target, topic, good) == 0

@@ -1,0 +1,266 @@
+"""`automqctl perf`: a load generator in the style of automq-perf-test.
+
+Producers send fixed-size records at a target rate (each value starts with its send time);
+consumer groups read them. Every interval it prints produce throughput and latency
+(send -> ack) and end-to-end latency (send -> consumed) percentiles. With
+`--backlog-seconds N`, consumers start only after N seconds of producing, so the run also
+measures catch-up reads of that backlog while producing goes on, and how produce latency
+changes during catch-up. A JSON summary ends the run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.output import console, fail
+from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
+
+MAX_SAMPLES = 2_000_000
+
+
+@dataclass
+class _Window:
+    """Samples of one interval (and the whole run), bounded."""
+
+    produce_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+    produced_bytes: int = 0
+    consumed_bytes: int = 0
+    errors: int = 0
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+class PerfRun:
+    def __init__(self, bootstrap: str, topics: list[str], record_size: int, rate: float,
+                 producers: int, acks: str):
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.record_size = max(record_size, 16)
+        self.rate = rate
+        self.producers = producers
+        self.acks = acks
+        self.lock = threading.Lock()
+        self.window = _Window()
+        self.total = _Window()
+        self.phase_produce_ms: dict[str, list[float]] = {"before_catchup": [], "catchup": [],
+                                                         "after": []}
+        self.phase = "before_catchup"
+        self.stop = threading.Event()
+        self.consuming = threading.Event()
+
+    def _record(self, attr: str, value) -> None:
+        with self.lock:
+            for w in (self.window, self.total):
+                if isinstance(value, float):
+                    lst = getattr(w, attr)
+                    if len(lst) < MAX_SAMPLES:
+                        lst.append(value)
+                else:
+                    setattr(w, attr, getattr(w, attr) + value)
+
+    def produce_loop(self, index: int) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": self.acks,
+                             "linger.ms": 2, "enable.idempotence": self.acks == "all",
+                             "queue.buffering.max.kbytes": 262144})
+        pad = b"x" * (self.record_size - 8)
+        per_producer = self.rate / self.producers
+        sent = 0
+        start = time.monotonic()
+
+        def on_delivery(err, msg, t0):
+            if err is not None:
+                self._record("errors", 1)
+                return
+            ms = (time.monotonic() - t0) * 1000
+            self._record("produce_ms", ms)
+            self._record("produced_bytes", len(msg.value()))
+            with self.lock:
+                if len(self.phase_produce_ms[self.phase]) < MAX_SAMPLES:
+                    self.phase_produce_ms[self.phase].append(ms)
+
+        while not self.stop.is_set():
+            due = int((time.monotonic() - start) * per_producer) - sent
+            if due <= 0:
+                time.sleep(0.001)
+                producer.poll(0)
+                continue
+            for _ in range(min(due, 10_000)):
+                t0 = time.monotonic()
+                value = time.time_ns().to_bytes(8, "big") + pad
+                topic = self.topics[(sent + index) % len(self.topics)]
+                try:
+                    producer.produce(topic, value=value,
+                                     on_delivery=lambda e, m, t0=t0: on_delivery(e, m, t0))
+                except BufferError:
+                    producer.poll(0.05)
+                    break
+                sent += 1
+            producer.poll(0)
+        producer.flush(30)
+
+    def consume_loop(self, group: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.consuming.wait()
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
+                             "auto.offset.reset": "earliest", "enable.auto.commit": True,
+                             "fetch.max.bytes": 64 * 1024 * 1024})
+        consumer.subscribe(self.topics)
+        try:
+            while not self.stop.is_set():
+                for msg in consumer.consume(1000, 0.2):
+                    if msg.error():
+                        continue
+                    value = msg.value()
+                    sent_ns = int.from_bytes(value[:8], "big")
+                    self._record("e2e_ms", (time.time_ns() - sent_ns) / 1e6)
+                    self._record("consumed_bytes", len(value))
+        finally:
+            consumer.close()
+
+    def take_window(self) -> _Window:
+        with self.lock:
+            w, self.window = self.window, _Window()
+        return w
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def perf(
+    bootstrap_server: Optional[str] = typer.Option(None, "--bootstrap-server", "-b"),
+    dir: Path = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR"),
+    topics: int = typer.Option(1, min=1, max=1000, help="number of topics"),
+    partitions: int = typer.Option(4, min=1, max=10_000, help="partitions per topic"),
+    producers: int = typer.Option(1, min=1, max=64),
+    groups: int = typer.Option(1, min=0, max=64, help="consumer groups"),
+    consumers_per_group: int = typer.Option(1, min=1, max=64),
+    record_size: int = typer.Option(1024, min=16, max=8 * 1024 * 1024, help="bytes"),
+    send_rate: float = typer.Option(1000.0, min=1, help="records per second, all producers"),
+    duration_s: float = typer.Option(30.0, "--duration", min=1, max=86_400),
+    backlog_seconds: float = typer.Option(0.0, min=0, help="produce this long before consuming"),
+    interval_s: float = typer.Option(1.0, "--interval", min=0.1, max=60),
+    acks: str = typer.Option("all", help="0, 1 or all"),
+    topic_prefix: str = typer.Option("perf", help="topics are PREFIX-<run>-<n>"),
+    summary_file: Optional[Path] = typer.Option(None, help="also write the JSON summary here"),
+) -> None:
+    """Generate load and report throughput and latency percentiles."""
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+    except ImportError:
+        fail("automqctl perf needs confluent-kafka: pip install confluent-kafka")
+    if acks not in ("0", "1", "all"):
+        fail("--acks must be 0, 1 or all")
+    if bootstrap_server is None:
+        try:
+            bootstrap_server = LocalCluster(dir).load().bootstrap_servers()
+        except ClusterError as exc:
+            fail(f"{exc}; or pass --bootstrap-server")
+    run_id = uuid.uuid4().hex[:6]
+    names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
+    admin = AdminClient({"bootstrap.servers": bootstrap_server})
+    try:
+        for name, fut in admin.create_topics([NewTopic(n, partitions, 1) for n in names],
+                                             operation_timeout=60).items():
+            fut.result(60)
+    except Exception as exc:
+        fail(f"creating topics failed: {exc}")
+    run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks)
+    threads = [threading.Thread(target=run.produce_loop, args=(i,), daemon=True)
+               for i in range(producers)]
+    threads += [threading.Thread(target=run.consume_loop, args=(f"perf-{run_id}-g{g}",), daemon=True)
+                for g in range(groups) for _ in range(consumers_per_group)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    catchup_started = None
+    catchup_done = None
+    backlog_end_bytes = 0
+    intervals = []
+    console.print(f"topics {names} x {partitions} partitions, {producers} producers, "
+                  f"{groups} groups, {record_size} B records at {send_rate:.0f}/s")
+    console.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
+    try:
+        while time.monotonic() - start < duration_s + backlog_seconds:
+            time.sleep(interval_s)
+            elapsed = time.monotonic() - start
+            if not run.consuming.is_set() and elapsed >= backlog_seconds:
+                with run.lock:
+                    backlog_end_bytes = run.total.produced_bytes
+                    run.phase = "catchup" if backlog_seconds > 0 else "after"
+                catchup_started = time.monotonic()
+                run.consuming.set()
+            if catchup_started and catchup_done is None and backlog_seconds > 0:
+                with run.lock:
+                    if run.total.consumed_bytes >= backlog_end_bytes * groups:
+                        catchup_done = time.monotonic()
+                        run.phase = "after"
+            w = run.take_window()
+            row = {
+                "t_s": round(elapsed, 1),
+                "produce_mb_s": w.produced_bytes / interval_s / 1e6,
+                "produce_p50_ms": percentile(w.produce_ms, 50),
+                "produce_p99_ms": percentile(w.produce_ms, 99),
+                "produce_p999_ms": percentile(w.produce_ms, 99.9),
+                "consume_mb_s": w.consumed_bytes / interval_s / 1e6,
+                "e2e_p50_ms": percentile(w.e2e_ms, 50),
+                "e2e_p99_ms": percentile(w.e2e_ms, 99),
+                "e2e_p999_ms": percentile(w.e2e_ms, 99.9),
+                "errors": w.errors,
+            }
+            intervals.append(row)
+            console.print(f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
+                          f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
+                          f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
+                          f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
+                          f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else ""))
+    finally:
+        run.stop.set()
+        for t in threads:
+            t.join(60)
+    total = run.total
+    wall = time.monotonic() - start
+    summary = {
+        "topics": topics, "partitions_per_topic": partitions, "producers": producers,
+        "groups": groups, "record_size": record_size, "send_rate": send_rate, "acks": acks,
+        "duration_s": round(wall, 1),
+        "produced_mb": total.produced_bytes / 1e6,
+        "produce_mb_s": total.produced_bytes / wall / 1e6,
+        "produce_p50_ms": percentile(total.produce_ms, 50),
+        "produce_p99_ms": percentile(total.produce_ms, 99),
+        "produce_p999_ms": percentile(total.produce_ms, 99.9),
+        "e2e_p50_ms": percentile(total.e2e_ms, 50),
+        "e2e_p99_ms": percentile(total.e2e_ms, 99),
+        "e2e_p999_ms": percentile(total.e2e_ms, 99.9),
+        "errors": total.errors,
+    }
+    if backlog_seconds > 0:
+        summary["backlog_mb"] = backlog_end_bytes / 1e6
+        summary["catchup_s"] = round(catchup_done - catchup_started, 2) if catchup_done and catchup_started else None
+        summary["catchup_mb_s"] = (backlog_end_bytes / 1e6 / summary["catchup_s"]
+                                   if summary["catchup_s"] else None)
+        summary["produce_p99_before_catchup_ms"] = percentile(run.phase_produce_ms["before_catchup"], 99)
+        summary["produce_p99_during_catchup_ms"] = percentile(run.phase_produce_ms["catchup"], 99)
+    text = json.dumps(summary, indent=2)
+    console.print(text, markup=False, highlight=False)
+    if summary_file is not None:
+        summary_file.write_text(text)
+    if total.errors:
+        raise typer.Exit(1)
