@@ -200,10 +200,10 @@ class MalformedRequestError(KafkaProtocolError):
 
 
 class UnknownApiKeyError(KafkaProtocolError):
-    """The request's api key is not one kafka-python has a schema for."""
+    """The request's api key has no kafka-python schema, or this server does not serve it."""
 
-    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
-        super().__init__(f"unknown api key {api_key} (version {api_version}, correlation id {correlation_id})")
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, reason: str = "unknown") -> None:
+        super().__init__(f"{reason} api key {api_key} (version {api_version}, correlation id {correlation_id})")
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id

@@ -81,7 +81,8 @@ class RequestContext:
 
     ``extras`` is a free slot for the layers above (auth principal, metrics labels, ...).
     ``connection_id`` is unique per server connection; ``received_at`` is
-    ``time.monotonic()`` when the frame was read (for timeouts and throttling).
+    ``time.monotonic()`` when the frame was read (for timeouts and throttling);
+    ``request_size`` is the frame's size in bytes (for quotas and metrics).
     """
 
     api_key: int
@@ -91,6 +92,7 @@ class RequestContext:
     peer: tuple[str, int]
     connection_id: int = 0
     received_at: float = 0.0
+    request_size: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -186,7 +188,9 @@ class ApiRegistry:
         """
         reg = self._by_key.get(request.api_key)
         if reg is None:
-            raise UnknownApiKeyError(request.api_key, request.api_version, request.correlation_id)
+            raise UnknownApiKeyError(
+                request.api_key, request.api_version, request.correlation_id, reason=f"unserved ({request.api_name})"
+            )
         if not reg.serves(request.api_version):
             raise UnsupportedVersionError(
                 request.api_key, request.api_version, request.correlation_id, request.client_id

@@ -12,7 +12,8 @@ Per connection there are two tasks:
 What closes a connection (other connections are never affected):
 
 * immediately: EOF or socket error, a negative size, a size above ``max_request_bytes``,
-  no complete frame for ``idle_timeout_s`` while nothing is in flight;
+  no complete frame for ``idle_timeout_s`` while nothing is in flight, a response the
+  client does not read for ``idle_timeout_s``;
 * after the responses of the earlier requests are written (Kafka closes in order too):
   an undecodable frame, an unknown or unserved api key, an unsupported version (except
   ApiVersions, which gets Kafka's UNSUPPORTED_VERSION answer), a handler exception
@@ -90,6 +91,7 @@ class _Connection:
         self.name = f"conn {conn_id} {self.peer[0]}:{self.peer[1]}"
         self.closing = False
         self.inflight = 0  # slots queued and not yet fully written
+        self._discard_output = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
         self._budget = asyncio.Semaphore(server.max_inflight_per_connection)
         self._last_sequential: asyncio.Task[bytes | None] | None = None
@@ -123,11 +125,14 @@ class _Connection:
                 exc = self._writer_task.exception()
                 if exc is not None and not isinstance(exc, (ConnectionError, OSError)):
                     log.error("%s: writer failed", self.name, exc_info=exc)
-            self.writer.close()
+            if self._discard_output:
+                self.writer.transport.abort()  # do not wait to flush to a client that is not reading
+            else:
+                self.writer.close()
             try:
                 async with asyncio.timeout(1.0):
                     await self.writer.wait_closed()
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - closing anyway
+            except Exception:  # noqa: BLE001 - closing anyway (reset by peer, timeout)
                 pass
             log.debug("%s: closed", self.name)
 
@@ -236,6 +241,7 @@ class _Connection:
             peer=self.peer,
             connection_id=self.conn_id,
             received_at=received_at,
+            request_size=request.size,
         )
         previous = self._last_sequential if registration.sequential else None
         task = asyncio.get_running_loop().create_task(
@@ -287,7 +293,16 @@ class _Connection:
                 frame = slot.result()
                 if frame is not None:
                     self.writer.write(frame)
-                    await self.writer.drain()
+                    try:
+                        # A client that stops reading must not pin the connection forever.
+                        async with asyncio.timeout(self.server.idle_timeout_s):
+                            await self.writer.drain()
+                    except TimeoutError:
+                        log.info("%s: client not reading responses for %.1f s, closing", self.name,
+                                 self.server.idle_timeout_s)
+                        self.closing = True
+                        self._discard_output = True
+                        return
             finally:
                 self.inflight -= 1
                 self._budget.release()

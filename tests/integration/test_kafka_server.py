@@ -226,6 +226,31 @@ def test_api_versions_over_the_wire(server: KafkaServerThread, raw_clients: list
     assert client.metadata(78).cluster_id == CLUSTER_ID
 
 
+def test_request_context(raw_clients: list[Raw]) -> None:
+    seen: list[RequestContext] = []
+
+    async def record(body, ctx):
+        seen.append(ctx)
+        ctx.extras["mine"] = True  # a free slot, private to this request
+        return MetadataResponse(brokers=[], topics=[])
+
+    registry = ApiRegistry()
+    registry.register(MetadataRequest, 0, 13, record)
+    with running(registry) as srv:
+        first, second = connect(raw_clients, srv.port), connect(raw_clients, srv.port)
+        first.metadata(11, ["abc"], version=12)
+        second.metadata(12, [], version=1)
+        local_ports = [c.sock.getsockname()[1] for c in (first, second)]
+    a, b = seen
+    assert (a.api_key, a.api_version, a.correlation_id, a.client_id) == (3, 12, 11, "raw")
+    assert (b.api_version, b.correlation_id) == (1, 12)
+    assert [a.peer, b.peer] == [(HOST, p) for p in local_ports]
+    assert a.connection_id != b.connection_id
+    assert a.request_size == len(metadata_request(11, ["abc"], 12)) - 4
+    assert 0 < a.received_at <= b.received_at <= time.monotonic()
+    assert a.extras == {"mine": True} and a.extras is not b.extras
+
+
 # --------------------------------------------------------------------------- ordering
 
 
@@ -426,6 +451,23 @@ def test_idle_connections_are_closed_but_not_while_requests_are_in_flight(raw_cl
         idle.assert_closed(timeout=5)
         assert 0.3 < time.monotonic() - started < 4
         assert busy.response(3, 1)[0] == 1  # waited 1 s > idle timeout without being closed
+
+
+def test_client_that_does_not_read_is_closed(raw_clients: list[Raw], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+    big = bytes(MetadataResponse(brokers=[], topics=[]).encode(version=1)) + b"\x00" * (4 << 20)
+
+    async def large(body, ctx):
+        return big  # an encoded body (padded: the client never parses it)
+
+    registry = ApiRegistry()
+    registry.register(MetadataRequest, 0, 13, large)
+    with running(registry, idle_timeout_s=0.5) as srv:
+        client = connect(raw_clients, srv.port)
+        client.send(b"".join(metadata_request(i, []) for i in range(5)))  # 20 MiB > socket buffers
+        wait_until(lambda: any("not reading responses" in r.getMessage() for r in caplog.records))
+        client.assert_closed()
+        wait_until(lambda: srv.server.connection_count == 0)
 
 
 # --------------------------------------------------------------------------- lifecycle
