@@ -253,15 +253,19 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
     wal = open_wal(wal_path, max_queue_bytes=64 * 1024, queue_wait_timeout_s=0.3)
     monkeypatch.setattr(file_wal_module, "fsync_data", blocked_fsync)
     try:
-        first = wal.append(bytes(10_000))  # taken by the writer, stuck in fsync
+        first = wal.append(bytes(10_000))  # batch 1: written, its fsync is stuck
+        time.sleep(0.1)
+        second = [wal.append(bytes(10_000)) for _ in range(6)]  # batch 2: written, waits for fsync
         time.sleep(0.1)
         queued = [wal.append(bytes(10_000)) for _ in range(6)]  # 6 * 10 KiB fits 64 KiB
+        time.sleep(0.1)
+        assert not any(f.done() for f in [first, *second, *queued])
         started = time.monotonic()
         with pytest.raises(WALQueueTimeoutError):
             wal.append(bytes(10_000))
         assert time.monotonic() - started >= 0.25
         gate.set()
-        for f in [first, *queued]:
+        for f in [first, *second, *queued]:
             f.result(timeout=10)
     finally:
         gate.set()

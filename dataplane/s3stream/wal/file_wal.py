@@ -1,29 +1,31 @@
 """FileWAL: the write-ahead log on a local file / single-replica cloud disk (seed 001).
 
 * A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
-* Group commit: one writer thread takes queued appends (up to
-  ``max_batch_bytes``), writes them with one ``pwrite`` (two when the batch
-  wraps the ring end), calls ``fdatasync`` once, re-checks the reservation and
-  hands the batch to a completer thread that resolves the futures (in commit
-  order) while the writer already writes the next batch.
+* Group commit, as a three-thread pipeline: the *writer* takes queued appends
+  (up to ``max_batch_bytes``), assigns their offsets, adds a padding record up to
+  the next 4 KiB boundary and writes the batch with one ``pwritev``; the
+  *syncer* calls ``fdatasync`` once for it, re-checks the reservation and marks
+  it durable; the *completer* resolves the futures in order. The writer writes
+  batch N+1 while batch N is being synced (at most ``PIPELINE_DEPTH`` = 2
+  batches are unchecked). An append is acknowledged only after its fdatasync.
 * Software reservation (DESIGN.md "Crash failover"): the file names its owner
   ``(node_id, node_epoch)``. **After** every batch's fdatasync (and before the
   first write after opening or after a trim) the owner re-reads the reservation
   from disk; if it no longer names it, the batch fails with
-  :class:`WALFencedError` and the WAL stops. A
-  recoverer calls :func:`take_over`, which makes the new reservation durable
-  before it reads anything, so every append the old owner acknowledged was
-  durable before the takeover and is seen by the recovery.
+  :class:`WALFencedError` and the WAL stops. A recoverer calls :func:`take_over`,
+  which makes the new reservation durable before it reads anything, so every
+  append the old owner acknowledged was durable before the takeover and is
+  seen by the recovery.
 * Recovery on open scans from the trim offset and stops at the first torn or
   corrupt record; appends continue from there. Before accepting appends, the
-  range a torn in-flight batch could have reached is zeroed, so a stale but
-  intact record of that batch can never reappear behind newer records.
+  range that in-flight batches could have reached is zeroed, so a stale but
+  intact record of a torn batch can never reappear behind newer records.
 
 Limits of the reservation (documented in docs/formats.md): it fences
-acknowledgements, not writes. A fenced owner paused between its last passing
-check and its pwrite can still land one batch (at most its ``max_batch_bytes``)
-after its last record; it never acknowledges it. :func:`take_over` therefore
-returns a recovery-only handle that does not append.
+acknowledgements, not writes. A fenced owner can still land up to two batches
+(``PIPELINE_DEPTH`` x ``max_batch_bytes``) after its last record, which it never
+acknowledges. :func:`take_over` therefore returns a recovery-only handle that
+does not append.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ __all__ = ["FileWAL", "FileWALConfig", "FileWALRecovery", "WALQueueTimeoutError"
 log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BYTES = 64 * 1024
+PIPELINE_DEPTH = 2
+"""Batches written but not yet fsynced-and-checked at any time (write N+1 during fsync N)."""
 MAX_CAPACITY_BYTES = 1 << 40
 _U32_MAX = 2**32 - 1
 _I64_MAX = 2**63 - 1
@@ -154,6 +158,13 @@ class _Pending:
 
 
 @dataclass(slots=True)
+class _Written:
+    batch: list[_Pending]
+    start: int
+    size_bytes: int
+
+
+@dataclass(slots=True)
 class _TrimRequest:
     up_to_offset: int
     future: Future
@@ -210,19 +221,25 @@ class FileWAL(WriteAheadLog):
         self._batches = 0
         self._acked_records = 0
         self._acked_bytes = 0
-        # committed batches wait here for the completer thread, which resolves their
-        # futures while the writer already writes and fsyncs the next batch
+        # Pipeline: the writer thread writes batch N+1 while the syncer thread
+        # fdatasyncs and checks batch N; the completer thread resolves futures.
+        self._in_flight = 0  # batches taken by the writer and not yet checked by the syncer
+        self._sync_queue: deque[_Written] = deque()  # written, waiting for fdatasync
+        self._sync_cv = threading.Condition(self._lock)
+        self._writer_exited = False
         self._done_cv = threading.Condition(threading.Lock())
         self._completions: deque[list[_Pending]] = deque()
-        self._writer_exited = False
-        self._writer = threading.Thread(
-            target=self._run, name=f"file-wal-writer-{path.name}", daemon=True
-        )
-        self._completer = threading.Thread(
-            target=self._complete_loop, name=f"file-wal-acks-{path.name}", daemon=True
-        )
-        self._writer.start()
-        self._completer.start()
+        self._syncer_exited = False
+        self._threads = [
+            threading.Thread(target=target, name=f"file-wal-{role}-{path.name}", daemon=True)
+            for role, target in (
+                ("writer", self._run_writer),
+                ("syncer", self._run_syncer),
+                ("acks", self._complete_loop),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -312,9 +329,8 @@ class FileWAL(WriteAheadLog):
         )
         # Invalidate what a torn in-flight batch may have left after the chain.
         zero_bytes = min(
-            max(current.max_batch_bytes, config.max_batch_bytes)
-            + MAX_ALIGN_BYTES
-            + RECORD_HEADER_SIZE_BYTES,  # the batch's padding record
+            PIPELINE_DEPTH  # batches that may have been in flight, each with its padding
+            * (max(current.max_batch_bytes, config.max_batch_bytes) + MAX_ALIGN_BYTES + RECORD_HEADER_SIZE_BYTES),
             capacity - (end - state.trim_offset),
         )
         if zero_bytes > 0 and not created:  # a new file is all zeros already
@@ -476,9 +492,9 @@ class FileWAL(WriteAheadLog):
             self._not_empty.notify_all()
             self._not_full.notify_all()
         deadline = time.monotonic() + self._config.close_timeout_s
-        self._writer.join(self._config.close_timeout_s)
-        self._completer.join(max(0.0, deadline - time.monotonic()))
-        if self._writer.is_alive() or self._completer.is_alive():
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self._threads):
             raise WALError(f"writer of {self._path} did not stop within {self._config.close_timeout_s} s")
         self._reservation_view.close()
         os.close(self._fd)
@@ -493,7 +509,7 @@ class FileWAL(WriteAheadLog):
             raise WALError(f"WAL {self._path} failed: {self._failure}")
 
     # ------------------------------------------------------------------ writer thread
-    def _run(self) -> None:
+    def _run_writer(self) -> None:
         try:
             self._write_loop()
         except BaseException as exc:  # a bug: fail everything queued rather than hang callers
@@ -501,23 +517,9 @@ class FileWAL(WriteAheadLog):
             self._stop(_FAILED, f"writer crashed: {exc!r}", [])
             raise
         finally:
-            with self._done_cv:
+            with self._lock:
                 self._writer_exited = True
-                self._done_cv.notify_all()
-
-    def _complete_loop(self) -> None:
-        """Completer thread: resolve the futures of committed batches, in commit order."""
-        while True:
-            with self._done_cv:
-                while not self._completions and not self._writer_exited:
-                    self._done_cv.wait()
-                if not self._completions:
-                    return
-                batch = self._completions.popleft()
-            now = time.monotonic()
-            for pending in batch:
-                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
-                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
+                self._sync_cv.notify_all()
 
     def _write_loop(self) -> None:
         while True:
@@ -525,21 +527,24 @@ class FileWAL(WriteAheadLog):
             batch: list[_Pending] = []
             padding = 0
             with self._lock:
-                while not self._queue and not self._trims and self._status == _OPEN:
+                while True:
+                    if self._status in (_FENCED, _FAILED):
+                        return
+                    if self._trims or (self._queue and self._in_flight < PIPELINE_DEPTH):
+                        break
+                    if self._status != _OPEN and not self._queue:
+                        return  # closing and drained
                     self._not_empty.wait()
-                if self._status in (_FENCED, _FAILED):
-                    return
-                if not self._queue and not self._trims:
-                    return  # closing and drained
                 if self._trims:
                     trim = self._trims.popleft()
                 else:
                     self._linger()
                     batch, padding = self._take_batch()
+                    self._in_flight += 1
             if trim is not None:
                 self._do_trim(trim)
-            elif batch:
-                self._commit(batch, padding)
+            else:
+                self._write_batch(batch, padding)
 
     def _linger(self) -> None:
         """Caller holds the lock; wait up to linger_s for a fuller batch."""
@@ -595,7 +600,16 @@ class FileWAL(WriteAheadLog):
             )
         self._owned_raw = raw
 
-    def _commit(self, batch: list[_Pending], padding: int) -> None:
+    def _write_batch(self, batch: list[_Pending], padding: int) -> None:
+        """Writer thread: write one batch (no fsync) and hand it to the syncer.
+
+        At most PIPELINE_DEPTH (2) batches are unchecked at a time, so when this
+        write starts, the batch before the previous one has passed its post-fsync
+        ownership check; the write goes to space that was free at that check.
+        After a trim that argument does not hold (the trim freed space), so the
+        first batch after a trim (or after opening) checks ownership first: a
+        fenced owner must not write into space the recoverer may still read.
+        """
         start = batch[0].offset
         last = batch[-1]
         records_end = last.offset + last.size_bytes  # offsets are contiguous
@@ -614,18 +628,9 @@ class FileWAL(WriteAheadLog):
             parts.append(encode_padding_record(records_end, padding))
         try:
             if self._precheck_needed:
-                # A fenced owner must not write into space freed by a trim the recoverer
-                # may not have seen: check ownership after every trim. Otherwise the
-                # previous batch's post-fsync check already covers this write (the write
-                # goes to space that was free at that check).
                 self._check_reservation()
                 self._precheck_needed = False
             self._ring.write_batch(start, parts, size)
-            fsync_data(self._fd)
-            with self._lock:
-                self._fsyncs += 1
-            metrics.FSYNCS.inc()
-            self._check_reservation()  # ack only if we still own the WAL after the fsync
         except WALFencedError as exc:
             self._stop(_FENCED, str(exc), batch)
             return
@@ -633,15 +638,14 @@ class FileWAL(WriteAheadLog):
             self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
             return
         with self._lock:
-            self._durable_end = start + size
-            self._batches += 1
-            self._acked_records += len(batch)
-            self._acked_bytes += size
-        metrics.APPEND_BYTES.inc(size)
-        metrics.BATCH_BYTES.observe(size)
-        with self._done_cv:
-            self._completions.append(batch)
-            self._done_cv.notify()
+            if self._status in (_FENCED, _FAILED):  # stopped meanwhile: _stop saw no such batch
+                failed = True
+            else:
+                failed = False
+                self._sync_queue.append(_Written(batch, start, size))
+                self._sync_cv.notify()
+        if failed:
+            self._fail(batch, self._status, self._failure)
 
     def _do_trim(self, request: _TrimRequest) -> None:
         try:
@@ -672,27 +676,102 @@ class FileWAL(WriteAheadLog):
             self._not_full.notify_all()
         request.future.set_result(None)
 
+    # ------------------------------------------------------------------ syncer thread
+    def _run_syncer(self) -> None:
+        try:
+            self._sync_loop()
+        except BaseException as exc:  # a bug: fail everything queued rather than hang callers
+            log.exception("WAL %s syncer crashed", self._path)
+            self._stop(_FAILED, f"syncer crashed: {exc!r}", [])
+            raise
+        finally:
+            with self._done_cv:
+                self._syncer_exited = True
+                self._done_cv.notify_all()
+
+    def _sync_loop(self) -> None:
+        """Syncer thread: fdatasync each written batch, re-check ownership, then ack it."""
+        while True:
+            with self._lock:
+                while not self._sync_queue and not self._writer_exited:
+                    self._sync_cv.wait()
+                if not self._sync_queue:
+                    return  # the writer is gone and everything written was handled
+                written = self._sync_queue.popleft()
+            try:
+                fsync_data(self._fd)
+                with self._lock:
+                    self._fsyncs += 1
+                metrics.FSYNCS.inc()
+                self._check_reservation()  # ack only if we still own the WAL after the fsync
+            except WALFencedError as exc:
+                self._stop(_FENCED, str(exc), written.batch)
+                continue
+            except Exception as exc:  # OSError, or anything unexpected: state unknown, stop
+                self._stop(_FAILED, f"{type(exc).__name__}: {exc}", written.batch)
+                continue
+            with self._lock:
+                self._durable_end = written.start + written.size_bytes
+                self._batches += 1
+                self._acked_records += len(written.batch)
+                self._acked_bytes += written.size_bytes
+                self._in_flight -= 1
+                self._not_empty.notify()
+            metrics.APPEND_BYTES.inc(written.size_bytes)
+            metrics.BATCH_BYTES.observe(written.size_bytes)
+            with self._done_cv:
+                self._completions.append(written.batch)
+                self._done_cv.notify()
+
+    # ------------------------------------------------------------------ completer thread
+    def _complete_loop(self) -> None:
+        """Completer thread: resolve the futures of durable batches, in order."""
+        while True:
+            with self._done_cv:
+                while not self._completions and not self._syncer_exited:
+                    self._done_cv.wait()
+                if not self._completions:
+                    return
+                batch = self._completions.popleft()
+            now = time.monotonic()
+            for pending in batch:
+                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
+                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
+
+    # ------------------------------------------------------------------ failure
     def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
-        """Fail ``batch``, everything queued, and all later calls."""
+        """Fail ``batch``, everything written or queued, and all later calls."""
         with self._lock:
-            self._status = status
-            self._failure = reason
-            pending = batch + list(self._queue)
+            if self._status not in (_FENCED, _FAILED):
+                self._status = status
+                self._failure = reason
+            pending = list(batch)
+            for written in self._sync_queue:
+                pending.extend(written.batch)
+            pending.extend(self._queue)
             trims = list(self._trims)
+            self._sync_queue.clear()
             self._queue.clear()
             self._trims.clear()
             self._queued_bytes = 0
+            self._in_flight = 0
             self._not_full.notify_all()
             self._not_empty.notify_all()
+            self._sync_cv.notify_all()
         if status == _FENCED:
             log.warning("WAL %s fenced: %s; failing %d appends", self._path, reason, len(pending))
         else:
             log.error("WAL %s failed: %s; failing %d appends", self._path, reason, len(pending))
+        self._fail(pending, status, reason)
+        error = WALFencedError if status == _FENCED else WALError
+        for request in trims:
+            request.future.set_exception(error(reason))
+
+    @staticmethod
+    def _fail(pending: list[_Pending], status: str, reason: str) -> None:
         error = WALFencedError if status == _FENCED else WALError
         for item in pending:
             item.future.set_exception(error(reason))
-        for request in trims:
-            request.future.set_exception(error(reason))
 
 
 class FileWALRecovery:
