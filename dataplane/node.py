@@ -140,14 +140,33 @@ class BrokerNode:
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(cfg.node_id, self.storage)
-        self.metadata.on_records = self.partitions.on_metadata
         self.partitions.start()
         apis = KafkaApis(BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
                          lambda: self.metadata.image, self.metadata.wait_for_offset,
                          self.client, self.partitions, lambda: self.node_epoch or 0)
         image_fn = lambda: self.metadata.image  # noqa: E731
-        groups = GroupHandlers(GroupCoordinator(), KVOffsetStore(self.client, image_fn),
+        coordinator = GroupCoordinator()
+        offset_store = KVOffsetStore(self.client, image_fn)
+        groups = GroupHandlers(coordinator, offset_store,
                                lambda g: coordinator_for(g, image_fn()) == cfg.node_id)
+        live_brokers: list[tuple] = [()]
+
+        def on_metadata(image, records) -> None:
+            self.partitions.on_metadata(image, records)
+            live = tuple(sorted(b.node_id for b in image.brokers.values() if not b.fenced))
+            if live != live_brokers[0]:
+                # group coordinators moved: drop what we cached for groups we may have lost
+                # (and re-read the documents of groups we get back)
+                live_brokers[0] = live
+                offset_store.forget_all()
+                try:
+                    self.kafka.loop.call_soon_threadsafe(
+                        coordinator.unload_groups,
+                        lambda g: coordinator_for(g, image) != cfg.node_id)
+                except (AttributeError, RuntimeError):  # the server is not running
+                    pass
+
+        self.metadata.on_records = on_metadata
         registry = ApiRegistry()
         for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
             registry.register(request_class, lo, hi, handler)

@@ -65,11 +65,12 @@ class KVOffsetStore:
     async def fetch(self, group_id: str,
                     partitions: list[tuple[str, int]] | None) -> dict[tuple[str, int], CommittedOffset]:
         doc = self._doc(group_id)
+        wanted = None if partitions is None else set(partitions)
         out: dict[tuple[str, int], CommittedOffset] = {}
         for topic, parts in doc.items():
             for p, (offset, epoch, metadata, ts) in parts.items():
                 key = (topic, int(p))
-                if partitions is None or key in partitions:
+                if wanted is None or key in wanted:
                     out[key] = CommittedOffset(offset, epoch, metadata, ts)
         return out
 
@@ -83,6 +84,11 @@ class KVOffsetStore:
         with self._lock:
             names |= {g for g, d in self._docs.items() if d}
         return sorted(names)
+
+    def forget_all(self) -> None:
+        """Drop every cached document (coordinators moved)."""
+        with self._lock:
+            self._docs.clear()
 
     def forget(self, group_id: str) -> None:
         """Drop the cached document (this broker no longer coordinates the group)."""
