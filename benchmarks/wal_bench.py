@@ -15,7 +15,7 @@ size. The JSON summary goes to stdout (and to ``--json-out`` if given).
 
 Example::
 
-    python benchmarks/wal_bench.py --dir /var/tmp --batch-kib 64 256 1024 --total-mib 64 --reps 3
+    python benchmarks/wal_bench.py --dir . --batch-kib 64 256 1024 --total-mib 64 --reps 5
 """
 
 from __future__ import annotations
@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory on the disk under test (default: %(default)s)")
     parser.add_argument("--batch-kib", type=int, nargs="+", default=[64, 256, 1024],
                         help="batch sizes B in KiB")
-    parser.add_argument("--record-bytes", type=int, default=4096, help="WAL record body size")
-    parser.add_argument("--appenders", type=int, default=8, help="concurrent appender threads")
+    parser.add_argument("--record-bytes", type=int, default=16384,
+                        help="WAL record body size (default: Kafka's default batch.size)")
+    parser.add_argument("--appenders", type=int, default=4, help="concurrent appender threads")
     parser.add_argument("--total-mib", type=int, default=64, help="bytes written per run, MiB")
     parser.add_argument("--reps", type=int, default=3, help="repetitions K (medians reported)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON summary here")

@@ -312,7 +312,8 @@ class FileWAL(WriteAheadLog):
             )
         fsyncs = 0
         if not same_owner or current.max_batch_bytes < config.max_batch_bytes:
-            _write_reservation(fd, current, node_id, node_epoch, max(config.max_batch_bytes, current.max_batch_bytes))
+            max_batch = max(config.max_batch_bytes, current.max_batch_bytes)
+            _write_reservation(fd, current, node_id, node_epoch, max_batch)
             fsyncs += 1
         # The state is read only after our reservation is durable.
         state = read_state(fd)
@@ -329,8 +330,13 @@ class FileWAL(WriteAheadLog):
         )
         # Invalidate what a torn in-flight batch may have left after the chain.
         zero_bytes = min(
-            PIPELINE_DEPTH  # batches that may have been in flight, each with its padding
-            * (max(current.max_batch_bytes, config.max_batch_bytes) + MAX_ALIGN_BYTES + RECORD_HEADER_SIZE_BYTES),
+            # batches that may have been in flight, each with its padding record
+            PIPELINE_DEPTH
+            * (
+                max(current.max_batch_bytes, config.max_batch_bytes)
+                + MAX_ALIGN_BYTES
+                + RECORD_HEADER_SIZE_BYTES
+            ),
             capacity - (end - state.trim_offset),
         )
         if zero_bytes > 0 and not created:  # a new file is all zeros already
@@ -392,6 +398,12 @@ class FileWAL(WriteAheadLog):
         """Records acknowledged by this instance."""
         with self._lock:
             return self._acked_records
+
+    @property
+    def acked_bytes(self) -> int:
+        """Bytes (headers and padding included) of batches acknowledged by this instance."""
+        with self._lock:
+            return self._acked_bytes
 
     @property
     def fenced(self) -> bool:
