@@ -27,6 +27,15 @@ DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DI
                          help="cluster directory (also AUTOMQ_CLUSTER_DIR)")
 
 
+def _open(directory: Path) -> tuple[LocalCluster, ClusterConfig]:
+    """The cluster in `directory` and its config, or a clear error."""
+    cluster = LocalCluster(directory)
+    try:
+        return cluster, cluster.load()
+    except ClusterError as exc:
+        fail(str(exc))
+
+
 def _wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.3):
     deadline = time.monotonic() + timeout_s
     last = None
@@ -127,11 +136,7 @@ def status(
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
     """Raft leader, controllers, brokers, buckets; exit code 1 when unhealthy."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = _open(dir)
     status = collect_status(cluster, config)
     if format == OutputFormat.json:
         print_json(status)
@@ -147,11 +152,7 @@ def down(
     purge: bool = typer.Option(False, "--purge", help="also delete the cluster directory"),
 ) -> None:
     """Stop every process of the cluster (SIGTERM, then SIGKILL after a timeout)."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = _open(dir)
     stopped = cluster.stop_all(config)
     left = cluster.running_pids(config)
     if left:
@@ -169,11 +170,7 @@ def logs(
     lines: int = typer.Option(100, "--lines", "-n", min=1, max=1_000_000),
 ) -> None:
     """Show the last lines of one process's log."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = _open(dir)
     names = cluster.component_names(config)
     if node.isdigit():
         node = f"broker-{node}"
