@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import cluster, topic
+from cli import broker, cluster, topic
 from cli.doctor import doctor
 from cli.perf import perf
 
@@ -12,6 +12,7 @@ app = typer.Typer(help="Operate an S3-native, Kafka-compatible streaming cluster
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(topic.app, name="topic")
+app.add_typer(broker.app, name="broker")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(perf)
 app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(doctor)
 

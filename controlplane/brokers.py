@@ -71,7 +71,8 @@ def broker_heartbeat(image: MetadataImage, req: BrokerHeartbeatRequest, now_ms: 
     if broker.fenced and broker.fence_reason == REGISTERED_REASON:
         return ([r.UnfenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch)],
                 BrokerHeartbeatResponse(fenced=False, node_epoch=broker.node_epoch))
-    return [], BrokerHeartbeatResponse(fenced=broker.fenced, node_epoch=broker.node_epoch)
+    return [], BrokerHeartbeatResponse(fenced=broker.fenced, node_epoch=broker.node_epoch,
+                                       fence_reason=broker.fence_reason)
 
 
 def fence_broker(image: MetadataImage, req: FenceBrokerRequest, now_ms: int):

@@ -48,6 +48,7 @@ class BrokerHeartbeatRequest(_Request):
 class BrokerHeartbeatResponse(BaseModel):
     fenced: bool
     node_epoch: int
+    fence_reason: str = ""  # "registered" until the first heartbeat; anything else is final
 
 
 class FenceBrokerRequest(_Request):

@@ -107,7 +107,10 @@ class ControllerNode:
                     continue
                 epoch, seen = self._heartbeats.get(b.node_id, (b.node_epoch, self._leader_since))
                 if epoch != b.node_epoch:
-                    seen = self._leader_since
+                    # a new registration: its session starts now, not at the old epoch's
+                    # last heartbeat (it has not had a chance to heartbeat yet)
+                    self._heartbeats[b.node_id] = (b.node_epoch, now)
+                    continue
                 if now - max(seen, self._leader_since) > timeout_s:
                     expired.append((b.node_id, b.node_epoch))
         return expired

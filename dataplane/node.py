@@ -92,7 +92,8 @@ class BrokerNode:
                 return
             raise
         was_fenced, self.fenced = self.fenced, bool(result["fenced"])
-        if self.fenced and not was_fenced:
+        final = self.fenced and result.get("fence_reason", "registered") != "registered"
+        if final or (self.fenced and not was_fenced):
             # fenced for good (session expired while we were paused, or shutdown): our
             # writes of this epoch are refused from now on; come back with a new epoch
             log.warning("node %d epoch %d was fenced: registering again", self.config.node_id,

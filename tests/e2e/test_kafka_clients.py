@@ -359,3 +359,27 @@ def test_garbage_record_batches_are_refused_and_store_nothing(cluster):
     assert (low, high) == (0, 0)  # nothing stored
     # the broker keeps serving well-formed requests
     assert _raw_produce(target, topic, good) == 0
+
+
+def test_broker_kill_9_and_restart_loses_no_acked_message(cluster):
+    topic = f"crash-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 3)
+    acked = produce_confluent(cluster["bootstrap"], topic, 3000, acks="all",
+                              **{"enable.idempotence": True})
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    killed = automqctl("broker", "kill", str(leader), cluster_dir=cluster["dir"])
+    assert killed.returncode == 0, killed.stderr
+    listed = json.loads(automqctl("broker", "list", "--format", "json",
+                                  cluster_dir=cluster["dir"]).stdout)
+    assert next(b for b in listed if b["node_id"] == leader)["pid"] is None
+    started = automqctl("broker", "start", str(leader), cluster_dir=cluster["dir"])
+    assert started.returncode == 0, started.stderr + started.stdout
+    # the WAL was recovered: every acknowledged message is readable, once
+    consumed = consume_all(cluster["bootstrap"], topic, f"g-{topic}", 3000)
+    assert len(consumed) == 3000
+    assert_exactly_once(acked, consumed)
+    stopped = automqctl("broker", "stop", str(leader), cluster_dir=cluster["dir"])
+    assert stopped.returncode == 0
+    assert automqctl("broker", "start", str(leader), cluster_dir=cluster["dir"]).returncode == 0
+    assert automqctl("broker", "stop", "99", cluster_dir=cluster["dir"]).returncode == 1

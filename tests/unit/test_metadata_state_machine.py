@@ -335,3 +335,9 @@ def test_producer_id_blocks_never_overlap(sm):
     b = ok(sm.execute("allocate_producer_ids", {"node_id": 2, "node_epoch": 0, "count": 100}, NOW))
     assert (a["first_producer_id"], b["first_producer_id"]) == (0, 100)
     assert rejected_without_change(sm, "allocate_producer_ids", {"node_id": 1, "node_epoch": 3, "count": 1}) == "INVALID_REQUEST"
+
+
+def test_heartbeat_tells_a_finally_fenced_broker_why(sm):
+    ok(sm.execute("lifecycle_tick", {"expired_brokers": [[1, 0]]}, NOW))
+    res = ok(sm.execute("broker_heartbeat", {"node_id": 1, "node_epoch": 0}, NOW))
+    assert res["fenced"] and res["fence_reason"] == "session expired"

@@ -1,0 +1,105 @@
+"""`automqctl broker list|stop|kill|start NODE`: operate single brokers of a local cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cli.output import OutputFormat, console, fail, print_json
+from cli.processes import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError, LocalCluster
+from cli.status import collect_status
+
+app = typer.Typer(help="Operate single brokers of a local cluster.", no_args_is_help=True)
+
+DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
+                         help="cluster directory (also AUTOMQ_CLUSTER_DIR)")
+
+
+def _broker(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig, str]:
+    cluster = LocalCluster(directory)
+    try:
+        config = cluster.load()
+    except ClusterError as exc:
+        fail(str(exc))
+    if node not in [b.node_id for b in config.brokers]:
+        fail(f"no broker {node} in this cluster (brokers: "
+             f"{', '.join(str(b.node_id) for b in config.brokers)})")
+    return cluster, config, f"broker-{node}"
+
+
+@app.command("list")
+def list_(dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")) -> None:
+    """Brokers with AZ, address, node epoch, state and PID."""
+    cluster = LocalCluster(dir)
+    try:
+        config = cluster.load()
+    except ClusterError as exc:
+        fail(str(exc))
+    brokers = collect_status(cluster, config)["brokers"]
+    if format == OutputFormat.json:
+        print_json(brokers)
+        return
+    table = Table(title="brokers")
+    for col in ("node", "az", "address", "epoch", "state", "pid"):
+        table.add_column(col)
+    for b in brokers:
+        state = ("unregistered" if not b["registered"] else
+                 f"fenced ({b['fence_reason']})" if b["fenced"] else "active")
+        table.add_row(str(b["node_id"]), b["az"], b["address"], str(b["node_epoch"]), state,
+                      str(b["pid"] or "stopped"))
+    console.print(table)
+
+
+@app.command()
+def stop(node: int, dir: Path = DirOption) -> None:
+    """Graceful stop (SIGTERM): the broker uploads its WAL and fences its own epoch."""
+    cluster, _, name = _broker(dir, node)
+    if not cluster.stop(name):
+        fail(f"{name} is not running")
+    console.print(f"stopped {name}")
+
+
+@app.command()
+def kill(node: int, dir: Path = DirOption) -> None:
+    """A real kill -9 of the broker's process (a crash, for demonstrations and drills)."""
+    cluster, _, name = _broker(dir, node)
+    pid = cluster.running(name)
+    if pid is None:
+        fail(f"{name} is not running")
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(200):
+        if cluster.running(name) is None:
+            break
+        time.sleep(0.02)
+    cluster.pid_path(name).unlink(missing_ok=True)
+    console.print(f"killed {name} (pid {pid})")
+
+
+@app.command()
+def start(node: int, dir: Path = DirOption,
+          timeout_s: float = typer.Option(60.0, help="how long to wait until it is active")) -> None:
+    """Start a stopped broker and wait until it is registered and unfenced."""
+    cluster, config, name = _broker(dir, node)
+    if cluster.running(name) is not None:
+        fail(f"{name} is already running")
+    before = next(b for b in collect_status(cluster, config)["brokers"] if b["node_id"] == node)
+    old_epoch = before["node_epoch"] if before["registered"] else -1
+    cluster.start_broker(config, node)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cluster.running(name) is None:
+            fail(f"{name} exited during start-up; see `automqctl cluster logs {name}`")
+        b = next(b for b in collect_status(cluster, config)["brokers"] if b["node_id"] == node)
+        age = b["last_heartbeat_age_ms"]
+        # a new registration (the old epoch may still look active until its session ends)
+        if b["registered"] and b["node_epoch"] > old_epoch and not b["fenced"] \
+                and age is not None and age < 5000:
+            console.print(f"started {name} (node epoch {b['node_epoch']})")
+            return
+        time.sleep(0.3)
+    fail(f"{name} did not become active within {timeout_s:.0f}s")
