@@ -39,11 +39,16 @@ def test_follower_with_failing_ticks_is_rebuilt_and_converges(tmp_path):
             assert "result" in leader.submit("put_kv", {"key": f"k{i}", "value": "v"})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if follower.recoveries and follower.machine.next_offset == leader.machine.next_offset:
+            # converged = same log end and the same state (read after the rebuild finished)
+            if follower.recoveries and follower._syncobj is not broken and \
+                    follower.machine.next_offset == leader.machine.next_offset and \
+                    follower.machine.image.fingerprint() == leader.machine.image.fingerprint():
                 break
             time.sleep(0.1)
         assert follower.recoveries == 1
         assert follower._syncobj is not broken
+        assert follower.machine.next_offset == leader.machine.next_offset
+        assert follower.machine.image.kv == leader.machine.image.kv
         assert follower.machine.image.fingerprint() == leader.machine.image.fingerprint()
         assert list(tmp_path.glob(f"n{nodes.index(follower)}/raft.journal*.stuck-*"))
     finally:
