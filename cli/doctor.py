@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 
-import typer
 
 from cli.output import console, fail
 

@@ -13,7 +13,6 @@ Layout of a cluster directory:
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil

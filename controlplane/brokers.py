@@ -24,10 +24,13 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
     current = image.brokers.get(req.node_id)
     if current is not None and current.incarnation_id == req.incarnation_id:
         return [], RegisterBrokerResponse(node_id=req.node_id, node_epoch=current.node_epoch)
+    from controlplane.failover import registration_records  # (failover imports this module)
+
+    failover_recs = registration_records(image, req.node_id)
     wal = image.node_wals.get(req.node_id)
     last_epoch = max(current.node_epoch if current else -1, wal.node_epoch if wal else -1)
     epoch = last_epoch + 1
-    recs: list = [
+    recs: list = failover_recs + [
         r.RegisterBrokerRecord(node_id=req.node_id, node_epoch=epoch, az=req.az, host=req.host,
                                kafka_port=req.kafka_port, incarnation_id=req.incarnation_id,
                                registered_ms=now_ms),

@@ -29,6 +29,9 @@ class ErrorCode(str, Enum):
     INVALID_TOPIC_NAME = "INVALID_TOPIC_NAME"
     NOT_ENOUGH_BROKERS = "NOT_ENOUGH_BROKERS"
     REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
+    # another node is recovering this node's WAL; register again once it is done
+    WAL_FAILOVER_IN_PROGRESS = "WAL_FAILOVER_IN_PROGRESS"
+    NOT_FAILOVER_TARGET = "NOT_FAILOVER_TARGET"
 
 
 class ControllerError(Exception):

@@ -26,6 +26,12 @@ class BrokerState(BaseModel):
     fenced: bool = True
     registered_ms: int = 0
     fence_reason: str = ""
+    shutting_down: bool = False  # controlled shutdown: no new partitions
+
+    @property
+    def active(self) -> bool:
+        """Unfenced and not shutting down: may be given partitions."""
+        return not self.fenced and not self.shutting_down
 
 
 class NodeWALState(BaseModel):
@@ -163,6 +169,11 @@ class MetadataImage(BaseModel):
         if broker is not None and broker.node_epoch == rec.node_epoch:
             broker.fenced = False
             broker.fence_reason = ""
+
+    def _apply_broker_shutting_down(self, rec: r.BrokerShuttingDownRecord) -> None:
+        broker = self.brokers.get(rec.node_id)
+        if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker.shutting_down = True
 
     def _apply_unregister_broker(self, rec: r.UnregisterBrokerRecord) -> None:
         self.brokers.pop(rec.node_id, None)

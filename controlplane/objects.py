@@ -68,7 +68,8 @@ def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) 
         return False
     if req.object_id >= 0:
         sso = image.stream_set_objects.get(req.object_id)
-        if sso is None or sso.node_id != req.node_id or sso.order_id != req.order_id:
+        owner = req.failover_node_id if req.failover_node_id is not None else req.node_id
+        if sso is None or sso.node_id != owner or sso.order_id != req.order_id:
             return False
         ranges = [(rg.stream_id, rg.start_offset, rg.end_offset) for rg in sso.ranges]
         if ranges != [(rg.stream_id, rg.start_offset, rg.end_offset) for rg in req.stream_ranges]:
@@ -83,7 +84,16 @@ def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) 
 
 def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectRequest,
                              now_ms: int, settings: ControllerSettings):
-    require_active_broker(image, req.node_id, req.node_epoch)
+    # the node whose streams these ranges extend: the committer, or in WAL failover the
+    # failed node whose WAL the committer (its failover target) is uploading
+    owner_node_id = req.node_id
+    if req.failover_node_id is not None:
+        from controlplane.failover import require_failover_target  # (imports this layer)
+
+        require_failover_target(image, req.node_id, req.node_epoch, req.failover_node_id)
+        owner_node_id = req.failover_node_id
+    else:
+        require_active_broker(image, req.node_id, req.node_epoch)
     _require_bucket(settings, req.bucket_id)
     if _already_committed(image, req):
         return [], {"idempotent": True}
@@ -122,7 +132,7 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
                                           f" is past the committed end {stream.end_offset}")
             continue
         for _, _, epoch in spans:
-            require_stream_owner(stream, epoch, req.node_id)
+            require_stream_owner(stream, epoch, owner_node_id)
         expected = stream.end_offset
         for start, end, _ in spans:
             if start != expected:
@@ -144,7 +154,7 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
     if req.object_id >= 0:
         recs.append(_committed(metas[req.object_id], req.size_bytes, req.bucket_id, now_ms))
         recs.append(r.StreamSetObjectRecord(
-            object_id=req.object_id, node_id=req.node_id, order_id=req.order_id,
+            object_id=req.object_id, node_id=owner_node_id, order_id=req.order_id,
             ranges=tuple(r.StreamOffsetRange(stream_id=rg.stream_id, start_offset=rg.start_offset,
                                              end_offset=rg.end_offset)
                          for rg in req.stream_ranges),

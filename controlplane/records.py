@@ -50,13 +50,27 @@ class UnfenceBrokerRecord(_Record):
     node_epoch: int
 
 
+class BrokerShuttingDownRecord(_Record):
+    """Controlled shutdown began: the broker gets no new partitions while it hands its
+    current ones over, but may still upload and close its streams."""
+
+    type: Literal["broker_shutting_down"] = "broker_shutting_down"
+    node_id: int
+    node_epoch: int
+
+
 class UnregisterBrokerRecord(_Record):
     type: Literal["unregister_broker"] = "unregister_broker"
     node_id: int
 
 
 class NodeWALMetadataRecord(_Record):
-    """Where a node's WAL lives and whether another node is recovering it (failover mode)."""
+    """Where a node's WAL lives and whether another node is recovering it (failover mode).
+
+    In failover mode `failover_target_node_id` takes the WAL over with the reservation
+    (target node, `node_epoch`): `node_epoch` is then the failover epoch, greater than any
+    epoch the failed node wrote with, so the failed node can no longer acknowledge appends.
+    """
 
     type: Literal["node_wal"] = "node_wal"
     node_id: int
@@ -245,6 +259,7 @@ class NextIdsRecord(_Record):
 MetadataRecord = Annotated[
     Union[
         RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
+        BrokerShuttingDownRecord,
         NodeWALMetadataRecord, TopicRecord, PartitionRecord, RemoveTopicRecord,
         CreateStreamRecord, StreamEpochRecord, RangeRecord, TrimStreamRecord, DeleteStreamRecord,
         S3ObjectRecord, RemoveS3ObjectRecord, StreamSetObjectRecord, RemoveStreamSetObjectRecord,

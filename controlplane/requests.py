@@ -14,6 +14,7 @@ MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
 MAX_OBJECTS_PER_PREPARE = 1_000
 MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
+MAX_MOVES_PER_REASSIGNMENT = 10_000
 
 
 class _Request(BaseModel):
@@ -60,6 +61,24 @@ class FenceBrokerRequest(_Request):
     reason: str = Field(default="requested", max_length=256)
 
 
+class ControlledShutdownRequest(_Request):
+    """A broker is stopping: move its partitions to other brokers (same AZ first)."""
+
+    command: ClassVar[str] = "controlled_shutdown"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+
+
+class CompleteWALFailoverRequest(_Request):
+    """The failover target uploaded the failed node's WAL and closed its streams."""
+
+    command: ClassVar[str] = "complete_wal_failover"
+    node_id: int = Field(ge=0)          # the recovering node
+    node_epoch: int = Field(ge=0)
+    failed_node_id: int = Field(ge=0)
+    failover_epoch: int = Field(ge=0)   # the reservation epoch it recovered with
+
+
 # ---------------------------------------------------------------- topics
 
 class CreateTopicRequest(_Request):
@@ -86,6 +105,23 @@ class CreatePartitionsRequest(_Request):
     command: ClassVar[str] = "create_partitions"
     name: str = Field(min_length=1, max_length=249)
     total_count: int = Field(ge=1, le=MAX_PARTITIONS_PER_TOPIC)
+
+
+class PartitionMove(BaseModel):
+    """One partition of a reassignment plan and the broker that should lead it."""
+
+    model_config = ConfigDict(extra="forbid")
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    node_id: int = Field(ge=0)
+
+
+class ReassignPartitionsRequest(_Request):
+    """Move partitions to other brokers: no data is copied, the stream is closed by its
+    owner (after uploading its WAL data) and opened by the new leader with epoch + 1."""
+
+    command: ClassVar[str] = "reassign_partitions"
+    moves: list[PartitionMove] = Field(min_length=1, max_length=MAX_MOVES_PER_REASSIGNMENT)
 
 
 # ---------------------------------------------------------------- streams
@@ -122,6 +158,8 @@ class CloseStreamRequest(_Request):
     node_epoch: int = Field(ge=0)
     stream_id: int = Field(ge=0)
     stream_epoch: int = Field(ge=0)
+    # set by a failover target closing a stream the failed node owned
+    failover_node_id: int | None = Field(default=None, ge=0)
 
 
 class TrimStreamRequest(_Request):
@@ -195,6 +233,9 @@ class CommitStreamSetObjectRequest(_Request):
                                                    max_length=MAX_RANGES_PER_COMMIT)
     compacted_object_ids: list[int] = Field(default_factory=list,
                                             max_length=MAX_RANGES_PER_COMMIT)
+    # set by a failover target uploading the failed node's WAL: the streams are owned by
+    # that node, and node_id must be the target of its WAL failover
+    failover_node_id: int | None = Field(default=None, ge=0)
 
 
 class CommitStreamObjectRequest(_Request):
@@ -257,7 +298,9 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     cls.command: cls
     for cls in (
         RegisterBrokerRequest, BrokerHeartbeatRequest, FenceBrokerRequest,
+        ControlledShutdownRequest, CompleteWALFailoverRequest,
         CreateTopicRequest, DeleteTopicRequest, CreatePartitionsRequest,
+        ReassignPartitionsRequest,
         CreateStreamRequest, OpenStreamRequest, CloseStreamRequest, TrimStreamRequest,
         DeleteStreamRequest, PrepareObjectsRequest, CommitStreamSetObjectRequest,
         CommitStreamObjectRequest, DeletedObjectsRequest, SetActiveBucketRequest,

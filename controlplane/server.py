@@ -23,6 +23,7 @@ from typing import Callable
 from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.failover import plan_failovers
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
@@ -140,7 +141,7 @@ class ControllerNode:
         image = self.quorum.machine.image
         now_ms = int(time.time() * 1000)
         expired = self._expired_sessions()
-        if expired or expire_prepared_objects(image, now_ms):
+        if expired or expire_prepared_objects(image, now_ms) or plan_failovers(image):
             result = self.quorum.submit("lifecycle_tick", {"expired_brokers": expired},
                                         now_ms=now_ms)
             if expired:

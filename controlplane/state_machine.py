@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from controlplane import brokers, objects, records as r, streams, topics
+from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -29,6 +29,8 @@ from controlplane.settings import ControllerSettings
 
 def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int):
     recs = brokers.fence_expired_brokers(image, req.expired_brokers)
+    newly_fenced = {rec.node_id for rec in recs}
+    recs += failover.plan_failovers(image, newly_fenced)
     recs += objects.expire_prepared_objects(image, now_ms)
     return recs, {"records": len(recs)}
 
@@ -44,6 +46,14 @@ def _set_active_bucket(image: MetadataImage, req: SetActiveBucketRequest, now_ms
     return ([r.BucketFailoverRecord(active_bucket_id=req.bucket_id, reason=req.reason,
                                     changed_ms=now_ms)],
             {"active_bucket_id": req.bucket_id})
+
+
+def _fence_broker(image: MetadataImage, req, now_ms: int):
+    """Fencing a broker that still owns open streams starts their WAL failover at once."""
+    recs, response = brokers.fence_broker(image, req, now_ms)
+    if recs:
+        recs += failover.plan_failovers(image, {req.node_id})
+    return recs, response
 
 
 def _allocate_producer_ids(image: MetadataImage, req: AllocateProducerIdsRequest, now_ms: int):
@@ -64,7 +74,10 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     # command -> (handler, needs settings)
     "register_broker": (brokers.register_broker, False),
     "broker_heartbeat": (brokers.broker_heartbeat, False),
-    "fence_broker": (brokers.fence_broker, False),
+    "fence_broker": (_fence_broker, False),
+    "controlled_shutdown": (reassignment.controlled_shutdown, False),
+    "complete_wal_failover": (failover.complete_wal_failover, False),
+    "reassign_partitions": (reassignment.reassign_partitions, False),
     "create_topic": (topics.create_topic, False),
     "delete_topic": (topics.delete_topic, False),
     "create_partitions": (topics.create_partitions, False),

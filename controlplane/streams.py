@@ -85,12 +85,19 @@ def open_stream(image: MetadataImage, req: OpenStreamRequest, now_ms: int):
 
 
 def close_stream(image: MetadataImage, req: CloseStreamRequest, now_ms: int):
-    require_active_broker(image, req.node_id, req.node_epoch)
+    owner = req.node_id
+    if req.failover_node_id is not None:
+        from controlplane.failover import require_failover_target  # (imports this layer)
+
+        require_failover_target(image, req.node_id, req.node_epoch, req.failover_node_id)
+        owner = req.failover_node_id
+    else:
+        require_active_broker(image, req.node_id, req.node_epoch)
     stream = get_stream(image, req.stream_id)
     if (stream.state == StreamState.CLOSED and stream.epoch == req.stream_epoch
-            and stream.node_id == req.node_id):
+            and stream.node_id == owner):
         return [], {}
-    require_stream_owner(stream, req.stream_epoch, req.node_id)
+    require_stream_owner(stream, req.stream_epoch, owner)
     return [r.StreamEpochRecord(stream_id=stream.stream_id, epoch=stream.epoch,
                                 state=StreamState.CLOSED, node_id=stream.node_id)], {}
 

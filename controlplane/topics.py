@@ -28,7 +28,7 @@ def validate_topic_name(name: str) -> None:
 
 def _leader_choices(image: MetadataImage, count: int) -> list[int]:
     """Leaders for `count` new partitions: unfenced brokers with the fewest leaderships first."""
-    live = sorted(b.node_id for b in image.brokers.values() if not b.fenced)
+    live = sorted(b.node_id for b in image.brokers.values() if b.active)
     if not live:
         raise ControllerError(ErrorCode.NOT_ENOUGH_BROKERS, "no unfenced broker to lead partitions")
     load: Counter[int] = Counter({node: 0 for node in live})

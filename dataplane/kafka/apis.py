@@ -190,12 +190,10 @@ class KafkaApis:
                     controller_id=controller_id, topics=topics)
 
     def _auto_create(self, names: list[str]) -> None:
-        last = -1
         for name in names:
             try:
-                res = self.controller.call("create_topic", {"name": name,
-                                                            "partitions": DEFAULT_PARTITIONS})
-                last = max(last, int(res.get("offset", -1)) if isinstance(res, dict) else -1)
+                self.controller.call("create_topic", {"name": name,
+                                                      "partitions": DEFAULT_PARTITIONS})
             except ControllerError as exc:
                 if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                     log.info("auto-creating topic %r failed: %s", name, exc)
@@ -551,14 +549,13 @@ class KafkaApis:
             if count <= len(topic.partitions):
                 raise ControllerError(ErrorCode.INVALID_PARTITIONS, "count must grow")
             return
-        res = self.controller.call("create_partitions", {"name": name, "total_count": count})
+        self.controller.call("create_partitions", {"name": name, "total_count": count})
         deadline = time.monotonic() + METADATA_WAIT_S
         while time.monotonic() < deadline:
             topic = self.image_fn().topic_by_name(name)
             if topic is not None and len(topic.partitions) >= count:
                 return
             time.sleep(0.02)
-        return res
 
     async def create_partitions(self, req, ctx):
         v = ctx.api_version

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.errors import ControllerError
-from dataplane.objectstore import ObjectStorage, ObjectStoreUnavailableError, parse_bucket_uris
-from dataplane.s3stream.storage import S3Storage, StorageConfig
-from tests.integration.engine_harness import bucket_uris, make_engine, register
+from dataplane.objectstore import ObjectStoreUnavailableError
+from tests.integration.engine_harness import make_engine, register
 from tests.integration.quorum_harness import QuorumHarness
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,6 @@ from kafka.protocol.consumer import (
 )
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
-    ApiVersionsResponse,
     MetadataRequest,
     MetadataResponse,
 )
