@@ -2,8 +2,16 @@
 
 Start order: register (new node epoch) -> open and recover the WAL, uploading what was not
 committed -> follow the metadata log (partitions this node leads are opened as streams) ->
-serve Kafka on the configured port -> heartbeat. SIGTERM: stop serving, upload the WAL,
-fence our own epoch (controlled shutdown).
+serve Kafka on the configured port -> heartbeat.
+
+SIGTERM (controlled shutdown): ask the controller to move our partitions to other brokers
+(same AZ first); each one is closed here as soon as it moves (in-flight appends made durable,
+its WAL data uploaded) and opened by its new leader; then upload the rest, fence our epoch.
+
+Crash failover: when the controller names this node the failover target of a fenced
+node's WAL, it recovers that WAL (dataplane.s3stream.failover). If this node finds itself
+fenced for good (paused past its session timeout), its WAL has been taken over: it re-execs
+itself, so a fresh process registers with a new epoch and recovers from a clean state.
 
 Run: python -m dataplane.node --config broker.json
 """
@@ -13,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +37,10 @@ from controlplane.requests import BrokerHeartbeatRequest, RegisterBrokerRequest
 from dataplane.metadata import MetadataFollower
 
 log = logging.getLogger("dataplane.node")
+
+REGISTER_WAIT_S = 300.0        # how long to wait for another node to finish our WAL failover
+SHUTDOWN_MOVE_WAIT_S = 30.0    # how long controlled shutdown waits for partitions to move
+FAILOVER_ATTEMPTS = 20
 
 
 class BrokerConfig(BaseModel):
@@ -62,15 +76,31 @@ class BrokerNode:
         self.partitions = None
         self.kafka = None
         self._stop = threading.Event()
+        self.restart_requested = threading.Event()
+        self._failovers: set[tuple[int, int]] = set()  # (failed node, failover epoch) started
+        self._failovers_lock = threading.Lock()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop,
                                                   name="heartbeat", daemon=True)
+
+    @property
+    def wal_path(self) -> Path:
+        return self.config.data_dir / "storage" / "wal"
 
     def register(self) -> int:
         req = RegisterBrokerRequest(
             node_id=self.config.node_id, az=self.config.az, host=self.config.host,
             kafka_port=self.config.kafka_port, incarnation_id=uuid.uuid4().hex,
-            wal_uri=f"file://{self.config.data_dir / 'wal'}")
-        result = self.client.call("register_broker", req, timeout_s=60)
+            wal_uri=self.wal_path.resolve().as_uri())
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while True:
+            try:
+                result = self.client.call("register_broker", req, timeout_s=60)
+                break
+            except ControllerError as exc:
+                if exc.code != ErrorCode.WAL_FAILOVER_IN_PROGRESS or time.monotonic() > deadline:
+                    raise
+                log.info("waiting to register: %s", exc.message)
+                time.sleep(0.5)
         self.node_epoch = int(result["node_epoch"])
         self.fenced = True
         if self.storage is not None:
@@ -93,7 +123,14 @@ class BrokerNode:
             raise
         was_fenced, self.fenced = self.fenced, bool(result["fenced"])
         final = self.fenced and result.get("fence_reason", "registered") != "registered"
-        if final or (self.fenced and not was_fenced):
+        if final and self.storage is not None:
+            # fenced for good while serving data (paused past the session timeout): another
+            # node has taken our WAL over and our streams are closing; start afresh
+            log.warning("node %d epoch %d was fenced (%s): restarting the process",
+                        self.config.node_id, self.node_epoch, result.get("fence_reason"))
+            self.restart_requested.set()
+            self._stop.set()
+        elif final or (self.fenced and not was_fenced):
             # fenced for good (session expired while we were paused, or shutdown): our
             # writes of this epoch are refused from now on; come back with a new epoch
             log.warning("node %d epoch %d was fenced: registering again", self.config.node_id,
@@ -154,6 +191,7 @@ class BrokerNode:
 
         def on_metadata(image, records) -> None:
             self.partitions.on_metadata(image, records)
+            self._start_failovers(image)
             live = tuple(sorted(b.node_id for b in image.brokers.values() if not b.fenced))
             if live != live_brokers[0]:
                 # group coordinators moved: drop what we cached for groups we may have lost
@@ -181,9 +219,81 @@ class BrokerNode:
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
 
+    # ------------------------------------------------------------ WAL failover
+
+    def _start_failovers(self, image) -> None:
+        """Recover the WAL of every fenced node whose failover names this node."""
+        for wal in list(image.node_wals.values()):
+            if not wal.failover_mode or wal.failover_target_node_id != self.config.node_id:
+                continue
+            key = (wal.node_id, wal.node_epoch)
+            with self._failovers_lock:
+                if key in self._failovers:
+                    continue
+                self._failovers.add(key)
+            threading.Thread(target=self._run_failover, args=(wal.node_id, wal.wal_uri,
+                                                              wal.node_epoch),
+                             name=f"failover-{wal.node_id}", daemon=True).start()
+
+    def _run_failover(self, failed_node_id: int, wal_uri: str, failover_epoch: int) -> None:
+        from dataplane.s3stream.failover import recover_failed_wal
+
+        def open_streams() -> list[tuple[int, int]]:
+            image = self.metadata.image
+            return sorted((s.stream_id, s.epoch) for s in image.streams.values()
+                          if s.state.value == "opened" and s.node_id == failed_node_id)
+
+        delay_s = 0.2
+        for attempt in range(1, FAILOVER_ATTEMPTS + 1):
+            if self._stop.is_set() or self.storage is None:
+                return
+            current = self.metadata.image.node_wals.get(failed_node_id)
+            if current is None or not current.failover_mode or current.node_epoch != failover_epoch \
+                    or current.failover_target_node_id != self.config.node_id:
+                return  # done, or handed to another node
+            try:
+                recover_failed_wal(self.storage, failed_node_id, wal_uri, failover_epoch,
+                                   open_streams)
+                return
+            except ControllerError as exc:
+                if exc.code == ErrorCode.NOT_FAILOVER_TARGET:
+                    log.warning("failover of node %d: %s", failed_node_id, exc)
+                    return
+                log.warning("failover of node %d (attempt %d) failed: %s", failed_node_id,
+                            attempt, exc)
+            except Exception:
+                log.exception("failover of node %d (attempt %d) failed", failed_node_id, attempt)
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+        log.error("giving up recovering the WAL of node %d after %d attempts",
+                  failed_node_id, FAILOVER_ATTEMPTS)
+
+    # ------------------------------------------------------------ shutdown
+
+    def controlled_shutdown(self) -> None:
+        """Hand our partitions to other brokers and wait (bounded) until each is closed
+        here; the Kafka server keeps answering meanwhile (NOT_LEADER_OR_FOLLOWER for the
+        moved ones, so clients refresh their metadata and follow the new leader)."""
+        if self.node_epoch is None or self.partitions is None:
+            return
+        try:
+            result = self.client.call("controlled_shutdown", {
+                "node_id": self.config.node_id, "node_epoch": self.node_epoch}, timeout_s=10)
+        except Exception as exc:
+            log.warning("controlled shutdown refused: %s", exc)
+            return
+        log.info("controlled shutdown: %s partitions moving, %s stay", result.get("moved"),
+                 result.get("remaining"))
+        remaining = int(result.get("remaining", 0))
+        deadline = time.monotonic() + SHUTDOWN_MOVE_WAIT_S
+        while time.monotonic() < deadline and len(self.partitions.logs()) > remaining:
+            time.sleep(0.02)
+
     def stop(self) -> None:
-        """Controlled shutdown: fence our own epoch so the controller need not wait for the
-        session to expire before it moves our work elsewhere."""
+        """Controlled shutdown (see the module docstring), then fence our own epoch so the
+        controller need not wait for the session to expire."""
+        if not self.restart_requested.is_set():
+            self.controlled_shutdown()
         self._stop.set()
         if self.kafka is not None:
             self.kafka.stop()
@@ -218,7 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     node.start()
-    stop.wait()
+    while not stop.wait(0.2):
+        if node.restart_requested.is_set():
+            # our WAL was taken over: nothing of this process may write any more; a new
+            # process (same pid, same arguments) registers with a new epoch
+            logging.shutdown()
+            os.execv(sys.executable, [sys.executable, "-m", "dataplane.node", *sys.argv[1:]])
     log.info("broker %d stopping", config.node_id)
     node.stop()
     return 0

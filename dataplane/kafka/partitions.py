@@ -1,8 +1,12 @@
 """Partitions this broker leads: each is a stream of the storage engine.
 
 `PartitionManager` follows the metadata image: a partition whose leader is this node is
-opened (its stream opened with the partition's leader epoch as stream epoch); one that moved
-away is dropped. `PartitionLog` is what the Kafka APIs use: append Kafka record batches
+opened (its stream opened with the partition's leader epoch as stream epoch, and the
+idempotent-producer state rebuilt from the stream's tail, so a producer retrying a batch the
+previous leader wrote gets it deduplicated); one that moved away is closed at once (no new
+appends, in-flight ones made durable, its WAL data uploaded, the stream closed) so its new
+leader can open it. Streams this node still owns but no longer leads (e.g. moved while it
+restarted) are closed too. `PartitionLog` is what the Kafka APIs use: append Kafka record batches
 (offsets assigned by patching baseOffset and partitionLeaderEpoch), idempotent-producer
 duplicate detection, fetch, and a way to wait for new data.
 """
@@ -12,17 +16,24 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage
+from controlplane.records import StreamState
+from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches
 from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
 
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
+# how much of a stream's tail is read to rebuild producer state when a partition opens: the
+# batches a producer may retry are its last 5 in flight, at the very end of the log
+PRODUCER_SCAN_OFFSETS = 4_096
+PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
+MOVE_WORKERS = 8  # partitions opened / closed in parallel (each is a controller round trip)
 
 
 @dataclass
@@ -67,6 +78,43 @@ class ProducerStateTable:
                 self._producers.pop(next(iter(self._producers)))
             entry = self._producers[producer_id] = _ProducerEntry(epoch)
         entry.batches.append((first_seq, last_seq, base_offset))
+
+
+def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
+    """Replay the idempotent batches at the tail of `stream` into `table` (bounded read).
+
+    Returns the number of batches seen. Reads at most PRODUCER_SCAN_MAX_BYTES: if the last
+    PRODUCER_SCAN_OFFSETS offsets are bigger than that, it starts later (large records).
+    """
+    end = stream.next_offset
+    start = max(stream.start_offset, end - PRODUCER_SCAN_OFFSETS)
+    for _ in range(3):
+        batches, size, offset = [], 0, start
+        while offset < end and size <= PRODUCER_SCAN_MAX_BYTES:
+            got = stream.fetch(offset, end, 1024 * 1024)
+            if not got:
+                break
+            batches += got
+            size += sum(b.size_bytes for b in got)
+            offset = got[-1].last_offset
+        if offset >= end or not batches:
+            break
+        # too big: start closer to the end, in proportion to the bytes per offset
+        per_offset = size / max(offset - start, 1)
+        start = max(start, end - int(PRODUCER_SCAN_MAX_BYTES / 2 / per_offset))
+    seen = 0
+    for stored in batches:
+        try:
+            headers = parse_batches(stored.payload, verify_crc=False, client_origin=False)
+        except InvalidRecordBatchError:
+            continue  # not a Kafka batch (a raw stream): no producer state
+        for h in headers:
+            if h.producer_id >= 0 and h.base_sequence >= 0:
+                last_seq = (h.base_sequence + h.last_offset_delta) % (2**31)
+                table.record(h.producer_id, h.producer_epoch, h.base_sequence, last_seq,
+                             h.base_offset)
+                seen += 1
+    return seen
 
 
 class PartitionLog:
@@ -121,6 +169,7 @@ class PartitionManager:
         self.node_id = node_id
         self.storage = storage
         self._logs: dict[tuple[str, int], PartitionLog] = {}  # (topic_id, partition)
+        self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -133,6 +182,7 @@ class PartitionManager:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def on_metadata(self, image: MetadataImage, records: list) -> None:
         self._image = image
@@ -158,7 +208,8 @@ class PartitionManager:
                 log.exception("reconciling partitions failed")
 
     def reconcile(self, image: MetadataImage) -> None:
-        """Open led partitions that are not open; drop the ones led elsewhere now."""
+        """Close partitions led elsewhere now, open led ones that are not open, close
+        orphaned streams of this node."""
         wanted: dict[tuple[str, int], tuple[str, int, int]] = {}
         for topic in list(image.topics.values()):
             for p in list(topic.partitions.values()):
@@ -166,22 +217,65 @@ class PartitionManager:
                     wanted[(topic.topic_id, p.partition)] = (topic.name, p.leader_epoch, p.stream_id)
         with self._lock:
             current = dict(self._logs)
+        leaving = []
         for key, plog in current.items():
             spec = wanted.get(key)
             if spec is None or spec[1] != plog.leader_epoch:
                 with self._lock:
-                    self._logs.pop(key, None)
-                log.info("no longer leading %s-%d", plog.topic, plog.partition)
-        for key, (name, epoch, stream_id) in wanted.items():
-            if key in current and current[key].leader_epoch == epoch:
+                    self._logs.pop(key, None)  # produce gets NOT_LEADER_OR_FOLLOWER from now on
+                leaving.append(plog)
+        # closes first: a partition that moved away and back must have its old epoch's WAL
+        # data uploaded before the new epoch's range starts at the committed end
+        for job in [self._pool.submit(self._close, plog) for plog in leaving]:
+            job.result()
+        jobs = [self._pool.submit(self._open, key, name, epoch, stream_id)
+                for key, (name, epoch, stream_id) in wanted.items()
+                if not (key in current and current[key].leader_epoch == epoch)]
+        for job in jobs:
+            job.result()
+        self._close_orphans(image, wanted)
+
+    def _close(self, plog: PartitionLog) -> None:
+        try:
+            plog.stream.close()
+            log.info("no longer leading %s-%d: stream %d uploaded and closed", plog.topic,
+                     plog.partition, plog.stream.stream_id)
+        except Exception as exc:  # fenced, or the controller is away: failover covers it
+            log.warning("closing %s-%d (stream %d) failed: %s", plog.topic, plog.partition,
+                        plog.stream.stream_id, exc)
+
+    def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
+        try:
+            stream = self.storage.open_stream(stream_id, epoch)
+        except ControllerError as exc:
+            log.info("cannot open %s-%d yet (stream %d epoch %d): %s", name, key[1],
+                     stream_id, epoch, exc)
+            return
+        plog = PartitionLog(key[0], name, key[1], epoch, stream)
+        try:
+            producers = rebuild_producer_state(stream, plog.producers)
+        except Exception as exc:  # the tail is unreadable now: dedup starts from scratch
+            log.warning("%s-%d: could not rebuild producer state: %s", name, key[1], exc)
+            producers = -1
+        with self._lock:
+            self._logs[key] = plog
+        log.info("leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches "
+                 "replayed)", name, key[1], stream_id, epoch, stream.next_offset, producers)
+
+    def _close_orphans(self, image: MetadataImage, wanted: dict) -> None:
+        """Streams the image says this node has open, that this engine did not open and this
+        node does not lead with that epoch: close them so their new leader can open them."""
+        open_here = self.storage.open_stream_ids()
+        led = {(spec[2], spec[1]) for spec in wanted.values()}
+        for stream in list(image.streams.values()):
+            if stream.state != StreamState.OPENED or stream.node_id != self.node_id:
                 continue
+            if stream.stream_id in open_here or (stream.stream_id, stream.epoch) in led:
+                continue
+            if "topic" not in stream.tags:
+                continue  # not a partition's stream: its user closes it
             try:
-                stream = self.storage.open_stream(stream_id, epoch)
-            except ControllerError as exc:
-                log.warning("cannot open %s-%d (stream %d epoch %d): %s", name, key[1],
-                            stream_id, epoch, exc)
-                continue
-            with self._lock:
-                self._logs[key] = PartitionLog(key[0], name, key[1], epoch, stream)
-            log.info("leading %s-%d (stream %d, epoch %d, next offset %d)", name, key[1],
-                     stream_id, epoch, stream.next_offset)
+                self.storage.close_orphan_stream(stream.stream_id, stream.epoch)
+                log.info("closed orphaned stream %d (epoch %d)", stream.stream_id, stream.epoch)
+            except Exception as exc:
+                log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)

@@ -64,6 +64,7 @@ class StorageConfig:
     prepared_ttl_ms: int = 60 * 60 * 1000
     upload_attempts: int = 8
     wal_full_wait_s: float = 30.0
+    close_wait_s: float = 30.0
     max_readers: int = 10_000
     reader_idle_s: float = 60.0
 
@@ -118,6 +119,7 @@ class _StreamState:
     start_offset: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     error: BaseException | None = None
+    closing: bool = False  # no new appends: the stream is being uploaded and closed
     closed: bool = False
 
 
@@ -228,6 +230,11 @@ class S3Storage:
                     continue  # deleted meanwhile: nothing to keep
                 raise
             end = meta["end_offset"]
+            if meta.get("state") != "opened" or meta.get("node_id") != self.node_id:
+                # closed meanwhile (by us before the crash, or by our WAL's failover):
+                # its acknowledged records were uploaded before it was closed
+                continue
+            items = [(b, w) for b, w in items if b.epoch == meta.get("epoch")]
             fresh = [(b, w) for b, w in items if b.last_offset > end]
             if fresh and fresh[0][0].base_offset != end:
                 log.error("stream %d: WAL resumes at %d but the committed end is %d; "
@@ -285,7 +292,7 @@ class S3Storage:
         return Stream(self, state)
 
     def _check_writable(self, state: _StreamState) -> None:
-        if state.closed:
+        if state.closed or state.closing:
             raise StorageError(f"stream {state.stream_id} is closed")
         if state.error is not None:
             raise StorageError(f"stream {state.stream_id} failed: {state.error}")
@@ -408,6 +415,17 @@ class S3Storage:
     def _close_stream(self, state: _StreamState) -> None:
         if state.closed:
             return
+        with state.lock:  # appends check `closing` under this lock: none starts after it
+            state.closing = True
+        # appends already in the WAL queue may still be acknowledged: wait until they are
+        # in the LogCache, or the upload below would miss acknowledged records
+        deadline = time.monotonic() + self.config.close_wait_s
+        while state.confirmed_offset < state.next_offset and state.error is None:
+            if time.monotonic() > deadline:
+                raise StorageError(f"stream {state.stream_id}: appends up to {state.next_offset}"
+                                   f" are not durable after {self.config.close_wait_s}s; "
+                                   f"not closing (its WAL failover will upload them)")
+            time.sleep(0.002)
         self._upload_all()
         self.controller.call("close_stream", {
             "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": state.stream_id,
@@ -416,6 +434,23 @@ class S3Storage:
         with self._lock:
             self._streams.pop(state.stream_id, None)
             self.log_cache.drop_stream(state.stream_id)
+
+    def open_stream_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._streams)
+
+    def close_orphan_stream(self, stream_id: int, epoch: int) -> None:
+        """Close a stream the controller says this node owns but that is not open in this
+        engine (its owner epoch moved on, e.g. a partition moved while we restarted): the
+        WAL recovery already uploaded its acknowledged records, anything still pending is
+        uploaded first."""
+        with self._lock:
+            if stream_id in self._streams:
+                raise StorageError(f"stream {stream_id} is open here; close it with Stream.close")
+        self._upload_all()
+        self.controller.call("close_stream", {
+            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": stream_id,
+            "stream_epoch": epoch})
 
     # ------------------------------------------------------------ uploads
 
@@ -466,6 +501,23 @@ class S3Storage:
 
     def _upload(self, batches: list[StreamRecordBatch], wal_end: int) -> None:
         started = time.monotonic()
+        size = self.upload_batches(batches)
+        with self._lock:
+            self.log_cache.mark_uploaded(batches)
+            metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
+        assert self.wal is not None
+        self.wal.trim(wal_end)
+        metrics.UPLOADS.inc()
+        metrics.UPLOAD_BYTES.inc(size)
+        metrics.UPLOAD_LATENCY.observe(time.monotonic() - started)
+        log.debug("uploaded %d batches (%d bytes)", len(batches), size)
+
+    def upload_batches(self, batches: list[StreamRecordBatch],
+                       failover_node_id: int | None = None) -> int:
+        """Write `batches` (WAL order, each stream contiguous from its committed end) as a
+        stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
+        `failover_node_id`: the batches come from that failed node's WAL, which this node
+        is recovering (the streams are still that node's). Returns the bytes written."""
         per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
         for b in batches:
             per_stream[b.stream_id].append(b)
@@ -518,18 +570,9 @@ class S3Storage:
                 "order_id": self._order_id,
                 "size_bytes": len(puts[0][1]) if sso_id >= 0 else 0, "bucket_id": bucket_id,
                 "stream_ranges": ranges, "stream_objects": stream_objects,
-                "compacted_object_ids": []}
+                "compacted_object_ids": [], "failover_node_id": failover_node_id}
         self._retry(lambda: self.controller.call("commit_stream_set_object", body))
-        with self._lock:
-            self.log_cache.mark_uploaded(batches)
-            metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
-        assert self.wal is not None
-        self.wal.trim(wal_end)
-        size = sum(len(d) for _, d in puts)
-        metrics.UPLOADS.inc()
-        metrics.UPLOAD_BYTES.inc(size)
-        metrics.UPLOAD_LATENCY.observe(time.monotonic() - started)
-        log.debug("uploaded %d batches in %d objects (%d bytes)", len(batches), len(puts), size)
+        return sum(len(d) for _, d in puts)
 
     def _retry(self, fn):
         """Run fn with bounded retries on transient failures; fencing errors surface at once."""

@@ -1,0 +1,164 @@
+"""WAL failover: this node recovers a failed node's WAL (seed 001, DESIGN.md "Crash failover").
+
+The controller names this node the failover target of a fenced node's WAL, with a failover
+epoch. `recover_failed_wal`:
+
+1. takes the WAL over with the reservation (this node, failover epoch), durable *before*
+   any record is read: the failed node, if only paused, can no longer acknowledge appends;
+2. reads the valid records (stopping at a torn tail) and keeps, per stream, the batches the
+   controller has not committed yet — only for streams the failed node still owns with the
+   batch's epoch;
+3. uploads them in objects of at most `max_object_bytes`, committed on the failed node's
+   behalf (`failover_node_id`), so its streams end where its acknowledged records end;
+4. closes every stream the failed node still has open (on its behalf), trims the WAL and
+   tells the controller the failover is complete. The partitions' new leaders then open
+   the streams with the next epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+from urllib.parse import unquote, urlparse
+
+from controlplane.errors import ControllerError, ErrorCode
+from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.s3stream.storage import S3Storage
+from dataplane.s3stream.wal.file_wal import take_over
+
+log = logging.getLogger(__name__)
+
+
+class FailoverError(RuntimeError):
+    """The failed node's WAL cannot be recovered here (unsupported URI, unreadable file)."""
+
+
+@dataclass
+class FailoverResult:
+    """What one WAL failover did (logged, and returned to tests)."""
+
+    failed_node_id: int
+    failover_epoch: int
+    records_read: int = 0
+    batches_uploaded: int = 0
+    bytes_uploaded: int = 0
+    streams_closed: list[int] = field(default_factory=list)
+    skipped_streams: dict[int, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+def wal_path_from_uri(wal_uri: str) -> Path:
+    """`file:///abs/path` -> Path. The local-file WAL is reachable from every broker of a
+    local cluster, as a multi-attach cloud disk is in AutoMQ."""
+    parsed = urlparse(wal_uri)
+    if parsed.scheme != "file" or not parsed.path:
+        raise FailoverError(f"cannot recover WAL {wal_uri!r}: only file:// WALs are supported")
+    return Path(unquote(parsed.path))
+
+
+def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
+                       failover_epoch: int,
+                       open_streams_of_failed_node: Callable[[], list[tuple[int, int]]]) -> FailoverResult:
+    """Recover `failed_node_id`'s WAL on this node (see the module docstring).
+
+    `open_streams_of_failed_node()` returns (stream_id, epoch) of the streams the failed
+    node still owns open (from this node's metadata image, which has seen the failover).
+    Raises ControllerError when the controller refuses (e.g. NOT_FAILOVER_TARGET once the
+    failover moved to another node); the caller retries transient failures.
+    """
+    started = time.monotonic()
+    result = FailoverResult(failed_node_id, failover_epoch)
+    path = wal_path_from_uri(wal_uri)
+    if path.exists():
+        handle = take_over(path, storage.node_id, failover_epoch)
+        try:
+            end = _upload_uncommitted(storage, handle.recover(), failed_node_id, result)
+            if end is not None:
+                handle.trim(end)
+        finally:
+            handle.close()
+    else:
+        log.warning("WAL %s of node %d does not exist: nothing to upload", path, failed_node_id)
+    for stream_id, epoch in open_streams_of_failed_node():
+        try:
+            storage.controller.call("close_stream", {
+                "node_id": storage.node_id, "node_epoch": storage.node_epoch,
+                "stream_id": stream_id, "stream_epoch": epoch,
+                "failover_node_id": failed_node_id})
+        except ControllerError as exc:
+            if exc.code not in (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED,
+                                ErrorCode.UNKNOWN_STREAM):
+                raise
+            continue  # closed or reopened meanwhile
+        result.streams_closed.append(stream_id)
+    storage.controller.call("complete_wal_failover", {
+        "node_id": storage.node_id, "node_epoch": storage.node_epoch,
+        "failed_node_id": failed_node_id, "failover_epoch": failover_epoch})
+    result.duration_s = time.monotonic() - started
+    log.warning("WAL failover of node %d done in %.2fs: %d records read, %d batches "
+                "(%d bytes) uploaded, %d streams closed, skipped %s", failed_node_id,
+                result.duration_s, result.records_read, result.batches_uploaded,
+                result.bytes_uploaded, len(result.streams_closed), result.skipped_streams)
+    return result
+
+
+def _upload_uncommitted(storage: S3Storage, records, failed_node_id: int,
+                        result: FailoverResult) -> int | None:
+    """Upload the records not committed yet, in chunks; returns the WAL offset to trim to."""
+    streams: dict[int, dict | None] = {}   # stream id -> {"epoch", "end"} or None (skip)
+    chunk: list[StreamRecordBatch] = []
+    chunk_bytes = 0
+    end: int | None = None
+    max_bytes = storage.config.max_object_bytes
+    for rec in records:
+        result.records_read += 1
+        end = rec.next_offset
+        batch, _ = StreamRecordBatch.decode(rec.data)
+        sid = batch.stream_id
+        if sid not in streams:
+            streams[sid] = _stream_target(storage, sid, failed_node_id, result)
+        target = streams[sid]
+        if target is None or batch.epoch != target["epoch"] or batch.last_offset <= target["end"]:
+            continue  # committed already, another epoch, or a stream not the failed node's
+        if batch.base_offset != target["end"]:
+            result.skipped_streams[sid] = (f"WAL resumes at {batch.base_offset}, committed "
+                                           f"end is {target['end']}")
+            log.error("stream %d: %s; its later records cannot be recovered", sid,
+                      result.skipped_streams[sid])
+            streams[sid] = None
+            continue
+        target["end"] = batch.last_offset
+        chunk.append(batch)
+        chunk_bytes += batch.size_bytes
+        if chunk_bytes >= max_bytes:
+            _flush(storage, chunk, failed_node_id, result)
+            chunk, chunk_bytes = [], 0
+    if chunk:
+        _flush(storage, chunk, failed_node_id, result)
+    return end
+
+
+def _stream_target(storage: S3Storage, stream_id: int, failed_node_id: int,
+                   result: FailoverResult) -> dict | None:
+    try:
+        meta = storage.controller.stream(stream_id)
+    except ControllerError as exc:
+        if exc.code == ErrorCode.UNKNOWN_STREAM:
+            result.skipped_streams[stream_id] = "deleted"
+            return None
+        raise
+    if meta.get("state") != "opened" or meta.get("node_id") != failed_node_id:
+        return None  # closed (its records were uploaded before) or owned by another node
+    return {"epoch": meta["epoch"], "end": meta["end_offset"]}
+
+
+def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: int,
+           result: FailoverResult) -> None:
+    result.bytes_uploaded += storage.upload_batches(chunk, failover_node_id=failed_node_id)
+    result.batches_uploaded += len(chunk)
+
+
+__all__ = ["FailoverError", "FailoverResult", "recover_failed_wal", "wal_path_from_uri"]
