@@ -72,7 +72,8 @@ def kill(node: int, dir: Path = DirOption) -> None:
     if pid is None:
         fail(f"{name} is not running")
     os.kill(pid, signal.SIGKILL)
-    for _ in range(200):
+    # a process killed in the middle of an fsync can take seconds to go (and free its ports)
+    for _ in range(1500):
         if cluster.running(name) is None:
             break
         time.sleep(0.02)

@@ -65,6 +65,9 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "fence_reason": None if b is None else b["fence_reason"],
             "node_epoch": None if b is None else b["node_epoch"],
             "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
+            "shutting_down": False if b is None else b.get("shutting_down", False),
+            "partitions_led": 0 if b is None else b.get("partitions_led", 0),
+            "wal_failover_target": None if b is None else b.get("wal_failover_target"),
             "pid": pids.get(f"broker-{spec.node_id}"),
         })
     active_bucket = (leader_view or {}).get("active_bucket_id", 0)

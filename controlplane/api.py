@@ -88,6 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ControllerError as exc:
             self._send_error(exc, self._leader_hint() if exc.code in (
                 ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER) else None)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # the client went away (killed, or gave up waiting): nothing to answer
+            log.debug("client of %s went away: %s", self.path, exc)
+            self.close_connection = True
         except Exception as exc:  # a bug: answer 500 instead of dropping the connection
             log.exception("internal error serving %s", self.path)
             self._send(500, {"error": {"code": "INTERNAL", "message": str(exc)}})

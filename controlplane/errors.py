@@ -32,6 +32,7 @@ class ErrorCode(str, Enum):
     # another node is recovering this node's WAL; register again once it is done
     WAL_FAILOVER_IN_PROGRESS = "WAL_FAILOVER_IN_PROGRESS"
     NOT_FAILOVER_TARGET = "NOT_FAILOVER_TARGET"
+    STREAM_IN_USE = "STREAM_IN_USE"  # an orphan close of a stream its partition still needs
 
 
 class ControllerError(Exception):

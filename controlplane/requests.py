@@ -160,6 +160,9 @@ class CloseStreamRequest(_Request):
     stream_epoch: int = Field(ge=0)
     # set by a failover target closing a stream the failed node owned
     failover_node_id: int | None = Field(default=None, ge=0)
+    # close only if no partition is led by the owner with this epoch (a broker closing
+    # streams it owns but no longer leads decides on its own image, which may lag)
+    orphaned_only: bool = False
 
 
 class TrimStreamRequest(_Request):

@@ -24,6 +24,7 @@ from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.failover import plan_failovers
+from controlplane.placement import leader_load
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
@@ -171,6 +172,7 @@ class ControllerNode:
     def status(self) -> dict:
         image = self.quorum.machine.image
         ages = self.heartbeat_ages_ms() if self.quorum.is_leader() else {}
+        led = leader_load(image)
         return {
             "node_id": self.node_id,
             "api_address": self.config.controller(self.node_id).api_address,
@@ -180,6 +182,12 @@ class ControllerNode:
             "brokers": [
                 {"node_id": b.node_id, "az": b.az, "host": b.host, "kafka_port": b.kafka_port,
                  "node_epoch": b.node_epoch, "fenced": b.fenced, "fence_reason": b.fence_reason,
+                 "shutting_down": b.shutting_down,
+                 "partitions_led": led.get(b.node_id, 0),
+                 # another broker recovering this one's WAL (crash failover), else None
+                 "wal_failover_target": (image.node_wals[b.node_id].failover_target_node_id
+                                         if b.node_id in image.node_wals
+                                         and image.node_wals[b.node_id].failover_mode else None),
                  "last_heartbeat_age_ms": ages.get(b.node_id)}
                 for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
             ],

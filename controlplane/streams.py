@@ -98,6 +98,15 @@ def close_stream(image: MetadataImage, req: CloseStreamRequest, now_ms: int):
             and stream.node_id == owner):
         return [], {}
     require_stream_owner(stream, req.stream_epoch, owner)
+    if req.orphaned_only:
+        for topic in image.topics.values():
+            for p in topic.partitions.values():
+                if p.stream_id == stream.stream_id and p.leader_node_id == owner \
+                        and p.leader_epoch == stream.epoch:
+                    raise ControllerError(ErrorCode.STREAM_IN_USE,
+                                          f"stream {stream.stream_id} is {topic.name}-"
+                                          f"{p.partition}, still led by node {owner} with "
+                                          f"epoch {stream.epoch}")
     return [r.StreamEpochRecord(stream_id=stream.stream_id, epoch=stream.epoch,
                                 state=StreamState.CLOSED, node_id=stream.node_id)], {}
 

@@ -29,6 +29,7 @@ class MetadataFollower:
         self.client = client
         self.image = MetadataImage()
         self.on_records = on_records
+        self.log_end_offset = -2  # the controllers' last offset at our last read
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metadata-follower", daemon=True)
@@ -36,6 +37,12 @@ class MetadataFollower:
     @property
     def offset(self) -> int:
         return self.image.offset
+
+    @property
+    def caught_up(self) -> bool:
+        """The image has applied everything the controllers had at our last read (a
+        partial image, e.g. mid-replay after a restart, must not drive decisions)."""
+        return self.image.offset >= self.log_end_offset
 
     def start(self) -> None:
         self._thread.start()
@@ -47,6 +54,7 @@ class MetadataFollower:
         """Read and apply one batch; returns how many records were applied."""
         data = self.client.read_log(self.image.offset, MAX_RECORDS_PER_READ, wait_ms)
         applied: list = []
+        self.log_end_offset = int(data.get("next_offset", 0)) - 1
         if data.get("snapshot") is not None:
             image = MetadataImage.model_validate(data["snapshot"])
             image.offset = data["snapshot_offset"]

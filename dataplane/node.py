@@ -41,6 +41,7 @@ log = logging.getLogger("dataplane.node")
 REGISTER_WAIT_S = 300.0        # how long to wait for another node to finish our WAL failover
 SHUTDOWN_MOVE_WAIT_S = 30.0    # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
+PORT_WAIT_S = 30.0             # how long to wait for the Kafka port held by a dying predecessor
 
 
 class BrokerConfig(BaseModel):
@@ -177,7 +178,8 @@ class BrokerNode:
             cfg.node_id, self.node_epoch, self.client, objects)
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
-        self.partitions = PartitionManager(cfg.node_id, self.storage)
+        self.partitions = PartitionManager(cfg.node_id, self.storage,
+                                           lambda: self.metadata.caught_up)
         self.partitions.start()
         apis = KafkaApis(BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
                          lambda: self.metadata.image, self.metadata.wait_for_offset,
@@ -211,7 +213,17 @@ class BrokerNode:
             registry.register(request_class, lo, hi, handler)
         self.kafka = KafkaServerThread(registry, host=cfg.host, port=cfg.kafka_port,
                                        max_request_bytes=cfg.max_request_bytes)
-        self.kafka.start()
+        deadline = time.monotonic() + PORT_WAIT_S
+        while True:
+            try:
+                self.kafka.start()
+                break
+            except RuntimeError as exc:
+                # our predecessor (just killed, still tearing down) may hold the port a while
+                if time.monotonic() > deadline or "in use" not in str(exc):
+                    raise
+                log.warning("%s; retrying", exc)
+                time.sleep(0.5)
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
         if cfg.metrics_port:
             from prometheus_client import start_http_server
@@ -286,7 +298,7 @@ class BrokerNode:
                  result.get("remaining"))
         remaining = int(result.get("remaining", 0))
         deadline = time.monotonic() + SHUTDOWN_MOVE_WAIT_S
-        while time.monotonic() < deadline and len(self.partitions.logs()) > remaining:
+        while time.monotonic() < deadline and self.partitions.led_or_closing() > remaining:
             time.sleep(0.02)
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage
@@ -165,9 +166,12 @@ class PartitionLog:
 class PartitionManager:
     """Opens the partitions this node leads, following the metadata image."""
 
-    def __init__(self, node_id: int, storage: S3Storage):
+    def __init__(self, node_id: int, storage: S3Storage,
+                 image_ready: "Callable[[], bool]" = lambda: True):
         self.node_id = node_id
         self.storage = storage
+        self.image_ready = image_ready  # False while the metadata image is mid-replay
+        self._closing = 0
         self._logs: dict[tuple[str, int], PartitionLog] = {}  # (topic_id, partition)
         self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
         self._lock = threading.Lock()
@@ -196,11 +200,16 @@ class PartitionManager:
         with self._lock:
             return list(self._logs.values())
 
+    def led_or_closing(self) -> int:
+        """Partitions led here plus those still being closed (uploaded) after a move."""
+        with self._lock:
+            return len(self._logs) + self._closing
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
-            if self._stop.is_set() or self._image is None:
+            if self._stop.is_set() or self._image is None or not self.image_ready():
                 continue
             try:
                 self.reconcile(self._image)
@@ -223,6 +232,7 @@ class PartitionManager:
             if spec is None or spec[1] != plog.leader_epoch:
                 with self._lock:
                     self._logs.pop(key, None)  # produce gets NOT_LEADER_OR_FOLLOWER from now on
+                    self._closing += 1
                 leaving.append(plog)
         # closes first: a partition that moved away and back must have its old epoch's WAL
         # data uploaded before the new epoch's range starts at the committed end
@@ -243,6 +253,9 @@ class PartitionManager:
         except Exception as exc:  # fenced, or the controller is away: failover covers it
             log.warning("closing %s-%d (stream %d) failed: %s", plog.topic, plog.partition,
                         plog.stream.stream_id, exc)
+        finally:
+            with self._lock:
+                self._closing -= 1
 
     def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
         try:
@@ -277,5 +290,8 @@ class PartitionManager:
             try:
                 self.storage.close_orphan_stream(stream.stream_id, stream.epoch)
                 log.info("closed orphaned stream %d (epoch %d)", stream.stream_id, stream.epoch)
+            except ControllerError as exc:  # the controller knows better: not orphaned
+                log.info("orphaned stream %d (epoch %d) not closed: %s", stream.stream_id,
+                         stream.epoch, exc)
             except Exception as exc:
                 log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)

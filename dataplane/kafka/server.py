@@ -484,6 +484,8 @@ class KafkaServerThread:
         """Start the thread and wait until the server listens (or raise its startup error)."""
         if self._thread is not None:
             raise RuntimeError("server thread already started")
+        self._started = threading.Event()
+        self._error = None
         self._thread = threading.Thread(
             target=self._run, name=f"kafka-server-{self.server.host}", daemon=True
         )

@@ -450,7 +450,7 @@ class S3Storage:
         self._upload_all()
         self.controller.call("close_stream", {
             "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": stream_id,
-            "stream_epoch": epoch})
+            "stream_epoch": epoch, "orphaned_only": True})
 
     # ------------------------------------------------------------ uploads
 

@@ -214,3 +214,14 @@ def test_fencing_a_broker_without_open_streams_starts_no_failover(sm):
                                    "reason": "controlled shutdown"}, NOW))
     assert not sm.image.node_wals[1].failover_mode
     assert not led_by(sm, 1)  # its partitions still moved
+
+
+def test_an_orphan_close_is_refused_while_the_partition_is_still_led_with_that_epoch(sm):
+    p = led_by(sm, 1)[0]
+    body = {"node_id": 1, "node_epoch": 0, "stream_id": p.stream_id, "stream_epoch": 0,
+            "orphaned_only": True}
+    # a broker mid-replay may think it no longer leads the partition: the controller knows
+    assert rejected_without_change(sm, "close_stream", body) == "STREAM_IN_USE"
+    ok(sm.execute("reassign_partitions", {"moves": [
+        {"topic": "t", "partition": p.partition, "node_id": 2}]}, NOW))
+    ok(sm.execute("close_stream", body, NOW))
