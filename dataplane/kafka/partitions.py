@@ -92,7 +92,7 @@ def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
     for _ in range(3):
         batches, size, offset = [], 0, start
         while offset < end and size <= PRODUCER_SCAN_MAX_BYTES:
-            got = stream.fetch(offset, end, 1024 * 1024)
+            got = stream.fetch(offset, end, max(min(1024 * 1024, PRODUCER_SCAN_MAX_BYTES - size), 1))
             if not got:
                 break
             batches += got
