@@ -97,11 +97,19 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
             "objects": len(objs)}
 
 
+def s3_gets(engine) -> tuple[int, int]:
+    """(GET bytes received, GET requests) of the engine's object store (bucket 0)."""
+    m = engine.objects.metrics
+    return (int(m.bytes.labels(op="get", bucket_id="0")._value.get()),
+            int(m.requests.labels(op="get", bucket_id="0", status="ok")._value.get()))
+
+
 def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int) -> dict:
     reader = make_engine(q.client, store, tmp / f"reader-{run}", 100 + run,
                          block_cache_bytes=cache_mib * MIB, wal_capacity_bytes=16 * MIB)
     reader.start()
     samples: list[float] = []
+    watcher_samples: list[float] = []
     stop = threading.Event()
 
     def sample():
@@ -109,6 +117,11 @@ def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run:
             active = [r for r in reader.readers if r.held_bytes > 0]
             if active:
                 samples.append(reader.block_cache.used_bytes / len(active))
+            # the cache's own count also includes readers in the middle of a read
+            # (the engine's list above does not hold them while they read)
+            watchers = reader.block_cache.watcher_count
+            if watchers:
+                watcher_samples.append(reader.block_cache.used_bytes / watchers)
 
     delivered = [0] * workers
     streams = {sid: reader.open_stream(sid, 1 + run) for sid, _ in ends}
@@ -131,18 +144,38 @@ def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     fetched_before = reader.fetcher.bytes_fetched
+    gets_before = reader.fetcher.gets
+    s3_before = s3_gets(reader)
     t = time.monotonic()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(work, range(workers)))
     elapsed = time.monotonic() - t
     stop.set()
     fetched = reader.fetcher.bytes_fetched - fetched_before
+    gets = reader.fetcher.gets - gets_before
+    s3_bytes, s3_requests = (a - b for a, b in zip(s3_gets(reader), s3_before))
+    cache = reader.block_cache
     total = sum(delivered)
     reader.close()  # closes the streams so the next run's reader may open them
     return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
-            "fetched_per_delivered": fetched / total,
-            "held_bytes_per_window_median": statistics.median(samples) if samples else 0,
-            "held_bytes_per_window_p99": sorted(samples)[int(len(samples) * 0.99)] if samples else 0}
+            "fetched_per_delivered": fetched / total, "block_gets": gets,
+            # everything the engine's object store received (index reads and bytes
+            # between merged ranges included), and its GET requests
+            "s3_get_bytes_per_delivered": s3_bytes / total, "s3_get_requests": s3_requests,
+            "prefetched_bytes": cache.prefetched_bytes,
+            "prefetch_wasted_bytes": cache.prefetch_wasted_bytes,
+            "held_bytes_per_window_median": median(samples),
+            "held_bytes_per_window_p99": p99(samples),
+            "held_bytes_per_watcher_median": median(watcher_samples),
+            "held_bytes_per_watcher_p99": p99(watcher_samples)}
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples) if samples else 0.0
+
+
+def p99(samples: list[float]) -> float:
+    return sorted(samples)[int(len(samples) * 0.99)] if samples else 0.0
 
 
 def main() -> int:

@@ -6,16 +6,25 @@ blocks covering the requested offsets plus a readahead window, watches them in t
 request, and the object store merges nearby requests of different readers), and releases
 each block once it has consumed it. Readahead starts at 512 KiB and doubles only when a read
 had to wait for a block (a miss) and the cache has room, up to 32 MiB.
+
+Stream-set objects hold a little of many streams (~100s of KiB each), so per-stream reads
+are small GETs, and object stores serve a limited number of GETs per second. When several
+streams are being caught up through the same stream-set object at once (the object is
+"hot"), a missed block's GET is extended over the following blocks of other streams, up to
+`prefetch_span_bytes`; those blocks enter the BlockCache as speculative blocks that the
+streams' readers claim (see block_cache.py). The fetcher stops prefetching for a while when
+more than 5% of the prefetched bytes were dropped unread.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from dataplane.objectstore import ObjectStorage, Priority, object_key
 from dataplane.s3stream.block_cache import BlockCache, BlockKey
@@ -35,6 +44,14 @@ MAX_READAHEAD_BYTES = 32 * 1024 * 1024
 TAIL_READ_BYTES = 64 * 1024
 MAX_LOCATIONS_PER_LOOKUP = 64
 BLOCK_WAIT_TIMEOUT_S = 60.0
+# prefetch of neighbouring blocks in stream-set objects (see the module docstring)
+PREFETCH_SPAN_BYTES = 4 * 1024 * 1024       # one GET at most; AutoMQ merges reads <= 4 MiB
+PREFETCH_MIN_STREAMS = 4                    # distinct streams reading an object recently ...
+PREFETCH_HOT_WINDOW_S = 2.0                 # ... within this many seconds make it hot
+PREFETCH_MAX_WASTE_RATIO = 0.05             # dropped-unread / prefetched before backing off
+PREFETCH_WASTE_MIN_BYTES = 16 * 1024 * 1024  # judge the ratio only after this much prefetch
+PREFETCH_BACKOFF_S = 60.0
+MAX_DEMAND_OBJECTS = 1024                   # objects whose recent readers are tracked
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,27 @@ class ObjectLocator(Protocol):
         """Committed objects of the stream from `start_offset`, in offset order."""
 
 
+@dataclass(frozen=True)
+class ObjectLayout:
+    """Every data block of a multi-stream object in byte order (for prefetching
+    neighbours); `positions[i]` is `entries[i].position`."""
+
+    entries: list[IndexEntry]
+    positions: list[int]
+
+    @staticmethod
+    def of(entries: list[IndexEntry]) -> "ObjectLayout":
+        ordered = sorted(entries, key=lambda e: e.position)
+        return ObjectLayout(ordered, [e.position for e in ordered])
+
+    def following(self, position: int) -> list[IndexEntry]:
+        """The blocks from the one starting at `position` on (empty if none starts there)."""
+        i = bisect.bisect_left(self.positions, position)
+        if i == len(self.positions) or self.positions[i] != position:
+            return []
+        return self.entries[i:]
+
+
 class IndexCache:
     """Parsed index blocks of objects (LRU by count), grouped by stream so a lookup costs
     the stream's entries, not the whole index of a stream-set object of 1000s of streams."""
@@ -62,6 +100,7 @@ class IndexCache:
         self.storage = storage
         self.max_objects = max_objects
         self._cache: OrderedDict[int, dict[int, list[IndexEntry]]] = OrderedDict()
+        self._layouts: dict[int, ObjectLayout] = {}  # multi-stream objects of _cache only
         self._loading: dict[int, Future] = {}
         self._lock = threading.Lock()
 
@@ -79,9 +118,11 @@ class IndexCache:
         if not owner:
             return loading.result(timeout=BLOCK_WAIT_TIMEOUT_S).get(stream_id, [])
         try:
+            entries = self._load(loc)
             by_stream = {}
-            for entry in self._load(loc):
+            for entry in entries:
                 by_stream.setdefault(entry.stream_id, []).append(entry)
+            layout = ObjectLayout.of(entries) if len(by_stream) > 1 else None
         except BaseException as exc:
             with self._lock:
                 del self._loading[loc.object_id]
@@ -89,11 +130,19 @@ class IndexCache:
             raise
         with self._lock:
             self._cache[loc.object_id] = by_stream
+            if layout is not None:
+                self._layouts[loc.object_id] = layout
             del self._loading[loc.object_id]
             while len(self._cache) > self.max_objects:
-                self._cache.popitem(last=False)
+                evicted, _ = self._cache.popitem(last=False)
+                self._layouts.pop(evicted, None)
         loading.set_result(by_stream)
         return by_stream.get(stream_id, [])
+
+    def layout(self, object_id: int) -> ObjectLayout | None:
+        """The byte-order layout of a cached multi-stream object (None otherwise)."""
+        with self._lock:
+            return self._layouts.get(object_id)
 
     def _load(self, loc: ObjectLocation) -> list[IndexEntry]:
         key = object_key(loc.object_id)
@@ -109,69 +158,176 @@ class IndexCache:
         return parse_index(index_bytes, footer)
 
 
-class BlockFetcher:
-    """Loads blocks into the BlockCache; one in-flight load per block, shared by readers."""
+class ObjectDemand:
+    """Which streams read which objects lately: an object read by at least `min_streams`
+    distinct streams within `window_s` is "hot" (many readers catching up through it).
+    Bounded: the last `max_objects` objects, the last `min_streams` reads of each."""
 
-    def __init__(self, storage: ObjectStorage, cache: BlockCache):
+    def __init__(self, min_streams: int = PREFETCH_MIN_STREAMS,
+                 window_s: float = PREFETCH_HOT_WINDOW_S,
+                 max_objects: int = MAX_DEMAND_OBJECTS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.min_streams = min_streams
+        self.window_s = window_s
+        self.max_objects = max_objects
+        self._clock = clock
+        # object id -> (stream id -> last read time), at most min_streams streams each
+        self._reads: OrderedDict[int, OrderedDict[int, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, object_id: int, stream_id: int) -> None:
+        """`stream_id` is reading blocks of `object_id` now."""
+        now = self._clock()
+        with self._lock:
+            streams = self._reads.get(object_id)
+            if streams is None:
+                streams = self._reads[object_id] = OrderedDict()
+                while len(self._reads) > self.max_objects:
+                    self._reads.popitem(last=False)
+            else:
+                self._reads.move_to_end(object_id)
+            streams[stream_id] = now
+            streams.move_to_end(stream_id)
+            while len(streams) > self.min_streams:
+                streams.popitem(last=False)
+
+    def hot(self, object_id: int) -> bool:
+        """Whether `min_streams` distinct streams read the object within the window."""
+        now = self._clock()
+        with self._lock:
+            streams = self._reads.get(object_id)
+            if streams is None or len(streams) < self.min_streams:
+                return False
+            oldest = next(iter(streams.values()))
+            return now - oldest <= self.window_s
+
+
+class BlockFetcher:
+    """Loads blocks into the BlockCache with ranged GETs; the cache entry of a block is its
+    single in-flight load, shared by every reader. Extends GETs of hot stream-set objects
+    over neighbouring blocks (speculative prefetch, see the module docstring)."""
+
+    def __init__(self, storage: ObjectStorage, cache: BlockCache, *,
+                 prefetch_span_bytes: int = PREFETCH_SPAN_BYTES,
+                 demand: ObjectDemand | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.storage = storage
         self.cache = cache
-        self._inflight: dict[BlockKey, Future] = {}
+        self.prefetch_span_bytes = prefetch_span_bytes
+        self.demand = demand or ObjectDemand(clock=clock)
+        self._clock = clock
         self._lock = threading.Lock()
         self.bytes_fetched = 0
+        self.gets = 0
+        self._backoff_until = 0.0
+        self._waste_base = (0, 0)  # (prefetched, wasted) bytes when last judged
 
-    def load(self, loc: ObjectLocation, entries: list[IndexEntry]) -> None:
-        """Issue ranged GETs for `entries` (adjacent ones of the object in one request)."""
-        runs: list[list[IndexEntry]] = []
-        for e in entries:
-            if runs and runs[-1][-1].end_position == e.position:
-                runs[-1].append(e)
-            else:
-                runs.append([e])
+    def note_read(self, object_id: int, stream_id: int) -> None:
+        """A reader plans blocks of `stream_id` in the object (evidence of demand)."""
+        self.demand.note(object_id, stream_id)
+
+    def load(self, loc: ObjectLocation, entries: list[IndexEntry],
+             layout: ObjectLayout | None = None) -> None:
+        """Issue ranged GETs for `entries` (which the caller watched; adjacent ones of the
+        object in one request). With the object's `layout`, a GET of a hot stream-set
+        object also covers the other blocks of its prefetch segment that nobody holds."""
+        runs = contiguous(entries)
+        extend = layout is not None and self.prefetch_span_bytes > 0 \
+            and self._prefetch_allowed() and self.demand.hot(loc.object_id)
         for run in runs:
-            start, end = run[0].position, run[-1].end_position
-            futures = {}
-            with self._lock:
-                for e in run:
-                    fut: Future = Future()
-                    self._inflight[(loc.object_id, e.position)] = fut
-                    futures[(loc.object_id, e.position)] = (e, fut)
-            get = self.storage.get_range_async(loc.bucket_id, object_key(loc.object_id),
-                                               start, end, Priority.CATCH_UP)
-            get.add_done_callback(lambda f, run=run, start=start, futures=futures:
-                                  self._on_loaded(f, start, futures))
+            if extend:
+                for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
+                                               key=lambda e: e.position)):
+                    self._get(loc, group)
+            else:
+                self._get(loc, run)
 
-    def _on_loaded(self, get: Future, start: int, futures: dict) -> None:
+    def _neighbours(self, loc: ObjectLocation, layout: ObjectLayout,
+                    run: list[IndexEntry]) -> list[IndexEntry]:
+        """The other blocks of the run's segment nobody holds, registered as speculative.
+
+        Segments are fixed, aligned byte ranges of `prefetch_span_bytes`, so readers
+        missing on different streams of one segment agree on which GET covers them (a
+        span that starts at each miss would leave a small hole before every other
+        reader's span). A block cached, in flight, already read, or over the budget is
+        skipped; the object store merges the resulting nearby GETs again."""
+        span = self.prefetch_span_bytes
+        seg_start = run[0].position // span * span
+        seg_end = seg_start + span
+        mine = {e.position for e in run}
+        out: list[IndexEntry] = []
+        i = bisect.bisect_left(layout.positions, seg_start)
+        for e in layout.entries[i:]:
+            if e.position >= seg_end:  # a block belongs to the segment it starts in
+                break
+            if e.position in mine:
+                continue
+            if self.cache.prefetch((loc.object_id, e.position), e.size):
+                out.append(e)
+        return out
+
+    def _prefetch_allowed(self) -> bool:
+        """False while backing off because too many prefetched bytes went unread."""
+        now = self._clock()
+        with self._lock:
+            if now < self._backoff_until:
+                return False
+            prefetched = self.cache.prefetched_bytes - self._waste_base[0]
+            wasted = self.cache.prefetch_wasted_bytes - self._waste_base[1]
+            if prefetched >= PREFETCH_WASTE_MIN_BYTES:
+                if wasted > PREFETCH_MAX_WASTE_RATIO * prefetched:
+                    self._backoff_until = now + PREFETCH_BACKOFF_S
+                    self._waste_base = (self.cache.prefetched_bytes,
+                                        self.cache.prefetch_wasted_bytes)
+                    return False
+            return True
+
+    def _get(self, loc: ObjectLocation, run: list[IndexEntry]) -> None:
+        start, end = run[0].position, run[-1].end_position
+        with self._lock:
+            self.gets += 1
+        get = self.storage.get_range_async(loc.bucket_id, object_key(loc.object_id),
+                                           start, end, Priority.CATCH_UP)
+        get.add_done_callback(lambda f: self._on_loaded(f, loc.object_id, start, run))
+
+    def _on_loaded(self, get: Future, object_id: int, start: int,
+                   run: list[IndexEntry]) -> None:
         error = get.exception()
         data = None if error else get.result()
         if data is not None:
             with self._lock:
                 self.bytes_fetched += len(data)
-        for key, (entry, fut) in futures.items():
+        for entry in run:
+            key = (object_id, entry.position)
             try:
                 if error is not None:
                     raise error
                 block = memoryview(data)[entry.position - start: entry.end_position - start]
-                batches = decode_block(block, entry)
-                self.cache.fill(key, batches, entry.size)
-                fut.set_result(batches)
+                self.cache.fill(key, decode_block(block, entry), entry.size)
             except BaseException as exc:
-                self.cache.fail(key)
-                fut.set_exception(exc)
-            finally:
-                with self._lock:
-                    if self._inflight.get(key) is fut:
-                        del self._inflight[key]
+                self.cache.fail(key, exc)
 
     def wait(self, key: BlockKey) -> list[StreamRecordBatch] | None:
-        """The block's batches: from the cache, or once its in-flight load completes."""
+        """The block's batches: from the cache, or once its in-flight load completes;
+        None if nobody has it cached or in flight."""
         batches = self.cache.get(key)
         if batches is not None:
             return batches
-        with self._lock:
-            fut = self._inflight.get(key)
-        if fut is None:
+        ready = self.cache.pending(key)
+        if ready is None:
             return self.cache.get(key)
-        return fut.result(timeout=BLOCK_WAIT_TIMEOUT_S)
+        return ready.result(timeout=BLOCK_WAIT_TIMEOUT_S)
+
+
+def contiguous(entries: list[IndexEntry]) -> list[list[IndexEntry]]:
+    """Blocks (in byte order) grouped into runs of adjacent ones."""
+    runs: list[list[IndexEntry]] = []
+    for e in entries:
+        if runs and runs[-1][-1].end_position == e.position:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs
 
 
 @dataclass
@@ -212,6 +368,7 @@ class StreamReader:
         held = sum(p.entry.size for p in self._window)
         cursor = self._window[-1].entry.end_offset if self._window else self.next_offset
         to_load: dict[int, tuple[ObjectLocation, list[IndexEntry]]] = {}
+        noted: set[int] = set()
         while held < want_bytes and cursor < end_offset:
             locs = self._locate(cursor, end_offset)
             if not locs:
@@ -223,6 +380,9 @@ class StreamReader:
                 if loc.start_offset > cursor:
                     break
                 index = self.index_cache.get(loc, self.stream_id)
+                if loc.object_id not in noted:
+                    noted.add(loc.object_id)
+                    self.fetcher.note_read(loc.object_id, self.stream_id)
                 for entry in find_blocks(index, self.stream_id, cursor, end_offset,
                                          max(want_bytes - held, 1)):
                     key = (loc.object_id, entry.position)
@@ -237,7 +397,7 @@ class StreamReader:
             if not progressed:
                 break
         for loc, entries in to_load.values():
-            self.fetcher.load(loc, entries)
+            self.fetcher.load(loc, entries, self.index_cache.layout(loc.object_id))
 
     # ------------------------------------------------------------ reading
 
@@ -259,8 +419,8 @@ class StreamReader:
                 waited = True
             batches = self.fetcher.wait(planned.key)
             if batches is None:  # dropped meanwhile (should not happen while watched): reload
-                self.cache.watch(planned.key, self, planned.entry.size)
-                self.fetcher.load(planned.loc, [planned.entry])
+                if self.cache.watch(planned.key, self, planned.entry.size):
+                    self.fetcher.load(planned.loc, [planned.entry])
                 batches = self.fetcher.wait(planned.key) or []
             full = True
             for batch in batches:
