@@ -2,15 +2,24 @@
 
     python benchmarks/catchup_bench.py [--streams 1000] [--backlog-kib 512] [--record-kib 16]
                                        [--workers 16] [--cache-mib 2048] [--runs 3]
+                                       [--upload-mib 64] [--split-kib 8192]
 
-1. A writer engine fills `streams` streams with a backlog each and uploads it (objects).
+1. A writer engine fills `streams` streams with a backlog each and uploads it every
+   `upload-mib` (streams with at least `split-kib` in one upload get stream objects, the
+   rest share a stream-set object). The defaults give stream-set objects (~170 KiB per
+   stream per object); `--streams 64 --backlog-kib 8192 --upload-mib 256 --split-kib 2048
+   --upload-interval-s 3600` gives 4 MiB stream objects, the layout of older data after
+   AutoMQ's compaction.
 2. Baseline: raw boto3 ranged GETs of every committed object, 512 KiB ranges, `workers`
    threads (the object store's own speed on this machine, in this run).
 3. A fresh reader engine (empty caches) reads every stream from offset 0 to its end through
    the Stream API, `workers` threads taking streams round-robin, each stream at its own pace
    (max bytes per fetch between 64 KiB and 1 MiB), so read windows of all streams are active
-   together. Reported: MB/s delivered, the ratio to the baseline, bytes fetched from S3 per
-   byte delivered, and block-cache bytes held per active read window (sampled).
+   together. Reported: MB/s delivered, the ratio to the baseline, bytes fetched per byte
+   delivered (by the block fetcher, and as received by the object store: index reads and
+   bytes between merged ranges included), GET requests, and block-cache bytes per active
+   read window (sampled; per reader with held blocks in the engine's list, which leaves out
+   readers in the middle of a read, and per reader watching blocks in the cache).
 Medians over `runs` runs; JSON on stdout.
 """
 
@@ -36,10 +45,13 @@ from tests.integration.quorum_harness import QuorumHarness  # noqa: E402
 MIB = 1024 * 1024
 
 
-def fill(q, store, tmp: Path, streams: int, backlog: int, record: int) -> list[tuple[int, int]]:
-    writer = make_engine(q.client, store, tmp / "writer", 1, upload_threshold_bytes=64 * MIB,
-                         stream_split_bytes=8 * MIB, log_cache_uploaded_bytes=0,
-                         wal_capacity_bytes=512 * MIB)
+def fill(q, store, tmp: Path, streams: int, backlog: int, record: int,
+         upload_bytes: int = 64 * MIB, split_bytes: int = 8 * MIB,
+         upload_interval_s: float = 5.0) -> list[tuple[int, int]]:
+    writer = make_engine(q.client, store, tmp / "writer", 1, upload_threshold_bytes=upload_bytes,
+                         stream_split_bytes=split_bytes, upload_interval_s=upload_interval_s,
+                         log_cache_uploaded_bytes=0,
+                         wal_capacity_bytes=max(512 * MIB, 2 * upload_bytes))
     writer.start()
     ends = []
     try:
@@ -94,7 +106,7 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
     elapsed = time.monotonic() - t
     storage.close()
     return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
-            "objects": len(objs)}
+            "objects": len(objs), "requests": len(ranges)}
 
 
 def s3_gets(engine) -> tuple[int, int]:
@@ -104,7 +116,9 @@ def s3_gets(engine) -> tuple[int, int]:
             int(m.requests.labels(op="get", bucket_id="0", status="ok")._value.get()))
 
 
-def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int) -> dict:
+def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int,
+                   read_every: int = 1) -> dict:
+    ends = ends[::read_every]  # a sparse catch-up reads only some streams of each object
     reader = make_engine(q.client, store, tmp / f"reader-{run}", 100 + run,
                          block_cache_bytes=cache_mib * MIB, wal_capacity_bytes=16 * MIB)
     reader.start()
@@ -186,6 +200,13 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--cache-mib", type=int, default=2048)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--upload-mib", type=int, default=64, help="writer's upload threshold")
+    p.add_argument("--split-kib", type=int, default=8192, help="writer's stream_split_bytes")
+    p.add_argument("--read-every", type=int, default=1,
+                   help="read only every Nth stream (sparse catch-up: prefetch must not "
+                        "fetch what nobody reads; the MB/s ratio then means little)")
+    p.add_argument("--upload-interval-s", type=float, default=5.0,
+                   help="writer's upload interval (large: uploads by threshold only)")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -193,20 +214,25 @@ def main() -> int:
                 QuorumHarness(tmp / "q", session_timeout_ms=600_000) as q:
             q.leader()
             t = time.monotonic()
-            ends = fill(q, store, tmp, a.streams, a.backlog_kib * 1024, a.record_kib * 1024)
+            ends = fill(q, store, tmp, a.streams, a.backlog_kib * 1024, a.record_kib * 1024,
+                        a.upload_mib * MIB, a.split_kib * 1024, a.upload_interval_s)
             fill_s = time.monotonic() - t
             raws, blocks, engines = [], [], []
             for run in range(a.runs):
                 raws.append(raw_baseline(q, store, ends, a.workers))
                 blocks.append(raw_baseline(q, store, ends, a.workers, per_block=True))
-                engines.append(engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run))
+                engines.append(engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run,
+                                              a.read_every))
     raw_mb = statistics.median(r["mb_per_s"] for r in raws)
     eng_mb = statistics.median(e["mb_per_s"] for e in engines)
     block_mb = statistics.median(r["mb_per_s"] for r in blocks)
     print(json.dumps({
         "streams": a.streams, "backlog_per_stream_kib": a.backlog_kib,
         "record_kib": a.record_kib, "workers": a.workers, "cache_mib": a.cache_mib,
+        "upload_mib": a.upload_mib, "split_kib": a.split_kib,
+        "upload_interval_s": a.upload_interval_s, "read_every": a.read_every,
         "fill_seconds": round(fill_s, 1), "objects": raws[0]["objects"],
+        "mean_object_mib": round(raws[0]["bytes"] / raws[0]["objects"] / MIB, 1),
         "raw_get_mb_per_s_median": round(raw_mb, 1),
         "engine_mb_per_s_median": round(eng_mb, 1),
         "ratio_engine_to_raw": round(eng_mb / raw_mb, 3),
@@ -218,6 +244,18 @@ def main() -> int:
             e["held_bytes_per_window_median"] for e in engines) / 1024, 1),
         "held_bytes_per_window_p99_kib": round(statistics.median(
             e["held_bytes_per_window_p99"] for e in engines) / 1024, 1),
+        "held_bytes_per_watcher_median_kib": round(statistics.median(
+            e["held_bytes_per_watcher_median"] for e in engines) / 1024, 1),
+        "held_bytes_per_watcher_p99_kib": round(statistics.median(
+            e["held_bytes_per_watcher_p99"] for e in engines) / 1024, 1),
+        "s3_get_bytes_per_delivered_median": round(statistics.median(
+            e["s3_get_bytes_per_delivered"] for e in engines), 3),
+        "engine_s3_get_requests_median": statistics.median(
+            e["s3_get_requests"] for e in engines),
+        "raw_get_requests": raws[0]["requests"],
+        # each engine run against the raw run just before it
+        "ratio_per_run": [round(e["mb_per_s"] / r["mb_per_s"], 3)
+                          for e, r in zip(engines, raws)],
         "runs": {"raw": raws, "raw_per_block": blocks, "engine": engines},
     }, indent=2))
     return 0

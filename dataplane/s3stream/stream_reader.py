@@ -10,9 +10,12 @@ had to wait for a block (a miss) and the cache has room, up to 32 MiB.
 Stream-set objects hold a little of many streams (~100s of KiB each), so per-stream reads
 are small GETs, and object stores serve a limited number of GETs per second. When several
 streams are being caught up through the same stream-set object at once (the object is
-"hot"), a missed block's GET is extended over the following blocks of other streams, up to
-`prefetch_span_bytes`; those blocks enter the BlockCache as speculative blocks that the
-streams' readers claim (see block_cache.py). The fetcher stops prefetching for a while when
+"hot") and another stream missed in the same aligned segment of `prefetch_span_bytes`
+(4 MiB) lately, a missed block's GET is extended over the other blocks of that segment
+that nobody holds or has read (so a few consumers reading streams scattered over an object
+prefetch nothing); those blocks enter the
+BlockCache as speculative blocks that the streams' readers claim (see block_cache.py),
+within the cache's bytes-per-reader budget. The fetcher stops prefetching for a while when
 more than 5% of the prefetched bytes were dropped unread.
 """
 
@@ -21,10 +24,10 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Hashable, Protocol
 
 from dataplane.objectstore import ObjectStorage, Priority, object_key
 from dataplane.s3stream.block_cache import BlockCache, BlockKey
@@ -45,13 +48,15 @@ TAIL_READ_BYTES = 64 * 1024
 MAX_LOCATIONS_PER_LOOKUP = 64
 BLOCK_WAIT_TIMEOUT_S = 60.0
 # prefetch of neighbouring blocks in stream-set objects (see the module docstring)
-PREFETCH_SPAN_BYTES = 4 * 1024 * 1024       # one GET at most; AutoMQ merges reads <= 4 MiB
+PREFETCH_SPAN_BYTES = 4 * 1024 * 1024       # segment size; AutoMQ merges reads <= 4 MiB
 PREFETCH_MIN_STREAMS = 4                    # distinct streams reading an object recently ...
+PREFETCH_MIN_SEGMENT_STREAMS = 2            # ... and missing in the segment ...
 PREFETCH_HOT_WINDOW_S = 2.0                 # ... within this many seconds make it hot
 PREFETCH_MAX_WASTE_RATIO = 0.05             # dropped-unread / prefetched before backing off
 PREFETCH_WASTE_MIN_BYTES = 16 * 1024 * 1024  # judge the ratio only after this much prefetch
 PREFETCH_BACKOFF_S = 60.0
 MAX_DEMAND_OBJECTS = 1024                   # objects whose recent readers are tracked
+MAX_DEMAND_SEGMENTS = 8192                  # segments whose recent misses are tracked
 
 
 @dataclass(frozen=True)
@@ -159,9 +164,10 @@ class IndexCache:
 
 
 class ObjectDemand:
-    """Which streams read which objects lately: an object read by at least `min_streams`
-    distinct streams within `window_s` is "hot" (many readers catching up through it).
-    Bounded: the last `max_objects` objects, the last `min_streams` reads of each."""
+    """Which streams read which objects (or segments of objects) lately: a key read by at
+    least `min_streams` distinct streams within `window_s` is "hot" (several readers
+    catching up through it). Bounded: the last `max_objects` keys, the last `min_streams`
+    reads of each."""
 
     def __init__(self, min_streams: int = PREFETCH_MIN_STREAMS,
                  window_s: float = PREFETCH_HOT_WINDOW_S,
@@ -171,12 +177,12 @@ class ObjectDemand:
         self.window_s = window_s
         self.max_objects = max_objects
         self._clock = clock
-        # object id -> (stream id -> last read time), at most min_streams streams each
-        self._reads: OrderedDict[int, OrderedDict[int, float]] = OrderedDict()
+        # key -> (stream id -> last read time), at most min_streams streams each
+        self._reads: OrderedDict[Hashable, OrderedDict[int, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def note(self, object_id: int, stream_id: int) -> None:
-        """`stream_id` is reading blocks of `object_id` now."""
+    def note(self, object_id: Hashable, stream_id: int) -> None:
+        """`stream_id` is reading blocks of `object_id` (an object, or a segment) now."""
         now = self._clock()
         with self._lock:
             streams = self._reads.get(object_id)
@@ -191,7 +197,7 @@ class ObjectDemand:
             while len(streams) > self.min_streams:
                 streams.popitem(last=False)
 
-    def hot(self, object_id: int) -> bool:
+    def hot(self, object_id: Hashable) -> bool:
         """Whether `min_streams` distinct streams read the object within the window."""
         now = self._clock()
         with self._lock:
@@ -215,6 +221,8 @@ class BlockFetcher:
         self.cache = cache
         self.prefetch_span_bytes = prefetch_span_bytes
         self.demand = demand or ObjectDemand(clock=clock)
+        self.segment_demand = ObjectDemand(PREFETCH_MIN_SEGMENT_STREAMS, self.demand.window_s,
+                                           MAX_DEMAND_SEGMENTS, clock)
         self._clock = clock
         self._lock = threading.Lock()
         self.bytes_fetched = 0
@@ -235,12 +243,15 @@ class BlockFetcher:
         extend = layout is not None and self.prefetch_span_bytes > 0 \
             and self._prefetch_allowed() and self.demand.hot(loc.object_id)
         for run in runs:
-            if extend:
-                for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
-                                               key=lambda e: e.position)):
-                    self._get(loc, group)
-            else:
-                self._get(loc, run)
+            if layout is not None and self.prefetch_span_bytes > 0:
+                segment = (loc.object_id, run[0].position // self.prefetch_span_bytes)
+                self.segment_demand.note(segment, run[0].stream_id)
+                if extend and self.segment_demand.hot(segment):
+                    for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
+                                                   key=lambda e: e.position)):
+                        self._get(loc, group)
+                    continue
+            self._get(loc, run)
 
     def _neighbours(self, loc: ObjectLocation, layout: ObjectLayout,
                     run: list[IndexEntry]) -> list[IndexEntry]:
