@@ -56,15 +56,23 @@ class LogCache:
         self.pending_upload_bytes += batch.size_bytes
         self._pending.append((batch, wal_next_offset))
 
-    def take_pending(self, max_bytes: int) -> tuple[list[StreamRecordBatch], int]:
-        """Up to `max_bytes` of not-yet-uploaded batches in WAL order (at least one), and the
-        WAL offset up to which the WAL may be trimmed once they are committed."""
+    def pending_wal_end(self) -> int:
+        """WAL offset just past the last batch not uploaded yet (-1 if none)."""
+        return self._pending[-1][1] if self._pending else -1
+
+    def take_pending(self, max_bytes: int,
+                     up_to_wal_offset: int | None = None) -> tuple[list[StreamRecordBatch], int]:
+        """Up to `max_bytes` of not-yet-uploaded batches in WAL order (at least one), none
+        past `up_to_wal_offset`, and the WAL offset up to which the WAL may be trimmed once
+        they are committed."""
         taken: list[StreamRecordBatch] = []
         size = 0
         wal_end = -1
         i = 0
         while i < len(self._pending) and (not taken or size + self._pending[i][0].size_bytes <= max_bytes):
             batch, wal_next = self._pending[i]
+            if up_to_wal_offset is not None and wal_next > up_to_wal_offset:
+                break
             taken.append(batch)
             size += batch.size_bytes
             wal_end = wal_next

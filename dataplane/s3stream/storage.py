@@ -490,11 +490,18 @@ class S3Storage:
                 self._stop.wait(1.0)
 
     def _upload_all(self) -> None:
-        """Upload pending batches, object after object, until none is left."""
+        """Upload the batches pending when called, object after object. Batches acknowledged
+        meanwhile wait for the next upload: under steady produce load, chasing them would
+        never finish (and a stream close waiting on it would never happen)."""
+        with self._lock:
+            target = self.log_cache.pending_wal_end()
+        if target < 0:
+            return
         with self._upload_lock:
             for _ in range(100_000):
                 with self._lock:
-                    batches, wal_end = self.log_cache.take_pending(self.config.max_object_bytes)
+                    batches, wal_end = self.log_cache.take_pending(self.config.max_object_bytes,
+                                                                   target)
                 if not batches:
                     return
                 self._upload(batches, wal_end)
