@@ -49,6 +49,9 @@ _STATUS_FOR_ERROR = {
 class ControllerHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 overflows when brokers' long-polls, heartbeats and
+    # commits arrive together; a dropped SYN costs the client a 1 s retransmission
+    request_queue_size = 256
 
     def __init__(self, address: tuple[str, int], node: "ControllerNode"):
         self.node = node

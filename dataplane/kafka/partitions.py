@@ -236,8 +236,8 @@ class PartitionManager:
                 leaving.append(plog)
         # closes first: a partition that moved away and back must have its old epoch's WAL
         # data uploaded before the new epoch's range starts at the committed end
-        for job in [self._pool.submit(self._close, plog) for plog in leaving]:
-            job.result()
+        if leaving:
+            self._close_all(leaving)
         jobs = [self._pool.submit(self._open, key, name, epoch, stream_id)
                 for key, (name, epoch, stream_id) in wanted.items()
                 if not (key in current and current[key].leader_epoch == epoch)]
@@ -245,17 +245,22 @@ class PartitionManager:
             job.result()
         self._close_orphans(image, wanted)
 
-    def _close(self, plog: PartitionLog) -> None:
+    def _close_all(self, leaving: list[PartitionLog]) -> None:
+        """One upload for all partitions that moved away, then their closes."""
         try:
-            plog.stream.close()
-            log.info("no longer leading %s-%d: stream %d uploaded and closed", plog.topic,
-                     plog.partition, plog.stream.stream_id)
-        except Exception as exc:  # fenced, or the controller is away: failover covers it
-            log.warning("closing %s-%d (stream %d) failed: %s", plog.topic, plog.partition,
-                        plog.stream.stream_id, exc)
+            errors = self.storage.close_streams([plog.stream for plog in leaving])
+        except Exception as exc:  # the upload failed: failover (or a retry) covers them
+            errors = [exc] * len(leaving)
         finally:
             with self._lock:
-                self._closing -= 1
+                self._closing -= len(leaving)
+        for plog, error in zip(leaving, errors):
+            if error is None:
+                log.info("no longer leading %s-%d: stream %d uploaded and closed", plog.topic,
+                         plog.partition, plog.stream.stream_id)
+            else:
+                log.warning("closing %s-%d (stream %d) failed: %s", plog.topic, plog.partition,
+                            plog.stream.stream_id, error)
 
     def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
         try:

@@ -413,27 +413,51 @@ class S3Storage:
         state.start_offset = new_start
 
     def _close_stream(self, state: _StreamState) -> None:
-        if state.closed:
-            return
-        with state.lock:  # appends check `closing` under this lock: none starts after it
-            state.closing = True
-        # appends already in the WAL queue may still be acknowledged: wait until they are
-        # in the LogCache, or the upload below would miss acknowledged records
-        deadline = time.monotonic() + self.config.close_wait_s
-        while state.confirmed_offset < state.next_offset and state.error is None:
-            if time.monotonic() > deadline:
-                raise StorageError(f"stream {state.stream_id}: appends up to {state.next_offset}"
-                                   f" are not durable after {self.config.close_wait_s}s; "
-                                   f"not closing (its WAL failover will upload them)")
-            time.sleep(0.002)
+        self.close_streams([state])
+
+    def close_streams(self, states: "list[_StreamState | Stream]") -> list[BaseException | None]:
+        """Close several streams with one upload: stop their appends, wait until appends
+        already in the WAL queue are acknowledged (else the upload would miss acknowledged
+        records), upload, then close each with the controller. Returns per stream None or
+        the error that kept it open (its WAL failover uploads it later)."""
+        states = [s._state if isinstance(s, Stream) else s for s in states]
+        for state in states:
+            with state.lock:  # appends check `closing` under this lock: none starts after it
+                state.closing = True
+        started = time.monotonic()
+        deadline = started + self.config.close_wait_s
+        errors: list[BaseException | None] = [None] * len(states)
+        for i, state in enumerate(states):
+            while state.confirmed_offset < state.next_offset and state.error is None:
+                if time.monotonic() > deadline:
+                    errors[i] = StorageError(
+                        f"stream {state.stream_id}: appends up to {state.next_offset} are not "
+                        f"durable after {self.config.close_wait_s}s; not closing")
+                    break
+                time.sleep(0.002)
+        waited = time.monotonic()
         self._upload_all()
-        self.controller.call("close_stream", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": state.stream_id,
-            "stream_epoch": state.epoch})
-        state.closed = True
-        with self._lock:
-            self._streams.pop(state.stream_id, None)
-            self.log_cache.drop_stream(state.stream_id)
+        uploaded = time.monotonic()
+        for i, state in enumerate(states):
+            if state.closed or errors[i] is not None:
+                continue
+            try:
+                self.controller.call("close_stream", {
+                    "node_id": self.node_id, "node_epoch": self.node_epoch,
+                    "stream_id": state.stream_id, "stream_epoch": state.epoch})
+            except ControllerError as exc:
+                errors[i] = exc
+                continue
+            state.closed = True
+            with self._lock:
+                self._streams.pop(state.stream_id, None)
+                self.log_cache.drop_stream(state.stream_id)
+        log.info("closed %d streams: in-flight appends %.0f ms, upload %.0f ms, closes %.0f ms",
+                 sum(1 for e in errors if e is None), (waited - started) * 1000,
+                 (uploaded - waited) * 1000, (time.monotonic() - uploaded) * 1000)
+        if len(states) == 1 and errors[0] is not None:
+            raise errors[0]
+        return errors
 
     def open_stream_ids(self) -> set[int]:
         with self._lock:
