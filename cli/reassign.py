@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cli.output import OutputFormat, console, err_console, fail, print_json
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
+from controlplane.reassignment import LAST_REASSIGNMENT_KEY  # written by reassign_partitions
 from cli.reassign_plan import (
     DEFAULT_TOLERANCE,
     Assignment,
@@ -39,7 +40,6 @@ from cli.reassign_plan import (
 app = typer.Typer(help="Reassign partitions between brokers (no data is copied).",
                   no_args_is_help=True)
 
-LAST_REASSIGNMENT_KEY = "reassignment/last"  # written by the controller's reassign_partitions
 MAX_SAMPLE_S = 300.0
 
 DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
