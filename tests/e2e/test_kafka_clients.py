@@ -18,7 +18,8 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import (  # noqa: E402
+    Consumer, KafkaError, KafkaException, Producer, TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 
@@ -136,58 +137,100 @@ def test_confluent_default_and_idempotent_producers_with_compression(cluster):
     assert_exactly_once(acked, consumed)
 
 
+def commit_sync(consumer: Consumer) -> None:
+    """Commit what `consumer` delivered; having delivered nothing since its last commit is fine."""
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise
+
+
 def test_consumer_group_of_three_rebalances_when_one_leaves(cluster):
     topic = f"events-{uuid.uuid4().hex[:6]}"
-    create_topic(cluster["bootstrap"], topic, 6)
+    partitions = 6
+    create_topic(cluster["bootstrap"], topic, partitions)
     acked = produce_confluent(cluster["bootstrap"], topic, 3000, acks="all")
-    group = f"g-{topic}"
-    conf = {"bootstrap.servers": cluster["bootstrap"], "group.id": group,
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500}
-    consumers = [Consumer(conf) for _ in range(3)]
-    for c in consumers:
-        c.subscribe([topic])
-    got = []
-    assigned = defaultdict(set)
-    try:
-        deadline = time.monotonic() + 60
-        # phase 1: all three share the partitions
-        while time.monotonic() < deadline and len(got) < 1000:
-            for i, c in enumerate(consumers):
-                msg = c.poll(0.1)
-                if msg is not None and not msg.error():
-                    got.append(msg)
-                    assigned[i].add(msg.partition())
-        for c in consumers:
-            c.commit(asynchronous=False)
-        assert len([i for i in assigned if assigned[i]]) >= 2, "partitions were not shared"
-        leaving = consumers.pop()
-        leaving.close()
-        # phase 2: the remaining two take over the leaver's partitions from its commits
-        while time.monotonic() < deadline + 60 and len({(m.partition(), m.offset()) for m in got}) < 3000:
-            for c in consumers:
-                msg = c.poll(0.1)
-                if msg is not None and not msg.error():
-                    got.append(msg)
-        for c in consumers:
-            c.commit(asynchronous=False)
-    finally:
-        for c in consumers:
-            c.close()
-    unique = {}
-    for m in got:
-        unique.setdefault((m.partition(), m.offset()), m)
-    assert len(unique) == 3000
-    assert_exactly_once(acked, list(unique.values()))
-    # committed offsets of the group cover everything
-    admin_consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": group})
-    try:
-        committed = admin_consumer.committed([TopicPartition(topic, p) for p in range(6)], timeout=20)
-    finally:
-        admin_consumer.close()
     ends = defaultdict(int)
     for a in acked:
         ends[a["partition"]] = max(ends[a["partition"]], a["offset"] + 1)
+    group = f"g-{topic}"
+    conf = {"bootstrap.servers": cluster["bootstrap"], "group.id": group,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "session.timeout.ms": 6_000, "heartbeat.interval.ms": 500}
+    consumers = [Consumer(conf) for _ in range(3)]
+    revoke_commit_errors = []
+
+    def commit_on_revoke(consumer, revoked):
+        # what a careful client does: commit what it consumed before it loses partitions
+        # (the coordinator must accept it: the member is still in the rebalancing generation)
+        try:
+            commit_sync(consumer)
+        except KafkaException as exc:  # never raise out of a librdkafka callback
+            revoke_commit_errors.append(exc)
+
+    for c in consumers:
+        c.subscribe([topic], on_revoke=commit_on_revoke)
+    unique = {}  # (partition, offset) -> first delivery, across all members
+    delivered_by = defaultdict(set)
+
+    def take(i: int, consumer: Consumer, max_messages: int) -> None:
+        # consume() returns what is buffered at once: a member with nothing to deliver
+        # costs its timeout, not one timeout per message of the others (poll(0.1) in turn
+        # delivered ~10 messages/s and ran out of time under load, looking like loss)
+        for msg in consumer.consume(max_messages, timeout=0.05):
+            if msg.error():
+                continue
+            unique.setdefault((msg.partition(), msg.offset()), msg)
+            delivered_by[i].add(msg.partition())
+
+    all_tps = [TopicPartition(topic, p) for p in range(partitions)]
+    try:
+        # phase 1: all three share the partitions; stop part-way
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(unique) < 1000:
+            for i, c in enumerate(consumers):
+                take(i, c, 20)
+        assert len(unique) >= 1000, f"phase 1 delivered only {len(unique)}"
+        assert len([i for i in delivered_by if delivered_by[i]]) >= 2, "partitions were not shared"
+        for c in consumers:
+            commit_sync(c)
+        leaving = consumers.pop()
+        leaving.close()  # its on_revoke commits what it delivered since the commit above
+        # phase 2: the remaining two take over the leaver's partitions from its commits.
+        # Done when every acked message was delivered and the group's commits cover
+        # everything (a member may still be redelivering what its last commit missed).
+        deadline = time.monotonic() + 60
+        committed = {}
+        next_check = 0.0
+        while time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                take(i, c, 500)
+            if len(unique) >= len(acked) and time.monotonic() >= next_check:
+                for c in consumers:
+                    commit_sync(c)
+                committed = {tp.partition: tp.offset
+                             for tp in consumers[0].committed(all_tps, timeout=20)}
+                if committed == dict(ends):
+                    break
+                next_check = time.monotonic() + 0.5
+        for c in consumers:
+            commit_sync(c)
+    finally:
+        for c in consumers:
+            c.close()
+    missing = sorted({(a["partition"], a["offset"]) for a in acked} - set(unique))
+    assert not missing, \
+        f"{len(missing)} acked messages never delivered to the group, e.g. {missing[:5]}"
+    assert len(unique) == 3000
+    assert_exactly_once(acked, list(unique.values()))
+    assert not revoke_commit_errors, revoke_commit_errors
+    # committed offsets of the group cover everything
+    admin_consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": group})
+    try:
+        committed = admin_consumer.committed(all_tps, timeout=20)
+    finally:
+        admin_consumer.close()
     assert {tp.partition: tp.offset for tp in committed} == dict(ends)
 
 
