@@ -6,7 +6,9 @@ ObjectStorage, which merges reads "<= 4 MiB within 5 ms" - requests are held for
 window and coalesced:
 
 * a new range joins an open batch of the same (bucket id, key) when the gap between it and
-  the batch's span is at most `gap_bytes` and the merged span stays within `max_bytes`;
+  the batch's span is at most `gap_bytes` (or the smaller gap the request or any member of
+  the batch allows: the bytes in a gap are read and thrown away) and the merged span stays
+  within `max_bytes`;
   otherwise it opens a new batch (several batches of one key may be open at once);
 * a batch is flushed `window_s` after it was opened, or at once when its span reaches
   `max_bytes`, or on `close()`;
@@ -59,6 +61,7 @@ class ReadBatch:
     deadline_s: float
     members: list[RangeRequest] = field(default_factory=list)
     flushed: bool = False
+    gap_bytes: int | None = None  # the smallest gap a member allows (None: the merger's)
 
     def span_bytes(self) -> int:
         return self.end_exclusive - self.start
@@ -131,11 +134,15 @@ class RangeMerger:
         return self.enabled and 0 < end_exclusive - start <= self._max
 
     def submit(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-               priority: Priority) -> Future:
+               priority: Priority, max_gap_bytes: int | None = None) -> Future:
         """Queue a range read; returns the future of its bytes.
 
-        The caller checks `mergeable` first. Raises ObjectStoreError after `close()`.
+        `max_gap_bytes` (if smaller than the merger's gap) bounds the gap this range may be
+        merged across. The caller checks `mergeable` first. Raises ObjectStoreError after
+        `close()`.
         """
+        if max_gap_bytes is not None and max_gap_bytes < 0:
+            raise ValueError("max_gap_bytes must be >= 0")
         request = RangeRequest(start, end_exclusive)
         flush_now: ReadBatch | None = None
         with self._cond:
@@ -143,7 +150,8 @@ class RangeMerger:
                 raise ObjectStoreError("object storage is closed", op="get",
                                        bucket_id=bucket_id, key=key)
             batches = self._open.setdefault((bucket_id, key), [])
-            target = next((b for b in batches if self._fits(b, start, end_exclusive)), None)
+            target = next((b for b in batches
+                           if self._fits(b, start, end_exclusive, max_gap_bytes)), None)
             if target is None and self._open_count >= self._max_open:
                 # too many open batches: this one goes out on its own, right away
                 target = self._new_batch(bucket_id, key, start, end_exclusive, priority)
@@ -155,6 +163,7 @@ class RangeMerger:
             else:
                 if target is None:
                     target = self._new_batch(bucket_id, key, start, end_exclusive, priority)
+                    target.gap_bytes = max_gap_bytes
                     batches.append(target)
                     self._open_count += 1
                     heapq.heappush(self._deadlines,
@@ -165,6 +174,9 @@ class RangeMerger:
                     target.start = min(target.start, start)
                     target.end_exclusive = max(target.end_exclusive, end_exclusive)
                     target.priority = min(target.priority, priority)
+                    if max_gap_bytes is not None:
+                        target.gap_bytes = max_gap_bytes if target.gap_bytes is None \
+                            else min(target.gap_bytes, max_gap_bytes)
                 target.members.append(request)
                 if target.span_bytes() >= self._max:
                     self._remove(target)
@@ -188,8 +200,10 @@ class RangeMerger:
             self._safe_execute(batch)
 
     # ---------------------------------------------------------------------------------------
-    def _fits(self, batch: ReadBatch, start: int, end_exclusive: int) -> bool:
-        if start > batch.end_exclusive + self._gap or end_exclusive < batch.start - self._gap:
+    def _fits(self, batch: ReadBatch, start: int, end_exclusive: int,
+              max_gap_bytes: int | None = None) -> bool:
+        gap = min(g for g in (self._gap, batch.gap_bytes, max_gap_bytes) if g is not None)
+        if start > batch.end_exclusive + gap or end_exclusive < batch.start - gap:
             return False
         span = max(batch.end_exclusive, end_exclusive) - min(batch.start, start)
         return span <= self._max

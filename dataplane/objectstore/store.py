@@ -371,11 +371,14 @@ class ObjectStorage:
         return data
 
     def get_range_async(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                        priority: Priority = Priority.CATCH_UP) -> Future:
+                        priority: Priority = Priority.CATCH_UP,
+                        max_gap_bytes: int | None = None) -> Future:
         """`get_range` on the pool; concurrent nearby ranges of one object share one GET.
 
         Ranges of at most `merge_max_bytes` wait up to `merge_window_ms` for neighbours
-        (within `merge_gap_bytes`) before one GET serves them all.
+        (within `merge_gap_bytes`, or `max_gap_bytes` if smaller: 0 merges only touching
+        or overlapping ranges, for callers that already hold the bytes in between) before
+        one GET serves them all.
         """
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
@@ -389,7 +392,8 @@ class ObjectStorage:
         self._check_open()
         self._acquire_pending()
         try:
-            future = self._merger.submit(bucket_id, key, start, end_exclusive, priority)
+            future = self._merger.submit(bucket_id, key, start, end_exclusive, priority,
+                                         max_gap_bytes)
         except BaseException:
             self._pending.release()
             raise

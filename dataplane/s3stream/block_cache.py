@@ -191,6 +191,15 @@ class BlockCache:
             entry = self._entries.get(key)
             return None if entry is None else entry.ready
 
+    def read_lately(self, key: BlockKey) -> bool:
+        """Whether a reader wants the block or read it lately (watched, cached after a
+        read, or a remembered ghost) - not merely prefetched."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return not entry.speculative
+            return key in self._ghosts
+
     def keep_unwatched(self, key: BlockKey, batches: list[StreamRecordBatch],
                        size_bytes: int) -> None:
         """Cache a block nobody watches (LRU only)."""

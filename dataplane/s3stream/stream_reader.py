@@ -10,10 +10,11 @@ had to wait for a block (a miss) and the cache has room, up to 32 MiB.
 Stream-set objects hold a little of many streams (~100s of KiB each), so per-stream reads
 are small GETs, and object stores serve a limited number of GETs per second. When several
 streams are being caught up through the same stream-set object at once (the object is
-"hot") and another stream missed in the same aligned segment of `prefetch_span_bytes`
-(4 MiB) lately, a missed block's GET is extended over the other blocks of that segment
-that nobody holds or has read (so a few consumers reading streams scattered over an object
-prefetch nothing); those blocks enter the
+"hot") and the block right before or after the missed one (another stream's) is being read
+or was read lately - readers sweep through neighbouring streams - the missed block's GET is
+extended over the other blocks of its aligned segment of `prefetch_span_bytes` (4 MiB)
+that nobody holds or has read (so consumers reading streams scattered over an object, even
+every other one, prefetch nothing); those blocks enter the
 BlockCache as speculative blocks that the streams' readers claim (see block_cache.py),
 within the cache's bytes-per-reader budget. The fetcher stops prefetching for a while when
 more than 5% of the prefetched bytes were dropped unread.
@@ -50,13 +51,11 @@ BLOCK_WAIT_TIMEOUT_S = 60.0
 # prefetch of neighbouring blocks in stream-set objects (see the module docstring)
 PREFETCH_SPAN_BYTES = 4 * 1024 * 1024       # segment size; AutoMQ merges reads <= 4 MiB
 PREFETCH_MIN_STREAMS = 4                    # distinct streams reading an object recently ...
-PREFETCH_MIN_SEGMENT_STREAMS = 2            # ... and missing in the segment ...
 PREFETCH_HOT_WINDOW_S = 2.0                 # ... within this many seconds make it hot
 PREFETCH_MAX_WASTE_RATIO = 0.05             # dropped-unread / prefetched before backing off
 PREFETCH_WASTE_MIN_BYTES = 16 * 1024 * 1024  # judge the ratio only after this much prefetch
 PREFETCH_BACKOFF_S = 60.0
 MAX_DEMAND_OBJECTS = 1024                   # objects whose recent readers are tracked
-MAX_DEMAND_SEGMENTS = 8192                  # segments whose recent misses are tracked
 
 
 @dataclass(frozen=True)
@@ -89,12 +88,17 @@ class ObjectLayout:
         ordered = sorted(entries, key=lambda e: e.position)
         return ObjectLayout(ordered, [e.position for e in ordered])
 
-    def following(self, position: int) -> list[IndexEntry]:
-        """The blocks from the one starting at `position` on (empty if none starts there)."""
+    def index_of(self, position: int) -> int | None:
+        """Index of the block starting at `position` (None if none starts there)."""
         i = bisect.bisect_left(self.positions, position)
         if i == len(self.positions) or self.positions[i] != position:
-            return []
-        return self.entries[i:]
+            return None
+        return i
+
+    def following(self, position: int) -> list[IndexEntry]:
+        """The blocks from the one starting at `position` on (empty if none starts there)."""
+        i = self.index_of(position)
+        return [] if i is None else self.entries[i:]
 
 
 class IndexCache:
@@ -221,8 +225,6 @@ class BlockFetcher:
         self.cache = cache
         self.prefetch_span_bytes = prefetch_span_bytes
         self.demand = demand or ObjectDemand(clock=clock)
-        self.segment_demand = ObjectDemand(PREFETCH_MIN_SEGMENT_STREAMS, self.demand.window_s,
-                                           MAX_DEMAND_SEGMENTS, clock)
         self._clock = clock
         self._lock = threading.Lock()
         self.bytes_fetched = 0
@@ -243,15 +245,25 @@ class BlockFetcher:
         extend = layout is not None and self.prefetch_span_bytes > 0 \
             and self._prefetch_allowed() and self.demand.hot(loc.object_id)
         for run in runs:
-            if layout is not None and self.prefetch_span_bytes > 0:
-                segment = (loc.object_id, run[0].position // self.prefetch_span_bytes)
-                self.segment_demand.note(segment, run[0].stream_id)
-                if extend and self.segment_demand.hot(segment):
-                    for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
-                                                   key=lambda e: e.position)):
-                        self._get(loc, group)
-                    continue
+            if extend and self._sweeping(loc, layout, run):
+                for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
+                                               key=lambda e: e.position)):
+                    self._get(loc, group)
+                continue
             self._get(loc, run)
+
+    def _sweeping(self, loc: ObjectLocation, layout: ObjectLayout,
+                  run: list[IndexEntry]) -> bool:
+        """Whether the block before or after `run` belongs to another stream whose reader
+        is reading it or read it lately (readers sweep through neighbouring streams)."""
+        i = layout.index_of(run[0].position)
+        if i is None:
+            return False
+        for j in (i - 1, i + len(run)):
+            if 0 <= j < len(layout.entries) and layout.entries[j].stream_id != run[0].stream_id \
+                    and self.cache.read_lately((loc.object_id, layout.entries[j].position)):
+                return True
+        return False
 
     def _neighbours(self, loc: ObjectLocation, layout: ObjectLayout,
                     run: list[IndexEntry]) -> list[IndexEntry]:
@@ -297,8 +309,10 @@ class BlockFetcher:
         start, end = run[0].position, run[-1].end_position
         with self._lock:
             self.gets += 1
+        # merged only with touching ranges: bytes between blocks are other streams'
+        # blocks, cached already or read by nobody (max_gap_bytes=0)
         get = self.storage.get_range_async(loc.bucket_id, object_key(loc.object_id),
-                                           start, end, Priority.CATCH_UP)
+                                           start, end, Priority.CATCH_UP, max_gap_bytes=0)
         get.add_done_callback(lambda f: self._on_loaded(f, loc.object_id, start, run))
 
     def _on_loaded(self, get: Future, object_id: int, start: int,

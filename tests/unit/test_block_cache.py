@@ -141,3 +141,16 @@ def test_invalid_limits_are_refused():
         BlockCache(0)
     with pytest.raises(ValueError):
         BlockCache(10, speculative_ttl_s=0)
+
+
+def test_read_lately_means_wanted_or_consumed_not_prefetched():
+    cache = BlockCache(64 * MiB)
+    assert not cache.read_lately((1, 0))
+    cache.watch((1, 0), "a", 10)
+    assert cache.read_lately((1, 0))                  # being read
+    loaded(cache, (1, 0), 10)
+    cache.unwatch((1, 0), "a")
+    assert cache.read_lately((1, 0))                  # read (a ghost)
+    cache.watch((9, 0), "b", 10)
+    cache.prefetch((1, 10), 10)
+    assert not cache.read_lately((1, 10))             # only prefetched

@@ -262,3 +262,30 @@ def test_merger_flushes_on_window_and_on_close_without_a_store():
     slow.close()
     assert time.monotonic() - t0 < 5 and len(executed) == 1
     merger.close()
+
+
+def test_per_request_gap_limit_merges_only_touching_ranges():
+    executed: list[ReadBatch] = []
+
+    merger = RangeMerger(executed.append, window_s=60.0, gap_bytes=100, max_bytes=1000)
+    merger.submit(0, "k", 0, 10, Priority.CATCH_UP, max_gap_bytes=0)
+    merger.submit(0, "k", 10, 20, Priority.CATCH_UP, max_gap_bytes=0)   # touching: merged
+    merger.submit(0, "k", 30, 40, Priority.CATCH_UP, max_gap_bytes=0)   # a gap: its own
+    merger.submit(0, "k", 45, 50, Priority.CATCH_UP)   # the merger's gap, but a member of
+    merger.submit(0, "k", 200, 210, Priority.CATCH_UP)  # that batch allows none; this
+    merger.submit(0, "k", 215, 220, Priority.CATCH_UP)  # and this one merge as usual
+    merger.close()
+    assert sorted((b.start, b.end_exclusive, len(b.members)) for b in executed) == [
+        (0, 20, 2), (30, 40, 1), (45, 50, 1), (200, 220, 2)]
+    with pytest.raises(ValueError):
+        RangeMerger(executed.append).submit(0, "k", 0, 1, Priority.CATCH_UP, max_gap_bytes=-1)
+
+
+def test_store_passes_the_gap_limit_to_the_merger(objects, registry):
+    data = objects["obj0"]
+    ranges = [(0, 100), (100, 200), (300 * KiB, 301 * KiB)]
+    with make_store(registry) as store:
+        gets = count_gets(store)
+        futures = [store.get_range_async(0, "obj0", s, e, max_gap_bytes=0) for s, e in ranges]
+        assert [f.result(timeout=10) for f in futures] == [data[s:e] for s, e in ranges]
+        assert sorted(gets) == sorted(["bytes=0-199", f"bytes={300 * KiB}-{301 * KiB - 1}"])
