@@ -1,7 +1,7 @@
 """Partition unavailability during controlled shutdown and crash failover, with real clients.
 
     python benchmarks/elastic_bench.py [--rounds 3] [--partitions 12] [--rate 50]
-                                       [--session-timeout-ms 6000] [--base-port 35000]
+                                       [--session-timeout-ms 6000] [--base-port N]
 
 Starts its own cluster (`automqctl cluster up`, 3 brokers) in a temporary directory. An
 idempotent confluent-kafka producer writes to every partition at `rate` msgs/s and records
@@ -58,10 +58,12 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--rate", type=float, default=50.0, help="msgs/s per partition")
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
-    parser.add_argument("--base-port", type=int, default=35000)
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="first of the cluster's ports (default: free ports)")
     args = parser.parse_args()
     d = Path(tempfile.mkdtemp(prefix="elastic-bench-")) / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--base-port", str(args.base_port),
+    ports = ["--base-port", str(args.base_port)] if args.base_port else []
+    up = automqctl("cluster", "up", "--format", "json", *ports,
                    "--session-timeout-ms", str(args.session_timeout_ms), cluster_dir=d)
     if up.returncode != 0:
         print(up.stderr + up.stdout, file=sys.stderr)

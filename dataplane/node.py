@@ -188,7 +188,10 @@ class BrokerNode:
         coordinator = GroupCoordinator()
         offset_store = KVOffsetStore(self.client, image_fn)
         groups = GroupHandlers(coordinator, offset_store,
-                               lambda g: coordinator_for(g, image_fn()) == cfg.node_id)
+                               # a coordinator mid-replay could serve offsets older than
+                               # the previous coordinator's last commit
+                               lambda g: coordinator_for(g, image_fn()) == cfg.node_id
+                               and self.metadata.caught_up)
         live_brokers: list[tuple] = [()]
 
         def on_metadata(image, records) -> None:

@@ -34,8 +34,9 @@ CHAOS_EVENTS = int(os.environ.get("AUTOMQ_CHAOS_EVENTS", "4"))
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("elastic") / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--base-port", "33000",
-                   "--session-timeout-ms", str(SESSION_TIMEOUT_MS), cluster_dir=d)
+    # free ports (the default): a fixed range can collide with ephemeral client ports
+    up = automqctl("cluster", "up", "--format", "json", "--session-timeout-ms",
+                   str(SESSION_TIMEOUT_MS), cluster_dir=d)
     assert up.returncode == 0, up.stderr + up.stdout
     status = json.loads(up.stdout)
     try:

@@ -20,7 +20,6 @@ from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BASE_PORT = 34000
 MAX_MOVE_S = 15.0  # execute + verify, subprocess start-ups included
 
 
@@ -28,8 +27,7 @@ MAX_MOVE_S = 15.0  # execute + verify, subprocess start-ups included
 def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("reassign")
     d = work / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--base-port", str(BASE_PORT),
-                   cluster_dir=d)
+    up = automqctl("cluster", "up", "--format", "json", cluster_dir=d)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         status = json.loads(up.stdout)
