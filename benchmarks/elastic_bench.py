@@ -33,17 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
 
 
-def _wait_writable(ledger: AckLedger, partitions: set[int], after_s: float,
-                   timeout_s: float = 60) -> dict[int, float]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        again = ledger.writable_again_s(partitions, after_s)
-        if all(v != float("inf") for v in again.values()):
-            return again
-        time.sleep(0.05)
-    return ledger.writable_again_s(partitions, after_s)
-
-
 def _summary(values: list[float]) -> dict:
     if not values:
         return {}
@@ -85,7 +74,7 @@ def main() -> int:
                 out = automqctl("broker", verb, str(node), cluster_dir=d)
                 event = time.monotonic() if kind == "crash" else before
                 assert out.returncode == 0, out.stderr
-                _wait_writable(ledger, moved, time.monotonic())
+                ledger.wait_writable(moved, time.monotonic(), 60, raise_on_timeout=False)
                 time.sleep(1)
                 gaps = ledger.unavailability_s(moved, before - 2)
                 results[kind] += list(gaps.values())

@@ -113,6 +113,17 @@ def require_failover_target(image: MetadataImage, node_id: int, node_epoch: int,
     return wal
 
 
+def authorize_owner(image: MetadataImage, node_id: int, node_epoch: int,
+                    failover_node_id: int | None) -> int:
+    """The node whose streams a request may change: the requester itself (active), or in
+    WAL failover the failed node whose WAL the requester (its current target) recovers."""
+    if failover_node_id is None:
+        require_active_broker(image, node_id, node_epoch)
+        return node_id
+    require_failover_target(image, node_id, node_epoch, failover_node_id)
+    return failover_node_id
+
+
 def complete_wal_failover(image: MetadataImage, req: CompleteWALFailoverRequest, now_ms: int):
     wal = require_failover_target(image, req.node_id, req.node_epoch, req.failed_node_id)
     if wal.node_epoch != req.failover_epoch:

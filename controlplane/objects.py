@@ -86,14 +86,9 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
                              now_ms: int, settings: ControllerSettings):
     # the node whose streams these ranges extend: the committer, or in WAL failover the
     # failed node whose WAL the committer (its failover target) is uploading
-    owner_node_id = req.node_id
-    if req.failover_node_id is not None:
-        from controlplane.failover import require_failover_target  # (imports this layer)
+    from controlplane.failover import authorize_owner  # (failover imports this layer)
 
-        require_failover_target(image, req.node_id, req.node_epoch, req.failover_node_id)
-        owner_node_id = req.failover_node_id
-    else:
-        require_active_broker(image, req.node_id, req.node_epoch)
+    owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     _require_bucket(settings, req.bucket_id)
     if _already_committed(image, req):
         return [], {"idempotent": True}

@@ -85,14 +85,9 @@ def open_stream(image: MetadataImage, req: OpenStreamRequest, now_ms: int):
 
 
 def close_stream(image: MetadataImage, req: CloseStreamRequest, now_ms: int):
-    owner = req.node_id
-    if req.failover_node_id is not None:
-        from controlplane.failover import require_failover_target  # (imports this layer)
+    from controlplane.failover import authorize_owner  # (failover imports this layer)
 
-        require_failover_target(image, req.node_id, req.node_epoch, req.failover_node_id)
-        owner = req.failover_node_id
-    else:
-        require_active_broker(image, req.node_id, req.node_epoch)
+    owner = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     stream = get_stream(image, req.stream_id)
     if (stream.state == StreamState.CLOSED and stream.epoch == req.stream_epoch
             and stream.node_id == owner):

@@ -165,6 +165,21 @@ class AckLedger:
                 firsts[a.partition] = min(firsts.get(a.partition, float("inf")), a.acked_s)
         return {p: firsts.get(p, float("inf")) - event_s for p in partitions}
 
+    def wait_writable(self, partitions: set[int], after_s: float, timeout_s: float = 40,
+                      raise_on_timeout: bool = True) -> dict[int, float]:
+        """Wait until every partition acknowledged a message sent after `after_s`; returns
+        `writable_again_s`. On timeout: AssertionError, or the partial answer."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            again = self.writable_again_s(partitions, after_s)
+            if all(v != float("inf") for v in again.values()):
+                return again
+            time.sleep(0.05)
+        again = self.writable_again_s(partitions, after_s)
+        if raise_on_timeout:
+            raise AssertionError(f"partitions not writable again: {again}")
+        return again
+
     def verify(self, timeout_s: float = 120) -> LedgerReport:
         """Read the whole topic back; every acked value exactly once, at its acked offset."""
         acked = self.snapshot()

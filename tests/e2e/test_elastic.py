@@ -15,7 +15,6 @@ import signal
 import time
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -68,18 +67,6 @@ def wait_all_active(cluster, timeout_s: float = 60) -> None:
     raise AssertionError(f"brokers not all active: {brokers(cluster)}")
 
 
-def wait_acks_everywhere(ledger: AckLedger, partitions: set[int], after_s: float,
-                         timeout_s: float = 40) -> dict[int, float]:
-    """Wait until every partition has acknowledged a message sent after `after_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        again = ledger.writable_again_s(partitions, after_s)
-        if all(v != float("inf") for v in again.values()):
-            return again
-        time.sleep(0.2)
-    raise AssertionError(f"partitions not writable again: {ledger.writable_again_s(partitions, after_s)}")
-
-
 def assert_ledger_exact(ledger: AckLedger) -> None:
     report = ledger.verify()
     assert report.acked > 0
@@ -126,7 +113,7 @@ def test_controlled_shutdown_moves_partitions_and_clients_continue(cluster):
         # its partitions are led by the others now, and take writes while it is down
         after = leaders(cluster["bootstrap"], topic)
         assert all(after[p] != node for p in moved), after
-        wait_acks_everywhere(ledger, moved, event)
+        ledger.wait_writable(moved, event)
         gaps = ledger.unavailability_s(moved, event - 5)
         print(f"controlled shutdown of broker {node}: unavailability per partition {gaps}")
         started = automqctl("broker", "start", str(node), cluster_dir=cluster["dir"])
@@ -144,7 +131,7 @@ def test_kill_9_fails_over_the_wal_to_another_broker(cluster):
         assert killed.returncode == 0, killed.stderr
         event = time.monotonic()
         # while it stays down, another broker recovers its WAL and leads its partitions
-        again = wait_acks_everywhere(ledger, moved, event)
+        again = ledger.wait_writable(moved, event)
         after = leaders(cluster["bootstrap"], topic)
         assert all(after[p] != node for p in moved), after
         logs = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
@@ -188,7 +175,7 @@ def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster)
                 break
             time.sleep(0.3)
         assert b["node_epoch"] > epoch and not b["fenced"], b
-        wait_acks_everywhere(ledger, set(range(6)), time.monotonic())
+        ledger.wait_writable(set(range(6)), time.monotonic())
         assert time.monotonic() - event > SESSION_TIMEOUT_MS / 1000
     assert_ledger_exact(ledger)
 
@@ -221,6 +208,6 @@ def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster):
                 assert automqctl("broker", "start", str(node),
                                  cluster_dir=cluster["dir"]).returncode == 0
             wait_all_active(cluster)
-            wait_acks_everywhere(ledger, set(range(8)), time.monotonic())
+            ledger.wait_writable(set(range(8)), time.monotonic())
     assert_ledger_exact(ledger)
     assert ledger.failed == 0, ledger.errors

@@ -56,17 +56,6 @@ def last_status(cluster) -> dict:
     return json.loads(out.stdout)
 
 
-def wait_new_acks(ledger: AckLedger, partitions: set[int], after_s: float,
-                  timeout_s: float = 30) -> dict[int, float]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        again = ledger.writable_again_s(partitions, after_s)
-        if all(v != float("inf") for v in again.values()):
-            return again
-        time.sleep(0.1)
-    raise AssertionError(f"not writable again: {ledger.writable_again_s(partitions, after_s)}")
-
-
 def test_move_under_load_then_rollback(cluster):
     topic, n = "reassign-moving", 6
     create_topic(cluster["bootstrap"], topic, n)
@@ -74,7 +63,7 @@ def test_move_under_load_then_rollback(cluster):
     work: Path = cluster["work"]
     ledger = AckLedger(cluster["bootstrap"], topic, n, rate_per_partition=50).start()
     try:
-        wait_new_acks(ledger, set(range(n)), time.monotonic())
+        ledger.wait_writable(set(range(n)), time.monotonic())
 
         out = ctl(cluster, "plan", "--topics", topic, "--brokers", "2,3",
                   "--output", str(work / "plan.json"))
@@ -102,7 +91,7 @@ def test_move_under_load_then_rollback(cluster):
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(out.stdout)["done"] is True
         verify_s = json.loads(out.stdout)["elapsed_s"]
-        wait_new_acks(ledger, moved, time.monotonic())  # the producer goes on on the new leaders
+        ledger.wait_writable(moved, time.monotonic())  # the producer goes on on the new leaders
         gaps = ledger.unavailability_s(moved, t0)
         print(f"\nmove of {len(moved)} partitions: execute+verify {move_s:.2f}s (verify waited "
               f"{verify_s:.2f}s); longest ack gap per moved partition: "
