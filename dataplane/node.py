@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.records import StreamState
 from controlplane.requests import BrokerHeartbeatRequest, RegisterBrokerRequest
 from dataplane.metadata import MetadataFollower
 
@@ -256,7 +257,7 @@ class BrokerNode:
         def open_streams() -> list[tuple[int, int]]:
             image = self.metadata.image
             return sorted((s.stream_id, s.epoch) for s in image.streams.values()
-                          if s.state.value == "opened" and s.node_id == failed_node_id)
+                          if s.state == StreamState.OPENED and s.node_id == failed_node_id)
 
         delay_s = 0.2
         for attempt in range(1, FAILOVER_ATTEMPTS + 1):

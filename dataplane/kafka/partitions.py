@@ -34,7 +34,7 @@ MAX_PRODUCERS_PER_PARTITION = 10_000
 # batches a producer may retry are its last 5 in flight, at the very end of the log
 PRODUCER_SCAN_OFFSETS = 4_096
 PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
-MOVE_WORKERS = 8  # partitions opened / closed in parallel (each is a controller round trip)
+MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
 
 
 @dataclass

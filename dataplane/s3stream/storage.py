@@ -257,11 +257,10 @@ class S3Storage:
             self._upload_all()
             with self._lock:
                 open_streams = list(self._streams.values()) if close_streams else []
-            for state in open_streams:
-                try:
-                    self._close_stream(state)
-                except ControllerError as exc:
-                    log.warning("closing stream %d on shutdown failed: %s", state.stream_id, exc)
+            for state, error in zip(open_streams, self.close_streams(open_streams)):
+                if error is not None:
+                    log.warning("closing stream %d on shutdown failed: %s", state.stream_id,
+                                error)
         finally:
             self._stop.set()
             with self._wake:
@@ -413,7 +412,9 @@ class S3Storage:
         state.start_offset = new_start
 
     def _close_stream(self, state: _StreamState) -> None:
-        self.close_streams([state])
+        error = self.close_streams([state])[0]
+        if error is not None:
+            raise error
 
     def close_streams(self, states: "list[_StreamState | Stream]") -> list[BaseException | None]:
         """Close several streams with one upload: stop their appends, wait until appends
@@ -421,6 +422,8 @@ class S3Storage:
         records), upload, then close each with the controller. Returns per stream None or
         the error that kept it open (its WAL failover uploads it later)."""
         states = [s._state if isinstance(s, Stream) else s for s in states]
+        if not states:
+            return []
         for state in states:
             with state.lock:  # appends check `closing` under this lock: none starts after it
                 state.closing = True
@@ -455,8 +458,6 @@ class S3Storage:
         log.info("closed %d streams: in-flight appends %.0f ms, upload %.0f ms, closes %.0f ms",
                  sum(1 for e in errors if e is None), (waited - started) * 1000,
                  (uploaded - waited) * 1000, (time.monotonic() - uploaded) * 1000)
-        if len(states) == 1 and errors[0] is not None:
-            raise errors[0]
         return errors
 
     def open_stream_ids(self) -> set[int]:

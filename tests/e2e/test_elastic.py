@@ -67,6 +67,17 @@ def wait_all_active(cluster, timeout_s: float = 60) -> None:
     raise AssertionError(f"brokers not all active: {brokers(cluster)}")
 
 
+def wait_failover_done(cluster, node: int, timeout_s: float = 30) -> None:
+    """Wait until a broker's log says it finished recovering `node`'s WAL."""
+    needle = f"WAL failover of node {node} done"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(needle in p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log")):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"no broker logged {needle!r} within {timeout_s}s")
+
+
 def assert_ledger_exact(ledger: AckLedger) -> None:
     report = ledger.verify()
     assert report.acked > 0
@@ -134,8 +145,7 @@ def test_kill_9_fails_over_the_wal_to_another_broker(cluster):
         again = ledger.wait_writable(moved, event)
         after = leaders(cluster["bootstrap"], topic)
         assert all(after[p] != node for p in moved), after
-        logs = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
-        assert f"WAL failover of node {node} done" in logs
+        wait_failover_done(cluster, node)
         print(f"kill -9 of broker {node}: writable again after {again}")
         assert automqctl("broker", "start", str(node), cluster_dir=cluster["dir"]).returncode == 0
     assert_ledger_exact(ledger)
@@ -159,12 +169,7 @@ def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster)
                     break
                 time.sleep(0.3)
             assert all(after[p] != node for p in moved), after
-            logs = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
-            deadline = time.monotonic() + 30
-            while f"WAL failover of node {node} done" not in logs and time.monotonic() < deadline:
-                time.sleep(0.3)
-                logs = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
-            assert f"WAL failover of node {node} done" in logs
+            wait_failover_done(cluster, node)
         finally:
             os.kill(pid, signal.SIGCONT)
         # it wakes up fenced, restarts itself (same process) and registers with a new epoch
