@@ -4,8 +4,10 @@ Settings follow what was measured on this kind of machine (DESIGN.md, "pysyncobj
 `appendEntriesUseBatch=False` so a commit does not wait for the 100 ms heartbeat; shorter
 election timeouts so a new leader is up within about a second; a per-cluster password
 (pysyncobj speaks pickle: whoever reaches the port could run code) and loopback binding.
-A watchdog detects a follower that stopped applying entries (a known pysyncobj failure under
-load) and rebuilds it from the leader.
+`RaftNode` carries fixes to pysyncobj's append path (raft_node.py). A watchdog rebuilds a
+follower from the leader only when it stopped applying: it is behind the leader's commit
+index with no progress for `stuck_after_s`, or its own tick thread keeps failing while its
+applied index stands still. A node that is applying is never rebuilt.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.raft_node import RaftNode, tick_thread_ident
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 
@@ -61,14 +64,20 @@ class RaftTimeouts:
 
 
 class _TickFailureCounter(logging.Handler):
-    """Counts pysyncobj's 'failed _onTick' errors: a stream of them means a stuck node."""
+    """Counts pysyncobj's 'failed _onTick' errors logged by one node's tick thread.
 
-    def __init__(self) -> None:
+    pysyncobj logs through one module logger for every node of the process, so the thread
+    that logged tells whose tick failed (counting all of them rebuilt healthy followers
+    whenever another in-process node was broken).
+    """
+
+    def __init__(self, thread_ident: Callable[[], int | None]) -> None:
         super().__init__(level=logging.ERROR)
+        self._thread_ident = thread_ident
         self.failures = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "failed _onTick" in record.getMessage():
+        if "failed _onTick" in record.getMessage() and record.thread == self._thread_ident():
             self.failures += 1
 
 
@@ -88,7 +97,7 @@ class MetadataQuorum:
         self.stuck_after_s = stuck_after_s
         self._changed = threading.Condition()
         self._lock = threading.RLock()  # guards replacing self._syncobj on recovery
-        self._tick_failures = _TickFailureCounter()
+        self._tick_failures = _TickFailureCounter(lambda: tick_thread_ident(self._syncobj))
         logging.getLogger("pysyncobj.syncobj").addHandler(self._tick_failures)
         self.recoveries = 0
         self._stop = threading.Event()
@@ -119,7 +128,7 @@ class MetadataQuorum:
 
     def _start_syncobj(self) -> None:
         self.state = ReplicatedMetadata(self.settings, self._notify)
-        self._syncobj = SyncObj(self.self_address, self.partner_addresses, self._conf(),
+        self._syncobj = RaftNode(self.self_address, self.partner_addresses, self._conf(),
                                 consumers=[self.state])
 
     def close(self) -> None:
@@ -158,6 +167,8 @@ class MetadataQuorum:
             "log_len": s["log_len"],
             "uptime_s": s["uptime"],
             "recoveries": self.recoveries,
+            "duplicate_entries_skipped": self._syncobj.duplicate_entries_skipped,
+            "next_index_regressions_prevented": self._syncobj.next_index_regressions_prevented,
         }
 
     def submit(self, command: str, body: dict, timeout_s: float = 5.0,
@@ -210,13 +221,18 @@ class MetadataQuorum:
             now = time.monotonic()
             applied, leader_commit = s["last_applied"], s["leader_commit_idx"]
             behind = leader_commit is not None and leader_commit > applied
-            if applied != last_applied or not behind:
-                last_applied, since = applied, now
+            applying = applied != last_applied
+            if applying or not behind:
+                since = now
+            last_applied = applied
             new_failures = self._tick_failures.failures - failures_seen
             failures_seen = self._tick_failures.failures
             is_follower = s["state"] == 0
             stuck = is_follower and behind and now - since > self.stuck_after_s
-            if stuck or (is_follower and new_failures >= 10):
+            # a broken tick thread never learns the leader's commit index, so "behind" cannot
+            # show it: its own failures while nothing is applied do
+            ticks_broken = is_follower and new_failures >= 10 and not applying
+            if stuck or ticks_broken:
                 log.error("raft node %s is stuck (applied=%s leader_commit=%s, tick failures=%d):"
                           " rebuilding it from the leader", self.self_address, applied,
                           leader_commit, new_failures)

@@ -176,3 +176,61 @@ def test_broker_session_timeout_fences_and_reregistration_gets_a_new_epoch(quoru
     new_epoch = quorum.client.call("register_broker", {**reg, "incarnation_id": "second"})["node_epoch"]
     assert new_epoch == epoch + 1
     assert quorum.client.call("broker_heartbeat", {"node_id": 1, "node_epoch": new_epoch})["fenced"] is False
+
+
+def _burn_cpu(seconds: float) -> None:  # a child process spinning one core
+    deadline = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < deadline:
+        x += 1
+
+
+@pytest.mark.slow
+def test_loaded_quorum_never_truncates_applied_entries_and_replicas_agree(quorum, tmp_path):
+    """Both cores burnt by other processes while 8 writers commit: pysyncobj must not log
+    CRITICAL (it used to truncate applied entries when the leader moved nextIndex back),
+    no voter is rebuilt, and every voter ends with the same state."""
+    import multiprocessing
+
+    burners = [multiprocessing.get_context("spawn").Process(target=_burn_cpu, args=(20,))
+               for _ in range(2)]
+    for b in burners:
+        b.start()
+    errors: list[Exception] = []
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        deadline = time.monotonic() + 8
+        for i in range(5000):
+            if time.monotonic() > deadline:
+                return
+            try:
+                # ~2 KiB bodies, like commits of stream-set objects with a few dozen ranges
+                quorum.client.call("put_kv", {"key": f"w{w}-{i}", "value": "y" * 2000})
+                with lock:
+                    acked.append(f"w{w}-{i}")
+            except ControllerError as exc:
+                errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for b in burners:
+            b.terminate()
+            b.join(10)
+    assert not errors, errors[:3]
+    assert len(acked) > 100
+    wait_converged(quorum, [0, 1, 2])
+    kv = kv_of(quorum, 2)
+    assert all(key in kv for key in acked)
+    raft = [quorum.status(n)["raft"] for n in (0, 1, 2)]
+    assert all(r["recoveries"] == 0 for r in raft), raft
+    for n in (0, 1, 2):
+        text = quorum.cluster.log_path(f"controller-{n}").read_text(errors="replace")
+        assert "truncating already-applied" not in text, f"controller-{n} truncated applied entries"
+        assert "CRITICAL" not in text, f"controller-{n} logged CRITICAL"
