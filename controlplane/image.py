@@ -1,16 +1,25 @@
-"""The metadata image: the cluster's metadata as plain state, changed only by `apply(record)`.
+"""The metadata image: the cluster's metadata as plain state at one log offset.
 
 No I/O happens here. Controllers keep one image as their replicated state; brokers replay the
-same log into their own image (Kafka's KRaft MetadataImage is the model). The image is a
-pydantic model so it snapshots to JSON and pickles (pysyncobj snapshots by pickling).
+same log into their own image (Kafka's KRaft MetadataImage and MetadataDelta are the model).
+The image is a pydantic model so it snapshots to JSON and pickles (pysyncobj snapshots by
+pickling).
+
+Published images are immutable: `with_records(batch)` returns a *new* image and the
+`MetadataDelta` of what the batch changed, sharing every container and entity the batch did
+not touch (copy on write). A reader holds one image for a whole request and never sees a
+half-applied batch or a dict changing size under it. `apply(record)` mutates in place and is
+only for an image nobody else holds yet (a builder, a test).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from controlplane import records as r
 from controlplane.records import ObjectState, StreamState
@@ -123,8 +132,56 @@ class RouteEpochState(BaseModel):
     committed_epoch: int = -1
 
 
+# the image's keyed containers; a delta names the keys a batch touched in each
+_KEYED_FIELDS = ("brokers", "node_wals", "topics", "topic_ids_by_name", "streams", "objects",
+                 "stream_set_objects", "stream_objects", "kv")
+
+
+@dataclass
+class MetadataDelta:
+    """What one batch of records changed: the keys touched per keyed field of the image.
+
+    A key in `touched[field]` was added, changed or removed; compare `base` and `image` to
+    tell which (`image.topics.get(k) is None` = removed).
+    """
+
+    base: "MetadataImage"
+    image: "MetadataImage"
+    records: list = field(default_factory=list)
+    touched: dict[str, set] = field(default_factory=lambda: {f: set() for f in _KEYED_FIELDS})
+
+    @property
+    def topics_changed(self) -> set[str]:
+        return self.touched["topics"]
+
+    @property
+    def streams_changed(self) -> set[int]:
+        return self.touched["streams"]
+
+    @property
+    def brokers_changed(self) -> set[int]:
+        return self.touched["brokers"]
+
+    def is_empty(self) -> bool:
+        return not self.records
+
+
+def _copy_entity(entity: BaseModel) -> BaseModel:
+    """A copy of an entity whose own containers are copied one level (their items are
+    replaced, never mutated, by the apply handlers)."""
+    copy = entity.model_copy()
+    for name, value in entity.__dict__.items():
+        if isinstance(value, (dict, list)):
+            setattr(copy, name, value.copy())
+    return copy
+
+
 class MetadataImage(BaseModel):
-    """All cluster metadata at one log offset."""
+    """All cluster metadata at one log offset.
+
+    Thread-safety: an image returned by `with_records` (or received as a snapshot) is never
+    changed again, so any number of threads may read it without a lock.
+    """
 
     offset: int = -1  # offset of the last applied record
     brokers: dict[int, BrokerState] = Field(default_factory=dict)
@@ -142,75 +199,143 @@ class MetadataImage(BaseModel):
     next_stream_id: int = 0
     next_producer_id: int = 0
 
+    # copy-on-write bookkeeping of an image being built by with_records(); None = this image
+    # owns all of its containers (a fresh image, or apply() on an unpublished one)
+    _owned_fields: set[str] | None = PrivateAttr(default=None)
+    _owned_keys: set[tuple[str, Any]] | None = PrivateAttr(default=None)
+    _delta: MetadataDelta | None = PrivateAttr(default=None)
+
     # ------------------------------------------------------------ apply
 
+    def with_records(self, records: Iterable[tuple[r.MetadataRecord, int | None]]
+                     ) -> tuple["MetadataImage", MetadataDelta]:
+        """A new image with `records` (each with its log offset) applied, and the delta.
+
+        `self` is not changed; the new image shares what the records did not touch.
+        """
+        new = self.model_copy()
+        new._owned_fields, new._owned_keys = set(), set()
+        delta = MetadataDelta(base=self, image=new)
+        new._delta = delta
+        try:
+            for rec, offset in records:
+                new.apply(rec, offset)
+                delta.records.append(rec)
+        finally:
+            new._owned_fields = new._owned_keys = new._delta = None
+        return new, delta
+
     def apply(self, record: r.MetadataRecord, offset: int | None = None) -> None:
-        """Apply one record. Records are validated before they are logged, so this never fails."""
+        """Apply one record in place. Records are validated before they are logged, so this
+        never fails. Only for an image no other thread holds: see `with_records`."""
         handler = getattr(self, "_apply_" + record.type)
         handler(record)
         if offset is not None:
             self.offset = offset
 
+    # copy-on-write accessors: every handler changes state only through these
+
+    def _w(self, name: str) -> Any:
+        """The container `name`, copied first if it is shared with another image."""
+        value = getattr(self, name)
+        if self._owned_fields is not None and name not in self._owned_fields:
+            value = value.copy()
+            setattr(self, name, value)
+            self._owned_fields.add(name)
+        return value
+
+    def _touch(self, name: str, key: Any) -> None:
+        if self._delta is not None:
+            self._delta.touched[name].add(key)
+
+    def _we(self, name: str, key: Any) -> Any:
+        """The entity `name[key]` made writable (copied if shared), or None if absent."""
+        container = self._w(name)
+        entity = container.get(key)
+        if entity is None:
+            return None
+        self._touch(name, key)
+        if self._owned_keys is not None and (name, key) not in self._owned_keys:
+            entity = _copy_entity(entity)
+            container[key] = entity
+            self._owned_keys.add((name, key))
+        return entity
+
+    def _put(self, name: str, key: Any, value: Any) -> None:
+        self._w(name)[key] = value
+        self._touch(name, key)
+        if self._owned_keys is not None:
+            self._owned_keys.add((name, key))
+
+    def _pop(self, name: str, key: Any) -> Any:
+        if key not in getattr(self, name):
+            return None
+        self._touch(name, key)
+        return self._w(name).pop(key)
+
     def _apply_register_broker(self, rec: r.RegisterBrokerRecord) -> None:
-        self.brokers[rec.node_id] = BrokerState(
+        self._put("brokers", rec.node_id, BrokerState(
             node_id=rec.node_id, node_epoch=rec.node_epoch, az=rec.az, host=rec.host,
             kafka_port=rec.kafka_port, incarnation_id=rec.incarnation_id, fenced=True,
             registered_ms=rec.registered_ms,
-        )
+        ))
 
     def _apply_fence_broker(self, rec: r.FenceBrokerRecord) -> None:
         broker = self.brokers.get(rec.node_id)
         if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker = self._we("brokers", rec.node_id)
             broker.fenced = True
             broker.fence_reason = rec.reason
 
     def _apply_unfence_broker(self, rec: r.UnfenceBrokerRecord) -> None:
         broker = self.brokers.get(rec.node_id)
         if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker = self._we("brokers", rec.node_id)
             broker.fenced = False
             broker.fence_reason = ""
 
     def _apply_broker_shutting_down(self, rec: r.BrokerShuttingDownRecord) -> None:
         broker = self.brokers.get(rec.node_id)
         if broker is not None and broker.node_epoch == rec.node_epoch:
+            broker = self._we("brokers", rec.node_id)
             broker.shutting_down = True
 
     def _apply_unregister_broker(self, rec: r.UnregisterBrokerRecord) -> None:
-        self.brokers.pop(rec.node_id, None)
+        self._pop("brokers", rec.node_id)
 
     def _apply_node_wal(self, rec: r.NodeWALMetadataRecord) -> None:
-        self.node_wals[rec.node_id] = NodeWALState(**rec.model_dump(exclude={"type"}))
+        self._put("node_wals", rec.node_id, NodeWALState(**rec.model_dump(exclude={"type"})))
 
     def _apply_topic(self, rec: r.TopicRecord) -> None:
         existing = self.topics.get(rec.topic_id)
-        partitions = existing.partitions if existing else {}
-        self.topics[rec.topic_id] = TopicState(
-            topic_id=rec.topic_id, name=rec.name, configs=dict(rec.configs), partitions=partitions)
-        self.topic_ids_by_name[rec.name] = rec.topic_id
+        partitions = dict(existing.partitions) if existing else {}
+        self._put("topics", rec.topic_id, TopicState(
+            topic_id=rec.topic_id, name=rec.name, configs=dict(rec.configs), partitions=partitions))
+        self._put("topic_ids_by_name", rec.name, rec.topic_id)
 
     def _apply_partition(self, rec: r.PartitionRecord) -> None:
-        topic = self.topics[rec.topic_id]
+        topic = self._we("topics", rec.topic_id)
         topic.partitions[rec.partition] = PartitionState(
             partition=rec.partition, leader_node_id=rec.leader_node_id,
             leader_epoch=rec.leader_epoch, stream_id=rec.stream_id)
 
     def _apply_remove_topic(self, rec: r.RemoveTopicRecord) -> None:
-        topic = self.topics.pop(rec.topic_id, None)
+        topic = self._pop("topics", rec.topic_id)
         if topic is not None:
-            self.topic_ids_by_name.pop(topic.name, None)
+            self._pop("topic_ids_by_name", topic.name)
 
     def _apply_create_stream(self, rec: r.CreateStreamRecord) -> None:
-        self.streams[rec.stream_id] = StreamMetaState(stream_id=rec.stream_id, tags=dict(rec.tags))
+        self._put("streams", rec.stream_id, StreamMetaState(stream_id=rec.stream_id, tags=dict(rec.tags)))
         self.next_stream_id = max(self.next_stream_id, rec.stream_id + 1)
 
     def _apply_stream_epoch(self, rec: r.StreamEpochRecord) -> None:
-        stream = self.streams[rec.stream_id]
+        stream = self._we("streams", rec.stream_id)
         stream.epoch = rec.epoch
         stream.state = rec.state
         stream.node_id = rec.node_id
 
     def _apply_range(self, rec: r.RangeRecord) -> None:
-        stream = self.streams[rec.stream_id]
+        stream = self._we("streams", rec.stream_id)
         new = RangeState(range_index=rec.range_index, epoch=rec.epoch,
                          start_offset=rec.start_offset, end_offset=rec.end_offset,
                          node_id=rec.node_id)
@@ -220,55 +345,55 @@ class MetadataImage(BaseModel):
             stream.ranges.append(new)
 
     def _apply_trim_stream(self, rec: r.TrimStreamRecord) -> None:
-        stream = self.streams[rec.stream_id]
+        stream = self._we("streams", rec.stream_id)
         stream.start_offset = rec.start_offset
         # ranges wholly below the new start are gone; the last range always stays
         while len(stream.ranges) > 1 and stream.ranges[0].end_offset <= rec.start_offset:
             stream.ranges.pop(0)
 
     def _apply_delete_stream(self, rec: r.DeleteStreamRecord) -> None:
-        self.streams.pop(rec.stream_id, None)
+        self._pop("streams", rec.stream_id)
 
     def _apply_s3_object(self, rec: r.S3ObjectRecord) -> None:
-        self.objects[rec.object_id] = ObjectMetaState(**rec.model_dump(exclude={"type"}))
+        self._put("objects", rec.object_id, ObjectMetaState(**rec.model_dump(exclude={"type"})))
         self.next_object_id = max(self.next_object_id, rec.object_id + 1)
 
     def _apply_remove_s3_object(self, rec: r.RemoveS3ObjectRecord) -> None:
-        self.objects.pop(rec.object_id, None)
+        self._pop("objects", rec.object_id)
 
     def _apply_stream_set_object(self, rec: r.StreamSetObjectRecord) -> None:
-        self.stream_set_objects[rec.object_id] = StreamSetObjectState(
+        self._put("stream_set_objects", rec.object_id, StreamSetObjectState(
             object_id=rec.object_id, node_id=rec.node_id, order_id=rec.order_id,
-            ranges=list(rec.ranges), committed_ms=rec.committed_ms)
+            ranges=list(rec.ranges), committed_ms=rec.committed_ms))
         for rng in rec.ranges:
-            stream = self.streams.get(rng.stream_id)
+            stream = self._we("streams", rng.stream_id)
             if stream is not None:
                 _insert_object_range(stream, ObjectRange(
                     object_id=rec.object_id, start_offset=rng.start_offset,
                     end_offset=rng.end_offset, kind="sso"))
 
     def _apply_remove_stream_set_object(self, rec: r.RemoveStreamSetObjectRecord) -> None:
-        sso = self.stream_set_objects.pop(rec.object_id, None)
+        sso = self._pop("stream_set_objects", rec.object_id)
         if sso is None:
             return
         for rng in sso.ranges:
-            stream = self.streams.get(rng.stream_id)
+            stream = self._we("streams", rng.stream_id)
             if stream is not None:
                 _remove_object_range(stream, rec.object_id)
 
     def _apply_stream_object(self, rec: r.StreamObjectRecord) -> None:
-        self.stream_objects[rec.object_id] = StreamObjectState(
+        self._put("stream_objects", rec.object_id, StreamObjectState(
             object_id=rec.object_id, stream_id=rec.stream_id, start_offset=rec.start_offset,
-            end_offset=rec.end_offset, committed_ms=rec.committed_ms)
-        stream = self.streams.get(rec.stream_id)
+            end_offset=rec.end_offset, committed_ms=rec.committed_ms))
+        stream = self._we("streams", rec.stream_id)
         if stream is not None:
             _insert_object_range(stream, ObjectRange(
                 object_id=rec.object_id, start_offset=rec.start_offset,
                 end_offset=rec.end_offset, kind="so"))
 
     def _apply_remove_stream_object(self, rec: r.RemoveStreamObjectRecord) -> None:
-        self.stream_objects.pop(rec.object_id, None)
-        stream = self.streams.get(rec.stream_id)
+        self._pop("stream_objects", rec.object_id)
+        stream = self._we("streams", rec.stream_id)
         if stream is not None:
             _remove_object_range(stream, rec.object_id)
 
@@ -282,9 +407,9 @@ class MetadataImage(BaseModel):
 
     def _apply_kv(self, rec: r.KVRecord) -> None:
         if rec.value is None:
-            self.kv.pop(rec.key, None)
+            self._pop("kv", rec.key)
         else:
-            self.kv[rec.key] = rec.value
+            self._put("kv", rec.key, rec.value)
 
     def _apply_next_ids(self, rec: r.NextIdsRecord) -> None:
         self.next_object_id = max(self.next_object_id, rec.next_object_id)

@@ -158,8 +158,14 @@ class MetadataStateMachine:
         return {"result": response, "offset": self.next_offset - 1}
 
     def append(self, recs: list) -> None:
+        """Log and apply one command's records; publishes a new image (readers on other
+        threads keep the one they hold, which never changes)."""
+        if not recs:
+            return
+        first = self.next_offset
+        self.image, _ = self.image.with_records(
+            (rec, first + i) for i, rec in enumerate(recs))
         for rec in recs:
-            self.image.apply(rec, self.next_offset)
             self.log.append(encode_record(rec))
             self.next_offset += 1
         overflow = len(self.log) - self.settings.log_retention_records

@@ -24,6 +24,12 @@ MAX_RECORDS_PER_READ = 2_000
 
 
 class MetadataFollower:
+    """Replays the controllers' metadata log into published images.
+
+    Thread-safety: `image` is replaced (never changed) by the follower thread once per
+    applied batch; readers take `follower.image` once and use that image for a whole request.
+    """
+
     def __init__(self, client: ControllerClient,
                  on_records: Callable[[MetadataImage, list], None] | None = None):
         self.client = client
@@ -60,12 +66,17 @@ class MetadataFollower:
             image.offset = data["snapshot_offset"]
             self.image = image
             log.info("loaded metadata snapshot at offset %d", image.offset)
+        batch: list[tuple] = []
+        expected = self.image.offset + 1
         for item in data.get("records", []):
-            if item["offset"] != self.image.offset + 1:
+            if item["offset"] != expected:
                 break  # a gap would mean a bug or a truncated log: re-read from our offset
-            rec = decode_record(item["record"])
-            self.image.apply(rec, item["offset"])
-            applied.append(rec)
+            batch.append((decode_record(item["record"]), item["offset"]))
+            expected += 1
+        if batch:
+            # one new image per batch: readers see all of it or none of it
+            self.image, _delta = self.image.with_records(batch)
+            applied = [rec for rec, _ in batch]
         if applied or data.get("snapshot") is not None:
             if self.on_records is not None:
                 self.on_records(self.image, applied)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,11 @@ MAX_PRODUCERS_PER_PARTITION = 10_000
 PRODUCER_SCAN_OFFSETS = 4_096
 PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
+# records that can change which partitions this node leads or which streams it must close;
+# other batches (offset commits into the KV, object commits) need no reconcile
+RECONCILE_RECORD_TYPES = frozenset({"topic", "partition", "remove_topic", "create_stream",
+                                    "stream_epoch", "delete_stream"})
+RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
 
 
 @dataclass
@@ -178,6 +184,9 @@ class PartitionManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._image: MetadataImage | None = None
+        self._dirty = True          # a batch touched partitions or streams since the last run
+        self._retry = False         # an open was refused: try again within a second
+        self._last_reconcile = 0.0  # monotonic time of the last reconcile
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
 
     def start(self) -> None:
@@ -189,8 +198,12 @@ class PartitionManager:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def on_metadata(self, image: MetadataImage, records: list) -> None:
+        """A new image: reconcile if its batch touched partitions or streams (an empty
+        batch = a snapshot was loaded, which may have changed anything)."""
         self._image = image
-        self._wake.set()
+        if not records or any(rec.type in RECONCILE_RECORD_TYPES for rec in records):
+            self._dirty = True
+            self._wake.set()
 
     def get(self, topic_id: str, partition: int) -> PartitionLog | None:
         with self._lock:
@@ -211,9 +224,15 @@ class PartitionManager:
             self._wake.clear()
             if self._stop.is_set() or self._image is None or not self.image_ready():
                 continue
+            due = time.monotonic() - self._last_reconcile > RECONCILE_SAFETY_S
+            if not (self._dirty or self._retry or due):
+                continue
+            self._dirty = self._retry = False
+            self._last_reconcile = time.monotonic()
             try:
                 self.reconcile(self._image)
             except Exception:
+                self._retry = True
                 log.exception("reconciling partitions failed")
 
     def reconcile(self, image: MetadataImage) -> None:
@@ -266,6 +285,7 @@ class PartitionManager:
         try:
             stream = self.storage.open_stream(stream_id, epoch)
         except ControllerError as exc:
+            self._retry = True
             log.info("cannot open %s-%d yet (stream %d epoch %d): %s", name, key[1],
                      stream_id, epoch, exc)
             return
@@ -299,4 +319,5 @@ class PartitionManager:
                 log.info("orphaned stream %d (epoch %d) not closed: %s", stream.stream_id,
                          stream.epoch, exc)
             except Exception as exc:
+                self._retry = True
                 log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)
