@@ -1,11 +1,12 @@
-"""The broker's Kafka APIs on top of the storage engine and the metadata image.
+"""The broker's Kafka APIs on top of partition backends and the metadata image.
 
 Metadata, Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, CreateTopics, DeleteTopics,
 CreatePartitions, DescribeConfigs, FindCoordinator, InitProducerId. Each handler takes the
 decoded kafka-python request of the negotiated version and returns the response object of
-the same version (`None` for acks=0 produce). Partitions map to streams; the stream epoch is
-the partition leader epoch; only the leader appends, other brokers answer
-NOT_LEADER_OR_FOLLOWER so clients refresh their metadata.
+the same version (`None` for acks=0 produce). Handlers only route and encode: each partition
+is a `PartitionBackend` (partition_backend.py) found through a `PartitionResolver`, which owns
+the partition's rules (validation, idempotence, offsets, epochs). A partition this broker
+does not serve answers NOT_LEADER_OR_FOLLOWER so clients refresh their metadata.
 """
 
 from __future__ import annotations
@@ -55,14 +56,13 @@ from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partitions import PartitionLog, PartitionManager, ProducerStateTable
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, patch_batch
+from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.kafka.partitions import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 CLUSTER_ID = "automq-local-cluster"
 MAX_FETCH_WAIT_MS = 30_000
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 DEFAULT_PARTITIONS = 1
 PRODUCER_ID_BLOCK = 1000
 METADATA_WAIT_S = 10.0
@@ -104,7 +104,7 @@ class KafkaApis:
 
     def __init__(self, me: BrokerIdentity, image_fn: Callable[[], MetadataImage],
                  wait_for_offset: Callable[[int, float], bool], controller: ControllerClient,
-                 partitions: PartitionManager, node_epoch_fn: Callable[[], int],
+                 partitions: PartitionResolver, node_epoch_fn: Callable[[], int],
                  io_threads: int = 16):
         self.me = me
         self.image_fn = image_fn
@@ -221,7 +221,7 @@ class KafkaApis:
     # ------------------------------------------------------------ produce
 
     def _resolve(self, image: MetadataImage, name: str | None, topic_id, partition: int):
-        """(PartitionLog or None, error) for a produce/fetch target."""
+        """(PartitionBackend or None, error) for a produce/fetch target."""
         topic = self._topic(image, name, topic_id)
         if topic is None or partition not in topic.partitions:
             if topic_id is not None and getattr(topic_id, "int", 0):
@@ -231,52 +231,6 @@ class KafkaApis:
         if plog is None:
             return None, KafkaError.NOT_LEADER_OR_FOLLOWER
         return plog, KafkaError.NONE
-
-    def _append_partition(self, plog: PartitionLog, records: bytes | None):
-        """Validate and append a partition's batches; (error, base_offset, futures)."""
-        if not records:
-            return KafkaError.CORRUPT_MESSAGE, -1, []
-        if len(records) > MAX_MESSAGE_BYTES:
-            return KafkaError.MESSAGE_TOO_LARGE, -1, []
-        try:
-            batches = parse_batches(records)
-        except InvalidRecordBatchError as exc:
-            return KafkaError(exc.error_code), -1, []
-        if not batches:
-            return KafkaError.CORRUPT_MESSAGE, -1, []
-        if any(b.is_transactional or b.is_control for b in batches):
-            return KafkaError.INVALID_TXN_STATE, -1, []  # transactions are not supported
-        futures = []
-        first_base = None
-        epoch = plog.leader_epoch
-        with plog.lock:
-            for b in batches:
-                count = b.last_offset_delta + 1
-                idempotent = b.producer_id >= 0 and b.base_sequence >= 0
-                if idempotent:
-                    last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
-                    verdict, value = plog.producers.check(b.producer_id, b.producer_epoch,
-                                                          b.base_sequence, last_seq)
-                    if verdict == ProducerStateTable.DUPLICATE:
-                        if first_base is None:
-                            first_base = value
-                        continue
-                    if verdict == "error":
-                        return KafkaError(value), -1, futures
-                data = b.data
-                holder: dict[str, int] = {}
-
-                def build(base: int, data=data, holder=holder) -> bytes:
-                    holder["base"] = base
-                    return patch_batch(data, base, epoch)
-
-                futures.append(plog.append_batch(build, count))
-                if first_base is None:
-                    first_base = holder["base"]
-                if idempotent:
-                    plog.producers.record(b.producer_id, b.producer_epoch, b.base_sequence,
-                                          last_seq, holder["base"])
-        return KafkaError.NONE, first_base if first_base is not None else -1, futures
 
     async def produce(self, req, ctx):
         v = ctx.api_version
@@ -294,7 +248,8 @@ class KafkaApis:
                 futures = []
                 if plog is not None:
                     try:
-                        error, base, futures = self._append_partition(plog, p.records)
+                        outcome = plog.append(p.records)
+                        error, base, futures = outcome.error, outcome.base_offset, outcome.durable
                     except Exception as exc:  # the engine refused (fenced, WAL full...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
                         error = KafkaError.NOT_LEADER_OR_FOLLOWER
@@ -330,10 +285,6 @@ class KafkaApis:
 
     # ------------------------------------------------------------ fetch
 
-    def _read(self, plog: PartitionLog, offset: int, max_bytes: int) -> bytes:
-        batches = plog.stream.fetch(offset, plog.high_watermark, max_bytes)
-        return b"".join(b.payload for b in batches)
-
     async def fetch(self, req, ctx):
         v = ctx.api_version
         loop = asyncio.get_running_loop()
@@ -345,7 +296,7 @@ class KafkaApis:
         def wake() -> None:
             loop.call_soon_threadsafe(woken.set)
 
-        listening: list[PartitionLog] = []
+        listening: list[PartitionBackend] = []
         try:
             for _ in range(1_000_000):
                 woken.clear()
@@ -387,8 +338,7 @@ class KafkaApis:
                         error = KafkaError.OFFSET_OUT_OF_RANGE
                     elif p.fetch_offset < hw and total < max_bytes:
                         budget = min(p.partition_max_bytes, max_bytes - total)
-                        records = await self._io(self._read, plog, p.fetch_offset,
-                                                 max(budget, 1))
+                        records = await self._io(plog.read, p.fetch_offset, max(budget, 1))
                         total += len(records)
                     if plog not in listening:
                         plog.add_listener(wake)
@@ -404,23 +354,6 @@ class KafkaApis:
         return (-1 if errors and total == 0 else total), topics
 
     # ------------------------------------------------------------ offsets
-
-    def _offset_for_timestamp(self, plog: PartitionLog, timestamp: int) -> tuple[int, int]:
-        """First offset whose batch has max timestamp >= `timestamp` (scan, bounded)."""
-        offset, hw = plog.log_start_offset, plog.high_watermark
-        scanned = 0
-        while offset < hw and scanned < 4 * 1024 * 1024 * 1024:
-            batches = plog.stream.fetch(offset, hw, 1024 * 1024)
-            if not batches:
-                break
-            for b in batches:
-                scanned += len(b.payload)
-                headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
-                for h in headers:
-                    if h.max_timestamp >= timestamp:
-                        return b.base_offset, h.max_timestamp
-            offset = batches[-1].last_offset
-        return -1, -1
 
     async def list_offsets(self, req, ctx):
         v = ctx.api_version
@@ -438,7 +371,8 @@ class KafkaApis:
                     elif p.timestamp in (-1, -3):  # latest; -3 = max timestamp (approximated)
                         offset = plog.high_watermark
                     else:
-                        offset, ts = await self._io(self._offset_for_timestamp, plog, p.timestamp)
+                        found = await self._io(plog.offset_for_timestamp, p.timestamp)
+                        offset, ts = found.offset, found.timestamp_ms
                 parts.append(R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                     partition_index=p.partition_index, error_code=error, timestamp=ts,
                     offset=offset, leader_epoch=plog.leader_epoch if plog else -1))
@@ -456,17 +390,7 @@ class KafkaApis:
                 plog, error = self._resolve(image, t.topic, None, p.partition)
                 epoch, end = -1, -1
                 if plog is not None:
-                    if p.leader_epoch >= plog.leader_epoch:
-                        epoch, end = plog.leader_epoch, plog.high_watermark
-                    else:
-                        stream = image.streams.get(plog.stream.stream_id)
-                        later = [rg for rg in (stream.ranges if stream else [])
-                                 if rg.epoch > p.leader_epoch]
-                        earlier = [rg for rg in (stream.ranges if stream else [])
-                                   if rg.epoch <= p.leader_epoch]
-                        if earlier:
-                            epoch = earlier[-1].epoch
-                            end = later[0].start_offset if later else plog.high_watermark
+                    epoch, end = plog.epoch_end_offset(p.leader_epoch)
                 parts.append(R.OffsetForLeaderTopicResult.EpochEndOffset(
                     error_code=error, partition=p.partition, leader_epoch=epoch,
                     end_offset=end))

@@ -22,13 +22,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from controlplane.errors import ControllerError
-from controlplane.image import MetadataImage
+from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp
+from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, patch_batch
 from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one partition's records in one produce request
+TIMESTAMP_SCAN_MAX_BYTES = 4 * 1024 * 1024 * 1024  # offset_for_timestamp gives up past this
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
 # how much of a stream's tail is read to rebuild producer state when a partition opens: the
@@ -66,15 +70,15 @@ class ProducerStateTable:
         if entry is None:
             return self.APPEND, 0  # unknown producer (new, or state lost): accept
         if epoch < entry.epoch:
-            return "error", 47  # INVALID_PRODUCER_EPOCH
+            return "error", KafkaError.INVALID_PRODUCER_EPOCH
         if epoch > entry.epoch:
-            return (self.APPEND, 0) if first_seq == 0 else ("error", 45)
+            return (self.APPEND, 0) if first_seq == 0 else ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
         for f, l, base in entry.batches:
             if f == first_seq and l == last_seq:
                 return self.DUPLICATE, base
         last = entry.batches[-1][1] if entry.batches else -1
         if first_seq != (last + 1) % (2**31):
-            return "error", 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+            return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
     def record(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
@@ -125,15 +129,22 @@ def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
 
 
 class PartitionLog:
-    """One led partition: its stream, producer state and new-data notification."""
+    """One partition this broker leads (the first `PartitionBackend`): its stream, its
+    idempotent-producer state and new-data notification.
+
+    Thread-safety: `append` holds `lock` across the sequence checks and the appends they
+    guard; reads go to the stream, which is thread-safe.
+    """
 
     def __init__(self, topic_id: str, topic: str, partition: int, leader_epoch: int,
-                 stream: Stream):
+                 stream: Stream,
+                 ranges_fn: Callable[[], list[RangeState]] = lambda: []):
         self.topic_id = topic_id
         self.topic = topic
         self.partition = partition
         self.leader_epoch = leader_epoch
         self.stream = stream
+        self._ranges_fn = ranges_fn  # the stream's epoch ranges in the current metadata
         self.producers = ProducerStateTable()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
         self._listeners: list = []
@@ -167,6 +178,86 @@ class PartitionLog:
         fut = self.stream.append_with(build, count)
         fut.add_done_callback(lambda _: self.notify())
         return fut
+
+    # ------------------------------------------------------------ PartitionBackend
+
+    def append(self, records: bytes | None) -> AppendOutcome:
+        """Validate a produce request's batches, deduplicate idempotent retries, assign
+        offsets (patched into each batch) and append; see `PartitionBackend.append`."""
+        if not records:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        if len(records) > MAX_MESSAGE_BYTES:
+            return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+        try:
+            batches = parse_batches(records)
+        except InvalidRecordBatchError as exc:
+            return AppendOutcome(KafkaError(exc.error_code))
+        if not batches:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        if any(b.is_transactional or b.is_control for b in batches):
+            return AppendOutcome(KafkaError.INVALID_TXN_STATE)  # transactions: not yet
+        futures: list[Future] = []
+        first_base: int | None = None
+        epoch = self.leader_epoch
+        with self.lock:
+            for b in batches:
+                count = b.last_offset_delta + 1
+                idempotent = b.producer_id >= 0 and b.base_sequence >= 0
+                last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
+                if idempotent:
+                    verdict, value = self.producers.check(b.producer_id, b.producer_epoch,
+                                                          b.base_sequence, last_seq)
+                    if verdict == ProducerStateTable.DUPLICATE:
+                        if first_base is None:
+                            first_base = value
+                        continue
+                    if verdict == "error":
+                        return AppendOutcome(KafkaError(value), -1, futures)
+                assigned: list[int] = []
+
+                def build(base: int, data: bytes = b.data, assigned: list[int] = assigned) -> bytes:
+                    assigned.append(base)  # called under the stream's lock, before append returns
+                    return patch_batch(data, base, epoch)
+
+                futures.append(self.append_batch(build, count))
+                if first_base is None:
+                    first_base = assigned[0]
+                if idempotent:
+                    self.producers.record(b.producer_id, b.producer_epoch, b.base_sequence,
+                                          last_seq, assigned[0])
+        return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1,
+                             futures)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        batches = self.stream.fetch(offset, self.high_watermark, max_bytes)
+        return b"".join(b.payload for b in batches)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        """First offset whose batch has max timestamp >= `timestamp_ms` (bounded scan)."""
+        offset, hw = self.log_start_offset, self.high_watermark
+        scanned = 0
+        while offset < hw and scanned < TIMESTAMP_SCAN_MAX_BYTES:
+            batches = self.stream.fetch(offset, hw, 1024 * 1024)
+            if not batches:
+                break
+            for b in batches:
+                scanned += len(b.payload)
+                headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
+                for h in headers:
+                    if h.max_timestamp >= timestamp_ms:
+                        return OffsetAndTimestamp(b.base_offset, h.max_timestamp)
+            offset = batches[-1].last_offset
+        return OffsetAndTimestamp(-1, -1)
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        if leader_epoch >= self.leader_epoch:
+            return self.leader_epoch, self.high_watermark
+        ranges = self._ranges_fn()
+        later = [rg for rg in ranges if rg.epoch > leader_epoch]
+        earlier = [rg for rg in ranges if rg.epoch <= leader_epoch]
+        if not earlier:
+            return -1, -1
+        return earlier[-1].epoch, (later[0].start_offset if later else self.high_watermark)
 
 
 class PartitionManager:
@@ -289,7 +380,8 @@ class PartitionManager:
             log.info("cannot open %s-%d yet (stream %d epoch %d): %s", name, key[1],
                      stream_id, epoch, exc)
             return
-        plog = PartitionLog(key[0], name, key[1], epoch, stream)
+        plog = PartitionLog(key[0], name, key[1], epoch, stream,
+                            ranges_fn=lambda: self._stream_ranges(stream_id))
         try:
             producers = rebuild_producer_state(stream, plog.producers)
         except Exception as exc:  # the tail is unreadable now: dedup starts from scratch
@@ -299,6 +391,11 @@ class PartitionManager:
             self._logs[key] = plog
         log.info("leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches "
                  "replayed)", name, key[1], stream_id, epoch, stream.next_offset, producers)
+
+    def _stream_ranges(self, stream_id: int) -> list[RangeState]:
+        image = self._image
+        stream = image.streams.get(stream_id) if image is not None else None
+        return list(stream.ranges) if stream is not None else []
 
     def _close_orphans(self, image: MetadataImage, wanted: dict) -> None:
         """Streams the image says this node has open, that this engine did not open and this

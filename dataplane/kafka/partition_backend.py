@@ -1,0 +1,85 @@
+"""The seam between the Kafka APIs and storage: one partition as the APIs see it.
+
+`kafka/apis.py` decodes a request, asks the `PartitionResolver` for each partition's
+`PartitionBackend`, calls it, and encodes the answer; every partition rule (batch validation,
+idempotent-producer checks, offset assignment, epochs, what a fetch may read) lives in the
+backend. `partitions.PartitionLog` (this broker leads the partition; its stream is in the
+engine) is the first implementation; the zone router's proxy partition and the leaderless
+erasure-coded partition are the next ones.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from dataplane.kafka.errors import KafkaError
+
+
+@dataclass
+class AppendOutcome:
+    """What an append did: an error, or the base offset and the futures that complete
+    when the appended batches are durable (none for a pure duplicate)."""
+
+    error: KafkaError
+    base_offset: int = -1
+    durable: list[Future] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OffsetAndTimestamp:
+    offset: int
+    timestamp_ms: int
+
+
+class PartitionBackend(Protocol):
+    """One partition served by this broker.
+
+    Thread-safety: every method may be called from any thread; implementations serialize
+    what must be atomic (a sequence check and the append it guards).
+    """
+
+    topic_id: str
+    topic: str
+    partition: int
+
+    @property
+    def leader_epoch(self) -> int: ...
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    def append(self, records: bytes | None) -> AppendOutcome:
+        """Validate and append a produce request's record batches (offsets assigned here)."""
+        ...
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Record batches from `offset` below the high watermark, at most about `max_bytes`
+        (at least one batch when there is one). Blocks on I/O: call off the event loop."""
+        ...
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        """The first offset whose batch holds a timestamp >= `timestamp_ms` (-1 if none)."""
+        ...
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        """(largest epoch <= `leader_epoch`, its end offset), or (-1, -1): for
+        OffsetForLeaderEpoch (a follower's or consumer's log truncation check)."""
+        ...
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from any thread) when new data may be readable."""
+        ...
+
+    def remove_listener(self, callback: Callable[[], None]) -> None: ...
+
+
+class PartitionResolver(Protocol):
+    """Finds the backend serving (topic_id, partition) on this broker, or None when this
+    broker does not serve it (the APIs answer NOT_LEADER_OR_FOLLOWER)."""
+
+    def get(self, topic_id: str, partition: int) -> PartitionBackend | None: ...

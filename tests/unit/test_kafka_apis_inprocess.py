@@ -1,0 +1,164 @@
+"""Produce and fetch through the Kafka API layer with no server: an in-process controller
+(the real state machine), a temp-dir WAL, the real engine and partition backend, moto S3."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import boto3
+import pytest
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
+from moto import mock_aws
+
+from controlplane.inprocess import InProcessController
+from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partitions import PartitionManager
+from dataplane.kafka.registry import RequestContext
+from dataplane.metadata import MetadataFollower
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.storage import S3Storage, StorageConfig
+
+BUCKETS = "0@s3://automq-main?region=us-east-1"
+
+
+def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    if producer is not None:
+        builder.set_producer_state(*producer, False)
+    for i, value in enumerate(values):
+        builder.append(timestamp=1_700_000_000_000 + i, key=b"k", value=value, headers=[])
+    builder.close()
+    return bytes(builder.buffer())
+
+
+def ctx(api_key: int, version: int) -> RequestContext:
+    return RequestContext(api_key=api_key, api_version=version, correlation_id=1,
+                          client_id="unit", peer=("127.0.0.1", 1))
+
+
+@pytest.fixture
+def broker(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
+        controller = InProcessController()
+        epoch = controller.call("register_broker", {
+            "node_id": 1, "az": "az1", "host": "127.0.0.1", "kafka_port": 9092,
+            "incarnation_id": "unit"})["node_epoch"]
+        controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
+        objects = ObjectStorage(BUCKETS)
+        storage = S3Storage(StorageConfig(data_dir=tmp_path, wal_capacity_bytes=32 << 20,
+                                          block_cache_bytes=16 << 20,
+                                          log_cache_uploaded_bytes=16 << 20),
+                            1, epoch, controller, objects)
+        storage.start()
+        follower = MetadataFollower(controller)
+        partitions = PartitionManager(1, storage)
+        apis = KafkaApis(BrokerIdentity(1, "127.0.0.1", 9092, "az1"), lambda: follower.image,
+                         follower.wait_for_offset, controller, partitions, lambda: epoch,
+                         io_threads=2)
+
+        def sync() -> None:  # what the follower and reconcile threads do, on this thread
+            while follower.poll_once():
+                pass
+            partitions.reconcile(follower.image)
+
+        try:
+            yield apis, controller, sync
+        finally:
+            apis.io.shutdown(wait=True)
+            storage.close()
+            objects.close()
+
+
+def produce_req(topic: str, records: bytes, acks: int = -1):
+    part = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+    return ProduceRequest[9](transactional_id=None, acks=acks, timeout_ms=5_000,
+                             topic_data=[ProduceRequest.TopicProduceData(name=topic,
+                                                                         partition_data=[part])])
+
+
+def fetch_req(topic: str, offset: int):
+    part = FetchRequest.FetchTopic.FetchPartition(
+        partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
+        log_start_offset=-1, partition_max_bytes=1 << 20)
+    return FetchRequest[12](replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                            isolation_level=0, session_id=0, session_epoch=-1,
+                            topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0),
+                                                            partitions=[part])],
+                            forgotten_topics_data=[], rack_id="")
+
+
+def values_of(records: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    mr = MemoryRecords(records)
+    while (b := mr.next_batch()) is not None:
+        out += [(r.offset, r.value) for r in b]
+    return out
+
+
+def test_produce_then_fetch_through_the_api_layer_with_no_server(broker):
+    apis, controller, sync = broker
+    started = time.monotonic()
+    controller.call("create_topic", {"name": "orders", "partitions": 1})
+    sync()
+
+    async def scenario():
+        first = await apis.produce(produce_req("orders", batch([b"a", b"b", b"c"])), ctx(0, 9))
+        second = await apis.produce(produce_req("orders", batch([b"d"])), ctx(0, 9))
+        fetched = await apis.fetch(fetch_req("orders", 1), ctx(1, 12))
+        latest = await apis.list_offsets(ListOffsetsRequest[7](
+            replica_id=-1, isolation_level=0, topics=[ListOffsetsRequest.ListOffsetsTopic(
+                name="orders", partitions=[ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                    partition_index=0, current_leader_epoch=-1, timestamp=-1)])]), ctx(2, 7))
+        return first, second, fetched, latest
+
+    first, second, fetched, latest = asyncio.run(scenario())
+    p1 = first.responses[0].partition_responses[0]
+    p2 = second.responses[0].partition_responses[0]
+    assert (p1.error_code, p1.base_offset) == (KafkaError.NONE, 0)
+    assert (p2.error_code, p2.base_offset) == (KafkaError.NONE, 3)
+    part = fetched.responses[0].partitions[0]
+    assert part.error_code == KafkaError.NONE and part.high_watermark == 4
+    # a fetch returns whole batches: the first batch (0-2) holds offset 1
+    assert values_of(part.records) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+    assert latest.topics[0].partitions[0].offset == 4
+    assert time.monotonic() - started < 5  # no servers to start: well under a second usually
+
+
+def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothing(broker):
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    sync()
+    records = batch([b"x", b"y"], producer=(7, 0, 0))
+
+    async def scenario():
+        a = await apis.produce(produce_req("t", records), ctx(0, 9))
+        retry = await apis.produce(produce_req("t", records), ctx(0, 9))
+        corrupt = bytearray(batch([b"z"]))
+        corrupt[-1] ^= 0xFF  # the CRC no longer matches
+        bad = await apis.produce(produce_req("t", bytes(corrupt)), ctx(0, 9))
+        gap = await apis.produce(produce_req("t", batch([b"w"], producer=(7, 0, 5))), ctx(0, 9))
+        unknown = await apis.produce(produce_req("nope", batch([b"q"])), ctx(0, 9))
+        fetched = await apis.fetch(fetch_req("t", 0), ctx(1, 12))
+        return a, retry, bad, gap, unknown, fetched
+
+    a, retry, bad, gap, unknown, fetched = asyncio.run(scenario())
+    first = a.responses[0].partition_responses[0]
+    again = retry.responses[0].partition_responses[0]
+    assert (first.error_code, first.base_offset) == (0, 0)
+    assert (again.error_code, again.base_offset) == (0, 0)  # deduplicated, not re-appended
+    assert bad.responses[0].partition_responses[0].error_code == KafkaError.CORRUPT_MESSAGE
+    assert gap.responses[0].partition_responses[0].error_code == \
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert unknown.responses[0].partition_responses[0].error_code == \
+        KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    part = fetched.responses[0].partitions[0]
+    assert part.high_watermark == 2
+    assert values_of(part.records) == [(0, b"x"), (1, b"y")]
