@@ -69,11 +69,6 @@ def up(
     started: list[str] = []  # what this call started: stopped again if start-up fails
     was_running: dict[str, int] = {}
     config: ClusterConfig | None = None
-
-    def start(name: str, starter) -> None:
-        started.append(name)
-        starter()
-
     try:
         if cluster.exists():
             config = cluster.load()
@@ -97,17 +92,18 @@ def up(
         if "s3" in missing:
             with console.status("starting the object store") if format == OutputFormat.table \
                     else _nullcontext():
-                start("s3", lambda: cluster.start_object_store(config))
+                started.append("s3")
+                cluster.start_object_store(config)
         for c in config.controllers:
             if f"controller-{c.node_id}" in missing:
-                start(f"controller-{c.node_id}",
-                      lambda node=c.node_id: cluster.start_controller(config, node))
+                started.append(f"controller-{c.node_id}")
+                cluster.start_controller(config, c.node_id)
         _wait_until(lambda: collect_status(cluster, config)["leader"] is not None,
                     timeout_s, "a controller leader")
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
-                start(f"broker-{b.node_id}",
-                      lambda node=b.node_id: cluster.start_broker(config, node))
+                started.append(f"broker-{b.node_id}")
+                cluster.start_broker(config, b.node_id)
 
         def ready():
             dead = [n for n in cluster.component_names(config) if cluster.running(n) is None]
