@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -59,7 +57,11 @@ def list_(dir: Path = DirOption, format: OutputFormat = typer.Option(OutputForma
 def stop(node: int, dir: Path = DirOption) -> None:
     """Graceful stop (SIGTERM): the broker uploads its WAL and fences its own epoch."""
     cluster, _, name = _broker(dir, node)
-    if not cluster.stop(name):
+    try:
+        stopped = cluster.stop(name)
+    except ClusterError as exc:
+        fail(str(exc))
+    if not stopped:
         fail(f"{name} is not running")
     console.print(f"stopped {name}")
 
@@ -68,17 +70,13 @@ def stop(node: int, dir: Path = DirOption) -> None:
 def kill(node: int, dir: Path = DirOption) -> None:
     """A real kill -9 of the broker's process (a crash, for demonstrations and drills)."""
     cluster, _, name = _broker(dir, node)
-    pid = cluster.running(name)
-    if pid is None:
+    try:
+        pids = cluster.kill(name)
+    except ClusterError as exc:
+        fail(str(exc))
+    if not pids:
         fail(f"{name} is not running")
-    os.kill(pid, signal.SIGKILL)
-    # a process killed in the middle of an fsync can take seconds to go (and free its ports)
-    for _ in range(1500):
-        if cluster.running(name) is None:
-            break
-        time.sleep(0.02)
-    cluster.pid_path(name).unlink(missing_ok=True)
-    console.print(f"killed {name} (pid {pid})")
+    console.print(f"killed {name} (pid {', '.join(map(str, pids))})")
 
 
 @app.command()

@@ -61,37 +61,49 @@ def up(
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
-    """Start the object store, the controller quorum and the brokers; wait until ready."""
+    """Start the object store, the controller quorum and the brokers; wait until ready.
+
+    On an existing directory it restarts from the persisted state; when some of its
+    processes still run, it starts only the missing ones."""
     cluster = LocalCluster(dir)
-    started = False
+    started: list[str] = []  # what this call started: stopped again if start-up fails
+    was_running: dict[str, int] = {}
+    config: ClusterConfig | None = None
     try:
         if cluster.exists():
             config = cluster.load()
-            running = cluster.running_pids(config)
-            if running:
+            was_running = cluster.running_pids(config)
+            missing = [n for n in cluster.component_names(config) if n not in was_running]
+            if not missing:
                 fail(f"the cluster in {cluster.dir} is already running "
-                     f"({', '.join(f'{n}={p}' for n, p in running.items())}); "
+                     f"({', '.join(f'{n}={p}' for n, p in was_running.items())}); "
                      "use `automqctl cluster status` or `automqctl cluster down`")
             restarting = True
         else:
             config = cluster.create(brokers, controllers,
                                     [a.strip() for a in azs.split(",") if a.strip()],
                                     base_port, bucket_uris, session_timeout_ms)
+            missing = cluster.component_names(config)
             restarting = False
-        cluster.check_ports(config)
-        if not config.embedded_s3:
+        cluster.check_ports(config, missing)
+        if not config.embedded_s3 and "s3" not in was_running:
             for bucket in config.buckets:
                 check_bucket_reachable(bucket)
-        started = True
-        with console.status("starting the object store") if format == OutputFormat.table \
-                else _nullcontext():
-            cluster.start_object_store(config)
+        if "s3" in missing:
+            with console.status("starting the object store") if format == OutputFormat.table \
+                    else _nullcontext():
+                started.append("s3")
+                cluster.start_object_store(config)
         for c in config.controllers:
-            cluster.start_controller(config, c.node_id)
+            if f"controller-{c.node_id}" in missing:
+                started.append(f"controller-{c.node_id}")
+                cluster.start_controller(config, c.node_id)
         _wait_until(lambda: collect_status(cluster, config)["leader"] is not None,
                     timeout_s, "a controller leader")
         for b in config.brokers:
-            cluster.start_broker(config, b.node_id)
+            if f"broker-{b.node_id}" in missing:
+                started.append(f"broker-{b.node_id}")
+                cluster.start_broker(config, b.node_id)
 
         def ready():
             dead = [n for n in cluster.component_names(config) if cluster.running(n) is None]
@@ -103,23 +115,40 @@ def up(
 
         status = _wait_until(ready, timeout_s, "every broker to register and be unfenced")
     except ClusterError as exc:
-        if started:
-            cluster.stop_all(config)
+        _stop_started(cluster, config, started, was_running)
         fail(str(exc))
     except EmbeddedS3Error as exc:
-        cluster.stop_all(config)
+        _stop_started(cluster, config, started, was_running)
         fail(f"object store: {exc}")
     except BaseException:
-        if started:
-            cluster.stop_all(config)
+        _stop_started(cluster, config, started, was_running)
         raise
     if format == OutputFormat.json:
         print_json(status)
         return
     _print_status(status)
-    verb = "restarted from" if restarting else "created in"
-    console.print(f"\ncluster {verb} [bold]{cluster.dir}[/]")
+    if was_running:
+        console.print(f"\nrestarted {', '.join(started)} in [bold]{cluster.dir}[/] "
+                      f"(the others were running)")
+    else:
+        verb = "restarted from" if restarting else "created in"
+        console.print(f"\ncluster {verb} [bold]{cluster.dir}[/]")
     console.print(f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]")
+
+
+def _stop_started(cluster: LocalCluster, config: ClusterConfig | None, started: list[str],
+                  was_running: dict[str, int]) -> None:
+    """After a failed `up`: stop what it started, leave what was running before alone."""
+    if config is None or not started:
+        return
+    if not was_running:
+        cluster.stop_all(config)
+        return
+    for name in reversed(started):  # brokers first, the object store last
+        try:
+            cluster.stop(name)
+        except ClusterError:
+            pass
 
 
 class _nullcontext:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import broker, cluster, reassign, topic
+from cli import broker, cluster, controller, reassign, topic
 from cli.doctor import doctor
 from cli.perf import perf
 
@@ -13,6 +13,7 @@ app = typer.Typer(help="Operate an S3-native, Kafka-compatible streaming cluster
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(topic.app, name="topic")
 app.add_typer(broker.app, name="broker")
+app.add_typer(controller.app, name="controller")
 app.add_typer(reassign.app, name="reassign")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(perf)
 app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(doctor)

@@ -9,13 +9,22 @@ Layout of a cluster directory:
     s3/                   the embedded object store's data
     logs/<name>.log       one log per process
     pids/<name>.pid       "pid start_time" of each running process
+
+A PID file is only trusted while its PID is alive and has the recorded start time (the same
+process, not a reused PID). A process of the cluster without a true PID file (started by
+hand, or whose file went stale) is still found: its command line points at this directory's
+config (`controlplane.server --config DIR/quorum.json --node-id N`,
+`dataplane.node --config DIR/broker-N/broker.json`, `weed mini -dir=DIR/s3/data`), which
+/proc shows.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,12 +39,14 @@ from dataplane.objectstore.seaweed import (
     find_free_ports,
     port_in_use,
     start_seaweed,
-    stop_process,
     wait_seaweed_ready,
 )
 
 DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 STOP_TIMEOUT_S = 15.0
+# after SIGKILL: a process killed in the middle of an fsync can take seconds to go
+KILL_WAIT_S = 30.0
+_POLL_S = 0.02
 
 
 class ClusterError(RuntimeError):
@@ -110,6 +121,138 @@ def _proc_start_time(pid: int) -> str | None:
     if fields[0] == "Z":
         return None
     return fields[19]  # field 22 of stat: start time in clock ticks since boot
+
+
+def _proc_cmdline(pid: int) -> list[str] | None:
+    """argv of a live process, or None (gone, a kernel thread, or not readable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if not raw:
+        return None
+    return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")]
+
+
+def _proc_cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def _option(args: list[str], *names: str) -> str | None:
+    """The value of the first of `names` in `args`, as `--name value` or `--name=value`."""
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def _script_args(argv: list[str], module: str) -> list[str] | None:
+    """The arguments after `-m module` (or after its script path), None if argv runs
+    something else."""
+    script = "/" + module.replace(".", "/") + ".py"
+    for i, arg in enumerate(argv):
+        if (arg == module and i > 0 and argv[i - 1] == "-m") or arg == "-m" + module \
+                or arg.endswith(script):
+            return argv[i + 1:]
+    return None
+
+
+def component_of(argv: list[str], cwd: str | None, cluster_dir: Path,
+                 s3_data_dir: Path | None = None) -> str | None:
+    """The component (`controller-N`, `broker-N`, `s3`) of the cluster in `cluster_dir` that
+    the command line `argv` (run in `cwd`) is, or None if it is not one of them."""
+    root = os.path.realpath(cluster_dir)
+
+    def resolved(value: str | None) -> str | None:
+        if value is None:
+            return None
+        return os.path.realpath(os.path.join(cwd or "/", value))
+
+    args = _script_args(argv, "controlplane.server")
+    if args is not None:
+        node_id = _option(args, "--node-id")
+        if resolved(_option(args, "--config")) == os.path.join(root, "quorum.json") \
+                and node_id is not None and node_id.strip().isdigit():
+            return f"controller-{int(node_id)}"
+        return None
+    args = _script_args(argv, "dataplane.node")
+    if args is not None:
+        config = resolved(_option(args, "--config"))
+        m = re.fullmatch(re.escape(root) + r"/broker-(\d+)/broker\.json", config or "")
+        return f"broker-{int(m.group(1))}" if m else None
+    if argv and os.path.basename(argv[0]) == "weed" and "mini" in argv[1:]:
+        data = resolved(_option(argv[1:], "-dir", "--dir"))
+        want = os.path.realpath(s3_data_dir or os.path.join(root, "s3"))
+        return "s3" if data == os.path.join(want, "data") else None
+    return None
+
+
+def scan_processes(cluster_dir: Path, s3_data_dir: Path | None = None) -> dict[str, list[int]]:
+    """Every live process (zombies excluded) whose command line is a component of the
+    cluster in `cluster_dir`, by component name, from /proc."""
+    found: dict[str, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        argv = _proc_cmdline(pid)
+        # cheap filter first: only our three programs need their cwd and a real match
+        if not argv or not any(k in a for a in argv for k in
+                               ("controlplane", "dataplane", "weed")):
+            continue
+        name = component_of(argv, _proc_cwd(pid), cluster_dir, s3_data_dir)
+        if name and _proc_start_time(pid) is not None:
+            found.setdefault(name, []).append(pid)
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """Signal the process group when the process leads one (it was started in its own
+    session: children go too), otherwise only the process."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate(pids: list[tuple[int, str | None]], timeout_s: float,
+              kill_wait_s: float = KILL_WAIT_S) -> list[int]:
+    """SIGTERM every (pid, start time) at once, SIGKILL whatever is left after `timeout_s`
+    (at once when it is 0), and wait at most `kill_wait_s` more. A start time of None means
+    "the process using this PID now". Returns the PIDs still alive."""
+    known = [(pid, start or _proc_start_time(pid)) for pid, start in pids]
+    # only ever signal the very processes meant: a PID is checked against its start time
+    targets = [(pid, start) for pid, start in known if start is not None]
+
+    def alive() -> list[int]:
+        return [pid for pid, start in targets if _proc_start_time(pid) == start]
+
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_wait_s)):
+        if sig == signal.SIGTERM and timeout_s <= 0:
+            continue
+        for pid in alive():
+            _signal(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if not alive():
+            return []
+    return alive()
 
 
 class LocalCluster:
@@ -197,18 +340,50 @@ class LocalCluster:
 
     # ------------------------------------------------------------ processes
 
-    def running(self, name: str) -> int | None:
-        """PID of component `name` if it is running (and is the process we started)."""
-        path = self.pid_path(name)
+    def _pid_file(self, name: str) -> tuple[int, str] | None:
+        """(pid, start time) from `name`'s PID file if that process is alive, else None."""
         try:
-            pid_text, start = path.read_text().split()
+            pid_text, start = self.pid_path(name).read_text().split()
             pid = int(pid_text)
         except (OSError, ValueError):
             return None
-        return pid if _proc_start_time(pid) == start else None
+        return (pid, start) if pid > 0 and _proc_start_time(pid) == start else None
+
+    def _s3_data_dir(self) -> Path | None:
+        try:
+            embedded = self.load().embedded_s3
+        except ClusterError:
+            return None
+        return Path(embedded["data_dir"]) if embedded else None
+
+    def scan(self) -> dict[str, list[int]]:
+        """Live processes of this cluster found by their command line (see module doc)."""
+        return scan_processes(self.dir, self._s3_data_dir())
+
+    def pids(self, name: str) -> list[int]:
+        """Every live process of component `name`: its PID file's (if true) and any other
+        whose command line is this component (started by hand, or a stale PID file)."""
+        recorded = self._pid_file(name)
+        pids = [recorded[0]] if recorded else []
+        return pids + [p for p in self.scan().get(name, []) if p not in pids]
+
+    def running(self, name: str) -> int | None:
+        """PID of component `name` if it is running: its PID file's process when the file is
+        true, else a process found by its command line."""
+        recorded = self._pid_file(name)
+        if recorded:
+            return recorded[0]
+        found = self.scan().get(name)
+        return found[0] if found else None
 
     def running_pids(self, config: ClusterConfig) -> dict[str, int]:
-        return {n: pid for n in self.component_names(config) if (pid := self.running(n))}
+        """Running components by name (one /proc scan for those without a true PID file)."""
+        names = self.component_names(config)
+        result = {n: rec[0] for n in names if (rec := self._pid_file(n))}
+        if len(result) < len(names):
+            found = self.scan()
+            result.update({n: found[n][0] for n in names if n not in result and n in found})
+        return {n: result[n] for n in names if n in result}
 
     def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
         log_path = self.log_path(name)
@@ -233,9 +408,11 @@ class LocalCluster:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{pid} {start or 0}\n")
 
-    def check_ports(self, config: ClusterConfig) -> None:
+    def check_ports(self, config: ClusterConfig, names: list[str] | None = None) -> None:
+        """A clear error if a port of the components `names` (default: all) is taken."""
         busy = [f"{what} ({port})" for what, port in config.all_ports().items()
-                if port_in_use(port, config.host)]
+                if (names is None or what.split(" ", 1)[0] in names)
+                and port_in_use(port, config.host)]
         if busy:
             raise ClusterError("ports already in use: " + ", ".join(busy)
                                + ". Stop whatever holds them, or create the cluster with "
@@ -273,24 +450,43 @@ class LocalCluster:
             sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")])
 
     def stop(self, name: str, timeout_s: float = STOP_TIMEOUT_S, kill: bool = False) -> bool:
-        """Stop one component (SIGTERM, SIGKILL after the timeout). True if it was running."""
-        pid = self.running(name)
-        if pid is None:
+        """Stop every process of one component (SIGTERM, SIGKILL after `timeout_s`; only
+        SIGKILL with `kill`) and wait until they are gone. True if one was running."""
+        recorded = self._pid_file(name)
+        targets = [recorded] if recorded else []
+        targets += [(p, None) for p in self.scan().get(name, [])
+                    if not recorded or p != recorded[0]]
+        if not targets:
             self.pid_path(name).unlink(missing_ok=True)
             return False
-        stop_process(pid, timeout_s=0.0 if kill else timeout_s)
+        left = terminate(targets, 0.0 if kill else timeout_s)
+        if left:
+            raise ClusterError(f"{name} (pid {', '.join(map(str, left))}) is still running "
+                               f"after SIGKILL")
         self.pid_path(name).unlink(missing_ok=True)
         return True
 
-    def stop_all(self, config: ClusterConfig) -> list[str]:
-        """Stop brokers, then controllers, then the object store; names that were running."""
+    def kill(self, name: str) -> list[int]:
+        """kill -9 every process of one component and wait until they are gone (a crash,
+        for drills). The PIDs killed; empty if none was running."""
+        pids = self.pids(name)
+        if pids:
+            self.stop(name, kill=True)
+        return pids
+
+    def stop_all(self, config: ClusterConfig, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+        """Stop brokers, then controllers, then the object store; names that were running.
+        Finds processes without a true PID file by their command line too."""
         stopped = []
         order = [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
         order += [n for n in self.component_names(config) if n == "s3"]
         for name in order:
-            if self.stop(name):
-                stopped.append(name)
+            try:
+                if self.stop(name, timeout_s):
+                    stopped.append(name)
+            except ClusterError:
+                pass  # the caller sees what is left with running_pids
         return stopped
 
     def purge(self) -> None:
