@@ -123,6 +123,13 @@ class RouteEpochState(BaseModel):
     committed_epoch: int = -1
 
 
+class CoordinatorSlotState(BaseModel):
+    """The broker coordinating one slot's groups, and the slot's coordinator epoch."""
+
+    node_id: int
+    epoch: int
+
+
 class MetadataImage(BaseModel):
     """All cluster metadata at one log offset."""
 
@@ -141,6 +148,9 @@ class MetadataImage(BaseModel):
     next_object_id: int = 0
     next_stream_id: int = 0
     next_producer_id: int = 0
+    # group coordinator slots (controlplane/coordinators.py): 0 until first placed
+    coordinator_slot_count: int = 0
+    coordinator_slots: dict[int, CoordinatorSlotState] = Field(default_factory=dict)
 
     # ------------------------------------------------------------ apply
 
@@ -290,6 +300,12 @@ class MetadataImage(BaseModel):
         self.next_object_id = max(self.next_object_id, rec.next_object_id)
         self.next_stream_id = max(self.next_stream_id, rec.next_stream_id)
         self.next_producer_id = max(self.next_producer_id, rec.next_producer_id)
+
+    def _apply_coordinator_slots(self, rec: r.CoordinatorSlotsRecord) -> None:
+        self.coordinator_slot_count = rec.slot_count
+        for a in rec.assignments:
+            self.coordinator_slots[a.slot] = CoordinatorSlotState(node_id=a.node_id,
+                                                                  epoch=a.epoch)
 
     # ------------------------------------------------------------ queries (pure)
 
