@@ -198,6 +198,8 @@ class BrokerNode:
         owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
+            """Runs on the metadata follower thread (the only user of `owned`); group state
+            lives on the Kafka event loop, so unloading is handed to it."""
             self.partitions.on_metadata(image, records)
             self._start_failovers(image)
             now_owned = owned_slots(image, cfg.node_id)
