@@ -67,6 +67,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
             "shutting_down": False if b is None else b.get("shutting_down", False),
             "partitions_led": 0 if b is None else b.get("partitions_led", 0),
+            "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
             "wal_failover_target": None if b is None else b.get("wal_failover_target"),
             "pid": pids.get(f"broker-{spec.node_id}"),
         })
@@ -103,4 +104,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),
+        # slot -> broker coordinating the groups of that slot (group -> slot:
+        # abs(java hashCode(group id)) % len, as Kafka's __consumer_offsets partitions)
+        "coordinator_slot_owners": (leader_view or {}).get("coordinator_slot_owners", []),
     }

@@ -33,6 +33,8 @@ class ErrorCode(str, Enum):
     WAL_FAILOVER_IN_PROGRESS = "WAL_FAILOVER_IN_PROGRESS"
     NOT_FAILOVER_TARGET = "NOT_FAILOVER_TARGET"
     STREAM_IN_USE = "STREAM_IN_USE"  # an orphan close of a stream its partition still needs
+    # the requester does not own the group's coordinator slot at that epoch
+    NOT_COORDINATOR = "NOT_COORDINATOR"
 
 
 class ControllerError(Exception):

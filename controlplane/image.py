@@ -134,7 +134,7 @@ class RouteEpochState(BaseModel):
 
 # the image's keyed containers; a delta names the keys a batch touched in each
 _KEYED_FIELDS = ("brokers", "node_wals", "topics", "topic_ids_by_name", "streams", "objects",
-                 "stream_set_objects", "stream_objects", "kv")
+                 "stream_set_objects", "stream_objects", "kv", "coordinator_slots")
 
 
 @dataclass
@@ -176,6 +176,13 @@ def _copy_entity(entity: BaseModel) -> BaseModel:
     return copy
 
 
+class CoordinatorSlotState(BaseModel):
+    """The broker coordinating one slot's groups, and the slot's coordinator epoch."""
+
+    node_id: int
+    epoch: int
+
+
 class MetadataImage(BaseModel):
     """All cluster metadata at one log offset.
 
@@ -198,6 +205,9 @@ class MetadataImage(BaseModel):
     next_object_id: int = 0
     next_stream_id: int = 0
     next_producer_id: int = 0
+    # group coordinator slots (controlplane/coordinators.py): 0 until first placed
+    coordinator_slot_count: int = 0
+    coordinator_slots: dict[int, CoordinatorSlotState] = Field(default_factory=dict)
 
     # copy-on-write bookkeeping of an image being built by with_records(); None = this image
     # owns all of its containers (a fresh image, or apply() on an unpublished one)
@@ -246,7 +256,7 @@ class MetadataImage(BaseModel):
 
     def _touch(self, name: str, key: Any) -> None:
         if self._delta is not None:
-            self._delta.touched[name].add(key)
+            self._delta.touched.setdefault(name, set()).add(key)
 
     def _we(self, name: str, key: Any) -> Any:
         """The entity `name[key]` made writable (copied if shared), or None if absent."""
@@ -415,6 +425,12 @@ class MetadataImage(BaseModel):
         self.next_object_id = max(self.next_object_id, rec.next_object_id)
         self.next_stream_id = max(self.next_stream_id, rec.next_stream_id)
         self.next_producer_id = max(self.next_producer_id, rec.next_producer_id)
+
+    def _apply_coordinator_slots(self, rec: r.CoordinatorSlotsRecord) -> None:
+        self.coordinator_slot_count = rec.slot_count
+        for a in rec.assignments:
+            self._put("coordinator_slots", a.slot,
+                      CoordinatorSlotState(node_id=a.node_id, epoch=a.epoch))
 
     # ------------------------------------------------------------ queries (pure)
 

@@ -221,6 +221,32 @@ class RemoveStreamObjectRecord(_Record):
     stream_id: int
 
 
+# ---------------------------------------------------------------- group coordinators
+
+class CoordinatorSlotAssignment(BaseModel):
+    """One slot's owner: the broker that coordinates the groups hashed to `slot`.
+
+    `epoch` grows by one each time the slot changes owner (Kafka's coordinator epoch, the
+    leader epoch of a `__consumer_offsets` partition): offset writes carry it, so an owner
+    that lost the slot can no longer write.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slot: int
+    node_id: int
+    epoch: int
+
+
+class CoordinatorSlotsRecord(_Record):
+    """Group coordinator slots (as Kafka's `__consumer_offsets` partitions) placed on
+    brokers. `slot_count` is fixed by the first such record; group -> slot never changes."""
+
+    type: Literal["coordinator_slots"] = "coordinator_slots"
+    slot_count: int
+    assignments: tuple[CoordinatorSlotAssignment, ...]
+
+
 # ---------------------------------------------------------------- routing, failover, KV
 
 class RouteEpochRecord(_Record):
@@ -264,7 +290,7 @@ MetadataRecord = Annotated[
         CreateStreamRecord, StreamEpochRecord, RangeRecord, TrimStreamRecord, DeleteStreamRecord,
         S3ObjectRecord, RemoveS3ObjectRecord, StreamSetObjectRecord, RemoveStreamSetObjectRecord,
         StreamObjectRecord, RemoveStreamObjectRecord, RouteEpochRecord, BucketFailoverRecord,
-        KVRecord, NextIdsRecord,
+        KVRecord, NextIdsRecord, CoordinatorSlotsRecord,
     ],
     Field(discriminator="type"),
 ]

@@ -277,6 +277,18 @@ class PutKVRequest(_Request):
     value: str | None = Field(default=None, max_length=1_000_000)
 
 
+class PutGroupOffsetsRequest(_Request):
+    """A group coordinator stores (value) or deletes (None) a group's committed-offsets
+    document; fenced by the group's coordinator slot (owner and epoch)."""
+
+    command: ClassVar[str] = "put_group_offsets"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    group_id: str = Field(max_length=1024)
+    coordinator_epoch: int = Field(ge=0)
+    value: str | None = Field(default=None, max_length=1_000_000)
+
+
 class LifecycleTickRequest(_Request):
     """Sent by the leader's timer: fence expired sessions, expire prepared objects."""
 
@@ -308,5 +320,6 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
         DeleteStreamRequest, PrepareObjectsRequest, CommitStreamSetObjectRequest,
         CommitStreamObjectRequest, DeletedObjectsRequest, SetActiveBucketRequest,
         PutKVRequest, LifecycleTickRequest, AllocateProducerIdsRequest,
+        PutGroupOffsetsRequest,
     )
 }

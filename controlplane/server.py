@@ -22,6 +22,7 @@ from typing import Callable
 
 from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
+from controlplane.coordinators import plan_slot_moves, slot_counts
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.failover import plan_failovers
 from controlplane.placement import leader_load
@@ -142,7 +143,8 @@ class ControllerNode:
         image = self.quorum.machine.image
         now_ms = int(time.time() * 1000)
         expired = self._expired_sessions()
-        if expired or expire_prepared_objects(image, now_ms) or plan_failovers(image):
+        if expired or expire_prepared_objects(image, now_ms) or plan_failovers(image) or \
+                plan_slot_moves(image, self.config.settings.coordinator_slots):
             result = self.quorum.submit("lifecycle_tick", {"expired_brokers": expired},
                                         now_ms=now_ms)
             if expired:
@@ -173,6 +175,7 @@ class ControllerNode:
         image = self.quorum.machine.image
         ages = self.heartbeat_ages_ms() if self.quorum.is_leader() else {}
         led = leader_load(image)
+        slots = slot_counts(image)
         return {
             "node_id": self.node_id,
             "api_address": self.config.controller(self.node_id).api_address,
@@ -184,6 +187,7 @@ class ControllerNode:
                  "node_epoch": b.node_epoch, "fenced": b.fenced, "fence_reason": b.fence_reason,
                  "shutting_down": b.shutting_down,
                  "partitions_led": led.get(b.node_id, 0),
+                 "coordinator_slots": slots.get(b.node_id, 0),
                  # another broker recovering this one's WAL (crash failover), else None
                  "wal_failover_target": (image.node_wals[b.node_id].failover_target_node_id
                                          if b.node_id in image.node_wals
@@ -196,6 +200,10 @@ class ControllerNode:
             "partitions": sum(len(t.partitions) for t in image.topics.values()),
             "streams": len(image.streams),
             "objects": len(image.objects),
+            # owner of each group coordinator slot (None: not placed yet)
+            "coordinator_slot_owners": [
+                image.coordinator_slots[i].node_id if i in image.coordinator_slots else None
+                for i in range(image.coordinator_slot_count)],
         }
 
 

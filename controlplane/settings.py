@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+MAX_COORDINATOR_SLOTS = 1_000
+
 
 class ControllerSettings(BaseModel):
     """Deterministic settings of the metadata state machine."""
@@ -16,3 +18,7 @@ class ControllerSettings(BaseModel):
     # maximum records kept in memory for brokers that follow the log; older readers get a
     # snapshot of the image instead
     log_retention_records: int = Field(default=100_000, ge=100)
+    # group coordinator slots (Kafka's offsets.topic.num.partitions): used when the slots
+    # are first placed; the count in the metadata never changes afterwards (it would
+    # remap every group)
+    coordinator_slots: int = Field(default=50, ge=1, le=MAX_COORDINATOR_SLOTS)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
+from controlplane import coordinators
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -94,6 +95,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "put_kv": (_put_kv, False),
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),
+    "put_group_offsets": (coordinators.put_group_offsets, False),
 }
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
@@ -141,6 +143,11 @@ class MetadataStateMachine:
         except ControllerError as exc:
             return exc.to_dict()
         self.append(recs)
+        if command == "lifecycle_tick" or coordinators.changes_brokers(recs):
+            # group coordinator slots follow the brokers in the same command: a fenced or
+            # stopping broker's slots move the moment its partitions are evacuated
+            self.append(coordinators.plan_slot_moves(self.image,
+                                                     self.settings.coordinator_slots))
         return {"result": response, "offset": self.next_offset - 1}
 
     def execute_readonly(self, command: str, body: dict, now_ms: int = 0) -> dict:

@@ -159,7 +159,8 @@ class BrokerNode:
         self._heartbeat_thread.start()
 
     def _start_data_plane(self) -> None:
-        from dataplane.kafka.apis import BrokerIdentity, KafkaApis, coordinator_for
+        from controlplane.coordinators import group_coordinator, group_slot, owned_slots
+        from dataplane.kafka.apis import BrokerIdentity, KafkaApis
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
         from dataplane.kafka.offset_store import KVOffsetStore
@@ -187,29 +188,38 @@ class BrokerNode:
                          self.client, self.partitions, lambda: self.node_epoch or 0)
         image_fn = lambda: self.metadata.image  # noqa: E731
         coordinator = GroupCoordinator()
-        offset_store = KVOffsetStore(self.client, image_fn)
+        offset_store = KVOffsetStore(self.client, image_fn, cfg.node_id,
+                                     lambda: self.node_epoch or 0)
         groups = GroupHandlers(coordinator, offset_store,
                                # a coordinator mid-replay could serve offsets older than
                                # the previous coordinator's last commit
-                               lambda g: coordinator_for(g, image_fn()) == cfg.node_id
+                               lambda g: group_coordinator(image_fn(), g) == cfg.node_id
                                and self.metadata.caught_up)
-        live_brokers: list[tuple] = [()]
+        owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
+            """Runs on the metadata follower thread (the only user of `owned`); group state
+            lives on the Kafka event loop, so unloading is handed to it."""
             self.partitions.on_metadata(image, records)
             self._start_failovers(image)
-            live = tuple(sorted(b.node_id for b in image.brokers.values() if not b.fenced))
-            if live != live_brokers[0]:
-                # group coordinators moved: drop what we cached for groups we may have lost
-                # (and re-read the documents of groups we get back)
-                live_brokers[0] = live
-                offset_store.forget_all()
-                try:
-                    self.kafka.loop.call_soon_threadsafe(
-                        coordinator.unload_groups,
-                        lambda g: coordinator_for(g, image) != cfg.node_id)
-                except (AttributeError, RuntimeError):  # the server is not running
-                    pass
+            now_owned = owned_slots(image, cfg.node_id)
+            if now_owned == owned[0]:
+                return
+            # slots moved away (or away and back): drop those groups' state and cached
+            # offsets; groups of slots that stayed are untouched (no rebalance)
+            moved = frozenset(s for s, epoch in owned[0].items() if now_owned.get(s) != epoch)
+            owned[0] = now_owned
+            if not moved:
+                return
+            count = image.coordinator_slot_count
+            in_moved = lambda g: group_slot(g, count) in moved  # noqa: E731
+            offset_store.forget_groups(in_moved)
+            try:
+                self.kafka.loop.call_soon_threadsafe(coordinator.unload_groups, in_moved)
+            except (AttributeError, RuntimeError):  # the server is not running
+                pass
+            log.info("coordinator slots %s moved away; node %d now owns %d slots",
+                     sorted(moved), cfg.node_id, len(now_owned))
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -53,6 +52,7 @@ from kafka.protocol.producer import (
 )
 
 from controlplane.client import ControllerClient
+from controlplane.coordinators import group_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
@@ -92,11 +92,10 @@ class BrokerIdentity:
 
 
 def coordinator_for(key: str, image: MetadataImage) -> int | None:
-    """The broker that coordinates a group: the same answer on every broker for one image."""
-    live = sorted(b.node_id for b in image.brokers.values() if not b.fenced)
-    if not live:
-        return None
-    return live[zlib.crc32(key.encode()) % len(live)]
+    """The broker that coordinates a group: the live owner of the group's coordinator slot
+    (`controlplane/coordinators.py`), the same answer on every broker for one image; None
+    while the slot is unassigned or its owner is fenced."""
+    return group_coordinator(image, key)
 
 
 class KafkaApis:

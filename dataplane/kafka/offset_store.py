@@ -1,10 +1,17 @@
 """Committed group offsets kept durably in the controller's replicated KV.
 
 One KV entry per group (`group-offsets/<group>`: JSON of topic -> partition -> offset,
-leader epoch, metadata, time). A group has one coordinator broker at a time, which keeps the
-group's document in memory and writes it whole on each commit (one Raft commit per
-OffsetCommit, atomic for all its partitions). A coordinator that takes a group over reads
-the document from the metadata image it follows. The document is bounded (`MAX_DOC_BYTES`).
+leader epoch, metadata, time). A group has one coordinator broker at a time — the owner of
+the group's coordinator slot (`controlplane/coordinators.py`) — which keeps the group's
+document in memory and writes it whole on each commit (one Raft commit per OffsetCommit,
+atomic for all its partitions) with `put_group_offsets`, fenced by the slot's coordinator
+epoch: once the slot moved, the old owner's writes are refused (NOT_COORDINATOR).
+
+A coordinator that takes a slot over reads a group's document from the metadata image it
+follows, at the latest when it first serves the group at the new epoch; every write the
+controller accepted from an earlier owner precedes the slot move in the log, so that image
+holds it. A cached document is reloaded whenever the slot's epoch differs from the one it
+was loaded at. The document is bounded (`MAX_DOC_BYTES`).
 """
 
 from __future__ import annotations
@@ -15,56 +22,93 @@ import threading
 from typing import Callable
 
 from controlplane.client import ControllerClient
-from controlplane.errors import ControllerError
+from controlplane.coordinators import GROUP_OFFSETS_KEY_PREFIX, slot_of
+from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 
-KEY_PREFIX = "group-offsets/"
+KEY_PREFIX = GROUP_OFFSETS_KEY_PREFIX
 MAX_DOC_BYTES = 900_000  # the controller's KV values are capped at 1 MB
+PUT_TIMEOUT_S = 10.0
+
+# the controller refused the write because this broker no longer coordinates the group
+_NOT_COORDINATOR = {ErrorCode.NOT_COORDINATOR, ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
+                    ErrorCode.UNKNOWN_NODE}
 
 
 class KVOffsetStore:
-    """`OffsetStore` on the controller KV (see the module docstring)."""
+    """`OffsetStore` on the controller KV (see the module docstring).
 
-    def __init__(self, controller: ControllerClient, image_fn: Callable[[], MetadataImage]):
+    Thread-safety: the Kafka handlers call it on the event loop (controller calls run on the
+    loop's default executor); `forget_groups` is called from the metadata follower thread.
+    The document cache is guarded by a lock; the image is read, never changed.
+    """
+
+    def __init__(self, controller: ControllerClient, image_fn: Callable[[], MetadataImage],
+                 node_id: int, node_epoch_fn: Callable[[], int]):
         self.controller = controller
         self.image_fn = image_fn
-        self._docs: dict[str, dict] = {}
+        self.node_id = node_id
+        self.node_epoch_fn = node_epoch_fn
+        self._docs: dict[str, tuple[int, dict]] = {}  # group -> (coordinator epoch, doc)
         self._lock = threading.Lock()
 
-    def _doc(self, group_id: str) -> dict:
+    def _coordinator_epoch(self, group_id: str) -> int:
+        """The epoch of the group's slot if this broker owns it (NOT_COORDINATOR if not)."""
+        image = self.image_fn()
+        slot = slot_of(image, group_id)
+        state = image.coordinator_slots.get(slot) if slot is not None else None
+        if state is None or state.node_id != self.node_id:
+            raise OffsetStoreError(f"node {self.node_id} does not coordinate group {group_id!r}",
+                                   error_code=KafkaError.NOT_COORDINATOR)
+        return state.epoch
+
+    def _doc(self, group_id: str) -> tuple[int, dict]:
+        """(coordinator epoch, document); (re)loaded from the image at a new epoch."""
+        epoch = self._coordinator_epoch(group_id)
         with self._lock:
-            doc = self._docs.get(group_id)
-            if doc is None:
-                raw = self.image_fn().kv.get(KEY_PREFIX + group_id)
-                doc = json.loads(raw) if raw else {}
-                self._docs[group_id] = doc
-            return doc
+            cached = self._docs.get(group_id)
+            if cached is not None and cached[0] == epoch:
+                return cached
+            raw = self.image_fn().kv.get(KEY_PREFIX + group_id)
+            loaded = (epoch, json.loads(raw) if raw else {})
+            self._docs[group_id] = loaded
+            return loaded
 
     async def commit(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
-        doc = json.loads(json.dumps(self._doc(group_id)))  # a copy: change only on success
+        epoch, current = self._doc(group_id)
+        doc = json.loads(json.dumps(current))  # a copy: change only on success
         for (topic, partition), c in offsets.items():
             doc.setdefault(topic, {})[str(partition)] = [c.offset, c.leader_epoch, c.metadata,
                                                          c.commit_timestamp_ms]
         text = json.dumps(doc, separators=(",", ":"))
         if len(text) > MAX_DOC_BYTES:
             raise OffsetStoreError(f"offsets of group {group_id} exceed {MAX_DOC_BYTES} bytes",
-                                   error_code=12)  # OFFSET_METADATA_TOO_LARGE
-        await self._put(KEY_PREFIX + group_id, text)
+                                   error_code=KafkaError.OFFSET_METADATA_TOO_LARGE)
+        await self._put(group_id, epoch, text)
         with self._lock:
-            self._docs[group_id] = doc
+            cached = self._docs.get(group_id)
+            if cached is None or cached[0] == epoch:
+                self._docs[group_id] = (epoch, doc)
 
-    async def _put(self, key: str, value: str | None) -> None:
+    async def _put(self, group_id: str, epoch: int, value: str | None) -> None:
+        body = {"node_id": self.node_id, "node_epoch": self.node_epoch_fn(),
+                "group_id": group_id, "coordinator_epoch": epoch, "value": value}
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.controller.call("put_kv", {"key": key, "value": value},
-                                                   timeout_s=10))
+                None, lambda: self.controller.call("put_group_offsets", body,
+                                                   timeout_s=PUT_TIMEOUT_S))
         except ControllerError as exc:
+            if exc.code in _NOT_COORDINATOR:
+                self.forget(group_id)
+                raise OffsetStoreError(f"storing offsets refused: {exc}",
+                                       error_code=KafkaError.NOT_COORDINATOR) from None
             raise OffsetStoreError(f"storing offsets failed: {exc}") from None
 
     async def fetch(self, group_id: str,
                     partitions: list[tuple[str, int]] | None) -> dict[tuple[str, int], CommittedOffset]:
-        doc = self._doc(group_id)
+        _, doc = self._doc(group_id)
         wanted = None if partitions is None else set(partitions)
         out: dict[tuple[str, int], CommittedOffset] = {}
         for topic, parts in doc.items():
@@ -75,20 +119,30 @@ class KVOffsetStore:
         return out
 
     async def delete_group(self, group_id: str) -> None:
-        await self._put(KEY_PREFIX + group_id, None)
+        epoch, _ = self._doc(group_id)
+        await self._put(group_id, epoch, None)
         with self._lock:
             self._docs.pop(group_id, None)
 
     async def list_groups(self) -> list[str]:
         names = {k[len(KEY_PREFIX):] for k in self.image_fn().kv if k.startswith(KEY_PREFIX)}
         with self._lock:
-            names |= {g for g, d in self._docs.items() if d}
+            names |= {g for g, (_, d) in self._docs.items() if d}
         return sorted(names)
 
     def forget_all(self) -> None:
-        """Drop every cached document (coordinators moved)."""
+        """Drop every cached document."""
         with self._lock:
             self._docs.clear()
+
+    def forget_groups(self, predicate: Callable[[str], bool]) -> int:
+        """Drop the cached documents of the groups `predicate` picks (their slot moved);
+        returns how many were dropped."""
+        with self._lock:
+            dropped = [g for g in self._docs if predicate(g)]
+            for g in dropped:
+                del self._docs[g]
+        return len(dropped)
 
     def forget(self, group_id: str) -> None:
         """Drop the cached document (this broker no longer coordinates the group)."""
