@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dataplane.kafka.groups import errors
+from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.state import (
     Group,
@@ -83,7 +83,7 @@ async def form_group(
     results = await asyncio.gather(
         *(coord.join_group(params(group_id, client_id=f"c{i}", **kwargs)) for i in range(n))
     )
-    assert {r.error_code for r in results} == {errors.NONE}
+    assert {r.error_code for r in results} == {KafkaError.NONE}
     assert len({r.generation_id for r in results}) == 1
     leader = results[0].leader_id
     assignments = {r.member_id: f"assign-{r.member_id}".encode() for r in results}
@@ -93,7 +93,7 @@ async def form_group(
             for r in results
         )
     )
-    assert [s.error_code for s in syncs] == [errors.NONE] * n
+    assert [s.error_code for s in syncs] == [KafkaError.NONE] * n
     assert coord.group_state(group_id) is GroupState.STABLE
     return results
 
@@ -123,7 +123,7 @@ def test_three_members_join_one_generation_and_sync_distributes_assignments() ->
             for i in range(3)
         ]
         results = await asyncio.gather(*joins)
-        assert [r.error_code for r in results] == [errors.NONE] * 3
+        assert [r.error_code for r in results] == [KafkaError.NONE] * 3
         assert {r.generation_id for r in results} == {1}
         # "range" is the only protocol all three support.
         assert {r.protocol_name for r in results} == {"range"}
@@ -149,7 +149,7 @@ def test_three_members_join_one_generation_and_sync_distributes_assignments() ->
             "g", 1, ids[0], assignments={mid: f"A{i}".encode() for i, mid in enumerate(ids)}
         )
         followers = await asyncio.gather(*follower_syncs)
-        assert leader_sync.error_code == errors.NONE and leader_sync.assignment == b"A0"
+        assert leader_sync.error_code == KafkaError.NONE and leader_sync.assignment == b"A0"
         assert [(f.error_code, f.assignment) for f in followers] == [(0, b"A1"), (0, b"A2")]
         assert leader_sync.protocol_name == "range" and leader_sync.protocol_type == "consumer"
         assert coord.group_state("g") is GroupState.STABLE
@@ -163,7 +163,7 @@ def test_three_members_join_one_generation_and_sync_distributes_assignments() ->
             (ids[2], b"r2", b"A2"),
         ]
         for mid in ids:
-            assert await coord.heartbeat("g", 1, mid) == errors.NONE
+            assert await coord.heartbeat("g", 1, mid) == KafkaError.NONE
         coord.close()
 
     run(scenario)
@@ -241,7 +241,7 @@ def test_rebalance_waits_for_members_told_member_id_required() -> None:
         coord = make_coordinator()
         (a,) = await form_group(coord, 1)
         pending = await coord.join_group(params(client_id="b", require_known_member_id=True))
-        assert pending.error_code == errors.MEMBER_ID_REQUIRED
+        assert pending.error_code == KafkaError.MEMBER_ID_REQUIRED
         rejoin_a = asyncio.ensure_future(coord.join_group(params(member_id=a.member_id)))
         await asyncio.sleep(0.05)
         assert not rejoin_a.done()  # b holds a member id and is expected back
@@ -270,7 +270,7 @@ def test_initial_delay_is_bounded_by_rebalance_timeout() -> None:
             joiners.append(asyncio.ensure_future(coord.join_group(params(client_id=f"m{i}", rebalance_timeout_ms=200))))
         result = await first
         elapsed_ms = (loop.time() - start) * 1000
-        assert result.error_code == errors.NONE and result.generation_id == 1
+        assert result.error_code == KafkaError.NONE and result.generation_id == 1
         assert elapsed_ms < 200 + 60 + 400  # bounded (generous margin for a loaded machine)
         assert len(joiners) < 30
         coord.close()
@@ -283,14 +283,14 @@ def test_member_id_required_flow() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
         first = await coord.join_group(params(require_known_member_id=True, session_timeout_ms=10_000))
-        assert first.error_code == errors.MEMBER_ID_REQUIRED
+        assert first.error_code == KafkaError.MEMBER_ID_REQUIRED
         assert first.member_id == "client-1" and first.generation_id == -1
         assert coord.group_state("g") is GroupState.EMPTY  # no rebalance before the rejoin
         # A made-up member id is refused.
         bogus = await coord.join_group(params(member_id="nobody", require_known_member_id=True))
-        assert bogus.error_code == errors.UNKNOWN_MEMBER_ID
+        assert bogus.error_code == KafkaError.UNKNOWN_MEMBER_ID
         joined = await coord.join_group(params(member_id=first.member_id, require_known_member_id=True))
-        assert joined.error_code == errors.NONE
+        assert joined.error_code == KafkaError.NONE
         assert joined.member_id == first.member_id and joined.leader_id == first.member_id
         assert joined.generation_id == 1
         coord.close()
@@ -302,10 +302,10 @@ def test_pending_member_expires_after_session_timeout() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
         first = await coord.join_group(params(require_known_member_id=True, session_timeout_ms=50))
-        assert first.error_code == errors.MEMBER_ID_REQUIRED
+        assert first.error_code == KafkaError.MEMBER_ID_REQUIRED
         await asyncio.sleep(0.15)
         late = await coord.join_group(params(member_id=first.member_id, require_known_member_id=True))
-        assert late.error_code == errors.UNKNOWN_MEMBER_ID
+        assert late.error_code == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -314,24 +314,24 @@ def test_pending_member_expires_after_session_timeout() -> None:
 def test_join_validation_errors() -> None:
     async def scenario() -> None:
         coord = make_coordinator(group_max_size=2)
-        assert (await coord.join_group(params(group_id=""))).error_code == errors.INVALID_GROUP_ID
-        assert (await coord.join_group(params(session_timeout_ms=5))).error_code == errors.INVALID_SESSION_TIMEOUT
-        assert (await coord.join_group(params(session_timeout_ms=60_001))).error_code == errors.INVALID_SESSION_TIMEOUT
-        assert (await coord.join_group(params(protocols=()))).error_code == errors.INCONSISTENT_GROUP_PROTOCOL
-        assert (await coord.join_group(params(protocol_type=""))).error_code == errors.INCONSISTENT_GROUP_PROTOCOL
+        assert (await coord.join_group(params(group_id=""))).error_code == KafkaError.INVALID_GROUP_ID
+        assert (await coord.join_group(params(session_timeout_ms=5))).error_code == KafkaError.INVALID_SESSION_TIMEOUT
+        assert (await coord.join_group(params(session_timeout_ms=60_001))).error_code == KafkaError.INVALID_SESSION_TIMEOUT
+        assert (await coord.join_group(params(protocols=()))).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (await coord.join_group(params(protocol_type=""))).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         huge = (("range", b"x" * (coord.config.max_member_metadata_bytes + 1)),)
-        assert (await coord.join_group(params(protocols=huge))).error_code == errors.INVALID_REQUEST
+        assert (await coord.join_group(params(protocols=huge))).error_code == KafkaError.INVALID_REQUEST
         # Known member id for a group that does not exist.
-        assert (await coord.join_group(params(group_id="nope", member_id="m"))).error_code == errors.UNKNOWN_MEMBER_ID
+        assert (await coord.join_group(params(group_id="nope", member_id="m"))).error_code == KafkaError.UNKNOWN_MEMBER_ID
 
         await form_group(coord, 2)
         # Different protocol type, no common protocol, full group.
         other = await coord.join_group(params(protocol_type="connect"))
-        assert other.error_code == errors.INCONSISTENT_GROUP_PROTOCOL
+        assert other.error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         disjoint = await coord.join_group(params(protocols=(("sticky", b""),)))
-        assert disjoint.error_code == errors.INCONSISTENT_GROUP_PROTOCOL
+        assert disjoint.error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         full = await coord.join_group(params())
-        assert full.error_code == errors.GROUP_MAX_SIZE_REACHED
+        assert full.error_code == KafkaError.GROUP_MAX_SIZE_REACHED
         assert coord.group_state("g") is GroupState.STABLE  # refused joins trigger nothing
         coord.close()
 
@@ -342,17 +342,17 @@ def test_max_groups_evicts_empty_groups_only() -> None:
     async def scenario() -> None:
         coord = make_coordinator(max_groups=2)
         a = await coord.join_group(params("a"))
-        assert a.error_code == errors.NONE
+        assert a.error_code == KafkaError.NONE
         await coord.join_group(params("b"))
         # Both groups have members: a third group is refused (retriable error).
         refused = await coord.join_group(params("c"))
-        assert refused.error_code == errors.COORDINATOR_NOT_AVAILABLE
+        assert refused.error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
         assert coord.group_state("c") is None
         leave = await coord.leave_group("a", [(a.member_id, None)])
-        assert leave.members[0].error_code == errors.NONE
+        assert leave.members[0].error_code == KafkaError.NONE
         await settle(lambda: coord.group_state("a") is GroupState.EMPTY)
         admitted = await coord.join_group(params("c"))
-        assert admitted.error_code == errors.NONE
+        assert admitted.error_code == KafkaError.NONE
         assert coord.group_state("a") is None  # the Empty group made room
         assert len(coord) == 2
         coord.close()
@@ -369,20 +369,20 @@ def test_leave_triggers_rebalance_and_remaining_members_get_new_generation() -> 
         results = await form_group(coord, 3)
         a, b, c = (r.member_id for r in results)
         leave = await coord.leave_group("g", [(c, None)])
-        assert leave.error_code == errors.NONE and leave.members[0].error_code == errors.NONE
+        assert leave.error_code == KafkaError.NONE and leave.members[0].error_code == KafkaError.NONE
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
         # Remaining members learn about it through their heartbeat.
-        assert await coord.heartbeat("g", 1, a) == errors.REBALANCE_IN_PROGRESS
-        assert await coord.heartbeat("g", 1, b) == errors.REBALANCE_IN_PROGRESS
-        assert await coord.heartbeat("g", 1, c) == errors.UNKNOWN_MEMBER_ID
+        assert await coord.heartbeat("g", 1, a) == KafkaError.REBALANCE_IN_PROGRESS
+        assert await coord.heartbeat("g", 1, b) == KafkaError.REBALANCE_IN_PROGRESS
+        assert await coord.heartbeat("g", 1, c) == KafkaError.UNKNOWN_MEMBER_ID
         ra, rb = await asyncio.gather(
             coord.join_group(params(member_id=a)), coord.join_group(params(member_id=b))
         )
         assert ra.generation_id == rb.generation_id == 2
         assert ra.leader_id == a and [m.member_id for m in ra.members] == [a, b]
         # Old generation is now illegal.
-        assert await coord.heartbeat("g", 1, a) == errors.ILLEGAL_GENERATION
-        assert await coord.heartbeat("g", 2, a) == errors.NONE  # CompletingRebalance: plain heartbeat
+        assert await coord.heartbeat("g", 1, a) == KafkaError.ILLEGAL_GENERATION
+        assert await coord.heartbeat("g", 2, a) == KafkaError.NONE  # CompletingRebalance: plain heartbeat
         coord.close()
 
     run(scenario)
@@ -407,12 +407,12 @@ def test_last_member_leaving_empties_the_group() -> None:
         coord = make_coordinator()
         (only,) = await form_group(coord, 1)
         result = await coord.leave_group("g", [(only.member_id, None), ("ghost", None)])
-        assert [m.error_code for m in result.members] == [errors.NONE, errors.UNKNOWN_MEMBER_ID]
+        assert [m.error_code for m in result.members] == [KafkaError.NONE, KafkaError.UNKNOWN_MEMBER_ID]
         assert coord.group_state("g") is GroupState.EMPTY
         summary = coord.describe_group("g")
         assert summary is not None and summary.members == () and summary.generation_id == 2
         assert summary.protocol_type == "consumer"
-        assert await coord.heartbeat("g", 2, only.member_id) == errors.UNKNOWN_MEMBER_ID
+        assert await coord.heartbeat("g", 2, only.member_id) == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -424,15 +424,15 @@ def test_session_timeout_expires_silent_member() -> None:
         a, b = (r.member_id for r in await form_group(coord, 2, session_timeout_ms=150, rebalance_timeout_ms=2_000))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 3.0
-        seen = errors.NONE
+        seen = KafkaError.NONE
         # a heartbeats every 30 ms, b stays silent; bounded loop.
         while loop.time() < deadline:
             seen = await coord.heartbeat("g", 1, a)
-            if seen != errors.NONE:
+            if seen != KafkaError.NONE:
                 break
             await asyncio.sleep(0.03)
-        assert seen == errors.REBALANCE_IN_PROGRESS
-        assert await coord.heartbeat("g", 1, b) == errors.UNKNOWN_MEMBER_ID
+        assert seen == KafkaError.REBALANCE_IN_PROGRESS
+        assert await coord.heartbeat("g", 1, b) == KafkaError.UNKNOWN_MEMBER_ID
         rejoin = await coord.join_group(params(member_id=a, session_timeout_ms=150))
         assert rejoin.generation_id == 2 and [m.member_id for m in rejoin.members] == [a]
         coord.close()
@@ -445,7 +445,7 @@ def test_heartbeats_keep_member_alive_past_session_timeout() -> None:
         coord = make_coordinator()
         (member,) = await form_group(coord, 1, session_timeout_ms=100)
         for _ in range(10):  # 10 x 40 ms = four session timeouts
-            assert await coord.heartbeat("g", 1, member.member_id) == errors.NONE
+            assert await coord.heartbeat("g", 1, member.member_id) == KafkaError.NONE
             await asyncio.sleep(0.04)
         assert coord.group_state("g") is GroupState.STABLE
         await asyncio.sleep(0.3)
@@ -464,11 +464,11 @@ def test_member_not_rejoining_within_rebalance_timeout_is_removed() -> None:
         # The leader rejoining triggers a rebalance; b never rejoins (it keeps heartbeating).
         join_a = asyncio.ensure_future(coord.join_group(params(member_id=a, rebalance_timeout_ms=200)))
         await asyncio.sleep(0.05)
-        assert await coord.heartbeat("g", 1, b) == errors.REBALANCE_IN_PROGRESS
+        assert await coord.heartbeat("g", 1, b) == KafkaError.REBALANCE_IN_PROGRESS
         result = await join_a
         assert (loop.time() - start) >= 0.18
         assert result.generation_id == 2 and [m.member_id for m in result.members] == [a]
-        assert await coord.heartbeat("g", 1, b) == errors.UNKNOWN_MEMBER_ID
+        assert await coord.heartbeat("g", 1, b) == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -484,7 +484,7 @@ def test_new_member_during_completing_rebalance_sends_waiting_followers_back() -
         await asyncio.sleep(0.02)
         newcomer = asyncio.ensure_future(coord.join_group(params(client_id="c")))
         synced = await waiting
-        assert synced.error_code == errors.REBALANCE_IN_PROGRESS
+        assert synced.error_code == KafkaError.REBALANCE_IN_PROGRESS
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
         # Everybody rejoins -> generation 2 with three members.
         again = await asyncio.gather(
@@ -502,20 +502,20 @@ def test_sync_errors() -> None:
         coord = make_coordinator()
         (m,) = await form_group(coord, 1)
         mid = m.member_id
-        assert (await coord.sync_group("g", 1, "ghost")).error_code == errors.UNKNOWN_MEMBER_ID
-        assert (await coord.sync_group("g", 7, mid)).error_code == errors.ILLEGAL_GENERATION
-        assert (await coord.sync_group("nope", 1, mid)).error_code == errors.UNKNOWN_MEMBER_ID
-        assert (await coord.sync_group("g", 1, mid, protocol_type="connect")).error_code == errors.INCONSISTENT_GROUP_PROTOCOL
-        assert (await coord.sync_group("g", 1, mid, protocol_name="sticky")).error_code == errors.INCONSISTENT_GROUP_PROTOCOL
+        assert (await coord.sync_group("g", 1, "ghost")).error_code == KafkaError.UNKNOWN_MEMBER_ID
+        assert (await coord.sync_group("g", 7, mid)).error_code == KafkaError.ILLEGAL_GENERATION
+        assert (await coord.sync_group("nope", 1, mid)).error_code == KafkaError.UNKNOWN_MEMBER_ID
+        assert (await coord.sync_group("g", 1, mid, protocol_type="connect")).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (await coord.sync_group("g", 1, mid, protocol_name="sticky")).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         # Stable: a repeated SyncGroup returns the stored assignment.
         again = await coord.sync_group("g", 1, mid, protocol_type="consumer", protocol_name="range")
-        assert again.error_code == errors.NONE and again.assignment == f"assign-{mid}".encode()
+        assert again.error_code == KafkaError.NONE and again.assignment == f"assign-{mid}".encode()
         # PreparingRebalance: REBALANCE_IN_PROGRESS.
         pending = asyncio.ensure_future(coord.join_group(params(client_id="late")))
         await asyncio.sleep(0.01)
-        assert (await coord.sync_group("g", 1, mid)).error_code == errors.REBALANCE_IN_PROGRESS
+        assert (await coord.sync_group("g", 1, mid)).error_code == KafkaError.REBALANCE_IN_PROGRESS
         coord.close()
-        assert (await pending).error_code == errors.NOT_COORDINATOR
+        assert (await pending).error_code == KafkaError.NOT_COORDINATOR
 
     run(scenario)
 
@@ -530,10 +530,10 @@ def test_member_that_never_syncs_is_removed_after_rebalance_timeout() -> None:
         leader = ra if ra.leader_id == ra.member_id else rb
         follower = rb if leader is ra else ra
         synced = await coord.sync_group("g", 1, leader.member_id, assignments={leader.member_id: b"x"})
-        assert synced.error_code == errors.NONE
+        assert synced.error_code == KafkaError.NONE
         # The follower neither syncs nor heartbeats; the sync deadline removes it.
         await settle(lambda: coord.group_state("g") is GroupState.PREPARING_REBALANCE)
-        assert await coord.heartbeat("g", 1, follower.member_id) == errors.UNKNOWN_MEMBER_ID
+        assert await coord.heartbeat("g", 1, follower.member_id) == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -545,7 +545,7 @@ def test_rejoin_with_same_metadata_in_completing_rebalance_returns_current_gener
         ra, rb = await asyncio.gather(coord.join_group(params(client_id="a")), coord.join_group(params(client_id="b")))
         follower = rb if ra.leader_id == ra.member_id else ra
         again = await coord.join_group(params(member_id=follower.member_id))
-        assert again.error_code == errors.NONE and again.generation_id == 1 and again.members == ()
+        assert again.error_code == KafkaError.NONE and again.generation_id == 1 and again.members == ()
         assert coord.group_state("g") is GroupState.COMPLETING_REBALANCE
         leader_again = await coord.join_group(params(member_id=ra.leader_id))
         assert leader_again.generation_id == 1 and len(leader_again.members) == 2
@@ -559,7 +559,7 @@ def test_oversized_assignment_is_refused_and_group_rebalances() -> None:
         coord = make_coordinator(max_assignment_bytes=8)
         (r,) = [await coord.join_group(params())]
         result = await coord.sync_group("g", 1, r.member_id, assignments={r.member_id: b"x" * 9})
-        assert result.error_code == errors.INVALID_REQUEST
+        assert result.error_code == KafkaError.INVALID_REQUEST
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
         coord.close()
 
@@ -573,20 +573,20 @@ def test_static_member_replacement_fences_old_incarnation() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
         old = await coord.join_group(params(group_instance_id="host-1", client_id="app"))
-        assert old.error_code == errors.NONE and old.member_id.startswith("host-1-")
-        assert (await coord.sync_group("g", 1, old.member_id, "host-1", assignments={})).error_code == errors.NONE
+        assert old.error_code == KafkaError.NONE and old.member_id.startswith("host-1-")
+        assert (await coord.sync_group("g", 1, old.member_id, "host-1", assignments={})).error_code == KafkaError.NONE
         new = await coord.join_group(params(group_instance_id="host-1", client_id="app"))
-        assert new.error_code == errors.NONE and new.generation_id == 2
+        assert new.error_code == KafkaError.NONE and new.generation_id == 2
         assert [m.member_id for m in new.members] == [new.member_id]
         assert [m.group_instance_id for m in new.members] == ["host-1"]
-        assert await coord.heartbeat("g", 2, old.member_id, "host-1") == errors.FENCED_INSTANCE_ID
-        assert coord.validate_offset_commit("g", 2, old.member_id, "host-1") == errors.FENCED_INSTANCE_ID
+        assert await coord.heartbeat("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
+        assert coord.validate_offset_commit("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
         # Leave by instance id alone.
         left = await coord.leave_group("g", [("", "host-1")])
-        assert left.members[0].error_code == errors.NONE
+        assert left.members[0].error_code == KafkaError.NONE
         assert coord.group_state("g") is GroupState.EMPTY
         unknown = await coord.leave_group("g", [("", "host-1")])
-        assert unknown.members[0].error_code == errors.UNKNOWN_MEMBER_ID
+        assert unknown.members[0].error_code == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -597,9 +597,9 @@ def test_leave_with_mismatched_instance_id_is_fenced() -> None:
         coord = make_coordinator()
         r = await coord.join_group(params(group_instance_id="i1"))
         result = await coord.leave_group("g", [("someone-else", "i1")])
-        assert result.members[0].error_code == errors.FENCED_INSTANCE_ID
+        assert result.members[0].error_code == KafkaError.FENCED_INSTANCE_ID
         assert coord.group_state("g") is GroupState.COMPLETING_REBALANCE
-        assert (await coord.leave_group("g", [(r.member_id, "i1")])).members[0].error_code == errors.NONE
+        assert (await coord.leave_group("g", [(r.member_id, "i1")])).members[0].error_code == KafkaError.NONE
         coord.close()
 
     run(scenario)
@@ -614,9 +614,9 @@ def test_close_answers_pending_requests_and_refuses_new_ones() -> None:
         pending = asyncio.ensure_future(coord.join_group(params()))
         await asyncio.sleep(0.01)
         coord.close()
-        assert (await pending).error_code == errors.NOT_COORDINATOR
-        assert (await coord.join_group(params())).error_code == errors.COORDINATOR_NOT_AVAILABLE
-        assert await coord.heartbeat("g", 1, "x") == errors.COORDINATOR_NOT_AVAILABLE
+        assert (await pending).error_code == KafkaError.NOT_COORDINATOR
+        assert (await coord.join_group(params())).error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
+        assert await coord.heartbeat("g", 1, "x") == KafkaError.COORDINATOR_NOT_AVAILABLE
         assert len(coord) == 0
 
     run(scenario)
@@ -629,7 +629,7 @@ def test_unload_groups_drops_only_matching_groups() -> None:
         await coord.join_group(params("b"))
         assert coord.unload_groups(lambda gid: gid == "a") == 1
         assert coord.group_state("a") is None and coord.group_state("b") is not None
-        assert await coord.heartbeat("a", 1, a.member_id) == errors.UNKNOWN_MEMBER_ID
+        assert await coord.heartbeat("a", 1, a.member_id) == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -646,7 +646,7 @@ def test_cancelled_join_does_not_block_the_rebalance() -> None:
         assert not join_a.done() and not join_b.done()
         join_b.cancel()  # b's connection went away while its JoinGroup was parked
         result = await join_a
-        assert result.error_code == errors.NONE and result.generation_id == 2
+        assert result.error_code == KafkaError.NONE and result.generation_id == 2
         # b no longer counts as having rejoined, so it is dropped with c.
         assert [m.member_id for m in result.members] == [a]
         coord.close()

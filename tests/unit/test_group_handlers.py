@@ -30,7 +30,7 @@ from kafka.protocol.consumer import (
 )
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
-from dataplane.kafka.groups import errors
+from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import GroupHandlers
 from dataplane.kafka.groups.offsets import CommittedOffset, InMemoryOffsetStore
@@ -109,12 +109,12 @@ async def join(handlers: GroupHandlers, version: int, group_id: str = "grp", **o
     """JoinGroup as a client does it (v4+: MEMBER_ID_REQUIRED round trip)."""
     response = await call(handlers.join_group, join_request(version, group_id=group_id, **overrides))
     if version >= 4:
-        assert response.error_code == errors.MEMBER_ID_REQUIRED
+        assert response.error_code == KafkaError.MEMBER_ID_REQUIRED
         assert response.member_id and response.generation_id == -1
         response = await call(
             handlers.join_group, join_request(version, response.member_id, group_id=group_id, **overrides)
         )
-    assert response.error_code == errors.NONE
+    assert response.error_code == KafkaError.NONE
     return response
 
 
@@ -153,7 +153,7 @@ def fetched(response: Any, version: int) -> tuple[int, dict[tuple[str, int], Any
     if version >= 8:
         (group,) = response.groups
         return group.error_code, {(t.name, p.partition_index): p for t in group.topics for p in t.partitions}
-    error = response.error_code if version >= 2 else errors.NONE
+    error = response.error_code if version >= 2 else KafkaError.NONE
     return error, {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
 
 
@@ -183,8 +183,8 @@ def test_error_codes_match_kafka() -> None:
         "UNKNOWN_SERVER_ERROR": kafka_errors.UnknownError,
     }
     for name, cls in expected.items():
-        assert errors.BY_NAME[name] == cls.errno, name
-    assert errors.NONE == 0
+        assert KafkaError[name] == cls.errno, name
+    assert KafkaError.NONE == 0
 
 
 def test_registrations_cover_supported_versions() -> None:
@@ -238,23 +238,23 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
             assignments=[SyncAssignment(member_id=member_id, assignment=ASSIGNMENT_BYTES)],
         )
         synced = await call(handlers.sync_group, sync)
-        assert synced.error_code == errors.NONE and bytes(synced.assignment) == ASSIGNMENT_BYTES
+        assert synced.error_code == KafkaError.NONE and bytes(synced.assignment) == ASSIGNMENT_BYTES
         if sv >= 5:
             assert (synced.protocol_type, synced.protocol_name) == ("consumer", "range")
 
         beat = HeartbeatRequest[hv](group_id="grp", generation_id=1, member_id=member_id, group_instance_id=None)
-        assert (await call(handlers.heartbeat, beat)).error_code == errors.NONE
+        assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.NONE
 
         committed = await call(handlers.offset_commit, commit_request(cv, 1, member_id, 42))
         [[commit_error]] = [[p.error_code for p in t.partitions] for t in committed.topics]
         # v0 carries no generation: a "simple" commit, refused while the group has members.
-        assert commit_error == (errors.UNKNOWN_MEMBER_ID if cv == 0 else errors.NONE)
+        assert commit_error == (KafkaError.UNKNOWN_MEMBER_ID if cv == 0 else KafkaError.NONE)
 
         error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(fv)), fv)
-        assert error == errors.NONE
+        assert error == KafkaError.NONE
         if cv > 0:
             p0 = partitions[("t", 0)]
-            assert (p0.committed_offset, p0.metadata, p0.error_code) == (42, "meta", errors.NONE)
+            assert (p0.committed_offset, p0.metadata, p0.error_code) == (42, "meta", KafkaError.NONE)
             if fv >= 5:
                 assert p0.committed_leader_epoch == (7 if cv >= 6 else -1)
         assert partitions[("t", 1)].committed_offset == -1
@@ -264,7 +264,7 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
             handlers.describe_groups, DescribeGroupsRequest[dv](groups=["grp"], include_authorized_operations=False)
         )
         (group,) = described.groups
-        assert (group.error_code, group.group_id, group.group_state) == (errors.NONE, "grp", "Stable")
+        assert (group.error_code, group.group_id, group.group_state) == (KafkaError.NONE, "grp", "Stable")
         assert (group.protocol_type, group.protocol_data) == ("consumer", "range")
         (member,) = group.members
         assert (member.member_id, member.client_id, member.client_host) == (member_id, "test-client", "/10.0.0.7")
@@ -272,7 +272,7 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
         assert bytes(member.member_assignment) == ASSIGNMENT_BYTES
 
         listed = await call(handlers.list_groups, ListGroupsRequest[listv](states_filter=[], types_filter=[]))
-        assert listed.error_code == errors.NONE
+        assert listed.error_code == KafkaError.NONE
         assert [(g.group_id, g.protocol_type) for g in listed.groups] == [("grp", "consumer")]
         if listv >= 4:
             assert listed.groups[0].group_state == "Stable"
@@ -284,18 +284,18 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
         else:
             leave = LeaveGroupRequest[lv](group_id="grp", member_id=member_id)
         left = await call(handlers.leave_group, leave)
-        assert left.error_code == errors.NONE
+        assert left.error_code == KafkaError.NONE
         if lv >= 3:
-            assert [(m.member_id, m.error_code) for m in left.members] == [(member_id, errors.NONE)]
+            assert [(m.member_id, m.error_code) for m in left.members] == [(member_id, KafkaError.NONE)]
 
         # The group is Empty now: a simple commit (any version) is accepted.
         simple = await call(handlers.offset_commit, commit_request(cv, -1, "", 43))
-        assert simple.topics[0].partitions[0].error_code == errors.NONE
+        assert simple.topics[0].partitions[0].error_code == KafkaError.NONE
         _error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(fv)), fv)
         assert partitions[("t", 0)].committed_offset == 43
 
         deleted = await call(handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["grp"]))
-        assert [(r.group_id, r.error_code) for r in deleted.results] == [("grp", errors.NONE)]
+        assert [(r.group_id, r.error_code) for r in deleted.results] == [("grp", KafkaError.NONE)]
         _error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(fv)), fv)
         assert partitions[("t", 0)].committed_offset == -1
         coord.close()
@@ -331,8 +331,8 @@ def test_two_members_leader_gets_all_metadata_and_followers_their_assignment(ver
             ]),
         )
         follower_sync = await waiting
-        assert (leader_sync.error_code, bytes(leader_sync.assignment)) == (errors.NONE, b"L")
-        assert (follower_sync.error_code, bytes(follower_sync.assignment)) == (errors.NONE, b"F")
+        assert (leader_sync.error_code, bytes(leader_sync.assignment)) == (KafkaError.NONE, b"L")
+        assert (follower_sync.error_code, bytes(follower_sync.assignment)) == (KafkaError.NONE, b"F")
         coord.close()
 
     run(scenario)
@@ -348,28 +348,28 @@ def test_not_coordinator_for_every_api(level: int) -> None:
         jv, sv, hv, lv = level, min(level, 5), min(level, 4), min(level, 5)
         cv, fv, dv, delv = level, level, min(level, 6), min(level, 2)
         joined = await call(handlers.join_group, join_request(jv, group_id="elsewhere"))
-        assert joined.error_code == errors.NOT_COORDINATOR and joined.generation_id == -1
+        assert joined.error_code == KafkaError.NOT_COORDINATOR and joined.generation_id == -1
         assert joined.protocol_name == ("" if jv < 7 else None)
         sync = SyncGroupRequest[sv](group_id="elsewhere", generation_id=1, member_id="m", group_instance_id=None, assignments=[])
-        assert (await call(handlers.sync_group, sync)).error_code == errors.NOT_COORDINATOR
+        assert (await call(handlers.sync_group, sync)).error_code == KafkaError.NOT_COORDINATOR
         beat = HeartbeatRequest[hv](group_id="elsewhere", generation_id=1, member_id="m", group_instance_id=None)
-        assert (await call(handlers.heartbeat, beat)).error_code == errors.NOT_COORDINATOR
+        assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.NOT_COORDINATOR
         if lv >= 3:
             leave = LeaveGroupRequest[lv](group_id="elsewhere", members=[LeaveIdentity(member_id="m", group_instance_id=None)])
         else:
             leave = LeaveGroupRequest[lv](group_id="elsewhere", member_id="m")
-        assert (await call(handlers.leave_group, leave)).error_code == errors.NOT_COORDINATOR
+        assert (await call(handlers.leave_group, leave)).error_code == KafkaError.NOT_COORDINATOR
         committed = await call(handlers.offset_commit, commit_request(cv, 1, "m", 5, group_id="elsewhere"))
-        assert committed.topics[0].partitions[0].error_code == errors.NOT_COORDINATOR
+        assert committed.topics[0].partitions[0].error_code == KafkaError.NOT_COORDINATOR
         fetch = await call(handlers.offset_fetch, fetch_request(fv, group_id="elsewhere"))
         if fv < 2:  # no top-level error yet: every partition carries it
-            assert {p.error_code for t in fetch.topics for p in t.partitions} == {errors.NOT_COORDINATOR}
+            assert {p.error_code for t in fetch.topics for p in t.partitions} == {KafkaError.NOT_COORDINATOR}
         else:
-            assert fetched(fetch, fv)[0] == errors.NOT_COORDINATOR
+            assert fetched(fetch, fv)[0] == KafkaError.NOT_COORDINATOR
         described = await call(handlers.describe_groups, DescribeGroupsRequest[dv](groups=["elsewhere"]))
-        assert described.groups[0].error_code == errors.NOT_COORDINATOR
+        assert described.groups[0].error_code == KafkaError.NOT_COORDINATOR
         deleted = await call(handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["elsewhere"]))
-        assert deleted.results[0].error_code == errors.NOT_COORDINATOR
+        assert deleted.results[0].error_code == KafkaError.NOT_COORDINATOR
         assert store.commit_calls == 0 and len(coord) == 0
         coord.close()
 
@@ -379,14 +379,14 @@ def test_not_coordinator_for_every_api(level: int) -> None:
 def test_invalid_group_id_for_membership_apis_only() -> None:
     async def scenario() -> None:
         coord, _store, handlers = make()
-        assert (await call(handlers.join_group, join_request(5, group_id=""))).error_code == errors.INVALID_GROUP_ID
+        assert (await call(handlers.join_group, join_request(5, group_id=""))).error_code == KafkaError.INVALID_GROUP_ID
         beat = HeartbeatRequest[2](group_id="", generation_id=1, member_id="m")
-        assert (await call(handlers.heartbeat, beat)).error_code == errors.INVALID_GROUP_ID
+        assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.INVALID_GROUP_ID
         # The empty group id is legal for offsets (Kafka's backwards-compatibility rule).
         committed = await call(handlers.offset_commit, commit_request(2, -1, "", 5, group_id=""))
-        assert committed.topics[0].partitions[0].error_code == errors.NONE
+        assert committed.topics[0].partitions[0].error_code == KafkaError.NONE
         error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(3, group_id="")), 3)
-        assert error == errors.NONE and partitions[("t", 0)].committed_offset == 5
+        assert error == KafkaError.NONE and partitions[("t", 0)].committed_offset == 5
         coord.close()
 
     run(scenario)
@@ -397,7 +397,7 @@ def test_join_errors_encode_for_old_and_new_versions() -> None:
         coord, _store, handlers = make()
         for version in range(10):
             response = await call(handlers.join_group, join_request(version, session_timeout_ms=1))
-            assert response.error_code == errors.INVALID_SESSION_TIMEOUT
+            assert response.error_code == KafkaError.INVALID_SESSION_TIMEOUT
             assert response.protocol_name == ("" if version < 7 else None)
             assert response.leader == "" and response.members == []
         coord.close()
@@ -410,7 +410,7 @@ def test_leave_unknown_members() -> None:
         coord, _store, handlers = make()
         joined = await join(handlers, 3)
         v1 = await call(handlers.leave_group, LeaveGroupRequest[1](group_id="grp", member_id="ghost"))
-        assert v1.error_code == errors.UNKNOWN_MEMBER_ID
+        assert v1.error_code == KafkaError.UNKNOWN_MEMBER_ID
         batch = LeaveGroupRequest[4](
             group_id="grp",
             members=[
@@ -419,13 +419,13 @@ def test_leave_unknown_members() -> None:
             ],
         )
         v4 = await call(handlers.leave_group, batch)
-        assert v4.error_code == errors.NONE
+        assert v4.error_code == KafkaError.NONE
         assert [(m.member_id, m.error_code) for m in v4.members] == [
-            ("ghost", errors.UNKNOWN_MEMBER_ID),
-            (joined.member_id, errors.NONE),
+            ("ghost", KafkaError.UNKNOWN_MEMBER_ID),
+            (joined.member_id, KafkaError.NONE),
         ]
         missing = await call(handlers.leave_group, LeaveGroupRequest[0](group_id="nope", member_id="m"))
-        assert missing.error_code == errors.UNKNOWN_MEMBER_ID
+        assert missing.error_code == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
     run(scenario)
@@ -441,7 +441,7 @@ def test_offset_fetch_all_topics_and_batched_groups() -> None:
         await store.commit("b", {("t", 0): CommittedOffset(7, -1, "", 1)})
         # v2-v7: null topics means every committed partition.
         v7 = await call(handlers.offset_fetch, OffsetFetchRequest[7](group_id="a", topics=None, require_stable=True))
-        assert v7.error_code == errors.NONE
+        assert v7.error_code == KafkaError.NONE
         assert [(t.name, [(p.partition_index, p.committed_offset, p.committed_leader_epoch, p.metadata) for p in t.partitions]) for t in v7.topics] == [
             ("s", [(0, 5, -1, "")]),
             ("t", [(1, 11, 2, "x")]),
@@ -462,10 +462,10 @@ def test_offset_fetch_all_topics_and_batched_groups() -> None:
             for g in v8.groups
         }
         assert summary == {
-            "a": (errors.NONE, {("s", 0): 5, ("t", 1): 11}),
-            "b": (errors.NONE, {("t", 0): 7, ("t", 3): -1}),
-            "far": (errors.NOT_COORDINATOR, {}),
-            "new": (errors.NONE, {("t", 0): -1}),
+            "a": (KafkaError.NONE, {("s", 0): 5, ("t", 1): 11}),
+            "b": (KafkaError.NONE, {("t", 0): 7, ("t", 3): -1}),
+            "far": (KafkaError.NOT_COORDINATOR, {}),
+            "new": (KafkaError.NONE, {("t", 0): -1}),
         }
         coord.close()
 
@@ -483,7 +483,7 @@ def test_offset_commit_v1_keeps_client_timestamp_and_metadata_limit() -> None:
             group_id="grp", generation_id_or_member_epoch=-1, member_id="", topics=[CommitTopic(name="t", partitions=partitions)]
         )
         response = await call(handlers.offset_commit, request)
-        assert [p.error_code for p in response.topics[0].partitions] == [errors.NONE, errors.OFFSET_METADATA_TOO_LARGE]
+        assert [p.error_code for p in response.topics[0].partitions] == [KafkaError.NONE, KafkaError.OFFSET_METADATA_TOO_LARGE]
         stored = store.snapshot()["grp"]
         assert stored == {("t", 0): CommittedOffset(3, -1, "", 1234)}
         coord.close()
@@ -500,13 +500,13 @@ def test_offset_commit_generation_checks_through_the_wire() -> None:
             response = await call(handlers.offset_commit, commit_request(8, generation, member, 1))
             codes.append(response.topics[0].partitions[0].error_code)
         assert codes == [
-            errors.REBALANCE_IN_PROGRESS,
-            errors.ILLEGAL_GENERATION,
-            errors.UNKNOWN_MEMBER_ID,
-            errors.UNKNOWN_MEMBER_ID,
+            KafkaError.REBALANCE_IN_PROGRESS,
+            KafkaError.ILLEGAL_GENERATION,
+            KafkaError.UNKNOWN_MEMBER_ID,
+            KafkaError.UNKNOWN_MEMBER_ID,
         ]
         unknown_group = await call(handlers.offset_commit, commit_request(9, 3, "m", 1, group_id="other"))
-        assert unknown_group.topics[0].partitions[0].error_code == errors.ILLEGAL_GENERATION
+        assert unknown_group.topics[0].partitions[0].error_code == KafkaError.ILLEGAL_GENERATION
         coord.close()
 
     run(scenario)
@@ -542,12 +542,12 @@ def test_describe_unknown_and_offset_only_groups() -> None:
         await store.commit("parked", {("t", 0): CommittedOffset(1)})
         v5 = await call(handlers.describe_groups, DescribeGroupsRequest[5](groups=["missing", "parked"], include_authorized_operations=True))
         assert [(g.group_id, g.error_code, g.group_state, g.members) for g in v5.groups] == [
-            ("missing", errors.NONE, "Dead", []),
-            ("parked", errors.NONE, "Empty", []),
+            ("missing", KafkaError.NONE, "Dead", []),
+            ("parked", KafkaError.NONE, "Empty", []),
         ]
         assert v5.groups[1].authorized_operations == {3, 6, 8}
         v6 = await call(handlers.describe_groups, DescribeGroupsRequest[6](groups=["missing"], include_authorized_operations=False))
-        assert v6.groups[0].error_code == errors.GROUP_ID_NOT_FOUND
+        assert v6.groups[0].error_code == KafkaError.GROUP_ID_NOT_FOUND
         assert v6.groups[0].error_message == "Group missing not found."
         assert v6.groups[0].authorized_operations is None
         # Not Stable: no metadata or assignment yet.
@@ -572,9 +572,9 @@ def test_delete_groups_rules_over_the_wire() -> None:
             handlers.delete_groups, DeleteGroupsRequest[1](groups_names=["busy", "parked", "missing", "parked"])
         )
         assert [(r.group_id, r.error_code) for r in response.results] == [
-            ("busy", errors.NON_EMPTY_GROUP),
-            ("parked", errors.NONE),
-            ("missing", errors.GROUP_ID_NOT_FOUND),
+            ("busy", KafkaError.NON_EMPTY_GROUP),
+            ("parked", KafkaError.NONE),
+            ("missing", KafkaError.GROUP_ID_NOT_FOUND),
         ]
         assert await store.list_groups() == []
         coord.close()
@@ -590,10 +590,10 @@ def test_static_member_over_the_wire() -> None:
         replacement = await join(handlers, 5, group_instance_id="pod-0")
         assert replacement.generation_id == 2
         beat = HeartbeatRequest[3](group_id="grp", generation_id=2, member_id=first.member_id, group_instance_id="pod-0")
-        assert (await call(handlers.heartbeat, beat)).error_code == errors.FENCED_INSTANCE_ID
+        assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.FENCED_INSTANCE_ID
         leave = LeaveGroupRequest[3](group_id="grp", members=[LeaveIdentity(member_id="", group_instance_id="pod-0")])
         left = await call(handlers.leave_group, leave)
-        assert [(m.group_instance_id, m.error_code) for m in left.members] == [("pod-0", errors.NONE)]
+        assert [(m.group_instance_id, m.error_code) for m in left.members] == [("pod-0", KafkaError.NONE)]
         coord.close()
 
     run(scenario)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.kafka.groups import errors
+from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.offsets import (
     CommittedOffset,
@@ -72,18 +72,18 @@ def test_in_memory_store_satisfies_protocol() -> None:
 def test_simple_commit_to_unknown_or_empty_group_is_allowed() -> None:
     async def scenario() -> None:
         coord, store, offsets = setup()
-        assert await offsets.commit_offsets("g", -1, "", None, one(10, "m", 3)) == {("t", 0): errors.NONE}
+        assert await offsets.commit_offsets("g", -1, "", None, one(10, "m", 3)) == {("t", 0): KafkaError.NONE}
         err, fetched = await offsets.fetch_offsets("g", [("t", 0), ("t", 1)])
-        assert err == errors.NONE
+        assert err == KafkaError.NONE
         assert fetched[("t", 0)] == CommittedOffset(10, 3, "m", NOW_MS)
         assert fetched[("t", 1)] == CommittedOffset(-1, -1, "", -1)  # never committed
         # A group that had members and is Empty again accepts simple commits too.
         joined = await coord.join_group(join_params())
         await coord.leave_group("g", [(joined.member_id, None)])
         assert coord.group_state("g") is GroupState.EMPTY
-        assert await offsets.commit_offsets("g", -1, "", None, one(11)) == {("t", 0): errors.NONE}
+        assert await offsets.commit_offsets("g", -1, "", None, one(11)) == {("t", 0): KafkaError.NONE}
         # Generation -1 wins over a stale member id while the group is Empty (as Kafka).
-        assert await offsets.commit_offsets("g", -1, joined.member_id, None, one(11)) == {("t", 0): errors.NONE}
+        assert await offsets.commit_offsets("g", -1, joined.member_id, None, one(11)) == {("t", 0): KafkaError.NONE}
         assert (await offsets.fetch_offsets("g", [("t", 0)]))[1][("t", 0)].offset == 11
         coord.close()
 
@@ -94,24 +94,24 @@ def test_commit_validation_against_group_membership() -> None:
     async def scenario() -> None:
         coord, store, offsets = setup()
         # Unknown group with a generation: the committer is stale.
-        assert await offsets.commit_offsets("g", 3, "m", None, one(1)) == {("t", 0): errors.ILLEGAL_GENERATION}
+        assert await offsets.commit_offsets("g", 3, "m", None, one(1)) == {("t", 0): KafkaError.ILLEGAL_GENERATION}
         ra, rb = await asyncio.gather(
             coord.join_group(join_params(client_id="a")), coord.join_group(join_params(client_id="b"))
         )
         a, b = ra.member_id, rb.member_id
         # CompletingRebalance: members with the right generation must wait.
-        assert await offsets.commit_offsets("g", 1, a, None, one(1)) == {("t", 0): errors.REBALANCE_IN_PROGRESS}
+        assert await offsets.commit_offsets("g", 1, a, None, one(1)) == {("t", 0): KafkaError.REBALANCE_IN_PROGRESS}
         await asyncio.gather(coord.sync_group("g", 1, a, assignments={}), coord.sync_group("g", 1, b))
         assert coord.group_state("g") is GroupState.STABLE
-        assert await offsets.commit_offsets("g", 1, a, None, one(5)) == {("t", 0): errors.NONE}
-        assert await offsets.commit_offsets("g", 0, a, None, one(6)) == {("t", 0): errors.ILLEGAL_GENERATION}
-        assert await offsets.commit_offsets("g", 1, "ghost", None, one(6)) == {("t", 0): errors.UNKNOWN_MEMBER_ID}
+        assert await offsets.commit_offsets("g", 1, a, None, one(5)) == {("t", 0): KafkaError.NONE}
+        assert await offsets.commit_offsets("g", 0, a, None, one(6)) == {("t", 0): KafkaError.ILLEGAL_GENERATION}
+        assert await offsets.commit_offsets("g", 1, "ghost", None, one(6)) == {("t", 0): KafkaError.UNKNOWN_MEMBER_ID}
         # A "simple" commit to a group with members is refused.
-        assert await offsets.commit_offsets("g", -1, "", None, one(6)) == {("t", 0): errors.UNKNOWN_MEMBER_ID}
+        assert await offsets.commit_offsets("g", -1, "", None, one(6)) == {("t", 0): KafkaError.UNKNOWN_MEMBER_ID}
         # PreparingRebalance: the current generation may still commit (as Kafka).
         await coord.leave_group("g", [(b, None)])
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
-        assert await offsets.commit_offsets("g", 1, a, None, one(7)) == {("t", 0): errors.NONE}
+        assert await offsets.commit_offsets("g", 1, a, None, one(7)) == {("t", 0): KafkaError.NONE}
         assert (await offsets.fetch_offsets("g", [("t", 0)]))[1][("t", 0)].offset == 7
         assert store.commit_calls == 2  # rejected commits never reached the store
         coord.close()
@@ -128,9 +128,9 @@ def test_metadata_too_large_rejects_only_that_partition() -> None:
             ("u", 0): CommittedOffset(3, -1, None),
         }
         result = await offsets.commit_offsets("g", -1, "", None, request)
-        assert result == {("t", 0): errors.NONE, ("t", 1): errors.OFFSET_METADATA_TOO_LARGE, ("u", 0): errors.NONE}
+        assert result == {("t", 0): KafkaError.NONE, ("t", 1): KafkaError.OFFSET_METADATA_TOO_LARGE, ("u", 0): KafkaError.NONE}
         err, everything = await offsets.fetch_offsets("g", None)
-        assert err == errors.NONE
+        assert err == KafkaError.NONE
         assert sorted(everything) == [("t", 0), ("u", 0)]
         assert everything[("u", 0)].metadata == ""  # null metadata reads back as ""
         coord.close()
@@ -168,10 +168,10 @@ class FailingStore(InMemoryOffsetStore):
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
-        (OffsetStoreError("kv not leader", errors.NOT_COORDINATOR), errors.NOT_COORDINATOR),
-        (TimeoutError(), errors.COORDINATOR_NOT_AVAILABLE),
-        (ConnectionResetError(), errors.COORDINATOR_NOT_AVAILABLE),
-        (RuntimeError("bug"), errors.UNKNOWN_SERVER_ERROR),
+        (OffsetStoreError("kv not leader", KafkaError.NOT_COORDINATOR), KafkaError.NOT_COORDINATOR),
+        (TimeoutError(), KafkaError.COORDINATOR_NOT_AVAILABLE),
+        (ConnectionResetError(), KafkaError.COORDINATOR_NOT_AVAILABLE),
+        (RuntimeError("bug"), KafkaError.UNKNOWN_SERVER_ERROR),
     ],
 )
 def test_store_failures_map_to_kafka_errors(exc: Exception, code: int) -> None:
@@ -194,26 +194,26 @@ def test_delete_groups_rules() -> None:
         coord, store, offsets = setup()
         await offsets.commit_offsets("offsets-only", -1, "", None, one(1))
         joined = await coord.join_group(join_params())
-        assert joined.error_code == errors.NONE
+        assert joined.error_code == KafkaError.NONE
         result = await offsets.delete_groups(["g", "offsets-only", "missing", "offsets-only"])
         assert result == {
-            "g": errors.NON_EMPTY_GROUP,
-            "offsets-only": errors.NONE,
-            "missing": errors.GROUP_ID_NOT_FOUND,
+            "g": KafkaError.NON_EMPTY_GROUP,
+            "offsets-only": KafkaError.NONE,
+            "missing": KafkaError.GROUP_ID_NOT_FOUND,
         }
         assert await store.list_groups() == []
         assert coord.group_state("missing") is None
         # Once the last member left, the (Empty) group can be deleted with its offsets.
         await coord.sync_group("g", 1, joined.member_id, assignments={})
-        assert await offsets.commit_offsets("g", 1, joined.member_id, None, one(9)) == {("t", 0): errors.NONE}
+        assert await offsets.commit_offsets("g", 1, joined.member_id, None, one(9)) == {("t", 0): KafkaError.NONE}
         await coord.leave_group("g", [(joined.member_id, None)])
-        assert await offsets.delete_groups(["g"]) == {"g": errors.NONE}
+        assert await offsets.delete_groups(["g"]) == {"g": KafkaError.NONE}
         assert coord.group_state("g") is None
         assert (await offsets.fetch_offsets("g", [("t", 0)]))[1][("t", 0)].offset == -1
         # An Empty group without offsets (only in the coordinator) is deletable as well.
         again = await coord.join_group(join_params())
         await coord.leave_group("g", [(again.member_id, None)])
-        assert await offsets.delete_groups(["g"]) == {"g": errors.NONE}
+        assert await offsets.delete_groups(["g"]) == {"g": KafkaError.NONE}
         coord.close()
 
     run(scenario)
@@ -237,11 +237,11 @@ def test_joins_are_refused_while_a_group_is_being_deleted() -> None:
         deleting = asyncio.ensure_future(slow.delete_groups(["g"]))
         await asyncio.sleep(0.01)
         assert coord.group_state("g") is GroupState.DEAD
-        assert (await coord.join_group(join_params())).error_code == errors.COORDINATOR_NOT_AVAILABLE
-        assert await slow.commit_offsets("g", -1, "", None, one(2)) == {("t", 0): errors.COORDINATOR_NOT_AVAILABLE}
+        assert (await coord.join_group(join_params())).error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
+        assert await slow.commit_offsets("g", -1, "", None, one(2)) == {("t", 0): KafkaError.COORDINATOR_NOT_AVAILABLE}
         gate.set()
-        assert await deleting == {"g": errors.NONE}
-        assert (await coord.join_group(join_params())).error_code == errors.NONE
+        assert await deleting == {"g": KafkaError.NONE}
+        assert (await coord.join_group(join_params())).error_code == KafkaError.NONE
         coord.close()
 
     run(scenario)
@@ -269,13 +269,13 @@ def test_fetch_returns_last_accepted_commit(commits: list[tuple[str, str, int, i
         for group, topic, partition, offset, metadata in commits:
             result = await offsets.commit_offsets(group, -1, "", None, {(topic, partition): CommittedOffset(offset, -1, metadata)})
             fits = len(metadata or "") <= 16
-            assert result == {(topic, partition): errors.NONE if fits else errors.OFFSET_METADATA_TOO_LARGE}
+            assert result == {(topic, partition): KafkaError.NONE if fits else KafkaError.OFFSET_METADATA_TOO_LARGE}
             if fits:
                 model[(group, topic, partition)] = (offset, metadata or "")
         for group in ("g1", "g2"):
             wanted = [(t, p) for t in ("t", "u") for p in range(3)]
             err, fetched = await offsets.fetch_offsets(group, wanted)
-            assert err == errors.NONE
+            assert err == KafkaError.NONE
             for tp in wanted:
                 expected = model.get((group, *tp), (-1, ""))
                 assert (fetched[tp].offset, fetched[tp].metadata) == expected
@@ -312,7 +312,7 @@ def test_concurrent_commits_of_one_group_reach_the_store_one_at_a_time() -> None
         results = await asyncio.gather(
             *(offsets.commit_offsets(g, -1, "", None, {("t", p): CommittedOffset(p)}) for g in ("a", "b") for p in range(8))
         )
-        assert all(r == {tp: errors.NONE for tp in r} for r in results)
+        assert all(r == {tp: KafkaError.NONE for tp in r} for r in results)
         for group in ("a", "b"):
             _err, stored = await offsets.fetch_offsets(group, None)
             assert {tp: o.offset for tp, o in stored.items()} == {("t", p): p for p in range(8)}

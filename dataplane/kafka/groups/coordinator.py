@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import errors
+from dataplane.kafka.errors import KafkaError
 from .state import (
     Group,
     GroupCoordinatorConfig,
@@ -168,33 +168,33 @@ class GroupCoordinator:
         A successful member commit counts as a heartbeat.
         """
         if self._closed:
-            return errors.COORDINATOR_NOT_AVAILABLE
+            return KafkaError.COORDINATOR_NOT_AVAILABLE
         group = self._groups.get(group_id)
         if group is None:
-            return errors.NONE if generation_id < 0 else errors.ILLEGAL_GENERATION
+            return KafkaError.NONE if generation_id < 0 else KafkaError.ILLEGAL_GENERATION
         if group.state is GroupState.DEAD:
-            return errors.COORDINATOR_NOT_AVAILABLE
+            return KafkaError.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and group.state is GroupState.EMPTY:
-            return errors.NONE
+            return KafkaError.NONE
         if generation_id >= 0 or member_id or group_instance_id is not None:
             if group_instance_id is not None:
                 current = group.static_members.get(group_instance_id)
                 if current is None:
-                    return errors.UNKNOWN_MEMBER_ID
+                    return KafkaError.UNKNOWN_MEMBER_ID
                 if current != member_id:
-                    return errors.FENCED_INSTANCE_ID
+                    return KafkaError.FENCED_INSTANCE_ID
             member = group.members.get(member_id)
             if member is None:
-                return errors.UNKNOWN_MEMBER_ID
+                return KafkaError.UNKNOWN_MEMBER_ID
             if generation_id != group.generation_id:
-                return errors.ILLEGAL_GENERATION
+                return KafkaError.ILLEGAL_GENERATION
             if group.state is GroupState.COMPLETING_REBALANCE:
-                return errors.REBALANCE_IN_PROGRESS
+                return KafkaError.REBALANCE_IN_PROGRESS
             self._touch(group, member)
-            return errors.NONE
+            return KafkaError.NONE
         if group.state is not GroupState.EMPTY:
-            return errors.UNKNOWN_MEMBER_ID
-        return errors.NONE
+            return KafkaError.UNKNOWN_MEMBER_ID
+        return KafkaError.NONE
 
     def list_groups(self) -> list[GroupListing]:
         """All groups held in memory except Dead ones."""
@@ -223,17 +223,17 @@ class GroupCoordinator:
         deletion is already under way.
         """
         if self._closed:
-            return errors.COORDINATOR_NOT_AVAILABLE, False
+            return KafkaError.COORDINATOR_NOT_AVAILABLE, False
         group = self._groups.get(group_id)
         if group is None:
             self._groups[group_id] = Group(group_id=group_id, state=GroupState.DEAD)
-            return errors.NONE, False
+            return KafkaError.NONE, False
         if group.state is GroupState.DEAD:
-            return errors.GROUP_ID_NOT_FOUND, True
+            return KafkaError.GROUP_ID_NOT_FOUND, True
         if group.state is not GroupState.EMPTY:
-            return errors.NON_EMPTY_GROUP, True
-        self._kill(group, errors.COORDINATOR_NOT_AVAILABLE)
-        return errors.NONE, True
+            return KafkaError.NON_EMPTY_GROUP, True
+        self._kill(group, KafkaError.COORDINATOR_NOT_AVAILABLE)
+        return KafkaError.NONE, True
 
     def finish_delete(self, group_id: str) -> None:
         """Forget a group marked Dead by :meth:`begin_delete`."""
@@ -250,7 +250,7 @@ class GroupCoordinator:
         dropped = [gid for gid in self._groups if predicate(gid)]
         for gid in dropped:
             group = self._groups.pop(gid)
-            self._kill(group, errors.NOT_COORDINATOR)
+            self._kill(group, KafkaError.NOT_COORDINATOR)
         return len(dropped)
 
     def close(self) -> None:
@@ -281,8 +281,8 @@ class GroupCoordinator:
 
     def _validate_group_id(self, group_id: str | None) -> int:
         if not group_id or len(group_id) > self._config.max_group_id_length:
-            return errors.INVALID_GROUP_ID
-        return errors.NONE
+            return KafkaError.INVALID_GROUP_ID
+        return KafkaError.NONE
 
     @staticmethod
     def _respond(waiter: Any, result: Any) -> None:
@@ -313,19 +313,19 @@ class GroupCoordinator:
     def _check_join_request(self, params: JoinGroupParams) -> int:
         cfg = self._config
         if not cfg.group_min_session_timeout_ms <= params.session_timeout_ms <= cfg.group_max_session_timeout_ms:
-            return errors.INVALID_SESSION_TIMEOUT
+            return KafkaError.INVALID_SESSION_TIMEOUT
         if len(params.protocols) > cfg.max_protocols_per_member:
-            return errors.INVALID_REQUEST
+            return KafkaError.INVALID_REQUEST
         total = 0
         for name, metadata in params.protocols:
             if len(name) > cfg.max_protocol_name_length:
-                return errors.INVALID_REQUEST
+                return KafkaError.INVALID_REQUEST
             total += len(metadata)
         if total > cfg.max_member_metadata_bytes:
-            return errors.INVALID_REQUEST
+            return KafkaError.INVALID_REQUEST
         if len(params.protocol_type) > cfg.max_protocol_name_length:
-            return errors.INVALID_REQUEST
-        return errors.NONE
+            return KafkaError.INVALID_REQUEST
+        return KafkaError.NONE
 
     def _create_group(self, group_id: str) -> Group | None:
         """A new Empty group, evicting an idle Empty group if at ``max_groups``."""
@@ -341,7 +341,7 @@ class GroupCoordinator:
             if victim is None:
                 return None
             del self._groups[victim.group_id]
-            self._kill(victim, errors.NOT_COORDINATOR)
+            self._kill(victim, KafkaError.NOT_COORDINATOR)
         group = Group(group_id=group_id)
         self._groups[group_id] = group
         return group
@@ -351,26 +351,26 @@ class GroupCoordinator:
     def _do_join(self, params: JoinGroupParams, waiter: Any) -> None:
         member_id = params.member_id
         error = self._validate_group_id(params.group_id)
-        if error == errors.NONE and self._closed:
-            error = errors.COORDINATOR_NOT_AVAILABLE
-        if error == errors.NONE:
+        if error == KafkaError.NONE and self._closed:
+            error = KafkaError.COORDINATOR_NOT_AVAILABLE
+        if error == KafkaError.NONE:
             error = self._check_join_request(params)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return self._join_error(waiter, error, member_id)
 
         names = [name for name, _ in params.protocols]
         group = self._groups.get(params.group_id)
         if group is None:
             if member_id:
-                return self._join_error(waiter, errors.UNKNOWN_MEMBER_ID, member_id)
+                return self._join_error(waiter, KafkaError.UNKNOWN_MEMBER_ID, member_id)
             if not params.protocol_type or not names:
-                return self._join_error(waiter, errors.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                return self._join_error(waiter, KafkaError.INCONSISTENT_GROUP_PROTOCOL, member_id)
             group = self._create_group(params.group_id)
             if group is None:
                 log.warning("refusing group %r: %d groups in memory", params.group_id, len(self._groups))
-                return self._join_error(waiter, errors.COORDINATOR_NOT_AVAILABLE, member_id)
+                return self._join_error(waiter, KafkaError.COORDINATOR_NOT_AVAILABLE, member_id)
         if group.state is GroupState.DEAD:
-            return self._join_error(waiter, errors.COORDINATOR_NOT_AVAILABLE, member_id)
+            return self._join_error(waiter, KafkaError.COORDINATOR_NOT_AVAILABLE, member_id)
 
         if not member_id:
             self._join_unknown_member(group, params, waiter)
@@ -379,16 +379,16 @@ class GroupCoordinator:
 
     def _join_unknown_member(self, group: Group, params: JoinGroupParams, waiter: Any) -> None:
         if not group.supports_protocols(params.protocol_type, [n for n, _ in params.protocols]):
-            return self._join_error(waiter, errors.INCONSISTENT_GROUP_PROTOCOL, "")
+            return self._join_error(waiter, KafkaError.INCONSISTENT_GROUP_PROTOCOL, "")
         if group.size() >= self._config.group_max_size:
-            return self._join_error(waiter, errors.GROUP_MAX_SIZE_REACHED, "")
+            return self._join_error(waiter, KafkaError.GROUP_MAX_SIZE_REACHED, "")
         new_id = self._new_member_id(params.group_instance_id or params.client_id)
         if params.require_known_member_id:
             # KIP-394: hand out the id, expect the member back with it.
             group.pending_members[new_id] = self._call_at_ms(
                 self._now_ms() + params.session_timeout_ms, self._on_pending_member_timer, group, new_id
             )
-            return self._join_error(waiter, errors.MEMBER_ID_REQUIRED, new_id)
+            return self._join_error(waiter, KafkaError.MEMBER_ID_REQUIRED, new_id)
         self._add_member_and_rebalance(group, new_id, params, waiter)
 
     def _join_known_member(self, group: Group, params: JoinGroupParams, waiter: Any) -> None:
@@ -396,7 +396,7 @@ class GroupCoordinator:
         names = [n for n, _ in params.protocols]
         if member_id in group.pending_members:
             if not group.supports_protocols(params.protocol_type, names):
-                return self._join_error(waiter, errors.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                return self._join_error(waiter, KafkaError.INCONSISTENT_GROUP_PROTOCOL, member_id)
             timer = group.pending_members.pop(member_id)
             if timer is not None:
                 timer.cancel()
@@ -404,11 +404,11 @@ class GroupCoordinator:
 
         member = group.members.get(member_id)
         if member is None or group.state is GroupState.EMPTY:
-            return self._join_error(waiter, errors.UNKNOWN_MEMBER_ID, member_id)
+            return self._join_error(waiter, KafkaError.UNKNOWN_MEMBER_ID, member_id)
         if group.is_static_member_fenced(member_id, params.group_instance_id):
-            return self._join_error(waiter, errors.FENCED_INSTANCE_ID, member_id)
+            return self._join_error(waiter, KafkaError.FENCED_INSTANCE_ID, member_id)
         if not group.supports_protocols_excluding(member_id, params.protocol_type, names):
-            return self._join_error(waiter, errors.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return self._join_error(waiter, KafkaError.INCONSISTENT_GROUP_PROTOCOL, member_id)
 
         state = group.state
         if state is GroupState.PREPARING_REBALANCE:
@@ -428,7 +428,7 @@ class GroupCoordinator:
                 self._touch(group, member)
                 self._respond(waiter, self._join_result(group, member))
         else:  # pragma: no cover - Dead and Empty are handled above
-            self._join_error(waiter, errors.UNKNOWN_MEMBER_ID, member_id)
+            self._join_error(waiter, KafkaError.UNKNOWN_MEMBER_ID, member_id)
 
     def _rebalance_timeout(self, params: JoinGroupParams) -> int:
         timeout = params.rebalance_timeout_ms if params.rebalance_timeout_ms >= 0 else params.session_timeout_ms
@@ -446,7 +446,7 @@ class GroupCoordinator:
                         "group %r: member %s replaces %s (group.instance.id %r)",
                         group.group_id, member_id, old_id, params.group_instance_id,
                     )
-                    self._fence_member(group, old, errors.FENCED_INSTANCE_ID)
+                    self._fence_member(group, old, KafkaError.FENCED_INSTANCE_ID)
         member = Member(
             member_id=member_id,
             group_instance_id=params.group_instance_id,
@@ -475,7 +475,7 @@ class GroupCoordinator:
         member.client_host = params.client_host
         if member.awaiting_join:
             # A retried JoinGroup supersedes the one still waiting.
-            self._join_error(member.join_waiter, errors.REBALANCE_IN_PROGRESS, member.member_id)
+            self._join_error(member.join_waiter, KafkaError.REBALANCE_IN_PROGRESS, member.member_id)
         member.join_waiter = waiter
         if member.is_new:
             self._set_deadline(group, member, self._now_ms() + self._config.new_member_join_timeout_ms)
@@ -494,7 +494,7 @@ class GroupCoordinator:
             for member in group.members.values():
                 member.assignment = b""
                 if member.awaiting_sync:
-                    self._respond(member.sync_waiter, SyncGroupResult(errors.REBALANCE_IN_PROGRESS))
+                    self._respond(member.sync_waiter, SyncGroupResult(KafkaError.REBALANCE_IN_PROGRESS))
         self._cancel_sync_timer(group)
         was_empty = group.state is GroupState.EMPTY
         group.transition_to(GroupState.PREPARING_REBALANCE)
@@ -547,7 +547,7 @@ class GroupCoordinator:
         group.new_member_added = False
         for member in [m for m in group.members.values() if not m.awaiting_join]:
             log.info("group %r: removing member %s: did not rejoin in time", group.group_id, member.member_id)
-            self._fence_member(group, member, errors.UNKNOWN_MEMBER_ID)
+            self._fence_member(group, member, KafkaError.UNKNOWN_MEMBER_ID)
         group.elect_joined_leader()
         group.generation_id += 1
         if not group.members:
@@ -575,7 +575,7 @@ class GroupCoordinator:
 
     def _join_result(self, group: Group, member: Member) -> JoinGroupResult:
         return JoinGroupResult(
-            error_code=errors.NONE,
+            error_code=KafkaError.NONE,
             member_id=member.member_id,
             generation_id=group.generation_id,
             protocol_type=group.protocol_type,
@@ -601,28 +601,28 @@ class GroupCoordinator:
             self._respond(waiter, SyncGroupResult(code))
 
         error = self._validate_group_id(group_id)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return fail(error)
         if self._closed:
-            return fail(errors.COORDINATOR_NOT_AVAILABLE)
+            return fail(KafkaError.COORDINATOR_NOT_AVAILABLE)
         group = self._groups.get(group_id)
         if group is None:
-            return fail(errors.UNKNOWN_MEMBER_ID)
+            return fail(KafkaError.UNKNOWN_MEMBER_ID)
         if group.state is GroupState.DEAD:
-            return fail(errors.COORDINATOR_NOT_AVAILABLE)
+            return fail(KafkaError.COORDINATOR_NOT_AVAILABLE)
         if group.is_static_member_fenced(member_id, group_instance_id):
-            return fail(errors.FENCED_INSTANCE_ID)
+            return fail(KafkaError.FENCED_INSTANCE_ID)
         member = group.members.get(member_id)
         if member is None:
-            return fail(errors.UNKNOWN_MEMBER_ID)
+            return fail(KafkaError.UNKNOWN_MEMBER_ID)
         if generation_id != group.generation_id:
-            return fail(errors.ILLEGAL_GENERATION)
+            return fail(KafkaError.ILLEGAL_GENERATION)
         if (protocol_type is not None and protocol_type != group.protocol_type) or (
             protocol_name is not None and protocol_name != group.protocol_name
         ):
-            return fail(errors.INCONSISTENT_GROUP_PROTOCOL)
+            return fail(KafkaError.INCONSISTENT_GROUP_PROTOCOL)
         if group.state is GroupState.PREPARING_REBALANCE:
-            return fail(errors.REBALANCE_IN_PROGRESS)
+            return fail(KafkaError.REBALANCE_IN_PROGRESS)
 
         if group.state is GroupState.STABLE:
             self._member_synced(group, member)
@@ -637,9 +637,9 @@ class GroupCoordinator:
                     group_id, member_id, self._config.max_assignment_bytes, too_big[:3],
                 )
                 self._prepare_rebalance(group, "oversized assignment")
-                return fail(errors.INVALID_REQUEST)
+                return fail(KafkaError.INVALID_REQUEST)
         if member.awaiting_sync:
-            self._respond(member.sync_waiter, SyncGroupResult(errors.REBALANCE_IN_PROGRESS))
+            self._respond(member.sync_waiter, SyncGroupResult(KafkaError.REBALANCE_IN_PROGRESS))
         member.sync_waiter = waiter
         self._member_synced(group, member)
         if group.is_leader(member_id):
@@ -661,7 +661,7 @@ class GroupCoordinator:
     @staticmethod
     def _sync_result(group: Group, member: Member) -> SyncGroupResult:
         return SyncGroupResult(
-            errors.NONE,
+            KafkaError.NONE,
             assignment=member.assignment,
             protocol_type=group.protocol_type,
             protocol_name=group.protocol_name,
@@ -680,7 +680,7 @@ class GroupCoordinator:
         for member_id in laggards:
             member = group.members.get(member_id)
             if member is not None:
-                self._fence_member(group, member, errors.UNKNOWN_MEMBER_ID)
+                self._fence_member(group, member, KafkaError.UNKNOWN_MEMBER_ID)
         group.pending_sync.clear()
         self._prepare_rebalance(group, f"members {laggards} sent no SyncGroup in time")
 
@@ -690,67 +690,67 @@ class GroupCoordinator:
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
     ) -> int:
         error = self._validate_group_id(group_id)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return error
         if self._closed:
-            return errors.COORDINATOR_NOT_AVAILABLE
+            return KafkaError.COORDINATOR_NOT_AVAILABLE
         group = self._groups.get(group_id)
         if group is None:
-            return errors.UNKNOWN_MEMBER_ID
+            return KafkaError.UNKNOWN_MEMBER_ID
         if group.state is GroupState.DEAD:
-            return errors.COORDINATOR_NOT_AVAILABLE
+            return KafkaError.COORDINATOR_NOT_AVAILABLE
         if group.is_static_member_fenced(member_id, group_instance_id):
-            return errors.FENCED_INSTANCE_ID
+            return KafkaError.FENCED_INSTANCE_ID
         member = group.members.get(member_id)
         if member is None or group.state is GroupState.EMPTY:
-            return errors.UNKNOWN_MEMBER_ID
+            return KafkaError.UNKNOWN_MEMBER_ID
         if generation_id != group.generation_id:
-            return errors.ILLEGAL_GENERATION
+            return KafkaError.ILLEGAL_GENERATION
         self._touch(group, member)
         if group.state is GroupState.PREPARING_REBALANCE:
-            return errors.REBALANCE_IN_PROGRESS
-        return errors.NONE
+            return KafkaError.REBALANCE_IN_PROGRESS
+        return KafkaError.NONE
 
     # ------------------------------------------------------------------ LeaveGroup
 
     def _do_leave(self, group_id: str, leaving: Sequence[tuple[str, str | None]]) -> LeaveGroupResult:
         error = self._validate_group_id(group_id)
-        if error == errors.NONE and self._closed:
-            error = errors.COORDINATOR_NOT_AVAILABLE
-        if error != errors.NONE:
+        if error == KafkaError.NONE and self._closed:
+            error = KafkaError.COORDINATOR_NOT_AVAILABLE
+        if error != KafkaError.NONE:
             return LeaveGroupResult(error)
         group = self._groups.get(group_id)
         if group is None:
             return LeaveGroupResult(
-                errors.NONE,
-                tuple(LeaveMemberResult(mid, iid, errors.UNKNOWN_MEMBER_ID) for mid, iid in leaving),
+                KafkaError.NONE,
+                tuple(LeaveMemberResult(mid, iid, KafkaError.UNKNOWN_MEMBER_ID) for mid, iid in leaving),
             )
         if group.state is GroupState.DEAD:
-            return LeaveGroupResult(errors.COORDINATOR_NOT_AVAILABLE)
+            return LeaveGroupResult(KafkaError.COORDINATOR_NOT_AVAILABLE)
         results = []
         for member_id, instance_id in leaving:
             results.append(LeaveMemberResult(member_id, instance_id, self._leave_one(group, member_id, instance_id)))
-        return LeaveGroupResult(errors.NONE, tuple(results))
+        return LeaveGroupResult(KafkaError.NONE, tuple(results))
 
     def _leave_one(self, group: Group, member_id: str, instance_id: str | None) -> int:
         if instance_id is not None:
             current = group.static_members.get(instance_id)
             if current is None:
-                return errors.UNKNOWN_MEMBER_ID
+                return KafkaError.UNKNOWN_MEMBER_ID
             if member_id and member_id != current:
-                return errors.FENCED_INSTANCE_ID
+                return KafkaError.FENCED_INSTANCE_ID
             member_id = current
         if member_id in group.pending_members:
             timer = group.pending_members.pop(member_id)
             if timer is not None:
                 timer.cancel()
             self._try_complete_join(group)
-            return errors.NONE
+            return KafkaError.NONE
         member = group.members.get(member_id)
         if member is None:
-            return errors.UNKNOWN_MEMBER_ID
+            return KafkaError.UNKNOWN_MEMBER_ID
         self._remove_member_and_update_group(group, member, "left the group")
-        return errors.NONE
+        return KafkaError.NONE
 
     # ------------------------------------------------------------------ expiry & removal
 
@@ -789,7 +789,7 @@ class GroupCoordinator:
         group.remove(member.member_id)
 
     def _remove_member_and_update_group(self, group: Group, member: Member, reason: str) -> None:
-        self._fence_member(group, member, errors.UNKNOWN_MEMBER_ID)
+        self._fence_member(group, member, KafkaError.UNKNOWN_MEMBER_ID)
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._maybe_prepare_rebalance(group, f"member {member.member_id} removed: {reason}")
         elif group.state is GroupState.PREPARING_REBALANCE:

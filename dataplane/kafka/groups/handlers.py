@@ -43,7 +43,7 @@ from kafka.protocol.consumer import (
     SyncGroupResponse,
 )
 
-from . import errors
+from dataplane.kafka.errors import KafkaError
 from .coordinator import GroupCoordinator
 from .offsets import CommittedOffset, OffsetManager, OffsetStore, TopicPartition, store_error_code
 from .state import CLASSIC_GROUP_TYPE, GroupState, JoinGroupParams
@@ -130,12 +130,12 @@ class GroupHandlers:
         backwards compatibility rule), not for the membership APIs.
         """
         if group_id is None or (not group_id and not allow_empty):
-            return errors.INVALID_GROUP_ID
+            return KafkaError.INVALID_GROUP_ID
         if len(group_id) > self._coordinator.config.max_group_id_length:
-            return errors.INVALID_GROUP_ID
+            return KafkaError.INVALID_GROUP_ID
         if not self._is_coordinator(group_id):
-            return errors.NOT_COORDINATOR
-        return errors.NONE
+            return KafkaError.NOT_COORDINATOR
+        return KafkaError.NONE
 
     @staticmethod
     def _client_host(ctx: Any) -> str:
@@ -149,7 +149,7 @@ class GroupHandlers:
         """JoinGroup v0-9."""
         version = ctx.api_version
         error = self._group_error(request.group_id, allow_empty=False)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return self._join_response(version, error, member_id=request.member_id)
         params = JoinGroupParams(
             group_id=request.group_id,
@@ -212,7 +212,7 @@ class GroupHandlers:
         """SyncGroup v0-5."""
         version = ctx.api_version
         error = self._group_error(request.group_id, allow_empty=False)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return SyncGroupResponse[version](throttle_time_ms=0, error_code=error, assignment=b"")
         assignments: dict[str, bytes] = {}
         for entry in request.assignments or []:
@@ -226,7 +226,7 @@ class GroupHandlers:
             protocol_name=request.protocol_name if version >= 5 else None,
             assignments=assignments,
         )
-        ok = result.error_code == errors.NONE
+        ok = result.error_code == KafkaError.NONE
         return SyncGroupResponse[version](
             throttle_time_ms=0,
             error_code=result.error_code,
@@ -241,7 +241,7 @@ class GroupHandlers:
         """Heartbeat v0-4."""
         version = ctx.api_version
         error = self._group_error(request.group_id, allow_empty=False)
-        if error == errors.NONE:
+        if error == KafkaError.NONE:
             error = await self._coordinator.heartbeat(
                 request.group_id,
                 request.generation_id,
@@ -260,13 +260,13 @@ class GroupHandlers:
         else:
             leaving = [(request.member_id or "", None)]
         error = self._group_error(request.group_id, allow_empty=False)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return LeaveGroupResponse[version](throttle_time_ms=0, error_code=error, members=[])
         result = await self._coordinator.leave_group(request.group_id, leaving)
         if version < 3:
             # One member: its error is the response's error (Kafka's LeaveGroupResponse rule).
             code = result.error_code
-            if code == errors.NONE and result.members:
+            if code == KafkaError.NONE and result.members:
                 code = result.members[0].error_code
             return LeaveGroupResponse[version](throttle_time_ms=0, error_code=code)
         return LeaveGroupResponse[version](
@@ -293,7 +293,7 @@ class GroupHandlers:
                     commit_timestamp_ms=p.commit_timestamp if version == 1 else -1,
                 )
         error = self._group_error(request.group_id, allow_empty=True)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             results = {tp: error for tp in entries}
         else:
             results = await self._offsets.commit_offsets(
@@ -329,7 +329,7 @@ class GroupHandlers:
         if version < 2 and requested is None:
             requested = []  # null "all topics" exists only from v2
         error, topics = await self._fetch_group(request.group_id, requested, version)
-        if error != errors.NONE and version < 2:
+        if error != KafkaError.NONE and version < 2:
             # No top-level error before v2: report it on every requested partition.
             topics = [
                 _FetchTopic(
@@ -352,13 +352,13 @@ class GroupHandlers:
     async def _fetch_group(self, group_id: str, requested: list[Any] | None, version: int) -> tuple[int, list[Any]]:
         """Group-level error and the response topics (v8+ or pre-v8 classes per ``version``)."""
         error = self._group_error(group_id, allow_empty=True)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return error, []
         partitions: list[TopicPartition] | None = None
         if requested is not None:
             partitions = [(t.name, p) for t in requested for p in (t.partition_indexes or [])]
         error, offsets = await self._offsets.fetch_offsets(group_id, partitions)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return error, []
         by_topic: dict[str, list[tuple[int, CommittedOffset]]] = {}
         keys = partitions if partitions is not None else sorted(offsets)
@@ -379,14 +379,14 @@ class GroupHandlers:
                         committed_offset=committed.offset,
                         committed_leader_epoch=committed.leader_epoch,
                         metadata=committed.metadata if committed.metadata is not None else "",
-                        error_code=errors.NONE,
+                        error_code=KafkaError.NONE,
                     )
                     for partition, committed in entries
                 ],
             )
             for name, entries in by_topic.items()
         ]
-        return errors.NONE, topics
+        return KafkaError.NONE, topics
 
     # ------------------------------------------------------------------ ListGroups
 
@@ -397,7 +397,7 @@ class GroupHandlers:
         states = {s.lower() for s in (request.states_filter or [])} if version >= 4 else set()
         types = {t.lower() for t in (request.types_filter or [])} if version >= 5 else set()
         listings = {g.group_id: g for g in self._coordinator.list_groups() if self._is_coordinator(g.group_id)}
-        error = errors.NONE
+        error = KafkaError.NONE
         try:
             stored = await self._store.list_groups()
         except Exception as exc:  # noqa: BLE001 - reported as a Kafka error
@@ -444,12 +444,12 @@ class GroupHandlers:
                 protocol_data=protocol_data,
                 members=members or [],
                 authorized_operations=set(_GROUP_AUTHORIZED_OPERATIONS)
-                if include_ops and error_code == errors.NONE
+                if include_ops and error_code == KafkaError.NONE
                 else None,
             )
 
         error = self._group_error(group_id, allow_empty=True)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return entry(error, "")
         summary = self._coordinator.describe_group(group_id)
         if summary is not None:
@@ -465,7 +465,7 @@ class GroupHandlers:
                 for m in summary.members
             ]
             return entry(
-                errors.NONE,
+                KafkaError.NONE,
                 summary.state.value,
                 protocol_type=summary.protocol_type,
                 protocol_data=summary.protocol_name,
@@ -476,10 +476,10 @@ class GroupHandlers:
         except Exception as exc:  # noqa: BLE001 - reported as a Kafka error
             return entry(store_error_code(exc), "")
         if has_offsets:
-            return entry(errors.NONE, GroupState.EMPTY.value)
+            return entry(KafkaError.NONE, GroupState.EMPTY.value)
         if version >= 6:
-            return entry(errors.GROUP_ID_NOT_FOUND, GroupState.DEAD.value, message=f"Group {group_id} not found.")
-        return entry(errors.NONE, GroupState.DEAD.value)
+            return entry(KafkaError.GROUP_ID_NOT_FOUND, GroupState.DEAD.value, message=f"Group {group_id} not found.")
+        return entry(KafkaError.NONE, GroupState.DEAD.value)
 
     # ------------------------------------------------------------------ DeleteGroups
 
@@ -492,7 +492,7 @@ class GroupHandlers:
             if group_id in results or group_id in to_delete:
                 continue
             error = self._group_error(group_id, allow_empty=True)
-            if error != errors.NONE:
+            if error != KafkaError.NONE:
                 results[group_id] = error
             else:
                 to_delete.append(group_id)

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from . import errors
+from dataplane.kafka.errors import KafkaError
 from .coordinator import GroupCoordinator
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class OffsetStoreError(Exception):
     to COORDINATOR_NOT_AVAILABLE (retriable), anything else to UNKNOWN_SERVER_ERROR.
     """
 
-    def __init__(self, message: str, error_code: int = errors.COORDINATOR_NOT_AVAILABLE) -> None:
+    def __init__(self, message: str, error_code: int = KafkaError.COORDINATOR_NOT_AVAILABLE) -> None:
         super().__init__(message)
         self.error_code = error_code
 
@@ -132,8 +132,8 @@ def store_error_code(exc: Exception) -> int:
     if isinstance(exc, OffsetStoreError):
         return exc.error_code
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, OSError)):
-        return errors.COORDINATOR_NOT_AVAILABLE
-    return errors.UNKNOWN_SERVER_ERROR
+        return KafkaError.COORDINATOR_NOT_AVAILABLE
+    return KafkaError.UNKNOWN_SERVER_ERROR
 
 
 def _wall_clock_ms() -> int:
@@ -211,7 +211,7 @@ class OffsetManager:
         of one group reach the store one at a time (see :class:`OffsetStore`).
         """
         error = self._coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return {tp: error for tp in offsets}
         now = self._clock()
         results: dict[TopicPartition, int] = {}
@@ -219,7 +219,7 @@ class OffsetManager:
         for tp, entry in offsets.items():
             metadata = entry.metadata if entry.metadata is not None else ""
             if len(metadata) > self._max_metadata:
-                results[tp] = errors.OFFSET_METADATA_TOO_LARGE
+                results[tp] = KafkaError.OFFSET_METADATA_TOO_LARGE
                 continue
             accepted[tp] = CommittedOffset(
                 offset=entry.offset,
@@ -227,7 +227,7 @@ class OffsetManager:
                 metadata=metadata,
                 commit_timestamp_ms=entry.commit_timestamp_ms if entry.commit_timestamp_ms >= 0 else now,
             )
-            results[tp] = errors.NONE
+            results[tp] = KafkaError.NONE
         if accepted:
             try:
                 async with self._locks.hold(group_id):
@@ -253,8 +253,8 @@ class OffsetManager:
             log.warning("offset fetch of group %r failed: %r -> error %d", group_id, exc, code)
             return code, {}
         if partitions is None:
-            return errors.NONE, {tp: _normalized(o) for tp, o in found.items()}
-        return errors.NONE, {tp: _normalized(found[tp]) if tp in found else MISSING_OFFSET for tp in partitions}
+            return KafkaError.NONE, {tp: _normalized(o) for tp, o in found.items()}
+        return KafkaError.NONE, {tp: _normalized(found[tp]) if tp in found else MISSING_OFFSET for tp in partitions}
 
     async def has_offsets(self, group_id: str) -> bool:
         """The group has at least one committed offset (store errors propagate)."""
@@ -277,14 +277,14 @@ class OffsetManager:
 
     async def _delete_one(self, group_id: str) -> int:
         error, known = self._coordinator.begin_delete(group_id)
-        if error != errors.NONE:
+        if error != KafkaError.NONE:
             return error
         try:
             async with self._locks.hold(group_id):
                 if not known and not await self.has_offsets(group_id):
-                    return errors.GROUP_ID_NOT_FOUND
+                    return KafkaError.GROUP_ID_NOT_FOUND
                 await self._store.delete_group(group_id)
-            return errors.NONE
+            return KafkaError.NONE
         except Exception as exc:  # noqa: BLE001 - mapped to a Kafka error, logged
             code = store_error_code(exc)
             log.warning("deleting group %r failed: %r -> error %d", group_id, exc, code)
