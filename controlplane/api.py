@@ -20,14 +20,13 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import parse_qs, urlparse
 
+from controlplane.config import QuorumConfig
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.quorum import MetadataQuorum
 from controlplane.requests import REQUEST_TYPES
-
-if TYPE_CHECKING:
-    from controlplane.server import ControllerNode
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,17 @@ _STATUS_FOR_ERROR = {
 }
 
 
+class ControllerNode(Protocol):
+    """What the HTTP service needs of a controller (server.ControllerNode implements it)."""
+
+    config: QuorumConfig
+    quorum: MetadataQuorum
+
+    def handle_heartbeat(self, body: dict) -> dict: ...
+
+    def status(self) -> dict: ...
+
+
 class ControllerHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -53,7 +63,7 @@ class ControllerHTTPServer(ThreadingHTTPServer):
     # commits arrive together; a dropped SYN costs the client a 1 s retransmission
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], node: "ControllerNode"):
+    def __init__(self, address: tuple[str, int], node: ControllerNode):
         self.node = node
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)

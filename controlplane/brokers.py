@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.image import BrokerState, MetadataImage
+from controlplane.failover import registration_records
+from controlplane.fencing import REGISTERED_REASON
+from controlplane.image import MetadataImage
 from controlplane.requests import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -12,9 +14,6 @@ from controlplane.requests import (
     RegisterBrokerRequest,
     RegisterBrokerResponse,
 )
-
-REGISTERED_REASON = "registered"
-
 
 def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: int):
     """Every registration gets a new node epoch: writes of older epochs are fenced from now on.
@@ -24,8 +23,6 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
     current = image.brokers.get(req.node_id)
     if current is not None and current.incarnation_id == req.incarnation_id:
         return [], RegisterBrokerResponse(node_id=req.node_id, node_epoch=current.node_epoch)
-    from controlplane.failover import registration_records  # (failover imports this module)
-
     failover_recs = registration_records(image, req.node_id)
     wal = image.node_wals.get(req.node_id)
     last_epoch = max(current.node_epoch if current else -1, wal.node_epoch if wal else -1)
@@ -39,25 +36,6 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
                                 failover_mode=False),
     ]
     return recs, RegisterBrokerResponse(node_id=req.node_id, node_epoch=epoch)
-
-
-def require_active_broker(image: MetadataImage, node_id: int, node_epoch: int) -> BrokerState:
-    """The node fencing rule: only the current, unfenced epoch of a registered node may write."""
-    broker = image.brokers.get(node_id)
-    if broker is None:
-        raise ControllerError(ErrorCode.UNKNOWN_NODE, f"node {node_id} is not registered")
-    if node_epoch < broker.node_epoch:
-        raise ControllerError(ErrorCode.STALE_NODE_EPOCH,
-                              f"node {node_id} epoch {node_epoch} is older than the current "
-                              f"epoch {broker.node_epoch}")
-    if node_epoch > broker.node_epoch:
-        raise ControllerError(ErrorCode.INVALID_REQUEST,
-                              f"node {node_id} epoch {node_epoch} was never issued "
-                              f"(current {broker.node_epoch})")
-    if broker.fenced and broker.fence_reason != REGISTERED_REASON:
-        raise ControllerError(ErrorCode.NODE_FENCED,
-                              f"node {node_id} epoch {node_epoch} is fenced: {broker.fence_reason}")
-    return broker
 
 
 def broker_heartbeat(image: MetadataImage, req: BrokerHeartbeatRequest, now_ms: int):

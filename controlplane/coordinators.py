@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controlplane import records as r
-from controlplane.brokers import REGISTERED_REASON, require_active_broker
+from controlplane.fencing import REGISTERED_REASON, require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import BrokerState, MetadataImage
 from controlplane.requests import PutGroupOffsetsRequest

@@ -20,21 +20,15 @@ greater failover epoch. The failed broker may register again only once failover 
 from __future__ import annotations
 
 from controlplane import records as r
-from controlplane.brokers import REGISTERED_REASON, require_active_broker
+from controlplane.fencing import (
+    is_down,
+    require_failover_target,
+)
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.image import BrokerState, MetadataImage, NodeWALState
+from controlplane.image import MetadataImage, NodeWALState
 from controlplane.placement import choose_broker, evacuate, leader_load
 from controlplane.records import StreamState
 from controlplane.requests import CompleteWALFailoverRequest
-
-
-def is_down(broker: BrokerState | None, newly_fenced: set[int] | frozenset[int] = frozenset()) -> bool:
-    """Fenced for good (not merely waiting for its first heartbeat), or unknown."""
-    if broker is None:
-        return True
-    if broker.node_id in newly_fenced:
-        return True
-    return broker.fenced and broker.fence_reason != REGISTERED_REASON
 
 
 def nodes_owning_open_streams(image: MetadataImage) -> set[int]:
@@ -98,30 +92,6 @@ def registration_records(image: MetadataImage, node_id: int) -> list:
 def _failover_record(wal: NodeWALState, epoch: int, target: int) -> r.NodeWALMetadataRecord:
     return r.NodeWALMetadataRecord(node_id=wal.node_id, node_epoch=epoch, wal_uri=wal.wal_uri,
                                    failover_mode=True, failover_target_node_id=target)
-
-
-def require_failover_target(image: MetadataImage, node_id: int, node_epoch: int,
-                            failed_node_id: int) -> NodeWALState:
-    """`node_id` (active, at `node_epoch`) is the current target of `failed_node_id`'s
-    WAL failover: it may commit and close streams on the failed node's behalf."""
-    require_active_broker(image, node_id, node_epoch)
-    wal = image.node_wals.get(failed_node_id)
-    if wal is None or not wal.failover_mode or wal.failover_target_node_id != node_id:
-        raise ControllerError(ErrorCode.NOT_FAILOVER_TARGET,
-                              f"node {node_id} is not recovering the WAL of node "
-                              f"{failed_node_id}")
-    return wal
-
-
-def authorize_owner(image: MetadataImage, node_id: int, node_epoch: int,
-                    failover_node_id: int | None) -> int:
-    """The node whose streams a request may change: the requester itself (active), or in
-    WAL failover the failed node whose WAL the requester (its current target) recovers."""
-    if failover_node_id is None:
-        require_active_broker(image, node_id, node_epoch)
-        return node_id
-    require_failover_target(image, node_id, node_epoch, failover_node_id)
-    return failover_node_id
 
 
 def complete_wal_failover(image: MetadataImage, req: CompleteWALFailoverRequest, now_ms: int):

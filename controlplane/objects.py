@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from controlplane import records as r
-from controlplane.brokers import require_active_broker
+from controlplane.fencing import require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, ObjectMetaState
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
-from controlplane.streams import get_stream, mark_destroyed, require_stream_owner
+from controlplane.fencing import authorize_owner, get_stream, require_stream_owner
+from controlplane.streams import mark_destroyed
 from controlplane.requests import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
@@ -86,7 +87,6 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
                              now_ms: int, settings: ControllerSettings):
     # the node whose streams these ranges extend: the committer, or in WAL failover the
     # failed node whose WAL the committer (its failover target) is uploading
-    from controlplane.failover import authorize_owner  # (failover imports this layer)
 
     owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     _require_bucket(settings, req.bucket_id)

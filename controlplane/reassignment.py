@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from controlplane import records as r
-from controlplane.brokers import require_active_broker
+from controlplane.fencing import require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.placement import evacuate, move_record

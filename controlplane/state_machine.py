@@ -14,7 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
-from controlplane import coordinators
+from controlplane import coordinators, fencing
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -58,7 +58,7 @@ def _fence_broker(image: MetadataImage, req, now_ms: int):
 
 
 def _allocate_producer_ids(image: MetadataImage, req: AllocateProducerIdsRequest, now_ms: int):
-    brokers.require_active_broker(image, req.node_id, req.node_epoch)
+    fencing.require_active_broker(image, req.node_id, req.node_epoch)
     first = image.next_producer_id
     return ([r.NextIdsRecord(next_object_id=image.next_object_id,
                              next_stream_id=image.next_stream_id,

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from controlplane import records as r
-from controlplane.brokers import require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import (
+    authorize_owner,
+    get_stream,
+    require_active_broker,
+    require_stream_owner,
+)
 from controlplane.image import MetadataImage, StreamMetaState
 from controlplane.records import ObjectState, StreamState
 from controlplane.requests import (
@@ -16,28 +21,6 @@ from controlplane.requests import (
     OpenStreamResponse,
     TrimStreamRequest,
 )
-
-
-def get_stream(image: MetadataImage, stream_id: int) -> StreamMetaState:
-    stream = image.streams.get(stream_id)
-    if stream is None:
-        raise ControllerError(ErrorCode.UNKNOWN_STREAM, f"stream {stream_id} does not exist")
-    return stream
-
-
-def require_stream_owner(stream: StreamMetaState, stream_epoch: int, node_id: int) -> None:
-    """The stream fencing rule: only the node that opened the current epoch may write."""
-    if stream_epoch < stream.epoch:
-        raise ControllerError(ErrorCode.STREAM_FENCED,
-                              f"stream {stream.stream_id} epoch {stream_epoch} is fenced by "
-                              f"epoch {stream.epoch}")
-    if stream_epoch > stream.epoch or stream.state != StreamState.OPENED:
-        raise ControllerError(ErrorCode.STREAM_NOT_OPENED,
-                              f"stream {stream.stream_id} is not open with epoch {stream_epoch}")
-    if stream.node_id != node_id:
-        raise ControllerError(ErrorCode.STREAM_FENCED,
-                              f"stream {stream.stream_id} epoch {stream_epoch} is owned by "
-                              f"node {stream.node_id}, not {node_id}")
 
 
 def create_stream(image: MetadataImage, req: CreateStreamRequest, now_ms: int):
@@ -85,7 +68,6 @@ def open_stream(image: MetadataImage, req: OpenStreamRequest, now_ms: int):
 
 
 def close_stream(image: MetadataImage, req: CloseStreamRequest, now_ms: int):
-    from controlplane.failover import authorize_owner  # (failover imports this layer)
 
     owner = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     stream = get_stream(image, req.stream_id)
