@@ -753,8 +753,9 @@ class S3Storage:
                 bad = permanent_stream_errors(exc)
                 if not bad or not bad.keys() <= live.keys():
                     raise
-                log.info("commit refused for %d of %d streams (%s): committing the others "
-                         "without them", len(bad), len(live), exc)
+                log.info("commit refused for %d of %d streams (%s)%s", len(bad), len(live),
+                         exc, ": committing the others without them" if len(bad) < len(live)
+                         else "")
                 result.dropped.update(bad)
                 if on_dropped is not None:
                     on_dropped(bad)
