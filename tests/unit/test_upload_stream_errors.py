@@ -308,7 +308,7 @@ def test_transient_failures_keep_the_data_and_report_the_error(engine_env):
 
 
 def test_a_commit_applied_with_its_answer_lost_is_not_committed_twice(engine_env):
-    ctrl, objects, engine = engine_env
+    ctrl, _, engine = engine_env
     s = engine.open_stream(engine.create_stream(), 0)
     other = engine.open_stream(engine.create_stream(), 0)
     append(s, 10)
