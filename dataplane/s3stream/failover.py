@@ -159,16 +159,22 @@ def _stream_target(storage: S3Storage, stream_id: int, failed_node_id: int,
 
 def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: int,
            result: FailoverResult, streams: dict[int, dict | None]) -> None:
-    """Upload one chunk; streams the controller refused for good are skipped from now on
-    (their later batches could not be committed either)."""
+    """Upload one chunk. A stream the controller refused for good (deleted, closed or
+    reopened by a newer epoch) is skipped from now on: its later batches could not be
+    committed either. After a continuity refusal the stream's target is read again, so its
+    later batches still go up if they continue the committed end (it had moved past this
+    chunk: nothing lost), and are reported as unrecoverable if they do not."""
     uploaded = storage.upload_batches(chunk, failover_node_id=failed_node_id)
     result.bytes_uploaded += uploaded.size_bytes
     result.batches_uploaded += uploaded.batches
     for sid, code in uploaded.dropped.items():
+        log.warning("WAL failover of node %d: stream %d left out of the upload (%s)",
+                    failed_node_id, sid, code.value)
+        if code in (ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET):
+            streams[sid] = _stream_target(storage, sid, failed_node_id, result)
+            continue
         result.skipped_streams[sid] = f"refused by the controller: {code.value}"
         streams[sid] = None
-        log.warning("WAL failover of node %d: stream %d left out (%s)", failed_node_id, sid,
-                    code.value)
 
 
 __all__ = ["FailoverError", "FailoverResult", "recover_failed_wal", "wal_path_from_uri"]
