@@ -58,6 +58,11 @@ def up(
         None, help="external S3 buckets instead of the embedded store: "
                    "0@s3://main?region=..&endpoint=..,1@s3://failover?..."),
     session_timeout_ms: int = typer.Option(6000, min=500, help="broker session timeout"),
+    wal_capacity_mib: Optional[int] = typer.Option(
+        None, min=16, max=64 * 1024,
+        help="each broker's WAL size in MiB (default 512); fixed once a WAL file exists"),
+    upload_interval_s: Optional[float] = typer.Option(
+        None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -82,7 +87,10 @@ def up(
         else:
             config = cluster.create(brokers, controllers,
                                     [a.strip() for a in azs.split(",") if a.strip()],
-                                    base_port, bucket_uris, session_timeout_ms)
+                                    base_port, bucket_uris, session_timeout_ms,
+                                    wal_capacity_bytes=None if wal_capacity_mib is None
+                                    else wal_capacity_mib * 1024 * 1024,
+                                    upload_interval_s=upload_interval_s)
             missing = cluster.component_names(config)
             restarting = False
         cluster.check_ports(config, missing)
@@ -224,15 +232,21 @@ def _print_status(status: dict) -> None:
                      str(c["pid"] or ""))
     console.print(ctrl)
     brk = Table(title="brokers")
-    for col in ("node", "az", "address", "epoch", "state", "heartbeat age", "pid"):
+    for col in ("node", "az", "address", "epoch", "state", "heartbeat age", "WAL used",
+                "upload lag", "pid"):
         brk.add_column(col)
     for b in status["brokers"]:
         state = ("[red]unregistered[/]" if not b["registered"] else
                  f"[red]fenced ({b['fence_reason']})[/]" if b["fenced"] else "[green]active[/]")
         age = b["last_heartbeat_age_ms"]
+        wal = (f"{b['wal_used_bytes'] / 2**20:.0f}/{b['wal_capacity_bytes'] / 2**20:.0f} MiB"
+               if b.get("wal_used_bytes") is not None and b.get("wal_capacity_bytes") else "")
+        lag = "" if b.get("upload_lag_s") is None else f"{b['upload_lag_s']:.1f} s"
+        if b.get("last_upload_error"):
+            lag += f" [red]({b['last_upload_error'][:60]})[/]"
         brk.add_row(str(b["node_id"]), b["az"], b["address"], str(b["node_epoch"] or 0) if
                     b["registered"] else "", state, f"{age} ms" if age is not None else "",
-                    str(b["pid"] or ""))
+                    wal, lag, str(b["pid"] or ""))
     console.print(brk)
     bkt = Table(title=f"buckets (mode: {status['failover_mode']})")
     for col in ("id", "uri", "active"):

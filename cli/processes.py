@@ -71,6 +71,9 @@ class ClusterConfig(BaseModel):
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
     buckets: list[BucketConfig] = Field(default_factory=list)
+    # broker storage knobs; None: the broker's default (BrokerConfig)
+    broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
+    broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(controllers=self.controllers, password=self.password,
@@ -291,7 +294,9 @@ class LocalCluster:
         return names
 
     def create(self, brokers: int, controllers: int, azs: list[str], base_port: int | None,
-               bucket_uris: str | None, session_timeout_ms: int) -> ClusterConfig:
+               bucket_uris: str | None, session_timeout_ms: int,
+               wal_capacity_bytes: int | None = None,
+               upload_interval_s: float | None = None) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
             raise ClusterError("a cluster needs at least one broker and one controller")
@@ -330,7 +335,9 @@ class LocalCluster:
                                       broker_session_timeout_ms=session_timeout_ms)
         config = ClusterConfig(host=host, controllers=ctrl, brokers=brk,
                                password=secrets.token_urlsafe(24), settings=settings,
-                               embedded_s3=embedded, buckets=buckets)
+                               embedded_s3=embedded, buckets=buckets,
+                               broker_wal_capacity_bytes=wal_capacity_bytes,
+                               broker_upload_interval_s=upload_interval_s)
         self.save(config)
         return config
 
@@ -440,11 +447,16 @@ class LocalCluster:
         if spec is None:
             raise ClusterError(f"broker {node_id} is not part of this cluster")
         bdir = self.dir / f"broker-{node_id}"
+        storage: dict = {}
+        if config.broker_wal_capacity_bytes is not None:
+            storage["wal_capacity_bytes"] = config.broker_wal_capacity_bytes
+        if config.broker_upload_interval_s is not None:
+            storage["upload_interval_s"] = config.broker_upload_interval_s
         bcfg = BrokerConfig(node_id=node_id, az=spec.az, host=config.host,
                             kafka_port=spec.kafka_port, data_dir=bdir,
                             controllers=config.quorum_config().api_addresses(),
                             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
-                            metrics_port=spec.metrics_port or 0)
+                            metrics_port=spec.metrics_port or 0, **storage)
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
         return self._spawn(f"broker-{node_id}", [
             sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")])

@@ -69,6 +69,11 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "partitions_led": 0 if b is None else b.get("partitions_led", 0),
             "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
             "wal_failover_target": None if b is None else b.get("wal_failover_target"),
+            # upload health from the broker's last heartbeat (None until it reported one)
+            "wal_used_bytes": None if b is None else b.get("wal_used_bytes"),
+            "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
+            "upload_lag_s": None if b is None else b.get("upload_lag_s"),
+            "last_upload_error": None if b is None else b.get("last_upload_error"),
             "pid": pids.get(f"broker-{spec.node_id}"),
         })
     active_bucket = (leader_view or {}).get("active_bucket_id", 0)

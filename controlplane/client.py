@@ -83,7 +83,9 @@ class ControllerClient:
                     raise ControllerError(ErrorCode.INVALID_REQUEST,
                                           f"{err.get('code')}: {err.get('message')}") from None
                 if code not in _RETRIABLE:
-                    raise ControllerError(code, err.get("message", ""))
+                    raise ControllerError(code, err.get("message", ""),
+                                          ControllerError.parse_stream_errors(
+                                              err.get("stream_errors")))
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
                 self._leader = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
                 if self._leader is not None and self._leader != address:

@@ -37,13 +37,53 @@ class ErrorCode(str, Enum):
     NOT_COORDINATOR = "NOT_COORDINATOR"
 
 
-class ControllerError(Exception):
-    """A request the controller refused; `code` is stable, `message` is for people."""
+# A per-stream refusal of a commit that no retry can fix: the stream was deleted, another
+# epoch or node owns it, or the data does not continue its committed end. Only that
+# stream's data is uncommittable; the other streams of the same upload are fine.
+STREAM_PERMANENT_CODES = frozenset({
+    ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED,
+    ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET,
+})
+# refusals that say the controller could not decide (leader change, overload): retry as is
+RETRIABLE_CODES = frozenset({ErrorCode.NO_LEADER, ErrorCode.TIMEOUT, ErrorCode.NOT_CONTROLLER})
+# the writing node itself is fenced: nothing it writes with this node epoch is accepted
+NODE_FENCING_CODES = frozenset({ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
+                                ErrorCode.UNKNOWN_NODE})
+MAX_STREAM_ERRORS = 10_000  # = requests.MAX_RANGES_PER_COMMIT: one per stream of a commit
 
-    def __init__(self, code: ErrorCode, message: str):
+
+class ControllerError(Exception):
+    """A request the controller refused; `code` is stable, `message` is for people.
+
+    `stream_errors` (commits only): every stream of the request that was refused, with its
+    own code, so the committer can leave exactly those streams out and commit the rest in
+    one more round instead of one round per bad stream. `code` is then the first stream's.
+    """
+
+    def __init__(self, code: ErrorCode, message: str,
+                 stream_errors: dict[int, ErrorCode] | None = None):
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+        self.stream_errors: dict[int, ErrorCode] = dict(stream_errors or {})
 
     def to_dict(self) -> dict:
-        return {"error": {"code": self.code.value, "message": self.message}}
+        error: dict = {"code": self.code.value, "message": self.message}
+        if self.stream_errors:
+            error["stream_errors"] = {str(sid): code.value
+                                      for sid, code in self.stream_errors.items()}
+        return {"error": error}
+
+    @staticmethod
+    def parse_stream_errors(raw: object) -> dict[int, ErrorCode]:
+        """`stream_errors` of an error body back to {stream id: code}; unknown codes and
+        malformed entries are skipped (a newer controller may know more codes)."""
+        out: dict[int, ErrorCode] = {}
+        if not isinstance(raw, dict):
+            return out
+        for sid, code in list(raw.items())[:MAX_STREAM_ERRORS]:
+            try:
+                out[int(sid)] = ErrorCode(code)
+            except (TypeError, ValueError):
+                continue
+        return out

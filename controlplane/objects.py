@@ -110,35 +110,24 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
 
     compaction = bool(req.compacted_object_ids)
     recs: list = []
+    # every stream is checked even after one failed, so the refusal names all the streams
+    # this commit cannot carry: the committer leaves them all out in one more round
+    stream_errors: dict[int, ControllerError] = {}
     for stream_id in sorted(per_stream):
-        stream = get_stream(image, stream_id)
-        spans = sorted(per_stream[stream_id])
-        for start, end, _ in spans:
-            if end <= start:
-                raise ControllerError(ErrorCode.INVALID_OFFSET,
-                                      f"stream {stream_id}: empty or negative range "
-                                      f"[{start}, {end})")
-        if compaction:
-            # compaction rewrites committed data: it must lie inside the stream's offsets
-            for start, end, _ in spans:
-                if end > stream.end_offset:
-                    raise ControllerError(ErrorCode.INVALID_OFFSET,
-                                          f"stream {stream_id}: compacted range [{start}, {end})"
-                                          f" is past the committed end {stream.end_offset}")
+        try:
+            rec = _advance_stream(image, stream_id, sorted(per_stream[stream_id]), compaction,
+                                  owner_node_id)
+        except ControllerError as exc:
+            stream_errors[stream_id] = exc
             continue
-        for _, _, epoch in spans:
-            require_stream_owner(stream, epoch, owner_node_id)
-        expected = stream.end_offset
-        for start, end, _ in spans:
-            if start != expected:
-                raise ControllerError(ErrorCode.STREAM_OFFSET_GAP,
-                                      f"stream {stream_id}: range starts at {start}, expected "
-                                      f"{expected} (committed end)")
-            expected = end
-        last = stream.ranges[-1]
-        recs.append(r.RangeRecord(stream_id=stream_id, range_index=last.range_index,
-                                  epoch=last.epoch, start_offset=last.start_offset,
-                                  end_offset=expected, node_id=last.node_id))
+        if rec is not None:
+            recs.append(rec)
+    if stream_errors:
+        first = next(iter(stream_errors.values()))
+        message = first.message if len(stream_errors) == 1 else \
+            f"{first.message} (and {len(stream_errors) - 1} more streams refused)"
+        raise ControllerError(first.code, message,
+                              {sid: exc.code for sid, exc in stream_errors.items()})
 
     for object_id in req.compacted_object_ids:
         meta = image.objects.get(object_id)
@@ -161,6 +150,39 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
                                          committed_ms=now_ms))
     recs += _remove_objects(image, req.compacted_object_ids, now_ms)
     return recs, {"idempotent": False}
+
+
+def _advance_stream(image: MetadataImage, stream_id: int, spans: list[tuple[int, int, int]],
+                    compaction: bool, owner_node_id: int):
+    """Check one stream's new ranges (sorted (start, end, epoch)); the RangeRecord that
+    advances its committed end, or None for a compaction (which moves no end)."""
+    stream = get_stream(image, stream_id)
+    for start, end, _ in spans:
+        if end <= start:
+            raise ControllerError(ErrorCode.INVALID_OFFSET,
+                                  f"stream {stream_id}: empty or negative range "
+                                  f"[{start}, {end})")
+    if compaction:
+        # compaction rewrites committed data: it must lie inside the stream's offsets
+        for start, end, _ in spans:
+            if end > stream.end_offset:
+                raise ControllerError(ErrorCode.INVALID_OFFSET,
+                                      f"stream {stream_id}: compacted range [{start}, {end})"
+                                      f" is past the committed end {stream.end_offset}")
+        return None
+    for _, _, epoch in spans:
+        require_stream_owner(stream, epoch, owner_node_id)
+    expected = stream.end_offset
+    for start, end, _ in spans:
+        if start != expected:
+            raise ControllerError(ErrorCode.STREAM_OFFSET_GAP,
+                                  f"stream {stream_id}: range starts at {start}, expected "
+                                  f"{expected} (committed end)")
+        expected = end
+    last = stream.ranges[-1]
+    return r.RangeRecord(stream_id=stream_id, range_index=last.range_index, epoch=last.epoch,
+                         start_offset=last.start_offset, end_offset=expected,
+                         node_id=last.node_id)
 
 
 def _remove_objects(image: MetadataImage, object_ids: list[int], now_ms: int) -> list:

@@ -39,11 +39,28 @@ class RegisterBrokerResponse(BaseModel):
     node_epoch: int
 
 
+MAX_UPLOAD_ERROR_CHARS = 1024
+
+
+class BrokerUploadStats(BaseModel):
+    """Upload health a broker reports with each heartbeat. The leader keeps the last one
+    per broker in memory for `status` (never in the metadata log: it is not a decision)."""
+
+    model_config = ConfigDict(extra="forbid")
+    wal_used_bytes: int = Field(ge=0)
+    wal_capacity_bytes: int = Field(ge=0)
+    # age of the oldest acknowledged WAL data not uploaded yet; 0 when nothing is pending
+    upload_lag_s: float = Field(ge=0, le=10**9)
+    # the broker's last upload attempt's error; None once an upload succeeded
+    last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
+
+
 class BrokerHeartbeatRequest(_Request):
     command: ClassVar[str] = "broker_heartbeat"
     node_id: int = Field(ge=0)
     node_epoch: int = Field(ge=0)
     metadata_offset: int = -1  # how far the broker has replayed the log
+    stats: BrokerUploadStats | None = None  # None: no storage engine on this broker
 
 
 class BrokerHeartbeatResponse(BaseModel):

@@ -29,6 +29,7 @@ from controlplane.placement import leader_load
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
+from controlplane.requests import BrokerUploadStats
 
 log = logging.getLogger("controlplane.server")
 
@@ -54,6 +55,8 @@ class ControllerNode:
         self.http = ControllerHTTPServer((me.host, me.api_port), self)
         self.object_deleter = object_deleter
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
+        # node -> its last BrokerUploadStats (one entry per registered node: bounded)
+        self._upload_stats: dict[int, dict] = {}
         self._hb_lock = threading.Lock()
         self._was_leader = False
         self._leader_since = 0.0
@@ -84,11 +87,21 @@ class ControllerNode:
         except (KeyError, TypeError, ValueError):
             raise ControllerError(ErrorCode.INVALID_REQUEST,
                                   "heartbeat needs integer node_id and node_epoch") from None
+        # upload stats stay in memory, like the heartbeat times; the log gets decisions only
+        raw_stats = body.pop("stats", None)
+        stats: dict | None = None
+        if raw_stats is not None:
+            try:
+                stats = BrokerUploadStats.model_validate(raw_stats).model_dump()
+            except ValueError as exc:  # a bad report must not cost the broker its session
+                log.warning("node %d sent invalid upload stats: %s", node_id, exc)
         image = self.quorum.machine.image
         broker = image.brokers.get(node_id)
         if broker is not None and broker.node_epoch == epoch:
             with self._hb_lock:
                 self._heartbeats[node_id] = (epoch, time.monotonic())
+                if stats is not None:
+                    self._upload_stats[node_id] = stats
         if broker is not None and broker.fenced and broker.fence_reason == "registered" \
                 and broker.node_epoch == epoch:
             return self.quorum.submit("broker_heartbeat", body)
@@ -99,6 +112,11 @@ class ControllerNode:
         now = time.monotonic()
         with self._hb_lock:
             return {n: int((now - t) * 1000) for n, (_, t) in self._heartbeats.items()}
+
+    def upload_stats(self) -> dict[int, dict]:
+        """The last upload stats each broker reported to this leader (copies)."""
+        with self._hb_lock:
+            return {n: dict(s) for n, s in self._upload_stats.items()}
 
     def _expired_sessions(self) -> list[tuple[int, int]]:
         timeout_s = self.config.settings.broker_session_timeout_ms / 1000
@@ -136,6 +154,7 @@ class ControllerNode:
             self._leader_since = time.monotonic()
             with self._hb_lock:
                 self._heartbeats.clear()
+                self._upload_stats.clear()
             log.info("controller %d is now the leader", self.node_id)
         self._was_leader = leader
         if not leader:
@@ -174,6 +193,7 @@ class ControllerNode:
     def status(self) -> dict:
         image = self.quorum.machine.image
         ages = self.heartbeat_ages_ms() if self.quorum.is_leader() else {}
+        stats = self.upload_stats() if self.quorum.is_leader() else {}
         led = leader_load(image)
         slots = slot_counts(image)
         return {
@@ -192,7 +212,9 @@ class ControllerNode:
                  "wal_failover_target": (image.node_wals[b.node_id].failover_target_node_id
                                          if b.node_id in image.node_wals
                                          and image.node_wals[b.node_id].failover_mode else None),
-                 "last_heartbeat_age_ms": ages.get(b.node_id)}
+                 "last_heartbeat_age_ms": ages.get(b.node_id),
+                 # upload health from its last heartbeat (None: not reported to this leader)
+                 **_upload_fields(stats.get(b.node_id))}
                 for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
             ],
             "active_bucket_id": image.active_bucket_id,
@@ -205,6 +227,11 @@ class ControllerNode:
                 image.coordinator_slots[i].node_id if i in image.coordinator_slots else None
                 for i in range(image.coordinator_slot_count)],
         }
+
+
+def _upload_fields(stats: dict | None) -> dict:
+    keys = ("wal_used_bytes", "wal_capacity_bytes", "upload_lag_s", "last_upload_error")
+    return {k: None if stats is None else stats.get(k) for k in keys}
 
 
 def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:

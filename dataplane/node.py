@@ -34,7 +34,12 @@ from pydantic import BaseModel, Field
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import StreamState
-from controlplane.requests import BrokerHeartbeatRequest, RegisterBrokerRequest
+from controlplane.requests import (
+    MAX_UPLOAD_ERROR_CHARS,
+    BrokerHeartbeatRequest,
+    BrokerUploadStats,
+    RegisterBrokerRequest,
+)
 from dataplane.metadata import MetadataFollower
 
 log = logging.getLogger("dataplane.node")
@@ -114,7 +119,8 @@ class BrokerNode:
     def heartbeat(self) -> None:
         assert self.node_epoch is not None
         req = BrokerHeartbeatRequest(node_id=self.config.node_id, node_epoch=self.node_epoch,
-                                     metadata_offset=self.metadata.offset)
+                                     metadata_offset=self.metadata.offset,
+                                     stats=self._upload_stats())
         try:
             result = self.client.call("broker_heartbeat", req, timeout_s=5)
         except ControllerError as exc:
@@ -140,6 +146,17 @@ class BrokerNode:
             self.register()
         elif not self.fenced and was_fenced:
             log.info("node %d epoch %d is unfenced", self.config.node_id, self.node_epoch)
+
+    def _upload_stats(self) -> BrokerUploadStats | None:
+        """The storage engine's upload health for the heartbeat (None without an engine)."""
+        if self.storage is None:
+            return None
+        stats = self.storage.upload_stats()
+        return BrokerUploadStats(
+            wal_used_bytes=stats.wal_used_bytes, wal_capacity_bytes=stats.wal_capacity_bytes,
+            upload_lag_s=stats.upload_lag_s,
+            last_upload_error=None if stats.last_upload_error is None
+            else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS])
 
     def _heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000
@@ -175,7 +192,9 @@ class BrokerNode:
         assert self.node_epoch is not None
         self.storage = S3Storage(StorageConfig(
             data_dir=cfg.data_dir / "storage", wal_capacity_bytes=cfg.wal_capacity_bytes,
-            upload_threshold_bytes=cfg.upload_threshold_bytes,
+            # at most a quarter of the WAL: a small WAL (tests) must upload long before it
+            # is full, not only on the interval
+            upload_threshold_bytes=min(cfg.upload_threshold_bytes, cfg.wal_capacity_bytes // 4),
             upload_interval_s=cfg.upload_interval_s, block_cache_bytes=cfg.block_cache_bytes),
             cfg.node_id, self.node_epoch, self.client, objects)
         recovered = self.storage.start()

@@ -9,7 +9,9 @@ epoch. `recover_failed_wal`:
    controller has not committed yet — only for streams the failed node still owns with the
    batch's epoch;
 3. uploads them in objects of at most `max_object_bytes`, committed on the failed node's
-   behalf (`failover_node_id`), so its streams end where its acknowledged records end;
+   behalf (`failover_node_id`), so its streams end where its acknowledged records end. A
+   stream the controller refuses for good meanwhile (deleted, reopened by a newer epoch) is
+   left out of the commit and skipped from then on; the other streams are committed;
 4. closes every stream the failed node still has open (on its behalf), trims the WAL and
    tells the controller the failover is complete. The partitions' new leaders then open
    the streams with the next epoch.
@@ -134,10 +136,10 @@ def _upload_uncommitted(storage: S3Storage, records, failed_node_id: int,
         chunk.append(batch)
         chunk_bytes += batch.size_bytes
         if chunk_bytes >= max_bytes:
-            _flush(storage, chunk, failed_node_id, result)
+            _flush(storage, chunk, failed_node_id, result, streams)
             chunk, chunk_bytes = [], 0
     if chunk:
-        _flush(storage, chunk, failed_node_id, result)
+        _flush(storage, chunk, failed_node_id, result, streams)
     return end
 
 
@@ -156,9 +158,23 @@ def _stream_target(storage: S3Storage, stream_id: int, failed_node_id: int,
 
 
 def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: int,
-           result: FailoverResult) -> None:
-    result.bytes_uploaded += storage.upload_batches(chunk, failover_node_id=failed_node_id)
-    result.batches_uploaded += len(chunk)
+           result: FailoverResult, streams: dict[int, dict | None]) -> None:
+    """Upload one chunk. A stream the controller refused for good (deleted, closed or
+    reopened by a newer epoch) is skipped from now on: its later batches could not be
+    committed either. After a continuity refusal the stream's target is read again, so its
+    later batches still go up if they continue the committed end (it had moved past this
+    chunk: nothing lost), and are reported as unrecoverable if they do not."""
+    uploaded = storage.upload_batches(chunk, failover_node_id=failed_node_id)
+    result.bytes_uploaded += uploaded.size_bytes
+    result.batches_uploaded += uploaded.batches
+    for sid, code in uploaded.dropped.items():
+        log.warning("WAL failover of node %d: stream %d left out of the upload (%s)",
+                    failed_node_id, sid, code.value)
+        if code in (ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET):
+            streams[sid] = _stream_target(storage, sid, failed_node_id, result)
+            continue
+        result.skipped_streams[sid] = f"refused by the controller: {code.value}"
+        streams[sid] = None
 
 
 __all__ = ["FailoverError", "FailoverResult", "recover_failed_wal", "wal_path_from_uri"]

@@ -8,6 +8,7 @@ uploaded first). Pure data structure, no I/O; the caller serializes access with 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -39,14 +40,17 @@ class LogCache:
         self._streams: dict[int, _StreamCache] = {}
         self.total_bytes = 0
         self.pending_upload_bytes = 0
-        self._pending: list[tuple[StreamRecordBatch, int]] = []  # (batch, wal next offset)
+        # (batch, wal next offset, monotonic s it was acknowledged), in WAL order
+        self._pending: list[tuple[StreamRecordBatch, int, float]] = []
         # streams in the order their uploaded data became evictable
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
     # ------------------------------------------------------------ write side
 
-    def put(self, batch: StreamRecordBatch, wal_next_offset: int) -> None:
-        """Add an acknowledged batch (in WAL order)."""
+    def put(self, batch: StreamRecordBatch, wal_next_offset: int,
+            acked_s: float | None = None) -> None:
+        """Add an acknowledged batch (in WAL order); `acked_s` is when it was acknowledged
+        (time.monotonic(), the default), for the upload lag."""
         cache = self._streams.setdefault(batch.stream_id, _StreamCache())
         if cache.batches and cache.batches[-1].last_offset != batch.base_offset:
             raise ValueError(f"stream {batch.stream_id}: batch at {batch.base_offset} does not "
@@ -54,11 +58,16 @@ class LogCache:
         cache.append(batch)
         self.total_bytes += batch.size_bytes
         self.pending_upload_bytes += batch.size_bytes
-        self._pending.append((batch, wal_next_offset))
+        self._pending.append((batch, wal_next_offset,
+                              time.monotonic() if acked_s is None else acked_s))
 
     def pending_wal_end(self) -> int:
         """WAL offset just past the last batch not uploaded yet (-1 if none)."""
         return self._pending[-1][1] if self._pending else -1
+
+    def oldest_pending_acked_s(self) -> float | None:
+        """When the oldest batch not uploaded yet was acknowledged (None if none)."""
+        return self._pending[0][2] if self._pending else None
 
     def take_pending(self, max_bytes: int,
                      up_to_wal_offset: int | None = None) -> tuple[list[StreamRecordBatch], int]:
@@ -70,7 +79,7 @@ class LogCache:
         wal_end = -1
         i = 0
         while i < len(self._pending) and (not taken or size + self._pending[i][0].size_bytes <= max_bytes):
-            batch, wal_next = self._pending[i]
+            batch, wal_next, _ = self._pending[i]
             if up_to_wal_offset is not None and wal_next > up_to_wal_offset:
                 break
             taken.append(batch)
@@ -82,7 +91,7 @@ class LogCache:
     def mark_uploaded(self, batches: list[StreamRecordBatch]) -> None:
         """The first len(batches) pending batches are committed: they become evictable."""
         n = len(batches)
-        assert [b for b, _ in self._pending[:n]] == batches, "uploads must follow WAL order"
+        assert [p[0] for p in self._pending[:n]] == batches, "uploads must follow WAL order"
         del self._pending[:n]
         for batch in batches:
             self.pending_upload_bytes -= batch.size_bytes
@@ -110,7 +119,7 @@ class LogCache:
         cache = self._streams.pop(stream_id, None)
         if cache is None:
             return
-        if any(b.stream_id == stream_id for b, _ in self._pending):
+        if any(p[0].stream_id == stream_id for p in self._pending):
             self._streams[stream_id] = cache  # still to upload: keep it
             return
         self.total_bytes -= sum(b.size_bytes for b in cache.batches)

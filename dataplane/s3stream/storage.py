@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Callable
 
 from controlplane.client import ControllerClient
-from controlplane.errors import ControllerError, ErrorCode
+from controlplane.errors import (
+    NODE_FENCING_CODES,
+    RETRIABLE_CODES,
+    STREAM_PERMANENT_CODES,
+    ControllerError,
+    ErrorCode,
+)
 from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
@@ -40,12 +46,81 @@ from dataplane.s3stream.wal import FileWAL, WALFullError
 
 log = logging.getLogger(__name__)
 
-_FENCING_CODES = {ErrorCode.STREAM_FENCED, ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
-                  ErrorCode.STREAM_NOT_OPENED, ErrorCode.UNKNOWN_NODE}
+MAX_COMMIT_ROUNDS = 4         # a refused commit names every bad stream: round 2 succeeds
+                              # unless more streams go bad meanwhile
+MAX_DROPPED_STREAMS = 100_000  # (stream, epoch) pairs remembered as uncommittable
+MAX_ERROR_CHARS = 1000        # of an upload error in stats and metrics
 
 
 class StorageError(RuntimeError):
     """The engine cannot serve the request (fenced, closed, WAL full for too long...)."""
+
+
+@dataclass
+class UploadResult:
+    """What one `upload_batches` call committed, and which streams' data it left out."""
+
+    size_bytes: int = 0
+    batches: int = 0  # batches committed
+    # stream id -> the controller's per-stream refusal (STREAM_PERMANENT_CODES): its data
+    # in this upload can never be committed, so it was left out and the rest committed
+    dropped: dict[int, ErrorCode] = field(default_factory=dict)
+    commit_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class UploadStats:
+    """Upload health of one engine (heartbeats, `cluster status`, /metrics)."""
+
+    wal_used_bytes: int
+    wal_capacity_bytes: int
+    upload_lag_s: float          # age of the oldest acknowledged, not uploaded batch; 0 if none
+    last_upload_error: str | None  # the last upload attempt's error; None once one succeeds
+
+
+def permanent_stream_errors(exc: BaseException) -> dict[int, ErrorCode]:
+    """The streams a refused commit can never carry (pure).
+
+    Non-empty only when the controller refused the commit for per-stream reasons alone:
+    then exactly those streams' data is uncommittable (deleted stream, fenced by a newer
+    epoch or another node, not open with that epoch, or not continuing the committed end)
+    and the other streams of the upload may be committed without them. Anything else — a
+    fenced node, a network error, an object store 5xx, no controller leader — is about the
+    whole upload, and says nothing about single streams: {}.
+    """
+    if not isinstance(exc, ControllerError) or not exc.stream_errors:
+        return {}
+    if exc.code not in STREAM_PERMANENT_CODES or \
+            any(code not in STREAM_PERMANENT_CODES for code in exc.stream_errors.values()):
+        return {}
+    return dict(exc.stream_errors)
+
+
+def is_retriable_upload_error(exc: BaseException) -> bool:
+    """Transient for the whole upload: retry the same upload later (pure)."""
+    if isinstance(exc, ControllerError):
+        return exc.code in RETRIABLE_CODES
+    return isinstance(exc, ObjectStoreError)
+
+
+def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> bool:
+    """Did leaving out a stream's data (acknowledged up to `dropped_end`) lose records a
+    live stream still needs? (pure)
+
+    Deleted streams need nothing; a stream fenced by a newer epoch, or closed, had its
+    acknowledged records uploaded by whoever closed it (our own close or our WAL's
+    failover) before anyone could reopen it. A continuity refusal (gap) is harmless only
+    when the committed end already covers the data — a commit retried after a timeout
+    that had in fact been applied; otherwise (or unknown) acknowledged records are missing.
+    """
+    if code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED):
+        return False
+    return committed_end is None or committed_end < dropped_end
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
 
 
 @dataclass
@@ -196,8 +271,14 @@ class S3Storage:
         self._stop = threading.Event()
         self._order_id = int(time.time() * 1000)
         self.wal: FileWAL | None = None
+        # the last upload attempt's error, None once one succeeds; written by whichever
+        # thread uploads (uploader, flush, close) under `_upload_lock`, read without a lock
+        # (a reference swap: readers see the old or the new error)
         self.upload_error: BaseException | None = None
         self.fenced_error: ControllerError | None = None
+        # (stream id, epoch) whose data the controller refused for good, with the reason:
+        # their batches still in the LogCache are left out of later uploads (under _lock)
+        self._dropped: OrderedDict[tuple[int, int], ErrorCode] = OrderedDict()
         self._uploader = threading.Thread(target=self._upload_loop, name="uploader", daemon=True)
 
     # ------------------------------------------------------------ lifecycle
@@ -208,6 +289,7 @@ class S3Storage:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = FileWAL.open(self.config.data_dir / "wal", self.node_id, self.node_epoch,
                                 capacity_bytes=self.config.wal_capacity_bytes)
+        metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()
         self._uploader.start()
         return recovered
@@ -449,8 +531,12 @@ class S3Storage:
                     "node_id": self.node_id, "node_epoch": self.node_epoch,
                     "stream_id": state.stream_id, "stream_epoch": state.epoch})
             except ControllerError as exc:
-                errors[i] = exc
-                continue
+                if exc.code != ErrorCode.UNKNOWN_STREAM:
+                    errors[i] = exc
+                    continue
+                # deleted (its topic was): nothing is left to close, and the upload above
+                # left its data out, so there is nothing to keep either
+                log.info("stream %d was deleted: closed here", state.stream_id)
             state.closed = True
             with self._lock:
                 self._streams.pop(state.stream_id, None)
@@ -500,18 +586,18 @@ class S3Storage:
             last = time.monotonic()
             try:
                 self._upload_all()
-                self.upload_error = None
             except ControllerError as exc:
-                if exc.code in _FENCING_CODES:
+                if exc.code in NODE_FENCING_CODES:
                     log.error("upload refused, this node is fenced: %s", exc)
                     self.fenced_error = exc
                     return
-                self.upload_error = exc
                 log.warning("upload failed, will retry: %s", exc)
                 self._stop.wait(1.0)
             except Exception as exc:
-                self.upload_error = exc
-                log.exception("upload failed, will retry")
+                if is_retriable_upload_error(exc):
+                    log.warning("upload failed, will retry: %s", exc)
+                else:
+                    log.exception("upload failed, will retry")
                 self._stop.wait(1.0)
 
     def _upload_all(self) -> None:
@@ -523,36 +609,166 @@ class S3Storage:
         if target < 0:
             return
         with self._upload_lock:
-            for _ in range(100_000):
-                with self._lock:
-                    batches, wal_end = self.log_cache.take_pending(self.config.max_object_bytes,
-                                                                   target)
-                if not batches:
-                    return
-                self._upload(batches, wal_end)
+            try:
+                for _ in range(100_000):
+                    with self._lock:
+                        batches, wal_end = self.log_cache.take_pending(
+                            self.config.max_object_bytes, target)
+                    if not batches:
+                        break
+                    self._upload(batches, wal_end)
+            except BaseException as exc:
+                self._set_upload_error(exc)
+                raise
+            self._set_upload_error(None)
+
+    def _set_upload_error(self, exc: BaseException | None) -> None:
+        self.upload_error = exc
+        metrics.set_last_upload_error(None if exc is None else _error_text(exc))
 
     def _upload(self, batches: list[StreamRecordBatch], wal_end: int) -> None:
+        """Upload one chunk of pending batches (WAL order), leaving out streams whose data
+        the controller refused for good, then release the chunk's WAL space: the left-out
+        data is released with it, so a deleted stream never holds the WAL."""
         started = time.monotonic()
-        size = self.upload_batches(batches)
+        with self._lock:
+            live = [b for b in batches if (b.stream_id, b.epoch) not in self._dropped]
+        result = self.upload_batches(live, on_dropped=lambda bad: self._drop_streams(live, bad)) \
+            if live else UploadResult()
+        left_out = len(batches) - result.batches
         with self._lock:
             self.log_cache.mark_uploaded(batches)
+            if left_out:
+                # no reader may see data that is in no object: forget the left-out streams'
+                # cached batches (kept while later chunks still hold some of theirs)
+                for sid in {b.stream_id for b in batches
+                            if (b.stream_id, b.epoch) in self._dropped}:
+                    self.log_cache.drop_stream(sid)
             metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
         assert self.wal is not None
         self.wal.trim(wal_end)
         metrics.UPLOADS.inc()
-        metrics.UPLOAD_BYTES.inc(size)
+        metrics.UPLOAD_BYTES.inc(result.size_bytes)
+        if left_out:
+            metrics.UPLOAD_DROPPED_BATCHES.inc(left_out)
         metrics.UPLOAD_LATENCY.observe(time.monotonic() - started)
-        log.debug("uploaded %d batches (%d bytes)", len(batches), size)
+        log.debug("uploaded %d batches (%d bytes), left out %d", result.batches,
+                  result.size_bytes, left_out)
+
+    def _drop_streams(self, batches: list[StreamRecordBatch],
+                      dropped: dict[int, ErrorCode]) -> None:
+        """Remember streams whose data the controller refused for good and stop their
+        appends here (their later batches would be refused too)."""
+        ends: dict[int, tuple[int, int]] = {}  # stream -> (epoch, end of its data here)
+        for b in batches:
+            if b.stream_id in dropped:
+                ends[b.stream_id] = (b.epoch, b.last_offset)
+        for sid, (epoch, dropped_end) in ends.items():
+            code = dropped[sid]
+            gone = code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED,
+                            ErrorCode.STREAM_NOT_OPENED)
+            committed_end = None if gone else self._committed_end(sid)
+            lost = data_lost(code, committed_end, dropped_end)
+            if gone or lost:
+                # nothing more of this (stream, epoch) can ever be committed from here
+                with self._lock:
+                    self._dropped[(sid, epoch)] = code
+                    self._dropped.move_to_end((sid, epoch))
+                    while len(self._dropped) > MAX_DROPPED_STREAMS:
+                        self._dropped.popitem(last=False)  # its batches are refused again
+                    state = self._streams.get(sid)
+                    if state is not None and state.epoch == epoch:
+                        state.error = StorageError(f"stream {sid} epoch {epoch} can no longer "
+                                                   f"be committed ({code.value})")
+                        if code == ErrorCode.UNKNOWN_STREAM:
+                            self._streams.pop(sid, None)
+            if lost:
+                log.error("stream %d epoch %d: the controller refuses its data (%s, committed "
+                          "end %s, data up to %d): acknowledged records are lost; the stream "
+                          "takes no more appends here", sid, epoch, code.value, committed_end,
+                          dropped_end)
+            else:
+                # deleted, moved on (its records were uploaded by whoever closed it), or
+                # already committed by an earlier attempt whose answer was lost
+                log.log(logging.INFO if code == ErrorCode.UNKNOWN_STREAM else logging.WARNING,
+                        "stream %d epoch %d: its data up to %d is left out of the upload "
+                        "(%s, committed end %s); nothing acknowledged is lost", sid, epoch,
+                        dropped_end, code.value, committed_end)
+
+    def _committed_end(self, stream_id: int) -> int | None:
+        """The controller's committed end of a stream, None if it cannot say now."""
+        try:
+            return int(self.controller.stream(stream_id)["end_offset"])
+        except Exception as exc:  # unknown: the caller assumes the worst
+            log.warning("stream %d: cannot read its committed end: %s", stream_id, exc)
+            return None
+
+    def upload_stats(self) -> UploadStats:
+        """Upload health now (any thread: takes the engine's lock briefly)."""
+        with self._lock:
+            oldest = self.log_cache.oldest_pending_acked_s()
+        error = self.upload_error
+        wal = self.wal
+        return UploadStats(
+            wal_used_bytes=wal.used_bytes if wal is not None else 0,
+            wal_capacity_bytes=self.config.wal_capacity_bytes,
+            upload_lag_s=round(max(0.0, time.monotonic() - oldest), 3) if oldest is not None
+            else 0.0,
+            last_upload_error=None if error is None else _error_text(error))
 
     def upload_batches(self, batches: list[StreamRecordBatch],
-                       failover_node_id: int | None = None) -> int:
+                       failover_node_id: int | None = None,
+                       on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
+                       ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
         `failover_node_id`: the batches come from that failed node's WAL, which this node
-        is recovering (the streams are still that node's). Returns the bytes written."""
+        is recovering (the streams are still that node's).
+
+        One bad stream never holds back the others: when the controller refuses the commit
+        for per-stream reasons only (`permanent_stream_errors`: deleted, fenced by a newer
+        epoch, not continuing the committed end), those streams' data is left out and the
+        objects are rebuilt and committed without it — under fresh object ids, so an id is
+        only ever written with one content. The refused round's objects stay PREPARED and
+        the controller destroys them at their deadline; they are not deleted here, because
+        a refusal can also follow an earlier attempt of the same commit that was applied
+        (its answer lost) and such an object may be committed. Nothing is committed twice:
+        a stream's range is accepted only where its committed end is.
+        `on_dropped(streams)` is called as soon as a round refuses streams, so what was
+        learnt is kept even if a later round fails (and the upload is retried).
+        Returns what was committed and which streams were left out (`dropped`).
+        """
+        result = UploadResult()
         per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
         for b in batches:
             per_stream[b.stream_id].append(b)
+        for _ in range(MAX_COMMIT_ROUNDS):
+            live = {sid: bs for sid, bs in per_stream.items() if sid not in result.dropped}
+            if not live:
+                return result
+            result.commit_rounds += 1
+            try:
+                result.size_bytes = self._put_and_commit(live, failover_node_id)
+            except ControllerError as exc:
+                bad = permanent_stream_errors(exc)
+                if not bad or not bad.keys() <= live.keys():
+                    raise
+                log.info("commit refused for %d of %d streams (%s)%s", len(bad), len(live),
+                         exc, ": committing the others without them" if len(bad) < len(live)
+                         else "")
+                result.dropped.update(bad)
+                if on_dropped is not None:
+                    on_dropped(bad)
+                continue
+            result.batches = sum(len(bs) for bs in live.values())
+            return result
+        raise StorageError(f"commit refused {MAX_COMMIT_ROUNDS} times, each time for other "
+                           f"streams (left out so far: {sorted(result.dropped)})")
+
+    def _put_and_commit(self, per_stream: dict[int, list[StreamRecordBatch]],
+                        failover_node_id: int | None) -> int:
+        """One round of `upload_batches`: prepare, put and commit objects holding exactly
+        `per_stream`. Returns the bytes written."""
         split = {sid for sid, bs in per_stream.items()
                  if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes}
         shared = [sid for sid in per_stream if sid not in split]
@@ -613,8 +829,7 @@ class S3Storage:
             try:
                 return fn()
             except ControllerError as exc:
-                if exc.code in _FENCING_CODES or exc.code not in (
-                        ErrorCode.NO_LEADER, ErrorCode.TIMEOUT, ErrorCode.NOT_CONTROLLER):
+                if exc.code not in RETRIABLE_CODES:
                     raise
                 error: Exception = exc
             except ObjectStoreError as exc:
