@@ -41,6 +41,7 @@ from controlplane.requests import (
     RegisterBrokerRequest,
 )
 from dataplane.metadata import MetadataFollower
+from dataplane.s3stream.wal.factory import wal_uri_for_path
 
 log = logging.getLogger("dataplane.node")
 
@@ -90,14 +91,15 @@ class BrokerNode:
                                                   name="heartbeat", daemon=True)
 
     @property
-    def wal_path(self) -> Path:
-        return self.config.data_dir / "storage" / "wal"
+    def wal_uri(self) -> str:
+        """This broker's WAL (the URI other brokers take over on a crash failover)."""
+        return wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
         req = RegisterBrokerRequest(
             node_id=self.config.node_id, az=self.config.az, host=self.config.host,
             kafka_port=self.config.kafka_port, incarnation_id=uuid.uuid4().hex,
-            wal_uri=self.wal_path.resolve().as_uri())
+            wal_uri=self.wal_uri)
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
             try:
@@ -191,7 +193,8 @@ class BrokerNode:
         objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
         assert self.node_epoch is not None
         self.storage = S3Storage(StorageConfig(
-            data_dir=cfg.data_dir / "storage", wal_capacity_bytes=cfg.wal_capacity_bytes,
+            data_dir=cfg.data_dir / "storage", wal_uri=self.wal_uri,
+            wal_capacity_bytes=cfg.wal_capacity_bytes,
             # at most a quarter of the WAL: a small WAL (tests) must upload long before it
             # is full, not only on the interval
             upload_threshold_bytes=min(cfg.upload_threshold_bytes, cfg.wal_capacity_bytes // 4),

@@ -22,14 +22,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
-from urllib.parse import unquote, urlparse
 
 from controlplane.errors import ControllerError, ErrorCode
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.storage import S3Storage
-from dataplane.s3stream.wal.file_wal import take_over
+from dataplane.s3stream.wal.factory import UnsupportedWALError, take_over_wal, wal_exists
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +50,6 @@ class FailoverResult:
     duration_s: float = 0.0
 
 
-def wal_path_from_uri(wal_uri: str) -> Path:
-    """`file:///abs/path` -> Path. The local-file WAL is reachable from every broker of a
-    local cluster, as a multi-attach cloud disk is in AutoMQ."""
-    parsed = urlparse(wal_uri)
-    if parsed.scheme != "file" or not parsed.path:
-        raise FailoverError(f"cannot recover WAL {wal_uri!r}: only file:// WALs are supported")
-    return Path(unquote(parsed.path))
-
-
 def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
                        failover_epoch: int,
                        open_streams_of_failed_node: Callable[[], list[tuple[int, int]]]) -> FailoverResult:
@@ -73,9 +62,12 @@ def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
     """
     started = time.monotonic()
     result = FailoverResult(failed_node_id, failover_epoch)
-    path = wal_path_from_uri(wal_uri)
-    if path.exists():
-        handle = take_over(path, storage.node_id, failover_epoch)
+    try:
+        exists = wal_exists(wal_uri)
+    except UnsupportedWALError as exc:
+        raise FailoverError(f"cannot recover the WAL of node {failed_node_id}: {exc}") from None
+    if exists:
+        handle = take_over_wal(wal_uri, storage.node_id, failover_epoch)
         try:
             end = _upload_uncommitted(storage, handle.recover(), failed_node_id, result)
             if end is not None:
@@ -83,7 +75,8 @@ def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
         finally:
             handle.close()
     else:
-        log.warning("WAL %s of node %d does not exist: nothing to upload", path, failed_node_id)
+        log.warning("WAL %s of node %d does not exist: nothing to upload", wal_uri,
+                    failed_node_id)
     for stream_id, epoch in open_streams_of_failed_node():
         try:
             storage.controller.call("close_stream", {
@@ -177,4 +170,4 @@ def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: i
         streams[sid] = None
 
 
-__all__ = ["FailoverError", "FailoverResult", "recover_failed_wal", "wal_path_from_uri"]
+__all__ = ["FailoverError", "FailoverResult", "recover_failed_wal"]

@@ -42,7 +42,8 @@ from dataplane.s3stream.stream_reader import (
     ObjectLocator,
     StreamReader,
 )
-from dataplane.s3stream.wal import FileWAL, WALFullError
+from dataplane.s3stream.wal import WALFullError, WriteAheadLog
+from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class StorageConfig:
     """Limits and thresholds of the engine (AutoMQ's defaults scaled to one machine)."""
 
     data_dir: Path
+    wal_uri: str | None = None  # None: file:// of data_dir/wal
     wal_capacity_bytes: int = 512 * 1024 * 1024
     upload_threshold_bytes: int = 64 * 1024 * 1024
     upload_interval_s: float = 5.0
@@ -270,7 +272,7 @@ class S3Storage:
         self._flush_requested = False
         self._stop = threading.Event()
         self._order_id = int(time.time() * 1000)
-        self.wal: FileWAL | None = None
+        self.wal: WriteAheadLog | None = None
         # the last upload attempt's error, None once one succeeds; written by whichever
         # thread uploads (uploader, flush, close) under `_upload_lock`, read without a lock
         # (a reference swap: readers see the old or the new error)
@@ -287,12 +289,17 @@ class S3Storage:
         """Open (and recover) the WAL, upload what was not committed, start the uploader.
         Returns the number of recovered batches that were uploaded."""
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.wal = FileWAL.open(self.config.data_dir / "wal", self.node_id, self.node_epoch,
-                                capacity_bytes=self.config.wal_capacity_bytes)
+        self.wal = open_wal(self.wal_uri, self.node_id, self.node_epoch,
+                            capacity_bytes=self.config.wal_capacity_bytes)
         metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()
         self._uploader.start()
         return recovered
+
+    @property
+    def wal_uri(self) -> str:
+        """Where this engine's WAL lives (the factory picks the implementation by scheme)."""
+        return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "wal")
 
     def _recover(self) -> int:
         """Re-upload acknowledged batches the controller has not committed yet."""
