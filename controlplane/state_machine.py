@@ -14,6 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
+from controlplane import balancer
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -95,6 +96,10 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),
 }
+_HANDLERS.update({  # the self-balancer (controlplane/balancer.py)
+    "set_balancer": (balancer.set_balancer, False),
+    "balance_partitions": (balancer.balance_partitions, False),
+})
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 
