@@ -31,10 +31,6 @@ def cluster(tmp_path_factory):
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         status = json.loads(up.stdout)
-        # these tests are about manual moves and assert exact leaders of every topic: the
-        # self-balancer (tests/e2e/test_balancer.py) would even the brokers out under them
-        off = automqctl("balancer", "disable", cluster_dir=d)
-        assert off.returncode == 0, off.stderr
         yield {"dir": d, "bootstrap": status["bootstrap_servers"], "work": work}
     finally:
         automqctl("cluster", "down", cluster_dir=d)
