@@ -40,8 +40,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -130,7 +130,7 @@ class RecordedMove:
                 "epoch": self.epoch, "reason": self.reason}
 
     @staticmethod
-    def from_json(d: dict) -> "RecordedMove":
+    def from_json(d: dict) -> RecordedMove:
         return RecordedMove(int(d["time_ms"]), str(d["topic_id"]), str(d["topic"]),
                             int(d["partition"]), int(d["from"]), int(d["to"]),
                             int(d["epoch"]), str(d.get("reason", "")))
@@ -313,8 +313,9 @@ def _balance_counts(rnd: _Round, lo: int, hi: int, exact: bool, mode: str) -> No
     while rnd.budget > 0:
         dst = min(rnd.nodes, key=lambda n: (rnd.count[n], rnd.load[n], n))
         fewest = [n for n in rnd.nodes if rnd.count[n] == rnd.count[dst]]
+        # a giver needs a movable partition that may go to one of the emptiest brokers
         givers = [n for n in rnd.nodes if rnd.count[n] - rnd.count[dst] > 1
-                  and any(fewest_n not in p.no_return for p in rnd.movable[n] for fewest_n in fewest)]
+                  and any(f not in p.no_return for p in rnd.movable[n] for f in fewest)]
         if not givers:
             return
         src = max(givers, key=lambda n: (rnd.count[n], rnd.load[n], -n))
@@ -324,16 +325,19 @@ def _balance_counts(rnd: _Round, lo: int, hi: int, exact: bool, mode: str) -> No
         # among equally empty targets prefer the giver's AZ (its clients' traffic stays local)
         dst = min((n for n in fewest if any(n not in p.no_return for p in rnd.movable[src])),
                   key=lambda n: (rnd.az[n] != rnd.az[src], rnd.load[n], n))
-        if mode == MODE_THROUGHPUT:
-            # idle partitions first: the count goal must not undo the throughput goal
-            key = lambda p: (p.rate, p.topic, p.partition)  # noqa: E731
-        else:
-            # keep topics spread: the topic the giver holds most of and the taker least of
-            key = lambda p: (rnd.topic_count[dst][p.topic] - rnd.topic_count[src][p.topic],  # noqa: E731
-                             p.topic, p.partition)
-        p = min((p for p in rnd.movable[src] if dst not in p.no_return), key=key)
+        p = min((p for p in rnd.movable[src] if dst not in p.no_return),
+                key=lambda p, src=src, dst=dst: _count_move_key(rnd, p, src, dst, mode))
         rnd.move(p, dst, f"count: broker {src} led {rnd.count[src]} partitions, broker {dst} "
                          f"{rnd.count[dst]} (mean {mean:.1f})")
+
+
+def _count_move_key(rnd: _Round, p: _Partition, src: int, dst: int, mode: str) -> tuple:
+    """Which partition the count goal moves first (smallest key)."""
+    if mode == MODE_THROUGHPUT:
+        # idle partitions first: the count goal must not undo the throughput goal
+        return (p.rate, p.topic, p.partition)
+    # keep topics spread: the topic the giver holds most of and the taker least of
+    return (rnd.topic_count[dst][p.topic] - rnd.topic_count[src][p.topic], p.topic, p.partition)
 
 
 def _balance_throughput(rnd: _Round, band: float, lo: int, hi: int) -> None:

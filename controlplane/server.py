@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -268,7 +269,7 @@ def _parse_rates(raw: object) -> dict[int, float]:
     for k, v in list(raw.items())[:MAX_RATE_ENTRIES]:
         try:
             rate = float(v)
-            if rate >= 0 and rate == rate:  # not NaN
+            if rate >= 0 and not math.isnan(rate):
                 out[int(k)] = rate
         except (TypeError, ValueError):
             continue

@@ -378,7 +378,7 @@ def test_hot_partition_gets_room_and_is_not_shuffled():
     hot_key = next((t.name, p.partition) for t in sm.image.topics.values()
                    for p in t.partitions.values() if p.leader_node_id == 1)
     rates = lambda s: rates_of(s, {hot_key: 30 * MiB}, 1 * MiB)  # noqa: E731
-    rounds, now = run_rounds(sm, T0 + 60_000, rates=rates)
+    rounds, _ = run_rounds(sm, T0 + 60_000, rates=rates)
     led = sm.image.topics["id-t"].partitions[hot_key[1]].leader_node_id
     # the hot broker gives its other partition away; the hot partition itself stays put
     assert led == 1 and counts(sm)[1] == 1, (counts(sm), rounds)
@@ -431,7 +431,7 @@ def test_balance_command_skips_moves_the_image_has_overtaken(joined):
 
 def test_status_document_shows_state_brokers_and_recent_moves(joined):
     sm = joined
-    rounds, now = run_rounds(sm, T0 + 20_000)
+    _, now = run_rounds(sm, T0 + 20_000)
     doc = status_document(sm.image, {}, now, SETTINGS)
     assert doc["enabled"] and doc["state"] == STATE_IDLE and doc["mode"] == "count"
     assert {b["node_id"]: b["partitions"] for b in doc["brokers"]} == {1: 8, 2: 8, 3: 8}
@@ -452,3 +452,19 @@ def test_produce_rate_meter_smooths_and_restarts():
     assert 1000 < burst < 30_000                           # smoothed, not 100 KB/s
     assert meter.sample({7: 5}, 103.0) == {}               # reopened: counter restarted
     assert meter.sample({}, 104.0) == {}                   # gone: forgotten
+
+
+def test_heartbeats_carry_rates_that_never_reach_the_log():
+    from controlplane.api import INTERNAL_COMMANDS
+    from controlplane.server import _parse_rates
+
+    sm = machine()
+    register(sm, 1, "az1")
+    offset = sm.next_offset
+    result = sm.execute_readonly("broker_heartbeat", {
+        "node_id": 1, "node_epoch": 0, "produce_bytes_per_s": {"3": 1024.5, "4": 0.0}})
+    assert "error" not in result and sm.next_offset == offset
+    assert _parse_rates({"3": 1.5, "x": 2, "5": "nan", "6": -1, "7": None}) == {3: 1.5}
+    assert _parse_rates(["junk"]) == {}
+    # the leader's own decisions are not accepted from outside the controller
+    assert "balance_partitions" in INTERNAL_COMMANDS
