@@ -7,6 +7,7 @@
                                   any controller serves it from its replicated state
     GET  /v1/status               raft state of this controller, brokers with heartbeat ages
     GET  /v1/image                the whole metadata image (JSON)
+    GET  /v1/balancer             the self-balancer's state (leader only: it has the rates)
     GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
     GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
     GET  /metrics                 Prometheus text format
@@ -34,6 +35,8 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_CONCURRENT_REQUESTS = 64
 MAX_LONG_POLL_MS = 30_000
 MAX_LOG_RECORDS_PER_READ = 5_000
+# commands only the leader's own timers submit (their bodies carry the leader's decisions)
+INTERNAL_COMMANDS = frozenset({"lifecycle_tick", "balance_partitions"})
 
 _STATUS_FOR_ERROR = {
     ErrorCode.NOT_CONTROLLER: 421,
@@ -126,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.startswith("/v1/"):
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {path}")
         command = path[len("/v1/"):]
-        if command not in REQUEST_TYPES or command == "lifecycle_tick":
+        if command not in REQUEST_TYPES or command in INTERNAL_COMMANDS:
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_REQUEST_BYTES:
@@ -173,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, node.quorum.machine.read_log(after, max_records))
         elif url.path == "/v1/status":
             self._send(200, node.status())
+        elif url.path == "/v1/balancer":
+            self._send(200, node.balancer_status())
         elif url.path == "/v1/image":
             self._send(200, node.quorum.machine.image.model_dump_json())
         elif url.path.startswith("/v1/streams/") and url.path.count("/") == 3:

@@ -127,6 +127,45 @@ class ControllerClient:
     def status(self, address: str) -> dict:
         return self._get("/v1/status", address=address)
 
+    def leader_get(self, path: str) -> Any:
+        """GET something only the leader can answer: follow NOT_CONTROLLER hints, retry on
+        NO_LEADER with a bounded backoff until `timeout_s`."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        last_error = "no attempt"
+        while True:
+            address = self._leader or self.addresses[attempt % len(self.addresses)]
+            attempt += 1
+            try:
+                status, data = self._http(address, "GET", path, None, self.request_timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                self._leader = None
+                last_error = f"{address}: {exc}"
+            else:
+                if status == 200:
+                    self._leader = address
+                    return data
+                err = data.get("error", {}) if isinstance(data, dict) else {}
+                try:
+                    code = ErrorCode(err.get("code", "INVALID_REQUEST"))
+                except ValueError:
+                    code = ErrorCode.INVALID_REQUEST
+                if code not in _RETRIABLE:
+                    raise ControllerError(code, err.get("message", f"HTTP {status}"))
+                last_error = f"{address}: {code.value} {err.get('message', '')}"
+                hint = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                self._leader = hint if hint != address else None
+                if self._leader is not None and time.monotonic() < deadline:
+                    continue  # follow the hint at once
+            if time.monotonic() >= deadline:
+                raise ControllerUnavailableError(
+                    f"no controller leader answered {path} in time (last: {last_error})")
+            time.sleep(min(0.05 * (2 ** min(attempt, 5)), 0.5) * (0.5 + random.random()))
+
+    def balancer_status(self) -> dict:
+        """The self-balancer's state, from the leader (see controlplane/balancer.py)."""
+        return self.leader_get("/v1/balancer")
+
     def image(self) -> dict:
         return self._get("/v1/image")
 

@@ -6,6 +6,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 
+from controlplane.balancer import BalancerSettings
 from controlplane.settings import ControllerSettings
 
 
@@ -46,6 +47,8 @@ class QuorumConfig(BaseModel):
     password: str = Field(min_length=16)
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     buckets: list[BucketConfig] = Field(default_factory=list)
+    # the leader's self-balancer (limits and thresholds; on/off is in the metadata)
+    balancer: BalancerSettings = Field(default_factory=BalancerSettings)
 
     def controller(self, node_id: int) -> ControllerAddress:
         for c in self.controllers:

@@ -41,6 +41,40 @@ def choose_broker(image: MetadataImage, load: Counter[int], prefer_az: str | Non
     return min(pool, key=lambda n: (load[n], n))
 
 
+def spread_leaders(image: MetadataImage, count: int, topic_id: str | None = None) -> list[int]:
+    """Leaders for `count` new partitions of a topic: spread over the active brokers by
+    count, partition by partition.
+
+    Each partition goes to the active broker with (1) the fewest partitions of this topic,
+    (2) the fewest of this topic per broker in its AZ, (3) the fewest partitions overall,
+    (4) the lowest id. Topic count comes first because the cluster-wide count alone piled
+    a whole new topic onto a broker that had just restarted empty (its load was 0, the
+    others' was high); the cluster-wide imbalance is the balancer's job, by moves.
+    Raises nothing: [] when no broker is active (the caller refuses the request).
+    """
+    live = active_brokers(image)
+    if not live:
+        return []
+    total = leader_load(image)
+    mine: Counter[int] = Counter()
+    if topic_id is not None and topic_id in image.topics:
+        mine.update(p.leader_node_id for p in image.topics[topic_id].partitions.values())
+    az_of = {n: image.brokers[n].az for n in live}
+    az_size = Counter(az_of.values())
+    az_mine: Counter[str] = Counter()
+    for n in live:
+        az_mine[az_of[n]] += mine[n]
+    leaders: list[int] = []
+    for _ in range(count):
+        node = min(live, key=lambda n: (mine[n], az_mine[az_of[n]] / az_size[az_of[n]],
+                                        total[n], n))
+        leaders.append(node)
+        mine[node] += 1
+        az_mine[az_of[node]] += 1
+        total[node] += 1
+    return leaders
+
+
 def move_record(topic: TopicState, partition: PartitionState, new_leader: int) -> r.PartitionRecord:
     """The record that moves `partition` to `new_leader` with a new leader (stream) epoch."""
     return r.PartitionRecord(topic_id=topic.topic_id, partition=partition.partition,

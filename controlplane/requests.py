@@ -15,6 +15,8 @@ MAX_RANGES_PER_COMMIT = 10_000
 MAX_OBJECTS_PER_PREPARE = 1_000
 MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_MOVES_PER_REASSIGNMENT = 10_000
+MAX_PARTITIONS_PER_BROKER_REPORT = 100_000
+MAX_BALANCER_MOVES_PER_COMMAND = 100
 
 
 class _Request(BaseModel):
@@ -61,6 +63,10 @@ class BrokerHeartbeatRequest(_Request):
     node_epoch: int = Field(ge=0)
     metadata_offset: int = -1  # how far the broker has replayed the log
     stats: BrokerUploadStats | None = None  # None: no storage engine on this broker
+    # produce rate (bytes/s, smoothed) of each stream this broker leads, for the balancer;
+    # kept in the leader's memory only, never logged
+    produce_bytes_per_s: dict[int, float] = Field(default_factory=dict,
+                                                  max_length=MAX_PARTITIONS_PER_BROKER_REPORT)
 
 
 class BrokerHeartbeatResponse(BaseModel):
@@ -340,3 +346,38 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
         PutGroupOffsetsRequest,
     )
 }
+
+
+# ---------------------------------------------------------------- balancer (controlplane/balancer.py)
+# kept in one block after REQUEST_TYPES so parallel additions above merge cleanly
+
+class SetBalancerRequest(_Request):
+    """Turn the self-balancer on or off (kept in the metadata: survives leader changes)."""
+
+    command: ClassVar[str] = "set_balancer"
+    enabled: bool
+
+
+class BalanceMove(BaseModel):
+    """One move the balancer decided on the leader; applied only if the partition is still
+    led by `from_node_id` at `leader_epoch` and both brokers are still active."""
+
+    model_config = ConfigDict(extra="forbid")
+    topic_id: str = Field(min_length=1, max_length=64)
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    from_node_id: int = Field(ge=0)
+    to_node_id: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    reason: str = Field(default="", max_length=256)
+
+
+class BalancePartitionsRequest(_Request):
+    """Sent by the leader's balancer round (never accepted from outside, like
+    `lifecycle_tick`): a small batch of moves."""
+
+    command: ClassVar[str] = "balance_partitions"
+    moves: list[BalanceMove] = Field(min_length=1, max_length=MAX_BALANCER_MOVES_PER_COMMAND)
+
+
+REQUEST_TYPES.update({cls.command: cls for cls in (SetBalancerRequest, BalancePartitionsRequest)})

@@ -2,8 +2,9 @@
 
 Heartbeats are kept in the leader's memory (as Kafka's controller does); only decisions
 (unfence, fence on session expiry) go into the metadata log. The leader's lifecycle task
-fences expired sessions, expires PREPARED objects past their deadline, and deletes
-MARK_DESTROYED objects from their own bucket after the retention.
+fences expired sessions, expires PREPARED objects past their deadline, deletes
+MARK_DESTROYED objects from their own bucket after the retention, and runs the self-balancer's
+rounds (controlplane/balancer.py) with the produce rates brokers report in heartbeats.
 
 Run: python -m controlplane.server --config quorum.json --node-id 0 --data-dir DIR
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from controlplane import balancer
 from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
@@ -57,6 +60,11 @@ class ControllerNode:
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
         # node -> its last BrokerUploadStats (one entry per registered node: bounded)
         self._upload_stats: dict[int, dict] = {}
+        # stream id -> (produce bytes/s, monotonic s of the report): the balancer's input.
+        # Per stream, not per broker: a partition that just moved keeps its last rate until
+        # its new leader has measured it (a false 0 would pull more load onto that broker)
+        self._rates: dict[int, tuple[float, float]] = {}
+        self._last_balance_round = 0.0  # monotonic s
         self._hb_lock = threading.Lock()
         self._was_leader = False
         self._leader_since = 0.0
@@ -97,14 +105,19 @@ class ControllerNode:
                 log.warning("node %d sent invalid upload stats: %s", node_id, exc)
         image = self.quorum.machine.image
         broker = image.brokers.get(node_id)
+        rates = _parse_rates(body.get("produce_bytes_per_s"))
         if broker is not None and broker.node_epoch == epoch:
+            now = time.monotonic()
             with self._hb_lock:
-                self._heartbeats[node_id] = (epoch, time.monotonic())
+                self._heartbeats[node_id] = (epoch, now)
                 if stats is not None:
                     self._upload_stats[node_id] = stats
+                self._rates.update((s, (rate, now)) for s, rate in rates.items())
         if broker is not None and broker.fenced and broker.fence_reason == "registered" \
                 and broker.node_epoch == epoch:
-            return self.quorum.submit("broker_heartbeat", body)
+            # rates stay in memory: they would only bloat the metadata log
+            return self.quorum.submit("broker_heartbeat", {
+                k: v for k, v in body.items() if k != "produce_bytes_per_s"})
         # answer from the image: no log write for a routine heartbeat
         return self.quorum.machine.execute_readonly("broker_heartbeat", body)
 
@@ -117,6 +130,17 @@ class ControllerNode:
         """The last upload stats each broker reported to this leader (copies)."""
         with self._hb_lock:
             return {n: dict(s) for n, s in self._upload_stats.items()}
+
+    def stream_rates(self) -> dict[int, float]:
+        """Produce bytes/s per stream as last reported by a current broker epoch; a stream
+        nobody reported within `rate_max_age_ms` is unknown (absent). Brokers leave idle
+        streams out of their reports, so those age out to unknown, i.e. idle."""
+        max_age_s = self.config.balancer.rate_max_age_ms / 1000
+        now = time.monotonic()
+        with self._hb_lock:
+            for stream_id in [s for s, (_, seen) in self._rates.items() if now - seen > max_age_s]:
+                del self._rates[stream_id]  # keeps the map bounded by the live streams
+            return {s: rate for s, (rate, _) in self._rates.items()}
 
     def _expired_sessions(self) -> list[tuple[int, int]]:
         timeout_s = self.config.settings.broker_session_timeout_ms / 1000
@@ -155,6 +179,8 @@ class ControllerNode:
             with self._hb_lock:
                 self._heartbeats.clear()
                 self._upload_stats.clear()
+                self._rates.clear()
+            self._last_balance_round = 0.0
             log.info("controller %d is now the leader", self.node_id)
         self._was_leader = leader
         if not leader:
@@ -170,6 +196,38 @@ class ControllerNode:
                 log.warning("fenced brokers with expired sessions: %s (%s)", expired, result)
         if self.object_deleter is not None:
             self._delete_destroyed_objects(now_ms)
+        self._balance_round(now_ms)
+
+    def _balance_round(self, now_ms: int) -> None:
+        """At most one balancer round per `round_interval_ms`, after the leader warm-up
+        (brokers' rate reports must have arrived, or it would balance by count and then
+        move partitions back by throughput)."""
+        settings = self.config.balancer
+        now = time.monotonic()
+        if now - self._leader_since < settings.leader_warmup_ms / 1000 or \
+                now - self._last_balance_round < settings.round_interval_ms / 1000:
+            return
+        self._last_balance_round = now
+        image = self.quorum.machine.image
+        decision = balancer.plan_round(image, self.stream_rates(), now_ms, settings)
+        if not decision.moves:
+            return
+        result = self.quorum.submit(
+            "balance_partitions", {"moves": [m.model_dump() for m in decision.moves]},
+            now_ms=now_ms)
+        log.info("balancer round (%s): %s; %s", decision.mode,
+                 "; ".join(f"{m.topic}-{m.partition} {m.from_node_id}->{m.to_node_id}"
+                           for m in decision.moves), result.get("result", result))
+
+    def balancer_status(self) -> dict:
+        """The balancer's state as the leader sees it (NOT_CONTROLLER elsewhere: only the
+        leader has the brokers' rates)."""
+        if not self.quorum.is_leader():
+            raise ControllerError(ErrorCode.NOT_CONTROLLER, "this controller is not the leader")
+        settings = self.config.balancer
+        warm = time.monotonic() - self._leader_since >= settings.leader_warmup_ms / 1000
+        return balancer.status_document(self.quorum.machine.image, self.stream_rates(),
+                                        int(time.time() * 1000), settings, rates_known=warm)
 
     def _delete_destroyed_objects(self, now_ms: int) -> None:
         image = self.quorum.machine.image
@@ -232,6 +290,23 @@ class ControllerNode:
 def _upload_fields(stats: dict | None) -> dict:
     keys = ("wal_used_bytes", "wal_capacity_bytes", "upload_lag_s", "last_upload_error")
     return {k: None if stats is None else stats.get(k) for k in keys}
+MAX_RATE_ENTRIES = 100_000
+
+
+def _parse_rates(raw: object) -> dict[int, float]:
+    """A heartbeat's `produce_bytes_per_s` ({stream id: bytes/s}); junk entries dropped
+    (the request model validates the body; this only must not raise)."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[int, float] = {}
+    for k, v in list(raw.items())[:MAX_RATE_ENTRIES]:
+        try:
+            rate = float(v)
+            if rate >= 0 and not math.isnan(rate):
+                out[int(k)] = rate
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:

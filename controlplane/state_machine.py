@@ -14,7 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
-from controlplane import coordinators, fencing
+from controlplane import balancer, coordinators, fencing
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -97,6 +97,10 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "allocate_producer_ids": (_allocate_producer_ids, False),
     "put_group_offsets": (coordinators.put_group_offsets, False),
 }
+_HANDLERS.update({  # the self-balancer (controlplane/balancer.py)
+    "set_balancer": (balancer.set_balancer, False),
+    "balance_partitions": (balancer.balance_partitions, False),
+})
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 

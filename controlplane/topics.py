@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from controlplane.placement import spread_leaders
 from controlplane.requests import (
     CreatePartitionsRequest,
     CreateTopicRequest,
@@ -26,21 +26,11 @@ def validate_topic_name(name: str) -> None:
                               f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-]")
 
 
-def _leader_choices(image: MetadataImage, count: int) -> list[int]:
-    """Leaders for `count` new partitions: unfenced brokers with the fewest leaderships first."""
-    live = sorted(b.node_id for b in image.brokers.values() if b.active)
-    if not live:
+def _leader_choices(image: MetadataImage, count: int, topic_id: str) -> list[int]:
+    """Leaders for `count` new partitions of `topic_id`, spread over the active brokers."""
+    leaders = spread_leaders(image, count, topic_id)
+    if not leaders:
         raise ControllerError(ErrorCode.NOT_ENOUGH_BROKERS, "no unfenced broker to lead partitions")
-    load: Counter[int] = Counter({node: 0 for node in live})
-    for topic in image.topics.values():
-        for p in topic.partitions.values():
-            if p.leader_node_id in load:
-                load[p.leader_node_id] += 1
-    leaders = []
-    for _ in range(count):
-        node = min(live, key=lambda n: (load[n], n))
-        leaders.append(node)
-        load[node] += 1
     return leaders
 
 
@@ -48,7 +38,7 @@ def _partition_records(image: MetadataImage, topic_id: str, name: str, first: in
                        count: int) -> list:
     recs: list = []
     next_stream = image.next_stream_id
-    for i, leader in enumerate(_leader_choices(image, count)):
+    for i, leader in enumerate(_leader_choices(image, count, topic_id)):
         partition = first + i
         stream_id = next_stream + i
         recs.append(r.CreateStreamRecord(stream_id=stream_id,

@@ -120,9 +120,11 @@ class BrokerNode:
 
     def heartbeat(self) -> None:
         assert self.node_epoch is not None
+        rates = self.partitions.produce_rates() if self.partitions is not None else {}
         req = BrokerHeartbeatRequest(node_id=self.config.node_id, node_epoch=self.node_epoch,
                                      metadata_offset=self.metadata.offset,
-                                     stats=self._upload_stats())
+                                     stats=self._upload_stats(),
+                                     produce_bytes_per_s=rates)
         try:
             result = self.client.call("broker_heartbeat", req, timeout_s=5)
         except ControllerError as exc:

@@ -14,6 +14,7 @@ duplicate detection, fetch, and a way to wait for new data.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -128,6 +129,44 @@ def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
     return seen
 
 
+class ProduceRateMeter:
+    """Smoothed produce rate (bytes/s) per stream from cumulative byte counters sampled now
+    and then (each heartbeat); what the controller's balancer weighs partitions by.
+
+    A stream's first sample only starts its clock (no rate yet: an unknown rate is better
+    than a false 0 for a partition that just moved here); its first full interval gives the
+    rate as is, later ones are blended in with an exponential moving average of time
+    constant `tau_s`, so a burst of one second does not look like a hot partition.
+    """
+
+    def __init__(self, tau_s: float = 5.0):
+        self.tau_s = tau_s
+        self._state: dict[int, tuple[int, float, float | None]] = {}  # bytes, at s, rate
+
+    def sample(self, counters: dict[int, int], now_s: float) -> dict[int, float]:
+        """Rates of the streams in `counters` (stream id -> bytes appended so far) that
+        have had a full interval; forgets streams no longer in `counters`."""
+        out: dict[int, float] = {}
+        state: dict[int, tuple[int, float, float | None]] = {}
+        for stream_id, total in counters.items():
+            prev = self._state.get(stream_id)
+            if prev is None or total < prev[0]:
+                # new here, or its counter restarted (reopened at a new epoch)
+                state[stream_id] = (total, now_s, None)
+                continue
+            last_bytes, last_s, rate = prev
+            if now_s > last_s:
+                instant = (total - last_bytes) / (now_s - last_s)
+                alpha = 1.0 - math.exp(-(now_s - last_s) / self.tau_s)
+                rate = instant if rate is None else rate + alpha * (instant - rate)
+                prev = (total, now_s, rate)
+            state[stream_id] = prev
+            if rate is not None:
+                out[stream_id] = rate
+        self._state = state
+        return out
+
+
 class PartitionLog:
     """One partition this broker leads (the first `PartitionBackend`): its stream, its
     idempotent-producer state and new-data notification.
@@ -147,6 +186,7 @@ class PartitionLog:
         self._ranges_fn = ranges_fn  # the stream's epoch ranges in the current metadata
         self.producers = ProducerStateTable()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
+        self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
         self._listeners: list = []
         self._listeners_lock = threading.Lock()
 
@@ -175,7 +215,12 @@ class PartitionLog:
 
     def append_batch(self, build, count: int) -> Future:
         """Append one Kafka batch; `build(base_offset)` returns the patched bytes."""
-        fut = self.stream.append_with(build, count)
+        def counted(base_offset: int) -> bytes:
+            data = build(base_offset)
+            self.appended_bytes += len(data)  # under the stream's lock
+            return data
+
+        fut = self.stream.append_with(counted, count)
         fut.add_done_callback(lambda _: self.notify())
         return fut
 
@@ -278,6 +323,8 @@ class PartitionManager:
         self._dirty = True          # a batch touched partitions or streams since the last run
         self._retry = False         # an open was refused: try again within a second
         self._last_reconcile = 0.0  # monotonic time of the last reconcile
+        self._rates = ProduceRateMeter()
+        self._rates_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
 
     def start(self) -> None:
@@ -303,6 +350,15 @@ class PartitionManager:
     def logs(self) -> list[PartitionLog]:
         with self._lock:
             return list(self._logs.values())
+
+    def produce_rates(self, now_s: float | None = None) -> dict[int, float]:
+        """Produce bytes/s of each led partition's stream (see ProduceRateMeter); rounded,
+        partitions below 1 B/s left out so an idle broker's heartbeat stays small."""
+        with self._lock:
+            counters = {plog.stream.stream_id: plog.appended_bytes for plog in self._logs.values()}
+        with self._rates_lock:
+            rates = self._rates.sample(counters, time.monotonic() if now_s is None else now_s)
+        return {sid: round(rate, 1) for sid, rate in rates.items() if rate >= 1.0}
 
     def led_or_closing(self) -> int:
         """Partitions led here plus those still being closed (uploaded) after a move."""
