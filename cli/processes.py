@@ -441,7 +441,7 @@ class LocalCluster:
             "--node-id", str(node_id), "--data-dir", str(self.dir / f"controller-{node_id}")])
 
     def start_broker(self, config: ClusterConfig, node_id: int) -> int:
-        from dataplane.node import BrokerConfig  # the broker's own config model
+        from dataplane.config import BrokerConfig  # the broker's own config model
 
         spec = next((b for b in config.brokers if b.node_id == node_id), None)
         if spec is None:

@@ -29,7 +29,6 @@ import time
 import uuid
 from pathlib import Path
 
-from pydantic import BaseModel, Field
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
@@ -40,6 +39,7 @@ from controlplane.requests import (
     BrokerUploadStats,
     RegisterBrokerRequest,
 )
+from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
 from dataplane.s3stream.wal.factory import wal_uri_for_path
 
@@ -49,26 +49,6 @@ REGISTER_WAIT_S = 300.0        # how long to wait for another node to finish our
 SHUTDOWN_MOVE_WAIT_S = 30.0    # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0             # how long to wait for the Kafka port held by a dying predecessor
-
-
-class BrokerConfig(BaseModel):
-    """One broker process's configuration (written by `automqctl cluster up`)."""
-
-    node_id: int = Field(ge=0)
-    az: str
-    host: str = "127.0.0.1"
-    kafka_port: int = Field(ge=0, le=65535)
-    data_dir: Path
-    controllers: list[str]  # controller API addresses host:port
-    heartbeat_interval_ms: int = Field(default=1_000, ge=50, le=60_000)
-    # bucket URIs with credentials (this file is mode 0600); empty: no storage engine
-    bucket_uris: str = ""
-    wal_capacity_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
-    upload_threshold_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    upload_interval_s: float = Field(default=5.0, gt=0, le=3600)
-    block_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
-    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024 * 1024)
-    metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
 
 
 class BrokerNode:

@@ -38,6 +38,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from dataplane.config import MAX_REQUEST_BYTES
+
 from .codec import DecodedRequest, decode_request
 from .errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
 from .registry import ApiRegistry, CloseConnection, Registration, RequestContext
@@ -53,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+DEFAULT_MAX_REQUEST_BYTES = MAX_REQUEST_BYTES  # Kafka's socket.request.max.bytes
 DEFAULT_MAX_INFLIGHT_PER_CONNECTION = 64
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms

@@ -29,6 +29,12 @@ from controlplane.errors import (
     ControllerError,
     ErrorCode,
 )
+from dataplane.config import (
+    BLOCK_CACHE_BYTES,
+    UPLOAD_INTERVAL_S,
+    UPLOAD_THRESHOLD_BYTES,
+    WAL_CAPACITY_BYTES,
+)
 from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
@@ -130,14 +136,14 @@ class StorageConfig:
 
     data_dir: Path
     wal_uri: str | None = None  # None: file:// of data_dir/wal
-    wal_capacity_bytes: int = 512 * 1024 * 1024
-    upload_threshold_bytes: int = 64 * 1024 * 1024
-    upload_interval_s: float = 5.0
+    wal_capacity_bytes: int = WAL_CAPACITY_BYTES
+    upload_threshold_bytes: int = UPLOAD_THRESHOLD_BYTES
+    upload_interval_s: float = UPLOAD_INTERVAL_S
     max_object_bytes: int = 256 * 1024 * 1024
     stream_split_bytes: int = 8 * 1024 * 1024
     block_size_bytes: int = 512 * 1024
     log_cache_uploaded_bytes: int = 256 * 1024 * 1024
-    block_cache_bytes: int = 512 * 1024 * 1024
+    block_cache_bytes: int = BLOCK_CACHE_BYTES
     prepared_ttl_ms: int = 60 * 60 * 1000
     upload_attempts: int = 8
     wal_full_wait_s: float = 30.0

@@ -1,0 +1,40 @@
+"""The broker's configuration: the boundary between `automqctl` (which writes it) and the
+broker process (which reads it), and the one source of the engine's defaults.
+
+Pure: pydantic models and constants, no I/O; the CLI may import this module (not the
+broker's internals).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+# defaults of the storage engine and the Kafka listener (AutoMQ's, scaled to one machine);
+# StorageConfig and BrokerConfig both take them from here
+WAL_CAPACITY_BYTES = 512 * 1024 * 1024
+UPLOAD_THRESHOLD_BYTES = 64 * 1024 * 1024
+UPLOAD_INTERVAL_S = 5.0
+BLOCK_CACHE_BYTES = 512 * 1024 * 1024
+MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+
+
+class BrokerConfig(BaseModel):
+    """One broker process's configuration (written by `automqctl cluster up`)."""
+
+    node_id: int = Field(ge=0)
+    az: str
+    host: str = "127.0.0.1"
+    kafka_port: int = Field(ge=0, le=65535)
+    data_dir: Path
+    controllers: list[str]  # controller API addresses host:port
+    heartbeat_interval_ms: int = Field(default=1_000, ge=50, le=60_000)
+    # bucket URIs with credentials (this file is mode 0600); empty: no storage engine
+    bucket_uris: str = ""
+    wal_capacity_bytes: int = Field(default=WAL_CAPACITY_BYTES, ge=16 * 1024 * 1024)
+    upload_threshold_bytes: int = Field(default=UPLOAD_THRESHOLD_BYTES, ge=1024 * 1024)
+    upload_interval_s: float = Field(default=UPLOAD_INTERVAL_S, gt=0, le=3600)
+    block_cache_bytes: int = Field(default=BLOCK_CACHE_BYTES, ge=16 * 1024 * 1024)
+    max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024 * 1024)
+    metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
