@@ -45,13 +45,28 @@ from tests.integration.quorum_harness import QuorumHarness  # noqa: E402
 MIB = 1024 * 1024
 
 
-def fill(q, store, tmp: Path, streams: int, backlog: int, record: int,
-         upload_bytes: int = 64 * MIB, split_bytes: int = 8 * MIB,
-         upload_interval_s: float = 5.0) -> list[tuple[int, int]]:
-    writer = make_engine(q.client, store, tmp / "writer", 1, upload_threshold_bytes=upload_bytes,
-                         stream_split_bytes=split_bytes, upload_interval_s=upload_interval_s,
-                         log_cache_uploaded_bytes=0,
-                         wal_capacity_bytes=max(512 * MIB, 2 * upload_bytes))
+def fill(
+    q,
+    store,
+    tmp: Path,
+    streams: int,
+    backlog: int,
+    record: int,
+    upload_bytes: int = 64 * MIB,
+    split_bytes: int = 8 * MIB,
+    upload_interval_s: float = 5.0,
+) -> list[tuple[int, int]]:
+    writer = make_engine(
+        q.client,
+        store,
+        tmp / "writer",
+        1,
+        upload_threshold_bytes=upload_bytes,
+        stream_split_bytes=split_bytes,
+        upload_interval_s=upload_interval_s,
+        log_cache_uploaded_bytes=0,
+        wal_capacity_bytes=max(512 * MIB, 2 * upload_bytes),
+    )
     writer.start()
     ends = []
     try:
@@ -59,7 +74,7 @@ def fill(q, store, tmp: Path, streams: int, backlog: int, record: int,
         handles = [writer.open_stream(sid, 0) for sid in ids]
         per_stream = max(backlog // record, 1)
         payload = b"x" * record
-        for round_ in range(per_stream):
+        for _round in range(per_stream):
             futures = [h.append(payload, 1) for h in handles]
             for f in futures:
                 f.result(60)
@@ -75,6 +90,7 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
     per data block, the ranges the engine itself needs when nothing merges."""
     from dataplane.objectstore import ObjectStorage, parse_bucket_uris
     from tests.integration.engine_harness import bucket_uris
+
     objs = {}
     for sid, end in ends:
         for o in q.client.stream_objects(sid, 0, end, 10_000):
@@ -82,10 +98,14 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
     storage = ObjectStorage(parse_bucket_uris(bucket_uris(store)))
     client = storage.boto3_client(0)
     bucket = storage.bucket(0).bucket
-    ranges = [(oid, start, min(start + 512 * 1024, size))
-              for oid, (_, size) in objs.items() for start in range(0, size, 512 * 1024)]
+    ranges = [
+        (oid, start, min(start + 512 * 1024, size))
+        for oid, (_, size) in objs.items()
+        for start in range(0, size, 512 * 1024)
+    ]
     if per_block:
         from dataplane.s3stream.stream_reader import IndexCache, ObjectLocation
+
         index = IndexCache(storage)
         ranges = []
         for oid, (_, size) in objs.items():
@@ -96,8 +116,9 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
 
     def get(r):
         oid, start, end = r
-        body = client.get_object(Bucket=bucket, Key=object_key(oid),
-                                 Range=f"bytes={start}-{end - 1}")["Body"].read()
+        body = client.get_object(
+            Bucket=bucket, Key=object_key(oid), Range=f"bytes={start}-{end - 1}"
+        )["Body"].read()
         return len(body)
 
     t = time.monotonic()
@@ -105,22 +126,36 @@ def raw_baseline(q, store, ends, workers: int, per_block: bool = False) -> dict:
         total = sum(pool.map(get, ranges))
     elapsed = time.monotonic() - t
     storage.close()
-    return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
-            "objects": len(objs), "requests": len(ranges)}
+    return {
+        "bytes": total,
+        "seconds": elapsed,
+        "mb_per_s": total / elapsed / MIB,
+        "objects": len(objs),
+        "requests": len(ranges),
+    }
 
 
 def s3_gets(engine) -> tuple[int, int]:
     """(GET bytes received, GET requests) of the engine's object store (bucket 0)."""
     m = engine.objects.metrics
-    return (int(m.bytes.labels(op="get", bucket_id="0")._value.get()),
-            int(m.requests.labels(op="get", bucket_id="0", status="ok")._value.get()))
+    return (
+        int(m.bytes.labels(op="get", bucket_id="0")._value.get()),
+        int(m.requests.labels(op="get", bucket_id="0", status="ok")._value.get()),
+    )
 
 
-def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int,
-                   read_every: int = 1) -> dict:
+def engine_catchup(
+    q, store, tmp: Path, ends, workers: int, cache_mib: int, run: int, read_every: int = 1
+) -> dict:
     ends = ends[::read_every]  # a sparse catch-up reads only some streams of each object
-    reader = make_engine(q.client, store, tmp / f"reader-{run}", 100 + run,
-                         block_cache_bytes=cache_mib * MIB, wal_capacity_bytes=16 * MIB)
+    reader = make_engine(
+        q.client,
+        store,
+        tmp / f"reader-{run}",
+        100 + run,
+        block_cache_bytes=cache_mib * MIB,
+        wal_capacity_bytes=16 * MIB,
+    )
     reader.start()
     samples: list[float] = []
     watcher_samples: list[float] = []
@@ -171,17 +206,23 @@ def engine_catchup(q, store, tmp: Path, ends, workers: int, cache_mib: int, run:
     cache = reader.block_cache
     total = sum(delivered)
     reader.close()  # closes the streams so the next run's reader may open them
-    return {"bytes": total, "seconds": elapsed, "mb_per_s": total / elapsed / MIB,
-            "fetched_per_delivered": fetched / total, "block_gets": gets,
-            # everything the engine's object store received (index reads and bytes
-            # between merged ranges included), and its GET requests
-            "s3_get_bytes_per_delivered": s3_bytes / total, "s3_get_requests": s3_requests,
-            "prefetched_bytes": cache.prefetched_bytes,
-            "prefetch_wasted_bytes": cache.prefetch_wasted_bytes,
-            "held_bytes_per_window_median": median(samples),
-            "held_bytes_per_window_p99": p99(samples),
-            "held_bytes_per_watcher_median": median(watcher_samples),
-            "held_bytes_per_watcher_p99": p99(watcher_samples)}
+    return {
+        "bytes": total,
+        "seconds": elapsed,
+        "mb_per_s": total / elapsed / MIB,
+        "fetched_per_delivered": fetched / total,
+        "block_gets": gets,
+        # everything the engine's object store received (index reads and bytes
+        # between merged ranges included), and its GET requests
+        "s3_get_bytes_per_delivered": s3_bytes / total,
+        "s3_get_requests": s3_requests,
+        "prefetched_bytes": cache.prefetched_bytes,
+        "prefetch_wasted_bytes": cache.prefetch_wasted_bytes,
+        "held_bytes_per_window_median": median(samples),
+        "held_bytes_per_window_p99": p99(samples),
+        "held_bytes_per_watcher_median": median(watcher_samples),
+        "held_bytes_per_watcher_p99": p99(watcher_samples),
+    }
 
 
 def median(samples: list[float]) -> float:
@@ -202,62 +243,101 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--upload-mib", type=int, default=64, help="writer's upload threshold")
     p.add_argument("--split-kib", type=int, default=8192, help="writer's stream_split_bytes")
-    p.add_argument("--read-every", type=int, default=1,
-                   help="read only every Nth stream (sparse catch-up: prefetch must not "
-                        "fetch what nobody reads; the MB/s ratio then means little)")
-    p.add_argument("--upload-interval-s", type=float, default=5.0,
-                   help="writer's upload interval (large: uploads by threshold only)")
+    p.add_argument(
+        "--read-every",
+        type=int,
+        default=1,
+        help="read only every Nth stream (sparse catch-up: prefetch must not "
+        "fetch what nobody reads; the MB/s ratio then means little)",
+    )
+    p.add_argument(
+        "--upload-interval-s",
+        type=float,
+        default=5.0,
+        help="writer's upload interval (large: uploads by threshold only)",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with EmbeddedSeaweed(tmp / "s3") as store, \
-                QuorumHarness(tmp / "q", session_timeout_ms=600_000) as q:
+        with (
+            EmbeddedSeaweed(tmp / "s3") as store,
+            QuorumHarness(tmp / "q", session_timeout_ms=600_000) as q,
+        ):
             q.leader()
             t = time.monotonic()
-            ends = fill(q, store, tmp, a.streams, a.backlog_kib * 1024, a.record_kib * 1024,
-                        a.upload_mib * MIB, a.split_kib * 1024, a.upload_interval_s)
+            ends = fill(
+                q,
+                store,
+                tmp,
+                a.streams,
+                a.backlog_kib * 1024,
+                a.record_kib * 1024,
+                a.upload_mib * MIB,
+                a.split_kib * 1024,
+                a.upload_interval_s,
+            )
             fill_s = time.monotonic() - t
             raws, blocks, engines = [], [], []
             for run in range(a.runs):
                 raws.append(raw_baseline(q, store, ends, a.workers))
                 blocks.append(raw_baseline(q, store, ends, a.workers, per_block=True))
-                engines.append(engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run,
-                                              a.read_every))
+                engines.append(
+                    engine_catchup(q, store, tmp, ends, a.workers, a.cache_mib, run, a.read_every)
+                )
     raw_mb = statistics.median(r["mb_per_s"] for r in raws)
     eng_mb = statistics.median(e["mb_per_s"] for e in engines)
     block_mb = statistics.median(r["mb_per_s"] for r in blocks)
-    print(json.dumps({
-        "streams": a.streams, "backlog_per_stream_kib": a.backlog_kib,
-        "record_kib": a.record_kib, "workers": a.workers, "cache_mib": a.cache_mib,
-        "upload_mib": a.upload_mib, "split_kib": a.split_kib,
-        "upload_interval_s": a.upload_interval_s, "read_every": a.read_every,
-        "fill_seconds": round(fill_s, 1), "objects": raws[0]["objects"],
-        "mean_object_mib": round(raws[0]["bytes"] / raws[0]["objects"] / MIB, 1),
-        "raw_get_mb_per_s_median": round(raw_mb, 1),
-        "engine_mb_per_s_median": round(eng_mb, 1),
-        "ratio_engine_to_raw": round(eng_mb / raw_mb, 3),
-        "raw_per_block_get_mb_per_s_median": round(block_mb, 1),
-        "ratio_engine_to_raw_per_block": round(eng_mb / block_mb, 3),
-        "fetched_per_delivered_median": round(statistics.median(
-            e["fetched_per_delivered"] for e in engines), 3),
-        "held_bytes_per_window_median_kib": round(statistics.median(
-            e["held_bytes_per_window_median"] for e in engines) / 1024, 1),
-        "held_bytes_per_window_p99_kib": round(statistics.median(
-            e["held_bytes_per_window_p99"] for e in engines) / 1024, 1),
-        "held_bytes_per_watcher_median_kib": round(statistics.median(
-            e["held_bytes_per_watcher_median"] for e in engines) / 1024, 1),
-        "held_bytes_per_watcher_p99_kib": round(statistics.median(
-            e["held_bytes_per_watcher_p99"] for e in engines) / 1024, 1),
-        "s3_get_bytes_per_delivered_median": round(statistics.median(
-            e["s3_get_bytes_per_delivered"] for e in engines), 3),
-        "engine_s3_get_requests_median": statistics.median(
-            e["s3_get_requests"] for e in engines),
-        "raw_get_requests": raws[0]["requests"],
-        # each engine run against the raw run just before it
-        "ratio_per_run": [round(e["mb_per_s"] / r["mb_per_s"], 3)
-                          for e, r in zip(engines, raws)],
-        "runs": {"raw": raws, "raw_per_block": blocks, "engine": engines},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "streams": a.streams,
+                "backlog_per_stream_kib": a.backlog_kib,
+                "record_kib": a.record_kib,
+                "workers": a.workers,
+                "cache_mib": a.cache_mib,
+                "upload_mib": a.upload_mib,
+                "split_kib": a.split_kib,
+                "upload_interval_s": a.upload_interval_s,
+                "read_every": a.read_every,
+                "fill_seconds": round(fill_s, 1),
+                "objects": raws[0]["objects"],
+                "mean_object_mib": round(raws[0]["bytes"] / raws[0]["objects"] / MIB, 1),
+                "raw_get_mb_per_s_median": round(raw_mb, 1),
+                "engine_mb_per_s_median": round(eng_mb, 1),
+                "ratio_engine_to_raw": round(eng_mb / raw_mb, 3),
+                "raw_per_block_get_mb_per_s_median": round(block_mb, 1),
+                "ratio_engine_to_raw_per_block": round(eng_mb / block_mb, 3),
+                "fetched_per_delivered_median": round(
+                    statistics.median(e["fetched_per_delivered"] for e in engines), 3
+                ),
+                "held_bytes_per_window_median_kib": round(
+                    statistics.median(e["held_bytes_per_window_median"] for e in engines) / 1024, 1
+                ),
+                "held_bytes_per_window_p99_kib": round(
+                    statistics.median(e["held_bytes_per_window_p99"] for e in engines) / 1024, 1
+                ),
+                "held_bytes_per_watcher_median_kib": round(
+                    statistics.median(e["held_bytes_per_watcher_median"] for e in engines) / 1024, 1
+                ),
+                "held_bytes_per_watcher_p99_kib": round(
+                    statistics.median(e["held_bytes_per_watcher_p99"] for e in engines) / 1024, 1
+                ),
+                "s3_get_bytes_per_delivered_median": round(
+                    statistics.median(e["s3_get_bytes_per_delivered"] for e in engines), 3
+                ),
+                "engine_s3_get_requests_median": statistics.median(
+                    e["s3_get_requests"] for e in engines
+                ),
+                "raw_get_requests": raws[0]["requests"],
+                # each engine run against the raw run just before it
+                "ratio_per_run": [
+                    round(e["mb_per_s"] / r["mb_per_s"], 3) for e, r in zip(engines, raws)
+                ],
+                "runs": {"raw": raws, "raw_per_block": blocks, "engine": engines},
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

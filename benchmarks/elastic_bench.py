@@ -36,9 +36,12 @@ from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa
 def _summary(values: list[float]) -> dict:
     if not values:
         return {}
-    return {"mean_s": round(statistics.mean(values), 3),
-            "median_s": round(statistics.median(values), 3),
-            "max_s": round(max(values), 3), "samples": len(values)}
+    return {
+        "mean_s": round(statistics.mean(values), 3),
+        "median_s": round(statistics.median(values), 3),
+        "max_s": round(max(values), 3),
+        "samples": len(values),
+    }
 
 
 def main() -> int:
@@ -47,13 +50,25 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--rate", type=float, default=50.0, help="msgs/s per partition")
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
-    parser.add_argument("--base-port", type=int, default=None,
-                        help="first of the cluster's ports (default: free ports)")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=None,
+        help="first of the cluster's ports (default: free ports)",
+    )
     args = parser.parse_args()
     d = Path(tempfile.mkdtemp(prefix="elastic-bench-")) / "cluster"
     ports = ["--base-port", str(args.base_port)] if args.base_port else []
-    up = automqctl("cluster", "up", "--format", "json", *ports,
-                   "--session-timeout-ms", str(args.session_timeout_ms), cluster_dir=d)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        *ports,
+        "--session-timeout-ms",
+        str(args.session_timeout_ms),
+        cluster_dir=d,
+    )
     if up.returncode != 0:
         print(up.stderr + up.stdout, file=sys.stderr)
         return 1
@@ -80,25 +95,37 @@ def main() -> int:
                 results[kind] += list(gaps.values())
                 if kind == "crash":
                     results["crash_writable_again"] += list(
-                        ledger.writable_again_s(moved, event).values())
-                print(f"round {round_} {kind} broker {node}: {len(moved)} partitions, "
-                      f"unavailability {sorted(round(g, 2) for g in gaps.values())}",
-                      file=sys.stderr)
+                        ledger.writable_again_s(moved, event).values()
+                    )
+                print(
+                    f"round {round_} {kind} broker {node}: {len(moved)} partitions, "
+                    f"unavailability {sorted(round(g, 2) for g in gaps.values())}",
+                    file=sys.stderr,
+                )
                 assert automqctl("broker", "start", str(node), cluster_dir=d).returncode == 0
                 time.sleep(3)
         ledger.stop()
         report = ledger.verify()
     finally:
         automqctl("cluster", "down", "--purge", cluster_dir=d)
-    print(json.dumps({
-        "rounds": args.rounds, "partitions": args.partitions, "rate_per_partition": args.rate,
-        "session_timeout_ms": args.session_timeout_ms,
-        "graceful_unavailability": _summary(results["graceful"]),
-        "crash_unavailability": _summary(results["crash"]),
-        "crash_kill_to_first_ack": _summary(results["crash_writable_again"]),
-        "acked": report.acked, "missing": len(report.missing),
-        "duplicated": len(report.duplicated), "failed_sends": report.failed_sends,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "rounds": args.rounds,
+                "partitions": args.partitions,
+                "rate_per_partition": args.rate,
+                "session_timeout_ms": args.session_timeout_ms,
+                "graceful_unavailability": _summary(results["graceful"]),
+                "crash_unavailability": _summary(results["crash"]),
+                "crash_kill_to_first_ack": _summary(results["crash_writable_again"]),
+                "acked": report.acked,
+                "missing": len(report.missing),
+                "duplicated": len(report.duplicated),
+                "failed_sends": report.failed_sends,
+            },
+            indent=2,
+        )
+    )
     return 0 if report.ok else 1
 
 

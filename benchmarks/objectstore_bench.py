@@ -53,11 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--merge-max-kib", type=int, default=4096)
     p.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    if not (1 <= args.objects <= 1000 and 1 <= args.object_mib <= 1024
-            and args.objects * args.object_mib <= MAX_TOTAL_MIB):
+    if not (
+        1 <= args.objects <= 1000
+        and 1 <= args.object_mib <= 1024
+        and args.objects * args.object_mib <= MAX_TOTAL_MIB
+    ):
         p.error(f"need 1 <= objects <= 1000, 1 <= object-mib <= 1024, total <= {MAX_TOTAL_MIB} MiB")
-    if not (1 <= args.range_kib <= 64 * 1024 and 1 <= args.runs <= 100
-            and 1 <= args.concurrency <= 256):
+    if not (
+        1 <= args.range_kib <= 64 * 1024 and 1 <= args.runs <= 100 and 1 <= args.concurrency <= 256
+    ):
         p.error("need 1 <= range-kib <= 65536, 1 <= runs <= 100, 1 <= concurrency <= 256")
     return args
 
@@ -104,8 +108,12 @@ def check(objects: dict[str, bytes], jobs: list, results: list[bytes]) -> None:
 
 
 def gets_so_far(registry: CollectorRegistry) -> int:
-    return int(registry.get_sample_value("automq_object_store_requests_total",
-                                         {"op": "get", "bucket_id": "0", "status": "ok"}) or 0)
+    return int(
+        registry.get_sample_value(
+            "automq_object_store_requests_total", {"op": "get", "bucket_id": "0", "status": "ok"}
+        )
+        or 0
+    )
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -117,30 +125,48 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     step = args.range_kib * 1024
     total_bytes = args.objects * args.object_mib * MiB
-    with tempfile.TemporaryDirectory(prefix="objectstore-bench-") as tmp, \
-            EmbeddedSeaweed(Path(tmp)) as seaweed:
+    with (
+        tempfile.TemporaryDirectory(prefix="objectstore-bench-") as tmp,
+        EmbeddedSeaweed(Path(tmp)) as seaweed,
+    ):
         cfg = seaweed.config
-        uri = (f"0@s3://{cfg.buckets[0]}?region=us-east-1&endpoint={cfg.endpoint}"
-               f"&accessKey={cfg.access_key}&secretKey={cfg.secret_key}")
+        uri = (
+            f"0@s3://{cfg.buckets[0]}?region=us-east-1&endpoint={cfg.endpoint}"
+            f"&accessKey={cfg.access_key}&secretKey={cfg.secret_key}"
+        )
         merged_registry, plain_registry = CollectorRegistry(), CollectorRegistry()
         common = dict(max_concurrency=args.concurrency, merge_max_bytes=args.merge_max_kib * 1024)
-        with ObjectStorage(uri, metrics=ObjectStoreMetrics(merged_registry),
-                           merge_window_ms=args.merge_window_ms, **common) as store, \
-                ObjectStorage(uri, metrics=ObjectStoreMetrics(plain_registry),
-                              merge_window_ms=0, **common) as plain:
-            objects = {f"bench/{i:04d}": os.urandom(args.object_mib * MiB)
-                       for i in range(args.objects)}
+        with (
+            ObjectStorage(
+                uri,
+                metrics=ObjectStoreMetrics(merged_registry),
+                merge_window_ms=args.merge_window_ms,
+                **common,
+            ) as store,
+            ObjectStorage(
+                uri, metrics=ObjectStoreMetrics(plain_registry), merge_window_ms=0, **common
+            ) as plain,
+        ):
+            objects = {
+                f"bench/{i:04d}": os.urandom(args.object_mib * MiB) for i in range(args.objects)
+            }
             t0 = time.perf_counter()
             for f in [store.put_object_async(0, k, v) for k, v in objects.items()]:
                 f.result(timeout=600)
             write_s = time.perf_counter() - t0
             # plain boto3, configured like any application would (no retries, pool = threads)
             raw_client = boto3.session.Session().client(
-                "s3", endpoint_url=cfg.endpoint, region_name="us-east-1",
-                aws_access_key_id=cfg.access_key, aws_secret_access_key=cfg.secret_key,
-                config=BotoConfig(s3={"addressing_style": "path"},
-                                  max_pool_connections=args.concurrency,
-                                  retries={"total_max_attempts": 1}))
+                "s3",
+                endpoint_url=cfg.endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=cfg.access_key,
+                aws_secret_access_key=cfg.secret_key,
+                config=BotoConfig(
+                    s3={"addressing_style": "path"},
+                    max_pool_connections=args.concurrency,
+                    retries={"total_max_attempts": 1},
+                ),
+            )
             # warm-up: connections, the server's caches
             run_raw(raw_client, cfg.buckets[0], objects, step, args.concurrency)
             run_store(store, objects, step)
@@ -148,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[float]] = {"raw": [], "store": [], "store_nomerge": []}
             gets: dict[str, list[int]] = {"store": [], "store_nomerge": []}
             for _ in range(args.runs):  # interleaved, so drift hits every variant alike
-                runs["raw"].append(total_bytes / run_raw(raw_client, cfg.buckets[0], objects,
-                                                         step, args.concurrency) / 1e6)
+                runs["raw"].append(
+                    total_bytes
+                    / run_raw(raw_client, cfg.buckets[0], objects, step, args.concurrency)
+                    / 1e6
+                )
                 before = gets_so_far(merged_registry)
                 runs["store"].append(total_bytes / run_store(store, objects, step) / 1e6)
                 gets["store"].append(gets_so_far(merged_registry) - before)
@@ -159,10 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             raw_client.close()
     medians = {k: statistics.median(v) for k, v in runs.items()}
     summary = {
-        "config": {"objects": args.objects, "object_mib": args.object_mib,
-                   "range_kib": args.range_kib, "runs": args.runs,
-                   "concurrency": args.concurrency, "merge_window_ms": args.merge_window_ms,
-                   "merge_max_kib": args.merge_max_kib, "cpus": os.cpu_count()},
+        "config": {
+            "objects": args.objects,
+            "object_mib": args.object_mib,
+            "range_kib": args.range_kib,
+            "runs": args.runs,
+            "concurrency": args.concurrency,
+            "merge_window_ms": args.merge_window_ms,
+            "merge_max_kib": args.merge_max_kib,
+            "cpus": os.cpu_count(),
+        },
         "write_mb_s": round(total_bytes / write_s / 1e6, 1),
         "raw_boto3_mb_s": round(medians["raw"], 1),
         "store_mb_s": round(medians["store"], 1),

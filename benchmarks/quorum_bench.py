@@ -33,8 +33,12 @@ def bench_latency(q: QuorumHarness, commits: int) -> dict:
         t = time.perf_counter()
         q.client.call("put_kv", {"key": f"lat-{i}", "value": "x" * 64})
         lat.append((time.perf_counter() - t) * 1000)
-    return {"commits": commits, "p50_ms": round(percentile(lat, 50), 2),
-            "p99_ms": round(percentile(lat, 99), 2), "max_ms": round(max(lat), 2)}
+    return {
+        "commits": commits,
+        "p50_ms": round(percentile(lat, 50), 2),
+        "p99_ms": round(percentile(lat, 99), 2),
+        "max_ms": round(max(lat), 2),
+    }
 
 
 def bench_throughput(q: QuorumHarness, threads: int, seconds: float) -> dict:
@@ -43,6 +47,7 @@ def bench_throughput(q: QuorumHarness, threads: int, seconds: float) -> dict:
 
     def worker(w: int) -> None:
         from controlplane.client import ControllerClient
+
         client = ControllerClient(q.client.addresses)
         i = 0
         while time.monotonic() < deadline and i < 1_000_000:
@@ -57,8 +62,12 @@ def bench_throughput(q: QuorumHarness, threads: int, seconds: float) -> dict:
     for t in ts:
         t.join()
     elapsed = time.monotonic() - start
-    return {"threads": threads, "seconds": round(elapsed, 2), "commits": sum(counts),
-            "commits_per_s": round(sum(counts) / elapsed, 1)}
+    return {
+        "threads": threads,
+        "seconds": round(elapsed, 2),
+        "commits": sum(counts),
+        "commits_per_s": round(sum(counts) / elapsed, 1),
+    }
 
 
 def bench_failover(q: QuorumHarness, rounds: int) -> dict:
@@ -73,10 +82,12 @@ def bench_failover(q: QuorumHarness, rounds: int) -> dict:
         writable.append(time.monotonic() - t0)
         q.start(old)
         time.sleep(2)  # let it rejoin before the next round
-    return {"rounds": rounds,
-            "new_leader_s_median": round(statistics.median(elected), 2),
-            "writable_again_s_median": round(statistics.median(writable), 2),
-            "writable_again_s_max": round(max(writable), 2)}
+    return {
+        "rounds": rounds,
+        "new_leader_s_median": round(statistics.median(elected), 2),
+        "writable_again_s_median": round(statistics.median(writable), 2),
+        "writable_again_s_max": round(max(writable), 2),
+    }
 
 
 def main() -> int:

@@ -69,7 +69,9 @@ def plain_loop(path: Path, batch_bytes: int, total_bytes: int) -> dict:
     }
 
 
-def wal_run(path: Path, batch_bytes: int, total_bytes: int, record_bytes: int, appenders: int) -> dict:
+def wal_run(
+    path: Path, batch_bytes: int, total_bytes: int, record_bytes: int, appenders: int
+) -> dict:
     """Concurrent appenders against a FileWAL whose group commit batches ~``batch_bytes``."""
     record_total = record_bytes + RECORD_HEADER_SIZE_BYTES
     records = math.ceil(total_bytes / record_bytes)
@@ -85,7 +87,9 @@ def wal_run(path: Path, batch_bytes: int, total_bytes: int, record_bytes: int, a
     # room for every record, the padding records that align batches (<= 4 KiB + 24 B per
     # batch; batches of one record in the worst case) and slack; a multiple of 4 KiB
     data_bytes = per_thread * appenders * record_total
-    capacity = data_bytes + per_thread * appenders * (config.align_bytes + 24) + 2 * config.max_batch_bytes
+    capacity = (
+        data_bytes + per_thread * appenders * (config.align_bytes + 24) + 2 * config.max_batch_bytes
+    )
     capacity = -(-capacity // 4096) * 4096
     wal = FileWAL.open(path, 1, 1, capacity_bytes=capacity, config=config)
     payload = os.urandom(record_bytes)
@@ -165,19 +169,34 @@ def _median(runs: list[dict], key: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
-                        help="directory on the disk under test (default: %(default)s)")
-    parser.add_argument("--batch-kib", type=int, nargs="+", default=[64, 256, 1024],
-                        help="batch sizes B in KiB")
-    parser.add_argument("--record-bytes", type=int, default=16384,
-                        help="WAL record body size (default: Kafka's default batch.size)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="directory on the disk under test (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-kib", type=int, nargs="+", default=[64, 256, 1024], help="batch sizes B in KiB"
+    )
+    parser.add_argument(
+        "--record-bytes",
+        type=int,
+        default=16384,
+        help="WAL record body size (default: Kafka's default batch.size)",
+    )
     parser.add_argument("--appenders", type=int, default=4, help="concurrent appender threads")
     parser.add_argument("--total-mib", type=int, default=64, help="bytes written per run, MiB")
     parser.add_argument("--reps", type=int, default=3, help="repetitions K (medians reported)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     args = parser.parse_args(argv)
-    if not 1 <= args.reps <= 50 or not 1 <= args.appenders <= 256 or not 1 <= args.total_mib <= 16384:
+    if (
+        not 1 <= args.reps <= 50
+        or not 1 <= args.appenders <= 256
+        or not 1 <= args.total_mib <= 16384
+    ):
         parser.error("reps 1..50, appenders 1..256, total-mib 1..16384")
     total = args.total_mib * MIB
     results = []
@@ -188,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             plain_runs, wal_runs = [], []
             for rep in range(args.reps):
                 plain_runs.append(plain_loop(work / f"plain-{rep}", batch, total))
-                wal_runs.append(wal_run(work / f"wal-{rep}", batch, total, args.record_bytes, args.appenders))
+                wal_runs.append(
+                    wal_run(work / f"wal-{rep}", batch, total, args.record_bytes, args.appenders)
+                )
             plain_mb = _median(plain_runs, "mb_per_s")
             wal_mb = _median(wal_runs, "mb_per_s")
             row = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -18,8 +17,10 @@ from rich.table import Table
 from cli.output import OutputFormat, console, fail, print_json
 from cli.reassign import ControllersOption, DirOption, FormatOption, _client
 
-app = typer.Typer(help="The self-balancer: moves partitions to even out brokers (on by default).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The self-balancer: moves partitions to even out brokers (on by default).",
+    no_args_is_help=True,
+)
 
 STATE_STYLE = {"off": "red", "idle": "green", "in_progress": "yellow", "stalled": "bold red"}
 
@@ -36,7 +37,7 @@ def _fetch_status(client) -> dict:
         fail(f"reading the balancer status failed: {exc}")
 
 
-def _set(enabled: bool, dir: Path, controllers: Optional[str], format: OutputFormat) -> None:
+def _set(enabled: bool, dir: Path, controllers: str | None, format: OutputFormat) -> None:
     from controlplane.client import ControllerUnavailableError
     from controlplane.errors import ControllerError
     from controlplane.requests import SetBalancerRequest
@@ -53,20 +54,27 @@ def _set(enabled: bool, dir: Path, controllers: Optional[str], format: OutputFor
         return
     word = "enabled" if enabled else "disabled"
     note = "" if result.get("changed") else " (it already was)"
-    console.print(f"balancer {word}{note}" + ("" if enabled else
-                                              "; moves already submitted still finish"))
+    console.print(
+        f"balancer {word}{note}" + ("" if enabled else "; moves already submitted still finish")
+    )
 
 
 @app.command()
-def enable(dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-           format: OutputFormat = FormatOption) -> None:
+def enable(
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Turn the balancer on (the default)."""
     _set(True, dir, controllers, format)
 
 
 @app.command()
-def disable(dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-            format: OutputFormat = FormatOption) -> None:
+def disable(
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Turn the balancer off: no new moves (controlled shutdown and failover still move)."""
     _set(False, dir, controllers, format)
 
@@ -79,8 +87,11 @@ def _rate(bytes_per_s: float) -> str:
 
 
 @app.command()
-def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-           format: OutputFormat = FormatOption) -> None:
+def status(
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """State (off / idle / in_progress / stalled), brokers' loads and the recent moves."""
     data = _fetch_status(_client(dir, controllers))
     if format == OutputFormat.json:
@@ -94,9 +105,13 @@ def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption
     for col in ("broker", "az", "partitions", "produce", "balancing"):
         table.add_column(col)
     for b in data["brokers"]:
-        table.add_row(str(b["node_id"]), b["az"], str(b["partitions"]) if b["eligible"] else "-",
-                      _rate(b["bytes_per_s"]) if b["eligible"] else "-",
-                      "yes" if b["eligible"] else f"no: {b['why_not']}")
+        table.add_row(
+            str(b["node_id"]),
+            b["az"],
+            str(b["partitions"]) if b["eligible"] else "-",
+            _rate(b["bytes_per_s"]) if b["eligible"] else "-",
+            "yes" if b["eligible"] else f"no: {b['why_not']}",
+        )
     console.print(table)
     if data["recent_moves"]:
         moves = Table(title="recent moves (newest first)")
@@ -104,8 +119,14 @@ def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption
             moves.add_column(col)
         for m in data["recent_moves"]:
             when = time.strftime("%H:%M:%S", time.localtime(m["time_ms"] / 1000))
-            moves.add_row(when, f"{m['topic']}-{m['partition']}", str(m["from"]), str(m["to"]),
-                          m["status"], m["reason"])
+            moves.add_row(
+                when,
+                f"{m['topic']}-{m['partition']}",
+                str(m["from"]),
+                str(m["to"]),
+                m["status"],
+                m["reason"],
+            )
         console.print(moves)
     else:
         console.print("no moves yet")

@@ -14,8 +14,12 @@ from cli.status import collect_status
 
 app = typer.Typer(help="Operate single brokers of a local cluster.", no_args_is_help=True)
 
-DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
-                         help="cluster directory (also AUTOMQ_CLUSTER_DIR)")
+DirOption = typer.Option(
+    DEFAULT_CLUSTER_DIR,
+    "--dir",
+    envvar="AUTOMQ_CLUSTER_DIR",
+    help="cluster directory (also AUTOMQ_CLUSTER_DIR)",
+)
 
 
 def _broker(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig, str]:
@@ -25,13 +29,17 @@ def _broker(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig, st
     except ClusterError as exc:
         fail(str(exc))
     if node not in [b.node_id for b in config.brokers]:
-        fail(f"no broker {node} in this cluster (brokers: "
-             f"{', '.join(str(b.node_id) for b in config.brokers)})")
+        fail(
+            f"no broker {node} in this cluster (brokers: "
+            f"{', '.join(str(b.node_id) for b in config.brokers)})"
+        )
     return cluster, config, f"broker-{node}"
 
 
 @app.command("list")
-def list_(dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")) -> None:
+def list_(
+    dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")
+) -> None:
     """Brokers with AZ, address, node epoch, state and PID."""
     cluster = LocalCluster(dir)
     try:
@@ -46,10 +54,21 @@ def list_(dir: Path = DirOption, format: OutputFormat = typer.Option(OutputForma
     for col in ("node", "az", "address", "epoch", "state", "pid"):
         table.add_column(col)
     for b in brokers:
-        state = ("unregistered" if not b["registered"] else
-                 f"fenced ({b['fence_reason']})" if b["fenced"] else "active")
-        table.add_row(str(b["node_id"]), b["az"], b["address"], str(b["node_epoch"]), state,
-                      str(b["pid"] or "stopped"))
+        state = (
+            "unregistered"
+            if not b["registered"]
+            else f"fenced ({b['fence_reason']})"
+            if b["fenced"]
+            else "active"
+        )
+        table.add_row(
+            str(b["node_id"]),
+            b["az"],
+            b["address"],
+            str(b["node_epoch"]),
+            state,
+            str(b["pid"] or "stopped"),
+        )
     console.print(table)
 
 
@@ -80,8 +99,11 @@ def kill(node: int, dir: Path = DirOption) -> None:
 
 
 @app.command()
-def start(node: int, dir: Path = DirOption,
-          timeout_s: float = typer.Option(60.0, help="how long to wait until it is active")) -> None:
+def start(
+    node: int,
+    dir: Path = DirOption,
+    timeout_s: float = typer.Option(60.0, help="how long to wait until it is active"),
+) -> None:
     """Start a stopped broker and wait until it is registered and unfenced."""
     cluster, config, name = _broker(dir, node)
     if cluster.running(name) is not None:
@@ -96,8 +118,13 @@ def start(node: int, dir: Path = DirOption,
         b = next(b for b in collect_status(cluster, config)["brokers"] if b["node_id"] == node)
         age = b["last_heartbeat_age_ms"]
         # a new registration (the old epoch may still look active until its session ends)
-        if b["registered"] and b["node_epoch"] > old_epoch and not b["fenced"] \
-                and age is not None and age < 5000:
+        if (
+            b["registered"]
+            and b["node_epoch"] > old_epoch
+            and not b["fenced"]
+            and age is not None
+            and age < 5000
+        ):
             console.print(f"started {name} (node epoch {b['node_epoch']})")
             return
         time.sleep(0.3)

@@ -19,11 +19,16 @@ from cli.processes import (
 )
 from cli.status import collect_status
 
-app = typer.Typer(help="Operate single controllers (Raft voters) of a local cluster.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Operate single controllers (Raft voters) of a local cluster.", no_args_is_help=True
+)
 
-DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
-                         help="cluster directory (also AUTOMQ_CLUSTER_DIR)")
+DirOption = typer.Option(
+    DEFAULT_CLUSTER_DIR,
+    "--dir",
+    envvar="AUTOMQ_CLUSTER_DIR",
+    help="cluster directory (also AUTOMQ_CLUSTER_DIR)",
+)
 _POLL_S = 0.3
 
 
@@ -35,29 +40,37 @@ def _controller(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig
     except ClusterError as exc:
         fail(str(exc))
     if node not in [c.node_id for c in config.controllers]:
-        fail(f"no controller {node} in this cluster (controllers: "
-             f"{', '.join(str(c.node_id) for c in config.controllers)})")
+        fail(
+            f"no controller {node} in this cluster (controllers: "
+            f"{', '.join(str(c.node_id) for c in config.controllers)})"
+        )
     return cluster, config, f"controller-{node}"
 
 
 def controllers(cluster: LocalCluster, config: ClusterConfig) -> list[dict]:
     """Each controller's entry of `cluster status` plus `running` (its process is alive)."""
-    return [{**c, "running": c["pid"] is not None}
-            for c in collect_status(cluster, config)["controllers"]]
+    return [
+        {**c, "running": c["pid"] is not None}
+        for c in collect_status(cluster, config)["controllers"]
+    ]
 
 
 def _quorum_note(cluster: LocalCluster, config: ClusterConfig) -> None:
     """Warn when fewer than a majority of the voters run: metadata writes stop."""
-    running = sum(1 for c in config.controllers
-                  if cluster.running(f"controller-{c.node_id}") is not None)
+    running = sum(
+        1 for c in config.controllers if cluster.running(f"controller-{c.node_id}") is not None
+    )
     if running <= len(config.controllers) // 2:
-        console.print(f"[yellow]warning:[/] {running} of {len(config.controllers)} "
-                      "controllers running: no majority, the metadata quorum is unavailable")
+        console.print(
+            f"[yellow]warning:[/] {running} of {len(config.controllers)} "
+            "controllers running: no majority, the metadata quorum is unavailable"
+        )
 
 
 @app.command("list")
-def list_(dir: Path = DirOption,
-          format: OutputFormat = typer.Option(OutputFormat.table, "--format")) -> None:
+def list_(
+    dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")
+) -> None:
     """Controllers: PID, running, Raft state, term, commit index, API and Raft address."""
     cluster = LocalCluster(dir)
     try:
@@ -77,19 +90,33 @@ def list_(dir: Path = DirOption,
     for col in ("api address", "raft address"):  # never cut: people copy them
         table.add_column(col, no_wrap=True, min_width=len(rows[0]["address"]) if rows else 0)
     for c in rows:
-        state = ("[red]stopped[/]" if not c["running"] else
-                 f"[bold green]{c['state']}[/]" if c["is_leader"] else c["state"])
-        table.add_row(str(c["node_id"]), str(c["pid"] or ""), state,
-                      "" if c["term"] is None else str(c["term"]),
-                      "" if c["commit_index"] is None else str(c["commit_index"]),
-                      c["address"], c["raft_address"])
+        state = (
+            "[red]stopped[/]"
+            if not c["running"]
+            else f"[bold green]{c['state']}[/]"
+            if c["is_leader"]
+            else c["state"]
+        )
+        table.add_row(
+            str(c["node_id"]),
+            str(c["pid"] or ""),
+            state,
+            "" if c["term"] is None else str(c["term"]),
+            "" if c["commit_index"] is None else str(c["commit_index"]),
+            c["address"],
+            c["raft_address"],
+        )
     console.print(table)
 
 
 @app.command()
-def stop(node: int, dir: Path = DirOption,
-         timeout_s: float = typer.Option(STOP_TIMEOUT_S, min=0.0,
-                                         help="SIGKILL after this many seconds")) -> None:
+def stop(
+    node: int,
+    dir: Path = DirOption,
+    timeout_s: float = typer.Option(
+        STOP_TIMEOUT_S, min=0.0, help="SIGKILL after this many seconds"
+    ),
+) -> None:
     """Graceful stop: SIGTERM, then SIGKILL after --timeout-s."""
     cluster, config, name = _controller(dir, node)
     try:
@@ -117,9 +144,11 @@ def kill(node: int, dir: Path = DirOption) -> None:
 
 
 @app.command()
-def start(node: int, dir: Path = DirOption,
-          timeout_s: float = typer.Option(60.0, min=1.0,
-                                          help="how long to wait until it has rejoined")) -> None:
+def start(
+    node: int,
+    dir: Path = DirOption,
+    timeout_s: float = typer.Option(60.0, min=1.0, help="how long to wait until it has rejoined"),
+) -> None:
     """Start a stopped controller and wait until it has rejoined the quorum.
 
     Rejoined: a follower (or the leader) that holds every entry the leader had committed
@@ -142,11 +171,18 @@ def start(node: int, dir: Path = DirOption,
         rows = controllers(cluster, config)
         me = next(c for c in rows if c["node_id"] == node)
         has_leader = any(c["is_leader"] for c in rows)
-        if has_leader and me["state"] in ("leader", "follower") \
-                and (me["commit_index"] or 0) >= (target_commit or 0):
-            console.print(f"started {name} (pid {me['pid']}, {me['state']}, term {me['term']}, "
-                          f"commit index {me['commit_index']})")
+        if (
+            has_leader
+            and me["state"] in ("leader", "follower")
+            and (me["commit_index"] or 0) >= (target_commit or 0)
+        ):
+            console.print(
+                f"started {name} (pid {me['pid']}, {me['state']}, term {me['term']}, "
+                f"commit index {me['commit_index']})"
+            )
             return
         time.sleep(_POLL_S)
-    fail(f"{name} is running but did not rejoin the quorum within {timeout_s:.0f}s; "
-         f"see `automqctl cluster logs {name}`")
+    fail(
+        f"{name} is running but did not rejoin the quorum within {timeout_s:.0f}s; "
+        f"see `automqctl cluster logs {name}`"
+    )

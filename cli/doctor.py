@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 
-
 from cli.output import console, fail
 
 
@@ -37,8 +36,10 @@ def require_java(minimum: int = 17) -> int:
     """The Java major version, or a clear error: Spark jobs (compaction) need Java 17+."""
     version = java_version()
     if version is None:
-        raise RuntimeError("Java was not found: Spark jobs need Java 17 or newer "
-                           "(Debian: apt-get install openjdk-17-jre-headless; or set JAVA_HOME)")
+        raise RuntimeError(
+            "Java was not found: Spark jobs need Java 17 or newer "
+            "(Debian: apt-get install openjdk-17-jre-headless; or set JAVA_HOME)"
+        )
     if version < minimum:
         raise RuntimeError(f"Java {version} is too old: Spark jobs need Java {minimum} or newer")
     return version

@@ -8,16 +8,23 @@ from cli import balancer, broker, cluster, controller, reassign, topic
 from cli.doctor import doctor
 from cli.perf import perf
 
-app = typer.Typer(help="Operate an S3-native, Kafka-compatible streaming cluster.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Operate an S3-native, Kafka-compatible streaming cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(topic.app, name="topic")
 app.add_typer(broker.app, name="broker")
 app.add_typer(controller.app, name="controller")
 app.add_typer(reassign.app, name="reassign")
 app.add_typer(balancer.app, name="balancer")
-app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(perf)
-app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(doctor)
+app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
+    perf
+)
+app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(
+    doctor
+)
 
 
 if __name__ == "__main__":

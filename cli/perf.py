@@ -16,7 +16,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -45,8 +44,15 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 class PerfRun:
-    def __init__(self, bootstrap: str, topics: list[str], record_size: int, rate: float,
-                 producers: int, acks: str):
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        record_size: int,
+        rate: float,
+        producers: int,
+        acks: str,
+    ):
         self.bootstrap = bootstrap
         self.topics = topics
         self.record_size = max(record_size, 16)
@@ -56,8 +62,11 @@ class PerfRun:
         self.lock = threading.Lock()
         self.window = _Window()
         self.total = _Window()
-        self.phase_produce_ms: dict[str, list[float]] = {"before_catchup": [], "catchup": [],
-                                                         "after": []}
+        self.phase_produce_ms: dict[str, list[float]] = {
+            "before_catchup": [],
+            "catchup": [],
+            "after": [],
+        }
         self.phase = "before_catchup"
         self.stop = threading.Event()
         self.consuming = threading.Event()
@@ -75,9 +84,15 @@ class PerfRun:
     def produce_loop(self, index: int) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": self.acks,
-                             "linger.ms": 2, "enable.idempotence": self.acks == "all",
-                             "queue.buffering.max.kbytes": 262144})
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": self.acks,
+                "linger.ms": 2,
+                "enable.idempotence": self.acks == "all",
+                "queue.buffering.max.kbytes": 262144,
+            }
+        )
         pad = b"x" * (self.record_size - 8)
         per_producer = self.rate / self.producers
         sent = 0
@@ -109,8 +124,9 @@ class PerfRun:
                 value = time.time_ns().to_bytes(8, "big") + pad
                 topic = self.topics[(sent + index) % len(self.topics)]
                 try:
-                    producer.produce(topic, value=value,
-                                     on_delivery=lambda e, m, t0=t0: on_delivery(e, m, t0))
+                    producer.produce(
+                        topic, value=value, on_delivery=lambda e, m, t0=t0: on_delivery(e, m, t0)
+                    )
                 except BufferError:
                     producer.poll(0.05)
                     break
@@ -122,9 +138,15 @@ class PerfRun:
         from confluent_kafka import Consumer
 
         self.consuming.wait()
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
-                             "auto.offset.reset": "earliest", "enable.auto.commit": True,
-                             "fetch.max.bytes": 64 * 1024 * 1024})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+            }
+        )
         consumer.subscribe(self.topics)
         try:
             while not self.stop.is_set():
@@ -149,7 +171,7 @@ def _fmt(v: float | None) -> str:
 
 
 def perf(
-    bootstrap_server: Optional[str] = typer.Option(None, "--bootstrap-server", "-b"),
+    bootstrap_server: str | None = typer.Option(None, "--bootstrap-server", "-b"),
     dir: Path = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR"),
     topics: int = typer.Option(1, min=1, max=1000, help="number of topics"),
     partitions: int = typer.Option(4, min=1, max=10_000, help="partitions per topic"),
@@ -163,7 +185,7 @@ def perf(
     interval_s: float = typer.Option(1.0, "--interval", min=0.1, max=60),
     acks: str = typer.Option("all", help="0, 1 or all"),
     topic_prefix: str = typer.Option("perf", help="topics are PREFIX-<run>-<n>"),
-    summary_file: Optional[Path] = typer.Option(None, help="also write the JSON summary here"),
+    summary_file: Path | None = typer.Option(None, help="also write the JSON summary here"),
 ) -> None:
     """Generate load and report throughput and latency percentiles."""
     try:
@@ -181,16 +203,21 @@ def perf(
     names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
     admin = AdminClient({"bootstrap.servers": bootstrap_server})
     try:
-        for name, fut in admin.create_topics([NewTopic(n, partitions, 1) for n in names],
-                                             operation_timeout=60).items():
+        for _name, fut in admin.create_topics(
+            [NewTopic(n, partitions, 1) for n in names], operation_timeout=60
+        ).items():
             fut.result(60)
     except Exception as exc:
         fail(f"creating topics failed: {exc}")
     run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks)
-    threads = [threading.Thread(target=run.produce_loop, args=(i,), daemon=True)
-               for i in range(producers)]
-    threads += [threading.Thread(target=run.consume_loop, args=(f"perf-{run_id}-g{g}",), daemon=True)
-                for g in range(groups) for _ in range(consumers_per_group)]
+    threads = [
+        threading.Thread(target=run.produce_loop, args=(i,), daemon=True) for i in range(producers)
+    ]
+    threads += [
+        threading.Thread(target=run.consume_loop, args=(f"perf-{run_id}-g{g}",), daemon=True)
+        for g in range(groups)
+        for _ in range(consumers_per_group)
+    ]
     for t in threads:
         t.start()
     start = time.monotonic()
@@ -198,8 +225,10 @@ def perf(
     catchup_done = None
     backlog_end_bytes = 0
     intervals = []
-    console.print(f"topics {names} x {partitions} partitions, {producers} producers, "
-                  f"{groups} groups, {record_size} B records at {send_rate:.0f}/s")
+    console.print(
+        f"topics {names} x {partitions} partitions, {producers} producers, "
+        f"{groups} groups, {record_size} B records at {send_rate:.0f}/s"
+    )
     console.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
     try:
         while time.monotonic() - start < duration_s + backlog_seconds:
@@ -230,11 +259,13 @@ def perf(
                 "errors": w.errors,
             }
             intervals.append(row)
-            console.print(f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
-                          f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
-                          f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
-                          f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
-                          f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else ""))
+            console.print(
+                f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
+                f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
+                f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
+                f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
+                f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else "")
+            )
     finally:
         run.stop.set()
         for t in threads:
@@ -242,8 +273,13 @@ def perf(
     total = run.total
     wall = time.monotonic() - start
     summary = {
-        "topics": topics, "partitions_per_topic": partitions, "producers": producers,
-        "groups": groups, "record_size": record_size, "send_rate": send_rate, "acks": acks,
+        "topics": topics,
+        "partitions_per_topic": partitions,
+        "producers": producers,
+        "groups": groups,
+        "record_size": record_size,
+        "send_rate": send_rate,
+        "acks": acks,
         "duration_s": round(wall, 1),
         "produced_mb": total.produced_bytes / 1e6,
         "produce_mb_s": total.produced_bytes / wall / 1e6,
@@ -257,10 +293,15 @@ def perf(
     }
     if backlog_seconds > 0:
         summary["backlog_mb"] = backlog_end_bytes / 1e6
-        summary["catchup_s"] = round(catchup_done - catchup_started, 2) if catchup_done and catchup_started else None
-        summary["catchup_mb_s"] = (backlog_end_bytes / 1e6 / summary["catchup_s"]
-                                   if summary["catchup_s"] else None)
-        summary["produce_p99_before_catchup_ms"] = percentile(run.phase_produce_ms["before_catchup"], 99)
+        summary["catchup_s"] = (
+            round(catchup_done - catchup_started, 2) if catchup_done and catchup_started else None
+        )
+        summary["catchup_mb_s"] = (
+            backlog_end_bytes / 1e6 / summary["catchup_s"] if summary["catchup_s"] else None
+        )
+        summary["produce_p99_before_catchup_ms"] = percentile(
+            run.phase_produce_ms["before_catchup"], 99
+        )
         summary["produce_p99_during_catchup_ms"] = percentile(run.phase_produce_ms["catchup"], 99)
     text = json.dumps(summary, indent=2)
     console.print(text, markup=False, highlight=False)

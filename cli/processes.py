@@ -76,8 +76,12 @@ class ClusterConfig(BaseModel):
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
 
     def quorum_config(self) -> QuorumConfig:
-        return QuorumConfig(controllers=self.controllers, password=self.password,
-                            settings=self.settings, buckets=self.buckets)
+        return QuorumConfig(
+            controllers=self.controllers,
+            password=self.password,
+            settings=self.settings,
+            buckets=self.buckets,
+        )
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"{self.host}:{b.kafka_port}" for b in self.brokers)
@@ -102,9 +106,12 @@ def redact_uri(uri: str) -> str:
     if "?" not in uri:
         return uri
     base, query = uri.split("?", 1)
-    kept = [p for p in query.split("&")
-            if p.split("=", 1)[0].lower() not in ("accesskey", "secretkey", "access_key",
-                                                   "secret_key", "sessiontoken")]
+    kept = [
+        p
+        for p in query.split("&")
+        if p.split("=", 1)[0].lower()
+        not in ("accesskey", "secretkey", "access_key", "secret_key", "sessiontoken")
+    ]
     return base + ("?" + "&".join(kept) if kept else "")
 
 
@@ -152,7 +159,7 @@ def _option(args: list[str], *names: str) -> str | None:
             if arg == name and i + 1 < len(args):
                 return args[i + 1]
             if arg.startswith(name + "="):
-                return arg[len(name) + 1:]
+                return arg[len(name) + 1 :]
     return None
 
 
@@ -161,14 +168,18 @@ def _script_args(argv: list[str], module: str) -> list[str] | None:
     something else."""
     script = "/" + module.replace(".", "/") + ".py"
     for i, arg in enumerate(argv):
-        if (arg == module and i > 0 and argv[i - 1] == "-m") or arg == "-m" + module \
-                or arg.endswith(script):
-            return argv[i + 1:]
+        if (
+            (arg == module and i > 0 and argv[i - 1] == "-m")
+            or arg == "-m" + module
+            or arg.endswith(script)
+        ):
+            return argv[i + 1 :]
     return None
 
 
-def component_of(argv: list[str], cwd: str | None, cluster_dir: Path,
-                 s3_data_dir: Path | None = None) -> str | None:
+def component_of(
+    argv: list[str], cwd: str | None, cluster_dir: Path, s3_data_dir: Path | None = None
+) -> str | None:
     """The component (`controller-N`, `broker-N`, `s3`) of the cluster in `cluster_dir` that
     the command line `argv` (run in `cwd`) is, or None if it is not one of them."""
     root = os.path.realpath(cluster_dir)
@@ -181,8 +192,11 @@ def component_of(argv: list[str], cwd: str | None, cluster_dir: Path,
     args = _script_args(argv, "controlplane.server")
     if args is not None:
         node_id = _option(args, "--node-id")
-        if resolved(_option(args, "--config")) == os.path.join(root, "quorum.json") \
-                and node_id is not None and node_id.strip().isdigit():
+        if (
+            resolved(_option(args, "--config")) == os.path.join(root, "quorum.json")
+            and node_id is not None
+            and node_id.strip().isdigit()
+        ):
             return f"controller-{int(node_id)}"
         return None
     args = _script_args(argv, "dataplane.node")
@@ -212,8 +226,7 @@ def scan_processes(cluster_dir: Path, s3_data_dir: Path | None = None) -> dict[s
         pid = int(entry)
         argv = _proc_cmdline(pid)
         # cheap filter first: only our three programs need their cwd and a real match
-        if not argv or not any(k in a for a in argv for k in
-                               ("controlplane", "dataplane", "weed")):
+        if not argv or not any(k in a for a in argv for k in ("controlplane", "dataplane", "weed")):
             continue
         name = component_of(argv, _proc_cwd(pid), cluster_dir, s3_data_dir)
         if name and _proc_start_time(pid) is not None:
@@ -233,8 +246,9 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-def terminate(pids: list[tuple[int, str | None]], timeout_s: float,
-              kill_wait_s: float = KILL_WAIT_S) -> list[int]:
+def terminate(
+    pids: list[tuple[int, str | None]], timeout_s: float, kill_wait_s: float = KILL_WAIT_S
+) -> list[int]:
     """SIGTERM every (pid, start time) at once, SIGKILL whatever is left after `timeout_s`
     (at once when it is 0), and wait at most `kill_wait_s` more. A start time of None means
     "the process using this PID now". Returns the PIDs still alive."""
@@ -293,15 +307,24 @@ class LocalCluster:
         names += [f"broker-{b.node_id}" for b in config.brokers]
         return names
 
-    def create(self, brokers: int, controllers: int, azs: list[str], base_port: int | None,
-               bucket_uris: str | None, session_timeout_ms: int,
-               wal_capacity_bytes: int | None = None,
-               upload_interval_s: float | None = None) -> ClusterConfig:
+    def create(
+        self,
+        brokers: int,
+        controllers: int,
+        azs: list[str],
+        base_port: int | None,
+        bucket_uris: str | None,
+        session_timeout_ms: int,
+        wal_capacity_bytes: int | None = None,
+        upload_interval_s: float | None = None,
+    ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
             raise ClusterError("a cluster needs at least one broker and one controller")
         if controllers % 2 == 0:
-            raise ClusterError(f"{controllers} controllers cannot form a safe majority; use an odd count")
+            raise ClusterError(
+                f"{controllers} controllers cannot form a safe majority; use an odd count"
+            )
         if not azs:
             raise ClusterError("at least one AZ name is needed")
         needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 10)
@@ -312,32 +335,53 @@ class LocalCluster:
         else:
             ports = find_free_ports(needed)
         host = "127.0.0.1"
-        ctrl = [ControllerAddress(node_id=i, host=host, raft_port=ports[2 * i],
-                                  api_port=ports[2 * i + 1]) for i in range(controllers)]
+        ctrl = [
+            ControllerAddress(
+                node_id=i, host=host, raft_port=ports[2 * i], api_port=ports[2 * i + 1]
+            )
+            for i in range(controllers)
+        ]
         off = controllers * 2
-        brk = [BrokerSpec(node_id=i + 1, az=azs[i % len(azs)], kafka_port=ports[off + 2 * i],
-                          metrics_port=ports[off + 2 * i + 1])
-               for i in range(brokers)]
+        brk = [
+            BrokerSpec(
+                node_id=i + 1,
+                az=azs[i % len(azs)],
+                kafka_port=ports[off + 2 * i],
+                metrics_port=ports[off + 2 * i + 1],
+            )
+            for i in range(brokers)
+        ]
         off += brokers * 2
         embedded: dict | None = None
         if bucket_uris:
             buckets = _external_buckets(bucket_uris)
         else:
             s3 = SeaweedConfig.generate(self.dir / "s3")
-            s3.ports = dict(zip(s3.ports, ports[off:off + 10]))
+            s3.ports = dict(zip(s3.ports, ports[off : off + 10]))
             embedded = s3.to_json()
             buckets = [
-                BucketConfig(bucket_id=i, uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
-                             access_key=s3.access_key, secret_key=s3.secret_key)
+                BucketConfig(
+                    bucket_id=i,
+                    uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
+                    access_key=s3.access_key,
+                    secret_key=s3.secret_key,
+                )
                 for i, name in enumerate(s3.buckets)
             ]
-        settings = ControllerSettings(bucket_ids=[b.bucket_id for b in buckets],
-                                      broker_session_timeout_ms=session_timeout_ms)
-        config = ClusterConfig(host=host, controllers=ctrl, brokers=brk,
-                               password=secrets.token_urlsafe(24), settings=settings,
-                               embedded_s3=embedded, buckets=buckets,
-                               broker_wal_capacity_bytes=wal_capacity_bytes,
-                               broker_upload_interval_s=upload_interval_s)
+        settings = ControllerSettings(
+            bucket_ids=[b.bucket_id for b in buckets], broker_session_timeout_ms=session_timeout_ms
+        )
+        config = ClusterConfig(
+            host=host,
+            controllers=ctrl,
+            brokers=brk,
+            password=secrets.token_urlsafe(24),
+            settings=settings,
+            embedded_s3=embedded,
+            buckets=buckets,
+            broker_wal_capacity_bytes=wal_capacity_bytes,
+            broker_upload_interval_s=upload_interval_s,
+        )
         self.save(config)
         return config
 
@@ -398,9 +442,15 @@ class LocalCluster:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd=str(cwd or self.dir), env=env)
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(cwd or self.dir),
+                env=env,
+            )
         self._record_pid(name, proc.pid)
         return proc.pid
 
@@ -417,13 +467,18 @@ class LocalCluster:
 
     def check_ports(self, config: ClusterConfig, names: list[str] | None = None) -> None:
         """A clear error if a port of the components `names` (default: all) is taken."""
-        busy = [f"{what} ({port})" for what, port in config.all_ports().items()
-                if (names is None or what.split(" ", 1)[0] in names)
-                and port_in_use(port, config.host)]
+        busy = [
+            f"{what} ({port})"
+            for what, port in config.all_ports().items()
+            if (names is None or what.split(" ", 1)[0] in names) and port_in_use(port, config.host)
+        ]
         if busy:
-            raise ClusterError("ports already in use: " + ", ".join(busy)
-                               + ". Stop whatever holds them, or create the cluster with "
-                               "another --base-port / --dir")
+            raise ClusterError(
+                "ports already in use: "
+                + ", ".join(busy)
+                + ". Stop whatever holds them, or create the cluster with "
+                "another --base-port / --dir"
+            )
 
     def start_object_store(self, config: ClusterConfig, timeout_s: float = 60.0) -> None:
         if not config.embedded_s3:
@@ -436,9 +491,20 @@ class LocalCluster:
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
         qpath = self.dir / "quorum.json"
         _write_private(qpath, config.quorum_config().model_dump_json(indent=2))
-        return self._spawn(f"controller-{node_id}", [
-            sys.executable, "-m", "controlplane.server", "--config", str(qpath),
-            "--node-id", str(node_id), "--data-dir", str(self.dir / f"controller-{node_id}")])
+        return self._spawn(
+            f"controller-{node_id}",
+            [
+                sys.executable,
+                "-m",
+                "controlplane.server",
+                "--config",
+                str(qpath),
+                "--node-id",
+                str(node_id),
+                "--data-dir",
+                str(self.dir / f"controller-{node_id}"),
+            ],
+        )
 
     def start_broker(self, config: ClusterConfig, node_id: int) -> int:
         from dataplane.config import BrokerConfig  # the broker's own config model
@@ -452,29 +518,39 @@ class LocalCluster:
             storage["wal_capacity_bytes"] = config.broker_wal_capacity_bytes
         if config.broker_upload_interval_s is not None:
             storage["upload_interval_s"] = config.broker_upload_interval_s
-        bcfg = BrokerConfig(node_id=node_id, az=spec.az, host=config.host,
-                            kafka_port=spec.kafka_port, data_dir=bdir,
-                            controllers=config.quorum_config().api_addresses(),
-                            bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
-                            metrics_port=spec.metrics_port or 0, **storage)
+        bcfg = BrokerConfig(
+            node_id=node_id,
+            az=spec.az,
+            host=config.host,
+            kafka_port=spec.kafka_port,
+            data_dir=bdir,
+            controllers=config.quorum_config().api_addresses(),
+            bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
+            metrics_port=spec.metrics_port or 0,
+            **storage,
+        )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
-        return self._spawn(f"broker-{node_id}", [
-            sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")])
+        return self._spawn(
+            f"broker-{node_id}",
+            [sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")],
+        )
 
     def stop(self, name: str, timeout_s: float = STOP_TIMEOUT_S, kill: bool = False) -> bool:
         """Stop every process of one component (SIGTERM, SIGKILL after `timeout_s`; only
         SIGKILL with `kill`) and wait until they are gone. True if one was running."""
         recorded = self._pid_file(name)
         targets = [recorded] if recorded else []
-        targets += [(p, None) for p in self.scan().get(name, [])
-                    if not recorded or p != recorded[0]]
+        targets += [
+            (p, None) for p in self.scan().get(name, []) if not recorded or p != recorded[0]
+        ]
         if not targets:
             self.pid_path(name).unlink(missing_ok=True)
             return False
         left = terminate(targets, 0.0 if kill else timeout_s)
         if left:
-            raise ClusterError(f"{name} (pid {', '.join(map(str, left))}) is still running "
-                               f"after SIGKILL")
+            raise ClusterError(
+                f"{name} (pid {', '.join(map(str, left))}) is still running after SIGKILL"
+            )
         self.pid_path(name).unlink(missing_ok=True)
         return True
 
@@ -516,12 +592,19 @@ def _external_buckets(bucket_uris: str) -> list[BucketConfig]:
         id_text, uri = part.split("@", 1)
         if not id_text.isdigit() or not uri.startswith("s3://"):
             raise ClusterError(f"bucket URI {part!r} must look like 0@s3://bucket?region=..")
-        query = dict(q.split("=", 1) for q in uri.split("?", 1)[1].split("&") if "=" in q) \
-            if "?" in uri else {}
-        buckets.append(BucketConfig(
-            bucket_id=int(id_text), uri=f"{id_text}@{redact_uri(uri)}",
-            access_key=query.get("accessKey", os.environ.get("AWS_ACCESS_KEY_ID", "")),
-            secret_key=query.get("secretKey", os.environ.get("AWS_SECRET_ACCESS_KEY", ""))))
+        query = (
+            dict(q.split("=", 1) for q in uri.split("?", 1)[1].split("&") if "=" in q)
+            if "?" in uri
+            else {}
+        )
+        buckets.append(
+            BucketConfig(
+                bucket_id=int(id_text),
+                uri=f"{id_text}@{redact_uri(uri)}",
+                access_key=query.get("accessKey", os.environ.get("AWS_ACCESS_KEY_ID", "")),
+                secret_key=query.get("secretKey", os.environ.get("AWS_SECRET_ACCESS_KEY", "")),
+            )
+        )
     ids = [b.bucket_id for b in buckets]
     if not buckets or len(set(ids)) != len(ids):
         raise ClusterError("bucket URIs need distinct ids, e.g. 0@s3://main?..,1@s3://failover?..")
@@ -534,17 +617,28 @@ def check_bucket_reachable(bucket: BucketConfig, timeout_s: float = 5.0) -> None
     from botocore.config import Config
 
     uri = bucket.uri.split("@", 1)[1]
-    name = uri[len("s3://"):].split("?", 1)[0]
-    query = dict(q.split("=", 1) for q in uri.split("?", 1)[1].split("&") if "=" in q) \
-        if "?" in uri else {}
+    name = uri[len("s3://") :].split("?", 1)[0]
+    query = (
+        dict(q.split("=", 1) for q in uri.split("?", 1)[1].split("&") if "=" in q)
+        if "?" in uri
+        else {}
+    )
     client = boto3.client(
-        "s3", endpoint_url=query.get("endpoint"), region_name=query.get("region", "us-east-1"),
+        "s3",
+        endpoint_url=query.get("endpoint"),
+        region_name=query.get("region", "us-east-1"),
         aws_access_key_id=bucket.access_key or None,
         aws_secret_access_key=bucket.secret_key or None,
-        config=Config(connect_timeout=timeout_s, read_timeout=timeout_s,
-                      retries={"max_attempts": 1}, s3={"addressing_style": "path"}))
+        config=Config(
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
+            retries={"max_attempts": 1},
+            s3={"addressing_style": "path"},
+        ),
+    )
     try:
         client.head_bucket(Bucket=name)
     except Exception as exc:
-        raise ClusterError(f"bucket {bucket.bucket_id} ({redact_uri(uri)}) is not reachable: "
-                           f"{exc}") from None
+        raise ClusterError(
+            f"bucket {bucket.bucket_id} ({redact_uri(uri)}) is not reachable: {exc}"
+        ) from None

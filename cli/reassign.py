@@ -11,14 +11,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
 
 from cli.output import OutputFormat, console, err_console, fail, print_json
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
-from controlplane.reassignment import LAST_REASSIGNMENT_KEY  # written by reassign_partitions
 from cli.reassign_plan import (
     DEFAULT_TOLERANCE,
     Assignment,
@@ -36,25 +34,33 @@ from cli.reassign_plan import (
     progress,
     rates_from_offsets,
 )
+from controlplane.reassignment import LAST_REASSIGNMENT_KEY  # written by reassign_partitions
 
-app = typer.Typer(help="Reassign partitions between brokers (no data is copied).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Reassign partitions between brokers (no data is copied).", no_args_is_help=True
+)
 
 MAX_SAMPLE_S = 300.0
 
-DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
-                         help="local cluster directory (also AUTOMQ_CLUSTER_DIR); "
-                              "used when --controllers is absent")
-ControllersOption = typer.Option(None, "--controllers",
-                                 help="controller API addresses host:port,... of a cluster "
-                                      "that is not local")
+DirOption = typer.Option(
+    DEFAULT_CLUSTER_DIR,
+    "--dir",
+    envvar="AUTOMQ_CLUSTER_DIR",
+    help="local cluster directory (also AUTOMQ_CLUSTER_DIR); used when --controllers is absent",
+)
+ControllersOption = typer.Option(
+    None,
+    "--controllers",
+    help="controller API addresses host:port,... of a cluster that is not local",
+)
 FormatOption = typer.Option(OutputFormat.table, "--format")
 PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 
 
 # ---------------------------------------------------------------- cluster access
 
-def _client(dir: Path, controllers: Optional[str]):
+
+def _client(dir: Path, controllers: str | None):
     from controlplane.client import ControllerClient
 
     if controllers:
@@ -96,8 +102,10 @@ def _assignment(image) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
 
 
 def _brokers(image) -> dict[int, BrokerInfo]:
-    return {b.node_id: BrokerInfo(b.node_id, b.fenced, b.fence_reason, b.shutting_down)
-            for b in image.brokers.values()}
+    return {
+        b.node_id: BrokerInfo(b.node_id, b.fenced, b.fence_reason, b.shutting_down)
+        for b in image.brokers.values()
+    }
 
 
 def _view(image, topic: str, partition: int) -> PartitionView | None:
@@ -106,10 +114,13 @@ def _view(image, topic: str, partition: int) -> PartitionView | None:
     if p is None:
         return None
     s = image.streams.get(p.stream_id)
-    return PartitionView(leader=p.leader_node_id, leader_epoch=p.leader_epoch,
-                         stream_epoch=s.epoch if s else None,
-                         stream_state=s.state.value if s else None,
-                         stream_node=s.node_id if s else None)
+    return PartitionView(
+        leader=p.leader_node_id,
+        leader_epoch=p.leader_epoch,
+        stream_epoch=s.epoch if s else None,
+        stream_state=s.state.value if s else None,
+        stream_node=s.node_id if s else None,
+    )
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -148,19 +159,25 @@ def _write_plan(path: Path, data: dict) -> None:
 
 # ---------------------------------------------------------------- throughput sampling
 
-def _end_offsets(admin, keys: list[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], int]:
+
+def _end_offsets(
+    admin, keys: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int]:
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
-                                 request_timeout=timeout_s)
+    futures = admin.list_offsets(
+        {TopicPartition(t, p): OffsetSpec.latest() for t, p in keys}, request_timeout=timeout_s
+    )
     out: dict[tuple[str, int], int] = {}
     for tp, fut in futures.items():
         out[(tp.topic, tp.partition)] = fut.result(timeout=timeout_s).offset
     return out
 
 
-def _sample_rates(image, keys: list[tuple[str, int]], sample_s: float) -> dict[tuple[str, int], float]:
+def _sample_rates(
+    image, keys: list[tuple[str, int]], sample_s: float
+) -> dict[tuple[str, int], float]:
     """Produce rate per partition: Kafka ListOffsets (latest) twice, `sample_s` apart, against
     the brokers' listeners as registered in the image."""
     from confluent_kafka.admin import AdminClient
@@ -185,21 +202,31 @@ def _sample_rates(image, keys: list[tuple[str, int]], sample_s: float) -> dict[t
 
 # ---------------------------------------------------------------- commands
 
+
 @app.command()
-def plan(topics: str = typer.Option(..., "--topics", help="topics to balance: a,b,..."),
-         brokers: str = typer.Option(..., "--brokers", help="target brokers: 1,2,3"),
-         by: str = typer.Option("count", "--by",
-                                help="count: balance partition counts; throughput: balance the "
-                                     "produce rate (records/s) measured with Kafka ListOffsets "
-                                     "(latest offsets sampled twice, --sample-s apart)"),
-         sample_s: float = typer.Option(5.0, "--sample-s", help="throughput sampling interval"),
-         tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                         help="throughput: a broker within (1+tolerance) x the "
-                                              "fair share keeps its partitions"),
-         output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                               help="write the plan here instead of stdout"),
-         dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-         format: OutputFormat = FormatOption) -> None:
+def plan(
+    topics: str = typer.Option(..., "--topics", help="topics to balance: a,b,..."),
+    brokers: str = typer.Option(..., "--brokers", help="target brokers: 1,2,3"),
+    by: str = typer.Option(
+        "count",
+        "--by",
+        help="count: balance partition counts; throughput: balance the "
+        "produce rate (records/s) measured with Kafka ListOffsets "
+        "(latest offsets sampled twice, --sample-s apart)",
+    ),
+    sample_s: float = typer.Option(5.0, "--sample-s", help="throughput sampling interval"),
+    tolerance: float = typer.Option(
+        DEFAULT_TOLERANCE,
+        "--tolerance",
+        help="throughput: a broker within (1+tolerance) x the fair share keeps its partitions",
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="write the plan here instead of stdout"
+    ),
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Propose a balanced plan for the topics' partitions over the brokers.
 
     Moves as few partitions as possible. Prints the plan JSON (or writes it with --output).
@@ -247,8 +274,12 @@ def plan(topics: str = typer.Option(..., "--topics", help="topics to balance: a,
         console.print(f"wrote plan to {output}: {len(moves)} of {len(proposal)} partitions move")
 
 
-def _summary(proposal: list[Assignment], current: dict[tuple[str, int], int],
-             rates: dict[tuple[str, int], float], out) -> None:
+def _summary(
+    proposal: list[Assignment],
+    current: dict[tuple[str, int], int],
+    rates: dict[tuple[str, int], float],
+    out,
+) -> None:
     per_broker: dict[int, list[Assignment]] = {}
     for a in proposal:
         per_broker.setdefault(a.node_id, []).append(a)
@@ -265,12 +296,16 @@ def _summary(proposal: list[Assignment], current: dict[tuple[str, int], int],
 
 
 @app.command()
-def execute(plan: Path = PlanOption,
-            dry_run: bool = typer.Option(False, "--dry-run", help="validate and show, change nothing"),
-            rollback_file: Optional[Path] = typer.Option(None, "--rollback-file",
-                                                         help="also write the rollback plan here"),
-            dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-            format: OutputFormat = FormatOption) -> None:
+def execute(
+    plan: Path = PlanOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and show, change nothing"),
+    rollback_file: Path | None = typer.Option(
+        None, "--rollback-file", help="also write the rollback plan here"
+    ),
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Validate a plan, print a rollback plan and submit it (unless --dry-run).
 
     The rollback plan is the current assignment of the plan's partitions. A bad entry
@@ -294,8 +329,12 @@ def execute(plan: Path = PlanOption,
     moves = moves_of(entries, current)
     result = {"moved": 0, "unchanged": len(entries) - len(moves)}
     if not dry_run:
-        req = ReassignPartitionsRequest(moves=[PartitionMove(topic=a.topic, partition=a.partition,
-                                                             node_id=a.node_id) for a in entries])
+        req = ReassignPartitionsRequest(
+            moves=[
+                PartitionMove(topic=a.topic, partition=a.partition, node_id=a.node_id)
+                for a in entries
+            ]
+        )
         try:
             result = client.call(ReassignPartitionsRequest.command, req)
         except ControllerUnavailableError as exc:
@@ -304,8 +343,15 @@ def execute(plan: Path = PlanOption,
             # the controller validates the whole plan first: a refusal changed nothing
             fail(f"the controller refused the plan (nothing changed): {exc}")
     if format == OutputFormat.json:
-        print_json({"dry_run": dry_run, "rollback_plan": rollback, "moves": moves,
-                    "moved": result.get("moved", 0), "unchanged": result.get("unchanged", 0)})
+        print_json(
+            {
+                "dry_run": dry_run,
+                "rollback_plan": rollback,
+                "moves": moves,
+                "moved": result.get("moved", 0),
+                "unchanged": result.get("unchanged", 0),
+            }
+        )
         return
     console.print("rollback plan (the current assignment; `reassign execute` it to undo):")
     _print_plan(rollback)
@@ -318,16 +364,25 @@ def execute(plan: Path = PlanOption,
     if dry_run:
         console.print(f"dry run: {len(moves)} partitions would move, nothing submitted")
     else:
-        console.print(f"submitted: {result.get('moved', 0)} moved, {result.get('unchanged', 0)} "
-                      f"unchanged; check with `automqctl reassign verify --plan {plan}`")
+        console.print(
+            f"submitted: {result.get('moved', 0)} moved, {result.get('unchanged', 0)} "
+            f"unchanged; check with `automqctl reassign verify --plan {plan}`"
+        )
 
 
 def _check_progress(image, entries: list[Assignment]) -> list[dict]:
     rows = []
     for a in entries:
         done, state = progress(a.node_id, _view(image, a.topic, a.partition))
-        rows.append({"topic": a.topic, "partition": a.partition, "node_id": a.node_id,
-                     "done": done, "state": state})
+        rows.append(
+            {
+                "topic": a.topic,
+                "partition": a.partition,
+                "node_id": a.node_id,
+                "done": done,
+                "state": state,
+            }
+        )
     return rows
 
 
@@ -337,16 +392,22 @@ def _progress_table(title: str, rows: list[dict]) -> Table:
         table.add_column(col)
     for r in rows:
         style = "green" if r["done"] else "yellow"
-        table.add_row(r["topic"], str(r["partition"]), str(r["node_id"]), f"[{style}]{r['state']}[/]")
+        table.add_row(
+            r["topic"], str(r["partition"]), str(r["node_id"]), f"[{style}]{r['state']}[/]"
+        )
     return table
 
 
 @app.command()
-def verify(plan: Path = PlanOption,
-           timeout_s: float = typer.Option(30.0, "--timeout-s", min=0.0, max=3600.0,
-                                           help="how long to wait for the moves to finish"),
-           dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-           format: OutputFormat = FormatOption) -> None:
+def verify(
+    plan: Path = PlanOption,
+    timeout_s: float = typer.Option(
+        30.0, "--timeout-s", min=0.0, max=3600.0, help="how long to wait for the moves to finish"
+    ),
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Wait until the plan is done: exit 0 when done, 1 with the unfinished partitions.
 
     Done means every partition is led by its planned broker and that broker has the
@@ -364,22 +425,35 @@ def verify(plan: Path = PlanOption,
         time.sleep(0.1)
     elapsed = time.monotonic() - start
     if format == OutputFormat.json:
-        print_json({"done": not unfinished, "elapsed_s": round(elapsed, 3), "partitions": rows,
-                    "unfinished": unfinished})
+        print_json(
+            {
+                "done": not unfinished,
+                "elapsed_s": round(elapsed, 3),
+                "partitions": rows,
+                "unfinished": unfinished,
+            }
+        )
     elif unfinished:
         console.print(_progress_table("unfinished partitions", unfinished))
     else:
-        console.print(f"all {len(rows)} partitions are led by their planned brokers and writable "
-                      f"(checked for {elapsed:.1f}s)")
+        console.print(
+            f"all {len(rows)} partitions are led by their planned brokers and writable "
+            f"(checked for {elapsed:.1f}s)"
+        )
     if unfinished:
-        fail(f"{len(unfinished)} of {len(rows)} partitions not done after {timeout_s:.0f}s: " +
-             ", ".join(f"{r['topic']}-{r['partition']}" for r in unfinished[:20]) +
-             (" ..." if len(unfinished) > 20 else ""))
+        fail(
+            f"{len(unfinished)} of {len(rows)} partitions not done after {timeout_s:.0f}s: "
+            + ", ".join(f"{r['topic']}-{r['partition']}" for r in unfinished[:20])
+            + (" ..." if len(unfinished) > 20 else "")
+        )
 
 
 @app.command()
-def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption,
-           format: OutputFormat = FormatOption) -> None:
+def status(
+    dir: Path = DirOption,
+    controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """The last submitted plan (kept by the controller) and each partition's progress."""
     image = _image(_client(dir, controllers))
     raw = image.kv.get(LAST_REASSIGNMENT_KEY)
@@ -391,8 +465,9 @@ def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption
         return
     try:
         last = json.loads(raw)
-        entries = [Assignment(m["topic"], int(m["partition"]), int(m["node_id"]))
-                   for m in last["moves"]]
+        entries = [
+            Assignment(m["topic"], int(m["partition"]), int(m["node_id"])) for m in last["moves"]
+        ]
         started_ms = int(last["started_ms"])
     except (ValueError, KeyError, TypeError) as exc:
         fail(f"the controller's {LAST_REASSIGNMENT_KEY} is not a plan: {exc}")
@@ -401,9 +476,19 @@ def status(dir: Path = DirOption, controllers: Optional[str] = ControllersOption
     # started_ms is the controller's wall clock when it accepted the plan
     elapsed_s = max(0.0, time.time() - started_ms / 1000)
     if format == OutputFormat.json:
-        print_json({"started_ms": started_ms, "elapsed_s": round(elapsed_s, 3),
-                    "done": done, "total": len(rows), "complete": done == len(rows),
-                    "partitions": rows})
+        print_json(
+            {
+                "started_ms": started_ms,
+                "elapsed_s": round(elapsed_s, 3),
+                "done": done,
+                "total": len(rows),
+                "complete": done == len(rows),
+                "partitions": rows,
+            }
+        )
         return
-    console.print(_progress_table(f"last reassignment: {done}/{len(rows)} done, submitted "
-                                  f"{elapsed_s:.1f}s ago", rows))
+    console.print(
+        _progress_table(
+            f"last reassignment: {done}/{len(rows)} done, submitted {elapsed_s:.1f}s ago", rows
+        )
+    )

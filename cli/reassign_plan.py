@@ -49,6 +49,7 @@ class BrokerInfo:
 
 # ---------------------------------------------------------------- plan files
 
+
 def plan_to_json(assignments: list[Assignment]) -> dict:
     """The plan file's JSON object, partitions sorted by topic and partition."""
     ordered = sorted(assignments, key=lambda a: a.key)
@@ -71,7 +72,9 @@ def parse_plan(text: str) -> list[Assignment]:
     if not isinstance(data, dict):
         raise PlanError('a plan is a JSON object {"version": 1, "partitions": [...]}')
     if data.get("version") != PLAN_VERSION:
-        raise PlanError(f"unsupported plan version {data.get('version')!r} (expected {PLAN_VERSION})")
+        raise PlanError(
+            f"unsupported plan version {data.get('version')!r} (expected {PLAN_VERSION})"
+        )
     entries = data.get("partitions")
     if not isinstance(entries, list) or not entries:
         raise PlanError('"partitions" must be a non-empty list')
@@ -79,7 +82,9 @@ def parse_plan(text: str) -> list[Assignment]:
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or set(e) != {"topic", "partition", "node_id"}:
-            raise PlanError(f'partitions[{i}] must be {{"topic", "partition", "node_id"}}, got {e!r}')
+            raise PlanError(
+                f'partitions[{i}] must be {{"topic", "partition", "node_id"}}, got {e!r}'
+            )
         topic, partition, node = e["topic"], e["partition"], e["node_id"]
         # bool is an int in Python; a plan saying `true` is a mistake, not partition 1
         if not isinstance(topic, str) or not topic:
@@ -95,15 +100,20 @@ def parse_plan(text: str) -> list[Assignment]:
     return out
 
 
-def check_plan(plan: list[Assignment], current: dict[tuple[str, int], int],
-               topic_sizes: dict[str, int], brokers: dict[int, BrokerInfo]) -> None:
+def check_plan(
+    plan: list[Assignment],
+    current: dict[tuple[str, int], int],
+    topic_sizes: dict[str, int],
+    brokers: dict[int, BrokerInfo],
+) -> None:
     """Check a plan against the cluster: topics, partitions and active target brokers."""
     for a in plan:
         if a.topic not in topic_sizes:
             raise PlanError(f"topic {a.topic!r} does not exist")
         if a.key not in current:
-            raise PlanError(f"topic {a.topic!r} has no partition {a.partition} "
-                            f"(it has {topic_sizes[a.topic]})")
+            raise PlanError(
+                f"topic {a.topic!r} has no partition {a.partition} (it has {topic_sizes[a.topic]})"
+            )
     check_targets(sorted({a.node_id for a in plan}), brokers)
 
 
@@ -119,10 +129,13 @@ def check_targets(targets: list[int], brokers: dict[int, BrokerInfo]) -> None:
         if b.shutting_down:
             raise PlanError(f"broker {node} cannot take partitions: it is shutting down")
         if b.fenced:
-            raise PlanError(f"broker {node} cannot take partitions: fenced ({b.fence_reason or 'no reason'})")
+            raise PlanError(
+                f"broker {node} cannot take partitions: fenced ({b.fence_reason or 'no reason'})"
+            )
 
 
 # ---------------------------------------------------------------- planners
+
 
 def plan_by_count(current: list[Assignment], brokers: list[int]) -> list[Assignment]:
     """Balance partition counts over `brokers` with as few moves as possible.
@@ -181,8 +194,12 @@ def _spread_pick(parts: list[Assignment], count: int) -> list[Assignment]:
     return picked
 
 
-def plan_by_throughput(current: list[Assignment], rates: dict[tuple[str, int], float],
-                       brokers: list[int], tolerance: float = DEFAULT_TOLERANCE) -> list[Assignment]:
+def plan_by_throughput(
+    current: list[Assignment],
+    rates: dict[tuple[str, int], float],
+    brokers: list[int],
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> list[Assignment]:
     """Balance the summed produce rate (records/s) over `brokers`.
 
     A partition stays on its broker (if that broker is a target) while the broker's kept
@@ -225,12 +242,16 @@ def plan_by_throughput(current: list[Assignment], rates: dict[tuple[str, int], f
 
 def moves_of(plan: list[Assignment], current: dict[tuple[str, int], int]) -> list[dict]:
     """The entries of `plan` that change a leader: topic, partition, from, to."""
-    return [{"topic": a.topic, "partition": a.partition, "from": current.get(a.key), "to": a.node_id}
-            for a in sorted(plan, key=lambda a: a.key) if current.get(a.key) != a.node_id]
+    return [
+        {"topic": a.topic, "partition": a.partition, "from": current.get(a.key), "to": a.node_id}
+        for a in sorted(plan, key=lambda a: a.key)
+        if current.get(a.key) != a.node_id
+    ]
 
 
-def rates_from_offsets(before: dict[tuple[str, int], int], after: dict[tuple[str, int], int],
-                       elapsed_s: float) -> dict[tuple[str, int], float]:
+def rates_from_offsets(
+    before: dict[tuple[str, int], int], after: dict[tuple[str, int], int], elapsed_s: float
+) -> dict[tuple[str, int], float]:
     """Records/s per partition from two end-offset samples `elapsed_s` apart (a partition
     whose offset went down, e.g. recreated, counts as idle)."""
     if elapsed_s <= 0 or math.isnan(elapsed_s):
@@ -240,14 +261,15 @@ def rates_from_offsets(before: dict[tuple[str, int], int], after: dict[tuple[str
 
 # ---------------------------------------------------------------- progress
 
+
 @dataclass(frozen=True)
 class PartitionView:
     """What the image says about one partition and its stream."""
 
     leader: int
     leader_epoch: int
-    stream_epoch: int | None      # None: the stream is not in the image
-    stream_state: str | None      # "opened" | "closed"
+    stream_epoch: int | None  # None: the stream is not in the image
+    stream_state: str | None  # "opened" | "closed"
     stream_node: int | None
 
 
@@ -263,11 +285,17 @@ def progress(planned_node: int, view: PartitionView | None) -> tuple[bool, str]:
         return False, f"not moved: led by broker {view.leader}"
     if view.stream_state is None:
         return False, "stream missing from the metadata"
-    if view.stream_state == "opened" and view.stream_node == planned_node \
-            and view.stream_epoch == view.leader_epoch:
+    if (
+        view.stream_state == "opened"
+        and view.stream_node == planned_node
+        and view.stream_epoch == view.leader_epoch
+    ):
         return True, "done"
     if view.stream_state == "opened" and view.stream_node != planned_node:
-        return False, (f"moving: waiting for old owner broker {view.stream_node} to close "
-                       f"the stream (epoch {view.stream_epoch})")
-    return False, (f"moving: waiting for broker {planned_node} to open the stream at "
-                   f"epoch {view.leader_epoch}")
+        return False, (
+            f"moving: waiting for old owner broker {view.stream_node} to close "
+            f"the stream (epoch {view.stream_epoch})"
+        )
+    return False, (
+        f"moving: waiting for broker {planned_node} to open the stream at epoch {view.leader_epoch}"
+    )

@@ -31,21 +31,24 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     for ctrl, view in zip(config.controllers, views):
         raft = (view or {}).get("raft", {})
         is_leader = raft.get("state") == "leader"
-        if is_leader and (leader_view is None or raft.get("term", -1) >
-                          leader_view["raft"].get("term", -1)):
+        if is_leader and (
+            leader_view is None or raft.get("term", -1) > leader_view["raft"].get("term", -1)
+        ):
             leader_view = view
-        controllers.append({
-            "node_id": ctrl.node_id,
-            "address": ctrl.api_address,
-            "raft_address": ctrl.raft_address,
-            "reachable": view is not None,
-            "is_leader": is_leader,
-            "state": raft.get("state", "unreachable"),
-            "term": raft.get("term"),
-            "commit_index": raft.get("commit_index"),
-            "last_applied": raft.get("last_applied"),
-            "pid": pids.get(f"controller-{ctrl.node_id}"),
-        })
+        controllers.append(
+            {
+                "node_id": ctrl.node_id,
+                "address": ctrl.api_address,
+                "raft_address": ctrl.raft_address,
+                "reachable": view is not None,
+                "is_leader": is_leader,
+                "state": raft.get("state", "unreachable"),
+                "term": raft.get("term"),
+                "commit_index": raft.get("commit_index"),
+                "last_applied": raft.get("last_applied"),
+                "pid": pids.get(f"controller-{ctrl.node_id}"),
+            }
+        )
     # only one leader per term can be real; if two claim it, the higher term wins above
     leader_id = leader_view["node_id"] if leader_view else None
     for c in controllers:
@@ -55,44 +58,60 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     brokers = []
     for spec in config.brokers:
         b = registered.get(spec.node_id)
-        brokers.append({
-            "node_id": spec.node_id,
-            "az": spec.az,
-            "address": f"{config.host}:{spec.kafka_port}",
-            "metrics_address": f"{config.host}:{spec.metrics_port}" if spec.metrics_port else None,
-            "registered": b is not None,
-            "fenced": True if b is None else b["fenced"],
-            "fence_reason": None if b is None else b["fence_reason"],
-            "node_epoch": None if b is None else b["node_epoch"],
-            "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
-            "shutting_down": False if b is None else b.get("shutting_down", False),
-            "partitions_led": 0 if b is None else b.get("partitions_led", 0),
-            "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
-            "wal_failover_target": None if b is None else b.get("wal_failover_target"),
-            # upload health from the broker's last heartbeat (None until it reported one)
-            "wal_used_bytes": None if b is None else b.get("wal_used_bytes"),
-            "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
-            "upload_lag_s": None if b is None else b.get("upload_lag_s"),
-            "last_upload_error": None if b is None else b.get("last_upload_error"),
-            "pid": pids.get(f"broker-{spec.node_id}"),
-        })
+        brokers.append(
+            {
+                "node_id": spec.node_id,
+                "az": spec.az,
+                "address": f"{config.host}:{spec.kafka_port}",
+                "metrics_address": f"{config.host}:{spec.metrics_port}"
+                if spec.metrics_port
+                else None,
+                "registered": b is not None,
+                "fenced": True if b is None else b["fenced"],
+                "fence_reason": None if b is None else b["fence_reason"],
+                "node_epoch": None if b is None else b["node_epoch"],
+                "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
+                "shutting_down": False if b is None else b.get("shutting_down", False),
+                "partitions_led": 0 if b is None else b.get("partitions_led", 0),
+                "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
+                "wal_failover_target": None if b is None else b.get("wal_failover_target"),
+                # upload health from the broker's last heartbeat (None until it reported one)
+                "wal_used_bytes": None if b is None else b.get("wal_used_bytes"),
+                "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
+                "upload_lag_s": None if b is None else b.get("upload_lag_s"),
+                "last_upload_error": None if b is None else b.get("last_upload_error"),
+                "pid": pids.get(f"broker-{spec.node_id}"),
+            }
+        )
     active_bucket = (leader_view or {}).get("active_bucket_id", 0)
-    buckets = [{"bucket_id": b.bucket_id, "uri": redact_uri(b.uri),
-                "active": b.bucket_id == active_bucket} for b in config.buckets]
+    buckets = [
+        {"bucket_id": b.bucket_id, "uri": redact_uri(b.uri), "active": b.bucket_id == active_bucket}
+        for b in config.buckets
+    ]
 
     problems = []
     if leader_view is None:
         problems.append("no controller leader")
-    problems += [f"controller {c['node_id']} unreachable" for c in controllers if not c["reachable"]]
+    problems += [
+        f"controller {c['node_id']} unreachable" for c in controllers if not c["reachable"]
+    ]
     problems += [f"broker {b['node_id']} not registered" for b in brokers if not b["registered"]]
-    problems += [f"broker {b['node_id']} fenced ({b['fence_reason']})" for b in brokers
-                 if b["registered"] and b["fenced"]]
+    problems += [
+        f"broker {b['node_id']} fenced ({b['fence_reason']})"
+        for b in brokers
+        if b["registered"] and b["fenced"]
+    ]
     # the image alone can be stale (a broker that died without a word stays unfenced until
     # its session expires): a live broker is one whose heartbeat the leader has seen lately
     session_ms = config.settings.broker_session_timeout_ms
-    problems += [f"broker {b['node_id']} sends no heartbeats" for b in brokers
-                 if b["registered"] and not b["fenced"] and leader_view is not None
-                 and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)]
+    problems += [
+        f"broker {b['node_id']} sends no heartbeats"
+        for b in brokers
+        if b["registered"]
+        and not b["fenced"]
+        and leader_view is not None
+        and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)
+    ]
     return {
         "cluster_dir": str(cluster.dir),
         "healthy": not problems,
@@ -102,10 +121,13 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "controllers": controllers,
         "brokers": brokers,
         "buckets": buckets,
-        "failover_mode": "normal" if active_bucket == (config.buckets[0].bucket_id
-                                                       if config.buckets else 0) else "failover",
-        "object_store": {"embedded": bool(config.embedded_s3),
-                         "pid": pids.get("s3") if config.embedded_s3 else None},
+        "failover_mode": "normal"
+        if active_bucket == (config.buckets[0].bucket_id if config.buckets else 0)
+        else "failover",
+        "object_store": {
+            "embedded": bool(config.embedded_s3),
+            "pid": pids.get("s3") if config.embedded_s3 else None,
+        },
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -14,14 +13,19 @@ from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 app = typer.Typer(help="Manage topics (Kafka protocol).", no_args_is_help=True)
 
-BootstrapOption = typer.Option(None, "--bootstrap-server", "-b",
-                               help="Kafka bootstrap servers (default: the local cluster's)")
-DirOption = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR",
-                         help="local cluster directory, used when --bootstrap-server is absent")
+BootstrapOption = typer.Option(
+    None, "--bootstrap-server", "-b", help="Kafka bootstrap servers (default: the local cluster's)"
+)
+DirOption = typer.Option(
+    DEFAULT_CLUSTER_DIR,
+    "--dir",
+    envvar="AUTOMQ_CLUSTER_DIR",
+    help="local cluster directory, used when --bootstrap-server is absent",
+)
 FormatOption = typer.Option(OutputFormat.table, "--format")
 
 
-def _bootstrap(bootstrap: Optional[str], dir: Path) -> str:
+def _bootstrap(bootstrap: str | None, dir: Path) -> str:
     if bootstrap:
         return bootstrap
     try:
@@ -35,8 +39,9 @@ def _admin(bootstrap: str):
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
-        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="automqctl",
-                                request_timeout_ms=30_000)
+        return KafkaAdminClient(
+            bootstrap_servers=bootstrap, client_id="automqctl", request_timeout_ms=30_000
+        )
     except Exception as exc:  # the client raises several unrelated types for "unreachable"
         fail(f"cannot reach Kafka at {bootstrap}: {exc}")
 
@@ -46,21 +51,33 @@ def _describe(admin, names: list[str] | None) -> list[dict]:
     out = []
     for t in described:
         parts = sorted(t.get("partitions", []), key=lambda p: p["partition_index"])
-        out.append({
-            "name": t["topic"] if "topic" in t else t.get("name"),
-            "topic_id": str(t.get("topic_id", "")),
-            "error_code": t.get("error_code", 0),
-            "partitions": [{"partition": p["partition_index"], "leader": p["leader_id"],
-                            "leader_epoch": p.get("leader_epoch", -1)} for p in parts],
-        })
+        out.append(
+            {
+                "name": t["topic"] if "topic" in t else t.get("name"),
+                "topic_id": str(t.get("topic_id", "")),
+                "error_code": t.get("error_code", 0),
+                "partitions": [
+                    {
+                        "partition": p["partition_index"],
+                        "leader": p["leader_id"],
+                        "leader_epoch": p.get("leader_epoch", -1),
+                    }
+                    for p in parts
+                ],
+            }
+        )
     return out
 
 
 @app.command()
-def create(name: str, partitions: int = typer.Option(1, "--partitions", "-p", min=1, max=10_000),
-           config: list[str] = typer.Option([], "--config", "-c", help="key=value, repeatable"),
-           bootstrap_server: Optional[str] = BootstrapOption, dir: Path = DirOption,
-           format: OutputFormat = FormatOption) -> None:
+def create(
+    name: str,
+    partitions: int = typer.Option(1, "--partitions", "-p", min=1, max=10_000),
+    config: list[str] = typer.Option([], "--config", "-c", help="key=value, repeatable"),
+    bootstrap_server: str | None = BootstrapOption,
+    dir: Path = DirOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Create a topic."""
     from kafka.admin import NewTopic
     from kafka.errors import KafkaError as ClientError
@@ -86,8 +103,11 @@ def create(name: str, partitions: int = typer.Option(1, "--partitions", "-p", mi
 
 
 @app.command("list")
-def list_(bootstrap_server: Optional[str] = BootstrapOption, dir: Path = DirOption,
-          format: OutputFormat = FormatOption) -> None:
+def list_(
+    bootstrap_server: str | None = BootstrapOption,
+    dir: Path = DirOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """List topics."""
     admin = _admin(_bootstrap(bootstrap_server, dir))
     try:
@@ -106,8 +126,12 @@ def list_(bootstrap_server: Optional[str] = BootstrapOption, dir: Path = DirOpti
 
 
 @app.command()
-def describe(name: str, bootstrap_server: Optional[str] = BootstrapOption,
-             dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
+def describe(
+    name: str,
+    bootstrap_server: str | None = BootstrapOption,
+    dir: Path = DirOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Partitions of a topic with their leaders."""
     admin = _admin(_bootstrap(bootstrap_server, dir))
     try:
@@ -128,8 +152,12 @@ def describe(name: str, bootstrap_server: Optional[str] = BootstrapOption,
 
 
 @app.command()
-def delete(name: str, bootstrap_server: Optional[str] = BootstrapOption,
-           dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
+def delete(
+    name: str,
+    bootstrap_server: str | None = BootstrapOption,
+    dir: Path = DirOption,
+    format: OutputFormat = FormatOption,
+) -> None:
     """Delete a topic and its data."""
     from kafka.errors import KafkaError as ClientError
 

@@ -1,16 +1,16 @@
 """The controller's HTTP/JSON service for brokers, the CLI and Spark jobs.
 
-    POST /v1/<command>            a request body from `requests.py`; writes go to the leader
-                                  (a follower answers 421 NOT_CONTROLLER with the leader's
-                                  address, which `ControllerClient` follows)
-    GET  /v1/log?after=N&max=M&wait_ms=T   metadata log records after offset N (long-poll);
-                                  any controller serves it from its replicated state
-    GET  /v1/status               raft state of this controller, brokers with heartbeat ages
-    GET  /v1/image                the whole metadata image (JSON)
-    GET  /v1/balancer             the self-balancer's state (leader only: it has the rates)
-    GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
-    GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
-    GET  /metrics                 Prometheus text format
+POST /v1/<command>            a request body from `requests.py`; writes go to the leader
+                              (a follower answers 421 NOT_CONTROLLER with the leader's
+                              address, which `ControllerClient` follows)
+GET  /v1/log?after=N&max=M&wait_ms=T   metadata log records after offset N (long-poll);
+                              any controller serves it from its replicated state
+GET  /v1/status               raft state of this controller, brokers with heartbeat ages
+GET  /v1/image                the whole metadata image (JSON)
+GET  /v1/balancer             the self-balancer's state (leader only: it has the rates)
+GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
+GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
+GET  /metrics                 Prometheus text format
 """
 
 from __future__ import annotations
@@ -102,8 +102,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             fn()
         except ControllerError as exc:
-            self._send_error(exc, self._leader_hint() if exc.code in (
-                ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER) else None)
+            self._send_error(
+                exc,
+                self._leader_hint()
+                if exc.code in (ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER)
+                else None,
+            )
         except (BrokenPipeError, ConnectionResetError) as exc:
             # the client went away (killed, or gave up waiting): nothing to answer
             log.debug("client of %s went away: %s", self.path, exc)
@@ -128,14 +132,16 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlparse(self.path).path
         if not path.startswith("/v1/"):
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {path}")
-        command = path[len("/v1/"):]
+        command = path[len("/v1/") :]
         if command not in REQUEST_TYPES or command in INTERNAL_COMMANDS:
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_REQUEST_BYTES:
             self.close_connection = True
-            raise ControllerError(ErrorCode.REQUEST_TOO_LARGE,
-                                  f"request of {length} bytes is over {MAX_REQUEST_BYTES}")
+            raise ControllerError(
+                ErrorCode.REQUEST_TOO_LARGE,
+                f"request of {length} bytes is over {MAX_REQUEST_BYTES}",
+            )
         raw = self.rfile.read(length) if length else b"{}"
         try:
             body = json.loads(raw or b"{}")
@@ -184,19 +190,38 @@ class _Handler(BaseHTTPRequestHandler):
             stream = node.quorum.machine.image.streams.get(_path_int(url.path, 3))
             if stream is None:
                 raise ControllerError(ErrorCode.UNKNOWN_STREAM, f"no stream {url.path}")
-            self._send(200, {**stream.model_dump(mode="json", exclude={"object_ranges"}),
-                             "end_offset": stream.end_offset})
+            self._send(
+                200,
+                {
+                    **stream.model_dump(mode="json", exclude={"object_ranges"}),
+                    "end_offset": stream.end_offset,
+                },
+            )
         elif url.path.startswith("/v1/streams/") and url.path.endswith("/objects"):
             stream_id = _path_int(url.path, 3)
             image = node.quorum.machine.image
-            found = image.stream_objects_in_range(stream_id, _int(query, "start", 0),
-                                                  _int(query, "end", 2**62),
-                                                  min(_int(query, "limit", 100), 10_000))
-            self._send(200, {"objects": [
-                {**rng.model_dump(), "bucket_id": meta.bucket_id, "size_bytes": meta.size_bytes}
-                for rng, meta in found]})
+            found = image.stream_objects_in_range(
+                stream_id,
+                _int(query, "start", 0),
+                _int(query, "end", 2**62),
+                min(_int(query, "limit", 100), 10_000),
+            )
+            self._send(
+                200,
+                {
+                    "objects": [
+                        {
+                            **rng.model_dump(),
+                            "bucket_id": meta.bucket_id,
+                            "size_bytes": meta.size_bytes,
+                        }
+                        for rng, meta in found
+                    ]
+                },
+            )
         elif url.path == "/metrics":
             from prometheus_client import generate_latest
+
             self._send(200, generate_latest().decode(), "text/plain; version=0.0.4")
         elif url.path == "/healthz":
             self._send(200, {"ok": True, "time_ms": int(time.time() * 1000)})

@@ -106,6 +106,7 @@ class BalancerSettings(BaseModel):
 
 # ---------------------------------------------------------------- metadata state
 
+
 def balancer_enabled(image: MetadataImage) -> bool:
     """On unless an operator turned it off (AutoMQ shipped it off; users thought it broken)."""
     return image.kv.get(ENABLED_KEY, "true") != "false"
@@ -125,15 +126,29 @@ class RecordedMove:
     reason: str
 
     def to_json(self) -> dict:
-        return {"time_ms": self.time_ms, "topic_id": self.topic_id, "topic": self.topic,
-                "partition": self.partition, "from": self.from_node_id, "to": self.to_node_id,
-                "epoch": self.epoch, "reason": self.reason}
+        return {
+            "time_ms": self.time_ms,
+            "topic_id": self.topic_id,
+            "topic": self.topic,
+            "partition": self.partition,
+            "from": self.from_node_id,
+            "to": self.to_node_id,
+            "epoch": self.epoch,
+            "reason": self.reason,
+        }
 
     @staticmethod
     def from_json(d: dict) -> RecordedMove:
-        return RecordedMove(int(d["time_ms"]), str(d["topic_id"]), str(d["topic"]),
-                            int(d["partition"]), int(d["from"]), int(d["to"]),
-                            int(d["epoch"]), str(d.get("reason", "")))
+        return RecordedMove(
+            int(d["time_ms"]),
+            str(d["topic_id"]),
+            str(d["topic"]),
+            int(d["partition"]),
+            int(d["from"]),
+            int(d["to"]),
+            int(d["epoch"]),
+            str(d.get("reason", "")),
+        )
 
 
 def recent_moves(image: MetadataImage) -> list[RecordedMove]:
@@ -150,8 +165,12 @@ def recent_moves(image: MetadataImage) -> list[RecordedMove]:
 def stream_settled(image: MetadataImage, stream_id: int, node_id: int, epoch: int) -> bool:
     """The stream is open on `node_id` at `epoch`: that broker takes writes for it."""
     s = image.streams.get(stream_id)
-    return s is not None and s.state == StreamState.OPENED and s.node_id == node_id \
+    return (
+        s is not None
+        and s.state == StreamState.OPENED
+        and s.node_id == node_id
         and s.epoch == epoch
+    )
 
 
 def move_status(image: MetadataImage, move: RecordedMove) -> str:
@@ -181,21 +200,27 @@ def _manually_held(image: MetadataImage, now_ms: int, hold_ms: int) -> set[tuple
 
 # ---------------------------------------------------------------- planning (pure)
 
+
 @dataclass
 class BrokerLoad:
     """One broker as the planner sees it."""
 
     node_id: int
     az: str
-    eligible: bool           # may give and take partitions now
-    why_not: str             # why not eligible ("" if eligible)
-    partitions: int = 0      # partitions it leads
+    eligible: bool  # may give and take partitions now
+    why_not: str  # why not eligible ("" if eligible)
+    partitions: int = 0  # partitions it leads
     bytes_per_s: float = 0.0  # summed known produce rate of those
 
     def to_json(self) -> dict:
-        return {"node_id": self.node_id, "az": self.az, "eligible": self.eligible,
-                "why_not": self.why_not, "partitions": self.partitions,
-                "bytes_per_s": round(self.bytes_per_s, 1)}
+        return {
+            "node_id": self.node_id,
+            "az": self.az,
+            "eligible": self.eligible,
+            "why_not": self.why_not,
+            "partitions": self.partitions,
+            "bytes_per_s": round(self.bytes_per_s, 1),
+        }
 
 
 @dataclass
@@ -203,9 +228,9 @@ class BalancerDecision:
     """What a round decided (and what status shows)."""
 
     enabled: bool
-    state: str                     # off / idle / in_progress / stalled
-    mode: str                      # count / throughput
-    detail: str                    # why nothing moves, or what it does
+    state: str  # off / idle / in_progress / stalled
+    mode: str  # count / throughput
+    detail: str  # why nothing moves, or what it does
     moves: list[BalanceMove] = field(default_factory=list)
     brokers: list[BrokerLoad] = field(default_factory=list)
     unfinished: list[RecordedMove] = field(default_factory=list)
@@ -228,8 +253,9 @@ class _Partition:
         return (self.topic, self.partition)
 
 
-def _broker_loads(image: MetadataImage, now_ms: int,
-                  settings: BalancerSettings) -> dict[int, BrokerLoad]:
+def _broker_loads(
+    image: MetadataImage, now_ms: int, settings: BalancerSettings
+) -> dict[int, BrokerLoad]:
     loads: dict[int, BrokerLoad] = {}
     for b in sorted(image.brokers.values(), key=lambda b: b.node_id):
         if b.shutting_down:
@@ -244,9 +270,14 @@ def _broker_loads(image: MetadataImage, now_ms: int,
     return loads
 
 
-def _partitions(image: MetadataImage, rates: Mapping[int, float], eligible: set[int],
-                now_ms: int, settings: BalancerSettings,
-                history: list[RecordedMove]) -> list[_Partition]:
+def _partitions(
+    image: MetadataImage,
+    rates: Mapping[int, float],
+    eligible: set[int],
+    now_ms: int,
+    settings: BalancerSettings,
+    history: list[RecordedMove],
+) -> list[_Partition]:
     """Partitions led by eligible brokers, with their rate and whether they may move."""
     left: dict[tuple[str, int], set[int]] = defaultdict(set)
     for m in history:
@@ -258,12 +289,22 @@ def _partitions(image: MetadataImage, rates: Mapping[int, float], eligible: set[
         for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
             if p.leader_node_id not in eligible:
                 continue
-            movable = (stream_settled(image, p.stream_id, p.leader_node_id, p.leader_epoch)
-                       and (topic.name, p.partition) not in held)
-            out.append(_Partition(topic.topic_id, topic.name, p.partition, p.leader_node_id,
-                                  p.leader_epoch, max(0.0, float(rates.get(p.stream_id, 0.0))),
-                                  movable,
-                                  frozenset(left.get((topic.topic_id, p.partition), ()))))
+            movable = (
+                stream_settled(image, p.stream_id, p.leader_node_id, p.leader_epoch)
+                and (topic.name, p.partition) not in held
+            )
+            out.append(
+                _Partition(
+                    topic.topic_id,
+                    topic.name,
+                    p.partition,
+                    p.leader_node_id,
+                    p.leader_epoch,
+                    max(0.0, float(rates.get(p.stream_id, 0.0))),
+                    movable,
+                    frozenset(left.get((topic.topic_id, p.partition), ())),
+                )
+            )
     return out
 
 
@@ -289,9 +330,17 @@ class _Round:
 
     def move(self, p: _Partition, dst: int, reason: str) -> None:
         src = p.leader
-        self.moves.append(BalanceMove(topic_id=p.topic_id, topic=p.topic, partition=p.partition,
-                                      from_node_id=src, to_node_id=dst,
-                                      leader_epoch=p.epoch, reason=reason[:256]))
+        self.moves.append(
+            BalanceMove(
+                topic_id=p.topic_id,
+                topic=p.topic,
+                partition=p.partition,
+                from_node_id=src,
+                to_node_id=dst,
+                leader_epoch=p.epoch,
+                reason=reason[:256],
+            )
+        )
         self.movable[src].remove(p)  # a partition moves at most once per round
         self.count[src] -= 1
         self.count[dst] += 1
@@ -314,8 +363,12 @@ def _balance_counts(rnd: _Round, lo: int, hi: int, exact: bool, mode: str) -> No
         dst = min(rnd.nodes, key=lambda n: (rnd.count[n], rnd.load[n], n))
         fewest = [n for n in rnd.nodes if rnd.count[n] == rnd.count[dst]]
         # a giver needs a movable partition that may go to one of the emptiest brokers
-        givers = [n for n in rnd.nodes if rnd.count[n] - rnd.count[dst] > 1
-                  and any(f not in p.no_return for p in rnd.movable[n] for f in fewest)]
+        givers = [
+            n
+            for n in rnd.nodes
+            if rnd.count[n] - rnd.count[dst] > 1
+            and any(f not in p.no_return for p in rnd.movable[n] for f in fewest)
+        ]
         if not givers:
             return
         src = max(givers, key=lambda n: (rnd.count[n], rnd.load[n], -n))
@@ -323,12 +376,20 @@ def _balance_counts(rnd: _Round, lo: int, hi: int, exact: bool, mode: str) -> No
         if not out_of_band and not exact:
             return
         # among equally empty targets prefer the giver's AZ (its clients' traffic stays local)
-        dst = min((n for n in fewest if any(n not in p.no_return for p in rnd.movable[src])),
-                  key=lambda n: (rnd.az[n] != rnd.az[src], rnd.load[n], n))
-        p = min((p for p in rnd.movable[src] if dst not in p.no_return),
-                key=lambda p, src=src, dst=dst: _count_move_key(rnd, p, src, dst, mode))
-        rnd.move(p, dst, f"count: broker {src} led {rnd.count[src]} partitions, broker {dst} "
-                         f"{rnd.count[dst]} (mean {mean:.1f})")
+        dst = min(
+            (n for n in fewest if any(n not in p.no_return for p in rnd.movable[src])),
+            key=lambda n: (rnd.az[n] != rnd.az[src], rnd.load[n], n),
+        )
+        p = min(
+            (p for p in rnd.movable[src] if dst not in p.no_return),
+            key=lambda p, src=src, dst=dst: _count_move_key(rnd, p, src, dst, mode),
+        )
+        rnd.move(
+            p,
+            dst,
+            f"count: broker {src} led {rnd.count[src]} partitions, broker {dst} "
+            f"{rnd.count[dst]} (mean {mean:.1f})",
+        )
 
 
 def _count_move_key(rnd: _Round, p: _Partition, src: int, dst: int, mode: str) -> tuple:
@@ -358,14 +419,19 @@ def _balance_throughput(rnd: _Round, band: float, lo: int, hi: int) -> None:
         gap = rnd.load[hot] - rnd.load[cold]
         if rnd.count[hot] - 1 < lo or rnd.count[cold] + 1 > hi:
             return
-        candidates = [p for p in rnd.movable[hot]
-                      if min_rate <= p.rate < gap and cold not in p.no_return]
+        candidates = [
+            p for p in rnd.movable[hot] if min_rate <= p.rate < gap and cold not in p.no_return
+        ]
         if not candidates:
             return
         p = min(candidates, key=lambda p: (abs(gap / 2 - p.rate), p.topic, p.partition))
-        rnd.move(p, cold, f"throughput: broker {hot} {_rate_text(rnd.load[hot])}, broker "
-                          f"{cold} {_rate_text(rnd.load[cold])} (mean {_rate_text(mean)}); "
-                          f"moves {_rate_text(p.rate)}")
+        rnd.move(
+            p,
+            cold,
+            f"throughput: broker {hot} {_rate_text(rnd.load[hot])}, broker "
+            f"{cold} {_rate_text(rnd.load[cold])} (mean {_rate_text(mean)}); "
+            f"moves {_rate_text(p.rate)}",
+        )
 
 
 def _rate_text(bytes_per_s: float) -> str:
@@ -375,8 +441,9 @@ def _rate_text(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
-def plan_round(image: MetadataImage, rates: Mapping[int, float], now_ms: int,
-               settings: BalancerSettings) -> BalancerDecision:
+def plan_round(
+    image: MetadataImage, rates: Mapping[int, float], now_ms: int, settings: BalancerSettings
+) -> BalancerDecision:
     """One round's decision: the state, and the moves to submit now (possibly none).
 
     `rates` is the produce rate in bytes/s of the streams whose leader reported it lately
@@ -384,11 +451,22 @@ def plan_round(image: MetadataImage, rates: Mapping[int, float], now_ms: int,
     """
     enabled = balancer_enabled(image)
     history = recent_moves(image)
-    unfinished = [m for m in history if now_ms - m.time_ms < settings.abandon_after_ms
-                  and move_status(image, m) == MOVE_IN_PROGRESS]
+    unfinished = [
+        m
+        for m in history
+        if now_ms - m.time_ms < settings.abandon_after_ms
+        and move_status(image, m) == MOVE_IN_PROGRESS
+    ]
     stalled = [m for m in unfinished if now_ms - m.time_ms >= settings.stall_after_ms]
-    state = (STATE_OFF if not enabled else STATE_STALLED if stalled
-             else STATE_IN_PROGRESS if unfinished else STATE_IDLE)
+    state = (
+        STATE_OFF
+        if not enabled
+        else STATE_STALLED
+        if stalled
+        else STATE_IN_PROGRESS
+        if unfinished
+        else STATE_IDLE
+    )
 
     loads = _broker_loads(image, now_ms, settings)
     eligible = {n for n, b in loads.items() if b.eligible}
@@ -397,17 +475,23 @@ def plan_round(image: MetadataImage, rates: Mapping[int, float], now_ms: int,
         loads[p.leader].partitions += 1
         loads[p.leader].bytes_per_s += p.rate
     total_rate = sum(p.rate for p in parts)
-    mode = MODE_THROUGHPUT if total_rate >= max(settings.throughput_min_bytes_per_s, 1e-9) \
+    mode = (
+        MODE_THROUGHPUT
+        if total_rate >= max(settings.throughput_min_bytes_per_s, 1e-9)
         else MODE_COUNT
-    decision = BalancerDecision(enabled, state, mode, "", brokers=list(loads.values()),
-                                unfinished=unfinished)
+    )
+    decision = BalancerDecision(
+        enabled, state, mode, "", brokers=list(loads.values()), unfinished=unfinished
+    )
     if not enabled:
         decision.detail = "disabled (automqctl balancer enable)"
         return decision
     if stalled:
         m = stalled[0]
-        decision.detail = (f"waiting for {m.topic}-{m.partition} to open on broker "
-                           f"{m.to_node_id} (moved {(now_ms - m.time_ms) // 1000}s ago)")
+        decision.detail = (
+            f"waiting for {m.topic}-{m.partition} to open on broker "
+            f"{m.to_node_id} (moved {(now_ms - m.time_ms) // 1000}s ago)"
+        )
         return decision
     if unfinished:
         decision.detail = f"waiting for {len(unfinished)} move(s) to finish"
@@ -432,24 +516,27 @@ def plan_round(image: MetadataImage, rates: Mapping[int, float], now_ms: int,
         _balance_counts(rnd, lo, hi, exact=False, mode=mode)
         tol = settings.throughput_tolerance
         rate_mean = total_rate / len(brokers)
-        triggered = continuing or any(not rate_mean * (1 - tol) <= rnd.load[n] <= rate_mean * (1 + tol)
-                                      for n in rnd.nodes)
+        triggered = continuing or any(
+            not rate_mean * (1 - tol) <= rnd.load[n] <= rate_mean * (1 + tol) for n in rnd.nodes
+        )
         if triggered:
             _balance_throughput(rnd, tol / 2, lo, hi)
     decision.moves = rnd.moves
-    decision.detail = (f"{len(rnd.moves)} move(s) by {mode}" if rnd.moves
-                       else f"balanced by {mode}")
+    decision.detail = f"{len(rnd.moves)} move(s) by {mode}" if rnd.moves else f"balanced by {mode}"
     return decision
 
 
 # ---------------------------------------------------------------- commands (replicated)
 
+
 def set_balancer(image: MetadataImage, req: SetBalancerRequest, now_ms: int):
     """Turn the balancer on or off; moves already submitted still finish."""
     if balancer_enabled(image) == req.enabled:
         return [], {"enabled": req.enabled, "changed": False}
-    return ([r.KVRecord(key=ENABLED_KEY, value="true" if req.enabled else "false")],
-            {"enabled": req.enabled, "changed": True})
+    return (
+        [r.KVRecord(key=ENABLED_KEY, value="true" if req.enabled else "false")],
+        {"enabled": req.enabled, "changed": True},
+    )
 
 
 def balance_partitions(image: MetadataImage, req: BalancePartitionsRequest, now_ms: int):
@@ -460,8 +547,11 @@ def balance_partitions(image: MetadataImage, req: BalancePartitionsRequest, now_
     `leader_epoch`, or either broker is no longer active.
     """
     if not balancer_enabled(image):
-        return [], {"moved": 0, "skipped": [f"{m.topic}-{m.partition}" for m in req.moves],
-                    "reason": "balancer disabled"}
+        return [], {
+            "moved": 0,
+            "skipped": [f"{m.topic}-{m.partition}" for m in req.moves],
+            "reason": "balancer disabled",
+        }
     recs: list = []
     done: list[RecordedMove] = []
     skipped: list[str] = []
@@ -470,32 +560,64 @@ def balance_partitions(image: MetadataImage, req: BalancePartitionsRequest, now_
         topic = image.topics.get(m.topic_id)
         p = topic.partitions.get(m.partition) if topic is not None else None
         src, dst = image.brokers.get(m.from_node_id), image.brokers.get(m.to_node_id)
-        if p is None or (m.topic_id, m.partition) in seen or p.leader_node_id != m.from_node_id \
-                or p.leader_epoch != m.leader_epoch or src is None or not src.active \
-                or dst is None or not dst.active or m.to_node_id == m.from_node_id:
+        if (
+            p is None
+            or (m.topic_id, m.partition) in seen
+            or p.leader_node_id != m.from_node_id
+            or p.leader_epoch != m.leader_epoch
+            or src is None
+            or not src.active
+            or dst is None
+            or not dst.active
+            or m.to_node_id == m.from_node_id
+        ):
             skipped.append(f"{m.topic}-{m.partition}")
             continue
         seen.add((m.topic_id, m.partition))
         recs.append(move_record(topic, p, m.to_node_id))
-        done.append(RecordedMove(now_ms, m.topic_id, topic.name, m.partition, m.from_node_id,
-                                 m.to_node_id, p.leader_epoch + 1, m.reason))
+        done.append(
+            RecordedMove(
+                now_ms,
+                m.topic_id,
+                topic.name,
+                m.partition,
+                m.from_node_id,
+                m.to_node_id,
+                p.leader_epoch + 1,
+                m.reason,
+            )
+        )
     if done:
         history = (recent_moves(image) + done)[-MAX_HISTORY:]
-        recs.append(r.KVRecord(key=MOVES_KEY, value=json.dumps([m.to_json() for m in history],
-                                                               sort_keys=True)))
+        recs.append(
+            r.KVRecord(
+                key=MOVES_KEY, value=json.dumps([m.to_json() for m in history], sort_keys=True)
+            )
+        )
     return recs, {"moved": len(done), "skipped": skipped}
 
 
 # ---------------------------------------------------------------- status
 
-def status_document(image: MetadataImage, rates: Mapping[int, float], now_ms: int,
-                    settings: BalancerSettings, rates_known: bool = True) -> dict:
+
+def status_document(
+    image: MetadataImage,
+    rates: Mapping[int, float],
+    now_ms: int,
+    settings: BalancerSettings,
+    rates_known: bool = True,
+) -> dict:
     """What `automqctl balancer status` prints (JSON; see docs/operations.md)."""
     d = plan_round(image, rates, now_ms, settings)
     recent = []
     for m in reversed(recent_moves(image)):
-        recent.append({**m.to_json(), "status": move_status(image, m),
-                       "age_s": round(max(0, now_ms - m.time_ms) / 1000, 1)})
+        recent.append(
+            {
+                **m.to_json(),
+                "status": move_status(image, m),
+                "age_s": round(max(0, now_ms - m.time_ms) / 1000, 1),
+            }
+        )
     return {
         "enabled": d.enabled,
         "state": d.state,
@@ -505,7 +627,9 @@ def status_document(image: MetadataImage, rates: Mapping[int, float], now_ms: in
         "brokers": [b.to_json() for b in d.brokers],
         "next_moves": [m.model_dump() for m in d.moves] if d.state == STATE_IDLE else [],
         "recent_moves": recent,
-        "settings": {"max_moves_per_round": settings.max_moves_per_round,
-                     "max_rounds_per_minute": settings.max_rounds_per_minute,
-                     "throughput_min_bytes_per_s": settings.throughput_min_bytes_per_s},
+        "settings": {
+            "max_moves_per_round": settings.max_moves_per_round,
+            "max_rounds_per_minute": settings.max_rounds_per_minute,
+            "throughput_min_bytes_per_s": settings.throughput_min_bytes_per_s,
+        },
     }

@@ -15,6 +15,7 @@ from controlplane.requests import (
     RegisterBrokerResponse,
 )
 
+
 def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: int):
     """Every registration gets a new node epoch: writes of older epochs are fenced from now on.
 
@@ -28,12 +29,19 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
     last_epoch = max(current.node_epoch if current else -1, wal.node_epoch if wal else -1)
     epoch = last_epoch + 1
     recs: list = failover_recs + [
-        r.RegisterBrokerRecord(node_id=req.node_id, node_epoch=epoch, az=req.az, host=req.host,
-                               kafka_port=req.kafka_port, incarnation_id=req.incarnation_id,
-                               registered_ms=now_ms),
+        r.RegisterBrokerRecord(
+            node_id=req.node_id,
+            node_epoch=epoch,
+            az=req.az,
+            host=req.host,
+            kafka_port=req.kafka_port,
+            incarnation_id=req.incarnation_id,
+            registered_ms=now_ms,
+        ),
         r.FenceBrokerRecord(node_id=req.node_id, node_epoch=epoch, reason=REGISTERED_REASON),
-        r.NodeWALMetadataRecord(node_id=req.node_id, node_epoch=epoch, wal_uri=req.wal_uri,
-                                failover_mode=False),
+        r.NodeWALMetadataRecord(
+            node_id=req.node_id, node_epoch=epoch, wal_uri=req.wal_uri, failover_mode=False
+        ),
     ]
     return recs, RegisterBrokerResponse(node_id=req.node_id, node_epoch=epoch)
 
@@ -46,14 +54,19 @@ def broker_heartbeat(image: MetadataImage, req: BrokerHeartbeatRequest, now_ms: 
     if broker is None:
         raise ControllerError(ErrorCode.UNKNOWN_NODE, f"node {req.node_id} is not registered")
     if req.node_epoch != broker.node_epoch:
-        raise ControllerError(ErrorCode.STALE_NODE_EPOCH,
-                              f"node {req.node_id} epoch {req.node_epoch} is not current "
-                              f"({broker.node_epoch}); register again")
+        raise ControllerError(
+            ErrorCode.STALE_NODE_EPOCH,
+            f"node {req.node_id} epoch {req.node_epoch} is not current "
+            f"({broker.node_epoch}); register again",
+        )
     if broker.fenced and broker.fence_reason == REGISTERED_REASON:
-        return ([r.UnfenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch)],
-                BrokerHeartbeatResponse(fenced=False, node_epoch=broker.node_epoch))
-    return [], BrokerHeartbeatResponse(fenced=broker.fenced, node_epoch=broker.node_epoch,
-                                       fence_reason=broker.fence_reason)
+        return (
+            [r.UnfenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch)],
+            BrokerHeartbeatResponse(fenced=False, node_epoch=broker.node_epoch),
+        )
+    return [], BrokerHeartbeatResponse(
+        fenced=broker.fenced, node_epoch=broker.node_epoch, fence_reason=broker.fence_reason
+    )
 
 
 def fence_broker(image: MetadataImage, req: FenceBrokerRequest, now_ms: int):
@@ -61,13 +74,15 @@ def fence_broker(image: MetadataImage, req: FenceBrokerRequest, now_ms: int):
     if broker is None:
         raise ControllerError(ErrorCode.UNKNOWN_NODE, f"node {req.node_id} is not registered")
     if req.node_epoch != broker.node_epoch:
-        raise ControllerError(ErrorCode.STALE_NODE_EPOCH,
-                              f"node {req.node_id} epoch {req.node_epoch} is not current "
-                              f"({broker.node_epoch})")
+        raise ControllerError(
+            ErrorCode.STALE_NODE_EPOCH,
+            f"node {req.node_id} epoch {req.node_epoch} is not current ({broker.node_epoch})",
+        )
     if broker.fenced and broker.fence_reason != REGISTERED_REASON:
         return [], {}
-    return [r.FenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch,
-                                reason=req.reason)], {}
+    return [
+        r.FenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch, reason=req.reason)
+    ], {}
 
 
 def fence_expired_brokers(image: MetadataImage, expired: list[tuple[int, int]]) -> list:
@@ -79,6 +94,7 @@ def fence_expired_brokers(image: MetadataImage, expired: list[tuple[int, int]]) 
             continue
         if broker.fenced and broker.fence_reason != REGISTERED_REASON:
             continue
-        recs.append(r.FenceBrokerRecord(node_id=node_id, node_epoch=epoch,
-                                        reason="session expired"))
+        recs.append(
+            r.FenceBrokerRecord(node_id=node_id, node_epoch=epoch, reason="session expired")
+        )
     return recs

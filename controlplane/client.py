@@ -29,8 +29,9 @@ class ControllerUnavailableError(ControllerError):
 
 
 class ControllerClient:
-    def __init__(self, api_addresses: list[str], timeout_s: float = 15.0,
-                 request_timeout_s: float = 10.0):
+    def __init__(
+        self, api_addresses: list[str], timeout_s: float = 15.0, request_timeout_s: float = 10.0
+    ):
         if not api_addresses:
             raise ValueError("at least one controller API address is needed")
         self.addresses = list(api_addresses)
@@ -40,8 +41,9 @@ class ControllerClient:
 
     # ------------------------------------------------------------ transport
 
-    def _http(self, address: str, method: str, path: str, body: bytes | None,
-              timeout_s: float) -> tuple[int, Any]:
+    def _http(
+        self, address: str, method: str, path: str, body: bytes | None, timeout_s: float
+    ) -> tuple[int, Any]:
         host, port = address.rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         try:
@@ -67,8 +69,9 @@ class ControllerClient:
             address = self._leader or self.addresses[attempt % len(self.addresses)]
             attempt += 1
             try:
-                status, data = self._http(address, "POST", f"/v1/{command}", payload,
-                                          self.request_timeout_s)
+                status, data = self._http(
+                    address, "POST", f"/v1/{command}", payload, self.request_timeout_s
+                )
             except (OSError, http.client.HTTPException) as exc:
                 self._leader = None
                 last_error = f"{address}: {exc}"
@@ -80,12 +83,15 @@ class ControllerClient:
                 try:
                     code = ErrorCode(err.get("code"))
                 except ValueError:
-                    raise ControllerError(ErrorCode.INVALID_REQUEST,
-                                          f"{err.get('code')}: {err.get('message')}") from None
+                    raise ControllerError(
+                        ErrorCode.INVALID_REQUEST, f"{err.get('code')}: {err.get('message')}"
+                    ) from None
                 if code not in _RETRIABLE:
-                    raise ControllerError(code, err.get("message", ""),
-                                          ControllerError.parse_stream_errors(
-                                              err.get("stream_errors")))
+                    raise ControllerError(
+                        code,
+                        err.get("message", ""),
+                        ControllerError.parse_stream_errors(err.get("stream_errors")),
+                    )
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
                 self._leader = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
                 if self._leader is not None and self._leader != address:
@@ -93,36 +99,45 @@ class ControllerClient:
                 self._leader = None
             if time.monotonic() >= deadline:
                 raise ControllerUnavailableError(
-                    f"no controller leader answered {command} in time (last: {last_error})")
+                    f"no controller leader answered {command} in time (last: {last_error})"
+                )
             time.sleep(min(0.05 * (2 ** min(attempt, 5)), 0.5) * (0.5 + random.random()))
 
     # ------------------------------------------------------------ reads
 
-    def _get(self, path: str, timeout_s: float | None = None,
-             address: str | None = None) -> Any:
+    def _get(self, path: str, timeout_s: float | None = None, address: str | None = None) -> Any:
         """GET from `address` or from any controller that answers."""
-        candidates = [address] if address else (
-            [self._leader] if self._leader else []) + self.addresses
+        candidates = (
+            [address] if address else ([self._leader] if self._leader else []) + self.addresses
+        )
         last_error = ""
         for addr in candidates:
             try:
-                status, data = self._http(addr, "GET", path, None,
-                                          timeout_s or self.request_timeout_s)
+                status, data = self._http(
+                    addr, "GET", path, None, timeout_s or self.request_timeout_s
+                )
             except (OSError, http.client.HTTPException) as exc:
                 last_error = f"{addr}: {exc}"
                 continue
             if status == 200:
                 return data
             err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise ControllerError(ErrorCode(err.get("code", "INVALID_REQUEST")),
-                                  err.get("message", f"HTTP {status}"))
+            raise ControllerError(
+                ErrorCode(err.get("code", "INVALID_REQUEST")), err.get("message", f"HTTP {status}")
+            )
         raise ControllerUnavailableError(f"no controller reachable for {path} ({last_error})")
 
-    def read_log(self, after_offset: int, max_records: int = 1000, wait_ms: int = 0,
-                 address: str | None = None) -> dict:
+    def read_log(
+        self,
+        after_offset: int,
+        max_records: int = 1000,
+        wait_ms: int = 0,
+        address: str | None = None,
+    ) -> dict:
         query = urlencode({"after": after_offset, "max": max_records, "wait_ms": wait_ms})
-        return self._get(f"/v1/log?{query}", timeout_s=wait_ms / 1000 + self.request_timeout_s,
-                         address=address)
+        return self._get(
+            f"/v1/log?{query}", timeout_s=wait_ms / 1000 + self.request_timeout_s, address=address
+        )
 
     def status(self, address: str) -> dict:
         return self._get("/v1/status", address=address)
@@ -159,7 +174,8 @@ class ControllerClient:
                     continue  # follow the hint at once
             if time.monotonic() >= deadline:
                 raise ControllerUnavailableError(
-                    f"no controller leader answered {path} in time (last: {last_error})")
+                    f"no controller leader answered {path} in time (last: {last_error})"
+                )
             time.sleep(min(0.05 * (2 ** min(attempt, 5)), 0.5) * (0.5 + random.random()))
 
     def balancer_status(self) -> dict:
@@ -173,7 +189,8 @@ class ControllerClient:
         """A stream's metadata (epoch, state, node_id, start_offset, end_offset)."""
         return self._get(f"/v1/streams/{stream_id}")
 
-    def stream_objects(self, stream_id: int, start_offset: int, end_offset: int,
-                       limit: int = 100) -> list[dict]:
+    def stream_objects(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+    ) -> list[dict]:
         query = urlencode({"start": start_offset, "end": end_offset, "limit": limit})
         return self._get(f"/v1/streams/{stream_id}/objects?{query}")["objects"]

@@ -38,8 +38,10 @@ class BucketConfig(BaseModel):
         if not self.access_key:
             return self.uri
         sep = "&" if "?" in self.uri else "?"
-        return (f"{self.uri}{sep}accessKey={quote(self.access_key, safe='')}"
-                f"&secretKey={quote(self.secret_key, safe='')}")
+        return (
+            f"{self.uri}{sep}accessKey={quote(self.access_key, safe='')}"
+            f"&secretKey={quote(self.secret_key, safe='')}"
+        )
 
 
 class QuorumConfig(BaseModel):

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections import Counter
 
 from controlplane import records as r
-from controlplane.fencing import REGISTERED_REASON, require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import REGISTERED_REASON, require_active_broker
 from controlplane.image import BrokerState, MetadataImage
 from controlplane.requests import PutGroupOffsetsRequest
 
@@ -39,11 +39,19 @@ from controlplane.requests import PutGroupOffsetsRequest
 GROUP_OFFSETS_KEY_PREFIX = "group-offsets/"
 
 #: record types that change which brokers may own slots
-BROKER_RECORD_TYPES = frozenset({"register_broker", "fence_broker", "unfence_broker",
-                                 "broker_shutting_down", "unregister_broker"})
+BROKER_RECORD_TYPES = frozenset(
+    {
+        "register_broker",
+        "fence_broker",
+        "unfence_broker",
+        "broker_shutting_down",
+        "unregister_broker",
+    }
+)
 
 
 # ---------------------------------------------------------------- group -> slot -> broker
+
 
 def java_string_hash(text: str) -> int:
     """Java's `String.hashCode` (signed 32-bit, over UTF-16 code units)."""
@@ -99,6 +107,7 @@ def slot_counts(image: MetadataImage) -> Counter[int]:
 
 # ---------------------------------------------------------------- placement (pure)
 
+
 def _keeps_slots(broker: BrokerState | None) -> bool:
     """May keep the slots it owns: registered, not fenced for good, not shutting down. A
     broker waiting for its first heartbeat after a restart keeps them (moving them away and
@@ -113,7 +122,9 @@ def changes_brokers(recs: list) -> bool:
     return any(getattr(rec, "type", None) in BROKER_RECORD_TYPES for rec in recs)
 
 
-def plan_slot_moves(image: MetadataImage, default_slot_count: int) -> list[r.CoordinatorSlotsRecord]:
+def plan_slot_moves(
+    image: MetadataImage, default_slot_count: int
+) -> list[r.CoordinatorSlotsRecord]:
     """The slot moves the image calls for: [] or one record (see the module docstring).
 
     Deterministic for one image; moves the fewest slots that place every slot on a broker
@@ -165,14 +176,14 @@ def plan_slot_moves(image: MetadataImage, default_slot_count: int) -> list[r.Coo
         if state is not None and state.node_id == owner[slot] and slot not in orphans:
             continue
         epoch = state.epoch + 1 if state is not None else 0
-        assignments.append(r.CoordinatorSlotAssignment(slot=slot, node_id=owner[slot],
-                                                       epoch=epoch))
+        assignments.append(r.CoordinatorSlotAssignment(slot=slot, node_id=owner[slot], epoch=epoch))
     if not assignments:
         return []
     return [r.CoordinatorSlotsRecord(slot_count=count, assignments=tuple(assignments))]
 
 
 # ---------------------------------------------------------------- offsets (command)
+
 
 def put_group_offsets(image: MetadataImage, req: PutGroupOffsetsRequest, now_ms: int):
     """Store (or delete) a group's committed-offsets document: only the current owner of
@@ -182,9 +193,13 @@ def put_group_offsets(image: MetadataImage, req: PutGroupOffsetsRequest, now_ms:
     state = image.coordinator_slots.get(slot) if slot is not None else None
     if state is None or state.node_id != req.node_id or state.epoch != req.coordinator_epoch:
         current = "unassigned" if state is None else f"node {state.node_id} epoch {state.epoch}"
-        raise ControllerError(ErrorCode.NOT_COORDINATOR,
-                              f"node {req.node_id} at coordinator epoch {req.coordinator_epoch} "
-                              f"does not coordinate group {req.group_id!r} (slot {slot}: "
-                              f"{current})")
-    return ([r.KVRecord(key=GROUP_OFFSETS_KEY_PREFIX + req.group_id, value=req.value)],
-            {"slot": slot, "coordinator_epoch": state.epoch})
+        raise ControllerError(
+            ErrorCode.NOT_COORDINATOR,
+            f"node {req.node_id} at coordinator epoch {req.coordinator_epoch} "
+            f"does not coordinate group {req.group_id!r} (slot {slot}: "
+            f"{current})",
+        )
+    return (
+        [r.KVRecord(key=GROUP_OFFSETS_KEY_PREFIX + req.group_id, value=req.value)],
+        {"slot": slot, "coordinator_epoch": state.epoch},
+    )

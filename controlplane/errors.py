@@ -40,15 +40,21 @@ class ErrorCode(str, Enum):
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another
 # epoch or node owns it, or the data does not continue its committed end. Only that
 # stream's data is uncommittable; the other streams of the same upload are fine.
-STREAM_PERMANENT_CODES = frozenset({
-    ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED,
-    ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET,
-})
+STREAM_PERMANENT_CODES = frozenset(
+    {
+        ErrorCode.UNKNOWN_STREAM,
+        ErrorCode.STREAM_FENCED,
+        ErrorCode.STREAM_NOT_OPENED,
+        ErrorCode.STREAM_OFFSET_GAP,
+        ErrorCode.INVALID_OFFSET,
+    }
+)
 # refusals that say the controller could not decide (leader change, overload): retry as is
 RETRIABLE_CODES = frozenset({ErrorCode.NO_LEADER, ErrorCode.TIMEOUT, ErrorCode.NOT_CONTROLLER})
 # the writing node itself is fenced: nothing it writes with this node epoch is accepted
-NODE_FENCING_CODES = frozenset({ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
-                                ErrorCode.UNKNOWN_NODE})
+NODE_FENCING_CODES = frozenset(
+    {ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH, ErrorCode.UNKNOWN_NODE}
+)
 MAX_STREAM_ERRORS = 10_000  # = requests.MAX_RANGES_PER_COMMIT: one per stream of a commit
 
 
@@ -60,8 +66,9 @@ class ControllerError(Exception):
     one more round instead of one round per bad stream. `code` is then the first stream's.
     """
 
-    def __init__(self, code: ErrorCode, message: str,
-                 stream_errors: dict[int, ErrorCode] | None = None):
+    def __init__(
+        self, code: ErrorCode, message: str, stream_errors: dict[int, ErrorCode] | None = None
+    ):
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
@@ -70,8 +77,9 @@ class ControllerError(Exception):
     def to_dict(self) -> dict:
         error: dict = {"code": self.code.value, "message": self.message}
         if self.stream_errors:
-            error["stream_errors"] = {str(sid): code.value
-                                      for sid, code in self.stream_errors.items()}
+            error["stream_errors"] = {
+                str(sid): code.value for sid, code in self.stream_errors.items()
+            }
         return {"error": error}
 
     @staticmethod

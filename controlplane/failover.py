@@ -20,11 +20,11 @@ greater failover epoch. The failed broker may register again only once failover 
 from __future__ import annotations
 
 from controlplane import records as r
+from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import (
     is_down,
     require_failover_target,
 )
-from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, NodeWALState
 from controlplane.placement import choose_broker, evacuate, leader_load
 from controlplane.records import StreamState
@@ -35,7 +35,9 @@ def nodes_owning_open_streams(image: MetadataImage) -> set[int]:
     return {s.node_id for s in image.streams.values() if s.state == StreamState.OPENED}
 
 
-def plan_failovers(image: MetadataImage, newly_fenced: set[int] | frozenset[int] = frozenset()) -> list:
+def plan_failovers(
+    image: MetadataImage, newly_fenced: set[int] | frozenset[int] = frozenset()
+) -> list:
     """Records that evacuate down brokers and start (or re-target) WAL failovers.
 
     `newly_fenced` are nodes fenced by records of the same command, not yet applied.
@@ -56,8 +58,9 @@ def plan_failovers(image: MetadataImage, newly_fenced: set[int] | frozenset[int]
             if target is not None:
                 epoch = max(wal.node_epoch, broker.node_epoch) + 1
                 recs.append(_failover_record(wal, epoch, target))
-        elif wal.failover_target_node_id is None or \
-                is_down(image.brokers.get(wal.failover_target_node_id), newly_fenced):
+        elif wal.failover_target_node_id is None or is_down(
+            image.brokers.get(wal.failover_target_node_id), newly_fenced
+        ):
             # the target died before finishing: hand the WAL to another broker
             target = choose_broker(image, load, broker.az, exclude=down)
             if target is not None:
@@ -79,33 +82,54 @@ def registration_records(image: MetadataImage, node_id: int) -> list:
     if own is not None and own.failover_mode:
         target = own.failover_target_node_id
         if target is not None and target != node_id and not is_down(image.brokers.get(target)):
-            raise ControllerError(ErrorCode.WAL_FAILOVER_IN_PROGRESS,
-                                  f"node {target} is recovering the WAL of node {node_id}; "
-                                  f"register again once it is done")
-    recs += [_failover_record(wal, wal.node_epoch + 1, node_id)
-             for wal in sorted(image.node_wals.values(), key=lambda w: w.node_id)
-             if wal.failover_mode and wal.failover_target_node_id == node_id
-             and wal.node_id != node_id]
+            raise ControllerError(
+                ErrorCode.WAL_FAILOVER_IN_PROGRESS,
+                f"node {target} is recovering the WAL of node {node_id}; "
+                f"register again once it is done",
+            )
+    recs += [
+        _failover_record(wal, wal.node_epoch + 1, node_id)
+        for wal in sorted(image.node_wals.values(), key=lambda w: w.node_id)
+        if wal.failover_mode and wal.failover_target_node_id == node_id and wal.node_id != node_id
+    ]
     return recs
 
 
 def _failover_record(wal: NodeWALState, epoch: int, target: int) -> r.NodeWALMetadataRecord:
-    return r.NodeWALMetadataRecord(node_id=wal.node_id, node_epoch=epoch, wal_uri=wal.wal_uri,
-                                   failover_mode=True, failover_target_node_id=target)
+    return r.NodeWALMetadataRecord(
+        node_id=wal.node_id,
+        node_epoch=epoch,
+        wal_uri=wal.wal_uri,
+        failover_mode=True,
+        failover_target_node_id=target,
+    )
 
 
 def complete_wal_failover(image: MetadataImage, req: CompleteWALFailoverRequest, now_ms: int):
     wal = require_failover_target(image, req.node_id, req.node_epoch, req.failed_node_id)
     if wal.node_epoch != req.failover_epoch:
-        raise ControllerError(ErrorCode.NOT_FAILOVER_TARGET,
-                              f"failover epoch {req.failover_epoch} of node "
-                              f"{req.failed_node_id}'s WAL was superseded by {wal.node_epoch}")
-    still_open = sorted(s.stream_id for s in image.streams.values()
-                        if s.state == StreamState.OPENED and s.node_id == req.failed_node_id)
+        raise ControllerError(
+            ErrorCode.NOT_FAILOVER_TARGET,
+            f"failover epoch {req.failover_epoch} of node "
+            f"{req.failed_node_id}'s WAL was superseded by {wal.node_epoch}",
+        )
+    still_open = sorted(
+        s.stream_id
+        for s in image.streams.values()
+        if s.state == StreamState.OPENED and s.node_id == req.failed_node_id
+    )
     if still_open:
-        raise ControllerError(ErrorCode.STREAM_NOT_CLOSED,
-                              f"node {req.failed_node_id} still owns open streams "
-                              f"{still_open[:10]}: close them before completing the failover")
-    return [r.NodeWALMetadataRecord(node_id=wal.node_id, node_epoch=wal.node_epoch,
-                                    wal_uri=wal.wal_uri, failover_mode=False,
-                                    failover_target_node_id=None)], {}
+        raise ControllerError(
+            ErrorCode.STREAM_NOT_CLOSED,
+            f"node {req.failed_node_id} still owns open streams "
+            f"{still_open[:10]}: close them before completing the failover",
+        )
+    return [
+        r.NodeWALMetadataRecord(
+            node_id=wal.node_id,
+            node_epoch=wal.node_epoch,
+            wal_uri=wal.wal_uri,
+            failover_mode=False,
+            failover_target_node_id=None,
+        )
+    ], {}

@@ -25,20 +25,27 @@ def require_active_broker(image: MetadataImage, node_id: int, node_epoch: int) -
     if broker is None:
         raise ControllerError(ErrorCode.UNKNOWN_NODE, f"node {node_id} is not registered")
     if node_epoch < broker.node_epoch:
-        raise ControllerError(ErrorCode.STALE_NODE_EPOCH,
-                              f"node {node_id} epoch {node_epoch} is older than the current "
-                              f"epoch {broker.node_epoch}")
+        raise ControllerError(
+            ErrorCode.STALE_NODE_EPOCH,
+            f"node {node_id} epoch {node_epoch} is older than the current "
+            f"epoch {broker.node_epoch}",
+        )
     if node_epoch > broker.node_epoch:
-        raise ControllerError(ErrorCode.INVALID_REQUEST,
-                              f"node {node_id} epoch {node_epoch} was never issued "
-                              f"(current {broker.node_epoch})")
+        raise ControllerError(
+            ErrorCode.INVALID_REQUEST,
+            f"node {node_id} epoch {node_epoch} was never issued (current {broker.node_epoch})",
+        )
     if broker.fenced and broker.fence_reason != REGISTERED_REASON:
-        raise ControllerError(ErrorCode.NODE_FENCED,
-                              f"node {node_id} epoch {node_epoch} is fenced: {broker.fence_reason}")
+        raise ControllerError(
+            ErrorCode.NODE_FENCED,
+            f"node {node_id} epoch {node_epoch} is fenced: {broker.fence_reason}",
+        )
     return broker
 
 
-def is_down(broker: BrokerState | None, newly_fenced: set[int] | frozenset[int] = frozenset()) -> bool:
+def is_down(
+    broker: BrokerState | None, newly_fenced: set[int] | frozenset[int] = frozenset()
+) -> bool:
     """Fenced for good (not merely waiting for its first heartbeat), or unknown."""
     if broker is None:
         return True
@@ -57,33 +64,41 @@ def get_stream(image: MetadataImage, stream_id: int) -> StreamMetaState:
 def require_stream_owner(stream: StreamMetaState, stream_epoch: int, node_id: int) -> None:
     """The stream fencing rule: only the node that opened the current epoch may write."""
     if stream_epoch < stream.epoch:
-        raise ControllerError(ErrorCode.STREAM_FENCED,
-                              f"stream {stream.stream_id} epoch {stream_epoch} is fenced by "
-                              f"epoch {stream.epoch}")
+        raise ControllerError(
+            ErrorCode.STREAM_FENCED,
+            f"stream {stream.stream_id} epoch {stream_epoch} is fenced by epoch {stream.epoch}",
+        )
     if stream_epoch > stream.epoch or stream.state != StreamState.OPENED:
-        raise ControllerError(ErrorCode.STREAM_NOT_OPENED,
-                              f"stream {stream.stream_id} is not open with epoch {stream_epoch}")
+        raise ControllerError(
+            ErrorCode.STREAM_NOT_OPENED,
+            f"stream {stream.stream_id} is not open with epoch {stream_epoch}",
+        )
     if stream.node_id != node_id:
-        raise ControllerError(ErrorCode.STREAM_FENCED,
-                              f"stream {stream.stream_id} epoch {stream_epoch} is owned by "
-                              f"node {stream.node_id}, not {node_id}")
+        raise ControllerError(
+            ErrorCode.STREAM_FENCED,
+            f"stream {stream.stream_id} epoch {stream_epoch} is owned by "
+            f"node {stream.node_id}, not {node_id}",
+        )
 
 
-def require_failover_target(image: MetadataImage, node_id: int, node_epoch: int,
-                            failed_node_id: int) -> NodeWALState:
+def require_failover_target(
+    image: MetadataImage, node_id: int, node_epoch: int, failed_node_id: int
+) -> NodeWALState:
     """`node_id` (active, at `node_epoch`) is the current target of `failed_node_id`'s
     WAL failover: it may commit and close streams on the failed node's behalf."""
     require_active_broker(image, node_id, node_epoch)
     wal = image.node_wals.get(failed_node_id)
     if wal is None or not wal.failover_mode or wal.failover_target_node_id != node_id:
-        raise ControllerError(ErrorCode.NOT_FAILOVER_TARGET,
-                              f"node {node_id} is not recovering the WAL of node "
-                              f"{failed_node_id}")
+        raise ControllerError(
+            ErrorCode.NOT_FAILOVER_TARGET,
+            f"node {node_id} is not recovering the WAL of node {failed_node_id}",
+        )
     return wal
 
 
-def authorize_owner(image: MetadataImage, node_id: int, node_epoch: int,
-                    failover_node_id: int | None) -> int:
+def authorize_owner(
+    image: MetadataImage, node_id: int, node_epoch: int, failover_node_id: int | None
+) -> int:
     """The node whose streams a request may change: the requester itself (active), or in
     WAL failover the failed node whose WAL the requester (its current target) recovers."""
     if failover_node_id is None:

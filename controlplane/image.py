@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -133,8 +134,18 @@ class RouteEpochState(BaseModel):
 
 
 # the image's keyed containers; a delta names the keys a batch touched in each
-_KEYED_FIELDS = ("brokers", "node_wals", "topics", "topic_ids_by_name", "streams", "objects",
-                 "stream_set_objects", "stream_objects", "kv", "coordinator_slots")
+_KEYED_FIELDS = (
+    "brokers",
+    "node_wals",
+    "topics",
+    "topic_ids_by_name",
+    "streams",
+    "objects",
+    "stream_set_objects",
+    "stream_objects",
+    "kv",
+    "coordinator_slots",
+)
 
 
 @dataclass
@@ -145,8 +156,8 @@ class MetadataDelta:
     tell which (`image.topics.get(k) is None` = removed).
     """
 
-    base: "MetadataImage"
-    image: "MetadataImage"
+    base: MetadataImage
+    image: MetadataImage
     records: list = field(default_factory=list)
     touched: dict[str, set] = field(default_factory=lambda: {f: set() for f in _KEYED_FIELDS})
 
@@ -217,8 +228,9 @@ class MetadataImage(BaseModel):
 
     # ------------------------------------------------------------ apply
 
-    def with_records(self, records: Iterable[tuple[r.MetadataRecord, int | None]]
-                     ) -> tuple["MetadataImage", MetadataDelta]:
+    def with_records(
+        self, records: Iterable[tuple[r.MetadataRecord, int | None]]
+    ) -> tuple[MetadataImage, MetadataDelta]:
         """A new image with `records` (each with its log offset) applied, and the delta.
 
         `self` is not changed; the new image shares what the records did not touch.
@@ -284,11 +296,20 @@ class MetadataImage(BaseModel):
         return self._w(name).pop(key)
 
     def _apply_register_broker(self, rec: r.RegisterBrokerRecord) -> None:
-        self._put("brokers", rec.node_id, BrokerState(
-            node_id=rec.node_id, node_epoch=rec.node_epoch, az=rec.az, host=rec.host,
-            kafka_port=rec.kafka_port, incarnation_id=rec.incarnation_id, fenced=True,
-            registered_ms=rec.registered_ms,
-        ))
+        self._put(
+            "brokers",
+            rec.node_id,
+            BrokerState(
+                node_id=rec.node_id,
+                node_epoch=rec.node_epoch,
+                az=rec.az,
+                host=rec.host,
+                kafka_port=rec.kafka_port,
+                incarnation_id=rec.incarnation_id,
+                fenced=True,
+                registered_ms=rec.registered_ms,
+            ),
+        )
 
     def _apply_fence_broker(self, rec: r.FenceBrokerRecord) -> None:
         broker = self.brokers.get(rec.node_id)
@@ -319,15 +340,26 @@ class MetadataImage(BaseModel):
     def _apply_topic(self, rec: r.TopicRecord) -> None:
         existing = self.topics.get(rec.topic_id)
         partitions = dict(existing.partitions) if existing else {}
-        self._put("topics", rec.topic_id, TopicState(
-            topic_id=rec.topic_id, name=rec.name, configs=dict(rec.configs), partitions=partitions))
+        self._put(
+            "topics",
+            rec.topic_id,
+            TopicState(
+                topic_id=rec.topic_id,
+                name=rec.name,
+                configs=dict(rec.configs),
+                partitions=partitions,
+            ),
+        )
         self._put("topic_ids_by_name", rec.name, rec.topic_id)
 
     def _apply_partition(self, rec: r.PartitionRecord) -> None:
         topic = self._we("topics", rec.topic_id)
         topic.partitions[rec.partition] = PartitionState(
-            partition=rec.partition, leader_node_id=rec.leader_node_id,
-            leader_epoch=rec.leader_epoch, stream_id=rec.stream_id)
+            partition=rec.partition,
+            leader_node_id=rec.leader_node_id,
+            leader_epoch=rec.leader_epoch,
+            stream_id=rec.stream_id,
+        )
 
     def _apply_remove_topic(self, rec: r.RemoveTopicRecord) -> None:
         topic = self._pop("topics", rec.topic_id)
@@ -335,7 +367,9 @@ class MetadataImage(BaseModel):
             self._pop("topic_ids_by_name", topic.name)
 
     def _apply_create_stream(self, rec: r.CreateStreamRecord) -> None:
-        self._put("streams", rec.stream_id, StreamMetaState(stream_id=rec.stream_id, tags=dict(rec.tags)))
+        self._put(
+            "streams", rec.stream_id, StreamMetaState(stream_id=rec.stream_id, tags=dict(rec.tags))
+        )
         self.next_stream_id = max(self.next_stream_id, rec.stream_id + 1)
 
     def _apply_stream_epoch(self, rec: r.StreamEpochRecord) -> None:
@@ -346,9 +380,13 @@ class MetadataImage(BaseModel):
 
     def _apply_range(self, rec: r.RangeRecord) -> None:
         stream = self._we("streams", rec.stream_id)
-        new = RangeState(range_index=rec.range_index, epoch=rec.epoch,
-                         start_offset=rec.start_offset, end_offset=rec.end_offset,
-                         node_id=rec.node_id)
+        new = RangeState(
+            range_index=rec.range_index,
+            epoch=rec.epoch,
+            start_offset=rec.start_offset,
+            end_offset=rec.end_offset,
+            node_id=rec.node_id,
+        )
         if stream.ranges and stream.ranges[-1].range_index == rec.range_index:
             stream.ranges[-1] = new
         else:
@@ -372,15 +410,29 @@ class MetadataImage(BaseModel):
         self._pop("objects", rec.object_id)
 
     def _apply_stream_set_object(self, rec: r.StreamSetObjectRecord) -> None:
-        self._put("stream_set_objects", rec.object_id, StreamSetObjectState(
-            object_id=rec.object_id, node_id=rec.node_id, order_id=rec.order_id,
-            ranges=list(rec.ranges), committed_ms=rec.committed_ms))
+        self._put(
+            "stream_set_objects",
+            rec.object_id,
+            StreamSetObjectState(
+                object_id=rec.object_id,
+                node_id=rec.node_id,
+                order_id=rec.order_id,
+                ranges=list(rec.ranges),
+                committed_ms=rec.committed_ms,
+            ),
+        )
         for rng in rec.ranges:
             stream = self._we("streams", rng.stream_id)
             if stream is not None:
-                _insert_object_range(stream, ObjectRange(
-                    object_id=rec.object_id, start_offset=rng.start_offset,
-                    end_offset=rng.end_offset, kind="sso"))
+                _insert_object_range(
+                    stream,
+                    ObjectRange(
+                        object_id=rec.object_id,
+                        start_offset=rng.start_offset,
+                        end_offset=rng.end_offset,
+                        kind="sso",
+                    ),
+                )
 
     def _apply_remove_stream_set_object(self, rec: r.RemoveStreamSetObjectRecord) -> None:
         sso = self._pop("stream_set_objects", rec.object_id)
@@ -392,14 +444,28 @@ class MetadataImage(BaseModel):
                 _remove_object_range(stream, rec.object_id)
 
     def _apply_stream_object(self, rec: r.StreamObjectRecord) -> None:
-        self._put("stream_objects", rec.object_id, StreamObjectState(
-            object_id=rec.object_id, stream_id=rec.stream_id, start_offset=rec.start_offset,
-            end_offset=rec.end_offset, committed_ms=rec.committed_ms))
+        self._put(
+            "stream_objects",
+            rec.object_id,
+            StreamObjectState(
+                object_id=rec.object_id,
+                stream_id=rec.stream_id,
+                start_offset=rec.start_offset,
+                end_offset=rec.end_offset,
+                committed_ms=rec.committed_ms,
+            ),
+        )
         stream = self._we("streams", rec.stream_id)
         if stream is not None:
-            _insert_object_range(stream, ObjectRange(
-                object_id=rec.object_id, start_offset=rec.start_offset,
-                end_offset=rec.end_offset, kind="so"))
+            _insert_object_range(
+                stream,
+                ObjectRange(
+                    object_id=rec.object_id,
+                    start_offset=rec.start_offset,
+                    end_offset=rec.end_offset,
+                    kind="so",
+                ),
+            )
 
     def _apply_remove_stream_object(self, rec: r.RemoveStreamObjectRecord) -> None:
         self._pop("stream_objects", rec.object_id)
@@ -408,9 +474,11 @@ class MetadataImage(BaseModel):
             _remove_object_range(stream, rec.object_id)
 
     def _apply_route_epoch(self, rec: r.RouteEpochRecord) -> None:
-        self.route_epoch = RouteEpochState(current_epoch=rec.current_epoch,
-                                           fenced_epoch=rec.fenced_epoch,
-                                           committed_epoch=rec.committed_epoch)
+        self.route_epoch = RouteEpochState(
+            current_epoch=rec.current_epoch,
+            fenced_epoch=rec.fenced_epoch,
+            committed_epoch=rec.committed_epoch,
+        )
 
     def _apply_bucket_failover(self, rec: r.BucketFailoverRecord) -> None:
         self.active_bucket_id = rec.active_bucket_id
@@ -429,8 +497,9 @@ class MetadataImage(BaseModel):
     def _apply_coordinator_slots(self, rec: r.CoordinatorSlotsRecord) -> None:
         self.coordinator_slot_count = rec.slot_count
         for a in rec.assignments:
-            self._put("coordinator_slots", a.slot,
-                      CoordinatorSlotState(node_id=a.node_id, epoch=a.epoch))
+            self._put(
+                "coordinator_slots", a.slot, CoordinatorSlotState(node_id=a.node_id, epoch=a.epoch)
+            )
 
     # ------------------------------------------------------------ queries (pure)
 
@@ -438,8 +507,9 @@ class MetadataImage(BaseModel):
         topic_id = self.topic_ids_by_name.get(name)
         return self.topics.get(topic_id) if topic_id else None
 
-    def stream_objects_in_range(self, stream_id: int, start_offset: int, end_offset: int,
-                                limit: int = 1000) -> list[tuple[ObjectRange, ObjectMetaState]]:
+    def stream_objects_in_range(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 1000
+    ) -> list[tuple[ObjectRange, ObjectMetaState]]:
         """Committed objects holding offsets of [start, end) of a stream, in offset order.
 
         Where a stream object and a stream-set object overlap (compaction in progress), the

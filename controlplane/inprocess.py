@@ -46,7 +46,11 @@ class InProcessController:
             body["topic_id"] = str(uuid.uuid4())
         with self._lock:
             image = self.machine.image
-            broker = image.brokers.get(body.get("node_id", -1)) if command == "broker_heartbeat" else None
+            broker = (
+                image.brokers.get(body.get("node_id", -1))
+                if command == "broker_heartbeat"
+                else None
+            )
             if broker is not None and not (broker.fenced and broker.fence_reason == "registered"):
                 result = self.machine.execute_readonly(command, body, _now_ms())
             else:
@@ -59,8 +63,13 @@ class InProcessController:
 
     # ------------------------------------------------------------ reads
 
-    def read_log(self, after_offset: int, max_records: int = 1000, wait_ms: int = 0,
-                 address: str | None = None) -> dict:
+    def read_log(
+        self,
+        after_offset: int,
+        max_records: int = 1000,
+        wait_ms: int = 0,
+        address: str | None = None,
+    ) -> dict:
         deadline = time.monotonic() + min(wait_ms, MAX_LONG_POLL_MS) / 1000
         with self._changed:
             while self.machine.next_offset - 1 <= after_offset:
@@ -77,20 +86,29 @@ class InProcessController:
         stream = self.machine.image.streams.get(stream_id)
         if stream is None:
             raise ControllerError(ErrorCode.UNKNOWN_STREAM, f"no stream {stream_id}")
-        return {**stream.model_dump(mode="json", exclude={"object_ranges"}),
-                "end_offset": stream.end_offset}
+        return {
+            **stream.model_dump(mode="json", exclude={"object_ranges"}),
+            "end_offset": stream.end_offset,
+        }
 
-    def stream_objects(self, stream_id: int, start_offset: int, end_offset: int,
-                       limit: int = 100) -> list[dict]:
-        found = self.machine.image.stream_objects_in_range(stream_id, start_offset, end_offset,
-                                                           limit)
-        return [{**rng.model_dump(), "bucket_id": meta.bucket_id, "size_bytes": meta.size_bytes}
-                for rng, meta in found]
+    def stream_objects(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+    ) -> list[dict]:
+        found = self.machine.image.stream_objects_in_range(
+            stream_id, start_offset, end_offset, limit
+        )
+        return [
+            {**rng.model_dump(), "bucket_id": meta.bucket_id, "size_bytes": meta.size_bytes}
+            for rng, meta in found
+        ]
 
     def status(self, address: str | None = None) -> dict[str, Any]:
         image = self.machine.image
-        return {"metadata_offset": image.offset, "fingerprint": image.fingerprint(),
-                "raft": {"state": "leader", "has_quorum": True, "recoveries": 0}}
+        return {
+            "metadata_offset": image.offset,
+            "fingerprint": image.fingerprint(),
+            "raft": {"state": "leader", "has_quorum": True, "recoveries": 0},
+        }
 
 
 def _now_ms() -> int:

@@ -9,13 +9,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 from controlplane import records as r
-from controlplane.fencing import require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import (
+    authorize_owner,
+    get_stream,
+    require_active_broker,
+    require_stream_owner,
+)
 from controlplane.image import MetadataImage, ObjectMetaState
 from controlplane.records import ObjectState
-from controlplane.settings import ControllerSettings
-from controlplane.fencing import authorize_owner, get_stream, require_stream_owner
-from controlplane.streams import mark_destroyed
 from controlplane.requests import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
@@ -23,44 +25,59 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
 )
+from controlplane.settings import ControllerSettings
+from controlplane.streams import mark_destroyed
 
 
 def prepare_objects(image: MetadataImage, req: PrepareObjectsRequest, now_ms: int):
     require_active_broker(image, req.node_id, req.node_epoch)
     first = image.next_object_id
     recs = [
-        r.S3ObjectRecord(object_id=first + i, state=ObjectState.PREPARED,
-                         bucket_id=image.active_bucket_id, prepared_ms=now_ms,
-                         deadline_ms=now_ms + req.ttl_ms)
+        r.S3ObjectRecord(
+            object_id=first + i,
+            state=ObjectState.PREPARED,
+            bucket_id=image.active_bucket_id,
+            prepared_ms=now_ms,
+            deadline_ms=now_ms + req.ttl_ms,
+        )
         for i in range(req.count)
     ]
-    return recs, PrepareObjectsResponse(first_object_id=first, count=req.count,
-                                        bucket_id=image.active_bucket_id)
+    return recs, PrepareObjectsResponse(
+        first_object_id=first, count=req.count, bucket_id=image.active_bucket_id
+    )
 
 
 def _require_prepared(image: MetadataImage, object_id: int) -> ObjectMetaState:
     meta = image.objects.get(object_id)
     if meta is None:
-        raise ControllerError(ErrorCode.UNKNOWN_OBJECT,
-                              f"object {object_id} was never prepared (or has been deleted)")
+        raise ControllerError(
+            ErrorCode.UNKNOWN_OBJECT, f"object {object_id} was never prepared (or has been deleted)"
+        )
     if meta.state != ObjectState.PREPARED:
-        raise ControllerError(ErrorCode.OBJECT_NOT_PREPARED,
-                              f"object {object_id} is {meta.state.value}, not prepared")
+        raise ControllerError(
+            ErrorCode.OBJECT_NOT_PREPARED, f"object {object_id} is {meta.state.value}, not prepared"
+        )
     return meta
 
 
 def _committed(meta: ObjectMetaState, size_bytes: int, bucket_id: int, now_ms: int):
-    return r.S3ObjectRecord(object_id=meta.object_id, state=ObjectState.COMMITTED,
-                            bucket_id=bucket_id, size_bytes=size_bytes,
-                            prepared_ms=meta.prepared_ms, deadline_ms=meta.deadline_ms,
-                            committed_ms=now_ms)
+    return r.S3ObjectRecord(
+        object_id=meta.object_id,
+        state=ObjectState.COMMITTED,
+        bucket_id=bucket_id,
+        size_bytes=size_bytes,
+        prepared_ms=meta.prepared_ms,
+        deadline_ms=meta.deadline_ms,
+        committed_ms=now_ms,
+    )
 
 
 def _require_bucket(settings: ControllerSettings, bucket_id: int) -> None:
     if bucket_id not in settings.bucket_ids:
-        raise ControllerError(ErrorCode.UNKNOWN_BUCKET,
-                              f"bucket {bucket_id} is not configured "
-                              f"(known: {settings.bucket_ids})")
+        raise ControllerError(
+            ErrorCode.UNKNOWN_BUCKET,
+            f"bucket {bucket_id} is not configured (known: {settings.bucket_ids})",
+        )
 
 
 def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) -> bool:
@@ -78,13 +95,20 @@ def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) 
     for spec in req.stream_objects:
         so = image.stream_objects.get(spec.object_id)
         if so is None or (so.stream_id, so.start_offset, so.end_offset) != (
-                spec.stream_id, spec.start_offset, spec.end_offset):
+            spec.stream_id,
+            spec.start_offset,
+            spec.end_offset,
+        ):
             return False
     return True
 
 
-def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectRequest,
-                             now_ms: int, settings: ControllerSettings):
+def commit_stream_set_object(
+    image: MetadataImage,
+    req: CommitStreamSetObjectRequest,
+    now_ms: int,
+    settings: ControllerSettings,
+):
     # the node whose streams these ranges extend: the committer, or in WAL failover the
     # failed node whose WAL the committer (its failover target) is uploading
 
@@ -93,10 +117,12 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
     if _already_committed(image, req):
         return [], {"idempotent": True}
     if req.object_id < 0 and req.stream_ranges:
-        raise ControllerError(ErrorCode.INVALID_REQUEST,
-                              "stream ranges need a stream-set object id")
-    object_ids = ([req.object_id] if req.object_id >= 0 else []) + \
-        [so.object_id for so in req.stream_objects]
+        raise ControllerError(
+            ErrorCode.INVALID_REQUEST, "stream ranges need a stream-set object id"
+        )
+    object_ids = ([req.object_id] if req.object_id >= 0 else []) + [
+        so.object_id for so in req.stream_objects
+    ]
     if len(set(object_ids)) != len(object_ids):
         raise ControllerError(ErrorCode.INVALID_REQUEST, "an object id appears twice")
     metas = {oid: _require_prepared(image, oid) for oid in object_ids}
@@ -115,8 +141,9 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
     stream_errors: dict[int, ControllerError] = {}
     for stream_id in sorted(per_stream):
         try:
-            rec = _advance_stream(image, stream_id, sorted(per_stream[stream_id]), compaction,
-                                  owner_node_id)
+            rec = _advance_stream(
+                image, stream_id, sorted(per_stream[stream_id]), compaction, owner_node_id
+            )
         except ControllerError as exc:
             stream_errors[stream_id] = exc
             continue
@@ -124,65 +151,100 @@ def commit_stream_set_object(image: MetadataImage, req: CommitStreamSetObjectReq
             recs.append(rec)
     if stream_errors:
         first = next(iter(stream_errors.values()))
-        message = first.message if len(stream_errors) == 1 else \
-            f"{first.message} (and {len(stream_errors) - 1} more streams refused)"
-        raise ControllerError(first.code, message,
-                              {sid: exc.code for sid, exc in stream_errors.items()})
+        message = (
+            first.message
+            if len(stream_errors) == 1
+            else f"{first.message} (and {len(stream_errors) - 1} more streams refused)"
+        )
+        raise ControllerError(
+            first.code, message, {sid: exc.code for sid, exc in stream_errors.items()}
+        )
 
     for object_id in req.compacted_object_ids:
         meta = image.objects.get(object_id)
         if meta is None or meta.state == ObjectState.PREPARED:
-            raise ControllerError(ErrorCode.UNKNOWN_OBJECT,
-                                  f"compacted object {object_id} is not a committed object")
+            raise ControllerError(
+                ErrorCode.UNKNOWN_OBJECT, f"compacted object {object_id} is not a committed object"
+            )
 
     if req.object_id >= 0:
         recs.append(_committed(metas[req.object_id], req.size_bytes, req.bucket_id, now_ms))
-        recs.append(r.StreamSetObjectRecord(
-            object_id=req.object_id, node_id=owner_node_id, order_id=req.order_id,
-            ranges=tuple(r.StreamOffsetRange(stream_id=rg.stream_id, start_offset=rg.start_offset,
-                                             end_offset=rg.end_offset)
-                         for rg in req.stream_ranges),
-            committed_ms=now_ms))
+        recs.append(
+            r.StreamSetObjectRecord(
+                object_id=req.object_id,
+                node_id=owner_node_id,
+                order_id=req.order_id,
+                ranges=tuple(
+                    r.StreamOffsetRange(
+                        stream_id=rg.stream_id,
+                        start_offset=rg.start_offset,
+                        end_offset=rg.end_offset,
+                    )
+                    for rg in req.stream_ranges
+                ),
+                committed_ms=now_ms,
+            )
+        )
     for so in req.stream_objects:
         recs.append(_committed(metas[so.object_id], so.size_bytes, req.bucket_id, now_ms))
-        recs.append(r.StreamObjectRecord(object_id=so.object_id, stream_id=so.stream_id,
-                                         start_offset=so.start_offset, end_offset=so.end_offset,
-                                         committed_ms=now_ms))
+        recs.append(
+            r.StreamObjectRecord(
+                object_id=so.object_id,
+                stream_id=so.stream_id,
+                start_offset=so.start_offset,
+                end_offset=so.end_offset,
+                committed_ms=now_ms,
+            )
+        )
     recs += _remove_objects(image, req.compacted_object_ids, now_ms)
     return recs, {"idempotent": False}
 
 
-def _advance_stream(image: MetadataImage, stream_id: int, spans: list[tuple[int, int, int]],
-                    compaction: bool, owner_node_id: int):
+def _advance_stream(
+    image: MetadataImage,
+    stream_id: int,
+    spans: list[tuple[int, int, int]],
+    compaction: bool,
+    owner_node_id: int,
+):
     """Check one stream's new ranges (sorted (start, end, epoch)); the RangeRecord that
     advances its committed end, or None for a compaction (which moves no end)."""
     stream = get_stream(image, stream_id)
     for start, end, _ in spans:
         if end <= start:
-            raise ControllerError(ErrorCode.INVALID_OFFSET,
-                                  f"stream {stream_id}: empty or negative range "
-                                  f"[{start}, {end})")
+            raise ControllerError(
+                ErrorCode.INVALID_OFFSET,
+                f"stream {stream_id}: empty or negative range [{start}, {end})",
+            )
     if compaction:
         # compaction rewrites committed data: it must lie inside the stream's offsets
         for start, end, _ in spans:
             if end > stream.end_offset:
-                raise ControllerError(ErrorCode.INVALID_OFFSET,
-                                      f"stream {stream_id}: compacted range [{start}, {end})"
-                                      f" is past the committed end {stream.end_offset}")
+                raise ControllerError(
+                    ErrorCode.INVALID_OFFSET,
+                    f"stream {stream_id}: compacted range [{start}, {end})"
+                    f" is past the committed end {stream.end_offset}",
+                )
         return None
     for _, _, epoch in spans:
         require_stream_owner(stream, epoch, owner_node_id)
     expected = stream.end_offset
     for start, end, _ in spans:
         if start != expected:
-            raise ControllerError(ErrorCode.STREAM_OFFSET_GAP,
-                                  f"stream {stream_id}: range starts at {start}, expected "
-                                  f"{expected} (committed end)")
+            raise ControllerError(
+                ErrorCode.STREAM_OFFSET_GAP,
+                f"stream {stream_id}: range starts at {start}, expected {expected} (committed end)",
+            )
         expected = end
     last = stream.ranges[-1]
-    return r.RangeRecord(stream_id=stream_id, range_index=last.range_index, epoch=last.epoch,
-                         start_offset=last.start_offset, end_offset=expected,
-                         node_id=last.node_id)
+    return r.RangeRecord(
+        stream_id=stream_id,
+        range_index=last.range_index,
+        epoch=last.epoch,
+        start_offset=last.start_offset,
+        end_offset=expected,
+        node_id=last.node_id,
+    )
 
 
 def _remove_objects(image: MetadataImage, object_ids: list[int], now_ms: int) -> list:
@@ -197,16 +259,20 @@ def _remove_objects(image: MetadataImage, object_ids: list[int], now_ms: int) ->
     return recs + mark_destroyed(image, object_ids, now_ms)
 
 
-def commit_stream_object(image: MetadataImage, req: CommitStreamObjectRequest, now_ms: int,
-                         settings: ControllerSettings):
+def commit_stream_object(
+    image: MetadataImage, req: CommitStreamObjectRequest, now_ms: int, settings: ControllerSettings
+):
     """Stream-object compaction: sources (stream objects of one stream, contiguous) are
     replaced by one object covering the same offsets."""
     require_active_broker(image, req.node_id, req.node_epoch)
     _require_bucket(settings, req.bucket_id)
     existing = image.stream_objects.get(req.object_id)
-    if (existing is not None and existing.stream_id == req.stream_id
-            and existing.start_offset == req.start_offset
-            and existing.end_offset == req.end_offset):
+    if (
+        existing is not None
+        and existing.stream_id == req.stream_id
+        and existing.start_offset == req.start_offset
+        and existing.end_offset == req.end_offset
+    ):
         return [], {"idempotent": True}
     meta = _require_prepared(image, req.object_id)
     get_stream(image, req.stream_id)
@@ -216,26 +282,33 @@ def commit_stream_object(image: MetadataImage, req: CommitStreamObjectRequest, n
     for object_id in req.source_object_ids:
         so = image.stream_objects.get(object_id)
         if so is None or so.stream_id != req.stream_id:
-            raise ControllerError(ErrorCode.UNKNOWN_OBJECT,
-                                  f"source {object_id} is not a stream object of stream "
-                                  f"{req.stream_id}")
+            raise ControllerError(
+                ErrorCode.UNKNOWN_OBJECT,
+                f"source {object_id} is not a stream object of stream {req.stream_id}",
+            )
         sources.append(so)
     sources.sort(key=lambda s: s.start_offset)
     if sources:
         expected = req.start_offset
         for so in sources:
             if so.start_offset != expected:
-                raise ControllerError(ErrorCode.STREAM_OFFSET_GAP,
-                                      f"source objects are not contiguous at {expected}")
+                raise ControllerError(
+                    ErrorCode.STREAM_OFFSET_GAP, f"source objects are not contiguous at {expected}"
+                )
             expected = so.end_offset
         if expected != req.end_offset:
-            raise ControllerError(ErrorCode.STREAM_OFFSET_GAP,
-                                  f"sources end at {expected}, not {req.end_offset}")
+            raise ControllerError(
+                ErrorCode.STREAM_OFFSET_GAP, f"sources end at {expected}, not {req.end_offset}"
+            )
     recs: list = [
         _committed(meta, req.size_bytes, req.bucket_id, now_ms),
-        r.StreamObjectRecord(object_id=req.object_id, stream_id=req.stream_id,
-                             start_offset=req.start_offset, end_offset=req.end_offset,
-                             committed_ms=now_ms),
+        r.StreamObjectRecord(
+            object_id=req.object_id,
+            stream_id=req.stream_id,
+            start_offset=req.start_offset,
+            end_offset=req.end_offset,
+            committed_ms=now_ms,
+        ),
     ]
     recs += _remove_objects(image, [s.object_id for s in sources], now_ms)
     return recs, {"idempotent": False}
@@ -243,22 +316,31 @@ def commit_stream_object(image: MetadataImage, req: CommitStreamObjectRequest, n
 
 def expire_prepared_objects(image: MetadataImage, now_ms: int) -> list:
     """PREPARED objects past their deadline were abandoned (their writer died): destroy."""
-    expired = [o.object_id for o in image.objects.values()
-               if o.state == ObjectState.PREPARED and o.deadline_ms <= now_ms]
+    expired = [
+        o.object_id
+        for o in image.objects.values()
+        if o.state == ObjectState.PREPARED and o.deadline_ms <= now_ms
+    ]
     return mark_destroyed(image, sorted(expired), now_ms)
 
 
-def objects_to_delete(image: MetadataImage, now_ms: int, retention_ms: int,
-                      limit: int = 1000) -> list[ObjectMetaState]:
+def objects_to_delete(
+    image: MetadataImage, now_ms: int, retention_ms: int, limit: int = 1000
+) -> list[ObjectMetaState]:
     """MARK_DESTROYED objects whose retention has passed, oldest first (pure query)."""
-    due = [o for o in image.objects.values()
-           if o.state == ObjectState.MARK_DESTROYED
-           and o.mark_destroyed_ms + retention_ms <= now_ms]
+    due = [
+        o
+        for o in image.objects.values()
+        if o.state == ObjectState.MARK_DESTROYED and o.mark_destroyed_ms + retention_ms <= now_ms
+    ]
     due.sort(key=lambda o: (o.mark_destroyed_ms, o.object_id))
     return due[:limit]
 
 
 def objects_deleted(image: MetadataImage, req: DeletedObjectsRequest, now_ms: int):
-    recs = [r.RemoveS3ObjectRecord(object_id=oid) for oid in req.object_ids
-            if oid in image.objects and image.objects[oid].state == ObjectState.MARK_DESTROYED]
+    recs = [
+        r.RemoveS3ObjectRecord(object_id=oid)
+        for oid in req.object_ids
+        if oid in image.objects and image.objects[oid].state == ObjectState.MARK_DESTROYED
+    ]
     return recs, {}

@@ -23,14 +23,21 @@ def leader_load(image: MetadataImage) -> Counter[int]:
     return load
 
 
-def active_brokers(image: MetadataImage, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+def active_brokers(
+    image: MetadataImage, exclude: set[int] | frozenset[int] = frozenset()
+) -> list[int]:
     """Brokers that may be given partitions: unfenced, not shutting down, not excluded."""
-    return sorted(b.node_id for b in image.brokers.values()
-                  if b.active and b.node_id not in exclude)
+    return sorted(
+        b.node_id for b in image.brokers.values() if b.active and b.node_id not in exclude
+    )
 
 
-def choose_broker(image: MetadataImage, load: Counter[int], prefer_az: str | None,
-                  exclude: set[int] | frozenset[int] = frozenset()) -> int | None:
+def choose_broker(
+    image: MetadataImage,
+    load: Counter[int],
+    prefer_az: str | None,
+    exclude: set[int] | frozenset[int] = frozenset(),
+) -> int | None:
     """The least-loaded active broker, in `prefer_az` if one is there (no cross-AZ
     traffic for the partition's clients); None if no broker is active."""
     candidates = active_brokers(image, exclude)
@@ -66,8 +73,9 @@ def spread_leaders(image: MetadataImage, count: int, topic_id: str | None = None
         az_mine[az_of[n]] += mine[n]
     leaders: list[int] = []
     for _ in range(count):
-        node = min(live, key=lambda n: (mine[n], az_mine[az_of[n]] / az_size[az_of[n]],
-                                        total[n], n))
+        node = min(
+            live, key=lambda n: (mine[n], az_mine[az_of[n]] / az_size[az_of[n]], total[n], n)
+        )
         leaders.append(node)
         mine[node] += 1
         az_mine[az_of[node]] += 1
@@ -77,13 +85,21 @@ def spread_leaders(image: MetadataImage, count: int, topic_id: str | None = None
 
 def move_record(topic: TopicState, partition: PartitionState, new_leader: int) -> r.PartitionRecord:
     """The record that moves `partition` to `new_leader` with a new leader (stream) epoch."""
-    return r.PartitionRecord(topic_id=topic.topic_id, partition=partition.partition,
-                             leader_node_id=new_leader, leader_epoch=partition.leader_epoch + 1,
-                             stream_id=partition.stream_id)
+    return r.PartitionRecord(
+        topic_id=topic.topic_id,
+        partition=partition.partition,
+        leader_node_id=new_leader,
+        leader_epoch=partition.leader_epoch + 1,
+        stream_id=partition.stream_id,
+    )
 
 
-def evacuate(image: MetadataImage, node_id: int, load: Counter[int] | None = None,
-             exclude: set[int] | frozenset[int] = frozenset()) -> list[r.PartitionRecord]:
+def evacuate(
+    image: MetadataImage,
+    node_id: int,
+    load: Counter[int] | None = None,
+    exclude: set[int] | frozenset[int] = frozenset(),
+) -> list[r.PartitionRecord]:
     """Move every partition `node_id` leads to other active brokers, same AZ first and
     balanced by partition count. Partitions stay where they are if no broker is active."""
     load = load if load is not None else leader_load(image)

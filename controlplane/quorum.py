@@ -16,9 +16,9 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
@@ -84,9 +84,16 @@ class _TickFailureCounter(logging.Handler):
 class MetadataQuorum:
     """One voter of the metadata quorum, with submit/read/wait and stuck-node recovery."""
 
-    def __init__(self, self_address: str, partner_addresses: list[str], data_dir: Path,
-                 password: str, settings: ControllerSettings,
-                 timeouts: RaftTimeouts | None = None, stuck_after_s: float = 15.0):
+    def __init__(
+        self,
+        self_address: str,
+        partner_addresses: list[str],
+        data_dir: Path,
+        password: str,
+        settings: ControllerSettings,
+        timeouts: RaftTimeouts | None = None,
+        stuck_after_s: float = 15.0,
+    ):
         self.self_address = self_address
         self.partner_addresses = list(partner_addresses)
         self.data_dir = Path(data_dir)
@@ -128,8 +135,9 @@ class MetadataQuorum:
 
     def _start_syncobj(self) -> None:
         self.state = ReplicatedMetadata(self.settings, self._notify)
-        self._syncobj = RaftNode(self.self_address, self.partner_addresses, self._conf(),
-                                consumers=[self.state])
+        self._syncobj = RaftNode(
+            self.self_address, self.partner_addresses, self._conf(), consumers=[self.state]
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -171,8 +179,9 @@ class MetadataQuorum:
             "next_index_regressions_prevented": self._syncobj.next_index_regressions_prevented,
         }
 
-    def submit(self, command: str, body: dict, timeout_s: float = 5.0,
-               now_ms: int | None = None) -> dict:
+    def submit(
+        self, command: str, body: dict, timeout_s: float = 5.0, now_ms: int | None = None
+    ) -> dict:
         """Replicate one command and return its result ({"result"} or {"error"}).
 
         Raises ControllerError NOT_CONTROLLER / NO_LEADER / TIMEOUT when it could not commit;
@@ -186,12 +195,16 @@ class MetadataQuorum:
         except SyncObjException as exc:
             code = exc.errorCode
             if code == "timeout":
-                raise ControllerError(ErrorCode.TIMEOUT,
-                                      f"command {command} not committed in {timeout_s}s") from None
+                raise ControllerError(
+                    ErrorCode.TIMEOUT, f"command {command} not committed in {timeout_s}s"
+                ) from None
             if code in ("notLeader", 1):
-                raise ControllerError(ErrorCode.NOT_CONTROLLER, "this node is not the leader") from None
-            raise ControllerError(ErrorCode.NO_LEADER,
-                                  f"command {command} failed: no leader ({code})") from None
+                raise ControllerError(
+                    ErrorCode.NOT_CONTROLLER, "this node is not the leader"
+                ) from None
+            raise ControllerError(
+                ErrorCode.NO_LEADER, f"command {command} failed: no leader ({code})"
+            ) from None
 
     def _notify(self) -> None:
         with self._changed:
@@ -233,9 +246,14 @@ class MetadataQuorum:
             # show it: its own failures while nothing is applied do
             ticks_broken = is_follower and new_failures >= 10 and not applying
             if stuck or ticks_broken:
-                log.error("raft node %s is stuck (applied=%s leader_commit=%s, tick failures=%d):"
-                          " rebuilding it from the leader", self.self_address, applied,
-                          leader_commit, new_failures)
+                log.error(
+                    "raft node %s is stuck (applied=%s leader_commit=%s, tick failures=%d):"
+                    " rebuilding it from the leader",
+                    self.self_address,
+                    applied,
+                    leader_commit,
+                    new_failures,
+                )
                 self._recover()
                 last_applied, since = -1, time.monotonic()
 
@@ -248,7 +266,9 @@ class MetadataQuorum:
             except Exception:
                 log.exception("destroying the stuck raft node failed")
             stamp = int(time.time())
-            for path in list(self.data_dir.glob("raft.journal*")) + list(self.data_dir.glob("raft.dump*")):
+            for path in list(self.data_dir.glob("raft.journal*")) + list(
+                self.data_dir.glob("raft.dump*")
+            ):
                 if ".stuck-" not in path.name:
                     shutil.move(str(path), str(path.with_name(f"{path.name}.stuck-{stamp}")))
             self.recoveries += 1

@@ -62,15 +62,23 @@ class RaftNode(SyncObj):
         super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
         after = next_index.get(node)
         # a success reply never lowers nextIndex (a reset = the follower asked for a resend)
-        if (message.get("success") and not message.get("reset") and before is not None
-                and after is not None and after < before):
+        if (
+            message.get("success")
+            and not message.get("reset")
+            and before is not None
+            and after is not None
+            and after < before
+        ):
             next_index[node] = before
             self.next_index_regressions_prevented += 1
 
     def _filter_append(self, message: dict) -> None:
         """Rewrite an append (in place) so that it names only entries we do not hold yet."""
-        if ("prevLogIdx" not in message or message.get("transmission") is not None
-                or message["term"] < self._SyncObj__raftCurrentTerm):  # type: ignore[attr-defined]
+        if (
+            "prevLogIdx" not in message
+            or message.get("transmission") is not None
+            or message["term"] < self._SyncObj__raftCurrentTerm
+        ):  # type: ignore[attr-defined]
             return
         entries = message.get("entries") or []
         prev_idx: int = message["prevLogIdx"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 from controlplane import records as r
-from controlplane.fencing import require_active_broker
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import require_active_broker
 from controlplane.image import MetadataImage
 from controlplane.placement import evacuate, move_record
 from controlplane.requests import ControlledShutdownRequest, ReassignPartitionsRequest
@@ -28,24 +28,31 @@ def reassign_partitions(image: MetadataImage, req: ReassignPartitionsRequest, no
     for move in req.moves:
         key = (move.topic, move.partition)
         if key in seen:
-            raise ControllerError(ErrorCode.INVALID_REQUEST,
-                                  f"{move.topic}-{move.partition} appears twice in the plan")
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST,
+                f"{move.topic}-{move.partition} appears twice in the plan",
+            )
         seen.add(key)
         topic = image.topic_by_name(move.topic)
         if topic is None:
             raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {move.topic!r} does not exist")
         partition = topic.partitions.get(move.partition)
         if partition is None:
-            raise ControllerError(ErrorCode.INVALID_PARTITIONS,
-                                  f"topic {move.topic!r} has no partition {move.partition} "
-                                  f"(it has {len(topic.partitions)})")
+            raise ControllerError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"topic {move.topic!r} has no partition {move.partition} "
+                f"(it has {len(topic.partitions)})",
+            )
         broker = image.brokers.get(move.node_id)
         if broker is None:
-            raise ControllerError(ErrorCode.UNKNOWN_NODE, f"broker {move.node_id} is not registered")
+            raise ControllerError(
+                ErrorCode.UNKNOWN_NODE, f"broker {move.node_id} is not registered"
+            )
         if not broker.active:
             state = "shutting down" if broker.shutting_down else f"fenced ({broker.fence_reason})"
-            raise ControllerError(ErrorCode.NODE_FENCED,
-                                  f"broker {move.node_id} cannot take partitions: {state}")
+            raise ControllerError(
+                ErrorCode.NODE_FENCED, f"broker {move.node_id} cannot take partitions: {state}"
+            )
         if partition.leader_node_id == move.node_id:
             unchanged += 1
             continue
@@ -64,6 +71,10 @@ def controlled_shutdown(image: MetadataImage, req: ControlledShutdownRequest, no
         recs.append(r.BrokerShuttingDownRecord(node_id=req.node_id, node_epoch=req.node_epoch))
     moves = evacuate(image, req.node_id)
     recs += moves
-    remaining = sum(1 for t in image.topics.values() for p in t.partitions.values()
-                    if p.leader_node_id == req.node_id) - len(moves)
+    remaining = sum(
+        1
+        for t in image.topics.values()
+        for p in t.partitions.values()
+        if p.leader_node_id == req.node_id
+    ) - len(moves)
     return recs, {"moved": len(moves), "remaining": remaining}

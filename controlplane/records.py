@@ -9,7 +9,7 @@ JSON and decoded with one discriminated union.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -19,6 +19,7 @@ class _Record(BaseModel):
 
 
 # ---------------------------------------------------------------- brokers and nodes
+
 
 class RegisterBrokerRecord(_Record):
     """A broker (re)registered; it gets a new node epoch and starts fenced."""
@@ -82,6 +83,7 @@ class NodeWALMetadataRecord(_Record):
 
 # ---------------------------------------------------------------- topics and partitions
 
+
 class TopicRecord(_Record):
     type: Literal["topic"] = "topic"
     topic_id: str
@@ -106,6 +108,7 @@ class RemoveTopicRecord(_Record):
 
 
 # ---------------------------------------------------------------- streams
+
 
 class StreamState(str, Enum):
     OPENED = "opened"
@@ -152,6 +155,7 @@ class DeleteStreamRecord(_Record):
 
 
 # ---------------------------------------------------------------- objects
+
 
 class ObjectState(str, Enum):
     PREPARED = "prepared"
@@ -223,6 +227,7 @@ class RemoveStreamObjectRecord(_Record):
 
 # ---------------------------------------------------------------- group coordinators
 
+
 class CoordinatorSlotAssignment(BaseModel):
     """One slot's owner: the broker that coordinates the groups hashed to `slot`.
 
@@ -248,6 +253,7 @@ class CoordinatorSlotsRecord(_Record):
 
 
 # ---------------------------------------------------------------- routing, failover, KV
+
 
 class RouteEpochRecord(_Record):
     """Zone-router epochs: proxies may write for `current`; `fenced` and below are closed."""
@@ -283,15 +289,31 @@ class NextIdsRecord(_Record):
 
 
 MetadataRecord = Annotated[
-    Union[
-        RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
-        BrokerShuttingDownRecord,
-        NodeWALMetadataRecord, TopicRecord, PartitionRecord, RemoveTopicRecord,
-        CreateStreamRecord, StreamEpochRecord, RangeRecord, TrimStreamRecord, DeleteStreamRecord,
-        S3ObjectRecord, RemoveS3ObjectRecord, StreamSetObjectRecord, RemoveStreamSetObjectRecord,
-        StreamObjectRecord, RemoveStreamObjectRecord, RouteEpochRecord, BucketFailoverRecord,
-        KVRecord, NextIdsRecord, CoordinatorSlotsRecord,
-    ],
+    RegisterBrokerRecord
+    | FenceBrokerRecord
+    | UnfenceBrokerRecord
+    | UnregisterBrokerRecord
+    | BrokerShuttingDownRecord
+    | NodeWALMetadataRecord
+    | TopicRecord
+    | PartitionRecord
+    | RemoveTopicRecord
+    | CreateStreamRecord
+    | StreamEpochRecord
+    | RangeRecord
+    | TrimStreamRecord
+    | DeleteStreamRecord
+    | S3ObjectRecord
+    | RemoveS3ObjectRecord
+    | StreamSetObjectRecord
+    | RemoveStreamSetObjectRecord
+    | StreamObjectRecord
+    | RemoveStreamObjectRecord
+    | RouteEpochRecord
+    | BucketFailoverRecord
+    | KVRecord
+    | NextIdsRecord
+    | CoordinatorSlotsRecord,
     Field(discriminator="type"),
 ]
 

@@ -26,6 +26,7 @@ class _Request(BaseModel):
 
 # ---------------------------------------------------------------- brokers
 
+
 class RegisterBrokerRequest(_Request):
     command: ClassVar[str] = "register_broker"
     node_id: int = Field(ge=0)
@@ -65,8 +66,9 @@ class BrokerHeartbeatRequest(_Request):
     stats: BrokerUploadStats | None = None  # None: no storage engine on this broker
     # produce rate (bytes/s, smoothed) of each stream this broker leads, for the balancer;
     # kept in the leader's memory only, never logged
-    produce_bytes_per_s: dict[int, float] = Field(default_factory=dict,
-                                                  max_length=MAX_PARTITIONS_PER_BROKER_REPORT)
+    produce_bytes_per_s: dict[int, float] = Field(
+        default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
+    )
 
 
 class BrokerHeartbeatResponse(BaseModel):
@@ -96,13 +98,14 @@ class CompleteWALFailoverRequest(_Request):
     """The failover target uploaded the failed node's WAL and closed its streams."""
 
     command: ClassVar[str] = "complete_wal_failover"
-    node_id: int = Field(ge=0)          # the recovering node
+    node_id: int = Field(ge=0)  # the recovering node
     node_epoch: int = Field(ge=0)
     failed_node_id: int = Field(ge=0)
-    failover_epoch: int = Field(ge=0)   # the reservation epoch it recovered with
+    failover_epoch: int = Field(ge=0)  # the reservation epoch it recovered with
 
 
 # ---------------------------------------------------------------- topics
+
 
 class CreateTopicRequest(_Request):
     command: ClassVar[str] = "create_topic"
@@ -148,6 +151,7 @@ class ReassignPartitionsRequest(_Request):
 
 
 # ---------------------------------------------------------------- streams
+
 
 class CreateStreamRequest(_Request):
     command: ClassVar[str] = "create_stream"
@@ -207,6 +211,7 @@ class DeleteStreamRequest(_Request):
 
 # ---------------------------------------------------------------- objects
 
+
 class PrepareObjectsRequest(_Request):
     command: ClassVar[str] = "prepare_objects"
     node_id: int = Field(ge=0)
@@ -253,12 +258,13 @@ class CommitStreamSetObjectRequest(_Request):
     order_id: int = Field(ge=0)
     size_bytes: int = Field(ge=0)
     bucket_id: int = Field(ge=0)
-    stream_ranges: list[ObjectStreamRange] = Field(default_factory=list,
-                                                   max_length=MAX_RANGES_PER_COMMIT)
-    stream_objects: list[StreamObjectSpec] = Field(default_factory=list,
-                                                   max_length=MAX_RANGES_PER_COMMIT)
-    compacted_object_ids: list[int] = Field(default_factory=list,
-                                            max_length=MAX_RANGES_PER_COMMIT)
+    stream_ranges: list[ObjectStreamRange] = Field(
+        default_factory=list, max_length=MAX_RANGES_PER_COMMIT
+    )
+    stream_objects: list[StreamObjectSpec] = Field(
+        default_factory=list, max_length=MAX_RANGES_PER_COMMIT
+    )
+    compacted_object_ids: list[int] = Field(default_factory=list, max_length=MAX_RANGES_PER_COMMIT)
     # set by a failover target uploading the failed node's WAL: the streams are owned by
     # that node, and node_id must be the target of its WAL failover
     failover_node_id: int | None = Field(default=None, ge=0)
@@ -287,6 +293,7 @@ class DeletedObjectsRequest(_Request):
 
 
 # ---------------------------------------------------------------- cluster-wide
+
 
 class SetActiveBucketRequest(_Request):
     command: ClassVar[str] = "set_active_bucket"
@@ -335,14 +342,28 @@ class EmptyResponse(BaseModel):
 REQUEST_TYPES: dict[str, type[_Request]] = {
     cls.command: cls
     for cls in (
-        RegisterBrokerRequest, BrokerHeartbeatRequest, FenceBrokerRequest,
-        ControlledShutdownRequest, CompleteWALFailoverRequest,
-        CreateTopicRequest, DeleteTopicRequest, CreatePartitionsRequest,
+        RegisterBrokerRequest,
+        BrokerHeartbeatRequest,
+        FenceBrokerRequest,
+        ControlledShutdownRequest,
+        CompleteWALFailoverRequest,
+        CreateTopicRequest,
+        DeleteTopicRequest,
+        CreatePartitionsRequest,
         ReassignPartitionsRequest,
-        CreateStreamRequest, OpenStreamRequest, CloseStreamRequest, TrimStreamRequest,
-        DeleteStreamRequest, PrepareObjectsRequest, CommitStreamSetObjectRequest,
-        CommitStreamObjectRequest, DeletedObjectsRequest, SetActiveBucketRequest,
-        PutKVRequest, LifecycleTickRequest, AllocateProducerIdsRequest,
+        CreateStreamRequest,
+        OpenStreamRequest,
+        CloseStreamRequest,
+        TrimStreamRequest,
+        DeleteStreamRequest,
+        PrepareObjectsRequest,
+        CommitStreamSetObjectRequest,
+        CommitStreamObjectRequest,
+        DeletedObjectsRequest,
+        SetActiveBucketRequest,
+        PutKVRequest,
+        LifecycleTickRequest,
+        AllocateProducerIdsRequest,
         PutGroupOffsetsRequest,
     )
 }
@@ -350,6 +371,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
 
 # ---------------------------------------------------------------- balancer (controlplane/balancer.py)
 # kept in one block after REQUEST_TYPES so parallel additions above merge cleanly
+
 
 class SetBalancerRequest(_Request):
     """Turn the self-balancer on or off (kept in the metadata: survives leader changes)."""

@@ -19,8 +19,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from controlplane import balancer
 from controlplane.api import ControllerHTTPServer
@@ -28,8 +28,8 @@ from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.failover import plan_failovers
-from controlplane.placement import leader_load
 from controlplane.objects import expire_prepared_objects, objects_to_delete
+from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
 from controlplane.requests import BrokerUploadStats
@@ -46,15 +46,21 @@ ObjectDeleter = Callable[[int, list[int]], list[int]]
 class ControllerNode:
     """Everything one controller process runs."""
 
-    def __init__(self, config: QuorumConfig, node_id: int, data_dir: Path,
-                 timeouts: RaftTimeouts | None = None,
-                 object_deleter: ObjectDeleter | None = None):
+    def __init__(
+        self,
+        config: QuorumConfig,
+        node_id: int,
+        data_dir: Path,
+        timeouts: RaftTimeouts | None = None,
+        object_deleter: ObjectDeleter | None = None,
+    ):
         self.config = config
         self.node_id = node_id
         me = config.controller(node_id)
         partners = [c.raft_address for c in config.controllers if c.node_id != node_id]
-        self.quorum = MetadataQuorum(me.raft_address, partners, data_dir, config.password,
-                                     config.settings, timeouts)
+        self.quorum = MetadataQuorum(
+            me.raft_address, partners, data_dir, config.password, config.settings, timeouts
+        )
         self.http = ControllerHTTPServer((me.host, me.api_port), self)
         self.object_deleter = object_deleter
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
@@ -77,9 +83,12 @@ class ControllerNode:
     def start(self) -> None:
         for t in self._threads:
             t.start()
-        log.info("controller %d serving API on %s, raft on %s", self.node_id,
-                 self.config.controller(self.node_id).api_address,
-                 self.config.controller(self.node_id).raft_address)
+        log.info(
+            "controller %d serving API on %s, raft on %s",
+            self.node_id,
+            self.config.controller(self.node_id).api_address,
+            self.config.controller(self.node_id).raft_address,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -93,8 +102,9 @@ class ControllerNode:
         try:
             node_id, epoch = int(body["node_id"]), int(body["node_epoch"])
         except (KeyError, TypeError, ValueError):
-            raise ControllerError(ErrorCode.INVALID_REQUEST,
-                                  "heartbeat needs integer node_id and node_epoch") from None
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST, "heartbeat needs integer node_id and node_epoch"
+            ) from None
         # upload stats stay in memory, like the heartbeat times; the log gets decisions only
         raw_stats = body.pop("stats", None)
         stats: dict | None = None
@@ -113,11 +123,16 @@ class ControllerNode:
                 if stats is not None:
                     self._upload_stats[node_id] = stats
                 self._rates.update((s, (rate, now)) for s, rate in rates.items())
-        if broker is not None and broker.fenced and broker.fence_reason == "registered" \
-                and broker.node_epoch == epoch:
+        if (
+            broker is not None
+            and broker.fenced
+            and broker.fence_reason == "registered"
+            and broker.node_epoch == epoch
+        ):
             # rates stay in memory: they would only bloat the metadata log
-            return self.quorum.submit("broker_heartbeat", {
-                k: v for k, v in body.items() if k != "produce_bytes_per_s"})
+            return self.quorum.submit(
+                "broker_heartbeat", {k: v for k, v in body.items() if k != "produce_bytes_per_s"}
+            )
         # answer from the image: no log write for a routine heartbeat
         return self.quorum.machine.execute_readonly("broker_heartbeat", body)
 
@@ -188,10 +203,15 @@ class ControllerNode:
         image = self.quorum.machine.image
         now_ms = int(time.time() * 1000)
         expired = self._expired_sessions()
-        if expired or expire_prepared_objects(image, now_ms) or plan_failovers(image) or \
-                plan_slot_moves(image, self.config.settings.coordinator_slots):
-            result = self.quorum.submit("lifecycle_tick", {"expired_brokers": expired},
-                                        now_ms=now_ms)
+        if (
+            expired
+            or expire_prepared_objects(image, now_ms)
+            or plan_failovers(image)
+            or plan_slot_moves(image, self.config.settings.coordinator_slots)
+        ):
+            result = self.quorum.submit(
+                "lifecycle_tick", {"expired_brokers": expired}, now_ms=now_ms
+            )
             if expired:
                 log.warning("fenced brokers with expired sessions: %s (%s)", expired, result)
         if self.object_deleter is not None:
@@ -204,8 +224,10 @@ class ControllerNode:
         move partitions back by throughput)."""
         settings = self.config.balancer
         now = time.monotonic()
-        if now - self._leader_since < settings.leader_warmup_ms / 1000 or \
-                now - self._last_balance_round < settings.round_interval_ms / 1000:
+        if (
+            now - self._leader_since < settings.leader_warmup_ms / 1000
+            or now - self._last_balance_round < settings.round_interval_ms / 1000
+        ):
             return
         self._last_balance_round = now
         image = self.quorum.machine.image
@@ -213,11 +235,16 @@ class ControllerNode:
         if not decision.moves:
             return
         result = self.quorum.submit(
-            "balance_partitions", {"moves": [m.model_dump() for m in decision.moves]},
-            now_ms=now_ms)
-        log.info("balancer round (%s): %s; %s", decision.mode,
-                 "; ".join(f"{m.topic}-{m.partition} {m.from_node_id}->{m.to_node_id}"
-                           for m in decision.moves), result.get("result", result))
+            "balance_partitions", {"moves": [m.model_dump() for m in decision.moves]}, now_ms=now_ms
+        )
+        log.info(
+            "balancer round (%s): %s; %s",
+            decision.mode,
+            "; ".join(
+                f"{m.topic}-{m.partition} {m.from_node_id}->{m.to_node_id}" for m in decision.moves
+            ),
+            result.get("result", result),
+        )
 
     def balancer_status(self) -> dict:
         """The balancer's state as the leader sees it (NOT_CONTROLLER elsewhere: only the
@@ -226,13 +253,19 @@ class ControllerNode:
             raise ControllerError(ErrorCode.NOT_CONTROLLER, "this controller is not the leader")
         settings = self.config.balancer
         warm = time.monotonic() - self._leader_since >= settings.leader_warmup_ms / 1000
-        return balancer.status_document(self.quorum.machine.image, self.stream_rates(),
-                                        int(time.time() * 1000), settings, rates_known=warm)
+        return balancer.status_document(
+            self.quorum.machine.image,
+            self.stream_rates(),
+            int(time.time() * 1000),
+            settings,
+            rates_known=warm,
+        )
 
     def _delete_destroyed_objects(self, now_ms: int) -> None:
         image = self.quorum.machine.image
-        due = objects_to_delete(image, now_ms, self.config.settings.object_destroy_retention_ms,
-                                MAX_DELETES_PER_ROUND)
+        due = objects_to_delete(
+            image, now_ms, self.config.settings.object_destroy_retention_ms, MAX_DELETES_PER_ROUND
+        )
         if not due:
             return
         by_bucket: dict[int, list[int]] = {}
@@ -261,18 +294,27 @@ class ControllerNode:
             "metadata_offset": self.quorum.machine.next_offset - 1,
             "fingerprint": image.fingerprint(),
             "brokers": [
-                {"node_id": b.node_id, "az": b.az, "host": b.host, "kafka_port": b.kafka_port,
-                 "node_epoch": b.node_epoch, "fenced": b.fenced, "fence_reason": b.fence_reason,
-                 "shutting_down": b.shutting_down,
-                 "partitions_led": led.get(b.node_id, 0),
-                 "coordinator_slots": slots.get(b.node_id, 0),
-                 # another broker recovering this one's WAL (crash failover), else None
-                 "wal_failover_target": (image.node_wals[b.node_id].failover_target_node_id
-                                         if b.node_id in image.node_wals
-                                         and image.node_wals[b.node_id].failover_mode else None),
-                 "last_heartbeat_age_ms": ages.get(b.node_id),
-                 # upload health from its last heartbeat (None: not reported to this leader)
-                 **_upload_fields(stats.get(b.node_id))}
+                {
+                    "node_id": b.node_id,
+                    "az": b.az,
+                    "host": b.host,
+                    "kafka_port": b.kafka_port,
+                    "node_epoch": b.node_epoch,
+                    "fenced": b.fenced,
+                    "fence_reason": b.fence_reason,
+                    "shutting_down": b.shutting_down,
+                    "partitions_led": led.get(b.node_id, 0),
+                    "coordinator_slots": slots.get(b.node_id, 0),
+                    # another broker recovering this one's WAL (crash failover), else None
+                    "wal_failover_target": (
+                        image.node_wals[b.node_id].failover_target_node_id
+                        if b.node_id in image.node_wals and image.node_wals[b.node_id].failover_mode
+                        else None
+                    ),
+                    "last_heartbeat_age_ms": ages.get(b.node_id),
+                    # upload health from its last heartbeat (None: not reported to this leader)
+                    **_upload_fields(stats.get(b.node_id)),
+                }
                 for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
             ],
             "active_bucket_id": image.active_bucket_id,
@@ -283,13 +325,16 @@ class ControllerNode:
             # owner of each group coordinator slot (None: not placed yet)
             "coordinator_slot_owners": [
                 image.coordinator_slots[i].node_id if i in image.coordinator_slots else None
-                for i in range(image.coordinator_slot_count)],
+                for i in range(image.coordinator_slot_count)
+            ],
         }
 
 
 def _upload_fields(stats: dict | None) -> dict:
     keys = ("wal_used_bytes", "wal_capacity_bytes", "upload_lag_s", "last_upload_error")
     return {k: None if stats is None else stats.get(k) for k in keys}
+
+
 MAX_RATE_ENTRIES = 100_000
 
 
@@ -318,8 +363,9 @@ def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:
     except ImportError:  # the object-store package is optional for a bare quorum
         return None
     try:
-        store = ObjectStorage(parse_bucket_uris(
-            ",".join(b.uri_with_credentials() for b in config.buckets)))
+        store = ObjectStorage(
+            parse_bucket_uris(",".join(b.uri_with_credentials() for b in config.buckets))
+        )
     except Exception:  # a bad bucket config must not keep the quorum down
         log.exception("object deletion disabled: cannot set up the object store client")
         return None
@@ -329,8 +375,9 @@ def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:
             store.delete_objects(bucket_id, [object_key(i) for i in object_ids])
             return []
         except Exception as exc:
-            log.warning("deleting %d objects from bucket %d failed: %s", len(object_ids),
-                        bucket_id, exc)
+            log.warning(
+                "deleting %d objects from bucket %d failed: %s", len(object_ids), bucket_id, exc
+            )
             return object_ids
 
     return delete
@@ -343,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     config = QuorumConfig.model_validate(json.loads(args.config.read_text()))
     node = ControllerNode(config, args.node_id, args.data_dir, object_deleter=_s3_deleter(config))
     stop = threading.Event()

@@ -9,12 +9,23 @@ by the controller that received the request. No I/O here.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from controlplane import brokers, failover, objects, reassignment, records as r, streams, topics
-from controlplane import balancer, coordinators, fencing
+from controlplane import (
+    balancer,
+    brokers,
+    coordinators,
+    failover,
+    fencing,
+    objects,
+    reassignment,
+    streams,
+    topics,
+)
+from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import encode_record
@@ -36,17 +47,24 @@ def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int
     return recs, {"records": len(recs)}
 
 
-def _set_active_bucket(image: MetadataImage, req: SetActiveBucketRequest, now_ms: int,
-                       settings: ControllerSettings):
+def _set_active_bucket(
+    image: MetadataImage, req: SetActiveBucketRequest, now_ms: int, settings: ControllerSettings
+):
     if req.bucket_id not in settings.bucket_ids:
-        raise ControllerError(ErrorCode.UNKNOWN_BUCKET,
-                              f"bucket {req.bucket_id} is not configured "
-                              f"(known: {settings.bucket_ids})")
+        raise ControllerError(
+            ErrorCode.UNKNOWN_BUCKET,
+            f"bucket {req.bucket_id} is not configured (known: {settings.bucket_ids})",
+        )
     if image.active_bucket_id == req.bucket_id:
         return [], {"active_bucket_id": req.bucket_id}
-    return ([r.BucketFailoverRecord(active_bucket_id=req.bucket_id, reason=req.reason,
-                                    changed_ms=now_ms)],
-            {"active_bucket_id": req.bucket_id})
+    return (
+        [
+            r.BucketFailoverRecord(
+                active_bucket_id=req.bucket_id, reason=req.reason, changed_ms=now_ms
+            )
+        ],
+        {"active_bucket_id": req.bucket_id},
+    )
 
 
 def _fence_broker(image: MetadataImage, req, now_ms: int):
@@ -60,10 +78,16 @@ def _fence_broker(image: MetadataImage, req, now_ms: int):
 def _allocate_producer_ids(image: MetadataImage, req: AllocateProducerIdsRequest, now_ms: int):
     fencing.require_active_broker(image, req.node_id, req.node_epoch)
     first = image.next_producer_id
-    return ([r.NextIdsRecord(next_object_id=image.next_object_id,
-                             next_stream_id=image.next_stream_id,
-                             next_producer_id=first + req.count)],
-            {"first_producer_id": first, "count": req.count})
+    return (
+        [
+            r.NextIdsRecord(
+                next_object_id=image.next_object_id,
+                next_stream_id=image.next_stream_id,
+                next_producer_id=first + req.count,
+            )
+        ],
+        {"first_producer_id": first, "count": req.count},
+    )
 
 
 def _put_kv(image: MetadataImage, req: PutKVRequest, now_ms: int):
@@ -97,10 +121,12 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "allocate_producer_ids": (_allocate_producer_ids, False),
     "put_group_offsets": (coordinators.put_group_offsets, False),
 }
-_HANDLERS.update({  # the self-balancer (controlplane/balancer.py)
-    "set_balancer": (balancer.set_balancer, False),
-    "balance_partitions": (balancer.balance_partitions, False),
-})
+_HANDLERS.update(
+    {  # the self-balancer (controlplane/balancer.py)
+        "set_balancer": (balancer.set_balancer, False),
+        "balance_partitions": (balancer.balance_partitions, False),
+    }
+)
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 
@@ -113,9 +139,9 @@ class MetadataStateMachine:
     def __init__(self, settings: ControllerSettings | None = None):
         self.settings = settings or ControllerSettings()
         self.image = MetadataImage()
-        self.log: list[str] = []          # JSON text of records log_start_offset ...
-        self.log_start_offset = 0          # offset of self.log[0]
-        self.next_offset = 0               # offset the next record gets
+        self.log: list[str] = []  # JSON text of records log_start_offset ...
+        self.log_start_offset = 0  # offset of self.log[0]
+        self.next_offset = 0  # offset the next record gets
 
     # ------------------------------------------------------------ commands
 
@@ -150,8 +176,7 @@ class MetadataStateMachine:
         if command == "lifecycle_tick" or coordinators.changes_brokers(recs):
             # group coordinator slots follow the brokers in the same command: a fenced or
             # stopping broker's slots move the moment its partitions are evacuated
-            self.append(coordinators.plan_slot_moves(self.image,
-                                                     self.settings.coordinator_slots))
+            self.append(coordinators.plan_slot_moves(self.image, self.settings.coordinator_slots))
         return {"result": response, "offset": self.next_offset - 1}
 
     def execute_readonly(self, command: str, body: dict, now_ms: int = 0) -> dict:
@@ -164,8 +189,9 @@ class MetadataStateMachine:
         except ControllerError as exc:
             return exc.to_dict()
         if recs:
-            return ControllerError(ErrorCode.INVALID_REQUEST,
-                                   f"{command} must be replicated").to_dict()
+            return ControllerError(
+                ErrorCode.INVALID_REQUEST, f"{command} must be replicated"
+            ).to_dict()
         return {"result": response, "offset": self.next_offset - 1}
 
     def append(self, recs: list) -> None:
@@ -174,8 +200,7 @@ class MetadataStateMachine:
         if not recs:
             return
         first = self.next_offset
-        self.image, _ = self.image.with_records(
-            (rec, first + i) for i, rec in enumerate(recs))
+        self.image, _ = self.image.with_records((rec, first + i) for i, rec in enumerate(recs))
         for rec in recs:
             self.log.append(encode_record(rec))
             self.next_offset += 1
@@ -194,14 +219,20 @@ class MetadataStateMachine:
         """
         start = after_offset + 1
         if start < self.log_start_offset:
-            return {"snapshot": json.loads(self.image.model_dump_json()),
-                    "snapshot_offset": self.next_offset - 1, "records": [],
-                    "next_offset": self.next_offset}
+            return {
+                "snapshot": json.loads(self.image.model_dump_json()),
+                "snapshot_offset": self.next_offset - 1,
+                "records": [],
+                "next_offset": self.next_offset,
+            }
         idx = start - self.log_start_offset
-        chunk = self.log[idx: idx + max_records]
-        return {"records": [{"offset": start + i, "record": json.loads(text)}
-                            for i, text in enumerate(chunk)],
-                "next_offset": self.next_offset}
+        chunk = self.log[idx : idx + max_records]
+        return {
+            "records": [
+                {"offset": start + i, "record": json.loads(text)} for i, text in enumerate(chunk)
+            ],
+            "next_offset": self.next_offset,
+        }
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -22,8 +22,10 @@ _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 def validate_topic_name(name: str) -> None:
     """Kafka's rules: letters, digits, '.', '_', '-'; at most 249; not '.' or '..'."""
     if not _TOPIC_NAME.match(name) or name in (".", ".."):
-        raise ControllerError(ErrorCode.INVALID_TOPIC_NAME,
-                              f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-]")
+        raise ControllerError(
+            ErrorCode.INVALID_TOPIC_NAME,
+            f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-]",
+        )
 
 
 def _leader_choices(image: MetadataImage, count: int, topic_id: str) -> list[int]:
@@ -34,19 +36,29 @@ def _leader_choices(image: MetadataImage, count: int, topic_id: str) -> list[int
     return leaders
 
 
-def _partition_records(image: MetadataImage, topic_id: str, name: str, first: int,
-                       count: int) -> list:
+def _partition_records(
+    image: MetadataImage, topic_id: str, name: str, first: int, count: int
+) -> list:
     recs: list = []
     next_stream = image.next_stream_id
     for i, leader in enumerate(_leader_choices(image, count, topic_id)):
         partition = first + i
         stream_id = next_stream + i
-        recs.append(r.CreateStreamRecord(stream_id=stream_id,
-                                         tags={"topic": name, "topic_id": topic_id,
-                                               "partition": str(partition)}))
-        recs.append(r.PartitionRecord(topic_id=topic_id, partition=partition,
-                                      leader_node_id=leader, leader_epoch=0,
-                                      stream_id=stream_id))
+        recs.append(
+            r.CreateStreamRecord(
+                stream_id=stream_id,
+                tags={"topic": name, "topic_id": topic_id, "partition": str(partition)},
+            )
+        )
+        recs.append(
+            r.PartitionRecord(
+                topic_id=topic_id,
+                partition=partition,
+                leader_node_id=leader,
+                leader_epoch=0,
+                stream_id=stream_id,
+            )
+        )
     return recs
 
 
@@ -58,8 +70,9 @@ def create_topic(image: MetadataImage, req: CreateTopicRequest, now_ms: int):
         raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {req.name!r} already exists")
     recs: list = [r.TopicRecord(topic_id=req.topic_id, name=req.name, configs=req.configs)]
     recs += _partition_records(image, req.topic_id, req.name, 0, req.partitions)
-    return recs, CreateTopicResponse(topic_id=req.topic_id, name=req.name,
-                                     partitions=req.partitions)
+    return recs, CreateTopicResponse(
+        topic_id=req.topic_id, name=req.name, partitions=req.partitions
+    )
 
 
 def delete_topic(image: MetadataImage, req: DeleteTopicRequest, now_ms: int):
@@ -78,9 +91,10 @@ def create_partitions(image: MetadataImage, req: CreatePartitionsRequest, now_ms
         raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {req.name!r} does not exist")
     current = len(topic.partitions)
     if req.total_count <= current:
-        raise ControllerError(ErrorCode.INVALID_PARTITIONS,
-                              f"topic {req.name!r} has {current} partitions; the new count "
-                              f"{req.total_count} must be greater")
-    recs = _partition_records(image, topic.topic_id, topic.name, current,
-                              req.total_count - current)
+        raise ControllerError(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {req.name!r} has {current} partitions; the new count "
+            f"{req.total_count} must be greater",
+        )
+    recs = _partition_records(image, topic.topic_id, topic.name, current, req.total_count - current)
     return recs, {"partitions": req.total_count}

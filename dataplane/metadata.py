@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
@@ -30,8 +30,11 @@ class MetadataFollower:
     applied batch; readers take `follower.image` once and use that image for a whole request.
     """
 
-    def __init__(self, client: ControllerClient,
-                 on_records: Callable[[MetadataImage, list], None] | None = None):
+    def __init__(
+        self,
+        client: ControllerClient,
+        on_records: Callable[[MetadataImage, list], None] | None = None,
+    ):
         self.client = client
         self.image = MetadataImage()
         self.on_records = on_records

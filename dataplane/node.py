@@ -29,7 +29,6 @@ import time
 import uuid
 from pathlib import Path
 
-
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import StreamState
@@ -45,10 +44,10 @@ from dataplane.s3stream.wal.factory import wal_uri_for_path
 
 log = logging.getLogger("dataplane.node")
 
-REGISTER_WAIT_S = 300.0        # how long to wait for another node to finish our WAL failover
-SHUTDOWN_MOVE_WAIT_S = 30.0    # how long controlled shutdown waits for partitions to move
+REGISTER_WAIT_S = 300.0  # how long to wait for another node to finish our WAL failover
+SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
-PORT_WAIT_S = 30.0             # how long to wait for the Kafka port held by a dying predecessor
+PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
 
 
 class BrokerNode:
@@ -67,8 +66,9 @@ class BrokerNode:
         self.restart_requested = threading.Event()
         self._failovers: set[tuple[int, int]] = set()  # (failed node, failover epoch) started
         self._failovers_lock = threading.Lock()
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop,
-                                                  name="heartbeat", daemon=True)
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat_loop, name="heartbeat", daemon=True
+        )
 
     @property
     def wal_uri(self) -> str:
@@ -77,9 +77,13 @@ class BrokerNode:
 
     def register(self) -> int:
         req = RegisterBrokerRequest(
-            node_id=self.config.node_id, az=self.config.az, host=self.config.host,
-            kafka_port=self.config.kafka_port, incarnation_id=uuid.uuid4().hex,
-            wal_uri=self.wal_uri)
+            node_id=self.config.node_id,
+            az=self.config.az,
+            host=self.config.host,
+            kafka_port=self.config.kafka_port,
+            incarnation_id=uuid.uuid4().hex,
+            wal_uri=self.wal_uri,
+        )
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
             try:
@@ -94,17 +98,24 @@ class BrokerNode:
         self.fenced = True
         if self.storage is not None:
             self.storage.node_epoch = self.node_epoch
-        log.info("registered node %d in %s with node epoch %d", self.config.node_id,
-                 self.config.az, self.node_epoch)
+        log.info(
+            "registered node %d in %s with node epoch %d",
+            self.config.node_id,
+            self.config.az,
+            self.node_epoch,
+        )
         return self.node_epoch
 
     def heartbeat(self) -> None:
         assert self.node_epoch is not None
         rates = self.partitions.produce_rates() if self.partitions is not None else {}
-        req = BrokerHeartbeatRequest(node_id=self.config.node_id, node_epoch=self.node_epoch,
-                                     metadata_offset=self.metadata.offset,
-                                     stats=self._upload_stats(),
-                                     produce_bytes_per_s=rates)
+        req = BrokerHeartbeatRequest(
+            node_id=self.config.node_id,
+            node_epoch=self.node_epoch,
+            metadata_offset=self.metadata.offset,
+            stats=self._upload_stats(),
+            produce_bytes_per_s=rates,
+        )
         try:
             result = self.client.call("broker_heartbeat", req, timeout_s=5)
         except ControllerError as exc:
@@ -118,15 +129,22 @@ class BrokerNode:
         if final and self.storage is not None:
             # fenced for good while serving data (paused past the session timeout): another
             # node has taken our WAL over and our streams are closing; start afresh
-            log.warning("node %d epoch %d was fenced (%s): restarting the process",
-                        self.config.node_id, self.node_epoch, result.get("fence_reason"))
+            log.warning(
+                "node %d epoch %d was fenced (%s): restarting the process",
+                self.config.node_id,
+                self.node_epoch,
+                result.get("fence_reason"),
+            )
             self.restart_requested.set()
             self._stop.set()
         elif final or (self.fenced and not was_fenced):
             # fenced for good (session expired while we were paused, or shutdown): our
             # writes of this epoch are refused from now on; come back with a new epoch
-            log.warning("node %d epoch %d was fenced: registering again", self.config.node_id,
-                        self.node_epoch)
+            log.warning(
+                "node %d epoch %d was fenced: registering again",
+                self.config.node_id,
+                self.node_epoch,
+            )
             self.register()
         elif not self.fenced and was_fenced:
             log.info("node %d epoch %d is unfenced", self.config.node_id, self.node_epoch)
@@ -137,10 +155,13 @@ class BrokerNode:
             return None
         stats = self.storage.upload_stats()
         return BrokerUploadStats(
-            wal_used_bytes=stats.wal_used_bytes, wal_capacity_bytes=stats.wal_capacity_bytes,
+            wal_used_bytes=stats.wal_used_bytes,
+            wal_capacity_bytes=stats.wal_capacity_bytes,
             upload_lag_s=stats.upload_lag_s,
-            last_upload_error=None if stats.last_upload_error is None
-            else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS])
+            last_upload_error=None
+            if stats.last_upload_error is None
+            else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS],
+        )
 
     def _heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000
@@ -174,31 +195,48 @@ class BrokerNode:
         cfg = self.config
         objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
         assert self.node_epoch is not None
-        self.storage = S3Storage(StorageConfig(
-            data_dir=cfg.data_dir / "storage", wal_uri=self.wal_uri,
-            wal_capacity_bytes=cfg.wal_capacity_bytes,
-            # at most a quarter of the WAL: a small WAL (tests) must upload long before it
-            # is full, not only on the interval
-            upload_threshold_bytes=min(cfg.upload_threshold_bytes, cfg.wal_capacity_bytes // 4),
-            upload_interval_s=cfg.upload_interval_s, block_cache_bytes=cfg.block_cache_bytes),
-            cfg.node_id, self.node_epoch, self.client, objects)
+        self.storage = S3Storage(
+            StorageConfig(
+                data_dir=cfg.data_dir / "storage",
+                wal_uri=self.wal_uri,
+                wal_capacity_bytes=cfg.wal_capacity_bytes,
+                # at most a quarter of the WAL: a small WAL (tests) must upload long before it
+                # is full, not only on the interval
+                upload_threshold_bytes=min(cfg.upload_threshold_bytes, cfg.wal_capacity_bytes // 4),
+                upload_interval_s=cfg.upload_interval_s,
+                block_cache_bytes=cfg.block_cache_bytes,
+            ),
+            cfg.node_id,
+            self.node_epoch,
+            self.client,
+            objects,
+        )
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
-        self.partitions = PartitionManager(cfg.node_id, self.storage,
-                                           lambda: self.metadata.caught_up)
+        self.partitions = PartitionManager(
+            cfg.node_id, self.storage, lambda: self.metadata.caught_up
+        )
         self.partitions.start()
-        apis = KafkaApis(BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
-                         lambda: self.metadata.image, self.metadata.wait_for_offset,
-                         self.client, self.partitions, lambda: self.node_epoch or 0)
+        apis = KafkaApis(
+            BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
+            lambda: self.metadata.image,
+            self.metadata.wait_for_offset,
+            self.client,
+            self.partitions,
+            lambda: self.node_epoch or 0,
+        )
         image_fn = lambda: self.metadata.image  # noqa: E731
         coordinator = GroupCoordinator()
-        offset_store = KVOffsetStore(self.client, image_fn, cfg.node_id,
-                                     lambda: self.node_epoch or 0)
-        groups = GroupHandlers(coordinator, offset_store,
-                               # a coordinator mid-replay could serve offsets older than
-                               # the previous coordinator's last commit
-                               lambda g: group_coordinator(image_fn(), g) == cfg.node_id
-                               and self.metadata.caught_up)
+        offset_store = KVOffsetStore(
+            self.client, image_fn, cfg.node_id, lambda: self.node_epoch or 0
+        )
+        groups = GroupHandlers(
+            coordinator,
+            offset_store,
+            # a coordinator mid-replay could serve offsets older than
+            # the previous coordinator's last commit
+            lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
+        )
         owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
@@ -222,15 +260,20 @@ class BrokerNode:
                 self.kafka.loop.call_soon_threadsafe(coordinator.unload_groups, in_moved)
             except (AttributeError, RuntimeError):  # the server is not running
                 pass
-            log.info("coordinator slots %s moved away; node %d now owns %d slots",
-                     sorted(moved), cfg.node_id, len(now_owned))
+            log.info(
+                "coordinator slots %s moved away; node %d now owns %d slots",
+                sorted(moved),
+                cfg.node_id,
+                len(now_owned),
+            )
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
         for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
             registry.register(request_class, lo, hi, handler)
-        self.kafka = KafkaServerThread(registry, host=cfg.host, port=cfg.kafka_port,
-                                       max_request_bytes=cfg.max_request_bytes)
+        self.kafka = KafkaServerThread(
+            registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
+        )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
             try:
@@ -261,42 +304,57 @@ class BrokerNode:
                 if key in self._failovers:
                     continue
                 self._failovers.add(key)
-            threading.Thread(target=self._run_failover, args=(wal.node_id, wal.wal_uri,
-                                                              wal.node_epoch),
-                             name=f"failover-{wal.node_id}", daemon=True).start()
+            threading.Thread(
+                target=self._run_failover,
+                args=(wal.node_id, wal.wal_uri, wal.node_epoch),
+                name=f"failover-{wal.node_id}",
+                daemon=True,
+            ).start()
 
     def _run_failover(self, failed_node_id: int, wal_uri: str, failover_epoch: int) -> None:
         from dataplane.s3stream.failover import recover_failed_wal
 
         def open_streams() -> list[tuple[int, int]]:
             image = self.metadata.image
-            return sorted((s.stream_id, s.epoch) for s in image.streams.values()
-                          if s.state == StreamState.OPENED and s.node_id == failed_node_id)
+            return sorted(
+                (s.stream_id, s.epoch)
+                for s in image.streams.values()
+                if s.state == StreamState.OPENED and s.node_id == failed_node_id
+            )
 
         delay_s = 0.2
         for attempt in range(1, FAILOVER_ATTEMPTS + 1):
             if self._stop.is_set() or self.storage is None:
                 return
             current = self.metadata.image.node_wals.get(failed_node_id)
-            if current is None or not current.failover_mode or current.node_epoch != failover_epoch \
-                    or current.failover_target_node_id != self.config.node_id:
+            if (
+                current is None
+                or not current.failover_mode
+                or current.node_epoch != failover_epoch
+                or current.failover_target_node_id != self.config.node_id
+            ):
                 return  # done, or handed to another node
             try:
-                recover_failed_wal(self.storage, failed_node_id, wal_uri, failover_epoch,
-                                   open_streams)
+                recover_failed_wal(
+                    self.storage, failed_node_id, wal_uri, failover_epoch, open_streams
+                )
                 return
             except ControllerError as exc:
                 if exc.code == ErrorCode.NOT_FAILOVER_TARGET:
                     log.warning("failover of node %d: %s", failed_node_id, exc)
                     return
-                log.warning("failover of node %d (attempt %d) failed: %s", failed_node_id,
-                            attempt, exc)
+                log.warning(
+                    "failover of node %d (attempt %d) failed: %s", failed_node_id, attempt, exc
+                )
             except Exception:
                 log.exception("failover of node %d (attempt %d) failed", failed_node_id, attempt)
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 5.0)
-        log.error("giving up recovering the WAL of node %d after %d attempts",
-                  failed_node_id, FAILOVER_ATTEMPTS)
+        log.error(
+            "giving up recovering the WAL of node %d after %d attempts",
+            failed_node_id,
+            FAILOVER_ATTEMPTS,
+        )
 
     # ------------------------------------------------------------ shutdown
 
@@ -311,13 +369,19 @@ class BrokerNode:
         except Exception as exc:
             log.warning("upload before controlled shutdown failed: %s", exc)
         try:
-            result = self.client.call("controlled_shutdown", {
-                "node_id": self.config.node_id, "node_epoch": self.node_epoch}, timeout_s=10)
+            result = self.client.call(
+                "controlled_shutdown",
+                {"node_id": self.config.node_id, "node_epoch": self.node_epoch},
+                timeout_s=10,
+            )
         except Exception as exc:
             log.warning("controlled shutdown refused: %s", exc)
             return
-        log.info("controlled shutdown: %s partitions moving, %s stay", result.get("moved"),
-                 result.get("remaining"))
+        log.info(
+            "controlled shutdown: %s partitions moving, %s stay",
+            result.get("moved"),
+            result.get("remaining"),
+        )
         remaining = int(result.get("remaining", 0))
         deadline = time.monotonic() + SHUTDOWN_MOVE_WAIT_S
         while time.monotonic() < deadline and self.partitions.led_or_closing() > remaining:
@@ -337,13 +401,20 @@ class BrokerNode:
             try:  # upload the WAL; streams stay ours so a restart reopens them at once
                 self.storage.close(close_streams=False)
             except Exception as exc:
-                log.warning("uploading the WAL on shutdown failed (it is recovered on "
-                            "restart): %s", exc)
+                log.warning(
+                    "uploading the WAL on shutdown failed (it is recovered on restart): %s", exc
+                )
         if self.node_epoch is not None:
             try:
-                self.client.call("fence_broker", {"node_id": self.config.node_id,
-                                                  "node_epoch": self.node_epoch,
-                                                  "reason": "controlled shutdown"}, timeout_s=5)
+                self.client.call(
+                    "fence_broker",
+                    {
+                        "node_id": self.config.node_id,
+                        "node_epoch": self.node_epoch,
+                        "reason": "controlled shutdown",
+                    },
+                    timeout_s=5,
+                )
             except Exception as exc:
                 log.warning("could not fence ourselves on shutdown: %s", exc)
         self.metadata.stop()
@@ -354,8 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
     node = BrokerNode(config)
     stop = threading.Event()

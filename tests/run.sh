@@ -11,4 +11,7 @@ if ! command -v kcat >/dev/null 2>&1; then
   fi
 fi
 pip install -q -e '.[test]'
+# lint and format first: a lint error fails the test command (ruff's config: pyproject.toml)
+ruff check .
+ruff format --check .
 python -m pytest -q "$@"

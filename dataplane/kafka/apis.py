@@ -16,9 +16,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 from kafka.protocol.admin import (
     CreatePartitionsRequest,
@@ -78,9 +78,12 @@ _CONTROLLER_TO_KAFKA = {
 
 
 def _kafka_error(exc: ControllerError) -> KafkaError:
-    return _CONTROLLER_TO_KAFKA.get(exc.code, KafkaError.REQUEST_TIMED_OUT
-                                    if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT)
-                                    else KafkaError.UNKNOWN_SERVER_ERROR)
+    return _CONTROLLER_TO_KAFKA.get(
+        exc.code,
+        KafkaError.REQUEST_TIMED_OUT
+        if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT)
+        else KafkaError.UNKNOWN_SERVER_ERROR,
+    )
 
 
 @dataclass
@@ -101,10 +104,16 @@ def coordinator_for(key: str, image: MetadataImage) -> int | None:
 class KafkaApis:
     """Handlers of the broker's data and admin APIs."""
 
-    def __init__(self, me: BrokerIdentity, image_fn: Callable[[], MetadataImage],
-                 wait_for_offset: Callable[[int, float], bool], controller: ControllerClient,
-                 partitions: PartitionResolver, node_epoch_fn: Callable[[], int],
-                 io_threads: int = 16):
+    def __init__(
+        self,
+        me: BrokerIdentity,
+        image_fn: Callable[[], MetadataImage],
+        wait_for_offset: Callable[[int, float], bool],
+        controller: ControllerClient,
+        partitions: PartitionResolver,
+        node_epoch_fn: Callable[[], int],
+        io_threads: int = 16,
+    ):
         self.me = me
         self.image_fn = image_fn
         self.wait_for_offset = wait_for_offset
@@ -138,15 +147,15 @@ class KafkaApis:
 
     # ------------------------------------------------------------ metadata
 
-    def _topic(self, image: MetadataImage, name: str | None = None,
-               topic_id: uuid.UUID | None = None) -> TopicState | None:
+    def _topic(
+        self, image: MetadataImage, name: str | None = None, topic_id: uuid.UUID | None = None
+    ) -> TopicState | None:
         if topic_id is not None and topic_id.int != 0:
             return image.topics.get(str(topic_id))
         return image.topic_by_name(name) if name else None
 
     def _broker_list(self, image: MetadataImage) -> list:
-        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
-                if not b.fenced]
+        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
 
     async def metadata(self, req, ctx):
         v = ctx.api_version
@@ -160,39 +169,68 @@ class KafkaApis:
             await self._io(self._auto_create, missing)
             image = self.image_fn()
         R = MetadataResponse
-        brokers = [R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port,
-                                            rack=b.az) for b in self._broker_list(image)]
+        brokers = [
+            R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port, rack=b.az)
+            for b in self._broker_list(image)
+        ]
         topics = []
         names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
         for name in names:
             topic = image.topic_by_name(name) if name else None
             if topic is None:
-                topics.append(R.MetadataResponseTopic(
-                    error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION, name=name,
-                    topic_id=uuid.UUID(int=0), is_internal=False, partitions=[]))
+                topics.append(
+                    R.MetadataResponseTopic(
+                        error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+                        name=name,
+                        topic_id=uuid.UUID(int=0),
+                        is_internal=False,
+                        partitions=[],
+                    )
+                )
                 continue
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
                 leader = image.brokers.get(p.leader_node_id)
-                error = KafkaError.NONE if leader and not leader.fenced \
+                error = (
+                    KafkaError.NONE
+                    if leader and not leader.fenced
                     else KafkaError.LEADER_NOT_AVAILABLE
-                parts.append(R.MetadataResponseTopic.MetadataResponsePartition(
-                    error_code=error, partition_index=p.partition,
-                    leader_id=p.leader_node_id if error == KafkaError.NONE else -1,
-                    leader_epoch=p.leader_epoch, replica_nodes=[p.leader_node_id],
-                    isr_nodes=[p.leader_node_id], offline_replicas=[]))
-            topics.append(R.MetadataResponseTopic(
-                error_code=KafkaError.NONE, name=topic.name, topic_id=uuid.UUID(topic.topic_id),
-                is_internal=False, partitions=parts))
+                )
+                parts.append(
+                    R.MetadataResponseTopic.MetadataResponsePartition(
+                        error_code=error,
+                        partition_index=p.partition,
+                        leader_id=p.leader_node_id if error == KafkaError.NONE else -1,
+                        leader_epoch=p.leader_epoch,
+                        replica_nodes=[p.leader_node_id],
+                        isr_nodes=[p.leader_node_id],
+                        offline_replicas=[],
+                    )
+                )
+            topics.append(
+                R.MetadataResponseTopic(
+                    error_code=KafkaError.NONE,
+                    name=topic.name,
+                    topic_id=uuid.UUID(topic.topic_id),
+                    is_internal=False,
+                    partitions=parts,
+                )
+            )
         controller_id = brokers[0].node_id if brokers else -1
-        return R[v](throttle_time_ms=0, brokers=brokers, cluster_id=CLUSTER_ID,
-                    controller_id=controller_id, topics=topics)
+        return R[v](
+            throttle_time_ms=0,
+            brokers=brokers,
+            cluster_id=CLUSTER_ID,
+            controller_id=controller_id,
+            topics=topics,
+        )
 
     def _auto_create(self, names: list[str]) -> None:
         for name in names:
             try:
-                self.controller.call("create_topic", {"name": name,
-                                                      "partitions": DEFAULT_PARTITIONS})
+                self.controller.call(
+                    "create_topic", {"name": name, "partitions": DEFAULT_PARTITIONS}
+                )
             except ControllerError as exc:
                 if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                     log.info("auto-creating topic %r failed: %s", name, exc)
@@ -210,8 +248,10 @@ class KafkaApis:
                 for n in names:
                     t = image.topic_by_name(n)
                     for p in t.partitions.values():
-                        if p.leader_node_id == self.me.node_id and \
-                                self.partitions.get(t.topic_id, p.partition) is None:
+                        if (
+                            p.leader_node_id == self.me.node_id
+                            and self.partitions.get(t.topic_id, p.partition) is None
+                        ):
                             ok = False
                 if ok:
                     return
@@ -263,7 +303,7 @@ class KafkaApis:
                 for fut in futures:
                     try:
                         await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:
                         log.warning("append failed: %s", exc)
@@ -273,13 +313,23 @@ class KafkaApis:
         responses = []
         for t, parts in results:
             kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
-            responses.append(R.TopicProduceResponse(partition_responses=[
-                R.TopicProduceResponse.PartitionProduceResponse(
-                    index=e["index"], error_code=e["error"],
-                    base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
-                    log_append_time_ms=-1, log_start_offset=e["log_start"], record_errors=[],
-                    error_message=None)
-                for e in parts], **kwargs))
+            responses.append(
+                R.TopicProduceResponse(
+                    partition_responses=[
+                        R.TopicProduceResponse.PartitionProduceResponse(
+                            index=e["index"],
+                            error_code=e["error"],
+                            base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
+                            log_append_time_ms=-1,
+                            log_start_offset=e["log_start"],
+                            record_errors=[],
+                            error_message=None,
+                        )
+                        for e in parts
+                    ],
+                    **kwargs,
+                )
+            )
         return R[v](responses=responses, throttle_time_ms=0)
 
     # ------------------------------------------------------------ fetch
@@ -305,13 +355,12 @@ class KafkaApis:
                     break
                 try:
                     await asyncio.wait_for(woken.wait(), max(deadline - loop.time(), 0))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             for plog in listening:
                 plog.remove_listener(wake)
-        return FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=0,
-                                responses=topics)
+        return FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
 
     async def _fetch_once(self, req, v, image, max_bytes, listening, wake):
         F = FetchResponse.FetchableTopicResponse
@@ -344,10 +393,18 @@ class KafkaApis:
                         listening.append(plog)
                 if error != KafkaError.NONE:
                     errors = True
-                parts.append(P(partition_index=p.partition, error_code=error,
-                               high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
-                               aborted_transactions=[], preferred_read_replica=-1,
-                               records=records))
+                parts.append(
+                    P(
+                        partition_index=p.partition,
+                        error_code=error,
+                        high_watermark=hw,
+                        last_stable_offset=hw,
+                        log_start_offset=start,
+                        aborted_transactions=[],
+                        preferred_read_replica=-1,
+                        records=records,
+                    )
+                )
             kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}
             topics.append(F(partitions=parts, **kwargs))
         return (-1 if errors and total == 0 else total), topics
@@ -372,9 +429,15 @@ class KafkaApis:
                     else:
                         found = await self._io(plog.offset_for_timestamp, p.timestamp)
                         offset, ts = found.offset, found.timestamp_ms
-                parts.append(R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
-                    partition_index=p.partition_index, error_code=error, timestamp=ts,
-                    offset=offset, leader_epoch=plog.leader_epoch if plog else -1))
+                parts.append(
+                    R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                        partition_index=p.partition_index,
+                        error_code=error,
+                        timestamp=ts,
+                        offset=offset,
+                        leader_epoch=plog.leader_epoch if plog else -1,
+                    )
+                )
             topics.append(R.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         return R[v](throttle_time_ms=0, topics=topics)
 
@@ -390,9 +453,11 @@ class KafkaApis:
                 epoch, end = -1, -1
                 if plog is not None:
                     epoch, end = plog.epoch_end_offset(p.leader_epoch)
-                parts.append(R.OffsetForLeaderTopicResult.EpochEndOffset(
-                    error_code=error, partition=p.partition, leader_epoch=epoch,
-                    end_offset=end))
+                parts.append(
+                    R.OffsetForLeaderTopicResult.EpochEndOffset(
+                        error_code=error, partition=p.partition, leader_epoch=epoch, end_offset=end
+                    )
+                )
             topics.append(R.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
         return R[v](throttle_time_ms=0, topics=topics)
 
@@ -404,8 +469,9 @@ class KafkaApis:
             if image.topic_by_name(name) is not None:
                 raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
             return None
-        res = self.controller.call("create_topic", {"name": name, "partitions": partitions,
-                                                    "configs": configs})
+        res = self.controller.call(
+            "create_topic", {"name": name, "partitions": partitions, "configs": configs}
+        )
         self._await_topics([name])
         return res
 
@@ -418,16 +484,24 @@ class KafkaApis:
             configs = {c.name: c.value for c in (t.configs or []) if c.value is not None}
             error, message, topic_id = KafkaError.NONE, None, uuid.UUID(int=0)
             try:
-                res = await self._io(self._create_topic, t.name, partitions, configs,
-                                     bool(req.validate_only))
+                res = await self._io(
+                    self._create_topic, t.name, partitions, configs, bool(req.validate_only)
+                )
                 if res:
                     topic_id = uuid.UUID(res["topic_id"])
             except ControllerError as exc:
                 error, message = _kafka_error(exc), exc.message
-            out.append(R.CreatableTopicResult(
-                name=t.name, topic_id=topic_id, error_code=error, error_message=message,
-                num_partitions=partitions if error == KafkaError.NONE else -1,
-                replication_factor=1 if error == KafkaError.NONE else -1, configs=[]))
+            out.append(
+                R.CreatableTopicResult(
+                    name=t.name,
+                    topic_id=topic_id,
+                    error_code=error,
+                    error_message=message,
+                    num_partitions=partitions if error == KafkaError.NONE else -1,
+                    replication_factor=1 if error == KafkaError.NONE else -1,
+                    configs=[],
+                )
+            )
         return R[v](throttle_time_ms=0, topics=out)
 
     def _delete_topic(self, name: str) -> None:
@@ -449,7 +523,7 @@ class KafkaApis:
         else:
             targets = [(n, None) for n in req.topic_names]
         out = []
-        for name, tid in targets:
+        for name, _tid in targets:
             error, message = KafkaError.NONE, None
             topic = image.topic_by_name(name) if name else None
             if topic is None:
@@ -459,9 +533,14 @@ class KafkaApis:
                     await self._io(self._delete_topic, name)
                 except ControllerError as exc:
                     error, message = _kafka_error(exc), exc.message
-            out.append(R.DeletableTopicResult(
-                name=name, topic_id=uuid.UUID(topic.topic_id) if topic else uuid.UUID(int=0),
-                error_code=error, error_message=message))
+            out.append(
+                R.DeletableTopicResult(
+                    name=name,
+                    topic_id=uuid.UUID(topic.topic_id) if topic else uuid.UUID(int=0),
+                    error_code=error,
+                    error_message=message,
+                )
+            )
         return R[v](throttle_time_ms=0, responses=out)
 
     def _create_partitions(self, name: str, count: int, validate_only: bool) -> None:
@@ -490,8 +569,9 @@ class KafkaApis:
                 await self._io(self._create_partitions, t.name, t.count, bool(req.validate_only))
             except ControllerError as exc:
                 error, message = _kafka_error(exc), exc.message
-            out.append(R.CreatePartitionsTopicResult(name=t.name, error_code=error,
-                                                     error_message=message))
+            out.append(
+                R.CreatePartitionsTopicResult(name=t.name, error_code=error, error_message=message)
+            )
         return R[v](throttle_time_ms=0, results=out)
 
     async def describe_configs(self, req, ctx):
@@ -506,24 +586,47 @@ class KafkaApis:
                 if topic is None:
                     error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
                 else:
-                    configs = {"cleanup.policy": "delete", "retention.ms": "604800000",
-                               "max.message.bytes": str(MAX_MESSAGE_BYTES),
-                               "min.insync.replicas": "1", **topic.configs}
+                    configs = {
+                        "cleanup.policy": "delete",
+                        "retention.ms": "604800000",
+                        "max.message.bytes": str(MAX_MESSAGE_BYTES),
+                        "min.insync.replicas": "1",
+                        **topic.configs,
+                    }
             elif res.resource_type == 4:  # broker
-                configs = {"broker.id": str(self.me.node_id), "broker.rack": self.me.az,
-                           "num.partitions": str(DEFAULT_PARTITIONS),
-                           "auto.create.topics.enable": "true"}
+                configs = {
+                    "broker.id": str(self.me.node_id),
+                    "broker.rack": self.me.az,
+                    "num.partitions": str(DEFAULT_PARTITIONS),
+                    "auto.create.topics.enable": "true",
+                }
             else:
                 error = KafkaError.INVALID_REQUEST
             keys = res.configuration_keys
-            entries = [R.DescribeConfigsResult.DescribeConfigsResourceResult(
-                name=k, value=val, read_only=res.resource_type == 4, is_default=False,
-                config_source=1 if res.resource_type == 2 else 4, is_sensitive=False,
-                synonyms=[], config_type=0, documentation=None)
-                for k, val in sorted(configs.items()) if keys is None or k in keys]
-            results.append(R.DescribeConfigsResult(
-                error_code=error, error_message=None, resource_type=res.resource_type,
-                resource_name=res.resource_name, configs=entries))
+            entries = [
+                R.DescribeConfigsResult.DescribeConfigsResourceResult(
+                    name=k,
+                    value=val,
+                    read_only=res.resource_type == 4,
+                    is_default=False,
+                    config_source=1 if res.resource_type == 2 else 4,
+                    is_sensitive=False,
+                    synonyms=[],
+                    config_type=0,
+                    documentation=None,
+                )
+                for k, val in sorted(configs.items())
+                if keys is None or k in keys
+            ]
+            results.append(
+                R.DescribeConfigsResult(
+                    error_code=error,
+                    error_message=None,
+                    resource_type=res.resource_type,
+                    resource_name=res.resource_name,
+                    configs=entries,
+                )
+            )
         return R[v](throttle_time_ms=0, results=results)
 
     # ------------------------------------------------------------ coordinators, producers
@@ -543,19 +646,29 @@ class KafkaApis:
             else:
                 found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))
         if v >= 4:
-            return R[v](throttle_time_ms=0, coordinators=[
-                R.Coordinator(key=k, node_id=n, host=h, port=p, error_code=e, error_message=None)
-                for k, e, n, h, p in found])
+            return R[v](
+                throttle_time_ms=0,
+                coordinators=[
+                    R.Coordinator(
+                        key=k, node_id=n, host=h, port=p, error_code=e, error_message=None
+                    )
+                    for k, e, n, h, p in found
+                ],
+            )
         _, e, n, h, p = found[0]
-        return R[v](throttle_time_ms=0, error_code=e, error_message=None, node_id=n, host=h,
-                    port=p)
+        return R[v](throttle_time_ms=0, error_code=e, error_message=None, node_id=n, host=h, port=p)
 
     def _next_producer_id(self) -> int:
         with self._pid_lock:
             if self._pid_next >= self._pid_end:
-                res = self.controller.call("allocate_producer_ids", {
-                    "node_id": self.me.node_id, "node_epoch": self.node_epoch_fn(),
-                    "count": PRODUCER_ID_BLOCK})
+                res = self.controller.call(
+                    "allocate_producer_ids",
+                    {
+                        "node_id": self.me.node_id,
+                        "node_epoch": self.node_epoch_fn(),
+                        "count": PRODUCER_ID_BLOCK,
+                    },
+                )
                 self._pid_next = res["first_producer_id"]
                 self._pid_end = self._pid_next + res["count"]
             pid = self._pid_next
@@ -565,15 +678,22 @@ class KafkaApis:
     async def init_producer_id(self, req, ctx):
         v = ctx.api_version
         if req.transactional_id is not None:
-            return InitProducerIdResponse[v](throttle_time_ms=0,
-                                             error_code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                             producer_id=-1, producer_epoch=-1)
+            return InitProducerIdResponse[v](
+                throttle_time_ms=0,
+                error_code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
         try:
             pid = await self._io(self._next_producer_id)
         except ControllerError as exc:
             log.warning("producer id allocation failed: %s", exc)
-            return InitProducerIdResponse[v](throttle_time_ms=0,
-                                             error_code=KafkaError.COORDINATOR_NOT_AVAILABLE,
-                                             producer_id=-1, producer_epoch=-1)
-        return InitProducerIdResponse[v](throttle_time_ms=0, error_code=KafkaError.NONE,
-                                         producer_id=pid, producer_epoch=0)
+            return InitProducerIdResponse[v](
+                throttle_time_ms=0,
+                error_code=KafkaError.COORDINATOR_NOT_AVAILABLE,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        return InitProducerIdResponse[v](
+            throttle_time_ms=0, error_code=KafkaError.NONE, producer_id=pid, producer_epoch=0
+        )

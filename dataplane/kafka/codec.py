@@ -112,11 +112,15 @@ def _load_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMess
         table = requests if cls.is_request() else responses
         key = int(cls.API_KEY)
         if key in table and table[key] is not cls:
-            raise RuntimeError(f"two kafka-python classes for api key {key}: {table[key]} and {cls}")
+            raise RuntimeError(
+                f"two kafka-python classes for api key {key}: {table[key]} and {cls}"
+            )
         table[key] = cls
     missing = set(requests) ^ set(responses)
     if missing:
-        raise RuntimeError(f"kafka-python request/response classes do not pair up for keys {sorted(missing)}")
+        raise RuntimeError(
+            f"kafka-python request/response classes do not pair up for keys {sorted(missing)}"
+        )
     return requests, responses
 
 
@@ -248,7 +252,9 @@ def _read_client_id(view: memoryview, pos: int) -> tuple[str | None, int]:
 def _read_tagged_fields(view: memoryview, pos: int) -> tuple[dict[int, bytes], int]:
     count, pos = _read_uvarint(view, pos)
     if count > MAX_HEADER_TAGGED_FIELDS:
-        raise ValueError(f"{count} tagged fields in the request header (max {MAX_HEADER_TAGGED_FIELDS})")
+        raise ValueError(
+            f"{count} tagged fields in the request header (max {MAX_HEADER_TAGGED_FIELDS})"
+        )
     tags: dict[int, bytes] = {}
     last_tag = -1
     for _ in range(count):
@@ -410,7 +416,9 @@ def encode_api_versions_error(
     resp = cls(
         version=0,
         error_code=int(error_code),
-        api_keys=[cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in api_keys],
+        api_keys=[
+            cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in api_keys
+        ],
     )
     return _frame(correlation_id, 0, resp.encode(version=0))
 
@@ -419,7 +427,10 @@ def encode_api_versions_error(
 
 
 def encode_request(
-    request_obj: Any, correlation_id: int = 0, client_id: str | None = "automq-test", version: int | None = None
+    request_obj: Any,
+    correlation_id: int = 0,
+    client_id: str | None = "automq-test",
+    version: int | None = None,
 ) -> bytes:
     """Encode a kafka-python request object as a client would: size prefix + header + body."""
     if version is not None:
@@ -428,7 +439,9 @@ def encode_request(
     return bytes(request_obj.encode(header=True, framed=True))
 
 
-def decode_response(frame: bytes | bytearray | memoryview, api_key: int, api_version: int) -> tuple[int, Any]:
+def decode_response(
+    frame: bytes | bytearray | memoryview, api_key: int, api_version: int
+) -> tuple[int, Any]:
     """Decode a response frame (without size prefix) as a client would: (correlation id, body).
 
     Uses kafka-python's own response decoding (including its ApiVersions fallback to v0

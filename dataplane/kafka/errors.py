@@ -177,23 +177,40 @@ class KafkaError(IntEnum):
 
 # the codes clients retry on (Kafka's RetriableException subclasses; kafka-python agrees,
 # tests/unit/test_kafka_errors.py checks it): the one retriable table of the project
-_RETRIABLE = frozenset({
-    KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.ELECTION_NOT_NEEDED,
-    KafkaError.ELIGIBLE_LEADERS_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError.FETCH_SESSION_ID_NOT_FOUND, KafkaError.FETCH_SESSION_TOPIC_ID_ERROR,
-    KafkaError.INCONSISTENT_TOPIC_ID, KafkaError.INVALID_FETCH_SESSION_EPOCH,
-    KafkaError.INVALID_SHARE_SESSION_EPOCH, KafkaError.KAFKA_STORAGE_ERROR,
-    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.LISTENER_NOT_FOUND,
-    KafkaError.NETWORK_EXCEPTION, KafkaError.NOT_CONTROLLER, KafkaError.NOT_COORDINATOR,
-    KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    KafkaError.NOT_LEADER_OR_FOLLOWER, KafkaError.OFFSET_NOT_AVAILABLE,
-    KafkaError.PREFERRED_LEADER_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.SHARE_SESSION_NOT_FOUND,
-    KafkaError.THROTTLING_QUOTA_EXCEEDED, KafkaError.UNKNOWN_LEADER_EPOCH,
-    KafkaError.UNKNOWN_TOPIC_ID, KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
-    KafkaError.UNSTABLE_OFFSET_COMMIT,
-})
+_RETRIABLE = frozenset(
+    {
+        KafkaError.CONCURRENT_TRANSACTIONS,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.ELECTION_NOT_NEEDED,
+        KafkaError.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.FETCH_SESSION_ID_NOT_FOUND,
+        KafkaError.FETCH_SESSION_TOPIC_ID_ERROR,
+        KafkaError.INCONSISTENT_TOPIC_ID,
+        KafkaError.INVALID_FETCH_SESSION_EPOCH,
+        KafkaError.INVALID_SHARE_SESSION_EPOCH,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.LISTENER_NOT_FOUND,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.NOT_LEADER_OR_FOLLOWER,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.PREFERRED_LEADER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.SHARE_SESSION_NOT_FOUND,
+        KafkaError.THROTTLING_QUOTA_EXCEEDED,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.UNKNOWN_TOPIC_ID,
+        KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    }
+)
 
 
 # --------------------------------------------------------------------------- exceptions
@@ -228,8 +245,12 @@ class MalformedRequestError(KafkaProtocolError):
 class UnknownApiKeyError(KafkaProtocolError):
     """The request's api key has no kafka-python schema, or this server does not serve it."""
 
-    def __init__(self, api_key: int, api_version: int, correlation_id: int, reason: str = "unknown") -> None:
-        super().__init__(f"{reason} api key {api_key} (version {api_version}, correlation id {correlation_id})")
+    def __init__(
+        self, api_key: int, api_version: int, correlation_id: int, reason: str = "unknown"
+    ) -> None:
+        super().__init__(
+            f"{reason} api key {api_key} (version {api_version}, correlation id {correlation_id})"
+        )
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id

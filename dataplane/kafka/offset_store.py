@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from controlplane.client import ControllerClient
 from controlplane.coordinators import GROUP_OFFSETS_KEY_PREFIX, slot_of
@@ -33,8 +33,12 @@ MAX_DOC_BYTES = 900_000  # the controller's KV values are capped at 1 MB
 PUT_TIMEOUT_S = 10.0
 
 # the controller refused the write because this broker no longer coordinates the group
-_NOT_COORDINATOR = {ErrorCode.NOT_COORDINATOR, ErrorCode.NODE_FENCED, ErrorCode.STALE_NODE_EPOCH,
-                    ErrorCode.UNKNOWN_NODE}
+_NOT_COORDINATOR = {
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.NODE_FENCED,
+    ErrorCode.STALE_NODE_EPOCH,
+    ErrorCode.UNKNOWN_NODE,
+}
 
 
 class KVOffsetStore:
@@ -45,8 +49,13 @@ class KVOffsetStore:
     The document cache is guarded by a lock; the image is read, never changed.
     """
 
-    def __init__(self, controller: ControllerClient, image_fn: Callable[[], MetadataImage],
-                 node_id: int, node_epoch_fn: Callable[[], int]):
+    def __init__(
+        self,
+        controller: ControllerClient,
+        image_fn: Callable[[], MetadataImage],
+        node_id: int,
+        node_epoch_fn: Callable[[], int],
+    ):
         self.controller = controller
         self.image_fn = image_fn
         self.node_id = node_id
@@ -60,8 +69,10 @@ class KVOffsetStore:
         slot = slot_of(image, group_id)
         state = image.coordinator_slots.get(slot) if slot is not None else None
         if state is None or state.node_id != self.node_id:
-            raise OffsetStoreError(f"node {self.node_id} does not coordinate group {group_id!r}",
-                                   error_code=KafkaError.NOT_COORDINATOR)
+            raise OffsetStoreError(
+                f"node {self.node_id} does not coordinate group {group_id!r}",
+                error_code=KafkaError.NOT_COORDINATOR,
+            )
         return state.epoch
 
     def _doc(self, group_id: str) -> tuple[int, dict]:
@@ -80,12 +91,18 @@ class KVOffsetStore:
         epoch, current = self._doc(group_id)
         doc = json.loads(json.dumps(current))  # a copy: change only on success
         for (topic, partition), c in offsets.items():
-            doc.setdefault(topic, {})[str(partition)] = [c.offset, c.leader_epoch, c.metadata,
-                                                         c.commit_timestamp_ms]
+            doc.setdefault(topic, {})[str(partition)] = [
+                c.offset,
+                c.leader_epoch,
+                c.metadata,
+                c.commit_timestamp_ms,
+            ]
         text = json.dumps(doc, separators=(",", ":"))
         if len(text) > MAX_DOC_BYTES:
-            raise OffsetStoreError(f"offsets of group {group_id} exceed {MAX_DOC_BYTES} bytes",
-                                   error_code=KafkaError.OFFSET_METADATA_TOO_LARGE)
+            raise OffsetStoreError(
+                f"offsets of group {group_id} exceed {MAX_DOC_BYTES} bytes",
+                error_code=KafkaError.OFFSET_METADATA_TOO_LARGE,
+            )
         await self._put(group_id, epoch, text)
         with self._lock:
             cached = self._docs.get(group_id)
@@ -93,21 +110,29 @@ class KVOffsetStore:
                 self._docs[group_id] = (epoch, doc)
 
     async def _put(self, group_id: str, epoch: int, value: str | None) -> None:
-        body = {"node_id": self.node_id, "node_epoch": self.node_epoch_fn(),
-                "group_id": group_id, "coordinator_epoch": epoch, "value": value}
+        body = {
+            "node_id": self.node_id,
+            "node_epoch": self.node_epoch_fn(),
+            "group_id": group_id,
+            "coordinator_epoch": epoch,
+            "value": value,
+        }
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.controller.call("put_group_offsets", body,
-                                                   timeout_s=PUT_TIMEOUT_S))
+                None,
+                lambda: self.controller.call("put_group_offsets", body, timeout_s=PUT_TIMEOUT_S),
+            )
         except ControllerError as exc:
             if exc.code in _NOT_COORDINATOR:
                 self.forget(group_id)
-                raise OffsetStoreError(f"storing offsets refused: {exc}",
-                                       error_code=KafkaError.NOT_COORDINATOR) from None
+                raise OffsetStoreError(
+                    f"storing offsets refused: {exc}", error_code=KafkaError.NOT_COORDINATOR
+                ) from None
             raise OffsetStoreError(f"storing offsets failed: {exc}") from None
 
-    async def fetch(self, group_id: str,
-                    partitions: list[tuple[str, int]] | None) -> dict[tuple[str, int], CommittedOffset]:
+    async def fetch(
+        self, group_id: str, partitions: list[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], CommittedOffset]:
         _, doc = self._doc(group_id)
         wanted = None if partitions is None else set(partitions)
         out: dict[tuple[str, int], CommittedOffset] = {}
@@ -125,7 +150,7 @@ class KVOffsetStore:
             self._docs.pop(group_id, None)
 
     async def list_groups(self) -> list[str]:
-        names = {k[len(KEY_PREFIX):] for k in self.image_fn().kv if k.startswith(KEY_PREFIX)}
+        names = {k[len(KEY_PREFIX) :] for k in self.image_fn().kv if k.startswith(KEY_PREFIX)}
         with self._lock:
             names |= {g for g, (_, d) in self._docs.items() if d}
         return sorted(names)

@@ -10,9 +10,10 @@ erasure-coded partition are the next ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from dataplane.kafka.errors import KafkaError
 

@@ -18,9 +18,9 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
@@ -43,8 +43,9 @@ PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
 # records that can change which partitions this node leads or which streams it must close;
 # other batches (offset commits into the KV, object commits) need no reconcile
-RECONCILE_RECORD_TYPES = frozenset({"topic", "partition", "remove_topic", "create_stream",
-                                    "stream_epoch", "delete_stream"})
+RECONCILE_RECORD_TYPES = frozenset(
+    {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
+)
 RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
 
 
@@ -64,8 +65,7 @@ class ProducerStateTable:
     def __init__(self) -> None:
         self._producers: dict[int, _ProducerEntry] = {}
 
-    def check(self, producer_id: int, epoch: int, first_seq: int,
-              last_seq: int) -> tuple[str, int]:
+    def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> tuple[str, int]:
         """("append", 0), ("duplicate", base_offset) or ("error", kafka error code)."""
         entry = self._producers.get(producer_id)
         if entry is None:
@@ -73,17 +73,22 @@ class ProducerStateTable:
         if epoch < entry.epoch:
             return "error", KafkaError.INVALID_PRODUCER_EPOCH
         if epoch > entry.epoch:
-            return (self.APPEND, 0) if first_seq == 0 else ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
-        for f, l, base in entry.batches:
-            if f == first_seq and l == last_seq:
+            return (
+                (self.APPEND, 0)
+                if first_seq == 0
+                else ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
+            )
+        for batch_first, batch_last, base in entry.batches:
+            if batch_first == first_seq and batch_last == last_seq:
                 return self.DUPLICATE, base
         last = entry.batches[-1][1] if entry.batches else -1
         if first_seq != (last + 1) % (2**31):
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
-    def record(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
-               base_offset: int) -> None:
+    def record(
+        self, producer_id: int, epoch: int, first_seq: int, last_seq: int, base_offset: int
+    ) -> None:
         entry = self._producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
             if entry is None and len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
@@ -92,7 +97,7 @@ class ProducerStateTable:
         entry.batches.append((first_seq, last_seq, base_offset))
 
 
-def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
+def rebuild_producer_state(stream: Stream, table: ProducerStateTable) -> int:
     """Replay the idempotent batches at the tail of `stream` into `table` (bounded read).
 
     Returns the number of batches seen. Reads at most PRODUCER_SCAN_MAX_BYTES: if the last
@@ -103,7 +108,9 @@ def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
     for _ in range(3):
         batches, size, offset = [], 0, start
         while offset < end and size <= PRODUCER_SCAN_MAX_BYTES:
-            got = stream.fetch(offset, end, max(min(1024 * 1024, PRODUCER_SCAN_MAX_BYTES - size), 1))
+            got = stream.fetch(
+                offset, end, max(min(1024 * 1024, PRODUCER_SCAN_MAX_BYTES - size), 1)
+            )
             if not got:
                 break
             batches += got
@@ -123,8 +130,9 @@ def rebuild_producer_state(stream: Stream, table: "ProducerStateTable") -> int:
         for h in headers:
             if h.producer_id >= 0 and h.base_sequence >= 0:
                 last_seq = (h.base_sequence + h.last_offset_delta) % (2**31)
-                table.record(h.producer_id, h.producer_epoch, h.base_sequence, last_seq,
-                             h.base_offset)
+                table.record(
+                    h.producer_id, h.producer_epoch, h.base_sequence, last_seq, h.base_offset
+                )
                 seen += 1
     return seen
 
@@ -175,9 +183,15 @@ class PartitionLog:
     guard; reads go to the stream, which is thread-safe.
     """
 
-    def __init__(self, topic_id: str, topic: str, partition: int, leader_epoch: int,
-                 stream: Stream,
-                 ranges_fn: Callable[[], list[RangeState]] = lambda: []):
+    def __init__(
+        self,
+        topic_id: str,
+        topic: str,
+        partition: int,
+        leader_epoch: int,
+        stream: Stream,
+        ranges_fn: Callable[[], list[RangeState]] = lambda: [],
+    ):
         self.topic_id = topic_id
         self.topic = topic
         self.partition = partition
@@ -215,6 +229,7 @@ class PartitionLog:
 
     def append_batch(self, build, count: int) -> Future:
         """Append one Kafka batch; `build(base_offset)` returns the patched bytes."""
+
         def counted(base_offset: int) -> bytes:
             data = build(base_offset)
             self.appended_bytes += len(data)  # under the stream's lock
@@ -250,8 +265,9 @@ class PartitionLog:
                 idempotent = b.producer_id >= 0 and b.base_sequence >= 0
                 last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
                 if idempotent:
-                    verdict, value = self.producers.check(b.producer_id, b.producer_epoch,
-                                                          b.base_sequence, last_seq)
+                    verdict, value = self.producers.check(
+                        b.producer_id, b.producer_epoch, b.base_sequence, last_seq
+                    )
                     if verdict == ProducerStateTable.DUPLICATE:
                         if first_base is None:
                             first_base = value
@@ -268,10 +284,10 @@ class PartitionLog:
                 if first_base is None:
                     first_base = assigned[0]
                 if idempotent:
-                    self.producers.record(b.producer_id, b.producer_epoch, b.base_sequence,
-                                          last_seq, assigned[0])
-        return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1,
-                             futures)
+                    self.producers.record(
+                        b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
+                    )
+        return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         batches = self.stream.fetch(offset, self.high_watermark, max_bytes)
@@ -308,8 +324,9 @@ class PartitionLog:
 class PartitionManager:
     """Opens the partitions this node leads, following the metadata image."""
 
-    def __init__(self, node_id: int, storage: S3Storage,
-                 image_ready: "Callable[[], bool]" = lambda: True):
+    def __init__(
+        self, node_id: int, storage: S3Storage, image_ready: Callable[[], bool] = lambda: True
+    ):
         self.node_id = node_id
         self.storage = storage
         self.image_ready = image_ready  # False while the metadata image is mid-replay
@@ -320,8 +337,8 @@ class PartitionManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._image: MetadataImage | None = None
-        self._dirty = True          # a batch touched partitions or streams since the last run
-        self._retry = False         # an open was refused: try again within a second
+        self._dirty = True  # a batch touched partitions or streams since the last run
+        self._retry = False  # an open was refused: try again within a second
         self._last_reconcile = 0.0  # monotonic time of the last reconcile
         self._rates = ProduceRateMeter()
         self._rates_lock = threading.Lock()
@@ -389,7 +406,11 @@ class PartitionManager:
         for topic in list(image.topics.values()):
             for p in list(topic.partitions.values()):
                 if p.leader_node_id == self.node_id:
-                    wanted[(topic.topic_id, p.partition)] = (topic.name, p.leader_epoch, p.stream_id)
+                    wanted[(topic.topic_id, p.partition)] = (
+                        topic.name,
+                        p.leader_epoch,
+                        p.stream_id,
+                    )
         with self._lock:
             current = dict(self._logs)
         leaving = []
@@ -404,9 +425,11 @@ class PartitionManager:
         # data uploaded before the new epoch's range starts at the committed end
         if leaving:
             self._close_all(leaving)
-        jobs = [self._pool.submit(self._open, key, name, epoch, stream_id)
-                for key, (name, epoch, stream_id) in wanted.items()
-                if not (key in current and current[key].leader_epoch == epoch)]
+        jobs = [
+            self._pool.submit(self._open, key, name, epoch, stream_id)
+            for key, (name, epoch, stream_id) in wanted.items()
+            if not (key in current and current[key].leader_epoch == epoch)
+        ]
         for job in jobs:
             job.result()
         self._close_orphans(image, wanted)
@@ -422,22 +445,38 @@ class PartitionManager:
                 self._closing -= len(leaving)
         for plog, error in zip(leaving, errors):
             if error is None:
-                log.info("no longer leading %s-%d: stream %d uploaded and closed", plog.topic,
-                         plog.partition, plog.stream.stream_id)
+                log.info(
+                    "no longer leading %s-%d: stream %d uploaded and closed",
+                    plog.topic,
+                    plog.partition,
+                    plog.stream.stream_id,
+                )
             else:
-                log.warning("closing %s-%d (stream %d) failed: %s", plog.topic, plog.partition,
-                            plog.stream.stream_id, error)
+                log.warning(
+                    "closing %s-%d (stream %d) failed: %s",
+                    plog.topic,
+                    plog.partition,
+                    plog.stream.stream_id,
+                    error,
+                )
 
     def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
         try:
             stream = self.storage.open_stream(stream_id, epoch)
         except ControllerError as exc:
             self._retry = True
-            log.info("cannot open %s-%d yet (stream %d epoch %d): %s", name, key[1],
-                     stream_id, epoch, exc)
+            log.info(
+                "cannot open %s-%d yet (stream %d epoch %d): %s",
+                name,
+                key[1],
+                stream_id,
+                epoch,
+                exc,
+            )
             return
-        plog = PartitionLog(key[0], name, key[1], epoch, stream,
-                            ranges_fn=lambda: self._stream_ranges(stream_id))
+        plog = PartitionLog(
+            key[0], name, key[1], epoch, stream, ranges_fn=lambda: self._stream_ranges(stream_id)
+        )
         try:
             producers = rebuild_producer_state(stream, plog.producers)
         except Exception as exc:  # the tail is unreadable now: dedup starts from scratch
@@ -445,8 +484,15 @@ class PartitionManager:
             producers = -1
         with self._lock:
             self._logs[key] = plog
-        log.info("leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches "
-                 "replayed)", name, key[1], stream_id, epoch, stream.next_offset, producers)
+        log.info(
+            "leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches replayed)",
+            name,
+            key[1],
+            stream_id,
+            epoch,
+            stream.next_offset,
+            producers,
+        )
 
     def _stream_ranges(self, stream_id: int) -> list[RangeState]:
         image = self._image
@@ -469,8 +515,12 @@ class PartitionManager:
                 self.storage.close_orphan_stream(stream.stream_id, stream.epoch)
                 log.info("closed orphaned stream %d (epoch %d)", stream.stream_id, stream.epoch)
             except ControllerError as exc:  # the controller knows better: not orphaned
-                log.info("orphaned stream %d (epoch %d) not closed: %s", stream.stream_id,
-                         stream.epoch, exc)
+                log.info(
+                    "orphaned stream %d (epoch %d) not closed: %s",
+                    stream.stream_id,
+                    stream.epoch,
+                    exc,
+                )
             except Exception as exc:
                 self._retry = True
                 log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)

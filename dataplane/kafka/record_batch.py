@@ -142,7 +142,11 @@ class RecordBatchHeader:
 
     @property
     def timestamp_type(self) -> TimestampType:
-        return TimestampType.LOG_APPEND_TIME if self.attributes & _TIMESTAMP_TYPE_BIT else TimestampType.CREATE_TIME
+        return (
+            TimestampType.LOG_APPEND_TIME
+            if self.attributes & _TIMESTAMP_TYPE_BIT
+            else TimestampType.CREATE_TIME
+        )
 
     @property
     def is_transactional(self) -> bool:
@@ -170,7 +174,10 @@ def _frame_check(view: memoryview, position: int) -> int:
     """Check the framing of the batch at ``position``; returns its size in bytes."""
     remaining = len(view) - position
     if remaining < LOG_OVERHEAD:
-        raise _fail(KafkaError.CORRUPT_MESSAGE, f"truncated batch at byte {position}: {remaining} bytes left")
+        raise _fail(
+            KafkaError.CORRUPT_MESSAGE,
+            f"truncated batch at byte {position}: {remaining} bytes left",
+        )
     (batch_length,) = _LENGTH.unpack_from(view, position + 8)
     if batch_length < RECORD_BATCH_OVERHEAD - LOG_OVERHEAD:
         raise _fail(
@@ -182,7 +189,9 @@ def _frame_check(view: memoryview, position: int) -> int:
         magic = view[position + _MAGIC_OFFSET]
         magic = magic - 256 if magic > 127 else magic
         if magic < 0 or magic > MAGIC_V2:
-            raise _fail(KafkaError.CORRUPT_MESSAGE, f"batch at byte {position}: invalid magic {magic}")
+            raise _fail(
+                KafkaError.CORRUPT_MESSAGE, f"batch at byte {position}: invalid magic {magic}"
+            )
         if magic != MAGIC_V2:
             raise _fail(
                 KafkaError.INVALID_RECORD,
@@ -206,7 +215,9 @@ def _as_view(data: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def parse_batch_header(data: bytes | bytearray | memoryview, position: int = 0) -> RecordBatchHeader:
+def parse_batch_header(
+    data: bytes | bytearray | memoryview, position: int = 0
+) -> RecordBatchHeader:
     """Parse and frame-check the batch at ``position`` (no CRC or content checks).
 
     Checks: 12 bytes to read the length, batchLength >= 49 (a full header), the magic,
@@ -219,9 +230,7 @@ def parse_batch_header(data: bytes | bytearray | memoryview, position: int = 0) 
     return RecordBatchHeader(position, *fields, data=bytes(view[position : position + size]))
 
 
-def _check_batch(
-    batch: RecordBatchHeader, *, verify_crc: bool, client_origin: bool
-) -> None:
+def _check_batch(batch: RecordBatchHeader, *, verify_crc: bool, client_origin: bool) -> None:
     where = f"batch at byte {batch.position}"
     if verify_crc:
         computed = crc32c.crc32c(memoryview(batch.data)[_ATTRIBUTES_OFFSET:])
@@ -232,13 +241,18 @@ def _check_batch(
             )
     codec = batch.attributes & _COMPRESSION_MASK
     if codec > CompressionType.ZSTD:
-        raise _fail(KafkaError.UNSUPPORTED_COMPRESSION_TYPE, f"{where}: unknown compression type id {codec}")
+        raise _fail(
+            KafkaError.UNSUPPORTED_COMPRESSION_TYPE, f"{where}: unknown compression type id {codec}"
+        )
     count = batch.records_count
     if count < 0:
         raise _fail(KafkaError.INVALID_RECORD, f"{where}: negative record count {count}")
     if client_origin:
         if batch.base_offset != 0:
-            raise _fail(KafkaError.INVALID_RECORD, f"{where}: baseOffset of a client batch must be 0, is {batch.base_offset}")
+            raise _fail(
+                KafkaError.INVALID_RECORD,
+                f"{where}: baseOffset of a client batch must be 0, is {batch.base_offset}",
+            )
         if count == 0:
             raise _fail(KafkaError.INVALID_RECORD, f"{where}: invalid reported record count 0")
         if batch.last_offset_delta + 1 != count:
@@ -247,7 +261,9 @@ def _check_batch(
                 f"{where}: lastOffsetDelta {batch.last_offset_delta} is inconsistent with record count {count}",
             )
         if batch.is_control:
-            raise _fail(KafkaError.INVALID_RECORD, f"{where}: clients may not write control batches")
+            raise _fail(
+                KafkaError.INVALID_RECORD, f"{where}: clients may not write control batches"
+            )
         if batch.has_producer_id and batch.base_sequence < 0:
             raise _fail(
                 KafkaError.INVALID_RECORD,
@@ -261,7 +277,9 @@ def _check_batch(
                 f"{where}: lastOffsetDelta {batch.last_offset_delta} is inconsistent with record count {count}",
             )
         if batch.base_offset < 0 or batch.base_offset > _INT64_MAX - batch.last_offset_delta:
-            raise _fail(KafkaError.INVALID_RECORD, f"{where}: baseOffset {batch.base_offset} out of range")
+            raise _fail(
+                KafkaError.INVALID_RECORD, f"{where}: baseOffset {batch.base_offset} out of range"
+            )
 
 
 def parse_batches(
@@ -351,7 +369,9 @@ def patch_batches(
     (lastOffsetDelta + 1 offsets).
     """
     if batches is None:
-        batches = parse_batches(records, client_origin=False, max_batches=len(records) // RECORD_BATCH_OVERHEAD + 1)
+        batches = parse_batches(
+            records, client_origin=False, max_batches=len(records) // RECORD_BATCH_OVERHEAD + 1
+        )
     view = _as_view(records)
     parts: list[bytes] = []
     offset = base_offset
@@ -406,4 +426,7 @@ def build_batch(
     ) + bytes(records_payload)
     checksum = crc32c.crc32c(tail) if crc is None else crc
     batch_length = 4 + 1 + 4 + len(tail)  # partitionLeaderEpoch + magic + crc + tail
-    return struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, magic, checksum) + tail
+    return (
+        struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, magic, checksum)
+        + tail
+    )

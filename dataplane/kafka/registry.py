@@ -145,13 +145,23 @@ class ApiRegistry:
             raise TypeError("handler must be an async callable")
         try:
             # A versioned wrapper (ProduceRequest[9]) stands for its primary class.
-            primary = request_class_[None] if getattr(request_class_, "_class_version", None) is not None else request_class_
+            primary = (
+                request_class_[None]
+                if getattr(request_class_, "_class_version", None) is not None
+                else request_class_
+            )
             api_key = int(primary.API_KEY)
         except Exception as exc:  # noqa: BLE001
             raise TypeError(f"{request_class_!r} is not a kafka-python request class") from exc
         if request_class(api_key) is not primary:
-            raise TypeError(f"{request_class_!r} is not the kafka-python request class for api key {api_key}")
-        if not isinstance(min_version, int) or not isinstance(max_version, int) or min_version > max_version:
+            raise TypeError(
+                f"{request_class_!r} is not the kafka-python request class for api key {api_key}"
+            )
+        if (
+            not isinstance(min_version, int)
+            or not isinstance(max_version, int)
+            or min_version > max_version
+        ):
             raise ValueError(f"bad version range {min_version}..{max_version}")
         lo, hi = supported_versions(api_key)  # type: ignore[misc]
         eff_lo, eff_hi = max(lo, min_version), min(hi, max_version)
@@ -189,7 +199,10 @@ class ApiRegistry:
         reg = self._by_key.get(request.api_key)
         if reg is None:
             raise UnknownApiKeyError(
-                request.api_key, request.api_version, request.correlation_id, reason=f"unserved ({request.api_name})"
+                request.api_key,
+                request.api_version,
+                request.correlation_id,
+                reason=f"unserved ({request.api_name})",
             )
         if not reg.serves(request.api_version):
             raise UnsupportedVersionError(
@@ -218,7 +231,9 @@ class ApiRegistry:
         reg = registration if registration is not None else self.route(request)
         result = reg.handler(request.body, ctx)
         if not inspect.isawaitable(result):
-            raise TypeError(f"handler of {request.api_name} returned {type(result).__name__}, not an awaitable")
+            raise TypeError(
+                f"handler of {request.api_name} returned {type(result).__name__}, not an awaitable"
+            )
         response = await result
         if response is None:
             if request.expects_response:
@@ -242,13 +257,18 @@ class ApiRegistry:
         keys = [] if error_code == KafkaError.INVALID_REQUEST else self.api_versions()
         fields: dict[str, Any] = {
             "error_code": int(error_code),
-            "api_keys": [cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in keys],
+            "api_keys": [
+                cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in keys
+            ],
         }
         if version >= 1:
             fields["throttle_time_ms"] = 0
         if version >= 3:
             fields.update(
-                supported_features=[], finalized_features_epoch=-1, finalized_features=[], zk_migration_ready=False
+                supported_features=[],
+                finalized_features_epoch=-1,
+                finalized_features=[],
+                zk_migration_ready=False,
             )
         return cls(version=version, **fields)
 

@@ -103,8 +103,12 @@ class _Connection:
     # ----------------------------------------------------------------- lifecycle
 
     async def run(self) -> None:
-        self._reader_task = asyncio.create_task(self._read_loop(), name=f"kafka-read-{self.conn_id}")
-        self._writer_task = asyncio.create_task(self._write_loop(), name=f"kafka-write-{self.conn_id}")
+        self._reader_task = asyncio.create_task(
+            self._read_loop(), name=f"kafka-read-{self.conn_id}"
+        )
+        self._writer_task = asyncio.create_task(
+            self._write_loop(), name=f"kafka-write-{self.conn_id}"
+        )
         try:
             done, _ = await asyncio.wait(
                 {self._reader_task, self._writer_task}, return_when=asyncio.FIRST_COMPLETED
@@ -178,7 +182,11 @@ class _Connection:
             return await self._read_exactly(size, between_frames=False)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
-                log.info("%s: connection closed inside a frame (%d bytes read)", self.name, len(exc.partial))
+                log.info(
+                    "%s: connection closed inside a frame (%d bytes read)",
+                    self.name,
+                    len(exc.partial),
+                )
             return None
         except TimeoutError:
             log.info("%s: idle for %.0f s, closing", self.name, self.server.idle_timeout_s)
@@ -216,7 +224,9 @@ class _Connection:
         except UnsupportedVersionError as exc:
             answer = self.server.registry.unsupported_version_response(exc)
             if answer is not None:
-                log.info("%s: %s; answering UNSUPPORTED_VERSION with our api versions", self.name, exc)
+                log.info(
+                    "%s: %s; answering UNSUPPORTED_VERSION with our api versions", self.name, exc
+                )
                 ready: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
                 ready.set_result(answer)
                 return ready, True
@@ -290,7 +300,9 @@ class _Connection:
                     if isinstance(exc, CloseConnection):
                         log.info("%s: closing on handler request: %s", self.name, exc)
                     else:
-                        log.error("%s: handler failed, closing the connection", self.name, exc_info=exc)
+                        log.error(
+                            "%s: handler failed, closing the connection", self.name, exc_info=exc
+                        )
                     return
                 frame = slot.result()
                 if frame is not None:
@@ -300,8 +312,11 @@ class _Connection:
                         async with asyncio.timeout(self.server.idle_timeout_s):
                             await self.writer.drain()
                     except TimeoutError:
-                        log.info("%s: client not reading responses for %.1f s, closing", self.name,
-                                 self.server.idle_timeout_s)
+                        log.info(
+                            "%s: client not reading responses for %.1f s, closing",
+                            self.name,
+                            self.server.idle_timeout_s,
+                        )
                         self.closing = True
                         self._discard_output = True
                         return
@@ -339,7 +354,9 @@ class KafkaServer:
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if max_request_bytes > 2**31 - 1:
-            raise ValueError("max_request_bytes cannot exceed 2**31 - 1 (the size prefix is an int32)")
+            raise ValueError(
+                "max_request_bytes cannot exceed 2**31 - 1 (the size prefix is an int32)"
+            )
         if not idle_timeout_s > 0:
             raise ValueError("idle_timeout_s must be > 0")
         self.registry = registry
@@ -378,7 +395,11 @@ class KafkaServer:
             raise RuntimeError("server already started")
         self._stopping = False
         self._server = await asyncio.start_server(
-            self._on_client, self.host, self._requested_port, limit=_STREAM_LIMIT, reuse_address=True
+            self._on_client,
+            self.host,
+            self._requested_port,
+            limit=_STREAM_LIMIT,
+            reuse_address=True,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.info("Kafka protocol server listening on %s:%d", self.host, self._port)
@@ -400,7 +421,9 @@ class KafkaServer:
         if pending:
             _, still = await asyncio.wait(pending, timeout=grace_s)
             if still:
-                log.warning("%d connection/handler tasks did not finish within %.1f s", len(still), grace_s)
+                log.warning(
+                    "%d connection/handler tasks did not finish within %.1f s", len(still), grace_s
+                )
         try:
             async with asyncio.timeout(grace_s):
                 await server.wait_closed()
@@ -423,7 +446,9 @@ class KafkaServer:
             log.warning(
                 "refusing connection from %s:%d: %s",
                 *_peer_of(writer),
-                "server stopping" if self._stopping else f"max_connections={self.max_connections} reached",
+                "server stopping"
+                if self._stopping
+                else f"max_connections={self.max_connections} reached",
             )
             writer.close()
             return

@@ -15,9 +15,15 @@ jobs can all use it. Modules, one concept each:
 """
 
 from .bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
-from .errors import (AccessDeniedError, BandwidthLimitTimeoutError, InvalidRangeError,
-                     ObjectNotFoundError, ObjectStoreError, ObjectStoreUnavailableError,
-                     PreconditionFailedError)
+from .errors import (
+    AccessDeniedError,
+    BandwidthLimitTimeoutError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ObjectStoreUnavailableError,
+    PreconditionFailedError,
+)
 from .keys import object_id_from_key, object_key
 from .limiter import BandwidthLimiter, Priority
 from .metrics import ObjectStoreMetrics, default_metrics

@@ -44,8 +44,11 @@ _ID_RE = re.compile(r"^[0-9]{1,5}$")
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 # query-parameter names (lower-cased) that map to model fields
-_CREDENTIAL_PARAMS = {"accesskey": "access_key", "secretkey": "secret_key",
-                      "sessiontoken": "session_token"}
+_CREDENTIAL_PARAMS = {
+    "accesskey": "access_key",
+    "secretkey": "secret_key",
+    "sessiontoken": "session_token",
+}
 # other parameters whose names look secret: kept as SecretStr, redacted when printed
 _SECRET_NAME_RE = re.compile(r"secret|token|password|passwd|credential", re.IGNORECASE)
 
@@ -71,7 +74,8 @@ class BucketURI(BaseModel):
     def _check_bucket(cls, value: str) -> str:
         if not _BUCKET_NAME_RE.match(value):
             raise ValueError(
-                f"invalid bucket name {value[:80]!r}: use letters, digits, '.', '-' and '_'")
+                f"invalid bucket name {value[:80]!r}: use letters, digits, '.', '-' and '_'"
+            )
         return value
 
     @field_validator("endpoint")
@@ -88,7 +92,7 @@ class BucketURI(BaseModel):
 
     # ----------------------------------------------------------------------------------------
     @classmethod
-    def parse(cls, entry: str) -> "BucketURI":
+    def parse(cls, entry: str) -> BucketURI:
         """Parse one `<id>@s3://<bucket>?k=v&...` entry (see the module docstring)."""
         return _parse_entry(entry, position=1)
 
@@ -100,8 +104,10 @@ class BucketURI(BaseModel):
         boto3's default chain (profiles, instance roles) decides.
         """
         if self.access_key is not None and self.secret_key is not None:
-            out = {"aws_access_key_id": self.access_key.get_secret_value(),
-                   "aws_secret_access_key": self.secret_key.get_secret_value()}
+            out = {
+                "aws_access_key_id": self.access_key.get_secret_value(),
+                "aws_secret_access_key": self.secret_key.get_secret_value(),
+            }
             if self.session_token is not None:
                 out["aws_session_token"] = self.session_token.get_secret_value()
             return out
@@ -132,8 +138,11 @@ class BucketURI(BaseModel):
         params.extend(self.extra.items())
         for name, secret_value in self.secret_extra.items():
             params.append((name, REDACTED if redact else secret_value.get_secret_value()))
-        for name, secret in (("accessKey", self.access_key), ("secretKey", self.secret_key),
-                             ("sessionToken", self.session_token)):
+        for name, secret in (
+            ("accessKey", self.access_key),
+            ("secretKey", self.secret_key),
+            ("sessionToken", self.session_token),
+        ):
             if secret is not None:
                 params.append((name, REDACTED if redact else secret.get_secret_value()))
         query = "&".join(f"{quote(k, safe='')}={quote(v, safe=':/')}" for k, v in params)
@@ -154,8 +163,9 @@ def parse_bucket_uris(text: str) -> list[BucketURI]:
     if not isinstance(text, str):
         raise ValueError(f"bucket URIs must be a string, got {type(text).__name__}")
     if len(text) > MAX_URI_TEXT_CHARS:
-        raise ValueError(f"bucket URI list is {len(text)} characters; the limit is "
-                         f"{MAX_URI_TEXT_CHARS}")
+        raise ValueError(
+            f"bucket URI list is {len(text)} characters; the limit is {MAX_URI_TEXT_CHARS}"
+        )
     if not text.strip():
         raise ValueError("no bucket URIs given; expected e.g. '0@s3://bucket?region=us-east-1'")
     entries = text.split(",")
@@ -166,8 +176,10 @@ def parse_bucket_uris(text: str) -> list[BucketURI]:
     for position, entry in enumerate(entries, start=1):
         uri = _parse_entry(entry, position)
         if uri.bucket_id in seen:
-            raise ValueError(f"duplicate bucket id {uri.bucket_id}: entries {seen[uri.bucket_id]} "
-                             f"and {position} both use it")
+            raise ValueError(
+                f"duplicate bucket id {uri.bucket_id}: entries {seen[uri.bucket_id]} "
+                f"and {position} both use it"
+            )
         seen[uri.bucket_id] = position
         result.append(uri)
     return result
@@ -187,7 +199,7 @@ def _excerpt(entry: str) -> str:
         authority_start = scheme_end + 3
         at = head.rfind("@")
         if at > authority_start:
-            head = head[:authority_start] + "***@" + head[at + 1:]
+            head = head[:authority_start] + "***@" + head[at + 1 :]
     head = head.strip()
     return head if len(head) <= 80 else head[:77] + "..."
 
@@ -228,8 +240,10 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
         raise ValueError(f"{where}: '#' is not allowed; percent-encode it as %23")
     authority, slash, path = authority_and_path.partition("/")
     if "@" in authority:
-        raise ValueError(f"{where}: credentials in the authority are not supported; "
-                         "use the accessKey/secretKey query parameters")
+        raise ValueError(
+            f"{where}: credentials in the authority are not supported; "
+            "use the accessKey/secretKey query parameters"
+        )
     if not authority:
         raise ValueError(f"{where}: the bucket name is empty")
     if slash and path.strip("/"):
@@ -241,8 +255,7 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
     seen: set[str] = set()
     pairs = parse_qsl(query, keep_blank_values=True) if query else []
     if len(pairs) > MAX_QUERY_PARAMS:
-        raise ValueError(f"{where}: {len(pairs)} query parameters; the limit is "
-                         f"{MAX_QUERY_PARAMS}")
+        raise ValueError(f"{where}: {len(pairs)} query parameters; the limit is {MAX_QUERY_PARAMS}")
     for name, value in pairs:
         lowered = name.lower()
         if not name:
@@ -275,8 +288,10 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
     except Exception as exc:  # pydantic.ValidationError: re-raise as a short ValueError
         errors = getattr(exc, "errors", None)
         if callable(errors):
-            reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                                for e in errors(include_input=False, include_url=False))
+            reasons = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                for e in errors(include_input=False, include_url=False)
+            )
         else:
             reasons = str(exc)
         raise ValueError(f"{where}: {reasons}") from None

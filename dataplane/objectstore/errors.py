@@ -24,8 +24,14 @@ class ObjectStoreError(Exception):
     `bucket_id` and `key`.
     """
 
-    def __init__(self, message: str, *, op: str | None = None, bucket_id: int | None = None,
-                 key: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        bucket_id: int | None = None,
+        key: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.op = op
         self.bucket_id = bucket_id

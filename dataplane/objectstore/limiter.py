@@ -27,7 +27,7 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import BandwidthLimitTimeoutError
 
@@ -43,17 +43,22 @@ _EPSILON_BYTES = 1e-6
 class Priority(enum.IntEnum):
     """Traffic classes; a lower value is served first."""
 
-    PRODUCE = 0      # WAL uploads, tail reads: latency-critical
-    CATCH_UP = 1     # cold reads of a backlog
-    COMPACTION = 2   # background rewrites
+    PRODUCE = 0  # WAL uploads, tail reads: latency-critical
+    CATCH_UP = 1  # cold reads of a backlog
+    COMPACTION = 2  # background rewrites
 
 
 class BandwidthLimiter:
     """Thread-safe priority token bucket; see the module docstring."""
 
-    def __init__(self, rate_bytes_per_s: int, burst_bytes: int | None = None, *,
-                 max_waiters: int = DEFAULT_MAX_WAITERS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate_bytes_per_s: int,
+        burst_bytes: int | None = None,
+        *,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if rate_bytes_per_s < 0:
             raise ValueError(f"rate_bytes_per_s must be >= 0, got {rate_bytes_per_s}")
         if burst_bytes is not None and burst_bytes <= 0:
@@ -102,8 +107,12 @@ class BandwidthLimiter:
             self._tokens = min(self._tokens, float(self._burst))
             self._cond.notify_all()
 
-    def acquire(self, n_bytes: int, priority: Priority = Priority.CATCH_UP,
-                timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+    def acquire(
+        self,
+        n_bytes: int,
+        priority: Priority = Priority.CATCH_UP,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
         """Block until `n_bytes` may be transferred at `priority`.
 
         Raises BandwidthLimitTimeoutError after `timeout_s` (clock seconds; None waits up
@@ -123,7 +132,8 @@ class BandwidthLimiter:
                 return
             if len(self._waiters) >= self._max_waiters:
                 raise BandwidthLimitTimeoutError(
-                    f"bandwidth limiter queue is full ({self._max_waiters} waiters)")
+                    f"bandwidth limiter queue is full ({self._max_waiters} waiters)"
+                )
             ticket = (prio, next(self._seq))
             heapq.heappush(self._waiters, ticket)
             try:
@@ -141,7 +151,8 @@ class BandwidthLimiter:
                         raise BandwidthLimitTimeoutError(
                             f"waited {timeout_s:.3f}s for {n_bytes} bytes at priority "
                             f"{Priority(prio).name} (rate {self._rate} B/s, "
-                            f"{len(self._waiters) - 1} other waiters)")
+                            f"{len(self._waiters) - 1} other waiters)"
+                        )
                     if is_head:
                         wait = (needed - self._tokens) / self._rate
                         wait = min(max(wait, _MIN_WAIT_S), _MAX_WAIT_S, remaining)

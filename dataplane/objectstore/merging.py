@@ -26,9 +26,9 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .errors import InvalidRangeError, ObjectStoreError
 from .limiter import Priority
@@ -88,11 +88,16 @@ class ReadBatch:
             elif hi <= len(data):
                 m.future.set_result(bytes(view[lo:hi]))
             else:
-                m.future.set_exception(InvalidRangeError(
-                    f"range [{m.start}, {m.end_exclusive}) of {self.key!r} in bucket "
-                    f"{self.bucket_id} runs past the end of the object "
-                    f"({span_start + len(data)} bytes)",
-                    op="get", bucket_id=self.bucket_id, key=self.key))
+                m.future.set_exception(
+                    InvalidRangeError(
+                        f"range [{m.start}, {m.end_exclusive}) of {self.key!r} in bucket "
+                        f"{self.bucket_id} runs past the end of the object "
+                        f"({span_start + len(data)} bytes)",
+                        op="get",
+                        bucket_id=self.bucket_id,
+                        key=self.key,
+                    )
+                )
 
     @staticmethod
     def fail(members: list[RangeRequest], exc: BaseException) -> None:
@@ -103,14 +108,18 @@ class ReadBatch:
 class RangeMerger:
     """Collects range reads into `ReadBatch`es and flushes them; see the module docstring."""
 
-    def __init__(self, execute: Callable[[ReadBatch], None], *,
-                 window_s: float = DEFAULT_WINDOW_MS / 1000,
-                 gap_bytes: int = DEFAULT_GAP_BYTES, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_open_batches: int = DEFAULT_MAX_OPEN_BATCHES,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        execute: Callable[[ReadBatch], None],
+        *,
+        window_s: float = DEFAULT_WINDOW_MS / 1000,
+        gap_bytes: int = DEFAULT_GAP_BYTES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_open_batches: int = DEFAULT_MAX_OPEN_BATCHES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if window_s < 0 or gap_bytes < 0 or max_bytes < 0 or max_open_batches <= 0:
-            raise ValueError("window_s, gap_bytes and max_bytes must be >= 0, "
-                             "max_open_batches > 0")
+            raise ValueError("window_s, gap_bytes and max_bytes must be >= 0, max_open_batches > 0")
         self._execute = execute
         self._window_s = float(window_s)
         self._gap = int(gap_bytes)
@@ -133,8 +142,15 @@ class RangeMerger:
         """Whether a range of this size may be merged at all."""
         return self.enabled and 0 < end_exclusive - start <= self._max
 
-    def submit(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-               priority: Priority, max_gap_bytes: int | None = None) -> Future:
+    def submit(
+        self,
+        bucket_id: int,
+        key: str,
+        start: int,
+        end_exclusive: int,
+        priority: Priority,
+        max_gap_bytes: int | None = None,
+    ) -> Future:
         """Queue a range read; returns the future of its bytes.
 
         `max_gap_bytes` (if smaller than the merger's gap) bounds the gap this range may be
@@ -147,11 +163,13 @@ class RangeMerger:
         flush_now: ReadBatch | None = None
         with self._cond:
             if self._closed:
-                raise ObjectStoreError("object storage is closed", op="get",
-                                       bucket_id=bucket_id, key=key)
+                raise ObjectStoreError(
+                    "object storage is closed", op="get", bucket_id=bucket_id, key=key
+                )
             batches = self._open.setdefault((bucket_id, key), [])
-            target = next((b for b in batches
-                           if self._fits(b, start, end_exclusive, max_gap_bytes)), None)
+            target = next(
+                (b for b in batches if self._fits(b, start, end_exclusive, max_gap_bytes)), None
+            )
             if target is None and self._open_count >= self._max_open:
                 # too many open batches: this one goes out on its own, right away
                 target = self._new_batch(bucket_id, key, start, end_exclusive, priority)
@@ -166,8 +184,7 @@ class RangeMerger:
                     target.gap_bytes = max_gap_bytes
                     batches.append(target)
                     self._open_count += 1
-                    heapq.heappush(self._deadlines,
-                                   (target.deadline_s, next(self._seq), target))
+                    heapq.heappush(self._deadlines, (target.deadline_s, next(self._seq), target))
                     self._ensure_thread()
                     self._cond.notify_all()
                 else:
@@ -175,8 +192,11 @@ class RangeMerger:
                     target.end_exclusive = max(target.end_exclusive, end_exclusive)
                     target.priority = min(target.priority, priority)
                     if max_gap_bytes is not None:
-                        target.gap_bytes = max_gap_bytes if target.gap_bytes is None \
+                        target.gap_bytes = (
+                            max_gap_bytes
+                            if target.gap_bytes is None
                             else min(target.gap_bytes, max_gap_bytes)
+                        )
                 target.members.append(request)
                 if target.span_bytes() >= self._max:
                     self._remove(target)
@@ -200,18 +220,21 @@ class RangeMerger:
             self._safe_execute(batch)
 
     # ---------------------------------------------------------------------------------------
-    def _fits(self, batch: ReadBatch, start: int, end_exclusive: int,
-              max_gap_bytes: int | None = None) -> bool:
+    def _fits(
+        self, batch: ReadBatch, start: int, end_exclusive: int, max_gap_bytes: int | None = None
+    ) -> bool:
         gap = min(g for g in (self._gap, batch.gap_bytes, max_gap_bytes) if g is not None)
         if start > batch.end_exclusive + gap or end_exclusive < batch.start - gap:
             return False
         span = max(batch.end_exclusive, end_exclusive) - min(batch.start, start)
         return span <= self._max
 
-    def _new_batch(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                   priority: Priority) -> ReadBatch:
-        return ReadBatch(bucket_id, key, start, end_exclusive, Priority(priority),
-                         self._clock() + self._window_s)
+    def _new_batch(
+        self, bucket_id: int, key: str, start: int, end_exclusive: int, priority: Priority
+    ) -> ReadBatch:
+        return ReadBatch(
+            bucket_id, key, start, end_exclusive, Priority(priority), self._clock() + self._window_s
+        )
 
     def _remove(self, batch: ReadBatch) -> None:
         """Take an open batch out of the index (lock held)."""
@@ -233,8 +256,9 @@ class RangeMerger:
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="objectstore-merger",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="objectstore-merger", daemon=True
+            )
             self._thread.start()
 
     def _run(self) -> None:
@@ -243,8 +267,9 @@ class RangeMerger:
             with self._cond:
                 while not self._closed:
                     now = self._clock()
-                    while self._deadlines and (self._deadlines[0][2].flushed
-                                               or self._deadlines[0][0] <= now):
+                    while self._deadlines and (
+                        self._deadlines[0][2].flushed or self._deadlines[0][0] <= now
+                    ):
                         _, _, batch = heapq.heappop(self._deadlines)
                         if not batch.flushed:
                             self._remove(batch)

@@ -19,23 +19,62 @@ import random
 import re
 from dataclasses import dataclass
 
-from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConnectionError,
-                                 ConnectTimeoutError, HTTPClientError, IncompleteReadError,
-                                 NoCredentialsError, PartialCredentialsError, ReadTimeoutError)
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
 
-from .errors import (AccessDeniedError, InvalidRangeError, ObjectNotFoundError, ObjectStoreError,
-                     ObjectStoreUnavailableError, PreconditionFailedError)
+from .errors import (
+    AccessDeniedError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ObjectStoreUnavailableError,
+    PreconditionFailedError,
+)
 
 _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
-_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                 "InvalidToken", "AllAccessDisabled", "InvalidSecurity", "403"}
-_RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
-                "Throttling", "ThrottlingException", "RequestLimitExceeded",
-                "TooManyRequestsException", "ConditionalRequestConflict", "OperationAborted",
-                "Busy", "503", "500", "502", "504"}
+_ACCESS_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "InvalidSecurity",
+    "403",
+}
+_RETRY_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "ConditionalRequestConflict",
+    "OperationAborted",
+    "Busy",
+    "503",
+    "500",
+    "502",
+    "504",
+}
 
-CREDENTIALS_HINT = ("check the credentials: accessKey/secretKey in the bucket URI, or "
-                    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+CREDENTIALS_HINT = (
+    "check the credentials: accessKey/secretKey in the bucket URI, or "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +94,7 @@ class RetryPolicy:
     def backoff_s(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to sleep after failed attempt number `attempt` (1-based)."""
         exponent = min(max(attempt - 1, 0), 30)
-        ceiling_ms = min(self.backoff_max_ms, self.backoff_base_ms * (2 ** exponent))
+        ceiling_ms = min(self.backoff_max_ms, self.backoff_base_ms * (2**exponent))
         r = (rng or random).random()
         return (ceiling_ms / 2 + r * ceiling_ms / 2) / 1000.0
 
@@ -64,10 +103,10 @@ class RetryPolicy:
 class Failure:
     """Classification of one failed attempt."""
 
-    status: str                       # metrics label (see metrics.STATUSES)
+    status: str  # metrics label (see metrics.STATUSES)
     retryable: bool
     error_type: type[ObjectStoreError]
-    detail: str                       # readable, no secrets
+    detail: str  # readable, no secrets
 
 
 def http_status(exc: ClientError) -> int:
@@ -94,22 +133,24 @@ def classify(exc: BaseException) -> Failure:
         if status == 416 or code == "InvalidRange":
             return Failure("invalid_range", False, InvalidRangeError, detail)
         if status == 403 or code in _ACCESS_CODES:
-            return Failure("access_denied", False, AccessDeniedError,
-                           f"{detail} - {CREDENTIALS_HINT}")
+            return Failure(
+                "access_denied", False, AccessDeniedError, f"{detail} - {CREDENTIALS_HINT}"
+            )
         if status >= 500 or status == 429 or code in _RETRY_CODES:
             return Failure("server_error", True, ObjectStoreUnavailableError, detail)
         return Failure("client_error", False, ObjectStoreError, detail)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return Failure("access_denied", False, AccessDeniedError,
-                       f"{exc} - {CREDENTIALS_HINT}")
+        return Failure("access_denied", False, AccessDeniedError, f"{exc} - {CREDENTIALS_HINT}")
     if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
         return Failure("timeout", True, ObjectStoreUnavailableError, str(exc))
     if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
-        return Failure("connection_error", True, ObjectStoreUnavailableError,
-                       str(exc) + _os_reason(exc))
+        return Failure(
+            "connection_error", True, ObjectStoreUnavailableError, str(exc) + _os_reason(exc)
+        )
     if isinstance(exc, (TimeoutError, ConnectionError)):  # raw socket errors from a body read
-        return Failure("connection_error", True, ObjectStoreUnavailableError,
-                       f"{type(exc).__name__}: {exc}")
+        return Failure(
+            "connection_error", True, ObjectStoreUnavailableError, f"{type(exc).__name__}: {exc}"
+        )
     if isinstance(exc, BotoCoreError):
         return Failure("client_error", False, ObjectStoreError, str(exc))
     return Failure("client_error", False, ObjectStoreError, f"{type(exc).__name__}: {exc}")
@@ -122,15 +163,21 @@ def _os_reason(exc: BaseException) -> str:
     return f" ({match.group(1).strip()})" if match else ""
 
 
-def unavailable(what: str, attempts: int, failure: Failure, *, op: str, bucket_id: int,
-                key: str | None) -> ObjectStoreUnavailableError:
+def unavailable(
+    what: str, attempts: int, failure: Failure, *, op: str, bucket_id: int, key: str | None
+) -> ObjectStoreUnavailableError:
     """The error raised once the retries are spent."""
     plural = "attempt" if attempts == 1 else "attempts"
-    return ObjectStoreUnavailableError(f"{what} failed after {attempts} {plural}: {failure.detail}",
-                                       op=op, bucket_id=bucket_id, key=key)
+    return ObjectStoreUnavailableError(
+        f"{what} failed after {attempts} {plural}: {failure.detail}",
+        op=op,
+        bucket_id=bucket_id,
+        key=key,
+    )
 
 
-def final_error(what: str, failure: Failure, *, op: str, bucket_id: int,
-                key: str | None) -> ObjectStoreError:
+def final_error(
+    what: str, failure: Failure, *, op: str, bucket_id: int, key: str | None
+) -> ObjectStoreError:
     """The error raised for a failure that is not retried."""
     return failure.error_type(f"{what}: {failure.detail}", op=op, bucket_id=bucket_id, key=key)

@@ -96,8 +96,9 @@ class SeaweedConfig:
         return f"http://{self.host}:{self.ports['s3']}"
 
     @classmethod
-    def generate(cls, data_dir: Path, buckets: list[str] | None = None,
-                 base_port: int | None = None) -> "SeaweedConfig":
+    def generate(
+        cls, data_dir: Path, buckets: list[str] | None = None, base_port: int | None = None
+    ) -> SeaweedConfig:
         """New config with generated credentials and free (or consecutive from base) ports."""
         if base_port is None:
             port_list = find_free_ports(len(_PORT_NAMES))
@@ -122,7 +123,7 @@ class SeaweedConfig:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "SeaweedConfig":
+    def from_json(cls, data: dict) -> SeaweedConfig:
         return cls(
             data_dir=Path(data["data_dir"]),
             ports={k: int(v) for k, v in data["ports"].items()},
@@ -136,16 +137,25 @@ class SeaweedConfig:
         """The `weed mini` command line for this config."""
         p = self.ports
         return [
-            weed_binary(), "mini",
+            weed_binary(),
+            "mini",
             f"-dir={self.data_dir / 'data'}",
-            f"-ip={self.host}", f"-ip.bind={self.host}",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin_grpc']}",
-            "-admin.ui=false", "-webdav=false",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-admin.port={p['admin']}",
+            f"-admin.port.grpc={p['admin_grpc']}",
+            "-admin.ui=false",
+            "-webdav=false",
             "-master.telemetry=false",
             f"-s3.config={self.data_dir / 's3.json'}",
             f"-bucket={','.join(self.buckets)}",
@@ -155,11 +165,13 @@ class SeaweedConfig:
         """Write the S3 identity file (0600): the only credentials the store accepts."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         identity = {
-            "identities": [{
-                "name": "automq",
-                "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }]
+            "identities": [
+                {
+                    "name": "automq",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
         }
         path = self.data_dir / "s3.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -169,7 +181,9 @@ class SeaweedConfig:
 
 def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
     """Start `weed mini` in its own session, logging to `log_path`. Does not wait for it."""
-    busy = [f"{name}={port}" for name, port in config.ports.items() if port_in_use(port, config.host)]
+    busy = [
+        f"{name}={port}" for name, port in config.ports.items() if port_in_use(port, config.host)
+    ]
     if busy:
         raise EmbeddedS3Error(f"object store ports already in use: {', '.join(busy)}")
     config.write_identity_file()
@@ -178,24 +192,36 @@ def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
         return subprocess.Popen(
-            config.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(config.data_dir),
+            config.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(config.data_dir),
         )
     finally:
         log.close()
 
 
-def wait_seaweed_ready(config: SeaweedConfig, timeout_s: float = 60.0,
-                       proc: subprocess.Popen | None = None) -> None:
+def wait_seaweed_ready(
+    config: SeaweedConfig, timeout_s: float = 60.0, proc: subprocess.Popen | None = None
+) -> None:
     """Block until the S3 API answers with our credentials and every bucket exists."""
     import boto3
     from botocore.config import Config
 
     client = boto3.client(
-        "s3", endpoint_url=config.endpoint, aws_access_key_id=config.access_key,
-        aws_secret_access_key=config.secret_key, region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"}, connect_timeout=2, read_timeout=5,
-                      retries={"max_attempts": 1}),
+        "s3",
+        endpoint_url=config.endpoint,
+        aws_access_key_id=config.access_key,
+        aws_secret_access_key=config.secret_key,
+        region_name="us-east-1",
+        config=Config(
+            s3={"addressing_style": "path"},
+            connect_timeout=2,
+            read_timeout=5,
+            retries={"max_attempts": 1},
+        ),
     )
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
@@ -211,7 +237,9 @@ def wait_seaweed_ready(config: SeaweedConfig, timeout_s: float = 60.0,
         except Exception as exc:  # the store is still starting: connection refused, 503 ...
             last_error = exc
             time.sleep(0.3)
-    raise EmbeddedS3Error(f"object store at {config.endpoint} not ready after {timeout_s}s: {last_error}")
+    raise EmbeddedS3Error(
+        f"object store at {config.endpoint} not ready after {timeout_s}s: {last_error}"
+    )
 
 
 def stop_process(proc_or_pid: subprocess.Popen | int, timeout_s: float = 10.0) -> None:
@@ -257,7 +285,7 @@ class EmbeddedSeaweed:
         self.config = SeaweedConfig.generate(Path(data_dir), buckets)
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "EmbeddedSeaweed":
+    def __enter__(self) -> EmbeddedSeaweed:
         self.proc = start_seaweed(self.config, self.config.data_dir / "weed.log")
         try:
             wait_seaweed_ready(self.config, proc=self.proc)

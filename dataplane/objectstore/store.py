@@ -28,9 +28,9 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import botocore.loaders
 import botocore.session
@@ -39,9 +39,9 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .bucket_uri import BucketURI, parse_bucket_uris
-from .errors import (InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableError)
+from .errors import InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableError
 from .limiter import BandwidthLimiter, Priority
-from .merging import ReadBatch, RangeMerger
+from .merging import RangeMerger, ReadBatch
 from .metrics import ObjectStoreMetrics, default_metrics
 from .retry import RetryPolicy, classify, final_error, http_status, unavailable
 
@@ -51,8 +51,8 @@ T = TypeVar("T")
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
-MAX_KEY_BYTES = 1024            # S3's limit for a key
-S3_MAX_DELETE_BATCH = 1000      # S3's limit for one DeleteObjects request
+MAX_KEY_BYTES = 1024  # S3's limit for a key
+S3_MAX_DELETE_BATCH = 1000  # S3's limit for one DeleteObjects request
 LIST_PAGE_KEYS = 1000
 
 ClientFactory = Callable[[BucketURI, BotoConfig], Any]
@@ -70,8 +70,9 @@ class ObjectStorageConfig(BaseModel):
     backoff_base_ms: int = Field(50, ge=0, le=60_000)
     backoff_max_ms: int = Field(2_000, ge=0, le=600_000)
     max_concurrency: int = Field(16, ge=1, le=512, description="threads of the async pool")
-    extra_sync_connections: int = Field(8, ge=0, le=512,
-                                        description="pool headroom for sync callers")
+    extra_sync_connections: int = Field(
+        8, ge=0, le=512, description="pool headroom for sync callers"
+    )
     max_pending_requests: int = Field(4_096, ge=1, le=1_000_000)
     merge_window_ms: float = Field(5.0, ge=0, le=1_000, description="0 disables merging")
     merge_gap_bytes: int = Field(512 * KiB, ge=0, le=256 * MiB)
@@ -84,7 +85,7 @@ class ObjectStorageConfig(BaseModel):
     delete_batch_keys: int = Field(S3_MAX_DELETE_BATCH, ge=1, le=S3_MAX_DELETE_BATCH)
 
     @model_validator(mode="after")
-    def _check(self) -> "ObjectStorageConfig":
+    def _check(self) -> ObjectStorageConfig:
         if self.backoff_max_ms < self.backoff_base_ms:
             raise ValueError("backoff_max_ms must be >= backoff_base_ms")
         return self
@@ -111,8 +112,13 @@ def default_client_factory(bucket: BucketURI, config: BotoConfig) -> Any:
     """
     session = botocore.session.get_session()
     session.register_component("data_loader", _loader())
-    return session.create_client("s3", endpoint_url=bucket.endpoint, region_name=bucket.region,
-                                 config=config, **bucket.credentials())
+    return session.create_client(
+        "s3",
+        endpoint_url=bucket.endpoint,
+        region_name=bucket.region,
+        config=config,
+        **bucket.credentials(),
+    )
 
 
 class ObjectStorage:
@@ -125,11 +131,15 @@ class ObjectStorage:
     Use as a context manager or call `close()`.
     """
 
-    def __init__(self, buckets: str | Sequence[BucketURI],
-                 config: ObjectStorageConfig | None = None, *,
-                 client_factory: ClientFactory | None = None,
-                 metrics: ObjectStoreMetrics | None = None,
-                 **overrides: Any) -> None:
+    def __init__(
+        self,
+        buckets: str | Sequence[BucketURI],
+        config: ObjectStorageConfig | None = None,
+        *,
+        client_factory: ClientFactory | None = None,
+        metrics: ObjectStoreMetrics | None = None,
+        **overrides: Any,
+    ) -> None:
         if isinstance(buckets, str):
             buckets = parse_bucket_uris(buckets)
         if not buckets:
@@ -140,26 +150,31 @@ class ObjectStorage:
                 raise ValueError(f"duplicate bucket id {b.bucket_id}")
             self._buckets[b.bucket_id] = b
         base = config or ObjectStorageConfig()
-        self.config = ObjectStorageConfig(**{**base.model_dump(), **overrides}) \
-            if overrides else base
+        self.config = (
+            ObjectStorageConfig(**{**base.model_dump(), **overrides}) if overrides else base
+        )
         cfg = self.config
         self._client_factory = client_factory or default_client_factory
         self.metrics = metrics or default_metrics()
-        self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms,
-                                        cfg.backoff_max_ms)
+        self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms, cfg.backoff_max_ms)
         self.read_limiter = BandwidthLimiter(cfg.read_bandwidth_bytes_per_s)
         self.write_limiter = BandwidthLimiter(cfg.write_bandwidth_bytes_per_s)
         self._lock = threading.Lock()
         self._clients: dict[int, Any] = {}
         self._probe_clients: dict[int, Any] = {}
-        self._executor = ThreadPoolExecutor(max_workers=cfg.max_concurrency,
-                                            thread_name_prefix="objectstore")
+        self._executor = ThreadPoolExecutor(
+            max_workers=cfg.max_concurrency, thread_name_prefix="objectstore"
+        )
         self._pending = threading.BoundedSemaphore(cfg.max_pending_requests)
-        self._merger = RangeMerger(self._submit_batch, window_s=cfg.merge_window_ms / 1000,
-                                   gap_bytes=cfg.merge_gap_bytes, max_bytes=cfg.merge_max_bytes,
-                                   max_open_batches=cfg.merge_max_open_batches)
-        self._closed = False      # no new requests accepted
-        self._shut_down = False   # pool drained, clients released
+        self._merger = RangeMerger(
+            self._submit_batch,
+            window_s=cfg.merge_window_ms / 1000,
+            gap_bytes=cfg.merge_gap_bytes,
+            max_bytes=cfg.merge_max_bytes,
+            max_open_batches=cfg.merge_max_open_batches,
+        )
+        self._closed = False  # no new requests accepted
+        self._shut_down = False  # pool drained, clients released
 
     # -- buckets and clients ------------------------------------------------------------------
     @property
@@ -171,8 +186,10 @@ class ObjectStorage:
         try:
             return self._buckets[bucket_id]
         except KeyError:
-            raise ObjectStoreError(f"unknown bucket id {bucket_id!r}; configured ids: "
-                                   f"{self.bucket_ids}", bucket_id=bucket_id) from None
+            raise ObjectStoreError(
+                f"unknown bucket id {bucket_id!r}; configured ids: {self.bucket_ids}",
+                bucket_id=bucket_id,
+            ) from None
 
     def boto3_client(self, bucket_id: int) -> Any:
         """The (lazily created) boto3 client of a bucket, e.g. to register botocore events."""
@@ -214,8 +231,15 @@ class ObjectStorage:
             return client
 
     # -- retries ------------------------------------------------------------------------------
-    def _call(self, op: str, bucket_id: int, key: str | None, what: str,
-              attempt_fn: Callable[[Any, int], T], n_bytes: Callable[[T], int] | None = None) -> T:
+    def _call(
+        self,
+        op: str,
+        bucket_id: int,
+        key: str | None,
+        what: str,
+        attempt_fn: Callable[[Any, int], T],
+        n_bytes: Callable[[T], int] | None = None,
+    ) -> T:
         """Run `attempt_fn(client, attempt_no)` with the retry policy; map failures."""
         client = self._get_client(bucket_id, probe=False)
         policy = self.retry_policy
@@ -229,16 +253,22 @@ class ObjectStorage:
                 failure = classify(exc)
                 self.metrics.observe(op, bucket_id, failure.status, time.monotonic() - t0)
                 if not failure.retryable:
-                    raise final_error(what, failure, op=op, bucket_id=bucket_id,
-                                      key=key) from exc
+                    raise final_error(what, failure, op=op, bucket_id=bucket_id, key=key) from exc
                 if attempt >= policy.max_attempts:
-                    log.warning("%s: giving up after %d attempts: %s", what, attempt,
-                                failure.detail)
-                    raise unavailable(what, attempt, failure, op=op, bucket_id=bucket_id,
-                                      key=key) from exc
+                    log.warning(
+                        "%s: giving up after %d attempts: %s", what, attempt, failure.detail
+                    )
+                    raise unavailable(
+                        what, attempt, failure, op=op, bucket_id=bucket_id, key=key
+                    ) from exc
                 delay = policy.backoff_s(attempt)
-                log.debug("%s: attempt %d failed (%s); retrying in %.0f ms", what, attempt,
-                          failure.detail, delay * 1000)
+                log.debug(
+                    "%s: attempt %d failed (%s); retrying in %.0f ms",
+                    what,
+                    attempt,
+                    failure.detail,
+                    delay * 1000,
+                )
                 time.sleep(delay)
             else:
                 size = n_bytes(result) if n_bytes is not None else 0
@@ -250,8 +280,14 @@ class ObjectStorage:
         return f"{self.bucket(bucket_id).describe()} key {key!r}"
 
     # -- writes -------------------------------------------------------------------------------
-    def put_object(self, bucket_id: int, key: str, data: bytes, if_none_match: bool = False,
-                   priority: Priority = Priority.PRODUCE) -> None:
+    def put_object(
+        self,
+        bucket_id: int,
+        key: str,
+        data: bytes,
+        if_none_match: bool = False,
+        priority: Priority = Priority.PRODUCE,
+    ) -> None:
         """Write `data` under `key`.
 
         With `if_none_match` the write succeeds only if the key does not exist yet
@@ -262,14 +298,19 @@ class ObjectStorage:
         self._check_open()
         self._put_object(bucket_id, key, data, if_none_match, priority)
 
-    def _put_object(self, bucket_id: int, key: str, data: bytes, if_none_match: bool,
-                    priority: Priority) -> None:
+    def _put_object(
+        self, bucket_id: int, key: str, data: bytes, if_none_match: bool, priority: Priority
+    ) -> None:
         _check_key(key)
         data = bytes(data) if not isinstance(data, bytes) else data
         if len(data) > self.config.max_object_bytes:
-            raise ObjectStoreError(f"object of {len(data)} bytes exceeds max_object_bytes="
-                                   f"{self.config.max_object_bytes}", op="put",
-                                   bucket_id=bucket_id, key=key)
+            raise ObjectStoreError(
+                f"object of {len(data)} bytes exceeds max_object_bytes="
+                f"{self.config.max_object_bytes}",
+                op="put",
+                bucket_id=bucket_id,
+                key=key,
+            )
         bucket = self.bucket(bucket_id)
         self._throttle(self.write_limiter, len(data), priority, "put", bucket_id, key)
         kwargs: dict[str, Any] = {"Bucket": bucket.bucket, "Key": key, "Body": data}
@@ -280,19 +321,36 @@ class ObjectStorage:
             try:
                 client.put_object(**kwargs)
             except ClientError as exc:
-                if (if_none_match and attempt_no > 1 and http_status(exc) == 412
-                        and self._holds_exactly(client, bucket.bucket, key, data)):
-                    log.info("put %s: 412 on retry, but the object holds our bytes",
-                             self._where(bucket_id, key))
+                if (
+                    if_none_match
+                    and attempt_no > 1
+                    and http_status(exc) == 412
+                    and self._holds_exactly(client, bucket.bucket, key, data)
+                ):
+                    log.info(
+                        "put %s: 412 on retry, but the object holds our bytes",
+                        self._where(bucket_id, key),
+                    )
                     return
                 raise
 
-        self._call("put", bucket_id, key, f"put {self._where(bucket_id, key)}", attempt,
-                   lambda _: len(data))
+        self._call(
+            "put",
+            bucket_id,
+            key,
+            f"put {self._where(bucket_id, key)}",
+            attempt,
+            lambda _: len(data),
+        )
 
-    def put_object_async(self, bucket_id: int, key: str, data: bytes,
-                         if_none_match: bool = False,
-                         priority: Priority = Priority.PRODUCE) -> Future:
+    def put_object_async(
+        self,
+        bucket_id: int,
+        key: str,
+        data: bytes,
+        if_none_match: bool = False,
+        priority: Priority = Priority.PRODUCE,
+    ) -> Future:
         """`put_object` on the pool; the future's result is None."""
         _check_key(key)
         self.bucket(bucket_id)
@@ -323,31 +381,48 @@ class ObjectStorage:
             _check_key(k)
         step = self.config.delete_batch_keys
         for i in range(0, len(key_list), step):
-            batch = key_list[i:i + step]
-            what = (f"delete of {len(batch)} keys (first {batch[0]!r}) in "
-                    f"{bucket.describe()}")
+            batch = key_list[i : i + step]
+            what = f"delete of {len(batch)} keys (first {batch[0]!r}) in {bucket.describe()}"
 
             def attempt(client: Any, _: int, batch: list[str] = batch) -> dict:
-                return client.delete_objects(Bucket=bucket.bucket, Delete={
-                    "Objects": [{"Key": k} for k in batch], "Quiet": True})
+                return client.delete_objects(
+                    Bucket=bucket.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
 
             response = self._call("delete", bucket_id, batch[0], what, attempt)
             errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 first = errors[0]
-                fake = ClientError({"Error": {"Code": first.get("Code", ""),
-                                              "Message": first.get("Message", "")},
-                                    "ResponseMetadata": {"HTTPStatusCode": 0}}, "DeleteObjects")
+                fake = ClientError(
+                    {
+                        "Error": {
+                            "Code": first.get("Code", ""),
+                            "Message": first.get("Message", ""),
+                        },
+                        "ResponseMetadata": {"HTTPStatusCode": 0},
+                    },
+                    "DeleteObjects",
+                )
                 failure = classify(fake)
                 sample = ", ".join(f"{e.get('Key')!r}: {e.get('Code')}" for e in errors[:3])
                 raise failure.error_type(
                     f"{what}: {len(errors)} keys not deleted ({sample}) - {failure.detail}",
-                    op="delete", bucket_id=bucket_id, key=first.get("Key"))
+                    op="delete",
+                    bucket_id=bucket_id,
+                    key=first.get("Key"),
+                )
         return len(key_list)
 
     # -- reads --------------------------------------------------------------------------------
-    def get_range(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                  priority: Priority = Priority.CATCH_UP) -> bytes:
+    def get_range(
+        self,
+        bucket_id: int,
+        key: str,
+        start: int,
+        end_exclusive: int,
+        priority: Priority = Priority.CATCH_UP,
+    ) -> bytes:
         """Bytes [start, end_exclusive) of the object, read in the calling thread.
 
         Returns exactly `end_exclusive - start` bytes; InvalidRangeError if the object is
@@ -356,8 +431,9 @@ class ObjectStorage:
         self._check_open()
         return self._get_range(bucket_id, key, start, end_exclusive, priority)
 
-    def _get_range(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                   priority: Priority) -> bytes:
+    def _get_range(
+        self, bucket_id: int, key: str, start: int, end_exclusive: int, priority: Priority
+    ) -> bytes:
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
         if end_exclusive == start:
@@ -367,12 +443,21 @@ class ObjectStorage:
             raise InvalidRangeError(
                 f"get {self._where(bucket_id, key)}: range [{start}, {end_exclusive}) runs past "
                 f"the end of the object ({start + len(data)} bytes)",
-                op="get", bucket_id=bucket_id, key=key)
+                op="get",
+                bucket_id=bucket_id,
+                key=key,
+            )
         return data
 
-    def get_range_async(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                        priority: Priority = Priority.CATCH_UP,
-                        max_gap_bytes: int | None = None) -> Future:
+    def get_range_async(
+        self,
+        bucket_id: int,
+        key: str,
+        start: int,
+        end_exclusive: int,
+        priority: Priority = Priority.CATCH_UP,
+        max_gap_bytes: int | None = None,
+    ) -> Future:
         """`get_range` on the pool; concurrent nearby ranges of one object share one GET.
 
         Ranges of at most `merge_max_bytes` wait up to `merge_window_ms` for neighbours
@@ -392,16 +477,16 @@ class ObjectStorage:
         self._check_open()
         self._acquire_pending()
         try:
-            future = self._merger.submit(bucket_id, key, start, end_exclusive, priority,
-                                         max_gap_bytes)
+            future = self._merger.submit(
+                bucket_id, key, start, end_exclusive, priority, max_gap_bytes
+            )
         except BaseException:
             self._pending.release()
             raise
         future.add_done_callback(lambda _: self._pending.release())
         return future
 
-    def get_object(self, bucket_id: int, key: str,
-                   priority: Priority = Priority.CATCH_UP) -> bytes:
+    def get_object(self, bucket_id: int, key: str, priority: Priority = Priority.CATCH_UP) -> bytes:
         """The whole object (at most `max_object_bytes`)."""
         self._check_open()
         _check_key(key)
@@ -416,14 +501,16 @@ class ObjectStorage:
                 if size > limit:
                     raise ObjectStoreError(
                         f"get {self._where(bucket_id, key)}: object of {size} bytes exceeds "
-                        f"max_object_bytes={limit}; read it in ranges", op="get",
-                        bucket_id=bucket_id, key=key)
+                        f"max_object_bytes={limit}; read it in ranges",
+                        op="get",
+                        bucket_id=bucket_id,
+                        key=key,
+                    )
                 return body.read()
             finally:
                 body.close()
 
-        data = self._call("get", bucket_id, key, f"get {self._where(bucket_id, key)}", attempt,
-                          len)
+        data = self._call("get", bucket_id, key, f"get {self._where(bucket_id, key)}", attempt, len)
         # the size is only known now: pay for it afterwards (the limiter allows debt)
         self._throttle(self.read_limiter, len(data), priority, "get", bucket_id, key)
         return data
@@ -445,16 +532,20 @@ class ObjectStorage:
         bucket = self.bucket(bucket_id)
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": bucket.bucket, "Prefix": prefix,
-                                      "MaxKeys": LIST_PAGE_KEYS}
+            kwargs: dict[str, Any] = {
+                "Bucket": bucket.bucket,
+                "Prefix": prefix,
+                "MaxKeys": LIST_PAGE_KEYS,
+            }
             if token:
                 kwargs["ContinuationToken"] = token
 
             def attempt(client: Any, _: int, kwargs: dict = kwargs) -> dict:
                 return client.list_objects_v2(**kwargs)
 
-            page = self._call("list", bucket_id, prefix,
-                              f"list {bucket.describe()} prefix {prefix!r}", attempt)
+            page = self._call(
+                "list", bucket_id, prefix, f"list {bucket.describe()} prefix {prefix!r}", attempt
+            )
             for item in page.get("Contents", []):
                 yield item["Key"]
             token = page.get("NextContinuationToken")
@@ -487,32 +578,44 @@ class ObjectStorage:
         except Exception as exc:
             failure = classify(exc)
             if isinstance(exc, ClientError) and http_status(exc) == 404:
-                failure = type(failure)("client_error", False, ObjectStoreError,
-                                        f"{failure.detail} (no such bucket)")
-            self.metrics.observe("head_bucket", bucket_id, failure.status,
-                                 time.monotonic() - t0)
+                failure = type(failure)(
+                    "client_error", False, ObjectStoreError, f"{failure.detail} (no such bucket)"
+                )
+            self.metrics.observe("head_bucket", bucket_id, failure.status, time.monotonic() - t0)
             raise ObjectStoreUnavailableError(
-                f"{bucket.describe()} is not usable: {failure.detail}", op="head_bucket",
-                bucket_id=bucket_id) from final_error(
-                    f"head {bucket.describe()}", failure, op="head_bucket",
-                    bucket_id=bucket_id, key=None)
+                f"{bucket.describe()} is not usable: {failure.detail}",
+                op="head_bucket",
+                bucket_id=bucket_id,
+            ) from final_error(
+                f"head {bucket.describe()}",
+                failure,
+                op="head_bucket",
+                bucket_id=bucket_id,
+                key=None,
+            )
         elapsed = time.monotonic() - t0
         self.metrics.observe("head_bucket", bucket_id, "ok", elapsed)
         return elapsed * 1000
 
-    def _read_span(self, bucket_id: int, key: str, start: int, end_exclusive: int,
-                   priority: Priority) -> bytes:
+    def _read_span(
+        self, bucket_id: int, key: str, start: int, end_exclusive: int, priority: Priority
+    ) -> bytes:
         """GET bytes [start, end_exclusive); may return fewer if the object ends earlier."""
         bucket = self.bucket(bucket_id)
         expected = end_exclusive - start
         if expected > self.config.max_object_bytes:
-            raise ObjectStoreError(f"range of {expected} bytes exceeds max_object_bytes",
-                                   op="get", bucket_id=bucket_id, key=key)
+            raise ObjectStoreError(
+                f"range of {expected} bytes exceeds max_object_bytes",
+                op="get",
+                bucket_id=bucket_id,
+                key=key,
+            )
         self._throttle(self.read_limiter, expected, priority, "get", bucket_id, key)
 
         def attempt(client: Any, _: int) -> bytes:
-            resp = client.get_object(Bucket=bucket.bucket, Key=key,
-                                     Range=f"bytes={start}-{end_exclusive - 1}")
+            resp = client.get_object(
+                Bucket=bucket.bucket, Key=key, Range=f"bytes={start}-{end_exclusive - 1}"
+            )
             body = resp["Body"]
             try:
                 data = body.read()
@@ -522,12 +625,21 @@ class ObjectStorage:
                 data = data[start:end_exclusive]  # the server ignored Range: whole object
             return data
 
-        data = self._call("get", bucket_id, key, f"get {self._where(bucket_id, key)} range "
-                          f"[{start}, {end_exclusive})", attempt, len)
+        data = self._call(
+            "get",
+            bucket_id,
+            key,
+            f"get {self._where(bucket_id, key)} range [{start}, {end_exclusive})",
+            attempt,
+            len,
+        )
         if len(data) > expected:
-            raise ObjectStoreError(f"get {self._where(bucket_id, key)}: asked for {expected} "
-                                   f"bytes, got {len(data)}", op="get", bucket_id=bucket_id,
-                                   key=key)
+            raise ObjectStoreError(
+                f"get {self._where(bucket_id, key)}: asked for {expected} bytes, got {len(data)}",
+                op="get",
+                bucket_id=bucket_id,
+                key=key,
+            )
         return data
 
     # -- pool, merging, throttling --------------------------------------------------------------
@@ -562,11 +674,20 @@ class ObjectStorage:
 
     def _acquire_pending(self) -> None:
         if not self._pending.acquire(blocking=False):
-            raise ObjectStoreError(f"too many pending object store requests (limit "
-                                   f"{self.config.max_pending_requests}); back off and retry")
+            raise ObjectStoreError(
+                f"too many pending object store requests (limit "
+                f"{self.config.max_pending_requests}); back off and retry"
+            )
 
-    def _throttle(self, limiter: BandwidthLimiter, n_bytes: int, priority: Priority, op: str,
-                  bucket_id: int, key: str) -> None:
+    def _throttle(
+        self,
+        limiter: BandwidthLimiter,
+        n_bytes: int,
+        priority: Priority,
+        op: str,
+        bucket_id: int,
+        key: str,
+    ) -> None:
         try:
             limiter.acquire(n_bytes, priority, self.config.throttle_timeout_ms / 1000)
         except ObjectStoreError as exc:
@@ -581,8 +702,10 @@ class ObjectStorage:
     @staticmethod
     def _check_range(start: int, end_exclusive: int, bucket_id: int, key: str) -> None:
         if start < 0 or end_exclusive < start:
-            raise ValueError(f"invalid range [{start}, {end_exclusive}) for {key!r} in bucket "
-                             f"{bucket_id}: need 0 <= start <= end_exclusive")
+            raise ValueError(
+                f"invalid range [{start}, {end_exclusive}) for {key!r} in bucket "
+                f"{bucket_id}: need 0 <= start <= end_exclusive"
+            )
 
     def close(self) -> None:
         """Flush pending merged reads, wait for the pool, release the clients (idempotent)."""
@@ -604,7 +727,7 @@ class ObjectStorage:
                 except Exception:  # closing is best effort
                     pass
 
-    def __enter__(self) -> "ObjectStorage":
+    def __enter__(self) -> ObjectStorage:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 from dataplane.s3stream.records import StreamRecordBatch
 
@@ -46,22 +46,31 @@ class _Entry:
     size_bytes: int
     watchers: set[Hashable] = field(default_factory=set)
     ready: Future | None = None  # resolves with the batches when the load completes
-    speculative: bool = False    # prefetched, not claimed by any reader yet
+    speculative: bool = False  # prefetched, not claimed by any reader yet
 
 
 class BlockCache:
     """Byte-budgeted cache of decoded blocks; watched blocks are never evicted by LRU."""
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024, *,
-                 max_speculative_bytes: int | None = None,
-                 max_bytes_per_watcher: int = DEFAULT_MAX_BYTES_PER_WATCHER,
-                 speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
-                 max_ghosts: int = DEFAULT_MAX_GHOSTS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_bytes: int = 256 * 1024 * 1024,
+        *,
+        max_speculative_bytes: int | None = None,
+        max_bytes_per_watcher: int = DEFAULT_MAX_BYTES_PER_WATCHER,
+        speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
+        max_ghosts: int = DEFAULT_MAX_GHOSTS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if max_speculative_bytes is None:
             max_speculative_bytes = max_bytes // DEFAULT_SPECULATIVE_FRACTION
-        if max_bytes <= 0 or max_speculative_bytes < 0 or max_bytes_per_watcher < 0 \
-                or speculative_ttl_s <= 0 or max_ghosts < 0:
+        if (
+            max_bytes <= 0
+            or max_speculative_bytes < 0
+            or max_bytes_per_watcher < 0
+            or speculative_ttl_s <= 0
+            or max_ghosts < 0
+        ):
             raise ValueError("invalid BlockCache limits")
         self.max_bytes = max_bytes
         self.max_speculative_bytes = max_speculative_bytes
@@ -80,9 +89,9 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
-        self.prefetched_bytes = 0         # bytes registered by prefetch()
-        self.prefetch_claimed_bytes = 0   # ... later watched by a reader
-        self.prefetch_wasted_bytes = 0    # ... dropped unclaimed after they were loaded
+        self.prefetched_bytes = 0  # bytes registered by prefetch()
+        self.prefetch_claimed_bytes = 0  # ... later watched by a reader
+        self.prefetch_wasted_bytes = 0  # ... dropped unclaimed after they were loaded
 
     # ------------------------------------------------------------ watching
 
@@ -200,8 +209,9 @@ class BlockCache:
                 return not entry.speculative
             return key in self._ghosts
 
-    def keep_unwatched(self, key: BlockKey, batches: list[StreamRecordBatch],
-                       size_bytes: int) -> None:
+    def keep_unwatched(
+        self, key: BlockKey, batches: list[StreamRecordBatch], size_bytes: int
+    ) -> None:
         """Cache a block nobody watches (LRU only)."""
         with self._lock:
             if key in self._entries:
@@ -244,9 +254,14 @@ class BlockCache:
     def _speculative_room(self) -> int:
         # prefetch is for the readers reading now: the cache as a whole stays within
         # max_bytes_per_watcher per active read window, and within its byte budget
-        return max(min(self.max_speculative_bytes - self.speculative_bytes,
-                       self.max_bytes_per_watcher * len(self._watch_counts) - self.used_bytes,
-                       self.max_bytes - self.used_bytes), 0)
+        return max(
+            min(
+                self.max_speculative_bytes - self.speculative_bytes,
+                self.max_bytes_per_watcher * len(self._watch_counts) - self.used_bytes,
+                self.max_bytes - self.used_bytes,
+            ),
+            0,
+        )
 
     def _remember(self, key: BlockKey) -> None:
         if self.max_ghosts == 0:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from controlplane.errors import ControllerError, ErrorCode
 from dataplane.s3stream.records import StreamRecordBatch
@@ -50,9 +50,13 @@ class FailoverResult:
     duration_s: float = 0.0
 
 
-def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
-                       failover_epoch: int,
-                       open_streams_of_failed_node: Callable[[], list[tuple[int, int]]]) -> FailoverResult:
+def recover_failed_wal(
+    storage: S3Storage,
+    failed_node_id: int,
+    wal_uri: str,
+    failover_epoch: int,
+    open_streams_of_failed_node: Callable[[], list[tuple[int, int]]],
+) -> FailoverResult:
     """Recover `failed_node_id`'s WAL on this node (see the module docstring).
 
     `open_streams_of_failed_node()` returns (stream_id, epoch) of the streams the failed
@@ -75,35 +79,57 @@ def recover_failed_wal(storage: S3Storage, failed_node_id: int, wal_uri: str,
         finally:
             handle.close()
     else:
-        log.warning("WAL %s of node %d does not exist: nothing to upload", wal_uri,
-                    failed_node_id)
+        log.warning("WAL %s of node %d does not exist: nothing to upload", wal_uri, failed_node_id)
     for stream_id, epoch in open_streams_of_failed_node():
         try:
-            storage.controller.call("close_stream", {
-                "node_id": storage.node_id, "node_epoch": storage.node_epoch,
-                "stream_id": stream_id, "stream_epoch": epoch,
-                "failover_node_id": failed_node_id})
+            storage.controller.call(
+                "close_stream",
+                {
+                    "node_id": storage.node_id,
+                    "node_epoch": storage.node_epoch,
+                    "stream_id": stream_id,
+                    "stream_epoch": epoch,
+                    "failover_node_id": failed_node_id,
+                },
+            )
         except ControllerError as exc:
-            if exc.code not in (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED,
-                                ErrorCode.UNKNOWN_STREAM):
+            if exc.code not in (
+                ErrorCode.STREAM_FENCED,
+                ErrorCode.STREAM_NOT_OPENED,
+                ErrorCode.UNKNOWN_STREAM,
+            ):
                 raise
             continue  # closed or reopened meanwhile
         result.streams_closed.append(stream_id)
-    storage.controller.call("complete_wal_failover", {
-        "node_id": storage.node_id, "node_epoch": storage.node_epoch,
-        "failed_node_id": failed_node_id, "failover_epoch": failover_epoch})
+    storage.controller.call(
+        "complete_wal_failover",
+        {
+            "node_id": storage.node_id,
+            "node_epoch": storage.node_epoch,
+            "failed_node_id": failed_node_id,
+            "failover_epoch": failover_epoch,
+        },
+    )
     result.duration_s = time.monotonic() - started
-    log.warning("WAL failover of node %d done in %.2fs: %d records read, %d batches "
-                "(%d bytes) uploaded, %d streams closed, skipped %s", failed_node_id,
-                result.duration_s, result.records_read, result.batches_uploaded,
-                result.bytes_uploaded, len(result.streams_closed), result.skipped_streams)
+    log.warning(
+        "WAL failover of node %d done in %.2fs: %d records read, %d batches "
+        "(%d bytes) uploaded, %d streams closed, skipped %s",
+        failed_node_id,
+        result.duration_s,
+        result.records_read,
+        result.batches_uploaded,
+        result.bytes_uploaded,
+        len(result.streams_closed),
+        result.skipped_streams,
+    )
     return result
 
 
-def _upload_uncommitted(storage: S3Storage, records, failed_node_id: int,
-                        result: FailoverResult) -> int | None:
+def _upload_uncommitted(
+    storage: S3Storage, records, failed_node_id: int, result: FailoverResult
+) -> int | None:
     """Upload the records not committed yet, in chunks; returns the WAL offset to trim to."""
-    streams: dict[int, dict | None] = {}   # stream id -> {"epoch", "end"} or None (skip)
+    streams: dict[int, dict | None] = {}  # stream id -> {"epoch", "end"} or None (skip)
     chunk: list[StreamRecordBatch] = []
     chunk_bytes = 0
     end: int | None = None
@@ -119,10 +145,14 @@ def _upload_uncommitted(storage: S3Storage, records, failed_node_id: int,
         if target is None or batch.epoch != target["epoch"] or batch.last_offset <= target["end"]:
             continue  # committed already, another epoch, or a stream not the failed node's
         if batch.base_offset != target["end"]:
-            result.skipped_streams[sid] = (f"WAL resumes at {batch.base_offset}, committed "
-                                           f"end is {target['end']}")
-            log.error("stream %d: %s; its later records cannot be recovered", sid,
-                      result.skipped_streams[sid])
+            result.skipped_streams[sid] = (
+                f"WAL resumes at {batch.base_offset}, committed end is {target['end']}"
+            )
+            log.error(
+                "stream %d: %s; its later records cannot be recovered",
+                sid,
+                result.skipped_streams[sid],
+            )
             streams[sid] = None
             continue
         target["end"] = batch.last_offset
@@ -136,8 +166,9 @@ def _upload_uncommitted(storage: S3Storage, records, failed_node_id: int,
     return end
 
 
-def _stream_target(storage: S3Storage, stream_id: int, failed_node_id: int,
-                   result: FailoverResult) -> dict | None:
+def _stream_target(
+    storage: S3Storage, stream_id: int, failed_node_id: int, result: FailoverResult
+) -> dict | None:
     try:
         meta = storage.controller.stream(stream_id)
     except ControllerError as exc:
@@ -150,8 +181,13 @@ def _stream_target(storage: S3Storage, stream_id: int, failed_node_id: int,
     return {"epoch": meta["epoch"], "end": meta["end_offset"]}
 
 
-def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: int,
-           result: FailoverResult, streams: dict[int, dict | None]) -> None:
+def _flush(
+    storage: S3Storage,
+    chunk: list[StreamRecordBatch],
+    failed_node_id: int,
+    result: FailoverResult,
+    streams: dict[int, dict | None],
+) -> None:
     """Upload one chunk. A stream the controller refused for good (deleted, closed or
     reopened by a newer epoch) is skipped from now on: its later batches could not be
     committed either. After a continuity refusal the stream's target is read again, so its
@@ -161,8 +197,12 @@ def _flush(storage: S3Storage, chunk: list[StreamRecordBatch], failed_node_id: i
     result.bytes_uploaded += uploaded.size_bytes
     result.batches_uploaded += uploaded.batches
     for sid, code in uploaded.dropped.items():
-        log.warning("WAL failover of node %d: stream %d left out of the upload (%s)",
-                    failed_node_id, sid, code.value)
+        log.warning(
+            "WAL failover of node %d: stream %d left out of the upload (%s)",
+            failed_node_id,
+            sid,
+            code.value,
+        )
         if code in (ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET):
             streams[sid] = _stream_target(storage, sid, failed_node_id, result)
             continue

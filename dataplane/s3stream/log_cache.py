@@ -47,19 +47,23 @@ class LogCache:
 
     # ------------------------------------------------------------ write side
 
-    def put(self, batch: StreamRecordBatch, wal_next_offset: int,
-            acked_s: float | None = None) -> None:
+    def put(
+        self, batch: StreamRecordBatch, wal_next_offset: int, acked_s: float | None = None
+    ) -> None:
         """Add an acknowledged batch (in WAL order); `acked_s` is when it was acknowledged
         (time.monotonic(), the default), for the upload lag."""
         cache = self._streams.setdefault(batch.stream_id, _StreamCache())
         if cache.batches and cache.batches[-1].last_offset != batch.base_offset:
-            raise ValueError(f"stream {batch.stream_id}: batch at {batch.base_offset} does not "
-                             f"follow {cache.batches[-1].last_offset}")
+            raise ValueError(
+                f"stream {batch.stream_id}: batch at {batch.base_offset} does not "
+                f"follow {cache.batches[-1].last_offset}"
+            )
         cache.append(batch)
         self.total_bytes += batch.size_bytes
         self.pending_upload_bytes += batch.size_bytes
-        self._pending.append((batch, wal_next_offset,
-                              time.monotonic() if acked_s is None else acked_s))
+        self._pending.append(
+            (batch, wal_next_offset, time.monotonic() if acked_s is None else acked_s)
+        )
 
     def pending_wal_end(self) -> int:
         """WAL offset just past the last batch not uploaded yet (-1 if none)."""
@@ -69,8 +73,9 @@ class LogCache:
         """When the oldest batch not uploaded yet was acknowledged (None if none)."""
         return self._pending[0][2] if self._pending else None
 
-    def take_pending(self, max_bytes: int,
-                     up_to_wal_offset: int | None = None) -> tuple[list[StreamRecordBatch], int]:
+    def take_pending(
+        self, max_bytes: int, up_to_wal_offset: int | None = None
+    ) -> tuple[list[StreamRecordBatch], int]:
         """Up to `max_bytes` of not-yet-uploaded batches in WAL order (at least one), none
         past `up_to_wal_offset`, and the WAL offset up to which the WAL may be trimmed once
         they are committed."""
@@ -78,7 +83,9 @@ class LogCache:
         size = 0
         wal_end = -1
         i = 0
-        while i < len(self._pending) and (not taken or size + self._pending[i][0].size_bytes <= max_bytes):
+        while i < len(self._pending) and (
+            not taken or size + self._pending[i][0].size_bytes <= max_bytes
+        ):
             batch, wal_next, _ = self._pending[i]
             if up_to_wal_offset is not None and wal_next > up_to_wal_offset:
                 break
@@ -136,11 +143,15 @@ class LogCache:
 
     def has_pending(self, stream_id: int) -> bool:
         cache = self._streams.get(stream_id)
-        return cache is not None and bool(cache.batches) and \
-            cache.batches[-1].last_offset > cache.uploaded_end
+        return (
+            cache is not None
+            and bool(cache.batches)
+            and cache.batches[-1].last_offset > cache.uploaded_end
+        )
 
-    def read(self, stream_id: int, start_offset: int, end_offset: int,
-             max_bytes: int) -> list[StreamRecordBatch]:
+    def read(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
         """Batches overlapping [start, end), whole, until max_bytes (at least one)."""
         cache = self._streams.get(stream_id)
         if cache is None or not cache.batches:

@@ -45,13 +45,15 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import crc32c as _crc32c
 
 from dataplane.s3stream.records import (
     HEADER_SIZE_BYTES as BATCH_HEADER_SIZE_BYTES,
+)
+from dataplane.s3stream.records import (
     CorruptRecordError,
     StreamRecordBatch,
 )
@@ -346,7 +348,9 @@ class ObjectWriter:
 
 def encode_block(body: bytes | bytearray, batch_count: int) -> bytes:
     """Frame encoded batches of one stream as a data block (header + CRC + body)."""
-    head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, len(body), 0)[:_BLOCK_HEADER_CRC_SPAN]
+    head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, len(body), 0)[
+        :_BLOCK_HEADER_CRC_SPAN
+    ]
     crc = _crc32c.crc32c(body, _crc32c.crc32c(head))
     return head + crc.to_bytes(4, "big") + bytes(body)
 
@@ -474,7 +478,9 @@ def _validate_entry(i: int, entry: IndexEntry, expected_position: int) -> None:
     if entry.stream_id < 0 or entry.start_offset < 0:
         raise CorruptObjectError(f"index entry {i}: negative stream id or offset")
     if entry.end_offset_delta <= 0 or entry.end_offset > _I64_MAX:
-        raise CorruptObjectError(f"index entry {i}: invalid end_offset_delta {entry.end_offset_delta}")
+        raise CorruptObjectError(
+            f"index entry {i}: invalid end_offset_delta {entry.end_offset_delta}"
+        )
     if entry.record_count <= 0 or entry.record_count > MAX_BATCHES_PER_BLOCK:
         raise CorruptObjectError(f"index entry {i}: invalid record_count {entry.record_count}")
     if entry.size < _MIN_BLOCK_BYTES:
@@ -580,9 +586,7 @@ def decode_block(
     except CorruptRecordError as exc:
         raise CorruptObjectError(f"bad record in data block: {exc}") from exc
     if pos != body_length:
-        raise CorruptObjectError(
-            f"block has {body_length - pos} B after its {batch_count} batches"
-        )
+        raise CorruptObjectError(f"block has {body_length - pos} B after its {batch_count} batches")
     if entry is not None:
         first, last = batches[0], batches[-1]
         if (

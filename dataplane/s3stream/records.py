@@ -127,7 +127,7 @@ class StreamRecordBatch:
     @classmethod
     def decode(
         cls, buf: bytes | bytearray | memoryview, offset: int = 0
-    ) -> tuple["StreamRecordBatch", int]:
+    ) -> tuple[StreamRecordBatch, int]:
         """Decode one batch starting at ``offset``.
 
         Returns:
@@ -147,7 +147,9 @@ class StreamRecordBatch:
             )
         magic, stream_id, epoch, base_offset, count, payload_len = _HEADER.unpack_from(view, offset)
         if magic != MAGIC:
-            raise CorruptRecordError(f"wrong magic 0x{magic:02x} at {offset} (expected 0x{MAGIC:02x})")
+            raise CorruptRecordError(
+                f"wrong magic 0x{magic:02x} at {offset} (expected 0x{MAGIC:02x})"
+            )
         if payload_len > MAX_PAYLOAD_BYTES:
             # payload_len is read unsigned; a negative i32 shows up as >= 2**31 here.
             raise CorruptRecordError(
@@ -167,7 +169,9 @@ class StreamRecordBatch:
         return batch, end
 
 
-def decode_all(buf: bytes | bytearray | memoryview, max_records: int = 1_000_000) -> list[StreamRecordBatch]:
+def decode_all(
+    buf: bytes | bytearray | memoryview, max_records: int = 1_000_000
+) -> list[StreamRecordBatch]:
     """Decode a concatenation of batches that must fill ``buf`` exactly.
 
     Raises:

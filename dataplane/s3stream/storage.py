@@ -16,10 +16,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from controlplane.client import ControllerClient
 from controlplane.errors import (
@@ -53,10 +53,10 @@ from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
 
 log = logging.getLogger(__name__)
 
-MAX_COMMIT_ROUNDS = 4         # a refused commit names every bad stream: round 2 succeeds
-                              # unless more streams go bad meanwhile
+MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succeeds
+# unless more streams go bad meanwhile
 MAX_DROPPED_STREAMS = 100_000  # (stream, epoch) pairs remembered as uncommittable
-MAX_ERROR_CHARS = 1000        # of an upload error in stats and metrics
+MAX_ERROR_CHARS = 1000  # of an upload error in stats and metrics
 
 
 class StorageError(RuntimeError):
@@ -81,7 +81,7 @@ class UploadStats:
 
     wal_used_bytes: int
     wal_capacity_bytes: int
-    upload_lag_s: float          # age of the oldest acknowledged, not uploaded batch; 0 if none
+    upload_lag_s: float  # age of the oldest acknowledged, not uploaded batch; 0 if none
     last_upload_error: str | None  # the last upload attempt's error; None once one succeeds
 
 
@@ -97,8 +97,9 @@ def permanent_stream_errors(exc: BaseException) -> dict[int, ErrorCode]:
     """
     if not isinstance(exc, ControllerError) or not exc.stream_errors:
         return {}
-    if exc.code not in STREAM_PERMANENT_CODES or \
-            any(code not in STREAM_PERMANENT_CODES for code in exc.stream_errors.values()):
+    if exc.code not in STREAM_PERMANENT_CODES or any(
+        code not in STREAM_PERMANENT_CODES for code in exc.stream_errors.values()
+    ):
         return {}
     return dict(exc.stream_errors)
 
@@ -127,7 +128,7 @@ def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> b
 
 def _error_text(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 @dataclass
@@ -169,18 +170,26 @@ class ControllerLocator:
         self._cache: OrderedDict[int, list[ObjectLocation]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def locate(self, stream_id: int, start_offset: int, end_offset: int,
-               limit: int) -> list[ObjectLocation]:
+    def locate(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int
+    ) -> list[ObjectLocation]:
         with self._lock:
             cached = self._cache.get(stream_id)
             if cached and cached[0].start_offset <= start_offset < cached[-1].end_offset:
                 self._cache.move_to_end(stream_id)
                 return [loc for loc in cached if loc.end_offset > start_offset][:limit]
-        found = [ObjectLocation(object_id=o["object_id"], bucket_id=o["bucket_id"],
-                                size_bytes=o["size_bytes"], start_offset=o["start_offset"],
-                                end_offset=o["end_offset"])
-                 for o in self.client.stream_objects(stream_id, start_offset, end_offset,
-                                                     max(limit, self.LOOKUP_LIMIT))]
+        found = [
+            ObjectLocation(
+                object_id=o["object_id"],
+                bucket_id=o["bucket_id"],
+                size_bytes=o["size_bytes"],
+                start_offset=o["start_offset"],
+                end_offset=o["end_offset"],
+            )
+            for o in self.client.stream_objects(
+                stream_id, start_offset, end_offset, max(limit, self.LOOKUP_LIMIT)
+            )
+        ]
         if found:
             with self._lock:
                 self._cache[stream_id] = found
@@ -197,7 +206,7 @@ class ControllerLocator:
 class _StreamState:
     stream_id: int
     epoch: int
-    next_offset: int       # offset the next append gets
+    next_offset: int  # offset the next append gets
     confirmed_offset: int  # end of the acknowledged prefix
     start_offset: int
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -209,7 +218,7 @@ class _StreamState:
 class Stream:
     """An open stream: append, fetch, trim, close."""
 
-    def __init__(self, storage: "S3Storage", state: _StreamState):
+    def __init__(self, storage: S3Storage, state: _StreamState):
         self._storage = storage
         self._state = state
 
@@ -240,10 +249,12 @@ class Stream:
         the stream's lock: a Kafka batch gets its baseOffset patched in)."""
         return self._storage._append(self._state, build, count)
 
-    def fetch(self, start_offset: int, end_offset: int | None = None,
-              max_bytes: int = 1024 * 1024) -> list[StreamRecordBatch]:
-        return self._storage._fetch(self._state, start_offset,
-                                    end_offset if end_offset is not None else 2**62, max_bytes)
+    def fetch(
+        self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1024 * 1024
+    ) -> list[StreamRecordBatch]:
+        return self._storage._fetch(
+            self._state, start_offset, end_offset if end_offset is not None else 2**62, max_bytes
+        )
 
     def trim(self, new_start_offset: int) -> None:
         self._storage._trim(self._state, new_start_offset)
@@ -255,9 +266,15 @@ class Stream:
 class S3Storage:
     """One broker's storage engine (see the module docstring)."""
 
-    def __init__(self, config: StorageConfig, node_id: int, node_epoch: int,
-                 controller: ControllerClient, objects: ObjectStorage,
-                 locator: ObjectLocator | None = None):
+    def __init__(
+        self,
+        config: StorageConfig,
+        node_id: int,
+        node_epoch: int,
+        controller: ControllerClient,
+        objects: ObjectStorage,
+        locator: ObjectLocator | None = None,
+    ):
         self.config = config
         self.node_id = node_id
         self.node_epoch = node_epoch
@@ -272,8 +289,8 @@ class S3Storage:
         self._readers_lock = threading.Lock()
         self._seen_hits = self._seen_misses = 0
         self._streams: dict[int, _StreamState] = {}
-        self._lock = threading.Lock()            # log cache and stream table
-        self._upload_lock = threading.Lock()     # one upload at a time, in WAL order
+        self._lock = threading.Lock()  # log cache and stream table
+        self._upload_lock = threading.Lock()  # one upload at a time, in WAL order
         self._wake = threading.Condition()
         self._flush_requested = False
         self._stop = threading.Event()
@@ -295,8 +312,12 @@ class S3Storage:
         """Open (and recover) the WAL, upload what was not committed, start the uploader.
         Returns the number of recovered batches that were uploaded."""
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.wal = open_wal(self.wal_uri, self.node_id, self.node_epoch,
-                            capacity_bytes=self.config.wal_capacity_bytes)
+        self.wal = open_wal(
+            self.wal_uri,
+            self.node_id,
+            self.node_epoch,
+            capacity_bytes=self.config.wal_capacity_bytes,
+        )
         metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()
         self._uploader.start()
@@ -332,8 +353,13 @@ class S3Storage:
             items = [(b, w) for b, w in items if b.epoch == meta.get("epoch")]
             fresh = [(b, w) for b, w in items if b.last_offset > end]
             if fresh and fresh[0][0].base_offset != end:
-                log.error("stream %d: WAL resumes at %d but the committed end is %d; "
-                          "cannot recover these batches", stream_id, fresh[0][0].base_offset, end)
+                log.error(
+                    "stream %d: WAL resumes at %d but the committed end is %d; "
+                    "cannot recover these batches",
+                    stream_id,
+                    fresh[0][0].base_offset,
+                    end,
+                )
                 continue
             keep += fresh
         keep.sort(key=lambda item: item[1])  # WAL order
@@ -354,8 +380,7 @@ class S3Storage:
                 open_streams = list(self._streams.values()) if close_streams else []
             for state, error in zip(open_streams, self.close_streams(open_streams)):
                 if error is not None:
-                    log.warning("closing stream %d on shutdown failed: %s", state.stream_id,
-                                error)
+                    log.warning("closing stream %d on shutdown failed: %s", state.stream_id, error)
         finally:
             self._stop.set()
             with self._wake:
@@ -372,15 +397,30 @@ class S3Storage:
     # ------------------------------------------------------------ streams
 
     def create_stream(self, tags: dict[str, str] | None = None) -> int:
-        return int(self.controller.call("create_stream", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "tags": tags or {}})["stream_id"])
+        return int(
+            self.controller.call(
+                "create_stream",
+                {"node_id": self.node_id, "node_epoch": self.node_epoch, "tags": tags or {}},
+            )["stream_id"]
+        )
 
     def open_stream(self, stream_id: int, epoch: int) -> Stream:
-        res = self.controller.call("open_stream", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": stream_id,
-            "stream_epoch": epoch})
-        state = _StreamState(stream_id=stream_id, epoch=epoch, next_offset=res["next_offset"],
-                             confirmed_offset=res["next_offset"], start_offset=res["start_offset"])
+        res = self.controller.call(
+            "open_stream",
+            {
+                "node_id": self.node_id,
+                "node_epoch": self.node_epoch,
+                "stream_id": stream_id,
+                "stream_epoch": epoch,
+            },
+        )
+        state = _StreamState(
+            stream_id=stream_id,
+            epoch=epoch,
+            next_offset=res["next_offset"],
+            confirmed_offset=res["next_offset"],
+            start_offset=res["start_offset"],
+        )
         with self._lock:
             self._streams[stream_id] = state
         return Stream(self, state)
@@ -401,8 +441,9 @@ class S3Storage:
         while True:
             with state.lock:
                 self._check_writable(state)
-                batch = StreamRecordBatch(state.stream_id, state.epoch, state.next_offset,
-                                          count, build(state.next_offset))
+                batch = StreamRecordBatch(
+                    state.stream_id, state.epoch, state.next_offset, count, build(state.next_offset)
+                )
                 try:
                     wal_future = self.wal.append(batch.encode())
                 except WALFullError:
@@ -413,8 +454,10 @@ class S3Storage:
                 break
             # backpressure: the uploader frees WAL space; wait for it, bounded
             if time.monotonic() > deadline:
-                raise StorageError(f"WAL full for {self.config.wal_full_wait_s}s: uploads are "
-                                   f"not keeping up ({self.upload_error})")
+                raise StorageError(
+                    f"WAL full for {self.config.wal_full_wait_s}s: uploads are "
+                    f"not keeping up ({self.upload_error})"
+                )
             self.request_upload()
             time.sleep(0.01)
 
@@ -436,8 +479,9 @@ class S3Storage:
         wal_future.add_done_callback(on_durable)
         return result
 
-    def _fetch(self, state: _StreamState, start: int, end: int,
-               max_bytes: int) -> list[StreamRecordBatch]:
+    def _fetch(
+        self, state: _StreamState, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
         end = min(end, state.confirmed_offset)
         if start >= end:
             return []
@@ -449,19 +493,25 @@ class S3Storage:
         out = self._read_objects(state.stream_id, start, object_end, max_bytes)
         size = sum(b.size_bytes for b in out)
         next_offset = out[-1].last_offset if out else start
-        if cached_from is not None and next_offset >= cached_from and size < max_bytes \
-                and next_offset < end:
+        if (
+            cached_from is not None
+            and next_offset >= cached_from
+            and size < max_bytes
+            and next_offset < end
+        ):
             with self._lock:
                 out += self.log_cache.read(state.stream_id, next_offset, end, max_bytes - size)
         return out
 
-    def _read_objects(self, stream_id: int, start: int, end: int,
-                      max_bytes: int) -> list[StreamRecordBatch]:
+    def _read_objects(
+        self, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
         with self._readers_lock:
             reader = self._readers.pop((stream_id, start), None)
             if reader is None:
-                reader = StreamReader(stream_id, start, self.locator, self.index_cache,
-                                      self.fetcher)
+                reader = StreamReader(
+                    stream_id, start, self.locator, self.index_cache, self.fetcher
+                )
         try:
             out = reader.read(start, end, max_bytes)
         except BaseException:
@@ -482,8 +532,10 @@ class S3Storage:
         now = time.monotonic()
         while self._readers:
             key, oldest = next(iter(self._readers.items()))
-            if len(self._readers) <= self.config.max_readers and \
-                    now - oldest.last_used < self.config.reader_idle_s:
+            if (
+                len(self._readers) <= self.config.max_readers
+                and now - oldest.last_used < self.config.reader_idle_s
+            ):
                 break
             del self._readers[key]
             oldest.release()
@@ -495,15 +547,24 @@ class S3Storage:
 
     def _trim(self, state: _StreamState, new_start: int) -> None:
         if new_start > state.confirmed_offset:
-            raise StorageError(f"cannot trim stream {state.stream_id} to {new_start} past its "
-                               f"end {state.confirmed_offset}")
+            raise StorageError(
+                f"cannot trim stream {state.stream_id} to {new_start} past its "
+                f"end {state.confirmed_offset}"
+            )
         with self._lock:
             must_upload = self.log_cache.has_pending(state.stream_id)
         if must_upload:
             self._upload_all()
-        self.controller.call("trim_stream", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": state.stream_id,
-            "stream_epoch": state.epoch, "new_start_offset": new_start})
+        self.controller.call(
+            "trim_stream",
+            {
+                "node_id": self.node_id,
+                "node_epoch": self.node_epoch,
+                "stream_id": state.stream_id,
+                "stream_epoch": state.epoch,
+                "new_start_offset": new_start,
+            },
+        )
         state.start_offset = new_start
 
     def _close_stream(self, state: _StreamState) -> None:
@@ -511,7 +572,7 @@ class S3Storage:
         if error is not None:
             raise error
 
-    def close_streams(self, states: "list[_StreamState | Stream]") -> list[BaseException | None]:
+    def close_streams(self, states: list[_StreamState | Stream]) -> list[BaseException | None]:
         """Close several streams with one upload: stop their appends, wait until appends
         already in the WAL queue are acknowledged (else the upload would miss acknowledged
         records), upload, then close each with the controller. Returns per stream None or
@@ -530,7 +591,8 @@ class S3Storage:
                 if time.monotonic() > deadline:
                     errors[i] = StorageError(
                         f"stream {state.stream_id}: appends up to {state.next_offset} are not "
-                        f"durable after {self.config.close_wait_s}s; not closing")
+                        f"durable after {self.config.close_wait_s}s; not closing"
+                    )
                     break
                 time.sleep(0.002)
         waited = time.monotonic()
@@ -540,9 +602,15 @@ class S3Storage:
             if state.closed or errors[i] is not None:
                 continue
             try:
-                self.controller.call("close_stream", {
-                    "node_id": self.node_id, "node_epoch": self.node_epoch,
-                    "stream_id": state.stream_id, "stream_epoch": state.epoch})
+                self.controller.call(
+                    "close_stream",
+                    {
+                        "node_id": self.node_id,
+                        "node_epoch": self.node_epoch,
+                        "stream_id": state.stream_id,
+                        "stream_epoch": state.epoch,
+                    },
+                )
             except ControllerError as exc:
                 if exc.code != ErrorCode.UNKNOWN_STREAM:
                     errors[i] = exc
@@ -554,9 +622,13 @@ class S3Storage:
             with self._lock:
                 self._streams.pop(state.stream_id, None)
                 self.log_cache.drop_stream(state.stream_id)
-        log.info("closed %d streams: in-flight appends %.0f ms, upload %.0f ms, closes %.0f ms",
-                 sum(1 for e in errors if e is None), (waited - started) * 1000,
-                 (uploaded - waited) * 1000, (time.monotonic() - uploaded) * 1000)
+        log.info(
+            "closed %d streams: in-flight appends %.0f ms, upload %.0f ms, closes %.0f ms",
+            sum(1 for e in errors if e is None),
+            (waited - started) * 1000,
+            (uploaded - waited) * 1000,
+            (time.monotonic() - uploaded) * 1000,
+        )
         return errors
 
     def open_stream_ids(self) -> set[int]:
@@ -572,9 +644,16 @@ class S3Storage:
             if stream_id in self._streams:
                 raise StorageError(f"stream {stream_id} is open here; close it with Stream.close")
         self._upload_all()
-        self.controller.call("close_stream", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "stream_id": stream_id,
-            "stream_epoch": epoch, "orphaned_only": True})
+        self.controller.call(
+            "close_stream",
+            {
+                "node_id": self.node_id,
+                "node_epoch": self.node_epoch,
+                "stream_id": stream_id,
+                "stream_epoch": epoch,
+                "orphaned_only": True,
+            },
+        )
 
     # ------------------------------------------------------------ uploads
 
@@ -592,7 +671,9 @@ class S3Storage:
         while not self._stop.is_set():
             with self._wake:
                 if not self._flush_requested:
-                    self._wake.wait(max(0.0, self.config.upload_interval_s - (time.monotonic() - last)))
+                    self._wake.wait(
+                        max(0.0, self.config.upload_interval_s - (time.monotonic() - last))
+                    )
                 self._flush_requested = False
             if self._stop.is_set():
                 return
@@ -626,7 +707,8 @@ class S3Storage:
                 for _ in range(100_000):
                     with self._lock:
                         batches, wal_end = self.log_cache.take_pending(
-                            self.config.max_object_bytes, target)
+                            self.config.max_object_bytes, target
+                        )
                     if not batches:
                         break
                     self._upload(batches, wal_end)
@@ -646,16 +728,20 @@ class S3Storage:
         started = time.monotonic()
         with self._lock:
             live = [b for b in batches if (b.stream_id, b.epoch) not in self._dropped]
-        result = self.upload_batches(live, on_dropped=lambda bad: self._drop_streams(live, bad)) \
-            if live else UploadResult()
+        result = (
+            self.upload_batches(live, on_dropped=lambda bad: self._drop_streams(live, bad))
+            if live
+            else UploadResult()
+        )
         left_out = len(batches) - result.batches
         with self._lock:
             self.log_cache.mark_uploaded(batches)
             if left_out:
                 # no reader may see data that is in no object: forget the left-out streams'
                 # cached batches (kept while later chunks still hold some of theirs)
-                for sid in {b.stream_id for b in batches
-                            if (b.stream_id, b.epoch) in self._dropped}:
+                for sid in {
+                    b.stream_id for b in batches if (b.stream_id, b.epoch) in self._dropped
+                }:
                     self.log_cache.drop_stream(sid)
             metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
         assert self.wal is not None
@@ -665,11 +751,16 @@ class S3Storage:
         if left_out:
             metrics.UPLOAD_DROPPED_BATCHES.inc(left_out)
         metrics.UPLOAD_LATENCY.observe(time.monotonic() - started)
-        log.debug("uploaded %d batches (%d bytes), left out %d", result.batches,
-                  result.size_bytes, left_out)
+        log.debug(
+            "uploaded %d batches (%d bytes), left out %d",
+            result.batches,
+            result.size_bytes,
+            left_out,
+        )
 
-    def _drop_streams(self, batches: list[StreamRecordBatch],
-                      dropped: dict[int, ErrorCode]) -> None:
+    def _drop_streams(
+        self, batches: list[StreamRecordBatch], dropped: dict[int, ErrorCode]
+    ) -> None:
         """Remember streams whose data the controller refused for good and stop their
         appends here (their later batches would be refused too)."""
         ends: dict[int, tuple[int, int]] = {}  # stream -> (epoch, end of its data here)
@@ -678,8 +769,11 @@ class S3Storage:
                 ends[b.stream_id] = (b.epoch, b.last_offset)
         for sid, (epoch, dropped_end) in ends.items():
             code = dropped[sid]
-            gone = code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED,
-                            ErrorCode.STREAM_NOT_OPENED)
+            gone = code in (
+                ErrorCode.UNKNOWN_STREAM,
+                ErrorCode.STREAM_FENCED,
+                ErrorCode.STREAM_NOT_OPENED,
+            )
             committed_end = None if gone else self._committed_end(sid)
             lost = data_lost(code, committed_end, dropped_end)
             if gone or lost:
@@ -691,22 +785,35 @@ class S3Storage:
                         self._dropped.popitem(last=False)  # its batches are refused again
                     state = self._streams.get(sid)
                     if state is not None and state.epoch == epoch:
-                        state.error = StorageError(f"stream {sid} epoch {epoch} can no longer "
-                                                   f"be committed ({code.value})")
+                        state.error = StorageError(
+                            f"stream {sid} epoch {epoch} can no longer be committed ({code.value})"
+                        )
                         if code == ErrorCode.UNKNOWN_STREAM:
                             self._streams.pop(sid, None)
             if lost:
-                log.error("stream %d epoch %d: the controller refuses its data (%s, committed "
-                          "end %s, data up to %d): acknowledged records are lost; the stream "
-                          "takes no more appends here", sid, epoch, code.value, committed_end,
-                          dropped_end)
+                log.error(
+                    "stream %d epoch %d: the controller refuses its data (%s, committed "
+                    "end %s, data up to %d): acknowledged records are lost; the stream "
+                    "takes no more appends here",
+                    sid,
+                    epoch,
+                    code.value,
+                    committed_end,
+                    dropped_end,
+                )
             else:
                 # deleted, moved on (its records were uploaded by whoever closed it), or
                 # already committed by an earlier attempt whose answer was lost
-                log.log(logging.INFO if code == ErrorCode.UNKNOWN_STREAM else logging.WARNING,
-                        "stream %d epoch %d: its data up to %d is left out of the upload "
-                        "(%s, committed end %s); nothing acknowledged is lost", sid, epoch,
-                        dropped_end, code.value, committed_end)
+                log.log(
+                    logging.INFO if code == ErrorCode.UNKNOWN_STREAM else logging.WARNING,
+                    "stream %d epoch %d: its data up to %d is left out of the upload "
+                    "(%s, committed end %s); nothing acknowledged is lost",
+                    sid,
+                    epoch,
+                    dropped_end,
+                    code.value,
+                    committed_end,
+                )
 
     def _committed_end(self, stream_id: int) -> int | None:
         """The controller's committed end of a stream, None if it cannot say now."""
@@ -725,14 +832,18 @@ class S3Storage:
         return UploadStats(
             wal_used_bytes=wal.used_bytes if wal is not None else 0,
             wal_capacity_bytes=self.config.wal_capacity_bytes,
-            upload_lag_s=round(max(0.0, time.monotonic() - oldest), 3) if oldest is not None
+            upload_lag_s=round(max(0.0, time.monotonic() - oldest), 3)
+            if oldest is not None
             else 0.0,
-            last_upload_error=None if error is None else _error_text(error))
+            last_upload_error=None if error is None else _error_text(error),
+        )
 
-    def upload_batches(self, batches: list[StreamRecordBatch],
-                       failover_node_id: int | None = None,
-                       on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
-                       ) -> UploadResult:
+    def upload_batches(
+        self,
+        batches: list[StreamRecordBatch],
+        failover_node_id: int | None = None,
+        on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
+    ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
         `failover_node_id`: the batches come from that failed node's WAL, which this node
@@ -766,35 +877,55 @@ class S3Storage:
                 bad = permanent_stream_errors(exc)
                 if not bad or not bad.keys() <= live.keys():
                     raise
-                log.info("commit refused for %d of %d streams (%s)%s", len(bad), len(live),
-                         exc, ": committing the others without them" if len(bad) < len(live)
-                         else "")
+                log.info(
+                    "commit refused for %d of %d streams (%s)%s",
+                    len(bad),
+                    len(live),
+                    exc,
+                    ": committing the others without them" if len(bad) < len(live) else "",
+                )
                 result.dropped.update(bad)
                 if on_dropped is not None:
                     on_dropped(bad)
                 continue
             result.batches = sum(len(bs) for bs in live.values())
             return result
-        raise StorageError(f"commit refused {MAX_COMMIT_ROUNDS} times, each time for other "
-                           f"streams (left out so far: {sorted(result.dropped)})")
+        raise StorageError(
+            f"commit refused {MAX_COMMIT_ROUNDS} times, each time for other "
+            f"streams (left out so far: {sorted(result.dropped)})"
+        )
 
-    def _put_and_commit(self, per_stream: dict[int, list[StreamRecordBatch]],
-                        failover_node_id: int | None) -> int:
+    def _put_and_commit(
+        self, per_stream: dict[int, list[StreamRecordBatch]], failover_node_id: int | None
+    ) -> int:
         """One round of `upload_batches`: prepare, put and commit objects holding exactly
         `per_stream`. Returns the bytes written."""
-        split = {sid for sid, bs in per_stream.items()
-                 if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes}
+        split = {
+            sid
+            for sid, bs in per_stream.items()
+            if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes
+        }
         shared = [sid for sid in per_stream if sid not in split]
         count = (1 if shared else 0) + len(split)
-        prepared = self._retry(lambda: self.controller.call("prepare_objects", {
-            "node_id": self.node_id, "node_epoch": self.node_epoch, "count": count,
-            "ttl_ms": self.config.prepared_ttl_ms}))
+        prepared = self._retry(
+            lambda: self.controller.call(
+                "prepare_objects",
+                {
+                    "node_id": self.node_id,
+                    "node_epoch": self.node_epoch,
+                    "count": count,
+                    "ttl_ms": self.config.prepared_ttl_ms,
+                },
+            )
+        )
         next_id, bucket_id = prepared["first_object_id"], prepared["bucket_id"]
         puts: list[tuple[int, bytes]] = []
         sso_id = -1
         ranges: list[dict] = []
         if shared:
-            writer = ObjectWriter(self.config.block_size_bytes, self.config.max_object_bytes + 2**20)
+            writer = ObjectWriter(
+                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
+            )
             for sid in shared:
                 writer.add_all(per_stream[sid])
             obj = writer.finish()
@@ -802,36 +933,59 @@ class S3Storage:
             next_id += 1
             puts.append((sso_id, obj.data))
             epochs = {sid: per_stream[sid][0].epoch for sid in shared}
-            ranges = [{"stream_id": r.stream_id, "stream_epoch": epochs[r.stream_id],
-                       "start_offset": r.start_offset, "end_offset": r.end_offset}
-                      for r in obj.ranges]
+            ranges = [
+                {
+                    "stream_id": r.stream_id,
+                    "stream_epoch": epochs[r.stream_id],
+                    "start_offset": r.start_offset,
+                    "end_offset": r.end_offset,
+                }
+                for r in obj.ranges
+            ]
         stream_objects: list[dict] = []
         for sid in sorted(split):
-            writer = ObjectWriter(self.config.block_size_bytes, self.config.max_object_bytes + 2**20)
+            writer = ObjectWriter(
+                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
+            )
             writer.add_all(per_stream[sid])
             obj = writer.finish()
             puts.append((next_id, obj.data))
-            stream_objects.append({"object_id": next_id, "stream_id": sid,
-                                   "stream_epoch": per_stream[sid][0].epoch,
-                                   "start_offset": obj.ranges[0].start_offset,
-                                   "end_offset": obj.ranges[0].end_offset,
-                                   "size_bytes": len(obj.data)})
+            stream_objects.append(
+                {
+                    "object_id": next_id,
+                    "stream_id": sid,
+                    "stream_epoch": per_stream[sid][0].epoch,
+                    "start_offset": obj.ranges[0].start_offset,
+                    "end_offset": obj.ranges[0].end_offset,
+                    "size_bytes": len(obj.data),
+                }
+            )
             next_id += 1
 
         def put_all() -> None:
-            futures = [self.objects.put_object_async(bucket_id, object_key(oid), data,
-                                                     priority=Priority.PRODUCE)
-                       for oid, data in puts]
+            futures = [
+                self.objects.put_object_async(
+                    bucket_id, object_key(oid), data, priority=Priority.PRODUCE
+                )
+                for oid, data in puts
+            ]
             for f in futures:
                 f.result()
 
         self._retry(put_all)
         self._order_id += 1
-        body = {"node_id": self.node_id, "node_epoch": self.node_epoch, "object_id": sso_id,
-                "order_id": self._order_id,
-                "size_bytes": len(puts[0][1]) if sso_id >= 0 else 0, "bucket_id": bucket_id,
-                "stream_ranges": ranges, "stream_objects": stream_objects,
-                "compacted_object_ids": [], "failover_node_id": failover_node_id}
+        body = {
+            "node_id": self.node_id,
+            "node_epoch": self.node_epoch,
+            "object_id": sso_id,
+            "order_id": self._order_id,
+            "size_bytes": len(puts[0][1]) if sso_id >= 0 else 0,
+            "bucket_id": bucket_id,
+            "stream_ranges": ranges,
+            "stream_objects": stream_objects,
+            "compacted_object_ids": [],
+            "failover_node_id": failover_node_id,
+        }
         self._retry(lambda: self.controller.call("commit_stream_set_object", body))
         return sum(len(d) for _, d in puts)
 

@@ -26,9 +26,10 @@ import bisect
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Hashable, Protocol
+from typing import Protocol
 
 from dataplane.objectstore import ObjectStorage, Priority, object_key
 from dataplane.s3stream.block_cache import BlockCache, BlockKey
@@ -49,13 +50,13 @@ TAIL_READ_BYTES = 64 * 1024
 MAX_LOCATIONS_PER_LOOKUP = 64
 BLOCK_WAIT_TIMEOUT_S = 60.0
 # prefetch of neighbouring blocks in stream-set objects (see the module docstring)
-PREFETCH_SPAN_BYTES = 4 * 1024 * 1024       # segment size; AutoMQ merges reads <= 4 MiB
-PREFETCH_MIN_STREAMS = 4                    # distinct streams reading an object recently ...
-PREFETCH_HOT_WINDOW_S = 2.0                 # ... within this many seconds make it hot
-PREFETCH_MAX_WASTE_RATIO = 0.05             # dropped-unread / prefetched before backing off
+PREFETCH_SPAN_BYTES = 4 * 1024 * 1024  # segment size; AutoMQ merges reads <= 4 MiB
+PREFETCH_MIN_STREAMS = 4  # distinct streams reading an object recently ...
+PREFETCH_HOT_WINDOW_S = 2.0  # ... within this many seconds make it hot
+PREFETCH_MAX_WASTE_RATIO = 0.05  # dropped-unread / prefetched before backing off
 PREFETCH_WASTE_MIN_BYTES = 16 * 1024 * 1024  # judge the ratio only after this much prefetch
 PREFETCH_BACKOFF_S = 60.0
-MAX_DEMAND_OBJECTS = 1024                   # objects whose recent readers are tracked
+MAX_DEMAND_OBJECTS = 1024  # objects whose recent readers are tracked
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ class ObjectLocation:
 
 
 class ObjectLocator(Protocol):
-    def locate(self, stream_id: int, start_offset: int, end_offset: int,
-               limit: int) -> list[ObjectLocation]:
+    def locate(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int
+    ) -> list[ObjectLocation]:
         """Committed objects of the stream from `start_offset`, in offset order."""
 
 
@@ -84,7 +86,7 @@ class ObjectLayout:
     positions: list[int]
 
     @staticmethod
-    def of(entries: list[IndexEntry]) -> "ObjectLayout":
+    def of(entries: list[IndexEntry]) -> ObjectLayout:
         ordered = sorted(entries, key=lambda e: e.position)
         return ObjectLayout(ordered, [e.position for e in ordered])
 
@@ -156,14 +158,19 @@ class IndexCache:
     def _load(self, loc: ObjectLocation) -> list[IndexEntry]:
         key = object_key(loc.object_id)
         tail_len = min(loc.size_bytes, TAIL_READ_BYTES)
-        tail = self.storage.get_range(loc.bucket_id, key, loc.size_bytes - tail_len,
-                                      loc.size_bytes, Priority.CATCH_UP)
+        tail = self.storage.get_range(
+            loc.bucket_id, key, loc.size_bytes - tail_len, loc.size_bytes, Priority.CATCH_UP
+        )
         footer = parse_footer(tail[-FOOTER_SIZE_BYTES:], loc.size_bytes)
         index_bytes = slice_index_from_tail(tail, loc.size_bytes, footer)
         if index_bytes is None:
             index_bytes = self.storage.get_range(
-                loc.bucket_id, key, footer.index_position,
-                footer.index_position + footer.index_length, Priority.CATCH_UP)
+                loc.bucket_id,
+                key,
+                footer.index_position,
+                footer.index_position + footer.index_length,
+                Priority.CATCH_UP,
+            )
         return parse_index(index_bytes, footer)
 
 
@@ -173,10 +180,13 @@ class ObjectDemand:
     catching up through it). Bounded: the last `max_objects` keys, the last `min_streams`
     reads of each."""
 
-    def __init__(self, min_streams: int = PREFETCH_MIN_STREAMS,
-                 window_s: float = PREFETCH_HOT_WINDOW_S,
-                 max_objects: int = MAX_DEMAND_OBJECTS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        min_streams: int = PREFETCH_MIN_STREAMS,
+        window_s: float = PREFETCH_HOT_WINDOW_S,
+        max_objects: int = MAX_DEMAND_OBJECTS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.min_streams = min_streams
         self.window_s = window_s
         self.max_objects = max_objects
@@ -217,10 +227,15 @@ class BlockFetcher:
     single in-flight load, shared by every reader. Extends GETs of hot stream-set objects
     over neighbouring blocks (speculative prefetch, see the module docstring)."""
 
-    def __init__(self, storage: ObjectStorage, cache: BlockCache, *,
-                 prefetch_span_bytes: int = PREFETCH_SPAN_BYTES,
-                 demand: ObjectDemand | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        storage: ObjectStorage,
+        cache: BlockCache,
+        *,
+        prefetch_span_bytes: int = PREFETCH_SPAN_BYTES,
+        demand: ObjectDemand | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.storage = storage
         self.cache = cache
         self.prefetch_span_bytes = prefetch_span_bytes
@@ -236,37 +251,46 @@ class BlockFetcher:
         """A reader plans blocks of `stream_id` in the object (evidence of demand)."""
         self.demand.note(object_id, stream_id)
 
-    def load(self, loc: ObjectLocation, entries: list[IndexEntry],
-             layout: ObjectLayout | None = None) -> None:
+    def load(
+        self, loc: ObjectLocation, entries: list[IndexEntry], layout: ObjectLayout | None = None
+    ) -> None:
         """Issue ranged GETs for `entries` (which the caller watched; adjacent ones of the
         object in one request). With the object's `layout`, a GET of a hot stream-set
         object also covers the other blocks of its prefetch segment that nobody holds."""
         runs = contiguous(entries)
-        extend = layout is not None and self.prefetch_span_bytes > 0 \
-            and self._prefetch_allowed() and self.demand.hot(loc.object_id)
+        extend = (
+            layout is not None
+            and self.prefetch_span_bytes > 0
+            and self._prefetch_allowed()
+            and self.demand.hot(loc.object_id)
+        )
         for run in runs:
             if extend and self._sweeping(loc, layout, run):
-                for group in contiguous(sorted(run + self._neighbours(loc, layout, run),
-                                               key=lambda e: e.position)):
+                for group in contiguous(
+                    sorted(run + self._neighbours(loc, layout, run), key=lambda e: e.position)
+                ):
                     self._get(loc, group)
                 continue
             self._get(loc, run)
 
-    def _sweeping(self, loc: ObjectLocation, layout: ObjectLayout,
-                  run: list[IndexEntry]) -> bool:
+    def _sweeping(self, loc: ObjectLocation, layout: ObjectLayout, run: list[IndexEntry]) -> bool:
         """Whether the block before or after `run` belongs to another stream whose reader
         is reading it or read it lately (readers sweep through neighbouring streams)."""
         i = layout.index_of(run[0].position)
         if i is None:
             return False
         for j in (i - 1, i + len(run)):
-            if 0 <= j < len(layout.entries) and layout.entries[j].stream_id != run[0].stream_id \
-                    and self.cache.read_lately((loc.object_id, layout.entries[j].position)):
+            if (
+                0 <= j < len(layout.entries)
+                and layout.entries[j].stream_id != run[0].stream_id
+                and self.cache.read_lately((loc.object_id, layout.entries[j].position))
+            ):
                 return True
         return False
 
-    def _neighbours(self, loc: ObjectLocation, layout: ObjectLayout,
-                    run: list[IndexEntry]) -> list[IndexEntry]:
+    def _neighbours(
+        self, loc: ObjectLocation, layout: ObjectLayout, run: list[IndexEntry]
+    ) -> list[IndexEntry]:
         """The other blocks of the run's segment nobody holds, registered as speculative.
 
         Segments are fixed, aligned byte ranges of `prefetch_span_bytes`, so readers
@@ -300,8 +324,10 @@ class BlockFetcher:
             if prefetched >= PREFETCH_WASTE_MIN_BYTES:
                 if wasted > PREFETCH_MAX_WASTE_RATIO * prefetched:
                     self._backoff_until = now + PREFETCH_BACKOFF_S
-                    self._waste_base = (self.cache.prefetched_bytes,
-                                        self.cache.prefetch_wasted_bytes)
+                    self._waste_base = (
+                        self.cache.prefetched_bytes,
+                        self.cache.prefetch_wasted_bytes,
+                    )
                     return False
             return True
 
@@ -311,12 +337,12 @@ class BlockFetcher:
             self.gets += 1
         # merged only with touching ranges: bytes between blocks are other streams'
         # blocks, cached already or read by nobody (max_gap_bytes=0)
-        get = self.storage.get_range_async(loc.bucket_id, object_key(loc.object_id),
-                                           start, end, Priority.CATCH_UP, max_gap_bytes=0)
+        get = self.storage.get_range_async(
+            loc.bucket_id, object_key(loc.object_id), start, end, Priority.CATCH_UP, max_gap_bytes=0
+        )
         get.add_done_callback(lambda f: self._on_loaded(f, loc.object_id, start, run))
 
-    def _on_loaded(self, get: Future, object_id: int, start: int,
-                   run: list[IndexEntry]) -> None:
+    def _on_loaded(self, get: Future, object_id: int, start: int, run: list[IndexEntry]) -> None:
         error = get.exception()
         data = None if error else get.result()
         if data is not None:
@@ -327,7 +353,7 @@ class BlockFetcher:
             try:
                 if error is not None:
                     raise error
-                block = memoryview(data)[entry.position - start: entry.end_position - start]
+                block = memoryview(data)[entry.position - start : entry.end_position - start]
                 self.cache.fill(key, decode_block(block, entry), entry.size)
             except BaseException as exc:
                 self.cache.fail(key, exc)
@@ -365,8 +391,14 @@ class _Planned:
 class StreamReader:
     """One read cursor of one stream over committed objects."""
 
-    def __init__(self, stream_id: int, next_offset: int, locator: ObjectLocator,
-                 index_cache: IndexCache, fetcher: BlockFetcher):
+    def __init__(
+        self,
+        stream_id: int,
+        next_offset: int,
+        locator: ObjectLocator,
+        index_cache: IndexCache,
+        fetcher: BlockFetcher,
+    ):
         self.stream_id = stream_id
         self.next_offset = next_offset
         self.locator = locator
@@ -382,10 +414,14 @@ class StreamReader:
     # ------------------------------------------------------------ planning
 
     def _locate(self, offset: int, end_offset: int) -> list[ObjectLocation]:
-        if not self._locations or self._locations[-1].end_offset <= offset \
-                or self._locations[0].start_offset > offset:
-            self._locations = self.locator.locate(self.stream_id, offset, end_offset,
-                                                  MAX_LOCATIONS_PER_LOOKUP)
+        if (
+            not self._locations
+            or self._locations[-1].end_offset <= offset
+            or self._locations[0].start_offset > offset
+        ):
+            self._locations = self.locator.locate(
+                self.stream_id, offset, end_offset, MAX_LOCATIONS_PER_LOOKUP
+            )
         return [loc for loc in self._locations if loc.end_offset > offset]
 
     def _extend_window(self, end_offset: int, want_bytes: int) -> None:
@@ -408,8 +444,9 @@ class StreamReader:
                 if loc.object_id not in noted:
                     noted.add(loc.object_id)
                     self.fetcher.note_read(loc.object_id, self.stream_id)
-                for entry in find_blocks(index, self.stream_id, cursor, end_offset,
-                                         max(want_bytes - held, 1)):
+                for entry in find_blocks(
+                    index, self.stream_id, cursor, end_offset, max(want_bytes - held, 1)
+                ):
                     key = (loc.object_id, entry.position)
                     if self.cache.watch(key, self, entry.size):
                         to_load.setdefault(loc.object_id, (loc, []))[1].append(entry)

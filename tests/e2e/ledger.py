@@ -25,8 +25,13 @@ MAX_LEDGER_MESSAGES = 2_000_000
 
 def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout_s,
+    )
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 30) -> None:
@@ -35,8 +40,12 @@ def create_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)
-        if t and t.error is None and len(t.partitions) == partitions and \
-                all(p.leader >= 0 for p in t.partitions.values()):
+        if (
+            t
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+        ):
             return
         time.sleep(0.2)
     raise AssertionError(f"topic {name} not ready")
@@ -75,8 +84,14 @@ class AckLedger:
     """Produce to every partition of `topic` at `rate_per_partition` msgs/s from a thread
     until `stop()`; every acknowledged message is recorded."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int,
-                 rate_per_partition: float = 50.0, **producer_config):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        rate_per_partition: float = 50.0,
+        **producer_config,
+    ):
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -86,14 +101,22 @@ class AckLedger:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.timeout.ms": 120_000, "retry.backoff.ms": 50,
-            "retry.backoff.max.ms": 200, "topic.metadata.refresh.interval.ms": 1000,
-            **producer_config})
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 120_000,
+                "retry.backoff.ms": 50,
+                "retry.backoff.max.ms": 200,
+                "topic.metadata.refresh.interval.ms": 1000,
+                **producer_config,
+            }
+        )
         self._thread = threading.Thread(target=self._run, name="ledger-producer", daemon=True)
 
-    def start(self) -> "AckLedger":
+    def start(self) -> AckLedger:
         self._thread.start()
         return self
 
@@ -106,8 +129,10 @@ class AckLedger:
                         self.errors.append(str(err))
                 return
             with self._lock:
-                self.acks.append(Ack(msg.partition(), msg.offset(), value, sent_s,
-                                     time.monotonic()))
+                self.acks.append(
+                    Ack(msg.partition(), msg.offset(), value, sent_s, time.monotonic())
+                )
+
         return callback
 
     def _run(self) -> None:
@@ -118,8 +143,12 @@ class AckLedger:
                 value = f"{p}:{seq}".encode()
                 for _ in range(100):  # local queue full: serve callbacks and try again
                     try:
-                        self._producer.produce(self.topic, value=value, partition=p,
-                                               on_delivery=self._on_delivery(time.monotonic(), value))
+                        self._producer.produce(
+                            self.topic,
+                            value=value,
+                            partition=p,
+                            on_delivery=self._on_delivery(time.monotonic(), value),
+                        )
                         break
                     except BufferError:
                         self._producer.poll(0.05)
@@ -165,8 +194,13 @@ class AckLedger:
                 firsts[a.partition] = min(firsts.get(a.partition, float("inf")), a.acked_s)
         return {p: firsts.get(p, float("inf")) - event_s for p in partitions}
 
-    def wait_writable(self, partitions: set[int], after_s: float, timeout_s: float = 40,
-                      raise_on_timeout: bool = True) -> dict[int, float]:
+    def wait_writable(
+        self,
+        partitions: set[int],
+        after_s: float,
+        timeout_s: float = 40,
+        raise_on_timeout: bool = True,
+    ) -> dict[int, float]:
         """Wait until every partition acknowledged a message sent after `after_s`; returns
         `writable_again_s`. On timeout: AssertionError, or the partial answer."""
         deadline = time.monotonic() + timeout_s
@@ -186,9 +220,15 @@ class AckLedger:
         ends: dict[int, int] = defaultdict(int)
         for a in acked:
             ends[a.partition] = max(ends[a.partition], a.offset + 1)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"verify-{time.time()}",
-                             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                             "fetch.wait.max.ms": 100})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"verify-{time.time()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100,
+            }
+        )
         seen: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
         positions: dict[int, int] = {}
         last_offset: dict[int, int] = {}
@@ -197,7 +237,8 @@ class AckLedger:
             consumer.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and any(
-                    positions.get(p, 0) < end for p, end in ends.items()):
+                positions.get(p, 0) < end for p, end in ends.items()
+            ):
                 msg = consumer.poll(0.2)
                 if msg is None or msg.error():
                     continue
@@ -209,8 +250,12 @@ class AckLedger:
                 seen[msg.value()].append((p, off))
         finally:
             consumer.close()
-        report = LedgerReport(acked=len(acked), consumed=sum(len(v) for v in seen.values()),
-                              failed_sends=self.failed, out_of_order_partitions=sorted(out_of_order))
+        report = LedgerReport(
+            acked=len(acked),
+            consumed=sum(len(v) for v in seen.values()),
+            failed_sends=self.failed,
+            out_of_order_partitions=sorted(out_of_order),
+        )
         for a in acked:
             where = seen.get(a.value, [])
             if (a.partition, a.offset) not in where:

@@ -29,8 +29,15 @@ QUIET_S = 15.0  # while disabled: settle time + several rounds, and nothing may 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("balancer") / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--session-timeout-ms",
-                   str(SESSION_TIMEOUT_MS), cluster_dir=d)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--session-timeout-ms",
+        str(SESSION_TIMEOUT_MS),
+        cluster_dir=d,
+    )
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
@@ -72,8 +79,9 @@ def wait_all_active(cluster, timeout_s: float = 60) -> None:
     raise AssertionError(f"brokers not all active: {brokers(cluster)}")
 
 
-def wait_share(cluster, node: int, topics: list[str], since_s: float,
-               timeout_s: float = SHARE_WITHIN_S) -> tuple[float, Counter]:
+def wait_share(
+    cluster, node: int, topics: list[str], since_s: float, timeout_s: float = SHARE_WITHIN_S
+) -> tuple[float, Counter]:
     """Wait until `node` leads its share of `topics` (counts within 1 of each other) and
     the balancer has no move in progress; returns (seconds since `since_s`, counts)."""
     deadline = since_s + timeout_s
@@ -81,12 +89,17 @@ def wait_share(cluster, node: int, topics: list[str], since_s: float,
     while time.monotonic() < deadline:
         counts = led(cluster, topics)
         total = sum(counts.values())
-        if counts[node] >= total // len(BROKERS) and max(counts.values()) - min(counts.values()) <= 1 \
-                and balancer_status(cluster)["state"] == "idle":
+        if (
+            counts[node] >= total // len(BROKERS)
+            and max(counts.values()) - min(counts.values()) <= 1
+            and balancer_status(cluster)["state"] == "idle"
+        ):
             return time.monotonic() - since_s, counts
         time.sleep(0.5)
-    raise AssertionError(f"broker {node} did not get its share within {timeout_s:.0f}s: {counts}; "
-                         f"balancer: {balancer_status(cluster)}")
+    raise AssertionError(
+        f"broker {node} did not get its share within {timeout_s:.0f}s: {counts}; "
+        f"balancer: {balancer_status(cluster)}"
+    )
 
 
 def assert_ledger_exact(ledger: AckLedger) -> None:
@@ -135,7 +148,9 @@ def test_restarted_broker_gets_its_share_back_and_new_topics_spread(cluster):
     assert moves and all(m["to"] == 1 and m["status"] == "done" for m in moves), moves
     assert all(m["reason"].startswith("count:") for m in moves)
     table = ctl(cluster, "balancer", "status")
-    assert table.returncode == 0 and "balancer: idle" in " ".join(table.stdout.split()), table.stdout
+    assert table.returncode == 0 and "balancer: idle" in " ".join(table.stdout.split()), (
+        table.stdout
+    )
 
 
 def test_disabled_balancer_survives_failover_and_moves_nothing_until_enabled(cluster):

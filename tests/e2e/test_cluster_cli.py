@@ -17,8 +17,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout_s,
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -55,8 +60,11 @@ def test_up_status_down_restart(cluster_dir):
     assert status["healthy"]
     assert sum(c["is_leader"] for c in status["controllers"]) == 1
     assert len(status["controllers"]) == 3 and all("address" in c for c in status["controllers"])
-    assert [(b["az"], b["fenced"]) for b in status["brokers"]] == \
-        [("az1", False), ("az2", False), ("az3", False)]
+    assert [(b["az"], b["fenced"]) for b in status["brokers"]] == [
+        ("az1", False),
+        ("az2", False),
+        ("az3", False),
+    ]
     assert all(b["node_epoch"] == 0 for b in status["brokers"])
     assert len(status["bootstrap_servers"].split(",")) == 3
     assert [b["bucket_id"] for b in status["buckets"]] == [0, 1]
@@ -118,9 +126,14 @@ def test_unreachable_external_s3_is_a_clear_error(cluster_dir):
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there
-    res = automqctl("cluster", "up", "--bucket-uris",
-                    f"0@s3://nowhere?region=us-east-1&endpoint=http://127.0.0.1:{port}",
-                    cluster_dir=cluster_dir, timeout_s=60)
+    res = automqctl(
+        "cluster",
+        "up",
+        "--bucket-uris",
+        f"0@s3://nowhere?region=us-east-1&endpoint=http://127.0.0.1:{port}",
+        cluster_dir=cluster_dir,
+        timeout_s=60,
+    )
     assert res.returncode == 1
     assert "not reachable" in res.stderr and "Traceback" not in res.stderr
 

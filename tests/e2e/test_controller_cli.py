@@ -67,8 +67,16 @@ def cluster_dir(tmp_path):
 
 
 def up(cluster_dir: Path, *args: str) -> dict:
-    res = automqctl("cluster", "up", "--session-timeout-ms", "2000", "--format", "json",
-                    *args, cluster_dir=cluster_dir)
+    res = automqctl(
+        "cluster",
+        "up",
+        "--session-timeout-ms",
+        "2000",
+        "--format",
+        "json",
+        *args,
+        cluster_dir=cluster_dir,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     return json.loads(res.stdout)
 
@@ -120,19 +128,22 @@ def test_controller_kill_list_start_stop(cluster_dir):
     others = [n for n in pids if n != leader]
     refused(automqctl("controller", "start", "7", cluster_dir=cluster_dir), "no controller 7")
     refused(automqctl("controller", "stop", "7", cluster_dir=cluster_dir), "no controller 7")
-    refused(automqctl("controller", "kill", "--", "-1", cluster_dir=cluster_dir),
-            "no controller -1")
+    refused(
+        automqctl("controller", "kill", "--", "-1", cluster_dir=cluster_dir), "no controller -1"
+    )
     refused(automqctl("controller", "kill", str(leader), cluster_dir=cluster_dir), "not running")
     refused(automqctl("controller", "stop", str(leader), cluster_dir=cluster_dir), "not running")
-    refused(automqctl("controller", "start", str(others[0]), cluster_dir=cluster_dir),
-            "already running")
+    refused(
+        automqctl("controller", "start", str(others[0]), cluster_dir=cluster_dir), "already running"
+    )
     bad = automqctl("controller", "start", "one", cluster_dir=cluster_dir)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     bad = automqctl("controller", "start", cluster_dir=cluster_dir)
     assert bad.returncode != 0 and "Missing argument" in bad.stderr
     refused(automqctl("controller", "list", cluster_dir=cluster_dir / "nowhere"), "no cluster")
-    assert {n: c["pid"] for n, c in controllers(cluster_dir).items() if n != leader} == \
-        {n: pids[n] for n in others}
+    assert {n: c["pid"] for n, c in controllers(cluster_dir).items() if n != leader} == {
+        n: pids[n] for n in others
+    }
 
     # start brings it back: a follower with everything the leader committed
     res = automqctl("controller", "start", str(leader), cluster_dir=cluster_dir)
@@ -143,9 +154,13 @@ def test_controller_kill_list_start_stop(cluster_dir):
         ctrl = controllers(cluster_dir)
         new_leader = next((c for c in ctrl.values() if c["is_leader"]), None)
         me = ctrl[leader]
-        if new_leader and me["running"] and me["state"] == "follower" \
-                and me["commit_index"] == new_leader["commit_index"] \
-                and me["term"] == new_leader["term"]:
+        if (
+            new_leader
+            and me["running"]
+            and me["state"] == "follower"
+            and me["commit_index"] == new_leader["commit_index"]
+            and me["term"] == new_leader["term"]
+        ):
             break
         assert time.monotonic() < deadline, ctrl
         time.sleep(0.3)
@@ -212,11 +227,25 @@ def test_down_stops_processes_restarted_by_hand(cluster_dir, tmp_path):
         # restarted by hand with the same command lines: the controller in our own process
         # group (as from a shell), the broker in its own session
         with open(tmp_path / "by-hand.log", "ab") as log:
-            by_hand.append(subprocess.Popen(ctrl_cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=str(cluster_dir)))
-            by_hand.append(subprocess.Popen(broker_cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd="/",
-                                            start_new_session=True))
+            by_hand.append(
+                subprocess.Popen(
+                    ctrl_cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=str(cluster_dir),
+                )
+            )
+            by_hand.append(
+                subprocess.Popen(
+                    broker_cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd="/",
+                    start_new_session=True,
+                )
+            )
         time.sleep(1.0)
         assert all(p.poll() is None for p in by_hand), (tmp_path / "by-hand.log").read_text()
         seen = status(cluster_dir)

@@ -45,13 +45,23 @@ QUIET_S = 8.0  # how long the groups keep consuming after a kill before they are
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("coord") / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--session-timeout-ms",
-                   str(SESSION_TIMEOUT_MS), cluster_dir=d)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--session-timeout-ms",
+        str(SESSION_TIMEOUT_MS),
+        cluster_dir=d,
+    )
     assert up.returncode == 0, up.stderr + up.stdout
     status = json.loads(up.stdout)
     try:
-        yield {"dir": d, "bootstrap": status["bootstrap_servers"],
-               "addresses": {b["node_id"]: b["address"] for b in status["brokers"]}}
+        yield {
+            "dir": d,
+            "bootstrap": status["bootstrap_servers"],
+            "addresses": {b["node_id"]: b["address"] for b in status["brokers"]},
+        }
     finally:
         automqctl("cluster", "down", cluster_dir=d)
 
@@ -62,6 +72,7 @@ def cluster_status(cluster) -> dict:
 
 
 # ---------------------------------------------------------------- raw protocol
+
 
 def _call(address: str, request, api_key: int, version: int, timeout_s: float = 10):
     host, port = address.rsplit(":", 1)
@@ -76,21 +87,30 @@ def find_coordinators(address: str, groups: list[str]) -> dict[str, int | None]:
     """FindCoordinator v4 (batched) for GROUP keys: group -> node (None on an error)."""
     found: dict[str, int | None] = {}
     for i in range(0, len(groups), 100):
-        resp = _call(address, FindCoordinatorRequest[4](key_type=0,
-                                                        coordinator_keys=groups[i:i + 100]), 10, 4)
+        resp = _call(
+            address,
+            FindCoordinatorRequest[4](key_type=0, coordinator_keys=groups[i : i + 100]),
+            10,
+            4,
+        )
         found.update({c.key: c.node_id if c.error_code == 0 else None for c in resp.coordinators})
     return found
 
 
 def describe_members(address: str, group: str) -> tuple[int, str, set[str]]:
     """DescribeGroups v5 at `address`: (error code, state, member ids)."""
-    resp = _call(address, DescribeGroupsRequest[5](groups=[group],
-                                                   include_authorized_operations=False), 15, 5)
+    resp = _call(
+        address,
+        DescribeGroupsRequest[5](groups=[group], include_authorized_operations=False),
+        15,
+        5,
+    )
     g = resp.groups[0]
     return g.error_code, g.group_state, {m.member_id for m in g.members}
 
 
 # ---------------------------------------------------------------- a consumer group
+
 
 class GroupRun:
     """`MEMBERS` confluent-kafka consumers of one group, one thread each, committing after
@@ -104,15 +124,24 @@ class GroupRun:
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        conf = {"bootstrap.servers": bootstrap, "group.id": group,
-                "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500,
-                "topic.metadata.refresh.interval.ms": 1000, "fetch.wait.max.ms": 100}
-        self._threads = [threading.Thread(target=self._run, args=(i, topic, conf),
-                                          name=f"{group}-{i}", daemon=True)
-                         for i in range(MEMBERS)]
+        conf = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 500,
+            "topic.metadata.refresh.interval.ms": 1000,
+            "fetch.wait.max.ms": 100,
+        }
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(i, topic, conf), name=f"{group}-{i}", daemon=True
+            )
+            for i in range(MEMBERS)
+        ]
 
-    def start(self) -> "GroupRun":
+    def start(self) -> GroupRun:
         for t in self._threads:
             t.start()
         return self
@@ -139,7 +168,8 @@ class GroupRun:
                 [topic],
                 on_assign=lambda c, ps: self._event(member, "assign", ps),
                 on_revoke=lambda c, ps: self._event(member, "revoke", ps),
-                on_lost=lambda c, ps: self._event(member, "lost", ps))
+                on_lost=lambda c, ps: self._event(member, "lost", ps),
+            )
             while not self._stop.is_set():
                 msgs = consumer.consume(200, timeout=0.2)
                 got = [(m.partition(), m.offset()) for m in msgs if not m.error()]
@@ -190,8 +220,11 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
 
 def wait_steady(runs: list[GroupRun], timeout_s: float = 90) -> None:
     """Every group has all partitions spread over its members and no callback for 3 s."""
-    wait_for(lambda: all(r.balanced() and time.monotonic() - r.last_event_s() > 3 for r in runs),
-             timeout_s, "both groups to settle")
+    wait_for(
+        lambda: all(r.balanced() and time.monotonic() - r.last_event_s() > 3 for r in runs),
+        timeout_s,
+        "both groups to settle",
+    )
 
 
 def wait_slots_moved_off(cluster, node: int, timeout_s: float = 40) -> dict:
@@ -211,8 +244,9 @@ def wait_slots_moved_off(cluster, node: int, timeout_s: float = 40) -> dict:
 def wait_failover_done(cluster, node: int, timeout_s: float = 40) -> None:
     needle = f"WAL failover of node {node} done"
     logs = Path(cluster["dir"]) / "logs"
-    wait_for(lambda: any(needle in p.read_text() for p in logs.glob("broker-*.log")),
-             timeout_s, needle)
+    wait_for(
+        lambda: any(needle in p.read_text() for p in logs.glob("broker-*.log")), timeout_s, needle
+    )
 
 
 def choose_groups(cluster, address: str, owners: list, a: int, b: int) -> tuple[str, str]:
@@ -228,6 +262,7 @@ def choose_groups(cluster, address: str, owners: list, a: int, b: int) -> tuple[
 
 
 # ---------------------------------------------------------------- the scenario
+
 
 def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
     status = cluster_status(cluster)
@@ -249,10 +284,13 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
     run_a, run_b = runs
     try:
         wait_steady(runs)
-        members = {r.group: describe_members(address[n], r.group)
-                   for r, n in ((run_a, node_a), (run_b, node_b))}
-        assert all(m[0] == 0 and m[1] == "Stable" and len(m[2]) == MEMBERS
-                   for m in members.values()), members
+        members = {
+            r.group: describe_members(address[n], r.group)
+            for r, n in ((run_a, node_a), (run_b, node_b))
+        }
+        assert all(
+            m[0] == 0 and m[1] == "Stable" and len(m[2]) == MEMBERS for m in members.values()
+        ), members
 
         # 1. kill -9 the broker that coordinates neither group
         t_kill = time.monotonic()
@@ -279,19 +317,27 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
         t_kill = time.monotonic()
         assert automqctl("broker", "kill", str(node_a), cluster_dir=cluster["dir"]).returncode == 0
         wait_slots_moved_off(cluster, node_a)
-        wait_for(lambda: any(e[2] == "assign" for e in run_a.events_since(t_kill))
-                 and run_a.balanced(), 60, "group A to rebalance onto its new coordinator")
+        wait_for(
+            lambda: any(e[2] == "assign" for e in run_a.events_since(t_kill)) and run_a.balanced(),
+            60,
+            "group A to rebalance onto its new coordinator",
+        )
         wait_failover_done(cluster, node_a)
         ledger.wait_writable(set(range(PARTITIONS)), time.monotonic())
         time.sleep(QUIET_S)
         assert run_b.events_since(t_kill) == [], run_b.events_since(t_kill)
         assert describe_members(address[node_b], group_b) == members[group_b]
         assert find_coordinators(address[node_b], [group_a, group_b]) == {
-            group_a: node_b, group_b: node_b}
+            group_a: node_b,
+            group_b: node_b,
+        }
         ledger.stop()
         acked = {(a.partition, a.offset) for a in ledger.snapshot()}
-        wait_for(lambda: all(r.has_all(acked) for r in runs), 90,
-                 "both groups to consume every acked message")
+        wait_for(
+            lambda: all(r.has_all(acked) for r in runs),
+            90,
+            "both groups to consume every acked message",
+        )
     finally:
         try:
             ledger.stop(flush_timeout_s=30)  # again after a failure: never leave it running
@@ -301,5 +347,7 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
             run.stop()
     assert run_b.duplicates() == [], run_b.duplicates()[:10]
     assert run_b.errors == [], run_b.errors[:5]
-    print(f"group A ({group_a}) after its coordinator died: "
-          f"{len(run_a.duplicates())} duplicate deliveries, events {run_a.events_since(t_kill)}")
+    print(
+        f"group A ({group_a}) after its coordinator died: "
+        f"{len(run_a.duplicates())} duplicate deliveries, events {run_a.events_since(t_kill)}"
+    )

@@ -34,8 +34,15 @@ CHAOS_EVENTS = int(os.environ.get("AUTOMQ_CHAOS_EVENTS", "4"))
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("elastic") / "cluster"
     # free ports (the default): a fixed range can collide with ephemeral client ports
-    up = automqctl("cluster", "up", "--format", "json", "--session-timeout-ms",
-                   str(SESSION_TIMEOUT_MS), cluster_dir=d)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--session-timeout-ms",
+        str(SESSION_TIMEOUT_MS),
+        cluster_dir=d,
+    )
     assert up.returncode == 0, up.stderr + up.stdout
     status = json.loads(up.stdout)
     try:
@@ -111,6 +118,7 @@ def victim_with_partitions(cluster, topic: str) -> tuple[int, set[int]]:
 
 
 # ---------------------------------------------------------------- scenarios
+
 
 def test_controlled_shutdown_moves_partitions_and_clients_continue(cluster):
     wait_all_active(cluster)
@@ -189,18 +197,25 @@ def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster):
     """A schedule drawn from a fixed seed: kill -9 (then start), SIGSTOP past the session
     timeout (then SIGCONT), graceful restart; one broker at a time, producers running."""
     rng = random.Random(CHAOS_SEED)
-    schedule = [(rng.choice(["kill", "pause", "restart"]), rng.choice(BROKERS),
-                 rng.uniform(0.5, 3.0)) for _ in range(CHAOS_EVENTS)]
+    schedule = [
+        (rng.choice(["kill", "pause", "restart"]), rng.choice(BROKERS), rng.uniform(0.5, 3.0))
+        for _ in range(CHAOS_EVENTS)
+    ]
     print(f"chaos schedule (seed {CHAOS_SEED}): {schedule}")
     wait_all_active(cluster)
     with producing(cluster, partitions=8, rate=30) as (topic, ledger):
         for action, node, delay_s in schedule:
             time.sleep(delay_s)
             if action == "kill":
-                assert automqctl("broker", "kill", str(node), cluster_dir=cluster["dir"]).returncode == 0
+                assert (
+                    automqctl("broker", "kill", str(node), cluster_dir=cluster["dir"]).returncode
+                    == 0
+                )
                 time.sleep(rng.uniform(0.0, SESSION_TIMEOUT_MS / 1000 + 3))
-                assert automqctl("broker", "start", str(node),
-                                 cluster_dir=cluster["dir"]).returncode == 0
+                assert (
+                    automqctl("broker", "start", str(node), cluster_dir=cluster["dir"]).returncode
+                    == 0
+                )
             elif action == "pause":
                 pid = pid_of(cluster, node)
                 os.kill(pid, signal.SIGSTOP)
@@ -209,9 +224,14 @@ def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster):
                 finally:
                     os.kill(pid, signal.SIGCONT)
             else:
-                assert automqctl("broker", "stop", str(node), cluster_dir=cluster["dir"]).returncode == 0
-                assert automqctl("broker", "start", str(node),
-                                 cluster_dir=cluster["dir"]).returncode == 0
+                assert (
+                    automqctl("broker", "stop", str(node), cluster_dir=cluster["dir"]).returncode
+                    == 0
+                )
+                assert (
+                    automqctl("broker", "start", str(node), cluster_dir=cluster["dir"]).returncode
+                    == 0
+                )
             wait_all_active(cluster)
             ledger.wait_writable(set(range(8)), time.monotonic())
     assert_ledger_exact(ledger)

@@ -19,14 +19,24 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import (  # noqa: E402
-    Consumer, KafkaError, KafkaException, Producer, TopicPartition)
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 
 def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +59,12 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     while time.monotonic() < deadline:
         md = admin.list_topics(name, timeout=10)
         t = md.topics.get(name)
-        if t and t.error is None and len(t.partitions) == partitions and \
-                all(p.leader >= 0 for p in t.partitions.values()):
+        if (
+            t
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+        ):
             return
         time.sleep(0.2)
     raise AssertionError(f"topic {name} not ready")
@@ -67,16 +81,28 @@ def produce_confluent(bootstrap: str, topic: str, count: int, **config) -> list[
             errors.append(err)
             return
         # delivery reports do not carry headers: remember the ones we sent
-        acked.append({"partition": msg.partition(), "offset": msg.offset(), "key": msg.key(),
-                      "value": msg.value(), "headers": headers,
-                      "timestamp": msg.timestamp()[1]})
+        acked.append(
+            {
+                "partition": msg.partition(),
+                "offset": msg.offset(),
+                "key": msg.key(),
+                "value": msg.value(),
+                "headers": headers,
+                "timestamp": msg.timestamp()[1],
+            }
+        )
 
     base_ts = int(time.time() * 1000) - 10_000
     for i in range(count):
         headers = [("h", b"%d" % i)]
-        producer.produce(topic, key=b"key-%d" % (i % 17), value=b"value-%d-" % i + os.urandom(8),
-                         headers=headers, timestamp=base_ts + i,
-                         on_delivery=lambda err, msg, h=headers: on_delivery(err, msg, h))
+        producer.produce(
+            topic,
+            key=b"key-%d" % (i % 17),
+            value=b"value-%d-" % i + os.urandom(8),
+            headers=headers,
+            timestamp=base_ts + i,
+            on_delivery=lambda err, msg, h=headers: on_delivery(err, msg, h),
+        )
         if i % 500 == 0:
             producer.poll(0)
     remaining = producer.flush(60)
@@ -84,10 +110,17 @@ def produce_confluent(bootstrap: str, topic: str, count: int, **config) -> list[
     return acked
 
 
-def consume_all(bootstrap: str, topic: str, group: str, expected: int,
-                timeout_s: float = 60) -> list:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+def consume_all(
+    bootstrap: str, topic: str, group: str, expected: int, timeout_s: float = 60
+) -> list:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got = []
     deadline = time.monotonic() + timeout_s
@@ -127,10 +160,20 @@ def test_confluent_default_and_idempotent_producers_with_compression(cluster):
     topic = f"orders-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, 6)
     acked = produce_confluent(cluster["bootstrap"], topic, 2000, acks="all")
-    acked += produce_confluent(cluster["bootstrap"], topic, 2000, acks="all",
-                               **{"enable.idempotence": True, "compression.type": "lz4"})
-    acked += produce_confluent(cluster["bootstrap"], topic, 2000, acks="all",
-                               **{"enable.idempotence": True, "compression.type": "zstd"})
+    acked += produce_confluent(
+        cluster["bootstrap"],
+        topic,
+        2000,
+        acks="all",
+        **{"enable.idempotence": True, "compression.type": "lz4"},
+    )
+    acked += produce_confluent(
+        cluster["bootstrap"],
+        topic,
+        2000,
+        acks="all",
+        **{"enable.idempotence": True, "compression.type": "zstd"},
+    )
     assert len(acked) == 6000
     consumed = consume_all(cluster["bootstrap"], topic, f"g-{topic}", 6000)
     assert len(consumed) == 6000
@@ -155,9 +198,14 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(cluster):
     for a in acked:
         ends[a["partition"]] = max(ends[a["partition"]], a["offset"] + 1)
     group = f"g-{topic}"
-    conf = {"bootstrap.servers": cluster["bootstrap"], "group.id": group,
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            "session.timeout.ms": 6_000, "heartbeat.interval.ms": 500}
+    conf = {
+        "bootstrap.servers": cluster["bootstrap"],
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": 6_000,
+        "heartbeat.interval.ms": 500,
+    }
     consumers = [Consumer(conf) for _ in range(3)]
     revoke_commit_errors = []
 
@@ -209,8 +257,9 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(cluster):
             if len(unique) >= len(acked) and time.monotonic() >= next_check:
                 for c in consumers:
                     commit_sync(c)
-                committed = {tp.partition: tp.offset
-                             for tp in consumers[0].committed(all_tps, timeout=20)}
+                committed = {
+                    tp.partition: tp.offset for tp in consumers[0].committed(all_tps, timeout=20)
+                }
                 if committed == dict(ends):
                     break
                 next_check = time.monotonic() + 0.5
@@ -220,8 +269,9 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(cluster):
         for c in consumers:
             c.close()
     missing = sorted({(a["partition"], a["offset"]) for a in acked} - set(unique))
-    assert not missing, \
+    assert not missing, (
         f"{len(missing)} acked messages never delivered to the group, e.g. {missing[:5]}"
+    )
     assert len(unique) == 3000
     assert_exactly_once(acked, list(unique.values()))
     assert not revoke_commit_errors, revoke_commit_errors
@@ -240,17 +290,24 @@ def test_kafka_python_idempotent_producer_and_group_consumer(cluster):
     topic = f"kp-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, 3)
     producer = KafkaProducer(bootstrap_servers=cluster["bootstrap"], acks="all")
-    futures = [producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, headers=[("i", b"%d" % i)])
-               for i in range(500)]
+    futures = [
+        producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, headers=[("i", b"%d" % i)])
+        for i in range(500)
+    ]
     producer.flush(30)
     acked = {}
     for i, f in enumerate(futures):
         md = f.get(timeout=30)
         acked[(md.partition, md.offset)] = (b"k%d" % i, b"v%d" % i)
     producer.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=cluster["bootstrap"], group_id=f"g-{topic}",
-                             auto_offset_reset="earliest", enable_auto_commit=False,
-                             consumer_timeout_ms=20_000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=cluster["bootstrap"],
+        group_id=f"g-{topic}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=20_000,
+    )
     got = {}
     for msg in consumer:
         got[(msg.partition, msg.offset)] = (msg.key, msg.value)
@@ -268,8 +325,9 @@ def test_aiokafka_producer_and_consumer(cluster):
     create_topic(cluster["bootstrap"], topic, 2)
 
     async def run():
-        producer = AIOKafkaProducer(bootstrap_servers=cluster["bootstrap"], acks="all",
-                                    enable_idempotence=True)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster["bootstrap"], acks="all", enable_idempotence=True
+        )
         await producer.start()
         acked = {}
         try:
@@ -278,8 +336,12 @@ def test_aiokafka_producer_and_consumer(cluster):
                 acked[(md.partition, md.offset)] = (b"k%d" % i, b"v%d" % i)
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=cluster["bootstrap"],
-                                    group_id=f"g-{topic}", auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=cluster["bootstrap"],
+            group_id=f"g-{topic}",
+            auto_offset_reset="earliest",
+        )
         await consumer.start()
         got = {}
         try:
@@ -300,16 +362,26 @@ def test_aiokafka_producer_and_consumer(cluster):
 def test_kcat_metadata_produce_consume(cluster):
     topic = f"kcat-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, 1)
-    meta = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-L", "-J"], capture_output=True,
-                          text=True, timeout=30)
+    meta = subprocess.run(
+        ["kcat", "-b", cluster["bootstrap"], "-L", "-J"], capture_output=True, text=True, timeout=30
+    )
     assert meta.returncode == 0, meta.stderr
     assert topic in [t["topic"] for t in json.loads(meta.stdout)["topics"]]
     lines = "".join(f"line-{i}\n" for i in range(100))
-    prod = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-P", "-t", topic],
-                          input=lines, capture_output=True, text=True, timeout=30)
+    prod = subprocess.run(
+        ["kcat", "-b", cluster["bootstrap"], "-P", "-t", topic],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert prod.returncode == 0, prod.stderr
-    cons = subprocess.run(["kcat", "-b", cluster["bootstrap"], "-C", "-t", topic, "-o",
-                           "beginning", "-e", "-q"], capture_output=True, text=True, timeout=30)
+    cons = subprocess.run(
+        ["kcat", "-b", cluster["bootstrap"], "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert cons.returncode == 0, cons.stderr
     assert cons.stdout.splitlines() == [f"line-{i}" for i in range(100)]
 
@@ -339,11 +411,22 @@ def test_topic_cli_over_the_kafka_protocol(cluster):
     name = f"cli-{uuid.uuid4().hex[:6]}"
     res = automqctl("topic", "create", name, "-p", "4", cluster_dir=cluster["dir"])
     assert res.returncode == 0, res.stderr
-    listed = json.loads(automqctl("topic", "list", "--format", "json", cluster_dir=cluster["dir"]).stdout)
+    listed = json.loads(
+        automqctl("topic", "list", "--format", "json", cluster_dir=cluster["dir"]).stdout
+    )
     assert {"name": name, "partitions": 4} in listed
-    described = json.loads(automqctl("topic", "describe", name, "--format", "json",
-                                     "--bootstrap-server", cluster["bootstrap"],
-                                     cluster_dir=cluster["dir"]).stdout)
+    described = json.loads(
+        automqctl(
+            "topic",
+            "describe",
+            name,
+            "--format",
+            "json",
+            "--bootstrap-server",
+            cluster["bootstrap"],
+            cluster_dir=cluster["dir"],
+        ).stdout
+    )
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2, 3]
     assert {p["leader"] for p in described["partitions"]} <= {1, 2, 3}
     again = automqctl("topic", "create", name, "-p", "4", cluster_dir=cluster["dir"])
@@ -359,12 +442,23 @@ def _raw_produce(bootstrap: str, topic: str, records: bytes) -> int:
     import struct
 
     from kafka.protocol.producer import ProduceRequest
+
     from dataplane.kafka.codec import decode_response, encode_request
 
     leader_host, leader_port = bootstrap.split(",")[0].rsplit(":", 1)
-    req = ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
-        ProduceRequest.TopicProduceData(name=topic, partition_data=[
-            ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)])])
+    req = ProduceRequest[9](
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=10_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+                ],
+            )
+        ],
+    )
     with socket.create_connection((leader_host, int(leader_port)), timeout=15) as sock:
         sock.sendall(encode_request(req, correlation_id=7))
         size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
@@ -389,8 +483,12 @@ def test_garbage_record_batches_are_refused_and_store_nothing(cluster):
     wrong_magic = bytearray(good)
     wrong_magic[16] = 1
     negative = build_batch(b"", 1, last_offset_delta=-5)
-    for records, expected in [(bytes(bad_crc), 2), (bytes(wrong_magic), 2), (negative, 87),
-                              (b"\x00\x01garbage", 2)]:
+    for records, expected in [
+        (bytes(bad_crc), 2),
+        (bytes(wrong_magic), 2),
+        (negative, 87),
+        (b"\x00\x01garbage", 2),
+    ]:
         code = _raw_produce(target, topic, records)
         assert code in (expected, 2, 87), (records[:20], code)
         assert code != 0
@@ -407,14 +505,16 @@ def test_garbage_record_batches_are_refused_and_store_nothing(cluster):
 def test_broker_kill_9_and_restart_loses_no_acked_message(cluster):
     topic = f"crash-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, 3)
-    acked = produce_confluent(cluster["bootstrap"], topic, 3000, acks="all",
-                              **{"enable.idempotence": True})
+    acked = produce_confluent(
+        cluster["bootstrap"], topic, 3000, acks="all", **{"enable.idempotence": True}
+    )
     admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
     leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
     killed = automqctl("broker", "kill", str(leader), cluster_dir=cluster["dir"])
     assert killed.returncode == 0, killed.stderr
-    listed = json.loads(automqctl("broker", "list", "--format", "json",
-                                  cluster_dir=cluster["dir"]).stdout)
+    listed = json.loads(
+        automqctl("broker", "list", "--format", "json", cluster_dir=cluster["dir"]).stdout
+    )
     assert next(b for b in listed if b["node_id"] == leader)["pid"] is None
     started = automqctl("broker", "start", str(leader), cluster_dir=cluster["dir"])
     assert started.returncode == 0, started.stderr + started.stdout

@@ -46,8 +46,15 @@ def write(path: Path, text: str) -> Path:
 
 
 def plan_file(path: Path, entries: list[tuple[str, int, int]]) -> Path:
-    return write(path, json.dumps({"version": 1, "partitions": [
-        {"topic": t, "partition": p, "node_id": n} for t, p, n in entries]}))
+    return write(
+        path,
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": t, "partition": p, "node_id": n} for t, p, n in entries],
+            }
+        ),
+    )
 
 
 def last_status(cluster) -> dict:
@@ -65,8 +72,16 @@ def test_move_under_load_then_rollback(cluster):
     try:
         ledger.wait_writable(set(range(n)), time.monotonic())
 
-        out = ctl(cluster, "plan", "--topics", topic, "--brokers", "2,3",
-                  "--output", str(work / "plan.json"))
+        out = ctl(
+            cluster,
+            "plan",
+            "--topics",
+            topic,
+            "--brokers",
+            "2,3",
+            "--output",
+            str(work / "plan.json"),
+        )
         assert out.returncode == 0, out.stderr
         plan = json.loads((work / "plan.json").read_text())
         target = {e["partition"]: e["node_id"] for e in plan["partitions"]}
@@ -76,26 +91,48 @@ def test_move_under_load_then_rollback(cluster):
         assert all(target[p] == before[p] for p in range(n) if before[p] in (2, 3))
 
         t0 = time.monotonic()
-        out = ctl(cluster, "execute", "--plan", str(work / "plan.json"),
-                  "--rollback-file", str(work / "rollback.json"), "--format", "json")
+        out = ctl(
+            cluster,
+            "execute",
+            "--plan",
+            str(work / "plan.json"),
+            "--rollback-file",
+            str(work / "rollback.json"),
+            "--format",
+            "json",
+        )
         assert out.returncode == 0, out.stderr
         executed = json.loads(out.stdout)
         moved = {m["partition"] for m in executed["moves"]}
-        assert executed["moved"] == len(moved) == sum(1 for p in range(n) if before[p] not in (2, 3))
+        assert (
+            executed["moved"] == len(moved) == sum(1 for p in range(n) if before[p] not in (2, 3))
+        )
         assert executed["rollback_plan"] == json.loads((work / "rollback.json").read_text())
-        assert {e["partition"]: e["node_id"] for e in executed["rollback_plan"]["partitions"]} == before
+        assert {
+            e["partition"]: e["node_id"] for e in executed["rollback_plan"]["partitions"]
+        } == before
 
-        out = ctl(cluster, "verify", "--plan", str(work / "plan.json"), "--timeout-s", "30",
-                  "--format", "json")
+        out = ctl(
+            cluster,
+            "verify",
+            "--plan",
+            str(work / "plan.json"),
+            "--timeout-s",
+            "30",
+            "--format",
+            "json",
+        )
         move_s = time.monotonic() - t0
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(out.stdout)["done"] is True
         verify_s = json.loads(out.stdout)["elapsed_s"]
         ledger.wait_writable(moved, time.monotonic())  # the producer goes on on the new leaders
         gaps = ledger.unavailability_s(moved, t0)
-        print(f"\nmove of {len(moved)} partitions: execute+verify {move_s:.2f}s (verify waited "
-              f"{verify_s:.2f}s); longest ack gap per moved partition: "
-              f"{', '.join(f'{p}: {g:.2f}s' for p, g in sorted(gaps.items()))}")
+        print(
+            f"\nmove of {len(moved)} partitions: execute+verify {move_s:.2f}s (verify waited "
+            f"{verify_s:.2f}s); longest ack gap per moved partition: "
+            f"{', '.join(f'{p}: {g:.2f}s' for p, g in sorted(gaps.items()))}"
+        )
         assert move_s < MAX_MOVE_S
 
         assert leaders(cluster["bootstrap"], topic) == target
@@ -125,14 +162,22 @@ def test_bad_plans_are_refused_and_change_nothing(cluster):
     cases = [
         (work / "missing.json", "does not exist"),
         (write(work / "bad.json", '{"version": 1, "partitions": ['), "not valid JSON"),
-        (write(work / "shape.json", '{"version": 1, "partitions": [{"topic": "x"}]}'),
-         "partitions[0] must be"),
-        (plan_file(work / "topic.json", [(topic, 0, other), ("no-such-topic", 0, 1)]),
-         "topic 'no-such-topic' does not exist"),
-        (plan_file(work / "partition.json", [(topic, 0, other), (topic, 7, 1)]),
-         "has no partition 7"),
-        (plan_file(work / "broker.json", [(topic, 0, other), (topic, 1, 9)]),
-         "broker 9 is not registered"),
+        (
+            write(work / "shape.json", '{"version": 1, "partitions": [{"topic": "x"}]}'),
+            "partitions[0] must be",
+        ),
+        (
+            plan_file(work / "topic.json", [(topic, 0, other), ("no-such-topic", 0, 1)]),
+            "topic 'no-such-topic' does not exist",
+        ),
+        (
+            plan_file(work / "partition.json", [(topic, 0, other), (topic, 7, 1)]),
+            "has no partition 7",
+        ),
+        (
+            plan_file(work / "broker.json", [(topic, 0, other), (topic, 1, 9)]),
+            "broker 9 is not registered",
+        ),
     ]
     for path, message in cases:
         out = ctl(cluster, "execute", "--plan", str(path))
@@ -150,7 +195,8 @@ def test_bad_plans_are_refused_and_change_nothing(cluster):
     out = ctl(cluster, "execute", "--plan", str(good), "--dry-run", "--format", "json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["moves"] == [
-        {"topic": topic, "partition": 0, "from": before[0], "to": other}]
+        {"topic": topic, "partition": 0, "from": before[0], "to": other}
+    ]
     # verify of a plan nobody executed: exit 1, names the partition
     out = ctl(cluster, "verify", "--plan", str(good), "--timeout-s", "1")
     assert out.returncode == 1 and f"{topic}-0" in " ".join(out.stderr.split()), out.stderr
@@ -178,8 +224,20 @@ def test_plan_by_throughput_isolates_the_hot_partition(cluster):
     thread.start()
     try:
         time.sleep(1.0)
-        out = ctl(cluster, "plan", "--topics", topic, "--brokers", "1,2,3", "--by", "throughput",
-                  "--sample-s", "2", "--format", "json")
+        out = ctl(
+            cluster,
+            "plan",
+            "--topics",
+            topic,
+            "--brokers",
+            "1,2,3",
+            "--by",
+            "throughput",
+            "--sample-s",
+            "2",
+            "--format",
+            "json",
+        )
     finally:
         stop.set()
         thread.join(60)
@@ -196,7 +254,9 @@ def test_stopped_broker_is_not_a_target(cluster):
         out = ctl(cluster, "plan", "--topics", "reassign-steady", "--brokers", "1,2")
         assert out.returncode == 1, out.stdout
         text = " ".join(out.stderr.split())
-        assert "broker 1 cannot take partitions" in text or "broker 1 is not registered" in text, text
+        assert "broker 1 cannot take partitions" in text or "broker 1 is not registered" in text, (
+            text
+        )
     finally:
         out = automqctl("broker", "start", "1", cluster_dir=cluster["dir"])
         assert out.returncode == 0, out.stderr

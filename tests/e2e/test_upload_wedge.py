@@ -42,9 +42,19 @@ MAX_LAG_S = 120  # the last size-triggered upload happened during the bulk produ
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("upload-wedge") / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", "--brokers", "2",
-                   "--wal-capacity-mib", str(WAL_MIB),
-                   "--upload-interval-s", str(UPLOAD_INTERVAL_S), cluster_dir=d)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--brokers",
+        "2",
+        "--wal-capacity-mib",
+        str(WAL_MIB),
+        "--upload-interval-s",
+        str(UPLOAD_INTERVAL_S),
+        cluster_dir=d,
+    )
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
@@ -75,15 +85,24 @@ def value_of(i: int) -> bytes:
     return f"{i}:".encode().ljust(RECORD_BYTES, b"v")
 
 
-def produce_bulk(bootstrap: str, topic: str, partitions: list[int], total_bytes: int,
-                 timeout_s: float = 300) -> tuple[dict[int, tuple[int, int]], list[str]]:
+def produce_bulk(
+    bootstrap: str, topic: str, partitions: list[int], total_bytes: int, timeout_s: float = 300
+) -> tuple[dict[int, tuple[int, int]], list[str]]:
     """Produce `total_bytes` of records round-robin over `partitions` (acks=all,
     idempotent); returns {record id: (partition, offset)} of the acked ones and errors."""
     acked: dict[int, tuple[int, int]] = {}
     errors: list[str] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
-                         "message.timeout.ms": 90_000, "queue.buffering.max.kbytes": 256 * 1024})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1024 * 1024,
+            "message.timeout.ms": 90_000,
+            "queue.buffering.max.kbytes": 256 * 1024,
+        }
+    )
 
     def on_delivery(i: int):
         def cb(err, msg) -> None:
@@ -92,6 +111,7 @@ def produce_bulk(bootstrap: str, topic: str, partitions: list[int], total_bytes:
                     errors.append(str(err))
                 return
             acked[i] = (msg.partition(), msg.offset())
+
         return cb
 
     deadline = time.monotonic() + timeout_s
@@ -99,8 +119,12 @@ def produce_bulk(bootstrap: str, topic: str, partitions: list[int], total_bytes:
     for i in range(count):
         while time.monotonic() < deadline:
             try:
-                producer.produce(topic, value=value_of(i), partition=partitions[i % len(partitions)],
-                                 on_delivery=on_delivery(i))
+                producer.produce(
+                    topic,
+                    value=value_of(i),
+                    partition=partitions[i % len(partitions)],
+                    on_delivery=on_delivery(i),
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -110,11 +134,18 @@ def produce_bulk(bootstrap: str, topic: str, partitions: list[int], total_bytes:
     return acked, errors
 
 
-def consume_all(bootstrap: str, topic: str, ends: dict[int, int],
-                timeout_s: float = 180) -> dict[tuple[int, int], bytes]:
+def consume_all(
+    bootstrap: str, topic: str, ends: dict[int, int], timeout_s: float = 180
+) -> dict[tuple[int, int], bytes]:
     """Read every partition of `ends` from offset 0 to its end: {(partition, offset): value}."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wedge-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"wedge-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     seen: dict[tuple[int, int], bytes] = {}
     positions = {p: 0 for p in ends}
     try:
@@ -140,8 +171,13 @@ def test_deleted_topic_does_not_wedge_uploads_wal_or_shutdown(cluster):
     acked, errors = produce_bulk(bootstrap, doomed, [0], 100 * 1024)
     assert len(acked) == 100 // 16 and not errors, errors
     # the heartbeat-carried stats show the records pending (not uploaded before the delete)
-    wait_broker(cluster, node, lambda b: (b["upload_lag_s"] or 0) > 0 and b["wal_used_bytes"],
-                "pending WAL data", timeout_s=10)
+    wait_broker(
+        cluster,
+        node,
+        lambda b: (b["upload_lag_s"] or 0) > 0 and b["wal_used_bytes"],
+        "pending WAL data",
+        timeout_s=10,
+    )
     deleted = automqctl("topic", "delete", doomed, cluster_dir=cluster["dir"])
     assert deleted.returncode == 0, deleted.stderr
 
@@ -158,17 +194,30 @@ def test_deleted_topic_does_not_wedge_uploads_wal_or_shutdown(cluster):
     assert len(acked) == PRODUCE_MIB * 1024 * 1024 // RECORD_BYTES
 
     # 3. status and /metrics: healthy uploads, the WAL within its capacity
-    b = wait_broker(cluster, node, lambda b: b["last_upload_error"] is None
-                    and b["upload_lag_s"] is not None and b["upload_lag_s"] < MAX_LAG_S,
-                    "healthy uploads")
+    b = wait_broker(
+        cluster,
+        node,
+        lambda b: (
+            b["last_upload_error"] is None
+            and b["upload_lag_s"] is not None
+            and b["upload_lag_s"] < MAX_LAG_S
+        ),
+        "healthy uploads",
+    )
     assert b["wal_capacity_bytes"] == WAL_MIB * 1024 * 1024
     assert 0 <= b["wal_used_bytes"] <= b["wal_capacity_bytes"]
-    assert all({"wal_used_bytes", "upload_lag_s", "last_upload_error"} <= set(x)
-               for x in cluster_status(cluster["dir"])["brokers"])
+    assert all(
+        {"wal_used_bytes", "upload_lag_s", "last_upload_error"} <= set(x)
+        for x in cluster_status(cluster["dir"])["brokers"]
+    )
     with urllib.request.urlopen(f"http://{b['metrics_address']}/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
-    for name in ("automq_wal_used_bytes", "automq_stream_upload_lag_seconds",
-                 "automq_stream_upload_failing 0.0", "automq_stream_upload_dropped_batches_total"):
+    for name in (
+        "automq_wal_used_bytes",
+        "automq_stream_upload_lag_seconds",
+        "automq_stream_upload_failing 0.0",
+        "automq_stream_upload_dropped_batches_total",
+    ):
         assert name in metrics, name
     text = broker_log(cluster, node)
     assert "upload failed" not in text

@@ -16,8 +16,13 @@ class _Store:  # the parts of EmbeddedSeaweed that engine_harness reads
 def main() -> None:
     args = json.loads(sys.argv[1])
     client = ControllerClient(args["controllers"])
-    engine = make_engine(client, _Store(args["s3"]), Path(args["data_dir"]), args["node_id"],
-                         upload_threshold_bytes=args["upload_threshold_bytes"])
+    engine = make_engine(
+        client,
+        _Store(args["s3"]),
+        Path(args["data_dir"]),
+        args["node_id"],
+        upload_threshold_bytes=args["upload_threshold_bytes"],
+    )
     engine.start()
     stream = engine.open_stream(args["stream_id"], args["epoch"])
     print("ready", flush=True)

@@ -19,21 +19,34 @@ from dataplane.objectstore.seaweed import find_free_ports
 class QuorumHarness:
     """N controller processes on free loopback ports, sharing one cluster directory."""
 
-    def __init__(self, directory: Path, voters: int = 3, session_timeout_ms: int = 2_000,
-                 buckets: list[BucketConfig] | None = None, destroy_retention_ms: int = 60_000):
+    def __init__(
+        self,
+        directory: Path,
+        voters: int = 3,
+        session_timeout_ms: int = 2_000,
+        buckets: list[BucketConfig] | None = None,
+        destroy_retention_ms: int = 60_000,
+    ):
         self.cluster = LocalCluster(directory)
         ports = find_free_ports(voters * 2)
         self.config = ClusterConfig(
-            controllers=[ControllerAddress(node_id=i, raft_port=ports[2 * i],
-                                           api_port=ports[2 * i + 1]) for i in range(voters)],
-            brokers=[], password=secrets.token_urlsafe(24), buckets=buckets or [],
-            settings=ControllerSettings(broker_session_timeout_ms=session_timeout_ms,
-                                        bucket_ids=[0, 1],
-                                        object_destroy_retention_ms=destroy_retention_ms))
+            controllers=[
+                ControllerAddress(node_id=i, raft_port=ports[2 * i], api_port=ports[2 * i + 1])
+                for i in range(voters)
+            ],
+            brokers=[],
+            password=secrets.token_urlsafe(24),
+            buckets=buckets or [],
+            settings=ControllerSettings(
+                broker_session_timeout_ms=session_timeout_ms,
+                bucket_ids=[0, 1],
+                object_destroy_retention_ms=destroy_retention_ms,
+            ),
+        )
         self.cluster.save(self.config)
         self.client = ControllerClient(self.config.quorum_config().api_addresses(), timeout_s=20)
 
-    def __enter__(self) -> "QuorumHarness":
+    def __enter__(self) -> QuorumHarness:
         for c in self.config.controllers:
             self.start(c.node_id)
         return self

@@ -13,11 +13,22 @@ pytestmark = pytest.mark.integration
 def test_heartbeat_upload_stats_reach_the_leaders_status(tmp_path):
     with QuorumHarness(tmp_path, session_timeout_ms=30_000) as quorum:
         leader = quorum.leader()
-        epoch = quorum.client.call("register_broker", {
-            "node_id": 1, "az": "az1", "host": "127.0.0.1", "kafka_port": 9092,
-            "incarnation_id": "i1"})["node_epoch"]
-        stats = {"wal_used_bytes": 4096, "wal_capacity_bytes": 1 << 29, "upload_lag_s": 2.5,
-                 "last_upload_error": "TIMEOUT: commit not committed in 5s"}
+        epoch = quorum.client.call(
+            "register_broker",
+            {
+                "node_id": 1,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9092,
+                "incarnation_id": "i1",
+            },
+        )["node_epoch"]
+        stats = {
+            "wal_used_bytes": 4096,
+            "wal_capacity_bytes": 1 << 29,
+            "upload_lag_s": 2.5,
+            "last_upload_error": "TIMEOUT: commit not committed in 5s",
+        }
         hb = {"node_id": 1, "node_epoch": epoch, "stats": stats}
         assert quorum.client.call("broker_heartbeat", hb)["fenced"] is False  # unfencing one
         before = quorum.status(leader)["metadata_offset"]

@@ -47,15 +47,24 @@ class Cluster:
             raise RuntimeError("handler bug (expected by the test)")
         if "close-me" in names:
             raise CloseConnection("asked to close")
-        broker = MetadataResponse.MetadataResponseBroker(node_id=1, host=HOST, port=self.port, rack=None)
+        broker = MetadataResponse.MetadataResponseBroker(
+            node_id=1, host=HOST, port=self.port, rack=None
+        )
         topics = [
             MetadataResponse.MetadataResponseTopic(
-                error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION, name=name, is_internal=False, partitions=[]
+                error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+                name=name,
+                is_internal=False,
+                partitions=[],
             )
             for name in names
         ]
         return MetadataResponse(
-            throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=1, topics=topics
+            throttle_time_ms=0,
+            brokers=[broker],
+            cluster_id=CLUSTER_ID,
+            controller_id=1,
+            topics=topics,
         )
 
 
@@ -66,7 +75,9 @@ def make_registry(cluster: Cluster) -> ApiRegistry:
 
 
 @contextlib.contextmanager
-def running(registry: ApiRegistry, cluster: Cluster | None = None, **kwargs) -> Iterator[KafkaServerThread]:
+def running(
+    registry: ApiRegistry, cluster: Cluster | None = None, **kwargs
+) -> Iterator[KafkaServerThread]:
     server = KafkaServerThread(registry, HOST, 0, **kwargs)
     server.start()
     try:
@@ -169,7 +180,9 @@ def metadata_request(correlation_id: int, topics: list[str], version: int = 1) -
 def produce_request(correlation_id: int, acks: int) -> bytes:
     part = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=None)
     req = ProduceRequest[9](
-        transactional_id=None, acks=acks, timeout_ms=1000,
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=1000,
         topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
     )
     return encode_request(req, correlation_id, client_id="raw")
@@ -188,7 +201,9 @@ def wait_until(predicate, timeout: float = 5.0) -> None:
 
 def test_confluent_kafka_admin_client(server: KafkaServerThread) -> None:
     admin_mod = pytest.importorskip("confluent_kafka.admin")
-    admin = admin_mod.AdminClient({"bootstrap.servers": f"{HOST}:{server.port}", "socket.timeout.ms": 5000})
+    admin = admin_mod.AdminClient(
+        {"bootstrap.servers": f"{HOST}:{server.port}", "socket.timeout.ms": 5000}
+    )
     md = admin.list_topics(timeout=10)
     assert md.cluster_id == CLUSTER_ID
     assert {b.id: (b.host, b.port) for b in md.brokers.values()} == {1: (HOST, server.port)}
@@ -212,10 +227,20 @@ def test_kafka_python_admin_client(server: KafkaServerThread, cluster: Cluster) 
 def test_api_versions_over_the_wire(server: KafkaServerThread, raw_clients: list[Raw]) -> None:
     client = connect(raw_clients, server.port)
     for version in range(5):
-        client.send(encode_request(ApiVersionsRequest[version](client_software_name="raw", client_software_version="1"), version))
+        client.send(
+            encode_request(
+                ApiVersionsRequest[version](
+                    client_software_name="raw", client_software_version="1"
+                ),
+                version,
+            )
+        )
         correlation_id, resp = client.response(18, version)
         assert correlation_id == version and resp.error_code == 0
-        assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [(3, 0, 13), (18, 0, 4)]
+        assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [
+            (3, 0, 13),
+            (18, 0, 4),
+        ]
 
     # A newer client's ApiVersions v9 (flexible header): v0 answer with UNSUPPORTED_VERSION and
     # our list, and the connection stays open so the client can retry with v4.
@@ -263,7 +288,9 @@ def test_pipelined_responses_in_request_order(raw_clients: list[Raw]) -> None:
         started.append(ctx.correlation_id)  # before the first await: start order
         await asyncio.sleep((n - ctx.correlation_id) * 0.004)  # later requests finish first
         completed.append(ctx.correlation_id)
-        topic = MetadataResponse.MetadataResponseTopic(error_code=0, name=body.topics[0].name, partitions=[])
+        topic = MetadataResponse.MetadataResponseTopic(
+            error_code=0, name=body.topics[0].name, partitions=[]
+        )
         return MetadataResponse(brokers=[], controller_id=1, topics=[topic])
 
     registry = ApiRegistry()
@@ -279,7 +306,9 @@ def test_pipelined_responses_in_request_order(raw_clients: list[Raw]) -> None:
 
 
 @pytest.mark.parametrize("sequential", [True, False])
-def test_sequential_registration_serialises_handlers(raw_clients: list[Raw], sequential: bool) -> None:
+def test_sequential_registration_serialises_handlers(
+    raw_clients: list[Raw], sequential: bool
+) -> None:
     active = 0
     max_active = 0
     order: list[int] = []
@@ -305,7 +334,9 @@ def test_sequential_registration_serialises_handlers(raw_clients: list[Raw], seq
         assert max_active > 1 and order != list(range(8))
 
 
-def test_acks_zero_gets_no_response_and_keeps_order(server: KafkaServerThread, raw_clients: list[Raw]) -> None:
+def test_acks_zero_gets_no_response_and_keeps_order(
+    server: KafkaServerThread, raw_clients: list[Raw]
+) -> None:
     calls: list[tuple[int, int]] = []
 
     async def produce(body, ctx):
@@ -313,8 +344,12 @@ def test_acks_zero_gets_no_response_and_keeps_order(server: KafkaServerThread, r
         await asyncio.sleep(0.01)
         if body.acks == 0:
             return None
-        part = ProduceResponse.TopicProduceResponse.PartitionProduceResponse(index=0, error_code=0, base_offset=ctx.correlation_id)
-        return ProduceResponse(responses=[ProduceResponse.TopicProduceResponse(name="t", partition_responses=[part])])
+        part = ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+            index=0, error_code=0, base_offset=ctx.correlation_id
+        )
+        return ProduceResponse(
+            responses=[ProduceResponse.TopicProduceResponse(name="t", partition_responses=[part])]
+        )
 
     cluster = Cluster()
     registry = make_registry(cluster)
@@ -322,8 +357,12 @@ def test_acks_zero_gets_no_response_and_keeps_order(server: KafkaServerThread, r
     with running(registry, cluster) as srv:
         client = connect(raw_clients, srv.port)
         client.send(
-            produce_request(1, acks=0) + metadata_request(2, ["a"]) + produce_request(3, acks=-1)
-            + produce_request(4, acks=0) + produce_request(5, acks=0) + metadata_request(6, ["b"])
+            produce_request(1, acks=0)
+            + metadata_request(2, ["a"])
+            + produce_request(3, acks=-1)
+            + produce_request(4, acks=0)
+            + produce_request(5, acks=0)
+            + metadata_request(6, ["b"])
         )
         assert client.response(3, 1)[0] == 2
         correlation_id, resp = client.response(0, 9)
@@ -372,8 +411,17 @@ BAD_INPUTS = {
     "negative-size": struct.pack(">i", -5),
     "unknown-api-key": _frame(struct.pack(">hhih", 1000, 0, 9, -1)),
     "unserved-api-key": encode_request(
-        JoinGroupRequest[5](group_id="g", session_timeout_ms=1, rebalance_timeout_ms=1, member_id="",
-                            group_instance_id=None, protocol_type="consumer", protocols=[]), 9),
+        JoinGroupRequest[5](
+            group_id="g",
+            session_timeout_ms=1,
+            rebalance_timeout_ms=1,
+            member_id="",
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocols=[],
+        ),
+        9,
+    ),
     "unsupported-version": _frame(struct.pack(">hhih", 0, 2, 9, -1) + b"\x00" * 20),
     "garbage-body": _frame(struct.pack(">hhih", 3, 12, 9, -1) + b"\x00" + b"\xff" * 20),
     "garbage-header": _frame(b"\x00\x03\x00\x01\x00\x00\x00\x09\x7f\xff"),
@@ -396,9 +444,16 @@ def test_bad_input_closes_only_that_connection(name: str, raw_clients: list[Raw]
         assert connect(raw_clients, srv.port).metadata(3).cluster_id == CLUSTER_ID
 
 
-def test_close_comes_after_earlier_responses(server: KafkaServerThread, raw_clients: list[Raw]) -> None:
+def test_close_comes_after_earlier_responses(
+    server: KafkaServerThread, raw_clients: list[Raw]
+) -> None:
     client = connect(raw_clients, server.port)
-    client.send(metadata_request(1, ["x"]) + metadata_request(2, ["y"]) + BAD_INPUTS["garbage-body"] + metadata_request(3, []))
+    client.send(
+        metadata_request(1, ["x"])
+        + metadata_request(2, ["y"])
+        + BAD_INPUTS["garbage-body"]
+        + metadata_request(3, [])
+    )
     assert client.response(3, 1)[0] == 1
     assert client.response(3, 1)[0] == 2
     client.assert_closed()
@@ -409,11 +464,17 @@ def test_handler_exception_closes_connection_not_server(
 ) -> None:
     caplog.set_level(logging.INFO, logger=SERVER_LOG)
     client = connect(raw_clients, server.port)
-    client.send(metadata_request(1, ["ok"]) + metadata_request(2, ["boom"]) + metadata_request(3, ["ok"]))
+    client.send(
+        metadata_request(1, ["ok"]) + metadata_request(2, ["boom"]) + metadata_request(3, ["ok"])
+    )
     assert client.response(3, 1)[0] == 1
     client.assert_closed()
     failures = [r for r in caplog.records if "handler failed" in r.getMessage()]
-    assert len(failures) == 1 and failures[0].exc_info and "handler bug" in str(failures[0].exc_info[1])
+    assert (
+        len(failures) == 1
+        and failures[0].exc_info
+        and "handler bug" in str(failures[0].exc_info[1])
+    )
 
     other = connect(raw_clients, server.port)
     other.send(metadata_request(4, ["a"]) + metadata_request(5, ["close-me"]))
@@ -436,7 +497,9 @@ def test_max_connections(raw_clients: list[Raw]) -> None:
         assert connect(raw_clients, srv.port).metadata(3).cluster_id == CLUSTER_ID
 
 
-def test_idle_connections_are_closed_but_not_while_requests_are_in_flight(raw_clients: list[Raw]) -> None:
+def test_idle_connections_are_closed_but_not_while_requests_are_in_flight(
+    raw_clients: list[Raw],
+) -> None:
     async def slow(body, ctx):
         await asyncio.sleep(1.0)
         return MetadataResponse(brokers=[], topics=[])
@@ -453,7 +516,9 @@ def test_idle_connections_are_closed_but_not_while_requests_are_in_flight(raw_cl
         assert busy.response(3, 1)[0] == 1  # waited 1 s > idle timeout without being closed
 
 
-def test_client_that_does_not_read_is_closed(raw_clients: list[Raw], caplog: pytest.LogCaptureFixture) -> None:
+def test_client_that_does_not_read_is_closed(
+    raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger=SERVER_LOG)
     big = bytes(MetadataResponse(brokers=[], topics=[]).encode(version=1)) + b"\x00" * (4 << 20)
 
@@ -492,7 +557,11 @@ def test_async_server_stop_cancels_blocked_handlers() -> None:
         await server.start()
         try:
             reader, writer = await asyncio.open_connection(HOST, server.port)
-            writer.write(encode_request(ApiVersionsRequest[3](client_software_name="a", client_software_version="1"), 1))
+            writer.write(
+                encode_request(
+                    ApiVersionsRequest[3](client_software_name="a", client_software_version="1"), 1
+                )
+            )
             size = struct.unpack(">i", await reader.readexactly(4))[0]
             correlation_id, resp = decode_response(await reader.readexactly(size), 18, 3)
             assert correlation_id == 1 and resp.error_code == 0

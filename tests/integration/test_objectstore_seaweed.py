@@ -10,10 +10,18 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dataplane.objectstore import (AccessDeniedError, InvalidRangeError, ObjectNotFoundError,
-                                   ObjectStorage, ObjectStoreMetrics,
-                                   ObjectStoreUnavailableError, PreconditionFailedError,
-                                   Priority, object_key, parse_bucket_uris)
+from dataplane.objectstore import (
+    AccessDeniedError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ObjectStorage,
+    ObjectStoreMetrics,
+    ObjectStoreUnavailableError,
+    PreconditionFailedError,
+    Priority,
+    object_key,
+    parse_bucket_uris,
+)
 from dataplane.objectstore.seaweed import find_free_ports
 
 pytestmark = pytest.mark.integration
@@ -22,20 +30,27 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-def uris_for(seaweed, access_key: str | None = None, secret_key: str | None = None,
-             endpoint: str | None = None) -> str:
+def uris_for(
+    seaweed,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    endpoint: str | None = None,
+) -> str:
     cfg = seaweed.config
     ak = access_key or cfg.access_key
     sk = secret_key or cfg.secret_key
     ep = endpoint or cfg.endpoint
-    return ",".join(f"{i}@s3://{bucket}?region=us-east-1&endpoint={ep}&accessKey={ak}"
-                    f"&secretKey={sk}" for i, bucket in enumerate(cfg.buckets))
+    return ",".join(
+        f"{i}@s3://{bucket}?region=us-east-1&endpoint={ep}&accessKey={ak}&secretKey={sk}"
+        for i, bucket in enumerate(cfg.buckets)
+    )
 
 
 @pytest.fixture
 def store(seaweed):
-    with ObjectStorage(uris_for(seaweed), metrics=ObjectStoreMetrics(CollectorRegistry()),
-                       merge_window_ms=20) as st:
+    with ObjectStorage(
+        uris_for(seaweed), metrics=ObjectStoreMetrics(CollectorRegistry()), merge_window_ms=20
+    ) as st:
         yield st
 
 
@@ -69,8 +84,14 @@ def test_ranged_gets_are_exact(store, prefix):
     data = random.Random(3).randbytes(3 * MiB + 17)
     store.put_object(0, key, data)
     size = len(data)
-    ranges = [(0, 1), (0, size), (size - 1, size), (1 * MiB - 5, 1 * MiB + 5),
-              (512 * KiB, 1 * MiB), (2 * MiB + 3, 3 * MiB + 17)]
+    ranges = [
+        (0, 1),
+        (0, size),
+        (size - 1, size),
+        (1 * MiB - 5, 1 * MiB + 5),
+        (512 * KiB, 1 * MiB),
+        (2 * MiB + 3, 3 * MiB + 17),
+    ]
     for start, end in ranges:
         assert store.get_range(0, key, start, end) == data[start:end], (start, end)
     # the same through the pool, where nearby ranges are merged
@@ -78,7 +99,8 @@ def test_ranged_gets_are_exact(store, prefix):
     futures = [store.get_range_async(0, key, s, e, Priority.CATCH_UP) for s, e in block_ranges]
     assert [f.result(timeout=30) for f in futures] == [data[s:e] for s, e in block_ranges]
     merged = store.metrics.registry.get_sample_value(
-        "automq_object_store_merged_ranges_total", {"bucket_id": "0"})
+        "automq_object_store_merged_ranges_total", {"bucket_id": "0"}
+    )
     assert merged and merged >= 2
     with pytest.raises(InvalidRangeError):
         store.get_range(0, key, size - 10, size + 10)
@@ -98,13 +120,14 @@ def test_if_none_match_conflict(store, prefix):
 
 def test_many_async_puts_and_reads(store, prefix):
     payloads = {prefix + object_key(i): os.urandom(64 * KiB + i) for i in range(24)}
-    puts = [store.put_object_async(1, k, v, priority=Priority.COMPACTION)
-            for k, v in payloads.items()]
+    puts = [
+        store.put_object_async(1, k, v, priority=Priority.COMPACTION) for k, v in payloads.items()
+    ]
     for f in puts:
         f.result(timeout=60)
     reads = {k: store.get_range_async(1, k, 100, 64 * KiB) for k in payloads}
     for k, f in reads.items():
-        assert f.result(timeout=60) == payloads[k][100:64 * KiB]
+        assert f.result(timeout=60) == payloads[k][100 : 64 * KiB]
     assert store.delete_objects(1, list(payloads)) == 24
     assert store.list_keys(1, prefix) == []
 
@@ -117,8 +140,10 @@ def test_check_reachable(store):
 
 def test_wrong_credentials_give_a_clear_error(seaweed, prefix):
     wrong_secret = "WrongSecret" + uuid.uuid4().hex
-    for uris in (uris_for(seaweed, secret_key=wrong_secret),
-                 uris_for(seaweed, access_key="AKNOBODY", secret_key=wrong_secret)):
+    for uris in (
+        uris_for(seaweed, secret_key=wrong_secret),
+        uris_for(seaweed, access_key="AKNOBODY", secret_key=wrong_secret),
+    ):
         with ObjectStorage(uris, metrics=ObjectStoreMetrics(CollectorRegistry())) as st:
             t0 = time.monotonic()
             with pytest.raises(AccessDeniedError, match="check the credentials") as info:
@@ -137,9 +162,16 @@ def test_wrong_credentials_give_a_clear_error(seaweed, prefix):
 def test_unreachable_endpoint_is_bounded(seaweed, prefix):
     (port,) = find_free_ports(1)  # a closed port on 127.0.0.1
     uris = uris_for(seaweed, endpoint=f"http://127.0.0.1:{port}")
-    with ObjectStorage(uris, metrics=ObjectStoreMetrics(CollectorRegistry()),
-                       connect_timeout_ms=500, read_timeout_ms=1000, check_timeout_ms=500,
-                       max_attempts=3, backoff_base_ms=20, backoff_max_ms=100) as st:
+    with ObjectStorage(
+        uris,
+        metrics=ObjectStoreMetrics(CollectorRegistry()),
+        connect_timeout_ms=500,
+        read_timeout_ms=1000,
+        check_timeout_ms=500,
+        max_attempts=3,
+        backoff_base_ms=20,
+        backoff_max_ms=100,
+    ) as st:
         t0 = time.monotonic()
         with pytest.raises(ObjectStoreUnavailableError, match="after 3 attempts") as info:
             st.get_range(0, prefix + "k", 0, 10)

@@ -138,23 +138,36 @@ def test_followers_redirect_writes_to_the_leader(quorum):
 def test_malformed_requests_get_clear_errors_and_change_nothing(quorum):
     leader = quorum.address(quorum.leader())
     before = quorum.status(quorum.leader())
-    for body, code in [(b"{not json", "INVALID_REQUEST"), (b"[1,2]", "INVALID_REQUEST"),
-                       (b'{"node_id": "x"}', "INVALID_REQUEST")]:
+    for body, code in [
+        (b"{not json", "INVALID_REQUEST"),
+        (b"[1,2]", "INVALID_REQUEST"),
+        (b'{"node_id": "x"}', "INVALID_REQUEST"),
+    ]:
         status, resp = _post(leader, "/v1/register_broker", body)
         assert status == 400 and resp["error"]["code"] == code, resp
-    status, resp = _post(leader, "/v1/open_stream", json.dumps({
-        "node_id": 9, "node_epoch": 0, "stream_id": 1, "stream_epoch": 0}).encode())
+    status, resp = _post(
+        leader,
+        "/v1/open_stream",
+        json.dumps({"node_id": 9, "node_epoch": 0, "stream_id": 1, "stream_epoch": 0}).encode(),
+    )
     assert status == 409 and resp["error"]["code"] == "UNKNOWN_NODE"
     status, resp = _post(leader, "/v1/no_such_thing", b"{}")
     assert status == 404
     after = quorum.status(quorum.leader())
-    assert (after["metadata_offset"], after["fingerprint"]) == \
-        (before["metadata_offset"], before["fingerprint"])
+    assert (after["metadata_offset"], after["fingerprint"]) == (
+        before["metadata_offset"],
+        before["fingerprint"],
+    )
 
 
 def test_broker_session_timeout_fences_and_reregistration_gets_a_new_epoch(quorum):
-    reg = {"node_id": 1, "az": "az1", "host": "127.0.0.1", "kafka_port": 9092,
-           "incarnation_id": "first"}
+    reg = {
+        "node_id": 1,
+        "az": "az1",
+        "host": "127.0.0.1",
+        "kafka_port": 9092,
+        "incarnation_id": "first",
+    }
     epoch = quorum.client.call("register_broker", reg)["node_epoch"]
     hb = {"node_id": 1, "node_epoch": epoch}
     assert quorum.client.call("broker_heartbeat", hb)["fenced"] is False
@@ -173,9 +186,14 @@ def test_broker_session_timeout_fences_and_reregistration_gets_a_new_epoch(quoru
     with pytest.raises(ControllerError) as exc:
         quorum.client.call("create_stream", {"node_id": 1, "node_epoch": epoch})
     assert exc.value.code.value == "NODE_FENCED"
-    new_epoch = quorum.client.call("register_broker", {**reg, "incarnation_id": "second"})["node_epoch"]
+    new_epoch = quorum.client.call("register_broker", {**reg, "incarnation_id": "second"})[
+        "node_epoch"
+    ]
     assert new_epoch == epoch + 1
-    assert quorum.client.call("broker_heartbeat", {"node_id": 1, "node_epoch": new_epoch})["fenced"] is False
+    assert (
+        quorum.client.call("broker_heartbeat", {"node_id": 1, "node_epoch": new_epoch})["fenced"]
+        is False
+    )
 
 
 def _burn_cpu(seconds: float) -> None:  # a child process spinning one core
@@ -192,8 +210,9 @@ def test_loaded_quorum_never_truncates_applied_entries_and_replicas_agree(quorum
     no voter is rebuilt, and every voter ends with the same state."""
     import multiprocessing
 
-    burners = [multiprocessing.get_context("spawn").Process(target=_burn_cpu, args=(20,))
-               for _ in range(2)]
+    burners = [
+        multiprocessing.get_context("spawn").Process(target=_burn_cpu, args=(20,)) for _ in range(2)
+    ]
     for b in burners:
         b.start()
     errors: list[Exception] = []

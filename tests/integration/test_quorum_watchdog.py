@@ -18,9 +18,17 @@ def test_follower_with_failing_ticks_is_rebuilt_and_converges(tmp_path):
     ports = find_free_ports(3)
     addrs = [f"127.0.0.1:{p}" for p in ports]
     password = secrets.token_urlsafe(16)
-    nodes = [MetadataQuorum(a, [b for b in addrs if b != a], tmp_path / f"n{i}", password,
-                            ControllerSettings(), stuck_after_s=3.0)
-             for i, a in enumerate(addrs)]
+    nodes = [
+        MetadataQuorum(
+            a,
+            [b for b in addrs if b != a],
+            tmp_path / f"n{i}",
+            password,
+            ControllerSettings(),
+            stuck_after_s=3.0,
+        )
+        for i, a in enumerate(addrs)
+    ]
     try:
         deadline = time.monotonic() + 20
         while not any(n.is_leader() for n in nodes) and time.monotonic() < deadline:
@@ -40,9 +48,12 @@ def test_follower_with_failing_ticks_is_rebuilt_and_converges(tmp_path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             # converged = same log end and the same state (read after the rebuild finished)
-            if follower.recoveries and follower._syncobj is not broken and \
-                    follower.machine.next_offset == leader.machine.next_offset and \
-                    follower.machine.image.fingerprint() == leader.machine.image.fingerprint():
+            if (
+                follower.recoveries
+                and follower._syncobj is not broken
+                and follower.machine.next_offset == leader.machine.next_offset
+                and follower.machine.image.fingerprint() == leader.machine.image.fingerprint()
+            ):
                 break
             time.sleep(0.1)
         assert follower.recoveries == 1

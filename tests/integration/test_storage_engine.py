@@ -41,8 +41,15 @@ def read_all(stream, start: int, end: int, max_bytes: int = 64 * 1024) -> list:
 
 def test_append_upload_and_catch_up_read_from_objects(quorum, seaweed, tmp_path):
     # no uploaded data kept in the LogCache: every read below goes to the object store
-    engine = make_engine(quorum.client, seaweed, tmp_path / "b1", 1, upload_threshold_bytes=256 * 1024,
-                         log_cache_uploaded_bytes=0, stream_split_bytes=64 * 1024)
+    engine = make_engine(
+        quorum.client,
+        seaweed,
+        tmp_path / "b1",
+        1,
+        upload_threshold_bytes=256 * 1024,
+        log_cache_uploaded_bytes=0,
+        stream_split_bytes=64 * 1024,
+    )
     engine.start()
     try:
         ids = [engine.create_stream() for _ in range(3)]
@@ -92,8 +99,9 @@ def test_reads_route_to_the_bucket_each_object_records(quorum, seaweed, tmp_path
         buckets = [o["bucket_id"] for o in quorum.client.stream_objects(sid, 0, 200)]
         assert buckets == [0, 1]
         got = read_all(st, 0, 200)
-        assert [b.payload for b in got] == [b"before-%d" % i for i in range(100)] + \
-            [b"after-%d" % i for i in range(100)]
+        assert [b.payload for b in got] == [b"before-%d" % i for i in range(100)] + [
+            b"after-%d" % i for i in range(100)
+        ]
     finally:
         quorum.client.call("set_active_bucket", {"bucket_id": 0, "reason": "test done"})
         engine.close()
@@ -106,14 +114,27 @@ def test_kill_9_then_restart_recovers_every_acknowledged_record(quorum, seaweed,
     setup.start()
     sid = setup.create_stream()
     setup.close()
-    args = {"controllers": quorum.client.addresses, "data_dir": str(data_dir), "node_id": 3,
-            "stream_id": sid, "epoch": 0, "count": 100_000,
-            "upload_threshold_bytes": 64 * 1024,
-            "s3": {"endpoint": seaweed.config.endpoint, "access_key": seaweed.config.access_key,
-                   "secret_key": seaweed.config.secret_key}}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.crash_writer", json.dumps(args)],
-                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
-                            cwd=str(Path(__file__).resolve().parents[2]))
+    args = {
+        "controllers": quorum.client.addresses,
+        "data_dir": str(data_dir),
+        "node_id": 3,
+        "stream_id": sid,
+        "epoch": 0,
+        "count": 100_000,
+        "upload_threshold_bytes": 64 * 1024,
+        "s3": {
+            "endpoint": seaweed.config.endpoint,
+            "access_key": seaweed.config.access_key,
+            "secret_key": seaweed.config.secret_key,
+        },
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.crash_writer", json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     acked: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 60
@@ -202,11 +223,18 @@ def test_destroyed_objects_are_deleted_from_their_own_bucket(seaweed, tmp_path):
     from dataplane.objectstore import object_key
 
     c = seaweed.config
-    buckets = [BucketConfig(bucket_id=i, uri=f"{i}@s3://{name}?region=us-east-1&endpoint={c.endpoint}",
-                            access_key=c.access_key, secret_key=c.secret_key)
-               for i, name in enumerate(["automq-main", "automq-failover"])]
-    with QuorumHarness(tmp_path / "q", session_timeout_ms=30_000, buckets=buckets,
-                       destroy_retention_ms=500) as q:
+    buckets = [
+        BucketConfig(
+            bucket_id=i,
+            uri=f"{i}@s3://{name}?region=us-east-1&endpoint={c.endpoint}",
+            access_key=c.access_key,
+            secret_key=c.secret_key,
+        )
+        for i, name in enumerate(["automq-main", "automq-failover"])
+    ]
+    with QuorumHarness(
+        tmp_path / "q", session_timeout_ms=30_000, buckets=buckets, destroy_retention_ms=500
+    ) as q:
         q.leader()
         q.client.call("set_active_bucket", {"bucket_id": 1})
         engine = make_engine(q.client, seaweed, tmp_path / "b", 1)

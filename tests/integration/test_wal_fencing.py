@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 THREADS = 4
 
-OWNER = r"""
+OWNER = (
+    r"""
 import collections, sys, threading, time
 from dataplane.s3stream.wal import FileWAL, FileWALConfig, WALFencedError, WALError
 from dataplane.s3stream.wal import ring
@@ -67,7 +68,9 @@ for t in threads: t.start()
 for t in threads: t.join()
 emit("DONE")
 wal.close()
-""" % THREADS
+"""
+    % THREADS
+)
 
 
 def _process_state(pid: int) -> str:
@@ -94,12 +97,17 @@ def test_old_owner_acks_nothing_after_takeover(
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(path), str(write_delay_s)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
+
         def acks() -> int:
             return sum(1 for line in list(lines) if line.startswith("ACK"))
 
@@ -116,7 +124,11 @@ def test_old_owner_acks_nothing_after_takeover(
             recovered_end = recovery.end_offset
 
         proc.send_signal(signal.SIGCONT)
-        _wait_for(lambda: any(line.startswith("DONE") for line in list(lines)), 30, "the owner to stop appending")
+        _wait_for(
+            lambda: any(line.startswith("DONE") for line in list(lines)),
+            30,
+            "the owner to stop appending",
+        )
         proc.wait(timeout=30)
         reader.join(timeout=10)
 
@@ -133,7 +145,9 @@ def test_old_owner_acks_nothing_after_takeover(
             data = recovered.get(int(offset))
             if data is None or not data.startswith(b"t%s-%s:" % (tid.encode(), seq.encode())):
                 lost.append((tid, seq, offset))
-        assert not lost, f"old owner acknowledged {len(lost)} records the recoverer did not see: {lost[:5]}"
+        assert not lost, (
+            f"old owner acknowledged {len(lost)} records the recoverer did not see: {lost[:5]}"
+        )
         assert all(int(offset) < recovered_end for _, _, _, offset in ack_lines)
         # per thread, acks are reported in append order with no gap
         for tid in range(THREADS):

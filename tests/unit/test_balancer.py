@@ -34,22 +34,38 @@ SETTINGS = BalancerSettings(max_moves_per_round=4)
 
 # ---------------------------------------------------------------- helpers
 
+
 def machine() -> MetadataStateMachine:
     return MetadataStateMachine(ControllerSettings(bucket_ids=[0]))
 
 
 def register(sm, node: int, az: str, now_ms: int = T0, incarnation: str | None = None) -> int:
-    epoch = ok(sm.execute("register_broker", {
-        "node_id": node, "az": az, "host": "127.0.0.1", "kafka_port": 9000 + node,
-        "incarnation_id": incarnation or f"inc-{node}", "wal_uri": f"file:///wal/{node}"},
-        now_ms))["node_epoch"]
+    epoch = ok(
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": az,
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": incarnation or f"inc-{node}",
+                "wal_uri": f"file:///wal/{node}",
+            },
+            now_ms,
+        )
+    )["node_epoch"]
     ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": epoch}, now_ms))
     return epoch
 
 
 def create(sm, name: str, partitions: int, now_ms: int = T0) -> str:
-    ok(sm.execute("create_topic", {"name": name, "partitions": partitions,
-                                   "topic_id": f"id-{name}"}, now_ms))
+    ok(
+        sm.execute(
+            "create_topic",
+            {"name": name, "partitions": partitions, "topic_id": f"id-{name}"},
+            now_ms,
+        )
+    )
     settle(sm)
     return f"id-{name}"
 
@@ -61,19 +77,38 @@ def settle(sm, now_ms: int = T0) -> None:
     for topic in list(image.topics.values()):
         for p in list(topic.partitions.values()):
             s = image.streams[p.stream_id]
-            if s.state == StreamState.OPENED and (s.node_id, s.epoch) == (p.leader_node_id,
-                                                                           p.leader_epoch):
+            if s.state == StreamState.OPENED and (s.node_id, s.epoch) == (
+                p.leader_node_id,
+                p.leader_epoch,
+            ):
                 continue
             if s.state == StreamState.OPENED:
                 owner = image.brokers[s.node_id]
-                ok(sm.execute("close_stream", {"node_id": s.node_id, "node_epoch": owner.node_epoch,
-                                               "stream_id": s.stream_id, "stream_epoch": s.epoch},
-                              now_ms))
+                ok(
+                    sm.execute(
+                        "close_stream",
+                        {
+                            "node_id": s.node_id,
+                            "node_epoch": owner.node_epoch,
+                            "stream_id": s.stream_id,
+                            "stream_epoch": s.epoch,
+                        },
+                        now_ms,
+                    )
+                )
             leader = image.brokers[p.leader_node_id]
-            ok(sm.execute("open_stream", {"node_id": p.leader_node_id,
-                                          "node_epoch": leader.node_epoch,
-                                          "stream_id": p.stream_id,
-                                          "stream_epoch": p.leader_epoch}, now_ms))
+            ok(
+                sm.execute(
+                    "open_stream",
+                    {
+                        "node_id": p.leader_node_id,
+                        "node_epoch": leader.node_epoch,
+                        "stream_id": p.stream_id,
+                        "stream_epoch": p.leader_epoch,
+                    },
+                    now_ms,
+                )
+            )
 
 
 def counts(sm, topic_id: str | None = None) -> Counter:
@@ -85,17 +120,22 @@ def counts(sm, topic_id: str | None = None) -> Counter:
 
 
 def submit(sm, decision, now_ms: int) -> dict:
-    return ok(sm.execute("balance_partitions",
-                         {"moves": [m.model_dump() for m in decision.moves]}, now_ms))
+    return ok(
+        sm.execute(
+            "balance_partitions", {"moves": [m.model_dump() for m in decision.moves]}, now_ms
+        )
+    )
 
 
-def run_rounds(sm, now_ms: int, settings: BalancerSettings = SETTINGS, rates=None,
-               max_rounds: int = 50) -> tuple[list[list], int]:
+def run_rounds(
+    sm, now_ms: int, settings: BalancerSettings = SETTINGS, rates=None, max_rounds: int = 50
+) -> tuple[list[list], int]:
     """Rounds until one plans nothing: each round's moves are applied and finished."""
     rounds = []
     for _ in range(max_rounds):
-        decision = plan_round(sm.image, rates(sm) if callable(rates) else (rates or {}), now_ms,
-                              settings)
+        decision = plan_round(
+            sm.image, rates(sm) if callable(rates) else (rates or {}), now_ms, settings
+        )
         if not decision.moves:
             return rounds, now_ms
         assert len(decision.moves) <= settings.max_moves_per_round
@@ -120,6 +160,7 @@ def joined():
 
 # ---------------------------------------------------------------- placement of new partitions
 
+
 def test_new_topic_spreads_even_when_a_broker_has_just_restarted_empty():
     """The reported pile-up: after a restart all 6 partitions of a new topic went to the
     empty broker, because placement looked at the cluster-wide count only."""
@@ -129,7 +170,11 @@ def test_new_topic_spreads_even_when_a_broker_has_just_restarted_empty():
     create(sm, "old", 6)
     ok(sm.execute("controlled_shutdown", {"node_id": 1, "node_epoch": 0}, T0))
     settle(sm)
-    ok(sm.execute("fence_broker", {"node_id": 1, "node_epoch": 0, "reason": "controlled shutdown"}, T0))
+    ok(
+        sm.execute(
+            "fence_broker", {"node_id": 1, "node_epoch": 0, "reason": "controlled shutdown"}, T0
+        )
+    )
     register(sm, 1, "az1", incarnation="inc-1-again")
     assert counts(sm)[1] == 0
     new = create(sm, "new", 6)
@@ -157,13 +202,26 @@ def test_fenced_shutting_down_and_unregistered_heartbeat_brokers_get_no_new_part
     ok(sm.execute("fence_broker", {"node_id": 3, "node_epoch": 0, "reason": "test"}, T0))
     ok(sm.execute("controlled_shutdown", {"node_id": 4, "node_epoch": 0}, T0))
     # registered, but no heartbeat yet (fenced until it has caught up)
-    ok(sm.execute("register_broker", {"node_id": 5, "az": "az5", "host": "h", "kafka_port": 1,
-                                      "incarnation_id": "x", "wal_uri": ""}, T0))
+    ok(
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": 5,
+                "az": "az5",
+                "host": "h",
+                "kafka_port": 1,
+                "incarnation_id": "x",
+                "wal_uri": "",
+            },
+            T0,
+        )
+    )
     tid = create(sm, "t", 6)
     assert counts(sm, tid) == {1: 3, 2: 3, 3: 0, 4: 0, 5: 0}
 
 
 # ---------------------------------------------------------------- the balancer by count
+
 
 def test_joining_broker_gets_its_share_in_bounded_batches(joined):
     sm = joined
@@ -191,9 +249,11 @@ def test_no_new_round_while_moves_are_in_progress_then_stalled_then_abandoned(jo
     first = plan_round(sm.image, {}, now, SETTINGS)
     assert len(first.moves) == 4
     submit(sm, first, now)  # the brokers have not acted yet
-    for later, state in ((now + 3_000, STATE_IN_PROGRESS),
-                         (now + SETTINGS.stall_after_ms, STATE_STALLED),
-                         (now + SETTINGS.abandon_after_ms - 1, STATE_STALLED)):
+    for later, state in (
+        (now + 3_000, STATE_IN_PROGRESS),
+        (now + SETTINGS.stall_after_ms, STATE_STALLED),
+        (now + SETTINGS.abandon_after_ms - 1, STATE_STALLED),
+    ):
         d = plan_round(sm.image, {}, later, SETTINGS)
         assert (d.state, d.moves) == (state, []), d.detail
     assert "waiting for" in plan_round(sm.image, {}, now + 60_000, SETTINGS).detail
@@ -222,8 +282,13 @@ def test_nothing_moves_when_balanced_or_within_the_tolerance_band():
     create(sm2, "t", 30)
     tid = "id-t"
     p = next(p for p in sm2.image.topics[tid].partitions.values() if p.leader_node_id == 3)
-    ok(sm2.execute("reassign_partitions", {"moves": [
-        {"topic": "t", "partition": p.partition, "node_id": 1}]}, T0))
+    ok(
+        sm2.execute(
+            "reassign_partitions",
+            {"moves": [{"topic": "t", "partition": p.partition, "node_id": 1}]},
+            T0,
+        )
+    )
     settle(sm2)
     assert sorted(counts(sm2).values()) == [9, 10, 11]
     assert plan_round(sm2.image, {}, T0 + 3_600_000, SETTINGS).moves == []
@@ -248,8 +313,20 @@ def test_fenced_shutting_down_and_unsettled_brokers_neither_give_nor_take(joined
     assert d.moves == []
     assert {b.node_id: b.why_not for b in d.brokers}[1] == "shutting down"
     # broker 4 registered but not unfenced yet: not a target either
-    ok(sm.execute("register_broker", {"node_id": 4, "az": "az1", "host": "h", "kafka_port": 1,
-                                      "incarnation_id": "x", "wal_uri": ""}, now))
+    ok(
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": 4,
+                "az": "az1",
+                "host": "h",
+                "kafka_port": 1,
+                "incarnation_id": "x",
+                "wal_uri": "",
+            },
+            now,
+        )
+    )
     d = plan_round(sm.image, {}, now + 60_000, SETTINGS)
     assert d.moves == [] and {b.node_id: b.why_not for b in d.brokers}[4] == "fenced (registered)"
     # a fenced broker's partitions are failover's business, not the balancer's
@@ -257,8 +334,13 @@ def test_fenced_shutting_down_and_unsettled_brokers_neither_give_nor_take(joined
     for node in (1, 2, 3):
         register(sm2, node, f"az{node}")
     create(sm2, "t", 6)
-    ok(sm2.execute("reassign_partitions", {"moves": [
-        {"topic": "t", "partition": p, "node_id": 3} for p in range(6)]}, T0))
+    ok(
+        sm2.execute(
+            "reassign_partitions",
+            {"moves": [{"topic": "t", "partition": p, "node_id": 3} for p in range(6)]},
+            T0,
+        )
+    )
     settle(sm2)
     sm2.image.brokers[3].fenced = True  # fenced, failover not run (as seen between commands)
     d = plan_round(sm2.image, {}, T0 + 3_600_000, SETTINGS)
@@ -269,9 +351,22 @@ def test_partitions_not_open_on_their_leader_cooling_down_or_held_do_not_move(jo
     sm = joined
     now = T0 + 20_000
     # the partitions of the last manual reassignment are held
-    ok(sm.execute("reassign_partitions", {"moves": [
-        {"topic": "a", "partition": p, "node_id": sm.image.topics["id-a"].partitions[p].leader_node_id}
-        for p in range(12)]}, now))
+    ok(
+        sm.execute(
+            "reassign_partitions",
+            {
+                "moves": [
+                    {
+                        "topic": "a",
+                        "partition": p,
+                        "node_id": sm.image.topics["id-a"].partitions[p].leader_node_id,
+                    }
+                    for p in range(12)
+                ]
+            },
+            now,
+        )
+    )
     d = plan_round(sm.image, {}, now, SETTINGS)
     assert d.moves and all(m.topic == "b" for m in d.moves)
     # held no longer after manual_hold_ms
@@ -293,9 +388,25 @@ def test_a_partition_is_not_moved_back_to_the_broker_it_left_within_the_cooldown
     p0 = sm.image.topics[tid].partitions[0]
     assert p0.leader_node_id == 1
     # the balancer moved t-0 from 1 to 2 (say the rates said so): counts 0 / 2 / 1
-    ok(sm.execute("balance_partitions", {"moves": [{
-        "topic_id": tid, "topic": "t", "partition": 0, "from_node_id": 1, "to_node_id": 2,
-        "leader_epoch": 0, "reason": "test"}]}, T0 + 60_000))
+    ok(
+        sm.execute(
+            "balance_partitions",
+            {
+                "moves": [
+                    {
+                        "topic_id": tid,
+                        "topic": "t",
+                        "partition": 0,
+                        "from_node_id": 1,
+                        "to_node_id": 2,
+                        "leader_epoch": 0,
+                        "reason": "test",
+                    }
+                ]
+            },
+            T0 + 60_000,
+        )
+    )
     settle(sm)
     now = T0 + 70_000
     d = plan_round(sm.image, {}, now, SETTINGS)
@@ -307,6 +418,7 @@ def test_a_partition_is_not_moved_back_to_the_broker_it_left_within_the_cooldown
 
 
 # ---------------------------------------------------------------- the balancer by throughput
+
 
 def rates_of(sm, by_key: dict[tuple[str, int], float], default: float) -> dict[int, float]:
     out = {}
@@ -365,8 +477,11 @@ def test_noisy_rates_do_not_make_partitions_flap(joined):
     assert len(later_moves) <= 4, [m.reason for _, m in later_moves]
     history = recent_moves(sm.image)
     for i, m in enumerate(history):
-        for n in history[i + 1:]:
-            if (n.topic_id, n.partition) == (m.topic_id, m.partition) and n.to_node_id == m.from_node_id:
+        for n in history[i + 1 :]:
+            if (n.topic_id, n.partition) == (
+                m.topic_id,
+                m.partition,
+            ) and n.to_node_id == m.from_node_id:
                 assert n.time_ms - m.time_ms >= SETTINGS.partition_cooldown_ms, (m, n)
 
 
@@ -375,8 +490,12 @@ def test_hot_partition_gets_room_and_is_not_shuffled():
     for node in (1, 2, 3):
         register(sm, node, f"az{node}")
     create(sm, "t", 6)
-    hot_key = next((t.name, p.partition) for t in sm.image.topics.values()
-                   for p in t.partitions.values() if p.leader_node_id == 1)
+    hot_key = next(
+        (t.name, p.partition)
+        for t in sm.image.topics.values()
+        for p in t.partitions.values()
+        if p.leader_node_id == 1
+    )
     rates = lambda s: rates_of(s, {hot_key: 30 * MiB}, 1 * MiB)  # noqa: E731
     rounds, _ = run_rounds(sm, T0 + 60_000, rates=rates)
     led = sm.image.topics["id-t"].partitions[hot_key[1]].leader_node_id
@@ -393,12 +512,15 @@ def test_rates_below_the_threshold_balance_by_count(joined):
 
 # ---------------------------------------------------------------- on/off and the command
 
+
 def test_disabled_balancer_moves_nothing_and_the_switch_is_in_the_metadata(joined):
     sm = joined
     now = T0 + 20_000
     plan = plan_round(sm.image, {}, now, SETTINGS)
-    assert ok(sm.execute("set_balancer", {"enabled": False}, now)) == {"enabled": False,
-                                                                        "changed": True}
+    assert ok(sm.execute("set_balancer", {"enabled": False}, now)) == {
+        "enabled": False,
+        "changed": True,
+    }
     assert sm.image.kv["balancer/enabled"] == "false"
     d = plan_round(sm.image, {}, now, SETTINGS)
     assert (d.state, d.moves) == (STATE_OFF, [])
@@ -419,8 +541,21 @@ def test_balance_command_skips_moves_the_image_has_overtaken(joined):
     now = T0 + 20_000
     plan = plan_round(sm.image, {}, now, SETTINGS)
     first = plan.moves[0]
-    ok(sm.execute("reassign_partitions", {"moves": [
-        {"topic": first.topic, "partition": first.partition, "node_id": first.to_node_id}]}, now))
+    ok(
+        sm.execute(
+            "reassign_partitions",
+            {
+                "moves": [
+                    {
+                        "topic": first.topic,
+                        "partition": first.partition,
+                        "node_id": first.to_node_id,
+                    }
+                ]
+            },
+            now,
+        )
+    )
     result = submit(sm, plan, now)
     assert result["moved"] == 3 and result["skipped"] == [f"{first.topic}-{first.partition}"]
     history = recent_moves(sm.image)
@@ -444,14 +579,15 @@ def test_status_document_shows_state_brokers_and_recent_moves(joined):
 
 # ---------------------------------------------------------------- broker-side rate meter
 
+
 def test_produce_rate_meter_smooths_and_restarts():
     meter = ProduceRateMeter(tau_s=5.0)
-    assert meter.sample({7: 0}, 100.0) == {}              # first sample: clock starts
+    assert meter.sample({7: 0}, 100.0) == {}  # first sample: clock starts
     assert meter.sample({7: 1000}, 101.0) == {7: 1000.0}  # first interval as measured
-    burst = meter.sample({7: 101_000}, 102.0)[7]           # one second of 100 KB/s
-    assert 1000 < burst < 30_000                           # smoothed, not 100 KB/s
-    assert meter.sample({7: 5}, 103.0) == {}               # reopened: counter restarted
-    assert meter.sample({}, 104.0) == {}                   # gone: forgotten
+    burst = meter.sample({7: 101_000}, 102.0)[7]  # one second of 100 KB/s
+    assert 1000 < burst < 30_000  # smoothed, not 100 KB/s
+    assert meter.sample({7: 5}, 103.0) == {}  # reopened: counter restarted
+    assert meter.sample({}, 104.0) == {}  # gone: forgotten
 
 
 def test_heartbeats_carry_rates_that_never_reach_the_log():
@@ -461,8 +597,10 @@ def test_heartbeats_carry_rates_that_never_reach_the_log():
     sm = machine()
     register(sm, 1, "az1")
     offset = sm.next_offset
-    result = sm.execute_readonly("broker_heartbeat", {
-        "node_id": 1, "node_epoch": 0, "produce_bytes_per_s": {"3": 1024.5, "4": 0.0}})
+    result = sm.execute_readonly(
+        "broker_heartbeat",
+        {"node_id": 1, "node_epoch": 0, "produce_bytes_per_s": {"3": 1024.5, "4": 0.0}},
+    )
     assert "error" not in result and sm.next_offset == offset
     assert _parse_rates({"3": 1.5, "x": 2, "5": "nan", "6": -1, "7": None}) == {3: 1.5}
     assert _parse_rates(["junk"]) == {}

@@ -24,7 +24,7 @@ def loaded(cache: BlockCache, key, size: int) -> None:
 
 def test_watched_block_is_freed_once_every_watcher_read_it():
     cache = BlockCache(8 * MiB)
-    assert cache.watch((1, 0), "a", 100) is True      # the first watcher loads it
+    assert cache.watch((1, 0), "a", 100) is True  # the first watcher loads it
     assert cache.watch((1, 0), "b", 100) is False
     assert cache.watcher_count == 2
     loaded(cache, (1, 0), 100)
@@ -52,7 +52,7 @@ def test_pending_future_resolves_on_fill_and_fails_on_fail():
 
 def test_prefetch_needs_watchers_and_stays_within_bytes_per_watcher():
     cache = BlockCache(64 * MiB, max_bytes_per_watcher=2 * MiB)
-    assert cache.prefetch((1, 0), 100) is False      # nobody reads: no room at all
+    assert cache.prefetch((1, 0), 100) is False  # nobody reads: no room at all
     cache.watch((9, 0), "reader", 512 * KiB)
     assert cache.speculative_room() == 2 * MiB - 512 * KiB
     assert cache.prefetch((1, 0), 1 * MiB) is True
@@ -74,20 +74,20 @@ def test_prefetch_respects_max_speculative_bytes_and_the_cache_budget():
 def test_prefetch_skips_blocks_present_or_already_read():
     cache = BlockCache(64 * MiB)
     cache.watch((1, 0), "a", 100)
-    assert cache.prefetch((1, 0), 100) is False       # in flight for a reader
+    assert cache.prefetch((1, 0), 100) is False  # in flight for a reader
     loaded(cache, (1, 0), 100)
-    cache.unwatch((1, 0), "a")                        # read and freed: a ghost now
+    cache.unwatch((1, 0), "a")  # read and freed: a ghost now
     cache.watch((9, 0), "b", 100)
-    assert cache.prefetch((1, 0), 100) is False       # never re-fetch what was consumed
+    assert cache.prefetch((1, 0), 100) is False  # never re-fetch what was consumed
     assert cache.prefetch((1, 100), 100) is True
-    assert cache.prefetch((1, 100), 100) is False     # already registered
+    assert cache.prefetch((1, 100), 100) is False  # already registered
 
 
 def test_watch_claims_a_speculative_block():
     cache = BlockCache(64 * MiB)
     cache.watch((9, 0), "a", 100)
     assert cache.prefetch((1, 0), 300) is True
-    assert cache.watch((1, 0), "b", 300) is False     # in flight: wait, do not load
+    assert cache.watch((1, 0), "b", 300) is False  # in flight: wait, do not load
     assert cache.speculative_bytes == 0 and cache.prefetch_claimed_bytes == 300
     loaded(cache, (1, 0), 300)
     cache.unwatch((1, 0), "b")
@@ -101,12 +101,12 @@ def test_unclaimed_speculative_blocks_expire_as_waste():
     cache.watch((9, 0), "a", 100)
     cache.prefetch((1, 0), 300)
     cache.prefetch((1, 300), 300)
-    loaded(cache, (1, 0), 300)                        # (1, 300) stays in flight
+    loaded(cache, (1, 0), 300)  # (1, 300) stays in flight
     clock.now += 31
-    cache.speculative_room()                          # expiry runs on budget checks
+    cache.speculative_room()  # expiry runs on budget checks
     assert cache.get((1, 0)) is None
     assert cache.prefetch_wasted_bytes == 300
-    assert cache.pending((1, 300)) is not None        # in flight: expires once loaded
+    assert cache.pending((1, 300)) is not None  # in flight: expires once loaded
     loaded(cache, (1, 300), 300)
     cache.speculative_room()
     assert cache.pending((1, 300)) is None and cache.prefetch_wasted_bytes == 600
@@ -115,12 +115,12 @@ def test_unclaimed_speculative_blocks_expire_as_waste():
 
 def test_byte_budget_drops_unclaimed_speculative_blocks_before_lru_blocks():
     cache = BlockCache(1000, max_speculative_bytes=1000, max_bytes_per_watcher=1000)
-    cache.keep_unwatched((5, 0), [], 300)             # an LRU block
+    cache.keep_unwatched((5, 0), [], 300)  # an LRU block
     cache.watch((9, 0), "a", 100)
     cache.prefetch((1, 0), 300)
     loaded(cache, (1, 0), 300)
     assert cache.used_bytes == 700
-    cache.watch((9, 100), "a", 600)                   # needs room: the speculative one goes
+    cache.watch((9, 100), "a", 600)  # needs room: the speculative one goes
     assert cache.get((1, 0)) is None and cache.prefetch_wasted_bytes == 300
     assert cache.get((5, 0)) == [] and cache.used_bytes == 1000
 
@@ -132,7 +132,7 @@ def test_ghost_keys_are_bounded():
         loaded(cache, (1, pos), 10)
         cache.unwatch((1, pos), "a")
     cache.watch((9, 0), "b", 10)
-    assert cache.prefetch((1, 0), 10) is True         # forgotten: the oldest ghost
+    assert cache.prefetch((1, 0), 10) is True  # forgotten: the oldest ghost
     assert cache.prefetch((1, 2), 10) is False
 
 
@@ -147,10 +147,10 @@ def test_read_lately_means_wanted_or_consumed_not_prefetched():
     cache = BlockCache(64 * MiB)
     assert not cache.read_lately((1, 0))
     cache.watch((1, 0), "a", 10)
-    assert cache.read_lately((1, 0))                  # being read
+    assert cache.read_lately((1, 0))  # being read
     loaded(cache, (1, 0), 10)
     cache.unwatch((1, 0), "a")
-    assert cache.read_lately((1, 0))                  # read (a ghost)
+    assert cache.read_lately((1, 0))  # read (a ghost)
     cache.watch((9, 0), "b", 10)
     cache.prefetch((1, 10), 10)
-    assert not cache.read_lately((1, 10))             # only prefetched
+    assert not cache.read_lately((1, 10))  # only prefetched

@@ -41,23 +41,42 @@ def procs():
         p.wait(timeout=WAIT_S)
 
 
-def spawn(procs: list[subprocess.Popen], args: list[str], ignore_term: bool = False,
-          cwd: Path | None = None, new_session: bool = True) -> subprocess.Popen:
+def spawn(
+    procs: list[subprocess.Popen],
+    args: list[str],
+    ignore_term: bool = False,
+    cwd: Path | None = None,
+    new_session: bool = True,
+) -> subprocess.Popen:
     """A sleeping Python whose command line ends with `args`; returns once it runs (and, with
     `ignore_term`, ignores SIGTERM)."""
-    code = ("import signal, sys, time\n"
-            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
-            + "print('ready', flush=True)\ntime.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                         cwd=str(cwd) if cwd else None, start_new_session=new_session)
+    code = (
+        "import signal, sys, time\n"
+        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+        + "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        cwd=str(cwd) if cwd else None,
+        start_new_session=new_session,
+    )
     procs.append(p)
     assert p.stdout.readline().strip() == b"ready"
     return p
 
 
 def controller_args(d: Path, node: int) -> list[str]:
-    return ["-m", "controlplane.server", "--config", str(d / "quorum.json"),
-            "--node-id", str(node), "--data-dir", str(d / f"controller-{node}")]
+    return [
+        "-m",
+        "controlplane.server",
+        "--config",
+        str(d / "quorum.json"),
+        "--node-id",
+        str(node),
+        "--data-dir",
+        str(d / f"controller-{node}"),
+    ]
 
 
 def broker_args(d: Path, node: int) -> list[str]:
@@ -68,7 +87,9 @@ def make_cluster(d: Path) -> tuple[LocalCluster, ClusterConfig]:
     cluster = LocalCluster(d)
     config = ClusterConfig(
         controllers=[ControllerAddress(node_id=i, raft_port=1, api_port=2) for i in range(3)],
-        brokers=[BrokerSpec(node_id=1, az="az1", kafka_port=3)], password="x")
+        brokers=[BrokerSpec(node_id=1, az="az1", kafka_port=3)],
+        password="x",
+    )
     cluster.save(config)
     return cluster, config
 
@@ -79,39 +100,82 @@ def wait_gone(p: subprocess.Popen) -> int:
 
 # ------------------------------------------------------------------ matching command lines
 
+
 def test_component_of_controller_forms(tmp_path):
     d = tmp_path / "c"
     py = sys.executable
     assert component_of([py, *controller_args(d, 2)], "/", d) == "controller-2"
-    assert component_of([py, "-m", "controlplane.server", f"--config={d}/quorum.json",
-                         "--node-id=0"], "/", d) == "controller-0"
+    assert (
+        component_of(
+            [py, "-m", "controlplane.server", f"--config={d}/quorum.json", "--node-id=0"], "/", d
+        )
+        == "controller-0"
+    )
     # a relative --config resolves against the process's working directory
-    assert component_of([py, "-m", "controlplane.server", "--config", "quorum.json",
-                         "--node-id", "1"], str(d), d) == "controller-1"
-    assert component_of([py, "/src/controlplane/server.py", "--config", f"{d}/quorum.json",
-                         "--node-id", "1"], "/", d) == "controller-1"
+    assert (
+        component_of(
+            [py, "-m", "controlplane.server", "--config", "quorum.json", "--node-id", "1"],
+            str(d),
+            d,
+        )
+        == "controller-1"
+    )
+    assert (
+        component_of(
+            [py, "/src/controlplane/server.py", "--config", f"{d}/quorum.json", "--node-id", "1"],
+            "/",
+            d,
+        )
+        == "controller-1"
+    )
     # another cluster, no node id, another program with the same words
     assert component_of([py, *controller_args(tmp_path / "other", 1)], "/", d) is None
-    assert component_of([py, "-m", "controlplane.server", "--config",
-                         f"{d}/quorum.json"], "/", d) is None
-    assert component_of([py, "-m", "pytest", "controlplane.server", "--config",
-                         f"{d}/quorum.json", "--node-id", "1"], "/", d) is None
+    assert (
+        component_of([py, "-m", "controlplane.server", "--config", f"{d}/quorum.json"], "/", d)
+        is None
+    )
+    assert (
+        component_of(
+            [
+                py,
+                "-m",
+                "pytest",
+                "controlplane.server",
+                "--config",
+                f"{d}/quorum.json",
+                "--node-id",
+                "1",
+            ],
+            "/",
+            d,
+        )
+        is None
+    )
 
 
 def test_component_of_broker_and_object_store(tmp_path):
     d = tmp_path / "c"
     py = sys.executable
     assert component_of([py, *broker_args(d, 12)], "/", d) == "broker-12"
-    assert component_of([py, "-m", "dataplane.node", "--config", "broker-3/broker.json"],
-                        str(d), d) == "broker-3"
+    assert (
+        component_of([py, "-m", "dataplane.node", "--config", "broker-3/broker.json"], str(d), d)
+        == "broker-3"
+    )
     assert component_of([py, *broker_args(tmp_path / "other", 1)], "/", d) is None
-    assert component_of([py, "-m", "dataplane.node", "--config", f"{d}/broker-x/broker.json"],
-                        "/", d) is None
-    assert component_of(["/usr/bin/weed", "mini", f"-dir={d}/s3/data", "-s3.port=1"],
-                        "/", d) == "s3"
+    assert (
+        component_of([py, "-m", "dataplane.node", "--config", f"{d}/broker-x/broker.json"], "/", d)
+        is None
+    )
+    assert (
+        component_of(["/usr/bin/weed", "mini", f"-dir={d}/s3/data", "-s3.port=1"], "/", d) == "s3"
+    )
     assert component_of(["/usr/bin/weed", "mini", f"-dir={tmp_path}/x/s3/data"], "/", d) is None
-    assert component_of(["/usr/bin/weed", "mini", f"-dir={tmp_path}/x/data"], "/", d,
-                        s3_data_dir=tmp_path / "x") == "s3"
+    assert (
+        component_of(
+            ["/usr/bin/weed", "mini", f"-dir={tmp_path}/x/data"], "/", d, s3_data_dir=tmp_path / "x"
+        )
+        == "s3"
+    )
     assert component_of(["/usr/bin/weed", "server", f"-dir={d}/s3/data"], "/", d) is None
 
 
@@ -125,6 +189,7 @@ def test_component_of_follows_symlinks(tmp_path):
 
 
 # ------------------------------------------------------------------ PID files
+
 
 def test_pid_file_trusted_only_for_the_same_live_process(tmp_path, procs):
     cluster, _ = make_cluster(tmp_path / "c")
@@ -167,12 +232,17 @@ def test_zombie_is_not_running(tmp_path, procs):
 
 # ------------------------------------------------------------------ the scan and stop
 
+
 def test_process_started_by_hand_is_found_and_stopped(tmp_path, procs):
     cluster, config = make_cluster(tmp_path / "c")
     other, _ = make_cluster(tmp_path / "other")
     # started by hand: no PID file; relative --config from its cwd, same process group as us
-    hand = spawn(procs, ["-m", "controlplane.server", "--config", "quorum.json", "--node-id", "1"],
-                 cwd=cluster.dir, new_session=False)
+    hand = spawn(
+        procs,
+        ["-m", "controlplane.server", "--config", "quorum.json", "--node-id", "1"],
+        cwd=cluster.dir,
+        new_session=False,
+    )
     stranger = spawn(procs, controller_args(other.dir, 1))
 
     assert scan_processes(cluster.dir) == {"controller-1": [hand.pid]}

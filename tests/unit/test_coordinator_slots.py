@@ -30,11 +30,26 @@ from tests.unit.test_metadata_state_machine import NOW, err, ok
 SLOTS = 50
 
 
-def register(sm: MetadataStateMachine, node: int, az: str, incarnation: str | None = None,
-             heartbeat: bool = True) -> int:
-    epoch = ok(sm.execute("register_broker", {
-        "node_id": node, "az": az, "host": "127.0.0.1", "kafka_port": 9000 + node,
-        "incarnation_id": incarnation or f"inc-{node}"}, NOW))["node_epoch"]
+def register(
+    sm: MetadataStateMachine,
+    node: int,
+    az: str,
+    incarnation: str | None = None,
+    heartbeat: bool = True,
+) -> int:
+    epoch = ok(
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": az,
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": incarnation or f"inc-{node}",
+            },
+            NOW,
+        )
+    )["node_epoch"]
     if heartbeat:
         ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": epoch}, NOW))
     return epoch
@@ -64,14 +79,15 @@ def sm() -> MetadataStateMachine:
 
 # ---------------------------------------------------------------- group -> slot
 
+
 def test_group_slot_is_kafkas_abs_hashcode_modulo():
     # values of java.lang.String#hashCode
     assert java_string_hash("") == 0
     assert java_string_hash("hello") == 99162322
     assert java_string_hash("Aa") == java_string_hash("BB") == 2112
-    assert java_string_hash("polygenelubricants") == -(2 ** 31)  # Integer.MIN_VALUE
+    assert java_string_hash("polygenelubricants") == -(2**31)  # Integer.MIN_VALUE
     assert java_string_hash("\u00e9") == 233
-    assert java_string_hash("\U0001F600") == 31 * 0xD83D + 0xDE00  # UTF-16 surrogate pair
+    assert java_string_hash("\U0001f600") == 31 * 0xD83D + 0xDE00  # UTF-16 surrogate pair
     assert group_slot("polygenelubricants", SLOTS) == 0  # Utils.abs(MIN_VALUE) == 0
     assert group_slot("hello", SLOTS) == 99162322 % SLOTS
     assert group_slot("my-group", SLOTS) == abs(java_string_hash("my-group")) % SLOTS
@@ -79,6 +95,7 @@ def test_group_slot_is_kafkas_abs_hashcode_modulo():
 
 
 # ---------------------------------------------------------------- placement
+
 
 def test_slots_are_placed_when_brokers_become_active_and_spread_evenly():
     sm = MetadataStateMachine(ControllerSettings(coordinator_slots=SLOTS))
@@ -111,7 +128,7 @@ def test_a_fenced_brokers_slots_and_only_those_move_with_its_partitions(sm):
     assert sorted(counts(sm).values()) in ([25, 25], [24, 26])
     assert abs(counts(sm)[1] - counts(sm)[2]) <= 1
     # in the same command (one Raft entry) as the fence and the partition moves
-    types = [decode_record(t).type for t in sm.log[offset - sm.log_start_offset:]]
+    types = [decode_record(t).type for t in sm.log[offset - sm.log_start_offset :]]
     assert types.index("fence_broker") < types.index("partition") < types.index("coordinator_slots")
     # a group of a moved slot is coordinated by its new owner on every image
     group = next(f"g{i}" for i in range(1000) if group_slot(f"g{i}", SLOTS) in moved)
@@ -205,8 +222,17 @@ def test_the_lifecycle_tick_places_slots_of_an_image_that_has_none():
     """An image from before coordinator slots existed (brokers, no slots)."""
     sm = MetadataStateMachine(ControllerSettings(coordinator_slots=SLOTS))
     for node in (1, 2):
-        sm.execute("register_broker", {"node_id": node, "az": "az", "host": "h",
-                                       "kafka_port": 1, "incarnation_id": f"i{node}"}, NOW)
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": "az",
+                "host": "h",
+                "kafka_port": 1,
+                "incarnation_id": f"i{node}",
+            },
+            NOW,
+        )
     sm.image.coordinator_slots.clear()
     sm.image.coordinator_slot_count = 0
     for node in (1, 2):
@@ -221,6 +247,7 @@ def test_the_lifecycle_tick_places_slots_of_an_image_that_has_none():
 
 # ---------------------------------------------------------------- fenced offset writes
 
+
 def _group_on(sm: MetadataStateMachine, node: int) -> tuple[str, int]:
     slot = next(s for s, st in sm.image.coordinator_slots.items() if st.node_id == node)
     return next(f"g{i}" for i in range(2000) if group_slot(f"g{i}", SLOTS) == slot), slot
@@ -230,21 +257,61 @@ def test_only_the_slot_owner_at_its_epoch_may_write_a_groups_offsets(sm):
     group, slot = _group_on(sm, 3)
     epoch = sm.image.coordinator_slots[slot].epoch
     body = {"group_id": group, "value": "{}"}
-    res = ok(sm.execute("put_group_offsets", {**body, "node_id": 3, "node_epoch": 0,
-                                              "coordinator_epoch": epoch}, NOW))
+    res = ok(
+        sm.execute(
+            "put_group_offsets",
+            {**body, "node_id": 3, "node_epoch": 0, "coordinator_epoch": epoch},
+            NOW,
+        )
+    )
     assert res == {"slot": slot, "coordinator_epoch": epoch}
     assert sm.image.kv[f"group-offsets/{group}"] == "{}"
-    assert err(sm.execute("put_group_offsets", {**body, "node_id": 1, "node_epoch": 0,
-                                                "coordinator_epoch": epoch}, NOW)) == "NOT_COORDINATOR"
-    assert err(sm.execute("put_group_offsets", {**body, "node_id": 3, "node_epoch": 0,
-                                                "coordinator_epoch": epoch + 1}, NOW)) == "NOT_COORDINATOR"
+    assert (
+        err(
+            sm.execute(
+                "put_group_offsets",
+                {**body, "node_id": 1, "node_epoch": 0, "coordinator_epoch": epoch},
+                NOW,
+            )
+        )
+        == "NOT_COORDINATOR"
+    )
+    assert (
+        err(
+            sm.execute(
+                "put_group_offsets",
+                {**body, "node_id": 3, "node_epoch": 0, "coordinator_epoch": epoch + 1},
+                NOW,
+            )
+        )
+        == "NOT_COORDINATOR"
+    )
     ok(sm.execute("controlled_shutdown", {"node_id": 3, "node_epoch": 0}, NOW))
     new = sm.image.coordinator_slots[slot]
     # the old owner can no longer write (it may not know yet); the new one can
-    assert err(sm.execute("put_group_offsets", {**body, "node_id": 3, "node_epoch": 0,
-                                                "coordinator_epoch": epoch}, NOW)) == "NOT_COORDINATOR"
-    ok(sm.execute("put_group_offsets", {**body, "value": None, "node_id": new.node_id,
-                                        "node_epoch": 0, "coordinator_epoch": new.epoch}, NOW))
+    assert (
+        err(
+            sm.execute(
+                "put_group_offsets",
+                {**body, "node_id": 3, "node_epoch": 0, "coordinator_epoch": epoch},
+                NOW,
+            )
+        )
+        == "NOT_COORDINATOR"
+    )
+    ok(
+        sm.execute(
+            "put_group_offsets",
+            {
+                **body,
+                "value": None,
+                "node_id": new.node_id,
+                "node_epoch": 0,
+                "coordinator_epoch": new.epoch,
+            },
+            NOW,
+        )
+    )
     assert f"group-offsets/{group}" not in sm.image.kv
 
 
@@ -266,8 +333,12 @@ def test_offset_store_follows_its_slot_and_reloads_after_a_move_back(sm):
 
     group, slot = _group_on(sm, 3)
     controller = _StateMachineController(sm)
-    stores = {n: KVOffsetStore(controller, lambda: sm.image, n,
-                               lambda n=n: sm.image.brokers[n].node_epoch) for n in (1, 2, 3)}
+    stores = {
+        n: KVOffsetStore(
+            controller, lambda: sm.image, n, lambda n=n: sm.image.brokers[n].node_epoch
+        )
+        for n in (1, 2, 3)
+    }
 
     async def scenario() -> None:
         await stores[3].commit(group, {("t", 0): CommittedOffset(10)})
@@ -290,8 +361,11 @@ def test_offset_store_follows_its_slot_and_reloads_after_a_move_back(sm):
             stale._docs[group] = (0, {})  # as cached before the slot moved away
             await stale.commit(group, {("t", 2): CommittedOffset(1)})  # reloads: new epoch
             got = await stale.fetch(group, None)
-            assert {tp: c.offset for tp, c in got.items()} == {("t", 0): 10, ("t", 1): 5,
-                                                               ("t", 2): 1}
+            assert {tp: c.offset for tp, c in got.items()} == {
+                ("t", 0): 10,
+                ("t", 1): 5,
+                ("t", 2): 1,
+            }
 
     asyncio.run(scenario())
 
@@ -320,13 +394,21 @@ def test_a_write_at_a_superseded_epoch_is_refused_and_dropped_from_the_cache(sm)
 
 # ---------------------------------------------------------------- FindCoordinator
 
+
 def test_find_coordinator_answers_from_the_slot_map_for_single_and_batched_keys(sm):
     from kafka.protocol.metadata import FindCoordinatorRequest
 
     from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 
-    apis = KafkaApis(BrokerIdentity(1, "127.0.0.1", 9001, "az1"), lambda: sm.image,
-                     lambda *_: True, None, None, lambda: 0, io_threads=1)
+    apis = KafkaApis(
+        BrokerIdentity(1, "127.0.0.1", 9001, "az1"),
+        lambda: sm.image,
+        lambda *_: True,
+        None,
+        None,
+        lambda: 0,
+        io_threads=1,
+    )
     try:
         g2, _ = _group_on(sm, 2)
         g3, _ = _group_on(sm, 3)
@@ -345,12 +427,16 @@ def test_find_coordinator_answers_from_the_slot_map_for_single_and_batched_keys(
             assert (resp.error_code, resp.node_id, resp.port) == (0, 2, 9002)
         resp = ask(4, g2, g3)
         assert [(c.key, c.node_id, c.error_code) for c in resp.coordinators] == [
-            (g2, 2, 0), (g3, 3, 0)]
+            (g2, 2, 0),
+            (g3, 3, 0),
+        ]
         # broker 3 restarted (registered, not yet heartbeating): its groups are unavailable
         register(sm, 3, "az3", incarnation="inc-3b", heartbeat=False)
         resp = ask(4, g2, g3)
         assert [(c.node_id, c.error_code) for c in resp.coordinators] == [
-            (2, 0), (-1, KafkaError.COORDINATOR_NOT_AVAILABLE)]
+            (2, 0),
+            (-1, KafkaError.COORDINATOR_NOT_AVAILABLE),
+        ]
         assert ask(0, g3).error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
         assert owned_slots(sm.image, 3)  # still its slots: it will serve them again
     finally:

@@ -34,12 +34,19 @@ def test_missing_java_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_old_and_new_java_versions(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", fake_java(tmp_path, 'java version "1.8.0_292"') + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv(
+        "PATH", fake_java(tmp_path, 'java version "1.8.0_292"') + os.pathsep + os.environ["PATH"]
+    )
     assert java_version() == 8
     with pytest.raises(RuntimeError, match="too old"):
         require_java()
 
 
 def test_java_17_is_accepted(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15') + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv(
+        "PATH",
+        fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15')
+        + os.pathsep
+        + os.environ["PATH"],
+    )
     assert require_java() == 17

@@ -45,7 +45,8 @@ def make_coordinator(**overrides: Any) -> GroupCoordinator:
     settings.update(overrides)
     counter = itertools.count(1)
     return GroupCoordinator(
-        GroupCoordinatorConfig(**settings), member_id_factory=lambda prefix: f"{prefix}-{next(counter)}"
+        GroupCoordinatorConfig(**settings),
+        member_id_factory=lambda prefix: f"{prefix}-{next(counter)}",
     )
 
 
@@ -89,7 +90,12 @@ async def form_group(
     assignments = {r.member_id: f"assign-{r.member_id}".encode() for r in results}
     syncs = await asyncio.gather(
         *(
-            coord.sync_group(group_id, r.generation_id, r.member_id, assignments=assignments if r.member_id == leader else None)
+            coord.sync_group(
+                group_id,
+                r.generation_id,
+                r.member_id,
+                assignments=assignments if r.member_id == leader else None,
+            )
             for r in results
         )
     )
@@ -119,7 +125,9 @@ def test_three_members_join_one_generation_and_sync_distributes_assignments() ->
             (("range", b"r2"), ("sticky", b"s2")),
         ]
         joins = [
-            asyncio.ensure_future(coord.join_group(params(client_id=f"c{i}", protocols=protocols[i])))
+            asyncio.ensure_future(
+                coord.join_group(params(client_id=f"c{i}", protocols=protocols[i]))
+            )
             for i in range(3)
         ]
         results = await asyncio.gather(*joins)
@@ -245,7 +253,9 @@ def test_rebalance_waits_for_members_told_member_id_required() -> None:
         rejoin_a = asyncio.ensure_future(coord.join_group(params(member_id=a.member_id)))
         await asyncio.sleep(0.05)
         assert not rejoin_a.done()  # b holds a member id and is expected back
-        b = await coord.join_group(params(member_id=pending.member_id, require_known_member_id=True))
+        b = await coord.join_group(
+            params(member_id=pending.member_id, require_known_member_id=True)
+        )
         a2 = await rejoin_a
         assert a2.generation_id == b.generation_id == 2
         assert [m.member_id for m in a2.members] == [a.member_id, pending.member_id]
@@ -261,13 +271,19 @@ def test_initial_delay_is_bounded_by_rebalance_timeout() -> None:
         coord = make_coordinator(group_initial_rebalance_delay_ms=60)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        first = asyncio.ensure_future(coord.join_group(params(client_id="m0", rebalance_timeout_ms=200)))
+        first = asyncio.ensure_future(
+            coord.join_group(params(client_id="m0", rebalance_timeout_ms=200))
+        )
         joiners = [first]
         for i in range(1, 30):
             await asyncio.sleep(0.04)
             if first.done():
                 break
-            joiners.append(asyncio.ensure_future(coord.join_group(params(client_id=f"m{i}", rebalance_timeout_ms=200))))
+            joiners.append(
+                asyncio.ensure_future(
+                    coord.join_group(params(client_id=f"m{i}", rebalance_timeout_ms=200))
+                )
+            )
         result = await first
         elapsed_ms = (loop.time() - start) * 1000
         assert result.error_code == KafkaError.NONE and result.generation_id == 1
@@ -282,14 +298,18 @@ def test_initial_delay_is_bounded_by_rebalance_timeout() -> None:
 def test_member_id_required_flow() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
-        first = await coord.join_group(params(require_known_member_id=True, session_timeout_ms=10_000))
+        first = await coord.join_group(
+            params(require_known_member_id=True, session_timeout_ms=10_000)
+        )
         assert first.error_code == KafkaError.MEMBER_ID_REQUIRED
         assert first.member_id == "client-1" and first.generation_id == -1
         assert coord.group_state("g") is GroupState.EMPTY  # no rebalance before the rejoin
         # A made-up member id is refused.
         bogus = await coord.join_group(params(member_id="nobody", require_known_member_id=True))
         assert bogus.error_code == KafkaError.UNKNOWN_MEMBER_ID
-        joined = await coord.join_group(params(member_id=first.member_id, require_known_member_id=True))
+        joined = await coord.join_group(
+            params(member_id=first.member_id, require_known_member_id=True)
+        )
         assert joined.error_code == KafkaError.NONE
         assert joined.member_id == first.member_id and joined.leader_id == first.member_id
         assert joined.generation_id == 1
@@ -304,7 +324,9 @@ def test_pending_member_expires_after_session_timeout() -> None:
         first = await coord.join_group(params(require_known_member_id=True, session_timeout_ms=50))
         assert first.error_code == KafkaError.MEMBER_ID_REQUIRED
         await asyncio.sleep(0.15)
-        late = await coord.join_group(params(member_id=first.member_id, require_known_member_id=True))
+        late = await coord.join_group(
+            params(member_id=first.member_id, require_known_member_id=True)
+        )
         assert late.error_code == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
@@ -314,15 +336,29 @@ def test_pending_member_expires_after_session_timeout() -> None:
 def test_join_validation_errors() -> None:
     async def scenario() -> None:
         coord = make_coordinator(group_max_size=2)
-        assert (await coord.join_group(params(group_id=""))).error_code == KafkaError.INVALID_GROUP_ID
-        assert (await coord.join_group(params(session_timeout_ms=5))).error_code == KafkaError.INVALID_SESSION_TIMEOUT
-        assert (await coord.join_group(params(session_timeout_ms=60_001))).error_code == KafkaError.INVALID_SESSION_TIMEOUT
-        assert (await coord.join_group(params(protocols=()))).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
-        assert (await coord.join_group(params(protocol_type=""))).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (
+            await coord.join_group(params(group_id=""))
+        ).error_code == KafkaError.INVALID_GROUP_ID
+        assert (
+            await coord.join_group(params(session_timeout_ms=5))
+        ).error_code == KafkaError.INVALID_SESSION_TIMEOUT
+        assert (
+            await coord.join_group(params(session_timeout_ms=60_001))
+        ).error_code == KafkaError.INVALID_SESSION_TIMEOUT
+        assert (
+            await coord.join_group(params(protocols=()))
+        ).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (
+            await coord.join_group(params(protocol_type=""))
+        ).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         huge = (("range", b"x" * (coord.config.max_member_metadata_bytes + 1)),)
-        assert (await coord.join_group(params(protocols=huge))).error_code == KafkaError.INVALID_REQUEST
+        assert (
+            await coord.join_group(params(protocols=huge))
+        ).error_code == KafkaError.INVALID_REQUEST
         # Known member id for a group that does not exist.
-        assert (await coord.join_group(params(group_id="nope", member_id="m"))).error_code == KafkaError.UNKNOWN_MEMBER_ID
+        assert (
+            await coord.join_group(params(group_id="nope", member_id="m"))
+        ).error_code == KafkaError.UNKNOWN_MEMBER_ID
 
         await form_group(coord, 2)
         # Different protocol type, no common protocol, full group.
@@ -369,7 +405,9 @@ def test_leave_triggers_rebalance_and_remaining_members_get_new_generation() -> 
         results = await form_group(coord, 3)
         a, b, c = (r.member_id for r in results)
         leave = await coord.leave_group("g", [(c, None)])
-        assert leave.error_code == KafkaError.NONE and leave.members[0].error_code == KafkaError.NONE
+        assert (
+            leave.error_code == KafkaError.NONE and leave.members[0].error_code == KafkaError.NONE
+        )
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
         # Remaining members learn about it through their heartbeat.
         assert await coord.heartbeat("g", 1, a) == KafkaError.REBALANCE_IN_PROGRESS
@@ -382,7 +420,9 @@ def test_leave_triggers_rebalance_and_remaining_members_get_new_generation() -> 
         assert ra.leader_id == a and [m.member_id for m in ra.members] == [a, b]
         # Old generation is now illegal.
         assert await coord.heartbeat("g", 1, a) == KafkaError.ILLEGAL_GENERATION
-        assert await coord.heartbeat("g", 2, a) == KafkaError.NONE  # CompletingRebalance: plain heartbeat
+        assert (
+            await coord.heartbeat("g", 2, a) == KafkaError.NONE
+        )  # CompletingRebalance: plain heartbeat
         coord.close()
 
     run(scenario)
@@ -394,7 +434,9 @@ def test_leader_leaving_hands_leadership_to_next_member() -> None:
         results = await form_group(coord, 3)
         a, b, c = (r.member_id for r in results)
         await coord.leave_group("g", [(a, None)])
-        rb, rc = await asyncio.gather(coord.join_group(params(member_id=b)), coord.join_group(params(member_id=c)))
+        rb, rc = await asyncio.gather(
+            coord.join_group(params(member_id=b)), coord.join_group(params(member_id=c))
+        )
         assert rb.leader_id == rc.leader_id == b
         assert len(rb.members) == 2 and rc.members == ()
         coord.close()
@@ -407,7 +449,10 @@ def test_last_member_leaving_empties_the_group() -> None:
         coord = make_coordinator()
         (only,) = await form_group(coord, 1)
         result = await coord.leave_group("g", [(only.member_id, None), ("ghost", None)])
-        assert [m.error_code for m in result.members] == [KafkaError.NONE, KafkaError.UNKNOWN_MEMBER_ID]
+        assert [m.error_code for m in result.members] == [
+            KafkaError.NONE,
+            KafkaError.UNKNOWN_MEMBER_ID,
+        ]
         assert coord.group_state("g") is GroupState.EMPTY
         summary = coord.describe_group("g")
         assert summary is not None and summary.members == () and summary.generation_id == 2
@@ -421,7 +466,10 @@ def test_last_member_leaving_empties_the_group() -> None:
 def test_session_timeout_expires_silent_member() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
-        a, b = (r.member_id for r in await form_group(coord, 2, session_timeout_ms=150, rebalance_timeout_ms=2_000))
+        a, b = (
+            r.member_id
+            for r in await form_group(coord, 2, session_timeout_ms=150, rebalance_timeout_ms=2_000)
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 3.0
         seen = KafkaError.NONE
@@ -462,7 +510,9 @@ def test_member_not_rejoining_within_rebalance_timeout_is_removed() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         # The leader rejoining triggers a rebalance; b never rejoins (it keeps heartbeating).
-        join_a = asyncio.ensure_future(coord.join_group(params(member_id=a, rebalance_timeout_ms=200)))
+        join_a = asyncio.ensure_future(
+            coord.join_group(params(member_id=a, rebalance_timeout_ms=200))
+        )
         await asyncio.sleep(0.05)
         assert await coord.heartbeat("g", 1, b) == KafkaError.REBALANCE_IN_PROGRESS
         result = await join_a
@@ -477,10 +527,14 @@ def test_member_not_rejoining_within_rebalance_timeout_is_removed() -> None:
 def test_new_member_during_completing_rebalance_sends_waiting_followers_back() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
-        r1, r2 = await asyncio.gather(coord.join_group(params(client_id="a")), coord.join_group(params(client_id="b")))
+        r1, r2 = await asyncio.gather(
+            coord.join_group(params(client_id="a")), coord.join_group(params(client_id="b"))
+        )
         assert coord.group_state("g") is GroupState.COMPLETING_REBALANCE
         follower = r2 if r1.leader_id == r1.member_id else r1
-        waiting = asyncio.ensure_future(coord.sync_group("g", follower.generation_id, follower.member_id))
+        waiting = asyncio.ensure_future(
+            coord.sync_group("g", follower.generation_id, follower.member_id)
+        )
         await asyncio.sleep(0.02)
         newcomer = asyncio.ensure_future(coord.join_group(params(client_id="c")))
         synced = await waiting
@@ -488,7 +542,8 @@ def test_new_member_during_completing_rebalance_sends_waiting_followers_back() -
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
         # Everybody rejoins -> generation 2 with three members.
         again = await asyncio.gather(
-            coord.join_group(params(member_id=r1.member_id)), coord.join_group(params(member_id=r2.member_id))
+            coord.join_group(params(member_id=r1.member_id)),
+            coord.join_group(params(member_id=r2.member_id)),
         )
         c = await newcomer
         assert {r.generation_id for r in (*again, c)} == {2}
@@ -505,8 +560,12 @@ def test_sync_errors() -> None:
         assert (await coord.sync_group("g", 1, "ghost")).error_code == KafkaError.UNKNOWN_MEMBER_ID
         assert (await coord.sync_group("g", 7, mid)).error_code == KafkaError.ILLEGAL_GENERATION
         assert (await coord.sync_group("nope", 1, mid)).error_code == KafkaError.UNKNOWN_MEMBER_ID
-        assert (await coord.sync_group("g", 1, mid, protocol_type="connect")).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
-        assert (await coord.sync_group("g", 1, mid, protocol_name="sticky")).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (
+            await coord.sync_group("g", 1, mid, protocol_type="connect")
+        ).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        assert (
+            await coord.sync_group("g", 1, mid, protocol_name="sticky")
+        ).error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         # Stable: a repeated SyncGroup returns the stored assignment.
         again = await coord.sync_group("g", 1, mid, protocol_type="consumer", protocol_name="range")
         assert again.error_code == KafkaError.NONE and again.assignment == f"assign-{mid}".encode()
@@ -529,7 +588,9 @@ def test_member_that_never_syncs_is_removed_after_rebalance_timeout() -> None:
         )
         leader = ra if ra.leader_id == ra.member_id else rb
         follower = rb if leader is ra else ra
-        synced = await coord.sync_group("g", 1, leader.member_id, assignments={leader.member_id: b"x"})
+        synced = await coord.sync_group(
+            "g", 1, leader.member_id, assignments={leader.member_id: b"x"}
+        )
         assert synced.error_code == KafkaError.NONE
         # The follower neither syncs nor heartbeats; the sync deadline removes it.
         await settle(lambda: coord.group_state("g") is GroupState.PREPARING_REBALANCE)
@@ -542,10 +603,14 @@ def test_member_that_never_syncs_is_removed_after_rebalance_timeout() -> None:
 def test_rejoin_with_same_metadata_in_completing_rebalance_returns_current_generation() -> None:
     async def scenario() -> None:
         coord = make_coordinator()
-        ra, rb = await asyncio.gather(coord.join_group(params(client_id="a")), coord.join_group(params(client_id="b")))
+        ra, rb = await asyncio.gather(
+            coord.join_group(params(client_id="a")), coord.join_group(params(client_id="b"))
+        )
         follower = rb if ra.leader_id == ra.member_id else ra
         again = await coord.join_group(params(member_id=follower.member_id))
-        assert again.error_code == KafkaError.NONE and again.generation_id == 1 and again.members == ()
+        assert (
+            again.error_code == KafkaError.NONE and again.generation_id == 1 and again.members == ()
+        )
         assert coord.group_state("g") is GroupState.COMPLETING_REBALANCE
         leader_again = await coord.join_group(params(member_id=ra.leader_id))
         assert leader_again.generation_id == 1 and len(leader_again.members) == 2
@@ -574,13 +639,20 @@ def test_static_member_replacement_fences_old_incarnation() -> None:
         coord = make_coordinator()
         old = await coord.join_group(params(group_instance_id="host-1", client_id="app"))
         assert old.error_code == KafkaError.NONE and old.member_id.startswith("host-1-")
-        assert (await coord.sync_group("g", 1, old.member_id, "host-1", assignments={})).error_code == KafkaError.NONE
+        assert (
+            await coord.sync_group("g", 1, old.member_id, "host-1", assignments={})
+        ).error_code == KafkaError.NONE
         new = await coord.join_group(params(group_instance_id="host-1", client_id="app"))
         assert new.error_code == KafkaError.NONE and new.generation_id == 2
         assert [m.member_id for m in new.members] == [new.member_id]
         assert [m.group_instance_id for m in new.members] == ["host-1"]
-        assert await coord.heartbeat("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
-        assert coord.validate_offset_commit("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
+        assert (
+            await coord.heartbeat("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
+        )
+        assert (
+            coord.validate_offset_commit("g", 2, old.member_id, "host-1")
+            == KafkaError.FENCED_INSTANCE_ID
+        )
         # Leave by instance id alone.
         left = await coord.leave_group("g", [("", "host-1")])
         assert left.members[0].error_code == KafkaError.NONE
@@ -599,7 +671,9 @@ def test_leave_with_mismatched_instance_id_is_fenced() -> None:
         result = await coord.leave_group("g", [("someone-else", "i1")])
         assert result.members[0].error_code == KafkaError.FENCED_INSTANCE_ID
         assert coord.group_state("g") is GroupState.COMPLETING_REBALANCE
-        assert (await coord.leave_group("g", [(r.member_id, "i1")])).members[0].error_code == KafkaError.NONE
+        assert (await coord.leave_group("g", [(r.member_id, "i1")])).members[
+            0
+        ].error_code == KafkaError.NONE
         coord.close()
 
     run(scenario)
@@ -640,8 +714,12 @@ def test_cancelled_join_does_not_block_the_rebalance() -> None:
         coord = make_coordinator()
         a, b, _c = (r.member_id for r in await form_group(coord, 3, rebalance_timeout_ms=150))
         # a and b rejoin, c does not: the join phase waits for the rebalance timeout.
-        join_a = asyncio.ensure_future(coord.join_group(params(member_id=a, rebalance_timeout_ms=150)))
-        join_b = asyncio.ensure_future(coord.join_group(params(member_id=b, rebalance_timeout_ms=150)))
+        join_a = asyncio.ensure_future(
+            coord.join_group(params(member_id=a, rebalance_timeout_ms=150))
+        )
+        join_b = asyncio.ensure_future(
+            coord.join_group(params(member_id=b, rebalance_timeout_ms=150))
+        )
         await asyncio.sleep(0.02)
         assert not join_a.done() and not join_b.done()
         join_b.cancel()  # b's connection went away while its JoinGroup was parked

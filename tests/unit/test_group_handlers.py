@@ -28,7 +28,10 @@ from kafka.protocol.consumer import (
     OffsetFetchRequest,
     SyncGroupRequest,
 )
-from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+from kafka.protocol.consumer.metadata import (
+    ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
+)
 
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
@@ -70,7 +73,9 @@ def run(factory: Callable[[], Awaitable[T]], timeout: float = 10.0) -> T:
     return asyncio.run(bounded())
 
 
-def make(is_coordinator: Callable[[str], bool] = lambda _g: True) -> tuple[GroupCoordinator, InMemoryOffsetStore, GroupHandlers]:
+def make(
+    is_coordinator: Callable[[str], bool] = lambda _g: True,
+) -> tuple[GroupCoordinator, InMemoryOffsetStore, GroupHandlers]:
     counter = itertools.count(1)
     coord = GroupCoordinator(
         GroupCoordinatorConfig(group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=10),
@@ -80,7 +85,9 @@ def make(is_coordinator: Callable[[str], bool] = lambda _g: True) -> tuple[Group
     return coord, store, GroupHandlers(coord, store, is_coordinator)
 
 
-async def call(handler: Callable[[Any, Any], Awaitable[Any]], request: Any, ctx: Ctx | None = None) -> Any:
+async def call(
+    handler: Callable[[Any, Any], Awaitable[Any]], request: Any, ctx: Ctx | None = None
+) -> Any:
     """Send ``request`` through kafka-python's codec both ways around ``handler``."""
     version = request.version
     wire_request = type(request).decode(bytes(request.encode()), version=version)
@@ -105,20 +112,27 @@ def join_request(version: int, member_id: str = "", group_id: str = "grp", **ove
     return JoinGroupRequest[version](**fields)
 
 
-async def join(handlers: GroupHandlers, version: int, group_id: str = "grp", **overrides: Any) -> Any:
+async def join(
+    handlers: GroupHandlers, version: int, group_id: str = "grp", **overrides: Any
+) -> Any:
     """JoinGroup as a client does it (v4+: MEMBER_ID_REQUIRED round trip)."""
-    response = await call(handlers.join_group, join_request(version, group_id=group_id, **overrides))
+    response = await call(
+        handlers.join_group, join_request(version, group_id=group_id, **overrides)
+    )
     if version >= 4:
         assert response.error_code == KafkaError.MEMBER_ID_REQUIRED
         assert response.member_id and response.generation_id == -1
         response = await call(
-            handlers.join_group, join_request(version, response.member_id, group_id=group_id, **overrides)
+            handlers.join_group,
+            join_request(version, response.member_id, group_id=group_id, **overrides),
         )
     assert response.error_code == KafkaError.NONE
     return response
 
 
-def commit_request(version: int, generation: int, member_id: str, offset: int, group_id: str = "grp") -> Any:
+def commit_request(
+    version: int, generation: int, member_id: str, offset: int, group_id: str = "grp"
+) -> Any:
     partition = CommitPartition(
         partition_index=0,
         committed_offset=offset,
@@ -140,11 +154,18 @@ def fetch_request(version: int, group_id: str = "grp", partitions: list[int] | N
     partitions = [0, 1] if partitions is None else partitions
     if version >= 8:
         return OffsetFetchRequest[version](
-            groups=[FetchGroup(group_id=group_id, topics=[FetchGroupTopic(name="t", partition_indexes=partitions)])],
+            groups=[
+                FetchGroup(
+                    group_id=group_id,
+                    topics=[FetchGroupTopic(name="t", partition_indexes=partitions)],
+                )
+            ],
             require_stable=False,
         )
     return OffsetFetchRequest[version](
-        group_id=group_id, topics=[FetchTopic(name="t", partition_indexes=partitions)], require_stable=False
+        group_id=group_id,
+        topics=[FetchTopic(name="t", partition_indexes=partitions)],
+        require_stable=False,
     )
 
 
@@ -152,7 +173,9 @@ def fetched(response: Any, version: int) -> tuple[int, dict[tuple[str, int], Any
     """(group error, partition -> response partition) of a single-group OffsetFetch response."""
     if version >= 8:
         (group,) = response.groups
-        return group.error_code, {(t.name, p.partition_index): p for t in group.topics for p in t.partitions}
+        return group.error_code, {
+            (t.name, p.partition_index): p for t in group.topics for p in t.partitions
+        }
     error = response.error_code if version >= 2 else KafkaError.NONE
     return error, {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
 
@@ -215,17 +238,29 @@ def test_registrations_cover_supported_versions() -> None:
 def test_single_member_lifecycle_at_every_version(level: int) -> None:
     """JoinGroup v<level> with the matching version of every other group API."""
     jv, sv, hv, lv = level, min(level, 5), min(level, 4), min(level, 5)
-    cv, fv, listv, dv, delv = min(level, 9), min(level, 9), min(level, 5), min(level, 6), min(level, 2)
+    cv, fv, listv, dv, delv = (
+        min(level, 9),
+        min(level, 9),
+        min(level, 5),
+        min(level, 6),
+        min(level, 2),
+    )
 
     async def scenario() -> None:
         coord, store, handlers = make()
         joined = await join(handlers, jv)
         member_id = joined.member_id
         assert member_id.startswith("test-client-")
-        assert (joined.generation_id, joined.leader, joined.protocol_name) == (1, member_id, "range")
+        assert (joined.generation_id, joined.leader, joined.protocol_name) == (
+            1,
+            member_id,
+            "range",
+        )
         if jv >= 7:
             assert joined.protocol_type == "consumer"
-        assert [(m.member_id, bytes(m.metadata)) for m in joined.members] == [(member_id, SUBSCRIPTION_BYTES)]
+        assert [(m.member_id, bytes(m.metadata)) for m in joined.members] == [
+            (member_id, SUBSCRIPTION_BYTES)
+        ]
         assert ConsumerProtocolSubscription.decode(joined.members[0].metadata).topics == ["t"]
 
         sync = SyncGroupRequest[sv](
@@ -242,7 +277,9 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
         if sv >= 5:
             assert (synced.protocol_type, synced.protocol_name) == ("consumer", "range")
 
-        beat = HeartbeatRequest[hv](group_id="grp", generation_id=1, member_id=member_id, group_instance_id=None)
+        beat = HeartbeatRequest[hv](
+            group_id="grp", generation_id=1, member_id=member_id, group_instance_id=None
+        )
         assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.NONE
 
         committed = await call(handlers.offset_commit, commit_request(cv, 1, member_id, 42))
@@ -254,24 +291,39 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
         assert error == KafkaError.NONE
         if cv > 0:
             p0 = partitions[("t", 0)]
-            assert (p0.committed_offset, p0.metadata, p0.error_code) == (42, "meta", KafkaError.NONE)
+            assert (p0.committed_offset, p0.metadata, p0.error_code) == (
+                42,
+                "meta",
+                KafkaError.NONE,
+            )
             if fv >= 5:
                 assert p0.committed_leader_epoch == (7 if cv >= 6 else -1)
         assert partitions[("t", 1)].committed_offset == -1
         assert partitions[("t", 1)].metadata == ""
 
         described = await call(
-            handlers.describe_groups, DescribeGroupsRequest[dv](groups=["grp"], include_authorized_operations=False)
+            handlers.describe_groups,
+            DescribeGroupsRequest[dv](groups=["grp"], include_authorized_operations=False),
         )
         (group,) = described.groups
-        assert (group.error_code, group.group_id, group.group_state) == (KafkaError.NONE, "grp", "Stable")
+        assert (group.error_code, group.group_id, group.group_state) == (
+            KafkaError.NONE,
+            "grp",
+            "Stable",
+        )
         assert (group.protocol_type, group.protocol_data) == ("consumer", "range")
         (member,) = group.members
-        assert (member.member_id, member.client_id, member.client_host) == (member_id, "test-client", "/10.0.0.7")
+        assert (member.member_id, member.client_id, member.client_host) == (
+            member_id,
+            "test-client",
+            "/10.0.0.7",
+        )
         assert bytes(member.member_metadata) == SUBSCRIPTION_BYTES
         assert bytes(member.member_assignment) == ASSIGNMENT_BYTES
 
-        listed = await call(handlers.list_groups, ListGroupsRequest[listv](states_filter=[], types_filter=[]))
+        listed = await call(
+            handlers.list_groups, ListGroupsRequest[listv](states_filter=[], types_filter=[])
+        )
         assert listed.error_code == KafkaError.NONE
         assert [(g.group_id, g.protocol_type) for g in listed.groups] == [("grp", "consumer")]
         if listv >= 4:
@@ -280,13 +332,18 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
             assert listed.groups[0].group_type == "classic"
 
         if lv >= 3:
-            leave = LeaveGroupRequest[lv](group_id="grp", members=[LeaveIdentity(member_id=member_id, group_instance_id=None, reason="bye")])
+            leave = LeaveGroupRequest[lv](
+                group_id="grp",
+                members=[LeaveIdentity(member_id=member_id, group_instance_id=None, reason="bye")],
+            )
         else:
             leave = LeaveGroupRequest[lv](group_id="grp", member_id=member_id)
         left = await call(handlers.leave_group, leave)
         assert left.error_code == KafkaError.NONE
         if lv >= 3:
-            assert [(m.member_id, m.error_code) for m in left.members] == [(member_id, KafkaError.NONE)]
+            assert [(m.member_id, m.error_code) for m in left.members] == [
+                (member_id, KafkaError.NONE)
+            ]
 
         # The group is Empty now: a simple commit (any version) is accepted.
         simple = await call(handlers.offset_commit, commit_request(cv, -1, "", 43))
@@ -294,7 +351,9 @@ def test_single_member_lifecycle_at_every_version(level: int) -> None:
         _error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(fv)), fv)
         assert partitions[("t", 0)].committed_offset == 43
 
-        deleted = await call(handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["grp"]))
+        deleted = await call(
+            handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["grp"])
+        )
         assert [(r.group_id, r.error_code) for r in deleted.results] == [("grp", KafkaError.NONE)]
         _error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(fv)), fv)
         assert partitions[("t", 0)].committed_offset == -1
@@ -310,14 +369,21 @@ def test_two_members_leader_gets_all_metadata_and_followers_their_assignment(ver
         first, second = await asyncio.gather(join(handlers, version), join(handlers, version))
         leader, follower = (first, second) if first.leader == first.member_id else (second, first)
         assert leader.leader == follower.leader == leader.member_id
-        assert sorted(m.member_id for m in leader.members) == sorted([first.member_id, second.member_id])
+        assert sorted(m.member_id for m in leader.members) == sorted(
+            [first.member_id, second.member_id]
+        )
         assert follower.members == []
         sv = min(version, 5)
 
         def sync(member: Any, assignments: list[Any]) -> Any:
             return SyncGroupRequest[sv](
-                group_id="grp", generation_id=member.generation_id, member_id=member.member_id,
-                group_instance_id=None, protocol_type=None, protocol_name=None, assignments=assignments,
+                group_id="grp",
+                generation_id=member.generation_id,
+                member_id=member.member_id,
+                group_instance_id=None,
+                protocol_type=None,
+                protocol_name=None,
+                assignments=assignments,
             )
 
         waiting = asyncio.ensure_future(call(handlers.sync_group, sync(follower, [])))
@@ -325,14 +391,20 @@ def test_two_members_leader_gets_all_metadata_and_followers_their_assignment(ver
         assert not waiting.done()
         leader_sync = await call(
             handlers.sync_group,
-            sync(leader, [
-                SyncAssignment(member_id=leader.member_id, assignment=b"L"),
-                SyncAssignment(member_id=follower.member_id, assignment=b"F"),
-            ]),
+            sync(
+                leader,
+                [
+                    SyncAssignment(member_id=leader.member_id, assignment=b"L"),
+                    SyncAssignment(member_id=follower.member_id, assignment=b"F"),
+                ],
+            ),
         )
         follower_sync = await waiting
         assert (leader_sync.error_code, bytes(leader_sync.assignment)) == (KafkaError.NONE, b"L")
-        assert (follower_sync.error_code, bytes(follower_sync.assignment)) == (KafkaError.NONE, b"F")
+        assert (follower_sync.error_code, bytes(follower_sync.assignment)) == (
+            KafkaError.NONE,
+            b"F",
+        )
         coord.close()
 
     run(scenario)
@@ -350,25 +422,43 @@ def test_not_coordinator_for_every_api(level: int) -> None:
         joined = await call(handlers.join_group, join_request(jv, group_id="elsewhere"))
         assert joined.error_code == KafkaError.NOT_COORDINATOR and joined.generation_id == -1
         assert joined.protocol_name == ("" if jv < 7 else None)
-        sync = SyncGroupRequest[sv](group_id="elsewhere", generation_id=1, member_id="m", group_instance_id=None, assignments=[])
+        sync = SyncGroupRequest[sv](
+            group_id="elsewhere",
+            generation_id=1,
+            member_id="m",
+            group_instance_id=None,
+            assignments=[],
+        )
         assert (await call(handlers.sync_group, sync)).error_code == KafkaError.NOT_COORDINATOR
-        beat = HeartbeatRequest[hv](group_id="elsewhere", generation_id=1, member_id="m", group_instance_id=None)
+        beat = HeartbeatRequest[hv](
+            group_id="elsewhere", generation_id=1, member_id="m", group_instance_id=None
+        )
         assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.NOT_COORDINATOR
         if lv >= 3:
-            leave = LeaveGroupRequest[lv](group_id="elsewhere", members=[LeaveIdentity(member_id="m", group_instance_id=None)])
+            leave = LeaveGroupRequest[lv](
+                group_id="elsewhere", members=[LeaveIdentity(member_id="m", group_instance_id=None)]
+            )
         else:
             leave = LeaveGroupRequest[lv](group_id="elsewhere", member_id="m")
         assert (await call(handlers.leave_group, leave)).error_code == KafkaError.NOT_COORDINATOR
-        committed = await call(handlers.offset_commit, commit_request(cv, 1, "m", 5, group_id="elsewhere"))
+        committed = await call(
+            handlers.offset_commit, commit_request(cv, 1, "m", 5, group_id="elsewhere")
+        )
         assert committed.topics[0].partitions[0].error_code == KafkaError.NOT_COORDINATOR
         fetch = await call(handlers.offset_fetch, fetch_request(fv, group_id="elsewhere"))
         if fv < 2:  # no top-level error yet: every partition carries it
-            assert {p.error_code for t in fetch.topics for p in t.partitions} == {KafkaError.NOT_COORDINATOR}
+            assert {p.error_code for t in fetch.topics for p in t.partitions} == {
+                KafkaError.NOT_COORDINATOR
+            }
         else:
             assert fetched(fetch, fv)[0] == KafkaError.NOT_COORDINATOR
-        described = await call(handlers.describe_groups, DescribeGroupsRequest[dv](groups=["elsewhere"]))
+        described = await call(
+            handlers.describe_groups, DescribeGroupsRequest[dv](groups=["elsewhere"])
+        )
         assert described.groups[0].error_code == KafkaError.NOT_COORDINATOR
-        deleted = await call(handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["elsewhere"]))
+        deleted = await call(
+            handlers.delete_groups, DeleteGroupsRequest[delv](groups_names=["elsewhere"])
+        )
         assert deleted.results[0].error_code == KafkaError.NOT_COORDINATOR
         assert store.commit_calls == 0 and len(coord) == 0
         coord.close()
@@ -379,13 +469,17 @@ def test_not_coordinator_for_every_api(level: int) -> None:
 def test_invalid_group_id_for_membership_apis_only() -> None:
     async def scenario() -> None:
         coord, _store, handlers = make()
-        assert (await call(handlers.join_group, join_request(5, group_id=""))).error_code == KafkaError.INVALID_GROUP_ID
+        assert (
+            await call(handlers.join_group, join_request(5, group_id=""))
+        ).error_code == KafkaError.INVALID_GROUP_ID
         beat = HeartbeatRequest[2](group_id="", generation_id=1, member_id="m")
         assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.INVALID_GROUP_ID
         # The empty group id is legal for offsets (Kafka's backwards-compatibility rule).
         committed = await call(handlers.offset_commit, commit_request(2, -1, "", 5, group_id=""))
         assert committed.topics[0].partitions[0].error_code == KafkaError.NONE
-        error, partitions = fetched(await call(handlers.offset_fetch, fetch_request(3, group_id="")), 3)
+        error, partitions = fetched(
+            await call(handlers.offset_fetch, fetch_request(3, group_id="")), 3
+        )
         assert error == KafkaError.NONE and partitions[("t", 0)].committed_offset == 5
         coord.close()
 
@@ -409,7 +503,9 @@ def test_leave_unknown_members() -> None:
     async def scenario() -> None:
         coord, _store, handlers = make()
         joined = await join(handlers, 3)
-        v1 = await call(handlers.leave_group, LeaveGroupRequest[1](group_id="grp", member_id="ghost"))
+        v1 = await call(
+            handlers.leave_group, LeaveGroupRequest[1](group_id="grp", member_id="ghost")
+        )
         assert v1.error_code == KafkaError.UNKNOWN_MEMBER_ID
         batch = LeaveGroupRequest[4](
             group_id="grp",
@@ -424,7 +520,9 @@ def test_leave_unknown_members() -> None:
             ("ghost", KafkaError.UNKNOWN_MEMBER_ID),
             (joined.member_id, KafkaError.NONE),
         ]
-        missing = await call(handlers.leave_group, LeaveGroupRequest[0](group_id="nope", member_id="m"))
+        missing = await call(
+            handlers.leave_group, LeaveGroupRequest[0](group_id="nope", member_id="m")
+        )
         assert missing.error_code == KafkaError.UNKNOWN_MEMBER_ID
         coord.close()
 
@@ -437,12 +535,27 @@ def test_leave_unknown_members() -> None:
 def test_offset_fetch_all_topics_and_batched_groups() -> None:
     async def scenario() -> None:
         coord, store, handlers = make(is_coordinator=lambda g: g != "far")
-        await store.commit("a", {("t", 1): CommittedOffset(11, 2, "x", 1), ("s", 0): CommittedOffset(5, -1, None, 1)})
+        await store.commit(
+            "a",
+            {("t", 1): CommittedOffset(11, 2, "x", 1), ("s", 0): CommittedOffset(5, -1, None, 1)},
+        )
         await store.commit("b", {("t", 0): CommittedOffset(7, -1, "", 1)})
         # v2-v7: null topics means every committed partition.
-        v7 = await call(handlers.offset_fetch, OffsetFetchRequest[7](group_id="a", topics=None, require_stable=True))
+        v7 = await call(
+            handlers.offset_fetch,
+            OffsetFetchRequest[7](group_id="a", topics=None, require_stable=True),
+        )
         assert v7.error_code == KafkaError.NONE
-        assert [(t.name, [(p.partition_index, p.committed_offset, p.committed_leader_epoch, p.metadata) for p in t.partitions]) for t in v7.topics] == [
+        assert [
+            (
+                t.name,
+                [
+                    (p.partition_index, p.committed_offset, p.committed_leader_epoch, p.metadata)
+                    for p in t.partitions
+                ],
+            )
+            for t in v7.topics
+        ] == [
             ("s", [(0, 5, -1, "")]),
             ("t", [(1, 11, 2, "x")]),
         ]
@@ -450,15 +563,26 @@ def test_offset_fetch_all_topics_and_batched_groups() -> None:
         request = OffsetFetchRequest[8](
             groups=[
                 FetchGroup(group_id="a", topics=None),
-                FetchGroup(group_id="b", topics=[FetchGroupTopic(name="t", partition_indexes=[0, 3])]),
+                FetchGroup(
+                    group_id="b", topics=[FetchGroupTopic(name="t", partition_indexes=[0, 3])]
+                ),
                 FetchGroup(group_id="far", topics=None),
-                FetchGroup(group_id="new", topics=[FetchGroupTopic(name="t", partition_indexes=[0])]),
+                FetchGroup(
+                    group_id="new", topics=[FetchGroupTopic(name="t", partition_indexes=[0])]
+                ),
             ],
             require_stable=False,
         )
         v8 = await call(handlers.offset_fetch, request)
         summary = {
-            g.group_id: (g.error_code, {(t.name, p.partition_index): p.committed_offset for t in g.topics for p in t.partitions})
+            g.group_id: (
+                g.error_code,
+                {
+                    (t.name, p.partition_index): p.committed_offset
+                    for t in g.topics
+                    for p in t.partitions
+                },
+            )
             for g in v8.groups
         }
         assert summary == {
@@ -476,14 +600,30 @@ def test_offset_commit_v1_keeps_client_timestamp_and_metadata_limit() -> None:
     async def scenario() -> None:
         coord, store, handlers = make()
         partitions = [
-            CommitPartition(partition_index=0, committed_offset=3, commit_timestamp=1234, committed_metadata=None),
-            CommitPartition(partition_index=1, committed_offset=4, commit_timestamp=-1, committed_metadata="m" * 5000),
+            CommitPartition(
+                partition_index=0,
+                committed_offset=3,
+                commit_timestamp=1234,
+                committed_metadata=None,
+            ),
+            CommitPartition(
+                partition_index=1,
+                committed_offset=4,
+                commit_timestamp=-1,
+                committed_metadata="m" * 5000,
+            ),
         ]
         request = OffsetCommitRequest[1](
-            group_id="grp", generation_id_or_member_epoch=-1, member_id="", topics=[CommitTopic(name="t", partitions=partitions)]
+            group_id="grp",
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            topics=[CommitTopic(name="t", partitions=partitions)],
         )
         response = await call(handlers.offset_commit, request)
-        assert [p.error_code for p in response.topics[0].partitions] == [KafkaError.NONE, KafkaError.OFFSET_METADATA_TOO_LARGE]
+        assert [p.error_code for p in response.topics[0].partitions] == [
+            KafkaError.NONE,
+            KafkaError.OFFSET_METADATA_TOO_LARGE,
+        ]
         stored = store.snapshot()["grp"]
         assert stored == {("t", 0): CommittedOffset(3, -1, "", 1234)}
         coord.close()
@@ -496,7 +636,12 @@ def test_offset_commit_generation_checks_through_the_wire() -> None:
         coord, _store, handlers = make()
         joined = await join(handlers, 5)  # CompletingRebalance until it syncs
         codes = []
-        for generation, member in [(1, joined.member_id), (2, joined.member_id), (1, "ghost"), (-1, "")]:
+        for generation, member in [
+            (1, joined.member_id),
+            (2, joined.member_id),
+            (1, "ghost"),
+            (-1, ""),
+        ]:
             response = await call(handlers.offset_commit, commit_request(8, generation, member, 1))
             codes.append(response.topics[0].partitions[0].error_code)
         assert codes == [
@@ -505,7 +650,9 @@ def test_offset_commit_generation_checks_through_the_wire() -> None:
             KafkaError.UNKNOWN_MEMBER_ID,
             KafkaError.UNKNOWN_MEMBER_ID,
         ]
-        unknown_group = await call(handlers.offset_commit, commit_request(9, 3, "m", 1, group_id="other"))
+        unknown_group = await call(
+            handlers.offset_commit, commit_request(9, 3, "m", 1, group_id="other")
+        )
         assert unknown_group.topics[0].partitions[0].error_code == KafkaError.ILLEGAL_GENERATION
         coord.close()
 
@@ -522,14 +669,23 @@ def test_list_groups_filters_and_offset_only_groups() -> None:
         await store.commit("parked", {("t", 0): CommittedOffset(1)})
         await store.commit("far-away", {("t", 0): CommittedOffset(1)})
         everything = await call(handlers.list_groups, ListGroupsRequest[3]())
-        assert sorted((g.group_id, g.protocol_type) for g in everything.groups) == [("active", "consumer"), ("parked", "")]
-        stable_only = await call(handlers.list_groups, ListGroupsRequest[4](states_filter=["completingrebalance"]))
+        assert sorted((g.group_id, g.protocol_type) for g in everything.groups) == [
+            ("active", "consumer"),
+            ("parked", ""),
+        ]
+        stable_only = await call(
+            handlers.list_groups, ListGroupsRequest[4](states_filter=["completingrebalance"])
+        )
         assert [g.group_id for g in stable_only.groups] == ["active"]
         empty_only = await call(handlers.list_groups, ListGroupsRequest[4](states_filter=["Empty"]))
         assert [(g.group_id, g.group_state) for g in empty_only.groups] == [("parked", "Empty")]
-        classic = await call(handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=["Classic"]))
+        classic = await call(
+            handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=["Classic"])
+        )
         assert len(classic.groups) == 2 and {g.group_type for g in classic.groups} == {"classic"}
-        consumer_type = await call(handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=["consumer"]))
+        consumer_type = await call(
+            handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=["consumer"])
+        )
         assert consumer_type.groups == []
         coord.close()
 
@@ -540,13 +696,21 @@ def test_describe_unknown_and_offset_only_groups() -> None:
     async def scenario() -> None:
         coord, store, handlers = make()
         await store.commit("parked", {("t", 0): CommittedOffset(1)})
-        v5 = await call(handlers.describe_groups, DescribeGroupsRequest[5](groups=["missing", "parked"], include_authorized_operations=True))
+        v5 = await call(
+            handlers.describe_groups,
+            DescribeGroupsRequest[5](
+                groups=["missing", "parked"], include_authorized_operations=True
+            ),
+        )
         assert [(g.group_id, g.error_code, g.group_state, g.members) for g in v5.groups] == [
             ("missing", KafkaError.NONE, "Dead", []),
             ("parked", KafkaError.NONE, "Empty", []),
         ]
         assert v5.groups[1].authorized_operations == {3, 6, 8}
-        v6 = await call(handlers.describe_groups, DescribeGroupsRequest[6](groups=["missing"], include_authorized_operations=False))
+        v6 = await call(
+            handlers.describe_groups,
+            DescribeGroupsRequest[6](groups=["missing"], include_authorized_operations=False),
+        )
         assert v6.groups[0].error_code == KafkaError.GROUP_ID_NOT_FOUND
         assert v6.groups[0].error_message == "Group missing not found."
         assert v6.groups[0].authorized_operations is None
@@ -555,9 +719,10 @@ def test_describe_unknown_and_offset_only_groups() -> None:
         v0 = await call(handlers.describe_groups, DescribeGroupsRequest[0](groups=["busy"]))
         (group,) = v0.groups
         assert (group.group_state, group.protocol_data) == ("CompletingRebalance", "")
-        assert [(m.member_id, bytes(m.member_metadata), bytes(m.member_assignment)) for m in group.members] == [
-            (joined.member_id, b"", b"")
-        ]
+        assert [
+            (m.member_id, bytes(m.member_metadata), bytes(m.member_assignment))
+            for m in group.members
+        ] == [(joined.member_id, b"", b"")]
         coord.close()
 
     run(scenario)
@@ -569,7 +734,8 @@ def test_delete_groups_rules_over_the_wire() -> None:
         await join(handlers, 2, group_id="busy")
         await store.commit("parked", {("t", 0): CommittedOffset(1)})
         response = await call(
-            handlers.delete_groups, DeleteGroupsRequest[1](groups_names=["busy", "parked", "missing", "parked"])
+            handlers.delete_groups,
+            DeleteGroupsRequest[1](groups_names=["busy", "parked", "missing", "parked"]),
         )
         assert [(r.group_id, r.error_code) for r in response.results] == [
             ("busy", KafkaError.NON_EMPTY_GROUP),
@@ -589,11 +755,17 @@ def test_static_member_over_the_wire() -> None:
         assert first.members[0].group_instance_id == "pod-0"
         replacement = await join(handlers, 5, group_instance_id="pod-0")
         assert replacement.generation_id == 2
-        beat = HeartbeatRequest[3](group_id="grp", generation_id=2, member_id=first.member_id, group_instance_id="pod-0")
+        beat = HeartbeatRequest[3](
+            group_id="grp", generation_id=2, member_id=first.member_id, group_instance_id="pod-0"
+        )
         assert (await call(handlers.heartbeat, beat)).error_code == KafkaError.FENCED_INSTANCE_ID
-        leave = LeaveGroupRequest[3](group_id="grp", members=[LeaveIdentity(member_id="", group_instance_id="pod-0")])
+        leave = LeaveGroupRequest[3](
+            group_id="grp", members=[LeaveIdentity(member_id="", group_instance_id="pod-0")]
+        )
         left = await call(handlers.leave_group, leave)
-        assert [(m.group_instance_id, m.error_code) for m in left.members] == [("pod-0", KafkaError.NONE)]
+        assert [(m.group_instance_id, m.error_code) for m in left.members] == [
+            ("pod-0", KafkaError.NONE)
+        ]
         coord.close()
 
     run(scenario)

@@ -43,7 +43,11 @@ def setup() -> tuple[GroupCoordinator, InMemoryOffsetStore, OffsetManager]:
         member_id_factory=lambda prefix: f"{prefix}-{next(counter)}",
     )
     store = InMemoryOffsetStore()
-    return coord, store, OffsetManager(coord, store, offset_metadata_max_bytes=16, wall_clock_ms=lambda: NOW_MS)
+    return (
+        coord,
+        store,
+        OffsetManager(coord, store, offset_metadata_max_bytes=16, wall_clock_ms=lambda: NOW_MS),
+    )
 
 
 def join_params(member_id: str = "", client_id: str = "c") -> JoinGroupParams:
@@ -61,7 +65,9 @@ def join_params(member_id: str = "", client_id: str = "c") -> JoinGroupParams:
     )
 
 
-def one(offset: int, metadata: str | None = None, epoch: int = -1) -> dict[tuple[str, int], CommittedOffset]:
+def one(
+    offset: int, metadata: str | None = None, epoch: int = -1
+) -> dict[tuple[str, int], CommittedOffset]:
     return {("t", 0): CommittedOffset(offset, epoch, metadata)}
 
 
@@ -72,7 +78,9 @@ def test_in_memory_store_satisfies_protocol() -> None:
 def test_simple_commit_to_unknown_or_empty_group_is_allowed() -> None:
     async def scenario() -> None:
         coord, store, offsets = setup()
-        assert await offsets.commit_offsets("g", -1, "", None, one(10, "m", 3)) == {("t", 0): KafkaError.NONE}
+        assert await offsets.commit_offsets("g", -1, "", None, one(10, "m", 3)) == {
+            ("t", 0): KafkaError.NONE
+        }
         err, fetched = await offsets.fetch_offsets("g", [("t", 0), ("t", 1)])
         assert err == KafkaError.NONE
         assert fetched[("t", 0)] == CommittedOffset(10, 3, "m", NOW_MS)
@@ -81,9 +89,13 @@ def test_simple_commit_to_unknown_or_empty_group_is_allowed() -> None:
         joined = await coord.join_group(join_params())
         await coord.leave_group("g", [(joined.member_id, None)])
         assert coord.group_state("g") is GroupState.EMPTY
-        assert await offsets.commit_offsets("g", -1, "", None, one(11)) == {("t", 0): KafkaError.NONE}
+        assert await offsets.commit_offsets("g", -1, "", None, one(11)) == {
+            ("t", 0): KafkaError.NONE
+        }
         # Generation -1 wins over a stale member id while the group is Empty (as Kafka).
-        assert await offsets.commit_offsets("g", -1, joined.member_id, None, one(11)) == {("t", 0): KafkaError.NONE}
+        assert await offsets.commit_offsets("g", -1, joined.member_id, None, one(11)) == {
+            ("t", 0): KafkaError.NONE
+        }
         assert (await offsets.fetch_offsets("g", [("t", 0)]))[1][("t", 0)].offset == 11
         coord.close()
 
@@ -94,20 +106,33 @@ def test_commit_validation_against_group_membership() -> None:
     async def scenario() -> None:
         coord, store, offsets = setup()
         # Unknown group with a generation: the committer is stale.
-        assert await offsets.commit_offsets("g", 3, "m", None, one(1)) == {("t", 0): KafkaError.ILLEGAL_GENERATION}
+        assert await offsets.commit_offsets("g", 3, "m", None, one(1)) == {
+            ("t", 0): KafkaError.ILLEGAL_GENERATION
+        }
         ra, rb = await asyncio.gather(
-            coord.join_group(join_params(client_id="a")), coord.join_group(join_params(client_id="b"))
+            coord.join_group(join_params(client_id="a")),
+            coord.join_group(join_params(client_id="b")),
         )
         a, b = ra.member_id, rb.member_id
         # CompletingRebalance: members with the right generation must wait.
-        assert await offsets.commit_offsets("g", 1, a, None, one(1)) == {("t", 0): KafkaError.REBALANCE_IN_PROGRESS}
-        await asyncio.gather(coord.sync_group("g", 1, a, assignments={}), coord.sync_group("g", 1, b))
+        assert await offsets.commit_offsets("g", 1, a, None, one(1)) == {
+            ("t", 0): KafkaError.REBALANCE_IN_PROGRESS
+        }
+        await asyncio.gather(
+            coord.sync_group("g", 1, a, assignments={}), coord.sync_group("g", 1, b)
+        )
         assert coord.group_state("g") is GroupState.STABLE
         assert await offsets.commit_offsets("g", 1, a, None, one(5)) == {("t", 0): KafkaError.NONE}
-        assert await offsets.commit_offsets("g", 0, a, None, one(6)) == {("t", 0): KafkaError.ILLEGAL_GENERATION}
-        assert await offsets.commit_offsets("g", 1, "ghost", None, one(6)) == {("t", 0): KafkaError.UNKNOWN_MEMBER_ID}
+        assert await offsets.commit_offsets("g", 0, a, None, one(6)) == {
+            ("t", 0): KafkaError.ILLEGAL_GENERATION
+        }
+        assert await offsets.commit_offsets("g", 1, "ghost", None, one(6)) == {
+            ("t", 0): KafkaError.UNKNOWN_MEMBER_ID
+        }
         # A "simple" commit to a group with members is refused.
-        assert await offsets.commit_offsets("g", -1, "", None, one(6)) == {("t", 0): KafkaError.UNKNOWN_MEMBER_ID}
+        assert await offsets.commit_offsets("g", -1, "", None, one(6)) == {
+            ("t", 0): KafkaError.UNKNOWN_MEMBER_ID
+        }
         # PreparingRebalance: the current generation may still commit (as Kafka).
         await coord.leave_group("g", [(b, None)])
         assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
@@ -128,7 +153,11 @@ def test_metadata_too_large_rejects_only_that_partition() -> None:
             ("u", 0): CommittedOffset(3, -1, None),
         }
         result = await offsets.commit_offsets("g", -1, "", None, request)
-        assert result == {("t", 0): KafkaError.NONE, ("t", 1): KafkaError.OFFSET_METADATA_TOO_LARGE, ("u", 0): KafkaError.NONE}
+        assert result == {
+            ("t", 0): KafkaError.NONE,
+            ("t", 1): KafkaError.OFFSET_METADATA_TOO_LARGE,
+            ("u", 0): KafkaError.NONE,
+        }
         err, everything = await offsets.fetch_offsets("g", None)
         assert err == KafkaError.NONE
         assert sorted(everything) == [("t", 0), ("u", 0)]
@@ -141,7 +170,9 @@ def test_metadata_too_large_rejects_only_that_partition() -> None:
 def test_explicit_commit_timestamp_is_kept() -> None:
     async def scenario() -> None:
         coord, store, offsets = setup()
-        await offsets.commit_offsets("g", -1, "", None, {("t", 0): CommittedOffset(1, -1, "", 1234)})
+        await offsets.commit_offsets(
+            "g", -1, "", None, {("t", 0): CommittedOffset(1, -1, "", 1234)}
+        )
         assert store.snapshot()["g"][("t", 0)].commit_timestamp_ms == 1234
         coord.close()
 
@@ -205,7 +236,9 @@ def test_delete_groups_rules() -> None:
         assert coord.group_state("missing") is None
         # Once the last member left, the (Empty) group can be deleted with its offsets.
         await coord.sync_group("g", 1, joined.member_id, assignments={})
-        assert await offsets.commit_offsets("g", 1, joined.member_id, None, one(9)) == {("t", 0): KafkaError.NONE}
+        assert await offsets.commit_offsets("g", 1, joined.member_id, None, one(9)) == {
+            ("t", 0): KafkaError.NONE
+        }
         await coord.leave_group("g", [(joined.member_id, None)])
         assert await offsets.delete_groups(["g"]) == {"g": KafkaError.NONE}
         assert coord.group_state("g") is None
@@ -237,8 +270,12 @@ def test_joins_are_refused_while_a_group_is_being_deleted() -> None:
         deleting = asyncio.ensure_future(slow.delete_groups(["g"]))
         await asyncio.sleep(0.01)
         assert coord.group_state("g") is GroupState.DEAD
-        assert (await coord.join_group(join_params())).error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
-        assert await slow.commit_offsets("g", -1, "", None, one(2)) == {("t", 0): KafkaError.COORDINATOR_NOT_AVAILABLE}
+        assert (
+            await coord.join_group(join_params())
+        ).error_code == KafkaError.COORDINATOR_NOT_AVAILABLE
+        assert await slow.commit_offsets("g", -1, "", None, one(2)) == {
+            ("t", 0): KafkaError.COORDINATOR_NOT_AVAILABLE
+        }
         gate.set()
         assert await deleting == {"g": KafkaError.NONE}
         assert (await coord.join_group(join_params())).error_code == KafkaError.NONE
@@ -260,16 +297,24 @@ def test_joins_are_refused_while_a_group_is_being_deleted() -> None:
         max_size=25,
     )
 )
-def test_fetch_returns_last_accepted_commit(commits: list[tuple[str, str, int, int, str | None]]) -> None:
+def test_fetch_returns_last_accepted_commit(
+    commits: list[tuple[str, str, int, int, str | None]],
+) -> None:
     """Model check: fetch sees the last commit whose metadata fit, -1 elsewhere."""
 
     async def scenario() -> None:
         coord, store, offsets = setup()
         model: dict[tuple[str, str, int], tuple[int, str]] = {}
         for group, topic, partition, offset, metadata in commits:
-            result = await offsets.commit_offsets(group, -1, "", None, {(topic, partition): CommittedOffset(offset, -1, metadata)})
+            result = await offsets.commit_offsets(
+                group, -1, "", None, {(topic, partition): CommittedOffset(offset, -1, metadata)}
+            )
             fits = len(metadata or "") <= 16
-            assert result == {(topic, partition): KafkaError.NONE if fits else KafkaError.OFFSET_METADATA_TOO_LARGE}
+            assert result == {
+                (topic, partition): KafkaError.NONE
+                if fits
+                else KafkaError.OFFSET_METADATA_TOO_LARGE
+            }
             if fits:
                 model[(group, topic, partition)] = (offset, metadata or "")
         for group in ("g1", "g2"):
@@ -310,7 +355,11 @@ def test_concurrent_commits_of_one_group_reach_the_store_one_at_a_time() -> None
         store = DocumentStore()
         offsets = OffsetManager(coord, store)
         results = await asyncio.gather(
-            *(offsets.commit_offsets(g, -1, "", None, {("t", p): CommittedOffset(p)}) for g in ("a", "b") for p in range(8))
+            *(
+                offsets.commit_offsets(g, -1, "", None, {("t", p): CommittedOffset(p)})
+                for g in ("a", "b")
+                for p in range(8)
+            )
         )
         assert all(r == {tp: KafkaError.NONE for tp in r} for r in results)
         for group in ("a", "b"):

@@ -117,14 +117,24 @@ def test_no_import_cycles():
 
 
 def test_controlplane_imports_only_the_objectstore_leaf_of_dataplane():
-    bad = {(m, t) for m, ts in import_graph().items() if m.startswith("controlplane")
-           for t in ts if t.startswith("dataplane") and not t.startswith("dataplane.objectstore")}
+    bad = {
+        (m, t)
+        for m, ts in import_graph().items()
+        if m.startswith("controlplane")
+        for t in ts
+        if t.startswith("dataplane") and not t.startswith("dataplane.objectstore")
+    }
     assert not bad, sorted(bad)
 
 
 def test_objectstore_is_a_leaf():
-    bad = {(m, t) for m, ts in import_graph().items() if m.startswith("dataplane.objectstore")
-           for t in ts if not t.startswith("dataplane.objectstore")}
+    bad = {
+        (m, t)
+        for m, ts in import_graph().items()
+        if m.startswith("dataplane.objectstore")
+        for t in ts
+        if not t.startswith("dataplane.objectstore")
+    }
     assert not bad, sorted(bad)
 
 
@@ -132,8 +142,13 @@ def test_cli_imports_no_broker_internals():
     # the CLI talks to controllers (controlplane) and brokers (the Kafka protocol, through
     # client libraries); it may read boundary configs and start the embedded object store
     allowed = ("controlplane", "cli", "dataplane.config", "dataplane.objectstore")
-    bad = {(m, t) for m, ts in import_graph().items() if m.startswith("cli")
-           for t in ts if not t.startswith(allowed)}
+    bad = {
+        (m, t)
+        for m, ts in import_graph().items()
+        if m.startswith("cli")
+        for t in ts
+        if not t.startswith(allowed)
+    }
     assert not bad, sorted(bad)
 
 

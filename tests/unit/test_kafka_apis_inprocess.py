@@ -37,8 +37,13 @@ def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> 
 
 
 def ctx(api_key: int, version: int) -> RequestContext:
-    return RequestContext(api_key=api_key, api_version=version, correlation_id=1,
-                          client_id="unit", peer=("127.0.0.1", 1))
+    return RequestContext(
+        api_key=api_key,
+        api_version=version,
+        correlation_id=1,
+        client_id="unit",
+        peer=("127.0.0.1", 1),
+    )
 
 
 @pytest.fixture
@@ -48,21 +53,42 @@ def broker(tmp_path, monkeypatch):
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
         controller = InProcessController()
-        epoch = controller.call("register_broker", {
-            "node_id": 1, "az": "az1", "host": "127.0.0.1", "kafka_port": 9092,
-            "incarnation_id": "unit"})["node_epoch"]
+        epoch = controller.call(
+            "register_broker",
+            {
+                "node_id": 1,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9092,
+                "incarnation_id": "unit",
+            },
+        )["node_epoch"]
         controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
         objects = ObjectStorage(BUCKETS)
-        storage = S3Storage(StorageConfig(data_dir=tmp_path, wal_capacity_bytes=32 << 20,
-                                          block_cache_bytes=16 << 20,
-                                          log_cache_uploaded_bytes=16 << 20),
-                            1, epoch, controller, objects)
+        storage = S3Storage(
+            StorageConfig(
+                data_dir=tmp_path,
+                wal_capacity_bytes=32 << 20,
+                block_cache_bytes=16 << 20,
+                log_cache_uploaded_bytes=16 << 20,
+            ),
+            1,
+            epoch,
+            controller,
+            objects,
+        )
         storage.start()
         follower = MetadataFollower(controller)
         partitions = PartitionManager(1, storage)
-        apis = KafkaApis(BrokerIdentity(1, "127.0.0.1", 9092, "az1"), lambda: follower.image,
-                         follower.wait_for_offset, controller, partitions, lambda: epoch,
-                         io_threads=2)
+        apis = KafkaApis(
+            BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
+            lambda: follower.image,
+            follower.wait_for_offset,
+            controller,
+            partitions,
+            lambda: epoch,
+            io_threads=2,
+        )
 
         def sync() -> None:  # what the follower and reconcile threads do, on this thread
             while follower.poll_once():
@@ -79,20 +105,35 @@ def broker(tmp_path, monkeypatch):
 
 def produce_req(topic: str, records: bytes, acks: int = -1):
     part = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
-    return ProduceRequest[9](transactional_id=None, acks=acks, timeout_ms=5_000,
-                             topic_data=[ProduceRequest.TopicProduceData(name=topic,
-                                                                         partition_data=[part])])
+    return ProduceRequest[9](
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=5_000,
+        topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[part])],
+    )
 
 
 def fetch_req(topic: str, offset: int):
     part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=1 << 20)
-    return FetchRequest[12](replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
-                            isolation_level=0, session_id=0, session_epoch=-1,
-                            topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0),
-                                                            partitions=[part])],
-                            forgotten_topics_data=[], rack_id="")
+        partition=0,
+        current_leader_epoch=-1,
+        fetch_offset=offset,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
+    )
+    return FetchRequest[12](
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0), partitions=[part])],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
 
 
 def values_of(records: bytes) -> list[tuple[int, bytes]]:
@@ -113,10 +154,23 @@ def test_produce_then_fetch_through_the_api_layer_with_no_server(broker):
         first = await apis.produce(produce_req("orders", batch([b"a", b"b", b"c"])), ctx(0, 9))
         second = await apis.produce(produce_req("orders", batch([b"d"])), ctx(0, 9))
         fetched = await apis.fetch(fetch_req("orders", 1), ctx(1, 12))
-        latest = await apis.list_offsets(ListOffsetsRequest[7](
-            replica_id=-1, isolation_level=0, topics=[ListOffsetsRequest.ListOffsetsTopic(
-                name="orders", partitions=[ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-                    partition_index=0, current_leader_epoch=-1, timestamp=-1)])]), ctx(2, 7))
+        latest = await apis.list_offsets(
+            ListOffsetsRequest[7](
+                replica_id=-1,
+                isolation_level=0,
+                topics=[
+                    ListOffsetsRequest.ListOffsetsTopic(
+                        name="orders",
+                        partitions=[
+                            ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                                partition_index=0, current_leader_epoch=-1, timestamp=-1
+                            )
+                        ],
+                    )
+                ],
+            ),
+            ctx(2, 7),
+        )
         return first, second, fetched, latest
 
     first, second, fetched, latest = asyncio.run(scenario())
@@ -155,10 +209,14 @@ def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothin
     assert (first.error_code, first.base_offset) == (0, 0)
     assert (again.error_code, again.base_offset) == (0, 0)  # deduplicated, not re-appended
     assert bad.responses[0].partition_responses[0].error_code == KafkaError.CORRUPT_MESSAGE
-    assert gap.responses[0].partition_responses[0].error_code == \
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
-    assert unknown.responses[0].partition_responses[0].error_code == \
-        KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    assert (
+        gap.responses[0].partition_responses[0].error_code
+        == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    )
+    assert (
+        unknown.responses[0].partition_responses[0].error_code
+        == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    )
     part = fetched.responses[0].partitions[0]
     assert part.high_watermark == 2
     assert values_of(part.records) == [(0, b"x"), (1, b"y")]

@@ -49,7 +49,9 @@ TOPIC_ID = uuid.UUID("6f1c1f1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f")
 def _records(n: int = 3) -> bytes:
     builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
     for i in range(n):
-        builder.append(timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b"value-%d" % i, headers=[])
+        builder.append(
+            timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b"value-%d" % i, headers=[]
+        )
     builder.close()
     return bytes(builder.buffer())
 
@@ -57,23 +59,41 @@ def _records(n: int = 3) -> bytes:
 def _produce(version: int) -> ProduceRequest:
     part = ProduceRequest.TopicProduceData.PartitionProduceData(index=2, records=_records())
     topic = ProduceRequest.TopicProduceData(name="orders", partition_data=[part])
-    return ProduceRequest[version](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[topic])
+    return ProduceRequest[version](
+        transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[topic]
+    )
 
 
 def _fetch(version: int) -> FetchRequest:
     part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0, current_leader_epoch=5, fetch_offset=42, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=1 << 20,
+        partition=0,
+        current_leader_epoch=5,
+        fetch_offset=42,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
     )
     topic = FetchRequest.FetchTopic(topic="orders", topic_id=TOPIC_ID, partitions=[part])
     return FetchRequest[version](
-        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20, isolation_level=1,
-        session_id=0, session_epoch=-1, topics=[topic], forgotten_topics_data=[], rack_id="rack-a",
+        replica_id=-1,
+        max_wait_ms=500,
+        min_bytes=1,
+        max_bytes=50 << 20,
+        isolation_level=1,
+        session_id=0,
+        session_epoch=-1,
+        topics=[topic],
+        forgotten_topics_data=[],
+        rack_id="rack-a",
     )
 
 
 def _metadata(version: int) -> MetadataRequest:
-    topics = [MetadataRequest.MetadataRequestTopic(topic_id=None if version < 10 else uuid.UUID(int=0), name="orders")]
+    topics = [
+        MetadataRequest.MetadataRequestTopic(
+            topic_id=None if version < 10 else uuid.UUID(int=0), name="orders"
+        )
+    ]
     return MetadataRequest[version](
         topics=None if version == 12 else topics,
         allow_auto_topic_creation=False,
@@ -82,16 +102,25 @@ def _metadata(version: int) -> MetadataRequest:
 
 
 def _join_group(version: int) -> JoinGroupRequest:
-    proto = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01subscription")
+    proto = JoinGroupRequest.JoinGroupRequestProtocol(
+        name="range", metadata=b"\x00\x01subscription"
+    )
     return JoinGroupRequest[version](
-        group_id="group-1", session_timeout_ms=10_000, rebalance_timeout_ms=30_000, member_id="",
-        group_instance_id="instance-7", protocol_type="consumer", protocols=[proto],
+        group_id="group-1",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=30_000,
+        member_id="",
+        group_instance_id="instance-7",
+        protocol_type="consumer",
+        protocols=[proto],
     )
 
 
 def _api_versions(version: int) -> ApiVersionsRequest:
     if version >= 3:
-        return ApiVersionsRequest[version](client_software_name="kafka-python", client_software_version="3.0.12")
+        return ApiVersionsRequest[version](
+            client_software_name="kafka-python", client_software_version="3.0.12"
+        )
     return ApiVersionsRequest[version]()
 
 
@@ -110,39 +139,76 @@ def _response_for(api_key: int, version: int):
         return ApiRegistry().api_versions_response(version)
     if api_key == 3:
         part = MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
-            error_code=0, partition_index=0, leader_id=1, leader_epoch=3, replica_nodes=[1], isr_nodes=[1],
+            error_code=0,
+            partition_index=0,
+            leader_id=1,
+            leader_epoch=3,
+            replica_nodes=[1],
+            isr_nodes=[1],
             offline_replicas=[],
         )
         topic = MetadataResponse.MetadataResponseTopic(
-            error_code=0, name="orders", topic_id=TOPIC_ID, is_internal=False, partitions=[part],
+            error_code=0,
+            name="orders",
+            topic_id=TOPIC_ID,
+            is_internal=False,
+            partitions=[part],
         )
-        broker = MetadataResponse.MetadataResponseBroker(node_id=1, host="127.0.0.1", port=9092, rack="az-1")
+        broker = MetadataResponse.MetadataResponseBroker(
+            node_id=1, host="127.0.0.1", port=9092, rack="az-1"
+        )
         return MetadataResponse(
-            throttle_time_ms=0, brokers=[broker], cluster_id="cluster-x", controller_id=1, topics=[topic],
+            throttle_time_ms=0,
+            brokers=[broker],
+            cluster_id="cluster-x",
+            controller_id=1,
+            topics=[topic],
         )
     if api_key == 0:
         part = ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
-            index=2, error_code=0, base_offset=1234, log_append_time_ms=-1, log_start_offset=0,
-            record_errors=[], error_message=None,
+            index=2,
+            error_code=0,
+            base_offset=1234,
+            log_append_time_ms=-1,
+            log_start_offset=0,
+            record_errors=[],
+            error_message=None,
         )
         return ProduceResponse(
-            responses=[ProduceResponse.TopicProduceResponse(name="orders", partition_responses=[part])],
+            responses=[
+                ProduceResponse.TopicProduceResponse(name="orders", partition_responses=[part])
+            ],
             throttle_time_ms=0,
         )
     if api_key == 1:
         part = FetchResponse.FetchableTopicResponse.PartitionData(
-            partition_index=0, error_code=0, high_watermark=45, last_stable_offset=45, log_start_offset=0,
-            aborted_transactions=[], preferred_read_replica=-1, records=_records(2),
+            partition_index=0,
+            error_code=0,
+            high_watermark=45,
+            last_stable_offset=45,
+            log_start_offset=0,
+            aborted_transactions=[],
+            preferred_read_replica=-1,
+            records=_records(2),
         )
-        topic = FetchResponse.FetchableTopicResponse(topic="orders", topic_id=TOPIC_ID, partitions=[part])
+        topic = FetchResponse.FetchableTopicResponse(
+            topic="orders", topic_id=TOPIC_ID, partitions=[part]
+        )
         return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[topic])
     if api_key == 11:
         member = JoinGroupResponse.JoinGroupResponseMember(
             member_id="m-1", group_instance_id="instance-7", metadata=b"\x00\x01subscription"
         )
         return JoinGroupResponse(
-            throttle_time_ms=0, error_code=0, generation_id=1, protocol_type="consumer", protocol_name="range",
-            leader="m-1", skip_assignment=False, member_id="m-1", members=[member],
+            throttle_time_ms=0,
+            error_code=0,
+            generation_id=1,
+            protocol_type="consumer",
+            protocol_name="range",
+            leader="m-1",
+            skip_assignment=False,
+            member_id="m-1",
+            members=[member],
         )
     raise AssertionError(api_key)
 
@@ -167,7 +233,9 @@ def test_request_round_trip(name: str, version: int, build) -> None:
     assert decoded.body.API_VERSION == version
     assert decoded.size == len(frame) - 4 and decoded.trailing_bytes == 0
     # Same bytes when re-encoded, and the same content as kafka-python's own decoder reads.
-    assert bytes(decoded.body.encode(version=version)) == bytes(build(version).encode(version=version))
+    assert bytes(decoded.body.encode(version=version)) == bytes(
+        build(version).encode(version=version)
+    )
     reference = type(original).decode(frame, version=version, header=True, framed=True)
     assert decoded.body.to_dict() == reference.to_dict()
 
@@ -282,7 +350,12 @@ def test_unsupported_version(key: int, version: int) -> None:
     with pytest.raises(UnsupportedVersionError) as info:
         decode_request(frame)
     err = info.value
-    assert (err.api_key, err.api_version, err.correlation_id, err.client_id) == (key, version, 123, "abcd")
+    assert (err.api_key, err.api_version, err.correlation_id, err.client_id) == (
+        key,
+        version,
+        123,
+        "abcd",
+    )
 
 
 def test_no_request_schema_has_zero_width_array_elements() -> None:
@@ -329,7 +402,9 @@ def test_response_round_trip(name: str, version: int, build) -> None:
 
     correlation_id, decoded = decode_response(frame[4:], request.api_key, version)
     assert correlation_id == 31337
-    expected = type(decoded).decode(bytes(_response_for(request.api_key, version).encode(version=version)), version=version)
+    expected = type(decoded).decode(
+        bytes(_response_for(request.api_key, version).encode(version=version)), version=version
+    )
     assert decoded.to_dict() == expected.to_dict()
     # A decoded response (it carries a ResponseHeader) can be sent again, e.g. by a proxy.
     assert encode_response(request, decoded) == frame
@@ -342,7 +417,9 @@ def test_response_header_versions() -> None:
     assert frame[8] == 0 and frame[9:] == bytes(_response_for(3, 12).encode(version=12))
     # non-flexible Metadata v1: the body follows the correlation id
     md1 = decode_request(encode_request(_metadata(1), 1)[4:])
-    assert encode_response(md1, _response_for(3, 1))[8:] == bytes(_response_for(3, 1).encode(version=1))
+    assert encode_response(md1, _response_for(3, 1))[8:] == bytes(
+        _response_for(3, 1).encode(version=1)
+    )
     # ApiVersions v3 is flexible, but its response header is always v0
     av3 = decode_request(encode_request(_api_versions(3), 1)[4:])
     body = ApiRegistry().api_versions_response(3)
@@ -366,7 +443,10 @@ def test_api_versions_error_frame_is_read_by_kafka_python() -> None:
     # A client that sent v3 reads the header as v0 and the body as v0 because of the error.
     correlation_id, resp = decode_response(frame[4:], 18, 3)
     assert correlation_id == 55 and resp.error_code == KafkaError.UNSUPPORTED_VERSION
-    assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [(0, 3, 13), (18, 0, 4)]
+    assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [
+        (0, 3, 13),
+        (18, 0, 4),
+    ]
 
 
 # --------------------------------------------------------------------------- registry
@@ -374,8 +454,11 @@ def test_api_versions_error_frame_is_read_by_kafka_python() -> None:
 
 def _ctx(request: DecodedRequest) -> RequestContext:
     return RequestContext(
-        api_key=request.api_key, api_version=request.api_version, correlation_id=request.correlation_id,
-        client_id=request.client_id, peer=("127.0.0.1", 1),
+        api_key=request.api_key,
+        api_version=request.api_version,
+        correlation_id=request.correlation_id,
+        client_id=request.client_id,
+        peer=("127.0.0.1", 1),
     )
 
 
@@ -392,7 +475,9 @@ def test_register_clamps_to_kafka_python_versions() -> None:
     registry = ApiRegistry()
     reg = registry.register(ProduceRequest, 0, 99, _metadata_handler)
     assert (reg.min_version, reg.max_version) == (3, 13)
-    registry.register(MetadataRequest[12], 1, 12, _metadata_handler)  # a versioned class means the api
+    registry.register(
+        MetadataRequest[12], 1, 12, _metadata_handler
+    )  # a versioned class means the api
     assert registry.api_versions() == [(0, 3, 13), (3, 1, 12), (18, 0, 4)]
 
 
@@ -424,7 +509,9 @@ def test_api_versions_lists_registered_apis_for_every_version() -> None:
         correlation_id, resp = decode_response(frame[4:], 18, version)
         assert correlation_id == 10 + version and resp.error_code == 0
         assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [
-            (3, 1, 12), (12, 0, 4), (18, 0, 4),
+            (3, 1, 12),
+            (12, 0, 4),
+            (18, 0, 4),
         ]
 
 
@@ -437,7 +524,11 @@ def test_api_versions_unsupported_version_gets_v0_error_with_full_list() -> None
         decode_request(frame)
     answer = registry.unsupported_version_response(info.value)
     correlation_id, resp = decode_response(answer[4:], 18, 4)
-    assert correlation_id == 5 and resp.error_code == KafkaError.UNSUPPORTED_VERSION and resp.version == 0
+    assert (
+        correlation_id == 5
+        and resp.error_code == KafkaError.UNSUPPORTED_VERSION
+        and resp.version == 0
+    )
     assert [k.api_key for k in resp.api_keys] == [3, 18]
 
     # The same when the version is one kafka-python knows but we chose not to serve.
@@ -445,9 +536,14 @@ def test_api_versions_unsupported_version_gets_v0_error_with_full_list() -> None
     request = decode_request(encode_request(_api_versions(3), 6)[4:])
     with pytest.raises(UnsupportedVersionError) as info:
         registry.route(request)
-    correlation_id, resp = decode_response(registry.unsupported_version_response(info.value)[4:], 18, 3)
+    correlation_id, resp = decode_response(
+        registry.unsupported_version_response(info.value)[4:], 18, 3
+    )
     assert correlation_id == 6 and resp.error_code == KafkaError.UNSUPPORTED_VERSION
-    assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [(3, 0, 13), (18, 0, 2)]
+    assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [
+        (3, 0, 13),
+        (18, 0, 2),
+    ]
 
     # Other apis get no answer: the server closes the connection, as Kafka does.
     assert registry.unsupported_version_response(UnsupportedVersionError(3, 99, 1)) is None

@@ -11,8 +11,11 @@ def _client_table() -> dict[int, type]:
     table = {}
     for name in dir(client_errors):
         cls = getattr(client_errors, name)
-        if isinstance(cls, type) and issubclass(cls, client_errors.BrokerResponseError) \
-                and isinstance(getattr(cls, "errno", None), int):
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, client_errors.BrokerResponseError)
+            and isinstance(getattr(cls, "errno", None), int)
+        ):
             table[cls.errno] = cls
     return table
 

@@ -24,14 +24,18 @@ from dataplane.kafka.codec import (
 from dataplane.kafka.errors import InvalidRecordBatchError
 from dataplane.kafka.record_batch import parse_batches
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
+FUZZ = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False
+)
 DECODE_ERRORS = (MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError)
 
 
 def _batch(n: int, compression: int = 0) -> bytes:
     builder = MemoryRecordsBuilder(magic=2, compression_type=compression, batch_size=1 << 20)
     for i in range(n):
-        builder.append(timestamp=1000 + i, key=b"k%d" % i, value=b"v" * (i + 1), headers=[("h", b"x")])
+        builder.append(
+            timestamp=1000 + i, key=b"k%d" % i, value=b"v" * (i + 1), headers=[("h", b"x")]
+        )
     builder.close()
     return bytes(builder.buffer())
 
@@ -42,16 +46,27 @@ BATCHES = [_batch(1), _batch(3), _batch(4, compression=1), _batch(2) + _batch(1)
 def _produce(version: int) -> ProduceRequest:
     part = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=BATCHES[1])
     return ProduceRequest[version](
-        transactional_id="txn", acks=1, timeout_ms=1000,
+        transactional_id="txn",
+        acks=1,
+        timeout_ms=1000,
         topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
     )
 
 
 def _fetch(version: int) -> FetchRequest:
-    part = FetchRequest.FetchTopic.FetchPartition(partition=1, fetch_offset=5, partition_max_bytes=1000)
+    part = FetchRequest.FetchTopic.FetchPartition(
+        partition=1, fetch_offset=5, partition_max_bytes=1000
+    )
     return FetchRequest[version](
-        replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1000, isolation_level=0, session_id=0,
-        session_epoch=-1, topics=[FetchRequest.FetchTopic(topic="t", partitions=[part])], forgotten_topics_data=[],
+        replica_id=-1,
+        max_wait_ms=100,
+        min_bytes=1,
+        max_bytes=1000,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic="t", partitions=[part])],
+        forgotten_topics_data=[],
         rack_id="",
     )
 
@@ -63,14 +78,22 @@ VALID_FRAMES = [
             ApiVersionsRequest[0](),
             ApiVersionsRequest[3](client_software_name="a", client_software_version="1"),
             MetadataRequest[1](topics=[MetadataRequest.MetadataRequestTopic(name="t")]),
-            MetadataRequest[12](topics=None, allow_auto_topic_creation=True, include_topic_authorized_operations=False),
+            MetadataRequest[12](
+                topics=None,
+                allow_auto_topic_creation=True,
+                include_topic_authorized_operations=False,
+            ),
             _produce(3),
             _produce(9),
             _fetch(4),
             _fetch(12),
             _fetch(16),
             JoinGroupRequest[5](
-                group_id="g", session_timeout_ms=1, rebalance_timeout_ms=1, member_id="", group_instance_id=None,
+                group_id="g",
+                session_timeout_ms=1,
+                rebalance_timeout_ms=1,
+                member_id="",
+                group_instance_id=None,
                 protocol_type="consumer",
                 protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
             ),
@@ -108,7 +131,9 @@ def mutated_frames(draw) -> bytes:
             del frame[pos : pos + draw(st.integers(1, 8))]
         elif kind == "int" and len(frame) >= pos + 4:
             # overwrite a 32-bit length/count with a hostile value
-            frame[pos : pos + 4] = struct.pack(">i", draw(st.sampled_from([-2, -1, 0x7FFFFFFF, 0x10000, 1000])))
+            frame[pos : pos + 4] = struct.pack(
+                ">i", draw(st.sampled_from([-2, -1, 0x7FFFFFFF, 0x10000, 1000]))
+            )
     return bytes(frame)
 
 
@@ -153,7 +178,12 @@ def _parse_or_known_error(data: bytes) -> None:
         try:
             batches = parse_batches(data, client_origin=client_origin, max_batches=100)
         except InvalidRecordBatchError as exc:
-            assert exc.error_code.value in (2, 10, 76, 87)  # CORRUPT, TOO_LARGE, COMPRESSION, INVALID_RECORD
+            assert exc.error_code.value in (
+                2,
+                10,
+                76,
+                87,
+            )  # CORRUPT, TOO_LARGE, COMPRESSION, INVALID_RECORD
             continue
         position = 0
         for batch in batches:

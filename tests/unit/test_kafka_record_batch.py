@@ -176,8 +176,15 @@ def test_max_batch_bytes_is_message_too_large() -> None:
     assert parse_batches(data, max_batch_bytes=len(data))
 
 
-@pytest.mark.parametrize("magic,code", [(0, KafkaError.INVALID_RECORD), (1, KafkaError.INVALID_RECORD),
-                                        (3, KafkaError.CORRUPT_MESSAGE), (0xFF, KafkaError.CORRUPT_MESSAGE)])
+@pytest.mark.parametrize(
+    "magic,code",
+    [
+        (0, KafkaError.INVALID_RECORD),
+        (1, KafkaError.INVALID_RECORD),
+        (3, KafkaError.CORRUPT_MESSAGE),
+        (0xFF, KafkaError.CORRUPT_MESSAGE),
+    ],
+)
 def test_wrong_magic(magic: int, code: KafkaError) -> None:
     data = client_batch(2)
     expect_error(with_byte(data, 16, magic), code)  # the magic is outside the CRC range
@@ -195,9 +202,15 @@ def test_build_batch_matches_kafka_python() -> None:
     data = client_batch(4, producer=(7, 1, 9))
     (h,) = parse_batches(data)
     rebuilt = build_batch(
-        data[RECORD_BATCH_OVERHEAD:], h.records_count, partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes, base_timestamp=h.base_timestamp, max_timestamp=h.max_timestamp,
-        producer_id=h.producer_id, producer_epoch=h.producer_epoch, base_sequence=h.base_sequence,
+        data[RECORD_BATCH_OVERHEAD:],
+        h.records_count,
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=h.attributes,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
     )
     assert rebuilt == data
 
@@ -212,12 +225,18 @@ def test_count_inconsistent_with_last_offset_delta() -> None:
     data = client_batch(3)
     payload = data[RECORD_BATCH_OVERHEAD:]
     for count, delta in ((3, 1), (3, 3), (0, 0), (0, -1)):
-        expect_error(build_batch(payload, count, last_offset_delta=delta), KafkaError.INVALID_RECORD)
+        expect_error(
+            build_batch(payload, count, last_offset_delta=delta), KafkaError.INVALID_RECORD
+        )
     # Stored (compacted) data may have fewer records than its offset span, not more.
     assert parse_batches(build_batch(payload, 3, last_offset_delta=9), client_origin=False)
     assert parse_batches(build_batch(b"", 0, last_offset_delta=4), client_origin=False)
-    expect_error(build_batch(payload, 3, last_offset_delta=1), KafkaError.INVALID_RECORD, client_origin=False)
-    expect_error(build_batch(b"", 0, last_offset_delta=-1), KafkaError.INVALID_RECORD, client_origin=False)
+    expect_error(
+        build_batch(payload, 3, last_offset_delta=1), KafkaError.INVALID_RECORD, client_origin=False
+    )
+    expect_error(
+        build_batch(b"", 0, last_offset_delta=-1), KafkaError.INVALID_RECORD, client_origin=False
+    )
 
 
 def test_client_rules() -> None:
@@ -227,12 +246,17 @@ def test_client_rules() -> None:
     expect_error(nonzero, KafkaError.INVALID_RECORD)
     assert parse_batches(nonzero, client_origin=False)[0].base_offset == 10
     # no control batches from clients
-    control = build_batch(payload, 1, attributes=0x20 | 0x10, producer_id=5, producer_epoch=0, base_sequence=0)
+    control = build_batch(
+        payload, 1, attributes=0x20 | 0x10, producer_id=5, producer_epoch=0, base_sequence=0
+    )
     expect_error(control, KafkaError.INVALID_RECORD)
     (parsed,) = parse_batches(control, client_origin=False)
     assert parsed.is_control and parsed.is_transactional
     # an idempotent batch needs a base sequence
-    expect_error(build_batch(payload, 1, producer_id=5, producer_epoch=0, base_sequence=-1), KafkaError.INVALID_RECORD)
+    expect_error(
+        build_batch(payload, 1, producer_id=5, producer_epoch=0, base_sequence=-1),
+        KafkaError.INVALID_RECORD,
+    )
 
 
 def test_max_batches() -> None:
@@ -252,7 +276,9 @@ def test_log_append_time_flag() -> None:
 # --------------------------------------------------------------------------- patching
 
 
-@pytest.mark.parametrize("compression", [CompressionType.NONE, CompressionType.GZIP], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "compression", [CompressionType.NONE, CompressionType.GZIP], ids=lambda c: c.name
+)
 def test_patched_batch_is_read_by_kafka_python(compression: CompressionType) -> None:
     data = client_batch(5, compression)
     before = read_back(data)
@@ -271,8 +297,13 @@ def test_patch_batches_assigns_consecutive_offsets() -> None:
     data = client_batch(2) + client_batch(3, CompressionType.GZIP) + client_batch(1)
     patched, next_offset = patch_batches(data, 500, 7)
     assert next_offset == 506
-    assert [(b.base_offset, b.last_offset, b.partition_leader_epoch) for b in parse_batches(patched, client_origin=False)] == [
-        (500, 501, 7), (502, 504, 7), (505, 505, 7),
+    assert [
+        (b.base_offset, b.last_offset, b.partition_leader_epoch)
+        for b in parse_batches(patched, client_origin=False)
+    ] == [
+        (500, 501, 7),
+        (502, 504, 7),
+        (505, 505, 7),
     ]
     assert [o for _, o, _, _ in read_back(patched)] == list(range(500, 506))
     # with pre-parsed headers
@@ -301,8 +332,13 @@ def test_patch_batch_rejects_bad_input() -> None:
 def test_default_batch_builder_interop() -> None:
     """A batch from kafka-python's lower-level builder (what its producer uses) parses too."""
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1,
-        base_sequence=-1, batch_size=1 << 20,
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
     )
     for i in range(4):
         builder.append(i, timestamp=1000 + i, key=None, value=b"x" * i, headers=[])

@@ -21,29 +21,80 @@ def _busy_log() -> list[tuple]:
     """A realistic log touching every kind of record: brokers, topics, streams, objects."""
     sm = MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1]))
     for node in (1, 2):
-        ok(sm.execute("register_broker", {"node_id": node, "az": f"az{node}", "host": "h",
-                                          "kafka_port": 9000 + node, "incarnation_id": f"i{node}"}, NOW))
+        ok(
+            sm.execute(
+                "register_broker",
+                {
+                    "node_id": node,
+                    "az": f"az{node}",
+                    "host": "h",
+                    "kafka_port": 9000 + node,
+                    "incarnation_id": f"i{node}",
+                },
+                NOW,
+            )
+        )
         ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, NOW))
     ok(sm.execute("create_topic", {"name": "t", "partitions": 3, "topic_id": "x"}, NOW))
     sid = ok(sm.execute("create_stream", {"node_id": 1, "node_epoch": 0}, NOW))["stream_id"]
-    ok(sm.execute("open_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid,
-                                  "stream_epoch": 0}, NOW))
+    ok(
+        sm.execute(
+            "open_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid, "stream_epoch": 0}, NOW
+        )
+    )
     for i in range(5):
-        oid = ok(sm.execute("prepare_objects", {"node_id": 1, "node_epoch": 0, "count": 1,
-                                                "ttl_ms": 60_000}, NOW))["first_object_id"]
-        ok(sm.execute("commit_stream_set_object", {
-            "node_id": 1, "node_epoch": 0, "object_id": oid, "order_id": oid, "size_bytes": 10,
-            "bucket_id": 0, "stream_ranges": [{"stream_id": sid, "stream_epoch": 0,
-                                               "start_offset": i * 10, "end_offset": i * 10 + 10}],
-            "stream_objects": [], "compacted_object_ids": []}, NOW))
-    ok(sm.execute("trim_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid,
-                                  "stream_epoch": 0, "new_start_offset": 15}, NOW))
+        oid = ok(
+            sm.execute(
+                "prepare_objects",
+                {"node_id": 1, "node_epoch": 0, "count": 1, "ttl_ms": 60_000},
+                NOW,
+            )
+        )["first_object_id"]
+        ok(
+            sm.execute(
+                "commit_stream_set_object",
+                {
+                    "node_id": 1,
+                    "node_epoch": 0,
+                    "object_id": oid,
+                    "order_id": oid,
+                    "size_bytes": 10,
+                    "bucket_id": 0,
+                    "stream_ranges": [
+                        {
+                            "stream_id": sid,
+                            "stream_epoch": 0,
+                            "start_offset": i * 10,
+                            "end_offset": i * 10 + 10,
+                        }
+                    ],
+                    "stream_objects": [],
+                    "compacted_object_ids": [],
+                },
+                NOW,
+            )
+        )
+    ok(
+        sm.execute(
+            "trim_stream",
+            {
+                "node_id": 1,
+                "node_epoch": 0,
+                "stream_id": sid,
+                "stream_epoch": 0,
+                "new_start_offset": 15,
+            },
+            NOW,
+        )
+    )
     ok(sm.execute("put_kv", {"key": "a", "value": "1"}, NOW))
     ok(sm.execute("create_partitions", {"name": "t", "total_count": 4}, NOW))
     ok(sm.execute("fence_broker", {"node_id": 2, "node_epoch": 0, "reason": "test"}, NOW))
     ok(sm.execute("delete_topic", {"name": "t"}, NOW))
-    return [(decode_record(item["record"]), item["offset"])
-            for item in sm.read_log(-1, 10_000)["records"]]
+    return [
+        (decode_record(item["record"]), item["offset"])
+        for item in sm.read_log(-1, 10_000)["records"]
+    ]
 
 
 def test_with_records_never_changes_the_image_it_started_from():
@@ -54,8 +105,8 @@ def test_with_records_never_changes_the_image_it_started_from():
         images = [image]
         prints = [image.fingerprint()]
         for i in range(0, len(log), size):
-            image, delta = image.with_records(log[i:i + size])
-            assert len(delta.records) == len(log[i:i + size])
+            image, delta = image.with_records(log[i : i + size])
+            assert len(delta.records) == len(log[i : i + size])
             images.append(image)
             prints.append(image.fingerprint())
         # every image still has the state it was published with
@@ -68,7 +119,7 @@ def test_with_records_never_changes_the_image_it_started_from():
 
 def test_delta_names_what_the_batch_touched():
     log = _busy_log()
-    image, _ = MetadataImage().with_records(log[:4])   # two brokers registered and unfenced
+    image, _ = MetadataImage().with_records(log[:4])  # two brokers registered and unfenced
     topic_recs = [(rec, off) for rec, off in log[4:] if rec.type in ("topic", "partition")]
     after, delta = image.with_records(topic_recs[:4])
     assert delta.topics_changed == {"x"}
@@ -113,7 +164,9 @@ def test_readers_see_whole_batches_while_a_writer_publishes():
         except BaseException as exc:  # pragma: no cover
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(3)]
+    threads = [threading.Thread(target=writer)] + [
+        threading.Thread(target=reader) for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -124,7 +124,9 @@ def test_max_object_bytes() -> None:
 
 def test_find_blocks() -> None:
     writer = ObjectWriter(block_size_bytes=1024)
-    a = make_batches(1, 0, 40, count=10, payload_bytes=200)  # 4 batches per block -> 40 offsets/block
+    a = make_batches(
+        1, 0, 40, count=10, payload_bytes=200
+    )  # 4 batches per block -> 40 offsets/block
     b = make_batches(2, 0, 8, count=1, payload_bytes=200)
     writer.add_all(a[:20] + b + a[20:])
     obj = writer.finish()
@@ -149,14 +151,21 @@ def test_find_blocks() -> None:
     with pytest.raises(ValueError):
         find_blocks(index, 1, 10, 10, 100)
     # decoded content of the found blocks covers the requested range
-    got = [x for e in find_blocks(index, 1, 45, 130, 1 << 30)
-           for x in decode_block(obj.data[e.position:e.end_position], e)]
+    got = [
+        x
+        for e in find_blocks(index, 1, 45, 130, 1 << 30)
+        for x in decode_block(obj.data[e.position : e.end_position], e)
+    ]
     assert got[0].base_offset <= 45 and got[-1].last_offset >= 130
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5), st.binary(max_size=400)), min_size=1, max_size=60),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 5), st.binary(max_size=400)),
+        min_size=1,
+        max_size=60,
+    ),
     st.integers(200, 3000),
 )
 def test_property_roundtrip(ops, block_size) -> None:
@@ -173,7 +182,7 @@ def test_property_roundtrip(ops, block_size) -> None:
     for r in obj.ranges:
         assert r.end_offset == next_offset[r.stream_id]
         found = find_blocks(obj.index, r.stream_id, r.start_offset, r.end_offset, 1 << 40)
-        decoded = [x for e in found for x in decode_block(obj.data[e.position:e.end_position], e)]
+        decoded = [x for e in found for x in decode_block(obj.data[e.position : e.end_position], e)]
         assert decoded == [b for b in batches if b.stream_id == r.stream_id]
 
 
@@ -214,16 +223,21 @@ def test_index_pointing_outside() -> None:
     # an index entry whose block position points outside the data area (CRC recomputed to
     # reach the bounds check)
     import crc32c
+
     index = bytearray(data[footer.index_position : footer.index_position + footer.index_length])
     struct.pack_into(">q", index, INDEX_ENTRY_SIZE_BYTES + 24, 10**9)
-    forged = footer.__class__(footer.index_position, footer.index_length, crc32c.crc32c(bytes(index)))
+    forged = footer.__class__(
+        footer.index_position, footer.index_length, crc32c.crc32c(bytes(index))
+    )
     with pytest.raises(CorruptObjectError, match="index out of range"):
         parse_index(bytes(index), forged)
     # last block size running into the index
     index = bytearray(data[footer.index_position : footer.index_position + footer.index_length])
     last = len(index) - INDEX_ENTRY_SIZE_BYTES
     struct.pack_into(">i", index, last + 32, 10**6)
-    forged = footer.__class__(footer.index_position, footer.index_length, crc32c.crc32c(bytes(index)))
+    forged = footer.__class__(
+        footer.index_position, footer.index_length, crc32c.crc32c(bytes(index))
+    )
     with pytest.raises(CorruptObjectError, match="index out of range"):
         parse_index(bytes(index), forged)
 

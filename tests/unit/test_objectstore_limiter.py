@@ -35,9 +35,15 @@ def wait_until(predicate, timeout_s: float = WAIT_S) -> None:
         time.sleep(0.002)
 
 
-def start_waiter(limiter: BandwidthLimiter, n: int, prio: Priority, name: str,
-                 granted: list[str], errors: list[BaseException],
-                 timeout_s: float = 60.0) -> threading.Thread:
+def start_waiter(
+    limiter: BandwidthLimiter,
+    n: int,
+    prio: Priority,
+    name: str,
+    granted: list[str],
+    errors: list[BaseException],
+    timeout_s: float = 60.0,
+) -> threading.Thread:
     def run() -> None:
         try:
             limiter.acquire(n, prio, timeout_s=timeout_s)
@@ -66,7 +72,7 @@ def test_large_request_waits_for_a_full_burst_then_leaves_debt():
     with pytest.raises(BandwidthLimitTimeoutError):
         limiter.acquire(3000, timeout_s=0)  # needs a full burst first
     clock.advance(1.0)
-    limiter.acquire(3000, timeout_s=0)      # granted with a full bucket, 2000 in debt
+    limiter.acquire(3000, timeout_s=0)  # granted with a full bucket, 2000 in debt
     assert limiter.available_bytes() == pytest.approx(-2000)
     clock.advance(2.0)
     assert limiter.available_bytes() == pytest.approx(0)
@@ -82,15 +88,18 @@ def test_higher_priority_waiter_is_served_first():
     errors: list[BaseException] = []
     threads = []
     # arrival order: lowest priority first, so FIFO would give the opposite order
-    for name, prio in [("compaction", Priority.COMPACTION), ("catch_up", Priority.CATCH_UP),
-                       ("produce", Priority.PRODUCE)]:
+    for name, prio in [
+        ("compaction", Priority.COMPACTION),
+        ("catch_up", Priority.CATCH_UP),
+        ("produce", Priority.PRODUCE),
+    ]:
         threads.append(start_waiter(limiter, 100, prio, name, granted, errors))
         wait_until(lambda n=len(threads): limiter.waiting_count == n)
     assert granted == []
     for expected in range(1, 4):
         clock.advance(0.1)  # exactly 100 tokens: one request at a time
         wait_until(lambda e=expected: len(granted) == e)
-        time.sleep(0.02)    # nobody else may slip through on the same tokens
+        time.sleep(0.02)  # nobody else may slip through on the same tokens
         assert len(granted) == expected
     assert granted == ["produce", "catch_up", "compaction"]
     assert errors == []
@@ -139,8 +148,9 @@ def test_timed_out_head_lets_the_next_waiter_proceed():
     errors: list[BaseException] = []
     head = start_waiter(limiter, 100, Priority.PRODUCE, "head", granted, errors, timeout_s=0.05)
     wait_until(lambda: limiter.waiting_count == 1)
-    other = start_waiter(limiter, 100, Priority.COMPACTION, "other", granted, errors,
-                         timeout_s=60.0)
+    other = start_waiter(
+        limiter, 100, Priority.COMPACTION, "other", granted, errors, timeout_s=60.0
+    )
     wait_until(lambda: limiter.waiting_count == 2)
     clock.advance(0.06)  # 60 tokens: not enough for the head, but its deadline passes
     wait_until(lambda: len(errors) == 1)

@@ -12,8 +12,14 @@ from botocore.config import Config as BotoConfig
 from moto import mock_aws
 from prometheus_client import CollectorRegistry
 
-from dataplane.objectstore import (BucketURI, InvalidRangeError, ObjectNotFoundError,
-                                   ObjectStorage, ObjectStoreMetrics, Priority)
+from dataplane.objectstore import (
+    BucketURI,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ObjectStorage,
+    ObjectStoreMetrics,
+    Priority,
+)
 from dataplane.objectstore.merging import RangeMerger, ReadBatch
 from dataplane.objectstore.store import default_client_factory
 
@@ -91,15 +97,21 @@ def test_concurrent_nearby_ranges_are_served_by_one_get(objects, registry):
         results = [f.result(timeout=10) for f in futures]
         assert results == [data[s:e] for s, e in ranges]
         assert gets == [f"bytes=0-{8 * 64 * KiB - 1}"]
-        merged = registry.get_sample_value("automq_object_store_merged_ranges_total",
-                                           {"bucket_id": "0"})
+        merged = registry.get_sample_value(
+            "automq_object_store_merged_ranges_total", {"bucket_id": "0"}
+        )
         assert merged == 8
 
 
 def test_overlapping_gapped_and_duplicate_ranges(objects, registry):
     data = objects["obj0"]
-    ranges = [(0, 100), (50, 150), (50, 150), (100 * KiB, 101 * KiB),  # gap < 512 KiB
-              (300 * KiB, 300 * KiB + 1)]
+    ranges = [
+        (0, 100),
+        (50, 150),
+        (50, 150),
+        (100 * KiB, 101 * KiB),  # gap < 512 KiB
+        (300 * KiB, 300 * KiB + 1),
+    ]
     with make_store(registry) as store:
         gets = count_gets(store)
         futures = [store.get_range_async(0, "obj0", s, e) for s, e in ranges]
@@ -144,8 +156,9 @@ def test_merged_span_never_exceeds_merge_max_bytes(objects, registry):
     # a single range above merge_max_bytes bypasses merging altogether
     with make_store(registry, merge_max_bytes=100 * KiB) as store:
         gets = count_gets(store)
-        assert store.get_range_async(0, "obj0", 0, 200 * KiB).result(timeout=10) == \
-            data[:200 * KiB]
+        assert (
+            store.get_range_async(0, "obj0", 0, 200 * KiB).result(timeout=10) == data[: 200 * KiB]
+        )
         assert gets == [f"bytes=0-{200 * KiB - 1}"]
 
 
@@ -234,8 +247,10 @@ def test_stress_many_threads_random_ranges_are_byte_exact(objects, registry):
         assert got == [objects[k][s:e] for k, s, e, _ in plan]
     total = sum(len(p) for p in plans)
     assert len(gets) < total  # merging happened
-    merged = registry.get_sample_value("automq_object_store_merged_ranges_total",
-                                       {"bucket_id": "0"}) or 0
+    merged = (
+        registry.get_sample_value("automq_object_store_merged_ranges_total", {"bucket_id": "0"})
+        or 0
+    )
     assert merged > 0
 
 
@@ -254,7 +269,9 @@ def test_merger_flushes_on_window_and_on_close_without_a_store():
     assert done.wait(5)
     time.sleep(0.05)
     assert sorted((b.start, b.end_exclusive, b.priority) for b in executed) == [
-        (0, 30, Priority.PRODUCE), (100, 110, Priority.CATCH_UP)]
+        (0, 30, Priority.PRODUCE),
+        (100, 110, Priority.CATCH_UP),
+    ]
     executed.clear()
     slow = RangeMerger(execute, window_s=60.0)
     slow.submit(0, "k", 0, 10, Priority.CATCH_UP)
@@ -269,14 +286,18 @@ def test_per_request_gap_limit_merges_only_touching_ranges():
 
     merger = RangeMerger(executed.append, window_s=60.0, gap_bytes=100, max_bytes=1000)
     merger.submit(0, "k", 0, 10, Priority.CATCH_UP, max_gap_bytes=0)
-    merger.submit(0, "k", 10, 20, Priority.CATCH_UP, max_gap_bytes=0)   # touching: merged
-    merger.submit(0, "k", 30, 40, Priority.CATCH_UP, max_gap_bytes=0)   # a gap: its own
-    merger.submit(0, "k", 45, 50, Priority.CATCH_UP)   # the merger's gap, but a member of
+    merger.submit(0, "k", 10, 20, Priority.CATCH_UP, max_gap_bytes=0)  # touching: merged
+    merger.submit(0, "k", 30, 40, Priority.CATCH_UP, max_gap_bytes=0)  # a gap: its own
+    merger.submit(0, "k", 45, 50, Priority.CATCH_UP)  # the merger's gap, but a member of
     merger.submit(0, "k", 200, 210, Priority.CATCH_UP)  # that batch allows none; this
     merger.submit(0, "k", 215, 220, Priority.CATCH_UP)  # and this one merge as usual
     merger.close()
     assert sorted((b.start, b.end_exclusive, len(b.members)) for b in executed) == [
-        (0, 20, 2), (30, 40, 1), (45, 50, 1), (200, 220, 2)]
+        (0, 20, 2),
+        (30, 40, 1),
+        (45, 50, 1),
+        (200, 220, 2),
+    ]
     with pytest.raises(ValueError):
         RangeMerger(executed.append).submit(0, "k", 0, 1, Priority.CATCH_UP, max_gap_bytes=-1)
 

@@ -13,12 +13,18 @@ from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from moto import mock_aws
 from prometheus_client import CollectorRegistry
 
-from dataplane.objectstore import (AccessDeniedError, BucketURI, ObjectStorage,
-                                   ObjectStoreError, ObjectStoreMetrics,
-                                   ObjectStoreUnavailableError, PreconditionFailedError)
+from dataplane.objectstore import (
+    AccessDeniedError,
+    BucketURI,
+    ObjectStorage,
+    ObjectStoreError,
+    ObjectStoreMetrics,
+    ObjectStoreUnavailableError,
+    PreconditionFailedError,
+)
 from dataplane.objectstore.retry import RetryPolicy, classify
-from dataplane.objectstore.store import default_client_factory
 from dataplane.objectstore.seaweed import find_free_ports
+from dataplane.objectstore.store import default_client_factory
 
 URIS = "0@s3://automq-main?region=us-east-1"
 
@@ -92,16 +98,26 @@ def inject(store: ObjectStorage, operation: str, injector: Injector) -> Injector
 
 
 def count(registry, op: str, status: str) -> float:
-    return registry.get_sample_value("automq_object_store_requests_total",
-                                     {"op": op, "bucket_id": "0", "status": status}) or 0.0
+    return (
+        registry.get_sample_value(
+            "automq_object_store_requests_total", {"op": op, "bucket_id": "0", "status": status}
+        )
+        or 0.0
+    )
 
 
 EXPECTED = (bytes(range(256)) * 40)[100:300]
 
 
-@pytest.mark.parametrize("kind, status", [("503", "server_error"), ("500", "server_error"),
-                                          ("timeout", "timeout"),
-                                          ("refused", "connection_error")])
+@pytest.mark.parametrize(
+    "kind, status",
+    [
+        ("503", "server_error"),
+        ("500", "server_error"),
+        ("timeout", "timeout"),
+        ("refused", "connection_error"),
+    ],
+)
 def test_transient_failures_are_retried_then_succeed(aws, registry, kind, status):
     with make_store(registry) as store:
         injector = inject(store, "GetObject", Injector(failures=3, kind=kind))
@@ -113,14 +129,20 @@ def test_transient_failures_are_retried_then_succeed(aws, registry, kind, status
 
 def test_retry_applies_to_every_operation(aws, registry):
     with make_store(registry) as store:
-        injectors = {op: inject(store, op, Injector(failures=1, kind="503"))
-                     for op in ("PutObject", "HeadObject", "DeleteObjects", "ListObjectsV2")}
+        injectors = {
+            op: inject(store, op, Injector(failures=1, kind="503"))
+            for op in ("PutObject", "HeadObject", "DeleteObjects", "ListObjectsV2")
+        }
         store.put_object(0, "new", b"payload")
         assert store.head_object(0, "new") == 7
         assert store.list_keys(0) == ["new", "obj"]
         store.delete_objects(0, ["new"])
         assert {op: i.sends for op, i in injectors.items()} == {
-            "PutObject": 2, "HeadObject": 2, "DeleteObjects": 2, "ListObjectsV2": 2}
+            "PutObject": 2,
+            "HeadObject": 2,
+            "DeleteObjects": 2,
+            "ListObjectsV2": 2,
+        }
         assert aws.list_objects_v2(Bucket="automq-main")["KeyCount"] == 1
 
 
@@ -129,8 +151,9 @@ def test_async_reads_retry_too(aws, registry):
         injector = inject(store, "GetObject", Injector(failures=2, kind="timeout"))
         futures = [store.get_range_async(0, "obj", i * 100, i * 100 + 100) for i in range(5)]
         data = bytes(range(256)) * 40
-        assert [f.result(timeout=10) for f in futures] == [data[i * 100:i * 100 + 100]
-                                                           for i in range(5)]
+        assert [f.result(timeout=10) for f in futures] == [
+            data[i * 100 : i * 100 + 100] for i in range(5)
+        ]
         assert injector.sends == 3  # one merged GET, retried twice
 
 
@@ -190,8 +213,14 @@ def test_read_timeout_on_a_silent_server_is_bounded(registry):
     try:
         store = ObjectStorage(
             f"0@s3://automq-main?endpoint=http://127.0.0.1:{port}&accessKey=a&secretKey=b",
-            metrics=ObjectStoreMetrics(registry), connect_timeout_ms=200, read_timeout_ms=200,
-            check_timeout_ms=200, max_attempts=2, backoff_base_ms=1, backoff_max_ms=2)
+            metrics=ObjectStoreMetrics(registry),
+            connect_timeout_ms=200,
+            read_timeout_ms=200,
+            check_timeout_ms=200,
+            max_attempts=2,
+            backoff_base_ms=1,
+            backoff_max_ms=2,
+        )
         with store:
             t0 = time.monotonic()
             with pytest.raises(ObjectStoreUnavailableError, match="after 2 attempts.*[Tt]imeout"):
@@ -207,9 +236,12 @@ def test_read_timeout_on_a_silent_server_is_bounded(registry):
 def test_unreachable_endpoint_fails_fast(registry):
     (port,) = find_free_ports(1)  # nothing listens there
     with ObjectStorage(
-            f"0@s3://automq-main?endpoint=http://127.0.0.1:{port}&accessKey=a&secretKey=b",
-            metrics=ObjectStoreMetrics(registry), max_attempts=3, backoff_base_ms=1,
-            backoff_max_ms=2) as store:
+        f"0@s3://automq-main?endpoint=http://127.0.0.1:{port}&accessKey=a&secretKey=b",
+        metrics=ObjectStoreMetrics(registry),
+        max_attempts=3,
+        backoff_base_ms=1,
+        backoff_max_ms=2,
+    ) as store:
         t0 = time.monotonic()
         with pytest.raises(ObjectStoreUnavailableError, match="connect") as info:
             store.check_reachable(0)
@@ -241,8 +273,13 @@ def test_classification_table():
     from botocore.exceptions import ClientError, NoCredentialsError
 
     def client_error(status: int, code: str) -> ClientError:
-        return ClientError({"Error": {"Code": code, "Message": "m"},
-                            "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+        return ClientError(
+            {
+                "Error": {"Code": code, "Message": "m"},
+                "ResponseMetadata": {"HTTPStatusCode": status},
+            },
+            "GetObject",
+        )
 
     cases = {
         (404, "NoSuchKey"): ("not_found", False),

@@ -12,11 +12,21 @@ from moto import mock_aws
 from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic import ValidationError
 
-from dataplane.objectstore import (AccessDeniedError, BucketURI, BandwidthLimitTimeoutError,
-                                   InvalidRangeError, ObjectNotFoundError, ObjectStorage,
-                                   ObjectStoreError, ObjectStoreMetrics,
-                                   PreconditionFailedError, Priority, object_id_from_key,
-                                   object_key, parse_bucket_uris)
+from dataplane.objectstore import (
+    AccessDeniedError,
+    BandwidthLimitTimeoutError,
+    BucketURI,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ObjectStorage,
+    ObjectStoreError,
+    ObjectStoreMetrics,
+    PreconditionFailedError,
+    Priority,
+    object_id_from_key,
+    object_key,
+    parse_bucket_uris,
+)
 from dataplane.objectstore import metrics as metrics_module
 from dataplane.objectstore.store import default_client_factory
 
@@ -25,8 +35,11 @@ URIS = "0@s3://automq-main?region=us-east-1,1@s3://automq-failover?region=us-eas
 
 @pytest.fixture
 def aws(monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
@@ -45,8 +58,13 @@ def registry():
 
 @pytest.fixture
 def store(aws, registry):
-    with ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry), merge_window_ms=0,
-                       backoff_base_ms=1, backoff_max_ms=2) as st:
+    with ObjectStorage(
+        URIS,
+        metrics=ObjectStoreMetrics(registry),
+        merge_window_ms=0,
+        backoff_base_ms=1,
+        backoff_max_ms=2,
+    ) as st:
         yield st
 
 
@@ -54,7 +72,8 @@ def count_calls(store: ObjectStorage, bucket_id: int, operation: str) -> list[di
     """Record every `operation` call the bucket's client makes."""
     calls: list[dict] = []
     store.boto3_client(bucket_id).meta.events.register(
-        f"before-parameter-build.s3.{operation}", lambda params, **_: calls.append(params))
+        f"before-parameter-build.s3.{operation}", lambda params, **_: calls.append(params)
+    )
     return calls
 
 
@@ -90,8 +109,13 @@ def test_buckets_are_separate(store, aws):
 def test_get_range_is_byte_exact(store):
     data = os.urandom(1 << 20)
     store.put_object(0, "obj", data)
-    for start, end in [(0, 1), (0, 1 << 20), (1000, 2000), ((1 << 20) - 1, 1 << 20),
-                       (123_456, 654_321)]:
+    for start, end in [
+        (0, 1),
+        (0, 1 << 20),
+        (1000, 2000),
+        ((1 << 20) - 1, 1 << 20),
+        (123_456, 654_321),
+    ]:
         assert store.get_range(0, "obj", start, end) == data[start:end]
     assert store.get_range(0, "obj", 5, 5) == b""
 
@@ -118,16 +142,26 @@ def test_zero_length_range_makes_no_request(store):
 
 def test_not_found_maps_and_is_not_retried(store, registry):
     gets = count_calls(store, 0, "GetObject")
-    for call in (lambda: store.get_range(0, "missing", 0, 10),
-                 lambda: store.get_object(0, "missing"),
-                 lambda: store.head_object(0, "missing")):
+    for call in (
+        lambda: store.get_range(0, "missing", 0, 10),
+        lambda: store.get_object(0, "missing"),
+        lambda: store.head_object(0, "missing"),
+    ):
         with pytest.raises(ObjectNotFoundError) as info:
             call()
         assert "missing" in str(info.value) and "bucket 0" in str(info.value)
         assert info.value.bucket_id == 0 and info.value.key == "missing"
     assert len(gets) == 2  # one attempt each for get_range and get_object
-    assert sample(registry, "automq_object_store_requests_total", op="get", bucket_id="0",
-                  status="not_found") == 2
+    assert (
+        sample(
+            registry,
+            "automq_object_store_requests_total",
+            op="get",
+            bucket_id="0",
+            status="not_found",
+        )
+        == 2
+    )
 
 
 def test_missing_bucket_is_not_reported_as_missing_object(aws, registry):
@@ -171,8 +205,10 @@ def test_delete_reports_per_key_errors(store):
     client = store.boto3_client(0)
 
     def fake_errors(parsed, **_):
-        parsed["Errors"] = [{"Key": "a", "Code": "AccessDenied", "Message": "nope"},
-                            {"Key": "b", "Code": "NoSuchKey", "Message": "gone"}]
+        parsed["Errors"] = [
+            {"Key": "a", "Code": "AccessDenied", "Message": "nope"},
+            {"Key": "b", "Code": "NoSuchKey", "Message": "gone"},
+        ]
 
     client.meta.events.register("after-call.s3.DeleteObjects", fake_errors)
     with pytest.raises(AccessDeniedError, match="1 keys not deleted"):
@@ -203,8 +239,9 @@ def test_size_limits(aws, registry):
 
 
 def test_pending_requests_are_bounded(aws, registry):
-    with ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry), max_pending_requests=2,
-                       merge_window_ms=1000) as st:
+    with ObjectStorage(
+        URIS, metrics=ObjectStoreMetrics(registry), max_pending_requests=2, merge_window_ms=1000
+    ) as st:
         st.put_object(0, "k", b"0123456789")
         f1 = st.get_range_async(0, "k", 0, 2)
         f2 = st.get_range_async(0, "k", 2, 4)
@@ -227,8 +264,14 @@ def test_closed_store_rejects_requests(aws, registry):
 
 
 def test_botocore_client_configuration(aws, registry):
-    with ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry), connect_timeout_ms=1500,
-                       read_timeout_ms=7000, max_concurrency=6, extra_sync_connections=2) as st:
+    with ObjectStorage(
+        URIS,
+        metrics=ObjectStoreMetrics(registry),
+        connect_timeout_ms=1500,
+        read_timeout_ms=7000,
+        max_concurrency=6,
+        extra_sync_connections=2,
+    ) as st:
         cfg = st.boto3_client(0).meta.config
         assert cfg.connect_timeout == 1.5
         assert cfg.read_timeout == 7.0
@@ -241,8 +284,9 @@ def test_botocore_client_configuration(aws, registry):
 
 
 def test_virtual_host_style_from_uri(aws, registry):
-    with ObjectStorage("0@s3://automq-main?pathStyle=false",
-                       metrics=ObjectStoreMetrics(registry)) as st:
+    with ObjectStorage(
+        "0@s3://automq-main?pathStyle=false", metrics=ObjectStoreMetrics(registry)
+    ) as st:
         assert st.boto3_client(0).meta.config.s3["addressing_style"] == "virtual"
 
 
@@ -258,8 +302,12 @@ def test_config_is_validated(aws):
 
 
 def test_read_bandwidth_limit_throttles(aws, registry):
-    with ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry),
-                       read_bandwidth_bytes_per_s=1000, throttle_timeout_ms=50) as st:
+    with ObjectStorage(
+        URIS,
+        metrics=ObjectStoreMetrics(registry),
+        read_bandwidth_bytes_per_s=1000,
+        throttle_timeout_ms=50,
+    ) as st:
         st.put_object(0, "k", b"x" * 2000)
         assert st.get_range(0, "k", 0, 900, Priority.CATCH_UP) == b"x" * 900
         with pytest.raises(BandwidthLimitTimeoutError) as info:
@@ -273,12 +321,24 @@ def test_metrics_count_requests_and_bytes(store, registry):
     store.get_object(0, "m")
     with pytest.raises(ObjectNotFoundError):
         store.head_object(0, "nope")
-    assert sample(registry, "automq_object_store_requests_total", op="put", bucket_id="0",
-                  status="ok") == 1
-    assert sample(registry, "automq_object_store_requests_total", op="get", bucket_id="0",
-                  status="ok") == 2
-    assert sample(registry, "automq_object_store_requests_total", op="head", bucket_id="0",
-                  status="not_found") == 1
+    assert (
+        sample(registry, "automq_object_store_requests_total", op="put", bucket_id="0", status="ok")
+        == 1
+    )
+    assert (
+        sample(registry, "automq_object_store_requests_total", op="get", bucket_id="0", status="ok")
+        == 2
+    )
+    assert (
+        sample(
+            registry,
+            "automq_object_store_requests_total",
+            op="head",
+            bucket_id="0",
+            status="not_found",
+        )
+        == 1
+    )
     assert sample(registry, "automq_object_store_bytes_total", op="put", bucket_id="0") == 300
     assert sample(registry, "automq_object_store_bytes_total", op="get", bucket_id="0") == 400
     assert sample(registry, "automq_object_store_request_latency_seconds_count", op="get") == 2
@@ -294,8 +354,12 @@ def test_metrics_registration_is_idempotent(aws):
         st.close()
     reloaded = importlib.reload(metrics_module)
     assert reloaded.default_metrics().requests is stores[0].metrics.requests
-    assert REGISTRY.get_sample_value("automq_object_store_requests_total",
-                                     {"op": "x", "bucket_id": "0", "status": "ok"}) is None
+    assert (
+        REGISTRY.get_sample_value(
+            "automq_object_store_requests_total", {"op": "x", "bucket_id": "0", "status": "ok"}
+        )
+        is None
+    )
 
 
 def test_object_keys_spread_and_round_trip():

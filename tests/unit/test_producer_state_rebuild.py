@@ -32,8 +32,9 @@ class FakeStream:
         return out
 
 
-def stored_log(producers: list[tuple[int, int]], batches_each: int, records: int = 4,
-               value_size: int = 20) -> list[StreamRecordBatch]:
+def stored_log(
+    producers: list[tuple[int, int]], batches_each: int, records: int = 4, value_size: int = 20
+) -> list[StreamRecordBatch]:
     """Interleaved idempotent batches of several (producer id, epoch), as a leader stores
     them (baseOffset patched)."""
     out, offset = [], 0

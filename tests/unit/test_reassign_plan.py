@@ -42,6 +42,7 @@ def moved(before: list[Assignment], after: list[Assignment]) -> int:
 
 # ---------------------------------------------------------------- by count
 
+
 def test_count_everything_onto_two_brokers():
     current = assign("t", [1, 2, 3, 1, 2, 3])
     plan = plan_by_count(current, [2, 3])
@@ -90,8 +91,10 @@ def test_count_needs_brokers():
 
 
 @settings(max_examples=200, deadline=None)
-@given(leaders=st.lists(st.integers(1, 6), min_size=1, max_size=60),
-       targets=st.sets(st.integers(1, 6), min_size=1, max_size=6))
+@given(
+    leaders=st.lists(st.integers(1, 6), min_size=1, max_size=60),
+    targets=st.sets(st.integers(1, 6), min_size=1, max_size=6),
+)
 def test_count_properties(leaders, targets):
     current = assign("t", leaders)
     plan = plan_by_count(current, sorted(targets))
@@ -109,6 +112,7 @@ def test_count_properties(leaders, targets):
 
 
 # ---------------------------------------------------------------- by throughput
+
 
 def test_throughput_isolates_a_hot_partition():
     current = assign("t", [1, 1, 2, 2, 3, 3])
@@ -152,6 +156,7 @@ def test_rates_from_offsets():
 
 # ---------------------------------------------------------------- plan files
 
+
 def test_plan_roundtrip():
     plan = assign("t", [2, 3]) + assign("a", [1])
     text = format_plan(plan_to_json(plan))
@@ -159,25 +164,43 @@ def test_plan_roundtrip():
     assert parse_plan(text) == sorted(plan, key=lambda a: a.key)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{not json", "not valid JSON"),
-    ("[]", "JSON object"),
-    ('{"version": 2, "partitions": []}', "unsupported plan version"),
-    ('{"version": 1, "partitions": []}', "non-empty list"),
-    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0}]}', r"partitions\[0\] must be"),
-    ('{"version": 1, "partitions": [{"topic": "", "partition": 0, "node_id": 1}]}', "topic"),
-    ('{"version": 1, "partitions": [{"topic": "t", "partition": -1, "node_id": 1}]}', "partition must"),
-    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "node_id": true}]}', "node_id must"),
-    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "node_id": 1},'
-     ' {"topic": "t", "partition": 0, "node_id": 2}]}', "appears twice"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "JSON object"),
+        ('{"version": 2, "partitions": []}', "unsupported plan version"),
+        ('{"version": 1, "partitions": []}', "non-empty list"),
+        (
+            '{"version": 1, "partitions": [{"topic": "t", "partition": 0}]}',
+            r"partitions\[0\] must be",
+        ),
+        ('{"version": 1, "partitions": [{"topic": "", "partition": 0, "node_id": 1}]}', "topic"),
+        (
+            '{"version": 1, "partitions": [{"topic": "t", "partition": -1, "node_id": 1}]}',
+            "partition must",
+        ),
+        (
+            '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "node_id": true}]}',
+            "node_id must",
+        ),
+        (
+            '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "node_id": 1},'
+            ' {"topic": "t", "partition": 0, "node_id": 2}]}',
+            "appears twice",
+        ),
+    ],
+)
 def test_parse_plan_errors(text, message):
     with pytest.raises(PlanError, match=message):
         parse_plan(text)
 
 
-BROKERS = {1: BrokerInfo(1), 2: BrokerInfo(2, fenced=True, fence_reason="session expired"),
-           3: BrokerInfo(3, shutting_down=True)}
+BROKERS = {
+    1: BrokerInfo(1),
+    2: BrokerInfo(2, fenced=True, fence_reason="session expired"),
+    3: BrokerInfo(3, shutting_down=True),
+}
 
 
 def test_check_plan():
@@ -205,17 +228,23 @@ def test_check_targets_refuses_fenced_and_shutting_down():
 def test_moves_of():
     plan = [Assignment("t", 0, 2), Assignment("t", 1, 1)]
     assert moves_of(plan, {("t", 0): 1, ("t", 1): 1}) == [
-        {"topic": "t", "partition": 0, "from": 1, "to": 2}]
+        {"topic": "t", "partition": 0, "from": 1, "to": 2}
+    ]
 
 
 # ---------------------------------------------------------------- progress
 
+
 def test_progress_states():
-    done = PartitionView(leader=2, leader_epoch=5, stream_epoch=5, stream_state="opened", stream_node=2)
+    done = PartitionView(
+        leader=2, leader_epoch=5, stream_epoch=5, stream_state="opened", stream_node=2
+    )
     assert progress(2, done) == (True, "done")
     old_owner = PartitionView(2, 5, 4, "opened", 1)
-    assert progress(2, old_owner) == (False, "moving: waiting for old owner broker 1 to close "
-                                             "the stream (epoch 4)")
+    assert progress(2, old_owner) == (
+        False,
+        "moving: waiting for old owner broker 1 to close the stream (epoch 4)",
+    )
     closed = PartitionView(2, 5, 4, "closed", 1)
     assert "waiting for broker 2 to open" in progress(2, closed)[1]
     assert progress(3, done) == (False, "not moved: led by broker 2")

@@ -51,7 +51,7 @@ def test_decode_sequence_at_offset(items: list[StreamRecordBatch], prefix: bytes
         batch, pos = StreamRecordBatch.decode(buf, pos)
         out.append(batch)
     assert out == items and pos == len(buf)
-    assert decode_all(buf[len(prefix):]) == items
+    assert decode_all(buf[len(prefix) :]) == items
 
 
 def test_exact_layout_big_endian() -> None:
@@ -83,7 +83,9 @@ def test_negative_payload_length() -> None:
         StreamRecordBatch.decode(raw)
 
 
-@pytest.mark.parametrize("cut", [0, 1, 20, HEADER_SIZE_BYTES - 1, HEADER_SIZE_BYTES, HEADER_SIZE_BYTES + 9])
+@pytest.mark.parametrize(
+    "cut", [0, 1, 20, HEADER_SIZE_BYTES - 1, HEADER_SIZE_BYTES, HEADER_SIZE_BYTES + 9]
+)
 def test_truncation(cut: int) -> None:
     raw = StreamRecordBatch(1, 0, 0, 1, b"0123456789").encode()
     with pytest.raises(CorruptRecordError, match="truncated"):

@@ -12,13 +12,19 @@ from dataplane.s3stream import stream_reader as sr
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.object_format import ObjectWriter, parse_object
 from dataplane.s3stream.records import StreamRecordBatch
-from dataplane.s3stream.stream_reader import (BlockFetcher, ObjectDemand, ObjectLayout,
-                                              ObjectLocation, StreamReader, contiguous)
+from dataplane.s3stream.stream_reader import (
+    BlockFetcher,
+    ObjectDemand,
+    ObjectLayout,
+    ObjectLocation,
+    StreamReader,
+    contiguous,
+)
 
 STREAMS = 12
-BATCHES = 3        # per stream
-PAYLOAD = 600      # bytes per batch: one block per stream of ~1.9 KiB
-SPAN = 8 * 1024    # prefetch segment of the tests
+BATCHES = 3  # per stream
+PAYLOAD = 600  # bytes per batch: one block per stream of ~1.9 KiB
+SPAN = 8 * 1024  # prefetch segment of the tests
 
 
 class Clock:
@@ -42,8 +48,9 @@ class FakeStorage:
             self.gets.append((key, start, end))
         return self.objects[key][start:end]
 
-    def get_range_async(self, bucket_id, key, start, end, priority=None,
-                        max_gap_bytes=None) -> Future:
+    def get_range_async(
+        self, bucket_id, key, start, end, priority=None, max_gap_bytes=None
+    ) -> Future:
         assert max_gap_bytes == 0  # block reads never merge across other blocks
         fut: Future = Future()
         fut.set_result(self.get_range(bucket_id, key, start, end, priority))
@@ -74,8 +81,9 @@ def setup(clock=None, **cache_kw):
     storage = FakeStorage({sr.object_key(loc.object_id): data})
     cache = BlockCache(64 * 1024 * 1024, clock=clock or Clock(), **cache_kw)
     demand = ObjectDemand(min_streams=3, window_s=2.0, clock=clock or Clock())
-    fetcher = BlockFetcher(storage, cache, prefetch_span_bytes=SPAN, demand=demand,
-                           clock=clock or Clock())
+    fetcher = BlockFetcher(
+        storage, cache, prefetch_span_bytes=SPAN, demand=demand, clock=clock or Clock()
+    )
     return storage, cache, fetcher, index, loc
 
 
@@ -93,15 +101,15 @@ def test_demand_is_hot_only_with_enough_distinct_recent_streams():
     clock = Clock()
     demand = ObjectDemand(min_streams=3, window_s=2.0, max_objects=2, clock=clock)
     for _ in range(5):
-        demand.note(1, 10)                 # one stream, however often, is not demand
+        demand.note(1, 10)  # one stream, however often, is not demand
     assert not demand.hot(1)
     demand.note(1, 11)
     demand.note(1, 12)
     assert demand.hot(1)
     clock.now += 3
-    assert not demand.hot(1)               # too old
+    assert not demand.hot(1)  # too old
     demand.note(2, 1)
-    demand.note(3, 1)                      # object 1 falls out of the bounded table
+    demand.note(3, 1)  # object 1 falls out of the bounded table
     assert demand._reads.keys() == {2, 3}
 
 
@@ -123,18 +131,17 @@ def hot(fetcher: BlockFetcher, loc: ObjectLocation, *read: int) -> None:
         key = (loc.object_id, position)
         fetcher.cache.watch(key, "other", 1)
         fetcher.cache.fill(key, [], 1)
-        fetcher.cache.unwatch(key, "other")            # read and freed: a ghost
+        fetcher.cache.unwatch(key, "other")  # read and freed: a ghost
 
 
 def test_hot_object_but_a_lone_miss_in_its_segment_prefetches_nothing():
     storage, cache, fetcher, index, loc = setup()
     layout = ObjectLayout.of(index)
-    hot(fetcher, loc)                                   # hot object, no neighbour read
-    for e in (index[0], index[2], index[4]):            # sparse readers: every other one
+    hot(fetcher, loc)  # hot object, no neighbour read
+    for e in (index[0], index[2], index[4]):  # sparse readers: every other one
         cache.watch((loc.object_id, e.position), "r", e.size)
         fetcher.load(loc, [e], layout)
-    assert [g[1] for g in storage.gets] == [index[0].position, index[2].position,
-                                            index[4].position]
+    assert [g[1] for g in storage.gets] == [index[0].position, index[2].position, index[4].position]
     assert cache.prefetched_bytes == 0
 
 
@@ -143,14 +150,16 @@ def test_hot_object_gets_the_whole_aligned_segment_once():
     layout = ObjectLayout.of(index)
     hot(fetcher, loc, index[1].position)
     e = index[2]
-    assert e.position < SPAN <= index[-1].position       # segment 0 of several
+    assert e.position < SPAN <= index[-1].position  # segment 0 of several
     cache.watch((loc.object_id, e.position), "r", e.size)
     fetcher.load(loc, [e], layout)
     in_segment = [b for b in index if b.position < SPAN]
     key = sr.object_key(loc.object_id)
     # everything of the segment but the block its reader already consumed
-    assert storage.gets == [(key, 0, index[0].end_position),
-                            (key, index[2].position, in_segment[-1].end_position)]
+    assert storage.gets == [
+        (key, 0, index[0].end_position),
+        (key, index[2].position, in_segment[-1].end_position),
+    ]
     assert cache.prefetched_bytes == sum(b.size for b in in_segment) - e.size - index[1].size
     # another reader of a block of that segment waits for the same GET: no new request
     other = in_segment[0]
@@ -164,7 +173,7 @@ def test_segment_skips_blocks_already_held_and_splits_the_get():
     layout = ObjectLayout.of(index)
     hot(fetcher, loc, index[1].position)
     held = index[2]
-    cache.watch((loc.object_id, held.position), "x", held.size)   # in flight elsewhere
+    cache.watch((loc.object_id, held.position), "x", held.size)  # in flight elsewhere
     e = index[0]
     cache.watch((loc.object_id, e.position), "r", e.size)
     fetcher.load(loc, [e], layout)
@@ -183,7 +192,7 @@ def test_prefetch_backs_off_when_prefetched_blocks_go_unread(monkeypatch):
     cache.watch((loc.object_id, e.position), "r", e.size)
     fetcher.load(loc, [e], layout)
     assert cache.prefetched_bytes > 0
-    clock.now += 6                                        # nobody claimed them
+    clock.now += 6  # nobody claimed them
     cache.speculative_room()
     assert cache.prefetch_wasted_bytes == cache.prefetched_bytes
     for sid in (3, 4, 5):
@@ -201,13 +210,13 @@ def test_readers_of_every_stream_read_all_data_with_few_gets(span):
     data, index, loc = build_sso()
     storage = FakeStorage({sr.object_key(loc.object_id): data})
     cache = BlockCache(64 * 1024 * 1024)
-    fetcher = BlockFetcher(storage, cache, prefetch_span_bytes=span,
-                           demand=ObjectDemand(min_streams=3))
+    fetcher = BlockFetcher(
+        storage, cache, prefetch_span_bytes=span, demand=ObjectDemand(min_streams=3)
+    )
     index_cache = sr.IndexCache(storage)
-    readers = [StreamReader(sid, 0, Locator(loc), index_cache, fetcher)
-               for sid in range(STREAMS)]
+    readers = [StreamReader(sid, 0, Locator(loc), index_cache, fetcher) for sid in range(STREAMS)]
     delivered = 0
-    for r in readers:                       # one read each, in stream order
+    for r in readers:  # one read each, in stream order
         out = r.read(0, BATCHES, 1 << 20)
         assert [b.base_offset for b in out] == list(range(BATCHES))
         assert all(b.payload == bytes([r.stream_id]) * PAYLOAD for b in out)
@@ -215,7 +224,7 @@ def test_readers_of_every_stream_read_all_data_with_few_gets(span):
         r.release()
     block_gets = [g for g in storage.gets if g[2] <= index[-1].end_position]
     fetched = sum(g[2] - g[1] for g in block_gets)
-    assert fetched == sum(e.size for e in index)   # every block exactly once
+    assert fetched == sum(e.size for e in index)  # every block exactly once
     if span:  # per segment: a lone miss, then one GET for the rest of it
         assert len(block_gets) <= 2 * -(-index[-1].end_position // SPAN) + 1
         assert cache.prefetch_claimed_bytes == cache.prefetched_bytes

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -59,8 +59,11 @@ class InProcessController:
             result = self.machine.execute(command, json.loads(json.dumps(body)), NOW_MS)
         if "error" in result:
             err = result["error"]
-            raise ControllerError(ErrorCode(err["code"]), err["message"],
-                                  ControllerError.parse_stream_errors(err.get("stream_errors")))
+            raise ControllerError(
+                ErrorCode(err["code"]),
+                err["message"],
+                ControllerError.parse_stream_errors(err.get("stream_errors")),
+            )
         return result["result"]
 
     def call(self, command: str, body, timeout_s: float | None = None) -> dict:
@@ -82,8 +85,10 @@ class InProcessController:
             s = self.machine.image.streams.get(stream_id)
             if s is None:
                 raise ControllerError(ErrorCode.UNKNOWN_STREAM, f"no stream {stream_id}")
-            return {**s.model_dump(mode="json", exclude={"object_ranges"}),
-                    "end_offset": s.end_offset}
+            return {
+                **s.model_dump(mode="json", exclude={"object_ranges"}),
+                "end_offset": s.end_offset,
+            }
 
     def stream_objects(self, stream_id: int, start: int, end: int, limit: int = 100) -> list:
         return []
@@ -114,18 +119,34 @@ def ctrl(tmp_path) -> InProcessController:
     c = InProcessController(MetadataStateMachine(ControllerSettings(bucket_ids=[0])))
     for node in (1, 2):
         wal_uri = (tmp_path / f"node{node}" / "wal").resolve().as_uri()
-        c.execute("register_broker", {"node_id": node, "az": "az1", "host": "127.0.0.1",
-                                      "kafka_port": 9000 + node, "incarnation_id": f"i{node}",
-                                      "wal_uri": wal_uri})
+        c.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": f"i{node}",
+                "wal_uri": wal_uri,
+            },
+        )
         c.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0})
     return c
 
 
-def make_engine(ctrl: InProcessController, objects: FakeObjects, data_dir: Path,
-                node_id: int = 1, **config) -> S3Storage:
-    cfg = StorageConfig(data_dir=data_dir, **{
-        "wal_capacity_bytes": 16 << 20, "upload_interval_s": 3600,
-        "upload_threshold_bytes": 1 << 30, "upload_attempts": 3, **config})
+def make_engine(
+    ctrl: InProcessController, objects: FakeObjects, data_dir: Path, node_id: int = 1, **config
+) -> S3Storage:
+    cfg = StorageConfig(
+        data_dir=data_dir,
+        **{
+            "wal_capacity_bytes": 16 << 20,
+            "upload_interval_s": 3600,
+            "upload_threshold_bytes": 1 << 30,
+            "upload_attempts": 3,
+            **config,
+        },
+    )
     engine = S3Storage(cfg, node_id, 0, ctrl, objects)
     engine.start()
     return engine
@@ -139,10 +160,12 @@ def append(stream, count: int, size: int = 100) -> None:
 def committed_streams(ctrl: InProcessController, objects: FakeObjects) -> set[int]:
     """Streams whose data is inside a committed object (from the objects' own indexes).
     Objects of refused rounds stay PREPARED: the controller destroys them at the deadline."""
-    committed = [o for o in ctrl.machine.image.objects.values()
-                 if o.state == ObjectState.COMMITTED]
-    return {e.stream_id for o in committed
-            for e in parse_object(objects.data[(o.bucket_id, object_key(o.object_id))])[1]}
+    committed = [o for o in ctrl.machine.image.objects.values() if o.state == ObjectState.COMMITTED]
+    return {
+        e.stream_id
+        for o in committed
+        for e in parse_object(objects.data[(o.bucket_id, object_key(o.object_id))])[1]
+    }
 
 
 @pytest.fixture
@@ -165,21 +188,35 @@ def crash(engine: S3Storage) -> None:
 
 # ---------------------------------------------------------------- pure classification
 
+
 def test_only_per_stream_permanent_refusals_name_streams_to_leave_out():
-    refused = ControllerError(ErrorCode.UNKNOWN_STREAM, "gone",
-                              {3: ErrorCode.UNKNOWN_STREAM, 5: ErrorCode.STREAM_FENCED})
-    assert permanent_stream_errors(refused) == {3: ErrorCode.UNKNOWN_STREAM,
-                                                5: ErrorCode.STREAM_FENCED}
+    refused = ControllerError(
+        ErrorCode.UNKNOWN_STREAM, "gone", {3: ErrorCode.UNKNOWN_STREAM, 5: ErrorCode.STREAM_FENCED}
+    )
+    assert permanent_stream_errors(refused) == {
+        3: ErrorCode.UNKNOWN_STREAM,
+        5: ErrorCode.STREAM_FENCED,
+    }
     # about the whole upload: no stream is to blame
-    for exc in (ControllerError(ErrorCode.NODE_FENCED, "node"),
-                ControllerError(ErrorCode.TIMEOUT, "slow"),
-                ControllerError(ErrorCode.UNKNOWN_STREAM, "old controller, no details"),
-                ObjectStoreUnavailableError("503"), OSError("reset")):
+    for exc in (
+        ControllerError(ErrorCode.NODE_FENCED, "node"),
+        ControllerError(ErrorCode.TIMEOUT, "slow"),
+        ControllerError(ErrorCode.UNKNOWN_STREAM, "old controller, no details"),
+        ObjectStoreUnavailableError("503"),
+        OSError("reset"),
+    ):
         assert permanent_stream_errors(exc) == {}
     # a stream code the engine does not know to be permanent: not guessed
-    assert permanent_stream_errors(ControllerError(
-        ErrorCode.UNKNOWN_STREAM, "x", {1: ErrorCode.UNKNOWN_STREAM,
-                                        2: ErrorCode.OBJECT_NOT_PREPARED})) == {}
+    assert (
+        permanent_stream_errors(
+            ControllerError(
+                ErrorCode.UNKNOWN_STREAM,
+                "x",
+                {1: ErrorCode.UNKNOWN_STREAM, 2: ErrorCode.OBJECT_NOT_PREPARED},
+            )
+        )
+        == {}
+    )
     assert is_retriable_upload_error(ObjectStoreUnavailableError("timeout"))
     assert is_retriable_upload_error(ControllerError(ErrorCode.NO_LEADER, "election"))
     assert not is_retriable_upload_error(ControllerError(ErrorCode.UNKNOWN_STREAM, "gone"))
@@ -189,9 +226,9 @@ def test_data_lost_only_for_a_gap_the_committed_end_does_not_cover():
     assert not data_lost(ErrorCode.UNKNOWN_STREAM, None, 10)
     assert not data_lost(ErrorCode.STREAM_FENCED, None, 10)
     assert not data_lost(ErrorCode.STREAM_NOT_OPENED, None, 10)
-    assert not data_lost(ErrorCode.STREAM_OFFSET_GAP, 10, 10)   # committed by a lost answer
+    assert not data_lost(ErrorCode.STREAM_OFFSET_GAP, 10, 10)  # committed by a lost answer
     assert data_lost(ErrorCode.STREAM_OFFSET_GAP, 5, 10)
-    assert data_lost(ErrorCode.STREAM_OFFSET_GAP, None, 10)     # unknown: assume the worst
+    assert data_lost(ErrorCode.STREAM_OFFSET_GAP, None, 10)  # unknown: assume the worst
 
 
 def test_error_stream_details_survive_the_wire_format():
@@ -204,34 +241,55 @@ def test_error_stream_details_survive_the_wire_format():
 
 # ---------------------------------------------------------------- controller
 
+
 def test_commit_refusal_names_every_refused_stream_and_applies_nothing(ctrl):
-    ids = [ctrl.execute("create_stream", {"node_id": 1, "node_epoch": 0})["stream_id"]
-           for _ in range(3)]
+    ids = [
+        ctrl.execute("create_stream", {"node_id": 1, "node_epoch": 0})["stream_id"]
+        for _ in range(3)
+    ]
     for sid in ids:
-        ctrl.execute("open_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid,
-                                     "stream_epoch": 0})
-    ctrl.execute("delete_stream", {"node_id": 1, "node_epoch": 0, "stream_id": ids[0],
-                                   "stream_epoch": 0})
-    ctrl.execute("close_stream", {"node_id": 1, "node_epoch": 0, "stream_id": ids[2],
-                                  "stream_epoch": 0})
-    ctrl.execute("open_stream", {"node_id": 2, "node_epoch": 0, "stream_id": ids[2],
-                                 "stream_epoch": 1})
-    oid = ctrl.execute("prepare_objects", {"node_id": 1, "node_epoch": 0, "count": 1,
-                                           "ttl_ms": 60_000})["first_object_id"]
+        ctrl.execute(
+            "open_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid, "stream_epoch": 0}
+        )
+    ctrl.execute(
+        "delete_stream", {"node_id": 1, "node_epoch": 0, "stream_id": ids[0], "stream_epoch": 0}
+    )
+    ctrl.execute(
+        "close_stream", {"node_id": 1, "node_epoch": 0, "stream_id": ids[2], "stream_epoch": 0}
+    )
+    ctrl.execute(
+        "open_stream", {"node_id": 2, "node_epoch": 0, "stream_id": ids[2], "stream_epoch": 1}
+    )
+    oid = ctrl.execute(
+        "prepare_objects", {"node_id": 1, "node_epoch": 0, "count": 1, "ttl_ms": 60_000}
+    )["first_object_id"]
     before = (ctrl.machine.image.fingerprint(), ctrl.machine.next_offset)
     with pytest.raises(ControllerError) as refused:
-        ctrl.execute("commit_stream_set_object", {
-            "node_id": 1, "node_epoch": 0, "object_id": oid, "order_id": 1, "size_bytes": 10,
-            "bucket_id": 0, "stream_ranges": [
-                {"stream_id": sid, "stream_epoch": 0, "start_offset": 0, "end_offset": 5}
-                for sid in ids]})
+        ctrl.execute(
+            "commit_stream_set_object",
+            {
+                "node_id": 1,
+                "node_epoch": 0,
+                "object_id": oid,
+                "order_id": 1,
+                "size_bytes": 10,
+                "bucket_id": 0,
+                "stream_ranges": [
+                    {"stream_id": sid, "stream_epoch": 0, "start_offset": 0, "end_offset": 5}
+                    for sid in ids
+                ],
+            },
+        )
     assert refused.value.code == ErrorCode.UNKNOWN_STREAM  # the first refused stream's
-    assert refused.value.stream_errors == {ids[0]: ErrorCode.UNKNOWN_STREAM,
-                                           ids[2]: ErrorCode.STREAM_FENCED}
+    assert refused.value.stream_errors == {
+        ids[0]: ErrorCode.UNKNOWN_STREAM,
+        ids[2]: ErrorCode.STREAM_FENCED,
+    }
     assert (ctrl.machine.image.fingerprint(), ctrl.machine.next_offset) == before
 
 
 # ---------------------------------------------------------------- engine
+
 
 def test_deleted_stream_is_left_out_and_its_wal_space_reclaimed(engine_env):
     ctrl, objects, engine = engine_env
@@ -239,8 +297,10 @@ def test_deleted_stream_is_left_out_and_its_wal_space_reclaimed(engine_env):
     live = engine.open_stream(engine.create_stream(), 0)
     append(gone, 20)
     append(live, 20)
-    ctrl.execute("delete_stream", {"node_id": 1, "node_epoch": 0,
-                                   "stream_id": gone.stream_id, "stream_epoch": 0})
+    ctrl.execute(
+        "delete_stream",
+        {"node_id": 1, "node_epoch": 0, "stream_id": gone.stream_id, "stream_epoch": 0},
+    )
     engine.flush()  # the old engine raised UNKNOWN_STREAM here, on every retry, forever
     image = ctrl.machine.image
     assert image.streams[live.stream_id].end_offset == 20
@@ -262,13 +322,19 @@ def test_streams_fenced_or_deleted_in_one_upload_cost_one_extra_round(engine_env
     deleted, fenced, healthy = (engine.open_stream(engine.create_stream(), 0) for _ in range(3))
     for s in (deleted, fenced, healthy):
         append(s, 10)
-    ctrl.execute("delete_stream", {"node_id": 1, "node_epoch": 0,
-                                   "stream_id": deleted.stream_id, "stream_epoch": 0})
+    ctrl.execute(
+        "delete_stream",
+        {"node_id": 1, "node_epoch": 0, "stream_id": deleted.stream_id, "stream_epoch": 0},
+    )
     # `fenced` moved on: closed on our behalf (as a WAL failover does) and reopened by node 2
-    ctrl.execute("close_stream", {"node_id": 1, "node_epoch": 0,
-                                  "stream_id": fenced.stream_id, "stream_epoch": 0})
-    ctrl.execute("open_stream", {"node_id": 2, "node_epoch": 0,
-                                 "stream_id": fenced.stream_id, "stream_epoch": 1})
+    ctrl.execute(
+        "close_stream",
+        {"node_id": 1, "node_epoch": 0, "stream_id": fenced.stream_id, "stream_epoch": 0},
+    )
+    ctrl.execute(
+        "open_stream",
+        {"node_id": 2, "node_epoch": 0, "stream_id": fenced.stream_id, "stream_epoch": 1},
+    )
     engine.flush()
     assert ctrl.calls.count("commit_stream_set_object") == 2
     image = ctrl.machine.image
@@ -323,8 +389,9 @@ def test_a_commit_applied_with_its_answer_lost_is_not_committed_twice(engine_env
     image = ctrl.machine.image
     assert image.streams[s.stream_id].end_offset == 10
     assert image.streams[other.stream_id].end_offset == 4
-    assert sorted(rg.stream_id for sso in image.stream_set_objects.values()
-                  for rg in sso.ranges) == sorted([s.stream_id, other.stream_id])
+    assert sorted(
+        rg.stream_id for sso in image.stream_set_objects.values() for rg in sso.ranges
+    ) == sorted([s.stream_id, other.stream_id])
     assert engine.wal.used_bytes < WAL_ALIGN_BYTES and engine.upload_error is None
     append(s, 2)  # s was not broken by it
     engine.flush()
@@ -346,12 +413,17 @@ def test_wal_failover_leaves_out_a_stream_deleted_mid_way(ctrl, tmp_path):
     target = make_engine(ctrl, objects, tmp_path / "node2", node_id=2)
     try:
         # the topic of `gone` is deleted after the target looked at it, before its commit
-        ctrl.before["commit_stream_set_object"] = lambda: ctrl.execute("delete_stream", {
-            "node_id": 2, "node_epoch": 0, "stream_id": gone.stream_id, "stream_epoch": 0})
+        ctrl.before["commit_stream_set_object"] = lambda: ctrl.execute(
+            "delete_stream",
+            {"node_id": 2, "node_epoch": 0, "stream_id": gone.stream_id, "stream_epoch": 0},
+        )
 
         def open_streams() -> list[tuple[int, int]]:
-            return sorted((s.stream_id, s.epoch) for s in ctrl.machine.image.streams.values()
-                          if s.state.value == "opened" and s.node_id == 1)
+            return sorted(
+                (s.stream_id, s.epoch)
+                for s in ctrl.machine.image.streams.values()
+                if s.state.value == "opened" and s.node_id == 1
+            )
 
         result = recover_failed_wal(target, 1, wal.wal_uri, wal.node_epoch, open_streams)
         assert gone.stream_id in result.skipped_streams

@@ -51,8 +51,12 @@ def wal_path(tmp_path: Path) -> Path:
     return tmp_path / "node1.wal"
 
 
-def open_wal(path: Path, node_id: int = 1, epoch: int = 1, capacity: int = CAPACITY, **overrides) -> FileWAL:
-    config = FileWALConfig(**{**{f: getattr(CONFIG, f) for f in CONFIG.__dataclass_fields__}, **overrides})
+def open_wal(
+    path: Path, node_id: int = 1, epoch: int = 1, capacity: int = CAPACITY, **overrides
+) -> FileWAL:
+    config = FileWALConfig(
+        **{**{f: getattr(CONFIG, f) for f in CONFIG.__dataclass_fields__}, **overrides}
+    )
     return FileWAL.open(path, node_id, epoch, capacity_bytes=capacity, config=config)
 
 
@@ -141,8 +145,13 @@ def test_config_validation(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         FileWAL.open(tmp_path / "a", 1, 1, capacity_bytes=1024, config=CONFIG)
     with pytest.raises(ValueError):
-        FileWAL.open(tmp_path / "b", 1, 1, capacity_bytes=CAPACITY,
-                     config=FileWALConfig(max_record_bytes=64 * 1024, max_batch_bytes=64 * 1024))
+        FileWAL.open(
+            tmp_path / "b",
+            1,
+            1,
+            capacity_bytes=CAPACITY,
+            config=FileWALConfig(max_record_bytes=64 * 1024, max_batch_bytes=64 * 1024),
+        )
     with pytest.raises(FileNotFoundError):
         FileWAL.open(tmp_path / "c", 1, 1)
     assert not list(tmp_path.iterdir())
@@ -181,8 +190,12 @@ def test_group_commit_uses_far_fewer_fsyncs_than_appends(wal_path: Path) -> None
         assert fsyncs == wal.batch_count
         assert fsyncs * 4 <= appends, f"{fsyncs} fsyncs for {appends} appends"
         end = wal.end_offset
-    assert (REGISTRY.get_sample_value("automq_wal_fsyncs_total") or 0) - before_fsync_metric >= fsyncs
-    assert (REGISTRY.get_sample_value("automq_wal_append_bytes_total") or 0) - before_bytes_metric >= end
+    assert (
+        REGISTRY.get_sample_value("automq_wal_fsyncs_total") or 0
+    ) - before_fsync_metric >= fsyncs
+    assert (
+        REGISTRY.get_sample_value("automq_wal_append_bytes_total") or 0
+    ) - before_bytes_metric >= end
     assert (REGISTRY.get_sample_value("automq_wal_append_latency_seconds_count") or 0) >= appends
 
 
@@ -224,7 +237,9 @@ def test_ack_waits_for_fsync(wal_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         wal.close()
 
 
-def test_fsync_failure_fails_batch_and_stops_wal(wal_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsync_failure_fails_batch_and_stops_wal(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wal = open_wal(wal_path)
     try:
         append_sync(wal, b"ok")
@@ -300,7 +315,9 @@ def test_torn_tail_is_dropped_and_overwritten(wal_path: Path, damage: str) -> No
 
 
 @pytest.mark.parametrize(("align", "size"), [(0, 200), (4096, 4096 - RECORD_HEADER_SIZE_BYTES)])
-def test_intact_records_after_a_torn_one_never_reappear(wal_path: Path, align: int, size: int) -> None:
+def test_intact_records_after_a_torn_one_never_reappear(
+    wal_path: Path, align: int, size: int
+) -> None:
     """Records after a corrupt one (same torn batch) must not come back behind new records."""
     results = _write_records(wal_path, 10, size, align_bytes=align)
     torn = results[5]
@@ -324,7 +341,12 @@ def test_stale_record_from_a_previous_lap_is_not_recovered(wal_path: Path) -> No
     body = b"z" * 50
     import crc32c
 
-    stale = encode_record_header(len(body), end - CAPACITY + RECORD_HEADER_SIZE_BYTES, crc32c.crc32c(body)) + body
+    stale = (
+        encode_record_header(
+            len(body), end - CAPACITY + RECORD_HEADER_SIZE_BYTES, crc32c.crc32c(body)
+        )
+        + body
+    )
     patch_file(wal_path, file_pos(end), stale)
     with open_wal(wal_path) as wal:
         assert recovered(wal) == [(0, b"a" * 100)]
@@ -373,13 +395,17 @@ def test_corrupt_state_slot_falls_back_to_older_trim(wal_path: Path) -> None:
 # ---------------------------------------------------------------------------- ring reuse
 def test_ring_wraps_after_trim(wal_path: Path) -> None:
     capacity = 64 * 1024
-    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=0)
+    kw = dict(
+        capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=0
+    )
     with open_wal(wal_path, **kw) as wal:
         first = [append_sync(wal, bytes([i]) * 1100) for i in range(50)]  # ~56 KB
         wal.trim(first[40].offset)
         second = [append_sync(wal, bytes([100 + i]) * 1100) for i in range(30)]
         assert second[-1].next_offset > capacity
-        assert any(r.offset % capacity + r.size_bytes > capacity for r in second), "no record straddles"
+        assert any(r.offset % capacity + r.size_bytes > capacity for r in second), (
+            "no record straddles"
+        )
         expected = [(r.offset, bytes([40 + i]) * 1100) for i, r in enumerate(first[40:])]
         expected += [(r.offset, bytes([100 + i]) * 1100) for i, r in enumerate(second)]
         assert recovered(wal) == expected
@@ -390,7 +416,9 @@ def test_ring_wraps_after_trim(wal_path: Path) -> None:
 
 def test_ring_wraps_with_padding(wal_path: Path) -> None:
     capacity = 64 * 1024
-    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096)
+    kw = dict(
+        capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096
+    )
     with open_wal(wal_path, **kw) as wal:
         first = [append_sync(wal, bytes([i]) * 3000) for i in range(16)]  # one 4 KiB slot each
         with pytest.raises(WALFullError):
@@ -406,7 +434,9 @@ def test_ring_wraps_with_padding(wal_path: Path) -> None:
 
 
 def test_padding_never_takes_space_of_admitted_appends(wal_path: Path) -> None:
-    kw = dict(capacity=64 * 1024, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096)
+    kw = dict(
+        capacity=64 * 1024, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=4096
+    )
     with open_wal(wal_path, **kw) as wal:
         futures = []
         with pytest.raises(WALFullError):
@@ -421,11 +451,13 @@ def test_padding_never_takes_space_of_admitted_appends(wal_path: Path) -> None:
 @pytest.mark.parametrize(("align", "fits"), [(0, range(60, 70)), (4096, [16])])
 def test_wal_full_then_trim_frees_space(wal_path: Path, align: int, fits) -> None:
     capacity = 64 * 1024
-    kw = dict(capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=align)
+    kw = dict(
+        capacity=capacity, max_batch_bytes=16 * 1024, max_record_bytes=8 * 1024, align_bytes=align
+    )
     with open_wal(wal_path, **kw) as wal:
         results = []
         with pytest.raises(WALFullError, match="trim"):
-            for i in range(1000):  # bounded: 64 KiB / 1 KiB records
+            for _i in range(1000):  # bounded: 64 KiB / 1 KiB records
                 results.append(append_sync(wal, bytes(1000)))
         assert len(results) in fits
         assert wal.used_bytes <= capacity
@@ -489,7 +521,7 @@ def test_random_operations_match_a_model(wal_path: Path) -> None:
     model: list[tuple[int, bytes]] = []
     wal = open_wal(wal_path, **kw)
     try:
-        for step in range(300):
+        for _step in range(300):
             op = rng.random()
             if op < 0.7:
                 data = rng.randbytes(rng.randint(0, 4000))
@@ -532,7 +564,7 @@ def test_take_over_fences_the_owner(wal_path: Path) -> None:
             got = recovered(recovery)
             assert got[: len(acked)] == [(r.offset, b"a%d" % i) for i, r in enumerate(acked)]
             # the fenced batch was written (never acknowledged): it may be recovered, nothing else
-            assert [d for _, d in got[len(acked):]] in ([], [b"after takeover"])
+            assert [d for _, d in got[len(acked) :]] in ([], [b"after takeover"])
             last_end = got[-1][0] + RECORD_HEADER_SIZE_BYTES + len(got[-1][1])
             assert recovery.end_offset == last_end + padding_bytes(last_end, 4096)
             recovery.trim(acked[10].offset)
@@ -580,8 +612,12 @@ def test_open_respects_reservation_epochs(wal_path: Path) -> None:
 
 
 def test_many_wals_in_one_process_share_metrics(tmp_path: Path) -> None:
-    wals = [open_wal(tmp_path / f"w{i}", capacity=64 * 1024, max_batch_bytes=16 * 1024,
-                     max_record_bytes=1024) for i in range(5)]
+    wals = [
+        open_wal(
+            tmp_path / f"w{i}", capacity=64 * 1024, max_batch_bytes=16 * 1024, max_record_bytes=1024
+        )
+        for i in range(5)
+    ]
     try:
         for w in wals:
             append_sync(w, b"x")
@@ -589,7 +625,11 @@ def test_many_wals_in_one_process_share_metrics(tmp_path: Path) -> None:
         for w in wals:
             w.close()
     names = {m.name for m in REGISTRY.collect()}
-    assert {"automq_wal_append_bytes", "automq_wal_fsyncs", "automq_wal_append_latency_seconds"} <= names
+    assert {
+        "automq_wal_append_bytes",
+        "automq_wal_fsyncs",
+        "automq_wal_append_latency_seconds",
+    } <= names
 
 
 # ---------------------------------------------------------------------------- formats
@@ -597,7 +637,11 @@ def test_record_header_format() -> None:
     raw = encode_record_header(10, 1024, 0xDEADBEEF)
     assert len(raw) == 24 and raw[:4] == b"AWLR"
     header = decode_record_header(raw)
-    assert header is not None and (header.body_length, header.body_offset, header.body_crc32c) == (10, 1024, 0xDEADBEEF)
+    assert header is not None and (header.body_length, header.body_offset, header.body_crc32c) == (
+        10,
+        1024,
+        0xDEADBEEF,
+    )
     assert header.record_offset == 1000
     for i in range(24):
         damaged = bytearray(raw)

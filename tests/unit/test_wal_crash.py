@@ -14,11 +14,14 @@ from dataplane.s3stream.wal import FileWAL, FileWALConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = 64 * 1024 * 1024
-CONFIG = FileWALConfig(max_record_bytes=64 * 1024, max_batch_bytes=256 * 1024, max_queue_bytes=1024 * 1024)
+CONFIG = FileWALConfig(
+    max_record_bytes=64 * 1024, max_batch_bytes=256 * 1024, max_queue_bytes=1024 * 1024
+)
 
 # The child appends "<round>:<seq>:" + padding from 4 threads (each keeps a window of
 # outstanding appends) and prints "ACK <round> <seq> <offset>" for every acknowledged one.
-CHILD = r"""
+CHILD = (
+    r"""
 import sys, threading
 from dataplane.s3stream.wal import FileWAL, FileWALConfig, WALError
 path, round_no, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -46,7 +49,9 @@ def worker(tid):
 threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
 for t in threads: t.start()
 for t in threads: t.join()
-""" % CAPACITY
+"""
+    % CAPACITY
+)
 
 
 def _run_and_kill(path: Path, round_no: int, epoch: int, min_acks: int) -> list[tuple[int, int]]:
@@ -54,7 +59,11 @@ def _run_and_kill(path: Path, round_no: int, epoch: int, min_acks: int) -> list[
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(path), str(round_no), str(epoch)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
     )
     acks: list[tuple[int, int]] = []
     lines: list[str] = []
@@ -111,7 +120,9 @@ def test_acked_records_survive_kill_9(tmp_path: Path) -> None:
                 rnd, seq, pad = r.data.split(b":", 2)
                 assert len(pad) == 50 + (int(seq) * 37) % 900
             missing = [o for o in all_acked if o not in by_offset]
-            assert not missing, f"{len(missing)} acknowledged records lost, e.g. offset {missing[0]}"
+            assert not missing, (
+                f"{len(missing)} acknowledged records lost, e.g. offset {missing[0]}"
+            )
             for offset, (_, prefix) in all_acked.items():
                 assert by_offset[offset].startswith(prefix)
             assert records[-1].next_offset <= wal.end_offset < records[-1].next_offset + 4096 + 24

@@ -33,8 +33,9 @@ def test_file_uri_opens_a_wal_that_recovers_and_can_be_taken_over(tmp_path):
         open_wal(uri, 1, 0).close()
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/wal", "file://otherhost/tmp/wal", "file:relative",
-                                 "/no/scheme", ""])
+@pytest.mark.parametrize(
+    "uri", ["s3://bucket/wal", "file://otherhost/tmp/wal", "file:relative", "/no/scheme", ""]
+)
 def test_unsupported_or_malformed_uris_are_refused_clearly(uri, tmp_path):
     with pytest.raises(UnsupportedWALError) as exc:
         open_wal(uri, 1, 0, capacity_bytes=1 << 20)

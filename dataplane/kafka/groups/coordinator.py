@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataplane.kafka.errors import KafkaError
+
 from .state import (
     Group,
     GroupCoordinatorConfig,
@@ -275,7 +276,9 @@ class GroupCoordinator:
         assert self._loop is not None
         return self._loop.time() * 1000.0
 
-    def _call_at_ms(self, when_ms: float, callback: Callable[..., None], *args: Any) -> asyncio.TimerHandle:
+    def _call_at_ms(
+        self, when_ms: float, callback: Callable[..., None], *args: Any
+    ) -> asyncio.TimerHandle:
         assert self._loop is not None
         return self._loop.call_at(when_ms / 1000.0, callback, *args)
 
@@ -312,7 +315,11 @@ class GroupCoordinator:
 
     def _check_join_request(self, params: JoinGroupParams) -> int:
         cfg = self._config
-        if not cfg.group_min_session_timeout_ms <= params.session_timeout_ms <= cfg.group_max_session_timeout_ms:
+        if (
+            not cfg.group_min_session_timeout_ms
+            <= params.session_timeout_ms
+            <= cfg.group_max_session_timeout_ms
+        ):
             return KafkaError.INVALID_SESSION_TIMEOUT
         if len(params.protocols) > cfg.max_protocols_per_member:
             return KafkaError.INVALID_REQUEST
@@ -367,7 +374,9 @@ class GroupCoordinator:
                 return self._join_error(waiter, KafkaError.INCONSISTENT_GROUP_PROTOCOL, member_id)
             group = self._create_group(params.group_id)
             if group is None:
-                log.warning("refusing group %r: %d groups in memory", params.group_id, len(self._groups))
+                log.warning(
+                    "refusing group %r: %d groups in memory", params.group_id, len(self._groups)
+                )
                 return self._join_error(waiter, KafkaError.COORDINATOR_NOT_AVAILABLE, member_id)
         if group.state is GroupState.DEAD:
             return self._join_error(waiter, KafkaError.COORDINATOR_NOT_AVAILABLE, member_id)
@@ -386,7 +395,10 @@ class GroupCoordinator:
         if params.require_known_member_id:
             # KIP-394: hand out the id, expect the member back with it.
             group.pending_members[new_id] = self._call_at_ms(
-                self._now_ms() + params.session_timeout_ms, self._on_pending_member_timer, group, new_id
+                self._now_ms() + params.session_timeout_ms,
+                self._on_pending_member_timer,
+                group,
+                new_id,
             )
             return self._join_error(waiter, KafkaError.MEMBER_ID_REQUIRED, new_id)
         self._add_member_and_rebalance(group, new_id, params, waiter)
@@ -431,7 +443,11 @@ class GroupCoordinator:
             self._join_error(waiter, KafkaError.UNKNOWN_MEMBER_ID, member_id)
 
     def _rebalance_timeout(self, params: JoinGroupParams) -> int:
-        timeout = params.rebalance_timeout_ms if params.rebalance_timeout_ms >= 0 else params.session_timeout_ms
+        timeout = (
+            params.rebalance_timeout_ms
+            if params.rebalance_timeout_ms >= 0
+            else params.session_timeout_ms
+        )
         return min(timeout, self._config.max_rebalance_timeout_ms)
 
     def _add_member_and_rebalance(
@@ -444,7 +460,10 @@ class GroupCoordinator:
                 if old is not None:
                     log.info(
                         "group %r: member %s replaces %s (group.instance.id %r)",
-                        group.group_id, member_id, old_id, params.group_instance_id,
+                        group.group_id,
+                        member_id,
+                        old_id,
+                        params.group_instance_id,
                     )
                     self._fence_member(group, old, KafkaError.FENCED_INSTANCE_ID)
         member = Member(
@@ -478,7 +497,9 @@ class GroupCoordinator:
             self._join_error(member.join_waiter, KafkaError.REBALANCE_IN_PROGRESS, member.member_id)
         member.join_waiter = waiter
         if member.is_new:
-            self._set_deadline(group, member, self._now_ms() + self._config.new_member_join_timeout_ms)
+            self._set_deadline(
+                group, member, self._now_ms() + self._config.new_member_join_timeout_ms
+            )
         else:
             self._touch(group, member)
         self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoined")
@@ -494,7 +515,9 @@ class GroupCoordinator:
             for member in group.members.values():
                 member.assignment = b""
                 if member.awaiting_sync:
-                    self._respond(member.sync_waiter, SyncGroupResult(KafkaError.REBALANCE_IN_PROGRESS))
+                    self._respond(
+                        member.sync_waiter, SyncGroupResult(KafkaError.REBALANCE_IN_PROGRESS)
+                    )
         self._cancel_sync_timer(group)
         was_empty = group.state is GroupState.EMPTY
         group.transition_to(GroupState.PREPARING_REBALANCE)
@@ -509,7 +532,10 @@ class GroupCoordinator:
             group.initial_join = None
             group.join_timer = self._call_at_ms(now + rebalance_timeout, self._on_join_timer, group)
         log.info(
-            "group %r: preparing rebalance (generation %d): %s", group.group_id, group.generation_id, reason
+            "group %r: preparing rebalance (generation %d): %s",
+            group.group_id,
+            group.generation_id,
+            reason,
         )
         self._try_complete_join(group)  # e.g. the last member left: nobody to wait for
 
@@ -523,7 +549,10 @@ class GroupCoordinator:
 
     def _on_initial_join_timer(self, group: Group) -> None:
         group.join_timer = None
-        if self._groups.get(group.group_id) is not group or group.state is not GroupState.PREPARING_REBALANCE:
+        if (
+            self._groups.get(group.group_id) is not group
+            or group.state is not GroupState.PREPARING_REBALANCE
+        ):
             return
         assert group.initial_join is not None
         configured, remaining = self._config.group_initial_rebalance_delay_ms, group.initial_join[1]
@@ -531,13 +560,18 @@ class GroupCoordinator:
             group.new_member_added = False
             delay = min(configured, remaining)
             group.initial_join = (delay, max(remaining - delay, 0))
-            group.join_timer = self._call_at_ms(self._now_ms() + delay, self._on_initial_join_timer, group)
+            group.join_timer = self._call_at_ms(
+                self._now_ms() + delay, self._on_initial_join_timer, group
+            )
             return
         self._complete_join(group)
 
     def _on_join_timer(self, group: Group) -> None:
         group.join_timer = None
-        if self._groups.get(group.group_id) is group and group.state is GroupState.PREPARING_REBALANCE:
+        if (
+            self._groups.get(group.group_id) is group
+            and group.state is GroupState.PREPARING_REBALANCE
+        ):
             self._complete_join(group)
 
     def _complete_join(self, group: Group) -> None:
@@ -546,7 +580,11 @@ class GroupCoordinator:
         group.initial_join = None
         group.new_member_added = False
         for member in [m for m in group.members.values() if not m.awaiting_join]:
-            log.info("group %r: removing member %s: did not rejoin in time", group.group_id, member.member_id)
+            log.info(
+                "group %r: removing member %s: did not rejoin in time",
+                group.group_id,
+                member.member_id,
+            )
             self._fence_member(group, member, KafkaError.UNKNOWN_MEMBER_ID)
         group.elect_joined_leader()
         group.generation_id += 1
@@ -570,7 +608,11 @@ class GroupCoordinator:
         )
         log.info(
             "group %r: generation %d with %d members, protocol %s, leader %s",
-            group.group_id, group.generation_id, len(group.members), group.protocol_name, group.leader_id,
+            group.group_id,
+            group.generation_id,
+            len(group.members),
+            group.protocol_name,
+            group.leader_id,
         )
 
     def _join_result(self, group: Group, member: Member) -> JoinGroupResult:
@@ -630,11 +672,18 @@ class GroupCoordinator:
 
         # CompletingRebalance
         if group.is_leader(member_id):
-            too_big = [mid for mid, blob in assignments.items() if len(blob) > self._config.max_assignment_bytes]
+            too_big = [
+                mid
+                for mid, blob in assignments.items()
+                if len(blob) > self._config.max_assignment_bytes
+            ]
             if too_big:
                 log.warning(
                     "group %r: leader %s sent assignments over %d bytes for %s; rebalancing",
-                    group_id, member_id, self._config.max_assignment_bytes, too_big[:3],
+                    group_id,
+                    member_id,
+                    self._config.max_assignment_bytes,
+                    too_big[:3],
                 )
                 self._prepare_rebalance(group, "oversized assignment")
                 return fail(KafkaError.INVALID_REQUEST)
@@ -713,7 +762,9 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ LeaveGroup
 
-    def _do_leave(self, group_id: str, leaving: Sequence[tuple[str, str | None]]) -> LeaveGroupResult:
+    def _do_leave(
+        self, group_id: str, leaving: Sequence[tuple[str, str | None]]
+    ) -> LeaveGroupResult:
         error = self._validate_group_id(group_id)
         if error == KafkaError.NONE and self._closed:
             error = KafkaError.COORDINATOR_NOT_AVAILABLE
@@ -723,13 +774,20 @@ class GroupCoordinator:
         if group is None:
             return LeaveGroupResult(
                 KafkaError.NONE,
-                tuple(LeaveMemberResult(mid, iid, KafkaError.UNKNOWN_MEMBER_ID) for mid, iid in leaving),
+                tuple(
+                    LeaveMemberResult(mid, iid, KafkaError.UNKNOWN_MEMBER_ID)
+                    for mid, iid in leaving
+                ),
             )
         if group.state is GroupState.DEAD:
             return LeaveGroupResult(KafkaError.COORDINATOR_NOT_AVAILABLE)
         results = []
         for member_id, instance_id in leaving:
-            results.append(LeaveMemberResult(member_id, instance_id, self._leave_one(group, member_id, instance_id)))
+            results.append(
+                LeaveMemberResult(
+                    member_id, instance_id, self._leave_one(group, member_id, instance_id)
+                )
+            )
         return LeaveGroupResult(KafkaError.NONE, tuple(results))
 
     def _leave_one(self, group: Group, member_id: str, instance_id: str | None) -> int:
@@ -756,14 +814,19 @@ class GroupCoordinator:
 
     def _on_member_timer(self, group: Group, member: Member) -> None:
         member.timer = None
-        if self._groups.get(group.group_id) is not group or group.members.get(member.member_id) is not member:
+        if (
+            self._groups.get(group.group_id) is not group
+            or group.members.get(member.member_id) is not member
+        ):
             return
         now = self._now_ms()
         if (member.awaiting_join and not member.is_new) or member.awaiting_sync:
             # Members waiting on the coordinator cannot heartbeat; the rebalance/sync timers bound them.
             member.deadline_ms = now + member.session_timeout_ms
         if now < member.deadline_ms:
-            member.timer = self._call_at_ms(member.deadline_ms, self._on_member_timer, group, member)
+            member.timer = self._call_at_ms(
+                member.deadline_ms, self._on_member_timer, group, member
+            )
             return
         log.info("group %r: member %s expired (no heartbeat)", group.group_id, member.member_id)
         self._remove_member_and_update_group(group, member, "session timeout")

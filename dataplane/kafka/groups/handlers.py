@@ -44,6 +44,7 @@ from kafka.protocol.consumer import (
 )
 
 from dataplane.kafka.errors import KafkaError
+
 from .coordinator import GroupCoordinator
 from .offsets import CommittedOffset, OffsetManager, OffsetStore, TopicPartition, store_error_code
 from .state import CLASSIC_GROUP_TYPE, GroupState, JoinGroupParams
@@ -99,7 +100,9 @@ class GroupHandlers:
     ) -> None:
         self._coordinator = coordinator
         self._store = offset_store
-        self._offsets = OffsetManager(coordinator, offset_store, offset_metadata_max_bytes=offset_metadata_max_bytes)
+        self._offsets = OffsetManager(
+            coordinator, offset_store, offset_metadata_max_bytes=offset_metadata_max_bytes
+        )
         self._is_coordinator = is_coordinator
 
     @property
@@ -174,7 +177,11 @@ class GroupHandlers:
             protocol_name=result.protocol_name,
             leader=result.leader_id,
             members=[
-                _JoinMember(member_id=m.member_id, group_instance_id=m.group_instance_id, metadata=m.metadata)
+                _JoinMember(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    metadata=m.metadata,
+                )
                 for m in result.members
             ],
         )
@@ -273,7 +280,11 @@ class GroupHandlers:
             throttle_time_ms=0,
             error_code=result.error_code,
             members=[
-                _LeaveMember(member_id=m.member_id, group_instance_id=m.group_instance_id, error_code=m.error_code)
+                _LeaveMember(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    error_code=m.error_code,
+                )
                 for m in result.members
             ],
         )
@@ -306,7 +317,10 @@ class GroupHandlers:
         topics = []
         for topic in request.topics or []:
             partitions = [
-                _CommitPartition(partition_index=p.partition_index, error_code=results[(topic.name, p.partition_index)])
+                _CommitPartition(
+                    partition_index=p.partition_index,
+                    error_code=results[(topic.name, p.partition_index)],
+                )
                 for p in topic.partitions or []
             ]
             topics.append(_CommitTopic(name=topic.name, partitions=partitions))
@@ -349,7 +363,9 @@ class GroupHandlers:
             ]
         return OffsetFetchResponse[version](throttle_time_ms=0, topics=topics, error_code=error)
 
-    async def _fetch_group(self, group_id: str, requested: list[Any] | None, version: int) -> tuple[int, list[Any]]:
+    async def _fetch_group(
+        self, group_id: str, requested: list[Any] | None, version: int
+    ) -> tuple[int, list[Any]]:
         """Group-level error and the response topics (v8+ or pre-v8 classes per ``version``)."""
         error = self._group_error(group_id, allow_empty=True)
         if error != KafkaError.NONE:
@@ -396,7 +412,11 @@ class GroupHandlers:
         version = ctx.api_version
         states = {s.lower() for s in (request.states_filter or [])} if version >= 4 else set()
         types = {t.lower() for t in (request.types_filter or [])} if version >= 5 else set()
-        listings = {g.group_id: g for g in self._coordinator.list_groups() if self._is_coordinator(g.group_id)}
+        listings = {
+            g.group_id: g
+            for g in self._coordinator.list_groups()
+            if self._is_coordinator(g.group_id)
+        }
         error = KafkaError.NONE
         try:
             stored = await self._store.list_groups()
@@ -408,9 +428,12 @@ class GroupHandlers:
                 if self._coordinator.group_state(group_id) is None:
                     rows.append((group_id, "", GroupState.EMPTY.value))
         groups = [
-            _ListedGroup(group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE)
+            _ListedGroup(
+                group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE
+            )
             for gid, ptype, state in rows
-            if (not states or state.lower() in states) and (not types or CLASSIC_GROUP_TYPE in types)
+            if (not states or state.lower() in states)
+            and (not types or CLASSIC_GROUP_TYPE in types)
         ]
         return ListGroupsResponse[version](throttle_time_ms=0, error_code=error, groups=groups)
 
@@ -478,7 +501,11 @@ class GroupHandlers:
         if has_offsets:
             return entry(KafkaError.NONE, GroupState.EMPTY.value)
         if version >= 6:
-            return entry(KafkaError.GROUP_ID_NOT_FOUND, GroupState.DEAD.value, message=f"Group {group_id} not found.")
+            return entry(
+                KafkaError.GROUP_ID_NOT_FOUND,
+                GroupState.DEAD.value,
+                message=f"Group {group_id} not found.",
+            )
         return entry(KafkaError.NONE, GroupState.DEAD.value)
 
     # ------------------------------------------------------------------ DeleteGroups

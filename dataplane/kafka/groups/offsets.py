@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from dataplane.kafka.errors import KafkaError
+
 from .coordinator import GroupCoordinator
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,9 @@ class OffsetStoreError(Exception):
     to COORDINATOR_NOT_AVAILABLE (retriable), anything else to UNKNOWN_SERVER_ERROR.
     """
 
-    def __init__(self, message: str, error_code: int = KafkaError.COORDINATOR_NOT_AVAILABLE) -> None:
+    def __init__(
+        self, message: str, error_code: int = KafkaError.COORDINATOR_NOT_AVAILABLE
+    ) -> None:
         super().__init__(message)
         self.error_code = error_code
 
@@ -210,7 +213,9 @@ class OffsetManager:
         rejected individually; the others are committed in one store call.  Commits
         of one group reach the store one at a time (see :class:`OffsetStore`).
         """
-        error = self._coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
+        error = self._coordinator.validate_offset_commit(
+            group_id, generation_id, member_id, group_instance_id
+        )
         if error != KafkaError.NONE:
             return {tp: error for tp in offsets}
         now = self._clock()
@@ -225,7 +230,9 @@ class OffsetManager:
                 offset=entry.offset,
                 leader_epoch=entry.leader_epoch,
                 metadata=metadata,
-                commit_timestamp_ms=entry.commit_timestamp_ms if entry.commit_timestamp_ms >= 0 else now,
+                commit_timestamp_ms=entry.commit_timestamp_ms
+                if entry.commit_timestamp_ms >= 0
+                else now,
             )
             results[tp] = KafkaError.NONE
         if accepted:
@@ -247,14 +254,18 @@ class OffsetManager:
         With ``partitions`` None, every committed partition of the group is returned.
         """
         try:
-            found = await self._store.fetch(group_id, None if partitions is None else list(partitions))
+            found = await self._store.fetch(
+                group_id, None if partitions is None else list(partitions)
+            )
         except Exception as exc:  # noqa: BLE001 - mapped to a Kafka error, logged
             code = store_error_code(exc)
             log.warning("offset fetch of group %r failed: %r -> error %d", group_id, exc, code)
             return code, {}
         if partitions is None:
             return KafkaError.NONE, {tp: _normalized(o) for tp, o in found.items()}
-        return KafkaError.NONE, {tp: _normalized(found[tp]) if tp in found else MISSING_OFFSET for tp in partitions}
+        return KafkaError.NONE, {
+            tp: _normalized(found[tp]) if tp in found else MISSING_OFFSET for tp in partitions
+        }
 
     async def has_offsets(self, group_id: str) -> bool:
         """The group has at least one committed offset (store errors propagate)."""

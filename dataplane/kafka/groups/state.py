@@ -85,7 +85,9 @@ class GroupCoordinatorConfig:
         if self.group_initial_rebalance_delay_ms < 0:
             raise ValueError("group_initial_rebalance_delay_ms must be >= 0")
         if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
-            raise ValueError("need 0 < group_min_session_timeout_ms <= group_max_session_timeout_ms")
+            raise ValueError(
+                "need 0 < group_min_session_timeout_ms <= group_max_session_timeout_ms"
+            )
         for name in (
             "max_rebalance_timeout_ms",
             "new_member_join_timeout_ms",

@@ -10,9 +10,9 @@ expressed with it, and recovery returns records in offset order.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator
 
 __all__ = [
     "AppendResult",
@@ -140,7 +140,7 @@ class WriteAheadLog(abc.ABC):
         """Bytes still available for appends."""
         return self.capacity_bytes - self.used_bytes
 
-    def __enter__(self) -> "WriteAheadLog":
+    def __enter__(self) -> WriteAheadLog:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

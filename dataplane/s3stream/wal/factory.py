@@ -13,8 +13,9 @@ the same host (standing in for a multi-attach cloud disk).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 from urllib.parse import unquote, urlparse
 
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
@@ -46,8 +47,9 @@ def _file_path(uri: str) -> Path:
         known = "file:///abs/path"
         raise UnsupportedWALError(f"unsupported WAL URI {uri!r}: expected {known}")
     if parsed.netloc not in ("", "localhost"):
-        raise UnsupportedWALError(f"WAL URI {uri!r} names host {parsed.netloc!r}: "
-                                  "a file:// WAL must be on this host")
+        raise UnsupportedWALError(
+            f"WAL URI {uri!r} names host {parsed.netloc!r}: a file:// WAL must be on this host"
+        )
     path = Path(unquote(parsed.path))
     if not path.is_absolute():
         raise UnsupportedWALError(f"WAL URI {uri!r} must hold an absolute path")
@@ -59,8 +61,14 @@ def wal_exists(uri: str) -> bool:
     return _file_path(uri).exists()
 
 
-def open_wal(uri: str, node_id: int, node_epoch: int, *, capacity_bytes: int | None = None,
-             config: FileWALConfig | None = None) -> WriteAheadLog:
+def open_wal(
+    uri: str,
+    node_id: int,
+    node_epoch: int,
+    *,
+    capacity_bytes: int | None = None,
+    config: FileWALConfig | None = None,
+) -> WriteAheadLog:
     """Open (or create) the WAL at `uri` as owner (node_id, node_epoch)."""
     path = _file_path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,10 +35,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import crc32c as _crc32c
 
@@ -69,9 +69,9 @@ from dataplane.s3stream.wal.ring import (
     RecordScanner,
     ReservationView,
     Ring,
+    decode_reservation,
     fsync_data,
     pwrite_all,
-    decode_reservation,
     read_meta,
     read_reservation,
     read_state,
@@ -251,7 +251,7 @@ class FileWAL(WriteAheadLog):
         *,
         capacity_bytes: int | None = None,
         config: FileWALConfig | None = None,
-    ) -> "FileWAL":
+    ) -> FileWAL:
         """Open (or create) the WAL at ``path`` as owner ``(node_id, node_epoch)``.
 
         If the file does not exist it is created (``capacity_bytes`` required:
@@ -297,7 +297,7 @@ class FileWAL(WriteAheadLog):
         capacity_bytes: int | None,
         config: FileWALConfig,
         created: bool,
-    ) -> "FileWAL":
+    ) -> FileWAL:
         meta = read_meta(fd)
         capacity = meta.capacity_bytes
         if capacity_bytes is not None and capacity_bytes != capacity:
@@ -319,14 +319,22 @@ class FileWAL(WriteAheadLog):
         state = read_state(fd)
         if state is None:
             raise WALCorruptError("both state slots are invalid")
-        scanner = RecordScanner(Ring(fd, capacity), state.trim_offset, chunk_bytes=config.scan_chunk_bytes)
+        scanner = RecordScanner(
+            Ring(fd, capacity), state.trim_offset, chunk_bytes=config.scan_chunk_bytes
+        )
         records = 0
         for _ in scanner:
             records += 1
         end = scanner.end_offset
         log.info(
             "opened WAL %s as node %d epoch %d: %d records in [%d, %d), scan stopped: %s",
-            path, node_id, node_epoch, records, state.trim_offset, end, scanner.stop_reason,
+            path,
+            node_id,
+            node_epoch,
+            records,
+            state.trim_offset,
+            end,
+            scanner.stop_reason,
         )
         # Invalidate what a torn in-flight batch may have left after the chain.
         zero_bytes = min(
@@ -344,7 +352,16 @@ class FileWAL(WriteAheadLog):
             fsync_data(fd)
             fsyncs += 1
         return cls(
-            path, fd, node_id, node_epoch, capacity, state.trim_offset, end, state.seq, config, fsyncs
+            path,
+            fd,
+            node_id,
+            node_epoch,
+            capacity,
+            state.trim_offset,
+            end,
+            state.seq,
+            config,
+            fsyncs,
         )
 
     # ------------------------------------------------------------------ properties
@@ -507,7 +524,9 @@ class FileWAL(WriteAheadLog):
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(thread.is_alive() for thread in self._threads):
-            raise WALError(f"writer of {self._path} did not stop within {self._config.close_timeout_s} s")
+            raise WALError(
+                f"writer of {self._path} did not stop within {self._config.close_timeout_s} s"
+            )
         self._reservation_view.close()
         os.close(self._fd)
 
@@ -793,7 +812,9 @@ class FileWALRecovery:
     previous owner left and trims them once they are uploaded.
     """
 
-    def __init__(self, path: Path, fd: int, node_id: int, node_epoch: int, capacity_bytes: int) -> None:
+    def __init__(
+        self, path: Path, fd: int, node_id: int, node_epoch: int, capacity_bytes: int
+    ) -> None:
         self._path = path
         self._fd = fd
         self._node_id = node_id
@@ -849,7 +870,11 @@ class FileWALRecovery:
             if current is None or (current.node_id, current.node_epoch) != self.owner:
                 raise WALFencedError(f"{self._path} was taken over again")
             state = WALState(
-                self._state.seq + 1, self._capacity_bytes, up_to_offset, self._node_id, self._node_epoch
+                self._state.seq + 1,
+                self._capacity_bytes,
+                up_to_offset,
+                self._node_id,
+                self._node_epoch,
             )
             pwrite_all(self._fd, state.encode(), state.slot_position)
             fsync_data(self._fd)
@@ -867,7 +892,7 @@ class FileWALRecovery:
         if self._closed:
             raise WALClosedError(f"{self._path} recovery handle is closed")
 
-    def __enter__(self) -> "FileWALRecovery":
+    def __enter__(self) -> FileWALRecovery:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -902,7 +927,11 @@ def take_over(
         _write_reservation(fd, current, new_node_id, new_node_epoch, current.max_batch_bytes)
         log.warning(
             "took over WAL %s: node %d epoch %d -> node %d epoch %d",
-            path, current.node_id, current.node_epoch, new_node_id, new_node_epoch,
+            path,
+            current.node_id,
+            current.node_epoch,
+            new_node_id,
+            new_node_epoch,
         )
         return FileWALRecovery(path, fd, new_node_id, new_node_epoch, meta.capacity_bytes)
     except BaseException:

@@ -27,8 +27,8 @@ default) so that every batch starts on a fresh page.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import crc32c as _crc32c
 
@@ -185,7 +185,7 @@ class Reservation:
         )
 
     @classmethod
-    def decode(cls, raw: bytes | bytearray | memoryview) -> "Reservation | None":
+    def decode(cls, raw: bytes | bytearray | memoryview) -> Reservation | None:
         """Decode a slot; None when it is not a valid reservation slot."""
         if len(raw) < RESERVATION_SIZE_BYTES or not _crc_ok(raw, RESERVATION_SIZE_BYTES):
             return None
@@ -229,7 +229,7 @@ class WALState:
         )
 
     @classmethod
-    def decode(cls, raw: bytes | bytearray | memoryview) -> "WALState | None":
+    def decode(cls, raw: bytes | bytearray | memoryview) -> WALState | None:
         """Decode a slot; None when it is not a valid state slot."""
         if len(raw) < STATE_SIZE_BYTES or not _crc_ok(raw, STATE_SIZE_BYTES):
             return None
@@ -246,7 +246,7 @@ class WALState:
         return STATE_SLOT_POSITIONS[self.seq % 2]
 
 
-def latest(slots: Sequence["Reservation | WALState | None"]):
+def latest(slots: Sequence[Reservation | WALState | None]):
     """The valid slot with the highest ``seq``, or None when no slot is valid."""
     valid = [s for s in slots if s is not None]
     return max(valid, key=lambda s: s.seq) if valid else None

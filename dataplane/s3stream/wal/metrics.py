@@ -7,7 +7,8 @@ the already-registered collectors are reused instead of registering again.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Histogram
 
@@ -16,7 +17,21 @@ __all__ = ["APPEND_BYTES", "APPEND_LATENCY", "FSYNCS", "BATCH_BYTES"]
 _C = TypeVar("_C")
 
 _LATENCY_BUCKETS_SECONDS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
 )
 _BATCH_BUCKETS_BYTES = tuple(float(4096 * 4**i) for i in range(8))  # 4 KiB .. 64 MiB
 
@@ -30,7 +45,9 @@ def _get_or_create(name: str, factory: Callable[[], _C]) -> _C:
 
 APPEND_BYTES: Counter = _get_or_create(
     "automq_wal_append_bytes_total",
-    lambda: Counter("automq_wal_append_bytes", "Bytes of records acknowledged by WALs (headers included)."),
+    lambda: Counter(
+        "automq_wal_append_bytes", "Bytes of records acknowledged by WALs (headers included)."
+    ),
 )
 FSYNCS: Counter = _get_or_create(
     "automq_wal_fsyncs_total",

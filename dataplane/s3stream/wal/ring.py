@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import crc32c as _crc32c
 
@@ -101,7 +101,9 @@ class Ring:
             if written == total:
                 return
             # short write (rare): write the rest from the joined buffer
-            pwrite_all(self.fd, memoryview(b"".join(parts))[written:], DATA_START_BYTES + pos + written)
+            pwrite_all(
+                self.fd, memoryview(b"".join(parts))[written:], DATA_START_BYTES + pos + written
+            )
             return
         self.write(logical, b"".join(parts))
 
@@ -259,7 +261,9 @@ def read_meta(fd: int) -> FileMeta:
     """
     size = os.fstat(fd).st_size
     if size < HEADER_AREA_BYTES:
-        raise WALCorruptError(f"WAL file of {size} B is shorter than its {HEADER_AREA_BYTES} B header")
+        raise WALCorruptError(
+            f"WAL file of {size} B is shorter than its {HEADER_AREA_BYTES} B header"
+        )
     reservation = read_reservation(fd)
     if reservation is None:
         raise WALCorruptError("both reservation slots are invalid")
