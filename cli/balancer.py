@@ -44,7 +44,7 @@ def _set(enabled: bool, dir: Path, controllers: str | None, format: OutputFormat
 
     client = _client(dir, controllers)
     try:
-        result = client.call(SetBalancerRequest.command, SetBalancerRequest(enabled=enabled))
+        result = client.send(SetBalancerRequest(enabled=enabled))
     except ControllerUnavailableError as exc:
         fail(f"no controller leader reachable; nothing changed: {exc}")
     except ControllerError as exc:

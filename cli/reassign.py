@@ -336,7 +336,7 @@ def execute(
             ]
         )
         try:
-            result = client.call(ReassignPartitionsRequest.command, req)
+            result = client.send(req)
         except ControllerUnavailableError as exc:
             fail(f"no controller leader reachable; nothing was submitted: {exc}")
         except ControllerError as exc:

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel
 
+from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 
 _RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
@@ -28,7 +29,13 @@ class ControllerUnavailableError(ControllerError):
         super().__init__(ErrorCode.NO_LEADER, message)
 
 
-class ControllerClient:
+class ControllerClient(ControllerCalls):
+    """The controller API over HTTP (typed commands from `ControllerCalls`).
+
+    Thread-safety: safe to share; each call opens its own connection, and the remembered
+    leader is a plain reference.
+    """
+
     def __init__(
         self, api_addresses: list[str], timeout_s: float = 15.0, request_timeout_s: float = 10.0
     ):

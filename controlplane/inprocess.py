@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
@@ -23,15 +24,19 @@ from controlplane.state_machine import MetadataStateMachine
 MAX_LONG_POLL_MS = 30_000
 
 
-class InProcessController:
+class InProcessController(ControllerCalls):
     """A single-voter controller in this process.
 
     Thread-safety: commands are applied under one lock (as Raft applies them one by one);
     reads take the published image, which never changes.
     """
 
-    def __init__(self, settings: ControllerSettings | None = None):
-        self.machine = MetadataStateMachine(settings)
+    def __init__(
+        self,
+        settings: ControllerSettings | None = None,
+        machine: MetadataStateMachine | None = None,
+    ):
+        self.machine = machine if machine is not None else MetadataStateMachine(settings)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 

@@ -19,6 +19,7 @@ from controlplane.fencing import (
 from controlplane.image import MetadataImage, ObjectMetaState
 from controlplane.records import ObjectState
 from controlplane.requests import (
+    CommitResponse,
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
     DeletedObjectsRequest,
@@ -115,7 +116,7 @@ def commit_stream_set_object(
     owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     _require_bucket(settings, req.bucket_id)
     if _already_committed(image, req):
-        return [], {"idempotent": True}
+        return [], CommitResponse(idempotent=True)
     if req.object_id < 0 and req.stream_ranges:
         raise ControllerError(
             ErrorCode.INVALID_REQUEST, "stream ranges need a stream-set object id"
@@ -197,7 +198,7 @@ def commit_stream_set_object(
             )
         )
     recs += _remove_objects(image, req.compacted_object_ids, now_ms)
-    return recs, {"idempotent": False}
+    return recs, CommitResponse(idempotent=False)
 
 
 def _advance_stream(
@@ -273,7 +274,7 @@ def commit_stream_object(
         and existing.start_offset == req.start_offset
         and existing.end_offset == req.end_offset
     ):
-        return [], {"idempotent": True}
+        return [], CommitResponse(idempotent=True)
     meta = _require_prepared(image, req.object_id)
     get_stream(image, req.stream_id)
     if req.end_offset <= req.start_offset:
@@ -311,7 +312,7 @@ def commit_stream_object(
         ),
     ]
     recs += _remove_objects(image, [s.object_id for s in sources], now_ms)
-    return recs, {"idempotent": False}
+    return recs, CommitResponse(idempotent=False)
 
 
 def expire_prepared_objects(image: MetadataImage, now_ms: int) -> list:

@@ -15,7 +15,11 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import require_active_broker
 from controlplane.image import MetadataImage
 from controlplane.placement import evacuate, move_record
-from controlplane.requests import ControlledShutdownRequest, ReassignPartitionsRequest
+from controlplane.requests import (
+    ControlledShutdownRequest,
+    ControlledShutdownResponse,
+    ReassignPartitionsRequest,
+)
 
 LAST_REASSIGNMENT_KEY = "reassignment/last"
 
@@ -77,4 +81,4 @@ def controlled_shutdown(image: MetadataImage, req: ControlledShutdownRequest, no
         for p in t.partitions.values()
         if p.leader_node_id == req.node_id
     ) - len(moves)
-    return recs, {"moved": len(moves), "remaining": remaining}
+    return recs, ControlledShutdownResponse(moved=len(moves), remaining=remaining)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
@@ -17,6 +17,15 @@ MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_MOVES_PER_REASSIGNMENT = 10_000
 MAX_PARTITIONS_PER_BROKER_REPORT = 100_000
 MAX_BALANCER_MOVES_PER_COMMAND = 100
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A refused request body in one line: the first few fields and why."""
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "malformed request: " + "; ".join(parts)
 
 
 class _Request(BaseModel):
@@ -337,6 +346,22 @@ class AllocateProducerIdsRequest(_Request):
 
 class EmptyResponse(BaseModel):
     pass
+
+
+class AllocateProducerIdsResponse(BaseModel):
+    first_producer_id: int
+    count: int
+
+
+class ControlledShutdownResponse(BaseModel):
+    moved: int  # partitions moved away by this command
+    remaining: int  # partitions still led here (no active broker to take them)
+
+
+class CommitResponse(BaseModel):
+    """A commit's answer: `idempotent` = the same commit had been applied already."""
+
+    idempotent: bool = False
 
 
 REQUEST_TYPES: dict[str, type[_Request]] = {

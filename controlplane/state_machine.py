@@ -32,9 +32,11 @@ from controlplane.records import encode_record
 from controlplane.requests import (
     REQUEST_TYPES,
     AllocateProducerIdsRequest,
+    AllocateProducerIdsResponse,
     LifecycleTickRequest,
     PutKVRequest,
     SetActiveBucketRequest,
+    validation_message,
 )
 from controlplane.settings import ControllerSettings
 
@@ -86,7 +88,7 @@ def _allocate_producer_ids(image: MetadataImage, req: AllocateProducerIdsRequest
                 next_producer_id=first + req.count,
             )
         ],
-        {"first_producer_id": first, "count": req.count},
+        AllocateProducerIdsResponse(first_producer_id=first, count=req.count),
     )
 
 
@@ -154,7 +156,7 @@ class MetadataStateMachine:
         try:
             req = REQUEST_TYPES[command].model_validate(body)
         except ValidationError as exc:
-            raise ControllerError(ErrorCode.INVALID_REQUEST, _validation_message(exc)) from None
+            raise ControllerError(ErrorCode.INVALID_REQUEST, validation_message(exc)) from None
         if needs_settings:
             recs, response = handler(self.image, req, now_ms, self.settings)
         else:
@@ -233,11 +235,3 @@ class MetadataStateMachine:
             ],
             "next_offset": self.next_offset,
         }
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
-        parts.append(f"{loc}: {err.get('msg')}")
-    return "malformed request: " + "; ".join(parts)

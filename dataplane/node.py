@@ -31,11 +31,14 @@ from pathlib import Path
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import REGISTERED_REASON
 from controlplane.records import StreamState
 from controlplane.requests import (
     MAX_UPLOAD_ERROR_CHARS,
     BrokerHeartbeatRequest,
     BrokerUploadStats,
+    ControlledShutdownRequest,
+    FenceBrokerRequest,
     RegisterBrokerRequest,
 )
 from dataplane.config import BrokerConfig
@@ -87,14 +90,14 @@ class BrokerNode:
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
             try:
-                result = self.client.call("register_broker", req, timeout_s=60)
+                result = self.client.register_broker(req, timeout_s=60)
                 break
             except ControllerError as exc:
                 if exc.code != ErrorCode.WAL_FAILOVER_IN_PROGRESS or time.monotonic() > deadline:
                     raise
                 log.info("waiting to register: %s", exc.message)
                 time.sleep(0.5)
-        self.node_epoch = int(result["node_epoch"])
+        self.node_epoch = result.node_epoch
         self.fenced = True
         if self.storage is not None:
             self.storage.node_epoch = self.node_epoch
@@ -117,15 +120,15 @@ class BrokerNode:
             produce_bytes_per_s=rates,
         )
         try:
-            result = self.client.call("broker_heartbeat", req, timeout_s=5)
+            result = self.client.broker_heartbeat(req, timeout_s=5)
         except ControllerError as exc:
             if exc.code in (ErrorCode.STALE_NODE_EPOCH, ErrorCode.UNKNOWN_NODE):
                 log.warning("heartbeat refused (%s): registering again", exc)
                 self.register()
                 return
             raise
-        was_fenced, self.fenced = self.fenced, bool(result["fenced"])
-        final = self.fenced and result.get("fence_reason", "registered") != "registered"
+        was_fenced, self.fenced = self.fenced, result.fenced
+        final = self.fenced and result.fence_reason != REGISTERED_REASON
         if final and self.storage is not None:
             # fenced for good while serving data (paused past the session timeout): another
             # node has taken our WAL over and our streams are closing; start afresh
@@ -369,20 +372,17 @@ class BrokerNode:
         except Exception as exc:
             log.warning("upload before controlled shutdown failed: %s", exc)
         try:
-            result = self.client.call(
-                "controlled_shutdown",
-                {"node_id": self.config.node_id, "node_epoch": self.node_epoch},
+            result = self.client.controlled_shutdown(
+                ControlledShutdownRequest(node_id=self.config.node_id, node_epoch=self.node_epoch),
                 timeout_s=10,
             )
         except Exception as exc:
             log.warning("controlled shutdown refused: %s", exc)
             return
         log.info(
-            "controlled shutdown: %s partitions moving, %s stay",
-            result.get("moved"),
-            result.get("remaining"),
+            "controlled shutdown: %d partitions moving, %d stay", result.moved, result.remaining
         )
-        remaining = int(result.get("remaining", 0))
+        remaining = result.remaining
         deadline = time.monotonic() + SHUTDOWN_MOVE_WAIT_S
         while time.monotonic() < deadline and self.partitions.led_or_closing() > remaining:
             time.sleep(0.02)
@@ -406,13 +406,12 @@ class BrokerNode:
                 )
         if self.node_epoch is not None:
             try:
-                self.client.call(
-                    "fence_broker",
-                    {
-                        "node_id": self.config.node_id,
-                        "node_epoch": self.node_epoch,
-                        "reason": "controlled shutdown",
-                    },
+                self.client.fence_broker(
+                    FenceBrokerRequest(
+                        node_id=self.config.node_id,
+                        node_epoch=self.node_epoch,
+                        reason="controlled shutdown",
+                    ),
                     timeout_s=5,
                 )
             except Exception as exc:

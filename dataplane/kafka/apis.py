@@ -51,7 +51,8 @@ from kafka.protocol.producer import (
     ProduceResponse,
 )
 
-from controlplane.client import ControllerClient
+from controlplane import requests as cmd
+from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import group_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
@@ -109,7 +110,7 @@ class KafkaApis:
         me: BrokerIdentity,
         image_fn: Callable[[], MetadataImage],
         wait_for_offset: Callable[[int, float], bool],
-        controller: ControllerClient,
+        controller: ControllerCalls,
         partitions: PartitionResolver,
         node_epoch_fn: Callable[[], int],
         io_threads: int = 16,
@@ -228,8 +229,8 @@ class KafkaApis:
     def _auto_create(self, names: list[str]) -> None:
         for name in names:
             try:
-                self.controller.call(
-                    "create_topic", {"name": name, "partitions": DEFAULT_PARTITIONS}
+                self.controller.create_topic(
+                    build_request(cmd.CreateTopicRequest, name=name, partitions=DEFAULT_PARTITIONS)
                 )
             except ControllerError as exc:
                 if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
@@ -469,8 +470,8 @@ class KafkaApis:
             if image.topic_by_name(name) is not None:
                 raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
             return None
-        res = self.controller.call(
-            "create_topic", {"name": name, "partitions": partitions, "configs": configs}
+        res = self.controller.create_topic(
+            build_request(cmd.CreateTopicRequest, name=name, partitions=partitions, configs=configs)
         )
         self._await_topics([name])
         return res
@@ -488,7 +489,7 @@ class KafkaApis:
                     self._create_topic, t.name, partitions, configs, bool(req.validate_only)
                 )
                 if res:
-                    topic_id = uuid.UUID(res["topic_id"])
+                    topic_id = uuid.UUID(res.topic_id)
             except ControllerError as exc:
                 error, message = _kafka_error(exc), exc.message
             out.append(
@@ -505,7 +506,7 @@ class KafkaApis:
         return R[v](throttle_time_ms=0, topics=out)
 
     def _delete_topic(self, name: str) -> None:
-        self.controller.call("delete_topic", {"name": name})
+        self.controller.delete_topic(build_request(cmd.DeleteTopicRequest, name=name))
         self._await_topics([name], present=False)
 
     async def delete_topics(self, req, ctx):
@@ -551,7 +552,9 @@ class KafkaApis:
             if count <= len(topic.partitions):
                 raise ControllerError(ErrorCode.INVALID_PARTITIONS, "count must grow")
             return
-        self.controller.call("create_partitions", {"name": name, "total_count": count})
+        self.controller.create_partitions(
+            build_request(cmd.CreatePartitionsRequest, name=name, total_count=count)
+        )
         deadline = time.monotonic() + METADATA_WAIT_S
         while time.monotonic() < deadline:
             topic = self.image_fn().topic_by_name(name)
@@ -661,16 +664,15 @@ class KafkaApis:
     def _next_producer_id(self) -> int:
         with self._pid_lock:
             if self._pid_next >= self._pid_end:
-                res = self.controller.call(
-                    "allocate_producer_ids",
-                    {
-                        "node_id": self.me.node_id,
-                        "node_epoch": self.node_epoch_fn(),
-                        "count": PRODUCER_ID_BLOCK,
-                    },
+                res = self.controller.allocate_producer_ids(
+                    cmd.AllocateProducerIdsRequest(
+                        node_id=self.me.node_id,
+                        node_epoch=self.node_epoch_fn(),
+                        count=PRODUCER_ID_BLOCK,
+                    )
                 )
-                self._pid_next = res["first_producer_id"]
-                self._pid_end = self._pid_next + res["count"]
+                self._pid_next = res.first_producer_id
+                self._pid_end = self._pid_next + res.count
             pid = self._pid_next
             self._pid_next += 1
             return pid

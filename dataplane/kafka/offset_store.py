@@ -21,10 +21,11 @@ import json
 import threading
 from collections.abc import Callable
 
-from controlplane.client import ControllerClient
+from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import GROUP_OFFSETS_KEY_PREFIX, slot_of
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from controlplane.requests import PutGroupOffsetsRequest
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 
@@ -51,7 +52,7 @@ class KVOffsetStore:
 
     def __init__(
         self,
-        controller: ControllerClient,
+        controller: ControllerCalls,
         image_fn: Callable[[], MetadataImage],
         node_id: int,
         node_epoch_fn: Callable[[], int],
@@ -110,17 +111,18 @@ class KVOffsetStore:
                 self._docs[group_id] = (epoch, doc)
 
     async def _put(self, group_id: str, epoch: int, value: str | None) -> None:
-        body = {
-            "node_id": self.node_id,
-            "node_epoch": self.node_epoch_fn(),
-            "group_id": group_id,
-            "coordinator_epoch": epoch,
-            "value": value,
-        }
+        req = build_request(  # group ids come from clients
+            PutGroupOffsetsRequest,
+            node_id=self.node_id,
+            node_epoch=self.node_epoch_fn(),
+            group_id=group_id,
+            coordinator_epoch=epoch,
+            value=value,
+        )
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None,
-                lambda: self.controller.call("put_group_offsets", body, timeout_s=PUT_TIMEOUT_S),
+                lambda: self.controller.put_group_offsets(req, timeout_s=PUT_TIMEOUT_S),
             )
         except ControllerError as exc:
             if exc.code in _NOT_COORDINATOR:

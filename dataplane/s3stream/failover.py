@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.requests import CloseStreamRequest, CompleteWALFailoverRequest
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import UnsupportedWALError, take_over_wal, wal_exists
@@ -82,15 +83,14 @@ def recover_failed_wal(
         log.warning("WAL %s of node %d does not exist: nothing to upload", wal_uri, failed_node_id)
     for stream_id, epoch in open_streams_of_failed_node():
         try:
-            storage.controller.call(
-                "close_stream",
-                {
-                    "node_id": storage.node_id,
-                    "node_epoch": storage.node_epoch,
-                    "stream_id": stream_id,
-                    "stream_epoch": epoch,
-                    "failover_node_id": failed_node_id,
-                },
+            storage.controller.close_stream(
+                CloseStreamRequest(
+                    node_id=storage.node_id,
+                    node_epoch=storage.node_epoch,
+                    stream_id=stream_id,
+                    stream_epoch=epoch,
+                    failover_node_id=failed_node_id,
+                )
             )
         except ControllerError as exc:
             if exc.code not in (
@@ -101,14 +101,13 @@ def recover_failed_wal(
                 raise
             continue  # closed or reopened meanwhile
         result.streams_closed.append(stream_id)
-    storage.controller.call(
-        "complete_wal_failover",
-        {
-            "node_id": storage.node_id,
-            "node_epoch": storage.node_epoch,
-            "failed_node_id": failed_node_id,
-            "failover_epoch": failover_epoch,
-        },
+    storage.controller.complete_wal_failover(
+        CompleteWALFailoverRequest(
+            node_id=storage.node_id,
+            node_epoch=storage.node_epoch,
+            failed_node_id=failed_node_id,
+            failover_epoch=failover_epoch,
+        )
     )
     result.duration_s = time.monotonic() - started
     log.warning(
@@ -193,7 +192,7 @@ def _flush(
     committed either. After a continuity refusal the stream's target is read again, so its
     later batches still go up if they continue the committed end (it had moved past this
     chunk: nothing lost), and are reported as unrecoverable if they do not."""
-    uploaded = storage.upload_batches(chunk, failover_node_id=failed_node_id)
+    uploaded = storage.uploader.upload(chunk, failover_node_id=failed_node_id)
     result.bytes_uploaded += uploaded.size_bytes
     result.batches_uploaded += uploaded.batches
     for sid, code in uploaded.dropped.items():

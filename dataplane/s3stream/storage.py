@@ -21,13 +21,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.client import ControllerClient
+from controlplane.calls import ControllerCalls
 from controlplane.errors import (
     NODE_FENCING_CODES,
-    RETRIABLE_CODES,
-    STREAM_PERMANENT_CODES,
     ControllerError,
     ErrorCode,
+)
+from controlplane.requests import (
+    CloseStreamRequest,
+    CreateStreamRequest,
+    OpenStreamRequest,
+    TrimStreamRequest,
 )
 from dataplane.config import (
     BLOCK_CACHE_BYTES,
@@ -35,11 +39,10 @@ from dataplane.config import (
     UPLOAD_THRESHOLD_BYTES,
     WAL_CAPACITY_BYTES,
 )
-from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
+from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.log_cache import LogCache
-from dataplane.s3stream.object_format import ObjectWriter
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
@@ -48,31 +51,22 @@ from dataplane.s3stream.stream_reader import (
     ObjectLocator,
     StreamReader,
 )
+from dataplane.s3stream.uploader import (
+    Committer,
+    ObjectUploader,
+    StorageError,
+    UploaderConfig,
+    UploadResult,
+    data_lost,
+    is_retriable_upload_error,
+)
 from dataplane.s3stream.wal import WALFullError, WriteAheadLog
 from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
 
 log = logging.getLogger(__name__)
 
-MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succeeds
-# unless more streams go bad meanwhile
 MAX_DROPPED_STREAMS = 100_000  # (stream, epoch) pairs remembered as uncommittable
 MAX_ERROR_CHARS = 1000  # of an upload error in stats and metrics
-
-
-class StorageError(RuntimeError):
-    """The engine cannot serve the request (fenced, closed, WAL full for too long...)."""
-
-
-@dataclass
-class UploadResult:
-    """What one `upload_batches` call committed, and which streams' data it left out."""
-
-    size_bytes: int = 0
-    batches: int = 0  # batches committed
-    # stream id -> the controller's per-stream refusal (STREAM_PERMANENT_CODES): its data
-    # in this upload can never be committed, so it was left out and the rest committed
-    dropped: dict[int, ErrorCode] = field(default_factory=dict)
-    commit_rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,47 +77,6 @@ class UploadStats:
     wal_capacity_bytes: int
     upload_lag_s: float  # age of the oldest acknowledged, not uploaded batch; 0 if none
     last_upload_error: str | None  # the last upload attempt's error; None once one succeeds
-
-
-def permanent_stream_errors(exc: BaseException) -> dict[int, ErrorCode]:
-    """The streams a refused commit can never carry (pure).
-
-    Non-empty only when the controller refused the commit for per-stream reasons alone:
-    then exactly those streams' data is uncommittable (deleted stream, fenced by a newer
-    epoch or another node, not open with that epoch, or not continuing the committed end)
-    and the other streams of the upload may be committed without them. Anything else — a
-    fenced node, a network error, an object store 5xx, no controller leader — is about the
-    whole upload, and says nothing about single streams: {}.
-    """
-    if not isinstance(exc, ControllerError) or not exc.stream_errors:
-        return {}
-    if exc.code not in STREAM_PERMANENT_CODES or any(
-        code not in STREAM_PERMANENT_CODES for code in exc.stream_errors.values()
-    ):
-        return {}
-    return dict(exc.stream_errors)
-
-
-def is_retriable_upload_error(exc: BaseException) -> bool:
-    """Transient for the whole upload: retry the same upload later (pure)."""
-    if isinstance(exc, ControllerError):
-        return exc.code in RETRIABLE_CODES
-    return isinstance(exc, ObjectStoreError)
-
-
-def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> bool:
-    """Did leaving out a stream's data (acknowledged up to `dropped_end`) lose records a
-    live stream still needs? (pure)
-
-    Deleted streams need nothing; a stream fenced by a newer epoch, or closed, had its
-    acknowledged records uploaded by whoever closed it (our own close or our WAL's
-    failover) before anyone could reopen it. A continuity refusal (gap) is harmless only
-    when the committed end already covers the data — a commit retried after a timeout
-    that had in fact been applied; otherwise (or unknown) acknowledged records are missing.
-    """
-    if code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED):
-        return False
-    return committed_end is None or committed_end < dropped_end
 
 
 def _error_text(exc: BaseException) -> str:
@@ -164,7 +117,7 @@ class ControllerLocator:
 
     LOOKUP_LIMIT = 1000
 
-    def __init__(self, client: ControllerClient, max_streams: int = 100_000):
+    def __init__(self, client: ControllerCalls, max_streams: int = 100_000):
         self.client = client
         self.max_streams = max_streams
         self._cache: OrderedDict[int, list[ObjectLocation]] = OrderedDict()
@@ -271,7 +224,7 @@ class S3Storage:
         config: StorageConfig,
         node_id: int,
         node_epoch: int,
-        controller: ControllerClient,
+        controller: ControllerCalls,
         objects: ObjectStorage,
         locator: ObjectLocator | None = None,
     ):
@@ -294,7 +247,18 @@ class S3Storage:
         self._wake = threading.Condition()
         self._flush_requested = False
         self._stop = threading.Event()
-        self._order_id = int(time.time() * 1000)
+        self.uploader = ObjectUploader(
+            controller,
+            objects,
+            lambda: Committer(self.node_id, self.node_epoch),
+            UploaderConfig(
+                block_size_bytes=config.block_size_bytes,
+                max_object_bytes=config.max_object_bytes,
+                stream_split_bytes=config.stream_split_bytes,
+                prepared_ttl_ms=config.prepared_ttl_ms,
+                upload_attempts=config.upload_attempts,
+            ),
+        )
         self.wal: WriteAheadLog | None = None
         # the last upload attempt's error, None once one succeeds; written by whichever
         # thread uploads (uploader, flush, close) under `_upload_lock`, read without a lock
@@ -397,29 +361,25 @@ class S3Storage:
     # ------------------------------------------------------------ streams
 
     def create_stream(self, tags: dict[str, str] | None = None) -> int:
-        return int(
-            self.controller.call(
-                "create_stream",
-                {"node_id": self.node_id, "node_epoch": self.node_epoch, "tags": tags or {}},
-            )["stream_id"]
-        )
+        return self.controller.create_stream(
+            CreateStreamRequest(node_id=self.node_id, node_epoch=self.node_epoch, tags=tags or {})
+        ).stream_id
 
     def open_stream(self, stream_id: int, epoch: int) -> Stream:
-        res = self.controller.call(
-            "open_stream",
-            {
-                "node_id": self.node_id,
-                "node_epoch": self.node_epoch,
-                "stream_id": stream_id,
-                "stream_epoch": epoch,
-            },
+        res = self.controller.open_stream(
+            OpenStreamRequest(
+                node_id=self.node_id,
+                node_epoch=self.node_epoch,
+                stream_id=stream_id,
+                stream_epoch=epoch,
+            )
         )
         state = _StreamState(
             stream_id=stream_id,
             epoch=epoch,
-            next_offset=res["next_offset"],
-            confirmed_offset=res["next_offset"],
-            start_offset=res["start_offset"],
+            next_offset=res.next_offset,
+            confirmed_offset=res.next_offset,
+            start_offset=res.start_offset,
         )
         with self._lock:
             self._streams[stream_id] = state
@@ -555,15 +515,14 @@ class S3Storage:
             must_upload = self.log_cache.has_pending(state.stream_id)
         if must_upload:
             self._upload_all()
-        self.controller.call(
-            "trim_stream",
-            {
-                "node_id": self.node_id,
-                "node_epoch": self.node_epoch,
-                "stream_id": state.stream_id,
-                "stream_epoch": state.epoch,
-                "new_start_offset": new_start,
-            },
+        self.controller.trim_stream(
+            TrimStreamRequest(
+                node_id=self.node_id,
+                node_epoch=self.node_epoch,
+                stream_id=state.stream_id,
+                stream_epoch=state.epoch,
+                new_start_offset=new_start,
+            )
         )
         state.start_offset = new_start
 
@@ -602,14 +561,13 @@ class S3Storage:
             if state.closed or errors[i] is not None:
                 continue
             try:
-                self.controller.call(
-                    "close_stream",
-                    {
-                        "node_id": self.node_id,
-                        "node_epoch": self.node_epoch,
-                        "stream_id": state.stream_id,
-                        "stream_epoch": state.epoch,
-                    },
+                self.controller.close_stream(
+                    CloseStreamRequest(
+                        node_id=self.node_id,
+                        node_epoch=self.node_epoch,
+                        stream_id=state.stream_id,
+                        stream_epoch=state.epoch,
+                    )
                 )
             except ControllerError as exc:
                 if exc.code != ErrorCode.UNKNOWN_STREAM:
@@ -644,15 +602,14 @@ class S3Storage:
             if stream_id in self._streams:
                 raise StorageError(f"stream {stream_id} is open here; close it with Stream.close")
         self._upload_all()
-        self.controller.call(
-            "close_stream",
-            {
-                "node_id": self.node_id,
-                "node_epoch": self.node_epoch,
-                "stream_id": stream_id,
-                "stream_epoch": epoch,
-                "orphaned_only": True,
-            },
+        self.controller.close_stream(
+            CloseStreamRequest(
+                node_id=self.node_id,
+                node_epoch=self.node_epoch,
+                stream_id=stream_id,
+                stream_epoch=epoch,
+                orphaned_only=True,
+            )
         )
 
     # ------------------------------------------------------------ uploads
@@ -729,7 +686,7 @@ class S3Storage:
         with self._lock:
             live = [b for b in batches if (b.stream_id, b.epoch) not in self._dropped]
         result = (
-            self.upload_batches(live, on_dropped=lambda bad: self._drop_streams(live, bad))
+            self.uploader.upload(live, on_dropped=lambda bad: self._drop_streams(live, bad))
             if live
             else UploadResult()
         )
@@ -837,172 +794,3 @@ class S3Storage:
             else 0.0,
             last_upload_error=None if error is None else _error_text(error),
         )
-
-    def upload_batches(
-        self,
-        batches: list[StreamRecordBatch],
-        failover_node_id: int | None = None,
-        on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
-    ) -> UploadResult:
-        """Write `batches` (WAL order, each stream contiguous from its committed end) as a
-        stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
-        `failover_node_id`: the batches come from that failed node's WAL, which this node
-        is recovering (the streams are still that node's).
-
-        One bad stream never holds back the others: when the controller refuses the commit
-        for per-stream reasons only (`permanent_stream_errors`: deleted, fenced by a newer
-        epoch, not continuing the committed end), those streams' data is left out and the
-        objects are rebuilt and committed without it — under fresh object ids, so an id is
-        only ever written with one content. The refused round's objects stay PREPARED and
-        the controller destroys them at their deadline; they are not deleted here, because
-        a refusal can also follow an earlier attempt of the same commit that was applied
-        (its answer lost) and such an object may be committed. Nothing is committed twice:
-        a stream's range is accepted only where its committed end is.
-        `on_dropped(streams)` is called as soon as a round refuses streams, so what was
-        learnt is kept even if a later round fails (and the upload is retried).
-        Returns what was committed and which streams were left out (`dropped`).
-        """
-        result = UploadResult()
-        per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
-        for b in batches:
-            per_stream[b.stream_id].append(b)
-        for _ in range(MAX_COMMIT_ROUNDS):
-            live = {sid: bs for sid, bs in per_stream.items() if sid not in result.dropped}
-            if not live:
-                return result
-            result.commit_rounds += 1
-            try:
-                result.size_bytes = self._put_and_commit(live, failover_node_id)
-            except ControllerError as exc:
-                bad = permanent_stream_errors(exc)
-                if not bad or not bad.keys() <= live.keys():
-                    raise
-                log.info(
-                    "commit refused for %d of %d streams (%s)%s",
-                    len(bad),
-                    len(live),
-                    exc,
-                    ": committing the others without them" if len(bad) < len(live) else "",
-                )
-                result.dropped.update(bad)
-                if on_dropped is not None:
-                    on_dropped(bad)
-                continue
-            result.batches = sum(len(bs) for bs in live.values())
-            return result
-        raise StorageError(
-            f"commit refused {MAX_COMMIT_ROUNDS} times, each time for other "
-            f"streams (left out so far: {sorted(result.dropped)})"
-        )
-
-    def _put_and_commit(
-        self, per_stream: dict[int, list[StreamRecordBatch]], failover_node_id: int | None
-    ) -> int:
-        """One round of `upload_batches`: prepare, put and commit objects holding exactly
-        `per_stream`. Returns the bytes written."""
-        split = {
-            sid
-            for sid, bs in per_stream.items()
-            if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes
-        }
-        shared = [sid for sid in per_stream if sid not in split]
-        count = (1 if shared else 0) + len(split)
-        prepared = self._retry(
-            lambda: self.controller.call(
-                "prepare_objects",
-                {
-                    "node_id": self.node_id,
-                    "node_epoch": self.node_epoch,
-                    "count": count,
-                    "ttl_ms": self.config.prepared_ttl_ms,
-                },
-            )
-        )
-        next_id, bucket_id = prepared["first_object_id"], prepared["bucket_id"]
-        puts: list[tuple[int, bytes]] = []
-        sso_id = -1
-        ranges: list[dict] = []
-        if shared:
-            writer = ObjectWriter(
-                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
-            )
-            for sid in shared:
-                writer.add_all(per_stream[sid])
-            obj = writer.finish()
-            sso_id = next_id
-            next_id += 1
-            puts.append((sso_id, obj.data))
-            epochs = {sid: per_stream[sid][0].epoch for sid in shared}
-            ranges = [
-                {
-                    "stream_id": r.stream_id,
-                    "stream_epoch": epochs[r.stream_id],
-                    "start_offset": r.start_offset,
-                    "end_offset": r.end_offset,
-                }
-                for r in obj.ranges
-            ]
-        stream_objects: list[dict] = []
-        for sid in sorted(split):
-            writer = ObjectWriter(
-                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
-            )
-            writer.add_all(per_stream[sid])
-            obj = writer.finish()
-            puts.append((next_id, obj.data))
-            stream_objects.append(
-                {
-                    "object_id": next_id,
-                    "stream_id": sid,
-                    "stream_epoch": per_stream[sid][0].epoch,
-                    "start_offset": obj.ranges[0].start_offset,
-                    "end_offset": obj.ranges[0].end_offset,
-                    "size_bytes": len(obj.data),
-                }
-            )
-            next_id += 1
-
-        def put_all() -> None:
-            futures = [
-                self.objects.put_object_async(
-                    bucket_id, object_key(oid), data, priority=Priority.PRODUCE
-                )
-                for oid, data in puts
-            ]
-            for f in futures:
-                f.result()
-
-        self._retry(put_all)
-        self._order_id += 1
-        body = {
-            "node_id": self.node_id,
-            "node_epoch": self.node_epoch,
-            "object_id": sso_id,
-            "order_id": self._order_id,
-            "size_bytes": len(puts[0][1]) if sso_id >= 0 else 0,
-            "bucket_id": bucket_id,
-            "stream_ranges": ranges,
-            "stream_objects": stream_objects,
-            "compacted_object_ids": [],
-            "failover_node_id": failover_node_id,
-        }
-        self._retry(lambda: self.controller.call("commit_stream_set_object", body))
-        return sum(len(d) for _, d in puts)
-
-    def _retry(self, fn):
-        """Run fn with bounded retries on transient failures; fencing errors surface at once."""
-        delay = 0.1
-        for attempt in range(1, self.config.upload_attempts + 1):
-            try:
-                return fn()
-            except ControllerError as exc:
-                if exc.code not in RETRIABLE_CODES:
-                    raise
-                error: Exception = exc
-            except ObjectStoreError as exc:
-                error = exc
-            if attempt == self.config.upload_attempts:
-                raise error
-            log.warning("upload step failed (attempt %d): %s", attempt, error)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)

@@ -18,8 +18,8 @@ from controlplane.coordinators import (
     plan_slot_moves,
     slot_counts,
 )
-from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from controlplane.inprocess import InProcessController
 from controlplane.records import decode_record
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
@@ -315,24 +315,11 @@ def test_only_the_slot_owner_at_its_epoch_may_write_a_groups_offsets(sm):
     assert f"group-offsets/{group}" not in sm.image.kv
 
 
-class _StateMachineController:
-    """`ControllerClient.call` straight into a state machine (no network)."""
-
-    def __init__(self, sm: MetadataStateMachine):
-        self.sm = sm
-
-    def call(self, command: str, body: dict, timeout_s: float | None = None) -> dict:
-        result = self.sm.execute(command, body, NOW)
-        if "error" in result:
-            raise ControllerError(ErrorCode(result["error"]["code"]), result["error"]["message"])
-        return result["result"]
-
-
 def test_offset_store_follows_its_slot_and_reloads_after_a_move_back(sm):
     from dataplane.kafka.offset_store import KVOffsetStore
 
     group, slot = _group_on(sm, 3)
-    controller = _StateMachineController(sm)
+    controller = InProcessController(machine=sm)
     stores = {
         n: KVOffsetStore(
             controller, lambda: sm.image, n, lambda n=n: sm.image.brokers[n].node_epoch
@@ -374,7 +361,7 @@ def test_a_write_at_a_superseded_epoch_is_refused_and_dropped_from_the_cache(sm)
     from dataplane.kafka.offset_store import KVOffsetStore
 
     group, slot = _group_on(sm, 2)
-    store = KVOffsetStore(_StateMachineController(sm), lambda: sm.image, 2, lambda: 0)
+    store = KVOffsetStore(InProcessController(machine=sm), lambda: sm.image, 2, lambda: 0)
 
     async def scenario() -> None:
         await store.commit(group, {("t", 0): CommittedOffset(1)})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
@@ -24,9 +25,8 @@ from controlplane.state_machine import MetadataStateMachine
 from dataplane.objectstore import ObjectStoreUnavailableError, object_key
 from dataplane.s3stream.failover import recover_failed_wal
 from dataplane.s3stream.object_format import parse_object
-from dataplane.s3stream.storage import (
-    S3Storage,
-    StorageConfig,
+from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.uploader import (
     StorageError,
     data_lost,
     is_retriable_upload_error,
@@ -38,8 +38,8 @@ NOW_MS = 1_000_000
 WAL_ALIGN_BYTES = 4096
 
 
-class InProcessController:
-    """A `ControllerClient` over a real state machine, in this process.
+class HookedController(ControllerCalls):
+    """A controller client over a real state machine, in this process, with hooks.
 
     `before[command]`: called before a command is applied (to change metadata in between);
     `lose_answer[command]`: how many more times to apply the command and then answer TIMEOUT
@@ -115,8 +115,8 @@ class FakeObjects:
 
 
 @pytest.fixture
-def ctrl(tmp_path) -> InProcessController:
-    c = InProcessController(MetadataStateMachine(ControllerSettings(bucket_ids=[0])))
+def ctrl(tmp_path) -> HookedController:
+    c = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0])))
     for node in (1, 2):
         wal_uri = (tmp_path / f"node{node}" / "wal").resolve().as_uri()
         c.execute(
@@ -135,7 +135,7 @@ def ctrl(tmp_path) -> InProcessController:
 
 
 def make_engine(
-    ctrl: InProcessController, objects: FakeObjects, data_dir: Path, node_id: int = 1, **config
+    ctrl: HookedController, objects: FakeObjects, data_dir: Path, node_id: int = 1, **config
 ) -> S3Storage:
     cfg = StorageConfig(
         data_dir=data_dir,
@@ -157,7 +157,7 @@ def append(stream, count: int, size: int = 100) -> None:
         f.result(timeout=10)
 
 
-def committed_streams(ctrl: InProcessController, objects: FakeObjects) -> set[int]:
+def committed_streams(ctrl: HookedController, objects: FakeObjects) -> set[int]:
     """Streams whose data is inside a committed object (from the objects' own indexes).
     Objects of refused rounds stay PREPARED: the controller destroys them at the deadline."""
     committed = [o for o in ctrl.machine.image.objects.values() if o.state == ObjectState.COMMITTED]

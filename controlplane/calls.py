@@ -1,0 +1,149 @@
+"""Typed controller commands: request models in, response models out.
+
+`ControllerCalls` is the typed face of the controller API: one method per command, taking the
+command's request model from `requests.py` and returning its response model. It needs only
+`call(command, body, timeout_s)` from the class it is mixed into, so the transport is
+pluggable: `ControllerClient` (HTTP to the quorum's leader) and `InProcessController` (the
+state machine in this process, for fast tests) both have it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.requests import (
+    AllocateProducerIdsRequest,
+    AllocateProducerIdsResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    CloseStreamRequest,
+    CommitResponse,
+    CommitStreamSetObjectRequest,
+    CompleteWALFailoverRequest,
+    ControlledShutdownRequest,
+    ControlledShutdownResponse,
+    CreatePartitionsRequest,
+    CreateStreamRequest,
+    CreateStreamResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    FenceBrokerRequest,
+    OpenStreamRequest,
+    OpenStreamResponse,
+    PrepareObjectsRequest,
+    PrepareObjectsResponse,
+    PutGroupOffsetsRequest,
+    RegisterBrokerRequest,
+    RegisterBrokerResponse,
+    TrimStreamRequest,
+    _Request,
+    validation_message,
+)
+
+R = TypeVar("R", bound=BaseModel)
+Q = TypeVar("Q", bound=_Request)
+
+
+def build_request(model: type[Q], **fields: Any) -> Q:
+    """A request model from values a client sent (a topic name, a partition count): a bad
+    value is the controller's own INVALID_REQUEST, as if the controller had refused it."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise ControllerError(ErrorCode.INVALID_REQUEST, validation_message(exc)) from None
+
+
+class ControllerCalls:
+    """Typed commands over `call` (see the module docstring). Thread-safety: as `call`."""
+
+    def call(
+        self, command: str, body: dict | BaseModel, timeout_s: float | None = None
+    ) -> dict[str, Any]:  # pragma: no cover - provided by the transport
+        raise NotImplementedError
+
+    def send(self, req: _Request, timeout_s: float | None = None) -> dict[str, Any]:
+        """Any command by its request model; the raw result."""
+        return self.call(req.command, req, timeout_s)
+
+    def _typed(self, req: _Request, response: type[R], timeout_s: float | None = None) -> R:
+        return response.model_validate(self.send(req, timeout_s))
+
+    # brokers
+    def register_broker(
+        self, req: RegisterBrokerRequest, timeout_s: float | None = None
+    ) -> RegisterBrokerResponse:
+        return self._typed(req, RegisterBrokerResponse, timeout_s)
+
+    def broker_heartbeat(
+        self, req: BrokerHeartbeatRequest, timeout_s: float | None = None
+    ) -> BrokerHeartbeatResponse:
+        return self._typed(req, BrokerHeartbeatResponse, timeout_s)
+
+    def fence_broker(self, req: FenceBrokerRequest, timeout_s: float | None = None) -> None:
+        self.send(req, timeout_s)
+
+    def controlled_shutdown(
+        self, req: ControlledShutdownRequest, timeout_s: float | None = None
+    ) -> ControlledShutdownResponse:
+        return self._typed(req, ControlledShutdownResponse, timeout_s)
+
+    def complete_wal_failover(
+        self, req: CompleteWALFailoverRequest, timeout_s: float | None = None
+    ) -> None:
+        self.send(req, timeout_s)
+
+    def allocate_producer_ids(
+        self, req: AllocateProducerIdsRequest, timeout_s: float | None = None
+    ) -> AllocateProducerIdsResponse:
+        return self._typed(req, AllocateProducerIdsResponse, timeout_s)
+
+    # topics
+    def create_topic(
+        self, req: CreateTopicRequest, timeout_s: float | None = None
+    ) -> CreateTopicResponse:
+        return self._typed(req, CreateTopicResponse, timeout_s)
+
+    def delete_topic(self, req: DeleteTopicRequest, timeout_s: float | None = None) -> None:
+        self.send(req, timeout_s)
+
+    def create_partitions(
+        self, req: CreatePartitionsRequest, timeout_s: float | None = None
+    ) -> None:
+        self.send(req, timeout_s)
+
+    # streams and objects
+    def create_stream(
+        self, req: CreateStreamRequest, timeout_s: float | None = None
+    ) -> CreateStreamResponse:
+        return self._typed(req, CreateStreamResponse, timeout_s)
+
+    def open_stream(
+        self, req: OpenStreamRequest, timeout_s: float | None = None
+    ) -> OpenStreamResponse:
+        return self._typed(req, OpenStreamResponse, timeout_s)
+
+    def close_stream(self, req: CloseStreamRequest, timeout_s: float | None = None) -> None:
+        self.send(req, timeout_s)
+
+    def trim_stream(self, req: TrimStreamRequest, timeout_s: float | None = None) -> None:
+        self.send(req, timeout_s)
+
+    def prepare_objects(
+        self, req: PrepareObjectsRequest, timeout_s: float | None = None
+    ) -> PrepareObjectsResponse:
+        return self._typed(req, PrepareObjectsResponse, timeout_s)
+
+    def commit_stream_set_object(
+        self, req: CommitStreamSetObjectRequest, timeout_s: float | None = None
+    ) -> CommitResponse:
+        return self._typed(req, CommitResponse, timeout_s)
+
+    # groups
+    def put_group_offsets(
+        self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
+    ) -> None:
+        self.send(req, timeout_s)

@@ -1,0 +1,308 @@
+"""The object uploader: stream data -> objects in the object store -> committed metadata.
+
+One upload path for everything that writes objects: the engine's uploads of its WAL, WAL
+failover (uploading a failed node's WAL on its behalf) and, through the same class, jobs that
+run without a broker. Each round is prepare (object ids from the controller) -> put (the
+objects, in the active bucket) -> commit (one metadata command, atomic); transient failures
+are retried with the same ids, and a commit refused for some streams only is rebuilt without
+them (`permanent_stream_errors`), so one bad stream never holds back the others.
+
+The rule "what is not committed yet" is the controller's: a stream's range is accepted only
+where its committed end is, so nothing is committed twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.calls import ControllerCalls
+from controlplane.errors import (
+    RETRIABLE_CODES,
+    STREAM_PERMANENT_CODES,
+    ControllerError,
+    ErrorCode,
+)
+from controlplane.requests import CommitStreamSetObjectRequest, PrepareObjectsRequest
+from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
+from dataplane.s3stream.object_format import ObjectWriter
+from dataplane.s3stream.records import StreamRecordBatch
+
+log = logging.getLogger(__name__)
+
+MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succeeds
+# unless more streams go bad meanwhile
+
+
+class StorageError(RuntimeError):
+    """The engine cannot serve the request (fenced, closed, WAL full for too long...)."""
+
+
+@dataclass
+class UploadResult:
+    """What one `upload_batches` call committed, and which streams' data it left out."""
+
+    size_bytes: int = 0
+    batches: int = 0  # batches committed
+    # stream id -> the controller's per-stream refusal (STREAM_PERMANENT_CODES): its data
+    # in this upload can never be committed, so it was left out and the rest committed
+    dropped: dict[int, ErrorCode] = field(default_factory=dict)
+    commit_rounds: int = 0
+
+
+def permanent_stream_errors(exc: BaseException) -> dict[int, ErrorCode]:
+    """The streams a refused commit can never carry (pure).
+
+    Non-empty only when the controller refused the commit for per-stream reasons alone:
+    then exactly those streams' data is uncommittable (deleted stream, fenced by a newer
+    epoch or another node, not open with that epoch, or not continuing the committed end)
+    and the other streams of the upload may be committed without them. Anything else — a
+    fenced node, a network error, an object store 5xx, no controller leader — is about the
+    whole upload, and says nothing about single streams: {}.
+    """
+    if not isinstance(exc, ControllerError) or not exc.stream_errors:
+        return {}
+    if exc.code not in STREAM_PERMANENT_CODES or any(
+        code not in STREAM_PERMANENT_CODES for code in exc.stream_errors.values()
+    ):
+        return {}
+    return dict(exc.stream_errors)
+
+
+def is_retriable_upload_error(exc: BaseException) -> bool:
+    """Transient for the whole upload: retry the same upload later (pure)."""
+    if isinstance(exc, ControllerError):
+        return exc.code in RETRIABLE_CODES
+    return isinstance(exc, ObjectStoreError)
+
+
+def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> bool:
+    """Did leaving out a stream's data (acknowledged up to `dropped_end`) lose records a
+    live stream still needs? (pure)
+
+    Deleted streams need nothing; a stream fenced by a newer epoch, or closed, had its
+    acknowledged records uploaded by whoever closed it (our own close or our WAL's
+    failover) before anyone could reopen it. A continuity refusal (gap) is harmless only
+    when the committed end already covers the data — a commit retried after a timeout
+    that had in fact been applied; otherwise (or unknown) acknowledged records are missing.
+    """
+    if code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED):
+        return False
+    return committed_end is None or committed_end < dropped_end
+
+
+@dataclass(frozen=True)
+class Committer:
+    """Who commits objects: a broker's node id and its current node epoch (the controller
+    fences older epochs). WAL failover commits as this broker with `failover_node_id`."""
+
+    node_id: int
+    node_epoch: int
+
+
+@dataclass(frozen=True)
+class UploaderConfig:
+    """Object layout and retry limits of uploads."""
+
+    block_size_bytes: int = 512 * 1024
+    max_object_bytes: int = 256 * 1024 * 1024
+    stream_split_bytes: int = 8 * 1024 * 1024  # a stream above this gets its own object
+    prepared_ttl_ms: int = 60 * 60 * 1000
+    upload_attempts: int = 8
+
+
+class ObjectUploader:
+    """prepare -> put -> commit of stream batches as objects (see the module docstring).
+
+    Thread-safety: `upload` may run on several threads at once (the engine's uploader and
+    WAL failovers); each call prepares its own object ids, and order ids come from a lock.
+    """
+
+    def __init__(
+        self,
+        controller: ControllerCalls,
+        objects: ObjectStorage,
+        committer: Callable[[], Committer],
+        config: UploaderConfig | None = None,
+    ):
+        self.controller = controller
+        self.objects = objects
+        self._committer = committer
+        self.config = config or UploaderConfig()
+        self._order_lock = threading.Lock()
+        self._order_id = int(time.time() * 1000)
+
+    def upload(
+        self,
+        batches: list[StreamRecordBatch],
+        failover_node_id: int | None = None,
+        on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
+    ) -> UploadResult:
+        """Write `batches` (WAL order, each stream contiguous from its committed end) as a
+        stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
+        `failover_node_id`: the batches come from that failed node's WAL, which this node
+        is recovering (the streams are still that node's).
+
+        One bad stream never holds back the others: when the controller refuses the commit
+        for per-stream reasons only (`permanent_stream_errors`: deleted, fenced by a newer
+        epoch, not continuing the committed end), those streams' data is left out and the
+        objects are rebuilt and committed without it — under fresh object ids, so an id is
+        only ever written with one content. The refused round's objects stay PREPARED and
+        the controller destroys them at their deadline; they are not deleted here, because
+        a refusal can also follow an earlier attempt of the same commit that was applied
+        (its answer lost) and such an object may be committed. Nothing is committed twice:
+        a stream's range is accepted only where its committed end is.
+        `on_dropped(streams)` is called as soon as a round refuses streams, so what was
+        learnt is kept even if a later round fails (and the upload is retried).
+        Returns what was committed and which streams were left out (`dropped`).
+        """
+        result = UploadResult()
+        per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
+        for b in batches:
+            per_stream[b.stream_id].append(b)
+        for _ in range(MAX_COMMIT_ROUNDS):
+            live = {sid: bs for sid, bs in per_stream.items() if sid not in result.dropped}
+            if not live:
+                return result
+            result.commit_rounds += 1
+            try:
+                result.size_bytes = self._put_and_commit(live, failover_node_id)
+            except ControllerError as exc:
+                bad = permanent_stream_errors(exc)
+                if not bad or not bad.keys() <= live.keys():
+                    raise
+                log.info(
+                    "commit refused for %d of %d streams (%s)%s",
+                    len(bad),
+                    len(live),
+                    exc,
+                    ": committing the others without them" if len(bad) < len(live) else "",
+                )
+                result.dropped.update(bad)
+                if on_dropped is not None:
+                    on_dropped(bad)
+                continue
+            result.batches = sum(len(bs) for bs in live.values())
+            return result
+        raise StorageError(
+            f"commit refused {MAX_COMMIT_ROUNDS} times, each time for other "
+            f"streams (left out so far: {sorted(result.dropped)})"
+        )
+
+    def _put_and_commit(
+        self, per_stream: dict[int, list[StreamRecordBatch]], failover_node_id: int | None
+    ) -> int:
+        """One round of `upload_batches`: prepare, put and commit objects holding exactly
+        `per_stream`. Returns the bytes written."""
+        committer = self._committer()
+        split = {
+            sid
+            for sid, bs in per_stream.items()
+            if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes
+        }
+        shared = [sid for sid in per_stream if sid not in split]
+        count = (1 if shared else 0) + len(split)
+        prepared = self._retry(
+            lambda: self.controller.prepare_objects(
+                PrepareObjectsRequest(
+                    node_id=committer.node_id,
+                    node_epoch=committer.node_epoch,
+                    count=count,
+                    ttl_ms=self.config.prepared_ttl_ms,
+                )
+            )
+        )
+        next_id, bucket_id = prepared.first_object_id, prepared.bucket_id
+        puts: list[tuple[int, bytes]] = []
+        sso_id = -1
+        ranges: list[dict] = []
+        if shared:
+            writer = ObjectWriter(
+                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
+            )
+            for sid in shared:
+                writer.add_all(per_stream[sid])
+            obj = writer.finish()
+            sso_id = next_id
+            next_id += 1
+            puts.append((sso_id, obj.data))
+            epochs = {sid: per_stream[sid][0].epoch for sid in shared}
+            ranges = [
+                {
+                    "stream_id": r.stream_id,
+                    "stream_epoch": epochs[r.stream_id],
+                    "start_offset": r.start_offset,
+                    "end_offset": r.end_offset,
+                }
+                for r in obj.ranges
+            ]
+        stream_objects: list[dict] = []
+        for sid in sorted(split):
+            writer = ObjectWriter(
+                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
+            )
+            writer.add_all(per_stream[sid])
+            obj = writer.finish()
+            puts.append((next_id, obj.data))
+            stream_objects.append(
+                {
+                    "object_id": next_id,
+                    "stream_id": sid,
+                    "stream_epoch": per_stream[sid][0].epoch,
+                    "start_offset": obj.ranges[0].start_offset,
+                    "end_offset": obj.ranges[0].end_offset,
+                    "size_bytes": len(obj.data),
+                }
+            )
+            next_id += 1
+
+        def put_all() -> None:
+            futures = [
+                self.objects.put_object_async(
+                    bucket_id, object_key(oid), data, priority=Priority.PRODUCE
+                )
+                for oid, data in puts
+            ]
+            for f in futures:
+                f.result()
+
+        self._retry(put_all)
+        with self._order_lock:  # the engine's uploader and WAL failovers share it
+            self._order_id += 1
+            order_id = self._order_id
+        commit = CommitStreamSetObjectRequest(
+            node_id=committer.node_id,
+            node_epoch=committer.node_epoch,
+            object_id=sso_id,
+            order_id=order_id,
+            size_bytes=len(puts[0][1]) if sso_id >= 0 else 0,
+            bucket_id=bucket_id,
+            stream_ranges=ranges,
+            stream_objects=stream_objects,
+            compacted_object_ids=[],
+            failover_node_id=failover_node_id,
+        )
+        self._retry(lambda: self.controller.commit_stream_set_object(commit))
+        return sum(len(d) for _, d in puts)
+
+    def _retry(self, fn):
+        """Run fn with bounded retries on transient failures; fencing errors surface at once."""
+        delay = 0.1
+        for attempt in range(1, self.config.upload_attempts + 1):
+            try:
+                return fn()
+            except ControllerError as exc:
+                if exc.code not in RETRIABLE_CODES:
+                    raise
+                error: Exception = exc
+            except ObjectStoreError as exc:
+                error = exc
+            if attempt == self.config.upload_attempts:
+                raise error
+            log.warning("upload step failed (attempt %d): %s", attempt, error)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
