@@ -8,32 +8,16 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.options import DirOption, load_component
 from cli.output import OutputFormat, console, fail, print_json
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError, LocalCluster
+from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
 app = typer.Typer(help="Operate single brokers of a local cluster.", no_args_is_help=True)
 
-DirOption = typer.Option(
-    DEFAULT_CLUSTER_DIR,
-    "--dir",
-    envvar="AUTOMQ_CLUSTER_DIR",
-    help="cluster directory (also AUTOMQ_CLUSTER_DIR)",
-)
-
 
 def _broker(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig, str]:
-    cluster = LocalCluster(directory)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
-    if node not in [b.node_id for b in config.brokers]:
-        fail(
-            f"no broker {node} in this cluster (brokers: "
-            f"{', '.join(str(b.node_id) for b in config.brokers)})"
-        )
-    return cluster, config, f"broker-{node}"
+    return load_component(directory, "broker", node)
 
 
 @app.command("list")

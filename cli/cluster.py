@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_json
 from cli.processes import (
-    DEFAULT_CLUSTER_DIR,
     ClusterConfig,
     ClusterError,
     LocalCluster,
@@ -21,13 +21,6 @@ from cli.status import collect_status
 from dataplane.objectstore.seaweed import EmbeddedS3Error
 
 app = typer.Typer(help="Start, inspect and stop a local cluster.", no_args_is_help=True)
-
-DirOption = typer.Option(
-    DEFAULT_CLUSTER_DIR,
-    "--dir",
-    envvar="AUTOMQ_CLUSTER_DIR",
-    help="cluster directory (also AUTOMQ_CLUSTER_DIR)",
-)
 
 
 def _open(directory: Path) -> tuple[LocalCluster, ClusterConfig]:

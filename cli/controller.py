@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.options import DirOption, load_component
 from cli.output import OutputFormat, console, fail, print_json
 from cli.processes import (
-    DEFAULT_CLUSTER_DIR,
     STOP_TIMEOUT_S,
     ClusterConfig,
     ClusterError,
@@ -23,28 +23,11 @@ app = typer.Typer(
     help="Operate single controllers (Raft voters) of a local cluster.", no_args_is_help=True
 )
 
-DirOption = typer.Option(
-    DEFAULT_CLUSTER_DIR,
-    "--dir",
-    envvar="AUTOMQ_CLUSTER_DIR",
-    help="cluster directory (also AUTOMQ_CLUSTER_DIR)",
-)
 _POLL_S = 0.3
 
 
 def _controller(directory: Path, node: int) -> tuple[LocalCluster, ClusterConfig, str]:
-    """The cluster, its config and `controller-N`, or a clear error for an unknown node."""
-    cluster = LocalCluster(directory)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
-    if node not in [c.node_id for c in config.controllers]:
-        fail(
-            f"no controller {node} in this cluster (controllers: "
-            f"{', '.join(str(c.node_id) for c in config.controllers)})"
-        )
-    return cluster, config, f"controller-{node}"
+    return load_component(directory, "controller", node)
 
 
 def controllers(cluster: LocalCluster, config: ClusterConfig) -> list[dict]:

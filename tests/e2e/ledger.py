@@ -7,6 +7,7 @@ Used by the elastic e2e tests and by benchmarks/elastic_bench.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,19 @@ def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subproce
         capture_output=True,
         timeout=timeout_s,
     )
+
+
+@contextlib.contextmanager
+def running_cluster(cluster_dir: Path, *up_args: str) -> Iterator[dict]:
+    """`automqctl cluster up --format json *up_args` in `cluster_dir` (free ports); yields
+    the status JSON of `up`; `cluster down` afterwards, whatever happened (even a failed
+    `up` can leave processes behind)."""
+    up = automqctl("cluster", "up", "--format", "json", *up_args, cluster_dir=cluster_dir)
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield json.loads(up.stdout)
+    finally:
+        automqctl("cluster", "down", cluster_dir=cluster_dir)
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 30) -> None:

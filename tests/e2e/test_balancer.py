@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 from cli.processes import LocalCluster  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,20 +29,8 @@ QUIET_S = 15.0  # while disabled: settle time + several rounds, and nothing may 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("balancer") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
-        "--session-timeout-ms",
-        str(SESSION_TIMEOUT_MS),
-        cluster_dir=d,
-    )
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
+    with running_cluster(d, "--session-timeout-ms", str(SESSION_TIMEOUT_MS)) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
 def ctl(cluster, *args: str):

@@ -30,7 +30,7 @@ from kafka.protocol.metadata import FindCoordinatorRequest  # noqa: E402
 
 from controlplane.coordinators import group_slot  # noqa: E402
 from dataplane.kafka.codec import decode_response, encode_request  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
+from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -45,25 +45,12 @@ QUIET_S = 8.0  # how long the groups keep consuming after a kill before they are
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("coord") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
-        "--session-timeout-ms",
-        str(SESSION_TIMEOUT_MS),
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    status = json.loads(up.stdout)
-    try:
+    with running_cluster(d, "--session-timeout-ms", str(SESSION_TIMEOUT_MS)) as status:
         yield {
             "dir": d,
             "bootstrap": status["bootstrap_servers"],
             "addresses": {b["node_id"]: b["address"] for b in status["brokers"]},
         }
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
 
 
 def cluster_status(cluster) -> dict:

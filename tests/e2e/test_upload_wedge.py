@@ -17,7 +17,6 @@ every time (uploads then happen on size, at a quarter of the WAL, and on close/s
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 import uuid
@@ -28,7 +27,7 @@ pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cli.processes import STOP_TIMEOUT_S  # noqa: E402
-from tests.e2e.ledger import automqctl, cluster_status, create_topic, leaders  # noqa: E402
+from tests.e2e.ledger import automqctl, cluster_status, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,24 +41,16 @@ MAX_LAG_S = 120  # the last size-triggered upload happened during the bulk produ
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("upload-wedge") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
+    with running_cluster(
+        d,
         "--brokers",
         "2",
         "--wal-capacity-mib",
         str(WAL_MIB),
         "--upload-interval-s",
         str(UPLOAD_INTERVAL_S),
-        cluster_dir=d,
-    )
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
 def broker_status(cluster, node: int) -> dict:
