@@ -35,6 +35,7 @@ from cli.reassign_plan import (
     rates_from_offsets,
 )
 from controlplane.reassignment import LAST_REASSIGNMENT_KEY  # written by reassign_partitions
+from dataplane.kafka.errors import KafkaError as KafkaErrorCode  # the protocol table
 
 app = typer.Typer(
     help="Reassign partitions between brokers (no data is copied).", no_args_is_help=True
@@ -160,18 +161,42 @@ def _write_plan(path: Path, data: dict) -> None:
 # ---------------------------------------------------------------- throughput sampling
 
 
+END_OFFSET_ATTEMPTS = 5
+END_OFFSET_RETRY_S = 0.5
+
+
 def _end_offsets(
     admin, keys: list[tuple[str, int]], timeout_s: float
 ) -> dict[tuple[str, int], int]:
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    futures = admin.list_offsets(
-        {TopicPartition(t, p): OffsetSpec.latest() for t, p in keys}, request_timeout=timeout_s
-    )
     out: dict[tuple[str, int], int] = {}
-    for tp, fut in futures.items():
-        out[(tp.topic, tp.partition)] = fut.result(timeout=timeout_s).offset
+    pending = list(keys)
+    # a partition moving meanwhile (the balancer, another reassignment) answers
+    # NOT_LEADER_OR_FOLLOWER once: ask again, bounded, after the client refreshed its metadata
+    for attempt in range(END_OFFSET_ATTEMPTS):
+        futures = admin.list_offsets(
+            {TopicPartition(t, p): OffsetSpec.latest() for t, p in pending},
+            request_timeout=timeout_s,
+        )
+        retry: list[tuple[str, int]] = []
+        for tp, fut in futures.items():
+            try:
+                out[(tp.topic, tp.partition)] = fut.result(timeout=timeout_s).offset
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if error is not None else -1
+                retriable = (error is not None and error.retriable()) or (
+                    code > 0 and KafkaErrorCode.from_code(code).retriable
+                )
+                if not retriable or attempt == END_OFFSET_ATTEMPTS - 1:
+                    raise
+                retry.append((tp.topic, tp.partition))
+        if not retry:
+            break
+        pending = retry
+        time.sleep(END_OFFSET_RETRY_S)
     return out
 
 

@@ -140,8 +140,15 @@ def test_objectstore_is_a_leaf():
 
 def test_cli_imports_no_broker_internals():
     # the CLI talks to controllers (controlplane) and brokers (the Kafka protocol, through
-    # client libraries); it may read boundary configs and start the embedded object store
-    allowed = ("controlplane", "cli", "dataplane.config", "dataplane.objectstore")
+    # client libraries and the protocol's error table); it may read boundary configs and
+    # start the embedded object store
+    allowed = (
+        "controlplane",
+        "cli",
+        "dataplane.config",
+        "dataplane.objectstore",
+        "dataplane.kafka.errors",  # the Kafka protocol's error table (pure)
+    )
     bad = {
         (m, t)
         for m, ts in import_graph().items()
