@@ -39,6 +39,8 @@ from controlplane.requests import (
     PutGroupOffsetsRequest,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
+    RegisterCompactorRequest,
+    RegisterCompactorResponse,
     TrimStreamRequest,
     _Request,
     validation_message,
@@ -141,6 +143,11 @@ class ControllerCalls:
         self, req: CommitStreamSetObjectRequest, timeout_s: float | None = None
     ) -> CommitResponse:
         return self._typed(req, CommitResponse, timeout_s)
+
+    def register_compactor(
+        self, req: RegisterCompactorRequest, timeout_s: float | None = None
+    ) -> RegisterCompactorResponse:
+        return self._typed(req, RegisterCompactorResponse, timeout_s)
 
     # groups
     def put_group_offsets(

@@ -35,6 +35,9 @@ class ErrorCode(str, Enum):
     STREAM_IN_USE = "STREAM_IN_USE"  # an orphan close of a stream its partition still needs
     # the requester does not own the group's coordinator slot at that epoch
     NOT_COORDINATOR = "NOT_COORDINATOR"
+    # compaction principals: unknown name, or an epoch a newer registration fenced
+    UNKNOWN_COMPACTOR = "UNKNOWN_COMPACTOR"
+    STALE_COMPACTOR_EPOCH = "STALE_COMPACTOR_EPOCH"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

@@ -4,6 +4,9 @@
   (`require_active_broker`); every registration issues a new epoch.
 - **Stream epochs**: only the node that opened a stream's current epoch may change it
   (`require_stream_owner`); the stream epoch is the partition's leader epoch.
+- **Compaction principals**: a compaction job (no broker) commits as a registered
+  compactor name at its current epoch (`require_compactor`); it may only rewrite
+  committed data, never extend a stream.
 - **WAL failover**: the current failover target of a failed node may act on that node's
   behalf (`require_failover_target`, `authorize_owner`); `is_down` says which brokers count
   as failed.
@@ -12,7 +15,13 @@
 from __future__ import annotations
 
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.image import BrokerState, MetadataImage, NodeWALState, StreamMetaState
+from controlplane.image import (
+    BrokerState,
+    CompactorState,
+    MetadataImage,
+    NodeWALState,
+    StreamMetaState,
+)
 from controlplane.records import StreamState
 
 # the fence reason of a broker that registered and has not heartbeaten yet: not failed
@@ -106,3 +115,16 @@ def authorize_owner(
         return node_id
     require_failover_target(image, node_id, node_epoch, failover_node_id)
     return failover_node_id
+
+
+def require_compactor(image: MetadataImage, name: str, epoch: int) -> CompactorState:
+    """The compactor fencing rule: only the current epoch of a registered compactor."""
+    compactor = image.compactors.get(name)
+    if compactor is None:
+        raise ControllerError(ErrorCode.UNKNOWN_COMPACTOR, f"compactor {name!r} is not registered")
+    if epoch != compactor.epoch:
+        raise ControllerError(
+            ErrorCode.STALE_COMPACTOR_EPOCH,
+            f"compactor {name!r} epoch {epoch} is fenced (current epoch {compactor.epoch})",
+        )
+    return compactor

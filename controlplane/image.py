@@ -145,6 +145,7 @@ _KEYED_FIELDS = (
     "stream_objects",
     "kv",
     "coordinator_slots",
+    "compactors",
 )
 
 
@@ -187,6 +188,14 @@ def _copy_entity(entity: BaseModel) -> BaseModel:
     return copy
 
 
+class CompactorState(BaseModel):
+    """A compaction principal: only its current epoch may prepare and commit."""
+
+    name: str
+    epoch: int
+    incarnation_id: str
+
+
 class CoordinatorSlotState(BaseModel):
     """The broker coordinating one slot's groups, and the slot's coordinator epoch."""
 
@@ -219,6 +228,8 @@ class MetadataImage(BaseModel):
     # group coordinator slots (controlplane/coordinators.py): 0 until first placed
     coordinator_slot_count: int = 0
     coordinator_slots: dict[int, CoordinatorSlotState] = Field(default_factory=dict)
+    # compaction principals (Spark jobs) by name
+    compactors: dict[str, CompactorState] = Field(default_factory=dict)
 
     # copy-on-write bookkeeping of an image being built by with_records(); None = this image
     # owns all of its containers (a fresh image, or apply() on an unpublished one)
@@ -500,6 +511,13 @@ class MetadataImage(BaseModel):
             self._put(
                 "coordinator_slots", a.slot, CoordinatorSlotState(node_id=a.node_id, epoch=a.epoch)
             )
+
+    def _apply_compactor(self, rec: r.CompactorRecord) -> None:
+        self._put(
+            "compactors",
+            rec.name,
+            CompactorState(name=rec.name, epoch=rec.epoch, incarnation_id=rec.incarnation_id),
+        )
 
     # ------------------------------------------------------------ queries (pure)
 

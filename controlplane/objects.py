@@ -14,6 +14,7 @@ from controlplane.fencing import (
     authorize_owner,
     get_stream,
     require_active_broker,
+    require_compactor,
     require_stream_owner,
 )
 from controlplane.image import MetadataImage, ObjectMetaState
@@ -31,7 +32,10 @@ from controlplane.streams import mark_destroyed
 
 
 def prepare_objects(image: MetadataImage, req: PrepareObjectsRequest, now_ms: int):
-    require_active_broker(image, req.node_id, req.node_epoch)
+    if req.compactor is not None:
+        require_compactor(image, req.compactor.name, req.compactor.epoch)
+    else:
+        require_active_broker(image, req.node_id, req.node_epoch)
     first = image.next_object_id
     recs = [
         r.S3ObjectRecord(
@@ -61,6 +65,10 @@ def _require_prepared(image: MetadataImage, object_id: int) -> ObjectMetaState:
     return meta
 
 
+# the node id recorded on stream-set objects a compaction principal wrote (no broker's)
+COMPACTOR_OWNER_ID = -1
+
+
 def _committed(meta: ObjectMetaState, size_bytes: int, bucket_id: int, now_ms: int):
     return r.S3ObjectRecord(
         object_id=meta.object_id,
@@ -87,7 +95,13 @@ def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) 
         return False
     if req.object_id >= 0:
         sso = image.stream_set_objects.get(req.object_id)
-        owner = req.failover_node_id if req.failover_node_id is not None else req.node_id
+        owner = (
+            COMPACTOR_OWNER_ID
+            if req.compactor is not None
+            else req.failover_node_id
+            if req.failover_node_id is not None
+            else req.node_id
+        )
         if sso is None or sso.node_id != owner or sso.order_id != req.order_id:
             return False
         ranges = [(rg.stream_id, rg.start_offset, rg.end_offset) for rg in sso.ranges]
@@ -113,7 +127,17 @@ def commit_stream_set_object(
     # the node whose streams these ranges extend: the committer, or in WAL failover the
     # failed node whose WAL the committer (its failover target) is uploading
 
-    owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
+    if req.compactor is not None:
+        # a compaction job: rewrites committed data only (checked per stream below)
+        require_compactor(image, req.compactor.name, req.compactor.epoch)
+        if not req.compacted_object_ids or req.failover_node_id is not None:
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST,
+                "a compactor commits compactions only: compacted_object_ids is required",
+            )
+        owner_node_id = COMPACTOR_OWNER_ID
+    else:
+        owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
     _require_bucket(settings, req.bucket_id)
     if _already_committed(image, req):
         return [], CommitResponse(idempotent=True)

@@ -288,6 +288,17 @@ class NextIdsRecord(_Record):
     next_producer_id: int = 0
 
 
+class CompactorRecord(_Record):
+    """A compaction principal (a Spark job, not a broker) registered with a new epoch: the
+    epoch fences every earlier instance of the job (a zombie driver cannot commit)."""
+
+    type: Literal["compactor"] = "compactor"
+    name: str
+    epoch: int
+    incarnation_id: str
+    registered_ms: int
+
+
 MetadataRecord = Annotated[
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -313,7 +324,8 @@ MetadataRecord = Annotated[
     | BucketFailoverRecord
     | KVRecord
     | NextIdsRecord
-    | CoordinatorSlotsRecord,
+    | CoordinatorSlotsRecord
+    | CompactorRecord,
     Field(discriminator="type"),
 ]
 

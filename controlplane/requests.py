@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
@@ -221,10 +221,46 @@ class DeleteStreamRequest(_Request):
 # ---------------------------------------------------------------- objects
 
 
-class PrepareObjectsRequest(_Request):
+class CompactorIdentity(BaseModel):
+    """A compaction principal's name and epoch (from `register_compactor`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    epoch: int = Field(ge=0)
+
+
+class RegisterCompactorRequest(_Request):
+    """Register a compaction job (no broker): a new epoch for the name, which fences every
+    earlier instance; the same incarnation registering again gets the same epoch."""
+
+    command: ClassVar[str] = "register_compactor"
+    name: str = Field(min_length=1, max_length=64)
+    incarnation_id: str = Field(min_length=1, max_length=64)
+
+
+class RegisterCompactorResponse(BaseModel):
+    name: str
+    epoch: int
+
+
+class _CommitterFields(_Request):
+    """Who prepares or commits objects: a broker (node_id, node_epoch) or a compaction
+    principal (`compactor`), exactly one of them."""
+
+    node_id: int = Field(default=-1, ge=-1)
+    node_epoch: int = Field(default=-1, ge=-1)
+    compactor: CompactorIdentity | None = None
+
+    @model_validator(mode="after")
+    def _one_committer(self) -> _CommitterFields:
+        broker = self.node_id >= 0 and self.node_epoch >= 0
+        if broker == (self.compactor is not None):
+            raise ValueError("give either node_id and node_epoch, or compactor")
+        return self
+
+
+class PrepareObjectsRequest(_CommitterFields):
     command: ClassVar[str] = "prepare_objects"
-    node_id: int = Field(ge=0)
-    node_epoch: int = Field(ge=0)
     count: int = Field(ge=1, le=MAX_OBJECTS_PER_PREPARE)
     ttl_ms: int = Field(ge=1, le=MAX_PREPARE_TTL_MS)
 
@@ -253,7 +289,7 @@ class StreamObjectSpec(BaseModel):
     size_bytes: int = Field(ge=0)
 
 
-class CommitStreamSetObjectRequest(_Request):
+class CommitStreamSetObjectRequest(_CommitterFields):
     """Atomically: commit a stream-set object and stream objects, advance the streams'
     ranges (with a continuity check) and mark compacted objects destroyed.
 
@@ -261,8 +297,6 @@ class CommitStreamSetObjectRequest(_Request):
     """
 
     command: ClassVar[str] = "commit_stream_set_object"
-    node_id: int = Field(ge=0)
-    node_epoch: int = Field(ge=0)
     object_id: int = Field(ge=-1)
     order_id: int = Field(ge=0)
     size_bytes: int = Field(ge=0)
@@ -390,6 +424,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
         LifecycleTickRequest,
         AllocateProducerIdsRequest,
         PutGroupOffsetsRequest,
+        RegisterCompactorRequest,
     )
 }
 

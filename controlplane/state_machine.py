@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from controlplane import (
     balancer,
     brokers,
+    compactors,
     coordinators,
     failover,
     fencing,
@@ -122,6 +123,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),
     "put_group_offsets": (coordinators.put_group_offsets, False),
+    "register_compactor": (compactors.register_compactor, False),
 }
 _HANDLERS.update(
     {  # the self-balancer (controlplane/balancer.py)

@@ -27,7 +27,11 @@ from controlplane.errors import (
     ControllerError,
     ErrorCode,
 )
-from controlplane.requests import CommitStreamSetObjectRequest, PrepareObjectsRequest
+from controlplane.requests import (
+    CommitStreamSetObjectRequest,
+    CompactorIdentity,
+    PrepareObjectsRequest,
+)
 from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
 from dataplane.s3stream.object_format import ObjectWriter
 from dataplane.s3stream.records import StreamRecordBatch
@@ -98,10 +102,18 @@ def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> b
 @dataclass(frozen=True)
 class Committer:
     """Who commits objects: a broker's node id and its current node epoch (the controller
-    fences older epochs). WAL failover commits as this broker with `failover_node_id`."""
+    fences older epochs; WAL failover commits as this broker with `failover_node_id`), or a
+    compaction principal (`compactor`, from `register_compactor`), which needs no broker."""
 
-    node_id: int
-    node_epoch: int
+    node_id: int = -1
+    node_epoch: int = -1
+    compactor: CompactorIdentity | None = None
+
+    def fields(self) -> dict:
+        """The committer fields of a prepare or commit request."""
+        if self.compactor is not None:
+            return {"compactor": self.compactor}
+        return {"node_id": self.node_id, "node_epoch": self.node_epoch}
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,7 @@ class ObjectUploader:
         batches: list[StreamRecordBatch],
         failover_node_id: int | None = None,
         on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
+        compacted_object_ids: list[int] | None = None,
     ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
@@ -158,6 +171,8 @@ class ObjectUploader:
         a stream's range is accepted only where its committed end is.
         `on_dropped(streams)` is called as soon as a round refuses streams, so what was
         learnt is kept even if a later round fails (and the upload is retried).
+        `compacted_object_ids`: a compaction: the new objects replace these committed ones
+        (their data must lie within the streams' committed offsets), in the same commit.
         Returns what was committed and which streams were left out (`dropped`).
         """
         result = UploadResult()
@@ -170,7 +185,9 @@ class ObjectUploader:
                 return result
             result.commit_rounds += 1
             try:
-                result.size_bytes = self._put_and_commit(live, failover_node_id)
+                result.size_bytes = self._put_and_commit(
+                    live, failover_node_id, compacted_object_ids or []
+                )
             except ControllerError as exc:
                 bad = permanent_stream_errors(exc)
                 if not bad or not bad.keys() <= live.keys():
@@ -194,7 +211,10 @@ class ObjectUploader:
         )
 
     def _put_and_commit(
-        self, per_stream: dict[int, list[StreamRecordBatch]], failover_node_id: int | None
+        self,
+        per_stream: dict[int, list[StreamRecordBatch]],
+        failover_node_id: int | None,
+        compacted_object_ids: list[int],
     ) -> int:
         """One round of `upload_batches`: prepare, put and commit objects holding exactly
         `per_stream`. Returns the bytes written."""
@@ -209,8 +229,7 @@ class ObjectUploader:
         prepared = self._retry(
             lambda: self.controller.prepare_objects(
                 PrepareObjectsRequest(
-                    node_id=committer.node_id,
-                    node_epoch=committer.node_epoch,
+                    **committer.fields(),
                     count=count,
                     ttl_ms=self.config.prepared_ttl_ms,
                 )
@@ -275,15 +294,14 @@ class ObjectUploader:
             self._order_id += 1
             order_id = self._order_id
         commit = CommitStreamSetObjectRequest(
-            node_id=committer.node_id,
-            node_epoch=committer.node_epoch,
+            **committer.fields(),
             object_id=sso_id,
             order_id=order_id,
             size_bytes=len(puts[0][1]) if sso_id >= 0 else 0,
             bucket_id=bucket_id,
             stream_ranges=ranges,
             stream_objects=stream_objects,
-            compacted_object_ids=[],
+            compacted_object_ids=compacted_object_ids,
             failover_node_id=failover_node_id,
         )
         self._retry(lambda: self.controller.commit_stream_set_object(commit))
