@@ -151,6 +151,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise ControllerError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
         node = self.server.node
         if not node.quorum.is_leader():
+            if node.config.api_for_raft(node.quorum.leader_address()) is None:
+                # right after an election a follower may not know the leader yet: say so
+                # (retriable, try another controller) instead of a redirect without a target
+                raise ControllerError(ErrorCode.NO_LEADER, "no controller leader known here yet")
             raise ControllerError(ErrorCode.NOT_CONTROLLER, "this controller is not the leader")
         if command == "broker_heartbeat":
             result = node.handle_heartbeat(body)

@@ -136,7 +136,7 @@ class BrokerNode:
                 "node %d epoch %d was fenced (%s): restarting the process",
                 self.config.node_id,
                 self.node_epoch,
-                result.get("fence_reason"),
+                result.fence_reason,
             )
             self.restart_requested.set()
             self._stop.set()

@@ -14,4 +14,9 @@ pip install -q -e '.[test]'
 # lint and format first: a lint error fails the test command (ruff's config: pyproject.toml)
 ruff check .
 ruff format --check .
-python -m pytest -q "$@"
+# a private base temp dir: pytest prunes the numbered dirs of its shared default root
+# (/tmp/pytest-of-$USER) when any other pytest starts, which deleted the cluster dirs of
+# running e2e tests whenever another test run shared the machine
+BASETEMP="$(mktemp -d "${TMPDIR:-/tmp}/automq-tests.XXXXXX")"
+trap 'rm -rf "$BASETEMP"' EXIT
+python -m pytest -q --basetemp="$BASETEMP/t" "$@"

@@ -129,6 +129,11 @@ def test_sustained_concurrent_load_converges_on_every_voter(quorum):
 def test_followers_redirect_writes_to_the_leader(quorum):
     leader = quorum.leader()
     follower = next(n for n in (0, 1, 2) if n != leader)
+    # a follower learns the leader from its first append after the election
+    deadline = time.monotonic() + 10
+    while (quorum.status(follower) or {}).get("raft", {}).get("leader") is None:
+        assert time.monotonic() < deadline, "the follower never learnt the leader"
+        time.sleep(0.05)
     status, body = _post(quorum.address(follower), "/v1/put_kv", b'{"key": "a", "value": "b"}')
     assert status == 421
     assert body["error"]["code"] == "NOT_CONTROLLER"

@@ -187,7 +187,7 @@ def test_upload_retries_through_object_store_faults(quorum, seaweed, tmp_path):
                 raise ObjectStoreUnavailableError("injected 503", op="put", bucket_id=0, key="x")
             return real.put_object_async(*a, **kw)
 
-    engine.objects = Flaky()
+    engine.uploader.objects = Flaky()  # uploads put through the uploader
     engine.start()
     try:
         sid = engine.create_stream()
