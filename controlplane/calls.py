@@ -67,6 +67,29 @@ class ControllerCalls:
     ) -> dict[str, Any]:  # pragma: no cover - provided by the transport
         raise NotImplementedError
 
+    # reads, also provided by the transport (any controller may answer them)
+    def read_log(
+        self,
+        after_offset: int,
+        max_records: int = 1000,
+        wait_ms: int = 0,
+        address: str | None = None,
+    ) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def image(self) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def stream(self, stream_id: int) -> dict[str, Any]:  # pragma: no cover
+        """A stream's epoch, state, owner, start and end offsets."""
+        raise NotImplementedError
+
+    def stream_objects(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+    ) -> list[dict[str, Any]]:  # pragma: no cover
+        """Committed objects holding offsets [start, end) of a stream, in offset order."""
+        raise NotImplementedError
+
     def send(self, req: _Request, timeout_s: float | None = None) -> dict[str, Any]:
         """Any command by its request model; the raw result."""
         return self.call(req.command, req, timeout_s)
