@@ -319,7 +319,9 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
             group_b: node_b,
         }
         ledger.stop()
-        acked = {(a.partition, a.offset) for a in ledger.snapshot()}
+        # an ack without an offset (librdkafka inferred it persisted) precedes a later ack of
+        # its partition: the known offsets cover it
+        acked = {(a.partition, a.offset) for a in ledger.snapshot() if a.offset is not None}
         wait_for(
             lambda: all(r.has_all(acked) for r in runs),
             90,
