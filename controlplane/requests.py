@@ -494,6 +494,9 @@ class AlterTopicConfigsRequest(_Request):
 class AlterTopicConfigsResponse(BaseModel):
     topic_id: str
     configs: dict[str, str]  # the topic's configs after the alter (set keys only)
+    # the log offset that holds the change (or the image's offset when nothing changed): a
+    # broker waits for its own image to reach it before answering
+    metadata_offset: int = -1
 
 
 REQUEST_TYPES.update({AlterTopicConfigsRequest.command: AlterTopicConfigsRequest})

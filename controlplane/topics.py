@@ -114,7 +114,13 @@ def alter_topic_configs(image: MetadataImage, req: AlterTopicConfigsRequest, now
     configs = topic_configs.apply_ops(
         topic.configs, ((o.key, o.op, o.value) for o in req.ops), req.replace
     )
-    response = AlterTopicConfigsResponse(topic_id=topic.topic_id, configs=configs)
     if configs == topic.configs:
-        return [], response
-    return [r.TopicRecord(topic_id=topic.topic_id, name=topic.name, configs=configs)], response
+        return [], AlterTopicConfigsResponse(
+            topic_id=topic.topic_id, configs=configs, metadata_offset=image.offset
+        )
+    # the record is the command's first, so it lands right after the image's last record
+    return [r.TopicRecord(topic_id=topic.topic_id, name=topic.name, configs=configs)], (
+        AlterTopicConfigsResponse(
+            topic_id=topic.topic_id, configs=configs, metadata_offset=image.offset + 1
+        )
+    )

@@ -654,7 +654,7 @@ class KafkaApis:
                     documentation=row.doc if docs_wanted else None,
                 )
                 for row in rows
-                if keys is None or row.name in keys
+                if not keys or row.name in keys  # null or empty: all (as Kafka)
             ]
             results.append(
                 R.DescribeConfigsResult(
@@ -683,12 +683,7 @@ class KafkaApis:
             topics.alter_topic_configs(self.image_fn(), req, 0)
             return
         res = self.controller.alter_topic_configs(req)
-        deadline = time.monotonic() + METADATA_WAIT_S
-        while time.monotonic() < deadline:
-            topic = self.image_fn().topics.get(res.topic_id)
-            if topic is None or topic.configs == res.configs:
-                return
-            time.sleep(0.02)
+        self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
 
     async def _alter_configs(self, req, ctx, R, incremental: bool):
         v = ctx.api_version

@@ -86,7 +86,12 @@ def broker(tmp_path, monkeypatch):
                 partitions.reconcile(follower.image)
             return follower.image
 
+        def wait_for_offset(offset: int, timeout_s: float) -> bool:
+            image_now()
+            return follower.image.offset >= offset
+
         apis.image_fn = image_now
+        apis.wait_for_offset = wait_for_offset
 
         try:
             yield apis, controller, sync

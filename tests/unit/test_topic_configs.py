@@ -225,6 +225,7 @@ def test_alter_sets_and_deletes_atomically_and_keeps_partitions(sm):
     )
     expected = {"max.message.bytes": "1000", "cleanup.policy": "compact,delete"}
     assert result["configs"] == expected
+    assert result["metadata_offset"] == sm.next_offset - 1  # the topic record's offset
     assert configs_of(sm, "t") == expected
     assert sm.image.topic_by_name("t").partitions == partitions
     # one topic record in the log, which a follower replays to the same image
