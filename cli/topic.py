@@ -100,26 +100,25 @@ def _client_error(exc: Exception) -> str:
 
 def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
     """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
-    from confluent_kafka.admin import ConfigResource, ResourceType
+    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
+    known = {s.value for s in ConfigSource}
     resource = ConfigResource(ResourceType.TOPIC, name)
+    admin = _confluent_admin(bootstrap)  # referenced until the result: its handle must live
     try:
-        entries = (
-            _confluent_admin(bootstrap)
-            .describe_configs([resource])[resource]
-            .result(timeout=ADMIN_TIMEOUT_S)
-        )
+        entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
         fail(f"describing the configs of topic {name!r} failed: {_client_error(exc)}")
-    return {
-        key: {
+    out: dict[str, dict] = {}
+    for key, entry in sorted(entries.items()):
+        source = int(getattr(entry.source, "value", entry.source))  # an int in describe results
+        out[key] = {
             "value": entry.value,
-            "source": entry.source.name if hasattr(entry.source, "name") else str(entry.source),
-            "set_on_topic": getattr(entry.source, "value", entry.source) == 1,
+            "source": ConfigSource(source).name if source in known else str(source),
+            "set_on_topic": source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
             "read_only": bool(entry.is_read_only),
         }
-        for key, entry in sorted(entries.items())
-    }
+    return out
 
 
 @app.command()

@@ -71,7 +71,7 @@ def test_alter_describe_enforce_and_refuse_with_real_clients(cluster):
     admin = AdminClient({"bootstrap.servers": bootstrap})
     before = describe(admin, topic)
     assert before["retention.ms"].value == "604800000"
-    assert before["retention.ms"].source == ConfigSource.DEFAULT_CONFIG
+    assert before["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
     assert before["max.message.bytes"].value == "1048588"
     assert produce_one(bootstrap, topic, BIG) is None
 
@@ -79,7 +79,7 @@ def test_alter_describe_enforce_and_refuse_with_real_clients(cluster):
     incremental(admin, topic, retention_ms="3600000", max_message_bytes="1000")
     after = describe(admin, topic)
     assert after["retention.ms"].value == "3600000"
-    assert after["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG
+    assert after["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert after["max.message.bytes"].value == "1000"
     err = produce_one(bootstrap, topic, BIG)
     assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
