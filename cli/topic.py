@@ -1,4 +1,4 @@
-"""`automqctl topic create|list|describe|delete` over the Kafka protocol."""
+"""`automqctl topic create|list|describe|alter|delete` over the Kafka protocol."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ DirOption = typer.Option(
     help="local cluster directory, used when --bootstrap-server is absent",
 )
 FormatOption = typer.Option(OutputFormat.table, "--format")
+ADMIN_TIMEOUT_S = 30.0
+MAX_CONFIG_ARGS = 1_000
 
 
 def _bootstrap(bootstrap: str | None, dir: Path) -> str:
@@ -69,6 +71,56 @@ def _describe(admin, names: list[str] | None) -> list[dict]:
     return out
 
 
+def _parse_configs(items: list[str]) -> dict[str, str]:
+    """`key=value` arguments of --config/-c, in order (a repeated key: the last wins)."""
+    if len(items) > MAX_CONFIG_ARGS:
+        fail(f"more than {MAX_CONFIG_ARGS} --config arguments")
+    configs: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            fail(f"--config {item!r} must be key=value")
+        k, v = item.split("=", 1)
+        configs[k.strip()] = v
+    return configs
+
+
+def _confluent_admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl"})
+
+
+def _client_error(exc: Exception) -> str:
+    """`NAME: message` of a confluent-kafka error (the broker's error name and message)."""
+    err = exc.args[0] if exc.args else None
+    if hasattr(err, "name") and hasattr(err, "str"):
+        return f"{err.name()}: {err.str()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
+    """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
+
+    known = {s.value for s in ConfigSource}
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    admin = _confluent_admin(bootstrap)  # referenced until the result: its handle must live
+    try:
+        entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
+    except Exception as exc:
+        fail(f"describing the configs of topic {name!r} failed: {_client_error(exc)}")
+    out: dict[str, dict] = {}
+    for key, entry in sorted(entries.items()):
+        source = int(getattr(entry.source, "value", entry.source))  # an int in describe results
+        out[key] = {
+            "value": entry.value,
+            "source": ConfigSource(source).name if source in known else str(source),
+            "set_on_topic": source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
+            "read_only": bool(entry.is_read_only),
+        }
+    return out
+
+
 @app.command()
 def create(
     name: str,
@@ -82,12 +134,7 @@ def create(
     from kafka.admin import NewTopic
     from kafka.errors import KafkaError as ClientError
 
-    configs = {}
-    for item in config:
-        if "=" not in item:
-            fail(f"--config {item!r} must be key=value")
-        k, v = item.split("=", 1)
-        configs[k] = v
+    configs = _parse_configs(config)
     admin = _admin(_bootstrap(bootstrap_server, dir))
     try:
         admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
@@ -132,14 +179,17 @@ def describe(
     dir: Path = DirOption,
     format: OutputFormat = FormatOption,
 ) -> None:
-    """Partitions of a topic with their leaders."""
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    """Partitions of a topic with their leaders, and its configs (the table shows the ones
+    set on the topic; --format json lists every config with its value in force)."""
+    bootstrap = _bootstrap(bootstrap_server, dir)
+    admin = _admin(bootstrap)
     try:
         [topic] = _describe(admin, [name])
     finally:
         admin.close()
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
+    topic["configs"] = _topic_configs(bootstrap, name)
     if format == OutputFormat.json:
         print_json(topic)
         return
@@ -149,6 +199,56 @@ def describe(
     for p in topic["partitions"]:
         table.add_row(str(p["partition"]), str(p["leader"]), str(p["leader_epoch"]))
     console.print(table)
+    overrides = {k: c for k, c in topic["configs"].items() if c["set_on_topic"]}
+    configs = Table(title=f"configs set on {name}")
+    configs.add_column("config")
+    configs.add_column("value")
+    for key, c in overrides.items():
+        configs.add_row(key, str(c["value"]))
+    if overrides:
+        console.print(configs)
+    defaults = len(topic["configs"]) - len(overrides)
+    console.print(f"{defaults} other configs at their defaults (--format json lists them)")
+
+
+@app.command()
+def alter(
+    name: str,
+    config: list[str] = typer.Option([], "--config", "-c", help="key=value to set, repeatable"),
+    delete_config: list[str] = typer.Option(
+        [], "--delete-config", help="key to reset to its default, repeatable"
+    ),
+    bootstrap_server: str | None = BootstrapOption,
+    dir: Path = DirOption,
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Change a topic's configs (IncrementalAlterConfigs): all entries apply or none."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    sets = _parse_configs(config)
+    deletes = sorted({k.strip() for k in delete_config})
+    if not sets and not deletes:
+        fail("nothing to change: give -c key=value and/or --delete-config key")
+    if len(deletes) > MAX_CONFIG_ARGS:
+        fail(f"more than {MAX_CONFIG_ARGS} --delete-config arguments")
+    both = sorted(set(sets) & set(deletes))
+    if both:
+        fail(f"both set and deleted: {', '.join(both)}")
+    entries = [
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()
+    ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
+    resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+    admin = _confluent_admin(_bootstrap(bootstrap_server, dir))
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
+    except Exception as exc:
+        fail(f"altering topic {name!r} failed: {_client_error(exc)}")
+    result = {"name": name, "set": sets, "deleted": deletes, "altered": True}
+    if format == OutputFormat.json:
+        print_json(result)
+    else:
+        changes = [f"{k}={v}" for k, v in sets.items()] + [f"-{k}" for k in deletes]
+        console.print(f"altered topic [bold]{name}[/]: {', '.join(changes)}")
 
 
 @app.command()

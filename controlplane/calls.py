@@ -17,6 +17,8 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import (
     AllocateProducerIdsRequest,
     AllocateProducerIdsResponse,
+    AlterTopicConfigsRequest,
+    AlterTopicConfigsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     CloseStreamRequest,
@@ -139,6 +141,11 @@ class ControllerCalls:
         self, req: CreatePartitionsRequest, timeout_s: float | None = None
     ) -> None:
         self.send(req, timeout_s)
+
+    def alter_topic_configs(
+        self, req: AlterTopicConfigsRequest, timeout_s: float | None = None
+    ) -> AlterTopicConfigsResponse:
+        return self._typed(req, AlterTopicConfigsResponse, timeout_s)
 
     # streams and objects
     def create_stream(

@@ -38,6 +38,8 @@ class ErrorCode(str, Enum):
     # compaction principals: unknown name, or an epoch a newer registration fenced
     UNKNOWN_COMPACTOR = "UNKNOWN_COMPACTOR"
     STALE_COMPACTOR_EPOCH = "STALE_COMPACTOR_EPOCH"
+    # a topic config key or value the schema refuses (controlplane/topic_configs.py)
+    INVALID_CONFIG = "INVALID_CONFIG"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

@@ -6,7 +6,7 @@ replicates `(command, body)` so every controller validates and applies it identi
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,6 +17,7 @@ MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_MOVES_PER_REASSIGNMENT = 10_000
 MAX_PARTITIONS_PER_BROKER_REPORT = 100_000
 MAX_BALANCER_MOVES_PER_COMMAND = 100
+MAX_TOPIC_CONFIGS = 1_000  # = topic_configs.MAX_CONFIG_OPS; the schema refuses unknown keys
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -120,7 +121,8 @@ class CreateTopicRequest(_Request):
     command: ClassVar[str] = "create_topic"
     name: str = Field(min_length=1, max_length=249)
     partitions: int = Field(ge=1, le=MAX_PARTITIONS_PER_TOPIC)
-    configs: dict[str, str] = Field(default_factory=dict)
+    # validated against controlplane/topic_configs.py by every voter
+    configs: dict[str, str] = Field(default_factory=dict, max_length=MAX_TOPIC_CONFIGS)
     # filled in by the API before replication so every controller picks the same id
     topic_id: str | None = None
 
@@ -463,3 +465,38 @@ class BalancePartitionsRequest(_Request):
 
 
 REQUEST_TYPES.update({cls.command: cls for cls in (SetBalancerRequest, BalancePartitionsRequest)})
+
+
+# ---------------------------------------------------------------- topic configs (controlplane/topic_configs.py)
+# kept in one block at the end so parallel additions above merge cleanly
+
+
+class TopicConfigOp(BaseModel):
+    """One entry of an alter: set, delete, append to or subtract from (list keys) a key."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(min_length=1, max_length=255)
+    op: Literal["set", "delete", "append", "subtract"]
+    value: str | None = Field(default=None, max_length=32 * 1024)
+
+
+class AlterTopicConfigsRequest(_Request):
+    """Change a topic's configs atomically: every entry is validated on every voter and a
+    bad one changes nothing. `replace` (Kafka's AlterConfigs): keys not set here go back to
+    their default; otherwise (IncrementalAlterConfigs) keys not named keep their value."""
+
+    command: ClassVar[str] = "alter_topic_configs"
+    name: str = Field(min_length=1, max_length=249)
+    ops: list[TopicConfigOp] = Field(default_factory=list, max_length=MAX_TOPIC_CONFIGS)
+    replace: bool = False
+
+
+class AlterTopicConfigsResponse(BaseModel):
+    topic_id: str
+    configs: dict[str, str]  # the topic's configs after the alter (set keys only)
+    # the log offset that holds the change (or the image's offset when nothing changed): a
+    # broker waits for its own image to reach it before answering
+    metadata_offset: int = -1
+
+
+REQUEST_TYPES.update({AlterTopicConfigsRequest.command: AlterTopicConfigsRequest})

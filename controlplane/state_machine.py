@@ -131,6 +131,11 @@ _HANDLERS.update(
         "balance_partitions": (balancer.balance_partitions, False),
     }
 )
+_HANDLERS.update(
+    {  # topic configs (controlplane/topic_configs.py)
+        "alter_topic_configs": (topics.alter_topic_configs, False),
+    }
+)
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 

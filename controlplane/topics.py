@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 
 from controlplane import records as r
+from controlplane import topic_configs
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.placement import spread_leaders
 from controlplane.requests import (
+    AlterTopicConfigsRequest,
+    AlterTopicConfigsResponse,
     CreatePartitionsRequest,
     CreateTopicRequest,
     CreateTopicResponse,
@@ -68,7 +71,8 @@ def create_topic(image: MetadataImage, req: CreateTopicRequest, now_ms: int):
         raise ControllerError(ErrorCode.INVALID_REQUEST, "topic_id must be assigned by the API")
     if req.name in image.topic_ids_by_name:
         raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {req.name!r} already exists")
-    recs: list = [r.TopicRecord(topic_id=req.topic_id, name=req.name, configs=req.configs)]
+    configs = topic_configs.validate_new_topic_configs(req.configs)
+    recs: list = [r.TopicRecord(topic_id=req.topic_id, name=req.name, configs=configs)]
     recs += _partition_records(image, req.topic_id, req.name, 0, req.partitions)
     return recs, CreateTopicResponse(
         topic_id=req.topic_id, name=req.name, partitions=req.partitions
@@ -98,3 +102,25 @@ def create_partitions(image: MetadataImage, req: CreatePartitionsRequest, now_ms
         )
     recs = _partition_records(image, topic.topic_id, topic.name, current, req.total_count - current)
     return recs, {"partitions": req.total_count}
+
+
+def alter_topic_configs(image: MetadataImage, req: AlterTopicConfigsRequest, now_ms: int):
+    """Set/delete/append/subtract a topic's configs in one step: the topic record is
+    written again with the whole new config map (partitions are untouched), or nothing is
+    written when any entry is refused or nothing changes."""
+    topic = image.topic_by_name(req.name)
+    if topic is None:
+        raise ControllerError(ErrorCode.UNKNOWN_TOPIC, f"topic {req.name!r} does not exist")
+    configs = topic_configs.apply_ops(
+        topic.configs, ((o.key, o.op, o.value) for o in req.ops), req.replace
+    )
+    if configs == topic.configs:
+        return [], AlterTopicConfigsResponse(
+            topic_id=topic.topic_id, configs=configs, metadata_offset=image.offset
+        )
+    # the record is the command's first, so it lands right after the image's last record
+    return [r.TopicRecord(topic_id=topic.topic_id, name=topic.name, configs=configs)], (
+        AlterTopicConfigsResponse(
+            topic_id=topic.topic_id, configs=configs, metadata_offset=image.offset + 1
+        )
+    )

@@ -1,7 +1,8 @@
 """The broker's Kafka APIs on top of partition backends and the metadata image.
 
 Metadata, Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, CreateTopics, DeleteTopics,
-CreatePartitions, DescribeConfigs, FindCoordinator, InitProducerId. Each handler takes the
+CreatePartitions, DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, FindCoordinator,
+InitProducerId. Each handler takes the
 decoded kafka-python request of the negotiated version and returns the response object of
 the same version (`None` for acks=0 produce). Handlers only route and encode: each partition
 is a `PartitionBackend` (partition_backend.py) found through a `PartitionResolver`, which owns
@@ -21,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kafka.protocol.admin import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,
@@ -29,6 +32,8 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.consumer import (
     FetchRequest,
@@ -52,13 +57,13 @@ from kafka.protocol.producer import (
 )
 
 from controlplane import requests as cmd
+from controlplane import topic_configs, topics
 from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import group_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
-from dataplane.kafka.partitions import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +80,13 @@ _CONTROLLER_TO_KAFKA = {
     ErrorCode.INVALID_PARTITIONS: KafkaError.INVALID_PARTITIONS,
     ErrorCode.NOT_ENOUGH_BROKERS: KafkaError.INVALID_REPLICATION_FACTOR,
     ErrorCode.INVALID_REQUEST: KafkaError.INVALID_REQUEST,
+    ErrorCode.INVALID_CONFIG: KafkaError.INVALID_CONFIG,
 }
+
+# ConfigResource.Type and AlterConfigOp.OpType of Kafka's admin protocol
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+_INCREMENTAL_OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
 
 
 def _kafka_error(exc: ControllerError) -> KafkaError:
@@ -139,6 +150,8 @@ class KafkaApis:
             (DeleteTopicsRequest, 1, 6, self.delete_topics),
             (CreatePartitionsRequest, 0, 3, self.create_partitions),
             (DescribeConfigsRequest, 1, 4, self.describe_configs),
+            (AlterConfigsRequest, 0, 2, self.alter_configs),
+            (IncrementalAlterConfigsRequest, 0, 1, self.incremental_alter_configs),
             (FindCoordinatorRequest, 0, 4, self.find_coordinator),
             (InitProducerIdRequest, 0, 4, self.init_producer_id),
         ]
@@ -465,14 +478,17 @@ class KafkaApis:
     # ------------------------------------------------------------ admin
 
     def _create_topic(self, name: str, partitions: int, configs: dict, validate_only: bool):
-        if validate_only:
-            image = self.image_fn()
-            if image.topic_by_name(name) is not None:
-                raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
-            return None
-        res = self.controller.create_topic(
-            build_request(cmd.CreateTopicRequest, name=name, partitions=partitions, configs=configs)
+        req = build_request(
+            cmd.CreateTopicRequest, name=name, partitions=partitions, configs=configs
         )
+        if validate_only:
+            # the state machine's own checks (name, existence, configs, brokers) on this
+            # broker's image, with a throwaway id: nothing is replicated
+            topics.create_topic(
+                self.image_fn(), req.model_copy(update={"topic_id": str(uuid.uuid4())}), 0
+            )
+            return None
+        res = self.controller.create_topic(req)
         self._await_topics([name])
         return res
 
@@ -484,7 +500,13 @@ class KafkaApis:
             partitions = t.num_partitions if t.num_partitions > 0 else DEFAULT_PARTITIONS
             configs = {c.name: c.value for c in (t.configs or []) if c.value is not None}
             error, message, topic_id = KafkaError.NONE, None, uuid.UUID(int=0)
+            nulls = [c.name for c in (t.configs or []) if c.value is None]
             try:
+                if nulls:
+                    raise ControllerError(
+                        ErrorCode.INVALID_CONFIG,
+                        f"Null value not supported for topic configs: {', '.join(nulls)}",
+                    )
                 res = await self._io(
                     self._create_topic, t.name, partitions, configs, bool(req.validate_only)
                 )
@@ -500,7 +522,7 @@ class KafkaApis:
                     error_message=message,
                     num_partitions=partitions if error == KafkaError.NONE else -1,
                     replication_factor=1 if error == KafkaError.NONE else -1,
-                    configs=[],
+                    configs=_created_topic_configs(configs) if error == KafkaError.NONE else [],
                 )
             )
         return R[v](throttle_time_ms=0, topics=out)
@@ -578,59 +600,148 @@ class KafkaApis:
         return R[v](throttle_time_ms=0, results=out)
 
     async def describe_configs(self, req, ctx):
+        """Every topic config with its value in force and source (TOPIC_CONFIG when set on
+        the topic, DEFAULT_CONFIG otherwise), synonyms and documentation when asked; a
+        broker's static configs."""
         v = ctx.api_version
         R = DescribeConfigsResponse
+        Entry = R.DescribeConfigsResult.DescribeConfigsResourceResult
         image = self.image_fn()
+        synonyms_wanted = bool(getattr(req, "include_synonyms", False))
+        docs_wanted = bool(getattr(req, "include_documentation", False))
         results = []
         for res in req.resources:
-            error, configs = KafkaError.NONE, {}
-            if res.resource_type == 2:  # topic
+            error, message, rows = KafkaError.NONE, None, []
+            if res.resource_type == RESOURCE_TOPIC:
                 topic = image.topic_by_name(res.resource_name)
                 if topic is None:
                     error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                    message = f"topic {res.resource_name!r} does not exist"
                 else:
-                    configs = {
-                        "cleanup.policy": "delete",
-                        "retention.ms": "604800000",
-                        "max.message.bytes": str(MAX_MESSAGE_BYTES),
-                        "min.insync.replicas": "1",
-                        **topic.configs,
-                    }
-            elif res.resource_type == 4:  # broker
-                configs = {
-                    "broker.id": str(self.me.node_id),
-                    "broker.rack": self.me.az,
-                    "num.partitions": str(DEFAULT_PARTITIONS),
-                    "auto.create.topics.enable": "true",
-                }
+                    rows = topic_configs.describe(topic.configs)
+            elif res.resource_type == RESOURCE_BROKER:
+                rows = [
+                    topic_configs.DescribedConfig(
+                        name=k,
+                        value=val,
+                        source=topic_configs.ConfigSource.STATIC_BROKER_CONFIG,
+                        read_only=True,
+                        config_type=0,
+                        doc=None,
+                        synonyms=((k, val, topic_configs.ConfigSource.STATIC_BROKER_CONFIG),),
+                    )
+                    for k, val in sorted(self._broker_configs().items())
+                ]
             else:
                 error = KafkaError.INVALID_REQUEST
+                message = f"unsupported resource type {res.resource_type}"
             keys = res.configuration_keys
             entries = [
-                R.DescribeConfigsResult.DescribeConfigsResourceResult(
-                    name=k,
-                    value=val,
-                    read_only=res.resource_type == 4,
-                    is_default=False,
-                    config_source=1 if res.resource_type == 2 else 4,
+                Entry(
+                    name=row.name,
+                    value=row.value,
+                    read_only=row.read_only,
+                    is_default=row.source == topic_configs.ConfigSource.DEFAULT_CONFIG,
+                    config_source=row.source.value,
                     is_sensitive=False,
-                    synonyms=[],
-                    config_type=0,
-                    documentation=None,
+                    synonyms=[
+                        Entry.DescribeConfigsSynonym(name=n, value=val, source=src.value)
+                        for n, val, src in row.synonyms
+                    ]
+                    if synonyms_wanted
+                    else [],
+                    config_type=row.config_type,
+                    documentation=row.doc if docs_wanted else None,
                 )
-                for k, val in sorted(configs.items())
-                if keys is None or k in keys
+                for row in rows
+                if not keys or row.name in keys  # null or empty: all (as Kafka)
             ]
             results.append(
                 R.DescribeConfigsResult(
                     error_code=error,
-                    error_message=None,
+                    error_message=message,
                     resource_type=res.resource_type,
                     resource_name=res.resource_name,
                     configs=entries,
                 )
             )
         return R[v](throttle_time_ms=0, results=results)
+
+    def _broker_configs(self) -> dict[str, str]:
+        return {
+            "broker.id": str(self.me.node_id),
+            "broker.rack": self.me.az,
+            "num.partitions": str(DEFAULT_PARTITIONS),
+            "auto.create.topics.enable": "true",
+        }
+
+    def _alter_topic_configs(self, req: cmd.AlterTopicConfigsRequest, validate_only: bool):
+        """Validate (validate_only: the state machine's own check on this broker's image)
+        or apply one topic's alter, then wait until this broker's image holds it, so a
+        DescribeConfigs or a produce right after sees the new values."""
+        if validate_only:
+            topics.alter_topic_configs(self.image_fn(), req, 0)
+            return
+        res = self.controller.alter_topic_configs(req)
+        self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
+
+    async def _alter_configs(self, req, ctx, R, incremental: bool):
+        v = ctx.api_version
+        seen: dict[tuple[int, str], int] = {}
+        for res in req.resources:
+            key = (res.resource_type, res.resource_name)
+            seen[key] = seen.get(key, 0) + 1
+        out = []
+        for res in req.resources:
+            error, message = KafkaError.NONE, None
+            if seen[(res.resource_type, res.resource_name)] > 1:
+                error, message = KafkaError.INVALID_REQUEST, "duplicate resource in the request"
+            elif res.resource_type == RESOURCE_BROKER:
+                error = KafkaError.INVALID_REQUEST
+                message = "dynamic broker configs are not supported: broker settings come from automqctl cluster up"
+            elif res.resource_type != RESOURCE_TOPIC:
+                error = KafkaError.INVALID_REQUEST
+                message = f"unsupported resource type {res.resource_type}"
+            else:
+                ops = [
+                    {
+                        "key": c.name,
+                        "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
+                        if incremental
+                        else "set",
+                        "value": c.value,
+                    }
+                    for c in res.configs
+                ]
+                try:
+                    alter = build_request(
+                        cmd.AlterTopicConfigsRequest,
+                        name=res.resource_name,
+                        ops=ops,
+                        replace=not incremental,
+                    )
+                    await self._io(self._alter_topic_configs, alter, bool(req.validate_only))
+                except ControllerError as exc:
+                    error, message = _kafka_error(exc), exc.message
+            out.append(
+                R.AlterConfigsResourceResponse(
+                    error_code=error,
+                    error_message=message,
+                    resource_type=res.resource_type,
+                    resource_name=res.resource_name,
+                )
+            )
+        return R[v](throttle_time_ms=0, responses=out)
+
+    async def alter_configs(self, req, ctx):
+        """AlterConfigs: a topic's configs become exactly the ones given (others default)."""
+        return await self._alter_configs(req, ctx, AlterConfigsResponse, incremental=False)
+
+    async def incremental_alter_configs(self, req, ctx):
+        """IncrementalAlterConfigs: SET/DELETE any key, APPEND/SUBTRACT list keys."""
+        return await self._alter_configs(
+            req, ctx, IncrementalAlterConfigsResponse, incremental=True
+        )
 
     # ------------------------------------------------------------ coordinators, producers
 
@@ -699,3 +810,19 @@ class KafkaApis:
         return InitProducerIdResponse[v](
             throttle_time_ms=0, error_code=KafkaError.NONE, producer_id=pid, producer_epoch=0
         )
+
+
+def _created_topic_configs(configs: dict) -> list:
+    """CreateTopics v5+ answers the new topic's configs (as DescribeConfigs would)."""
+    C = CreateTopicsResponse.CreatableTopicResult.CreatableTopicConfigs
+    stored = topic_configs.validate_new_topic_configs(configs)  # as the controller stored them
+    return [
+        C(
+            name=row.name,
+            value=row.value,
+            read_only=row.read_only,
+            config_source=row.source.value,
+            is_sensitive=False,
+        )
+        for row in topic_configs.describe(stored)
+    ]

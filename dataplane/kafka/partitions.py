@@ -18,10 +18,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from controlplane import topic_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
@@ -33,6 +34,7 @@ from dataplane.s3stream.storage import S3Storage, Stream
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one partition's records in one produce request
+# (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
 TIMESTAMP_SCAN_MAX_BYTES = 4 * 1024 * 1024 * 1024  # offset_for_timestamp gives up past this
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
@@ -191,6 +193,7 @@ class PartitionLog:
         leader_epoch: int,
         stream: Stream,
         ranges_fn: Callable[[], list[RangeState]] = lambda: [],
+        configs_fn: Callable[[], Mapping[str, str]] = dict,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -198,6 +201,9 @@ class PartitionLog:
         self.leader_epoch = leader_epoch
         self.stream = stream
         self._ranges_fn = ranges_fn  # the stream's epoch ranges in the current metadata
+        # the topic's configs in the current metadata: read on every append, so an alter
+        # takes effect with the next produce, without reopening the partition
+        self._configs_fn = configs_fn
         self.producers = ProducerStateTable()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
@@ -248,8 +254,11 @@ class PartitionLog:
             return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
         if len(records) > MAX_MESSAGE_BYTES:
             return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+        # Kafka's LogValidator: a batch (with its 12-byte log overhead) larger than the
+        # topic's max.message.bytes is MESSAGE_TOO_LARGE, and nothing of the request is kept
+        max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
         try:
-            batches = parse_batches(records)
+            batches = parse_batches(records, max_batch_bytes=max_batch)
         except InvalidRecordBatchError as exc:
             return AppendOutcome(KafkaError(exc.error_code))
         if not batches:
@@ -475,7 +484,13 @@ class PartitionManager:
             )
             return
         plog = PartitionLog(
-            key[0], name, key[1], epoch, stream, ranges_fn=lambda: self._stream_ranges(stream_id)
+            key[0],
+            name,
+            key[1],
+            epoch,
+            stream,
+            ranges_fn=lambda: self._stream_ranges(stream_id),
+            configs_fn=lambda: self._topic_configs(key[0]),
         )
         try:
             producers = rebuild_producer_state(stream, plog.producers)
@@ -493,6 +508,12 @@ class PartitionManager:
             stream.next_offset,
             producers,
         )
+
+    def _topic_configs(self, topic_id: str) -> Mapping[str, str]:
+        """The topic's configs in the newest image (empty: defaults)."""
+        image = self._image
+        topic = image.topics.get(topic_id) if image is not None else None
+        return topic.configs if topic is not None else {}
 
     def _stream_ranges(self, stream_id: int) -> list[RangeState]:
         image = self._image

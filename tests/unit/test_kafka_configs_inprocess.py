@@ -1,0 +1,357 @@
+"""AlterConfigs, IncrementalAlterConfigs, DescribeConfigs and CreateTopics' config checks
+through the Kafka API layer with no server (in-process controller, real engine, moto S3),
+and a topic's max.message.bytes enforced on produce as soon as it is altered."""
+
+from __future__ import annotations
+
+import asyncio
+
+import boto3
+import pytest
+from kafka.protocol.admin import (
+    AlterConfigsRequest,
+    CreateTopicsRequest,
+    DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest,
+)
+from moto import mock_aws
+
+from controlplane.inprocess import InProcessController
+from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partitions import PartitionManager
+from dataplane.metadata import MetadataFollower
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.storage import S3Storage, StorageConfig
+from tests.unit.test_kafka_apis_inprocess import BUCKETS, batch, ctx, produce_req
+
+TOPIC, BROKER = 2, 4
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+@pytest.fixture
+def broker(tmp_path, monkeypatch):
+    """As test_kafka_apis_inprocess's, with the partition manager following the image (as
+    the broker process wires it), so partitions see their topic's current configs."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
+        controller = InProcessController()
+        epoch = controller.call(
+            "register_broker",
+            {
+                "node_id": 1,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9092,
+                "incarnation_id": "unit",
+            },
+        )["node_epoch"]
+        controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
+        objects = ObjectStorage(BUCKETS)
+        storage = S3Storage(
+            StorageConfig(
+                data_dir=tmp_path,
+                wal_capacity_bytes=32 << 20,
+                block_cache_bytes=16 << 20,
+                log_cache_uploaded_bytes=16 << 20,
+            ),
+            1,
+            epoch,
+            controller,
+            objects,
+        )
+        storage.start()
+        partitions = PartitionManager(1, storage)
+        follower = MetadataFollower(controller, on_records=partitions.on_metadata)
+        apis = KafkaApis(
+            BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
+            lambda: follower.image,
+            follower.wait_for_offset,
+            controller,
+            partitions,
+            lambda: epoch,
+            io_threads=2,
+        )
+
+        def sync() -> None:  # what the follower and reconcile threads do
+            while follower.poll_once():
+                pass
+            partitions.reconcile(follower.image)
+
+        def image_now():
+            # the API waits for its image to hold its own create/alter: replay meanwhile
+            if follower.poll_once():
+                partitions.reconcile(follower.image)
+            return follower.image
+
+        def wait_for_offset(offset: int, timeout_s: float) -> bool:
+            image_now()
+            return follower.image.offset >= offset
+
+        apis.image_fn = image_now
+        apis.wait_for_offset = wait_for_offset
+
+        try:
+            yield apis, controller, sync
+        finally:
+            apis.io.shutdown(wait=True)
+            storage.close()
+            objects.close()
+
+
+def incremental(name: str, entries: list, validate_only: bool = False, rtype: int = TOPIC):
+    R = IncrementalAlterConfigsRequest
+    return R[1](
+        resources=[
+            R.AlterConfigsResource(
+                resource_type=rtype,
+                resource_name=name,
+                configs=[
+                    R.AlterConfigsResource.AlterableConfig(name=k, config_operation=op, value=v)
+                    for k, op, v in entries
+                ],
+            )
+        ],
+        validate_only=validate_only,
+    )
+
+
+def legacy(name: str, configs: dict, validate_only: bool = False):
+    R = AlterConfigsRequest
+    return R[1](
+        resources=[
+            R.AlterConfigsResource(
+                resource_type=TOPIC,
+                resource_name=name,
+                configs=[
+                    R.AlterConfigsResource.AlterableConfig(name=k, value=v)
+                    for k, v in configs.items()
+                ],
+            )
+        ],
+        validate_only=validate_only,
+    )
+
+
+def describe_req(name: str, keys: list[str] | None = None, rtype: int = TOPIC):
+    R = DescribeConfigsRequest
+    return R[4](
+        resources=[
+            R.DescribeConfigsResource(
+                resource_type=rtype, resource_name=name, configuration_keys=keys
+            )
+        ],
+        include_synonyms=True,
+        include_documentation=True,
+    )
+
+
+def create_req(name: str, configs: dict, validate_only: bool = False):
+    R = CreateTopicsRequest
+    T = R.CreatableTopic
+    return R[7](
+        topics=[
+            T(
+                name=name,
+                num_partitions=1,
+                replication_factor=1,
+                assignments=[],
+                configs=[T.CreatableTopicConfig(name=k, value=v) for k, v in configs.items()],
+            )
+        ],
+        timeout_ms=5_000,
+        validate_only=validate_only,
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def described(apis, name: str) -> dict:
+    res = run(apis.describe_configs(describe_req(name), ctx(32, 4))).results[0]
+    assert res.error_code == KafkaError.NONE, res
+    return {c.name: c for c in res.configs}
+
+
+def alter_result(response):
+    [res] = response.responses
+    return res.error_code, res.error_message
+
+
+def test_incremental_alter_then_describe_shows_the_change(broker):
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    sync()
+    before = described(apis, "t")
+    assert before["retention.ms"].value == "604800000"
+    assert before["retention.ms"].config_source == 5  # DEFAULT_CONFIG
+    assert before["max.message.bytes"].value == "1048588"
+    assert not before["retention.ms"].read_only and before["remote.storage.enable"].read_only
+    assert before["retention.ms"].config_type == 5  # LONG
+    assert [s.name for s in before["retention.ms"].synonyms] == ["log.retention.ms"]
+
+    entries = [
+        ("retention.ms", SET, "1000"),
+        ("max.message.bytes", SET, "2000"),
+        ("cleanup.policy", APPEND, "compact"),
+    ]
+    assert alter_result(
+        run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+    ) == (
+        KafkaError.NONE,
+        None,
+    )
+    after = described(apis, "t")
+    assert after["retention.ms"].value == "1000" and after["retention.ms"].config_source == 1
+    assert [(s.name, s.source) for s in after["retention.ms"].synonyms] == [
+        ("retention.ms", 1),
+        ("log.retention.ms", 5),
+    ]
+    assert after["max.message.bytes"].value == "2000"
+    assert after["cleanup.policy"].value == "delete,compact"
+
+    entries = [("retention.ms", DELETE, None), ("cleanup.policy", SUBTRACT, "delete")]
+    run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+    after = described(apis, "t")
+    assert after["retention.ms"].config_source == 5 and after["retention.ms"].value == "604800000"
+    assert after["cleanup.policy"].value == "compact"
+
+
+def test_bad_entries_are_invalid_config_and_change_nothing(broker):
+    apis, controller, sync = broker
+    controller.call(
+        "create_topic", {"name": "t", "partitions": 1, "configs": {"retention.ms": "5"}}
+    )
+    sync()
+    image = controller.machine.image
+    before = image.fingerprint()
+    for key, value in (
+        ("retention.ms", "banana"),
+        ("cleanup.policy", "shred"),
+        ("no.such.config", "1"),
+    ):
+        entries = [("max.message.bytes", SET, "1000"), (key, SET, value)]
+        code, message = alter_result(
+            run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+        )
+        assert code == KafkaError.INVALID_CONFIG and key in message
+        code, message = alter_result(
+            run(
+                apis.alter_configs(
+                    legacy("t", {"max.message.bytes": "1000", key: value}), ctx(33, 1)
+                )
+            )
+        )
+        assert code == KafkaError.INVALID_CONFIG and key in message
+    assert controller.machine.image.fingerprint() == before
+    assert described(apis, "t")["retention.ms"].value == "5"
+
+
+def test_validate_only_changes_nothing(broker):
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    sync()
+    offset = controller.machine.next_offset
+    good = incremental("t", [("retention.ms", SET, "1000")], validate_only=True)
+    assert alter_result(run(apis.incremental_alter_configs(good, ctx(44, 1))))[0] == KafkaError.NONE
+    bad = legacy("t", {"retention.ms": "banana"}, validate_only=True)
+    assert alter_result(run(apis.alter_configs(bad, ctx(33, 1))))[0] == KafkaError.INVALID_CONFIG
+    assert controller.machine.next_offset == offset
+
+
+def test_alter_configs_replaces_the_whole_set(broker):
+    apis, controller, sync = broker
+    controller.call(
+        "create_topic",
+        {"name": "t", "partitions": 1, "configs": {"retention.ms": "5", "segment.ms": "100"}},
+    )
+    sync()
+    res = run(apis.alter_configs(legacy("t", {"max.message.bytes": "3000"}), ctx(33, 1)))
+    assert alter_result(res)[0] == KafkaError.NONE
+    assert controller.machine.image.topic_by_name("t").configs == {"max.message.bytes": "3000"}
+
+
+def test_other_resources_and_unknown_topics(broker):
+    apis, controller, sync = broker
+    res = run(
+        apis.incremental_alter_configs(
+            incremental("1", [("x", SET, "1")], rtype=BROKER), ctx(44, 1)
+        )
+    )
+    code, message = alter_result(res)
+    assert code == KafkaError.INVALID_REQUEST and "broker" in message
+    res = run(
+        apis.incremental_alter_configs(
+            incremental("nope", [("retention.ms", SET, "1")]), ctx(44, 1)
+        )
+    )
+    assert alter_result(res)[0] == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    res = run(apis.describe_configs(describe_req("nope"), ctx(32, 4))).results[0]
+    assert res.error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    res = run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4))).results[0]
+    assert res.error_code == KafkaError.NONE and {c.name for c in res.configs} >= {"broker.id"}
+
+
+def test_describe_filters_by_key(broker):
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    sync()
+    res = run(apis.describe_configs(describe_req("t", ["retention.ms", "nope"]), ctx(32, 4)))
+    assert [c.name for c in res.results[0].configs] == ["retention.ms"]
+
+
+def test_create_topics_validates_configs_and_stores_nothing(broker):
+    apis, controller, sync = broker
+    before = controller.machine.image.fingerprint()
+    for configs in ({"retention.ms": "banana"}, {"cleanup.policy": "shred"}, {"bogus": "1"}):
+        for validate_only in (True, False):
+            res = run(apis.create_topics(create_req("t", configs, validate_only), ctx(19, 7)))
+            [topic] = res.topics
+            assert topic.error_code == KafkaError.INVALID_CONFIG
+            assert next(iter(configs)) in topic.error_message
+    assert controller.machine.image.fingerprint() == before
+    res = run(apis.create_topics(create_req("t", {"retention.ms": "1000"}, True), ctx(19, 7)))
+    assert res.topics[0].error_code == KafkaError.NONE
+    assert controller.machine.image.topic_by_name("t") is None  # validate_only
+    res = run(apis.create_topics(create_req("t", {"retention.ms": "1000"}), ctx(19, 7)))
+    [topic] = res.topics
+    assert topic.error_code == KafkaError.NONE
+    returned = {c.name: (c.value, c.config_source) for c in topic.configs}
+    assert returned["retention.ms"] == ("1000", 1)
+    assert returned["max.message.bytes"] == ("1048588", 5)
+
+
+def test_max_message_bytes_is_enforced_after_an_alter_without_reopening(broker):
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    sync()
+    plog = apis.partitions.get(controller.machine.image.topic_by_name("t").topic_id, 0)
+    big = batch([b"x" * 5_000])
+
+    def produce(records: bytes) -> int:
+        res = run(apis.produce(produce_req("t", records), ctx(0, 9)))
+        return res.responses[0].partition_responses[0].error_code
+
+    assert produce(big) == KafkaError.NONE
+    res = run(
+        apis.incremental_alter_configs(
+            incremental("t", [("max.message.bytes", SET, "1000")]), ctx(44, 1)
+        )
+    )
+    assert alter_result(res)[0] == KafkaError.NONE
+    hw = plog.high_watermark
+    assert produce(big) == KafkaError.MESSAGE_TOO_LARGE
+    assert produce(batch([b"small"])) == KafkaError.NONE
+    assert plog.high_watermark == hw + 1  # the refused batch left nothing
+    assert apis.partitions.get(plog.topic_id, 0) is plog  # the same open partition
+    run(
+        apis.incremental_alter_configs(
+            incremental("t", [("max.message.bytes", DELETE, None)]), ctx(44, 1)
+        )
+    )
+    assert produce(big) == KafkaError.NONE
+    # the default (Kafka's 1048588) holds for a topic with no override
+    assert produce(batch([b"y" * 1_100_000])) == KafkaError.MESSAGE_TOO_LARGE
