@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data
 from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
@@ -31,8 +31,8 @@ def list_(
     except ClusterError as exc:
         fail(str(exc))
     brokers = collect_status(cluster, config)["brokers"]
-    if format == OutputFormat.json:
-        print_json(brokers)
+    if format != OutputFormat.table:
+        print_data(brokers, format)
         return
     table = Table(title="brokers")
     for col in ("node", "az", "address", "epoch", "state", "pid"):

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data
 from cli.processes import (
     STOP_TIMEOUT_S,
     ClusterConfig,
@@ -61,8 +61,8 @@ def list_(
     except ClusterError as exc:
         fail(str(exc))
     rows = controllers(cluster, config)
-    if format == OutputFormat.json:
-        print_json(rows)
+    if format != OutputFormat.table:
+        print_data(rows, format)
         return
     table = Table(title="controllers", pad_edge=False)  # fits 80 columns
     table.add_column("node")
