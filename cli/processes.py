@@ -500,6 +500,16 @@ class LocalCluster:
         if not config.embedded_s3:
             return
         s3 = SeaweedConfig.from_json(config.embedded_s3)
+        fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+        if (
+            s3.ports.get("admin_grpc") != fixed
+            and fixed <= 65535
+            and not port_in_use(fixed, config.host)
+        ):
+            # a config written before: move the admin gRPC port to where weed's worker dials
+            s3.ports["admin_grpc"] = fixed
+            config.embedded_s3 = s3.to_json()
+            self.save(config)
         proc = start_seaweed(s3, self.log_path("s3"))
         self._record_pid("s3", proc.pid)
         wait_seaweed_ready(s3, timeout_s, proc)
