@@ -223,10 +223,13 @@ def _start_over(cluster: LocalCluster) -> None:
     except ClusterError:
         old = None
     if old is not None:
-        cluster.stop_all(old)
-        left = cluster.running_pids(old)
-        if left:
-            fail(f"the last, failed `cluster up` in {cluster.dir} left processes running: {left}")
+        running = cluster.running_pids(old)
+        if running:  # another `up` is still starting it, or one was killed midway
+            fail(
+                f"the first `cluster up` in {cluster.dir} has not finished and its processes "
+                f"run ({', '.join(f'{n}={p}' for n, p in running.items())}): wait for it, "
+                "or `automqctl cluster down --purge` to start over"
+            )
     cluster.remove_created()
     warn(
         f"the last `cluster up` in {cluster.dir} never finished: "
