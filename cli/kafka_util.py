@@ -72,4 +72,7 @@ def client_error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     if len(text) > 300:
         text = text[:300] + " ..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    name = type(exc).__name__
+    if not text or text == name:
+        return name
+    return text if text.startswith(name) else f"{name}: {text}"  # kafka-python adds it itself

