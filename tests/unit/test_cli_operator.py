@@ -22,6 +22,7 @@ from cli.processes import LocalCluster
 from dataplane.objectstore.seaweed import SeaweedConfig, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
+_REAL_START_OBJECT_STORE = LocalCluster.start_object_store  # before no_process_starts
 
 
 @pytest.fixture(autouse=True)
@@ -506,3 +507,31 @@ def test_2_client_error_text_is_one_readable_line():
     )
     assert text == "TOPIC_ALREADY_EXISTS: Topic with this name already exists."
     assert client_error_text(RuntimeError()) == "RuntimeError"
+
+
+def test_6_a_cluster_created_before_gets_the_admin_grpc_port_fixed_on_restart(
+    tmp_path, monkeypatch
+):
+    import cli.processes
+    from dataplane.objectstore.seaweed import ADMIN_GRPC_OFFSET
+
+    cluster = made_cluster(tmp_path / "c")
+    config = cluster.load()
+    ports = config.embedded_s3["ports"]
+    ports["admin_grpc"] = ports["admin"] + 1  # as configs were written before
+    cluster.save(config)
+    seen = {}
+
+    class _Proc:
+        pid = os.getpid()
+
+    def fake_start(s3, log_path):
+        seen.update(s3.ports)
+        return _Proc()
+
+    monkeypatch.setattr(cli.processes, "start_seaweed", fake_start)
+    monkeypatch.setattr(cli.processes, "wait_seaweed_ready", lambda *a, **kw: None)
+    monkeypatch.setattr(LocalCluster, "_record_pid", lambda self, name, pid: None)
+    _REAL_START_OBJECT_STORE(cluster, cluster.load())
+    assert seen["admin_grpc"] == seen["admin"] + ADMIN_GRPC_OFFSET
+    assert cluster.load().embedded_s3["ports"]["admin_grpc"] == seen["admin_grpc"]
