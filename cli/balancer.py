@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data
 from cli.reassign import ControllersOption, DirOption, FormatOption, _client
 
 app = typer.Typer(
@@ -49,8 +49,8 @@ def _set(enabled: bool, dir: Path, controllers: str | None, format: OutputFormat
         fail(f"no controller leader reachable; nothing changed: {exc}")
     except ControllerError as exc:
         fail(f"the controller refused: {exc}")
-    if format == OutputFormat.json:
-        print_json(result)
+    if format != OutputFormat.table:
+        print_data(result, format)
         return
     word = "enabled" if enabled else "disabled"
     note = "" if result.get("changed") else " (it already was)"
@@ -94,8 +94,8 @@ def status(
 ) -> None:
     """State (off / idle / in_progress / stalled), brokers' loads and the recent moves."""
     data = _fetch_status(_client(dir, controllers))
-    if format == OutputFormat.json:
-        print_json(data)
+    if format != OutputFormat.table:
+        print_data(data, format)
         return
     style = STATE_STYLE.get(data["state"], "white")
     console.print(f"balancer: [{style}]{data['state']}[/] (by {data['mode']}): {data['detail']}")

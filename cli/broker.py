@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data, waiting
 from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
@@ -31,15 +31,17 @@ def list_(
     except ClusterError as exc:
         fail(str(exc))
     brokers = collect_status(cluster, config)["brokers"]
-    if format == OutputFormat.json:
-        print_json(brokers)
+    if format != OutputFormat.table:
+        print_data(brokers, format)
         return
     table = Table(title="brokers")
     for col in ("node", "az", "address", "epoch", "state", "pid"):
         table.add_column(col)
     for b in brokers:
         state = (
-            "unregistered"
+            "stopped"
+            if not b["registered"] and b["pid"] is None
+            else "unregistered"
             if not b["registered"]
             else f"fenced ({b['fence_reason']})"
             if b["fenced"]
@@ -49,7 +51,7 @@ def list_(
             str(b["node_id"]),
             b["az"],
             b["address"],
-            str(b["node_epoch"]),
+            "" if b["node_epoch"] is None else str(b["node_epoch"]),
             state,
             str(b["pid"] or "stopped"),
         )
@@ -96,6 +98,17 @@ def start(
     old_epoch = before["node_epoch"] if before["registered"] else -1
     cluster.start_broker(config, node)
     deadline = time.monotonic() + timeout_s
+    with waiting(f"waiting up to {timeout_s:g}s for {name} to register"):
+        epoch = _wait_active(cluster, config, name, node, old_epoch, deadline)
+    if epoch is None:
+        fail(f"{name} did not become active within {timeout_s:.0f}s")
+    console.print(f"started {name} (node epoch {epoch})")
+
+
+def _wait_active(
+    cluster: LocalCluster, config: ClusterConfig, name: str, node: int, old_epoch: int, deadline
+) -> int | None:
+    """The new node epoch once `name` is active with it; None at the deadline."""
     while time.monotonic() < deadline:
         if cluster.running(name) is None:
             fail(f"{name} exited during start-up; see `automqctl cluster logs {name}`")
@@ -109,7 +122,6 @@ def start(
             and age is not None
             and age < 5000
         ):
-            console.print(f"started {name} (node epoch {b['node_epoch']})")
-            return
+            return b["node_epoch"]
         time.sleep(0.3)
-    fail(f"{name} did not become active within {timeout_s:.0f}s")
+    return None

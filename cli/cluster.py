@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections import deque
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli.options import DirOption
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.processes import (
+    MIB,
     ClusterConfig,
     ClusterError,
     LocalCluster,
     check_bucket_reachable,
+    flag_differences,
 )
-from cli.status import collect_status
-from dataplane.objectstore.seaweed import EmbeddedS3Error
+from cli.status import collect_status, missing_status
+from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
 
 app = typer.Typer(help="Start, inspect and stop a local cluster.", no_args_is_help=True)
 
@@ -43,8 +48,34 @@ def _wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.3)
     raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+_UP_FLAGS = (
+    "brokers",
+    "controllers",
+    "azs",
+    "base_port",
+    "bucket_uris",
+    "session_timeout_ms",
+    "wal_capacity_mib",
+    "upload_interval_s",
+)
+
+
+def _given_flags(ctx: typer.Context, values: dict) -> dict:
+    """The `up` flags the operator gave (command line or environment), with their values."""
+    given = {}
+    for name in _UP_FLAGS:
+        # by name: typer vendors its own click, whose enum is not click's
+        source = getattr(ctx.get_parameter_source(name), "name", None)
+        if source in ("COMMANDLINE", "ENVIRONMENT"):
+            given[name] = values[name]
+    if "azs" in given:
+        given["azs"] = [a.strip() for a in given["azs"].split(",") if a.strip()]
+    return given
+
+
 @app.command()
 def up(
+    ctx: typer.Context,
     dir: Path = DirOption,
     brokers: int = typer.Option(3, min=1, max=64, help="number of brokers"),
     controllers: int = typer.Option(3, min=1, max=7, help="number of controllers (odd)"),
@@ -62,7 +93,8 @@ def up(
         None,
         min=16,
         max=64 * 1024,
-        help="each broker's WAL size in MiB (default 512); fixed once a WAL file exists",
+        help="each broker's WAL size in MiB (default 512, preallocated on disk); "
+        "fixed once a WAL file exists",
     ),
     upload_interval_s: float | None = typer.Option(
         None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"
@@ -72,15 +104,30 @@ def up(
 ) -> None:
     """Start the object store, the controller quorum and the brokers; wait until ready.
 
-    On an existing directory it restarts from the persisted state; when some of its
-    processes still run, it starts only the missing ones."""
+    On an existing directory it restarts from the persisted state (flags that differ from
+    it are refused); when some of its processes still run, it starts only the missing ones.
+    A first `up` that fails leaves nothing behind, or, when processes had started, their
+    logs; the next `up` then starts over with its own flags."""
     cluster = LocalCluster(dir)
+    given = _given_flags(ctx, locals())
     started: list[str] = []  # what this call started: stopped again if start-up fails
     was_running: dict[str, int] = {}
     config: ClusterConfig | None = None
+    created = False
+    if cluster.exists() and cluster.incomplete():
+        _start_over(cluster)
     try:
         if cluster.exists():
             config = cluster.load()
+            differ = flag_differences(config, **given)
+            if differ:
+                fail(
+                    f"the cluster in {cluster.dir} was created with other settings: "
+                    + "; ".join(differ)
+                    + ". Flags like these only shape a new cluster: drop them to restart this "
+                    "one, or `automqctl cluster down --purge` it first (deletes its data), "
+                    "or use another --dir"
+                )
             was_running = cluster.running_pids(config)
             missing = [n for n in cluster.component_names(config) if n not in was_running]
             if not missing:
@@ -103,29 +150,29 @@ def up(
                 else wal_capacity_mib * 1024 * 1024,
                 upload_interval_s=upload_interval_s,
             )
+            created = True
             missing = cluster.component_names(config)
             restarting = False
+        if "s3" in missing:
+            weed_binary()  # a clear error before anything starts
         cluster.check_ports(config, missing)
         if not config.embedded_s3 and "s3" not in was_running:
             for bucket in config.buckets:
                 check_bucket_reachable(bucket)
         if "s3" in missing:
-            with (
-                console.status("starting the object store")
-                if format == OutputFormat.table
-                else _nullcontext()
-            ):
+            with waiting("starting the object store", format):
                 started.append("s3")
                 cluster.start_object_store(config)
         for c in config.controllers:
             if f"controller-{c.node_id}" in missing:
                 started.append(f"controller-{c.node_id}")
                 cluster.start_controller(config, c.node_id)
-        _wait_until(
-            lambda: collect_status(cluster, config)["leader"] is not None,
-            timeout_s,
-            "a controller leader",
-        )
+        with waiting("waiting for a controller leader", format):
+            _wait_until(
+                lambda: collect_status(cluster, config)["leader"] is not None,
+                timeout_s,
+                "a controller leader",
+            )
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
@@ -141,28 +188,74 @@ def up(
             status = collect_status(cluster, config)
             return status if status["healthy"] else None
 
-        status = _wait_until(ready, timeout_s, "every broker to register and be unfenced")
+        with waiting("waiting for the brokers to register", format):
+            status = _wait_until(ready, timeout_s, "every broker to register and be unfenced")
     except ClusterError as exc:
-        _stop_started(cluster, config, started, was_running)
-        fail(str(exc))
+        note = _after_failure(cluster, config, started, was_running, created)
+        fail(f"{exc}{note}")
     except EmbeddedS3Error as exc:
-        _stop_started(cluster, config, started, was_running)
-        fail(f"object store: {exc}")
+        note = _after_failure(cluster, config, started, was_running, created)
+        fail(f"object store: {exc}{note}")
     except BaseException:
-        _stop_started(cluster, config, started, was_running)
+        _after_failure(cluster, config, started, was_running, created)
         raise
-    if format == OutputFormat.json:
-        print_json(status)
+    cluster.mark_complete()
+    if print_data(status, format):
         return
     _print_status(status)
     if was_running:
         console.print(
-            f"\nrestarted {', '.join(started)} in [bold]{cluster.dir}[/] (the others were running)"
+            f"\nrestarted {', '.join(started)} in [bold]{escape(str(cluster.dir))}[/] "
+            "(the others were running)"
         )
     else:
         verb = "restarted from" if restarting else "created in"
-        console.print(f"\ncluster {verb} [bold]{cluster.dir}[/]")
-    console.print(f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]")
+        console.print(f"\ncluster {verb} [bold]{escape(str(cluster.dir))}[/]")
+    console.print(
+        f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]", soft_wrap=True
+    )
+
+
+def _start_over(cluster: LocalCluster) -> None:
+    """A directory whose first `up` failed: stop what may be left, delete it, and say so."""
+    try:
+        old = cluster.load()
+    except ClusterError:
+        old = None
+    if old is not None:
+        running = cluster.running_pids(old)
+        if running:  # another `up` is still starting it, or one was killed midway
+            fail(
+                f"the first `cluster up` in {cluster.dir} has not finished and its processes "
+                f"run ({', '.join(f'{n}={p}' for n, p in running.items())}): wait for it, "
+                "or `automqctl cluster down --purge` to start over"
+            )
+    cluster.remove_created()
+    warn(
+        f"the last `cluster up` in {cluster.dir} never finished: "
+        "starting over with this call's flags"
+    )
+
+
+def _after_failure(
+    cluster: LocalCluster,
+    config: ClusterConfig | None,
+    started: list[str],
+    was_running: dict[str, int],
+    created: bool,
+) -> str:
+    """Stop what a failed `up` started; a cluster it created goes again, unless processes
+    logged something (kept for `cluster logs`). The note to append to the error."""
+    _stop_started(cluster, config, started, was_running)
+    if not created:
+        return ""
+    if not cluster.has_logs():
+        cluster.remove_created()
+        return f" (nothing was left in {cluster.dir}; retry with other flags)"
+    return (
+        f" (the logs are kept in {cluster.dir / 'logs'}; the next `automqctl cluster up` "
+        "starts over with its own flags)"
+    )
 
 
 def _stop_started(
@@ -184,28 +277,87 @@ def _stop_started(
             pass
 
 
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+_STATE_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "stopped": "bold red"}
 
 
 @app.command()
 def status(
     dir: Path = DirOption,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="refresh every --interval seconds until Ctrl-C"
+    ),
+    exit_when_healthy: bool = typer.Option(
+        False,
+        "--exit-when-healthy",
+        help="wait until the cluster is healthy (exit 0), at most --timeout-s (then exit 1)",
+    ),
+    interval_s: float = typer.Option(2.0, "--interval", min=0.2, max=3600),
+    timeout_s: float | None = typer.Option(
+        None,
+        "--timeout-s",
+        min=0.0,
+        help="stop waiting/watching after this long (default with --exit-when-healthy: 120)",
+    ),
 ) -> None:
-    """Raft leader, controllers, brokers, buckets; exit code 1 when unhealthy."""
-    cluster, config = _open(dir)
-    status = collect_status(cluster, config)
-    if format == OutputFormat.json:
-        print_json(status)
-    else:
-        _print_status(status)
+    """State (healthy / degraded / stopped), Raft leader, controllers, brokers, buckets;
+    exit code 1 when not healthy. JSON/YAML on stdout in every case, also for a missing
+    directory (state `missing`)."""
+    cluster = LocalCluster(dir)
+    try:
+        config = cluster.load()
+    except ClusterError as exc:
+        if format != OutputFormat.table:
+            print_data(missing_status(cluster, str(exc)), format)
+        fail(str(exc))
+    if exit_when_healthy and timeout_s is None:
+        timeout_s = 120.0
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    first = True
+    try:
+        while True:
+            if not watch and exit_when_healthy:
+                with waiting("waiting for the cluster to be healthy", format):
+                    status = collect_status(cluster, config)
+            else:
+                status = collect_status(cluster, config)
+            done = (
+                (exit_when_healthy and status["healthy"])
+                or (not watch and not exit_when_healthy)
+                or (deadline is not None and time.monotonic() >= deadline)
+            )
+            if watch or done:
+                _emit_status(status, format, watch=watch, first=first)
+                first = False
+            if done:
+                break
+            time.sleep(interval_s if watch else min(interval_s, 0.5))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     if not status["healthy"]:
+        if exit_when_healthy:
+            fail(
+                f"not healthy after {timeout_s:g}s ({status['state']}): "
+                + "; ".join(status["problems"])
+            )
         raise typer.Exit(1)
+
+
+def _emit_status(status: dict, format: OutputFormat, watch: bool, first: bool) -> None:
+    if format == OutputFormat.json and watch:
+        # one document per line (JSON lines), so a script can read them as they come
+        sys.stdout.write(json.dumps(status) + "\n")
+        sys.stdout.flush()
+    elif format == OutputFormat.yaml and watch:
+        if not first:
+            sys.stdout.write("---\n")
+        print_data(status, format)
+        sys.stdout.flush()
+    elif not print_data(status, format):
+        if watch:
+            console.clear()
+            console.print(time.strftime("%H:%M:%S"), "(Ctrl-C to stop)", style="dim")
+        _print_status(status)
 
 
 @app.command()
@@ -232,8 +384,9 @@ def logs(
     node: str = typer.Argument(..., help="controller-N, broker-N or s3"),
     dir: Path = DirOption,
     lines: int = typer.Option(100, "--lines", "-n", min=1, max=1_000_000),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
 ) -> None:
-    """Show the last lines of one process's log."""
+    """Show the last lines of one process's log (-f: and then new lines, until Ctrl-C)."""
     cluster, config = _open(dir)
     names = cluster.component_names(config)
     if node.isdigit():
@@ -241,14 +394,52 @@ def logs(
     if node not in names:
         fail(f"unknown node {node!r}; one of: {', '.join(names)}")
     path = cluster.log_path(node)
-    if not path.exists():
+    if not path.exists() and not follow:
         fail(f"{node} has no log yet ({path})")
-    with open(path, errors="replace") as f:
-        for line in deque(f, maxlen=lines):
-            typer.echo(line.rstrip("\n"))
+    position = 0
+    if path.exists():
+        with open(path, "rb") as f:
+            for line in deque(f, maxlen=lines):
+                typer.echo(line.decode(errors="replace").rstrip("\n"))
+            position = f.tell()
+    if follow:
+        try:
+            _follow(path, position)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
+
+
+def _follow(path: Path, position: int, poll_s: float = 0.2) -> None:
+    """Print what is appended to `path` from `position` on, forever; a file that was
+    truncated or replaced (a restart with a new log) is read from its start."""
+    partial = b""
+    while True:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            time.sleep(poll_s)
+            continue
+        if size < position:
+            position, partial = 0, b""
+        if size > position:
+            with open(path, "rb") as f:
+                f.seek(position)
+                data = f.read(size - position)
+            position += len(data)
+            *complete, partial = (partial + data).split(b"\n")
+            for line in complete:
+                sys.stdout.write(line.decode(errors="replace") + "\n")
+            sys.stdout.flush()
+        else:
+            time.sleep(poll_s)
 
 
 def _print_status(status: dict) -> None:
+    state = status.get("state", "healthy" if status["healthy"] else "degraded")
+    console.print(
+        f"cluster [bold]{escape(status['cluster_dir'])}[/]: "
+        f"[{_STATE_STYLE.get(state, 'bold')}]{state}[/]"
+    )
     ctrl = Table(title="controllers")
     for col in ("node", "address", "state", "leader", "term", "commit index", "pid"):
         ctrl.add_column(col)
@@ -256,7 +447,7 @@ def _print_status(status: dict) -> None:
         ctrl.add_row(
             str(c["node_id"]),
             c["address"],
-            c["state"],
+            "[red]stopped[/]" if c["pid"] is None and not c["reachable"] else c["state"],
             "[bold green]yes[/]" if c["is_leader"] else "",
             str(c["term"] or ""),
             str(c["commit_index"] if c["commit_index"] is not None else ""),
@@ -277,10 +468,12 @@ def _print_status(status: dict) -> None:
     ):
         brk.add_column(col)
     for b in status["brokers"]:
-        state = (
-            "[red]unregistered[/]"
+        state_text = (
+            "[red]stopped[/]"
+            if not b["registered"] and b["pid"] is None
+            else "[red]unregistered[/]"
             if not b["registered"]
-            else f"[red]fenced ({b['fence_reason']})[/]"
+            else f"[red]fenced ({escape(str(b['fence_reason']))})[/]"
             if b["fenced"]
             else "[green]active[/]"
         )
@@ -292,28 +485,47 @@ def _print_status(status: dict) -> None:
         )
         lag = "" if b.get("upload_lag_s") is None else f"{b['upload_lag_s']:.1f} s"
         if b.get("last_upload_error"):
-            lag += f" [red]({b['last_upload_error'][:60]})[/]"
+            lag += f" [red]({escape(b['last_upload_error'][:60])})[/]"
         brk.add_row(
             str(b["node_id"]),
             b["az"],
             b["address"],
             str(b["node_epoch"] or 0) if b["registered"] else "",
-            state,
+            state_text,
             f"{age} ms" if age is not None else "",
             wal,
             lag,
             str(b["pid"] or ""),
         )
     console.print(brk)
+    known = status["failover_mode"] != "unknown"
     bkt = Table(title=f"buckets (mode: {status['failover_mode']})")
     for col in ("id", "uri", "active"):
         bkt.add_column(col)
     for b in status["buckets"]:
-        bkt.add_row(str(b["bucket_id"]), b["uri"], "[bold green]yes[/]" if b["active"] else "")
+        bkt.add_row(
+            str(b["bucket_id"]),
+            escape(b["uri"]),
+            "[bold green]yes[/]" if b["active"] else "" if known else "unknown (no leader)",
+        )
     console.print(bkt)
+
+    def known_or_dash(key: str) -> str:
+        return "-" if status.get(key) is None else str(status[key])
+
     console.print(
-        f"topics: {status['topics']}  partitions: {status['partitions']}  "
-        f"metadata offset: {status['metadata_offset']}"
+        f"topics: {known_or_dash('topics')}  partitions: {known_or_dash('partitions')}  "
+        f"metadata offset: {known_or_dash('metadata_offset')}"
+        + ("" if known else "  (unknown without a controller leader)")
     )
+    if status.get("wal_allocated_bytes") is not None:
+        per = status["wal_capacity_bytes_per_broker"]
+        console.print(
+            f"disk: {len(status['brokers'])} brokers x {per / MIB:g} MiB WAL = "
+            f"{status['wal_allocated_bytes'] / 2**30:.2g} GiB preallocated (--wal-capacity-mib)"
+        )
     if status["problems"]:
-        console.print("[bold red]unhealthy:[/] " + "; ".join(status["problems"]))
+        label = "stopped:" if state == "stopped" else "unhealthy:"
+        console.print(
+            f"[bold red]{label}[/] " + escape("; ".join(status["problems"])), soft_wrap=True
+        )

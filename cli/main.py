@@ -13,6 +13,36 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("automqctl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"automqctl {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print the version and exit",
+    ),
+) -> None:
+    """Operate an S3-native, Kafka-compatible streaming cluster."""
+
+
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(topic.app, name="topic")
 app.add_typer(broker.app, name="broker")

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import typer
 
-from cli.output import console, fail
+from cli.kafka_util import QUIET_RDKAFKA, check_reachable, client_error_text
+from cli.output import console, fail, waiting, warn
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 MAX_SAMPLES = 2_000_000
+CREATE_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -91,6 +93,7 @@ class PerfRun:
                 "linger.ms": 2,
                 "enable.idempotence": self.acks == "all",
                 "queue.buffering.max.kbytes": 262144,
+                **QUIET_RDKAFKA,
             }
         )
         pad = b"x" * (self.record_size - 8)
@@ -145,6 +148,7 @@ class PerfRun:
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": True,
                 "fetch.max.bytes": 64 * 1024 * 1024,
+                **QUIET_RDKAFKA,
             }
         )
         consumer.subscribe(self.topics)
@@ -186,6 +190,9 @@ def perf(
     acks: str = typer.Option("all", help="0, 1 or all"),
     topic_prefix: str = typer.Option("perf", help="topics are PREFIX-<run>-<n>"),
     summary_file: Path | None = typer.Option(None, help="also write the JSON summary here"),
+    cleanup: bool = typer.Option(
+        True, "--cleanup/--no-cleanup", help="delete the run's topics (and data) at the end"
+    ),
 ) -> None:
     """Generate load and report throughput and latency percentiles."""
     try:
@@ -199,16 +206,81 @@ def perf(
             bootstrap_server = LocalCluster(dir).load().bootstrap_servers()
         except ClusterError as exc:
             fail(f"{exc}; or pass --bootstrap-server")
+    try:
+        check_reachable(bootstrap_server, timeout_s=5.0)  # a dead address fails at once
+    except (ConnectionError, ValueError) as exc:
+        fail(str(exc))
     run_id = uuid.uuid4().hex[:6]
     names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
-    admin = AdminClient({"bootstrap.servers": bootstrap_server})
+    admin = AdminClient({"bootstrap.servers": bootstrap_server, **QUIET_RDKAFKA})
     try:
-        for _name, fut in admin.create_topics(
-            [NewTopic(n, partitions, 1) for n in names], operation_timeout=60
-        ).items():
-            fut.result(60)
+        with waiting(f"creating {len(names)} topics"):
+            for _name, fut in admin.create_topics(
+                [NewTopic(n, partitions, 1) for n in names],
+                operation_timeout=CREATE_TIMEOUT_S,
+                request_timeout=CREATE_TIMEOUT_S,
+            ).items():
+                fut.result(CREATE_TIMEOUT_S)
     except Exception as exc:
-        fail(f"creating topics failed: {exc}")
+        if cleanup:
+            _delete_topics(admin, names)
+        fail(f"creating topics failed: {client_error_text(exc)}")
+    try:
+        _run(
+            bootstrap_server,
+            names,
+            run_id,
+            topics,
+            partitions,
+            producers,
+            groups,
+            consumers_per_group,
+            record_size,
+            send_rate,
+            duration_s,
+            backlog_seconds,
+            interval_s,
+            acks,
+            summary_file,
+        )
+    finally:
+        if cleanup:
+            _delete_topics(admin, names)
+
+
+def _delete_topics(admin, names: list[str]) -> None:
+    """Delete the run's topics (and their data); a failure is a note, not an error."""
+    try:
+        futures = admin.delete_topics(names, operation_timeout=30, request_timeout=30)
+        for fut in futures.values():
+            try:
+                fut.result(30)
+            except Exception as exc:
+                text = client_error_text(exc)
+                if "UNKNOWN_TOPIC" not in text:  # never created: nothing to delete
+                    raise
+        console.print(f"deleted topics {', '.join(names)} (--no-cleanup keeps them)")
+    except Exception as exc:
+        warn(f"could not delete the perf topics {', '.join(names)}: {client_error_text(exc)}")
+
+
+def _run(
+    bootstrap_server: str,
+    names: list[str],
+    run_id: str,
+    topics: int,
+    partitions: int,
+    producers: int,
+    groups: int,
+    consumers_per_group: int,
+    record_size: int,
+    send_rate: float,
+    duration_s: float,
+    backlog_seconds: float,
+    interval_s: float,
+    acks: str,
+    summary_file: Path | None,
+) -> None:
     run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks)
     threads = [
         threading.Thread(target=run.produce_loop, args=(i,), daemon=True) for i in range(producers)

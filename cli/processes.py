@@ -35,7 +35,9 @@ from pydantic import BaseModel, Field
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import (
+    ADMIN_GRPC_OFFSET,
     SeaweedConfig,
+    find_admin_ports,
     find_free_ports,
     port_in_use,
     start_seaweed,
@@ -74,6 +76,9 @@ class ClusterConfig(BaseModel):
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
+    # the flags of `cluster up` that made this config (None in configs written before)
+    azs: list[str] | None = None
+    base_port: int | None = None
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
@@ -328,9 +333,11 @@ class LocalCluster:
         if not azs:
             raise ClusterError("at least one AZ name is needed")
         needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 10)
+        # the object store's admin gRPC port is its admin port + ADMIN_GRPC_OFFSET
+        top = 65535 - needed - (0 if bucket_uris else ADMIN_GRPC_OFFSET)
         if base_port is not None:
-            if not 1024 <= base_port <= 65535 - needed:
-                raise ClusterError(f"--base-port must be in 1024..{65535 - needed}")
+            if not 1024 <= base_port <= top:
+                raise ClusterError(f"--base-port must be in 1024..{top}")
             ports = list(range(base_port, base_port + needed))
         else:
             ports = find_free_ports(needed)
@@ -358,6 +365,10 @@ class LocalCluster:
         else:
             s3 = SeaweedConfig.generate(self.dir / "s3")
             s3.ports = dict(zip(s3.ports, ports[off : off + 10]))
+            if base_port is None:
+                s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
+            else:
+                s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
             embedded = s3.to_json()
             buckets = [
                 BucketConfig(
@@ -381,8 +392,13 @@ class LocalCluster:
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
+            azs=list(azs),
+            base_port=base_port,
         )
         self.save(config)
+        self.incomplete_path.write_text(
+            "the first `cluster up` of this directory has not finished\n"
+        )
         return config
 
     def save(self, config: ClusterConfig) -> None:
@@ -484,6 +500,16 @@ class LocalCluster:
         if not config.embedded_s3:
             return
         s3 = SeaweedConfig.from_json(config.embedded_s3)
+        fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+        if (
+            s3.ports.get("admin_grpc") != fixed
+            and fixed <= 65535
+            and not port_in_use(fixed, config.host)
+        ):
+            # a config written before: move the admin gRPC port to where weed's worker dials
+            s3.ports["admin_grpc"] = fixed
+            config.embedded_s3 = s3.to_json()
+            self.save(config)
         proc = start_seaweed(s3, self.log_path("s3"))
         self._record_pid("s3", proc.pid)
         wait_seaweed_ready(s3, timeout_s, proc)
@@ -580,6 +606,118 @@ class LocalCluster:
     def purge(self) -> None:
         if self.dir.exists():
             shutil.rmtree(self.dir)
+
+    # ------------------------------------------------------------ a first `up` not done yet
+
+    @property
+    def incomplete_path(self) -> Path:
+        """Present from `create` until the cluster was healthy once: a directory whose first
+        `up` failed, which the next `up` recreates with its own flags."""
+        return self.dir / "up-incomplete"
+
+    def incomplete(self) -> bool:
+        return self.incomplete_path.exists()
+
+    def mark_complete(self) -> None:
+        self.incomplete_path.unlink(missing_ok=True)
+
+    def has_logs(self) -> bool:
+        """True if some process of this directory wrote a log line."""
+        logs = self.dir / "logs"
+        return logs.is_dir() and any(p.stat().st_size > 0 for p in logs.glob("*.log"))
+
+    def remove_created(self) -> None:
+        """Delete what `create` and starting the processes put into the directory (and the
+        directory itself if it is empty then); anything else in it stays."""
+        if not self.dir.exists():
+            return
+        for entry in self.dir.iterdir():
+            if entry.name in _OWN_ENTRIES or re.fullmatch(r"(controller|broker)-\d+", entry.name):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass  # not empty: the operator's own files
+
+
+_OWN_ENTRIES = {"cluster.json", "quorum.json", "up-incomplete", "s3", "logs", "pids"}
+
+MIB = 1024 * 1024
+
+
+def effective_wal_capacity_bytes(config: ClusterConfig) -> int:
+    from dataplane.config import WAL_CAPACITY_BYTES
+
+    return config.broker_wal_capacity_bytes or WAL_CAPACITY_BYTES
+
+
+def flag_differences(
+    config: ClusterConfig,
+    *,
+    brokers: int | None = None,
+    controllers: int | None = None,
+    azs: list[str] | None = None,
+    base_port: int | None = None,
+    bucket_uris: str | None = None,
+    session_timeout_ms: int | None = None,
+    wal_capacity_mib: int | None = None,
+    upload_interval_s: float | None = None,
+) -> list[str]:
+    """The given `cluster up` flags (None: not given) that differ from what `config` was
+    created with, each as `--flag VALUE (the cluster has ...)`."""
+    from dataplane.config import UPLOAD_INTERVAL_S
+
+    out = []
+    if brokers is not None and brokers != len(config.brokers):
+        out.append(f"--brokers {brokers} (the cluster has {len(config.brokers)})")
+    if controllers is not None and controllers != len(config.controllers):
+        out.append(f"--controllers {controllers} (the cluster has {len(config.controllers)})")
+    if azs is not None:
+        have = [b.az for b in config.brokers]
+        want = [azs[i % len(azs)] for i in range(len(config.brokers))] if azs else []
+        if want != have:
+            out.append(f"--azs {','.join(azs)} (the brokers are in {','.join(have)})")
+    if base_port is not None:
+        first = config.base_port
+        if first is None and config.controllers:
+            first = min(c.raft_port for c in config.controllers)
+        if base_port != first:
+            out.append(
+                f"--base-port {base_port} (the cluster's ports start at {first})"
+                if config.base_port is not None
+                else f"--base-port {base_port} (the cluster was created with free ports, "
+                f"the first {first})"
+            )
+    if bucket_uris is not None:
+        if config.embedded_s3:
+            out.append("--bucket-uris (the cluster uses the embedded object store)")
+        else:
+            given = sorted((b.bucket_id, b.uri) for b in _external_buckets(bucket_uris))
+            have_b = sorted((b.bucket_id, b.uri) for b in config.buckets)
+            if given != have_b:
+                out.append(
+                    f"--bucket-uris (the cluster uses {', '.join(redact_uri(u) for _, u in have_b)})"
+                )
+    if (
+        session_timeout_ms is not None
+        and session_timeout_ms != config.settings.broker_session_timeout_ms
+    ):
+        out.append(
+            f"--session-timeout-ms {session_timeout_ms} "
+            f"(the cluster has {config.settings.broker_session_timeout_ms})"
+        )
+    if wal_capacity_mib is not None:
+        have_mib = effective_wal_capacity_bytes(config) / MIB
+        if wal_capacity_mib != have_mib:
+            out.append(f"--wal-capacity-mib {wal_capacity_mib} (the cluster has {have_mib:g})")
+    if upload_interval_s is not None:
+        have_s = config.broker_upload_interval_s or UPLOAD_INTERVAL_S
+        if upload_interval_s != have_s:
+            out.append(f"--upload-interval-s {upload_interval_s:g} (the cluster has {have_s:g})")
+    return out
 
 
 def _external_buckets(bucket_uris: str) -> list[BucketConfig]:

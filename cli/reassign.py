@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.output import OutputFormat, console, err_console, fail, print_json
+from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 from cli.reassign_plan import (
     DEFAULT_TOLERANCE,
@@ -286,11 +286,13 @@ def plan(
     moves = moves_of(proposal, current)
     if output is not None:
         _write_plan(output, data)
-    if format == OutputFormat.json:
-        if output is None:
-            _print_plan(data)
+    if format != OutputFormat.table:
+        if output is None and format == OutputFormat.json:
+            _print_plan(data)  # the plan file's own format
+        elif output is None:
+            print_data(data, format)
         else:
-            print_json({"output": str(output), "partitions": len(proposal), "moves": moves})
+            print_data({"output": str(output), "partitions": len(proposal), "moves": moves}, format)
         return
     if output is None:
         _print_plan(data)  # the plan is the data: stdout stays pipeable, the summary goes to stderr
@@ -367,15 +369,16 @@ def execute(
         except ControllerError as exc:
             # the controller validates the whole plan first: a refusal changed nothing
             fail(f"the controller refused the plan (nothing changed): {exc}")
-    if format == OutputFormat.json:
-        print_json(
+    if format != OutputFormat.table:
+        print_data(
             {
                 "dry_run": dry_run,
                 "rollback_plan": rollback,
                 "moves": moves,
                 "moved": result.get("moved", 0),
                 "unchanged": result.get("unchanged", 0),
-            }
+            },
+            format,
         )
         return
     console.print("rollback plan (the current assignment; `reassign execute` it to undo):")
@@ -442,21 +445,23 @@ def verify(
     client = _client(dir, controllers)
     start = time.monotonic()
     deadline = start + timeout_s
-    while True:
-        rows = _check_progress(_image(client), entries)
-        unfinished = [r for r in rows if not r["done"]]
-        if not unfinished or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
+    with waiting(f"waiting up to {timeout_s:g}s for {len(entries)} partitions", format):
+        while True:
+            rows = _check_progress(_image(client), entries)
+            unfinished = [r for r in rows if not r["done"]]
+            if not unfinished or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
     elapsed = time.monotonic() - start
-    if format == OutputFormat.json:
-        print_json(
+    if format != OutputFormat.table:
+        print_data(
             {
                 "done": not unfinished,
                 "elapsed_s": round(elapsed, 3),
                 "partitions": rows,
                 "unfinished": unfinished,
-            }
+            },
+            format,
         )
     elif unfinished:
         console.print(_progress_table("unfinished partitions", unfinished))
@@ -483,8 +488,8 @@ def status(
     image = _image(_client(dir, controllers))
     raw = image.kv.get(LAST_REASSIGNMENT_KEY)
     if raw is None:
-        if format == OutputFormat.json:
-            print_json({"plan": None})
+        if format != OutputFormat.table:
+            print_data({"plan": None}, format)
         else:
             console.print("no reassignment has been submitted")
         return
@@ -500,8 +505,8 @@ def status(
     done = sum(1 for r in rows if r["done"])
     # started_ms is the controller's wall clock when it accepted the plan
     elapsed_s = max(0.0, time.time() - started_ms / 1000)
-    if format == OutputFormat.json:
-        print_json(
+    if format != OutputFormat.table:
+        print_data(
             {
                 "started_ms": started_ms,
                 "elapsed_s": round(elapsed_s, 3),
@@ -509,7 +514,8 @@ def status(
                 "total": len(rows),
                 "complete": done == len(rows),
                 "partitions": rows,
-            }
+            },
+            format,
         )
         return
     console.print(

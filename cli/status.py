@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from cli.processes import ClusterConfig, LocalCluster, redact_uri
+from cli.processes import (
+    ClusterConfig,
+    LocalCluster,
+    effective_wal_capacity_bytes,
+    redact_uri,
+)
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
 
@@ -83,7 +88,8 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
                 "pid": pids.get(f"broker-{spec.node_id}"),
             }
         )
-    active_bucket = (leader_view or {}).get("active_bucket_id", 0)
+    # which bucket is active only the leader knows: none is reported active without one
+    active_bucket = (leader_view or {}).get("active_bucket_id", 0) if leader_view else None
     buckets = [
         {"bucket_id": b.bucket_id, "uri": redact_uri(b.uri), "active": b.bucket_id == active_bucket}
         for b in config.buckets
@@ -112,8 +118,24 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         and leader_view is not None
         and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)
     ]
+    # the leader learns of a dead broker only when its session expires; the local process
+    # table knows at once
+    problems += [
+        f"broker {b['node_id']} is not running (no process)"
+        for b in brokers
+        if b["registered"] and not b["fenced"] and b["pid"] is None
+    ]
+    if not pids:
+        state = "stopped"
+        # one problem instead of one per controller and broker
+        problems = ["no process of the cluster runs (start it with `automqctl cluster up`)"]
+    else:
+        state = "degraded" if problems else "healthy"
+    wal_capacity = effective_wal_capacity_bytes(config)
     return {
         "cluster_dir": str(cluster.dir),
+        # stopped: no process runs; degraded: some run, problems say what is wrong
+        "state": state,
         "healthy": not problems,
         "problems": problems,
         "bootstrap_servers": config.bootstrap_servers(),
@@ -121,7 +143,9 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "controllers": controllers,
         "brokers": brokers,
         "buckets": buckets,
-        "failover_mode": "normal"
+        "failover_mode": "unknown"
+        if active_bucket is None
+        else "normal"
         if active_bucket == (config.buckets[0].bucket_id if config.buckets else 0)
         else "failover",
         "object_store": {
@@ -134,4 +158,17 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         # slot -> broker coordinating the groups of that slot (group -> slot:
         # abs(java hashCode(group id)) % len, as Kafka's __consumer_offsets partitions)
         "coordinator_slot_owners": (leader_view or {}).get("coordinator_slot_owners", []),
+        # local disk `cluster up` gives the brokers' WALs (each file is preallocated)
+        "wal_capacity_bytes_per_broker": wal_capacity,
+        "wal_allocated_bytes": wal_capacity * len(config.brokers),
+    }
+
+
+def missing_status(cluster: LocalCluster, problem: str) -> dict:
+    """`cluster status --format json` of a directory that holds no cluster."""
+    return {
+        "cluster_dir": str(cluster.dir),
+        "state": "missing",
+        "healthy": False,
+        "problems": [problem],
     }

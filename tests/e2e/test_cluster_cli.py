@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -108,8 +109,14 @@ def test_up_status_down_restart(cluster_dir):
 
 
 def test_port_in_use_is_a_clear_error(cluster_dir):
+    # a port that is a valid --base-port (ephemeral ports can be above the highest)
     blocker = socket.socket()
-    blocker.bind(("127.0.0.1", 0))
+    for port in random.sample(range(20000, 50000), 200):
+        try:
+            blocker.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            continue
     blocker.listen()
     port = blocker.getsockname()[1]
     try:
@@ -143,3 +150,119 @@ def test_wrong_arguments_are_refused(cluster_dir):
     assert res.returncode != 0 and "odd" in res.stderr
     res = automqctl("cluster", "status", cluster_dir=cluster_dir)
     assert res.returncode == 1 and "no cluster" in res.stderr
+
+
+def test_operator_experience_issue_18(cluster_dir):
+    """A failed first `up` and a retry with other flags, refused flags, one-line errors,
+    perf's cleanup, `logs -f`, the states of `status`, `--exit-when-healthy` and the object
+    store's quiet log, against one small real cluster."""
+    from cli.processes import scan_processes
+
+    # 1. processes start, then the wait times out: stopped again, logs kept, and the retry
+    #    with other flags starts over and honours all of them
+    failed = automqctl("cluster", "up", "--timeout-s", "0.5", cluster_dir=cluster_dir)
+    assert failed.returncode == 1
+    [line] = failed.stderr.strip().splitlines()
+    assert "timed out" in line and "starts over" in line
+    assert (cluster_dir / "logs").is_dir() and not scan_processes(cluster_dir)
+    up = automqctl(
+        "cluster",
+        "up",
+        "--controllers",
+        "1",
+        "--brokers",
+        "1",
+        "--azs",
+        "solo",
+        "--wal-capacity-mib",
+        "16",
+        "--format",
+        "json",
+        cluster_dir=cluster_dir,
+    )
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "starting over" in up.stderr
+    status = json.loads(up.stdout)
+    assert status["state"] == "healthy" and len(status["controllers"]) == 1
+    assert [b["az"] for b in status["brokers"]] == ["solo"]
+    assert status["wal_allocated_bytes"] == 16 * 1024 * 1024
+    bootstrap = status["bootstrap_servers"]
+
+    # 1. flags that differ from the existing cluster are refused, by name
+    refused = automqctl("cluster", "up", "--brokers", "3", cluster_dir=cluster_dir)
+    assert refused.returncode == 1 and "--brokers 3 (the cluster has 1)" in refused.stderr
+
+    # 2. one line, nothing eaten, no request reprs
+    bad = automqctl("topic", "create", "bad name!", cluster_dir=cluster_dir)
+    assert bad.returncode == 1
+    [line] = bad.stderr.strip().splitlines()
+    assert "[a-zA-Z0-9._-]" in line
+    assert automqctl("topic", "create", "t1", cluster_dir=cluster_dir).returncode == 0
+    dup = automqctl("topic", "create", "t1", cluster_dir=cluster_dir)
+    [line] = dup.stderr.strip().splitlines()
+    assert "TOPIC_ALREADY_EXISTS" in line and "Request" not in line
+
+    # 7. perf deletes its topics
+    perf = automqctl(
+        "perf",
+        "--duration",
+        "2",
+        "--send-rate",
+        "200",
+        "--topic-prefix",
+        "pc",
+        cluster_dir=cluster_dir,
+    )
+    assert perf.returncode == 0, perf.stderr + perf.stdout
+    assert "deleted topics" in perf.stdout and "rdkafka" not in perf.stderr
+    listed = automqctl("topic", "list", "--format", "json", cluster_dir=cluster_dir)
+    assert [t["name"] for t in json.loads(listed.stdout)] == ["t1"]
+
+    # 8. logs -f prints what is appended
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "cluster", "logs", "broker-1", "-f", "-n", "1"],
+        env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        follow.stdout.readline()
+        with open(cluster_dir / "logs" / "broker-1.log", "a") as f:
+            f.write("appended by the test\n")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if follow.stdout.readline() == "appended by the test\n":
+                break
+        else:
+            raise AssertionError("logs -f did not print the new line")
+    finally:
+        follow.terminate()
+        follow.wait(10)
+
+    # 5. a killed broker: degraded at once; `--exit-when-healthy` waits for its restart
+    assert automqctl("broker", "kill", "1", cluster_dir=cluster_dir).returncode == 0
+    res = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir)
+    degraded = json.loads(res.stdout)
+    assert res.returncode == 1 and degraded["state"] == "degraded"
+    # at once "not running"; once its session expired (6 s) the leader has fenced it
+    assert any(p.startswith("broker 1 ") for p in degraded["problems"]), degraded["problems"]
+    assert automqctl("broker", "start", "1", cluster_dir=cluster_dir).returncode == 0
+    res = automqctl(
+        "cluster", "status", "--exit-when-healthy", "--timeout-s", "60", cluster_dir=cluster_dir
+    )
+    assert res.returncode == 0 and res.stdout.splitlines()[0].endswith(": healthy")
+
+    # 6. the object store's plugin worker reaches its admin server: no warning every 5 s
+    s3_log = (cluster_dir / "logs" / "s3.log").read_text(errors="replace")
+    assert "connection refused" not in s3_log, s3_log[-3000:]
+
+    # 5. stopped: said first, JSON with the state, nothing claimed active
+    assert automqctl("cluster", "down", cluster_dir=cluster_dir).returncode == 0
+    res = automqctl("cluster", "status", cluster_dir=cluster_dir)
+    assert res.returncode == 1 and res.stdout.splitlines()[0].endswith(": stopped")
+    stopped = json.loads(
+        automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir).stdout
+    )
+    assert stopped["state"] == "stopped" and stopped["topics"] is None
+    assert not any(b["active"] for b in stopped["buckets"])
+    assert bootstrap == stopped["bootstrap_servers"]

@@ -189,3 +189,17 @@ def test_redacted_uri_hides_the_generated_secret(seaweed):
         assert seaweed.config.secret_key not in uri.to_string()
         assert seaweed.config.secret_key not in repr(uri)
         assert uri.endpoint == seaweed.config.endpoint
+
+
+def test_weed_log_has_no_failing_plugin_worker(seaweed):
+    """weed mini's plugin worker dials the admin gRPC port as admin port + 10000: with the
+    ports as configured it connects, instead of logging a refused connection every 5 s."""
+    from dataplane.objectstore.seaweed import ADMIN_GRPC_OFFSET
+
+    ports = seaweed.config.ports
+    assert ports["admin_grpc"] == ports["admin"] + ADMIN_GRPC_OFFSET
+    log = seaweed.config.data_dir / "weed.log"
+    started = log.stat().st_ctime
+    time.sleep(max(0.0, started + 7 - time.time()))  # past the worker's first retries
+    text = log.read_text(errors="replace")
+    assert "connection refused" not in text, text[-2000:]
