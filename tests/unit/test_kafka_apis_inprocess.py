@@ -7,23 +7,14 @@ import asyncio
 import time
 import uuid
 
-import boto3
 import pytest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
-from moto import mock_aws
 
-from controlplane.inprocess import InProcessController
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partitions import PartitionManager
 from dataplane.kafka.registry import RequestContext
-from dataplane.metadata import MetadataFollower
-from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.storage import S3Storage, StorageConfig
-
-BUCKETS = "0@s3://automq-main?region=us-east-1"
+from tests.unit.inprocess_broker import inprocess_broker
 
 
 def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
@@ -50,57 +41,8 @@ def ctx(api_key: int, version: int) -> RequestContext:
 def broker(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
-        controller = InProcessController()
-        epoch = controller.call(
-            "register_broker",
-            {
-                "node_id": 1,
-                "az": "az1",
-                "host": "127.0.0.1",
-                "kafka_port": 9092,
-                "incarnation_id": "unit",
-            },
-        )["node_epoch"]
-        controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
-        objects = ObjectStorage(BUCKETS)
-        storage = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path,
-                wal_capacity_bytes=32 << 20,
-                block_cache_bytes=16 << 20,
-                log_cache_uploaded_bytes=16 << 20,
-            ),
-            1,
-            epoch,
-            controller,
-            objects,
-        )
-        storage.start()
-        follower = MetadataFollower(controller)
-        partitions = PartitionManager(1, storage)
-        apis = KafkaApis(
-            BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
-            lambda: follower.image,
-            follower.wait_for_offset,
-            controller,
-            partitions,
-            lambda: epoch,
-            io_threads=2,
-        )
-
-        def sync() -> None:  # what the follower and reconcile threads do, on this thread
-            while follower.poll_once():
-                pass
-            partitions.reconcile(follower.image)
-
-        try:
-            yield apis, controller, sync
-        finally:
-            apis.io.shutdown(wait=True)
-            storage.close()
-            objects.close()
+    with inprocess_broker(tmp_path) as parts:
+        yield parts
 
 
 def produce_req(topic: str, records: bytes, acks: int = -1):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import boto3
 import pytest
 from kafka.protocol.admin import (
     AlterConfigsRequest,
@@ -14,16 +13,10 @@ from kafka.protocol.admin import (
     DescribeConfigsRequest,
     IncrementalAlterConfigsRequest,
 )
-from moto import mock_aws
 
-from controlplane.inprocess import InProcessController
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partitions import PartitionManager
-from dataplane.metadata import MetadataFollower
-from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.storage import S3Storage, StorageConfig
-from tests.unit.test_kafka_apis_inprocess import BUCKETS, batch, ctx, produce_req
+from tests.unit.inprocess_broker import inprocess_broker
+from tests.unit.test_kafka_apis_inprocess import batch, ctx, produce_req
 
 TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -31,74 +24,10 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 @pytest.fixture
 def broker(tmp_path, monkeypatch):
-    """As test_kafka_apis_inprocess's, with the partition manager following the image (as
-    the broker process wires it), so partitions see their topic's current configs."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
-        controller = InProcessController()
-        epoch = controller.call(
-            "register_broker",
-            {
-                "node_id": 1,
-                "az": "az1",
-                "host": "127.0.0.1",
-                "kafka_port": 9092,
-                "incarnation_id": "unit",
-            },
-        )["node_epoch"]
-        controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
-        objects = ObjectStorage(BUCKETS)
-        storage = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path,
-                wal_capacity_bytes=32 << 20,
-                block_cache_bytes=16 << 20,
-                log_cache_uploaded_bytes=16 << 20,
-            ),
-            1,
-            epoch,
-            controller,
-            objects,
-        )
-        storage.start()
-        partitions = PartitionManager(1, storage)
-        follower = MetadataFollower(controller, on_records=partitions.on_metadata)
-        apis = KafkaApis(
-            BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
-            lambda: follower.image,
-            follower.wait_for_offset,
-            controller,
-            partitions,
-            lambda: epoch,
-            io_threads=2,
-        )
-
-        def sync() -> None:  # what the follower and reconcile threads do
-            while follower.poll_once():
-                pass
-            partitions.reconcile(follower.image)
-
-        def image_now():
-            # the API waits for its image to hold its own create/alter: replay meanwhile
-            if follower.poll_once():
-                partitions.reconcile(follower.image)
-            return follower.image
-
-        def wait_for_offset(offset: int, timeout_s: float) -> bool:
-            image_now()
-            return follower.image.offset >= offset
-
-        apis.image_fn = image_now
-        apis.wait_for_offset = wait_for_offset
-
-        try:
-            yield apis, controller, sync
-        finally:
-            apis.io.shutdown(wait=True)
-            storage.close()
-            objects.close()
+    with inprocess_broker(tmp_path) as parts:
+        yield parts
 
 
 def incremental(name: str, entries: list, validate_only: bool = False, rtype: int = TOPIC):
