@@ -17,6 +17,12 @@ ruff format --check .
 # a private base temp dir: pytest prunes the numbered dirs of its shared default root
 # (/tmp/pytest-of-$USER) when any other pytest starts, which deleted the cluster dirs of
 # running e2e tests whenever another test run shared the machine
+# (kept after a failure: the clusters' logs are the evidence)
 BASETEMP="$(mktemp -d "${TMPDIR:-/tmp}/automq-tests.XXXXXX")"
-trap 'rm -rf "$BASETEMP"' EXIT
-python -m pytest -q --basetemp="$BASETEMP/t" "$@"
+python -m pytest -q --basetemp="$BASETEMP/t" "$@" && rc=0 || rc=$?
+if [ "$rc" -eq 0 ]; then
+  rm -rf "$BASETEMP"
+else
+  echo "test files and cluster logs kept in $BASETEMP"
+fi
+exit "$rc"
