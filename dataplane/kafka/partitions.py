@@ -494,9 +494,18 @@ class PartitionManager:
         )
         try:
             producers = rebuild_producer_state(stream, plog.producers)
-        except Exception as exc:  # the tail is unreadable now: dedup starts from scratch
-            log.warning("%s-%d: could not rebuild producer state: %s", name, key[1], exc)
-            producers = -1
+        except Exception as exc:
+            # serving with an empty idempotence table would append a producer's retry of a
+            # batch the previous leader wrote a second time: not serving yet (clients get
+            # NOT_LEADER_OR_FOLLOWER and retry); the next reconcile opens it again
+            self._retry = True
+            log.warning(
+                "%s-%d: could not rebuild producer state, not serving it yet: %s",
+                name,
+                key[1],
+                exc,
+            )
+            return
         with self._lock:
             self._logs[key] = plog
         log.info(

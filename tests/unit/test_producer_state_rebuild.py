@@ -76,3 +76,43 @@ def test_the_scan_is_bounded_in_bytes_for_large_records(monkeypatch):
 def test_a_stream_without_kafka_batches_rebuilds_nothing():
     stream = FakeStream([StreamRecordBatch(7, 0, 0, 1, b"not a kafka batch" * 10)])
     assert rebuild_producer_state(stream, ProducerStateTable()) == 0
+
+
+class _FlakyTail(FakeStream):
+    stream_id = 7
+
+    def __init__(self, batches, failures: int):
+        super().__init__(batches)
+        self.failures = failures
+
+    def fetch(self, start, end, max_bytes):
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("object store unavailable")
+        return super().fetch(start, end, max_bytes)
+
+
+class _Storage:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def open_stream(self, stream_id, epoch):
+        return self.stream
+
+    def open_stream_ids(self):
+        return set()
+
+
+def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
+    """An empty idempotence table would append a retry of the previous leader's batch
+    again: a partition whose tail cannot be read yet is not served (retried later)."""
+    log = stored_log([(5, 0)], batches_each=3)
+    stream = _FlakyTail(log, failures=1)
+    manager = p.PartitionManager(1, _Storage(stream))
+    manager._open(("t", 0), "topic", 0, 7)
+    assert manager.get("t", 0) is None and manager._retry
+    manager._retry = False
+    manager._open(("t", 0), "topic", 0, 7)  # the next reconcile: the tail reads now
+    plog = manager.get("t", 0)
+    assert plog is not None and not manager._retry
+    assert plog.producers.check(5, 0, 8, 11) == (ProducerStateTable.DUPLICATE, 8)
