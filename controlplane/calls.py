@@ -43,6 +43,8 @@ from controlplane.requests import (
     RegisterBrokerResponse,
     RegisterCompactorRequest,
     RegisterCompactorResponse,
+    SetActiveBucketRequest,
+    SetActiveBucketResponse,
     TrimStreamRequest,
     _Request,
     validation_message,
@@ -178,6 +180,12 @@ class ControllerCalls:
         self, req: RegisterCompactorRequest, timeout_s: float | None = None
     ) -> RegisterCompactorResponse:
         return self._typed(req, RegisterCompactorResponse, timeout_s)
+
+    def set_active_bucket(
+        self, req: SetActiveBucketRequest, timeout_s: float | None = None
+    ) -> SetActiveBucketResponse:
+        """Switch the bucket new objects go to (object-storage failover)."""
+        return self._typed(req, SetActiveBucketResponse, timeout_s)
 
     # groups
     def put_group_offsets(

@@ -127,6 +127,24 @@ class StreamObjectState(BaseModel):
     committed_ms: int
 
 
+class BucketFailoverState(BaseModel):
+    """Object-storage failover: which bucket new objects go to, and why (AKIP-1).
+
+    `mode` is "normal" while the main bucket is active, "failover" otherwise; compaction and
+    object deletion pause in failover mode. `auto`: the controller's detection switched.
+    """
+
+    mode: str = "normal"
+    active_bucket_id: int = 0
+    since_ms: int = 0
+    reason: str = ""
+    auto: bool = False
+
+    @property
+    def in_failover(self) -> bool:
+        return self.mode == "failover"
+
+
 class RouteEpochState(BaseModel):
     current_epoch: int = 0
     fenced_epoch: int = -1
@@ -220,7 +238,8 @@ class MetadataImage(BaseModel):
     stream_set_objects: dict[int, StreamSetObjectState] = Field(default_factory=dict)
     stream_objects: dict[int, StreamObjectState] = Field(default_factory=dict)
     route_epoch: RouteEpochState = Field(default_factory=RouteEpochState)
-    active_bucket_id: int = 0
+    active_bucket_id: int = 0  # = bucket_failover.active_bucket_id (older readers use it)
+    bucket_failover: BucketFailoverState = Field(default_factory=BucketFailoverState)
     kv: dict[str, str] = Field(default_factory=dict)
     next_object_id: int = 0
     next_stream_id: int = 0
@@ -493,6 +512,14 @@ class MetadataImage(BaseModel):
 
     def _apply_bucket_failover(self, rec: r.BucketFailoverRecord) -> None:
         self.active_bucket_id = rec.active_bucket_id
+        mode = rec.mode or ("normal" if rec.active_bucket_id == 0 else "failover")
+        self.bucket_failover = BucketFailoverState(
+            mode=mode,
+            active_bucket_id=rec.active_bucket_id,
+            since_ms=rec.changed_ms,
+            reason=rec.reason,
+            auto=rec.auto,
+        )
 
     def _apply_kv(self, rec: r.KVRecord) -> None:
         if rec.value is None:

@@ -265,12 +265,19 @@ class RouteEpochRecord(_Record):
 
 
 class BucketFailoverRecord(_Record):
-    """Which bucket new objects go to (object-storage failover)."""
+    """Which bucket new objects go to (object-storage failover), since when and why.
+
+    `mode` is "normal" (the main bucket is active) or "failover"; "" in records written
+    before it existed, read as "normal" exactly when bucket 0 is active. `auto`: the
+    controller's detection decided it (not an operator).
+    """
 
     type: Literal["bucket_failover"] = "bucket_failover"
     active_bucket_id: int
     reason: str = ""
     changed_ms: int = 0
+    mode: str = ""
+    auto: bool = False
 
 
 class KVRecord(_Record):

@@ -68,6 +68,26 @@ class BrokerUploadStats(BaseModel):
     last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
 
 
+MAX_BUCKETS_PER_REPORT = 16
+
+
+class BucketWriteHealth(BaseModel):
+    """A broker's view of writes to one bucket (uploads and its probes), for detection.
+
+    `failing_for_ms`: time since the first failed write after the last successful one
+    (0: the last write succeeded); `healthy_for_ms`: time since the last failure.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    bucket_id: int = Field(ge=0)
+    failing_for_ms: int = Field(ge=0)
+    healthy_for_ms: int = Field(ge=0)
+    write_errors: int = Field(default=0, ge=0)
+    writes_ok: int = Field(default=0, ge=0)
+    last_latency_ms: float | None = Field(default=None, ge=0)
+    last_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
+
+
 class BrokerHeartbeatRequest(_Request):
     command: ClassVar[str] = "broker_heartbeat"
     node_id: int = Field(ge=0)
@@ -78,6 +98,10 @@ class BrokerHeartbeatRequest(_Request):
     # kept in the leader's memory only, never logged
     produce_bytes_per_s: dict[int, float] = Field(
         default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
+    )
+    # write health per bucket (object-storage failover detection); leader memory only
+    bucket_health: list[BucketWriteHealth] = Field(
+        default_factory=list, max_length=MAX_BUCKETS_PER_REPORT
     )
 
 
@@ -341,9 +365,22 @@ class DeletedObjectsRequest(_Request):
 
 
 class SetActiveBucketRequest(_Request):
+    """Switch the bucket new objects go to (object-storage failover), by hand or by the
+    leader's detection (`auto`). `only_if_active`: apply only if this bucket is still the
+    active one (the detection's decision must not undo an operator's switch made since)."""
+
     command: ClassVar[str] = "set_active_bucket"
     bucket_id: int = Field(ge=0)
     reason: str = Field(default="", max_length=256)
+    auto: bool = False
+    only_if_active: int | None = Field(default=None, ge=0)
+
+
+class SetActiveBucketResponse(BaseModel):
+    mode: str
+    active_bucket_id: int
+    since_ms: int
+    changed: bool
 
 
 class PutKVRequest(_Request):

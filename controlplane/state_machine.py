@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from controlplane import (
     balancer,
     brokers,
+    bucket_failover,
     compactors,
     coordinators,
     failover,
@@ -36,7 +37,6 @@ from controlplane.requests import (
     AllocateProducerIdsResponse,
     LifecycleTickRequest,
     PutKVRequest,
-    SetActiveBucketRequest,
     validation_message,
 )
 from controlplane.settings import ControllerSettings
@@ -48,26 +48,6 @@ def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int
     recs += failover.plan_failovers(image, newly_fenced)
     recs += objects.expire_prepared_objects(image, now_ms)
     return recs, {"records": len(recs)}
-
-
-def _set_active_bucket(
-    image: MetadataImage, req: SetActiveBucketRequest, now_ms: int, settings: ControllerSettings
-):
-    if req.bucket_id not in settings.bucket_ids:
-        raise ControllerError(
-            ErrorCode.UNKNOWN_BUCKET,
-            f"bucket {req.bucket_id} is not configured (known: {settings.bucket_ids})",
-        )
-    if image.active_bucket_id == req.bucket_id:
-        return [], {"active_bucket_id": req.bucket_id}
-    return (
-        [
-            r.BucketFailoverRecord(
-                active_bucket_id=req.bucket_id, reason=req.reason, changed_ms=now_ms
-            )
-        ],
-        {"active_bucket_id": req.bucket_id},
-    )
 
 
 def _fence_broker(image: MetadataImage, req, now_ms: int):
@@ -118,7 +98,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "commit_stream_set_object": (objects.commit_stream_set_object, True),
     "commit_stream_object": (objects.commit_stream_object, True),
     "objects_deleted": (objects.objects_deleted, False),
-    "set_active_bucket": (_set_active_bucket, True),
+    "set_active_bucket": (bucket_failover.set_active_bucket, True),
     "put_kv": (_put_kv, False),
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),

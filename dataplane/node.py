@@ -37,6 +37,7 @@ from controlplane.requests import (
     MAX_UPLOAD_ERROR_CHARS,
     BrokerHeartbeatRequest,
     BrokerUploadStats,
+    BucketWriteHealth,
     ControlledShutdownRequest,
     FenceBrokerRequest,
     RegisterBrokerRequest,
@@ -51,6 +52,8 @@ REGISTER_WAIT_S = 300.0  # how long to wait for another node to finish our WAL f
 SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
+BUCKET_PROBE_INTERVAL_S = 2.0  # a small write to every bucket this often (failover health)
+BUCKET_PROBE_TIMEOUT_MS = 2_000
 
 
 class BrokerNode:
@@ -63,6 +66,7 @@ class BrokerNode:
         self.node_epoch: int | None = None
         self.fenced = True
         self.storage = None
+        self.objects = None  # ObjectStorage once the data plane runs
         self.partitions = None
         self.kafka = None
         self._stop = threading.Event()
@@ -118,6 +122,7 @@ class BrokerNode:
             metadata_offset=self.metadata.offset,
             stats=self._upload_stats(),
             produce_bytes_per_s=rates,
+            bucket_health=self._bucket_health(),
         )
         try:
             result = self.client.broker_heartbeat(req, timeout_s=5)
@@ -166,6 +171,48 @@ class BrokerNode:
             else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS],
         )
 
+    def _bucket_health(self) -> list[BucketWriteHealth]:
+        """Write health of every bucket this broker wrote to (uploads and probes)."""
+        if self.objects is None:
+            return []
+        return [
+            BucketWriteHealth(
+                bucket_id=h.bucket_id,
+                failing_for_ms=h.failing_for_ms,
+                healthy_for_ms=h.healthy_for_ms,
+                write_errors=h.write_errors,
+                writes_ok=h.writes_ok,
+                last_latency_ms=h.last_latency_ms,
+                last_error=h.last_error,
+            )
+            for h in self.objects.write_health.snapshot()[:16]
+        ]
+
+    def _probe_loop(self, bucket_id: int) -> None:
+        """A tiny write to one bucket every BUCKET_PROBE_INTERVAL_S, so its health is known
+        with no upload going on (and the main bucket's recovery is seen in failover mode).
+        One thread per bucket: a hung bucket never delays another's probe."""
+        from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+
+        assert self.objects is not None
+        probe = ObjectStorage(
+            parse_bucket_uris(self.config.bucket_uris),
+            write_health=self.objects.write_health,
+            connect_timeout_ms=BUCKET_PROBE_TIMEOUT_MS,
+            read_timeout_ms=BUCKET_PROBE_TIMEOUT_MS,
+            max_attempts=1,
+            max_concurrency=1,
+        )
+        key = f"_health/node-{self.config.node_id}"
+        try:
+            while not self._stop.wait(BUCKET_PROBE_INTERVAL_S):
+                try:
+                    probe.put_object(bucket_id, key, b"ok")
+                except Exception as exc:  # recorded in write_health by the store
+                    log.debug("probe of bucket %d failed: %s", bucket_id, exc)
+        finally:
+            probe.close()
+
     def _heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000
         while not self._stop.wait(interval_s):
@@ -197,6 +244,7 @@ class BrokerNode:
 
         cfg = self.config
         objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
+        self.objects = objects
         assert self.node_epoch is not None
         self.storage = S3Storage(
             StorageConfig(
@@ -214,6 +262,15 @@ class BrokerNode:
             self.client,
             objects,
         )
+        # object-storage failover: an upload stuck on a bucket writes have left is redone
+        # whole in the new active bucket
+        self.storage.uploader.active_bucket = lambda: (
+            self.metadata.image.active_bucket_id if self.metadata.caught_up else None
+        )
+        for bucket_id in objects.bucket_ids:
+            threading.Thread(
+                target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
+            ).start()
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(

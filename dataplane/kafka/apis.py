@@ -64,6 +64,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +401,13 @@ class KafkaApis:
                         error = KafkaError.OFFSET_OUT_OF_RANGE
                     elif p.fetch_offset < hw and total < max_bytes:
                         budget = min(p.partition_max_bytes, max_bytes - total)
-                        records = await self._io(plog.read, p.fetch_offset, max(budget, 1))
+                        try:
+                            records = await self._io(plog.read, p.fetch_offset, max(budget, 1))
+                        except ObjectStoreError as exc:
+                            # e.g. its bucket is down (object-storage failover): the
+                            # client retries; nothing is skipped
+                            log.warning("fetch %s-%d: %s", t.topic, p.partition, exc)
+                            error = KafkaError.KAFKA_STORAGE_ERROR
                         total += len(records)
                     if plog not in listening:
                         plog.add_listener(wake)
