@@ -16,6 +16,7 @@ from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.processes import (
     MIB,
+    STORE_COMPONENTS,
     ClusterConfig,
     ClusterError,
     LocalCluster,
@@ -153,16 +154,17 @@ def up(
             created = True
             missing = cluster.component_names(config)
             restarting = False
-        if "s3" in missing:
+        stores = [n for n in STORE_COMPONENTS if n in missing]
+        if stores:
             weed_binary()  # a clear error before anything starts
         cluster.check_ports(config, missing)
         if not config.embedded_s3 and "s3" not in was_running:
             for bucket in config.buckets:
                 check_bucket_reachable(bucket)
-        if "s3" in missing:
-            with waiting("starting the object store", format):
-                started.append("s3")
-                cluster.start_object_store(config)
+        for store in stores:
+            with waiting(f"starting the object store {store}", format):
+                started.append(store)
+                cluster.start_object_store(config, name=store)
         for c in config.controllers:
             if f"controller-{c.node_id}" in missing:
                 started.append(f"controller-{c.node_id}")
@@ -509,6 +511,11 @@ def _print_status(status: dict) -> None:
             "[bold green]yes[/]" if b["active"] else "" if known else "unknown (no leader)",
         )
     console.print(bkt)
+    for store in status.get("object_stores", []):
+        console.print(
+            f"object store {store['name']} (buckets {store['bucket_ids']}): "
+            f"{store['endpoint']} pid {store['pid'] or '[bold red]not running[/]'}"
+        )
 
     def known_or_dash(key: str) -> str:
         return "-" if status.get(key) is None else str(status[key])

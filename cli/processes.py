@@ -51,6 +51,10 @@ KILL_WAIT_S = 30.0
 _POLL_S = 0.02
 
 
+FAILOVER_STORE = "s3-failover"  # the component name of the failover bucket's store
+STORE_COMPONENTS = ("s3", FAILOVER_STORE)
+
+
 class ClusterError(RuntimeError):
     """An operator-facing error: printed as a message, never as a traceback."""
 
@@ -72,6 +76,10 @@ class ClusterConfig(BaseModel):
     password: str
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
+    # the second embedded store (component "s3-failover", bucket 1): a separate process
+    # with its own data dir, so the main store can fail alone. None in configs written
+    # before it existed (their one store holds both buckets)
+    embedded_s3_failover: dict | None = None
     buckets: list[BucketConfig] = Field(default_factory=list)
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
@@ -100,10 +108,36 @@ class ClusterConfig(BaseModel):
             ports[f"broker-{b.node_id} kafka"] = b.kafka_port
             if b.metrics_port:
                 ports[f"broker-{b.node_id} metrics"] = b.metrics_port
-        if self.embedded_s3:
-            for name, port in self.embedded_s3["ports"].items():
-                ports[f"s3 {name}"] = port
+        for component, store in self.embedded_stores().items():
+            for name, port in store["ports"].items():
+                ports[f"{component} {name}"] = port
         return ports
+
+    def embedded_stores(self) -> dict[str, dict]:
+        """Component name -> SeaweedConfig JSON of every embedded object store."""
+        stores = {}
+        if self.embedded_s3:
+            stores["s3"] = self.embedded_s3
+        if self.embedded_s3_failover:
+            stores[FAILOVER_STORE] = self.embedded_s3_failover
+        return stores
+
+    def object_stores(self, pids: dict[str, int]) -> list[dict]:
+        """`cluster status`'s `object_stores`: name, bucket ids, pid, endpoint of each
+        embedded store (empty for external buckets)."""
+        out = []
+        for component, store in self.embedded_stores().items():
+            endpoint = SeaweedConfig.from_json(store).endpoint
+            out.append(
+                {
+                    "name": "main" if component == "s3" else "failover",
+                    "component": component,
+                    "bucket_ids": [b.bucket_id for b in self.buckets if endpoint in b.uri],
+                    "pid": pids.get(component),
+                    "endpoint": endpoint,
+                }
+            )
+        return out
 
 
 def redact_uri(uri: str) -> str:
@@ -212,7 +246,10 @@ def component_of(
     if argv and os.path.basename(argv[0]) == "weed" and "mini" in argv[1:]:
         data = resolved(_option(argv[1:], "-dir", "--dir"))
         want = os.path.realpath(s3_data_dir or os.path.join(root, "s3"))
-        return "s3" if data == os.path.join(want, "data") else None
+        if data == os.path.join(want, "data"):
+            return "s3"
+        failover = os.path.join(os.path.dirname(want), FAILOVER_STORE)
+        return FAILOVER_STORE if data == os.path.join(failover, "data") else None
     return None
 
 
@@ -307,7 +344,7 @@ class LocalCluster:
         return self.dir / "pids" / f"{name}.pid"
 
     def component_names(self, config: ClusterConfig) -> list[str]:
-        names = ["s3"] if config.embedded_s3 else []
+        names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
         return names
@@ -332,7 +369,8 @@ class LocalCluster:
             )
         if not azs:
             raise ClusterError("at least one AZ name is needed")
-        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 10)
+        # two embedded stores (main: bucket 0, failover: bucket 1), 10 ports each
+        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 20)
         # the object store's admin gRPC port is its admin port + ADMIN_GRPC_OFFSET
         top = 65535 - needed - (0 if bucket_uris else ADMIN_GRPC_OFFSET)
         if base_port is not None:
@@ -360,25 +398,31 @@ class LocalCluster:
         ]
         off += brokers * 2
         embedded: dict | None = None
+        embedded_failover: dict | None = None
         if bucket_uris:
             buckets = _external_buckets(bucket_uris)
         else:
-            s3 = SeaweedConfig.generate(self.dir / "s3")
-            s3.ports = dict(zip(s3.ports, ports[off : off + 10]))
-            if base_port is None:
-                s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
-            else:
-                s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
-            embedded = s3.to_json()
-            buckets = [
-                BucketConfig(
-                    bucket_id=i,
-                    uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
-                    access_key=s3.access_key,
-                    secret_key=s3.secret_key,
+            buckets = []
+            stores = []
+            for i, (component, name) in enumerate(
+                (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
+            ):
+                s3 = SeaweedConfig.generate(self.dir / component, buckets=[name])
+                s3.ports = dict(zip(s3.ports, ports[off + 10 * i : off + 10 * (i + 1)]))
+                if base_port is None:
+                    s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
+                else:
+                    s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+                stores.append(s3.to_json())
+                buckets.append(
+                    BucketConfig(
+                        bucket_id=i,
+                        uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
+                        access_key=s3.access_key,
+                        secret_key=s3.secret_key,
+                    )
                 )
-                for i, name in enumerate(s3.buckets)
-            ]
+            embedded, embedded_failover = stores
         settings = ControllerSettings(
             bucket_ids=[b.bucket_id for b in buckets], broker_session_timeout_ms=session_timeout_ms
         )
@@ -389,6 +433,7 @@ class LocalCluster:
             password=secrets.token_urlsafe(24),
             settings=settings,
             embedded_s3=embedded,
+            embedded_s3_failover=embedded_failover,
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
@@ -496,10 +541,14 @@ class LocalCluster:
                 "another --base-port / --dir"
             )
 
-    def start_object_store(self, config: ClusterConfig, timeout_s: float = 60.0) -> None:
-        if not config.embedded_s3:
+    def start_object_store(
+        self, config: ClusterConfig, timeout_s: float = 60.0, name: str = "s3"
+    ) -> None:
+        """Start one embedded store (`s3`: the main one, `s3-failover`)."""
+        store = config.embedded_stores().get(name)
+        if not store:
             return
-        s3 = SeaweedConfig.from_json(config.embedded_s3)
+        s3 = SeaweedConfig.from_json(store)
         fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
         if (
             s3.ports.get("admin_grpc") != fixed
@@ -508,10 +557,13 @@ class LocalCluster:
         ):
             # a config written before: move the admin gRPC port to where weed's worker dials
             s3.ports["admin_grpc"] = fixed
-            config.embedded_s3 = s3.to_json()
+            if name == "s3":
+                config.embedded_s3 = s3.to_json()
+            else:
+                config.embedded_s3_failover = s3.to_json()
             self.save(config)
-        proc = start_seaweed(s3, self.log_path("s3"))
-        self._record_pid("s3", proc.pid)
+        proc = start_seaweed(s3, self.log_path(name))
+        self._record_pid(name, proc.pid)
         wait_seaweed_ready(s3, timeout_s, proc)
 
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
@@ -594,7 +646,7 @@ class LocalCluster:
         stopped = []
         order = [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
-        order += [n for n in self.component_names(config) if n == "s3"]
+        order += [n for n in self.component_names(config) if n in STORE_COMPONENTS]
         for name in order:
             try:
                 if self.stop(name, timeout_s):
@@ -643,7 +695,15 @@ class LocalCluster:
             pass  # not empty: the operator's own files
 
 
-_OWN_ENTRIES = {"cluster.json", "quorum.json", "up-incomplete", "s3", "logs", "pids"}
+_OWN_ENTRIES = {
+    "cluster.json",
+    "quorum.json",
+    "up-incomplete",
+    "s3",
+    FAILOVER_STORE,
+    "logs",
+    "pids",
+}
 
 MIB = 1024 * 1024
 

@@ -152,6 +152,10 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "embedded": bool(config.embedded_s3),
             "pid": pids.get("s3") if config.embedded_s3 else None,
         },
+        # every embedded store: main (bucket 0) and failover (bucket 1), separate processes
+        "object_stores": config.object_stores(pids),
+        # object-storage failover as the leader sees it (None without a leader)
+        "bucket_failover": (leader_view or {}).get("bucket_failover"),
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),

@@ -54,13 +54,17 @@ class WriteHealthTracker:
             st.first_failure_s = None
             st.last_latency_ms = latency_s * 1000
 
-    def record_failure(self, bucket_id: int, error: BaseException | str) -> None:
+    def record_failure(
+        self, bucket_id: int, error: BaseException | str, started_s: float | None = None
+    ) -> None:
+        """A failed write; `started_s` (monotonic, the same clock): when it began, so a
+        write that hung until its timeout counts as failing from its start."""
         now = self._clock()
         with self._lock:
             st = self._buckets.setdefault(bucket_id, _State())
             st.errors += 1
             if st.first_failure_s is None:
-                st.first_failure_s = now
+                st.first_failure_s = min(now, started_s) if started_s is not None else now
             st.last_failure_s = now
             st.last_error = str(error)[:MAX_ERROR_CHARS]
 

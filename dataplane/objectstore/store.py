@@ -362,7 +362,7 @@ class ObjectStorage:
                 lambda _: len(data),
             )
         except ObjectStoreError as exc:
-            self.write_health.record_failure(bucket_id, exc)
+            self.write_health.record_failure(bucket_id, exc, started_s=t0)
             raise
         self.write_health.record_ok(bucket_id, time.monotonic() - t0)
 
