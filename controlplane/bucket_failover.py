@@ -174,6 +174,17 @@ def decide(
     )
 
 
+def deletion_paused(image: MetadataImage, bucket_id: int, unhealthy: set[int]) -> bool:
+    """Must the controller leave this bucket's destroyed objects alone for now? (pure)
+
+    Yes for a bucket the brokers report unhealthy (a delete would hang or fail), and in
+    failover mode for every bucket but the active one (no cross-region traffic, AKIP-1).
+    The objects stay MARK_DESTROYED, so they are deleted once this no longer holds.
+    """
+    state = image.bucket_failover
+    return bucket_id in unhealthy or (state.in_failover and bucket_id != state.active_bucket_id)
+
+
 def bucket_usage(image: MetadataImage) -> dict[int, tuple[int, int]]:
     """bucket id -> (objects, bytes) of the objects the metadata holds in it (pure)."""
     usage: dict[int, tuple[int, int]] = {}

@@ -307,12 +307,9 @@ class ControllerNode:
         # failover mode only the active bucket's objects are deleted (no cross-region
         # traffic). Skipped objects stay MARK_DESTROYED: retried once the bucket is back.
         skip = self.unhealthy_buckets()
-        state = image.bucket_failover
         by_bucket: dict[int, list[int]] = {}
         for meta in due:
-            if meta.bucket_id in skip or (
-                state.in_failover and meta.bucket_id != state.active_bucket_id
-            ):
+            if bucket_failover.deletion_paused(image, meta.bucket_id, skip):
                 continue
             if meta.state == ObjectState.MARK_DESTROYED:
                 by_bucket.setdefault(meta.bucket_id, []).append(meta.object_id)

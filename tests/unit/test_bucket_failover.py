@@ -139,6 +139,18 @@ def test_reports_age_while_the_leader_waits_for_the_next_one():
     assert aged[0][0].failing_for_ms == 10_000
 
 
+def test_deletion_pauses_for_unhealthy_buckets_and_in_failover_mode():
+    sm = machine()
+    paused = bucket_failover.deletion_paused
+    assert not paused(sm.image, 0, set()) and not paused(sm.image, 1, set())
+    assert paused(sm.image, 0, {0}) and not paused(sm.image, 1, {0})
+    sm.execute("set_active_bucket", {"bucket_id": 1}, NOW)
+    assert paused(sm.image, 0, set())  # healthy, but not the active bucket in failover
+    assert not paused(sm.image, 1, set())
+    sm.execute("set_active_bucket", {"bucket_id": 0}, NOW)
+    assert not paused(sm.image, 0, set())  # healed and back: deletes resume
+
+
 def test_bucket_usage_counts_objects_and_bytes_per_bucket():
     sm = machine()
     body = {"node_id": 1, "node_epoch": 0, "count": 1, "ttl_ms": 60_000}
