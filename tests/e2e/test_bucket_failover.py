@@ -1,7 +1,7 @@
 """Issue #11: object-storage failover on a real cluster with real clients.
 
 Two embedded stores run as separate processes (main: bucket 0, failover: bucket 1).
-confluent-kafka produces with acks=all and records every ack while the main store's process
+First a manual switch to bucket 1 and back under load. Then confluent-kafka produces with acks=all and records every ack while the main store's process
 is frozen (SIGSTOP: every request to it hangs, like a region that stopped answering).
 Produce keeps being acknowledged from the WAL; the controller leader switches new objects to
 bucket 1 on its own once the brokers report failed writes for the detection time; a switch
@@ -87,6 +87,15 @@ def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path):
         ledger = AckLedger(bootstrap, "orders", PARTITIONS, rate_per_partition=50).start()
         try:
             wait_for(d, lambda s: bucket(s, 0)["objects"] > 0, "objects in bucket 0", 20)
+            # a manual switch under load with both buckets healthy, and back
+            to_1 = automqctl("failover", "--bucket", "1", "--format", "json", cluster_dir=d)
+            assert to_1.returncode == 0, to_1.stderr
+            switched = json.loads(to_1.stdout)
+            assert (switched["mode"], switched["active_bucket_id"]) == ("failover", 1)
+            wait_for(d, lambda s: bucket(s, 1)["objects"] > 0, "objects in bucket 1", 10)
+            assert automqctl("failover", "--bucket", "0", cluster_dir=d).returncode == 0
+            time.sleep(1.5)  # an upload prepared in bucket 1 before the switch commits now
+            in_failover = bucket(leader_failover_status(d), 1)["objects"]
             frozen_at = time.monotonic()
             os.kill(main_pid, signal.SIGSTOP)
             try:
@@ -99,7 +108,7 @@ def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path):
                 assert status["auto"] and status["active_bucket_id"] == 1
                 assert "bucket 0" in status["reason"], status["reason"]
                 assert bucket(status, 0)["healthy"] is False
-                wait_for(d, lambda s: bucket(s, 1)["objects"] > 0, "objects in bucket 1", 10)
+                wait_for(d, lambda s: bucket(s, 1)["objects"] > in_failover, "new objects in 1", 10)
                 # going back to a bucket that does not answer: refused, nothing changed
                 back = automqctl("failover", "--bucket", "0", cluster_dir=d)
                 assert back.returncode == 1 and "not reachable" in back.stderr, back
