@@ -38,3 +38,6 @@ class BrokerConfig(BaseModel):
     block_cache_bytes: int = Field(default=BLOCK_CACHE_BYTES, ge=16 * 1024 * 1024)
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024 * 1024)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
+    # object-storage failover: a tiny probe write to every bucket this often, so write
+    # health is known without uploads (one PUT per bucket per interval; 0: uploads only)
+    bucket_probe_interval_ms: int = Field(default=2_000, ge=0, le=600_000)

@@ -52,7 +52,6 @@ REGISTER_WAIT_S = 300.0  # how long to wait for another node to finish our WAL f
 SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
-BUCKET_PROBE_INTERVAL_S = 2.0  # a small write to every bucket this often (failover health)
 BUCKET_PROBE_TIMEOUT_MS = 2_000
 
 
@@ -189,7 +188,7 @@ class BrokerNode:
         ]
 
     def _probe_loop(self, bucket_id: int) -> None:
-        """A tiny write to one bucket every BUCKET_PROBE_INTERVAL_S, so its health is known
+        """A tiny write to one bucket every `bucket_probe_interval_ms`, so its health is known
         with no upload going on (and the main bucket's recovery is seen in failover mode).
         One thread per bucket: a hung bucket never delays another's probe."""
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
@@ -205,7 +204,7 @@ class BrokerNode:
         )
         key = f"_health/node-{self.config.node_id}"
         try:
-            while not self._stop.wait(BUCKET_PROBE_INTERVAL_S):
+            while not self._stop.wait(self.config.bucket_probe_interval_ms / 1000):
                 try:
                     probe.put_object(bucket_id, key, b"ok")
                 except Exception as exc:  # recorded in write_health by the store
@@ -267,7 +266,7 @@ class BrokerNode:
         self.storage.uploader.active_bucket = lambda: (
             self.metadata.image.active_bucket_id if self.metadata.caught_up else None
         )
-        for bucket_id in objects.bucket_ids:
+        for bucket_id in objects.bucket_ids if cfg.bucket_probe_interval_ms else []:
             threading.Thread(
                 target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
             ).start()
