@@ -186,3 +186,19 @@ def test_write_health_tracks_failing_and_healthy_time():
 def test_malformed_switch_requests_are_refused(bad):
     sm = machine()
     assert "malformed" in refused(sm, bad)
+
+
+def test_each_bucket_may_take_its_own_credentials_from_the_environment(monkeypatch):
+    from dataplane.objectstore import parse_bucket_uris
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "global-ak")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "global-sk")
+    monkeypatch.setenv("AUTOMQ_S3_ACCESS_KEY_1", "failover-ak")
+    monkeypatch.setenv("AUTOMQ_S3_SECRET_KEY_1", "failover-sk")
+    main, failover = parse_bucket_uris("0@s3://main,1@s3://failover?region=eu-west-1")
+    assert main.credentials()["aws_access_key_id"] == "global-ak"
+    assert failover.credentials() == {
+        "aws_access_key_id": "failover-ak",
+        "aws_secret_access_key": "failover-sk",
+    }
+    assert "failover-sk" not in repr(failover) and "failover-sk" not in failover.to_string()
