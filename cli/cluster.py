@@ -161,10 +161,10 @@ def up(
         if not config.embedded_s3 and "s3" not in was_running:
             for bucket in config.buckets:
                 check_bucket_reachable(bucket)
-        for store in stores:
-            with waiting(f"starting the object store {store}", format):
-                started.append(store)
-                cluster.start_object_store(config, name=store)
+        if stores:
+            with waiting(f"starting the object store(s) {', '.join(stores)}", format):
+                started.extend(stores)
+                cluster.start_object_stores(config, stores)
         for c in config.controllers:
             if f"controller-{c.node_id}" in missing:
                 started.append(f"controller-{c.node_id}")

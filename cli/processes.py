@@ -545,26 +545,37 @@ class LocalCluster:
         self, config: ClusterConfig, timeout_s: float = 60.0, name: str = "s3"
     ) -> None:
         """Start one embedded store (`s3`: the main one, `s3-failover`)."""
-        store = config.embedded_stores().get(name)
-        if not store:
-            return
-        s3 = SeaweedConfig.from_json(store)
-        fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
-        if (
-            s3.ports.get("admin_grpc") != fixed
-            and fixed <= 65535
-            and not port_in_use(fixed, config.host)
-        ):
-            # a config written before: move the admin gRPC port to where weed's worker dials
-            s3.ports["admin_grpc"] = fixed
-            if name == "s3":
-                config.embedded_s3 = s3.to_json()
-            else:
-                config.embedded_s3_failover = s3.to_json()
-            self.save(config)
-        proc = start_seaweed(s3, self.log_path(name))
-        self._record_pid(name, proc.pid)
-        wait_seaweed_ready(s3, timeout_s, proc)
+        self.start_object_stores(config, [name], timeout_s)
+
+    def start_object_stores(
+        self, config: ClusterConfig, names: list[str], timeout_s: float = 60.0
+    ) -> None:
+        """Start the embedded stores `names` at once, then wait until each answers."""
+        started = []
+        for name in names:
+            store = config.embedded_stores().get(name)
+            if not store:
+                continue
+            s3 = SeaweedConfig.from_json(store)
+            fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+            if (
+                s3.ports.get("admin_grpc") != fixed
+                and fixed <= 65535
+                and not port_in_use(fixed, config.host)
+            ):
+                # a config written before: move the admin gRPC port to where weed's worker
+                # dials
+                s3.ports["admin_grpc"] = fixed
+                if name == "s3":
+                    config.embedded_s3 = s3.to_json()
+                else:
+                    config.embedded_s3_failover = s3.to_json()
+                self.save(config)
+            proc = start_seaweed(s3, self.log_path(name))
+            self._record_pid(name, proc.pid)
+            started.append((s3, proc))
+        for s3, proc in started:
+            wait_seaweed_ready(s3, timeout_s, proc)
 
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
         qpath = self.dir / "quorum.json"
