@@ -284,3 +284,27 @@ def test_max_message_bytes_is_enforced_after_an_alter_without_reopening(broker):
     assert produce(big) == KafkaError.NONE
     # the default (Kafka's 1048588) holds for a topic with no override
     assert produce(batch([b"y" * 1_100_000])) == KafkaError.MESSAGE_TOO_LARGE
+
+
+def test_batches_up_to_the_produce_limit_are_stored_when_the_topic_allows_them(broker):
+    """A topic whose max.message.bytes allows 8 MiB batches takes a 6 MiB batch (the WAL
+    used to refuse records above 4 MiB, which reached the client as NOT_LEADER); a batch
+    above the broker's per-partition produce limit is MESSAGE_TOO_LARGE, never NOT_LEADER."""
+    apis, controller, sync = broker
+    controller.call(
+        "create_topic",
+        {"name": "big", "partitions": 1, "configs": {"max.message.bytes": "104857600"}},
+    )
+    sync()
+    plog = apis.partitions.get(controller.machine.image.topic_by_name("big").topic_id, 0)
+    payload = bytes(range(256)) * (6 * 1024 * 4)  # 6 MiB, not compressible to nothing
+
+    def produce(records: bytes) -> int:
+        res = run(apis.produce(produce_req("big", records), ctx(0, 9)))
+        return res.responses[0].partition_responses[0].error_code
+
+    assert produce(batch([payload])) == KafkaError.NONE
+    assert plog.high_watermark == 1
+    assert payload in plog.read(0, 16 * 1024 * 1024)
+    assert produce(batch([payload + payload])) == KafkaError.MESSAGE_TOO_LARGE
+    assert plog.high_watermark == 1
