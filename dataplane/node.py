@@ -185,6 +185,7 @@ class BrokerNode:
 
     def _start_data_plane(self) -> None:
         from controlplane.coordinators import group_coordinator, group_slot, owned_slots
+        from dataplane.kafka.admin_apis import AdminApis
         from dataplane.kafka.apis import BrokerIdentity, KafkaApis
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
@@ -272,7 +273,9 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
+        admin = AdminApis(cfg.node_id, image_fn, self.client, apis.io)
+        handlers = apis.registrations() + groups.registrations() + admin.registrations()
+        for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
         self.kafka = KafkaServerThread(
             registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
