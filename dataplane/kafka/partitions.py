@@ -28,7 +28,12 @@ from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, patch_batch
+from dataplane.kafka.record_batch import (
+    InvalidRecordBatchError,
+    parse_batches,
+    patch_batch,
+    record_timestamps,
+)
 from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,18 @@ RECONCILE_RECORD_TYPES = frozenset(
     {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
 )
 RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
+
+
+def _first_record_at_or_after(batch, timestamp_ms: int) -> OffsetAndTimestamp:
+    """The first record of `batch` (whose max timestamp is >= `timestamp_ms`) with a
+    timestamp at or after it: Kafka answers per record, not per batch."""
+    try:
+        for offset, ts in record_timestamps(batch):
+            if ts >= timestamp_ms:
+                return OffsetAndTimestamp(offset, ts)
+    except InvalidRecordBatchError:
+        log.warning("unreadable records in batch at %d: answering its base", batch.base_offset)
+    return OffsetAndTimestamp(batch.base_offset, batch.max_timestamp)
 
 
 @dataclass
@@ -315,7 +332,7 @@ class PartitionLog:
                 headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
                 for h in headers:
                     if h.max_timestamp >= timestamp_ms:
-                        return OffsetAndTimestamp(b.base_offset, h.max_timestamp)
+                        return _first_record_at_or_after(h, timestamp_ms)
             offset = batches[-1].last_offset
         return OffsetAndTimestamp(-1, -1)
 
