@@ -64,6 +64,7 @@ class BrokerNode:
         self.fenced = True
         self.storage = None
         self.partitions = None
+        self.retention = None
         self.kafka = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -192,6 +193,7 @@ class BrokerNode:
         from dataplane.kafka.offset_store import KVOffsetStore
         from dataplane.kafka.partitions import PartitionManager
         from dataplane.kafka.registry import ApiRegistry
+        from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
         from dataplane.s3stream.storage import S3Storage, StorageConfig
@@ -221,6 +223,12 @@ class BrokerNode:
             cfg.node_id, self.storage, lambda: self.metadata.caught_up
         )
         self.partitions.start()
+        self.retention = RetentionManager(
+            lambda: self.metadata.image,
+            self.partitions.logs,
+            check_interval_ms=cfg.retention_check_interval_ms,
+        )
+        self.retention.start()
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             lambda: self.metadata.image,
@@ -273,7 +281,7 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        admin = AdminApis(cfg.node_id, image_fn, self.client, apis.io)
+        admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
         handlers = apis.registrations() + groups.registrations() + admin.registrations()
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
@@ -398,6 +406,8 @@ class BrokerNode:
         self._stop.set()
         if self.kafka is not None:
             self.kafka.stop()
+        if self.retention is not None:
+            self.retention.stop()
         if self.partitions is not None:
             self.partitions.stop()
         if self.storage is not None:

@@ -1,5 +1,5 @@
 """Admin APIs that stock Kafka tools call, mapped onto this design's metadata:
-DescribeLogDirs (object-store bytes per partition), AlterPartitionReassignments and
+DeleteRecords (the log start offset advances, as retention does), DescribeLogDirs (object-store bytes per partition), AlterPartitionReassignments and
 ListPartitionReassignments (what `kafka-reassign-partitions.sh` calls; a move here is our
 reassignment: no data is copied).
 
@@ -11,12 +11,15 @@ change until the new leader has opened the stream (its last range is the new lea
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
 from kafka.protocol.admin import (
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
     ListPartitionReassignmentsRequest,
@@ -29,6 +32,11 @@ from controlplane.image import MetadataImage, PartitionState, TopicState
 from controlplane.requests import ReassignPartitionsRequest
 from dataplane.kafka.apis import _kafka_error
 from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.kafka.partitions import OffsetOutOfRangeError
+from dataplane.kafka.retention import stored_pieces
+
+log = logging.getLogger(__name__)
 
 LOG_DIR = "object-storage"  # the one "log dir" each broker reports
 REASSIGN_TIMEOUT_S = 30.0
@@ -37,31 +45,18 @@ _AlterTopic = AlterPartitionReassignmentsResponse.ReassignableTopicResponse
 _AlterPartition = _AlterTopic.ReassignablePartitionResponse
 _ListTopic = ListPartitionReassignmentsResponse.OngoingTopicReassignment
 _ListPartition = _ListTopic.OngoingPartitionReassignment
+_DeletedTopic = DeleteRecordsResponse.DeleteRecordsTopicResult
+_DeletedPartition = _DeletedTopic.DeleteRecordsPartitionResult
 _DirResult = DescribeLogDirsResponse.DescribeLogDirsResult
 _DirTopic = _DirResult.DescribeLogDirsTopic
 _DirPartition = _DirTopic.DescribeLogDirsPartition
 
 
 def stream_size_bytes(image: MetadataImage, stream_id: int) -> int:
-    """Bytes of the stream's data in object storage (pure). A stream object counts whole; a
-    stream-set object is shared by many streams and does not record per-stream sizes, so the
-    stream gets its share of the object by offset count (an estimate)."""
-    stream = image.streams.get(stream_id)
-    if stream is None:
-        return 0
-    total = 0
-    for rng in stream.object_ranges:
-        meta = image.objects.get(rng.object_id)
-        if meta is None:
-            continue
-        if rng.kind == "so":
-            total += meta.size_bytes
-            continue
-        sso = image.stream_set_objects.get(rng.object_id)
-        offsets = sum(r.end_offset - r.start_offset for r in sso.ranges) if sso else 0
-        if offsets > 0:
-            total += meta.size_bytes * (rng.end_offset - rng.start_offset) // offsets
-    return total
+    """Bytes of the stream's data in object storage (pure; an estimate for data in
+    stream-set objects, see `retention.stored_pieces`)."""
+    start = image.streams[stream_id].start_offset if stream_id in image.streams else 0
+    return sum(p.size_bytes for p in stored_pieces(image, stream_id) if p.end_offset > start)
 
 
 def moving_from(image: MetadataImage, partition: PartitionState) -> int | None:
@@ -83,20 +78,59 @@ class AdminApis:
         node_id: int,
         image_fn: Callable[[], MetadataImage],
         controller: ControllerCalls,
+        partitions: PartitionResolver,
         io: Executor,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.controller = controller
+        self.partitions = partitions
         self.io = io
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""
         return [
+            (DeleteRecordsRequest, 0, 2, self.delete_records),
             (DescribeLogDirsRequest, 1, 4, self.describe_log_dirs),
             (AlterPartitionReassignmentsRequest, 0, 0, self.alter_partition_reassignments),
             (ListPartitionReassignmentsRequest, 0, 0, self.list_partition_reassignments),
         ]
+
+    # ------------------------------------------------------------ DeleteRecords
+
+    async def delete_records(self, req, ctx):
+        """Advance each partition's log start offset (`kafka-delete-records.sh`, Kafka
+        Streams' repartition purge); -1 means the high watermark."""
+        image = self.image_fn()
+        loop = asyncio.get_running_loop()
+        topics = []
+        for t in req.topics:
+            parts = []
+            topic = image.topic_by_name(t.name)
+            for p in t.partitions:
+                low, error = -1, KafkaError.NONE
+                plog = self.partitions.get(topic.topic_id, p.partition_index) if topic else None
+                if topic is None or p.partition_index not in topic.partitions:
+                    error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                elif plog is None:
+                    error = KafkaError.NOT_LEADER_OR_FOLLOWER
+                else:
+                    try:
+                        low = await loop.run_in_executor(self.io, plog.delete_records, p.offset)
+                    except OffsetOutOfRangeError:
+                        error = KafkaError.OFFSET_OUT_OF_RANGE
+                    except ControllerError as exc:
+                        error = _kafka_error(exc)
+                    except Exception:  # noqa: BLE001 - a storage failure, retriable
+                        log.exception("DeleteRecords of %s-%d failed", t.name, p.partition_index)
+                        error = KafkaError.KAFKA_STORAGE_ERROR
+                parts.append(
+                    _DeletedPartition(
+                        partition_index=p.partition_index, low_watermark=low, error_code=error
+                    )
+                )
+            topics.append(_DeletedTopic(name=t.name, partitions=parts))
+        return DeleteRecordsResponse[ctx.api_version](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ DescribeLogDirs
 

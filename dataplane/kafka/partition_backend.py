@@ -67,6 +67,11 @@ class PartitionBackend(Protocol):
         """The first offset whose batch holds a timestamp >= `timestamp_ms` (-1 if none)."""
         ...
 
+    def delete_records(self, offset: int) -> int:
+        """Advance the log start offset to `offset` (-1: the high watermark); returns the
+        new log start offset. Blocks on I/O: call off the event loop."""
+        ...
+
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         """(largest epoch <= `leader_epoch`, its end offset), or (-1, -1): for
         OffsetForLeaderEpoch (a follower's or consumer's log truncation check)."""

@@ -68,6 +68,10 @@ def _first_record_at_or_after(batch, timestamp_ms: int) -> OffsetAndTimestamp:
     return OffsetAndTimestamp(batch.base_offset, batch.max_timestamp)
 
 
+class OffsetOutOfRangeError(ValueError):
+    """An offset past the partition's high watermark (OFFSET_OUT_OF_RANGE)."""
+
+
 @dataclass
 class _ProducerEntry:
     epoch: int
@@ -335,6 +339,24 @@ class PartitionLog:
                         return _first_record_at_or_after(h, timestamp_ms)
             offset = batches[-1].last_offset
         return OffsetAndTimestamp(-1, -1)
+
+    def delete_records(self, offset: int) -> int:
+        """Advance the log start offset to `offset` (-1: the high watermark): DeleteRecords
+        and retention. Returns the new log start offset; an offset below it changes
+        nothing. Data still in the WAL is uploaded first. Blocks: call off the event loop.
+
+        Raises:
+            OffsetOutOfRangeError: `offset` is past the high watermark.
+        """
+        target = self.high_watermark if offset == -1 else offset
+        if target < 0 or target > self.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: cannot delete records below {offset}, "
+                f"the high watermark is {self.high_watermark}"
+            )
+        if target > self.log_start_offset:
+            self.stream.trim(target)
+        return self.log_start_offset
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         if leader_epoch >= self.leader_epoch:

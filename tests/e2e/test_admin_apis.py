@@ -1,6 +1,7 @@
-"""Admin APIs that stock Kafka tools call, from kafka-python's KafkaAdminClient on a real
-cluster: DescribeLogDirs reports object-store bytes per partition, AlterPartitionReassignments
-moves a partition (and refuses what cannot be), ListPartitionReassignments, OffsetDelete."""
+"""Admin APIs that stock Kafka tools call, from kafka-python's KafkaAdminClient and
+confluent-kafka on a real cluster: DescribeLogDirs reports object-store bytes per partition,
+AlterPartitionReassignments moves a partition (and refuses what cannot be),
+ListPartitionReassignments, OffsetDelete, DeleteRecords; and time retention."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import TopicPartition as CkTopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition  # noqa: E402
 from kafka.errors import (  # noqa: E402
     GroupSubscribedToTopicError,
@@ -28,7 +31,15 @@ from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("admin") / "cluster"
-    with running_cluster(d, "--upload-interval-s", "1", "--wal-capacity-mib", "64") as status:
+    with running_cluster(
+        d,
+        "--upload-interval-s",
+        "1",
+        "--wal-capacity-mib",
+        "64",
+        "--retention-check-interval-s",
+        "1",
+    ) as status:
         yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
@@ -160,3 +171,77 @@ def test_offset_delete_refuses_subscribed_topics_and_deletes_the_rest(cluster, a
     deleted = admin.delete_group_offsets(group, [TopicPartition(a, 0)])
     assert deleted == {TopicPartition(a, 0): NoError}
     assert admin.list_group_offsets(group)[group] == {}
+
+
+def watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"})
+    try:
+        return consumer.get_watermark_offsets(CkTopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+
+
+def first_offset_read(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10_000
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        return next(iter(consumer)).offset
+    finally:
+        consumer.close()
+
+
+def test_delete_records_from_confluent_and_kafka_python(cluster, admin):
+    bootstrap = cluster["bootstrap"]
+    topic = f"dr-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, 30)
+    confluent = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = confluent.delete_records([CkTopicPartition(topic, 0, 10)]).values()
+    assert future.result(30).low_watermark == 10
+    assert watermarks(bootstrap, topic) == (10, 30)
+    assert first_offset_read(bootstrap, topic) == 10
+
+    deleted = admin.delete_records({TopicPartition(topic, 0): 25})
+    assert deleted[TopicPartition(topic, 0)]["low_watermark"] == 25
+    assert watermarks(bootstrap, topic) == (25, 30)
+    assert first_offset_read(bootstrap, topic) == 25
+
+
+def test_time_retention_moves_the_earliest_offset_past_old_records(cluster, admin):
+    bootstrap = cluster["bootstrap"]
+    topic = f"ret-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1, configs={"retention.ms": "3000"})
+    produce(bootstrap, topic, 100)
+    deadline = time.monotonic() + 60
+    low = 0
+    while time.monotonic() < deadline and low < 100:
+        low, _ = watermarks(bootstrap, topic)
+        time.sleep(0.5)
+    assert low == 100  # every record is older than 3 s, uploaded and removed
+    produce(bootstrap, topic, 5)
+    assert first_offset_read(bootstrap, topic) == 100
+
+
+def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
+    import json
+
+    from tests.e2e.ledger import automqctl
+
+    bootstrap = cluster["bootstrap"]
+    topic = f"desc-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 2)
+    produce(bootstrap, topic, 40, partition=1)
+    confluent = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it
+    [deleted] = confluent.delete_records([CkTopicPartition(topic, 1, 15)]).values()
+    assert deleted.result(30).low_watermark == 15
+    out = automqctl("topic", "describe", topic, "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    parts = {p["partition"]: p for p in json.loads(out.stdout)["partitions"]}
+    assert (parts[0]["log_start_offset"], parts[0]["end_offset"]) == (0, 0)
+    assert (parts[1]["log_start_offset"], parts[1]["end_offset"]) == (15, 40)
+    # DeleteRecords uploaded the data first: the partition's bytes are in the object store
+    assert parts[1]["object_store_bytes"] > 10 * 1000
+    table = automqctl("topic", "describe", topic, cluster_dir=cluster["dir"])
+    assert table.returncode == 0 and "object-store bytes" in table.stdout
