@@ -227,6 +227,7 @@ class BrokerNode:
             lambda: self.metadata.image,
             self.partitions.logs,
             check_interval_ms=cfg.retention_check_interval_ms,
+            timestamps=self.partitions.piece_timestamps,
         )
         self.retention.start()
         apis = KafkaApis(

@@ -34,7 +34,7 @@ from dataplane.kafka.apis import _kafka_error
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.partitions import OffsetOutOfRangeError
-from dataplane.kafka.retention import stored_pieces
+from dataplane.kafka.time_index import stored_pieces
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _DirPartition = _DirTopic.DescribeLogDirsPartition
 
 def stream_size_bytes(image: MetadataImage, stream_id: int) -> int:
     """Bytes of the stream's data in object storage (pure; an estimate for data in
-    stream-set objects, see `retention.stored_pieces`)."""
+    stream-set objects, see `time_index.stored_pieces`)."""
     start = image.streams[stream_id].start_offset if stream_id in image.streams else 0
     return sum(p.size_bytes for p in stored_pieces(image, stream_id) if p.end_offset > start)
 

@@ -438,8 +438,11 @@ class KafkaApis:
                 if plog is not None:
                     if p.timestamp == -2:
                         offset = plog.log_start_offset
-                    elif p.timestamp in (-1, -3):  # latest; -3 = max timestamp (approximated)
+                    elif p.timestamp == -1:
                         offset = plog.high_watermark
+                    elif p.timestamp == -3:  # MAX_TIMESTAMP (KIP-734)
+                        found = await self._io(plog.max_timestamp_offset)
+                        offset, ts = found.offset, found.timestamp_ms
                     else:
                         found = await self._io(plog.offset_for_timestamp, p.timestamp)
                         offset, ts = found.offset, found.timestamp_ms

@@ -26,21 +26,21 @@ from controlplane import topic_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
+from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
     parse_batches,
     patch_batch,
-    record_timestamps,
 )
+from dataplane.kafka.time_index import PieceTimestamps, StoredPiece
 from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one partition's records in one produce request
 # (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
-TIMESTAMP_SCAN_MAX_BYTES = 4 * 1024 * 1024 * 1024  # offset_for_timestamp gives up past this
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
 # how much of a stream's tail is read to rebuild producer state when a partition opens: the
@@ -54,18 +54,6 @@ RECONCILE_RECORD_TYPES = frozenset(
     {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
 )
 RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
-
-
-def _first_record_at_or_after(batch, timestamp_ms: int) -> OffsetAndTimestamp:
-    """The first record of `batch` (whose max timestamp is >= `timestamp_ms`) with a
-    timestamp at or after it: Kafka answers per record, not per batch."""
-    try:
-        for offset, ts in record_timestamps(batch):
-            if ts >= timestamp_ms:
-                return OffsetAndTimestamp(offset, ts)
-    except InvalidRecordBatchError:
-        log.warning("unreadable records in batch at %d: answering its base", batch.base_offset)
-    return OffsetAndTimestamp(batch.base_offset, batch.max_timestamp)
 
 
 class OffsetOutOfRangeError(ValueError):
@@ -215,6 +203,8 @@ class PartitionLog:
         stream: Stream,
         ranges_fn: Callable[[], list[RangeState]] = lambda: [],
         configs_fn: Callable[[], Mapping[str, str]] = dict,
+        pieces_fn: Callable[[], list[StoredPiece]] = lambda: [],
+        piece_timestamps: PieceTimestamps | None = None,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -225,6 +215,9 @@ class PartitionLog:
         # the topic's configs in the current metadata: read on every append, so an alter
         # takes effect with the next produce, without reopening the partition
         self._configs_fn = configs_fn
+        # the time index: the stream's pieces in object storage and their timestamps
+        self._pieces_fn = pieces_fn
+        self._piece_timestamps = piece_timestamps or PieceTimestamps()
         self.producers = ProducerStateTable()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
@@ -324,21 +317,26 @@ class PartitionLog:
         return b"".join(b.payload for b in batches)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
-        """First offset whose batch has max timestamp >= `timestamp_ms` (bounded scan)."""
-        offset, hw = self.log_start_offset, self.high_watermark
-        scanned = 0
-        while offset < hw and scanned < TIMESTAMP_SCAN_MAX_BYTES:
-            batches = self.stream.fetch(offset, hw, 1024 * 1024)
-            if not batches:
-                break
-            for b in batches:
-                scanned += len(b.payload)
-                headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
-                for h in headers:
-                    if h.max_timestamp >= timestamp_ms:
-                        return _first_record_at_or_after(h, timestamp_ms)
-            offset = batches[-1].last_offset
-        return OffsetAndTimestamp(-1, -1)
+        """The first record with a timestamp >= `timestamp_ms`, through the time index
+        (`time_index.py`: O(log n) reads)."""
+        return time_index.offset_for_timestamp(
+            self.stream,
+            self._pieces_fn(),
+            self.log_start_offset,
+            self.high_watermark,
+            timestamp_ms,
+            self._piece_timestamps,
+        )
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        """The record with the largest timestamp (ListOffsets MAX_TIMESTAMP, -3)."""
+        return time_index.max_timestamp_offset(
+            self.stream,
+            self._pieces_fn(),
+            self.log_start_offset,
+            self.high_watermark,
+            self._piece_timestamps,
+        )
 
     def delete_records(self, offset: int) -> int:
         """Advance the log start offset to `offset` (-1: the high watermark): DeleteRecords
@@ -390,6 +388,8 @@ class PartitionManager:
         self._last_reconcile = 0.0  # monotonic time of the last reconcile
         self._rates = ProduceRateMeter()
         self._rates_lock = threading.Lock()
+        # every led partition's time index and the retention check share it
+        self.piece_timestamps = PieceTimestamps()
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
 
     def start(self) -> None:
@@ -530,6 +530,8 @@ class PartitionManager:
             stream,
             ranges_fn=lambda: self._stream_ranges(stream_id),
             configs_fn=lambda: self._topic_configs(key[0]),
+            pieces_fn=lambda: time_index.stored_pieces(self._image, stream_id),
+            piece_timestamps=self.piece_timestamps,
         )
         try:
             producers = rebuild_producer_state(stream, plog.producers)

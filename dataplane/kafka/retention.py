@@ -13,8 +13,8 @@ uploaded) is the active segment: it is never removed by retention.
   stream-set object by offset count, an estimate).
 - `retention.ms` (>= 0): remove the oldest pieces whose largest timestamp is older than
   now - retention.ms. The timestamp is the max timestamp of the piece's last batch (one
-  ranged read, cached per piece), which equals Kafka's largest timestamp when timestamps
-  grow with offsets.
+  ranged read, cached per piece, shared with the time index: `time_index.PieceTimestamps`),
+  which equals Kafka's largest timestamp when timestamps grow with offsets.
 
 Only topics whose `cleanup.policy` includes `delete` are touched.
 """
@@ -24,52 +24,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from controlplane import topic_configs
 from controlplane.image import MetadataImage
 from dataplane.config import RETENTION_CHECK_INTERVAL_MS
-from dataplane.kafka.record_batch import parse_batches
+from dataplane.kafka.time_index import PieceTimestamps, StoredPiece, stored_pieces
 
 log = logging.getLogger(__name__)
 
-MAX_CACHED_TIMESTAMPS = 100_000  # (object id, end offset) -> max timestamp
 MAX_TRIMS_PER_CHECK = 1_000  # partitions trimmed in one check (the rest wait for the next)
-
-
-@dataclass(frozen=True)
-class StoredPiece:
-    """One piece of a stream in object storage: offsets [start, end) in one object."""
-
-    object_id: int
-    start_offset: int
-    end_offset: int
-    size_bytes: int
-
-
-def stored_pieces(image: MetadataImage, stream_id: int) -> list[StoredPiece]:
-    """The stream's pieces in object storage, oldest first, with their byte sizes (pure;
-    a stream-set object's bytes are shared by offset count among its streams)."""
-    stream = image.streams.get(stream_id)
-    if stream is None:
-        return []
-    pieces = []
-    for rng in stream.object_ranges:
-        meta = image.objects.get(rng.object_id)
-        if meta is None:
-            continue
-        span = rng.end_offset - rng.start_offset
-        if rng.kind == "so":
-            so = image.stream_objects.get(rng.object_id)
-            total = (so.end_offset - so.start_offset) if so else span
-        else:
-            sso = image.stream_set_objects.get(rng.object_id)
-            total = sum(r.end_offset - r.start_offset for r in sso.ranges) if sso else span
-        size = meta.size_bytes * span // total if total > 0 else 0
-        pieces.append(StoredPiece(rng.object_id, rng.start_offset, rng.end_offset, size))
-    return pieces
 
 
 def retention_start_offset(
@@ -103,7 +67,7 @@ class RetentionManager:
 
     Thread-safety: `check` may run on any thread (the manager's or a test's); it reads the
     image and the partition list, and trims through the partition (which serializes with
-    appends and fetches itself). The timestamp cache has its own lock.
+    appends and fetches itself); `PieceTimestamps` is thread-safe.
     """
 
     def __init__(
@@ -112,14 +76,15 @@ class RetentionManager:
         partitions_fn: Callable[[], list],
         check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        timestamps: PieceTimestamps | None = None,
     ):
         self.image_fn = image_fn
         self.partitions_fn = partitions_fn
         self.check_interval_ms = check_interval_ms
         self.clock_ms = clock_ms
         self.last_check_ms: dict[tuple[str, int], int] = {}  # (topic id, partition) -> time
-        self._timestamps: OrderedDict[tuple[int, int], int] = OrderedDict()
-        self._lock = threading.Lock()
+        # shared with the partitions' time index: each piece is read once per broker
+        self.timestamps = timestamps or PieceTimestamps()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retention", daemon=True)
 
@@ -158,7 +123,7 @@ class RetentionManager:
                 now_ms,
                 topic_configs.effective_int(configs, "retention.ms"),
                 topic_configs.effective_int(configs, "retention.bytes"),
-                lambda piece, plog=plog: self._max_timestamp(plog, piece),
+                lambda piece, plog=plog: self.timestamps.max_timestamp(plog.stream, piece),
             )
             self.last_check_ms[(plog.topic_id, plog.partition)] = now_ms
             if new_start is None or new_start <= plog.log_start_offset:
@@ -171,22 +136,3 @@ class RetentionManager:
             trimmed += 1
             log.info("retention: %s-%d now starts at %d", plog.topic, plog.partition, new_start)
         return trimmed
-
-    def _max_timestamp(self, plog, piece: StoredPiece) -> int | None:
-        key = (piece.object_id, piece.end_offset)
-        with self._lock:
-            if key in self._timestamps:
-                self._timestamps.move_to_end(key)
-                return self._timestamps[key]
-        batches = plog.stream.fetch(piece.end_offset - 1, piece.end_offset, 1)
-        if not batches:
-            return None
-        headers = parse_batches(batches[-1].payload, verify_crc=False, client_origin=False)
-        if not headers:
-            return None
-        ts = max(h.max_timestamp for h in headers)
-        with self._lock:
-            self._timestamps[key] = ts
-            while len(self._timestamps) > MAX_CACHED_TIMESTAMPS:
-                self._timestamps.popitem(last=False)
-        return ts

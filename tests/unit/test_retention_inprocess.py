@@ -13,7 +13,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from controlplane.records import ObjectState
 from dataplane.kafka.admin_apis import AdminApis
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.retention import RetentionManager, StoredPiece, retention_start_offset
+from dataplane.kafka.retention import RetentionManager, retention_start_offset
+from dataplane.kafka.time_index import StoredPiece
 from tests.unit.inprocess_broker import inprocess_broker
 from tests.unit.test_kafka_apis_inprocess import ctx, fetch_req, list_offsets_req, produce_req
 
