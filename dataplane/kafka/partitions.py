@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from controlplane import topic_configs
+from controlplane import broker_configs, topic_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
@@ -338,6 +338,10 @@ class PartitionLog:
             self._piece_timestamps,
         )
 
+    def configs(self) -> Mapping[str, str]:
+        """The topic's configs in force (set ones; the rest are Kafka's defaults)."""
+        return self._configs_fn()
+
     def delete_records(self, offset: int) -> int:
         """Advance the log start offset to `offset` (-1: the high watermark): DeleteRecords
         and retention. Returns the new log start offset; an offset below it changes
@@ -560,10 +564,13 @@ class PartitionManager:
         )
 
     def _topic_configs(self, topic_id: str) -> Mapping[str, str]:
-        """The topic's configs in the newest image (empty: defaults)."""
+        """The topic's configs in force here in the newest image: its own, else this
+        broker's dynamic defaults (controlplane/broker_configs.py), else Kafka's."""
         image = self._image
         topic = image.topics.get(topic_id) if image is not None else None
-        return topic.configs if topic is not None else {}
+        if topic is None:
+            return {}
+        return broker_configs.topic_configs_in_force(image, topic.configs, self.node_id)
 
     def _stream_ranges(self, stream_id: int) -> list[RangeState]:
         image = self._image

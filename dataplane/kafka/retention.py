@@ -112,7 +112,7 @@ class RetentionManager:
             part = topic.partitions.get(plog.partition) if topic else None
             if part is None:
                 continue
-            configs = topic.configs
+            configs = plog.configs()  # the topic's own, else the brokers' dynamic defaults
             policy = topic_configs.effective(configs, "cleanup.policy")
             if "delete" not in [p.strip() for p in policy.split(",")]:
                 continue
