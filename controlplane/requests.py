@@ -79,6 +79,9 @@ class BrokerHeartbeatRequest(_Request):
     produce_bytes_per_s: dict[int, float] = Field(
         default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
     )
+    # Kafka's WantFence: a broker still starting (opening its WAL, replaying metadata) keeps
+    # its session alive but stays fenced, so a slow start never expires its registration
+    want_fence: bool = False
 
 
 class BrokerHeartbeatResponse(BaseModel):

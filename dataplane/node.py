@@ -73,6 +73,10 @@ class BrokerNode:
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name="heartbeat", daemon=True
         )
+        # heartbeats start right after registration and ask to stay fenced until the data
+        # plane is up: opening a large WAL under load outlasted the session timeout
+        self._starting = True
+        self._heartbeat_lock = threading.Lock()  # the loop and start() both heartbeat
 
     @property
     def wal_uri(self) -> str:
@@ -111,6 +115,10 @@ class BrokerNode:
         return self.node_epoch
 
     def heartbeat(self) -> None:
+        with self._heartbeat_lock:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
         assert self.node_epoch is not None
         rates = self.partitions.produce_rates() if self.partitions is not None else {}
         req = BrokerHeartbeatRequest(
@@ -119,6 +127,7 @@ class BrokerNode:
             metadata_offset=self.metadata.offset,
             stats=self._upload_stats(),
             produce_bytes_per_s=rates,
+            want_fence=self._starting,
         )
         try:
             result = self.client.broker_heartbeat(req, timeout_s=5)
@@ -178,11 +187,12 @@ class BrokerNode:
     def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.register()
+        self._heartbeat_thread.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
             self._start_data_plane()
         self.metadata.start()
-        self.heartbeat()
-        self._heartbeat_thread.start()
+        self._starting = False
+        self.heartbeat()  # unfenced now
 
     def _start_data_plane(self) -> None:
         from controlplane.coordinators import group_coordinator, group_slot, owned_slots
