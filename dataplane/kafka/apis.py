@@ -89,6 +89,21 @@ RESOURCE_BROKER = 4
 _INCREMENTAL_OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
 
 
+def _config_ops(res, incremental: bool) -> list[dict]:
+    """An (Incremental)AlterConfigs resource's entries as the controller's config ops
+    (AlterConfigs sets every key it names)."""
+    return [
+        {
+            "key": c.name,
+            "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
+            if incremental
+            else "set",
+            "value": c.value,
+        }
+        for c in res.configs
+    ]
+
+
 def _kafka_error(exc: ControllerError) -> KafkaError:
     return _CONTROLLER_TO_KAFKA.get(
         exc.code,
@@ -730,21 +745,11 @@ class KafkaApis:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"
             else:
-                ops = [
-                    {
-                        "key": c.name,
-                        "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
-                        if incremental
-                        else "set",
-                        "value": c.value,
-                    }
-                    for c in res.configs
-                ]
                 try:
                     alter = build_request(
                         cmd.AlterTopicConfigsRequest,
                         name=res.resource_name,
-                        ops=ops,
+                        ops=_config_ops(res, incremental),
                         replace=not incremental,
                     )
                     await self._io(self._alter_topic_configs, alter, bool(req.validate_only))
@@ -765,19 +770,12 @@ class KafkaApis:
         name = res.resource_name or ""
         if name and (not name.isdigit() or int(name) not in self.image_fn().brokers):
             return KafkaError.INVALID_REQUEST, f"broker {name!r} is not registered"
-        ops = [
-            {
-                "key": c.name,
-                "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
-                if incremental
-                else "set",
-                "value": c.value,
-            }
-            for c in res.configs
-        ]
         try:
             alter = build_request(
-                cmd.AlterBrokerConfigsRequest, resource=name, ops=ops, replace=not incremental
+                cmd.AlterBrokerConfigsRequest,
+                resource=name,
+                ops=_config_ops(res, incremental),
+                replace=not incremental,
             )
             await self._io(self._alter_broker_configs, alter, bool(req.validate_only))
         except ControllerError as exc:

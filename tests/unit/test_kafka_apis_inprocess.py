@@ -14,7 +14,6 @@ from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import RequestContext
-from tests.unit.inprocess_broker import inprocess_broker
 
 
 def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
@@ -35,14 +34,6 @@ def ctx(api_key: int, version: int) -> RequestContext:
         client_id="unit",
         peer=("127.0.0.1", 1),
     )
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def produce_req(topic: str, records: bytes, acks: int = -1):
