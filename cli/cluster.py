@@ -58,6 +58,7 @@ _UP_FLAGS = (
     "session_timeout_ms",
     "wal_capacity_mib",
     "upload_interval_s",
+    "retention_check_interval_s",
 )
 
 
@@ -99,6 +100,12 @@ def up(
     ),
     upload_interval_s: float | None = typer.Option(
         None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"
+    ),
+    retention_check_interval_s: float | None = typer.Option(
+        None,
+        min=0.1,
+        max=86400,
+        help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
     ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
@@ -150,6 +157,7 @@ def up(
                 if wal_capacity_mib is None
                 else wal_capacity_mib * 1024 * 1024,
                 upload_interval_s=upload_interval_s,
+                retention_check_interval_s=retention_check_interval_s,
             )
             created = True
             missing = cluster.component_names(config)

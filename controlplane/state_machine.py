@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane import (
     balancer,
+    broker_configs,
     brokers,
     bucket_failover,
     compactors,
@@ -114,6 +115,7 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
+        "alter_broker_configs": (broker_configs.alter_broker_configs, False),
     }
 )
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
