@@ -119,6 +119,7 @@ def up(
     try:
         if cluster.exists():
             config = cluster.load()
+            cluster.ensure_api_secret(config)
             differ = flag_differences(config, **given)
             if differ:
                 fail(

@@ -4,6 +4,7 @@ Layout of a cluster directory:
 
     cluster.json          the cluster's config (ports, secrets; mode 0600)
     quorum.json           what controllers read (mode 0600)
+    controller-api.secret the controller API's bearer secret (mode 0600; controlplane/auth.py)
     controller-N/         a controller's Raft journal and snapshot
     broker-N/             a broker's config and data (WAL)
     s3/                   the embedded object store's data
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import (
@@ -70,6 +72,9 @@ class ClusterConfig(BaseModel):
     controllers: list[ControllerAddress]
     brokers: list[BrokerSpec]
     password: str
+    # the controller API's bearer secret; None only in configs written before it existed
+    # (`cluster up` then adds one: LocalCluster.ensure_api_secret)
+    api_secret: str | None = None
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
     buckets: list[BucketConfig] = Field(default_factory=list)
@@ -84,6 +89,7 @@ class ClusterConfig(BaseModel):
         return QuorumConfig(
             controllers=self.controllers,
             password=self.password,
+            api_secret=self.api_secret,
             settings=self.settings,
             buckets=self.buckets,
         )
@@ -387,6 +393,7 @@ class LocalCluster:
             controllers=ctrl,
             brokers=brk,
             password=secrets.token_urlsafe(24),
+            api_secret=generate_secret(),
             settings=settings,
             embedded_s3=embedded,
             buckets=buckets,
@@ -403,7 +410,21 @@ class LocalCluster:
 
     def save(self, config: ClusterConfig) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)  # WAL, journal, logs and secrets: the owner's only
         _write_private(self.config_path, config.model_dump_json(indent=2))
+        if config.api_secret:
+            _write_private(self.api_secret_path, config.api_secret + "\n")
+
+    @property
+    def api_secret_path(self) -> Path:
+        """The controller API secret's file (for clients: AUTOMQ_CONTROLLER_SECRET_FILE)."""
+        return self.dir / SECRET_FILE_NAME
+
+    def ensure_api_secret(self, config: ClusterConfig) -> None:
+        """Give a config written before controller API auth existed its secret."""
+        if config.api_secret is None:
+            config.api_secret = generate_secret()
+            self.save(config)
 
     # ------------------------------------------------------------ processes
 
@@ -457,7 +478,9 @@ class LocalCluster:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        with open(log_path, "ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # logs of an older cluster were 0644
+        with os.fdopen(fd, "ab") as log:
             proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -466,6 +489,7 @@ class LocalCluster:
                 start_new_session=True,
                 cwd=str(cwd or self.dir),
                 env=env,
+                umask=0o077,  # WAL, journal and snapshots are not for other users
             )
         self._record_pid(name, proc.pid)
         return proc.pid
@@ -553,6 +577,7 @@ class LocalCluster:
             controllers=config.quorum_config().api_addresses(),
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
             metrics_port=spec.metrics_port or 0,
+            controller_api_secret=config.api_secret,
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -643,7 +668,15 @@ class LocalCluster:
             pass  # not empty: the operator's own files
 
 
-_OWN_ENTRIES = {"cluster.json", "quorum.json", "up-incomplete", "s3", "logs", "pids"}
+_OWN_ENTRIES = {
+    "cluster.json",
+    "quorum.json",
+    SECRET_FILE_NAME,
+    "up-incomplete",
+    "s3",
+    "logs",
+    "pids",
+}
 
 MIB = 1024 * 1024
 

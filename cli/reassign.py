@@ -64,6 +64,7 @@ PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 def _client(dir: Path, controllers: str | None):
     from controlplane.client import ControllerClient
 
+    secret = None  # with --controllers: AUTOMQ_CONTROLLER_SECRET(_FILE) (controlplane/auth.py)
     if controllers:
         addresses = [a.strip() for a in controllers.split(",") if a.strip()]
         bad = [a for a in addresses if ":" not in a or not a.rsplit(":", 1)[1].isdigit()]
@@ -71,10 +72,17 @@ def _client(dir: Path, controllers: str | None):
             fail(f"--controllers must be host:port,... (bad: {', '.join(bad) or 'empty'})")
     else:
         try:
-            addresses = LocalCluster(dir).load().quorum_config().api_addresses()
+            config = LocalCluster(dir).load()
         except ClusterError as exc:
             fail(f"{exc}; or pass --controllers host:port,...")
-    return ControllerClient(addresses, timeout_s=15.0, request_timeout_s=10.0)
+        addresses = config.quorum_config().api_addresses()
+        secret = config.api_secret
+    try:
+        return ControllerClient(
+            addresses, timeout_s=15.0, request_timeout_s=10.0, api_secret=secret
+        )
+    except (OSError, ValueError) as exc:
+        fail(f"controller API secret: {exc}")
 
 
 def _image(client):

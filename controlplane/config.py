@@ -47,6 +47,9 @@ class BucketConfig(BaseModel):
 class QuorumConfig(BaseModel):
     controllers: list[ControllerAddress]
     password: str = Field(min_length=16)
+    # the controller API's bearer secret (controlplane/auth.py); None: the API is open
+    # (in-process test quorums only: `cluster up` always sets one)
+    api_secret: str | None = Field(default=None, min_length=16)
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     buckets: list[BucketConfig] = Field(default_factory=list)
     # the leader's self-balancer (limits and thresholds; on/off is in the metadata)

@@ -38,3 +38,5 @@ class BrokerConfig(BaseModel):
     block_cache_bytes: int = Field(default=BLOCK_CACHE_BYTES, ge=16 * 1024 * 1024)
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024 * 1024)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
+    # the controller API's bearer secret (this file is mode 0600); None: the API is open
+    controller_api_secret: str | None = None

@@ -58,7 +58,7 @@ class BrokerNode:
 
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.client = ControllerClient(config.controllers)
+        self.client = ControllerClient(config.controllers, api_secret=config.controller_api_secret)
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True
