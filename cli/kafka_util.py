@@ -76,3 +76,28 @@ def client_error_text(exc: BaseException) -> str:
     if not text or text == name:
         return name
     return text if text.startswith(name) else f"{name}: {text}"  # kafka-python adds it itself
+
+
+def kafka_python_security(credentials: dict | None) -> dict:
+    """kafka-python/aiokafka settings for a SASL login (`LocalCluster.admin_credentials`);
+    empty for a PLAINTEXT cluster."""
+    if not credentials:
+        return {}
+    return {
+        "security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT"),
+        "sasl_mechanism": credentials["mechanism"],
+        "sasl_plain_username": credentials["username"],
+        "sasl_plain_password": credentials["password"],
+    }
+
+
+def librdkafka_security(credentials: dict | None) -> dict:
+    """confluent-kafka (librdkafka) settings for a SASL login; empty for PLAINTEXT."""
+    if not credentials:
+        return {}
+    return {
+        "security.protocol": credentials.get("security_protocol", "SASL_PLAINTEXT"),
+        "sasl.mechanism": credentials["mechanism"],
+        "sasl.username": credentials["username"],
+        "sasl.password": credentials["password"],
+    }

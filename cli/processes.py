@@ -5,6 +5,7 @@ Layout of a cluster directory:
     cluster.json          the cluster's config (ports, secrets; mode 0600)
     quorum.json           what controllers read (mode 0600)
     controller-api.secret the controller API's bearer secret (mode 0600; controlplane/auth.py)
+    admin.credentials     with --sasl: the admin (super) user's SASL login, JSON (mode 0600)
     controller-N/         a controller's Raft journal and snapshot
     broker-N/             a broker's config and data (WAL)
     s3/                   the embedded object store's data
@@ -21,6 +22,7 @@ config (`controlplane.server --config DIR/quorum.json --node-id N`,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -46,6 +48,8 @@ from dataplane.objectstore.seaweed import (
     wait_seaweed_ready,
 )
 
+ADMIN_USER = "admin"
+ADMIN_CREDENTIALS_FILE = "admin.credentials"
 DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 STOP_TIMEOUT_S = 15.0
 # after SIGKILL: a process killed in the middle of an fsync can take seconds to go
@@ -84,6 +88,8 @@ class ClusterConfig(BaseModel):
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
+    # the Kafka listeners: SASL_PLAINTEXT with ACLs (`cluster up --sasl`), else PLAINTEXT
+    sasl: bool = False
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
@@ -328,6 +334,7 @@ class LocalCluster:
         session_timeout_ms: int,
         wal_capacity_bytes: int | None = None,
         upload_interval_s: float | None = None,
+        sasl: bool = False,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -401,6 +408,7 @@ class LocalCluster:
             broker_upload_interval_s=upload_interval_s,
             azs=list(azs),
             base_port=base_port,
+            sasl=sasl,
         )
         self.save(config)
         self.incomplete_path.write_text(
@@ -419,6 +427,30 @@ class LocalCluster:
     def api_secret_path(self) -> Path:
         """The controller API secret's file (for clients: AUTOMQ_CONTROLLER_SECRET_FILE)."""
         return self.dir / SECRET_FILE_NAME
+
+    @property
+    def admin_credentials_path(self) -> Path:
+        return self.dir / ADMIN_CREDENTIALS_FILE
+
+    def create_admin_credentials(self) -> dict:
+        """A fresh admin login (user `admin`, a random password) saved 0600."""
+        creds = {
+            "username": ADMIN_USER,
+            "password": secrets.token_urlsafe(24),
+            "mechanism": "SCRAM-SHA-512",
+            "security_protocol": "SASL_PLAINTEXT",
+        }
+        _write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
+        return creds
+
+    def admin_credentials(self) -> dict | None:
+        """The admin's SASL login of a `--sasl` cluster (None if it has none)."""
+        try:
+            return json.loads(self.admin_credentials_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{self.admin_credentials_path} is unreadable: {exc}") from None
 
     def ensure_api_secret(self, config: ClusterConfig) -> None:
         """Give a config written before controller API auth existed its secret."""
@@ -578,6 +610,8 @@ class LocalCluster:
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
             metrics_port=spec.metrics_port or 0,
             controller_api_secret=config.api_secret,
+            sasl_enabled=config.sasl,
+            super_users=[f"User:{ADMIN_USER}"] if config.sasl else [],
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -672,6 +706,7 @@ _OWN_ENTRIES = {
     "cluster.json",
     "quorum.json",
     SECRET_FILE_NAME,
+    "admin.credentials",
     "up-incomplete",
     "s3",
     "logs",
@@ -698,6 +733,7 @@ def flag_differences(
     session_timeout_ms: int | None = None,
     wal_capacity_mib: int | None = None,
     upload_interval_s: float | None = None,
+    sasl: bool | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -750,6 +786,10 @@ def flag_differences(
         have_s = config.broker_upload_interval_s or UPLOAD_INTERVAL_S
         if upload_interval_s != have_s:
             out.append(f"--upload-interval-s {upload_interval_s:g} (the cluster has {have_s:g})")
+    if sasl is not None and sasl != config.sasl:
+        out.append(
+            f"--{'' if sasl else 'no-'}sasl (the cluster has SASL {'on' if config.sasl else 'off'})"
+        )
     return out
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.kafka_util import check_reachable, client_error_text
+from cli.kafka_util import (
+    check_reachable,
+    client_error_text,
+    kafka_python_security,
+    librdkafka_security,
+)
 from cli.output import OutputFormat, console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
@@ -40,7 +45,7 @@ def _bootstrap(bootstrap: str | None, dir: Path) -> str:
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _admin(bootstrap: str):
+def _admin(bootstrap: str, dir: Path):
     from kafka import KafkaAdminClient
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -52,6 +57,7 @@ def _admin(bootstrap: str):
                 client_id="automqctl",
                 request_timeout_ms=30_000,
                 bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000),
+                **kafka_python_security(_credentials(dir)),
             )
     except (ConnectionError, ValueError) as exc:
         fail(str(exc))
@@ -95,19 +101,33 @@ def _parse_configs(items: list[str]) -> dict[str, str]:
     return configs
 
 
-def _confluent_admin(bootstrap: str):
+def _confluent_admin(bootstrap: str, dir: Path):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl"})
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automqctl",
+            **librdkafka_security(_credentials(dir)),
+        }
+    )
 
 
-def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
+def _credentials(dir: Path) -> dict | None:
+    """The admin's SASL login of the cluster in `dir` (None: a PLAINTEXT cluster)."""
+    try:
+        return LocalCluster(dir).admin_credentials()
+    except ClusterError as exc:
+        fail(str(exc))
+
+
+def _topic_configs(bootstrap: str, name: str, dir: Path) -> dict[str, dict]:
     """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
     from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
     known = {s.value for s in ConfigSource}
     resource = ConfigResource(ResourceType.TOPIC, name)
-    admin = _confluent_admin(bootstrap)  # referenced until the result: its handle must live
+    admin = _confluent_admin(bootstrap, dir)  # referenced until the result: its handle must live
     try:
         entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -138,7 +158,7 @@ def create(
     from kafka.errors import KafkaError as ClientError
 
     configs = _parse_configs(config)
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
     except ClientError as exc:
@@ -157,7 +177,7 @@ def list_(
     format: OutputFormat = FormatOption,
 ) -> None:
     """List topics."""
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         topics = sorted(_describe(admin, None), key=lambda t: t["name"])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -186,7 +206,7 @@ def describe(
     """Partitions of a topic with their leaders, and its configs (the table shows the ones
     set on the topic; --format json lists every config with its value in force)."""
     bootstrap = _bootstrap(bootstrap_server, dir)
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, dir)
     try:
         [topic] = _describe(admin, [name])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -195,7 +215,7 @@ def describe(
         admin.close()
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
-    topic["configs"] = _topic_configs(bootstrap, name)
+    topic["configs"] = _topic_configs(bootstrap, name, dir)
     if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
@@ -243,7 +263,7 @@ def alter(
         ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()
     ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
     resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
-    admin = _confluent_admin(_bootstrap(bootstrap_server, dir))
+    admin = _confluent_admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -264,7 +284,7 @@ def delete(
     """Delete a topic and its data."""
     from kafka.errors import KafkaError as ClientError
 
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.delete_topics([name])
     except ClientError as exc:

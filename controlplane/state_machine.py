@@ -23,6 +23,7 @@ from controlplane import (
     fencing,
     objects,
     reassignment,
+    security,
     streams,
     topics,
 )
@@ -134,6 +135,13 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
+    }
+)
+_HANDLERS.update(
+    {  # SCRAM credentials and ACLs (controlplane/security.py)
+        "alter_scram_credentials": (security.alter_scram_credentials, False),
+        "create_acls": (security.create_acls, False),
+        "delete_acls": (security.delete_acls, False),
     }
 )
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"

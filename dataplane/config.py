@@ -40,3 +40,10 @@ class BrokerConfig(BaseModel):
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
     # the controller API's bearer secret (this file is mode 0600); None: the API is open
     controller_api_secret: str | None = None
+    # the Kafka listener's security: SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256/512) with ACLs
+    # when sasl_enabled, else PLAINTEXT without authorization
+    sasl_enabled: bool = False
+    # principals ("User:admin") every ACL check allows
+    super_users: list[str] = Field(default_factory=list)
+    # a listener on a non-loopback address without SASL refuses to start unless this is set
+    allow_insecure: bool = False

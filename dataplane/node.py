@@ -274,8 +274,13 @@ class BrokerNode:
         registry = ApiRegistry()
         for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
             registry.register(request_class, lo, hi, handler)
+        admit = self._secure_listener(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
+            registry,
+            host=cfg.host,
+            port=cfg.kafka_port,
+            max_request_bytes=cfg.max_request_bytes,
+            admit=admit,
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -294,6 +299,32 @@ class BrokerNode:
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+
+    def _secure_listener(self, registry, image_fn):
+        """SASL and the security admin APIs on the listener when configured; the admission
+        gate for the server (None: open listener). Refuses an open listener on a
+        non-loopback address unless `allow_insecure`."""
+        import ipaddress
+
+        cfg = self.config
+        if not cfg.sasl_enabled:
+            try:
+                loopback = ipaddress.ip_address(cfg.host).is_loopback
+            except ValueError:
+                loopback = cfg.host == "localhost"
+            if not loopback and not cfg.allow_insecure:
+                raise RuntimeError(
+                    f"refusing to serve Kafka on {cfg.host} without authentication: "
+                    "enable SASL or set allow_insecure"
+                )
+            return None
+        from dataplane.kafka.security.sasl import SaslAuthenticator
+
+        sasl = SaslAuthenticator(image_fn)
+        for request_class, lo, hi, handler in sasl.registrations():
+            registry.register(request_class, lo, hi, handler)
+        log.info("SASL_PLAINTEXT listener (%s)", ", ".join(sasl.mechanisms))
+        return sasl.admit
 
     # ------------------------------------------------------------ WAL failover
 
