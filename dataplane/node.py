@@ -306,7 +306,23 @@ class BrokerNode:
         non-loopback address unless `allow_insecure`."""
         import ipaddress
 
+        from dataplane.kafka.security.admin_apis import SecurityAdminApis
+
         cfg = self.config
+        enforcer = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.authorizer import Authorizer
+            from dataplane.kafka.security.enforcement import AclEnforcer
+
+            enforcer = AclEnforcer(Authorizer(cfg.super_users), image_fn)
+        admin = SecurityAdminApis(
+            self.client,
+            image_fn,
+            self.metadata.wait_for_offset,
+            enforcer.allowed_cluster if enforcer is not None else None,
+        )
+        for request_class, lo, hi, handler in admin.registrations():
+            registry.register(request_class, lo, hi, handler)
         if not cfg.sasl_enabled:
             try:
                 loopback = ipaddress.ip_address(cfg.host).is_loopback
@@ -323,7 +339,13 @@ class BrokerNode:
         sasl = SaslAuthenticator(image_fn)
         for request_class, lo, hi, handler in sasl.registrations():
             registry.register(request_class, lo, hi, handler)
-        log.info("SASL_PLAINTEXT listener (%s)", ", ".join(sasl.mechanisms))
+        assert enforcer is not None
+        enforcer.install(registry)  # after every registration: nothing stays unchecked
+        log.info(
+            "SASL_PLAINTEXT listener (%s), ACLs enforced; super users: %s",
+            ", ".join(sasl.mechanisms),
+            ", ".join(cfg.super_users) or "none",
+        )
         return sasl.admit
 
     # ------------------------------------------------------------ WAL failover
