@@ -304,8 +304,7 @@ class BrokerNode:
         """SASL and the security admin APIs on the listener when configured; the admission
         gate for the server (None: open listener). Refuses an open listener on a
         non-loopback address unless `allow_insecure`."""
-        import ipaddress
-
+        from controlplane.listeners import insecure_listener_error
         from dataplane.kafka.security.admin_apis import SecurityAdminApis
 
         cfg = self.config
@@ -324,15 +323,9 @@ class BrokerNode:
         for request_class, lo, hi, handler in admin.registrations():
             registry.register(request_class, lo, hi, handler)
         if not cfg.sasl_enabled:
-            try:
-                loopback = ipaddress.ip_address(cfg.host).is_loopback
-            except ValueError:
-                loopback = cfg.host == "localhost"
-            if not loopback and not cfg.allow_insecure:
-                raise RuntimeError(
-                    f"refusing to serve Kafka on {cfg.host} without authentication: "
-                    "enable SASL or set allow_insecure"
-                )
+            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
+            if refused:
+                raise RuntimeError(refused)
             return None
         from dataplane.kafka.security.sasl import SaslAuthenticator
 
