@@ -58,6 +58,7 @@ _UP_FLAGS = (
     "wal_capacity_mib",
     "upload_interval_s",
     "sasl",
+    "tls",
 )
 
 
@@ -105,6 +106,12 @@ def up(
         "--sasl/--no-sasl",
         help="SASL_PLAINTEXT listeners (PLAIN, SCRAM-SHA-256/512) with ACLs; creates the "
         "admin super user (its login: DIR/admin.credentials, mode 0600)",
+    ),
+    tls: bool = typer.Option(
+        False,
+        "--tls/--no-tls",
+        help="TLS on the Kafka listeners (SASL_SSL with --sasl, else SSL) with a generated "
+        "CA (DIR/tls/ca.pem: what clients trust) and broker certificate",
     ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
@@ -158,6 +165,7 @@ def up(
                 else wal_capacity_mib * 1024 * 1024,
                 upload_interval_s=upload_interval_s,
                 sasl=sasl,
+                tls=tls,
             )
             created = True
             missing = cluster.component_names(config)
@@ -227,8 +235,14 @@ def up(
     )
     if config.sasl:
         console.print(
-            "SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super user's "
-            f"login is in [bold]{escape(str(cluster.admin_credentials_path))}[/] (mode 0600)",
+            f"{config.security_protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super "
+            f"user's login is in [bold]{escape(str(cluster.admin_credentials_path))}[/] "
+            "(mode 0600)",
+            soft_wrap=True,
+        )
+    if config.tls:
+        console.print(
+            f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
             soft_wrap=True,
         )
 
@@ -241,7 +255,7 @@ def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
     from controlplane.requests import AlterScramCredentialsRequest
     from controlplane.security import scram_upsertion
 
-    creds = cluster.create_admin_credentials()
+    creds = cluster.create_admin_credentials(config)
     client = ControllerClient(
         config.quorum_config().api_addresses(), timeout_s=30, api_secret=config.api_secret
     )

@@ -79,25 +79,36 @@ def client_error_text(exc: BaseException) -> str:
 
 
 def kafka_python_security(credentials: dict | None) -> dict:
-    """kafka-python/aiokafka settings for a SASL login (`LocalCluster.admin_credentials`);
-    empty for a PLAINTEXT cluster."""
+    """kafka-python/aiokafka settings from `LocalCluster.client_security()` (a SASL login
+    and/or the TLS CA); empty for a PLAINTEXT cluster."""
     if not credentials:
         return {}
-    return {
-        "security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT"),
-        "sasl_mechanism": credentials["mechanism"],
-        "sasl_plain_username": credentials["username"],
-        "sasl_plain_password": credentials["password"],
-    }
+    out = {"security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
+    if "username" in credentials:
+        out.update(
+            sasl_mechanism=credentials["mechanism"],
+            sasl_plain_username=credentials["username"],
+            sasl_plain_password=credentials["password"],
+        )
+    if credentials.get("ssl_ca_file"):
+        out["ssl_cafile"] = credentials["ssl_ca_file"]
+    return out
 
 
 def librdkafka_security(credentials: dict | None) -> dict:
-    """confluent-kafka (librdkafka) settings for a SASL login; empty for PLAINTEXT."""
+    """confluent-kafka (librdkafka) settings from `LocalCluster.client_security()`; empty
+    for PLAINTEXT."""
     if not credentials:
         return {}
-    return {
-        "security.protocol": credentials.get("security_protocol", "SASL_PLAINTEXT"),
-        "sasl.mechanism": credentials["mechanism"],
-        "sasl.username": credentials["username"],
-        "sasl.password": credentials["password"],
-    }
+    out = {"security.protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
+    if "username" in credentials:
+        out.update(
+            {
+                "sasl.mechanism": credentials["mechanism"],
+                "sasl.username": credentials["username"],
+                "sasl.password": credentials["password"],
+            }
+        )
+    if credentials.get("ssl_ca_file"):
+        out["ssl.ca.location"] = credentials["ssl_ca_file"]
+    return out

@@ -223,7 +223,7 @@ def perf(
     try:
         client_config = {
             **QUIET_RDKAFKA,
-            **librdkafka_security(LocalCluster(dir).admin_credentials()),
+            **librdkafka_security(LocalCluster(dir).client_security()),
         }
     except ClusterError as exc:
         fail(str(exc))

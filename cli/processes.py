@@ -88,8 +88,19 @@ class ClusterConfig(BaseModel):
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
-    # the Kafka listeners: SASL_PLAINTEXT with ACLs (`cluster up --sasl`), else PLAINTEXT
+    # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
+    # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
     sasl: bool = False
+    tls: bool = False
+
+    @property
+    def security_protocol(self) -> str:
+        return {
+            (True, True): "SASL_SSL",
+            (True, False): "SASL_PLAINTEXT",
+            (False, True): "SSL",
+            (False, False): "PLAINTEXT",
+        }[(self.sasl, self.tls)]
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
@@ -335,6 +346,7 @@ class LocalCluster:
         wal_capacity_bytes: int | None = None,
         upload_interval_s: float | None = None,
         sasl: bool = False,
+        tls: bool = False,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -409,7 +421,13 @@ class LocalCluster:
             azs=list(azs),
             base_port=base_port,
             sasl=sasl,
+            tls=tls,
         )
+        if tls:
+            from cli.tls import generate_ca_and_server_cert
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            generate_ca_and_server_cert(self.tls_dir, ips=[host], dns_names=["localhost"])
         self.save(config)
         self.incomplete_path.write_text(
             "the first `cluster up` of this directory has not finished\n"
@@ -432,16 +450,32 @@ class LocalCluster:
     def admin_credentials_path(self) -> Path:
         return self.dir / ADMIN_CREDENTIALS_FILE
 
-    def create_admin_credentials(self) -> dict:
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    def create_admin_credentials(self, config: ClusterConfig) -> dict:
         """A fresh admin login (user `admin`, a random password) saved 0600."""
         creds = {
             "username": ADMIN_USER,
             "password": secrets.token_urlsafe(24),
             "mechanism": "SCRAM-SHA-512",
-            "security_protocol": "SASL_PLAINTEXT",
+            "security_protocol": config.security_protocol,
         }
+        if config.tls:
+            creds["ssl_ca_file"] = str(self.tls_dir / "ca.pem")
         _write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
         return creds
+
+    def client_security(self) -> dict | None:
+        """How the CLI's Kafka clients connect: the admin's SASL login (and the CA with
+        --tls), the CA alone on an SSL cluster, None for PLAINTEXT."""
+        creds = self.admin_credentials()
+        if creds is not None:
+            return creds
+        if self.exists() and self.load().tls:
+            return {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+        return None
 
     def admin_credentials(self) -> dict | None:
         """The admin's SASL login of a `--sasl` cluster (None if it has none)."""
@@ -612,6 +646,8 @@ class LocalCluster:
             controller_api_secret=config.api_secret,
             sasl_enabled=config.sasl,
             super_users=[f"User:{ADMIN_USER}"] if config.sasl else [],
+            tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
+            tls_key_file=self.tls_dir / "server.key" if config.tls else None,
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -707,6 +743,7 @@ _OWN_ENTRIES = {
     "quorum.json",
     SECRET_FILE_NAME,
     "admin.credentials",
+    "tls",
     "up-incomplete",
     "s3",
     "logs",
@@ -734,6 +771,7 @@ def flag_differences(
     wal_capacity_mib: int | None = None,
     upload_interval_s: float | None = None,
     sasl: bool | None = None,
+    tls: bool | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -789,6 +827,10 @@ def flag_differences(
     if sasl is not None and sasl != config.sasl:
         out.append(
             f"--{'' if sasl else 'no-'}sasl (the cluster has SASL {'on' if config.sasl else 'off'})"
+        )
+    if tls is not None and tls != config.tls:
+        out.append(
+            f"--{'' if tls else 'no-'}tls (the cluster has TLS {'on' if config.tls else 'off'})"
         )
     return out
 

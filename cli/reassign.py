@@ -294,7 +294,7 @@ def plan(
     rates: dict[tuple[str, int], float] = {}
     if by == "throughput":
         try:
-            credentials = None if controllers else LocalCluster(dir).admin_credentials()
+            credentials = None if controllers else LocalCluster(dir).client_security()
         except ClusterError as exc:
             fail(str(exc))
         rates = _sample_rates(image, [a.key for a in mine], sample_s, credentials)

@@ -116,7 +116,7 @@ def _confluent_admin(bootstrap: str, dir: Path):
 def _credentials(dir: Path) -> dict | None:
     """The admin's SASL login of the cluster in `dir` (None: a PLAINTEXT cluster)."""
     try:
-        return LocalCluster(dir).admin_credentials()
+        return LocalCluster(dir).client_security()
     except ClusterError as exc:
         fail(str(exc))
 

@@ -47,3 +47,6 @@ class BrokerConfig(BaseModel):
     super_users: list[str] = Field(default_factory=list)
     # a listener on a non-loopback address without SASL refuses to start unless this is set
     allow_insecure: bool = False
+    # TLS on the listener (SSL, or SASL_SSL with sasl_enabled): the certificate chain and key
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None

@@ -281,6 +281,7 @@ class BrokerNode:
             port=cfg.kafka_port,
             max_request_bytes=cfg.max_request_bytes,
             admit=admit,
+            ssl_context=self._tls_context(),
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -299,6 +300,16 @@ class BrokerNode:
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+
+    def _tls_context(self):
+        """The listener's TLS context when a certificate is configured, else None."""
+        cfg = self.config
+        if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+            return None
+        from dataplane.kafka.security.tls import server_ssl_context
+
+        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
 
     def _secure_listener(self, registry, image_fn):
         """SASL and the security admin APIs on the listener when configured; the admission
@@ -335,7 +346,8 @@ class BrokerNode:
         assert enforcer is not None
         enforcer.install(registry)  # after every registration: nothing stays unchecked
         log.info(
-            "SASL_PLAINTEXT listener (%s), ACLs enforced; super users: %s",
+            "%s listener (%s), ACLs enforced; super users: %s",
+            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
             ", ".join(sasl.mechanisms),
             ", ".join(cfg.super_users) or "none",
         )

@@ -35,6 +35,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -62,6 +63,7 @@ DEFAULT_MAX_INFLIGHT_PER_CONNECTION = 64
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 STOP_GRACE_S = 5.0
+SSL_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes the TLS handshake is dropped
 _STREAM_LIMIT = 1024 * 1024  # StreamReader buffer hint: fewer pause/resume cycles on big frames
 
 _CLOSE = object()  # queue slot: close the connection once the earlier responses are written
@@ -378,6 +380,7 @@ class KafkaServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         admit: Admit | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not isinstance(registry, ApiRegistry):
             raise TypeError("registry must be an ApiRegistry")
@@ -398,6 +401,7 @@ class KafkaServer:
             raise ValueError("idle_timeout_s must be > 0")
         self.registry = registry
         self.admit = admit  # None: every request of a registered api is served
+        self.ssl_context = ssl_context  # None: plaintext; else TLS (SSL / SASL_SSL)
         self.host = host
         self._requested_port = port
         self.max_request_bytes = max_request_bytes
@@ -438,6 +442,8 @@ class KafkaServer:
             self._requested_port,
             limit=_STREAM_LIMIT,
             reuse_address=True,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.info("Kafka protocol server listening on %s:%d", self.host, self._port)

@@ -280,7 +280,7 @@ def test_wrong_password_is_refused_logged_and_counted(cluster, mechanism):
     before = _failures_metric(cluster)
     admin = AdminClient(rdkafka(cluster, APP_USER, "not-the-password", mechanism))
     with pytest.raises(confluent_kafka.KafkaException) as exc:
-        admin.list_topics(timeout=5)
+        admin.list_topics(timeout=3)
     assert exc.value.args[0].code() in (
         KafkaError._AUTHENTICATION,
         KafkaError._TRANSPORT,
