@@ -298,7 +298,7 @@ class AclEnforcer:
                     denied_names.append(name)
             req.topics = kept
             if (
-                getattr(req, "allow_auto_topic_creation", False)
+                getattr(req, "allow_auto_topic_creation", True)  # v0-3: always on
                 and not self.allowed_cluster(ctx, "CREATE")
                 and not all(self.allowed(ctx, "CREATE", "TOPIC", t.name or "") for t in kept)
             ):

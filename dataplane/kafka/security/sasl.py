@@ -121,7 +121,8 @@ class SaslAuthenticator:
         cls = response_class(SASL_HANDSHAKE_KEY)
         mechanism = req.mechanism
         if ctx.extras.get("sasl_mechanism") is not None:
-            # a second handshake before the first authentication finished
+            # a second handshake before the first authentication finished: Kafka closes
+            ctx.close_after_response = True
             return cls[ctx.api_version](
                 error_code=KafkaError.ILLEGAL_SASL_STATE, mechanisms=list(self.mechanisms)
             )
