@@ -107,7 +107,7 @@ class SaslAuthenticator:
 
     def _plain(self, message: bytes) -> str:
         user, password = parse_plain(message)
-        for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):  # the cheaper hash first
             credential = self._credential(mechanism, user)
             if credential is not None:
                 if verify_password(mechanism, password, credential):
@@ -159,7 +159,8 @@ class SaslAuthenticator:
         try:
             token = bytes(req.auth_bytes or b"")
             if mechanism == "PLAIN":
-                user = self._plain(token)
+                # PBKDF2 of 4096 rounds takes milliseconds: off the event loop
+                user = await asyncio.to_thread(self._plain, token)
                 answer = b""
             else:
                 exchange = extras.get("sasl_exchange")
