@@ -395,6 +395,10 @@ def test_controller_api_and_files_are_closed(cluster):
     for log in (d / "logs").glob("*.log"):
         assert mode(log) & 0o077 == 0, log
     secret = (d / "controller-api.secret").read_text().strip()
+    for log in (d / "logs").glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert secret not in text and cluster["admin"]["password"] not in text, log
+        assert APP_PASSWORD not in text, log
     for pid in (d / "pids").glob("*.pid"):
         cmdline = Path(f"/proc/{pid.read_text().split()[0]}/cmdline").read_bytes()
         assert secret.encode() not in cmdline

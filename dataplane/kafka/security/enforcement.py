@@ -126,8 +126,13 @@ class AclEnforcer:
             32: self._describe_configs,
             33: self._alter_configs,
             37: self._create_partitions,
+            21: self._delete_records,
+            35: self._cluster_request("DESCRIBE"),  # DescribeLogDirs
             42: self._delete_groups,
             44: self._alter_configs,
+            45: self._cluster_request("ALTER"),  # AlterPartitionReassignments
+            46: self._cluster_request("DESCRIBE"),  # ListPartitionReassignments
+            47: self._offset_delete,
         }
 
     # ------------------------------------------------------------ the generic split
@@ -561,6 +566,67 @@ class AclEnforcer:
             operation="DELETE",
             denied_entry=lambda g, code: R.DeletableGroupResult(group_id=g, error_code=code),
             answer="results",
+        )
+
+    def _cluster_request(self, operation: str):
+        """An API about the whole cluster: `operation` on the cluster, else the whole
+        answer is CLUSTER_AUTHORIZATION_FAILED (the response's top-level error code)."""
+
+        async def check(handler: Handler, req: Any, ctx: Any) -> Any:
+            if self.allowed_cluster(ctx, operation):
+                return await handler(req, ctx)
+            # versions without a top-level error code (DescribeLogDirs v1-2) encode an empty
+            # answer, which is what Kafka sends them
+            return response_class(ctx.api_key)[ctx.api_version](
+                throttle_time_ms=0, error_code=KafkaError.CLUSTER_AUTHORIZATION_FAILED
+            )
+
+        return check
+
+    async def _delete_records(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        R = response_class(21)
+        return await self._split(
+            handler,
+            req,
+            ctx,
+            items="topics",
+            resource=lambda t: ("TOPIC", t.name),
+            operation="DELETE",
+            denied_entry=lambda t, code: R.DeleteRecordsTopicResult(
+                name=t.name,
+                partitions=[
+                    R.DeleteRecordsTopicResult.DeleteRecordsPartitionResult(
+                        partition_index=p.partition_index, low_watermark=-1, error_code=code
+                    )
+                    for p in t.partitions
+                ],
+            ),
+            answer="topics",
+        )
+
+    async def _offset_delete(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        R = response_class(47)
+        if not self.allowed(ctx, "DELETE", "GROUP", req.group_id):
+            return R[ctx.api_version](
+                error_code=KafkaError.GROUP_AUTHORIZATION_FAILED, throttle_time_ms=0, topics=[]
+            )
+        return await self._split(
+            handler,
+            req,
+            ctx,
+            items="topics",
+            resource=lambda t: ("TOPIC", t.name),
+            operation="READ",
+            denied_entry=lambda t, code: R.OffsetDeleteResponseTopic(
+                name=t.name,
+                partitions=[
+                    R.OffsetDeleteResponseTopic.OffsetDeleteResponsePartition(
+                        partition_index=p.partition_index, error_code=code
+                    )
+                    for p in t.partitions
+                ],
+            ),
+            answer="topics",
         )
 
     async def _init_producer_id(self, handler: Handler, req: Any, ctx: Any) -> Any:
