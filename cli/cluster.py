@@ -59,6 +59,7 @@ _UP_FLAGS = (
     "upload_interval_s",
     "sasl",
     "tls",
+    "retention_check_interval_s",
 )
 
 
@@ -113,6 +114,12 @@ def up(
         help="TLS on the Kafka listeners (SASL_SSL with --sasl, else SSL) with a generated "
         "CA (DIR/tls/ca.pem: what clients trust) and broker certificate",
     ),
+    retention_check_interval_s: float | None = typer.Option(
+        None,
+        min=0.1,
+        max=86400,
+        help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
+    ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -166,6 +173,7 @@ def up(
                 upload_interval_s=upload_interval_s,
                 sasl=sasl,
                 tls=tls,
+                retention_check_interval_s=retention_check_interval_s,
             )
             created = True
             missing = cluster.component_names(config)

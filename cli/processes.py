@@ -85,6 +85,7 @@ class ClusterConfig(BaseModel):
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
+    broker_retention_check_interval_s: float | None = Field(default=None, gt=0, le=86400)
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
@@ -347,6 +348,7 @@ class LocalCluster:
         upload_interval_s: float | None = None,
         sasl: bool = False,
         tls: bool = False,
+        retention_check_interval_s: float | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -418,6 +420,7 @@ class LocalCluster:
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
+            broker_retention_check_interval_s=retention_check_interval_s,
             azs=list(azs),
             base_port=base_port,
             sasl=sasl,
@@ -634,6 +637,10 @@ class LocalCluster:
             storage["wal_capacity_bytes"] = config.broker_wal_capacity_bytes
         if config.broker_upload_interval_s is not None:
             storage["upload_interval_s"] = config.broker_upload_interval_s
+        if config.broker_retention_check_interval_s is not None:
+            storage["retention_check_interval_ms"] = round(
+                config.broker_retention_check_interval_s * 1000
+            )
         bcfg = BrokerConfig(
             node_id=node_id,
             az=spec.az,
@@ -772,10 +779,11 @@ def flag_differences(
     upload_interval_s: float | None = None,
     sasl: bool | None = None,
     tls: bool | None = None,
+    retention_check_interval_s: float | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
-    from dataplane.config import UPLOAD_INTERVAL_S
+    from dataplane.config import RETENTION_CHECK_INTERVAL_MS, UPLOAD_INTERVAL_S
 
     out = []
     if brokers is not None and brokers != len(config.brokers):
@@ -832,6 +840,13 @@ def flag_differences(
         out.append(
             f"--{'' if tls else 'no-'}tls (the cluster has TLS {'on' if config.tls else 'off'})"
         )
+    if retention_check_interval_s is not None:
+        have_s = config.broker_retention_check_interval_s or RETENTION_CHECK_INTERVAL_MS / 1000
+        if retention_check_interval_s != have_s:
+            out.append(
+                f"--retention-check-interval-s {retention_check_interval_s:g} "
+                f"(the cluster has {have_s:g})"
+            )
     return out
 
 

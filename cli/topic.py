@@ -14,7 +14,7 @@ from cli.kafka_util import (
     kafka_python_security,
     librdkafka_security,
 )
-from cli.output import OutputFormat, console, fail, print_data, waiting
+from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 app = typer.Typer(help="Manage topics (Kafka protocol).", no_args_is_help=True)
@@ -86,6 +86,44 @@ def _describe(admin, names: list[str] | None) -> list[dict]:
             }
         )
     return out
+
+
+def _add_partition_storage(bootstrap: str, topic: dict, dir: Path) -> None:
+    """Each partition's log start offset, end offset (ListOffsets) and object-store bytes
+    (DescribeLogDirs, from its leader); -1 where a broker could not say."""
+    from kafka import KafkaAdminClient, TopicPartition
+    from kafka.admin import OffsetSpec
+
+    name = topic["name"]
+    for p in topic["partitions"]:
+        p.update(log_start_offset=-1, end_offset=-1, object_store_bytes=-1)
+    by_index = {p["partition"]: p for p in topic["partitions"]}
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=15_000,
+        **kafka_python_security(_credentials(dir)),
+    )
+    try:
+        tps = [TopicPartition(name, i) for i in by_index]
+        for key, spec in (
+            ("log_start_offset", OffsetSpec.EARLIEST),
+            ("end_offset", OffsetSpec.LATEST),
+        ):
+            found = admin.list_partition_offsets({tp: spec for tp in tps})
+            for tp, o in found.items():
+                by_index[tp.partition][key] = o.offset
+        for broker in admin.describe_log_dirs(topic_partitions=[name]):
+            for result in broker["log_dirs"]:
+                for t in result["topics"]:
+                    for part in t["partitions"]:
+                        if part["partition_index"] in by_index:
+                            by_index[part["partition_index"]]["object_store_bytes"] = part[
+                                "partition_size"
+                            ]
+    except Exception as exc:  # noqa: BLE001 - the rest of describe is still useful
+        err_console.print(f"partition offsets unavailable: {client_error_text(exc)}")
+    finally:
+        admin.close()
 
 
 def _parse_configs(items: list[str]) -> dict[str, str]:
@@ -216,13 +254,26 @@ def describe(
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
     topic["configs"] = _topic_configs(bootstrap, name, dir)
+    _add_partition_storage(bootstrap, topic, dir)
     if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
-    for col in ("partition", "leader", "leader epoch"):
+    for col in ("partition", "leader", "leader epoch", "log start", "end", "object-store bytes"):
         table.add_column(col)
     for p in topic["partitions"]:
-        table.add_row(str(p["partition"]), str(p["leader"]), str(p["leader_epoch"]))
+        table.add_row(
+            *(
+                str(p[k])
+                for k in (
+                    "partition",
+                    "leader",
+                    "leader_epoch",
+                    "log_start_offset",
+                    "end_offset",
+                    "object_store_bytes",
+                )
+            )
+        )
     console.print(table)
     overrides = {k: c for k, c in topic["configs"].items() if c["set_on_topic"]}
     configs = Table(title=f"configs set on {name}")

@@ -17,6 +17,8 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import (
     AllocateProducerIdsRequest,
     AllocateProducerIdsResponse,
+    AlterBrokerConfigsRequest,
+    AlterBrokerConfigsResponse,
     AlterScramCredentialsRequest,
     AlterScramCredentialsResponse,
     AlterTopicConfigsRequest,
@@ -151,6 +153,11 @@ class ControllerCalls:
         self, req: AlterTopicConfigsRequest, timeout_s: float | None = None
     ) -> AlterTopicConfigsResponse:
         return self._typed(req, AlterTopicConfigsResponse, timeout_s)
+
+    def alter_broker_configs(
+        self, req: AlterBrokerConfigsRequest, timeout_s: float | None = None
+    ) -> AlterBrokerConfigsResponse:
+        return self._typed(req, AlterBrokerConfigsResponse, timeout_s)
 
     # streams and objects
     def create_stream(

@@ -81,6 +81,9 @@ class BrokerHeartbeatRequest(_Request):
     produce_bytes_per_s: dict[int, float] = Field(
         default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
     )
+    # Kafka's WantFence: a broker still starting (opening its WAL, replaying metadata) keeps
+    # its session alive but stays fenced, so a slow start never expires its registration
+    want_fence: bool = False
 
 
 class BrokerHeartbeatResponse(BaseModel):
@@ -582,3 +585,21 @@ REQUEST_TYPES.update(
         for cls in (AlterScramCredentialsRequest, CreateAclsRequest, DeleteAclsRequest)
     }
 )
+
+
+class AlterBrokerConfigsRequest(_Request):
+    """Change the dynamic configs of every broker (`resource` "") or of one (its id); the
+    keys are the topic defaults' broker synonyms (controlplane/broker_configs.py)."""
+
+    command: ClassVar[str] = "alter_broker_configs"
+    resource: str = Field(default="", pattern=r"^(|[0-9]{1,9})$")
+    ops: list[TopicConfigOp] = Field(default_factory=list, max_length=MAX_TOPIC_CONFIGS)
+    replace: bool = False
+
+
+class AlterBrokerConfigsResponse(BaseModel):
+    configs: dict[str, str]  # the resource's dynamic configs after the alter
+    metadata_offset: int = -1  # as AlterTopicConfigsResponse's
+
+
+REQUEST_TYPES.update({AlterBrokerConfigsRequest.command: AlterBrokerConfigsRequest})

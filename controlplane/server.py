@@ -134,6 +134,7 @@ class ControllerNode:
             and broker.fenced
             and broker.fence_reason == "registered"
             and broker.node_epoch == epoch
+            and not body.get("want_fence")
         ):
             # rates stay in memory: they would only bloat the metadata log
             return self.quorum.submit(

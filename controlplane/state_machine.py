@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane import (
     balancer,
+    broker_configs,
     brokers,
     compactors,
     coordinators,
@@ -135,6 +136,7 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
+        "alter_broker_configs": (broker_configs.alter_broker_configs, False),
     }
 )
 _HANDLERS.update(

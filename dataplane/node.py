@@ -64,6 +64,7 @@ class BrokerNode:
         self.fenced = True
         self.storage = None
         self.partitions = None
+        self.retention = None
         self.kafka = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -72,6 +73,10 @@ class BrokerNode:
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name="heartbeat", daemon=True
         )
+        # heartbeats start right after registration and ask to stay fenced until the data
+        # plane is up: opening a large WAL under load outlasted the session timeout
+        self._starting = True
+        self._heartbeat_lock = threading.Lock()  # the loop and start() both heartbeat
 
     @property
     def wal_uri(self) -> str:
@@ -110,6 +115,10 @@ class BrokerNode:
         return self.node_epoch
 
     def heartbeat(self) -> None:
+        with self._heartbeat_lock:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
         assert self.node_epoch is not None
         rates = self.partitions.produce_rates() if self.partitions is not None else {}
         req = BrokerHeartbeatRequest(
@@ -118,6 +127,7 @@ class BrokerNode:
             metadata_offset=self.metadata.offset,
             stats=self._upload_stats(),
             produce_bytes_per_s=rates,
+            want_fence=self._starting,
         )
         try:
             result = self.client.broker_heartbeat(req, timeout_s=5)
@@ -177,20 +187,23 @@ class BrokerNode:
     def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.register()
+        self._heartbeat_thread.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
             self._start_data_plane()
         self.metadata.start()
-        self.heartbeat()
-        self._heartbeat_thread.start()
+        self._starting = False
+        self.heartbeat()  # unfenced now
 
     def _start_data_plane(self) -> None:
         from controlplane.coordinators import group_coordinator, group_slot, owned_slots
+        from dataplane.kafka.admin_apis import AdminApis
         from dataplane.kafka.apis import BrokerIdentity, KafkaApis
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
         from dataplane.kafka.offset_store import KVOffsetStore
         from dataplane.kafka.partitions import PartitionManager
         from dataplane.kafka.registry import ApiRegistry
+        from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
         from dataplane.s3stream.storage import S3Storage, StorageConfig
@@ -220,6 +233,13 @@ class BrokerNode:
             cfg.node_id, self.storage, lambda: self.metadata.caught_up
         )
         self.partitions.start()
+        self.retention = RetentionManager(
+            lambda: self.metadata.image,
+            self.partitions.logs,
+            check_interval_ms=cfg.retention_check_interval_ms,
+            timestamps=self.partitions.piece_timestamps,
+        )
+        self.retention.start()
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             lambda: self.metadata.image,
@@ -272,7 +292,9 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
+        admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
+        handlers = apis.registrations() + groups.registrations() + admin.registrations()
+        for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
         admit = self._secure_listener(registry, image_fn)
         self.kafka = KafkaServerThread(
@@ -453,6 +475,8 @@ class BrokerNode:
         self._stop.set()
         if self.kafka is not None:
             self.kafka.stop()
+        if self.retention is not None:
+            self.retention.stop()
         if self.partitions is not None:
             self.partitions.stop()
         if self.storage is not None:

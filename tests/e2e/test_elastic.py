@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BROKERS = (1, 2, 3)
 SESSION_TIMEOUT_MS = 6000
-CHAOS_SEED = 20261122
+# a fixed seed so a failure can be replayed; AUTOMQ_CHAOS_SEED explores other schedules
+CHAOS_SEED = int(os.environ.get("AUTOMQ_CHAOS_SEED", "20261122"))
 CHAOS_EVENTS = int(os.environ.get("AUTOMQ_CHAOS_EVENTS", "4"))
 
 

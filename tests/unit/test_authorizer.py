@@ -92,13 +92,16 @@ def test_every_broker_api_has_an_acl_policy():
     """A broker API without a policy would be super-user only; all of today's have one."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from dataplane.kafka.admin_apis import AdminApis
     from dataplane.kafka.apis import KafkaApis
     from dataplane.kafka.groups.handlers import GroupHandlers
 
     apis = KafkaApis.__new__(KafkaApis)
     apis.io = ThreadPoolExecutor(1)
     groups = GroupHandlers.__new__(GroupHandlers)
-    keys = {int(cls.API_KEY) for cls, *_ in apis.registrations() + groups.registrations()}
+    admin = AdminApis.__new__(AdminApis)
+    handlers = apis.registrations() + groups.registrations() + admin.registrations()
+    keys = {int(cls.API_KEY) for cls, *_ in handlers}
     enforcer = AclEnforcer(AUTH, lambda: None)
     covered = set(enforcer._policies()) | UNCHECKED_KEYS | SELF_CHECKED_KEYS
     assert keys <= covered, sorted(keys - covered)

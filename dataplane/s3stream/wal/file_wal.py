@@ -114,8 +114,10 @@ class FileWALConfig:
             of ring space per batch.
     """
 
-    max_record_bytes: int = 4 * 1024 * 1024
-    max_batch_bytes: int = 8 * 1024 * 1024
+    # a record is one Kafka batch (the broker takes up to 8 MiB per partition and produce)
+    # plus its stream header; a smaller limit failed such produces as NOT_LEADER
+    max_record_bytes: int = 8 * 1024 * 1024 + 64 * 1024
+    max_batch_bytes: int = 8 * 1024 * 1024 + 128 * 1024  # a multiple of align_bytes
     max_queue_bytes: int = 64 * 1024 * 1024
     linger_s: float = 0.0
     queue_wait_timeout_s: float = 30.0
