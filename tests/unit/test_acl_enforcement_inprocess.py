@@ -167,3 +167,75 @@ def test_an_api_without_a_rule_is_for_super_users_only():
     assert asyncio.run(wrapped(None, ctx(60, 0, "User:admin"))) == "served"
     with pytest.raises(CloseConnection):
         asyncio.run(wrapped(None, ctx(60, 0, "User:alice")))
+
+
+def test_delete_records_and_cluster_admin_apis():
+    from kafka.protocol.admin import (
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
+        ListPartitionReassignmentsRequest,
+        ListPartitionReassignmentsResponse,
+    )
+
+    from controlplane.image import MetadataImage
+    from controlplane.records import AclBinding
+
+    image = MetadataImage(
+        acls={
+            "a": AclBinding(
+                resource_type="TOPIC",
+                resource_name="orders",
+                principal="User:alice",
+                operation="DELETE",
+                permission="ALLOW",
+            )
+        }
+    )
+    seen: list[list[str]] = []
+
+    async def delete_records(req, c):
+        seen.append([t.name for t in req.topics])
+        R = DeleteRecordsResponse
+        return R[2](
+            throttle_time_ms=0,
+            topics=[
+                R.DeleteRecordsTopicResult(
+                    name=t.name,
+                    partitions=[
+                        R.DeleteRecordsTopicResult.DeleteRecordsPartitionResult(
+                            partition_index=0, low_watermark=5, error_code=0
+                        )
+                    ],
+                )
+                for t in req.topics
+            ],
+        )
+
+    async def list_reassignments(req, c):
+        return ListPartitionReassignmentsResponse[0](throttle_time_ms=0, error_code=0, topics=[])
+
+    registry = ApiRegistry()
+    registry.register(DeleteRecordsRequest, 0, 2, delete_records)
+    registry.register(ListPartitionReassignmentsRequest, 0, 0, list_reassignments)
+    AclEnforcer(Authorizer(["User:admin"]), lambda: image).install(registry)
+
+    P = DeleteRecordsRequest.DeleteRecordsTopic.DeleteRecordsPartition
+    req = DeleteRecordsRequest[2](
+        topics=[
+            DeleteRecordsRequest.DeleteRecordsTopic(
+                name=n, partitions=[P(partition_index=0, offset=5)]
+            )
+            for n in ("orders", "secret")
+        ],
+        timeout_ms=1000,
+    )
+    resp = asyncio.run(registry.get(21).handler(req, ctx(21, 2)))
+    assert seen == [["orders"]]  # the denied topic never reached the handler
+    codes = {t.name: t.partitions[0].error_code for t in resp.topics}
+    assert codes == {"orders": 0, "secret": KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+    lpr = ListPartitionReassignmentsRequest[0](timeout_ms=1000, topics=None)
+    denied = asyncio.run(registry.get(46).handler(lpr, ctx(46, 0)))
+    assert denied.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    allowed = asyncio.run(registry.get(46).handler(lpr, ctx(46, 0, "User:admin")))
+    assert allowed.error_code == 0
