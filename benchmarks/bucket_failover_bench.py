@@ -38,8 +38,11 @@ from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
 
 
 def leader_status(d: Path) -> dict:
-    addresses = LocalCluster(d).load().quorum_config().api_addresses()
-    client = ControllerClient(addresses, timeout_s=5, request_timeout_s=5)
+    config = LocalCluster(d).load()
+    addresses = config.quorum_config().api_addresses()
+    client = ControllerClient(
+        addresses, timeout_s=5, request_timeout_s=5, api_secret=config.api_secret
+    )
     for address in addresses:
         try:
             status = client.status(address)

@@ -19,6 +19,8 @@ from controlplane.requests import (
     AllocateProducerIdsResponse,
     AlterBrokerConfigsRequest,
     AlterBrokerConfigsResponse,
+    AlterScramCredentialsRequest,
+    AlterScramCredentialsResponse,
     AlterTopicConfigsRequest,
     AlterTopicConfigsResponse,
     BrokerHeartbeatRequest,
@@ -29,11 +31,14 @@ from controlplane.requests import (
     CompleteWALFailoverRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateStreamRequest,
     CreateStreamResponse,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteTopicRequest,
     FenceBrokerRequest,
     OpenStreamRequest,
@@ -199,3 +204,19 @@ class ControllerCalls:
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
         self.send(req, timeout_s)
+
+    # ------------------------------------------------------------ security (controlplane/security.py)
+
+    def alter_scram_credentials(
+        self, req: AlterScramCredentialsRequest, timeout_s: float | None = None
+    ) -> AlterScramCredentialsResponse:
+        return self._typed(req, AlterScramCredentialsResponse, timeout_s)
+
+    def create_acls(self, req: CreateAclsRequest, timeout_s: float | None = None) -> int:
+        """Add ACLs; the metadata offset that holds them."""
+        return int(self.send(req, timeout_s)["metadata_offset"])
+
+    def delete_acls(
+        self, req: DeleteAclsRequest, timeout_s: float | None = None
+    ) -> DeleteAclsResponse:
+        return self._typed(req, DeleteAclsResponse, timeout_s)

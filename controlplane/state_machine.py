@@ -25,6 +25,7 @@ from controlplane import (
     fencing,
     objects,
     reassignment,
+    security,
     streams,
     topics,
 )
@@ -116,6 +117,13 @@ _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
         "alter_broker_configs": (broker_configs.alter_broker_configs, False),
+    }
+)
+_HANDLERS.update(
+    {  # SCRAM credentials and ACLs (controlplane/security.py)
+        "alter_scram_credentials": (security.alter_scram_credentials, False),
+        "create_acls": (security.create_acls, False),
+        "delete_acls": (security.delete_acls, False),
     }
 )
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"

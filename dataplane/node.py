@@ -60,7 +60,7 @@ class BrokerNode:
 
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.client = ControllerClient(config.controllers)
+        self.client = ControllerClient(config.controllers, api_secret=config.controller_api_secret)
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True
@@ -352,8 +352,14 @@ class BrokerNode:
         handlers = apis.registrations() + groups.registrations() + admin.registrations()
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
+        admit = self._secure_listener(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
+            registry,
+            host=cfg.host,
+            port=cfg.kafka_port,
+            max_request_bytes=cfg.max_request_bytes,
+            admit=admit,
+            ssl_context=self._tls_context(),
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -372,6 +378,58 @@ class BrokerNode:
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+
+    def _tls_context(self):
+        """The listener's TLS context when a certificate is configured, else None."""
+        cfg = self.config
+        if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+            return None
+        from dataplane.kafka.security.tls import server_ssl_context
+
+        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+
+    def _secure_listener(self, registry, image_fn):
+        """SASL and the security admin APIs on the listener when configured; the admission
+        gate for the server (None: open listener). Refuses an open listener on a
+        non-loopback address unless `allow_insecure`."""
+        from controlplane.listeners import insecure_listener_error
+        from dataplane.kafka.security.admin_apis import SecurityAdminApis
+
+        cfg = self.config
+        enforcer = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.authorizer import Authorizer
+            from dataplane.kafka.security.enforcement import AclEnforcer
+
+            enforcer = AclEnforcer(Authorizer(cfg.super_users), image_fn)
+        admin = SecurityAdminApis(
+            self.client,
+            image_fn,
+            self.metadata.wait_for_offset,
+            enforcer.allowed_cluster if enforcer is not None else None,
+        )
+        for request_class, lo, hi, handler in admin.registrations():
+            registry.register(request_class, lo, hi, handler)
+        if not cfg.sasl_enabled:
+            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
+            if refused:
+                raise RuntimeError(refused)
+            return None
+        from dataplane.kafka.security.sasl import SaslAuthenticator
+
+        sasl = SaslAuthenticator(image_fn)
+        for request_class, lo, hi, handler in sasl.registrations():
+            registry.register(request_class, lo, hi, handler)
+        assert enforcer is not None
+        enforcer.install(registry)  # after every registration: nothing stays unchecked
+        log.info(
+            "%s listener (%s), ACLs enforced; super users: %s",
+            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
+            ", ".join(sasl.mechanisms),
+            ", ".join(cfg.super_users) or "none",
+        )
+        return sasl.admit
 
     # ------------------------------------------------------------ WAL failover
 

@@ -45,8 +45,11 @@ def leader_failover_status(d) -> dict:
     """The same document straight from the leader (polling without a CLI process each time)."""
     from controlplane.client import ControllerClient
 
-    addresses = LocalCluster(d).load().quorum_config().api_addresses()
-    client = ControllerClient(addresses, timeout_s=5, request_timeout_s=5)
+    config = LocalCluster(d).load()
+    addresses = config.quorum_config().api_addresses()
+    client = ControllerClient(
+        addresses, timeout_s=5, request_timeout_s=5, api_secret=config.api_secret
+    )
     for address in addresses:
         try:
             status = client.status(address)
