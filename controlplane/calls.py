@@ -39,6 +39,7 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
+    PutTxnStateRequest,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
     RegisterCompactorRequest,
@@ -183,4 +184,8 @@ class ControllerCalls:
     def put_group_offsets(
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
+        self.send(req, timeout_s)
+
+    # transactions
+    def put_txn_state(self, req: PutTxnStateRequest, timeout_s: float | None = None) -> None:
         self.send(req, timeout_s)

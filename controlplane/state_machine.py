@@ -136,6 +136,11 @@ _HANDLERS.update(
         "alter_topic_configs": (topics.alter_topic_configs, False),
     }
 )
+_HANDLERS.update(
+    {  # transaction coordinators' state (controlplane/coordinators.py)
+        "put_txn_state": (coordinators.put_txn_state, False),
+    }
+)
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 

@@ -192,6 +192,8 @@ class BrokerNode:
         from dataplane.kafka.partitions import PartitionManager
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.kafka.server import KafkaServerThread
+        from dataplane.kafka.txn.coordinator import TransactionCoordinator
+        from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
         from dataplane.s3stream.storage import S3Storage, StorageConfig
 
@@ -240,6 +242,25 @@ class BrokerNode:
             # the previous coordinator's last commit
             lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
         )
+        txn_coordinator = TransactionCoordinator(
+            cfg.node_id,
+            image_fn,
+            self.client,
+            lambda: self.node_epoch or 0,
+            apis._next_producer_id,
+            self.partitions,
+            lambda slot, pid, commit: complete_group_offsets(offset_store, slot, pid, commit),
+            ready_fn=lambda: self.metadata.caught_up,
+        )
+        txns = TxnHandlers(
+            txn_coordinator,
+            image_fn,
+            self.partitions,
+            coordinator,
+            offset_store,
+            lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
+        )
+        apis.txn = txns
         owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
@@ -272,7 +293,9 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        for request_class, lo, hi, handler in apis.registrations() + groups.registrations():
+        for request_class, lo, hi, handler in (
+            apis.registrations() + groups.registrations() + txns.registrations()
+        ):
             registry.register(request_class, lo, hi, handler)
         self.kafka = KafkaServerThread(
             registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
@@ -288,6 +311,7 @@ class BrokerNode:
                     raise
                 log.warning("%s; retrying", exc)
                 time.sleep(0.5)
+        self.kafka.loop.call_soon_threadsafe(txn_coordinator.start)
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
         if cfg.metrics_port:
             from prometheus_client import start_http_server
