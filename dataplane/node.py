@@ -312,6 +312,9 @@ class BrokerNode:
                 log.warning("%s; retrying", exc)
                 time.sleep(0.5)
         self.kafka.loop.call_soon_threadsafe(txn_coordinator.start)
+        self._stop_txn_coordinator = lambda: self.kafka.loop.call_soon_threadsafe(
+            txn_coordinator.stop
+        )
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
         if cfg.metrics_port:
             from prometheus_client import start_http_server
@@ -418,6 +421,12 @@ class BrokerNode:
             self.controlled_shutdown()
         self._stop.set()
         if self.kafka is not None:
+            stop_txn = getattr(self, "_stop_txn_coordinator", None)
+            if stop_txn is not None:
+                try:
+                    stop_txn()
+                except RuntimeError:  # the loop is already closed
+                    pass
             self.kafka.stop()
         if self.partitions is not None:
             self.partitions.stop()
