@@ -778,6 +778,13 @@ class KafkaApis:
                 node = None
             broker = image.brokers.get(node) if node is not None else None
             if broker is None:
+                log.info(
+                    "no coordinator for %r (key type %d) yet: %d slots, image offset %d",
+                    key,
+                    key_type,
+                    len(image.coordinator_slots),
+                    image.offset,
+                )
                 found.append((key, KafkaError.COORDINATOR_NOT_AVAILABLE, -1, "", -1))
             else:
                 found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))

@@ -140,14 +140,17 @@ def find_txn_coordinator(bootstrap: str, txn_id: str) -> int:
     frame = encode_request(
         FindCoordinatorRequest[4](key_type=1, coordinator_keys=[txn_id]), 7, version=4
     )
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(frame)
-        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
-        data = sock.recv(size, socket.MSG_WAITALL)
-    _, resp = decode_response(data, 10, 4)
-    c = resp.coordinators[0]
-    assert c.error_code == 0, c
-    return c.node_id
+    for _ in range(50):  # COORDINATOR_NOT_AVAILABLE is retriable, as clients treat it
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(frame)
+            size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+            data = sock.recv(size, socket.MSG_WAITALL)
+        _, resp = decode_response(data, 10, 4)
+        c = resp.coordinators[0]
+        if c.error_code == 0:
+            return c.node_id
+        time.sleep(0.2)
+    raise AssertionError(f"no transaction coordinator for {txn_id}: {c}")
 
 
 def test_consume_transform_produce_exactly_once_across_kill_9_of_the_coordinator(cluster):
