@@ -230,7 +230,13 @@ def test_consume_transform_produce_exactly_once_across_kill_9_of_the_coordinator
                     consumer.consumer_group_metadata(),
                     30,
                 )
-                txp.commit_transaction(30)
+                if not killed and processed >= total // 3:
+                    # mid-transaction: the commit goes to the new coordinator, which knows
+                    # the open transaction only from the controller's KV
+                    out = automqctl("broker", "kill", str(victim), cluster_dir=cluster["dir"])
+                    assert out.returncode == 0, out.stderr
+                    killed = True
+                txp.commit_transaction(60)
                 processed += len(msgs)
             except KafkaException as exc:
                 # abort or fatal: start over from the committed offsets with a new instance
@@ -242,10 +248,6 @@ def test_consume_transform_produce_exactly_once_across_kill_9_of_the_coordinator
                 except KafkaException:
                     pass
                 consumer, txp = make_clients()
-            if not killed and processed >= total // 3:
-                out = automqctl("broker", "kill", str(victim), cluster_dir=cluster["dir"])
-                assert out.returncode == 0, out.stderr
-                killed = True
         assert killed
     finally:
         consumer.close()
