@@ -770,12 +770,13 @@ class KafkaApis:
         key_type = getattr(req, "key_type", 0)
         found = []
         for key in keys:
+            if key_type not in (0, 1) or (key_type == 1 and not key):
+                found.append((key, KafkaError.INVALID_REQUEST, -1, "", -1))
+                continue
             if key_type == 0:
                 node = coordinator_for(key, image)
-            elif key_type == 1:  # a transactional id
-                node = txn_coordinator(image, key) if key else None
-            else:
-                node = None
+            else:  # 1: a transactional id
+                node = txn_coordinator(image, key)
             broker = image.brokers.get(node) if node is not None else None
             if broker is None:
                 log.info(

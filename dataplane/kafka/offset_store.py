@@ -194,6 +194,11 @@ class KVOffsetStore:
             for p in parts
         }
 
+    def owns_slot(self, slot: int) -> bool:
+        """This broker owns coordinator slot `slot` in its current image."""
+        state = self.image_fn().coordinator_slots.get(slot)
+        return state is not None and state.node_id == self.node_id
+
     def groups_with_pending(self, slot: int, producer_id: int) -> list[str]:
         """Groups of `slot` coordinated here with offsets pending for `producer_id`."""
         image = self.image_fn()

@@ -45,7 +45,11 @@ async def complete_group_offsets(
     store: KVOffsetStore, slot: int, producer_id: int, commit: bool
 ) -> bool:
     """A marker for the groups of `slot` coordinated here: their pending offsets of
-    `producer_id` become committed (or are dropped). False if a write failed."""
+    `producer_id` become committed (or are dropped). False if a write failed or the slot
+    is not (or no longer) this broker's: the transaction coordinator then retries at the
+    slot's current owner, so no pending offsets are left behind by a slot move."""
+    if not store.owns_slot(slot):
+        return False
     ok = True
     for group_id in store.groups_with_pending(slot, producer_id):
         try:
