@@ -390,9 +390,19 @@ class TransactionCoordinator:
                 continue
             if cached is None or cached[0] != epoch:
                 try:
-                    self._load(txn_id)
+                    _, meta = self._load(txn_id)
                 except (NotCoordinator, ValueError, KeyError) as exc:
                     log.warning("cannot load txn state of %r: %s", txn_id, exc)
+                    continue
+                if meta is not None and (meta.state.preparing or meta.state == st.TxnState.ONGOING):
+                    log.info(
+                        "took over %r at coordinator epoch %d: %s, producer %d epoch %d",
+                        txn_id,
+                        epoch,
+                        meta.state.value,
+                        meta.producer_id,
+                        meta.producer_epoch,
+                    )
         now = self.clock_ms()
         for txn_id, (_, meta) in list(self._txns.items()):
             if not (meta.state.preparing or meta.expired(now)):
