@@ -383,15 +383,21 @@ class PartitionLog:
                         return AppendOutcome(KafkaError(value), -1, futures)
                 assigned: list[int] = []
 
-                def build(base: int, data: bytes = b.data, assigned: list[int] = assigned) -> bytes:
+                def build(
+                    base: int,
+                    data: bytes = b.data,
+                    assigned: list[int] = assigned,
+                    txn_pid: int = b.producer_id if b.is_transactional else -1,
+                ) -> bytes:
                     assigned.append(base)  # called under the stream's lock, before append returns
+                    if txn_pid >= 0:
+                        # before the batch can be read: the last stable offset stays below it
+                        self.txns.data(txn_pid, base)
                     return patch_batch(data, base, epoch)
 
                 futures.append(self.append_batch(build, count))
                 if first_base is None:
                     first_base = assigned[0]
-                if b.is_transactional:
-                    self.txns.data(b.producer_id, assigned[0])
                 if idempotent:
                     self.producers.record(
                         b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
