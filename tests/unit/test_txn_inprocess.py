@@ -261,6 +261,24 @@ def test_unknown_partition_and_unknown_producer(h):
     assert h.add_partitions("nobody", 5, 0) == [KafkaError.INVALID_PRODUCER_ID_MAPPING]
 
 
+def offset_fetch(h: Harness, require_stable: bool) -> tuple[int, int]:
+    """(error, offset) of partition 0 of TOPIC in group g1 via OffsetFetch v7."""
+    from kafka.protocol.consumer import OffsetFetchRequest
+
+    from dataplane.kafka.groups.handlers import GroupHandlers
+
+    groups = GroupHandlers(h.groups, h.store, lambda g: True)
+    T = OffsetFetchRequest.OffsetFetchRequestTopic
+    req = OffsetFetchRequest[7](
+        group_id="g1",
+        topics=[T(name=TOPIC, partition_indexes=[0])],
+        require_stable=require_stable,
+    )
+    resp = h.run(groups.offset_fetch(req, ctx(9, 7)))
+    p = resp.topics[0].partitions[0]
+    return p.error_code, p.committed_offset
+
+
 def test_txn_offsets_become_visible_on_commit_only(h):
     r = h.init_pid("t4")
     pid, epoch = r.producer_id, r.producer_epoch
@@ -301,9 +319,13 @@ def test_txn_offsets_become_visible_on_commit_only(h):
     assert commit_offsets(10) == KafkaError.NONE
     assert h.run(h.store.fetch("g1", None)) == {}  # pending: not visible
     assert h.store.pending_partitions("g1") == {(TOPIC, 0)}
+    # KIP-447: a consumer asking for stable offsets is told to retry meanwhile
+    assert offset_fetch(h, require_stable=True) == (KafkaError.UNSTABLE_OFFSET_COMMIT, -1)
+    assert offset_fetch(h, require_stable=False) == (KafkaError.NONE, -1)
     assert h.end("t4", pid, epoch, True) == KafkaError.NONE
     assert h.run(h.store.fetch("g1", None))[(TOPIC, 0)].offset == 10
     assert h.store.pending_partitions("g1") == set()
+    assert offset_fetch(h, require_stable=True) == (KafkaError.NONE, 10)
     # aborted offsets are dropped
     assert h.run(h.txn.add_offsets_to_txn(req, ctx(25, 3))).error_code == KafkaError.NONE
     assert commit_offsets(20) == KafkaError.NONE
