@@ -57,6 +57,9 @@ _UP_FLAGS = (
     "session_timeout_ms",
     "wal_capacity_mib",
     "upload_interval_s",
+    "sasl",
+    "tls",
+    "retention_check_interval_s",
 )
 
 
@@ -99,6 +102,24 @@ def up(
     upload_interval_s: float | None = typer.Option(
         None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"
     ),
+    sasl: bool = typer.Option(
+        False,
+        "--sasl/--no-sasl",
+        help="SASL_PLAINTEXT listeners (PLAIN, SCRAM-SHA-256/512) with ACLs; creates the "
+        "admin super user (its login: DIR/admin.credentials, mode 0600)",
+    ),
+    tls: bool = typer.Option(
+        False,
+        "--tls/--no-tls",
+        help="TLS on the Kafka listeners (SASL_SSL with --sasl, else SSL) with a generated "
+        "CA (DIR/tls/ca.pem: what clients trust) and broker certificate",
+    ),
+    retention_check_interval_s: float | None = typer.Option(
+        None,
+        min=0.1,
+        max=86400,
+        help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
+    ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -119,6 +140,7 @@ def up(
     try:
         if cluster.exists():
             config = cluster.load()
+            cluster.ensure_api_secret(config)
             differ = flag_differences(config, **given)
             if differ:
                 fail(
@@ -149,6 +171,9 @@ def up(
                 if wal_capacity_mib is None
                 else wal_capacity_mib * 1024 * 1024,
                 upload_interval_s=upload_interval_s,
+                sasl=sasl,
+                tls=tls,
+                retention_check_interval_s=retention_check_interval_s,
             )
             created = True
             missing = cluster.component_names(config)
@@ -173,6 +198,8 @@ def up(
                 timeout_s,
                 "a controller leader",
             )
+        if config.sasl and cluster.admin_credentials() is None:
+            _create_admin_user(cluster, config)
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
@@ -214,6 +241,44 @@ def up(
     console.print(
         f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]", soft_wrap=True
     )
+    if config.sasl:
+        console.print(
+            f"{config.security_protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super "
+            f"user's login is in [bold]{escape(str(cluster.admin_credentials_path))}[/] "
+            "(mode 0600)",
+            soft_wrap=True,
+        )
+    if config.tls:
+        console.print(
+            f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
+            soft_wrap=True,
+        )
+
+
+def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
+    """The admin super user of a `--sasl` cluster: SCRAM credentials (both mechanisms; PLAIN
+    checks against them) in the metadata, its login in DIR/admin.credentials."""
+    from controlplane.client import ControllerClient
+    from controlplane.errors import ControllerError
+    from controlplane.requests import AlterScramCredentialsRequest
+    from controlplane.security import scram_upsertion
+
+    creds = cluster.create_admin_credentials(config)
+    client = ControllerClient(
+        config.quorum_config().api_addresses(), timeout_s=30, api_secret=config.api_secret
+    )
+    try:
+        client.alter_scram_credentials(
+            AlterScramCredentialsRequest(
+                upsertions=[
+                    scram_upsertion(creds["username"], m, creds["password"])
+                    for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                ]
+            )
+        )
+    except ControllerError as exc:
+        cluster.admin_credentials_path.unlink(missing_ok=True)
+        raise ClusterError(f"could not create the admin user: {exc}") from None
 
 
 def _start_over(cluster: LocalCluster) -> None:

@@ -4,6 +4,8 @@ Layout of a cluster directory:
 
     cluster.json          the cluster's config (ports, secrets; mode 0600)
     quorum.json           what controllers read (mode 0600)
+    controller-api.secret the controller API's bearer secret (mode 0600; controlplane/auth.py)
+    admin.credentials     with --sasl: the admin (super) user's SASL login, JSON (mode 0600)
     controller-N/         a controller's Raft journal and snapshot
     broker-N/             a broker's config and data (WAL)
     s3/                   the embedded object store's data
@@ -20,6 +22,7 @@ config (`controlplane.server --config DIR/quorum.json --node-id N`,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import (
@@ -44,6 +48,8 @@ from dataplane.objectstore.seaweed import (
     wait_seaweed_ready,
 )
 
+ADMIN_USER = "admin"
+ADMIN_CREDENTIALS_FILE = "admin.credentials"
 DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 STOP_TIMEOUT_S = 15.0
 # after SIGKILL: a process killed in the middle of an fsync can take seconds to go
@@ -70,20 +76,38 @@ class ClusterConfig(BaseModel):
     controllers: list[ControllerAddress]
     brokers: list[BrokerSpec]
     password: str
+    # the controller API's bearer secret; None only in configs written before it existed
+    # (`cluster up` then adds one: LocalCluster.ensure_api_secret)
+    api_secret: str | None = None
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
     buckets: list[BucketConfig] = Field(default_factory=list)
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
+    broker_retention_check_interval_s: float | None = Field(default=None, gt=0, le=86400)
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
+    # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
+    # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
+    sasl: bool = False
+    tls: bool = False
+
+    @property
+    def security_protocol(self) -> str:
+        return {
+            (True, True): "SASL_SSL",
+            (True, False): "SASL_PLAINTEXT",
+            (False, True): "SSL",
+            (False, False): "PLAINTEXT",
+        }[(self.sasl, self.tls)]
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
             controllers=self.controllers,
             password=self.password,
+            api_secret=self.api_secret,
             settings=self.settings,
             buckets=self.buckets,
         )
@@ -322,6 +346,9 @@ class LocalCluster:
         session_timeout_ms: int,
         wal_capacity_bytes: int | None = None,
         upload_interval_s: float | None = None,
+        sasl: bool = False,
+        tls: bool = False,
+        retention_check_interval_s: float | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -387,14 +414,23 @@ class LocalCluster:
             controllers=ctrl,
             brokers=brk,
             password=secrets.token_urlsafe(24),
+            api_secret=generate_secret(),
             settings=settings,
             embedded_s3=embedded,
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
+            broker_retention_check_interval_s=retention_check_interval_s,
             azs=list(azs),
             base_port=base_port,
+            sasl=sasl,
+            tls=tls,
         )
+        if tls:
+            from cli.tls import generate_ca_and_server_cert
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            generate_ca_and_server_cert(self.tls_dir, ips=[host], dns_names=["localhost"])
         self.save(config)
         self.incomplete_path.write_text(
             "the first `cluster up` of this directory has not finished\n"
@@ -403,7 +439,61 @@ class LocalCluster:
 
     def save(self, config: ClusterConfig) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)  # WAL, journal, logs and secrets: the owner's only
         _write_private(self.config_path, config.model_dump_json(indent=2))
+        if config.api_secret:
+            _write_private(self.api_secret_path, config.api_secret + "\n")
+
+    @property
+    def api_secret_path(self) -> Path:
+        """The controller API secret's file (for clients: AUTOMQ_CONTROLLER_SECRET_FILE)."""
+        return self.dir / SECRET_FILE_NAME
+
+    @property
+    def admin_credentials_path(self) -> Path:
+        return self.dir / ADMIN_CREDENTIALS_FILE
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    def create_admin_credentials(self, config: ClusterConfig) -> dict:
+        """A fresh admin login (user `admin`, a random password) saved 0600."""
+        creds = {
+            "username": ADMIN_USER,
+            "password": secrets.token_urlsafe(24),
+            "mechanism": "SCRAM-SHA-512",
+            "security_protocol": config.security_protocol,
+        }
+        if config.tls:
+            creds["ssl_ca_file"] = str(self.tls_dir / "ca.pem")
+        _write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
+        return creds
+
+    def client_security(self) -> dict | None:
+        """How the CLI's Kafka clients connect: the admin's SASL login (and the CA with
+        --tls), the CA alone on an SSL cluster, None for PLAINTEXT."""
+        creds = self.admin_credentials()
+        if creds is not None:
+            return creds
+        if self.exists() and self.load().tls:
+            return {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+        return None
+
+    def admin_credentials(self) -> dict | None:
+        """The admin's SASL login of a `--sasl` cluster (None if it has none)."""
+        try:
+            return json.loads(self.admin_credentials_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{self.admin_credentials_path} is unreadable: {exc}") from None
+
+    def ensure_api_secret(self, config: ClusterConfig) -> None:
+        """Give a config written before controller API auth existed its secret."""
+        if config.api_secret is None:
+            config.api_secret = generate_secret()
+            self.save(config)
 
     # ------------------------------------------------------------ processes
 
@@ -457,7 +547,9 @@ class LocalCluster:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        with open(log_path, "ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # logs of an older cluster were 0644
+        with os.fdopen(fd, "ab") as log:
             proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -466,6 +558,7 @@ class LocalCluster:
                 start_new_session=True,
                 cwd=str(cwd or self.dir),
                 env=env,
+                umask=0o077,  # WAL, journal and snapshots are not for other users
             )
         self._record_pid(name, proc.pid)
         return proc.pid
@@ -544,6 +637,10 @@ class LocalCluster:
             storage["wal_capacity_bytes"] = config.broker_wal_capacity_bytes
         if config.broker_upload_interval_s is not None:
             storage["upload_interval_s"] = config.broker_upload_interval_s
+        if config.broker_retention_check_interval_s is not None:
+            storage["retention_check_interval_ms"] = round(
+                config.broker_retention_check_interval_s * 1000
+            )
         bcfg = BrokerConfig(
             node_id=node_id,
             az=spec.az,
@@ -553,6 +650,11 @@ class LocalCluster:
             controllers=config.quorum_config().api_addresses(),
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
             metrics_port=spec.metrics_port or 0,
+            controller_api_secret=config.api_secret,
+            sasl_enabled=config.sasl,
+            super_users=[f"User:{ADMIN_USER}"] if config.sasl else [],
+            tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
+            tls_key_file=self.tls_dir / "server.key" if config.tls else None,
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -643,7 +745,17 @@ class LocalCluster:
             pass  # not empty: the operator's own files
 
 
-_OWN_ENTRIES = {"cluster.json", "quorum.json", "up-incomplete", "s3", "logs", "pids"}
+_OWN_ENTRIES = {
+    "cluster.json",
+    "quorum.json",
+    SECRET_FILE_NAME,
+    "admin.credentials",
+    "tls",
+    "up-incomplete",
+    "s3",
+    "logs",
+    "pids",
+}
 
 MIB = 1024 * 1024
 
@@ -665,10 +777,13 @@ def flag_differences(
     session_timeout_ms: int | None = None,
     wal_capacity_mib: int | None = None,
     upload_interval_s: float | None = None,
+    sasl: bool | None = None,
+    tls: bool | None = None,
+    retention_check_interval_s: float | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
-    from dataplane.config import UPLOAD_INTERVAL_S
+    from dataplane.config import RETENTION_CHECK_INTERVAL_MS, UPLOAD_INTERVAL_S
 
     out = []
     if brokers is not None and brokers != len(config.brokers):
@@ -717,6 +832,21 @@ def flag_differences(
         have_s = config.broker_upload_interval_s or UPLOAD_INTERVAL_S
         if upload_interval_s != have_s:
             out.append(f"--upload-interval-s {upload_interval_s:g} (the cluster has {have_s:g})")
+    if sasl is not None and sasl != config.sasl:
+        out.append(
+            f"--{'' if sasl else 'no-'}sasl (the cluster has SASL {'on' if config.sasl else 'off'})"
+        )
+    if tls is not None and tls != config.tls:
+        out.append(
+            f"--{'' if tls else 'no-'}tls (the cluster has TLS {'on' if config.tls else 'off'})"
+        )
+    if retention_check_interval_s is not None:
+        have_s = config.broker_retention_check_interval_s or RETENTION_CHECK_INTERVAL_MS / 1000
+        if retention_check_interval_s != have_s:
+            out.append(
+                f"--retention-check-interval-s {retention_check_interval_s:g} "
+                f"(the cluster has {have_s:g})"
+            )
     return out
 
 

@@ -19,7 +19,9 @@ STATUS_TIMEOUT_S = 3.0
 def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     """Ask every controller for its view; brokers and heartbeats come from the leader."""
     addresses = config.quorum_config().api_addresses()
-    client = ControllerClient(addresses, request_timeout_s=STATUS_TIMEOUT_S)
+    client = ControllerClient(
+        addresses, request_timeout_s=STATUS_TIMEOUT_S, api_secret=config.api_secret
+    )
 
     def ask(address: str) -> dict | None:
         try:

@@ -8,8 +8,13 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.kafka_util import check_reachable, client_error_text
-from cli.output import OutputFormat, console, fail, print_data, waiting
+from cli.kafka_util import (
+    check_reachable,
+    client_error_text,
+    kafka_python_security,
+    librdkafka_security,
+)
+from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 app = typer.Typer(help="Manage topics (Kafka protocol).", no_args_is_help=True)
@@ -40,7 +45,7 @@ def _bootstrap(bootstrap: str | None, dir: Path) -> str:
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _admin(bootstrap: str):
+def _admin(bootstrap: str, dir: Path):
     from kafka import KafkaAdminClient
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -52,6 +57,7 @@ def _admin(bootstrap: str):
                 client_id="automqctl",
                 request_timeout_ms=30_000,
                 bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000),
+                **kafka_python_security(_credentials(dir)),
             )
     except (ConnectionError, ValueError) as exc:
         fail(str(exc))
@@ -82,6 +88,44 @@ def _describe(admin, names: list[str] | None) -> list[dict]:
     return out
 
 
+def _add_partition_storage(bootstrap: str, topic: dict, dir: Path) -> None:
+    """Each partition's log start offset, end offset (ListOffsets) and object-store bytes
+    (DescribeLogDirs, from its leader); -1 where a broker could not say."""
+    from kafka import KafkaAdminClient, TopicPartition
+    from kafka.admin import OffsetSpec
+
+    name = topic["name"]
+    for p in topic["partitions"]:
+        p.update(log_start_offset=-1, end_offset=-1, object_store_bytes=-1)
+    by_index = {p["partition"]: p for p in topic["partitions"]}
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=15_000,
+        **kafka_python_security(_credentials(dir)),
+    )
+    try:
+        tps = [TopicPartition(name, i) for i in by_index]
+        for key, spec in (
+            ("log_start_offset", OffsetSpec.EARLIEST),
+            ("end_offset", OffsetSpec.LATEST),
+        ):
+            found = admin.list_partition_offsets({tp: spec for tp in tps})
+            for tp, o in found.items():
+                by_index[tp.partition][key] = o.offset
+        for broker in admin.describe_log_dirs(topic_partitions=[name]):
+            for result in broker["log_dirs"]:
+                for t in result["topics"]:
+                    for part in t["partitions"]:
+                        if part["partition_index"] in by_index:
+                            by_index[part["partition_index"]]["object_store_bytes"] = part[
+                                "partition_size"
+                            ]
+    except Exception as exc:  # noqa: BLE001 - the rest of describe is still useful
+        err_console.print(f"partition offsets unavailable: {client_error_text(exc)}")
+    finally:
+        admin.close()
+
+
 def _parse_configs(items: list[str]) -> dict[str, str]:
     """`key=value` arguments of --config/-c, in order (a repeated key: the last wins)."""
     if len(items) > MAX_CONFIG_ARGS:
@@ -95,19 +139,33 @@ def _parse_configs(items: list[str]) -> dict[str, str]:
     return configs
 
 
-def _confluent_admin(bootstrap: str):
+def _confluent_admin(bootstrap: str, dir: Path):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl"})
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automqctl",
+            **librdkafka_security(_credentials(dir)),
+        }
+    )
 
 
-def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
+def _credentials(dir: Path) -> dict | None:
+    """The admin's SASL login of the cluster in `dir` (None: a PLAINTEXT cluster)."""
+    try:
+        return LocalCluster(dir).client_security()
+    except ClusterError as exc:
+        fail(str(exc))
+
+
+def _topic_configs(bootstrap: str, name: str, dir: Path) -> dict[str, dict]:
     """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
     from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
     known = {s.value for s in ConfigSource}
     resource = ConfigResource(ResourceType.TOPIC, name)
-    admin = _confluent_admin(bootstrap)  # referenced until the result: its handle must live
+    admin = _confluent_admin(bootstrap, dir)  # referenced until the result: its handle must live
     try:
         entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -138,7 +196,7 @@ def create(
     from kafka.errors import KafkaError as ClientError
 
     configs = _parse_configs(config)
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
     except ClientError as exc:
@@ -157,7 +215,7 @@ def list_(
     format: OutputFormat = FormatOption,
 ) -> None:
     """List topics."""
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         topics = sorted(_describe(admin, None), key=lambda t: t["name"])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -186,7 +244,7 @@ def describe(
     """Partitions of a topic with their leaders, and its configs (the table shows the ones
     set on the topic; --format json lists every config with its value in force)."""
     bootstrap = _bootstrap(bootstrap_server, dir)
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, dir)
     try:
         [topic] = _describe(admin, [name])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -195,14 +253,27 @@ def describe(
         admin.close()
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
-    topic["configs"] = _topic_configs(bootstrap, name)
+    topic["configs"] = _topic_configs(bootstrap, name, dir)
+    _add_partition_storage(bootstrap, topic, dir)
     if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
-    for col in ("partition", "leader", "leader epoch"):
+    for col in ("partition", "leader", "leader epoch", "log start", "end", "object-store bytes"):
         table.add_column(col)
     for p in topic["partitions"]:
-        table.add_row(str(p["partition"]), str(p["leader"]), str(p["leader_epoch"]))
+        table.add_row(
+            *(
+                str(p[k])
+                for k in (
+                    "partition",
+                    "leader",
+                    "leader_epoch",
+                    "log_start_offset",
+                    "end_offset",
+                    "object_store_bytes",
+                )
+            )
+        )
     console.print(table)
     overrides = {k: c for k, c in topic["configs"].items() if c["set_on_topic"]}
     configs = Table(title=f"configs set on {name}")
@@ -243,7 +314,7 @@ def alter(
         ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()
     ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
     resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
-    admin = _confluent_admin(_bootstrap(bootstrap_server, dir))
+    admin = _confluent_admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -264,7 +335,7 @@ def delete(
     """Delete a topic and its data."""
     from kafka.errors import KafkaError as ClientError
 
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.delete_topics([name])
     except ClientError as exc:

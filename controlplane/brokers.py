@@ -47,8 +47,8 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
 
 
 def broker_heartbeat(image: MetadataImage, req: BrokerHeartbeatRequest, now_ms: int):
-    """A freshly registered broker is unfenced by its first heartbeat that has replayed the
-    metadata log past its own registration. A broker fenced for any other reason (session
+    """A freshly registered broker is unfenced by its first heartbeat that does not ask to
+    stay fenced (`want_fence`: it is still starting). A broker fenced for any other reason (session
     expired, shutdown) stays fenced: it must register again and so get a new epoch."""
     broker = image.brokers.get(req.node_id)
     if broker is None:
@@ -59,7 +59,7 @@ def broker_heartbeat(image: MetadataImage, req: BrokerHeartbeatRequest, now_ms: 
             f"node {req.node_id} epoch {req.node_epoch} is not current "
             f"({broker.node_epoch}); register again",
         )
-    if broker.fenced and broker.fence_reason == REGISTERED_REASON:
+    if broker.fenced and broker.fence_reason == REGISTERED_REASON and not req.want_fence:
         return (
             [r.UnfenceBrokerRecord(node_id=req.node_id, node_epoch=req.node_epoch)],
             BrokerHeartbeatResponse(fenced=False, node_epoch=broker.node_epoch),

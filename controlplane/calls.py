@@ -17,6 +17,10 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import (
     AllocateProducerIdsRequest,
     AllocateProducerIdsResponse,
+    AlterBrokerConfigsRequest,
+    AlterBrokerConfigsResponse,
+    AlterScramCredentialsRequest,
+    AlterScramCredentialsResponse,
     AlterTopicConfigsRequest,
     AlterTopicConfigsResponse,
     BrokerHeartbeatRequest,
@@ -27,11 +31,14 @@ from controlplane.requests import (
     CompleteWALFailoverRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateStreamRequest,
     CreateStreamResponse,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteTopicRequest,
     FenceBrokerRequest,
     OpenStreamRequest,
@@ -148,6 +155,11 @@ class ControllerCalls:
     ) -> AlterTopicConfigsResponse:
         return self._typed(req, AlterTopicConfigsResponse, timeout_s)
 
+    def alter_broker_configs(
+        self, req: AlterBrokerConfigsRequest, timeout_s: float | None = None
+    ) -> AlterBrokerConfigsResponse:
+        return self._typed(req, AlterBrokerConfigsResponse, timeout_s)
+
     # streams and objects
     def create_stream(
         self, req: CreateStreamRequest, timeout_s: float | None = None
@@ -189,3 +201,19 @@ class ControllerCalls:
     # transactions
     def put_txn_state(self, req: PutTxnStateRequest, timeout_s: float | None = None) -> None:
         self.send(req, timeout_s)
+
+    # ------------------------------------------------------------ security (controlplane/security.py)
+
+    def alter_scram_credentials(
+        self, req: AlterScramCredentialsRequest, timeout_s: float | None = None
+    ) -> AlterScramCredentialsResponse:
+        return self._typed(req, AlterScramCredentialsResponse, timeout_s)
+
+    def create_acls(self, req: CreateAclsRequest, timeout_s: float | None = None) -> int:
+        """Add ACLs; the metadata offset that holds them."""
+        return int(self.send(req, timeout_s)["metadata_offset"])
+
+    def delete_acls(
+        self, req: DeleteAclsRequest, timeout_s: float | None = None
+    ) -> DeleteAclsResponse:
+        return self._typed(req, DeleteAclsResponse, timeout_s)

@@ -146,6 +146,8 @@ _KEYED_FIELDS = (
     "kv",
     "coordinator_slots",
     "compactors",
+    "scram_credentials",
+    "acls",
 )
 
 
@@ -196,6 +198,17 @@ class CompactorState(BaseModel):
     incarnation_id: str
 
 
+class ScramCredentialState(BaseModel):
+    """A user's SCRAM credential for one mechanism: salt, iterations and salted hashes."""
+
+    user: str
+    mechanism: str
+    salt: str  # base64
+    iterations: int
+    stored_key: str  # base64
+    server_key: str  # base64
+
+
 class CoordinatorSlotState(BaseModel):
     """The broker coordinating one slot's groups, and the slot's coordinator epoch."""
 
@@ -230,6 +243,10 @@ class MetadataImage(BaseModel):
     coordinator_slots: dict[int, CoordinatorSlotState] = Field(default_factory=dict)
     # compaction principals (Spark jobs) by name
     compactors: dict[str, CompactorState] = Field(default_factory=dict)
+    # SASL/SCRAM credentials by "MECHANISM:user" (controlplane/security.py: scram_key)
+    scram_credentials: dict[str, ScramCredentialState] = Field(default_factory=dict)
+    # ACLs by their canonical JSON (controlplane/security.py: acl_key)
+    acls: dict[str, r.AclBinding] = Field(default_factory=dict)
 
     # copy-on-write bookkeeping of an image being built by with_records(); None = this image
     # owns all of its containers (a fresh image, or apply() on an unpublished one)
@@ -518,6 +535,23 @@ class MetadataImage(BaseModel):
             rec.name,
             CompactorState(name=rec.name, epoch=rec.epoch, incarnation_id=rec.incarnation_id),
         )
+
+    def _apply_scram_credential(self, rec: r.ScramCredentialRecord) -> None:
+        self._put(
+            "scram_credentials",
+            f"{rec.mechanism}:{rec.user}",
+            ScramCredentialState(**rec.model_dump(exclude={"type"})),
+        )
+
+    def _apply_remove_scram_credential(self, rec: r.RemoveScramCredentialRecord) -> None:
+        self._pop("scram_credentials", f"{rec.mechanism}:{rec.user}")
+
+    def _apply_acl(self, rec: r.AclRecord) -> None:
+        key = rec.binding.model_dump_json()
+        if rec.removed:
+            self._pop("acls", key)
+        else:
+            self._put("acls", key, rec.binding)
 
     # ------------------------------------------------------------ queries (pure)
 

@@ -10,6 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controlplane.records import AclBinding
+
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
 MAX_OBJECTS_PER_PREPARE = 1_000
@@ -79,6 +81,9 @@ class BrokerHeartbeatRequest(_Request):
     produce_bytes_per_s: dict[int, float] = Field(
         default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
     )
+    # Kafka's WantFence: a broker still starting (opening its WAL, replaying metadata) keeps
+    # its session alive but stays fenced, so a slow start never expires its registration
+    want_fence: bool = False
 
 
 class BrokerHeartbeatResponse(BaseModel):
@@ -519,3 +524,101 @@ class PutTxnStateRequest(_Request):
 
 
 REQUEST_TYPES.update({PutTxnStateRequest.command: PutTxnStateRequest})
+
+
+# ---------------------------------------------------------------- security (controlplane/security.py)
+# kept in one block at the end so parallel additions above merge cleanly
+
+MAX_SECURITY_ITEMS = 1000  # SCRAM changes or ACLs per command
+
+
+class ScramUpsertion(BaseModel):
+    """A user's new SCRAM credential for one mechanism (salted hashes, never a password)."""
+
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=256)
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    salt: str = Field(min_length=4, max_length=1024)  # base64
+    iterations: int = Field(ge=4096, le=16384)  # Kafka's bounds
+    stored_key: str = Field(min_length=4, max_length=1024)  # base64
+    server_key: str = Field(min_length=4, max_length=1024)  # base64
+
+
+class ScramDeletion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=256)
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class AlterScramCredentialsRequest(_Request):
+    """Add, replace or delete SCRAM credentials (AlterUserScramCredentials, `user add`)."""
+
+    command: ClassVar[str] = "alter_scram_credentials"
+    upsertions: list[ScramUpsertion] = Field(default_factory=list, max_length=MAX_SECURITY_ITEMS)
+    deletions: list[ScramDeletion] = Field(default_factory=list, max_length=MAX_SECURITY_ITEMS)
+
+
+class ScramAlterResult(BaseModel):
+    user: str
+    mechanism: str
+    error: str | None = None  # "RESOURCE_NOT_FOUND" for a deletion of nothing
+    message: str = ""
+
+
+class AlterScramCredentialsResponse(BaseModel):
+    results: list[ScramAlterResult]
+    metadata_offset: int = -1
+
+
+class CreateAclsRequest(_Request):
+    command: ClassVar[str] = "create_acls"
+    bindings: list[AclBinding] = Field(min_length=1, max_length=MAX_SECURITY_ITEMS)
+
+
+class AclFilter(BaseModel):
+    """Which ACLs a delete (or describe) means: a None field matches any value."""
+
+    model_config = ConfigDict(extra="forbid")
+    resource_type: str | None = None
+    resource_name: str | None = None
+    pattern_type: str | None = None
+    principal: str | None = None
+    host: str | None = None
+    operation: str | None = None
+    permission: str | None = None
+
+
+class DeleteAclsRequest(_Request):
+    command: ClassVar[str] = "delete_acls"
+    filters: list[AclFilter] = Field(min_length=1, max_length=MAX_SECURITY_ITEMS)
+
+
+class DeleteAclsResponse(BaseModel):
+    matches: list[list[AclBinding]]  # per filter: the ACLs it deleted
+    metadata_offset: int = -1
+
+
+REQUEST_TYPES.update(
+    {
+        cls.command: cls
+        for cls in (AlterScramCredentialsRequest, CreateAclsRequest, DeleteAclsRequest)
+    }
+)
+
+
+class AlterBrokerConfigsRequest(_Request):
+    """Change the dynamic configs of every broker (`resource` "") or of one (its id); the
+    keys are the topic defaults' broker synonyms (controlplane/broker_configs.py)."""
+
+    command: ClassVar[str] = "alter_broker_configs"
+    resource: str = Field(default="", pattern=r"^(|[0-9]{1,9})$")
+    ops: list[TopicConfigOp] = Field(default_factory=list, max_length=MAX_TOPIC_CONFIGS)
+    replace: bool = False
+
+
+class AlterBrokerConfigsResponse(BaseModel):
+    configs: dict[str, str]  # the resource's dynamic configs after the alter
+    metadata_offset: int = -1  # as AlterTopicConfigsResponse's
+
+
+REQUEST_TYPES.update({AlterBrokerConfigsRequest.command: AlterBrokerConfigsRequest})

@@ -28,6 +28,7 @@ from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.failover import plan_failovers
+from controlplane.listeners import insecure_listener_error
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
@@ -61,6 +62,11 @@ class ControllerNode:
         self.quorum = MetadataQuorum(
             me.raft_address, partners, data_dir, config.password, config.settings, timeouts
         )
+        refused = insecure_listener_error(
+            "the controller API", me.host, config.api_secret is not None, config.allow_insecure
+        )
+        if refused:
+            raise RuntimeError(refused)
         self.http = ControllerHTTPServer((me.host, me.api_port), self)
         self.object_deleter = object_deleter
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
@@ -128,6 +134,7 @@ class ControllerNode:
             and broker.fenced
             and broker.fence_reason == "registered"
             and broker.node_epoch == epoch
+            and not body.get("want_fence")
         ):
             # rates stay in memory: they would only bloat the metadata log
             return self.quorum.submit(

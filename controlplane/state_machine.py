@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane import (
     balancer,
+    broker_configs,
     brokers,
     compactors,
     coordinators,
@@ -23,6 +24,7 @@ from controlplane import (
     fencing,
     objects,
     reassignment,
+    security,
     streams,
     topics,
 )
@@ -134,6 +136,14 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
+        "alter_broker_configs": (broker_configs.alter_broker_configs, False),
+    }
+)
+_HANDLERS.update(
+    {  # SCRAM credentials and ACLs (controlplane/security.py)
+        "alter_scram_credentials": (security.alter_scram_credentials, False),
+        "create_acls": (security.create_acls, False),
+        "delete_acls": (security.delete_acls, False),
     }
 )
 _HANDLERS.update(

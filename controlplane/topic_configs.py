@@ -46,6 +46,8 @@ class ConfigSource(Enum):
     """DescribeConfigs' `config_source` values we answer with."""
 
     TOPIC_CONFIG = 1  # DYNAMIC_TOPIC_CONFIG: set on the topic
+    DYNAMIC_BROKER_CONFIG = 2  # set for one broker (kafka-configs --entity-name N)
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3  # set for every broker (--entity-default)
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
 
@@ -338,6 +340,66 @@ def apply_ops(
     return result
 
 
+# ------------------------------------------------------------ dynamic broker configs
+# Kafka's cluster-wide dynamic configs that supply topic defaults: each topic key's broker
+# synonym (`log.retention.ms` for `retention.ms`, ...), set for every broker (resource "")
+# or for one broker (its id); a topic's own value wins, then the broker's, then the default.
+BROKER_SYNONYMS: dict[str, str] = {k.synonym: k.name for k in _KEYS if k.synonym}
+
+
+def validate_broker_value(key: str, value: str | None) -> str:
+    """The value to store for broker config `key`, validated as its topic key is."""
+    topic_key = BROKER_SYNONYMS.get(key)
+    if topic_key is None or SCHEMA[topic_key].read_only:
+        raise ControllerError(
+            ErrorCode.INVALID_CONFIG,
+            f"Unknown or not dynamically updatable broker config: {key} (dynamic broker "
+            "configs are the topic defaults: " + ", ".join(sorted(BROKER_SYNONYMS)) + ")",
+        )
+    try:
+        return validate_value(topic_key, value)
+    except ControllerError as exc:
+        raise ControllerError(
+            exc.code, exc.message.replace(f"configuration {topic_key}:", f"configuration {key}:")
+        ) from None
+
+
+def apply_broker_ops(
+    current: Mapping[str, str], ops: Iterable[tuple[str, str, str | None]], replace: bool
+) -> dict[str, str]:
+    """One broker resource's dynamic configs after `ops` (set/delete; all or nothing)."""
+    ops = list(ops)
+    if len(ops) > MAX_CONFIG_OPS:
+        raise ControllerError(ErrorCode.INVALID_REQUEST, f"more than {MAX_CONFIG_OPS} configs")
+    if len({k for k, _, _ in ops}) != len(ops):
+        raise ControllerError(ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")
+    result = {} if replace else dict(current)
+    for key, op, value in ops:
+        if op == OP_SET:
+            result[key] = validate_broker_value(key, value)
+        elif op == OP_DELETE:
+            if key not in BROKER_SYNONYMS or SCHEMA[BROKER_SYNONYMS[key]].read_only:
+                validate_broker_value(key, None)  # raises: not a dynamic broker config
+            result.pop(key, None)
+        else:
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST,
+                f"Config value {op} is not allowed for config key: {key}",
+            )
+    return result
+
+
+def with_broker_defaults(
+    configs: Mapping[str, str], cluster: Mapping[str, str], node: Mapping[str, str]
+) -> dict[str, str]:
+    """A topic's configs in force on a broker: its own, else the broker's dynamic value
+    (this broker's, then the cluster default), as topic keys."""
+    out = {BROKER_SYNONYMS[k]: v for k, v in cluster.items() if k in BROKER_SYNONYMS}
+    out.update({BROKER_SYNONYMS[k]: v for k, v in node.items() if k in BROKER_SYNONYMS})
+    out.update(configs)
+    return out
+
+
 def effective(configs: Mapping[str, str], key: str) -> str:
     """The value in force: the topic's own, else the default."""
     value = configs.get(key)
@@ -366,27 +428,46 @@ class DescribedConfig:
     synonyms: tuple[tuple[str, str | None, ConfigSource], ...]
 
 
-def describe(configs: Mapping[str, str]) -> list[DescribedConfig]:
-    """Every schema key with its value in force and where it comes from, plus any stored
-    key the schema does not know (stored before validation existed), sorted by name."""
+def describe(
+    configs: Mapping[str, str],
+    cluster: Mapping[str, str] | None = None,
+    node: Mapping[str, str] | None = None,
+) -> list[DescribedConfig]:
+    """Every schema key with its value in force and where it comes from (the topic, this
+    broker's dynamic config, the cluster-wide one, Kafka's default), plus any stored key the
+    schema does not know (stored before validation existed), sorted by name."""
+    cluster, node = cluster or {}, node or {}
     rows: list[DescribedConfig] = []
     for spec in _KEYS:
-        synonyms: list[tuple[str, str | None, ConfigSource]] = []
+        layers: list[tuple[str, str | None, ConfigSource]] = []
         if spec.name in configs:
-            synonyms.append((spec.name, configs[spec.name], ConfigSource.TOPIC_CONFIG))
+            layers.append((spec.name, configs[spec.name], ConfigSource.TOPIC_CONFIG))
         if spec.synonym:
-            synonyms.append((spec.synonym, spec.default, ConfigSource.DEFAULT_CONFIG))
+            if spec.synonym in node:
+                layers.append(
+                    (spec.synonym, node[spec.synonym], ConfigSource.DYNAMIC_BROKER_CONFIG)
+                )
+            if spec.synonym in cluster:
+                layers.append(
+                    (
+                        spec.synonym,
+                        cluster[spec.synonym],
+                        ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
+                    )
+                )
+            layers.append((spec.synonym, spec.default, ConfigSource.DEFAULT_CONFIG))
+        value, source = (
+            (layers[0][1], layers[0][2]) if layers else (spec.default, ConfigSource.DEFAULT_CONFIG)
+        )
         rows.append(
             DescribedConfig(
                 name=spec.name,
-                value=effective(configs, spec.name),
-                source=ConfigSource.TOPIC_CONFIG
-                if spec.name in configs
-                else ConfigSource.DEFAULT_CONFIG,
+                value=value,
+                source=source,
                 read_only=spec.read_only,
                 config_type=spec.type.value,
                 doc=spec.doc,
-                synonyms=tuple(synonyms),
+                synonyms=tuple(layers),
             )
         )
     for key in configs:

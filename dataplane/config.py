@@ -18,6 +18,7 @@ UPLOAD_THRESHOLD_BYTES = 64 * 1024 * 1024
 UPLOAD_INTERVAL_S = 5.0
 BLOCK_CACHE_BYTES = 512 * 1024 * 1024
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+RETENTION_CHECK_INTERVAL_MS = 300_000  # Kafka's log.retention.check.interval.ms
 
 
 class BrokerConfig(BaseModel):
@@ -37,4 +38,20 @@ class BrokerConfig(BaseModel):
     upload_interval_s: float = Field(default=UPLOAD_INTERVAL_S, gt=0, le=3600)
     block_cache_bytes: int = Field(default=BLOCK_CACHE_BYTES, ge=16 * 1024 * 1024)
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024 * 1024)
+    # how often the partitions led here are checked against retention.ms / retention.bytes
+    retention_check_interval_ms: int = Field(
+        default=RETENTION_CHECK_INTERVAL_MS, ge=100, le=86_400_000
+    )
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
+    # the controller API's bearer secret (this file is mode 0600); None: the API is open
+    controller_api_secret: str | None = None
+    # the Kafka listener's security: SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256/512) with ACLs
+    # when sasl_enabled, else PLAINTEXT without authorization
+    sasl_enabled: bool = False
+    # principals ("User:admin") every ACL check allows
+    super_users: list[str] = Field(default_factory=list)
+    # a listener on a non-loopback address without SASL refuses to start unless this is set
+    allow_insecure: bool = False
+    # TLS on the listener (SSL, or SASL_SSL with sasl_enabled): the certificate chain and key
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None

@@ -58,12 +58,13 @@ class BrokerNode:
 
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.client = ControllerClient(config.controllers)
+        self.client = ControllerClient(config.controllers, api_secret=config.controller_api_secret)
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True
         self.storage = None
         self.partitions = None
+        self.retention = None
         self.kafka = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -72,6 +73,10 @@ class BrokerNode:
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name="heartbeat", daemon=True
         )
+        # heartbeats start right after registration and ask to stay fenced until the data
+        # plane is up: opening a large WAL under load outlasted the session timeout
+        self._starting = True
+        self._heartbeat_lock = threading.Lock()  # the loop and start() both heartbeat
 
     @property
     def wal_uri(self) -> str:
@@ -110,6 +115,10 @@ class BrokerNode:
         return self.node_epoch
 
     def heartbeat(self) -> None:
+        with self._heartbeat_lock:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
         assert self.node_epoch is not None
         rates = self.partitions.produce_rates() if self.partitions is not None else {}
         req = BrokerHeartbeatRequest(
@@ -118,6 +127,7 @@ class BrokerNode:
             metadata_offset=self.metadata.offset,
             stats=self._upload_stats(),
             produce_bytes_per_s=rates,
+            want_fence=self._starting,
         )
         try:
             result = self.client.broker_heartbeat(req, timeout_s=5)
@@ -177,20 +187,23 @@ class BrokerNode:
     def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.register()
+        self._heartbeat_thread.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
             self._start_data_plane()
         self.metadata.start()
-        self.heartbeat()
-        self._heartbeat_thread.start()
+        self._starting = False
+        self.heartbeat()  # unfenced now
 
     def _start_data_plane(self) -> None:
         from controlplane.coordinators import group_coordinator, group_slot, owned_slots
+        from dataplane.kafka.admin_apis import AdminApis
         from dataplane.kafka.apis import BrokerIdentity, KafkaApis
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
         from dataplane.kafka.offset_store import KVOffsetStore
         from dataplane.kafka.partitions import PartitionManager
         from dataplane.kafka.registry import ApiRegistry
+        from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread
         from dataplane.kafka.txn.coordinator import TransactionCoordinator
         from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
@@ -222,6 +235,13 @@ class BrokerNode:
             cfg.node_id, self.storage, lambda: self.metadata.caught_up
         )
         self.partitions.start()
+        self.retention = RetentionManager(
+            lambda: self.metadata.image,
+            self.partitions.logs,
+            check_interval_ms=cfg.retention_check_interval_ms,
+            timestamps=self.partitions.piece_timestamps,
+        )
+        self.retention.start()
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             lambda: self.metadata.image,
@@ -293,12 +313,23 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        for request_class, lo, hi, handler in (
-            apis.registrations() + groups.registrations() + txns.registrations()
-        ):
+        admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
+        handlers = (
+            apis.registrations()
+            + groups.registrations()
+            + admin.registrations()
+            + txns.registrations()
+        )
+        for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
+        admit = self._secure_listener(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
+            registry,
+            host=cfg.host,
+            port=cfg.kafka_port,
+            max_request_bytes=cfg.max_request_bytes,
+            admit=admit,
+            ssl_context=self._tls_context(),
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -321,6 +352,58 @@ class BrokerNode:
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+
+    def _tls_context(self):
+        """The listener's TLS context when a certificate is configured, else None."""
+        cfg = self.config
+        if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+            return None
+        from dataplane.kafka.security.tls import server_ssl_context
+
+        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+
+    def _secure_listener(self, registry, image_fn):
+        """SASL and the security admin APIs on the listener when configured; the admission
+        gate for the server (None: open listener). Refuses an open listener on a
+        non-loopback address unless `allow_insecure`."""
+        from controlplane.listeners import insecure_listener_error
+        from dataplane.kafka.security.admin_apis import SecurityAdminApis
+
+        cfg = self.config
+        enforcer = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.authorizer import Authorizer
+            from dataplane.kafka.security.enforcement import AclEnforcer
+
+            enforcer = AclEnforcer(Authorizer(cfg.super_users), image_fn)
+        admin = SecurityAdminApis(
+            self.client,
+            image_fn,
+            self.metadata.wait_for_offset,
+            enforcer.allowed_cluster if enforcer is not None else None,
+        )
+        for request_class, lo, hi, handler in admin.registrations():
+            registry.register(request_class, lo, hi, handler)
+        if not cfg.sasl_enabled:
+            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
+            if refused:
+                raise RuntimeError(refused)
+            return None
+        from dataplane.kafka.security.sasl import SaslAuthenticator
+
+        sasl = SaslAuthenticator(image_fn)
+        for request_class, lo, hi, handler in sasl.registrations():
+            registry.register(request_class, lo, hi, handler)
+        assert enforcer is not None
+        enforcer.install(registry)  # after every registration: nothing stays unchecked
+        log.info(
+            "%s listener (%s), ACLs enforced; super users: %s",
+            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
+            ", ".join(sasl.mechanisms),
+            ", ".join(cfg.super_users) or "none",
+        )
+        return sasl.admit
 
     # ------------------------------------------------------------ WAL failover
 
@@ -428,6 +511,8 @@ class BrokerNode:
                 except RuntimeError:  # the loop is already closed
                     pass
             self.kafka.stop()
+        if self.retention is not None:
+            self.retention.stop()
         if self.partitions is not None:
             self.partitions.stop()
         if self.storage is not None:

@@ -56,8 +56,8 @@ from kafka.protocol.producer import (
     ProduceResponse,
 )
 
+from controlplane import broker_configs, topic_configs, topics
 from controlplane import requests as cmd
-from controlplane import topic_configs, topics
 from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
@@ -87,6 +87,21 @@ _CONTROLLER_TO_KAFKA = {
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 _INCREMENTAL_OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
+
+
+def _config_ops(res, incremental: bool) -> list[dict]:
+    """An (Incremental)AlterConfigs resource's entries as the controller's config ops
+    (AlterConfigs sets every key it names)."""
+    return [
+        {
+            "key": c.name,
+            "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
+            if incremental
+            else "set",
+            "value": c.value,
+        }
+        for c in res.configs
+    ]
 
 
 def _kafka_error(exc: ControllerError) -> KafkaError:
@@ -451,12 +466,16 @@ class KafkaApis:
                 if plog is not None:
                     if p.timestamp == -2:
                         offset = plog.log_start_offset
-                    elif p.timestamp in (-1, -3):  # latest; -3 = max timestamp (approximated)
+                    elif p.timestamp == -1:
+                        # read_committed (KIP-98): the last stable offset
                         offset = (
                             plog.last_stable_offset
                             if getattr(req, "isolation_level", 0) == 1
                             else plog.high_watermark
                         )
+                    elif p.timestamp == -3:  # MAX_TIMESTAMP (KIP-734)
+                        found = await self._io(plog.max_timestamp_offset)
+                        offset, ts = found.offset, found.timestamp_ms
                     else:
                         found = await self._io(plog.offset_for_timestamp, p.timestamp)
                         offset, ts = found.offset, found.timestamp_ms
@@ -635,20 +654,13 @@ class KafkaApis:
                     error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
                     message = f"topic {res.resource_name!r} does not exist"
                 else:
-                    rows = topic_configs.describe(topic.configs)
-            elif res.resource_type == RESOURCE_BROKER:
-                rows = [
-                    topic_configs.DescribedConfig(
-                        name=k,
-                        value=val,
-                        source=topic_configs.ConfigSource.STATIC_BROKER_CONFIG,
-                        read_only=True,
-                        config_type=0,
-                        doc=None,
-                        synonyms=((k, val, topic_configs.ConfigSource.STATIC_BROKER_CONFIG),),
+                    rows = topic_configs.describe(
+                        topic.configs,
+                        broker_configs.configs_of(image, ""),
+                        broker_configs.configs_of(image, str(self.me.node_id)),
                     )
-                    for k, val in sorted(self._broker_configs().items())
-                ]
+            elif res.resource_type == RESOURCE_BROKER:
+                error, message, rows = self._describe_broker(image, res.resource_name)
             else:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"
@@ -684,6 +696,38 @@ class KafkaApis:
             )
         return R[v](throttle_time_ms=0, results=results)
 
+    def _describe_broker(self, image, resource: str) -> tuple[int, str | None, list]:
+        """A broker's static configs and every dynamic one (the topic defaults' broker
+        synonyms) with its value in force and source; resource "" = the cluster default."""
+        if resource and (not resource.isdigit() or int(resource) not in image.brokers):
+            return KafkaError.INVALID_REQUEST, f"broker {resource!r} is not registered", []
+        static = topic_configs.ConfigSource.STATIC_BROKER_CONFIG
+        rows = [
+            topic_configs.DescribedConfig(k, v, static, True, 0, None, ((k, v, static),))
+            for k, v in sorted(self._broker_configs().items())
+            if resource
+        ]
+        cluster = broker_configs.configs_of(image, "")
+        node = broker_configs.configs_of(image, resource) if resource else {}
+        by_topic_key = {row.name: row for row in topic_configs.describe({}, cluster, node)}
+        for key, topic_key in sorted(topic_configs.BROKER_SYNONYMS.items()):
+            row = by_topic_key[topic_key]
+            if row.read_only:
+                continue
+            rows.append(
+                topic_configs.DescribedConfig(
+                    key, row.value, row.source, False, row.config_type, row.doc, row.synonyms
+                )
+            )
+        return KafkaError.NONE, None, rows
+
+    def _alter_broker_configs(self, req: cmd.AlterBrokerConfigsRequest, validate_only: bool):
+        if validate_only:
+            broker_configs.alter_broker_configs(self.image_fn(), req, 0)
+            return
+        res = self.controller.alter_broker_configs(req)
+        self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
+
     def _broker_configs(self) -> dict[str, str]:
         return {
             "broker.id": str(self.me.node_id),
@@ -714,27 +758,16 @@ class KafkaApis:
             if seen[(res.resource_type, res.resource_name)] > 1:
                 error, message = KafkaError.INVALID_REQUEST, "duplicate resource in the request"
             elif res.resource_type == RESOURCE_BROKER:
-                error = KafkaError.INVALID_REQUEST
-                message = "dynamic broker configs are not supported: broker settings come from automqctl cluster up"
+                error, message = await self._alter_broker(res, req, incremental)
             elif res.resource_type != RESOURCE_TOPIC:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"
             else:
-                ops = [
-                    {
-                        "key": c.name,
-                        "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
-                        if incremental
-                        else "set",
-                        "value": c.value,
-                    }
-                    for c in res.configs
-                ]
                 try:
                     alter = build_request(
                         cmd.AlterTopicConfigsRequest,
                         name=res.resource_name,
-                        ops=ops,
+                        ops=_config_ops(res, incremental),
                         replace=not incremental,
                     )
                     await self._io(self._alter_topic_configs, alter, bool(req.validate_only))
@@ -749,6 +782,23 @@ class KafkaApis:
                 )
             )
         return R[v](throttle_time_ms=0, responses=out)
+
+    async def _alter_broker(self, res, req, incremental: bool) -> tuple[int, str | None]:
+        """Dynamic configs of every broker (resource name "") or of one registered broker."""
+        name = res.resource_name or ""
+        if name and (not name.isdigit() or int(name) not in self.image_fn().brokers):
+            return KafkaError.INVALID_REQUEST, f"broker {name!r} is not registered"
+        try:
+            alter = build_request(
+                cmd.AlterBrokerConfigsRequest,
+                resource=name,
+                ops=_config_ops(res, incremental),
+                replace=not incremental,
+            )
+            await self._io(self._alter_broker_configs, alter, bool(req.validate_only))
+        except ControllerError as exc:
+            return _kafka_error(exc), exc.message
+        return KafkaError.NONE, None
 
     async def alter_configs(self, req, ctx):
         """AlterConfigs: a topic's configs become exactly the ones given (others default)."""

@@ -236,6 +236,21 @@ class KVOffsetStore:
         with self._lock:
             self._docs.pop(group_id, None)
 
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
+        epoch, current = self._doc(group_id)
+        doc = json.loads(json.dumps(current))  # a copy: change only on success
+        for topic, partition in partitions:
+            doc.get(topic, {}).pop(str(partition), None)
+            if topic in doc and not doc[topic]:
+                del doc[topic]
+        if doc == current:
+            return
+        await self._put(group_id, epoch, json.dumps(doc, separators=(",", ":")) if doc else None)
+        with self._lock:
+            cached = self._docs.get(group_id)
+            if cached is None or cached[0] == epoch:
+                self._docs[group_id] = (epoch, doc)
+
     async def list_groups(self) -> list[str]:
         names = {k[len(KEY_PREFIX) :] for k in self.image_fn().kv if k.startswith(KEY_PREFIX)}
         with self._lock:

@@ -80,7 +80,16 @@ class PartitionBackend(Protocol):
         ...
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
-        """The first offset whose batch holds a timestamp >= `timestamp_ms` (-1 if none)."""
+        """The first record with a timestamp >= `timestamp_ms` ((-1, -1) if none)."""
+        ...
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        """The record with the largest timestamp ((-1, -1) for an empty partition)."""
+        ...
+
+    def delete_records(self, offset: int) -> int:
+        """Advance the log start offset to `offset` (-1: the high watermark); returns the
+        new log start offset. Blocks on I/O: call off the event loop."""
         ...
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:

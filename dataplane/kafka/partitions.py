@@ -22,13 +22,19 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from controlplane import topic_configs
+from controlplane import broker_configs, topic_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
+from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, patch_batch
+from dataplane.kafka.record_batch import (
+    InvalidRecordBatchError,
+    parse_batches,
+    patch_batch,
+)
+from dataplane.kafka.time_index import PieceTimestamps, StoredPiece
 from dataplane.kafka.txn.markers import build_marker, marker_of
 from dataplane.s3stream.storage import S3Storage, Stream
 
@@ -36,7 +42,6 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one partition's records in one produce request
 # (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
-TIMESTAMP_SCAN_MAX_BYTES = 4 * 1024 * 1024 * 1024  # offset_for_timestamp gives up past this
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
 # how much of a stream's tail is read to rebuild producer state when a partition opens: the
@@ -50,6 +55,10 @@ RECONCILE_RECORD_TYPES = frozenset(
     {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
 )
 RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
+
+
+class OffsetOutOfRangeError(ValueError):
+    """An offset past the partition's high watermark (OFFSET_OUT_OF_RANGE)."""
 
 
 @dataclass
@@ -255,6 +264,8 @@ class PartitionLog:
         stream: Stream,
         ranges_fn: Callable[[], list[RangeState]] = lambda: [],
         configs_fn: Callable[[], Mapping[str, str]] = dict,
+        pieces_fn: Callable[[], list[StoredPiece]] = lambda: [],
+        piece_timestamps: PieceTimestamps | None = None,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -265,6 +276,9 @@ class PartitionLog:
         # the topic's configs in the current metadata: read on every append, so an alter
         # takes effect with the next produce, without reopening the partition
         self._configs_fn = configs_fn
+        # the time index: the stream's pieces in object storage and their timestamps
+        self._pieces_fn = pieces_fn
+        self._piece_timestamps = piece_timestamps or PieceTimestamps()
         self.producers = ProducerStateTable()
         self.txns = TxnIndex()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
@@ -412,21 +426,48 @@ class PartitionLog:
         return b"".join(b.payload for b in batches)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
-        """First offset whose batch has max timestamp >= `timestamp_ms` (bounded scan)."""
-        offset, hw = self.log_start_offset, self.high_watermark
-        scanned = 0
-        while offset < hw and scanned < TIMESTAMP_SCAN_MAX_BYTES:
-            batches = self.stream.fetch(offset, hw, 1024 * 1024)
-            if not batches:
-                break
-            for b in batches:
-                scanned += len(b.payload)
-                headers = parse_batches(b.payload, verify_crc=False, client_origin=False)
-                for h in headers:
-                    if h.max_timestamp >= timestamp_ms:
-                        return OffsetAndTimestamp(b.base_offset, h.max_timestamp)
-            offset = batches[-1].last_offset
-        return OffsetAndTimestamp(-1, -1)
+        """The first record with a timestamp >= `timestamp_ms`, through the time index
+        (`time_index.py`: O(log n) reads)."""
+        return time_index.offset_for_timestamp(
+            self.stream,
+            self._pieces_fn(),
+            self.log_start_offset,
+            self.high_watermark,
+            timestamp_ms,
+            self._piece_timestamps,
+        )
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        """The record with the largest timestamp (ListOffsets MAX_TIMESTAMP, -3)."""
+        return time_index.max_timestamp_offset(
+            self.stream,
+            self._pieces_fn(),
+            self.log_start_offset,
+            self.high_watermark,
+            self._piece_timestamps,
+        )
+
+    def configs(self) -> Mapping[str, str]:
+        """The topic's configs in force (set ones; the rest are Kafka's defaults)."""
+        return self._configs_fn()
+
+    def delete_records(self, offset: int) -> int:
+        """Advance the log start offset to `offset` (-1: the high watermark): DeleteRecords
+        and retention. Returns the new log start offset; an offset below it changes
+        nothing. Data still in the WAL is uploaded first. Blocks: call off the event loop.
+
+        Raises:
+            OffsetOutOfRangeError: `offset` is past the high watermark.
+        """
+        target = self.high_watermark if offset == -1 else offset
+        if target < 0 or target > self.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: cannot delete records below {offset}, "
+                f"the high watermark is {self.high_watermark}"
+            )
+        if target > self.log_start_offset:
+            self.stream.trim(target)
+        return self.log_start_offset
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         if leader_epoch >= self.leader_epoch:
@@ -460,6 +501,8 @@ class PartitionManager:
         self._last_reconcile = 0.0  # monotonic time of the last reconcile
         self._rates = ProduceRateMeter()
         self._rates_lock = threading.Lock()
+        # every led partition's time index and the retention check share it
+        self.piece_timestamps = PieceTimestamps()
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
 
     def start(self) -> None:
@@ -600,6 +643,8 @@ class PartitionManager:
             stream,
             ranges_fn=lambda: self._stream_ranges(stream_id),
             configs_fn=lambda: self._topic_configs(key[0]),
+            pieces_fn=lambda: time_index.stored_pieces(self._image, stream_id),
+            piece_timestamps=self.piece_timestamps,
         )
         try:
             producers = rebuild_producer_state(stream, plog.producers, plog.txns)
@@ -628,10 +673,13 @@ class PartitionManager:
         )
 
     def _topic_configs(self, topic_id: str) -> Mapping[str, str]:
-        """The topic's configs in the newest image (empty: defaults)."""
+        """The topic's configs in force here in the newest image: its own, else this
+        broker's dynamic defaults (controlplane/broker_configs.py), else Kafka's."""
         image = self._image
         topic = image.topics.get(topic_id) if image is not None else None
-        return topic.configs if topic is not None else {}
+        if topic is None:
+            return {}
+        return broker_configs.topic_configs_in_force(image, topic.configs, self.node_id)
 
     def _stream_ranges(self, stream_id: int) -> list[RangeState]:
         image = self._image

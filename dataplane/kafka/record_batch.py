@@ -430,3 +430,19 @@ def build_batch(
         struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, magic, checksum)
         + tail
     )
+
+
+def record_timestamps(batch: RecordBatchHeader) -> list[tuple[int, int]]:
+    """(offset, timestamp) of every record in one batch, in order (decompressed with
+    kafka-python's reader). A LOG_APPEND_TIME batch gives every record the batch's max
+    timestamp, as Kafka does. Raises InvalidRecordBatchError when the records cannot be read."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    if batch.timestamp_type == TimestampType.LOG_APPEND_TIME:
+        return [(batch.base_offset + i, batch.max_timestamp) for i in range(batch.records_count)]
+    try:
+        return [(r.offset, r.timestamp) for r in DefaultRecordBatch(batch.data)]
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt batch
+        raise _fail(
+            KafkaError.CORRUPT_MESSAGE, f"records of batch at {batch.base_offset}: {exc}"
+        ) from None

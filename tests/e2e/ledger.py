@@ -49,9 +49,12 @@ def running_cluster(cluster_dir: Path, *up_args: str) -> Iterator[dict]:
         automqctl("cluster", "down", cluster_dir=cluster_dir)
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 30) -> None:
+def create_topic(
+    bootstrap: str, name: str, partitions: int, timeout_s: float = 30, configs: dict | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)[name].result(30)
+    new = NewTopic(name, partitions, 1, config=configs or {})
+    admin.create_topics([new], operation_timeout=30)[name].result(30)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)

@@ -25,6 +25,7 @@ from kafka.protocol.consumer import (
     JoinGroupRequest,
     LeaveGroupRequest,
     OffsetCommitRequest,
+    OffsetDeleteRequest,
     OffsetFetchRequest,
     SyncGroupRequest,
 )
@@ -224,6 +225,7 @@ def test_registrations_cover_supported_versions() -> None:
         ListGroupsRequest: (0, 5),
         DescribeGroupsRequest: (0, 6),
         DeleteGroupsRequest: (0, 2),
+        OffsetDeleteRequest: (0, 0),
     }
     for cls, lo, hi, handler in registrations:
         assert 0 <= lo <= hi <= cls.max_version, cls.name

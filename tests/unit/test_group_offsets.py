@@ -370,3 +370,18 @@ def test_concurrent_commits_of_one_group_reach_the_store_one_at_a_time() -> None
         coord.close()
 
     run(scenario)
+
+
+def test_consumer_subscription_topics_parses_and_refuses_garbage():
+    from dataplane.kafka.groups.state import consumer_subscription_topics
+
+    def subscription(*topics: str, version: int = 1) -> bytes:
+        out = version.to_bytes(2, "big") + len(topics).to_bytes(4, "big")
+        for t in topics:
+            out += len(t).to_bytes(2, "big") + t.encode()
+        return out + b"\x00\x00\x00\x00"  # user data, owned partitions... follow
+
+    assert consumer_subscription_topics(subscription("a", "bb")) == {"a", "bb"}
+    assert consumer_subscription_topics(subscription()) == set()
+    for garbage in (b"", b"\x00\x01", subscription("abc")[:9], b"\x00\x00\xff\xff\xff\xff"):
+        assert consumer_subscription_topics(garbage) is None

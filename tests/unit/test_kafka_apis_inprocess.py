@@ -14,7 +14,6 @@ from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import RequestContext
-from tests.unit.inprocess_broker import inprocess_broker
 
 
 def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
@@ -35,14 +34,6 @@ def ctx(api_key: int, version: int) -> RequestContext:
         client_id="unit",
         peer=("127.0.0.1", 1),
     )
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def produce_req(topic: str, records: bytes, acks: int = -1):
@@ -162,3 +153,49 @@ def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothin
     part = fetched.responses[0].partitions[0]
     assert part.high_watermark == 2
     assert values_of(part.records) == [(0, b"x"), (1, b"y")]
+
+
+def list_offsets_req(topic: str, timestamp: int):
+    P = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition
+    return ListOffsetsRequest[7](
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            ListOffsetsRequest.ListOffsetsTopic(
+                name=topic,
+                partitions=[P(partition_index=0, current_leader_epoch=-1, timestamp=timestamp)],
+            )
+        ],
+    )
+
+
+@pytest.mark.parametrize("compression", [0, 3])  # none, lz4
+def test_offsets_for_times_is_exact_inside_a_batch(broker, compression):
+    """100 records 1 s apart in one batch: the timestamp of record 50 finds offset 50 (it used
+    to find the batch's first offset, 0)."""
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "times", "partitions": 1})
+    sync()
+    base_ts = 1_700_000_000_000
+    builder = MemoryRecordsBuilder(magic=2, compression_type=compression, batch_size=1 << 20)
+    for i in range(100):
+        builder.append(timestamp=base_ts + i * 1000, key=None, value=b"v%d" % i, headers=[])
+    builder.close()
+    later = MemoryRecordsBuilder(magic=2, compression_type=compression, batch_size=1 << 20)
+    later.append(timestamp=base_ts + 500_000, key=None, value=b"late", headers=[])
+    later.close()
+
+    def lookup(ts: int) -> tuple[int, int]:
+        res = asyncio.run(apis.list_offsets(list_offsets_req("times", ts), ctx(2, 7)))
+        p = res.topics[0].partitions[0]
+        assert p.error_code == KafkaError.NONE
+        return p.offset, p.timestamp
+
+    for records in (bytes(builder.buffer()), bytes(later.buffer())):
+        res = asyncio.run(apis.produce(produce_req("times", records), ctx(0, 9)))
+        assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
+    assert lookup(base_ts + 50_000) == (50, base_ts + 50_000)
+    assert lookup(base_ts + 49_500) == (50, base_ts + 50_000)  # first at or after
+    assert lookup(base_ts) == (0, base_ts)
+    assert lookup(base_ts + 99_001) == (100, base_ts + 500_000)  # in the next batch
+    assert lookup(base_ts + 500_001) == (-1, -1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     CreateTopicsRequest,
@@ -15,19 +14,10 @@ from kafka.protocol.admin import (
 )
 
 from dataplane.kafka.errors import KafkaError
-from tests.unit.inprocess_broker import inprocess_broker
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, produce_req
 
 TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def incremental(name: str, entries: list, validate_only: bool = False, rtype: int = TOPIC):
@@ -211,7 +201,14 @@ def test_other_resources_and_unknown_topics(broker):
         )
     )
     code, message = alter_result(res)
-    assert code == KafkaError.INVALID_REQUEST and "broker" in message
+    assert code == KafkaError.INVALID_CONFIG and "broker config: x" in message
+    res = run(
+        apis.incremental_alter_configs(
+            incremental("7", [("log.retention.ms", SET, "1")], rtype=BROKER), ctx(44, 1)
+        )
+    )
+    code, message = alter_result(res)
+    assert code == KafkaError.INVALID_REQUEST and "not registered" in message
     res = run(
         apis.incremental_alter_configs(
             incremental("nope", [("retention.ms", SET, "1")]), ctx(44, 1)
@@ -308,3 +305,74 @@ def test_batches_up_to_the_produce_limit_are_stored_when_the_topic_allows_them(b
     assert payload in plog.read(0, 16 * 1024 * 1024)
     assert produce(batch([payload + payload])) == KafkaError.MESSAGE_TOO_LARGE
     assert plog.high_watermark == 1
+
+
+def test_dynamic_broker_configs_supply_topic_defaults(broker):
+    """kafka-configs --entity-type brokers --entity-default / --entity-name 1: the broker
+    synonyms of topic configs become the defaults of topics without their own value, with
+    the right source; a topic's own value still wins; bad values change nothing."""
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "t", "partitions": 1})
+    controller.call(
+        "create_topic", {"name": "own", "partitions": 1, "configs": {"max.message.bytes": "9000"}}
+    )
+    sync()
+    plog = apis.partitions.get(controller.machine.image.topic_by_name("t").topic_id, 0)
+
+    def alter(resource: str, entries: list) -> tuple:
+        return alter_result(
+            run(
+                apis.incremental_alter_configs(
+                    incremental(resource, entries, rtype=BROKER), ctx(44, 1)
+                )
+            )
+        )
+
+    assert (
+        alter("", [("message.max.bytes", SET, "3000"), ("log.retention.ms", SET, "5000")])[0]
+        == KafkaError.NONE
+    )
+    rows = described(apis, "t")
+    assert rows["max.message.bytes"].value == "3000"
+    assert rows["max.message.bytes"].config_source == 3  # DYNAMIC_DEFAULT_BROKER_CONFIG
+    assert rows["retention.ms"].value == "5000"
+    assert described(apis, "own")["max.message.bytes"].value == "9000"  # the topic's own
+    # the new default is enforced on produce, without reopening the partition
+    res = run(apis.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
+    assert res.responses[0].partition_responses[0].error_code == KafkaError.MESSAGE_TOO_LARGE
+    assert plog.configs()["retention.ms"] == "5000"
+
+    # one broker's own value wins over the cluster default
+    assert alter("1", [("message.max.bytes", SET, "8000")])[0] == KafkaError.NONE
+    rows = described(apis, "t")
+    assert (rows["max.message.bytes"].value, rows["max.message.bytes"].config_source) == (
+        "8000",
+        2,  # DYNAMIC_BROKER_CONFIG
+    )
+    res = run(apis.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
+    assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
+    broker_rows = (
+        run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4))).results[0].configs
+    )
+    by_name = {c.name: c for c in broker_rows}
+    assert by_name["message.max.bytes"].value == "8000"
+    assert by_name["log.retention.ms"].value == "5000"
+    assert by_name["log.retention.ms"].config_source == 3
+
+    # a bad value or an unknown key refuses the whole alter and stores nothing
+    offset = controller.machine.image.offset
+    code, message = alter(
+        "", [("log.retention.ms", SET, "banana"), ("log.retention.bytes", SET, "1")]
+    )
+    assert code == KafkaError.INVALID_CONFIG and "log.retention.ms" in message
+    assert controller.machine.image.offset == offset
+    # deleting the defaults brings Kafka's back
+    assert (
+        alter("", [("log.retention.ms", DELETE, None), ("message.max.bytes", DELETE, None)])[0]
+        == KafkaError.NONE
+    )
+    assert alter("1", [("message.max.bytes", DELETE, None)])[0] == KafkaError.NONE
+    rows = described(apis, "t")
+    assert (
+        rows["max.message.bytes"].value == "1048588" and rows["retention.ms"].value == "604800000"
+    )

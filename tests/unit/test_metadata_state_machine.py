@@ -126,6 +126,25 @@ def test_registration_bumps_node_epoch_and_starts_fenced(sm):
     )
 
 
+def test_a_starting_broker_stays_fenced_while_it_wants_to(sm):
+    """WantFence: heartbeats of a broker still opening its WAL keep it fenced (no record),
+    the first one without it unfences."""
+    ok(
+        sm.execute(
+            "register_broker",
+            {"node_id": 1, "az": "az1", "host": "h", "kafka_port": 1, "incarnation_id": "new"},
+            NOW,
+        )
+    )
+    offset = sm.image.offset
+    hb = {"node_id": 1, "node_epoch": 1, "want_fence": True}
+    res = ok(sm.execute("broker_heartbeat", hb, NOW))
+    assert res["fenced"] and res["fence_reason"] == "registered"
+    assert sm.image.offset == offset and sm.image.brokers[1].fenced
+    assert not ok(sm.execute("broker_heartbeat", {**hb, "want_fence": False}, NOW))["fenced"]
+    assert not sm.image.brokers[1].fenced
+
+
 def test_retried_registration_with_same_incarnation_is_idempotent(sm):
     before = sm.next_offset
     res = ok(

@@ -213,6 +213,14 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         return None if group is None else group.state
 
+    def subscriptions(self, group_id: str) -> tuple[GroupState | None, set[str] | None]:
+        """(state, subscribed topics) for OffsetDelete: state None if the group is not in
+        memory; topics None unless it is a consumer group (see `Group.subscribed_topics`)."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return None, None
+        return group.state, group.subscribed_topics()
+
     def begin_delete(self, group_id: str) -> tuple[int, bool]:
         """First step of DeleteGroups: mark the group Dead so nobody joins meanwhile.
 

@@ -10,7 +10,7 @@ versions of the wire format and the version-free calls of
 
 Supported versions (see :meth:`GroupHandlers.registrations`): JoinGroup 0-9,
 SyncGroup 0-5, Heartbeat 0-4, LeaveGroup 0-5, OffsetCommit 0-9, OffsetFetch 0-9,
-ListGroups 0-5, DescribeGroups 0-6, DeleteGroups 0-2.  OffsetCommit/OffsetFetch
+ListGroups 0-5, DescribeGroups 0-6, DeleteGroups 0-2, OffsetDelete 0.  OffsetCommit/OffsetFetch
 v10 address topics by id, which needs the topic metadata this package does not
 have, so they are not offered.
 """
@@ -37,6 +37,8 @@ from kafka.protocol.consumer import (
     LeaveGroupResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
@@ -55,6 +57,8 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 _GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})  # READ, DELETE, DESCRIBE
 
 # Nested kafka-python data classes (generated from the JSON schemas).
+_DeletedOffsetTopic = OffsetDeleteResponse.OffsetDeleteResponseTopic
+_DeletedOffsetPartition = _DeletedOffsetTopic.OffsetDeleteResponsePartition
 _JoinMember = JoinGroupResponse.JoinGroupResponseMember
 _LeaveMember = LeaveGroupResponse.MemberResponse
 _CommitTopic = OffsetCommitResponse.OffsetCommitResponseTopic
@@ -122,6 +126,7 @@ class GroupHandlers:
             (ListGroupsRequest, 0, 5, self.list_groups),
             (DescribeGroupsRequest, 0, 6, self.describe_groups),
             (DeleteGroupsRequest, 0, 2, self.delete_groups),
+            (OffsetDeleteRequest, 0, 0, self.offset_delete),
         ]
 
     # ------------------------------------------------------------------ helpers
@@ -537,4 +542,30 @@ class GroupHandlers:
         return DeleteGroupsResponse[version](
             throttle_time_ms=0,
             results=[_DeletedGroup(group_id=gid, error_code=results[gid]) for gid in ordered],
+        )
+
+    # ------------------------------------------------------------------ OffsetDelete
+
+    async def offset_delete(self, request: Any, ctx: Any) -> Any:
+        """OffsetDelete v0 (`kafka-consumer-groups.sh --delete-offsets`): see
+        `OffsetManager.delete_offsets` for which offsets go."""
+        requested = [
+            (t.name, p.partition_index) for t in request.topics or [] for p in t.partitions or []
+        ]
+        error = self._group_error(request.group_id, allow_empty=True)
+        results: dict[TopicPartition, int] = {}
+        if error == KafkaError.NONE:
+            error, results = await self._offsets.delete_offsets(
+                request.group_id, list(dict.fromkeys(requested))
+            )
+        topics: dict[str, list[Any]] = {}
+        if error == KafkaError.NONE:
+            for tp in dict.fromkeys(requested):
+                topics.setdefault(tp[0], []).append(
+                    _DeletedOffsetPartition(partition_index=tp[1], error_code=results[tp])
+                )
+        return OffsetDeleteResponse[ctx.api_version](
+            error_code=error,
+            throttle_time_ms=0,
+            topics=[_DeletedOffsetTopic(name=n, partitions=ps) for n, ps in topics.items()],
         )

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 from dataplane.kafka.errors import KafkaError
 
 from .coordinator import GroupCoordinator
+from .state import GroupState
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ class OffsetStore(Protocol):
         """Forget every committed offset of ``group_id`` (no error if there are none)."""
         ...
 
+    async def delete_offsets(self, group_id: str, partitions: list[TopicPartition]) -> None:
+        """Forget the committed offsets of ``partitions`` (atomic; absent ones are fine)."""
+        ...
+
     async def list_groups(self) -> list[str]:
         """Ids of the groups that have at least one committed offset."""
         ...
@@ -120,6 +125,12 @@ class InMemoryOffsetStore:
     async def delete_group(self, group_id: str) -> None:
         """Forget the group's offsets."""
         self._groups.pop(group_id, None)
+
+    async def delete_offsets(self, group_id: str, partitions: list[TopicPartition]) -> None:
+        """Forget the offsets of ``partitions``."""
+        stored = self._groups.get(group_id, {})
+        for tp in partitions:
+            stored.pop(tp, None)
 
     async def list_groups(self) -> list[str]:
         """Groups with at least one committed offset."""
@@ -270,6 +281,39 @@ class OffsetManager:
     async def has_offsets(self, group_id: str) -> bool:
         """The group has at least one committed offset (store errors propagate)."""
         return bool(await self._store.fetch(group_id, None))
+
+    async def delete_offsets(
+        self, group_id: str, partitions: list[TopicPartition]
+    ) -> tuple[int, dict[TopicPartition, int]]:
+        """OffsetDelete (Kafka's handleDeleteOffsets): ``(group error, error per partition)``.
+
+        An Empty group (or one known only by its offsets) loses the requested offsets; a
+        consumer group with members keeps those of topics it subscribes to
+        (GROUP_SUBSCRIBED_TO_TOPIC) and loses the others; a group of another protocol type
+        with members is NON_EMPTY_GROUP; an unknown group is GROUP_ID_NOT_FOUND.
+        """
+        state, subscribed = self._coordinator.subscriptions(group_id)
+        try:
+            async with self._locks.hold(group_id):
+                if state is None or state is GroupState.DEAD:
+                    if state is GroupState.DEAD or not await self.has_offsets(group_id):
+                        return KafkaError.GROUP_ID_NOT_FOUND, {}
+                elif state is not GroupState.EMPTY and subscribed is None:
+                    return KafkaError.NON_EMPTY_GROUP, {}
+                results = {
+                    tp: KafkaError.GROUP_SUBSCRIBED_TO_TOPIC
+                    if state not in (None, GroupState.EMPTY) and tp[0] in (subscribed or ())
+                    else KafkaError.NONE
+                    for tp in partitions
+                }
+                deletable = [tp for tp, e in results.items() if e == KafkaError.NONE]
+                if deletable:
+                    await self._store.delete_offsets(group_id, deletable)
+                return KafkaError.NONE, results
+        except Exception as exc:  # noqa: BLE001 - mapped to a Kafka error, logged
+            code = store_error_code(exc)
+            log.warning("deleting offsets of group %r failed: %r -> error %d", group_id, exc, code)
+            return code, {}
 
     async def delete_groups(self, group_ids: Iterable[str]) -> dict[str, int]:
         """DeleteGroups: error code per (distinct) group id, in request order.

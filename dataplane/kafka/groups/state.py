@@ -272,6 +272,31 @@ class Member:
         raise ValueError(f"member {self.member_id} supports none of {sorted(candidates)}")
 
 
+CONSUMER_PROTOCOL_TYPE = "consumer"
+
+
+def consumer_subscription_topics(metadata: bytes) -> set[str] | None:
+    """Topics of a ConsumerProtocolSubscription (every version starts with an int16 version
+    and the topic array), or None when the bytes are not one (Kafka then treats the member
+    as subscribed to nothing)."""
+    try:
+        if len(metadata) < 6:
+            return None
+        count = int.from_bytes(metadata[2:6], "big", signed=True)
+        if count < 0 or count > len(metadata):
+            return None
+        topics, pos = set(), 6
+        for _ in range(count):
+            size = int.from_bytes(metadata[pos : pos + 2], "big", signed=True)
+            if size < 0 or pos + 2 + size > len(metadata):
+                return None
+            topics.add(metadata[pos + 2 : pos + 2 + size].decode("utf-8"))
+            pos += 2 + size
+        return topics
+    except (UnicodeDecodeError, IndexError):
+        return None
+
+
 @dataclass(eq=False)
 class Group:
     """One classic group; all mutation goes through the coordinator."""
@@ -296,6 +321,17 @@ class Group:
     initial_join: tuple[int, int] | None = None
     join_timer: Any = None
     sync_timer: Any = None
+
+    def subscribed_topics(self) -> set[str] | None:
+        """Topics the members of a consumer group subscribe to (Kafka's subscribedTopics);
+        None for other protocol types, whose subscriptions are opaque."""
+        if self.protocol_type != CONSUMER_PROTOCOL_TYPE:
+            return None
+        topics: set[str] = set()
+        for member in self.members.values():
+            name = self.protocol_name or (member.protocol_names() or [""])[0]
+            topics |= consumer_subscription_topics(member.metadata_for(name)) or set()
+        return topics
 
     # -- state ---------------------------------------------------------------------------
 

@@ -1,0 +1,247 @@
+"""Admin APIs that stock Kafka tools call, from kafka-python's KafkaAdminClient and
+confluent-kafka on a real cluster: DescribeLogDirs reports object-store bytes per partition,
+AlterPartitionReassignments moves a partition (and refuses what cannot be),
+ListPartitionReassignments, OffsetDelete, DeleteRecords; and time retention."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import TopicPartition as CkTopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition  # noqa: E402
+from kafka.errors import (  # noqa: E402
+    GroupSubscribedToTopicError,
+    InvalidReplicationAssignmentError,
+    NoError,
+    NoReassignmentInProgressError,
+)
+from kafka.structs import OffsetAndMetadata  # noqa: E402
+
+from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("admin") / "cluster"
+    with running_cluster(
+        d,
+        "--upload-interval-s",
+        "1",
+        "--wal-capacity-mib",
+        "64",
+        "--retention-check-interval-s",
+        "1",
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
+
+
+@pytest.fixture
+def admin(cluster):
+    client = KafkaAdminClient(bootstrap_servers=cluster["bootstrap"], request_timeout_ms=30_000)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def produce(bootstrap: str, topic: str, count: int, partition: int | None = None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 30_000})
+    failed: list = []
+    for i in range(count):
+        kw = {} if partition is None else {"partition": partition}
+        producer.produce(
+            topic, value=b"v%06d" % i + b"." * 1000, on_delivery=lambda e, m: failed.append(e), **kw
+        )
+    assert producer.flush(60) == 0
+    assert [e for e in failed if e is not None] == []
+
+
+def leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
+    [meta] = admin.describe_topics([topic])
+    return {p["partition_index"]: p["leader_id"] for p in meta["partitions"]}
+
+
+def test_describe_log_dirs_reports_object_store_bytes_per_partition(cluster, admin):
+    topic = f"dirs-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 2)
+    produce(cluster["bootstrap"], topic, 200, partition=0)  # ~200 KB, partition 1 stays empty
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # bytes count once uploaded (every second here)
+        sizes = {}
+        for broker in admin.describe_log_dirs(topic_partitions=[topic]):
+            for result in broker["log_dirs"]:
+                assert result["error_code"] == 0, result
+                for t in result["topics"]:
+                    assert t["name"] == topic
+                    for p in t["partitions"]:
+                        sizes[p["partition_index"]] = p["partition_size"]
+        if sizes.get(0, 0) >= 200 * 1000:
+            break
+        time.sleep(0.5)
+    assert set(sizes) == {0, 1}, sizes  # each partition reported once, by its leader
+    assert sizes[0] >= 200 * 1000, sizes
+    assert sizes[1] == 0, sizes
+
+
+def test_alter_and_list_partition_reassignments_move_a_partition(cluster, admin):
+    topic = f"move-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 1)
+    produce(cluster["bootstrap"], topic, 50)
+    source = leaders(admin, topic)[0]
+    brokers = sorted(b["broker_id"] for b in admin.describe_cluster()["brokers"])
+    target = next(b for b in brokers if b != source)
+    tp = TopicPartition(topic, 0)
+
+    # what cannot be done is refused per partition, and nothing moves
+    refused = admin.alter_partition_reassignments({tp: [target, source]})
+    assert refused[tp] is InvalidReplicationAssignmentError, refused  # one replica only
+    refused = admin.alter_partition_reassignments({tp: [999]})
+    assert refused[tp] is InvalidReplicationAssignmentError, refused
+    cancel = admin.alter_partition_reassignments({tp: None})
+    assert cancel[tp] is NoReassignmentInProgressError, cancel
+    assert leaders(admin, topic)[0] == source
+
+    moved = admin.alter_partition_reassignments({tp: [target]})
+    assert moved[tp] is None, moved
+    deadline = time.monotonic() + 60
+    ongoing = None
+    while time.monotonic() < deadline:
+        ongoing = admin.list_partition_reassignments()
+        if leaders(admin, topic)[0] == target and tp not in ongoing:
+            break
+        time.sleep(0.3)
+    assert leaders(admin, topic)[0] == target
+    assert tp not in ongoing, ongoing  # the new leader opened it: the move finished
+
+    # the moved partition keeps its data and takes more
+    produce(cluster["bootstrap"], topic, 50)
+    consumer = KafkaConsumer(
+        bootstrap_servers=cluster["bootstrap"],
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=10_000,
+    )
+    consumer.assign([tp])
+    values = [m.value[:7] for m in consumer]
+    consumer.close()
+    assert values == [b"v%06d" % i for i in range(50)] * 2
+
+
+def test_offset_delete_refuses_subscribed_topics_and_deletes_the_rest(cluster, admin):
+    a, b = (f"od{x}-{uuid.uuid4().hex[:6]}" for x in "ab")
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    for t in (a, b):
+        create_topic(cluster["bootstrap"], t, 1)
+        produce(cluster["bootstrap"], t, 10)
+    # an offset of a topic the group will not subscribe to (stored while it has no members)
+    stored = admin.alter_group_offsets(group, {TopicPartition(b, 0): OffsetAndMetadata(7, "", -1)})
+    assert set(stored.values()) == {NoError}, stored
+    consumer = KafkaConsumer(
+        a,
+        bootstrap_servers=cluster["bootstrap"],
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        assert len(list(consumer)) == 10
+        consumer.commit()
+        committed = admin.list_group_offsets(group)[group]
+        assert {tp.topic: o.offset for tp, o in committed.items()} == {a: 10, b: 7}
+
+        deleted = admin.delete_group_offsets(group, [TopicPartition(a, 0), TopicPartition(b, 0)])
+        assert deleted == {
+            TopicPartition(a, 0): GroupSubscribedToTopicError,
+            TopicPartition(b, 0): NoError,
+        }
+        committed = admin.list_group_offsets(group)[group]
+        assert {tp.topic: o.offset for tp, o in committed.items()} == {a: 10}
+    finally:
+        consumer.close()
+    # the group is empty now: its offsets of the subscribed topic can go too
+    deleted = admin.delete_group_offsets(group, [TopicPartition(a, 0)])
+    assert deleted == {TopicPartition(a, 0): NoError}
+    assert admin.list_group_offsets(group)[group] == {}
+
+
+def watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"})
+    try:
+        return consumer.get_watermark_offsets(CkTopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+
+
+def first_offset_read(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10_000
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        return next(iter(consumer)).offset
+    finally:
+        consumer.close()
+
+
+def test_delete_records_from_confluent_and_kafka_python(cluster, admin):
+    bootstrap = cluster["bootstrap"]
+    topic = f"dr-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, 30)
+    confluent = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = confluent.delete_records([CkTopicPartition(topic, 0, 10)]).values()
+    assert future.result(30).low_watermark == 10
+    assert watermarks(bootstrap, topic) == (10, 30)
+    assert first_offset_read(bootstrap, topic) == 10
+
+    deleted = admin.delete_records({TopicPartition(topic, 0): 25})
+    assert deleted[TopicPartition(topic, 0)]["low_watermark"] == 25
+    assert watermarks(bootstrap, topic) == (25, 30)
+    assert first_offset_read(bootstrap, topic) == 25
+
+
+def test_time_retention_moves_the_earliest_offset_past_old_records(cluster, admin):
+    bootstrap = cluster["bootstrap"]
+    topic = f"ret-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1, configs={"retention.ms": "3000"})
+    produce(bootstrap, topic, 100)
+    deadline = time.monotonic() + 60
+    low = 0
+    while time.monotonic() < deadline and low < 100:
+        low, _ = watermarks(bootstrap, topic)
+        time.sleep(0.5)
+    assert low == 100  # every record is older than 3 s, uploaded and removed
+    produce(bootstrap, topic, 5)
+    assert first_offset_read(bootstrap, topic) == 100
+
+
+def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
+    import json
+
+    from tests.e2e.ledger import automqctl
+
+    bootstrap = cluster["bootstrap"]
+    topic = f"desc-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 2)
+    produce(bootstrap, topic, 40, partition=1)
+    confluent = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it
+    [deleted] = confluent.delete_records([CkTopicPartition(topic, 1, 15)]).values()
+    assert deleted.result(30).low_watermark == 15
+    out = automqctl("topic", "describe", topic, "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    parts = {p["partition"]: p for p in json.loads(out.stdout)["partitions"]}
+    assert (parts[0]["log_start_offset"], parts[0]["end_offset"]) == (0, 0)
+    assert (parts[1]["log_start_offset"], parts[1]["end_offset"]) == (15, 40)
+    # DeleteRecords uploaded the data first: the partition's bytes are in the object store
+    assert parts[1]["object_store_bytes"] > 10 * 1000
+    table = automqctl("topic", "describe", topic, cluster_dir=cluster["dir"])
+    assert table.returncode == 0 and "object-store bytes" in table.stdout
