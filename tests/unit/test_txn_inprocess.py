@@ -249,6 +249,14 @@ def test_new_instance_fences_the_old_one_and_aborts_its_open_transaction(h):
     assert b"ok" in h.fetch(1)[0]
 
 
+def test_bad_transactional_ids_are_refused_and_store_nothing(h):
+    assert h.init_pid("").error_code == KafkaError.INVALID_REQUEST
+    assert h.init_pid("x" * 1025).error_code == KafkaError.INVALID_REQUEST
+    assert h.add_partitions("", 1, 0) == [KafkaError.INVALID_REQUEST]
+    assert h.end("", 1, 0, True) == KafkaError.INVALID_REQUEST
+    assert not [k for k in h.apis.image_fn().kv if k.startswith("txn-state/")]
+
+
 def test_unknown_partition_and_unknown_producer(h):
     r = h.init_pid("t3")
     assert h.add_partitions("t3", r.producer_id, r.producer_epoch, (0, 7)) == [

@@ -41,6 +41,7 @@ from dataplane.kafka.txn.marker_client import CONSUMER_OFFSETS_TOPIC, send_write
 log = logging.getLogger(__name__)
 
 PUT_TIMEOUT_S = 10.0
+MAX_TRANSACTIONAL_ID_CHARS = 1024  # the KV key's bound (PutTxnStateRequest)
 MARKER_TIMEOUT_S = 10.0
 TICK_INTERVAL_S = 1.0
 # marker outcomes after which a partition needs no (more) marker: written, a newer epoch is
@@ -120,6 +121,10 @@ class TransactionCoordinator:
     def coordinates(self, txn_id: str) -> bool:
         return self._slot_epoch(self.image_fn(), txn_id) is not None
 
+    @staticmethod
+    def _invalid_id(txn_id: str | None) -> bool:
+        return not txn_id or len(txn_id) > MAX_TRANSACTIONAL_ID_CHARS
+
     def _lock(self, txn_id: str) -> asyncio.Lock:
         lock = self._locks.get(txn_id)
         if lock is None:
@@ -146,15 +151,15 @@ class TransactionCoordinator:
 
     async def _store(self, epoch: int, meta: st.TxnMetadata) -> int:
         """Write `meta` durably (then it is current); a Kafka error code."""
-        req = build_request(
-            PutTxnStateRequest,
-            node_id=self.node_id,
-            node_epoch=self.node_epoch_fn(),
-            transactional_id=meta.transactional_id,
-            coordinator_epoch=epoch,
-            value=meta.to_json(),
-        )
         try:
+            req = build_request(
+                PutTxnStateRequest,
+                node_id=self.node_id,
+                node_epoch=self.node_epoch_fn(),
+                transactional_id=meta.transactional_id,
+                coordinator_epoch=epoch,
+                value=meta.to_json(),
+            )
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self.controller.put_txn_state(req, timeout_s=PUT_TIMEOUT_S)
             )
@@ -173,6 +178,8 @@ class TransactionCoordinator:
         self, txn_id: str, timeout_ms: int, expected: tuple[int, int] = (-1, -1)
     ) -> tuple[int, int, int]:
         """InitProducerId: (error, producer id, epoch)."""
+        if self._invalid_id(txn_id):
+            return KafkaError.INVALID_REQUEST, -1, -1
         if st.validate_timeout(timeout_ms, self.max_timeout_ms):
             return KafkaError.INVALID_TRANSACTION_TIMEOUT, -1, -1
         async with self._lock(txn_id):
@@ -245,6 +252,8 @@ class TransactionCoordinator:
         partitions: frozenset[tuple[str, int]],
         groups: frozenset[str] = frozenset(),
     ) -> int:
+        if self._invalid_id(txn_id):
+            return KafkaError.INVALID_REQUEST
         async with self._lock(txn_id):
             try:
                 epoch, meta = self._load(txn_id)
@@ -262,6 +271,8 @@ class TransactionCoordinator:
     ) -> int:
         """EndTxn: store the decision, then write the markers (retried by the tick if they
         cannot all be written now: the decision is durable either way)."""
+        if self._invalid_id(txn_id):
+            return KafkaError.INVALID_REQUEST
         async with self._lock(txn_id):
             try:
                 epoch, meta = self._load(txn_id)
