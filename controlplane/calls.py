@@ -46,6 +46,7 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
+    PutTxnStateRequest,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
     RegisterCompactorRequest,
@@ -203,6 +204,10 @@ class ControllerCalls:
     def put_group_offsets(
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
+        self.send(req, timeout_s)
+
+    # transactions
+    def put_txn_state(self, req: PutTxnStateRequest, timeout_s: float | None = None) -> None:
         self.send(req, timeout_s)
 
     # ------------------------------------------------------------ security (controlplane/security.py)

@@ -544,6 +544,25 @@ class AlterTopicConfigsResponse(BaseModel):
 REQUEST_TYPES.update({AlterTopicConfigsRequest.command: AlterTopicConfigsRequest})
 
 
+# ---------------------------------------------------------------- transactions (coordinators.py)
+
+
+class PutTxnStateRequest(_Request):
+    """A transaction coordinator stores (value) or deletes (None) one transactional id's
+    state document; fenced by the id's coordinator slot (owner and epoch), as group offsets
+    are."""
+
+    command: ClassVar[str] = "put_txn_state"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    transactional_id: str = Field(min_length=1, max_length=1024)
+    coordinator_epoch: int = Field(ge=0)
+    value: str | None = Field(default=None, max_length=1_000_000)
+
+
+REQUEST_TYPES.update({PutTxnStateRequest.command: PutTxnStateRequest})
+
+
 # ---------------------------------------------------------------- security (controlplane/security.py)
 # kept in one block at the end so parallel additions above merge cleanly
 

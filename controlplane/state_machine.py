@@ -126,6 +126,11 @@ _HANDLERS.update(
         "delete_acls": (security.delete_acls, False),
     }
 )
+_HANDLERS.update(
+    {  # transaction coordinators' state (controlplane/coordinators.py)
+        "put_txn_state": (coordinators.put_txn_state, False),
+    }
+)
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"
 
 

@@ -251,6 +251,8 @@ class BrokerNode:
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread
+        from dataplane.kafka.txn.coordinator import TransactionCoordinator
+        from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
         from dataplane.s3stream.storage import S3Storage, StorageConfig
 
@@ -316,6 +318,25 @@ class BrokerNode:
             # the previous coordinator's last commit
             lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
         )
+        txn_coordinator = TransactionCoordinator(
+            cfg.node_id,
+            image_fn,
+            self.client,
+            lambda: self.node_epoch or 0,
+            apis._next_producer_id,
+            self.partitions,
+            lambda slot, pid, commit: complete_group_offsets(offset_store, slot, pid, commit),
+            ready_fn=lambda: self.metadata.caught_up,
+        )
+        txns = TxnHandlers(
+            txn_coordinator,
+            image_fn,
+            self.partitions,
+            coordinator,
+            offset_store,
+            lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
+        )
+        apis.txn = txns
         owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
@@ -349,7 +370,12 @@ class BrokerNode:
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
         admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
-        handlers = apis.registrations() + groups.registrations() + admin.registrations()
+        handlers = (
+            apis.registrations()
+            + groups.registrations()
+            + admin.registrations()
+            + txns.registrations()
+        )
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
         admit = self._secure_listener(registry, image_fn)
@@ -372,6 +398,10 @@ class BrokerNode:
                     raise
                 log.warning("%s; retrying", exc)
                 time.sleep(0.5)
+        self.kafka.loop.call_soon_threadsafe(txn_coordinator.start)
+        self._stop_txn_coordinator = lambda: self.kafka.loop.call_soon_threadsafe(
+            txn_coordinator.stop
+        )
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
         if cfg.metrics_port:
             from prometheus_client import start_http_server
@@ -530,6 +560,12 @@ class BrokerNode:
             self.controlled_shutdown()
         self._stop.set()
         if self.kafka is not None:
+            stop_txn = getattr(self, "_stop_txn_coordinator", None)
+            if stop_txn is not None:
+                try:
+                    stop_txn()
+                except RuntimeError:  # the loop is already closed
+                    pass
             self.kafka.stop()
         if self.retention is not None:
             self.retention.stop()
