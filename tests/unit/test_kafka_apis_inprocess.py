@@ -167,7 +167,7 @@ def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_req
     controller.call("create_topic", {"name": "old", "partitions": 1})
     sync()
 
-    def bucket_down(self, offset: int, max_bytes: int) -> bytes:
+    def bucket_down(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
         raise ObjectStoreUnavailableError("bucket 0 is unavailable (writes failing); retry later")
 
     async def scenario():
