@@ -152,6 +152,10 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "embedded": bool(config.embedded_s3),
             "pid": pids.get("s3") if config.embedded_s3 else None,
         },
+        # `automqctl compaction schedule`: the scheduler process (None: not scheduled)
+        "compaction_scheduler": {"pid": pids.get("compaction-scheduler")}
+        if "compaction-scheduler" in cluster.component_names(config)
+        else None,
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),
