@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    next_run = time.monotonic()
+    first = jobs.load_schedule(cluster.dir)
+    next_run = time.monotonic() + (first.every_s if first else 0)
     while not stop.is_set():
         sched = jobs.load_schedule(cluster.dir)
         if sched is None:

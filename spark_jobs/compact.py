@@ -127,6 +127,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
         "dry_run": dry_run,
         "reason": "",
         "plan": {},
+        "new_object_ids": [],
     }
 
     def finish(reason: str = "") -> dict:
@@ -179,6 +180,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
             return finish(f"the active bucket {bucket_id} is not configured for the job")
         for i, task in enumerate(plan.tasks):
             task.object_id = prepared.first_object_id + i
+    result["new_object_ids"] = [t.object_id for t in plan.tasks]
     written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
     result["bytes_read"] = sum(d["bytes_read"] for d in written)
     result["bytes_written"] = sum(d["size_bytes"] for d in written)
