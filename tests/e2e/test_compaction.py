@@ -59,6 +59,34 @@ def cluster(tmp_path_factory):
         automqctl("cluster", "down", cluster_dir=d)
 
 
+@pytest.fixture(scope="module")
+def spark(cluster):
+    """One SparkContext (local[2]) for the module's in-process runs; the object-store
+    credentials in this process's environment (as the CLI gives them to its job)."""
+    from spark_jobs.compact import spark_context
+
+    env = compaction_jobs.job_env(_config(cluster))
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update({k: env[k] for k in saved})
+    sc = spark_context(MASTER)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_in_process(cluster, sc, emit=None) -> dict:
+    from spark_jobs.compact import JobConfig, run
+
+    job = JobConfig.model_validate(compaction_jobs.job_config(_config(cluster), MASTER))
+    return run(job, emit=emit, sc=sc)
+
+
 def _config(cluster):
     return LocalCluster(cluster["dir"]).load()
 
@@ -129,7 +157,7 @@ def _bucket_client(cluster):
     return s3, uri.bucket
 
 
-def test_compaction_keeps_every_record_and_cuts_the_objects(cluster):
+def test_compaction_keeps_every_record_and_cuts_the_objects(cluster, spark):
     """Many small objects compact to few; then a second run while producing; after a
     broker restart (reads from the compacted objects) every acked record reads back."""
     quiet = _produce(cluster, 8)
@@ -152,8 +180,7 @@ def test_compaction_keeps_every_record_and_cuts_the_objects(cluster):
 
     busy = _produce(cluster, 2)
     try:
-        out, result = _compact(cluster)  # producing all along
-        assert out.returncode == 0, out.stderr + out.stdout
+        result = _run_in_process(cluster, spark)  # producing all along
         assert result["committed"] is True, result
     finally:
         busy.stop()
@@ -163,36 +190,22 @@ def test_compaction_keeps_every_record_and_cuts_the_objects(cluster):
     assert_exact(busy, cluster["bootstrap"])
 
 
-def test_a_run_that_lost_a_race_is_refused_whole(cluster):
+def test_a_run_that_lost_a_race_is_refused_whole(cluster, spark):
     """A topic is deleted between the plan and the commit: nothing is committed, the
     run's new objects are deleted, and the other topic reads back complete."""
-    from spark_jobs.compact import JobConfig, run
-
     keep = _produce(cluster, 3)
     doomed = _produce(cluster, 3)
     keep.stop()
     doomed.stop()
     time.sleep(1.5)
-    config = _config(cluster)
-    job = JobConfig.model_validate(compaction_jobs.job_config(config, MASTER))
     admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
 
     def on_event(event: dict) -> None:
         if event.get("event") == "plan":  # after the plan, before the commit
             admin.delete_topics([doomed.topic], operation_timeout=30)[doomed.topic].result(30)
 
-    env = compaction_jobs.job_env(config)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update({k: env[k] for k in saved})
-    try:
-        before = _objects(cluster)
-        result = run(job, emit=on_event)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    before = _objects(cluster)
+    result = _run_in_process(cluster, spark, emit=on_event)
     assert result["committed"] is False
     assert result["reason"].startswith("commit refused"), result
     assert result["new_object_ids"]
@@ -204,7 +217,7 @@ def test_a_run_that_lost_a_race_is_refused_whole(cluster):
     assert_exact(keep, cluster["bootstrap"])
 
 
-def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(cluster):
+def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(cluster, spark):
     ledger = _produce(cluster, 4)
     ledger.stop()
     time.sleep(1.5)
@@ -228,8 +241,7 @@ def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(clus
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
         proc.wait(timeout=30)
     assert_exact(ledger, cluster["bootstrap"])
-    out, result = _compact(cluster)
-    assert out.returncode == 0, out.stderr + out.stdout
+    result = _run_in_process(cluster, spark)
     assert result["committed"] is True, result
     assert result["objects_after"] < result["objects_before"]
     assert_exact(ledger, cluster["bootstrap"])
