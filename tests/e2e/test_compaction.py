@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +21,8 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("pyspark")
+if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
+    pytest.skip("Spark needs java", allow_module_level=True)
 import boto3  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
