@@ -484,6 +484,9 @@ class S3Storage:
                 # passed: locate again (a fresh reader) and retry, a bounded number of times
                 reader.release()
                 reader = None
+                forget = getattr(self.locator, "forget", None)
+                if forget is not None:
+                    forget(stream_id)  # its cached locations name the deleted object
                 if attempt == MISSING_OBJECT_ATTEMPTS:
                     raise
                 log.info("stream %d: object gone at offset %d, re-locating", stream_id, start)

@@ -262,3 +262,48 @@ def test_plan_write_commit_and_read_back(controller, tmp_path, monkeypatch):
             got = reader._read_objects(sid, 0, cl.next[sid], 1 << 30)
             assert [x.payload for x in got] == cl.payloads[sid]
         objects_io._clients.clear()
+
+
+def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
+    controller, tmp_path, monkeypatch
+):
+    """A reader located the old objects (and cached their indexes); compaction replaced
+    them and their retention passed (deleted from the bucket): the next read re-locates to
+    the new object and returns the right batches instead of failing."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        objects_io._clients.clear()
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
+        cl = Cluster(controller, s3=True)
+        a = cl.stream()
+        old = [cl.sso({a: 40}, size=20_000) for _ in range(3)]  # 2.4 MB > the readahead
+        reader = S3Storage(
+            StorageConfig(
+                data_dir=tmp_path / "r", wal_capacity_bytes=32 << 20, block_cache_bytes=16 << 20
+            ),
+            1,
+            0,
+            controller,
+            ObjectStorage(BUCKET_URI),
+        )
+        first = reader._read_objects(a, 0, cl.next[a], 1)
+        assert [x.payload for x in first] == cl.payloads[a][:1]
+        plan = cl.plan()
+        job = controller.register_compactor(RegisterCompactorRequest(name="t", incarnation_id="x"))
+        ident = CompactorIdentity(name="t", epoch=job.epoch)
+        prepared = controller.prepare_objects(
+            PrepareObjectsRequest(compactor=ident, count=len(plan.tasks), ttl_ms=60_000)
+        )
+        for i, task in enumerate(plan.tasks):
+            task.object_id = prepared.first_object_id + i
+        written = [write_object(t, {0: BUCKET_URI}, {o: 0 for o in old}, 0) for t in plan.tasks]
+        controller.commit_stream_set_object(_commit_request(ident, plan, written, 0))
+        objects_io.delete(BUCKET_URI, old)  # the lifecycle deleter, after the retention
+        got = list(first)
+        while len(got) < cl.next[a]:
+            batches = reader._read_objects(a, len(got), cl.next[a], 1 << 20)
+            assert batches
+            got += batches
+        assert [x.payload for x in got] == cl.payloads[a]
+        objects_io._clients.clear()
