@@ -128,6 +128,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
         "reason": "",
         "plan": {},
         "new_object_ids": [],
+        "spark_s": 0.0,
     }
 
     def finish(reason: str = "") -> dict:
@@ -181,7 +182,10 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
         for i, task in enumerate(plan.tasks):
             task.object_id = prepared.first_object_id + i
     result["new_object_ids"] = [t.object_id for t in plan.tasks]
+    write_started = time.monotonic()
     written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
+    # the Spark part: executor start-up (a new context) + reading, writing, putting objects
+    result["spark_s"] = round(time.monotonic() - write_started, 3)
     result["bytes_read"] = sum(d["bytes_read"] for d in written)
     result["bytes_written"] = sum(d["size_bytes"] for d in written)
     commit = _commit_request(ident, plan, written, bucket_id)
