@@ -66,6 +66,8 @@ def run(
             result, code = jobs.run_job(cluster.dir, config, master, dry_run, on_event)
     else:
         result, code = jobs.run_job(cluster.dir, config, master, dry_run)
+    if "objects_before" not in result:  # the job did not get as far as a result
+        fail(f"compaction {result.get('reason', 'failed')} (log: {cluster.dir}/compaction/job.log)")
     if not print_data(result, format):
         _print_result(result)
     if code != 0:

@@ -153,8 +153,9 @@ def run_job(
         finally:
             running.unlink(missing_ok=True)
     if not result:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        result = {"committed": False, "reason": f"job failed (exit {code}): {tail[0][:300]}"}
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        errors = [ln for ln in lines if ln.startswith("error:")] or lines[-1:] or ["no output"]
+        result = {"committed": False, "reason": f"job failed (exit {code}): {errors[-1][:300]}"}
     result = {k: v for k, v in result.items() if k != "event"}
     record = {"start": started, "trigger": trigger, "exit_code": code, **result}
     if not dry_run:

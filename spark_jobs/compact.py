@@ -129,6 +129,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
         "plan": {},
         "new_object_ids": [],
         "spark_s": 0.0,
+        "tasks_s": 0.0,
     }
 
     def finish(reason: str = "") -> dict:
@@ -183,9 +184,17 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
             task.object_id = prepared.first_object_id + i
     result["new_object_ids"] = [t.object_id for t in plan.tasks]
     write_started = time.monotonic()
-    written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
+    try:
+        written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
+    except BaseException:
+        # nothing references them: delete what was written (missing keys are fine); a
+        # killed driver leaves them to the controller's deadline for PREPARED ids
+        objects_io.delete(config.buckets[bucket_id], result["new_object_ids"])
+        raise
     # the Spark part: executor start-up (a new context) + reading, writing, putting objects
     result["spark_s"] = round(time.monotonic() - write_started, 3)
+    # the executors' busy time (sum over tasks): reading, decoding, writing, putting
+    result["tasks_s"] = round(sum(d["task_s"] for d in written), 3)
     result["bytes_read"] = sum(d["bytes_read"] for d in written)
     result["bytes_written"] = sum(d["size_bytes"] for d in written)
     commit = _commit_request(ident, plan, written, bucket_id)
@@ -253,7 +262,9 @@ def _write_on_spark(
 
     own = sc is None
     if own:
+        started = time.monotonic()
         sc = spark_context(config.master)
+        emit({"event": "spark_started", "seconds": round(time.monotonic() - started, 3)})
     buckets = dict(config.buckets)
     source_buckets = {oid: s.bucket_id for oid, s in plan.sources.items()}
     total = len(plan.tasks)
@@ -306,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         result = run(config, dry_run=args.dry_run, emit=emit)
     except ControllerError as exc:
         print(f"error: controller: {exc.message}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # one line for the operator; Spark's log is above on stderr
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
         return 1
     # a refused commit (a lost race) is a failed run; "nothing to do" and pauses are not
     return 2 if result["reason"].startswith("commit refused") else 0

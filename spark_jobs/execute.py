@@ -9,6 +9,7 @@ the driver commits; nothing here talks to the controller.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,9 @@ MAX_OBJECT_BYTES = 512 * 1024 * 1024
 def write_object(
     task: ObjectTask, buckets: dict[int, str], source_buckets: dict[int, int], target_bucket_id: int
 ) -> dict:
-    """Write `task`'s object; its descriptor (id, kind, size, ranges, bytes read)."""
+    """Write `task`'s object; its descriptor (id, kind, size, ranges, bytes read, the
+    seconds the task took)."""
+    started = time.monotonic()
     by_source: dict[int, list[IndexEntry]] = defaultdict(list)
     for piece in task.pieces:
         for oid, entry in piece.blocks:
@@ -65,4 +68,5 @@ def write_object(
         "size_bytes": obj.size_bytes,
         "ranges": [(r.stream_id, r.start_offset, r.end_offset) for r in obj.ranges],
         "bytes_read": bytes_read,
+        "task_s": time.monotonic() - started,
     }

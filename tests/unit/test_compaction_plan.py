@@ -307,3 +307,25 @@ def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
             got += batches
         assert [x.payload for x in got] == cl.payloads[a]
         objects_io._clients.clear()
+
+
+def test_the_job_refuses_a_bad_config_or_an_unreachable_controller(tmp_path, capsys, monkeypatch):
+    from spark_jobs.compact import main
+
+    assert main(["--config", str(tmp_path / "missing.json")]) == 1
+    (tmp_path / "bad.json").write_text('{"controllers": []}')
+    assert main(["--config", str(tmp_path / "bad.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: bad job config") for line in err)
+    (tmp_path / "job.json").write_text(
+        '{"controllers": ["127.0.0.1:9"], "buckets": {"0": "' + BUCKET_URI + '"}}'
+    )
+    import spark_jobs.compact as compact
+
+    original = compact.ControllerClient
+    monkeypatch.setattr(
+        compact, "ControllerClient", lambda addrs, timeout_s: original(addrs, timeout_s=0.5)
+    )
+    assert main(["--config", str(tmp_path / "job.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: controller:")
