@@ -153,7 +153,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     indexes = objects_io.read_indexes(
         config.buckets, [(s.object_id, s.bucket_id, s.size_bytes) for s in sources]
     )
-    plan = build_plan(image, sources, indexes, pcfg)
+    plan = build_plan(image, sources, indexes, pcfg, now_ms=int(time.time() * 1000))
     result["plan"] = plan.summary()
     emit({"event": "plan", **plan.summary()})
     if plan.empty:

@@ -1,9 +1,10 @@
 """The executor side of a compaction run: one task writes one new object.
 
 Runs inside Spark worker processes (`write_object` is the partition function's body): reads
-the planned data blocks with ranged GETs (touching blocks in one GET), decodes and checks
-them (CRC32C), drops batches below the stream's start, writes the object in the project's
-format (`ObjectWriter`) and PUTs it under the id the driver prepared. Returns a descriptor
+the planned data blocks with ranged GETs (touching blocks in one GET), checks each block's
+framing and CRC32C and copies its encoded batches without decoding them (only a block
+holding the stream's start is decoded, to drop the batches below it), writes the object
+in the project's format (`ObjectWriter`) and PUTs it under the id the driver prepared. Returns a descriptor
 the driver commits; nothing here talks to the controller.
 """
 
@@ -13,7 +14,12 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
-from dataplane.s3stream.object_format import IndexEntry, ObjectWriter, decode_block
+from dataplane.s3stream.object_format import (
+    IndexEntry,
+    ObjectWriter,
+    check_block,
+    decode_block,
+)
 from spark_jobs import objects_io
 from spark_jobs.plan import ObjectTask
 
@@ -57,7 +63,12 @@ def write_object(
     writer = ObjectWriter(BLOCK_SIZE_BYTES, MAX_OBJECT_BYTES)
     for piece in task.pieces:
         for oid, entry in piece.blocks:
-            for batch in decode_block(block(oid, entry), entry):
+            raw = block(oid, entry)
+            if entry.start_offset >= piece.trim_offset:
+                # wholly live: copied without decoding (framing and CRC32C checked)
+                writer.add_encoded(entry, check_block(raw, entry))
+                continue
+            for batch in decode_block(raw, entry):  # straddles the stream's start: filter
                 if batch.last_offset > piece.trim_offset:
                     writer.add(batch)
     obj = writer.finish()

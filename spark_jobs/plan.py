@@ -41,6 +41,9 @@ class PlanConfig:
     max_stream_set_object_bytes: int = 256 * MiB
     stream_object_max_bytes: int = 256 * MiB  # merged stream objects stop growing here
     min_stream_set_objects: int = 2  # fewer (and nothing to clean up): nothing to do
+    # stream-set objects older than this are split whole into stream objects (AutoMQ: 120
+    # min), so old data ends up per stream and is not rewritten with every new upload
+    force_split_after_ms: int = 120 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -218,13 +221,22 @@ def build_plan(
     sources: list[SourceObject],
     indexes: dict[int, list[IndexEntry]],
     config: PlanConfig,
+    now_ms: int = 0,
 ) -> CompactionPlan:
-    """The run's plan from the chosen sources and their parsed indexes (pure)."""
+    """The run's plan from the chosen sources and their parsed indexes (pure). `now_ms`:
+    the wall clock, for the forced split of old stream-set objects (0: none is old)."""
     plan = CompactionPlan(sources={s.object_id: s for s in sources})
     sso_sources = [s for s in sources if s.object_id in image.stream_set_objects]
     so_sources = [s for s in sources if s.object_id in image.stream_objects]
 
     # -- stream-set objects: per stream, the live blocks of all sources in offset order
+    old_ids = {
+        s.object_id
+        for s in sso_sources
+        if now_ms
+        and now_ms - image.stream_set_objects[s.object_id].committed_ms
+        >= config.force_split_after_ms
+    }
     blocks_by_stream: dict[int, list[tuple[int, IndexEntry]]] = defaultdict(list)
     for src in sso_sources:
         for entry in indexes[src.object_id]:
@@ -237,11 +249,16 @@ def build_plan(
     for stream_id in sorted(blocks_by_stream):
         trim = image.streams[stream_id].start_offset
         pieces: list[Piece] = []
+        forced: list[Piece] = []  # from old objects: split into stream objects
         for oid, entry in sorted(blocks_by_stream[stream_id], key=lambda b: b[1].start_offset):
-            if pieces and pieces[-1].end_offset == entry.start_offset:
-                pieces[-1].blocks.append((oid, entry))
+            group = forced if oid in old_ids else pieces
+            if group and group[-1].end_offset == entry.start_offset:
+                group[-1].blocks.append((oid, entry))
             else:
-                pieces.append(Piece(stream_id, trim, [(oid, entry)]))
+                group.append(Piece(stream_id, trim, [(oid, entry)]))
+        so_tasks += [ObjectTask("so", [p]) for p in forced]
+        if not pieces:
+            continue
         first, rest = pieces[0], pieces[1:]
         if first.size_bytes >= config.stream_split_bytes:
             so_tasks.append(ObjectTask("so", [first]))

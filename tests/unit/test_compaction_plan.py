@@ -135,12 +135,12 @@ class Cluster:
         )
         return oid
 
-    def plan(self, config: PlanConfig | None = None):
+    def plan(self, config: PlanConfig | None = None, now_ms: int = 0):
         config = config or PlanConfig()
         image = self.c.machine.image
         sources = select_sources(image, config)
         return build_plan(
-            image, sources, {s.object_id: self.index[s.object_id] for s in sources}, config
+            image, sources, {s.object_id: self.index[s.object_id] for s in sources}, config, now_ms
         )
 
 
@@ -166,6 +166,22 @@ def test_a_large_stream_becomes_a_stream_object(controller):
     plan = cl.plan(PlanConfig(stream_split_bytes=20_000))
     kinds = {t.kind: [p.stream_id for p in t.pieces] for t in plan.tasks}
     assert kinds == {"sso": [small], "so": [big]}
+
+
+def test_old_stream_set_objects_are_split_into_stream_objects(controller):
+    cl = Cluster(controller)
+    a, b = cl.stream(), cl.stream()
+    old = [cl.sso({a: 2, b: 1}) for _ in range(2)]
+    committed = max(controller.machine.image.stream_set_objects[o].committed_ms for o in old)
+    new = cl.sso({a: 1, b: 1})  # committed now
+    controller.machine.image.stream_set_objects[new].committed_ms = committed + 10**9
+    plan = cl.plan(PlanConfig(force_split_after_ms=10**9), now_ms=committed + 10**9)
+    assert sorted(plan.compacted_object_ids) == [*old, new]
+    layout = sorted(
+        (t.kind, p.stream_id, p.start_offset, p.end_offset) for t in plan.tasks for p in t.pieces
+    )
+    # the old objects' data per stream; the new object's data merged as a stream-set object
+    assert layout == [("so", a, 0, 4), ("so", b, 0, 2), ("sso", a, 4, 5), ("sso", b, 2, 3)]
 
 
 def test_one_object_and_nothing_dead_is_left_alone(controller):
