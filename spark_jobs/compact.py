@@ -209,7 +209,12 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
             objects_io.delete(config.buckets[bucket_id], [d["object_id"] for d in written])
             return finish(f"commit refused ({exc.code.value}): {exc.message}")
     result["committed"] = True
-    result["objects_after"] = committed_object_count(_image(client))
+    # this run's effect on the image it planned from (brokers may have uploaded meanwhile:
+    # objects_now counts those too)
+    result["objects_after"] = (
+        result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
+    )
+    result["objects_now"] = committed_object_count(_image(client))
     return finish()
 
 
