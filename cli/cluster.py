@@ -15,6 +15,7 @@ from rich.table import Table
 from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.processes import (
+    COMPACTION_SCHEDULER,
     MIB,
     STORE_COMPONENTS,
     ClusterConfig,
@@ -206,6 +207,10 @@ def up(
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
                 cluster.start_broker(config, b.node_id)
+
+        if COMPACTION_SCHEDULER in missing:  # a compaction schedule exists
+            started.append(COMPACTION_SCHEDULER)
+            cluster.start_compaction_scheduler()
 
         def ready():
             dead = [n for n in cluster.component_names(config) if cluster.running(n) is None]

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from cli import balancer, broker, cluster, controller, failover, reassign, security, topic
+from cli import (
+    balancer,
+    broker,
+    cluster,
+    compaction,
+    controller,
+    failover,
+    reassign,
+    security,
+    topic,
+)
 from cli.doctor import doctor
 from cli.perf import perf
 
@@ -52,6 +62,7 @@ app.add_typer(balancer.app, name="balancer")
 app.add_typer(failover.app, name="failover")
 app.add_typer(security.user_app, name="user")
 app.add_typer(security.acl_app, name="acl")
+app.add_typer(compaction.app, name="compaction")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
     perf
 )

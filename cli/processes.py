@@ -59,6 +59,7 @@ _POLL_S = 0.02
 
 FAILOVER_STORE = "s3-failover"  # the component name of the failover bucket's store
 STORE_COMPONENTS = ("s3", FAILOVER_STORE)
+COMPACTION_SCHEDULER = "compaction-scheduler"  # component name (cli/compaction_scheduler.py)
 
 
 class ClusterError(RuntimeError):
@@ -267,6 +268,9 @@ def component_of(
         config = resolved(_option(args, "--config"))
         m = re.fullmatch(re.escape(root) + r"/broker-(\d+)/broker\.json", config or "")
         return f"broker-{int(m.group(1))}" if m else None
+    args = _script_args(argv, "cli.compaction_scheduler")
+    if args is not None:
+        return COMPACTION_SCHEDULER if resolved(_option(args, "--dir")) == root else None
     if argv and os.path.basename(argv[0]) == "weed" and "mini" in argv[1:]:
         data = resolved(_option(argv[1:], "-dir", "--dir"))
         want = os.path.realpath(s3_data_dir or os.path.join(root, "s3"))
@@ -292,7 +296,9 @@ def scan_processes(cluster_dir: Path, s3_data_dir: Path | None = None) -> dict[s
         pid = int(entry)
         argv = _proc_cmdline(pid)
         # cheap filter first: only our three programs need their cwd and a real match
-        if not argv or not any(k in a for a in argv for k in ("controlplane", "dataplane", "weed")):
+        if not argv or not any(
+            k in a for a in argv for k in ("controlplane", "dataplane", "weed", "compaction")
+        ):
             continue
         name = component_of(argv, _proc_cwd(pid), cluster_dir, s3_data_dir)
         if name and _proc_start_time(pid) is not None:
@@ -371,7 +377,16 @@ class LocalCluster:
         names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
+        if (self.dir / "compaction" / "schedule.json").exists():
+            names.append(COMPACTION_SCHEDULER)  # `compaction schedule` made it a component
         return names
+
+    def start_compaction_scheduler(self) -> int:
+        """The process that runs the Spark compaction job on its schedule."""
+        return self._spawn(
+            COMPACTION_SCHEDULER,
+            [sys.executable, "-m", "cli.compaction_scheduler", "--dir", str(self.dir)],
+        )
 
     def create(
         self,
@@ -757,7 +772,8 @@ class LocalCluster:
         """Stop brokers, then controllers, then the object store; names that were running.
         Finds processes without a true PID file by their command line too."""
         stopped = []
-        order = [n for n in self.component_names(config) if n.startswith("broker-")]
+        order = [COMPACTION_SCHEDULER] if self.pids(COMPACTION_SCHEDULER) else []
+        order += [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
         order += [n for n in self.component_names(config) if n in STORE_COMPONENTS]
         for name in order:

@@ -158,6 +158,10 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "object_stores": config.object_stores(pids),
         # object-storage failover as the leader sees it (None without a leader)
         "bucket_failover": (leader_view or {}).get("bucket_failover"),
+        # `automqctl compaction schedule`: the scheduler process (None: not scheduled)
+        "compaction_scheduler": {"pid": pids.get("compaction-scheduler")}
+        if "compaction-scheduler" in cluster.component_names(config)
+        else None,
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),

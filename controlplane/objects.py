@@ -185,12 +185,8 @@ def commit_stream_set_object(
             first.code, message, {sid: exc.code for sid, exc in stream_errors.items()}
         )
 
-    for object_id in req.compacted_object_ids:
-        meta = image.objects.get(object_id)
-        if meta is None or meta.state == ObjectState.PREPARED:
-            raise ControllerError(
-                ErrorCode.UNKNOWN_OBJECT, f"compacted object {object_id} is not a committed object"
-            )
+    if compaction:
+        check_compaction(image, req.compacted_object_ids, per_stream)
 
     if req.object_id >= 0:
         recs.append(_committed(metas[req.object_id], req.size_bytes, req.bucket_id, now_ms))
@@ -223,6 +219,93 @@ def commit_stream_set_object(
         )
     recs += _remove_objects(image, req.compacted_object_ids, now_ms)
     return recs, CommitResponse(idempotent=False)
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged [start, end) intervals (pure)."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covers(outer: list[tuple[int, int]], inner: list[tuple[int, int]]) -> bool:
+    """Every interval of `inner` lies inside one interval of the merged `outer`."""
+    return all(any(s >= os and e <= oe for os, oe in outer) for s, e in inner)
+
+
+def check_compaction(
+    image: MetadataImage,
+    compacted_object_ids: list[int],
+    per_stream: dict[int, list[tuple[int, int, int]]],
+) -> None:
+    """A compaction replaces committed objects by new ones holding the same live data.
+
+    Refused whole (nothing applied) when it lost a race: a compacted object is no longer
+    committed and indexed (another job compacted it, or a trim/delete destroyed it), a new
+    range belongs to a deleted stream or holds only trimmed offsets; and refused when the
+    new objects would hold offsets the old ones did not, or drop live offsets they held.
+    """
+    if len(set(compacted_object_ids)) != len(compacted_object_ids):
+        raise ControllerError(ErrorCode.INVALID_REQUEST, "a compacted object id appears twice")
+    old: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for object_id in compacted_object_ids:
+        meta = image.objects.get(object_id)
+        if meta is None or meta.state != ObjectState.COMMITTED:
+            state = "gone" if meta is None else meta.state.value
+            raise ControllerError(
+                ErrorCode.UNKNOWN_OBJECT,
+                f"compacted object {object_id} is {state}, not committed"
+                " (compacted or destroyed meanwhile)",
+            )
+        sso = image.stream_set_objects.get(object_id)
+        so = image.stream_objects.get(object_id)
+        if sso is None and so is None:
+            raise ControllerError(
+                ErrorCode.UNKNOWN_OBJECT, f"compacted object {object_id} holds no stream data"
+            )
+        if sso is not None:
+            for rg in sso.ranges:
+                old[rg.stream_id].append((rg.start_offset, rg.end_offset))
+        if so is not None:
+            old[so.stream_id].append((so.start_offset, so.end_offset))
+    for stream_id in sorted(set(old) | set(per_stream)):
+        stream = image.streams.get(stream_id)
+        new = _union([(s, e) for s, e, _ in per_stream.get(stream_id, [])])
+        if stream is None:
+            if new:  # checked by _advance_stream already; kept for a direct caller
+                raise ControllerError(
+                    ErrorCode.UNKNOWN_STREAM, f"stream {stream_id} does not exist"
+                )
+            continue
+        held = _union(old.get(stream_id, []))
+        if not _covers(held, new):
+            raise ControllerError(
+                ErrorCode.INVALID_OFFSET,
+                f"stream {stream_id}: the new objects hold offsets {new} the compacted"
+                f" objects do not ({held})",
+            )
+        for start, end in new:
+            if end <= stream.start_offset:
+                raise ControllerError(
+                    ErrorCode.INVALID_OFFSET,
+                    f"stream {stream_id}: compacted range [{start}, {end}) lies below the"
+                    f" stream start {stream.start_offset} (trimmed meanwhile)",
+                )
+        live = [
+            (max(s, stream.start_offset), min(e, stream.end_offset))
+            for s, e in held
+            if min(e, stream.end_offset) > max(s, stream.start_offset)
+        ]
+        if not _covers(new, live):
+            raise ControllerError(
+                ErrorCode.INVALID_OFFSET,
+                f"stream {stream_id}: the compaction drops live offsets {live}"
+                f" (new objects hold {new})",
+            )
 
 
 def _advance_stream(

@@ -10,6 +10,15 @@ if ! command -v kcat >/dev/null 2>&1; then
     echo "warning: kcat not found (apt-get install kafkacat); its tests will be skipped"
   fi
 fi
+if ! command -v java >/dev/null 2>&1; then
+  # Spark (the compaction suite) needs a JRE: Debian's openjdk-17-jre-headless
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless) >/dev/null \
+      || echo "warning: could not install openjdk-17-jre-headless"
+  else
+    echo "warning: java not found (apt-get install openjdk-17-jre-headless); Spark tests will be skipped"
+  fi
+fi
 pip install -q -e '.[test]'
 # lint and format first: a lint error fails the test command (ruff's config: pyproject.toml)
 ruff check .

@@ -290,6 +290,48 @@ class ObjectWriter:
         else:
             known[1] = batch.last_offset
 
+    def add_encoded(self, entry: IndexEntry, body: bytes | bytearray | memoryview) -> None:
+        """Append a checked data block's body (its encoded batches, see `check_block`)
+        without decoding it: compaction copies blocks at memory speed. The batches join the
+        open block of their stream when they fit, like `add`.
+
+        Raises:
+            ValueError: the block does not continue its stream's offsets, or finished.
+            ObjectFullError: the object would exceed ``max_object_bytes``.
+        """
+        if self._finished:
+            raise ValueError("writer already finished")
+        sid, start, end = entry.stream_id, entry.start_offset, entry.end_offset
+        known = self._ranges.get(sid)
+        if known is not None and start != known[1]:
+            raise ValueError(
+                f"stream {sid}: block start {start} does not continue the stream at {known[1]}"
+            )
+        block = self._open
+        if block is not None and (
+            block.stream_id != sid
+            or BLOCK_HEADER_SIZE_BYTES + len(block.body) + len(body) > self._block_size_bytes
+            or end - block.start_offset > _I32_MAX
+            or block.batch_count + entry.record_count > MAX_BATCHES_PER_BLOCK
+        ):
+            self._close_block()
+            block = None
+        overhead = BLOCK_HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES if block is None else 0
+        if self.size_bytes + overhead + len(body) > self._max_object_bytes:
+            raise ObjectFullError(
+                f"adding {len(body)} B would exceed max_object_bytes={self._max_object_bytes}"
+            )
+        if block is None:
+            block = _OpenBlock(sid, start, start)
+            self._open = block
+        block.body += body
+        block.batch_count += entry.record_count
+        block.end_offset = end
+        if known is None:
+            self._ranges[sid] = [start, end]
+        else:
+            known[1] = end
+
     def add_all(self, batches: Iterable[StreamRecordBatch]) -> None:
         """Add batches in iteration order."""
         for batch in batches:
@@ -353,6 +395,29 @@ def encode_block(body: bytes | bytearray, batch_count: int) -> bytes:
     ]
     crc = _crc32c.crc32c(body, _crc32c.crc32c(head))
     return head + crc.to_bytes(4, "big") + bytes(body)
+
+
+def check_block(block_bytes: bytes | bytearray | memoryview, entry: IndexEntry) -> memoryview:
+    """Check a data block's framing and CRC32C against its index entry without decoding
+    its batches; the body (the encoded batches). The CRC covers every byte, so a block that
+    passes holds exactly what its writer (which validated each batch) wrote.
+
+    Raises:
+        CorruptObjectError: wrong size, magic, flags, lengths, batch count or CRC.
+    """
+    view = memoryview(block_bytes)
+    if len(view) != entry.size or entry.size < BLOCK_HEADER_SIZE_BYTES:
+        raise CorruptObjectError(f"block is {len(view)} B but the index says {entry.size} B")
+    magic, flags, batch_count, body_length, crc = _BLOCK_HEADER.unpack_from(view)
+    if magic != DATA_BLOCK_MAGIC or flags != 0:
+        raise CorruptObjectError(f"bad data block header (magic 0x{magic:02x}, flags {flags})")
+    if body_length != len(view) - BLOCK_HEADER_SIZE_BYTES or batch_count != entry.record_count:
+        raise CorruptObjectError(f"data block header does not match its index entry {entry}")
+    body = view[BLOCK_HEADER_SIZE_BYTES:]
+    actual = _crc32c.crc32c(body, _crc32c.crc32c(view[:_BLOCK_HEADER_CRC_SPAN]))
+    if actual != crc:
+        raise CorruptObjectError(f"data block CRC32C mismatch: 0x{actual:08x} != 0x{crc:08x}")
+    return body
 
 
 def encode_index(entries: Sequence[IndexEntry]) -> bytes:

@@ -39,7 +39,7 @@ from dataplane.config import (
     UPLOAD_THRESHOLD_BYTES,
     WAL_CAPACITY_BYTES,
 )
-from dataplane.objectstore import ObjectStorage
+from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.log_cache import LogCache
@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 MAX_DROPPED_STREAMS = 100_000  # (stream, epoch) pairs remembered as uncommittable
 MAX_ERROR_CHARS = 1000  # of an upload error in stats and metrics
+# a read that finds its located object deleted (compacted away) re-locates this many times
+MISSING_OBJECT_ATTEMPTS = 3
+MISSING_OBJECT_BACKOFF_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -468,15 +471,29 @@ class S3Storage:
     ) -> list[StreamRecordBatch]:
         with self._readers_lock:
             reader = self._readers.pop((stream_id, start), None)
+        for attempt in range(1, MISSING_OBJECT_ATTEMPTS + 1):
             if reader is None:
                 reader = StreamReader(
                     stream_id, start, self.locator, self.index_cache, self.fetcher
                 )
-        try:
-            out = reader.read(start, end, max_bytes)
-        except BaseException:
-            reader.release()
-            raise
+            try:
+                out = reader.read(start, end, max_bytes)
+                break
+            except ObjectNotFoundError:
+                # a compaction replaced the object the reader had located and its retention
+                # passed: locate again (a fresh reader) and retry, a bounded number of times
+                reader.release()
+                reader = None
+                forget = getattr(self.locator, "forget", None)
+                if forget is not None:
+                    forget(stream_id)  # its cached locations name the deleted object
+                if attempt == MISSING_OBJECT_ATTEMPTS:
+                    raise
+                log.info("stream %d: object gone at offset %d, re-locating", stream_id, start)
+                time.sleep(MISSING_OBJECT_BACKOFF_S * attempt)
+            except BaseException:
+                reader.release()
+                raise
         with self._readers_lock:
             self._readers[(stream_id, reader.next_offset)] = reader
             self._expire_readers()

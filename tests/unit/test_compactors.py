@@ -9,7 +9,8 @@ from moto import mock_aws
 
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
-from controlplane.records import ObjectState
+from controlplane.objects import commit_stream_set_object
+from controlplane.records import ObjectState, S3ObjectRecord
 from controlplane.requests import (
     CommitStreamSetObjectRequest,
     CompactorIdentity,
@@ -185,3 +186,153 @@ def test_a_job_compacts_through_the_uploader_with_no_broker(controller, tmp_path
         got = reader._read_objects(stream.stream_id, 0, 12, 1 << 20)
         assert [b.payload for b in got] == [b.payload for b in batches]
         objects.close()
+
+
+def _three_objects_of_two_streams(controller):
+    """Streams a, b; three stream-set objects each holding [5i, 5i+5) of both."""
+    sids = [controller.call("create_stream", {"node_id": 1, "node_epoch": 0})["stream_id"]]
+    sids.append(controller.call("create_stream", {"node_id": 1, "node_epoch": 0})["stream_id"])
+    for sid in sids:
+        controller.call(
+            "open_stream", {"node_id": 1, "node_epoch": 0, "stream_id": sid, "stream_epoch": 0}
+        )
+    old = []
+    for i in range(3):
+        oid = controller.prepare_objects(
+            PrepareObjectsRequest(node_id=1, node_epoch=0, count=1, ttl_ms=60_000)
+        ).first_object_id
+        controller.commit_stream_set_object(
+            CommitStreamSetObjectRequest(
+                node_id=1,
+                node_epoch=0,
+                object_id=oid,
+                order_id=i,
+                size_bytes=100,
+                bucket_id=0,
+                stream_ranges=[
+                    {
+                        "stream_id": s,
+                        "stream_epoch": 0,
+                        "start_offset": 5 * i,
+                        "end_offset": 5 * i + 5,
+                    }
+                    for s in sids
+                ],
+            )
+        )
+        old.append(oid)
+    return sids, old
+
+
+def _compaction(controller, sids, old, ranges=None, job="spark"):
+    ident = CompactorIdentity(
+        name=job,
+        epoch=controller.register_compactor(
+            RegisterCompactorRequest(name=job, incarnation_id="a")
+        ).epoch,
+    )
+    oid = controller.prepare_objects(
+        PrepareObjectsRequest(compactor=ident, count=1, ttl_ms=60_000)
+    ).first_object_id
+    return CommitStreamSetObjectRequest(
+        compactor=ident,
+        object_id=oid,
+        order_id=0,
+        size_bytes=300,
+        bucket_id=0,
+        stream_ranges=ranges
+        or [{"stream_id": s, "stream_epoch": 0, "start_offset": 0, "end_offset": 15} for s in sids],
+        compacted_object_ids=old,
+    )
+
+
+def test_a_compaction_replaces_objects_in_one_batch(controller):
+    sids, old = _three_objects_of_two_streams(controller)
+    req = _compaction(controller, sids, old)
+    # the pure handler answers with ONE record list: the quorum replicates and applies it
+    # as one entry, so readers see the old objects or the new one, never neither
+    recs, _ = commit_stream_set_object(
+        controller.machine.image, req, 0, controller.machine.settings
+    )
+    states = {(rec.object_id, rec.state) for rec in recs if isinstance(rec, S3ObjectRecord)}
+    assert states == {(req.object_id, ObjectState.COMMITTED)} | {
+        (o, ObjectState.MARK_DESTROYED) for o in old
+    }
+    controller.commit_stream_set_object(req)
+    image = controller.machine.image
+    assert all(image.objects[o].state == ObjectState.MARK_DESTROYED for o in old)
+    assert all(o not in image.stream_set_objects for o in old)
+    for sid in sids:
+        found = image.stream_objects_in_range(sid, 0, 15)
+        assert [o.object_id for o, _ in found] == [req.object_id]
+
+
+def test_a_compaction_that_lost_a_race_is_refused_whole(controller):
+    sids, old = _three_objects_of_two_streams(controller)
+    first = _compaction(controller, sids, old)
+    other = _compaction(controller, sids, old, job="other")  # planned the same objects
+    controller.commit_stream_set_object(other)
+    err = unchanged(controller, lambda: controller.commit_stream_set_object(first))
+    assert err.code == ErrorCode.UNKNOWN_OBJECT  # the sources were compacted meanwhile
+    assert controller.machine.image.objects[first.object_id].state == ObjectState.PREPARED
+
+
+def test_a_compaction_refused_after_a_trim_or_delete(controller):
+    sids, old = _three_objects_of_two_streams(controller)
+    req = _compaction(
+        controller,
+        sids,
+        old,
+        ranges=[
+            {"stream_id": sids[0], "stream_epoch": 0, "start_offset": 0, "end_offset": 5},
+            {"stream_id": sids[1], "stream_epoch": 0, "start_offset": 0, "end_offset": 15},
+        ],
+    )
+    # holds only [0, 5) of stream a: it drops live offsets
+    err = unchanged(controller, lambda: controller.commit_stream_set_object(req))
+    assert err.code == ErrorCode.INVALID_OFFSET
+    req = _compaction(
+        controller,
+        sids,
+        old[:1],
+        ranges=[
+            {"stream_id": s, "stream_epoch": 0, "start_offset": 0, "end_offset": 10} for s in sids
+        ],
+    )
+    # holds offsets the compacted object did not
+    err = unchanged(controller, lambda: controller.commit_stream_set_object(req))
+    assert err.code == ErrorCode.INVALID_OFFSET
+    planned = _compaction(
+        controller,
+        sids,
+        old[:1],
+        ranges=[
+            {"stream_id": s, "stream_epoch": 0, "start_offset": 0, "end_offset": 5} for s in sids
+        ],
+    )
+    controller.call(
+        "trim_stream",
+        {
+            "node_id": 1,
+            "node_epoch": 0,
+            "stream_id": sids[0],
+            "stream_epoch": 0,
+            "new_start_offset": 5,
+        },
+    )
+    err = unchanged(controller, lambda: controller.commit_stream_set_object(planned))
+    assert err.code == ErrorCode.INVALID_OFFSET  # stream a's range is trimmed away
+    planned = _compaction(
+        controller,
+        sids,
+        old[1:],
+        ranges=[
+            {"stream_id": s, "stream_epoch": 0, "start_offset": 5, "end_offset": 15} for s in sids
+        ],
+    )
+    controller.call(
+        "delete_stream",
+        {"node_id": 1, "node_epoch": 0, "stream_id": sids[1], "stream_epoch": 0},
+    )
+    err = unchanged(controller, lambda: controller.commit_stream_set_object(planned))
+    assert err.code == ErrorCode.UNKNOWN_STREAM

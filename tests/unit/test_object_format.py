@@ -298,3 +298,38 @@ def test_index_from_tail_read() -> None:
     assert index_bytes is not None
     assert parse_index(index_bytes, footer) == parse_object(data)[1]
     assert slice_index_from_tail(data[-60:], len(data), footer) is None
+
+
+def test_encoded_blocks_copy_into_a_new_object_identically():
+    """Compaction copies checked block bodies without decoding (`add_encoded`): the new
+    object decodes to the same batches, small blocks merge, a flipped byte is caught."""
+    from dataplane.s3stream.object_format import check_block
+
+    batches = [StreamRecordBatch(7, 0, i, 1, bytes([i]) * 100) for i in range(50)]
+    src = ObjectWriter(block_size_bytes=1024)
+    src.add_all(batches)
+    obj = src.finish()
+    assert len(obj.index) > 5
+    out = ObjectWriter()
+    for e in obj.index:
+        out.add_encoded(e, check_block(obj.data[e.position : e.end_position], e))
+    new = out.finish()
+    assert len(new.index) == 1  # merged into one block
+    _, index = parse_object(new.data)
+    got = [b for e in index for b in decode_block(new.data[e.position : e.end_position], e)]
+    assert got == batches
+    e = obj.index[0]
+    flipped = bytearray(obj.data[e.position : e.end_position])
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptObjectError):
+        check_block(bytes(flipped), e)
+    with pytest.raises(ValueError):
+        out2 = ObjectWriter()
+        out2.add_encoded(
+            obj.index[1],
+            check_block(obj.data[obj.index[1].position : obj.index[1].end_position], obj.index[1]),
+        )
+        out2.add_encoded(
+            obj.index[3],
+            check_block(obj.data[obj.index[3].position : obj.index[3].end_position], obj.index[3]),
+        )

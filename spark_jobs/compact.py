@@ -1,0 +1,334 @@
+"""The compaction job's driver: plan -> write objects on Spark -> one atomic commit.
+
+    python -m spark_jobs.compact --config job.json [--master local[*]] [--dry-run]
+    spark-submit --master spark://host:7077 spark_jobs/compact.py --config job.json
+
+`job.json` (JobConfig) names the controllers and the buckets (URIs without secrets);
+object-store credentials come from the environment (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY), which the driver hands to executors as executor environment.
+stdout: one JSON line per event (`{"event": "plan"|"progress"|"result", ...}`); the last
+line is the result (objects_before, objects_after, bytes_read, bytes_written, duration_s,
+master, committed). Spark's logs go to stderr.
+
+The driver registers as compaction principal `compactor_name` (a new epoch, which fences
+any earlier driver of the job still running), plans from the controller's metadata
+(`spark_jobs.plan`), prepares object ids, runs one Spark task per new object
+(`spark_jobs.execute`) and commits everything in ONE `commit_stream_set_object`: the new
+objects appear and the old ones are marked destroyed together, or — when the run lost a
+race (a stream trimmed or deleted, the sources compacted by another job) — nothing changes
+and the new objects are deleted. A killed run leaves only PREPARED ids, which the
+controller destroys at their deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from controlplane.client import ControllerClient
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.image import MetadataImage
+from controlplane.records import ObjectState
+from controlplane.requests import (
+    CommitStreamSetObjectRequest,
+    CompactorIdentity,
+    PrepareObjectsRequest,
+    RegisterCompactorRequest,
+)
+from spark_jobs import objects_io
+from spark_jobs.plan import (
+    CompactionPlan,
+    PlanConfig,
+    build_plan,
+    committed_object_count,
+    paused_reason,
+    select_sources,
+)
+
+COMPACTION_PREPARED_TTL_MS = 24 * 3600 * 1000  # DESIGN: prepared-object TTL for compaction
+SPARK_START_TIMEOUT_S = 120
+
+
+class JobConfig(BaseModel):
+    """What a run needs to reach the cluster (no secrets: those come from the env)."""
+
+    controllers: list[str] = Field(min_length=1)
+    buckets: dict[int, str] = Field(min_length=1)  # bucket id -> URI without credentials
+    master: str = "local[*]"
+    compactor_name: str = "spark-compaction"
+    stream_split_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    max_objects_per_run: int = Field(default=500, ge=2, le=10_000)
+    max_run_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+
+
+Emit = Callable[[dict], None]
+
+
+def _image(client: ControllerClient) -> MetadataImage:
+    raw = client.leader_get("/v1/image")
+    return (
+        MetadataImage.model_validate_json(raw)
+        if isinstance(raw, str)
+        else (MetadataImage.model_validate(raw))
+    )
+
+
+def spark_context(master: str, app_name: str = "automq-compaction"):
+    """A SparkContext bound to 127.0.0.1 with the UI off; executors get the object-store
+    credentials of this process as executor environment (not on any command line)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+
+    conf = (
+        SparkConf()
+        .setMaster(master)
+        .setAppName(app_name)
+        .set("spark.ui.enabled", "false")
+        .set("spark.driver.host", "127.0.0.1")
+        .set("spark.driver.bindAddress", "127.0.0.1")
+        .set("spark.sql.shuffle.partitions", "2")
+        .set("spark.task.maxFailures", "2")
+        .set("spark.python.worker.reuse", "true")
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PYTHONPATH"):
+        if os.environ.get(name):
+            conf.set(f"spark.executorEnv.{name}", os.environ[name])
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("WARN")
+    return sc
+
+
+def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=None) -> dict:
+    """One compaction run; the result dict (see the module docstring). `sc`: an existing
+    SparkContext to use (tests share one); otherwise one is started for `config.master`."""
+    emit = emit or (lambda event: None)
+    started = time.monotonic()
+    client = ControllerClient(config.controllers, timeout_s=30.0)
+    image = _image(client)
+    result: dict = {
+        "objects_before": committed_object_count(image),
+        "objects_after": committed_object_count(image),
+        "bytes_read": 0,
+        "bytes_written": 0,
+        "duration_s": 0.0,
+        "master": config.master,
+        "committed": False,
+        "dry_run": dry_run,
+        "reason": "",
+        "plan": {},
+        "new_object_ids": [],
+        "spark_s": 0.0,
+        "tasks_s": 0.0,
+    }
+
+    def finish(reason: str = "") -> dict:
+        result["reason"] = reason
+        result["duration_s"] = round(time.monotonic() - started, 3)
+        emit({"event": "result", **result})
+        return result
+
+    paused = paused_reason(image)
+    if paused:
+        return finish(f"paused: {paused}")
+    pcfg = PlanConfig(
+        stream_split_bytes=config.stream_split_bytes,
+        max_objects_per_run=config.max_objects_per_run,
+        max_run_bytes=config.max_run_bytes,
+    )
+    sources = select_sources(image, pcfg)
+    missing = {s.bucket_id for s in sources} - set(config.buckets)
+    if missing:
+        return finish(f"buckets {sorted(missing)} are not configured for the job")
+    indexes = objects_io.read_indexes(
+        config.buckets, [(s.object_id, s.bucket_id, s.size_bytes) for s in sources]
+    )
+    plan = build_plan(image, sources, indexes, pcfg, now_ms=int(time.time() * 1000))
+    result["plan"] = plan.summary()
+    emit({"event": "plan", **plan.summary()})
+    if plan.empty:
+        return finish("nothing to compact")
+    if dry_run:
+        result["objects_after"] = (
+            result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
+        )
+        return finish("dry run: nothing changed")
+
+    ident = CompactorIdentity(
+        name=config.compactor_name,
+        epoch=client.register_compactor(
+            RegisterCompactorRequest(name=config.compactor_name, incarnation_id=uuid.uuid4().hex)
+        ).epoch,
+    )
+    bucket_id = 0
+    if plan.tasks:
+        prepared = client.prepare_objects(
+            PrepareObjectsRequest(
+                compactor=ident, count=len(plan.tasks), ttl_ms=COMPACTION_PREPARED_TTL_MS
+            )
+        )
+        bucket_id = prepared.bucket_id
+        if bucket_id not in config.buckets:
+            return finish(f"the active bucket {bucket_id} is not configured for the job")
+        for i, task in enumerate(plan.tasks):
+            task.object_id = prepared.first_object_id + i
+    result["new_object_ids"] = [t.object_id for t in plan.tasks]
+    write_started = time.monotonic()
+    try:
+        written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
+    except BaseException:
+        # nothing references them: delete what was written (missing keys are fine); a
+        # killed driver leaves them to the controller's deadline for PREPARED ids
+        objects_io.delete(config.buckets[bucket_id], result["new_object_ids"])
+        raise
+    # the Spark part: executor start-up (a new context) + reading, writing, putting objects
+    result["spark_s"] = round(time.monotonic() - write_started, 3)
+    # the executors' busy time (sum over tasks): reading, decoding, writing, putting
+    result["tasks_s"] = round(sum(d["task_s"] for d in written), 3)
+    result["bytes_read"] = sum(d["bytes_read"] for d in written)
+    result["bytes_written"] = sum(d["size_bytes"] for d in written)
+    commit = _commit_request(ident, plan, written, bucket_id)
+    try:
+        client.commit_stream_set_object(commit)
+    except ControllerError as exc:
+        if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit):
+            pass  # the answer was lost, the commit was not
+        else:
+            # refused whole: nothing references the new objects; delete them now (their
+            # PREPARED ids expire at the deadline anyway)
+            objects_io.delete(config.buckets[bucket_id], [d["object_id"] for d in written])
+            return finish(f"commit refused ({exc.code.value}): {exc.message}")
+    result["committed"] = True
+    # this run's effect on the image it planned from (brokers may have uploaded meanwhile:
+    # objects_now counts those too)
+    result["objects_after"] = (
+        result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
+    )
+    result["objects_now"] = committed_object_count(_image(client))
+    return finish()
+
+
+def _was_applied(client: ControllerClient, commit: CommitStreamSetObjectRequest) -> bool:
+    image = _image(client)
+    ids = ([commit.object_id] if commit.object_id >= 0 else []) + [
+        s.object_id for s in commit.stream_objects
+    ]
+    return all(
+        (m := image.objects.get(oid)) is not None and m.state == ObjectState.COMMITTED
+        for oid in ids
+    )
+
+
+def _commit_request(
+    ident: CompactorIdentity, plan: CompactionPlan, written: list[dict], bucket_id: int
+) -> CommitStreamSetObjectRequest:
+    sso = next((d for d in written if d["kind"] == "sso"), None)
+    return CommitStreamSetObjectRequest(
+        compactor=ident,
+        object_id=sso["object_id"] if sso else -1,
+        order_id=plan.order_id,
+        size_bytes=sso["size_bytes"] if sso else 0,
+        bucket_id=bucket_id,
+        stream_ranges=[
+            {"stream_id": sid, "stream_epoch": 0, "start_offset": s, "end_offset": e}
+            for sid, s, e in (sso["ranges"] if sso else [])
+        ],
+        stream_objects=[
+            {
+                "object_id": d["object_id"],
+                "stream_id": d["ranges"][0][0],
+                "stream_epoch": 0,
+                "start_offset": d["ranges"][0][1],
+                "end_offset": d["ranges"][0][2],
+                "size_bytes": d["size_bytes"],
+            }
+            for d in written
+            if d["kind"] == "so"
+        ],
+        compacted_object_ids=plan.compacted_object_ids,
+    )
+
+
+def _write_on_spark(
+    config: JobConfig, plan: CompactionPlan, bucket_id: int, emit: Emit, sc
+) -> list[dict]:
+    """One Spark task per new object; progress events while they run."""
+    from spark_jobs.execute import write_object
+
+    own = sc is None
+    if own:
+        started = time.monotonic()
+        sc = spark_context(config.master)
+        emit({"event": "spark_started", "seconds": round(time.monotonic() - started, 3)})
+    buckets = dict(config.buckets)
+    source_buckets = {oid: s.bucket_id for oid, s in plan.sources.items()}
+    total = len(plan.tasks)
+    done = threading.Event()
+
+    def progress() -> None:
+        tracker = sc.statusTracker()
+        while not done.wait(0.5):
+            completed = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    completed += info.numCompletedTasks
+            emit({"event": "progress", "done": completed, "total": total})
+
+    watcher = threading.Thread(target=progress, daemon=True)
+    watcher.start()
+    try:
+        rdd = sc.parallelize(plan.tasks, total)
+        written = rdd.map(
+            lambda task: write_object(task, buckets, source_buckets, bucket_id)
+        ).collect()
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        if own:
+            sc.stop()
+    emit({"event": "progress", "done": total, "total": total})
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="AutoMQ-style object compaction on Spark")
+    parser.add_argument("--config", required=True, help="job config JSON (JobConfig)")
+    parser.add_argument("--master", help="Spark master (default: the config's, local[*])")
+    parser.add_argument("--dry-run", action="store_true", help="plan only; change nothing")
+    args = parser.parse_args(argv)
+    try:
+        config = JobConfig.model_validate_json(Path(args.config).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: bad job config {args.config}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.master:
+        config.master = args.master
+
+    def emit(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+
+    try:
+        result = run(config, dry_run=args.dry_run, emit=emit)
+    except ControllerError as exc:
+        print(f"error: controller: {exc.message}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # one line for the operator; Spark's log is above on stderr
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
+        return 1
+    # a refused commit (a lost race) is a failed run; "nothing to do" and pauses are not
+    return 2 if result["reason"].startswith("commit refused") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

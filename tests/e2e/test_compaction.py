@@ -1,0 +1,289 @@
+"""Spark compaction of objects against `automqctl cluster up` (SeaweedFS, a controller
+process, brokers) with real Kafka clients and a real Spark (`local[2]`).
+
+Every acknowledged record reads back identical after compaction (with the brokers restarted,
+so reads come from the compacted objects, not their log caches); compaction concurrent with
+produce loses nothing; a run that lost a race is refused whole and its objects are deleted;
+a job killed with SIGKILL leaves the cluster readable and the next run finishes the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("pyspark")
+if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
+    pytest.skip("Spark needs java", allow_module_level=True)
+import boto3  # noqa: E402
+from botocore.config import Config as BotoConfig  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from cli import compaction_jobs  # noqa: E402
+from cli.processes import LocalCluster  # noqa: E402
+from controlplane.client import ControllerClient  # noqa: E402
+from dataplane.objectstore import BucketURI, object_key  # noqa: E402
+from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PARTITIONS = 6
+MASTER = "local[2]"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compaction") / "cluster"
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--brokers",
+        "2",
+        "--controllers",
+        "1",
+        "--upload-interval-s",
+        "0.5",
+        cluster_dir=d,
+    )
+    assert up.returncode == 0, up.stderr + up.stdout
+    try:
+        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
+    finally:
+        automqctl("cluster", "down", cluster_dir=d)
+
+
+@pytest.fixture(scope="module")
+def spark(cluster):
+    """One SparkContext (local[2]) for the module's in-process runs; the object-store
+    credentials in this process's environment (as the CLI gives them to its job)."""
+    from spark_jobs.compact import spark_context
+
+    env = compaction_jobs.job_env(_config(cluster))
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update({k: env[k] for k in saved})
+    sc = spark_context(MASTER)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_in_process(cluster, sc, emit=None) -> dict:
+    from spark_jobs.compact import JobConfig, run
+
+    job = JobConfig.model_validate(compaction_jobs.job_config(_config(cluster), MASTER))
+    return run(job, emit=emit, sc=sc)
+
+
+def _config(cluster):
+    return LocalCluster(cluster["dir"]).load()
+
+
+def _object_ids(cluster) -> set[int]:
+    """Committed objects readers may use."""
+    config = _config(cluster)
+    client = ControllerClient(config.quorum_config().api_addresses())
+    raw = client.leader_get("/v1/image")
+    image = json.loads(raw) if isinstance(raw, str) else raw
+    return {
+        int(oid)
+        for oid in [*image["stream_set_objects"], *image["stream_objects"]]
+        if image["objects"].get(str(oid), {}).get("state") == "committed"
+    }
+
+
+def _objects(cluster) -> int:
+    return len(_object_ids(cluster))
+
+
+def _compact(cluster, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = automqctl(
+        "compaction",
+        "run",
+        "--master",
+        MASTER,
+        "--format",
+        "json",
+        *extra,
+        cluster_dir=cluster["dir"],
+        timeout_s=240,
+    )
+    return out, (json.loads(out.stdout) if out.stdout.strip().startswith("{") else {})
+
+
+def _produce(cluster, seconds: float) -> AckLedger:
+    topic = f"compact-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    ledger = AckLedger(cluster["bootstrap"], topic, PARTITIONS, rate_per_partition=40).start()
+    time.sleep(seconds)
+    return ledger
+
+
+def _restart_brokers(cluster) -> None:
+    """Down and up again: the brokers' log caches are empty, reads go to the objects."""
+    assert automqctl("cluster", "down", cluster_dir=cluster["dir"]).returncode == 0
+    up = automqctl("cluster", "up", "--format", "json", cluster_dir=cluster["dir"])
+    assert up.returncode == 0, up.stderr + up.stdout
+    cluster["bootstrap"] = json.loads(up.stdout)["bootstrap_servers"]
+
+
+def assert_exact(ledger: AckLedger, bootstrap: str) -> None:
+    ledger.bootstrap = bootstrap
+    report = ledger.verify()
+    assert report.acked > 0
+    assert not report.missing, f"{len(report.missing)} acked records missing"
+    assert not report.duplicated, f"{len(report.duplicated)} duplicated"
+    assert not report.out_of_order_partitions
+    assert report.consumed == report.acked
+
+
+def _bucket_client(cluster):
+    bucket = _config(cluster).buckets[0]
+    uri = BucketURI.parse(bucket.uri)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=uri.endpoint,
+        aws_access_key_id=bucket.access_key,
+        aws_secret_access_key=bucket.secret_key,
+        config=BotoConfig(region_name=uri.region, s3={"addressing_style": "path"}),
+    )
+    return s3, uri.bucket
+
+
+def test_compaction_keeps_every_record_and_cuts_the_objects(cluster, spark):
+    """Many small objects compact to few; then a second run while producing; after a
+    broker restart (reads from the compacted objects) every acked record reads back."""
+    quiet = _produce(cluster, 6)
+    deadline = time.monotonic() + 30  # a loaded machine uploads less often
+    while _objects(cluster) < 20 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    quiet.stop()
+    time.sleep(1.5)  # the last uploads
+    before_ids = _object_ids(cluster)
+    before = len(before_ids)
+    assert before >= 20, f"only {before} objects: the test needs many small ones"
+    dry, plan = _compact(cluster, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert plan["committed"] is False and plan["plan"]["compacted_objects"] >= before
+    assert before_ids <= _object_ids(cluster)  # the dry run compacted nothing away
+    out, result = _compact(cluster)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert result["committed"] is True, result
+    assert result["objects_before"] >= before
+    assert result["objects_after"] * 5 <= result["objects_before"], result
+    assert result["bytes_read"] > 0 and result["bytes_written"] > 0
+    assert result["master"] == MASTER and result["duration_s"] > 0
+    status = automqctl("compaction", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert json.loads(status.stdout)["last_runs"][-1]["committed"] is True
+
+    busy = _produce(cluster, 2)
+    try:
+        result = _run_in_process(cluster, spark)  # producing all along
+        assert result["committed"] is True, result
+    finally:
+        busy.stop()
+    assert_exact(busy, cluster["bootstrap"])  # consumers during/after the run
+    _restart_brokers(cluster)
+    assert_exact(quiet, cluster["bootstrap"])
+    assert_exact(busy, cluster["bootstrap"])
+
+
+def test_a_run_that_lost_a_race_is_refused_whole(cluster, spark):
+    """A topic is deleted between the plan and the commit: nothing is committed, the
+    run's new objects are deleted, and the other topic reads back complete."""
+    keep = _produce(cluster, 3)
+    doomed = _produce(cluster, 3)
+    keep.stop()
+    doomed.stop()
+    time.sleep(1.5)
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "plan":  # after the plan, before the commit
+            admin.delete_topics([doomed.topic], operation_timeout=30)[doomed.topic].result(30)
+
+    before = _objects(cluster)
+    result = _run_in_process(cluster, spark, emit=on_event)
+    assert result["committed"] is False
+    assert result["reason"].startswith("commit refused"), result
+    assert result["new_object_ids"]
+    s3, bucket = _bucket_client(cluster)
+    listed = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+    keys = {o["Key"] for o in listed}
+    assert not keys & {object_key(o) for o in result["new_object_ids"]}
+    assert _objects(cluster) <= before  # the delete may have destroyed objects; nothing new
+    assert_exact(keep, cluster["bootstrap"])
+
+
+def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(cluster, spark):
+    ledger = _produce(cluster, 4)
+    ledger.stop()
+    time.sleep(1.5)
+    config = _config(cluster)
+    cfg_path = compaction_jobs.write_job_config(cluster["dir"], config, MASTER)
+    proc = subprocess.Popen(
+        compaction_jobs.job_argv(cfg_path, MASTER, dry_run=False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=compaction_jobs.job_env(config),
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"event": "plan"' in line:
+                break
+        time.sleep(3)  # mid-run: ids prepared, Spark starting or writing
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
+        proc.wait(timeout=30)
+    assert_exact(ledger, cluster["bootstrap"])
+    result = _run_in_process(cluster, spark)
+    assert result["committed"] is True, result
+    assert result["objects_after"] < result["objects_before"]
+    assert_exact(ledger, cluster["bootstrap"])
+
+
+def test_compaction_cli_errors_are_one_line_and_change_nothing(cluster, tmp_path):
+    bad = automqctl("compaction", "run", "--master", "bogus", cluster_dir=cluster["dir"])
+    assert bad.returncode == 1 and "invalid --master" in bad.stderr
+    bad = automqctl("compaction", "schedule", "--every", "3x", cluster_dir=cluster["dir"])
+    assert bad.returncode == 1 and "invalid interval" in bad.stderr
+    missing = automqctl("compaction", "status", cluster_dir=tmp_path / "none")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    assert not (cluster["dir"] / "compaction" / "schedule.json").exists()
+
+
+def test_schedule_starts_a_scheduler_the_cluster_knows_about(cluster):
+    d = cluster["dir"]
+    out = automqctl("compaction", "schedule", "--every", "10m", "--format", "json", cluster_dir=d)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["every_s"] == 600 and info["cron"].startswith("*/10 * * * *")
+    assert "spark-submit --master local[*]" in info["spark_submit"]
+    status = json.loads(automqctl("cluster", "status", "--format", "json", cluster_dir=d).stdout)
+    assert status["compaction_scheduler"]["pid"] == info["scheduler_pid"]
+    comp = json.loads(automqctl("compaction", "status", "--format", "json", cluster_dir=d).stdout)
+    assert comp["schedule"] == {"every_s": 600, "master": "local[*]"}
+    assert comp["scheduler_pid"] == info["scheduler_pid"]
+    out = automqctl("compaction", "unschedule", cluster_dir=d)
+    assert out.returncode == 0, out.stderr
+    assert LocalCluster(d).running("compaction-scheduler") is None
+    status = json.loads(automqctl("cluster", "status", "--format", "json", cluster_dir=d).stdout)
+    assert status["compaction_scheduler"] is None and status["healthy"]
