@@ -1,0 +1,221 @@
+"""The object-storage WAL (s3://bucket/prefix) against moto: group commit, recovery,
+trim, and the fencing rule that keeps an old owner's late objects out of every recovery."""
+
+from __future__ import annotations
+
+import threading
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.wal import (
+    WALCorruptError,
+    WALFencedError,
+    WALTakeoverRefusedError,
+    WriteAheadLog,
+)
+from dataplane.s3stream.wal.factory import (
+    UnsupportedWALError,
+    open_wal,
+    take_over_wal,
+    wal_exists,
+    wal_uri_for_path,
+)
+from dataplane.s3stream.wal.object_format import (
+    DataKey,
+    SealKey,
+    Writer,
+    data_key,
+    encode_object,
+    resolve_chain,
+)
+from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig
+
+BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-wal?region=us-east-1"
+URI = "s3://automq-wal/wal/node-1"
+CAPACITY = 64 << 20
+
+
+@pytest.fixture
+def objects(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="automq-main")
+        s3.create_bucket(Bucket="automq-wal")
+        with ObjectStorage(BUCKETS, merge_window_ms=0) as store:
+            yield store
+
+
+def wal_keys(objects: ObjectStorage, kind: str) -> list[str]:
+    return objects.list_keys(1, f"wal/node-1/{kind}/")
+
+
+def test_appends_are_group_committed_and_recovered_in_order_like_the_file_wal(objects, tmp_path):
+    records = [f"record-{i}".encode() * (i % 7 + 1) for i in range(60)]
+    assert not wal_exists(URI, objects=objects)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    assert isinstance(wal, ObjectWAL) and isinstance(wal, WriteAheadLog)
+    futures: list = [None] * len(records)
+
+    def produce(part: int) -> None:  # 4 threads append at once: one PUT carries many
+        for i in range(part, len(records), 4):
+            futures[i] = (i, wal.append(records[i]))
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = {i: f.result(10) for i, f in futures}
+    by_offset = [records[i] for i, _ in sorted(results.items(), key=lambda kv: kv[1].offset)]
+    assert wal.end_offset == max(r.next_offset for r in results.values())
+    assert wal.put_count == len(wal_keys(objects, "data")) < len(records)
+    wal.close()
+    assert wal_exists(URI, objects=objects)
+
+    # the same records the file WAL returns for the same appends, in the same order
+    file_wal = open_wal(wal_uri_for_path(tmp_path / "wal"), 1, 0, capacity_bytes=CAPACITY)
+    for rec in by_offset:
+        file_wal.append(rec).result(5)
+    file_wal.close()
+    file_records = [r.data for r in open_wal(wal_uri_for_path(tmp_path / "wal"), 1, 1).recover()]
+
+    reopened = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        recovered = list(reopened.recover())
+        assert [r.data for r in recovered] == by_offset == file_records
+        assert [r.offset for r in recovered] == sorted(r.offset for r in results.values())
+        assert reopened.end_offset == recovered[-1].next_offset
+        # appends continue after the recovered chain
+        assert reopened.append(b"after").result(10).offset == recovered[-1].next_offset
+    finally:
+        reopened.close()
+
+
+def test_trim_deletes_objects_wholly_below_the_trim_point(objects):
+    config = ObjectWALConfig(linger_s=0, max_batch_bytes=1 << 20, max_record_bytes=1 << 19)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    results = [wal.append(b"r%d" % i).result(10) for i in range(6)]  # one object each
+    assert len(wal_keys(objects, "data")) == 6
+    with pytest.raises(ValueError, match="record boundary"):
+        wal.trim(results[2].offset + 1)
+    with pytest.raises(ValueError, match="beyond the durable end"):
+        wal.trim(results[-1].next_offset + 1)
+    wal.trim(results[2].next_offset)
+    assert len(wal_keys(objects, "data")) == 3  # the first three objects are gone
+    assert wal.start_offset == results[2].next_offset
+    assert [r.data for r in wal.recover()] == [b"r3", b"r4", b"r5"]
+    wal.close()
+    reopened = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in reopened.recover()] == [b"r3", b"r4", b"r5"]
+        assert reopened.start_offset == results[2].next_offset
+        assert len(wal_keys(objects, "trim")) == 1
+    finally:
+        reopened.close()
+
+
+def test_trim_inside_a_batch_keeps_the_object_and_recovers_from_the_trim_point(objects):
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    futures = [wal.append(b"x%d" % i) for i in range(5)]  # lingering: one object
+    results = [f.result(10) for f in futures]
+    assert len(wal_keys(objects, "data")) == 1
+    list(wal.recover())  # learns the record boundaries of the recovered objects
+    wal.close()
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    try:
+        assert [r.data for r in handle.recover()] == [b"x%d" % i for i in range(5)]
+        handle.trim(results[1].next_offset)
+        assert len(wal_keys(objects, "data")) == 1
+        assert [r.data for r in handle.recover()] == [b"x2", b"x3", b"x4"]
+    finally:
+        handle.close()
+
+
+def test_takeover_fences_the_old_owner_and_its_late_objects_are_never_recovered(objects):
+    old = open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    acked = [old.append(b"acked-%d" % i).result(10) for i in range(3)]
+    end = acked[-1].next_offset
+
+    with pytest.raises(WALTakeoverRefusedError):  # a takeover needs a newer epoch
+        take_over_wal(URI, 2, 3, objects=objects)
+    handle = take_over_wal(URI, 2, 4, objects=objects)
+    try:
+        # the old owner's next append is stored but never acknowledged
+        with pytest.raises(WALFencedError):
+            old.append(b"late").result(10)
+        assert old.fenced
+        with pytest.raises(WALFencedError):
+            old.append(b"later")
+        # a PUT of the old writer that was in flight lands after the takeover's listing
+        incarnation = 0
+        late = encode_object(1, Writer(3, incarnation), end, [b"ghost"])
+        objects.put_object(1, data_key("wal/node-1", Writer(3, incarnation), end, end + 13), late)
+        assert [r.data for r in handle.recover()] == [b"acked-0", b"acked-1", b"acked-2"]
+        handle.trim(end)
+    finally:
+        handle.close()
+        old.close()
+    # the old epoch can never open the WAL again; the node's next epoch can, and its
+    # recovery ignores (and deletes) what the fenced writer stored after the takeover
+    with pytest.raises(WALFencedError):
+        open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    reopened = open_wal(URI, 1, 5, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert list(reopened.recover()) == []
+        assert wal_keys(objects, "data") == []
+        assert reopened.append(b"new").result(10).offset == end
+    finally:
+        reopened.close()
+
+
+def test_the_same_node_and_epoch_reopening_is_a_new_writer(objects):
+    first = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    first.append(b"a").result(10)
+    second = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        with pytest.raises(WALFencedError):  # the first incarnation is fenced by the second
+            first.append(b"b").result(10)
+        assert [r.data for r in second.recover()] == [b"a"]
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(WALFencedError):  # another node at the same epoch may not open it
+        open_wal(URI, 2, 0, capacity_bytes=CAPACITY, objects=objects)
+
+
+def test_chain_rule_gaps_seals_and_missing_acknowledged_objects():
+    w1, w2 = Writer(1, 0), Writer(2, 0)
+    datas = [DataKey(w1, 0, 10), DataKey(w1, 10, 20), DataKey(w1, 30, 40)]  # gap at 20
+    chain = resolve_chain(datas, [SealKey(w1, 0)], [])
+    assert [d.end_offset for d in chain.objects] == [10, 20] and chain.end_offset == 20
+    assert chain.stale == [DataKey(w1, 30, 40)]
+    # w2 sealed at 10: w1's object [10, 20) landed after the takeover
+    datas = [DataKey(w1, 0, 10), DataKey(w1, 10, 20), DataKey(w2, 10, 15)]
+    chain = resolve_chain(datas, [SealKey(w1, 0), SealKey(w2, 10)], [5])
+    assert chain.objects == [DataKey(w1, 0, 10), DataKey(w2, 10, 15)]
+    assert chain.stale == [DataKey(w1, 10, 20)] and chain.trim_offset == 5
+    # an acknowledged object below the newest seal is missing: refuse, never skip it
+    with pytest.raises(WALCorruptError):
+        resolve_chain([DataKey(w1, 10, 20)], [SealKey(w2, 20)], [])
+
+
+def test_s3_uris_are_resolved_against_the_brokers_buckets(objects):
+    with pytest.raises(UnsupportedWALError, match="not configured"):
+        open_wal("s3://elsewhere/wal", 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    with pytest.raises(UnsupportedWALError, match="no bucket config"):
+        wal_exists(URI)
+    for bad in ("s3://automq-wal/../x", "s3://automq-wal/", "s3://automq-wal/w?accessKey=k"):
+        with pytest.raises(UnsupportedWALError):
+            open_wal(bad, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    assert objects.list_keys(1) == []  # nothing was written by the refused opens
+    wal = open_wal("s3://1/wal/by-id", 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        wal.append(b"x").result(10)
+    finally:
+        wal.close()
+    assert objects.list_keys(1, "wal/by-id/data/")
