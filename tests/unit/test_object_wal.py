@@ -219,3 +219,92 @@ def test_s3_uris_are_resolved_against_the_brokers_buckets(objects):
     finally:
         wal.close()
     assert objects.list_keys(1, "wal/by-id/data/")
+
+
+def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(objects, tmp_path):
+    """S3Storage appends through the object WAL unchanged; node 1 crashes with acknowledged,
+    not uploaded data; node 2 recovers node 1's WAL from the object store alone."""
+    from controlplane.records import ObjectState
+    from controlplane.settings import ControllerSettings
+    from controlplane.state_machine import MetadataStateMachine
+    from dataplane.objectstore import object_key
+    from dataplane.s3stream.failover import recover_failed_wal
+    from dataplane.s3stream.object_format import decode_block, parse_object
+    from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from tests.unit.test_upload_stream_errors import HookedController
+
+    ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1])))
+    for node in (1, 2):
+        ctrl.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": f"i{node}",
+                "wal_uri": f"s3://automq-wal/wal/node-{node}",
+            },
+        )
+        ctrl.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0})
+
+    def engine(node: int) -> S3Storage:
+        cfg = StorageConfig(
+            data_dir=tmp_path / f"node{node}",
+            wal_uri=f"s3://automq-wal/wal/node-{node}",
+            wal_capacity_bytes=16 << 20,
+            upload_interval_s=3600,
+            upload_threshold_bytes=1 << 30,
+            block_cache_bytes=16 << 20,
+        )
+        e = S3Storage(cfg, node, 0, ctrl, objects)
+        e.start()
+        return e
+
+    failed = engine(1)
+    assert isinstance(failed.wal, ObjectWAL)
+    stream = failed.open_stream(failed.create_stream(), 0)
+    for f in [stream.append(b"v%d" % i) for i in range(20)]:
+        f.result(10)
+    assert not list((tmp_path / "node1").rglob("wal*"))  # no local WAL file
+    # crash: no final upload; the WAL objects are all that is left
+    failed._stop.set()
+    failed.request_upload()
+    failed._uploader.join(10)
+    failed.wal.close()
+    assert ctrl.machine.image.streams[stream.stream_id].end_offset == 0
+
+    ctrl.execute("fence_broker", {"node_id": 1, "node_epoch": 0, "reason": "test crash"})
+    ctrl.execute("lifecycle_tick", {"expired_brokers": []})
+    wal = ctrl.machine.image.node_wals[1]
+    assert wal.failover_mode and wal.failover_target_node_id == 2
+    target = engine(2)
+    try:
+        result = recover_failed_wal(
+            target,
+            1,
+            wal.wal_uri,
+            wal.node_epoch,
+            lambda: [
+                (s.stream_id, s.epoch)
+                for s in ctrl.machine.image.streams.values()
+                if s.state.value == "opened" and s.node_id == 1
+            ],
+        )
+        assert result.records_read == 20 and result.batches_uploaded == 20
+        assert ctrl.machine.image.streams[stream.stream_id].end_offset == 20
+        assert not ctrl.machine.image.node_wals[1].failover_mode
+        assert objects.list_keys(1, "wal/node-1/data/") == []  # trimmed after the upload
+        got = []  # read back from the committed stream-set objects themselves
+        for obj in ctrl.machine.image.objects.values():
+            if obj.state == ObjectState.COMMITTED:
+                data = objects.get_object(obj.bucket_id, object_key(obj.object_id))
+                for entry in parse_object(data)[1]:
+                    block = data[entry.position : entry.end_position]
+                    got += [(b.base_offset, b.payload) for b in decode_block(block, entry)]
+        assert sorted(got) == [(i, b"v%d" % i) for i in range(20)]
+    finally:
+        target._stop.set()
+        target.request_upload()
+        target._uploader.join(10)
+        target.wal.close()
