@@ -12,6 +12,7 @@ from moto import mock_aws
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import (
     WALCorruptError,
+    WALError,
     WALFencedError,
     WALTakeoverRefusedError,
     WriteAheadLog,
@@ -308,3 +309,57 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
         target.request_upload()
         target._uploader.join(10)
         target.wal.close()
+
+
+def test_cluster_up_wal_s3_gives_each_broker_an_object_wal_in_the_main_bucket(tmp_path):
+    from cli.processes import LocalCluster, broker_wal_uri, flag_differences
+
+    cluster = LocalCluster(tmp_path / "c")
+    config = cluster.create(3, 1, ["az1"], None, None, 6000, wal="s3")
+    assert cluster.load().broker_wal == "s3"
+    assert broker_wal_uri(config, 2) == "s3://automq-main/wal/node-2"
+    assert flag_differences(config, wal="s3") == []
+    assert flag_differences(config, wal="file") == ["--wal file (the cluster has s3)"]
+
+
+def test_a_stalled_put_is_hedged_with_a_copy_and_a_failed_one_stops_the_wal(objects, monkeypatch):
+    from concurrent.futures import Future
+
+    real_put = objects.put_object_async
+    stalled: list[Future] = []
+
+    def stall_first_data_put(bucket_id, key, data, **kw):
+        if "/data/" in key and not stalled:
+            stalled.append(Future())  # a connection that never answers
+            return stalled[0]
+        return real_put(bucket_id, key, data, **kw)
+
+    monkeypatch.setattr(objects, "put_object_async", stall_first_data_put)
+    config = ObjectWALConfig(hedge_after_s=0.1, linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    try:
+        assert wal.append(b"a").result(5).offset == 0  # acknowledged by the copy
+        assert wal.hedged_puts == 1 and stalled
+    finally:
+        wal.close()
+
+    def failing_put(bucket_id, key, data, **kw):
+        f: Future = Future()
+        f.set_exception(OSError("store gone"))
+        return f
+
+    wal = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    monkeypatch.setattr(objects, "put_object_async", failing_put)
+    try:
+        with pytest.raises(WALError, match="store gone"):
+            wal.append(b"b").result(5)
+        with pytest.raises(WALError):
+            wal.append(b"c")
+    finally:
+        wal.close()
+    monkeypatch.setattr(objects, "put_object_async", real_put)
+    again = open_wal(URI, 1, 2, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in again.recover()] == [b"a"]  # the failed append is not there
+    finally:
+        again.close()

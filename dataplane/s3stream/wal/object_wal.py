@@ -29,7 +29,7 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError
@@ -113,6 +113,10 @@ class ObjectWALConfig:
         max_in_flight: PUTs running at once (later ones are acknowledged in order).
         queue_wait_timeout_s: longest an ``append`` blocks on a full queue.
         put_timeout_s: longest one PUT (with its retries) may take before the WAL fails.
+        hedge_after_s: a PUT not answered after this long is sent again (the same key and
+            bytes, so either copy will do): one stalled connection must not hold every
+            later acknowledgement for the store's read timeout.
+        max_hedges: most extra copies of one PUT.
         close_timeout_s: longest ``close`` (and ``trim``) waits.
         read_parallelism: objects fetched at once by ``recover``.
     """
@@ -124,6 +128,8 @@ class ObjectWALConfig:
     max_in_flight: int = 4
     queue_wait_timeout_s: float = 30.0
     put_timeout_s: float = 60.0
+    hedge_after_s: float = 1.0
+    max_hedges: int = 3
     close_timeout_s: float = 60.0
     read_parallelism: int = 4
 
@@ -143,7 +149,17 @@ class ObjectWALConfig:
             raise ValueError("linger_s must be within 0..1 s")
         if not 1 <= self.max_in_flight <= 64 or not 1 <= self.read_parallelism <= 64:
             raise ValueError("max_in_flight and read_parallelism must be within 1..64")
-        if min(self.queue_wait_timeout_s, self.put_timeout_s, self.close_timeout_s) <= 0:
+        if not 0 <= self.max_hedges <= 10:
+            raise ValueError("max_hedges must be within 0..10")
+        if (
+            min(
+                self.queue_wait_timeout_s,
+                self.put_timeout_s,
+                self.close_timeout_s,
+                self.hedge_after_s,
+            )
+            <= 0
+        ):
             raise ValueError("timeouts must be positive")
 
 
@@ -161,7 +177,13 @@ class _InFlight:
     batch: list[_Pending]
     key: DataKey
     ends: array
-    put: Future
+    object_key: str
+    data: bytes
+    puts: list[Future]  # the PUT and its hedged copies; the first success counts
+    started_s: float
+
+    def stored(self) -> bool:
+        return any(f.done() and f.exception() is None for f in self.puts)
 
 
 @dataclass(slots=True)
@@ -376,6 +398,7 @@ class ObjectWAL(WriteAheadLog):
         self._writer_exited = False
         self._puts = 0
         self._owner_checks = 0
+        self._hedges = 0
         self._threads = [
             threading.Thread(
                 target=self._run, args=(role, fn), name=f"object-wal-{role}", daemon=True
@@ -451,6 +474,12 @@ class ObjectWAL(WriteAheadLog):
     def owner_checks(self) -> int:
         with self._lock:
             return self._owner_checks
+
+    @property
+    def hedged_puts(self) -> int:
+        """Extra copies of slow PUTs sent by this instance."""
+        with self._lock:
+            return self._hedges
 
     @property
     def fenced(self) -> bool:
@@ -603,18 +632,25 @@ class ObjectWAL(WriteAheadLog):
             bodies = [p.body for p in batch]
             end = batch[-1].offset + batch[-1].size_bytes
             key = DataKey(self._owner.writer, start, end)
+            object_key = data_key(self._where.prefix, key.writer, start, end)
             try:
                 data = encode_object(self._owner.node_id, self._owner.writer, start, bodies)
-                put = self._objects.put_object_async(
-                    self._where.bucket_id,
-                    data_key(self._where.prefix, key.writer, start, end),
-                    data,
-                )
+                put = self._objects.put_object_async(self._where.bucket_id, object_key, data)
             except Exception as exc:  # the store is closed, or a bug: the WAL cannot go on
                 self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
                 return
             with self._lock:
-                self._in_flight.append(_InFlight(batch, key, record_ends(start, bodies), put))
+                self._in_flight.append(
+                    _InFlight(
+                        batch,
+                        key,
+                        record_ends(start, bodies),
+                        object_key,
+                        data,
+                        [put],
+                        time.monotonic(),
+                    )
+                )
                 self._acks_cv.notify_all()
 
     def _linger(self) -> None:
@@ -658,14 +694,14 @@ class ObjectWAL(WriteAheadLog):
                     return
                 head = self._in_flight[0]
             try:
-                head.put.result(timeout=self._config.put_timeout_s)
+                self._await_put(head)
             except Exception as exc:  # timeout, or the store failed after its retries
                 self._stop(_FAILED, f"PUT of {head.key} failed: {type(exc).__name__}: {exc}", [])
                 continue
             with self._lock:
                 ready: list[_InFlight] = []
                 for item in self._in_flight:
-                    if not item.put.done() or item.put.exception() is not None:
+                    if not item.stored():
                         break
                     ready.append(item)
             # every object in `ready` was stored before this check started
@@ -682,6 +718,7 @@ class ObjectWAL(WriteAheadLog):
                     continue  # _stop failed them meanwhile
                 for item in ready:
                     self._in_flight.popleft()
+                    item.data = b""
                     self._live.append(_Live(item.key, item.ends))
                     self._puts += 1
                 self._durable_end = ready[-1].key.end_offset
@@ -694,6 +731,40 @@ class ObjectWAL(WriteAheadLog):
                 for pending in item.batch:
                     metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
                     pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
+
+    def _await_put(self, item: _InFlight) -> None:
+        """Wait until one copy of ``item``'s PUT succeeded; hedge a slow one (same key and
+        bytes). Raises the PUT's error when every copy failed, TimeoutError after
+        ``put_timeout_s``."""
+        config = self._config
+        while True:
+            pending = [f for f in item.puts if not f.done()]
+            if item.stored():
+                return
+            if not pending:
+                item.puts[-1].result()  # every copy failed: raise the last error
+            left = item.started_s + config.put_timeout_s - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no PUT answered within {config.put_timeout_s} s")
+            done, _ = wait(
+                pending, timeout=min(left, config.hedge_after_s), return_when=FIRST_COMPLETED
+            )
+            if done:
+                continue  # stored, or a copy failed (the others may still succeed)
+            if len(item.puts) <= config.max_hedges:
+                with self._lock:
+                    self._hedges += 1
+                log.warning(
+                    "%s: PUT of %s unanswered after %.1f s; sending a copy",
+                    self._name,
+                    item.object_key,
+                    time.monotonic() - item.started_s,
+                )
+                item.puts.append(
+                    self._objects.put_object_async(
+                        self._where.bucket_id, item.object_key, item.data
+                    )
+                )
 
     def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
         """Fail ``batch``, everything in flight or queued, and all later calls."""
