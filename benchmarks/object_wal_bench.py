@@ -4,10 +4,11 @@
 
 Against a real SeaweedFS (embedded, on 127.0.0.1), in one run, for each record size:
 
-* `raw_put`: one boto3 PUT (through ObjectStorage) of an object the size of a one-record WAL
+* `raw_put`: one PUT (through ObjectStorage) of an object the size of a one-record WAL
   object, sequentially: the floor of any object-store WAL;
 * `wal_serial_linger0`: one appender waiting for each ack, `linger_s=0` (PUT + owner GET);
 * `wal_serial`: the same with the default `linger_s` (2 ms);
+  (these three interleaved round-robin, so that they share the machine's load equally)
 * `wal_concurrent`: `threads` appenders at once (group commit: PUTs per append < 1).
 
 Reported: p50/p99 ms of each, their ratio to raw_put's p50, PUTs per append. JSON on stdout.
@@ -49,30 +50,40 @@ def summary(samples: list[float], base_p50_ms: float | None) -> dict:
     return out
 
 
-def raw_put(objects: ObjectStorage, size: int, count: int) -> list[float]:
-    data = b"x" * (size + OBJECT_HEADER_BYTES + 8)
-    prefix = f"bench-raw/{uuid.uuid4().hex}"
-    samples = []
-    for i in range(count):
-        t0 = time.perf_counter()
-        objects.put_object(0, f"{prefix}/{i:08d}", data)
-        samples.append(time.perf_counter() - t0)
-    return samples
-
-
-def wal_serial(objects: ObjectStorage, size: int, count: int, linger_s: float) -> list[float]:
-    where = ObjectWALLocation(0, f"bench-wal/{uuid.uuid4().hex}")
-    config = ObjectWALConfig(linger_s=linger_s)
-    wal = ObjectWAL.open(objects, where, 1, 0, capacity_bytes=1 << 30, config=config)
+def serial(objects: ObjectStorage, size: int, count: int) -> dict[str, list[float]]:
+    """Raw PUTs and appends of one waiting appender (linger 0, default linger), interleaved
+    round-robin so that all three see the same load on a shared machine."""
+    data = b"x" * (size + OBJECT_HEADER_BYTES + 8)  # a one-record WAL object's size
+    raw_prefix = f"bench-raw/{uuid.uuid4().hex}"
+    wals = {
+        "wal_serial_linger0": ObjectWALConfig(linger_s=0.0),
+        "wal_serial": ObjectWALConfig(),
+    }
+    opened = {
+        name: ObjectWAL.open(
+            objects,
+            ObjectWALLocation(0, f"bench-wal/{uuid.uuid4().hex}"),
+            1,
+            0,
+            capacity_bytes=1 << 30,
+            config=config,
+        )
+        for name, config in wals.items()
+    }
     record = b"r" * size
-    samples = []
+    samples: dict[str, list[float]] = {"raw_put": [], **{name: [] for name in wals}}
     try:
-        for _ in range(count):
+        for i in range(count):
             t0 = time.perf_counter()
-            wal.append(record).result(60)
-            samples.append(time.perf_counter() - t0)
+            objects.put_object(0, f"{raw_prefix}/{i:08d}", data)
+            samples["raw_put"].append(time.perf_counter() - t0)
+            for name, wal in opened.items():
+                t0 = time.perf_counter()
+                wal.append(record).result(60)
+                samples[name].append(time.perf_counter() - t0)
     finally:
-        wal.close()
+        for wal in opened.values():
+            wal.close()
     return samples
 
 
@@ -115,19 +126,17 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedSeaweed(Path(tmp)) as store:
         with ObjectStorage(bucket_uris(store), merge_window_ms=0) as objects:
-            raw_put(objects, 1024, 20)  # warm up the connection pool
+            serial(objects, 1024, 20)  # warm up the connection pool
             for size in [int(s) for s in args.sizes.split(",")]:
-                raw = raw_put(objects, size, args.appends)
-                base = pct(raw, 0.5)
-                serial0 = wal_serial(objects, size, args.appends, 0.0)
-                serial = wal_serial(objects, size, args.appends, ObjectWALConfig().linger_s)
+                runs = serial(objects, size, args.appends)
+                base = pct(runs["raw_put"], 0.5)
                 conc, puts = wal_concurrent(objects, size, args.appends * 2, args.threads)
                 results.append(
                     {
                         "record_bytes": size,
-                        "raw_put": summary(raw, None),
-                        "wal_serial_linger0": summary(serial0, base),
-                        "wal_serial": summary(serial, base),
+                        "raw_put": summary(runs["raw_put"], None),
+                        "wal_serial_linger0": summary(runs["wal_serial_linger0"], base),
+                        "wal_serial": summary(runs["wal_serial"], base),
                         "wal_concurrent": {
                             **summary(conc, base),
                             "threads": args.threads,
