@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError
+from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError, Priority
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
     AppendResult,
@@ -131,7 +131,7 @@ class ObjectWALConfig:
     hedge_after_s: float = 1.0
     max_hedges: int = 3
     close_timeout_s: float = 60.0
-    read_parallelism: int = 4
+    read_parallelism: int = 16
 
     def validate(self, capacity_bytes: int) -> None:
         """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
@@ -593,7 +593,9 @@ class ObjectWAL(WriteAheadLog):
     def _check_owner(self) -> None:
         """Raise WALFencedError unless the owner object still names this writer."""
         try:
-            current = self._objects.get_object(self._where.bucket_id, f"{self._where.prefix}/owner")
+            current = self._objects.get_object(
+                self._where.bucket_id, f"{self._where.prefix}/owner", Priority.PRODUCE
+            )
         except ObjectNotFoundError:
             raise WALFencedError("the owner object is gone") from None
         with self._lock:
@@ -862,7 +864,7 @@ def take_over(
     new_node_id: int,
     new_node_epoch: int,
     *,
-    read_parallelism: int = 4,
+    read_parallelism: int = 16,
 ) -> ObjectWALRecovery:
     """Claim the WAL for recovery (crash failover): from the moment this returns, its
     previous owner can no longer acknowledge appends, and nothing it stores later is read.
