@@ -363,3 +363,37 @@ def test_a_stalled_put_is_hedged_with_a_copy_and_a_failed_one_stops_the_wal(obje
         assert [r.data for r in again.recover()] == [b"a"]  # the failed append is not there
     finally:
         again.close()
+
+
+def test_a_failover_retry_with_the_same_epoch_reclaims_and_fences_its_first_attempt(objects):
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    acked = [wal.append(b"a%d" % i).result(10) for i in range(3)]
+    first = take_over_wal(URI, 2, 1, objects=objects)
+    retry = take_over_wal(URI, 2, 1, objects=objects)  # the target retries its failover
+    try:
+        with pytest.raises(WALFencedError):
+            first.trim(acked[0].next_offset)
+        assert [r.data for r in retry.recover()] == [b"a0", b"a1", b"a2"]
+    finally:
+        first.close()
+        retry.close()
+        wal.close()
+    with pytest.raises(WALTakeoverRefusedError):  # another node still needs a newer epoch
+        take_over_wal(URI, 3, 1, objects=objects)
+
+
+def test_recovery_skips_an_object_a_racing_trim_deleted_and_refuses_a_lost_one(objects):
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    acked = [wal.append(b"r%d" % i).result(10) for i in range(3)]  # one object each
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    first, second = sorted(wal_keys(objects, "data"))[:2]
+    # the fenced owner had uploaded r0 and trims it while the recoverer reads
+    objects.put_object(1, f"wal/node-1/trim/{acked[0].next_offset:020d}", b"")
+    objects.delete_objects(1, [first])
+    assert [r.data for r in handle.recover()] == [b"r1", b"r2"]
+    objects.delete_objects(1, [second])  # r1 vanishes with no trim covering it
+    with pytest.raises(WALCorruptError, match="missing"):
+        list(handle.recover())
+    handle.close()
+    wal.close()

@@ -38,6 +38,7 @@ from dataplane.s3stream.wal.base import (
     AppendResult,
     RecoveredRecord,
     WALClosedError,
+    WALCorruptError,
     WALError,
     WALFencedError,
     WALFullError,
@@ -238,6 +239,10 @@ def _claim(
         if takeover:
             raise WALError(f"{name} does not exist")
         incarnation = 0
+    elif (current.node_id, current.epoch) == (node_id, epoch):
+        # the same node again: a recoverer retrying its failover, or the owner re-opening;
+        # either way a new writer that fences the previous incarnation
+        incarnation = current.incarnation + 1
     elif takeover:
         if epoch <= current.epoch:
             raise WALTakeoverRefusedError(
@@ -245,8 +250,6 @@ def _claim(
                 f"takeover needs an epoch > {current.epoch}, got {epoch}"
             )
         incarnation = 0
-    elif (current.node_id, current.epoch) == (node_id, epoch):
-        incarnation = current.incarnation + 1  # the same node re-opening: a new writer
     elif epoch > current.epoch:
         incarnation = 0
     else:
@@ -311,7 +314,20 @@ def _read_records(
             while next_i < len(keys) and len(ahead) < parallelism:
                 ahead.append(pool.submit(objects.get_object, where.bucket_id, keys[next_i]))
                 next_i += 1
-            data = ahead.popleft().result()
+            try:
+                data = ahead.popleft().result()
+            except ObjectNotFoundError:
+                # deleted under us: fine only if a trim (by a fenced owner that had uploaded
+                # it, racing with this recovery) covers it; otherwise acknowledged data is gone
+                trims = [
+                    t
+                    for k in objects.iter_keys(where.bucket_id, where.prefix + "/trim/")
+                    if (t := parse_trim_key(where.prefix, k)) is not None
+                ]
+                if max(trims, default=0) >= item.key.end_offset:
+                    item.ends = array("q")
+                    continue
+                raise WALCorruptError(f"WAL object {item.key} is missing") from None
             ends = array("q")
             for offset, body in decode_object(item.key, data):
                 size = OBJECT_RECORD_HEADER_BYTES + len(body)
