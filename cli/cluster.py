@@ -544,7 +544,9 @@ def _print_status(status: dict) -> None:
         f"metadata offset: {known_or_dash('metadata_offset')}"
         + ("" if known else "  (unknown without a controller leader)")
     )
-    if status.get("wal_allocated_bytes") is not None:
+    if status.get("wal") == "s3":
+        console.print("WAL: objects under wal/node-N of the main bucket (--wal s3), no disk")
+    elif status.get("wal_allocated_bytes") is not None:
         per = status["wal_capacity_bytes_per_broker"]
         console.print(
             f"disk: {len(status['brokers'])} brokers x {per / MIB:g} MiB WAL = "

@@ -67,6 +67,10 @@ def test_kill_9_recovers_the_object_wal_on_another_broker(cluster):
         assert config["wal_uri"] == f"s3://automq-main/wal/node-{node}"
         assert not (cluster["dir"] / f"broker-{node}" / "storage" / "wal").exists()
     wait_all_active(cluster)
+    status = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["wal"] == "s3"
+    assert json.loads(status.stdout)["wal_allocated_bytes"] == 0  # no local WAL file
     with producing(cluster) as (topic, ledger):
         time.sleep(3)
         node, moved = victim_with_partitions(cluster, topic)
