@@ -397,3 +397,32 @@ def test_recovery_skips_an_object_a_racing_trim_deleted_and_refuses_a_lost_one(o
         list(handle.recover())
     handle.close()
     wal.close()
+
+
+def test_any_node_reads_acknowledged_records_by_offset_without_claiming(objects):
+    from dataplane.s3stream.wal.object_wal import (
+        ObjectWALLocation,
+        ObjectWALReader,
+        WALTrimmedError,
+    )
+
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"), cached_objects=2)
+    try:
+        first = [wal.append(b"first-%d" % i).result(10) for i in range(3)]
+        assert [reader.read(r.offset).data for r in first] == [b"first-0", b"first-1", b"first-2"]
+        later = wal.append(b"later").result(10)  # past the reader's cached listing
+        assert reader.read(later.offset).data == b"later"
+        with pytest.raises(ValueError, match="no record"):
+            reader.read(first[1].offset + 1)
+        with pytest.raises(ValueError, match="ends at"):
+            reader.read(later.next_offset)
+        wal.trim(first[1].next_offset)
+        with pytest.raises(WALTrimmedError):
+            ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1")).read(first[0].offset)
+        assert reader.read(first[2].offset).data == b"first-2"
+        assert not wal.fenced  # reading never disturbs the writer
+        assert wal.append(b"more").result(10).offset == later.next_offset
+    finally:
+        wal.close()

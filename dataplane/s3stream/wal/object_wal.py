@@ -68,7 +68,9 @@ __all__ = [
     "ObjectWALConfig",
     "ObjectWALLocation",
     "ObjectWALQueueTimeoutError",
+    "ObjectWALReader",
     "ObjectWALRecovery",
+    "WALTrimmedError",
     "object_wal_exists",
     "take_over",
 ]
@@ -897,3 +899,85 @@ def take_over(
 def object_wal_exists(objects: ObjectStorage, where: ObjectWALLocation) -> bool:
     """Whether a writer ever opened the WAL (its owner object exists)."""
     return _read_owner(objects, where) is not None
+
+
+class ObjectWALReader:
+    """Reads single records of someone else's object WAL by offset, without claiming it: the
+    RouterChannel's `get(channel offset)` (seed 000), where a main reads what a proxy appended.
+
+    Only offsets the writer acknowledged should be asked for (they were handed over after the
+    ack). The listing is cached and re-read when an offset lies past it; decoded objects are
+    kept in a small LRU. Thread-safe (one lock around the caches; reads of the store run
+    outside it).
+    """
+
+    def __init__(
+        self, objects: ObjectStorage, where: ObjectWALLocation, *, cached_objects: int = 16
+    ) -> None:
+        if cached_objects < 1:
+            raise ValueError("cached_objects must be >= 1")
+        self._objects = objects
+        self._where = where
+        self._max_cached = cached_objects
+        self._lock = threading.Lock()
+        self._chain: Chain | None = None
+        self._decoded: dict[DataKey, dict[int, bytes]] = {}  # insertion order = LRU order
+
+    def read(self, offset: int) -> RecoveredRecord:
+        """The record that starts at ``offset``.
+
+        Raises:
+            WALTrimmedError: the offset was trimmed (its data was released).
+            ValueError: no record starts there (beyond the WAL's end, or inside a record).
+        """
+        key = self._object_at(offset, refresh=False) or self._object_at(offset, refresh=True)
+        if key is None:
+            chain = self._chain
+            assert chain is not None
+            if offset < chain.trim_offset:
+                raise WALTrimmedError(
+                    f"offset {offset} is below the trim point {chain.trim_offset}"
+                )
+            raise ValueError(f"no record at {offset}: the WAL ends at {chain.end_offset}")
+        records = self._records(key)
+        body = records.get(offset)
+        if body is None:
+            raise ValueError(f"no record starts at {offset} (object {key})")
+        return RecoveredRecord(offset, OBJECT_RECORD_HEADER_BYTES + len(body), body)
+
+    def _object_at(self, offset: int, refresh: bool) -> DataKey | None:
+        if refresh or self._chain is None:
+            datas, seals, trims = _list(self._objects, self._where)
+            chain = resolve_chain(datas, [s for s, _ in seals], trims)
+            with self._lock:
+                self._chain = chain
+        chain = self._chain
+        if offset < chain.trim_offset:
+            return None
+        starts = [d.start_offset for d in chain.objects]
+        i = bisect_left(starts, offset + 1) - 1
+        if i >= 0 and chain.objects[i].start_offset <= offset < chain.objects[i].end_offset:
+            return chain.objects[i]
+        return None
+
+    def _records(self, key: DataKey) -> dict[int, bytes]:
+        with self._lock:
+            records = self._decoded.pop(key, None)
+            if records is not None:
+                self._decoded[key] = records  # most recently used
+                return records
+        name = data_key(self._where.prefix, key.writer, key.start_offset, key.end_offset)
+        try:
+            data = self._objects.get_object(self._where.bucket_id, name, Priority.PRODUCE)
+        except ObjectNotFoundError:
+            raise WALTrimmedError(f"object {key} was trimmed") from None
+        records = dict(decode_object(key, data))
+        with self._lock:
+            self._decoded[key] = records
+            while len(self._decoded) > self._max_cached:
+                self._decoded.pop(next(iter(self._decoded)))
+        return records
+
+
+class WALTrimmedError(WALError):
+    """The requested offset was trimmed: its data is gone from the WAL."""
