@@ -107,7 +107,9 @@ def _object_location(uri: str, objects: ObjectStorage | None) -> ObjectWALLocati
 def wal_exists(uri: str, *, objects: ObjectStorage | None = None) -> bool:
     """Whether the WAL behind `uri` has been created (failover of a node that never wrote)."""
     if _is_s3(uri):
-        return object_wal.object_wal_exists(objects, _object_location(uri, objects))
+        where = _object_location(uri, objects)
+        assert objects is not None  # _object_location refused None
+        return object_wal.object_wal_exists(objects, where)
     return _file_path(uri).exists()
 
 

@@ -28,7 +28,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -51,6 +51,7 @@ from dataplane.s3stream.wal.object_format import (
     Chain,
     DataKey,
     Owner,
+    SealKey,
     data_key,
     decode_object,
     encode_object,
@@ -215,8 +216,12 @@ def _read_owner(objects: ObjectStorage, where: ObjectWALLocation) -> Owner | Non
         return None
 
 
-def _list(objects: ObjectStorage, where: ObjectWALLocation) -> tuple[list, list, list]:
-    datas, seals, trims = [], [], []
+def _list(
+    objects: ObjectStorage, where: ObjectWALLocation
+) -> tuple[list[DataKey], list[tuple[SealKey, str]], list[int]]:
+    datas: list[DataKey] = []
+    seals: list[tuple[SealKey, str]] = []
+    trims: list[int] = []
     for n, key in enumerate(objects.iter_keys(where.bucket_id, where.prefix + "/")):
         if n >= MAX_LISTED_KEYS:
             raise WALError(f"WAL prefix {where.prefix!r} holds over {MAX_LISTED_KEYS} objects")
@@ -622,7 +627,7 @@ class ObjectWAL(WriteAheadLog):
             raise WALFencedError(f"owner is now {current[:120]!r}")
 
     # ------------------------------------------------------------------ threads
-    def _run(self, role: str, fn) -> None:
+    def _run(self, role: str, fn: Callable[[], None]) -> None:
         try:
             fn()
         except BaseException as exc:  # a bug: fail everything rather than hang callers
@@ -805,9 +810,9 @@ class ObjectWAL(WriteAheadLog):
         level = logging.WARNING if status == _FENCED else logging.ERROR
         log.log(level, "%s %s: %s; failing %d appends", self._name, status, reason, len(pending))
         error = WALFencedError if status == _FENCED else WALError
-        for item in pending:
-            if not item.future.done():
-                item.future.set_exception(error(reason))
+        for appended in pending:
+            if not appended.future.done():
+                appended.future.set_exception(error(reason))
 
 
 # ---------------------------------------------------------------------- takeover
