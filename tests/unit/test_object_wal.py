@@ -426,3 +426,21 @@ def test_any_node_reads_acknowledged_records_by_offset_without_claiming(objects)
         assert wal.append(b"more").result(10).offset == later.next_offset
     finally:
         wal.close()
+
+
+def test_a_zombies_late_copy_never_displaces_a_newer_writers_objects():
+    e, f, g = Writer(1, 0), Writer(2, 0), Writer(3, 0)
+    seals = [SealKey(e, 0), SealKey(f, 100), SealKey(g, 300)]
+    datas = [
+        DataKey(e, 0, 100),
+        DataKey(f, 100, 150),
+        DataKey(f, 150, 300),
+        DataKey(e, 100, 140),  # e's late copy: starts where f began
+        DataKey(e, 150, 160),  # and one starting at one of f's boundaries
+    ]
+    chain = resolve_chain(datas, seals, [])
+    assert chain.objects == [DataKey(e, 0, 100), DataKey(f, 100, 150), DataKey(f, 150, 300)]
+    assert set(chain.stale) == {DataKey(e, 100, 140), DataKey(e, 150, 160)}
+    # even with f's seal gone, the newer writer wins at the same start offset
+    chain = resolve_chain(datas, [SealKey(e, 0), SealKey(g, 300)], [])
+    assert chain.objects == [DataKey(e, 0, 100), DataKey(f, 100, 150), DataKey(f, 150, 300)]

@@ -249,7 +249,9 @@ def resolve_chain(datas: list[DataKey], seals: list[SealKey], trims: list[int]) 
     for d in datas:
         bound = next((s.end_offset for s in ordered_seals if s.writer > d.writer), None)
         (stale if bound is not None and d.end_offset > bound else valid).append(d)
-    valid.sort(key=lambda d: (d.start_offset, d.writer))
+    # at one start offset the newest writer wins: it began there after sealing, so an older
+    # writer's object starting there can only be one that landed late
+    valid.sort(key=lambda d: (d.start_offset, -d.writer.epoch, -d.writer.incarnation))
     chain: list[DataKey] = []
     trimmed: list[DataKey] = []
     pos = trim

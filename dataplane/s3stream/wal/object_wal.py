@@ -274,12 +274,12 @@ def _claim(
     objects.put_object(where.bucket_id, seal_key(where.prefix, owner.writer, chain.end_offset), b"")
     if _read_owner(objects, where) != owner:
         raise WALFencedError(f"{name} was claimed by another writer while node {node_id} opened it")
-    # cleanup (best effort): objects no reader will use, and seals ours supersedes
+    # cleanup (best effort): objects no reader will use. Seals stay: each one bounds the
+    # writer just before it, should that writer's late PUT (a zombie's hedged copy) land.
     garbage = [data_key(where.prefix, d.writer, d.start_offset, d.end_offset) for d in chain.stale]
     garbage += [
         data_key(where.prefix, d.writer, d.start_offset, d.end_offset) for d in chain.trimmed
     ]
-    garbage += [key for s, key in seals if s.writer < owner.writer]
     garbage += [trim_key(where.prefix, t) for t in trims if t < chain.trim_offset]
     if garbage:
         try:
