@@ -17,6 +17,7 @@ from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.processes import (
     MIB,
+    STORE_COMPONENTS,
     ClusterConfig,
     ClusterError,
     LocalCluster,
@@ -65,6 +66,8 @@ _UP_FLAGS = (
     "session_timeout_ms",
     "wal_capacity_mib",
     "upload_interval_s",
+    "sasl",
+    "tls",
     "retention_check_interval_s",
     "wal",
 )
@@ -111,6 +114,18 @@ def up(
     upload_interval_s: float | None = typer.Option(
         None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"
     ),
+    sasl: bool = typer.Option(
+        False,
+        "--sasl/--no-sasl",
+        help="SASL_PLAINTEXT listeners (PLAIN, SCRAM-SHA-256/512) with ACLs; creates the "
+        "admin super user (its login: DIR/admin.credentials, mode 0600)",
+    ),
+    tls: bool = typer.Option(
+        False,
+        "--tls/--no-tls",
+        help="TLS on the Kafka listeners (SASL_SSL with --sasl, else SSL) with a generated "
+        "CA (DIR/tls/ca.pem: what clients trust) and broker certificate",
+    ),
     retention_check_interval_s: float | None = typer.Option(
         None,
         min=0.1,
@@ -143,6 +158,7 @@ def up(
     try:
         if cluster.exists():
             config = cluster.load()
+            cluster.ensure_api_secret(config)
             differ = flag_differences(config, **given)
             if differ:
                 fail(
@@ -173,22 +189,25 @@ def up(
                 if wal_capacity_mib is None
                 else wal_capacity_mib * 1024 * 1024,
                 upload_interval_s=upload_interval_s,
+                sasl=sasl,
+                tls=tls,
                 retention_check_interval_s=retention_check_interval_s,
                 wal=wal.value,
             )
             created = True
             missing = cluster.component_names(config)
             restarting = False
-        if "s3" in missing:
+        stores = [n for n in STORE_COMPONENTS if n in missing]
+        if stores:
             weed_binary()  # a clear error before anything starts
         cluster.check_ports(config, missing)
         if not config.embedded_s3 and "s3" not in was_running:
             for bucket in config.buckets:
                 check_bucket_reachable(bucket)
-        if "s3" in missing:
-            with waiting("starting the object store", format):
-                started.append("s3")
-                cluster.start_object_store(config)
+        if stores:
+            with waiting(f"starting the object store(s) {', '.join(stores)}", format):
+                started.extend(stores)
+                cluster.start_object_stores(config, stores)
         for c in config.controllers:
             if f"controller-{c.node_id}" in missing:
                 started.append(f"controller-{c.node_id}")
@@ -199,6 +218,8 @@ def up(
                 timeout_s,
                 "a controller leader",
             )
+        if config.sasl and cluster.admin_credentials() is None:
+            _create_admin_user(cluster, config)
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
@@ -240,6 +261,44 @@ def up(
     console.print(
         f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]", soft_wrap=True
     )
+    if config.sasl:
+        console.print(
+            f"{config.security_protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super "
+            f"user's login is in [bold]{escape(str(cluster.admin_credentials_path))}[/] "
+            "(mode 0600)",
+            soft_wrap=True,
+        )
+    if config.tls:
+        console.print(
+            f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
+            soft_wrap=True,
+        )
+
+
+def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
+    """The admin super user of a `--sasl` cluster: SCRAM credentials (both mechanisms; PLAIN
+    checks against them) in the metadata, its login in DIR/admin.credentials."""
+    from controlplane.client import ControllerClient
+    from controlplane.errors import ControllerError
+    from controlplane.requests import AlterScramCredentialsRequest
+    from controlplane.security import scram_upsertion
+
+    creds = cluster.create_admin_credentials(config)
+    client = ControllerClient(
+        config.quorum_config().api_addresses(), timeout_s=30, api_secret=config.api_secret
+    )
+    try:
+        client.alter_scram_credentials(
+            AlterScramCredentialsRequest(
+                upsertions=[
+                    scram_upsertion(creds["username"], m, creds["password"])
+                    for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                ]
+            )
+        )
+    except ControllerError as exc:
+        cluster.admin_credentials_path.unlink(missing_ok=True)
+        raise ClusterError(f"could not create the admin user: {exc}") from None
 
 
 def _start_over(cluster: LocalCluster) -> None:
@@ -535,6 +594,11 @@ def _print_status(status: dict) -> None:
             "[bold green]yes[/]" if b["active"] else "" if known else "unknown (no leader)",
         )
     console.print(bkt)
+    for store in status.get("object_stores", []):
+        console.print(
+            f"object store {store['name']} (buckets {store['bucket_ids']}): "
+            f"{store['endpoint']} pid {store['pid'] or '[bold red]not running[/]'}"
+        )
 
     def known_or_dash(key: str) -> str:
         return "-" if status.get(key) is None else str(status[key])

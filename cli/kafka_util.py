@@ -76,3 +76,39 @@ def client_error_text(exc: BaseException) -> str:
     if not text or text == name:
         return name
     return text if text.startswith(name) else f"{name}: {text}"  # kafka-python adds it itself
+
+
+def kafka_python_security(credentials: dict | None) -> dict:
+    """kafka-python/aiokafka settings from `LocalCluster.client_security()` (a SASL login
+    and/or the TLS CA); empty for a PLAINTEXT cluster."""
+    if not credentials:
+        return {}
+    out = {"security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
+    if "username" in credentials:
+        out.update(
+            sasl_mechanism=credentials["mechanism"],
+            sasl_plain_username=credentials["username"],
+            sasl_plain_password=credentials["password"],
+        )
+    if credentials.get("ssl_ca_file"):
+        out["ssl_cafile"] = credentials["ssl_ca_file"]
+    return out
+
+
+def librdkafka_security(credentials: dict | None) -> dict:
+    """confluent-kafka (librdkafka) settings from `LocalCluster.client_security()`; empty
+    for PLAINTEXT."""
+    if not credentials:
+        return {}
+    out = {"security.protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
+    if "username" in credentials:
+        out.update(
+            {
+                "sasl.mechanism": credentials["mechanism"],
+                "sasl.username": credentials["username"],
+                "sasl.password": credentials["password"],
+            }
+        )
+    if credentials.get("ssl_ca_file"):
+        out["ssl.ca.location"] = credentials["ssl_ca_file"]
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import balancer, broker, cluster, controller, reassign, topic
+from cli import balancer, broker, cluster, controller, failover, reassign, security, topic
 from cli.doctor import doctor
 from cli.perf import perf
 
@@ -49,6 +49,9 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(controller.app, name="controller")
 app.add_typer(reassign.app, name="reassign")
 app.add_typer(balancer.app, name="balancer")
+app.add_typer(failover.app, name="failover")
+app.add_typer(security.user_app, name="user")
+app.add_typer(security.acl_app, name="acl")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
     perf
 )

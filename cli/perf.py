@@ -19,7 +19,12 @@ from pathlib import Path
 
 import typer
 
-from cli.kafka_util import QUIET_RDKAFKA, check_reachable, client_error_text
+from cli.kafka_util import (
+    QUIET_RDKAFKA,
+    check_reachable,
+    client_error_text,
+    librdkafka_security,
+)
 from cli.output import console, fail, waiting, warn
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
@@ -54,8 +59,11 @@ class PerfRun:
         rate: float,
         producers: int,
         acks: str,
+        client_config: dict | None = None,
     ):
         self.bootstrap = bootstrap
+        # librdkafka settings every client gets (quiet logging, the cluster's SASL login)
+        self.client_config = client_config if client_config is not None else dict(QUIET_RDKAFKA)
         self.topics = topics
         self.record_size = max(record_size, 16)
         self.rate = rate
@@ -93,7 +101,7 @@ class PerfRun:
                 "linger.ms": 2,
                 "enable.idempotence": self.acks == "all",
                 "queue.buffering.max.kbytes": 262144,
-                **QUIET_RDKAFKA,
+                **self.client_config,
             }
         )
         pad = b"x" * (self.record_size - 8)
@@ -148,7 +156,7 @@ class PerfRun:
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": True,
                 "fetch.max.bytes": 64 * 1024 * 1024,
-                **QUIET_RDKAFKA,
+                **self.client_config,
             }
         )
         consumer.subscribe(self.topics)
@@ -212,7 +220,14 @@ def perf(
         fail(str(exc))
     run_id = uuid.uuid4().hex[:6]
     names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
-    admin = AdminClient({"bootstrap.servers": bootstrap_server, **QUIET_RDKAFKA})
+    try:
+        client_config = {
+            **QUIET_RDKAFKA,
+            **librdkafka_security(LocalCluster(dir).client_security()),
+        }
+    except ClusterError as exc:
+        fail(str(exc))
+    admin = AdminClient({"bootstrap.servers": bootstrap_server, **client_config})
     try:
         with waiting(f"creating {len(names)} topics"):
             for _name, fut in admin.create_topics(
@@ -242,6 +257,7 @@ def perf(
             interval_s,
             acks,
             summary_file,
+            client_config,
         )
     finally:
         if cleanup:
@@ -280,8 +296,9 @@ def _run(
     interval_s: float,
     acks: str,
     summary_file: Path | None,
+    client_config: dict | None = None,
 ) -> None:
-    run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks)
+    run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks, client_config)
     threads = [
         threading.Thread(target=run.produce_loop, args=(i,), daemon=True) for i in range(producers)
     ]

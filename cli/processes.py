@@ -4,6 +4,8 @@ Layout of a cluster directory:
 
     cluster.json          the cluster's config (ports, secrets; mode 0600)
     quorum.json           what controllers read (mode 0600)
+    controller-api.secret the controller API's bearer secret (mode 0600; controlplane/auth.py)
+    admin.credentials     with --sasl: the admin (super) user's SASL login, JSON (mode 0600)
     controller-N/         a controller's Raft journal and snapshot
     broker-N/             a broker's config and data (WAL)
     s3/                   the embedded object store's data
@@ -20,6 +22,7 @@ config (`controlplane.server --config DIR/quorum.json --node-id N`,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -33,6 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import (
@@ -45,11 +49,17 @@ from dataplane.objectstore.seaweed import (
     wait_seaweed_ready,
 )
 
+ADMIN_USER = "admin"
+ADMIN_CREDENTIALS_FILE = "admin.credentials"
 DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 STOP_TIMEOUT_S = 15.0
 # after SIGKILL: a process killed in the middle of an fsync can take seconds to go
 KILL_WAIT_S = 30.0
 _POLL_S = 0.02
+
+
+FAILOVER_STORE = "s3-failover"  # the component name of the failover bucket's store
+STORE_COMPONENTS = ("s3", FAILOVER_STORE)
 
 
 class ClusterError(RuntimeError):
@@ -71,8 +81,15 @@ class ClusterConfig(BaseModel):
     controllers: list[ControllerAddress]
     brokers: list[BrokerSpec]
     password: str
+    # the controller API's bearer secret; None only in configs written before it existed
+    # (`cluster up` then adds one: LocalCluster.ensure_api_secret)
+    api_secret: str | None = None
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     embedded_s3: dict | None = None  # SeaweedConfig JSON when the store is embedded
+    # the second embedded store (component "s3-failover", bucket 1): a separate process
+    # with its own data dir, so the main store can fail alone. None in configs written
+    # before it existed (their one store holds both buckets)
+    embedded_s3_failover: dict | None = None
     buckets: list[BucketConfig] = Field(default_factory=list)
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
@@ -83,11 +100,25 @@ class ClusterConfig(BaseModel):
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
+    # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
+    # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
+    sasl: bool = False
+    tls: bool = False
+
+    @property
+    def security_protocol(self) -> str:
+        return {
+            (True, True): "SASL_SSL",
+            (True, False): "SASL_PLAINTEXT",
+            (False, True): "SSL",
+            (False, False): "PLAINTEXT",
+        }[(self.sasl, self.tls)]
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
             controllers=self.controllers,
             password=self.password,
+            api_secret=self.api_secret,
             settings=self.settings,
             buckets=self.buckets,
         )
@@ -104,10 +135,36 @@ class ClusterConfig(BaseModel):
             ports[f"broker-{b.node_id} kafka"] = b.kafka_port
             if b.metrics_port:
                 ports[f"broker-{b.node_id} metrics"] = b.metrics_port
-        if self.embedded_s3:
-            for name, port in self.embedded_s3["ports"].items():
-                ports[f"s3 {name}"] = port
+        for component, store in self.embedded_stores().items():
+            for name, port in store["ports"].items():
+                ports[f"{component} {name}"] = port
         return ports
+
+    def embedded_stores(self) -> dict[str, dict]:
+        """Component name -> SeaweedConfig JSON of every embedded object store."""
+        stores = {}
+        if self.embedded_s3:
+            stores["s3"] = self.embedded_s3
+        if self.embedded_s3_failover:
+            stores[FAILOVER_STORE] = self.embedded_s3_failover
+        return stores
+
+    def object_stores(self, pids: dict[str, int]) -> list[dict]:
+        """`cluster status`'s `object_stores`: name, bucket ids, pid, endpoint of each
+        embedded store (empty for external buckets)."""
+        out = []
+        for component, store in self.embedded_stores().items():
+            endpoint = SeaweedConfig.from_json(store).endpoint
+            out.append(
+                {
+                    "name": "main" if component == "s3" else "failover",
+                    "component": component,
+                    "bucket_ids": [b.bucket_id for b in self.buckets if endpoint in b.uri],
+                    "pid": pids.get(component),
+                    "endpoint": endpoint,
+                }
+            )
+        return out
 
 
 def redact_uri(uri: str) -> str:
@@ -216,7 +273,10 @@ def component_of(
     if argv and os.path.basename(argv[0]) == "weed" and "mini" in argv[1:]:
         data = resolved(_option(argv[1:], "-dir", "--dir"))
         want = os.path.realpath(s3_data_dir or os.path.join(root, "s3"))
-        return "s3" if data == os.path.join(want, "data") else None
+        if data == os.path.join(want, "data"):
+            return "s3"
+        failover = os.path.join(os.path.dirname(want), FAILOVER_STORE)
+        return FAILOVER_STORE if data == os.path.join(failover, "data") else None
     return None
 
 
@@ -311,7 +371,7 @@ class LocalCluster:
         return self.dir / "pids" / f"{name}.pid"
 
     def component_names(self, config: ClusterConfig) -> list[str]:
-        names = ["s3"] if config.embedded_s3 else []
+        names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
         return names
@@ -326,6 +386,8 @@ class LocalCluster:
         session_timeout_ms: int,
         wal_capacity_bytes: int | None = None,
         upload_interval_s: float | None = None,
+        sasl: bool = False,
+        tls: bool = False,
         retention_check_interval_s: float | None = None,
         wal: Literal["file", "s3"] = "file",
     ) -> ClusterConfig:
@@ -338,7 +400,8 @@ class LocalCluster:
             )
         if not azs:
             raise ClusterError("at least one AZ name is needed")
-        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 10)
+        # two embedded stores (main: bucket 0, failover: bucket 1), 10 ports each
+        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 20)
         # the object store's admin gRPC port is its admin port + ADMIN_GRPC_OFFSET
         top = 65535 - needed - (0 if bucket_uris else ADMIN_GRPC_OFFSET)
         if base_port is not None:
@@ -366,25 +429,31 @@ class LocalCluster:
         ]
         off += brokers * 2
         embedded: dict | None = None
+        embedded_failover: dict | None = None
         if bucket_uris:
             buckets = _external_buckets(bucket_uris)
         else:
-            s3 = SeaweedConfig.generate(self.dir / "s3")
-            s3.ports = dict(zip(s3.ports, ports[off : off + 10]))
-            if base_port is None:
-                s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
-            else:
-                s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
-            embedded = s3.to_json()
-            buckets = [
-                BucketConfig(
-                    bucket_id=i,
-                    uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
-                    access_key=s3.access_key,
-                    secret_key=s3.secret_key,
+            buckets = []
+            stores = []
+            for i, (component, name) in enumerate(
+                (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
+            ):
+                s3 = SeaweedConfig.generate(self.dir / component, buckets=[name])
+                s3.ports = dict(zip(s3.ports, ports[off + 10 * i : off + 10 * (i + 1)]))
+                if base_port is None:
+                    s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
+                else:
+                    s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+                stores.append(s3.to_json())
+                buckets.append(
+                    BucketConfig(
+                        bucket_id=i,
+                        uri=f"{i}@s3://{name}?region=us-east-1&endpoint={s3.endpoint}",
+                        access_key=s3.access_key,
+                        secret_key=s3.secret_key,
+                    )
                 )
-                for i, name in enumerate(s3.buckets)
-            ]
+            embedded, embedded_failover = stores
         settings = ControllerSettings(
             bucket_ids=[b.bucket_id for b in buckets], broker_session_timeout_ms=session_timeout_ms
         )
@@ -393,8 +462,10 @@ class LocalCluster:
             controllers=ctrl,
             brokers=brk,
             password=secrets.token_urlsafe(24),
+            api_secret=generate_secret(),
             settings=settings,
             embedded_s3=embedded,
+            embedded_s3_failover=embedded_failover,
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
@@ -402,7 +473,14 @@ class LocalCluster:
             broker_wal=wal,
             azs=list(azs),
             base_port=base_port,
+            sasl=sasl,
+            tls=tls,
         )
+        if tls:
+            from cli.tls import generate_ca_and_server_cert
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            generate_ca_and_server_cert(self.tls_dir, ips=[host], dns_names=["localhost"])
         self.save(config)
         self.incomplete_path.write_text(
             "the first `cluster up` of this directory has not finished\n"
@@ -411,7 +489,61 @@ class LocalCluster:
 
     def save(self, config: ClusterConfig) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)  # WAL, journal, logs and secrets: the owner's only
         _write_private(self.config_path, config.model_dump_json(indent=2))
+        if config.api_secret:
+            _write_private(self.api_secret_path, config.api_secret + "\n")
+
+    @property
+    def api_secret_path(self) -> Path:
+        """The controller API secret's file (for clients: AUTOMQ_CONTROLLER_SECRET_FILE)."""
+        return self.dir / SECRET_FILE_NAME
+
+    @property
+    def admin_credentials_path(self) -> Path:
+        return self.dir / ADMIN_CREDENTIALS_FILE
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    def create_admin_credentials(self, config: ClusterConfig) -> dict:
+        """A fresh admin login (user `admin`, a random password) saved 0600."""
+        creds = {
+            "username": ADMIN_USER,
+            "password": secrets.token_urlsafe(24),
+            "mechanism": "SCRAM-SHA-512",
+            "security_protocol": config.security_protocol,
+        }
+        if config.tls:
+            creds["ssl_ca_file"] = str(self.tls_dir / "ca.pem")
+        _write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
+        return creds
+
+    def client_security(self) -> dict | None:
+        """How the CLI's Kafka clients connect: the admin's SASL login (and the CA with
+        --tls), the CA alone on an SSL cluster, None for PLAINTEXT."""
+        creds = self.admin_credentials()
+        if creds is not None:
+            return creds
+        if self.exists() and self.load().tls:
+            return {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+        return None
+
+    def admin_credentials(self) -> dict | None:
+        """The admin's SASL login of a `--sasl` cluster (None if it has none)."""
+        try:
+            return json.loads(self.admin_credentials_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{self.admin_credentials_path} is unreadable: {exc}") from None
+
+    def ensure_api_secret(self, config: ClusterConfig) -> None:
+        """Give a config written before controller API auth existed its secret."""
+        if config.api_secret is None:
+            config.api_secret = generate_secret()
+            self.save(config)
 
     # ------------------------------------------------------------ processes
 
@@ -465,7 +597,9 @@ class LocalCluster:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        with open(log_path, "ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # logs of an older cluster were 0644
+        with os.fdopen(fd, "ab") as log:
             proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -474,6 +608,7 @@ class LocalCluster:
                 start_new_session=True,
                 cwd=str(cwd or self.dir),
                 env=env,
+                umask=0o077,  # WAL, journal and snapshots are not for other users
             )
         self._record_pid(name, proc.pid)
         return proc.pid
@@ -504,23 +639,41 @@ class LocalCluster:
                 "another --base-port / --dir"
             )
 
-    def start_object_store(self, config: ClusterConfig, timeout_s: float = 60.0) -> None:
-        if not config.embedded_s3:
-            return
-        s3 = SeaweedConfig.from_json(config.embedded_s3)
-        fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
-        if (
-            s3.ports.get("admin_grpc") != fixed
-            and fixed <= 65535
-            and not port_in_use(fixed, config.host)
-        ):
-            # a config written before: move the admin gRPC port to where weed's worker dials
-            s3.ports["admin_grpc"] = fixed
-            config.embedded_s3 = s3.to_json()
-            self.save(config)
-        proc = start_seaweed(s3, self.log_path("s3"))
-        self._record_pid("s3", proc.pid)
-        wait_seaweed_ready(s3, timeout_s, proc)
+    def start_object_store(
+        self, config: ClusterConfig, timeout_s: float = 60.0, name: str = "s3"
+    ) -> None:
+        """Start one embedded store (`s3`: the main one, `s3-failover`)."""
+        self.start_object_stores(config, [name], timeout_s)
+
+    def start_object_stores(
+        self, config: ClusterConfig, names: list[str], timeout_s: float = 60.0
+    ) -> None:
+        """Start the embedded stores `names` at once, then wait until each answers."""
+        started = []
+        for name in names:
+            store = config.embedded_stores().get(name)
+            if not store:
+                continue
+            s3 = SeaweedConfig.from_json(store)
+            fixed = s3.ports["admin"] + ADMIN_GRPC_OFFSET
+            if (
+                s3.ports.get("admin_grpc") != fixed
+                and fixed <= 65535
+                and not port_in_use(fixed, config.host)
+            ):
+                # a config written before: move the admin gRPC port to where weed's worker
+                # dials
+                s3.ports["admin_grpc"] = fixed
+                if name == "s3":
+                    config.embedded_s3 = s3.to_json()
+                else:
+                    config.embedded_s3_failover = s3.to_json()
+                self.save(config)
+            proc = start_seaweed(s3, self.log_path(name))
+            self._record_pid(name, proc.pid)
+            started.append((s3, proc))
+        for s3, proc in started:
+            wait_seaweed_ready(s3, timeout_s, proc)
 
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
         qpath = self.dir / "quorum.json"
@@ -567,6 +720,11 @@ class LocalCluster:
             controllers=config.quorum_config().api_addresses(),
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
             metrics_port=spec.metrics_port or 0,
+            controller_api_secret=config.api_secret,
+            sasl_enabled=config.sasl,
+            super_users=[f"User:{ADMIN_USER}"] if config.sasl else [],
+            tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
+            tls_key_file=self.tls_dir / "server.key" if config.tls else None,
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -608,7 +766,7 @@ class LocalCluster:
         stopped = []
         order = [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
-        order += [n for n in self.component_names(config) if n == "s3"]
+        order += [n for n in self.component_names(config) if n in STORE_COMPONENTS]
         for name in order:
             try:
                 if self.stop(name, timeout_s):
@@ -657,7 +815,18 @@ class LocalCluster:
             pass  # not empty: the operator's own files
 
 
-_OWN_ENTRIES = {"cluster.json", "quorum.json", "up-incomplete", "s3", "logs", "pids"}
+_OWN_ENTRIES = {
+    "cluster.json",
+    "quorum.json",
+    SECRET_FILE_NAME,
+    "admin.credentials",
+    "tls",
+    "up-incomplete",
+    "s3",
+    FAILOVER_STORE,
+    "logs",
+    "pids",
+}
 
 MIB = 1024 * 1024
 
@@ -688,6 +857,8 @@ def flag_differences(
     session_timeout_ms: int | None = None,
     wal_capacity_mib: int | None = None,
     upload_interval_s: float | None = None,
+    sasl: bool | None = None,
+    tls: bool | None = None,
     retention_check_interval_s: float | None = None,
     wal: str | None = None,
 ) -> list[str]:
@@ -742,6 +913,14 @@ def flag_differences(
         have_s = config.broker_upload_interval_s or UPLOAD_INTERVAL_S
         if upload_interval_s != have_s:
             out.append(f"--upload-interval-s {upload_interval_s:g} (the cluster has {have_s:g})")
+    if sasl is not None and sasl != config.sasl:
+        out.append(
+            f"--{'' if sasl else 'no-'}sasl (the cluster has SASL {'on' if config.sasl else 'off'})"
+        )
+    if tls is not None and tls != config.tls:
+        out.append(
+            f"--{'' if tls else 'no-'}tls (the cluster has TLS {'on' if config.tls else 'off'})"
+        )
     if retention_check_interval_s is not None:
         have_s = config.broker_retention_check_interval_s or RETENTION_CHECK_INTERVAL_MS / 1000
         if retention_check_interval_s != have_s:

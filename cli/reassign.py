@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.kafka_util import librdkafka_security
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 from cli.reassign_plan import (
@@ -64,6 +65,7 @@ PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 def _client(dir: Path, controllers: str | None):
     from controlplane.client import ControllerClient
 
+    secret = None  # with --controllers: AUTOMQ_CONTROLLER_SECRET(_FILE) (controlplane/auth.py)
     if controllers:
         addresses = [a.strip() for a in controllers.split(",") if a.strip()]
         bad = [a for a in addresses if ":" not in a or not a.rsplit(":", 1)[1].isdigit()]
@@ -71,10 +73,17 @@ def _client(dir: Path, controllers: str | None):
             fail(f"--controllers must be host:port,... (bad: {', '.join(bad) or 'empty'})")
     else:
         try:
-            addresses = LocalCluster(dir).load().quorum_config().api_addresses()
+            config = LocalCluster(dir).load()
         except ClusterError as exc:
             fail(f"{exc}; or pass --controllers host:port,...")
-    return ControllerClient(addresses, timeout_s=15.0, request_timeout_s=10.0)
+        addresses = config.quorum_config().api_addresses()
+        secret = config.api_secret
+    try:
+        return ControllerClient(
+            addresses, timeout_s=15.0, request_timeout_s=10.0, api_secret=secret
+        )
+    except (OSError, ValueError) as exc:
+        fail(f"controller API secret: {exc}")
 
 
 def _image(client):
@@ -201,7 +210,7 @@ def _end_offsets(
 
 
 def _sample_rates(
-    image, keys: list[tuple[str, int]], sample_s: float
+    image, keys: list[tuple[str, int]], sample_s: float, credentials: dict | None = None
 ) -> dict[tuple[str, int], float]:
     """Produce rate per partition: Kafka ListOffsets (latest) twice, `sample_s` apart, against
     the brokers' listeners as registered in the image."""
@@ -210,7 +219,13 @@ def _sample_rates(
     bootstrap = ",".join(f"{b.host}:{b.kafka_port}" for b in image.brokers.values() if not b.fenced)
     if not bootstrap:
         fail("no unfenced broker to measure produce rates with")
-    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl-reassign"})
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automqctl-reassign",
+            **librdkafka_security(credentials),
+        }
+    )
     try:
         t0 = time.monotonic()
         before = _end_offsets(admin, keys, 15.0)
@@ -278,7 +293,11 @@ def plan(
         fail("the topics have no partitions")
     rates: dict[tuple[str, int], float] = {}
     if by == "throughput":
-        rates = _sample_rates(image, [a.key for a in mine], sample_s)
+        try:
+            credentials = None if controllers else LocalCluster(dir).client_security()
+        except ClusterError as exc:
+            fail(str(exc))
+        rates = _sample_rates(image, [a.key for a in mine], sample_s, credentials)
         proposal = plan_by_throughput(mine, rates, targets, tolerance)
     else:
         proposal = plan_by_count(mine, targets)

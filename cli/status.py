@@ -19,7 +19,9 @@ STATUS_TIMEOUT_S = 3.0
 def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     """Ask every controller for its view; brokers and heartbeats come from the leader."""
     addresses = config.quorum_config().api_addresses()
-    client = ControllerClient(addresses, request_timeout_s=STATUS_TIMEOUT_S)
+    client = ControllerClient(
+        addresses, request_timeout_s=STATUS_TIMEOUT_S, api_secret=config.api_secret
+    )
 
     def ask(address: str) -> dict | None:
         try:
@@ -152,6 +154,10 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             "embedded": bool(config.embedded_s3),
             "pid": pids.get("s3") if config.embedded_s3 else None,
         },
+        # every embedded store: main (bucket 0) and failover (bucket 1), separate processes
+        "object_stores": config.object_stores(pids),
+        # object-storage failover as the leader sees it (None without a leader)
+        "bucket_failover": (leader_view or {}).get("bucket_failover"),
         "topics": (leader_view or {}).get("topics"),
         "partitions": (leader_view or {}).get("partitions"),
         "metadata_offset": (leader_view or {}).get("metadata_offset"),

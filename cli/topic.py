@@ -8,7 +8,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.kafka_util import check_reachable, client_error_text
+from cli.kafka_util import (
+    check_reachable,
+    client_error_text,
+    kafka_python_security,
+    librdkafka_security,
+)
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
@@ -40,7 +45,7 @@ def _bootstrap(bootstrap: str | None, dir: Path) -> str:
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _admin(bootstrap: str):
+def _admin(bootstrap: str, dir: Path):
     from kafka import KafkaAdminClient
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -52,6 +57,7 @@ def _admin(bootstrap: str):
                 client_id="automqctl",
                 request_timeout_ms=30_000,
                 bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000),
+                **kafka_python_security(_credentials(dir)),
             )
     except (ConnectionError, ValueError) as exc:
         fail(str(exc))
@@ -82,7 +88,7 @@ def _describe(admin, names: list[str] | None) -> list[dict]:
     return out
 
 
-def _add_partition_storage(bootstrap: str, topic: dict) -> None:
+def _add_partition_storage(bootstrap: str, topic: dict, dir: Path) -> None:
     """Each partition's log start offset, end offset (ListOffsets) and object-store bytes
     (DescribeLogDirs, from its leader); -1 where a broker could not say."""
     from kafka import KafkaAdminClient, TopicPartition
@@ -92,7 +98,11 @@ def _add_partition_storage(bootstrap: str, topic: dict) -> None:
     for p in topic["partitions"]:
         p.update(log_start_offset=-1, end_offset=-1, object_store_bytes=-1)
     by_index = {p["partition"]: p for p in topic["partitions"]}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=15_000,
+        **kafka_python_security(_credentials(dir)),
+    )
     try:
         tps = [TopicPartition(name, i) for i in by_index]
         for key, spec in (
@@ -129,19 +139,33 @@ def _parse_configs(items: list[str]) -> dict[str, str]:
     return configs
 
 
-def _confluent_admin(bootstrap: str):
+def _confluent_admin(bootstrap: str, dir: Path):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "client.id": "automqctl"})
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automqctl",
+            **librdkafka_security(_credentials(dir)),
+        }
+    )
 
 
-def _topic_configs(bootstrap: str, name: str) -> dict[str, dict]:
+def _credentials(dir: Path) -> dict | None:
+    """The admin's SASL login of the cluster in `dir` (None: a PLAINTEXT cluster)."""
+    try:
+        return LocalCluster(dir).client_security()
+    except ClusterError as exc:
+        fail(str(exc))
+
+
+def _topic_configs(bootstrap: str, name: str, dir: Path) -> dict[str, dict]:
     """The topic's configs as DescribeConfigs answers them: value, source, read-only."""
     from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
     known = {s.value for s in ConfigSource}
     resource = ConfigResource(ResourceType.TOPIC, name)
-    admin = _confluent_admin(bootstrap)  # referenced until the result: its handle must live
+    admin = _confluent_admin(bootstrap, dir)  # referenced until the result: its handle must live
     try:
         entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -172,7 +196,7 @@ def create(
     from kafka.errors import KafkaError as ClientError
 
     configs = _parse_configs(config)
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
     except ClientError as exc:
@@ -191,7 +215,7 @@ def list_(
     format: OutputFormat = FormatOption,
 ) -> None:
     """List topics."""
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         topics = sorted(_describe(admin, None), key=lambda t: t["name"])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -220,7 +244,7 @@ def describe(
     """Partitions of a topic with their leaders, and its configs (the table shows the ones
     set on the topic; --format json lists every config with its value in force)."""
     bootstrap = _bootstrap(bootstrap_server, dir)
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, dir)
     try:
         [topic] = _describe(admin, [name])
     except Exception as exc:  # kafka-python: KafkaError subclasses, timeouts, OSError
@@ -229,8 +253,8 @@ def describe(
         admin.close()
     if topic["error_code"]:
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
-    topic["configs"] = _topic_configs(bootstrap, name)
-    _add_partition_storage(bootstrap, topic)
+    topic["configs"] = _topic_configs(bootstrap, name, dir)
+    _add_partition_storage(bootstrap, topic, dir)
     if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
@@ -290,7 +314,7 @@ def alter(
         ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()
     ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
     resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
-    admin = _confluent_admin(_bootstrap(bootstrap_server, dir))
+    admin = _confluent_admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
     except Exception as exc:
@@ -311,7 +335,7 @@ def delete(
     """Delete a topic and its data."""
     from kafka.errors import KafkaError as ClientError
 
-    admin = _admin(_bootstrap(bootstrap_server, dir))
+    admin = _admin(_bootstrap(bootstrap_server, dir), dir)
     try:
         admin.delete_topics([name])
     except ClientError as exc:

@@ -11,6 +11,11 @@ GET  /v1/balancer             the self-balancer's state (leader only: it has the
 GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
 GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
 GET  /metrics                 Prometheus text format
+
+Every route needs `Authorization: Bearer <cluster secret>` when the quorum config has an
+`api_secret` (controlplane/auth.py): without it or with a wrong one the answer is 401 before
+anything is read or changed, the attempt is logged with the client address and counted in
+`controller_api_unauthorized_total`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, urlparse
 
+from prometheus_client import Counter
+
+from controlplane.auth import is_authorized
 from controlplane.config import QuorumConfig
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.quorum import MetadataQuorum
@@ -37,6 +45,11 @@ MAX_LONG_POLL_MS = 30_000
 MAX_LOG_RECORDS_PER_READ = 5_000
 # commands only the leader's own timers submit (their bodies carry the leader's decisions)
 INTERNAL_COMMANDS = frozenset({"lifecycle_tick", "balance_partitions"})
+
+UNAUTHORIZED = Counter(
+    "controller_api_unauthorized_total",
+    "Controller API requests refused for a missing or wrong credential",
+)
 
 _STATUS_FOR_ERROR = {
     ErrorCode.NOT_CONTROLLER: 421,
@@ -95,7 +108,32 @@ class _Handler(BaseHTTPRequestHandler):
             body["error"].update(extra)
         self._send(_STATUS_FOR_ERROR.get(exc.code, 409), body)
 
+    def _authorized(self) -> bool:
+        """Answer 401 (and close: the body is not read) unless the request carries the
+        cluster's secret."""
+        if is_authorized(self.headers.get("Authorization"), self.server.node.config.api_secret):
+            return True
+        UNAUTHORIZED.inc()
+        log.warning(
+            "refused %s %s from %s: missing or wrong credential",
+            self.command,
+            urlparse(self.path).path,
+            self.client_address[0],
+        )
+        self.close_connection = True
+        self.send_response(401)
+        body = b'{"error": {"code": "UNAUTHORIZED", "message": "missing or wrong credential"}}'
+        self.send_header("WWW-Authenticate", 'Bearer realm="automq-controller"')
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        return False
+
     def _guarded(self, fn) -> None:
+        if not self._authorized():
+            return
         if not self.server.slots.acquire(timeout=5):
             self._send(503, ControllerError(ErrorCode.TIMEOUT, "controller busy").to_dict())
             return

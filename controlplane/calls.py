@@ -19,6 +19,8 @@ from controlplane.requests import (
     AllocateProducerIdsResponse,
     AlterBrokerConfigsRequest,
     AlterBrokerConfigsResponse,
+    AlterScramCredentialsRequest,
+    AlterScramCredentialsResponse,
     AlterTopicConfigsRequest,
     AlterTopicConfigsResponse,
     BrokerHeartbeatRequest,
@@ -29,11 +31,14 @@ from controlplane.requests import (
     CompleteWALFailoverRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateStreamRequest,
     CreateStreamResponse,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteTopicRequest,
     FenceBrokerRequest,
     OpenStreamRequest,
@@ -41,10 +46,13 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
+    PutTxnStateRequest,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
     RegisterCompactorRequest,
     RegisterCompactorResponse,
+    SetActiveBucketRequest,
+    SetActiveBucketResponse,
     TrimStreamRequest,
     _Request,
     validation_message,
@@ -186,8 +194,34 @@ class ControllerCalls:
     ) -> RegisterCompactorResponse:
         return self._typed(req, RegisterCompactorResponse, timeout_s)
 
+    def set_active_bucket(
+        self, req: SetActiveBucketRequest, timeout_s: float | None = None
+    ) -> SetActiveBucketResponse:
+        """Switch the bucket new objects go to (object-storage failover)."""
+        return self._typed(req, SetActiveBucketResponse, timeout_s)
+
     # groups
     def put_group_offsets(
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
         self.send(req, timeout_s)
+
+    # transactions
+    def put_txn_state(self, req: PutTxnStateRequest, timeout_s: float | None = None) -> None:
+        self.send(req, timeout_s)
+
+    # ------------------------------------------------------------ security (controlplane/security.py)
+
+    def alter_scram_credentials(
+        self, req: AlterScramCredentialsRequest, timeout_s: float | None = None
+    ) -> AlterScramCredentialsResponse:
+        return self._typed(req, AlterScramCredentialsResponse, timeout_s)
+
+    def create_acls(self, req: CreateAclsRequest, timeout_s: float | None = None) -> int:
+        """Add ACLs; the metadata offset that holds them."""
+        return int(self.send(req, timeout_s)["metadata_offset"])
+
+    def delete_acls(
+        self, req: DeleteAclsRequest, timeout_s: float | None = None
+    ) -> DeleteAclsResponse:
+        return self._typed(req, DeleteAclsResponse, timeout_s)

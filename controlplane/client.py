@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel
 
+from controlplane.auth import bearer_header, secret_from_env
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 
@@ -32,15 +33,24 @@ class ControllerUnavailableError(ControllerError):
 class ControllerClient(ControllerCalls):
     """The controller API over HTTP (typed commands from `ControllerCalls`).
 
+    `api_secret` is the cluster's controller API secret (controlplane/auth.py); None takes it
+    from AUTOMQ_CONTROLLER_SECRET / AUTOMQ_CONTROLLER_SECRET_FILE if set.
+
     Thread-safety: safe to share; each call opens its own connection, and the remembered
     leader is a plain reference.
     """
 
     def __init__(
-        self, api_addresses: list[str], timeout_s: float = 15.0, request_timeout_s: float = 10.0
+        self,
+        api_addresses: list[str],
+        timeout_s: float = 15.0,
+        request_timeout_s: float = 10.0,
+        api_secret: str | None = None,
     ):
         if not api_addresses:
             raise ValueError("at least one controller API address is needed")
+        secret = api_secret if api_secret is not None else secret_from_env()
+        self._auth_headers = bearer_header(secret) if secret else {}
         self.addresses = list(api_addresses)
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
@@ -55,9 +65,15 @@ class ControllerClient(ControllerCalls):
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         try:
             headers = {"Content-Type": "application/json"} if body is not None else {}
-            conn.request(method, path, body=body, headers=headers)
+            conn.request(method, path, body=body, headers={**headers, **self._auth_headers})
             resp = conn.getresponse()
             raw = resp.read()
+            if resp.status == 401:
+                raise ControllerError(
+                    ErrorCode.UNAUTHORIZED,
+                    f"controller {address} refused the credential (set the cluster's secret: "
+                    "AUTOMQ_CONTROLLER_SECRET or AUTOMQ_CONTROLLER_SECRET_FILE)",
+                )
             return resp.status, json.loads(raw) if raw else {}
         finally:
             conn.close()

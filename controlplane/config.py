@@ -47,6 +47,11 @@ class BucketConfig(BaseModel):
 class QuorumConfig(BaseModel):
     controllers: list[ControllerAddress]
     password: str = Field(min_length=16)
+    # the controller API's bearer secret (controlplane/auth.py); None: the API is open
+    # (in-process test quorums only: `cluster up` always sets one)
+    api_secret: str | None = Field(default=None, min_length=16)
+    # a controller API on a non-loopback address without api_secret refuses to start unless set
+    allow_insecure: bool = False
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     buckets: list[BucketConfig] = Field(default_factory=list)
     # the leader's self-balancer (limits and thresholds; on/off is in the metadata)

@@ -33,10 +33,12 @@ from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import REGISTERED_REASON, require_active_broker
 from controlplane.image import BrokerState, MetadataImage
-from controlplane.requests import PutGroupOffsetsRequest
+from controlplane.requests import PutGroupOffsetsRequest, PutTxnStateRequest
 
 #: KV key prefix of the committed-offsets document of a group (`<prefix><group id>`)
 GROUP_OFFSETS_KEY_PREFIX = "group-offsets/"
+#: KV key prefix of a transactional id's state document (`<prefix><transactional id>`)
+TXN_STATE_KEY_PREFIX = "txn-state/"
 
 #: record types that change which brokers may own slots
 BROKER_RECORD_TYPES = frozenset(
@@ -201,5 +203,42 @@ def put_group_offsets(image: MetadataImage, req: PutGroupOffsetsRequest, now_ms:
         )
     return (
         [r.KVRecord(key=GROUP_OFFSETS_KEY_PREFIX + req.group_id, value=req.value)],
+        {"slot": slot, "coordinator_epoch": state.epoch},
+    )
+
+
+# ---------------------------------------------------------------- transactions
+
+
+def txn_coordinator(image: MetadataImage, transactional_id: str) -> int | None:
+    """The broker coordinating `transactional_id`. Transaction coordinators use the same
+    slots as group coordinators (Kafka's `__transaction_state` has 50 partitions placed like
+    `__consumer_offsets`, with the same hash), so one slot move moves both."""
+    return group_coordinator(image, transactional_id)
+
+
+def _require_slot_owner(image: MetadataImage, key: str, node_id: int, epoch: int, what: str):
+    slot = slot_of(image, key)
+    state = image.coordinator_slots.get(slot) if slot is not None else None
+    if state is None or state.node_id != node_id or state.epoch != epoch:
+        current = "unassigned" if state is None else f"node {state.node_id} epoch {state.epoch}"
+        raise ControllerError(
+            ErrorCode.NOT_COORDINATOR,
+            f"node {node_id} at coordinator epoch {epoch} does not coordinate {what} "
+            f"{key!r} (slot {slot}: {current})",
+        )
+    return slot, state
+
+
+def put_txn_state(image: MetadataImage, req: PutTxnStateRequest, now_ms: int):
+    """Store (or delete) a transactional id's state: only the current owner of the id's
+    slot, at the slot's current epoch, may (NOT_COORDINATOR otherwise), so a coordinator
+    that lost the slot cannot overwrite what its successor decided."""
+    require_active_broker(image, req.node_id, req.node_epoch)
+    slot, state = _require_slot_owner(
+        image, req.transactional_id, req.node_id, req.coordinator_epoch, "transactional id"
+    )
+    return (
+        [r.KVRecord(key=TXN_STATE_KEY_PREFIX + req.transactional_id, value=req.value)],
         {"slot": slot, "coordinator_epoch": state.epoch},
     )

@@ -40,6 +40,8 @@ class ErrorCode(str, Enum):
     STALE_COMPACTOR_EPOCH = "STALE_COMPACTOR_EPOCH"
     # a topic config key or value the schema refuses (controlplane/topic_configs.py)
     INVALID_CONFIG = "INVALID_CONFIG"
+    # the controller API refused the credential (HTTP 401; controlplane/auth.py)
+    UNAUTHORIZED = "UNAUTHORIZED"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

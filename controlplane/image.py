@@ -127,6 +127,24 @@ class StreamObjectState(BaseModel):
     committed_ms: int
 
 
+class BucketFailoverState(BaseModel):
+    """Object-storage failover: which bucket new objects go to, and why (AKIP-1).
+
+    `mode` is "normal" while the main bucket is active, "failover" otherwise; compaction and
+    object deletion pause in failover mode. `auto`: the controller's detection switched.
+    """
+
+    mode: str = "normal"
+    active_bucket_id: int = 0
+    since_ms: int = 0
+    reason: str = ""
+    auto: bool = False
+
+    @property
+    def in_failover(self) -> bool:
+        return self.mode == "failover"
+
+
 class RouteEpochState(BaseModel):
     current_epoch: int = 0
     fenced_epoch: int = -1
@@ -146,6 +164,8 @@ _KEYED_FIELDS = (
     "kv",
     "coordinator_slots",
     "compactors",
+    "scram_credentials",
+    "acls",
 )
 
 
@@ -196,6 +216,17 @@ class CompactorState(BaseModel):
     incarnation_id: str
 
 
+class ScramCredentialState(BaseModel):
+    """A user's SCRAM credential for one mechanism: salt, iterations and salted hashes."""
+
+    user: str
+    mechanism: str
+    salt: str  # base64
+    iterations: int
+    stored_key: str  # base64
+    server_key: str  # base64
+
+
 class CoordinatorSlotState(BaseModel):
     """The broker coordinating one slot's groups, and the slot's coordinator epoch."""
 
@@ -220,7 +251,8 @@ class MetadataImage(BaseModel):
     stream_set_objects: dict[int, StreamSetObjectState] = Field(default_factory=dict)
     stream_objects: dict[int, StreamObjectState] = Field(default_factory=dict)
     route_epoch: RouteEpochState = Field(default_factory=RouteEpochState)
-    active_bucket_id: int = 0
+    active_bucket_id: int = 0  # = bucket_failover.active_bucket_id (older readers use it)
+    bucket_failover: BucketFailoverState = Field(default_factory=BucketFailoverState)
     kv: dict[str, str] = Field(default_factory=dict)
     next_object_id: int = 0
     next_stream_id: int = 0
@@ -230,6 +262,10 @@ class MetadataImage(BaseModel):
     coordinator_slots: dict[int, CoordinatorSlotState] = Field(default_factory=dict)
     # compaction principals (Spark jobs) by name
     compactors: dict[str, CompactorState] = Field(default_factory=dict)
+    # SASL/SCRAM credentials by "MECHANISM:user" (controlplane/security.py: scram_key)
+    scram_credentials: dict[str, ScramCredentialState] = Field(default_factory=dict)
+    # ACLs by their canonical JSON (controlplane/security.py: acl_key)
+    acls: dict[str, r.AclBinding] = Field(default_factory=dict)
 
     # copy-on-write bookkeeping of an image being built by with_records(); None = this image
     # owns all of its containers (a fresh image, or apply() on an unpublished one)
@@ -493,6 +529,14 @@ class MetadataImage(BaseModel):
 
     def _apply_bucket_failover(self, rec: r.BucketFailoverRecord) -> None:
         self.active_bucket_id = rec.active_bucket_id
+        mode = rec.mode or ("normal" if rec.active_bucket_id == 0 else "failover")
+        self.bucket_failover = BucketFailoverState(
+            mode=mode,
+            active_bucket_id=rec.active_bucket_id,
+            since_ms=rec.changed_ms,
+            reason=rec.reason,
+            auto=rec.auto,
+        )
 
     def _apply_kv(self, rec: r.KVRecord) -> None:
         if rec.value is None:
@@ -518,6 +562,23 @@ class MetadataImage(BaseModel):
             rec.name,
             CompactorState(name=rec.name, epoch=rec.epoch, incarnation_id=rec.incarnation_id),
         )
+
+    def _apply_scram_credential(self, rec: r.ScramCredentialRecord) -> None:
+        self._put(
+            "scram_credentials",
+            f"{rec.mechanism}:{rec.user}",
+            ScramCredentialState(**rec.model_dump(exclude={"type"})),
+        )
+
+    def _apply_remove_scram_credential(self, rec: r.RemoveScramCredentialRecord) -> None:
+        self._pop("scram_credentials", f"{rec.mechanism}:{rec.user}")
+
+    def _apply_acl(self, rec: r.AclRecord) -> None:
+        key = rec.binding.model_dump_json()
+        if rec.removed:
+            self._pop("acls", key)
+        else:
+            self._put("acls", key, rec.binding)
 
     # ------------------------------------------------------------ queries (pure)
 

@@ -265,12 +265,19 @@ class RouteEpochRecord(_Record):
 
 
 class BucketFailoverRecord(_Record):
-    """Which bucket new objects go to (object-storage failover)."""
+    """Which bucket new objects go to (object-storage failover), since when and why.
+
+    `mode` is "normal" (the main bucket is active) or "failover"; "" in records written
+    before it existed, read as "normal" exactly when bucket 0 is active. `auto`: the
+    controller's detection decided it (not an operator).
+    """
 
     type: Literal["bucket_failover"] = "bucket_failover"
     active_bucket_id: int
     reason: str = ""
     changed_ms: int = 0
+    mode: str = ""
+    auto: bool = False
 
 
 class KVRecord(_Record):
@@ -299,6 +306,67 @@ class CompactorRecord(_Record):
     registered_ms: int
 
 
+# ---------------------------------------------------------------- security (controlplane/security.py)
+
+AclResourceType = Literal["TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID"]
+AclPatternType = Literal["LITERAL", "PREFIXED"]
+AclOperation = Literal[
+    "ALL",
+    "READ",
+    "WRITE",
+    "CREATE",
+    "DELETE",
+    "ALTER",
+    "DESCRIBE",
+    "CLUSTER_ACTION",
+    "DESCRIBE_CONFIGS",
+    "ALTER_CONFIGS",
+    "IDEMPOTENT_WRITE",
+]
+AclPermission = Literal["ALLOW", "DENY"]
+
+
+class AclBinding(BaseModel):
+    """One ACL as Kafka has it: who (principal `User:alice` or `User:*`, from host or `*`)
+    may or may not do what to which resources (a name, a prefix, or `*`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    resource_type: AclResourceType
+    resource_name: str = Field(min_length=1, max_length=1024)
+    pattern_type: AclPatternType = "LITERAL"
+    principal: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]+:.+")
+    host: str = Field(default="*", min_length=1, max_length=256)
+    operation: AclOperation
+    permission: AclPermission
+
+
+class ScramCredentialRecord(_Record):
+    """A user's SCRAM credential for one mechanism (RFC 5802: salted hashes only, never the
+    password). Replaces an earlier credential of the same user and mechanism."""
+
+    type: Literal["scram_credential"] = "scram_credential"
+    user: str
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    salt: str  # base64
+    iterations: int
+    stored_key: str  # base64 H(ClientKey)
+    server_key: str  # base64
+
+
+class RemoveScramCredentialRecord(_Record):
+    type: Literal["remove_scram_credential"] = "remove_scram_credential"
+    user: str
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class AclRecord(_Record):
+    """An ACL added (or, with `removed`, deleted)."""
+
+    type: Literal["acl"] = "acl"
+    binding: AclBinding
+    removed: bool = False
+
+
 MetadataRecord = Annotated[
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -325,7 +393,10 @@ MetadataRecord = Annotated[
     | KVRecord
     | NextIdsRecord
     | CoordinatorSlotsRecord
-    | CompactorRecord,
+    | CompactorRecord
+    | ScramCredentialRecord
+    | RemoveScramCredentialRecord
+    | AclRecord,
     Field(discriminator="type"),
 ]
 

@@ -10,6 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controlplane.records import AclBinding
+
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
 MAX_OBJECTS_PER_PREPARE = 1_000
@@ -68,6 +70,26 @@ class BrokerUploadStats(BaseModel):
     last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
 
 
+MAX_BUCKETS_PER_REPORT = 16
+
+
+class BucketWriteHealth(BaseModel):
+    """A broker's view of writes to one bucket (uploads and its probes), for detection.
+
+    `failing_for_ms`: time since the first failed write after the last successful one
+    (0: the last write succeeded); `healthy_for_ms`: time since the last failure.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    bucket_id: int = Field(ge=0)
+    failing_for_ms: int = Field(ge=0)
+    healthy_for_ms: int = Field(ge=0)
+    write_errors: int = Field(default=0, ge=0)
+    writes_ok: int = Field(default=0, ge=0)
+    last_latency_ms: float | None = Field(default=None, ge=0)
+    last_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
+
+
 class BrokerHeartbeatRequest(_Request):
     command: ClassVar[str] = "broker_heartbeat"
     node_id: int = Field(ge=0)
@@ -78,6 +100,10 @@ class BrokerHeartbeatRequest(_Request):
     # kept in the leader's memory only, never logged
     produce_bytes_per_s: dict[int, float] = Field(
         default_factory=dict, max_length=MAX_PARTITIONS_PER_BROKER_REPORT
+    )
+    # write health per bucket (object-storage failover detection); leader memory only
+    bucket_health: list[BucketWriteHealth] = Field(
+        default_factory=list, max_length=MAX_BUCKETS_PER_REPORT
     )
     # Kafka's WantFence: a broker still starting (opening its WAL, replaying metadata) keeps
     # its session alive but stays fenced, so a slow start never expires its registration
@@ -344,9 +370,22 @@ class DeletedObjectsRequest(_Request):
 
 
 class SetActiveBucketRequest(_Request):
+    """Switch the bucket new objects go to (object-storage failover), by hand or by the
+    leader's detection (`auto`). `only_if_active`: apply only if this bucket is still the
+    active one (the detection's decision must not undo an operator's switch made since)."""
+
     command: ClassVar[str] = "set_active_bucket"
     bucket_id: int = Field(ge=0)
     reason: str = Field(default="", max_length=256)
+    auto: bool = False
+    only_if_active: int | None = Field(default=None, ge=0)
+
+
+class SetActiveBucketResponse(BaseModel):
+    mode: str
+    active_bucket_id: int
+    since_ms: int
+    changed: bool
 
 
 class PutKVRequest(_Request):
@@ -503,6 +542,105 @@ class AlterTopicConfigsResponse(BaseModel):
 
 
 REQUEST_TYPES.update({AlterTopicConfigsRequest.command: AlterTopicConfigsRequest})
+
+
+# ---------------------------------------------------------------- transactions (coordinators.py)
+
+
+class PutTxnStateRequest(_Request):
+    """A transaction coordinator stores (value) or deletes (None) one transactional id's
+    state document; fenced by the id's coordinator slot (owner and epoch), as group offsets
+    are."""
+
+    command: ClassVar[str] = "put_txn_state"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    transactional_id: str = Field(min_length=1, max_length=1024)
+    coordinator_epoch: int = Field(ge=0)
+    value: str | None = Field(default=None, max_length=1_000_000)
+
+
+REQUEST_TYPES.update({PutTxnStateRequest.command: PutTxnStateRequest})
+
+
+# ---------------------------------------------------------------- security (controlplane/security.py)
+# kept in one block at the end so parallel additions above merge cleanly
+
+MAX_SECURITY_ITEMS = 1000  # SCRAM changes or ACLs per command
+
+
+class ScramUpsertion(BaseModel):
+    """A user's new SCRAM credential for one mechanism (salted hashes, never a password)."""
+
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=256)
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    salt: str = Field(min_length=4, max_length=1024)  # base64
+    iterations: int = Field(ge=4096, le=16384)  # Kafka's bounds
+    stored_key: str = Field(min_length=4, max_length=1024)  # base64
+    server_key: str = Field(min_length=4, max_length=1024)  # base64
+
+
+class ScramDeletion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=256)
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class AlterScramCredentialsRequest(_Request):
+    """Add, replace or delete SCRAM credentials (AlterUserScramCredentials, `user add`)."""
+
+    command: ClassVar[str] = "alter_scram_credentials"
+    upsertions: list[ScramUpsertion] = Field(default_factory=list, max_length=MAX_SECURITY_ITEMS)
+    deletions: list[ScramDeletion] = Field(default_factory=list, max_length=MAX_SECURITY_ITEMS)
+
+
+class ScramAlterResult(BaseModel):
+    user: str
+    mechanism: str
+    error: str | None = None  # "RESOURCE_NOT_FOUND" for a deletion of nothing
+    message: str = ""
+
+
+class AlterScramCredentialsResponse(BaseModel):
+    results: list[ScramAlterResult]
+    metadata_offset: int = -1
+
+
+class CreateAclsRequest(_Request):
+    command: ClassVar[str] = "create_acls"
+    bindings: list[AclBinding] = Field(min_length=1, max_length=MAX_SECURITY_ITEMS)
+
+
+class AclFilter(BaseModel):
+    """Which ACLs a delete (or describe) means: a None field matches any value."""
+
+    model_config = ConfigDict(extra="forbid")
+    resource_type: str | None = None
+    resource_name: str | None = None
+    pattern_type: str | None = None
+    principal: str | None = None
+    host: str | None = None
+    operation: str | None = None
+    permission: str | None = None
+
+
+class DeleteAclsRequest(_Request):
+    command: ClassVar[str] = "delete_acls"
+    filters: list[AclFilter] = Field(min_length=1, max_length=MAX_SECURITY_ITEMS)
+
+
+class DeleteAclsResponse(BaseModel):
+    matches: list[list[AclBinding]]  # per filter: the ACLs it deleted
+    metadata_offset: int = -1
+
+
+REQUEST_TYPES.update(
+    {
+        cls.command: cls
+        for cls in (AlterScramCredentialsRequest, CreateAclsRequest, DeleteAclsRequest)
+    }
+)
 
 
 class AlterBrokerConfigsRequest(_Request):

@@ -22,17 +22,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane import balancer
+from controlplane import balancer, bucket_failover
 from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.failover import plan_failovers
+from controlplane.listeners import insecure_listener_error
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
-from controlplane.requests import BrokerUploadStats
+from controlplane.requests import BrokerUploadStats, BucketWriteHealth
 
 log = logging.getLogger("controlplane.server")
 
@@ -61,6 +62,11 @@ class ControllerNode:
         self.quorum = MetadataQuorum(
             me.raft_address, partners, data_dir, config.password, config.settings, timeouts
         )
+        refused = insecure_listener_error(
+            "the controller API", me.host, config.api_secret is not None, config.allow_insecure
+        )
+        if refused:
+            raise RuntimeError(refused)
         self.http = ControllerHTTPServer((me.host, me.api_port), self)
         self.object_deleter = object_deleter
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
@@ -70,6 +76,8 @@ class ControllerNode:
         # Per stream, not per broker: a partition that just moved keeps its last rate until
         # its new leader has measured it (a false 0 would pull more load onto that broker)
         self._rates: dict[int, tuple[float, float]] = {}
+        # node -> (its last bucket write health, monotonic s): failover detection's input
+        self._bucket_health: dict[int, tuple[list[BucketWriteHealth], float]] = {}
         self._last_balance_round = 0.0  # monotonic s
         self._hb_lock = threading.Lock()
         self._was_leader = False
@@ -116,6 +124,7 @@ class ControllerNode:
         image = self.quorum.machine.image
         broker = image.brokers.get(node_id)
         rates = _parse_rates(body.get("produce_bytes_per_s"))
+        health = _parse_bucket_health(body.pop("bucket_health", None), node_id)
         if broker is not None and broker.node_epoch == epoch:
             now = time.monotonic()
             with self._hb_lock:
@@ -123,6 +132,8 @@ class ControllerNode:
                 if stats is not None:
                     self._upload_stats[node_id] = stats
                 self._rates.update((s, (rate, now)) for s, rate in rates.items())
+                if health is not None:
+                    self._bucket_health[node_id] = (health, now)
         if (
             broker is not None
             and broker.fenced
@@ -196,6 +207,7 @@ class ControllerNode:
                 self._heartbeats.clear()
                 self._upload_stats.clear()
                 self._rates.clear()
+                self._bucket_health.clear()
             self._last_balance_round = 0.0
             log.info("controller %d is now the leader", self.node_id)
         self._was_leader = leader
@@ -215,9 +227,38 @@ class ControllerNode:
             )
             if expired:
                 log.warning("fenced brokers with expired sessions: %s (%s)", expired, result)
+        self._bucket_failover_round(now_ms)
         if self.object_deleter is not None:
             self._delete_destroyed_objects(now_ms)
         self._balance_round(now_ms)
+
+    def bucket_health_reports(self) -> dict[int, list[bucket_failover.HealthReport]]:
+        """Per bucket, the last write health each broker reported to this leader, aged."""
+        with self._hb_lock:
+            reports = dict(self._bucket_health)
+        return bucket_failover.aged_reports(reports, time.monotonic())
+
+    def unhealthy_buckets(self) -> set[int]:
+        """Buckets a majority of the live brokers that reported on them see failing."""
+        image = self.quorum.machine.image
+        live = {b.node_id for b in image.brokers.values() if not b.fenced}
+        out = set()
+        for bucket_id, reports in self.bucket_health_reports().items():
+            mine = [h for h in reports if h.node_id in live]
+            if mine and sum(1 for h in mine if h.failing_for_ms > 0) * 2 > len(mine):
+                out.add(bucket_id)
+        return out
+
+    def _bucket_failover_round(self, now_ms: int) -> None:
+        """Object-storage failover detection (controlplane/bucket_failover.py)."""
+        image = self.quorum.machine.image
+        decision = bucket_failover.decide(image, self.bucket_health_reports(), self.config.settings)
+        if decision is None:
+            return
+        result = self.quorum.submit(
+            "set_active_bucket", decision.model_dump(mode="json"), now_ms=now_ms
+        )
+        log.warning("bucket failover: %s -> %s", decision.reason, result)
 
     def _balance_round(self, now_ms: int) -> None:
         """At most one balancer round per `round_interval_ms`, after the leader warm-up
@@ -269,8 +310,14 @@ class ControllerNode:
         )
         if not due:
             return
+        # deletes never run against an unhealthy bucket (they would hang this loop); in
+        # failover mode only the active bucket's objects are deleted (no cross-region
+        # traffic). Skipped objects stay MARK_DESTROYED: retried once the bucket is back.
+        skip = self.unhealthy_buckets()
         by_bucket: dict[int, list[int]] = {}
         for meta in due:
+            if bucket_failover.deletion_paused(image, meta.bucket_id, skip):
+                continue
             if meta.state == ObjectState.MARK_DESTROYED:
                 by_bucket.setdefault(meta.bucket_id, []).append(meta.object_id)
         deleted: list[int] = []
@@ -281,6 +328,29 @@ class ControllerNode:
             self.quorum.submit("objects_deleted", {"object_ids": deleted})
 
     # ------------------------------------------------------------ status
+
+    def bucket_failover_status(self, image) -> dict:
+        """`automqctl failover status`: mode, active bucket, and each bucket's objects,
+        bytes and write health as the brokers report it (health only on the leader)."""
+        state = image.bucket_failover
+        settings = self.config.settings
+        reports = self.bucket_health_reports() if self.quorum.is_leader() else {}
+        live = {b.node_id for b in image.brokers.values() if not b.fenced}
+        usage = bucket_failover.bucket_usage(image)
+        return {
+            "mode": state.mode,
+            "active_bucket_id": state.active_bucket_id,
+            "since_ms": state.since_ms,
+            "reason": state.reason,
+            "auto": state.auto,
+            "detect_ms": settings.bucket_failover_detect_ms,
+            "auto_return_ms": settings.bucket_failover_auto_return_ms,
+            "failover_bucket_id": bucket_failover.failover_bucket_id(settings),
+            "buckets": [
+                _bucket_fields(b, [h for h in reports.get(b, []) if h.node_id in live], usage)
+                for b in sorted(set(settings.bucket_ids) | set(usage))
+            ],
+        }
 
     def status(self) -> dict:
         image = self.quorum.machine.image
@@ -319,6 +389,7 @@ class ControllerNode:
                 for b in sorted(image.brokers.values(), key=lambda b: b.node_id)
             ],
             "active_bucket_id": image.active_bucket_id,
+            "bucket_failover": self.bucket_failover_status(image),
             "topics": len(image.topics),
             "partitions": sum(len(t.partitions) for t in image.topics.values()),
             "streams": len(image.streams),
@@ -329,6 +400,33 @@ class ControllerNode:
                 for i in range(image.coordinator_slot_count)
             ],
         }
+
+
+def _parse_bucket_health(raw: object, node_id: int) -> list[BucketWriteHealth] | None:
+    """A heartbeat's `bucket_health`, or None if absent or invalid (a bad report must not
+    cost the broker its session)."""
+    if not isinstance(raw, list):
+        return None
+    try:
+        return [BucketWriteHealth.model_validate(h) for h in raw[:16]]
+    except ValueError as exc:
+        log.warning("node %d sent invalid bucket health: %s", node_id, exc)
+        return None
+
+
+def _bucket_fields(bucket_id: int, reports: list, usage: dict) -> dict:
+    objects, size = usage.get(bucket_id, (0, 0))
+    failing = [h for h in reports if h.failing_for_ms > 0]
+    return {
+        "bucket_id": bucket_id,
+        # None: no broker reported on it to this leader yet
+        "healthy": None if not reports else len(failing) * 2 <= len(reports),
+        "objects": objects,
+        "bytes": size,
+        "reports": len(reports),
+        "failing_reports": len(failing),
+        "last_error": next((h.last_error for h in failing if h.last_error), None),
+    }
 
 
 def _upload_fields(stats: dict | None) -> dict:
@@ -364,8 +462,12 @@ def _s3_deleter(config: QuorumConfig) -> ObjectDeleter | None:
     except ImportError:  # the object-store package is optional for a bare quorum
         return None
     try:
+        # short timeouts: a hung bucket must not hold the lifecycle loop (fencing) long
         store = ObjectStorage(
-            parse_bucket_uris(",".join(b.uri_with_credentials() for b in config.buckets))
+            parse_bucket_uris(",".join(b.uri_with_credentials() for b in config.buckets)),
+            connect_timeout_ms=2_000,
+            read_timeout_ms=5_000,
+            max_attempts=2,
         )
     except Exception:  # a bad bucket config must not keep the quorum down
         log.exception("object deletion disabled: cannot set up the object store client")

@@ -22,3 +22,9 @@ class ControllerSettings(BaseModel):
     # are first placed; the count in the metadata never changes afterwards (it would
     # remap every group)
     coordinator_slots: int = Field(default=50, ge=1, le=MAX_COORDINATOR_SLOTS)
+    # object-storage failover: the leader switches new objects to the failover bucket when
+    # a majority of live brokers report failed writes to the main bucket for this long
+    bucket_failover_detect_ms: int = Field(default=10_000, ge=500, le=3_600_000)
+    # back to the main bucket automatically once a majority reports it healthy this long;
+    # 0 = only by hand (the default)
+    bucket_failover_auto_return_ms: int = Field(default=0, ge=0, le=86_400_000)

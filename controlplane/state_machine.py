@@ -18,12 +18,14 @@ from controlplane import (
     balancer,
     broker_configs,
     brokers,
+    bucket_failover,
     compactors,
     coordinators,
     failover,
     fencing,
     objects,
     reassignment,
+    security,
     streams,
     topics,
 )
@@ -37,7 +39,6 @@ from controlplane.requests import (
     AllocateProducerIdsResponse,
     LifecycleTickRequest,
     PutKVRequest,
-    SetActiveBucketRequest,
     validation_message,
 )
 from controlplane.settings import ControllerSettings
@@ -49,26 +50,6 @@ def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int
     recs += failover.plan_failovers(image, newly_fenced)
     recs += objects.expire_prepared_objects(image, now_ms)
     return recs, {"records": len(recs)}
-
-
-def _set_active_bucket(
-    image: MetadataImage, req: SetActiveBucketRequest, now_ms: int, settings: ControllerSettings
-):
-    if req.bucket_id not in settings.bucket_ids:
-        raise ControllerError(
-            ErrorCode.UNKNOWN_BUCKET,
-            f"bucket {req.bucket_id} is not configured (known: {settings.bucket_ids})",
-        )
-    if image.active_bucket_id == req.bucket_id:
-        return [], {"active_bucket_id": req.bucket_id}
-    return (
-        [
-            r.BucketFailoverRecord(
-                active_bucket_id=req.bucket_id, reason=req.reason, changed_ms=now_ms
-            )
-        ],
-        {"active_bucket_id": req.bucket_id},
-    )
 
 
 def _fence_broker(image: MetadataImage, req, now_ms: int):
@@ -119,7 +100,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "commit_stream_set_object": (objects.commit_stream_set_object, True),
     "commit_stream_object": (objects.commit_stream_object, True),
     "objects_deleted": (objects.objects_deleted, False),
-    "set_active_bucket": (_set_active_bucket, True),
+    "set_active_bucket": (bucket_failover.set_active_bucket, True),
     "put_kv": (_put_kv, False),
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),
@@ -136,6 +117,18 @@ _HANDLERS.update(
     {  # topic configs (controlplane/topic_configs.py)
         "alter_topic_configs": (topics.alter_topic_configs, False),
         "alter_broker_configs": (broker_configs.alter_broker_configs, False),
+    }
+)
+_HANDLERS.update(
+    {  # SCRAM credentials and ACLs (controlplane/security.py)
+        "alter_scram_credentials": (security.alter_scram_credentials, False),
+        "create_acls": (security.create_acls, False),
+        "delete_acls": (security.delete_acls, False),
+    }
+)
+_HANDLERS.update(
+    {  # transaction coordinators' state (controlplane/coordinators.py)
+        "put_txn_state": (coordinators.put_txn_state, False),
     }
 )
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"

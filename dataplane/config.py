@@ -45,3 +45,18 @@ class BrokerConfig(BaseModel):
         default=RETENTION_CHECK_INTERVAL_MS, ge=100, le=86_400_000
     )
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
+    # object-storage failover: a tiny probe write to every bucket this often, so write
+    # health is known without uploads (one PUT per bucket per interval; 0: uploads only)
+    bucket_probe_interval_ms: int = Field(default=2_000, ge=0, le=600_000)
+    # the controller API's bearer secret (this file is mode 0600); None: the API is open
+    controller_api_secret: str | None = None
+    # the Kafka listener's security: SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256/512) with ACLs
+    # when sasl_enabled, else PLAINTEXT without authorization
+    sasl_enabled: bool = False
+    # principals ("User:admin") every ACL check allows
+    super_users: list[str] = Field(default_factory=list)
+    # a listener on a non-loopback address without SASL refuses to start unless this is set
+    allow_insecure: bool = False
+    # TLS on the listener (SSL, or SASL_SSL with sasl_enabled): the certificate chain and key
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None

@@ -37,6 +37,7 @@ from controlplane.requests import (
     MAX_UPLOAD_ERROR_CHARS,
     BrokerHeartbeatRequest,
     BrokerUploadStats,
+    BucketWriteHealth,
     ControlledShutdownRequest,
     FenceBrokerRequest,
     RegisterBrokerRequest,
@@ -51,6 +52,7 @@ REGISTER_WAIT_S = 300.0  # how long to wait for another node to finish our WAL f
 SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions to move
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
+BUCKET_PROBE_TIMEOUT_MS = 2_000
 
 
 class BrokerNode:
@@ -58,11 +60,12 @@ class BrokerNode:
 
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.client = ControllerClient(config.controllers)
+        self.client = ControllerClient(config.controllers, api_secret=config.controller_api_secret)
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True
         self.storage = None
+        self.objects = None  # ObjectStorage once the data plane runs
         self.partitions = None
         self.retention = None
         self.kafka = None
@@ -127,6 +130,7 @@ class BrokerNode:
             metadata_offset=self.metadata.offset,
             stats=self._upload_stats(),
             produce_bytes_per_s=rates,
+            bucket_health=self._bucket_health(),
             want_fence=self._starting,
         )
         try:
@@ -176,6 +180,48 @@ class BrokerNode:
             else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS],
         )
 
+    def _bucket_health(self) -> list[BucketWriteHealth]:
+        """Write health of every bucket this broker wrote to (uploads and probes)."""
+        if self.objects is None:
+            return []
+        return [
+            BucketWriteHealth(
+                bucket_id=h.bucket_id,
+                failing_for_ms=h.failing_for_ms,
+                healthy_for_ms=h.healthy_for_ms,
+                write_errors=h.write_errors,
+                writes_ok=h.writes_ok,
+                last_latency_ms=h.last_latency_ms,
+                last_error=h.last_error,
+            )
+            for h in self.objects.write_health.snapshot()[:16]
+        ]
+
+    def _probe_loop(self, bucket_id: int) -> None:
+        """A tiny write to one bucket every `bucket_probe_interval_ms`, so its health is known
+        with no upload going on (and the main bucket's recovery is seen in failover mode).
+        One thread per bucket: a hung bucket never delays another's probe."""
+        from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+
+        assert self.objects is not None
+        probe = ObjectStorage(
+            parse_bucket_uris(self.config.bucket_uris),
+            write_health=self.objects.write_health,
+            connect_timeout_ms=BUCKET_PROBE_TIMEOUT_MS,
+            read_timeout_ms=BUCKET_PROBE_TIMEOUT_MS,
+            max_attempts=1,
+            max_concurrency=1,
+        )
+        key = f"_health/node-{self.config.node_id}"
+        try:
+            while not self._stop.wait(self.config.bucket_probe_interval_ms / 1000):
+                try:
+                    probe.put_object(bucket_id, key, b"ok")
+                except Exception as exc:  # recorded in write_health by the store
+                    log.debug("probe of bucket %d failed: %s", bucket_id, exc)
+        finally:
+            probe.close()
+
     def _heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000
         while not self._stop.wait(interval_s):
@@ -205,11 +251,14 @@ class BrokerNode:
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread
+        from dataplane.kafka.txn.coordinator import TransactionCoordinator
+        from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
         from dataplane.s3stream.storage import S3Storage, StorageConfig
 
         cfg = self.config
         objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
+        self.objects = objects
         assert self.node_epoch is not None
         self.storage = S3Storage(
             StorageConfig(
@@ -227,6 +276,15 @@ class BrokerNode:
             self.client,
             objects,
         )
+        # object-storage failover: an upload stuck on a bucket writes have left is redone
+        # whole in the new active bucket
+        self.storage.uploader.active_bucket = lambda: (
+            self.metadata.image.active_bucket_id if self.metadata.caught_up else None
+        )
+        for bucket_id in objects.bucket_ids if cfg.bucket_probe_interval_ms else []:
+            threading.Thread(
+                target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
+            ).start()
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(
@@ -260,6 +318,25 @@ class BrokerNode:
             # the previous coordinator's last commit
             lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
         )
+        txn_coordinator = TransactionCoordinator(
+            cfg.node_id,
+            image_fn,
+            self.client,
+            lambda: self.node_epoch or 0,
+            apis._next_producer_id,
+            self.partitions,
+            lambda slot, pid, commit: complete_group_offsets(offset_store, slot, pid, commit),
+            ready_fn=lambda: self.metadata.caught_up,
+        )
+        txns = TxnHandlers(
+            txn_coordinator,
+            image_fn,
+            self.partitions,
+            coordinator,
+            offset_store,
+            lambda g: group_coordinator(image_fn(), g) == cfg.node_id and self.metadata.caught_up,
+        )
+        apis.txn = txns
         owned: list[dict[int, int]] = [{}]  # slot -> coordinator epoch, at the last image
 
         def on_metadata(image, records) -> None:
@@ -293,11 +370,22 @@ class BrokerNode:
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
         admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
-        handlers = apis.registrations() + groups.registrations() + admin.registrations()
+        handlers = (
+            apis.registrations()
+            + groups.registrations()
+            + admin.registrations()
+            + txns.registrations()
+        )
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
+        admit = self._secure_listener(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry, host=cfg.host, port=cfg.kafka_port, max_request_bytes=cfg.max_request_bytes
+            registry,
+            host=cfg.host,
+            port=cfg.kafka_port,
+            max_request_bytes=cfg.max_request_bytes,
+            admit=admit,
+            ssl_context=self._tls_context(),
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -310,12 +398,68 @@ class BrokerNode:
                     raise
                 log.warning("%s; retrying", exc)
                 time.sleep(0.5)
+        self.kafka.loop.call_soon_threadsafe(txn_coordinator.start)
+        self._stop_txn_coordinator = lambda: self.kafka.loop.call_soon_threadsafe(
+            txn_coordinator.stop
+        )
         log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
         if cfg.metrics_port:
             from prometheus_client import start_http_server
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+
+    def _tls_context(self):
+        """The listener's TLS context when a certificate is configured, else None."""
+        cfg = self.config
+        if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+            return None
+        from dataplane.kafka.security.tls import server_ssl_context
+
+        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+
+    def _secure_listener(self, registry, image_fn):
+        """SASL and the security admin APIs on the listener when configured; the admission
+        gate for the server (None: open listener). Refuses an open listener on a
+        non-loopback address unless `allow_insecure`."""
+        from controlplane.listeners import insecure_listener_error
+        from dataplane.kafka.security.admin_apis import SecurityAdminApis
+
+        cfg = self.config
+        enforcer = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.authorizer import Authorizer
+            from dataplane.kafka.security.enforcement import AclEnforcer
+
+            enforcer = AclEnforcer(Authorizer(cfg.super_users), image_fn)
+        admin = SecurityAdminApis(
+            self.client,
+            image_fn,
+            self.metadata.wait_for_offset,
+            enforcer.allowed_cluster if enforcer is not None else None,
+        )
+        for request_class, lo, hi, handler in admin.registrations():
+            registry.register(request_class, lo, hi, handler)
+        if not cfg.sasl_enabled:
+            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
+            if refused:
+                raise RuntimeError(refused)
+            return None
+        from dataplane.kafka.security.sasl import SaslAuthenticator
+
+        sasl = SaslAuthenticator(image_fn)
+        for request_class, lo, hi, handler in sasl.registrations():
+            registry.register(request_class, lo, hi, handler)
+        assert enforcer is not None
+        enforcer.install(registry)  # after every registration: nothing stays unchecked
+        log.info(
+            "%s listener (%s), ACLs enforced; super users: %s",
+            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
+            ", ".join(sasl.mechanisms),
+            ", ".join(cfg.super_users) or "none",
+        )
+        return sasl.admit
 
     # ------------------------------------------------------------ WAL failover
 
@@ -416,6 +560,12 @@ class BrokerNode:
             self.controlled_shutdown()
         self._stop.set()
         if self.kafka is not None:
+            stop_txn = getattr(self, "_stop_txn_coordinator", None)
+            if stop_txn is not None:
+                try:
+                    stop_txn()
+                except RuntimeError:  # the loop is already closed
+                    pass
             self.kafka.stop()
         if self.retention is not None:
             self.retention.stop()

@@ -59,11 +59,12 @@ from kafka.protocol.producer import (
 from controlplane import broker_configs, topic_configs, topics
 from controlplane import requests as cmd
 from controlplane.calls import ControllerCalls, build_request
-from controlplane.coordinators import group_coordinator
+from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,21 @@ _CONTROLLER_TO_KAFKA = {
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 _INCREMENTAL_OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
+
+
+def _config_ops(res, incremental: bool) -> list[dict]:
+    """An (Incremental)AlterConfigs resource's entries as the controller's config ops
+    (AlterConfigs sets every key it names)."""
+    return [
+        {
+            "key": c.name,
+            "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
+            if incremental
+            else "set",
+            "value": c.value,
+        }
+        for c in res.configs
+    ]
 
 
 def _kafka_error(exc: ControllerError) -> KafkaError:
@@ -137,6 +153,9 @@ class KafkaApis:
         self._pid_lock = threading.Lock()
         self._pid_next = 0
         self._pid_end = 0
+        # the transaction APIs (dataplane/kafka/txn/handlers.py), set by the broker's wiring;
+        # InitProducerId with a transactional id goes there
+        self.txn = None
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""
@@ -379,6 +398,8 @@ class KafkaApis:
     async def _fetch_once(self, req, v, image, max_bytes, listening, wake):
         F = FetchResponse.FetchableTopicResponse
         P = F.PartitionData
+        Aborted = P.AbortedTransaction
+        read_committed = getattr(req, "isolation_level", 0) == 1
         topics = []
         total = 0
         errors = False
@@ -388,9 +409,12 @@ class KafkaApis:
             parts = []
             for p in t.partitions:
                 plog, error = self._resolve(image, name, topic_id, p.partition)
-                hw, start, records = -1, -1, b""
+                hw, start, records, lso, aborted = -1, -1, b"", -1, []
                 if plog is not None:
                     hw, start = plog.high_watermark, plog.log_start_offset
+                    lso = plog.last_stable_offset
+                    # read_committed (KIP-98): up to the last stable offset
+                    end = lso if read_committed else hw
                     current = getattr(p, "current_leader_epoch", -1)
                     if current >= 0 and current < plog.leader_epoch:
                         error = KafkaError.FENCED_LEADER_EPOCH
@@ -398,10 +422,21 @@ class KafkaApis:
                         error = KafkaError.UNKNOWN_LEADER_EPOCH
                     elif p.fetch_offset < start or p.fetch_offset > hw:
                         error = KafkaError.OFFSET_OUT_OF_RANGE
-                    elif p.fetch_offset < hw and total < max_bytes:
+                    elif p.fetch_offset < end and total < max_bytes:
                         budget = min(p.partition_max_bytes, max_bytes - total)
-                        records = await self._io(plog.read, p.fetch_offset, max(budget, 1))
+                        try:
+                            records = await self._io(plog.read, p.fetch_offset, max(budget, 1), end)
+                        except ObjectStoreError as exc:
+                            # e.g. its bucket is down (object-storage failover): the
+                            # client retries; nothing is skipped
+                            log.warning("fetch %s-%d: %s", t.topic, p.partition, exc)
+                            error = KafkaError.KAFKA_STORAGE_ERROR
                         total += len(records)
+                        if read_committed and records:
+                            aborted = [
+                                Aborted(producer_id=pid, first_offset=first)
+                                for pid, first in plog.aborted_transactions(p.fetch_offset, end)
+                            ]
                     if plog not in listening:
                         plog.add_listener(wake)
                         listening.append(plog)
@@ -412,9 +447,9 @@ class KafkaApis:
                         partition_index=p.partition,
                         error_code=error,
                         high_watermark=hw,
-                        last_stable_offset=hw,
+                        last_stable_offset=lso,
                         log_start_offset=start,
-                        aborted_transactions=[],
+                        aborted_transactions=aborted,
                         preferred_read_replica=-1,
                         records=records,
                     )
@@ -439,7 +474,12 @@ class KafkaApis:
                     if p.timestamp == -2:
                         offset = plog.log_start_offset
                     elif p.timestamp == -1:
-                        offset = plog.high_watermark
+                        # read_committed (KIP-98): the last stable offset
+                        offset = (
+                            plog.last_stable_offset
+                            if getattr(req, "isolation_level", 0) == 1
+                            else plog.high_watermark
+                        )
                     elif p.timestamp == -3:  # MAX_TIMESTAMP (KIP-734)
                         found = await self._io(plog.max_timestamp_offset)
                         offset, ts = found.offset, found.timestamp_ms
@@ -730,21 +770,11 @@ class KafkaApis:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"
             else:
-                ops = [
-                    {
-                        "key": c.name,
-                        "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
-                        if incremental
-                        else "set",
-                        "value": c.value,
-                    }
-                    for c in res.configs
-                ]
                 try:
                     alter = build_request(
                         cmd.AlterTopicConfigsRequest,
                         name=res.resource_name,
-                        ops=ops,
+                        ops=_config_ops(res, incremental),
                         replace=not incremental,
                     )
                     await self._io(self._alter_topic_configs, alter, bool(req.validate_only))
@@ -765,19 +795,12 @@ class KafkaApis:
         name = res.resource_name or ""
         if name and (not name.isdigit() or int(name) not in self.image_fn().brokers):
             return KafkaError.INVALID_REQUEST, f"broker {name!r} is not registered"
-        ops = [
-            {
-                "key": c.name,
-                "op": _INCREMENTAL_OPS.get(c.config_operation, str(c.config_operation))
-                if incremental
-                else "set",
-                "value": c.value,
-            }
-            for c in res.configs
-        ]
         try:
             alter = build_request(
-                cmd.AlterBrokerConfigsRequest, resource=name, ops=ops, replace=not incremental
+                cmd.AlterBrokerConfigsRequest,
+                resource=name,
+                ops=_config_ops(res, incremental),
+                replace=not incremental,
             )
             await self._io(self._alter_broker_configs, alter, bool(req.validate_only))
         except ControllerError as exc:
@@ -804,9 +827,22 @@ class KafkaApis:
         key_type = getattr(req, "key_type", 0)
         found = []
         for key in keys:
-            node = coordinator_for(key, image) if key_type == 0 else None
+            if key_type not in (0, 1) or (key_type == 1 and not key):
+                found.append((key, KafkaError.INVALID_REQUEST, -1, "", -1))
+                continue
+            if key_type == 0:
+                node = coordinator_for(key, image)
+            else:  # 1: a transactional id
+                node = txn_coordinator(image, key)
             broker = image.brokers.get(node) if node is not None else None
             if broker is None:
+                log.info(
+                    "no coordinator for %r (key type %d) yet: %d slots, image offset %d",
+                    key,
+                    key_type,
+                    len(image.coordinator_slots),
+                    image.offset,
+                )
                 found.append((key, KafkaError.COORDINATOR_NOT_AVAILABLE, -1, "", -1))
             else:
                 found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))
@@ -841,6 +877,8 @@ class KafkaApis:
 
     async def init_producer_id(self, req, ctx):
         v = ctx.api_version
+        if req.transactional_id is not None and self.txn is not None:
+            return await self.txn.init_producer_id(req, ctx)
         if req.transactional_id is not None:
             return InitProducerIdResponse[v](
                 throttle_time_ms=0,

@@ -30,7 +30,11 @@ from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 
 KEY_PREFIX = GROUP_OFFSETS_KEY_PREFIX
-MAX_DOC_BYTES = 900_000  # the controller's KV values are capped at 1 MB
+MAX_DOC_BYTES = 900_000
+# offsets committed inside a transaction (TxnOffsetCommit) wait in the group's document
+# under this key (not a valid topic name) per producer id, until the transaction's marker
+# makes them committed or drops them
+PENDING_KEY = " txn"  # the controller's KV values are capped at 1 MB
 PUT_TIMEOUT_S = 10.0
 
 # the controller refused the write because this broker no longer coordinates the group
@@ -139,11 +143,92 @@ class KVOffsetStore:
         wanted = None if partitions is None else set(partitions)
         out: dict[tuple[str, int], CommittedOffset] = {}
         for topic, parts in doc.items():
+            if topic == PENDING_KEY:
+                continue
             for p, (offset, epoch, metadata, ts) in parts.items():
                 key = (topic, int(p))
                 if wanted is None or key in wanted:
                     out[key] = CommittedOffset(offset, epoch, metadata, ts)
         return out
+
+    async def commit_pending(
+        self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]
+    ) -> None:
+        """TxnOffsetCommit: store offsets of `producer_id`'s open transaction, durable but not
+        visible to OffsetFetch until `complete_pending` commits them."""
+        epoch, current = self._doc(group_id)
+        doc = json.loads(json.dumps(current))
+        pending = doc.setdefault(PENDING_KEY, {}).setdefault(str(producer_id), {})
+        for (topic, partition), c in offsets.items():
+            pending.setdefault(topic, {})[str(partition)] = [
+                c.offset,
+                c.leader_epoch,
+                c.metadata,
+                c.commit_timestamp_ms,
+            ]
+        await self._store_doc(group_id, epoch, doc)
+
+    async def complete_pending(self, group_id: str, producer_id: int, commit: bool) -> bool:
+        """A transaction marker: `producer_id`'s pending offsets become committed (or are
+        dropped). False when there was nothing pending for it."""
+        epoch, current = self._doc(group_id)
+        if str(producer_id) not in current.get(PENDING_KEY, {}):
+            return False
+        doc = json.loads(json.dumps(current))
+        pending = doc[PENDING_KEY].pop(str(producer_id))
+        if not doc[PENDING_KEY]:
+            del doc[PENDING_KEY]
+        if commit:
+            for topic, parts in pending.items():
+                doc.setdefault(topic, {}).update(parts)
+        await self._store_doc(group_id, epoch, doc)
+        return True
+
+    def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        """Partitions with offsets of an undecided transaction (KIP-447 require_stable)."""
+        _, doc = self._doc(group_id)
+        return {
+            (topic, int(p))
+            for parts_by_topic in doc.get(PENDING_KEY, {}).values()
+            for topic, parts in parts_by_topic.items()
+            for p in parts
+        }
+
+    def owns_slot(self, slot: int) -> bool:
+        """This broker owns coordinator slot `slot` in its current image."""
+        state = self.image_fn().coordinator_slots.get(slot)
+        return state is not None and state.node_id == self.node_id
+
+    def groups_with_pending(self, slot: int, producer_id: int) -> list[str]:
+        """Groups of `slot` coordinated here with offsets pending for `producer_id`."""
+        image = self.image_fn()
+        names = {k[len(KEY_PREFIX) :] for k in image.kv if k.startswith(KEY_PREFIX)}
+        with self._lock:
+            names |= set(self._docs)
+        out = []
+        for group_id in sorted(names):
+            if slot_of(image, group_id) != slot:
+                continue
+            try:
+                _, doc = self._doc(group_id)
+            except OffsetStoreError:
+                continue
+            if str(producer_id) in doc.get(PENDING_KEY, {}):
+                out.append(group_id)
+        return out
+
+    async def _store_doc(self, group_id: str, epoch: int, doc: dict) -> None:
+        text = json.dumps(doc, separators=(",", ":"))
+        if len(text) > MAX_DOC_BYTES:
+            raise OffsetStoreError(
+                f"offsets of group {group_id} exceed {MAX_DOC_BYTES} bytes",
+                error_code=KafkaError.OFFSET_METADATA_TOO_LARGE,
+            )
+        await self._put(group_id, epoch, text)
+        with self._lock:
+            cached = self._docs.get(group_id)
+            if cached is None or cached[0] == epoch:
+                self._docs[group_id] = (epoch, doc)
 
     async def delete_group(self, group_id: str) -> None:
         epoch, _ = self._doc(group_id)

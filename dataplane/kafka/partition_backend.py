@@ -58,9 +58,25 @@ class PartitionBackend(Protocol):
         """Validate and append a produce request's record batches (offsets assigned here)."""
         ...
 
-    def read(self, offset: int, max_bytes: int) -> bytes:
-        """Record batches from `offset` below the high watermark, at most about `max_bytes`
-        (at least one batch when there is one). Blocks on I/O: call off the event loop."""
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it every transaction is decided (read_committed reads up to it)."""
+        ...
+
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        """Record batches from `offset` below `end` (default: the high watermark), at most
+        about `max_bytes` (at least one batch when there is one). Blocks on I/O: call off
+        the event loop."""
+        ...
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping [start, end)."""
+        ...
+
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> tuple[KafkaError, Future | None]:
+        """Append a transaction COMMIT/ABORT marker; (error, durable future)."""
         ...
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:

@@ -35,6 +35,7 @@ from dataplane.kafka.record_batch import (
     patch_batch,
 )
 from dataplane.kafka.time_index import PieceTimestamps, StoredPiece
+from dataplane.kafka.txn.markers import build_marker, marker_of
 from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,18 @@ class ProducerStateTable:
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
+    def epoch_of(self, producer_id: int) -> int | None:
+        entry = self._producers.get(producer_id)
+        return entry.epoch if entry is not None else None
+
+    def bump_epoch(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker at `epoch` (a coordinator bump fences the older epochs)."""
+        entry = self._producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            if entry is None and len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
+                self._producers.pop(next(iter(self._producers)))
+            self._producers[producer_id] = _ProducerEntry(epoch)
+
     def record(
         self, producer_id: int, epoch: int, first_seq: int, last_seq: int, base_offset: int
     ) -> None:
@@ -108,7 +121,47 @@ class ProducerStateTable:
         entry.batches.append((first_seq, last_seq, base_offset))
 
 
-def rebuild_producer_state(stream: Stream, table: ProducerStateTable) -> int:
+class TxnIndex:
+    """Transactions of one partition: the first offset of each open transaction (per
+    producer id), which bounds the last stable offset, and the aborted transactions
+    (producer id, first offset, marker offset) a read_committed fetch reports.
+
+    Thread-safety: changed under the partition's lock; read from any thread (each read
+    copies under `lock`).
+    """
+
+    MAX_ABORTED = 100_000
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ongoing: dict[int, int] = {}  # producer id -> first offset
+        self.aborted: deque[tuple[int, int, int]] = deque(maxlen=self.MAX_ABORTED)
+
+    def data(self, producer_id: int, base_offset: int) -> None:
+        with self.lock:
+            self.ongoing.setdefault(producer_id, base_offset)
+
+    def marker(self, producer_id: int, commit: bool, offset: int) -> None:
+        with self.lock:
+            first = self.ongoing.pop(producer_id, None)
+            if first is not None and not commit:
+                self.aborted.append((producer_id, first, offset))
+
+    def first_unstable(self) -> int | None:
+        with self.lock:
+            return min(self.ongoing.values()) if self.ongoing else None
+
+    def aborted_between(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
+        with self.lock:
+            return [
+                (pid, first) for pid, first, last in self.aborted if first < end and last >= start
+            ]
+
+
+def rebuild_producer_state(
+    stream: Stream, table: ProducerStateTable, txns: TxnIndex | None = None
+) -> int:
     """Replay the idempotent batches at the tail of `stream` into `table` (bounded read).
 
     Returns the number of batches seen. Reads at most PRODUCER_SCAN_MAX_BYTES: if the last
@@ -139,6 +192,14 @@ def rebuild_producer_state(stream: Stream, table: ProducerStateTable) -> int:
         except InvalidRecordBatchError:
             continue  # not a Kafka batch (a raw stream): no producer state
         for h in headers:
+            if txns is not None and h.is_transactional and h.producer_id >= 0:
+                marker = marker_of(h) if h.is_control else None
+                if marker is not None:
+                    table.bump_epoch(h.producer_id, h.producer_epoch)
+                    txns.marker(h.producer_id, marker.commit, h.base_offset)
+                    continue
+                if not h.is_control:
+                    txns.data(h.producer_id, h.base_offset)
             if h.producer_id >= 0 and h.base_sequence >= 0:
                 last_seq = (h.base_sequence + h.last_offset_delta) % (2**31)
                 table.record(
@@ -219,6 +280,7 @@ class PartitionLog:
         self._pieces_fn = pieces_fn
         self._piece_timestamps = piece_timestamps or PieceTimestamps()
         self.producers = ProducerStateTable()
+        self.txns = TxnIndex()
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
         self._listeners: list = []
@@ -231,6 +293,42 @@ class PartitionLog:
     @property
     def log_start_offset(self) -> int:
         return self.stream.start_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, else the high watermark: what a
+        read_committed consumer may read up to."""
+        first = self.txns.first_unstable()
+        hw = self.high_watermark
+        return hw if first is None else min(first, hw)
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return self.txns.aborted_between(start, end)
+
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> tuple[KafkaError, Future | None]:
+        """Append a COMMIT/ABORT marker ending `producer_id`'s transaction here (from the
+        transaction coordinator's WriteTxnMarkers). An epoch older than the producer's
+        current one is INVALID_PRODUCER_EPOCH (a stale coordinator)."""
+        data = build_marker(
+            producer_id, producer_epoch, commit, coordinator_epoch, int(time.time() * 1000)
+        )
+        epoch = self.leader_epoch
+        with self.lock:
+            current = self.producers.epoch_of(producer_id)
+            if current is not None and producer_epoch < current:
+                return KafkaError.INVALID_PRODUCER_EPOCH, None
+            assigned: list[int] = []
+
+            def build(base: int) -> bytes:
+                assigned.append(base)
+                return patch_batch(data, base, epoch)
+
+            fut = self.append_batch(build, 1)
+            self.producers.bump_epoch(producer_id, producer_epoch)
+            self.txns.marker(producer_id, commit, assigned[0])
+        return KafkaError.NONE, fut
 
     def add_listener(self, callback) -> None:
         with self._listeners_lock:
@@ -277,8 +375,8 @@ class PartitionLog:
             return AppendOutcome(KafkaError(exc.error_code))
         if not batches:
             return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
-        if any(b.is_transactional or b.is_control for b in batches):
-            return AppendOutcome(KafkaError.INVALID_TXN_STATE)  # transactions: not yet
+        if any(b.is_transactional and b.producer_id < 0 for b in batches):
+            return AppendOutcome(KafkaError.INVALID_RECORD)  # transactional needs a producer id
         futures: list[Future] = []
         first_base: int | None = None
         epoch = self.leader_epoch
@@ -299,8 +397,16 @@ class PartitionLog:
                         return AppendOutcome(KafkaError(value), -1, futures)
                 assigned: list[int] = []
 
-                def build(base: int, data: bytes = b.data, assigned: list[int] = assigned) -> bytes:
+                def build(
+                    base: int,
+                    data: bytes = b.data,
+                    assigned: list[int] = assigned,
+                    txn_pid: int = b.producer_id if b.is_transactional else -1,
+                ) -> bytes:
                     assigned.append(base)  # called under the stream's lock, before append returns
+                    if txn_pid >= 0:
+                        # before the batch can be read: the last stable offset stays below it
+                        self.txns.data(txn_pid, base)
                     return patch_batch(data, base, epoch)
 
                 futures.append(self.append_batch(build, count))
@@ -312,8 +418,11 @@ class PartitionLog:
                     )
         return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
 
-    def read(self, offset: int, max_bytes: int) -> bytes:
-        batches = self.stream.fetch(offset, self.high_watermark, max_bytes)
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        end = self.high_watermark if end is None else end
+        if offset >= end:
+            return b""
+        batches = self.stream.fetch(offset, end, max_bytes)
         return b"".join(b.payload for b in batches)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
@@ -538,7 +647,7 @@ class PartitionManager:
             piece_timestamps=self.piece_timestamps,
         )
         try:
-            producers = rebuild_producer_state(stream, plog.producers)
+            producers = rebuild_producer_state(stream, plog.producers, plog.txns)
         except Exception as exc:
             # serving with an empty idempotence table would append a producer's retry of a
             # batch the previous leader wrote a second time: not serving yet (clients get

@@ -79,7 +79,8 @@ class CloseConnection(Exception):
 class RequestContext:
     """What a handler knows about the request besides its body.
 
-    ``extras`` is a free slot for the layers above (auth principal, metrics labels, ...).
+    ``extras`` is the connection's state for the layers above (the server passes the same
+    dict to every request of a connection: SASL state, the authenticated principal).
     ``connection_id`` is unique per server connection; ``received_at`` is
     ``time.monotonic()`` when the frame was read (for timeouts and throttling);
     ``request_size`` is the frame's size in bytes (for quotas and metrics).
@@ -94,6 +95,9 @@ class RequestContext:
     received_at: float = 0.0
     request_size: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    # set by a handler: close the connection once this response is written (a failed
+    # SASL authentication, as Kafka does)
+    close_after_response: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ What closes a connection (other connections are never affected):
   client does not read for ``idle_timeout_s``;
 * after the responses of the earlier requests are written (Kafka closes in order too):
   an undecodable frame, an unknown or unserved api key, an unsupported version (except
-  ApiVersions, which gets Kafka's UNSUPPORTED_VERSION answer), a handler exception
-  (logged with its traceback) or `CloseConnection` raised by a handler.
+  ApiVersions, which gets Kafka's UNSUPPORTED_VERSION answer), a request the ``admit`` gate
+  refuses (e.g. before SASL authentication), a handler exception (logged with its
+  traceback) or `CloseConnection` raised by a handler;
+* after its own response: a request whose handler set ``ctx.close_after_response``.
 
 Handlers of requests that were queued behind the failure and have not started yet are not
 run; handlers already running finish and their responses are dropped (they are not
@@ -33,9 +35,10 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dataplane.config import MAX_REQUEST_BYTES
@@ -60,9 +63,23 @@ DEFAULT_MAX_INFLIGHT_PER_CONNECTION = 64
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 STOP_GRACE_S = 5.0
+SSL_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes the TLS handshake is dropped
 _STREAM_LIMIT = 1024 * 1024  # StreamReader buffer hint: fewer pause/resume cycles on big frames
 
 _CLOSE = object()  # queue slot: close the connection once the earlier responses are written
+
+# admit(api key, connection extras) -> None to serve the request, or why the connection closes
+Admit = Callable[[int, dict[str, Any]], str | None]
+
+
+class _FinalFrame:
+    """A handler's response after which the connection closes."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: bytes | None):
+        self.frame = frame
+
 
 _READ_ABORT = "abort"  # close now, drop pending responses
 _READ_DRAIN = "drain"  # a close slot was queued: write what precedes it, then close
@@ -93,6 +110,7 @@ class _Connection:
         self.name = f"conn {conn_id} {self.peer[0]}:{self.peer[1]}"
         self.closing = False
         self.inflight = 0  # slots queued and not yet fully written
+        self.extras: dict[str, Any] = {}  # per-connection state of the layers above
         self._discard_output = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
         self._budget = asyncio.Semaphore(server.max_inflight_per_connection)
@@ -245,6 +263,17 @@ class _Connection:
                 exc.message,
             )
             return _CLOSE, False
+        if self.server.admit is not None:
+            refused = self.server.admit(request.api_key, self.extras)
+            if refused is not None:
+                log.warning(
+                    "%s: %s (%s, client id %r), closing",
+                    self.name,
+                    refused,
+                    request.api_name,
+                    request.client_id,
+                )
+                return _CLOSE, False
         ctx = RequestContext(
             api_key=request.api_key,
             api_version=request.api_version,
@@ -254,6 +283,7 @@ class _Connection:
             connection_id=self.conn_id,
             received_at=received_at,
             request_size=request.size,
+            extras=self.extras,
         )
         previous = self._last_sequential if registration.sequential else None
         task = asyncio.get_running_loop().create_task(
@@ -277,7 +307,8 @@ class _Connection:
         if self.closing:
             # The connection failed or went away before this handler started: skip it.
             raise CloseConnection("connection closed before the handler started")
-        return await self.server.registry.handle(request, ctx, registration)
+        frame = await self.server.registry.handle(request, ctx, registration)
+        return _FinalFrame(frame) if ctx.close_after_response else frame
 
     # ----------------------------------------------------------------- writing
 
@@ -305,6 +336,9 @@ class _Connection:
                         )
                     return
                 frame = slot.result()
+                final = isinstance(frame, _FinalFrame)
+                if final:
+                    frame = frame.frame
                 if frame is not None:
                     self.writer.write(frame)
                     try:
@@ -320,6 +354,10 @@ class _Connection:
                         self.closing = True
                         self._discard_output = True
                         return
+                if final:
+                    self.closing = True
+                    log.info("%s: closing after the handler's final response", self.name)
+                    return
             finally:
                 self.inflight -= 1
                 self._budget.release()
@@ -341,6 +379,8 @@ class KafkaServer:
         max_inflight_per_connection: int = DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        admit: Admit | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not isinstance(registry, ApiRegistry):
             raise TypeError("registry must be an ApiRegistry")
@@ -360,6 +400,8 @@ class KafkaServer:
         if not idle_timeout_s > 0:
             raise ValueError("idle_timeout_s must be > 0")
         self.registry = registry
+        self.admit = admit  # None: every request of a registered api is served
+        self.ssl_context = ssl_context  # None: plaintext; else TLS (SSL / SASL_SSL)
         self.host = host
         self._requested_port = port
         self.max_request_bytes = max_request_bytes
@@ -400,6 +442,8 @@ class KafkaServer:
             self._requested_port,
             limit=_STREAM_LIMIT,
             reuse_address=True,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.info("Kafka protocol server listening on %s:%d", self.host, self._port)

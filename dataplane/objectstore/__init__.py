@@ -5,6 +5,7 @@ jobs can all use it. Modules, one concept each:
 
 * `bucket_uri` - `0@s3://bucket?region=..&endpoint=..,1@s3://...` -> `BucketURI` models
 * `errors`     - `ObjectStoreError` and its typed subclasses
+* `health`     - write health per bucket (object-storage failover detection)
 * `keys`       - `object_key(object_id)`: hash-prefixed keys under `data/`
 * `limiter`    - `BandwidthLimiter` token bucket with `Priority` classes
 * `merging`    - range-read merging (nearby concurrent reads share one GET)
@@ -24,6 +25,7 @@ from .errors import (
     ObjectStoreUnavailableError,
     PreconditionFailedError,
 )
+from .health import BucketHealth, WriteHealthTracker
 from .keys import object_id_from_key, object_key
 from .limiter import BandwidthLimiter, Priority
 from .metrics import ObjectStoreMetrics, default_metrics
@@ -33,6 +35,7 @@ __all__ = [
     "AccessDeniedError",
     "BandwidthLimitTimeoutError",
     "BandwidthLimiter",
+    "BucketHealth",
     "BucketURI",
     "InvalidRangeError",
     "ObjectNotFoundError",
@@ -43,6 +46,7 @@ __all__ = [
     "ObjectStoreUnavailableError",
     "PreconditionFailedError",
     "Priority",
+    "WriteHealthTracker",
     "default_metrics",
     "format_bucket_uris",
     "object_id_from_key",

@@ -12,8 +12,10 @@ Format (AutoMQ's `s3.data.buckets`), entries separated by commas::
     - `endpoint`    `http(s)://host[:port]` of an S3-compatible store; absent = AWS;
     - `pathStyle`   `true`/`false` (default true: path-style addressing suits MinIO,
                     SeaweedFS, Ceph; virtual-hosted style for AWS if you prefer);
-    - `accessKey`, `secretKey`, `sessionToken` static credentials. Without them the
-                    standard chain applies (env AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ...);
+    - `accessKey`, `secretKey`, `sessionToken` static credentials. Without them: env
+                    AUTOMQ_S3_ACCESS_KEY_<id> / AUTOMQ_S3_SECRET_KEY_<id> (per bucket, e.g. a
+                    failover bucket at another provider), then the standard chain (env
+                    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, profiles, roles);
     - anything else is kept verbatim in `extra`, except names that look secret (containing
       secret/token/password/credential), which go to `secret_extra` as SecretStr.
   Values are percent-decoded; a comma inside a value must be written `%2C`.
@@ -99,7 +101,8 @@ class BucketURI(BaseModel):
     def credentials(self) -> dict[str, str]:
         """boto3 client keyword arguments for the credentials to use.
 
-        The URI's own accessKey/secretKey win; otherwise env AWS_ACCESS_KEY_ID /
+        The URI's own accessKey/secretKey win; then env AUTOMQ_S3_ACCESS_KEY_<id> /
+        AUTOMQ_S3_SECRET_KEY_<id>; otherwise env AWS_ACCESS_KEY_ID /
         AWS_SECRET_ACCESS_KEY (read now, so a test can set them); otherwise an empty dict and
         boto3's default chain (profiles, instance roles) decides.
         """
@@ -111,6 +114,10 @@ class BucketURI(BaseModel):
             if self.session_token is not None:
                 out["aws_session_token"] = self.session_token.get_secret_value()
             return out
+        own_key = os.environ.get(f"AUTOMQ_S3_ACCESS_KEY_{self.bucket_id}")
+        own_secret = os.environ.get(f"AUTOMQ_S3_SECRET_KEY_{self.bucket_id}")
+        if own_key and own_secret:  # this bucket's own credentials (object-storage failover)
+            return {"aws_access_key_id": own_key, "aws_secret_access_key": own_secret}
         env_key = os.environ.get("AWS_ACCESS_KEY_ID")
         env_secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
         if env_key and env_secret:

@@ -194,6 +194,28 @@ class SeaweedConfig:
             f"-bucket={','.join(self.buckets)}",
         ]
 
+    def write_security_file(self) -> None:
+        """Write `security.toml` (0600) into the store's working directory, where `weed`
+        looks for it: JWT keys for volume and filer reads and writes, so the filer and
+        volume HTTP ports refuse anonymous access (401) and only the S3 API (with its
+        credentials) serves object data. Fresh keys on every start: only the store's own
+        components, started together, sign and check them."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        sections = (
+            "jwt.signing",
+            "jwt.signing.read",
+            "jwt.filer_signing",
+            "jwt.filer_signing.read",
+        )
+        text = "".join(
+            f'[{name}]\nkey = "{secrets.token_hex(32)}"\nexpires_after_seconds = 60\n\n'
+            for name in sections
+        )
+        path = self.data_dir / "security.toml"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
     def write_identity_file(self) -> None:
         """Write the S3 identity file (0600): the only credentials the store accepts."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -220,9 +242,12 @@ def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
     if busy:
         raise EmbeddedS3Error(f"object store ports already in use: {', '.join(busy)}")
     config.write_identity_file()
+    config.write_security_file()
     (config.data_dir / "data").mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "ab")
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # not readable by other users (an older log was 0644)
+    log = os.fdopen(fd, "ab")
     try:
         return subprocess.Popen(
             config.command(),
@@ -231,6 +256,7 @@ def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=str(config.data_dir),
+            umask=0o077,  # object data on disk is the owner's only
         )
     finally:
         log.close()

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .bucket_uri import BucketURI, parse_bucket_uris
 from .errors import InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableError
+from .health import WriteHealthTracker
 from .limiter import BandwidthLimiter, Priority
 from .merging import RangeMerger, ReadBatch
 from .metrics import ObjectStoreMetrics, default_metrics
@@ -55,6 +56,7 @@ MAX_KEY_BYTES = 1024  # S3's limit for a key
 S3_MAX_DELETE_BATCH = 1000  # S3's limit for one DeleteObjects request
 LIST_PAGE_KEYS = 1000
 
+FAIL_FAST_AFTER_MS = 3_000  # reads of a bucket whose writes fail this long fail at once
 ClientFactory = Callable[[BucketURI, BotoConfig], Any]
 
 
@@ -138,6 +140,7 @@ class ObjectStorage:
         *,
         client_factory: ClientFactory | None = None,
         metrics: ObjectStoreMetrics | None = None,
+        write_health: WriteHealthTracker | None = None,
         **overrides: Any,
     ) -> None:
         if isinstance(buckets, str):
@@ -156,6 +159,8 @@ class ObjectStorage:
         cfg = self.config
         self._client_factory = client_factory or default_client_factory
         self.metrics = metrics or default_metrics()
+        # every put's outcome per bucket (object-storage failover detection); may be shared
+        self.write_health = write_health or WriteHealthTracker()
         self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms, cfg.backoff_max_ms)
         self.read_limiter = BandwidthLimiter(cfg.read_bandwidth_bytes_per_s)
         self.write_limiter = BandwidthLimiter(cfg.write_bandwidth_bytes_per_s)
@@ -242,6 +247,18 @@ class ObjectStorage:
     ) -> T:
         """Run `attempt_fn(client, attempt_no)` with the retry policy; map failures."""
         client = self._get_client(bucket_id, probe=False)
+        failing_ms = 0 if op == "put" else self.write_health.failing_for_ms(bucket_id)
+        if failing_ms >= FAIL_FAST_AFTER_MS:
+            # a bucket every write fails on (object-storage failover): reads fail at once
+            # with a retriable error instead of each waiting out its timeouts; writes (and
+            # the broker's probes) keep trying, so reads resume once it heals
+            raise ObjectStoreUnavailableError(
+                f"{what}: bucket {bucket_id} is unavailable (writes failing for "
+                f"{failing_ms} ms); retry later",
+                op=op,
+                bucket_id=bucket_id,
+                key=key,
+            )
         policy = self.retry_policy
         for attempt in range(1, policy.max_attempts + 1):
             t0 = time.monotonic()
@@ -334,14 +351,20 @@ class ObjectStorage:
                     return
                 raise
 
-        self._call(
-            "put",
-            bucket_id,
-            key,
-            f"put {self._where(bucket_id, key)}",
-            attempt,
-            lambda _: len(data),
-        )
+        t0 = time.monotonic()
+        try:
+            self._call(
+                "put",
+                bucket_id,
+                key,
+                f"put {self._where(bucket_id, key)}",
+                attempt,
+                lambda _: len(data),
+            )
+        except ObjectStoreError as exc:
+            self.write_health.record_failure(bucket_id, exc, started_s=t0)
+            raise
+        self.write_health.record_ok(bucket_id, time.monotonic() - t0)
 
     def put_object_async(
         self,

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from controlplane.calls import ControllerCalls
@@ -40,6 +41,17 @@ log = logging.getLogger(__name__)
 
 MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succeeds
 # unless more streams go bad meanwhile
+
+
+MAX_BUCKET_SWITCHES = 4  # an upload redone whole on a new active bucket, at most this often
+PUT_POLL_S = 0.2  # how often a waiting put checks whether the active bucket changed
+
+
+class BucketSwitchedError(ObjectStoreError):
+    """The active bucket changed while this round's objects were being written to the old
+    one (object-storage failover): the round is abandoned and redone whole, with fresh
+    object ids, in the new bucket. The abandoned prepared ids are never committed; the
+    controller destroys them at their deadline."""
 
 
 class StorageError(RuntimeError):
@@ -140,7 +152,12 @@ class ObjectUploader:
         objects: ObjectStorage,
         committer: Callable[[], Committer],
         config: UploaderConfig | None = None,
+        active_bucket: Callable[[], int | None] | None = None,
     ):
+        """`active_bucket()`: the bucket new objects go to as the metadata says now (None:
+        not known yet; no callback: never switch mid-upload); a round writing to another
+        bucket is abandoned."""
+        self.active_bucket = active_bucket
         self.controller = controller
         self.objects = objects
         self._committer = committer
@@ -179,7 +196,8 @@ class ObjectUploader:
         per_stream: dict[int, list[StreamRecordBatch]] = defaultdict(list)
         for b in batches:
             per_stream[b.stream_id].append(b)
-        for _ in range(MAX_COMMIT_ROUNDS):
+        switches = 0
+        for _ in range(MAX_COMMIT_ROUNDS + MAX_BUCKET_SWITCHES):
             live = {sid: bs for sid, bs in per_stream.items() if sid not in result.dropped}
             if not live:
                 return result
@@ -188,6 +206,12 @@ class ObjectUploader:
                 result.size_bytes = self._put_and_commit(
                     live, failover_node_id, compacted_object_ids or []
                 )
+            except BucketSwitchedError as exc:
+                switches += 1
+                if switches > MAX_BUCKET_SWITCHES:
+                    raise
+                log.warning("%s: redoing the upload whole in the new active bucket", exc)
+                continue
             except ControllerError as exc:
                 bad = permanent_stream_errors(exc)
                 if not bad or not bad.keys() <= live.keys():
@@ -279,6 +303,13 @@ class ObjectUploader:
             )
             next_id += 1
 
+        def check_switch() -> None:
+            active = self.active_bucket() if self.active_bucket is not None else None
+            if active is not None and active != bucket_id:
+                raise BucketSwitchedError(
+                    f"active bucket is now {active}, not {bucket_id}", bucket_id=bucket_id
+                )
+
         def put_all() -> None:
             futures = [
                 self.objects.put_object_async(
@@ -287,9 +318,26 @@ class ObjectUploader:
                 for oid, data in puts
             ]
             for f in futures:
-                f.result()
+                # a put hanging on a dead bucket is left behind once writes switched (it
+                # ends on its own timeout; its prepared id is never committed). Checked
+                # only once a put is slow: a healthy round never waits on the metadata
+                while True:
+                    try:
+                        f.result(timeout=PUT_POLL_S)
+                        break
+                    except FutureTimeout:
+                        check_switch()
 
-        self._retry(put_all)
+        def put_all_or_switch() -> None:
+            try:
+                put_all()
+            except ObjectStoreError as exc:
+                if isinstance(exc, BucketSwitchedError):
+                    raise
+                check_switch()  # failed on a bucket writes have left: redo in the new one
+                raise
+
+        self._retry(put_all_or_switch)
         with self._order_lock:  # the engine's uploader and WAL failovers share it
             self._order_id += 1
             order_id = self._order_id
@@ -317,6 +365,8 @@ class ObjectUploader:
                 if exc.code not in RETRIABLE_CODES:
                     raise
                 error: Exception = exc
+            except BucketSwitchedError:
+                raise
             except ObjectStoreError as exc:
                 error = exc
             if attempt == self.config.upload_attempts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def cluster_dir(tmp_path):
 def all_pids(status: dict) -> list[int]:
     pids = [c["pid"] for c in status["controllers"]] + [b["pid"] for b in status["brokers"]]
     pids.append(status["object_store"]["pid"])
+    pids += [s["pid"] for s in status.get("object_stores", []) if s["pid"] not in pids]
     return [p for p in pids if p]
 
 
@@ -72,7 +74,11 @@ def test_up_status_down_restart(cluster_dir):
     assert status["buckets"][0]["active"] and not status["buckets"][1]["active"]
     assert all("secret" not in b["uri"].lower() for b in status["buckets"])
     pids = all_pids(status)
-    assert len(pids) == 7 and all(pid_alive(p) for p in pids)
+    # two embedded object stores, separate processes: main (bucket 0), failover (bucket 1)
+    stores = {s["name"]: s for s in status["object_stores"]}
+    assert stores["main"]["bucket_ids"] == [0] and stores["failover"]["bucket_ids"] == [1]
+    assert stores["main"]["endpoint"] != stores["failover"]["endpoint"]
+    assert len(pids) == 8 and all(pid_alive(p) for p in pids)
 
     # a second `up` on a running directory is refused with a clear message
     again = automqctl("cluster", "up", cluster_dir=cluster_dir)
@@ -81,6 +87,22 @@ def test_up_status_down_restart(cluster_dir):
 
     logs = automqctl("cluster", "logs", "broker-1", "-n", "5", cluster_dir=cluster_dir)
     assert logs.returncode == 0 and "node 1" in logs.stdout
+
+    # only the failover store died: `up` restarts just that one
+    dead = stores["failover"]["pid"]
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pid_alive(dead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = automqctl("cluster", "up", cluster_dir=cluster_dir)
+    assert again.returncode == 0, again.stderr
+    assert "restarted s3-failover " in again.stdout, again.stdout
+    restarted = json.loads(
+        automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir).stdout
+    )
+    new = {s["name"]: s["pid"] for s in restarted["object_stores"]}
+    assert new["main"] == stores["main"]["pid"] and new["failover"] not in (None, dead)
+    pids = all_pids(restarted)
 
     down = automqctl("cluster", "down", cluster_dir=cluster_dir)
     assert down.returncode == 0, down.stderr

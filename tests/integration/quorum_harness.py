@@ -26,6 +26,7 @@ class QuorumHarness:
         session_timeout_ms: int = 2_000,
         buckets: list[BucketConfig] | None = None,
         destroy_retention_ms: int = 60_000,
+        api_secret: str | None = None,
     ):
         self.cluster = LocalCluster(directory)
         ports = find_free_ports(voters * 2)
@@ -36,6 +37,7 @@ class QuorumHarness:
             ],
             brokers=[],
             password=secrets.token_urlsafe(24),
+            api_secret=api_secret,
             buckets=buckets or [],
             settings=ControllerSettings(
                 broker_session_timeout_ms=session_timeout_ms,
@@ -44,7 +46,9 @@ class QuorumHarness:
             ),
         )
         self.cluster.save(self.config)
-        self.client = ControllerClient(self.config.quorum_config().api_addresses(), timeout_s=20)
+        self.client = ControllerClient(
+            self.config.quorum_config().api_addresses(), timeout_s=20, api_secret=api_secret
+        )
 
     def __enter__(self) -> QuorumHarness:
         for c in self.config.controllers:

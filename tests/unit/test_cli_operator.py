@@ -198,7 +198,7 @@ def test_2_errors_are_one_line_with_the_brokers_message_and_no_repr(monkeypatch,
     exc = InvalidTopicError(
         f"Request '{NewTopic('bad name!', 1, 1)!r}' failed with response '{response!r}'."
     )
-    monkeypatch.setattr(cli.topic, "_admin", lambda bootstrap: _FakeKafkaPythonAdmin(exc))
+    monkeypatch.setattr(cli.topic, "_admin", lambda bootstrap, dir: _FakeKafkaPythonAdmin(exc))
     res = run("topic", "create", "bad name!", "-b", "127.0.0.1:9")
     assert res.exit_code == 1
     line = one_error_line(res.output)

@@ -14,7 +14,6 @@ from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import RequestContext
-from tests.unit.inprocess_broker import inprocess_broker
 
 
 def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
@@ -35,14 +34,6 @@ def ctx(api_key: int, version: int) -> RequestContext:
         client_id="unit",
         peer=("127.0.0.1", 1),
     )
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def produce_req(topic: str, records: bytes, acks: int = -1):
@@ -162,6 +153,38 @@ def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothin
     part = fetched.responses[0].partitions[0]
     assert part.high_watermark == 2
     assert values_of(part.records) == [(0, b"x"), (1, b"y")]
+
+
+def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_request(
+    broker, monkeypatch
+):
+    """Object-storage failover: older data in a dead bucket cannot be read; the fetch
+    answers KAFKA_STORAGE_ERROR (clients retry) for that partition and nothing is skipped."""
+    from dataplane.kafka.partitions import PartitionLog
+    from dataplane.objectstore import ObjectStoreUnavailableError
+
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "old", "partitions": 1})
+    sync()
+
+    def bucket_down(self, offset: int, max_bytes: int) -> bytes:
+        raise ObjectStoreUnavailableError("bucket 0 is unavailable (writes failing); retry later")
+
+    async def scenario():
+        await apis.produce(produce_req("old", batch([b"a", b"b"])), ctx(0, 9))
+        with monkeypatch.context() as m:
+            m.setattr(PartitionLog, "read", bucket_down)
+            down = await apis.fetch(fetch_req("old", 0), ctx(1, 12))
+        healed = await apis.fetch(fetch_req("old", 0), ctx(1, 12))
+        return down, healed
+
+    down, healed = asyncio.run(scenario())
+    part = down.responses[0].partitions[0]
+    assert part.error_code == KafkaError.KAFKA_STORAGE_ERROR and not part.records
+    assert KafkaError.KAFKA_STORAGE_ERROR.retriable
+    again = healed.responses[0].partitions[0]
+    assert again.error_code == KafkaError.NONE
+    assert values_of(again.records) == [(0, b"a"), (1, b"b")]
 
 
 def list_offsets_req(topic: str, timestamp: int):

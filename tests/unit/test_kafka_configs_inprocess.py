@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     CreateTopicsRequest,
@@ -15,19 +14,10 @@ from kafka.protocol.admin import (
 )
 
 from dataplane.kafka.errors import KafkaError
-from tests.unit.inprocess_broker import inprocess_broker
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, produce_req
 
 TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def incremental(name: str, entries: list, validate_only: bool = False, rtype: int = TOPIC):

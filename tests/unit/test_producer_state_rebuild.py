@@ -116,3 +116,31 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
     plog = manager.get("t", 0)
     assert plog is not None and not manager._retry
     assert plog.producers.check(5, 0, 8, 11) == (ProducerStateTable.DUPLICATE, 8)
+
+
+def test_open_and_aborted_transactions_are_rebuilt_from_the_tail():
+    """A new leader knows which transactions are still open (the last stable offset stays
+    below them) and which were aborted (read_committed fetches report them)."""
+    from dataplane.kafka.partitions import TxnIndex
+    from dataplane.kafka.txn.markers import build_marker
+    from tests.unit.test_txn_inprocess import txn_batch
+
+    out, offset = [], 0
+
+    def add(data: bytes, count: int) -> None:
+        nonlocal offset
+        out.append(StreamRecordBatch(7, 0, offset, count, patch_batch(data, offset, 0)))
+        offset += count
+
+    add(txn_batch(10, 0, 0, [b"a", b"b"]), 2)  # 0-1: pid 10, later aborted
+    add(txn_batch(11, 0, 0, [b"c"]), 1)  # 2: pid 11, later committed
+    add(build_marker(10, 1, False, 0, 0), 1)  # 3: abort of pid 10 (epoch bumped)
+    add(build_marker(11, 0, True, 0, 0), 1)  # 4: commit of pid 11
+    add(txn_batch(12, 0, 0, [b"d"]), 1)  # 5: pid 12, still open
+    table, txns = ProducerStateTable(), TxnIndex()
+    rebuild_producer_state(FakeStream(out), table, txns)
+    assert txns.first_unstable() == 5
+    assert txns.aborted_between(0, 6) == [(10, 0)]
+    assert txns.aborted_between(4, 6) == []
+    # the abort marker's epoch fences the aborted producer's old epoch
+    assert table.check(10, 0, 2, 2) == ("error", 47)

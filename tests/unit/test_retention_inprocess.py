@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from kafka.protocol.admin import DeleteRecordsRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
@@ -15,18 +14,9 @@ from dataplane.kafka.admin_apis import AdminApis
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.retention import RetentionManager, retention_start_offset
 from dataplane.kafka.time_index import StoredPiece
-from tests.unit.inprocess_broker import inprocess_broker
 from tests.unit.test_kafka_apis_inprocess import ctx, fetch_req, list_offsets_req, produce_req
 
 NOW_MS = 1_800_000_000_000
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def records(count: int, ts_ms: int, size: int = 1000) -> bytes:

@@ -12,20 +12,11 @@ import pytest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from dataplane.kafka.errors import KafkaError
-from tests.unit.inprocess_broker import inprocess_broker
 from tests.unit.test_kafka_apis_inprocess import ctx, list_offsets_req, produce_req
 
 BASE_TS = 1_700_000_000_000
 PIECES = 32
 PER_BATCH = 10
-
-
-@pytest.fixture
-def broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    with inprocess_broker(tmp_path) as parts:
-        yield parts
 
 
 def batch(timestamps: list[int]) -> bytes:

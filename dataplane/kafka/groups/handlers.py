@@ -334,20 +334,23 @@ class GroupHandlers:
     # ------------------------------------------------------------------ OffsetFetch
 
     async def offset_fetch(self, request: Any, ctx: Any) -> Any:
-        """OffsetFetch v0-9 (v8+: several groups per request; require_stable ignored:
-        there are no transactional pending offsets here)."""
+        """OffsetFetch v0-9 (v8+: several groups per request; v7+ require_stable:
+        partitions with offsets of an undecided transaction are UNSTABLE_OFFSET_COMMIT)."""
         version = ctx.api_version
         if version >= 8:
             groups = []
             for group in request.groups or []:
-                error, topics = await self._fetch_group(group.group_id, group.topics, version)
+                error, topics = await self._fetch_group(
+                    group.group_id, group.topics, version, bool(request.require_stable)
+                )
                 groups.append(_FetchGroup(group_id=group.group_id, topics=topics, error_code=error))
             return OffsetFetchResponse[version](throttle_time_ms=0, groups=groups)
 
         requested = request.topics
         if version < 2 and requested is None:
             requested = []  # null "all topics" exists only from v2
-        error, topics = await self._fetch_group(request.group_id, requested, version)
+        stable = bool(request.require_stable) if version >= 7 else False
+        error, topics = await self._fetch_group(request.group_id, requested, version, stable)
         if error != KafkaError.NONE and version < 2:
             # No top-level error before v2: report it on every requested partition.
             topics = [
@@ -369,7 +372,7 @@ class GroupHandlers:
         return OffsetFetchResponse[version](throttle_time_ms=0, topics=topics, error_code=error)
 
     async def _fetch_group(
-        self, group_id: str, requested: list[Any] | None, version: int
+        self, group_id: str, requested: list[Any] | None, version: int, stable: bool = False
     ) -> tuple[int, list[Any]]:
         """Group-level error and the response topics (v8+ or pre-v8 classes per ``version``)."""
         error = self._group_error(group_id, allow_empty=True)
@@ -381,6 +384,10 @@ class GroupHandlers:
         error, offsets = await self._offsets.fetch_offsets(group_id, partitions)
         if error != KafkaError.NONE:
             return error, []
+        # KIP-447 require_stable: a partition with offsets of an undecided transaction is
+        # UNSTABLE_OFFSET_COMMIT (the consumer retries) rather than an older offset
+        pending_fn = getattr(self._store, "pending_partitions", None)
+        unstable = pending_fn(group_id) if stable and pending_fn is not None else set()
         by_topic: dict[str, list[tuple[int, CommittedOffset]]] = {}
         keys = partitions if partitions is not None else sorted(offsets)
         for topic, partition in keys:
@@ -400,7 +407,9 @@ class GroupHandlers:
                         committed_offset=committed.offset,
                         committed_leader_epoch=committed.leader_epoch,
                         metadata=committed.metadata if committed.metadata is not None else "",
-                        error_code=KafkaError.NONE,
+                        error_code=KafkaError.UNSTABLE_OFFSET_COMMIT
+                        if (name, partition) in unstable
+                        else KafkaError.NONE,
                     )
                     for partition, committed in entries
                 ],

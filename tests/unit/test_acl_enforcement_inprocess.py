@@ -1,0 +1,241 @@
+"""ACL enforcement around the real Kafka API handlers (in-process broker, no server):
+denied entries get Kafka's authorization errors, allowed ones are served, and nothing the
+principal may not see or do leaks through Metadata, auto-creation or group APIs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kafka.protocol.consumer import ListOffsetsRequest
+from kafka.protocol.metadata import MetadataRequest
+
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
+from dataplane.kafka.security.authorizer import Authorizer
+from dataplane.kafka.security.enforcement import AclEnforcer
+from tests.unit.inprocess_broker import inprocess_broker
+from tests.unit.test_kafka_apis_inprocess import batch, fetch_req, produce_req
+
+
+def ctx(api_key: int, version: int, principal: str | None = "User:alice") -> RequestContext:
+    return RequestContext(
+        api_key=api_key,
+        api_version=version,
+        correlation_id=1,
+        client_id="unit",
+        peer=("127.0.0.1", 1),
+        extras={"principal": principal} if principal else {},
+    )
+
+
+@pytest.fixture
+def secured(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with inprocess_broker(tmp_path) as (apis, controller, sync):
+        registry = ApiRegistry()
+        for cls, lo, hi, handler in apis.registrations():
+            registry.register(cls, lo, hi, handler)
+        AclEnforcer(Authorizer(["User:admin"]), apis.image_fn).install(registry)
+        for name in ("orders", "secret"):
+            controller.call("create_topic", {"name": name, "partitions": 1})
+        sync()
+
+        def handler(key: int):
+            return registry.get(key).handler
+
+        def grant(*bindings: dict) -> None:
+            controller.call("create_acls", {"bindings": list(bindings)})
+            sync()
+
+        yield handler, grant, controller
+
+
+def acl(op: str, name: str = "orders", rtype: str = "TOPIC", **kw) -> dict:
+    return {
+        "resource_type": rtype,
+        "resource_name": name,
+        "principal": "User:alice",
+        "operation": op,
+        "permission": "ALLOW",
+        **kw,
+    }
+
+
+def test_produce_and_fetch_need_write_and_read(secured):
+    handler, grant, _ = secured
+    produce, fetch = handler(0), handler(1)
+
+    denied = asyncio.run(produce(produce_req("orders", batch([b"x"])), ctx(0, 9)))
+    part = denied.responses[0].partition_responses[0]
+    assert (denied.responses[0].name, part.error_code) == (
+        "orders",
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    )
+
+    grant(acl("WRITE"))
+    ok = asyncio.run(produce(produce_req("orders", batch([b"x"])), ctx(0, 9)))
+    assert ok.responses[0].partition_responses[0].error_code == KafkaError.NONE
+    # a super user needs no ACL
+    admin = asyncio.run(produce(produce_req("secret", batch([b"s"])), ctx(0, 9, "User:admin")))
+    assert admin.responses[0].partition_responses[0].error_code == KafkaError.NONE
+
+    got = asyncio.run(fetch(fetch_req("orders", 0), ctx(1, 12)))
+    assert got.responses[0].partitions[0].error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert got.responses[0].partitions[0].records == b""  # no data leaks
+    grant(acl("READ"))
+    got = asyncio.run(fetch(fetch_req("orders", 0), ctx(1, 12)))
+    assert got.responses[0].partitions[0].error_code == KafkaError.NONE
+    assert got.responses[0].partitions[0].records
+
+
+def test_a_request_mixing_allowed_and_denied_topics_is_split(secured):
+    handler, grant, _ = secured
+    grant(acl("DESCRIBE"))
+    part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+        partition_index=0, current_leader_epoch=-1, timestamp=-1
+    )
+    req = ListOffsetsRequest[7](
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name=n, partitions=[part])
+            for n in ("orders", "secret")
+        ],
+    )
+    resp = asyncio.run(handler(2)(req, ctx(2, 7)))
+    codes = {t.name: t.partitions[0].error_code for t in resp.topics}
+    assert codes == {"orders": KafkaError.NONE, "secret": KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+
+def test_metadata_hides_topics_and_auto_creation_needs_create(secured):
+    handler, grant, controller = secured
+    metadata = handler(3)
+    everything = MetadataRequest[9](topics=None, allow_auto_topic_creation=True)
+    assert asyncio.run(metadata(everything, ctx(3, 9))).topics == []
+    grant(acl("DESCRIBE"))
+    names = [t.name for t in asyncio.run(metadata(everything, ctx(3, 9))).topics]
+    assert names == ["orders"]
+
+    def wanted():  # a fresh request each time, as the server decodes one per frame
+        return MetadataRequest[9](
+            topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in ("secret", "newtopic")],
+            allow_auto_topic_creation=True,
+        )
+
+    grant(acl("DESCRIBE", "newtopic"))
+    resp = asyncio.run(metadata(wanted(), ctx(3, 9)))
+    codes = {t.name: t.error_code for t in resp.topics}
+    assert codes["secret"] == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert codes["newtopic"] == KafkaError.UNKNOWN_TOPIC_OR_PARTITION  # not auto-created
+    assert "newtopic" not in [t["name"] for t in controller.image()["topics"].values()]
+    grant(acl("CREATE", "newtopic"))
+    resp = asyncio.run(metadata(wanted(), ctx(3, 9)))
+    assert {t.name: t.error_code for t in resp.topics}["newtopic"] in (
+        KafkaError.NONE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    )
+
+
+def test_idempotent_producer_needs_idempotent_write_or_some_topic_write(secured):
+    from kafka.protocol.producer import InitProducerIdRequest
+
+    handler, grant, _ = secured
+    init = handler(22)
+    req = InitProducerIdRequest[4](
+        transactional_id=None, transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1
+    )
+    denied = asyncio.run(init(req, ctx(22, 4)))
+    assert denied.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    grant(acl("WRITE"))  # WRITE on some topic lets an idempotent producer start
+    assert asyncio.run(init(req, ctx(22, 4))).error_code == KafkaError.NONE
+
+
+def test_an_api_without_a_rule_is_for_super_users_only():
+    registry = ApiRegistry()
+    enforcer = AclEnforcer(Authorizer(["User:admin"]), lambda: None)
+
+    async def describe_cluster(body, c):
+        return "served"
+
+    from kafka.protocol.admin import DescribeClusterRequest
+
+    registry.register(DescribeClusterRequest, 0, 0, describe_cluster)
+    enforcer.install(registry)
+    wrapped = registry.get(int(DescribeClusterRequest.API_KEY)).handler
+    assert asyncio.run(wrapped(None, ctx(60, 0, "User:admin"))) == "served"
+    with pytest.raises(CloseConnection):
+        asyncio.run(wrapped(None, ctx(60, 0, "User:alice")))
+
+
+def test_delete_records_and_cluster_admin_apis():
+    from kafka.protocol.admin import (
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
+        ListPartitionReassignmentsRequest,
+        ListPartitionReassignmentsResponse,
+    )
+
+    from controlplane.image import MetadataImage
+    from controlplane.records import AclBinding
+
+    image = MetadataImage(
+        acls={
+            "a": AclBinding(
+                resource_type="TOPIC",
+                resource_name="orders",
+                principal="User:alice",
+                operation="DELETE",
+                permission="ALLOW",
+            )
+        }
+    )
+    seen: list[list[str]] = []
+
+    async def delete_records(req, c):
+        seen.append([t.name for t in req.topics])
+        R = DeleteRecordsResponse
+        return R[2](
+            throttle_time_ms=0,
+            topics=[
+                R.DeleteRecordsTopicResult(
+                    name=t.name,
+                    partitions=[
+                        R.DeleteRecordsTopicResult.DeleteRecordsPartitionResult(
+                            partition_index=0, low_watermark=5, error_code=0
+                        )
+                    ],
+                )
+                for t in req.topics
+            ],
+        )
+
+    async def list_reassignments(req, c):
+        return ListPartitionReassignmentsResponse[0](throttle_time_ms=0, error_code=0, topics=[])
+
+    registry = ApiRegistry()
+    registry.register(DeleteRecordsRequest, 0, 2, delete_records)
+    registry.register(ListPartitionReassignmentsRequest, 0, 0, list_reassignments)
+    AclEnforcer(Authorizer(["User:admin"]), lambda: image).install(registry)
+
+    P = DeleteRecordsRequest.DeleteRecordsTopic.DeleteRecordsPartition
+    req = DeleteRecordsRequest[2](
+        topics=[
+            DeleteRecordsRequest.DeleteRecordsTopic(
+                name=n, partitions=[P(partition_index=0, offset=5)]
+            )
+            for n in ("orders", "secret")
+        ],
+        timeout_ms=1000,
+    )
+    resp = asyncio.run(registry.get(21).handler(req, ctx(21, 2)))
+    assert seen == [["orders"]]  # the denied topic never reached the handler
+    codes = {t.name: t.partitions[0].error_code for t in resp.topics}
+    assert codes == {"orders": 0, "secret": KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+    lpr = ListPartitionReassignmentsRequest[0](timeout_ms=1000, topics=None)
+    denied = asyncio.run(registry.get(46).handler(lpr, ctx(46, 0)))
+    assert denied.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    allowed = asyncio.run(registry.get(46).handler(lpr, ctx(46, 0, "User:admin")))
+    assert allowed.error_code == 0

@@ -1,0 +1,95 @@
+"""What `cluster up --sasl --tls` writes: a private directory, the controller API secret,
+a CA and broker certificate a TLS client verifies, the flags fixed at creation; and a
+config written before the secret existed gets one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import stat
+import threading
+
+import pytest
+
+from cli.processes import ClusterConfig, LocalCluster, flag_differences
+from dataplane.kafka.security.tls import server_ssl_context
+
+BUCKETS = "0@s3://main?region=us-east-1&endpoint=http://127.0.0.1:9"
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def secured(tmp_path) -> tuple[LocalCluster, ClusterConfig]:
+    cluster = LocalCluster(tmp_path / "c")
+    config = cluster.create(1, 1, ["az1"], None, BUCKETS, 6000, sasl=True, tls=True)
+    return cluster, config
+
+
+def test_files_are_private_and_the_secret_is_stored(secured):
+    cluster, config = secured
+    assert mode(cluster.dir) == 0o700
+    assert config.api_secret and len(config.api_secret) >= 16
+    assert cluster.api_secret_path.read_text().strip() == config.api_secret
+    assert mode(cluster.api_secret_path) == 0o600
+    assert mode(cluster.config_path) == 0o600
+    assert config.quorum_config().api_secret == config.api_secret
+    assert mode(cluster.tls_dir) == 0o700
+    assert mode(cluster.tls_dir / "server.key") == 0o600
+    assert mode(cluster.tls_dir / "ca.key") == 0o600
+    assert config.security_protocol == "SASL_SSL"
+
+
+def test_the_flags_are_fixed_at_creation(secured):
+    _, config = secured
+    assert flag_differences(config, sasl=True, tls=True) == []
+    differ = flag_differences(config, sasl=False, tls=False)
+    assert len(differ) == 2 and "--no-sasl" in differ[0] and "--no-tls" in differ[1]
+
+
+def test_an_old_config_gets_a_secret(tmp_path):
+    cluster = LocalCluster(tmp_path / "old")
+    config = cluster.create(1, 1, ["az1"], None, BUCKETS, 6000)
+    config.api_secret = None
+    cluster.save(config)
+    cluster.ensure_api_secret(config)
+    assert config.api_secret and cluster.load().api_secret == config.api_secret
+    assert cluster.api_secret_path.read_text().strip() == config.api_secret
+
+
+def test_a_client_trusting_the_ca_verifies_the_broker_certificate(secured):
+    cluster, _ = secured
+    server_ctx = server_ssl_context(cluster.tls_dir / "server.pem", cluster.tls_dir / "server.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    errors: list[Exception] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.sendall(tls.recv(5))
+        except (ssl.SSLError, OSError) as exc:
+            errors.append(exc)
+
+    for host in ("127.0.0.1", "localhost"):
+        t = threading.Thread(target=serve)
+        t.start()
+        client_ctx = ssl.create_default_context(cafile=str(cluster.tls_dir / "ca.pem"))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with client_ctx.wrap_socket(raw, server_hostname=host) as tls:
+                tls.sendall(b"hello")
+                assert tls.recv(5) == b"hello"
+        t.join(5)
+    # a client that does not trust the CA refuses the certificate
+    t = threading.Thread(target=serve)
+    t.start()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            ssl.create_default_context().wrap_socket(raw, server_hostname="127.0.0.1")
+    t.join(5)
+    listener.close()
+    assert len(errors) == 1  # only the untrusting client's handshake failed

@@ -1,0 +1,384 @@
+"""Transactions through the Kafka API layer with no server: the in-process controller (the
+real state machine), the real engine and partitions, moto S3; the transaction coordinator
+and the group offset store wired as the broker wires them."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.metadata import FindCoordinatorRequest
+from kafka.protocol.producer import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsToTxnRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    ProduceRequest,
+    TxnOffsetCommitRequest,
+    WriteTxnMarkersRequest,
+)
+from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
+
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.groups.coordinator import GroupCoordinator
+from dataplane.kafka.offset_store import KVOffsetStore
+from dataplane.kafka.registry import RequestContext
+from dataplane.kafka.txn.coordinator import TransactionCoordinator
+from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
+from tests.unit.inprocess_broker import inprocess_broker
+
+TOPIC = "txn-topic"
+
+
+def ctx(api_key: int, version: int) -> RequestContext:
+    return RequestContext(
+        api_key=api_key, api_version=version, correlation_id=1, client_id="unit", peer=("x", 1)
+    )
+
+
+def txn_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    builder.set_producer_state(pid, epoch, seq, True)
+    for i, value in enumerate(values):
+        builder.append(timestamp=1_700_000_000_000 + i, key=None, value=value, headers=[])
+    builder.close()
+    return bytes(builder.buffer())
+
+
+class Harness:
+    def __init__(self, apis, controller, sync, clock):
+        self.apis, self.controller, self.sync = apis, controller, sync
+        image_fn = apis.image_fn
+        self.groups = GroupCoordinator()
+        self.store = KVOffsetStore(controller, image_fn, 1, apis.node_epoch_fn)
+        self.clock = clock
+        self.coordinator = self.new_coordinator()
+        self.txn = TxnHandlers(
+            self.coordinator, image_fn, apis.partitions, self.groups, self.store, lambda g: True
+        )
+        apis.txn = self.txn
+
+    def new_coordinator(self) -> TransactionCoordinator:
+        return TransactionCoordinator(
+            1,
+            self.apis.image_fn,
+            self.controller,
+            self.apis.node_epoch_fn,
+            self.apis._next_producer_id,
+            self.apis.partitions,
+            lambda slot, pid, commit: complete_group_offsets(self.store, slot, pid, commit),
+            clock_ms=lambda: self.clock[0],
+        )
+
+    def run(self, coro):
+        return asyncio.run(coro)
+
+    def init_pid(self, txn_id: str, timeout_ms: int = 60_000, version: int = 4):
+        req = InitProducerIdRequest[version](
+            transactional_id=txn_id,
+            transaction_timeout_ms=timeout_ms,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+        return self.run(self.apis.init_producer_id(req, ctx(22, version)))
+
+    def add_partitions(self, txn_id, pid, epoch, partitions=(0,)):
+        R = AddPartitionsToTxnRequest
+        req = R[3](
+            v3_and_below_transactional_id=txn_id,
+            v3_and_below_producer_id=pid,
+            v3_and_below_producer_epoch=epoch,
+            v3_and_below_topics=[
+                R.AddPartitionsToTxnTopic(name=TOPIC, partitions=list(partitions))
+            ],
+        )
+        resp = self.run(self.txn.add_partitions_to_txn(req, ctx(24, 3)))
+        return [
+            p.partition_error_code
+            for t in resp.results_by_topic_v3_and_below
+            for p in t.results_by_partition
+        ]
+
+    def end(self, txn_id, pid, epoch, commit: bool):
+        req = EndTxnRequest[3](
+            transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, committed=commit
+        )
+        return self.run(self.txn.end_txn(req, ctx(26, 3))).error_code
+
+    def produce(self, records: bytes, partition: int = 0):
+        P = ProduceRequest.TopicProduceData
+        req = ProduceRequest[9](
+            transactional_id="x",
+            acks=-1,
+            timeout_ms=5_000,
+            topic_data=[
+                P(
+                    name=TOPIC,
+                    partition_data=[P.PartitionProduceData(index=partition, records=records)],
+                )
+            ],
+        )
+        resp = self.run(self.apis.produce(req, ctx(0, 9)))
+        return resp.responses[0].partition_responses[0].error_code
+
+    def fetch(self, isolation: int, offset: int = 0):
+        part = FetchRequest.FetchTopic.FetchPartition(
+            partition=0,
+            current_leader_epoch=-1,
+            fetch_offset=offset,
+            last_fetched_epoch=-1,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        req = FetchRequest[12](
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=isolation,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                FetchRequest.FetchTopic(topic=TOPIC, topic_id=uuid.UUID(int=0), partitions=[part])
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        resp = self.run(self.apis.fetch(req, ctx(1, 12)))
+        p = resp.responses[0].partitions[0]
+        values, controls = [], 0
+        records = MemoryRecords(p.records) if p.records else None
+        while records is not None and records.has_next():
+            batch = records.next_batch()
+            if batch.is_control_batch:
+                controls += 1
+                continue
+            values += [r.value for r in batch]
+        aborted = [(a.producer_id, a.first_offset) for a in p.aborted_transactions or []]
+        return values, controls, p.last_stable_offset, p.high_watermark, aborted
+
+    def latest(self, isolation: int) -> int:
+        R = ListOffsetsRequest
+        req = R[5](
+            replica_id=-1,
+            isolation_level=isolation,
+            topics=[
+                R.ListOffsetsTopic(
+                    name=TOPIC,
+                    partitions=[
+                        R.ListOffsetsTopic.ListOffsetsPartition(
+                            partition_index=0, current_leader_epoch=-1, timestamp=-1
+                        )
+                    ],
+                )
+            ],
+        )
+        resp = self.run(self.apis.list_offsets(req, ctx(2, 5)))
+        return resp.topics[0].partitions[0].offset
+
+
+@pytest.fixture
+def h(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with inprocess_broker(tmp_path) as (apis, controller, sync):
+        controller.call("create_topic", {"name": TOPIC, "partitions": 2})
+        sync()
+        yield Harness(apis, controller, sync, [1_000_000])
+
+
+def test_find_coordinator_for_a_transactional_id_names_the_slot_owner(h):
+    req = FindCoordinatorRequest[4](key_type=1, coordinator_keys=["my-txn"])
+    resp = h.run(h.apis.find_coordinator(req, ctx(10, 4)))
+    c = resp.coordinators[0]
+    assert (c.error_code, c.node_id, c.port) == (KafkaError.NONE, 1, 9092)
+
+
+def test_timeout_above_the_maximum_is_refused_at_once(h):
+    resp = h.init_pid("t-timeout", timeout_ms=900_001)
+    assert resp.error_code == KafkaError.INVALID_TRANSACTION_TIMEOUT
+    assert h.init_pid("t-timeout", timeout_ms=900_000).error_code == KafkaError.NONE
+
+
+def test_commit_and_abort_with_read_committed_and_aborted_list(h):
+    r = h.init_pid("t1")
+    assert r.error_code == KafkaError.NONE and r.producer_epoch == 0
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert h.add_partitions("t1", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 0, [b"a", b"b"])) == KafkaError.NONE
+    # open transaction: read_committed sees nothing, LSO stays at its first offset
+    assert h.fetch(1)[0] == [] and h.fetch(1)[2] == 0
+    assert h.fetch(0)[0] == [b"a", b"b"]
+    assert h.latest(1) == 0 and h.latest(0) == 2
+    assert h.end("t1", pid, epoch, True) == KafkaError.NONE
+    values, controls, lso, hw, aborted = h.fetch(1)
+    assert values == [b"a", b"b"] and controls == 1 and lso == hw == 3 and aborted == []
+    # second transaction, aborted
+    assert h.add_partitions("t1", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 2, [b"x"])) == KafkaError.NONE
+    assert h.end("t1", pid, epoch, False) == KafkaError.NONE
+    values, controls, lso, hw, aborted = h.fetch(1)
+    assert lso == hw == 5 and aborted == [(pid, 3)]
+    # the client drops aborted records itself; read_uncommitted sees them
+    assert h.fetch(0)[0] == [b"a", b"b", b"x"]
+    # a retried EndTxn of the completed decision succeeds; the other decision does not
+    assert h.end("t1", pid, epoch, False) == KafkaError.NONE
+    assert h.end("t1", pid, epoch, True) == KafkaError.INVALID_TXN_STATE
+
+
+def test_new_instance_fences_the_old_one_and_aborts_its_open_transaction(h):
+    old = h.init_pid("t2")
+    pid, e0 = old.producer_id, old.producer_epoch
+    assert h.add_partitions("t2", pid, e0) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, e0, 0, [b"zombie"])) == KafkaError.NONE
+    new = h.init_pid("t2")
+    assert new.error_code == KafkaError.NONE and new.producer_id == pid and new.producer_epoch > e0
+    # the open transaction was aborted: nothing unstable left
+    _, _, lso, hw, aborted = h.fetch(1)
+    assert lso == hw and aborted == [(pid, 0)]
+    # the old instance is fenced at the coordinator and at the partition
+    assert h.add_partitions("t2", pid, e0) == [KafkaError.PRODUCER_FENCED]
+    assert h.end("t2", pid, e0, True) == KafkaError.PRODUCER_FENCED
+    assert h.produce(txn_batch(pid, e0, 1, [b"late"])) == KafkaError.INVALID_PRODUCER_EPOCH
+    # the new one works from sequence 0
+    assert h.add_partitions("t2", pid, new.producer_epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, new.producer_epoch, 0, [b"ok"])) == KafkaError.NONE
+    assert h.end("t2", pid, new.producer_epoch, True) == KafkaError.NONE
+    assert b"ok" in h.fetch(1)[0]
+
+
+def test_bad_transactional_ids_are_refused_and_store_nothing(h):
+    assert h.init_pid("").error_code == KafkaError.INVALID_REQUEST
+    assert h.init_pid("x" * 1025).error_code == KafkaError.INVALID_REQUEST
+    assert h.add_partitions("", 1, 0) == [KafkaError.INVALID_REQUEST]
+    assert h.end("", 1, 0, True) == KafkaError.INVALID_REQUEST
+    assert not [k for k in h.apis.image_fn().kv if k.startswith("txn-state/")]
+
+
+def test_unknown_partition_and_unknown_producer(h):
+    r = h.init_pid("t3")
+    assert h.add_partitions("t3", r.producer_id, r.producer_epoch, (0, 7)) == [
+        KafkaError.OPERATION_NOT_ATTEMPTED,
+        KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+    ]
+    assert h.add_partitions("t3", r.producer_id + 999, 0) == [
+        KafkaError.INVALID_PRODUCER_ID_MAPPING
+    ]
+    assert h.add_partitions("nobody", 5, 0) == [KafkaError.INVALID_PRODUCER_ID_MAPPING]
+
+
+def offset_fetch(h: Harness, require_stable: bool) -> tuple[int, int]:
+    """(error, offset) of partition 0 of TOPIC in group g1 via OffsetFetch v7."""
+    from kafka.protocol.consumer import OffsetFetchRequest
+
+    from dataplane.kafka.groups.handlers import GroupHandlers
+
+    groups = GroupHandlers(h.groups, h.store, lambda g: True)
+    T = OffsetFetchRequest.OffsetFetchRequestTopic
+    req = OffsetFetchRequest[7](
+        group_id="g1",
+        topics=[T(name=TOPIC, partition_indexes=[0])],
+        require_stable=require_stable,
+    )
+    resp = h.run(groups.offset_fetch(req, ctx(9, 7)))
+    p = resp.topics[0].partitions[0]
+    return p.error_code, p.committed_offset
+
+
+def test_txn_offsets_become_visible_on_commit_only(h):
+    r = h.init_pid("t4")
+    pid, epoch = r.producer_id, r.producer_epoch
+    req = AddOffsetsToTxnRequest[3](
+        transactional_id="t4", producer_id=pid, producer_epoch=epoch, group_id="g1"
+    )
+    assert h.run(h.txn.add_offsets_to_txn(req, ctx(25, 3))).error_code == KafkaError.NONE
+
+    def commit_offsets(offset: int, generation: int = -1, member: str = ""):
+        T = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+        req = TxnOffsetCommitRequest[3](
+            transactional_id="t4",
+            group_id="g1",
+            producer_id=pid,
+            producer_epoch=epoch,
+            generation_id=generation,
+            member_id=member,
+            group_instance_id=None,
+            topics=[
+                T(
+                    name=TOPIC,
+                    partitions=[
+                        T.TxnOffsetCommitRequestPartition(
+                            partition_index=0,
+                            committed_offset=offset,
+                            committed_leader_epoch=-1,
+                            committed_metadata="",
+                        )
+                    ],
+                )
+            ],
+        )
+        resp = h.run(h.txn.txn_offset_commit(req, ctx(28, 3)))
+        return resp.topics[0].partitions[0].error_code
+
+    # KIP-447: a generation the group does not have is refused
+    assert commit_offsets(10, generation=3, member="m") == KafkaError.ILLEGAL_GENERATION
+    assert commit_offsets(10) == KafkaError.NONE
+    assert h.run(h.store.fetch("g1", None)) == {}  # pending: not visible
+    assert h.store.pending_partitions("g1") == {(TOPIC, 0)}
+    # KIP-447: a consumer asking for stable offsets is told to retry meanwhile
+    assert offset_fetch(h, require_stable=True) == (KafkaError.UNSTABLE_OFFSET_COMMIT, -1)
+    assert offset_fetch(h, require_stable=False) == (KafkaError.NONE, -1)
+    assert h.end("t4", pid, epoch, True) == KafkaError.NONE
+    assert h.run(h.store.fetch("g1", None))[(TOPIC, 0)].offset == 10
+    assert h.store.pending_partitions("g1") == set()
+    assert offset_fetch(h, require_stable=True) == (KafkaError.NONE, 10)
+    # aborted offsets are dropped
+    assert h.run(h.txn.add_offsets_to_txn(req, ctx(25, 3))).error_code == KafkaError.NONE
+    assert commit_offsets(20) == KafkaError.NONE
+    assert h.end("t4", pid, epoch, False) == KafkaError.NONE
+    assert h.run(h.store.fetch("g1", None))[(TOPIC, 0)].offset == 10
+
+
+def test_write_txn_markers_api_writes_into_the_partition(h):
+    r = h.init_pid("t5")
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert h.add_partitions("t5", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 0, [b"m"])) == KafkaError.NONE
+    R = WriteTxnMarkersRequest
+    req = R[1](
+        markers=[
+            R.WritableTxnMarker(
+                producer_id=pid,
+                producer_epoch=epoch,
+                transaction_result=True,
+                topics=[
+                    R.WritableTxnMarker.WritableTxnMarkerTopic(name=TOPIC, partition_indexes=[0])
+                ],
+                coordinator_epoch=0,
+            )
+        ]
+    )
+    resp = h.run(h.txn.write_txn_markers(req, ctx(27, 1)))
+    assert resp.markers[0].topics[0].partitions[0].error_code == KafkaError.NONE
+    assert h.fetch(1)[0] == [b"m"]
+
+
+def test_state_is_durable_a_new_coordinator_aborts_expired_and_finishes_prepared(h):
+    r = h.init_pid("t6", timeout_ms=10_000)
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert h.add_partitions("t6", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 0, [b"lost"])) == KafkaError.NONE
+    # the coordinator dies; a fresh one (as after a slot move) knows only the KV
+    fresh = h.new_coordinator()
+    h.run(fresh.tick())
+    assert fresh.snapshot()["t6"].state.value == "Ongoing"
+    assert h.fetch(1)[2] == 0  # still unstable
+    h.clock[0] += 10_001
+    h.run(fresh.tick())
+    meta = fresh.snapshot()["t6"]
+    assert meta.state.value == "CompleteAbort" and meta.producer_epoch == epoch + 1
+    _, _, lso, hw, aborted = h.fetch(1)
+    assert lso == hw and aborted == [(pid, 0)]
+    assert h.produce(txn_batch(pid, epoch, 1, [b"zombie"])) == KafkaError.INVALID_PRODUCER_EPOCH
