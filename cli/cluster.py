@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -50,6 +51,13 @@ def _wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.3)
     raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+class WALKind(str, enum.Enum):
+    """Where brokers keep their write-ahead log (`cluster up --wal`)."""
+
+    file = "file"
+    s3 = "s3"
+
+
 _UP_FLAGS = (
     "brokers",
     "controllers",
@@ -62,6 +70,7 @@ _UP_FLAGS = (
     "sasl",
     "tls",
     "retention_check_interval_s",
+    "wal",
 )
 
 
@@ -75,6 +84,8 @@ def _given_flags(ctx: typer.Context, values: dict) -> dict:
             given[name] = values[name]
     if "azs" in given:
         given["azs"] = [a.strip() for a in given["azs"].split(",") if a.strip()]
+    if "wal" in given:
+        given["wal"] = given["wal"].value
     return given
 
 
@@ -121,6 +132,12 @@ def up(
         min=0.1,
         max=86400,
         help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
+    ),
+    wal: WALKind = typer.Option(
+        WALKind.file,
+        "--wal",
+        help="where brokers keep their WAL: file (a local file) or s3 (objects under "
+        "wal/node-N in the main bucket, recoverable from any host)",
     ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
@@ -176,6 +193,7 @@ def up(
                 sasl=sasl,
                 tls=tls,
                 retention_check_interval_s=retention_check_interval_s,
+                wal=wal.value,
             )
             created = True
             missing = cluster.component_names(config)
@@ -595,7 +613,9 @@ def _print_status(status: dict) -> None:
         f"metadata offset: {known_or_dash('metadata_offset')}"
         + ("" if known else "  (unknown without a controller leader)")
     )
-    if status.get("wal_allocated_bytes") is not None:
+    if status.get("wal") == "s3":
+        console.print("WAL: objects under wal/node-N of the main bucket (--wal s3), no disk")
+    elif status.get("wal_allocated_bytes") is not None:
         per = status["wal_capacity_bytes_per_broker"]
         console.print(
             f"disk: {len(status['brokers'])} brokers x {per / MIB:g} MiB WAL = "

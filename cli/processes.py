@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -95,6 +96,8 @@ class ClusterConfig(BaseModel):
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
     broker_retention_check_interval_s: float | None = Field(default=None, gt=0, le=86400)
+    # where brokers keep their WAL: a local file, or objects in the main bucket (s3)
+    broker_wal: Literal["file", "s3"] = "file"
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
@@ -401,6 +404,7 @@ class LocalCluster:
         sasl: bool = False,
         tls: bool = False,
         retention_check_interval_s: float | None = None,
+        wal: Literal["file", "s3"] = "file",
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -481,6 +485,7 @@ class LocalCluster:
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
             broker_retention_check_interval_s=retention_check_interval_s,
+            broker_wal=wal,
             azs=list(azs),
             base_port=base_port,
             sasl=sasl,
@@ -719,6 +724,8 @@ class LocalCluster:
             storage["retention_check_interval_ms"] = round(
                 config.broker_retention_check_interval_s * 1000
             )
+        if config.broker_wal == "s3":
+            storage["wal_uri"] = broker_wal_uri(config, node_id)
         bcfg = BrokerConfig(
             node_id=node_id,
             az=spec.az,
@@ -840,6 +847,15 @@ _OWN_ENTRIES = {
 MIB = 1024 * 1024
 
 
+def broker_wal_uri(config: ClusterConfig, node_id: int) -> str:
+    """An s3 cluster's broker WAL: objects under wal/node-N of the main (first) bucket,
+    reached with the brokers' bucket credentials (the URI itself holds no secret)."""
+    from dataplane.objectstore.bucket_uri import BucketURI
+
+    main = BucketURI.parse(config.buckets[0].uri).bucket
+    return f"s3://{main}/wal/node-{node_id}"
+
+
 def effective_wal_capacity_bytes(config: ClusterConfig) -> int:
     from dataplane.config import WAL_CAPACITY_BYTES
 
@@ -860,6 +876,7 @@ def flag_differences(
     sasl: bool | None = None,
     tls: bool | None = None,
     retention_check_interval_s: float | None = None,
+    wal: str | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -927,6 +944,8 @@ def flag_differences(
                 f"--retention-check-interval-s {retention_check_interval_s:g} "
                 f"(the cluster has {have_s:g})"
             )
+    if wal is not None and wal != config.broker_wal:
+        out.append(f"--wal {wal} (the cluster has {config.broker_wal})")
     return out
 
 

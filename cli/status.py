@@ -170,7 +170,11 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "coordinator_slot_owners": (leader_view or {}).get("coordinator_slot_owners", []),
         # local disk `cluster up` gives the brokers' WALs (each file is preallocated)
         "wal_capacity_bytes_per_broker": wal_capacity,
-        "wal_allocated_bytes": wal_capacity * len(config.brokers),
+        # an s3 WAL (`--wal s3`) takes no local disk
+        "wal": config.broker_wal,
+        "wal_allocated_bytes": wal_capacity * len(config.brokers)
+        if config.broker_wal == "file"
+        else 0,
     }
 
 

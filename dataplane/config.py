@@ -34,6 +34,8 @@ class BrokerConfig(BaseModel):
     # bucket URIs with credentials (this file is mode 0600); empty: no storage engine
     bucket_uris: str = ""
     wal_capacity_bytes: int = Field(default=WAL_CAPACITY_BYTES, ge=16 * 1024 * 1024)
+    # the WAL's URI (file:///abs/path or s3://bucket/prefix); empty: a file in data_dir
+    wal_uri: str = Field(default="", max_length=1024)
     upload_threshold_bytes: int = Field(default=UPLOAD_THRESHOLD_BYTES, ge=1024 * 1024)
     upload_interval_s: float = Field(default=UPLOAD_INTERVAL_S, gt=0, le=3600)
     block_cache_bytes: int = Field(default=BLOCK_CACHE_BYTES, ge=16 * 1024 * 1024)

@@ -84,7 +84,7 @@ class BrokerNode:
     @property
     def wal_uri(self) -> str:
         """This broker's WAL (the URI other brokers take over on a crash failover)."""
-        return wal_uri_for_path(self.config.data_dir / "storage" / "wal")
+        return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
         req = RegisterBrokerRequest(

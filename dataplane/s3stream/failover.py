@@ -68,11 +68,11 @@ def recover_failed_wal(
     started = time.monotonic()
     result = FailoverResult(failed_node_id, failover_epoch)
     try:
-        exists = wal_exists(wal_uri)
+        exists = wal_exists(wal_uri, objects=storage.objects)
     except UnsupportedWALError as exc:
         raise FailoverError(f"cannot recover the WAL of node {failed_node_id}: {exc}") from None
     if exists:
-        handle = take_over_wal(wal_uri, storage.node_id, failover_epoch)
+        handle = take_over_wal(wal_uri, storage.node_id, failover_epoch, objects=storage.objects)
         try:
             end = _upload_uncommitted(storage, handle.recover(), failed_node_id, result)
             if end is not None:

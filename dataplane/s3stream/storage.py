@@ -284,6 +284,7 @@ class S3Storage:
             self.node_id,
             self.node_epoch,
             capacity_bytes=self.config.wal_capacity_bytes,
+            objects=self.objects,  # reaches an s3:// WAL with the broker's bucket config
         )
         metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()

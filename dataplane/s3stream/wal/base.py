@@ -1,8 +1,9 @@
 """The write-ahead-log interface of the S3Stream engine.
 
-Two implementations are planned: :class:`~dataplane.s3stream.wal.file_wal.FileWAL`
-(a preallocated local file / cloud disk, seed 001) and an object-storage WAL
-(the zone router's RouterChannel, seed 000). Both give records a monotonically
+Two implementations: :class:`~dataplane.s3stream.wal.file_wal.FileWAL` (a preallocated
+local file / cloud disk, seed 001) and :class:`~dataplane.s3stream.wal.object_wal.ObjectWAL`
+(objects in the object store; AutoMQ's default, and the zone router's RouterChannel storage,
+seed 000). Both give records a monotonically
 increasing *logical offset*; a record is identified by it, trimming is
 expressed with it, and recovery returns records in offset order.
 """

@@ -6,8 +6,15 @@ failover). The engine (`storage.py`) and WAL failover (`failover.py`) depend on 
 `WriteAheadLog` / `WALRecovery` only, so a second implementation (an object-storage WAL, the
 zone router's RouterChannel) plugs in by its scheme without touching them.
 
-Schemes: `file:///abs/path` is the local-file WAL (`FileWAL`), reachable by other brokers of
-the same host (standing in for a multi-attach cloud disk).
+Schemes:
+
+* `file:///abs/path` is the local-file WAL (`FileWAL`), reachable by other brokers of the
+  same host (standing in for a multi-attach cloud disk);
+* `s3://<bucket>/<prefix>` is the object-storage WAL (`ObjectWAL`, AutoMQ's default): objects
+  under `<prefix>` in one of the broker's configured buckets, named by its bucket name (or
+  its bucket id), with the credentials of the broker's bucket config - so the URI a broker
+  registers holds no secret, and any broker with the same buckets can take it over. These
+  calls need the broker's `ObjectStorage` (`objects=`).
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.wal import object_wal
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
 from dataplane.s3stream.wal.file_wal import FileWAL, FileWALConfig, take_over
+from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig, ObjectWALLocation
 
 
 class WALRecovery(Protocol):
@@ -41,10 +51,20 @@ def wal_uri_for_path(path: str | os.PathLike[str]) -> str:
     return Path(path).resolve().as_uri()
 
 
+def wal_uri_for_object_prefix(bucket: str, prefix: str) -> str:
+    """The `s3://` URI of an object-storage WAL under `prefix` of the bucket named `bucket`."""
+    ObjectWALLocation(0, prefix)  # validates the prefix
+    return f"s3://{bucket}/{prefix}"
+
+
+def _is_s3(uri: str) -> bool:
+    return urlparse(uri).scheme == "s3"
+
+
 def _file_path(uri: str) -> Path:
     parsed = urlparse(uri)
     if parsed.scheme != "file":
-        known = "file:///abs/path"
+        known = "file:///abs/path or s3://bucket/prefix"
         raise UnsupportedWALError(f"unsupported WAL URI {uri!r}: expected {known}")
     if parsed.netloc not in ("", "localhost"):
         raise UnsupportedWALError(
@@ -56,8 +76,40 @@ def _file_path(uri: str) -> Path:
     return path
 
 
-def wal_exists(uri: str) -> bool:
+def _object_location(uri: str, objects: ObjectStorage | None) -> ObjectWALLocation:
+    """Resolve `s3://<bucket name or id>/<prefix>` against the broker's buckets."""
+    parsed = urlparse(uri)
+    if parsed.query or parsed.fragment or parsed.params or "@" in parsed.netloc:
+        raise UnsupportedWALError(
+            f"WAL URI {uri!r}: expected s3://bucket/prefix (credentials and options come "
+            "from the broker's bucket config)"
+        )
+    if objects is None:
+        raise UnsupportedWALError(
+            f"WAL URI {uri!r} is in object storage, but no bucket config was given to reach it"
+        )
+    name = parsed.netloc
+    ids = [i for i in objects.bucket_ids if objects.bucket(i).bucket == name]
+    if not ids and name.isdigit() and int(name) in objects.bucket_ids:
+        ids = [int(name)]
+    if not ids:
+        configured = sorted(objects.bucket(i).bucket for i in objects.bucket_ids)
+        raise UnsupportedWALError(
+            f"WAL URI {uri!r} names bucket {name!r}, which is not configured here "
+            f"(buckets: {configured})"
+        )
+    try:
+        return ObjectWALLocation(ids[0], unquote(parsed.path).strip("/"))
+    except ValueError as exc:
+        raise UnsupportedWALError(f"WAL URI {uri!r}: {exc}") from None
+
+
+def wal_exists(uri: str, *, objects: ObjectStorage | None = None) -> bool:
     """Whether the WAL behind `uri` has been created (failover of a node that never wrote)."""
+    if _is_s3(uri):
+        where = _object_location(uri, objects)
+        assert objects is not None  # _object_location refused None
+        return object_wal.object_wal_exists(objects, where)
     return _file_path(uri).exists()
 
 
@@ -68,14 +120,30 @@ def open_wal(
     *,
     capacity_bytes: int | None = None,
     config: FileWALConfig | None = None,
+    objects: ObjectStorage | None = None,
+    object_config: ObjectWALConfig | None = None,
 ) -> WriteAheadLog:
     """Open (or create) the WAL at `uri` as owner (node_id, node_epoch)."""
+    if _is_s3(uri):
+        where = _object_location(uri, objects)
+        assert objects is not None
+        if capacity_bytes is None:
+            raise ValueError("an s3:// WAL needs capacity_bytes (the most untrimmed bytes)")
+        return ObjectWAL.open(
+            objects, where, node_id, node_epoch, capacity_bytes=capacity_bytes, config=object_config
+        )
     path = _file_path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileWAL.open(path, node_id, node_epoch, capacity_bytes=capacity_bytes, config=config)
 
 
-def take_over_wal(uri: str, node_id: int, failover_epoch: int) -> WALRecovery:
+def take_over_wal(
+    uri: str, node_id: int, failover_epoch: int, *, objects: ObjectStorage | None = None
+) -> WALRecovery:
     """Reserve the WAL at `uri` for recovery by `node_id` with `failover_epoch`: from the
     moment this returns its previous owner can no longer acknowledge an append."""
+    if _is_s3(uri):
+        where = _object_location(uri, objects)
+        assert objects is not None
+        return object_wal.take_over(objects, where, node_id, failover_epoch)
     return take_over(_file_path(uri), node_id, failover_epoch)

@@ -1,0 +1,446 @@
+"""The object-storage WAL (s3://bucket/prefix) against moto: group commit, recovery,
+trim, and the fencing rule that keeps an old owner's late objects out of every recovery."""
+
+from __future__ import annotations
+
+import threading
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.wal import (
+    WALCorruptError,
+    WALError,
+    WALFencedError,
+    WALTakeoverRefusedError,
+    WriteAheadLog,
+)
+from dataplane.s3stream.wal.factory import (
+    UnsupportedWALError,
+    open_wal,
+    take_over_wal,
+    wal_exists,
+    wal_uri_for_path,
+)
+from dataplane.s3stream.wal.object_format import (
+    DataKey,
+    SealKey,
+    Writer,
+    data_key,
+    encode_object,
+    resolve_chain,
+)
+from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig
+
+BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-wal?region=us-east-1"
+URI = "s3://automq-wal/wal/node-1"
+CAPACITY = 64 << 20
+
+
+@pytest.fixture
+def objects(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="automq-main")
+        s3.create_bucket(Bucket="automq-wal")
+        with ObjectStorage(BUCKETS, merge_window_ms=0) as store:
+            yield store
+
+
+def wal_keys(objects: ObjectStorage, kind: str) -> list[str]:
+    return objects.list_keys(1, f"wal/node-1/{kind}/")
+
+
+def test_appends_are_group_committed_and_recovered_in_order_like_the_file_wal(objects, tmp_path):
+    records = [f"record-{i}".encode() * (i % 7 + 1) for i in range(60)]
+    assert not wal_exists(URI, objects=objects)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    assert isinstance(wal, ObjectWAL) and isinstance(wal, WriteAheadLog)
+    futures: list = [None] * len(records)
+
+    def produce(part: int) -> None:  # 4 threads append at once: one PUT carries many
+        for i in range(part, len(records), 4):
+            futures[i] = (i, wal.append(records[i]))
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = {i: f.result(10) for i, f in futures}
+    by_offset = [records[i] for i, _ in sorted(results.items(), key=lambda kv: kv[1].offset)]
+    assert wal.end_offset == max(r.next_offset for r in results.values())
+    assert wal.put_count == len(wal_keys(objects, "data")) < len(records)
+    wal.close()
+    assert wal_exists(URI, objects=objects)
+
+    # the same records the file WAL returns for the same appends, in the same order
+    file_wal = open_wal(wal_uri_for_path(tmp_path / "wal"), 1, 0, capacity_bytes=CAPACITY)
+    for rec in by_offset:
+        file_wal.append(rec).result(5)
+    file_wal.close()
+    file_records = [r.data for r in open_wal(wal_uri_for_path(tmp_path / "wal"), 1, 1).recover()]
+
+    reopened = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        recovered = list(reopened.recover())
+        assert [r.data for r in recovered] == by_offset == file_records
+        assert [r.offset for r in recovered] == sorted(r.offset for r in results.values())
+        assert reopened.end_offset == recovered[-1].next_offset
+        # appends continue after the recovered chain
+        assert reopened.append(b"after").result(10).offset == recovered[-1].next_offset
+    finally:
+        reopened.close()
+
+
+def test_trim_deletes_objects_wholly_below_the_trim_point(objects):
+    config = ObjectWALConfig(linger_s=0, max_batch_bytes=1 << 20, max_record_bytes=1 << 19)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    results = [wal.append(b"r%d" % i).result(10) for i in range(6)]  # one object each
+    assert len(wal_keys(objects, "data")) == 6
+    with pytest.raises(ValueError, match="record boundary"):
+        wal.trim(results[2].offset + 1)
+    with pytest.raises(ValueError, match="beyond the durable end"):
+        wal.trim(results[-1].next_offset + 1)
+    wal.trim(results[2].next_offset)
+    assert len(wal_keys(objects, "data")) == 3  # the first three objects are gone
+    assert wal.start_offset == results[2].next_offset
+    assert [r.data for r in wal.recover()] == [b"r3", b"r4", b"r5"]
+    wal.close()
+    reopened = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in reopened.recover()] == [b"r3", b"r4", b"r5"]
+        assert reopened.start_offset == results[2].next_offset
+        assert len(wal_keys(objects, "trim")) == 1
+    finally:
+        reopened.close()
+
+
+def test_trim_inside_a_batch_keeps_the_object_and_recovers_from_the_trim_point(objects):
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    futures = [wal.append(b"x%d" % i) for i in range(5)]  # lingering: one object
+    results = [f.result(10) for f in futures]
+    assert len(wal_keys(objects, "data")) == 1
+    list(wal.recover())  # learns the record boundaries of the recovered objects
+    wal.close()
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    try:
+        assert [r.data for r in handle.recover()] == [b"x%d" % i for i in range(5)]
+        handle.trim(results[1].next_offset)
+        assert len(wal_keys(objects, "data")) == 1
+        assert [r.data for r in handle.recover()] == [b"x2", b"x3", b"x4"]
+    finally:
+        handle.close()
+
+
+def test_takeover_fences_the_old_owner_and_its_late_objects_are_never_recovered(objects):
+    old = open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    acked = [old.append(b"acked-%d" % i).result(10) for i in range(3)]
+    end = acked[-1].next_offset
+
+    with pytest.raises(WALTakeoverRefusedError):  # a takeover needs a newer epoch
+        take_over_wal(URI, 2, 3, objects=objects)
+    handle = take_over_wal(URI, 2, 4, objects=objects)
+    try:
+        # the old owner's next append is stored but never acknowledged
+        with pytest.raises(WALFencedError):
+            old.append(b"late").result(10)
+        assert old.fenced
+        with pytest.raises(WALFencedError):
+            old.append(b"later")
+        # a PUT of the old writer that was in flight lands after the takeover's listing
+        incarnation = 0
+        late = encode_object(1, Writer(3, incarnation), end, [b"ghost"])
+        objects.put_object(1, data_key("wal/node-1", Writer(3, incarnation), end, end + 13), late)
+        assert [r.data for r in handle.recover()] == [b"acked-0", b"acked-1", b"acked-2"]
+        handle.trim(end)
+    finally:
+        handle.close()
+        old.close()
+    # the old epoch can never open the WAL again; the node's next epoch can, and its
+    # recovery ignores (and deletes) what the fenced writer stored after the takeover
+    with pytest.raises(WALFencedError):
+        open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    reopened = open_wal(URI, 1, 5, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert list(reopened.recover()) == []
+        assert wal_keys(objects, "data") == []
+        assert reopened.append(b"new").result(10).offset == end
+    finally:
+        reopened.close()
+
+
+def test_the_same_node_and_epoch_reopening_is_a_new_writer(objects):
+    first = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    first.append(b"a").result(10)
+    second = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        with pytest.raises(WALFencedError):  # the first incarnation is fenced by the second
+            first.append(b"b").result(10)
+        assert [r.data for r in second.recover()] == [b"a"]
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(WALFencedError):  # another node at the same epoch may not open it
+        open_wal(URI, 2, 0, capacity_bytes=CAPACITY, objects=objects)
+
+
+def test_chain_rule_gaps_seals_and_missing_acknowledged_objects():
+    w1, w2 = Writer(1, 0), Writer(2, 0)
+    datas = [DataKey(w1, 0, 10), DataKey(w1, 10, 20), DataKey(w1, 30, 40)]  # gap at 20
+    chain = resolve_chain(datas, [SealKey(w1, 0)], [])
+    assert [d.end_offset for d in chain.objects] == [10, 20] and chain.end_offset == 20
+    assert chain.stale == [DataKey(w1, 30, 40)]
+    # w2 sealed at 10: w1's object [10, 20) landed after the takeover
+    datas = [DataKey(w1, 0, 10), DataKey(w1, 10, 20), DataKey(w2, 10, 15)]
+    chain = resolve_chain(datas, [SealKey(w1, 0), SealKey(w2, 10)], [5])
+    assert chain.objects == [DataKey(w1, 0, 10), DataKey(w2, 10, 15)]
+    assert chain.stale == [DataKey(w1, 10, 20)] and chain.trim_offset == 5
+    # an acknowledged object below the newest seal is missing: refuse, never skip it
+    with pytest.raises(WALCorruptError):
+        resolve_chain([DataKey(w1, 10, 20)], [SealKey(w2, 20)], [])
+
+
+def test_s3_uris_are_resolved_against_the_brokers_buckets(objects):
+    with pytest.raises(UnsupportedWALError, match="not configured"):
+        open_wal("s3://elsewhere/wal", 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    with pytest.raises(UnsupportedWALError, match="no bucket config"):
+        wal_exists(URI)
+    for bad in ("s3://automq-wal/../x", "s3://automq-wal/", "s3://automq-wal/w?accessKey=k"):
+        with pytest.raises(UnsupportedWALError):
+            open_wal(bad, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    assert objects.list_keys(1) == []  # nothing was written by the refused opens
+    wal = open_wal("s3://1/wal/by-id", 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        wal.append(b"x").result(10)
+    finally:
+        wal.close()
+    assert objects.list_keys(1, "wal/by-id/data/")
+
+
+def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(objects, tmp_path):
+    """S3Storage appends through the object WAL unchanged; node 1 crashes with acknowledged,
+    not uploaded data; node 2 recovers node 1's WAL from the object store alone."""
+    from controlplane.records import ObjectState
+    from controlplane.settings import ControllerSettings
+    from controlplane.state_machine import MetadataStateMachine
+    from dataplane.objectstore import object_key
+    from dataplane.s3stream.failover import recover_failed_wal
+    from dataplane.s3stream.object_format import decode_block, parse_object
+    from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from tests.unit.test_upload_stream_errors import HookedController
+
+    ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1])))
+    for node in (1, 2):
+        ctrl.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": "az1",
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": f"i{node}",
+                "wal_uri": f"s3://automq-wal/wal/node-{node}",
+            },
+        )
+        ctrl.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0})
+
+    def engine(node: int) -> S3Storage:
+        cfg = StorageConfig(
+            data_dir=tmp_path / f"node{node}",
+            wal_uri=f"s3://automq-wal/wal/node-{node}",
+            wal_capacity_bytes=16 << 20,
+            upload_interval_s=3600,
+            upload_threshold_bytes=1 << 30,
+            block_cache_bytes=16 << 20,
+        )
+        e = S3Storage(cfg, node, 0, ctrl, objects)
+        e.start()
+        return e
+
+    failed = engine(1)
+    assert isinstance(failed.wal, ObjectWAL)
+    stream = failed.open_stream(failed.create_stream(), 0)
+    for f in [stream.append(b"v%d" % i) for i in range(20)]:
+        f.result(10)
+    assert not list((tmp_path / "node1").rglob("wal*"))  # no local WAL file
+    # crash: no final upload; the WAL objects are all that is left
+    failed._stop.set()
+    failed.request_upload()
+    failed._uploader.join(10)
+    failed.wal.close()
+    assert ctrl.machine.image.streams[stream.stream_id].end_offset == 0
+
+    ctrl.execute("fence_broker", {"node_id": 1, "node_epoch": 0, "reason": "test crash"})
+    ctrl.execute("lifecycle_tick", {"expired_brokers": []})
+    wal = ctrl.machine.image.node_wals[1]
+    assert wal.failover_mode and wal.failover_target_node_id == 2
+    target = engine(2)
+    try:
+        result = recover_failed_wal(
+            target,
+            1,
+            wal.wal_uri,
+            wal.node_epoch,
+            lambda: [
+                (s.stream_id, s.epoch)
+                for s in ctrl.machine.image.streams.values()
+                if s.state.value == "opened" and s.node_id == 1
+            ],
+        )
+        assert result.records_read == 20 and result.batches_uploaded == 20
+        assert ctrl.machine.image.streams[stream.stream_id].end_offset == 20
+        assert not ctrl.machine.image.node_wals[1].failover_mode
+        assert objects.list_keys(1, "wal/node-1/data/") == []  # trimmed after the upload
+        got = []  # read back from the committed stream-set objects themselves
+        for obj in ctrl.machine.image.objects.values():
+            if obj.state == ObjectState.COMMITTED:
+                data = objects.get_object(obj.bucket_id, object_key(obj.object_id))
+                for entry in parse_object(data)[1]:
+                    block = data[entry.position : entry.end_position]
+                    got += [(b.base_offset, b.payload) for b in decode_block(block, entry)]
+        assert sorted(got) == [(i, b"v%d" % i) for i in range(20)]
+    finally:
+        target._stop.set()
+        target.request_upload()
+        target._uploader.join(10)
+        target.wal.close()
+
+
+def test_cluster_up_wal_s3_gives_each_broker_an_object_wal_in_the_main_bucket(tmp_path):
+    from cli.processes import LocalCluster, broker_wal_uri, flag_differences
+
+    cluster = LocalCluster(tmp_path / "c")
+    config = cluster.create(3, 1, ["az1"], None, None, 6000, wal="s3")
+    assert cluster.load().broker_wal == "s3"
+    assert broker_wal_uri(config, 2) == "s3://automq-main/wal/node-2"
+    assert flag_differences(config, wal="s3") == []
+    assert flag_differences(config, wal="file") == ["--wal file (the cluster has s3)"]
+
+
+def test_a_stalled_put_is_hedged_with_a_copy_and_a_failed_one_stops_the_wal(objects, monkeypatch):
+    from concurrent.futures import Future
+
+    real_put = objects.put_object_async
+    stalled: list[Future] = []
+
+    def stall_first_data_put(bucket_id, key, data, **kw):
+        if "/data/" in key and not stalled:
+            stalled.append(Future())  # a connection that never answers
+            return stalled[0]
+        return real_put(bucket_id, key, data, **kw)
+
+    monkeypatch.setattr(objects, "put_object_async", stall_first_data_put)
+    config = ObjectWALConfig(hedge_after_s=0.1, linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    try:
+        assert wal.append(b"a").result(5).offset == 0  # acknowledged by the copy
+        assert wal.hedged_puts == 1 and stalled
+    finally:
+        wal.close()
+
+    def failing_put(bucket_id, key, data, **kw):
+        f: Future = Future()
+        f.set_exception(OSError("store gone"))
+        return f
+
+    wal = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    monkeypatch.setattr(objects, "put_object_async", failing_put)
+    try:
+        with pytest.raises(WALError, match="store gone"):
+            wal.append(b"b").result(5)
+        with pytest.raises(WALError):
+            wal.append(b"c")
+    finally:
+        wal.close()
+    monkeypatch.setattr(objects, "put_object_async", real_put)
+    again = open_wal(URI, 1, 2, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in again.recover()] == [b"a"]  # the failed append is not there
+    finally:
+        again.close()
+
+
+def test_a_failover_retry_with_the_same_epoch_reclaims_and_fences_its_first_attempt(objects):
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    acked = [wal.append(b"a%d" % i).result(10) for i in range(3)]
+    first = take_over_wal(URI, 2, 1, objects=objects)
+    retry = take_over_wal(URI, 2, 1, objects=objects)  # the target retries its failover
+    try:
+        with pytest.raises(WALFencedError):
+            first.trim(acked[0].next_offset)
+        assert [r.data for r in retry.recover()] == [b"a0", b"a1", b"a2"]
+    finally:
+        first.close()
+        retry.close()
+        wal.close()
+    with pytest.raises(WALTakeoverRefusedError):  # another node still needs a newer epoch
+        take_over_wal(URI, 3, 1, objects=objects)
+
+
+def test_recovery_skips_an_object_a_racing_trim_deleted_and_refuses_a_lost_one(objects):
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    acked = [wal.append(b"r%d" % i).result(10) for i in range(3)]  # one object each
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    first, second = sorted(wal_keys(objects, "data"))[:2]
+    # the fenced owner had uploaded r0 and trims it while the recoverer reads
+    objects.put_object(1, f"wal/node-1/trim/{acked[0].next_offset:020d}", b"")
+    objects.delete_objects(1, [first])
+    assert [r.data for r in handle.recover()] == [b"r1", b"r2"]
+    objects.delete_objects(1, [second])  # r1 vanishes with no trim covering it
+    with pytest.raises(WALCorruptError, match="missing"):
+        list(handle.recover())
+    handle.close()
+    wal.close()
+
+
+def test_any_node_reads_acknowledged_records_by_offset_without_claiming(objects):
+    from dataplane.s3stream.wal.object_wal import (
+        ObjectWALLocation,
+        ObjectWALReader,
+        WALTrimmedError,
+    )
+
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"), cached_objects=2)
+    try:
+        first = [wal.append(b"first-%d" % i).result(10) for i in range(3)]
+        assert [reader.read(r.offset).data for r in first] == [b"first-0", b"first-1", b"first-2"]
+        later = wal.append(b"later").result(10)  # past the reader's cached listing
+        assert reader.read(later.offset).data == b"later"
+        with pytest.raises(ValueError, match="no record"):
+            reader.read(first[1].offset + 1)
+        with pytest.raises(ValueError, match="ends at"):
+            reader.read(later.next_offset)
+        wal.trim(first[1].next_offset)
+        with pytest.raises(WALTrimmedError):
+            ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1")).read(first[0].offset)
+        assert reader.read(first[2].offset).data == b"first-2"
+        assert not wal.fenced  # reading never disturbs the writer
+        assert wal.append(b"more").result(10).offset == later.next_offset
+    finally:
+        wal.close()
+
+
+def test_a_zombies_late_copy_never_displaces_a_newer_writers_objects():
+    e, f, g = Writer(1, 0), Writer(2, 0), Writer(3, 0)
+    seals = [SealKey(e, 0), SealKey(f, 100), SealKey(g, 300)]
+    datas = [
+        DataKey(e, 0, 100),
+        DataKey(f, 100, 150),
+        DataKey(f, 150, 300),
+        DataKey(e, 100, 140),  # e's late copy: starts where f began
+        DataKey(e, 150, 160),  # and one starting at one of f's boundaries
+    ]
+    chain = resolve_chain(datas, seals, [])
+    assert chain.objects == [DataKey(e, 0, 100), DataKey(f, 100, 150), DataKey(f, 150, 300)]
+    assert set(chain.stale) == {DataKey(e, 100, 140), DataKey(e, 150, 160)}
+    # even with f's seal gone, the newer writer wins at the same start offset
+    chain = resolve_chain(datas, [SealKey(e, 0), SealKey(g, 300)], [])
+    assert chain.objects == [DataKey(e, 0, 100), DataKey(f, 100, 150), DataKey(f, 150, 300)]
