@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from cli import deploy
 from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.processes import (
@@ -626,3 +627,7 @@ def _print_status(status: dict) -> None:
         console.print(
             f"[bold red]{label}[/] " + escape("; ".join(status["problems"])), soft_wrap=True
         )
+
+
+# multi-host clusters (cli/deploy.py): one config directory per host from a topology file
+app.command("init")(deploy.init_command)

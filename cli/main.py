@@ -10,6 +10,7 @@ from cli import (
     cluster,
     compaction,
     controller,
+    deploy,
     failover,
     reassign,
     security,
@@ -69,6 +70,8 @@ app.command(help="Load generator: throughput and latency percentiles (automq-per
 app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(
     doctor
 )
+
+app.add_typer(deploy.node_app, name="node")
 
 
 if __name__ == "__main__":

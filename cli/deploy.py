@@ -1,0 +1,312 @@
+"""Beyond one machine: a topology file in, one config per node out, and `node run`.
+
+`automqctl cluster init --topology topo.yaml --out DIR` writes, for every host of the
+topology, `DIR/<host>/` with one file per node (`controller-<id>.json`, `broker-<id>.json`)
+and the host's `secrets.json` (0600: the Raft password and the controller API secret). The
+node files hold no secret: every secret field is a reference, `${secret:NAME}`, resolved by
+`automqctl node run --config FILE` from the `secrets.json` beside it (or `--secrets`).
+Object-store credentials are never written: brokers and controllers take them from their
+environment (`AUTOMQ_S3_ACCESS_KEY_<bucket id>` / `AUTOMQ_S3_SECRET_KEY_<bucket id>`, then
+`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`, then boto3's chain: profiles, instance roles).
+
+`node run` execs the controller or broker process in the foreground (the process a systemd
+unit or a container runs): signals go straight to it, and SIGTERM is a graceful stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sys
+from pathlib import Path
+from typing import Literal
+
+import typer
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cli.output import OutputFormat, fail, print_data
+from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
+from controlplane.settings import ControllerSettings
+from dataplane.config import BrokerConfig
+from dataplane.objectstore import parse_bucket_uris
+
+node_app = typer.Typer(help="Run one node of a multi-host cluster.", no_args_is_help=True)
+
+SECRET_REF = re.compile(r"^\$\{secret:([a-z_]+)\}$")
+SECRET_NAMES = ("raft_password", "api_secret")
+MAX_TOPOLOGY_BYTES = 1024 * 1024
+MAX_NODES = 1_000
+
+
+class ControllerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=0)
+    host: str = Field(min_length=1, max_length=253)
+    raft_port: int = Field(ge=1, le=65535)
+    api_port: int = Field(ge=1, le=65535)
+    data_dir: str = "/var/lib/automq/controller-{id}"
+
+
+class BrokerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=0)
+    host: str = Field(min_length=1, max_length=253)
+    az: str = Field(min_length=1, max_length=64)
+    kafka_port: int = Field(ge=1, le=65535)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    data_dir: str = "/var/lib/automq/broker-{id}"
+    wal_capacity_mib: int | None = Field(default=None, ge=16)
+    wal: Literal["file", "s3"] = "file"
+
+
+class Topology(BaseModel):
+    """A cluster over several hosts (the YAML of `cluster init --topology`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # data buckets, as `cluster up --bucket-uris` takes them, without credentials
+    buckets: list[str] = Field(min_length=1, max_length=16)
+    controllers: list[ControllerSpec] = Field(min_length=1, max_length=9)
+    brokers: list[BrokerSpec] = Field(min_length=1, max_length=MAX_NODES)
+    broker_session_timeout_ms: int = Field(default=6_000, ge=500, le=600_000)
+    upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _check(self) -> Topology:
+        for kind, ids in (
+            ("controller", [c.id for c in self.controllers]),
+            ("broker", [b.id for b in self.brokers]),
+        ):
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"two {kind}s share an id")
+        used: dict[tuple[str, int], str] = {}
+        for c in self.controllers:
+            for port in (c.raft_port, c.api_port):
+                _claim(used, (c.host, port), f"controller {c.id}")
+        for b in self.brokers:
+            for port in (b.kafka_port, b.metrics_port):
+                if port:
+                    _claim(used, (b.host, port), f"broker {b.id}")
+        for uri in self.buckets:
+            if "accesskey" in uri.lower() or "secretkey" in uri.lower():
+                raise ValueError(
+                    "bucket URIs must not hold credentials: nodes read them from their "
+                    "environment (AUTOMQ_S3_ACCESS_KEY_<id>, AWS_ACCESS_KEY_ID, ...)"
+                )
+        parse_bucket_uris(",".join(self.buckets))  # ValueError names the bad entry
+        return self
+
+
+def _claim(used: dict, key: tuple[str, int], who: str) -> None:
+    if key in used:
+        raise ValueError(f"{who} and {used[key]} both use {key[0]}:{key[1]}")
+    used[key] = who
+
+
+def load_topology(path: Path) -> Topology:
+    """The topology file, validated (ValueError with a one-line reason)."""
+    try:
+        if path.stat().st_size > MAX_TOPOLOGY_BYTES:
+            raise ValueError(f"{path} is larger than {MAX_TOPOLOGY_BYTES} bytes")
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a mapping (buckets, controllers, brokers)")
+    try:
+        return Topology.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "topology"
+        raise ValueError(f"{path}: {where}: {first['msg']}") from None
+
+
+def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, dict[str, dict]]:
+    """{host: {file name: node file}} (pure). Secret fields hold `${secret:NAME}`."""
+    buckets = [
+        BucketConfig(bucket_id=b.bucket_id, uri=uri)
+        for b, uri in zip(parse_bucket_uris(",".join(topology.buckets)), topology.buckets)
+    ]
+    quorum = QuorumConfig(
+        controllers=[
+            ControllerAddress(node_id=c.id, host=c.host, raft_port=c.raft_port, api_port=c.api_port)
+            for c in topology.controllers
+        ],
+        password=secret_values["raft_password"],
+        api_secret=secret_values["api_secret"],
+        settings=ControllerSettings(
+            broker_session_timeout_ms=topology.broker_session_timeout_ms,
+            bucket_ids=[b.bucket_id for b in buckets],
+        ),
+        buckets=buckets,
+    ).model_dump(mode="json")
+    quorum["password"] = "${secret:raft_password}"
+    quorum["api_secret"] = "${secret:api_secret}"
+    out: dict[str, dict[str, dict]] = {}
+    for c in topology.controllers:
+        out.setdefault(c.host, {})[f"controller-{c.id}.json"] = {
+            "kind": "controller",
+            "node_id": c.id,
+            "data_dir": c.data_dir.format(id=c.id),
+            "quorum": quorum,
+        }
+    api = [f"{c.host}:{c.api_port}" for c in topology.controllers]
+    main_bucket = buckets[0].uri.split("@", 1)[1].split("?", 1)[0].removeprefix("s3://")
+    for b in topology.brokers:
+        extra: dict = {}
+        if b.wal_capacity_mib is not None:
+            extra["wal_capacity_bytes"] = b.wal_capacity_mib * 1024 * 1024
+        if b.wal == "s3":
+            extra["wal_uri"] = f"s3://{main_bucket}/wal/node-{b.id}"
+        if topology.upload_interval_s is not None:
+            extra["upload_interval_s"] = topology.upload_interval_s
+        broker = BrokerConfig(
+            node_id=b.id,
+            az=b.az,
+            host=b.host,
+            kafka_port=b.kafka_port,
+            metrics_port=b.metrics_port,
+            data_dir=Path(b.data_dir.format(id=b.id)),
+            controllers=api,
+            bucket_uris=",".join(topology.buckets),
+            controller_api_secret=secret_values["api_secret"],
+            **extra,
+        ).model_dump(mode="json")
+        broker["controller_api_secret"] = "${secret:api_secret}"
+        out.setdefault(b.host, {})[f"broker-{b.id}.json"] = {"kind": "broker", "broker": broker}
+    return out
+
+
+def write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def init_topology(topology: Topology, out: Path) -> dict[str, list[str]]:
+    """Write every host's node files and secrets under `out`; {host: files}."""
+    values = {
+        "raft_password": secrets.token_urlsafe(24),
+        "api_secret": secrets.token_urlsafe(32),
+    }
+    written: dict[str, list[str]] = {}
+    for host, files in node_files(topology, values).items():
+        hdir = out / host
+        write_private(hdir / "secrets.json", json.dumps(values, indent=2))
+        for name, body in sorted(files.items()):
+            write_private(hdir / name, json.dumps(body, indent=2))
+        written[host] = ["secrets.json", *sorted(files)]
+    return written
+
+
+def resolve_secrets(value, values: dict[str, str]):
+    """`value` with every `${secret:NAME}` string replaced (KeyError names a missing one)."""
+    if isinstance(value, dict):
+        return {k: resolve_secrets(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_secrets(v, values) for v in value]
+    if isinstance(value, str):
+        m = SECRET_REF.match(value)
+        if m:
+            if m.group(1) not in values:
+                raise KeyError(m.group(1))
+            return values[m.group(1)]
+    return value
+
+
+def process_argv(node_file: Path, secrets_file: Path) -> tuple[list[str], Path, str]:
+    """(argv of the node's process, its runtime config path, its name); writes the runtime
+    config (secrets resolved, 0600) into the node's data dir."""
+    try:
+        node = json.loads(node_file.read_text())
+        values = json.loads(secrets_file.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{node_file} or {secrets_file} is not valid JSON: {exc}") from None
+    try:
+        node = resolve_secrets(node, values)
+    except KeyError as exc:
+        raise ValueError(f"{secrets_file} has no secret {exc.args[0]!r}") from None
+    kind = node.get("kind") if isinstance(node, dict) else None
+    try:
+        if kind == "controller":
+            quorum = QuorumConfig.model_validate(node["quorum"])
+            data_dir = Path(node["data_dir"])
+            runtime = data_dir / "quorum.json"
+            write_private(runtime, quorum.model_dump_json(indent=2))
+            argv = [
+                sys.executable,
+                "-m",
+                "controlplane.server",
+                "--config",
+                str(runtime),
+                "--node-id",
+                str(int(node["node_id"])),
+                "--data-dir",
+                str(data_dir),
+            ]
+            return argv, runtime, f"controller-{node['node_id']}"
+        if kind == "broker":
+            broker = BrokerConfig.model_validate(node["broker"])
+            runtime = broker.data_dir / "broker.json"
+            write_private(runtime, broker.model_dump_json(indent=2))
+            argv = [sys.executable, "-m", "dataplane.node", "--config", str(runtime)]
+            return argv, runtime, f"broker-{broker.node_id}"
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise ValueError(f"{node_file} is not a valid {kind} node file: {exc}") from None
+    raise ValueError(f"{node_file}: kind must be controller or broker, not {kind!r}")
+
+
+@node_app.command("run")
+def run(
+    config: Path = typer.Option(..., "--config", help="a node file written by cluster init"),
+    secrets_file: Path | None = typer.Option(
+        None, "--secrets", help="the host's secrets.json (default: beside --config)"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the command, start nothing"),
+) -> None:
+    """Run one controller or broker in the foreground (for systemd or a container)."""
+    try:
+        argv, runtime, name = process_argv(config, secrets_file or config.parent / "secrets.json")
+    except ValueError as exc:
+        fail(str(exc))
+    if dry_run:
+        typer.echo(f"{name}: {' '.join(argv)}")
+        return
+    os.umask(0o077)
+    os.execv(argv[0], argv)  # the node becomes this process: signals reach it directly
+
+
+def init_command(
+    topology: Path = typer.Option(..., "--topology", help="topology YAML (see docs/deployment.md)"),
+    out: Path = typer.Option(..., "--out", help="where to write one directory per host"),
+    format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
+) -> None:
+    """Write one config directory per host of a multi-host cluster (node files + secrets)."""
+    try:
+        topo = load_topology(topology)
+    except ValueError as exc:
+        fail(str(exc))
+    if out.exists() and any(out.iterdir()):
+        fail(f"{out} is not empty: choose a new --out (init never overwrites secrets)")
+    written = init_topology(topo, out)
+    data = {
+        "out": str(out),
+        "hosts": written,
+        "bootstrap_servers": ",".join(f"{b.host}:{b.kafka_port}" for b in topo.brokers),
+    }
+    if print_data(data, format):
+        return
+    for host, files in written.items():
+        typer.echo(f"{out / host}: {', '.join(files)}")
+    typer.echo(
+        "copy each directory to its host, then on each host: "
+        "automqctl node run --config <dir>/<node>.json (see docs/deployment.md)"
+    )
+    typer.echo(f"bootstrap servers: {data['bootstrap_servers']}")
