@@ -124,8 +124,11 @@ def decide(holes: Sequence[Hole], data_shards: int) -> Decision:
         if len(shards) >= shards[0].data_shards:
             return Decision(DecisionKind.DECIDED, tuple(shards))
     open_holes = sum(1 for h in holes if h.kind in (HoleKind.EMPTY, HoleKind.UNKNOWN))
+    # a corrupt hole may have held a shard of the winning write: it can never be used, but it
+    # must not let a reader call an acknowledged write void either (the reader stops instead)
+    corrupt = sum(1 for h in holes if h.kind is HoleKind.CORRUPT)
     best = max((len(s) for s in groups.values()), default=0)
-    # a new writer could still take k open holes, or an existing write could complete
-    if open_holes >= data_shards or best + open_holes >= data_shards:
+    # a new writer could still take k open holes, or some write may have won
+    if open_holes >= data_shards or best + open_holes + corrupt >= data_shards:
         return Decision(DecisionKind.UNDECIDED)
     return Decision(DecisionKind.VOID)

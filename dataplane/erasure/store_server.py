@@ -217,7 +217,9 @@ def serve(data_dir: Path, host: str, port: int) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    thread = threading.Thread(target=server.serve_forever, name="shard-store-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, args=(0.1,), name="shard-store-http", daemon=True
+    )
     thread.start()
     print(f"LISTENING {server.server_address[1]}", flush=True)
     stop.wait()
