@@ -12,6 +12,7 @@ Every write is durable before its answer. Requests are bounded in size and count
 sockets time out, so a stuck client cannot pin the service.
 
 Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
+[--inject-delay-ms N]
 (prints "LISTENING <port>" once it serves).
 """
 
@@ -24,6 +25,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -77,8 +79,10 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], store: HoleStore):
+    def __init__(self, address: tuple[str, int], store: HoleStore, inject_delay_ms: int = 0):
         self.store = store
+        # a slow node for benchmarks and tests: every write waits this long before it is handled
+        self.inject_delay_ms = inject_delay_ms
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
 
@@ -168,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadRequest(f"stream and offset must be integers in {self.path}") from None
         route = (method, parts[1] if len(parts) > 1 else "", len(ids))
         if route == ("PUT", "holes", 2):
+            if self.server.inject_delay_ms:
+                time.sleep(self.server.inject_delay_ms / 1000)
             answer = store.write(ids[0], ids[1], self._body())
             status = 200 if answer.result is AcceptResult.ACCEPTED else 409
             self._send(status, answer.content, **{RESULT_HEADER: answer.result.value})
@@ -206,10 +212,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
 
-def serve(data_dir: Path, host: str, port: int) -> None:
+def serve(data_dir: Path, host: str, port: int, inject_delay_ms: int = 0) -> None:
     """Run a shard store until SIGTERM/SIGINT."""
     store = HoleStore(data_dir)
-    server = ShardStoreHTTPServer((host, port), store)
+    server = ShardStoreHTTPServer((host, port), store, inject_delay_ms)
     stop = threading.Event()
 
     def _stop(*_: object) -> None:
@@ -233,9 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--inject-delay-ms", type=int, default=0, help="delay every write (benchmarks)"
+    )
     args = parser.parse_args(argv)
+    if args.inject_delay_ms < 0:
+        parser.error("--inject-delay-ms must not be negative")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    serve(args.data_dir, args.host, args.port)
+    serve(args.data_dir, args.host, args.port, args.inject_delay_ms)
     return 0
 
 
