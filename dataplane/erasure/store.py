@@ -54,6 +54,8 @@ class _Stream:
 class WriteAnswer:
     result: AcceptResult
     content: bytes  # what the hole holds after the write
+    # the stream's fill mark on this store: a writer whose clock is behind it moves past it
+    filled_below: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,12 +140,14 @@ class HoleStore:
             existing = self._read(stream, offset)
             result = accept(existing, data)
             if result is AcceptResult.TAKEN or existing is not None:
-                return WriteAnswer(result, existing if existing is not None else data)
+                return WriteAnswer(
+                    result, existing if existing is not None else data, stream.filled_below
+                )
             if self._holes >= self.max_holes:
                 raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
             pos = self._append(_KIND_HOLE, stream_id, offset, data)
             self._index(stream, offset, pos, len(data))
-            return WriteAnswer(AcceptResult.ACCEPTED, data)
+            return WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
 
     def fill_below(self, stream_id: int, mark: int) -> int:
         """Fill every empty hole of the stream below `mark` with junk (durable); returns the

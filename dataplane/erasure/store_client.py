@@ -11,7 +11,7 @@ import json
 
 from dataplane.erasure.holes import AcceptResult
 from dataplane.erasure.store import RangeAnswer, WriteAnswer
-from dataplane.erasure.store_server import RESULT_HEADER, decode_range
+from dataplane.erasure.store_server import FILL_MARK_HEADER, RESULT_HEADER, decode_range
 
 DEFAULT_TIMEOUT_MS = 2_000
 
@@ -65,7 +65,11 @@ class ShardStoreClient:
             raise StoreUnavailableError(
                 f"shard store {self.address}: unexpected answer {status} {result}"
             )
-        return WriteAnswer(AcceptResult(result), body)
+        try:
+            filled_below = int(headers.get(FILL_MARK_HEADER.lower(), ""))
+        except ValueError:
+            filled_below = None
+        return WriteAnswer(AcceptResult(result), body, filled_below)
 
     def read(self, stream_id: int, offset: int) -> bytes | None:
         status, _, body = self._request("GET", f"/v1/holes/{stream_id}/{offset}")

@@ -42,6 +42,7 @@ MAX_RANGE_BYTES = 32 * 1024 * 1024
 _RANGE_HEAD = struct.Struct(">qqI")
 _RANGE_ENTRY = struct.Struct(">qI")
 RESULT_HEADER = "X-Hole-Result"
+FILL_MARK_HEADER = "X-Filled-Below"
 
 
 def encode_range(answer: RangeAnswer) -> bytes:
@@ -176,7 +177,11 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(self.server.inject_delay_ms / 1000)
             answer = store.write(ids[0], ids[1], self._body())
             status = 200 if answer.result is AcceptResult.ACCEPTED else 409
-            self._send(status, answer.content, **{RESULT_HEADER: answer.result.value})
+            headers = {
+                RESULT_HEADER: answer.result.value,
+                FILL_MARK_HEADER: str(answer.filled_below),
+            }
+            self._send(status, answer.content, **headers)
         elif route == ("GET", "holes", 2):
             data = store.read(ids[0], ids[1])
             if data is None:

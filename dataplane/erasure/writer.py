@@ -3,8 +3,9 @@ record batch) into k + m shards and writes shard i to shard store i, all in para
 
 A write wins its offset with k accepted holes; the writer answers then and lets the remaining
 shards finish in the background. A lost write (void offset, taken by another writer, or
-refused below a reader's fill mark) is retried at max(offset + random, now), a bounded number
-of times. Offsets are the writer's clock in ns (sparse), kept strictly increasing per writer.
+refused below a reader's fill mark) is retried at max(offset + random, now, the highest fill
+mark a store reported + 1), a bounded number of times: a writer whose clock lags the
+readers' by more than the read delay thus still makes progress. Offsets are the writer's clock in ns (sparse), kept strictly increasing per writer.
 
 A store that fails is skipped for a short back-off, and at most a few requests are in flight
 per store, so a paused store costs neither latency nor threads once noticed.
@@ -119,6 +120,7 @@ class ErasureWriter:
         )
         self._clock_lock = threading.Lock()
         self._last_offset = -1
+        self._fill_mark = -(2**63)  # the highest fill mark any store reported
 
     def close(self) -> None:
         """Stop the background shard writes (waits for those in flight, bounded by timeouts)."""
@@ -132,7 +134,7 @@ class ErasureWriter:
 
     def _next_offset(self, at_least: int = 0) -> int:
         with self._clock_lock:
-            offset = max(self.clock_ns(), at_least, self._last_offset + 1)
+            offset = max(self.clock_ns(), at_least, self._last_offset + 1, self._fill_mark + 1)
             self._last_offset = offset
             return offset
 
@@ -192,6 +194,9 @@ class ErasureWriter:
         try:
             answer = self.stores[index].write(self.stream_id, offset, frame)
             ok = True
+            if answer.filled_below is not None:
+                with self._clock_lock:
+                    self._fill_mark = max(self._fill_mark, answer.filled_below)
             return Ack.ACCEPTED if answer.result is AcceptResult.ACCEPTED else Ack.TAKEN
         except Exception:  # unreachable, timed out, full: this hole's state is unknown
             return Ack.FAILED

@@ -23,7 +23,7 @@ def test_holes_are_write_once_and_survive_a_restart(tmp_path: Path) -> None:
     assert store.write(STREAM, 10, b"first").result is AcceptResult.ACCEPTED
     assert store.write(STREAM, 10, b"first").result is AcceptResult.ACCEPTED  # idempotent
     taken = store.write(STREAM, 10, b"second")
-    assert taken == WriteAnswer(AcceptResult.TAKEN, b"first")
+    assert (taken.result, taken.content) == (AcceptResult.TAKEN, b"first")
     assert store.fill_below(STREAM, 100) == 100
     assert store.fill_below(STREAM, 50) == 100  # never lowered
     store.close()
@@ -32,7 +32,7 @@ def test_holes_are_write_once_and_survive_a_restart(tmp_path: Path) -> None:
     assert store.read(STREAM, 10) == b"first"
     assert store.write(STREAM, 10, b"second").result is AcceptResult.TAKEN
     # an empty hole below the fill mark holds junk: a late shard is refused
-    assert store.write(STREAM, 20, b"late") == WriteAnswer(AcceptResult.TAKEN, JUNK_MARKER)
+    assert store.write(STREAM, 20, b"late") == WriteAnswer(AcceptResult.TAKEN, JUNK_MARKER, 100)
     assert store.read(STREAM, 20) == JUNK_MARKER
     assert store.write(STREAM, 200, b"new").result is AcceptResult.ACCEPTED
     assert store.read(STREAM + 1, 20) is None  # streams are independent
@@ -184,3 +184,21 @@ def test_a_late_fourth_shard_after_a_fill_never_makes_the_offset_appear(
         assert writer.write_at(offset, b"slow write").outcome is WriteOutcome.LOST
         assert reader.read(0).records == []
     writer.close()
+
+
+def test_a_writer_whose_clock_lags_the_readers_moves_past_the_fill_mark(
+    stores: list[HoleStore],
+) -> None:
+    reader_clock = _Clock()
+    writer_clock = _Clock()
+    writer_clock.now = reader_clock.now - 60 * 10**9  # a minute behind
+    with ErasureReader(stores, STREAM, clock_ns=reader_clock) as reader:
+        assert reader.read(0).records == []  # fills below the reader's visible end
+    mark = stores[0].fill_below(STREAM, 0)  # the fill mark, unchanged
+    assert mark > writer_clock.now
+    with ErasureWriter(stores, STREAM, clock_ns=writer_clock, max_attempts=2) as writer:
+        offset = writer.append(b"from the past")
+    assert offset > mark
+    reader_clock.now = offset + 10**9
+    with ErasureReader(stores, STREAM, clock_ns=reader_clock) as reader:
+        assert reader.read(0).records == [(offset, b"from the past")]
