@@ -45,7 +45,8 @@ class Ack(enum.Enum):
 
     ACCEPTED = "accepted"
     TAKEN = "taken"
-    FAILED = "failed"  # the store did not answer in time or refused (the hole's state is unknown)
+    FAILED = "failed"  # sent, but no answer in time: the shard may or may not be in the hole
+    SKIPPED = "skipped"  # not sent (the store is backing off or has too much in flight)
     PENDING = "pending"
 
 
@@ -53,6 +54,16 @@ class WriteOutcome(enum.Enum):
     WON = "won"
     LOST = "lost"  # can no longer reach k holes: void, or won by another writer
     PENDING = "pending"
+
+
+def may_have_won(acks: Sequence[Ack], data_shards: int) -> bool:
+    """A write reported lost whose unanswered shards may have landed, completing k holes."""
+    counts = Counter(acks)
+    return (
+        counts[Ack.ACCEPTED]
+        < data_shards
+        <= counts[Ack.ACCEPTED] + counts[Ack.FAILED] + counts[Ack.PENDING]
+    )
 
 
 def write_outcome(acks: Sequence[Ack], data_shards: int) -> WriteOutcome:

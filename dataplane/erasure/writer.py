@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dataplane.erasure.codec import ErasureCodec
-from dataplane.erasure.holes import AcceptResult, Ack, WriteOutcome, write_outcome
+from dataplane.erasure.holes import AcceptResult, Ack, WriteOutcome, may_have_won, write_outcome
 from dataplane.erasure.shard_format import Shard, encode_shard, payload_checksum
 from dataplane.erasure.store import RangeAnswer, WriteAnswer
 
@@ -70,9 +70,10 @@ class _StoreHealth:
         self._skip_until = 0.0
         self._backoff_s = backoff_ms / 1000
 
-    def try_begin(self) -> bool:
+    def try_begin(self, ignore_backoff: bool = False) -> bool:
         with self._lock:
-            if self._in_flight >= MAX_IN_FLIGHT_PER_STORE or time.monotonic() < self._skip_until:
+            backing_off = not ignore_backoff and time.monotonic() < self._skip_until
+            if self._in_flight >= MAX_IN_FLIGHT_PER_STORE or backing_off:
                 return False
             self._in_flight += 1
             return True
@@ -141,14 +142,25 @@ class ErasureWriter:
     def append(self, payload: bytes) -> int:
         """Write the payload at a new offset; returns the offset it won."""
         offset = self._next_offset()
+        k = self.codec.data_shards
         for attempt in range(self.max_attempts):
             result = self.write_at(offset, payload)
+            if result.outcome is not WriteOutcome.WON and may_have_won(result.acks, k):
+                # unanswered shards may have completed k holes: resend the very same shards
+                # (an identical rewrite is accepted) before moving on, or the payload could be
+                # decided at two offsets
+                result = self.write_at(offset, payload, probe=True)
             if result.outcome is WriteOutcome.WON:
                 return offset
             if attempt + 1 < self.max_attempts:
                 offset = self._next_offset(offset + random.randint(1, self.retry_spread_ns))
+        maybe = (
+            " (the last attempt may still have been written)"
+            if may_have_won(result.acks, k)
+            else ""
+        )
         raise WriteFailedError(
-            f"stream {self.stream_id}: no offset won in {self.max_attempts} attempts "
+            f"stream {self.stream_id}: no offset won in {self.max_attempts} attempts{maybe} "
             f"(last acks: {[a.value for a in result.acks]})"
         )
 
@@ -163,14 +175,15 @@ class ErasureWriter:
             for i, block in enumerate(self.codec.encode(payload))
         ]
 
-    def write_at(self, offset: int, payload: bytes) -> WriteResult:
-        """One attempt at one offset: won with k accepted holes, lost once k is out of reach."""
+    def write_at(self, offset: int, payload: bytes, probe: bool = False) -> WriteResult:
+        """One attempt at one offset: won with k accepted holes, lost once k is out of reach.
+        `probe` sends even to stores in back-off."""
         frames = self.shards(offset, payload)
         acks = [Ack.PENDING] * len(frames)
         futures: dict[Future, int] = {}
         for i, frame in enumerate(frames):
-            if not self._health[i].try_begin():
-                acks[i] = Ack.FAILED
+            if not self._health[i].try_begin(ignore_backoff=probe):
+                acks[i] = Ack.SKIPPED
                 continue
             futures[self._pool.submit(self._write_one, i, offset, frame)] = i
         deadline = time.monotonic() + self.write_timeout_ms / 1000
@@ -183,10 +196,10 @@ class ErasureWriter:
             done, pending = wait(pending, timeout=remaining, return_when=FIRST_COMPLETED)
             for future in done:
                 acks[futures[future]] = future.result()
-        final = [Ack.FAILED if a is Ack.PENDING else a for a in acks]
         outcome = write_outcome(acks, k)
-        if outcome is WriteOutcome.PENDING:
-            outcome = write_outcome(final, k)
+        if outcome is WriteOutcome.PENDING:  # the deadline passed: unanswered shards failed
+            acks = [Ack.FAILED if a is Ack.PENDING else a for a in acks]
+            outcome = write_outcome(acks, k)
         return WriteResult(offset, outcome, tuple(acks))
 
     def _write_one(self, index: int, offset: int, frame: bytes) -> Ack:

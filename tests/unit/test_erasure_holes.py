@@ -20,6 +20,7 @@ from dataplane.erasure.holes import (
     accept,
     classify,
     decide,
+    may_have_won,
     write_outcome,
 )
 from dataplane.erasure.shard_format import JUNK_MARKER, Shard, encode_shard, payload_checksum
@@ -58,10 +59,21 @@ def test_a_hole_is_written_once() -> None:
         ([Ack.ACCEPTED] * 3 + [Ack.TAKEN, Ack.PENDING, Ack.PENDING], WriteOutcome.PENDING),
         ([Ack.ACCEPTED] * 3 + [Ack.FAILED] * 3, WriteOutcome.LOST),
         ([Ack.TAKEN] * 3 + [Ack.PENDING] * 3, WriteOutcome.LOST),
+        ([Ack.ACCEPTED] * 4 + [Ack.SKIPPED] * 2, WriteOutcome.WON),
+        ([Ack.ACCEPTED] * 3 + [Ack.SKIPPED] * 3, WriteOutcome.LOST),
     ],
 )
 def test_write_outcome(acks: list[Ack], outcome: WriteOutcome) -> None:
     assert write_outcome(acks, K) is outcome
+
+
+def test_a_lost_write_may_have_won_only_through_unanswered_shards() -> None:
+    # sent but unanswered: the 4th shard may be in its hole
+    assert may_have_won([Ack.ACCEPTED] * 3 + [Ack.FAILED] + [Ack.TAKEN] * 2, K)
+    # never sent, or refused: it cannot be
+    assert not may_have_won([Ack.ACCEPTED] * 3 + [Ack.SKIPPED] * 3, K)
+    assert not may_have_won([Ack.ACCEPTED] * 3 + [Ack.TAKEN] * 3, K)
+    assert not may_have_won([Ack.ACCEPTED] * 4 + [Ack.FAILED] * 2, K)  # it won
 
 
 def test_four_matching_shards_decide_the_offset() -> None:

@@ -202,3 +202,36 @@ def test_a_writer_whose_clock_lags_the_readers_moves_past_the_fill_mark(
     reader_clock.now = offset + 10**9
     with ErasureReader(stores, STREAM, clock_ns=reader_clock) as reader:
         assert reader.read(0).records == [(offset, b"from the past")]
+
+
+class _LosesFirstAnswer:
+    """A store that keeps the first shard it gets but whose answer is lost (a timeout)."""
+
+    def __init__(self, store: HoleStore):
+        self.store = store
+        self.lost = False
+
+    def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        answer = self.store.write(stream_id, offset, data)
+        if not self.lost:
+            self.lost = True
+            raise TimeoutError("answer lost")
+        return answer
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_an_unanswered_shard_is_resent_at_the_same_offset_not_duplicated(
+    stores: list[HoleStore],
+) -> None:
+    clock = _Clock()
+    flaky = _LosesFirstAnswer(stores[3])
+    live = [*stores[:3], flaky, _Down(), _Down()]
+    with ErasureWriter(live, STREAM, clock_ns=clock) as writer:
+        offset = writer.append(b"once")
+        assert flaky.lost
+    clock.now += 10**9
+    with ErasureReader(stores, STREAM, clock_ns=clock) as reader:
+        # stores 4 and 5 were down for the writer; the reader sees them empty and fills them
+        assert reader.read(0).records == [(offset, b"once")]
