@@ -150,10 +150,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--slow-ms", type=int, default=50)
     parser.add_argument("--codec-mib", type=int, default=32)
+    parser.add_argument(
+        "--dir", default=None, help="where the stores keep their logs (default: a temp dir)"
+    )
     args = parser.parse_args()
     record_bytes = args.record_kib * 1024
     summary: dict = {"codec": codec_speed(record_bytes, args.codec_mib * 1024 * 1024)}
-    with tempfile.TemporaryDirectory(prefix="erasure-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="erasure-bench-", dir=args.dir) as tmp:
         for mode in ("healthy", "slow", "paused"):
             runs = [
                 produce_latency(
