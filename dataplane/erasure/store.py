@@ -4,15 +4,18 @@ One append-only log file; each record is
     length u32 | crc32c u32 | kind u8 | stream_id u64 | offset i64 | data
 (length counts everything after the crc). Kinds: HOLE (data: the hole's bytes) and FILL
 (offset: every empty hole of the stream below it now holds junk). Every answer follows an
-fsync, so an accepted hole survives a crash. On open the log is replayed into a bounded
+fsync covering everything the answer depends on, so an accepted hole survives a crash and no
+caller ever sees a hole that a crash could take back. Concurrent writes share fsyncs (group
+commit): each appends under the lock, then one thread fsyncs for all that are waiting. On open the log is replayed into a bounded
 in-memory index (offset -> file position); a torn tail from a crash is cut off.
 
 Filling below a mark is the range form of writing the junk marker into each empty hole: it
 is write-once too (the mark only rises), and a shard for an empty hole below the mark is
 refused, the store answering with the junk marker as that hole's content.
 
-Thread-safe: one lock covers the check, the append and the fsync of a write, so two writers
-racing for one hole are ordered and exactly one is accepted.
+Thread-safe: one lock covers the check and the append of a write, so two writers racing for
+one hole are ordered and exactly one is accepted; both answers wait until the winner's record
+is durable.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import bisect
 import os
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,11 +72,22 @@ class RangeAnswer:
 class HoleStore:
     """Durable write-once holes of many streams in one directory."""
 
-    def __init__(self, directory: Path, max_holes: int = DEFAULT_MAX_HOLES):
+    def __init__(
+        self,
+        directory: Path,
+        max_holes: int = DEFAULT_MAX_HOLES,
+        fsync: Callable[[int], None] = os.fsync,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_holes = max_holes
         self._lock = threading.Lock()
+        self._fsync = fsync
+        self._sync = threading.Condition()  # guards _durable, _syncing, _sync_error
+        self._durable = 0
+        self._syncing = False
+        self._sync_error: OSError | None = None
+        self.fsync_count = 0
         self._streams: dict[int, _Stream] = {}
         self._holes = 0
         path = self.directory / LOG_FILE
@@ -80,6 +95,7 @@ class HoleStore:
         self._end = self._replay()
         os.ftruncate(self._fd, self._end)  # cut a torn tail
         os.fsync(self._fd)
+        self._durable = self._end
 
     def close(self) -> None:
         with self._lock:
@@ -118,9 +134,40 @@ class HoleStore:
         record = _PREFIX.pack(len(body), crc32c.crc32c(body)) + body
         pos = self._end
         os.pwrite(self._fd, record, pos)
-        os.fsync(self._fd)
         self._end = pos + len(record)
         return pos + _PREFIX.size + _BODY.size
+
+    def _wait_durable(self, target: int) -> None:
+        """Return once the log is durable up to `target`; the first waiter fsyncs for all."""
+        while True:
+            with self._sync:
+                while True:
+                    if self._sync_error is not None:
+                        raise OSError(f"shard store log cannot be synced: {self._sync_error}")
+                    if self._durable >= target:
+                        return
+                    if not self._syncing:
+                        self._syncing = True
+                        break
+                    self._sync.wait()
+            with self._lock:
+                end = self._end
+                fd = self._fd
+            error: OSError | None = None
+            try:
+                if fd < 0:
+                    raise OSError("shard store is closed")
+                self._fsync(fd)
+            except OSError as e:
+                error = e
+            with self._sync:
+                self.fsync_count += 1
+                if error is None:
+                    self._durable = max(self._durable, end)
+                else:  # what was written may be lost: answer nothing any more
+                    self._sync_error = error
+                self._syncing = False
+                self._sync.notify_all()
 
     def _read(self, stream: _Stream, offset: int) -> bytes | None:
         where = stream.positions.get(offset)
@@ -140,14 +187,18 @@ class HoleStore:
             existing = self._read(stream, offset)
             result = accept(existing, data)
             if result is AcceptResult.TAKEN or existing is not None:
-                return WriteAnswer(
-                    result, existing if existing is not None else data, stream.filled_below
-                )
-            if self._holes >= self.max_holes:
-                raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
-            pos = self._append(_KIND_HOLE, stream_id, offset, data)
-            self._index(stream, offset, pos, len(data))
-            return WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+                content = existing if existing is not None else data
+                answer = WriteAnswer(result, content, stream.filled_below)
+            else:
+                if self._holes >= self.max_holes:
+                    raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
+                pos = self._append(_KIND_HOLE, stream_id, offset, data)
+                self._index(stream, offset, pos, len(data))
+                answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+            target = self._end
+        # what the answer reports (ours or another writer's bytes, a fill) must be durable
+        self._wait_durable(target)
+        return answer
 
     def fill_below(self, stream_id: int, mark: int) -> int:
         """Fill every empty hole of the stream below `mark` with junk (durable); returns the
@@ -158,16 +209,19 @@ class HoleStore:
             if mark > stream.filled_below:
                 self._append(_KIND_FILL, stream_id, mark, b"")
                 stream.filled_below = mark
-            return stream.filled_below
+            answer, target = stream.filled_below, self._end
+        self._wait_durable(target)
+        return answer
 
     def read(self, stream_id: int, offset: int) -> bytes | None:
         """A hole's bytes (the junk marker for an empty hole below the fill mark), None if empty."""
         with self._lock:
             self._check_open()
             stream = self._streams.get(stream_id)
-            if stream is None:
-                return None
-            return self._read(stream, offset)
+            answer = None if stream is None else self._read(stream, offset)
+            target = self._end
+        self._wait_durable(target)
+        return answer
 
     def read_range(
         self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
@@ -175,24 +229,32 @@ class HoleStore:
         """The filled holes with start <= offset < end, at most max_holes / about max_bytes."""
         with self._lock:
             self._check_open()
-            stream = self._streams.get(stream_id)
-            if stream is None:
-                return RangeAnswer([], end, -(2**63))
-            found: list[tuple[int, bytes]] = []
-            size = 0
-            i = bisect.bisect_left(stream.offsets, start)
-            complete_below = end
-            while i < len(stream.offsets) and stream.offsets[i] < end:
-                offset = stream.offsets[i]
-                if len(found) >= max_holes or (found and size >= max_bytes):
-                    complete_below = offset
-                    break
-                data = self._read(stream, offset)
-                assert data is not None
-                found.append((offset, data))
-                size += len(data)
-                i += 1
-            return RangeAnswer(found, complete_below, stream.filled_below)
+            answer = self._read_range(stream_id, start, end, max_holes, max_bytes)
+            target = self._end
+        self._wait_durable(target)
+        return answer
+
+    def _read_range(
+        self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
+    ) -> RangeAnswer:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return RangeAnswer([], end, -(2**63))
+        found: list[tuple[int, bytes]] = []
+        size = 0
+        i = bisect.bisect_left(stream.offsets, start)
+        complete_below = end
+        while i < len(stream.offsets) and stream.offsets[i] < end:
+            offset = stream.offsets[i]
+            if len(found) >= max_holes or (found and size >= max_bytes):
+                complete_below = offset
+                break
+            data = self._read(stream, offset)
+            assert data is not None
+            found.append((offset, data))
+            size += len(data)
+            i += 1
+        return RangeAnswer(found, complete_below, stream.filled_below)
 
     @property
     def hole_count(self) -> int:

@@ -5,6 +5,8 @@ a late shard after a reader's fill."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,59 @@ def test_an_unanswered_shard_is_resent_at_the_same_offset_not_duplicated(
     with ErasureReader(stores, STREAM, clock_ns=clock) as reader:
         # stores 4 and 5 were down for the writer; the reader sees them empty and fills them
         assert reader.read(0).records == [(offset, b"once")]
+
+
+def test_concurrent_writes_share_fsyncs_and_answers_wait_for_them(tmp_path: Path) -> None:
+    release = threading.Event()
+    calls: list[int] = []
+
+    def slow_first_fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the first group commit waits until every writer has appended
+            assert release.wait(timeout=30)
+        os.fsync(fd)
+
+    store = HoleStore(tmp_path, fsync=slow_first_fsync)
+    answers: dict[int, AcceptResult] = {}
+
+    def write(n: int) -> None:
+        # two threads per offset: exactly one is accepted
+        answers[n] = store.write(STREAM, n // 2, b"writer-%d" % n).result
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while store.hole_count < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers == {}  # nobody answered before the fsync
+    release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(answers) == 16
+    for offset in range(8):
+        assert sorted(answers[n].value for n in (2 * offset, 2 * offset + 1)) == [
+            "accepted",
+            "taken",
+        ]
+    assert len(calls) <= 2  # one fsync for the first writer, one for everyone who waited
+    store.close()
+    reopened = HoleStore(tmp_path)
+    for offset in range(8):
+        winner = next(
+            n for n in (2 * offset, 2 * offset + 1) if answers[n] is AcceptResult.ACCEPTED
+        )
+        assert reopened.read(STREAM, offset) == b"writer-%d" % winner
+    reopened.close()
+
+
+def test_a_failed_fsync_stops_all_answers(tmp_path: Path) -> None:
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    store = HoleStore(tmp_path, fsync=failing)
+    with pytest.raises(OSError, match="cannot be synced|Input/output"):
+        store.write(STREAM, 1, b"a")
+    with pytest.raises(OSError, match="cannot be synced"):
+        store.read(STREAM, 1)
+    store.close()
