@@ -13,6 +13,7 @@ Thread-safe: no state is shared between read() calls but the stores and the pool
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,9 @@ from dataplane.erasure.store import RangeAnswer
 from dataplane.erasure.writer import ShardStore
 
 DEFAULT_READ_DELAY_MS = 500
+# a tailing reader fills (one durable record per store) at most this often; in between it
+# reads up to its last fill mark
+DEFAULT_MIN_FILL_INTERVAL_MS = 50
 DEFAULT_MAX_RECORDS = 1_000
 MAX_READ_BYTES = 32 * 1024 * 1024
 
@@ -62,12 +66,16 @@ class ErasureReader:
         codec: ErasureCodec | None = None,
         read_delay_ms: int = DEFAULT_READ_DELAY_MS,
         clock_ns: Callable[[], int] = time.time_ns,
+        min_fill_interval_ms: int = DEFAULT_MIN_FILL_INTERVAL_MS,
     ):
         self.codec = codec or ErasureCodec()
         if len(stores) != self.codec.total_shards:
             raise ValueError(f"need {self.codec.total_shards} shard stores, got {len(stores)}")
-        if read_delay_ms < 0:
-            raise ValueError("read_delay_ms must not be negative")
+        if read_delay_ms < 0 or min_fill_interval_ms < 0:
+            raise ValueError("read_delay_ms and min_fill_interval_ms must not be negative")
+        self.min_fill_interval_ms = min_fill_interval_ms
+        self._last_fill: tuple[int, int] | None = None  # (clock ns, end filled to)
+        self._fill_lock = threading.Lock()
         self.stores = list(stores)
         self.stream_id = stream_id
         self.read_delay_ms = read_delay_ms
@@ -116,7 +124,15 @@ class ErasureReader:
     ) -> ReadResult:
         """Decided offsets from `start` up to the visible end (fills holes first)."""
         k, m = self.codec.data_shards, self.codec.parity_shards
-        end = self.visible_end()
+        now = self.clock_ns()
+        with self._fill_lock:
+            last = self._last_fill
+        if last is not None and now - last[0] < self.min_fill_interval_ms * 1_000_000:
+            # filled a moment ago: read below that mark (the stores only confirm it, no
+            # new durable record)
+            end = last[1]
+        else:
+            end = now - self.read_delay_ms * 1_000_000
         if start >= end:
             return ReadResult([], start, None)
         filled = self._each(lambda s: s.fill_below(self.stream_id, end))
@@ -125,6 +141,9 @@ class ErasureReader:
                 f"stream {self.stream_id}: only {sum(f is not None for f in filled)} of {k + m} shard stores "
                 f"answered; reading needs more than {m}"
             )
+        with self._fill_lock:
+            if self._last_fill is None or end > self._last_fill[1]:
+                self._last_fill = (now, end)
         per_store_max = max(1, max_records) * 2
         ranges: list[RangeAnswer | None] = [None] * len(self.stores)
         answers = self._each(

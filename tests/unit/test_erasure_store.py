@@ -293,3 +293,35 @@ def test_a_failed_fsync_stops_all_answers(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="cannot be synced"):
         store.read(STREAM, 1)
     store.close()
+
+
+class _CountsFills:
+    def __init__(self, store: HoleStore):
+        self.store = store
+        self.marks: list[int] = []
+
+    def fill_below(self, stream_id: int, mark: int) -> int:
+        self.marks.append(mark)
+        return self.store.fill_below(stream_id, mark)
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_a_tailing_reader_fills_at_most_once_per_interval(stores: list[HoleStore]) -> None:
+    clock = _Clock()
+    counted = [_CountsFills(s) for s in stores]
+    with ErasureWriter(stores, STREAM, clock_ns=clock) as writer:
+        first = writer.append(b"first")
+        clock.now += 10**9
+        with ErasureReader(counted, STREAM, clock_ns=clock, min_fill_interval_ms=50) as reader:
+            assert reader.read(0).records == [(first, b"first")]
+            marks = set(counted[0].marks)
+            second = writer.append(b"second")
+            clock.now += 10 * 10**6  # 10 ms later: the last fill is reused
+            again = reader.read(0)
+            assert again.records == [(first, b"first")] and set(counted[0].marks) == marks
+            assert again.next_offset <= second
+            clock.now += 10**9  # later: a new fill, and the second record
+            assert [p for _, p in reader.read(0).records] == [b"first", b"second"]
+            assert len(set(counted[0].marks)) == 2
