@@ -1,0 +1,259 @@
+"""The shard store's network service (one per broker), HTTP on a local address.
+
+PUT  /v1/holes/<stream>/<offset>        body: the hole's bytes. 200 accepted, 409 taken; the
+                                        body of either answer is what the hole now holds
+GET  /v1/holes/<stream>/<offset>        200 with the hole's bytes, 404 empty
+GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
+                                        the filled holes of a range, binary (see encode_range)
+POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with junk; JSON answer
+GET  /v1/status                         JSON: holes held
+
+Every write is durable before its answer. Requests are bounded in size and count, and
+sockets time out, so a stuck client cannot pin the service.
+
+Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
+[--inject-delay-ms N]
+(prints "LISTENING <port>" once it serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from dataplane.erasure.holes import AcceptResult
+from dataplane.erasure.store import MAX_HOLE_BYTES, HoleStore, RangeAnswer, StoreFullError
+
+log = logging.getLogger(__name__)
+
+MAX_CONCURRENT_REQUESTS = 64
+SOCKET_TIMEOUT_S = 10.0
+MAX_RANGE_HOLES = 10_000
+MAX_RANGE_BYTES = 32 * 1024 * 1024
+_RANGE_HEAD = struct.Struct(">qqI")
+_RANGE_ENTRY = struct.Struct(">qI")
+RESULT_HEADER = "X-Hole-Result"
+FILL_MARK_HEADER = "X-Filled-Below"
+
+
+def encode_range(answer: RangeAnswer) -> bytes:
+    """complete_below i64 | filled_below i64 | count u32 | (offset i64 | length u32 | bytes)*"""
+    parts = [_RANGE_HEAD.pack(answer.complete_below, answer.filled_below, len(answer.holes))]
+    for offset, data in answer.holes:
+        parts.append(_RANGE_ENTRY.pack(offset, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_range(body: bytes) -> RangeAnswer:
+    """The inverse of encode_range; raises ValueError on malformed bytes."""
+    if len(body) < _RANGE_HEAD.size:
+        raise ValueError("range answer shorter than its header")
+    complete_below, filled_below, count = _RANGE_HEAD.unpack_from(body)
+    pos = _RANGE_HEAD.size
+    holes = []
+    for _ in range(count):
+        if pos + _RANGE_ENTRY.size > len(body):
+            raise ValueError("truncated range answer")
+        offset, length = _RANGE_ENTRY.unpack_from(body, pos)
+        pos += _RANGE_ENTRY.size
+        if pos + length > len(body):
+            raise ValueError("truncated range answer")
+        holes.append((offset, body[pos : pos + length]))
+        pos += length
+    return RangeAnswer(holes, complete_below, filled_below)
+
+
+class ShardStoreHTTPServer(ThreadingHTTPServer):
+    """Serves one HoleStore. Thread-safe: handlers share the store, which locks itself."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], store: HoleStore, inject_delay_ms: int = 0):
+        self.store = store
+        # a slow node for benchmarks and tests: every write waits this long before it is handled
+        self.inject_delay_ms = inject_delay_ms
+        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+        super().__init__(address, _Handler)
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int | None = None) -> int:
+    values = query.get(name)
+    if not values:
+        if default is None:
+            raise _BadRequest(f"missing query parameter {name}")
+        return default
+    try:
+        return int(values[0])
+    except ValueError:
+        raise _BadRequest(f"query parameter {name} must be an integer, got {values[0]!r}") from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ShardStoreHTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/octet-stream",
+        **headers: str,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, json.dumps({"error": message}).encode(), "application/json")
+
+    def _body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            raise _BadRequest("bad Content-Length") from None
+        if length < 0 or length > MAX_HOLE_BYTES:
+            # the body is not read: close the connection rather than parse it as a request
+            self.close_connection = True
+            raise _BadRequest(f"body of {length} bytes exceeds {MAX_HOLE_BYTES}")
+        return self.rfile.read(length)
+
+    def _dispatch(self, method: str) -> None:
+        if not self.server.slots.acquire(timeout=1.0):
+            self.close_connection = True
+            self._error(503, "shard store busy")
+            return
+        try:
+            url = urlparse(self.path)
+            parts = [p for p in url.path.split("/") if p]
+            query = parse_qs(url.query)
+            self._route(method, parts, query)
+        except _BadRequest as e:
+            self._error(400, str(e))
+        except StoreFullError as e:
+            self._error(507, str(e))
+        except ValueError as e:
+            self._error(400, str(e))
+        except Exception as e:  # one bad request must not kill the service
+            log.exception("shard store request failed")
+            self._error(500, f"{type(e).__name__}: {e}")
+        finally:
+            self.server.slots.release()
+
+    def _route(self, method: str, parts: list[str], query: dict[str, list[str]]) -> None:
+        store = self.server.store
+        if parts[:1] != ["v1"]:
+            raise _BadRequest(f"unknown path {self.path}")
+        try:
+            ids = [int(p) for p in parts[2:]]
+        except ValueError:
+            raise _BadRequest(f"stream and offset must be integers in {self.path}") from None
+        route = (method, parts[1] if len(parts) > 1 else "", len(ids))
+        if route == ("PUT", "holes", 2):
+            if self.server.inject_delay_ms:
+                time.sleep(self.server.inject_delay_ms / 1000)
+            answer = store.write(ids[0], ids[1], self._body())
+            status = 200 if answer.result is AcceptResult.ACCEPTED else 409
+            headers = {
+                RESULT_HEADER: answer.result.value,
+                FILL_MARK_HEADER: str(answer.filled_below),
+            }
+            self._send(status, answer.content, **headers)
+        elif route == ("GET", "holes", 2):
+            data = store.read(ids[0], ids[1])
+            if data is None:
+                self._send(404, b"")
+            else:
+                self._send(200, data)
+        elif route == ("GET", "holes", 1):
+            start = _int_param(query, "start")
+            end = _int_param(query, "end")
+            max_holes = min(_int_param(query, "max_holes", MAX_RANGE_HOLES), MAX_RANGE_HOLES)
+            max_bytes = min(_int_param(query, "max_bytes", MAX_RANGE_BYTES), MAX_RANGE_BYTES)
+            if max_holes < 1 or max_bytes < 1:
+                raise _BadRequest("max_holes and max_bytes must be positive")
+            self._send(
+                200, encode_range(store.read_range(ids[0], start, end, max_holes, max_bytes))
+            )
+        elif route == ("POST", "fill", 1):
+            self._body()
+            mark = store.fill_below(ids[0], _int_param(query, "below"))
+            self._send(200, json.dumps({"filled_below": mark}).encode(), "application/json")
+        elif route == ("GET", "status", 0):
+            self._send(200, json.dumps({"holes": store.hole_count}).encode(), "application/json")
+        else:
+            raise _BadRequest(f"unknown request {method} {self.path}")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+
+def serve(data_dir: Path, host: str, port: int, inject_delay_ms: int = 0) -> None:
+    """Run a shard store until SIGTERM/SIGINT."""
+    store = HoleStore(data_dir)
+    server = ShardStoreHTTPServer((host, port), store, inject_delay_ms)
+    stop = threading.Event()
+
+    def _stop(*_: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    thread = threading.Thread(
+        target=server.serve_forever, args=(0.1,), name="shard-store-http", daemon=True
+    )
+    thread.start()
+    print(f"LISTENING {server.server_address[1]}", flush=True)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="an erasure-coded partition's shard store")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--inject-delay-ms", type=int, default=0, help="delay every write (benchmarks)"
+    )
+    args = parser.parse_args(argv)
+    if args.inject_delay_ms < 0:
+        parser.error("--inject-delay-ms must not be negative")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    serve(args.data_dir, args.host, args.port, args.inject_delay_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
