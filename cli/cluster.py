@@ -222,6 +222,8 @@ def up(
             )
         if config.sasl and cluster.admin_credentials() is None:
             _create_admin_user(cluster, config)
+        if config.sasl and cluster.broker_credentials() is None:
+            _create_broker_user(cluster, config)
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
@@ -284,12 +286,33 @@ def up(
 def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
     """The admin super user of a `--sasl` cluster: SCRAM credentials (both mechanisms; PLAIN
     checks against them) in the metadata, its login in DIR/admin.credentials."""
+    creds = cluster.create_admin_credentials(config)
+    try:
+        _upsert_scram_user(config, creds)
+    except ClusterError:
+        cluster.admin_credentials_path.unlink(missing_ok=True)
+        raise
+
+
+def _create_broker_user(cluster: LocalCluster, config: ClusterConfig) -> None:
+    """The brokers' super user of a `--sasl` cluster (inter-broker WriteTxnMarkers log in
+    as it): SCRAM credentials in the metadata, its login in DIR/broker.credentials (0600)
+    and in each broker's 0600 config."""
+    creds = cluster.create_broker_credentials()
+    try:
+        _upsert_scram_user(config, creds)
+    except ClusterError:
+        cluster.broker_credentials_path.unlink(missing_ok=True)
+        raise
+
+
+def _upsert_scram_user(config: ClusterConfig, creds: dict) -> None:
+    """SCRAM-SHA-256 and -512 credentials (PLAIN checks against them) of `creds`' user."""
     from controlplane.client import ControllerClient
     from controlplane.errors import ControllerError
     from controlplane.requests import AlterScramCredentialsRequest
     from controlplane.security import scram_upsertion
 
-    creds = cluster.create_admin_credentials(config)
     client = ControllerClient(
         config.quorum_config().api_addresses(), timeout_s=30, api_secret=config.api_secret
     )
@@ -303,8 +326,7 @@ def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
             )
         )
     except ControllerError as exc:
-        cluster.admin_credentials_path.unlink(missing_ok=True)
-        raise ClusterError(f"could not create the admin user: {exc}") from None
+        raise ClusterError(f"could not create the {creds['username']} user: {exc}") from None
 
 
 def _start_over(cluster: LocalCluster) -> None:

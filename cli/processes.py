@@ -51,6 +51,10 @@ from dataplane.objectstore.seaweed import (
 
 ADMIN_USER = "admin"
 ADMIN_CREDENTIALS_FILE = "admin.credentials"
+# the brokers' own super user on a --sasl cluster (inter-broker requests: WriteTxnMarkers);
+# its login is copied into each broker's 0600 config, not shared with the operator's
+BROKER_USER = "broker"
+BROKER_CREDENTIALS_FILE = "broker.credentials"
 DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 STOP_TIMEOUT_S = 15.0
 # after SIGKILL: a process killed in the middle of an fsync can take seconds to go
@@ -535,6 +539,29 @@ class LocalCluster:
         _write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
         return creds
 
+    @property
+    def broker_credentials_path(self) -> Path:
+        return self.dir / BROKER_CREDENTIALS_FILE
+
+    def create_broker_credentials(self) -> dict:
+        """A fresh login of the brokers' super user (`broker`, a random password), 0600."""
+        creds = {
+            "username": BROKER_USER,
+            "password": secrets.token_urlsafe(24),
+            "mechanism": "SCRAM-SHA-512",
+        }
+        _write_private(self.broker_credentials_path, json.dumps(creds, indent=2) + "\n")
+        return creds
+
+    def broker_credentials(self) -> dict | None:
+        """The brokers' inter-broker login of a `--sasl` cluster (None if it has none)."""
+        try:
+            return json.loads(self.broker_credentials_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{self.broker_credentials_path} is unreadable: {exc}") from None
+
     def client_security(self) -> dict | None:
         """How the CLI's Kafka clients connect: the admin's SASL login (and the CA with
         --tls), the CA alone on an SSL cluster, None for PLAINTEXT."""
@@ -726,6 +753,7 @@ class LocalCluster:
             )
         if config.broker_wal == "s3":
             storage["wal_uri"] = broker_wal_uri(config, node_id)
+        login = self.broker_credentials() if config.sasl else None
         bcfg = BrokerConfig(
             node_id=node_id,
             az=spec.az,
@@ -737,9 +765,13 @@ class LocalCluster:
             metrics_port=spec.metrics_port or 0,
             controller_api_secret=config.api_secret,
             sasl_enabled=config.sasl,
-            super_users=[f"User:{ADMIN_USER}"] if config.sasl else [],
+            super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"] if config.sasl else [],
             tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
             tls_key_file=self.tls_dir / "server.key" if config.tls else None,
+            tls_ca_file=self.tls_dir / "ca.pem" if config.tls else None,
+            inter_broker_sasl_username=login["username"] if login else None,
+            inter_broker_sasl_password=login["password"] if login else None,
+            inter_broker_sasl_mechanism=login["mechanism"] if login else "SCRAM-SHA-512",
             **storage,
         )
         _write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
@@ -836,6 +868,7 @@ _OWN_ENTRIES = {
     "quorum.json",
     SECRET_FILE_NAME,
     "admin.credentials",
+    BROKER_CREDENTIALS_FILE,
     "tls",
     "up-incomplete",
     "s3",

@@ -8,6 +8,7 @@ broker's internals).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -60,3 +61,12 @@ class BrokerConfig(BaseModel):
     # TLS on the listener (SSL, or SASL_SSL with sasl_enabled): the certificate chain and key
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # how this broker connects to the others (the transaction coordinator's WriteTxnMarkers):
+    # on a SASL cluster a super-user login (this file is mode 0600; never on a command line),
+    # and with TLS the CA the other brokers' certificates are checked against
+    inter_broker_sasl_username: str | None = None
+    inter_broker_sasl_password: str | None = Field(default=None, repr=False)
+    inter_broker_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = (
+        "SCRAM-SHA-512"
+    )
+    tls_ca_file: Path | None = None

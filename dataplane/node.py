@@ -327,6 +327,7 @@ class BrokerNode:
             self.partitions,
             lambda slot, pid, commit: complete_group_offsets(offset_store, slot, pid, commit),
             ready_fn=lambda: self.metadata.caught_up,
+            send_markers=self._marker_sender(),
         )
         txns = TxnHandlers(
             txn_coordinator,
@@ -418,6 +419,29 @@ class BrokerNode:
 
         log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
         return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+
+    def _marker_sender(self):
+        """WriteTxnMarkers to the other brokers, logged in as the broker principal on a
+        SASL cluster and over TLS (trusting the cluster CA) on a TLS one."""
+        import functools
+
+        from dataplane.kafka.txn.marker_client import InterBrokerLogin, send_write_txn_markers
+
+        cfg = self.config
+        if cfg.sasl_enabled and not cfg.inter_broker_sasl_username:
+            log.warning(
+                "SASL listener without an inter-broker login (inter_broker_sasl_username): "
+                "transaction markers to other brokers will be refused"
+            )
+        if cfg.tls_cert_file and cfg.tls_ca_file is None:
+            log.warning("TLS listener without tls_ca_file: markers to other brokers will fail")
+        login = InterBrokerLogin(
+            username=cfg.inter_broker_sasl_username if cfg.sasl_enabled else None,
+            password=cfg.inter_broker_sasl_password,
+            mechanism=cfg.inter_broker_sasl_mechanism,
+            ssl_ca_file=cfg.tls_ca_file if cfg.tls_cert_file else None,
+        )
+        return functools.partial(send_write_txn_markers, login=login)
 
     def _secure_listener(self, registry, image_fn):
         """SASL and the security admin APIs on the listener when configured; the admission

@@ -1,8 +1,9 @@
 """Security against `automqctl cluster up --sasl` with real clients: kcat and confluent-kafka
 over SCRAM-SHA-256/512, kafka-python and aiokafka over PLAIN (SASL_PLAINTEXT); wrong
 passwords refused; ACLs enforced and changed with `automqctl acl`; users managed with
-`automqctl user` and with Kafka's own admin API; the controller API closed; private files.
-One cluster (1 controller, 1 broker) is shared by the module."""
+`automqctl user` and with Kafka's own admin API; the controller API closed; private files;
+transactions across brokers by a non-super user with a TRANSACTIONAL_ID ACL.
+One cluster (1 controller, 2 brokers) is shared by the module."""
 
 from __future__ import annotations
 
@@ -56,14 +57,20 @@ def ok(result: subprocess.CompletedProcess) -> str:
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("sec") / "cluster"
     up = automqctl(
-        "cluster", "up", "--sasl", "--brokers", "1", "--controllers", "1", "--format", "json",
+        "cluster", "up", "--sasl", "--brokers", "2", "--controllers", "1", "--format", "json",
         cluster_dir=d,
     )  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         status = json.loads(up.stdout)
         admin = json.loads((d / "admin.credentials").read_text())
-        info = {"dir": d, "bootstrap": status["bootstrap_servers"], "admin": admin}
+        broker = json.loads((d / "broker.credentials").read_text())
+        info = {
+            "dir": d,
+            "bootstrap": status["bootstrap_servers"],
+            "admin": admin,
+            "broker": broker,
+        }
         # an application user allowed on the `sec-` topics and groups (prefixed ACLs)
         ok(automqctl("user", "add", APP_USER, "--password", APP_PASSWORD, cluster_dir=d))
         ok(
@@ -264,15 +271,19 @@ def test_aiokafka_plain_produce_consume(cluster):
 
 
 def _failures_metric(cluster: dict) -> float:
+    """Failed logins counted by all brokers (a client may try either)."""
     config = json.loads((cluster["dir"] / "cluster.json").read_text())
-    port = config["brokers"][0]["metrics_port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("kafka_sasl_authentication_failures_total{")
-    )
+    total = 0.0
+    for broker in config["brokers"]:
+        url = f"http://127.0.0.1:{broker['metrics_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("kafka_sasl_authentication_failures_total{")
+        )
+    return total
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
@@ -287,7 +298,7 @@ def test_wrong_password_is_refused_logged_and_counted(cluster, mechanism):
         KafkaError._TIMED_OUT,
     )
     assert _failures_metric(cluster) > before
-    log = (cluster["dir"] / "logs" / "broker-1.log").read_text()
+    log = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
     assert f"failed SASL {mechanism} login from 127.0.0.1" in log
     assert "not-the-password" not in log
 
@@ -390,7 +401,8 @@ def test_controller_api_and_files_are_closed(cluster):
         return stat.S_IMODE(p.stat().st_mode)
 
     assert mode(d) == 0o700
-    for name in ("cluster.json", "quorum.json", "controller-api.secret", "admin.credentials"):
+    private = ("cluster.json", "quorum.json", "controller-api.secret", "admin.credentials")
+    for name in (*private, "broker.credentials", "broker-1/broker.json"):
         assert mode(d / name) == 0o600, name
     for log in (d / "logs").glob("*.log"):
         assert mode(log) & 0o077 == 0, log
@@ -398,11 +410,13 @@ def test_controller_api_and_files_are_closed(cluster):
     for log in (d / "logs").glob("*.log"):
         text = log.read_text(errors="replace")
         assert secret not in text and cluster["admin"]["password"] not in text, log
+        assert cluster["broker"]["password"] not in text, log
         assert APP_PASSWORD not in text, log
     for pid in (d / "pids").glob("*.pid"):
         cmdline = Path(f"/proc/{pid.read_text().split()[0]}/cmdline").read_bytes()
         assert secret.encode() not in cmdline
         assert cluster["admin"]["password"].encode() not in cmdline
+        assert cluster["broker"]["password"].encode() not in cmdline
 
 
 def test_object_store_serves_object_data_only_through_s3(cluster):
@@ -444,3 +458,81 @@ def test_object_store_serves_object_data_only_through_s3(cluster):
     assert client.get_object(Bucket="automq-main", Key="probe/x")["Body"].read() == b"probe"
     client.delete_object(Bucket="automq-main", Key="probe/x")
     assert stat.S_IMODE((Path(s3["data_dir"]) / "security.toml").stat().st_mode) == 0o600
+
+
+def test_transaction_across_brokers_needs_a_transactional_id_acl(cluster):
+    """A non-super user's transaction over partitions led by both brokers: refused at
+    init_transactions without WRITE on the transactional id; with it (`automqctl acl add
+    --transactional-id`) the commit's markers reach the other broker (inter-broker SASL as
+    the broker user) and a read_committed consumer sees exactly the committed records."""
+    from confluent_kafka import KafkaException
+
+    d = cluster["dir"]
+    topic = f"sec-txn-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster, topic, partitions=4)
+    meta = AdminClient(admin_rdkafka(cluster)).list_topics(topic, timeout=10).topics[topic]
+    leaders = {p.id: p.leader for p in meta.partitions.values()}
+    # one partition led by each broker: the coordinator is on one of them, so the markers
+    # of at least one partition go to the other broker over its SASL listener
+    by_leader = {leader: pid for pid, leader in sorted(leaders.items())}
+    assert len(by_leader) == 2, leaders
+    parts = sorted(by_leader.values())
+    txn_id = f"sec-tx-{uuid.uuid4().hex[:6]}"
+    app = rdkafka(cluster, APP_USER, APP_PASSWORD, "SCRAM-SHA-512")
+    tx_config = {**app, "transactional.id": txn_id, "transaction.timeout.ms": 60_000}
+
+    denied = Producer(tx_config)
+    with pytest.raises(KafkaException) as refused:
+        denied.init_transactions(20)
+    assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    del denied
+
+    ok(
+        automqctl(
+            "acl", "add", "--allow-principal", f"User:{APP_USER}", "--operation", "Write",
+            "--transactional-id", txn_id, cluster_dir=d,
+        )
+    )  # fmt: skip
+    producer = Producer(tx_config)
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(20):
+        producer.produce(topic, value=b"c-%d" % i, partition=parts[i % 2])
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for i in range(10):
+        producer.produce(topic, value=b"ab-%d" % i, partition=parts[i % 2])
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"last", partition=parts[1])
+    producer.produce(topic, value=b"last", partition=parts[0])
+    producer.commit_transaction(30)
+
+    consumer = Consumer(
+        {
+            **app,
+            "group.id": f"sec-rc-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    try:
+        # 22 committed records; then a second of nothing more (no aborted record leaks)
+        quiet_until = None
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+                quiet_until = None
+            elif len(got) >= 22:
+                quiet_until = quiet_until or time.monotonic() + 1.0
+                if time.monotonic() > quiet_until:
+                    break
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted([b"c-%d" % i for i in range(20)] + [b"last", b"last"])

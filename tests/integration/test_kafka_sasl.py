@@ -215,3 +215,86 @@ def test_repeated_failures_are_slowed(sasl_server, clients):
         assert authenticate(c, b"\0alice\0nope").error_code == KafkaError.SASL_AUTHENTICATION_FAILED
         took.append(time.monotonic() - start)
     assert took[0] >= 0.05 and took[-1] >= 0.2 and took[-1] < 2.0
+
+
+def test_marker_client_logs_in_as_the_broker_over_tls(tmp_path):
+    """The transaction coordinator's WriteTxnMarkers client on a SASL_SSL listener with ACLs:
+    the broker super user's markers are served; another user's are refused with
+    CLUSTER_AUTHORIZATION_FAILED; no login, a wrong password or an untrusted CA never
+    reach the handler."""
+    import ssl
+
+    from kafka.protocol.producer import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+
+    from cli.tls import generate_ca_and_server_cert
+    from dataplane.kafka.security.authorizer import Authorizer
+    from dataplane.kafka.security.enforcement import AclEnforcer
+    from dataplane.kafka.security.tls import server_ssl_context
+    from dataplane.kafka.txn.marker_client import (
+        InterBrokerAuthError,
+        InterBrokerLogin,
+        send_write_txn_markers,
+    )
+
+    machine = MetadataStateMachine()
+    req = AlterScramCredentialsRequest(
+        upsertions=[
+            scram_upsertion(user, "SCRAM-SHA-512", pw)
+            for user, pw in (("broker", "broker-pw"), ("alice", PASSWORD))
+        ]
+    )
+    assert "error" not in machine.execute(req.command, req.model_dump(mode="json"), 0)
+    served: list[int] = []
+
+    async def write_markers(body, ctx):
+        served.append(body.markers[0].producer_id)
+        R = WriteTxnMarkersResponse
+        TR = R.WritableTxnMarkerResult.WritableTxnMarkerTopicResult
+        return R[1](
+            markers=[
+                R.WritableTxnMarkerResult(
+                    producer_id=m.producer_id,
+                    topics=[
+                        TR(
+                            name=t.name,
+                            partitions=[
+                                TR.WritableTxnMarkerPartitionResult(partition_index=p, error_code=0)
+                                for p in t.partition_indexes
+                            ],
+                        )
+                        for t in m.topics
+                    ],
+                )
+                for m in body.markers
+            ]
+        )
+
+    registry = make_registry(Cluster())
+    registry.register(WriteTxnMarkersRequest, 1, 1, write_markers)
+    AclEnforcer(Authorizer(["User:broker"]), lambda: machine.image).install(registry)
+    sasl = SaslAuthenticator(lambda: machine.image)
+    for cls, lo, hi, handler in sasl.registrations():
+        registry.register(cls, lo, hi, handler)
+    certs = generate_ca_and_server_cert(tmp_path / "tls", ["127.0.0.1"], ["localhost"])
+    other = generate_ca_and_server_cert(tmp_path / "other", ["127.0.0.1"], ["localhost"])
+    tls = server_ssl_context(certs["server_cert"], certs["server_key"])
+    parts = [("orders", 0), ("orders", 1)]
+
+    def send(login: InterBrokerLogin | None, pid: int) -> dict:
+        return send_write_txn_markers("127.0.0.1", port, pid, 0, True, 1, parts, 10.0, login)
+
+    ca = certs["ca_cert"]
+    with running(registry, admit=sasl.admit, ssl_context=tls) as server:
+        port = server.port
+        broker = InterBrokerLogin("broker", "broker-pw", "SCRAM-SHA-512", ca)
+        assert send(broker, 1) == {tp: 0 for tp in parts}
+        assert "broker-pw" not in repr(broker)
+        alice = InterBrokerLogin("alice", PASSWORD, "SCRAM-SHA-512", ca)
+        assert send(alice, 2) == {tp: KafkaError.CLUSTER_AUTHORIZATION_FAILED for tp in parts}
+        with pytest.raises(ConnectionError):  # no login: the server closes the connection
+            send(InterBrokerLogin(ssl_ca_file=ca), 3)
+        with pytest.raises(InterBrokerAuthError):
+            send(InterBrokerLogin("broker", "wrong", "SCRAM-SHA-512", ca), 4)
+        with pytest.raises(ssl.SSLError):
+            send(InterBrokerLogin("broker", "broker-pw", "SCRAM-SHA-512", other["ca_cert"]), 5)
+    assert served == [1]

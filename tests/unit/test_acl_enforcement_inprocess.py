@@ -239,3 +239,234 @@ def test_delete_records_and_cluster_admin_apis():
     assert denied.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
     allowed = asyncio.run(registry.get(46).handler(lpr, ctx(46, 0, "User:admin")))
     assert allowed.error_code == 0
+
+
+def _txn_registry(bindings: list[dict]):
+    """The transaction APIs behind the enforcer, with stand-ins that record what reached
+    them and answer success; ACLs of `bindings` (principal User:alice unless given)."""
+    from kafka.protocol.producer import (
+        AddOffsetsToTxnRequest,
+        AddOffsetsToTxnResponse,
+        AddPartitionsToTxnRequest,
+        AddPartitionsToTxnResponse,
+        EndTxnRequest,
+        EndTxnResponse,
+        TxnOffsetCommitRequest,
+        TxnOffsetCommitResponse,
+        WriteTxnMarkersRequest,
+        WriteTxnMarkersResponse,
+    )
+
+    from controlplane.image import MetadataImage
+    from controlplane.records import AclBinding
+
+    image = MetadataImage(acls={str(i): AclBinding(**acl(**b)) for i, b in enumerate(bindings)})
+    seen: list[tuple[int, object]] = []
+
+    async def add_partitions(req, c):
+        seen.append((24, [t.name for t in req.v3_and_below_topics]))
+        TR = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
+        return AddPartitionsToTxnResponse[c.api_version](
+            throttle_time_ms=0,
+            results_by_topic_v3_and_below=[
+                TR(
+                    name=t.name,
+                    results_by_partition=[
+                        TR.AddPartitionsToTxnPartitionResult(
+                            partition_index=p, partition_error_code=0
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in req.v3_and_below_topics
+            ],
+        )
+
+    async def add_offsets(req, c):
+        seen.append((25, req.group_id))
+        return AddOffsetsToTxnResponse[c.api_version](throttle_time_ms=0, error_code=0)
+
+    async def end_txn(req, c):
+        seen.append((26, req.transactional_id))
+        return EndTxnResponse[c.api_version](throttle_time_ms=0, error_code=0)
+
+    async def txn_offset_commit(req, c):
+        seen.append((28, [t.name for t in req.topics]))
+        R = TxnOffsetCommitResponse
+        P = R.TxnOffsetCommitResponseTopic.TxnOffsetCommitResponsePartition
+        return R[c.api_version](
+            throttle_time_ms=0,
+            topics=[
+                R.TxnOffsetCommitResponseTopic(
+                    name=t.name,
+                    partitions=[
+                        P(partition_index=p.partition_index, error_code=0) for p in t.partitions
+                    ],
+                )
+                for t in req.topics
+            ],
+        )
+
+    async def write_markers(req, c):
+        seen.append((27, None))
+        return WriteTxnMarkersResponse[1](markers=[])
+
+    registry = ApiRegistry()
+    registry.register(AddPartitionsToTxnRequest, 0, 3, add_partitions)
+    registry.register(AddOffsetsToTxnRequest, 0, 3, add_offsets)
+    registry.register(EndTxnRequest, 0, 3, end_txn)
+    registry.register(TxnOffsetCommitRequest, 0, 3, txn_offset_commit)
+    registry.register(WriteTxnMarkersRequest, 1, 1, write_markers)
+    AclEnforcer(Authorizer(["User:admin", "User:broker"]), lambda: image).install(registry)
+    return registry, seen
+
+
+def _add_partitions_req(txn_id: str, topics: dict[str, list[int]]):
+    from kafka.protocol.producer import AddPartitionsToTxnRequest as R
+
+    return R[3](
+        v3_and_below_transactional_id=txn_id,
+        v3_and_below_producer_id=7,
+        v3_and_below_producer_epoch=0,
+        v3_and_below_topics=[
+            R.AddPartitionsToTxnTopic(name=n, partitions=ps) for n, ps in topics.items()
+        ],
+    )
+
+
+def _codes(resp) -> dict[tuple[str, int], int]:
+    return {
+        (t.name, p.partition_index): p.partition_error_code
+        for t in resp.results_by_topic_v3_and_below
+        for p in t.results_by_partition
+    }
+
+
+def test_add_partitions_to_txn_needs_write_on_the_id_and_each_topic():
+    registry, seen = _txn_registry(
+        [
+            {"op": "WRITE", "name": "tx-", "rtype": "TRANSACTIONAL_ID", "pattern_type": "PREFIXED"},
+            {"op": "WRITE", "name": "orders"},
+        ]
+    )
+    handler = registry.get(24).handler
+    # no ACL on the id: every partition refused with 53, nothing reaches the coordinator
+    resp = asyncio.run(handler(_add_partitions_req("other", {"orders": [0, 1]}), ctx(24, 3)))
+    assert set(_codes(resp).values()) == {KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    assert seen == []
+    # a topic without WRITE: it is refused, the rest not attempted, nothing added
+    req = _add_partitions_req("tx-1", {"orders": [0], "secret": [0, 1]})
+    codes = _codes(asyncio.run(handler(req, ctx(24, 3))))
+    assert codes == {
+        ("orders", 0): KafkaError.OPERATION_NOT_ATTEMPTED,
+        ("secret", 0): KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        ("secret", 1): KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+    assert seen == []
+    resp = asyncio.run(handler(_add_partitions_req("tx-1", {"orders": [0, 1]}), ctx(24, 3)))
+    assert set(_codes(resp).values()) == {0} and seen == [(24, ["orders"])]
+
+
+def test_add_offsets_end_txn_and_txn_offset_commit_need_the_id_group_and_topics():
+    from kafka.protocol.producer import AddOffsetsToTxnRequest, EndTxnRequest
+    from kafka.protocol.producer import TxnOffsetCommitRequest as T
+
+    registry, seen = _txn_registry(
+        [
+            {"op": "WRITE", "name": "tx-1", "rtype": "TRANSACTIONAL_ID"},
+            {"op": "READ", "name": "g1", "rtype": "GROUP"},
+            {"op": "READ", "name": "orders"},
+        ]
+    )
+    add_offsets, end_txn, commit = (registry.get(k).handler for k in (25, 26, 28))
+
+    def offsets_req(txn_id: str, group: str):
+        return AddOffsetsToTxnRequest[3](
+            transactional_id=txn_id, producer_id=7, producer_epoch=0, group_id=group
+        )
+
+    assert asyncio.run(add_offsets(offsets_req("tx-2", "g1"), ctx(25, 3))).error_code == 53
+    assert (
+        asyncio.run(add_offsets(offsets_req("tx-1", "g2"), ctx(25, 3))).error_code
+        == KafkaError.GROUP_AUTHORIZATION_FAILED
+    )
+    assert asyncio.run(add_offsets(offsets_req("tx-1", "g1"), ctx(25, 3))).error_code == 0
+
+    def end_req(txn_id: str):
+        return EndTxnRequest[3](
+            transactional_id=txn_id, producer_id=7, producer_epoch=0, committed=True
+        )
+
+    assert asyncio.run(end_txn(end_req("tx-2"), ctx(26, 3))).error_code == 53
+    assert asyncio.run(end_txn(end_req("tx-1"), ctx(26, 3))).error_code == 0
+
+    def commit_req(txn_id: str, group: str):
+        P = T.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition
+        return T[3](
+            transactional_id=txn_id,
+            group_id=group,
+            producer_id=7,
+            producer_epoch=0,
+            generation_id=-1,
+            member_id="",
+            group_instance_id=None,
+            topics=[
+                T.TxnOffsetCommitRequestTopic(
+                    name=n,
+                    partitions=[
+                        P(
+                            partition_index=0,
+                            committed_offset=5,
+                            committed_leader_epoch=-1,
+                            committed_metadata="",
+                        )
+                    ],
+                )
+                for n in ("orders", "secret")
+            ],
+        )
+
+    def commit_codes(resp) -> dict[str, int]:
+        return {t.name: t.partitions[0].error_code for t in resp.topics}
+
+    assert commit_codes(asyncio.run(commit(commit_req("tx-2", "g1"), ctx(28, 3)))) == {
+        "orders": 53,
+        "secret": 53,
+    }
+    assert commit_codes(asyncio.run(commit(commit_req("tx-1", "g2"), ctx(28, 3)))) == {
+        "orders": KafkaError.GROUP_AUTHORIZATION_FAILED,
+        "secret": KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+    assert commit_codes(asyncio.run(commit(commit_req("tx-1", "g1"), ctx(28, 3)))) == {
+        "orders": 0,
+        "secret": KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+    # only the allowed pieces reached the handlers
+    assert seen == [(25, "g1"), (26, "tx-1"), (28, ["orders"])]
+
+
+def test_write_txn_markers_is_for_brokers_only():
+    from kafka.protocol.producer import WriteTxnMarkersRequest as W
+
+    registry, seen = _txn_registry([{"op": "ALL", "name": "*"}])
+    markers = registry.get(27).handler
+    req = W[1](
+        markers=[
+            W.WritableTxnMarker(
+                producer_id=7,
+                producer_epoch=0,
+                transaction_result=True,
+                topics=[
+                    W.WritableTxnMarker.WritableTxnMarkerTopic(
+                        name="orders", partition_indexes=[0, 1]
+                    )
+                ],
+                coordinator_epoch=1,
+            )
+        ]
+    )
+    denied = asyncio.run(markers(req, ctx(27, 1)))
+    codes = {p.error_code for m in denied.markers for t in m.topics for p in t.partitions}
+    assert codes == {KafkaError.CLUSTER_AUTHORIZATION_FAILED} and seen == []
+    asyncio.run(markers(req, ctx(27, 1, "User:broker")))
+    assert seen == [(27, None)]

@@ -93,3 +93,31 @@ def test_a_client_trusting_the_ca_verifies_the_broker_certificate(secured):
     t.join(5)
     listener.close()
     assert len(errors) == 1  # only the untrusting client's handshake failed
+
+
+def test_brokers_get_their_own_super_user_login_privately(secured, monkeypatch):
+    """The `broker` login (inter-broker WriteTxnMarkers) is in DIR/broker.credentials and in
+    each broker's config (both 0600), never in its argv; the broker trusts the cluster CA."""
+    import json
+
+    from dataplane.config import BrokerConfig
+
+    cluster, config = secured
+    creds = cluster.create_broker_credentials()
+    assert mode(cluster.broker_credentials_path) == 0o600
+    assert creds["username"] == "broker" and len(creds["password"]) >= 16
+    assert cluster.broker_credentials() == creds
+    argvs: list[list[str]] = []
+    monkeypatch.setattr(cluster, "_spawn", lambda name, argv, cwd=None: argvs.append(argv) or 1)
+    cluster.start_broker(config, config.brokers[0].node_id)
+    path = cluster.dir / f"broker-{config.brokers[0].node_id}" / "broker.json"
+    assert mode(path) == 0o600
+    bcfg = BrokerConfig(**json.loads(path.read_text()))
+    assert set(bcfg.super_users) == {"User:admin", "User:broker"}
+    assert (bcfg.inter_broker_sasl_username, bcfg.inter_broker_sasl_password) == (
+        "broker",
+        creds["password"],
+    )
+    assert bcfg.tls_ca_file == cluster.tls_dir / "ca.pem"
+    assert creds["password"] not in repr(bcfg)
+    assert not any(creds["password"] in a for a in argvs[0])

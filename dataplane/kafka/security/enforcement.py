@@ -122,6 +122,11 @@ class AclEnforcer:
             19: self._create_topics,
             20: self._delete_topics,
             22: self._init_producer_id,
+            24: self._add_partitions_to_txn,
+            25: self._add_offsets_to_txn,
+            26: self._end_txn,
+            27: self._write_txn_markers,
+            28: self._txn_offset_commit,
             23: self._offset_for_leader_epoch,
             32: self._describe_configs,
             33: self._alter_configs,
@@ -654,6 +659,132 @@ class AclEnforcer:
             return await handler(req, ctx)
         return R[ctx.api_version](
             throttle_time_ms=0, error_code=code, producer_id=-1, producer_epoch=-1
+        )
+
+    # ------------------------------------------------------------ transactions (Kafka's
+    # KafkaApis: WRITE on the transactional id first, then the topics / group)
+
+    def _txn_denied(self, ctx: Any, txn_id: str | None) -> bool:
+        return not self.allowed(ctx, "WRITE", "TRANSACTIONAL_ID", txn_id or "")
+
+    async def _add_partitions_to_txn(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """WRITE on the transactional id (else every partition is
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED) and on each topic; with a denied topic
+        nothing is added: its partitions are TOPIC_AUTHORIZATION_FAILED, the others
+        OPERATION_NOT_ATTEMPTED (as Kafka answers)."""
+        R = response_class(24)
+        TR = R.AddPartitionsToTxnTopicResult
+        topics = req.v3_and_below_topics or []
+        if self._txn_denied(ctx, req.v3_and_below_transactional_id):
+            codes = {t.name: KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for t in topics}
+        else:
+            codes = {
+                t.name: KafkaError.TOPIC_AUTHORIZATION_FAILED
+                for t in topics
+                if not self.allowed(ctx, "WRITE", "TOPIC", t.name)
+            }
+            if not codes:
+                return await handler(req, ctx)
+        return R[ctx.api_version](
+            throttle_time_ms=0,
+            results_by_topic_v3_and_below=[
+                TR(
+                    name=t.name,
+                    results_by_partition=[
+                        TR.AddPartitionsToTxnPartitionResult(
+                            partition_index=p,
+                            partition_error_code=codes.get(
+                                t.name, KafkaError.OPERATION_NOT_ATTEMPTED
+                            ),
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in topics
+            ],
+        )
+
+    async def _add_offsets_to_txn(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """WRITE on the transactional id, READ on the group."""
+        if self._txn_denied(ctx, req.transactional_id):
+            code = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif not self.allowed(ctx, "READ", "GROUP", req.group_id):
+            code = KafkaError.GROUP_AUTHORIZATION_FAILED
+        else:
+            return await handler(req, ctx)
+        return response_class(25)[ctx.api_version](throttle_time_ms=0, error_code=code)
+
+    async def _end_txn(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """WRITE on the transactional id."""
+        if not self._txn_denied(ctx, req.transactional_id):
+            return await handler(req, ctx)
+        return response_class(26)[ctx.api_version](
+            throttle_time_ms=0, error_code=KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        )
+
+    async def _txn_offset_commit(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """WRITE on the transactional id, READ on the group (else every partition gets the
+        refusal), READ on each topic (a denied topic's partitions only)."""
+        R = response_class(28)
+
+        def denied(t: Any, code: int) -> Any:
+            return R.TxnOffsetCommitResponseTopic(
+                name=t.name,
+                partitions=[
+                    R.TxnOffsetCommitResponseTopic.TxnOffsetCommitResponsePartition(
+                        partition_index=p.partition_index, error_code=code
+                    )
+                    for p in t.partitions
+                ],
+            )
+
+        code = KafkaError.NONE
+        if self._txn_denied(ctx, req.transactional_id):
+            code = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif not self.allowed(ctx, "READ", "GROUP", req.group_id):
+            code = KafkaError.GROUP_AUTHORIZATION_FAILED
+        if code != KafkaError.NONE:
+            return R[ctx.api_version](
+                throttle_time_ms=0, topics=[denied(t, code) for t in req.topics or []]
+            )
+        return await self._split(
+            handler,
+            req,
+            ctx,
+            items="topics",
+            resource=lambda t: ("TOPIC", t.name),
+            operation="READ",
+            denied_entry=denied,
+            answer="topics",
+        )
+
+    async def _write_txn_markers(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """Brokers only: CLUSTER_ACTION on the cluster (a transaction coordinator's markers),
+        else every partition is CLUSTER_AUTHORIZATION_FAILED."""
+        if self.allowed_cluster(ctx, "CLUSTER_ACTION"):
+            return await handler(req, ctx)
+        R = response_class(27)
+        TR = R.WritableTxnMarkerResult.WritableTxnMarkerTopicResult
+        code = KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        return R[ctx.api_version](
+            markers=[
+                R.WritableTxnMarkerResult(
+                    producer_id=m.producer_id,
+                    topics=[
+                        TR(
+                            name=t.name,
+                            partitions=[
+                                TR.WritableTxnMarkerPartitionResult(
+                                    partition_index=p, error_code=code
+                                )
+                                for p in t.partition_indexes
+                            ],
+                        )
+                        for t in m.topics
+                    ],
+                )
+                for m in req.markers
+            ]
         )
 
 
