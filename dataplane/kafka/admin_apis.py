@@ -22,6 +22,8 @@ from kafka.protocol.admin import (
     DeleteRecordsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
 )
@@ -92,6 +94,7 @@ class AdminApis:
         return [
             (DeleteRecordsRequest, 0, 2, self.delete_records),
             (DescribeLogDirsRequest, 1, 4, self.describe_log_dirs),
+            (DescribeProducersRequest, 0, 0, self.describe_producers),
             (AlterPartitionReassignmentsRequest, 0, 0, self.alter_partition_reassignments),
             (ListPartitionReassignmentsRequest, 0, 0, self.list_partition_reassignments),
         ]
@@ -131,6 +134,50 @@ class AdminApis:
                 )
             topics.append(_DeletedTopic(name=t.name, partitions=parts))
         return DeleteRecordsResponse[ctx.api_version](throttle_time_ms=0, topics=topics)
+
+    # ------------------------------------------------------------ DescribeProducers
+
+    async def describe_producers(self, req, ctx):
+        """The idempotent and transactional producers of partitions led here
+        (`kafka-transactions.sh describe-producers`): id, epoch, last sequence, and the
+        first offset of an open transaction; timestamps and coordinator epochs are not kept
+        (-1)."""
+        R = DescribeProducersResponse
+        image = self.image_fn()
+        topics = []
+        for t in req.topics:
+            topic = image.topic_by_name(t.name)
+            parts = []
+            for index in t.partition_indexes:
+                plog = self.partitions.get(topic.topic_id, index) if topic else None
+                error, message, producers = KafkaError.NONE, None, []
+                if topic is None or index not in topic.partitions:
+                    error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                elif plog is None:
+                    error = KafkaError.NOT_LEADER_OR_FOLLOWER
+                    message = f"broker {self.node_id} does not lead {t.name}-{index}"
+                else:
+                    producers = [
+                        R.TopicResponse.PartitionResponse.ProducerState(
+                            producer_id=pid,
+                            producer_epoch=epoch,
+                            last_sequence=seq,
+                            last_timestamp=-1,
+                            coordinator_epoch=-1,
+                            current_txn_start_offset=txn_start,
+                        )
+                        for pid, epoch, seq, txn_start in sorted(plog.active_producers())
+                    ]
+                parts.append(
+                    R.TopicResponse.PartitionResponse(
+                        partition_index=index,
+                        error_code=error,
+                        error_message=message,
+                        active_producers=producers,
+                    )
+                )
+            topics.append(R.TopicResponse(name=t.name, partitions=parts))
+        return R[ctx.api_version](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ DescribeLogDirs
 

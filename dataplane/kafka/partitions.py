@@ -98,6 +98,13 @@ class ProducerStateTable:
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
+    def entries(self) -> list[tuple[int, int, int]]:
+        """(producer id, epoch, last sequence or -1) of every producer known here."""
+        return [
+            (pid, e.epoch, e.batches[-1][1] if e.batches else -1)
+            for pid, e in self._producers.items()
+        ]
+
     def epoch_of(self, producer_id: int) -> int | None:
         entry = self._producers.get(producer_id)
         return entry.epoch if entry is not None else None
@@ -446,6 +453,15 @@ class PartitionLog:
             self.high_watermark,
             self._piece_timestamps,
         )
+
+    def active_producers(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, first offset of its open transaction or -1)
+        for DescribeProducers."""
+        with self.lock:
+            entries = self.producers.entries()
+        with self.txns.lock:
+            ongoing = dict(self.txns.ongoing)
+        return [(pid, epoch, seq, ongoing.get(pid, -1)) for pid, epoch, seq in entries]
 
     def configs(self) -> Mapping[str, str]:
         """The topic's configs in force (set ones; the rest are Kafka's defaults)."""

@@ -298,3 +298,39 @@ def test_kafka_python_transactional_producer_commit_and_abort(cluster):
     assert sorted(read("read_uncommitted")) == sorted(
         [b"c%d" % i for i in range(10)] + [b"a%d" % i for i in range(5)]
     )
+
+
+def test_kafka_transactions_admin_list_describe_and_producers(cluster):
+    """What `kafka-transactions.sh list|describe|describe-producers` calls, from
+    kafka-python's admin client, on an open transaction and after its commit."""
+    from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
+
+    bootstrap = cluster["bootstrap"].split(",")
+    topic = f"txadm-{uuid.uuid4().hex[:6]}"
+    txn_id = f"adm-{topic}"
+    create_topic(cluster["bootstrap"], topic, 1)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=txn_id)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"x", partition=0)
+        producer.flush()
+        listed = [t for rows in admin.list_transactions().values() for t in rows]
+        mine = [t for t in listed if t.transactional_id == txn_id]
+        assert len(mine) == 1 and mine[0].state.value == "Ongoing", listed
+        described = admin.describe_transactions([txn_id])[txn_id]
+        assert described.state.value == "Ongoing"
+        assert described.producer_id == mine[0].producer_id
+        assert set(described.topic_partitions) == {TopicPartition(topic, 0)}
+        [state] = admin.describe_producers([TopicPartition(topic, 0)])[
+            TopicPartition(topic, 0)
+        ].active_producers
+        assert state.producer_id == described.producer_id
+        assert state.current_transaction_start_offset == 0
+        producer.commit_transaction()
+        after = admin.describe_transactions([txn_id])[txn_id]
+        assert after.state.value == "CompleteCommit" and not after.topic_partitions
+    finally:
+        producer.close()
+        admin.close()

@@ -382,3 +382,72 @@ def test_state_is_durable_a_new_coordinator_aborts_expired_and_finishes_prepared
     _, _, lso, hw, aborted = h.fetch(1)
     assert lso == hw and aborted == [(pid, 0)]
     assert h.produce(txn_batch(pid, epoch, 1, [b"zombie"])) == KafkaError.INVALID_PRODUCER_EPOCH
+
+
+def test_list_describe_transactions_and_describe_producers(h):
+    """kafka-transactions.sh list / describe / describe-producers: an open transaction is
+    listed with its state, partitions and start; the partition names its producer and the
+    first offset of the open transaction; filters and unknown ids answer as Kafka does."""
+    from kafka.protocol.admin import (
+        DescribeProducersRequest,
+        DescribeTransactionsRequest,
+        ListTransactionsRequest,
+    )
+
+    from dataplane.kafka.admin_apis import AdminApis
+
+    r = h.init_pid("t-admin")
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert h.add_partitions("t-admin", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 0, [b"a", b"b"])) == KafkaError.NONE
+
+    def listed(**filters):
+        req = ListTransactionsRequest[1](
+            state_filters=filters.get("states", []),
+            producer_id_filters=filters.get("pids", []),
+            duration_filter=filters.get("duration", -1),
+        )
+        return h.run(h.txn.list_transactions(req, ctx(66, 1)))
+
+    resp = listed()
+    assert [
+        (t.transactional_id, t.producer_id, t.transaction_state) for t in resp.transaction_states
+    ] == [("t-admin", pid, "Ongoing")]
+    assert listed(states=["CompleteCommit"]).transaction_states == []
+    assert listed(pids=[pid + 1]).transaction_states == []
+    assert listed(states=["Bogus"]).unknown_state_filters == ["Bogus"]
+    h.clock[0] += 5_000
+    assert len(listed(duration=4_000).transaction_states) == 1
+    assert listed(duration=60_000).transaction_states == []
+
+    req = DescribeTransactionsRequest[0](transactional_ids=["t-admin", "nope"])
+    found, missing = h.run(h.txn.describe_transactions(req, ctx(65, 0))).transaction_states
+    assert found.error_code == KafkaError.NONE and found.transaction_state == "Ongoing"
+    assert (found.producer_id, found.producer_epoch) == (pid, epoch)
+    assert [(t.topic, list(t.partitions)) for t in found.topics] == [(TOPIC, [0])]
+    assert found.transaction_timeout_ms == 60_000 and found.transaction_start_time_ms > 0
+    assert missing.error_code == KafkaError.TRANSACTIONAL_ID_NOT_FOUND
+
+    admin = AdminApis(1, h.apis.image_fn, h.controller, h.apis.partitions, h.apis.io)
+    T = DescribeProducersRequest.TopicRequest
+    req = DescribeProducersRequest[0](
+        topics=[T(name=TOPIC, partition_indexes=[0, 1, 9]), T(name="nope", partition_indexes=[0])]
+    )
+    topics = h.run(admin.describe_producers(req, ctx(61, 0))).topics
+    p0, p1, p9 = topics[0].partitions
+    [producer] = p0.active_producers
+    assert (producer.producer_id, producer.producer_epoch, producer.last_sequence) == (
+        pid,
+        epoch,
+        1,
+    )
+    assert producer.current_txn_start_offset == 0
+    assert p1.error_code == KafkaError.NONE and p1.active_producers == []
+    assert p9.error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    assert topics[1].partitions[0].error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+
+    # committed: the producer stays, its transaction is no longer open
+    assert h.end("t-admin", pid, epoch, True) == KafkaError.NONE
+    topics = h.run(admin.describe_producers(req, ctx(61, 0))).topics
+    assert topics[0].partitions[0].active_producers[0].current_txn_start_offset == -1
+    assert listed(states=["CompleteCommit"]).transaction_states[0].transactional_id == "t-admin"

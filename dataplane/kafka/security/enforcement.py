@@ -138,6 +138,9 @@ class AclEnforcer:
             45: self._cluster_request("ALTER"),  # AlterPartitionReassignments
             46: self._cluster_request("DESCRIBE"),  # ListPartitionReassignments
             47: self._offset_delete,
+            61: self._describe_producers,
+            65: self._describe_transactions,
+            66: self._list_transactions,
         }
 
     # ------------------------------------------------------------ the generic split
@@ -633,6 +636,61 @@ class AclEnforcer:
             ),
             answer="topics",
         )
+
+    async def _describe_producers(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """READ on each topic (Kafka's rule); denied topics: TOPIC_AUTHORIZATION_FAILED."""
+        R = response_class(61)
+        return await self._split(
+            handler,
+            req,
+            ctx,
+            items="topics",
+            resource=lambda t: ("TOPIC", t.name),
+            operation="READ",
+            denied_entry=lambda t, code: R.TopicResponse(
+                name=t.name,
+                partitions=[
+                    R.TopicResponse.PartitionResponse(
+                        partition_index=p, error_code=code, error_message=None, active_producers=[]
+                    )
+                    for p in t.partition_indexes
+                ],
+            ),
+            answer="topics",
+        )
+
+    async def _describe_transactions(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """DESCRIBE on each transactional id; denied: TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+        R = response_class(65)
+        return await self._split(
+            handler,
+            req,
+            ctx,
+            items="transactional_ids",
+            resource=lambda txn_id: ("TRANSACTIONAL_ID", txn_id),
+            operation="DESCRIBE",
+            denied_entry=lambda txn_id, code: R.TransactionState(
+                error_code=code,
+                transactional_id=txn_id,
+                transaction_state="",
+                transaction_timeout_ms=0,
+                transaction_start_time_ms=-1,
+                producer_id=-1,
+                producer_epoch=-1,
+                topics=[],
+            ),
+            answer="transaction_states",
+        )
+
+    async def _list_transactions(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """Only the transactional ids the principal may DESCRIBE (as ListGroups filters)."""
+        response = await handler(req, ctx)
+        response.transaction_states = [
+            t
+            for t in response.transaction_states
+            if self.allowed(ctx, "DESCRIBE", "TRANSACTIONAL_ID", t.transactional_id)
+        ]
+        return response
 
     async def _init_producer_id(self, handler: Handler, req: Any, ctx: Any) -> Any:
         R = response_class(22)

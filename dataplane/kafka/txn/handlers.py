@@ -15,6 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kafka.protocol.admin import (
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+)
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
     AddOffsetsToTxnResponse,
@@ -37,6 +43,7 @@ from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.txn.coordinator import MARKER_TIMEOUT_S, TransactionCoordinator
 from dataplane.kafka.txn.marker_client import CONSUMER_OFFSETS_TOPIC
+from dataplane.kafka.txn.state import TxnState
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +98,8 @@ class TxnHandlers:
             (EndTxnRequest, 0, 3, self.end_txn),
             (TxnOffsetCommitRequest, 0, 3, self.txn_offset_commit),
             (WriteTxnMarkersRequest, 1, 1, self.write_txn_markers),
+            (DescribeTransactionsRequest, 0, 0, self.describe_transactions),
+            (ListTransactionsRequest, 0, 1, self.list_transactions),
         ]
 
     @staticmethod
@@ -244,3 +253,73 @@ class TxnHandlers:
                     entry.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
             out.append(R.WritableTxnMarkerResult(producer_id=m.producer_id, topics=topics))
         return R[v](markers=out)
+
+    # ------------------------------------------------------------ admin: list, describe
+
+    async def list_transactions(self, req, ctx):
+        """ListTransactions (`kafka-transactions.sh list`): the transactional ids this
+        broker coordinates, filtered by state, producer id and (v1) running longer than."""
+        states = set(req.state_filters or [])
+        pids = set(req.producer_id_filters or [])
+        duration_ms = getattr(req, "duration_filter", -1)
+        known = {s.value for s in TxnState}
+        now = self.coordinator.clock_ms()
+        rows = []
+        for txn_id, meta in sorted(self.coordinator.snapshot().items()):
+            if not self.coordinator.coordinates(txn_id):
+                continue
+            if states and meta.state.value not in states:
+                continue
+            if pids and meta.producer_id not in pids:
+                continue
+            if duration_ms is not None and duration_ms >= 0:
+                if meta.txn_start_ms < 0 or now - meta.txn_start_ms < duration_ms:
+                    continue
+            rows.append(
+                ListTransactionsResponse.TransactionState(
+                    transactional_id=txn_id,
+                    producer_id=meta.producer_id,
+                    transaction_state=meta.state.value,
+                )
+            )
+        return ListTransactionsResponse[ctx.api_version](
+            throttle_time_ms=0,
+            error_code=KafkaError.NONE,
+            unknown_state_filters=sorted(states - known),
+            transaction_states=rows,
+        )
+
+    async def describe_transactions(self, req, ctx):
+        """DescribeTransactions (`kafka-transactions.sh describe`): state, producer, timeout,
+        start time and partitions of each id this broker coordinates (NOT_COORDINATOR
+        otherwise, TRANSACTIONAL_ID_NOT_FOUND for an unknown one)."""
+        R = DescribeTransactionsResponse
+        loaded = self.coordinator.snapshot()
+        out = []
+        for txn_id in req.transactional_ids or []:
+            meta = loaded.get(txn_id)
+            if not self.coordinator.coordinates(txn_id):
+                error = KafkaError.NOT_COORDINATOR
+            elif meta is None:
+                error = KafkaError.TRANSACTIONAL_ID_NOT_FOUND
+            else:
+                error = KafkaError.NONE
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in sorted(meta.partitions if meta and not error else ()):
+                by_topic.setdefault(topic, []).append(partition)
+            out.append(
+                R.TransactionState(
+                    error_code=error,
+                    transactional_id=txn_id,
+                    transaction_state=meta.state.value if meta and not error else "",
+                    transaction_timeout_ms=meta.timeout_ms if meta and not error else 0,
+                    transaction_start_time_ms=meta.txn_start_ms if meta and not error else -1,
+                    producer_id=meta.producer_id if meta and not error else -1,
+                    producer_epoch=meta.producer_epoch if meta and not error else -1,
+                    topics=[
+                        R.TransactionState.TopicData(topic=t, partitions=ps)
+                        for t, ps in by_topic.items()
+                    ],
+                )
+            )
+        return R[ctx.api_version](throttle_time_ms=0, transaction_states=out)
