@@ -20,6 +20,16 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 pip install -q -e '.[test]'
+# kafkajs, a real JavaScript client (tests/js): node from Debian when missing, kafkajs from npm
+if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq nodejs npm) >/dev/null || echo "warning: could not install nodejs"
+fi
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/js && timeout 300 npm install --silent --no-audit --no-fund >/dev/null) \
+    || echo "warning: npm install in tests/js failed; the kafkajs tests will be skipped"
+else
+  echo "warning: npm not found; the kafkajs tests will be skipped"
+fi
 # lint and format first: a lint error fails the test command (ruff's config: pyproject.toml)
 ruff check .
 ruff format --check .

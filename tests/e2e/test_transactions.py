@@ -334,3 +334,27 @@ def test_kafka_transactions_admin_list_describe_and_producers(cluster):
     finally:
         producer.close()
         admin.close()
+
+
+def test_kafkajs_transactions_commit_abort_and_read_committed(cluster):
+    """kafkajs (tests/js/txn.js, installed by tests/run.sh with npm): a committed and an
+    aborted transaction; read_committed sees only the committed records."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    js = Path(__file__).resolve().parents[1] / "js"
+    if shutil.which("node") is None or not (js / "node_modules" / "kafkajs").is_dir():
+        pytest.skip("node or kafkajs missing (tests/run.sh installs them)")
+    topic = f"jstxn-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 2)
+    res = subprocess.run(
+        ["node", str(js / "txn.js"), cluster["bootstrap"], topic],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["committed"] == [f"c{i}" for i in range(5)]
+    assert out["uncommitted"] == sorted([f"c{i}" for i in range(5)] + [f"a{i}" for i in range(3)])
