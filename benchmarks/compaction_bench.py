@@ -61,7 +61,8 @@ def automqctl(cluster_dir: Path, *args: str, timeout_s: float = 600) -> dict:
 
 def committed_objects(cluster_dir: Path) -> list[tuple[int, int]]:
     config = LocalCluster(cluster_dir).load()
-    raw = ControllerClient(config.quorum_config().api_addresses()).leader_get("/v1/image")
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
+    raw = client.leader_get("/v1/image")
     image = json.loads(raw) if isinstance(raw, str) else raw
     out = []
     for oid in [*image["stream_set_objects"], *image["stream_objects"]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from cli.processes import ClusterConfig
+from controlplane.auth import SECRET_ENV
 
 MAX_RUNS = 100
 JOB_TIMEOUT_S = 3600.0
@@ -72,9 +73,12 @@ def job_config(config: ClusterConfig, master: str) -> dict:
 
 
 def job_env(config: ClusterConfig) -> dict[str, str]:
-    """The process environment of the job: the buckets' credentials (never argv)."""
+    """The process environment of the job: the buckets' credentials and the controller
+    API's secret (never argv; the driver's ControllerClient reads AUTOMQ_CONTROLLER_SECRET)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    if config.api_secret:
+        env[SECRET_ENV] = config.api_secret
     creds = next((b for b in config.buckets if b.access_key), None)
     if creds is not None:
         env["AWS_ACCESS_KEY_ID"] = creds.access_key

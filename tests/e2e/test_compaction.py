@@ -65,11 +65,14 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def spark(cluster):
     """One SparkContext (local[2]) for the module's in-process runs; the object-store
-    credentials in this process's environment (as the CLI gives them to its job)."""
+    credentials and the controller API secret in this process's environment (as the CLI
+    gives them to its job)."""
+    from controlplane.auth import SECRET_ENV
     from spark_jobs.compact import spark_context
 
     env = compaction_jobs.job_env(_config(cluster))
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", SECRET_ENV)
+    saved = {k: os.environ.get(k) for k in names}
     os.environ.update({k: env[k] for k in saved})
     sc = spark_context(MASTER)
     try:
@@ -97,7 +100,7 @@ def _config(cluster):
 def _object_ids(cluster) -> set[int]:
     """Committed objects readers may use."""
     config = _config(cluster)
-    client = ControllerClient(config.quorum_config().api_addresses())
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
     raw = client.leader_get("/v1/image")
     image = json.loads(raw) if isinstance(raw, str) else raw
     return {
