@@ -219,9 +219,12 @@ def resolve_secrets(value, values: dict[str, str]):
     return value
 
 
-def process_argv(node_file: Path, secrets_file: Path) -> tuple[list[str], Path, str]:
+def process_argv(
+    node_file: Path, secrets_file: Path, allow_insecure: bool = False
+) -> tuple[list[str], Path, str]:
     """(argv of the node's process, its runtime config path, its name); writes the runtime
-    config (secrets resolved, 0600) into the node's data dir."""
+    config (secrets resolved, 0600) into the node's data dir. `allow_insecure`: a listener on
+    a non-loopback address may start without authentication (the operator said so)."""
     try:
         node = json.loads(node_file.read_text())
         values = json.loads(secrets_file.read_text())
@@ -237,6 +240,8 @@ def process_argv(node_file: Path, secrets_file: Path) -> tuple[list[str], Path, 
     try:
         if kind == "controller":
             quorum = QuorumConfig.model_validate(node["quorum"])
+            if allow_insecure:
+                quorum = quorum.model_copy(update={"allow_insecure": True})
             data_dir = Path(node["data_dir"])
             runtime = data_dir / "quorum.json"
             write_private(runtime, quorum.model_dump_json(indent=2))
@@ -254,6 +259,8 @@ def process_argv(node_file: Path, secrets_file: Path) -> tuple[list[str], Path, 
             return argv, runtime, f"controller-{node['node_id']}"
         if kind == "broker":
             broker = BrokerConfig.model_validate(node["broker"])
+            if allow_insecure:
+                broker = broker.model_copy(update={"allow_insecure": True})
             runtime = broker.data_dir / "broker.json"
             write_private(runtime, broker.model_dump_json(indent=2))
             argv = [sys.executable, "-m", "dataplane.node", "--config", str(runtime)]
@@ -270,10 +277,17 @@ def run(
         None, "--secrets", help="the host's secrets.json (default: beside --config)"
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the command, start nothing"),
+    allow_insecure: bool = typer.Option(
+        False,
+        "--allow-insecure",
+        help="let a listener on a non-loopback address start without authentication",
+    ),
 ) -> None:
     """Run one controller or broker in the foreground (for systemd or a container)."""
     try:
-        argv, runtime, name = process_argv(config, secrets_file or config.parent / "secrets.json")
+        argv, runtime, name = process_argv(
+            config, secrets_file or config.parent / "secrets.json", allow_insecure
+        )
     except ValueError as exc:
         fail(str(exc))
     if dry_run:
