@@ -314,7 +314,10 @@ def _upsert_scram_user(config: ClusterConfig, creds: dict) -> None:
     from controlplane.security import scram_upsertion
 
     client = ControllerClient(
-        config.quorum_config().api_addresses(), timeout_s=30, api_secret=config.api_secret
+        config.quorum_config().api_addresses(),
+        timeout_s=30,
+        api_secret=config.api_secret,
+        ca_file=config.controller_ca_file,
     )
     try:
         client.alter_scram_credentials(

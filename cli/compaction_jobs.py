@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from cli.processes import ClusterConfig
 from controlplane.auth import SECRET_ENV
+from controlplane.tls import CA_FILE_ENV
 
 MAX_RUNS = 100
 JOB_TIMEOUT_S = 3600.0
@@ -79,6 +80,8 @@ def job_env(config: ClusterConfig) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     if config.api_secret:
         env[SECRET_ENV] = config.api_secret
+    if config.controller_ca_file:
+        env[CA_FILE_ENV] = config.controller_ca_file
     creds = next((b for b in config.buckets if b.access_key), None)
     if creds is not None:
         env["AWS_ACCESS_KEY_ID"] = creds.access_key

@@ -109,6 +109,14 @@ class ClusterConfig(BaseModel):
     # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
     sasl: bool = False
     tls: bool = False
+    # with --tls the controller API is HTTPS too, with the same CA (None in configs written
+    # before: their controller API stays HTTP)
+    tls_dir: str | None = None
+
+    @property
+    def controller_ca_file(self) -> str | None:
+        """The CA clients verify the HTTPS controller API with (None: plain HTTP)."""
+        return str(Path(self.tls_dir) / "ca.pem") if self.tls_dir else None
 
     @property
     def security_protocol(self) -> str:
@@ -120,12 +128,21 @@ class ClusterConfig(BaseModel):
         }[(self.sasl, self.tls)]
 
     def quorum_config(self) -> QuorumConfig:
+        tls = (
+            {
+                "tls_cert_file": str(Path(self.tls_dir) / "server.pem"),
+                "tls_key_file": str(Path(self.tls_dir) / "server.key"),
+            }
+            if self.tls_dir
+            else {}
+        )
         return QuorumConfig(
             controllers=self.controllers,
             password=self.password,
             api_secret=self.api_secret,
             settings=self.settings,
             buckets=self.buckets,
+            **tls,
         )
 
     def bootstrap_servers(self) -> str:
@@ -494,6 +511,7 @@ class LocalCluster:
             base_port=base_port,
             sasl=sasl,
             tls=tls,
+            tls_dir=str(self.tls_dir.resolve()) if tls else None,
         )
         if tls:
             from cli.tls import generate_ca_and_server_cert
@@ -764,6 +782,7 @@ class LocalCluster:
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
             metrics_port=spec.metrics_port or 0,
             controller_api_secret=config.api_secret,
+            controller_ca_file=config.controller_ca_file,
             sasl_enabled=config.sasl,
             super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"] if config.sasl else [],
             tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,

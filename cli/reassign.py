@@ -65,7 +65,8 @@ PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 def _client(dir: Path, controllers: str | None):
     from controlplane.client import ControllerClient
 
-    secret = None  # with --controllers: AUTOMQ_CONTROLLER_SECRET(_FILE) (controlplane/auth.py)
+    # with --controllers: AUTOMQ_CONTROLLER_SECRET(_FILE) and AUTOMQ_CONTROLLER_CA_FILE
+    secret = ca_file = None
     if controllers:
         addresses = [a.strip() for a in controllers.split(",") if a.strip()]
         bad = [a for a in addresses if ":" not in a or not a.rsplit(":", 1)[1].isdigit()]
@@ -77,10 +78,14 @@ def _client(dir: Path, controllers: str | None):
         except ClusterError as exc:
             fail(f"{exc}; or pass --controllers host:port,...")
         addresses = config.quorum_config().api_addresses()
-        secret = config.api_secret
+        secret, ca_file = config.api_secret, config.controller_ca_file
     try:
         return ControllerClient(
-            addresses, timeout_s=15.0, request_timeout_s=10.0, api_secret=secret
+            addresses,
+            timeout_s=15.0,
+            request_timeout_s=10.0,
+            api_secret=secret,
+            ca_file=ca_file,
         )
     except (OSError, ValueError) as exc:
         fail(f"controller API secret: {exc}")

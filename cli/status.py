@@ -20,7 +20,10 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     """Ask every controller for its view; brokers and heartbeats come from the leader."""
     addresses = config.quorum_config().api_addresses()
     client = ControllerClient(
-        addresses, request_timeout_s=STATUS_TIMEOUT_S, api_secret=config.api_secret
+        addresses,
+        request_timeout_s=STATUS_TIMEOUT_S,
+        api_secret=config.api_secret,
+        ca_file=config.controller_ca_file,
     )
 
     def ask(address: str) -> dict | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_CONCURRENT_REQUESTS = 64
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that starts TLS and goes silent is dropped
 MAX_LONG_POLL_MS = 30_000
 MAX_LOG_RECORDS_PER_READ = 5_000
 # commands only the leader's own timers submit (their bodies carry the leader's decisions)
@@ -79,15 +81,38 @@ class ControllerHTTPServer(ThreadingHTTPServer):
     # commits arrive together; a dropped SYN costs the client a 1 s retransmission
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], node: ControllerNode):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        node: ControllerNode,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
         self.node = node
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+        self.ssl_context = ssl_context  # None: plain HTTP
         super().__init__(address, _Handler)
+
+    def get_request(self):
+        """With TLS, the handshake runs in the request's own thread (`_Handler.setup`), so a
+        slow or silent client never holds up the accept loop."""
+        sock, addr = super().get_request()
+        if self.ssl_context is not None:
+            sock = self.ssl_context.wrap_socket(
+                sock, server_side=True, do_handshake_on_connect=False
+            )
+        return sock, addr
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ControllerHTTPServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            self.request.do_handshake()  # a failure closes just this connection
+            self.request.settimeout(None)
+        super().setup()
 
     def log_message(self, fmt: str, *args: object) -> None:  # access log at debug level
         log.debug("%s %s", self.address_string(), fmt % args)

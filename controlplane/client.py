@@ -11,6 +11,7 @@ import http.client
 import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 from controlplane.auth import bearer_header, secret_from_env
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.tls import ca_file_from_env, client_ssl_context
 
 _RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
 
@@ -34,7 +36,8 @@ class ControllerClient(ControllerCalls):
     """The controller API over HTTP (typed commands from `ControllerCalls`).
 
     `api_secret` is the cluster's controller API secret (controlplane/auth.py); None takes it
-    from AUTOMQ_CONTROLLER_SECRET / AUTOMQ_CONTROLLER_SECRET_FILE if set.
+    from AUTOMQ_CONTROLLER_SECRET / AUTOMQ_CONTROLLER_SECRET_FILE if set. `ca_file`: the
+    cluster's CA for an HTTPS controller API (None: AUTOMQ_CONTROLLER_CA_FILE, else HTTP).
 
     Thread-safety: safe to share; each call opens its own connection, and the remembered
     leader is a plain reference.
@@ -46,11 +49,15 @@ class ControllerClient(ControllerCalls):
         timeout_s: float = 15.0,
         request_timeout_s: float = 10.0,
         api_secret: str | None = None,
+        ca_file: str | Path | None = None,
     ):
         if not api_addresses:
             raise ValueError("at least one controller API address is needed")
         secret = api_secret if api_secret is not None else secret_from_env()
         self._auth_headers = bearer_header(secret) if secret else {}
+        # HTTPS when the cluster's CA is known (argument or AUTOMQ_CONTROLLER_CA_FILE)
+        ca = ca_file if ca_file is not None else ca_file_from_env()
+        self._ssl_context = client_ssl_context(ca) if ca else None
         self.addresses = list(api_addresses)
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
@@ -62,7 +69,12 @@ class ControllerClient(ControllerCalls):
         self, address: str, method: str, path: str, body: bytes | None, timeout_s: float
     ) -> tuple[int, Any]:
         host, port = address.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        if self._ssl_context is not None:
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                host, int(port), timeout=timeout_s, context=self._ssl_context
+            )
+        else:
+            conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         try:
             headers = {"Content-Type": "application/json"} if body is not None else {}
             conn.request(method, path, body=body, headers={**headers, **self._auth_headers})

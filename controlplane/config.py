@@ -52,6 +52,9 @@ class QuorumConfig(BaseModel):
     api_secret: str | None = Field(default=None, min_length=16)
     # a controller API on a non-loopback address without api_secret refuses to start unless set
     allow_insecure: bool = False
+    # HTTPS on the controller API (both or neither); clients verify with the cluster's CA
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     settings: ControllerSettings = Field(default_factory=ControllerSettings)
     buckets: list[BucketConfig] = Field(default_factory=list)
     # the leader's self-balancer (limits and thresholds; on/off is in the metadata)

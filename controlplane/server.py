@@ -34,6 +34,7 @@ from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
 from controlplane.requests import BrokerUploadStats, BucketWriteHealth
+from controlplane.tls import server_ssl_context
 
 log = logging.getLogger("controlplane.server")
 
@@ -67,7 +68,11 @@ class ControllerNode:
         )
         if refused:
             raise RuntimeError(refused)
-        self.http = ControllerHTTPServer((me.host, me.api_port), self)
+        tls = None
+        if config.tls_cert_file and config.tls_key_file:
+            tls = server_ssl_context(config.tls_cert_file, config.tls_key_file)
+            log.info("HTTPS on the controller API (%s)", config.tls_cert_file)
+        self.http = ControllerHTTPServer((me.host, me.api_port), self, ssl_context=tls)
         self.object_deleter = object_deleter
         self._heartbeats: dict[int, tuple[int, float]] = {}  # node -> (epoch, monotonic s)
         # node -> its last BrokerUploadStats (one entry per registered node: bounded)

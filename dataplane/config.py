@@ -51,6 +51,8 @@ class BrokerConfig(BaseModel):
     bucket_probe_interval_ms: int = Field(default=2_000, ge=0, le=600_000)
     # the controller API's bearer secret (this file is mode 0600); None: the API is open
     controller_api_secret: str | None = None
+    # the CA of an HTTPS controller API (None: HTTP)
+    controller_ca_file: str | None = None
     # the Kafka listener's security: SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256/512) with ACLs
     # when sasl_enabled, else PLAINTEXT without authorization
     sasl_enabled: bool = False

@@ -60,7 +60,11 @@ class BrokerNode:
 
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.client = ControllerClient(config.controllers, api_secret=config.controller_api_secret)
+        self.client = ControllerClient(
+            config.controllers,
+            api_secret=config.controller_api_secret,
+            ca_file=config.controller_ca_file,
+        )
         self.metadata = MetadataFollower(self.client)
         self.node_epoch: int | None = None
         self.fenced = True

@@ -192,3 +192,44 @@ def test_kafka_python_and_aiokafka_plain_over_sasl_ssl(cluster):
             break
     consumer.close()
     assert sorted(seen) == sorted(got)
+
+
+def test_the_controller_api_is_https_with_the_cluster_ca(cluster):
+    """`cluster up --tls` serves the controller API over HTTPS with the same CA: a client
+    that trusts it works (the CLI, brokers), plain HTTP and an untrusting client get
+    nothing, and the secret is still required."""
+    import http.client
+
+    from cli.processes import LocalCluster
+    from controlplane.client import ControllerClient
+    from controlplane.errors import ControllerError
+
+    config = LocalCluster(cluster["dir"]).load()
+    assert config.controller_ca_file == cluster["ca"]
+    address = config.quorum_config().api_addresses()[0]
+    host, port = address.rsplit(":", 1)
+    trusted = ControllerClient(
+        [address], api_secret=config.api_secret, ca_file=cluster["ca"], timeout_s=10
+    )
+    assert trusted.status(address)["raft"]["state"] == "leader"
+    # plain HTTP to the HTTPS port: no answer
+    plain = http.client.HTTPConnection(host, int(port), timeout=5)
+    with pytest.raises((OSError, http.client.HTTPException)):
+        plain.request("GET", "/v1/status")
+        plain.getresponse().read()
+    plain.close()
+    # HTTPS without trusting the cluster CA: refused by the client's verification
+    untrusting = http.client.HTTPSConnection(
+        host, int(port), timeout=5, context=ssl.create_default_context()
+    )
+    with pytest.raises(ssl.SSLError):
+        untrusting.request("GET", "/v1/status")
+    untrusting.close()
+    # the right CA and no secret: 401 as before
+    anonymous = ControllerClient([address], api_secret="", ca_file=cluster["ca"], timeout_s=5)
+    with pytest.raises(ControllerError) as exc:
+        anonymous.call("put_kv", {"key": "x", "value": "y"})
+    assert exc.value.code.name == "UNAUTHORIZED"
+    status = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "healthy"
