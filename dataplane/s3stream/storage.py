@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -425,11 +425,19 @@ class S3Storage:
             self.request_upload()
             time.sleep(0.01)
 
+        def settle(outcome: Callable[[], None]) -> None:
+            # the Kafka layer cancels the future of a produce whose client timed out; the
+            # batch is durable all the same, there is just nobody left to tell
+            try:
+                outcome()
+            except InvalidStateError:
+                pass
+
         def on_durable(f: Future) -> None:
             error = f.exception()
             if error is not None:
                 state.error = error
-                result.set_exception(error)
+                settle(lambda: result.set_exception(error))
                 return
             with self._lock:
                 self.log_cache.put(batch, f.result().next_offset)
@@ -438,7 +446,7 @@ class S3Storage:
             metrics.WAL_CACHE_BYTES.set(pending)
             if pending >= self.config.upload_threshold_bytes:
                 self.request_upload()
-            result.set_result(batch.base_offset)
+            settle(lambda: result.set_result(batch.base_offset))
 
         wal_future.add_done_callback(on_durable)
         return result

@@ -24,3 +24,34 @@ def test_take_pending_stops_at_the_wal_offset_snapshot():
 
 def test_nothing_pending_has_no_wal_end():
     assert LogCache().pending_wal_end() == -1
+
+
+def test_a_cancelled_produce_future_does_not_break_the_append(tmp_path, monkeypatch, caplog):
+    """The Kafka layer cancels the future of a produce whose client timed out; when the WAL
+    later makes the batch durable the stream still advances, and the engine's callback does
+    not fail (it used to raise InvalidStateError, logged as a traceback per batch)."""
+    import logging
+    from concurrent.futures import Future
+
+    from tests.unit.inprocess_broker import inprocess_broker
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with inprocess_broker(tmp_path) as (apis, controller, sync):
+        storage = apis.partitions.storage
+        stream = storage.open_stream(storage.create_stream(), 0)
+        wal_future: Future = Future()  # the WAL's answer, held back until after the cancel
+        written: list[Future] = []
+        real_append = storage.wal.append
+
+        def held_append(data):
+            written.append(real_append(data))
+            return wal_future
+
+        monkeypatch.setattr(storage.wal, "append", held_append)
+        produced = stream.append(b"x")
+        assert produced.cancel()  # the client gave up while the WAL write was in flight
+        with caplog.at_level(logging.ERROR, logger="concurrent.futures"):
+            wal_future.set_result(written[0].result(10))
+        assert not [r for r in caplog.records if r.name == "concurrent.futures"]
+        assert stream.next_offset == 1  # the batch is durable and readable all the same
