@@ -3,9 +3,9 @@
 A partition's stream holds one Kafka v2 batch per StreamRecordBatch. Cleaning a range of
 it is two passes (as Kafka's `LogCleaner`):
 
-1. `OffsetMap.add_batch` over every batch of the range: key -> offset of its latest record.
+1. `OffsetMap.add_batches` over every batch of the range: key -> offset of its latest record.
    The map is bounded (`max_entries`, default 500 000 keys: about 16 B digest + 8 B offset
-   + Python overhead, ~100 MB); `add_batch` returns False when it is full and the caller
+   + Python overhead, ~100 MB); it returns False when one object's keys do not fit and the caller
    stops the range at the previous object boundary (the rest is cleaned by a later run).
 2. `clean_batch` rewrites each batch keeping a record only when it is the latest of its key
    (and, for a tombstone — a null value — only while younger than `delete.retention.ms`).
@@ -122,11 +122,16 @@ class OffsetMap:
     def latest(self, key: bytes) -> int | None:
         return self._latest.get(key_digest(key))
 
-    def add_batch(self, batch: DecodedBatch) -> bool:
-        """Enter the batch's keys; False (the map unchanged) when they do not fit."""
-        if batch.records is None:
-            return True
-        digests = [(key_digest(r.key), r.offset) for r in batch.records if r.key is not None]
+    def add_batches(self, batches: list[DecodedBatch]) -> bool:
+        """Enter the keys of `batches` (all or none): False, the map unchanged, when they
+        do not fit."""
+        digests = [
+            (key_digest(r.key), r.offset)
+            for b in batches
+            if b.records is not None
+            for r in b.records
+            if r.key is not None
+        ]
         new = {d for d, _ in digests if d not in self._latest}
         if len(self._latest) + len(new) > self.max_entries:
             return False
@@ -231,10 +236,13 @@ def clean_stream_batch(
     )
 
 
-def add_stream_batch(offsets: OffsetMap, batch: StreamRecordBatch) -> bool:
-    """Pass 1 over one stored batch; False when its keys do not fit the map."""
-    try:
-        decoded = decode_batch(batch.payload)
-    except InvalidRecordBatchError:
-        return True  # not a Kafka batch: nothing to map
-    return offsets.add_batch(decoded)
+def add_stream_batches(offsets: OffsetMap, batches: list[StreamRecordBatch]) -> bool:
+    """Pass 1 over stored batches (e.g. one object's), all or none; False when their keys
+    do not fit the map. Payloads that are not Kafka batches map nothing."""
+    decoded = []
+    for batch in batches:
+        try:
+            decoded.append(decode_batch(batch.payload))
+        except InvalidRecordBatchError:
+            continue
+    return offsets.add_batches(decoded)

@@ -10,7 +10,7 @@ from dataplane.kafka.record_batch import parse_batch_header, parse_batches, patc
 from dataplane.s3stream.records import StreamRecordBatch
 from spark_jobs.log_cleaner import (
     OffsetMap,
-    add_stream_batch,
+    add_stream_batches,
     clean_stream_batch,
     decode_batch,
 )
@@ -48,7 +48,7 @@ def stored(base: int, data: bytes) -> StreamRecordBatch:
 def clean(batches: list[StreamRecordBatch], retention_ms: int = DAY_MS, max_keys: int = 1000):
     offsets = OffsetMap(max_keys)
     for b in batches:
-        assert add_stream_batch(offsets, b)
+        assert add_stream_batches(offsets, [b])
     return [clean_stream_batch(b, offsets, NOW_MS, retention_ms) for b in batches]
 
 
@@ -142,11 +142,12 @@ def test_transactional_control_and_null_key_records_are_kept_whole():
 def test_the_offset_map_is_bounded():
     t = NOW_MS - 1000
     offsets = OffsetMap(max_entries=3)
-    assert add_stream_batch(offsets, stored(0, kbatch(0, [(b"a", b"1", t), (b"b", b"1", t)])))
-    big = stored(2, kbatch(2, [(b"c", b"1", t), (b"d", b"1", t)]))
-    assert not add_stream_batch(offsets, big)  # does not fit: the map is unchanged
+    assert add_stream_batches(offsets, [stored(0, kbatch(0, [(b"a", b"1", t), (b"b", b"1", t)]))])
+    c = stored(2, kbatch(2, [(b"c", b"1", t)]))
+    d = stored(3, kbatch(3, [(b"d", b"1", t)]))
+    assert not add_stream_batches(offsets, [c, d])  # one object's keys do not fit: none enter
     assert len(offsets) == 2 and offsets.latest(b"c") is None
-    assert add_stream_batch(offsets, stored(4, kbatch(4, [(b"a", b"2", t), (b"c", b"1", t)])))
+    assert add_stream_batches(offsets, [stored(4, kbatch(4, [(b"a", b"2", t), (b"c", b"1", t)]))])
     assert offsets.latest(b"a") == 4 and len(offsets) == 3
     with pytest.raises(ValueError):
         OffsetMap(0)
@@ -155,5 +156,5 @@ def test_the_offset_map_is_bounded():
 def test_a_raw_stream_payload_is_left_alone():
     raw = StreamRecordBatch(3, 1, 0, 1, b"not a kafka batch")
     offsets = OffsetMap(10)
-    assert add_stream_batch(offsets, raw)
+    assert add_stream_batches(offsets, [raw])
     assert clean_stream_batch(raw, offsets, NOW_MS, DAY_MS) == (raw, 0)
