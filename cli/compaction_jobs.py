@@ -72,13 +72,16 @@ def job_config(config: ClusterConfig, master: str) -> dict:
 
 
 def job_env(config: ClusterConfig) -> dict[str, str]:
-    """The process environment of the job: the buckets' credentials (never argv)."""
+    """The process environment of the job: the buckets' credentials and the controller
+    API secret (never argv)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     creds = next((b for b in config.buckets if b.access_key), None)
     if creds is not None:
         env["AWS_ACCESS_KEY_ID"] = creds.access_key
         env["AWS_SECRET_ACCESS_KEY"] = creds.secret_key
+    if config.api_secret:  # the controller API's bearer secret (controlplane/auth.py)
+        env["AUTOMQ_CONTROLLER_SECRET"] = config.api_secret
     return env
 
 

@@ -69,8 +69,9 @@ def spark(cluster):
     from spark_jobs.compact import spark_context
 
     env = compaction_jobs.job_env(_config(cluster))
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update({k: env[k] for k in saved})
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AUTOMQ_CONTROLLER_SECRET")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: env[k] for k in saved if k in env})
     sc = spark_context(MASTER)
     try:
         yield sc
@@ -97,7 +98,7 @@ def _config(cluster):
 def _object_ids(cluster) -> set[int]:
     """Committed objects readers may use."""
     config = _config(cluster)
-    client = ControllerClient(config.quorum_config().api_addresses())
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
     raw = client.leader_get("/v1/image")
     image = json.loads(raw) if isinstance(raw, str) else raw
     return {
