@@ -369,7 +369,26 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     out["new_object_ids"] = [d["object_id"] for d in new]
     if not new:
         return finish("nothing to remove")  # the unused prepared ids expire at their deadline
-    commit = CommitStreamSetObjectRequest(
+    commit = cleaner_commit_request(ident, new, bucket_id)
+    try:
+        client.commit_stream_set_object(commit)
+    except ControllerError as exc:
+        if not (
+            exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit)
+        ):
+            objects_io.delete(config.buckets[bucket_id], out["new_object_ids"])
+            return finish(f"commit refused ({exc.code.value}): {exc.message}")
+    out["committed"] = True
+    out["rewritten_objects"] = len(new)
+    return finish()
+
+
+def cleaner_commit_request(
+    ident: CompactorIdentity, new: list[dict], bucket_id: int
+) -> CommitStreamSetObjectRequest:
+    """The cleaner's one commit: its rewritten stream objects replace the old ones
+    (`new`: the descriptors of `compact_topics.clean_stream`)."""
+    return CommitStreamSetObjectRequest(
         compactor=ident,
         object_id=-1,
         order_id=0,
@@ -389,17 +408,6 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         ],
         compacted_object_ids=sorted(d["replaces"] for d in new),
     )
-    try:
-        client.commit_stream_set_object(commit)
-    except ControllerError as exc:
-        if not (
-            exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit)
-        ):
-            objects_io.delete(config.buckets[bucket_id], out["new_object_ids"])
-            return finish(f"commit refused ({exc.code.value}): {exc.message}")
-    out["committed"] = True
-    out["rewritten_objects"] = len(new)
-    return finish()
 
 
 def _was_applied(client: ControllerClient, commit: CommitStreamSetObjectRequest) -> bool:
