@@ -155,8 +155,9 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     spark = _Spark(config.master, emit, sc)
     try:
         result = _compact_objects(config, dry_run, emit, spark)
-        stopped = ("paused", "buckets", "the active bucket", "commit refused")
-        if config.log_cleaner and not result["reason"].startswith(stopped):
+        # the cleaner plans from a fresh image and checks pauses and buckets itself, so it
+        # runs even when the object stage had nothing to do or lost a race
+        if config.log_cleaner:
             result["log_cleaner"] = clean_compacted_topics(config, dry_run, emit, spark)
     finally:
         spark.stop()
@@ -277,7 +278,7 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     """The log-cleaner stage (spark_jobs/compact_topics.py): one Spark task per compacted
     partition, every rewritten stream object committed in ONE compaction commit that
     replaces the old ones (or nothing changes)."""
-    from spark_jobs.compact_topics import clean_stream
+    from spark_jobs.compact_topics import clean_stream, survey_stream
 
     started = time.monotonic()
     out: dict = {
@@ -314,6 +315,35 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
     if missing:
         return finish(f"buckets {sorted(missing)} are not configured for the job")
+    buckets = dict(config.buckets)
+    now_ms = int(time.time() * 1000)
+    max_keys = config.cleaner_max_keys
+    sc = spark.get()
+    surveys = (
+        sc.parallelize(tasks, len(tasks))
+        .map(lambda t: survey_stream(t, buckets, now_ms, max_keys))
+        .collect()
+    )
+    out["bytes_read"] = sum(s["bytes_read"] for s in surveys)
+    out["partition_results"] = [
+        {
+            k: s[k]
+            for k in (
+                "topic",
+                "partition",
+                "cleanable_objects",
+                "keys",
+                "removable_records",
+                "stopped",
+            )
+        }
+        for s in surveys
+    ]
+    rewrite = {s["stream_id"]: s["rewrite"] for s in surveys if s["rewrite"]}
+    count = sum(len(ids) for ids in rewrite.values())
+    emit({"event": "clean_survey", "partitions": len(rewrite), "objects": count})
+    if not rewrite:
+        return finish("nothing to remove")
     if dry_run:
         return finish("dry run: nothing changed")
     ident = CompactorIdentity(
@@ -323,25 +353,21 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         ).epoch,
     )
     prepared = client.prepare_objects(
-        PrepareObjectsRequest(
-            compactor=ident, count=out["objects_considered"], ttl_ms=COMPACTION_PREPARED_TTL_MS
-        )
+        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=COMPACTION_PREPARED_TTL_MS)
     )
     bucket_id = prepared.bucket_id
     if bucket_id not in config.buckets:
         return finish(f"the active bucket {bucket_id} is not configured for the job")
     next_id = prepared.first_object_id
-    for task in tasks:
-        task.new_object_ids = list(range(next_id, next_id + len(task.sources)))
-        next_id += len(task.sources)
+    todo = [t for t in tasks if t.stream_id in rewrite]
+    for task in todo:
+        for source_id in rewrite[task.stream_id]:
+            task.new_object_ids[source_id] = next_id
+            next_id += 1
     all_ids = list(range(prepared.first_object_id, next_id))
-    buckets = dict(config.buckets)
-    now_ms = int(time.time() * 1000)
-    max_keys = config.cleaner_max_keys
     try:
-        sc = spark.get()
         cleaned = (
-            sc.parallelize(tasks, len(tasks))
+            sc.parallelize(todo, len(todo))
             .map(lambda t: clean_stream(t, buckets, bucket_id, now_ms, max_keys))
             .collect()
         )
@@ -349,26 +375,10 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         objects_io.delete(config.buckets[bucket_id], all_ids)  # unreferenced: delete
         raise
     new = [d for part in cleaned for d in part["new"]]
-    out["partition_results"] = [
-        {
-            k: part[k]
-            for k in (
-                "topic",
-                "partition",
-                "cleanable_objects",
-                "keys",
-                "removed_records",
-                "stopped",
-            )
-        }
-        for part in cleaned
-    ]
-    out["bytes_read"] = sum(part["bytes_read"] for part in cleaned)
+    out["bytes_read"] += sum(part["bytes_read"] for part in cleaned)
     out["bytes_written"] = sum(d["size_bytes"] for d in new)
     out["removed_records"] = sum(d["removed_records"] for d in new)
     out["new_object_ids"] = [d["object_id"] for d in new]
-    if not new:
-        return finish("nothing to remove")  # the unused prepared ids expire at their deadline
     commit = cleaner_commit_request(ident, new, bucket_id)
     try:
         client.commit_stream_set_object(commit)

@@ -16,9 +16,14 @@ One Spark task per partition (stream), `clean_stream`:
 * pass 1 reads them and builds the key -> latest offset map (`log_cleaner.OffsetMap`,
   at most `max_keys` keys per partition per run: the range stops at the object where the
   map fills; the rest is cleaned by a later run);
-* pass 2 reads them again and rewrites every batch (`log_cleaner.clean_stream_batch`); an
-  object that loses no record is not rewritten; the others are PUT under the ids the
-  driver prepared.
+* pass 2 reads them again and rewrites every batch (`log_cleaner.clean_stream_batch`).
+
+It runs as two Spark stages: `survey_stream` (passes 1 and 2 without writing) says which
+objects lose records; the driver prepares object ids for exactly those (a run with nothing
+to remove prepares and writes nothing); `clean_stream` (passes 1 and 2 again, deterministic
+for the same `now_ms`) rewrites them and PUTs them under the prepared ids. So an object
+that needs a rewrite is read four times, a clean one twice: cheap next to never leaving
+unused PREPARED ids in the metadata on every scheduled run.
 
 The driver commits every rewritten object in ONE `commit_stream_set_object` with
 `compacted_object_ids` (the controller's `check_compaction` checks the new objects hold
@@ -74,7 +79,8 @@ class CleanTask:
     delete_retention_ms: int
     min_compaction_lag_ms: int
     sources: list[CleanSource] = field(default_factory=list)
-    new_object_ids: list[int] = field(default_factory=list)  # one per source, by the driver
+    # source object id -> the id its rewrite gets (prepared by the driver after the survey)
+    new_object_ids: dict[int, int] = field(default_factory=dict)
 
 
 def is_compacted(policy: str) -> bool:
@@ -148,6 +154,77 @@ def _batches(bucket_uri: str, source: CleanSource):
         yield from decode_block(view[entry.position : entry.end_position], entry)
 
 
+def _offset_map(
+    task: CleanTask, buckets: dict[int, str], now_ms: int, max_keys: int
+) -> tuple[OffsetMap, list[CleanSource], str, int]:
+    """Pass 1: the key map of the cleanable range, its objects, why it stopped early ("" if
+    it did not) and the bytes read. Deterministic for the same arguments (objects are
+    immutable), so the survey and the rewrite see the same range and map."""
+    offsets = OffsetMap(max_keys)
+    lag_horizon_ms = now_ms - task.min_compaction_lag_ms
+    cleanable: list[CleanSource] = []
+    bytes_read = 0
+    for source in task.sources:
+        batches = [
+            b for b in _batches(buckets[source.bucket_id], source) if b.stream_id == task.stream_id
+        ]
+        bytes_read += source.size_bytes
+        if task.min_compaction_lag_ms and any(max_timestamp(b) > lag_horizon_ms for b in batches):
+            return offsets, cleanable, "min.compaction.lag.ms", bytes_read
+        if not add_stream_batches(offsets, batches):  # all of the object's keys, or none
+            return offsets, cleanable, f"the offset map is full ({max_keys} keys)", bytes_read
+        cleanable.append(source)
+    return offsets, cleanable, "", bytes_read
+
+
+def _cleaned(
+    task: CleanTask, bucket_uri: str, source: CleanSource, offsets: OffsetMap, now_ms: int
+) -> tuple[ObjectWriter, int]:
+    """Pass 2 over one object: its cleaned batches in a writer, and the records removed."""
+    writer = ObjectWriter(BLOCK_SIZE_BYTES, MAX_OBJECT_BYTES)
+    removed = 0
+    for batch in _batches(bucket_uri, source):
+        if batch.stream_id != task.stream_id or batch.last_offset <= task.trim_offset:
+            continue
+        cleaned, lost = clean_stream_batch(batch, offsets, now_ms, task.delete_retention_ms)
+        removed += lost
+        writer.add(cleaned)
+    return writer, removed
+
+
+def survey_stream(
+    task: CleanTask,
+    buckets: dict[int, str],
+    now_ms: int,
+    max_keys: int = DEFAULT_MAX_MAP_ENTRIES,
+) -> dict:
+    """Which of the partition's objects lose records (runs in a Spark worker; writes
+    nothing): `rewrite` (source object ids) and counters. The driver prepares object ids
+    only for those, so a run with nothing to remove leaves nothing behind."""
+    started = time.monotonic()
+    offsets, cleanable, stopped, bytes_read = _offset_map(task, buckets, now_ms, max_keys)
+    rewrite: list[int] = []
+    removable = 0
+    for source in cleanable:
+        _, removed = _cleaned(task, buckets[source.bucket_id], source, offsets, now_ms)
+        bytes_read += source.size_bytes
+        if removed:
+            rewrite.append(source.object_id)
+            removable += removed
+    return {
+        "stream_id": task.stream_id,
+        "topic": task.topic,
+        "partition": task.partition,
+        "rewrite": rewrite,
+        "cleanable_objects": len(cleanable),
+        "keys": len(offsets),
+        "removable_records": removable,
+        "stopped": stopped,
+        "bytes_read": bytes_read,
+        "task_s": time.monotonic() - started,
+    }
+
+
 def clean_stream(
     task: CleanTask,
     buckets: dict[int, str],
@@ -155,40 +232,19 @@ def clean_stream(
     now_ms: int,
     max_keys: int = DEFAULT_MAX_MAP_ENTRIES,
 ) -> dict:
-    """Clean one partition (runs in a Spark worker): the descriptors of the objects it
-    wrote (`new`: [{object_id, replaces, size_bytes, start, end}]) and counters."""
+    """Rewrite the partition's objects named in `task.new_object_ids` (source id -> new
+    id, from the survey with the same `now_ms` and `max_keys`) and PUT them (runs in a
+    Spark worker): the descriptors (`new`: [{object_id, replaces, stream_id, size_bytes,
+    start_offset, end_offset, removed_records}]) and counters."""
     started = time.monotonic()
-    offsets = OffsetMap(max_keys)
-    lag_horizon_ms = now_ms - task.min_compaction_lag_ms
-    cleanable: list[CleanSource] = []
-    stopped = ""
-    bytes_read = 0
-    for source in task.sources:  # pass 1: the key -> latest offset map
-        batches = [
-            b for b in _batches(buckets[source.bucket_id], source) if b.stream_id == task.stream_id
-        ]
-        bytes_read += source.size_bytes
-        if task.min_compaction_lag_ms and any(max_timestamp(b) > lag_horizon_ms for b in batches):
-            stopped = "min.compaction.lag.ms"
-            break
-        if not add_stream_batches(offsets, batches):  # all of the object's keys, or none
-            stopped = f"the offset map is full ({max_keys} keys)"
-            break
-        cleanable.append(source)
+    offsets, cleanable, _, bytes_read = _offset_map(task, buckets, now_ms, max_keys)
     new: list[dict] = []
-    removed_total = 0
-    for source, object_id in zip(cleanable, task.new_object_ids, strict=False):  # pass 2
-        writer = ObjectWriter(BLOCK_SIZE_BYTES, MAX_OBJECT_BYTES)
-        removed = 0
-        for batch in _batches(buckets[source.bucket_id], source):
-            if batch.stream_id != task.stream_id or batch.last_offset <= task.trim_offset:
-                continue
-            cleaned, lost = clean_stream_batch(batch, offsets, now_ms, task.delete_retention_ms)
-            removed += lost
-            writer.add(cleaned)
+    for source in cleanable:
+        object_id = task.new_object_ids.get(source.object_id)
+        if object_id is None:
+            continue  # nothing to remove in it: the object stays
+        writer, removed = _cleaned(task, buckets[source.bucket_id], source, offsets, now_ms)
         bytes_read += source.size_bytes
-        if not removed:
-            continue  # nothing to remove: the object stays
         obj = writer.finish()
         objects_io.put(buckets[target_bucket_id], object_id, obj.data)
         (rng,) = obj.ranges
@@ -203,16 +259,9 @@ def clean_stream(
                 "removed_records": removed,
             }
         )
-        removed_total += removed
     return {
         "stream_id": task.stream_id,
-        "topic": task.topic,
-        "partition": task.partition,
         "new": new,
-        "cleanable_objects": len(cleanable),
-        "keys": len(offsets),
-        "removed_records": removed_total,
-        "stopped": stopped,
         "bytes_read": bytes_read,
         "task_s": time.monotonic() - started,
     }

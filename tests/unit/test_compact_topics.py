@@ -25,7 +25,7 @@ from dataplane.s3stream.object_format import decode_block, parse_object
 from dataplane.s3stream.records import StreamRecordBatch
 from spark_jobs import objects_io
 from spark_jobs.compact import cleaner_commit_request
-from spark_jobs.compact_topics import clean_stream, select_clean_tasks
+from spark_jobs.compact_topics import clean_stream, select_clean_tasks, survey_stream
 from tests.unit.test_compaction_plan import BUCKET_URI, NODE, Cluster
 
 DAY_MS = 86_400_000
@@ -137,13 +137,16 @@ def test_clean_one_partition_commit_and_read_back(controller, monkeypatch):
         (task,) = select_clean_tasks(controller.machine.image, 1 << 30, 100)
         job = controller.register_compactor(RegisterCompactorRequest(name="t", incarnation_id="x"))
         ident = CompactorIdentity(name="t", epoch=job.epoch)
+        survey = survey_stream(task, {0: BUCKET_URI}, now_ms)
+        assert survey["removable_records"] == 3 and survey["keys"] == 4
+        assert survey["rewrite"] == [one, two] and survey["stopped"] == ""  # not `clean`
         prepared = controller.prepare_objects(
-            PrepareObjectsRequest(compactor=ident, count=len(task.sources), ttl_ms=60_000)
+            PrepareObjectsRequest(compactor=ident, count=2, ttl_ms=60_000)
         )
-        task.new_object_ids = [prepared.first_object_id + i for i in range(len(task.sources))]
+        task.new_object_ids = {one: prepared.first_object_id, two: prepared.first_object_id + 1}
         out = clean_stream(task, {0: BUCKET_URI}, 0, now_ms)
-        assert out["removed_records"] == 3 and out["keys"] == 4 and out["stopped"] == ""
-        assert [d["replaces"] for d in out["new"]] == [one, two]  # `clean` is not rewritten
+        assert [d["replaces"] for d in out["new"]] == [one, two]
+        assert sum(d["removed_records"] for d in out["new"]) == 3
         controller.commit_stream_set_object(cleaner_commit_request(ident, out["new"], 0))
         image = controller.machine.image
         assert image.objects[one].state == ObjectState.MARK_DESTROYED
@@ -173,9 +176,8 @@ def test_young_data_is_not_cleaned(controller, monkeypatch):
         kafka_so(cl, sid, [[(b"a", b"2")]], now_ms - 100)  # younger than the lag
         mark_topic(cl, sid, "t", {"cleanup.policy": "compact", "min.compaction.lag.ms": "1000"})
         (task,) = select_clean_tasks(controller.machine.image, 1 << 30, 100)
-        task.new_object_ids = [900, 901]
-        out = clean_stream(task, {0: BUCKET_URI}, 0, now_ms)
+        survey = survey_stream(task, {0: BUCKET_URI}, now_ms)
         # a@0 is old, but its newer version is too young to count: nothing is removed
-        assert out["new"] == [] and out["stopped"] == "min.compaction.lag.ms"
-        assert out["cleanable_objects"] == 1
+        assert survey["rewrite"] == [] and survey["stopped"] == "min.compaction.lag.ms"
+        assert survey["cleanable_objects"] == 1
         objects_io._clients.clear()
