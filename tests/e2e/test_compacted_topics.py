@@ -20,6 +20,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
     pytest.skip("Spark needs java", allow_module_level=True)
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from kafka import KafkaConsumer  # noqa: E402
+from kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 
 from cli import compaction_jobs  # noqa: E402
 from cli.processes import LocalCluster  # noqa: E402
@@ -232,6 +234,15 @@ def test_compacted_topics_keep_the_latest_record_per_key(cluster, spark):
     )
     assert _consume_all(bootstrap, events) == expected
     assert len(expected) == 8 and expected[-1][0] < events_acked[-1][0]
+    # kafka-python reads the gaps and the empty batches too
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5_000
+    )
+    try:
+        consumer.assign([KafkaTopicPartition(events, 0)])
+        assert [(m.offset, m.key, m.value) for m in consumer] == expected
+    finally:
+        consumer.close()
     again = _run_job(cluster, spark)  # nothing left to remove: nothing is rewritten
     assert again["log_cleaner"]["committed"] is False, {
         k: v for k, v in again.items() if k != "plan"
