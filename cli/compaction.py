@@ -92,6 +92,9 @@ def _print_result(result: dict) -> None:
             table.add_row(key, str(result[key]))
     for key, value in (result.get("plan") or {}).items():
         table.add_row(f"plan.{key}", str(value))
+    for key, value in (result.get("log_cleaner") or {}).items():
+        if key not in ("partition_results", "new_object_ids"):
+            table.add_row(f"log_cleaner.{key}", str(value))
     console.print(table)
 
 

@@ -18,6 +18,11 @@ objects appear and the old ones are marked destroyed together, or — when the r
 race (a stream trimmed or deleted, the sources compacted by another job) — nothing changes
 and the new objects are deleted. A killed run leaves only PREPARED ids, which the
 controller destroys at their deadline.
+
+Then the log cleaner of compacted topics (`cleanup.policy=compact`, `compact,delete`;
+`spark_jobs/compact_topics.py`, JobConfig `log_cleaner`, on by default) rewrites their
+partitions' stream objects keeping the latest record per key, in a second atomic commit;
+its part of the result is `log_cleaner`. Both stages share one SparkContext.
 """
 
 from __future__ import annotations
@@ -39,12 +44,15 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.records import ObjectState
 from controlplane.requests import (
+    MAX_OBJECTS_PER_PREPARE,
     CommitStreamSetObjectRequest,
     CompactorIdentity,
     PrepareObjectsRequest,
     RegisterCompactorRequest,
 )
 from spark_jobs import objects_io
+from spark_jobs.compact_topics import compacted_streams, select_clean_tasks
+from spark_jobs.log_cleaner import DEFAULT_MAX_MAP_ENTRIES
 from spark_jobs.plan import (
     CompactionPlan,
     PlanConfig,
@@ -68,6 +76,10 @@ class JobConfig(BaseModel):
     stream_split_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     max_objects_per_run: int = Field(default=500, ge=2, le=10_000)
     max_run_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    # compacted topics (spark_jobs/compact_topics.py): after the object compaction, the
+    # log cleaner rewrites the stream objects of `cleanup.policy=compact` partitions
+    log_cleaner: bool = True
+    cleaner_max_keys: int = Field(default=DEFAULT_MAX_MAP_ENTRIES, ge=1, le=50_000_000)
 
 
 Emit = Callable[[dict], None]
@@ -109,10 +121,53 @@ def spark_context(master: str, app_name: str = "automq-compaction"):
     return sc
 
 
+class _Spark:
+    """The run's SparkContext: the caller's, or one started on first use and stopped by
+    `stop` (both stages of a run share it: Spark's start-up is the slow part)."""
+
+    def __init__(self, master: str, emit: Emit, sc=None) -> None:
+        self._master = master
+        self._emit = emit
+        self._sc = sc
+        self._own = False
+
+    def get(self):
+        if self._sc is None:
+            started = time.monotonic()
+            self._sc = spark_context(self._master)
+            self._own = True
+            self._emit({"event": "spark_started", "seconds": round(time.monotonic() - started, 3)})
+        return self._sc
+
+    def stop(self) -> None:
+        if self._own and self._sc is not None:
+            self._sc.stop()
+            self._sc = None
+
+
 def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=None) -> dict:
-    """One compaction run; the result dict (see the module docstring). `sc`: an existing
-    SparkContext to use (tests share one); otherwise one is started for `config.master`."""
+    """One compaction run — the object compaction, then the log cleaner of compacted
+    topics; the result dict (see the module docstring; `log_cleaner`: the cleaner's part).
+    `sc`: an existing SparkContext to use (tests share one); otherwise one is started for
+    `config.master` when a stage needs it."""
     emit = emit or (lambda event: None)
+    started = time.monotonic()
+    spark = _Spark(config.master, emit, sc)
+    try:
+        result = _compact_objects(config, dry_run, emit, spark)
+        # the cleaner plans from a fresh image and checks pauses and buckets itself, so it
+        # runs even when the object stage had nothing to do or lost a race
+        if config.log_cleaner:
+            result["log_cleaner"] = clean_compacted_topics(config, dry_run, emit, spark)
+    finally:
+        spark.stop()
+    result["duration_s"] = round(time.monotonic() - started, 3)
+    emit({"event": "result", **result})
+    return result
+
+
+def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
+    """The object compaction stage (the result without its final event)."""
     started = time.monotonic()
     client = ControllerClient(config.controllers, timeout_s=30.0)
     image = _image(client)
@@ -135,7 +190,6 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     def finish(reason: str = "") -> dict:
         result["reason"] = reason
         result["duration_s"] = round(time.monotonic() - started, 3)
-        emit({"event": "result", **result})
         return result
 
     paused = paused_reason(image)
@@ -145,6 +199,8 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
         stream_split_bytes=config.stream_split_bytes,
         max_objects_per_run=config.max_objects_per_run,
         max_run_bytes=config.max_run_bytes,
+        # compacted partitions leave stream-set objects: the cleaner rewrites stream objects
+        split_stream_ids=frozenset(compacted_streams(image)) if config.log_cleaner else frozenset(),
     )
     sources = select_sources(image, pcfg)
     missing = {s.bucket_id for s in sources} - set(config.buckets)
@@ -185,7 +241,7 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     result["new_object_ids"] = [t.object_id for t in plan.tasks]
     write_started = time.monotonic()
     try:
-        written = _write_on_spark(config, plan, bucket_id, emit, sc) if plan.tasks else []
+        written = _write_on_spark(config, plan, bucket_id, emit, spark.get()) if plan.tasks else []
     except BaseException:
         # nothing references them: delete what was written (missing keys are fine); a
         # killed driver leaves them to the controller's deadline for PREPARED ids
@@ -216,6 +272,152 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     )
     result["objects_now"] = committed_object_count(_image(client))
     return finish()
+
+
+def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
+    """The log-cleaner stage (spark_jobs/compact_topics.py): one Spark task per compacted
+    partition, every rewritten stream object committed in ONE compaction commit that
+    replaces the old ones (or nothing changes)."""
+    from spark_jobs.compact_topics import clean_stream, survey_stream
+
+    started = time.monotonic()
+    out: dict = {
+        "committed": False,
+        "reason": "",
+        "partitions": 0,
+        "objects_considered": 0,
+        "rewritten_objects": 0,
+        "removed_records": 0,
+        "bytes_read": 0,
+        "bytes_written": 0,
+        "new_object_ids": [],
+        "partition_results": [],
+    }
+
+    def finish(reason: str = "") -> dict:
+        out["reason"] = reason
+        out["duration_s"] = round(time.monotonic() - started, 3)
+        return out
+
+    client = ControllerClient(config.controllers, timeout_s=30.0)
+    image = _image(client)
+    paused = paused_reason(image)
+    if paused:
+        return finish(f"paused: {paused}")
+    tasks = select_clean_tasks(
+        image, config.max_run_bytes, min(config.max_objects_per_run, MAX_OBJECTS_PER_PREPARE)
+    )
+    out["partitions"] = len(tasks)
+    out["objects_considered"] = sum(len(t.sources) for t in tasks)
+    emit({"event": "clean_plan", "partitions": len(tasks), "objects": out["objects_considered"]})
+    if not tasks:
+        return finish("no compacted partition has data in stream objects")
+    missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
+    if missing:
+        return finish(f"buckets {sorted(missing)} are not configured for the job")
+    buckets = dict(config.buckets)
+    now_ms = int(time.time() * 1000)
+    max_keys = config.cleaner_max_keys
+    sc = spark.get()
+    surveys = (
+        sc.parallelize(tasks, len(tasks))
+        .map(lambda t: survey_stream(t, buckets, now_ms, max_keys))
+        .collect()
+    )
+    out["bytes_read"] = sum(s["bytes_read"] for s in surveys)
+    out["partition_results"] = [
+        {
+            k: s[k]
+            for k in (
+                "topic",
+                "partition",
+                "cleanable_objects",
+                "keys",
+                "removable_records",
+                "stopped",
+            )
+        }
+        for s in surveys
+    ]
+    rewrite = {s["stream_id"]: s["rewrite"] for s in surveys if s["rewrite"]}
+    count = sum(len(ids) for ids in rewrite.values())
+    emit({"event": "clean_survey", "partitions": len(rewrite), "objects": count})
+    if not rewrite:
+        return finish("nothing to remove")
+    if dry_run:
+        return finish("dry run: nothing changed")
+    ident = CompactorIdentity(
+        name=config.compactor_name,
+        epoch=client.register_compactor(
+            RegisterCompactorRequest(name=config.compactor_name, incarnation_id=uuid.uuid4().hex)
+        ).epoch,
+    )
+    prepared = client.prepare_objects(
+        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=COMPACTION_PREPARED_TTL_MS)
+    )
+    bucket_id = prepared.bucket_id
+    if bucket_id not in config.buckets:
+        return finish(f"the active bucket {bucket_id} is not configured for the job")
+    next_id = prepared.first_object_id
+    todo = [t for t in tasks if t.stream_id in rewrite]
+    for task in todo:
+        for source_id in rewrite[task.stream_id]:
+            task.new_object_ids[source_id] = next_id
+            next_id += 1
+    all_ids = list(range(prepared.first_object_id, next_id))
+    try:
+        cleaned = (
+            sc.parallelize(todo, len(todo))
+            .map(lambda t: clean_stream(t, buckets, bucket_id, now_ms, max_keys))
+            .collect()
+        )
+    except BaseException:
+        objects_io.delete(config.buckets[bucket_id], all_ids)  # unreferenced: delete
+        raise
+    new = [d for part in cleaned for d in part["new"]]
+    out["bytes_read"] += sum(part["bytes_read"] for part in cleaned)
+    out["bytes_written"] = sum(d["size_bytes"] for d in new)
+    out["removed_records"] = sum(d["removed_records"] for d in new)
+    out["new_object_ids"] = [d["object_id"] for d in new]
+    commit = cleaner_commit_request(ident, new, bucket_id)
+    try:
+        client.commit_stream_set_object(commit)
+    except ControllerError as exc:
+        if not (
+            exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit)
+        ):
+            objects_io.delete(config.buckets[bucket_id], out["new_object_ids"])
+            return finish(f"commit refused ({exc.code.value}): {exc.message}")
+    out["committed"] = True
+    out["rewritten_objects"] = len(new)
+    return finish()
+
+
+def cleaner_commit_request(
+    ident: CompactorIdentity, new: list[dict], bucket_id: int
+) -> CommitStreamSetObjectRequest:
+    """The cleaner's one commit: its rewritten stream objects replace the old ones
+    (`new`: the descriptors of `compact_topics.clean_stream`)."""
+    return CommitStreamSetObjectRequest(
+        compactor=ident,
+        object_id=-1,
+        order_id=0,
+        size_bytes=0,
+        bucket_id=bucket_id,
+        stream_ranges=[],
+        stream_objects=[
+            {
+                "object_id": d["object_id"],
+                "stream_id": d["stream_id"],
+                "stream_epoch": 0,
+                "start_offset": d["start_offset"],
+                "end_offset": d["end_offset"],
+                "size_bytes": d["size_bytes"],
+            }
+            for d in new
+        ],
+        compacted_object_ids=sorted(d["replaces"] for d in new),
+    )
 
 
 def _was_applied(client: ControllerClient, commit: CommitStreamSetObjectRequest) -> bool:
@@ -265,11 +467,6 @@ def _write_on_spark(
     """One Spark task per new object; progress events while they run."""
     from spark_jobs.execute import write_object
 
-    own = sc is None
-    if own:
-        started = time.monotonic()
-        sc = spark_context(config.master)
-        emit({"event": "spark_started", "seconds": round(time.monotonic() - started, 3)})
     buckets = dict(config.buckets)
     source_buckets = {oid: s.bucket_id for oid, s in plan.sources.items()}
     total = len(plan.tasks)
@@ -295,8 +492,6 @@ def _write_on_spark(
     finally:
         done.set()
         watcher.join(timeout=5)
-        if own:
-            sc.stop()
     emit({"event": "progress", "done": total, "total": total})
     return written
 
@@ -327,7 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
         return 1
     # a refused commit (a lost race) is a failed run; "nothing to do" and pauses are not
-    return 2 if result["reason"].startswith("commit refused") else 0
+    cleaner = result.get("log_cleaner") or {}
+    refused = result["reason"].startswith("commit refused") or cleaner.get("reason", "").startswith(
+        "commit refused"
+    )
+    return 2 if refused else 0
 
 
 if __name__ == "__main__":

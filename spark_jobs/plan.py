@@ -44,6 +44,10 @@ class PlanConfig:
     # stream-set objects older than this are split whole into stream objects (AutoMQ: 120
     # min), so old data ends up per stream and is not rewritten with every new upload
     force_split_after_ms: int = 120 * 60 * 1000
+    # streams whose data always leaves stream-set objects as stream objects: the partitions
+    # of compacted topics, which the log cleaner (spark_jobs/compact_topics.py) rewrites
+    # one stream object at a time
+    split_stream_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,8 @@ def select_sources(image: MetadataImage, config: PlanConfig) -> list[SourceObjec
     dead_or_partly = [
         s for s in ssos if any(not _live_end(image, r.stream_id, r.end_offset) for r in s.ranges)
     ]
-    if len(ssos) >= config.min_stream_set_objects or dead_or_partly:
+    to_split = [s for s in ssos if any(r.stream_id in config.split_stream_ids for r in s.ranges)]
+    if len(ssos) >= config.min_stream_set_objects or dead_or_partly or to_split:
         for sso in ssos:
             meta = committed(sso.object_id)
             if len(chosen) >= config.max_objects_per_run:
@@ -263,7 +268,7 @@ def build_plan(
         if not pieces:
             continue
         first, rest = pieces[0], pieces[1:]
-        if first.size_bytes >= config.stream_split_bytes:
+        if first.size_bytes >= config.stream_split_bytes or stream_id in config.split_stream_ids:
             so_tasks.append(ObjectTask("so", [first]))
         else:
             sso_pieces.append(first)

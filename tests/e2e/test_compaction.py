@@ -73,7 +73,7 @@ def spark(cluster):
     env = compaction_jobs.job_env(_config(cluster))
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", SECRET_ENV)
     saved = {k: os.environ.get(k) for k in names}
-    os.environ.update({k: env[k] for k in saved})
+    os.environ.update({k: env[k] for k in saved if k in env})
     sc = spark_context(MASTER)
     try:
         yield sc

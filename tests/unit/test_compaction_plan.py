@@ -184,6 +184,21 @@ def test_old_stream_set_objects_are_split_into_stream_objects(controller):
     assert layout == [("so", a, 0, 4), ("so", b, 0, 2), ("sso", a, 4, 5), ("sso", b, 2, 3)]
 
 
+def test_compacted_partitions_leave_stream_set_objects_even_from_one(controller):
+    """A compacted topic's streams (split_stream_ids) become stream objects, which the log
+    cleaner rewrites alone; the other streams stay in a stream-set object."""
+    cl = Cluster(controller)
+    compacted, other = cl.stream(), cl.stream()
+    old = cl.sso({compacted: 3, other: 2})  # one object: normally left alone
+    assert cl.plan().empty
+    plan = cl.plan(PlanConfig(split_stream_ids=frozenset({compacted})))
+    assert plan.compacted_object_ids == [old]
+    layout = sorted(
+        (t.kind, p.stream_id, p.start_offset, p.end_offset) for t in plan.tasks for p in t.pieces
+    )
+    assert layout == [("so", compacted, 0, 3), ("sso", other, 0, 2)]
+
+
 def test_one_object_and_nothing_dead_is_left_alone(controller):
     cl = Cluster(controller)
     a = cl.stream()
