@@ -26,7 +26,7 @@ from kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from cli import compaction_jobs  # noqa: E402
 from cli.processes import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from tests.e2e.ledger import automqctl, create_topic  # noqa: E402
+from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,24 +38,16 @@ VERSIONS = 50
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("compacted") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
+    with running_cluster(
+        d,
         "--brokers",
         "1",
         "--controllers",
         "1",
         "--upload-interval-s",
         "0.5",
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    try:
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
 @pytest.fixture(scope="module")

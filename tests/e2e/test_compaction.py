@@ -31,7 +31,7 @@ from cli import compaction_jobs  # noqa: E402
 from cli.processes import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
+from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,24 +42,16 @@ MASTER = "local[2]"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("compaction") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
+    with running_cluster(
+        d,
         "--brokers",
         "2",
         "--controllers",
         "1",
         "--upload-interval-s",
         "0.5",
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    try:
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
 @pytest.fixture(scope="module")

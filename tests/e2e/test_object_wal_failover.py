@@ -11,7 +11,7 @@ import time
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from tests.e2e.ledger import automqctl  # noqa: E402
+from tests.e2e.ledger import automqctl, running_cluster  # noqa: E402
 from tests.e2e.test_elastic import (  # noqa: E402
     BROKERS,
     assert_ledger_exact,
@@ -26,11 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("objwal") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
+    with running_cluster(
+        d,
         "--wal",
         "s3",
         "--session-timeout-ms",
@@ -38,13 +35,8 @@ def cluster(tmp_path_factory):
         # nothing is uploaded before the kill: the acked records exist only in the WAL
         "--upload-interval-s",
         "120",
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    try:
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
 
 def failover_line(cluster, node: int, timeout_s: float = 60) -> str:
