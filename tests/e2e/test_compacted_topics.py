@@ -19,7 +19,13 @@ pytest.importorskip("confluent_kafka")
 pytest.importorskip("pyspark")
 if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
     pytest.skip("Spark needs java", allow_module_level=True)
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import (  # noqa: E402
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from kafka import KafkaConsumer  # noqa: E402
 from kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 
@@ -115,6 +121,29 @@ def _produce(bootstrap: str, topic: str, rounds: list[list[tuple[bytes, bytes | 
     return sorted(acked)
 
 
+_NOT_SERVED_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
+
+
+def _high_watermark(consumer: Consumer, topic: str, timeout_s: float = 60) -> int:
+    """Partition 0's high watermark, retrying retriable errors as clients do: right after
+    `cluster up` a broker may still be opening the partition (NOT_LEADER_FOR_PARTITION)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        except KafkaException as exc:
+            error = exc.args[0]
+            retriable = error.retriable() or error.code() in _NOT_SERVED_YET
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _consume_all(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
     """Every record of partition 0 from the beginning to the high watermark."""
     consumer = Consumer(
@@ -126,7 +155,7 @@ def _consume_all(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | N
         }
     )
     try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        high = _high_watermark(consumer, topic)
         consumer.assign([TopicPartition(topic, 0, 0)])
         out: list[tuple[int, bytes, bytes | None]] = []
         deadline = time.monotonic() + 60
