@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -46,15 +47,47 @@ class EmbeddedS3Error(RuntimeError):
     """The embedded object store could not be started or reached."""
 
 
+# ports handed out for servers come from below the kernel's ephemeral range: a port the
+# kernel picked for `bind(0)` is also what it hands to the next outgoing connection, which
+# took a broker's Kafka port between allocation and bind ("address already in use")
+SERVER_PORT_RANGE = (10_000, 32_767)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Return `count` distinct TCP ports that were free on `host` a moment ago."""
+    """Return `count` distinct TCP ports that were free on `host` a moment ago, chosen at
+    random below the ephemeral range (bounded attempts; the kernel's choice as a fallback)."""
+    low, high = SERVER_PORT_RANGE[0], min(SERVER_PORT_RANGE[1], _ephemeral_low() - 1)
+    chosen: list[int] = []
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        attempts = 0
+        while len(chosen) < count and attempts < 50 * count and high - low > 10 * count:
+            attempts += 1
+            port = random.randint(low, high)
+            if port in chosen:
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+            chosen.append(port)
+        while len(chosen) < count:  # the range is crowded: let the kernel choose
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+            chosen.append(s.getsockname()[1])
+        return chosen
     finally:
         for s in sockets:
             s.close()
