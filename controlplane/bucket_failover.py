@@ -115,12 +115,22 @@ def decide(
     image: MetadataImage,
     reports: dict[int, list[HealthReport]],
     settings: ControllerSettings,
+    now_ms: int,
 ) -> SetActiveBucketRequest | None:
     """The switch the leader's detection makes now, or None (pure).
 
     Only reports of live (unfenced) brokers count, and a majority of those is needed, so one
-    broker with a bad network path cannot move the cluster's writes.
+    broker with a bad network path cannot move the cluster's writes. Failing and healthy
+    time count only since the last switch (`now_ms` - its `since_ms`): an operator who
+    switches back to a bucket that was failing gets the full detection time before an
+    automatic switch can overrule them, whatever the brokers remember of the outage.
     """
+    state = image.bucket_failover
+    since_switch_ms = max(0, now_ms - state.since_ms) if state.since_ms else None
+
+    def since_switch(ms: int) -> int:
+        return ms if since_switch_ms is None else min(ms, since_switch_ms)
+
     live = {b.node_id for b in image.brokers.values() if not b.fenced}
     if not live:
         return None
@@ -134,10 +144,11 @@ def decide(
         return [
             h
             for h in reports.get(bucket_id, [])
-            if h.node_id in live and h.failing_for_ms >= for_ms and h.failing_for_ms > 0
+            if h.node_id in live
+            and h.failing_for_ms > 0
+            and since_switch(h.failing_for_ms) >= for_ms
         ]
 
-    state = image.bucket_failover
     if state.active_bucket_id == main:
         bad = failing(main, settings.bucket_failover_detect_ms)
         if len(bad) < majority or len(failing(target, 1)) >= majority:
@@ -159,7 +170,7 @@ def decide(
         for h in reports.get(main, [])
         if h.node_id in live
         and h.failing_for_ms == 0
-        and h.healthy_for_ms >= settings.bucket_failover_auto_return_ms
+        and since_switch(h.healthy_for_ms) >= settings.bucket_failover_auto_return_ms
     ]
     if len(healthy) < majority:
         return None

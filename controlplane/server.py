@@ -257,7 +257,9 @@ class ControllerNode:
     def _bucket_failover_round(self, now_ms: int) -> None:
         """Object-storage failover detection (controlplane/bucket_failover.py)."""
         image = self.quorum.machine.image
-        decision = bucket_failover.decide(image, self.bucket_health_reports(), self.config.settings)
+        decision = bucket_failover.decide(
+            image, self.bucket_health_reports(), self.config.settings, now_ms
+        )
         if decision is None:
             return
         result = self.quorum.submit(

@@ -31,6 +31,7 @@ class BucketHealth:
 @dataclass
 class _State:
     first_failure_s: float | None = None  # monotonic; None while healthy
+    last_ok_s: float | None = None  # when the last successful write ended
     last_failure_s: float | None = None
     errors: int = 0
     ok: int = 0
@@ -52,19 +53,27 @@ class WriteHealthTracker:
             st = self._buckets.setdefault(bucket_id, _State())
             st.ok += 1
             st.first_failure_s = None
+            st.last_ok_s = self._clock()
             st.last_latency_ms = latency_s * 1000
 
     def record_failure(
         self, bucket_id: int, error: BaseException | str, started_s: float | None = None
     ) -> None:
         """A failed write; `started_s` (monotonic, the same clock): when it began, so a
-        write that hung until its timeout counts as failing from its start."""
+        write that hung until its timeout counts as failing from its start, but never from
+        before a write that succeeded since (a request that hung through an outage and fails
+        after the bucket recovered must not make the bucket look failing for the whole
+        outage: that moved writes back to the failover bucket right after the operator had
+        switched them to the recovered one)."""
         now = self._clock()
         with self._lock:
             st = self._buckets.setdefault(bucket_id, _State())
             st.errors += 1
             if st.first_failure_s is None:
-                st.first_failure_s = min(now, started_s) if started_s is not None else now
+                start = min(now, started_s) if started_s is not None else now
+                if st.last_ok_s is not None:
+                    start = max(start, st.last_ok_s)
+                st.first_failure_s = start
             st.last_failure_s = now
             st.last_error = str(error)[:MAX_ERROR_CHARS]
 

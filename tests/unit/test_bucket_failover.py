@@ -14,6 +14,7 @@ from controlplane.state_machine import MetadataStateMachine
 from dataplane.objectstore.health import WriteHealthTracker
 
 NOW = 5_000_000
+LATER = NOW + 60_000  # a minute after the switches these tests make at NOW
 SETTINGS = ControllerSettings(bucket_ids=[0, 1], bucket_failover_detect_ms=10_000)
 
 
@@ -103,9 +104,9 @@ def reports(failing: dict[int, int], bucket_id: int = 0, error: str = "timeout")
 
 def test_detection_needs_a_majority_of_live_brokers_for_the_detect_time():
     image = machine().image
-    assert decide(image, reports({1: 11_000}), SETTINGS) is None  # one of three
-    assert decide(image, reports({1: 11_000, 2: 9_000}), SETTINGS) is None  # too short
-    req = decide(image, reports({1: 11_000, 2: 10_000, 3: 0}), SETTINGS)
+    assert decide(image, reports({1: 11_000}), SETTINGS, LATER) is None  # one of three
+    assert decide(image, reports({1: 11_000, 2: 9_000}), SETTINGS, LATER) is None  # too short
+    req = decide(image, reports({1: 11_000, 2: 10_000, 3: 0}), SETTINGS, LATER)
     assert req is not None
     assert (req.bucket_id, req.auto, req.only_if_active) == (1, True, 0)
     assert "2 of 3 live brokers" in req.reason and "timeout" in req.reason
@@ -116,20 +117,20 @@ def test_detection_ignores_fenced_brokers_and_a_failing_target():
     sm.execute("fence_broker", {"node_id": 3, "node_epoch": 0}, NOW)
     image = sm.image
     # 2 live brokers: both must fail; node 3's report does not count
-    assert decide(image, reports({1: 20_000, 3: 20_000}), SETTINGS) is None
-    assert decide(image, reports({1: 20_000, 2: 20_000}), SETTINGS) is not None
+    assert decide(image, reports({1: 20_000, 3: 20_000}), SETTINGS, LATER) is None
+    assert decide(image, reports({1: 20_000, 2: 20_000}), SETTINGS, LATER) is not None
     both = {**reports({1: 20_000, 2: 20_000}), **reports({1: 5, 2: 5}, bucket_id=1)}
-    assert decide(image, both, SETTINGS) is None  # no point switching to a dead bucket
+    assert decide(image, both, SETTINGS, LATER) is None  # no point switching to a dead bucket
 
 
 def test_going_back_is_manual_unless_auto_return_is_configured():
     sm = machine()
     sm.execute("set_active_bucket", {"bucket_id": 1, "auto": True}, NOW)
     healthy = reports({1: 0, 2: 0, 3: 0})
-    assert decide(sm.image, healthy, SETTINGS) is None
+    assert decide(sm.image, healthy, SETTINGS, LATER) is None
     auto = SETTINGS.model_copy(update={"bucket_failover_auto_return_ms": 30_000})
-    assert decide(sm.image, healthy, auto) is not None  # healthy 60 s > 30 s
-    req = decide(sm.image, healthy, auto)
+    assert decide(sm.image, healthy, auto, LATER) is not None  # healthy 60 s > 30 s
+    req = decide(sm.image, healthy, auto, LATER)
     assert (req.bucket_id, req.only_if_active) == (0, 1)
 
 
@@ -202,3 +203,39 @@ def test_each_bucket_may_take_its_own_credentials_from_the_environment(monkeypat
         "aws_secret_access_key": "failover-sk",
     }
     assert "failover-sk" not in repr(failover) and "failover-sk" not in failover.to_string()
+
+
+def test_a_manual_switch_back_restarts_the_detection_clock():
+    """The brokers still remember the outage (failing for 30 s) when the operator switches
+    back to the recovered bucket: no automatic switch until it fails for the detect time
+    after the switch."""
+    sm = machine()
+    sm.execute("set_active_bucket", {"bucket_id": 1, "auto": True}, NOW)
+    sm.execute("set_active_bucket", {"bucket_id": 0}, NOW + 30_000)
+    stale = reports({1: 30_000, 2: 30_000, 3: 30_000})
+    assert decide(sm.image, stale, SETTINGS, NOW + 30_500) is None
+    assert decide(sm.image, stale, SETTINGS, NOW + 39_000) is None
+    assert decide(sm.image, stale, SETTINGS, NOW + 40_000) is not None  # 10 s after it
+
+
+def test_auto_return_counts_health_only_since_the_failover():
+    sm = machine()
+    sm.execute("set_active_bucket", {"bucket_id": 1, "auto": True}, NOW)
+    auto = SETTINGS.model_copy(update={"bucket_failover_auto_return_ms": 30_000})
+    healthy = reports({1: 0, 2: 0, 3: 0})  # each says healthy for 60 s
+    assert decide(sm.image, healthy, auto, NOW + 10_000) is None
+    assert decide(sm.image, healthy, auto, NOW + 30_000) is not None
+
+
+def test_a_write_that_hung_through_an_outage_fails_from_the_last_success_on():
+    clock = [100.0]
+    tracker = WriteHealthTracker(clock=lambda: clock[0])
+    started = clock[0]  # an upload starts and hangs: the store froze
+    clock[0] = 130.0
+    tracker.record_ok(0, 0.01)  # the store is back: a probe succeeds
+    clock[0] = 131.0
+    tracker.record_failure(0, "read timeout", started_s=started)  # the hung upload ends
+    assert tracker.failing_for_ms(0) == 1_000  # failing since the success, not for 31 s
+    fresh = WriteHealthTracker(clock=lambda: clock[0])
+    fresh.record_failure(0, "read timeout", started_s=clock[0] - 5)
+    assert fresh.failing_for_ms(0) == 5_000  # no success yet: from the write's start
