@@ -53,6 +53,8 @@ from controlplane.requests import (
     RegisterCompactorResponse,
     SetActiveBucketRequest,
     SetActiveBucketResponse,
+    SetCleanerCheckpointsRequest,
+    SetCleanerCheckpointsResponse,
     TrimStreamRequest,
     _Request,
     validation_message,
@@ -193,6 +195,12 @@ class ControllerCalls:
         self, req: RegisterCompactorRequest, timeout_s: float | None = None
     ) -> RegisterCompactorResponse:
         return self._typed(req, RegisterCompactorResponse, timeout_s)
+
+    def set_cleaner_checkpoints(
+        self, req: SetCleanerCheckpointsRequest, timeout_s: float | None = None
+    ) -> SetCleanerCheckpointsResponse:
+        """The log cleaner's checkpoints per compacted partition (compacted topics)."""
+        return self._typed(req, SetCleanerCheckpointsResponse, timeout_s)
 
     def set_active_bucket(
         self, req: SetActiveBucketRequest, timeout_s: float | None = None

@@ -93,6 +93,10 @@ class StreamMetaState(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
     # sorted by start_offset; the read path's index from offsets to objects
     object_ranges: list[ObjectRange] = Field(default_factory=list)
+    trimmed_ms: int = 0  # the last time its start advanced (retention, DeleteRecords)
+    # the log cleaner's checkpoint (compacted topics): offsets below are clean; its last run
+    cleaned_offset: int = 0
+    cleaned_ms: int = 0
 
     @property
     def end_offset(self) -> int:
@@ -442,9 +446,16 @@ class MetadataImage(BaseModel):
     def _apply_trim_stream(self, rec: r.TrimStreamRecord) -> None:
         stream = self._we("streams", rec.stream_id)
         stream.start_offset = rec.start_offset
+        if rec.trimmed_ms:
+            stream.trimmed_ms = rec.trimmed_ms
         # ranges wholly below the new start are gone; the last range always stays
         while len(stream.ranges) > 1 and stream.ranges[0].end_offset <= rec.start_offset:
             stream.ranges.pop(0)
+
+    def _apply_cleaner_checkpoint(self, rec: r.CleanerCheckpointRecord) -> None:
+        stream = self._we("streams", rec.stream_id)
+        stream.cleaned_offset = rec.cleaned_offset
+        stream.cleaned_ms = rec.cleaned_ms
 
     def _apply_delete_stream(self, rec: r.DeleteStreamRecord) -> None:
         self._pop("streams", rec.stream_id)

@@ -147,6 +147,17 @@ class TrimStreamRecord(_Record):
     type: Literal["trim_stream"] = "trim_stream"
     stream_id: int
     start_offset: int
+    trimmed_ms: int = 0  # when (retention or DeleteRecords); 0 in logs written before it
+
+
+class CleanerCheckpointRecord(_Record):
+    """The log cleaner of a compacted partition's stream: offsets below `cleaned_offset`
+    are clean (each key at most once), as of its run at `cleaned_ms`."""
+
+    type: Literal["cleaner_checkpoint"] = "cleaner_checkpoint"
+    stream_id: int
+    cleaned_offset: int
+    cleaned_ms: int
 
 
 class DeleteStreamRecord(_Record):
@@ -381,6 +392,7 @@ MetadataRecord = Annotated[
     | StreamEpochRecord
     | RangeRecord
     | TrimStreamRecord
+    | CleanerCheckpointRecord
     | DeleteStreamRecord
     | S3ObjectRecord
     | RemoveS3ObjectRecord

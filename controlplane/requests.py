@@ -274,6 +274,32 @@ class RegisterCompactorResponse(BaseModel):
     epoch: int
 
 
+MAX_CLEANER_CHECKPOINTS = 100_000
+
+
+class CleanerCheckpoint(BaseModel):
+    """One compacted partition's stream: offsets below `cleaned_offset` are clean."""
+
+    model_config = ConfigDict(extra="forbid")
+    stream_id: int = Field(ge=0)
+    cleaned_offset: int = Field(ge=0)
+
+
+class SetCleanerCheckpointsRequest(_Request):
+    """The log cleaner (a registered compactor) records how far it cleaned each partition
+    of its run, so the next run computes the dirty ratio from there and maps only the
+    dirty part. All or nothing; streams deleted meanwhile are skipped."""
+
+    command: ClassVar[str] = "set_cleaner_checkpoints"
+    compactor: CompactorIdentity
+    checkpoints: list[CleanerCheckpoint] = Field(min_length=1, max_length=MAX_CLEANER_CHECKPOINTS)
+
+
+class SetCleanerCheckpointsResponse(BaseModel):
+    recorded: list[int]  # stream ids
+    skipped: list[int]  # stream ids that no longer exist
+
+
 class _CommitterFields(_Request):
     """Who prepares or commits objects: a broker (node_id, node_epoch) or a compaction
     principal (`compactor`), exactly one of them."""
@@ -469,6 +495,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
         AllocateProducerIdsRequest,
         PutGroupOffsetsRequest,
         RegisterCompactorRequest,
+        SetCleanerCheckpointsRequest,
     )
 }
 

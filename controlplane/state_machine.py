@@ -106,6 +106,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "allocate_producer_ids": (_allocate_producer_ids, False),
     "put_group_offsets": (coordinators.put_group_offsets, False),
     "register_compactor": (compactors.register_compactor, False),
+    "set_cleaner_checkpoints": (compactors.set_cleaner_checkpoints, False),
 }
 _HANDLERS.update(
     {  # the self-balancer (controlplane/balancer.py)

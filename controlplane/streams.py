@@ -139,7 +139,11 @@ def trim_stream(image: MetadataImage, req: TrimStreamRequest, now_ms: int):
         )
     if req.new_start_offset == stream.start_offset:
         return [], {}
-    recs: list = [r.TrimStreamRecord(stream_id=stream.stream_id, start_offset=req.new_start_offset)]
+    recs: list = [
+        r.TrimStreamRecord(
+            stream_id=stream.stream_id, start_offset=req.new_start_offset, trimmed_ms=now_ms
+        )
+    ]
     recs += _destroy_trimmed_objects(image, {stream.stream_id: req.new_start_offset}, now_ms)
     return recs, {}
 

@@ -45,13 +45,21 @@ from controlplane.image import MetadataImage
 from controlplane.records import ObjectState
 from controlplane.requests import (
     MAX_OBJECTS_PER_PREPARE,
+    CleanerCheckpoint,
     CommitStreamSetObjectRequest,
     CompactorIdentity,
     PrepareObjectsRequest,
     RegisterCompactorRequest,
+    SetCleanerCheckpointsRequest,
 )
 from spark_jobs import objects_io
-from spark_jobs.compact_topics import compacted_streams, select_clean_tasks
+from spark_jobs.compact_topics import (
+    CleanSource,
+    CleanTask,
+    compacted_streams,
+    first_batch_max_timestamp,
+    select_clean_tasks,
+)
 from spark_jobs.log_cleaner import DEFAULT_MAX_MAP_ENTRIES
 from spark_jobs.plan import (
     CompactionPlan,
@@ -304,19 +312,38 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     paused = paused_reason(image)
     if paused:
         return finish(f"paused: {paused}")
+    now_ms = int(time.time() * 1000)
+
+    def first_dirty_timestamp_ms(task: CleanTask, source: CleanSource) -> int | None:
+        if source.bucket_id not in config.buckets:
+            return None
+        return first_batch_max_timestamp(task, source, config.buckets[source.bucket_id])
+
+    skipped: list[CleanTask] = []
     tasks = select_clean_tasks(
-        image, config.max_run_bytes, min(config.max_objects_per_run, MAX_OBJECTS_PER_PREPARE)
+        image,
+        config.max_run_bytes,
+        min(config.max_objects_per_run, MAX_OBJECTS_PER_PREPARE),
+        now_ms,
+        first_dirty_timestamp_ms,
+        skipped,
     )
+    out["skipped_partitions"] = [
+        {"topic": t.topic, "partition": t.partition, "reason": t.decision.reason}
+        for t in skipped
+        if t.decision is not None
+    ]
     out["partitions"] = len(tasks)
     out["objects_considered"] = sum(len(t.sources) for t in tasks)
     emit({"event": "clean_plan", "partitions": len(tasks), "objects": out["objects_considered"]})
     if not tasks:
+        if skipped:
+            return finish("no compacted partition is due (min.cleanable.dirty.ratio)")
         return finish("no compacted partition has data in stream objects")
     missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
     if missing:
         return finish(f"buckets {sorted(missing)} are not configured for the job")
     buckets = dict(config.buckets)
-    now_ms = int(time.time() * 1000)
     max_keys = config.cleaner_max_keys
     sc = spark.get()
     surveys = (
@@ -335,23 +362,34 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
                 "keys",
                 "removable_records",
                 "stopped",
+                "cleaned_offset",
             )
         }
-        for s in surveys
+        | {"reason": t.decision.reason if t.decision else ""}
+        for s, t in zip(surveys, tasks, strict=True)
     ]
     rewrite = {s["stream_id"]: s["rewrite"] for s in surveys if s["rewrite"]}
     count = sum(len(ids) for ids in rewrite.values())
     emit({"event": "clean_survey", "partitions": len(rewrite), "objects": count})
-    if not rewrite:
-        return finish("nothing to remove")
+    previous = {t.stream_id: t.cleaned_offset for t in tasks}
+    checkpoints = [
+        CleanerCheckpoint(stream_id=s["stream_id"], cleaned_offset=s["cleaned_offset"])
+        for s in surveys
+        if s["cleaned_offset"] > previous[s["stream_id"]] or s["rewrite"]
+    ]
     if dry_run:
         return finish("dry run: nothing changed")
+    if not rewrite and not checkpoints:
+        return finish("nothing to remove")
     ident = CompactorIdentity(
         name=config.compactor_name,
         epoch=client.register_compactor(
             RegisterCompactorRequest(name=config.compactor_name, incarnation_id=uuid.uuid4().hex)
         ).epoch,
     )
+    if not rewrite:
+        _record_checkpoints(client, ident, checkpoints, out)
+        return finish("nothing to remove")
     prepared = client.prepare_objects(
         PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=COMPACTION_PREPARED_TTL_MS)
     )
@@ -390,7 +428,25 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
             return finish(f"commit refused ({exc.code.value}): {exc.message}")
     out["committed"] = True
     out["rewritten_objects"] = len(new)
+    _record_checkpoints(client, ident, checkpoints, out)
     return finish()
+
+
+def _record_checkpoints(
+    client: ControllerClient,
+    ident: CompactorIdentity,
+    checkpoints: list[CleanerCheckpoint],
+    out: dict,
+) -> None:
+    """Record the run's cleaner checkpoints (after its commit: a refused commit records
+    none). A failure is reported, not raised: the next run maps those objects again."""
+    out["checkpoints"] = {c.stream_id: c.cleaned_offset for c in checkpoints}
+    try:
+        client.set_cleaner_checkpoints(
+            SetCleanerCheckpointsRequest(compactor=ident, checkpoints=checkpoints)
+        )
+    except ControllerError as exc:
+        out["checkpoint_error"] = f"{exc.code.value}: {exc.message}"
 
 
 def cleaner_commit_request(

@@ -7,16 +7,25 @@ every partition of a compacted topic out of stream-set objects into stream objec
 object of one stream, replaced 1:1 by an object holding the same offset range — no other
 stream's data is touched, and no stream-set object shared with other streams is rewritten.
 
+Which partitions a run cleans (`select_clean_tasks`, policy in `cleaner_policy`): the
+partition's cleaner checkpoint (`cleaned_offset` in the metadata, recorded by the driver
+after each run) splits its objects into clean and dirty ones; it is cleaned when the dirty
+ratio is above `min.cleanable.dirty.ratio`, or some dirty data is older than
+`max.compaction.lag.ms`.
+
 One Spark task per partition (stream), `clean_stream`:
 
 * the cleanable range is the stream's committed stream objects from its start, in offset
   order, while contiguous — only committed objects, never data still in a broker's WAL (the
-  active head) — and up to the first object holding a batch newer than
+  active head) — and up to the first dirty object holding a batch newer than
   `min.compaction.lag.ms`;
-* pass 1 reads them and builds the key -> latest offset map (`log_cleaner.OffsetMap`,
-  at most `max_keys` keys per partition per run: the range stops at the object where the
-  map fills; the rest is cleaned by a later run);
-* pass 2 reads them again and rewrites every batch (`log_cleaner.clean_stream_batch`).
+* pass 1 reads the dirty objects of the range and builds the key -> latest offset map
+  (`log_cleaner.OffsetMap`, at most `max_keys` keys per partition per run: the range stops
+  at the object where the map fills; the rest is cleaned by a later run); the clean
+  objects are not mapped (each of their keys is there once already), as in Kafka;
+* pass 2 reads every object of the range (clean ones too: a newer dirty record, or an
+  expired tombstone, removes records from them) and rewrites every batch
+  (`log_cleaner.clean_stream_batch`).
 
 It runs as two Spark stages: `survey_stream` (passes 1 and 2 without writing) says which
 objects lose records; the driver prepares object ids for exactly those (a run with nothing
@@ -27,16 +36,15 @@ unused PREPARED ids in the metadata on every scheduled run.
 
 The driver commits every rewritten object in ONE `commit_stream_set_object` with
 `compacted_object_ids` (the controller's `check_compaction` checks the new objects hold
-exactly the live offsets of the old ones and refuses a run that lost a race whole).
-
-Not done yet (documented in docs/operations.md): `min.cleanable.dirty.ratio` and
-`max.compaction.lag.ms` (every run cleans every compacted partition whose objects have
-something to remove), and the stored "last cleaned offset" (each run maps the whole range).
+exactly the live offsets of the old ones and refuses a run that lost a race whole), then
+records each cleaned partition's new checkpoint (`survey_stream`'s `cleaned_offset`: the
+end of its range) with `set_cleaner_checkpoints`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane import topic_configs
@@ -45,6 +53,7 @@ from controlplane.image import MetadataImage
 from controlplane.records import ObjectState
 from dataplane.s3stream.object_format import ObjectWriter, decode_block, parse_object
 from spark_jobs import objects_io
+from spark_jobs.cleaner_policy import CleanDecision, decide
 from spark_jobs.log_cleaner import (
     DEFAULT_MAX_MAP_ENTRIES,
     OffsetMap,
@@ -79,6 +88,9 @@ class CleanTask:
     delete_retention_ms: int
     min_compaction_lag_ms: int
     sources: list[CleanSource] = field(default_factory=list)
+    # the cleaner checkpoint: objects ending at or below it are clean (not mapped again)
+    cleaned_offset: int = 0
+    decision: CleanDecision | None = None
     # source object id -> the id its rewrite gets (prepared by the driver after the survey)
     new_object_ids: dict[int, int] = field(default_factory=dict)
 
@@ -98,11 +110,27 @@ def compacted_streams(image: MetadataImage) -> dict[int, tuple[str, int, dict[st
     return found
 
 
+FirstDirtyTimestamp = Callable[[CleanTask, CleanSource], int | None]
+
+
+def _no_timestamp(task: CleanTask, source: CleanSource) -> int | None:
+    return None
+
+
 def select_clean_tasks(
-    image: MetadataImage, max_run_bytes: int, max_objects: int
+    image: MetadataImage,
+    max_run_bytes: int,
+    max_objects: int,
+    now_ms: int | None = None,
+    first_dirty_timestamp_ms: FirstDirtyTimestamp = _no_timestamp,
+    skipped: list[CleanTask] | None = None,
 ) -> list[CleanTask]:
-    """Per compacted partition, its contiguous committed stream objects from the stream's
-    start (pure); at most `max_objects` objects and about `max_run_bytes` in the run."""
+    """The compacted partitions to clean now, each with its contiguous committed stream
+    objects from the stream's start (pure but for `first_dirty_timestamp_ms`, called only
+    when `max.compaction.lag.ms` can decide, see `cleaner_policy`); at most `max_objects`
+    objects and about `max_run_bytes` in the run. Partitions the policy skips are appended
+    to `skipped` (with their `decision`)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     by_stream: dict[int, list] = {}
     for so in image.stream_objects.values():
         meta = image.objects.get(so.object_id)
@@ -122,6 +150,7 @@ def select_clean_tasks(
             stream.start_offset,
             topic_configs.effective_int(configs, "delete.retention.ms"),
             topic_configs.effective_int(configs, "min.compaction.lag.ms"),
+            cleaned_offset=stream.cleaned_offset,
         )
         expected = None
         for so, meta in sorted(by_stream[stream_id], key=lambda x: x[0].start_offset):
@@ -129,21 +158,56 @@ def select_clean_tasks(
                 continue  # wholly trimmed: the object compaction destroys it
             if expected is not None and so.start_offset != expected:
                 break  # a gap (that data is still in a stream-set object): stop here
-            if total_objects >= max_objects or (
-                total_bytes and total_bytes + meta.size_bytes > max_run_bytes
-            ):
-                break
             task.sources.append(
                 CleanSource(
                     so.object_id, meta.bucket_id, meta.size_bytes, so.start_offset, so.end_offset
                 )
             )
-            total_bytes += meta.size_bytes
-            total_objects += 1
             expected = so.end_offset
+        if not task.sources:
+            continue
+        dirty = [s for s in task.sources if s.end_offset > task.cleaned_offset]
+        task.decision = decide(
+            sum(s.size_bytes for s in task.sources) - sum(s.size_bytes for s in dirty),
+            sum(s.size_bytes for s in dirty),
+            float(topic_configs.effective(configs, "min.cleanable.dirty.ratio")),
+            topic_configs.effective_int(configs, "max.compaction.lag.ms"),
+            now_ms,
+            lambda task=task, dirty=dirty: first_dirty_timestamp_ms(task, dirty[0]),
+        )
+        if not task.decision.clean:
+            if skipped is not None:
+                skipped.append(task)
+            continue
+        within: list[CleanSource] = []
+        for source in task.sources:
+            if total_objects >= max_objects or (
+                total_bytes and total_bytes + source.size_bytes > max_run_bytes
+            ):
+                break
+            within.append(source)
+            total_bytes += source.size_bytes
+            total_objects += 1
+        task.sources = within
         if task.sources:
             tasks.append(task)
     return tasks
+
+
+def first_batch_max_timestamp(task: CleanTask, source: CleanSource, bucket_uri: str) -> int | None:
+    """The max timestamp of the stream's first batch in `source` (Kafka's "first batch
+    timestamp" of a segment): the object's index, then its first block (two ranged GETs)."""
+    entries = objects_io.read_index(bucket_uri, source.object_id, source.size_bytes)
+    for entry in sorted(entries, key=lambda e: e.position):
+        if entry.stream_id != task.stream_id:
+            continue
+        block = objects_io.get_range(
+            bucket_uri, source.object_id, entry.position, entry.end_position
+        )
+        for batch in decode_block(memoryview(block), entry):
+            if batch.stream_id == task.stream_id:
+                return max_timestamp(batch)
+    return None
 
 
 def _batches(bucket_uri: str, source: CleanSource):
@@ -165,6 +229,9 @@ def _offset_map(
     cleanable: list[CleanSource] = []
     bytes_read = 0
     for source in task.sources:
+        if source.end_offset <= task.cleaned_offset:
+            cleanable.append(source)  # clean: its keys are there once already, not mapped
+            continue
         batches = [
             b for b in _batches(buckets[source.bucket_id], source) if b.stream_id == task.stream_id
         ]
@@ -220,6 +287,11 @@ def survey_stream(
         "keys": len(offsets),
         "removable_records": removable,
         "stopped": stopped,
+        # the new checkpoint: the end of the range mapped in this run
+        "cleaned_offset": max(
+            [task.cleaned_offset]
+            + [s.end_offset for s in cleanable if s.end_offset > task.cleaned_offset]
+        ),
         "bytes_read": bytes_read,
         "task_s": time.monotonic() - started,
     }

@@ -181,3 +181,57 @@ def test_young_data_is_not_cleaned(controller, monkeypatch):
         assert survey["rewrite"] == [] and survey["stopped"] == "min.compaction.lag.ms"
         assert survey["cleanable_objects"] == 1
         objects_io._clients.clear()
+
+
+def test_checkpoint_dirty_ratio_and_max_compaction_lag_choose_partitions(controller, monkeypatch):
+    from controlplane.requests import CleanerCheckpoint, SetCleanerCheckpointsRequest
+    from spark_jobs.compact_topics import first_batch_max_timestamp
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        objects_io._clients.clear()
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
+        cl = Cluster(controller, s3=True)
+        sid = cl.stream()
+        now_ms = 10 * DAY_MS
+        first = kafka_so(cl, sid, [[(b"a", b"1"), (b"b", b"1")]], now_ms - DAY_MS)
+        for key in (b"c", b"d", b"e"):
+            kafka_so(cl, sid, [[(key, b"1")]], now_ms - DAY_MS)
+        mark_topic(cl, sid, "t", {"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"})
+        job = controller.register_compactor(RegisterCompactorRequest(name="t", incarnation_id="x"))
+        ident = CompactorIdentity(name="t", epoch=job.epoch)
+        read_ts = []
+
+        def first_dirty(task, source):
+            read_ts.append(source.object_id)
+            return first_batch_max_timestamp(task, source, BUCKET_URI)
+
+        def select(at_ms: int, skipped: list | None = None):
+            image = controller.machine.image
+            return select_clean_tasks(image, 1 << 30, 100, at_ms, first_dirty, skipped)
+
+        (task,) = select(now_ms)  # never cleaned: everything is dirty
+        survey = survey_stream(task, {0: BUCKET_URI}, now_ms)
+        assert survey["rewrite"] == [] and survey["cleaned_offset"] == 5 and survey["keys"] == 5
+        controller.set_cleaner_checkpoints(
+            SetCleanerCheckpointsRequest(
+                compactor=ident, checkpoints=[CleanerCheckpoint(stream_id=sid, cleaned_offset=5)]
+            )
+        )
+        skipped: list = []
+        assert select(now_ms, skipped) == [] and "no dirty data" in skipped[0].decision.reason
+        # one small new object: a dirty ratio far below 0.5, its data younger than the lag
+        newer = kafka_so(cl, sid, [[(b"a", b"2")]], now_ms - 1_000)
+        skipped = []
+        assert select(now_ms, skipped) == []
+        assert skipped[0].decision.dirty_ratio < 0.5 and read_ts == [newer]
+        # a minute later the dirty data is older than max.compaction.lag.ms: cleaned
+        later_ms = now_ms + 60_000
+        (task,) = select(later_ms)
+        assert "max.compaction.lag.ms" in task.decision.reason
+        survey = survey_stream(task, {0: BUCKET_URI}, later_ms)
+        # only the dirty object is mapped; the clean one holding a@0 loses it
+        assert survey["keys"] == 1 and survey["rewrite"] == [first]
+        assert survey["removable_records"] == 1 and survey["cleaned_offset"] == 6
+        objects_io._clients.clear()

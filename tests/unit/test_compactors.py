@@ -336,3 +336,35 @@ def test_a_compaction_refused_after_a_trim_or_delete(controller):
     )
     err = unchanged(controller, lambda: controller.commit_stream_set_object(planned))
     assert err.code == ErrorCode.UNKNOWN_STREAM
+
+
+def test_cleaner_checkpoints_are_recorded_by_the_current_epoch_only(controller):
+    from controlplane.requests import CleanerCheckpoint, SetCleanerCheckpointsRequest
+
+    node = {"node_id": 1, "node_epoch": controller.machine.image.brokers[1].node_epoch}
+    sid = controller.call("create_stream", node)["stream_id"]
+    controller.call("open_stream", {**node, "stream_id": sid, "stream_epoch": 0})
+    job = controller.register_compactor(RegisterCompactorRequest(name="s", incarnation_id="a"))
+    ident = CompactorIdentity(name="s", epoch=job.epoch)
+
+    def req(*cps: tuple[int, int], who: CompactorIdentity = ident):
+        return SetCleanerCheckpointsRequest(
+            compactor=who,
+            checkpoints=[CleanerCheckpoint(stream_id=s, cleaned_offset=o) for s, o in cps],
+        )
+
+    # past the committed end (nothing is committed yet), a repeated stream, a fenced epoch
+    err = unchanged(controller, lambda: controller.set_cleaner_checkpoints(req((sid, 1))))
+    assert err.code == ErrorCode.INVALID_OFFSET
+    err = unchanged(controller, lambda: controller.set_cleaner_checkpoints(req((sid, 0), (sid, 0))))
+    assert err.code == ErrorCode.INVALID_REQUEST
+    controller.register_compactor(RegisterCompactorRequest(name="s", incarnation_id="b"))
+    err = unchanged(controller, lambda: controller.set_cleaner_checkpoints(req((sid, 0))))
+    assert err.code == ErrorCode.STALE_COMPACTOR_EPOCH
+    ident = CompactorIdentity(name="s", epoch=job.epoch + 1)
+    with pytest.raises(ValueError):
+        req((-1, 0))
+    out = controller.set_cleaner_checkpoints(req((sid, 0), (sid + 99, 5), who=ident))
+    assert out.recorded == [sid] and out.skipped == [sid + 99]  # a deleted stream: skipped
+    stream = controller.machine.image.streams[sid]
+    assert stream.cleaned_offset == 0 and stream.cleaned_ms > 0
