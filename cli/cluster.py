@@ -71,6 +71,7 @@ _UP_FLAGS = (
     "sasl",
     "tls",
     "retention_check_interval_s",
+    "object_delete_delay_s",
     "wal",
 )
 
@@ -134,6 +135,14 @@ def up(
         max=86400,
         help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
     ),
+    object_delete_delay_s: float | None = typer.Option(
+        None,
+        min=0,
+        max=86400,
+        help="how long objects no longer needed (trimmed, compacted) stay in their bucket "
+        "before the controller deletes them, so readers that located them can finish "
+        "(default 60 s)",
+    ),
     wal: WALKind = typer.Option(
         WALKind.file,
         "--wal",
@@ -194,6 +203,7 @@ def up(
                 sasl=sasl,
                 tls=tls,
                 retention_check_interval_s=retention_check_interval_s,
+                object_delete_delay_s=object_delete_delay_s,
                 wal=wal.value,
             )
             created = True

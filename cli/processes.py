@@ -426,6 +426,7 @@ class LocalCluster:
         tls: bool = False,
         retention_check_interval_s: float | None = None,
         wal: Literal["file", "s3"] = "file",
+        object_delete_delay_s: float | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets."""
         if brokers < 1 or controllers < 1:
@@ -493,6 +494,8 @@ class LocalCluster:
         settings = ControllerSettings(
             bucket_ids=[b.bucket_id for b in buckets], broker_session_timeout_ms=session_timeout_ms
         )
+        if object_delete_delay_s is not None:
+            settings.object_destroy_retention_ms = round(object_delete_delay_s * 1000)
         config = ClusterConfig(
             host=host,
             controllers=ctrl,
@@ -929,6 +932,7 @@ def flag_differences(
     tls: bool | None = None,
     retention_check_interval_s: float | None = None,
     wal: str | None = None,
+    object_delete_delay_s: float | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -995,6 +999,13 @@ def flag_differences(
             out.append(
                 f"--retention-check-interval-s {retention_check_interval_s:g} "
                 f"(the cluster has {have_s:g})"
+            )
+    if object_delete_delay_s is not None:
+        have_ms = config.settings.object_destroy_retention_ms
+        if round(object_delete_delay_s * 1000) != have_ms:
+            out.append(
+                f"--object-delete-delay-s {object_delete_delay_s:g} "
+                f"(the cluster has {have_ms / 1000:g})"
             )
     if wal is not None and wal != config.broker_wal:
         out.append(f"--wal {wal} (the cluster has {config.broker_wal})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -29,6 +30,12 @@ DirOption = typer.Option(
     help="local cluster directory, used when --bootstrap-server is absent",
 )
 FormatOption = typer.Option(OutputFormat.table, "--format")
+ControllersOption = typer.Option(
+    None,
+    "--controllers",
+    help="controller API addresses host:port,... (default: the local cluster's), for the "
+    "last retention/compaction times",
+)
 ADMIN_TIMEOUT_S = 30.0
 MAX_CONFIG_ARGS = 1_000
 
@@ -124,6 +131,46 @@ def _add_partition_storage(bootstrap: str, topic: dict, dir: Path) -> None:
         err_console.print(f"partition offsets unavailable: {client_error_text(exc)}")
     finally:
         admin.close()
+
+
+def _add_cleaning_times(topic: dict, dir: Path, controllers: str | None) -> None:
+    """Each partition's last retention time (the last time its log start offset advanced:
+    time/size retention or DeleteRecords), last log-cleaner run and cleaner checkpoint,
+    from the controller's metadata (epoch ms; -1: never, or no controller reachable)."""
+    from cli.reassign import _client
+    from controlplane.client import ControllerUnavailableError
+    from controlplane.errors import ControllerError
+    from controlplane.image import MetadataImage
+
+    for p in topic["partitions"]:
+        p.update(last_retention_ms=-1, last_compaction_ms=-1, cleaned_offset=-1)
+    if not controllers:
+        try:
+            LocalCluster(dir).load()
+        except ClusterError:
+            err_console.print("last retention/compaction times need --controllers host:port,...")
+            return
+    try:
+        image = MetadataImage.model_validate(_client(dir, controllers).image())
+    except (ControllerUnavailableError, ControllerError) as exc:
+        err_console.print(f"last retention/compaction times unavailable: {exc}")
+        return
+    found = next((t for t in image.topics.values() if t.name == topic["name"]), None)
+    for p in topic["partitions"]:
+        part = found.partitions.get(p["partition"]) if found else None
+        stream = image.streams.get(part.stream_id) if part else None
+        if stream is not None:
+            p.update(
+                last_retention_ms=stream.trimmed_ms or -1,
+                last_compaction_ms=stream.cleaned_ms or -1,
+                cleaned_offset=stream.cleaned_offset if stream.cleaned_ms else -1,
+            )
+
+
+def _when(epoch_ms: int) -> str:
+    if epoch_ms < 0:
+        return "-"
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _parse_configs(items: list[str]) -> dict[str, str]:
@@ -240,9 +287,11 @@ def describe(
     bootstrap_server: str | None = BootstrapOption,
     dir: Path = DirOption,
     format: OutputFormat = FormatOption,
+    controllers: str | None = ControllersOption,
 ) -> None:
-    """Partitions of a topic with their leaders, and its configs (the table shows the ones
-    set on the topic; --format json lists every config with its value in force)."""
+    """Partitions of a topic with their leaders, offsets, object-store bytes and last
+    retention/compaction times (UTC), and its configs (the table shows the ones set on
+    the topic; --format json lists every config with its value in force)."""
     bootstrap = _bootstrap(bootstrap_server, dir)
     admin = _admin(bootstrap, dir)
     try:
@@ -255,10 +304,20 @@ def describe(
         fail(f"topic {name!r} does not exist (error {topic['error_code']})")
     topic["configs"] = _topic_configs(bootstrap, name, dir)
     _add_partition_storage(bootstrap, topic, dir)
+    _add_cleaning_times(topic, dir, controllers)
     if print_data(topic, format):
         return
     table = Table(title=f"topic {name} ({topic['topic_id']})")
-    for col in ("partition", "leader", "leader epoch", "log start", "end", "object-store bytes"):
+    for col in (
+        "partition",
+        "leader",
+        "leader epoch",
+        "log start",
+        "end",
+        "object-store bytes",
+        "last retention",
+        "last compaction",
+    ):
         table.add_column(col)
     for p in topic["partitions"]:
         table.add_row(
@@ -272,7 +331,9 @@ def describe(
                     "end_offset",
                     "object_store_bytes",
                 )
-            )
+            ),
+            _when(p["last_retention_ms"]),
+            _when(p["last_compaction_ms"]),
         )
     console.print(table)
     overrides = {k: c for k, c in topic["configs"].items() if c["set_on_topic"]}

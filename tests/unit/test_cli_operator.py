@@ -152,9 +152,13 @@ def test_1_flags_equal_to_the_config_are_no_difference(tmp_path):
             session_timeout_ms=6000,
             wal_capacity_mib=512,
             upload_interval_s=5.0,
+            object_delete_delay_s=60,
         )
         == []
     )
+    assert flag_differences(config, object_delete_delay_s=1.5) == [
+        "--object-delete-delay-s 1.5 (the cluster has 60)"
+    ]
     assert flag_differences(config, base_port=21001) == [
         "--base-port 21001 (the cluster's ports start at 21000)"
     ]
