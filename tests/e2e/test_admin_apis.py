@@ -1,10 +1,14 @@
 """Admin APIs that stock Kafka tools call, from kafka-python's KafkaAdminClient and
 confluent-kafka on a real cluster: DescribeLogDirs reports object-store bytes per partition,
 AlterPartitionReassignments moves a partition (and refuses what cannot be),
-ListPartitionReassignments, OffsetDelete, DeleteRecords; and time retention."""
+ListPartitionReassignments, OffsetDelete, DeleteRecords; time retention (the objects that
+held only old data are deleted from the bucket) and size retention under steady produce;
+`automqctl topic describe`."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 
@@ -25,6 +29,9 @@ from kafka.errors import (  # noqa: E402
 )
 from kafka.structs import OffsetAndMetadata  # noqa: E402
 
+from cli.processes import LocalCluster  # noqa: E402
+from controlplane.client import ControllerClient  # noqa: E402
+from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
 
 
@@ -39,6 +46,8 @@ def cluster(tmp_path_factory):
         "64",
         "--retention-check-interval-s",
         "1",
+        "--object-delete-delay-s",
+        "2",
     ) as status:
         yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
@@ -209,11 +218,51 @@ def test_delete_records_from_confluent_and_kafka_python(cluster, admin):
     assert first_offset_read(bootstrap, topic) == 25
 
 
+def _image(cluster) -> dict:
+    config = LocalCluster(cluster["dir"]).load()
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
+    raw = client.leader_get("/v1/image")
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def _stream(image: dict, topic: str) -> dict:
+    t = next(t for t in image["topics"].values() if t["name"] == topic)
+    return image["streams"][str(t["partitions"]["0"]["stream_id"])]
+
+
+def _bucket_keys(cluster) -> set[str]:
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    bucket = LocalCluster(cluster["dir"]).load().buckets[0]
+    uri = BucketURI.parse(bucket.uri)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=uri.endpoint,
+        aws_access_key_id=bucket.access_key,
+        aws_secret_access_key=bucket.secret_key,
+        config=BotoConfig(region_name=uri.region, s3={"addressing_style": "path"}),
+    )
+    keys: set[str] = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket):
+        keys |= {o["Key"] for o in page.get("Contents", [])}
+    return keys
+
+
 def test_time_retention_moves_the_earliest_offset_past_old_records(cluster, admin):
     bootstrap = cluster["bootstrap"]
     topic = f"ret-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, topic, 1, configs={"retention.ms": "3000"})
     produce(bootstrap, topic, 100)
+    # the objects that hold the old records, once they are all uploaded (before 3 s pass)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stream = _stream(_image(cluster), topic)
+        if stream["ranges"] and stream["ranges"][-1]["end_offset"] >= 100:
+            break
+        time.sleep(0.2)
+    old_objects = {r["object_id"] for r in stream["object_ranges"]}
+    assert old_objects and all(object_key(o) in _bucket_keys(cluster) for o in old_objects)
     deadline = time.monotonic() + 60
     low = 0
     while time.monotonic() < deadline and low < 100:
@@ -222,6 +271,75 @@ def test_time_retention_moves_the_earliest_offset_past_old_records(cluster, admi
     assert low == 100  # every record is older than 3 s, uploaded and removed
     produce(bootstrap, topic, 5)
     assert first_offset_read(bootstrap, topic) == 100
+    # objects no other stream still needs are destroyed and deleted from the bucket after
+    # the delay (2 s here); one holding another stream's live data stays
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        image = _image(cluster)
+        kept = {
+            o for o in old_objects if image["objects"].get(str(o), {}).get("state") == "committed"
+        }
+        gone = old_objects - kept
+        if gone and not {object_key(o) for o in gone} & _bucket_keys(cluster):
+            break
+        time.sleep(0.5)
+    assert gone, "no object of the old records was destroyed"
+    assert not {object_key(o) for o in gone} & _bucket_keys(cluster)
+    for o in kept:  # only a stream-set object shared with a stream whose data is live
+        sso = image["stream_set_objects"][str(o)]
+        assert any(
+            r["end_offset"] > image["streams"][str(r["stream_id"])]["start_offset"]
+            for r in sso["ranges"]
+            if str(r["stream_id"]) in image["streams"]
+        )
+
+
+def test_size_retention_keeps_retained_bytes_near_the_limit_under_steady_produce(cluster, admin):
+    bootstrap = cluster["bootstrap"]
+    topic = f"retb-{uuid.uuid4().hex[:6]}"
+    limit = 50_000
+    create_topic(bootstrap, topic, 1, configs={"retention.bytes": str(limit)})
+    stop = threading.Event()
+    sent = [0]
+
+    def steady() -> None:  # ~60 KB/s of 1 KB records for 10 s
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < 10:
+            for _ in range(6):
+                producer.produce(topic, value=b"r" * 1000)
+                sent[0] += 1
+            producer.poll(0)
+            time.sleep(0.1)
+        assert producer.flush(30) == 0
+
+    thread = threading.Thread(target=steady, daemon=True)
+    thread.start()
+    samples: list[int] = []
+    try:
+        time.sleep(4)  # a few uploads and checks in
+        while thread.is_alive():
+            sizes = [
+                p["partition_size"]
+                for broker in admin.describe_log_dirs(topic_partitions=[topic])
+                for d in broker["log_dirs"]
+                for t in d["topics"]
+                for p in t["partitions"]
+            ]
+            samples += sizes
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(60)
+    produced = sent[0] * 1000
+    # without retention the object store would hold everything produced (~600 KB); with
+    # it the partition keeps the limit plus what arrives between checks (1 s upload, 1 s
+    # check: about two uploads of ~60 KB) and the piece that straddles the limit
+    assert produced > 500_000 and len(samples) >= 5, (produced, samples)
+    assert max(samples) <= limit + 200_000, samples
+    low, high = watermarks(bootstrap, topic)
+    assert high == sent[0] and low > sent[0] // 3, (low, high)
+    assert first_offset_read(bootstrap, topic) == low
 
 
 def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
@@ -243,5 +361,11 @@ def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
     assert (parts[1]["log_start_offset"], parts[1]["end_offset"]) == (15, 40)
     # DeleteRecords uploaded the data first: the partition's bytes are in the object store
     assert parts[1]["object_store_bytes"] > 10 * 1000
+    # DeleteRecords moved partition 1's start just now; nothing ever trimmed partition 0,
+    # and the topic is not compacted
+    assert parts[0]["last_retention_ms"] == -1
+    assert abs(parts[1]["last_retention_ms"] / 1000 - time.time()) < 60
+    assert parts[0]["last_compaction_ms"] == parts[1]["last_compaction_ms"] == -1
     table = automqctl("topic", "describe", topic, cluster_dir=cluster["dir"])
     assert table.returncode == 0 and "object-store bytes" in table.stdout
+    assert "last retention" in table.stdout and "last compaction" in table.stdout

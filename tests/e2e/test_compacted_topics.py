@@ -2,7 +2,10 @@
 Kafka clients and a real Spark (`local[2]`): after the compaction job, a consumer from the
 beginning (brokers restarted, so reads come from the rewritten objects) sees exactly the
 latest record of each live key at its original offset; a Kafka Connect-style config topic
-round-trips; `min.compaction.lag.ms` protects young data; a second run rewrites nothing.
+round-trips; `min.compaction.lag.ms` protects young data. A second run (the CLI's job)
+skips the partitions with no data past their cleaner checkpoint, cleans the new versions
+of one topic while consumers read it from the beginning again and again (each sees a
+consistent log), and `automqctl topic describe` shows the last compaction.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 
@@ -195,7 +199,12 @@ def test_compacted_topics_keep_the_latest_record_per_key(cluster, spark):
         bootstrap,
         events,
         1,
-        configs={"cleanup.policy": "compact,delete", "delete.retention.ms": "1000"},
+        configs={
+            "cleanup.policy": "compact,delete",
+            "delete.retention.ms": "1000",
+            # the second run's new versions are a small share of the cleaned log
+            "min.cleanable.dirty.ratio": "0.05",
+        },
     )
     rounds = [
         [(f"k{k}".encode(), f"v{v}-{k}".encode() * 20) for k in range(KEYS)]
@@ -264,22 +273,76 @@ def test_compacted_topics_keep_the_latest_record_per_key(cluster, spark):
         assert [(m.offset, m.key, m.value) for m in consumer] == expected
     finally:
         consumer.close()
-    # `automqctl compaction run` (its own job process): nothing left to remove, nothing written
-    out = automqctl(
-        "compaction",
-        "run",
-        "--master",
-        MASTER,
-        "--format",
-        "json",
-        cluster_dir=cluster["dir"],
-        timeout_s=240,
+    # new versions of k0..k7: data past the cleaner checkpoint of `events` only
+    newer = _produce(
+        bootstrap,
+        events,
+        [[(f"k{k}".encode(), f"w{v}-{k}".encode() * 20) for k in range(8)] for v in range(3)],
+        **{"compression.type": "lz4"},
     )
+    _wait_in_objects(cluster, events, newer[-1][0] + 1)
+    all_acked = sorted(events_acked + newer)
+    expected = sorted(
+        (offset, key, value)
+        for key, (offset, value) in _latest(all_acked).items()
+        if value is not None
+    )
+    # `automqctl compaction run` (its own job process) while consumers read `events` from
+    # the beginning, again and again: the commit swaps the objects under them
+    passes: list[list[tuple[int, bytes, bytes | None]]] = []
+    errors: list[BaseException] = []
+    job_done = threading.Event()
+
+    def read_while_cleaning() -> None:
+        try:
+            while not job_done.is_set() and len(passes) < 200:
+                passes.append(_consume_all(bootstrap, events))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    reader = threading.Thread(target=read_while_cleaning, daemon=True)
+    reader.start()
+    try:
+        out = automqctl(
+            "compaction",
+            "run",
+            "--master",
+            MASTER,
+            "--format",
+            "json",
+            cluster_dir=cluster["dir"],
+            timeout_s=240,
+        )
+    finally:
+        job_done.set()
+        reader.join(120)
     assert out.returncode == 0, out.stderr + out.stdout
+    assert not errors, errors
+    acked_set = set(all_acked)
+    for seen in passes:  # a consistent log in every pass
+        offsets = [o for o, _, _ in seen]
+        assert offsets == sorted(set(offsets))  # strictly increasing
+        assert set(seen) <= acked_set  # only acked records, each at its own offset
+        assert set(expected) <= set(seen)  # every key's latest value
+    assert len(passes) >= 2 and len(passes[0]) > len(expected)  # the first read was dirty
     again = json.loads(out.stdout)["log_cleaner"]
-    assert again["committed"] is False and again["reason"] == "nothing to remove", again
-    assert again["new_object_ids"] == [] and again["partitions"] >= 3
+    assert again["committed"] is True, again
+    by_topic = {p["topic"]: p for p in again["partition_results"]}
+    # the 8 records left by the first run and 16 of the 24 new ones are superseded
+    assert by_topic[events]["removable_records"] == 24, by_topic
+    assert by_topic[events]["cleaned_offset"] == newer[-1][0] + 1
+    skipped = {p["topic"]: p["reason"] for p in again["skipped_partitions"]}
+    assert "no dirty data" in skipped[configs], again  # clean since the first run: not read
+    assert by_topic[young]["removable_records"] == 0
     assert _consume_all(bootstrap, events) == expected
+    described = automqctl(
+        "topic", "describe", events, "--format", "json", cluster_dir=cluster["dir"]
+    )
+    assert described.returncode == 0, described.stderr
+    (part,) = json.loads(described.stdout)["partitions"]
+    assert part["cleaned_offset"] == newer[-1][0] + 1
+    assert abs(part["last_compaction_ms"] / 1000 - time.time()) < 300
+    events_acked = all_acked
     # the log end is unchanged: the next record gets the next offset
     more = _produce(bootstrap, events, [[(b"k0", b"after")]], **{"compression.type": "lz4"})
     assert more[0][0] == events_acked[-1][0] + 1
