@@ -294,6 +294,7 @@ def test_object_lifecycle_prepare_commit_destroy_delete(sm):
     )
     assert sm.image.objects[oid].state == ObjectState.MARK_DESTROYED
     assert sm.image.stream_objects_in_range(sid, 0, 100) == []
+    assert sm.image.streams[sid].trimmed_ms == NOW  # `topic describe`: last retention
     ok(sm.execute("objects_deleted", {"object_ids": [oid]}, NOW))
     assert oid not in sm.image.objects
 

@@ -32,6 +32,10 @@ BAD_VALUES = [
     ("message.timestamp.type", "createtime"),  # case matters in Kafka's ValidString
     ("min.cleanable.dirty.ratio", "1.5"),
     ("min.cleanable.dirty.ratio", "nan"),
+    ("min.cleanable.dirty.ratio", "-0.1"),
+    ("min.cleanable.dirty.ratio", "half"),
+    ("max.compaction.lag.ms", "0"),  # atLeast(1)
+    ("min.compaction.lag.ms", "-1"),
     ("min.insync.replicas", "0"),
     ("segment.bytes", "13"),
     ("segment.ms", "0"),
