@@ -338,7 +338,7 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     emit({"event": "clean_plan", "partitions": len(tasks), "objects": out["objects_considered"]})
     if not tasks:
         if skipped:
-            return finish("no compacted partition is due (min.cleanable.dirty.ratio)")
+            return finish("no compacted partition is due (skipped_partitions says why)")
         return finish("no compacted partition has data in stream objects")
     missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
     if missing:
@@ -441,6 +441,8 @@ def _record_checkpoints(
     """Record the run's cleaner checkpoints (after its commit: a refused commit records
     none). A failure is reported, not raised: the next run maps those objects again."""
     out["checkpoints"] = {c.stream_id: c.cleaned_offset for c in checkpoints}
+    if not checkpoints:
+        return
     try:
         client.set_cleaner_checkpoints(
             SetCleanerCheckpointsRequest(compactor=ident, checkpoints=checkpoints)
