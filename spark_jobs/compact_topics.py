@@ -30,9 +30,9 @@ One Spark task per partition (stream), `clean_stream`:
 It runs as two Spark stages: `survey_stream` (passes 1 and 2 without writing) says which
 objects lose records; the driver prepares object ids for exactly those (a run with nothing
 to remove prepares and writes nothing); `clean_stream` (passes 1 and 2 again, deterministic
-for the same `now_ms`) rewrites them and PUTs them under the prepared ids. So an object
-that needs a rewrite is read four times, a clean one twice: cheap next to never leaving
-unused PREPARED ids in the metadata on every scheduled run.
+for the same `now_ms`) rewrites them and PUTs them under the prepared ids. So a dirty
+object is read three times (four when rewritten), a clean one once (twice when rewritten):
+cheap next to never leaving unused PREPARED ids in the metadata on every scheduled run.
 
 The driver commits every rewritten object in ONE `commit_stream_set_object` with
 `compacted_object_ids` (the controller's `check_compaction` checks the new objects hold
