@@ -93,7 +93,9 @@ def _print_result(result: dict) -> None:
     for key, value in (result.get("plan") or {}).items():
         table.add_row(f"plan.{key}", str(value))
     for key, value in (result.get("log_cleaner") or {}).items():
-        if key not in ("partition_results", "new_object_ids"):
+        if key in ("skipped_partitions", "checkpoints"):  # per partition: --format json
+            table.add_row(f"log_cleaner.{key}", str(len(value)))
+        elif key not in ("partition_results", "new_object_ids"):
             table.add_row(f"log_cleaner.{key}", str(value))
     console.print(table)
 
