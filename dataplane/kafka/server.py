@@ -524,6 +524,16 @@ class KafkaServer:
         task.add_done_callback(done)
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (a dependency on Linux): its socket reads and
+    callbacks run in C, which leaves the GIL to request handling; asyncio's own otherwise."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class KafkaServerThread:
     """A `KafkaServer` running in its own event-loop thread (the broker process is threaded).
 
@@ -570,7 +580,7 @@ class KafkaServerThread:
             raise RuntimeError(f"Kafka server failed to start: {self._error}") from self._error
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
