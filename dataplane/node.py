@@ -44,7 +44,7 @@ from controlplane.requests import (
 )
 from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
-from dataplane.runtime import install_gc_pause_metric
+from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric
 from dataplane.s3stream.wal.factory import wal_uri_for_path
 
 log = logging.getLogger("dataplane.node")
@@ -637,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     node.start()
+    freeze_startup_heap()
     while not stop.wait(0.2):
         if node.restart_requested.is_set():
             # our WAL was taken over: nothing of this process may write any more; a new
