@@ -77,7 +77,7 @@ class _FinalFrame:
 
     __slots__ = ("frame",)
 
-    def __init__(self, frame: bytes | None):
+    def __init__(self, frame: bytes | list | None):
         self.frame = frame
 
 
@@ -301,7 +301,7 @@ class _Connection:
         ctx: RequestContext,
         registration: Registration,
         previous: asyncio.Task[bytes | None] | None,
-    ) -> bytes | None:
+    ) -> bytes | list | None:
         if previous is not None and not previous.done():
             await asyncio.wait({previous})
         if self.closing:
@@ -340,7 +340,10 @@ class _Connection:
                 if final:
                     frame = frame.frame
                 if frame is not None:
-                    self.writer.write(frame)
+                    if isinstance(frame, list):  # a response with its record sets not copied
+                        self.writer.writelines(frame)
+                    else:
+                        self.writer.write(frame)
                     try:
                         # A client that stops reading must not pin the connection forever.
                         async with asyncio.timeout(self.server.idle_timeout_s):
