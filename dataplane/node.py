@@ -44,6 +44,7 @@ from controlplane.requests import (
 )
 from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
+from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric
 from dataplane.s3stream.wal.factory import wal_uri_for_path
 
 log = logging.getLogger("dataplane.node")
@@ -630,11 +631,13 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
+    install_gc_pause_metric()
     node = BrokerNode(config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     node.start()
+    freeze_startup_heap()
     while not stop.wait(0.2):
         if node.restart_requested.is_set():
             # our WAL was taken over: nothing of this process may write any more; a new

@@ -62,6 +62,7 @@ from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
+from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
 from dataplane.objectstore import ObjectStoreError
@@ -383,7 +384,10 @@ class KafkaApis:
             for _ in range(1_000_000):
                 woken.clear()
                 image = self.image_fn()
-                total, topics = await self._fetch_once(req, v, image, max_bytes, listening, wake)
+                placeholders = RecordsPlaceholders()
+                total, topics = await self._fetch_once(
+                    req, v, image, max_bytes, listening, wake, placeholders
+                )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
                     break
                 try:
@@ -393,9 +397,12 @@ class KafkaApis:
         finally:
             for plog in listening:
                 plog.remove_listener(wake)
-        return FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
+        response = FetchResponse[v](
+            throttle_time_ms=0, error_code=0, session_id=0, responses=topics
+        )
+        return ResponseWithRecords(response, placeholders)
 
-    async def _fetch_once(self, req, v, image, max_bytes, listening, wake):
+    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders):
         F = FetchResponse.FetchableTopicResponse
         P = F.PartitionData
         Aborted = P.AbortedTransaction
@@ -451,7 +458,9 @@ class KafkaApis:
                         log_start_offset=start,
                         aborted_transactions=aborted,
                         preferred_read_replica=-1,
-                        records=records,
+                        # the record bytes go to the socket as they are, not through
+                        # kafka-python's encoder
+                        records=placeholders.placeholder(records) if records else records,
                     )
                 )
             kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}

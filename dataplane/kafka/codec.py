@@ -30,6 +30,7 @@ Pure module: no I/O, imports nothing from the rest of the project.
 from __future__ import annotations
 
 import importlib
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ __all__ = [
     "UnknownApiKeyError",
     "UnsupportedVersionError",
     "ResponseEncodingError",
+    "RecordsPlaceholders",
+    "ResponseWithRecords",
     "decode_request",
     "decode_response",
     "encode_request",
@@ -372,19 +375,112 @@ def _frame(correlation_id: int, header_version: int, body: bytes | bytearray | m
     return b"".join((_RESPONSE_PREFIX.pack(size, correlation_id), tagged, body))
 
 
-def encode_response(request: DecodedRequest, response_obj: Any) -> bytes:
+Buffer = bytes | bytearray | memoryview
+_TOKEN_BYTES = 16
+
+
+class RecordsPlaceholders:
+    """Record sets that go into a response without passing through kafka-python's encoder.
+
+    A fetch response is mostly record bytes; encoding them through kafka-python copies each
+    several times (buffer growth, result, framing), which was two thirds of the broker's
+    CPU during a catch-up read. Instead the handler puts `placeholder(records)` (a unique
+    16-byte token) where the records go, and `encode_response` cuts the encoded body at the
+    tokens and puts the record buffers in their place: the frame is then a list of buffers,
+    written to the socket as they are. Not thread-safe: one per response.
+    """
+
+    def __init__(self) -> None:
+        self._nonce = os.urandom(8)
+        self.records: list[Buffer] = []
+
+    def placeholder(self, records: Buffer) -> bytes:
+        """The token to put in the response object in place of non-empty `records`."""
+        self.records.append(records)
+        return self.token(len(self.records) - 1)
+
+    def token(self, index: int) -> bytes:
+        return self._nonce + index.to_bytes(8, "big")
+
+
+@dataclass(frozen=True)
+class ResponseWithRecords:
+    """A kafka-python response object whose record fields hold tokens of `records`."""
+
+    response: Any
+    records: RecordsPlaceholders
+
+    def resolved(self) -> Any:
+        """The response object with the record sets in place (for in-process callers): it
+        goes through the same encoding and splicing as the socket path."""
+        version = self.response._version
+        body = self.response.encode()
+        if self.records.records:
+            body = b"".join(bytes(p) for p in _splice(body, self.records))
+        return type(self.response).decode(body, version=version)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_INT32_TOKEN_PREFIX = struct.pack(">i", _TOKEN_BYTES)  # NULLABLE_BYTES
+_VARINT_TOKEN_PREFIX = _uvarint(_TOKEN_BYTES + 1)  # COMPACT_NULLABLE_BYTES (length + 1)
+
+
+def _splice(body: bytes, placeholders: RecordsPlaceholders) -> list[Buffer]:
+    """`body` cut at each token (in encoding order), each token and its length prefix
+    replaced by the records' length prefix and the records themselves."""
+    view = memoryview(body)
+    parts: list[Buffer] = []
+    pos = 0
+    for index, records in enumerate(placeholders.records):
+        at = body.find(placeholders.token(index), pos)
+        if at < 0:
+            raise ResponseEncodingError(f"record set {index} not found in the encoded response")
+        if body[at - 4 : at] == _INT32_TOKEN_PREFIX:
+            cut, prefix = at - 4, struct.pack(">i", len(records))
+        elif body[at - 1 : at] == _VARINT_TOKEN_PREFIX:
+            cut, prefix = at - 1, _uvarint(len(records) + 1)
+        else:
+            raise ResponseEncodingError(f"record set {index}: not in a bytes field")
+        parts += (view[pos:cut], prefix, records)
+        pos = at + _TOKEN_BYTES
+    parts.append(view[pos:])
+    return parts
+
+
+def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[Buffer]:
     """Encode ``response_obj`` as the answer to ``request``: a size-prefixed frame.
 
     ``response_obj`` is the matching kafka-python response object, encoded at the request's
     version whatever version it was built with; or bytes-like: a body already encoded at
     the request's version (e.g. assembled around large record sets without a copy through
-    kafka-python), to which only the size prefix and the response header are added.
+    kafka-python), to which only the size prefix and the response header are added; or a
+    `ResponseWithRecords`: then the frame is a list of buffers (the records not copied).
     Raises `ResponseEncodingError` if the object is not the matching kafka-python response
     class or kafka-python cannot encode it (missing/ill-typed fields).
     """
     header_version = response_header_version(request.api_key, request.api_version)
     if isinstance(response_obj, (bytes, bytearray, memoryview)):
         return _frame(request.correlation_id, header_version, response_obj)
+    if isinstance(response_obj, ResponseWithRecords):
+        body = _encode_body(request, response_obj.response)
+        if not response_obj.records.records:
+            return _frame(request.correlation_id, header_version, body)
+        parts = _splice(body, response_obj.records)
+        tagged = b"\x00" if header_version >= 1 else b""
+        size = 4 + len(tagged) + sum(len(p) for p in parts)
+        return [_RESPONSE_PREFIX.pack(size, request.correlation_id), tagged, *parts]
+    return _frame(request.correlation_id, header_version, _encode_body(request, response_obj))
+
+
+def _encode_body(request: DecodedRequest, response_obj: Any) -> bytes:
     expected = _RESPONSE_CLASSES.get(request.api_key)
     if expected is None or not isinstance(response_obj, expected):
         raise ResponseEncodingError(
@@ -395,12 +491,11 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes:
         # Set the version without the API_VERSION setter: on an object that carries a
         # ResponseHeader (e.g. one decoded from another broker) kafka-python's setter fails.
         response_obj._version = request.api_version
-        body = response_obj.encode()
+        return response_obj.encode()
     except Exception as exc:  # noqa: BLE001 - kafka-python raises many types on bad objects
         raise ResponseEncodingError(
             f"cannot encode {type(response_obj).__name__} v{request.api_version}: {type(exc).__name__}: {exc}"
         ) from exc
-    return _frame(request.correlation_id, header_version, body)
 
 
 def encode_api_versions_error(

@@ -42,6 +42,7 @@ from typing import Any
 
 from .codec import (
     API_VERSIONS_KEY,
+    Buffer,
     DecodedRequest,
     encode_api_versions_error,
     encode_response,
@@ -226,7 +227,7 @@ class ApiRegistry:
 
     async def handle(
         self, request: DecodedRequest, ctx: RequestContext, registration: Registration | None = None
-    ) -> bytes | None:
+    ) -> bytes | list[Buffer] | None:
         """Run the handler and encode its answer: the response frame, or None to send nothing.
 
         Exceptions of the handler (and `ResponseEncodingError` for a bad response object)

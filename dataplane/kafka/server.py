@@ -77,7 +77,7 @@ class _FinalFrame:
 
     __slots__ = ("frame",)
 
-    def __init__(self, frame: bytes | None):
+    def __init__(self, frame: bytes | list | None):
         self.frame = frame
 
 
@@ -301,7 +301,7 @@ class _Connection:
         ctx: RequestContext,
         registration: Registration,
         previous: asyncio.Task[bytes | None] | None,
-    ) -> bytes | None:
+    ) -> bytes | list | None:
         if previous is not None and not previous.done():
             await asyncio.wait({previous})
         if self.closing:
@@ -340,7 +340,10 @@ class _Connection:
                 if final:
                     frame = frame.frame
                 if frame is not None:
-                    self.writer.write(frame)
+                    if isinstance(frame, list):  # a response with its record sets not copied
+                        self.writer.writelines(frame)
+                    else:
+                        self.writer.write(frame)
                     try:
                         # A client that stops reading must not pin the connection forever.
                         async with asyncio.timeout(self.server.idle_timeout_s):
@@ -524,6 +527,16 @@ class KafkaServer:
         task.add_done_callback(done)
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (a dependency on Linux): its socket reads and
+    callbacks run in C, which leaves the GIL to request handling; asyncio's own otherwise."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class KafkaServerThread:
     """A `KafkaServer` running in its own event-loop thread (the broker process is threaded).
 
@@ -570,7 +583,7 @@ class KafkaServerThread:
             raise RuntimeError(f"Kafka server failed to start: {self._error}") from self._error
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:

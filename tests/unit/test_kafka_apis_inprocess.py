@@ -86,7 +86,7 @@ def test_produce_then_fetch_through_the_api_layer_with_no_server(broker):
     async def scenario():
         first = await apis.produce(produce_req("orders", batch([b"a", b"b", b"c"])), ctx(0, 9))
         second = await apis.produce(produce_req("orders", batch([b"d"])), ctx(0, 9))
-        fetched = await apis.fetch(fetch_req("orders", 1), ctx(1, 12))
+        fetched = (await apis.fetch(fetch_req("orders", 1), ctx(1, 12))).resolved()
         latest = await apis.list_offsets(
             ListOffsetsRequest[7](
                 replica_id=-1,
@@ -133,7 +133,7 @@ def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothin
         bad = await apis.produce(produce_req("t", bytes(corrupt)), ctx(0, 9))
         gap = await apis.produce(produce_req("t", batch([b"w"], producer=(7, 0, 5))), ctx(0, 9))
         unknown = await apis.produce(produce_req("nope", batch([b"q"])), ctx(0, 9))
-        fetched = await apis.fetch(fetch_req("t", 0), ctx(1, 12))
+        fetched = (await apis.fetch(fetch_req("t", 0), ctx(1, 12))).resolved()
         return a, retry, bad, gap, unknown, fetched
 
     a, retry, bad, gap, unknown, fetched = asyncio.run(scenario())
@@ -174,8 +174,8 @@ def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_req
         await apis.produce(produce_req("old", batch([b"a", b"b"])), ctx(0, 9))
         with monkeypatch.context() as m:
             m.setattr(PartitionLog, "read", bucket_down)
-            down = await apis.fetch(fetch_req("old", 0), ctx(1, 12))
-        healed = await apis.fetch(fetch_req("old", 0), ctx(1, 12))
+            down = (await apis.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
+        healed = (await apis.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
         return down, healed
 
     down, healed = asyncio.run(scenario())
