@@ -77,7 +77,7 @@ def test_delete_records_advances_the_log_start_and_destroys_whole_objects(broker
 
     assert delete(25) == (KafkaError.NONE, 25)
     assert earliest(apis, "dr") == 25
-    fetched = asyncio.run(apis.fetch(fetch_req("dr", 5), ctx(1, 12)))
+    fetched = asyncio.run(apis.fetch(fetch_req("dr", 5), ctx(1, 12))).resolved()
     assert fetched.responses[0].partitions[0].error_code == KafkaError.OFFSET_OUT_OF_RANGE
     sync()
     image = controller.machine.image

@@ -146,7 +146,7 @@ class Harness:
             forgotten_topics_data=[],
             rack_id="",
         )
-        resp = self.run(self.apis.fetch(req, ctx(1, 12)))
+        resp = self.run(self.apis.fetch(req, ctx(1, 12))).resolved()
         p = resp.responses[0].partitions[0]
         values, controls = [], 0
         records = MemoryRecords(p.records) if p.records else None
