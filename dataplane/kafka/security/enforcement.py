@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.codec import response_class
+from dataplane.kafka.codec import ResponseWithRecords, response_class
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import ApiRegistry, CloseConnection
 from dataplane.kafka.security.authorizer import CLUSTER_RESOURCE, Authorizer, allows_any
@@ -175,9 +175,11 @@ class AclEnforcer:
             return None
         if isinstance(response, (bytes, bytearray)):
             raise CloseConnection("cannot merge denied entries into a pre-encoded response")
-        entries = list(getattr(response, answer) or [])
+        # a fetch response carries its record sets beside the response object
+        target = response.response if isinstance(response, ResponseWithRecords) else response
+        entries = list(getattr(target, answer) or [])
         entries += [denied_entry(item, DENIED[res[0]]) for item, res in denied]
-        setattr(response, answer, entries)
+        setattr(target, answer, entries)
         return response
 
     def _topic_id_name(self, topic_id: Any) -> str | None:
