@@ -240,6 +240,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         node = self.server.node
+        if url.path != "/v1/log" and url.path != "/metrics":
+            # reads from the leader see every record its predecessor acknowledged
+            node.quorum.wait_leader_ready()
         if url.path == "/v1/log":
             after = _int(query, "after", -1)
             max_records = min(_int(query, "max", 1000), MAX_LOG_RECORDS_PER_READ)

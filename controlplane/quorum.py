@@ -30,6 +30,10 @@ from controlplane.state_machine import MetadataStateMachine
 
 log = logging.getLogger(__name__)
 
+# how long a read served as the leader waits for a new leader to apply what its predecessor
+# committed (it takes one replication round after the election)
+LEADER_READY_WAIT_S = 3.0
+
 
 class ReplicatedMetadata(SyncObjConsumer):
     """The pysyncobj consumer: its serialized state is exactly the state machine."""
@@ -157,6 +161,22 @@ class MetadataQuorum:
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
+    def leader_ready(self) -> bool:
+        """Leader, and its term's first entry (the no-op Raft appends on election) is applied:
+        every record committed before the election is in the image now. Until then a new
+        leader's image can miss the last records the old leader acknowledged."""
+        if not self.is_leader():
+            return False
+        noop_index = getattr(self._syncobj, "_SyncObj__noopIDx", None)
+        return noop_index is not None and self._syncobj.getStatus()["last_applied"] >= noop_index
+
+    def wait_leader_ready(self, timeout_s: float = LEADER_READY_WAIT_S) -> None:
+        """Before a read served as the leader: wait (bounded) until `leader_ready` or this
+        node is no longer the leader. Followers serve their local image without waiting."""
+        deadline = time.monotonic() + timeout_s
+        while self.is_leader() and not self.leader_ready() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def leader_address(self) -> str | None:
         leader = self._syncobj._getLeader()
         return None if leader is None else str(getattr(leader, "address", leader))
@@ -172,6 +192,7 @@ class MetadataQuorum:
             "last_applied": s["last_applied"],
             "leader_commit_index": s["leader_commit_idx"],
             "has_quorum": bool(s["has_quorum"]),
+            "leader_ready": self.leader_ready(),
             "log_len": s["log_len"],
             "uptime_s": s["uptime"],
             "recoveries": self.recoveries,
