@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from controlplane.records import BrokerEndpoint
+
 # defaults of the storage engine and the Kafka listener (AutoMQ's, scaled to one machine);
 # StorageConfig and BrokerConfig both take them from here
 WAL_CAPACITY_BYTES = 512 * 1024 * 1024
@@ -72,3 +74,21 @@ class BrokerConfig(BaseModel):
         "SCRAM-SHA-512"
     )
     tls_ca_file: Path | None = None
+    # several Kafka listeners, each its own socket and security protocol (Kafka's
+    # `listeners` with `listener.security.protocol.map` resolved; the first is the one
+    # brokers talk to each other on). None: one listener host:kafka_port whose protocol
+    # follows sasl_enabled and the TLS certificate
+    listeners: list[BrokerEndpoint] | None = Field(default=None, min_length=1, max_length=16)
+
+    def effective_listeners(self) -> list[BrokerEndpoint]:
+        """The listeners this broker serves (the single legacy one when `listeners` is
+        unset: named after its protocol, as Kafka does)."""
+        if self.listeners:
+            return list(self.listeners)
+        tls = self.tls_cert_file is not None and self.tls_key_file is not None
+        protocol = ("SASL_" if self.sasl_enabled else "") + ("SSL" if tls else "PLAINTEXT")
+        return [
+            BrokerEndpoint(
+                name=protocol, host=self.host, port=self.kafka_port, security_protocol=protocol
+            )
+        ]

@@ -53,6 +53,7 @@ SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
 BUCKET_PROBE_TIMEOUT_MS = 2_000
+ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"  # Kafka's principal of unauthenticated listeners
 
 
 class BrokerNode:
@@ -91,13 +92,16 @@ class BrokerNode:
         return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
+        endpoints = self.config.effective_listeners()
         req = RegisterBrokerRequest(
             node_id=self.config.node_id,
             az=self.config.az,
-            host=self.config.host,
-            kafka_port=self.config.kafka_port,
+            # the first listener is the one other brokers connect to
+            host=endpoints[0].host,
+            kafka_port=endpoints[0].port,
             incarnation_id=uuid.uuid4().hex,
             wal_uri=self.wal_uri,
+            endpoints=endpoints,
         )
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
@@ -383,14 +387,9 @@ class BrokerNode:
         )
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
-        admit = self._secure_listener(registry, image_fn)
+        listeners = self._secure_listeners(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry,
-            host=cfg.host,
-            port=cfg.kafka_port,
-            max_request_bytes=cfg.max_request_bytes,
-            admit=admit,
-            ssl_context=self._tls_context(),
+            registry, max_request_bytes=cfg.max_request_bytes, listeners=listeners
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -407,7 +406,10 @@ class BrokerNode:
         self._stop_txn_coordinator = lambda: self.kafka.loop.call_soon_threadsafe(
             txn_coordinator.stop
         )
-        log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
+        log.info(
+            "serving Kafka on %s",
+            ", ".join(f"{e.name}://{e.host}:{e.port}" for e in cfg.effective_listeners()),
+        )
         if cfg.metrics_port:
             from prometheus_client import start_http_server
 
@@ -429,32 +431,48 @@ class BrokerNode:
         SASL cluster and over TLS (trusting the cluster CA) on a TLS one."""
         import functools
 
+        from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS
         from dataplane.kafka.txn.marker_client import InterBrokerLogin, send_write_txn_markers
 
         cfg = self.config
-        if cfg.sasl_enabled and not cfg.inter_broker_sasl_username:
+        # brokers reach each other on their first listener (registered as host:kafka_port)
+        protocol = cfg.effective_listeners()[0].security_protocol
+        sasl, tls = protocol in SASL_PROTOCOLS, protocol in TLS_PROTOCOLS
+        if sasl and not cfg.inter_broker_sasl_username:
             log.warning(
                 "SASL listener without an inter-broker login (inter_broker_sasl_username): "
                 "transaction markers to other brokers will be refused"
             )
-        if cfg.tls_cert_file and cfg.tls_ca_file is None:
+        if tls and cfg.tls_ca_file is None:
             log.warning("TLS listener without tls_ca_file: markers to other brokers will fail")
         login = InterBrokerLogin(
-            username=cfg.inter_broker_sasl_username if cfg.sasl_enabled else None,
+            username=cfg.inter_broker_sasl_username if sasl else None,
             password=cfg.inter_broker_sasl_password,
             mechanism=cfg.inter_broker_sasl_mechanism,
-            ssl_ca_file=cfg.tls_ca_file if cfg.tls_cert_file else None,
+            ssl_ca_file=cfg.tls_ca_file if tls else None,
         )
         return functools.partial(send_write_txn_markers, login=login)
 
-    def _secure_listener(self, registry, image_fn):
-        """SASL and the security admin APIs on the listener when configured; the admission
-        gate for the server (None: open listener). Refuses an open listener on a
-        non-loopback address unless `allow_insecure`."""
-        from controlplane.listeners import insecure_listener_error
+    def _secure_listeners(self, registry, image_fn):
+        """The server's listeners (one socket each, Kafka's `listeners`): SASL and the
+        security admin APIs registered when configured, ACLs enforced on every listener of
+        a SASL cluster (a PLAINTEXT or SSL listener's clients are User:ANONYMOUS, as in
+        Kafka). Refuses invalid listeners, and an unauthenticated one on a non-loopback
+        address unless `allow_insecure`."""
+        from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS, listeners_error
         from dataplane.kafka.security.admin_apis import SecurityAdminApis
+        from dataplane.kafka.server import ServerListener
 
         cfg = self.config
+        endpoints = cfg.effective_listeners()
+        refused = listeners_error(
+            endpoints,
+            sasl_enabled=cfg.sasl_enabled,
+            tls_configured=cfg.tls_cert_file is not None and cfg.tls_key_file is not None,
+            allow_insecure=cfg.allow_insecure,
+        )
+        if refused:
+            raise RuntimeError(refused)
         enforcer = None
         if cfg.sasl_enabled:
             from dataplane.kafka.security.authorizer import Authorizer
@@ -469,25 +487,46 @@ class BrokerNode:
         )
         for request_class, lo, hi, handler in admin.registrations():
             registry.register(request_class, lo, hi, handler)
-        if not cfg.sasl_enabled:
-            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
-            if refused:
-                raise RuntimeError(refused)
-            return None
-        from dataplane.kafka.security.sasl import SaslAuthenticator
+        sasl = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.sasl import SaslAuthenticator
 
-        sasl = SaslAuthenticator(image_fn)
-        for request_class, lo, hi, handler in sasl.registrations():
-            registry.register(request_class, lo, hi, handler)
-        assert enforcer is not None
-        enforcer.install(registry)  # after every registration: nothing stays unchecked
-        log.info(
-            "%s listener (%s), ACLs enforced; super users: %s",
-            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
-            ", ".join(sasl.mechanisms),
-            ", ".join(cfg.super_users) or "none",
+            sasl = SaslAuthenticator(image_fn)
+            for request_class, lo, hi, handler in sasl.registrations():
+                registry.register(request_class, lo, hi, handler)
+            assert enforcer is not None
+            enforcer.install(registry)  # after every registration: nothing stays unchecked
+            log.info(
+                "SASL (%s), ACLs enforced; super users: %s",
+                ", ".join(sasl.mechanisms),
+                ", ".join(cfg.super_users) or "none",
+            )
+        tls = (
+            self._tls_context()
+            if any(e.security_protocol in TLS_PROTOCOLS for e in endpoints)
+            else None
         )
-        return sasl.admit
+        listeners = []
+        for e in endpoints:
+            extras: dict = {"security_protocol": e.security_protocol}
+            admit = None
+            if e.security_protocol in SASL_PROTOCOLS:
+                assert sasl is not None  # listeners_error refuses SASL without sasl_enabled
+                admit = sasl.admit
+            elif enforcer is not None:
+                extras["principal"] = ANONYMOUS_PRINCIPAL
+            listeners.append(
+                ServerListener(
+                    host=e.host,
+                    port=e.port,
+                    name=e.name,
+                    ssl_context=tls if e.security_protocol in TLS_PROTOCOLS else None,
+                    admit=admit,
+                    extras=extras,
+                )
+            )
+            log.info("listener %s: %s on %s:%d", e.name, e.security_protocol, e.host, e.port)
+        return listeners
 
     # ------------------------------------------------------------ WAL failover
 

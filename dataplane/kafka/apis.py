@@ -202,10 +202,19 @@ class KafkaApis:
             await self._io(self._auto_create, missing)
             image = self.image_fn()
         R = MetadataResponse
-        brokers = [
-            R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port, rack=b.az)
-            for b in self._broker_list(image)
-        ]
+        # like Kafka: the endpoints of the listener the client connected on; a broker
+        # without that listener is left out, and its partitions answer LISTENER_NOT_FOUND
+        listener = ctx.extras.get("listener")
+        brokers = []
+        for b in self._broker_list(image):
+            endpoint = b.endpoint(listener)
+            if endpoint is not None:
+                brokers.append(
+                    R.MetadataResponseBroker(
+                        node_id=b.node_id, host=endpoint[0], port=endpoint[1], rack=b.az
+                    )
+                )
+        listed = {b.node_id for b in brokers}
         topics = []
         names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
         for name in names:
@@ -224,11 +233,12 @@ class KafkaApis:
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
                 leader = image.brokers.get(p.leader_node_id)
-                error = (
-                    KafkaError.NONE
-                    if leader and not leader.fenced
-                    else KafkaError.LEADER_NOT_AVAILABLE
-                )
+                if leader is None or leader.fenced:
+                    error = KafkaError.LEADER_NOT_AVAILABLE
+                elif leader.node_id not in listed:
+                    error = KafkaError.LISTENER_NOT_FOUND
+                else:
+                    error = KafkaError.NONE
                 parts.append(
                     R.MetadataResponseTopic.MetadataResponsePartition(
                         error_code=error,
@@ -835,7 +845,9 @@ class KafkaApis:
             else:  # 1: a transactional id
                 node = txn_coordinator(image, key)
             broker = image.brokers.get(node) if node is not None else None
-            if broker is None:
+            # the coordinator's endpoint on the listener the client connected on
+            endpoint = broker.endpoint(ctx.extras.get("listener")) if broker else None
+            if broker is None or endpoint is None:
                 log.info(
                     "no coordinator for %r (key type %d) yet: %d slots, image offset %d",
                     key,
@@ -845,7 +857,7 @@ class KafkaApis:
                 )
                 found.append((key, KafkaError.COORDINATOR_NOT_AVAILABLE, -1, "", -1))
             else:
-                found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))
+                found.append((key, KafkaError.NONE, broker.node_id, endpoint[0], endpoint[1]))
         if v >= 4:
             return R[v](
                 throttle_time_ms=0,
