@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from controlplane.records import BrokerEndpoint
 
@@ -79,6 +79,14 @@ class BrokerConfig(BaseModel):
     # brokers talk to each other on). None: one listener host:kafka_port whose protocol
     # follows sasl_enabled and the TLS certificate
     listeners: list[BrokerEndpoint] | None = Field(default=None, min_length=1, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique_listeners(self) -> BrokerConfig:
+        if self.listeners:
+            from controlplane.listeners import check_unique
+
+            check_unique(self.listeners)  # ListenerSpecError is a ValueError
+        return self
 
     def effective_listeners(self) -> list[BrokerEndpoint]:
         """The listeners this broker serves (the single legacy one when `listeners` is

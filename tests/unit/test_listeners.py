@@ -283,3 +283,101 @@ def test_find_coordinator_answers_on_the_clients_listener(sm):
     resp = call(apis.find_coordinator, req, 10, 4, "PLAINTEXT")
     got = {c.key: (c.error_code, c.node_id, c.port) for c in resp.coordinators}
     assert got == {groups[1]: (0, 1, 9010), groups[2]: (0, 2, 9020)}
+
+
+# ------------------------------------------------------------------ CLI: topology, cluster up
+
+TOPO = {
+    "buckets": ["0@s3://main?region=us-east-1&endpoint=http://10.0.0.9:9000"],
+    "controllers": [{"id": 0, "host": "10.0.0.1", "raft_port": 9093, "api_port": 9094}],
+    "brokers": [
+        {
+            "id": 1,
+            "host": "10.0.0.1",
+            "az": "a",
+            "listeners": "INTERNAL://:9092,EXTERNAL://10.0.0.1:9095",
+            "listener_security_protocol_map": "INTERNAL:PLAINTEXT,EXTERNAL:SSL",
+            "tls_cert_file": "/etc/automq/server.pem",
+            "tls_key_file": "/etc/automq/server.key",
+        },
+    ],
+}
+
+
+def test_topology_listeners_reach_the_broker_config(tmp_path):
+    import json
+
+    from cli.deploy import Topology, init_topology
+
+    init_topology(Topology.model_validate(TOPO), tmp_path)
+    broker = json.loads((tmp_path / "10.0.0.1" / "broker-1.json").read_text())["broker"]
+    cfg = BrokerConfig.model_validate(broker)
+    assert cfg.kafka_port == 9092
+    assert cfg.effective_listeners() == [
+        ep("INTERNAL", 9092, "PLAINTEXT", host="10.0.0.1"),
+        ep("EXTERNAL", 9095, "SSL", host="10.0.0.1"),
+    ]
+    assert str(cfg.tls_cert_file) == "/etc/automq/server.pem"
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"listener_security_protocol_map": "INTERNAL:PLAINTEXT,EXTERNAL:NOPE"}, "unknown"),
+        ({"listeners": "INTERNAL://:9092,EXTERNAL://:9092"}, "both use port 9092"),
+        ({"listener_security_protocol_map": "INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL"}, "SASL"),
+        ({"tls_cert_file": None}, "no TLS certificate"),
+        ({"kafka_port": 9000}, "not both"),
+        ({"listeners": None, "listener_security_protocol_map": None}, "give kafka_port"),
+        ({"metrics_port": 9095}, "both use 10.0.0.1:9095"),
+    ],
+)
+def test_bad_topology_listeners_are_refused_in_one_line(tmp_path, change, why):
+    import yaml
+
+    from cli.deploy import load_topology
+
+    topo = {**TOPO, "brokers": [{**TOPO["brokers"][0], **change}]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    with pytest.raises(ValueError, match=why) as info:
+        load_topology(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("listeners", "sasl", "tls", "why"),
+    [
+        ("PLAINTEXT,SASL_SSL", True, False, "SASL_SSL, which needs --tls"),
+        ("PLAINTEXT,SASL_PLAINTEXT", False, False, "needs --sasl"),
+        ("PLAINTEXT,KERBEROS", False, False, "has no security protocol"),
+        ("A:PLAINTEXT,A:SSL", False, True, "duplicate listener name A"),
+        ("PLAINTEXT,SSL", True, True, "--sasl needs a SASL listener"),
+    ],
+)
+def test_cluster_up_refuses_bad_listeners_and_stores_nothing(tmp_path, listeners, sasl, tls, why):
+    from cli.processes import ClusterError, LocalCluster
+
+    cluster = LocalCluster(tmp_path / "c")
+    with pytest.raises(ClusterError, match=why):
+        cluster.create(1, 1, ["a"], None, None, 6000, sasl=sasl, tls=tls, listeners=listeners)
+    assert not (tmp_path / "c").exists()
+
+
+def test_cluster_up_gives_every_listener_its_own_port(tmp_path):
+    from cli.processes import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "c")
+    config = cluster.create(
+        2, 1, ["a"], 20000, None, 6000, sasl=True, tls=False, listeners="PLAINTEXT,SASL_PLAINTEXT"
+    )
+    ports = sorted(config.all_ports().values())
+    assert len(ports) == len(set(ports))
+    b1, b2 = config.brokers
+    assert b1.listener_ports == [20002, 20003] and b1.metrics_port == 20004
+    assert b2.listener_ports == [20005, 20006]
+    # the CLI (and the brokers among themselves) use the SASL listener: the logins need it
+    assert config.security_protocol == "SASL_PLAINTEXT"
+    assert config.bootstrap_servers() == "127.0.0.1:20003,127.0.0.1:20006"
+    assert config.bootstrap_servers("PLAINTEXT") == "127.0.0.1:20002,127.0.0.1:20005"
+    assert [e.name for e in config.broker_endpoints(b1)] == ["PLAINTEXT", "SASL_PLAINTEXT"]
