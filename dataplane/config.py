@@ -74,6 +74,19 @@ class BrokerConfig(BaseModel):
         "SCRAM-SHA-512"
     )
     tls_ca_file: Path | None = None
+    # Kafka's ssl.client.auth on SSL listeners: "required" (mutual TLS: a client certificate
+    # signed by tls_ca_file, whose CN is the principal, "User:<CN>"), "requested", "none"
+    ssl_client_auth: Literal["none", "requested", "required"] = "none"
+    # this broker's client certificate (CN: its principal, a super user) for other brokers'
+    # listeners that require one
+    tls_client_cert_file: Path | None = None
+    tls_client_key_file: Path | None = None
+
+    @property
+    def acls_enforced(self) -> bool:
+        """ACLs are checked when clients can be told apart: SASL or client certificates."""
+        return self.sasl_enabled or self.ssl_client_auth != "none"
+
     # several Kafka listeners, each its own socket and security protocol (Kafka's
     # `listeners` with `listener.security.protocol.map` resolved; the first is the one
     # brokers talk to each other on). None: one listener host:kafka_port whose protocol

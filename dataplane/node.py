@@ -416,15 +416,15 @@ class BrokerNode:
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
 
-    def _tls_context(self):
-        """The listener's TLS context when a certificate is configured, else None."""
+    def _tls_context(self, client_auth: str = "none"):
+        """A listener's TLS context when a certificate is configured, else None;
+        `client_auth` (ssl.client.auth) asks clients for a certificate of tls_ca_file."""
         cfg = self.config
         if cfg.tls_cert_file is None or cfg.tls_key_file is None:
             return None
         from dataplane.kafka.security.tls import server_ssl_context
 
-        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
-        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, client_auth, cfg.tls_ca_file)
 
     def _marker_sender(self):
         """WriteTxnMarkers to the other brokers, logged in as the broker principal on a
@@ -450,6 +450,8 @@ class BrokerNode:
             password=cfg.inter_broker_sasl_password,
             mechanism=cfg.inter_broker_sasl_mechanism,
             ssl_ca_file=cfg.tls_ca_file if tls else None,
+            ssl_cert_file=cfg.tls_client_cert_file if tls else None,
+            ssl_key_file=cfg.tls_client_key_file if tls else None,
         )
         return functools.partial(send_write_txn_markers, login=login)
 
@@ -470,11 +472,14 @@ class BrokerNode:
             sasl_enabled=cfg.sasl_enabled,
             tls_configured=cfg.tls_cert_file is not None and cfg.tls_key_file is not None,
             allow_insecure=cfg.allow_insecure,
+            ssl_client_auth=cfg.ssl_client_auth == "required",
         )
         if refused:
             raise RuntimeError(refused)
+        if cfg.ssl_client_auth != "none" and cfg.tls_ca_file is None:
+            raise RuntimeError("ssl_client_auth needs tls_ca_file (the CA of client certificates)")
         enforcer = None
-        if cfg.sasl_enabled:
+        if cfg.acls_enforced:
             from dataplane.kafka.security.authorizer import Authorizer
             from dataplane.kafka.security.enforcement import AclEnforcer
 
@@ -494,17 +499,21 @@ class BrokerNode:
             sasl = SaslAuthenticator(image_fn)
             for request_class, lo, hi, handler in sasl.registrations():
                 registry.register(request_class, lo, hi, handler)
-            assert enforcer is not None
+            log.info("SASL mechanisms: %s", ", ".join(sasl.mechanisms))
+        if enforcer is not None:
             enforcer.install(registry)  # after every registration: nothing stays unchecked
-            log.info(
-                "SASL (%s), ACLs enforced; super users: %s",
-                ", ".join(sasl.mechanisms),
-                ", ".join(cfg.super_users) or "none",
-            )
+            log.info("ACLs enforced; super users: %s", ", ".join(cfg.super_users) or "none")
+        from dataplane.kafka.security.tls import principal_of_certificate
+
         tls = (
             self._tls_context()
             if any(e.security_protocol in TLS_PROTOCOLS for e in endpoints)
             else None
+        )
+        # SSL listeners ask for client certificates when ssl_client_auth says so (their CN is
+        # the principal); SASL_SSL ones take the principal from the SASL login
+        mutual_tls = (
+            self._tls_context(cfg.ssl_client_auth) if cfg.ssl_client_auth != "none" else tls
         )
         listeners = []
         for e in endpoints:
@@ -515,14 +524,24 @@ class BrokerNode:
                 admit = sasl.admit
             elif enforcer is not None:
                 extras["principal"] = ANONYMOUS_PRINCIPAL
+            ssl_context = None
+            if e.security_protocol == "SSL":
+                ssl_context = mutual_tls
+            elif e.security_protocol == "SASL_SSL":
+                ssl_context = tls
             listeners.append(
                 ServerListener(
                     host=e.host,
                     port=e.port,
                     name=e.name,
-                    ssl_context=tls if e.security_protocol in TLS_PROTOCOLS else None,
+                    ssl_context=ssl_context,
                     admit=admit,
                     extras=extras,
+                    principal_of_peer=(
+                        principal_of_certificate
+                        if e.security_protocol == "SSL" and cfg.ssl_client_auth != "none"
+                        else None
+                    ),
                 )
             )
             log.info("listener %s: %s on %s:%d", e.name, e.security_protocol, e.host, e.port)

@@ -86,6 +86,9 @@ class ServerListener:
     ssl_context: ssl.SSLContext | None = None
     admit: Admit | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    # a TLS listener with client certificates: the principal of a connection's verified
+    # certificate (`getpeercert()`), or None to keep the one in `extras`
+    principal_of_peer: Callable[[Any], str | None] | None = None
 
 
 _CLOSE = object()  # queue slot: close the connection once the earlier responses are written
@@ -138,6 +141,10 @@ class _Connection:
         self.extras: dict[str, Any] = dict(listener.extras)
         if listener.name is not None:
             self.extras["listener"] = listener.name
+        if listener.principal_of_peer is not None:
+            principal = listener.principal_of_peer(writer.get_extra_info("peercert"))
+            if principal is not None:
+                self.extras["principal"] = principal
         self._discard_output = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
         self._budget = asyncio.Semaphore(server.max_inflight_per_connection)
