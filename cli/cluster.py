@@ -73,6 +73,7 @@ _UP_FLAGS = (
     "retention_check_interval_s",
     "wal",
     "listeners",
+    "mtls",
 )
 
 
@@ -149,6 +150,13 @@ def up(
         "INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL; SASL ones need --sasl, SSL ones --tls). "
         "Default: one listener, SASL with --sasl, TLS with --tls",
     ),
+    mtls: bool = typer.Option(
+        False,
+        "--mtls/--no-mtls",
+        help="mutual TLS (ssl.client.auth=required) on SSL listeners: clients need a "
+        "certificate of the cluster CA, whose CN is their principal for ACLs; issues the "
+        "admin's (DIR/tls/admin.pem, admin.key) and the brokers' client certificates",
+    ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -205,6 +213,7 @@ def up(
                 retention_check_interval_s=retention_check_interval_s,
                 wal=wal.value,
                 listeners=listeners,
+                mtls=mtls,
             )
             created = True
             missing = cluster.component_names(config)
@@ -296,6 +305,12 @@ def up(
     if config.tls:
         console.print(
             f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
+            soft_wrap=True,
+        )
+    if config.mtls:
+        console.print(
+            "mutual TLS on SSL listeners: the admin super user's client certificate is "
+            f"[bold]{escape(str(cluster.tls_dir / 'admin.pem'))}[/] (key admin.key, mode 0600)",
             soft_wrap=True,
         )
 

@@ -135,6 +135,9 @@ class ClusterConfig(BaseModel):
     # several listeners per broker (`--listeners PLAINTEXT,SASL_SSL`); None: one whose
     # protocol follows --sasl / --tls
     listeners: list[ListenerKind] | None = None
+    # `--mtls`: SSL listeners require a client certificate of the cluster CA (its CN is the
+    # principal); the CLI uses DIR/tls/admin.pem (CN admin), brokers DIR/tls/broker.pem
+    mtls: bool = False
 
     def listener_kinds(self) -> list[ListenerKind]:
         """Every broker's listeners, in order (the legacy single one when not set)."""
@@ -145,12 +148,13 @@ class ClusterConfig(BaseModel):
 
     def client_listener_index(self) -> int:
         """The listener the CLI's clients and the brokers themselves use: the first SASL one
-        on a --sasl cluster (the admin and broker logins need it), else the first."""
+        on a --sasl cluster (the admin and broker logins need it), else the first SSL one
+        with --mtls (their client certificates), else the first."""
         kinds = self.listener_kinds()
-        if self.sasl:
-            for i, kind in enumerate(kinds):
-                if kind.security_protocol in SASL_PROTOCOLS:
-                    return i
+        wanted = SASL_PROTOCOLS if self.sasl else {"SSL"} if self.mtls else None
+        for i, kind in enumerate(kinds):
+            if wanted is not None and kind.security_protocol in wanted:
+                return i
         return 0
 
     def broker_endpoints(self, spec: BrokerSpec) -> list[BrokerEndpoint]:
@@ -486,10 +490,17 @@ class LocalCluster:
         retention_check_interval_s: float | None = None,
         wal: Literal["file", "s3"] = "file",
         listeners: str | None = None,
+        mtls: bool = False,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
         kinds = check_listener_flags(listeners, sasl=sasl, tls=tls)
+        if mtls:
+            protocols = (
+                [k.security_protocol for k in kinds] if kinds else ["SASL_SSL" if sasl else "SSL"]
+            )
+            if not tls or "SSL" not in protocols:
+                raise ClusterError("--mtls needs --tls and an SSL listener (e.g. --listeners SSL)")
         per_broker = len(kinds) if kinds else 1
         if brokers < 1 or controllers < 1:
             raise ClusterError("a cluster needs at least one broker and one controller")
@@ -580,12 +591,16 @@ class LocalCluster:
             tls=tls,
             tls_dir=str(self.tls_dir.resolve()) if tls else None,
             listeners=kinds,
+            mtls=mtls,
         )
         if tls:
-            from cli.tls import generate_ca_and_server_cert
+            from cli.tls import generate_ca_and_server_cert, generate_client_cert
 
             self.dir.mkdir(parents=True, exist_ok=True)
             generate_ca_and_server_cert(self.tls_dir, ips=[host], dns_names=["localhost"])
+            if mtls:
+                generate_client_cert(self.tls_dir, ADMIN_USER, "admin")
+                generate_client_cert(self.tls_dir, BROKER_USER, "broker")
         self.save(config)
         self.incomplete_path.write_text(
             "the first `cluster up` of this directory has not finished\n"
@@ -657,7 +672,11 @@ class LocalCluster:
         if self.exists():
             config = self.load()
             if config.tls and config.security_protocol == "SSL":
-                return {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+                out = {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+                if config.mtls:  # the admin's client certificate (CN admin, a super user)
+                    out["ssl_cert_file"] = str(self.tls_dir / "admin.pem")
+                    out["ssl_key_file"] = str(self.tls_dir / "admin.key")
+                return out
         return None
 
     def admin_credentials(self) -> dict | None:
@@ -860,7 +879,12 @@ class LocalCluster:
             controller_api_secret=config.api_secret,
             controller_ca_file=config.controller_ca_file,
             sasl_enabled=config.sasl,
-            super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"] if config.sasl else [],
+            super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"]
+            if config.sasl or config.mtls
+            else [],
+            ssl_client_auth="required" if config.mtls else "none",
+            tls_client_cert_file=self.tls_dir / "broker.pem" if config.mtls else None,
+            tls_client_key_file=self.tls_dir / "broker.key" if config.mtls else None,
             tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
             tls_key_file=self.tls_dir / "server.key" if config.tls else None,
             tls_ca_file=self.tls_dir / "ca.pem" if config.tls else None,
@@ -1028,6 +1052,7 @@ def flag_differences(
     retention_check_interval_s: float | None = None,
     wal: str | None = None,
     listeners: str | None = None,
+    mtls: bool | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -1097,6 +1122,11 @@ def flag_differences(
             )
     if wal is not None and wal != config.broker_wal:
         out.append(f"--wal {wal} (the cluster has {config.broker_wal})")
+    if mtls is not None and mtls != config.mtls:
+        out.append(
+            f"--{'' if mtls else 'no-'}mtls (the cluster has mutual TLS "
+            f"{'on' if config.mtls else 'off'})"
+        )
     if listeners is not None:
         have = [(k.name, k.security_protocol) for k in config.listener_kinds()]
         try:

@@ -1,8 +1,10 @@
-"""Per-listener security protocol on a real cluster: `automqctl cluster up --sasl --tls
---listeners PLAINTEXT,SASL_SSL` gives each broker two sockets. confluent-kafka over PLAINTEXT
-(principal User:ANONYMOUS, as in Kafka, allowed by an ACL) and kafka-python over SASL_SSL
-both produce and consume, and the metadata each client gets lists only the endpoints of the
-listener it connected on. A SASL login on the PLAINTEXT listener is refused."""
+"""Per-listener security protocol on a real cluster: `automqctl cluster up --sasl --tls --mtls
+--listeners PLAINTEXT,SASL_SSL,SSL` gives each broker three sockets. confluent-kafka over
+PLAINTEXT (principal User:ANONYMOUS, as in Kafka, allowed by an ACL) and kafka-python over
+SASL_SSL both produce and consume, and the metadata each client gets lists only the endpoints
+of the listener it connected on. A SASL login on the PLAINTEXT listener is refused. The SSL
+listener is mutual TLS: no client certificate, no service; a certificate's CN is the
+principal, refused without an ACL and served after `automqctl acl add`."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ TOPIC = "lst-orders"
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("listeners") / "cluster"
     up = automqctl(
-        "cluster", "up", "--sasl", "--tls", "--listeners", "PLAINTEXT,SASL_SSL",
+        "cluster", "up", "--sasl", "--tls", "--mtls", "--listeners", "PLAINTEXT,SASL_SSL,SSL",
         "--brokers", "2", "--controllers", "1", "--wal-capacity-mib", "16", "--format", "json",
         cluster_dir=d,
     )  # fmt: skip
@@ -77,13 +79,14 @@ def test_two_listeners_each_client_sees_only_its_own(cluster):
     assert {n: v["security_protocol"] for n, v in listeners.items()} == {
         "PLAINTEXT": "PLAINTEXT",
         "SASL_SSL": "SASL_SSL",
+        "SSL": "SSL",
     }
     plain = addresses(listeners["PLAINTEXT"]["bootstrap_servers"])
     sasl_ssl = addresses(listeners["SASL_SSL"]["bootstrap_servers"])
     assert len(plain) == len(sasl_ssl) == 2 and not plain & sasl_ssl
     # cluster status: every broker's registered endpoints, one per listener
     for b in status["brokers"]:
-        assert sorted(e["listener"] for e in b["endpoints"]) == ["PLAINTEXT", "SASL_SSL"]
+        assert sorted(e["listener"] for e in b["endpoints"]) == ["PLAINTEXT", "SASL_SSL", "SSL"]
     shown = ok(automqctl("cluster", "status", cluster_dir=cluster["dir"]))
     assert "PLAINTEXT 127.0.0.1:" in shown and "SASL_SSL 127.0.0.1:" in shown
 
@@ -167,3 +170,63 @@ def test_two_listeners_each_client_sees_only_its_own(cluster):
     )
     with pytest.raises(confluent_kafka.KafkaException):
         sneaky.list_topics(timeout=5)
+
+
+def test_mutual_tls_listener_principal_is_the_certificate_cn(cluster):
+    """`--mtls`: the SSL listener wants a client certificate of the cluster CA; User:<CN>
+    needs an ACL like any principal."""
+    from confluent_kafka import Producer
+
+    from cli.tls import generate_client_cert
+
+    d = cluster["dir"]
+    listeners = cluster["status"]["listeners"]
+    carol = generate_client_cert(d / "tls", "carol", "carol")
+    ssl_config = {
+        "bootstrap.servers": listeners["SSL"]["bootstrap_servers"],
+        "security.protocol": "SSL",
+        "ssl.ca.location": cluster["ca"],
+        "ssl.certificate.location": str(carol["cert"]),
+        "ssl.key.location": str(carol["key"]),
+    }
+    topic = "mtls-orders"
+    md = AdminClient(ssl_config).list_topics(timeout=10)
+    assert {(b.host, b.port) for b in md.brokers.values()} == addresses(
+        listeners["SSL"]["bootstrap_servers"]
+    )
+    # no ACL for User:carol: the write is refused with TOPIC_AUTHORIZATION_FAILED
+    a = cluster["admin"]
+    admin = AdminClient(
+        {
+            "bootstrap.servers": listeners["SASL_SSL"]["bootstrap_servers"],
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": cluster["ca"],
+            "sasl.mechanism": a["mechanism"],
+            "sasl.username": a["username"],
+            "sasl.password": a["password"],
+        }
+    )
+    admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result(30)
+    errors: list = []
+    producer = Producer({**ssl_config, "message.timeout.ms": 10_000})
+    producer.produce(topic, b"x", on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(15)
+    assert errors and errors[0] is not None
+    assert errors[0].code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    ok(
+        automqctl(
+            "acl", "add", "--allow-principal", "User:carol", "--operation", "Write",
+            "--operation", "Describe", "--topic", topic, cluster_dir=d,
+        )
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while True:
+        errors = produce(ssl_config, topic, [b"from-carol"])
+        if not errors or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)  # the brokers apply the ACL record a moment later
+    assert errors == []
+    # without a client certificate the SSL listener serves nothing
+    anonymous = {k: v for k, v in ssl_config.items() if "certificate" not in k and "key." not in k}
+    with pytest.raises(confluent_kafka.KafkaException):
+        AdminClient(anonymous).list_topics(timeout=5)
