@@ -721,8 +721,9 @@ class KafkaApis:
         static = topic_configs.ConfigSource.STATIC_BROKER_CONFIG
         rows = [
             topic_configs.DescribedConfig(k, v, static, True, 0, None, ((k, v, static),))
-            for k, v in sorted(self._broker_configs().items())
-            if resource
+            for k, v in (
+                sorted(self._broker_configs(image, int(resource)).items()) if resource else []
+            )
         ]
         cluster = broker_configs.configs_of(image, "")
         node = broker_configs.configs_of(image, resource) if resource else {}
@@ -745,13 +746,22 @@ class KafkaApis:
         res = self.controller.alter_broker_configs(req)
         self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
 
-    def _broker_configs(self) -> dict[str, str]:
-        return {
+    def _broker_configs(self, image: MetadataImage, node_id: int) -> dict[str, str]:
+        configs = {
             "broker.id": str(self.me.node_id),
             "broker.rack": self.me.az,
             "num.partitions": str(DEFAULT_PARTITIONS),
             "auto.create.topics.enable": "true",
         }
+        broker = image.brokers.get(node_id)
+        if broker is not None and broker.endpoints:  # the described broker's, as registered
+            configs["listeners"] = ",".join(
+                f"{e.name}://{e.host}:{e.port}" for e in broker.endpoints
+            )
+            configs["listener.security.protocol.map"] = ",".join(
+                f"{e.name}:{e.security_protocol}" for e in broker.endpoints
+            )
+        return configs
 
     def _alter_topic_configs(self, req: cmd.AlterTopicConfigsRequest, validate_only: bool):
         """Validate (validate_only: the state machine's own check on this broker's image)

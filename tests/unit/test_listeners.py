@@ -381,3 +381,14 @@ def test_cluster_up_gives_every_listener_its_own_port(tmp_path):
     assert config.bootstrap_servers() == "127.0.0.1:20003,127.0.0.1:20006"
     assert config.bootstrap_servers("PLAINTEXT") == "127.0.0.1:20002,127.0.0.1:20005"
     assert [e.name for e in config.broker_endpoints(b1)] == ["PLAINTEXT", "SASL_PLAINTEXT"]
+
+
+def test_describe_configs_of_a_broker_shows_its_registered_listeners(sm):
+    apis = apis_for(sm)
+    error, _, rows = apis._describe_broker(sm.image, "1")
+    assert error == KafkaError.NONE
+    got = {row.name: row.value for row in rows}
+    assert got["listeners"] == "PLAINTEXT://127.0.0.1:9010,SASL_SSL://127.0.0.1:9011"
+    assert got["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL"
+    _, _, rows = apis._describe_broker(sm.image, "2")
+    assert {row.name: row.value for row in rows}["listeners"] == "PLAINTEXT://127.0.0.1:9020"
