@@ -30,6 +30,8 @@ from kafka.protocol.admin import (
     CreateTopicsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     IncrementalAlterConfigsRequest,
@@ -173,6 +175,7 @@ class KafkaApis:
             (IncrementalAlterConfigsRequest, 0, 1, self.incremental_alter_configs),
             (FindCoordinatorRequest, 0, 4, self.find_coordinator),
             (InitProducerIdRequest, 0, 4, self.init_producer_id),
+            (DescribeClusterRequest, 0, 2, self.describe_cluster),
         ]
 
     async def _io(self, fn, *args):
@@ -266,6 +269,49 @@ class KafkaApis:
             cluster_id=CLUSTER_ID,
             controller_id=controller_id,
             topics=topics,
+        )
+
+    async def describe_cluster(self, req, ctx):
+        """The brokers (Kafka's AdminClient.describeCluster), each with its endpoint on the
+        listener the client connected on, as Metadata; fenced ones only when v2 asks."""
+        v = ctx.api_version
+        R = DescribeClusterResponse
+        fields: dict = {}
+        if v >= 1:
+            fields["endpoint_type"] = 1
+            if getattr(req, "endpoint_type", 1) != 1:  # 2: controllers, not served by brokers
+                return R[v](
+                    throttle_time_ms=0,
+                    error_code=KafkaError.UNSUPPORTED_ENDPOINT_TYPE,
+                    error_message="brokers describe brokers only (endpoint type 1)",
+                    cluster_id=CLUSTER_ID,
+                    controller_id=-1,
+                    brokers=[],
+                    **fields,
+                )
+        image = self.image_fn()
+        fenced_too = v >= 2 and bool(getattr(req, "include_fenced_brokers", False))
+        listener = ctx.extras.get("listener")
+        brokers = []
+        for b in sorted(image.brokers.values(), key=lambda b: b.node_id):
+            endpoint = b.endpoint(listener)
+            if endpoint is None or (b.fenced and not fenced_too):
+                continue
+            extra = {"is_fenced": b.fenced} if v >= 2 else {}
+            brokers.append(
+                R.DescribeClusterBroker(
+                    broker_id=b.node_id, host=endpoint[0], port=endpoint[1], rack=b.az, **extra
+                )
+            )
+        active = [b.broker_id for b in brokers if not (v >= 2 and b.is_fenced)]
+        return R[v](
+            throttle_time_ms=0,
+            error_code=KafkaError.NONE,
+            error_message=None,
+            cluster_id=CLUSTER_ID,
+            controller_id=active[0] if active else -1,
+            brokers=brokers,
+            **fields,
         )
 
     def _auto_create(self, names: list[str]) -> None:

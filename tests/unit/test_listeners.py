@@ -392,3 +392,25 @@ def test_describe_configs_of_a_broker_shows_its_registered_listeners(sm):
     assert got["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL"
     _, _, rows = apis._describe_broker(sm.image, "2")
     assert {row.name: row.value for row in rows}["listeners"] == "PLAINTEXT://127.0.0.1:9020"
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_describe_cluster_answers_on_the_clients_listener(sm, version):
+    from kafka.protocol.admin import DescribeClusterRequest
+
+    fields = {"include_cluster_authorized_operations": False}
+    if version >= 1:
+        fields["endpoint_type"] = 1
+    if version >= 2:
+        fields["include_fenced_brokers"] = False
+    req = DescribeClusterRequest[version](**fields)
+    apis = apis_for(sm)
+    resp = call(apis.describe_cluster, req, 60, version, "SASL_SSL")
+    assert resp.error_code == 0
+    assert [(b.broker_id, b.port) for b in resp.brokers] == [(1, 9011)]
+    resp = call(apis.describe_cluster, req, 60, version, "PLAINTEXT")
+    assert [(b.broker_id, b.port) for b in resp.brokers] == [(1, 9010), (2, 9020)]
+    if version >= 1:  # controllers are not described by brokers
+        req = DescribeClusterRequest[version](**{**fields, "endpoint_type": 2})
+        resp = call(apis.describe_cluster, req, 60, version, "PLAINTEXT")
+        assert resp.error_code == KafkaError.UNSUPPORTED_ENDPOINT_TYPE and not resp.brokers
