@@ -115,7 +115,8 @@ def test_two_listeners_each_client_sees_only_its_own(cluster):
         assert time.monotonic() < deadline, f"topic not ready: {t and t.error}"
         time.sleep(0.2)
     assert {(b.host, b.port) for b in md.brokers.values()} == plain
-    described = AdminClient(plain_config).describe_cluster(request_timeout=10).result(15)
+    plain_admin = AdminClient(plain_config)  # kept alive until the answer is in
+    described = plain_admin.describe_cluster(request_timeout=10).result(15)
     assert {(n.host, n.port) for n in described.nodes} == plain
     values = [b"plain-%d" % i for i in range(20)]
     assert produce(plain_config, TOPIC, values) == []
