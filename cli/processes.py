@@ -1027,10 +1027,11 @@ def check_listener_flags(
     except ListenerSpecError as exc:
         raise ClusterError(f"--listeners: {exc}") from None
     for name, protocol in kinds:
+        label = f"listener {name}" + ("" if name == protocol else f" ({protocol})")
         if protocol in SASL_PROTOCOLS and not sasl:
-            raise ClusterError(f"--listeners: {name} is {protocol}, which needs --sasl")
+            raise ClusterError(f"--listeners: {label} needs --sasl")
         if protocol in TLS_PROTOCOLS and not tls:
-            raise ClusterError(f"--listeners: {name} is {protocol}, which needs --tls")
+            raise ClusterError(f"--listeners: {label} needs --tls")
     if sasl and not any(p in SASL_PROTOCOLS for _, p in kinds):
         raise ClusterError("--sasl needs a SASL listener in --listeners (e.g. PLAINTEXT,SASL_SSL)")
     return [ListenerKind(name=n, security_protocol=p) for n, p in kinds]

@@ -106,6 +106,13 @@ def test_start_rules_apply_per_listener():
         listeners_error(public_plain, sasl_enabled=True, tls_configured=True, allow_insecure=True)
         is None
     )
+    # SSL on a public address counts as authenticated only with client certificates required
+    public_ssl = [ep("SSL", 3, "SSL", host="10.1.2.3")]
+    assert "refusing" in listeners_error(public_ssl, sasl_enabled=False, tls_configured=True)
+    assert (
+        listeners_error(public_ssl, sasl_enabled=False, tls_configured=True, ssl_client_auth=True)
+        is None
+    )
     dup = [plain, ep("OTHER", 1, "PLAINTEXT")]
     assert "both use port 1" in listeners_error(dup, sasl_enabled=False, tls_configured=False)
 
@@ -348,8 +355,8 @@ def test_bad_topology_listeners_are_refused_in_one_line(tmp_path, change, why):
 @pytest.mark.parametrize(
     ("listeners", "sasl", "tls", "why"),
     [
-        ("PLAINTEXT,SASL_SSL", True, False, "SASL_SSL, which needs --tls"),
-        ("PLAINTEXT,SASL_PLAINTEXT", False, False, "needs --sasl"),
+        ("PLAINTEXT,SASL_SSL", True, False, "listener SASL_SSL needs --tls"),
+        ("PLAINTEXT,EXT:SASL_PLAINTEXT", False, False, r"listener EXT \(SASL_PLAINTEXT\) needs"),
         ("PLAINTEXT,KERBEROS", False, False, "has no security protocol"),
         ("A:PLAINTEXT,A:SSL", False, True, "duplicate listener name A"),
         ("PLAINTEXT,SSL", True, True, "--sasl needs a SASL listener"),
@@ -414,3 +421,44 @@ def test_describe_cluster_answers_on_the_clients_listener(sm, version):
         req = DescribeClusterRequest[version](**{**fields, "endpoint_type": 2})
         resp = call(apis.describe_cluster, req, 60, version, "PLAINTEXT")
         assert resp.error_code == KafkaError.UNSUPPORTED_ENDPOINT_TYPE and not resp.brokers
+
+
+def test_cluster_up_cli_refuses_bad_listener_flags_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    d = tmp_path / "c"
+    for args, why in [
+        (["--listeners", "PLAINTEXT,SASL_SSL", "--tls"], "listener SASL_SSL needs --sasl"),
+        (["--listeners", "PLAINTEXT,KERB"], "listener KERB has no security protocol"),
+        (["--mtls"], "--mtls needs --tls and an SSL listener"),
+    ]:
+        res = subprocess.run(
+            [sys.executable, "-m", "cli.main", "cluster", "up", "--dir", str(d), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert why in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not d.exists()  # nothing stored, nothing started
+
+
+def test_restart_flags_that_differ_name_listeners_and_mtls(tmp_path):
+    from cli.processes import LocalCluster, flag_differences
+
+    config = LocalCluster(tmp_path / "c").create(
+        1, 1, ["a"], None, None, 6000, tls=True, listeners="PLAINTEXT,SSL", mtls=True
+    )
+    assert flag_differences(config, listeners="plaintext, ssl", mtls=True) == []
+    differ = flag_differences(config, listeners="PLAINTEXT", mtls=False)
+    assert any(
+        "--listeners PLAINTEXT (the cluster has PLAINTEXT:PLAINTEXT,SSL:SSL)" in d for d in differ
+    )
+    assert any("--no-mtls" in d for d in differ)
+    # --mtls without --sasl: the CLI and the brokers use the SSL listener with certificates
+    assert config.security_protocol == "SSL"
+    security = LocalCluster(tmp_path / "c").client_security()
+    assert security["ssl_cert_file"].endswith("admin.pem")
