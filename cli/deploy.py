@@ -33,6 +33,7 @@ from controlplane.listeners import (
     SASL_PROTOCOLS,
     ListenerSpecError,
     listeners_error,
+    parse_advertised_listeners,
     parse_listeners,
 )
 from controlplane.records import BrokerEndpoint
@@ -69,6 +70,9 @@ class BrokerSpec(BaseModel):
     # the first listener is the one brokers talk to each other on
     listeners: str | None = Field(default=None, max_length=4096)
     listener_security_protocol_map: str | None = Field(default=None, max_length=4096)
+    # Kafka's `advertised.listeners`: the address clients are told for a listener that binds
+    # elsewhere ("EXTERNAL://broker1.example.com:9093"); the others are told as they bind
+    advertised_listeners: str | None = Field(default=None, max_length=4096)
     # the certificate chain and key of SSL listeners (paths on the broker's host)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -77,9 +81,25 @@ class BrokerSpec(BaseModel):
     wal_capacity_mib: int | None = Field(default=None, ge=16)
     wal: Literal["file", "s3"] = "file"
 
+    def advertised(self) -> list[BrokerEndpoint] | None:
+        """Its listeners as clients are told them (None: as they bind)."""
+        if self.advertised_listeners is None:
+            return None
+        if self.listeners is None:
+            raise ValueError(f"broker {self.id}: advertised_listeners needs listeners")
+        try:
+            bound = parse_listeners(
+                self.listeners, self.listener_security_protocol_map, default_host=self.host
+            )
+            return parse_advertised_listeners(self.advertised_listeners, bound)
+        except ListenerSpecError as exc:
+            raise ValueError(f"broker {self.id}: {exc}") from None
+
     def endpoints(self) -> list[BrokerEndpoint]:
         """Its listeners (ValueError with a one-line reason when the spec is invalid)."""
         if self.listeners is None:
+            if self.advertised_listeners is not None:
+                raise ValueError(f"broker {self.id}: advertised_listeners needs listeners")
             if self.listener_security_protocol_map is not None:
                 raise ValueError(f"broker {self.id}: a protocol map needs listeners")
             if self.kafka_port is None:
@@ -115,6 +135,10 @@ class BrokerSpec(BaseModel):
         )
         if refused:
             raise ValueError(f"broker {self.id}: {refused}")
+        try:  # what clients are told: an advertised address for each wildcard one
+            parse_advertised_listeners(self.advertised_listeners or "", endpoints)
+        except ListenerSpecError as exc:
+            raise ValueError(f"broker {self.id}: {exc}") from None
         return endpoints
 
 
@@ -224,6 +248,9 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
         endpoints = b.endpoints()
         if b.listeners is not None:
             extra["listeners"] = endpoints
+        advertised = b.advertised()
+        if advertised is not None:
+            extra["advertised_listeners"] = advertised
         if b.tls_cert_file and b.tls_key_file:
             extra["tls_cert_file"] = b.tls_cert_file
             extra["tls_key_file"] = b.tls_key_file
@@ -387,7 +414,9 @@ def init_command(
         "out": str(out),
         "hosts": written,
         "bootstrap_servers": ",".join(
-            f"{e.host}:{e.port}" for b in topo.brokers for e in b.endpoints()[:1]
+            f"{e.host}:{e.port}"
+            for b in topo.brokers
+            for e in (b.advertised() or b.endpoints())[:1]
         ),
     }
     if print_data(data, format):

@@ -120,6 +120,46 @@ def parse_listeners(
     return endpoints
 
 
+def parse_advertised_listeners(text: str, listeners: list[BrokerEndpoint]) -> list[BrokerEndpoint]:
+    """Kafka's `advertised.listeners` ("EXTERNAL://broker1.example.com:9093"): the address
+    clients are told for some of `listeners` (by name; the protocol is the listener's).
+    Returns every listener as advertised, in `listeners` order: one not named is advertised
+    as it binds. Raises ListenerSpecError for an unknown name, a name given twice, or a
+    wildcard address (0.0.0.0, ::) advertised."""
+    by_name = {e.name.upper(): e for e in listeners}
+    advertised: dict[str, BrokerEndpoint] = {}
+    for item in (i.strip() for i in (text or "").split(",")):
+        if not item:
+            continue
+        match = _ENTRY.match(item)
+        if match is None:
+            raise ListenerSpecError(f"bad advertised listener {item!r}: want NAME://HOST:PORT")
+        name = _name(match["name"])
+        if name not in by_name:
+            raise ListenerSpecError(f"advertised listener {name} is not one of the listeners")
+        if name in advertised:
+            raise ListenerSpecError(f"advertised listener {name} is given twice")
+        host, port = match["host"].strip("[]"), int(match["port"])
+        if not host or port == 0 or port > 65535:
+            raise ListenerSpecError(f"advertised listener {name} needs a host and a port")
+        advertised[name] = by_name[name].model_copy(update={"host": host, "port": port})
+    out = [advertised.get(e.name.upper(), e) for e in listeners]
+    for e in out:
+        if _is_wildcard(e.host):
+            raise ListenerSpecError(
+                f"listener {e.name} binds {e.host}: give it an address clients can reach "
+                "in advertised listeners"
+            )
+    return out
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
 def parse_listener_kinds(text: str) -> list[tuple[str, str]]:
     """`cluster up --listeners` ("PLAINTEXT,SASL_SSL" or "INTERNAL:PLAINTEXT,EXTERNAL:SSL")
     -> [(name, protocol)] in order; ports are chosen by `cluster up`."""

@@ -92,6 +92,11 @@ class BrokerConfig(BaseModel):
     # brokers talk to each other on). None: one listener host:kafka_port whose protocol
     # follows sasl_enabled and the TLS certificate
     listeners: list[BrokerEndpoint] | None = Field(default=None, min_length=1, max_length=16)
+    # Kafka's `advertised.listeners` resolved: what clients are told for each listener (the
+    # same names, in order), when it differs from where it binds (0.0.0.0, NAT); None: as bound
+    advertised_listeners: list[BrokerEndpoint] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
 
     @model_validator(mode="after")
     def _unique_listeners(self) -> BrokerConfig:
@@ -99,7 +104,18 @@ class BrokerConfig(BaseModel):
             from controlplane.listeners import check_unique
 
             check_unique(self.listeners)  # ListenerSpecError is a ValueError
+        if self.advertised_listeners is not None:
+            bound = [(e.name, e.security_protocol) for e in self.effective_listeners()]
+            told = [(e.name, e.security_protocol) for e in self.advertised_listeners]
+            if bound != told:
+                raise ValueError(
+                    "advertised_listeners must name the listeners, in order, with their protocols"
+                )
         return self
+
+    def registered_endpoints(self) -> list[BrokerEndpoint]:
+        """What this broker registers (and clients are told): its listeners as advertised."""
+        return list(self.advertised_listeners or self.effective_listeners())
 
     def effective_listeners(self) -> list[BrokerEndpoint]:
         """The listeners this broker serves (the single legacy one when `listeners` is

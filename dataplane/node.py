@@ -92,7 +92,7 @@ class BrokerNode:
         return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
-        endpoints = self.config.effective_listeners()
+        endpoints = self.config.registered_endpoints()  # as advertised to clients
         req = RegisterBrokerRequest(
             node_id=self.config.node_id,
             az=self.config.az,

@@ -462,3 +462,58 @@ def test_restart_flags_that_differ_name_listeners_and_mtls(tmp_path):
     assert config.security_protocol == "SSL"
     security = LocalCluster(tmp_path / "c").client_security()
     assert security["ssl_cert_file"].endswith("admin.pem")
+
+
+def test_advertised_listeners():
+    from controlplane.listeners import parse_advertised_listeners
+
+    bound = parse_listeners(
+        "INTERNAL://0.0.0.0:9092,EXTERNAL://127.0.0.1:9093", "INTERNAL:PLAINTEXT,EXTERNAL:SSL"
+    )
+    told = parse_advertised_listeners("internal://broker1.example.com:19092", bound)
+    assert told == [
+        ep("INTERNAL", 19092, "PLAINTEXT", host="broker1.example.com"),
+        ep("EXTERNAL", 9093, "SSL"),
+    ]
+    for spec, why in [
+        ("", "binds 0.0.0.0"),  # a wildcard address is never told to clients
+        ("OTHER://h:1", "not one of the listeners"),
+        ("INTERNAL://h:1,INTERNAL://h:2", "given twice"),
+        ("INTERNAL://:1", "needs a host"),
+    ]:
+        with pytest.raises(ListenerSpecError, match=why):
+            parse_advertised_listeners(spec, bound)
+    # the broker registers what it advertises, binds what it listens on
+    base = {"node_id": 1, "az": "a", "kafka_port": 9092, "data_dir": "/tmp/x", "controllers": []}
+    cfg = BrokerConfig(
+        **base, listeners=bound, advertised_listeners=told, tls_cert_file="c", tls_key_file="k"
+    )
+    assert cfg.registered_endpoints() == told and cfg.effective_listeners() == bound
+    with pytest.raises(ValueError, match="must name the listeners"):
+        BrokerConfig(**base, listeners=bound, advertised_listeners=told[:1])
+
+
+def test_topology_advertised_listeners(tmp_path):
+    import json
+
+    from cli.deploy import Topology, init_topology
+
+    broker = {
+        **TOPO["brokers"][0],
+        "listeners": "INTERNAL://0.0.0.0:9092,EXTERNAL://10.0.0.1:9095",
+        "advertised_listeners": "INTERNAL://b1.internal:9092",
+    }
+    init_topology(Topology.model_validate({**TOPO, "brokers": [broker]}), tmp_path)
+    cfg = BrokerConfig.model_validate(
+        json.loads((tmp_path / "10.0.0.1" / "broker-1.json").read_text())["broker"]
+    )
+    assert [(e.host, e.port) for e in cfg.effective_listeners()] == [
+        ("0.0.0.0", 9092),
+        ("10.0.0.1", 9095),
+    ]
+    assert [(e.host, e.port) for e in cfg.registered_endpoints()] == [
+        ("b1.internal", 9092),
+        ("10.0.0.1", 9095),
+    ]
+    with pytest.raises(ValueError, match="binds 0.0.0.0"):
+        Topology.model_validate({**TOPO, "brokers": [{**broker, "advertised_listeners": None}]})
