@@ -205,7 +205,8 @@ class ClusterConfig(BaseModel):
 
     def bootstrap_servers_of(self, spec: BrokerSpec) -> str:
         """host:port of one broker on the CLI's listener."""
-        return f"{self.host}:{(spec.listener_ports or [spec.kafka_port])[self.client_listener_index()]}"
+        ports = spec.listener_ports or [spec.kafka_port]
+        return f"{self.host}:{ports[self.client_listener_index()]}"
 
     def all_ports(self) -> dict[str, int]:
         ports = {}
