@@ -98,10 +98,13 @@ def generate_ca_and_server_cert(
     return paths
 
 
-def generate_client_cert(directory: Path, common_name: str, name: str) -> dict[str, Path]:
+def generate_client_cert(
+    directory: Path, common_name: str, name: str, out: Path | None = None
+) -> dict[str, Path]:
     """A client certificate for mutual TLS (`ssl.client.auth=required`), signed by the CA
     in `directory` (ca.pem, ca.key): `<name>.pem` (certificate + CA) and `<name>.key`
-    (0600). Its CN is the principal brokers see: "User:<common_name>"."""
+    (0600) in `out` (default `directory`). Its CN is the principal brokers see:
+    "User:<common_name>"."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -128,7 +131,9 @@ def generate_client_cert(directory: Path, common_name: str, name: str) -> dict[s
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
-    paths = {"cert": directory / f"{name}.pem", "key": directory / f"{name}.key"}
+    out = directory if out is None else out
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = {"cert": out / f"{name}.pem", "key": out / f"{name}.key"}
     _write(
         paths["key"],
         key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),

@@ -180,17 +180,16 @@ def test_mutual_tls_listener_principal_is_the_certificate_cn(cluster):
     needs an ACL like any principal."""
     from confluent_kafka import Producer
 
-    from cli.tls import generate_client_cert
-
     d = cluster["dir"]
     listeners = cluster["status"]["listeners"]
-    carol = generate_client_cert(d / "tls", "carol", "carol")
+    carol = json.loads(ok(automqctl("user", "cert", "carol", "--format", "json", cluster_dir=d)))
+    assert carol["principal"] == "User:carol"
     ssl_config = {
         "bootstrap.servers": listeners["SSL"]["bootstrap_servers"],
         "security.protocol": "SSL",
-        "ssl.ca.location": cluster["ca"],
-        "ssl.certificate.location": str(carol["cert"]),
-        "ssl.key.location": str(carol["key"]),
+        "ssl.ca.location": carol["ca"],
+        "ssl.certificate.location": carol["certificate"],
+        "ssl.key.location": carol["key"],
     }
     topic = "mtls-orders"
     md = AdminClient(ssl_config).list_topics(timeout=10)

@@ -517,3 +517,41 @@ def test_topology_advertised_listeners(tmp_path):
     ]
     with pytest.raises(ValueError, match="binds 0.0.0.0"):
         Topology.model_validate({**TOPO, "brokers": [{**broker, "advertised_listeners": None}]})
+
+
+def test_user_cert_issues_a_client_certificate_and_refuses_in_one_line(tmp_path):
+    import os
+    import ssl
+    import subprocess
+    import sys
+
+    from cli.processes import LocalCluster
+
+    def user_cert(d, *args):
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "user", "cert", *args, "--dir", str(d)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+
+    plain = tmp_path / "plain"
+    LocalCluster(plain).create(1, 1, ["a"], None, None, 6000)
+    res = user_cert(plain, "alice")
+    assert res.returncode == 1 and "has no CA of its own" in res.stderr
+    d = tmp_path / "tls"
+    LocalCluster(d).create(1, 1, ["a"], None, None, 6000, tls=True)
+    res = user_cert(d, "bad name")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
+    res = user_cert(d, "alice", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    import json
+
+    issued = json.loads(res.stdout)
+    assert issued["principal"] == "User:alice"
+    assert os.stat(issued["key"]).st_mode & 0o077 == 0
+    ctx = ssl.create_default_context(cafile=issued["ca"])
+    ctx.load_cert_chain(issued["certificate"], issued["key"])  # a valid pair of the CA
+    res = user_cert(d, "alice")  # never overwrites
+    assert res.returncode == 1 and "exists" in res.stderr
