@@ -232,3 +232,47 @@ def test_mutual_tls_listener_principal_is_the_certificate_cn(cluster):
     anonymous = {k: v for k, v in ssl_config.items() if "certificate" not in k and "key." not in k}
     with pytest.raises(confluent_kafka.KafkaException):
         AdminClient(anonymous).list_topics(timeout=5)
+
+
+def test_mutual_tls_alone_cli_and_clients_by_certificate(tmp_path):
+    """`cluster up --tls --mtls` without SASL: one SSL listener wanting client certificates,
+    ACLs on; the CLI works as the admin's certificate, an application's certificate needs
+    an ACL."""
+    from confluent_kafka import Producer
+
+    d = tmp_path / "mtls"
+    up = automqctl(
+        "cluster", "up", "--tls", "--mtls", "--brokers", "1", "--controllers", "1",
+        "--wal-capacity-mib", "16", "--format", "json", cluster_dir=d,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        status = json.loads(up.stdout)
+        assert list(status["listeners"]) == ["SSL"]
+        ok(automqctl("topic", "create", "mtls-t", "--partitions", "1", cluster_dir=d))
+        bob = json.loads(ok(automqctl("user", "cert", "bob", "--format", "json", cluster_dir=d)))
+        config = {
+            "bootstrap.servers": status["bootstrap_servers"],
+            "security.protocol": "SSL",
+            "ssl.ca.location": bob["ca"],
+            "ssl.certificate.location": bob["certificate"],
+            "ssl.key.location": bob["key"],
+            "message.timeout.ms": 10_000,
+        }
+        errors: list = []
+        producer = Producer(config)
+        producer.produce("mtls-t", b"x", on_delivery=lambda err, msg: errors.append(err))
+        producer.flush(15)
+        assert errors[0].code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+        ok(
+            automqctl(
+                "acl", "add", "--allow-principal", "User:bob", "--operation", "Write",
+                "--operation", "Describe", "--topic", "mtls-t", cluster_dir=d,
+            )
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while (errors := produce(config, "mtls-t", [b"from-bob"])) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert errors == []
+    finally:
+        automqctl("cluster", "down", cluster_dir=d)
