@@ -14,8 +14,11 @@ from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data
 from cli.reassign import ControllersOption, _client, _image
 
-user_app = typer.Typer(help="SASL/SCRAM users (salted hashes in the metadata quorum).")
-acl_app = typer.Typer(help="ACLs enforced on SASL listeners (kafka-acls.sh style).")
+user_app = typer.Typer(
+    help="Users: SASL/SCRAM credentials (salted hashes in the metadata quorum) and mutual-TLS "
+    "client certificates."
+)
+acl_app = typer.Typer(help="ACLs, enforced with SASL or mutual TLS on (kafka-acls.sh style).")
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 MIN_PASSWORD_CHARS = 8
