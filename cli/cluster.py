@@ -73,6 +73,8 @@ _UP_FLAGS = (
     "retention_check_interval_s",
     "object_delete_delay_s",
     "wal",
+    "listeners",
+    "mtls",
 )
 
 
@@ -149,6 +151,21 @@ def up(
         help="where brokers keep their WAL: file (a local file) or s3 (objects under "
         "wal/node-N in the main bucket, recoverable from any host)",
     ),
+    listeners: str | None = typer.Option(
+        None,
+        "--listeners",
+        help="several Kafka listeners per broker, each its own port and security protocol: "
+        "PROTOCOL or NAME:PROTOCOL, comma-separated (e.g. PLAINTEXT,SASL_SSL or "
+        "INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL; SASL ones need --sasl, SSL ones --tls). "
+        "Default: one listener, SASL with --sasl, TLS with --tls",
+    ),
+    mtls: bool = typer.Option(
+        False,
+        "--mtls/--no-mtls",
+        help="mutual TLS (ssl.client.auth=required) on SSL listeners: clients need a "
+        "certificate of the cluster CA, whose CN is their principal for ACLs; issues the "
+        "admin's (DIR/tls/admin.pem, admin.key) and the brokers' client certificates",
+    ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -205,6 +222,8 @@ def up(
                 retention_check_interval_s=retention_check_interval_s,
                 object_delete_delay_s=object_delete_delay_s,
                 wal=wal.value,
+                listeners=listeners,
+                mtls=mtls,
             )
             created = True
             missing = cluster.component_names(config)
@@ -279,6 +298,13 @@ def up(
     console.print(
         f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]", soft_wrap=True
     )
+    if config.listeners:
+        for name, servers in status["listeners"].items():
+            console.print(
+                f"listener {escape(name)} ({servers['security_protocol']}): "
+                f"[bold green]{servers['bootstrap_servers']}[/]",
+                soft_wrap=True,
+            )
     if config.sasl:
         console.print(
             f"{config.security_protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super "
@@ -289,6 +315,12 @@ def up(
     if config.tls:
         console.print(
             f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
+            soft_wrap=True,
+        )
+    if config.mtls:
+        console.print(
+            "mutual TLS on SSL listeners: the admin super user's client certificate is "
+            f"[bold]{escape(str(cluster.tls_dir / 'admin.pem'))}[/] (key admin.key, mode 0600)",
             soft_wrap=True,
         )
 
@@ -612,10 +644,18 @@ def _print_status(status: dict) -> None:
         lag = "" if b.get("upload_lag_s") is None else f"{b['upload_lag_s']:.1f} s"
         if b.get("last_upload_error"):
             lag += f" [red]({escape(b['last_upload_error'][:60])})[/]"
+        endpoints = b.get("endpoints") or []
         brk.add_row(
             str(b["node_id"]),
             b["az"],
-            b["address"],
+            "\n".join(
+                f"{escape(e['listener'])} {e['security_protocol']} {e['address']}"
+                if e["listener"] != e["security_protocol"]
+                else f"{e['security_protocol']} {e['address']}"
+                for e in endpoints
+            )
+            if len(endpoints) > 1
+            else b["address"],
             str(b["node_epoch"] or 0) if b["registered"] else "",
             state_text,
             f"{age} ms" if age is not None else "",

@@ -29,6 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cli.output import OutputFormat, fail, print_data
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
+from controlplane.listeners import (
+    SASL_PROTOCOLS,
+    ListenerSpecError,
+    listeners_error,
+    parse_advertised_listeners,
+    parse_listeners,
+)
+from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.config import BrokerConfig
 from dataplane.objectstore import parse_bucket_uris
@@ -55,11 +63,83 @@ class BrokerSpec(BaseModel):
     id: int = Field(ge=0)
     host: str = Field(min_length=1, max_length=253)
     az: str = Field(min_length=1, max_length=64)
-    kafka_port: int = Field(ge=1, le=65535)
+    # one PLAINTEXT listener on host:kafka_port, unless `listeners` is given
+    kafka_port: int | None = Field(default=None, ge=1, le=65535)
+    # Kafka's `listeners` ("INTERNAL://10.0.0.5:9092,EXTERNAL://10.0.0.5:9093"; an empty host
+    # is `host`) and `listener.security.protocol.map` ("INTERNAL:PLAINTEXT,EXTERNAL:SSL");
+    # the first listener is the one brokers talk to each other on
+    listeners: str | None = Field(default=None, max_length=4096)
+    listener_security_protocol_map: str | None = Field(default=None, max_length=4096)
+    # Kafka's `advertised.listeners`: the address clients are told for a listener that binds
+    # elsewhere ("EXTERNAL://broker1.example.com:9093"); the others are told as they bind
+    advertised_listeners: str | None = Field(default=None, max_length=4096)
+    # the certificate chain and key of SSL listeners (paths on the broker's host)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     metrics_port: int = Field(default=0, ge=0, le=65535)
     data_dir: str = "/var/lib/automq/broker-{id}"
     wal_capacity_mib: int | None = Field(default=None, ge=16)
     wal: Literal["file", "s3"] = "file"
+
+    def advertised(self) -> list[BrokerEndpoint] | None:
+        """Its listeners as clients are told them (None: as they bind)."""
+        if self.advertised_listeners is None:
+            return None
+        if self.listeners is None:
+            raise ValueError(f"broker {self.id}: advertised_listeners needs listeners")
+        try:
+            bound = parse_listeners(
+                self.listeners, self.listener_security_protocol_map, default_host=self.host
+            )
+            return parse_advertised_listeners(self.advertised_listeners, bound)
+        except ListenerSpecError as exc:
+            raise ValueError(f"broker {self.id}: {exc}") from None
+
+    def endpoints(self) -> list[BrokerEndpoint]:
+        """Its listeners (ValueError with a one-line reason when the spec is invalid)."""
+        if self.listeners is None:
+            if self.advertised_listeners is not None:
+                raise ValueError(f"broker {self.id}: advertised_listeners needs listeners")
+            if self.listener_security_protocol_map is not None:
+                raise ValueError(f"broker {self.id}: a protocol map needs listeners")
+            if self.kafka_port is None:
+                raise ValueError(f"broker {self.id}: give kafka_port or listeners")
+            return [
+                BrokerEndpoint(
+                    name="PLAINTEXT",
+                    host=self.host,
+                    port=self.kafka_port,
+                    security_protocol="PLAINTEXT",
+                )
+            ]
+        if self.kafka_port is not None:
+            raise ValueError(f"broker {self.id}: give kafka_port or listeners, not both")
+        try:
+            endpoints = parse_listeners(
+                self.listeners, self.listener_security_protocol_map, default_host=self.host
+            )
+        except ListenerSpecError as exc:
+            raise ValueError(f"broker {self.id}: {exc}") from None
+        sasl = [e.name for e in endpoints if e.security_protocol in SASL_PROTOCOLS]
+        if sasl:
+            # topology clusters have no SASL users to log in with (yet)
+            raise ValueError(
+                f"broker {self.id}: listener {sasl[0]} is SASL, which topology files do not "
+                "set up (use PLAINTEXT or SSL listeners)"
+            )
+        refused = listeners_error(
+            endpoints,
+            sasl_enabled=False,
+            tls_configured=bool(self.tls_cert_file and self.tls_key_file),
+            allow_insecure=True,  # checked where the broker starts (`node run --allow-insecure`)
+        )
+        if refused:
+            raise ValueError(f"broker {self.id}: {refused}")
+        try:  # what clients are told: an advertised address for each wildcard one
+            parse_advertised_listeners(self.advertised_listeners or "", endpoints)
+        except ListenerSpecError as exc:
+            raise ValueError(f"broker {self.id}: {exc}") from None
+        return endpoints
 
 
 class Topology(BaseModel):
@@ -86,9 +166,10 @@ class Topology(BaseModel):
             for port in (c.raft_port, c.api_port):
                 _claim(used, (c.host, port), f"controller {c.id}")
         for b in self.brokers:
-            for port in (b.kafka_port, b.metrics_port):
-                if port:
-                    _claim(used, (b.host, port), f"broker {b.id}")
+            for e in b.endpoints():
+                _claim(used, (b.host, e.port), f"broker {b.id}")
+            if b.metrics_port:
+                _claim(used, (b.host, b.metrics_port), f"broker {b.id}")
         for uri in self.buckets:
             if "accesskey" in uri.lower() or "secretkey" in uri.lower():
                 raise ValueError(
@@ -164,11 +245,20 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
             extra["wal_uri"] = f"s3://{main_bucket}/wal/node-{b.id}"
         if topology.upload_interval_s is not None:
             extra["upload_interval_s"] = topology.upload_interval_s
+        endpoints = b.endpoints()
+        if b.listeners is not None:
+            extra["listeners"] = endpoints
+        advertised = b.advertised()
+        if advertised is not None:
+            extra["advertised_listeners"] = advertised
+        if b.tls_cert_file and b.tls_key_file:
+            extra["tls_cert_file"] = b.tls_cert_file
+            extra["tls_key_file"] = b.tls_key_file
         broker = BrokerConfig(
             node_id=b.id,
             az=b.az,
             host=b.host,
-            kafka_port=b.kafka_port,
+            kafka_port=endpoints[0].port,
             metrics_port=b.metrics_port,
             data_dir=Path(b.data_dir.format(id=b.id)),
             controllers=api,
@@ -261,6 +351,16 @@ def process_argv(
             broker = BrokerConfig.model_validate(node["broker"])
             if allow_insecure:
                 broker = broker.model_copy(update={"allow_insecure": True})
+            # the broker refuses these too, but only after it started: say it here (the
+            # non-loopback rule stays the broker's own, with `allow_insecure` written below)
+            refused = listeners_error(
+                broker.effective_listeners(),
+                sasl_enabled=broker.sasl_enabled,
+                tls_configured=broker.tls_cert_file is not None and broker.tls_key_file is not None,
+                allow_insecure=True,
+            )
+            if refused:
+                raise ValueError(f"{node_file}: {refused}")
             runtime = broker.data_dir / "broker.json"
             write_private(runtime, broker.model_dump_json(indent=2))
             argv = [sys.executable, "-m", "dataplane.node", "--config", str(runtime)]
@@ -313,7 +413,11 @@ def init_command(
     data = {
         "out": str(out),
         "hosts": written,
-        "bootstrap_servers": ",".join(f"{b.host}:{b.kafka_port}" for b in topo.brokers),
+        "bootstrap_servers": ",".join(
+            f"{e.host}:{e.port}"
+            for b in topo.brokers
+            for e in (b.advertised() or b.endpoints())[:1]
+        ),
     }
     if print_data(data, format):
         return

@@ -92,6 +92,9 @@ def kafka_python_security(credentials: dict | None) -> dict:
         )
     if credentials.get("ssl_ca_file"):
         out["ssl_cafile"] = credentials["ssl_ca_file"]
+    if credentials.get("ssl_cert_file"):  # mutual TLS: the client certificate
+        out["ssl_certfile"] = credentials["ssl_cert_file"]
+        out["ssl_keyfile"] = credentials["ssl_key_file"]
     return out
 
 
@@ -111,4 +114,7 @@ def librdkafka_security(credentials: dict | None) -> dict:
         )
     if credentials.get("ssl_ca_file"):
         out["ssl.ca.location"] = credentials["ssl_ca_file"]
+    if credentials.get("ssl_cert_file"):  # mutual TLS: the client certificate
+        out["ssl.certificate.location"] = credentials["ssl_cert_file"]
+        out["ssl.key.location"] = credentials["ssl_key_file"]
     return out

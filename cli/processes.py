@@ -38,6 +38,13 @@ from pydantic import BaseModel, Field
 
 from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
+from controlplane.listeners import (
+    SASL_PROTOCOLS,
+    TLS_PROTOCOLS,
+    ListenerSpecError,
+    parse_listener_kinds,
+)
+from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import (
     ADMIN_GRPC_OFFSET,
@@ -74,8 +81,21 @@ class ClusterError(RuntimeError):
 class BrokerSpec(BaseModel):
     node_id: int
     az: str
-    kafka_port: int
+    kafka_port: int  # its first listener's
     metrics_port: int | None = None  # Prometheus /metrics of the broker
+    # the port of each listener (ClusterConfig.listeners order; the first is kafka_port);
+    # None: one listener on kafka_port
+    listener_ports: list[int] | None = None
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
+class ListenerKind(BaseModel):
+    """One listener every broker of a local cluster serves (`cluster up --listeners`)."""
+
+    name: str
+    security_protocol: SecurityProtocol
 
 
 class ClusterConfig(BaseModel):
@@ -112,6 +132,40 @@ class ClusterConfig(BaseModel):
     # with --tls the controller API is HTTPS too, with the same CA (None in configs written
     # before: their controller API stays HTTP)
     tls_dir: str | None = None
+    # several listeners per broker (`--listeners PLAINTEXT,SASL_SSL`); None: one whose
+    # protocol follows --sasl / --tls
+    listeners: list[ListenerKind] | None = None
+    # `--mtls`: SSL listeners require a client certificate of the cluster CA (its CN is the
+    # principal); the CLI uses DIR/tls/admin.pem (CN admin), brokers DIR/tls/broker.pem
+    mtls: bool = False
+
+    def listener_kinds(self) -> list[ListenerKind]:
+        """Every broker's listeners, in order (the legacy single one when not set)."""
+        if self.listeners:
+            return list(self.listeners)
+        protocol = ("SASL_" if self.sasl else "") + ("SSL" if self.tls else "PLAINTEXT")
+        return [ListenerKind(name=protocol, security_protocol=protocol)]
+
+    def client_listener_index(self) -> int:
+        """The listener the CLI's clients and the brokers themselves use: the first SASL one
+        on a --sasl cluster (the admin and broker logins need it), else the first SSL one
+        with --mtls (their client certificates), else the first."""
+        kinds = self.listener_kinds()
+        wanted = SASL_PROTOCOLS if self.sasl else {"SSL"} if self.mtls else None
+        for i, kind in enumerate(kinds):
+            if wanted is not None and kind.security_protocol in wanted:
+                return i
+        return 0
+
+    def broker_endpoints(self, spec: BrokerSpec) -> list[BrokerEndpoint]:
+        """The endpoints of one broker, in listener order."""
+        ports = spec.listener_ports or [spec.kafka_port]
+        return [
+            BrokerEndpoint(
+                name=k.name, host=self.host, port=port, security_protocol=k.security_protocol
+            )
+            for k, port in zip(self.listener_kinds(), ports, strict=True)
+        ]
 
     @property
     def controller_ca_file(self) -> str | None:
@@ -120,12 +174,8 @@ class ClusterConfig(BaseModel):
 
     @property
     def security_protocol(self) -> str:
-        return {
-            (True, True): "SASL_SSL",
-            (True, False): "SASL_PLAINTEXT",
-            (False, True): "SSL",
-            (False, False): "PLAINTEXT",
-        }[(self.sasl, self.tls)]
+        """The protocol of the listener the CLI's clients use."""
+        return self.listener_kinds()[self.client_listener_index()].security_protocol
 
     def quorum_config(self) -> QuorumConfig:
         tls = (
@@ -145,8 +195,18 @@ class ClusterConfig(BaseModel):
             **tls,
         )
 
-    def bootstrap_servers(self) -> str:
-        return ",".join(f"{self.host}:{b.kafka_port}" for b in self.brokers)
+    def bootstrap_servers(self, listener: str | None = None) -> str:
+        """host:port of every broker on `listener` (default: the CLI's listener)."""
+        names = [k.name for k in self.listener_kinds()]
+        index = names.index(listener) if listener is not None else self.client_listener_index()
+        return ",".join(
+            f"{self.host}:{(b.listener_ports or [b.kafka_port])[index]}" for b in self.brokers
+        )
+
+    def bootstrap_servers_of(self, spec: BrokerSpec) -> str:
+        """host:port of one broker on the CLI's listener."""
+        ports = spec.listener_ports or [spec.kafka_port]
+        return f"{self.host}:{ports[self.client_listener_index()]}"
 
     def all_ports(self) -> dict[str, int]:
         ports = {}
@@ -154,7 +214,11 @@ class ClusterConfig(BaseModel):
             ports[f"controller-{c.node_id} raft"] = c.raft_port
             ports[f"controller-{c.node_id} api"] = c.api_port
         for b in self.brokers:
-            ports[f"broker-{b.node_id} kafka"] = b.kafka_port
+            if b.listener_ports and len(b.listener_ports) > 1:
+                for kind, port in zip(self.listener_kinds(), b.listener_ports, strict=True):
+                    ports[f"broker-{b.node_id} kafka {kind.name}"] = port
+            else:
+                ports[f"broker-{b.node_id} kafka"] = b.kafka_port
             if b.metrics_port:
                 ports[f"broker-{b.node_id} metrics"] = b.metrics_port
         for component, store in self.embedded_stores().items():
@@ -427,8 +491,19 @@ class LocalCluster:
         retention_check_interval_s: float | None = None,
         wal: Literal["file", "s3"] = "file",
         object_delete_delay_s: float | None = None,
+        listeners: str | None = None,
+        mtls: bool = False,
     ) -> ClusterConfig:
-        """Write a new cluster config with fresh ports and secrets."""
+        """Write a new cluster config with fresh ports and secrets (nothing is written when
+        the flags are invalid)."""
+        kinds = check_listener_flags(listeners, sasl=sasl, tls=tls)
+        if mtls:
+            protocols = (
+                [k.security_protocol for k in kinds] if kinds else ["SASL_SSL" if sasl else "SSL"]
+            )
+            if not tls or "SSL" not in protocols:
+                raise ClusterError("--mtls needs --tls and an SSL listener (e.g. --listeners SSL)")
+        per_broker = len(kinds) if kinds else 1
         if brokers < 1 or controllers < 1:
             raise ClusterError("a cluster needs at least one broker and one controller")
         if controllers % 2 == 0:
@@ -438,7 +513,7 @@ class LocalCluster:
         if not azs:
             raise ClusterError("at least one AZ name is needed")
         # two embedded stores (main: bucket 0, failover: bucket 1), 10 ports each
-        needed = controllers * 2 + brokers * 2 + (0 if bucket_uris else 20)
+        needed = controllers * 2 + brokers * (per_broker + 1) + (0 if bucket_uris else 20)
         # the object store's admin gRPC port is its admin port + ADMIN_GRPC_OFFSET
         top = 65535 - needed - (0 if bucket_uris else ADMIN_GRPC_OFFSET)
         if base_port is not None:
@@ -455,16 +530,20 @@ class LocalCluster:
             for i in range(controllers)
         ]
         off = controllers * 2
+        stride = per_broker + 1  # each broker: its listeners' ports, then its metrics port
         brk = [
             BrokerSpec(
                 node_id=i + 1,
                 az=azs[i % len(azs)],
-                kafka_port=ports[off + 2 * i],
-                metrics_port=ports[off + 2 * i + 1],
+                kafka_port=ports[off + stride * i],
+                metrics_port=ports[off + stride * i + per_broker],
+                listener_ports=(
+                    ports[off + stride * i : off + stride * i + per_broker] if kinds else None
+                ),
             )
             for i in range(brokers)
         ]
-        off += brokers * 2
+        off += brokers * stride
         embedded: dict | None = None
         embedded_failover: dict | None = None
         if bucket_uris:
@@ -515,12 +594,17 @@ class LocalCluster:
             sasl=sasl,
             tls=tls,
             tls_dir=str(self.tls_dir.resolve()) if tls else None,
+            listeners=kinds,
+            mtls=mtls,
         )
         if tls:
-            from cli.tls import generate_ca_and_server_cert
+            from cli.tls import generate_ca_and_server_cert, generate_client_cert
 
             self.dir.mkdir(parents=True, exist_ok=True)
             generate_ca_and_server_cert(self.tls_dir, ips=[host], dns_names=["localhost"])
+            if mtls:
+                generate_client_cert(self.tls_dir, ADMIN_USER, "admin")
+                generate_client_cert(self.tls_dir, BROKER_USER, "broker")
         self.save(config)
         self.incomplete_path.write_text(
             "the first `cluster up` of this directory has not finished\n"
@@ -589,8 +673,14 @@ class LocalCluster:
         creds = self.admin_credentials()
         if creds is not None:
             return creds
-        if self.exists() and self.load().tls:
-            return {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+        if self.exists():
+            config = self.load()
+            if config.tls and config.security_protocol == "SSL":
+                out = {"security_protocol": "SSL", "ssl_ca_file": str(self.tls_dir / "ca.pem")}
+                if config.mtls:  # the admin's client certificate (CN admin, a super user)
+                    out["ssl_cert_file"] = str(self.tls_dir / "admin.pem")
+                    out["ssl_key_file"] = str(self.tls_dir / "admin.key")
+                return out
         return None
 
     def admin_credentials(self) -> dict | None:
@@ -775,11 +865,17 @@ class LocalCluster:
         if config.broker_wal == "s3":
             storage["wal_uri"] = broker_wal_uri(config, node_id)
         login = self.broker_credentials() if config.sasl else None
+        endpoints = config.broker_endpoints(spec)
+        # brokers talk to each other on the CLI's listener (the inter-broker login needs SASL
+        # on a --sasl cluster): it goes first, the rest keep their order
+        first = config.client_listener_index()
+        endpoints = [endpoints[first]] + endpoints[:first] + endpoints[first + 1 :]
         bcfg = BrokerConfig(
             node_id=node_id,
             az=spec.az,
             host=config.host,
-            kafka_port=spec.kafka_port,
+            kafka_port=endpoints[0].port,
+            listeners=endpoints if config.listeners else None,
             data_dir=bdir,
             controllers=config.quorum_config().api_addresses(),
             bucket_uris=",".join(b.uri_with_credentials() for b in config.buckets),
@@ -787,7 +883,12 @@ class LocalCluster:
             controller_api_secret=config.api_secret,
             controller_ca_file=config.controller_ca_file,
             sasl_enabled=config.sasl,
-            super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"] if config.sasl else [],
+            super_users=[f"User:{ADMIN_USER}", f"User:{BROKER_USER}"]
+            if config.sasl or config.mtls
+            else [],
+            ssl_client_auth="required" if config.mtls else "none",
+            tls_client_cert_file=self.tls_dir / "broker.pem" if config.mtls else None,
+            tls_client_key_file=self.tls_dir / "broker.key" if config.mtls else None,
             tls_cert_file=self.tls_dir / "server.pem" if config.tls else None,
             tls_key_file=self.tls_dir / "server.key" if config.tls else None,
             tls_ca_file=self.tls_dir / "ca.pem" if config.tls else None,
@@ -917,6 +1018,29 @@ def effective_wal_capacity_bytes(config: ClusterConfig) -> int:
     return config.broker_wal_capacity_bytes or WAL_CAPACITY_BYTES
 
 
+def check_listener_flags(
+    listeners: str | None, *, sasl: bool, tls: bool
+) -> list[ListenerKind] | None:
+    """`cluster up --listeners` as listener kinds (None: not given), or ClusterError: an
+    unknown protocol, a duplicate name, a SASL listener without --sasl, an SSL one without
+    --tls."""
+    if listeners is None:
+        return None
+    try:
+        kinds = parse_listener_kinds(listeners)
+    except ListenerSpecError as exc:
+        raise ClusterError(f"--listeners: {exc}") from None
+    for name, protocol in kinds:
+        label = f"listener {name}" + ("" if name == protocol else f" ({protocol})")
+        if protocol in SASL_PROTOCOLS and not sasl:
+            raise ClusterError(f"--listeners: {label} needs --sasl")
+        if protocol in TLS_PROTOCOLS and not tls:
+            raise ClusterError(f"--listeners: {label} needs --tls")
+    if sasl and not any(p in SASL_PROTOCOLS for _, p in kinds):
+        raise ClusterError("--sasl needs a SASL listener in --listeners (e.g. PLAINTEXT,SASL_SSL)")
+    return [ListenerKind(name=n, security_protocol=p) for n, p in kinds]
+
+
 def flag_differences(
     config: ClusterConfig,
     *,
@@ -933,6 +1057,8 @@ def flag_differences(
     retention_check_interval_s: float | None = None,
     wal: str | None = None,
     object_delete_delay_s: float | None = None,
+    listeners: str | None = None,
+    mtls: bool | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -1009,6 +1135,20 @@ def flag_differences(
             )
     if wal is not None and wal != config.broker_wal:
         out.append(f"--wal {wal} (the cluster has {config.broker_wal})")
+    if mtls is not None and mtls != config.mtls:
+        out.append(
+            f"--{'' if mtls else 'no-'}mtls (the cluster has mutual TLS "
+            f"{'on' if config.mtls else 'off'})"
+        )
+    if listeners is not None:
+        have = [(k.name, k.security_protocol) for k in config.listener_kinds()]
+        try:
+            want = parse_listener_kinds(listeners)
+        except ListenerSpecError:
+            want = None
+        if want != have:
+            spec = ",".join(f"{n}:{p}" for n, p in have)
+            out.append(f"--listeners {listeners} (the cluster has {spec})")
     return out
 
 

@@ -14,8 +14,11 @@ from cli.options import DirOption
 from cli.output import OutputFormat, console, fail, print_data
 from cli.reassign import ControllersOption, _client, _image
 
-user_app = typer.Typer(help="SASL/SCRAM users (salted hashes in the metadata quorum).")
-acl_app = typer.Typer(help="ACLs enforced on SASL listeners (kafka-acls.sh style).")
+user_app = typer.Typer(
+    help="Users: SASL/SCRAM credentials (salted hashes in the metadata quorum) and mutual-TLS "
+    "client certificates."
+)
+acl_app = typer.Typer(help="ACLs, enforced with SASL or mutual TLS on (kafka-acls.sh style).")
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 MIN_PASSWORD_CHARS = 8
@@ -128,6 +131,51 @@ def user_delete(
     except ControllerError as exc:
         fail(_controller_error(exc))
     console.print(f"user [bold]{name}[/] deleted")
+
+
+@user_app.command("cert")
+def user_cert(
+    name: str = typer.Argument(..., help="the certificate's CN: the principal is User:NAME"),
+    out: Path | None = typer.Option(
+        None, "--out", help="where to write NAME.pem and NAME.key (default DIR/tls/clients)"
+    ),
+    dir: Path = DirOption,
+    format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
+) -> None:
+    """Issue a client certificate for mutual TLS (`cluster up --tls --mtls`), signed by the
+    cluster CA: NAME.pem (certificate + CA) and NAME.key (0600). Never overwrites."""
+    import re
+
+    from cli.processes import ClusterError, LocalCluster
+    from cli.tls import generate_client_cert
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        fail("the name must be 1-64 letters, digits, '.', '_' or '-'")
+    cluster = LocalCluster(dir)
+    try:
+        config = cluster.load()
+    except ClusterError as exc:
+        fail(str(exc))
+    if not config.tls or not (cluster.tls_dir / "ca.key").exists():
+        fail(f"the cluster in {cluster.dir} has no CA of its own (create it with --tls)")
+    target = out if out is not None else cluster.tls_dir / "clients"
+    taken = [p for p in (target / f"{name}.pem", target / f"{name}.key") if p.exists()]
+    if taken:
+        fail(f"{taken[0]} exists: remove it first or choose another --out")
+    paths = generate_client_cert(cluster.tls_dir, name, name, target)
+    data = {
+        "principal": f"User:{name}",
+        "certificate": str(paths["cert"]),
+        "key": str(paths["key"]),
+        "ca": str(cluster.tls_dir / "ca.pem"),
+    }
+    if print_data(data, format):
+        return
+    console.print(
+        f"User:{name}: certificate {data['certificate']}, key {data['key']} (0600); "
+        f"clients trust {data['ca']}",
+        soft_wrap=True,
+    )
 
 
 # ---------------------------------------------------------------- ACLs

@@ -68,11 +68,23 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     brokers = []
     for spec in config.brokers:
         b = registered.get(spec.node_id)
+        # the listeners it registered (what clients are told), else the configured ones
+        endpoints = (b or {}).get("endpoints") or [
+            e.model_dump() for e in config.broker_endpoints(spec)
+        ]
         brokers.append(
             {
                 "node_id": spec.node_id,
                 "az": spec.az,
-                "address": f"{config.host}:{spec.kafka_port}",
+                "address": config.bootstrap_servers_of(spec),
+                "endpoints": [
+                    {
+                        "listener": e["name"],
+                        "security_protocol": e["security_protocol"],
+                        "address": f"{e['host']}:{e['port']}",
+                    }
+                    for e in endpoints
+                ],
                 "metrics_address": f"{config.host}:{spec.metrics_port}"
                 if spec.metrics_port
                 else None,
@@ -144,6 +156,14 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "healthy": not problems,
         "problems": problems,
         "bootstrap_servers": config.bootstrap_servers(),
+        # every listener's bootstrap servers (the CLI's is bootstrap_servers)
+        "listeners": {
+            k.name: {
+                "security_protocol": k.security_protocol,
+                "bootstrap_servers": config.bootstrap_servers(k.name),
+            }
+            for k in config.listener_kinds()
+        },
         "leader": leader_id,
         "controllers": controllers,
         "brokers": brokers,

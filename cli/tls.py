@@ -96,3 +96,48 @@ def generate_ca_and_server_cert(
     _write(paths["ca_cert"], ca_cert.public_bytes(pem), 0o644)
     _write(paths["server_cert"], cert.public_bytes(pem) + ca_cert.public_bytes(pem), 0o644)
     return paths
+
+
+def generate_client_cert(
+    directory: Path, common_name: str, name: str, out: Path | None = None
+) -> dict[str, Path]:
+    """A client certificate for mutual TLS (`ssl.client.auth=required`), signed by the CA
+    in `directory` (ca.pem, ca.key): `<name>.pem` (certificate + CA) and `<name>.key`
+    (0600) in `out` (default `directory`). Its CN is the principal brokers see:
+    "User:<common_name>"."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_pem = (directory / "ca.pem").read_bytes()
+    ca_cert = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_VALIDITY_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    out = directory if out is None else out
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = {"cert": out / f"{name}.pem", "key": out / f"{name}.key"}
+    _write(
+        paths["key"],
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        0o600,
+    )
+    _write(paths["cert"], cert.public_bytes(pem) + ca_pem, 0o644)
+    return paths

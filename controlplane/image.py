@@ -37,6 +37,21 @@ class BrokerState(BaseModel):
     registered_ms: int = 0
     fence_reason: str = ""
     shutting_down: bool = False  # controlled shutdown: no new partitions
+    # every listener (empty: registered before brokers had several; host:kafka_port is then
+    # its one listener)
+    endpoints: tuple[r.BrokerEndpoint, ...] = ()
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """(host, port) a client that connected on listener `listener` is told for this
+        broker, or None if the broker has no such listener (Kafka leaves it out). A broker
+        registered without endpoints, or a caller that does not know its listener (None),
+        gets host:kafka_port."""
+        if listener is None or not self.endpoints:
+            return self.host, self.kafka_port
+        for e in self.endpoints:
+            if e.name.upper() == listener.upper():
+                return e.host, e.port
+        return None
 
     @property
     def active(self) -> bool:
@@ -359,6 +374,7 @@ class MetadataImage(BaseModel):
                 incarnation_id=rec.incarnation_id,
                 fenced=True,
                 registered_ms=rec.registered_ms,
+                endpoints=rec.endpoints or (),
             ),
         )
 

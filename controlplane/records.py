@@ -21,8 +21,22 @@ class _Record(BaseModel):
 # ---------------------------------------------------------------- brokers and nodes
 
 
+class BrokerEndpoint(BaseModel):
+    """One Kafka listener of a broker: its name (as in Kafka's `listeners`, e.g. INTERNAL),
+    address and security protocol. Clients are told the endpoints of the listener they
+    connected on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=0, le=65535)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
 class RegisterBrokerRecord(_Record):
-    """A broker (re)registered; it gets a new node epoch and starts fenced."""
+    """A broker (re)registered; it gets a new node epoch and starts fenced. `host` and
+    `kafka_port` are its first listener (the one brokers talk to each other on); `endpoints`
+    all its listeners (None in records written before brokers had several)."""
 
     type: Literal["register_broker"] = "register_broker"
     node_id: int
@@ -32,6 +46,7 @@ class RegisterBrokerRecord(_Record):
     kafka_port: int
     incarnation_id: str
     registered_ms: int
+    endpoints: tuple[BrokerEndpoint, ...] | None = None
 
 
 class FenceBrokerRecord(_Record):

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controlplane.records import AclBinding
+from controlplane.records import AclBinding, BrokerEndpoint
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
@@ -19,6 +19,7 @@ MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_MOVES_PER_REASSIGNMENT = 10_000
 MAX_PARTITIONS_PER_BROKER_REPORT = 100_000
 MAX_BALANCER_MOVES_PER_COMMAND = 100
+MAX_LISTENERS_PER_BROKER = 16
 MAX_TOPIC_CONFIGS = 1_000  # = topic_configs.MAX_CONFIG_OPS; the schema refuses unknown keys
 
 
@@ -47,6 +48,19 @@ class RegisterBrokerRequest(_Request):
     kafka_port: int = Field(ge=0, le=65535)
     incarnation_id: str = Field(min_length=1, max_length=64)
     wal_uri: str = Field(default="", max_length=1024)
+    # every Kafka listener of the broker (None from brokers that predate listeners: their
+    # one listener is host:kafka_port)
+    endpoints: list[BrokerEndpoint] | None = Field(
+        default=None, min_length=1, max_length=MAX_LISTENERS_PER_BROKER
+    )
+
+    @model_validator(mode="after")
+    def _unique_listeners(self) -> RegisterBrokerRequest:
+        if self.endpoints is not None:
+            names = [e.name.upper() for e in self.endpoints]
+            if len(set(names)) != len(names):
+                raise ValueError(f"listener names must be unique: {names}")
+        return self
 
 
 class RegisterBrokerResponse(BaseModel):

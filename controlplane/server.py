@@ -377,6 +377,7 @@ class ControllerNode:
                     "az": b.az,
                     "host": b.host,
                     "kafka_port": b.kafka_port,
+                    "endpoints": [e.model_dump() for e in b.endpoints],
                     "node_epoch": b.node_epoch,
                     "fenced": b.fenced,
                     "fence_reason": b.fence_reason,

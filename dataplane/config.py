@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from controlplane.records import BrokerEndpoint
 
 # defaults of the storage engine and the Kafka listener (AutoMQ's, scaled to one machine);
 # StorageConfig and BrokerConfig both take them from here
@@ -72,3 +74,58 @@ class BrokerConfig(BaseModel):
         "SCRAM-SHA-512"
     )
     tls_ca_file: Path | None = None
+    # Kafka's ssl.client.auth on SSL listeners: "required" (mutual TLS: a client certificate
+    # signed by tls_ca_file, whose CN is the principal, "User:<CN>"), "requested", "none"
+    ssl_client_auth: Literal["none", "requested", "required"] = "none"
+    # this broker's client certificate (CN: its principal, a super user) for other brokers'
+    # listeners that require one
+    tls_client_cert_file: Path | None = None
+    tls_client_key_file: Path | None = None
+
+    @property
+    def acls_enforced(self) -> bool:
+        """ACLs are checked when clients can be told apart: SASL or client certificates."""
+        return self.sasl_enabled or self.ssl_client_auth != "none"
+
+    # several Kafka listeners, each its own socket and security protocol (Kafka's
+    # `listeners` with `listener.security.protocol.map` resolved; the first is the one
+    # brokers talk to each other on). None: one listener host:kafka_port whose protocol
+    # follows sasl_enabled and the TLS certificate
+    listeners: list[BrokerEndpoint] | None = Field(default=None, min_length=1, max_length=16)
+    # Kafka's `advertised.listeners` resolved: what clients are told for each listener (the
+    # same names, in order), when it differs from where it binds (0.0.0.0, NAT); None: as bound
+    advertised_listeners: list[BrokerEndpoint] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
+
+    @model_validator(mode="after")
+    def _unique_listeners(self) -> BrokerConfig:
+        if self.listeners:
+            from controlplane.listeners import check_unique
+
+            check_unique(self.listeners)  # ListenerSpecError is a ValueError
+        if self.advertised_listeners is not None:
+            bound = [(e.name, e.security_protocol) for e in self.effective_listeners()]
+            told = [(e.name, e.security_protocol) for e in self.advertised_listeners]
+            if bound != told:
+                raise ValueError(
+                    "advertised_listeners must name the listeners, in order, with their protocols"
+                )
+        return self
+
+    def registered_endpoints(self) -> list[BrokerEndpoint]:
+        """What this broker registers (and clients are told): its listeners as advertised."""
+        return list(self.advertised_listeners or self.effective_listeners())
+
+    def effective_listeners(self) -> list[BrokerEndpoint]:
+        """The listeners this broker serves (the single legacy one when `listeners` is
+        unset: named after its protocol, as Kafka does)."""
+        if self.listeners:
+            return list(self.listeners)
+        tls = self.tls_cert_file is not None and self.tls_key_file is not None
+        protocol = ("SASL_" if self.sasl_enabled else "") + ("SSL" if tls else "PLAINTEXT")
+        return [
+            BrokerEndpoint(
+                name=protocol, host=self.host, port=self.kafka_port, security_protocol=protocol
+            )
+        ]

@@ -54,6 +54,7 @@ SHUTDOWN_MOVE_WAIT_S = 30.0  # how long controlled shutdown waits for partitions
 FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
 BUCKET_PROBE_TIMEOUT_MS = 2_000
+ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"  # Kafka's principal of unauthenticated listeners
 
 
 class BrokerNode:
@@ -92,13 +93,16 @@ class BrokerNode:
         return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
+        endpoints = self.config.registered_endpoints()  # as advertised to clients
         req = RegisterBrokerRequest(
             node_id=self.config.node_id,
             az=self.config.az,
-            host=self.config.host,
-            kafka_port=self.config.kafka_port,
+            # the first listener is the one other brokers connect to
+            host=endpoints[0].host,
+            kafka_port=endpoints[0].port,
             incarnation_id=uuid.uuid4().hex,
             wal_uri=self.wal_uri,
+            endpoints=endpoints,
         )
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
@@ -384,14 +388,9 @@ class BrokerNode:
         )
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
-        admit = self._secure_listener(registry, image_fn)
+        listeners = self._secure_listeners(registry, image_fn)
         self.kafka = KafkaServerThread(
-            registry,
-            host=cfg.host,
-            port=cfg.kafka_port,
-            max_request_bytes=cfg.max_request_bytes,
-            admit=admit,
-            ssl_context=self._tls_context(),
+            registry, max_request_bytes=cfg.max_request_bytes, listeners=listeners
         )
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
@@ -408,56 +407,80 @@ class BrokerNode:
         self._stop_txn_coordinator = lambda: self.kafka.loop.call_soon_threadsafe(
             txn_coordinator.stop
         )
-        log.info("serving Kafka on %s:%d", cfg.host, cfg.kafka_port)
+        log.info(
+            "serving Kafka on %s",
+            ", ".join(f"{e.name}://{e.host}:{e.port}" for e in cfg.effective_listeners()),
+        )
         if cfg.metrics_port:
             from prometheus_client import start_http_server
 
             start_http_server(cfg.metrics_port, addr=cfg.host)
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
 
-    def _tls_context(self):
-        """The listener's TLS context when a certificate is configured, else None."""
+    def _tls_context(self, client_auth: str = "none"):
+        """A listener's TLS context when a certificate is configured, else None;
+        `client_auth` (ssl.client.auth) asks clients for a certificate of tls_ca_file."""
         cfg = self.config
         if cfg.tls_cert_file is None or cfg.tls_key_file is None:
             return None
         from dataplane.kafka.security.tls import server_ssl_context
 
-        log.info("TLS on the Kafka listener (%s)", cfg.tls_cert_file)
-        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+        return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, client_auth, cfg.tls_ca_file)
 
     def _marker_sender(self):
         """WriteTxnMarkers to the other brokers, logged in as the broker principal on a
         SASL cluster and over TLS (trusting the cluster CA) on a TLS one."""
         import functools
 
+        from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS
         from dataplane.kafka.txn.marker_client import InterBrokerLogin, send_write_txn_markers
 
         cfg = self.config
-        if cfg.sasl_enabled and not cfg.inter_broker_sasl_username:
+        # brokers reach each other on their first listener (registered as host:kafka_port)
+        protocol = cfg.effective_listeners()[0].security_protocol
+        sasl, tls = protocol in SASL_PROTOCOLS, protocol in TLS_PROTOCOLS
+        if sasl and not cfg.inter_broker_sasl_username:
             log.warning(
                 "SASL listener without an inter-broker login (inter_broker_sasl_username): "
                 "transaction markers to other brokers will be refused"
             )
-        if cfg.tls_cert_file and cfg.tls_ca_file is None:
+        if tls and cfg.tls_ca_file is None:
             log.warning("TLS listener without tls_ca_file: markers to other brokers will fail")
         login = InterBrokerLogin(
-            username=cfg.inter_broker_sasl_username if cfg.sasl_enabled else None,
+            username=cfg.inter_broker_sasl_username if sasl else None,
             password=cfg.inter_broker_sasl_password,
             mechanism=cfg.inter_broker_sasl_mechanism,
-            ssl_ca_file=cfg.tls_ca_file if cfg.tls_cert_file else None,
+            ssl_ca_file=cfg.tls_ca_file if tls else None,
+            ssl_cert_file=cfg.tls_client_cert_file if tls else None,
+            ssl_key_file=cfg.tls_client_key_file if tls else None,
         )
         return functools.partial(send_write_txn_markers, login=login)
 
-    def _secure_listener(self, registry, image_fn):
-        """SASL and the security admin APIs on the listener when configured; the admission
-        gate for the server (None: open listener). Refuses an open listener on a
-        non-loopback address unless `allow_insecure`."""
-        from controlplane.listeners import insecure_listener_error
+    def _secure_listeners(self, registry, image_fn):
+        """The server's listeners (one socket each, Kafka's `listeners`): SASL and the
+        security admin APIs registered when configured, ACLs enforced on every listener of
+        a SASL cluster (a PLAINTEXT or SSL listener's clients are User:ANONYMOUS, as in
+        Kafka). Refuses invalid listeners, and an unauthenticated one on a non-loopback
+        address unless `allow_insecure`."""
+        from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS, listeners_error
         from dataplane.kafka.security.admin_apis import SecurityAdminApis
+        from dataplane.kafka.server import ServerListener
 
         cfg = self.config
+        endpoints = cfg.effective_listeners()
+        refused = listeners_error(
+            endpoints,
+            sasl_enabled=cfg.sasl_enabled,
+            tls_configured=cfg.tls_cert_file is not None and cfg.tls_key_file is not None,
+            allow_insecure=cfg.allow_insecure,
+            ssl_client_auth=cfg.ssl_client_auth == "required",
+        )
+        if refused:
+            raise RuntimeError(refused)
+        if cfg.ssl_client_auth != "none" and cfg.tls_ca_file is None:
+            raise RuntimeError("ssl_client_auth needs tls_ca_file (the CA of client certificates)")
         enforcer = None
-        if cfg.sasl_enabled:
+        if cfg.acls_enforced:
             from dataplane.kafka.security.authorizer import Authorizer
             from dataplane.kafka.security.enforcement import AclEnforcer
 
@@ -470,25 +493,60 @@ class BrokerNode:
         )
         for request_class, lo, hi, handler in admin.registrations():
             registry.register(request_class, lo, hi, handler)
-        if not cfg.sasl_enabled:
-            refused = insecure_listener_error("Kafka", cfg.host, False, cfg.allow_insecure)
-            if refused:
-                raise RuntimeError(refused)
-            return None
-        from dataplane.kafka.security.sasl import SaslAuthenticator
+        sasl = None
+        if cfg.sasl_enabled:
+            from dataplane.kafka.security.sasl import SaslAuthenticator
 
-        sasl = SaslAuthenticator(image_fn)
-        for request_class, lo, hi, handler in sasl.registrations():
-            registry.register(request_class, lo, hi, handler)
-        assert enforcer is not None
-        enforcer.install(registry)  # after every registration: nothing stays unchecked
-        log.info(
-            "%s listener (%s), ACLs enforced; super users: %s",
-            "SASL_SSL" if cfg.tls_cert_file else "SASL_PLAINTEXT",
-            ", ".join(sasl.mechanisms),
-            ", ".join(cfg.super_users) or "none",
+            sasl = SaslAuthenticator(image_fn)
+            for request_class, lo, hi, handler in sasl.registrations():
+                registry.register(request_class, lo, hi, handler)
+            log.info("SASL mechanisms: %s", ", ".join(sasl.mechanisms))
+        if enforcer is not None:
+            enforcer.install(registry)  # after every registration: nothing stays unchecked
+            log.info("ACLs enforced; super users: %s", ", ".join(cfg.super_users) or "none")
+        from dataplane.kafka.security.tls import principal_of_certificate
+
+        tls = (
+            self._tls_context()
+            if any(e.security_protocol in TLS_PROTOCOLS for e in endpoints)
+            else None
         )
-        return sasl.admit
+        # SSL listeners ask for client certificates when ssl_client_auth says so (their CN is
+        # the principal); SASL_SSL ones take the principal from the SASL login
+        mutual_tls = (
+            self._tls_context(cfg.ssl_client_auth) if cfg.ssl_client_auth != "none" else tls
+        )
+        listeners = []
+        for e in endpoints:
+            extras: dict = {"security_protocol": e.security_protocol}
+            admit = None
+            if e.security_protocol in SASL_PROTOCOLS:
+                assert sasl is not None  # listeners_error refuses SASL without sasl_enabled
+                admit = sasl.admit
+            elif enforcer is not None:
+                extras["principal"] = ANONYMOUS_PRINCIPAL
+            ssl_context = None
+            if e.security_protocol == "SSL":
+                ssl_context = mutual_tls
+            elif e.security_protocol == "SASL_SSL":
+                ssl_context = tls
+            listeners.append(
+                ServerListener(
+                    host=e.host,
+                    port=e.port,
+                    name=e.name,
+                    ssl_context=ssl_context,
+                    admit=admit,
+                    extras=extras,
+                    principal_of_peer=(
+                        principal_of_certificate
+                        if e.security_protocol == "SSL" and cfg.ssl_client_auth != "none"
+                        else None
+                    ),
+                )
+            )
+            log.info("listener %s: %s on %s:%d", e.name, e.security_protocol, e.host, e.port)
+        return listeners
 
     # ------------------------------------------------------------ WAL failover
 

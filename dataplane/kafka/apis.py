@@ -30,6 +30,8 @@ from kafka.protocol.admin import (
     CreateTopicsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     IncrementalAlterConfigsRequest,
@@ -174,6 +176,7 @@ class KafkaApis:
             (IncrementalAlterConfigsRequest, 0, 1, self.incremental_alter_configs),
             (FindCoordinatorRequest, 0, 4, self.find_coordinator),
             (InitProducerIdRequest, 0, 4, self.init_producer_id),
+            (DescribeClusterRequest, 0, 2, self.describe_cluster),
         ]
 
     async def _io(self, fn, *args):
@@ -203,10 +206,19 @@ class KafkaApis:
             await self._io(self._auto_create, missing)
             image = self.image_fn()
         R = MetadataResponse
-        brokers = [
-            R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port, rack=b.az)
-            for b in self._broker_list(image)
-        ]
+        # like Kafka: the endpoints of the listener the client connected on; a broker
+        # without that listener is left out, and its partitions answer LISTENER_NOT_FOUND
+        listener = ctx.extras.get("listener")
+        brokers = []
+        for b in self._broker_list(image):
+            endpoint = b.endpoint(listener)
+            if endpoint is not None:
+                brokers.append(
+                    R.MetadataResponseBroker(
+                        node_id=b.node_id, host=endpoint[0], port=endpoint[1], rack=b.az
+                    )
+                )
+        listed = {b.node_id for b in brokers}
         topics = []
         names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
         for name in names:
@@ -225,11 +237,12 @@ class KafkaApis:
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
                 leader = image.brokers.get(p.leader_node_id)
-                error = (
-                    KafkaError.NONE
-                    if leader and not leader.fenced
-                    else KafkaError.LEADER_NOT_AVAILABLE
-                )
+                if leader is None or leader.fenced:
+                    error = KafkaError.LEADER_NOT_AVAILABLE
+                elif leader.node_id not in listed:
+                    error = KafkaError.LISTENER_NOT_FOUND
+                else:
+                    error = KafkaError.NONE
                 parts.append(
                     R.MetadataResponseTopic.MetadataResponsePartition(
                         error_code=error,
@@ -257,6 +270,49 @@ class KafkaApis:
             cluster_id=CLUSTER_ID,
             controller_id=controller_id,
             topics=topics,
+        )
+
+    async def describe_cluster(self, req, ctx):
+        """The brokers (Kafka's AdminClient.describeCluster), each with its endpoint on the
+        listener the client connected on, as Metadata; fenced ones only when v2 asks."""
+        v = ctx.api_version
+        R = DescribeClusterResponse
+        fields: dict = {}
+        if v >= 1:
+            fields["endpoint_type"] = 1
+            if getattr(req, "endpoint_type", 1) != 1:  # 2: controllers, not served by brokers
+                return R[v](
+                    throttle_time_ms=0,
+                    error_code=KafkaError.UNSUPPORTED_ENDPOINT_TYPE,
+                    error_message="brokers describe brokers only (endpoint type 1)",
+                    cluster_id=CLUSTER_ID,
+                    controller_id=-1,
+                    brokers=[],
+                    **fields,
+                )
+        image = self.image_fn()
+        fenced_too = v >= 2 and bool(getattr(req, "include_fenced_brokers", False))
+        listener = ctx.extras.get("listener")
+        brokers = []
+        for b in sorted(image.brokers.values(), key=lambda b: b.node_id):
+            endpoint = b.endpoint(listener)
+            if endpoint is None or (b.fenced and not fenced_too):
+                continue
+            extra = {"is_fenced": b.fenced} if v >= 2 else {}
+            brokers.append(
+                R.DescribeClusterBroker(
+                    broker_id=b.node_id, host=endpoint[0], port=endpoint[1], rack=b.az, **extra
+                )
+            )
+        active = [b.broker_id for b in brokers if not (v >= 2 and b.is_fenced)]
+        return R[v](
+            throttle_time_ms=0,
+            error_code=KafkaError.NONE,
+            error_message=None,
+            cluster_id=CLUSTER_ID,
+            controller_id=active[0] if active else -1,
+            brokers=brokers,
+            **fields,
         )
 
     def _auto_create(self, names: list[str]) -> None:
@@ -720,8 +776,9 @@ class KafkaApis:
         static = topic_configs.ConfigSource.STATIC_BROKER_CONFIG
         rows = [
             topic_configs.DescribedConfig(k, v, static, True, 0, None, ((k, v, static),))
-            for k, v in sorted(self._broker_configs().items())
-            if resource
+            for k, v in (
+                sorted(self._broker_configs(image, int(resource)).items()) if resource else []
+            )
         ]
         cluster = broker_configs.configs_of(image, "")
         node = broker_configs.configs_of(image, resource) if resource else {}
@@ -744,13 +801,22 @@ class KafkaApis:
         res = self.controller.alter_broker_configs(req)
         self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
 
-    def _broker_configs(self) -> dict[str, str]:
-        return {
+    def _broker_configs(self, image: MetadataImage, node_id: int) -> dict[str, str]:
+        configs = {
             "broker.id": str(self.me.node_id),
             "broker.rack": self.me.az,
             "num.partitions": str(DEFAULT_PARTITIONS),
             "auto.create.topics.enable": "true",
         }
+        broker = image.brokers.get(node_id)
+        if broker is not None and broker.endpoints:  # the described broker's, as registered
+            configs["listeners"] = ",".join(
+                f"{e.name}://{e.host}:{e.port}" for e in broker.endpoints
+            )
+            configs["listener.security.protocol.map"] = ",".join(
+                f"{e.name}:{e.security_protocol}" for e in broker.endpoints
+            )
+        return configs
 
     def _alter_topic_configs(self, req: cmd.AlterTopicConfigsRequest, validate_only: bool):
         """Validate (validate_only: the state machine's own check on this broker's image)
@@ -844,7 +910,9 @@ class KafkaApis:
             else:  # 1: a transactional id
                 node = txn_coordinator(image, key)
             broker = image.brokers.get(node) if node is not None else None
-            if broker is None:
+            # the coordinator's endpoint on the listener the client connected on
+            endpoint = broker.endpoint(ctx.extras.get("listener")) if broker else None
+            if broker is None or endpoint is None:
                 log.info(
                     "no coordinator for %r (key type %d) yet: %d slots, image offset %d",
                     key,
@@ -854,7 +922,7 @@ class KafkaApis:
                 )
                 found.append((key, KafkaError.COORDINATOR_NOT_AVAILABLE, -1, "", -1))
             else:
-                found.append((key, KafkaError.NONE, broker.node_id, broker.host, broker.kafka_port))
+                found.append((key, KafkaError.NONE, broker.node_id, endpoint[0], endpoint[1]))
         if v >= 4:
             return R[v](
                 throttle_time_ms=0,

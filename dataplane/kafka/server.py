@@ -25,6 +25,11 @@ Handlers of requests that were queued behind the failure and have not started ye
 run; handlers already running finish and their responses are dropped (they are not
 cancelled: half-done work such as an append should complete). ``stop()`` cancels all.
 
+A server may listen on several sockets (Kafka's listeners), each a ``ServerListener`` with
+its own name, TLS context, admission gate and initial per-connection state; a connection's
+``extras["listener"]`` names the listener it came in on (so Metadata can answer with that
+listener's endpoints).
+
 ``KafkaServerThread`` runs a ``KafkaServer`` in its own event loop thread for the threaded
 broker process. Binds 127.0.0.1 by default. Imports nothing from the rest of the project.
 """
@@ -39,6 +44,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane.config import MAX_REQUEST_BYTES
@@ -54,6 +60,7 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
     "KafkaServer",
     "KafkaServerThread",
+    "ServerListener",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,24 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 STOP_GRACE_S = 5.0
 SSL_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes the TLS handshake is dropped
 _STREAM_LIMIT = 1024 * 1024  # StreamReader buffer hint: fewer pause/resume cycles on big frames
+
+
+@dataclass
+class ServerListener:
+    """One listening socket of the server. `name` (None: unnamed) is put in each of its
+    connections' extras as "listener", with a copy of `extras`; `admit` gates its requests
+    (None: every request is served); `ssl_context` None is plaintext."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    name: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    admit: Admit | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    # a TLS listener with client certificates: the principal of a connection's verified
+    # certificate (`getpeercert()`), or None to keep the one in `extras`
+    principal_of_peer: Callable[[Any], str | None] | None = None
+
 
 _CLOSE = object()  # queue slot: close the connection once the earlier responses are written
 
@@ -101,8 +126,10 @@ class _Connection:
         conn_id: int,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        listener: ServerListener,
     ) -> None:
         self.server = server
+        self.listener = listener
         self.conn_id = conn_id
         self.reader = reader
         self.writer = writer
@@ -110,7 +137,14 @@ class _Connection:
         self.name = f"conn {conn_id} {self.peer[0]}:{self.peer[1]}"
         self.closing = False
         self.inflight = 0  # slots queued and not yet fully written
-        self.extras: dict[str, Any] = {}  # per-connection state of the layers above
+        # per-connection state of the layers above
+        self.extras: dict[str, Any] = dict(listener.extras)
+        if listener.name is not None:
+            self.extras["listener"] = listener.name
+        if listener.principal_of_peer is not None:
+            principal = listener.principal_of_peer(writer.get_extra_info("peercert"))
+            if principal is not None:
+                self.extras["principal"] = principal
         self._discard_output = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
         self._budget = asyncio.Semaphore(server.max_inflight_per_connection)
@@ -263,8 +297,8 @@ class _Connection:
                 exc.message,
             )
             return _CLOSE, False
-        if self.server.admit is not None:
-            refused = self.server.admit(request.api_key, self.extras)
+        if self.listener.admit is not None:
+            refused = self.listener.admit(request.api_key, self.extras)
             if refused is not None:
                 log.warning(
                     "%s: %s (%s, client id %r), closing",
@@ -384,11 +418,17 @@ class KafkaServer:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         admit: Admit | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        listeners: list[ServerListener] | None = None,
     ) -> None:
         if not isinstance(registry, ApiRegistry):
             raise TypeError("registry must be an ApiRegistry")
-        if not 0 <= port <= 65535:
-            raise ValueError(f"bad port {port}")
+        if listeners is None:
+            listeners = [ServerListener(host, port, None, ssl_context, admit)]
+        if not listeners:
+            raise ValueError("at least one listener is needed")
+        for listener in listeners:
+            if not 0 <= listener.port <= 65535:
+                raise ValueError(f"bad port {listener.port}")
         for name, value in (
             ("max_request_bytes", max_request_bytes),
             ("max_inflight_per_connection", max_inflight_per_connection),
@@ -403,16 +443,14 @@ class KafkaServer:
         if not idle_timeout_s > 0:
             raise ValueError("idle_timeout_s must be > 0")
         self.registry = registry
-        self.admit = admit  # None: every request of a registered api is served
-        self.ssl_context = ssl_context  # None: plaintext; else TLS (SSL / SASL_SSL)
-        self.host = host
-        self._requested_port = port
+        self.listeners = list(listeners)
+        self.host = self.listeners[0].host
         self.max_request_bytes = max_request_bytes
         self.max_inflight_per_connection = max_inflight_per_connection
         self.max_connections = max_connections
         self.idle_timeout_s = float(idle_timeout_s)
-        self._server: asyncio.Server | None = None
-        self._port: int | None = None
+        self._servers: list[asyncio.Server] = []
+        self._ports: list[int] | None = None
         self._connections: dict[_Connection, asyncio.Task[Any]] = {}
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
@@ -420,10 +458,15 @@ class KafkaServer:
 
     @property
     def port(self) -> int:
-        """The bound port (after ``start()``)."""
-        if self._port is None:
+        """The first listener's bound port (after ``start()``)."""
+        return self.ports[0]
+
+    @property
+    def ports(self) -> list[int]:
+        """Every listener's bound port, in listener order (after ``start()``)."""
+        if self._ports is None:
             raise RuntimeError("server not started")
-        return self._port
+        return list(self._ports)
 
     @property
     def connection_count(self) -> int:
@@ -432,32 +475,51 @@ class KafkaServer:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return bool(self._servers)
 
     async def start(self) -> None:
-        """Bind and start accepting connections."""
-        if self._server is not None:
+        """Bind every listener and start accepting connections (none if one cannot bind)."""
+        if self._servers:
             raise RuntimeError("server already started")
         self._stopping = False
-        self._server = await asyncio.start_server(
-            self._on_client,
-            self.host,
-            self._requested_port,
-            limit=_STREAM_LIMIT,
-            reuse_address=True,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
-        )
-        self._port = int(self._server.sockets[0].getsockname()[1])
-        log.info("Kafka protocol server listening on %s:%d", self.host, self._port)
+        servers: list[asyncio.Server] = []
+        try:
+            for listener in self.listeners:
+                servers.append(
+                    await asyncio.start_server(
+                        lambda r, w, listener=listener: self._on_client(r, w, listener),
+                        listener.host,
+                        listener.port,
+                        limit=_STREAM_LIMIT,
+                        reuse_address=True,
+                        ssl=listener.ssl_context,
+                        ssl_handshake_timeout=(
+                            SSL_HANDSHAKE_TIMEOUT_S if listener.ssl_context else None
+                        ),
+                    )
+                )
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        self._servers = servers
+        self._ports = [int(s.sockets[0].getsockname()[1]) for s in servers]
+        for listener, port in zip(self.listeners, self._ports, strict=True):
+            log.info(
+                "Kafka protocol server listening on %s:%d%s",
+                listener.host,
+                port,
+                f" (listener {listener.name})" if listener.name else "",
+            )
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop accepting, close every connection and cancel running handlers."""
-        server = self._server
-        if server is None:
+        servers = self._servers
+        if not servers:
             return
         self._stopping = True
-        server.close()
+        for server in servers:
+            server.close()
         conns = list(self._connections.items())
         for conn, _ in conns:
             conn.abort()
@@ -473,11 +535,12 @@ class KafkaServer:
                 )
         try:
             async with asyncio.timeout(grace_s):
-                await server.wait_closed()
+                for server in servers:
+                    await server.wait_closed()
         except TimeoutError:
             log.warning("listener did not close within %.1f s", grace_s)
-        self._server = None
-        log.info("Kafka protocol server on %s:%s stopped", self.host, self._port)
+        self._servers = []
+        log.info("Kafka protocol server on %s:%s stopped", self.host, self._ports)
 
     async def __aenter__(self) -> KafkaServer:
         await self.start()
@@ -488,7 +551,12 @@ class KafkaServer:
 
     # ----------------------------------------------------------------- internals
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_client(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        listener: ServerListener,
+    ) -> None:
         if self._stopping or len(self._connections) >= self.max_connections:
             log.warning(
                 "refusing connection from %s:%d: %s",
@@ -499,7 +567,7 @@ class KafkaServer:
             )
             writer.close()
             return
-        conn = _Connection(self, next(self._ids), reader, writer)
+        conn = _Connection(self, next(self._ids), reader, writer, listener)
         task = asyncio.current_task()
         assert task is not None
         self._connections[conn] = task
@@ -557,6 +625,10 @@ class KafkaServerThread:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def ports(self) -> list[int]:
+        return self.server.ports
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

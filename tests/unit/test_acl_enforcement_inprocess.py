@@ -162,17 +162,17 @@ def test_an_api_without_a_rule_is_for_super_users_only():
     registry = ApiRegistry()
     enforcer = AclEnforcer(Authorizer(["User:admin"]), lambda: None)
 
-    async def describe_cluster(body, c):
+    async def describe_quorum(body, c):
         return "served"
 
-    from kafka.protocol.admin import DescribeClusterRequest
+    from kafka.protocol.admin import DescribeQuorumRequest
 
-    registry.register(DescribeClusterRequest, 0, 0, describe_cluster)
+    registry.register(DescribeQuorumRequest, 0, 0, describe_quorum)
     enforcer.install(registry)
-    wrapped = registry.get(int(DescribeClusterRequest.API_KEY)).handler
-    assert asyncio.run(wrapped(None, ctx(60, 0, "User:admin"))) == "served"
+    wrapped = registry.get(int(DescribeQuorumRequest.API_KEY)).handler
+    assert asyncio.run(wrapped(None, ctx(55, 0, "User:admin"))) == "served"
     with pytest.raises(CloseConnection):
-        asyncio.run(wrapped(None, ctx(60, 0, "User:alice")))
+        asyncio.run(wrapped(None, ctx(55, 0, "User:alice")))
 
 
 def test_delete_records_and_cluster_admin_apis():

@@ -407,7 +407,9 @@ def test_find_coordinator_answers_from_the_slot_map_for_single_and_batched_keys(
                 req = FindCoordinatorRequest[version](key=keys[0], key_type=0)
             else:
                 req = FindCoordinatorRequest[version](key=keys[0])
-            return asyncio.run(apis.find_coordinator(req, SimpleNamespace(api_version=version)))
+            return asyncio.run(
+                apis.find_coordinator(req, SimpleNamespace(api_version=version, extras={}))
+            )
 
         for v in range(4):
             resp = ask(v, g2)

@@ -58,6 +58,12 @@ def principal_of(extras: dict) -> str | None:
     return extras.get("principal")
 
 
+def _sasl_listener(extras: dict) -> bool:
+    """Whether the connection came in on a SASL listener (a server that does not say which
+    protocol its listener has is one: the single-listener setup)."""
+    return extras.get("security_protocol", "SASL_PLAINTEXT") in ("SASL_PLAINTEXT", "SASL_SSL")
+
+
 class SaslAuthenticator:
     """The SASL handlers and admission gate of one listener."""
 
@@ -120,6 +126,10 @@ class SaslAuthenticator:
     async def handshake(self, req: Any, ctx: Any) -> Any:
         cls = response_class(SASL_HANDSHAKE_KEY)
         mechanism = req.mechanism
+        if not _sasl_listener(ctx.extras):
+            # a PLAINTEXT / SSL listener of a broker that also has SASL ones: Kafka refuses
+            ctx.close_after_response = True
+            return cls[ctx.api_version](error_code=KafkaError.ILLEGAL_SASL_STATE, mechanisms=[])
         if ctx.extras.get("sasl_mechanism") is not None:
             # a second handshake before the first authentication finished: Kafka closes
             ctx.close_after_response = True
@@ -148,7 +158,7 @@ class SaslAuthenticator:
         fields: dict[str, Any] = {}
         if ctx.api_version >= 1:
             fields["session_lifetime_ms"] = 0  # no forced re-authentication
-        if mechanism is None:
+        if mechanism is None or not _sasl_listener(extras):
             ctx.close_after_response = True
             return cls[ctx.api_version](
                 error_code=KafkaError.ILLEGAL_SASL_STATE,

@@ -50,6 +50,9 @@ class InterBrokerLogin:
     password: str | None = field(default=None, repr=False)
     mechanism: str = "SCRAM-SHA-512"
     ssl_ca_file: Path | None = None
+    # a client certificate for listeners that require one (mutual TLS)
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
 
 
 class InterBrokerAuthError(ConnectionError):
@@ -117,6 +120,8 @@ def _connect(host: str, port: int, timeout_s: float, login: InterBrokerLogin | N
         if login is not None and login.ssl_ca_file is not None:
             tls = ssl.create_default_context(cafile=str(login.ssl_ca_file))
             tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            if login.ssl_cert_file is not None and login.ssl_key_file is not None:
+                tls.load_cert_chain(str(login.ssl_cert_file), str(login.ssl_key_file))
             sock = tls.wrap_socket(sock, server_hostname=host)
         if login is not None and login.username:
             _authenticate(sock, login)
