@@ -37,6 +37,7 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
             kafka_port=req.kafka_port,
             incarnation_id=req.incarnation_id,
             registered_ms=now_ms,
+            shard_store_port=req.shard_store_port,
         ),
         r.FenceBrokerRecord(node_id=req.node_id, node_epoch=epoch, reason=REGISTERED_REASON),
         r.NodeWALMetadataRecord(

@@ -47,6 +47,7 @@ class RegisterBrokerRequest(_Request):
     kafka_port: int = Field(ge=0, le=65535)
     incarnation_id: str = Field(min_length=1, max_length=64)
     wal_uri: str = Field(default="", max_length=1024)
+    shard_store_port: int = Field(default=0, ge=0, le=65535)  # 0: no erasure shard store
 
 
 class RegisterBrokerResponse(BaseModel):
