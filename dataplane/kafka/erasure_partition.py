@@ -294,14 +294,18 @@ class ErasurePartitions:
         leaders: PartitionResolver,
         local_store: HoleStore | None = None,
         store_timeout_ms: int = 2_000,
+        store_for: Callable[[int], ShardStore] | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.leaders = leaders
         self.local_store = local_store
         self.store_timeout_ms = store_timeout_ms
+        # broker id -> its shard store (default: this broker's own in process, others over
+        # HTTP at their registered address); tests pass their own
         self._partitions: dict[tuple[str, int], ErasurePartition] = {}
-        self._stores: dict[int, BrokerShardStore] = {}
+        self._stores: dict[int, ShardStore] = {}
+        self._store_for = store_for or self._broker_store
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="erasure-produce")
         self._stop = threading.Event()
@@ -317,12 +321,14 @@ class ErasurePartitions:
             p.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _store(self, node_id: int) -> BrokerShardStore:
+    def _broker_store(self, node_id: int) -> ShardStore:
+        local = (self.node_id, self.local_store) if self.local_store is not None else None
+        return BrokerShardStore(node_id, self.image_fn, local, self.store_timeout_ms)
+
+    def _store(self, node_id: int) -> ShardStore:
         store = self._stores.get(node_id)
         if store is None:
-            local = (self.node_id, self.local_store) if self.local_store is not None else None
-            store = BrokerShardStore(node_id, self.image_fn, local, self.store_timeout_ms)
-            self._stores[node_id] = store
+            store = self._stores[node_id] = self._store_for(node_id)
         return store
 
     def get(self, topic_id: str, partition: int):
