@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from controlplane import topic_configs
 from controlplane.erasure_placement import ErasureSettings, erasure_settings, serving_node
 from controlplane.image import MetadataImage
 from dataplane.erasure.codec import ErasureCodec
@@ -123,6 +124,7 @@ class ErasurePartition:
         stores: Sequence[ShardStore],
         settings: ErasureSettings,
         write_pool: ThreadPoolExecutor,
+        configs_fn: Callable[[], Mapping[str, str]] = dict,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -133,6 +135,7 @@ class ErasurePartition:
         self.writer = ErasureWriter(stores, stream_id, codec, offset_alignment=OFFSET_ALIGNMENT)
         self.reader = ErasureReader(stores, stream_id, codec, read_delay_ms=settings.read_delay_ms)
         self._pool = write_pool
+        self._configs_fn = configs_fn
         self._listeners: list[Callable[[], None]] = []
         self._listeners_lock = threading.Lock()
 
@@ -168,8 +171,10 @@ class ErasurePartition:
             return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
         if len(records) > MAX_APPEND_BYTES:
             return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+        # as a leader partition: a batch above the topic's max.message.bytes is refused whole
+        max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
         try:
-            batches = parse_batches(records)
+            batches = parse_batches(records, max_batch_bytes=max_batch)
         except InvalidRecordBatchError as exc:
             return AppendOutcome(KafkaError(exc.error_code))
         if not batches:
@@ -355,11 +360,16 @@ class ErasurePartitions:
                 stores,
                 settings,
                 self._pool,
+                lambda: self._configs_of(topic_id),
             )
             self._partitions[key] = created
         if found is not None:
             found.close()
         return created
+
+    def _configs_of(self, topic_id: str) -> Mapping[str, str]:
+        topic = self.image_fn().topics.get(topic_id)
+        return topic.configs if topic is not None else {}
 
     def serves(self, image: MetadataImage, topic_id: str, partition: int) -> bool:
         """Whether Metadata names this broker for the partition (tests, status)."""

@@ -222,6 +222,12 @@ def test_bad_batches_are_refused_and_nothing_is_stored(cluster):
     corrupt = good[:-1] + bytes([good[-1] ^ 0xFF])  # fails the batch CRC
     assert produce(apis, "events", corrupt).error_code == KafkaError.CORRUPT_MESSAGE
     assert produce(apis, "events", b"\x00" * 30).error_code == KafkaError.CORRUPT_MESSAGE
+    controller.call(
+        "alter_topic_configs",
+        {"name": "events", "ops": [{"key": "max.message.bytes", "op": "set", "value": "100"}]},
+    )
+    big = batch([b"x" * 200])
+    assert produce(apis, "events", big).error_code == KafkaError.MESSAGE_TOO_LARGE
     assert all(s.hole_count == 0 for s in stores.values())
 
 
