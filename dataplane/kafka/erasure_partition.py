@@ -18,8 +18,9 @@ broker, `dataplane/erasure/store_server.py`). Any broker serves any such partiti
   it). An offset that cannot be decided yet (too many stores unreachable) stops the read
   there: nothing is skipped, the consumer waits.
 - **Limits** (documented in docs/operations.md): no transactions (transactional batches are
-  refused with INVALID_RECORD); idempotent producers are accepted but not deduplicated (a
-  batch retried after a lost answer may be stored twice, as with idempotence off);
+  refused with INVALID_RECORD); an idempotent producer's retry is deduplicated only when it
+  reaches the same broker (the last 10,000 batches per partition are remembered in memory):
+  a retry on another broker after the first one died may store the batch twice;
   DeleteRecords is refused; ListOffsets by timestamp scans from the target time's offset.
 
 Thread-safety: every method may be called from any thread; the writer and reader are
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -57,6 +59,7 @@ MAX_FETCH_RECORDS = 500  # offsets decoded per fetch
 WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
 MAX_TIMESTAMP_SCAN_READS = 200
+MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
 
 
 class BrokerShardStore:
@@ -136,6 +139,8 @@ class ErasurePartition:
         self.reader = ErasureReader(stores, stream_id, codec, read_delay_ms=settings.read_delay_ms)
         self._pool = write_pool
         self._configs_fn = configs_fn
+        self._recent: OrderedDict[tuple, Future] = OrderedDict()  # idempotent batch -> write
+        self._recent_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._listeners_lock = threading.Lock()
 
@@ -184,7 +189,21 @@ class ErasurePartition:
         if any(b.last_offset_delta + 1 > OFFSET_ALIGNMENT for b in batches):
             return AppendOutcome(KafkaError.INVALID_RECORD)
         payloads = [b.data for b in batches]
-        done: Future = self._pool.submit(self._write, payloads)
+        # an idempotent producer's retry to this broker gets the first attempt's write
+        # (in flight or won) instead of a second copy
+        key = None
+        if all(b.producer_id >= 0 and b.base_sequence >= 0 for b in batches):
+            key = tuple((b.producer_id, b.producer_epoch, b.base_sequence) for b in batches)
+        with self._recent_lock:
+            done = self._recent.get(key) if key is not None else None
+            if done is not None and done.done() and done.exception() is not None:
+                done = None  # that attempt failed: write again
+            if done is None:
+                done = self._pool.submit(self._write, payloads)
+                if key is not None:
+                    self._recent[key] = done
+                    while len(self._recent) > MAX_RECENT_PRODUCER_BATCHES:
+                        self._recent.popitem(last=False)
         return AppendOutcome(KafkaError.NONE, -1, [done], base_offset_future=done)
 
     def _write(self, payloads: list[bytes]) -> int:

@@ -215,6 +215,20 @@ def test_a_store_answering_garbage_is_never_decoded(cluster):
     assert read_all(apis, "events", 1) == [(acked.base_offset, b"kept")]
 
 
+def test_an_idempotent_retry_to_the_same_broker_is_not_stored_twice(cluster):
+    apis, controller, stores, _, _ = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    records = batch([b"once"], producer=(7, 0, 0))
+    first = produce(apis, "events", records)
+    again = produce(apis, "events", records)  # the answer was lost: the client resends
+    assert first.error_code == again.error_code == KafkaError.NONE
+    assert again.base_offset == first.base_offset
+    assert all(s.hole_count == 1 for s in stores.values())
+    nxt = produce(apis, "events", batch([b"next"], producer=(7, 0, 1)))
+    assert nxt.base_offset > first.base_offset
+    assert [v for _, v in read_all(apis, "events", 2)] == [b"once", b"next"]
+
+
 def test_bad_batches_are_refused_and_nothing_is_stored(cluster):
     apis, controller, stores, _, _ = cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
