@@ -3,8 +3,9 @@ stock Kafka clients: a confluent-kafka producer (acks=all) writes to an
 `automq.partition.mode=erasure` topic while 2 of the 6 brokers are killed with kill -9;
 writes keep being acknowledged (4 of 6 shard stores suffice); after they restarted a
 consumer reads every acked record at its acked (sparse) offset; none is lost, and the few
-duplicates of client retries (idempotence is not deduplicated on these partitions) are
-counted and bounded.
+duplicates of client retries (the producer's idempotence is off: a retry on another broker
+is not deduplicated) are counted and bounded. A kafka-python consumer group then reads the
+whole topic, commits, and a new member resumes after the commit.
 """
 
 from __future__ import annotations
@@ -14,13 +15,40 @@ import time
 import pytest
 
 pytest.importorskip("confluent_kafka")
+from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
+from kafka import KafkaConsumer  # noqa: E402
 
 from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PARTITIONS = 3
+
+
+def group_read(bootstrap: str, group: str, expect: int, timeout_ms: int = 20_000) -> dict:
+    """(partition, offset) -> value read by a kafka-python member of `group`, which then
+    commits; stops at `expect` records or after `timeout_ms` without one."""
+    consumer = KafkaConsumer(
+        "events",
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=timeout_ms,
+    )
+    got: dict = {}
+    try:
+        for m in consumer:
+            got[(m.partition, m.offset)] = m.value
+            if expect and len(got) >= expect:
+                break
+        consumer.commit()
+    finally:
+        consumer.close()
+    return got
+
+
 KILLED = (5, 6)
 SESSION_TIMEOUT_MS = 3000
 
@@ -83,4 +111,16 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
             f"erasure e2e: {report.acked} acked, {len(during)} while 2 of 6 were down, "
             f"{len(report.duplicated)} duplicated by client retries"
         )
+        # a kafka-python consumer group reads the sparse offsets too and commits them; a
+        # second member of the group resumes after the commit (nothing is read twice)
+        acked_at = {(a.partition, a.offset): a.value for a in ledger.snapshot()}
+        first = group_read(bootstrap, "readers", report.consumed)
+        assert len(first) == report.consumed
+        assert all(acked_at.get(k, v) == v for k, v in first.items())
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i in range(5):
+            producer.produce("events", value=f"after-commit-{i}".encode(), partition=i % 3)
+        assert producer.flush(30) == 0
+        resumed = group_read(bootstrap, "readers", 5)
+        assert sorted(resumed.values()) == [f"after-commit-{i}".encode() for i in range(5)]
     assert time.monotonic() - started < 120
