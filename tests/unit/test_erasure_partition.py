@@ -288,3 +288,55 @@ def test_erasure_configs_are_validated_and_fixed_at_creation():
             "reassign_partitions", {"moves": [{"topic": "t", "partition": 0, "node_id": 1}]}
         )
     assert "erasure-coded" in e.value.message
+
+
+def test_two_brokers_writing_at_the_same_instant_never_lose_or_duplicate_an_ack(cluster):
+    """Two brokers' writers forced onto the very same offsets (a frozen clock) race for
+    the holes: one wins each offset or a split leaves it void, and the loser retries at a
+    new offset; every acked batch is read exactly once, at the offset its produce was
+    answered with."""
+    apis, controller, stores, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    other = ErasurePartitions(2, image_now, NoLeaders(), store_for=lambda n: stores[n])
+    try:
+        topic_id = image_now().topic_by_name("events").topic_id
+        mine, theirs = apis.partitions.get(topic_id, 0), other.get(topic_id, 0)
+        frozen = time.time_ns()
+        mine.writer.clock_ns = theirs.writer.clock_ns = lambda: frozen
+        outcomes = []
+        for i in range(10):
+            a = mine.append(batch([f"a{i}".encode()]))
+            b = theirs.append(batch([f"b{i}".encode()]))
+            outcomes += [(f"a{i}", a.base_offset_future), (f"b{i}", b.base_offset_future)]
+        acked = {f.result(10): value.encode() for value, f in outcomes}
+        assert len(acked) == 20  # 20 distinct offsets: no offset was won twice
+        got = read_all(apis, "events", 20)
+        assert dict(got) == acked and len(got) == 20
+    finally:
+        other.stop()
+
+
+def test_offsets_for_times_finds_the_first_batch_at_or_after_a_timestamp(cluster):
+    apis, controller, _, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    offsets = []
+    for value in (b"early", b"late"):
+        now_ms = time.time_ns() // 1_000_000
+        offsets.append((produce(apis, "events", stamped(value, now_ms)).base_offset, now_ms))
+        time.sleep(0.02)
+    read_all(apis, "events", 2)  # both readable
+    topic_id = image_now().topic_by_name("events").topic_id
+    part = apis.partitions.get(topic_id, 0)
+    (first, t1), (second, t2) = offsets
+    assert part.offset_for_timestamp(t1).offset == first
+    assert part.offset_for_timestamp(t2).offset == second
+    assert part.offset_for_timestamp(t2 + 1).offset == -1  # nothing at or after it
+
+
+def stamped(value: bytes, timestamp_ms: int) -> bytes:
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    builder.append(timestamp=timestamp_ms, key=b"k", value=value, headers=[])
+    builder.close()
+    return bytes(builder.buffer())
