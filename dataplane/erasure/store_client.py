@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 
 from dataplane.erasure.holes import AcceptResult
@@ -57,6 +58,9 @@ class ShardStoreClient:
                 )
                 self._local.conn = conn
             try:
+                if conn.sock is None:  # small requests go out at once (no Nagle delay)
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.request(
                     method, path, body=body, headers={"Content-Type": "application/octet-stream"}
                 )
