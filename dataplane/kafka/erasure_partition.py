@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from controlplane import topic_configs
-from controlplane.erasure_placement import ErasureSettings, erasure_settings, serving_node
+from controlplane.erasure_placement import ErasureSettings, erasure_settings
 from controlplane.image import MetadataImage
 from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnavailableError
@@ -389,12 +389,6 @@ class ErasurePartitions:
     def _configs_of(self, topic_id: str) -> Mapping[str, str]:
         topic = self.image_fn().topics.get(topic_id)
         return topic.configs if topic is not None else {}
-
-    def serves(self, image: MetadataImage, topic_id: str, partition: int) -> bool:
-        """Whether Metadata names this broker for the partition (tests, status)."""
-        topic = image.topics.get(topic_id)
-        state = topic.partitions.get(partition) if topic else None
-        return state is not None and serving_node(image, state) == self.node_id
 
     def _tick(self) -> None:
         while not self._stop.wait(LISTENER_TICK_S):
