@@ -1,7 +1,8 @@
 """Leaderless erasure-coded partitions (issue #14) on `automqctl cluster up --brokers 6` with
 stock Kafka clients: a confluent-kafka producer (acks=all) writes to an
 `automq.partition.mode=erasure` topic while 2 of the 6 brokers are killed with kill -9;
-writes keep being acknowledged (4 of 6 shard stores suffice); after they restarted a
+writes keep being acknowledged (4 of 6 shard stores suffice); after they restarted, 2
+brokers are paused (SIGSTOP) and every partition keeps being acknowledged; then a
 consumer reads every acked record at its acked (sparse) offset; none is lost, and the few
 duplicates of client retries (the producer's idempotence is off: a retry on another broker
 is not deduplicated) are counted and bounded. A kafka-python consumer group then reads the
@@ -10,6 +11,9 @@ whole topic, commits, and a new member resumes after the commit.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 
 import pytest
@@ -19,11 +23,29 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from kafka import KafkaConsumer  # noqa: E402
 
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
+from cli.processes import LocalCluster  # noqa: E402
+from tests.e2e.ledger import (  # noqa: E402
+    AckLedger,
+    automqctl,
+    create_topic,
+    leaders,
+    running_cluster,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PARTITIONS = 3
+
+
+def wait_all_unfenced(cluster_dir, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = automqctl("broker", "list", "--format", "json", cluster_dir=cluster_dir)
+        brokers = json.loads(out.stdout) if out.returncode == 0 else []
+        if len(brokers) == 6 and all(b["registered"] and not b["fenced"] for b in brokers):
+            return
+        time.sleep(0.3)
+    raise AssertionError("brokers not all unfenced")
 
 
 def group_read(bootstrap: str, group: str, expect: int, timeout_ms: int = 20_000) -> dict:
@@ -95,7 +117,22 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
             for node in KILLED:
                 back = automqctl("broker", "start", str(node), cluster_dir=cluster_dir)
                 assert back.returncode == 0, back.stderr
-            time.sleep(2)
+            wait_all_unfenced(cluster_dir)
+            # 2 brokers that serve none of the partitions paused (SIGSTOP), shorter than
+            # the session timeout: every partition keeps taking acked writes meanwhile
+            serving = set(leaders(bootstrap, "events").values())
+            paused = [n for n in range(1, 7) if n not in serving][:2]
+            pids = [LocalCluster(cluster_dir).running(f"broker-{n}") for n in paused]
+            assert len(paused) == 2 and all(pids), (serving, pids)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                pause = time.monotonic()
+                ledger.wait_writable(set(range(PARTITIONS)), pause, timeout_s=2)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            time.sleep(1)
         finally:
             ledger.stop()
         report = ledger.verify(timeout_s=30)
