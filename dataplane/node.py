@@ -253,16 +253,24 @@ class BrokerNode:
     def _start_shard_store(self) -> None:
         """This broker's shard store (erasure-coded partitions): durable write-once holes
         under data_dir/shards, served over HTTP before the broker registers its port."""
+        from controlplane.listeners import insecure_listener_error
         from dataplane.erasure.store import HoleStore
         from dataplane.erasure.store_server import ShardStoreHTTPServer
 
         cfg = self.config
+        secret = cfg.controller_api_secret
+        refused = insecure_listener_error(
+            "the shard store", cfg.host, secret is not None, cfg.allow_insecure
+        )
+        if refused:
+            raise RuntimeError(refused)
         self.shard_store = HoleStore(cfg.data_dir / "shards")
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
             try:
+                # the other brokers authenticate with the cluster secret (none: loopback)
                 self.shard_server = ShardStoreHTTPServer(
-                    (cfg.host, cfg.shard_store_port), self.shard_store
+                    (cfg.host, cfg.shard_store_port), self.shard_store, secret=secret
                 )
                 break
             except OSError as exc:  # a predecessor just killed may still hold the port
@@ -336,7 +344,11 @@ class BrokerNode:
         self.retention.start()
         # erasure-coded partitions are served by every broker; the rest by their leader
         self.erasure = ErasurePartitions(
-            cfg.node_id, lambda: self.metadata.image, self.partitions, self.shard_store
+            cfg.node_id,
+            lambda: self.metadata.image,
+            self.partitions,
+            self.shard_store,
+            store_secret=cfg.controller_api_secret,
         )
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),

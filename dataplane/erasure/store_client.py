@@ -30,7 +30,9 @@ class StoreUnavailableError(RuntimeError):
 class ShardStoreClient:
     """Talks to the shard store at host:port."""
 
-    def __init__(self, address: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    def __init__(
+        self, address: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, secret: str | None = None
+    ):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"shard store address must be host:port, got {address!r}")
@@ -38,6 +40,9 @@ class ShardStoreClient:
         self.host = host
         self.port = int(port)
         self.timeout_ms = timeout_ms
+        self._headers = {"Content-Type": "application/octet-stream"}
+        if secret is not None:
+            self._headers["Authorization"] = f"Bearer {secret}"
         self._local = threading.local()
 
     def _drop(self) -> None:
@@ -61,9 +66,7 @@ class ShardStoreClient:
                 if conn.sock is None:  # small requests go out at once (no Nagle delay)
                     conn.connect()
                     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.request(
-                    method, path, body=body, headers={"Content-Type": "application/octet-stream"}
-                )
+                conn.request(method, path, body=body, headers=self._headers)
                 response = conn.getresponse()
                 data = response.read()
                 headers = {k.lower(): v for k, v in response.getheaders()}
@@ -80,6 +83,10 @@ class ShardStoreClient:
             if response.will_close:
                 self._drop()
             break
+        if response.status == 401:
+            raise StoreUnavailableError(
+                f"shard store {self.address} refused the request: missing or wrong cluster secret"
+            )
         if response.status >= 500:
             raise StoreUnavailableError(
                 f"shard store {self.address}: HTTP {response.status}: {data[:200]!r}"

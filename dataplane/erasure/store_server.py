@@ -8,7 +8,9 @@ GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
 POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with junk; JSON answer
 GET  /v1/status                         JSON: holes held
 
-Every write is durable before its answer. Requests are bounded in size and count, and
+Every write is durable before its answer. With a secret (a broker's store: the cluster's
+controller API secret) every request must carry `Authorization: Bearer <secret>` (401
+otherwise, nothing read or written). Requests are bounded in size and count, and
 sockets time out, so a stuck client cannot pin the service.
 
 Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
@@ -19,6 +21,7 @@ Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import signal
@@ -81,8 +84,17 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], store: HoleStore, inject_delay_ms: int = 0):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        store: HoleStore,
+        inject_delay_ms: int = 0,
+        secret: str | None = None,
+    ):
         self.store = store
+        # the cluster secret every request must carry (Authorization: Bearer); None: open
+        # (a store on a loopback address, tests)
+        self.secret = secret
         # a slow node for benchmarks and tests: every write waits this long before it is handled
         self.inject_delay_ms = inject_delay_ms
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
@@ -149,6 +161,13 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _dispatch(self, method: str) -> None:
+        secret = self.server.secret
+        if secret is not None:
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+                self.close_connection = True  # the body is not read
+                self._error(401, "missing or wrong cluster secret")
+                return
         if not self.server.slots.acquire(timeout=1.0):
             self.close_connection = True
             self._error(503, "shard store busy")

@@ -73,11 +73,13 @@ class BrokerShardStore:
         image_fn: Callable[[], MetadataImage],
         local: tuple[int, HoleStore] | None,
         timeout_ms: int,
+        secret: str | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.local = local[1] if local is not None and local[0] == node_id else None
         self.timeout_ms = timeout_ms
+        self.secret = secret
         self._clients: dict[str, ShardStoreClient] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +93,7 @@ class BrokerShardStore:
         with self._lock:
             client = self._clients.get(address)
             if client is None:
-                self._clients = {address: ShardStoreClient(address, self.timeout_ms)}
+                self._clients = {address: ShardStoreClient(address, self.timeout_ms, self.secret)}
                 client = self._clients[address]
         return client
 
@@ -319,12 +321,14 @@ class ErasurePartitions:
         local_store: HoleStore | None = None,
         store_timeout_ms: int = 2_000,
         store_for: Callable[[int], ShardStore] | None = None,
+        store_secret: str | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.leaders = leaders
         self.local_store = local_store
         self.store_timeout_ms = store_timeout_ms
+        self.store_secret = store_secret  # sent to the other brokers' shard stores
         # broker id -> its shard store (default: this broker's own in process, others over
         # HTTP at their registered address); tests pass their own
         self._partitions: dict[tuple[str, int], ErasurePartition] = {}
@@ -347,7 +351,9 @@ class ErasurePartitions:
 
     def _broker_store(self, node_id: int) -> ShardStore:
         local = (self.node_id, self.local_store) if self.local_store is not None else None
-        return BrokerShardStore(node_id, self.image_fn, local, self.store_timeout_ms)
+        return BrokerShardStore(
+            node_id, self.image_fn, local, self.store_timeout_ms, self.store_secret
+        )
 
     def _store(self, node_id: int) -> ShardStore:
         store = self._stores.get(node_id)

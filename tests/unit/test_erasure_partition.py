@@ -340,3 +340,27 @@ def stamped(value: bytes, timestamp_ms: int) -> bytes:
     builder.append(timestamp=timestamp_ms, key=b"k", value=value, headers=[])
     builder.close()
     return bytes(builder.buffer())
+
+
+def test_a_brokers_shard_store_answers_only_with_the_cluster_secret(tmp_path):
+    import threading
+
+    from dataplane.erasure.store_client import ShardStoreClient, StoreUnavailableError
+    from dataplane.erasure.store_server import ShardStoreHTTPServer
+
+    store = HoleStore(tmp_path / "store")
+    server = ShardStoreHTTPServer(("127.0.0.1", 0), store, secret="s3cret")
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        for wrong in (None, "guess"):
+            with pytest.raises(StoreUnavailableError, match="cluster secret"):
+                ShardStoreClient(address, secret=wrong).write(1, 5, b"junk")
+        assert store.hole_count == 0  # nothing written by a refused request
+        answer = ShardStoreClient(address, secret="s3cret").write(1, 5, b"shard")
+        assert answer.content == b"shard" and store.hole_count == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        store.close()
