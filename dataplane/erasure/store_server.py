@@ -100,6 +100,15 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client that died or timed out mid-request (a broker killed, a writer's timeout)
+        # is routine: one line, not socketserver's traceback on stderr
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("shard store client %s went away: %s", client_address, error)
+        else:
+            super().handle_error(request, client_address)
+
 
 class _BadRequest(ValueError):
     pass
