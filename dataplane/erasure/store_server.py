@@ -192,6 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(507, str(e))
         except ValueError as e:
             self._error(400, str(e))
+        except (ConnectionError, TimeoutError) as e:  # the client went away: nobody to answer
+            self.close_connection = True
+            log.debug("shard store client went away: %s", e)
         except Exception as e:  # one bad request must not kill the service
             log.exception("shard store request failed")
             self._error(500, f"{type(e).__name__}: {e}")
