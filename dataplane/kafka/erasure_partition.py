@@ -239,7 +239,19 @@ class ErasurePartition:
         for hole_offset, payload in result.records:
             if hole_offset >= end or (parts and size + len(payload) > max_bytes):
                 break
-            batch = patch_batch(payload, hole_offset, self._leader_epoch)
+            try:
+                batch = patch_batch(payload, hole_offset, self._leader_epoch)
+            except (InvalidRecordBatchError, ValueError) as exc:
+                # not one Kafka batch (e.g. an embedded writer's own payload): no Kafka
+                # record is there, and every reader passes it the same way
+                log.warning(
+                    "%s-%d offset %d: not a record batch: %s",
+                    self.topic,
+                    self.partition,
+                    hole_offset,
+                    exc,
+                )
+                continue
             parts.append(batch)
             size += len(batch)
         return b"".join(parts)

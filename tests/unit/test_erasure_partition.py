@@ -229,6 +229,17 @@ def test_an_idempotent_retry_to_the_same_broker_is_not_stored_twice(cluster):
     assert [v for _, v in read_all(apis, "events", 2)] == [b"once", b"next"]
 
 
+def test_a_payload_that_is_not_a_record_batch_is_passed_by_readers(cluster):
+    """An embedded writer (no broker) may put its own payloads into the stream: Kafka
+    readers pass them (no record there) and read on."""
+    apis, controller, stores, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    part = apis.partitions.get(image_now().topic_by_name("events").topic_id, 0)
+    part.writer.append(b"not a kafka batch")
+    acked = produce(apis, "events", batch([b"after"]))
+    assert read_all(apis, "events", 1) == [(acked.base_offset, b"after")]
+
+
 def test_bad_batches_are_refused_and_nothing_is_stored(cluster):
     apis, controller, stores, _, _ = cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
