@@ -47,6 +47,7 @@ from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp, PartitionResolver
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
+    parse_batch_header,
     parse_batches,
     patch_batch,
 )
@@ -240,6 +241,9 @@ class ErasurePartition:
             if hole_offset >= end or (parts and size + len(payload) > max_bytes):
                 break
             try:
+                header = parse_batch_header(payload)
+                if hole_offset + header.last_offset_delta < offset:
+                    continue  # ends before the fetch offset: Kafka never returns it
                 batch = patch_batch(payload, hole_offset, self._leader_epoch)
             except (InvalidRecordBatchError, ValueError) as exc:
                 # not one Kafka batch (e.g. an embedded writer's own payload): no Kafka

@@ -191,6 +191,10 @@ def test_produce_is_acked_at_a_sparse_offset_and_fetch_decodes_it(cluster):
     # a consumer seeking into the middle of a batch gets that batch (Kafka's rule)
     mid = values_of(fetch(apis, "events", b + 1).records)
     assert mid[0] == (b, b"a")
+    # a fetch just past a batch does not get that batch again (librdkafka would take a
+    # response with no record at or after its offset for a truncated, too large message)
+    after = values_of(fetch(apis, "events", b + 3).records)
+    assert after == [(second.base_offset, b"d")]
     assert latest_offset(apis, "events") > second.base_offset
 
 
