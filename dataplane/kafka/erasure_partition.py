@@ -39,9 +39,10 @@ from controlplane import topic_configs
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
 from controlplane.image import MetadataImage
 from dataplane.erasure.codec import ErasureCodec
+from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
+from dataplane.erasure.embedded import BrokerShardStore
 from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnavailableError
-from dataplane.erasure.store import HoleStore, RangeAnswer, WriteAnswer
-from dataplane.erasure.store_client import ShardStoreClient, StoreUnavailableError
+from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp, PartitionResolver
@@ -54,63 +55,12 @@ from dataplane.kafka.record_batch import (
 
 log = logging.getLogger(__name__)
 
-OFFSET_ALIGNMENT = 1 << 16  # records per batch at most; offsets are multiples of it
 MAX_APPEND_BYTES = 8 * 1024 * 1024
 MAX_FETCH_RECORDS = 500  # offsets decoded per fetch
 WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
 MAX_TIMESTAMP_SCAN_READS = 200
 MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
-
-
-class BrokerShardStore:
-    """The shard store of broker `node_id`: this broker's own HoleStore in process, another
-    broker's over HTTP at the address its registration names in the current image (looked
-    up on each call, so a restarted broker on a new port is found). Thread-safe."""
-
-    def __init__(
-        self,
-        node_id: int,
-        image_fn: Callable[[], MetadataImage],
-        local: tuple[int, HoleStore] | None,
-        timeout_ms: int,
-        secret: str | None = None,
-    ):
-        self.node_id = node_id
-        self.image_fn = image_fn
-        self.local = local[1] if local is not None and local[0] == node_id else None
-        self.timeout_ms = timeout_ms
-        self.secret = secret
-        self._clients: dict[str, ShardStoreClient] = {}
-        self._lock = threading.Lock()
-
-    def _target(self) -> HoleStore | ShardStoreClient:
-        if self.local is not None:
-            return self.local
-        broker = self.image_fn().brokers.get(self.node_id)
-        if broker is None or not broker.shard_store_port:
-            raise StoreUnavailableError(f"broker {self.node_id} has no shard store registered")
-        address = f"{broker.host}:{broker.shard_store_port}"
-        with self._lock:
-            client = self._clients.get(address)
-            if client is None:
-                self._clients = {address: ShardStoreClient(address, self.timeout_ms, self.secret)}
-                client = self._clients[address]
-        return client
-
-    def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
-        return self._target().write(stream_id, offset, data)
-
-    def read(self, stream_id: int, offset: int) -> bytes | None:
-        return self._target().read(stream_id, offset)
-
-    def read_range(
-        self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
-    ) -> RangeAnswer:
-        return self._target().read_range(stream_id, start, end, max_holes, max_bytes)
-
-    def fill_below(self, stream_id: int, mark: int) -> int:
-        return self._target().fill_below(stream_id, mark)
 
 
 def aligned_up(offset: int) -> int:

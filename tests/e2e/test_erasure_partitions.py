@@ -6,7 +6,8 @@ brokers are paused (SIGSTOP) and every partition keeps being acknowledged; then 
 consumer reads every acked record at its acked (sparse) offset; none is lost, and the few
 duplicates of client retries (the producer's idempotence is off: a retry on another broker
 is not deduplicated) are counted and bounded. A kafka-python consumer group then reads the
-whole topic, commits, and a new member resumes after the commit.
+whole topic, commits, and a new member resumes after the commit; a record written by the
+embedded writer (no broker on the write path) is read by that group too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 from kafka import KafkaConsumer  # noqa: E402
 
 from cli.processes import LocalCluster  # noqa: E402
+from controlplane.client import ControllerClient  # noqa: E402
+from dataplane.erasure.embedded import EmbeddedErasureProducer  # noqa: E402
+from dataplane.metadata import MetadataFollower  # noqa: E402
 from tests.e2e.ledger import (  # noqa: E402
     AckLedger,
     automqctl,
@@ -160,4 +164,15 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         assert producer.flush(30) == 0
         resumed = group_read(bootstrap, "readers", 5)
         assert sorted(resumed.values()) == [f"after-commit-{i}".encode() for i in range(5)]
+        # the embedded writer (no broker on the write path): it reads the metadata from the
+        # controllers and writes shards to the brokers' stores with the cluster secret
+        secret = (cluster_dir / "controller-api.secret").read_text().strip()
+        client = ControllerClient([c["address"] for c in status["controllers"]], api_secret=secret)
+        follower = MetadataFollower(client)
+        while follower.poll_once():
+            pass
+        with EmbeddedErasureProducer(lambda: follower.image, "events", 1, secret=secret) as sdk:
+            offset = sdk.send([(b"sdk", b"from-the-embedded-writer")])
+        sdk_read = group_read(bootstrap, "readers", 1)
+        assert sdk_read == {(1, offset): b"from-the-embedded-writer"}
     assert time.monotonic() - started < 120

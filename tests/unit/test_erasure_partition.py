@@ -379,3 +379,19 @@ def test_a_brokers_shard_store_answers_only_with_the_cluster_secret(tmp_path):
         server.shutdown()
         server.server_close()
         store.close()
+
+
+def test_an_embedded_producer_writes_without_a_broker_and_kafka_reads_it(cluster):
+    from dataplane.erasure.embedded import EmbeddedErasureProducer
+
+    apis, controller, stores, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    controller.call("create_topic", {"name": "plain", "partitions": 1})
+    with pytest.raises(ValueError, match="not an erasure-coded partition"):
+        EmbeddedErasureProducer(image_now, "plain", 0, store_for=lambda n: stores[n])
+    with EmbeddedErasureProducer(image_now, "events", 0, store_for=lambda n: stores[n]) as producer:
+        base = producer.send([(b"k1", b"v1"), (None, b"v2")])
+        after = producer.send([(b"k3", None)])
+    assert base % OFFSET_ALIGNMENT == 0 and after > base
+    got = read_all(apis, "events", 3)
+    assert got == [(base, b"v1"), (base + 1, b"v2"), (after, None)]
