@@ -38,6 +38,7 @@ def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: in
             incarnation_id=req.incarnation_id,
             registered_ms=now_ms,
             endpoints=tuple(req.endpoints) if req.endpoints is not None else None,
+            shard_store_port=req.shard_store_port,
         ),
         r.FenceBrokerRecord(node_id=req.node_id, node_epoch=epoch, reason=REGISTERED_REASON),
         r.NodeWALMetadataRecord(

@@ -33,6 +33,7 @@ class BrokerState(BaseModel):
     host: str
     kafka_port: int
     incarnation_id: str
+    shard_store_port: int = 0  # its erasure shard store (0: none)
     fenced: bool = True
     registered_ms: int = 0
     fence_reason: str = ""
@@ -69,9 +70,10 @@ class NodeWALState(BaseModel):
 
 class PartitionState(BaseModel):
     partition: int
-    leader_node_id: int
+    leader_node_id: int  # -1: leaderless (erasure-coded, see shard_stores)
     leader_epoch: int
     stream_id: int
+    shard_stores: list[int] = Field(default_factory=list)  # erasure: broker of shard i
 
 
 class TopicState(BaseModel):
@@ -372,6 +374,7 @@ class MetadataImage(BaseModel):
                 host=rec.host,
                 kafka_port=rec.kafka_port,
                 incarnation_id=rec.incarnation_id,
+                shard_store_port=rec.shard_store_port,
                 fenced=True,
                 registered_ms=rec.registered_ms,
                 endpoints=rec.endpoints or (),
@@ -426,6 +429,7 @@ class MetadataImage(BaseModel):
             leader_node_id=rec.leader_node_id,
             leader_epoch=rec.leader_epoch,
             stream_id=rec.stream_id,
+            shard_stores=list(rec.shard_stores),
         )
 
     def _apply_remove_topic(self, rec: r.RemoveTopicRecord) -> None:

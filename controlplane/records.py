@@ -47,6 +47,7 @@ class RegisterBrokerRecord(_Record):
     incarnation_id: str
     registered_ms: int
     endpoints: tuple[BrokerEndpoint, ...] | None = None
+    shard_store_port: int = 0  # its erasure shard store (0: none)
 
 
 class FenceBrokerRecord(_Record):
@@ -112,9 +113,11 @@ class PartitionRecord(_Record):
     type: Literal["partition"] = "partition"
     topic_id: str
     partition: int
-    leader_node_id: int
+    leader_node_id: int  # -1 for a leaderless (erasure-coded) partition
     leader_epoch: int
     stream_id: int
+    # erasure-coded partitions: shard i of every offset is kept by broker shard_stores[i]
+    shard_stores: list[int] = Field(default_factory=list)
 
 
 class RemoveTopicRecord(_Record):

@@ -53,6 +53,7 @@ class RegisterBrokerRequest(_Request):
     endpoints: list[BrokerEndpoint] | None = Field(
         default=None, min_length=1, max_length=MAX_LISTENERS_PER_BROKER
     )
+    shard_store_port: int = Field(default=0, ge=0, le=65535)  # 0: no erasure shard store
 
     @model_validator(mode="after")
     def _unique_listeners(self) -> RegisterBrokerRequest:

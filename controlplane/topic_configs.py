@@ -64,6 +64,7 @@ class ConfigKey:
     max: float | None = None
     choices: tuple[str, ...] = ()  # STRING: one of; LIST: every item one of
     read_only: bool = False  # refused by alters (why: see the key's doc)
+    create_only: bool = False  # set when the topic is created, never changed by an alter
     synonym: str | None = None  # the broker config that supplies the default in Kafka
     pattern: str | None = None  # STRING: a regular expression the value must match
     list_validator: str | None = None  # LIST: "throttled_replicas"
@@ -76,6 +77,11 @@ _B = ConfigType.BOOLEAN
 _S = ConfigType.STRING
 _LI = ConfigType.LIST
 _NEVER = str(LONG_MAX)
+
+PARTITION_MODE = "automq.partition.mode"
+ERASURE_DATA_SHARDS = "automq.erasure.data.shards"
+ERASURE_PARITY_SHARDS = "automq.erasure.parity.shards"
+ERASURE_READ_DELAY_MS = "automq.erasure.read.delay.ms"
 
 # Kafka 3.9: LogConfig.CONFIG (+ the deprecated keys 3.9 still accepts)
 _KEYS: tuple[ConfigKey, ...] = (
@@ -160,6 +166,20 @@ _KEYS: tuple[ConfigKey, ...] = (
               synonym="log.roll.ms"),
     ConfigKey("unclean.leader.election.enable", _B, "false", "elect out-of-sync replicas",
               synonym="unclean.leader.election.enable"),
+    # leaderless erasure-coded partitions (issue #14): how a partition's records are kept is
+    # fixed when the topic is created (the shard stores were placed for that code)
+    ConfigKey(PARTITION_MODE, _S, "leader",
+              "leader: one broker leads each partition (its stream); erasure: leaderless, "
+              "records Reed-Solomon coded into data + parity shards on as many brokers",
+              choices=("leader", "erasure"), create_only=True),
+    ConfigKey(ERASURE_DATA_SHARDS, _I, "4", "erasure mode: data shards (a write needs them)",
+              min=2, max=16, create_only=True),
+    ConfigKey(ERASURE_PARITY_SHARDS, _I, "2",
+              "erasure mode: parity shards (brokers that may fail or be slow)",
+              min=1, max=15, create_only=True),
+    ConfigKey(ERASURE_READ_DELAY_MS, _L, "500",
+              "erasure mode: readers read behind the clock by this much (the high watermark)",
+              min=0, max=600_000),
 )  # fmt: skip
 
 SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
@@ -265,6 +285,15 @@ def _cross_checks(configs: Mapping[str, str]) -> None:
             f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
             f"max.compaction.lag.ms ({max_lag})",
         )
+    data = int(effective(configs, ERASURE_DATA_SHARDS))
+    parity = int(effective(configs, ERASURE_PARITY_SHARDS))
+    if data <= parity:
+        # two writes may only never both win an offset when 2 x data > data + parity
+        raise ControllerError(
+            ErrorCode.INVALID_CONFIG,
+            f"{ERASURE_DATA_SHARDS} ({data}) must be greater than "
+            f"{ERASURE_PARITY_SHARDS} ({parity})",
+        )
 
 
 def validate_new_topic_configs(configs: Mapping[str, str]) -> dict[str, str]:
@@ -306,6 +335,8 @@ def apply_ops(
         seen.add(key)
     # keys stored before validation existed stay as they are unless an op names them
     result = {} if replace else dict(current)
+    if replace:  # a key fixed at creation keeps its value when an alter resets the rest
+        result.update({k: v for k, v in current.items() if k in SCHEMA and SCHEMA[k].create_only})
     for key, op, value in ops:
         spec = SCHEMA.get(key)
         if spec is None:
@@ -315,6 +346,10 @@ def apply_ops(
                 continue  # stating the default of a fixed key changes nothing
             if op != OP_DELETE:
                 raise _invalid(key, value, "read-only: " + spec.doc)
+        if spec.create_only:
+            if op == OP_SET and validate_value(key, value) == effective(current, key):
+                continue  # stating the value in force changes nothing
+            raise _invalid(key, value, "can only be set when the topic is created")
         if op == OP_SET:
             result[key] = validate_value(key, value)
         elif op == OP_DELETE:

@@ -6,6 +6,7 @@ import re
 
 from controlplane import records as r
 from controlplane import topic_configs
+from controlplane.erasure_placement import NO_LEADER, erasure_settings, place_shard_stores
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.placement import spread_leaders
@@ -40,11 +41,23 @@ def _leader_choices(image: MetadataImage, count: int, topic_id: str) -> list[int
 
 
 def _partition_records(
-    image: MetadataImage, topic_id: str, name: str, first: int, count: int
+    image: MetadataImage,
+    topic_id: str,
+    name: str,
+    first: int,
+    count: int,
+    configs: dict[str, str],
 ) -> list:
     recs: list = []
     next_stream = image.next_stream_id
-    for i, leader in enumerate(_leader_choices(image, count, topic_id)):
+    erasure = erasure_settings(configs)
+    if erasure is None:
+        leaders = _leader_choices(image, count, topic_id)
+        stores: list[list[int]] = [[] for _ in range(count)]
+    else:  # leaderless: every broker serves it, these keep its shards
+        leaders = [NO_LEADER] * count
+        stores = place_shard_stores(image, first, count, erasure)
+    for i, leader in enumerate(leaders):
         partition = first + i
         stream_id = next_stream + i
         recs.append(
@@ -60,6 +73,7 @@ def _partition_records(
                 leader_node_id=leader,
                 leader_epoch=0,
                 stream_id=stream_id,
+                shard_stores=stores[i],
             )
         )
     return recs
@@ -73,7 +87,7 @@ def create_topic(image: MetadataImage, req: CreateTopicRequest, now_ms: int):
         raise ControllerError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {req.name!r} already exists")
     configs = topic_configs.validate_new_topic_configs(req.configs)
     recs: list = [r.TopicRecord(topic_id=req.topic_id, name=req.name, configs=configs)]
-    recs += _partition_records(image, req.topic_id, req.name, 0, req.partitions)
+    recs += _partition_records(image, req.topic_id, req.name, 0, req.partitions, configs)
     return recs, CreateTopicResponse(
         topic_id=req.topic_id, name=req.name, partitions=req.partitions
     )
@@ -100,7 +114,9 @@ def create_partitions(image: MetadataImage, req: CreatePartitionsRequest, now_ms
             f"topic {req.name!r} has {current} partitions; the new count "
             f"{req.total_count} must be greater",
         )
-    recs = _partition_records(image, topic.topic_id, topic.name, current, req.total_count - current)
+    recs = _partition_records(
+        image, topic.topic_id, topic.name, current, req.total_count - current, topic.configs
+    )
     return recs, {"partitions": req.total_count}
 
 

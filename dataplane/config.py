@@ -48,6 +48,9 @@ class BrokerConfig(BaseModel):
         default=RETENTION_CHECK_INTERVAL_MS, ge=100, le=86_400_000
     )
     metrics_port: int = Field(default=0, ge=0, le=65535)  # 0: no /metrics endpoint
+    # the erasure shard store's port (issue #14; 0: any free port, registered with the
+    # controller); it keeps this broker's shards of erasure-coded partitions
+    shard_store_port: int = Field(default=0, ge=0, le=65535)
     # object-storage failover: a tiny probe write to every bucket this often, so write
     # health is known without uploads (one PUT per bucket per interval; 0: uploads only)
     bucket_probe_interval_ms: int = Field(default=2_000, ge=0, le=600_000)

@@ -75,6 +75,9 @@ class BrokerNode:
         self.partitions = None
         self.retention = None
         self.kafka = None
+        self.shard_store = None  # HoleStore of erasure-coded partitions' shards
+        self.shard_server = None
+        self.erasure = None  # ErasurePartitions
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
         self._failovers: set[tuple[int, int]] = set()  # (failed node, failover epoch) started
@@ -103,6 +106,7 @@ class BrokerNode:
             incarnation_id=uuid.uuid4().hex,
             wal_uri=self.wal_uri,
             endpoints=endpoints,
+            shard_store_port=self.shard_server.server_address[1] if self.shard_server else 0,
         )
         deadline = time.monotonic() + REGISTER_WAIT_S
         while True:
@@ -241,6 +245,8 @@ class BrokerNode:
 
     def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.bucket_uris:
+            self._start_shard_store()
         self.register()
         self._heartbeat_thread.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
@@ -249,10 +255,44 @@ class BrokerNode:
         self._starting = False
         self.heartbeat()  # unfenced now
 
+    def _start_shard_store(self) -> None:
+        """This broker's shard store (erasure-coded partitions): durable write-once holes
+        under data_dir/shards, served over HTTP before the broker registers its port."""
+        from controlplane.listeners import insecure_listener_error
+        from dataplane.erasure.store import HoleStore
+        from dataplane.erasure.store_server import ShardStoreHTTPServer
+
+        cfg = self.config
+        secret = cfg.controller_api_secret
+        refused = insecure_listener_error(
+            "the shard store", cfg.host, secret is not None, cfg.allow_insecure
+        )
+        if refused:
+            raise RuntimeError(refused)
+        self.shard_store = HoleStore(cfg.data_dir / "shards")
+        deadline = time.monotonic() + PORT_WAIT_S
+        while True:
+            try:
+                # the other brokers authenticate with the cluster secret (none: loopback)
+                self.shard_server = ShardStoreHTTPServer(
+                    (cfg.host, cfg.shard_store_port), self.shard_store, secret=secret
+                )
+                break
+            except OSError as exc:  # a predecessor just killed may still hold the port
+                if not cfg.shard_store_port or time.monotonic() > deadline:
+                    raise
+                log.warning("shard store port: %s; retrying", exc)
+                time.sleep(0.5)
+        threading.Thread(
+            target=self.shard_server.serve_forever, args=(0.2,), name="shard-store", daemon=True
+        ).start()
+        log.info("shard store on %s:%d", cfg.host, self.shard_server.server_address[1])
+
     def _start_data_plane(self) -> None:
         from controlplane.coordinators import group_coordinator, group_slot, owned_slots
         from dataplane.kafka.admin_apis import AdminApis
         from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+        from dataplane.kafka.erasure_partition import ErasurePartitions
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
         from dataplane.kafka.offset_store import KVOffsetStore
@@ -307,12 +347,20 @@ class BrokerNode:
             timestamps=self.partitions.piece_timestamps,
         )
         self.retention.start()
+        # erasure-coded partitions are served by every broker; the rest by their leader
+        self.erasure = ErasurePartitions(
+            cfg.node_id,
+            lambda: self.metadata.image,
+            self.partitions,
+            self.shard_store,
+            store_secret=cfg.controller_api_secret,
+        )
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             lambda: self.metadata.image,
             self.metadata.wait_for_offset,
             self.client,
-            self.partitions,
+            self.erasure,
             lambda: self.node_epoch or 0,
         )
         image_fn = lambda: self.metadata.image  # noqa: E731
@@ -656,8 +704,14 @@ class BrokerNode:
             self.kafka.stop()
         if self.retention is not None:
             self.retention.stop()
+        if self.erasure is not None:
+            self.erasure.stop()
         if self.partitions is not None:
             self.partitions.stop()
+        if self.shard_server is not None:
+            self.shard_server.shutdown()
+            self.shard_server.server_close()
+            self.shard_store.close()
         if self.storage is not None:
             try:  # upload the WAL; streams stay ours so a restart reopens them at once
                 self.storage.close(close_streams=False)

@@ -8,7 +8,9 @@ GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
 POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with junk; JSON answer
 GET  /v1/status                         JSON: holes held
 
-Every write is durable before its answer. Requests are bounded in size and count, and
+Every write is durable before its answer. With a secret (a broker's store: the cluster's
+controller API secret) every request must carry `Authorization: Bearer <secret>` (401
+otherwise, nothing read or written). Requests are bounded in size and count, and
 sockets time out, so a stuck client cannot pin the service.
 
 Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
@@ -19,9 +21,11 @@ Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -80,12 +84,30 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], store: HoleStore, inject_delay_ms: int = 0):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        store: HoleStore,
+        inject_delay_ms: int = 0,
+        secret: str | None = None,
+    ):
         self.store = store
+        # the cluster secret every request must carry (Authorization: Bearer); None: open
+        # (a store on a loopback address, tests)
+        self.secret = secret
         # a slow node for benchmarks and tests: every write waits this long before it is handled
         self.inject_delay_ms = inject_delay_ms
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client that died or timed out mid-request (a broker killed, a writer's timeout)
+        # is routine: one line, not socketserver's traceback on stderr
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("shard store client %s went away: %s", client_address, error)
+        else:
+            super().handle_error(request, client_address)
 
 
 class _BadRequest(ValueError):
@@ -108,6 +130,12 @@ class _Handler(BaseHTTPRequestHandler):
     server: ShardStoreHTTPServer
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        # an answer is written as headers then body: without this, on a kept connection the
+        # body waits for the client's delayed ACK of the headers (~40 ms, Nagle)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, fmt: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -142,6 +170,13 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _dispatch(self, method: str) -> None:
+        secret = self.server.secret
+        if secret is not None:
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+                self.close_connection = True  # the body is not read
+                self._error(401, "missing or wrong cluster secret")
+                return
         if not self.server.slots.acquire(timeout=1.0):
             self.close_connection = True
             self._error(503, "shard store busy")
@@ -157,6 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(507, str(e))
         except ValueError as e:
             self._error(400, str(e))
+        except (ConnectionError, TimeoutError) as e:  # the client went away: nobody to answer
+            self.close_connection = True
+            log.debug("shard store client went away: %s", e)
         except Exception as e:  # one bad request must not kill the service
             log.exception("shard store request failed")
             self._error(500, f"{type(e).__name__}: {e}")

@@ -99,8 +99,14 @@ class ErasureWriter:
         write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS,
         store_backoff_ms: int = DEFAULT_STORE_BACKOFF_MS,
         clock_ns: Callable[[], int] = time.time_ns,
+        offset_alignment: int = 1,
     ):
         self.codec = codec or ErasureCodec()
+        if offset_alignment < 1:
+            raise ValueError("offset_alignment must be at least 1")
+        # offsets are multiples of it: a Kafka batch of n records at offset o takes o..o+n-1,
+        # so with n <= alignment two batches' offsets never overlap
+        self.offset_alignment = offset_alignment
         if len(stores) != self.codec.total_shards:
             raise ValueError(
                 f"an RS({self.codec.data_shards},{self.codec.parity_shards}) stream needs "
@@ -136,6 +142,7 @@ class ErasureWriter:
     def _next_offset(self, at_least: int = 0) -> int:
         with self._clock_lock:
             offset = max(self.clock_ns(), at_least, self._last_offset + 1, self._fill_mark + 1)
+            offset = -(-offset // self.offset_alignment) * self.offset_alignment
             self._last_offset = offset
             return offset
 

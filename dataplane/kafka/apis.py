@@ -62,6 +62,7 @@ from controlplane import broker_configs, topic_configs, topics
 from controlplane import requests as cmd
 from controlplane.calls import ControllerCalls, build_request
 from controlplane.coordinators import group_coordinator, txn_coordinator
+from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
@@ -220,6 +221,7 @@ class KafkaApis:
                 )
         listed = {b.node_id for b in brokers}
         topics = []
+        live_ids = {b.node_id for b in brokers}
         names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
         for name in names:
             topic = image.topic_by_name(name) if name else None
@@ -236,21 +238,26 @@ class KafkaApis:
                 continue
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
-                leader = image.brokers.get(p.leader_node_id)
-                if leader is None or leader.fenced:
+                # a leaderless (erasure-coded) partition names a live broker as its leader:
+                # every broker serves it (controlplane/erasure_placement.py)
+                serving = serving_node(image, p)
+                replicas = list(p.shard_stores) or [p.leader_node_id]
+                if serving is None:
                     error = KafkaError.LEADER_NOT_AVAILABLE
-                elif leader.node_id not in listed:
-                    error = KafkaError.LISTENER_NOT_FOUND
+                elif serving not in listed:
+                    error, serving = KafkaError.LISTENER_NOT_FOUND, None
                 else:
                     error = KafkaError.NONE
                 parts.append(
                     R.MetadataResponseTopic.MetadataResponsePartition(
                         error_code=error,
                         partition_index=p.partition,
-                        leader_id=p.leader_node_id if error == KafkaError.NONE else -1,
+                        leader_id=serving if serving is not None else -1,
                         leader_epoch=p.leader_epoch,
-                        replica_nodes=[p.leader_node_id],
-                        isr_nodes=[p.leader_node_id],
+                        replica_nodes=replicas,
+                        isr_nodes=[n for n in replicas if n == serving or n in live_ids]
+                        if p.shard_stores
+                        else replicas,
                         offline_replicas=[],
                     )
                 )
@@ -375,15 +382,23 @@ class KafkaApis:
                 plog, error = self._resolve(image, topic_name, topic_id, p.index)
                 base, log_start = -1, -1
                 futures = []
+                base_future = None
                 if plog is not None:
                     try:
                         outcome = plog.append(p.records)
                         error, base, futures = outcome.error, outcome.base_offset, outcome.durable
+                        base_future = outcome.base_offset_future
                     except Exception as exc:  # the engine refused (fenced, WAL full...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
                         error = KafkaError.NOT_LEADER_OR_FOLLOWER
                     log_start = plog.log_start_offset
-                entry = {"index": p.index, "error": error, "base": base, "log_start": log_start}
+                entry = {
+                    "index": p.index,
+                    "error": error,
+                    "base": base,
+                    "log_start": log_start,
+                    "base_future": base_future,
+                }
                 parts.append(entry)
                 waits.append((entry, futures))
             results.append((t, parts))
@@ -398,6 +413,9 @@ class KafkaApis:
                     except Exception as exc:
                         log.warning("append failed: %s", exc)
                         entry["error"] = KafkaError.NOT_LEADER_OR_FOLLOWER
+                base_future = entry["base_future"]
+                if entry["error"] == KafkaError.NONE and base_future is not None:
+                    entry["base"] = base_future.result()  # done: it was among the futures
         else:
             return None
         responses = []

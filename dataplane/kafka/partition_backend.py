@@ -4,8 +4,9 @@
 `PartitionBackend`, calls it, and encodes the answer; every partition rule (batch validation,
 idempotent-producer checks, offset assignment, epochs, what a fetch may read) lives in the
 backend. `partitions.PartitionLog` (this broker leads the partition; its stream is in the
-engine) is the first implementation; the zone router's proxy partition and the leaderless
-erasure-coded partition are the next ones.
+engine) is the first implementation; `erasure_partition.ErasurePartition` (a leaderless
+erasure-coded partition any broker serves) the second; the zone router's proxy partition is
+planned.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class AppendOutcome:
     error: KafkaError
     base_offset: int = -1
     durable: list[Future] = field(default_factory=list)
+    # set when the base offset is known only once the append is durable (an erasure-coded
+    # partition: the offset its write won); its result is the base offset
+    base_offset_future: Future | None = None
 
 
 @dataclass(frozen=True)

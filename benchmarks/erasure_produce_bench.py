@@ -1,0 +1,227 @@
+"""Produce latency of erasure-coded partitions through a stock Kafka client (issue #14).
+
+One `automqctl cluster up --brokers 6` and, in the same run:
+(a) raw disk baseline: write a record-sized block + fsync to a file in the cluster directory
+    (the disk the shard stores and WALs use), p50/p99;
+(b) a leader topic (1 partition; WAL = a file on the same disk): confluent-kafka, acks=all,
+    one message at a time (each waits for its ack), p50/p99;
+(c) the same on an erasure topic (RS(4,2), `automq.partition.mode=erasure`), all 6 brokers
+    healthy;
+(d) the erasure topic with 2 of the 6 brokers (not the one the client writes to) paused
+    with SIGSTOP for the whole case;
+(e) the erasure topic with 2 brokers "slow": paused in turns (each of the 2 is stopped for
+    `--slow-pause-ms` of every 2 x that, alternately, so at any time one of them is stopped).
+Medians over --reps of each case's p50/p99; ratios against (a) and (c) of the same run.
+
+Example::
+
+    python benchmarks/erasure_produce_bench.py --records 300 --reps 3 --record-bytes 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from cli.processes import LocalCluster  # noqa: E402
+from tests.e2e.ledger import automqctl, create_topic  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(latencies_ms: list[float]) -> dict:
+    return {"p50": percentile(latencies_ms, 0.5), "p99": percentile(latencies_ms, 0.99)}
+
+
+def raw_fsync(directory: Path, record_bytes: int, records: int) -> dict:
+    path = directory / "raw-fsync.bin"
+    block = os.urandom(record_bytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = []
+    try:
+        for _ in range(records):
+            began = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            out.append((time.perf_counter() - began) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return summary(out)
+
+
+def produce_one_at_a_time(bootstrap: str, topic: str, record_bytes: int, records: int) -> dict:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": False}
+    )
+    value = os.urandom(record_bytes)
+    out: list[float] = []
+    errors: list[str] = []
+    for _ in range(5):  # warm up: connections, metadata
+        producer.produce(topic, value=value, partition=0)
+        producer.flush(30)
+    for _ in range(records):
+        began = time.perf_counter()
+        producer.produce(
+            topic,
+            value=value,
+            partition=0,
+            on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
+        )
+        producer.flush(30)
+        out.append((time.perf_counter() - began) * 1000)
+    if errors:
+        raise RuntimeError(f"{len(errors)} produce errors, e.g. {errors[0]}")
+    return summary(out)
+
+
+def serving_broker(bootstrap: str, topic: str) -> int:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return md.topics[topic].partitions[0].leader
+
+
+class PausedInTurns:
+    """Stops pid a, then b, alternately, each for pause_ms; at any time one is stopped."""
+
+    def __init__(self, pids: list[int], pause_ms: int):
+        self.pids = pids
+        self.pause_s = pause_ms / 1000
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            pid = self.pids[i % len(self.pids)]
+            os.kill(pid, signal.SIGSTOP)
+            self._stop.wait(self.pause_s)
+            os.kill(pid, signal.SIGCONT)
+            i += 1
+
+    def __enter__(self) -> PausedInTurns:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=300)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--record-bytes", type=int, default=1024)
+    parser.add_argument("--slow-pause-ms", type=int, default=50)
+    parser.add_argument("--dir", type=Path, default=None, help="where the cluster lives")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="erasure-produce-", dir=args.dir))
+    cluster_dir = base / "cluster"
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--brokers",
+        "6",
+        "--wal-capacity-mib",
+        "64",
+        cluster_dir=cluster_dir,
+    )
+    if up.returncode != 0:
+        automqctl("cluster", "down", cluster_dir=cluster_dir)
+        print(up.stderr + up.stdout, file=sys.stderr)
+        return 1
+    results: dict[str, list[dict]] = {
+        k: [] for k in ("raw_fsync", "leader", "erasure", "erasure_2_paused", "erasure_2_slow")
+    }
+    pids: list[int] = []
+    try:
+        bootstrap = json.loads(up.stdout)["bootstrap_servers"]
+        create_topic(bootstrap, "leader-topic", 1)
+        create_topic(bootstrap, "erasure-topic", 1, configs={"automq.partition.mode": "erasure"})
+        writer = serving_broker(bootstrap, "erasure-topic")
+        others = [n for n in range(1, 7) if n != writer][-2:]
+        cluster = LocalCluster(cluster_dir)
+        pids = [cluster.running(f"broker-{n}") for n in others]
+        assert all(pids), pids
+        for _ in range(args.reps):
+            results["raw_fsync"].append(raw_fsync(cluster_dir, args.record_bytes, args.records))
+            results["leader"].append(
+                produce_one_at_a_time(bootstrap, "leader-topic", args.record_bytes, args.records)
+            )
+            results["erasure"].append(
+                produce_one_at_a_time(bootstrap, "erasure-topic", args.record_bytes, args.records)
+            )
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                results["erasure_2_paused"].append(
+                    produce_one_at_a_time(
+                        bootstrap, "erasure-topic", args.record_bytes, args.records
+                    )
+                )
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            time.sleep(2)  # the paused brokers catch up (they may have been fenced)
+            with PausedInTurns(pids, args.slow_pause_ms):
+                results["erasure_2_slow"].append(
+                    produce_one_at_a_time(
+                        bootstrap, "erasure-topic", args.record_bytes, args.records
+                    )
+                )
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, TypeError):
+                pass
+        automqctl("cluster", "down", cluster_dir=cluster_dir)
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+    med = {
+        case: {q: round(statistics.median(r[q] for r in runs), 2) for q in ("p50", "p99")}
+        for case, runs in results.items()
+    }
+    healthy = med["erasure"]["p99"]
+    report = {
+        "record_bytes": args.record_bytes,
+        "records": args.records,
+        "reps": args.reps,
+        "writer_broker": writer,
+        "paused_brokers": others,
+        "median_ms": med,
+        "p99_ratio_vs_raw_fsync": {
+            c: round(m["p99"] / med["raw_fsync"]["p99"], 2) for c, m in med.items()
+        },
+        "p99_ratio_vs_erasure_healthy": {
+            c: round(med[c]["p99"] / healthy, 2)
+            for c in ("erasure_2_paused", "erasure_2_slow", "leader")
+        },
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""Leaderless erasure-coded partitions behind the PartitionBackend seam (issue #14).
+
+A topic created with `automq.partition.mode=erasure` has partitions with no leader: each
+partition's record batches are Reed-Solomon coded (k data + m parity shards, zfec) and shard
+i of every offset is kept by the shard store of broker `shard_stores[i]` (one store per
+broker, `dataplane/erasure/store_server.py`). Any broker serves any such partition:
+
+- **Produce**: the receiving broker is the writer. Each record batch is written whole as one
+  erasure-coded offset (`ErasureWriter`); the produce is answered once k holes hold it
+  (durable on each store), the other m shards finish in the background. Offsets are the
+  writer's clock in ns rounded up to a multiple of `OFFSET_ALIGNMENT` (65,536), so a batch
+  of up to 65,536 records at offset o takes o .. o+n-1 without overlapping another write's
+  batch: offsets are sparse, which Kafka clients accept. The stored batch keeps the
+  client's baseOffset; a read patches in the offset the write won (outside the batch CRC).
+- **Fetch**: `ErasureReader` fills the empty holes below the visible end (now - read delay)
+  and decodes offsets from any k consistent shards; the high watermark is the visible end
+  (rounded up to the alignment, so a consumer's position after a read batch is never above
+  it). An offset that cannot be decided yet (too many stores unreachable) stops the read
+  there: nothing is skipped, the consumer waits.
+- **Limits** (documented in docs/operations.md): no transactions (transactional batches are
+  refused with INVALID_RECORD); an idempotent producer's retry is deduplicated only when it
+  reaches the same broker (the last 10,000 batches per partition are remembered in memory):
+  a retry on another broker after the first one died may store the batch twice;
+  DeleteRecords is refused; ListOffsets by timestamp scans from the target time's offset.
+
+Thread-safety: every method may be called from any thread; the writer and reader are
+thread-safe and the partition keeps no other mutable state but its listener list (locked).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from controlplane import topic_configs
+from controlplane.erasure_placement import ErasureSettings, erasure_settings
+from controlplane.image import MetadataImage
+from dataplane.erasure.codec import ErasureCodec
+from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
+from dataplane.erasure.embedded import BrokerShardStore
+from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnavailableError
+from dataplane.erasure.store import HoleStore
+from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp, PartitionResolver
+from dataplane.kafka.record_batch import (
+    InvalidRecordBatchError,
+    parse_batch_header,
+    parse_batches,
+    patch_batch,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_APPEND_BYTES = 8 * 1024 * 1024
+MAX_FETCH_RECORDS = 500  # offsets decoded per fetch
+WRITE_THREADS = 32
+LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
+MAX_TIMESTAMP_SCAN_READS = 200
+MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
+
+
+def aligned_up(offset: int) -> int:
+    return -(-offset // OFFSET_ALIGNMENT) * OFFSET_ALIGNMENT
+
+
+class ErasurePartition:
+    """One erasure-coded partition as the Kafka APIs see it (a PartitionBackend)."""
+
+    def __init__(
+        self,
+        topic_id: str,
+        topic: str,
+        partition: int,
+        stream_id: int,
+        leader_epoch: int,
+        stores: Sequence[ShardStore],
+        settings: ErasureSettings,
+        write_pool: ThreadPoolExecutor,
+        configs_fn: Callable[[], Mapping[str, str]] = dict,
+    ):
+        self.topic_id = topic_id
+        self.topic = topic
+        self.partition = partition
+        self.stream_id = stream_id
+        self._leader_epoch = leader_epoch
+        codec = ErasureCodec(settings.data_shards, settings.parity_shards)
+        self.writer = ErasureWriter(stores, stream_id, codec, offset_alignment=OFFSET_ALIGNMENT)
+        self.reader = ErasureReader(stores, stream_id, codec, read_delay_ms=settings.read_delay_ms)
+        self._pool = write_pool
+        self._configs_fn = configs_fn
+        self._recent: OrderedDict[tuple, Future] = OrderedDict()  # idempotent batch -> write
+        self._recent_lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.close()
+
+    # ------------------------------------------------------------ offsets
+
+    @property
+    def leader_epoch(self) -> int:
+        return self._leader_epoch
+
+    @property
+    def log_start_offset(self) -> int:
+        return 0
+
+    @property
+    def high_watermark(self) -> int:
+        """The visible end: offsets below it are decided by readers."""
+        return aligned_up(max(self.reader.visible_end(), 0))
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark
+
+    # ------------------------------------------------------------ produce
+
+    def append(self, records: bytes | None) -> AppendOutcome:
+        """Validate the batches now (on the caller's thread: cheap), write them in the
+        background; the outcome's futures complete when each batch won an offset."""
+        if not records:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        if len(records) > MAX_APPEND_BYTES:
+            return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+        # as a leader partition: a batch above the topic's max.message.bytes is refused whole
+        max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
+        try:
+            batches = parse_batches(records, max_batch_bytes=max_batch)
+        except InvalidRecordBatchError as exc:
+            return AppendOutcome(KafkaError(exc.error_code))
+        if not batches:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        if any(b.is_transactional for b in batches):
+            return AppendOutcome(KafkaError.INVALID_RECORD)  # no transactions on erasure topics
+        if any(b.last_offset_delta + 1 > OFFSET_ALIGNMENT for b in batches):
+            return AppendOutcome(KafkaError.INVALID_RECORD)
+        payloads = [b.data for b in batches]
+        # an idempotent producer's retry to this broker gets the first attempt's write
+        # (in flight or won) instead of a second copy
+        key = None
+        if all(b.producer_id >= 0 and b.base_sequence >= 0 for b in batches):
+            key = tuple((b.producer_id, b.producer_epoch, b.base_sequence) for b in batches)
+        with self._recent_lock:
+            done = self._recent.get(key) if key is not None else None
+            if done is not None and done.done() and done.exception() is not None:
+                done = None  # that attempt failed: write again
+            if done is None:
+                done = self._pool.submit(self._write, payloads)
+                if key is not None:
+                    self._recent[key] = done
+                    while len(self._recent) > MAX_RECENT_PRODUCER_BATCHES:
+                        self._recent.popitem(last=False)
+        return AppendOutcome(KafkaError.NONE, -1, [done], base_offset_future=done)
+
+    def _write(self, payloads: list[bytes]) -> int:
+        """Writes the batches in order; returns the first one's offset. Raises
+        WriteFailedError when no offset could be won (the client retries)."""
+        first = -1
+        for payload in payloads:
+            offset = self.writer.append(payload)
+            if first < 0:
+                first = offset
+        self._notify()
+        return first
+
+    # ------------------------------------------------------------ fetch
+
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        """The decided batches from the one holding `offset` (its aligned start) below
+        `end`, at least one batch when there is one."""
+        end = self.high_watermark if end is None else end
+        start = offset - offset % OFFSET_ALIGNMENT
+        parts: list[bytes] = []
+        size = 0
+        try:
+            result = self.reader.read(start, max_records=MAX_FETCH_RECORDS, max_bytes=max_bytes)
+        except ReadUnavailableError as exc:  # too few stores: the consumer waits and retries
+            log.warning("%s-%d: %s", self.topic, self.partition, exc)
+            return b""
+        except CorruptWriteError as exc:  # never skipped: the read stops here
+            log.error("%s-%d: %s", self.topic, self.partition, exc)
+            return b""
+        for hole_offset, payload in result.records:
+            if hole_offset >= end or (parts and size + len(payload) > max_bytes):
+                break
+            try:
+                header = parse_batch_header(payload)
+                if hole_offset + header.last_offset_delta < offset:
+                    continue  # ends before the fetch offset: Kafka never returns it
+                batch = patch_batch(payload, hole_offset, self._leader_epoch)
+            except (InvalidRecordBatchError, ValueError) as exc:
+                # not one Kafka batch (e.g. an embedded writer's own payload): no Kafka
+                # record is there, and every reader passes it the same way
+                log.warning(
+                    "%s-%d offset %d: not a record batch: %s",
+                    self.topic,
+                    self.partition,
+                    hole_offset,
+                    exc,
+                )
+                continue
+            parts.append(batch)
+            size += len(batch)
+        return b"".join(parts)
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return []
+
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> tuple[KafkaError, Future | None]:
+        return KafkaError.INVALID_TXN_STATE, None
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        """The first batch at or after the target's clock offset (minus the read delay's
+        worth of skew) with a record at or after the target; a bounded scan."""
+        position = max(0, (timestamp_ms - self.reader.read_delay_ms) * 1_000_000)
+        position -= position % OFFSET_ALIGNMENT
+        hw = self.high_watermark
+        for _ in range(MAX_TIMESTAMP_SCAN_READS):
+            if position >= hw:
+                break
+            data = self.read(position, 1 << 20, hw)
+            if not data:
+                break
+            for b in parse_batches(data, client_origin=False, verify_crc=False):
+                if b.max_timestamp >= timestamp_ms:
+                    return OffsetAndTimestamp(b.base_offset, b.max_timestamp)
+                position = b.base_offset + OFFSET_ALIGNMENT
+        return OffsetAndTimestamp(-1, -1)
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        return OffsetAndTimestamp(-1, -1)
+
+    def delete_records(self, offset: int) -> int:
+        raise ValueError("DeleteRecords is not supported on erasure-coded partitions")
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        if leader_epoch < 0:
+            return -1, -1
+        return self._leader_epoch, self.high_watermark
+
+    # ------------------------------------------------------------ listeners
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            try:
+                self._listeners.remove(callback)
+            except ValueError:
+                pass
+
+    def _notify(self) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("fetch listener failed")
+
+
+class ErasurePartitions:
+    """The PartitionResolver of a broker: erasure-coded partitions are served here (any
+    broker serves them), every other partition by `leaders` (the PartitionManager).
+
+    Thread-safe. Partitions are created on first use from the current image and dropped
+    when their topic is gone; a ticker wakes waiting fetches so they re-read as the
+    visible end moves.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        image_fn: Callable[[], MetadataImage],
+        leaders: PartitionResolver,
+        local_store: HoleStore | None = None,
+        store_timeout_ms: int = 2_000,
+        store_for: Callable[[int], ShardStore] | None = None,
+        store_secret: str | None = None,
+    ):
+        self.node_id = node_id
+        self.image_fn = image_fn
+        self.leaders = leaders
+        self.local_store = local_store
+        self.store_timeout_ms = store_timeout_ms
+        self.store_secret = store_secret  # sent to the other brokers' shard stores
+        # broker id -> its shard store (default: this broker's own in process, others over
+        # HTTP at their registered address); tests pass their own
+        self._partitions: dict[tuple[str, int], ErasurePartition] = {}
+        self._stores: dict[int, ShardStore] = {}
+        self._store_for = store_for or self._broker_store
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="erasure-produce")
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="erasure-ticker", daemon=True)
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            partitions = list(self._partitions.values())
+            self._partitions.clear()
+        for p in partitions:
+            p.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _broker_store(self, node_id: int) -> ShardStore:
+        local = (self.node_id, self.local_store) if self.local_store is not None else None
+        return BrokerShardStore(
+            node_id, self.image_fn, local, self.store_timeout_ms, self.store_secret
+        )
+
+    def _store(self, node_id: int) -> ShardStore:
+        store = self._stores.get(node_id)
+        if store is None:
+            store = self._stores[node_id] = self._store_for(node_id)
+        return store
+
+    def get(self, topic_id: str, partition: int):
+        image = self.image_fn()
+        topic = image.topics.get(topic_id)
+        state = topic.partitions.get(partition) if topic is not None else None
+        if state is None or not state.shard_stores:
+            return self.leaders.get(topic_id, partition)
+        settings = erasure_settings(topic.configs)
+        if settings is None or settings.total_shards != len(state.shard_stores):
+            return None
+        key = (topic_id, partition)
+        with self._lock:
+            found = self._partitions.get(key)
+            if found is not None and found.stream_id == state.stream_id:
+                return found
+            stores = [self._store(n) for n in state.shard_stores]
+            created = ErasurePartition(
+                topic_id,
+                topic.name,
+                partition,
+                state.stream_id,
+                state.leader_epoch,
+                stores,
+                settings,
+                self._pool,
+                lambda: self._configs_of(topic_id),
+            )
+            self._partitions[key] = created
+        if found is not None:
+            found.close()
+        return created
+
+    def _configs_of(self, topic_id: str) -> Mapping[str, str]:
+        topic = self.image_fn().topics.get(topic_id)
+        return topic.configs if topic is not None else {}
+
+    def _tick(self) -> None:
+        while not self._stop.wait(LISTENER_TICK_S):
+            image = self.image_fn()
+            with self._lock:
+                gone = [k for k in self._partitions if k[0] not in image.topics]
+                dropped = [self._partitions.pop(k) for k in gone]
+                partitions = list(self._partitions.values())
+            for p in dropped:
+                p.close()
+            for p in partitions:
+                p._notify()
+
+
+__all__ = [
+    "BrokerShardStore",
+    "ErasurePartition",
+    "ErasurePartitions",
+    "OFFSET_ALIGNMENT",
+    "WriteFailedError",
+]
