@@ -118,7 +118,12 @@ def produce(apis, topic: str, records: bytes):
 
 
 def fetch(apis, topic: str, offset: int):
-    return asyncio.run(apis.fetch(fetch_req(topic, offset), ctx(1, 12))).resolved().responses[0].partitions[0]
+    return (
+        asyncio.run(apis.fetch(fetch_req(topic, offset), ctx(1, 12)))
+        .resolved()
+        .responses[0]
+        .partitions[0]
+    )
 
 
 def latest_offset(apis, topic: str) -> int:
