@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.broker_limits_bench import fill, perf  # noqa: E402
-from benchmarks.compaction_bench import automqctl  # noqa: E402
+from benchmarks.compaction_bench import automqctl, cluster_down  # noqa: E402
 from benchmarks.compaction_catchup_bench import (  # noqa: E402
     records_in,
     restart_broker,
@@ -90,13 +89,7 @@ def one_round(args: argparse.Namespace) -> dict:
             catchup_cpu = cpu_s(pid) - before
             catchup_gb = wanted * 1024 / 1e9
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
     return {
         "produce_cpu_s_per_gb": produce_cpu / produced_gb,
         "produce_mb_s": result["produce_mb_s"],

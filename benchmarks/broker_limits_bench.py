@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from benchmarks.compaction_bench import automqctl, committed_objects  # noqa: E402
+from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects  # noqa: E402
 from benchmarks.compaction_catchup_bench import (  # noqa: E402
     raw_get_mb_s,
     records_in,
@@ -135,13 +135,7 @@ def one_round(args: argparse.Namespace) -> dict:
             restart_broker(cdir)
             catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
     return {
         "disk_write_fdatasync_1mib_mb_s": disk,
         "produce_1k_saturated_mb_s": sat_1k["produce_mb_s"],

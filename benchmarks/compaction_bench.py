@@ -59,6 +59,17 @@ def automqctl(cluster_dir: Path, *args: str, timeout_s: float = 600) -> dict:
     return json.loads(out.stdout)
 
 
+def cluster_down(cluster_dir: Path) -> None:
+    """`automqctl cluster down` of a benchmark's cluster (best effort: the run is over)."""
+    subprocess.run(
+        [sys.executable, "-m", "cli.main", "cluster", "down"],
+        env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def committed_objects(cluster_dir: Path) -> list[tuple[int, int]]:
     config = LocalCluster(cluster_dir).load()
     client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
@@ -184,13 +195,7 @@ def main() -> None:
                 )
                 print(json.dumps(runs[-1]), file=sys.stderr)
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 3)

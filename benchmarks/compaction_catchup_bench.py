@@ -35,7 +35,7 @@ import boto3  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
-from benchmarks.compaction_bench import automqctl, committed_objects, produce  # noqa: E402
+from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects, produce  # noqa: E402
 from cli.processes import LocalCluster  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.e2e.ledger import create_topic  # noqa: E402
@@ -171,13 +171,7 @@ def main() -> None:
             restart_broker(cdir)
             after = sparse_catchup_mb_s(bootstrap, topic, sparse, wanted)
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
     print(
         json.dumps(
             {

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compaction_bench import automqctl  # noqa: E402
+from benchmarks.compaction_bench import automqctl, cluster_down  # noqa: E402
 
 
 def perf(cdir: Path, work: Path, duration: float, rate: float, name: str) -> dict:
@@ -111,13 +111,7 @@ def main() -> None:
                 )
                 print(json.dumps(rows[-1]), file=sys.stderr)
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in rows), 2)

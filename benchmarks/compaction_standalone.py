@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyspark  # noqa: E402
 
-from benchmarks.compaction_bench import automqctl, consume_count, produce  # noqa: E402
+from benchmarks.compaction_bench import automqctl, cluster_down, consume_count, produce  # noqa: E402
 from tests.e2e.ledger import create_topic  # noqa: E402
 
 
@@ -159,13 +159,7 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            subprocess.run(
-                [sys.executable, "-m", "cli.main", "cluster", "down"],
-                env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cdir), "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                timeout=120,
-            )
+            cluster_down(cdir)
 
 
 if __name__ == "__main__":
