@@ -24,7 +24,7 @@ from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.store import HoleStore, RangeAnswer, WriteAnswer
 from dataplane.erasure.store_client import ShardStoreClient, StoreUnavailableError
 from dataplane.erasure.writer import ErasureWriter, ShardStore
-from dataplane.kafka.record_batch import build_batch
+from dataplane.kafka.record_batch import build_batch, zigzag_varint
 
 # records per batch at most; Kafka offsets of erasure partitions are multiples of it
 KAFKA_OFFSET_ALIGNMENT = 1 << 16
@@ -80,22 +80,8 @@ class BrokerShardStore:
         return self._target().fill_below(stream_id, mark)
 
 
-def _varint(value: int) -> bytes:
-    """Kafka's zigzag varint (records' fields)."""
-    z = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = z & 0x7F
-        z >>= 7
-        if z:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _field(data: bytes | None) -> bytes:
-    return _varint(-1) if data is None else _varint(len(data)) + data
+    return zigzag_varint(-1) if data is None else zigzag_varint(len(data)) + data
 
 
 def encode_batch(records: Sequence[tuple[bytes | None, bytes | None]], timestamp_ms: int) -> bytes:
@@ -105,8 +91,15 @@ def encode_batch(records: Sequence[tuple[bytes | None, bytes | None]], timestamp
         raise ValueError(f"a batch holds 1..{KAFKA_OFFSET_ALIGNMENT} records, got {len(records)}")
     body = bytearray()
     for delta, (key, value) in enumerate(records):
-        record = b"\x00" + _varint(0) + _varint(delta) + _field(key) + _field(value) + _varint(0)
-        body += _varint(len(record)) + record
+        record = (
+            b"\x00"
+            + zigzag_varint(0)
+            + zigzag_varint(delta)
+            + _field(key)
+            + _field(value)
+            + zigzag_varint(0)
+        )
+        body += zigzag_varint(len(record)) + record
     return build_batch(bytes(body), len(records), base_timestamp=timestamp_ms)
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "patch_batch",
     "patch_batches",
     "build_batch",
+    "zigzag_varint",
 ]
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -385,6 +386,20 @@ def patch_batches(
     if position != len(view):
         raise ValueError("batches do not cover the whole records buffer")
     return b"".join(parts), offset
+
+
+def zigzag_varint(value: int) -> bytes:
+    """Kafka's zig-zag varint, as the fields of a record inside a batch are written."""
+    z = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = z & 0x7F
+        z >>= 7
+        if z:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 def build_batch(

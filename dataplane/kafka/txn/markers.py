@@ -14,26 +14,12 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from dataplane.kafka.record_batch import RecordBatchHeader, build_batch
+from dataplane.kafka.record_batch import RecordBatchHeader, build_batch, zigzag_varint
 
 ABORT = 0
 COMMIT = 1
 TRANSACTIONAL_ATTRIBUTE = 0x10
 CONTROL_ATTRIBUTE = 0x20
-
-
-def _varint(value: int) -> bytes:
-    """Zig-zag varint (Kafka's record fields)."""
-    z = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = z & 0x7F
-        z >>= 7
-        if z:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def build_marker(
@@ -44,15 +30,15 @@ def build_marker(
     value = struct.pack(">hi", 0, coordinator_epoch)
     body = (
         b"\x00"  # record attributes
-        + _varint(0)  # timestamp delta
-        + _varint(0)  # offset delta
-        + _varint(len(key))
+        + zigzag_varint(0)  # timestamp delta
+        + zigzag_varint(0)  # offset delta
+        + zigzag_varint(len(key))
         + key
-        + _varint(len(value))
+        + zigzag_varint(len(value))
         + value
-        + _varint(0)  # headers
+        + zigzag_varint(0)  # headers
     )
-    record = _varint(len(body)) + body
+    record = zigzag_varint(len(body)) + body
     return build_batch(
         record,
         1,
@@ -81,11 +67,11 @@ def marker_of(batch: RecordBatchHeader) -> Marker | None:
     try:
         pos = 0
         for _ in range(1):  # record length
-            pos = _skip_varint(payload, pos)
+            pos = _skipzigzag_varint(payload, pos)
         pos += 1  # attributes
-        pos = _skip_varint(payload, pos)
-        pos = _skip_varint(payload, pos)
-        pos = _skip_varint(payload, pos)  # key length (4)
+        pos = _skipzigzag_varint(payload, pos)
+        pos = _skipzigzag_varint(payload, pos)
+        pos = _skipzigzag_varint(payload, pos)  # key length (4)
         _version, kind = struct.unpack_from(">hh", payload, pos)
     except (struct.error, IndexError):
         return None
@@ -94,7 +80,7 @@ def marker_of(batch: RecordBatchHeader) -> Marker | None:
     return Marker(batch.producer_id, batch.producer_epoch, kind == COMMIT)
 
 
-def _skip_varint(data: bytes, pos: int) -> int:
+def _skipzigzag_varint(data: bytes, pos: int) -> int:
     for _ in range(10):
         if not data[pos] & 0x80:
             return pos + 1
