@@ -45,7 +45,12 @@ from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnava
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp, PartitionResolver
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    OffsetAndTimestamp,
+    PartitionResolver,
+    parse_produced_batches,
+)
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
     parse_batch_header,
@@ -125,18 +130,11 @@ class ErasurePartition:
     def append(self, records: bytes | None) -> AppendOutcome:
         """Validate the batches now (on the caller's thread: cheap), write them in the
         background; the outcome's futures complete when each batch won an offset."""
-        if not records:
-            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
-        if len(records) > MAX_APPEND_BYTES:
-            return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
         # as a leader partition: a batch above the topic's max.message.bytes is refused whole
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
-        try:
-            batches = parse_batches(records, max_batch_bytes=max_batch)
-        except InvalidRecordBatchError as exc:
-            return AppendOutcome(KafkaError(exc.error_code))
-        if not batches:
-            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        batches = parse_produced_batches(records, MAX_APPEND_BYTES, max_batch)
+        if isinstance(batches, AppendOutcome):
+            return batches
         if any(b.is_transactional for b in batches):
             return AppendOutcome(KafkaError.INVALID_RECORD)  # no transactions on erasure topics
         if any(b.last_offset_delta + 1 > OFFSET_ALIGNMENT for b in batches):

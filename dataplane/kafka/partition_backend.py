@@ -16,7 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
+from dataplane.kafka.record_batch import RecordBatchHeader, parse_batches
 
 
 @dataclass
@@ -30,6 +31,25 @@ class AppendOutcome:
     # set when the base offset is known only once the append is durable (an erasure-coded
     # partition: the offset its write won); its result is the base offset
     base_offset_future: Future | None = None
+
+
+def parse_produced_batches(
+    records: bytes | None, max_request_bytes: int, max_batch_bytes: int
+) -> list[RecordBatchHeader] | AppendOutcome:
+    """The batches of one partition's records in a produce request, or the outcome that
+    refuses them all (Kafka's LogValidator: nothing of the request is kept): none or not
+    parseable: CORRUPT_MESSAGE; more than `max_request_bytes`, or a batch (with its log
+    overhead) above `max_batch_bytes` (the topic's max.message.bytes): MESSAGE_TOO_LARGE;
+    a bad batch: its error."""
+    if not records:
+        return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+    if len(records) > max_request_bytes:
+        return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+    try:
+        batches = parse_batches(records, max_batch_bytes=max_batch_bytes)
+    except InvalidRecordBatchError as exc:
+        return AppendOutcome(KafkaError(exc.error_code))
+    return batches or AppendOutcome(KafkaError.CORRUPT_MESSAGE)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,11 @@ from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
 from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    OffsetAndTimestamp,
+    parse_produced_batches,
+)
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
     parse_batches,
@@ -369,19 +373,10 @@ class PartitionLog:
     def append(self, records: bytes | None) -> AppendOutcome:
         """Validate a produce request's batches, deduplicate idempotent retries, assign
         offsets (patched into each batch) and append; see `PartitionBackend.append`."""
-        if not records:
-            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
-        if len(records) > MAX_MESSAGE_BYTES:
-            return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
-        # Kafka's LogValidator: a batch (with its 12-byte log overhead) larger than the
-        # topic's max.message.bytes is MESSAGE_TOO_LARGE, and nothing of the request is kept
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
-        try:
-            batches = parse_batches(records, max_batch_bytes=max_batch)
-        except InvalidRecordBatchError as exc:
-            return AppendOutcome(KafkaError(exc.error_code))
-        if not batches:
-            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        batches = parse_produced_batches(records, MAX_MESSAGE_BYTES, max_batch)
+        if isinstance(batches, AppendOutcome):
+            return batches
         if any(b.is_transactional and b.producer_id < 0 for b in batches):
             return AppendOutcome(KafkaError.INVALID_RECORD)  # transactional needs a producer id
         futures: list[Future] = []
