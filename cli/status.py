@@ -90,6 +90,8 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
                 "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
                 "upload_lag_s": None if b is None else b.get("upload_lag_s"),
                 "last_upload_error": None if b is None else b.get("last_upload_error"),
+                # the zone router's byte counters from its last heartbeat (automqctl cost)
+                "zone_traffic": None if b is None else b.get("zone_traffic"),
                 "pid": pids.get(f"broker-{spec.node_id}"),
             }
         )

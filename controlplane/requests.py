@@ -68,6 +68,8 @@ class BrokerUploadStats(BaseModel):
     upload_lag_s: float = Field(ge=0, le=10**9)
     # the broker's last upload attempt's error; None once an upload succeeded
     last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
+    # the zone router's cumulative byte counters (dataplane/zonerouter/traffic.py KEYS)
+    zone_traffic: dict[str, int] | None = Field(default=None, max_length=32)
 
 
 MAX_BUCKETS_PER_REPORT = 16

@@ -437,7 +437,13 @@ def _bucket_fields(bucket_id: int, reports: list, usage: dict) -> dict:
 
 
 def _upload_fields(stats: dict | None) -> dict:
-    keys = ("wal_used_bytes", "wal_capacity_bytes", "upload_lag_s", "last_upload_error")
+    keys = (
+        "wal_used_bytes",
+        "wal_capacity_bytes",
+        "upload_lag_s",
+        "last_upload_error",
+        "zone_traffic",
+    )
     return {k: None if stats is None else stats.get(k) for k in keys}
 
 

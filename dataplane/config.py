@@ -72,3 +72,6 @@ class BrokerConfig(BaseModel):
         "SCRAM-SHA-512"
     )
     tls_ca_file: Path | None = None
+    # the zone router: client address ranges (CIDR) -> AZ, for clients whose client.id does
+    # not say `automq_az=` (e.g. {"10.0.1.0/24": "az1"})
+    client_az_cidrs: dict[str, str] = Field(default_factory=dict, max_length=10_000)

@@ -63,7 +63,13 @@ from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    ClientRouting,
+    DirectRouting,
+    PartitionBackend,
+    PartitionResolver,
+)
 from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -141,12 +147,15 @@ class KafkaApis:
         partitions: PartitionResolver,
         node_epoch_fn: Callable[[], int],
         io_threads: int = 16,
+        routing: ClientRouting | None = None,
     ):
         self.me = me
         self.image_fn = image_fn
         self.wait_for_offset = wait_for_offset
         self.controller = controller
         self.partitions = partitions
+        # what a client is told and served, by its AZ (the zone router) or not
+        self.routing: ClientRouting = routing or DirectRouting(partitions)
         self.node_epoch_fn = node_epoch_fn
         # engine calls may block on S3 or the controller: keep them off the event loop
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io")
@@ -187,8 +196,8 @@ class KafkaApis:
             return image.topics.get(str(topic_id))
         return image.topic_by_name(name) if name else None
 
-    def _broker_list(self, image: MetadataImage) -> list:
-        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
+    def _client_az(self, ctx) -> str | None:
+        return self.routing.client_az(ctx.client_id, ctx.peer[0] if ctx.peer else None)
 
     async def metadata(self, req, ctx):
         v = ctx.api_version
@@ -202,9 +211,10 @@ class KafkaApis:
             await self._io(self._auto_create, missing)
             image = self.image_fn()
         R = MetadataResponse
+        az = self._client_az(ctx)
         brokers = [
             R.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.kafka_port, rack=b.az)
-            for b in self._broker_list(image)
+            for b in self.routing.brokers_for(image, az)
         ]
         topics = []
         names = wanted if wanted is not None else sorted(t.name for t in image.topics.values())
@@ -229,14 +239,15 @@ class KafkaApis:
                     if leader and not leader.fenced
                     else KafkaError.LEADER_NOT_AVAILABLE
                 )
+                shown = self.routing.leader_for(image, p.leader_node_id, az)
                 parts.append(
                     R.MetadataResponseTopic.MetadataResponsePartition(
                         error_code=error,
                         partition_index=p.partition,
-                        leader_id=p.leader_node_id if error == KafkaError.NONE else -1,
+                        leader_id=shown if error == KafkaError.NONE else -1,
                         leader_epoch=p.leader_epoch,
-                        replica_nodes=[p.leader_node_id],
-                        isr_nodes=[p.leader_node_id],
+                        replica_nodes=[shown],
+                        isr_nodes=[shown],
                         offline_replicas=[],
                     )
                 )
@@ -292,14 +303,16 @@ class KafkaApis:
 
     # ------------------------------------------------------------ produce
 
-    def _resolve(self, image: MetadataImage, name: str | None, topic_id, partition: int):
-        """(PartitionBackend or None, error) for a produce/fetch target."""
+    def _resolve(
+        self, image: MetadataImage, name: str | None, topic_id, partition: int, az: str | None
+    ):
+        """(PartitionBackend or None, error) for a produce/fetch target of a client of `az`."""
         topic = self._topic(image, name, topic_id)
         if topic is None or partition not in topic.partitions:
             if topic_id is not None and getattr(topic_id, "int", 0):
                 return None, KafkaError.UNKNOWN_TOPIC_ID
             return None, KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-        plog = self.partitions.get(topic.topic_id, partition)
+        plog = self.routing.get(topic.topic_id, partition, az)
         if plog is None:
             return None, KafkaError.NOT_LEADER_OR_FOLLOWER
         return plog, KafkaError.NONE
@@ -308,6 +321,7 @@ class KafkaApis:
         v = ctx.api_version
         image = self.image_fn()
         R = ProduceResponse
+        az = self._client_az(ctx)
         results = []
         waits = []
         for t in req.topic_data:
@@ -315,7 +329,7 @@ class KafkaApis:
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
             parts = []
             for p in t.partition_data:
-                plog, error = self._resolve(image, topic_name, topic_id, p.index)
+                plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
                 base, log_start = -1, -1
                 futures = []
                 if plog is not None:
@@ -335,7 +349,10 @@ class KafkaApis:
             for entry, futures in waits:
                 for fut in futures:
                     try:
-                        await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                        done = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                        if isinstance(done, AppendOutcome):
+                            # appended elsewhere (a zone-router proxy's main): its outcome
+                            entry["error"], entry["base"] = done.error, done.base_offset
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:
@@ -383,7 +400,9 @@ class KafkaApis:
             for _ in range(1_000_000):
                 woken.clear()
                 image = self.image_fn()
-                total, topics = await self._fetch_once(req, v, image, max_bytes, listening, wake)
+                total, topics = await self._fetch_once(
+                    req, v, image, max_bytes, listening, wake, self._client_az(ctx)
+                )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
                     break
                 try:
@@ -395,7 +414,7 @@ class KafkaApis:
                 plog.remove_listener(wake)
         return FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
 
-    async def _fetch_once(self, req, v, image, max_bytes, listening, wake):
+    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, az):
         F = FetchResponse.FetchableTopicResponse
         P = F.PartitionData
         Aborted = P.AbortedTransaction
@@ -408,7 +427,7 @@ class KafkaApis:
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, name, topic_id, p.partition)
+                plog, error = self._resolve(image, name, topic_id, p.partition, az)
                 hw, start, records, lso, aborted = -1, -1, b"", -1, []
                 if plog is not None:
                     hw, start = plog.high_watermark, plog.log_start_offset
@@ -468,7 +487,9 @@ class KafkaApis:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, t.name, None, p.partition_index)
+                plog, error = self._resolve(
+                    image, t.name, None, p.partition_index, self._client_az(ctx)
+                )
                 offset, ts = -1, -1
                 if plog is not None:
                     if p.timestamp == -2:
@@ -506,7 +527,7 @@ class KafkaApis:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, t.topic, None, p.partition)
+                plog, error = self._resolve(image, t.topic, None, p.partition, self._client_az(ctx))
                 epoch, end = -1, -1
                 if plog is not None:
                     epoch, end = plog.epoch_end_offset(p.leader_epoch)

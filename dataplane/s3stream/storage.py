@@ -475,6 +475,16 @@ class S3Storage:
                 out += self.log_cache.read(state.stream_id, next_offset, end, max_bytes - size)
         return out
 
+    def read_committed(
+        self, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """Batches of any stream (open here or not) from its objects: offsets in [start, end)
+        below its committed end. The zone router's proxies read what mains uploaded this way.
+        Blocks on I/O; thread-safe."""
+        if start >= end:
+            return []
+        return self._read_objects(stream_id, start, end, max_bytes)
+
     def _read_objects(
         self, stream_id: int, start: int, end: int, max_bytes: int
     ) -> list[StreamRecordBatch]:

@@ -1,0 +1,447 @@
+"""Produce and fetch through a proxy (seed 000), and the main's side of the zone route.
+
+Produce: a `ProxyPartition.append` hands the request's record batches to the partition's
+serial worker, which appends them to this broker's RouterChannel (an `ObjectWAL` under
+`router-channel/node-<id>`, readable by any node at a channel offset), then sends a
+`ZoneRouteRequest` (route epoch, source node, channel offset) to the main. The main
+(`ZoneRouteHandler`) refuses a fenced route epoch, reads the batches from the channel,
+appends them to the partition, and answers once its append is durable; the proxy then
+acknowledges the client. The channel record is released (trimmed) once the main answered.
+
+Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
+stream's committed end in the metadata image), read through this broker's BlockCache.
+This is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
+data not yet uploaded) are not built, so a proxy's consumers see data after the main's
+upload interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from controlplane.image import MetadataImage
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    OffsetAndTimestamp,
+    PartitionResolver,
+)
+from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.wal.base import WALError
+from dataplane.s3stream.wal.object_wal import (
+    ObjectWAL,
+    ObjectWALConfig,
+    ObjectWALLocation,
+    ObjectWALReader,
+    WALTrimmedError,
+)
+from dataplane.zonerouter.protocol import (
+    ZONE_ROUTE_KEY,
+    ZONE_ROUTE_VERSION,
+    ZoneRouteRequest,
+    ZoneRouteResponse,
+)
+from dataplane.zonerouter.traffic import ZoneTraffic
+
+log = logging.getLogger(__name__)
+
+CHANNEL_BUCKET_ID = 0
+CHANNEL_CAPACITY_BYTES = 1024 * 1024 * 1024
+CHANNEL_TRIM_INTERVAL_S = 1.0
+MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
+RPC_EXTRA_TIMEOUT_S = 5.0
+
+
+def channel_location(node_id: int) -> ObjectWALLocation:
+    """Where broker `node_id`'s RouterChannel lives (derived, never taken from a request)."""
+    return ObjectWALLocation(CHANNEL_BUCKET_ID, f"router-channel/node-{node_id}")
+
+
+class _MainConnection:
+    """One blocking connection to a main; requests are serialized on it (thread-safe)."""
+
+    def __init__(self, host: str, port: int, login: InterBrokerLogin | None):
+        self.host, self.port, self.login = host, port, login
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+
+    def call(self, req: ZoneRouteRequest, timeout_s: float) -> ZoneRouteResponse:
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._sock = _connect(self.host, self.port, timeout_s, self.login)
+                self._sock.settimeout(timeout_s)
+                return _roundtrip(self._sock, req, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION)
+            except BaseException:
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+class ZoneRouter:
+    """This broker's proxy side: its RouterChannel, connections to mains, proxy partitions.
+
+    Thread-safe. `start()` opens the channel (claiming it at this node epoch); `close()`
+    stops the workers and closes the channel.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        node_epoch: int,
+        objects: ObjectStorage,
+        image_fn: Callable[[], MetadataImage],
+        read_committed: Callable[[int, int, int, int], list],
+        traffic: ZoneTraffic,
+        login: InterBrokerLogin | None = None,
+        channel_config: ObjectWALConfig | None = None,
+    ):
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.objects = objects
+        self.image_fn = image_fn
+        self.read_committed = read_committed  # (stream id, start, end, max bytes) -> batches
+        self.traffic = traffic
+        self.login = login
+        self.channel_config = channel_config or ObjectWALConfig(linger_s=0.002)
+        self.channel: ObjectWAL | None = None
+        self._lock = threading.Lock()
+        self._proxies: dict[tuple[str, int], ProxyPartition] = {}
+        self._connections: dict[tuple[str, int], _MainConnection] = {}
+        # channel records appended and not yet answered by their main: (offset, next offset)
+        self._outstanding: dict[int, int] = {}
+        self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
+        self._acked_end = 0
+        self._stop = threading.Event()
+        self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
+
+    def start(self) -> None:
+        self.channel = ObjectWAL.open(
+            self.objects,
+            channel_location(self.node_id),
+            self.node_id,
+            self.node_epoch,
+            capacity_bytes=CHANNEL_CAPACITY_BYTES,
+            config=self.channel_config,
+        )
+        self._acked_end = self.channel.end_offset
+        self._trimmer.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            proxies = list(self._proxies.values())
+            conns = list(self._connections.values())
+        for proxy in proxies:
+            proxy.worker.shutdown(wait=False, cancel_futures=True)
+        for conn in conns:
+            conn.close()
+        if self.channel is not None:
+            self.channel.close()
+
+    # ------------------------------------------------------------------ partitions
+
+    def proxy_partition(self, topic_id: str, partition: int) -> ProxyPartition | None:
+        with self._lock:
+            proxy = self._proxies.get((topic_id, partition))
+            if proxy is None and len(self._proxies) < MAX_PROXY_WORKERS:
+                proxy = ProxyPartition(self, topic_id, partition)
+                self._proxies[(topic_id, partition)] = proxy
+            return proxy
+
+    def on_metadata(self, image: MetadataImage) -> None:
+        """Wake the fetches waiting on proxied partitions (a main's commit may have made
+        more readable) and drop proxies of deleted topics."""
+        with self._lock:
+            proxies = list(self._proxies.items())
+        for key, proxy in proxies:
+            if key[0] not in image.topics:
+                with self._lock:
+                    self._proxies.pop(key, None)
+                proxy.worker.shutdown(wait=False, cancel_futures=True)
+            proxy.wake()
+
+    # ------------------------------------------------------------------ produce path
+
+    def _connection(self, host: str, port: int) -> _MainConnection:
+        with self._lock:
+            conn = self._connections.get((host, port))
+            if conn is None:
+                conn = self._connections[(host, port)] = _MainConnection(host, port, self.login)
+            return conn
+
+    def forward(self, proxy: ProxyPartition, records: bytes, timeout_ms: int) -> AppendOutcome:
+        """Channel append + zone route to the main (runs on the partition's worker)."""
+        assert self.channel is not None
+        image = self.image_fn()
+        topic = image.topics.get(proxy.topic_id)
+        state = topic.partitions.get(proxy.partition) if topic else None
+        main = image.brokers.get(state.leader_node_id) if state else None
+        if state is None or main is None or main.fenced:
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        timeout_s = max(timeout_ms, 1) / 1000
+        with self._lock:
+            self._appending += 1
+        try:
+            appended = self.channel.append(records).result(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
+            log.warning("RouterChannel append failed: %s", exc)
+            return AppendOutcome(KafkaError.KAFKA_STORAGE_ERROR)
+        finally:
+            with self._lock:
+                self._appending -= 1
+        with self._lock:
+            self._outstanding[appended.offset] = appended.offset + appended.size_bytes
+        self.traffic.add("wal_data_bytes", len(records))
+        req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
+            route_epoch=image.route_epoch.current_epoch,
+            source_node_id=self.node_id,
+            channel_bucket_id=CHANNEL_BUCKET_ID,
+            channel_prefix=channel_location(self.node_id).prefix,
+            channel_offset=appended.offset,
+            topic_id=uuid.UUID(proxy.topic_id),
+            partition=proxy.partition,
+            timeout_ms=timeout_ms,
+        )
+        try:
+            resp = self._connection(main.host, main.kafka_port).call(
+                req, timeout_s + RPC_EXTRA_TIMEOUT_S
+            )
+        except (OSError, ConnectionError) as exc:
+            log.warning("zone route to node %d failed: %s", main.node_id, exc)
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        finally:
+            with self._lock:
+                end = self._outstanding.pop(appended.offset)
+                self._acked_end = max(self._acked_end, end)
+        if resp.error_code:
+            log.info(
+                "zone route to node %d refused (%d): %s",
+                main.node_id,
+                resp.error_code,
+                resp.error_message,
+            )
+            return AppendOutcome(KafkaError(resp.error_code))
+        return AppendOutcome(KafkaError.NONE, resp.base_offset)
+
+    def _trim_loop(self) -> None:
+        while not self._stop.wait(CHANNEL_TRIM_INTERVAL_S):
+            with self._lock:
+                if self._appending:
+                    continue
+                up_to = min(self._outstanding, default=self._acked_end)
+            try:
+                if self.channel is not None and up_to > self.channel.start_offset:
+                    self.channel.trim(up_to)
+            except (WALError, ValueError) as exc:
+                log.warning("RouterChannel trim to %d failed: %s", up_to, exc)
+
+
+class ProxyPartition:
+    """A partition whose main is in another AZ, served to this AZ's clients (a
+    `PartitionBackend`). Its state is read from the current metadata image on each call.
+    Thread-safe: appends are queued to one serial worker (the partition's order)."""
+
+    def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
+        self.router = router
+        self.topic_id = topic_id
+        self.partition = partition
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"proxy-{partition}")
+        self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
+
+    def _state(self):
+        image = self.router.image_fn()
+        topic = image.topics.get(self.topic_id)
+        part = topic.partitions.get(self.partition) if topic else None
+        stream = image.streams.get(part.stream_id) if part else None
+        return topic, part, stream
+
+    @property
+    def topic(self) -> str:
+        topic = self._state()[0]
+        return topic.name if topic else ""
+
+    @property
+    def leader_epoch(self) -> int:
+        part = self._state()[1]
+        return part.leader_epoch if part else -1
+
+    @property
+    def log_start_offset(self) -> int:
+        stream = self._state()[2]
+        return stream.start_offset if stream else 0
+
+    @property
+    def high_watermark(self) -> int:
+        """What the main has committed to object storage (readable from here)."""
+        stream = self._state()[2]
+        return stream.end_offset if stream else 0
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark
+
+    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+        if not records:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        try:
+            fut: Future = self.worker.submit(self.router.forward, self, records, timeout_ms)
+        except RuntimeError:  # the worker was shut down (topic deleted, broker stopping)
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        return AppendOutcome(KafkaError.NONE, -1, [fut])
+
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        _, part, stream = self._state()
+        if stream is None:
+            return b""
+        end = stream.end_offset if end is None else min(end, stream.end_offset)
+        batches = self.router.read_committed(stream.stream_id, offset, end, max_bytes)
+        data = b"".join(b.payload for b in batches)
+        self.router.traffic.add("proxy_read_bytes", len(data))
+        return data
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return []  # transactions through a proxy are not supported (see the module doc)
+
+    def write_marker(self, producer_id, producer_epoch, commit, coordinator_epoch):
+        return KafkaError.NOT_LEADER_OR_FOLLOWER, None
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        return OffsetAndTimestamp(-1, -1)
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        return OffsetAndTimestamp(-1, -1)
+
+    def delete_records(self, offset: int) -> int:
+        raise WALError("DeleteRecords goes to the partition's main, not a proxy")
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        _, part, stream = self._state()
+        if part is None or stream is None:
+            return -1, -1
+        hw = stream.end_offset
+        if leader_epoch >= part.leader_epoch:
+            return part.leader_epoch, hw
+        later = [rg for rg in stream.ranges if rg.epoch > leader_epoch]
+        earlier = [rg for rg in stream.ranges if rg.epoch <= leader_epoch]
+        if not earlier:
+            return -1, -1
+        return earlier[-1].epoch, (later[0].start_offset if later else hw)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+    def wake(self) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            callback()
+
+
+class ZoneRouteHandler:
+    """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe: channel
+    readers are cached per source node; the append happens on the event loop as a client's
+    produce does."""
+
+    def __init__(
+        self,
+        image_fn: Callable[[], MetadataImage],
+        partitions: PartitionResolver,
+        objects: ObjectStorage,
+        traffic: ZoneTraffic,
+        io: Callable,
+    ):
+        self.image_fn = image_fn
+        self.partitions = partitions
+        self.objects = objects
+        self.traffic = traffic
+        self.io = io  # run a blocking call off the event loop: await io(fn, *args)
+        self._readers: dict[int, ObjectWALReader] = {}
+        self._lock = threading.Lock()
+
+    def registrations(self) -> list:
+        return [(ZoneRouteRequest, 0, 0, self.zone_route)]
+
+    def _reader(self, source_node_id: int) -> ObjectWALReader:
+        with self._lock:
+            reader = self._readers.get(source_node_id)
+            if reader is None:
+                reader = ObjectWALReader(self.objects, channel_location(source_node_id))
+                self._readers[source_node_id] = reader
+            return reader
+
+    @staticmethod
+    def _answer(error: KafkaError, message: str | None = None, base: int = -1, start: int = -1):
+        return ZoneRouteResponse[ZONE_ROUTE_VERSION](
+            error_code=error, error_message=message, base_offset=base, log_start_offset=start
+        )
+
+    async def zone_route(self, req, ctx):
+        image = self.image_fn()
+        fenced = image.route_epoch.fenced_epoch
+        if req.route_epoch <= fenced:
+            return self._answer(
+                KafkaError.STALE_BROKER_EPOCH,
+                f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
+            )
+        source = image.brokers.get(req.source_node_id)
+        expected = channel_location(req.source_node_id)
+        if (
+            source is None
+            or req.channel_bucket_id != expected.bucket_id
+            or req.channel_prefix != expected.prefix
+        ):
+            return self._answer(
+                KafkaError.INVALID_REQUEST,
+                f"no RouterChannel of node {req.source_node_id} at "
+                f"{req.channel_bucket_id}/{req.channel_prefix!r}",
+            )
+        plog = self.partitions.get(str(req.topic_id), req.partition)
+        if plog is None:
+            return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main")
+        try:
+            record = await self.io(self._reader(req.source_node_id).read, req.channel_offset)
+        except WALTrimmedError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"channel offset trimmed: {exc}")
+        except ValueError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
+            return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
+        outcome = plog.append(record.data)
+        if outcome.error != KafkaError.NONE:
+            return self._answer(outcome.error, None, -1, plog.log_start_offset)
+        timeout_s = max(req.timeout_ms, 1) / 1000
+        deadline = time.monotonic() + timeout_s
+        for fut in outcome.durable:
+            try:
+                await asyncio.wait_for(
+                    asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
+                )
+            except TimeoutError:
+                return self._answer(KafkaError.REQUEST_TIMED_OUT, "append not durable in time")
+            except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
+                return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200])
+        self.traffic.add("wal_data_bytes", len(record.data))
+        return self._answer(KafkaError.NONE, None, outcome.base_offset, plog.log_start_offset)
