@@ -197,7 +197,8 @@ class KafkaApis:
         return image.topic_by_name(name) if name else None
 
     def _client_az(self, ctx) -> str | None:
-        return self.routing.client_az(ctx.client_id, ctx.peer[0] if ctx.peer else None)
+        peer = getattr(ctx, "peer", None)
+        return self.routing.client_az(getattr(ctx, "client_id", None), peer[0] if peer else None)
 
     async def metadata(self, req, ctx):
         v = ctx.api_version
