@@ -169,6 +169,12 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
     assert total("produced_cross_az_bytes") == 0 and total("consumed_cross_az_bytes") == 0
     assert total("produced_same_az_bytes") == total("produced_bytes")
     assert total("proxy_read_bytes") > 0 and total("wal_data_bytes") > total("produced_bytes")
+    out = automqctl("cost", "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    cost = json.loads(out.stdout)
+    assert cost["produced_bytes"] >= total("produced_bytes") > 0
+    assert cost["cross_az_bytes"] == 0 and cost["cross_az_cost_usd"] == 0
+    assert cost["kafka_cross_az_cost_usd"] > 0 and cost["object_store_put_bytes"] > 0
 
 
 def _zone_route(address: str, **fields):
