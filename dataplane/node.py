@@ -306,6 +306,12 @@ class BrokerNode:
             threading.Thread(
                 target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
             ).start()
+        from dataplane.zonerouter.proxy import ChannelReaders
+
+        # the zone router's main keeps Link Records in its WAL: recovery reads their data
+        # back from the proxies' RouterChannels
+        self.channel_readers = ChannelReaders(objects)
+        self.storage.link_resolver = self.channel_readers.resolve
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(
@@ -476,7 +482,9 @@ class BrokerNode:
             CidrAzMap.parse(cfg.client_az_cidrs),
             self.zone_traffic,
         )
-        handler = ZoneRouteHandler(image_fn, self.partitions, objects, self.zone_traffic, None)
+        handler = ZoneRouteHandler(
+            image_fn, self.partitions, self.channel_readers, self.zone_traffic, None
+        )
         return routing, handler
 
     def _inter_broker_login(self):

@@ -136,7 +136,7 @@ def _upload_uncommitted(
     for rec in records:
         result.records_read += 1
         end = rec.next_offset
-        batch, _ = StreamRecordBatch.decode(rec.data)
+        batch = storage.decode_wal_record(rec.data)
         sid = batch.stream_id
         if sid not in streams:
             streams[sid] = _stream_target(storage, sid, failed_node_id, result)

@@ -10,7 +10,13 @@ acknowledges the client. The channel record is released (trimmed) once the main 
 
 Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
 stream's committed end in the metadata image), read through this broker's BlockCache.
-This is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
+The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`link_record.py`);
+its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
+failover of it) reads the data back from the channel. So the proxy keeps a channel record
+until the main has committed the partition's data to object storage (the stream's committed
+end in the image reaches what the request appended), then trims it.
+
+Fetch: this is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
 data not yet uploaded) are not built, so a proxy's consumers see data after the main's
 upload interval.
 """
@@ -35,6 +41,7 @@ from dataplane.kafka.partition_backend import (
 )
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
 from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.object_wal import (
     ObjectWAL,
@@ -43,6 +50,7 @@ from dataplane.s3stream.wal.object_wal import (
     ObjectWALReader,
     WALTrimmedError,
 )
+from dataplane.zonerouter.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
 from dataplane.zonerouter.protocol import (
     ZONE_ROUTE_KEY,
     ZONE_ROUTE_VERSION,
@@ -63,6 +71,42 @@ RPC_EXTRA_TIMEOUT_S = 5.0
 def channel_location(node_id: int) -> ObjectWALLocation:
     """Where broker `node_id`'s RouterChannel lives (derived, never taken from a request)."""
     return ObjectWALLocation(CHANNEL_BUCKET_ID, f"router-channel/node-{node_id}")
+
+
+class ChannelReaders:
+    """Readers of every broker's RouterChannel (one per source node); resolves Link
+    Records for a main's WAL recovery. Thread-safe."""
+
+    def __init__(self, objects: ObjectStorage):
+        self.objects = objects
+        self._readers: dict[int, ObjectWALReader] = {}
+        self._lock = threading.Lock()
+
+    def reader(self, source_node_id: int) -> ObjectWALReader:
+        with self._lock:
+            reader = self._readers.get(source_node_id)
+            if reader is None:
+                reader = ObjectWALReader(self.objects, channel_location(source_node_id))
+                self._readers[source_node_id] = reader
+            return reader
+
+    def resolve(self, link_batch: StreamRecordBatch) -> StreamRecordBatch:
+        """The data a Link Record points at (raises WALTrimmedError / ValueError)."""
+        link = LinkRecord.decode(link_batch.payload)
+        record = self.reader(link.source_node_id).read(link.channel_offset)
+        return resolve(link_batch, record.data)
+
+
+class _ChannelRecord:
+    """One record of this proxy's channel until it may be trimmed."""
+
+    __slots__ = ("next_offset", "answered", "stream_id", "end_offset")
+
+    def __init__(self, next_offset: int):
+        self.next_offset = next_offset
+        self.answered = False
+        self.stream_id = -1  # -1: no Link Record of the main points here
+        self.end_offset = -1
 
 
 class _MainConnection:
@@ -123,8 +167,8 @@ class ZoneRouter:
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}
         self._connections: dict[tuple[str, int], _MainConnection] = {}
-        # channel records appended and not yet answered by their main: (offset, next offset)
-        self._outstanding: dict[int, int] = {}
+        # channel records not trimmed yet, by channel offset
+        self._records: dict[int, _ChannelRecord] = {}
         self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
         self._acked_end = 0
         self._stop = threading.Event()
@@ -205,8 +249,9 @@ class ZoneRouter:
         finally:
             with self._lock:
                 self._appending -= 1
+        entry = _ChannelRecord(appended.offset + appended.size_bytes)
         with self._lock:
-            self._outstanding[appended.offset] = appended.offset + appended.size_bytes
+            self._records[appended.offset] = entry
         self.traffic.add("wal_data_bytes", len(records))
         req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
             route_epoch=image.route_epoch.current_epoch,
@@ -223,12 +268,18 @@ class ZoneRouter:
                 req, timeout_s + RPC_EXTRA_TIMEOUT_S
             )
         except (OSError, ConnectionError) as exc:
+            # the main may have appended (and linked) it: keep the record until the
+            # partition's stream has committed everything appended before now
             log.warning("zone route to node %d failed: %s", main.node_id, exc)
-            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
-        finally:
+            stream = image.streams.get(state.stream_id)
             with self._lock:
-                end = self._outstanding.pop(appended.offset)
-                self._acked_end = max(self._acked_end, end)
+                entry.stream_id = state.stream_id
+                entry.end_offset = stream.end_offset + 1 if stream else -1
+                entry.answered = True
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        with self._lock:
+            entry.stream_id, entry.end_offset = resp.stream_id, resp.end_offset
+            entry.answered = True
         if resp.error_code:
             log.info(
                 "zone route to node %d refused (%d): %s",
@@ -239,12 +290,32 @@ class ZoneRouter:
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
 
+    def trim_point(self) -> int | None:
+        """The channel offset below which no record is needed any more: answered, and any
+        Link Record to it committed by its main (the stream's committed end in the image
+        reached the request's end); None while an append's offset is still unknown."""
+        image = self.image_fn()
+        with self._lock:
+            if self._appending:
+                return None
+            up_to = self._acked_end
+            for offset in sorted(self._records):
+                entry = self._records[offset]
+                if not entry.answered:
+                    return offset
+                if entry.end_offset >= 0:
+                    stream = image.streams.get(entry.stream_id)
+                    if stream is not None and stream.end_offset < entry.end_offset:
+                        return offset
+                del self._records[offset]
+                up_to = self._acked_end = max(self._acked_end, entry.next_offset)
+            return up_to
+
     def _trim_loop(self) -> None:
         while not self._stop.wait(CHANNEL_TRIM_INTERVAL_S):
-            with self._lock:
-                if self._appending:
-                    continue
-                up_to = min(self._outstanding, default=self._acked_end)
+            up_to = self.trim_point()
+            if up_to is None:
+                continue
             try:
                 if self.channel is not None and up_to > self.channel.start_offset:
                     self.channel.trim(up_to)
@@ -361,41 +432,42 @@ class ProxyPartition:
 
 
 class ZoneRouteHandler:
-    """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe: channel
-    readers are cached per source node; the append happens on the event loop as a client's
-    produce does."""
+    """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
+    happens on the event loop as a client's produce does."""
 
     def __init__(
         self,
         image_fn: Callable[[], MetadataImage],
         partitions: PartitionResolver,
-        objects: ObjectStorage,
+        channels: ChannelReaders,
         traffic: ZoneTraffic,
-        io: Callable,
+        io: Callable | None,
     ):
         self.image_fn = image_fn
         self.partitions = partitions
-        self.objects = objects
+        self.channels = channels
         self.traffic = traffic
         self.io = io  # run a blocking call off the event loop: await io(fn, *args)
-        self._readers: dict[int, ObjectWALReader] = {}
-        self._lock = threading.Lock()
 
     def registrations(self) -> list:
         return [(ZoneRouteRequest, 0, 0, self.zone_route)]
 
-    def _reader(self, source_node_id: int) -> ObjectWALReader:
-        with self._lock:
-            reader = self._readers.get(source_node_id)
-            if reader is None:
-                reader = ObjectWALReader(self.objects, channel_location(source_node_id))
-                self._readers[source_node_id] = reader
-            return reader
-
     @staticmethod
-    def _answer(error: KafkaError, message: str | None = None, base: int = -1, start: int = -1):
+    def _answer(
+        error: KafkaError,
+        message: str | None = None,
+        base: int = -1,
+        start: int = -1,
+        stream_id: int = -1,
+        end: int = -1,
+    ):
         return ZoneRouteResponse[ZONE_ROUTE_VERSION](
-            error_code=error, error_message=message, base_offset=base, log_start_offset=start
+            error_code=error,
+            error_message=message,
+            base_offset=base,
+            log_start_offset=start,
+            stream_id=stream_id,
+            end_offset=end,
         )
 
     async def zone_route(self, req, ctx):
@@ -406,42 +478,64 @@ class ZoneRouteHandler:
                 KafkaError.STALE_BROKER_EPOCH,
                 f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
             )
-        source = image.brokers.get(req.source_node_id)
-        expected = channel_location(req.source_node_id)
+        source = req.source_node_id
+        expected = channel_location(source)
         if (
-            source is None
+            source not in image.brokers
             or req.channel_bucket_id != expected.bucket_id
             or req.channel_prefix != expected.prefix
         ):
             return self._answer(
                 KafkaError.INVALID_REQUEST,
-                f"no RouterChannel of node {req.source_node_id} at "
+                f"no RouterChannel of node {source} at "
                 f"{req.channel_bucket_id}/{req.channel_prefix!r}",
             )
         plog = self.partitions.get(str(req.topic_id), req.partition)
         if plog is None:
             return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main")
+        assert self.io is not None
         try:
-            record = await self.io(self._reader(req.source_node_id).read, req.channel_offset)
+            record = await self.io(self.channels.reader(source).read, req.channel_offset)
         except WALTrimmedError as exc:
             return self._answer(KafkaError.INVALID_REQUEST, f"channel offset trimmed: {exc}")
         except ValueError as exc:
             return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
         except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
             return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
-        outcome = plog.append(record.data)
+        now_ms = int(time.time() * 1000)
+        channel_offset = req.channel_offset
+
+        def link(position: int, length: int) -> Callable[[int], bytes]:
+            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
+            return lambda base: LinkRecord(
+                source, channel_offset, position, length, now_ms
+            ).encode()
+
+        outcome = plog.append(record.data, link=link)
+        stream = getattr(plog, "stream", None)
+        stream_id = stream.stream_id if stream is not None else -1
+        # Link Records to this channel record lie below the stream's next offset now
+        end = stream.next_offset if stream is not None and outcome.durable else -1
+        start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
-            return self._answer(outcome.error, None, -1, plog.log_start_offset)
-        timeout_s = max(req.timeout_ms, 1) / 1000
-        deadline = time.monotonic() + timeout_s
+            return self._answer(outcome.error, None, -1, start, stream_id, end)
+        deadline = time.monotonic() + max(req.timeout_ms, 1) / 1000
         for fut in outcome.durable:
             try:
                 await asyncio.wait_for(
                     asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
                 )
             except TimeoutError:
-                return self._answer(KafkaError.REQUEST_TIMED_OUT, "append not durable in time")
+                return self._answer(
+                    KafkaError.REQUEST_TIMED_OUT,
+                    "append not durable in time",
+                    -1,
+                    start,
+                    stream_id,
+                    end,
+                )
             except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
-                return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200])
-        self.traffic.add("wal_data_bytes", len(record.data))
-        return self._answer(KafkaError.NONE, None, outcome.base_offset, plog.log_start_offset)
+                return self._answer(
+                    KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200], -1, start, stream_id, end
+                )
+        return self._answer(KafkaError.NONE, None, outcome.base_offset, start, stream_id, end)
