@@ -175,6 +175,10 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
     assert cost["produced_bytes"] >= total("produced_bytes") > 0
     assert cost["cross_az_bytes"] == 0 and cost["cross_az_cost_usd"] == 0
     assert cost["kafka_cross_az_cost_usd"] > 0 and cost["object_store_put_bytes"] > 0
+    # no double write: routed data is in a RouterChannel once, the main's WAL keeps only
+    # Link Records (writing it again would be >= 1.67 with 2/3 of the data routed)
+    assert cost["produced_bytes"] < cost["wal_data_bytes"] < 1.5 * cost["produced_bytes"]
+    print("zone router cost:", json.dumps(cost))
 
 
 def _zone_route(address: str, **fields):
