@@ -150,6 +150,8 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "controllers": controllers,
         "brokers": brokers,
         "buckets": buckets,
+        # the zone router's route epochs (current / fenced / committed), from the leader
+        "route_epoch": (leader_view or {}).get("route_epoch"),
         "failover_mode": "unknown"
         if active_bucket is None
         else "normal"

@@ -661,3 +661,17 @@ class AlterBrokerConfigsResponse(BaseModel):
 
 
 REQUEST_TYPES.update({AlterBrokerConfigsRequest.command: AlterBrokerConfigsRequest})
+
+
+# ---------------------------------------------------------------- zone router (route_epochs.py)
+
+
+class BumpRouteEpochRequest(_Request):
+    """Sent by the leader's timer: current route epoch + 1, the old one fenced; only if the
+    current epoch is still `expected_current_epoch` (a retry never bumps twice)."""
+
+    command: ClassVar[str] = "bump_route_epoch"
+    expected_current_epoch: int = Field(ge=0)
+
+
+REQUEST_TYPES.update({BumpRouteEpochRequest.command: BumpRouteEpochRequest})

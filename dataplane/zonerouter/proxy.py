@@ -66,6 +66,8 @@ CHANNEL_CAPACITY_BYTES = 1024 * 1024 * 1024
 CHANNEL_TRIM_INTERVAL_S = 1.0
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
+ROUTE_EPOCH_WAIT_S = 2.0
+UNKNOWN_END = -2
 
 
 def channel_location(node_id: int) -> ObjectWALLocation:
@@ -100,13 +102,16 @@ class ChannelReaders:
 class _ChannelRecord:
     """One record of this proxy's channel until it may be trimmed."""
 
-    __slots__ = ("next_offset", "answered", "stream_id", "end_offset")
+    __slots__ = ("next_offset", "answered", "stream_id", "end_offset", "stream_epoch")
 
     def __init__(self, next_offset: int):
         self.next_offset = next_offset
         self.answered = False
         self.stream_id = -1  # -1: no Link Record of the main points here
+        # the stream offset its committed end must reach; UNKNOWN_END: the main's answer
+        # was lost (learned from the next answer for the stream, or a new stream epoch)
         self.end_offset = -1
+        self.stream_epoch = -1
 
 
 class _MainConnection:
@@ -253,33 +258,43 @@ class ZoneRouter:
         with self._lock:
             self._records[appended.offset] = entry
         self.traffic.add("wal_data_bytes", len(records))
-        req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
-            route_epoch=image.route_epoch.current_epoch,
-            source_node_id=self.node_id,
-            channel_bucket_id=CHANNEL_BUCKET_ID,
-            channel_prefix=channel_location(self.node_id).prefix,
-            channel_offset=appended.offset,
-            topic_id=uuid.UUID(proxy.topic_id),
-            partition=proxy.partition,
-            timeout_ms=timeout_ms,
-        )
-        try:
-            resp = self._connection(main.host, main.kafka_port).call(
-                req, timeout_s + RPC_EXTRA_TIMEOUT_S
+        epoch = image.route_epoch.current_epoch
+        for attempt in (1, 2):
+            req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
+                route_epoch=epoch,
+                source_node_id=self.node_id,
+                channel_bucket_id=CHANNEL_BUCKET_ID,
+                channel_prefix=channel_location(self.node_id).prefix,
+                channel_offset=appended.offset,
+                topic_id=uuid.UUID(proxy.topic_id),
+                partition=proxy.partition,
+                timeout_ms=timeout_ms,
             )
-        except (OSError, ConnectionError) as exc:
-            # the main may have appended (and linked) it: keep the record until the
-            # partition's stream has committed everything appended before now
-            log.warning("zone route to node %d failed: %s", main.node_id, exc)
-            stream = image.streams.get(state.stream_id)
-            with self._lock:
-                entry.stream_id = state.stream_id
-                entry.end_offset = stream.end_offset + 1 if stream else -1
-                entry.answered = True
-            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+            try:
+                resp = self._connection(main.host, main.kafka_port).call(
+                    req, timeout_s + RPC_EXTRA_TIMEOUT_S
+                )
+            except (OSError, ConnectionError) as exc:
+                # the main may have appended (and linked) it: keep the record until that
+                # is known to be committed
+                log.warning("zone route to node %d failed: %s", main.node_id, exc)
+                with self._lock:
+                    entry.stream_id, entry.end_offset = state.stream_id, UNKNOWN_END
+                    entry.stream_epoch = state.leader_epoch
+                    entry.answered = True
+                return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+            if resp.error_code != KafkaError.STALE_BROKER_EPOCH or attempt == 2:
+                break
+            # the main saw a bump we have not: nothing was appended; again in the new epoch
+            epoch = self._newer_route_epoch(epoch)
         with self._lock:
             entry.stream_id, entry.end_offset = resp.stream_id, resp.end_offset
             entry.answered = True
+            if resp.end_offset >= 0:
+                # a lost answer for this stream came before this one: it is covered too
+                for other in self._records.values():
+                    if other.stream_id == resp.stream_id and other.end_offset == UNKNOWN_END:
+                        other.end_offset = resp.end_offset
         if resp.error_code:
             log.info(
                 "zone route to node %d refused (%d): %s",
@@ -289,6 +304,16 @@ class ZoneRouter:
             )
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
+
+    def _newer_route_epoch(self, epoch: int) -> int:
+        """The current route epoch once this broker's image is past `epoch` (bounded)."""
+        deadline = time.monotonic() + ROUTE_EPOCH_WAIT_S
+        while time.monotonic() < deadline:
+            current = self.image_fn().route_epoch.current_epoch
+            if current > epoch:
+                return current
+            time.sleep(0.01)
+        return self.image_fn().route_epoch.current_epoch
 
     def trim_point(self) -> int | None:
         """The channel offset below which no record is needed any more: answered, and any
@@ -303,9 +328,13 @@ class ZoneRouter:
                 entry = self._records[offset]
                 if not entry.answered:
                     return offset
-                if entry.end_offset >= 0:
-                    stream = image.streams.get(entry.stream_id)
-                    if stream is not None and stream.end_offset < entry.end_offset:
+                stream = image.streams.get(entry.stream_id)
+                if entry.end_offset == UNKNOWN_END and stream is not None:
+                    # a new stream epoch: the old main's WAL was recovered and committed
+                    if stream.epoch == entry.stream_epoch:
+                        return offset
+                elif entry.end_offset >= 0 and stream is not None:
+                    if stream.end_offset < entry.end_offset:
                         return offset
                 del self._records[offset]
                 up_to = self._acked_end = max(self._acked_end, entry.next_offset)

@@ -57,6 +57,12 @@ def _zone_traffic(cluster) -> dict[int, dict]:
     return {b["node_id"]: b["zone_traffic"] or {} for b in json.loads(out.stdout)["brokers"]}
 
 
+def _route_epochs(cluster) -> dict:
+    out = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["route_epoch"] or {"current_epoch": -1}
+
+
 def _brokers_used(stats: dict, key: str) -> set[int]:
     """Node ids of the brokers librdkafka used: connected (UP) or serving partitions."""
     used = set()
@@ -213,14 +219,20 @@ def test_zone_route_with_a_fenced_epoch_or_a_bad_channel_is_refused(cluster):
         "timeout_ms": 5000,
     }
     address = cluster["brokers"][main]["address"]
-    # the initial route epochs are current 0, fenced -1: epoch -1 is fenced
-    resp = _zone_route(address, route_epoch=-1, **base)
-    assert resp.error_code != 0 and "route epoch -1 is fenced" in resp.error_message
+    # the controller bumps the route epoch (at once, then every 10 s): the previous is fenced
+    deadline = time.monotonic() + 15
+    while (epochs := _route_epochs(cluster))["current_epoch"] < 1:
+        assert time.monotonic() < deadline, epochs
+        time.sleep(0.2)
+    fenced, current = epochs["fenced_epoch"], epochs["current_epoch"]
+    assert fenced == current - 1 >= 0
+    resp = _zone_route(address, route_epoch=fenced, **base)
+    assert resp.error_code != 0 and f"route epoch {fenced} is fenced" in resp.error_message
     # a channel that is not the source node's own is never read
-    resp = _zone_route(address, route_epoch=0, **{**base, "channel_prefix": "wal/node-1"})
+    resp = _zone_route(address, route_epoch=current, **{**base, "channel_prefix": "wal/node-1"})
     assert resp.error_code != 0 and "no RouterChannel" in resp.error_message
     # an offset where no record starts
-    resp = _zone_route(address, route_epoch=0, **{**base, "channel_offset": 10**12})
+    resp = _zone_route(address, route_epoch=current, **{**base, "channel_offset": 10**12})
     assert resp.error_code != 0 and "bad channel offset" in resp.error_message
     # nothing was appended
     consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": "zone-bad"})
