@@ -440,7 +440,11 @@ class KafkaApis:
                         error = KafkaError.FENCED_LEADER_EPOCH
                     elif current > plog.leader_epoch:
                         error = KafkaError.UNKNOWN_LEADER_EPOCH
-                    elif p.fetch_offset < start or p.fetch_offset > hw:
+                    elif p.fetch_offset < start or (
+                        # a backend that serves what its leader committed (a zone-router
+                        # proxy) may lag: past its end is "not yet", as on a Kafka follower
+                        p.fetch_offset > hw and not getattr(plog, "lags_leader", False)
+                    ):
                         error = KafkaError.OFFSET_OUT_OF_RANGE
                     elif p.fetch_offset < end and total < max_bytes:
                         budget = min(p.partition_max_bytes, max_bytes - total)

@@ -357,6 +357,9 @@ class ProxyPartition:
     `PartitionBackend`). Its state is read from the current metadata image on each call.
     Thread-safe: appends are queued to one serial worker (the partition's order)."""
 
+    # it serves what the main committed: a fetch past that waits instead of OFFSET_OUT_OF_RANGE
+    lags_leader = True
+
     def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
         self.router = router
         self.topic_id = topic_id
