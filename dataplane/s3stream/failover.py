@@ -136,7 +136,7 @@ def _upload_uncommitted(
     for rec in records:
         result.records_read += 1
         end = rec.next_offset
-        batch = storage.decode_wal_record(rec.data)
+        batch, _ = StreamRecordBatch.decode(rec.data)
         sid = batch.stream_id
         if sid not in streams:
             streams[sid] = _stream_target(storage, sid, failed_node_id, result)
@@ -155,6 +155,7 @@ def _upload_uncommitted(
             streams[sid] = None
             continue
         target["end"] = batch.last_offset
+        batch = storage.resolve_link(batch)  # only what is uploaded here needs its data
         chunk.append(batch)
         chunk_bytes += batch.size_bytes
         if chunk_bytes >= max_bytes:

@@ -310,7 +310,7 @@ class S3Storage:
         assert self.wal is not None
         by_stream: dict[int, list[tuple[StreamRecordBatch, int]]] = defaultdict(list)
         for rec in self.wal.recover():
-            batch = self.decode_wal_record(rec.data)
+            batch, _ = StreamRecordBatch.decode(rec.data)
             by_stream[batch.stream_id].append((batch, rec.next_offset))
         if not by_stream:
             return 0
@@ -338,7 +338,8 @@ class S3Storage:
                     end,
                 )
                 continue
-            keep += fresh
+            # only now the data of Link Records: committed ones may point at trimmed data
+            keep += [(self.resolve_link(b), w) for b, w in fresh]
         keep.sort(key=lambda item: item[1])  # WAL order
         with self._lock:
             for batch, wal_next in keep:
@@ -501,10 +502,10 @@ class S3Storage:
                 out += self.log_cache.read(state.stream_id, next_offset, end, max_bytes - size)
         return out
 
-    def decode_wal_record(self, data: bytes) -> StreamRecordBatch:
-        """A WAL record as the batch it stands for: a Link Record is resolved (its data
-        read from where it points) by `link_resolver`."""
-        batch, _ = StreamRecordBatch.decode(data)
+    def resolve_link(self, batch: StreamRecordBatch) -> StreamRecordBatch:
+        """The data batch a WAL record stands for: a Link Record is resolved (its data read
+        from where it points) by `link_resolver`. Only for records still to be uploaded:
+        the data of committed ones may be gone (a RouterChannel trims once committed)."""
         if batch.is_link:
             if self.link_resolver is None:
                 raise StorageError(

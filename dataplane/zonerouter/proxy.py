@@ -39,6 +39,7 @@ from dataplane.kafka.partition_backend import (
     OffsetAndTimestamp,
     PartitionResolver,
 )
+from dataplane.kafka.record_batch import parse_batch_header
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
@@ -255,6 +256,7 @@ class ZoneRouter:
             with self._lock:
                 self._appending -= 1
         entry = _ChannelRecord(appended.offset + appended.size_bytes)
+        entry.stream_epoch = state.leader_epoch  # = the stream's epoch at this main
         with self._lock:
             self._records[appended.offset] = entry
         self.traffic.add("wal_data_bytes", len(records))
@@ -280,7 +282,6 @@ class ZoneRouter:
                 log.warning("zone route to node %d failed: %s", main.node_id, exc)
                 with self._lock:
                     entry.stream_id, entry.end_offset = state.stream_id, UNKNOWN_END
-                    entry.stream_epoch = state.leader_epoch
                     entry.answered = True
                 return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
             if resp.error_code != KafkaError.STALE_BROKER_EPOCH or attempt == 2:
@@ -329,13 +330,17 @@ class ZoneRouter:
                 if not entry.answered:
                     return offset
                 stream = image.streams.get(entry.stream_id)
-                if entry.end_offset == UNKNOWN_END and stream is not None:
-                    # a new stream epoch: the old main's WAL was recovered and committed
-                    if stream.epoch == entry.stream_epoch:
-                        return offset
-                elif entry.end_offset >= 0 and stream is not None:
-                    if stream.end_offset < entry.end_offset:
-                        return offset
+                # needed while the main that may hold links to it still has the stream (a
+                # new stream epoch: the old main's WAL was recovered and committed) and
+                # its committed end has not reached them (or is unknown: a lost answer)
+                if (
+                    entry.stream_id >= 0
+                    and entry.end_offset != -1
+                    and stream is not None
+                    and stream.epoch == entry.stream_epoch
+                    and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
+                ):
+                    return offset
                 del self._records[offset]
                 up_to = self._acked_end = max(self._acked_end, entry.next_offset)
             return up_to
@@ -536,18 +541,25 @@ class ZoneRouteHandler:
             return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
         now_ms = int(time.time() * 1000)
         channel_offset = req.channel_offset
+        data = record.data
+        ends: list[int] = []  # the end offset of every batch written as a Link Record
 
         def link(position: int, length: int) -> Callable[[int], bytes]:
             self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
-            return lambda base: LinkRecord(
-                source, channel_offset, position, length, now_ms
-            ).encode()
+            count = parse_batch_header(data, position).last_offset_delta + 1
 
-        outcome = plog.append(record.data, link=link)
+            def build(base: int) -> bytes:  # under the stream's lock, before append returns
+                ends.append(base + count)
+                return LinkRecord(source, channel_offset, position, length, now_ms).encode()
+
+            return build
+
+        outcome = plog.append(data, link=link)
         stream = getattr(plog, "stream", None)
         stream_id = stream.stream_id if stream is not None else -1
-        # Link Records to this channel record lie below the stream's next offset now
-        end = stream.next_offset if stream is not None and outcome.durable else -1
+        # the proxy keeps the channel record until the stream's committed end reaches the
+        # end of what links to it (-1: no link was written)
+        end = max(ends, default=-1)
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
             return self._answer(outcome.error, None, -1, start, stream_id, end)
@@ -558,16 +570,9 @@ class ZoneRouteHandler:
                     asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
                 )
             except TimeoutError:
-                return self._answer(
-                    KafkaError.REQUEST_TIMED_OUT,
-                    "append not durable in time",
-                    -1,
-                    start,
-                    stream_id,
-                    end,
-                )
+                error, message = KafkaError.REQUEST_TIMED_OUT, "append not durable in time"
+                return self._answer(error, message, -1, start, stream_id, end)
             except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
-                return self._answer(
-                    KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200], -1, start, stream_id, end
-                )
+                error, message = KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200]
+                return self._answer(error, message, -1, start, stream_id, end)
         return self._answer(KafkaError.NONE, None, outcome.base_offset, start, stream_id, end)
