@@ -68,6 +68,11 @@ CHANNEL_TRIM_INTERVAL_S = 1.0
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
 ROUTE_EPOCH_WAIT_S = 2.0
+# records a previous incarnation of this proxy wrote may still back a main's uncommitted
+# Link Records (their answers died with it): kept this long after a restart, well past the
+# mains' upload interval (5 s) — a main whose uploads stall longer and then crashes would
+# find them gone (recovery then fails loudly); the committed route epoch will replace this
+PREVIOUS_INCARNATION_KEEP_S = 300.0
 UNKNOWN_END = -2
 
 
@@ -177,6 +182,8 @@ class ZoneRouter:
         self._records: dict[int, _ChannelRecord] = {}
         self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
         self._acked_end = 0
+        # (channel offset, monotonic deadline): below it a previous incarnation's records
+        self._keep_before: tuple[int, float] = (0, 0.0)
         self._stop = threading.Event()
         self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
 
@@ -190,6 +197,11 @@ class ZoneRouter:
             config=self.channel_config,
         )
         self._acked_end = self.channel.end_offset
+        if self.channel.end_offset > self.channel.start_offset:
+            self._keep_before = (
+                self.channel.start_offset,
+                time.monotonic() + PREVIOUS_INCARNATION_KEEP_S,
+            )
         self._trimmer.start()
 
     def close(self) -> None:
@@ -324,6 +336,9 @@ class ZoneRouter:
         with self._lock:
             if self._appending:
                 return None
+            keep_offset, keep_until = self._keep_before
+            if time.monotonic() < keep_until:
+                return keep_offset
             up_to = self._acked_end
             for offset in sorted(self._records):
                 entry = self._records[offset]

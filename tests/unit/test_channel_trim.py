@@ -58,3 +58,14 @@ def test_no_trim_while_an_append_has_no_offset_yet():
     router = _router({})
     router._appending = 1
     assert router.trim_point() is None
+
+
+def test_a_previous_incarnations_records_are_kept_for_a_while_after_a_restart():
+    import time
+
+    router = _router({})
+    router._acked_end = 500  # the channel's end when this incarnation opened it
+    router._keep_before = (120, time.monotonic() + 60)
+    assert router.trim_point() == 120
+    router._keep_before = (120, time.monotonic() - 1)
+    assert router.trim_point() == 500
