@@ -121,3 +121,14 @@ def test_stable_under_broker_add_and_remove():
             assert removed.proxy_of(main, "az2") == before.proxy_of(main, "az2")
         else:
             assert removed.proxy_of(main, "az2") not in (6, None)
+
+
+def test_broker_config_refuses_a_bad_client_az_map():
+    import pydantic
+
+    from dataplane.config import BrokerConfig
+
+    base = dict(node_id=1, az="az1", kafka_port=1, data_dir="/tmp/x", controllers=[])
+    with pytest.raises(pydantic.ValidationError, match="invalid CIDR '10.0.0.0/33'"):
+        BrokerConfig(**base, client_az_cidrs={"10.0.0.0/33": "az1"})
+    assert BrokerConfig(**base, client_az_cidrs={"10.0.0.0/8": "az1"}).client_az_cidrs
