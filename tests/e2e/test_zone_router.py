@@ -292,3 +292,33 @@ def test_kill_9_of_a_main_loses_no_record_acked_through_a_proxy(cluster):
     # Link Records, resolved from the proxy's RouterChannel by the failover
     print(f"kill -9 of main {victim}: {found.group(0)}")
     assert int(found.group(1)) > 0, found.group(0)
+
+
+def test_kill_9_of_a_proxy_loses_no_acked_record(cluster):
+    """The proxy of az1's producer (az1's only broker) is killed -9 mid-run and restarted:
+    its in-flight requests' answers are lost (the producer retries, idempotently, through
+    the restarted proxy, which claims its RouterChannel with a new node epoch); every acked
+    record is consumed exactly once."""
+    from tests.e2e.ledger import AckLedger
+    from tests.e2e.test_elastic import assert_ledger_exact, wait_all_active
+
+    wait_all_active(cluster)
+    topic = f"zone-proxy-kill-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    (proxy,) = cluster["by_az"]["az1"]
+    ledger = AckLedger(
+        _bootstrap(cluster, "az1"), topic, PARTITIONS, rate_per_partition=40, **_client("az1")
+    ).start()
+    try:
+        time.sleep(3)
+        killed = automqctl("broker", "kill", str(proxy), cluster_dir=cluster["dir"])
+        assert killed.returncode == 0, killed.stderr
+        event = time.monotonic()
+        time.sleep(1)
+        started = automqctl("broker", "start", str(proxy), cluster_dir=cluster["dir"])
+        assert started.returncode == 0, started.stderr
+        ledger.wait_writable(set(range(PARTITIONS)), event, timeout_s=60)
+        time.sleep(1)
+    finally:
+        ledger.stop()
+    assert_ledger_exact(ledger)
