@@ -70,6 +70,8 @@ class BrokerUploadStats(BaseModel):
     last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
     # the zone router's cumulative byte counters (dataplane/zonerouter/traffic.py KEYS)
     zone_traffic: dict[str, int] | None = Field(default=None, max_length=32)
+    # the zone router: the route epoch up to which this main's routed data is committed
+    route_epoch_persisted: int | None = Field(default=None, ge=-1)
 
 
 MAX_BUCKETS_PER_REPORT = 16
@@ -672,6 +674,8 @@ class BumpRouteEpochRequest(_Request):
 
     command: ClassVar[str] = "bump_route_epoch"
     expected_current_epoch: int = Field(ge=0)
+    # the minimum of the live brokers' persisted route epochs (None: not known yet)
+    committed_epoch: int | None = Field(default=None, ge=-1)
 
 
 REQUEST_TYPES.update({BumpRouteEpochRequest.command: BumpRouteEpochRequest})

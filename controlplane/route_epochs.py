@@ -21,11 +21,30 @@ def bump_route_epoch(image: MetadataImage, req: BumpRouteEpochRequest, now_ms: i
     rec = r.RouteEpochRecord(
         current_epoch=state.current_epoch + 1,
         fenced_epoch=state.current_epoch,
-        # committed stays as it is: RouterChannels are trimmed by the mains' stream commits
-        # (dataplane/zonerouter/proxy.py), not yet by a committed route epoch
-        committed_epoch=state.committed_epoch,
+        # only ever advances, and never past what is fenced now
+        committed_epoch=min(
+            max(state.committed_epoch, -1 if req.committed_epoch is None else req.committed_epoch),
+            state.current_epoch,
+        ),
     )
     return [rec], {"current_epoch": rec.current_epoch, "bumped": True}
+
+
+def committed_epoch(image: MetadataImage, persisted: dict[int, int | None]) -> int | None:
+    """The committed route epoch: the minimum of the brokers' persisted epochs (what each
+    main has committed of the routed data it accepted), over every broker but the fenced
+    ones that have no open stream (nothing of theirs is left to recover); None while one
+    of them has not reported (a new leader, a starting broker)."""
+    open_on = {s.node_id for s in image.streams.values() if s.state == r.StreamState.OPENED}
+    values = []
+    for broker in image.brokers.values():
+        if broker.fenced and broker.node_id not in open_on:
+            continue
+        value = persisted.get(broker.node_id)
+        if value is None:
+            return None
+        values.append(value)
+    return min(values) if values else None
 
 
 def bump_due(image: MetadataImage, last_bump_ms: int | None, now_ms: int, interval_ms: int) -> bool:

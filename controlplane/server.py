@@ -276,10 +276,14 @@ class ControllerNode:
         if not route_epochs.bump_due(image, self._last_route_bump_ms, now_ms, interval):
             return
         self._last_route_bump_ms = now_ms
+        persisted = {n: s.get("route_epoch_persisted") for n, s in self.upload_stats().items()}
         try:
             self.quorum.submit(
                 "bump_route_epoch",
-                {"expected_current_epoch": image.route_epoch.current_epoch},
+                {
+                    "expected_current_epoch": image.route_epoch.current_epoch,
+                    "committed_epoch": route_epochs.committed_epoch(image, persisted),
+                },
                 now_ms=now_ms,
             )
         except Exception as exc:  # noqa: BLE001 - retried at the next interval

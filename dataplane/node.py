@@ -74,6 +74,7 @@ class BrokerNode:
         self.retention = None
         self.zone_router = None  # the zone router's proxy side (dataplane/zonerouter/)
         self.zone_traffic = None  # its byte counters, reported with heartbeats
+        self.zone_route_handler = None  # the main's side; its persisted route epoch
         self.kafka = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -199,6 +200,9 @@ class BrokerNode:
             if stats.last_upload_error is None
             else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS],
             zone_traffic=None if self.zone_traffic is None else self._zone_traffic(),
+            route_epoch_persisted=None
+            if self.zone_route_handler is None
+            else self.zone_route_handler.persisted_epoch(),
         )
 
     def _bucket_health(self) -> list[BucketWriteHealth]:
@@ -472,6 +476,7 @@ class BrokerNode:
             self.storage.read_committed,
             self.zone_traffic,
             login=self._inter_broker_login(),
+            ready_fn=lambda: self.metadata.caught_up,
         )
         self.zone_router.start()
         routing = ZoneRouting(
@@ -485,6 +490,7 @@ class BrokerNode:
         handler = ZoneRouteHandler(
             image_fn, self.partitions, self.channel_readers, self.zone_traffic, None
         )
+        self.zone_route_handler = handler
         return routing, handler
 
     def _inter_broker_login(self):

@@ -68,11 +68,6 @@ CHANNEL_TRIM_INTERVAL_S = 1.0
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
 ROUTE_EPOCH_WAIT_S = 2.0
-# records a previous incarnation of this proxy wrote may still back a main's uncommitted
-# Link Records (their answers died with it): kept this long after a restart, well past the
-# mains' upload interval (5 s) — a main whose uploads stall longer and then crashes would
-# find them gone (recovery then fails loudly); the committed route epoch will replace this
-PREVIOUS_INCARNATION_KEEP_S = 300.0
 UNKNOWN_END = -2
 
 
@@ -165,6 +160,7 @@ class ZoneRouter:
         traffic: ZoneTraffic,
         login: InterBrokerLogin | None = None,
         channel_config: ObjectWALConfig | None = None,
+        ready_fn: Callable[[], bool] = lambda: True,
     ):
         self.node_id = node_id
         self.node_epoch = node_epoch
@@ -173,6 +169,7 @@ class ZoneRouter:
         self.read_committed = read_committed  # (stream id, start, end, max bytes) -> batches
         self.traffic = traffic
         self.login = login
+        self.ready_fn = ready_fn  # the metadata image is caught up
         self.channel_config = channel_config or ObjectWALConfig(linger_s=0.002)
         self.channel: ObjectWAL | None = None
         self._lock = threading.Lock()
@@ -182,8 +179,12 @@ class ZoneRouter:
         self._records: dict[int, _ChannelRecord] = {}
         self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
         self._acked_end = 0
-        # (channel offset, monotonic deadline): below it a previous incarnation's records
-        self._keep_before: tuple[int, float] = (0, 0.0)
+        # a previous incarnation's records (below the offset) may back a main's uncommitted
+        # Link Records (their answers died with it): kept until the committed route epoch
+        # reaches the epoch current when this one started (learned from the first caught-up
+        # image: every old record was written in an epoch at or below it)
+        self._keep_before: int | None = None
+        self._keep_until_epoch: int | None = None
         self._stop = threading.Event()
         self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
 
@@ -198,10 +199,7 @@ class ZoneRouter:
         )
         self._acked_end = self.channel.end_offset
         if self.channel.end_offset > self.channel.start_offset:
-            self._keep_before = (
-                self.channel.start_offset,
-                time.monotonic() + PREVIOUS_INCARNATION_KEEP_S,
-            )
+            self._keep_before = self.channel.start_offset
         self._trimmer.start()
 
     def close(self) -> None:
@@ -336,9 +334,14 @@ class ZoneRouter:
         with self._lock:
             if self._appending:
                 return None
-            keep_offset, keep_until = self._keep_before
-            if time.monotonic() < keep_until:
-                return keep_offset
+            if self._keep_before is not None:
+                if self._keep_until_epoch is None:
+                    if not self.ready_fn():
+                        return self._keep_before
+                    self._keep_until_epoch = image.route_epoch.current_epoch
+                if image.route_epoch.committed_epoch < self._keep_until_epoch:
+                    return self._keep_before
+                self._keep_before = None
             up_to = self._acked_end
             for offset in sorted(self._records):
                 entry = self._records[offset]
@@ -500,9 +503,35 @@ class ZoneRouteHandler:
         self.channels = channels
         self.traffic = traffic
         self.io = io  # run a blocking call off the event loop: await io(fn, *args)
+        # accepted requests whose links may not be committed yet (the persisted epoch)
+        self._pending: dict[int, dict] = {}
+        self._pending_lock = threading.Lock()
+        self._next_token = 0
 
     def registrations(self) -> list:
         return [(ZoneRouteRequest, 0, 0, self.zone_route)]
+
+    def persisted_epoch(self) -> int:
+        """The largest route epoch P (at most the fenced one, which this main refuses from
+        now on) such that every request it accepted in an epoch <= P is committed: its Link
+        Records uploaded (the stream's committed end reached them, or the stream moved to a
+        new epoch after a failover). Reported with heartbeats; the controller's minimum over
+        the brokers is the committed route epoch."""
+        with self._pending_lock:
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            for token, entry in list(self._pending.items()):
+                if not entry["done"] or entry["end"] < 0:
+                    continue
+                stream = image.streams.get(entry["stream_id"])
+                if (
+                    stream is None
+                    or stream.epoch != entry["stream_epoch"]
+                    or stream.end_offset >= entry["end"]
+                ):
+                    del self._pending[token]
+            blocking = [entry["epoch"] for entry in self._pending.values()]
+        return min(fenced, min(blocking) - 1) if blocking else fenced
 
     @staticmethod
     def _answer(
@@ -523,13 +552,30 @@ class ZoneRouteHandler:
         )
 
     async def zone_route(self, req, ctx):
-        image = self.image_fn()
-        fenced = image.route_epoch.fenced_epoch
-        if req.route_epoch <= fenced:
-            return self._answer(
-                KafkaError.STALE_BROKER_EPOCH,
-                f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
-            )
+        with self._pending_lock:
+            # checked and tracked at once against a fresh image: a persisted epoch reported
+            # meanwhile either sees this request or is below its epoch
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            if req.route_epoch <= fenced:
+                return self._answer(
+                    KafkaError.STALE_BROKER_EPOCH,
+                    f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
+                )
+            token = self._next_token
+            self._next_token += 1
+            entry = {"epoch": req.route_epoch, "done": False, "stream_id": -1, "end": -1}
+            entry["stream_epoch"] = -1
+            self._pending[token] = entry
+        try:
+            return await self._checked(req, image, entry)
+        finally:
+            with self._pending_lock:
+                entry["done"] = True
+                if entry["end"] < 0:  # nothing linked
+                    self._pending.pop(token, None)
+
+    async def _checked(self, req, image: MetadataImage, entry: dict):
         source = req.source_node_id
         expected = channel_location(source)
         if (
@@ -575,6 +621,9 @@ class ZoneRouteHandler:
         # the proxy keeps the channel record until the stream's committed end reaches the
         # end of what links to it (-1: no link was written)
         end = max(ends, default=-1)
+        with self._pending_lock:
+            entry["stream_id"], entry["end"] = stream_id, end
+            entry["stream_epoch"] = plog.leader_epoch
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
             return self._answer(outcome.error, None, -1, start, stream_id, end)

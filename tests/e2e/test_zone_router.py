@@ -322,3 +322,17 @@ def test_kill_9_of_a_proxy_loses_no_acked_record(cluster):
     finally:
         ledger.stop()
     assert_ledger_exact(ledger)
+
+
+def test_the_committed_route_epoch_follows_the_brokers(cluster):
+    """Every broker reports the route epoch up to which its routed data is committed; the
+    controller's minimum (the committed epoch) advances behind the fenced one."""
+    deadline = time.monotonic() + 40
+    first = _route_epochs(cluster)
+    while True:
+        epochs = _route_epochs(cluster)
+        if epochs["committed_epoch"] > max(first["committed_epoch"], 0):
+            break
+        assert time.monotonic() < deadline, (first, epochs)
+        time.sleep(0.5)
+    assert epochs["committed_epoch"] <= epochs["fenced_epoch"] < epochs["current_epoch"]

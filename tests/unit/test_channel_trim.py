@@ -60,12 +60,41 @@ def test_no_trim_while_an_append_has_no_offset_yet():
     assert router.trim_point() is None
 
 
-def test_a_previous_incarnations_records_are_kept_for_a_while_after_a_restart():
-    import time
-
-    router = _router({})
+def test_a_previous_incarnations_records_are_kept_until_the_committed_route_epoch():
+    image = SimpleNamespace(
+        streams={}, route_epoch=SimpleNamespace(current_epoch=7, committed_epoch=5)
+    )
+    ready = [False]
+    router = ZoneRouter(
+        1, 0, None, lambda: image, lambda *a: [], ZoneTraffic("az1"), ready_fn=lambda: ready[0]
+    )  # type: ignore[arg-type]
     router._acked_end = 500  # the channel's end when this incarnation opened it
-    router._keep_before = (120, time.monotonic() + 60)
+    router._keep_before = 120
+    assert router.trim_point() == 120  # the image is not caught up: the epoch is unknown
+    ready[0] = True
+    assert router.trim_point() == 120 and router._keep_until_epoch == 7
+    image.route_epoch.current_epoch = 9
+    image.route_epoch.committed_epoch = 6
     assert router.trim_point() == 120
-    router._keep_before = (120, time.monotonic() - 1)
+    image.route_epoch.committed_epoch = 7  # every main committed what it got in epoch <= 7
     assert router.trim_point() == 500
+
+
+def test_a_mains_persisted_epoch_waits_for_its_links_to_be_committed():
+    from dataplane.zonerouter.proxy import ZoneRouteHandler
+
+    stream = SimpleNamespace(epoch=2, end_offset=10)
+    image = SimpleNamespace(
+        streams={4: stream}, route_epoch=SimpleNamespace(current_epoch=6, fenced_epoch=5)
+    )
+    handler = ZoneRouteHandler(lambda: image, None, None, ZoneTraffic("az1"), None)  # type: ignore[arg-type]
+    assert handler.persisted_epoch() == 5  # nothing accepted: everything up to the fenced
+    entry = {"epoch": 3, "done": True, "stream_id": 4, "end": 20, "stream_epoch": 2}
+    handler._pending[0] = entry
+    handler._pending[1] = {"epoch": 6, "done": False, "stream_id": -1, "end": -1}
+    assert handler.persisted_epoch() == 2  # epoch 3's links are not uploaded yet
+    stream.end_offset = 20
+    assert handler.persisted_epoch() == 5 and 0 not in handler._pending
+    # a request in flight in an epoch at or below the fenced one holds it back
+    handler._pending[2] = {"epoch": 4, "done": False, "stream_id": -1, "end": -1}
+    assert handler.persisted_epoch() == 3

@@ -3,7 +3,7 @@ conditional on the epoch it expects, and when it is due."""
 
 from __future__ import annotations
 
-from controlplane.route_epochs import bump_due
+from controlplane.route_epochs import bump_due, committed_epoch
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 
@@ -46,3 +46,35 @@ def test_bump_is_due_every_interval_once_brokers_exist():
     assert not bump_due(sm.image, 0, 9_999, 10_000)
     assert bump_due(sm.image, 0, 10_000, 10_000)
     assert not bump_due(sm.image, 0, 10**9, 0)  # 0: never
+
+
+def test_committed_epoch_is_the_minimum_persisted_and_only_advances():
+    sm = MetadataStateMachine(ControllerSettings())
+    for node in (1, 2):
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": f"az{node}",
+                "host": "127.0.0.1",
+                "kafka_port": 9000 + node,
+                "incarnation_id": f"i{node}",
+                "wal_uri": "file:///tmp/w",
+            },
+            now_ms=0,
+        )
+        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
+    assert committed_epoch(sm.image, {1: 4}) is None  # broker 2 has not reported
+    assert committed_epoch(sm.image, {1: 4, 2: 2}) == 2
+    # a fenced broker with no open stream no longer counts
+    sm.execute("fence_broker", {"node_id": 2, "node_epoch": 0, "reason": "test"}, now_ms=1)
+    assert committed_epoch(sm.image, {1: 4, 2: None}) == 4
+    for expected, committed in ((0, 0), (1, -1), (2, 1), (3, 9)):
+        sm.execute(
+            "bump_route_epoch",
+            {"expected_current_epoch": expected, "committed_epoch": committed},
+            now_ms=2,
+        )
+    epochs = sm.image.route_epoch
+    # never backwards (the -1 of a new leader), never past what the bump fences
+    assert (epochs.current_epoch, epochs.fenced_epoch, epochs.committed_epoch) == (4, 3, 3)
