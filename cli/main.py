@@ -16,6 +16,7 @@ from cli import (
     security,
     topic,
 )
+from cli.cost import cost
 from cli.doctor import doctor
 from cli.perf import perf
 
@@ -67,6 +68,7 @@ app.add_typer(compaction.app, name="compaction")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
     perf
 )
+app.command(help="Cross-AZ traffic and its cost against Kafka (zone router counters).")(cost)
 app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(
     doctor
 )

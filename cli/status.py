@@ -102,6 +102,8 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
                 "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
                 "upload_lag_s": None if b is None else b.get("upload_lag_s"),
                 "last_upload_error": None if b is None else b.get("last_upload_error"),
+                # the zone router's byte counters from its last heartbeat (automqctl cost)
+                "zone_traffic": None if b is None else b.get("zone_traffic"),
                 "pid": pids.get(f"broker-{spec.node_id}"),
             }
         )
@@ -168,6 +170,8 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         "controllers": controllers,
         "brokers": brokers,
         "buckets": buckets,
+        # the zone router's route epochs (current / fenced / committed), from the leader
+        "route_epoch": (leader_view or {}).get("route_epoch"),
         "failover_mode": "unknown"
         if active_bucket is None
         else "normal"

@@ -46,7 +46,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that starts TLS and goes silent is dr
 MAX_LONG_POLL_MS = 30_000
 MAX_LOG_RECORDS_PER_READ = 5_000
 # commands only the leader's own timers submit (their bodies carry the leader's decisions)
-INTERNAL_COMMANDS = frozenset({"lifecycle_tick", "balance_partitions"})
+INTERNAL_COMMANDS = frozenset({"lifecycle_tick", "balance_partitions", "bump_route_epoch"})
 
 UNAUTHORIZED = Counter(
     "controller_api_unauthorized_total",

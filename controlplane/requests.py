@@ -83,6 +83,10 @@ class BrokerUploadStats(BaseModel):
     upload_lag_s: float = Field(ge=0, le=10**9)
     # the broker's last upload attempt's error; None once an upload succeeded
     last_upload_error: str | None = Field(default=None, max_length=MAX_UPLOAD_ERROR_CHARS)
+    # the zone router's cumulative byte counters (dataplane/zonerouter/traffic.py KEYS)
+    zone_traffic: dict[str, int] | None = Field(default=None, max_length=32)
+    # the zone router: the route epoch up to which this main's routed data is committed
+    route_epoch_persisted: int | None = Field(default=None, ge=-1)
 
 
 MAX_BUCKETS_PER_REPORT = 16
@@ -701,3 +705,19 @@ class AlterBrokerConfigsResponse(BaseModel):
 
 
 REQUEST_TYPES.update({AlterBrokerConfigsRequest.command: AlterBrokerConfigsRequest})
+
+
+# ---------------------------------------------------------------- zone router (route_epochs.py)
+
+
+class BumpRouteEpochRequest(_Request):
+    """Sent by the leader's timer: current route epoch + 1, the old one fenced; only if the
+    current epoch is still `expected_current_epoch` (a retry never bumps twice)."""
+
+    command: ClassVar[str] = "bump_route_epoch"
+    expected_current_epoch: int = Field(ge=0)
+    # the minimum of the live brokers' persisted route epochs (None: not known yet)
+    committed_epoch: int | None = Field(default=None, ge=-1)
+
+
+REQUEST_TYPES.update({BumpRouteEpochRequest.command: BumpRouteEpochRequest})

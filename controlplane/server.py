@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane import balancer, bucket_failover
+from controlplane import balancer, bucket_failover, route_epochs
 from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
@@ -84,6 +84,7 @@ class ControllerNode:
         # node -> (its last bucket write health, monotonic s): failover detection's input
         self._bucket_health: dict[int, tuple[list[BucketWriteHealth], float]] = {}
         self._last_balance_round = 0.0  # monotonic s
+        self._last_route_bump_ms: int | None = None  # this leader's last route epoch bump
         self._hb_lock = threading.Lock()
         self._was_leader = False
         self._leader_since = 0.0
@@ -214,6 +215,7 @@ class ControllerNode:
                 self._rates.clear()
                 self._bucket_health.clear()
             self._last_balance_round = 0.0
+            self._last_route_bump_ms = None
             log.info("controller %d is now the leader", self.node_id)
         self._was_leader = leader
         if not leader:
@@ -233,6 +235,7 @@ class ControllerNode:
             if expired:
                 log.warning("fenced brokers with expired sessions: %s (%s)", expired, result)
         self._bucket_failover_round(now_ms)
+        self._route_epoch_round(image, now_ms)
         if self.object_deleter is not None:
             self._delete_destroyed_objects(now_ms)
         self._balance_round(now_ms)
@@ -266,6 +269,25 @@ class ControllerNode:
             "set_active_bucket", decision.model_dump(mode="json"), now_ms=now_ms
         )
         log.warning("bucket failover: %s -> %s", decision.reason, result)
+
+    def _route_epoch_round(self, image, now_ms: int) -> None:
+        """Bump the zone router's route epoch every `route_epoch_interval_ms`."""
+        interval = self.config.settings.route_epoch_interval_ms
+        if not route_epochs.bump_due(image, self._last_route_bump_ms, now_ms, interval):
+            return
+        self._last_route_bump_ms = now_ms
+        persisted = {n: s.get("route_epoch_persisted") for n, s in self.upload_stats().items()}
+        try:
+            self.quorum.submit(
+                "bump_route_epoch",
+                {
+                    "expected_current_epoch": image.route_epoch.current_epoch,
+                    "committed_epoch": route_epochs.committed_epoch(image, persisted),
+                },
+                now_ms=now_ms,
+            )
+        except Exception as exc:  # noqa: BLE001 - retried at the next interval
+            log.warning("route epoch bump failed: %s", exc)
 
     def _balance_round(self, now_ms: int) -> None:
         """At most one balancer round per `round_interval_ms`, after the leader warm-up
@@ -398,6 +420,7 @@ class ControllerNode:
             ],
             "active_bucket_id": image.active_bucket_id,
             "bucket_failover": self.bucket_failover_status(image),
+            "route_epoch": image.route_epoch.model_dump(),
             "topics": len(image.topics),
             "partitions": sum(len(t.partitions) for t in image.topics.values()),
             "streams": len(image.streams),
@@ -438,7 +461,13 @@ def _bucket_fields(bucket_id: int, reports: list, usage: dict) -> dict:
 
 
 def _upload_fields(stats: dict | None) -> dict:
-    keys = ("wal_used_bytes", "wal_capacity_bytes", "upload_lag_s", "last_upload_error")
+    keys = (
+        "wal_used_bytes",
+        "wal_capacity_bytes",
+        "upload_lag_s",
+        "last_upload_error",
+        "zone_traffic",
+    )
     return {k: None if stats is None else stats.get(k) for k in keys}
 
 

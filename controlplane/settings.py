@@ -22,6 +22,8 @@ class ControllerSettings(BaseModel):
     # are first placed; the count in the metadata never changes afterwards (it would
     # remap every group)
     coordinator_slots: int = Field(default=50, ge=1, le=MAX_COORDINATOR_SLOTS)
+    # the zone router's route epoch is bumped this often by the leader (0: never)
+    route_epoch_interval_ms: int = Field(default=10_000, ge=0, le=3_600_000)
     # object-storage failover: the leader switches new objects to the failover bucket when
     # a majority of live brokers report failed writes to the main bucket for this long
     bucket_failover_detect_ms: int = Field(default=10_000, ge=500, le=3_600_000)

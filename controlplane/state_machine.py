@@ -25,6 +25,7 @@ from controlplane import (
     fencing,
     objects,
     reassignment,
+    route_epochs,
     security,
     streams,
     topics,
@@ -130,6 +131,11 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # transaction coordinators' state (controlplane/coordinators.py)
         "put_txn_state": (coordinators.put_txn_state, False),
+    }
+)
+_HANDLERS.update(
+    {  # the zone router's route epochs (controlplane/route_epochs.py)
+        "bump_route_epoch": (route_epochs.bump_route_epoch, False),
     }
 )
 assert set(_HANDLERS) == set(REQUEST_TYPES), "every request type needs a handler"

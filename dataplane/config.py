@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from controlplane.records import BrokerEndpoint
 
@@ -132,3 +132,15 @@ class BrokerConfig(BaseModel):
                 name=protocol, host=self.host, port=self.kafka_port, security_protocol=protocol
             )
         ]
+
+    # the zone router: client address ranges (CIDR) -> AZ, for clients whose client.id does
+    # not say `automq_az=` (e.g. {"10.0.1.0/24": "az1"})
+    client_az_cidrs: dict[str, str] = Field(default_factory=dict, max_length=10_000)
+
+    @field_validator("client_az_cidrs")
+    @classmethod
+    def _valid_cidrs(cls, value: dict[str, str]) -> dict[str, str]:
+        from dataplane.zonerouter.client_az import CidrAzMap
+
+        CidrAzMap.parse(value)  # ValueError names the bad entry
+        return value

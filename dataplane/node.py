@@ -74,6 +74,9 @@ class BrokerNode:
         self.objects = None  # ObjectStorage once the data plane runs
         self.partitions = None
         self.retention = None
+        self.zone_router = None  # the zone router's proxy side (dataplane/zonerouter/)
+        self.zone_traffic = None  # its byte counters, reported with heartbeats
+        self.zone_route_handler = None  # the main's side; its persisted route epoch
         self.kafka = None
         self.shard_store = None  # HoleStore of erasure-coded partitions' shards
         self.shard_server = None
@@ -179,6 +182,20 @@ class BrokerNode:
         elif not self.fenced and was_fenced:
             log.info("node %d epoch %d is unfenced", self.config.node_id, self.node_epoch)
 
+    def _zone_traffic(self) -> dict[str, int]:
+        """The zone router's counters plus the bytes this process PUT to object storage."""
+        from prometheus_client import REGISTRY
+
+        out = self.zone_traffic.snapshot()
+        put = 0
+        for metric in REGISTRY.collect():
+            if metric.name == "automq_object_store_bytes":
+                for sample in metric.samples:
+                    if sample.name.endswith("_total") and sample.labels.get("op") == "put":
+                        put += int(sample.value)
+        out["object_store_put_bytes"] = put
+        return out
+
     def _upload_stats(self) -> BrokerUploadStats | None:
         """The storage engine's upload health for the heartbeat (None without an engine)."""
         if self.storage is None:
@@ -191,6 +208,10 @@ class BrokerNode:
             last_upload_error=None
             if stats.last_upload_error is None
             else stats.last_upload_error[:MAX_UPLOAD_ERROR_CHARS],
+            zone_traffic=None if self.zone_traffic is None else self._zone_traffic(),
+            route_epoch_persisted=None
+            if self.zone_route_handler is None
+            else self.zone_route_handler.persisted_epoch(),
         )
 
     def _bucket_health(self) -> list[BucketWriteHealth]:
@@ -334,6 +355,12 @@ class BrokerNode:
             threading.Thread(
                 target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
             ).start()
+        from dataplane.zonerouter.proxy import ChannelReaders
+
+        # the zone router's main keeps Link Records in its WAL: recovery reads their data
+        # back from the proxies' RouterChannels
+        self.channel_readers = ChannelReaders(objects)
+        self.storage.link_resolver = self.channel_readers.resolve
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(
@@ -355,6 +382,8 @@ class BrokerNode:
             self.shard_store,
             store_secret=cfg.controller_api_secret,
         )
+        image_fn = lambda: self.metadata.image  # noqa: E731
+        routing, zone_handler = self._start_zone_router(objects, image_fn)
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             lambda: self.metadata.image,
@@ -362,8 +391,9 @@ class BrokerNode:
             self.client,
             self.erasure,
             lambda: self.node_epoch or 0,
+            routing=routing,
         )
-        image_fn = lambda: self.metadata.image  # noqa: E731
+        zone_handler.io = apis._io
         coordinator = GroupCoordinator()
         offset_store = KVOffsetStore(
             self.client, image_fn, cfg.node_id, lambda: self.node_epoch or 0
@@ -401,6 +431,8 @@ class BrokerNode:
             """Runs on the metadata follower thread (the only user of `owned`); group state
             lives on the Kafka event loop, so unloading is handed to it."""
             self.partitions.on_metadata(image, records)
+            if self.zone_router is not None:
+                self.zone_router.on_metadata(image)
             self._start_failovers(image)
             now_owned = owned_slots(image, cfg.node_id)
             if now_owned == owned[0]:
@@ -433,6 +465,7 @@ class BrokerNode:
             + groups.registrations()
             + admin.registrations()
             + txns.registrations()
+            + zone_handler.registrations()
         )
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
@@ -474,6 +507,53 @@ class BrokerNode:
         from dataplane.kafka.security.tls import server_ssl_context
 
         return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, client_auth, cfg.tls_ca_file)
+
+    def _start_zone_router(self, objects, image_fn):
+        """The zone router (seed 000): this broker's RouterChannel and proxy partitions,
+        the client routing by AZ, and the main's zone-route handler."""
+        from dataplane.zonerouter.client_az import CidrAzMap
+        from dataplane.zonerouter.proxy import ZoneRouteHandler, ZoneRouter
+        from dataplane.zonerouter.routing import ZoneRouting
+        from dataplane.zonerouter.traffic import ZoneTraffic
+
+        cfg = self.config
+        assert self.node_epoch is not None and self.storage is not None
+        self.zone_traffic = ZoneTraffic(cfg.az)
+        self.zone_router = ZoneRouter(
+            cfg.node_id,
+            self.node_epoch,
+            objects,
+            image_fn,
+            self.storage.read_committed,
+            self.zone_traffic,
+            login=self._inter_broker_login(),
+            ready_fn=lambda: self.metadata.caught_up,
+        )
+        self.zone_router.start()
+        routing = ZoneRouting(
+            cfg.node_id,
+            image_fn,
+            self.erasure,  # erasure-coded partitions first, then the ones this broker leads
+            self.zone_router.proxy_partition,
+            CidrAzMap.parse(cfg.client_az_cidrs),
+            self.zone_traffic,
+        )
+        handler = ZoneRouteHandler(
+            image_fn, self.partitions, self.channel_readers, self.zone_traffic, None
+        )
+        self.zone_route_handler = handler
+        return routing, handler
+
+    def _inter_broker_login(self):
+        from dataplane.kafka.txn.marker_client import InterBrokerLogin
+
+        cfg = self.config
+        return InterBrokerLogin(
+            username=cfg.inter_broker_sasl_username if cfg.sasl_enabled else None,
+            password=cfg.inter_broker_sasl_password,
+            mechanism=cfg.inter_broker_sasl_mechanism,
+            ssl_ca_file=cfg.tls_ca_file if cfg.tls_cert_file else None,
+        )
 
     def _marker_sender(self):
         """WriteTxnMarkers to the other brokers, logged in as the broker principal on a
@@ -706,6 +786,8 @@ class BrokerNode:
             self.retention.stop()
         if self.erasure is not None:
             self.erasure.stop()
+        if self.zone_router is not None:
+            self.zone_router.close()
         if self.partitions is not None:
             self.partitions.stop()
         if self.shard_server is not None:

@@ -67,7 +67,13 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    ClientRouting,
+    DirectRouting,
+    PartitionBackend,
+    PartitionResolver,
+)
 from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -145,12 +151,15 @@ class KafkaApis:
         partitions: PartitionResolver,
         node_epoch_fn: Callable[[], int],
         io_threads: int = 16,
+        routing: ClientRouting | None = None,
     ):
         self.me = me
         self.image_fn = image_fn
         self.wait_for_offset = wait_for_offset
         self.controller = controller
         self.partitions = partitions
+        # what a client is told and served, by its AZ (the zone router) or not
+        self.routing: ClientRouting = routing or DirectRouting(partitions)
         self.node_epoch_fn = node_epoch_fn
         # engine calls may block on S3 or the controller: keep them off the event loop
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io")
@@ -192,8 +201,9 @@ class KafkaApis:
             return image.topics.get(str(topic_id))
         return image.topic_by_name(name) if name else None
 
-    def _broker_list(self, image: MetadataImage) -> list:
-        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
+    def _client_az(self, ctx) -> str | None:
+        peer = getattr(ctx, "peer", None)
+        return self.routing.client_az(getattr(ctx, "client_id", None), peer[0] if peer else None)
 
     async def metadata(self, req, ctx):
         v = ctx.api_version
@@ -208,10 +218,12 @@ class KafkaApis:
             image = self.image_fn()
         R = MetadataResponse
         # like Kafka: the endpoints of the listener the client connected on; a broker
-        # without that listener is left out, and its partitions answer LISTENER_NOT_FOUND
+        # without that listener is left out, and its partitions answer LISTENER_NOT_FOUND.
+        # A client that declares its AZ is told only that AZ's brokers (zone router)
         listener = ctx.extras.get("listener")
+        az = self._client_az(ctx)
         brokers = []
-        for b in self._broker_list(image):
+        for b in self.routing.brokers_for(image, az):
             endpoint = b.endpoint(listener)
             if endpoint is not None:
                 brokers.append(
@@ -239,9 +251,14 @@ class KafkaApis:
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
                 # a leaderless (erasure-coded) partition names a live broker as its leader:
-                # every broker serves it (controlplane/erasure_placement.py)
+                # every broker serves it (controlplane/erasure_placement.py); a leader
+                # partition names the leader's proxy in the client's AZ (zone router)
                 serving = serving_node(image, p)
-                replicas = list(p.shard_stores) or [p.leader_node_id]
+                if serving is not None and not p.shard_stores:
+                    serving = self.routing.leader_for(image, serving, az)
+                replicas = list(p.shard_stores) or [
+                    serving if serving is not None else p.leader_node_id
+                ]
                 if serving is None:
                     error = KafkaError.LEADER_NOT_AVAILABLE
                 elif serving not in listed:
@@ -356,14 +373,16 @@ class KafkaApis:
 
     # ------------------------------------------------------------ produce
 
-    def _resolve(self, image: MetadataImage, name: str | None, topic_id, partition: int):
-        """(PartitionBackend or None, error) for a produce/fetch target."""
+    def _resolve(
+        self, image: MetadataImage, name: str | None, topic_id, partition: int, az: str | None
+    ):
+        """(PartitionBackend or None, error) for a produce/fetch target of a client of `az`."""
         topic = self._topic(image, name, topic_id)
         if topic is None or partition not in topic.partitions:
             if topic_id is not None and getattr(topic_id, "int", 0):
                 return None, KafkaError.UNKNOWN_TOPIC_ID
             return None, KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-        plog = self.partitions.get(topic.topic_id, partition)
+        plog = self.routing.get(topic.topic_id, partition, az)
         if plog is None:
             return None, KafkaError.NOT_LEADER_OR_FOLLOWER
         return plog, KafkaError.NONE
@@ -372,6 +391,7 @@ class KafkaApis:
         v = ctx.api_version
         image = self.image_fn()
         R = ProduceResponse
+        az = self._client_az(ctx)
         results = []
         waits = []
         for t in req.topic_data:
@@ -379,7 +399,7 @@ class KafkaApis:
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
             parts = []
             for p in t.partition_data:
-                plog, error = self._resolve(image, topic_name, topic_id, p.index)
+                plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
                 base, log_start = -1, -1
                 futures = []
                 base_future = None
@@ -407,7 +427,10 @@ class KafkaApis:
             for entry, futures in waits:
                 for fut in futures:
                     try:
-                        await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                        done = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                        if isinstance(done, AppendOutcome):
+                            # appended elsewhere (a zone-router proxy's main): its outcome
+                            entry["error"], entry["base"] = done.error, done.base_offset
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:
@@ -460,7 +483,7 @@ class KafkaApis:
                 image = self.image_fn()
                 placeholders = RecordsPlaceholders()
                 total, topics = await self._fetch_once(
-                    req, v, image, max_bytes, listening, wake, placeholders
+                    req, v, image, max_bytes, listening, wake, placeholders, self._client_az(ctx)
                 )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
                     break
@@ -476,7 +499,7 @@ class KafkaApis:
         )
         return ResponseWithRecords(response, placeholders)
 
-    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders):
+    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders, az):
         F = FetchResponse.FetchableTopicResponse
         P = F.PartitionData
         Aborted = P.AbortedTransaction
@@ -489,7 +512,7 @@ class KafkaApis:
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, name, topic_id, p.partition)
+                plog, error = self._resolve(image, name, topic_id, p.partition, az)
                 hw, start, records, lso, aborted = -1, -1, b"", -1, []
                 if plog is not None:
                     hw, start = plog.high_watermark, plog.log_start_offset
@@ -501,7 +524,11 @@ class KafkaApis:
                         error = KafkaError.FENCED_LEADER_EPOCH
                     elif current > plog.leader_epoch:
                         error = KafkaError.UNKNOWN_LEADER_EPOCH
-                    elif p.fetch_offset < start or p.fetch_offset > hw:
+                    elif p.fetch_offset < start or (
+                        # a backend that serves what its leader committed (a zone-router
+                        # proxy) may lag: past its end is "not yet", as on a Kafka follower
+                        p.fetch_offset > hw and not getattr(plog, "lags_leader", False)
+                    ):
                         error = KafkaError.OFFSET_OUT_OF_RANGE
                     elif p.fetch_offset < end and total < max_bytes:
                         budget = min(p.partition_max_bytes, max_bytes - total)
@@ -551,7 +578,9 @@ class KafkaApis:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, t.name, None, p.partition_index)
+                plog, error = self._resolve(
+                    image, t.name, None, p.partition_index, self._client_az(ctx)
+                )
                 offset, ts = -1, -1
                 if plog is not None:
                     if p.timestamp == -2:
@@ -589,7 +618,7 @@ class KafkaApis:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                plog, error = self._resolve(image, t.topic, None, p.partition)
+                plog, error = self._resolve(image, t.topic, None, p.partition, self._client_az(ctx))
                 epoch, end = -1, -1
                 if plog is not None:
                     epoch, end = plog.epoch_end_offset(p.leader_epoch)

@@ -130,6 +130,19 @@ def _load_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMess
 _REQUEST_CLASSES, _RESPONSE_CLASSES = _load_classes()
 
 
+def add_api_message(request_cls: type[ApiMessage], response_cls: type[ApiMessage]) -> None:
+    """Make an api of this project's own (a broker-to-broker extension such as the zone
+    router's, defined in Kafka's JSON format) decodable. Idempotent; a key that kafka-python
+    already defines is a ValueError."""
+    key = int(request_cls.API_KEY)
+    if int(response_cls.API_KEY) != key or not request_cls.is_request():
+        raise ValueError(f"{request_cls!r} and {response_cls!r} are not a request/response pair")
+    for table, cls in ((_REQUEST_CLASSES, request_cls), (_RESPONSE_CLASSES, response_cls)):
+        if table.get(key, cls) is not cls:
+            raise ValueError(f"api key {key} is already {table[key]!r}")
+        table[key] = cls
+
+
 def known_api_keys() -> frozenset[int]:
     """All api keys kafka-python has request/response schemas for."""
     return frozenset(_REQUEST_CLASSES)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
 from dataplane.kafka.record_batch import RecordBatchHeader, parse_batches
@@ -133,3 +133,47 @@ class PartitionResolver(Protocol):
     broker does not serve it (the APIs answer NOT_LEADER_OR_FOLLOWER)."""
 
     def get(self, topic_id: str, partition: int) -> PartitionBackend | None: ...
+
+
+class ClientRouting(Protocol):
+    """Which broker a client is told serves a partition, and which backend serves it here
+    for that client. `DirectRouting` (every client sees the real leaders) is the default;
+    the zone router's `ZoneRouting` sends a client of an AZ to brokers of its AZ.
+
+    Thread-safety: every method may be called from any thread.
+    """
+
+    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
+        """The client's AZ, or None (served as everyone is without a zone router)."""
+        ...
+
+    def leader_for(self, image: Any, leader_node_id: int, az: str | None) -> int:
+        """The broker a Metadata response names as the partition's leader for `az`."""
+        ...
+
+    def brokers_for(self, image: Any, az: str | None) -> list:
+        """The live brokers (image `BrokerState`s) a Metadata response lists for `az`."""
+        ...
+
+    def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
+        """The backend serving the partition to a client of `az` here, or None."""
+        ...
+
+
+class DirectRouting:
+    """No zone router: the real leaders, and the resolver's partitions."""
+
+    def __init__(self, partitions: PartitionResolver):
+        self.partitions = partitions
+
+    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
+        return None
+
+    def leader_for(self, image: Any, leader_node_id: int, az: str | None) -> int:
+        return leader_node_id
+
+    def brokers_for(self, image: Any, az: str | None) -> list:
+        return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
+
+    def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
+        return self.partitions.get(topic_id, partition)

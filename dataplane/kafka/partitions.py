@@ -356,23 +356,32 @@ class PartitionLog:
         for cb in listeners:
             cb()
 
-    def append_batch(self, build, count: int) -> Future:
-        """Append one Kafka batch; `build(base_offset)` returns the patched bytes."""
+    def append_batch(self, build, count: int, link=None) -> Future:
+        """Append one Kafka batch; `build(base_offset)` returns the patched bytes (`link`:
+        see `Stream.append_with`)."""
 
         def counted(base_offset: int) -> bytes:
             data = build(base_offset)
             self.appended_bytes += len(data)  # under the stream's lock
             return data
 
-        fut = self.stream.append_with(counted, count)
+        fut = self.stream.append_with(counted, count, link)
         fut.add_done_callback(lambda _: self.notify())
         return fut
 
     # ------------------------------------------------------------ PartitionBackend
 
-    def append(self, records: bytes | None) -> AppendOutcome:
+    def append(
+        self,
+        records: bytes | None,
+        link: Callable[[int, int], Callable[[int], bytes]] | None = None,
+    ) -> AppendOutcome:
         """Validate a produce request's batches, deduplicate idempotent retries, assign
-        offsets (patched into each batch) and append; see `PartitionBackend.append`."""
+        offsets (patched into each batch) and append; see `PartitionBackend.append`.
+
+        `link(position, length)` (the zone router's main): the WAL keeps, for the batch at
+        `records[position:position+length]`, the Link Record the returned function builds
+        from its base offset instead of the data (which is in the proxy's RouterChannel)."""
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
         batches = parse_produced_batches(records, MAX_MESSAGE_BYTES, max_batch)
         if isinstance(batches, AppendOutcome):
@@ -382,8 +391,13 @@ class PartitionLog:
         futures: list[Future] = []
         first_base: int | None = None
         epoch = self.leader_epoch
+        positions = []
+        position = 0
+        for b in batches:  # the batches lie back to back in `records`
+            positions.append(position)
+            position += len(b.data)
         with self.lock:
-            for b in batches:
+            for b, position in zip(batches, positions, strict=True):
                 count = b.last_offset_delta + 1
                 idempotent = b.producer_id >= 0 and b.base_sequence >= 0
                 last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
@@ -411,7 +425,11 @@ class PartitionLog:
                         self.txns.data(txn_pid, base)
                     return patch_batch(data, base, epoch)
 
-                futures.append(self.append_batch(build, count))
+                futures.append(
+                    self.append_batch(
+                        build, count, None if link is None else link(position, len(b.data))
+                    )
+                )
                 if first_base is None:
                     first_base = assigned[0]
                 if idempotent:

@@ -155,6 +155,7 @@ def _upload_uncommitted(
             streams[sid] = None
             continue
         target["end"] = batch.last_offset
+        batch = storage.resolve_link(batch)  # only what is uploaded here needs its data
         chunk.append(batch)
         chunk_bytes += batch.size_bytes
         if chunk_bytes >= max_bytes:

@@ -200,10 +200,17 @@ class Stream:
         the batch is durable in the WAL."""
         return self._storage._append(self._state, lambda _: payload, count)
 
-    def append_with(self, build: Callable[[int], bytes], count: int) -> Future:
+    def append_with(
+        self,
+        build: Callable[[int], bytes],
+        count: int,
+        link: Callable[[int], bytes] | None = None,
+    ) -> Future:
         """Like `append`, with the payload built from the base offset it gets (called under
-        the stream's lock: a Kafka batch gets its baseOffset patched in)."""
-        return self._storage._append(self._state, build, count)
+        the stream's lock: a Kafka batch gets its baseOffset patched in). With `link`, the
+        WAL keeps only a Link Record (payload `link(base offset)`, pointing at data stored
+        elsewhere: the zone router's RouterChannel) while reads and uploads get the data."""
+        return self._storage._append(self._state, build, count, link)
 
     def fetch(
         self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1024 * 1024
@@ -239,6 +246,8 @@ class S3Storage:
         self.locator = locator or ControllerLocator(controller)
         self.log_cache = LogCache(config.log_cache_uploaded_bytes)
         self.block_cache = BlockCache(config.block_cache_bytes)
+        # resolves Link Records found in the WAL at recovery (set by the zone router)
+        self.link_resolver: Callable[[StreamRecordBatch], StreamRecordBatch] | None = None
         self.index_cache = IndexCache(objects)
         self.fetcher = BlockFetcher(objects, self.block_cache)
         self._readers: OrderedDict[tuple[int, int], StreamReader] = OrderedDict()
@@ -329,7 +338,8 @@ class S3Storage:
                     end,
                 )
                 continue
-            keep += fresh
+            # only now the data of Link Records: committed ones may point at trimmed data
+            keep += [(self.resolve_link(b), w) for b, w in fresh]
         keep.sort(key=lambda item: item[1])  # WAL order
         with self._lock:
             for batch, wal_next in keep:
@@ -397,7 +407,13 @@ class S3Storage:
         if self.fenced_error is not None:
             raise StorageError(f"this node is fenced: {self.fenced_error}")
 
-    def _append(self, state: _StreamState, build: Callable[[int], bytes], count: int) -> Future:
+    def _append(
+        self,
+        state: _StreamState,
+        build: Callable[[int], bytes],
+        count: int,
+        link: Callable[[int], bytes] | None = None,
+    ) -> Future:
         assert self.wal is not None
         self._check_writable(state)
         result: Future = Future()
@@ -408,8 +424,19 @@ class S3Storage:
                 batch = StreamRecordBatch(
                     state.stream_id, state.epoch, state.next_offset, count, build(state.next_offset)
                 )
+                logged = (
+                    batch
+                    if link is None
+                    else StreamRecordBatch(
+                        state.stream_id,
+                        state.epoch,
+                        batch.base_offset,
+                        -count,
+                        link(batch.base_offset),
+                    )
+                )
                 try:
-                    wal_future = self.wal.append(batch.encode())
+                    wal_future = self.wal.append(logged.encode())
                 except WALFullError:
                     wal_future = None
                 else:
@@ -474,6 +501,29 @@ class S3Storage:
             with self._lock:
                 out += self.log_cache.read(state.stream_id, next_offset, end, max_bytes - size)
         return out
+
+    def resolve_link(self, batch: StreamRecordBatch) -> StreamRecordBatch:
+        """The data batch a WAL record stands for: a Link Record is resolved (its data read
+        from where it points) by `link_resolver`. Only for records still to be uploaded:
+        the data of committed ones may be gone (a RouterChannel trims once committed)."""
+        if batch.is_link:
+            if self.link_resolver is None:
+                raise StorageError(
+                    f"stream {batch.stream_id} offset {batch.base_offset}: a Link Record in "
+                    "the WAL and no resolver for it"
+                )
+            batch = self.link_resolver(batch)
+        return batch
+
+    def read_committed(
+        self, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """Batches of any stream (open here or not) from its objects: offsets in [start, end)
+        below its committed end. The zone router's proxies read what mains uploaded this way.
+        Blocks on I/O; thread-safe."""
+        if start >= end:
+            return []
+        return self._read_objects(stream_id, start, end, max_bytes)
 
     def _read_objects(
         self, stream_id: int, start: int, end: int, max_bytes: int

@@ -1,0 +1,26 @@
+"""The zone router's broker-to-broker API (proxy → main), in Kafka's wire format.
+
+`ZoneRouteRequest` (api key 600, this project's extension, served on the Kafka listener)
+names a produce request's record batches by their place in the proxy's RouterChannel and
+carries the route epoch they were written in; the main answers after its append is durable.
+"""
+
+from __future__ import annotations
+
+from kafka.protocol.api_message import ApiMessage
+
+from dataplane.kafka.codec import add_api_message
+
+ZONE_ROUTE_VERSION = 0
+
+
+class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
+    pass
+
+
+class ZoneRouteResponse(ApiMessage, load_json="dataplane.zonerouter.schemas"):
+    pass
+
+
+add_api_message(ZoneRouteRequest, ZoneRouteResponse)
+ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)

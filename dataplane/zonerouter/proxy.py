@@ -1,0 +1,642 @@
+"""Produce and fetch through a proxy (seed 000), and the main's side of the zone route.
+
+Produce: a `ProxyPartition.append` hands the request's record batches to the partition's
+serial worker, which appends them to this broker's RouterChannel (an `ObjectWAL` under
+`router-channel/node-<id>`, readable by any node at a channel offset), then sends a
+`ZoneRouteRequest` (route epoch, source node, channel offset) to the main. The main
+(`ZoneRouteHandler`) refuses a fenced route epoch, reads the batches from the channel,
+appends them to the partition, and answers once its append is durable; the proxy then
+acknowledges the client. The channel record is released (trimmed) once the main answered.
+
+Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
+stream's committed end in the metadata image), read through this broker's BlockCache.
+The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`link_record.py`);
+its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
+failover of it) reads the data back from the channel. So the proxy keeps a channel record
+until the main has committed the partition's data to object storage (the stream's committed
+end in the image reaches what the request appended), then trims it.
+
+Fetch: this is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
+data not yet uploaded) are not built, so a proxy's consumers see data after the main's
+upload interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from controlplane.image import MetadataImage
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    OffsetAndTimestamp,
+    PartitionResolver,
+)
+from dataplane.kafka.record_batch import parse_batch_header
+from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
+from dataplane.s3stream.wal.base import WALError
+from dataplane.s3stream.wal.object_wal import (
+    ObjectWAL,
+    ObjectWALConfig,
+    ObjectWALLocation,
+    ObjectWALReader,
+    WALTrimmedError,
+)
+from dataplane.zonerouter.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
+from dataplane.zonerouter.protocol import (
+    ZONE_ROUTE_KEY,
+    ZONE_ROUTE_VERSION,
+    ZoneRouteRequest,
+    ZoneRouteResponse,
+)
+from dataplane.zonerouter.traffic import ZoneTraffic
+
+log = logging.getLogger(__name__)
+
+CHANNEL_BUCKET_ID = 0
+CHANNEL_CAPACITY_BYTES = 1024 * 1024 * 1024
+CHANNEL_TRIM_INTERVAL_S = 1.0
+MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
+RPC_EXTRA_TIMEOUT_S = 5.0
+ROUTE_EPOCH_WAIT_S = 2.0
+UNKNOWN_END = -2
+
+
+def channel_location(node_id: int) -> ObjectWALLocation:
+    """Where broker `node_id`'s RouterChannel lives (derived, never taken from a request)."""
+    return ObjectWALLocation(CHANNEL_BUCKET_ID, f"router-channel/node-{node_id}")
+
+
+class ChannelReaders:
+    """Readers of every broker's RouterChannel (one per source node); resolves Link
+    Records for a main's WAL recovery. Thread-safe."""
+
+    def __init__(self, objects: ObjectStorage):
+        self.objects = objects
+        self._readers: dict[int, ObjectWALReader] = {}
+        self._lock = threading.Lock()
+
+    def reader(self, source_node_id: int) -> ObjectWALReader:
+        with self._lock:
+            reader = self._readers.get(source_node_id)
+            if reader is None:
+                reader = ObjectWALReader(self.objects, channel_location(source_node_id))
+                self._readers[source_node_id] = reader
+            return reader
+
+    def resolve(self, link_batch: StreamRecordBatch) -> StreamRecordBatch:
+        """The data a Link Record points at (raises WALTrimmedError / ValueError)."""
+        link = LinkRecord.decode(link_batch.payload)
+        record = self.reader(link.source_node_id).read(link.channel_offset)
+        return resolve(link_batch, record.data)
+
+
+class _ChannelRecord:
+    """One record of this proxy's channel until it may be trimmed."""
+
+    __slots__ = ("next_offset", "answered", "stream_id", "end_offset", "stream_epoch")
+
+    def __init__(self, next_offset: int):
+        self.next_offset = next_offset
+        self.answered = False
+        self.stream_id = -1  # -1: no Link Record of the main points here
+        # the stream offset its committed end must reach; UNKNOWN_END: the main's answer
+        # was lost (learned from the next answer for the stream, or a new stream epoch)
+        self.end_offset = -1
+        self.stream_epoch = -1
+
+
+class _MainConnection:
+    """One blocking connection to a main; requests are serialized on it (thread-safe)."""
+
+    def __init__(self, host: str, port: int, login: InterBrokerLogin | None):
+        self.host, self.port, self.login = host, port, login
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+
+    def call(self, req: ZoneRouteRequest, timeout_s: float) -> ZoneRouteResponse:
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._sock = _connect(self.host, self.port, timeout_s, self.login)
+                self._sock.settimeout(timeout_s)
+                return _roundtrip(self._sock, req, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION)
+            except BaseException:
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+class ZoneRouter:
+    """This broker's proxy side: its RouterChannel, connections to mains, proxy partitions.
+
+    Thread-safe. `start()` opens the channel (claiming it at this node epoch); `close()`
+    stops the workers and closes the channel.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        node_epoch: int,
+        objects: ObjectStorage,
+        image_fn: Callable[[], MetadataImage],
+        read_committed: Callable[[int, int, int, int], list],
+        traffic: ZoneTraffic,
+        login: InterBrokerLogin | None = None,
+        channel_config: ObjectWALConfig | None = None,
+        ready_fn: Callable[[], bool] = lambda: True,
+    ):
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.objects = objects
+        self.image_fn = image_fn
+        self.read_committed = read_committed  # (stream id, start, end, max bytes) -> batches
+        self.traffic = traffic
+        self.login = login
+        self.ready_fn = ready_fn  # the metadata image is caught up
+        self.channel_config = channel_config or ObjectWALConfig(linger_s=0.002)
+        self.channel: ObjectWAL | None = None
+        self._lock = threading.Lock()
+        self._proxies: dict[tuple[str, int], ProxyPartition] = {}
+        self._connections: dict[tuple[str, int], _MainConnection] = {}
+        # channel records not trimmed yet, by channel offset
+        self._records: dict[int, _ChannelRecord] = {}
+        self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
+        self._acked_end = 0
+        # a previous incarnation's records (below the offset) may back a main's uncommitted
+        # Link Records (their answers died with it): kept until the committed route epoch
+        # reaches the epoch current when this one started (learned from the first caught-up
+        # image: every old record was written in an epoch at or below it)
+        self._keep_before: int | None = None
+        self._keep_until_epoch: int | None = None
+        self._stop = threading.Event()
+        self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
+
+    def start(self) -> None:
+        self.channel = ObjectWAL.open(
+            self.objects,
+            channel_location(self.node_id),
+            self.node_id,
+            self.node_epoch,
+            capacity_bytes=CHANNEL_CAPACITY_BYTES,
+            config=self.channel_config,
+        )
+        self._acked_end = self.channel.end_offset
+        if self.channel.end_offset > self.channel.start_offset:
+            self._keep_before = self.channel.start_offset
+        self._trimmer.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            proxies = list(self._proxies.values())
+            conns = list(self._connections.values())
+        for proxy in proxies:
+            proxy.worker.shutdown(wait=False, cancel_futures=True)
+        for conn in conns:
+            conn.close()
+        if self.channel is not None:
+            self.channel.close()
+
+    # ------------------------------------------------------------------ partitions
+
+    def proxy_partition(self, topic_id: str, partition: int) -> ProxyPartition | None:
+        with self._lock:
+            proxy = self._proxies.get((topic_id, partition))
+            if proxy is None and len(self._proxies) < MAX_PROXY_WORKERS:
+                proxy = ProxyPartition(self, topic_id, partition)
+                self._proxies[(topic_id, partition)] = proxy
+            return proxy
+
+    def on_metadata(self, image: MetadataImage) -> None:
+        """Wake the fetches waiting on proxied partitions (a main's commit may have made
+        more readable) and drop proxies of deleted topics."""
+        with self._lock:
+            proxies = list(self._proxies.items())
+        for key, proxy in proxies:
+            if key[0] not in image.topics:
+                with self._lock:
+                    self._proxies.pop(key, None)
+                proxy.worker.shutdown(wait=False, cancel_futures=True)
+            proxy.wake()
+
+    # ------------------------------------------------------------------ produce path
+
+    def _connection(self, host: str, port: int) -> _MainConnection:
+        with self._lock:
+            conn = self._connections.get((host, port))
+            if conn is None:
+                conn = self._connections[(host, port)] = _MainConnection(host, port, self.login)
+            return conn
+
+    def forward(self, proxy: ProxyPartition, records: bytes, timeout_ms: int) -> AppendOutcome:
+        """Channel append + zone route to the main (runs on the partition's worker)."""
+        assert self.channel is not None
+        image = self.image_fn()
+        topic = image.topics.get(proxy.topic_id)
+        state = topic.partitions.get(proxy.partition) if topic else None
+        main = image.brokers.get(state.leader_node_id) if state else None
+        if state is None or main is None or main.fenced:
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        timeout_s = max(timeout_ms, 1) / 1000
+        with self._lock:
+            self._appending += 1
+        try:
+            appended = self.channel.append(records).result(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
+            log.warning("RouterChannel append failed: %s", exc)
+            return AppendOutcome(KafkaError.KAFKA_STORAGE_ERROR)
+        finally:
+            with self._lock:
+                self._appending -= 1
+        entry = _ChannelRecord(appended.offset + appended.size_bytes)
+        entry.stream_epoch = state.leader_epoch  # = the stream's epoch at this main
+        with self._lock:
+            self._records[appended.offset] = entry
+        self.traffic.add("wal_data_bytes", len(records))
+        epoch = image.route_epoch.current_epoch
+        for attempt in (1, 2):
+            req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
+                route_epoch=epoch,
+                source_node_id=self.node_id,
+                channel_bucket_id=CHANNEL_BUCKET_ID,
+                channel_prefix=channel_location(self.node_id).prefix,
+                channel_offset=appended.offset,
+                topic_id=uuid.UUID(proxy.topic_id),
+                partition=proxy.partition,
+                timeout_ms=timeout_ms,
+            )
+            try:
+                resp = self._connection(main.host, main.kafka_port).call(
+                    req, timeout_s + RPC_EXTRA_TIMEOUT_S
+                )
+            except (OSError, ConnectionError) as exc:
+                # the main may have appended (and linked) it: keep the record until that
+                # is known to be committed
+                log.warning("zone route to node %d failed: %s", main.node_id, exc)
+                with self._lock:
+                    entry.stream_id, entry.end_offset = state.stream_id, UNKNOWN_END
+                    entry.answered = True
+                return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+            if resp.error_code != KafkaError.STALE_BROKER_EPOCH or attempt == 2:
+                break
+            # the main saw a bump we have not: nothing was appended; again in the new epoch
+            epoch = self._newer_route_epoch(epoch)
+        with self._lock:
+            entry.stream_id, entry.end_offset = resp.stream_id, resp.end_offset
+            entry.answered = True
+            if resp.end_offset >= 0:
+                # a lost answer for this stream came before this one: it is covered too
+                for other in self._records.values():
+                    if other.stream_id == resp.stream_id and other.end_offset == UNKNOWN_END:
+                        other.end_offset = resp.end_offset
+        if resp.error_code:
+            log.info(
+                "zone route to node %d refused (%d): %s",
+                main.node_id,
+                resp.error_code,
+                resp.error_message,
+            )
+            return AppendOutcome(KafkaError(resp.error_code))
+        return AppendOutcome(KafkaError.NONE, resp.base_offset)
+
+    def _newer_route_epoch(self, epoch: int) -> int:
+        """The current route epoch once this broker's image is past `epoch` (bounded)."""
+        deadline = time.monotonic() + ROUTE_EPOCH_WAIT_S
+        while time.monotonic() < deadline:
+            current = self.image_fn().route_epoch.current_epoch
+            if current > epoch:
+                return current
+            time.sleep(0.01)
+        return self.image_fn().route_epoch.current_epoch
+
+    def trim_point(self) -> int | None:
+        """The channel offset below which no record is needed any more: answered, and any
+        Link Record to it committed by its main (the stream's committed end in the image
+        reached the request's end); None while an append's offset is still unknown."""
+        image = self.image_fn()
+        with self._lock:
+            if self._appending:
+                return None
+            if self._keep_before is not None:
+                if self._keep_until_epoch is None:
+                    if not self.ready_fn():
+                        return self._keep_before
+                    self._keep_until_epoch = image.route_epoch.current_epoch
+                if image.route_epoch.committed_epoch < self._keep_until_epoch:
+                    return self._keep_before
+                self._keep_before = None
+            up_to = self._acked_end
+            for offset in sorted(self._records):
+                entry = self._records[offset]
+                if not entry.answered:
+                    return offset
+                stream = image.streams.get(entry.stream_id)
+                # needed while the main that may hold links to it still has the stream (a
+                # new stream epoch: the old main's WAL was recovered and committed) and
+                # its committed end has not reached them (or is unknown: a lost answer)
+                if (
+                    entry.stream_id >= 0
+                    and entry.end_offset != -1
+                    and stream is not None
+                    and stream.epoch == entry.stream_epoch
+                    and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
+                ):
+                    return offset
+                del self._records[offset]
+                up_to = self._acked_end = max(self._acked_end, entry.next_offset)
+            return up_to
+
+    def _trim_loop(self) -> None:
+        while not self._stop.wait(CHANNEL_TRIM_INTERVAL_S):
+            up_to = self.trim_point()
+            if up_to is None:
+                continue
+            try:
+                if self.channel is not None and up_to > self.channel.start_offset:
+                    self.channel.trim(up_to)
+            except (WALError, ValueError) as exc:
+                log.warning("RouterChannel trim to %d failed: %s", up_to, exc)
+
+
+class ProxyPartition:
+    """A partition whose main is in another AZ, served to this AZ's clients (a
+    `PartitionBackend`). Its state is read from the current metadata image on each call.
+    Thread-safe: appends are queued to one serial worker (the partition's order)."""
+
+    # it serves what the main committed: a fetch past that waits instead of OFFSET_OUT_OF_RANGE
+    lags_leader = True
+
+    def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
+        self.router = router
+        self.topic_id = topic_id
+        self.partition = partition
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"proxy-{partition}")
+        self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
+
+    def _state(self):
+        image = self.router.image_fn()
+        topic = image.topics.get(self.topic_id)
+        part = topic.partitions.get(self.partition) if topic else None
+        stream = image.streams.get(part.stream_id) if part else None
+        return topic, part, stream
+
+    @property
+    def topic(self) -> str:
+        topic = self._state()[0]
+        return topic.name if topic else ""
+
+    @property
+    def leader_epoch(self) -> int:
+        part = self._state()[1]
+        return part.leader_epoch if part else -1
+
+    @property
+    def log_start_offset(self) -> int:
+        stream = self._state()[2]
+        return stream.start_offset if stream else 0
+
+    @property
+    def high_watermark(self) -> int:
+        """What the main has committed to object storage (readable from here)."""
+        stream = self._state()[2]
+        return stream.end_offset if stream else 0
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark
+
+    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+        if not records:
+            return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        try:
+            fut: Future = self.worker.submit(self.router.forward, self, records, timeout_ms)
+        except RuntimeError:  # the worker was shut down (topic deleted, broker stopping)
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        return AppendOutcome(KafkaError.NONE, -1, [fut])
+
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        _, part, stream = self._state()
+        if stream is None:
+            return b""
+        end = stream.end_offset if end is None else min(end, stream.end_offset)
+        batches = self.router.read_committed(stream.stream_id, offset, end, max_bytes)
+        data = b"".join(b.payload for b in batches)
+        self.router.traffic.add("proxy_read_bytes", len(data))
+        return data
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return []  # transactions through a proxy are not supported (see the module doc)
+
+    def write_marker(self, producer_id, producer_epoch, commit, coordinator_epoch):
+        return KafkaError.NOT_LEADER_OR_FOLLOWER, None
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        return OffsetAndTimestamp(-1, -1)
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        return OffsetAndTimestamp(-1, -1)
+
+    def delete_records(self, offset: int) -> int:
+        raise WALError("DeleteRecords goes to the partition's main, not a proxy")
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        _, part, stream = self._state()
+        if part is None or stream is None:
+            return -1, -1
+        hw = stream.end_offset
+        if leader_epoch >= part.leader_epoch:
+            return part.leader_epoch, hw
+        later = [rg for rg in stream.ranges if rg.epoch > leader_epoch]
+        earlier = [rg for rg in stream.ranges if rg.epoch <= leader_epoch]
+        if not earlier:
+            return -1, -1
+        return earlier[-1].epoch, (later[0].start_offset if later else hw)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+    def wake(self) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            callback()
+
+
+class ZoneRouteHandler:
+    """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
+    happens on the event loop as a client's produce does."""
+
+    def __init__(
+        self,
+        image_fn: Callable[[], MetadataImage],
+        partitions: PartitionResolver,
+        channels: ChannelReaders,
+        traffic: ZoneTraffic,
+        io: Callable | None,
+    ):
+        self.image_fn = image_fn
+        self.partitions = partitions
+        self.channels = channels
+        self.traffic = traffic
+        self.io = io  # run a blocking call off the event loop: await io(fn, *args)
+        # accepted requests whose links may not be committed yet (the persisted epoch)
+        self._pending: dict[int, dict] = {}
+        self._pending_lock = threading.Lock()
+        self._next_token = 0
+
+    def registrations(self) -> list:
+        return [(ZoneRouteRequest, 0, 0, self.zone_route)]
+
+    def persisted_epoch(self) -> int:
+        """The largest route epoch P (at most the fenced one, which this main refuses from
+        now on) such that every request it accepted in an epoch <= P is committed: its Link
+        Records uploaded (the stream's committed end reached them, or the stream moved to a
+        new epoch after a failover). Reported with heartbeats; the controller's minimum over
+        the brokers is the committed route epoch."""
+        with self._pending_lock:
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            for token, entry in list(self._pending.items()):
+                if not entry["done"] or entry["end"] < 0:
+                    continue
+                stream = image.streams.get(entry["stream_id"])
+                if (
+                    stream is None
+                    or stream.epoch != entry["stream_epoch"]
+                    or stream.end_offset >= entry["end"]
+                ):
+                    del self._pending[token]
+            blocking = [entry["epoch"] for entry in self._pending.values()]
+        return min(fenced, min(blocking) - 1) if blocking else fenced
+
+    @staticmethod
+    def _answer(
+        error: KafkaError,
+        message: str | None = None,
+        base: int = -1,
+        start: int = -1,
+        stream_id: int = -1,
+        end: int = -1,
+    ):
+        return ZoneRouteResponse[ZONE_ROUTE_VERSION](
+            error_code=error,
+            error_message=message,
+            base_offset=base,
+            log_start_offset=start,
+            stream_id=stream_id,
+            end_offset=end,
+        )
+
+    async def zone_route(self, req, ctx):
+        with self._pending_lock:
+            # checked and tracked at once against a fresh image: a persisted epoch reported
+            # meanwhile either sees this request or is below its epoch
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            if req.route_epoch <= fenced:
+                return self._answer(
+                    KafkaError.STALE_BROKER_EPOCH,
+                    f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
+                )
+            token = self._next_token
+            self._next_token += 1
+            entry = {"epoch": req.route_epoch, "done": False, "stream_id": -1, "end": -1}
+            entry["stream_epoch"] = -1
+            self._pending[token] = entry
+        try:
+            return await self._checked(req, image, entry)
+        finally:
+            with self._pending_lock:
+                entry["done"] = True
+                if entry["end"] < 0:  # nothing linked
+                    self._pending.pop(token, None)
+
+    async def _checked(self, req, image: MetadataImage, entry: dict):
+        source = req.source_node_id
+        expected = channel_location(source)
+        if (
+            source not in image.brokers
+            or req.channel_bucket_id != expected.bucket_id
+            or req.channel_prefix != expected.prefix
+        ):
+            return self._answer(
+                KafkaError.INVALID_REQUEST,
+                f"no RouterChannel of node {source} at "
+                f"{req.channel_bucket_id}/{req.channel_prefix!r}",
+            )
+        plog = self.partitions.get(str(req.topic_id), req.partition)
+        if plog is None:
+            return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main")
+        assert self.io is not None
+        try:
+            record = await self.io(self.channels.reader(source).read, req.channel_offset)
+        except WALTrimmedError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"channel offset trimmed: {exc}")
+        except ValueError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
+            return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
+        now_ms = int(time.time() * 1000)
+        channel_offset = req.channel_offset
+        data = record.data
+        ends: list[int] = []  # the end offset of every batch written as a Link Record
+
+        def link(position: int, length: int) -> Callable[[int], bytes]:
+            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
+            count = parse_batch_header(data, position).last_offset_delta + 1
+
+            def build(base: int) -> bytes:  # under the stream's lock, before append returns
+                ends.append(base + count)
+                return LinkRecord(source, channel_offset, position, length, now_ms).encode()
+
+            return build
+
+        outcome = plog.append(data, link=link)
+        stream = getattr(plog, "stream", None)
+        stream_id = stream.stream_id if stream is not None else -1
+        # the proxy keeps the channel record until the stream's committed end reaches the
+        # end of what links to it (-1: no link was written)
+        end = max(ends, default=-1)
+        with self._pending_lock:
+            entry["stream_id"], entry["end"] = stream_id, end
+            entry["stream_epoch"] = plog.leader_epoch
+        start = plog.log_start_offset
+        if outcome.error != KafkaError.NONE:
+            return self._answer(outcome.error, None, -1, start, stream_id, end)
+        deadline = time.monotonic() + max(req.timeout_ms, 1) / 1000
+        for fut in outcome.durable:
+            try:
+                await asyncio.wait_for(
+                    asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
+                )
+            except TimeoutError:
+                error, message = KafkaError.REQUEST_TIMED_OUT, "append not durable in time"
+                return self._answer(error, message, -1, start, stream_id, end)
+            except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
+                error, message = KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200]
+                return self._answer(error, message, -1, start, stream_id, end)
+        return self._answer(KafkaError.NONE, None, outcome.base_offset, start, stream_id, end)

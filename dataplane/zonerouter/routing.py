@@ -1,0 +1,125 @@
+"""What a client of an AZ is told and served (the zone router's entry into the Kafka APIs).
+
+`ZoneRouting` implements `partition_backend.ClientRouting`: it tells a client its AZ (from
+`client.id` or its address), rewrites the leader of every partition in a Metadata response
+to the main's proxy in the client's AZ (`proxy_mapping.py`), and resolves a produce or
+fetch to the backend this broker serves for that client: the real partition when it is the
+main and the client is in its AZ (or has none), a `ProxyPartition` when it is the client's
+proxy, and nothing (NOT_LEADER_OR_FOLLOWER) otherwise, so a client that reached the wrong
+broker refreshes its metadata.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from controlplane.image import BrokerState, MetadataImage
+from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.zonerouter.client_az import CidrAzMap, client_az
+from dataplane.zonerouter.proxy import ProxyPartition
+from dataplane.zonerouter.proxy_mapping import ProxyMapping
+from dataplane.zonerouter.traffic import ZoneTraffic
+
+
+class CountedBackend:
+    """A backend as one client sees it: produced and consumed bytes are counted by the
+    client's AZ; everything else is the backend's. Equal to another view of the same
+    backend (the fetch long-poll keeps one listener per backend)."""
+
+    def __init__(self, inner: PartitionBackend, traffic: ZoneTraffic, az: str | None):
+        self._inner = inner
+        self._traffic = traffic
+        self._az = az
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self._inner is getattr(other, "_inner", other)
+
+    def __hash__(self) -> int:
+        return id(self._inner)
+
+    def append(self, records: bytes | None):
+        size = len(records or b"")
+        self._traffic.client("produced", self._az, size)
+        outcome = self._inner.append(records)
+        if outcome.error == 0 and not isinstance(self._inner, ProxyPartition):
+            # appended to a partition led here: the data went into this broker's WAL (a
+            # proxy counts its RouterChannel write, and the main its own, when routed)
+            self._traffic.add("wal_data_bytes", size)
+        return outcome
+
+    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        data = self._inner.read(offset, max_bytes, end)
+        self._traffic.client("consumed", self._az, len(data))
+        return data
+
+
+class ZoneRouting:
+    """Thread-safe: the mapping is rebuilt (immutable) when the image's brokers change."""
+
+    def __init__(
+        self,
+        node_id: int,
+        image_fn: Callable[[], MetadataImage],
+        partitions: PartitionResolver,
+        proxy_factory: Callable[[str, int], PartitionBackend],
+        cidrs: CidrAzMap | None = None,
+        traffic: ZoneTraffic | None = None,
+    ):
+        self.node_id = node_id
+        self.image_fn = image_fn
+        self.partitions = partitions
+        self.proxy_factory = proxy_factory  # (topic_id, partition) -> ProxyPartition
+        self.cidrs = cidrs or CidrAzMap()
+        self.traffic = traffic
+        self._lock = threading.Lock()
+        self._mapping_key: object = None
+        self._mapping = ProxyMapping([])
+
+    def mapping(self, image: MetadataImage) -> ProxyMapping:
+        """The main → proxy mapping of `image` (cached per brokers container: the image is
+        copy-on-write, so an unchanged broker set keeps its dict)."""
+        with self._lock:
+            if self._mapping_key is not image.brokers:
+                self._mapping = ProxyMapping.from_image(image)
+                self._mapping_key = image.brokers
+            return self._mapping
+
+    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
+        return client_az(client_id, peer_host, self.cidrs)
+
+    def leader_for(self, image: MetadataImage, leader_node_id: int, az: str | None) -> int:
+        return self.mapping(image).route(leader_node_id, az)
+
+    def brokers_for(self, image: MetadataImage, az: str | None) -> list[BrokerState]:
+        """The live brokers a client is told about: for a client of an AZ with eligible
+        brokers, only those (it never needs another); else all."""
+        live = [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
+        if az is None or az not in self.mapping(image).azs:
+            return live
+        return [b for b in live if b.az == az]
+
+    def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
+        image = self.image_fn()
+        topic = image.topics.get(topic_id)
+        state = topic.partitions.get(partition) if topic else None
+        if state is None:
+            return None
+        if state.shard_stores:  # erasure-coded: leaderless, every broker serves it
+            backend = self.partitions.get(topic_id, partition)
+            if backend is None or self.traffic is None:
+                return backend
+            return CountedBackend(backend, self.traffic, az)  # type: ignore[return-value]
+        route = self.mapping(image).route(state.leader_node_id, az)
+        if route != self.node_id:
+            return None  # this client was told another broker serves it
+        if state.leader_node_id == self.node_id:
+            backend = self.partitions.get(topic_id, partition)
+        else:
+            backend = self.proxy_factory(topic_id, partition)
+        if backend is None or self.traffic is None:
+            return backend
+        return CountedBackend(backend, self.traffic, az)  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""JSON message definitions of the zone router's broker-to-broker API (Kafka's format)."""

@@ -1,0 +1,56 @@
+"""Per-broker byte counters of the zone router's accounting (`automqctl cost`).
+
+Counted on the data path: bytes produced and consumed by clients, split by whether the
+client is in this broker's AZ, in another (cross-AZ), or did not say (unknown); WAL data
+bytes (RouterChannel + the main's WAL) and the proxy's object-store reads. The broker
+reports a snapshot with each heartbeat. Thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import threading
+
+# every key a snapshot has (fixed: the heartbeat carries a bounded dict)
+KEYS = (
+    "produced_bytes",
+    "consumed_bytes",
+    "produced_same_az_bytes",
+    "consumed_same_az_bytes",
+    "produced_cross_az_bytes",
+    "consumed_cross_az_bytes",
+    "produced_unknown_az_bytes",
+    "consumed_unknown_az_bytes",
+    "wal_data_bytes",
+    "proxy_read_bytes",
+)
+
+
+class ZoneTraffic:
+    """Cumulative counters since the broker started."""
+
+    def __init__(self, az: str):
+        self.az = az
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(KEYS, 0)
+
+    def add(self, key: str, n: int) -> None:
+        if n:
+            with self._lock:
+                self._counts[key] += n
+
+    def client(self, direction: str, client_az: str | None, n: int) -> None:
+        """`direction` "produced" or "consumed": `n` bytes with a client of `client_az`."""
+        if not n:
+            return
+        where = (
+            "unknown_az"
+            if client_az is None
+            else ("same_az" if client_az == self.az else "cross_az")
+        )
+        with self._lock:
+            self._counts[f"{direction}_bytes"] += n
+            self._counts[f"{direction}_{where}_bytes"] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)

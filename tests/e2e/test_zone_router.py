@@ -1,0 +1,338 @@
+"""The zone router on a real cluster (3 brokers in 3 AZs, real confluent-kafka clients that
+declare their AZ in `client.id`): each client is told and served only by brokers of its AZ,
+produce through a proxy goes through the RouterChannel to the main, every acknowledged
+record is consumed exactly once by a consumer in every AZ, the brokers' counters show no
+cross-AZ client bytes, and a zone-route request with a fenced route epoch is refused with a
+clear error and appends nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+AZS = ("az1", "az2", "az3")
+TOPIC = "zone-routed"
+PARTITIONS = 6
+RECORDS_PER_AZ = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zone") / "cluster"
+    # proxies read what mains committed: upload often so consumers see data quickly, but
+    # not so often that a killed main's WAL is empty (the kill test needs Link Records)
+    with running_cluster(d, "--upload-interval-s", "2") as status:
+        brokers = {b["node_id"]: b for b in status["brokers"]}
+        yield {
+            "dir": d,
+            "bootstrap": status["bootstrap_servers"],
+            "brokers": brokers,
+            "by_az": {az: sorted(n for n, b in brokers.items() if b["az"] == az) for az in AZS},
+        }
+
+
+def _client(az: str) -> dict:
+    return {"client.id": f"automq_type=e2e&automq_az={az}"}
+
+
+def _bootstrap(cluster, az: str) -> str:
+    return ",".join(cluster["brokers"][n]["address"] for n in cluster["by_az"][az])
+
+
+def _zone_traffic(cluster) -> dict[int, dict]:
+    out = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    return {b["node_id"]: b["zone_traffic"] or {} for b in json.loads(out.stdout)["brokers"]}
+
+
+def _route_epochs(cluster) -> dict:
+    out = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["route_epoch"] or {"current_epoch": -1}
+
+
+def _brokers_used(stats: dict, key: str) -> set[int]:
+    """Node ids of the brokers librdkafka used: connected (UP) or serving partitions."""
+    used = set()
+    for b in stats.get("brokers", {}).values():
+        if b.get("nodeid", -1) < 0:
+            continue
+        if (key == "up" and b.get("state") == "UP") or (key == "toppars" and b.get("toppars")):
+            used.add(b["nodeid"])
+    return used
+
+
+def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluster):
+    create_topic(cluster["bootstrap"], TOPIC, PARTITIONS)
+    all_ids = sorted(cluster["brokers"])
+    # a client without an AZ sees the real leaders, spread over the brokers
+    md = AdminClient({"bootstrap.servers": cluster["bootstrap"]}).list_topics(TOPIC, timeout=10)
+    real = {p.id: p.leader for p in md.topics[TOPIC].partitions.values()}
+    assert len(set(real.values())) > 1 and sorted(md.brokers) == all_ids
+    # a client of an AZ is told every leader (and the broker list) is in its AZ
+    for az in AZS:
+        admin = AdminClient({"bootstrap.servers": _bootstrap(cluster, az), **_client(az)})
+        md = admin.list_topics(TOPIC, timeout=10)
+        mine = set(cluster["by_az"][az])
+        assert {p.leader for p in md.topics[TOPIC].partitions.values()} <= mine
+        assert all(set(p.replicas) <= mine for p in md.topics[TOPIC].partitions.values())
+        assert set(md.brokers) <= mine
+
+    acked: dict[bytes, tuple[int, int]] = {}
+    errors: list[str] = []
+    used: dict[str, set[int]] = {}
+    for az in AZS:
+        stats: list[dict] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": _bootstrap(cluster, az),
+                **_client(az),
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "statistics.interval.ms": 200,
+                "stats_cb": lambda s, out=stats: out.append(json.loads(s)),
+            }
+        )
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked[msg.value()] = (msg.partition(), msg.offset())
+
+        for i in range(RECORDS_PER_AZ):
+            producer.produce(
+                TOPIC, value=f"{az}-{i}".encode(), partition=i % PARTITIONS, on_delivery=on_delivery
+            )
+            if i % 50 == 0:
+                producer.poll(0)
+        assert producer.flush(60) == 0
+        time.sleep(0.3)
+        producer.poll(0.3)  # one more statistics callback
+        used[az] = set().union(*(_brokers_used(s, "up") for s in stats))
+        assert used[az] and used[az] <= set(cluster["by_az"][az]), (az, used[az])
+    assert not errors, errors[:5]
+    assert len(acked) == RECORDS_PER_AZ * len(AZS)
+
+    # a consumer in every AZ reads every acknowledged record exactly once, at its offset
+    for az in AZS:
+        stats = []
+        consumer = Consumer(
+            {
+                "bootstrap.servers": _bootstrap(cluster, az),
+                **_client(az),
+                "group.id": f"zone-{az}-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+                "statistics.interval.ms": 200,
+                "stats_cb": lambda s, out=stats: out.append(json.loads(s)),
+            }
+        )
+        seen: Counter = Counter()
+        at: dict[bytes, tuple[int, int]] = {}
+        try:
+            consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(at) < len(acked):
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                seen[msg.value()] += 1
+                at[msg.value()] = (msg.partition(), msg.offset())
+            consumer.poll(0.3)
+        finally:
+            consumer.close()
+        assert at == acked, f"{az}: {len(set(acked) - set(at))} acked records not consumed"
+        assert max(seen.values()) == 1, f"{az}: duplicates"
+        fetched_from = set().union(*(_brokers_used(s, "toppars") for s in stats))
+        assert fetched_from and fetched_from <= set(cluster["by_az"][az]), (az, fetched_from)
+
+    # the brokers' own counters (reported with heartbeats): no client byte crossed an AZ;
+    # proxies wrote to their RouterChannels and read committed data from object storage
+    deadline = time.monotonic() + 10
+    while True:
+        traffic = _zone_traffic(cluster)
+        sums = Counter()
+        for counters in traffic.values():
+            sums.update(counters)
+        if sums["consumed_bytes"] > 0 and sums["produced_bytes"] > 0:
+            break
+        assert time.monotonic() < deadline, traffic
+        time.sleep(0.5)
+    total = sums.__getitem__
+    assert total("produced_cross_az_bytes") == 0 and total("consumed_cross_az_bytes") == 0
+    assert total("produced_same_az_bytes") == total("produced_bytes")
+    assert total("proxy_read_bytes") > 0 and total("wal_data_bytes") > total("produced_bytes")
+    out = automqctl("cost", "--format", "json", cluster_dir=cluster["dir"])
+    assert out.returncode == 0, out.stderr
+    cost = json.loads(out.stdout)
+    assert cost["produced_bytes"] >= total("produced_bytes") > 0
+    assert cost["cross_az_bytes"] == 0 and cost["cross_az_cost_usd"] == 0
+    assert cost["kafka_cross_az_cost_usd"] > 0 and cost["object_store_put_bytes"] > 0
+    # no double write: routed data is in a RouterChannel once, the main's WAL keeps only
+    # Link Records (writing it again would be >= 1.67 with 2/3 of the data routed)
+    assert cost["produced_bytes"] < cost["wal_data_bytes"] < 1.5 * cost["produced_bytes"]
+    print("zone router cost:", json.dumps(cost))
+
+
+def _zone_route(address: str, **fields):
+    from dataplane.kafka.txn.marker_client import _roundtrip
+    from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZoneRouteRequest
+
+    host, port = address.rsplit(":", 1)
+    req = ZoneRouteRequest[0](**fields)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        return _roundtrip(sock, req, ZONE_ROUTE_KEY, 0)
+
+
+def test_zone_route_with_a_fenced_epoch_or_a_bad_channel_is_refused(cluster):
+    topic = "zone-bad-input"
+    create_topic(cluster["bootstrap"], topic, 1)
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    main = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    tid = admin.describe_topics(TopicCollection([topic]))[topic].result(10).topic_id
+    mask = 2**64 - 1
+    topic_id = uuid.UUID(
+        int=((tid.get_most_significant_bits() & mask) << 64)
+        | (tid.get_least_significant_bits() & mask)
+    )
+    proxy = next(n for n in cluster["brokers"] if n != main)
+    base = {
+        "source_node_id": proxy,
+        "channel_bucket_id": 0,
+        "channel_prefix": f"router-channel/node-{proxy}",
+        "channel_offset": 0,
+        "topic_id": topic_id,
+        "partition": 0,
+        "timeout_ms": 5000,
+    }
+    address = cluster["brokers"][main]["address"]
+    # the controller bumps the route epoch (at once, then every 10 s): the previous is fenced
+    deadline = time.monotonic() + 15
+    while (epochs := _route_epochs(cluster))["current_epoch"] < 1:
+        assert time.monotonic() < deadline, epochs
+        time.sleep(0.2)
+    fenced, current = epochs["fenced_epoch"], epochs["current_epoch"]
+    assert fenced == current - 1 >= 0
+    resp = _zone_route(address, route_epoch=fenced, **base)
+    assert resp.error_code != 0 and f"route epoch {fenced} is fenced" in resp.error_message
+    # (the next epoch: valid even if the controller bumps meanwhile)
+    current += 1
+    # a channel that is not the source node's own is never read
+    resp = _zone_route(address, route_epoch=current, **{**base, "channel_prefix": "wal/node-1"})
+    assert resp.error_code != 0 and "no RouterChannel" in resp.error_message
+    # an offset where no record starts
+    resp = _zone_route(address, route_epoch=current, **{**base, "channel_offset": 10**12})
+    assert resp.error_code != 0 and "bad channel offset" in resp.error_message
+    # nothing was appended
+    consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": "zone-bad"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    assert (low, high) == (0, 0)
+
+
+def test_kill_9_of_a_main_loses_no_record_acked_through_a_proxy(cluster):
+    """A producer in az1 writes through its proxy (its AZ's broker) to mains in az2/az3; the
+    main of some partitions is killed -9: its WAL held only Link Records to the proxy's
+    RouterChannel; the failover reads the data back from the channel and every acked record
+    is consumed exactly once. (Last in the module: it leaves the killed broker restarted.)"""
+    from tests.e2e.ledger import AckLedger, leaders
+    from tests.e2e.test_elastic import assert_ledger_exact
+
+    topic = f"zone-kill-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    az1 = cluster["by_az"]["az1"]
+    ledger = AckLedger(
+        _bootstrap(cluster, "az1"), topic, PARTITIONS, rate_per_partition=40, **_client("az1")
+    ).start()
+    try:
+        time.sleep(3)
+        led = leaders(cluster["bootstrap"], topic)
+        victim = max(
+            (n for n in cluster["brokers"] if n not in az1),
+            key=lambda n: sum(1 for v in led.values() if v == n),
+        )
+        moved = {p for p, leader in led.items() if leader == victim}
+        assert moved
+        killed = automqctl("broker", "kill", str(victim), cluster_dir=cluster["dir"])
+        assert killed.returncode == 0, killed.stderr
+        event = time.monotonic()
+        ledger.wait_writable(moved, event, timeout_s=60)
+        pattern = re.compile(rf"WAL failover of node {victim} done in \S+: (\d+) records read")
+        deadline = time.monotonic() + 30
+        while True:
+            logs = "".join(p.read_text() for p in (cluster["dir"] / "logs").glob("broker-*.log"))
+            found = pattern.search(logs)
+            if found:
+                break
+            assert time.monotonic() < deadline, "no broker finished the WAL failover"
+            time.sleep(0.3)
+        time.sleep(1)
+    finally:
+        ledger.stop()
+        automqctl("broker", "start", str(victim), cluster_dir=cluster["dir"])
+    assert_ledger_exact(ledger)
+    # all the victim's data came through the proxy: what its WAL held not yet uploaded was
+    # Link Records, resolved from the proxy's RouterChannel by the failover
+    print(f"kill -9 of main {victim}: {found.group(0)}")
+    assert int(found.group(1)) > 0, found.group(0)
+
+
+def test_kill_9_of_a_proxy_loses_no_acked_record(cluster):
+    """The proxy of az1's producer (az1's only broker) is killed -9 mid-run and restarted:
+    its in-flight requests' answers are lost (the producer retries, idempotently, through
+    the restarted proxy, which claims its RouterChannel with a new node epoch); every acked
+    record is consumed exactly once."""
+    from tests.e2e.ledger import AckLedger
+    from tests.e2e.test_elastic import assert_ledger_exact, wait_all_active
+
+    wait_all_active(cluster)
+    topic = f"zone-proxy-kill-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    (proxy,) = cluster["by_az"]["az1"]
+    ledger = AckLedger(
+        _bootstrap(cluster, "az1"), topic, PARTITIONS, rate_per_partition=40, **_client("az1")
+    ).start()
+    try:
+        time.sleep(3)
+        killed = automqctl("broker", "kill", str(proxy), cluster_dir=cluster["dir"])
+        assert killed.returncode == 0, killed.stderr
+        event = time.monotonic()
+        time.sleep(1)
+        started = automqctl("broker", "start", str(proxy), cluster_dir=cluster["dir"])
+        assert started.returncode == 0, started.stderr
+        ledger.wait_writable(set(range(PARTITIONS)), event, timeout_s=60)
+        time.sleep(1)
+    finally:
+        ledger.stop()
+    assert_ledger_exact(ledger)
+
+
+def test_the_committed_route_epoch_follows_the_brokers(cluster):
+    """Every broker reports the route epoch up to which its routed data is committed; the
+    controller's minimum (the committed epoch) advances behind the fenced one."""
+    deadline = time.monotonic() + 40
+    first = _route_epochs(cluster)
+    while True:
+        epochs = _route_epochs(cluster)
+        if epochs["committed_epoch"] > max(first["committed_epoch"], 0):
+            break
+        assert time.monotonic() < deadline, (first, epochs)
+        time.sleep(0.5)
+    assert epochs["committed_epoch"] <= epochs["fenced_epoch"] < epochs["current_epoch"]
