@@ -5,8 +5,10 @@
 idempotent-producer checks, offset assignment, epochs, what a fetch may read) lives in the
 backend. `partitions.PartitionLog` (this broker leads the partition; its stream is in the
 engine) is the first implementation; `erasure_partition.ErasurePartition` (a leaderless
-erasure-coded partition any broker serves) the second; the zone router's proxy partition is
-planned.
+erasure-coded partition any broker serves) the second; the zone router's `ProxyPartition`
+(zonerouter/proxy.py: a partition led in another AZ, served to this AZ's clients) the third.
+`ClientRouting` decides, by the client's AZ, which broker a client is told leads a partition
+and which backend serves it here.
 """
 
 from __future__ import annotations
