@@ -71,7 +71,9 @@ def test_leader_kill_elects_a_new_leader_and_loses_no_committed_record(quorum):
     failover_s = time.monotonic() - killed_at
     assert new != old
     assert failover_s < 10, f"failover took {failover_s:.1f}s"
+    # a read from the new leader waits until it has applied what its predecessor acked
     assert kv_of(quorum, new) == committed
+    assert quorum.status(new)["raft"]["leader_ready"] is True
     # the quorum keeps committing with one voter down
     for i in range(100, 150):
         quorum.client.call("put_kv", {"key": f"k{i}", "value": str(i)})
