@@ -110,13 +110,9 @@ class ZoneRouting:
             return None
         if state.shard_stores:  # erasure-coded: leaderless, every broker serves it
             backend = self.partitions.get(topic_id, partition)
-            if backend is None or self.traffic is None:
-                return backend
-            return CountedBackend(backend, self.traffic, az)  # type: ignore[return-value]
-        route = self.mapping(image).route(state.leader_node_id, az)
-        if route != self.node_id:
+        elif self.mapping(image).route(state.leader_node_id, az) != self.node_id:
             return None  # this client was told another broker serves it
-        if state.leader_node_id == self.node_id:
+        elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
         else:
             backend = self.proxy_factory(topic_id, partition)

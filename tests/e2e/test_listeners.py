@@ -69,6 +69,21 @@ def consume(config: dict, expected: int, timeout_s: float = 30) -> list[bytes]:
     return got
 
 
+def sasl_ssl_admin(cluster: dict, listeners: dict) -> AdminClient:
+    """The cluster's admin (a super user) over the SASL_SSL listener."""
+    a = cluster["admin"]
+    return AdminClient(
+        {
+            "bootstrap.servers": listeners["SASL_SSL"]["bootstrap_servers"],
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": cluster["ca"],
+            "sasl.mechanism": a["mechanism"],
+            "sasl.username": a["username"],
+            "sasl.password": a["password"],
+        }
+    )
+
+
 def addresses(servers: str) -> set[tuple[str, int]]:
     return {(h, int(p)) for h, p in (s.rsplit(":", 1) for s in servers.split(","))}
 
@@ -91,17 +106,7 @@ def test_two_listeners_each_client_sees_only_its_own(cluster):
     assert "PLAINTEXT 127.0.0.1:" in shown and "SASL_SSL 127.0.0.1:" in shown
 
     # the admin (SASL_SSL, a super user) creates the topic: one partition on each broker
-    a = cluster["admin"]
-    admin = AdminClient(
-        {
-            "bootstrap.servers": listeners["SASL_SSL"]["bootstrap_servers"],
-            "security.protocol": "SASL_SSL",
-            "ssl.ca.location": cluster["ca"],
-            "sasl.mechanism": a["mechanism"],
-            "sasl.username": a["username"],
-            "sasl.password": a["password"],
-        }
-    )
+    admin = sasl_ssl_admin(cluster, listeners)
     admin.create_topics([NewTopic(TOPIC, 2, 1)], operation_timeout=30)[TOPIC].result(30)
 
     # confluent-kafka over PLAINTEXT: the brokers it is told about are PLAINTEXT endpoints
@@ -167,8 +172,8 @@ def test_two_listeners_each_client_sees_only_its_own(cluster):
             **plain_config,
             "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": "PLAIN",
-            "sasl.username": a["username"],
-            "sasl.password": a["password"],
+            "sasl.username": cluster["admin"]["username"],
+            "sasl.password": cluster["admin"]["password"],
         }
     )
     with pytest.raises(confluent_kafka.KafkaException):
@@ -197,17 +202,7 @@ def test_mutual_tls_listener_principal_is_the_certificate_cn(cluster):
         listeners["SSL"]["bootstrap_servers"]
     )
     # no ACL for User:carol: the write is refused with TOPIC_AUTHORIZATION_FAILED
-    a = cluster["admin"]
-    admin = AdminClient(
-        {
-            "bootstrap.servers": listeners["SASL_SSL"]["bootstrap_servers"],
-            "security.protocol": "SASL_SSL",
-            "ssl.ca.location": cluster["ca"],
-            "sasl.mechanism": a["mechanism"],
-            "sasl.username": a["username"],
-            "sasl.password": a["password"],
-        }
-    )
+    admin = sasl_ssl_admin(cluster, listeners)
     admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result(30)
     errors: list = []
     producer = Producer({**ssl_config, "message.timeout.ms": 10_000})
