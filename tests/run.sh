@@ -38,10 +38,13 @@ ruff format --check .
 # running e2e tests whenever another test run shared the machine
 # (kept after a failure: the clusters' logs are the evidence)
 BASETEMP="$(mktemp -d "${TMPDIR:-/tmp}/automq-tests.XXXXXX")"
-python -m pytest -q --basetemp="$BASETEMP/t" "$@" && rc=0 || rc=$?
+python -m pytest -q --basetemp="$BASETEMP/t" --junitxml="$BASETEMP/junit.xml" "$@" && rc=0 || rc=$?
 if [ "$rc" -eq 0 ]; then
   rm -rf "$BASETEMP"
 else
+  # a digest last: client libraries' log lines (librdkafka's, of clients a failed test's
+  # traceback keeps alive) can bury pytest's own summary
+  python tests/failure_digest.py "$BASETEMP/junit.xml" || true
   echo "test files and cluster logs kept in $BASETEMP"
 fi
 exit "$rc"

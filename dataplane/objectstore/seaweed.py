@@ -298,7 +298,8 @@ def start_seaweed(config: SeaweedConfig, log_path: Path) -> subprocess.Popen:
 def wait_seaweed_ready(
     config: SeaweedConfig, timeout_s: float = 60.0, proc: subprocess.Popen | None = None
 ) -> None:
-    """Block until the S3 API answers with our credentials and every bucket exists."""
+    """Block until the S3 API answers with our credentials, every bucket exists and every
+    volume already on disk is registered with the master (so stored objects are readable)."""
     import boto3
     from botocore.config import Config
 
@@ -316,7 +317,11 @@ def wait_seaweed_ready(
         ),
     )
     deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
+    last_error: Exception | str | None = None
+    # volumes already on disk (a restart): their objects read as HTTP 500 "volume id N not
+    # found" until the volume server has registered them with the master, which under load
+    # comes well after the S3 API answers
+    on_disk = volume_ids_on_disk(config.data_dir / "data")
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise EmbeddedS3Error(f"weed mini exited with code {proc.returncode}; see its log")
@@ -325,13 +330,43 @@ def wait_seaweed_ready(
             for bucket in config.buckets:
                 if bucket not in names:
                     client.create_bucket(Bucket=bucket)
-            return
+            missing = on_disk - registered_volume_ids(config)
+            if not missing:
+                return
+            last_error = f"volumes {sorted(missing)} not yet registered with the master"
         except Exception as exc:  # the store is still starting: connection refused, 503 ...
             last_error = exc
-            time.sleep(0.3)
+        time.sleep(0.3)
     raise EmbeddedS3Error(
         f"object store at {config.endpoint} not ready after {timeout_s}s: {last_error}"
     )
+
+
+def volume_ids_on_disk(volume_dir: Path) -> set[int]:
+    """Ids of the volumes in a `weed` data dir: `<id>.dat` or `<collection>_<id>.dat`."""
+    ids: set[int] = set()
+    if not volume_dir.is_dir():
+        return ids
+    for path in volume_dir.glob("*.dat"):
+        tail = path.stem.rsplit("_", 1)[-1]
+        if tail.isdigit():
+            ids.add(int(tail))
+    return ids
+
+
+def registered_volume_ids(config: SeaweedConfig, timeout_s: float = 2.0) -> set[int]:
+    """Ids of the volumes the master knows a volume server for (its `/vol/status`)."""
+    import urllib.request
+
+    url = f"http://{config.host}:{config.ports['master']}/vol/status"
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - loopback
+        status = json.loads(response.read(16 * 1024 * 1024))
+    ids: set[int] = set()
+    for racks in (status.get("Volumes", {}).get("DataCenters") or {}).values():
+        for nodes in (racks or {}).values():
+            for volumes in (nodes or {}).values():
+                ids.update(int(v["Id"]) for v in volumes or [])
+    return ids
 
 
 def stop_process(proc_or_pid: subprocess.Popen | int, timeout_s: float = 10.0) -> None:
