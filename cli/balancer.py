@@ -14,8 +14,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.options import ControllerDirOption as DirOption
+from cli.options import ControllersOption, FormatOption, controller_client
 from cli.output import OutputFormat, console, fail, print_data
-from cli.reassign import ControllersOption, DirOption, FormatOption, _client
 
 app = typer.Typer(
     help="The self-balancer: moves partitions to even out brokers (on by default).",
@@ -42,7 +43,7 @@ def _set(enabled: bool, dir: Path, controllers: str | None, format: OutputFormat
     from controlplane.errors import ControllerError
     from controlplane.requests import SetBalancerRequest
 
-    client = _client(dir, controllers)
+    client = controller_client(dir, controllers)
     try:
         result = client.send(SetBalancerRequest(enabled=enabled))
     except ControllerUnavailableError as exc:
@@ -93,7 +94,7 @@ def status(
     format: OutputFormat = FormatOption,
 ) -> None:
     """State (off / idle / in_progress / stalled), brokers' loads and the recent moves."""
-    data = _fetch_status(_client(dir, controllers))
+    data = _fetch_status(controller_client(dir, controllers))
     if format != OutputFormat.table:
         print_data(data, format)
         return

@@ -15,9 +15,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.options import ControllerDirOption as DirOption
+from cli.options import ControllersOption, FormatOption, controller_client
 from cli.output import OutputFormat, console, fail, print_data
 from cli.processes import ClusterError, LocalCluster, check_bucket_reachable
-from cli.reassign import ControllersOption, DirOption, FormatOption, _client
 
 app = typer.Typer(
     help="Object-storage failover: which bucket new objects go to "
@@ -62,7 +63,7 @@ def switch(
                 check_bucket_reachable(target)
             except ClusterError as exc:
                 fail(f"cannot switch writes; nothing changed: {exc}")
-    client = _client(dir, controllers)
+    client = controller_client(dir, controllers)
     try:
         result = client.set_active_bucket(
             SetActiveBucketRequest(bucket_id=bucket, reason=f"operator: failover --bucket {bucket}")
@@ -111,7 +112,7 @@ def status(
 ) -> None:
     """Mode, active bucket, since when and why, detection settings, and per bucket: objects,
     bytes and write health as the brokers report it."""
-    client = _client(dir, controllers)
+    client = controller_client(dir, controllers)
     data = _leader_status(client).get("bucket_failover")
     if data is None:
         fail("the controller does not report object-storage failover (an older version?)")

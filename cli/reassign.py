@@ -16,8 +16,10 @@ import typer
 from rich.table import Table
 
 from cli.kafka_util import librdkafka_security
+from cli.options import ControllerDirOption as DirOption
+from cli.options import ControllersOption, FormatOption, controller_client, metadata_image
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
+from cli.processes import ClusterError, LocalCluster
 from cli.reassign_plan import (
     DEFAULT_TOLERANCE,
     Assignment,
@@ -44,65 +46,10 @@ app = typer.Typer(
 
 MAX_SAMPLE_S = 300.0
 
-DirOption = typer.Option(
-    DEFAULT_CLUSTER_DIR,
-    "--dir",
-    envvar="AUTOMQ_CLUSTER_DIR",
-    help="local cluster directory (also AUTOMQ_CLUSTER_DIR); used when --controllers is absent",
-)
-ControllersOption = typer.Option(
-    None,
-    "--controllers",
-    help="controller API addresses host:port,... of a cluster that is not local",
-)
-FormatOption = typer.Option(OutputFormat.table, "--format")
 PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 
 
 # ---------------------------------------------------------------- cluster access
-
-
-def _client(dir: Path, controllers: str | None):
-    from controlplane.client import ControllerClient
-
-    # with --controllers: AUTOMQ_CONTROLLER_SECRET(_FILE) and AUTOMQ_CONTROLLER_CA_FILE
-    secret = ca_file = None
-    if controllers:
-        addresses = [a.strip() for a in controllers.split(",") if a.strip()]
-        bad = [a for a in addresses if ":" not in a or not a.rsplit(":", 1)[1].isdigit()]
-        if not addresses or bad:
-            fail(f"--controllers must be host:port,... (bad: {', '.join(bad) or 'empty'})")
-    else:
-        try:
-            config = LocalCluster(dir).load()
-        except ClusterError as exc:
-            fail(f"{exc}; or pass --controllers host:port,...")
-        addresses = config.quorum_config().api_addresses()
-        secret, ca_file = config.api_secret, config.controller_ca_file
-    try:
-        return ControllerClient(
-            addresses,
-            timeout_s=15.0,
-            request_timeout_s=10.0,
-            api_secret=secret,
-            ca_file=ca_file,
-        )
-    except (OSError, ValueError) as exc:
-        fail(f"controller API secret: {exc}")
-
-
-def _image(client):
-    """The controller's metadata image, as the typed model (its JSON has string keys)."""
-    from controlplane.client import ControllerUnavailableError
-    from controlplane.errors import ControllerError
-    from controlplane.image import MetadataImage
-
-    try:
-        return MetadataImage.model_validate(client.image())
-    except ControllerUnavailableError as exc:
-        fail(f"no controller reachable: {exc}")
-    except ControllerError as exc:
-        fail(f"reading the metadata image failed: {exc}")
 
 
 def _assignment(image) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
@@ -284,7 +231,7 @@ def plan(
     if not names:
         fail("--topics is empty")
     targets = _int_list(brokers, "--brokers")
-    image = _image(_client(dir, controllers))
+    image = metadata_image(controller_client(dir, controllers))
     current, sizes = _assignment(image)
     missing = [t for t in names if t not in sizes]
     if missing:
@@ -367,8 +314,8 @@ def execute(
     from controlplane.requests import PartitionMove, ReassignPartitionsRequest
 
     entries = _read_plan(plan)
-    client = _client(dir, controllers)
-    image = _image(client)
+    client = controller_client(dir, controllers)
+    image = metadata_image(client)
     current, sizes = _assignment(image)
     try:
         check_plan(entries, current, sizes, _brokers(image))
@@ -466,12 +413,12 @@ def verify(
     partition's stream open at the leader epoch (it takes writes).
     """
     entries = _read_plan(plan)
-    client = _client(dir, controllers)
+    client = controller_client(dir, controllers)
     start = time.monotonic()
     deadline = start + timeout_s
     with waiting(f"waiting up to {timeout_s:g}s for {len(entries)} partitions", format):
         while True:
-            rows = _check_progress(_image(client), entries)
+            rows = _check_progress(metadata_image(client), entries)
             unfinished = [r for r in rows if not r["done"]]
             if not unfinished or time.monotonic() >= deadline:
                 break
@@ -509,7 +456,7 @@ def status(
     format: OutputFormat = FormatOption,
 ) -> None:
     """The last submitted plan (kept by the controller) and each partition's progress."""
-    image = _image(_client(dir, controllers))
+    image = metadata_image(controller_client(dir, controllers))
     raw = image.kv.get(LAST_REASSIGNMENT_KEY)
     if raw is None:
         if format != OutputFormat.table:

@@ -10,9 +10,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption
+from cli.options import ControllersOption, DirOption, controller_client, metadata_image
 from cli.output import OutputFormat, console, fail, print_data
-from cli.reassign import ControllersOption, _client, _image
 
 user_app = typer.Typer(
     help="Users: SASL/SCRAM credentials (salted hashes in the metadata quorum) and mutual-TLS "
@@ -75,7 +74,7 @@ def user_add(
         ]
     )
     try:
-        result = _client(dir, controllers).alter_scram_credentials(req)
+        result = controller_client(dir, controllers).alter_scram_credentials(req)
     except ControllerError as exc:
         fail(_controller_error(exc))
     refused = [r for r in result.results if r.error]
@@ -91,7 +90,7 @@ def user_list(
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
     """Users with their SCRAM mechanisms and iterations (never a hash)."""
-    image = _image(_client(dir, controllers))
+    image = metadata_image(controller_client(dir, controllers))
     users: dict[str, list[dict]] = {}
     for c in sorted(image.scram_credentials.values(), key=lambda c: (c.user, c.mechanism)):
         users.setdefault(c.user, []).append({"mechanism": c.mechanism, "iterations": c.iterations})
@@ -117,8 +116,8 @@ def user_delete(
     from controlplane.errors import ControllerError
     from controlplane.requests import AlterScramCredentialsRequest, ScramDeletion
 
-    client = _client(dir, controllers)
-    image = _image(client)
+    client = controller_client(dir, controllers)
+    image = metadata_image(client)
     have = [c.mechanism for c in image.scram_credentials.values() if c.user == name]
     if not have:
         fail(f"no user {name!r}")
@@ -283,7 +282,7 @@ def acl_add(
         allow_principal, deny_principal, operation, resources, resource_pattern_type, host
     )
     try:
-        _client(dir, controllers).create_acls(CreateAclsRequest(bindings=bindings))
+        controller_client(dir, controllers).create_acls(CreateAclsRequest(bindings=bindings))
     except ControllerError as exc:
         fail(_controller_error(exc))
     console.print(f"{len(bindings)} ACL(s) added")
@@ -318,7 +317,7 @@ def acl_list(
         fail("give at most one of --topic, --group, --cluster, --transactional-id")
     rtype, rname = resources[0] if resources else (None, None)
     rows = _acl_rows(
-        _image(_client(dir, controllers)),
+        metadata_image(controller_client(dir, controllers)),
         AclFilter(principal=principal, resource_type=rtype, resource_name=rname),
     )
     if print_data(rows, format):
@@ -363,7 +362,7 @@ def acl_remove(
         allow_principal, deny_principal, operation, resources, resource_pattern_type, host
     )
     try:
-        result = _client(dir, controllers).delete_acls(
+        result = controller_client(dir, controllers).delete_acls(
             DeleteAclsRequest(filters=[AclFilter(**b.model_dump()) for b in bindings])
         )
     except ControllerError as exc:

@@ -137,7 +137,7 @@ def _add_cleaning_times(topic: dict, dir: Path, controllers: str | None) -> None
     """Each partition's last retention time (the last time its log start offset advanced:
     time/size retention or DeleteRecords), last log-cleaner run and cleaner checkpoint,
     from the controller's metadata (epoch ms; -1: never, or no controller reachable)."""
-    from cli.reassign import _client
+    from cli.options import controller_client
     from controlplane.client import ControllerUnavailableError
     from controlplane.errors import ControllerError
     from controlplane.image import MetadataImage
@@ -151,7 +151,7 @@ def _add_cleaning_times(topic: dict, dir: Path, controllers: str | None) -> None
             err_console.print("last retention/compaction times need --controllers host:port,...")
             return
     try:
-        image = MetadataImage.model_validate(_client(dir, controllers).image())
+        image = MetadataImage.model_validate(controller_client(dir, controllers).image())
     except (ControllerUnavailableError, ControllerError) as exc:
         err_console.print(f"last retention/compaction times unavailable: {exc}")
         return
