@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_data, waiting
+from cli.options import DirOption, FormatOption, load_component
+from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
 from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
@@ -59,7 +59,7 @@ def list_(
 
 
 @app.command()
-def stop(node: int, dir: Path = DirOption) -> None:
+def stop(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """Graceful stop (SIGTERM): the broker uploads its WAL and fences its own epoch."""
     cluster, _, name = _broker(dir, node)
     try:
@@ -68,11 +68,11 @@ def stop(node: int, dir: Path = DirOption) -> None:
         fail(str(exc))
     if not stopped:
         fail(f"{name} is not running")
-    console.print(f"stopped {name}")
+    print_result({"stopped": name}, format, f"stopped {name}")
 
 
 @app.command()
-def kill(node: int, dir: Path = DirOption) -> None:
+def kill(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """A real kill -9 of the broker's process (a crash, for demonstrations and drills)."""
     cluster, _, name = _broker(dir, node)
     try:
@@ -81,7 +81,9 @@ def kill(node: int, dir: Path = DirOption) -> None:
         fail(str(exc))
     if not pids:
         fail(f"{name} is not running")
-    console.print(f"killed {name} (pid {', '.join(map(str, pids))})")
+    print_result(
+        {"killed": name, "pids": pids}, format, f"killed {name} (pid {', '.join(map(str, pids))})"
+    )
 
 
 @app.command()
@@ -89,6 +91,7 @@ def start(
     node: int,
     dir: Path = DirOption,
     timeout_s: float = typer.Option(60.0, help="how long to wait until it is active"),
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Start a stopped broker and wait until it is registered and unfenced."""
     cluster, config, name = _broker(dir, node)
@@ -102,7 +105,9 @@ def start(
         epoch = _wait_active(cluster, config, name, node, old_epoch, deadline)
     if epoch is None:
         fail(f"{name} did not become active within {timeout_s:.0f}s")
-    console.print(f"started {name} (node epoch {epoch})")
+    print_result(
+        {"started": name, "node_epoch": epoch}, format, f"started {name} (node epoch {epoch})"
+    )
 
 
 def _wait_active(

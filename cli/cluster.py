@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import deploy
-from cli.options import DirOption
-from cli.output import OutputFormat, console, fail, print_data, waiting, warn
+from cli.options import DirOption, FormatOption
+from cli.output import OutputFormat, console, fail, print_data, print_result, waiting, warn
 from cli.processes import (
     COMPACTION_SCHEDULER,
     MIB,
@@ -522,6 +522,7 @@ def _emit_status(status: dict, format: OutputFormat, watch: bool, first: bool) -
 def down(
     dir: Path = DirOption,
     purge: bool = typer.Option(False, "--purge", help="also delete the cluster directory"),
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Stop every process of the cluster (SIGTERM, then SIGKILL after a timeout)."""
     cluster, config = _open(dir)
@@ -529,12 +530,11 @@ def down(
     left = cluster.running_pids(config)
     if left:
         fail(f"processes still running: {left}")
-    console.print(
-        f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else "")
-    )
+    text = f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else "")
     if purge:
         cluster.purge()
-        console.print(f"deleted {cluster.dir}")
+        text += f"\ndeleted {cluster.dir}"
+    print_result({"stopped": stopped, "purged": purge, "dir": str(cluster.dir)}, format, text)
 
 
 @app.command()

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from cli import compaction_jobs as jobs
-from cli.options import DirOption
-from cli.output import OutputFormat, console, fail, print_data
+from cli.options import DirOption, FormatOption
+from cli.output import OutputFormat, console, fail, print_data, print_result
 from cli.processes import COMPACTION_SCHEDULER, ClusterError, LocalCluster
 
 app = typer.Typer(help="Compact small objects into large ones with Spark.", no_args_is_help=True)
@@ -142,7 +142,7 @@ def schedule(
 
 
 @app.command()
-def unschedule(dir: Path = DirOption) -> None:
+def unschedule(dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """Stop the scheduled runs (a run in progress finishes)."""
     cluster, _ = _cluster(dir)
     path = jobs.compaction_dir(cluster.dir) / "schedule.json"
@@ -152,7 +152,11 @@ def unschedule(dir: Path = DirOption) -> None:
     except ClusterError as exc:
         fail(str(exc))
     path.unlink(missing_ok=True)
-    console.print("compaction unscheduled" if was else "no compaction was scheduled")
+    print_result(
+        {"unscheduled": was},
+        format,
+        "compaction unscheduled" if was else "no compaction was scheduled",
+    )
 
 
 @app.command()

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption, load_component
-from cli.output import OutputFormat, console, fail, print_data, waiting
+from cli.options import DirOption, FormatOption, load_component
+from cli.output import OutputFormat, console, err_console, fail, print_data, print_result, waiting
 from cli.processes import (
     STOP_TIMEOUT_S,
     ClusterConfig,
@@ -44,7 +44,7 @@ def _quorum_note(cluster: LocalCluster, config: ClusterConfig) -> None:
         1 for c in config.controllers if cluster.running(f"controller-{c.node_id}") is not None
     )
     if running <= len(config.controllers) // 2:
-        console.print(
+        err_console.print(  # stderr: stdout may be JSON
             f"[yellow]warning:[/] {running} of {len(config.controllers)} "
             "controllers running: no majority, the metadata quorum is unavailable"
         )
@@ -99,6 +99,7 @@ def stop(
     timeout_s: float = typer.Option(
         STOP_TIMEOUT_S, min=0.0, help="SIGKILL after this many seconds"
     ),
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Graceful stop: SIGTERM, then SIGKILL after --timeout-s."""
     cluster, config, name = _controller(dir, node)
@@ -108,12 +109,12 @@ def stop(
         fail(str(exc))
     if not stopped:
         fail(f"{name} is not running")
-    console.print(f"stopped {name}")
+    print_result({"stopped": name}, format, f"stopped {name}")
     _quorum_note(cluster, config)
 
 
 @app.command()
-def kill(node: int, dir: Path = DirOption) -> None:
+def kill(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """A real kill -9 of the controller's process (a crash); waits until it is gone."""
     cluster, config, name = _controller(dir, node)
     try:
@@ -122,7 +123,9 @@ def kill(node: int, dir: Path = DirOption) -> None:
         fail(str(exc))
     if not pids:
         fail(f"{name} is not running")
-    console.print(f"killed {name} (pid {', '.join(map(str, pids))})")
+    print_result(
+        {"killed": name, "pids": pids}, format, f"killed {name} (pid {', '.join(map(str, pids))})"
+    )
     _quorum_note(cluster, config)
 
 
@@ -131,6 +134,7 @@ def start(
     node: int,
     dir: Path = DirOption,
     timeout_s: float = typer.Option(60.0, min=1.0, help="how long to wait until it has rejoined"),
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Start a stopped controller and wait until it has rejoined the quorum.
 
@@ -165,9 +169,11 @@ def start(
             else:
                 time.sleep(_POLL_S)
     if joined is not None:
-        console.print(
+        print_result(
+            {"started": name, **{k: joined[k] for k in ("pid", "state", "term", "commit_index")}},
+            format,
             f"started {name} (pid {joined['pid']}, {joined['state']}, term {joined['term']}, "
-            f"commit index {joined['commit_index']})"
+            f"commit index {joined['commit_index']})",
         )
         return
     fail(

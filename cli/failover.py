@@ -17,7 +17,7 @@ from rich.table import Table
 
 from cli.options import ControllerDirOption as DirOption
 from cli.options import ControllersOption, FormatOption, controller_client
-from cli.output import OutputFormat, console, fail, print_data
+from cli.output import OutputFormat, console, fail, print_data, waiting
 from cli.processes import ClusterError, LocalCluster, check_bucket_reachable
 
 app = typer.Typer(
@@ -83,24 +83,28 @@ def switch(
     )
 
 
+LEADER_WAIT_S = 15.0
+
+
 def _leader_status(client) -> dict:
     """The leader's /v1/status (only the leader has the brokers' health reports)."""
     from controlplane.client import ControllerUnavailableError
     from controlplane.errors import ControllerError
 
     last = "no controller answered"
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        for address in client.addresses:
-            try:
-                status = client.status(address)
-            except (ControllerUnavailableError, ControllerError) as exc:
-                last = str(exc)
-                continue
-            if status.get("raft", {}).get("state") == "leader":
-                return status
-            last = f"{address} is not the leader"
-        time.sleep(0.3)
+    deadline = time.monotonic() + LEADER_WAIT_S
+    with waiting(f"looking for the controller leader (up to {LEADER_WAIT_S:g}s)"):
+        while time.monotonic() < deadline:
+            for address in client.addresses:
+                try:
+                    status = client.status(address)
+                except (ControllerUnavailableError, ControllerError) as exc:
+                    last = str(exc)
+                    continue
+                if status.get("raft", {}).get("state") == "leader":
+                    return status
+                last = f"{address} is not the leader"
+            time.sleep(0.3)
     fail(f"no controller leader reachable: {last}")
 
 

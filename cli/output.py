@@ -48,6 +48,13 @@ def print_data(data: object, format: OutputFormat) -> bool:
     return False
 
 
+def print_result(data: dict, format: OutputFormat, text: str) -> None:
+    """The outcome of an action command: `text` for `--format table`, else `data` as JSON
+    or YAML (so scripts never parse prose)."""
+    if not print_data(data, format):
+        console.print(text)
+
+
 def one_line(text: str) -> str:
     """`text` on one line: newlines and runs of blanks become one space."""
     return " ".join(str(text).split())

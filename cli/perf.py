@@ -25,7 +25,8 @@ from cli.kafka_util import (
     client_error_text,
     librdkafka_security,
 )
-from cli.output import console, fail, waiting, warn
+from cli.options import FormatOption
+from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 MAX_SAMPLES = 2_000_000
@@ -213,8 +214,11 @@ def perf(
     cleanup: bool = typer.Option(
         True, "--cleanup/--no-cleanup", help="delete the run's topics (and data) at the end"
     ),
+    format: OutputFormat = FormatOption,
 ) -> None:
-    """Generate load and report throughput and latency percentiles."""
+    """Generate load and report throughput and latency percentiles (with --format json or
+    yaml, stdout holds only the summary; progress goes to stderr)."""
+    progress = console if format == OutputFormat.table else err_console
     try:
         from confluent_kafka.admin import AdminClient, NewTopic
     except ImportError:
@@ -250,7 +254,7 @@ def perf(
                 fut.result(CREATE_TIMEOUT_S)
     except Exception as exc:
         if cleanup:
-            _delete_topics(admin, names)
+            _delete_topics(admin, names, progress)
         fail(f"creating topics failed: {client_error_text(exc)}")
     try:
         _run(
@@ -270,13 +274,14 @@ def perf(
             acks,
             summary_file,
             client_config,
+            format,
         )
     finally:
         if cleanup:
-            _delete_topics(admin, names)
+            _delete_topics(admin, names, progress)
 
 
-def _delete_topics(admin, names: list[str]) -> None:
+def _delete_topics(admin, names: list[str], progress=console) -> None:
     """Delete the run's topics (and their data); a failure is a note, not an error."""
     try:
         futures = admin.delete_topics(names, operation_timeout=30, request_timeout=30)
@@ -287,7 +292,7 @@ def _delete_topics(admin, names: list[str]) -> None:
                 text = client_error_text(exc)
                 if "UNKNOWN_TOPIC" not in text:  # never created: nothing to delete
                     raise
-        console.print(f"deleted topics {', '.join(names)} (--no-cleanup keeps them)")
+        progress.print(f"deleted topics {', '.join(names)} (--no-cleanup keeps them)")
     except Exception as exc:
         warn(f"could not delete the perf topics {', '.join(names)}: {client_error_text(exc)}")
 
@@ -309,7 +314,9 @@ def _run(
     acks: str,
     summary_file: Path | None,
     client_config: dict | None = None,
+    format: OutputFormat = OutputFormat.table,
 ) -> None:
+    progress = console if format == OutputFormat.table else err_console
     run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks, client_config)
     threads = [
         threading.Thread(target=run.produce_loop, args=(i,), daemon=True) for i in range(producers)
@@ -328,7 +335,7 @@ def _run(
     warmup_deadline = time.monotonic() + WARMUP_TIMEOUT_S
     for _ in range(waiting_for):
         if not run.ready.acquire(timeout=max(0.0, warmup_deadline - time.monotonic())):
-            console.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
+            progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
             break
     run.go.set()
     start = time.monotonic()
@@ -336,11 +343,11 @@ def _run(
     catchup_done = None
     backlog_end_bytes = 0
     intervals = []
-    console.print(
+    progress.print(
         f"topics {names} x {partitions} partitions, {producers} producers, "
         f"{groups} groups, {record_size} B records at {send_rate:.0f}/s"
     )
-    console.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
+    progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
     try:
         while time.monotonic() - start < duration_s + backlog_seconds:
             time.sleep(interval_s)
@@ -370,7 +377,7 @@ def _run(
                 "errors": w.errors,
             }
             intervals.append(row)
-            console.print(
+            progress.print(
                 f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
                 f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
                 f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
@@ -421,7 +428,8 @@ def _run(
         )
         summary["produce_p99_during_catchup_ms"] = percentile(run.phase_produce_ms["catchup"], 99)
     text = json.dumps(summary, indent=2)
-    console.print(text, markup=False, highlight=False)
+    if not print_data(summary, format):
+        console.print(text, markup=False, highlight=False)
     if summary_file is not None:
         summary_file.write_text(text)
     if total.errors:

@@ -182,7 +182,8 @@ def _sample_rates(
         t0 = time.monotonic()
         before = _end_offsets(admin, keys, 15.0)
         t1 = time.monotonic()
-        time.sleep(sample_s)
+        with waiting(f"sampling produce rates for {sample_s:g}s"):
+            time.sleep(sample_s)
         t2 = time.monotonic()
         after = _end_offsets(admin, keys, 15.0)
         t3 = time.monotonic()

@@ -8,10 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from cli.options import ControllersOption, DirOption, controller_client, metadata_image
-from cli.output import OutputFormat, console, fail, print_data
+from cli.options import (
+    ControllersOption,
+    DirOption,
+    FormatOption,
+    controller_client,
+    metadata_image,
+)
+from cli.output import OutputFormat, console, fail, print_data, print_result
 
 user_app = typer.Typer(
     help="Users: SASL/SCRAM credentials (salted hashes in the metadata quorum) and mutual-TLS "
@@ -55,6 +62,7 @@ def user_add(
     iterations: int = typer.Option(4096, min=4096, max=16384),
     dir: Path = DirOption,
     controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Add a user or change its password (PLAIN logins are checked against the same hashes)."""
     from controlplane.errors import ControllerError
@@ -80,7 +88,12 @@ def user_add(
     refused = [r for r in result.results if r.error]
     if refused:
         fail(f"user {name}: {refused[0].error} {refused[0].message}")
-    console.print(f"user [bold]{name}[/] saved ({', '.join(dict.fromkeys(mechanism))})")
+    mechanisms = list(dict.fromkeys(mechanism))
+    print_result(
+        {"user": name, "saved": mechanisms},
+        format,
+        f"user [bold]{escape(name)}[/] saved ({', '.join(mechanisms)})",
+    )
 
 
 @user_app.command("list")
@@ -111,6 +124,7 @@ def user_delete(
     name: str = typer.Argument(...),
     dir: Path = DirOption,
     controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Delete a user's credentials (its open connections stay until they reconnect)."""
     from controlplane.errors import ControllerError
@@ -129,7 +143,9 @@ def user_delete(
         )
     except ControllerError as exc:
         fail(_controller_error(exc))
-    console.print(f"user [bold]{name}[/] deleted")
+    print_result(
+        {"user": name, "deleted": sorted(have)}, format, f"user [bold]{escape(name)}[/] deleted"
+    )
 
 
 @user_app.command("cert")
@@ -264,6 +280,7 @@ def acl_add(
     host: str = _HOST,
     dir: Path = DirOption,
     controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Add ACLs: every principal x operation x resource given."""
     from controlplane.errors import ControllerError
@@ -285,7 +302,7 @@ def acl_add(
         controller_client(dir, controllers).create_acls(CreateAclsRequest(bindings=bindings))
     except ControllerError as exc:
         fail(_controller_error(exc))
-    console.print(f"{len(bindings)} ACL(s) added")
+    print_result({"added": len(bindings)}, format, f"{len(bindings)} ACL(s) added")
 
 
 def _acl_rows(image, flt) -> list[dict]:
@@ -348,6 +365,7 @@ def acl_remove(
     host: str = _HOST,
     dir: Path = DirOption,
     controllers: str | None = ControllersOption,
+    format: OutputFormat = FormatOption,
 ) -> None:
     """Remove the ACLs these flags describe (the same flags as `acl add`)."""
     from controlplane.errors import ControllerError
@@ -370,4 +388,4 @@ def acl_remove(
     removed = sum(len(m) for m in result.matches)
     if not removed:
         fail("no such ACL")
-    console.print(f"{removed} ACL(s) removed")
+    print_result({"removed": removed}, format, f"{removed} ACL(s) removed")

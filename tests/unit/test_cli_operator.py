@@ -539,3 +539,44 @@ def test_6_a_cluster_created_before_gets_the_admin_grpc_port_fixed_on_restart(
     _REAL_START_OBJECT_STORE(cluster, cluster.load())
     assert seen["admin_grpc"] == seen["admin"] + ADMIN_GRPC_OFFSET
     assert cluster.load().embedded_s3["ports"]["admin_grpc"] == seen["admin_grpc"]
+
+
+# commands that stream text rather than report a result: `cluster logs` prints log lines,
+# `node run` execs a server in the foreground
+_STREAMING_COMMANDS = {("cluster", "logs"), ("node", "run")}
+
+
+def _leaf_commands(group, path=()):
+    import typer.main
+
+    click_group = typer.main.get_command(group) if not hasattr(group, "commands") else group
+    for name, cmd in click_group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _leaf_commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+def test_8_every_command_but_the_streaming_ones_takes_format():
+    commands = dict(_leaf_commands(app))
+    assert len(commands) > 30 and _STREAMING_COMMANDS <= set(commands)
+    missing = [
+        " ".join(path)
+        for path, cmd in commands.items()
+        if path not in _STREAMING_COMMANDS and not any("--format" in p.opts for p in cmd.params)
+    ]
+    assert missing == []
+
+
+def test_8_action_commands_report_json(tmp_path):
+    cluster = made_cluster(tmp_path / "c")
+    down = run("cluster", "down", "--dir", str(cluster.dir), "--format", "json")
+    assert down.exit_code == 0, down.output
+    assert json.loads(down.stdout) == {"stopped": [], "purged": False, "dir": str(cluster.dir)}
+    doctor = run("doctor", "--format", "json")
+    checks = json.loads(doctor.stdout)
+    assert [c["check"].split()[0] for c in checks] == ["python", "object", "java"]
+    assert doctor.exit_code == (0 if all(c["ok"] for c in checks) else 1)
+    unscheduled = run("compaction", "unschedule", "--dir", str(cluster.dir), "--format", "yaml")
+    assert unscheduled.exit_code == 0, unscheduled.output
+    assert yaml.safe_load(unscheduled.stdout) == {"unscheduled": False}
