@@ -7,7 +7,9 @@ confluent-kafka produces with acks=all and records every ack throughout. Added l
 first: slow, not failing, so writes stay in bucket 0. Then each fault in turn (connection
 reset, HTTP 503, blackhole): the brokers' write health reports it, the controller leader
 switches new objects to bucket 1 by itself and records why, produce keeps being acked; after
-healing, the operator switches back and new objects land in bucket 0 again. At the end every
+healing, the operator switches back and new objects land in bucket 0 again. A topic deleted
+while bucket 0 is down leaves its objects there (deletion paused, not forgotten): they are
+deleted from the bucket once it heals. At the end every
 acked record is read back exactly once by a broker that never cached it, from the objects of
 both buckets.
 """
@@ -22,6 +24,9 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
 from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 from tests.e2e.test_bucket_failover import bucket, leader_failover_status, wait_for  # noqa: E402
@@ -35,6 +40,37 @@ DETECT_S = 1.0
 MAX_DETECTION_S = 15.0
 MAX_ACK_GAP_S = 5.0
 LATENCY_HOLD_S = 3.0  # > DETECT_S several times over: latency alone must not switch
+
+
+def data_keys(store: EmbeddedSeaweed, bucket_name: str) -> set[str]:
+    """The object keys in a bucket, read straight from the store (not through the proxy)."""
+    import boto3
+    from botocore.config import Config
+
+    c = store.config
+    client = boto3.client(
+        "s3",
+        endpoint_url=c.endpoint,
+        aws_access_key_id=c.access_key,
+        aws_secret_access_key=c.secret_key,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}),
+    )
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket_name, Prefix="data/", PaginationConfig={"MaxItems": 100_000}
+    )
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+def wait_keys(store, predicate, what: str, timeout_s: float) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    keys: set[str] = set()
+    while time.monotonic() < deadline:
+        keys = data_keys(store, "automq-main")
+        if predicate(keys):
+            return keys
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not within {timeout_s}s: {sorted(keys)[:10]}")
 
 
 def test_faults_in_front_of_the_main_bucket_fail_over_and_lose_nothing(tmp_path):
@@ -57,10 +93,17 @@ def test_faults_in_front_of_the_main_bucket_fail_over_and_lose_nothing(tmp_path)
         up_args = ["--brokers", "2", "--controllers", "1", "--azs", "a"]
         up_args += ["--wal-capacity-mib", "32", "--upload-interval-s", "0.5"]
         up_args += ["--bucket-uris", uris, "--bucket-secrets-file", str(secrets)]
-        up_args += ["--failover-detect-s", str(DETECT_S)]
+        up_args += ["--failover-detect-s", str(DETECT_S), "--object-delete-delay-s", "0.5"]
         with running_cluster(d, *up_args) as up:
             assert c.secret_key not in json.dumps(up)
             bootstrap = up["bootstrap_servers"]
+            # a topic whose objects hold nothing else (written before any other data)
+            create_topic(bootstrap, "doomed", 1)
+            producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+            for i in range(50):
+                producer.produce("doomed", value=b"doomed-%d" % i)
+            assert producer.flush(30) == 0
+            doomed_keys = wait_keys(store, bool, "the doomed topic's objects in bucket 0", 15)
             create_topic(bootstrap, "orders", PARTITIONS)
             ledger = AckLedger(bootstrap, "orders", PARTITIONS, rate_per_partition=50).start()
             try:
@@ -95,6 +138,12 @@ def test_faults_in_front_of_the_main_bucket_fail_over_and_lose_nothing(tmp_path)
                         f"new objects in bucket 1 ({fault})",
                         15,
                     )
+                    if fault == "reset":
+                        # destroyed while bucket 0 is down: kept there, not forgotten
+                        admin = AdminClient({"bootstrap.servers": bootstrap})
+                        admin.delete_topics(["doomed"], operation_timeout=30)["doomed"].result(30)
+                        time.sleep(1.5)  # > the delete delay + a lifecycle round
+                        assert doomed_keys <= data_keys(store, "automq-main")
                     gaps = ledger.unavailability_s(set(range(PARTITIONS)), faulted_at)
                     assert max(gaps.values()) < MAX_ACK_GAP_S, (fault, gaps)
                     proxy.mode = "pass"
@@ -112,6 +161,13 @@ def test_faults_in_front_of_the_main_bucket_fail_over_and_lose_nothing(tmp_path)
                         15,
                     )
                     ledger.wait_writable(set(range(PARTITIONS)), healed_at)
+                    if fault == "reset":  # healed: the paused deletions run now
+                        wait_keys(
+                            store,
+                            lambda keys: not doomed_keys & keys,
+                            "the doomed objects deleted from bucket 0 after healing",
+                            15,
+                        )
             finally:
                 proxy.mode = "pass"
                 ledger.stop()
