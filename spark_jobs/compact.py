@@ -88,6 +88,11 @@ class JobConfig(BaseModel):
     # log cleaner rewrites the stream objects of `cleanup.policy=compact` partitions
     log_cleaner: bool = True
     cleaner_max_keys: int = Field(default=DEFAULT_MAX_MAP_ENTRIES, ge=1, le=50_000_000)
+    # the ids a run prepares expire after this long if it never commits (a killed driver):
+    # the controller then destroys them and deletes what the run had written under them
+    prepared_ttl_ms: int = Field(
+        default=COMPACTION_PREPARED_TTL_MS, ge=1_000, le=COMPACTION_PREPARED_TTL_MS
+    )
 
 
 Emit = Callable[[dict], None]
@@ -238,7 +243,7 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
     if plan.tasks:
         prepared = client.prepare_objects(
             PrepareObjectsRequest(
-                compactor=ident, count=len(plan.tasks), ttl_ms=COMPACTION_PREPARED_TTL_MS
+                compactor=ident, count=len(plan.tasks), ttl_ms=config.prepared_ttl_ms
             )
         )
         bucket_id = prepared.bucket_id
@@ -391,7 +396,7 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         _record_checkpoints(client, ident, checkpoints, out)
         return finish("nothing to remove")
     prepared = client.prepare_objects(
-        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=COMPACTION_PREPARED_TTL_MS)
+        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=config.prepared_ttl_ms)
     )
     bucket_id = prepared.bucket_id
     if bucket_id not in config.buckets:

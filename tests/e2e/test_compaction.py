@@ -5,7 +5,8 @@ Every acknowledged record reads back identical after compaction (with the broker
 so reads come from the compacted objects, not their log caches); consumers reading from the
 objects while a run commits see no error, no duplicate, no gap; compaction concurrent with
 produce loses nothing; a run that lost a race is refused whole and its objects are deleted;
-a job killed with SIGKILL leaves the cluster readable and the next run finishes the work.
+a job killed with SIGKILL leaves the cluster readable, the next run finishes the work, and
+nothing of the killed run is left once its prepared ids' TTL has passed.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def cluster(tmp_path_factory):
         "1",
         "--upload-interval-s",
         "0.5",
+        # objects no longer needed are deleted 2 s later (readers of compacted objects
+        # re-locate; a killed job's objects are gone soon after their prepared TTL)
+        "--object-delete-delay-s",
+        "2",
     ) as status:
         yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
@@ -92,12 +97,16 @@ def _config(cluster):
     return LocalCluster(cluster["dir"]).load()
 
 
-def _object_ids(cluster) -> set[int]:
-    """Committed objects readers may use."""
+def _image(cluster) -> dict:
     config = _config(cluster)
     client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
     raw = client.leader_get("/v1/image")
-    image = json.loads(raw) if isinstance(raw, str) else raw
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def _object_ids(cluster) -> set[int]:
+    """Committed objects readers may use."""
+    image = _image(cluster)
     return {
         int(oid)
         for oid in [*image["stream_set_objects"], *image["stream_objects"]]
@@ -288,12 +297,40 @@ def test_a_run_that_lost_a_race_is_refused_whole(cluster, spark):
     assert_exact(keep, cluster["bootstrap"])
 
 
+KILLED_JOB_TTL_MS = 8_000
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def _prepared_by_the_killed_job(cluster) -> set[int]:
+    """Ids PREPARED with the killed job's TTL (brokers prepare theirs with 60 min)."""
+    return {
+        int(oid)
+        for oid, o in _image(cluster)["objects"].items()
+        if o["state"] == "prepared" and o["deadline_ms"] - o["prepared_ms"] == KILLED_JOB_TTL_MS
+    }
+
+
 def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(cluster, spark):
+    """kill -9 of the job after it prepared its object ids: the cluster stays readable, the
+    next run finishes the work, and once the ids' TTL has passed nothing of the killed run
+    is left in the bucket or the metadata (an object an executor had put under one of them
+    included)."""
     ledger = _produce(cluster, 4)
     ledger.stop()
     time.sleep(1.5)
     config = _config(cluster)
     cfg_path = compaction_jobs.write_job_config(cluster["dir"], config, MASTER)
+    job = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**job, "prepared_ttl_ms": KILLED_JOB_TTL_MS}))
     proc = subprocess.Popen(
         compaction_jobs.job_argv(cfg_path, MASTER, dry_run=False),
         stdout=subprocess.PIPE,
@@ -307,15 +344,31 @@ def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(clus
         for line in proc.stdout:
             if '"event": "plan"' in line:
                 break
-        time.sleep(3)  # mid-run: ids prepared, Spark starting or writing
+        deadline = time.monotonic() + 10
+        while not (orphans := _prepared_by_the_killed_job(cluster)):
+            assert time.monotonic() < deadline, "the job prepared no object ids"
+            time.sleep(0.1)
+        time.sleep(0.5)  # mid-run: ids prepared, Spark starting or writing
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
         proc.wait(timeout=30)
+    # what an executor killed after its put leaves behind: an object nothing references
+    s3, bucket = _bucket_client(cluster)
+    s3.put_object(Bucket=bucket, Key=object_key(min(orphans)), Body=b"written, never committed")
     assert_exact(ledger, cluster["bootstrap"])
     result = _run_in_process(cluster, spark)
     assert result["committed"] is True, result
     assert result["objects_after"] < result["objects_before"]
     assert_exact(ledger, cluster["bootstrap"])
+    # past the TTL the controller destroys the ids and deletes their objects (2 s later)
+    deadline = time.monotonic() + KILLED_JOB_TTL_MS / 1000 + 30
+    while True:
+        left = orphans & {int(oid) for oid in _image(cluster)["objects"]}
+        in_bucket = {o for o in orphans if _exists(s3, bucket, object_key(o))}
+        if not left and not in_bucket:
+            break
+        assert time.monotonic() < deadline, f"leaked: ids {left}, objects {in_bucket}"
+        time.sleep(0.5)
 
 
 def test_compaction_cli_errors_are_one_line_and_change_nothing(cluster, tmp_path):
