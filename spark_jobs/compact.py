@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -72,6 +73,7 @@ from spark_jobs.plan import (
 
 COMPACTION_PREPARED_TTL_MS = 24 * 3600 * 1000  # DESIGN: prepared-object TTL for compaction
 SPARK_START_TIMEOUT_S = 120
+_BUCKET_KEY_ENV_RE = re.compile(r"^AUTOMQ_S3_(ACCESS|SECRET)_KEY_[0-9]{1,5}$")
 
 
 class JobConfig(BaseModel):
@@ -126,7 +128,10 @@ def spark_context(master: str, app_name: str = "automq-compaction"):
         .set("spark.task.maxFailures", "2")
         .set("spark.python.worker.reuse", "true")
     )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PYTHONPATH"):
+    names = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PYTHONPATH"]
+    # each bucket's own keys (a failover bucket at another provider)
+    names += sorted(n for n in os.environ if _BUCKET_KEY_ENV_RE.match(n))
+    for name in names:
         if os.environ.get(name):
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
     sc = SparkContext.getOrCreate(conf)

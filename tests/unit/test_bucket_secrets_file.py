@@ -8,6 +8,7 @@ the stored cluster.json's redacted URIs never show the keys.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -156,3 +157,22 @@ def test_failover_detect_s_sets_the_controller_setting_and_is_validated(tmp_path
     )
     assert res.returncode != 0 and "--failover-detect-s" in res.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_the_compaction_job_gets_each_buckets_own_keys(tmp_path, monkeypatch):
+    from cli.compaction_jobs import job_config, job_env
+    from dataplane.objectstore import BucketURI
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    config = LocalCluster(tmp_path / "c").create(
+        1, 1, ["a"], None, URIS, 6000, bucket_secrets_file=secrets_file(tmp_path / "s", GOOD)
+    )
+    env = job_env(config)
+    assert SECRET_1 not in json.dumps(job_config(config, "local[2]"))  # no key in job.json
+    monkeypatch.setattr(os, "environ", env)  # what the job process sees
+    for bucket_id, uri in job_config(config, "local[2]")["buckets"].items():
+        keys = BucketURI.parse(uri).credentials()
+        assert (keys["aws_access_key_id"], keys["aws_secret_access_key"]) == (
+            {0: ("AK0", SECRET_0), 1: ("AK1", SECRET_1)}[bucket_id]
+        )
