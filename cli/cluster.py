@@ -75,6 +75,8 @@ _UP_FLAGS = (
     "wal",
     "listeners",
     "mtls",
+    "bucket_secrets_file",
+    "failover_detect_s",
 )
 
 
@@ -107,6 +109,21 @@ def up(
         None,
         help="external S3 buckets instead of the embedded store: "
         "0@s3://main?region=..&endpoint=..,1@s3://failover?...",
+    ),
+    bucket_secrets_file: Path | None = typer.Option(
+        None,
+        "--bucket-secrets-file",
+        help="credentials of the --bucket-uris buckets: a file of "
+        "AUTOMQ_S3_ACCESS_KEY_<id>=.. and AUTOMQ_S3_SECRET_KEY_<id>=.. lines, readable by "
+        "its owner only (chmod 600); the same variables in the environment work too",
+    ),
+    failover_detect_s: float | None = typer.Option(
+        None,
+        "--failover-detect-s",
+        min=0.5,
+        max=3600,
+        help="object-storage failover: switch new objects to bucket 1 once a majority of "
+        "brokers has failed to write to bucket 0 for this long (default 10 s)",
     ),
     session_timeout_ms: int = typer.Option(6000, min=500, help="broker session timeout"),
     wal_capacity_mib: int | None = typer.Option(
@@ -224,6 +241,8 @@ def up(
                 wal=wal.value,
                 listeners=listeners,
                 mtls=mtls,
+                bucket_secrets_file=bucket_secrets_file,
+                failover_detect_s=failover_detect_s,
             )
             created = True
             missing = cluster.component_names(config)

@@ -74,8 +74,8 @@ def job_config(config: ClusterConfig, master: str) -> dict:
 
 
 def job_env(config: ClusterConfig) -> dict[str, str]:
-    """The process environment of the job: the buckets' credentials and the controller
-    API's secret (never argv; the driver's ControllerClient reads AUTOMQ_CONTROLLER_SECRET)."""
+    """The process environment of the job: the buckets' credentials (per bucket, as
+    AUTOMQ_S3_ACCESS_KEY_<id>/AUTOMQ_S3_SECRET_KEY_<id>) and the controller API's secret (never argv; the driver's ControllerClient reads AUTOMQ_CONTROLLER_SECRET)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if config.api_secret:
@@ -86,6 +86,10 @@ def job_env(config: ClusterConfig) -> dict[str, str]:
     if creds is not None:
         env["AWS_ACCESS_KEY_ID"] = creds.access_key
         env["AWS_SECRET_ACCESS_KEY"] = creds.secret_key
+    for b in config.buckets:  # each bucket its own keys (BucketURI.credentials reads these)
+        if b.access_key:
+            env[f"AUTOMQ_S3_ACCESS_KEY_{b.bucket_id}"] = b.access_key
+            env[f"AUTOMQ_S3_SECRET_KEY_{b.bucket_id}"] = b.secret_key
     return env
 
 

@@ -14,12 +14,49 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cli import compaction_jobs as jobs
-from cli.processes import ClusterError, LocalCluster
+from cli.processes import LocalCluster
 
 log = logging.getLogger("compaction-scheduler")
+
+
+def run_schedule(
+    cluster: LocalCluster,
+    stop: threading.Event,
+    run_job: Callable[..., tuple[dict, int]] = jobs.run_job,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] | None = None,
+) -> int:
+    """Run the job every `every_s` of the schedule until it is removed or `stop` is set.
+
+    The first run comes one interval after the start (a schedule is not a `run`); a run
+    never overlaps another (the next is skipped while a job, scheduled or manual, runs); a
+    failed run is logged and the schedule goes on. `run_job`, `clock` and `sleep` are
+    seams for tests (default: the real job, the monotonic clock, `stop.wait`)."""
+    sleep = sleep or stop.wait
+    first = jobs.load_schedule(cluster.dir)
+    next_run = clock() + (first.every_s if first else 0)
+    while not stop.is_set():
+        sched = jobs.load_schedule(cluster.dir)
+        if sched is None:
+            log.info("no schedule: exiting")
+            return 0
+        if clock() >= next_run:
+            next_run = clock() + sched.every_s
+            try:
+                config = cluster.load()
+                if jobs.running_job(cluster.dir):
+                    log.info("a compaction job is still running: this run is skipped")
+                else:
+                    result, code = run_job(cluster.dir, config, sched.master, trigger="schedule")
+                    log.info("run finished (exit %d): %s", code, result)
+            except Exception as exc:  # noqa: BLE001 - the schedule outlives one bad run
+                log.warning("run failed: %s", exc)
+        sleep(min(1.0, max(next_run - clock(), 0.05)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,26 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    first = jobs.load_schedule(cluster.dir)
-    next_run = time.monotonic() + (first.every_s if first else 0)
-    while not stop.is_set():
-        sched = jobs.load_schedule(cluster.dir)
-        if sched is None:
-            log.info("no schedule: exiting")
-            return 0
-        if time.monotonic() >= next_run:
-            next_run = time.monotonic() + sched.every_s
-            try:
-                config = cluster.load()
-                if not jobs.running_job(cluster.dir):
-                    result, code = jobs.run_job(
-                        cluster.dir, config, sched.master, trigger="schedule"
-                    )
-                    log.info("run finished (exit %d): %s", code, result)
-            except (ClusterError, OSError) as exc:
-                log.warning("run failed: %s", exc)
-        stop.wait(min(1.0, max(next_run - time.monotonic(), 0.05)))
-    return 0
+    return run_schedule(cluster, stop)
 
 
 if __name__ == "__main__":

@@ -493,9 +493,16 @@ class LocalCluster:
         object_delete_delay_s: float | None = None,
         listeners: str | None = None,
         mtls: bool = False,
+        bucket_secrets_file: Path | None = None,
+        failover_detect_s: float | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
+        if bucket_secrets_file is not None and not bucket_uris:
+            raise ClusterError(
+                "--bucket-secrets-file holds the credentials of external buckets: "
+                "it needs --bucket-uris"
+            )
         kinds = check_listener_flags(listeners, sasl=sasl, tls=tls)
         if mtls:
             protocols = (
@@ -547,7 +554,7 @@ class LocalCluster:
         embedded: dict | None = None
         embedded_failover: dict | None = None
         if bucket_uris:
-            buckets = _external_buckets(bucket_uris)
+            buckets = _external_buckets(bucket_uris, bucket_secrets_file)
         else:
             buckets = []
             stores = []
@@ -575,6 +582,8 @@ class LocalCluster:
         )
         if object_delete_delay_s is not None:
             settings.object_destroy_retention_ms = round(object_delete_delay_s * 1000)
+        if failover_detect_s is not None:
+            settings.bucket_failover_detect_ms = round(failover_detect_s * 1000)
         config = ClusterConfig(
             host=host,
             controllers=ctrl,
@@ -1059,6 +1068,8 @@ def flag_differences(
     object_delete_delay_s: float | None = None,
     listeners: str | None = None,
     mtls: bool | None = None,
+    bucket_secrets_file: Path | None = None,
+    failover_detect_s: float | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -1133,6 +1144,26 @@ def flag_differences(
                 f"--object-delete-delay-s {object_delete_delay_s:g} "
                 f"(the cluster has {have_ms / 1000:g})"
             )
+    if failover_detect_s is not None:
+        have_ms = config.settings.bucket_failover_detect_ms
+        if round(failover_detect_s * 1000) != have_ms:
+            out.append(
+                f"--failover-detect-s {failover_detect_s:g} (the cluster has {have_ms / 1000:g})"
+            )
+    if bucket_secrets_file is not None:
+        if config.embedded_s3:
+            out.append("--bucket-secrets-file (the cluster uses the embedded object store)")
+        else:
+            given_keys = _load_secrets(bucket_secrets_file)
+            if any(
+                b.bucket_id in given_keys
+                and given_keys[b.bucket_id] != (b.access_key, b.secret_key)
+                for b in config.buckets
+            ):
+                out.append(
+                    "--bucket-secrets-file (it holds other credentials than the cluster "
+                    "was created with)"
+                )
     if wal is not None and wal != config.broker_wal:
         out.append(f"--wal {wal} (the cluster has {config.broker_wal})")
     if mtls is not None and mtls != config.mtls:
@@ -1152,9 +1183,22 @@ def flag_differences(
     return out
 
 
-def _external_buckets(bucket_uris: str) -> list[BucketConfig]:
-    """Bucket configs from `0@s3://b?region=..&endpoint=..,1@s3://...`; credentials come
-    from the URI (accessKey/secretKey) or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY."""
+def _load_secrets(path: Path) -> dict[int, tuple[str, str]]:
+    from dataplane.objectstore.secrets_file import BucketSecretsError, load_bucket_secrets
+
+    try:
+        return load_bucket_secrets(path)
+    except BucketSecretsError as exc:
+        raise ClusterError(str(exc)) from None
+
+
+def _external_buckets(bucket_uris: str, secrets_file: Path | None = None) -> list[BucketConfig]:
+    """Bucket configs from `0@s3://b?region=..&endpoint=..,1@s3://...`. Each bucket's
+    credentials, first found wins: the URI (accessKey/secretKey), the secrets file
+    (AUTOMQ_S3_ACCESS_KEY_<id>/AUTOMQ_S3_SECRET_KEY_<id>, mode 0600), the environment's
+    AUTOMQ_S3_ACCESS_KEY_<id>/AUTOMQ_S3_SECRET_KEY_<id>, AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY."""
+    from_file = _load_secrets(secrets_file) if secrets_file is not None else {}
     buckets: list[BucketConfig] = []
     for part in [p.strip() for p in bucket_uris.split(",") if p.strip()]:
         if "@" not in part:
@@ -1167,13 +1211,36 @@ def _external_buckets(bucket_uris: str) -> list[BucketConfig]:
             if "?" in uri
             else {}
         )
+        bucket_id = int(id_text)
+        env_own = (
+            os.environ.get(f"AUTOMQ_S3_ACCESS_KEY_{bucket_id}", ""),
+            os.environ.get(f"AUTOMQ_S3_SECRET_KEY_{bucket_id}", ""),
+        )
+        env_aws = (
+            os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+        )
+        if "accessKey" in query:
+            keys = (query["accessKey"], query.get("secretKey", ""))
+        elif bucket_id in from_file:
+            keys = from_file[bucket_id]
+        elif all(env_own):
+            keys = env_own
+        else:
+            keys = env_aws
         buckets.append(
             BucketConfig(
-                bucket_id=int(id_text),
+                bucket_id=bucket_id,
                 uri=f"{id_text}@{redact_uri(uri)}",
-                access_key=query.get("accessKey", os.environ.get("AWS_ACCESS_KEY_ID", "")),
-                secret_key=query.get("secretKey", os.environ.get("AWS_SECRET_ACCESS_KEY", "")),
+                access_key=keys[0],
+                secret_key=keys[1],
             )
+        )
+    unknown = sorted(set(from_file) - {b.bucket_id for b in buckets})
+    if unknown:
+        raise ClusterError(
+            f"{secrets_file} holds credentials of bucket(s) {unknown} that --bucket-uris "
+            "does not name"
         )
     ids = [b.bucket_id for b in buckets]
     if not buckets or len(set(ids)) != len(ids):

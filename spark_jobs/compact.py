@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -72,6 +73,7 @@ from spark_jobs.plan import (
 
 COMPACTION_PREPARED_TTL_MS = 24 * 3600 * 1000  # DESIGN: prepared-object TTL for compaction
 SPARK_START_TIMEOUT_S = 120
+_BUCKET_KEY_ENV_RE = re.compile(r"^AUTOMQ_S3_(ACCESS|SECRET)_KEY_[0-9]{1,5}$")
 
 
 class JobConfig(BaseModel):
@@ -88,6 +90,11 @@ class JobConfig(BaseModel):
     # log cleaner rewrites the stream objects of `cleanup.policy=compact` partitions
     log_cleaner: bool = True
     cleaner_max_keys: int = Field(default=DEFAULT_MAX_MAP_ENTRIES, ge=1, le=50_000_000)
+    # the ids a run prepares expire after this long if it never commits (a killed driver):
+    # the controller then destroys them and deletes what the run had written under them
+    prepared_ttl_ms: int = Field(
+        default=COMPACTION_PREPARED_TTL_MS, ge=1_000, le=COMPACTION_PREPARED_TTL_MS
+    )
 
 
 Emit = Callable[[dict], None]
@@ -121,7 +128,10 @@ def spark_context(master: str, app_name: str = "automq-compaction"):
         .set("spark.task.maxFailures", "2")
         .set("spark.python.worker.reuse", "true")
     )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PYTHONPATH"):
+    names = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PYTHONPATH"]
+    # each bucket's own keys (a failover bucket at another provider)
+    names += sorted(n for n in os.environ if _BUCKET_KEY_ENV_RE.match(n))
+    for name in names:
         if os.environ.get(name):
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
     sc = SparkContext.getOrCreate(conf)
@@ -238,7 +248,7 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
     if plan.tasks:
         prepared = client.prepare_objects(
             PrepareObjectsRequest(
-                compactor=ident, count=len(plan.tasks), ttl_ms=COMPACTION_PREPARED_TTL_MS
+                compactor=ident, count=len(plan.tasks), ttl_ms=config.prepared_ttl_ms
             )
         )
         bucket_id = prepared.bucket_id
@@ -391,7 +401,7 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         _record_checkpoints(client, ident, checkpoints, out)
         return finish("nothing to remove")
     prepared = client.prepare_objects(
-        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=COMPACTION_PREPARED_TTL_MS)
+        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=config.prepared_ttl_ms)
     )
     bucket_id = prepared.bucket_id
     if bucket_id not in config.buckets:

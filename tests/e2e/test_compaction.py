@@ -2,9 +2,11 @@
 process, brokers) with real Kafka clients and a real Spark (`local[2]`).
 
 Every acknowledged record reads back identical after compaction (with the brokers restarted,
-so reads come from the compacted objects, not their log caches); compaction concurrent with
+so reads come from the compacted objects, not their log caches); consumers reading from the
+objects while a run commits see no error, no duplicate, no gap; compaction concurrent with
 produce loses nothing; a run that lost a race is refused whole and its objects are deleted;
-a job killed with SIGKILL leaves the cluster readable and the next run finishes the work.
+a job killed with SIGKILL leaves the cluster readable, the next run finishes the work, and
+nothing of the killed run is left once its prepared ids' TTL has passed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -25,6 +28,7 @@ if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headles
     pytest.skip("Spark needs java", allow_module_level=True)
 import boto3  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from cli import compaction_jobs  # noqa: E402
@@ -50,6 +54,10 @@ def cluster(tmp_path_factory):
         "1",
         "--upload-interval-s",
         "0.5",
+        # objects no longer needed are deleted 2 s later (readers of compacted objects
+        # re-locate; a killed job's objects are gone soon after their prepared TTL)
+        "--object-delete-delay-s",
+        "2",
     ) as status:
         yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
 
@@ -89,12 +97,16 @@ def _config(cluster):
     return LocalCluster(cluster["dir"]).load()
 
 
-def _object_ids(cluster) -> set[int]:
-    """Committed objects readers may use."""
+def _image(cluster) -> dict:
     config = _config(cluster)
     client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
     raw = client.leader_get("/v1/image")
-    image = json.loads(raw) if isinstance(raw, str) else raw
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def _object_ids(cluster) -> set[int]:
+    """Committed objects readers may use."""
+    image = _image(cluster)
     return {
         int(oid)
         for oid in [*image["stream_set_objects"], *image["stream_objects"]]
@@ -147,6 +159,39 @@ def assert_exact(ledger: AckLedger, bootstrap: str) -> None:
     assert report.consumed == report.acked
 
 
+def _read_pass(bootstrap: str, ledger: AckLedger, timeout_s: float = 60) -> dict:
+    """One consumer reads every partition of the ledger's topic from the beginning to its
+    acked end: partition -> [(offset, value)], and the errors the client reported."""
+    ends: dict[int, int] = {}
+    for a in ledger.snapshot():
+        ends[a.partition] = max(ends.get(a.partition, 0), a.offset + 1)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"during-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in ends}
+    errors: list[str] = []
+    try:
+        consumer.assign([TopicPartition(ledger.topic, p, 0) for p in ends])
+        deadline = time.monotonic() + timeout_s
+        while any((read[p][-1][0] + 1 if read[p] else 0) < end for p, end in ends.items()):
+            assert time.monotonic() < deadline, "a read during compaction stalled"
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                errors.append(str(msg.error()))
+                continue
+            read[msg.partition()].append((msg.offset(), msg.value()))
+    finally:
+        consumer.close()
+    return {"read": read, "errors": errors}
+
+
 def _bucket_client(cluster):
     bucket = _config(cluster).buckets[0]
     uri = BucketURI.parse(bucket.uri)
@@ -161,13 +206,15 @@ def _bucket_client(cluster):
 
 
 def test_compaction_keeps_every_record_and_cuts_the_objects(cluster, spark):
-    """Many small objects compact to few; then a second run while producing; after a
+    """Many small objects compact to few while consumers read them from the beginning
+    (no error, no duplicate, nothing missing); then a second run while producing; after a
     broker restart (reads from the compacted objects) every acked record reads back."""
     quiet = _produce(cluster, 6)
     deadline = time.monotonic() + 30  # a loaded machine uploads less often
     while _objects(cluster) < 20 and time.monotonic() < deadline:
         time.sleep(0.5)
     quiet.stop()
+    assert all(a.offset is not None for a in quiet.snapshot())  # no fault: every offset known
     time.sleep(1.5)  # the last uploads
     before_ids = _object_ids(cluster)
     before = len(before_ids)
@@ -176,16 +223,41 @@ def test_compaction_keeps_every_record_and_cuts_the_objects(cluster, spark):
     assert dry.returncode == 0, dry.stderr
     assert plan["committed"] is False and plan["plan"]["compacted_objects"] >= before
     assert before_ids <= _object_ids(cluster)  # the dry run compacted nothing away
-    out, result = _compact(cluster)
+    # brokers restarted: their caches are empty, so the readers below read the objects the
+    # run compacts, from the beginning, again and again while the run commits
+    _restart_brokers(cluster)
+    passes: list[dict] = []
+    failures: list[BaseException] = []
+    run_done = threading.Event()
+
+    def read_while_compacting() -> None:
+        try:
+            while not run_done.is_set() and len(passes) < 100:
+                passes.append(_read_pass(cluster["bootstrap"], quiet))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            failures.append(exc)
+
+    reader = threading.Thread(target=read_while_compacting, daemon=True)
+    reader.start()
+    try:
+        out, result = _compact(cluster)
+    finally:
+        run_done.set()
+        reader.join(120)
     assert out.returncode == 0, out.stderr + out.stdout
     assert result["committed"] is True, result
-    assert result["objects_before"] >= before
-    assert result["objects_after"] * 5 <= result["objects_before"], result
-    assert result["bytes_read"] > 0 and result["bytes_written"] > 0
-    assert result["master"] == MASTER and result["duration_s"] > 0
-    status = automqctl("compaction", "status", "--format", "json", cluster_dir=cluster["dir"])
-    assert json.loads(status.stdout)["last_runs"][-1]["committed"] is True
-
+    assert not failures, failures
+    passes.append(_read_pass(cluster["bootstrap"], quiet))  # after the commit
+    acked = {(a.partition, a.offset, a.value) for a in quiet.snapshot()}
+    for one in passes:  # every pass: no error, strictly increasing, each acked record once
+        assert not one["errors"], one["errors"]
+        seen = {(p, o, v) for p, records in one["read"].items() for o, v in records}
+        for records in one["read"].values():
+            offsets = [o for o, _ in records]
+            assert offsets == sorted(set(offsets))
+        assert seen == acked  # only acked records, every one of them, none twice
+        assert sum(len(r) for r in one["read"].values()) == len(acked)
+    assert len(passes) >= 3  # the run (a JVM start, a plan, a commit) took several passes
     busy = _produce(cluster, 2)
     try:
         result = _run_in_process(cluster, spark)  # producing all along
@@ -225,12 +297,40 @@ def test_a_run_that_lost_a_race_is_refused_whole(cluster, spark):
     assert_exact(keep, cluster["bootstrap"])
 
 
+KILLED_JOB_TTL_MS = 8_000
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def _prepared_by_the_killed_job(cluster) -> set[int]:
+    """Ids PREPARED with the killed job's TTL (brokers prepare theirs with 60 min)."""
+    return {
+        int(oid)
+        for oid, o in _image(cluster)["objects"].items()
+        if o["state"] == "prepared" and o["deadline_ms"] - o["prepared_ms"] == KILLED_JOB_TTL_MS
+    }
+
+
 def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(cluster, spark):
+    """kill -9 of the job after it prepared its object ids: the cluster stays readable, the
+    next run finishes the work, and once the ids' TTL has passed nothing of the killed run
+    is left in the bucket or the metadata (an object an executor had put under one of them
+    included)."""
     ledger = _produce(cluster, 4)
     ledger.stop()
     time.sleep(1.5)
     config = _config(cluster)
     cfg_path = compaction_jobs.write_job_config(cluster["dir"], config, MASTER)
+    job = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**job, "prepared_ttl_ms": KILLED_JOB_TTL_MS}))
     proc = subprocess.Popen(
         compaction_jobs.job_argv(cfg_path, MASTER, dry_run=False),
         stdout=subprocess.PIPE,
@@ -244,15 +344,31 @@ def test_a_killed_job_leaves_the_cluster_readable_and_the_next_run_finishes(clus
         for line in proc.stdout:
             if '"event": "plan"' in line:
                 break
-        time.sleep(3)  # mid-run: ids prepared, Spark starting or writing
+        deadline = time.monotonic() + 10
+        while not (orphans := _prepared_by_the_killed_job(cluster)):
+            assert time.monotonic() < deadline, "the job prepared no object ids"
+            time.sleep(0.1)
+        time.sleep(0.5)  # mid-run: ids prepared, Spark starting or writing
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
         proc.wait(timeout=30)
+    # what an executor killed after its put leaves behind: an object nothing references
+    s3, bucket = _bucket_client(cluster)
+    s3.put_object(Bucket=bucket, Key=object_key(min(orphans)), Body=b"written, never committed")
     assert_exact(ledger, cluster["bootstrap"])
     result = _run_in_process(cluster, spark)
     assert result["committed"] is True, result
     assert result["objects_after"] < result["objects_before"]
     assert_exact(ledger, cluster["bootstrap"])
+    # past the TTL the controller destroys the ids and deletes their objects (2 s later)
+    deadline = time.monotonic() + KILLED_JOB_TTL_MS / 1000 + 30
+    while True:
+        left = orphans & {int(oid) for oid in _image(cluster)["objects"]}
+        in_bucket = {o for o in orphans if _exists(s3, bucket, object_key(o))}
+        if not left and not in_bucket:
+            break
+        assert time.monotonic() < deadline, f"leaked: ids {left}, objects {in_bucket}"
+        time.sleep(0.5)
 
 
 def test_compaction_cli_errors_are_one_line_and_change_nothing(cluster, tmp_path):
