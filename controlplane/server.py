@@ -183,12 +183,15 @@ class ControllerNode:
             for b in self.quorum.machine.image.brokers.values():
                 if b.fenced and b.fence_reason not in ("registered",):
                     continue
-                epoch, seen = self._heartbeats.get(b.node_id, (b.node_epoch, self._leader_since))
-                if epoch != b.node_epoch:
-                    # a new registration: its session starts now, not at the old epoch's
-                    # last heartbeat (it has not had a chance to heartbeat yet)
+                known = self._heartbeats.get(b.node_id)
+                if known is None or known[0] != b.node_epoch:
+                    # a registration this leader has not seen a heartbeat of: its session
+                    # starts now, not at the old epoch's last heartbeat nor when this
+                    # controller became the leader (a broker registering 2 s after the
+                    # election was fenced at once with a 2 s session)
                     self._heartbeats[b.node_id] = (b.node_epoch, now)
                     continue
+                seen = known[1]
                 if now - max(seen, self._leader_since) > timeout_s:
                     expired.append((b.node_id, b.node_epoch))
         return expired

@@ -1,0 +1,78 @@
+"""The leader's session rule: a broker is fenced when its session expires, and a session
+starts at the broker's registration (as this leader first sees it) or its last heartbeat,
+never earlier. Found under load: brokers that registered 1.7 s after a leader election were
+fenced at once with a 2 s session, because their session was counted from the election."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from controlplane import server
+from controlplane.server import ControllerNode
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def leader(brokers: dict[int, int], monkeypatch, timeout_ms: int = 2_000):
+    """A stand-in with the fields `_expired_sessions` reads; brokers: node id -> epoch."""
+    clock = Clock()
+    monkeypatch.setattr(server.time, "monotonic", clock)
+    image = SimpleNamespace(
+        brokers={
+            n: SimpleNamespace(node_id=n, node_epoch=e, fenced=False, fence_reason="")
+            for n, e in brokers.items()
+        }
+    )
+    node = SimpleNamespace(
+        config=SimpleNamespace(settings=SimpleNamespace(broker_session_timeout_ms=timeout_ms)),
+        quorum=SimpleNamespace(machine=SimpleNamespace(image=image)),
+        _hb_lock=threading.Lock(),
+        _heartbeats={},
+        _leader_since=clock.now,
+    )
+    return node, image, clock
+
+
+def expired(node) -> list[tuple[int, int]]:
+    return ControllerNode._expired_sessions(node)
+
+
+def test_a_broker_registered_after_the_election_gets_a_full_session(monkeypatch):
+    node, image, clock = leader({}, monkeypatch)
+    clock.now += 1.7  # the election was 1.7 s ago; now broker 2 registers
+    image.brokers[2] = SimpleNamespace(node_id=2, node_epoch=0, fenced=False, fence_reason="")
+    assert expired(node) == []
+    clock.now += 1.9  # 3.6 s after the election, 1.9 s after the registration
+    assert expired(node) == []
+    clock.now += 0.2
+    assert expired(node) == [(2, 0)]
+
+
+def test_heartbeats_keep_a_session_and_silence_ends_it(monkeypatch):
+    node, _, clock = leader({1: 3}, monkeypatch)
+    assert expired(node) == []
+    for _ in range(5):
+        clock.now += 1.5
+        node._heartbeats[1] = (3, clock.now)  # what a heartbeat records
+        assert expired(node) == []
+    clock.now += 2.1
+    assert expired(node) == [(1, 3)]
+
+
+def test_a_new_epoch_starts_a_new_session(monkeypatch):
+    node, image, clock = leader({1: 0}, monkeypatch)
+    node._heartbeats[1] = (0, clock.now)
+    clock.now += 1.9
+    image.brokers[1].node_epoch = 1  # re-registered: the old epoch's heartbeat is old
+    assert expired(node) == []
+    clock.now += 1.9
+    assert expired(node) == []
+    clock.now += 0.2
+    assert expired(node) == [(1, 1)]
