@@ -79,6 +79,9 @@ class BrokerShardStore:
     def fill_below(self, stream_id: int, mark: int) -> int:
         return self._target().fill_below(stream_id, mark)
 
+    def drop_below(self, stream_id: int, mark: int) -> int:
+        return self._target().drop_below(stream_id, mark)
+
 
 def _field(data: bytes | None) -> bytes:
     return zigzag_varint(-1) if data is None else zigzag_varint(len(data)) + data

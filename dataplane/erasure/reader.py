@@ -45,6 +45,18 @@ class ReadUnavailableError(RuntimeError):
     """Too few stores answered to decide anything."""
 
 
+class SealedRangeError(RuntimeError):
+    """The read starts below a store's drop mark: those offsets were sealed into object
+    storage and the stores forgot them (an empty hole there means nothing)."""
+
+    def __init__(self, stream_id: int, start: int, sealed_below: int):
+        super().__init__(
+            f"stream {stream_id}: offsets below {sealed_below} are sealed into object "
+            f"storage (read from {start})"
+        )
+        self.sealed_below = sealed_below
+
+
 class CorruptWriteError(RuntimeError):
     """k shards with valid checksums decoded to a payload with the wrong checksum (a writer bug)."""
 
@@ -153,6 +165,9 @@ class ErasureReader:
             if filled[i] is not None and isinstance(answer, RangeAnswer):
                 ranges[i] = answer
         known = [r for r in ranges if r is not None]
+        sealed_below = max((r.dropped_below for r in known), default=start)
+        if sealed_below > start:
+            raise SealedRangeError(self.stream_id, start, sealed_below)
         if len(known) <= m:
             raise ReadUnavailableError(
                 f"stream {self.stream_id}: only {len(known)} shard stores listed their holes"

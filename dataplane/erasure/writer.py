@@ -49,6 +49,8 @@ class ShardStore(Protocol):
 
     def fill_below(self, stream_id: int, mark: int) -> int: ...
 
+    def drop_below(self, stream_id: int, mark: int) -> int: ...
+
 
 class WriteFailedError(RuntimeError):
     """No offset could be won within the attempts (too few stores reachable, or contention)."""

@@ -36,14 +36,22 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from controlplane import topic_configs
+from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
-from controlplane.image import MetadataImage
+from controlplane.image import MetadataImage, StreamMetaState
 from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
 from dataplane.erasure.embedded import BrokerShardStore
-from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnavailableError
+from dataplane.erasure.reader import (
+    CorruptWriteError,
+    ErasureReader,
+    ReadUnavailableError,
+    SealedRangeError,
+)
+from dataplane.erasure.seal_format import offset_of, sealed_records, slot_of
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
+from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
@@ -51,12 +59,15 @@ from dataplane.kafka.partition_backend import (
     PartitionResolver,
     parse_produced_batches,
 )
+from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
     parse_batch_header,
     parse_batches,
     patch_batch,
 )
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,7 @@ WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
 MAX_TIMESTAMP_SCAN_READS = 200
 MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
+MAX_SEALED_READS = 100  # object-store reads per fetch of sealed offsets
 
 
 def aligned_up(offset: int) -> int:
@@ -86,6 +98,9 @@ class ErasurePartition:
         settings: ErasureSettings,
         write_pool: ThreadPoolExecutor,
         configs_fn: Callable[[], Mapping[str, str]] = dict,
+        stream_fn: Callable[[], StreamMetaState | None] = lambda: None,
+        read_sealed: Callable[[int, int, int, int], list[StreamRecordBatch]] | None = None,
+        sealer_fn: Callable[[], ErasureSealer | None] = lambda: None,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -96,7 +111,13 @@ class ErasurePartition:
         self.writer = ErasureWriter(stores, stream_id, codec, offset_alignment=OFFSET_ALIGNMENT)
         self.reader = ErasureReader(stores, stream_id, codec, read_delay_ms=settings.read_delay_ms)
         self._pool = write_pool
+        self.seal_delay_ms = settings.seal_delay_ms
         self._configs_fn = configs_fn
+        # the partition's stream in the metadata (its sealed end and start), the object
+        # store's read path for sealed offsets, the broker's sealer (DeleteRecords)
+        self._stream_fn = stream_fn
+        self._read_sealed = read_sealed
+        self._sealer_fn = sealer_fn
         self._recent: OrderedDict[tuple, Future] = OrderedDict()  # idempotent batch -> write
         self._recent_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -112,9 +133,20 @@ class ErasurePartition:
     def leader_epoch(self) -> int:
         return self._leader_epoch
 
+    def _sealed_span(self) -> tuple[int, int] | None:
+        """(start, end) of the sealed offsets in slots, None when nothing is sealed."""
+        stream = self._stream_fn()
+        end = sealed_end(stream)
+        if stream is None or end is None:
+            return None
+        return stream.start_offset, end
+
     @property
     def log_start_offset(self) -> int:
-        return 0
+        """0 until the first seal (the stores hold everything), then the stream's start
+        (retention and DeleteRecords move it)."""
+        span = self._sealed_span()
+        return 0 if span is None else offset_of(span[0])
 
     @property
     def high_watermark(self) -> int:
@@ -175,10 +207,20 @@ class ErasurePartition:
         `end`, at least one batch when there is one."""
         end = self.high_watermark if end is None else end
         start = offset - offset % OFFSET_ALIGNMENT
+        span = self._sealed_span() if self._read_sealed is not None else None
+        if span is not None and start < offset_of(span[1]):
+            data = self._read_sealed_batches(offset, max_bytes, end, span)
+            if data:
+                return data
+            # only fillers up to the sealed end: the next batch is in the stores
+            start = offset = max(offset, offset_of(span[1]))
         parts: list[bytes] = []
         size = 0
         try:
             result = self.reader.read(start, max_records=MAX_FETCH_RECORDS, max_bytes=max_bytes)
+        except SealedRangeError as exc:  # sealed since our metadata: read it there next time
+            log.info("%s-%d: %s", self.topic, self.partition, exc)
+            return b""
         except ReadUnavailableError as exc:  # too few stores: the consumer waits and retries
             log.warning("%s-%d: %s", self.topic, self.partition, exc)
             return b""
@@ -206,6 +248,33 @@ class ErasurePartition:
                 continue
             parts.append(batch)
             size += len(batch)
+        return b"".join(parts)
+
+    def _read_sealed_batches(
+        self, offset: int, max_bytes: int, end: int, span: tuple[int, int]
+    ) -> bytes:
+        """Sealed batches from the one holding `offset`, from the object store (through
+        the storage engine's read path and BlockCache)."""
+        assert self._read_sealed is not None
+        slot = max(slot_of(offset), span[0])
+        parts: list[bytes] = []
+        size = 0
+        for _ in range(MAX_SEALED_READS):
+            if slot >= span[1] or size >= max_bytes:
+                break
+            batches = self._read_sealed(self.stream_id, slot, span[1], max(max_bytes, 1 << 16))
+            if not batches:
+                break
+            for kafka_offset, payload in sealed_records(batches):
+                header = parse_batch_header(payload)
+                if kafka_offset >= end or (parts and size + len(payload) > max_bytes):
+                    return b"".join(parts)
+                if kafka_offset + header.last_offset_delta < offset:
+                    continue
+                batch = patch_batch(payload, kafka_offset, self._leader_epoch)
+                parts.append(batch)
+                size += len(batch)
+            slot = batches[-1].last_offset
         return b"".join(parts)
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
@@ -238,7 +307,30 @@ class ErasurePartition:
         return OffsetAndTimestamp(-1, -1)
 
     def delete_records(self, offset: int) -> int:
-        raise ValueError("DeleteRecords is not supported on erasure-coded partitions")
+        """Move the log start to the batch holding `offset` (-1: the high watermark). Only
+        sealed offsets can be deleted: the partition is sealed up to the offset first (the
+        visible end at most), and the start stops at the sealed end. Returns the new log
+        start offset."""
+        sealer = self._sealer_fn()
+        if sealer is None:
+            raise ValueError("DeleteRecords needs object storage (this broker has none)")
+        hw = self.high_watermark
+        if offset == -1:
+            offset = hw
+        if offset < 0 or offset > hw:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside [0, {hw}]")
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        span = self._sealed_span()
+        if span is None or offset_of(span[1]) < offset:
+            sealer.seal(self, up_to=min(offset + OFFSET_ALIGNMENT, self.reader.visible_end()))
+            span = self._sealed_span()
+        if span is None:
+            return self.log_start_offset  # nothing stored: nothing to delete
+        target = min(slot_of(offset), span[1])
+        if target > span[0]:
+            sealer.trim(self, target)
+        return max(self.log_start_offset, offset_of(target))
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         if leader_epoch < 0:
@@ -286,7 +378,15 @@ class ErasurePartitions:
         store_timeout_ms: int = 2_000,
         store_for: Callable[[int], ShardStore] | None = None,
         store_secret: str | None = None,
+        controller: ControllerCalls | None = None,
+        objects: ObjectStorage | None = None,
+        node_epoch_fn: Callable[[], int] | None = None,
+        read_sealed: Callable[[int, int, int, int], list[StreamRecordBatch]] | None = None,
+        seal_config: SealConfig | None = None,
     ):
+        """With `controller`, `objects`, `node_epoch_fn` and `read_sealed` (the storage
+        engine's `read_committed`), decided offsets are sealed into object storage
+        (`erasure_seal.ErasureSealer`) and read back from there."""
         self.node_id = node_id
         self.image_fn = image_fn
         self.leaders = leaders
@@ -303,9 +403,24 @@ class ErasurePartitions:
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="erasure-ticker", daemon=True)
         self._ticker.start()
+        self.read_sealed = read_sealed
+        self.sealer: ErasureSealer | None = None
+        if controller is not None and objects is not None and read_sealed is not None:
+            self.sealer = ErasureSealer(
+                node_id,
+                node_epoch_fn or (lambda: 0),
+                image_fn,
+                controller,
+                objects,
+                self._erasure_partition,
+                seal_config,
+            )
+            self.sealer.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.sealer is not None:
+            self.sealer.stop()
         with self._lock:
             partitions = list(self._partitions.values())
             self._partitions.clear()
@@ -324,6 +439,10 @@ class ErasurePartitions:
         if store is None:
             store = self._stores[node_id] = self._store_for(node_id)
         return store
+
+    def _erasure_partition(self, topic_id: str, partition: int) -> ErasurePartition | None:
+        found = self.get(topic_id, partition)
+        return found if isinstance(found, ErasurePartition) else None
 
     def get(self, topic_id: str, partition: int):
         image = self.image_fn()
@@ -350,6 +469,9 @@ class ErasurePartitions:
                 settings,
                 self._pool,
                 lambda: self._configs_of(topic_id),
+                lambda sid=state.stream_id: self.image_fn().streams.get(sid),
+                self.read_sealed,
+                lambda: self.sealer,
             )
             self._partitions[key] = created
         if found is not None:
