@@ -162,7 +162,7 @@ class ErasureSealer:
                     self.apply_retention(partition)
                 except (ReadUnavailableError, SealedRangeError, CorruptWriteError) as exc:
                     log.info("seal of %s-%d waits: %s", topic.name, state.partition, exc)
-                except ControllerError as exc:
+                except Exception as exc:  # noqa: BLE001 - controller or bucket: next pass
                     log.warning("seal of %s-%d: %s", topic.name, state.partition, exc)
         return sealed
 

@@ -6,6 +6,7 @@ at; one sealer per range; retention and DeleteRecords trim sealed pieces."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import boto3
@@ -196,10 +197,10 @@ def test_decided_records_are_sealed_dropped_from_the_stores_and_read_back(sealed
     # records written after the seal come from the stores, after the sealed ones
     r = produce(apis, "events", batch([b"late"]))
     assert read_from(apis, "events", start, 16) == [*acked, (r.base_offset, b"late")]
-    # nothing new is sealed before the seal delay; then the next range continues the first
-    assert erasure.sealer.seal(partition) == 0
+    # past the seal delay the next range continues the first
     time.sleep(0.3)
     assert erasure.sealer.seal(partition) == 1
+    assert image_now().streams[stream_id].end_offset > r.base_offset >> 16
     assert all(s.hole_count == 0 for s in stores.values())
     assert read_from(apis, "events", start, 16) == [*acked, (r.base_offset, b"late")]
 
@@ -310,3 +311,87 @@ def test_retention_and_delete_records_trim_sealed_pieces(sealed_cluster):
     assert partition.log_start_offset > fourth.base_offset
     alive = [o for o in image_now().stream_objects.values() if o.stream_id == stream_id]
     assert alive == []
+
+
+def test_a_sealer_dying_before_its_commit_loses_nothing_and_the_next_seal_commits_once(
+    sealed_cluster, monkeypatch
+):
+    apis, controller, stores, erasure, image_now, objects = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    acked = []
+    for i in range(3):
+        r = produce(apis, "events", batch([f"v{i}".encode()]))
+        acked.append((r.base_offset, f"v{i}".encode()))
+    time.sleep(0.3)
+
+    def crash(*_a, **_k):
+        raise RuntimeError("killed between put and commit")
+
+    monkeypatch.setattr(controller, "seal_erasure_range", crash)
+    with pytest.raises(RuntimeError):
+        erasure.sealer.seal(partition)
+    monkeypatch.undo()
+    # the object was put but never committed: the stores keep every shard, reads go on
+    assert len(objects.list_keys(0)) == 1
+    assert image_now().streams[stream_id].ranges == []
+    assert all(s.hole_count == 3 for s in stores.values())
+    assert read_from(apis, "events", 0, 3) == acked
+    # the next pass seals the same records once; the orphan stays PREPARED (destroyed at
+    # its deadline by the controller)
+    assert erasure.sealer.seal(partition) == 1
+    image = image_now()
+    committed = [o for o in image.stream_objects.values() if o.stream_id == stream_id]
+    assert len(committed) == 1
+    prepared = [o for o in image.objects.values() if o.state == ObjectState.PREPARED]
+    assert len(prepared) == 1
+    assert read_from(apis, "events", partition.log_start_offset, 3) == acked
+
+
+def test_two_brokers_sealing_one_partition_at_once_commit_each_offset_once(
+    sealed_cluster,
+):
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    # broker 2's view of the same partition, with a sealer of its own
+    other = ErasurePartitions(
+        2,
+        image_now,
+        NoLeaders(),
+        store_for=lambda n: stores[n],
+        controller=controller,
+        objects=erasure.sealer.objects,
+        node_epoch_fn=lambda: image_now().brokers[2].node_epoch,
+        read_sealed=erasure.read_sealed,
+    )
+    other.sealer.stop()
+    try:
+        mine = other.get(image_now().topic_by_name("events").topic_id, 0)
+        acked = []
+        for round_ in range(3):
+            for i in range(3):
+                r = produce(apis, "events", batch([f"r{round_}-{i}".encode()]))
+                acked.append((r.base_offset, f"r{round_}-{i}".encode()))
+            time.sleep(0.3)
+            results: list = []
+            threads = [
+                threading.Thread(target=lambda s=s, p=p, out=results: out.append(s.seal(p)))
+                for s, p in ((erasure.sealer, partition), (other.sealer, mine))
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sum(results) >= 1, results
+        image = image_now()
+        pieces = sorted(
+            (o.start_offset, o.end_offset)
+            for o in image.stream_objects.values()
+            if o.stream_id == stream_id
+        )
+        # contiguous, never overlapping: no offset sealed twice
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])), pieces
+        assert read_from(apis, "events", partition.log_start_offset, 9) == acked
+    finally:
+        other.stop()
