@@ -224,7 +224,7 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         print(
             f"erasure e2e: seal checks, restart and retention took {time.monotonic() - sealing:.1f} s"
         )
-    assert time.monotonic() - started < 150
+    assert time.monotonic() - started < 135
 
 
 def sealed_ends(follower: MetadataFollower) -> dict[int, tuple[int, int]]:
