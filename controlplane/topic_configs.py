@@ -291,6 +291,14 @@ def _cross_checks(configs: Mapping[str, str]) -> None:
             f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
             f"max.compaction.lag.ms ({max_lag})",
         )
+    policies = [p.strip() for p in effective(configs, "cleanup.policy").split(",")]
+    if effective(configs, PARTITION_MODE) == "erasure" and "compact" in policies:
+        # sealed erasure-coded records are not rewritten by the log cleaner
+        raise ControllerError(
+            ErrorCode.INVALID_CONFIG,
+            "cleanup.policy=compact is not supported on erasure-coded topics "
+            f"({PARTITION_MODE}=erasure)",
+        )
     data = int(effective(configs, ERASURE_DATA_SHARDS))
     parity = int(effective(configs, ERASURE_PARITY_SHARDS))
     if data <= parity:

@@ -395,3 +395,24 @@ def test_two_brokers_sealing_one_partition_at_once_commit_each_offset_once(
         assert read_from(apis, "events", partition.log_start_offset, 9) == acked
     finally:
         other.stop()
+
+
+def test_erasure_topics_refuse_log_compaction_and_a_too_short_seal_delay():
+    controller = InProcessController()
+    register(controller, range(1, 7))
+    for bad, why in (
+        ({**ERASURE, "cleanup.policy": "compact"}, "not supported on erasure-coded"),
+        ({**ERASURE, "cleanup.policy": "delete,compact"}, "not supported on erasure-coded"),
+        ({**ERASURE, "automq.erasure.seal.delay.ms": "50"}, "automq.erasure.seal.delay.ms"),
+    ):
+        with pytest.raises(ControllerError) as e:
+            controller.call("create_topic", {"name": "t", "partitions": 1, "configs": bad})
+        assert e.value.code == ErrorCode.INVALID_CONFIG and why in e.value.message
+    controller.call("create_topic", {"name": "t", "partitions": 1, "configs": ERASURE})
+    with pytest.raises(ControllerError) as e:
+        controller.call(
+            "alter_topic_configs",
+            {"name": "t", "ops": [{"key": "cleanup.policy", "op": "set", "value": "compact"}]},
+        )
+    assert e.value.code == ErrorCode.INVALID_CONFIG
+    assert controller.machine.image.topic_by_name("t").configs.get("cleanup.policy") is None
