@@ -21,7 +21,10 @@ broker, `dataplane/erasure/store_server.py`). Any broker serves any such partiti
   refused with INVALID_RECORD); an idempotent producer's retry is deduplicated only when it
   reaches the same broker (the last 10,000 batches per partition are remembered in memory):
   a retry on another broker after the first one died may store the batch twice;
-  DeleteRecords is refused; ListOffsets by timestamp scans from the target time's offset.
+  ListOffsets by timestamp scans from the target time's offset.
+- **Sealing** (`erasure_seal.py`): decided offsets older than the seal delay are written
+  into object storage as a stream object and dropped from the shard stores; reads below
+  the sealed end come from the object store; retention and DeleteRecords trim them.
 
 Thread-safety: every method may be called from any thread; the writer and reader are
 thread-safe and the partition keeps no other mutable state but its listener list (locked).
