@@ -32,6 +32,7 @@ from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.erasure.embedded import EmbeddedErasureProducer  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from dataplane.metadata import MetadataFollower  # noqa: E402
+from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
 from tests.e2e.ledger import (  # noqa: E402
     AckLedger,
     automqctl,
@@ -181,7 +182,7 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         sdk_read = group_read(bootstrap, "readers", 1)
         assert sdk_read == {(1, offset): b"from-the-embedded-writer"}
         sealing = time.monotonic()
-        sealed = check_sealed(follower, secret, ledger)
+        sealed = check_sealed(follower, secret, ledger, cluster_dir)
         print(f"erasure e2e: sealed and dropped checked in {time.monotonic() - sealing:.1f} s")
         # every broker restarts (kill -9): a new consumer from the beginning reads every
         # acked record at its acked offset, the sealed ones from the object store
@@ -237,10 +238,10 @@ def sealed_ends(follower: MetadataFollower) -> dict[int, tuple[int, int]]:
     return out
 
 
-def check_sealed(follower: MetadataFollower, secret: str, ledger) -> dict[int, int]:
+def check_sealed(follower: MetadataFollower, secret: str, ledger, cluster_dir) -> dict[int, int]:
     """Wait until every partition has sealed records into object storage (the seal delay
-    is the default 10 s, shorter than the test so far) and all 6 shard stores dropped
-    them; returns partition -> stream id."""
+    is the default 10 s, shorter than the test so far), the objects are in the bucket and
+    all 6 shard stores dropped them; returns partition -> stream id."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         while follower.poll_once():
@@ -251,10 +252,17 @@ def check_sealed(follower: MetadataFollower, secret: str, ledger) -> dict[int, i
         time.sleep(0.5)
     assert all(end > 0 for _, end in ends.values()), ends
     image = follower.image
+    config = LocalCluster(cluster_dir).load()
+    uris = ",".join(b.uri_with_credentials() for b in config.buckets)
     acked = [a for a in ledger.snapshot() if a.offset is not None]
     for p, (stream_id, end) in ends.items():
         objects = [o for o in image.stream_objects.values() if o.stream_id == stream_id]
         assert objects and max(o.end_offset for o in objects) == end
+        with ObjectStorage(parse_bucket_uris(uris)) as bucket:
+            for o in objects:
+                meta = image.objects[o.object_id]
+                size = bucket.head_object(meta.bucket_id, object_key(o.object_id))
+                assert size == meta.size_bytes, (o, size)
         # some acked records are in the sealed range
         assert any(a.partition == p and a.offset >> 16 < end for a in acked), p
         for node in range(1, 7):
