@@ -212,8 +212,8 @@ class ErasurePartition:
         start = offset - offset % OFFSET_ALIGNMENT
         span = self._sealed_span() if self._read_sealed is not None else None
         if span is not None and start < offset_of(span[1]):
-            data = self._read_sealed_batches(offset, max_bytes, end, span)
-            if data:
+            data, through = self._read_sealed_batches(offset, max_bytes, end, span)
+            if data or not through:
                 return data
             # only fillers up to the sealed end: the next batch is in the stores
             start = offset = max(offset, offset_of(span[1]))
@@ -255,30 +255,33 @@ class ErasurePartition:
 
     def _read_sealed_batches(
         self, offset: int, max_bytes: int, end: int, span: tuple[int, int]
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
         """Sealed batches from the one holding `offset`, from the object store (through
-        the storage engine's read path and BlockCache)."""
+        the storage engine's read path and BlockCache); and whether the read went through
+        to the sealed end (only then may a read continue in the stores)."""
         assert self._read_sealed is not None
         slot = max(slot_of(offset), span[0])
         parts: list[bytes] = []
         size = 0
         for _ in range(MAX_SEALED_READS):
-            if slot >= span[1] or size >= max_bytes:
+            if slot >= span[1]:
+                return b"".join(parts), True
+            if size >= max_bytes:
                 break
             batches = self._read_sealed(self.stream_id, slot, span[1], max(max_bytes, 1 << 16))
             if not batches:
-                break
+                break  # e.g. trimmed meanwhile: never skip ahead to the stores
             for kafka_offset, payload in sealed_records(batches):
                 header = parse_batch_header(payload)
                 if kafka_offset >= end or (parts and size + len(payload) > max_bytes):
-                    return b"".join(parts)
+                    return b"".join(parts), False
                 if kafka_offset + header.last_offset_delta < offset:
                     continue
                 batch = patch_batch(payload, kafka_offset, self._leader_epoch)
                 parts.append(batch)
                 size += len(batch)
-            slot = batches[-1].last_offset
-        return b"".join(parts)
+            slot = max(slot, batches[-1].last_offset)
+        return b"".join(parts), False
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return []
