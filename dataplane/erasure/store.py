@@ -381,6 +381,11 @@ class HoleStore:
             i += 1
         return RangeAnswer(found, complete_below, stream.filled_below, stream.dropped_below)
 
+    def streams(self) -> dict[int, int]:
+        """Stream id -> drop mark of every stream this store has seen."""
+        with self._lock:
+            return {sid: st.dropped_below for sid, st in self._streams.items()}
+
     @property
     def hole_count(self) -> int:
         return self._holes

@@ -420,6 +420,7 @@ class ErasurePartitions:
                 objects,
                 self._erasure_partition,
                 seal_config,
+                local_store=local_store,
             )
             self.sealer.start()
 

@@ -57,6 +57,7 @@ from dataplane.erasure.reader import (
     SealedRangeError,
 )
 from dataplane.erasure.seal_format import offset_of, seal_batches, sealed_records, slot_of
+from dataplane.erasure.store import HoleStore
 from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batch_header, patch_batch
 from dataplane.kafka.retention import retention_start_offset
 from dataplane.kafka.time_index import stored_pieces
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 
 MAX_SEAL_READS = 200  # reader calls per seal (each up to SEAL_READ_RECORDS offsets)
 SEAL_READ_RECORDS = 1_000
+DROP_ALL = 2**63 - 1  # the drop mark of a deleted stream: every hole goes
 
 
 class ErasurePartition(Protocol):
@@ -113,6 +115,7 @@ class ErasureSealer:
         partitions_fn: Callable[[str, int], ErasurePartition | None],
         config: SealConfig | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        local_store: HoleStore | None = None,
     ):
         self.node_id = node_id
         self.node_epoch_fn = node_epoch_fn
@@ -122,6 +125,7 @@ class ErasureSealer:
         self.partitions_fn = partitions_fn
         self.config = config or SealConfig()
         self.clock_ms = clock_ms
+        self.local_store = local_store  # this broker's shard store (deleted topics' holes)
         self.seals = 0  # objects committed by this sealer
         self._lock = threading.Lock()
         self._dropped: dict[tuple[int, int], int] = {}  # (stream, store index) -> drop mark
@@ -148,6 +152,7 @@ class ErasureSealer:
         objects were committed."""
         image = self.image_fn()
         sealed = 0
+        self.drop_deleted_streams(image)
         for topic in list(image.topics.values()):
             for state in list(topic.partitions.values()):
                 if self._stop.is_set():
@@ -293,6 +298,21 @@ class ErasureSealer:
                 self._dropped[key] = store.drop_below(partition.stream_id, mark)
             except Exception as exc:  # noqa: BLE001 - down or slow: next pass
                 log.debug("drop on store %d of stream %d: %s", index, partition.stream_id, exc)
+
+    def drop_deleted_streams(self, image: MetadataImage) -> int:
+        """Forget every hole this broker's own store keeps of deleted streams (their topic
+        was deleted). Stream ids are never reused, so an id below the image's next stream
+        id that the image no longer has is deleted for good (a newer stream that this image
+        does not know yet has an id at or above it). Returns the streams dropped."""
+        if self.local_store is None:
+            return 0
+        dropped = 0
+        for stream_id, mark in self.local_store.streams().items():
+            if mark < DROP_ALL and stream_id < image.next_stream_id:
+                if stream_id not in image.streams:
+                    self.local_store.drop_below(stream_id, DROP_ALL)
+                    dropped += 1
+        return dropped
 
     # ------------------------------------------------------------ retention
 
