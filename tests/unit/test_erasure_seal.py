@@ -443,3 +443,30 @@ def test_a_brokers_store_forgets_the_holes_of_deleted_topics_only(sealed_cluster
     assert stores[1].hole_count == 2  # "kept" and the newer stream
     assert sealer.drop_deleted_streams(image_now()) == 0  # once
     assert stores[2].hole_count == 2  # other brokers' stores are their own sealer's work
+
+
+def test_retention_bytes_keeps_the_newest_sealed_pieces(sealed_cluster):
+    apis, controller, _, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    offsets = []
+    for i in range(3):
+        offsets.append(produce(apis, "events", batch([f"p{i}".encode() * 100])).base_offset)
+        time.sleep(0.3)
+        assert erasure.sealer.seal(partition) == 1
+    pieces = sorted(
+        (o.start_offset, o.object_id)
+        for o in image_now().stream_objects.values()
+        if o.stream_id == stream_id
+    )
+    newest = image_now().objects[pieces[-1][1]].size_bytes
+    assert not erasure.sealer.apply_retention(partition)  # nothing out of retention yet
+    controller.call(
+        "alter_topic_configs",
+        {"name": "events", "ops": [{"key": "retention.bytes", "value": str(newest), "op": "set"}]},
+    )
+    assert erasure.sealer.apply_retention(partition)
+    # the two older pieces went: the log starts where the newest piece does (its first
+    # slots may be empty), and its first record is the third batch
+    assert offsets[1] < partition.log_start_offset <= offsets[2]
+    assert read_from(apis, "events", partition.log_start_offset, 1) == [(offsets[2], b"p2" * 100)]
