@@ -129,6 +129,7 @@ class ErasureSealer:
         self.seals = 0  # objects committed by this sealer
         self._lock = threading.Lock()
         self._dropped: dict[tuple[int, int], int] = {}  # (stream, store index) -> drop mark
+        self._scanned: dict[int, int] = {}  # stream -> offset below which no record is left
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="erasure-sealer", daemon=True)
 
@@ -189,13 +190,19 @@ class ErasureSealer:
             delay_ns = partition.seal_delay_ms * 1_000_000
             limit = up_to if up_to is not None else partition.reader.visible_end() - delay_ns
             start = offset_of(start_slot) if start_slot is not None else 0
-            if limit <= start or (up_to is None and start and limit - start < delay_ns):
+            # below `scanned` this sealer found no record already (decided: none can appear)
+            scan_from = max(start, self._scanned.get(partition.stream_id, 0))
+            if limit <= scan_from or (up_to is None and scan_from and limit - scan_from < delay_ns):
                 return 0
-            records, end = self._decided(partition, start, limit)
+            records, end = self._decided(partition, scan_from, limit)
             end_slot = slot_of(end)
             records = [(o, b) for o, b in records if o < offset_of(end_slot)]
             if not records:
-                return 0  # nothing to seal (void offsets stay in the stores until then)
+                # nothing to seal (void offsets stay in the stores until a record follows);
+                # the next look starts here, one seal delay later: an idle partition costs
+                # no read (no fill) per pass
+                self._scanned[partition.stream_id] = max(scan_from, offset_of(end_slot))
+                return 0
             if start_slot is None:
                 start_slot = slot_of(records[0][0])
             if end_slot <= start_slot:

@@ -470,3 +470,17 @@ def test_retention_bytes_keeps_the_newest_sealed_pieces(sealed_cluster):
     # slots may be empty), and its first record is the third batch
     assert offsets[1] < partition.log_start_offset <= offsets[2]
     assert read_from(apis, "events", partition.log_start_offset, 1) == [(offsets[2], b"p2" * 100)]
+
+
+def test_an_idle_partition_is_looked_at_once_per_seal_delay(sealed_cluster):
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    configs = {**ERASURE, "automq.erasure.seal.delay.ms": "1000"}
+    controller.call("create_topic", {"name": "idle", "partitions": 1, "configs": configs})
+    partition, _ = _partition(erasure, image_now, "idle")
+    time.sleep(0.1)
+    assert erasure.sealer.seal(partition) == 0  # nothing written: read once (fills)
+    syncs = [s.fsync_count for s in stores.values()]
+    for _ in range(5):  # passes within the seal delay neither read nor fill
+        time.sleep(0.06)  # past the reader's least fill interval: a read would fill
+        assert erasure.sealer.seal(partition) == 0
+    assert [s.fsync_count for s in stores.values()] == syncs
