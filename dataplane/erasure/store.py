@@ -26,6 +26,7 @@ import bisect
 import os
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 import crc32c
 
 from dataplane.erasure.holes import AcceptResult, accept
-from dataplane.erasure.shard_format import JUNK_MARKER
+from dataplane.erasure.shard_format import JUNK_MARKER, peek_payload_crc
 
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
@@ -44,6 +45,7 @@ _KIND_DROP = 3
 # the log is rewritten without dropped holes once they are at least this many bytes and
 # half the file
 COMPACT_MIN_DEAD_BYTES = 64 * 1024 * 1024
+MAX_RECENT_WRITES_PER_STREAM = 100_000  # payload CRCs remembered per stream
 DEFAULT_MAX_HOLES = 1_000_000
 MAX_HOLE_BYTES = 16 * 1024 * 1024 + 64
 
@@ -59,6 +61,11 @@ class _Stream:
     positions: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> (pos, len)
     filled_below: int = -(2**63)
     dropped_below: int = -(2**63)
+    # the last writes' payload CRCs (offset -> crc, insertion order) and the reverse map:
+    # a retried batch finds where its first attempt went (kept after a drop: the offset
+    # is then sealed and still readable); bounded
+    recent_crcs: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    offsets_by_crc: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,7 @@ class HoleStore:
             if kind == _KIND_HOLE:
                 data_pos = pos + _PREFIX.size + _BODY.size
                 self._index(stream, offset, data_pos, length - _BODY.size)
+                self._remember(stream, offset, body[_BODY.size :])
             elif kind == _KIND_FILL:
                 stream.filled_below = max(stream.filled_below, offset)
             elif kind == _KIND_DROP:
@@ -146,6 +154,31 @@ class HoleStore:
             bisect.insort(stream.offsets, offset)
             self._holes += 1
         stream.positions[offset] = (pos, length)
+
+    @staticmethod
+    def _remember(stream: _Stream, offset: int, data: bytes) -> None:
+        crc = peek_payload_crc(data)
+        if crc is None or offset in stream.recent_crcs:
+            return
+        stream.recent_crcs[offset] = crc
+        stream.offsets_by_crc.setdefault(crc, set()).add(offset)
+        while len(stream.recent_crcs) > MAX_RECENT_WRITES_PER_STREAM:
+            old_offset, old_crc = stream.recent_crcs.popitem(last=False)
+            offsets = stream.offsets_by_crc[old_crc]
+            offsets.discard(old_offset)
+            if not offsets:
+                del stream.offsets_by_crc[old_crc]
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]:
+        """Offsets of the stream's recent holes holding a shard whose header names this
+        payload CRC (candidates only: shards are not checked), ascending."""
+        with self._lock:
+            self._check_open()
+            stream = self._streams.get(stream_id)
+            found = sorted(stream.offsets_by_crc.get(payload_crc, ())) if stream else []
+            target = self._end + self._shift
+        self._wait_durable(target)
+        return found
 
     def _drop(self, stream: _Stream, mark: int) -> None:
         """Forget the stream's holes below `mark` (the index; their log bytes are dead)."""
@@ -223,6 +256,7 @@ class HoleStore:
                     raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
                 pos = self._append(_KIND_HOLE, stream_id, offset, data)
                 self._index(stream, offset, pos, len(data))
+                self._remember(stream, offset, data)
                 answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
             target = self._end + self._shift
         # what the answer reports (ours or another writer's bytes, a fill) must be durable

@@ -146,3 +146,9 @@ class ShardStoreClient:
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: drop answered {status}")
         return int(json.loads(body)["dropped_below"])
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]:
+        status, _, body = self._request("GET", f"/v1/find/{stream_id}?crc={payload_crc}")
+        if status != 200:
+            raise StoreUnavailableError(f"shard store {self.address}: find answered {status}")
+        return [int(o) for o in json.loads(body)["offsets"]]

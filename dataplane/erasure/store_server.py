@@ -9,6 +9,8 @@ POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with jun
 POST /v1/drop/<stream>?below=<offset>   forget the holes below the mark (sealed into object
                                         storage); JSON answer. Range reads answer the drop
                                         mark in X-Dropped-Below
+GET  /v1/find/<stream>?crc=<payload crc> recent offsets whose shard names that payload CRC
+                                        (a retried batch finds its first attempt); JSON
 GET  /v1/status                         JSON: holes held
 
 Every write is durable before its answer. With a secret (a broker's store: the cluster's
@@ -247,6 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._body()
             mark = store.drop_below(ids[0], _int_param(query, "below"))
             self._send(200, json.dumps({"dropped_below": mark}).encode(), "application/json")
+        elif route == ("GET", "find", 1):
+            offsets = store.find(ids[0], _int_param(query, "crc"))
+            self._send(200, json.dumps({"offsets": offsets}).encode(), "application/json")
         elif route == ("GET", "status", 0):
             self._send(200, json.dumps({"holes": store.hole_count}).encode(), "application/json")
         else:

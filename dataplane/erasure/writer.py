@@ -52,6 +52,8 @@ class ShardStore(Protocol):
 
     def drop_below(self, stream_id: int, mark: int) -> int: ...
 
+    def find(self, stream_id: int, payload_crc: int) -> list[int]: ...
+
 
 class WriteFailedError(RuntimeError):
     """No offset could be won within the attempts (too few stores reachable, or contention)."""

@@ -18,9 +18,10 @@ broker, `dataplane/erasure/store_server.py`). Any broker serves any such partiti
   it). An offset that cannot be decided yet (too many stores unreachable) stops the read
   there: nothing is skipped, the consumer waits.
 - **Limits** (documented in docs/operations.md): no transactions (transactional batches are
-  refused with INVALID_RECORD); an idempotent producer's retry is deduplicated only when it
-  reaches the same broker (the last 10,000 batches per partition are remembered in memory):
-  a retry on another broker after the first one died may store the batch twice;
+  refused with INVALID_RECORD); an idempotent producer's retry to the same broker gets the
+  first attempt's write (the last 10,000 batches per partition are remembered in memory); a
+  retry on another broker is looked up in the shard stores by payload CRC (`_find_earlier`,
+  best effort: a first attempt not found is stored again);
   ListOffsets by timestamp scans from the target time's offset.
 - **Sealing** (`erasure_seal.py`): decided offsets older than the seal delay are written
   into object storage as a stream object and dropped from the shard stores; reads below
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +54,7 @@ from dataplane.erasure.reader import (
     SealedRangeError,
 )
 from dataplane.erasure.seal_format import offset_of, sealed_records, slot_of
+from dataplane.erasure.shard_format import payload_checksum
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
 from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
@@ -81,6 +84,9 @@ LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end mov
 MAX_TIMESTAMP_SCAN_READS = 200
 MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
 MAX_SEALED_READS = 100  # object-store reads per fetch of sealed offsets
+MAX_DEDUP_CANDIDATES = 4  # earlier offsets a possibly retried batch checks
+DEDUP_WAIT_MARGIN_MS = 200  # beyond the read delay, for a candidate to be decided
+DEDUP_POLL_S = 0.02
 
 
 def aligned_up(offset: int) -> int:
@@ -122,6 +128,8 @@ class ErasurePartition:
         self._read_sealed = read_sealed
         self._sealer_fn = sealer_fn
         self._recent: OrderedDict[tuple, Future] = OrderedDict()  # idempotent batch -> write
+        # (producer id, epoch) -> the sequence its next batch has, as this broker saw it
+        self._producer_next: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._listeners_lock = threading.Lock()
@@ -185,19 +193,52 @@ class ErasurePartition:
             if done is not None and done.done() and done.exception() is not None:
                 done = None  # that attempt failed: write again
             if done is None:
-                done = self._pool.submit(self._write, payloads)
+                # a batch that does not continue what this broker saw of its producer may
+                # be a retry whose first attempt went to another broker: look for it first
+                lookup = False
+                if key is not None:
+                    producer = (batches[0].producer_id, batches[0].producer_epoch)
+                    lookup = self._producer_next.get(producer) != batches[0].base_sequence
+                    last = batches[-1]
+                    self._producer_next[producer] = last.base_sequence + last.last_offset_delta + 1
+                    self._producer_next.move_to_end(producer)
+                    while len(self._producer_next) > MAX_RECENT_PRODUCER_BATCHES:
+                        self._producer_next.popitem(last=False)
+                done = self._pool.submit(self._write, payloads, lookup)
                 if key is not None:
                     self._recent[key] = done
                     while len(self._recent) > MAX_RECENT_PRODUCER_BATCHES:
                         self._recent.popitem(last=False)
         return AppendOutcome(KafkaError.NONE, -1, [done], base_offset_future=done)
 
-    def _write(self, payloads: list[bytes]) -> int:
+    def _find_earlier(self, payload: bytes) -> int | None:
+        """The offset where these very batch bytes were already decided (an idempotent
+        producer's retry whose first attempt another broker wrote), else None. The stores
+        index their recent shards by payload CRC; a candidate is waited for until readers
+        decide it (at most the read delay and a margin) and counts only if it holds these
+        bytes. A first attempt whose shards reach the stores after this look is not found
+        (the client may then see its batch twice, as without idempotence)."""
+        candidates = self.reader.find_written(payload_checksum(payload)) or []
+        for candidate in candidates[-MAX_DEDUP_CANDIDATES:]:
+            deadline = time.monotonic() + (self.reader.read_delay_ms + DEDUP_WAIT_MARGIN_MS) / 1000
+            while candidate >= self.reader.visible_end() and time.monotonic() < deadline:
+                time.sleep(DEDUP_POLL_S)
+            if candidate >= self.reader.visible_end() or candidate < self.log_start_offset:
+                continue
+            expected = patch_batch(payload, candidate, self._leader_epoch)
+            data = self.read(candidate, len(payload) + 1024, self.high_watermark)
+            if data[: len(expected)] == expected:
+                return candidate
+        return None
+
+    def _write(self, payloads: list[bytes], lookup: bool = False) -> int:
         """Writes the batches in order; returns the first one's offset. Raises
-        WriteFailedError when no offset could be won (the client retries)."""
+        WriteFailedError when no offset could be won (the client retries). With `lookup`,
+        a batch already decided elsewhere (a retry) is not written again."""
         first = -1
         for payload in payloads:
-            offset = self.writer.append(payload)
+            found = self._find_earlier(payload) if lookup else None
+            offset = found if found is not None else self.writer.append(payload)
             if first < 0:
                 first = offset
         self._notify()

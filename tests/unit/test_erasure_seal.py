@@ -484,3 +484,35 @@ def test_an_idle_partition_is_looked_at_once_per_seal_delay(sealed_cluster):
         time.sleep(0.06)  # past the reader's least fill interval: a read would fill
         assert erasure.sealer.seal(partition) == 0
     assert [s.fsync_count for s in stores.values()] == syncs
+
+
+def test_drop_find_and_drop_marks_over_the_stores_http_service(tmp_path):
+    import threading as _threading
+
+    from dataplane.erasure.shard_format import Shard, encode_shard
+    from dataplane.erasure.store_client import ShardStoreClient
+    from dataplane.erasure.store_server import ShardStoreHTTPServer
+
+    store = HoleStore(tmp_path / "s")
+    server = ShardStoreHTTPServer(("127.0.0.1", 0), store, secret="s3cret")
+    thread = _threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        client = ShardStoreClient(f"127.0.0.1:{server.server_address[1]}", secret="s3cret")
+        for offset in (1 << 16, 2 << 16):
+            shard = Shard(1, 5, offset, 0, 4, 2, 3, 4242, b"abc")
+            assert client.write(5, offset, encode_shard(shard)).result.value == "accepted"
+        assert client.find(5, 4242) == [1 << 16, 2 << 16]
+        assert client.find(5, 1) == []
+        assert client.drop_below(5, 2 << 16) == 2 << 16
+        answer = client.read_range(5, 0, 3 << 16, 10, 1 << 20)
+        assert answer.dropped_below == 2 << 16 and answer.holes == []
+        assert [o for o, _ in client.read_range(5, 2 << 16, 3 << 16, 10, 1 << 20).holes] == [
+            2 << 16
+        ]
+        # a dropped write is still found (its offset is sealed, readable from the object)
+        assert client.find(5, 4242) == [1 << 16, 2 << 16]
+    finally:
+        server.shutdown()
+        server.server_close()
+        store.close()
