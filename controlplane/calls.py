@@ -51,10 +51,12 @@ from controlplane.requests import (
     RegisterBrokerResponse,
     RegisterCompactorRequest,
     RegisterCompactorResponse,
+    SealErasureRangeRequest,
     SetActiveBucketRequest,
     SetActiveBucketResponse,
     SetCleanerCheckpointsRequest,
     SetCleanerCheckpointsResponse,
+    TrimErasureStreamRequest,
     TrimStreamRequest,
     _Request,
     validation_message,
@@ -190,6 +192,16 @@ class ControllerCalls:
         self, req: CommitStreamSetObjectRequest, timeout_s: float | None = None
     ) -> CommitResponse:
         return self._typed(req, CommitResponse, timeout_s)
+
+    def seal_erasure_range(
+        self, req: SealErasureRangeRequest, timeout_s: float | None = None
+    ) -> CommitResponse:
+        return self._typed(req, CommitResponse, timeout_s)
+
+    def trim_erasure_stream(
+        self, req: TrimErasureStreamRequest, timeout_s: float | None = None
+    ) -> None:
+        self.send(req, timeout_s)
 
     def register_compactor(
         self, req: RegisterCompactorRequest, timeout_s: float | None = None

@@ -27,6 +27,7 @@ class ErasureSettings:
     data_shards: int
     parity_shards: int
     read_delay_ms: int
+    seal_delay_ms: int = 10_000
 
     @property
     def total_shards(self) -> int:
@@ -41,6 +42,7 @@ def erasure_settings(configs: Mapping[str, str]) -> ErasureSettings | None:
         topic_configs.effective_int(configs, topic_configs.ERASURE_DATA_SHARDS),
         topic_configs.effective_int(configs, topic_configs.ERASURE_PARITY_SHARDS),
         topic_configs.effective_int(configs, topic_configs.ERASURE_READ_DELAY_MS),
+        topic_configs.effective_int(configs, topic_configs.ERASURE_SEAL_DELAY_MS),
     )
 
 

@@ -404,6 +404,33 @@ class CommitStreamObjectRequest(_Request):
     source_object_ids: list[int] = Field(default_factory=list, max_length=MAX_RANGES_PER_COMMIT)
 
 
+class SealErasureRangeRequest(_Request):
+    """Commit a stream object holding the decided records of an erasure-coded partition's
+    stream offsets [start_offset, end_offset) (controlplane/erasure_seal.py): the range must
+    continue the stream's sealed end, so exactly one sealer commits a range."""
+
+    command: ClassVar[str] = "seal_erasure_range"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    object_id: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    start_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+    size_bytes: int = Field(ge=0)
+    bucket_id: int = Field(ge=0)
+
+
+class TrimErasureStreamRequest(_Request):
+    """Advance an erasure-coded partition's stream start (retention, DeleteRecords): the
+    sealed objects wholly below it are destroyed like any trimmed object."""
+
+    command: ClassVar[str] = "trim_erasure_stream"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    new_start_offset: int = Field(ge=0)
+
+
 class DeletedObjectsRequest(_Request):
     """The lifecycle task deleted these MARK_DESTROYED objects from their buckets."""
 
@@ -721,3 +748,6 @@ class BumpRouteEpochRequest(_Request):
 
 
 REQUEST_TYPES.update({BumpRouteEpochRequest.command: BumpRouteEpochRequest})
+REQUEST_TYPES.update(
+    {cls.command: cls for cls in (SealErasureRangeRequest, TrimErasureStreamRequest)}
+)

@@ -21,6 +21,7 @@ from controlplane import (
     bucket_failover,
     compactors,
     coordinators,
+    erasure_seal,
     failover,
     fencing,
     objects,
@@ -131,6 +132,12 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # transaction coordinators' state (controlplane/coordinators.py)
         "put_txn_state": (coordinators.put_txn_state, False),
+    }
+)
+_HANDLERS.update(
+    {  # erasure-coded partitions sealed into object storage (controlplane/erasure_seal.py)
+        "seal_erasure_range": (erasure_seal.seal_erasure_range, True),
+        "trim_erasure_stream": (erasure_seal.trim_erasure_stream, False),
     }
 )
 _HANDLERS.update(

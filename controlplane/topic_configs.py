@@ -82,6 +82,7 @@ PARTITION_MODE = "automq.partition.mode"
 ERASURE_DATA_SHARDS = "automq.erasure.data.shards"
 ERASURE_PARITY_SHARDS = "automq.erasure.parity.shards"
 ERASURE_READ_DELAY_MS = "automq.erasure.read.delay.ms"
+ERASURE_SEAL_DELAY_MS = "automq.erasure.seal.delay.ms"
 
 # Kafka 3.9: LogConfig.CONFIG (+ the deprecated keys 3.9 still accepts)
 _KEYS: tuple[ConfigKey, ...] = (
@@ -180,6 +181,11 @@ _KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(ERASURE_READ_DELAY_MS, _L, "500",
               "erasure mode: readers read behind the clock by this much (the high watermark)",
               min=0, max=600_000),
+    ConfigKey(ERASURE_SEAL_DELAY_MS, _L, "10000",
+              "erasure mode: records stay in the shard stores this long past the visible end "
+              "before they are sealed into object storage (also the least time one sealed "
+              "object spans)",
+              min=100, max=86_400_000),
 )  # fmt: skip
 
 SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
@@ -284,6 +290,14 @@ def _cross_checks(configs: Mapping[str, str]) -> None:
             ErrorCode.INVALID_CONFIG,
             f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
             f"max.compaction.lag.ms ({max_lag})",
+        )
+    policies = [p.strip() for p in effective(configs, "cleanup.policy").split(",")]
+    if effective(configs, PARTITION_MODE) == "erasure" and "compact" in policies:
+        # sealed erasure-coded records are not rewritten by the log cleaner
+        raise ControllerError(
+            ErrorCode.INVALID_CONFIG,
+            "cleanup.policy=compact is not supported on erasure-coded topics "
+            f"({PARTITION_MODE}=erasure)",
         )
     data = int(effective(configs, ERASURE_DATA_SHARDS))
     parity = int(effective(configs, ERASURE_PARITY_SHARDS))

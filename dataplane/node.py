@@ -381,6 +381,11 @@ class BrokerNode:
             self.partitions,
             self.shard_store,
             store_secret=cfg.controller_api_secret,
+            # decided offsets are sealed into object storage and read back from there
+            controller=self.client,
+            objects=objects,
+            node_epoch_fn=lambda: self.node_epoch or 0,
+            read_sealed=self.storage.read_committed,
         )
         image_fn = lambda: self.metadata.image  # noqa: E731
         routing, zone_handler = self._start_zone_router(objects, image_fn)

@@ -79,6 +79,12 @@ class BrokerShardStore:
     def fill_below(self, stream_id: int, mark: int) -> int:
         return self._target().fill_below(stream_id, mark)
 
+    def drop_below(self, stream_id: int, mark: int) -> int:
+        return self._target().drop_below(stream_id, mark)
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]:
+        return self._target().find(stream_id, payload_crc)
+
 
 def _field(data: bytes | None) -> bytes:
     return zigzag_varint(-1) if data is None else zigzag_varint(len(data)) + data

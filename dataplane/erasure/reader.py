@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from dataplane.erasure.codec import CodecError, ErasureCodec
@@ -43,6 +43,18 @@ MAX_READ_BYTES = 32 * 1024 * 1024
 
 class ReadUnavailableError(RuntimeError):
     """Too few stores answered to decide anything."""
+
+
+class SealedRangeError(RuntimeError):
+    """The read starts below a store's drop mark: those offsets were sealed into object
+    storage and the stores forgot them (an empty hole there means nothing)."""
+
+    def __init__(self, stream_id: int, start: int, sealed_below: int):
+        super().__init__(
+            f"stream {stream_id}: offsets below {sealed_below} are sealed into object "
+            f"storage (read from {start})"
+        )
+        self.sealed_below = sealed_below
 
 
 class CorruptWriteError(RuntimeError):
@@ -108,6 +120,27 @@ class ErasureReader:
 
         return list(self._pool.map(guarded, self.stores))
 
+    def find_written(self, payload_crc: int) -> list[int] | None:
+        """Offsets where a write of a payload with this CRC may be (the stores' recent
+        shards), from the first m + 1 stores that answer: a won write has shards on k of the
+        k + m stores, so any m + 1 of them hold one of its shards. None when fewer answer.
+        A store that does not answer (paused) is not waited for once m + 1 have."""
+        m = self.codec.parity_shards
+
+        def find(store: ShardStore) -> list[int]:
+            return list(store.find(self.stream_id, payload_crc))
+
+        pending = {self._pool.submit(find, s) for s in self.stores}
+        found: set[int] = set()
+        answered = 0
+        while pending and answered <= m:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is None:
+                    answered += 1
+                    found.update(future.result())
+        return sorted(found) if answered > m else None
+
     def decide_offset(self, offset: int) -> Decision:
         """Fill the empty holes of one offset with junk (write-once), then decide it."""
         if offset >= self.visible_end():
@@ -153,6 +186,9 @@ class ErasureReader:
             if filled[i] is not None and isinstance(answer, RangeAnswer):
                 ranges[i] = answer
         known = [r for r in ranges if r is not None]
+        sealed_below = max((r.dropped_below for r in known), default=start)
+        if sealed_below > start:
+            raise SealedRangeError(self.stream_id, start, sealed_below)
         if len(known) <= m:
             raise ReadUnavailableError(
                 f"stream {self.stream_id}: only {len(known)} shard stores listed their holes"

@@ -112,6 +112,14 @@ def decode_shard(frame: bytes) -> Shard:
     )
 
 
+def peek_payload_crc(frame: bytes) -> int | None:
+    """The payload CRC a shard frame's header names, without checking the frame (None: not
+    a shard). Only for finding candidates: whoever uses one decodes and checks it."""
+    if len(frame) < _HEADER.size or frame[:4] != SHARD_MAGIC:
+        return None
+    return _HEADER.unpack_from(frame)[9]
+
+
 def is_junk(frame: bytes) -> bool:
     """Whether a hole's bytes are the junk marker."""
     return frame == JUNK_MARKER

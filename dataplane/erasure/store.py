@@ -3,7 +3,9 @@
 One append-only log file; each record is
     length u32 | crc32c u32 | kind u8 | stream_id u64 | offset i64 | data
 (length counts everything after the crc). Kinds: HOLE (data: the hole's bytes) and FILL
-(offset: every empty hole of the stream below it now holds junk). Every answer follows an
+(offset: every empty hole of the stream below it now holds junk) and DROP (offset: the
+stream's holes below it are sealed into object storage and forgotten here; the mark only
+rises and implies a fill). Every answer follows an
 fsync covering everything the answer depends on, so an accepted hole survives a crash and no
 caller ever sees a hole that a crash could take back. Concurrent writes share fsyncs (group
 commit): each appends under the lock, then one thread fsyncs for all that are waiting. On open the log is replayed into a bounded
@@ -24,6 +26,7 @@ import bisect
 import os
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +34,18 @@ from pathlib import Path
 import crc32c
 
 from dataplane.erasure.holes import AcceptResult, accept
-from dataplane.erasure.shard_format import JUNK_MARKER
+from dataplane.erasure.shard_format import JUNK_MARKER, peek_payload_crc
 
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
 _BODY = struct.Struct(">BQq")
 _KIND_HOLE = 1
 _KIND_FILL = 2
+_KIND_DROP = 3
+# the log is rewritten without dropped holes once they are at least this many bytes and
+# half the file
+COMPACT_MIN_DEAD_BYTES = 64 * 1024 * 1024
+MAX_RECENT_WRITES_PER_STREAM = 100_000  # payload CRCs remembered per stream
 DEFAULT_MAX_HOLES = 1_000_000
 MAX_HOLE_BYTES = 16 * 1024 * 1024 + 64
 
@@ -52,6 +60,12 @@ class _Stream:
     offsets: list[int] = field(default_factory=list)  # sorted
     positions: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> (pos, len)
     filled_below: int = -(2**63)
+    dropped_below: int = -(2**63)
+    # the last writes' payload CRCs (offset -> crc, insertion order) and the reverse map:
+    # a retried batch finds where its first attempt went (kept after a drop: the offset
+    # is then sealed and still readable); bounded
+    recent_crcs: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    offsets_by_crc: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class RangeAnswer:
     holes: list[tuple[int, bytes]]  # (offset, bytes) of the filled holes in the range, ascending
     complete_below: int  # every hole below it in the range is in `holes` (the limit cut the rest)
     filled_below: int
+    # holes below it were sealed and dropped: a range starting below it is not complete here
+    dropped_below: int = -(2**63)
 
 
 class HoleStore:
@@ -77,6 +93,7 @@ class HoleStore:
         directory: Path,
         max_holes: int = DEFAULT_MAX_HOLES,
         fsync: Callable[[int], None] = os.fsync,
+        compact_min_dead_bytes: int = COMPACT_MIN_DEAD_BYTES,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -90,6 +107,12 @@ class HoleStore:
         self.fsync_count = 0
         self._streams: dict[int, _Stream] = {}
         self._holes = 0
+        # durability is tracked in logical log positions (file position + shift): a rewrite
+        # shortens the file but never moves a logical position back
+        self._shift = 0
+        self._dead_bytes = 0  # log bytes of dropped holes (reclaimed by a rewrite)
+        self.compact_min_dead_bytes = compact_min_dead_bytes
+        self.rewrites = 0
         path = self.directory / LOG_FILE
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._end = self._replay()
@@ -118,8 +141,11 @@ class HoleStore:
             if kind == _KIND_HOLE:
                 data_pos = pos + _PREFIX.size + _BODY.size
                 self._index(stream, offset, data_pos, length - _BODY.size)
+                self._remember(stream, offset, body[_BODY.size :])
             elif kind == _KIND_FILL:
                 stream.filled_below = max(stream.filled_below, offset)
+            elif kind == _KIND_DROP:
+                self._drop(stream, offset)
             pos += _PREFIX.size + length
         return pos
 
@@ -128,6 +154,42 @@ class HoleStore:
             bisect.insort(stream.offsets, offset)
             self._holes += 1
         stream.positions[offset] = (pos, length)
+
+    @staticmethod
+    def _remember(stream: _Stream, offset: int, data: bytes) -> None:
+        crc = peek_payload_crc(data)
+        if crc is None or offset in stream.recent_crcs:
+            return
+        stream.recent_crcs[offset] = crc
+        stream.offsets_by_crc.setdefault(crc, set()).add(offset)
+        while len(stream.recent_crcs) > MAX_RECENT_WRITES_PER_STREAM:
+            old_offset, old_crc = stream.recent_crcs.popitem(last=False)
+            offsets = stream.offsets_by_crc[old_crc]
+            offsets.discard(old_offset)
+            if not offsets:
+                del stream.offsets_by_crc[old_crc]
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]:
+        """Offsets of the stream's recent holes holding a shard whose header names this
+        payload CRC (candidates only: shards are not checked), ascending."""
+        with self._lock:
+            self._check_open()
+            stream = self._streams.get(stream_id)
+            found = sorted(stream.offsets_by_crc.get(payload_crc, ())) if stream else []
+            target = self._end + self._shift
+        self._wait_durable(target)
+        return found
+
+    def _drop(self, stream: _Stream, mark: int) -> None:
+        """Forget the stream's holes below `mark` (the index; their log bytes are dead)."""
+        stream.dropped_below = max(stream.dropped_below, mark)
+        stream.filled_below = max(stream.filled_below, mark)
+        cut = bisect.bisect_left(stream.offsets, mark)
+        for offset in stream.offsets[:cut]:
+            _, length = stream.positions.pop(offset)
+            self._dead_bytes += _PREFIX.size + _BODY.size + length
+        del stream.offsets[:cut]
+        self._holes -= cut
 
     def _append(self, kind: int, stream_id: int, offset: int, data: bytes) -> int:
         body = _BODY.pack(kind, stream_id, offset) + data
@@ -151,7 +213,7 @@ class HoleStore:
                         break
                     self._sync.wait()
             with self._lock:
-                end = self._end
+                end = self._end + self._shift
                 fd = self._fd
             error: OSError | None = None
             try:
@@ -194,8 +256,9 @@ class HoleStore:
                     raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
                 pos = self._append(_KIND_HOLE, stream_id, offset, data)
                 self._index(stream, offset, pos, len(data))
+                self._remember(stream, offset, data)
                 answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
-            target = self._end
+            target = self._end + self._shift
         # what the answer reports (ours or another writer's bytes, a fill) must be durable
         self._wait_durable(target)
         return answer
@@ -209,9 +272,103 @@ class HoleStore:
             if mark > stream.filled_below:
                 self._append(_KIND_FILL, stream_id, mark, b"")
                 stream.filled_below = mark
-            answer, target = stream.filled_below, self._end
+            answer, target = stream.filled_below, self._end + self._shift
         self._wait_durable(target)
         return answer
+
+    def drop_below(self, stream_id: int, mark: int) -> int:
+        """Forget the stream's holes below `mark`: they are sealed into object storage (the
+        caller saw the seal committed). Durable, idempotent, the mark only rises; it also
+        fills below the mark. Returns the stream's drop mark. The log is rewritten without
+        the dropped holes once enough of it is dead."""
+        with self._lock:
+            self._check_open()
+            stream = self._streams.setdefault(stream_id, _Stream())
+            if mark > stream.dropped_below:
+                self._append(_KIND_DROP, stream_id, mark, b"")
+                self._drop(stream, mark)
+            answer, target = stream.dropped_below, self._end + self._shift
+        self._wait_durable(target)
+        self._maybe_rewrite()
+        return answer
+
+    def _worth_rewriting(self) -> bool:
+        return (
+            self._fd >= 0
+            and self._dead_bytes >= self.compact_min_dead_bytes
+            and self._dead_bytes * 2 >= self._end
+        )
+
+    def _maybe_rewrite(self) -> None:
+        with self._lock:
+            if not self._worth_rewriting():
+                return
+        # no fsync may run on the old file while it is replaced: take the syncer's turn
+        # first (the lock order of _wait_durable: the turn, then the lock)
+        with self._sync:
+            while self._syncing:
+                self._sync.wait()
+            self._syncing = True
+        try:
+            with self._lock:
+                if self._worth_rewriting():
+                    self._rewrite()
+                end = self._end + self._shift
+        finally:
+            with self._sync:
+                self._syncing = False
+                self._sync.notify_all()
+        self._wait_durable(end)
+
+    def _rewrite(self) -> None:
+        """Copy the live log (marks and held holes) to a new file, fsync, rename it over the
+        old one. Called with the lock held and everything durable; a crash leaves either
+        file whole (the rename is atomic, the temporary file is ignored on open)."""
+        tmp = self.directory / (LOG_FILE + ".rewrite")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            out = bytearray()
+            positions: dict[tuple[int, int], tuple[int, int]] = {}
+            for stream_id, stream in self._streams.items():
+                for kind, mark in (
+                    (_KIND_FILL, stream.filled_below),
+                    (_KIND_DROP, stream.dropped_below),
+                ):
+                    if mark > -(2**63):
+                        body = _BODY.pack(kind, stream_id, mark)
+                        out += _PREFIX.pack(len(body), crc32c.crc32c(body)) + body
+                for offset in stream.offsets:
+                    pos, length = stream.positions[offset]
+                    body = _BODY.pack(_KIND_HOLE, stream_id, offset) + os.pread(
+                        self._fd, length, pos
+                    )
+                    out += _PREFIX.pack(len(body), crc32c.crc32c(body))
+                    positions[(stream_id, offset)] = (len(out) + _BODY.size, length)
+                    out += body
+            os.pwrite(fd, bytes(out), 0)
+            self._fsync(fd)
+            os.replace(tmp, self.directory / LOG_FILE)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        # the old file's appends may not all be fsync'd, but every live one is in the new
+        # file, which is: everything up to the logical end is durable
+        logical_end = self._end + self._shift
+        os.close(self._fd)
+        self._fd = fd
+        for (stream_id, offset), where in positions.items():
+            self._streams[stream_id].positions[offset] = where
+        self._end = len(out)
+        self._shift = logical_end - self._end
+        self._dead_bytes = 0
+        self.rewrites += 1
+        with self._sync:
+            self._durable = max(self._durable, logical_end)
 
     def read(self, stream_id: int, offset: int) -> bytes | None:
         """A hole's bytes (the junk marker for an empty hole below the fill mark), None if empty."""
@@ -219,7 +376,7 @@ class HoleStore:
             self._check_open()
             stream = self._streams.get(stream_id)
             answer = None if stream is None else self._read(stream, offset)
-            target = self._end
+            target = self._end + self._shift
         self._wait_durable(target)
         return answer
 
@@ -230,7 +387,7 @@ class HoleStore:
         with self._lock:
             self._check_open()
             answer = self._read_range(stream_id, start, end, max_holes, max_bytes)
-            target = self._end
+            target = self._end + self._shift
         self._wait_durable(target)
         return answer
 
@@ -240,6 +397,8 @@ class HoleStore:
         stream = self._streams.get(stream_id)
         if stream is None:
             return RangeAnswer([], end, -(2**63))
+        if start < stream.dropped_below:  # sealed: the holes are in object storage now
+            return RangeAnswer([], end, stream.filled_below, stream.dropped_below)
         found: list[tuple[int, bytes]] = []
         size = 0
         i = bisect.bisect_left(stream.offsets, start)
@@ -254,7 +413,12 @@ class HoleStore:
             found.append((offset, data))
             size += len(data)
             i += 1
-        return RangeAnswer(found, complete_below, stream.filled_below)
+        return RangeAnswer(found, complete_below, stream.filled_below, stream.dropped_below)
+
+    def streams(self) -> dict[int, int]:
+        """Stream id -> drop mark of every stream this store has seen."""
+        with self._lock:
+            return {sid: st.dropped_below for sid, st in self._streams.items()}
 
     @property
     def hole_count(self) -> int:

@@ -11,6 +11,7 @@ Thread-safe: connections are per thread.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import socket
@@ -18,7 +19,12 @@ import threading
 
 from dataplane.erasure.holes import AcceptResult
 from dataplane.erasure.store import RangeAnswer, WriteAnswer
-from dataplane.erasure.store_server import FILL_MARK_HEADER, RESULT_HEADER, decode_range
+from dataplane.erasure.store_server import (
+    DROP_MARK_HEADER,
+    FILL_MARK_HEADER,
+    RESULT_HEADER,
+    decode_range,
+)
 
 DEFAULT_TIMEOUT_MS = 2_000
 
@@ -117,11 +123,15 @@ class ShardStoreClient:
         self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
     ) -> RangeAnswer:
         path = f"/v1/holes/{stream_id}?start={start}&end={end}&max_holes={max_holes}&max_bytes={max_bytes}"
-        status, _, body = self._request("GET", path)
+        status, headers, body = self._request("GET", path)
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: range read answered {status}")
         try:
-            return decode_range(body)
+            answer = decode_range(body)
+            dropped = headers.get(DROP_MARK_HEADER.lower())
+            if dropped is not None:
+                answer = dataclasses.replace(answer, dropped_below=int(dropped))
+            return answer
         except ValueError as e:
             raise StoreUnavailableError(f"shard store {self.address}: {e}") from None
 
@@ -130,3 +140,15 @@ class ShardStoreClient:
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: fill answered {status}")
         return int(json.loads(body)["filled_below"])
+
+    def drop_below(self, stream_id: int, mark: int) -> int:
+        status, _, body = self._request("POST", f"/v1/drop/{stream_id}?below={mark}", b"")
+        if status != 200:
+            raise StoreUnavailableError(f"shard store {self.address}: drop answered {status}")
+        return int(json.loads(body)["dropped_below"])
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]:
+        status, _, body = self._request("GET", f"/v1/find/{stream_id}?crc={payload_crc}")
+        if status != 200:
+            raise StoreUnavailableError(f"shard store {self.address}: find answered {status}")
+        return [int(o) for o in json.loads(body)["offsets"]]

@@ -6,6 +6,11 @@ GET  /v1/holes/<stream>/<offset>        200 with the hole's bytes, 404 empty
 GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
                                         the filled holes of a range, binary (see encode_range)
 POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with junk; JSON answer
+POST /v1/drop/<stream>?below=<offset>   forget the holes below the mark (sealed into object
+                                        storage); JSON answer. Range reads answer the drop
+                                        mark in X-Dropped-Below
+GET  /v1/find/<stream>?crc=<payload crc> recent offsets whose shard names that payload CRC
+                                        (a retried batch finds its first attempt); JSON
 GET  /v1/status                         JSON: holes held
 
 Every write is durable before its answer. With a secret (a broker's store: the cluster's
@@ -47,6 +52,7 @@ _RANGE_HEAD = struct.Struct(">qqI")
 _RANGE_ENTRY = struct.Struct(">qI")
 RESULT_HEADER = "X-Hole-Result"
 FILL_MARK_HEADER = "X-Filled-Below"
+DROP_MARK_HEADER = "X-Dropped-Below"
 
 
 def encode_range(answer: RangeAnswer) -> bytes:
@@ -233,13 +239,19 @@ class _Handler(BaseHTTPRequestHandler):
             max_bytes = min(_int_param(query, "max_bytes", MAX_RANGE_BYTES), MAX_RANGE_BYTES)
             if max_holes < 1 or max_bytes < 1:
                 raise _BadRequest("max_holes and max_bytes must be positive")
-            self._send(
-                200, encode_range(store.read_range(ids[0], start, end, max_holes, max_bytes))
-            )
+            answer = store.read_range(ids[0], start, end, max_holes, max_bytes)
+            self._send(200, encode_range(answer), **{DROP_MARK_HEADER: str(answer.dropped_below)})
         elif route == ("POST", "fill", 1):
             self._body()
             mark = store.fill_below(ids[0], _int_param(query, "below"))
             self._send(200, json.dumps({"filled_below": mark}).encode(), "application/json")
+        elif route == ("POST", "drop", 1):
+            self._body()
+            mark = store.drop_below(ids[0], _int_param(query, "below"))
+            self._send(200, json.dumps({"dropped_below": mark}).encode(), "application/json")
+        elif route == ("GET", "find", 1):
+            offsets = store.find(ids[0], _int_param(query, "crc"))
+            self._send(200, json.dumps({"offsets": offsets}).encode(), "application/json")
         elif route == ("GET", "status", 0):
             self._send(200, json.dumps({"holes": store.hole_count}).encode(), "application/json")
         else:

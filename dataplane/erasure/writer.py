@@ -33,6 +33,7 @@ DEFAULT_RETRY_SPREAD_NS = 1_000_000
 DEFAULT_WRITE_TIMEOUT_MS = 5_000
 DEFAULT_STORE_BACKOFF_MS = 1_000
 MAX_IN_FLIGHT_PER_STORE = 8
+CAPACITY_POLL_S = 0.001  # how often an append waiting for free in-flight slots looks again
 
 
 class ShardStore(Protocol):
@@ -48,6 +49,10 @@ class ShardStore(Protocol):
     ) -> RangeAnswer: ...
 
     def fill_below(self, stream_id: int, mark: int) -> int: ...
+
+    def drop_below(self, stream_id: int, mark: int) -> int: ...
+
+    def find(self, stream_id: int, payload_crc: int) -> list[int]: ...
 
 
 class WriteFailedError(RuntimeError):
@@ -77,6 +82,14 @@ class _StoreHealth:
                 return False
             self._in_flight += 1
             return True
+
+    def state(self) -> str:
+        """ "free" (a shard may be sent now), "busy" (its in-flight bound is reached: a slot
+        frees as an answer comes) or "backoff" (it failed a moment ago)."""
+        with self._lock:
+            if time.monotonic() < self._skip_until:
+                return "backoff"
+            return "busy" if self._in_flight >= MAX_IN_FLIGHT_PER_STORE else "free"
 
     def end(self, ok: bool) -> None:
         with self._lock:
@@ -151,6 +164,7 @@ class ErasureWriter:
         offset = self._next_offset()
         k = self.codec.data_shards
         for attempt in range(self.max_attempts):
+            self._await_capacity()
             result = self.write_at(offset, payload)
             if result.outcome is not WriteOutcome.WON and may_have_won(result.acks, k):
                 # unanswered shards may have completed k holes: resend the very same shards
@@ -170,6 +184,20 @@ class ErasureWriter:
             f"stream {self.stream_id}: no offset won in {self.max_attempts} attempts{maybe} "
             f"(last acks: {[a.value for a in result.acks]})"
         )
+
+    def _await_capacity(self) -> None:
+        """Wait (at most the write timeout) while fewer than k stores could take a shard now
+        only because this writer's in-flight bound is reached on them: many concurrent
+        appends would otherwise find them all busy and burn their attempts at once. Stores
+        in back-off are not waited for."""
+        k = self.codec.data_shards
+        deadline = time.monotonic() + self.write_timeout_ms / 1000
+        while True:
+            states = [h.state() for h in self._health]
+            free, busy = states.count("free"), states.count("busy")
+            if free >= k or free + busy < k or time.monotonic() >= deadline:
+                return
+            time.sleep(CAPACITY_POLL_S)
 
     def shards(self, offset: int, payload: bytes) -> list[bytes]:
         """The k + m shard frames of a payload at an offset (frame i for hole i)."""

@@ -18,10 +18,14 @@ broker, `dataplane/erasure/store_server.py`). Any broker serves any such partiti
   it). An offset that cannot be decided yet (too many stores unreachable) stops the read
   there: nothing is skipped, the consumer waits.
 - **Limits** (documented in docs/operations.md): no transactions (transactional batches are
-  refused with INVALID_RECORD); an idempotent producer's retry is deduplicated only when it
-  reaches the same broker (the last 10,000 batches per partition are remembered in memory):
-  a retry on another broker after the first one died may store the batch twice;
-  DeleteRecords is refused; ListOffsets by timestamp scans from the target time's offset.
+  refused with INVALID_RECORD); an idempotent producer's retry to the same broker gets the
+  first attempt's write (the last 10,000 batches per partition are remembered in memory); a
+  retry on another broker is looked up in the shard stores by payload CRC (`_find_earlier`,
+  best effort: a first attempt not found is stored again);
+  ListOffsets by timestamp scans from the target time's offset.
+- **Sealing** (`erasure_seal.py`): decided offsets older than the seal delay are written
+  into object storage as a stream object and dropped from the shard stores; reads below
+  the sealed end come from the object store; retention and DeleteRecords trim them.
 
 Thread-safety: every method may be called from any thread; the writer and reader are
 thread-safe and the partition keeps no other mutable state but its listener list (locked).
@@ -31,19 +35,29 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from controlplane import topic_configs
+from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
-from controlplane.image import MetadataImage
+from controlplane.image import MetadataImage, StreamMetaState
 from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
 from dataplane.erasure.embedded import BrokerShardStore
-from dataplane.erasure.reader import CorruptWriteError, ErasureReader, ReadUnavailableError
+from dataplane.erasure.reader import (
+    CorruptWriteError,
+    ErasureReader,
+    ReadUnavailableError,
+    SealedRangeError,
+)
+from dataplane.erasure.seal_format import offset_of, sealed_records, slot_of
+from dataplane.erasure.shard_format import payload_checksum
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
+from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
@@ -51,12 +65,15 @@ from dataplane.kafka.partition_backend import (
     PartitionResolver,
     parse_produced_batches,
 )
+from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
     parse_batch_header,
     parse_batches,
     patch_batch,
 )
+from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +83,10 @@ WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
 MAX_TIMESTAMP_SCAN_READS = 200
 MAX_RECENT_PRODUCER_BATCHES = 10_000  # idempotent batches remembered per partition
+MAX_SEALED_READS = 100  # object-store reads per fetch of sealed offsets
+MAX_DEDUP_CANDIDATES = 4  # earlier offsets a possibly retried batch checks
+DEDUP_WAIT_MARGIN_MS = 200  # beyond the read delay, for a candidate to be decided
+DEDUP_POLL_S = 0.02
 
 
 def aligned_up(offset: int) -> int:
@@ -86,6 +107,9 @@ class ErasurePartition:
         settings: ErasureSettings,
         write_pool: ThreadPoolExecutor,
         configs_fn: Callable[[], Mapping[str, str]] = dict,
+        stream_fn: Callable[[], StreamMetaState | None] = lambda: None,
+        read_sealed: Callable[[int, int, int, int], list[StreamRecordBatch]] | None = None,
+        sealer_fn: Callable[[], ErasureSealer | None] = lambda: None,
     ):
         self.topic_id = topic_id
         self.topic = topic
@@ -96,8 +120,16 @@ class ErasurePartition:
         self.writer = ErasureWriter(stores, stream_id, codec, offset_alignment=OFFSET_ALIGNMENT)
         self.reader = ErasureReader(stores, stream_id, codec, read_delay_ms=settings.read_delay_ms)
         self._pool = write_pool
+        self.seal_delay_ms = settings.seal_delay_ms
         self._configs_fn = configs_fn
+        # the partition's stream in the metadata (its sealed end and start), the object
+        # store's read path for sealed offsets, the broker's sealer (DeleteRecords)
+        self._stream_fn = stream_fn
+        self._read_sealed = read_sealed
+        self._sealer_fn = sealer_fn
         self._recent: OrderedDict[tuple, Future] = OrderedDict()  # idempotent batch -> write
+        # (producer id, epoch) -> the sequence its next batch has, as this broker saw it
+        self._producer_next: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._listeners_lock = threading.Lock()
@@ -112,9 +144,20 @@ class ErasurePartition:
     def leader_epoch(self) -> int:
         return self._leader_epoch
 
+    def _sealed_span(self) -> tuple[int, int] | None:
+        """(start, end) of the sealed offsets in slots, None when nothing is sealed."""
+        stream = self._stream_fn()
+        end = sealed_end(stream)
+        if stream is None or end is None:
+            return None
+        return stream.start_offset, end
+
     @property
     def log_start_offset(self) -> int:
-        return 0
+        """0 until the first seal (the stores hold everything), then the stream's start
+        (retention and DeleteRecords move it)."""
+        span = self._sealed_span()
+        return 0 if span is None else offset_of(span[0])
 
     @property
     def high_watermark(self) -> int:
@@ -150,19 +193,52 @@ class ErasurePartition:
             if done is not None and done.done() and done.exception() is not None:
                 done = None  # that attempt failed: write again
             if done is None:
-                done = self._pool.submit(self._write, payloads)
+                # a batch that does not continue what this broker saw of its producer may
+                # be a retry whose first attempt went to another broker: look for it first
+                lookup = False
+                if key is not None:
+                    producer = (batches[0].producer_id, batches[0].producer_epoch)
+                    lookup = self._producer_next.get(producer) != batches[0].base_sequence
+                    last = batches[-1]
+                    self._producer_next[producer] = last.base_sequence + last.last_offset_delta + 1
+                    self._producer_next.move_to_end(producer)
+                    while len(self._producer_next) > MAX_RECENT_PRODUCER_BATCHES:
+                        self._producer_next.popitem(last=False)
+                done = self._pool.submit(self._write, payloads, lookup)
                 if key is not None:
                     self._recent[key] = done
                     while len(self._recent) > MAX_RECENT_PRODUCER_BATCHES:
                         self._recent.popitem(last=False)
         return AppendOutcome(KafkaError.NONE, -1, [done], base_offset_future=done)
 
-    def _write(self, payloads: list[bytes]) -> int:
+    def _find_earlier(self, payload: bytes) -> int | None:
+        """The offset where these very batch bytes were already decided (an idempotent
+        producer's retry whose first attempt another broker wrote), else None. The stores
+        index their recent shards by payload CRC; a candidate is waited for until readers
+        decide it (at most the read delay and a margin) and counts only if it holds these
+        bytes. A first attempt whose shards reach the stores after this look is not found
+        (the client may then see its batch twice, as without idempotence)."""
+        candidates = self.reader.find_written(payload_checksum(payload)) or []
+        for candidate in candidates[-MAX_DEDUP_CANDIDATES:]:
+            deadline = time.monotonic() + (self.reader.read_delay_ms + DEDUP_WAIT_MARGIN_MS) / 1000
+            while candidate >= self.reader.visible_end() and time.monotonic() < deadline:
+                time.sleep(DEDUP_POLL_S)
+            if candidate >= self.reader.visible_end() or candidate < self.log_start_offset:
+                continue
+            expected = patch_batch(payload, candidate, self._leader_epoch)
+            data = self.read(candidate, len(payload) + 1024, self.high_watermark)
+            if data[: len(expected)] == expected:
+                return candidate
+        return None
+
+    def _write(self, payloads: list[bytes], lookup: bool = False) -> int:
         """Writes the batches in order; returns the first one's offset. Raises
-        WriteFailedError when no offset could be won (the client retries)."""
+        WriteFailedError when no offset could be won (the client retries). With `lookup`,
+        a batch already decided elsewhere (a retry) is not written again."""
         first = -1
         for payload in payloads:
-            offset = self.writer.append(payload)
+            found = self._find_earlier(payload) if lookup else None
+            offset = found if found is not None else self.writer.append(payload)
             if first < 0:
                 first = offset
         self._notify()
@@ -175,10 +251,20 @@ class ErasurePartition:
         `end`, at least one batch when there is one."""
         end = self.high_watermark if end is None else end
         start = offset - offset % OFFSET_ALIGNMENT
+        span = self._sealed_span() if self._read_sealed is not None else None
+        if span is not None and start < offset_of(span[1]):
+            data, through = self._read_sealed_batches(offset, max_bytes, end, span)
+            if data or not through:
+                return data
+            # only fillers up to the sealed end: the next batch is in the stores
+            start = offset = max(offset, offset_of(span[1]))
         parts: list[bytes] = []
         size = 0
         try:
             result = self.reader.read(start, max_records=MAX_FETCH_RECORDS, max_bytes=max_bytes)
+        except SealedRangeError as exc:  # sealed since our metadata: read it there next time
+            log.info("%s-%d: %s", self.topic, self.partition, exc)
+            return b""
         except ReadUnavailableError as exc:  # too few stores: the consumer waits and retries
             log.warning("%s-%d: %s", self.topic, self.partition, exc)
             return b""
@@ -207,6 +293,36 @@ class ErasurePartition:
             parts.append(batch)
             size += len(batch)
         return b"".join(parts)
+
+    def _read_sealed_batches(
+        self, offset: int, max_bytes: int, end: int, span: tuple[int, int]
+    ) -> tuple[bytes, bool]:
+        """Sealed batches from the one holding `offset`, from the object store (through
+        the storage engine's read path and BlockCache); and whether the read went through
+        to the sealed end (only then may a read continue in the stores)."""
+        assert self._read_sealed is not None
+        slot = max(slot_of(offset), span[0])
+        parts: list[bytes] = []
+        size = 0
+        for _ in range(MAX_SEALED_READS):
+            if slot >= span[1]:
+                return b"".join(parts), True
+            if size >= max_bytes:
+                break
+            batches = self._read_sealed(self.stream_id, slot, span[1], max(max_bytes, 1 << 16))
+            if not batches:
+                break  # e.g. trimmed meanwhile: never skip ahead to the stores
+            for kafka_offset, payload in sealed_records(batches):
+                header = parse_batch_header(payload)
+                if kafka_offset >= end or (parts and size + len(payload) > max_bytes):
+                    return b"".join(parts), False
+                if kafka_offset + header.last_offset_delta < offset:
+                    continue
+                batch = patch_batch(payload, kafka_offset, self._leader_epoch)
+                parts.append(batch)
+                size += len(batch)
+            slot = max(slot, batches[-1].last_offset)
+        return b"".join(parts), False
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return []
@@ -238,7 +354,30 @@ class ErasurePartition:
         return OffsetAndTimestamp(-1, -1)
 
     def delete_records(self, offset: int) -> int:
-        raise ValueError("DeleteRecords is not supported on erasure-coded partitions")
+        """Move the log start to the batch holding `offset` (-1: the high watermark). Only
+        sealed offsets can be deleted: the partition is sealed up to the offset first (the
+        visible end at most), and the start stops at the sealed end. Returns the new log
+        start offset."""
+        sealer = self._sealer_fn()
+        if sealer is None:
+            raise ValueError("DeleteRecords needs object storage (this broker has none)")
+        hw = self.high_watermark
+        if offset == -1:
+            offset = hw
+        if offset < 0 or offset > hw:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside [0, {hw}]")
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        span = self._sealed_span()
+        if span is None or offset_of(span[1]) < offset:
+            sealer.seal(self, up_to=min(offset + OFFSET_ALIGNMENT, self.reader.visible_end()))
+            span = self._sealed_span()
+        if span is None:
+            return self.log_start_offset  # nothing stored: nothing to delete
+        target = min(slot_of(offset), span[1])
+        if target > span[0]:
+            sealer.trim(self, target)
+        return max(self.log_start_offset, offset_of(target))
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         if leader_epoch < 0:
@@ -286,7 +425,15 @@ class ErasurePartitions:
         store_timeout_ms: int = 2_000,
         store_for: Callable[[int], ShardStore] | None = None,
         store_secret: str | None = None,
+        controller: ControllerCalls | None = None,
+        objects: ObjectStorage | None = None,
+        node_epoch_fn: Callable[[], int] | None = None,
+        read_sealed: Callable[[int, int, int, int], list[StreamRecordBatch]] | None = None,
+        seal_config: SealConfig | None = None,
     ):
+        """With `controller`, `objects`, `node_epoch_fn` and `read_sealed` (the storage
+        engine's `read_committed`), decided offsets are sealed into object storage
+        (`erasure_seal.ErasureSealer`) and read back from there."""
         self.node_id = node_id
         self.image_fn = image_fn
         self.leaders = leaders
@@ -303,9 +450,25 @@ class ErasurePartitions:
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="erasure-ticker", daemon=True)
         self._ticker.start()
+        self.read_sealed = read_sealed
+        self.sealer: ErasureSealer | None = None
+        if controller is not None and objects is not None and read_sealed is not None:
+            self.sealer = ErasureSealer(
+                node_id,
+                node_epoch_fn or (lambda: 0),
+                image_fn,
+                controller,
+                objects,
+                self._erasure_partition,
+                seal_config,
+                local_store=local_store,
+            )
+            self.sealer.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.sealer is not None:
+            self.sealer.stop()
         with self._lock:
             partitions = list(self._partitions.values())
             self._partitions.clear()
@@ -324,6 +487,10 @@ class ErasurePartitions:
         if store is None:
             store = self._stores[node_id] = self._store_for(node_id)
         return store
+
+    def _erasure_partition(self, topic_id: str, partition: int) -> ErasurePartition | None:
+        found = self.get(topic_id, partition)
+        return found if isinstance(found, ErasurePartition) else None
 
     def get(self, topic_id: str, partition: int):
         image = self.image_fn()
@@ -350,6 +517,9 @@ class ErasurePartitions:
                 settings,
                 self._pool,
                 lambda: self._configs_of(topic_id),
+                lambda sid=state.stream_id: self.image_fn().streams.get(sid),
+                self.read_sealed,
+                lambda: self.sealer,
             )
             self._partitions[key] = created
         if found is not None:

@@ -238,6 +238,33 @@ def test_an_idempotent_retry_to_the_same_broker_is_not_stored_twice(cluster):
     assert [v for _, v in read_all(apis, "events", 2)] == [b"once", b"next"]
 
 
+def test_an_idempotent_retry_on_another_broker_gets_the_first_attempts_offset(cluster):
+    """Broker 1 wrote the batch, its answer was lost (it died): the producer resends the
+    same bytes to broker 2, which finds the first attempt in the stores (by payload CRC),
+    waits until readers decide it, and answers with its offset instead of a second copy.
+    A different batch of that producer, or of another one, is written as usual."""
+    apis, controller, stores, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    other = ErasurePartitions(2, image_now, NoLeaders(), store_for=lambda n: stores[n])
+    try:
+        topic_id = image_now().topic_by_name("events").topic_id
+        on_2 = other.get(topic_id, 0)
+        records = batch([b"once"], producer=(7, 0, 5))
+        first = produce(apis, "events", records)
+        assert first.error_code == KafkaError.NONE
+        retried = on_2.append(records).base_offset_future.result(10)
+        assert retried == first.base_offset
+        assert all(s.hole_count == 1 for s in stores.values())  # not written again
+        # the producer goes on on broker 2: its next batch continues there, no look-up
+        nxt = on_2.append(batch([b"next"], producer=(7, 0, 6))).base_offset_future.result(10)
+        fresh = on_2.append(batch([b"fresh"], producer=(8, 0, 0))).base_offset_future.result(10)
+        assert first.base_offset < nxt < fresh
+        got = read_all(apis, "events", 3)
+        assert got == [(first.base_offset, b"once"), (nxt, b"next"), (fresh, b"fresh")]
+    finally:
+        other.stop()
+
+
 def test_a_payload_that_is_not_a_record_batch_is_passed_by_readers(cluster):
     """An embedded writer (no broker) may put its own payloads into the stream: Kafka
     readers pass them (no record there) and read on."""
