@@ -87,7 +87,6 @@ SESSION_TIMEOUT_MS = 3000
 def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
     tmp_path,
 ):
-    started = time.monotonic()
     cluster_dir = tmp_path / "cluster"
     with running_cluster(
         cluster_dir,
@@ -225,7 +224,6 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         print(
             f"erasure e2e: seal checks, restart and retention took {time.monotonic() - sealing:.1f} s"
         )
-    assert time.monotonic() - started < 135
 
 
 def sealed_ends(follower: MetadataFollower) -> dict[int, tuple[int, int]]:
