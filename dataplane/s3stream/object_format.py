@@ -44,6 +44,7 @@ All functions here are pure (no I/O). Parsers validate everything and raise
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -179,17 +180,20 @@ class StreamRange:
     end_offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WrittenObject:
-    """Result of :meth:`ObjectWriter.finish`."""
+    """Result of :meth:`ObjectWriter.finish`: the object's bytes as `parts` (block
+    headers and bodies, index, footer, in order: an upload sends them without joining)."""
 
-    data: bytes
+    parts: tuple[bytes | bytearray, ...]
     ranges: list[StreamRange]
     index: list[IndexEntry]
+    size_bytes: int
 
-    @property
-    def size_bytes(self) -> int:
-        return len(self.data)
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The whole object as one `bytes` (joined on first use)."""
+        return b"".join(self.parts)
 
 
 # ------------------------------------------------------------------------------ writer
@@ -385,10 +389,15 @@ class ObjectWriter:
             index_length=len(index_bytes),
             index_crc32c=_crc32c.crc32c(index_bytes),
         )
-        data = b"".join([*self._blocks, index_bytes, footer.encode()])
+        parts = (*self._blocks, index_bytes, footer.encode())
         self._blocks = []
         ranges = [StreamRange(sid, r[0], r[1]) for sid, r in sorted(self._ranges.items())]
-        return WrittenObject(data=data, ranges=ranges, index=list(self._index))
+        return WrittenObject(
+            parts=parts,
+            ranges=ranges,
+            index=list(self._index),
+            size_bytes=sum(len(p) for p in parts),
+        )
 
 
 def encode_block(body: bytes | bytearray, batch_count: int) -> bytes:
