@@ -117,6 +117,8 @@ _READ_DRAIN = "drain"  # a close slot was queued: write what precedes it, then c
 
 
 _READ_BUFFER_BYTES = 256 * 1024  # the reused read buffer of a connection
+_READ_BYTES = 64 * 1024  # at most this per read into it: a large frame's start that lands
+# there is copied to the frame's own buffer, so keep that copy short
 _MIN_READ_BYTES = 16 * 1024  # less free room than this at its end: move the partial frame front
 _DIRECT_FRAME_BYTES = 64 * 1024  # a frame above this is read into a buffer of its own (no copy)
 _QUEUED_FRAME_BYTES = 1024 * 1024  # frames waiting for an in-flight slot: stop reading above
@@ -169,7 +171,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
             start, end = self._start, self._end
             self._buf[: end - start] = self._view[start:end]
             self._start, self._end = 0, end - start
-        return self._view[self._end :]
+        return self._view[self._end : self._end + _READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.error is not None:
