@@ -650,19 +650,20 @@ def decode_block(
         raise CorruptObjectError(f"invalid batch count {batch_count}")
     batches: list[StreamRecordBatch] = []
     pos = 0
+    decode = StreamRecordBatch.decode
     try:
-        for _ in range(batch_count):
-            batch, pos = StreamRecordBatch.decode(body, pos)
-            if batches:
-                prev = batches[-1]
-                if batch.stream_id != prev.stream_id:
-                    raise CorruptObjectError(
-                        f"block mixes streams {prev.stream_id} and {batch.stream_id}"
-                    )
-                if batch.base_offset != prev.last_offset:
-                    raise CorruptObjectError(
-                        f"offset gap in block: {prev.last_offset} -> {batch.base_offset}"
-                    )
+        batch, pos = decode(body, pos)
+        batches.append(batch)
+        stream_id, next_offset = batch.stream_id, batch.last_offset
+        for _ in range(batch_count - 1):
+            batch, pos = decode(body, pos)
+            if batch.stream_id != stream_id:
+                raise CorruptObjectError(f"block mixes streams {stream_id} and {batch.stream_id}")
+            if batch.base_offset != next_offset:
+                raise CorruptObjectError(
+                    f"offset gap in block: {next_offset} -> {batch.base_offset}"
+                )
+            next_offset = batch.last_offset
             batches.append(batch)
     except CorruptRecordError as exc:
         raise CorruptObjectError(f"bad record in data block: {exc}") from exc
