@@ -202,7 +202,10 @@ class _OpenBlock:
     stream_id: int
     start_offset: int
     end_offset: int
-    body: bytearray = field(default_factory=bytearray)
+    # the encoded batches as pieces (headers, payloads), joined once when the block closes:
+    # appending to one bytearray re-copied it as it grew
+    pieces: list[bytes | memoryview] = field(default_factory=list)
+    body_size: int = 0
     batch_count: int = 0
 
 
@@ -248,7 +251,7 @@ class ObjectWriter:
         pending = 0
         if self._open is not None:
             entries += 1
-            pending = BLOCK_HEADER_SIZE_BYTES + len(self._open.body)
+            pending = BLOCK_HEADER_SIZE_BYTES + self._open.body_size
         return self._position + pending + entries * INDEX_ENTRY_SIZE_BYTES + FOOTER_SIZE_BYTES
 
     @property
@@ -286,7 +289,8 @@ class ObjectWriter:
         if block is None:
             block = _OpenBlock(batch.stream_id, batch.base_offset, batch.base_offset)
             self._open = block
-        batch.encode_into(block.body)
+        block.pieces += (batch.encode_header(), batch.payload)
+        block.body_size += batch.size_bytes
         block.batch_count += 1
         block.end_offset = batch.last_offset
         if known is None:
@@ -314,7 +318,7 @@ class ObjectWriter:
         block = self._open
         if block is not None and (
             block.stream_id != sid
-            or BLOCK_HEADER_SIZE_BYTES + len(block.body) + len(body) > self._block_size_bytes
+            or BLOCK_HEADER_SIZE_BYTES + block.body_size + len(body) > self._block_size_bytes
             or end - block.start_offset > _I32_MAX
             or block.batch_count + entry.record_count > MAX_BATCHES_PER_BLOCK
         ):
@@ -328,7 +332,12 @@ class ObjectWriter:
         if block is None:
             block = _OpenBlock(sid, start, start)
             self._open = block
-        block.body += body
+        if not isinstance(body, bytes) and not (
+            isinstance(body, memoryview) and isinstance(body.obj, bytes)
+        ):
+            body = bytes(body)  # a buffer that may change: copy (immutable bytes are kept)
+        block.pieces.append(body)
+        block.body_size += len(body)
         block.batch_count += entry.record_count
         block.end_offset = end
         if known is None:
@@ -344,7 +353,7 @@ class ObjectWriter:
     def _fits(self, block: _OpenBlock, batch: StreamRecordBatch) -> bool:
         if block.stream_id != batch.stream_id:
             return False
-        if BLOCK_HEADER_SIZE_BYTES + len(block.body) + batch.size_bytes > self._block_size_bytes:
+        if BLOCK_HEADER_SIZE_BYTES + block.body_size + batch.size_bytes > self._block_size_bytes:
             return False
         if batch.last_offset - block.start_offset > _I32_MAX:
             return False
@@ -357,8 +366,9 @@ class ObjectWriter:
         self._open = None
         # header and body stay separate buffers until `finish` joins the object: the body
         # is copied once, not three times (it holds the GIL while copying megabytes)
-        head = _block_head(block.body, block.batch_count)
-        size = len(head) + len(block.body)
+        body = b"".join(block.pieces)
+        head = _block_head(body, block.batch_count)
+        size = len(head) + len(body)
         entry = IndexEntry(
             stream_id=block.stream_id,
             start_offset=block.start_offset,
@@ -367,7 +377,7 @@ class ObjectWriter:
             position=self._position,
             size=size,
         )
-        self._blocks += (head, block.body)
+        self._blocks += (head, body)
         self._index.append(entry)
         self._position += size
 

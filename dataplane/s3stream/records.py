@@ -117,6 +117,12 @@ class StreamRecordBatch:
             + self.payload
         )
 
+    def encode_header(self) -> bytes:
+        """The 33-byte header of the encoding (the payload follows it)."""
+        return _HEADER.pack(
+            MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+        )
+
     def encode_into(self, out: bytearray) -> None:
         """Append the encoding to ``out`` (avoids one copy when building blocks)."""
         out += _HEADER.pack(
