@@ -269,34 +269,43 @@ class ObjectWriter:
         """
         if self._finished:
             raise ValueError("writer already finished")
-        known = self._ranges.get(batch.stream_id)
-        if known is not None and batch.base_offset != known[1]:
+        # one call per Kafka batch of an upload: the batch's properties are read once
+        stream_id, base_offset, count = batch.stream_id, batch.base_offset, batch.count
+        last_offset = base_offset + (count if count > 0 else -count)
+        size = BATCH_HEADER_SIZE_BYTES + len(batch.payload)
+        known = self._ranges.get(stream_id)
+        if known is not None and base_offset != known[1]:
             raise ValueError(
-                f"stream {batch.stream_id}: batch base_offset {batch.base_offset} does not "
+                f"stream {stream_id}: batch base_offset {base_offset} does not "
                 f"continue the stream at {known[1]}"
             )
         block = self._open
-        if block is not None and not self._fits(block, batch):
+        if block is not None and (
+            block.stream_id != stream_id
+            or BLOCK_HEADER_SIZE_BYTES + block.body_size + size > self._block_size_bytes
+            or last_offset - block.start_offset > _I32_MAX
+            or block.batch_count >= MAX_BATCHES_PER_BLOCK
+        ):
             self._close_block()
             block = None
         new_block_overhead = (
             BLOCK_HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES if block is None else 0
         )
-        if self.size_bytes + new_block_overhead + batch.size_bytes > self._max_object_bytes:
+        if self.size_bytes + new_block_overhead + size > self._max_object_bytes:
             raise ObjectFullError(
-                f"adding {batch.size_bytes} B would exceed max_object_bytes={self._max_object_bytes}"
+                f"adding {size} B would exceed max_object_bytes={self._max_object_bytes}"
             )
         if block is None:
-            block = _OpenBlock(batch.stream_id, batch.base_offset, batch.base_offset)
+            block = _OpenBlock(stream_id, base_offset, base_offset)
             self._open = block
         block.pieces += (batch.encode_header(), batch.payload)
-        block.body_size += batch.size_bytes
+        block.body_size += size
         block.batch_count += 1
-        block.end_offset = batch.last_offset
+        block.end_offset = last_offset
         if known is None:
-            self._ranges[batch.stream_id] = [batch.base_offset, batch.last_offset]
+            self._ranges[stream_id] = [base_offset, last_offset]
         else:
-            known[1] = batch.last_offset
+            known[1] = last_offset
 
     def add_encoded(self, entry: IndexEntry, body: bytes | bytearray | memoryview) -> None:
         """Append a checked data block's body (its encoded batches, see `check_block`)
@@ -349,15 +358,6 @@ class ObjectWriter:
         """Add batches in iteration order."""
         for batch in batches:
             self.add(batch)
-
-    def _fits(self, block: _OpenBlock, batch: StreamRecordBatch) -> bool:
-        if block.stream_id != batch.stream_id:
-            return False
-        if BLOCK_HEADER_SIZE_BYTES + block.body_size + batch.size_bytes > self._block_size_bytes:
-            return False
-        if batch.last_offset - block.start_offset > _I32_MAX:
-            return False
-        return block.batch_count < MAX_BATCHES_PER_BLOCK
 
     def _close_block(self) -> None:
         block = self._open
