@@ -121,6 +121,10 @@ _READ_BYTES = 64 * 1024  # at most this per read into it: a large frame's start 
 # there is copied to the frame's own buffer, so keep that copy short
 _MIN_READ_BYTES = 16 * 1024  # less free room than this at its end: move the partial frame front
 _DIRECT_FRAME_BYTES = 64 * 1024  # a frame above this is read into a buffer of its own (no copy)
+# A frame's own buffer is allocated as its bytes arrive, at most this much ahead: a size
+# prefix alone must not make the server commit max_request_bytes of memory. A frame larger
+# than one such chunk is joined from its chunks once complete (one copy, rare requests).
+_DIRECT_CHUNK_BYTES = 2 * 1024 * 1024
 _QUEUED_FRAME_BYTES = 1024 * 1024  # frames waiting for an in-flight slot: stop reading above
 _QUEUED_FRAMES = 256  # (or above this many small ones)
 _SIZE = struct.Struct(">i")
@@ -144,8 +148,11 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._view = memoryview(self._buf)
         self._start = 0  # unparsed bytes are self._buf[_start:_end]
         self._end = 0
-        self._direct: bytearray | None = None  # the large frame being read, and how far
+        # the large frame being read: its size, its chunks so far, bytes in them
+        self._direct_size = 0
+        self._direct: list[bytearray] | None = None
         self._direct_filled = 0
+        self._chunk_filled = 0  # bytes in the last chunk
         self.frames: collections.deque[bytes | bytearray] = collections.deque()
         self._queued_bytes = 0
         self.error: str | None = None  # why reading stopped on bad input
@@ -164,7 +171,12 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
         if direct is not None:
-            return memoryview(direct)[self._direct_filled :]
+            chunk = direct[-1]
+            if self._chunk_filled == len(chunk):
+                chunk = bytearray(min(_DIRECT_CHUNK_BYTES, self._direct_size - self._direct_filled))
+                direct.append(chunk)
+                self._chunk_filled = 0
+            return memoryview(chunk)[self._chunk_filled :]
         if len(self._buf) - self._end < _MIN_READ_BYTES:
             # Only a partial frame of at most _DIRECT_FRAME_BYTES + 4 is left: move it to
             # the front (same-length slice assignment: allowed while views are exported).
@@ -179,9 +191,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         direct = self._direct
         if direct is not None:
             self._direct_filled += nbytes
-            if self._direct_filled == len(direct):
+            self._chunk_filled += nbytes
+            if self._direct_filled == self._direct_size:
                 self._direct = None
-                self._push(direct)
+                self._push(direct[0] if len(direct) == 1 else b"".join(direct))
             return
         self._end += nbytes
         self._parse()
@@ -232,9 +245,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
                 continue
             if size > _DIRECT_FRAME_BYTES:
                 # Read the rest of this frame straight into its own buffer.
-                frame = bytearray(size)
-                frame[:available] = view[start + 4 : end]
-                self._direct, self._direct_filled = frame, available
+                chunk = bytearray(min(size, _DIRECT_CHUNK_BYTES))
+                chunk[:available] = view[start + 4 : end]
+                self._direct, self._direct_size = [chunk], size
+                self._direct_filled = self._chunk_filled = available
                 start = end
             break
         if start == end:

@@ -13,9 +13,14 @@ from typing import Any
 import pytest
 
 from dataplane.kafka import server as server_module
-from dataplane.kafka.server import _DIRECT_FRAME_BYTES, _QUEUED_FRAME_BYTES, _FrameProtocol
+from dataplane.kafka.server import (
+    _DIRECT_CHUNK_BYTES,
+    _DIRECT_FRAME_BYTES,
+    _QUEUED_FRAME_BYTES,
+    _FrameProtocol,
+)
 
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 class FakeTransport:
@@ -132,6 +137,20 @@ def test_large_frame_is_read_into_its_own_buffer() -> None:
         feed(proto, data[10_000:])
         got = proto.take_frame()
         assert isinstance(got, bytearray) and got == payload
+
+    run(body)
+
+
+def test_a_size_prefix_alone_does_not_allocate_the_whole_frame() -> None:
+    def body():
+        proto, _ = make_protocol()
+        payload = payload_of(MAX_REQUEST_BYTES - 100, 9)  # larger than one chunk
+        data = frame(payload)
+        feed(proto, data[:5])
+        assert len(proto.get_buffer(-1)) <= _DIRECT_CHUNK_BYTES  # memory follows the bytes
+        feed(proto, data[5:], iter(lambda: 1 << 20, None))
+        assert proto.take_frame() == payload
+        assert proto.partial_frame_bytes == 0
 
     run(body)
 
