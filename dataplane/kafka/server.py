@@ -202,7 +202,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def eof_received(self) -> bool | None:
         self.eof = True
         self._wake_reader()
-        return None  # close the transport (the reader then aborts the connection)
+        # Keep a plain transport open (as asyncio's streams do): the connection closes it
+        # once the reader has aborted; a TLS transport closes itself.
+        assert self.transport is not None
+        return self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
@@ -575,6 +578,11 @@ class _Connection:
                 if final:
                     frame = frame.frame
                 if frame is not None:
+                    if self.transport.is_closing():
+                        # The peer went away (EOF, reset: the reader is aborting) or we are
+                        # closing: nothing more can be written.
+                        self.closing = True
+                        return
                     if isinstance(frame, list):  # a response with its record sets not copied
                         self.transport.writelines(frame)
                     else:

@@ -666,3 +666,33 @@ def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: s
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("handler_delay_s", [0.0, 0.3])
+def test_client_gone_before_its_response_is_not_an_error(
+    handler_delay_s: float, raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
+) -> None:
+    # the response is ready as (or after) the client's EOF arrives: nothing to write to,
+    # which is no error (the connection just closes)
+    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+
+    async def produce(body, ctx):
+        await asyncio.sleep(handler_delay_s)
+        return ProduceResponse(responses=[], throttle_time_ms=0)
+
+    registry = ApiRegistry()
+    registry.register(ProduceRequest, 3, 13, produce)
+    with running(registry) as srv:
+        for i in range(30 if handler_delay_s == 0 else 3):
+            leaving = connect(raw_clients, srv.port)
+            leaving.send(produce_request(i, acks=1))
+            leaving.sock.shutdown(socket.SHUT_WR)
+            if i % 2:
+                leaving.close()
+        time.sleep(handler_delay_s + 0.2)  # every response is due by now
+        staying = connect(raw_clients, srv.port)
+        staying.send(produce_request(100, acks=1))
+        assert staying.response(0, 9)[0] == 100
+        wait_until(lambda: srv.server.connection_count == 1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
