@@ -1,10 +1,15 @@
 """Asyncio Kafka wire-protocol server: frames in, handlers, frames out in request order.
 
-Per connection there are two tasks:
+Per connection a `_FrameProtocol` (an asyncio ``BufferedProtocol``) cuts the byte stream
+into frames (4-byte signed size + payload): the event loop reads from the socket straight
+into its buffers, a frame larger than ``_DIRECT_FRAME_BYTES`` gets a buffer of its own that
+the rest of it is read into and that is handed on without a copy, smaller frames are copied
+once out of a reused read buffer. Around it there are two tasks:
 
-* the reader takes a slot of the in-flight budget (``max_inflight_per_connection``), reads
-  one frame (4-byte signed size + payload), decodes and routes it, starts its handler as a
-  task and queues that task; when the budget is used up it stops reading (TCP backpressure);
+* the reader takes a slot of the in-flight budget (``max_inflight_per_connection``), takes
+  the next frame, decodes and routes it, starts its handler as a task and queues that
+  task; when the budget is used up it stops taking frames, and the protocol stops reading
+  the socket once ``_QUEUED_FRAME_BYTES`` of frames wait (TCP backpressure);
 * the writer takes queued tasks in request order, waits for each and writes its response,
   so responses leave in request order even when handlers finish out of order. A handler
   that returns None (Produce acks=0) sends nothing and the order of later responses holds.
@@ -37,10 +42,12 @@ broker process. Binds 127.0.0.1 by default. Imports nothing from the rest of the
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import logging
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -71,7 +78,6 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 STOP_GRACE_S = 5.0
 SSL_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes the TLS handshake is dropped
-_STREAM_LIMIT = 1024 * 1024  # StreamReader buffer hint: fewer pause/resume cycles on big frames
 
 
 @dataclass
@@ -110,8 +116,222 @@ _READ_ABORT = "abort"  # close now, drop pending responses
 _READ_DRAIN = "drain"  # a close slot was queued: write what precedes it, then close
 
 
-def _peer_of(writer: asyncio.StreamWriter) -> tuple[str, int]:
-    peer = writer.get_extra_info("peername")
+_READ_BUFFER_BYTES = 256 * 1024  # the reused read buffer of a connection
+_READ_BYTES = 64 * 1024  # at most this per read into it: a large frame's start that lands
+# there is copied to the frame's own buffer, so keep that copy short
+_MIN_READ_BYTES = 16 * 1024  # less free room than this at its end: move the partial frame front
+_DIRECT_FRAME_BYTES = 64 * 1024  # a frame above this is read into a buffer of its own (no copy)
+# A frame's own buffer is allocated as its bytes arrive, at most this much ahead: a size
+# prefix alone must not make the server commit max_request_bytes of memory. A frame larger
+# than one such chunk is joined from its chunks once complete (one copy, rare requests).
+_DIRECT_CHUNK_BYTES = 2 * 1024 * 1024
+_QUEUED_FRAME_BYTES = 1024 * 1024  # frames waiting for an in-flight slot: stop reading above
+_QUEUED_FRAMES = 256  # (or above this many small ones)
+_SIZE = struct.Struct(">i")
+
+
+class _FrameProtocol(asyncio.BufferedProtocol):
+    """The socket side of one connection: frames in (zero-copy for large ones), flow
+    control out. Lives on the event loop thread only.
+
+    Framing errors (a negative size, a size above ``max_request_bytes``) stop reading and
+    are reported through ``error`` once the frames before them are taken.
+    """
+
+    def __init__(self, server: KafkaServer, listener: ServerListener) -> None:
+        self.server = server
+        self.listener = listener
+        self.max_frame_bytes = server.max_request_bytes
+        self.transport: asyncio.Transport | None = None
+        self.conn: _Connection | None = None
+        self._buf = bytearray(_READ_BUFFER_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = 0  # unparsed bytes are self._buf[_start:_end]
+        self._end = 0
+        # the large frame being read: its size, its chunks so far, bytes in them
+        self._direct_size = 0
+        self._direct: list[bytearray] | None = None
+        self._direct_filled = 0
+        self._chunk_filled = 0  # bytes in the last chunk
+        self.frames: collections.deque[bytes | bytearray] = collections.deque()
+        self._queued_bytes = 0
+        self.error: str | None = None  # why reading stopped on bad input
+        self.eof = False  # no more bytes will come (EOF, connection lost)
+        self._frame_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+        self.server._accept(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            chunk = direct[-1]
+            if self._chunk_filled == len(chunk):
+                chunk = bytearray(min(_DIRECT_CHUNK_BYTES, self._direct_size - self._direct_filled))
+                direct.append(chunk)
+                self._chunk_filled = 0
+            return memoryview(chunk)[self._chunk_filled :]
+        if len(self._buf) - self._end < _MIN_READ_BYTES:
+            # Only a partial frame of at most _DIRECT_FRAME_BYTES + 4 is left: move it to
+            # the front (same-length slice assignment: allowed while views are exported).
+            start, end = self._start, self._end
+            self._buf[: end - start] = self._view[start:end]
+            self._start, self._end = 0, end - start
+        return self._view[self._end : self._end + _READ_BYTES]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.error is not None:
+            return
+        direct = self._direct
+        if direct is not None:
+            self._direct_filled += nbytes
+            self._chunk_filled += nbytes
+            if self._direct_filled == self._direct_size:
+                self._direct = None
+                self._push(direct[0] if len(direct) == 1 else b"".join(direct))
+            return
+        self._end += nbytes
+        self._parse()
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        self._wake_reader()
+        # Keep a plain transport open (as asyncio's streams do): the connection closes it
+        # once the reader has aborted; a TLS transport closes itself.
+        assert self.transport is not None
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self._wake_reader()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        self._drain_waiters.clear()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- framing -----------------------------------------------------------------------------
+    def _parse(self) -> None:
+        view = self._view
+        start, end = self._start, self._end
+        while end - start >= 4:
+            size = _SIZE.unpack_from(view, start)[0]
+            if size < 0:
+                self._fail(f"negative frame size {size}")
+                return
+            if size > self.max_frame_bytes:
+                self._fail(
+                    f"frame of {size} bytes exceeds max_request_bytes={self.max_frame_bytes}"
+                )
+                return
+            available = end - start - 4
+            if available >= size:
+                self._push(bytes(view[start + 4 : start + 4 + size]))
+                start += 4 + size
+                continue
+            if size > _DIRECT_FRAME_BYTES:
+                # Read the rest of this frame straight into its own buffer.
+                chunk = bytearray(min(size, _DIRECT_CHUNK_BYTES))
+                chunk[:available] = view[start + 4 : end]
+                self._direct, self._direct_size = [chunk], size
+                self._direct_filled = self._chunk_filled = available
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes of a frame that is not complete yet (0: between frames)."""
+        if self._direct is not None:
+            return self._direct_filled + 4
+        return self._end - self._start
+
+    def _push(self, frame: bytes | bytearray) -> None:
+        self.frames.append(frame)
+        self._queued_bytes += len(frame)
+        if not self._reading_paused and (
+            self._queued_bytes > _QUEUED_FRAME_BYTES or len(self.frames) > _QUEUED_FRAMES
+        ):
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self._start = self._end = 0
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        waiter = self._frame_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- used by the connection's tasks ------------------------------------------------------
+    def take_frame(self) -> bytes | bytearray | None:
+        """The oldest complete frame, or None."""
+        if not self.frames:
+            return None
+        frame = self.frames.popleft()
+        self._queued_bytes -= len(frame)
+        if (
+            self._reading_paused
+            and self.error is None
+            and self._queued_bytes <= _QUEUED_FRAME_BYTES // 2
+            and len(self.frames) <= _QUEUED_FRAMES // 2
+        ):
+            self._reading_paused = False
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+        return frame
+
+    async def wait_for_bytes(self) -> None:
+        """Until a frame, an error or EOF arrives (returns at once if one is there)."""
+        if self.frames or self.error is not None or self.eof:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._frame_waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._frame_waiter = None
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is below its high-water mark."""
+        assert self.transport is not None
+        if self.lost.done():
+            raise ConnectionResetError("connection lost")
+        if not self._writing_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+
+def _peer_of(transport: asyncio.BaseTransport) -> tuple[str, int]:
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return str(peer[0]), int(peer[1])
     return ("?", 0)
@@ -124,16 +344,16 @@ class _Connection:
         self,
         server: KafkaServer,
         conn_id: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        protocol: _FrameProtocol,
         listener: ServerListener,
     ) -> None:
         self.server = server
         self.listener = listener
         self.conn_id = conn_id
-        self.reader = reader
-        self.writer = writer
-        self.peer = _peer_of(writer)
+        self.protocol = protocol
+        assert protocol.transport is not None
+        self.transport = protocol.transport
+        self.peer = _peer_of(self.transport)
         self.name = f"conn {conn_id} {self.peer[0]}:{self.peer[1]}"
         self.closing = False
         self.inflight = 0  # slots queued and not yet fully written
@@ -142,7 +362,7 @@ class _Connection:
         if listener.name is not None:
             self.extras["listener"] = listener.name
         if listener.principal_of_peer is not None:
-            principal = listener.principal_of_peer(writer.get_extra_info("peercert"))
+            principal = listener.principal_of_peer(self.transport.get_extra_info("peercert"))
             if principal is not None:
                 self.extras["principal"] = principal
         self._discard_output = False
@@ -184,12 +404,12 @@ class _Connection:
                 if exc is not None and not isinstance(exc, (ConnectionError, OSError)):
                     log.error("%s: writer failed", self.name, exc_info=exc)
             if self._discard_output:
-                self.writer.transport.abort()  # do not wait to flush to a client that is not reading
+                self.transport.abort()  # do not wait to flush to a client that is not reading
             else:
-                self.writer.close()
+                self.transport.close()
             try:
                 async with asyncio.timeout(1.0):
-                    await self.writer.wait_closed()
+                    await asyncio.shield(self.protocol.lost)
             except Exception:  # noqa: BLE001 - closing anyway (reset by peer, timeout)
                 pass
             log.debug("%s: closed", self.name)
@@ -203,49 +423,33 @@ class _Connection:
 
     # ----------------------------------------------------------------- reading
 
-    async def _read_exactly(self, n: int, *, between_frames: bool) -> bytes:
+    async def _read_frame(self) -> bytes | bytearray | None:
+        """The next frame's payload, or None if the connection must be aborted."""
+        protocol = self.protocol
         idle = self.server.idle_timeout_s
         while True:
+            frame = protocol.take_frame()
+            if frame is not None:
+                return frame
+            if protocol.error is not None:
+                log.warning("%s: %s, closing", self.name, protocol.error)
+                return None
+            if protocol.eof:
+                partial = protocol.partial_frame_bytes
+                if partial:
+                    log.info(
+                        "%s: connection closed inside a frame (%d bytes read)", self.name, partial
+                    )
+                return None
             try:
                 async with asyncio.timeout(idle):
-                    return await self.reader.readexactly(n)
+                    await protocol.wait_for_bytes()
             except TimeoutError:
                 # Waiting for the next frame while responses are pending is not idleness.
-                if between_frames and self.inflight > 0:
+                if self.inflight > 0 and protocol.partial_frame_bytes == 0:
                     continue
-                raise
-
-    async def _read_frame(self) -> bytes | None:
-        """The next frame's payload, or None if the connection must be aborted."""
-        try:
-            head = await self._read_exactly(4, between_frames=True)
-            size = int.from_bytes(head, "big", signed=True)
-            if size < 0:
-                log.warning("%s: negative frame size %d, closing", self.name, size)
+                log.info("%s: idle for %.0f s, closing", self.name, idle)
                 return None
-            if size > self.server.max_request_bytes:
-                log.warning(
-                    "%s: frame of %d bytes exceeds max_request_bytes=%d, closing",
-                    self.name,
-                    size,
-                    self.server.max_request_bytes,
-                )
-                return None
-            return await self._read_exactly(size, between_frames=False)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                log.info(
-                    "%s: connection closed inside a frame (%d bytes read)",
-                    self.name,
-                    len(exc.partial),
-                )
-            return None
-        except TimeoutError:
-            log.info("%s: idle for %.0f s, closing", self.name, self.server.idle_timeout_s)
-            return None
-        except (ConnectionError, OSError) as exc:
-            log.debug("%s: read failed: %s", self.name, exc)
-            return None
 
     async def _read_loop(self) -> str:
         while True:
@@ -267,7 +471,7 @@ class _Connection:
                 if not queued:
                     self._budget.release()
 
-    def _dispatch(self, frame: bytes) -> tuple[object, bool]:
+    def _dispatch(self, frame: bytes | bytearray) -> tuple[object, bool]:
         """Decode and route one frame: (queue slot, keep reading?)."""
         received_at = time.monotonic()
         try:
@@ -374,14 +578,19 @@ class _Connection:
                 if final:
                     frame = frame.frame
                 if frame is not None:
+                    if self.transport.is_closing():
+                        # The peer went away (EOF, reset: the reader is aborting) or we are
+                        # closing: nothing more can be written.
+                        self.closing = True
+                        return
                     if isinstance(frame, list):  # a response with its record sets not copied
-                        self.writer.writelines(frame)
+                        self.transport.writelines(frame)
                     else:
-                        self.writer.write(frame)
+                        self.transport.write(frame)
                     try:
                         # A client that stops reading must not pin the connection forever.
                         async with asyncio.timeout(self.server.idle_timeout_s):
-                            await self.writer.drain()
+                            await self.protocol.drain()
                     except TimeoutError:
                         log.info(
                             "%s: client not reading responses for %.1f s, closing",
@@ -401,7 +610,7 @@ class _Connection:
 
 
 class KafkaServer:
-    """Kafka protocol server on asyncio streams; one event loop, many connections.
+    """Kafka protocol server on asyncio protocols; one event loop, many connections.
 
     ``port=0`` binds an ephemeral port: read the actual one from ``port`` after ``start()``.
     """
@@ -482,15 +691,15 @@ class KafkaServer:
         if self._servers:
             raise RuntimeError("server already started")
         self._stopping = False
+        loop = asyncio.get_running_loop()
         servers: list[asyncio.Server] = []
         try:
             for listener in self.listeners:
                 servers.append(
-                    await asyncio.start_server(
-                        lambda r, w, listener=listener: self._on_client(r, w, listener),
+                    await loop.create_server(
+                        lambda listener=listener: _FrameProtocol(self, listener),
                         listener.host,
                         listener.port,
-                        limit=_STREAM_LIMIT,
                         reuse_address=True,
                         ssl=listener.ssl_context,
                         ssl_handshake_timeout=(
@@ -551,27 +760,28 @@ class KafkaServer:
 
     # ----------------------------------------------------------------- internals
 
-    async def _on_client(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        listener: ServerListener,
-    ) -> None:
+    def _accept(self, protocol: _FrameProtocol) -> None:
+        """A new connection (from its protocol's ``connection_made``): serve it or refuse."""
+        transport = protocol.transport
+        assert transport is not None
         if self._stopping or len(self._connections) >= self.max_connections:
             log.warning(
                 "refusing connection from %s:%d: %s",
-                *_peer_of(writer),
+                *_peer_of(transport),
                 "server stopping"
                 if self._stopping
                 else f"max_connections={self.max_connections} reached",
             )
-            writer.close()
+            transport.close()
             return
-        conn = _Connection(self, next(self._ids), reader, writer, listener)
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[conn] = task
+        conn = _Connection(self, next(self._ids), protocol, protocol.listener)
+        protocol.conn = conn
+        self._connections[conn] = asyncio.get_running_loop().create_task(
+            self._serve(conn), name=f"kafka-conn-{conn.conn_id}"
+        )
         log.debug("%s: accepted", conn.name)
+
+    async def _serve(self, conn: _Connection) -> None:
         try:
             await conn.run()
         except asyncio.CancelledError:

@@ -3,6 +3,7 @@
 A leaf package: it imports nothing else from this project, so controllers, brokers and Spark
 jobs can all use it. Modules, one concept each:
 
+* `body`       - `ObjectBody`: an object as a list of buffers, sent without joining
 * `bucket_uri` - `0@s3://bucket?region=..&endpoint=..,1@s3://...` -> `BucketURI` models
 * `errors`     - `ObjectStoreError` and its typed subclasses
 * `health`     - write health per bucket (object-storage failover detection)
@@ -15,6 +16,7 @@ jobs can all use it. Modules, one concept each:
 * `seaweed`    - the embedded SeaweedFS server (not imported here; import it explicitly)
 """
 
+from .body import ObjectBody
 from .bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
 from .errors import (
     AccessDeniedError,
@@ -38,6 +40,7 @@ __all__ = [
     "BucketHealth",
     "BucketURI",
     "InvalidRangeError",
+    "ObjectBody",
     "ObjectNotFoundError",
     "ObjectStorage",
     "ObjectStorageConfig",

@@ -44,6 +44,7 @@ All functions here are pure (no I/O). Parsers validate everything and raise
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -179,17 +180,20 @@ class StreamRange:
     end_offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WrittenObject:
-    """Result of :meth:`ObjectWriter.finish`."""
+    """Result of :meth:`ObjectWriter.finish`: the object's bytes as `parts` (block
+    headers and bodies, index, footer, in order: an upload sends them without joining)."""
 
-    data: bytes
+    parts: tuple[bytes | bytearray, ...]
     ranges: list[StreamRange]
     index: list[IndexEntry]
+    size_bytes: int
 
-    @property
-    def size_bytes(self) -> int:
-        return len(self.data)
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The whole object as one `bytes` (joined on first use)."""
+        return b"".join(self.parts)
 
 
 # ------------------------------------------------------------------------------ writer
@@ -198,7 +202,10 @@ class _OpenBlock:
     stream_id: int
     start_offset: int
     end_offset: int
-    body: bytearray = field(default_factory=bytearray)
+    # the encoded batches as pieces (headers, payloads), joined once when the block closes:
+    # appending to one bytearray re-copied it as it grew
+    pieces: list[bytes | memoryview] = field(default_factory=list)
+    body_size: int = 0
     batch_count: int = 0
 
 
@@ -244,7 +251,7 @@ class ObjectWriter:
         pending = 0
         if self._open is not None:
             entries += 1
-            pending = BLOCK_HEADER_SIZE_BYTES + len(self._open.body)
+            pending = BLOCK_HEADER_SIZE_BYTES + self._open.body_size
         return self._position + pending + entries * INDEX_ENTRY_SIZE_BYTES + FOOTER_SIZE_BYTES
 
     @property
@@ -262,33 +269,43 @@ class ObjectWriter:
         """
         if self._finished:
             raise ValueError("writer already finished")
-        known = self._ranges.get(batch.stream_id)
-        if known is not None and batch.base_offset != known[1]:
+        # one call per Kafka batch of an upload: the batch's properties are read once
+        stream_id, base_offset, count = batch.stream_id, batch.base_offset, batch.count
+        last_offset = base_offset + (count if count > 0 else -count)
+        size = BATCH_HEADER_SIZE_BYTES + len(batch.payload)
+        known = self._ranges.get(stream_id)
+        if known is not None and base_offset != known[1]:
             raise ValueError(
-                f"stream {batch.stream_id}: batch base_offset {batch.base_offset} does not "
+                f"stream {stream_id}: batch base_offset {base_offset} does not "
                 f"continue the stream at {known[1]}"
             )
         block = self._open
-        if block is not None and not self._fits(block, batch):
+        if block is not None and (
+            block.stream_id != stream_id
+            or BLOCK_HEADER_SIZE_BYTES + block.body_size + size > self._block_size_bytes
+            or last_offset - block.start_offset > _I32_MAX
+            or block.batch_count >= MAX_BATCHES_PER_BLOCK
+        ):
             self._close_block()
             block = None
         new_block_overhead = (
             BLOCK_HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES if block is None else 0
         )
-        if self.size_bytes + new_block_overhead + batch.size_bytes > self._max_object_bytes:
+        if self.size_bytes + new_block_overhead + size > self._max_object_bytes:
             raise ObjectFullError(
-                f"adding {batch.size_bytes} B would exceed max_object_bytes={self._max_object_bytes}"
+                f"adding {size} B would exceed max_object_bytes={self._max_object_bytes}"
             )
         if block is None:
-            block = _OpenBlock(batch.stream_id, batch.base_offset, batch.base_offset)
+            block = _OpenBlock(stream_id, base_offset, base_offset)
             self._open = block
-        batch.encode_into(block.body)
+        block.pieces += (batch.encode_header(), batch.payload)
+        block.body_size += size
         block.batch_count += 1
-        block.end_offset = batch.last_offset
+        block.end_offset = last_offset
         if known is None:
-            self._ranges[batch.stream_id] = [batch.base_offset, batch.last_offset]
+            self._ranges[stream_id] = [base_offset, last_offset]
         else:
-            known[1] = batch.last_offset
+            known[1] = last_offset
 
     def add_encoded(self, entry: IndexEntry, body: bytes | bytearray | memoryview) -> None:
         """Append a checked data block's body (its encoded batches, see `check_block`)
@@ -310,7 +327,7 @@ class ObjectWriter:
         block = self._open
         if block is not None and (
             block.stream_id != sid
-            or BLOCK_HEADER_SIZE_BYTES + len(block.body) + len(body) > self._block_size_bytes
+            or BLOCK_HEADER_SIZE_BYTES + block.body_size + len(body) > self._block_size_bytes
             or end - block.start_offset > _I32_MAX
             or block.batch_count + entry.record_count > MAX_BATCHES_PER_BLOCK
         ):
@@ -324,7 +341,12 @@ class ObjectWriter:
         if block is None:
             block = _OpenBlock(sid, start, start)
             self._open = block
-        block.body += body
+        if not isinstance(body, bytes) and not (
+            isinstance(body, memoryview) and isinstance(body.obj, bytes)
+        ):
+            body = bytes(body)  # a buffer that may change: copy (immutable bytes are kept)
+        block.pieces.append(body)
+        block.body_size += len(body)
         block.batch_count += entry.record_count
         block.end_offset = end
         if known is None:
@@ -337,15 +359,6 @@ class ObjectWriter:
         for batch in batches:
             self.add(batch)
 
-    def _fits(self, block: _OpenBlock, batch: StreamRecordBatch) -> bool:
-        if block.stream_id != batch.stream_id:
-            return False
-        if BLOCK_HEADER_SIZE_BYTES + len(block.body) + batch.size_bytes > self._block_size_bytes:
-            return False
-        if batch.last_offset - block.start_offset > _I32_MAX:
-            return False
-        return block.batch_count < MAX_BATCHES_PER_BLOCK
-
     def _close_block(self) -> None:
         block = self._open
         if block is None:
@@ -353,8 +366,9 @@ class ObjectWriter:
         self._open = None
         # header and body stay separate buffers until `finish` joins the object: the body
         # is copied once, not three times (it holds the GIL while copying megabytes)
-        head = _block_head(block.body, block.batch_count)
-        size = len(head) + len(block.body)
+        body = b"".join(block.pieces)
+        head = _block_head(body, block.batch_count)
+        size = len(head) + len(body)
         entry = IndexEntry(
             stream_id=block.stream_id,
             start_offset=block.start_offset,
@@ -363,7 +377,7 @@ class ObjectWriter:
             position=self._position,
             size=size,
         )
-        self._blocks += (head, block.body)
+        self._blocks += (head, body)
         self._index.append(entry)
         self._position += size
 
@@ -385,10 +399,15 @@ class ObjectWriter:
             index_length=len(index_bytes),
             index_crc32c=_crc32c.crc32c(index_bytes),
         )
-        data = b"".join([*self._blocks, index_bytes, footer.encode()])
+        parts = (*self._blocks, index_bytes, footer.encode())
         self._blocks = []
         ranges = [StreamRange(sid, r[0], r[1]) for sid, r in sorted(self._ranges.items())]
-        return WrittenObject(data=data, ranges=ranges, index=list(self._index))
+        return WrittenObject(
+            parts=parts,
+            ranges=ranges,
+            index=list(self._index),
+            size_bytes=sum(len(p) for p in parts),
+        )
 
 
 def encode_block(body: bytes | bytearray, batch_count: int) -> bytes:
@@ -641,19 +660,20 @@ def decode_block(
         raise CorruptObjectError(f"invalid batch count {batch_count}")
     batches: list[StreamRecordBatch] = []
     pos = 0
+    decode = StreamRecordBatch.decode
     try:
-        for _ in range(batch_count):
-            batch, pos = StreamRecordBatch.decode(body, pos)
-            if batches:
-                prev = batches[-1]
-                if batch.stream_id != prev.stream_id:
-                    raise CorruptObjectError(
-                        f"block mixes streams {prev.stream_id} and {batch.stream_id}"
-                    )
-                if batch.base_offset != prev.last_offset:
-                    raise CorruptObjectError(
-                        f"offset gap in block: {prev.last_offset} -> {batch.base_offset}"
-                    )
+        batch, pos = decode(body, pos)
+        batches.append(batch)
+        stream_id, next_offset = batch.stream_id, batch.last_offset
+        for _ in range(batch_count - 1):
+            batch, pos = decode(body, pos)
+            if batch.stream_id != stream_id:
+                raise CorruptObjectError(f"block mixes streams {stream_id} and {batch.stream_id}")
+            if batch.base_offset != next_offset:
+                raise CorruptObjectError(
+                    f"offset gap in block: {next_offset} -> {batch.base_offset}"
+                )
+            next_offset = batch.last_offset
             batches.append(batch)
     except CorruptRecordError as exc:
         raise CorruptObjectError(f"bad record in data block: {exc}") from exc

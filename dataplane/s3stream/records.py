@@ -117,6 +117,12 @@ class StreamRecordBatch:
             + self.payload
         )
 
+    def encode_header(self) -> bytes:
+        """The 33-byte header of the encoding (the payload follows it)."""
+        return _HEADER.pack(
+            MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+        )
+
     def encode_into(self, out: bytearray) -> None:
         """Append the encoding to ``out`` (avoids one copy when building blocks)."""
         out += _HEADER.pack(
@@ -156,8 +162,17 @@ class StreamRecordBatch:
                 f"invalid payload length {_as_i32(payload_len)} at {offset} "
                 f"(must be 0..{MAX_PAYLOAD_BYTES})"
             )
-        problem = _validate_fields(stream_id, epoch, base_offset, count)
-        if problem is not None:
+        # The fields are ints from the struct: only their ranges need checking (the same
+        # rules as _validate_fields, which words the error).
+        if (
+            stream_id < 0
+            or epoch < 0
+            or base_offset < 0
+            or count == 0
+            or count == _I32_MIN
+            or base_offset + (count if count > 0 else -count) > _I64_MAX
+        ):
+            problem = _validate_fields(stream_id, epoch, base_offset, count)
             raise CorruptRecordError(f"invalid record at {offset}: {problem}")
         end = end_of_header + payload_len
         if end > len(view):
@@ -165,8 +180,23 @@ class StreamRecordBatch:
                 f"truncated payload at {offset}: need {payload_len} B, "
                 f"have {len(view) - end_of_header} B"
             )
-        batch = cls(stream_id, epoch, base_offset, count, bytes(view[end_of_header:end]))
+        # checked above: build it without __post_init__ validating the same fields again
+        batch = _new_batch(cls)
+        _set_stream_id(batch, stream_id)
+        _set_epoch(batch, epoch)
+        _set_base_offset(batch, base_offset)
+        _set_count(batch, count)
+        _set_payload(batch, bytes(view[end_of_header:end]))
         return batch, end
+
+
+_new_batch = object.__new__
+# the slots' own setters (a frozen dataclass's __setattr__ refuses assignment)
+_set_stream_id = StreamRecordBatch.__dict__["stream_id"].__set__
+_set_epoch = StreamRecordBatch.__dict__["epoch"].__set__
+_set_base_offset = StreamRecordBatch.__dict__["base_offset"].__set__
+_set_count = StreamRecordBatch.__dict__["count"].__set__
+_set_payload = StreamRecordBatch.__dict__["payload"].__set__
 
 
 def decode_all(

@@ -33,7 +33,13 @@ from controlplane.requests import (
     CompactorIdentity,
     PrepareObjectsRequest,
 )
-from dataplane.objectstore import ObjectStorage, ObjectStoreError, Priority, object_key
+from dataplane.objectstore import (
+    ObjectBody,
+    ObjectStorage,
+    ObjectStoreError,
+    Priority,
+    object_key,
+)
 from dataplane.s3stream.object_format import ObjectWriter
 from dataplane.s3stream.records import StreamRecordBatch
 
@@ -260,7 +266,8 @@ class ObjectUploader:
             )
         )
         next_id, bucket_id = prepared.first_object_id, prepared.bucket_id
-        puts: list[tuple[int, bytes]] = []
+        # object id -> its bytes, sent buffer by buffer: a 60 MB object is never joined
+        puts: list[tuple[int, ObjectBody]] = []
         sso_id = -1
         ranges: list[dict] = []
         if shared:
@@ -272,7 +279,7 @@ class ObjectUploader:
             obj = writer.finish()
             sso_id = next_id
             next_id += 1
-            puts.append((sso_id, obj.data))
+            puts.append((sso_id, ObjectBody(obj.parts)))
             epochs = {sid: per_stream[sid][0].epoch for sid in shared}
             ranges = [
                 {
@@ -290,7 +297,7 @@ class ObjectUploader:
             )
             writer.add_all(per_stream[sid])
             obj = writer.finish()
-            puts.append((next_id, obj.data))
+            puts.append((next_id, ObjectBody(obj.parts)))
             stream_objects.append(
                 {
                     "object_id": next_id,
@@ -298,7 +305,7 @@ class ObjectUploader:
                     "stream_epoch": per_stream[sid][0].epoch,
                     "start_offset": obj.ranges[0].start_offset,
                     "end_offset": obj.ranges[0].end_offset,
-                    "size_bytes": len(obj.data),
+                    "size_bytes": obj.size_bytes,
                 }
             )
             next_id += 1

@@ -604,3 +604,95 @@ def test_thread_runner_restart_and_arguments() -> None:
             client.close()
     with pytest.raises(OSError):
         socket.create_connection((HOST, port), timeout=1).close()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: str) -> None:
+    # the listener's framing over a real socket: a large frame (read into its own buffer),
+    # many small frames in one write, a frame written in pieces; responses in order
+    seen: list[tuple[int, int]] = []
+
+    async def produce(body, ctx):
+        records = body.topic_data[0].partition_data[0].records
+        seen.append((ctx.correlation_id, len(records)))
+        return ProduceResponse(responses=[], throttle_time_ms=0)
+
+    def produce_of(correlation_id: int, size: int) -> bytes:
+        part = ProduceRequest.TopicProduceData.PartitionProduceData(
+            index=0, records=bytes([correlation_id % 256]) * size
+        )
+        req = ProduceRequest[9](
+            transactional_id=None,
+            acks=1,
+            timeout_ms=1000,
+            topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
+        )
+        return encode_request(req, correlation_id, client_id="raw")
+
+    sizes = {1: 3 * 1024 * 1024, **{i: 10 + i for i in range(2, 52)}, 52: 200_000, 53: 5}
+
+    async def main() -> None:
+        registry = ApiRegistry()
+        registry.register(ProduceRequest, 3, 13, produce)
+        server = KafkaServer(registry, HOST, 0)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(produce_of(1, sizes[1]))
+            writer.write(b"".join(produce_of(i, sizes[i]) for i in range(2, 52)))
+            tail = produce_of(52, sizes[52]) + produce_of(53, sizes[53])
+            pieces = [tail[:3], tail[3:70_000], tail[70_000:150_000], tail[150_000:]]
+            for piece in pieces:  # with pauses: each arrives in its own reads
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            got = []
+            for _ in range(53):
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                got.append(decode_response(await reader.readexactly(size), 0, 9)[0])
+            assert got == list(range(1, 54))
+            assert seen == sorted(sizes.items())
+            writer.close()
+        finally:
+            await server.stop()
+
+    if loop_kind == "uvloop":
+        from dataplane.kafka.server import new_event_loop
+
+        loop = new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("handler_delay_s", [0.0, 0.3])
+def test_client_gone_before_its_response_is_not_an_error(
+    handler_delay_s: float, raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
+) -> None:
+    # the response is ready as (or after) the client's EOF arrives: nothing to write to,
+    # which is no error (the connection just closes)
+    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+
+    async def produce(body, ctx):
+        await asyncio.sleep(handler_delay_s)
+        return ProduceResponse(responses=[], throttle_time_ms=0)
+
+    registry = ApiRegistry()
+    registry.register(ProduceRequest, 3, 13, produce)
+    with running(registry) as srv:
+        for i in range(30 if handler_delay_s == 0 else 3):
+            leaving = connect(raw_clients, srv.port)
+            leaving.send(produce_request(i, acks=1))
+            leaving.sock.shutdown(socket.SHUT_WR)
+            if i % 2:
+                leaving.close()
+        time.sleep(handler_delay_s + 0.2)  # every response is due by now
+        staying = connect(raw_clients, srv.port)
+        staying.send(produce_request(100, acks=1))
+        assert staying.response(0, 9)[0] == 100
+        wait_until(lambda: srv.server.connection_count == 1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from dataplane.objectstore import (
     AccessDeniedError,
     InvalidRangeError,
+    ObjectBody,
     ObjectNotFoundError,
     ObjectStorage,
     ObjectStoreMetrics,
@@ -130,6 +131,16 @@ def test_many_async_puts_and_reads(store, prefix):
         assert f.result(timeout=60) == payloads[k][100 : 64 * KiB]
     assert store.delete_objects(1, list(payloads)) == 24
     assert store.list_keys(1, prefix) == []
+
+
+def test_object_body_is_stored_as_its_concatenation(store, prefix):
+    # the uploader's path: buffers sent one read at a time, UNSIGNED-PAYLOAD (SigV4 headers)
+    parts = [os.urandom(n) for n in (5, 512 * KiB, 0, 17, 3 * MiB + 1)]
+    key = prefix + object_key(7)
+    store.put_object(0, key, ObjectBody([*parts[:2], bytearray(parts[2]), *parts[3:]]))
+    assert store.get_object(0, key) == b"".join(parts)
+    store.put_object(0, key, ObjectBody(parts), if_none_match=False)  # overwrite: same bytes
+    assert store.head_object(0, key) == sum(map(len, parts))
 
 
 def test_check_reachable(store):

@@ -333,3 +333,18 @@ def test_encoded_blocks_copy_into_a_new_object_identically():
             obj.index[3],
             check_block(obj.data[obj.index[3].position : obj.index[3].end_position], obj.index[3]),
         )
+
+
+def test_a_block_never_spans_more_than_an_i32_of_offsets_or_two_streams() -> None:
+    big = 2**30 - 1  # two such batches fit an index entry's i32 offset delta, three do not
+    writer = ObjectWriter()
+    for i in range(3):
+        writer.add(StreamRecordBatch(1, 0, i * big, big, b"x"))
+    writer.add(StreamRecordBatch(2, 0, 0, 1, b"y"))
+    obj = writer.finish()
+    spans = [(e.stream_id, e.start_offset, e.end_offset) for e in obj.index]
+    assert spans == [(1, 0, 2 * big), (1, 2 * big, 3 * big), (2, 0, 1)]
+    assert read_all(obj.data) == [
+        *(StreamRecordBatch(1, 0, i * big, big, b"x") for i in range(3)),
+        StreamRecordBatch(2, 0, 0, 1, b"y"),
+    ]

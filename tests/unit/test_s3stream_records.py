@@ -111,3 +111,33 @@ def test_constructor_validates() -> None:
     with pytest.raises(TypeError):
         StreamRecordBatch(1, 0, 0, 1, "text")  # type: ignore[arg-type]
     assert StreamRecordBatch(1, 0, 0, 1, bytearray(b"ab")).payload == b"ab"
+
+
+@pytest.mark.parametrize(
+    "stream_id, epoch, base_offset, count, what",
+    [
+        (-1, 0, 0, 1, "stream_id"),
+        (1, -1, 0, 1, "epoch"),
+        (1, 0, -1, 1, "base_offset"),
+        (1, 0, 0, -(2**31), "count"),
+        (1, 0, 2**63 - 1, 5, "overflows"),
+        (1, 0, 2**63 - 3, -5, "overflows"),
+    ],
+)
+def test_decode_refuses_what_the_constructor_refuses(
+    stream_id: int, epoch: int, base_offset: int, count: int, what: str
+) -> None:
+    raw = struct.pack(">BqqqiI", MAGIC, stream_id, epoch, base_offset, count, 1) + b"x"
+    with pytest.raises(CorruptRecordError, match=what):
+        StreamRecordBatch.decode(raw)
+    with pytest.raises(ValueError):
+        StreamRecordBatch(stream_id, epoch, base_offset, count, b"x")
+
+
+@given(batches())
+@settings(max_examples=200, deadline=None)
+def test_decoded_batch_is_a_complete_equal_object(batch: StreamRecordBatch) -> None:
+    decoded, end = StreamRecordBatch.decode(batch.encode())
+    assert decoded == batch and hash(decoded) == hash(batch)
+    assert type(decoded.payload) is bytes and end == batch.size_bytes
+    assert (decoded.record_count, decoded.last_offset) == (batch.record_count, batch.last_offset)

@@ -1,0 +1,141 @@
+"""An object's bytes as a list of buffers, sent to the store without joining them.
+
+The uploader builds a stream-set object as many buffers (block headers, block bodies, the
+index, the footer). Joining them into one `bytes` copies the whole object (tens of MB) while
+holding the GIL, and doubles the memory of an upload; `ObjectBody` hands the buffers to the
+HTTP client one read at a time instead. Each attempt of a PUT reads the body through a fresh
+`reader()`, so a retried PUT sends exactly the same bytes from the start.
+
+Pure: no I/O. Thread-safety: an `ObjectBody` is immutable (its buffers must not be changed
+while a put of it runs); each `BodyReader` belongs to one attempt, on one thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Iterator
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ObjectBody:
+    """The concatenation of `parts`, without copying them."""
+
+    __slots__ = ("_parts", "_size")
+
+    def __init__(self, parts: Iterable[Buffer]) -> None:
+        views = []
+        for part in parts:
+            view = memoryview(part)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
+            if len(view):
+                views.append(view)
+        self._parts: tuple[memoryview, ...] = tuple(views)
+        self._size = sum(len(v) for v in views)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def chunks(self) -> Iterator[memoryview]:
+        """The buffers in order (views, not copies)."""
+        return iter(self._parts)
+
+    def tobytes(self) -> bytes:
+        """The whole body as one `bytes` (a copy: for small bodies and checks only)."""
+        return b"".join(self._parts)
+
+    __bytes__ = tobytes  # bytes(body)
+
+    def md5_hex(self) -> str:
+        """The MD5 of the body (an S3 ETag of a single-part upload)."""
+        digest = hashlib.md5()
+        for part in self._parts:
+            digest.update(part)
+        return digest.hexdigest()
+
+    def equals(self, data: Buffer) -> bool:
+        """Whether `data` holds exactly this body's bytes."""
+        view = memoryview(data)
+        if len(view) != self._size:
+            return False
+        pos = 0
+        for part in self._parts:
+            if view[pos : pos + len(part)] != part:
+                return False
+            pos += len(part)
+        return True
+
+    def reader(self) -> BodyReader:
+        """A new read-only file positioned at the start of the body."""
+        return BodyReader(self)
+
+
+class BodyReader(io.RawIOBase):
+    """A seekable, read-only file over an `ObjectBody`: `read(n)` returns views of the
+    body's buffers (no copy), at most `n` bytes and never crossing a buffer's end."""
+
+    def __init__(self, body: ObjectBody) -> None:
+        super().__init__()
+        self._parts = body._parts
+        self._size = len(body)
+        self._pos = 0  # absolute position
+        self._part = 0  # index of the buffer holding _pos (== len(parts) at the end)
+        self._offset = 0  # position inside that buffer
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            target = offset
+        elif whence == io.SEEK_CUR:
+            target = self._pos + offset
+        elif whence == io.SEEK_END:
+            target = self._size + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}")
+        if target < 0:
+            raise ValueError(f"negative seek position {target}")
+        target = min(target, self._size)
+        part, before = 0, 0
+        while part < len(self._parts) and before + len(self._parts[part]) <= target:
+            before += len(self._parts[part])
+            part += 1
+        self._pos, self._part, self._offset = target, part, target - before
+        return target
+
+    def read(self, size: int | None = -1) -> memoryview | bytes:  # type: ignore[override]
+        if self.closed:
+            raise ValueError("read of a closed body")
+        if size is None or size < 0:
+            rest = b"".join(
+                [self._parts[self._part][self._offset :], *self._parts[self._part + 1 :]]
+                if self._part < len(self._parts)
+                else []
+            )
+            self.seek(0, io.SEEK_END)
+            return rest
+        if size == 0 or self._part >= len(self._parts):
+            return b""
+        part = self._parts[self._part]
+        chunk = part[self._offset : self._offset + size]
+        self._offset += len(chunk)
+        self._pos += len(chunk)
+        if self._offset == len(part):
+            self._part += 1
+            self._offset = 0
+        return chunk
+
+    def readinto(self, buffer: Buffer) -> int:  # type: ignore[override]
+        chunk = self.read(len(memoryview(buffer)))
+        n = len(chunk)
+        memoryview(buffer).cast("B")[:n] = chunk
+        return n

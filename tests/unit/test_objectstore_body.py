@@ -1,0 +1,138 @@
+"""`ObjectBody`: an object sent as its list of buffers (never joined). Its reader yields the
+concatenation at any read size and seek; a PUT retried after a failure in the middle of the
+body sends the same bytes from the start; payloads are sent as UNSIGNED-PAYLOAD by default."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import ReadTimeoutError
+from moto import mock_aws
+from prometheus_client import CollectorRegistry
+
+from dataplane.objectstore import BucketURI, ObjectBody, ObjectStorage, ObjectStoreMetrics
+from dataplane.objectstore.store import default_client_factory
+
+URIS = "0@s3://automq-main?region=us-east-1"
+
+
+def parts_of(seed: int) -> list[bytes | bytearray]:
+    rng = random.Random(seed)
+    out: list[bytes | bytearray] = []
+    for _ in range(20):
+        part = rng.randbytes(rng.choice([0, 1, 31, 4096, 70_000]))
+        out.append(bytearray(part) if rng.random() < 0.5 else part)
+    return out
+
+
+def test_reader_yields_the_concatenation_at_any_read_size() -> None:
+    parts = parts_of(1)
+    whole = b"".join(parts)
+    body = ObjectBody(parts)
+    assert len(body) == len(whole) and body.tobytes() == whole
+    for size in (1, 7, 16384, 1 << 20):
+        reader = body.reader()
+        got = bytearray()
+        while chunk := reader.read(size):
+            assert 0 < len(chunk) <= size
+            got += chunk
+        assert got == whole and reader.tell() == len(whole)
+    assert body.reader().read() == whole
+
+
+def test_reader_seeks_like_a_file() -> None:
+    parts = parts_of(2)
+    whole = b"".join(parts)
+    reader = ObjectBody(parts).reader()
+    assert reader.seek(0, io.SEEK_END) == len(whole)  # how botocore learns Content-Length
+    assert reader.read(10) == b""
+    for pos in (0, 1, 4095, 4097, len(whole) // 2, len(whole) - 1):
+        reader.seek(pos)
+        assert reader.tell() == pos
+        got = bytearray()
+        while len(got) < 100 and (chunk := reader.read(100 - len(got))):
+            got += chunk  # short reads stop at a buffer's end
+        assert got == whole[pos : pos + 100]
+    reader.seek(-5, io.SEEK_END)
+    assert reader.read() == whole[-5:]
+    with pytest.raises(ValueError):
+        reader.seek(-1)
+
+
+def test_equals_and_md5() -> None:
+    import hashlib
+
+    parts = parts_of(3)
+    whole = b"".join(parts)
+    body = ObjectBody(parts)
+    assert body.md5_hex() == hashlib.md5(whole).hexdigest()
+    assert body.equals(whole)
+    assert not body.equals(whole[:-1] + bytes([whole[-1] ^ 1]))
+    assert not body.equals(whole + b"x")
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        s3 = default_client_factory(BucketURI(bucket_id=0, bucket="automq-main"), BotoConfig())
+        s3.create_bucket(Bucket="automq-main")
+        yield s3
+
+
+class FailMidBody:
+    """before-send hook: the first send reads part of the body, then times out."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+        self.headers: list[dict] = []
+
+    def __call__(self, request, **_: object):
+        self.sends += 1
+        self.headers.append(
+            {k: v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        )
+        if self.sends == 1:
+            request.body.read(50_000)  # the body was partly on the wire
+            raise ReadTimeoutError(endpoint_url=request.url)
+        return None
+
+
+def test_a_retried_put_resends_the_same_bytes(aws) -> None:
+    parts = parts_of(4)
+    whole = b"".join(parts)
+    store = ObjectStorage(
+        URIS,
+        metrics=ObjectStoreMetrics(CollectorRegistry()),
+        max_attempts=3,
+        backoff_base_ms=1,
+        backoff_max_ms=2,
+        merge_window_ms=0,
+    )
+    with store:
+        hook = FailMidBody()
+        store.boto3_client(0).meta.events.register_first("before-send.s3.PutObject", hook)
+        store.put_object(0, "obj", ObjectBody(parts))
+        assert hook.sends == 2
+        assert store.get_object(0, "obj") == whole
+        assert {h["Content-Length"] for h in hook.headers} == {str(len(whole))}
+        # SigV4 without hashing the payload first
+        assert hook.headers[1]["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
+        assert "AWS4-HMAC-SHA256" in hook.headers[1]["Authorization"]
+
+
+def test_payload_signing_can_be_turned_on(aws) -> None:
+    store = ObjectStorage(
+        URIS, metrics=ObjectStoreMetrics(CollectorRegistry()), merge_window_ms=0, sign_payloads=True
+    )
+    with store:
+        hook = FailMidBody()
+        hook.sends = 1  # let every send through
+        store.boto3_client(0).meta.events.register_first("before-send.s3.PutObject", hook)
+        store.put_object(0, "obj", ObjectBody([b"abc", b"def"]))
+        assert hook.headers[0]["X-Amz-Content-SHA256"] not in ("UNSIGNED-PAYLOAD", None)
+        assert store.get_object(0, "obj") == b"abcdef"
