@@ -58,6 +58,7 @@ from dataplane.zonerouter.protocol import (
     ZoneRouteRequest,
     ZoneRouteResponse,
 )
+from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,19 @@ class _MainConnection:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
 
-    def call(self, req: ZoneRouteRequest, timeout_s: float) -> ZoneRouteResponse:
+    def call(
+        self,
+        req,
+        timeout_s: float,
+        api_key: int = ZONE_ROUTE_KEY,
+        version: int = ZONE_ROUTE_VERSION,
+    ):
         with self._lock:
             try:
                 if self._sock is None:
                     self._sock = _connect(self.host, self.port, timeout_s, self.login)
                 self._sock.settimeout(timeout_s)
-                return _roundtrip(self._sock, req, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION)
+                return _roundtrip(self._sock, req, api_key, version)
             except BaseException:
                 if self._sock is not None:
                     self._sock.close()
@@ -187,6 +194,12 @@ class ZoneRouter:
         self._keep_until_epoch: int | None = None
         self._stop = threading.Event()
         self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
+        # serial workers of the partitions led here that clients of an AZ produce to
+        # through this broker's own channel (bounded as the proxies' workers)
+        self._own_workers: dict[tuple[str, int], ThreadPoolExecutor] = {}
+        # the proxy's snapshot reads (`snapshot_read.SnapshotReader`, set by the node);
+        # None: proxies serve what the mains committed only
+        self.snapshots = None
 
     def start(self) -> None:
         self.channel = ObjectWAL.open(
@@ -207,10 +220,15 @@ class ZoneRouter:
         with self._lock:
             proxies = list(self._proxies.values())
             conns = list(self._connections.values())
+            own = list(self._own_workers.values())
         for proxy in proxies:
             proxy.worker.shutdown(wait=False, cancel_futures=True)
+        for worker in own:
+            worker.shutdown(wait=False, cancel_futures=True)
         for conn in conns:
             conn.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.channel is not None:
             self.channel.close()
 
@@ -234,6 +252,15 @@ class ZoneRouter:
                 with self._lock:
                     self._proxies.pop(key, None)
                 proxy.worker.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            own = list(self._own_workers.items())
+        for key, worker in own:
+            topic = image.topics.get(key[0])
+            state = topic.partitions.get(key[1]) if topic else None
+            if state is None or state.leader_node_id != self.node_id:
+                with self._lock:
+                    self._own_workers.pop(key, None)
+                worker.shutdown(wait=False)  # queued appends still run (and fail if moved)
             proxy.wake()
 
     # ------------------------------------------------------------------ produce path
@@ -316,6 +343,58 @@ class ZoneRouter:
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
 
+    def own_worker(self, topic_id: str, partition: int) -> ThreadPoolExecutor | None:
+        """The serial worker of a partition led here, for produce through the own channel
+        (None past the bound: that produce goes straight to the partition)."""
+        with self._lock:
+            worker = self._own_workers.get((topic_id, partition))
+            if worker is None and len(self._own_workers) < MAX_PROXY_WORKERS:
+                worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
+                self._own_workers[(topic_id, partition)] = worker
+            return worker
+
+    def route_own(
+        self, handler: ZoneRouteHandler, plog, records: bytes, timeout_ms: int
+    ) -> AppendOutcome | None:
+        """Produce to a partition led here through this broker's own RouterChannel: the
+        data goes to the channel (object storage, readable by the proxies' snapshot reads),
+        the WAL gets Link Records. None when the channel append failed (the caller appends
+        directly). Runs on the partition's own worker."""
+        if self.channel is None:
+            return None
+        with self._lock:
+            self._appending += 1
+        try:
+            appended = self.channel.append(records).result(max(timeout_ms, 1) / 1000)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
+            log.warning("RouterChannel append (own produce) failed: %s", exc)
+            return None
+        finally:
+            with self._lock:
+                self._appending -= 1
+        entry = _ChannelRecord(appended.offset + appended.size_bytes)
+        entry.stream_epoch = plog.leader_epoch
+        with self._lock:
+            self._records[appended.offset] = entry
+        self.traffic.add("wal_data_bytes", len(records))
+        try:
+            outcome, stream_id, end = handler.append_own(
+                self.node_id, appended.offset, records, plog
+            )
+        except BaseException:
+            with self._lock:  # it may have been linked: kept until known committed
+                entry.stream_id, entry.end_offset = plog_stream_id(plog), UNKNOWN_END
+                entry.answered = True
+            raise
+        with self._lock:
+            entry.stream_id, entry.end_offset = stream_id, end
+            entry.answered = True
+            if end >= 0:
+                for other in self._records.values():
+                    if other.stream_id == stream_id and other.end_offset == UNKNOWN_END:
+                        other.end_offset = end
+        return outcome
+
     def _newer_route_epoch(self, epoch: int) -> int:
         """The current route epoch once this broker's image is past `epoch` (bounded)."""
         deadline = time.monotonic() + ROUTE_EPOCH_WAIT_S
@@ -382,6 +461,7 @@ class ProxyPartition:
 
     # it serves what the main committed: a fetch past that waits instead of OFFSET_OUT_OF_RANGE
     lags_leader = True
+    counts_own_wal_bytes = True  # its RouterChannel write is counted by the router
 
     def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
         self.router = router
@@ -415,9 +495,14 @@ class ProxyPartition:
 
     @property
     def high_watermark(self) -> int:
-        """What the main has committed to object storage (readable from here)."""
-        stream = self._state()[2]
-        return stream.end_offset if stream else 0
+        """What the main has committed to object storage, extended by the snapshot reads
+        (what the main made durable and this broker read from the RouterChannels)."""
+        _, part, stream = self._state()
+        committed = stream.end_offset if stream else 0
+        snapshots = self.router.snapshots
+        if snapshots is None or part is None:
+            return committed
+        return snapshots.high_watermark(self, part.leader_node_id, committed)
 
     @property
     def last_stable_offset(self) -> int:
@@ -436,6 +521,12 @@ class ProxyPartition:
         _, part, stream = self._state()
         if stream is None:
             return b""
+        snapshots = self.router.snapshots
+        if snapshots is not None and offset >= stream.end_offset:
+            # past the main's uploads: from the snapshot-read cache (b"" when not there)
+            return snapshots.read(
+                self, offset, self.high_watermark if end is None else end, max_bytes
+            )
         end = stream.end_offset if end is None else min(end, stream.end_offset)
         batches = self.router.read_committed(stream.stream_id, offset, end, max_bytes)
         data = b"".join(b.payload for b in batches)
@@ -486,6 +577,85 @@ class ProxyPartition:
             callback()
 
 
+def plog_stream_id(plog) -> int:
+    stream = getattr(plog, "stream", None)
+    return stream.stream_id if stream is not None else -1
+
+
+class OwnChannelPartition:
+    """A partition this broker leads, as a client that declared an AZ sees it when zone
+    routing is on: its produce goes through this broker's own RouterChannel (the data in
+    object storage once, readable by the proxies' snapshot reads; a Link Record in the
+    WAL), everything else is the partition's. Thread-safe: appends are queued to the
+    partition's serial worker (the produce order); the durable futures complete the
+    outcome."""
+
+    counts_own_wal_bytes = True  # the channel (or direct) write is counted here
+
+    def __init__(self, router: ZoneRouter, handler: ZoneRouteHandler, plog, topic_id: str):
+        self._plog = plog
+        self._router = router
+        self._handler = handler
+        self._topic_id = topic_id
+
+    def __getattr__(self, name: str):
+        return getattr(self._plog, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self._plog is getattr(other, "_plog", getattr(other, "_inner", other))
+
+    def __hash__(self) -> int:
+        return id(self._plog)
+
+    def _direct(self, records: bytes | None) -> AppendOutcome:
+        outcome = self._plog.append(records)
+        if outcome.error == KafkaError.NONE:
+            self._router.traffic.add("wal_data_bytes", len(records or b""))
+        return outcome
+
+    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+        worker = self._router.own_worker(self._topic_id, self._plog.partition)
+        if not records or worker is None:
+            return self._direct(records)
+        done: Future = Future()
+        try:
+            worker.submit(self._route, records, timeout_ms, done)
+        except RuntimeError:  # the worker was shut down (leadership moved, stopping)
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        return AppendOutcome(KafkaError.NONE, -1, [done])
+
+    def _route(self, records: bytes, timeout_ms: int, done: Future) -> None:
+        try:
+            outcome = self._router.route_own(self._handler, self._plog, records, timeout_ms)
+            if outcome is None:
+                outcome = self._direct(records)
+        except BaseException as exc:  # noqa: BLE001 - handed to the produce
+            done.set_exception(exc)
+            return
+        durable = list(outcome.durable)
+        result = AppendOutcome(outcome.error, outcome.base_offset)
+        if outcome.error != KafkaError.NONE or not durable:
+            done.set_result(result)
+            return
+        remaining = [len(durable)]
+        lock = threading.Lock()
+
+        def settled(fut: Future) -> None:
+            exc = fut.exception()
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+                if done.done():
+                    return
+                if exc is not None:
+                    done.set_exception(exc)
+                elif last:
+                    done.set_result(result)
+
+        for fut in durable:
+            fut.add_done_callback(settled)
+
+
 class ZoneRouteHandler:
     """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
     happens on the event loop as a client's produce does."""
@@ -507,9 +677,82 @@ class ZoneRouteHandler:
         self._pending: dict[int, dict] = {}
         self._pending_lock = threading.Lock()
         self._next_token = 0
+        # where recent links' data lies, for the proxies' snapshot reads (set by the node)
+        self.link_index: LinkIndex | None = None
+        self.snapshot_server = None  # its GetPartitionSnapshot handler (snapshot_read.py)
 
     def registrations(self) -> list:
-        return [(ZoneRouteRequest, 0, 0, self.zone_route)]
+        extra = self.snapshot_server.registrations() if self.snapshot_server else []
+        return [(ZoneRouteRequest, 0, 0, self.zone_route), *extra]
+
+    def _track(self, route_epoch: int) -> tuple[int, dict]:
+        """Count a request of `route_epoch` as pending (under `_pending_lock`)."""
+        token = self._next_token
+        self._next_token += 1
+        entry = {"epoch": route_epoch, "done": False, "stream_id": -1, "end": -1}
+        entry["stream_epoch"] = -1
+        self._pending[token] = entry
+        return token, entry
+
+    def _untrack_if_unlinked(self, token: int, entry: dict) -> None:
+        with self._pending_lock:
+            entry["done"] = True
+            if entry["end"] < 0:  # nothing linked
+                self._pending.pop(token, None)
+
+    def _link_append(
+        self, source: int, channel_offset: int, data: bytes, plog, entry: dict
+    ) -> tuple[AppendOutcome, int, int]:
+        """Append `data` (the channel record at `channel_offset` of node `source`) to the
+        partition with Link Records in the WAL; records every link in the snapshot index.
+        Returns the outcome, the stream id and the end offset of the last link (-1: none).
+        Thread-safe (the partition's lock orders appends)."""
+        now_ms = int(time.time() * 1000)
+        ends: list[int] = []  # the end offset of every batch written as a Link Record
+        stream = getattr(plog, "stream", None)
+        stream_id = stream.stream_id if stream is not None else -1
+        leader_epoch = plog.leader_epoch
+        index = self.link_index
+
+        def link(position: int, length: int) -> Callable[[int], bytes]:
+            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
+            count = parse_batch_header(data, position).last_offset_delta + 1
+
+            def build(base: int) -> bytes:  # under the stream's lock, before append returns
+                ends.append(base + count)
+                record = LinkRecord(source, channel_offset, position, length, now_ms)
+                if index is not None and stream_id >= 0:
+                    index.record(stream_id, LinkLocation(base, count, leader_epoch, record))
+                return record.encode()
+
+            return build
+
+        outcome = plog.append(data, link=link)
+        if index is not None and stream_id >= 0:
+            committed = self.image_fn().streams.get(stream_id)
+            if committed is not None:
+                index.prune(stream_id, committed.end_offset)
+        # the proxy keeps the channel record until the stream's committed end reaches the
+        # end of what links to it (-1: no link was written)
+        end = max(ends, default=-1)
+        with self._pending_lock:
+            entry["stream_id"], entry["end"] = stream_id, end
+            entry["stream_epoch"] = plog.leader_epoch
+        return outcome, stream_id, end
+
+    def append_own(
+        self, node_id: int, channel_offset: int, data: bytes, plog
+    ) -> tuple[AppendOutcome, int, int]:
+        """The main's own produce routed through its own RouterChannel (a client of an AZ
+        producing to a partition led here): `data` is the channel record at
+        `channel_offset`; appended with Link Records, tracked in the current route epoch
+        as a proxy's request is. Thread-safe; called off the event loop."""
+        with self._pending_lock:
+            token, entry = self._track(self.image_fn().route_epoch.current_epoch)
+        try:
+            return self._link_append(node_id, channel_offset, data, plog, entry)
+        finally:
+            self._untrack_if_unlinked(token, entry)
 
     def persisted_epoch(self) -> int:
         """The largest route epoch P (at most the fenced one, which this main refuses from
@@ -562,18 +805,11 @@ class ZoneRouteHandler:
                     KafkaError.STALE_BROKER_EPOCH,
                     f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
                 )
-            token = self._next_token
-            self._next_token += 1
-            entry = {"epoch": req.route_epoch, "done": False, "stream_id": -1, "end": -1}
-            entry["stream_epoch"] = -1
-            self._pending[token] = entry
+            token, entry = self._track(req.route_epoch)
         try:
             return await self._checked(req, image, entry)
         finally:
-            with self._pending_lock:
-                entry["done"] = True
-                if entry["end"] < 0:  # nothing linked
-                    self._pending.pop(token, None)
+            self._untrack_if_unlinked(token, entry)
 
     async def _checked(self, req, image: MetadataImage, entry: dict):
         source = req.source_node_id
@@ -600,30 +836,9 @@ class ZoneRouteHandler:
             return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
         except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
             return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
-        now_ms = int(time.time() * 1000)
-        channel_offset = req.channel_offset
-        data = record.data
-        ends: list[int] = []  # the end offset of every batch written as a Link Record
-
-        def link(position: int, length: int) -> Callable[[int], bytes]:
-            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
-            count = parse_batch_header(data, position).last_offset_delta + 1
-
-            def build(base: int) -> bytes:  # under the stream's lock, before append returns
-                ends.append(base + count)
-                return LinkRecord(source, channel_offset, position, length, now_ms).encode()
-
-            return build
-
-        outcome = plog.append(data, link=link)
-        stream = getattr(plog, "stream", None)
-        stream_id = stream.stream_id if stream is not None else -1
-        # the proxy keeps the channel record until the stream's committed end reaches the
-        # end of what links to it (-1: no link was written)
-        end = max(ends, default=-1)
-        with self._pending_lock:
-            entry["stream_id"], entry["end"] = stream_id, end
-            entry["stream_epoch"] = plog.leader_epoch
+        outcome, stream_id, end = self._link_append(
+            source, req.channel_offset, record.data, plog, entry
+        )
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
             return self._answer(outcome.error, None, -1, start, stream_id, end)

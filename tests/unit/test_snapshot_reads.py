@@ -1,0 +1,164 @@
+"""Snapshot reads (dataplane/zonerouter/snapshot.py): the main's LinkIndex answers what is new
+past a proxy's offset, durable only, bounded; the proxy's SnapshotCache serves contiguous
+batches, refuses overlaps, empties on a new leader epoch and stays within its byte bound.
+The GetPartitionSnapshot messages round-trip through the Kafka codec."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from dataplane.kafka.codec import decode_request, decode_response, encode_request, encode_response
+from dataplane.zonerouter.link_record import LinkRecord
+from dataplane.zonerouter.protocol import (
+    SNAPSHOT_KEY,
+    GetPartitionSnapshotRequest,
+    GetPartitionSnapshotResponse,
+)
+from dataplane.zonerouter.snapshot import CachedBatch, LinkIndex, LinkLocation, SnapshotCache
+
+
+def _loc(base: int, count: int = 10, epoch: int = 3, channel_offset: int = 0) -> LinkLocation:
+    return LinkLocation(base, count, epoch, LinkRecord(2, channel_offset, 0, 100, 1_000))
+
+
+def test_link_index_answers_links_past_the_offset_up_to_the_high_watermark():
+    index = LinkIndex()
+    for base in range(0, 50, 10):
+        index.record(7, _loc(base, channel_offset=base * 100))
+    # what the proxy has (25) is inside the batch 20..30: it is answered again, whole
+    got = index.since(7, 25, 40, 100)
+    assert [(g.base_offset, g.end_offset) for g in got] == [(20, 30), (30, 40)]
+    # the batch 40..50 is not durable yet (the main's high watermark is 40)
+    assert all(g.end_offset <= 40 for g in got)
+    assert index.since(7, 50, 50, 100) == []
+    assert [g.base_offset for g in index.since(7, 0, 50, 2)] == [0, 10]  # bounded
+    assert index.since(8, 0, 50, 100) == []  # another stream
+
+
+def test_link_index_prunes_committed_entries_and_is_bounded():
+    index = LinkIndex(max_entries_per_stream=3, max_streams=2)
+    for base in range(0, 50, 10):
+        index.record(1, _loc(base))
+    # only the 3 newest remain: asking from 0 shows the gap (the first is at 20)
+    assert [g.base_offset for g in index.since(1, 0, 100, 100)] == [20, 30, 40]
+    index.prune(1, 40)
+    assert [g.base_offset for g in index.since(1, 0, 100, 100)] == [40]
+    index.record(2, _loc(0))
+    index.record(3, _loc(0))  # a third stream evicts the least recently appended (1)
+    assert index.since(1, 0, 100, 100) == []
+    assert len(index.since(3, 0, 100, 100)) == 1
+
+
+def test_link_index_starts_over_when_offsets_go_back():
+    index = LinkIndex()
+    index.record(1, _loc(0))
+    index.record(1, _loc(10))
+    index.record(1, _loc(5, epoch=4))  # a new stream epoch reassigned offsets from 5
+    assert [(g.base_offset, g.leader_epoch) for g in index.since(1, 0, 100, 100)] == [(5, 4)]
+
+
+def _batch(base: int, end: int, size: int = 100) -> CachedBatch:
+    return CachedBatch(base, end, bytes([base % 256]) * size)
+
+
+def test_cache_serves_contiguous_batches_and_refuses_overlaps():
+    cache = SnapshotCache(10_000)
+    key = ("t", 0)
+    assert cache.put(key, 1, _batch(10, 20))
+    assert cache.put(key, 1, _batch(20, 30))
+    assert cache.put(key, 1, _batch(40, 50))  # after a gap (30..40 not linked)
+    assert not cache.put(key, 1, _batch(15, 25))  # overlaps
+    assert not cache.put(key, 1, _batch(35, 45))
+    assert cache.contiguous_end(key, 10) == 30
+    assert cache.contiguous_end(key, 12) == 30  # inside the first batch
+    assert cache.contiguous_end(key, 30) == 30  # the gap: nothing past it
+    assert cache.contiguous_end(key, 40) == 50
+    assert cache.max_end(key) == 50
+    # a read from inside a batch returns it whole (the client skips earlier records)
+    assert cache.read(key, 15, 50, 1_000) == _batch(10, 20).data + _batch(20, 30).data
+    assert cache.read(key, 15, 25, 1_000) == _batch(10, 20).data  # bounded by the end
+    assert cache.read(key, 10, 50, 150) == _batch(10, 20).data  # by max_bytes, >= 1 batch
+    assert cache.read(key, 10, 50, 1) == _batch(10, 20).data
+    assert cache.read(key, 30, 50, 1_000) == b""  # not cached
+    assert cache.read(("t", 1), 10, 50, 1_000) == b""
+
+
+def test_cache_prunes_committed_and_resets_on_a_new_leader_epoch():
+    cache = SnapshotCache(10_000)
+    key = ("t", 0)
+    for base in range(0, 40, 10):
+        cache.put(key, 1, _batch(base, base + 10))
+    assert cache.size_bytes == 400
+    cache.prune_below(key, 25)  # 0..10 and 10..20 are committed
+    assert cache.size_bytes == 200
+    assert cache.read(key, 20, 40, 1_000) == _batch(20, 30).data + _batch(30, 40).data
+    assert cache.leader_epoch(key) == 1
+    assert cache.put(key, 2, _batch(40, 50))  # a new main: its snapshot starts over
+    assert cache.leader_epoch(key) == 2
+    assert cache.size_bytes == 100
+    assert cache.read(key, 20, 50, 1_000) == b""
+    cache.reset(key)
+    assert cache.size_bytes == 0 and cache.max_end(key) == -1
+
+
+def test_cache_evicts_oldest_insertions_over_its_bound():
+    cache = SnapshotCache(350)
+    a, b = ("t", 0), ("t", 1)
+    cache.put(a, 1, _batch(0, 10))
+    cache.put(b, 1, _batch(0, 10))
+    cache.put(a, 1, _batch(10, 20))
+    cache.put(b, 1, _batch(10, 20))  # 400 bytes: the first insertion goes
+    assert cache.size_bytes == 300
+    assert cache.read(a, 0, 100, 1_000) == b""
+    assert cache.read(a, 10, 100, 1_000) == _batch(10, 20).data
+    assert cache.read(b, 0, 100, 1_000) == _batch(0, 10).data + _batch(10, 20).data
+    assert not cache.put(a, 1, CachedBatch(20, 30, b"x" * 351))  # larger than the cache
+    with pytest.raises(ValueError):
+        SnapshotCache(0)
+
+
+def test_snapshot_messages_round_trip():
+    topic_id = uuid.uuid4()
+    Q = GetPartitionSnapshotRequest[0]
+    req = Q(
+        node_id=2,
+        max_wait_ms=200,
+        partitions=[Q.PartitionRequest(topic_id=topic_id, partition=3, fetch_offset=42)],
+    )
+    decoded = decode_request(encode_request(req, 7, client_id="t", version=0)[4:])
+    assert decoded.api_key == SNAPSHOT_KEY and decoded.correlation_id == 7
+    asked = decoded.body.partitions[0]
+    assert (asked.topic_id, asked.partition, asked.fetch_offset) == (topic_id, 3, 42)
+    R = GetPartitionSnapshotResponse[0]
+    link = R.PartitionSnapshot.LinkLocation(
+        base_offset=42,
+        record_count=5,
+        source_node_id=1,
+        channel_offset=4096,
+        position=0,
+        length=500,
+        timestamp_ms=123,
+    )
+    resp = R(
+        error_code=0,
+        partitions=[
+            R.PartitionSnapshot(
+                topic_id=topic_id,
+                partition=3,
+                error_code=0,
+                leader_epoch=4,
+                high_watermark=47,
+                log_start_offset=0,
+                links=[link],
+            )
+        ],
+    )
+    frame = encode_response(decoded, resp)
+    frame = frame if isinstance(frame, bytes) else b"".join(bytes(b) for b in frame)
+    got_id, got = decode_response(frame[4:], SNAPSHOT_KEY, 0)
+    assert got_id == 7
+    snap = got.partitions[0]
+    assert (snap.topic_id, snap.high_watermark, snap.leader_epoch) == (topic_id, 47, 4)
+    assert snap.links[0].channel_offset == 4096 and snap.links[0].length == 500
