@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -196,7 +197,7 @@ class ZoneRouter:
         self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
         # serial workers of the partitions led here that clients of an AZ produce to
         # through this broker's own channel (bounded as the proxies' workers)
-        self._own_workers: dict[tuple[str, int], ThreadPoolExecutor] = {}
+        self._own_workers: dict[tuple[str, int], _OwnPipeline] = {}
         # the proxy's snapshot reads (`snapshot_read.SnapshotReader`, set by the node);
         # None: proxies serve what the mains committed only
         self.snapshots = None
@@ -223,8 +224,8 @@ class ZoneRouter:
             own = list(self._own_workers.values())
         for proxy in proxies:
             proxy.worker.shutdown(wait=False, cancel_futures=True)
-        for worker in own:
-            worker.shutdown(wait=False, cancel_futures=True)
+        for pipeline in own:
+            pipeline.close()
         for conn in conns:
             conn.close()
         if self.snapshots is not None:
@@ -254,13 +255,13 @@ class ZoneRouter:
                 proxy.worker.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             own = list(self._own_workers.items())
-        for key, worker in own:
+        for key, pipeline in own:
             topic = image.topics.get(key[0])
             state = topic.partitions.get(key[1]) if topic else None
             if state is None or state.leader_node_id != self.node_id:
                 with self._lock:
                     self._own_workers.pop(key, None)
-                worker.shutdown(wait=False)  # queued appends still run (and fail if moved)
+                pipeline.close()  # queued appends still run (and fail if moved)
             proxy.wake()
 
     # ------------------------------------------------------------------ produce path
@@ -343,39 +344,50 @@ class ZoneRouter:
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
 
-    def own_worker(self, topic_id: str, partition: int) -> ThreadPoolExecutor | None:
-        """The serial worker of a partition led here, for produce through the own channel
-        (None past the bound: that produce goes straight to the partition)."""
+    def own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
+        """The produce pipeline of a partition led here, through the own channel (None
+        past the bound: that produce goes straight to the partition)."""
         with self._lock:
-            worker = self._own_workers.get((topic_id, partition))
-            if worker is None and len(self._own_workers) < MAX_PROXY_WORKERS:
-                worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
-                self._own_workers[(topic_id, partition)] = worker
-            return worker
+            pipeline = self._own_workers.get((topic_id, partition))
+            if pipeline is None and len(self._own_workers) < MAX_PROXY_WORKERS:
+                pipeline = _OwnPipeline(partition)
+                self._own_workers[(topic_id, partition)] = pipeline
+            return pipeline
 
-    def route_own(
-        self, handler: ZoneRouteHandler, plog, records: bytes, timeout_ms: int
-    ) -> AppendOutcome | None:
-        """Produce to a partition led here through this broker's own RouterChannel: the
-        data goes to the channel (object storage, readable by the proxies' snapshot reads),
-        the WAL gets Link Records. None when the channel append failed (the caller appends
-        directly). Runs on the partition's own worker."""
+    def begin_own(self, records: bytes) -> Future | None:
+        """Start the channel append of a produce to a partition led here (its offset is
+        unknown, so nothing is trimmed, until `finish_own`). None: no channel."""
         if self.channel is None:
             return None
         with self._lock:
             self._appending += 1
         try:
-            appended = self.channel.append(records).result(max(timeout_ms, 1) / 1000)
+            return self.channel.append(records)
         except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
-            log.warning("RouterChannel append (own produce) failed: %s", exc)
-            return None
-        finally:
             with self._lock:
                 self._appending -= 1
+            log.warning("RouterChannel append (own produce) failed: %s", exc)
+            return None
+
+    def finish_own(
+        self, handler: ZoneRouteHandler, plog, records: bytes, channel_append: Future
+    ) -> AppendOutcome | None:
+        """Once its channel append is done: append the produce to the partition with Link
+        Records in the WAL (the data is in this broker's own RouterChannel, readable by
+        the proxies' snapshot reads). None when the channel append failed (the caller
+        appends directly)."""
+        try:
+            appended = channel_append.result(0)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
+            log.warning("RouterChannel append (own produce) failed: %s", exc)
+            with self._lock:
+                self._appending -= 1
+            return None
         entry = _ChannelRecord(appended.offset + appended.size_bytes)
         entry.stream_epoch = plog.leader_epoch
         with self._lock:
             self._records[appended.offset] = entry
+            self._appending -= 1
         self.traffic.add("wal_data_bytes", len(records))
         try:
             outcome, stream_id, end = handler.append_own(
@@ -614,46 +626,88 @@ class OwnChannelPartition:
         return outcome
 
     def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
-        worker = self._router.own_worker(self._topic_id, self._plog.partition)
-        if not records or worker is None:
+        pipeline = self._router.own_pipeline(self._topic_id, self._plog.partition)
+        if not records or pipeline is None:
             return self._direct(records)
         done: Future = Future()
         try:
-            worker.submit(self._route, records, timeout_ms, done)
-        except RuntimeError:  # the worker was shut down (leadership moved, stopping)
+            pipeline.worker.submit(self._begin, pipeline, records, done)
+        except RuntimeError:  # the pipeline was closed (leadership moved, stopping)
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
         return AppendOutcome(KafkaError.NONE, -1, [done])
 
-    def _route(self, records: bytes, timeout_ms: int, done: Future) -> None:
-        try:
-            outcome = self._router.route_own(self._handler, self._plog, records, timeout_ms)
-            if outcome is None:
-                outcome = self._direct(records)
-        except BaseException as exc:  # noqa: BLE001 - handed to the produce
-            done.set_exception(exc)
-            return
-        durable = list(outcome.durable)
-        result = AppendOutcome(outcome.error, outcome.base_offset)
-        if outcome.error != KafkaError.NONE or not durable:
-            done.set_result(result)
-            return
-        remaining = [len(durable)]
-        lock = threading.Lock()
+    def _begin(self, pipeline: _OwnPipeline, records: bytes, done: Future) -> None:
+        """On the pipeline's worker (the produce order): start the channel append and
+        queue the rest behind the earlier produce requests."""
+        channel_append = self._router.begin_own(records)
+        with pipeline.lock:
+            pipeline.items.append((channel_append, records, done))
+        if channel_append is None:
+            self._drain(pipeline)
+        else:
+            channel_append.add_done_callback(lambda _: self._drain(pipeline))
 
-        def settled(fut: Future) -> None:
-            exc = fut.exception()
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-                if done.done():
+    def _drain(self, pipeline: _OwnPipeline) -> None:
+        """Append, in order, every queued produce whose channel append is done."""
+        with pipeline.lock:
+            while pipeline.items:
+                channel_append, records, done = pipeline.items[0]
+                if channel_append is not None and not channel_append.done():
                     return
-                if exc is not None:
+                pipeline.items.popleft()
+                try:
+                    outcome = None
+                    if channel_append is not None:
+                        outcome = self._router.finish_own(
+                            self._handler, self._plog, records, channel_append
+                        )
+                    if outcome is None:
+                        outcome = self._direct(records)
+                except BaseException as exc:  # noqa: BLE001 - handed to the produce
                     done.set_exception(exc)
-                elif last:
-                    done.set_result(result)
+                    continue
+                _complete_when_durable(outcome, done)
 
-        for fut in durable:
-            fut.add_done_callback(settled)
+
+def _complete_when_durable(outcome: AppendOutcome, done: Future) -> None:
+    """Resolve `done` with `outcome` (its error and base offset) once all its appends are
+    durable, or with the first failure."""
+    durable = list(outcome.durable)
+    result = AppendOutcome(outcome.error, outcome.base_offset)
+    if outcome.error != KafkaError.NONE or not durable:
+        done.set_result(result)
+        return
+    remaining = [len(durable)]
+    lock = threading.Lock()
+
+    def settled(fut: Future) -> None:
+        exc = fut.exception()
+        with lock:
+            remaining[0] -= 1
+            if done.done():
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            elif remaining[0] == 0:
+                done.set_result(result)
+
+    for fut in durable:
+        fut.add_done_callback(settled)
+
+
+class _OwnPipeline:
+    """The produce requests of one partition led here going through the own channel, in
+    their order: a serial worker starts each channel append; each is appended to the
+    partition once it and every earlier one are done (channel appends run in parallel,
+    the partition sees them in order). Thread-safe (`lock`)."""
+
+    def __init__(self, partition: int):
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
+        self.lock = threading.Lock()
+        self.items: deque[tuple[Future | None, bytes, Future]] = deque()
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False)
 
 
 class ZoneRouteHandler:
