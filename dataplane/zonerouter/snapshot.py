@@ -36,31 +36,42 @@ class LinkLocation:
 class LinkIndex:
     """The main's recent Link Records by stream, in offset order (recorded under the
     stream's lock as offsets are assigned). Bounded: at most `max_entries_per_stream` per
-    stream (the oldest go first) and `max_streams` streams (the least recently appended go
-    first); entries the stream's committed end passed are dropped (`prune`). A proxy
-    asking for an offset the index no longer holds sees a gap and reads it once committed.
-    Thread-safe."""
+    stream (the oldest go first) and `max_entries` in all (taken from the least recently
+    appended streams first); entries the stream's committed end passed are dropped
+    (`prune`). A proxy asking for an offset the index no longer holds sees a gap and reads
+    it once committed. Thread-safe."""
 
-    def __init__(self, max_entries_per_stream: int = 4096, max_streams: int = 4096):
-        if max_entries_per_stream < 1 or max_streams < 1:
+    def __init__(self, max_entries_per_stream: int = 4096, max_entries: int = 65_536):
+        if max_entries_per_stream < 1 or max_entries < 1:
             raise ValueError("LinkIndex bounds must be >= 1")
         self.max_entries_per_stream = max_entries_per_stream
-        self.max_streams = max_streams
+        self.max_entries = max_entries
         self._lock = threading.Lock()
         self._streams: OrderedDict[int, deque[LinkLocation]] = OrderedDict()
+        self._count = 0
 
     def record(self, stream_id: int, location: LinkLocation) -> None:
         with self._lock:
             entries = self._streams.get(stream_id)
             if entries is None:
-                entries = self._streams[stream_id] = deque(maxlen=self.max_entries_per_stream)
-                while len(self._streams) > self.max_streams:
-                    self._streams.popitem(last=False)
+                entries = self._streams[stream_id] = deque()
             else:
                 self._streams.move_to_end(stream_id)
             if entries and location.base_offset < entries[-1].end_offset:
-                entries.clear()  # offsets went back (a new stream epoch): older ones are void
+                # offsets went back (a new stream epoch): the older ones are void
+                self._count -= len(entries)
+                entries.clear()
+            if len(entries) >= self.max_entries_per_stream:
+                entries.popleft()
+                self._count -= 1
             entries.append(location)
+            self._count += 1
+            while self._count > self.max_entries:
+                oldest_id, oldest = next(iter(self._streams.items()))
+                oldest.popleft()
+                self._count -= 1
+                if not oldest:
+                    del self._streams[oldest_id]
 
     def prune(self, stream_id: int, committed_end: int) -> None:
         """Drop the entries wholly below `committed_end` (readable from object storage)."""
@@ -68,10 +79,13 @@ class LinkIndex:
             entries = self._streams.get(stream_id)
             while entries and entries[0].end_offset <= committed_end:
                 entries.popleft()
+                self._count -= 1
+            if entries is not None and not entries:
+                del self._streams[stream_id]
 
-    def forget(self, stream_id: int) -> None:
+    def __len__(self) -> int:
         with self._lock:
-            self._streams.pop(stream_id, None)
+            return self._count
 
     def since(
         self, stream_id: int, offset: int, up_to: int, max_entries: int

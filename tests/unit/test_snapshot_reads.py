@@ -38,17 +38,27 @@ def test_link_index_answers_links_past_the_offset_up_to_the_high_watermark():
 
 
 def test_link_index_prunes_committed_entries_and_is_bounded():
-    index = LinkIndex(max_entries_per_stream=3, max_streams=2)
+    index = LinkIndex(max_entries_per_stream=3, max_entries=5)
     for base in range(0, 50, 10):
         index.record(1, _loc(base))
     # only the 3 newest remain: asking from 0 shows the gap (the first is at 20)
     assert [g.base_offset for g in index.since(1, 0, 100, 100)] == [20, 30, 40]
     index.prune(1, 40)
     assert [g.base_offset for g in index.since(1, 0, 100, 100)] == [40]
-    index.record(2, _loc(0))
-    index.record(3, _loc(0))  # a third stream evicts the least recently appended (1)
-    assert index.since(1, 0, 100, 100) == []
-    assert len(index.since(3, 0, 100, 100)) == 1
+    assert len(index) == 1
+    for base in range(0, 30, 10):
+        index.record(2, _loc(base))
+    index.record(3, _loc(0))
+    assert len(index) == 5
+    # over the total bound: the least recently appended stream (1) gives up its entries
+    index.record(3, _loc(10))
+    assert len(index) == 5 and index.since(1, 0, 100, 100) == []
+    index.record(3, _loc(20))  # then the next one (2), oldest first
+    assert [g.base_offset for g in index.since(2, 0, 100, 100)] == [10, 20]
+    assert len(index.since(3, 0, 100, 100)) == 3
+    index.prune(2, 100)
+    index.prune(3, 100)
+    assert len(index) == 0
 
 
 def test_link_index_starts_over_when_offsets_go_back():
@@ -162,3 +172,126 @@ def test_snapshot_messages_round_trip():
     snap = got.partitions[0]
     assert (snap.topic_id, snap.high_watermark, snap.leader_epoch) == (topic_id, 47, 4)
     assert snap.links[0].channel_offset == 4096 and snap.links[0].length == 500
+
+
+@pytest.fixture
+def objects(monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from moto import mock_aws
+
+    from dataplane.objectstore import ObjectStorage
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
+        with ObjectStorage("0@s3://automq-main?region=us-east-1", merge_window_ms=0) as store:
+            yield store
+
+
+class _Proxy:
+    def __init__(self, topic_id: str):
+        self.topic_id, self.partition, self.woken = topic_id, 0, 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
+    """A main's snapshot names batches in node 2's RouterChannel: the proxy reads them from
+    the object store into its cache (byte for byte the main's batches), extends what a
+    fetch may read up to the main's high watermark, wakes the fetches, and stops at a link
+    whose channel record it cannot read (a gap: served once uploaded)."""
+    from controlplane.settings import ControllerSettings
+    from controlplane.state_machine import MetadataStateMachine
+    from dataplane.kafka.record_batch import patch_batch
+    from dataplane.s3stream.wal.object_wal import ObjectWAL
+    from dataplane.zonerouter.proxy import ChannelReaders, channel_location
+    from dataplane.zonerouter.snapshot_read import SnapshotReader
+    from dataplane.zonerouter.traffic import ZoneTraffic
+    from tests.unit.test_kafka_apis_inprocess import batch
+
+    sm = MetadataStateMachine(ControllerSettings())
+    for node in (1, 2):
+        sm.execute(
+            "register_broker",
+            {
+                "node_id": node,
+                "az": f"az{node}",
+                "host": "127.0.0.1",
+                "kafka_port": 1,  # nothing listens: the poller's calls fail, apply is driven here
+                "incarnation_id": f"i{node}",
+                "wal_uri": "file:///tmp/w",
+            },
+            now_ms=0,
+        )
+        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
+    topic_id = str(uuid.uuid4())
+    out = sm.execute("create_topic", {"name": "t", "partitions": 1, "topic_id": topic_id}, now_ms=0)
+    assert "error" not in out, out
+    image = sm.image
+    state = image.topics[topic_id].partitions[0]
+    first, second = batch([b"a", b"b"]), batch([b"c"])
+    channel = ObjectWAL.open(objects, channel_location(2), 2, 0, capacity_bytes=64 << 20)
+    try:
+        at = channel.append(first + second).result(10).offset
+    finally:
+        channel.close()
+    traffic = ZoneTraffic("az2")
+    reader = SnapshotReader(lambda: image, ChannelReaders(objects), traffic, node_id=3)
+    proxy = _Proxy(topic_id)
+    try:
+        assert reader.high_watermark(proxy, state.leader_node_id, 0) == 0
+        R = GetPartitionSnapshotResponse[0]
+        L = R.PartitionSnapshot.LinkLocation
+
+        def snapshot(hw: int, links: list, epoch: int = 0):
+            return R(
+                error_code=0,
+                partitions=[
+                    R.PartitionSnapshot(
+                        topic_id=uuid.UUID(topic_id),
+                        partition=0,
+                        error_code=0,
+                        leader_epoch=epoch,
+                        high_watermark=hw,
+                        log_start_offset=0,
+                        links=links,
+                    )
+                ],
+            )
+
+        def link(base, count, position, length, channel_offset=at):
+            return L(
+                base_offset=base,
+                record_count=count,
+                source_node_id=2,
+                channel_offset=channel_offset,
+                position=position,
+                length=length,
+                timestamp_ms=0,
+            )
+
+        links = [
+            link(0, 2, 0, len(first)),
+            link(2, 1, len(first), len(second)),
+            link(3, 1, 0, len(first), channel_offset=at + 10**6),  # no such record: a gap
+            link(5, 1, 0, len(first)),
+        ]
+        reader.apply(snapshot(6, links), image)
+        assert proxy.woken == 1
+        assert reader.high_watermark(proxy, state.leader_node_id, 0) == 3
+        key = (topic_id, 0)
+        assert reader.cache.read(key, 0, 3, 1 << 20) == patch_batch(first, 0, 0) + patch_batch(
+            second, 2, 0
+        )
+        assert traffic.snapshot()["proxy_read_bytes"] == len(first) + len(second)
+        # the main's high watermark caps what is served, whatever the cache holds
+        reader._polled[key].main_hw = 2
+        assert reader.high_watermark(proxy, state.leader_node_id, 0) == 2
+        # a new leader epoch (a new main's snapshot) starts over
+        reader.apply(snapshot(3, [], epoch=1), image)
+        assert reader.cache.max_end(key) == -1
+        assert reader.high_watermark(proxy, state.leader_node_id, 0) == 0
+    finally:
+        reader.close()
