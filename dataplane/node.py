@@ -544,6 +544,7 @@ class BrokerNode:
             self.zone_traffic,
             cfg.node_id,
             login=self.zone_router.login,
+            own_records=self.zone_router.recent_record,
         )
         router = self.zone_router
         routing = ZoneRouting(

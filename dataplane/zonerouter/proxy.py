@@ -9,16 +9,17 @@ appends them to the partition, and answers once its append is durable; the proxy
 acknowledges the client. The channel record is released (trimmed) once the main answered.
 
 Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
-stream's committed end in the metadata image), read through this broker's BlockCache.
+stream's committed end in the metadata image), read through this broker's BlockCache, and
+past it what the snapshot reads (`snapshot_read.py`) found in the RouterChannels.
 The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`link_record.py`);
 its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
 failover of it) reads the data back from the channel. So the proxy keeps a channel record
 until the main has committed the partition's data to object storage (the stream's committed
 end in the image reaches what the request appended), then trims it.
 
-Fetch: this is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
-data not yet uploaded) are not built, so a proxy's consumers see data after the main's
-upload interval.
+A client of an AZ producing at the partition's main goes through the main's own
+RouterChannel as well (`OwnChannelPartition`), so the proxies' snapshot reads find its data
+in object storage.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 CHANNEL_BUCKET_ID = 0
 CHANNEL_CAPACITY_BYTES = 1024 * 1024 * 1024
 CHANNEL_TRIM_INTERVAL_S = 1.0
+RECENT_CHANNEL_BYTES = 16 * 1024 * 1024
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
 ROUTE_EPOCH_WAIT_S = 2.0
@@ -198,6 +200,10 @@ class ZoneRouter:
         # serial workers of the partitions led here that clients of an AZ produce to
         # through this broker's own channel (bounded as the proxies' workers)
         self._own_workers: dict[tuple[str, int], _OwnPipeline] = {}
+        # the channel records this broker wrote last, by offset: its snapshot reads of its
+        # own channel need no GET (bounded by RECENT_CHANNEL_BYTES, oldest dropped first)
+        self._recent: OrderedDict[int, bytes] = OrderedDict()
+        self._recent_bytes = 0
         # the proxy's snapshot reads (`snapshot_read.SnapshotReader`, set by the node);
         # None: proxies serve what the mains committed only
         self.snapshots = None
@@ -297,6 +303,7 @@ class ZoneRouter:
         entry.stream_epoch = state.leader_epoch  # = the stream's epoch at this main
         with self._lock:
             self._records[appended.offset] = entry
+            self._remember(appended.offset, records)
         self.traffic.add("wal_data_bytes", len(records))
         epoch = image.route_epoch.current_epoch
         for attempt in (1, 2):
@@ -344,6 +351,19 @@ class ZoneRouter:
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
 
+    def _remember(self, offset: int, records: bytes) -> None:
+        """Keep a channel record this broker wrote (under `_lock`)."""
+        self._recent[offset] = records
+        self._recent_bytes += len(records)
+        while self._recent_bytes > RECENT_CHANNEL_BYTES:
+            _, dropped = self._recent.popitem(last=False)
+            self._recent_bytes -= len(dropped)
+
+    def recent_record(self, offset: int) -> bytes | None:
+        """The data of this broker's channel record at `offset`, if still remembered."""
+        with self._lock:
+            return self._recent.get(offset)
+
     def own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
         """The produce pipeline of a partition led here, through the own channel (None
         past the bound: that produce goes straight to the partition)."""
@@ -388,6 +408,7 @@ class ZoneRouter:
         with self._lock:
             self._records[appended.offset] = entry
             self._appending -= 1
+            self._remember(appended.offset, records)
         self.traffic.add("wal_data_bytes", len(records))
         try:
             outcome, stream_id, end = handler.append_own(

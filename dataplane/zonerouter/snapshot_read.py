@@ -159,6 +159,7 @@ class SnapshotReader:
         login: InterBrokerLogin | None = None,
         cache_bytes: int = CACHE_BYTES,
         poll_wait_ms: int = POLL_WAIT_MS,
+        own_records: Callable[[int], bytes | None] = lambda offset: None,
     ):
         self.image_fn = image_fn
         self.channels = channels
@@ -166,6 +167,7 @@ class SnapshotReader:
         self.node_id = node_id
         self.login = login
         self.poll_wait_ms = poll_wait_ms
+        self.own_records = own_records  # this broker's channel records it still holds
         self.cache = SnapshotCache(cache_bytes)
         self._lock = threading.Lock()
         self._polled: dict[tuple[str, int], _Polled] = {}
@@ -342,17 +344,23 @@ class SnapshotReader:
             loc.source_node_id, loc.channel_offset, loc.position, loc.length, loc.timestamp_ms
         )
         try:
-            record = self.channels.reader(loc.source_node_id).read(loc.channel_offset)
+            data = None
+            if loc.source_node_id == self.node_id:
+                data = self.own_records(loc.channel_offset)
+            stored = data is None
+            if stored:
+                data = self.channels.reader(loc.source_node_id).read(loc.channel_offset).data
             batch = resolve(
                 StreamRecordBatch(
                     stream_id, leader_epoch, loc.base_offset, loc.record_count, link.encode()
                 ),
-                record.data,
+                data,
             )
         except Exception as exc:  # noqa: BLE001 - trimmed, store down: a gap
             log.debug(
                 "snapshot read of %d@%d failed: %s", loc.source_node_id, loc.channel_offset, exc
             )
             return None
-        self.traffic.add("proxy_read_bytes", len(batch.payload))
+        if stored:
+            self.traffic.add("proxy_read_bytes", len(batch.payload))
         return batch.payload
