@@ -187,7 +187,10 @@ class ZoneRouter:
         self._connections: dict[tuple[str, int], _MainConnection] = {}
         # channel records not trimmed yet, by channel offset
         self._records: dict[int, _ChannelRecord] = {}
-        self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
+        # appends whose offset is not yet known, by token: the channel's durable end when
+        # each started (its offset is at or past it: nothing from there on is trimmed)
+        self._appending: dict[int, int] = {}
+        self._append_token = 0
         self._acked_end = 0
         # a previous incarnation's records (below the offset) may back a main's uncommitted
         # Link Records (their answers died with it): kept until the committed route epoch
@@ -289,20 +292,19 @@ class ZoneRouter:
         if state is None or main is None or main.fenced:
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
         timeout_s = max(timeout_ms, 1) / 1000
-        with self._lock:
-            self._appending += 1
+        token = self._start_append()
         try:
             appended = self.channel.append(records).result(timeout_s)
         except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
+            with self._lock:
+                self._appending.pop(token, None)
             log.warning("RouterChannel append failed: %s", exc)
             return AppendOutcome(KafkaError.KAFKA_STORAGE_ERROR)
-        finally:
-            with self._lock:
-                self._appending -= 1
         entry = _ChannelRecord(appended.offset + appended.size_bytes)
         entry.stream_epoch = state.leader_epoch  # = the stream's epoch at this main
         with self._lock:
             self._records[appended.offset] = entry
+            self._appending.pop(token, None)
             self._remember(appended.offset, records)
         self.traffic.add("wal_data_bytes", len(records))
         epoch = image.route_epoch.current_epoch
@@ -374,23 +376,37 @@ class ZoneRouter:
                 self._own_workers[(topic_id, partition)] = pipeline
             return pipeline
 
-    def begin_own(self, records: bytes) -> Future | None:
-        """Start the channel append of a produce to a partition led here (its offset is
-        unknown, so nothing is trimmed, until `finish_own`). None: no channel."""
+    def _start_append(self) -> int:
+        """Register a channel append about to start (see `_appending`); its token."""
+        assert self.channel is not None
+        floor = self.channel.end_offset  # read first: the record lands at or past it
+        with self._lock:
+            token = self._append_token
+            self._append_token += 1
+            self._appending[token] = floor
+            return token
+
+    def begin_own(self, records: bytes) -> tuple[int, Future] | None:
+        """Start the channel append of a produce to a partition led here (nothing from its
+        possible offset on is trimmed until `finish_own`). None: no channel."""
         if self.channel is None:
             return None
-        with self._lock:
-            self._appending += 1
+        token = self._start_append()
         try:
-            return self.channel.append(records)
+            return token, self.channel.append(records)
         except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
             with self._lock:
-                self._appending -= 1
+                self._appending.pop(token, None)
             log.warning("RouterChannel append (own produce) failed: %s", exc)
             return None
 
     def finish_own(
-        self, handler: ZoneRouteHandler, plog, records: bytes, channel_append: Future
+        self,
+        handler: ZoneRouteHandler,
+        plog,
+        records: bytes,
+        token: int,
+        channel_append: Future,
     ) -> AppendOutcome | None:
         """Once its channel append is done: append the produce to the partition with Link
         Records in the WAL (the data is in this broker's own RouterChannel, readable by
@@ -401,13 +417,13 @@ class ZoneRouter:
         except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
             log.warning("RouterChannel append (own produce) failed: %s", exc)
             with self._lock:
-                self._appending -= 1
+                self._appending.pop(token, None)
             return None
         entry = _ChannelRecord(appended.offset + appended.size_bytes)
         entry.stream_epoch = plog.leader_epoch
         with self._lock:
             self._records[appended.offset] = entry
-            self._appending -= 1
+            self._appending.pop(token, None)
             self._remember(appended.offset, records)
         self.traffic.add("wal_data_bytes", len(records))
         try:
@@ -441,39 +457,45 @@ class ZoneRouter:
     def trim_point(self) -> int | None:
         """The channel offset below which no record is needed any more: answered, and any
         Link Record to it committed by its main (the stream's committed end in the image
-        reached the request's end); None while an append's offset is still unknown."""
+        reached the request's end), and below where every append whose offset is not
+        known yet may land (appends run all the time under load: they must not stop the
+        trims); None when nothing may be trimmed."""
         image = self.image_fn()
         with self._lock:
-            if self._appending:
-                return None
-            if self._keep_before is not None:
-                if self._keep_until_epoch is None:
-                    if not self.ready_fn():
-                        return self._keep_before
-                    self._keep_until_epoch = image.route_epoch.current_epoch
-                if image.route_epoch.committed_epoch < self._keep_until_epoch:
+            floor = min(self._appending.values(), default=None)
+            up_to = self._trim_point(image, floor)
+            return up_to if floor is None or up_to is None else min(up_to, floor)
+
+    def _trim_point(self, image: MetadataImage, floor: int | None) -> int | None:
+        """`trim_point` under `_lock`."""
+        if self._keep_before is not None:
+            if self._keep_until_epoch is None:
+                if not self.ready_fn():
                     return self._keep_before
-                self._keep_before = None
-            up_to = self._acked_end
-            for offset in sorted(self._records):
-                entry = self._records[offset]
-                if not entry.answered:
-                    return offset
-                stream = image.streams.get(entry.stream_id)
-                # needed while the main that may hold links to it still has the stream (a
-                # new stream epoch: the old main's WAL was recovered and committed) and
-                # its committed end has not reached them (or is unknown: a lost answer)
-                if (
-                    entry.stream_id >= 0
-                    and entry.end_offset != -1
-                    and stream is not None
-                    and stream.epoch == entry.stream_epoch
-                    and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
-                ):
-                    return offset
-                del self._records[offset]
-                up_to = self._acked_end = max(self._acked_end, entry.next_offset)
-            return up_to
+                self._keep_until_epoch = image.route_epoch.current_epoch
+            if image.route_epoch.committed_epoch < self._keep_until_epoch:
+                return self._keep_before
+            self._keep_before = None
+        up_to = self._acked_end
+        for offset in sorted(self._records):
+            entry = self._records[offset]
+            if not entry.answered or (floor is not None and offset >= floor):
+                return offset
+            stream = image.streams.get(entry.stream_id)
+            # needed while the main that may hold links to it still has the stream (a
+            # new stream epoch: the old main's WAL was recovered and committed) and
+            # its committed end has not reached them (or is unknown: a lost answer)
+            if (
+                entry.stream_id >= 0
+                and entry.end_offset != -1
+                and stream is not None
+                and stream.epoch == entry.stream_epoch
+                and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
+            ):
+                return offset
+            del self._records[offset]
+            up_to = self._acked_end = max(self._acked_end, entry.next_offset)
+        return up_to
 
     def _trim_loop(self) -> None:
         while not self._stop.wait(CHANNEL_TRIM_INTERVAL_S):
@@ -660,27 +682,28 @@ class OwnChannelPartition:
     def _begin(self, pipeline: _OwnPipeline, records: bytes, done: Future) -> None:
         """On the pipeline's worker (the produce order): start the channel append and
         queue the rest behind the earlier produce requests."""
-        channel_append = self._router.begin_own(records)
+        started = self._router.begin_own(records)
         with pipeline.lock:
-            pipeline.items.append((channel_append, records, done))
-        if channel_append is None:
+            pipeline.items.append((started, records, done))
+        if started is None:
             self._drain(pipeline)
         else:
-            channel_append.add_done_callback(lambda _: self._drain(pipeline))
+            started[1].add_done_callback(lambda _: self._drain(pipeline))
 
     def _drain(self, pipeline: _OwnPipeline) -> None:
         """Append, in order, every queued produce whose channel append is done."""
         with pipeline.lock:
             while pipeline.items:
-                channel_append, records, done = pipeline.items[0]
-                if channel_append is not None and not channel_append.done():
+                started, records, done = pipeline.items[0]
+                if started is not None and not started[1].done():
                     return
                 pipeline.items.popleft()
                 try:
                     outcome = None
-                    if channel_append is not None:
+                    if started is not None:
+                        token, channel_append = started
                         outcome = self._router.finish_own(
-                            self._handler, self._plog, records, channel_append
+                            self._handler, self._plog, records, token, channel_append
                         )
                     if outcome is None:
                         outcome = self._direct(records)
@@ -725,7 +748,8 @@ class _OwnPipeline:
     def __init__(self, partition: int):
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
         self.lock = threading.Lock()
-        self.items: deque[tuple[Future | None, bytes, Future]] = deque()
+        # (token and channel append, or None: append directly), data, the produce's future
+        self.items: deque[tuple[tuple[int, Future] | None, bytes, Future]] = deque()
 
     def close(self) -> None:
         self.worker.shutdown(wait=False)
