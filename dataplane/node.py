@@ -537,7 +537,8 @@ class BrokerNode:
         )
         # snapshot reads: the main indexes its links, the proxy polls the mains for them
         handler.link_index = LinkIndex()
-        handler.snapshot_server = SnapshotServer(self.partitions, handler.link_index)
+        snapshot_server = SnapshotServer(self.partitions, handler.link_index)
+        handler.snapshot_server = snapshot_server
         self.zone_router.snapshots = SnapshotReader(
             image_fn,
             self.channel_readers,
@@ -554,7 +555,14 @@ class BrokerNode:
             self.zone_router.proxy_partition,
             CidrAzMap.parse(cfg.client_az_cidrs),
             self.zone_traffic,
-            own_channel=lambda topic_id, plog: OwnChannelPartition(router, handler, plog, topic_id),
+            # produce through the own channel only to partitions that proxies read
+            own_channel=lambda topic_id, plog: OwnChannelPartition(
+                router,
+                handler,
+                plog,
+                topic_id,
+                lambda: snapshot_server.polled_recently(topic_id, plog.partition),
+            ),
         )
         self.zone_route_handler = handler
         return routing, handler

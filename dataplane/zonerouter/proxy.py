@@ -366,6 +366,10 @@ class ZoneRouter:
         with self._lock:
             return self._recent.get(offset)
 
+    def existing_own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
+        with self._lock:
+            return self._own_workers.get((topic_id, partition))
+
     def own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
         """The produce pipeline of a partition led here, through the own channel (None
         past the bound: that produce goes straight to the partition)."""
@@ -647,11 +651,19 @@ class OwnChannelPartition:
 
     counts_own_wal_bytes = True  # the channel (or direct) write is counted here
 
-    def __init__(self, router: ZoneRouter, handler: ZoneRouteHandler, plog, topic_id: str):
+    def __init__(
+        self,
+        router: ZoneRouter,
+        handler: ZoneRouteHandler,
+        plog,
+        topic_id: str,
+        wanted: Callable[[], bool] = lambda: True,
+    ):
         self._plog = plog
         self._router = router
         self._handler = handler
         self._topic_id = topic_id
+        self._wanted = wanted  # a proxy reads the partition (its snapshot reads need it)
 
     def __getattr__(self, name: str):
         return getattr(self._plog, name)
@@ -669,13 +681,25 @@ class OwnChannelPartition:
         return outcome
 
     def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
-        pipeline = self._router.own_pipeline(self._topic_id, self._plog.partition)
+        """Called on the event loop (produce requests in their order)."""
+        key = (self._topic_id, self._plog.partition)
+        if not self._wanted():
+            # no proxy reads the partition: straight to it, once the produce requests
+            # still in the pipeline are appended (their order is kept)
+            pipeline = self._router.existing_own_pipeline(*key)
+            if pipeline is None or pipeline.pending == 0:
+                return self._direct(records)
+        pipeline = self._router.own_pipeline(*key)
         if not records or pipeline is None:
             return self._direct(records)
         done: Future = Future()
+        with pipeline.lock:
+            pipeline.pending += 1
         try:
             pipeline.worker.submit(self._begin, pipeline, records, done)
         except RuntimeError:  # the pipeline was closed (leadership moved, stopping)
+            with pipeline.lock:
+                pipeline.pending -= 1
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
         return AppendOutcome(KafkaError.NONE, -1, [done])
 
@@ -698,6 +722,7 @@ class OwnChannelPartition:
                 if started is not None and not started[1].done():
                     return
                 pipeline.items.popleft()
+                pipeline.pending -= 1  # appended to the partition just below: in order
                 try:
                     outcome = None
                     if started is not None:
@@ -748,6 +773,7 @@ class _OwnPipeline:
     def __init__(self, partition: int):
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
         self.lock = threading.Lock()
+        self.pending = 0  # produce requests queued, not yet appended to the partition
         # (token and channel append, or None: append directly), data, the produce's future
         self.items: deque[tuple[tuple[int, Future] | None, bytes, Future]] = deque()
 

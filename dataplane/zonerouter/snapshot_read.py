@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,15 +54,35 @@ IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
 RPC_EXTRA_TIMEOUT_S = 5.0
 CACHE_BYTES = 64 * 1024 * 1024
+POLLED_S = 60.0  # a partition polled this recently has its produce go through the channel
+MAX_POLLED_PARTITIONS = 65_536
 
 
 class SnapshotServer:
     """The main's side of GetPartitionSnapshot (a Kafka API handler on the event loop).
-    Thread-safe: the partitions and the index are."""
+    It remembers which partitions proxies polled lately (`polled_recently`): only their
+    produce needs to go through the main's own RouterChannel. Thread-safe."""
 
     def __init__(self, partitions: PartitionResolver, index: LinkIndex):
         self.partitions = partitions
         self.index = index
+        self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
+        self._polled_lock = threading.Lock()
+
+    def polled_recently(self, topic_id: str, partition: int) -> bool:
+        """A proxy asked for the partition's snapshot within the last POLLED_S."""
+        with self._polled_lock:
+            at = self._polled.get((topic_id, partition))
+        return at is not None and time.monotonic() - at < POLLED_S
+
+    def _note_polled(self, keys: list[tuple[str, int]]) -> None:
+        now = time.monotonic()
+        with self._polled_lock:
+            for key in keys:
+                self._polled[key] = now
+                self._polled.move_to_end(key)
+            while len(self._polled) > MAX_POLLED_PARTITIONS:
+                self._polled.popitem(last=False)
 
     def registrations(self) -> list:
         return [(GetPartitionSnapshotRequest, 0, 0, self.get_partition_snapshot)]
@@ -70,6 +91,9 @@ class SnapshotServer:
         R = GetPartitionSnapshotResponse[SNAPSHOT_VERSION]
         asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
         plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
+        self._note_polled(
+            [(str(p.topic_id), p.partition) for p, plog in zip(asked, plogs, strict=True) if plog]
+        )
 
         def ready() -> bool:
             return any(
