@@ -262,6 +262,7 @@ class ZoneRouter:
                 with self._lock:
                     self._proxies.pop(key, None)
                 proxy.worker.shutdown(wait=False, cancel_futures=True)
+            proxy.wake()
         with self._lock:
             own = list(self._own_workers.items())
         for key, pipeline in own:
@@ -271,7 +272,6 @@ class ZoneRouter:
                 with self._lock:
                     self._own_workers.pop(key, None)
                 pipeline.close()  # queued appends still run (and fail if moved)
-            proxy.wake()
 
     # ------------------------------------------------------------------ produce path
 

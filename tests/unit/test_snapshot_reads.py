@@ -295,3 +295,35 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
         assert reader.high_watermark(proxy, state.leader_node_id, 0) == 0
     finally:
         reader.close()
+
+
+def test_metadata_wakes_every_proxied_partition_and_drops_moved_own_pipelines():
+    """Each metadata batch wakes the fetches of every proxied partition (a main's commit
+    may have made more readable), and a partition no longer led here stops taking
+    produce through the own channel."""
+    from types import SimpleNamespace
+
+    from dataplane.zonerouter.proxy import ZoneRouter, _OwnPipeline
+    from dataplane.zonerouter.traffic import ZoneTraffic
+
+    image = SimpleNamespace(
+        topics={"t": SimpleNamespace(partitions={0: SimpleNamespace(leader_node_id=2)})},
+        streams={},
+    )
+    router = ZoneRouter(1, 0, None, lambda: image, lambda *a: [], ZoneTraffic("az1"))  # type: ignore[arg-type]
+    woken: list[int] = []
+    for partition in (0, 1, 2):
+        router._proxies[("t", partition)] = SimpleNamespace(  # type: ignore[assignment]
+            wake=lambda p=partition: woken.append(p), worker=None
+        )
+    moved = router._own_workers[("t", 0)] = _OwnPipeline(0)
+    router.on_metadata(image)  # type: ignore[arg-type]
+    assert sorted(woken) == [0, 1, 2]
+    assert not router._own_workers
+    with pytest.raises(RuntimeError):
+        moved.worker.submit(lambda: None)
+    # own pipelines and no proxy at all
+    router._proxies.clear()
+    router._own_workers[("t", 0)] = _OwnPipeline(0)
+    router.on_metadata(image)  # type: ignore[arg-type]
+    assert not router._own_workers
