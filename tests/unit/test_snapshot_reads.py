@@ -327,3 +327,89 @@ def test_metadata_wakes_every_proxied_partition_and_drops_moved_own_pipelines():
     router._own_workers[("t", 0)] = _OwnPipeline(0)
     router.on_metadata(image)  # type: ignore[arg-type]
     assert not router._own_workers
+
+
+class _Log:
+    """A partition led here, as the snapshot server sees it."""
+
+    def __init__(self, stream_id: int, hw: int):
+        self.stream = type("S", (), {"stream_id": stream_id})()
+        self.high_watermark, self.leader_epoch, self.log_start_offset = hw, 3, 0
+        self.listeners: list = []
+
+    def add_listener(self, cb) -> None:
+        self.listeners.append(cb)
+
+    def remove_listener(self, cb) -> None:
+        self.listeners.remove(cb)
+
+
+def test_snapshot_server_long_polls_and_answers_durable_links_only():
+    import asyncio
+    import threading
+    import time
+
+    from dataplane.kafka.errors import KafkaError
+    from dataplane.zonerouter.snapshot_read import MAX_WAIT_MS, SnapshotServer
+
+    topic_id = uuid.uuid4()
+    log = _Log(7, hw=10)
+    index = LinkIndex()
+    for base in (0, 5, 10):
+        index.record(7, _loc(base, count=5, channel_offset=base))
+    server = SnapshotServer(
+        type("P", (), {"get": lambda self, t, p: log if (t, p) == (str(topic_id), 0) else None})(),
+        index,
+    )
+    Q = GetPartitionSnapshotRequest[0]
+
+    def ask(fetch_offset: int, max_wait_ms: int, partition: int = 0):
+        req = Q(
+            node_id=2,
+            max_wait_ms=max_wait_ms,
+            partitions=[
+                Q.PartitionRequest(
+                    topic_id=topic_id, partition=partition, fetch_offset=fetch_offset
+                )
+            ],
+        )
+        return asyncio.run(server.get_partition_snapshot(req, None))
+
+    # new durable data: at once, the links past the offset up to the high watermark (10)
+    start = time.monotonic()
+    snap = ask(0, 5_000).partitions[0]
+    assert time.monotonic() - start < 1.0
+    assert (snap.error_code, snap.high_watermark, snap.leader_epoch) == (0, 10, 3)
+    assert [(lk.base_offset, lk.record_count, lk.channel_offset) for lk in snap.links] == [
+        (0, 5, 0),
+        (5, 5, 5),
+    ]
+    assert server.polled_recently(str(topic_id), 0) and not server.polled_recently("x", 0)
+    # not a partition led here: answered at once, NOT_LEADER_OR_FOLLOWER
+    start = time.monotonic()
+    snap = ask(0, 5_000, partition=1).partitions[0]
+    assert snap.error_code == KafkaError.NOT_LEADER_OR_FOLLOWER
+    assert time.monotonic() - start < 1.0
+    # nothing new: waits (bounded by MAX_WAIT_MS whatever is asked) ...
+    start = time.monotonic()
+    snap = ask(10, 60_000).partitions[0]
+    waited = time.monotonic() - start
+    assert MAX_WAIT_MS / 1000 * 0.8 <= waited < MAX_WAIT_MS / 1000 + 1.0
+    assert snap.links == [] and not log.listeners
+
+    # ... until an append becomes durable (its listener fires from another thread)
+    def append_later() -> None:
+        deadline = time.monotonic() + 2
+        while not log.listeners and time.monotonic() < deadline:
+            time.sleep(0.005)  # the server is waiting now
+        log.high_watermark = 15
+        for cb in list(log.listeners):
+            cb()
+
+    thread = threading.Thread(target=append_later)
+    start = time.monotonic()
+    thread.start()
+    snap = ask(10, MAX_WAIT_MS).partitions[0]
+    thread.join()
+    assert time.monotonic() - start < MAX_WAIT_MS / 1000  # woken, not timed out
+    assert snap.high_watermark == 15 and [lk.base_offset for lk in snap.links] == [10]
