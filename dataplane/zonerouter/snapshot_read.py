@@ -49,6 +49,9 @@ MAX_PARTITIONS_PER_POLL = 256
 MAX_LINKS_PER_PARTITION = 512
 MAX_WAIT_MS = 500  # the longest a main holds a poll
 POLL_WAIT_MS = 200  # what a proxy asks for
+# polls of one main start at most this often: a main with appends every few ms answers at
+# once each time, and each round trip costs CPU on both brokers (a few ms more latency)
+MIN_POLL_INTERVAL_S = 0.01
 RETRY_S = 0.2  # after a failed poll
 IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
@@ -268,6 +271,7 @@ class SnapshotReader:
                         for key, at in asked
                     ],
                 )
+                started = time.monotonic()
                 try:
                     resp = conn.call(
                         req,
@@ -280,6 +284,7 @@ class SnapshotReader:
                     self._stop.wait(RETRY_S)
                     continue
                 self.apply(resp, image)
+                self._stop.wait(max(0.0, MIN_POLL_INTERVAL_S - (time.monotonic() - started)))
         except Exception:  # noqa: BLE001 - logged; a later fetch starts a new poller
             log.exception("snapshot reads of node %d stopped", main_node_id)
         finally:
