@@ -50,6 +50,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=300.0, help="records/s per producer")
     ap.add_argument("--record-bytes", type=int, default=1024)
     ap.add_argument("--upload-interval-s", type=float, default=5.0)
+    ap.add_argument(
+        "--warmup-s",
+        type=float,
+        default=2.0,
+        help="consumers fetch this long before the producers start (a proxy polls a main "
+        "for a partition from its first fetch on; a main routes its own AZ's produce "
+        "through its RouterChannel only for partitions a proxy reads)",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="zone-bench-") as tmp:
@@ -97,6 +105,7 @@ def main() -> None:
             for t in threads:
                 t.start()
             consumers_ready.wait()
+            time.sleep(args.warmup_s)
             producers = {
                 az: Producer(
                     {

@@ -517,8 +517,10 @@ class BrokerNode:
         """The zone router (seed 000): this broker's RouterChannel and proxy partitions,
         the client routing by AZ, and the main's zone-route handler."""
         from dataplane.zonerouter.client_az import CidrAzMap
-        from dataplane.zonerouter.proxy import ZoneRouteHandler, ZoneRouter
+        from dataplane.zonerouter.proxy import OwnChannelPartition, ZoneRouteHandler, ZoneRouter
         from dataplane.zonerouter.routing import ZoneRouting
+        from dataplane.zonerouter.snapshot import LinkIndex
+        from dataplane.zonerouter.snapshot_read import SnapshotReader, SnapshotServer
         from dataplane.zonerouter.traffic import ZoneTraffic
 
         cfg = self.config
@@ -535,6 +537,22 @@ class BrokerNode:
             ready_fn=lambda: self.metadata.caught_up,
         )
         self.zone_router.start()
+        handler = ZoneRouteHandler(
+            image_fn, self.partitions, self.channel_readers, self.zone_traffic, None
+        )
+        # snapshot reads: the main indexes its links, the proxy polls the mains for them
+        handler.link_index = LinkIndex()
+        snapshot_server = SnapshotServer(self.partitions, handler.link_index)
+        handler.snapshot_server = snapshot_server
+        self.zone_router.snapshots = SnapshotReader(
+            image_fn,
+            self.channel_readers,
+            self.zone_traffic,
+            cfg.node_id,
+            login=self.zone_router.login,
+            own_records=self.zone_router.recent_record,
+        )
+        router = self.zone_router
         routing = ZoneRouting(
             cfg.node_id,
             image_fn,
@@ -542,9 +560,14 @@ class BrokerNode:
             self.zone_router.proxy_partition,
             CidrAzMap.parse(cfg.client_az_cidrs),
             self.zone_traffic,
-        )
-        handler = ZoneRouteHandler(
-            image_fn, self.partitions, self.channel_readers, self.zone_traffic, None
+            # produce through the own channel only to partitions that proxies read
+            own_channel=lambda topic_id, plog: OwnChannelPartition(
+                router,
+                handler,
+                plog,
+                topic_id,
+                lambda: snapshot_server.polled_recently(topic_id, plog.partition),
+            ),
         )
         self.zone_route_handler = handler
         return routing, handler

@@ -3,6 +3,9 @@
 `ZoneRouteRequest` (api key 600, this project's extension, served on the Kafka listener)
 names a produce request's record batches by their place in the proxy's RouterChannel and
 carries the route epoch they were written in; the main answers after its append is durable.
+`GetPartitionSnapshotRequest` (api key 601) is the proxy's incremental poll of a main for
+snapshot reads: per partition the high watermark, leader epoch and the places (never the
+data) of the durable batches past the proxy's fetch offset (`snapshot.py`).
 """
 
 from __future__ import annotations
@@ -24,3 +27,18 @@ class ZoneRouteResponse(ApiMessage, load_json="dataplane.zonerouter.schemas"):
 
 add_api_message(ZoneRouteRequest, ZoneRouteResponse)
 ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
+
+
+SNAPSHOT_VERSION = 0
+
+
+class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
+    pass
+
+
+class GetPartitionSnapshotResponse(ApiMessage, load_json="dataplane.zonerouter.schemas"):
+    pass
+
+
+add_api_message(GetPartitionSnapshotRequest, GetPartitionSnapshotResponse)
+SNAPSHOT_KEY = int(GetPartitionSnapshotRequest.API_KEY)

@@ -9,16 +9,17 @@ appends them to the partition, and answers once its append is durable; the proxy
 acknowledges the client. The channel record is released (trimmed) once the main answered.
 
 Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
-stream's committed end in the metadata image), read through this broker's BlockCache.
+stream's committed end in the metadata image), read through this broker's BlockCache, and
+past it what the snapshot reads (`snapshot_read.py`) found in the RouterChannels.
 The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`link_record.py`);
 its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
 failover of it) reads the data back from the channel. So the proxy keeps a channel record
 until the main has committed the partition's data to object storage (the stream's committed
 end in the image reaches what the request appended), then trims it.
 
-Fetch: this is the simple version; the seed's snapshot reads (polling the main's ConfirmWAL for
-data not yet uploaded) are not built, so a proxy's consumers see data after the main's
-upload interval.
+A client of an AZ producing at the partition's main goes through the main's own
+RouterChannel as well (`OwnChannelPartition`), so the proxies' snapshot reads find its data
+in object storage.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -58,6 +60,7 @@ from dataplane.zonerouter.protocol import (
     ZoneRouteRequest,
     ZoneRouteResponse,
 )
+from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 CHANNEL_BUCKET_ID = 0
 CHANNEL_CAPACITY_BYTES = 1024 * 1024 * 1024
 CHANNEL_TRIM_INTERVAL_S = 1.0
+RECENT_CHANNEL_BYTES = 16 * 1024 * 1024
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
 ROUTE_EPOCH_WAIT_S = 2.0
@@ -123,13 +127,19 @@ class _MainConnection:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
 
-    def call(self, req: ZoneRouteRequest, timeout_s: float) -> ZoneRouteResponse:
+    def call(
+        self,
+        req,
+        timeout_s: float,
+        api_key: int = ZONE_ROUTE_KEY,
+        version: int = ZONE_ROUTE_VERSION,
+    ):
         with self._lock:
             try:
                 if self._sock is None:
                     self._sock = _connect(self.host, self.port, timeout_s, self.login)
                 self._sock.settimeout(timeout_s)
-                return _roundtrip(self._sock, req, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION)
+                return _roundtrip(self._sock, req, api_key, version)
             except BaseException:
                 if self._sock is not None:
                     self._sock.close()
@@ -177,7 +187,10 @@ class ZoneRouter:
         self._connections: dict[tuple[str, int], _MainConnection] = {}
         # channel records not trimmed yet, by channel offset
         self._records: dict[int, _ChannelRecord] = {}
-        self._appending = 0  # appends whose offset is not yet known (no trim meanwhile)
+        # appends whose offset is not yet known, by token: the channel's durable end when
+        # each started (its offset is at or past it: nothing from there on is trimmed)
+        self._appending: dict[int, int] = {}
+        self._append_token = 0
         self._acked_end = 0
         # a previous incarnation's records (below the offset) may back a main's uncommitted
         # Link Records (their answers died with it): kept until the committed route epoch
@@ -187,6 +200,16 @@ class ZoneRouter:
         self._keep_until_epoch: int | None = None
         self._stop = threading.Event()
         self._trimmer = threading.Thread(target=self._trim_loop, name="channel-trim", daemon=True)
+        # serial workers of the partitions led here that clients of an AZ produce to
+        # through this broker's own channel (bounded as the proxies' workers)
+        self._own_workers: dict[tuple[str, int], _OwnPipeline] = {}
+        # the channel records this broker wrote last, by offset: its snapshot reads of its
+        # own channel need no GET (bounded by RECENT_CHANNEL_BYTES, oldest dropped first)
+        self._recent: OrderedDict[int, bytes] = OrderedDict()
+        self._recent_bytes = 0
+        # the proxy's snapshot reads (`snapshot_read.SnapshotReader`, set by the node);
+        # None: proxies serve what the mains committed only
+        self.snapshots = None
 
     def start(self) -> None:
         self.channel = ObjectWAL.open(
@@ -207,10 +230,15 @@ class ZoneRouter:
         with self._lock:
             proxies = list(self._proxies.values())
             conns = list(self._connections.values())
+            own = list(self._own_workers.values())
         for proxy in proxies:
             proxy.worker.shutdown(wait=False, cancel_futures=True)
+        for pipeline in own:
+            pipeline.close()
         for conn in conns:
             conn.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.channel is not None:
             self.channel.close()
 
@@ -235,6 +263,15 @@ class ZoneRouter:
                     self._proxies.pop(key, None)
                 proxy.worker.shutdown(wait=False, cancel_futures=True)
             proxy.wake()
+        with self._lock:
+            own = list(self._own_workers.items())
+        for key, pipeline in own:
+            topic = image.topics.get(key[0])
+            state = topic.partitions.get(key[1]) if topic else None
+            if state is None or state.leader_node_id != self.node_id:
+                with self._lock:
+                    self._own_workers.pop(key, None)
+                pipeline.close()  # queued appends still run (and fail if moved)
 
     # ------------------------------------------------------------------ produce path
 
@@ -255,20 +292,20 @@ class ZoneRouter:
         if state is None or main is None or main.fenced:
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
         timeout_s = max(timeout_ms, 1) / 1000
-        with self._lock:
-            self._appending += 1
+        token = self._start_append()
         try:
             appended = self.channel.append(records).result(timeout_s)
         except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
+            with self._lock:
+                self._appending.pop(token, None)
             log.warning("RouterChannel append failed: %s", exc)
             return AppendOutcome(KafkaError.KAFKA_STORAGE_ERROR)
-        finally:
-            with self._lock:
-                self._appending -= 1
         entry = _ChannelRecord(appended.offset + appended.size_bytes)
         entry.stream_epoch = state.leader_epoch  # = the stream's epoch at this main
         with self._lock:
             self._records[appended.offset] = entry
+            self._appending.pop(token, None)
+            self._remember(appended.offset, records)
         self.traffic.add("wal_data_bytes", len(records))
         epoch = image.route_epoch.current_epoch
         for attempt in (1, 2):
@@ -316,6 +353,101 @@ class ZoneRouter:
             return AppendOutcome(KafkaError(resp.error_code))
         return AppendOutcome(KafkaError.NONE, resp.base_offset)
 
+    def _remember(self, offset: int, records: bytes) -> None:
+        """Keep a channel record this broker wrote (under `_lock`)."""
+        self._recent[offset] = records
+        self._recent_bytes += len(records)
+        while self._recent_bytes > RECENT_CHANNEL_BYTES:
+            _, dropped = self._recent.popitem(last=False)
+            self._recent_bytes -= len(dropped)
+
+    def recent_record(self, offset: int) -> bytes | None:
+        """The data of this broker's channel record at `offset`, if still remembered."""
+        with self._lock:
+            return self._recent.get(offset)
+
+    def existing_own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
+        with self._lock:
+            return self._own_workers.get((topic_id, partition))
+
+    def own_pipeline(self, topic_id: str, partition: int) -> _OwnPipeline | None:
+        """The produce pipeline of a partition led here, through the own channel (None
+        past the bound: that produce goes straight to the partition)."""
+        with self._lock:
+            pipeline = self._own_workers.get((topic_id, partition))
+            if pipeline is None and len(self._own_workers) < MAX_PROXY_WORKERS:
+                pipeline = _OwnPipeline(partition)
+                self._own_workers[(topic_id, partition)] = pipeline
+            return pipeline
+
+    def _start_append(self) -> int:
+        """Register a channel append about to start (see `_appending`); its token."""
+        assert self.channel is not None
+        floor = self.channel.end_offset  # read first: the record lands at or past it
+        with self._lock:
+            token = self._append_token
+            self._append_token += 1
+            self._appending[token] = floor
+            return token
+
+    def begin_own(self, records: bytes) -> tuple[int, Future] | None:
+        """Start the channel append of a produce to a partition led here (nothing from its
+        possible offset on is trimmed until `finish_own`). None: no channel."""
+        if self.channel is None:
+            return None
+        token = self._start_append()
+        try:
+            return token, self.channel.append(records)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
+            with self._lock:
+                self._appending.pop(token, None)
+            log.warning("RouterChannel append (own produce) failed: %s", exc)
+            return None
+
+    def finish_own(
+        self,
+        handler: ZoneRouteHandler,
+        plog,
+        records: bytes,
+        token: int,
+        channel_append: Future,
+    ) -> AppendOutcome | None:
+        """Once its channel append is done: append the produce to the partition with Link
+        Records in the WAL (the data is in this broker's own RouterChannel, readable by
+        the proxies' snapshot reads). None when the channel append failed (the caller
+        appends directly)."""
+        try:
+            appended = channel_append.result(0)
+        except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
+            log.warning("RouterChannel append (own produce) failed: %s", exc)
+            with self._lock:
+                self._appending.pop(token, None)
+            return None
+        entry = _ChannelRecord(appended.offset + appended.size_bytes)
+        entry.stream_epoch = plog.leader_epoch
+        with self._lock:
+            self._records[appended.offset] = entry
+            self._appending.pop(token, None)
+            self._remember(appended.offset, records)
+        self.traffic.add("wal_data_bytes", len(records))
+        try:
+            outcome, stream_id, end = handler.append_own(
+                self.node_id, appended.offset, records, plog
+            )
+        except BaseException:
+            with self._lock:  # it may have been linked: kept until known committed
+                entry.stream_id, entry.end_offset = plog_stream_id(plog), UNKNOWN_END
+                entry.answered = True
+            raise
+        with self._lock:
+            entry.stream_id, entry.end_offset = stream_id, end
+            entry.answered = True
+            if end >= 0:
+                for other in self._records.values():
+                    if other.stream_id == stream_id and other.end_offset == UNKNOWN_END:
+                        other.end_offset = end
+        return outcome
+
     def _newer_route_epoch(self, epoch: int) -> int:
         """The current route epoch once this broker's image is past `epoch` (bounded)."""
         deadline = time.monotonic() + ROUTE_EPOCH_WAIT_S
@@ -329,39 +461,45 @@ class ZoneRouter:
     def trim_point(self) -> int | None:
         """The channel offset below which no record is needed any more: answered, and any
         Link Record to it committed by its main (the stream's committed end in the image
-        reached the request's end); None while an append's offset is still unknown."""
+        reached the request's end), and below where every append whose offset is not
+        known yet may land (appends run all the time under load: they must not stop the
+        trims); None when nothing may be trimmed."""
         image = self.image_fn()
         with self._lock:
-            if self._appending:
-                return None
-            if self._keep_before is not None:
-                if self._keep_until_epoch is None:
-                    if not self.ready_fn():
-                        return self._keep_before
-                    self._keep_until_epoch = image.route_epoch.current_epoch
-                if image.route_epoch.committed_epoch < self._keep_until_epoch:
+            floor = min(self._appending.values(), default=None)
+            up_to = self._trim_point(image, floor)
+            return up_to if floor is None or up_to is None else min(up_to, floor)
+
+    def _trim_point(self, image: MetadataImage, floor: int | None) -> int | None:
+        """`trim_point` under `_lock`."""
+        if self._keep_before is not None:
+            if self._keep_until_epoch is None:
+                if not self.ready_fn():
                     return self._keep_before
-                self._keep_before = None
-            up_to = self._acked_end
-            for offset in sorted(self._records):
-                entry = self._records[offset]
-                if not entry.answered:
-                    return offset
-                stream = image.streams.get(entry.stream_id)
-                # needed while the main that may hold links to it still has the stream (a
-                # new stream epoch: the old main's WAL was recovered and committed) and
-                # its committed end has not reached them (or is unknown: a lost answer)
-                if (
-                    entry.stream_id >= 0
-                    and entry.end_offset != -1
-                    and stream is not None
-                    and stream.epoch == entry.stream_epoch
-                    and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
-                ):
-                    return offset
-                del self._records[offset]
-                up_to = self._acked_end = max(self._acked_end, entry.next_offset)
-            return up_to
+                self._keep_until_epoch = image.route_epoch.current_epoch
+            if image.route_epoch.committed_epoch < self._keep_until_epoch:
+                return self._keep_before
+            self._keep_before = None
+        up_to = self._acked_end
+        for offset in sorted(self._records):
+            entry = self._records[offset]
+            if not entry.answered or (floor is not None and offset >= floor):
+                return offset
+            stream = image.streams.get(entry.stream_id)
+            # needed while the main that may hold links to it still has the stream (a
+            # new stream epoch: the old main's WAL was recovered and committed) and
+            # its committed end has not reached them (or is unknown: a lost answer)
+            if (
+                entry.stream_id >= 0
+                and entry.end_offset != -1
+                and stream is not None
+                and stream.epoch == entry.stream_epoch
+                and (entry.end_offset == UNKNOWN_END or stream.end_offset < entry.end_offset)
+            ):
+                return offset
+            del self._records[offset]
+            up_to = self._acked_end = max(self._acked_end, entry.next_offset)
+        return up_to
 
     def _trim_loop(self) -> None:
         while not self._stop.wait(CHANNEL_TRIM_INTERVAL_S):
@@ -382,6 +520,7 @@ class ProxyPartition:
 
     # it serves what the main committed: a fetch past that waits instead of OFFSET_OUT_OF_RANGE
     lags_leader = True
+    counts_own_wal_bytes = True  # its RouterChannel write is counted by the router
 
     def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
         self.router = router
@@ -415,9 +554,14 @@ class ProxyPartition:
 
     @property
     def high_watermark(self) -> int:
-        """What the main has committed to object storage (readable from here)."""
-        stream = self._state()[2]
-        return stream.end_offset if stream else 0
+        """What the main has committed to object storage, extended by the snapshot reads
+        (what the main made durable and this broker read from the RouterChannels)."""
+        _, part, stream = self._state()
+        committed = stream.end_offset if stream else 0
+        snapshots = self.router.snapshots
+        if snapshots is None or part is None:
+            return committed
+        return snapshots.high_watermark(self, part.leader_node_id, committed)
 
     @property
     def last_stable_offset(self) -> int:
@@ -436,6 +580,12 @@ class ProxyPartition:
         _, part, stream = self._state()
         if stream is None:
             return b""
+        snapshots = self.router.snapshots
+        if snapshots is not None and offset >= stream.end_offset:
+            # past the main's uploads: from the snapshot-read cache (b"" when not there)
+            return snapshots.read(
+                self, offset, self.high_watermark if end is None else end, max_bytes
+            )
         end = stream.end_offset if end is None else min(end, stream.end_offset)
         batches = self.router.read_committed(stream.stream_id, offset, end, max_bytes)
         data = b"".join(b.payload for b in batches)
@@ -486,6 +636,151 @@ class ProxyPartition:
             callback()
 
 
+def plog_stream_id(plog) -> int:
+    stream = getattr(plog, "stream", None)
+    return stream.stream_id if stream is not None else -1
+
+
+class OwnChannelPartition:
+    """A partition this broker leads, as a client that declared an AZ sees it when zone
+    routing is on: its produce goes through this broker's own RouterChannel (the data in
+    object storage once, readable by the proxies' snapshot reads; a Link Record in the
+    WAL), everything else is the partition's. Thread-safe: appends are queued to the
+    partition's serial worker (the produce order); the durable futures complete the
+    outcome."""
+
+    counts_own_wal_bytes = True  # the channel (or direct) write is counted here
+
+    def __init__(
+        self,
+        router: ZoneRouter,
+        handler: ZoneRouteHandler,
+        plog,
+        topic_id: str,
+        wanted: Callable[[], bool] = lambda: True,
+    ):
+        self._plog = plog
+        self._router = router
+        self._handler = handler
+        self._topic_id = topic_id
+        self._wanted = wanted  # a proxy reads the partition (its snapshot reads need it)
+
+    def __getattr__(self, name: str):
+        return getattr(self._plog, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self._plog is getattr(other, "_plog", getattr(other, "_inner", other))
+
+    def __hash__(self) -> int:
+        return id(self._plog)
+
+    def _direct(self, records: bytes | None) -> AppendOutcome:
+        outcome = self._plog.append(records)
+        if outcome.error == KafkaError.NONE:
+            self._router.traffic.add("wal_data_bytes", len(records or b""))
+        return outcome
+
+    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+        """Called on the event loop (produce requests in their order)."""
+        key = (self._topic_id, self._plog.partition)
+        if not self._wanted():
+            # no proxy reads the partition: straight to it, once the produce requests
+            # still in the pipeline are appended (their order is kept)
+            pipeline = self._router.existing_own_pipeline(*key)
+            if pipeline is None or pipeline.pending == 0:
+                return self._direct(records)
+        pipeline = self._router.own_pipeline(*key)
+        if not records or pipeline is None:
+            return self._direct(records)
+        done: Future = Future()
+        with pipeline.lock:
+            pipeline.pending += 1
+        try:
+            pipeline.worker.submit(self._begin, pipeline, records, done)
+        except RuntimeError:  # the pipeline was closed (leadership moved, stopping)
+            with pipeline.lock:
+                pipeline.pending -= 1
+            return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
+        return AppendOutcome(KafkaError.NONE, -1, [done])
+
+    def _begin(self, pipeline: _OwnPipeline, records: bytes, done: Future) -> None:
+        """On the pipeline's worker (the produce order): start the channel append and
+        queue the rest behind the earlier produce requests."""
+        started = self._router.begin_own(records)
+        with pipeline.lock:
+            pipeline.items.append((started, records, done))
+        if started is None:
+            self._drain(pipeline)
+        else:
+            started[1].add_done_callback(lambda _: self._drain(pipeline))
+
+    def _drain(self, pipeline: _OwnPipeline) -> None:
+        """Append, in order, every queued produce whose channel append is done."""
+        with pipeline.lock:
+            while pipeline.items:
+                started, records, done = pipeline.items[0]
+                if started is not None and not started[1].done():
+                    return
+                pipeline.items.popleft()
+                pipeline.pending -= 1  # appended to the partition just below: in order
+                try:
+                    outcome = None
+                    if started is not None:
+                        token, channel_append = started
+                        outcome = self._router.finish_own(
+                            self._handler, self._plog, records, token, channel_append
+                        )
+                    if outcome is None:
+                        outcome = self._direct(records)
+                except BaseException as exc:  # noqa: BLE001 - handed to the produce
+                    done.set_exception(exc)
+                    continue
+                _complete_when_durable(outcome, done)
+
+
+def _complete_when_durable(outcome: AppendOutcome, done: Future) -> None:
+    """Resolve `done` with `outcome` (its error and base offset) once all its appends are
+    durable, or with the first failure."""
+    durable = list(outcome.durable)
+    result = AppendOutcome(outcome.error, outcome.base_offset)
+    if outcome.error != KafkaError.NONE or not durable:
+        done.set_result(result)
+        return
+    remaining = [len(durable)]
+    lock = threading.Lock()
+
+    def settled(fut: Future) -> None:
+        exc = fut.exception()
+        with lock:
+            remaining[0] -= 1
+            if done.done():
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            elif remaining[0] == 0:
+                done.set_result(result)
+
+    for fut in durable:
+        fut.add_done_callback(settled)
+
+
+class _OwnPipeline:
+    """The produce requests of one partition led here going through the own channel, in
+    their order: a serial worker starts each channel append; each is appended to the
+    partition once it and every earlier one are done (channel appends run in parallel,
+    the partition sees them in order). Thread-safe (`lock`)."""
+
+    def __init__(self, partition: int):
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"own-{partition}")
+        self.lock = threading.Lock()
+        self.pending = 0  # produce requests queued, not yet appended to the partition
+        # (token and channel append, or None: append directly), data, the produce's future
+        self.items: deque[tuple[tuple[int, Future] | None, bytes, Future]] = deque()
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False)
+
+
 class ZoneRouteHandler:
     """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
     happens on the event loop as a client's produce does."""
@@ -507,9 +802,82 @@ class ZoneRouteHandler:
         self._pending: dict[int, dict] = {}
         self._pending_lock = threading.Lock()
         self._next_token = 0
+        # where recent links' data lies, for the proxies' snapshot reads (set by the node)
+        self.link_index: LinkIndex | None = None
+        self.snapshot_server = None  # its GetPartitionSnapshot handler (snapshot_read.py)
 
     def registrations(self) -> list:
-        return [(ZoneRouteRequest, 0, 0, self.zone_route)]
+        extra = self.snapshot_server.registrations() if self.snapshot_server else []
+        return [(ZoneRouteRequest, 0, 0, self.zone_route), *extra]
+
+    def _track(self, route_epoch: int) -> tuple[int, dict]:
+        """Count a request of `route_epoch` as pending (under `_pending_lock`)."""
+        token = self._next_token
+        self._next_token += 1
+        entry = {"epoch": route_epoch, "done": False, "stream_id": -1, "end": -1}
+        entry["stream_epoch"] = -1
+        self._pending[token] = entry
+        return token, entry
+
+    def _untrack_if_unlinked(self, token: int, entry: dict) -> None:
+        with self._pending_lock:
+            entry["done"] = True
+            if entry["end"] < 0:  # nothing linked
+                self._pending.pop(token, None)
+
+    def _link_append(
+        self, source: int, channel_offset: int, data: bytes, plog, entry: dict
+    ) -> tuple[AppendOutcome, int, int]:
+        """Append `data` (the channel record at `channel_offset` of node `source`) to the
+        partition with Link Records in the WAL; records every link in the snapshot index.
+        Returns the outcome, the stream id and the end offset of the last link (-1: none).
+        Thread-safe (the partition's lock orders appends)."""
+        now_ms = int(time.time() * 1000)
+        ends: list[int] = []  # the end offset of every batch written as a Link Record
+        stream = getattr(plog, "stream", None)
+        stream_id = stream.stream_id if stream is not None else -1
+        leader_epoch = plog.leader_epoch
+        index = self.link_index
+
+        def link(position: int, length: int) -> Callable[[int], bytes]:
+            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
+            count = parse_batch_header(data, position).last_offset_delta + 1
+
+            def build(base: int) -> bytes:  # under the stream's lock, before append returns
+                ends.append(base + count)
+                record = LinkRecord(source, channel_offset, position, length, now_ms)
+                if index is not None and stream_id >= 0:
+                    index.record(stream_id, LinkLocation(base, count, leader_epoch, record))
+                return record.encode()
+
+            return build
+
+        outcome = plog.append(data, link=link)
+        if index is not None and stream_id >= 0:
+            committed = self.image_fn().streams.get(stream_id)
+            if committed is not None:
+                index.prune(stream_id, committed.end_offset)
+        # the proxy keeps the channel record until the stream's committed end reaches the
+        # end of what links to it (-1: no link was written)
+        end = max(ends, default=-1)
+        with self._pending_lock:
+            entry["stream_id"], entry["end"] = stream_id, end
+            entry["stream_epoch"] = plog.leader_epoch
+        return outcome, stream_id, end
+
+    def append_own(
+        self, node_id: int, channel_offset: int, data: bytes, plog
+    ) -> tuple[AppendOutcome, int, int]:
+        """The main's own produce routed through its own RouterChannel (a client of an AZ
+        producing to a partition led here): `data` is the channel record at
+        `channel_offset`; appended with Link Records, tracked in the current route epoch
+        as a proxy's request is. Thread-safe; called off the event loop."""
+        with self._pending_lock:
+            token, entry = self._track(self.image_fn().route_epoch.current_epoch)
+        try:
+            return self._link_append(node_id, channel_offset, data, plog, entry)
+        finally:
+            self._untrack_if_unlinked(token, entry)
 
     def persisted_epoch(self) -> int:
         """The largest route epoch P (at most the fenced one, which this main refuses from
@@ -562,18 +930,11 @@ class ZoneRouteHandler:
                     KafkaError.STALE_BROKER_EPOCH,
                     f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
                 )
-            token = self._next_token
-            self._next_token += 1
-            entry = {"epoch": req.route_epoch, "done": False, "stream_id": -1, "end": -1}
-            entry["stream_epoch"] = -1
-            self._pending[token] = entry
+            token, entry = self._track(req.route_epoch)
         try:
             return await self._checked(req, image, entry)
         finally:
-            with self._pending_lock:
-                entry["done"] = True
-                if entry["end"] < 0:  # nothing linked
-                    self._pending.pop(token, None)
+            self._untrack_if_unlinked(token, entry)
 
     async def _checked(self, req, image: MetadataImage, entry: dict):
         source = req.source_node_id
@@ -600,30 +961,9 @@ class ZoneRouteHandler:
             return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
         except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
             return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
-        now_ms = int(time.time() * 1000)
-        channel_offset = req.channel_offset
-        data = record.data
-        ends: list[int] = []  # the end offset of every batch written as a Link Record
-
-        def link(position: int, length: int) -> Callable[[int], bytes]:
-            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
-            count = parse_batch_header(data, position).last_offset_delta + 1
-
-            def build(base: int) -> bytes:  # under the stream's lock, before append returns
-                ends.append(base + count)
-                return LinkRecord(source, channel_offset, position, length, now_ms).encode()
-
-            return build
-
-        outcome = plog.append(data, link=link)
-        stream = getattr(plog, "stream", None)
-        stream_id = stream.stream_id if stream is not None else -1
-        # the proxy keeps the channel record until the stream's committed end reaches the
-        # end of what links to it (-1: no link was written)
-        end = max(ends, default=-1)
-        with self._pending_lock:
-            entry["stream_id"], entry["end"] = stream_id, end
-            entry["stream_epoch"] = plog.leader_epoch
+        outcome, stream_id, end = self._link_append(
+            source, req.channel_offset, record.data, plog, entry
+        )
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
             return self._answer(outcome.error, None, -1, start, stream_id, end)

@@ -6,7 +6,9 @@ to the main's proxy in the client's AZ (`proxy_mapping.py`), and resolves a prod
 fetch to the backend this broker serves for that client: the real partition when it is the
 main and the client is in its AZ (or has none), a `ProxyPartition` when it is the client's
 proxy, and nothing (NOT_LEADER_OR_FOLLOWER) otherwise, so a client that reached the wrong
-broker refreshes its metadata.
+broker refreshes its metadata. A client of an AZ producing to its main produces through the
+main's own RouterChannel (`proxy.OwnChannelPartition`), so the proxies' snapshot reads find
+every routed batch in object storage.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from collections.abc import Callable
 from controlplane.image import BrokerState, MetadataImage
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
 from dataplane.zonerouter.client_az import CidrAzMap, client_az
-from dataplane.zonerouter.proxy import ProxyPartition
 from dataplane.zonerouter.proxy_mapping import ProxyMapping
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -35,17 +36,22 @@ class CountedBackend:
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
+    def _backend(self) -> object:
+        # an own-channel view is made per request: the same backend is the partition
+        return getattr(self._inner, "_plog", self._inner)
+
     def __eq__(self, other: object) -> bool:
-        return self._inner is getattr(other, "_inner", other)
+        other_backend = other._backend() if isinstance(other, CountedBackend) else other
+        return self._backend() is getattr(other_backend, "_plog", other_backend)
 
     def __hash__(self) -> int:
-        return id(self._inner)
+        return id(self._backend())
 
     def append(self, records: bytes | None):
         size = len(records or b"")
         self._traffic.client("produced", self._az, size)
         outcome = self._inner.append(records)
-        if outcome.error == 0 and not isinstance(self._inner, ProxyPartition):
+        if outcome.error == 0 and not getattr(self._inner, "counts_own_wal_bytes", False):
             # appended to a partition led here: the data went into this broker's WAL (a
             # proxy counts its RouterChannel write, and the main its own, when routed)
             self._traffic.add("wal_data_bytes", size)
@@ -68,6 +74,7 @@ class ZoneRouting:
         proxy_factory: Callable[[str, int], PartitionBackend],
         cidrs: CidrAzMap | None = None,
         traffic: ZoneTraffic | None = None,
+        own_channel: Callable[[str, PartitionBackend], PartitionBackend] | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
@@ -75,6 +82,9 @@ class ZoneRouting:
         self.proxy_factory = proxy_factory  # (topic_id, partition) -> ProxyPartition
         self.cidrs = cidrs or CidrAzMap()
         self.traffic = traffic
+        # (topic id, the partition led here) -> the backend whose produce goes through this
+        # broker's own RouterChannel (clients of an AZ: snapshot reads see their data)
+        self.own_channel = own_channel
         self._lock = threading.Lock()
         self._mapping_key: object = None
         self._mapping = ProxyMapping([])
@@ -114,6 +124,8 @@ class ZoneRouting:
             return None  # this client was told another broker serves it
         elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
+            if backend is not None and az is not None and self.own_channel is not None:
+                backend = self.own_channel(topic_id, backend)
         else:
             backend = self.proxy_factory(topic_id, partition)
         if backend is None or self.traffic is None:

@@ -54,10 +54,21 @@ def test_an_unanswered_record_or_an_unknown_append_blocks_the_trim():
     assert router.trim_point() == 20
 
 
-def test_no_trim_while_an_append_has_no_offset_yet():
-    router = _router({})
-    router._appending = 1
-    assert router.trim_point() is None
+def test_no_trim_past_where_an_append_without_an_offset_yet_may_land():
+    stream = SimpleNamespace(epoch=3, end_offset=100)
+    router = _router({7: stream})
+    linked = dict(answered=True, stream_id=7, stream_epoch=3, end_offset=5)
+    _record(router, 0, 10, **linked)
+    # an append started when the channel's durable end was 10: its record lands at or past
+    # 10; the record at 10 (acknowledged, not registered yet, say) must stay
+    router._appending = {0: 10}
+    _record(router, 10, 10, **linked)
+    _record(router, 20, 10, **linked)
+    assert router.trim_point() == 10 and sorted(router._records) == [10, 20]
+    router._appending = {0: 10, 1: 30}
+    assert router.trim_point() == 10
+    router._appending = {1: 30}  # registered: under load the trims go on behind the appends
+    assert router.trim_point() == 30 and not router._records
 
 
 def test_a_previous_incarnations_records_are_kept_until_the_committed_route_epoch():

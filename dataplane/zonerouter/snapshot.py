@@ -1,0 +1,245 @@
+"""Snapshot reads (seed 000), the pure parts: the main's index of recent Link Records and
+the proxy's snapshot-read cache.
+
+A main remembers, per stream, where the batches it linked (but has not uploaded yet) lie in
+the RouterChannels (`LinkIndex`): a proxy's incremental GetPartitionSnapshot asks for what
+is new past an offset and gets locations, never data (record data does not cross AZs
+between brokers). The proxy reads the data from the channel objects in the object store
+and keeps it in its `SnapshotCache`, from which it serves offsets the main has not
+committed to object storage yet. Both are bounded; thread-safe (one lock each); no I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_right
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from dataplane.zonerouter.link_record import LinkRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLocation:
+    """One batch a main linked: its partition offsets, leader epoch and channel place."""
+
+    base_offset: int
+    record_count: int
+    leader_epoch: int
+    link: LinkRecord
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+class LinkIndex:
+    """The main's recent Link Records by stream, in offset order (recorded under the
+    stream's lock as offsets are assigned). Bounded: at most `max_entries_per_stream` per
+    stream (the oldest go first) and `max_entries` in all (taken from the least recently
+    appended streams first); entries the stream's committed end passed are dropped
+    (`prune`). A proxy asking for an offset the index no longer holds sees a gap and reads
+    it once committed. Thread-safe."""
+
+    def __init__(self, max_entries_per_stream: int = 4096, max_entries: int = 65_536):
+        if max_entries_per_stream < 1 or max_entries < 1:
+            raise ValueError("LinkIndex bounds must be >= 1")
+        self.max_entries_per_stream = max_entries_per_stream
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._streams: OrderedDict[int, deque[LinkLocation]] = OrderedDict()
+        self._count = 0
+
+    def record(self, stream_id: int, location: LinkLocation) -> None:
+        with self._lock:
+            entries = self._streams.get(stream_id)
+            if entries is None:
+                entries = self._streams[stream_id] = deque()
+            else:
+                self._streams.move_to_end(stream_id)
+            if entries and location.base_offset < entries[-1].end_offset:
+                # offsets went back (a new stream epoch): the older ones are void
+                self._count -= len(entries)
+                entries.clear()
+            if len(entries) >= self.max_entries_per_stream:
+                entries.popleft()
+                self._count -= 1
+            entries.append(location)
+            self._count += 1
+            while self._count > self.max_entries:
+                oldest_id, oldest = next(iter(self._streams.items()))
+                oldest.popleft()
+                self._count -= 1
+                if not oldest:
+                    del self._streams[oldest_id]
+
+    def prune(self, stream_id: int, committed_end: int) -> None:
+        """Drop the entries wholly below `committed_end` (readable from object storage)."""
+        with self._lock:
+            entries = self._streams.get(stream_id)
+            while entries and entries[0].end_offset <= committed_end:
+                entries.popleft()
+                self._count -= 1
+            if entries is not None and not entries:
+                del self._streams[stream_id]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._count
+
+    def since(
+        self, stream_id: int, offset: int, up_to: int, max_entries: int
+    ) -> list[LinkLocation]:
+        """Entries ending past `offset` and at or below `up_to` (the main's high watermark:
+        only durable batches), oldest first, at most `max_entries`."""
+        with self._lock:
+            entries = list(self._streams.get(stream_id, ()))
+        out: list[LinkLocation] = []
+        for loc in entries:
+            if loc.end_offset <= offset:
+                continue
+            if loc.end_offset > up_to or len(out) >= max_entries:
+                break
+            out.append(loc)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBatch:
+    base_offset: int
+    end_offset: int
+    data: bytes
+
+
+class _PartitionCache:
+    __slots__ = ("leader_epoch", "batches", "bases")
+
+    def __init__(self, leader_epoch: int):
+        self.leader_epoch = leader_epoch
+        self.batches: list[CachedBatch] = []  # sorted by base offset, not overlapping
+        self.bases: list[int] = []
+
+
+class SnapshotCache:
+    """The proxy's snapshot-read cache: the batches of proxied partitions that their mains
+    have made durable but maybe not uploaded, keyed by (topic id, partition).
+
+    Policy: at most `max_bytes` in all; over it, the batches inserted first go first (the
+    oldest data, which the mains upload first); a batch that does not follow or overlaps
+    the partition's cached ones is refused; a new leader epoch empties the partition (the
+    new main's snapshot starts over); batches below an offset are dropped by `prune_below`
+    (committed: read from object storage). Thread-safe."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024):
+        if max_bytes < 1:
+            raise ValueError("SnapshotCache max_bytes must be >= 1")
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._parts: dict[tuple[str, int], _PartitionCache] = {}
+        self._order: deque[tuple[tuple[str, int], CachedBatch]] = deque()  # insertion order
+        self.size_bytes = 0
+
+    def _part(self, key: tuple[str, int], leader_epoch: int) -> _PartitionCache:
+        part = self._parts.get(key)
+        if part is None or part.leader_epoch != leader_epoch:
+            if part is not None:
+                self.size_bytes -= sum(len(b.data) for b in part.batches)
+            part = self._parts[key] = _PartitionCache(leader_epoch)
+        return part
+
+    def put(self, key: tuple[str, int], leader_epoch: int, batch: CachedBatch) -> bool:
+        """Add a batch of the partition in `leader_epoch`; False when refused (overlap)."""
+        if batch.end_offset <= batch.base_offset or len(batch.data) > self.max_bytes:
+            return False
+        with self._lock:
+            part = self._part(key, leader_epoch)
+            i = bisect_right(part.bases, batch.base_offset)
+            if i > 0 and part.batches[i - 1].end_offset > batch.base_offset:
+                return False
+            if i < len(part.batches) and part.batches[i].base_offset < batch.end_offset:
+                return False
+            part.batches.insert(i, batch)
+            part.bases.insert(i, batch.base_offset)
+            self.size_bytes += len(batch.data)
+            self._order.append((key, batch))
+            self._evict()
+            return True
+
+    def _evict(self) -> None:
+        while self.size_bytes > self.max_bytes and self._order:
+            key, batch = self._order.popleft()
+            part = self._parts.get(key)
+            if part is None:
+                continue
+            i = bisect_right(part.bases, batch.base_offset) - 1
+            if i >= 0 and part.batches[i] is batch:
+                del part.batches[i]
+                del part.bases[i]
+                self.size_bytes -= len(batch.data)
+
+    def reset(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            part = self._parts.pop(key, None)
+            if part is not None:
+                self.size_bytes -= sum(len(b.data) for b in part.batches)
+
+    def prune_below(self, key: tuple[str, int], offset: int) -> None:
+        with self._lock:
+            part = self._parts.get(key)
+            if part is None:
+                return
+            n = 0
+            while n < len(part.batches) and part.batches[n].end_offset <= offset:
+                self.size_bytes -= len(part.batches[n].data)
+                n += 1
+            if n:
+                del part.batches[:n]
+                del part.bases[:n]
+
+    def leader_epoch(self, key: tuple[str, int]) -> int | None:
+        with self._lock:
+            part = self._parts.get(key)
+            return None if part is None else part.leader_epoch
+
+    def max_end(self, key: tuple[str, int]) -> int:
+        """The end of the partition's last cached batch (-1: none)."""
+        with self._lock:
+            part = self._parts.get(key)
+            return part.batches[-1].end_offset if part and part.batches else -1
+
+    def contiguous_end(self, key: tuple[str, int], start: int) -> int:
+        """How far from `start` the cache holds every offset (`start` when it holds none)."""
+        with self._lock:
+            part = self._parts.get(key)
+            if part is None:
+                return start
+            end = start
+            i = max(bisect_right(part.bases, start) - 1, 0)
+            for batch in part.batches[i:]:
+                if batch.base_offset > end:
+                    break
+                end = max(end, batch.end_offset)
+            return end
+
+    def read(self, key: tuple[str, int], offset: int, end: int, max_bytes: int) -> bytes:
+        """The cached batches from the one holding `offset`, contiguous, below `end`, up to
+        `max_bytes` (at least one batch, as a Kafka fetch); b"" when `offset` is not cached."""
+        with self._lock:
+            part = self._parts.get(key)
+            if part is None:
+                return b""
+            i = bisect_right(part.bases, offset) - 1
+            if i < 0 or part.batches[i].end_offset <= offset:
+                return b""
+            out: list[bytes] = []
+            size = 0
+            expected = part.batches[i].base_offset
+            for batch in part.batches[i:]:
+                if batch.base_offset != expected or batch.end_offset > end:
+                    break
+                if out and size + len(batch.data) > max_bytes:
+                    break
+                out.append(batch.data)
+                size += len(batch.data)
+                expected = batch.end_offset
+            return b"".join(out)

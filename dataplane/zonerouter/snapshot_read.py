@@ -1,0 +1,395 @@
+"""Snapshot reads (seed 000): a proxy serves its AZ's consumers what the main made durable
+but has not uploaded yet, reading the data from object storage, never from the main.
+
+The proxy (`SnapshotReader`) long-polls each main whose partitions its clients fetch with
+an incremental `GetPartitionSnapshotRequest` (per partition: the offset it has up to). The
+main (`SnapshotServer`) answers at once when a partition's high watermark is past that
+offset, else when an append becomes durable or after the wait: the high watermark, the
+leader epoch and the places of the linked batches past the offset (`snapshot.LinkIndex`:
+channel node, offset, position, length; about 40 bytes each, never the data). The proxy
+reads each batch from the RouterChannel object that holds it (`ChannelReaders`, object
+storage in its own region), re-patches its offset and epoch (`link_record.resolve`: byte
+for byte the main's batch), puts it in its bounded `SnapshotCache`, and wakes the fetches
+waiting on the partition. A fetch below the main's committed end reads object storage
+through the BlockCache as before; past it, the cache. A batch the main holds without a
+link (produce by a client without an AZ, transaction markers) or whose channel record is
+gone leaves a gap: offsets from it are served once the main has uploaded them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.image import MetadataImage
+from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.kafka.txn.marker_client import InterBrokerLogin
+from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.zonerouter.link_record import LinkRecord, resolve
+from dataplane.zonerouter.protocol import (
+    SNAPSHOT_KEY,
+    SNAPSHOT_VERSION,
+    GetPartitionSnapshotRequest,
+    GetPartitionSnapshotResponse,
+)
+from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition, _MainConnection
+from dataplane.zonerouter.snapshot import CachedBatch, LinkIndex, SnapshotCache
+from dataplane.zonerouter.traffic import ZoneTraffic
+
+log = logging.getLogger(__name__)
+
+MAX_PARTITIONS_PER_POLL = 256
+MAX_LINKS_PER_PARTITION = 512
+MAX_WAIT_MS = 500  # the longest a main holds a poll
+POLL_WAIT_MS = 200  # what a proxy asks for
+# polls of one main start at most this often: a main with appends every few ms answers at
+# once each time, and each round trip costs CPU on both brokers (a few ms more latency)
+MIN_POLL_INTERVAL_S = 0.01
+RETRY_S = 0.2  # after a failed poll
+IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
+ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
+RPC_EXTRA_TIMEOUT_S = 5.0
+CACHE_BYTES = 64 * 1024 * 1024
+POLLED_S = 60.0  # a partition polled this recently has its produce go through the channel
+MAX_POLLED_PARTITIONS = 65_536
+
+
+class SnapshotServer:
+    """The main's side of GetPartitionSnapshot (a Kafka API handler on the event loop).
+    It remembers which partitions proxies polled lately (`polled_recently`): only their
+    produce needs to go through the main's own RouterChannel. Thread-safe."""
+
+    def __init__(self, partitions: PartitionResolver, index: LinkIndex):
+        self.partitions = partitions
+        self.index = index
+        self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
+        self._polled_lock = threading.Lock()
+
+    def polled_recently(self, topic_id: str, partition: int) -> bool:
+        """A proxy asked for the partition's snapshot within the last POLLED_S."""
+        with self._polled_lock:
+            at = self._polled.get((topic_id, partition))
+        return at is not None and time.monotonic() - at < POLLED_S
+
+    def _note_polled(self, keys: list[tuple[str, int]]) -> None:
+        now = time.monotonic()
+        with self._polled_lock:
+            for key in keys:
+                self._polled[key] = now
+                self._polled.move_to_end(key)
+            while len(self._polled) > MAX_POLLED_PARTITIONS:
+                self._polled.popitem(last=False)
+
+    def registrations(self) -> list:
+        return [(GetPartitionSnapshotRequest, 0, 0, self.get_partition_snapshot)]
+
+    async def get_partition_snapshot(self, req, ctx):
+        R = GetPartitionSnapshotResponse[SNAPSHOT_VERSION]
+        asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
+        plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
+        self._note_polled(
+            [(str(p.topic_id), p.partition) for p, plog in zip(asked, plogs, strict=True) if plog]
+        )
+
+        def ready() -> bool:
+            return any(
+                plog is None or plog.high_watermark > p.fetch_offset
+                for p, plog in zip(asked, plogs, strict=True)
+            )
+
+        wait_s = min(max(req.max_wait_ms, 0), MAX_WAIT_MS) / 1000
+        if wait_s > 0 and asked and not ready():
+            loop = asyncio.get_running_loop()
+            woken = asyncio.Event()
+
+            def wake() -> None:  # on the appending thread
+                loop.call_soon_threadsafe(woken.set)
+
+            for plog in plogs:
+                plog.add_listener(wake)
+            try:
+                if not ready():  # checked again: an append between the two is not missed
+                    await asyncio.wait_for(woken.wait(), wait_s)
+            except TimeoutError:
+                pass
+            finally:
+                for plog in plogs:
+                    plog.remove_listener(wake)
+        out = []
+        for p, plog in zip(asked, plogs, strict=True):
+            snap = R.PartitionSnapshot(
+                topic_id=p.topic_id,
+                partition=p.partition,
+                error_code=KafkaError.NONE,
+                leader_epoch=-1,
+                high_watermark=-1,
+                log_start_offset=-1,
+                links=[],
+            )
+            stream = getattr(plog, "stream", None)
+            if plog is None or stream is None:
+                snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
+                out.append(snap)
+                continue
+            hw = plog.high_watermark
+            snap.leader_epoch = plog.leader_epoch
+            snap.high_watermark = hw
+            snap.log_start_offset = plog.log_start_offset
+            for loc in self.index.since(
+                stream.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
+            ):
+                snap.links.append(
+                    R.PartitionSnapshot.LinkLocation(
+                        base_offset=loc.base_offset,
+                        record_count=loc.record_count,
+                        source_node_id=loc.link.source_node_id,
+                        channel_offset=loc.link.channel_offset,
+                        position=loc.link.position,
+                        length=loc.link.length,
+                        timestamp_ms=loc.link.timestamp_ms,
+                    )
+                )
+            out.append(snap)
+        return R(error_code=KafkaError.NONE, partitions=out)
+
+
+@dataclass
+class _Polled:
+    """A proxied partition the snapshot reads follow (under the reader's lock)."""
+
+    proxy: ProxyPartition
+    main_node_id: int
+    touched: float
+    main_hw: int = -1  # the main's high watermark in its last answer (-1: none yet)
+    leader_epoch: int = -1
+    next_at: int = -1  # every link below it was answered (read or skipped as a gap)
+
+
+class SnapshotReader:
+    """The proxy's snapshot reads: one polling thread per main (started when a client
+    first fetches one of its partitions here), one connection each, the shared bounded
+    `SnapshotCache`. Thread-safe; `close()` stops the pollers."""
+
+    def __init__(
+        self,
+        image_fn: Callable[[], MetadataImage],
+        channels: ChannelReaders,
+        traffic: ZoneTraffic,
+        node_id: int,
+        login: InterBrokerLogin | None = None,
+        cache_bytes: int = CACHE_BYTES,
+        poll_wait_ms: int = POLL_WAIT_MS,
+        own_records: Callable[[int], bytes | None] = lambda offset: None,
+    ):
+        self.image_fn = image_fn
+        self.channels = channels
+        self.traffic = traffic
+        self.node_id = node_id
+        self.login = login
+        self.poll_wait_ms = poll_wait_ms
+        self.own_records = own_records  # this broker's channel records it still holds
+        self.cache = SnapshotCache(cache_bytes)
+        self._lock = threading.Lock()
+        self._polled: dict[tuple[str, int], _Polled] = {}
+        self._pollers: dict[int, threading.Thread] = {}
+        self._stop = threading.Event()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            pollers = list(self._pollers.values())
+        for thread in pollers:
+            thread.join(1.0)
+
+    # ------------------------------------------------------------ the fetch side
+
+    def _touch(self, proxy: ProxyPartition, main_node_id: int) -> _Polled:
+        key = (proxy.topic_id, proxy.partition)
+        with self._lock:
+            polled = self._polled.get(key)
+            if polled is None or polled.main_node_id != main_node_id:
+                if polled is not None:  # a new main: its snapshot starts over
+                    self.cache.reset(key)
+                polled = self._polled[key] = _Polled(proxy, main_node_id, time.monotonic())
+            else:
+                polled.touched = time.monotonic()
+            if main_node_id not in self._pollers and not self._stop.is_set():
+                thread = threading.Thread(
+                    target=self._poll_loop,
+                    args=(main_node_id,),
+                    name=f"snapshot-read-{main_node_id}",
+                    daemon=True,
+                )
+                self._pollers[main_node_id] = thread
+                thread.start()
+            return polled
+
+    def high_watermark(self, proxy: ProxyPartition, main_node_id: int, committed: int) -> int:
+        """How far a fetch of `proxy` may read: the main's committed end, extended by the
+        contiguous cached batches (at most the main's high watermark)."""
+        polled = self._touch(proxy, main_node_id)
+        key = (proxy.topic_id, proxy.partition)
+        end = self.cache.contiguous_end(key, committed)
+        if polled.main_hw >= 0:
+            end = min(end, polled.main_hw)
+        return max(committed, end)
+
+    def read(self, proxy: ProxyPartition, offset: int, end: int, max_bytes: int) -> bytes:
+        return self.cache.read((proxy.topic_id, proxy.partition), offset, end, max_bytes)
+
+    # ------------------------------------------------------------ the polling side
+
+    def _poll_loop(self, main_node_id: int) -> None:
+        conn: _MainConnection | None = None
+        try:
+            while not self._stop.is_set():
+                image = self.image_fn()
+                main = image.brokers.get(main_node_id)
+                asked = self._asked(main_node_id, image)
+                if not asked or main is None or main.fenced:
+                    self._stop.wait(IDLE_S)
+                    continue
+                if conn is None or (conn.host, conn.port) != (main.host, main.kafka_port):
+                    if conn is not None:
+                        conn.close()
+                    conn = _MainConnection(main.host, main.kafka_port, self.login)
+                Q = GetPartitionSnapshotRequest[SNAPSHOT_VERSION]
+                req = Q(
+                    node_id=self.node_id,
+                    max_wait_ms=self.poll_wait_ms,
+                    partitions=[
+                        Q.PartitionRequest(
+                            topic_id=uuid.UUID(key[0]), partition=key[1], fetch_offset=at
+                        )
+                        for key, at in asked
+                    ],
+                )
+                started = time.monotonic()
+                try:
+                    resp = conn.call(
+                        req,
+                        self.poll_wait_ms / 1000 + RPC_EXTRA_TIMEOUT_S,
+                        SNAPSHOT_KEY,
+                        SNAPSHOT_VERSION,
+                    )
+                except (OSError, ConnectionError, ValueError) as exc:
+                    log.debug("snapshot poll of node %d failed: %s", main_node_id, exc)
+                    self._stop.wait(RETRY_S)
+                    continue
+                self.apply(resp, image)
+                self._stop.wait(max(0.0, MIN_POLL_INTERVAL_S - (time.monotonic() - started)))
+        except Exception:  # noqa: BLE001 - logged; a later fetch starts a new poller
+            log.exception("snapshot reads of node %d stopped", main_node_id)
+        finally:
+            if conn is not None:
+                conn.close()
+            with self._lock:
+                if self._pollers.get(main_node_id) is threading.current_thread():
+                    del self._pollers[main_node_id]
+
+    def _asked(self, main_node_id: int, image: MetadataImage) -> list[tuple[tuple[str, int], int]]:
+        """The partitions of the main to poll and the offset each is known up to (the
+        committed end, the cache's end, the main's last high watermark: everything up to
+        it was answered before); forgets partitions idle for ACTIVE_S or led elsewhere."""
+        now = time.monotonic()
+        asked = []
+        with self._lock:
+            for key, polled in list(self._polled.items()):
+                topic = image.topics.get(key[0])
+                state = topic.partitions.get(key[1]) if topic else None
+                if (
+                    state is None
+                    or now - polled.touched > ACTIVE_S
+                    or state.leader_node_id != polled.main_node_id
+                ):
+                    if polled.main_node_id == main_node_id:
+                        del self._polled[key]
+                        self.cache.reset(key)
+                    continue
+                if polled.main_node_id != main_node_id or len(asked) >= MAX_PARTITIONS_PER_POLL:
+                    continue
+                stream = image.streams.get(state.stream_id)
+                committed = stream.end_offset if stream is not None else 0
+                at = max(committed, self.cache.max_end(key), polled.next_at)
+                asked.append((key, at))
+        return asked
+
+    def apply(self, resp, image: MetadataImage) -> None:
+        """Apply a main's snapshot: read the new batches from the channels into the cache,
+        note the high watermarks, wake the fetches of partitions that moved."""
+        for snap in resp.partitions:
+            key = (str(snap.topic_id), snap.partition)
+            with self._lock:
+                polled = self._polled.get(key)
+            if polled is None:
+                continue
+            if snap.error_code != KafkaError.NONE:
+                polled.main_hw = polled.next_at = -1
+                self.cache.reset(key)
+                continue
+            topic = image.topics.get(key[0])
+            state = topic.partitions.get(key[1]) if topic else None
+            stream = image.streams.get(state.stream_id) if state else None
+            if state is None or stream is None:
+                continue
+            committed = stream.end_offset
+            before = self.cache.contiguous_end(key, committed)
+            if polled.leader_epoch != snap.leader_epoch:
+                self.cache.reset(key)
+                polled.leader_epoch = snap.leader_epoch
+                polled.main_hw = polled.next_at = -1
+            self.cache.prune_below(key, committed)
+            have = max(committed, self.cache.max_end(key))
+            for loc in snap.links:
+                if loc.base_offset + loc.record_count <= have:
+                    continue
+                data = self._read_batch(stream.stream_id, snap.leader_epoch, loc)
+                if data is None:
+                    break  # a gap: served once the main uploaded it
+                batch = CachedBatch(loc.base_offset, loc.base_offset + loc.record_count, data)
+                if not self.cache.put(key, snap.leader_epoch, batch):
+                    break
+                have = batch.end_offset
+            polled.main_hw = max(polled.main_hw, snap.high_watermark)
+            if len(snap.links) >= MAX_LINKS_PER_PARTITION:  # more to ask for from there
+                last = snap.links[-1]
+                polled.next_at = max(polled.next_at, last.base_offset + last.record_count)
+            else:
+                polled.next_at = max(polled.next_at, snap.high_watermark)
+            if self.cache.contiguous_end(key, committed) > before:
+                polled.proxy.wake()
+
+    def _read_batch(self, stream_id: int, leader_epoch: int, loc) -> bytes | None:
+        """The batch a link location names, from its RouterChannel object (None: gone or
+        unreadable)."""
+        link = LinkRecord(
+            loc.source_node_id, loc.channel_offset, loc.position, loc.length, loc.timestamp_ms
+        )
+        try:
+            data = None
+            if loc.source_node_id == self.node_id:
+                data = self.own_records(loc.channel_offset)
+            stored = data is None
+            if stored:
+                data = self.channels.reader(loc.source_node_id).read(loc.channel_offset).data
+            batch = resolve(
+                StreamRecordBatch(
+                    stream_id, leader_epoch, loc.base_offset, loc.record_count, link.encode()
+                ),
+                data,
+            )
+        except Exception as exc:  # noqa: BLE001 - trimmed, store down: a gap
+            log.debug(
+                "snapshot read of %d@%d failed: %s", loc.source_node_id, loc.channel_offset, exc
+            )
+            return None
+        if stored:
+            self.traffic.add("proxy_read_bytes", len(batch.payload))
+        return batch.payload
