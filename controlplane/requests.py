@@ -389,10 +389,10 @@ class CommitStreamSetObjectRequest(_CommitterFields):
     failover_node_id: int | None = Field(default=None, ge=0)
 
 
-class CommitStreamObjectRequest(_Request):
-    """Commit a stream object made by compaction from `source_object_ids`."""
+class _StreamObjectCommit(_Request):
+    """The fields of a commit of one stream object: who commits it, where it lies, what
+    offsets of which stream it holds."""
 
-    command: ClassVar[str] = "commit_stream_object"
     node_id: int = Field(ge=0)
     node_epoch: int = Field(ge=0)
     object_id: int = Field(ge=0)
@@ -401,23 +401,21 @@ class CommitStreamObjectRequest(_Request):
     end_offset: int = Field(ge=0)
     size_bytes: int = Field(ge=0)
     bucket_id: int = Field(ge=0)
+
+
+class CommitStreamObjectRequest(_StreamObjectCommit):
+    """Commit a stream object made by compaction from `source_object_ids`."""
+
+    command: ClassVar[str] = "commit_stream_object"
     source_object_ids: list[int] = Field(default_factory=list, max_length=MAX_RANGES_PER_COMMIT)
 
 
-class SealErasureRangeRequest(_Request):
+class SealErasureRangeRequest(_StreamObjectCommit):
     """Commit a stream object holding the decided records of an erasure-coded partition's
     stream offsets [start_offset, end_offset) (controlplane/erasure_seal.py): the range must
     continue the stream's sealed end, so exactly one sealer commits a range."""
 
     command: ClassVar[str] = "seal_erasure_range"
-    node_id: int = Field(ge=0)
-    node_epoch: int = Field(ge=0)
-    object_id: int = Field(ge=0)
-    stream_id: int = Field(ge=0)
-    start_offset: int = Field(ge=0)
-    end_offset: int = Field(ge=0)
-    size_bytes: int = Field(ge=0)
-    bucket_id: int = Field(ge=0)
 
 
 class TrimErasureStreamRequest(_Request):
