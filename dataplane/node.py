@@ -211,7 +211,9 @@ class BrokerNode:
             zone_traffic=None if self.zone_traffic is None else self._zone_traffic(),
             route_epoch_persisted=None
             if self.zone_route_handler is None
-            else self.zone_route_handler.persisted_epoch(),
+            else self.zone_route_handler.persisted_epoch_forcing_commit(
+                self.storage.request_upload
+            ),
         )
 
     def _bucket_health(self) -> list[BucketWriteHealth]:

@@ -901,6 +901,17 @@ class ZoneRouteHandler:
             blocking = [entry["epoch"] for entry in self._pending.values()]
         return min(fenced, min(blocking) - 1) if blocking else fenced
 
+    def persisted_epoch_forcing_commit(self, request_upload: Callable[[], None]) -> int:
+        """`persisted_epoch()`, and when it lags the fenced epoch (links accepted in a
+        fenced epoch are not uploaded yet) ask the storage engine to upload now: the
+        ConfirmWAL is committed up to the fenced epoch at least once per route epoch
+        (`route_epoch_interval_ms`, 10 s) whatever the upload interval, so the committed
+        epoch advances and proxies can trim their channels. Called with every heartbeat."""
+        persisted = self.persisted_epoch()
+        if persisted < self.image_fn().route_epoch.fenced_epoch:
+            request_upload()
+        return persisted
+
     @staticmethod
     def _answer(
         error: KafkaError,

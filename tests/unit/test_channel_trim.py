@@ -109,3 +109,29 @@ def test_a_mains_persisted_epoch_waits_for_its_links_to_be_committed():
     # a request in flight in an epoch at or below the fenced one holds it back
     handler._pending[2] = {"epoch": 4, "done": False, "stream_id": -1, "end": -1}
     assert handler.persisted_epoch() == 3
+
+
+def test_a_main_behind_the_fenced_epoch_forces_an_upload():
+    """The forced ConfirmWAL commit: links accepted in a now fenced epoch make the main
+    upload at its next heartbeat, whatever its upload interval."""
+    from dataplane.zonerouter.proxy import ZoneRouteHandler
+
+    stream = SimpleNamespace(epoch=2, end_offset=10)
+    image = SimpleNamespace(
+        streams={4: stream}, route_epoch=SimpleNamespace(current_epoch=4, fenced_epoch=3)
+    )
+    handler = ZoneRouteHandler(lambda: image, None, None, ZoneTraffic("az1"), None)  # type: ignore[arg-type]
+    uploads: list[int] = []
+
+    def request_upload() -> None:
+        uploads.append(1)
+
+    # a link of the current epoch, not uploaded: not due yet
+    handler._pending[0] = {"epoch": 4, "done": True, "stream_id": 4, "end": 20, "stream_epoch": 2}
+    assert handler.persisted_epoch_forcing_commit(request_upload) == 3 and uploads == []
+    # the controller bumps the route epoch: that link's epoch is fenced now
+    image.route_epoch.current_epoch, image.route_epoch.fenced_epoch = 5, 4
+    assert handler.persisted_epoch_forcing_commit(request_upload) == 3 and uploads == [1]
+    # the upload committed it: caught up, nothing forced
+    stream.end_offset = 20
+    assert handler.persisted_epoch_forcing_commit(request_upload) == 4 and uploads == [1]
