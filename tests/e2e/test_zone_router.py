@@ -165,10 +165,20 @@ def test_a_proxy_consumer_sees_records_long_before_the_mains_upload(tmp_path):
                 assert producer.flush(30) == 0
                 del producer  # librdkafka's threads stop now, not after the cluster
             assert not errors, errors[:5]
+            produced_in = _route_epochs({"dir": tmp_path / "cluster"})["current_epoch"]
             deadline = time.monotonic() + 15  # the mains upload after 60 s
             while time.monotonic() < deadline and not set(acked) <= set(received):
                 time.sleep(0.1)
             time.sleep(0.5)  # a duplicate would arrive now
+            # the forced ConfirmWAL commit: once the epoch of these links is fenced (route
+            # epochs last 10 s), the mains upload them, long before their 60 s interval
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                epochs = _route_epochs({"dir": tmp_path / "cluster"})
+                if epochs.get("committed_epoch", -1) >= produced_in:
+                    break
+                time.sleep(1)
+            assert epochs.get("committed_epoch", -1) >= produced_in, (produced_in, epochs)
         finally:
             stop.set()
             thread.join(10)
