@@ -23,7 +23,7 @@ from controlplane.erasure_placement import NO_LEADER
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import get_stream, require_active_broker
 from controlplane.image import MetadataImage, StreamMetaState
-from controlplane.objects import _committed, _require_bucket, _require_prepared
+from controlplane.objects import _require_bucket, _require_prepared, stream_object_records
 from controlplane.requests import (
     CommitResponse,
     SealErasureRangeRequest,
@@ -88,14 +88,7 @@ def seal_erasure_range(
             end_offset=req.end_offset,
             node_id=NO_LEADER,
         ),
-        _committed(meta, req.size_bytes, req.bucket_id, now_ms),
-        r.StreamObjectRecord(
-            object_id=req.object_id,
-            stream_id=req.stream_id,
-            start_offset=req.start_offset,
-            end_offset=req.end_offset,
-            committed_ms=now_ms,
-        ),
+        *stream_object_records(meta, req, now_ms),
     ]
     return recs, CommitResponse(idempotent=False)
 

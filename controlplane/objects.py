@@ -26,6 +26,7 @@ from controlplane.requests import (
     DeletedObjectsRequest,
     PrepareObjectsRequest,
     PrepareObjectsResponse,
+    StreamObjectCommit,
 )
 from controlplane.settings import ControllerSettings
 from controlplane.streams import mark_destroyed
@@ -79,6 +80,23 @@ def _committed(meta: ObjectMetaState, size_bytes: int, bucket_id: int, now_ms: i
         deadline_ms=meta.deadline_ms,
         committed_ms=now_ms,
     )
+
+
+def stream_object_records(
+    meta: ObjectMetaState, req: StreamObjectCommit, now_ms: int
+) -> list[r.S3ObjectRecord | r.StreamObjectRecord]:
+    """The records of a committed stream object: the object committed in its bucket, and
+    its stream offsets (compaction's commit_stream_object, the erasure sealer's seal)."""
+    return [
+        _committed(meta, req.size_bytes, req.bucket_id, now_ms),
+        r.StreamObjectRecord(
+            object_id=req.object_id,
+            stream_id=req.stream_id,
+            start_offset=req.start_offset,
+            end_offset=req.end_offset,
+            committed_ms=now_ms,
+        ),
+    ]
 
 
 def _require_bucket(settings: ControllerSettings, bucket_id: int) -> None:
@@ -408,16 +426,7 @@ def commit_stream_object(
             raise ControllerError(
                 ErrorCode.STREAM_OFFSET_GAP, f"sources end at {expected}, not {req.end_offset}"
             )
-    recs: list = [
-        _committed(meta, req.size_bytes, req.bucket_id, now_ms),
-        r.StreamObjectRecord(
-            object_id=req.object_id,
-            stream_id=req.stream_id,
-            start_offset=req.start_offset,
-            end_offset=req.end_offset,
-            committed_ms=now_ms,
-        ),
-    ]
+    recs: list = stream_object_records(meta, req, now_ms)
     recs += _remove_objects(image, [s.object_id for s in sources], now_ms)
     return recs, CommitResponse(idempotent=False)
 

@@ -389,7 +389,7 @@ class CommitStreamSetObjectRequest(_CommitterFields):
     failover_node_id: int | None = Field(default=None, ge=0)
 
 
-class _StreamObjectCommit(_Request):
+class StreamObjectCommit(_Request):
     """The fields of a commit of one stream object: who commits it, where it lies, what
     offsets of which stream it holds."""
 
@@ -403,14 +403,14 @@ class _StreamObjectCommit(_Request):
     bucket_id: int = Field(ge=0)
 
 
-class CommitStreamObjectRequest(_StreamObjectCommit):
+class CommitStreamObjectRequest(StreamObjectCommit):
     """Commit a stream object made by compaction from `source_object_ids`."""
 
     command: ClassVar[str] = "commit_stream_object"
     source_object_ids: list[int] = Field(default_factory=list, max_length=MAX_RANGES_PER_COMMIT)
 
 
-class SealErasureRangeRequest(_StreamObjectCommit):
+class SealErasureRangeRequest(StreamObjectCommit):
     """Commit a stream object holding the decided records of an erasure-coded partition's
     stream offsets [start_offset, end_offset) (controlplane/erasure_seal.py): the range must
     continue the stream's sealed end, so exactly one sealer commits a range."""
