@@ -849,13 +849,14 @@ class KafkaApis:
         self.wait_for_offset(res.metadata_offset, METADATA_WAIT_S)
 
     def _broker_configs(self, image: MetadataImage, node_id: int) -> dict[str, str]:
+        broker = image.brokers.get(node_id)
         configs = {
-            "broker.id": str(self.me.node_id),
-            "broker.rack": self.me.az,
+            # the described broker's, as registered (any broker answers for any other)
+            "broker.id": str(node_id),
+            "broker.rack": broker.az if broker is not None else self.me.az,
             "num.partitions": str(DEFAULT_PARTITIONS),
             "auto.create.topics.enable": "true",
         }
-        broker = image.brokers.get(node_id)
         if broker is not None and broker.endpoints:  # the described broker's, as registered
             configs["listeners"] = ",".join(
                 f"{e.name}://{e.host}:{e.port}" for e in broker.endpoints

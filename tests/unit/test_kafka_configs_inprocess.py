@@ -376,3 +376,30 @@ def test_dynamic_broker_configs_supply_topic_defaults(broker):
     assert (
         rows["max.message.bytes"].value == "1048588" and rows["retention.ms"].value == "604800000"
     )
+
+
+def test_describing_another_broker_shows_its_own_id_and_rack(broker):
+    """`kafka-configs --describe --entity-type brokers --entity-name 2` asked of broker 1
+    shows broker 2's id, rack and listeners, not the answering broker's."""
+    apis, controller, sync = broker
+    controller.call(
+        "register_broker",
+        {
+            "node_id": 2,
+            "az": "az2",
+            "host": "127.0.0.2",
+            "kafka_port": 9093,
+            "incarnation_id": "unit-2",
+        },
+    )
+    sync()
+    other = described_broker(apis, "2")
+    assert (other["broker.id"], other["broker.rack"]) == ("2", "az2")
+    me = described_broker(apis, "1")
+    assert (me["broker.id"], me["broker.rack"]) == ("1", "az1")
+
+
+def described_broker(apis, node: str) -> dict[str, str | None]:
+    res = run(apis.describe_configs(describe_req(node, rtype=BROKER), ctx(32, 4))).results[0]
+    assert res.error_code == KafkaError.NONE, res
+    return {c.name: c.value for c in res.configs}
