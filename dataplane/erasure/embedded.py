@@ -68,6 +68,9 @@ class BrokerShardStore:
     def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
         return self._target().write(stream_id, offset, data)
 
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        return self._target().repair(stream_id, offset, data)
+
     def read(self, stream_id: int, offset: int) -> bytes | None:
         return self._target().read(stream_id, offset)
 

@@ -34,7 +34,12 @@ from pathlib import Path
 import crc32c
 
 from dataplane.erasure.holes import AcceptResult, accept
-from dataplane.erasure.shard_format import JUNK_MARKER, peek_payload_crc
+from dataplane.erasure.shard_format import (
+    JUNK_MARKER,
+    ShardFormatError,
+    decode_shard,
+    peek_payload_crc,
+)
 
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
@@ -260,6 +265,45 @@ class HoleStore:
                 answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
             target = self._end + self._shift
         # what the answer reports (ours or another writer's bytes, a fill) must be durable
+        self._wait_durable(target)
+        return answer
+
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        """Put a shard of a *decided* write into a hole that holds no bytes (the repairer's
+        write, `erasure/repair.py`): accepted into an empty hole and also into one that is
+        junk only because it lies below the fill mark (never written); a hole that holds
+        bytes (any shard, explicit junk) is never changed (TAKEN, answered with them), nor
+        one below the drop mark (sealed). Safe only because the caller saw k consistent
+        shards of that write: an offset that already has k holes of one write is decided
+        for every reader, and adding that write's shards cannot change it (a fill exists to
+        stop a write from *reaching* k). `data` must be a valid shard frame of this stream
+        and offset (ValueError otherwise). Durable before it answers."""
+        try:
+            shard = decode_shard(data)
+        except ShardFormatError as e:
+            raise ValueError(f"a repair must be a valid shard frame: {e}") from None
+        if (shard.stream_id, shard.offset) != (stream_id, offset):
+            raise ValueError(
+                f"repair shard names stream {shard.stream_id} offset {shard.offset}, "
+                f"not {stream_id} {offset}"
+            )
+        with self._lock:
+            self._check_open()
+            stream = self._streams.setdefault(stream_id, _Stream())
+            where = stream.positions.get(offset)
+            held = os.pread(self._fd, where[1], where[0]) if where is not None else None
+            if held is not None or offset < stream.dropped_below:
+                content = held if held is not None else JUNK_MARKER
+                result = AcceptResult.ACCEPTED if content == data else AcceptResult.TAKEN
+                answer = WriteAnswer(result, content, stream.filled_below)
+            else:
+                if self._holes >= self.max_holes:
+                    raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
+                pos = self._append(_KIND_HOLE, stream_id, offset, data)
+                self._index(stream, offset, pos, len(data))
+                self._remember(stream, offset, data)
+                answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+            target = self._end + self._shift
         self._wait_durable(target)
         return answer
 

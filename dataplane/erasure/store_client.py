@@ -103,7 +103,14 @@ class ShardStoreClient:
 
     def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
         """Write a hole once; the answer says whether these bytes are in it."""
-        status, headers, body = self._request("PUT", f"/v1/holes/{stream_id}/{offset}", data)
+        return self._put("holes", stream_id, offset, data)
+
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        """Put a decided write's shard into a hole holding no bytes (HoleStore.repair)."""
+        return self._put("repair", stream_id, offset, data)
+
+    def _put(self, kind: str, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        status, headers, body = self._request("PUT", f"/v1/{kind}/{stream_id}/{offset}", data)
         result = headers.get(RESULT_HEADER.lower())
         if status not in (200, 409) or result not in ("accepted", "taken"):
             raise StoreUnavailableError(

@@ -2,6 +2,10 @@
 
 PUT  /v1/holes/<stream>/<offset>        body: the hole's bytes. 200 accepted, 409 taken; the
                                         body of either answer is what the hole now holds
+PUT  /v1/repair/<stream>/<offset>       body: a shard of a decided write (the repairer): also
+                                        taken by a hole that is junk only by the fill mark;
+                                        a hole holding bytes is never changed (see
+                                        HoleStore.repair); answers as PUT /v1/holes
 GET  /v1/holes/<stream>/<offset>        200 with the hole's bytes, 404 empty
 GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
                                         the filled holes of a range, binary (see encode_range)
@@ -220,6 +224,14 @@ class _Handler(BaseHTTPRequestHandler):
             if self.server.inject_delay_ms:
                 time.sleep(self.server.inject_delay_ms / 1000)
             answer = store.write(ids[0], ids[1], self._body())
+            status = 200 if answer.result is AcceptResult.ACCEPTED else 409
+            headers = {
+                RESULT_HEADER: answer.result.value,
+                FILL_MARK_HEADER: str(answer.filled_below),
+            }
+            self._send(status, answer.content, **headers)
+        elif route == ("PUT", "repair", 2):
+            answer = store.repair(ids[0], ids[1], self._body())
             status = 200 if answer.result is AcceptResult.ACCEPTED else 409
             headers = {
                 RESULT_HEADER: answer.result.value,
