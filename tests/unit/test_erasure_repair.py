@@ -203,3 +203,33 @@ def test_a_pass_is_rate_limited_and_the_next_resumes_where_it_stopped(
     assert third.repaired_shards == 4 and third.next_offset == end
     assert repairer.stats.repaired_shards == 12
     assert all(stores[5].read(STREAM, o) is not None for o in offsets)
+
+
+def test_repairs_over_the_stores_http_service(tmp_path: Path) -> None:
+    import threading
+
+    from dataplane.erasure.store_client import ShardStoreClient
+    from dataplane.erasure.store_server import ShardStoreHTTPServer
+
+    store = HoleStore(tmp_path / "s")
+    server = ShardStoreHTTPServer(("127.0.0.1", 0), store, secret="s3cret")
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    writer = ErasureWriter([store] * 6, STREAM, writer_id=4)
+    try:
+        client = ShardStoreClient(f"127.0.0.1:{server.server_address[1]}", secret="s3cret")
+        frame = writer.shards(100, b"payload")[0]
+        client.fill_below(STREAM, 1_000)
+        assert client.write(STREAM, 100, frame).result is AcceptResult.TAKEN
+        answer = client.repair(STREAM, 100, frame)
+        assert answer.result is AcceptResult.ACCEPTED and answer.filled_below == 1_000
+        other = client.repair(STREAM, 100, writer.shards(100, b"other")[0])
+        assert other.result is AcceptResult.TAKEN and other.content == frame
+        with pytest.raises(ValueError, match="valid shard frame"):
+            client.repair(STREAM, 4_000, b"not a shard")
+        assert store.read(STREAM, 100) == frame and store.read(STREAM, 4_000) is None
+    finally:
+        writer.close()
+        server.shutdown()
+        server.server_close()
+        store.close()
