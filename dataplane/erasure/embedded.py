@@ -79,6 +79,9 @@ class BrokerShardStore:
     ) -> RangeAnswer:
         return self._target().read_range(stream_id, start, end, max_holes, max_bytes)
 
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        return self._target().list_heads(stream_id, start, end, max_holes)
+
     def fill_below(self, stream_id: int, mark: int) -> int:
         return self._target().fill_below(stream_id, mark)
 

@@ -2,10 +2,11 @@
 
 A write wins with k of k + m holes and does not wait for the rest; with m stores down or slow
 then, it has no margin left until it is sealed into object storage. The repairer lists a
-range of a stream's holes on every store (no fill: listing changes nothing) and, for each
-offset where k valid shards of one write are present, decodes the payload (checked against
-its CRC), re-encodes it and writes the very frames the writer would have written
-(`HoleStore.repair`) into the holes that hold no bytes on stores that answered.
+range of a stream's holes on every store, shard headers only (`list_heads`: 48 bytes a
+hole; no fill: listing changes nothing); for each offset whose headers name one write k
+times while a store that answered holds nothing there, it reads those k shards whole,
+checks them, decodes the payload (checked against its CRC), re-encodes it and writes the
+very frames the writer would have written (`HoleStore.repair`) into the empty holes.
 
 Rules (why a repair can never change what a reader decided):
 - only an offset holding k consistent valid shards of one write is repaired: that write has
@@ -37,13 +38,12 @@ from dataclasses import dataclass, field
 
 from dataplane.erasure.codec import CodecError, ErasureCodec
 from dataplane.erasure.holes import AcceptResult, HoleKind, classify
-from dataplane.erasure.shard_format import Shard, encode_shard, payload_checksum
+from dataplane.erasure.shard_format import Shard, encode_shard, payload_checksum, peek_head
 from dataplane.erasure.store import RangeAnswer
 from dataplane.erasure.writer import ShardStore
 
 DEFAULT_MAX_BYTES_PER_S = 8 * 1024 * 1024
-DEFAULT_MAX_HOLES = 2_000  # per store and pass
-DEFAULT_MAX_LIST_BYTES = 8 * 1024 * 1024  # per store and pass
+DEFAULT_MAX_HOLES = 5_000  # headers listed per store and pass
 
 
 @dataclass
@@ -120,28 +120,20 @@ class ErasureRepairer:
             return True
         return False
 
-    def _list(
-        self, start: int, end: int, max_holes: int, max_bytes: int
-    ) -> list[RangeAnswer | None]:
+    def _list(self, start: int, end: int, max_holes: int) -> list[RangeAnswer | None]:
         def guarded(store: ShardStore) -> RangeAnswer | None:
             try:
-                return store.read_range(self.stream_id, start, end, max_holes, max_bytes)
+                return store.list_heads(self.stream_id, start, end, max_holes)
             except Exception:  # down, slow, refusing: its holes are unknown this pass
                 return None
 
         return list(self.pool.map(guarded, self.stores))
 
-    def repair_range(
-        self,
-        start: int,
-        end: int,
-        max_holes: int = DEFAULT_MAX_HOLES,
-        max_bytes: int = DEFAULT_MAX_LIST_BYTES,
-    ) -> RepairPass:
+    def repair_range(self, start: int, end: int, max_holes: int = DEFAULT_MAX_HOLES) -> RepairPass:
         """One bounded pass over offsets [start, end)."""
         if end <= start:
             return RepairPass(start, 0, frozenset())
-        answers = self._list(start, end, max_holes, max_bytes)
+        answers = self._list(start, end, max_holes)
         listed = frozenset(i for i, a in enumerate(answers) if a is not None)
         sealed_below = max((a.dropped_below for a in answers if a is not None), default=start)
         if sealed_below > start:  # sealed and dropped: nothing to repair below it
@@ -174,17 +166,22 @@ class ErasureRepairer:
         """Repair one offset; returns (shards written, stores waited for), None when the
         rate limit stops the pass."""
         n = self.codec.total_shards
-        holes = [classify(held.get(i), self.stream_id, offset, i) for i in range(n)]
-        groups: dict[tuple[int, int, int, int, int], list[Shard]] = {}
-        for hole in holes:
-            if hole.kind is HoleKind.SHARD and hole.shard is not None:
-                groups.setdefault(hole.shard.write_key, []).append(hole.shard)
         self.stats.add(scanned_offsets=1)
-        winner = next(
-            (s for s in groups.values() if len(s) >= s[0].data_shards),
-            None,
-        )
-        if winner is None:
+        # candidates from the headers (unchecked): holes i naming this stream, offset, hole
+        # and the stream's code
+        groups: dict[tuple[int, int, int, int, int], list[int]] = {}
+        for i, head_bytes in held.items():
+            head = peek_head(head_bytes)
+            if head is not None and (
+                head.stream_id,
+                head.offset,
+                head.shard_index,
+                head.data_shards,
+                head.parity_shards,
+            ) == (self.stream_id, offset, i, self.codec.data_shards, self.codec.parity_shards):
+                groups.setdefault(head.write_key, []).append(i)
+        holders = next((g for g in groups.values() if len(g) >= self.codec.data_shards), None)
+        if holders is None:
             return 0, set()  # undecided or void here: never repaired
         # holes listed as holding nothing (empty, or junk only by the fill mark)
         missing = [i for i in listed if i not in held]
@@ -193,13 +190,10 @@ class ErasureRepairer:
             if waiting:
                 self.stats.add(waiting_offsets=1)
             return 0, waiting
-        first = winner[0]
-        if (first.data_shards, first.parity_shards) != (
-            self.codec.data_shards,
-            self.codec.parity_shards,
-        ):
-            return 0, set()  # written with another code than the stream's: left alone
-        frame_bytes = len(held[first.shard_index])
+        winner = self._read_winner(offset, holders)
+        if winner is None:
+            return 0, set()  # fewer than k of them are valid, consistent shards
+        frame_bytes = len(encode_shard(winner[0]))
         if not self._take(frame_bytes * len(missing)):
             return None
         frames = self._frames(offset, winner)
@@ -223,6 +217,24 @@ class ErasureRepairer:
             waiting_offsets=1 if waiting else 0,
         )
         return written, waiting
+
+    def _read_winner(self, offset: int, holders: list[int]) -> list[Shard] | None:
+        """The whole shards in the holes `holders`, checked (frame CRC, the right stream,
+        offset and hole); a group of one write if it has k, else None."""
+
+        def read(i: int) -> bytes | None:
+            try:
+                return self.stores[i].read(self.stream_id, offset)
+            except Exception:
+                return None
+
+        frames = list(self.pool.map(read, holders))
+        groups: dict[tuple[int, int, int, int, int], list[Shard]] = {}
+        for i, frame in zip(holders, frames):
+            hole = classify(frame, self.stream_id, offset, i)
+            if hole.kind is HoleKind.SHARD and hole.shard is not None:
+                groups.setdefault(hole.shard.write_key, []).append(hole.shard)
+        return next((g for g in groups.values() if len(g) >= g[0].data_shards), None)
 
     def _frames(self, offset: int, winner: list[Shard]) -> list[bytes] | None:
         """The write's k + m frames re-encoded from k of its shards; None when the decoded

@@ -35,6 +35,7 @@ import crc32c
 
 from dataplane.erasure.holes import AcceptResult, accept
 from dataplane.erasure.shard_format import (
+    HEADER_BYTES,
     JUNK_MARKER,
     ShardFormatError,
     decode_shard,
@@ -435,8 +436,26 @@ class HoleStore:
         self._wait_durable(target)
         return answer
 
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        """As read_range, but each hole's bytes cut to a shard header's length (what a
+        repairer needs to find decided writes lacking shards, at a fraction of the bytes)."""
+        with self._lock:
+            self._check_open()
+            answer = self._read_range(
+                stream_id, start, end, max_holes, max_holes * HEADER_BYTES, HEADER_BYTES
+            )
+            target = self._end + self._shift
+        self._wait_durable(target)
+        return answer
+
     def _read_range(
-        self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
+        self,
+        stream_id: int,
+        start: int,
+        end: int,
+        max_holes: int,
+        max_bytes: int,
+        head_bytes: int | None = None,
     ) -> RangeAnswer:
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -452,7 +471,11 @@ class HoleStore:
             if len(found) >= max_holes or (found and size >= max_bytes):
                 complete_below = offset
                 break
-            data = self._read(stream, offset)
+            if head_bytes is None:
+                data = self._read(stream, offset)
+            else:
+                pos, length = stream.positions[offset]
+                data = os.pread(self._fd, min(length, head_bytes), pos)
             assert data is not None
             found.append((offset, data))
             size += len(data)

@@ -130,6 +130,13 @@ class ShardStoreClient:
         self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
     ) -> RangeAnswer:
         path = f"/v1/holes/{stream_id}?start={start}&end={end}&max_holes={max_holes}&max_bytes={max_bytes}"
+        return self._range(path)
+
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        """The range's holes cut to shard headers (HoleStore.list_heads)."""
+        return self._range(f"/v1/heads/{stream_id}?start={start}&end={end}&max_holes={max_holes}")
+
+    def _range(self, path: str) -> RangeAnswer:
         status, headers, body = self._request("GET", path)
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: range read answered {status}")

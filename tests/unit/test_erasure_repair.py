@@ -15,7 +15,7 @@ from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.holes import AcceptResult
 from dataplane.erasure.reader import ErasureReader
 from dataplane.erasure.repair import ErasureRepairer
-from dataplane.erasure.shard_format import JUNK_MARKER
+from dataplane.erasure.shard_format import HEADER_BYTES, JUNK_MARKER
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter
 
@@ -154,6 +154,35 @@ def test_undecided_and_void_offsets_are_never_repaired_and_held_bytes_never_repl
     b.close()
 
 
+class _Rotten:
+    """A store whose whole-hole reads answer rotten bytes (its listing looks fine)."""
+
+    def __init__(self, store: HoleStore):
+        self.store = store
+
+    def read(self, stream_id: int, offset: int) -> bytes | None:
+        data = self.store.read(stream_id, offset)
+        return None if data is None else data[:-1] + bytes([data[-1] ^ 0xFF])
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_a_rotten_shard_is_never_used_for_a_repair(
+    stores: list[HoleStore], pool: ThreadPoolExecutor
+) -> None:
+    clock = _Clock()
+    with ErasureWriter([*stores[:4], _Down(), _Down()], STREAM, clock_ns=clock) as writer:
+        offset = writer.append(b"z" * 500)
+    # one of the 4 holders answers a shard failing its checksum: only 3 good ones are left
+    view = [*stores[:3], _Rotten(stores[3]), *stores[4:]]
+    result = _repairer(view, pool).repair_range(0, clock.now + 10**9)
+    assert result.repaired_shards == 0
+    assert stores[4].read(STREAM, offset) is None and stores[5].read(STREAM, offset) is None
+    # with the good shard, the repair goes ahead
+    assert _repairer(stores, pool).repair_range(0, clock.now + 10**9).repaired_shards == 2
+
+
 def test_the_store_takes_a_repair_only_into_a_hole_without_bytes(tmp_path: Path) -> None:
     store = HoleStore(tmp_path / "s")
     writer = ErasureWriter([store] * 6, STREAM, writer_id=3)
@@ -227,6 +256,9 @@ def test_repairs_over_the_stores_http_service(tmp_path: Path) -> None:
         assert other.result is AcceptResult.TAKEN and other.content == frame
         with pytest.raises(ValueError, match="valid shard frame"):
             client.repair(STREAM, 4_000, b"not a shard")
+        # the repairer lists shard headers only
+        heads = client.list_heads(STREAM, 0, 2_000, 10)
+        assert heads.holes == [(100, frame[:HEADER_BYTES])] and heads.filled_below == 1_000
         assert store.read(STREAM, 100) == frame and store.read(STREAM, 4_000) is None
     finally:
         writer.close()
