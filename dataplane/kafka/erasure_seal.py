@@ -209,12 +209,15 @@ class ErasureSealer:
                 try:
                     sealed += self.seal(partition)
                     self.apply_retention(partition)
-                    if self.config.repair:
-                        self.repair(partition)
                 except (ReadUnavailableError, SealedRangeError, CorruptWriteError) as exc:
                     log.info("seal of %s-%d waits: %s", topic.name, state.partition, exc)
                 except Exception as exc:  # noqa: BLE001 - controller or bucket: next pass
                     log.warning("seal of %s-%d: %s", topic.name, state.partition, exc)
+                if self.config.repair:  # also while sealing waits (stores down)
+                    try:
+                        self.repair(partition)
+                    except Exception as exc:  # noqa: BLE001 - next pass
+                        log.warning("repair of %s-%d: %s", topic.name, state.partition, exc)
         return sealed
 
     # ------------------------------------------------------------ sealing
