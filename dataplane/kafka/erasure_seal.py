@@ -291,7 +291,11 @@ class ErasureSealer:
                     parse_batch_header(payload)
                     batch = patch_batch(payload, offset, partition.leader_epoch)
                 except (InvalidRecordBatchError, ValueError):
-                    continue  # not one Kafka batch: no Kafka record there (as reads skip it)
+                    # not one Kafka batch: no Kafka record there (as reads skip it); sealed
+                    # away like a void offset
+                    if first_void is None:
+                        first_void = offset
+                    continue
                 records.append((offset, batch))
                 size += len(batch)
             if result.blocked_at is not None:
