@@ -13,7 +13,9 @@ in-memory index (offset -> file position); a torn tail from a crash is cut off.
 
 Filling below a mark is the range form of writing the junk marker into each empty hole: it
 is write-once too (the mark only rises), and a shard for an empty hole below the mark is
-refused, the store answering with the junk marker as that hole's content.
+refused, the store answering with the junk marker as that hole's content. The one exception
+is `repair`: a shard of a write already decided (k consistent shards elsewhere, checked by
+the repairer) may fill such a hole, as no decision can change by it (see `repair`).
 
 Thread-safe: one lock covers the check and the append of a write, so two writers racing for
 one hole are ordered and exactly one is accepted; both answers wait until the winner's record
