@@ -595,3 +595,52 @@ def test_a_range_of_void_offsets_only_is_sealed_and_leaves_the_stores(sealed_clu
     time.sleep(0.3)
     assert erasure.sealer.seal(partition) == 1 and erasure.sealer.void_seals == 1
     assert read_from(apis, "events", offset, 1) == [(r.base_offset, b"after")]
+
+
+class _Toggle:
+    """A store that is unreachable while `down`."""
+
+    def __init__(self, inner: HoleStore):
+        self.inner = inner
+        self.down = True
+
+    def __getattr__(self, name):
+        if self.down:
+            return _DownStore().__getattr__(name)
+        return getattr(self.inner, name)
+
+
+def test_the_sealer_repairs_a_store_it_could_not_reach_once_it_answers(sealed_cluster):
+    from dataclasses import replace
+
+    from dataplane.erasure.embedded import EmbeddedErasureProducer
+
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
+    a, b = shard_stores[-2:]  # out of the writer's reach; b also of the sealer's at first
+    with EmbeddedErasureProducer(
+        image_now, "events", 0, store_for=lambda n: _DownStore() if n in (a, b) else stores[n]
+    ) as producer:
+        offset = producer.send([(b"k", b"v")])
+    toggle = _Toggle(stores[b])
+    index = shard_stores.index(b)
+    partition.reader.stores[index] = toggle
+    try:
+        assert erasure.sealer.repair(partition) == 1  # only a's hole
+        assert stores[a].read(stream_id, offset) is not None
+        assert stores[b].read(stream_id, offset) is None
+        # newer writes come in while b is away; the cursor passes the offset
+        produce(apis, "events", batch([b"later"]))
+        erasure.sealer.repair(partition)
+        toggle.down = False
+        # the first pass that reaches b goes back to the offset it waits for; the next one
+        # (at the latest) repairs it
+        erasure.sealer.repair(partition)
+        erasure.sealer.repair(partition)
+        assert stores[b].read(stream_id, offset) is not None
+        assert erasure.sealer.repair_stats.repaired_shards >= 2
+    finally:
+        partition.reader.stores[index] = stores[b]
