@@ -38,7 +38,8 @@ stores are the active segment. A piece's time is its end offset's clock (offsets
 writers' clocks in ns). Objects wholly below the start are destroyed like any trimmed object.
 
 Thread-safety: one sealer thread runs the passes; `seal` may also be called from a request
-thread (DeleteRecords); a lock serialises seals of one broker.
+thread (DeleteRecords); a lock serialises seals of one broker. Repair state is touched by
+the sealer thread only.
 """
 
 from __future__ import annotations
@@ -197,6 +198,10 @@ class ErasureSealer:
         image = self.image_fn()
         sealed = 0
         self.drop_deleted_streams(image)
+        for stream_id in [sid for sid in self._repairers if sid not in image.streams]:
+            self._repairers.pop(stream_id, None)  # a deleted topic's: forget its state
+            self._repair_cursor.pop(stream_id, None)
+            self._repair_waiting.pop(stream_id, None)
         for topic in list(image.topics.values()):
             for state in list(topic.partitions.values()):
                 if self._stop.is_set():
