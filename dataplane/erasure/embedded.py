@@ -68,6 +68,9 @@ class BrokerShardStore:
     def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
         return self._target().write(stream_id, offset, data)
 
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        return self._target().repair(stream_id, offset, data)
+
     def read(self, stream_id: int, offset: int) -> bytes | None:
         return self._target().read(stream_id, offset)
 
@@ -75,6 +78,9 @@ class BrokerShardStore:
         self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
     ) -> RangeAnswer:
         return self._target().read_range(stream_id, start, end, max_holes, max_bytes)
+
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        return self._target().list_heads(stream_id, start, end, max_holes)
 
     def fill_below(self, stream_id: int, mark: int) -> int:
         return self._target().fill_below(stream_id, mark)

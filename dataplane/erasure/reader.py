@@ -66,6 +66,7 @@ class ReadResult:
     records: list[tuple[int, bytes]]  # (offset, payload), ascending
     next_offset: int  # where the next read starts
     blocked_at: int | None  # an undecided offset the read stopped at (stores unreachable)
+    first_void: int | None = None  # the first void offset the read passed (holes, no record)
 
 
 class ErasureReader:
@@ -203,9 +204,10 @@ class ErasureReader:
                 if offset < complete_below:
                     by_offset.setdefault(offset, {})[i] = data
         records: list[tuple[int, bytes]] = []
+        first_void: int | None = None
         for offset in sorted(by_offset):
             if len(records) >= max_records:
-                return ReadResult(records, offset, None)
+                return ReadResult(records, offset, None, first_void)
             holes: list[Hole] = []
             for i, r in enumerate(ranges):
                 data = by_offset[offset].get(i)
@@ -217,10 +219,12 @@ class ErasureReader:
                     holes.append(classify(data, self.stream_id, offset, i))
             decision = decide(holes, k)
             if decision.kind is DecisionKind.UNDECIDED:
-                return ReadResult(records, offset, offset)
+                return ReadResult(records, offset, offset, first_void)
             if decision.kind is DecisionKind.DECIDED:
                 records.append((offset, self._decode(offset, decision)))
-        return ReadResult(records, complete_below, None)
+            elif first_void is None:
+                first_void = offset
+        return ReadResult(records, complete_below, None, first_void)
 
     def _decode(self, offset: int, decision: Decision) -> bytes:
         first = decision.shards[0]

@@ -120,6 +120,41 @@ def peek_payload_crc(frame: bytes) -> int | None:
     return _HEADER.unpack_from(frame)[9]
 
 
+@dataclass(frozen=True)
+class ShardHead:
+    """A shard frame's header, unchecked (`peek_head`)."""
+
+    writer_id: int
+    stream_id: int
+    offset: int
+    shard_index: int
+    data_shards: int
+    parity_shards: int
+    payload_length: int
+    payload_crc: int
+
+    @property
+    def write_key(self) -> tuple[int, int, int, int, int]:
+        """As `Shard.write_key`."""
+        return (
+            self.writer_id,
+            self.payload_crc,
+            self.payload_length,
+            self.data_shards,
+            self.parity_shards,
+        )
+
+
+def peek_head(frame: bytes) -> ShardHead | None:
+    """The header of a shard frame (or of its first HEADER_BYTES), without checking the
+    frame (None: not a shard). For listing candidates only: whoever uses one reads the whole
+    frame and checks it."""
+    if len(frame) < _HEADER.size or frame[:4] != SHARD_MAGIC:
+        return None
+    _, writer_id, stream_id, offset, index, k, m, _, length, crc, _ = _HEADER.unpack_from(frame)
+    return ShardHead(writer_id, stream_id, offset, index, k, m, length, crc)
+
+
 def is_junk(frame: bytes) -> bool:
     """Whether a hole's bytes are the junk marker."""
     return frame == JUNK_MARKER

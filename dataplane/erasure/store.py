@@ -13,7 +13,9 @@ in-memory index (offset -> file position); a torn tail from a crash is cut off.
 
 Filling below a mark is the range form of writing the junk marker into each empty hole: it
 is write-once too (the mark only rises), and a shard for an empty hole below the mark is
-refused, the store answering with the junk marker as that hole's content.
+refused, the store answering with the junk marker as that hole's content. The one exception
+is `repair`: a shard of a write already decided (k consistent shards elsewhere, checked by
+the repairer) may fill such a hole, as no decision can change by it (see `repair`).
 
 Thread-safe: one lock covers the check and the append of a write, so two writers racing for
 one hole are ordered and exactly one is accepted; both answers wait until the winner's record
@@ -34,7 +36,13 @@ from pathlib import Path
 import crc32c
 
 from dataplane.erasure.holes import AcceptResult, accept
-from dataplane.erasure.shard_format import JUNK_MARKER, peek_payload_crc
+from dataplane.erasure.shard_format import (
+    HEADER_BYTES,
+    JUNK_MARKER,
+    ShardFormatError,
+    decode_shard,
+    peek_payload_crc,
+)
 
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
@@ -263,6 +271,45 @@ class HoleStore:
         self._wait_durable(target)
         return answer
 
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        """Put a shard of a *decided* write into a hole that holds no bytes (the repairer's
+        write, `erasure/repair.py`): accepted into an empty hole and also into one that is
+        junk only because it lies below the fill mark (never written); a hole that holds
+        bytes (any shard, explicit junk) is never changed (TAKEN, answered with them), nor
+        one below the drop mark (sealed). Safe only because the caller saw k consistent
+        shards of that write: an offset that already has k holes of one write is decided
+        for every reader, and adding that write's shards cannot change it (a fill exists to
+        stop a write from *reaching* k). `data` must be a valid shard frame of this stream
+        and offset (ValueError otherwise). Durable before it answers."""
+        try:
+            shard = decode_shard(data)
+        except ShardFormatError as e:
+            raise ValueError(f"a repair must be a valid shard frame: {e}") from None
+        if (shard.stream_id, shard.offset) != (stream_id, offset):
+            raise ValueError(
+                f"repair shard names stream {shard.stream_id} offset {shard.offset}, "
+                f"not {stream_id} {offset}"
+            )
+        with self._lock:
+            self._check_open()
+            stream = self._streams.setdefault(stream_id, _Stream())
+            where = stream.positions.get(offset)
+            held = os.pread(self._fd, where[1], where[0]) if where is not None else None
+            if held is not None or offset < stream.dropped_below:
+                content = held if held is not None else JUNK_MARKER
+                result = AcceptResult.ACCEPTED if content == data else AcceptResult.TAKEN
+                answer = WriteAnswer(result, content, stream.filled_below)
+            else:
+                if self._holes >= self.max_holes:
+                    raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
+                pos = self._append(_KIND_HOLE, stream_id, offset, data)
+                self._index(stream, offset, pos, len(data))
+                self._remember(stream, offset, data)
+                answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+            target = self._end + self._shift
+        self._wait_durable(target)
+        return answer
+
     def fill_below(self, stream_id: int, mark: int) -> int:
         """Fill every empty hole of the stream below `mark` with junk (durable); returns the
         stream's fill mark (never lowered)."""
@@ -391,8 +438,26 @@ class HoleStore:
         self._wait_durable(target)
         return answer
 
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        """As read_range, but each hole's bytes cut to a shard header's length (what a
+        repairer needs to find decided writes lacking shards, at a fraction of the bytes)."""
+        with self._lock:
+            self._check_open()
+            answer = self._read_range(
+                stream_id, start, end, max_holes, max_holes * HEADER_BYTES, HEADER_BYTES
+            )
+            target = self._end + self._shift
+        self._wait_durable(target)
+        return answer
+
     def _read_range(
-        self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
+        self,
+        stream_id: int,
+        start: int,
+        end: int,
+        max_holes: int,
+        max_bytes: int,
+        head_bytes: int | None = None,
     ) -> RangeAnswer:
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -408,7 +473,11 @@ class HoleStore:
             if len(found) >= max_holes or (found and size >= max_bytes):
                 complete_below = offset
                 break
-            data = self._read(stream, offset)
+            if head_bytes is None:
+                data = self._read(stream, offset)
+            else:
+                pos, length = stream.positions[offset]
+                data = os.pread(self._fd, min(length, head_bytes), pos)
             assert data is not None
             found.append((offset, data))
             size += len(data)

@@ -103,7 +103,14 @@ class ShardStoreClient:
 
     def write(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
         """Write a hole once; the answer says whether these bytes are in it."""
-        status, headers, body = self._request("PUT", f"/v1/holes/{stream_id}/{offset}", data)
+        return self._put("holes", stream_id, offset, data)
+
+    def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        """Put a decided write's shard into a hole holding no bytes (HoleStore.repair)."""
+        return self._put("repair", stream_id, offset, data)
+
+    def _put(self, kind: str, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        status, headers, body = self._request("PUT", f"/v1/{kind}/{stream_id}/{offset}", data)
         result = headers.get(RESULT_HEADER.lower())
         if status not in (200, 409) or result not in ("accepted", "taken"):
             raise StoreUnavailableError(
@@ -123,6 +130,13 @@ class ShardStoreClient:
         self, stream_id: int, start: int, end: int, max_holes: int, max_bytes: int
     ) -> RangeAnswer:
         path = f"/v1/holes/{stream_id}?start={start}&end={end}&max_holes={max_holes}&max_bytes={max_bytes}"
+        return self._range(path)
+
+    def list_heads(self, stream_id: int, start: int, end: int, max_holes: int) -> RangeAnswer:
+        """The range's holes cut to shard headers (HoleStore.list_heads)."""
+        return self._range(f"/v1/heads/{stream_id}?start={start}&end={end}&max_holes={max_holes}")
+
+    def _range(self, path: str) -> RangeAnswer:
         status, headers, body = self._request("GET", path)
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: range read answered {status}")

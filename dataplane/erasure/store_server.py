@@ -2,9 +2,15 @@
 
 PUT  /v1/holes/<stream>/<offset>        body: the hole's bytes. 200 accepted, 409 taken; the
                                         body of either answer is what the hole now holds
+PUT  /v1/repair/<stream>/<offset>       body: a shard of a decided write (the repairer): also
+                                        taken by a hole that is junk only by the fill mark;
+                                        a hole holding bytes is never changed (see
+                                        HoleStore.repair); answers as PUT /v1/holes
 GET  /v1/holes/<stream>/<offset>        200 with the hole's bytes, 404 empty
 GET  /v1/holes/<stream>?start=&end=&max_holes=&max_bytes=
                                         the filled holes of a range, binary (see encode_range)
+GET  /v1/heads/<stream>?start=&end=&max_holes=
+                                        as above, each hole cut to a shard header's length
 POST /v1/fill/<stream>?below=<offset>   fill empty holes below the mark with junk; JSON answer
 POST /v1/drop/<stream>?below=<offset>   forget the holes below the mark (sealed into object
                                         storage); JSON answer. Range reads answer the drop
@@ -226,6 +232,14 @@ class _Handler(BaseHTTPRequestHandler):
                 FILL_MARK_HEADER: str(answer.filled_below),
             }
             self._send(status, answer.content, **headers)
+        elif route == ("PUT", "repair", 2):
+            answer = store.repair(ids[0], ids[1], self._body())
+            status = 200 if answer.result is AcceptResult.ACCEPTED else 409
+            headers = {
+                RESULT_HEADER: answer.result.value,
+                FILL_MARK_HEADER: str(answer.filled_below),
+            }
+            self._send(status, answer.content, **headers)
         elif route == ("GET", "holes", 2):
             data = store.read(ids[0], ids[1])
             if data is None:
@@ -240,6 +254,14 @@ class _Handler(BaseHTTPRequestHandler):
             if max_holes < 1 or max_bytes < 1:
                 raise _BadRequest("max_holes and max_bytes must be positive")
             answer = store.read_range(ids[0], start, end, max_holes, max_bytes)
+            self._send(200, encode_range(answer), **{DROP_MARK_HEADER: str(answer.dropped_below)})
+        elif route == ("GET", "heads", 1):
+            start = _int_param(query, "start")
+            end = _int_param(query, "end")
+            max_holes = min(_int_param(query, "max_holes", MAX_RANGE_HOLES), MAX_RANGE_HOLES)
+            if max_holes < 1:
+                raise _BadRequest("max_holes must be positive")
+            answer = store.list_heads(ids[0], start, end, max_holes)
             self._send(200, encode_range(answer), **{DROP_MARK_HEADER: str(answer.dropped_below)})
         elif route == ("POST", "fill", 1):
             self._body()

@@ -22,13 +22,24 @@ Why nothing is lost or doubled:
 - a reader whose metadata is older than a seal and reads from a store below its drop mark
   gets `SealedRangeError` (never a silent empty range) and retries from the object store.
 
+Void-only ranges: a range whose offsets are all void (split writes, no record) is sealed
+too, as an object of fillers only, so its holes do not stay in the stores.
+
+Repair (`erasure/repair.py`): each pass also lists the partition's unsealed holes from a
+cursor up to `repair_delay_ms` behind now and gives every decided write that lacks shards
+on stores that answer its missing shards (re-encoded; only into holes that hold no bytes),
+rate-limited; offsets whose missing holes are on stores that did not answer are looked at
+again once one of those stores answers. So a write won with exactly k shards gets its
+margin back within about a pass of its stores being reachable, not only when sealed.
+
 Retention (`retention.ms`, `retention.bytes`, `cleanup.policy=delete`) and DeleteRecords move
 the stream start (`trim_erasure_stream`) over sealed pieces only: unsealed records in the
 stores are the active segment. A piece's time is its end offset's clock (offsets are the
 writers' clocks in ns). Objects wholly below the start are destroyed like any trimmed object.
 
 Thread-safety: one sealer thread runs the passes; `seal` may also be called from a request
-thread (DeleteRecords); a lock serialises seals of one broker.
+thread (DeleteRecords); a lock serialises seals of one broker. Repair state is touched by
+the sealer thread only.
 """
 
 from __future__ import annotations
@@ -37,8 +48,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
+
+from prometheus_client import Counter
 
 from controlplane import topic_configs
 from controlplane.calls import ControllerCalls
@@ -56,6 +70,7 @@ from dataplane.erasure.reader import (
     ReadUnavailableError,
     SealedRangeError,
 )
+from dataplane.erasure.repair import ErasureRepairer, RepairStats
 from dataplane.erasure.seal_format import offset_of, seal_batches, sealed_records, slot_of
 from dataplane.erasure.store import HoleStore
 from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batch_header, patch_batch
@@ -70,6 +85,20 @@ log = logging.getLogger(__name__)
 MAX_SEAL_READS = 200  # reader calls per seal (each up to SEAL_READ_RECORDS offsets)
 SEAL_READ_RECORDS = 1_000
 DROP_ALL = 2**63 - 1  # the drop mark of a deleted stream: every hole goes
+REPAIR_THREADS = 12  # listing and repair calls to the stores, shared by a broker's partitions
+
+REPAIRED_SHARDS = Counter(
+    "automq_erasure_repaired_shards_total",
+    "shards of decided erasure-coded writes re-encoded into holes their stores lacked",
+)
+REPAIR_REFUSED_SHARDS = Counter(
+    "automq_erasure_repair_refused_shards_total",
+    "repair shards a store refused: the hole already held other bytes (never overwritten)",
+)
+VOID_SEALS = Counter(
+    "automq_erasure_void_seals_total",
+    "erasure-coded ranges holding void offsets only, sealed as filler objects",
+)
 
 
 class ErasurePartition(Protocol):
@@ -93,6 +122,10 @@ class SealConfig:
     interval_ms: int = 1_000
     max_object_bytes: int = 64 * 1024 * 1024
     prepared_ttl_ms: int = 10 * 60 * 1000
+    repair: bool = True
+    # offsets younger than this are not repaired yet (the writer's own shards are landing)
+    repair_delay_ms: int = 1_000
+    repair_max_bytes_per_s: int = 8 * 1024 * 1024
 
 
 def sealed_end(stream: StreamMetaState | None) -> int | None:
@@ -127,6 +160,13 @@ class ErasureSealer:
         self.clock_ms = clock_ms
         self.local_store = local_store  # this broker's shard store (deleted topics' holes)
         self.seals = 0  # objects committed by this sealer
+        self.void_seals = 0  # of which ranges of void offsets only
+        self.repair_stats = RepairStats()  # totals of this broker's repairs
+        self._repairers: dict[int, ErasureRepairer] = {}  # stream -> its repairer
+        self._repair_cursor: dict[int, int] = {}  # stream -> offset the next pass starts at
+        # stream -> (lowest offset with holes missing on unanswering stores, those stores)
+        self._repair_waiting: dict[int, tuple[int, frozenset[int]]] = {}
+        self._repair_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._dropped: dict[tuple[int, int], int] = {}  # (stream, store index) -> drop mark
         self._scanned: dict[int, int] = {}  # stream -> offset below which no record is left
@@ -140,6 +180,10 @@ class ErasureSealer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        with self._lock:
+            pool, self._repair_pool = self._repair_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.interval_ms / 1000):
@@ -154,6 +198,10 @@ class ErasureSealer:
         image = self.image_fn()
         sealed = 0
         self.drop_deleted_streams(image)
+        for stream_id in [sid for sid in self._repairers if sid not in image.streams]:
+            self._repairers.pop(stream_id, None)  # a deleted topic's: forget its state
+            self._repair_cursor.pop(stream_id, None)
+            self._repair_waiting.pop(stream_id, None)
         for topic in list(image.topics.values()):
             for state in list(topic.partitions.values()):
                 if self._stop.is_set():
@@ -170,6 +218,11 @@ class ErasureSealer:
                     log.info("seal of %s-%d waits: %s", topic.name, state.partition, exc)
                 except Exception as exc:  # noqa: BLE001 - controller or bucket: next pass
                     log.warning("seal of %s-%d: %s", topic.name, state.partition, exc)
+                if self.config.repair:  # also while sealing waits (stores down)
+                    try:
+                        self.repair(partition)
+                    except Exception as exc:  # noqa: BLE001 - next pass
+                        log.warning("repair of %s-%d: %s", topic.name, state.partition, exc)
         return sealed
 
     # ------------------------------------------------------------ sealing
@@ -194,54 +247,70 @@ class ErasureSealer:
             scan_from = max(start, self._scanned.get(partition.stream_id, 0))
             if limit <= scan_from or (up_to is None and scan_from and limit - scan_from < delay_ns):
                 return 0
-            records, end = self._decided(partition, scan_from, limit)
+            records, end, first_void = self._decided(partition, scan_from, limit)
             end_slot = slot_of(end)
             records = [(o, b) for o, b in records if o < offset_of(end_slot)]
-            if not records:
-                # nothing to seal (void offsets stay in the stores until a record follows);
-                # the next look starts here, one seal delay later: an idle partition costs
-                # no read (no fill) per pass
+            if first_void is not None and first_void >= offset_of(end_slot):
+                first_void = None
+            if not records and first_void is None:
+                # nothing to seal; the next look starts here, one seal delay later: an idle
+                # partition costs no read (no fill) per pass
                 self._scanned[partition.stream_id] = max(scan_from, offset_of(end_slot))
                 return 0
             if start_slot is None:
-                start_slot = slot_of(records[0][0])
+                # a first seal starts at its first held offset (record or void): the
+                # stream starts there
+                firsts = [records[0][0]] if records else []
+                firsts += [first_void] if first_void is not None else []
+                start_slot = slot_of(min(firsts))
             if end_slot <= start_slot:
                 return 0
+            # void offsets only: an object of fillers, so their holes leave the stores too
             batches = seal_batches(partition.stream_id, start_slot, end_slot, records)
             if not self._commit(partition, batches, start_slot, end_slot):
                 return 0
             self.seals += 1
+            if not records:
+                self.void_seals += 1
+                VOID_SEALS.inc()
             self._drop(partition, offset_of(end_slot))
             return 1
 
     def _decided(
         self, partition: ErasurePartition, start: int, limit: int
-    ) -> tuple[list[tuple[int, bytes]], int]:
-        """The decided Kafka batches (patched with their offsets) from `start`, and the
-        offset below which everything was read (at most `limit`)."""
+    ) -> tuple[list[tuple[int, bytes]], int, int | None]:
+        """The decided Kafka batches (patched with their offsets) from `start`, the offset
+        below which everything was read (at most `limit`), and the first void offset met."""
         records: list[tuple[int, bytes]] = []
         size = 0
         position = start
+        first_void: int | None = None
         for _ in range(MAX_SEAL_READS):
             result = partition.reader.read(position, max_records=SEAL_READ_RECORDS)
+            if first_void is None and result.first_void is not None and result.first_void < limit:
+                first_void = result.first_void
             for offset, payload in result.records:
                 if offset >= limit:
-                    return records, limit
+                    return records, limit, first_void
                 try:
                     parse_batch_header(payload)
                     batch = patch_batch(payload, offset, partition.leader_epoch)
                 except (InvalidRecordBatchError, ValueError):
-                    continue  # not one Kafka batch: no Kafka record there (as reads skip it)
+                    # not one Kafka batch: no Kafka record there (as reads skip it); sealed
+                    # away like a void offset
+                    if first_void is None:
+                        first_void = offset
+                    continue
                 records.append((offset, batch))
                 size += len(batch)
             if result.blocked_at is not None:
-                return records, min(result.blocked_at, limit)
+                return records, min(result.blocked_at, limit), first_void
             if result.next_offset <= position or result.next_offset >= limit:
-                return records, min(result.next_offset, limit)
+                return records, min(result.next_offset, limit), first_void
             position = result.next_offset
             if size >= self.config.max_object_bytes:
                 break
-        return records, min(position, limit)
+        return records, min(position, limit), first_void
 
     def _commit(
         self,
@@ -293,6 +362,64 @@ class ErasureSealer:
             len(obj.data),
         )
         return True
+
+    # ------------------------------------------------------------ repair
+
+    def _repairer(self, partition: ErasurePartition) -> ErasureRepairer:
+        with self._lock:
+            if self._repair_pool is None:
+                self._repair_pool = ThreadPoolExecutor(
+                    REPAIR_THREADS, thread_name_prefix="erasure-repair"
+                )
+            pool = self._repair_pool
+        repairer = self._repairers.get(partition.stream_id)
+        if repairer is None or repairer.stores != partition.reader.stores:
+            repairer = ErasureRepairer(
+                partition.reader.stores,
+                partition.stream_id,
+                partition.reader.codec,
+                pool,
+                self.config.repair_max_bytes_per_s,
+                self.repair_stats,
+            )
+            self._repairers[partition.stream_id] = repairer
+        return repairer
+
+    def repair(self, partition: ErasurePartition) -> int:
+        """One bounded repair pass over the partition's unsealed offsets (from its cursor to
+        `repair_delay_ms` ago); returns the shards written. Called on the sealer thread."""
+        repairer = self._repairer(partition)
+        stream_id = partition.stream_id
+        sealed = sealed_end(self.image_fn().streams.get(stream_id))
+        floor = offset_of(sealed) if sealed is not None else 0
+        start = max(self._repair_cursor.get(stream_id, 0), floor)
+        end = partition.reader.clock_ns() - self.config.repair_delay_ms * 1_000_000
+        result = repairer.repair_range(start, end)
+        cursor = max(start, result.next_offset)
+        waiting = self._repair_waiting.pop(stream_id, None)
+        if waiting is not None:
+            if waiting[1] & result.listed:  # a store it waited for answers: look again
+                cursor = min(cursor, max(waiting[0], floor))
+            else:
+                self._repair_waiting[stream_id] = waiting
+        if result.waiting_from is not None:
+            old = self._repair_waiting.get(stream_id)
+            self._repair_waiting[stream_id] = (
+                min(result.waiting_from, old[0]) if old else result.waiting_from,
+                result.waiting_on | (old[1] if old else frozenset()),
+            )
+        self._repair_cursor[stream_id] = cursor
+        if result.repaired_shards:
+            REPAIRED_SHARDS.inc(result.repaired_shards)
+            log.info(
+                "%s-%d: repaired %d shards of decided writes in [%d, %d)",
+                partition.topic,
+                partition.partition,
+                result.repaired_shards,
+                start,
+                result.next_offset,
+            )
+        return result.repaired_shards
 
     def _drop(self, partition: ErasurePartition, mark: int) -> None:
         """Tell every store that has not confirmed it yet to forget the holes below `mark`

@@ -7,7 +7,9 @@ consumer reads every acked record at its acked (sparse) offset; none is lost, an
 duplicates of client retries (the producer's idempotence is off: a retry on another broker
 is not deduplicated) are counted and bounded. A kafka-python consumer group then reads the
 whole topic, commits, and a new member resumes after the commit; a record written by the
-embedded writer (no broker on the write path) is read by that group too. Meanwhile the
+embedded writer (no broker on the write path) is read by that group too, and one it wrote
+with 2 stores out of its reach (acked by exactly 4) is repaired by the serving broker:
+the 2 other stores get their shards before the write is sealed. Meanwhile the
 decided records were sealed into object storage and the shard stores dropped them: after
 all 6 brokers are killed and restarted, a new consumer from the beginning reads every acked
 record at its acked offset; retention.ms then moves the log start past the sealed pieces.
@@ -29,7 +31,8 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from cli.processes import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from dataplane.erasure.embedded import EmbeddedErasureProducer  # noqa: E402
+from dataplane.erasure.embedded import BrokerShardStore, EmbeddedErasureProducer  # noqa: E402
+from dataplane.erasure.holes import HoleKind, classify  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from dataplane.metadata import MetadataFollower  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
@@ -180,6 +183,8 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
             offset = sdk.send([(b"sdk", b"from-the-embedded-writer")])
         sdk_read = group_read(bootstrap, "readers", 1)
         assert sdk_read == {(1, offset): b"from-the-embedded-writer"}
+        four = write_with_two_stores_unreached_and_await_repair(follower, secret)
+        assert group_read(bootstrap, "readers", 1) == {(1, four): b"acked-by-four"}
         sealing = time.monotonic()
         sealed = check_sealed(follower, secret, ledger, cluster_dir)
         print(f"erasure e2e: sealed and dropped checked in {time.monotonic() - sealing:.1f} s")
@@ -193,7 +198,7 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         for node in range(1, 7):  # all at once (`broker start` waits for each in turn)
             local.start_broker(config, node)
         wait_all_unfenced(cluster_dir, timeout_s=60)
-        everything = len(first) + 5 + 1
+        everything = len(first) + 5 + 2
         after = group_read(bootstrap, "after-restart", everything)
         assert len(after) == everything
         assert all(after.get(k) == v for k, v in acked_at.items() if k[1] is not None)
@@ -224,6 +229,49 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
         print(
             f"erasure e2e: seal checks, restart and retention took {time.monotonic() - sealing:.1f} s"
         )
+
+
+class _Unreachable:
+    def __getattr__(self, name: str):
+        def fail(*_: object) -> None:
+            raise ConnectionRefusedError("out of this writer's reach")
+
+        return fail
+
+
+def write_with_two_stores_unreached_and_await_repair(
+    follower: MetadataFollower, secret: str
+) -> int:
+    """A record written to partition 1 by an embedded writer that cannot reach 2 of its 6
+    stores (acked by exactly 4); the serving broker's repair pass gives those 2 stores
+    their shards (the write's age must pass the 1 s repair delay, well within the 10 s
+    seal delay after which the stores would drop it). Returns its offset."""
+    state = follower.image.topic_by_name("events").partitions[1]
+    unreached = list(state.shard_stores[-2:])
+
+    def store_for(node: int):
+        if node in unreached:
+            return _Unreachable()
+        return BrokerShardStore(node, lambda: follower.image, None, 2_000, secret)
+
+    with EmbeddedErasureProducer(
+        lambda: follower.image, "events", 1, secret=secret, store_for=store_for
+    ) as sdk:
+        offset = sdk.send([(b"sdk", b"acked-by-four")])
+    repaired: set[int] = set()
+    deadline = time.monotonic() + 8
+    while len(repaired) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+        for index, node in enumerate(state.shard_stores):
+            if node not in unreached or node in repaired:
+                continue
+            broker = follower.image.brokers[node]
+            store = ShardStoreClient(f"{broker.host}:{broker.shard_store_port}", secret=secret)
+            hole = classify(store.read(state.stream_id, offset), state.stream_id, offset, index)
+            if hole.kind is HoleKind.SHARD:
+                repaired.add(node)
+    assert repaired == set(unreached), (unreached, repaired)
+    return offset
 
 
 def sealed_ends(follower: MetadataFollower) -> dict[int, tuple[int, int]]:

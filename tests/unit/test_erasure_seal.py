@@ -516,3 +516,131 @@ def test_drop_find_and_drop_marks_over_the_stores_http_service(tmp_path):
         server.shutdown()
         server.server_close()
         store.close()
+
+
+# ---------------------------------------------------------------- repair, void-only ranges
+
+
+class _DownStore:
+    def __getattr__(self, name):
+        def fail(*_):
+            raise ConnectionRefusedError("down")
+
+        return fail
+
+
+def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cluster):
+    from dataclasses import replace
+
+    from prometheus_client import REGISTRY
+
+    from dataplane.erasure.embedded import EmbeddedErasureProducer
+    from dataplane.erasure.holes import HoleKind, classify
+
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    metric = "automq_erasure_repaired_shards_total"
+    before = REGISTRY.get_sample_value(metric) or 0.0
+    # brokers 5 and 6 are down for this writer: the write wins with exactly 4 shards
+    with EmbeddedErasureProducer(
+        image_now,
+        "events",
+        0,
+        store_for=lambda n: _DownStore() if n in (5, 6) else stores[n],
+    ) as producer:
+        offset = producer.send([(b"k", b"four shards")])
+    assert stores[5].read(stream_id, offset) is None and stores[6].read(stream_id, offset) is None
+    assert erasure.sealer.repair(partition) == 2
+    assert erasure.sealer.repair_stats.repaired_shards == 2
+    assert REGISTRY.get_sample_value(metric) == before + 2
+    shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
+    for index, node in enumerate(shard_stores):
+        hole = classify(stores[node].read(stream_id, offset), stream_id, offset, index)
+        assert hole.kind is HoleKind.SHARD
+    assert erasure.sealer.repair(partition) == 0  # the next pass starts after it
+    assert read_all(apis, "events", 1)[0][1] == b"four shards"
+
+
+def test_a_range_of_void_offsets_only_is_sealed_and_leaves_the_stores(sealed_cluster):
+    from dataplane.erasure.writer import ErasureWriter
+    from dataplane.kafka.erasure_partition import OFFSET_ALIGNMENT
+
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    # two writers split an offset's holes 3/3: void, no record
+    offset = (time.time_ns() // OFFSET_ALIGNMENT + 1) * OFFSET_ALIGNMENT
+    view = partition.reader.stores
+    with (
+        ErasureWriter(view, stream_id, writer_id=1) as a,
+        ErasureWriter(view, stream_id, writer_id=2) as b,
+    ):
+        for i, frame in enumerate(a.shards(offset, b"from-a")[:3]):
+            view[i].write(stream_id, offset, frame)
+        for i, frame in enumerate(b.shards(offset, b"from-b")[3:], start=3):
+            view[i].write(stream_id, offset, frame)
+    assert sum(s.hole_count for s in stores.values()) == 6
+    time.sleep(0.3)  # past the read and seal delays
+    assert erasure.sealer.seal(partition) == 1
+    assert erasure.sealer.void_seals == 1
+    assert all(s.hole_count == 0 for s in stores.values())  # nothing pins the stores
+    stream = image_now().streams[stream_id]
+    assert stream.start_offset == offset >> 16 and stream.end_offset > offset >> 16
+    # nothing appears there; a record written later is read after it and sealed next
+    assert fetch(apis, "events", offset).error_code == KafkaError.NONE
+    r = produce(apis, "events", batch([b"after"]))
+    assert read_from(apis, "events", offset, 1) == [(r.base_offset, b"after")]
+    time.sleep(0.3)
+    assert erasure.sealer.seal(partition) == 1 and erasure.sealer.void_seals == 1
+    assert read_from(apis, "events", offset, 1) == [(r.base_offset, b"after")]
+
+
+class _Toggle:
+    """A store that is unreachable while `down`."""
+
+    def __init__(self, inner: HoleStore):
+        self.inner = inner
+        self.down = True
+
+    def __getattr__(self, name):
+        if self.down:
+            return _DownStore().__getattr__(name)
+        return getattr(self.inner, name)
+
+
+def test_the_sealer_repairs_a_store_it_could_not_reach_once_it_answers(sealed_cluster):
+    from dataclasses import replace
+
+    from dataplane.erasure.embedded import EmbeddedErasureProducer
+
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
+    a, b = shard_stores[-2:]  # out of the writer's reach; b also of the sealer's at first
+    with EmbeddedErasureProducer(
+        image_now, "events", 0, store_for=lambda n: _DownStore() if n in (a, b) else stores[n]
+    ) as producer:
+        offset = producer.send([(b"k", b"v")])
+    toggle = _Toggle(stores[b])
+    index = shard_stores.index(b)
+    partition.reader.stores[index] = toggle
+    try:
+        assert erasure.sealer.repair(partition) == 1  # only a's hole
+        assert stores[a].read(stream_id, offset) is not None
+        assert stores[b].read(stream_id, offset) is None
+        # newer writes come in while b is away; the cursor passes the offset
+        produce(apis, "events", batch([b"later"]))
+        erasure.sealer.repair(partition)
+        toggle.down = False
+        # the first pass that reaches b goes back to the offset it waits for; the next one
+        # (at the latest) repairs it
+        erasure.sealer.repair(partition)
+        erasure.sealer.repair(partition)
+        assert stores[b].read(stream_id, offset) is not None
+        assert erasure.sealer.repair_stats.repaired_shards >= 2
+    finally:
+        partition.reader.stores[index] = stores[b]
