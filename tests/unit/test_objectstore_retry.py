@@ -23,7 +23,6 @@ from dataplane.objectstore import (
     PreconditionFailedError,
 )
 from dataplane.objectstore.retry import RetryPolicy, classify
-from dataplane.objectstore.seaweed import find_free_ports
 from dataplane.objectstore.store import default_client_factory
 
 URIS = "0@s3://automq-main?region=us-east-1"
@@ -233,8 +232,8 @@ def test_read_timeout_on_a_silent_server_is_bounded(registry):
         listener.close()
 
 
-def test_unreachable_endpoint_fails_fast(registry):
-    (port,) = find_free_ports(1)  # nothing listens there
+def test_unreachable_endpoint_fails_fast(registry, refused_port):
+    port = refused_port  # nothing listens there
     with ObjectStorage(
         f"0@s3://automq-main?endpoint=http://127.0.0.1:{port}&accessKey=a&secretKey=b",
         metrics=ObjectStoreMetrics(registry),
