@@ -474,7 +474,9 @@ def test_retention_bytes_keeps_the_newest_sealed_pieces(sealed_cluster):
 
 def test_an_idle_partition_is_looked_at_once_per_seal_delay(sealed_cluster):
     apis, controller, stores, erasure, image_now, _ = sealed_cluster
-    configs = {**ERASURE, "automq.erasure.seal.delay.ms": "1000"}
+    # a seal delay far above the passes' ~0.4 s: a machine stalled for 0.6 s made the last
+    # pass fall past a 1 s delay, where it is right to look again
+    configs = {**ERASURE, "automq.erasure.seal.delay.ms": "10000"}
     controller.call("create_topic", {"name": "idle", "partitions": 1, "configs": configs})
     partition, _ = _partition(erasure, image_now, "idle")
     time.sleep(0.1)
