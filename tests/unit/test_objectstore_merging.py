@@ -262,12 +262,18 @@ def test_merger_flushes_on_window_and_on_close_without_a_store():
         executed.append(batch)
         done.set()
 
-    merger = RangeMerger(execute, window_s=0.02, gap_bytes=10, max_bytes=1000)
+    # the window runs on a clock the test moves: on the real clock a submitting thread
+    # stalled past a 20 ms window saw its first range flushed alone
+    now = [1000.0]
+    merger = RangeMerger(execute, window_s=0.02, gap_bytes=10, max_bytes=1000, clock=lambda: now[0])
     merger.submit(0, "k", 0, 10, Priority.COMPACTION)
     merger.submit(0, "k", 15, 30, Priority.PRODUCE)
     merger.submit(0, "k", 100, 110, Priority.CATCH_UP)  # beyond the gap: its own batch
-    assert done.wait(5)
-    time.sleep(0.05)
+    assert not done.wait(0.05)  # within the window nothing is flushed
+    now[0] += 0.02  # the window ends: both batches go
+    deadline = time.monotonic() + 5
+    while len(executed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert sorted((b.start, b.end_exclusive, b.priority) for b in executed) == [
         (0, 30, Priority.PRODUCE),
         (100, 110, Priority.CATCH_UP),
