@@ -146,7 +146,9 @@ def test_retry_applies_to_every_operation(aws, registry):
 
 
 def test_async_reads_retry_too(aws, registry):
-    with make_store(registry, merge_window_ms=50) as store:
+    # the five ranges fill merge_max_bytes (500): the batch goes out as the fifth joins, not
+    # at the end of a short window a stalled submitting thread could outlast (two GETs)
+    with make_store(registry, merge_window_ms=1_000, merge_max_bytes=500) as store:
         injector = inject(store, "GetObject", Injector(failures=2, kind="timeout"))
         futures = [store.get_range_async(0, "obj", i * 100, i * 100 + 100) for i in range(5)]
         data = bytes(range(256)) * 40
