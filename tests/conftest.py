@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,19 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):
     data_dir: Path = tmp_path_factory.mktemp("seaweed")
     with EmbeddedSeaweed(data_dir) as store:
         yield store
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused for the whole test.
+
+    The port stays bound (never listening) until the test ends: a port closed right after
+    it was chosen can be taken by another process, or become the local port of the very
+    connection that tries it (a TCP self-connect, which succeeds).
+    """
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+    finally:
+        held.close()

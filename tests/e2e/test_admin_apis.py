@@ -305,8 +305,11 @@ def test_size_retention_keeps_retained_bytes_near_the_limit_under_steady_produce
     def steady() -> None:  # ~60 KB/s of 1 KB records for 10 s
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
         started = time.monotonic()
-        while not stop.is_set() and time.monotonic() - started < 10:
-            for _ in range(6):
+        while not stop.is_set() and (elapsed := time.monotonic() - started) < 10:
+            # paced by the clock, not by loop turns: on a loaded machine a turn takes more
+            # than its 0.1 s sleep and a fixed 6 records per turn fell short of 500 KB
+            due = min(600, int(elapsed * 60) + 6)
+            while sent[0] < due:
                 producer.produce(topic, value=b"r" * 1000)
                 sent[0] += 1
             producer.poll(0)
@@ -318,7 +321,9 @@ def test_size_retention_keeps_retained_bytes_near_the_limit_under_steady_produce
     samples: list[int] = []
     try:
         time.sleep(4)  # a few uploads and checks in
-        while thread.is_alive():
+        sample_until = time.monotonic() + 60
+        # at least 5 samples even where a slow describe_log_dirs outlasts the produce
+        while (thread.is_alive() or len(samples) < 5) and time.monotonic() < sample_until:
             sizes = [
                 p["partition_size"]
                 for broker in admin.describe_log_dirs(topic_partitions=[topic])

@@ -150,11 +150,8 @@ def test_port_in_use_is_a_clear_error(cluster_dir):
     assert "Traceback" not in res.stderr
 
 
-def test_unreachable_external_s3_is_a_clear_error(cluster_dir):
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there
+def test_unreachable_external_s3_is_a_clear_error(cluster_dir, refused_port):
+    port = refused_port  # nothing listens there
     res = automqctl(
         "cluster",
         "up",

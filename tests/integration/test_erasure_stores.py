@@ -268,8 +268,13 @@ def test_corrupt_shards_are_never_used(shard_stores: list[StoreProcess], stream:
     ):
         payload = os.urandom(4000)
         offset = writer.append(payload)
-        time.sleep(0.5)  # let the background shards land
         frames = writer.shards(offset, payload)
+        # append returns once k holes are accepted; the other shards land in the background
+        # (a fixed 0.5 s sleep was not always enough under load): wait for every store's
+        deadline = time.monotonic() + 10
+        while any(c.read(stream, offset) != f for c, f in zip(clients, frames, strict=True)):
+            assert time.monotonic() < deadline, "a shard store never got its shard"
+            time.sleep(0.02)
         for i in (0, 5):  # rot a byte of two stored shards on disk
             log_path = shard_stores[i].data_dir / "holes.log"
             content = log_path.read_bytes()

@@ -23,7 +23,6 @@ from dataplane.objectstore import (
     object_key,
     parse_bucket_uris,
 )
-from dataplane.objectstore.seaweed import find_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -170,8 +169,8 @@ def test_wrong_credentials_give_a_clear_error(seaweed, prefix):
             assert wrong_secret not in str(info.value)
 
 
-def test_unreachable_endpoint_is_bounded(seaweed, prefix):
-    (port,) = find_free_ports(1)  # a closed port on 127.0.0.1
+def test_unreachable_endpoint_is_bounded(seaweed, prefix, refused_port):
+    port = refused_port  # connections refused on 127.0.0.1
     uris = uris_for(seaweed, endpoint=f"http://127.0.0.1:{port}")
     with ObjectStorage(
         uris,

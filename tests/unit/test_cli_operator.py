@@ -220,16 +220,8 @@ def test_2_markup_in_an_error_is_printed_literally(tmp_path):
 # ---------------------------------------------------------------- 3: deadlines
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def test_3_perf_against_a_dead_address_fails_fast_with_a_reason():
-    port = _closed_port()
+def test_3_perf_against_a_dead_address_fails_fast_with_a_reason(refused_port):
+    port = refused_port
     start = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "cli.main", "perf", "-b", f"127.0.0.1:{port}", "--duration", "1"],
@@ -245,8 +237,8 @@ def test_3_perf_against_a_dead_address_fails_fast_with_a_reason():
     assert res.stdout == ""
 
 
-def test_3_topic_list_against_a_dead_address_fails_fast():
-    port = _closed_port()
+def test_3_topic_list_against_a_dead_address_fails_fast(refused_port):
+    port = refused_port
     start = time.monotonic()
     res = run("topic", "list", "-b", f"127.0.0.1:{port}")
     assert time.monotonic() - start < 10

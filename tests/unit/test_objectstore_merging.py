@@ -91,7 +91,9 @@ def test_concurrent_nearby_ranges_are_served_by_one_get(objects, registry):
     data = objects["obj0"]
     ranges = [(i * 64 * KiB, (i + 1) * 64 * KiB) for i in range(8)]
     random.Random(1).shuffle(ranges)
-    with make_store(registry) as store:
+    # the longest window allowed: eight threads released together may be spread over more
+    # than 200 ms on a loaded machine (a range past the window gets a GET of its own)
+    with make_store(registry, merge_window_ms=1_000) as store:
         gets = count_gets(store)
         futures = concurrent_reads(store, "obj0", ranges)
         results = [f.result(timeout=10) for f in futures]
@@ -112,7 +114,9 @@ def test_overlapping_gapped_and_duplicate_ranges(objects, registry):
         (100 * KiB, 101 * KiB),  # gap < 512 KiB
         (300 * KiB, 300 * KiB + 1),
     ]
-    with make_store(registry) as store:
+    # submitted in order, only the last range brings the span to merge_max_bytes: the one
+    # GET goes out as it joins, not at the end of a window a stalled thread could outlast
+    with make_store(registry, merge_window_ms=1_000, merge_max_bytes=300 * KiB + 1) as store:
         gets = count_gets(store)
         futures = [store.get_range_async(0, "obj0", s, e) for s, e in ranges]
         assert [f.result(timeout=10) for f in futures] == [data[s:e] for s, e in ranges]
@@ -262,12 +266,18 @@ def test_merger_flushes_on_window_and_on_close_without_a_store():
         executed.append(batch)
         done.set()
 
-    merger = RangeMerger(execute, window_s=0.02, gap_bytes=10, max_bytes=1000)
+    # the window runs on a clock the test moves: on the real clock a submitting thread
+    # stalled past a 20 ms window saw its first range flushed alone
+    now = [1000.0]
+    merger = RangeMerger(execute, window_s=0.02, gap_bytes=10, max_bytes=1000, clock=lambda: now[0])
     merger.submit(0, "k", 0, 10, Priority.COMPACTION)
     merger.submit(0, "k", 15, 30, Priority.PRODUCE)
     merger.submit(0, "k", 100, 110, Priority.CATCH_UP)  # beyond the gap: its own batch
-    assert done.wait(5)
-    time.sleep(0.05)
+    assert not done.wait(0.05)  # within the window nothing is flushed
+    now[0] += 0.02  # the window ends: both batches go
+    deadline = time.monotonic() + 5
+    while len(executed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert sorted((b.start, b.end_exclusive, b.priority) for b in executed) == [
         (0, 30, Priority.PRODUCE),
         (100, 110, Priority.CATCH_UP),

@@ -344,12 +344,13 @@ class _Log:
         self.listeners.remove(cb)
 
 
-def test_snapshot_server_long_polls_and_answers_durable_links_only():
+def test_snapshot_server_long_polls_and_answers_durable_links_only(monkeypatch):
     import asyncio
     import threading
     import time
 
     from dataplane.kafka.errors import KafkaError
+    from dataplane.zonerouter import snapshot_read
     from dataplane.zonerouter.snapshot_read import MAX_WAIT_MS, SnapshotServer
 
     topic_id = uuid.uuid4()
@@ -399,17 +400,21 @@ def test_snapshot_server_long_polls_and_answers_durable_links_only():
 
     # ... until an append becomes durable (its listener fires from another thread)
     def append_later() -> None:
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 10
         while not log.listeners and time.monotonic() < deadline:
             time.sleep(0.005)  # the server is waiting now
         log.high_watermark = 15
         for cb in list(log.listeners):
             cb()
 
+    # a long poll bound here, so that "woken, not timed out" does not hinge on the thread
+    # and a fresh event loop starting within 0.5 s on a loaded machine
+    long_wait_ms = 30_000
+    monkeypatch.setattr(snapshot_read, "MAX_WAIT_MS", long_wait_ms)
     thread = threading.Thread(target=append_later)
     start = time.monotonic()
     thread.start()
-    snap = ask(10, MAX_WAIT_MS).partitions[0]
+    snap = ask(10, long_wait_ms).partitions[0]
     thread.join()
-    assert time.monotonic() - start < MAX_WAIT_MS / 1000  # woken, not timed out
+    assert time.monotonic() - start < long_wait_ms / 1000 / 2  # woken, not timed out
     assert snap.high_watermark == 15 and [lk.base_offset for lk in snap.links] == [10]

@@ -258,21 +258,35 @@ def test_fsync_failure_fails_batch_and_stops_wal(
 
 def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = threading.Event()
+    fsync_entered = threading.Event()
     real_fsync = file_wal_module.fsync_data
 
     def blocked_fsync(fd: int) -> None:
+        fsync_entered.set()
         assert gate.wait(10)
         real_fsync(fd)
+
+    def wait_until(predicate) -> None:  # bounded: the writer thread answers in ms
+        deadline = time.monotonic() + 10
+        while not predicate():
+            assert time.monotonic() < deadline, "writer thread did not get there"
+            time.sleep(0.005)
 
     wal = open_wal(wal_path, max_queue_bytes=64 * 1024, queue_wait_timeout_s=0.3)
     monkeypatch.setattr(file_wal_module, "fsync_data", blocked_fsync)
     try:
+        # Each step waits for the writer thread's state instead of sleeping: a writer slower
+        # than a fixed sleep merged batches (or split the second), so the queue was not at
+        # its bound when the last append came (it passed, or an earlier one timed out).
         first = wal.append(bytes(10_000))  # batch 1: written, its fsync is stuck
-        time.sleep(0.1)
-        second = [wal.append(bytes(10_000)) for _ in range(6)]  # batch 2: written, waits for fsync
-        time.sleep(0.1)
-        queued = [wal.append(bytes(10_000)) for _ in range(6)]  # 6 * 10 KiB fits 64 KiB
-        time.sleep(0.1)
+        assert fsync_entered.wait(10)
+        second = [wal.append(bytes(10_000)) for _ in range(6)]
+        wait_until(lambda: wal._in_flight == 2)  # batch 2 written; the writer takes no more
+        queued = []
+        record_bytes = RECORD_HEADER_SIZE_BYTES + 10_000
+        while wal._queued_bytes + record_bytes <= 64 * 1024:  # fill the queue to its bound
+            queued.append(wal.append(bytes(10_000)))
+        assert queued
         assert not any(f.done() for f in [first, *second, *queued])
         started = time.monotonic()
         with pytest.raises(WALQueueTimeoutError):
