@@ -466,7 +466,16 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
+        admin = AdminApis(
+            cfg.node_id,
+            image_fn,
+            self.client,
+            self.partitions,
+            apis.io,
+            routed=lambda topic_id, partition, ctx: routing.get(
+                topic_id, partition, apis._client_az(ctx)
+            ),
+        )
         handlers = (
             apis.registrations()
             + groups.registrations()

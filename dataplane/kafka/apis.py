@@ -69,6 +69,7 @@ from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    BackendError,
     ClientRouting,
     DirectRouting,
     PartitionBackend,
@@ -592,12 +593,18 @@ class KafkaApis:
                             if getattr(req, "isolation_level", 0) == 1
                             else plog.high_watermark
                         )
-                    elif p.timestamp == -3:  # MAX_TIMESTAMP (KIP-734)
-                        found = await self._io(plog.max_timestamp_offset)
-                        offset, ts = found.offset, found.timestamp_ms
                     else:
-                        found = await self._io(plog.offset_for_timestamp, p.timestamp)
-                        offset, ts = found.offset, found.timestamp_ms
+                        lookup = (
+                            (plog.max_timestamp_offset,)  # MAX_TIMESTAMP (KIP-734)
+                            if p.timestamp == -3
+                            else (plog.offset_for_timestamp, p.timestamp)
+                        )
+                        try:
+                            found = await self._io(*lookup)
+                            offset, ts = found.offset, found.timestamp_ms
+                        except BackendError as exc:
+                            log.info("ListOffsets %s-%d: %s", t.name, p.partition_index, exc)
+                            error = exc.error
                 parts.append(
                     R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                         partition_index=p.partition_index,

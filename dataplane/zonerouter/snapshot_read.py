@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
 from dataplane.kafka.errors import KafkaError
@@ -40,13 +40,20 @@ from dataplane.zonerouter.protocol import (
     GetPartitionSnapshotResponse,
 )
 from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition, _MainConnection
-from dataplane.zonerouter.snapshot import CachedBatch, LinkIndex, SnapshotCache
+from dataplane.zonerouter.snapshot import (
+    CachedBatch,
+    LinkIndex,
+    SnapshotCache,
+    TxnView,
+    page_aborted,
+)
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS_PER_POLL = 256
 MAX_LINKS_PER_PARTITION = 512
+MAX_ABORTED_PER_PARTITION = 1024  # aborted transactions per partition per answer
 MAX_WAIT_MS = 500  # the longest a main holds a poll
 POLL_WAIT_MS = 200  # what a proxy asks for
 # polls of one main start at most this often: a main with appends every few ms answers at
@@ -88,10 +95,11 @@ class SnapshotServer:
                 self._polled.popitem(last=False)
 
     def registrations(self) -> list:
-        return [(GetPartitionSnapshotRequest, 0, 0, self.get_partition_snapshot)]
+        return [(GetPartitionSnapshotRequest, 0, SNAPSHOT_VERSION, self.get_partition_snapshot)]
 
     async def get_partition_snapshot(self, req, ctx):
-        R = GetPartitionSnapshotResponse[SNAPSHOT_VERSION]
+        version = getattr(ctx, "api_version", 0)
+        R = GetPartitionSnapshotResponse[version]
         asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
         plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
         self._note_polled(
@@ -100,7 +108,9 @@ class SnapshotServer:
 
         def ready() -> bool:
             return any(
-                plog is None or plog.high_watermark > p.fetch_offset
+                plog is None
+                or plog.high_watermark > p.fetch_offset
+                or (version >= 1 and _aborted_past(plog, p.aborted_from))
                 for p, plog in zip(asked, plogs, strict=True)
             )
 
@@ -138,6 +148,19 @@ class SnapshotServer:
                 snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
                 out.append(snap)
                 continue
+            if version >= 1:
+                # the last stable offset first: every transaction starting below it is
+                # decided, so its abort (if any) is in the list read next
+                lso = plog.last_stable_offset
+                txns = getattr(plog, "txns", None)
+                new = txns.aborted_since(p.aborted_from) if txns is not None else []
+                sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
+                snap.aborted_transactions = [
+                    R.PartitionSnapshot.AbortedTransaction(
+                        producer_id=pid, first_offset=first, marker_offset=marker
+                    )
+                    for pid, first, marker in sent
+                ]
             hw = plog.high_watermark
             snap.leader_epoch = plog.leader_epoch
             snap.high_watermark = hw
@@ -160,6 +183,15 @@ class SnapshotServer:
         return R(error_code=KafkaError.NONE, partitions=out)
 
 
+def _aborted_past(plog, marker_offset: int) -> bool:
+    """The partition has an aborted transaction whose marker is at or past the offset."""
+    txns = getattr(plog, "txns", None)
+    if txns is None:
+        return False
+    with txns.lock:
+        return bool(txns.aborted) and txns.aborted[-1][2] >= marker_offset
+
+
 @dataclass
 class _Polled:
     """A proxied partition the snapshot reads follow (under the reader's lock)."""
@@ -170,6 +202,9 @@ class _Polled:
     main_hw: int = -1  # the main's high watermark in its last answer (-1: none yet)
     leader_epoch: int = -1
     next_at: int = -1  # every link below it was answered (read or skipped as a gap)
+    # the main's last stable offset and aborted transactions (read_committed fetches);
+    # kept across leader epochs: offsets and decided transactions survive a failover
+    txns: TxnView = field(default_factory=TxnView)
 
 
 class SnapshotReader:
@@ -241,6 +276,21 @@ class SnapshotReader:
             end = min(end, polled.main_hw)
         return max(committed, end)
 
+    def last_stable_offset(
+        self, proxy: ProxyPartition, main_node_id: int, high_watermark: int, floor: int
+    ) -> int:
+        """What a read_committed fetch of `proxy` may read up to: the main's last stable
+        offset in its latest snapshot (every aborted transaction below it known here), at
+        most `high_watermark`; `floor` until the first snapshot answered."""
+        return self._touch(proxy, main_node_id).txns.last_stable_offset(high_watermark, floor)
+
+    def aborted_transactions(
+        self, proxy: ProxyPartition, main_node_id: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the main's aborted transactions overlapping
+        [start, end), as far as its snapshots told (complete below the last stable offset)."""
+        return self._touch(proxy, main_node_id).txns.aborted_between(start, end)
+
     def read(self, proxy: ProxyPartition, offset: int, end: int, max_bytes: int) -> bytes:
         return self.cache.read((proxy.topic_id, proxy.partition), offset, end, max_bytes)
 
@@ -266,9 +316,12 @@ class SnapshotReader:
                     max_wait_ms=self.poll_wait_ms,
                     partitions=[
                         Q.PartitionRequest(
-                            topic_id=uuid.UUID(key[0]), partition=key[1], fetch_offset=at
+                            topic_id=uuid.UUID(key[0]),
+                            partition=key[1],
+                            fetch_offset=at,
+                            aborted_from=aborted_from,
                         )
-                        for key, at in asked
+                        for key, at, aborted_from in asked
                     ],
                 )
                 started = time.monotonic()
@@ -294,10 +347,13 @@ class SnapshotReader:
                 if self._pollers.get(main_node_id) is threading.current_thread():
                     del self._pollers[main_node_id]
 
-    def _asked(self, main_node_id: int, image: MetadataImage) -> list[tuple[tuple[str, int], int]]:
+    def _asked(
+        self, main_node_id: int, image: MetadataImage
+    ) -> list[tuple[tuple[str, int], int, int]]:
         """The partitions of the main to poll and the offset each is known up to (the
         committed end, the cache's end, the main's last high watermark: everything up to
-        it was answered before); forgets partitions idle for ACTIVE_S or led elsewhere."""
+        it was answered before) and the marker offset from which it asks for aborted
+        transactions; forgets partitions idle for ACTIVE_S or led elsewhere."""
         now = time.monotonic()
         asked = []
         with self._lock:
@@ -318,7 +374,7 @@ class SnapshotReader:
                 stream = image.streams.get(state.stream_id)
                 committed = stream.end_offset if stream is not None else 0
                 at = max(committed, self.cache.max_end(key), polled.next_at)
-                asked.append((key, at))
+                asked.append((key, at, polled.txns.aborted_from))
         return asked
 
     def apply(self, resp, image: MetadataImage) -> None:
@@ -341,6 +397,14 @@ class SnapshotReader:
                 continue
             committed = stream.end_offset
             before = self.cache.contiguous_end(key, committed)
+            lso_before = polled.txns.last_stable_offset(snap.high_watermark, -1)
+            polled.txns.apply(
+                snap.last_stable_offset,
+                [
+                    (a.producer_id, a.first_offset, a.marker_offset)
+                    for a in snap.aborted_transactions
+                ],
+            )
             if polled.leader_epoch != snap.leader_epoch:
                 self.cache.reset(key)
                 polled.leader_epoch = snap.leader_epoch
@@ -363,7 +427,9 @@ class SnapshotReader:
                 polled.next_at = max(polled.next_at, last.base_offset + last.record_count)
             else:
                 polled.next_at = max(polled.next_at, snap.high_watermark)
-            if self.cache.contiguous_end(key, committed) > before:
+            if self.cache.contiguous_end(key, committed) > before or (
+                polled.txns.last_stable_offset(snap.high_watermark, -1) > lso_before
+            ):
                 polled.proxy.wake()
 
     def _read_batch(self, stream_id: int, leader_epoch: int, loc) -> bytes | None:
