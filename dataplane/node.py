@@ -483,6 +483,16 @@ class BrokerNode:
             + txns.registrations()
             + zone_handler.registrations()
         )
+        from dataplane.zonerouter.coordinator_proxy import TxnCoordinatorProxy
+
+        # clients of an AZ reach their transaction coordinator through its proxy in the AZ
+        coordinator_proxy = TxnCoordinatorProxy(
+            cfg.node_id, image_fn, apis._client_az, apis._io, self._inter_broker_login()
+        )
+        handlers = [
+            (cls, lo, hi, coordinator_proxy.wrap(h) if coordinator_proxy.forwards(cls) else h)
+            for cls, lo, hi, h in handlers
+        ]
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
         listeners = self._secure_listeners(registry, image_fn)
