@@ -483,10 +483,11 @@ class BrokerNode:
             + txns.registrations()
             + zone_handler.registrations()
         )
-        from dataplane.zonerouter.coordinator_proxy import TxnCoordinatorProxy
+        from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
-        # clients of an AZ reach their transaction coordinator through its proxy in the AZ
-        coordinator_proxy = TxnCoordinatorProxy(
+        # clients of an AZ reach their group / transaction coordinator through its proxy
+        # in their AZ
+        coordinator_proxy = CoordinatorProxy(
             cfg.node_id, image_fn, apis._client_az, apis._io, self._inter_broker_login()
         )
         handlers = [

@@ -963,10 +963,10 @@ class KafkaApis:
                 node = coordinator_for(key, image)
             else:  # 1: a transactional id
                 node = txn_coordinator(image, key)
-                if node is not None:
-                    # a client of an AZ: the broker its routing names (the zone router's
-                    # proxy forwards the transaction requests to the coordinator)
-                    node = self.routing.leader_for(image, node, self._client_az(ctx))
+            if node is not None:
+                # a client of an AZ: the broker its routing names (the zone router's proxy
+                # forwards the coordinator requests to the coordinator)
+                node = self.routing.leader_for(image, node, self._client_az(ctx))
             broker = image.brokers.get(node) if node is not None else None
             # the coordinator's endpoint on the listener the client connected on
             endpoint = broker.endpoint(ctx.extras.get("listener")) if broker else None
