@@ -281,6 +281,15 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
         fetched_from = set().union(*(_brokers_used(s, "toppars") for s in stats))
         assert fetched_from and fetched_from <= set(cluster["by_az"][az]), (az, fetched_from)
 
+    # consumer groups of kafka-python (az1) and aiokafka (az3), each in a group whose
+    # coordinator is in another AZ: reached through the coordinator's proxy in their AZ
+    for az, consume in (("az1", _kafka_python_group), ("az3", _aiokafka_group)):
+        group = _group_coordinated_outside(cluster, az)
+        at, seen, nodes = consume(cluster, az, group, len(acked))
+        assert at == acked, f"{consume.__name__}: {len(set(acked) - set(at))} not consumed"
+        assert max(seen.values()) == 1, f"{consume.__name__}: duplicates"
+        assert nodes and nodes <= set(cluster["by_az"][az]), (consume.__name__, az, nodes)
+
     # the brokers' own counters (reported with heartbeats): no client byte crossed an AZ;
     # proxies wrote to their RouterChannels and read committed data from object storage
     deadline = time.monotonic() + 10
@@ -307,6 +316,97 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
     # Link Records (writing it again would be >= 1.67 with 2/3 of the data routed)
     assert cost["produced_bytes"] < cost["wal_data_bytes"] < 1.5 * cost["produced_bytes"]
     print("zone router cost:", json.dumps(cost))
+
+
+def _group_coordinated_outside(cluster, az: str) -> str:
+    """A new group id whose coordinator (as a client without an AZ is told) is not in `az`."""
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    for _ in range(64):
+        group = f"zone-{az}-{uuid.uuid4().hex[:6]}"
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        if described.coordinator.id not in cluster["by_az"][az]:
+            return group
+    raise AssertionError(f"every group tried is coordinated in {az}")
+
+
+def _node_ids(keys) -> set[int]:
+    """Broker ids of a client's connections (kafka-python: id or 'coordinator-<id>';
+    aiokafka: (id, group)); bootstrap connections (to the AZ's brokers) left out."""
+    out = set()
+    for key in keys:
+        key = key[0] if isinstance(key, tuple) else key
+        if isinstance(key, int):
+            out.add(key)
+        elif isinstance(key, str) and key.startswith("coordinator-"):
+            out.add(int(key.removeprefix("coordinator-")))
+    return out
+
+
+def _kafka_python_group(cluster, az: str, group: str, count: int):
+    """A kafka-python consumer group member of `az` reads `count` records of TOPIC and
+    commits: (value -> (partition, offset), value counts, brokers it connected to)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        TOPIC,
+        bootstrap_servers=_bootstrap(cluster, az),
+        client_id=f"automq_az={az}",
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    at: dict[bytes, tuple[int, int]] = {}
+    seen: Counter = Counter()
+    nodes: set[int] = set()
+    try:
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and len(at) < count:
+            for records in consumer.poll(timeout_ms=200).values():
+                for r in records:
+                    seen[r.value] += 1
+                    at[r.value] = (r.partition, r.offset)
+            nodes |= _node_ids(consumer._manager._conns)
+        consumer.commit()  # OffsetCommit through the coordinator's proxy
+        nodes |= _node_ids(consumer._manager._conns)
+    finally:
+        consumer.close()
+    return at, seen, nodes
+
+
+def _aiokafka_group(cluster, az: str, group: str, count: int):
+    """`_kafka_python_group` with aiokafka."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def run():
+        consumer = AIOKafkaConsumer(
+            TOPIC,
+            bootstrap_servers=_bootstrap(cluster, az),
+            client_id=f"automq_az={az}",
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        at: dict[bytes, tuple[int, int]] = {}
+        seen: Counter = Counter()
+        nodes: set[int] = set()
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline and len(at) < count:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        seen[r.value] += 1
+                        at[r.value] = (r.partition, r.offset)
+                nodes |= _node_ids(consumer._client._conns)
+            await consumer.commit()
+            nodes |= _node_ids(consumer._client._conns)
+        finally:
+            await consumer.stop()
+        return at, seen, nodes
+
+    return asyncio.run(run())
 
 
 def _zone_route(address: str, **fields):
