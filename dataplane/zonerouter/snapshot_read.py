@@ -148,10 +148,14 @@ class SnapshotServer:
                 snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
                 out.append(snap)
                 continue
+            # the high watermark first, then the last stable offset (at most it: an append
+            # in between must not leave the proxy with an LSO below the high watermark it
+            # asks from, which the main would not answer again until the next append),
+            # then the aborted list: every transaction starting below the LSO is decided,
+            # so its abort (if any) is in the list
+            hw = plog.high_watermark
             if version >= 1:
-                # the last stable offset first: every transaction starting below it is
-                # decided, so its abort (if any) is in the list read next
-                lso = plog.last_stable_offset
+                lso = min(plog.last_stable_offset, hw)
                 txns = getattr(plog, "txns", None)
                 new = txns.aborted_since(p.aborted_from) if txns is not None else []
                 sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
@@ -161,7 +165,6 @@ class SnapshotServer:
                     )
                     for pid, first, marker in sent
                 ]
-            hw = plog.high_watermark
             snap.leader_epoch = plog.leader_epoch
             snap.high_watermark = hw
             snap.log_start_offset = plog.log_start_offset

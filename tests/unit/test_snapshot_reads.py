@@ -528,6 +528,27 @@ def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(
     # all known: a long poll, and nothing repeated
     snap, waited = ask(40, 31)
     assert waited >= 0.4 and snap.aborted_transactions == [] and snap.last_stable_offset == 35
+    # the open transaction ends and appends land while the answer is built: the LSO is
+    # never past the answer's high watermark (nor below it with no transaction open: the
+    # proxy asks from that high watermark, and would wait for the next append)
+    log.txns.marker(4, True, 40)
+
+    class _Racing(_Log):
+        @property
+        def last_stable_offset(self):
+            lso = self.high_watermark
+            self.high_watermark += 4  # an append right after
+            return lso
+
+    racing = _Racing(7, hw=41)
+    racing.txns = log.txns
+    original, server.partitions = (
+        server.partitions,
+        type("P", (), {"get": lambda s, t, p: racing})(),
+    )
+    snap, _ = ask(40, 41)
+    assert snap.high_watermark == 41 and snap.last_stable_offset == 41
+    server.partitions = original
     # a version-0 proxy gets neither
     snap0 = asyncio.run(
         server.get_partition_snapshot(
