@@ -401,6 +401,7 @@ class BrokerNode:
             routing=routing,
         )
         zone_handler.io = apis._io
+        zone_handler.snapshot_server.io = apis._io  # transaction markers sent inline
         coordinator = GroupCoordinator()
         offset_store = KVOffsetStore(
             self.client, image_fn, cfg.node_id, lambda: self.node_epoch or 0

@@ -313,3 +313,20 @@ class TxnView:
             return [
                 (pid, first) for pid, first, last in self._aborted if first < end and last >= start
             ]
+
+
+def holes(
+    start: int, end: int, linked: list[tuple[int, int]], max_size: int, max_holes: int
+) -> list[tuple[int, int]]:
+    """The offset ranges in [start, end) that no linked batch ([base, end) each, in offset
+    order) covers, of at most `max_size` offsets, the first `max_holes` — pure. (A main's
+    transaction markers lie in such holes: it holds them without a link.)"""
+    out: list[tuple[int, int]] = []
+    cursor = start
+    for base, stop in [*linked, (end, end)]:
+        if base > cursor and base - cursor <= max_size and len(out) < max_holes:
+            out.append((cursor, min(base, end)))
+        cursor = max(cursor, stop)
+        if cursor >= end:
+            break
+    return out

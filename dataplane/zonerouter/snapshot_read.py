@@ -28,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
 from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.kafka.record_batch import parse_batch_header, parse_batches
 from dataplane.kafka.txn.marker_client import InterBrokerLogin
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.zonerouter.link_record import LinkRecord, resolve
@@ -45,6 +46,7 @@ from dataplane.zonerouter.snapshot import (
     LinkIndex,
     SnapshotCache,
     TxnView,
+    holes,
     page_aborted,
 )
 from dataplane.zonerouter.traffic import ZoneTraffic
@@ -54,6 +56,12 @@ log = logging.getLogger(__name__)
 MAX_PARTITIONS_PER_POLL = 256
 MAX_LINKS_PER_PARTITION = 512
 MAX_ABORTED_PER_PARTITION = 1024  # aborted transactions per partition per answer
+# transaction markers sent inline: holes between links of at most this many offsets, this
+# many per partition per answer (a hole holding client data is read from the main's log
+# cache and left out: its data does not cross AZs)
+MAX_CONTROL_HOLE_OFFSETS = 8
+MAX_CONTROL_HOLES = 16
+CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
 POLL_WAIT_MS = 200  # what a proxy asks for
 # polls of one main start at most this often: a main with appends every few ms answers at
@@ -73,9 +81,12 @@ class SnapshotServer:
     It remembers which partitions proxies polled lately (`polled_recently`): only their
     produce needs to go through the main's own RouterChannel. Thread-safe."""
 
-    def __init__(self, partitions: PartitionResolver, index: LinkIndex):
+    def __init__(self, partitions: PartitionResolver, index: LinkIndex, io: Callable | None = None):
         self.partitions = partitions
         self.index = index
+        # run a blocking call off the event loop (`await io(fn, *args)`); None: markers
+        # are not sent inline (the proxies read them once uploaded)
+        self.io = io
         self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._polled_lock = threading.Lock()
 
@@ -168,9 +179,19 @@ class SnapshotServer:
             snap.leader_epoch = plog.leader_epoch
             snap.high_watermark = hw
             snap.log_start_offset = plog.log_start_offset
-            for loc in self.index.since(
+            locations = self.index.since(
                 stream.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
-            ):
+            )
+            if version >= 1 and self.io is not None:
+                linked = [(loc.base_offset, loc.end_offset) for loc in locations]
+                # past the last link only when every link up to the high watermark is here
+                end = hw if len(locations) < MAX_LINKS_PER_PARTITION else linked[-1][1]
+                snap.control_batches = await self._control_batches(
+                    R,
+                    plog,
+                    holes(p.fetch_offset, end, linked, MAX_CONTROL_HOLE_OFFSETS, MAX_CONTROL_HOLES),
+                )
+            for loc in locations:
                 snap.links.append(
                     R.PartitionSnapshot.LinkLocation(
                         base_offset=loc.base_offset,
@@ -184,6 +205,27 @@ class SnapshotServer:
                 )
             out.append(snap)
         return R(error_code=KafkaError.NONE, partitions=out)
+
+    async def _control_batches(self, R, plog, gaps: list[tuple[int, int]]) -> list:
+        """The control batches (transaction markers) at the start of each hole, byte for
+        byte (read from the main's log cache, off the event loop)."""
+        out = []
+        for start, end in gaps:
+            try:
+                data = await self.io(plog.read, start, CONTROL_READ_BYTES, end)
+                batches = parse_batches(data, verify_crc=False, client_origin=False)
+            except Exception as exc:  # noqa: BLE001 - left out: read once uploaded
+                log.debug("control batches at %d: %s", start, exc)
+                continue
+            expected = start
+            for batch in batches:
+                if not batch.is_control or batch.base_offset != expected:
+                    break  # client data (not sent across AZs) or not where expected
+                out.append(
+                    R.PartitionSnapshot.ControlBatch(base_offset=batch.base_offset, data=batch.data)
+                )
+                expected = batch.base_offset + batch.last_offset_delta + 1
+        return out
 
 
 def _aborted_past(plog, marker_offset: int) -> bool:
@@ -414,6 +456,17 @@ class SnapshotReader:
                 polled.main_hw = polled.next_at = -1
             self.cache.prune_below(key, committed)
             have = max(committed, self.cache.max_end(key))
+            for control in getattr(snap, "control_batches", None) or []:
+                # a marker the main holds without a link: its bytes came in the answer
+                try:
+                    header = parse_batch_header(control.data)
+                except InvalidRecordBatchError:
+                    continue
+                end = control.base_offset + header.last_offset_delta + 1
+                if end > committed:
+                    self.cache.put(
+                        key, snap.leader_epoch, CachedBatch(control.base_offset, end, control.data)
+                    )
             for loc in snap.links:
                 if loc.base_offset + loc.record_count <= have:
                     continue

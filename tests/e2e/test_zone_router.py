@@ -164,6 +164,36 @@ def test_a_proxy_consumer_sees_records_long_before_the_mains_upload(tmp_path):
                     producer.poll(0.01)
                 assert producer.flush(30) == 0
                 del producer  # librdkafka's threads stop now, not after the cluster
+            # two transactions from az1: the second's records lie past the first's markers,
+            # which the mains hold without a link; the snapshots carry the markers inline,
+            # so az2's read_committed consumer gets them long before the upload too
+            txn = Producer(
+                {
+                    "bootstrap.servers": boot["az1"],
+                    **_client("az1"),
+                    "transactional.id": f"zone-snap-{uuid.uuid4().hex[:6]}",
+                    "linger.ms": 5,
+                }
+            )
+            txn.init_transactions(30)
+            for n in range(2):
+                txn_acked: dict[bytes, tuple[int, int]] = {}
+                txn.begin_transaction()
+                for i in range(30):
+                    txn.produce(
+                        topic,
+                        value=f"txn{n}-{i}".encode(),
+                        partition=i % partitions,
+                        on_delivery=lambda err, msg, out=txn_acked: (
+                            errors.append(str(err))
+                            if err is not None
+                            else out.__setitem__(msg.value(), (msg.partition(), msg.offset()))
+                        ),
+                    )
+                txn.commit_transaction(30)
+                committed_at = time.monotonic()  # readable (read_committed) from now on
+                acked.update({v: (p, o, committed_at) for v, (p, o) in txn_acked.items()})
+            del txn
             assert not errors, errors[:5]
             produced_in = _route_epochs({"dir": tmp_path / "cluster"})["current_epoch"]
             deadline = time.monotonic() + 15  # the mains upload after 60 s

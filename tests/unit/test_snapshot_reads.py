@@ -308,6 +308,17 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
         assert reader.last_stable_offset(proxy, main, 1, 0) == 1
         assert reader.aborted_transactions(proxy, main, 0, 2) == [(9, 0)]
         assert reader._asked(main, image)[0][2] == 2  # next: the aborts from marker 2 on
+        # a marker sent inline (the main holds it without a link) is served from the cache
+        from dataplane.kafka.txn.markers import build_marker
+
+        marker = patch_batch(build_marker(9, 0, False, 0, 1_000), 0, 1)
+        snap = snapshot(3, [], epoch=1)
+        snap.partitions[0].control_batches = [
+            R1.PartitionSnapshot.ControlBatch(base_offset=0, data=marker)
+        ]
+        reader.apply(snap, image)
+        assert reader.high_watermark(proxy, main, 0) == 1
+        assert reader.cache.read(key, 0, 1, 1 << 20) == marker
     finally:
         reader.close()
 
@@ -565,3 +576,55 @@ def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(
         )
     ).partitions[0]
     assert snap0.high_watermark == 40
+
+
+def test_holes_between_links_bounded():
+    from dataplane.zonerouter.snapshot import holes
+
+    linked = [(0, 10), (11, 20), (30, 40)]
+    # a marker at 10, 10 offsets of unlinked client data at 20, a marker at the end (40)
+    assert holes(0, 41, linked, 8, 16) == [(10, 11), (40, 41)]
+    assert holes(0, 41, linked, 10, 16) == [(10, 11), (20, 30), (40, 41)]
+    assert holes(0, 41, linked, 8, 1) == [(10, 11)]
+    assert holes(5, 20, linked, 8, 16) == [(10, 11)] and holes(40, 40, linked, 8, 16) == []
+    assert holes(0, 3, [], 8, 16) == [(0, 3)]
+
+
+def test_markers_the_main_holds_without_a_link_are_sent_inline():
+    """A transaction's marker is appended at the main without a link: the snapshot carries
+    its bytes (a control batch, ~80 bytes), never unlinked client data, so a proxy's
+    read_committed consumers see the transaction end without waiting for the upload."""
+    import asyncio
+
+    from dataplane.kafka.record_batch import patch_batch
+    from dataplane.kafka.txn.markers import build_marker
+    from dataplane.zonerouter.snapshot_read import SnapshotServer
+    from tests.unit.test_kafka_apis_inprocess import batch
+
+    marker = patch_batch(build_marker(5, 0, True, 0, 1_000), 10, 3)
+    client = patch_batch(batch([b"no az"]), 11, 3)
+    log = _Log(7, hw=12)
+    log.last_stable_offset = 12
+    stored = {10: marker, 11: client}
+    log.read = lambda start, max_bytes, end: b"".join(
+        stored[o] for o in range(start, end) if o in stored
+    )
+    index = LinkIndex()
+    index.record(7, _loc(0, count=10))
+
+    async def io(fn, *args):
+        return fn(*args)
+
+    topic_id = uuid.uuid4()
+    server = SnapshotServer(type("P", (), {"get": lambda self, t, p: log})(), index, io=io)
+    Q = GetPartitionSnapshotRequest[1]
+    req = Q(
+        node_id=2,
+        max_wait_ms=0,
+        partitions=[Q.PartitionRequest(topic_id=topic_id, partition=0, fetch_offset=0)],
+    )
+    snap = asyncio.run(
+        server.get_partition_snapshot(req, type("C", (), {"api_version": 1})())
+    ).partitions[0]
+    assert [(c.base_offset, c.data) for c in snap.control_batches] == [(10, marker)]
+    assert [lk.base_offset for lk in snap.links] == [0]
