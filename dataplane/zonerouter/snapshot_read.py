@@ -11,9 +11,12 @@ reads each batch from the RouterChannel object that holds it (`ChannelReaders`, 
 storage in its own region), re-patches its offset and epoch (`link_record.resolve`: byte
 for byte the main's batch), puts it in its bounded `SnapshotCache`, and wakes the fetches
 waiting on the partition. A fetch below the main's committed end reads object storage
-through the BlockCache as before; past it, the cache. A batch the main holds without a
-link (produce by a client without an AZ, transaction markers) or whose channel record is
-gone leaves a gap: offsets from it are served once the main has uploaded them.
+through the BlockCache as before; past it, the cache. Transaction markers (which the main
+holds without a link) come inline in the answer (a few bytes each), with the main's last
+stable offset and, incrementally, its aborted transactions (read_committed fetches). A
+batch of client data the main holds without a link (produce by a client without an AZ)
+or whose channel record is gone leaves a gap: offsets from it are served once the main
+has uploaded them.
 """
 
 from __future__ import annotations
