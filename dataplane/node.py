@@ -75,6 +75,7 @@ class BrokerNode:
         self.partitions = None
         self.retention = None
         self.zone_router = None  # the zone router's proxy side (dataplane/zonerouter/)
+        self.coordinator_proxy = None  # forwards AZ clients' coordinator requests
         self.zone_traffic = None  # its byte counters, reported with heartbeats
         self.zone_route_handler = None  # the main's side; its persisted route epoch
         self.kafka = None
@@ -491,6 +492,7 @@ class BrokerNode:
         coordinator_proxy = CoordinatorProxy(
             cfg.node_id, image_fn, apis._client_az, apis._io, self._inter_broker_login()
         )
+        self.coordinator_proxy = coordinator_proxy
         handlers = [
             (cls, lo, hi, coordinator_proxy.wrap(h) if coordinator_proxy.forwards(cls) else h)
             for cls, lo, hi, h in handlers
@@ -839,6 +841,8 @@ class BrokerNode:
             self.erasure.stop()
         if self.zone_router is not None:
             self.zone_router.close()
+        if self.coordinator_proxy is not None:
+            self.coordinator_proxy.close()
         if self.partitions is not None:
             self.partitions.stop()
         if self.shard_server is not None:
