@@ -490,7 +490,7 @@ class BrokerNode:
         # clients of an AZ reach their group / transaction coordinator through its proxy
         # in their AZ
         coordinator_proxy = CoordinatorProxy(
-            cfg.node_id, image_fn, apis._client_az, apis._io, self._inter_broker_login()
+            cfg.node_id, image_fn, apis._client_az, self._inter_broker_login()
         )
         self.coordinator_proxy = coordinator_proxy
         handlers = [

@@ -17,9 +17,11 @@ and this broker's client id (DescribeGroups shows those).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from kafka.protocol.admin import DescribeGroupsRequest
 from kafka.protocol.consumer import (
@@ -64,6 +66,9 @@ GROUP_REQUESTS = (
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)
 MAX_CONNECTIONS_PER_COORDINATOR = 64  # requests in flight to one coordinator
+# forwards in flight in all (each holds a thread of the proxy's own pool, never one of the
+# Kafka APIs' I/O threads: a JoinGroup may wait minutes)
+MAX_IN_FLIGHT = 64
 
 
 def coordinator_key(req) -> tuple[int, str] | None:
@@ -98,22 +103,22 @@ def forward_timeout_s(req) -> float:
 class CoordinatorProxy:
     """Wraps this broker's coordinator handlers: a request of a client of an AZ for a
     group or transactional id coordinated elsewhere is forwarded there, on a pooled
-    connection (one per request in flight, at most MAX_CONNECTIONS_PER_COORDINATOR: a
-    JoinGroup may wait minutes). Thread-safe."""
+    connection and a thread of its own pool (one per request in flight, at most
+    MAX_IN_FLIGHT: a JoinGroup may wait minutes; past it, answered here). Thread-safe."""
 
     def __init__(
         self,
         node_id: int,
         image_fn: Callable[[], MetadataImage],
         client_az: Callable[[object], str | None],
-        io: Callable[..., Awaitable],
         login: InterBrokerLogin | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.client_az = client_az  # (request context) -> the client's AZ or None
-        self.io = io  # run a blocking call off the event loop: await io(fn, *args)
         self.login = login
+        self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="coordinator-proxy")
+        self._in_flight = 0
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, int], list[_MainConnection]] = {}
         self._busy: dict[tuple[str, int], int] = {}
@@ -123,6 +128,7 @@ class CoordinatorProxy:
         return request_class in TXN_REQUESTS or request_class in GROUP_REQUESTS
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             conns = [c for idle in self._idle.values() for c in idle]
             self._idle.clear()
@@ -173,10 +179,21 @@ class CoordinatorProxy:
             broker = self._coordinator(req, ctx)
             if broker is None:
                 return await handler(req, ctx)
+            with self._lock:
+                full = self._in_flight >= MAX_IN_FLIGHT
+                if not full:
+                    self._in_flight += 1
+            if full:
+                return await handler(req, ctx)  # NOT_COORDINATOR: the client retries
             try:
-                return await self.io(self._forward, broker, req, int(req.API_KEY), ctx.api_version)
-            except (OSError, ConnectionError, ValueError) as exc:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._forward, broker, req, int(req.API_KEY), ctx.api_version
+                )
+            except (OSError, ConnectionError, ValueError, RuntimeError) as exc:
                 log.info("forwarding to coordinator %d failed: %s", broker.node_id, exc)
                 return await handler(req, ctx)  # not the coordinator here: NOT_COORDINATOR
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
 
         return forwarding

@@ -88,13 +88,14 @@ def test_only_a_client_of_an_az_with_a_coordinator_elsewhere_is_forwarded(monkey
     image = SimpleNamespace(brokers=brokers)
     forwarded: list = []
 
-    async def io(fn, *args):
-        forwarded.append(args)
-        if args[0].node_id == 2 and args[1].group_id == "g" and len(forwarded) > 1:
+    def forward(broker, req, api_key, version):  # on the proxy's own pool
+        forwarded.append((broker, req, api_key, version))
+        if broker.node_id == 2 and req.group_id == "g" and len(forwarded) > 1:
             raise ConnectionError("refused")  # the coordinator does not answer
         return "from the coordinator"
 
-    proxy = CoordinatorProxy(1, lambda: image, lambda ctx: ctx.az, io)
+    proxy = CoordinatorProxy(1, lambda: image, lambda ctx: ctx.az)
+    proxy._forward = forward  # type: ignore[method-assign]
 
     async def local(req, ctx):
         return "answered here"
@@ -113,3 +114,9 @@ def test_only_a_client_of_an_az_with_a_coordinator_elsewhere_is_forwarded(monkey
     assert call("here", "az1") == "answered here"  # coordinated by this broker
     assert call("fenced", "az1") == "answered here"  # no live coordinator
     assert call("g", "az1") == "answered here"  # forwarding failed: NOT_COORDINATOR here
+    # at most MAX_IN_FLIGHT forwards at once: past it, answered here
+    proxy._in_flight = coordinator_proxy.MAX_IN_FLIGHT
+    forwarded.clear()
+    assert call("g", "az1") == "answered here" and not forwarded
+    proxy._in_flight = 0
+    proxy.close()
