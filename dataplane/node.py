@@ -75,6 +75,7 @@ class BrokerNode:
         self.partitions = None
         self.retention = None
         self.zone_router = None  # the zone router's proxy side (dataplane/zonerouter/)
+        self.coordinator_proxy = None  # forwards AZ clients' coordinator requests
         self.zone_traffic = None  # its byte counters, reported with heartbeats
         self.zone_route_handler = None  # the main's side; its persisted route epoch
         self.kafka = None
@@ -401,6 +402,7 @@ class BrokerNode:
             routing=routing,
         )
         zone_handler.io = apis._io
+        zone_handler.snapshot_server.io = apis._io  # transaction markers sent inline
         coordinator = GroupCoordinator()
         offset_store = KVOffsetStore(
             self.client, image_fn, cfg.node_id, lambda: self.node_epoch or 0
@@ -466,7 +468,16 @@ class BrokerNode:
 
         self.metadata.on_records = on_metadata
         registry = ApiRegistry()
-        admin = AdminApis(cfg.node_id, image_fn, self.client, self.partitions, apis.io)
+        admin = AdminApis(
+            cfg.node_id,
+            image_fn,
+            self.client,
+            self.partitions,
+            apis.io,
+            routed=lambda topic_id, partition, ctx: routing.get(
+                topic_id, partition, apis._client_az(ctx)
+            ),
+        )
         handlers = (
             apis.registrations()
             + groups.registrations()
@@ -474,6 +485,18 @@ class BrokerNode:
             + txns.registrations()
             + zone_handler.registrations()
         )
+        from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
+
+        # clients of an AZ reach their group / transaction coordinator through its proxy
+        # in their AZ
+        coordinator_proxy = CoordinatorProxy(
+            cfg.node_id, image_fn, apis._client_az, self._inter_broker_login()
+        )
+        self.coordinator_proxy = coordinator_proxy
+        handlers = [
+            (cls, lo, hi, coordinator_proxy.wrap(h) if coordinator_proxy.forwards(cls) else h)
+            for cls, lo, hi, h in handlers
+        ]
         for request_class, lo, hi, handler in handlers:
             registry.register(request_class, lo, hi, handler)
         listeners = self._secure_listeners(registry, image_fn)
@@ -818,6 +841,8 @@ class BrokerNode:
             self.erasure.stop()
         if self.zone_router is not None:
             self.zone_router.close()
+        if self.coordinator_proxy is not None:
+            self.coordinator_proxy.close()
         if self.partitions is not None:
             self.partitions.stop()
         if self.shard_server is not None:

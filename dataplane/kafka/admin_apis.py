@@ -34,7 +34,7 @@ from controlplane.image import MetadataImage, PartitionState, TopicState
 from controlplane.requests import ReassignPartitionsRequest
 from dataplane.kafka.apis import _kafka_error
 from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.kafka.partition_backend import BackendError, PartitionBackend, PartitionResolver
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.time_index import stored_pieces
 
@@ -82,12 +82,16 @@ class AdminApis:
         controller: ControllerCalls,
         partitions: PartitionResolver,
         io: Executor,
+        routed: Callable[[str, int, object], PartitionBackend | None] | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.controller = controller
         self.partitions = partitions
         self.io = io
+        # (topic id, partition, request context) -> the backend the client's routing names
+        # (a zone-router proxy forwards DeleteRecords to the partition's main)
+        self.routed = routed
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""
@@ -113,6 +117,10 @@ class AdminApis:
             for p in t.partitions:
                 low, error = -1, KafkaError.NONE
                 plog = self.partitions.get(topic.topic_id, p.partition_index) if topic else None
+                if plog is None and topic is not None and self.routed is not None:
+                    # a client of an AZ told this broker leads it (its proxy)
+                    routed = self.routed(topic.topic_id, p.partition_index, ctx)
+                    plog = routed if getattr(routed, "forwards_to_main", False) else None
                 if topic is None or p.partition_index not in topic.partitions:
                     error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
                 elif plog is None:
@@ -122,6 +130,9 @@ class AdminApis:
                         low = await loop.run_in_executor(self.io, plog.delete_records, p.offset)
                     except OffsetOutOfRangeError:
                         error = KafkaError.OFFSET_OUT_OF_RANGE
+                    except BackendError as exc:
+                        log.info("DeleteRecords of %s-%d: %s", t.name, p.partition_index, exc)
+                        error = exc.error
                     except ControllerError as exc:
                         error = _kafka_error(exc)
                     except Exception:  # noqa: BLE001 - a storage failure, retriable

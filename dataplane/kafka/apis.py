@@ -69,6 +69,7 @@ from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    BackendError,
     ClientRouting,
     DirectRouting,
     PartitionBackend,
@@ -592,12 +593,18 @@ class KafkaApis:
                             if getattr(req, "isolation_level", 0) == 1
                             else plog.high_watermark
                         )
-                    elif p.timestamp == -3:  # MAX_TIMESTAMP (KIP-734)
-                        found = await self._io(plog.max_timestamp_offset)
-                        offset, ts = found.offset, found.timestamp_ms
                     else:
-                        found = await self._io(plog.offset_for_timestamp, p.timestamp)
-                        offset, ts = found.offset, found.timestamp_ms
+                        lookup = (
+                            (plog.max_timestamp_offset,)  # MAX_TIMESTAMP (KIP-734)
+                            if p.timestamp == -3
+                            else (plog.offset_for_timestamp, p.timestamp)
+                        )
+                        try:
+                            found = await self._io(*lookup)
+                            offset, ts = found.offset, found.timestamp_ms
+                        except BackendError as exc:
+                            log.info("ListOffsets %s-%d: %s", t.name, p.partition_index, exc)
+                            error = exc.error
                 parts.append(
                     R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                         partition_index=p.partition_index,
@@ -957,6 +964,10 @@ class KafkaApis:
                 node = coordinator_for(key, image)
             else:  # 1: a transactional id
                 node = txn_coordinator(image, key)
+            if node is not None:
+                # a client of an AZ: the broker its routing names (the zone router's proxy
+                # forwards the coordinator requests to the coordinator)
+                node = self.routing.leader_for(image, node, self._client_az(ctx))
             broker = image.brokers.get(node) if node is not None else None
             # the coordinator's endpoint on the listener the client connected on
             endpoint = broker.endpoint(ctx.extras.get("listener")) if broker else None

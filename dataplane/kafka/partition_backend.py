@@ -54,6 +54,15 @@ def parse_produced_batches(
     return batches or AppendOutcome(KafkaError.CORRUPT_MESSAGE)
 
 
+class BackendError(Exception):
+    """A backend could not answer (e.g. a zone-router proxy whose main refused or did not
+    answer a forwarded request): the Kafka error the client gets for the partition."""
+
+    def __init__(self, error: KafkaError, message: str):
+        super().__init__(message)
+        self.error = error
+
+
 @dataclass(frozen=True)
 class OffsetAndTimestamp:
     offset: int

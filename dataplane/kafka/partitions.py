@@ -162,6 +162,19 @@ class TxnIndex:
         with self.lock:
             return min(self.ongoing.values()) if self.ongoing else None
 
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions whose
+        marker is at or past `marker_offset`, oldest first (a zone-router proxy's
+        incremental snapshot; walks only those: markers are recorded in offset order)."""
+        with self.lock:
+            out = []
+            for entry in reversed(self.aborted):
+                if entry[2] < marker_offset:
+                    break
+                out.append(entry)
+        out.reverse()
+        return out
+
     def aborted_between(self, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of aborted transactions overlapping [start, end)."""
         with self.lock:

@@ -75,6 +75,15 @@ class CidrAzMap:
         return None
 
 
+# the client id of broker-to-broker requests (`txn.marker_client.CLIENT_ID`: transaction
+# markers, a proxy's forwarded ListOffsets / DeleteRecords): served as the real partition,
+# whatever AZ the sending broker's address maps to
+BROKER_CLIENT_ID = "automq-txn-coordinator"
+
+
 def client_az(client_id: str | None, peer_host: str | None, cidrs: CidrAzMap) -> str | None:
-    """A client's AZ: declared in its `client.id` first, else from its address, else None."""
+    """A client's AZ: declared in its `client.id` first, else from its address, else None
+    (a broker's own requests have none)."""
+    if client_id == BROKER_CLIENT_ID:
+        return None
     return az_from_client_id(client_id) or (cidrs.az_of(peer_host) if peer_host else None)

@@ -5,7 +5,8 @@ names a produce request's record batches by their place in the proxy's RouterCha
 carries the route epoch they were written in; the main answers after its append is durable.
 `GetPartitionSnapshotRequest` (api key 601) is the proxy's incremental poll of a main for
 snapshot reads: per partition the high watermark, leader epoch and the places (never the
-data) of the durable batches past the proxy's fetch offset (`snapshot.py`).
+data) of the durable batches past the proxy's fetch offset (`snapshot.py`); from version 1
+also the last stable offset and, incrementally, the aborted transactions (read_committed).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ add_api_message(ZoneRouteRequest, ZoneRouteResponse)
 ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 
-SNAPSHOT_VERSION = 0
+# 1: the last stable offset and the aborted transactions (read_committed via a proxy)
+SNAPSHOT_VERSION = 1
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):

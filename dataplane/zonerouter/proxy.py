@@ -34,13 +34,18 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from kafka.protocol.admin import DeleteRecordsRequest
+from kafka.protocol.consumer import ListOffsetsRequest
+
 from controlplane.image import MetadataImage
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    BackendError,
     OffsetAndTimestamp,
     PartitionResolver,
 )
+from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import parse_batch_header
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
 from dataplane.objectstore import ObjectStorage
@@ -71,6 +76,9 @@ CHANNEL_TRIM_INTERVAL_S = 1.0
 RECENT_CHANNEL_BYTES = 16 * 1024 * 1024
 MAX_PROXY_WORKERS = 1024  # partitions proxied at once (one serial worker each)
 RPC_EXTRA_TIMEOUT_S = 5.0
+FORWARD_TIMEOUT_S = 10.0  # a request a proxy forwards to the main (ListOffsets, DeleteRecords)
+LIST_OFFSETS_VERSION = 7
+DELETE_RECORDS_VERSION = 2
 ROUTE_EPOCH_WAIT_S = 2.0
 UNKNOWN_END = -2
 
@@ -520,6 +528,7 @@ class ProxyPartition:
 
     # it serves what the main committed: a fetch past that waits instead of OFFSET_OUT_OF_RANGE
     lags_leader = True
+    forwards_to_main = True  # DeleteRecords (and timestamp lookups) are the main's
     counts_own_wal_bytes = True  # its RouterChannel write is counted by the router
 
     def __init__(self, router: ZoneRouter, topic_id: str, partition: int):
@@ -565,7 +574,15 @@ class ProxyPartition:
 
     @property
     def last_stable_offset(self) -> int:
-        return self.high_watermark
+        """The main's last stable offset as its latest snapshot told (every aborted
+        transaction below it is known here), at most this proxy's high watermark; the log
+        start until the first snapshot (a read_committed fetch waits)."""
+        _, part, stream = self._state()
+        start = stream.start_offset if stream else 0
+        snapshots = self.router.snapshots
+        if snapshots is None or part is None:
+            return start  # transactions are known only from the main's snapshots
+        return snapshots.last_stable_offset(self, part.leader_node_id, self.high_watermark, start)
 
     def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
         if not records:
@@ -593,19 +610,92 @@ class ProxyPartition:
         return data
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
-        return []  # transactions through a proxy are not supported (see the module doc)
+        """The main's aborted transactions overlapping [start, end) (from its snapshots;
+        complete below `last_stable_offset`, where read_committed fetches stop)."""
+        part = self._state()[1]
+        snapshots = self.router.snapshots
+        if snapshots is None or part is None:
+            return []
+        return snapshots.aborted_transactions(self, part.leader_node_id, start, end)
 
     def write_marker(self, producer_id, producer_epoch, commit, coordinator_epoch):
         return KafkaError.NOT_LEADER_OR_FOLLOWER, None
 
+    def _ask_main(self, req, api_key: int, version: int):
+        """Send `req` to the partition's main (a short-lived connection, as this broker;
+        a client without an AZ there, so the main answers from its partition); raises
+        BackendError when there is no live main or it does not answer. Blocks."""
+        part = self._state()[1]
+        main = self.router.image_fn().brokers.get(part.leader_node_id) if part else None
+        if main is None or main.fenced:
+            raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "the main is not live")
+        conn = _MainConnection(main.host, main.kafka_port, self.router.login)
+        try:
+            return conn.call(req, FORWARD_TIMEOUT_S, api_key, version)
+        except (OSError, ConnectionError, ValueError) as exc:
+            raise BackendError(
+                KafkaError.NOT_LEADER_OR_FOLLOWER, f"main {main.node_id} did not answer: {exc}"
+            ) from None
+        finally:
+            conn.close()
+
+    def _list_offset(self, timestamp: int) -> OffsetAndTimestamp:
+        """ListOffsets of one timestamp, answered by the main (its time index)."""
+        Q = ListOffsetsRequest[LIST_OFFSETS_VERSION]
+        T = Q.ListOffsetsTopic
+        req = Q(
+            replica_id=-1,
+            isolation_level=0,
+            topics=[
+                T(
+                    name=self.topic,
+                    partitions=[
+                        T.ListOffsetsPartition(
+                            partition_index=self.partition,
+                            current_leader_epoch=-1,
+                            timestamp=timestamp,
+                        )
+                    ],
+                )
+            ],
+        )
+        resp = self._ask_main(req, int(ListOffsetsRequest.API_KEY), LIST_OFFSETS_VERSION)
+        (answer,) = resp.topics[0].partitions
+        if answer.error_code:
+            raise BackendError(KafkaError(answer.error_code), "the main refused ListOffsets")
+        return OffsetAndTimestamp(answer.offset, answer.timestamp)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
-        return OffsetAndTimestamp(-1, -1)
+        """Asked of the main (the time index reads its stream). Blocks."""
+        return self._list_offset(timestamp_ms)
 
     def max_timestamp_offset(self) -> OffsetAndTimestamp:
-        return OffsetAndTimestamp(-1, -1)
+        """Asked of the main. Blocks."""
+        return self._list_offset(-3)
 
     def delete_records(self, offset: int) -> int:
-        raise WALError("DeleteRecords goes to the partition's main, not a proxy")
+        """Forwarded to the main (DeleteRecords moves its stream's start); its low
+        watermark, or its error. Blocks."""
+        Q = DeleteRecordsRequest[DELETE_RECORDS_VERSION]
+        T = Q.DeleteRecordsTopic
+        req = Q(
+            topics=[
+                T(
+                    name=self.topic,
+                    partitions=[
+                        T.DeleteRecordsPartition(partition_index=self.partition, offset=offset)
+                    ],
+                )
+            ],
+            timeout_ms=int(FORWARD_TIMEOUT_S * 1000),
+        )
+        resp = self._ask_main(req, int(DeleteRecordsRequest.API_KEY), DELETE_RECORDS_VERSION)
+        (answer,) = resp.topics[0].partitions
+        if answer.error_code == KafkaError.OFFSET_OUT_OF_RANGE:
+            raise OffsetOutOfRangeError(f"{self.topic}-{self.partition}: past the high watermark")
+        if answer.error_code:
+            raise BackendError(KafkaError(answer.error_code), "the main refused DeleteRecords")
+        return answer.low_watermark
 
     def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
         _, part, stream = self._state()

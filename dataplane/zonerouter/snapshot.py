@@ -243,3 +243,90 @@ class SnapshotCache:
                 size += len(batch.data)
                 expected = batch.end_offset
             return b"".join(out)
+
+
+# ---------------------------------------------------------------- transactions (read_committed)
+
+# (producer id, first offset, marker offset) of an aborted transaction
+AbortedTxn = tuple[int, int, int]
+
+
+def page_aborted(
+    new: list[AbortedTxn], last_stable_offset: int, max_entries: int
+) -> tuple[list[AbortedTxn], int]:
+    """The main's answer to a proxy that knows the aborted transactions with a marker
+    offset below some point: `new` are the ones from that point on (by marker offset), read
+    after `last_stable_offset`. Sends at most `max_entries` (the oldest first) and lowers
+    the last stable offset to the first offset of every one left out, so the proxy never
+    serves a read_committed fetch records of an aborted transaction it does not know yet
+    (it asks again from the last marker it got) — pure."""
+    sent = new[:max_entries]
+    lso = last_stable_offset
+    for _, first, _ in new[max_entries:]:
+        lso = min(lso, first)
+    return sent, lso
+
+
+class TxnView:
+    """The proxy's view of a partition's transactions, from its main's snapshots: the last
+    stable offset (-1: not known yet, nothing is stable) and the aborted transactions,
+    learned incrementally (each answer carries the ones with a marker at or past
+    `aborted_from`). Bounded: the `max_aborted` latest (by marker offset) are kept, as the
+    main keeps its own (`partitions.TxnIndex.MAX_ABORTED`). Thread-safe."""
+
+    def __init__(self, max_aborted: int = 100_000):
+        if max_aborted < 1:
+            raise ValueError("TxnView max_aborted must be >= 1")
+        self._lock = threading.Lock()
+        self._aborted: deque[AbortedTxn] = deque(maxlen=max_aborted)
+        self._known: set[tuple[int, int]] = set()  # (producer id, first offset) held
+        self._lso = -1
+        self.aborted_from = -1
+
+    def apply(self, last_stable_offset: int, aborted: list[AbortedTxn]) -> None:
+        """One answer: its aborted transactions first, then its last stable offset (which
+        only grows: a transaction opens at or past the high watermark)."""
+        with self._lock:
+            for entry in sorted(aborted, key=lambda e: e[2]):
+                key = (entry[0], entry[1])
+                if key in self._known:
+                    continue
+                if len(self._aborted) == self._aborted.maxlen:
+                    old = self._aborted.popleft()
+                    self._known.discard((old[0], old[1]))
+                self._aborted.append(entry)
+                self._known.add(key)
+                self.aborted_from = max(self.aborted_from, entry[2] + 1)
+            self._lso = max(self._lso, last_stable_offset)
+
+    def last_stable_offset(self, high_watermark: int, floor: int) -> int:
+        """What a read_committed fetch may read up to: the main's last stable offset, at
+        most `high_watermark` (what this proxy serves); `floor` (the log start) while no
+        answer came."""
+        with self._lock:
+            lso = self._lso
+        return floor if lso < 0 else min(lso, high_watermark)
+
+    def aborted_between(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping [start, end)."""
+        with self._lock:
+            return [
+                (pid, first) for pid, first, last in self._aborted if first < end and last >= start
+            ]
+
+
+def holes(
+    start: int, end: int, linked: list[tuple[int, int]], max_size: int, max_holes: int
+) -> list[tuple[int, int]]:
+    """The offset ranges in [start, end) that no linked batch ([base, end) each, in offset
+    order) covers, of at most `max_size` offsets, the first `max_holes` — pure. (A main's
+    transaction markers lie in such holes: it holds them without a link.)"""
+    out: list[tuple[int, int]] = []
+    cursor = start
+    for base, stop in [*linked, (end, end)]:
+        if base > cursor and base - cursor <= max_size and len(out) < max_holes:
+            out.append((cursor, min(base, end)))
+        cursor = max(cursor, stop)
+        if cursor >= end:
+            break
+    return out

@@ -11,9 +11,12 @@ reads each batch from the RouterChannel object that holds it (`ChannelReaders`, 
 storage in its own region), re-patches its offset and epoch (`link_record.resolve`: byte
 for byte the main's batch), puts it in its bounded `SnapshotCache`, and wakes the fetches
 waiting on the partition. A fetch below the main's committed end reads object storage
-through the BlockCache as before; past it, the cache. A batch the main holds without a
-link (produce by a client without an AZ, transaction markers) or whose channel record is
-gone leaves a gap: offsets from it are served once the main has uploaded them.
+through the BlockCache as before; past it, the cache. Transaction markers (which the main
+holds without a link) come inline in the answer (a few bytes each), with the main's last
+stable offset and, incrementally, its aborted transactions (read_committed fetches). A
+batch of client data the main holds without a link (produce by a client without an AZ)
+or whose channel record is gone leaves a gap: offsets from it are served once the main
+has uploaded them.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
 from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.kafka.record_batch import parse_batch_header, parse_batches
 from dataplane.kafka.txn.marker_client import InterBrokerLogin
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.zonerouter.link_record import LinkRecord, resolve
@@ -40,13 +44,27 @@ from dataplane.zonerouter.protocol import (
     GetPartitionSnapshotResponse,
 )
 from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition, _MainConnection
-from dataplane.zonerouter.snapshot import CachedBatch, LinkIndex, SnapshotCache
+from dataplane.zonerouter.snapshot import (
+    CachedBatch,
+    LinkIndex,
+    SnapshotCache,
+    TxnView,
+    holes,
+    page_aborted,
+)
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS_PER_POLL = 256
 MAX_LINKS_PER_PARTITION = 512
+MAX_ABORTED_PER_PARTITION = 1024  # aborted transactions per partition per answer
+# transaction markers sent inline: holes between links of at most this many offsets, this
+# many per partition per answer (a hole holding client data is read from the main's log
+# cache and left out: its data does not cross AZs)
+MAX_CONTROL_HOLE_OFFSETS = 8
+MAX_CONTROL_HOLES = 16
+CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
 POLL_WAIT_MS = 200  # what a proxy asks for
 # polls of one main start at most this often: a main with appends every few ms answers at
@@ -66,9 +84,12 @@ class SnapshotServer:
     It remembers which partitions proxies polled lately (`polled_recently`): only their
     produce needs to go through the main's own RouterChannel. Thread-safe."""
 
-    def __init__(self, partitions: PartitionResolver, index: LinkIndex):
+    def __init__(self, partitions: PartitionResolver, index: LinkIndex, io: Callable | None = None):
         self.partitions = partitions
         self.index = index
+        # run a blocking call off the event loop (`await io(fn, *args)`); None: markers
+        # are not sent inline (the proxies read them once uploaded)
+        self.io = io
         self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._polled_lock = threading.Lock()
 
@@ -88,10 +109,11 @@ class SnapshotServer:
                 self._polled.popitem(last=False)
 
     def registrations(self) -> list:
-        return [(GetPartitionSnapshotRequest, 0, 0, self.get_partition_snapshot)]
+        return [(GetPartitionSnapshotRequest, 0, SNAPSHOT_VERSION, self.get_partition_snapshot)]
 
     async def get_partition_snapshot(self, req, ctx):
-        R = GetPartitionSnapshotResponse[SNAPSHOT_VERSION]
+        version = getattr(ctx, "api_version", 0)
+        R = GetPartitionSnapshotResponse[version]
         asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
         plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
         self._note_polled(
@@ -100,7 +122,9 @@ class SnapshotServer:
 
         def ready() -> bool:
             return any(
-                plog is None or plog.high_watermark > p.fetch_offset
+                plog is None
+                or plog.high_watermark > p.fetch_offset
+                or (version >= 1 and _aborted_past(plog, p.aborted_from))
                 for p, plog in zip(asked, plogs, strict=True)
             )
 
@@ -138,13 +162,39 @@ class SnapshotServer:
                 snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
                 out.append(snap)
                 continue
+            # the high watermark first, then the last stable offset (at most it: an append
+            # in between must not leave the proxy with an LSO below the high watermark it
+            # asks from, which the main would not answer again until the next append),
+            # then the aborted list: every transaction starting below the LSO is decided,
+            # so its abort (if any) is in the list
             hw = plog.high_watermark
+            if version >= 1:
+                lso = min(plog.last_stable_offset, hw)
+                txns = getattr(plog, "txns", None)
+                new = txns.aborted_since(p.aborted_from) if txns is not None else []
+                sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
+                snap.aborted_transactions = [
+                    R.PartitionSnapshot.AbortedTransaction(
+                        producer_id=pid, first_offset=first, marker_offset=marker
+                    )
+                    for pid, first, marker in sent
+                ]
             snap.leader_epoch = plog.leader_epoch
             snap.high_watermark = hw
             snap.log_start_offset = plog.log_start_offset
-            for loc in self.index.since(
+            locations = self.index.since(
                 stream.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
-            ):
+            )
+            if version >= 1 and self.io is not None:
+                linked = [(loc.base_offset, loc.end_offset) for loc in locations]
+                # past the last link only when every link up to the high watermark is here
+                end = hw if len(locations) < MAX_LINKS_PER_PARTITION else linked[-1][1]
+                snap.control_batches = await self._control_batches(
+                    R,
+                    plog,
+                    holes(p.fetch_offset, end, linked, MAX_CONTROL_HOLE_OFFSETS, MAX_CONTROL_HOLES),
+                )
+            for loc in locations:
                 snap.links.append(
                     R.PartitionSnapshot.LinkLocation(
                         base_offset=loc.base_offset,
@@ -159,6 +209,36 @@ class SnapshotServer:
             out.append(snap)
         return R(error_code=KafkaError.NONE, partitions=out)
 
+    async def _control_batches(self, R, plog, gaps: list[tuple[int, int]]) -> list:
+        """The control batches (transaction markers) at the start of each hole, byte for
+        byte (read from the main's log cache, off the event loop)."""
+        out = []
+        for start, end in gaps:
+            try:
+                data = await self.io(plog.read, start, CONTROL_READ_BYTES, end)
+                batches = parse_batches(data, verify_crc=False, client_origin=False)
+            except Exception as exc:  # noqa: BLE001 - left out: read once uploaded
+                log.debug("control batches at %d: %s", start, exc)
+                continue
+            expected = start
+            for batch in batches:
+                if not batch.is_control or batch.base_offset != expected:
+                    break  # client data (not sent across AZs) or not where expected
+                out.append(
+                    R.PartitionSnapshot.ControlBatch(base_offset=batch.base_offset, data=batch.data)
+                )
+                expected = batch.base_offset + batch.last_offset_delta + 1
+        return out
+
+
+def _aborted_past(plog, marker_offset: int) -> bool:
+    """The partition has an aborted transaction whose marker is at or past the offset."""
+    txns = getattr(plog, "txns", None)
+    if txns is None:
+        return False
+    with txns.lock:
+        return bool(txns.aborted) and txns.aborted[-1][2] >= marker_offset
+
 
 @dataclass
 class _Polled:
@@ -170,6 +250,9 @@ class _Polled:
     main_hw: int = -1  # the main's high watermark in its last answer (-1: none yet)
     leader_epoch: int = -1
     next_at: int = -1  # every link below it was answered (read or skipped as a gap)
+    # the main's last stable offset and aborted transactions (read_committed fetches);
+    # kept across leader epochs: offsets and decided transactions survive a failover
+    txns: TxnView = field(default_factory=TxnView)
 
 
 class SnapshotReader:
@@ -241,6 +324,21 @@ class SnapshotReader:
             end = min(end, polled.main_hw)
         return max(committed, end)
 
+    def last_stable_offset(
+        self, proxy: ProxyPartition, main_node_id: int, high_watermark: int, floor: int
+    ) -> int:
+        """What a read_committed fetch of `proxy` may read up to: the main's last stable
+        offset in its latest snapshot (every aborted transaction below it known here), at
+        most `high_watermark`; `floor` until the first snapshot answered."""
+        return self._touch(proxy, main_node_id).txns.last_stable_offset(high_watermark, floor)
+
+    def aborted_transactions(
+        self, proxy: ProxyPartition, main_node_id: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the main's aborted transactions overlapping
+        [start, end), as far as its snapshots told (complete below the last stable offset)."""
+        return self._touch(proxy, main_node_id).txns.aborted_between(start, end)
+
     def read(self, proxy: ProxyPartition, offset: int, end: int, max_bytes: int) -> bytes:
         return self.cache.read((proxy.topic_id, proxy.partition), offset, end, max_bytes)
 
@@ -266,9 +364,12 @@ class SnapshotReader:
                     max_wait_ms=self.poll_wait_ms,
                     partitions=[
                         Q.PartitionRequest(
-                            topic_id=uuid.UUID(key[0]), partition=key[1], fetch_offset=at
+                            topic_id=uuid.UUID(key[0]),
+                            partition=key[1],
+                            fetch_offset=at,
+                            aborted_from=aborted_from,
                         )
-                        for key, at in asked
+                        for key, at, aborted_from in asked
                     ],
                 )
                 started = time.monotonic()
@@ -294,10 +395,13 @@ class SnapshotReader:
                 if self._pollers.get(main_node_id) is threading.current_thread():
                     del self._pollers[main_node_id]
 
-    def _asked(self, main_node_id: int, image: MetadataImage) -> list[tuple[tuple[str, int], int]]:
+    def _asked(
+        self, main_node_id: int, image: MetadataImage
+    ) -> list[tuple[tuple[str, int], int, int]]:
         """The partitions of the main to poll and the offset each is known up to (the
         committed end, the cache's end, the main's last high watermark: everything up to
-        it was answered before); forgets partitions idle for ACTIVE_S or led elsewhere."""
+        it was answered before) and the marker offset from which it asks for aborted
+        transactions; forgets partitions idle for ACTIVE_S or led elsewhere."""
         now = time.monotonic()
         asked = []
         with self._lock:
@@ -318,7 +422,7 @@ class SnapshotReader:
                 stream = image.streams.get(state.stream_id)
                 committed = stream.end_offset if stream is not None else 0
                 at = max(committed, self.cache.max_end(key), polled.next_at)
-                asked.append((key, at))
+                asked.append((key, at, polled.txns.aborted_from))
         return asked
 
     def apply(self, resp, image: MetadataImage) -> None:
@@ -341,12 +445,31 @@ class SnapshotReader:
                 continue
             committed = stream.end_offset
             before = self.cache.contiguous_end(key, committed)
+            lso_before = polled.txns.last_stable_offset(snap.high_watermark, -1)
+            polled.txns.apply(
+                snap.last_stable_offset,
+                [
+                    (a.producer_id, a.first_offset, a.marker_offset)
+                    for a in snap.aborted_transactions
+                ],
+            )
             if polled.leader_epoch != snap.leader_epoch:
                 self.cache.reset(key)
                 polled.leader_epoch = snap.leader_epoch
                 polled.main_hw = polled.next_at = -1
             self.cache.prune_below(key, committed)
             have = max(committed, self.cache.max_end(key))
+            for control in getattr(snap, "control_batches", None) or []:
+                # a marker the main holds without a link: its bytes came in the answer
+                try:
+                    header = parse_batch_header(control.data)
+                except InvalidRecordBatchError:
+                    continue
+                end = control.base_offset + header.last_offset_delta + 1
+                if end > committed:
+                    self.cache.put(
+                        key, snap.leader_epoch, CachedBatch(control.base_offset, end, control.data)
+                    )
             for loc in snap.links:
                 if loc.base_offset + loc.record_count <= have:
                     continue
@@ -363,7 +486,9 @@ class SnapshotReader:
                 polled.next_at = max(polled.next_at, last.base_offset + last.record_count)
             else:
                 polled.next_at = max(polled.next_at, snap.high_watermark)
-            if self.cache.contiguous_end(key, committed) > before:
+            if self.cache.contiguous_end(key, committed) > before or (
+                polled.txns.last_stable_offset(snap.high_watermark, -1) > lso_before
+            ):
                 polled.proxy.wake()
 
     def _read_batch(self, stream_id: int, leader_epoch: int, loc) -> bytes | None:

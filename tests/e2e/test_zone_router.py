@@ -164,6 +164,36 @@ def test_a_proxy_consumer_sees_records_long_before_the_mains_upload(tmp_path):
                     producer.poll(0.01)
                 assert producer.flush(30) == 0
                 del producer  # librdkafka's threads stop now, not after the cluster
+            # two transactions from az1: the second's records lie past the first's markers,
+            # which the mains hold without a link; the snapshots carry the markers inline,
+            # so az2's read_committed consumer gets them long before the upload too
+            txn = Producer(
+                {
+                    "bootstrap.servers": boot["az1"],
+                    **_client("az1"),
+                    "transactional.id": f"zone-snap-{uuid.uuid4().hex[:6]}",
+                    "linger.ms": 5,
+                }
+            )
+            txn.init_transactions(30)
+            for n in range(2):
+                txn_acked: dict[bytes, tuple[int, int]] = {}
+                txn.begin_transaction()
+                for i in range(30):
+                    txn.produce(
+                        topic,
+                        value=f"txn{n}-{i}".encode(),
+                        partition=i % partitions,
+                        on_delivery=lambda err, msg, out=txn_acked: (
+                            errors.append(str(err))
+                            if err is not None
+                            else out.__setitem__(msg.value(), (msg.partition(), msg.offset()))
+                        ),
+                    )
+                txn.commit_transaction(30)
+                committed_at = time.monotonic()  # readable (read_committed) from now on
+                acked.update({v: (p, o, committed_at) for v, (p, o) in txn_acked.items()})
+            del txn
             assert not errors, errors[:5]
             produced_in = _route_epochs({"dir": tmp_path / "cluster"})["current_epoch"]
             deadline = time.monotonic() + 15  # the mains upload after 60 s
@@ -281,6 +311,15 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
         fetched_from = set().union(*(_brokers_used(s, "toppars") for s in stats))
         assert fetched_from and fetched_from <= set(cluster["by_az"][az]), (az, fetched_from)
 
+    # consumer groups of kafka-python (az1) and aiokafka (az3), each in a group whose
+    # coordinator is in another AZ: reached through the coordinator's proxy in their AZ
+    for az, consume in (("az1", _kafka_python_group), ("az3", _aiokafka_group)):
+        group = _group_coordinated_outside(cluster, az)
+        at, seen, nodes = consume(cluster, az, group, len(acked))
+        assert at == acked, f"{consume.__name__}: {len(set(acked) - set(at))} not consumed"
+        assert max(seen.values()) == 1, f"{consume.__name__}: duplicates"
+        assert nodes and nodes <= set(cluster["by_az"][az]), (consume.__name__, az, nodes)
+
     # the brokers' own counters (reported with heartbeats): no client byte crossed an AZ;
     # proxies wrote to their RouterChannels and read committed data from object storage
     deadline = time.monotonic() + 10
@@ -307,6 +346,97 @@ def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluste
     # Link Records (writing it again would be >= 1.67 with 2/3 of the data routed)
     assert cost["produced_bytes"] < cost["wal_data_bytes"] < 1.5 * cost["produced_bytes"]
     print("zone router cost:", json.dumps(cost))
+
+
+def _group_coordinated_outside(cluster, az: str) -> str:
+    """A new group id whose coordinator (as a client without an AZ is told) is not in `az`."""
+    admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    for _ in range(64):
+        group = f"zone-{az}-{uuid.uuid4().hex[:6]}"
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        if described.coordinator.id not in cluster["by_az"][az]:
+            return group
+    raise AssertionError(f"every group tried is coordinated in {az}")
+
+
+def _node_ids(keys) -> set[int]:
+    """Broker ids of a client's connections (kafka-python: id or 'coordinator-<id>';
+    aiokafka: (id, group)); bootstrap connections (to the AZ's brokers) left out."""
+    out = set()
+    for key in keys:
+        key = key[0] if isinstance(key, tuple) else key
+        if isinstance(key, int):
+            out.add(key)
+        elif isinstance(key, str) and key.startswith("coordinator-"):
+            out.add(int(key.removeprefix("coordinator-")))
+    return out
+
+
+def _kafka_python_group(cluster, az: str, group: str, count: int):
+    """A kafka-python consumer group member of `az` reads `count` records of TOPIC and
+    commits: (value -> (partition, offset), value counts, brokers it connected to)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        TOPIC,
+        bootstrap_servers=_bootstrap(cluster, az),
+        client_id=f"automq_az={az}",
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    at: dict[bytes, tuple[int, int]] = {}
+    seen: Counter = Counter()
+    nodes: set[int] = set()
+    try:
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and len(at) < count:
+            for records in consumer.poll(timeout_ms=200).values():
+                for r in records:
+                    seen[r.value] += 1
+                    at[r.value] = (r.partition, r.offset)
+            nodes |= _node_ids(consumer._manager._conns)
+        consumer.commit()  # OffsetCommit through the coordinator's proxy
+        nodes |= _node_ids(consumer._manager._conns)
+    finally:
+        consumer.close()
+    return at, seen, nodes
+
+
+def _aiokafka_group(cluster, az: str, group: str, count: int):
+    """`_kafka_python_group` with aiokafka."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def run():
+        consumer = AIOKafkaConsumer(
+            TOPIC,
+            bootstrap_servers=_bootstrap(cluster, az),
+            client_id=f"automq_az={az}",
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        at: dict[bytes, tuple[int, int]] = {}
+        seen: Counter = Counter()
+        nodes: set[int] = set()
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline and len(at) < count:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        seen[r.value] += 1
+                        at[r.value] = (r.partition, r.offset)
+                nodes |= _node_ids(consumer._client._conns)
+            await consumer.commit()
+            nodes |= _node_ids(consumer._client._conns)
+        finally:
+            await consumer.stop()
+        return at, seen, nodes
+
+    return asyncio.run(run())
 
 
 def _zone_route(address: str, **fields):
@@ -365,6 +495,134 @@ def test_zone_route_with_a_fenced_epoch_or_a_bad_channel_is_refused(cluster):
     finally:
         consumer.close()
     assert (low, high) == (0, 0)
+
+
+def _channel_data_keys(cluster) -> set[str]:
+    """The RouterChannels' data objects in the bucket (every broker's channel prefix)."""
+    from cli.processes import LocalCluster
+    from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+    from dataplane.s3stream.wal.object_format import parse_data_key
+
+    config = LocalCluster(cluster["dir"]).load()
+    uris = ",".join(b.uri_with_credentials() for b in config.buckets)
+    with ObjectStorage(parse_bucket_uris(uris)) as bucket:
+        keys = bucket.list_keys(0, "router-channel/")
+    # router-channel/node-<id>/data/<writer>/<start>-<end>
+    return {k for k in keys if parse_data_key("/".join(k.split("/")[:2]), k) is not None}
+
+
+def test_transactions_timestamps_and_delete_records_through_a_proxy(cluster):
+    """A transactional producer in az1 (through its proxy, to mains in every AZ) commits a
+    transaction, aborts one, commits another and leaves one open; a read_committed consumer
+    in az2 (served by its proxy for the partitions led elsewhere: the proxy's snapshots
+    carry the mains' last stable offsets and aborted transactions) gets exactly the
+    committed records, once, and only from az2's brokers. Through az2's proxy, ListOffsets
+    by timestamp answers what the main answers and DeleteRecords moves the main's log
+    start. The RouterChannels' objects written meanwhile are deleted once committed."""
+    from tests.e2e.ledger import leaders
+
+    topic = f"zone-txn-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    led = leaders(cluster["bootstrap"], topic)
+    proxied = sorted(p for p, n in led.items() if n not in cluster["by_az"]["az2"])
+    assert proxied, led
+    producer = Producer(
+        {
+            "bootstrap.servers": _bootstrap(cluster, "az1"),
+            **_client("az1"),
+            "transactional.id": f"zone-txn-{uuid.uuid4().hex[:6]}",
+            "linger.ms": 5,
+        }
+    )
+    producer.init_transactions(30)
+    committed: set[bytes] = set()
+    channel_keys: set[str] = set()
+    for name, commit in (("first", True), ("aborted", False), ("second", True), ("open", None)):
+        producer.begin_transaction()
+        for i in range(10 * PARTITIONS):
+            producer.produce(topic, value=f"{name}-{i}".encode(), partition=i % PARTITIONS)
+        assert producer.flush(30) == 0  # acked: in the mains' logs, decided or not
+        # the channel objects just written (kept until the mains' uploads, every 2 s)
+        channel_keys |= _channel_data_keys(cluster)
+        if commit is True:
+            producer.commit_transaction(30)
+            committed |= {f"{name}-{i}".encode() for i in range(10 * PARTITIONS)}
+        elif commit is False:
+            producer.abort_transaction(30)
+    assert channel_keys  # az1's produce went through its RouterChannel
+    stats: list[dict] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": _bootstrap(cluster, "az2"),
+            **_client("az2"),
+            "group.id": f"zone-txn-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+            "statistics.interval.ms": 200,
+            "stats_cb": lambda s: stats.append(json.loads(s)),
+        }
+    )
+    seen: Counter = Counter()
+    first_at: dict[int, tuple[int, int]] = {}  # partition -> (offset, timestamp) of its first
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and set(seen) < committed:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            seen[msg.value()] += 1
+            first_at.setdefault(msg.partition(), (msg.offset(), msg.timestamp()[1]))
+        end = time.monotonic() + 1.5  # an open or aborted record would come now
+        while time.monotonic() < end:
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                seen[msg.value()] += 1
+    finally:
+        consumer.close()
+    leaked = sorted(v for v in seen if v not in committed)
+    assert not leaked, f"read_committed got {len(leaked)} open/aborted records: {leaked[:5]}"
+    assert set(seen) == committed, f"{len(committed - set(seen))} committed records missing"
+    assert max(seen.values()) == 1, "duplicates"
+    fetched_from = set().union(*(_brokers_used(s, "toppars") for s in stats))
+    assert fetched_from and fetched_from <= set(cluster["by_az"]["az2"]), fetched_from
+    producer.abort_transaction(30)
+    del producer
+
+    # ListOffsets by timestamp through az2's proxy: the main's answer
+    p = proxied[0]
+    offset, timestamp = first_at[p]
+    direct = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": "zone-direct"})
+    via_proxy = Consumer(
+        {"bootstrap.servers": _bootstrap(cluster, "az2"), **_client("az2"), "group.id": "zone-az2"}
+    )
+    try:
+        # (one lookup per request: librdkafka answers a partition asked twice with errors)
+        def lookup(consumer, ts: int) -> int:
+            (found,) = consumer.offsets_for_times([TopicPartition(topic, p, ts)], timeout=10)
+            assert found.error is None, found.error
+            return found.offset
+
+        for ts, expected in ((timestamp, offset), (2**50, -1)):
+            from_main, from_proxy = lookup(direct, ts), lookup(via_proxy, ts)
+            assert from_proxy == from_main == expected, (ts, from_proxy, from_main)
+        # DeleteRecords through az2's proxy: forwarded to the main
+        admin = AdminClient({"bootstrap.servers": _bootstrap(cluster, "az2"), **_client("az2")})
+        (deleted,) = admin.delete_records([TopicPartition(topic, p, offset + 3)]).values()
+        assert deleted.result(30).low_watermark == offset + 3
+        low, _ = direct.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        assert low == offset + 3
+    finally:
+        direct.close()
+        via_proxy.close()
+
+    # RouterChannel objects are deleted once their data is committed by the mains (the
+    # route epoch they were written in is then committed too)
+    deadline = time.monotonic() + 40
+    while (left := channel_keys & _channel_data_keys(cluster)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"{len(left)} of {len(channel_keys)} channel objects not deleted: {left}"
 
 
 def test_kill_9_of_a_main_loses_no_record_acked_through_a_proxy(cluster):

@@ -293,6 +293,32 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
         reader.apply(snapshot(3, [], epoch=1), image)
         assert reader.cache.max_end(key) == -1
         assert reader.high_watermark(proxy, state.leader_node_id, 0) == 0
+        # read_committed: nothing is stable before a snapshot told the main's LSO; then
+        # the LSO (at most what the proxy serves) and the aborts it learned
+        main = state.leader_node_id
+        assert reader.last_stable_offset(proxy, main, 3, 0) == 0
+        R1 = GetPartitionSnapshotResponse[1]
+        snap = snapshot(3, [], epoch=1)
+        snap.partitions[0].last_stable_offset = 2
+        snap.partitions[0].aborted_transactions = [
+            R1.PartitionSnapshot.AbortedTransaction(producer_id=9, first_offset=0, marker_offset=1)
+        ]
+        reader.apply(snap, image)
+        assert reader.last_stable_offset(proxy, main, 3, 0) == 2
+        assert reader.last_stable_offset(proxy, main, 1, 0) == 1
+        assert reader.aborted_transactions(proxy, main, 0, 2) == [(9, 0)]
+        assert reader._asked(main, image)[0][2] == 2  # next: the aborts from marker 2 on
+        # a marker sent inline (the main holds it without a link) is served from the cache
+        from dataplane.kafka.txn.markers import build_marker
+
+        marker = patch_batch(build_marker(9, 0, False, 0, 1_000), 0, 1)
+        snap = snapshot(3, [], epoch=1)
+        snap.partitions[0].control_batches = [
+            R1.PartitionSnapshot.ControlBatch(base_offset=0, data=marker)
+        ]
+        reader.apply(snap, image)
+        assert reader.high_watermark(proxy, main, 0) == 1
+        assert reader.cache.read(key, 0, 1, 1 << 20) == marker
     finally:
         reader.close()
 
@@ -418,3 +444,192 @@ def test_snapshot_server_long_polls_and_answers_durable_links_only(monkeypatch):
     thread.join()
     assert time.monotonic() - start < long_wait_ms / 1000 / 2  # woken, not timed out
     assert snap.high_watermark == 15 and [lk.base_offset for lk in snap.links] == [10]
+
+
+# ---------------------------------------------------------------- read_committed via a proxy
+
+
+def test_page_aborted_lowers_the_lso_to_every_abort_left_out():
+    from dataplane.zonerouter.snapshot import page_aborted
+
+    new = [(1, 10, 20), (2, 5, 30), (3, 40, 41)]
+    assert page_aborted(new, 50, 10) == (new, 50)
+    # the second and third are left out: nothing from offset 5 (the second's first) is
+    # stable for the proxy until it has them (a long transaction opened before the first)
+    assert page_aborted(new, 50, 1) == ([(1, 10, 20)], 5)
+    assert page_aborted([], 7, 1) == ([], 7)
+
+
+def test_txn_view_learns_aborts_incrementally_and_its_lso_only_grows():
+    from dataplane.zonerouter.snapshot import TxnView
+
+    view = TxnView(max_aborted=3)
+    # no snapshot yet: nothing is stable (a read_committed fetch waits)
+    assert view.last_stable_offset(100, 0) == 0 and view.aborted_from == -1
+    view.apply(30, [(1, 10, 20)])
+    assert view.last_stable_offset(100, 0) == 30
+    assert view.last_stable_offset(25, 0) == 25  # at most what the proxy serves
+    assert view.aborted_from == 21  # next time: the aborts from marker offset 21 on
+    assert view.aborted_between(0, 30) == [(1, 10)]
+    assert view.aborted_between(21, 30) == [] and view.aborted_between(0, 10) == []
+    view.apply(25, [(1, 10, 20), (2, 22, 40)])  # a repeat is kept once; a lower LSO is stale
+    assert view.last_stable_offset(100, 0) == 30
+    assert view.aborted_between(0, 100) == [(1, 10), (2, 22)] and view.aborted_from == 41
+    view.apply(90, [(3, 50, 60), (4, 70, 80)])  # bounded: the oldest abort goes
+    assert view.aborted_between(0, 100) == [(2, 22), (3, 50), (4, 70)]
+    with pytest.raises(ValueError):
+        TxnView(max_aborted=0)
+
+
+def test_txn_index_aborted_since_walks_only_the_new_aborts():
+    from dataplane.kafka.partitions import TxnIndex
+
+    txns = TxnIndex()
+    for pid, first, marker, commit in ((1, 0, 5, False), (2, 6, 8, True), (3, 9, 12, False)):
+        txns.data(pid, first)
+        txns.marker(pid, commit, marker)
+    assert txns.aborted_since(-1) == [(1, 0, 5), (3, 9, 12)]
+    assert txns.aborted_since(6) == [(3, 9, 12)] and txns.aborted_since(13) == []
+
+
+def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(monkeypatch):
+    """Version 1: the main's last stable offset and its aborted transactions from the
+    proxy's marker offset on, bounded per answer (the LSO lowered to what is left out), and
+    an abort the proxy has not got answers at once (no long poll)."""
+    import asyncio
+    import time
+
+    from dataplane.kafka.partitions import TxnIndex
+    from dataplane.zonerouter import snapshot_read
+    from dataplane.zonerouter.snapshot_read import SnapshotServer
+
+    topic_id = uuid.uuid4()
+    log = _Log(7, hw=40)
+    log.txns = TxnIndex()
+    for pid, first, marker in ((1, 0, 10), (2, 12, 20), (3, 22, 30)):
+        log.txns.data(pid, first)
+        log.txns.marker(pid, False, marker)
+    log.txns.data(4, 35)  # open: the LSO is 35
+    log.last_stable_offset = 35
+    server = SnapshotServer(type("P", (), {"get": lambda self, t, p: log})(), LinkIndex())
+    monkeypatch.setattr(snapshot_read, "MAX_ABORTED_PER_PARTITION", 2)
+    Q = GetPartitionSnapshotRequest[1]
+
+    def ask(fetch_offset: int, aborted_from: int):
+        req = Q(
+            node_id=2,
+            max_wait_ms=500,
+            partitions=[
+                Q.PartitionRequest(
+                    topic_id=topic_id,
+                    partition=0,
+                    fetch_offset=fetch_offset,
+                    aborted_from=aborted_from,
+                )
+            ],
+        )
+        ctx = type("C", (), {"api_version": 1})()
+        start = time.monotonic()
+        snap = asyncio.run(server.get_partition_snapshot(req, ctx)).partitions[0]
+        return snap, time.monotonic() - start
+
+    snap, _ = ask(0, -1)
+    got = [(a.producer_id, a.first_offset, a.marker_offset) for a in snap.aborted_transactions]
+    assert got == [(1, 0, 10), (2, 12, 20)]
+    assert snap.last_stable_offset == 22  # the third abort is not in this answer
+    # the proxy is at the high watermark but lacks an abort: answered at once
+    snap, waited = ask(40, 21)
+    assert waited < 0.3 and snap.last_stable_offset == 35
+    assert [a.producer_id for a in snap.aborted_transactions] == [3]
+    # all known: a long poll, and nothing repeated
+    snap, waited = ask(40, 31)
+    assert waited >= 0.4 and snap.aborted_transactions == [] and snap.last_stable_offset == 35
+    # the open transaction ends and appends land while the answer is built: the LSO is
+    # never past the answer's high watermark (nor below it with no transaction open: the
+    # proxy asks from that high watermark, and would wait for the next append)
+    log.txns.marker(4, True, 40)
+
+    class _Racing(_Log):
+        @property
+        def last_stable_offset(self):
+            lso = self.high_watermark
+            self.high_watermark += 4  # an append right after
+            return lso
+
+    racing = _Racing(7, hw=41)
+    racing.txns = log.txns
+    original, server.partitions = (
+        server.partitions,
+        type("P", (), {"get": lambda s, t, p: racing})(),
+    )
+    snap, _ = ask(40, 41)
+    assert snap.high_watermark == 41 and snap.last_stable_offset == 41
+    server.partitions = original
+    # a version-0 proxy gets neither
+    snap0 = asyncio.run(
+        server.get_partition_snapshot(
+            GetPartitionSnapshotRequest[0](
+                node_id=2,
+                max_wait_ms=0,
+                partitions=[
+                    GetPartitionSnapshotRequest[0].PartitionRequest(
+                        topic_id=topic_id, partition=0, fetch_offset=0
+                    )
+                ],
+            ),
+            type("C", (), {"api_version": 0})(),
+        )
+    ).partitions[0]
+    assert snap0.high_watermark == 40
+
+
+def test_holes_between_links_bounded():
+    from dataplane.zonerouter.snapshot import holes
+
+    linked = [(0, 10), (11, 20), (30, 40)]
+    # a marker at 10, 10 offsets of unlinked client data at 20, a marker at the end (40)
+    assert holes(0, 41, linked, 8, 16) == [(10, 11), (40, 41)]
+    assert holes(0, 41, linked, 10, 16) == [(10, 11), (20, 30), (40, 41)]
+    assert holes(0, 41, linked, 8, 1) == [(10, 11)]
+    assert holes(5, 20, linked, 8, 16) == [(10, 11)] and holes(40, 40, linked, 8, 16) == []
+    assert holes(0, 3, [], 8, 16) == [(0, 3)]
+
+
+def test_markers_the_main_holds_without_a_link_are_sent_inline():
+    """A transaction's marker is appended at the main without a link: the snapshot carries
+    its bytes (a control batch, ~80 bytes), never unlinked client data, so a proxy's
+    read_committed consumers see the transaction end without waiting for the upload."""
+    import asyncio
+
+    from dataplane.kafka.record_batch import patch_batch
+    from dataplane.kafka.txn.markers import build_marker
+    from dataplane.zonerouter.snapshot_read import SnapshotServer
+    from tests.unit.test_kafka_apis_inprocess import batch
+
+    marker = patch_batch(build_marker(5, 0, True, 0, 1_000), 10, 3)
+    client = patch_batch(batch([b"no az"]), 11, 3)
+    log = _Log(7, hw=12)
+    log.last_stable_offset = 12
+    stored = {10: marker, 11: client}
+    log.read = lambda start, max_bytes, end: b"".join(
+        stored[o] for o in range(start, end) if o in stored
+    )
+    index = LinkIndex()
+    index.record(7, _loc(0, count=10))
+
+    async def io(fn, *args):
+        return fn(*args)
+
+    topic_id = uuid.uuid4()
+    server = SnapshotServer(type("P", (), {"get": lambda self, t, p: log})(), index, io=io)
+    Q = GetPartitionSnapshotRequest[1]
+    req = Q(
+        node_id=2,
+        max_wait_ms=0,
+        partitions=[Q.PartitionRequest(topic_id=topic_id, partition=0, fetch_offset=0)],
+    )
+    snap = asyncio.run(
+        server.get_partition_snapshot(req, type("C", (), {"api_version": 1})())
+    ).partitions[0]
+    assert [(c.base_offset, c.data) for c in snap.control_batches] == [(10, marker)]
+    assert [lk.base_offset for lk in snap.links] == [0]

@@ -106,3 +106,144 @@ def test_client_bytes_are_counted_by_the_clients_az():
     assert counts["consumed_cross_az_bytes"] == 7 and counts["consumed_unknown_az_bytes"] == 7
     assert counts["consumed_bytes"] == 14
     assert CountedBackend(inner, traffic, "az1") == CountedBackend(inner, traffic, None)
+
+
+def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monkeypatch):
+    """ListOffsets by timestamp / MAX_TIMESTAMP and DeleteRecords at a proxy are the main's
+    answers (sent as this broker, no AZ); the main's errors come back as the partition's
+    error (OFFSET_OUT_OF_RANGE as the local partition raises it); a main that is not live
+    or does not answer is NOT_LEADER_OR_FOLLOWER (the client refreshes)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from dataplane.kafka.errors import KafkaError
+    from dataplane.kafka.partition_backend import BackendError, OffsetAndTimestamp
+    from dataplane.kafka.partitions import OffsetOutOfRangeError
+    from dataplane.zonerouter import proxy as proxy_module
+    from dataplane.zonerouter.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az
+    from dataplane.zonerouter.proxy import ProxyPartition
+
+    image = _image()
+    topic = image.topic_by_name("t")
+    partition = next(p for p in topic.partitions.values() if p.leader_node_id == 2)
+    router = SimpleNamespace(image_fn=lambda: image, login=None)
+    proxy = ProxyPartition(router, topic.topic_id, partition.partition)  # type: ignore[arg-type]
+    sent: list = []
+    answers: list = []
+
+    class _Conn:
+        def __init__(self, host, port, login):
+            sent.append((host, port))
+
+        def call(self, req, timeout_s, api_key, version):
+            sent.append((api_key, req))
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(proxy_module, "_MainConnection", _Conn)
+
+    def listed(error=0, offset=-1, timestamp=-1):
+        part = SimpleNamespace(error_code=error, offset=offset, timestamp=timestamp)
+        return SimpleNamespace(topics=[SimpleNamespace(partitions=[part])])
+
+    def deleted(error=0, low=-1):
+        part = SimpleNamespace(error_code=error, low_watermark=low)
+        return SimpleNamespace(topics=[SimpleNamespace(partitions=[part])])
+
+    answers.append(listed(offset=7, timestamp=1_000))
+    assert proxy.offset_for_timestamp(900) == OffsetAndTimestamp(7, 1_000)
+    assert sent[0] == ("127.0.0.1", 9002) and sent[1][0] == 2  # ListOffsets to node 2
+    asked = sent[1][1].topics[0]
+    assert (asked.name, asked.partitions[0].partition_index) == ("t", partition.partition)
+    assert asked.partitions[0].timestamp == 900
+    answers.append(listed(offset=9, timestamp=2_000))
+    assert proxy.max_timestamp_offset() == OffsetAndTimestamp(9, 2_000)
+    assert sent[-1][1].topics[0].partitions[0].timestamp == -3
+    answers.append(listed(error=KafkaError.UNKNOWN_TOPIC_OR_PARTITION))
+    with pytest.raises(BackendError) as refused:
+        proxy.offset_for_timestamp(1)
+    assert refused.value.error == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    answers.append(ConnectionError("reset"))
+    with pytest.raises(BackendError) as unanswered:
+        proxy.offset_for_timestamp(1)
+    assert unanswered.value.error == KafkaError.NOT_LEADER_OR_FOLLOWER
+
+    answers.append(deleted(low=5))
+    assert proxy.delete_records(5) == 5 and sent[-1][0] == 21  # DeleteRecords
+    answers.append(deleted(error=KafkaError.OFFSET_OUT_OF_RANGE))
+    with pytest.raises(OffsetOutOfRangeError):
+        proxy.delete_records(10**9)
+    answers.append(deleted(error=KafkaError.POLICY_VIOLATION))
+    with pytest.raises(BackendError):
+        proxy.delete_records(3)
+    assert proxy.forwards_to_main
+
+    # the main serves the forwarded requests as a client without an AZ, whatever the
+    # proxy's address maps to
+    cidrs = CidrAzMap.parse({"127.0.0.0/8": "az1"})
+    assert client_az(BROKER_CLIENT_ID, "127.0.0.1", cidrs) is None
+    assert client_az("other", "127.0.0.1", cidrs) == "az1"
+
+
+def test_delete_records_at_a_proxy_goes_through_the_clients_routing():
+    """AdminApis.delete_records: a partition not led here is resolved through the client's
+    routing; only a backend that forwards to the main is used (its answer, or its error)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from kafka.protocol.admin import DeleteRecordsRequest
+
+    from dataplane.kafka.admin_apis import AdminApis
+    from dataplane.kafka.errors import KafkaError
+    from dataplane.kafka.partition_backend import BackendError
+
+    image = _image(2)
+
+    class _Forwarding:
+        forwards_to_main = True
+
+        def __init__(self, outcome):
+            self.outcome = outcome
+
+        def delete_records(self, offset):
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return self.outcome
+
+    def delete(routed):
+        admin = AdminApis(
+            1,
+            lambda: image,
+            None,  # type: ignore[arg-type]
+            SimpleNamespace(get=lambda t, p: None),  # type: ignore[arg-type]
+            ThreadPoolExecutor(1),
+            routed=lambda topic_id, partition, ctx: routed,
+        )
+        P = DeleteRecordsRequest.DeleteRecordsTopic.DeleteRecordsPartition
+        req = DeleteRecordsRequest[2](
+            topics=[
+                DeleteRecordsRequest.DeleteRecordsTopic(
+                    name="t", partitions=[P(partition_index=0, offset=4)]
+                )
+            ],
+            timeout_ms=1000,
+        )
+        res = asyncio.run(admin.delete_records(req, SimpleNamespace(api_version=2)))
+        p = res.topics[0].partitions[0]
+        return p.error_code, p.low_watermark
+
+    assert delete(_Forwarding(4)) == (KafkaError.NONE, 4)
+    refused = BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "main gone")
+    assert delete(_Forwarding(refused)) == (KafkaError.NOT_LEADER_OR_FOLLOWER, -1)
+    # the routing names the real partition elsewhere, or nothing: not led here
+    assert delete(SimpleNamespace(delete_records=lambda o: 4))[0] == (
+        KafkaError.NOT_LEADER_OR_FOLLOWER
+    )
+    assert delete(None)[0] == KafkaError.NOT_LEADER_OR_FOLLOWER
