@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import botocore.handlers
 import botocore.loaders
 import botocore.session
 from botocore.config import Config as BotoConfig
@@ -125,6 +126,18 @@ def default_client_factory(bucket: BucketURI, config: BotoConfig) -> Any:
         config=config,
         **bucket.credentials(),
     )
+
+
+def without_expect_continue(client: Any) -> None:
+    """No `Expect: 100-continue` on the client's PUTs. botocore adds it to every request
+    whose body is file-like (our streamed uploads), then waits up to 1 s for the interim
+    answer before sending the body: under load a 100 Continue arriving after that second
+    was parsed as the headers of the real answer (urllib3 "Failed to parse headers"), and
+    the PUT hung until its read timeout (30 s), stalling uploads and so the zone router's
+    committed route epoch. The header buys nothing here: our PUTs are not redirected."""
+    events = getattr(getattr(client, "meta", None), "events", None)
+    if events is not None:
+        events.unregister("before-call.s3", botocore.handlers.add_expect_header)
 
 
 class ObjectStorage:
@@ -239,6 +252,7 @@ class ObjectStorage:
                 else:
                     bc = self._botocore_config(bucket, cfg.connect_timeout_ms, cfg.read_timeout_ms)
                 client = self._client_factory(bucket, bc)
+                without_expect_continue(client)
                 cache[bucket_id] = client
             return client
 

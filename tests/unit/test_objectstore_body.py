@@ -136,3 +136,16 @@ def test_payload_signing_can_be_turned_on(aws) -> None:
         store.put_object(0, "obj", ObjectBody([b"abc", b"def"]))
         assert hook.headers[0]["X-Amz-Content-SHA256"] not in ("UNSIGNED-PAYLOAD", None)
         assert store.get_object(0, "obj") == b"abcdef"
+
+
+def test_a_streamed_put_sends_its_body_without_waiting_for_100_continue(aws) -> None:
+    """botocore adds `Expect: 100-continue` to file-like bodies and waits up to 1 s for the
+    interim answer; a late one was misparsed and hung the PUT for its read timeout."""
+    store = ObjectStorage(URIS, metrics=ObjectStoreMetrics(CollectorRegistry()), merge_window_ms=0)
+    with store:
+        hook = FailMidBody()
+        hook.sends = 1  # let every send through
+        store.boto3_client(0).meta.events.register_first("before-send.s3.PutObject", hook)
+        store.put_object(0, "obj", ObjectBody([b"abc", b"def"]))
+        assert "Expect" not in hook.headers[0], hook.headers[0]
+        assert store.get_object(0, "obj") == b"abcdef"
