@@ -2,7 +2,8 @@
 
 Sums the zone router's byte counters every broker reports with its heartbeats
 (`dataplane/zonerouter/traffic.py`; counted since each broker started) and prices the
-cross-AZ bytes at `--price-per-gb` (AWS: $0.01/GB out + $0.01/GB in = $0.02/GB) against a
+cross-AZ bytes (clients' data, and the brokers' own requests to brokers of other AZs) at
+`--price-per-gb` (AWS: $0.01/GB out + $0.01/GB in = $0.02/GB) against a
 Kafka deployment with 3 replicas over 3 AZs carrying the same traffic: clients spread evenly
 over the AZs reach a leader in another AZ 2/3 of the time, and each produced byte is
 replicated to 2 followers in the other AZs (no follower fetching).
@@ -35,8 +36,11 @@ def cost_report(traffic: dict[int, dict[str, int] | None], price_per_gb: float) 
     produced, consumed = sums["produced_bytes"], sums["consumed_bytes"]
     unknown = sums["produced_unknown_az_bytes"] + sums["consumed_unknown_az_bytes"]
     cross = sums["produced_cross_az_bytes"] + sums["consumed_cross_az_bytes"]
+    # brokers' own requests to brokers of other AZs (zone routes, snapshot polls, forwarded
+    # coordinator and admin requests): metadata and control, no record data
+    broker_cross = sums["broker_cross_az_bytes"]
     # clients that did not declare an AZ are assumed spread like Kafka's
-    cross_estimated = cross + unknown * CLIENT_OTHER_AZ_SHARE
+    cross_estimated = cross + broker_cross + unknown * CLIENT_OTHER_AZ_SHARE
     kafka_cross = (
         produced * (CLIENT_OTHER_AZ_SHARE + KAFKA_REPLICAS_CROSS_AZ)
         + consumed * CLIENT_OTHER_AZ_SHARE
@@ -49,6 +53,8 @@ def cost_report(traffic: dict[int, dict[str, int] | None], price_per_gb: float) 
         "cross_az_bytes": cross,
         "unknown_az_client_bytes": unknown,
         "cross_az_ratio": (cross / client_bytes) if client_bytes else 0.0,
+        "broker_cross_az_bytes": broker_cross,
+        "broker_cross_az_ratio": (broker_cross / client_bytes) if client_bytes else 0.0,
         "wal_data_bytes": sums["wal_data_bytes"],
         "wal_data_bytes_per_produced_byte": (sums["wal_data_bytes"] / produced)
         if produced

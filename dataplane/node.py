@@ -490,7 +490,12 @@ class BrokerNode:
         # clients of an AZ reach their group / transaction coordinator through its proxy
         # in their AZ
         coordinator_proxy = CoordinatorProxy(
-            cfg.node_id, image_fn, apis._client_az, self._inter_broker_login()
+            cfg.node_id,
+            image_fn,
+            apis._client_az,
+            self._inter_broker_login(),
+            # the counters exist once the zone router is set up below
+            on_broker_bytes=lambda az, n: self.zone_traffic and self.zone_traffic.broker(az, n),
         )
         self.coordinator_proxy = coordinator_proxy
         handlers = [

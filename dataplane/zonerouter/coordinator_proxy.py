@@ -112,11 +112,14 @@ class CoordinatorProxy:
         image_fn: Callable[[], MetadataImage],
         client_az: Callable[[object], str | None],
         login: InterBrokerLogin | None = None,
+        on_broker_bytes: Callable[[str, int], None] | None = None,
     ):
         self.node_id = node_id
         self.image_fn = image_fn
         self.client_az = client_az  # (request context) -> the client's AZ or None
         self.login = login
+        # (the coordinator's AZ, bytes of a forwarded request and its answer): accounting
+        self.on_broker_bytes = on_broker_bytes
         self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="coordinator-proxy")
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -157,7 +160,12 @@ class CoordinatorProxy:
             elif self._busy.get(where, 0) >= MAX_CONNECTIONS_PER_COORDINATOR:
                 raise ConnectionError(f"{MAX_CONNECTIONS_PER_COORDINATOR} requests in flight")
             else:
-                conn = _MainConnection(*where, self.login)
+                count = self.on_broker_bytes
+                conn = _MainConnection(
+                    *where,
+                    self.login,
+                    None if count is None else (lambda n, az=broker.az: count(az, n)),
+                )
             self._busy[where] = self._busy.get(where, 0) + 1
         ok = False
         try:

@@ -128,10 +128,19 @@ class _ChannelRecord:
 
 
 class _MainConnection:
-    """One blocking connection to a main; requests are serialized on it (thread-safe)."""
+    """One blocking connection to a main; requests are serialized on it (thread-safe).
+    `on_bytes` gets the bytes of each request and its answer (the zone router's
+    broker-to-broker accounting)."""
 
-    def __init__(self, host: str, port: int, login: InterBrokerLogin | None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        login: InterBrokerLogin | None,
+        on_bytes: Callable[[int], None] | None = None,
+    ):
         self.host, self.port, self.login = host, port, login
+        self.on_bytes = on_bytes
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
 
@@ -147,7 +156,11 @@ class _MainConnection:
                 if self._sock is None:
                     self._sock = _connect(self.host, self.port, timeout_s, self.login)
                 self._sock.settimeout(timeout_s)
-                return _roundtrip(self._sock, req, api_key, version)
+                sizes: list[int] = []
+                resp = _roundtrip(self._sock, req, api_key, version, sizes)
+                if self.on_bytes is not None:
+                    self.on_bytes(sum(sizes))
+                return resp
             except BaseException:
                 if self._sock is not None:
                     self._sock.close()
@@ -283,12 +296,19 @@ class ZoneRouter:
 
     # ------------------------------------------------------------------ produce path
 
-    def _connection(self, host: str, port: int) -> _MainConnection:
+    def _connection(self, host: str, port: int, az: str) -> _MainConnection:
+        """The pooled connection to the main at (host, port), in AZ `az`."""
         with self._lock:
             conn = self._connections.get((host, port))
             if conn is None:
-                conn = self._connections[(host, port)] = _MainConnection(host, port, self.login)
+                conn = self._connections[(host, port)] = _MainConnection(
+                    host, port, self.login, self.broker_bytes_counter(az)
+                )
             return conn
+
+    def broker_bytes_counter(self, peer_az: str) -> Callable[[int], None]:
+        """Counts bytes exchanged with a broker of `peer_az` (the accounting)."""
+        return lambda n: self.traffic.broker(peer_az, n)
 
     def forward(self, proxy: ProxyPartition, records: bytes, timeout_ms: int) -> AppendOutcome:
         """Channel append + zone route to the main (runs on the partition's worker)."""
@@ -328,7 +348,7 @@ class ZoneRouter:
                 timeout_ms=timeout_ms,
             )
             try:
-                resp = self._connection(main.host, main.kafka_port).call(
+                resp = self._connection(main.host, main.kafka_port, main.az).call(
                     req, timeout_s + RPC_EXTRA_TIMEOUT_S
                 )
             except (OSError, ConnectionError) as exc:
@@ -629,7 +649,9 @@ class ProxyPartition:
         main = self.router.image_fn().brokers.get(part.leader_node_id) if part else None
         if main is None or main.fenced:
             raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "the main is not live")
-        conn = _MainConnection(main.host, main.kafka_port, self.router.login)
+        conn = _MainConnection(
+            main.host, main.kafka_port, self.router.login, self.router.broker_bytes_counter(main.az)
+        )
         try:
             return conn.call(req, FORWARD_TIMEOUT_S, api_key, version)
         except (OSError, ConnectionError, ValueError) as exc:

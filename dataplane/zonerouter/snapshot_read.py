@@ -357,7 +357,12 @@ class SnapshotReader:
                 if conn is None or (conn.host, conn.port) != (main.host, main.kafka_port):
                     if conn is not None:
                         conn.close()
-                    conn = _MainConnection(main.host, main.kafka_port, self.login)
+                    conn = _MainConnection(
+                        main.host,
+                        main.kafka_port,
+                        self.login,
+                        lambda n, az=main.az: self.traffic.broker(az, n),
+                    )
                 Q = GetPartitionSnapshotRequest[SNAPSHOT_VERSION]
                 req = Q(
                     node_id=self.node_id,

@@ -1,9 +1,11 @@
 """Per-broker byte counters of the zone router's accounting (`automqctl cost`).
 
 Counted on the data path: bytes produced and consumed by clients, split by whether the
-client is in this broker's AZ, in another (cross-AZ), or did not say (unknown); WAL data
-bytes (RouterChannel + the main's WAL) and the proxy's object-store reads. The broker
-reports a snapshot with each heartbeat. Thread-safe (one lock).
+client is in this broker's AZ, in another (cross-AZ), or did not say (unknown); bytes of the
+requests this broker sends to other brokers and of their answers (zone routes, snapshot
+polls, forwarded coordinator and admin requests), by the other broker's AZ; WAL data bytes
+(RouterChannel + the main's WAL) and the proxy's object-store reads. The broker reports a
+snapshot with each heartbeat. Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ KEYS = (
     "consumed_cross_az_bytes",
     "produced_unknown_az_bytes",
     "consumed_unknown_az_bytes",
+    "broker_same_az_bytes",
+    "broker_cross_az_bytes",
     "wal_data_bytes",
     "proxy_read_bytes",
 )
@@ -50,6 +54,10 @@ class ZoneTraffic:
         with self._lock:
             self._counts[f"{direction}_bytes"] += n
             self._counts[f"{direction}_{where}_bytes"] += n
+
+    def broker(self, peer_az: str, n: int) -> None:
+        """`n` bytes of requests to and answers from a broker of `peer_az`."""
+        self.add("broker_same_az_bytes" if peer_az == self.az else "broker_cross_az_bytes", n)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

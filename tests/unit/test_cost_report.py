@@ -45,3 +45,24 @@ def test_no_traffic():
     report = cost_report({}, 0.02)
     assert report["produced_bytes"] == 0 and report["cross_az_ratio"] == 0.0
     assert report["cross_az_cost_usd"] == 0 and report["kafka_cross_az_cost_usd"] == 0
+
+
+def test_the_brokers_own_cross_az_requests_are_counted_and_priced():
+    """Zone routes, snapshot polls and forwarded coordinator requests to brokers of other
+    AZs carry no record data but do cross AZs: reported apart and priced."""
+    from dataplane.zonerouter.traffic import ZoneTraffic
+
+    traffic = ZoneTraffic("az1")
+    traffic.client("produced", "az1", 10**9)
+    traffic.broker("az2", 2 * 10**6)
+    traffic.broker("az1", 5 * 10**6)  # same AZ: free
+    counters = traffic.snapshot()
+    assert (counters["broker_cross_az_bytes"], counters["broker_same_az_bytes"]) == (
+        2 * 10**6,
+        5 * 10**6,
+    )
+    report = cost_report({1: counters}, 0.02)
+    assert report["cross_az_bytes"] == 0  # no client data crossed
+    assert report["broker_cross_az_bytes"] == 2 * 10**6
+    assert report["broker_cross_az_ratio"] == pytest.approx(0.002)
+    assert report["cross_az_cost_usd"] == pytest.approx(2 * 10**6 / 10**9 * 0.02)

@@ -127,13 +127,18 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
     image = _image()
     topic = image.topic_by_name("t")
     partition = next(p for p in topic.partitions.values() if p.leader_node_id == 2)
-    router = SimpleNamespace(image_fn=lambda: image, login=None)
+    counted: list[str] = []  # the AZ of each connection's counter (broker-to-broker bytes)
+    router = SimpleNamespace(
+        image_fn=lambda: image,
+        login=None,
+        broker_bytes_counter=lambda az: counted.append(az) or (lambda n: None),
+    )
     proxy = ProxyPartition(router, topic.topic_id, partition.partition)  # type: ignore[arg-type]
     sent: list = []
     answers: list = []
 
     class _Conn:
-        def __init__(self, host, port, login):
+        def __init__(self, host, port, login, on_bytes=None):
             sent.append((host, port))
 
         def call(self, req, timeout_s, api_key, version):
@@ -159,6 +164,7 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
     answers.append(listed(offset=7, timestamp=1_000))
     assert proxy.offset_for_timestamp(900) == OffsetAndTimestamp(7, 1_000)
     assert sent[0] == ("127.0.0.1", 9002) and sent[1][0] == 2  # ListOffsets to node 2
+    assert counted[0] == image.brokers[2].az  # its bytes counted by the main's AZ
     asked = sent[1][1].topics[0]
     assert (asked.name, asked.partitions[0].partition_index) == ("t", partition.partition)
     assert asked.partitions[0].timestamp == 900
@@ -247,3 +253,42 @@ def test_delete_records_at_a_proxy_goes_through_the_clients_routing():
         KafkaError.NOT_LEADER_OR_FOLLOWER
     )
     assert delete(None)[0] == KafkaError.NOT_LEADER_OR_FOLLOWER
+
+
+def test_a_main_connection_counts_the_bytes_of_each_request_and_answer():
+    """The zone router's broker-to-broker accounting: request frame + answer frame bytes."""
+    import socket
+    import struct
+    import threading
+
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    from dataplane.kafka.codec import decode_request, encode_response
+    from dataplane.zonerouter.proxy import _MainConnection
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    on_wire: list[int] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            (size,) = struct.unpack(">i", conn.recv(4, socket.MSG_WAITALL))
+            request = decode_request(conn.recv(size, socket.MSG_WAITALL))
+            frame = encode_response(
+                request, MetadataResponse[1](brokers=[], controller_id=1, topics=[])
+            )
+            answer = frame if isinstance(frame, bytes) else b"".join(frame)
+            conn.sendall(answer)
+            on_wire.append(4 + size + len(answer))
+
+    counted: list[int] = []
+    main = _MainConnection("127.0.0.1", listener.getsockname()[1], None, counted.append)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        main.call(MetadataRequest[1](topics=[]), 5.0, 3, 1)
+    finally:
+        main.close()
+        thread.join(5)
+        listener.close()
+    assert counted == on_wire and counted[0] > 0

@@ -62,12 +62,18 @@ class InterBrokerAuthError(ConnectionError):
 SASL_HANDSHAKE_VERSION, SASL_AUTHENTICATE_VERSION = 1, 2
 
 
-def _roundtrip(sock: socket.socket, req: Any, api_key: int, version: int) -> Any:
+def _roundtrip(
+    sock: socket.socket, req: Any, api_key: int, version: int, sizes: list[int] | None = None
+) -> Any:
+    """Send `req`, read its answer; `sizes` gets the bytes sent and received (accounting)."""
     correlation_id = next(_correlation) & 0x7FFFFFFF
-    sock.sendall(encode_request(req, correlation_id, client_id=CLIENT_ID, version=version))
+    frame = encode_request(req, correlation_id, client_id=CLIENT_ID, version=version)
+    sock.sendall(frame)
     (size,) = struct.unpack(">i", _recv_exact(sock, 4))
     if not 0 < size <= MAX_RESPONSE_BYTES:
         raise ConnectionError(f"bad response size {size}")
+    if sizes is not None:
+        sizes.append(len(frame) + 4 + size)
     got, resp = decode_response(_recv_exact(sock, size), api_key, version)
     if got != correlation_id:
         raise ConnectionError(f"correlation id {got}, expected {correlation_id}")
