@@ -6,8 +6,7 @@
   the next 4 KiB boundary and writes the batch with one ``pwritev``; the
   *syncer* calls ``fdatasync`` once for every batch written before it started
   (up to ``max_batch_bytes`` of them), re-checks the reservation and marks them
-  durable; the *completer* resolves the futures in order (the syncer does it
-  itself when nothing waits for an fsync and the completer is idle). The writer keeps
+  durable; the *completer* resolves the futures in order. The writer keeps
   writing what arrives while an fdatasync runs (at most ``PIPELINE_DEPTH`` x
   ``max_batch_bytes`` are written and unchecked), so appends that arrive during
   a slow fdatasync are all covered by the next one instead of waiting for one
@@ -92,14 +91,6 @@ fsynced-and-checked at any time: the zeroing on open and the fencing bound rely 
 MAX_CAPACITY_BYTES = 1 << 40
 _U32_MAX = 2**32 - 1
 _I64_MAX = 2**63 - 1
-
-
-def _resolve(batch: list[_Pending]) -> None:
-    """Resolve the futures of a durable batch, in order."""
-    now = time.monotonic()
-    for pending in batch:
-        metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
-        pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
 
 
 class WALQueueTimeoutError(WALError, TimeoutError):
@@ -249,7 +240,6 @@ class FileWAL(WriteAheadLog):
         self._done_cv = threading.Condition(threading.Lock())
         self._completions: deque[list[_Pending]] = deque()
         self._syncer_exited = False
-        self._completing = False  # the completer is resolving a batch (under _done_cv)
         self._threads = [
             threading.Thread(target=target, name=f"file-wal-{role}-{path.name}", daemon=True)
             for role, target in (
@@ -795,16 +785,8 @@ class FileWAL(WriteAheadLog):
             metrics.APPEND_BYTES.inc(written.size_bytes)
             metrics.BATCH_BYTES.observe(written.size_bytes)
             with self._done_cv:
-                # Nothing waits for an fsync and the completer is idle: resolve here, in
-                # order all the same, and save the completer's wake-up on the ack's path
-                # (under CPU contention each thread wake-up costs milliseconds). Otherwise
-                # the completer resolves them while this thread starts the next fsync.
-                inline = not self._completions and not self._completing and not self._sync_queue
-                if not inline:
-                    self._completions.append(written.batch)
-                    self._done_cv.notify()
-            if inline:
-                _resolve(written.batch)
+                self._completions.append(written.batch)
+                self._done_cv.notify()
 
     # ------------------------------------------------------------------ completer thread
     def _complete_loop(self) -> None:
@@ -816,12 +798,10 @@ class FileWAL(WriteAheadLog):
                 if not self._completions:
                     return
                 batch = self._completions.popleft()
-                self._completing = True
-            try:
-                _resolve(batch)
-            finally:
-                with self._done_cv:
-                    self._completing = False
+            now = time.monotonic()
+            for pending in batch:
+                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
+                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
 
     # ------------------------------------------------------------------ failure
     def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
