@@ -272,7 +272,14 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
             assert time.monotonic() < deadline, "writer thread did not get there"
             time.sleep(0.005)
 
-    wal = open_wal(wal_path, max_queue_bytes=64 * 1024, queue_wait_timeout_s=0.3)
+    # the writer keeps writing while an fsync is stuck, up to 2 x max_batch_bytes unchecked
+    wal = open_wal(
+        wal_path,
+        max_record_bytes=12 * 1024,
+        max_batch_bytes=16 * 1024,
+        max_queue_bytes=64 * 1024,
+        queue_wait_timeout_s=0.3,
+    )
     monkeypatch.setattr(file_wal_module, "fsync_data", blocked_fsync)
     try:
         # Each step waits for the writer thread's state instead of sleeping: a writer slower
@@ -280,8 +287,9 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
         # its bound when the last append came (it passed, or an earlier one timed out).
         first = wal.append(bytes(10_000))  # batch 1: written, its fsync is stuck
         assert fsync_entered.wait(10)
-        second = [wal.append(bytes(10_000)) for _ in range(6)]
-        wait_until(lambda: wal._in_flight == 2)  # batch 2 written; the writer takes no more
+        # batch 2: written too, then the unchecked bytes are at their limit (2 x 16 KiB)
+        second = [wal.append(bytes(10_000))]
+        wait_until(lambda: wal._unsynced_bytes > 16 * 1024 and not wal._queue)
         queued = []
         record_bytes = RECORD_HEADER_SIZE_BYTES + 10_000
         while wal._queued_bytes + record_bytes <= 64 * 1024:  # fill the queue to its bound
@@ -295,6 +303,43 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
         gate.set()
         for f in [first, *second, *queued]:
             f.result(timeout=10)
+    finally:
+        gate.set()
+        wal.close()
+
+
+def test_appends_during_a_slow_fsync_share_the_next_one(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends that arrive while an fdatasync is slow are written meanwhile and all made
+    durable by the next fdatasync (not one more per batch), and none is acknowledged early."""
+    gate = threading.Event()
+    real_fsync = file_wal_module.fsync_data
+
+    def slow_fsync(fd: int) -> None:
+        assert gate.wait(10)
+        real_fsync(fd)
+
+    wal = open_wal(wal_path)
+    monkeypatch.setattr(file_wal_module, "fsync_data", slow_fsync)
+    try:
+        start = wal.fsync_count
+        first = wal.append(b"first")
+        time.sleep(0.05)
+        later = []
+        for i in range(5):  # each written as a batch of its own while the first fsync waits
+            later.append(wal.append(b"later-%d" % i))
+            time.sleep(0.05)
+        assert not any(f.done() for f in [first, *later])
+        gate.set()
+        for f in [first, *later]:
+            f.result(timeout=10)
+        assert wal.fsync_count - start == 2
+        assert wal.batch_count == 2
+        assert [r.data for r in wal.recover()][-6:] == [
+            b"first",
+            *(b"later-%d" % i for i in range(5)),
+        ]
     finally:
         gate.set()
         wal.close()

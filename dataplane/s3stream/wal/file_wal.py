@@ -4,10 +4,13 @@
 * Group commit, as a three-thread pipeline: the *writer* takes queued appends
   (up to ``max_batch_bytes``), assigns their offsets, adds a padding record up to
   the next 4 KiB boundary and writes the batch with one ``pwritev``; the
-  *syncer* calls ``fdatasync`` once for it, re-checks the reservation and marks
-  it durable; the *completer* resolves the futures in order. The writer writes
-  batch N+1 while batch N is being synced (at most ``PIPELINE_DEPTH`` = 2
-  batches are unchecked). An append is acknowledged only after its fdatasync.
+  *syncer* calls ``fdatasync`` once for every batch written before it started
+  (up to ``max_batch_bytes`` of them), re-checks the reservation and marks them
+  durable; the *completer* resolves the futures in order. The writer keeps
+  writing what arrives while an fdatasync runs (at most ``PIPELINE_DEPTH`` x
+  ``max_batch_bytes`` are written and unchecked), so appends that arrive during
+  a slow fdatasync are all covered by the next one instead of waiting for one
+  more. An append is acknowledged only after its fdatasync.
 * Software reservation (DESIGN.md "Crash failover"): the file names its owner
   ``(node_id, node_epoch)``. **After** every batch's fdatasync (and before the
   first write after opening or after a trim) the owner re-reads the reservation
@@ -83,7 +86,8 @@ log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BYTES = 64 * 1024
 PIPELINE_DEPTH = 2
-"""Batches written but not yet fsynced-and-checked at any time (write N+1 during fsync N)."""
+"""At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
+fsynced-and-checked at any time: the zeroing on open and the fencing bound rely on it."""
 MAX_CAPACITY_BYTES = 1 << 40
 _U32_MAX = 2**32 - 1
 _I64_MAX = 2**63 - 1
@@ -225,7 +229,11 @@ class FileWAL(WriteAheadLog):
         self._acked_bytes = 0
         # Pipeline: the writer thread writes batch N+1 while the syncer thread
         # fdatasyncs and checks batch N; the completer thread resolves futures.
-        self._in_flight = 0  # batches taken by the writer and not yet checked by the syncer
+        # bytes (padding included) taken by the writer and not yet synced and checked
+        self._unsynced_bytes = 0
+        self._unsynced_limit = PIPELINE_DEPTH * config.max_batch_bytes
+        # room a batch's padding record may take beyond its records (see padding_bytes)
+        self._padding_slack = max(config.align_bytes, 0) + RECORD_HEADER_SIZE_BYTES
         self._sync_queue: deque[_Written] = deque()  # written, waiting for fdatasync
         self._sync_cv = threading.Condition(self._lock)
         self._writer_exited = False
@@ -563,7 +571,7 @@ class FileWAL(WriteAheadLog):
                 while True:
                     if self._status in (_FENCED, _FAILED):
                         return
-                    if self._trims or (self._queue and self._in_flight < PIPELINE_DEPTH):
+                    if self._trims or (self._queue and self._batch_room() > 0):
                         break
                     if self._status != _OPEN and not self._queue:
                         return  # closing and drained
@@ -572,8 +580,8 @@ class FileWAL(WriteAheadLog):
                     trim = self._trims.popleft()
                 else:
                     self._linger()
-                    batch, padding = self._take_batch()
-                    self._in_flight += 1
+                    batch, padding = self._take_batch(self._batch_room())
+                    self._unsynced_bytes += sum(p.size_bytes for p in batch) + padding
             if trim is not None:
                 self._do_trim(trim)
             else:
@@ -591,8 +599,21 @@ class FileWAL(WriteAheadLog):
                 return
             self._not_empty.wait(remaining)
 
-    def _take_batch(self) -> tuple[list[_Pending], int]:
-        """Caller holds the lock; pop up to max_batch_bytes of appends (at least one).
+    def _batch_room(self) -> int:
+        """Caller holds the lock; bytes of records the next batch may take (0: none, wait
+        for the syncer): at most max_batch_bytes, and the written-but-unchecked bytes stay
+        within PIPELINE_DEPTH x max_batch_bytes with the batch's padding. Never 0 when
+        nothing is unchecked (max_batch_bytes holds any record)."""
+        room = min(
+            self._config.max_batch_bytes,
+            self._unsynced_limit - self._unsynced_bytes - self._padding_slack,
+        )
+        if self._unsynced_bytes == 0:
+            return self._config.max_batch_bytes
+        return room if self._queue and self._queue[0].size_bytes <= room else 0
+
+    def _take_batch(self, limit: int) -> tuple[list[_Pending], int]:
+        """Caller holds the lock; pop up to ``limit`` bytes of appends (at least one).
 
         Assigns the records' offsets and decides the batch's padding record
         (returned size, 0 for none): padding is added only when the space it takes
@@ -600,7 +621,6 @@ class FileWAL(WriteAheadLog):
         """
         batch: list[_Pending] = []
         offset = self._next_offset
-        limit = self._config.max_batch_bytes
         queue = self._queue
         total = 0
         while queue:
@@ -636,9 +656,10 @@ class FileWAL(WriteAheadLog):
     def _write_batch(self, batch: list[_Pending], padding: int) -> None:
         """Writer thread: write one batch (no fsync) and hand it to the syncer.
 
-        At most PIPELINE_DEPTH (2) batches are unchecked at a time, so when this
-        write starts, the batch before the previous one has passed its post-fsync
-        ownership check; the write goes to space that was free at that check.
+        At most PIPELINE_DEPTH x max_batch_bytes are unchecked at a time, so when
+        this write starts, everything written more than that before its end has
+        passed a post-fsync ownership check; the write goes to space that was free
+        at that check.
         After a trim that argument does not hold (the trim freed space), so the
         first batch after a trim (or after opening) checks ownership first: a
         fenced owner must not write into space the recoverer may still read.
@@ -723,14 +744,25 @@ class FileWAL(WriteAheadLog):
                 self._done_cv.notify_all()
 
     def _sync_loop(self) -> None:
-        """Syncer thread: fdatasync each written batch, re-check ownership, then ack it."""
+        """Syncer thread: fdatasync the batches written so far (one group commit of at most
+        max_batch_bytes, at least one batch), re-check ownership, then ack them."""
+        limit = self._config.max_batch_bytes
         while True:
             with self._lock:
                 while not self._sync_queue and not self._writer_exited:
                     self._sync_cv.wait()
                 if not self._sync_queue:
                     return  # the writer is gone and everything written was handled
-                written = self._sync_queue.popleft()
+                first = self._sync_queue.popleft()
+                group = [first]
+                group_bytes = first.size_bytes
+                # a batch's pwritev finished before it was queued: this fdatasync covers it
+                while self._sync_queue and group_bytes + self._sync_queue[0].size_bytes <= limit:
+                    nxt = self._sync_queue.popleft()
+                    group.append(nxt)
+                    group_bytes += nxt.size_bytes
+            records = [p for w in group for p in w.batch]
+            written = _Written(records, first.start, group_bytes)  # contiguous in the ring
             try:
                 fsync_data(self._fd)
                 with self._lock:
@@ -748,7 +780,7 @@ class FileWAL(WriteAheadLog):
                 self._batches += 1
                 self._acked_records += len(written.batch)
                 self._acked_bytes += written.size_bytes
-                self._in_flight -= 1
+                self._unsynced_bytes -= written.size_bytes
                 self._not_empty.notify()
             metrics.APPEND_BYTES.inc(written.size_bytes)
             metrics.BATCH_BYTES.observe(written.size_bytes)
@@ -787,7 +819,7 @@ class FileWAL(WriteAheadLog):
             self._queue.clear()
             self._trims.clear()
             self._queued_bytes = 0
-            self._in_flight = 0
+            self._unsynced_bytes = 0
             self._not_full.notify_all()
             self._not_empty.notify_all()
             self._sync_cv.notify_all()

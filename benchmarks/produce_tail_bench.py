@@ -1,0 +1,172 @@
+"""What the slow seconds of produce latency at partial load are made of, old tree against new.
+
+    python benchmarks/produce_tail_bench.py --tree old=/path/to/old --tree new=/path/to/new
+        [--runs 3] [--rate 30000] [--duration 30] [--groups 1] [--no-upload]
+
+Each run (trees interleaved: old, new, new, old, old, new, ...): a fresh
+`automqctl cluster up --brokers 1` started from the tree (PYTHONPATH), `automqctl perf
+--partitions 6 --record-size 1024 --send-rate RATE --groups G` (acks=all, idempotent) from the
+same tree, with `produce_trace/sitecustomize.py` loaded into the broker and the load
+generator. Per run it prints the client's produce p50/p99/p999 and worst one-second p99 and,
+from the broker's trace, the produce request's time in the broker (dispatch to answer), the
+WAL append-to-ack latency, fdatasync times, the event loop's lateness (5 ms timer), a plain
+thread's wake-up lateness in the broker and in the load generator (CPU and GIL contention),
+and the share of seconds with an upload running. `--no-upload` turns the broker's uploads
+off (the WAL must hold the run: keep RATE x DURATION under ~400 MB) to see what they cost.
+Medians per tree as JSON at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRACE_DIR = Path(__file__).resolve().parent / "produce_trace"
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))]
+
+
+def _events(path: Path) -> list[list]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(broker: list[list], perf_lag: list[list]) -> dict:
+    """Figures of one run from the traces (pure)."""
+    produce = [e for e in broker if e[0] == "req" and e[1] == 0]
+    t0 = min(e[2] for e in produce)
+    t1 = max(e[3] for e in produce)
+
+    def within(t: float) -> bool:
+        return t0 <= t <= t1
+
+    upload_s = 0.0
+    for e in broker:
+        if e[0] == "up":
+            upload_s += max(0.0, min(e[2], t1) - max(e[1], t0))
+    wal = [e[2] * 1000 for e in broker if e[0] == "wal" and within(e[1])]
+    fsync = [(e[2] - e[1]) * 1000 for e in broker if e[0] == "fs" and within(e[1])]
+    loop = [e[2] for e in broker if e[0] == "loop" and within(e[1])]
+    lag = [e[2] * 1000 for e in broker if e[0] == "lag" and within(e[1])]
+    perf = [e[2] * 1000 for e in perf_lag if e[0] == "lag"]
+    served = [(e[3] - e[2]) * 1000 for e in produce]
+    return {
+        "broker_produce_p50_ms": _pct(served, 0.5),
+        "broker_produce_p99_ms": _pct(served, 0.99),
+        "broker_produce_p999_ms": _pct(served, 0.999),
+        "wal_ack_p50_ms": _pct(wal, 0.5),
+        "wal_ack_p99_ms": _pct(wal, 0.99),
+        "wal_ack_p999_ms": _pct(wal, 0.999),
+        "fsyncs_per_s": len(fsync) / max(t1 - t0, 1e-9),
+        "fsync_p99_ms": _pct(fsync, 0.99),
+        "fsync_max_ms": max(fsync, default=float("nan")),
+        "loop_lateness_p99_ms": _pct(loop, 0.99),
+        "broker_thread_lag_p99_ms": _pct(lag, 0.99),
+        "broker_thread_lag_max_ms": max(lag, default=float("nan")),
+        "perf_thread_lag_p99_ms": _pct(perf, 0.99),
+        "perf_thread_lag_max_ms": max(perf, default=float("nan")),
+        "upload_busy_share": upload_s / max(t1 - t0, 1e-9),
+    }
+
+
+def one_run(tree: Path, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="produce-tail-") as tmp:
+        cdir, traces = Path(tmp) / "cluster", Path(tmp) / "traces"
+        traces.mkdir()
+        env = {
+            **os.environ,
+            "AUTOMQ_CLUSTER_DIR": str(cdir),
+            "PYTHONPATH": f"{tree}{os.pathsep}{TRACE_DIR}",
+            "AUTOMQ_PRODUCE_TRACE_DIR": str(traces),
+        }
+        if args.no_upload:
+            env["AUTOMQ_PRODUCE_TRACE_NO_UPLOAD"] = "1"
+
+        def cli(*cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "-m", "cli.main", *cmd],
+                env=env,
+                cwd=tree,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+
+        up = cli("cluster", "up", "--brokers", "1", "--format", "json", timeout_s=300)
+        if up.returncode != 0:
+            raise SystemExit(f"cluster up failed: {up.stderr.strip()[-500:]}")
+        try:
+            time.sleep(8)  # the tracer attaches once the broker has started
+            summary = Path(tmp) / "perf.json"
+            out = cli(
+                "perf",
+                "--partitions",
+                "6",
+                "--groups",
+                str(args.groups),
+                "--record-size",
+                "1024",
+                "--send-rate",
+                str(args.rate),
+                "--duration",
+                str(args.duration),
+                "--summary-file",
+                str(summary),
+                timeout_s=args.duration + 300,
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"perf failed: {out.stderr.strip()[-500:]}")
+            time.sleep(3)  # the tracer's last write
+            client = json.loads(summary.read_text())
+        finally:
+            cli("cluster", "down", timeout_s=120)
+        broker = [e for f in traces.glob("broker-*.jsonl") for e in _events(f)]
+        perf_lag = [e for f in traces.glob("perf-*.jsonl") for e in _events(f)]
+    return {
+        "client_produce_p50_ms": client["produce_p50_ms"],
+        "client_produce_p99_ms": client["produce_p99_ms"],
+        "client_produce_p999_ms": client["produce_p999_ms"],
+        "client_worst_second_p99_ms": client["max_interval_produce_p99_ms"],
+        "produce_mb_s": client["produce_mb_s"],
+        **summarize(broker, perf_lag),
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", action="append", required=True, help="NAME=PATH, twice")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rate", type=int, default=30000)
+    ap.add_argument("--duration", type=float, default=30)
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--no-upload", action="store_true")
+    args = ap.parse_args()
+    trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
+    results: dict[str, list[dict]] = {name: [] for name, _ in trees}
+    for i in range(args.runs):
+        order = trees if i % 2 == 0 else trees[::-1]
+        for name, path in order:
+            run = one_run(path, args)
+            results[name].append(run)
+            print(json.dumps({"tree": name, "run": i, **run}), flush=True)
+    medians = {
+        name: {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
+        for name, runs in results.items()
+    }
+    print(json.dumps({"medians": medians}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
