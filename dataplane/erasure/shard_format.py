@@ -32,8 +32,8 @@ class ShardFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class Shard:
-    """One coded block of one write, with the header that binds it to its hole."""
+class ShardHead:
+    """A shard frame's header, unchecked (`peek_head`); a `Shard` is one with its block."""
 
     writer_id: int
     stream_id: int
@@ -43,7 +43,6 @@ class Shard:
     parity_shards: int
     payload_length: int
     payload_crc: int
-    block: bytes
 
     @property
     def write_key(self) -> tuple[int, int, int, int, int]:
@@ -55,6 +54,13 @@ class Shard:
             self.data_shards,
             self.parity_shards,
         )
+
+
+@dataclass(frozen=True)
+class Shard(ShardHead):
+    """One coded block of one write, with the header that binds it to its hole."""
+
+    block: bytes
 
 
 def encode_shard(shard: Shard) -> bytes:
@@ -118,31 +124,6 @@ def peek_payload_crc(frame: bytes) -> int | None:
     if len(frame) < _HEADER.size or frame[:4] != SHARD_MAGIC:
         return None
     return _HEADER.unpack_from(frame)[9]
-
-
-@dataclass(frozen=True)
-class ShardHead:
-    """A shard frame's header, unchecked (`peek_head`)."""
-
-    writer_id: int
-    stream_id: int
-    offset: int
-    shard_index: int
-    data_shards: int
-    parity_shards: int
-    payload_length: int
-    payload_crc: int
-
-    @property
-    def write_key(self) -> tuple[int, int, int, int, int]:
-        """As `Shard.write_key`."""
-        return (
-            self.writer_id,
-            self.payload_crc,
-            self.payload_length,
-            self.data_shards,
-            self.parity_shards,
-        )
 
 
 def peek_head(frame: bytes) -> ShardHead | None:

@@ -260,16 +260,20 @@ class HoleStore:
                 content = existing if existing is not None else data
                 answer = WriteAnswer(result, content, stream.filled_below)
             else:
-                if self._holes >= self.max_holes:
-                    raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
-                pos = self._append(_KIND_HOLE, stream_id, offset, data)
-                self._index(stream, offset, pos, len(data))
-                self._remember(stream, offset, data)
-                answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+                answer = self._put_new(stream, stream_id, offset, data)
             target = self._end + self._shift
         # what the answer reports (ours or another writer's bytes, a fill) must be durable
         self._wait_durable(target)
         return answer
+
+    def _put_new(self, stream: _Stream, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
+        """Caller holds the lock: store `data` in an empty hole (not yet durable)."""
+        if self._holes >= self.max_holes:
+            raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
+        pos = self._append(_KIND_HOLE, stream_id, offset, data)
+        self._index(stream, offset, pos, len(data))
+        self._remember(stream, offset, data)
+        return WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
 
     def repair(self, stream_id: int, offset: int, data: bytes) -> WriteAnswer:
         """Put a shard of a *decided* write into a hole that holds no bytes (the repairer's
@@ -300,12 +304,7 @@ class HoleStore:
                 result = AcceptResult.ACCEPTED if content == data else AcceptResult.TAKEN
                 answer = WriteAnswer(result, content, stream.filled_below)
             else:
-                if self._holes >= self.max_holes:
-                    raise StoreFullError(f"shard store holds {self._holes} holes, its limit")
-                pos = self._append(_KIND_HOLE, stream_id, offset, data)
-                self._index(stream, offset, pos, len(data))
-                self._remember(stream, offset, data)
-                answer = WriteAnswer(AcceptResult.ACCEPTED, data, stream.filled_below)
+                answer = self._put_new(stream, stream_id, offset, data)
             target = self._end + self._shift
         self._wait_durable(target)
         return answer
