@@ -102,6 +102,10 @@ class FaultProxy:
                     continue
                 if not data:
                     return
+                if self.mode not in ("pass", "latency"):
+                    # the fault began while this read waited: a request already in flight
+                    # fails too (it passed before, e.g. a whole PUT sent at once)
+                    return
                 if delay and self.mode == "latency":
                     time.sleep(self.latency_s)
                 dst.sendall(data)
