@@ -272,6 +272,13 @@ def up(
             _create_admin_user(cluster, config)
         if config.sasl and cluster.broker_credentials() is None:
             _create_broker_user(cluster, config)
+        # a broker started again must register anew (a new node epoch): its dead process's
+        # registration stays unfenced until its session expires and must not pass for ready
+        old_epochs = {
+            b["node_id"]: b["node_epoch"]
+            for b in collect_status(cluster, config)["brokers"]
+            if b["registered"] and f"broker-{b['node_id']}" in missing
+        }
         for b in config.brokers:
             if f"broker-{b.node_id}" in missing:
                 started.append(f"broker-{b.node_id}")
@@ -289,7 +296,12 @@ def up(
                     f"`automqctl cluster logs {dead[0]}`"
                 )
             status = collect_status(cluster, config)
-            return status if status["healthy"] else None
+            registered_anew = all(
+                b["node_epoch"] is not None and b["node_epoch"] > old_epochs[b["node_id"]]
+                for b in status["brokers"]
+                if b["node_id"] in old_epochs
+            )
+            return status if status["healthy"] and registered_anew else None
 
         with waiting("waiting for the brokers to register", format):
             status = _wait_until(ready, timeout_s, "every broker to register and be unfenced")

@@ -47,6 +47,10 @@ def running_cluster(cluster_dir: Path, *up_args: str) -> Iterator[dict]:
         yield json.loads(up.stdout)
     finally:
         automqctl("cluster", "down", cluster_dir=cluster_dir)
+        # the preallocated WAL files (512 MiB a broker) go; logs and the rest stay for
+        # a failure's post-mortem (module clusters live until the run ends)
+        for wal in cluster_dir.glob("broker-*/storage/wal"):
+            wal.unlink(missing_ok=True)
 
 
 def create_topic(
