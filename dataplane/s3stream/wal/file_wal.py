@@ -68,6 +68,7 @@ from dataplane.s3stream.wal.format import (
     encode_record_header,
     padding_bytes,
 )
+from dataplane.s3stream.wal.prefill import RingPrefiller
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
     ReservationView,
@@ -90,6 +91,7 @@ PIPELINE_DEPTH = 2
 fsynced-and-checked at any time: the zeroing on open and the fencing bound rely on it."""
 MAX_CAPACITY_BYTES = 1 << 40
 _U32_MAX = 2**32 - 1
+_PREFILL_CHUNK_BYTES = 1024 * 1024
 _I64_MAX = 2**63 - 1
 
 
@@ -116,6 +118,10 @@ class FileWALConfig:
             on a fresh page: unaligned batches re-write the shared page at each
             fdatasync (measured ~20% slower). Costs up to ``align_bytes + 23`` B
             of ring space per batch.
+        prefill_ahead_bytes: in a newly created file, zeros are written this far ahead
+            of the writer during the first lap (see ``prefill.py``: appends into
+            fallocated, unwritten extents make each fdatasync commit the filesystem
+            journal); 0 = off.
     """
 
     # a record is one Kafka batch (the broker takes up to 8 MiB per partition and produce)
@@ -128,6 +134,7 @@ class FileWALConfig:
     close_timeout_s: float = 30.0
     scan_chunk_bytes: int = 1024 * 1024
     align_bytes: int = 4096
+    prefill_ahead_bytes: int = 64 * 1024 * 1024
 
     def validate(self, capacity_bytes: int) -> None:
         """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
@@ -151,6 +158,8 @@ class FileWALConfig:
             self.align_bytes > MAX_ALIGN_BYTES or self.align_bytes & (self.align_bytes - 1)
         ):
             raise ValueError(f"align_bytes must be 0, 1 or a power of two <= {MAX_ALIGN_BYTES}")
+        if self.prefill_ahead_bytes < 0:
+            raise ValueError("prefill_ahead_bytes must be >= 0")
 
 
 @dataclass(slots=True)
@@ -197,6 +206,7 @@ class FileWAL(WriteAheadLog):
         state_seq: int,
         config: FileWALConfig,
         initial_fsyncs: int,
+        created: bool = False,
     ) -> None:
         self._path = path
         self._fd = fd
@@ -248,6 +258,15 @@ class FileWAL(WriteAheadLog):
                 ("acks", self._complete_loop),
             )
         ]
+        self._prefiller: RingPrefiller | None = None
+        if created and end_offset == 0 and config.prefill_ahead_bytes > 0:
+            self._prefiller = RingPrefiller(
+                path,
+                capacity_bytes,
+                ahead_bytes=max(config.prefill_ahead_bytes, _PREFILL_CHUNK_BYTES),
+                chunk_bytes=_PREFILL_CHUNK_BYTES,
+            )
+            self._prefiller.start()
         for thread in self._threads:
             thread.start()
 
@@ -372,6 +391,7 @@ class FileWAL(WriteAheadLog):
             state.seq,
             config,
             fsyncs,
+            created,
         )
 
     # ------------------------------------------------------------------ properties
@@ -531,6 +551,8 @@ class FileWAL(WriteAheadLog):
             self._not_empty.notify_all()
             self._not_full.notify_all()
         deadline = time.monotonic() + self._config.close_timeout_s
+        if self._prefiller is not None:
+            self._prefiller.stop(self._config.close_timeout_s)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(thread.is_alive() for thread in self._threads):
@@ -684,6 +706,9 @@ class FileWAL(WriteAheadLog):
             if self._precheck_needed:
                 self._check_reservation()
                 self._precheck_needed = False
+            prefiller = self._prefiller
+            if prefiller is not None and prefiller.active:
+                prefiller.claim(start + size)  # no zeros may land on this batch
             self._ring.write_batch(start, parts, size)
         except WALFencedError as exc:
             self._stop(_FENCED, str(exc), batch)
@@ -806,6 +831,8 @@ class FileWAL(WriteAheadLog):
     # ------------------------------------------------------------------ failure
     def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
         """Fail ``batch``, everything written or queued, and all later calls."""
+        if self._prefiller is not None:
+            self._prefiller.stop(timeout_s=0)  # no join: this may run on any WAL thread
         with self._lock:
             if self._status not in (_FENCED, _FAILED):
                 self._status = status
