@@ -436,6 +436,44 @@ def test_wal_failover_leaves_out_a_stream_deleted_mid_way(ctrl, tmp_path):
         crash(target)
 
 
+def test_a_wal_failover_that_failed_half_way_is_retried_to_its_end(ctrl, tmp_path):
+    """The target took the WAL over, uploaded and trimmed it, then a controller call
+    failed: the retry (same node, same failover epoch, as the broker's failover loop does)
+    takes the WAL again and completes the failover; nothing is uploaded twice."""
+    objects = FakeObjects()
+    failed = make_engine(ctrl, objects, tmp_path / "node1")
+    s = failed.open_stream(failed.create_stream(), 0)
+    append(s, 10)
+    crash(failed)
+    ctrl.execute("fence_broker", {"node_id": 1, "node_epoch": 0, "reason": "test crash"})
+    ctrl.execute("lifecycle_tick", {"expired_brokers": []})
+    wal = ctrl.machine.image.node_wals[1]
+    target = make_engine(ctrl, objects, tmp_path / "node2", node_id=2)
+
+    def open_streams() -> list[tuple[int, int]]:
+        return sorted(
+            (st.stream_id, st.epoch)
+            for st in ctrl.machine.image.streams.values()
+            if st.state.value == "opened" and st.node_id == 1
+        )
+
+    def controller_unreachable() -> None:
+        raise ControllerError(ErrorCode.TIMEOUT, "close_stream: no answer")
+
+    try:
+        ctrl.before["close_stream"] = controller_unreachable  # one-shot
+        with pytest.raises(ControllerError):
+            recover_failed_wal(target, 1, wal.wal_uri, wal.node_epoch, open_streams)
+        assert ctrl.machine.image.node_wals[1].failover_mode
+        result = recover_failed_wal(target, 1, wal.wal_uri, wal.node_epoch, open_streams)
+        assert result.batches_uploaded == 0  # the first attempt uploaded and trimmed them
+        image = ctrl.machine.image
+        assert image.streams[s.stream_id].end_offset == 10
+        assert not image.node_wals[1].failover_mode
+    finally:
+        crash(target)
+
+
 def test_upload_lag_grows_while_data_waits(engine_env):
     _, _, engine = engine_env
     s = engine.open_stream(engine.create_stream(), 0)

@@ -635,6 +635,22 @@ def test_take_over_fences_the_owner(wal_path: Path) -> None:
         owner.close()
 
 
+def test_a_recoverer_retrying_its_failover_takes_the_wal_again(wal_path: Path) -> None:
+    """A failover that failed half way (an upload error after the takeover) is retried by
+    the same node with the same failover epoch: it must get the WAL again, from where its
+    last trim left it; any other node at that epoch is still refused."""
+    with open_wal(wal_path, node_id=1, epoch=1) as owner:
+        acked = [append_sync(owner, b"r%d" % i) for i in range(6)]
+    with take_over(wal_path, 2, 2) as first:
+        first.trim(acked[2].offset)  # uploaded part of it, then failed
+    with pytest.raises(WALTakeoverRefusedError):
+        take_over(wal_path, 3, 2)
+    with take_over(wal_path, 2, 2) as retry:
+        assert [r.data for r in retry.recover()] == [b"r%d" % i for i in range(2, 6)]
+    with pytest.raises(WALTakeoverRefusedError):
+        take_over(wal_path, 2, 1)
+
+
 def test_first_batch_after_a_trim_checks_ownership_before_writing(wal_path: Path) -> None:
     owner = open_wal(wal_path, node_id=1, epoch=1)
     try:

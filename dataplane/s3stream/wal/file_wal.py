@@ -971,7 +971,8 @@ def take_over(
 
     Raises:
         WALTakeoverRefusedError: ``new_node_epoch`` is not greater than the
-            current owner's epoch.
+            current owner's epoch (unless the owner is ``(new_node_id, new_node_epoch)``
+            itself: a recoverer retrying).
         WALCorruptError: the header is unreadable.
     """
     _check_identity(new_node_id, new_node_epoch)
@@ -980,7 +981,10 @@ def take_over(
     try:
         meta = read_meta(fd)
         current = meta.reservation
-        if new_node_epoch <= current.node_epoch:
+        retry = (current.node_id, current.node_epoch) == (new_node_id, new_node_epoch)
+        if new_node_epoch <= current.node_epoch and not retry:
+            # the same (node, epoch) again is the recoverer retrying a failover that failed
+            # half way (an upload or commit error): refusing it would wedge the failover
             raise WALTakeoverRefusedError(
                 f"{path} is reserved by node {current.node_id} epoch {current.node_epoch}; "
                 f"takeover needs an epoch > {current.node_epoch}, got {new_node_epoch}"
