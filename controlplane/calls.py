@@ -47,6 +47,8 @@ from controlplane.requests import (
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
     PutTxnStateRequest,
+    RecordAbortedTxnsRequest,
+    RecordAbortedTxnsResponse,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
     RegisterCompactorRequest,
@@ -227,6 +229,13 @@ class ControllerCalls:
         self.send(req, timeout_s)
 
     # transactions
+    def record_aborted_txns(
+        self, req: RecordAbortedTxnsRequest, timeout_s: float | None = None
+    ) -> RecordAbortedTxnsResponse:
+        """A partition's aborted transactions, kept with its stream (read_committed
+        consumers of a later leader skip them)."""
+        return self._typed(req, RecordAbortedTxnsResponse, timeout_s)
+
     def put_txn_state(self, req: PutTxnStateRequest, timeout_s: float | None = None) -> None:
         self.send(req, timeout_s)
 

@@ -114,6 +114,9 @@ class StreamMetaState(BaseModel):
     # the log cleaner's checkpoint (compacted topics): offsets below are clean; its last run
     cleaned_offset: int = 0
     cleaned_ms: int = 0
+    # aborted transactions (producer id, first offset, marker offset), in marker order, whose
+    # marker is at or past start_offset; at most MAX_ABORTED_TXNS_PER_STREAM (oldest dropped)
+    aborted_txns: list[tuple[int, int, int]] = Field(default_factory=list)
 
     @property
     def end_offset(self) -> int:
@@ -173,6 +176,8 @@ class RouteEpochState(BaseModel):
 
 
 # the image's keyed containers; a delta names the keys a batch touched in each
+MAX_ABORTED_TXNS_PER_STREAM = 10_000  # a partition's aborted transactions kept (oldest dropped)
+
 _KEYED_FIELDS = (
     "brokers",
     "node_wals",
@@ -471,6 +476,13 @@ class MetadataImage(BaseModel):
         # ranges wholly below the new start are gone; the last range always stays
         while len(stream.ranges) > 1 and stream.ranges[0].end_offset <= rec.start_offset:
             stream.ranges.pop(0)
+        if stream.aborted_txns and stream.aborted_txns[0][2] < rec.start_offset:
+            stream.aborted_txns = [a for a in stream.aborted_txns if a[2] >= rec.start_offset]
+
+    def _apply_aborted_txn(self, rec: r.AbortedTxnRecord) -> None:
+        stream = self._we("streams", rec.stream_id)
+        entry = (rec.producer_id, rec.first_offset, rec.marker_offset)
+        stream.aborted_txns = [*stream.aborted_txns, entry][-MAX_ABORTED_TXNS_PER_STREAM:]
 
     def _apply_cleaner_checkpoint(self, rec: r.CleanerCheckpointRecord) -> None:
         stream = self._we("streams", rec.stream_id)

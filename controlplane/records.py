@@ -168,6 +168,18 @@ class TrimStreamRecord(_Record):
     trimmed_ms: int = 0  # when (retention or DeleteRecords); 0 in logs written before it
 
 
+class AbortedTxnRecord(_Record):
+    """A transaction aborted in a partition's stream: the producer's batches in
+    [first_offset, marker_offset] are not to be read by read_committed consumers (Kafka's
+    `.txnindex` entry). Kept with the stream until its start passes `marker_offset`."""
+
+    type: Literal["aborted_txn"] = "aborted_txn"
+    stream_id: int
+    producer_id: int
+    first_offset: int
+    marker_offset: int
+
+
 class CleanerCheckpointRecord(_Record):
     """The log cleaner of a compacted partition's stream: offsets below `cleaned_offset`
     are clean (each key at most once), as of its run at `cleaned_ms`."""
@@ -410,6 +422,7 @@ MetadataRecord = Annotated[
     | StreamEpochRecord
     | RangeRecord
     | TrimStreamRecord
+    | AbortedTxnRecord
     | CleanerCheckpointRecord
     | DeleteStreamRecord
     | S3ObjectRecord

@@ -633,6 +633,38 @@ class PutTxnStateRequest(_Request):
 
 REQUEST_TYPES.update({PutTxnStateRequest.command: PutTxnStateRequest})
 
+MAX_ABORTED_TXNS_PER_REQUEST = 1000
+
+
+class AbortedTxn(BaseModel):
+    """One aborted transaction in a partition: its first offset and its abort marker's."""
+
+    model_config = ConfigDict(extra="forbid")
+    producer_id: int = Field(ge=0)
+    first_offset: int = Field(ge=0)
+    marker_offset: int = Field(ge=0)
+
+
+class RecordAbortedTxnsRequest(_Request):
+    """A partition's leader records the transactions aborted in its stream (durable abort
+    markers, in marker order), so a later leader knows them without reading the whole log
+    (Kafka's `.txnindex`). Only the stream's owner at its current epoch may; entries whose
+    marker is not past the last recorded one are skipped (a retried request)."""
+
+    command: ClassVar[str] = "record_aborted_txns"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    stream_id: int = Field(ge=0)
+    stream_epoch: int = Field(ge=0)
+    aborted: list[AbortedTxn] = Field(min_length=1, max_length=MAX_ABORTED_TXNS_PER_REQUEST)
+
+
+class RecordAbortedTxnsResponse(BaseModel):
+    recorded: int  # entries new to the stream
+
+
+REQUEST_TYPES.update({RecordAbortedTxnsRequest.command: RecordAbortedTxnsRequest})
+
 
 # ---------------------------------------------------------------- security (controlplane/security.py)
 # kept in one block at the end so parallel additions above merge cleanly

@@ -132,6 +132,7 @@ _HANDLERS.update(
 _HANDLERS.update(
     {  # transaction coordinators' state (controlplane/coordinators.py)
         "put_txn_state": (coordinators.put_txn_state, False),
+        "record_aborted_txns": (streams.record_aborted_txns, False),
     }
 )
 _HANDLERS.update(

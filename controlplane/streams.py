@@ -19,6 +19,8 @@ from controlplane.requests import (
     DeleteStreamRequest,
     OpenStreamRequest,
     OpenStreamResponse,
+    RecordAbortedTxnsRequest,
+    RecordAbortedTxnsResponse,
     TrimStreamRequest,
 )
 
@@ -219,3 +221,34 @@ def mark_destroyed(image: MetadataImage, object_ids: list[int], now_ms: int) -> 
             )
         )
     return recs
+
+
+def record_aborted_txns(image: MetadataImage, req: RecordAbortedTxnsRequest, now_ms: int):
+    """Append a partition's aborted transactions to its stream (see the request): the
+    stream's owner only; entries not past the last recorded marker, or whose marker lies
+    below the stream's start (trimmed away), are skipped; each entry's first offset must
+    not be past its marker."""
+    require_active_broker(image, req.node_id, req.node_epoch)
+    stream = get_stream(image, req.stream_id)
+    require_stream_owner(stream, req.stream_epoch, req.node_id)
+    last = stream.aborted_txns[-1][2] if stream.aborted_txns else -1
+    recs: list = []
+    for a in req.aborted:
+        if a.first_offset > a.marker_offset:
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST,
+                f"aborted transaction of producer {a.producer_id} starts at {a.first_offset}, "
+                f"past its marker {a.marker_offset}",
+            )
+        if a.marker_offset <= last or a.marker_offset < stream.start_offset:
+            continue
+        last = a.marker_offset
+        recs.append(
+            r.AbortedTxnRecord(
+                stream_id=stream.stream_id,
+                producer_id=a.producer_id,
+                first_offset=a.first_offset,
+                marker_offset=a.marker_offset,
+            )
+        )
+    return recs, RecordAbortedTxnsResponse(recorded=len(recs))

@@ -26,6 +26,7 @@ from controlplane import broker_configs, topic_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
+from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
 from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
@@ -52,6 +53,9 @@ MAX_PRODUCERS_PER_PARTITION = 10_000
 # batches a producer may retry are its last 5 in flight, at the very end of the log
 PRODUCER_SCAN_OFFSETS = 4_096
 PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
+MAX_UNRECORDED_ABORTS = 10_000  # durable aborts waiting to be recorded in the metadata
+MAX_ABORTS_PER_RECORD = 1000  # per controller call (the request's limit)
+RECORD_ABORTED_TIMEOUT_S = 10.0
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
 # records that can change which partitions this node leads or which streams it must close;
 # other batches (offset commits into the KV, object commits) need no reconcile
@@ -152,11 +156,28 @@ class TxnIndex:
         with self.lock:
             self.ongoing.setdefault(producer_id, base_offset)
 
-    def marker(self, producer_id: int, commit: bool, offset: int) -> None:
+    def marker(self, producer_id: int, commit: bool, offset: int) -> tuple[int, int, int] | None:
+        """A COMMIT/ABORT marker at `offset`; returns the aborted transaction it ends, if
+        any (None for a commit, or a marker of no open transaction)."""
         with self.lock:
             first = self.ongoing.pop(producer_id, None)
-            if first is not None and not commit:
-                self.aborted.append((producer_id, first, offset))
+            if first is None or commit:
+                return None
+            entry = (producer_id, first, offset)
+            # markers come in offset order; one at or below the newest known is already in
+            # the list (seeded from the metadata, see `seed_aborted`)
+            if not self.aborted or self.aborted[-1][2] < offset:
+                self.aborted.append(entry)
+            return entry
+
+    def seed_aborted(self, entries: list[tuple[int, int, int]]) -> None:
+        """The partition's aborted transactions as recorded in the metadata (in marker
+        order), before the tail read adds the recent ones: a new leader then knows every
+        abort since the stream's start, not only those in the tail it reads."""
+        with self.lock:
+            for entry in entries:
+                if not self.aborted or self.aborted[-1][2] < entry[2]:
+                    self.aborted.append(tuple(entry))
 
     def first_unstable(self) -> int | None:
         with self.lock:
@@ -290,7 +311,12 @@ class PartitionLog:
         configs_fn: Callable[[], Mapping[str, str]] = dict,
         pieces_fn: Callable[[], list[StoredPiece]] = lambda: [],
         piece_timestamps: PieceTimestamps | None = None,
+        record_aborted: Callable[[list[tuple[int, int, int]]], None] | None = None,
+        run_later: Callable[[Callable[[], None]], object] | None = None,
     ):
+        """`record_aborted(entries)` stores aborted transactions with the stream in the
+        metadata (a blocking controller call, run through `run_later`); without it they
+        are known only from the tail a new leader reads."""
         self.topic_id = topic_id
         self.topic = topic
         self.partition = partition
@@ -305,6 +331,11 @@ class PartitionLog:
         self._piece_timestamps = piece_timestamps or PieceTimestamps()
         self.producers = ProducerStateTable()
         self.txns = TxnIndex()
+        self._record_aborted = record_aborted
+        self._run_later = run_later
+        self._unrecorded: list[tuple[int, int, int]] = []  # durable aborts not yet recorded
+        self._unrecorded_lock = threading.Lock()
+        self._recording_lock = threading.Lock()  # one recording at a time, in marker order
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
         self._listeners: list = []
@@ -351,8 +382,56 @@ class PartitionLog:
 
             fut = self.append_batch(build, 1)
             self.producers.bump_epoch(producer_id, producer_epoch)
-            self.txns.marker(producer_id, commit, assigned[0])
+            aborted = self.txns.marker(producer_id, commit, assigned[0])
+        if aborted is not None and self._record_aborted is not None:
+            fut.add_done_callback(lambda f: self._marker_durable(f, aborted))
         return KafkaError.NONE, fut
+
+    def _marker_durable(self, fut: Future, aborted: tuple[int, int, int]) -> None:
+        """An abort marker's append finished: once durable, its transaction is recorded
+        with the stream (off the WAL's completion thread)."""
+        if fut.cancelled() or fut.exception() is not None or self._run_later is None:
+            return
+        with self._unrecorded_lock:
+            self._unrecorded.append(aborted)
+            del self._unrecorded[:-MAX_UNRECORDED_ABORTS]  # bounded: the oldest go first
+        self._run_later(self.record_pending_aborts)
+
+    def record_pending_aborts(self) -> None:
+        """Record the durable aborts not recorded yet (blocking). A failure leaves them for
+        the next call (the next abort here): the controller skips what it already has.
+        Until recorded, a new leader still finds a recent abort in the tail it reads."""
+        if self._record_aborted is None:
+            return
+        with self._recording_lock:
+            with self._unrecorded_lock:
+                batch = self._unrecorded[:MAX_ABORTS_PER_RECORD]
+            if not batch:
+                return
+            try:
+                self._record_aborted(batch)
+            except Exception as exc:
+                log.warning(
+                    "%s-%d: recording %d aborted transactions failed: %s",
+                    self.topic,
+                    self.partition,
+                    len(batch),
+                    exc,
+                )
+                return
+            with self._unrecorded_lock:  # markers only grow: drop what was recorded
+                self._unrecorded = [e for e in self._unrecorded if e[2] > batch[-1][2]]
+
+    def queue_unrecorded_aborts(self, recorded_up_to: int) -> None:
+        """A new leader: the aborts its tail read found past the last one recorded in the
+        metadata (its predecessor failed before recording them) are recorded now."""
+        with self.txns.lock:
+            missing = [e for e in self.txns.aborted if e[2] > recorded_up_to]
+        if not missing or self._run_later is None:
+            return
+        with self._unrecorded_lock:
+            self._unrecorded = missing[-MAX_UNRECORDED_ABORTS:]
+        self._run_later(self.record_pending_aborts)
 
     def add_listener(self, callback) -> None:
         with self._listeners_lock:
@@ -687,7 +766,13 @@ class PartitionManager:
             configs_fn=lambda: self._topic_configs(key[0]),
             pieces_fn=lambda: time_index.stored_pieces(self._image, stream_id),
             piece_timestamps=self.piece_timestamps,
+            record_aborted=lambda entries: self._record_aborted(stream, entries),
+            run_later=self._pool.submit,
         )
+        image = self._image
+        meta = image.streams.get(stream_id) if image is not None else None
+        if meta is not None:
+            plog.txns.seed_aborted(meta.aborted_txns)
         try:
             producers = rebuild_producer_state(stream, plog.producers, plog.txns)
         except Exception as exc:
@@ -702,6 +787,9 @@ class PartitionManager:
                 exc,
             )
             return
+        plog.queue_unrecorded_aborts(
+            meta.aborted_txns[-1][2] if meta is not None and meta.aborted_txns else -1
+        )
         with self._lock:
             self._logs[key] = plog
         log.info(
@@ -712,6 +800,22 @@ class PartitionManager:
             epoch,
             stream.next_offset,
             producers,
+        )
+
+    def _record_aborted(self, stream: Stream, entries: list[tuple[int, int, int]]) -> None:
+        """Store a led partition's aborted transactions with its stream (blocking)."""
+        self.storage.controller.record_aborted_txns(
+            RecordAbortedTxnsRequest(
+                node_id=self.storage.node_id,
+                node_epoch=self.storage.node_epoch,
+                stream_id=stream.stream_id,
+                stream_epoch=stream.epoch,
+                aborted=[
+                    AbortedTxn(producer_id=p, first_offset=f, marker_offset=m)
+                    for p, f, m in entries
+                ],
+            ),
+            timeout_s=RECORD_ABORTED_TIMEOUT_S,
         )
 
     def _topic_configs(self, topic_id: str) -> Mapping[str, str]:

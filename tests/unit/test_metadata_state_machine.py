@@ -617,3 +617,60 @@ def test_heartbeat_tells_a_finally_fenced_broker_why(sm):
     ok(sm.execute("lifecycle_tick", {"expired_brokers": [[1, 0]]}, NOW))
     res = ok(sm.execute("broker_heartbeat", {"node_id": 1, "node_epoch": 0}, NOW))
     assert res["fenced"] and res["fence_reason"] == "session expired"
+
+
+# ---------------------------------------------------------------- aborted transactions
+
+
+def test_aborted_transactions_stay_with_the_stream_until_trimmed(sm):
+    sid = make_stream(sm)
+    ok(open_stream(sm, sid))
+
+    def record(entries, node=1, epoch=0):
+        return sm.execute(
+            "record_aborted_txns",
+            {
+                "node_id": node,
+                "node_epoch": 0,
+                "stream_id": sid,
+                "stream_epoch": epoch,
+                "aborted": [
+                    {"producer_id": p, "first_offset": f, "marker_offset": m} for p, f, m in entries
+                ],
+            },
+            NOW,
+        )
+
+    assert ok(record([(7, 10, 20), (8, 15, 30)]))["recorded"] == 2
+    # a retried request (and anything not past the last marker) is skipped, not doubled
+    assert ok(record([(8, 15, 30), (9, 40, 50)]))["recorded"] == 1
+    assert sm.image.streams[sid].aborted_txns == [(7, 10, 20), (8, 15, 30), (9, 40, 50)]
+    # only the stream's owner at its epoch; a first offset past the marker is refused
+    assert rejected_without_change(sm, "record_aborted_txns", {
+        "node_id": 2, "node_epoch": 0, "stream_id": sid, "stream_epoch": 0,
+        "aborted": [{"producer_id": 1, "first_offset": 60, "marker_offset": 70}],
+    }) == "STREAM_FENCED"  # fmt: skip
+    assert err(record([(1, 90, 80)])) == "INVALID_REQUEST"
+    # the log replays to the same list
+    replica = MetadataImage()
+    for item in sm.read_log(-1, 10_000)["records"]:
+        replica.apply(decode_record(item["record"]), item["offset"])
+    assert replica.fingerprint() == sm.image.fingerprint()
+    assert replica.streams[sid].aborted_txns == [(7, 10, 20), (8, 15, 30), (9, 40, 50)]
+    # trimming past a marker forgets that transaction
+    oid = prepare(sm)
+    ok(commit(sm, oid, [(sid, 0, 0, 100)]))
+    ok(
+        sm.execute(
+            "trim_stream",
+            {
+                "node_id": 1,
+                "node_epoch": 0,
+                "stream_id": sid,
+                "stream_epoch": 0,
+                "new_start_offset": 30,
+            },
+            NOW,
+        )
+    )
+    assert sm.image.streams[sid].aborted_txns == [(8, 15, 30), (9, 40, 50)]

@@ -5,6 +5,7 @@ and the group offset store wired as the broker wires them."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import pytest
@@ -451,3 +452,45 @@ def test_list_describe_transactions_and_describe_producers(h):
     topics = h.run(admin.describe_producers(req, ctx(61, 0))).topics
     assert topics[0].partitions[0].active_producers[0].current_txn_start_offset == -1
     assert listed(states=["CompleteCommit"]).transaction_states[0].transactional_id == "t-admin"
+
+
+def test_an_abort_older_than_a_new_leaders_tail_read_is_still_known(h):
+    """Kafka's `.txnindex`: the leader records each durable abort with the partition's
+    stream in the metadata, so a later leader, which reads only the last 4,096 offsets of
+    the log, still hands read_committed consumers that abort."""
+    from dataplane.kafka.partitions import (
+        PRODUCER_SCAN_OFFSETS,
+        ProducerStateTable,
+        TxnIndex,
+        rebuild_producer_state,
+    )
+
+    r = h.init_pid("t-old-abort")
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert h.add_partitions("t-old-abort", pid, epoch) == [KafkaError.NONE]
+    assert h.produce(txn_batch(pid, epoch, 0, [b"x", b"y"])) == KafkaError.NONE
+    assert h.end("t-old-abort", pid, epoch, False) == KafkaError.NONE
+    # then far more than the tail a new leader reads
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 22)
+    for _ in range(PRODUCER_SCAN_OFFSETS + 100):
+        builder.append(timestamp=1_700_000_000_000, key=None, value=b"v", headers=[])
+    builder.close()
+    assert h.produce(bytes(builder.buffer())) == KafkaError.NONE
+    plog = h.apis.partitions.get(h.apis.image_fn().topic_by_name(TOPIC).topic_id, 0)
+    stream_id = plog.stream.stream_id
+    for _ in range(200):  # bounded: the recording runs on the partition manager's pool
+        h.sync()
+        if h.apis.image_fn().streams[stream_id].aborted_txns:
+            break
+        threading.Event().wait(0.02)
+    meta = h.apis.image_fn().streams[stream_id]
+    assert [(p, f) for p, f, _ in meta.aborted_txns] == [(pid, 0)]
+    # a new leader: without the recorded list its tail read misses the abort ...
+    alone = TxnIndex()
+    rebuild_producer_state(plog.stream, ProducerStateTable(), alone)
+    assert alone.aborted_between(0, plog.high_watermark) == []
+    # ... with it (as PartitionManager opens a partition), the abort is known, once
+    seeded = TxnIndex()
+    seeded.seed_aborted(meta.aborted_txns)
+    rebuild_producer_state(plog.stream, ProducerStateTable(), seeded)
+    assert seeded.aborted_between(0, plog.high_watermark) == [(pid, 0)]
