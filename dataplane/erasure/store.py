@@ -34,6 +34,7 @@ is durable.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import struct
 import threading
@@ -52,6 +53,8 @@ from dataplane.erasure.shard_format import (
     decode_shard,
     peek_payload_crc,
 )
+
+log = logging.getLogger(__name__)
 
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
@@ -147,8 +150,12 @@ class HoleStore:
         # cut a torn tail (and the old room: it may hold a torn append's bytes past the
         # end), then zero new room; durable before any write can land in it
         os.ftruncate(self._fd, self._end)
-        self._alloc_end = self._end + self._extension_bytes(self._end)
-        _write_zeros(self._fd, self._end, self._alloc_end)
+        self._alloc_end = self._end
+        try:
+            _write_zeros(self._fd, self._end, self._end + self._extension_bytes(self._end))
+            self._alloc_end = self._end + self._extension_bytes(self._end)
+        except OSError as e:  # a full disk: no room, appends grow the file (still durable)
+            log.warning("shard store %s: no zeroed room written: %s", self.directory, e)
         os.fsync(self._fd)
         self._durable = self._end
         self._room = threading.Condition(self._lock)  # wakes the extender
@@ -193,7 +200,12 @@ class HoleStore:
                         break
                     start = max(self._alloc_end, self._end)
                     piece = min(_ZERO_PIECE_BYTES, remaining)
-                    _write_zeros(self._fd, start, start + piece)
+                    try:
+                        _write_zeros(self._fd, start, start + piece)
+                    except OSError as e:
+                        # a full disk: extend no more, appends grow the file themselves
+                        log.warning("shard store %s: room not extended: %s", self.directory, e)
+                        return
                     self._alloc_end = start + piece
                     remaining -= piece
             try:
@@ -461,8 +473,12 @@ class HoleStore:
                     positions[(stream_id, offset)] = (len(out) + _BODY.size, length)
                     out += body
             os.pwrite(fd, bytes(out), 0)
-            alloc_end = len(out) + self._extension_bytes(len(out))
-            _write_zeros(fd, len(out), alloc_end)
+            alloc_end = len(out)
+            try:
+                _write_zeros(fd, len(out), len(out) + self._extension_bytes(len(out)))
+                alloc_end += self._extension_bytes(len(out))
+            except OSError as e:  # a full disk: the new log starts without room
+                log.warning("shard store %s: no zeroed room written: %s", self.directory, e)
             self._fsync(fd)
             os.replace(tmp, self.directory / LOG_FILE)
             dir_fd = os.open(self.directory, os.O_RDONLY)
