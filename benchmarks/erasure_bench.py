@@ -35,6 +35,7 @@ import zfec  # noqa: E402
 from dataplane.erasure.codec import ErasureCodec  # noqa: E402
 from dataplane.erasure.holes import classify  # noqa: E402
 from dataplane.erasure.shard_format import payload_checksum  # noqa: E402
+from dataplane.erasure.store import used_log_bytes  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from dataplane.erasure.writer import ErasureWriter  # noqa: E402
 
@@ -127,7 +128,8 @@ def produce_latency(root: Path, mode: str, record_bytes: int, records: int, slow
             for i in (1, 4):
                 procs[i].send_signal(signal.SIGCONT)
         time.sleep(0.5)  # background shards land
-        stored = sum((root / f"{mode}-{i}" / "holes.log").stat().st_size for i in range(6))
+        # the records' bytes (each log also holds zeroed room past its end)
+        stored = sum(used_log_bytes(root / f"{mode}-{i}") for i in range(6))
         return {
             "p50_ms": _percentile(latencies, 0.5),
             "p99_ms": _percentile(latencies, 0.99),

@@ -2,7 +2,16 @@
 
 One append-only log file; each record is
     length u32 | crc32c u32 | kind u8 | stream_id u64 | offset i64 | data
-(length counts everything after the crc). Kinds: HOLE (data: the hole's bytes) and FILL
+(length counts everything after the crc). The file is longer than its records: past the
+last record it holds zeros written ahead of the appends (preallocated room, extended by a
+background thread in chunks, each fsync'd), so a group commit writes into blocks the
+filesystem already allocated and sized and can use fdatasync, which then needs no journal
+commit (on ext4 an fsync of a file that grew waits for one, and journal commits are
+serialised filesystem-wide: stores sharing a disk queue behind each other's). fdatasync also
+flushes the file size when an append outran the room, so it is enough in every case. Replay
+stops at the first record that is zero, short or fails its CRC: the log's end; on open
+everything after it is cut and zeroed anew before any write is accepted, so bytes of a torn
+append can never be read as a record later. Kinds: HOLE (data: the hole's bytes) and FILL
 (offset: every empty hole of the stream below it now holds junk) and DROP (offset: the
 stream's holes below it are sealed into object storage and forgotten here; the mark only
 rises and implies a fill). Every answer follows an
@@ -25,11 +34,12 @@ is durable.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +54,8 @@ from dataplane.erasure.shard_format import (
     peek_payload_crc,
 )
 
+log = logging.getLogger(__name__)
+
 LOG_FILE = "holes.log"
 _PREFIX = struct.Struct(">II")
 _BODY = struct.Struct(">BQq")
@@ -56,6 +68,12 @@ COMPACT_MIN_DEAD_BYTES = 64 * 1024 * 1024
 MAX_RECENT_WRITES_PER_STREAM = 100_000  # payload CRCs remembered per stream
 DEFAULT_MAX_HOLES = 1_000_000
 MAX_HOLE_BYTES = 16 * 1024 * 1024 + 64
+# zero-filled room past the log's end: each extension is half the log, within these bounds,
+# and starts when less than half an extension is left
+PREALLOCATE_MIN_BYTES = 256 * 1024
+DEFAULT_PREALLOCATE_MAX_BYTES = 8 * 1024 * 1024
+_ZERO_PIECE_BYTES = 1024 * 1024  # zeros written per lock hold
+_ZEROS = bytes(_ZERO_PIECE_BYTES)
 
 
 class StoreFullError(RuntimeError):
@@ -100,9 +118,12 @@ class HoleStore:
         self,
         directory: Path,
         max_holes: int = DEFAULT_MAX_HOLES,
-        fsync: Callable[[int], None] = os.fsync,
+        fsync: Callable[[int], None] = os.fdatasync,
         compact_min_dead_bytes: int = COMPACT_MIN_DEAD_BYTES,
+        preallocate_max_bytes: int = DEFAULT_PREALLOCATE_MAX_BYTES,
     ):
+        """`fsync` makes the log durable (group commits and the room's extensions; tests
+        inject theirs); `preallocate_max_bytes` bounds one extension of the zeroed room."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_holes = max_holes
@@ -121,29 +142,87 @@ class HoleStore:
         self._dead_bytes = 0  # log bytes of dropped holes (reclaimed by a rewrite)
         self.compact_min_dead_bytes = compact_min_dead_bytes
         self.rewrites = 0
+        self.preallocate_max_bytes = max(PREALLOCATE_MIN_BYTES, preallocate_max_bytes)
+        self.extensions = 0  # background extensions of the zeroed room
         path = self.directory / LOG_FILE
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._end = self._replay()
-        os.ftruncate(self._fd, self._end)  # cut a torn tail
+        # cut a torn tail (and the old room: it may hold a torn append's bytes past the
+        # end), then zero new room; durable before any write can land in it
+        os.ftruncate(self._fd, self._end)
+        self._alloc_end = self._end
+        try:
+            _write_zeros(self._fd, self._end, self._end + self._extension_bytes(self._end))
+            self._alloc_end = self._end + self._extension_bytes(self._end)
+        except OSError as e:  # a full disk: no room, appends grow the file (still durable)
+            log.warning("shard store %s: no zeroed room written: %s", self.directory, e)
         os.fsync(self._fd)
         self._durable = self._end
+        self._room = threading.Condition(self._lock)  # wakes the extender
+        self._extender = threading.Thread(
+            target=self._extend_room, name=f"hole-store-room-{self.directory.name}", daemon=True
+        )
+        self._extender.start()
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+            self._room.notify_all()
+        if self._extender is not threading.current_thread():
+            self._extender.join(timeout=10)
+
+    def _extension_bytes(self, log_end: int) -> int:
+        return min(self.preallocate_max_bytes, max(PREALLOCATE_MIN_BYTES, log_end // 2))
+
+    def _needs_room(self) -> bool:
+        return self._alloc_end - self._end < self._extension_bytes(self._end) // 2
+
+    def _extend_room(self) -> None:
+        """The extender thread: keeps zeroed room ahead of the appends. Zeros are written a
+        piece per lock hold, always past the last append (so they never overwrite a record),
+        then synced outside the lock. A failed sync stops all answers, as a group commit's
+        does (the error may be reported to one caller only)."""
+        while True:
+            with self._lock:
+                while self._fd >= 0 and not self._needs_room():
+                    self._room.wait()
+                if self._fd < 0:
+                    return
+                remaining = self._extension_bytes(self._end)
+            while True:
+                with self._lock:
+                    if self._fd < 0:
+                        return
+                    if remaining <= 0:
+                        fd = os.dup(self._fd)  # the current file (a rewrite may replace it)
+                        break
+                    start = max(self._alloc_end, self._end)
+                    piece = min(_ZERO_PIECE_BYTES, remaining)
+                    try:
+                        _write_zeros(self._fd, start, start + piece)
+                    except OSError as e:
+                        # a full disk: extend no more, appends grow the file themselves
+                        log.warning("shard store %s: room not extended: %s", self.directory, e)
+                        return
+                    self._alloc_end = start + piece
+                    remaining -= piece
+            try:
+                self._fsync(fd)
+            except OSError as e:
+                with self._sync:
+                    self._sync_error = e
+                    self._sync.notify_all()
+                return
+            finally:
+                os.close(fd)
+            self.extensions += 1
 
     def _replay(self) -> int:
-        size = os.fstat(self._fd).st_size
-        pos = 0
-        while pos + _PREFIX.size <= size:
-            length, crc = _PREFIX.unpack(os.pread(self._fd, _PREFIX.size, pos))
-            if length < _BODY.size or pos + _PREFIX.size + length > size:
-                break
-            body = os.pread(self._fd, length, pos + _PREFIX.size)
-            if crc32c.crc32c(body) != crc:
-                break
+        end = 0
+        for pos, body in _records(self._fd):
+            length = len(body)
             kind, stream_id, offset = _BODY.unpack_from(body)
             stream = self._streams.setdefault(stream_id, _Stream())
             if kind == _KIND_HOLE:
@@ -154,8 +233,8 @@ class HoleStore:
                 stream.filled_below = max(stream.filled_below, offset)
             elif kind == _KIND_DROP:
                 self._drop(stream, offset)
-            pos += _PREFIX.size + length
-        return pos
+            end = pos + _PREFIX.size + length
+        return end
 
     def _index(self, stream: _Stream, offset: int, pos: int, length: int) -> None:
         if offset not in stream.positions:
@@ -205,6 +284,8 @@ class HoleStore:
         pos = self._end
         os.pwrite(self._fd, record, pos)
         self._end = pos + len(record)
+        if self._needs_room():
+            self._room.notify()
         return pos + _PREFIX.size + _BODY.size
 
     def _wait_durable(self, target: int) -> None:
@@ -392,6 +473,12 @@ class HoleStore:
                     positions[(stream_id, offset)] = (len(out) + _BODY.size, length)
                     out += body
             os.pwrite(fd, bytes(out), 0)
+            alloc_end = len(out)
+            try:
+                _write_zeros(fd, len(out), len(out) + self._extension_bytes(len(out)))
+                alloc_end += self._extension_bytes(len(out))
+            except OSError as e:  # a full disk: the new log starts without room
+                log.warning("shard store %s: no zeroed room written: %s", self.directory, e)
             self._fsync(fd)
             os.replace(tmp, self.directory / LOG_FILE)
             dir_fd = os.open(self.directory, os.O_RDONLY)
@@ -410,6 +497,7 @@ class HoleStore:
         for (stream_id, offset), where in positions.items():
             self._streams[stream_id].positions[offset] = where
         self._end = len(out)
+        self._alloc_end = alloc_end
         self._shift = logical_end - self._end
         self._dead_bytes = 0
         self.rewrites += 1
@@ -495,3 +583,42 @@ class HoleStore:
     def _check_open(self) -> None:
         if self._fd < 0:
             raise RuntimeError("shard store is closed")
+
+
+def _write_zeros(fd: int, start: int, end: int) -> None:
+    """Write zeros at [start, end) of the file (not synced)."""
+    pos = start
+    while pos < end:
+        pos += os.pwrite(fd, _ZEROS[: min(_ZERO_PIECE_BYTES, end - pos)], pos)
+
+
+def used_log_bytes(directory: Path) -> int:
+    """The bytes of a store's log that hold records (its end; the zeroed room after it is
+    not counted). Reads the log as replay does; safe while the store runs (it may miss the
+    appends of the moment)."""
+    fd = os.open(Path(directory) / LOG_FILE, os.O_RDONLY)
+    try:
+        end = 0
+        for pos, body in _records(fd):
+            end = pos + _PREFIX.size + len(body)
+        return end
+    finally:
+        os.close(fd)
+
+
+def _records(fd: int) -> Iterator[tuple[int, bytes]]:
+    """(position, body) of the log's records in order, up to its end: the first record that
+    is zero (the room), short (past the file) or fails its CRC (a torn append)."""
+    size = os.fstat(fd).st_size
+    pos = 0
+    while pos + _PREFIX.size <= size:
+        length, crc = _PREFIX.unpack(os.pread(fd, _PREFIX.size, pos))
+        if not _BODY.size <= length <= _BODY.size + MAX_HOLE_BYTES:
+            return
+        if pos + _PREFIX.size + length > size:
+            return
+        body = os.pread(fd, length, pos + _PREFIX.size)
+        if crc32c.crc32c(body) != crc:
+            return
+        yield pos, body
+        pos += _PREFIX.size + length

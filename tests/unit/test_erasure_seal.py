@@ -24,7 +24,7 @@ from dataplane.erasure.seal_format import (
     seal_batches,
     sealed_records,
 )
-from dataplane.erasure.store import HoleStore
+from dataplane.erasure.store import HoleStore, used_log_bytes
 from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
 from dataplane.kafka.errors import KafkaError
@@ -88,7 +88,11 @@ def test_store_drop_is_durable_and_a_read_below_it_is_refused_not_empty(tmp_path
     assert [o for o, _ in store.read_range(5, 1008, 2000, 100, 1 << 20).holes] == [1008, 1009]
     # a shard for a dropped hole is refused (the drop mark fills)
     assert store.write(5, 1001, b"late").result.value == "taken"
-    store.write(5, 1010, b"y" * 100)  # appends after the rewrite survive a restart
+    # the new file has zeroed room past its records too; appends after the rewrite land in
+    # it and survive a restart
+    log = tmp_path / "s" / "holes.log"
+    assert log.stat().st_size > used_log_bytes(tmp_path / "s")
+    store.write(5, 1010, b"y" * 100)
     store.close()
     again = HoleStore(tmp_path / "s")
     assert again.hole_count == 4

@@ -14,7 +14,14 @@ import pytest
 from dataplane.erasure.holes import AcceptResult, Ack, WriteOutcome
 from dataplane.erasure.reader import ErasureReader, ReadUnavailableError
 from dataplane.erasure.shard_format import JUNK_MARKER
-from dataplane.erasure.store import LOG_FILE, HoleStore, StoreFullError, WriteAnswer
+from dataplane.erasure.store import (
+    LOG_FILE,
+    PREALLOCATE_MIN_BYTES,
+    HoleStore,
+    StoreFullError,
+    WriteAnswer,
+    used_log_bytes,
+)
 from dataplane.erasure.writer import ErasureWriter, WriteFailedError
 
 STREAM = 5
@@ -47,13 +54,85 @@ def test_a_torn_tail_is_cut_and_the_store_stays_writable(tmp_path: Path) -> None
     store.write(STREAM, 2, b"torn")
     store.close()
     path = tmp_path / LOG_FILE
-    os.truncate(path, path.stat().st_size - 2)
+    os.truncate(path, used_log_bytes(tmp_path) - 2)  # the file ends inside the last record
     store = HoleStore(tmp_path)
     assert store.read(STREAM, 1) == b"kept"
     assert store.read(STREAM, 2) is None
     assert store.write(STREAM, 2, b"again").result is AcceptResult.ACCEPTED
     store.close()
     assert HoleStore(tmp_path).read(STREAM, 2) == b"again"
+
+
+def test_the_log_grows_into_zeroed_room_and_replay_ends_at_the_zeros(tmp_path: Path) -> None:
+    store = HoleStore(tmp_path)
+    path = tmp_path / LOG_FILE
+    # room is zeroed ahead of the appends at open: the file is longer than its records
+    assert used_log_bytes(tmp_path) == 0 and path.stat().st_size == PREALLOCATE_MIN_BYTES
+    shard = os.urandom(4096)
+    for offset in range(200):  # ~0.8 MiB: past the first room, so it is extended
+        store.write(STREAM, offset, shard)
+    deadline = time.monotonic() + 10
+    while path.stat().st_size - used_log_bytes(tmp_path) < PREALLOCATE_MIN_BYTES // 2:
+        assert time.monotonic() < deadline, "the room was never extended"
+        time.sleep(0.01)
+    assert store.extensions >= 1
+    used = used_log_bytes(tmp_path)
+    assert path.read_bytes()[used:] == bytes(path.stat().st_size - used)  # zeros only
+    store.close()
+    store = HoleStore(tmp_path)  # replay stops at the zeros; appends continue after them
+    assert store.hole_count == 200 and store.read(STREAM, 199) == shard
+    assert store.write(STREAM, 200, b"after reopen").result is AcceptResult.ACCEPTED
+    store.close()
+    store = HoleStore(tmp_path)
+    assert store.hole_count == 201 and store.read(STREAM, 200) == b"after reopen"
+    store.close()
+
+
+def test_a_torn_record_followed_by_zeros_ends_the_log(tmp_path: Path) -> None:
+    store = HoleStore(tmp_path)
+    store.write(STREAM, 1, b"kept")
+    store.write(STREAM, 2, b"torn" * 10)
+    store.close()
+    end = used_log_bytes(tmp_path)
+    with open(tmp_path / LOG_FILE, "r+b") as f:  # the last sector of the append never landed
+        f.seek(end - 8)
+        f.write(bytes(8))
+    store = HoleStore(tmp_path)
+    assert store.read(STREAM, 1) == b"kept" and store.read(STREAM, 2) is None
+    assert store.write(STREAM, 2, b"again").result is AcceptResult.ACCEPTED
+    store.close()
+    store = HoleStore(tmp_path)
+    assert store.read(STREAM, 2) == b"again" and store.hole_count == 2
+    store.close()
+
+
+def test_a_whole_record_after_a_torn_one_never_comes_back(tmp_path: Path) -> None:
+    """A crash can land a later append whole and an earlier one torn (neither was
+    answered). Open must erase the later one: otherwise, once an append of the torn one's
+    length overwrites it, replay would read on into the stale record."""
+    donor = HoleStore(tmp_path / "donor")  # the two appends' bytes, as the store writes them
+    donor.write(STREAM, 2, b"A" * 100)
+    donor.write(STREAM, 3, b"stale")
+    donor.close()
+    records = (tmp_path / "donor" / LOG_FILE).read_bytes()[: used_log_bytes(tmp_path / "donor")]
+    store = HoleStore(tmp_path / "s")
+    store.write(STREAM, 1, b"kept")
+    store.close()
+    end = used_log_bytes(tmp_path / "s")
+    torn = bytearray(records)
+    torn[50] ^= 0xFF  # the first append is torn, the second whole
+    with open(tmp_path / "s" / LOG_FILE, "r+b") as f:
+        f.seek(end)
+        f.write(torn)
+    store = HoleStore(tmp_path / "s")
+    assert store.read(STREAM, 2) is None and store.read(STREAM, 3) is None
+    # the same length as the torn record: it ends exactly where the stale one began
+    assert store.write(STREAM, 4, b"B" * 100).result is AcceptResult.ACCEPTED
+    store.close()
+    store = HoleStore(tmp_path / "s")
+    assert store.read(STREAM, 4) == b"B" * 100
+    assert store.read(STREAM, 3) is None and store.hole_count == 2
+    store.close()
 
 
 def test_the_index_is_bounded(tmp_path: Path) -> None:
