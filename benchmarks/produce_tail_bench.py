@@ -42,8 +42,12 @@ def _events(path: Path) -> list[list]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(broker: list[list], perf_lag: list[list]) -> dict:
-    """Figures of one run from the traces (pure)."""
+def summarize(
+    broker: list[list], perf_lag: list[list], parent_lag: list[list] | None = None
+) -> dict:
+    """Figures of one run from the traces (pure). `perf_lag`: the processes of the load
+    generator that take the timestamps (its children, or the one process of an old tree);
+    `parent_lag`: perf's main process when it has children."""
     produce = [e for e in broker if e[0] == "req" and e[1] == 0]
     t0 = min(e[2] for e in produce)
     t1 = max(e[3] for e in produce)
@@ -76,11 +80,15 @@ def summarize(broker: list[list], perf_lag: list[list]) -> dict:
         "broker_thread_lag_max_ms": max(lag, default=float("nan")),
         "perf_thread_lag_p99_ms": _pct(perf, 0.99),
         "perf_thread_lag_max_ms": max(perf, default=float("nan")),
+        "perf_parent_thread_lag_max_ms": max(
+            (e[2] * 1000 for e in parent_lag or [] if e[0] == "lag"), default=float("nan")
+        ),
         "upload_busy_share": upload_s / max(t1 - t0, 1e-9),
     }
 
 
 def one_run(tree: Path, args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="produce-tail-") as tmp:
         cdir, traces = Path(tmp) / "cluster", Path(tmp) / "traces"
         traces.mkdir()
@@ -132,14 +140,28 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict:
         finally:
             cli("cluster", "down", timeout_s=120)
         broker = [e for f in traces.glob("broker-*.jsonl") for e in _events(f)]
-        perf_lag = [e for f in traces.glob("perf-*.jsonl") for e in _events(f)]
+        children = [e for f in traces.glob("perf-child-*.jsonl") for e in _events(f)]
+        parent = [
+            e
+            for f in traces.glob("perf-*.jsonl")
+            if not f.name.startswith("perf-child-")
+            for e in _events(f)
+        ]
+        # the lag that matters is that of the processes measuring: perf's children if it
+        # has any (the new layout), else its one process
+        perf_lag, parent_lag = (children, parent) if children else (parent, [])
+        perf_processes = len(list(traces.glob("perf-*.jsonl")))
     return {
         "client_produce_p50_ms": client["produce_p50_ms"],
         "client_produce_p99_ms": client["produce_p99_ms"],
         "client_produce_p999_ms": client["produce_p999_ms"],
         "client_worst_second_p99_ms": client["max_interval_produce_p99_ms"],
         "produce_mb_s": client["produce_mb_s"],
-        **summarize(broker, perf_lag),
+        "client_e2e_p50_ms": client["e2e_p50_ms"] if args.groups else float("nan"),
+        "client_e2e_p99_ms": client["e2e_p99_ms"] if args.groups else float("nan"),
+        "perf_processes_traced": perf_processes,
+        **summarize(broker, perf_lag, parent_lag),
+        "load_average_1m_before": load_before,
         "load_average_1m": os.getloadavg()[0],
     }
 

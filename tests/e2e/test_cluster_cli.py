@@ -221,7 +221,9 @@ def test_operator_experience_issue_18(cluster_dir):
     [line] = dup.stderr.strip().splitlines()
     assert "TOPIC_ALREADY_EXISTS" in line and "Request" not in line
 
-    # 7. perf deletes its topics
+    # 7. perf deletes its topics; its clients run in child processes (two producing, one
+    #    per group), which are gone when it ends, and every acknowledged record is consumed
+    summary_file = cluster_dir / "perf-summary.json"
     perf = automqctl(
         "perf",
         "--duration",
@@ -230,10 +232,21 @@ def test_operator_experience_issue_18(cluster_dir):
         "200",
         "--topic-prefix",
         "pc",
+        "--summary-file",
+        str(summary_file),
         cluster_dir=cluster_dir,
     )
     assert perf.returncode == 0, perf.stderr + perf.stdout
     assert "deleted topics" in perf.stdout and "rdkafka" not in perf.stderr
+    summary = json.loads(summary_file.read_text())
+    assert summary["producer_processes"] == 2 and summary["consumer_processes"] == 1
+    pids = [p["pid"] for p in summary["processes"]]
+    assert [p["role"] for p in summary["processes"]] == ["producer", "producer", "consumer"]
+    assert len(set(pids)) == 3 and summary["pid"] not in pids
+    assert not any(pid_alive(pid) for pid in pids)
+    assert summary["produced_records"] >= 200 and summary["errors"] == 0
+    assert summary["consumed_records"] == [summary["produced_records"]]
+    assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
     listed = automqctl("topic", "list", "--format", "json", cluster_dir=cluster_dir)
     assert [t["name"] for t in json.loads(listed.stdout)] == ["t1"]
 
