@@ -42,6 +42,7 @@ WARMUP_TIMEOUT_S = 30.0  # clients connecting and consumers joining before the c
 CREATE_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 10.0  # consumers reading what was produced last, after producers stop
 STOP_TIMEOUT_S = FLUSH_TIMEOUT_S + 15  # a child's flush and last report; then terminated
+INTERRUPTED_STOP_TIMEOUT_S = 5.0
 QUEUE_MESSAGES = 10_000  # children block (then give up) when the parent stops reading
 
 
@@ -395,6 +396,7 @@ def _run(
     catchup_started = None
     catchup_done = None
     backlog_end_bytes = 0
+    finished = False
     try:
         run.start()
         waiting_for = producers + (groups * consumers_per_group if backlog_seconds <= 0 else 0)
@@ -449,8 +451,10 @@ def _run(
         wall = time.monotonic() - start
         if run.events["consuming"].is_set():
             run.drain_consumers(DRAIN_TIMEOUT_S)
+        finished = True
     finally:
-        run.close()
+        # after Ctrl-C or an error the children get a few seconds, not a producer's flush
+        run.close(STOP_TIMEOUT_S if finished else INTERRUPTED_STOP_TIMEOUT_S)
     total = run.total
     produced_records = sum(run.records[i] for i in run.producer_ids)
     summary = {

@@ -130,7 +130,9 @@ def run_worker(spec: WorkerSpec, out, events: dict) -> None:
             stop = events["stop_producing"]
             threads = [
                 threading.Thread(
-                    target=_produce_loop, args=(spec, p, counters, out, events), daemon=True
+                    target=_reporting_failure,
+                    args=(spec, out, _produce_loop, p, counters, out, events),
+                    daemon=True,
                 )
                 for p in spec.producers
             ]
@@ -138,7 +140,9 @@ def run_worker(spec: WorkerSpec, out, events: dict) -> None:
             stop = events["stop_consuming"]
             threads = [
                 threading.Thread(
-                    target=_consume_loop, args=(spec, counters, out, events), daemon=True
+                    target=_reporting_failure,
+                    args=(spec, out, _consume_loop, counters, out, events),
+                    daemon=True,
                 )
                 for _ in range(spec.consumers)
             ]
@@ -156,6 +160,14 @@ def run_worker(spec: WorkerSpec, out, events: dict) -> None:
     except BaseException:  # noqa: BLE001 - reported to the parent, which counts it
         _put(out, ("failed", spec.worker_id, traceback.format_exc(limit=3).strip()))
         raise SystemExit(1) from None
+
+
+def _reporting_failure(spec: WorkerSpec, out, loop, *args) -> None:
+    """Run a client's loop; an exception goes to the parent (it counts as an error there)."""
+    try:
+        loop(spec, *args)
+    except Exception:  # noqa: BLE001 - reported, not swallowed
+        _put(out, ("failed", spec.worker_id, traceback.format_exc(limit=3).strip()))
 
 
 def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, events) -> None:
