@@ -20,6 +20,8 @@ import json
 import multiprocessing
 import os
 import queue as queue_module
+import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -137,15 +139,23 @@ class PerfRun:
         return [s.worker_id for s in self.specs if s.role == "consumer"]
 
     def start(self) -> None:
-        for spec in self.specs:
-            proc = self.ctx.Process(
-                target=run_worker,
-                args=(spec, self.queue, self.events),
-                name=f"perf-{spec.role}-{spec.worker_id}",
-                daemon=True,  # multiprocessing terminates it if the parent exits
-            )
-            proc.start()
-            self.processes.append(proc)
+        # a child inherits an ignored SIGINT through exec: a Ctrl-C while it is still
+        # importing must not kill it with a traceback; the parent stops it
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            for spec in self.specs:
+                proc = self.ctx.Process(
+                    target=run_worker,
+                    args=(spec, self.queue, self.events),
+                    name=f"perf-{spec.role}-{spec.worker_id}",
+                    daemon=True,  # multiprocessing terminates it if the parent exits
+                )
+                proc.start()
+                self.processes.append(proc)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
 
     def pump(self, until: float) -> None:
         """Merge the children's messages until the monotonic time `until`."""
