@@ -258,7 +258,9 @@ def perf(
         None, min=1, max=64, help="producer clients (default: one per producer process)"
     ),
     producer_processes: int = typer.Option(
-        2,
+        # 1: on 2 cores a second producer client cost 1.4x the load generator's CPU and
+        # raised the broker's own latency (docs/benchmarks.md); more spread the producers
+        1,
         min=1,
         max=64,
         help="processes the producers are spread over (each consumer group has its own)",

@@ -246,6 +246,8 @@ def test_operator_experience_issue_18(cluster_dir):
         "200",
         "--topic-prefix",
         "pc",
+        "--producer-processes",
+        "2",
         "--summary-file",
         str(summary_file),
         cluster_dir=cluster_dir,
@@ -280,7 +282,7 @@ def test_operator_experience_issue_18(cluster_dir):
             assert line, "".join(lines)
             lines.append(line)
         children = _children(interrupted.pid)
-        assert len(children) >= 3  # two producers, one group (and multiprocessing's tracker)
+        assert len(children) >= 2  # a producer, a group (and multiprocessing's tracker)
         started = time.monotonic()
         os.killpg(interrupted.pid, signal.SIGINT)
         rest = interrupted.communicate(timeout=30)[0]
