@@ -7,9 +7,10 @@ consumer groups read them. Every interval it prints produce throughput and laten
 measures catch-up reads of that backlog while producing goes on, and how produce latency
 changes during catch-up. A JSON summary ends the run.
 
-The clients run in child processes (cli/perf_workers.py): producers spread over
-`--producer-processes`, each consumer group in a process of its own, so the load generator's
-own CPU and GIL stalls do not land in the latencies it reports. This process only starts
+The clients run in child processes (cli/perf_workers.py): producers in
+`--producer-processes`, each consumer group in a process of its own, so producing and
+consuming never share a GIL and fewer of the load generator's own stalls land in the
+latencies it reports. This process only starts
 them, merges their histograms per interval and prints.
 """
 

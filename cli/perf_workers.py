@@ -3,7 +3,9 @@ group, each with its own confluent-kafka clients and its own GIL.
 
 Measured in one process, a load generator's stalls (a sleeping thread woke 166-342 ms late at
 50,000 records/s, docs/benchmarks.md) ended up in the latencies it reported as the broker's.
-Here producing and consuming never share a process and producing is spread over processes.
+Here producing and consuming never share a process, and producing can be spread over
+processes (`--producer-processes`; one by default: on 2 cores a second producer client cost
+more CPU than the broker could spare).
 Each child counts its latencies into histograms (cli/perf_histogram.py) and sends them with
 its byte and record counts to the parent over a multiprocessing queue every `flush_s`; the
 parent merges and prints them. Control goes the other way through events: `go` (the clock
