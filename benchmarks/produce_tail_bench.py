@@ -2,6 +2,7 @@
 
     python benchmarks/produce_tail_bench.py --tree old=/path/to/old --tree new=/path/to/new
         [--runs 3] [--rate 30000] [--duration 30] [--groups 1] [--no-upload]
+        [--perf-args NAME="--producer-processes 1"]
 
 Each run (trees interleaved: old, new, new, old, old, new, ...): a fresh
 `automqctl cluster up --brokers 1` started from the tree (PYTHONPATH), `automqctl perf
@@ -10,7 +11,9 @@ same tree, with `produce_trace/sitecustomize.py` loaded into the broker and the 
 generator. Per run it prints the client's produce p50/p99/p999 and worst one-second p99 and,
 from the broker's trace, the produce request's time in the broker (dispatch to answer), the
 WAL append-to-ack latency, fdatasync times, the event loop's lateness (5 ms timer), a plain
-thread's wake-up lateness in the broker and in the load generator (CPU and GIL contention),
+thread's wake-up lateness in the broker and in the load generator's processes that measure
+(its producer and consumer processes, or its one process in trees before they were split;
+CPU and GIL contention),
 and the share of seconds with an upload running. `--no-upload` turns the broker's uploads
 off (the WAL must hold the run: keep RATE x DURATION under ~400 MB) to see what they cost.
 Medians per tree as JSON at the end.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,8 +46,12 @@ def _events(path: Path) -> list[list]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(broker: list[list], perf_lag: list[list]) -> dict:
-    """Figures of one run from the traces (pure)."""
+def summarize(
+    broker: list[list], perf_lag: list[list], parent_lag: list[list] | None = None
+) -> dict:
+    """Figures of one run from the traces (pure). `perf_lag`: the processes of the load
+    generator that take the timestamps (its children, or the one process of an old tree);
+    `parent_lag`: perf's main process when it has children."""
     produce = [e for e in broker if e[0] == "req" and e[1] == 0]
     t0 = min(e[2] for e in produce)
     t1 = max(e[3] for e in produce)
@@ -76,11 +84,15 @@ def summarize(broker: list[list], perf_lag: list[list]) -> dict:
         "broker_thread_lag_max_ms": max(lag, default=float("nan")),
         "perf_thread_lag_p99_ms": _pct(perf, 0.99),
         "perf_thread_lag_max_ms": max(perf, default=float("nan")),
+        "perf_parent_thread_lag_max_ms": max(
+            (e[2] * 1000 for e in parent_lag or [] if e[0] == "lag"), default=float("nan")
+        ),
         "upload_busy_share": upload_s / max(t1 - t0, 1e-9),
     }
 
 
-def one_run(tree: Path, args: argparse.Namespace) -> dict:
+def one_run(name: str, tree: Path, args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="produce-tail-") as tmp:
         cdir, traces = Path(tmp) / "cluster", Path(tmp) / "traces"
         traces.mkdir()
@@ -109,8 +121,10 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict:
         try:
             time.sleep(8)  # the tracer attaches once the broker has started
             summary = Path(tmp) / "perf.json"
+            cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = cli(
                 "perf",
+                *args.perf_args.get(name, []),
                 "--partitions",
                 "6",
                 "--groups",
@@ -127,19 +141,39 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict:
             )
             if out.returncode != 0:
                 raise SystemExit(f"perf failed: {out.stderr.strip()[-500:]}")
+            # perf waits for its children: their CPU time is in this delta too
+            cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            perf_cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (
+                cpu_before.ru_utime + cpu_before.ru_stime
+            )
             time.sleep(3)  # the tracer's last write
             client = json.loads(summary.read_text())
         finally:
             cli("cluster", "down", timeout_s=120)
         broker = [e for f in traces.glob("broker-*.jsonl") for e in _events(f)]
-        perf_lag = [e for f in traces.glob("perf-*.jsonl") for e in _events(f)]
+        children = [e for f in traces.glob("perf-child-*.jsonl") for e in _events(f)]
+        parent = [
+            e
+            for f in traces.glob("perf-*.jsonl")
+            if not f.name.startswith("perf-child-")
+            for e in _events(f)
+        ]
+        # the lag that matters is that of the processes measuring: perf's children if it
+        # has any (the new layout), else its one process
+        perf_lag, parent_lag = (children, parent) if children else (parent, [])
+        perf_processes = len(list(traces.glob("perf-*.jsonl")))
     return {
         "client_produce_p50_ms": client["produce_p50_ms"],
         "client_produce_p99_ms": client["produce_p99_ms"],
         "client_produce_p999_ms": client["produce_p999_ms"],
         "client_worst_second_p99_ms": client["max_interval_produce_p99_ms"],
         "produce_mb_s": client["produce_mb_s"],
-        **summarize(broker, perf_lag),
+        "client_e2e_p50_ms": client["e2e_p50_ms"] if args.groups else float("nan"),
+        "client_e2e_p99_ms": client["e2e_p99_ms"] if args.groups else float("nan"),
+        "perf_processes_traced": perf_processes,
+        "perf_cpu_s": perf_cpu_s,
+        **summarize(broker, perf_lag, parent_lag),
+        "load_average_1m_before": load_before,
         "load_average_1m": os.getloadavg()[0],
     }
 
@@ -152,13 +186,22 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30)
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--no-upload", action="store_true")
+    ap.add_argument(
+        "--perf-args",
+        action="append",
+        default=[],
+        help='NAME="ARGS": more `automqctl perf` options for that tree (e.g. a layout)',
+    )
     args = ap.parse_args()
+    args.perf_args = {
+        name: extra.split() for name, extra in (a.split("=", 1) for a in args.perf_args)
+    }
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
     results: dict[str, list[dict]] = {name: [] for name, _ in trees}
     for i in range(args.runs):
         order = trees if i % 2 == 0 else trees[::-1]
         for name, path in order:
-            run = one_run(path, args)
+            run = one_run(name, path, args)
             results[name].append(run)
             print(json.dumps({"tree": name, "run": i, **run}), flush=True)
     medians = {

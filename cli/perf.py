@@ -6,15 +6,25 @@ consumer groups read them. Every interval it prints produce throughput and laten
 `--backlog-seconds N`, consumers start only after N seconds of producing, so the run also
 measures catch-up reads of that backlog while producing goes on, and how produce latency
 changes during catch-up. A JSON summary ends the run.
+
+The clients run in child processes (cli/perf_workers.py): producers in
+`--producer-processes`, each consumer group in a process of its own, so producing and
+consuming never share a GIL and fewer of the load generator's own stalls land in the
+latencies it reports. This process only starts
+them, merges their histograms per interval and prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
+import os
+import queue as queue_module
+import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
@@ -27,167 +37,212 @@ from cli.kafka_util import (
 )
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
+from cli.perf_histogram import LatencyHistogram
+from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
 from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
-MAX_SAMPLES = 2_000_000
 WARMUP_TIMEOUT_S = 30.0  # clients connecting and consumers joining before the clock starts
 CREATE_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 10.0  # consumers reading what was produced last, after producers stop
+STOP_TIMEOUT_S = FLUSH_TIMEOUT_S + 15  # a child's flush and last report; then terminated
+INTERRUPTED_STOP_TIMEOUT_S = 5.0
+QUEUE_MESSAGES = 10_000  # children block (then give up) when the parent stops reading
 
 
-@dataclass
 class _Window:
-    """Samples of one interval (and the whole run), bounded."""
+    """Samples of one interval (or the whole run), merged from the children; bounded."""
 
-    produce_ms: list[float] = field(default_factory=list)
-    e2e_ms: list[float] = field(default_factory=list)
-    produced_bytes: int = 0
-    consumed_bytes: int = 0
-    errors: int = 0
+    def __init__(self) -> None:
+        self.produce = LatencyHistogram()
+        self.e2e = LatencyHistogram()
+        self.produced_bytes = 0
+        self.consumed_bytes = 0
+        self.errors = 0
 
-
-def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+    def add(self, sample: dict) -> None:
+        self.produce.merge(sample["produce"])
+        self.e2e.merge(sample["e2e"])
+        self.produced_bytes += sample["produced_bytes"]
+        self.consumed_bytes += sample["consumed_bytes"]
+        self.errors += sample["errors"]
 
 
 class PerfRun:
+    """The parent of a perf run: starts the producer processes and one process per consumer
+    group (cli/perf_workers.py), merges their samples and stops them on every path (`close`).
+    Used from one thread."""
+
     def __init__(
         self,
         bootstrap: str,
         topics: list[str],
+        partitions: int,
         record_size: int,
         rate: float,
         producers: int,
+        producer_processes: int,
+        groups: list[str],
+        consumers_per_group: int,
         acks: str,
-        client_config: dict | None = None,
+        client_settings: dict | None = None,
+        interval_s: float = 1.0,
     ):
-        self.bootstrap = bootstrap
-        # librdkafka settings every client gets (quiet logging, the cluster's SASL login)
-        self.client_config = client_config if client_config is not None else dict(QUIET_RDKAFKA)
-        self.topics = topics
-        self.record_size = max(record_size, 16)
-        self.rate = rate
-        self.producers = producers
-        self.acks = acks
-        self.lock = threading.Lock()
+        self.ctx = multiprocessing.get_context("spawn")  # no fork of librdkafka's threads
+        self.queue = self.ctx.Queue(QUEUE_MESSAGES)
+        self.events = {
+            name: self.ctx.Event()
+            for name in ("go", "consuming", "stop_producing", "stop_consuming")
+        }
+        flush_s = min(0.1, interval_s / 4)
+        settings = {
+            k: v for k, v in (client_settings or {}).items() if isinstance(v, (str, int, float))
+        }
+        common = {
+            "bootstrap": bootstrap,
+            "client_settings": settings,
+            "topics": topics,
+            "record_size": max(record_size, 16),
+            "acks": acks,
+            "flush_s": flush_s,
+        }
+        plan = producer_plan(topics, partitions, rate, producers, producer_processes)
+        self.specs = [
+            WorkerSpec(worker_id=i, role="producer", producers=tuple(p), **common)
+            for i, p in enumerate(plan)
+        ]
+        self.specs += [
+            WorkerSpec(
+                worker_id=len(plan) + g,
+                role="consumer",
+                group=group,
+                consumers=consumers_per_group,
+                **common,
+            )
+            for g, group in enumerate(groups)
+        ]
+        self.producer_clients = producers
+        self.processes: list = []
         self.window = _Window()
         self.total = _Window()
-        self.phase_produce_ms: dict[str, list[float]] = {
-            "before_catchup": [],
-            "catchup": [],
-            "after": [],
-        }
+        self.phase_produce = {p: LatencyHistogram() for p in ("before_catchup", "catchup", "after")}
         self.phase = "before_catchup"
-        self.stop = threading.Event()
-        self.consuming = threading.Event()
-        # the clock starts when every producer is connected (metadata, producer id) and,
-        # without a backlog phase, every consumer has its partitions, as OpenMessaging
-        # Benchmark does: joins and connects are not broker latency
-        self.go = threading.Event()
-        self.ready = threading.Semaphore(0)
+        self.ready = 0
+        self.records = {spec.worker_id: 0 for spec in self.specs}  # acked or consumed
+        self.done: dict[int, int] = {}  # worker id -> pid, once it reported its last samples
+        self.failures: list[str] = []
 
-    def _record(self, attr: str, value) -> None:
-        with self.lock:
-            for w in (self.window, self.total):
-                if isinstance(value, float):
-                    lst = getattr(w, attr)
-                    if len(lst) < MAX_SAMPLES:
-                        lst.append(value)
-                else:
-                    setattr(w, attr, getattr(w, attr) + value)
+    @property
+    def producer_ids(self) -> list[int]:
+        return [s.worker_id for s in self.specs if s.role == "producer"]
 
-    def produce_loop(self, index: int) -> None:
-        from confluent_kafka import Producer
+    @property
+    def consumer_ids(self) -> list[int]:
+        return [s.worker_id for s in self.specs if s.role == "consumer"]
 
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "acks": self.acks,
-                "linger.ms": 2,
-                "enable.idempotence": self.acks == "all",
-                "queue.buffering.max.kbytes": 262144,
-                **self.client_config,
-            }
-        )
-        pad = b"x" * (self.record_size - 8)
-        per_producer = self.rate / self.producers
+    def start(self) -> None:
+        # a child inherits an ignored SIGINT through exec: a Ctrl-C while it is still
+        # importing must not kill it with a traceback; the parent stops it
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
-            producer.list_topics(self.topics[0], timeout=WARMUP_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - the run reports the errors it then gets
-            pass
-        self.ready.release()
-        self.go.wait()
-        sent = 0
-        start = time.monotonic()
-
-        def on_delivery(err, msg, t0):
-            if err is not None:
-                self._record("errors", 1)
-                return
-            ms = (time.monotonic() - t0) * 1000
-            self._record("produce_ms", ms)
-            self._record("produced_bytes", len(msg.value()))
-            with self.lock:
-                if len(self.phase_produce_ms[self.phase]) < MAX_SAMPLES:
-                    self.phase_produce_ms[self.phase].append(ms)
-
-        while not self.stop.is_set():
-            due = int((time.monotonic() - start) * per_producer) - sent
-            if due <= 0:
-                time.sleep(0.001)
-                producer.poll(0)
-                continue
-            for i in range(min(due, 1_000)):
-                if i % 100 == 99:
-                    # serve delivery callbacks inside a burst too: a callback that waits
-                    # for the loop would be counted as broker latency
-                    producer.poll(0)
-                t0 = time.monotonic()
-                value = time.time_ns().to_bytes(8, "big") + pad
-                topic = self.topics[(sent + index) % len(self.topics)]
-                try:
-                    producer.produce(
-                        topic, value=value, on_delivery=lambda e, m, t0=t0: on_delivery(e, m, t0)
-                    )
-                except BufferError:
-                    producer.poll(0.05)
-                    break
-                sent += 1
-            producer.poll(0)
-        producer.flush(30)
-
-    def consume_loop(self, group: str) -> None:
-        from confluent_kafka import Consumer
-
-        self.consuming.wait()
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": group,
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": True,
-                "fetch.max.bytes": 64 * 1024 * 1024,
-                **self.client_config,
-            }
-        )
-        consumer.subscribe(self.topics, on_assign=lambda c, parts: self.ready.release())
-        try:
-            while not self.stop.is_set():
-                for msg in consumer.consume(1000, 0.2):
-                    if msg.error():
-                        continue
-                    value = msg.value()
-                    sent_ns = int.from_bytes(value[:8], "big")
-                    self._record("e2e_ms", (time.time_ns() - sent_ns) / 1e6)
-                    self._record("consumed_bytes", len(value))
+            for spec in self.specs:
+                proc = self.ctx.Process(
+                    target=run_worker,
+                    args=(spec, self.queue, self.events),
+                    name=f"perf-{spec.role}-{spec.worker_id}",
+                    daemon=True,  # multiprocessing terminates it if the parent exits
+                )
+                proc.start()
+                self.processes.append(proc)
         finally:
-            consumer.close()
+            if main:
+                signal.signal(signal.SIGINT, previous)
+
+    def pump(self, until: float) -> None:
+        """Merge the children's messages until the monotonic time `until`."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                message = self.queue.get(timeout=min(left, 0.5))
+            except queue_module.Empty:
+                self._check_alive()
+                continue
+            self._handle(message)
+
+    def _handle(self, message: tuple) -> None:
+        kind, worker_id = message[0], message[1]
+        if kind == "window":
+            sample = message[2]
+            for w in (self.window, self.total):
+                w.add(sample)
+            self.phase_produce[self.phase].merge(sample["produce"])
+            self.records[worker_id] += sample["records"]
+        elif kind == "ready":
+            self.ready += 1
+        elif kind == "done":
+            self.done[worker_id] = message[2]
+        elif kind == "failed":
+            self.failures.append(message[2].splitlines()[-1])
+            self.done.setdefault(worker_id, 0)
+            warn(f"a perf {self.specs[worker_id].role} process failed: {self.failures[-1]}")
+
+    def _check_alive(self) -> None:
+        for spec, proc in zip(self.specs, self.processes, strict=True):
+            if spec.worker_id not in self.done and not proc.is_alive():
+                self.done[spec.worker_id] = 0
+                self.failures.append(f"exit code {proc.exitcode}")
+                warn(f"a perf {spec.role} process ended with exit code {proc.exitcode}")
+
+    def wait_ready(self, wanted: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.ready < wanted and time.monotonic() < deadline:
+            self.pump(min(deadline, time.monotonic() + 0.05))
+            if self.failures:
+                return False
+        return self.ready >= wanted
+
+    def wait_done(self, ids: list[int], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(i not in self.done for i in ids) and time.monotonic() < deadline:
+            self.pump(min(deadline, time.monotonic() + 0.05))
+
+    def drain_consumers(self, timeout_s: float) -> None:
+        """Let every group read what the producers had acknowledged (bounded)."""
+        produced = sum(self.records[i] for i in self.producer_ids)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+            self.records[i] < produced and i not in self.done for i in self.consumer_ids
+        ):
+            self.pump(min(deadline, time.monotonic() + 0.05))
+
+    def close(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every child: ask, wait (reading their last samples), terminate, kill."""
+        self.events["stop_producing"].set()
+        self.events["stop_consuming"].set()
+        deadline = time.monotonic() + timeout_s
+        while any(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+            try:
+                self._handle(self.queue.get(timeout=0.05))
+            except queue_module.Empty:
+                pass
+        for proc in self.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.processes:
+            proc.join(2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2)
+        with contextlib.suppress(Exception):
+            while True:  # samples sent right before exiting
+                self._handle(self.queue.get_nowait())
+        self.queue.close()
+        self.queue.cancel_join_thread()
 
     def take_window(self) -> _Window:
-        with self.lock:
-            w, self.window = self.window, _Window()
+        w, self.window = self.window, _Window()
         return w
 
 
@@ -200,7 +255,17 @@ def perf(
     dir: Path = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR"),
     topics: int = typer.Option(1, min=1, max=1000, help="number of topics"),
     partitions: int = typer.Option(4, min=1, max=10_000, help="partitions per topic"),
-    producers: int = typer.Option(1, min=1, max=64),
+    producers: int | None = typer.Option(
+        None, min=1, max=64, help="producer clients (default: one per producer process)"
+    ),
+    producer_processes: int = typer.Option(
+        # 1: on 2 cores a second producer client cost 1.4x the load generator's CPU and
+        # raised the broker's own latency (docs/benchmarks.md); more spread the producers
+        1,
+        min=1,
+        max=64,
+        help="processes the producers are spread over (each consumer group has its own)",
+    ),
     groups: int = typer.Option(1, min=0, max=64, help="consumer groups"),
     consumers_per_group: int = typer.Option(1, min=1, max=64),
     record_size: int = typer.Option(1024, min=16, max=8 * 1024 * 1024, help="bytes"),
@@ -225,6 +290,8 @@ def perf(
         fail("automqctl perf needs confluent-kafka: pip install confluent-kafka")
     if acks not in ("0", "1", "all"):
         fail("--acks must be 0, 1 or all")
+    if producers is None:
+        producers = producer_processes
     if bootstrap_server is None:
         try:
             bootstrap_server = LocalCluster(dir).load().bootstrap_servers()
@@ -264,6 +331,7 @@ def perf(
             topics,
             partitions,
             producers,
+            producer_processes,
             groups,
             consumers_per_group,
             record_size,
@@ -304,6 +372,7 @@ def _run(
     topics: int,
     partitions: int,
     producers: int,
+    producer_processes: int,
     groups: int,
     consumers_per_group: int,
     record_size: int,
@@ -317,63 +386,68 @@ def _run(
     format: OutputFormat = OutputFormat.table,
 ) -> None:
     progress = console if format == OutputFormat.table else err_console
-    run = PerfRun(bootstrap_server, names, record_size, send_rate, producers, acks, client_config)
-    threads = [
-        threading.Thread(target=run.produce_loop, args=(i,), daemon=True) for i in range(producers)
-    ]
-    threads += [
-        threading.Thread(target=run.consume_loop, args=(f"perf-{run_id}-g{g}",), daemon=True)
-        for g in range(groups)
-        for _ in range(consumers_per_group)
-    ]
+    processes = min(producer_processes, producers)
+    group_names = [f"perf-{run_id}-g{g}" for g in range(groups)]
+    run = PerfRun(
+        bootstrap_server,
+        names,
+        partitions,
+        record_size,
+        send_rate,
+        producers,
+        processes,
+        group_names,
+        consumers_per_group,
+        acks,
+        client_config,
+        interval_s,
+    )
     if backlog_seconds <= 0:
         run.phase = "after"
-        run.consuming.set()
-    for t in threads:
-        t.start()
-    waiting_for = producers + (groups * consumers_per_group if backlog_seconds <= 0 else 0)
-    warmup_deadline = time.monotonic() + WARMUP_TIMEOUT_S
-    for _ in range(waiting_for):
-        if not run.ready.acquire(timeout=max(0.0, warmup_deadline - time.monotonic())):
-            progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
-            break
-    run.go.set()
-    start = time.monotonic()
+        run.events["consuming"].set()
+    intervals = []
     catchup_started = None
     catchup_done = None
     backlog_end_bytes = 0
-    intervals = []
-    progress.print(
-        f"topics {names} x {partitions} partitions, {producers} producers, "
-        f"{groups} groups, {record_size} B records at {send_rate:.0f}/s"
-    )
-    progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
+    finished = False
     try:
+        run.start()
+        waiting_for = producers + (groups * consumers_per_group if backlog_seconds <= 0 else 0)
+        if not run.wait_ready(waiting_for, WARMUP_TIMEOUT_S) and not run.failures:
+            progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
+        run.events["go"].set()
+        start = time.monotonic()
+        progress.print(
+            f"topics {names} x {partitions} partitions, {producers} producers in "
+            f"{processes} processes, {groups} groups (a process each), "
+            f"{record_size} B records at {send_rate:.0f}/s"
+        )
+        progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
+        next_at = start
         while time.monotonic() - start < duration_s + backlog_seconds:
-            time.sleep(interval_s)
+            next_at += interval_s
+            run.pump(next_at)
             elapsed = time.monotonic() - start
-            if not run.consuming.is_set() and elapsed >= backlog_seconds:
-                with run.lock:
-                    backlog_end_bytes = run.total.produced_bytes
-                    run.phase = "catchup" if backlog_seconds > 0 else "after"
+            if not run.events["consuming"].is_set() and elapsed >= backlog_seconds:
+                backlog_end_bytes = run.total.produced_bytes
+                run.phase = "catchup" if backlog_seconds > 0 else "after"
                 catchup_started = time.monotonic()
-                run.consuming.set()
+                run.events["consuming"].set()
             if catchup_started and catchup_done is None and backlog_seconds > 0:
-                with run.lock:
-                    if run.total.consumed_bytes >= backlog_end_bytes * groups:
-                        catchup_done = time.monotonic()
-                        run.phase = "after"
+                if run.total.consumed_bytes >= backlog_end_bytes * groups:
+                    catchup_done = time.monotonic()
+                    run.phase = "after"
             w = run.take_window()
             row = {
                 "t_s": round(elapsed, 1),
                 "produce_mb_s": w.produced_bytes / interval_s / 1e6,
-                "produce_p50_ms": percentile(w.produce_ms, 50),
-                "produce_p99_ms": percentile(w.produce_ms, 99),
-                "produce_p999_ms": percentile(w.produce_ms, 99.9),
+                "produce_p50_ms": w.produce.percentile(50),
+                "produce_p99_ms": w.produce.percentile(99),
+                "produce_p999_ms": w.produce.percentile(99.9),
                 "consume_mb_s": w.consumed_bytes / interval_s / 1e6,
-                "e2e_p50_ms": percentile(w.e2e_ms, 50),
-                "e2e_p99_ms": percentile(w.e2e_ms, 99),
-                "e2e_p999_ms": percentile(w.e2e_ms, 99.9),
+                "e2e_p50_ms": w.e2e.percentile(50),
+                "e2e_p99_ms": w.e2e.percentile(99),
+                "e2e_p999_ms": w.e2e.percentile(99.9),
                 "errors": w.errors,
             }
             intervals.append(row)
@@ -384,16 +458,24 @@ def _run(
                 f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
                 f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else "")
             )
+        # producers flush what they have in flight; then the groups read up to it
+        run.events["stop_producing"].set()
+        run.wait_done(run.producer_ids, STOP_TIMEOUT_S)
+        wall = time.monotonic() - start
+        if run.events["consuming"].is_set():
+            run.drain_consumers(DRAIN_TIMEOUT_S)
+        finished = True
     finally:
-        run.stop.set()
-        for t in threads:
-            t.join(60)
+        # after Ctrl-C or an error the children get a few seconds, not a producer's flush
+        run.close(STOP_TIMEOUT_S if finished else INTERRUPTED_STOP_TIMEOUT_S)
     total = run.total
-    wall = time.monotonic() - start
+    produced_records = sum(run.records[i] for i in run.producer_ids)
     summary = {
         "topics": topics,
         "partitions_per_topic": partitions,
         "producers": producers,
+        "producer_processes": processes,
+        "consumer_processes": groups,
         "groups": groups,
         "record_size": record_size,
         "send_rate": send_rate,
@@ -401,19 +483,29 @@ def _run(
         "duration_s": round(wall, 1),
         "produced_mb": total.produced_bytes / 1e6,
         "produce_mb_s": total.produced_bytes / wall / 1e6,
-        "produce_p50_ms": percentile(total.produce_ms, 50),
-        "produce_p99_ms": percentile(total.produce_ms, 99),
-        "produce_p999_ms": percentile(total.produce_ms, 99.9),
-        "e2e_p50_ms": percentile(total.e2e_ms, 50),
-        "e2e_p99_ms": percentile(total.e2e_ms, 99),
-        "e2e_p999_ms": percentile(total.e2e_ms, 99.9),
+        "produce_p50_ms": total.produce.percentile(50),
+        "produce_p99_ms": total.produce.percentile(99),
+        "produce_p999_ms": total.produce.percentile(99.9),
+        "e2e_p50_ms": total.e2e.percentile(50),
+        "e2e_p99_ms": total.e2e.percentile(99),
+        "e2e_p999_ms": total.e2e.percentile(99.9),
         # the worst interval after the first (connections and metadata warm up in it): a p99
         # that looks fine over the run can hide slow seconds
         "max_interval_produce_p99_ms": max(
             (i["produce_p99_ms"] for i in intervals[1:] if i["produce_p99_ms"] is not None),
             default=None,
         ),
-        "errors": total.errors,
+        # a child that failed or ended early is an error too: its samples are missing
+        "errors": total.errors + len(run.failures),
+        "produced_records": produced_records,
+        # per group: every acknowledged record read once, unless the drain timed out
+        "consumed_records": [run.records[i] for i in run.consumer_ids],
+        # the parent only merges; each child has its own clients (and its own GIL)
+        "pid": os.getpid(),
+        "processes": [
+            {"role": spec.role, "pid": run.done.get(spec.worker_id) or proc.pid}
+            for spec, proc in zip(run.specs, run.processes, strict=True)
+        ],
     }
     if backlog_seconds > 0:
         summary["backlog_mb"] = backlog_end_bytes / 1e6
@@ -423,14 +515,14 @@ def _run(
         summary["catchup_mb_s"] = (
             backlog_end_bytes / 1e6 / summary["catchup_s"] if summary["catchup_s"] else None
         )
-        summary["produce_p99_before_catchup_ms"] = percentile(
-            run.phase_produce_ms["before_catchup"], 99
+        summary["produce_p99_before_catchup_ms"] = run.phase_produce["before_catchup"].percentile(
+            99
         )
-        summary["produce_p99_during_catchup_ms"] = percentile(run.phase_produce_ms["catchup"], 99)
+        summary["produce_p99_during_catchup_ms"] = run.phase_produce["catchup"].percentile(99)
     text = json.dumps(summary, indent=2)
     if not print_data(summary, format):
         console.print(text, markup=False, highlight=False)
     if summary_file is not None:
         summary_file.write_text(text)
-    if total.errors:
+    if summary["errors"]:
         raise typer.Exit(1)

@@ -5,8 +5,10 @@ processes' PYTHONPATH). In the broker it records, with `time.monotonic()`: each 
 time from dispatch to the handler's answer, each WAL append's time from `append` to its
 acknowledgement, each `fdatasync` of the file WAL, each upload (start, end), the event
 loop's lateness (a 5 ms timer) and a plain thread's wake-up lateness (a 2 ms sleep: CPU and
-GIL contention). In the load generator only the thread wake-up lateness. One JSON array per
-line in `<dir>/broker-<pid>.jsonl` / `perf-<pid>.jsonl`, written every 2 s. A measuring
+GIL contention). In the load generator only the thread wake-up lateness, in each of its
+processes. One JSON array per line in `<dir>/broker-<pid>.jsonl`, `perf-<pid>.jsonl` (perf's
+main process) and `perf-child-<pid>.jsonl` (its producer and consumer processes), written
+every 2 s. A measuring
 aid, not product code: it patches functions after their modules are imported.
 """
 
@@ -109,8 +111,14 @@ def _boot() -> None:
     for _ in range(240):
         time.sleep(0.5)
         if "cli.perf" in sys.modules and "perf" in sys.argv:
+            import multiprocessing
+
+            # perf's producer and consumer processes (spawned: they import this too) trace
+            # themselves; the parent only merges their samples
+            child = multiprocessing.parent_process() is not None
+            name = f"perf-{'child-' if child else ''}{os.getpid()}.jsonl"
             threading.Thread(target=_thread_lag_sampler, daemon=True).start()
-            return _flush_forever(os.path.join(_DIR, f"perf-{os.getpid()}.jsonl"))
+            return _flush_forever(os.path.join(_DIR, name))
         if any(a.endswith("broker.json") for a in sys.argv):
             if all(m in sys.modules for m in wanted) and "dataplane.s3stream.storage" in (
                 sys.modules

@@ -28,6 +28,20 @@ def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subproce
     )
 
 
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -221,7 +235,9 @@ def test_operator_experience_issue_18(cluster_dir):
     [line] = dup.stderr.strip().splitlines()
     assert "TOPIC_ALREADY_EXISTS" in line and "Request" not in line
 
-    # 7. perf deletes its topics
+    # 7. perf deletes its topics; its clients run in child processes (two producing, one
+    #    per group), which are gone when it ends, and every acknowledged record is consumed
+    summary_file = cluster_dir / "perf-summary.json"
     perf = automqctl(
         "perf",
         "--duration",
@@ -230,10 +246,56 @@ def test_operator_experience_issue_18(cluster_dir):
         "200",
         "--topic-prefix",
         "pc",
+        "--producer-processes",
+        "2",
+        "--summary-file",
+        str(summary_file),
         cluster_dir=cluster_dir,
     )
     assert perf.returncode == 0, perf.stderr + perf.stdout
     assert "deleted topics" in perf.stdout and "rdkafka" not in perf.stderr
+    summary = json.loads(summary_file.read_text())
+    assert summary["producer_processes"] == 2 and summary["consumer_processes"] == 1
+    pids = [p["pid"] for p in summary["processes"]]
+    assert [p["role"] for p in summary["processes"]] == ["producer", "producer", "consumer"]
+    assert len(set(pids)) == 3 and summary["pid"] not in pids
+    assert not any(pid_alive(pid) for pid in pids)
+    assert summary["produced_records"] >= 200 and summary["errors"] == 0
+    assert summary["consumed_records"] == [summary["produced_records"]]
+    assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
+    # Ctrl-C (SIGINT to the terminal's process group): perf and its children end within
+    # seconds and its topics are deleted
+    interrupted = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "perf", "--duration", "60", "--topic-prefix", "pi"],
+        env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        # a shell's background job ignores SIGINT, a foreground one does not
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        lines = []
+        while not lines or not lines[-1].strip().startswith("1."):  # the first interval
+            line = interrupted.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        children = _children(interrupted.pid)
+        assert len(children) >= 2  # a producer, a group (and multiprocessing's tracker)
+        started = time.monotonic()
+        os.killpg(interrupted.pid, signal.SIGINT)
+        rest = interrupted.communicate(timeout=30)[0]
+        assert interrupted.returncode != 0 and time.monotonic() - started < 10
+        assert "deleted topics pi-" in rest, rest
+        deadline = time.monotonic() + 5
+        while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(pid_alive(pid) for pid in children)
+    finally:
+        if interrupted.poll() is None:
+            os.killpg(interrupted.pid, signal.SIGKILL)
+            interrupted.wait(10)
     listed = automqctl("topic", "list", "--format", "json", cluster_dir=cluster_dir)
     assert [t["name"] for t in json.loads(listed.stdout)] == ["t1"]
 

@@ -1,0 +1,44 @@
+"""`automqctl perf`'s pure parts: the histogram its child processes send and the parent
+merges, and how producers, rate and partitions are spread over processes."""
+
+from __future__ import annotations
+
+import random
+
+from cli.perf_histogram import LatencyHistogram
+from cli.perf_workers import producer_plan
+
+
+def _exact(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def test_merged_histograms_give_the_sample_percentiles_within_one_percent():
+    rng = random.Random(7)
+    values = [rng.lognormvariate(1.5, 1.2) for _ in range(20_000)] + [900.0] * 30
+    parts = [LatencyHistogram() for _ in range(3)]
+    for i, v in enumerate(values):
+        parts[i % 3].add(v)
+    merged = LatencyHistogram()
+    for part in parts:
+        merged.merge(part.counts)
+    assert merged.count == len(values)
+    for p in (50, 99, 99.9):
+        assert abs(merged.percentile(p) / _exact(values, p) - 1) < 0.01
+    assert len(merged.counts) < 2_000  # bounded whatever the count
+    assert LatencyHistogram().percentile(99) is None
+    tiny = LatencyHistogram()
+    tiny.add(-0.5)  # a clock step backwards between processes is not an error
+    assert tiny.percentile(50) < 0.01
+
+
+def test_producers_are_spread_over_processes_with_their_own_partitions():
+    plan = producer_plan(["a", "b"], 3, 1000.0, producers=4, processes=2)
+    assert [[k for k, _, _ in proc] for proc in plan] == [[0, 2], [1, 3]]
+    assert all(rate == 250.0 for proc in plan for _, rate, _ in proc)
+    owned = [pair for proc in plan for _, _, pairs in proc for pair in pairs]
+    assert sorted(owned) == sorted((t, p) for t in "ab" for p in range(3))  # each once
+    # more producers than partitions: every producer still has one to write to
+    plan = producer_plan(["a"], 1, 100.0, producers=2, processes=4)
+    assert len(plan) == 2 and all(pairs == [("a", 0)] for proc in plan for _, _, pairs in proc)
