@@ -47,6 +47,7 @@ DRAIN_TIMEOUT_S = 10.0  # consumers reading what was produced last, after produc
 STOP_TIMEOUT_S = FLUSH_TIMEOUT_S + 15  # a child's flush and last report; then terminated
 INTERRUPTED_STOP_TIMEOUT_S = 5.0
 QUEUE_MESSAGES = 10_000  # children block (then give up) when the parent stops reading
+MAX_RTT_SAMPLES = 100_000  # librdkafka round-trip windows kept for the summary
 
 
 class _Window:
@@ -58,13 +59,20 @@ class _Window:
         self.produced_bytes = 0
         self.consumed_bytes = 0
         self.errors = 0
+        self.rtt_p99_ms: list[float] = []  # one per producer and stats window (~1 s)
 
     def add(self, sample: dict) -> None:
+        if len(self.rtt_p99_ms) < MAX_RTT_SAMPLES:
+            self.rtt_p99_ms.extend(sample.get("rtt_p99_ms", ()))
         self.produce.merge(sample["produce"])
         self.e2e.merge(sample["e2e"])
         self.produced_bytes += sample["produced_bytes"]
         self.consumed_bytes += sample["consumed_bytes"]
         self.errors += sample["errors"]
+
+
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
 
 
 class PerfRun:
@@ -495,6 +503,10 @@ def _run(
             (i["produce_p99_ms"] for i in intervals[1:] if i["produce_p99_ms"] is not None),
             default=None,
         ),
+        # librdkafka's request round-trip p99 to the brokers per ~1 s window, measured in C
+        # (no Python stall of the load generator in it): the median and worst window
+        "broker_rtt_p99_ms": _median(total.rtt_p99_ms),
+        "max_interval_broker_rtt_p99_ms": max(total.rtt_p99_ms, default=None),
         # a child that failed or ended early is an error too: its samples are missing
         "errors": total.errors + len(run.failures),
         "produced_records": produced_records,

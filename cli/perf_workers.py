@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import multiprocessing
 import os
 import queue as queue_module
@@ -36,6 +37,7 @@ WARMUP_TIMEOUT_S = 30.0  # clients connecting before the clock starts
 STICKY_S = 0.010  # a producer fills one partition this long, as librdkafka's sticky default
 FLUSH_TIMEOUT_S = 30.0  # a producer's outstanding records at the end
 PUT_TIMEOUT_S = 10.0  # a parent that does not read for this long is gone
+STATS_INTERVAL_MS = 1000  # librdkafka statistics (request round-trip times) per producer
 _PR_SET_PDEATHSIG = 1
 
 
@@ -73,6 +75,7 @@ class _Counters:
         self.consumed_bytes = 0
         self.records = 0
         self.errors = 0
+        self.rtt_p99_ms: list[float] = []  # librdkafka's request round-trip p99 per stats window
 
     def delivered(self, ms: float, size: int) -> None:
         with self.lock:
@@ -92,6 +95,10 @@ class _Counters:
         with self.lock:
             self.errors += 1
 
+    def rtt(self, p99_ms: float) -> None:
+        with self.lock:
+            self.rtt_p99_ms.append(p99_ms)
+
     def take(self) -> dict:
         with self.lock:
             out = {
@@ -101,6 +108,7 @@ class _Counters:
                 "consumed_bytes": self.consumed_bytes,
                 "records": self.records,
                 "errors": self.errors,
+                "rtt_p99_ms": self.rtt_p99_ms,
             }
             self._reset()
         return out
@@ -183,6 +191,10 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
             "linger.ms": 2,
             "enable.idempotence": spec.acks == "all",
             "queue.buffering.max.kbytes": 262144,
+            # librdkafka's own request round-trip times (measured in C, so no Python stall
+            # of this process is in them): the broker's side of the produce latency
+            "statistics.interval.ms": STATS_INTERVAL_MS,
+            "stats_cb": lambda stats: _note_rtt(stats, counters),
             **QUIET_RDKAFKA,
             **spec.client_settings,
         }
@@ -232,6 +244,22 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
             sent += 1
         client.poll(0)
     client.flush(FLUSH_TIMEOUT_S)
+
+
+def _note_rtt(stats_json: str, counters: _Counters) -> None:
+    """The worst broker's request round-trip p99 of one librdkafka stats window (µs in the
+    stats; windows without requests are skipped)."""
+    try:
+        brokers = json.loads(stats_json).get("brokers", {}).values()
+        p99s = [
+            b["rtt"]["p99"] / 1000
+            for b in brokers
+            if b.get("nodeid", -1) >= 0 and b.get("rtt", {}).get("cnt", 0) > 0
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return  # a stats format this code does not know: no figure, not an error
+    if p99s:
+        counters.rtt(max(p99s))
 
 
 def _consume_loop(spec: WorkerSpec, counters: _Counters, out, events) -> None:

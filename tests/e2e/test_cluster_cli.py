@@ -263,6 +263,8 @@ def test_operator_experience_issue_18(cluster_dir):
     assert summary["produced_records"] >= 200 and summary["errors"] == 0
     assert summary["consumed_records"] == [summary["produced_records"]]
     assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
+    # librdkafka's own round-trip times to the broker (measured in C) are reported too
+    assert 0 < summary["broker_rtt_p99_ms"] <= summary["max_interval_broker_rtt_p99_ms"]
     # Ctrl-C (SIGINT to the terminal's process group): perf and its children end within
     # seconds and its topics are deleted
     interrupted = subprocess.Popen(
