@@ -479,10 +479,10 @@ class MetadataImage(BaseModel):
         if stream.aborted_txns and stream.aborted_txns[0][2] < rec.start_offset:
             stream.aborted_txns = [a for a in stream.aborted_txns if a[2] >= rec.start_offset]
 
-    def _apply_aborted_txn(self, rec: r.AbortedTxnRecord) -> None:
+    def _apply_aborted_txns(self, rec: r.AbortedTxnsRecord) -> None:
         stream = self._we("streams", rec.stream_id)
-        entry = (rec.producer_id, rec.first_offset, rec.marker_offset)
-        stream.aborted_txns = [*stream.aborted_txns, entry][-MAX_ABORTED_TXNS_PER_STREAM:]
+        entries = [tuple(e) for e in rec.entries]
+        stream.aborted_txns = [*stream.aborted_txns, *entries][-MAX_ABORTED_TXNS_PER_STREAM:]
 
     def _apply_cleaner_checkpoint(self, rec: r.CleanerCheckpointRecord) -> None:
         stream = self._we("streams", rec.stream_id)

@@ -168,16 +168,14 @@ class TrimStreamRecord(_Record):
     trimmed_ms: int = 0  # when (retention or DeleteRecords); 0 in logs written before it
 
 
-class AbortedTxnRecord(_Record):
-    """A transaction aborted in a partition's stream: the producer's batches in
-    [first_offset, marker_offset] are not to be read by read_committed consumers (Kafka's
-    `.txnindex` entry). Kept with the stream until its start passes `marker_offset`."""
+class AbortedTxnsRecord(_Record):
+    """Transactions aborted in a partition's stream, in marker order: each producer's
+    batches in [first offset, marker offset] are not for read_committed consumers (Kafka's
+    `.txnindex` entries). Kept with the stream until its start passes their marker."""
 
-    type: Literal["aborted_txn"] = "aborted_txn"
+    type: Literal["aborted_txns"] = "aborted_txns"
     stream_id: int
-    producer_id: int
-    first_offset: int
-    marker_offset: int
+    entries: list[tuple[int, int, int]]  # (producer id, first offset, marker offset)
 
 
 class CleanerCheckpointRecord(_Record):
@@ -422,7 +420,7 @@ MetadataRecord = Annotated[
     | StreamEpochRecord
     | RangeRecord
     | TrimStreamRecord
-    | AbortedTxnRecord
+    | AbortedTxnsRecord
     | CleanerCheckpointRecord
     | DeleteStreamRecord
     | S3ObjectRecord

@@ -236,6 +236,8 @@ class OpenStreamResponse(BaseModel):
     stream_epoch: int
     start_offset: int
     next_offset: int
+    # the transactions aborted in the stream, as recorded by its leaders (record_aborted_txns)
+    aborted_txns: list[tuple[int, int, int]] = Field(default_factory=list)
 
 
 class CloseStreamRequest(_Request):

@@ -63,6 +63,7 @@ def open_stream(image: MetadataImage, req: OpenStreamRequest, now_ms: int):
         stream_epoch=req.stream_epoch,
         start_offset=stream.start_offset,
         next_offset=stream.end_offset,
+        aborted_txns=list(stream.aborted_txns),
     )
     if req.stream_epoch < stream.epoch:
         raise ControllerError(
@@ -232,7 +233,7 @@ def record_aborted_txns(image: MetadataImage, req: RecordAbortedTxnsRequest, now
     stream = get_stream(image, req.stream_id)
     require_stream_owner(stream, req.stream_epoch, req.node_id)
     last = stream.aborted_txns[-1][2] if stream.aborted_txns else -1
-    recs: list = []
+    entries: list[tuple[int, int, int]] = []
     for a in req.aborted:
         if a.first_offset > a.marker_offset:
             raise ControllerError(
@@ -243,12 +244,8 @@ def record_aborted_txns(image: MetadataImage, req: RecordAbortedTxnsRequest, now
         if a.marker_offset <= last or a.marker_offset < stream.start_offset:
             continue
         last = a.marker_offset
-        recs.append(
-            r.AbortedTxnRecord(
-                stream_id=stream.stream_id,
-                producer_id=a.producer_id,
-                first_offset=a.first_offset,
-                marker_offset=a.marker_offset,
-            )
-        )
-    return recs, RecordAbortedTxnsResponse(recorded=len(recs))
+        entries.append((a.producer_id, a.first_offset, a.marker_offset))
+    if not entries:
+        return [], RecordAbortedTxnsResponse(recorded=0)
+    rec = r.AbortedTxnsRecord(stream_id=stream.stream_id, entries=entries)
+    return [rec], RecordAbortedTxnsResponse(recorded=len(entries))

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from controlplane import broker_configs, topic_configs
 from controlplane.errors import ControllerError
@@ -292,6 +293,19 @@ class ProduceRateMeter:
         return out
 
 
+@dataclass(slots=True)
+class _AbortSlot:
+    """An aborted transaction (producer id, first offset, marker offset) on its way into
+    the stream's metadata; `state` is changed under the partition's `_unrecorded_lock`."""
+
+    PENDING: ClassVar[str] = "pending"  # the marker's WAL write is not done
+    DURABLE: ClassVar[str] = "durable"
+    FAILED: ClassVar[str] = "failed"  # the marker was not written: nothing to record
+
+    entry: tuple[int, int, int]
+    state: str = PENDING
+
+
 class PartitionLog:
     """One partition this broker leads (the first `PartitionBackend`): its stream, its
     idempotent-producer state and new-data notification.
@@ -333,7 +347,8 @@ class PartitionLog:
         self.txns = TxnIndex()
         self._record_aborted = record_aborted
         self._run_later = run_later
-        self._unrecorded: list[tuple[int, int, int]] = []  # durable aborts not yet recorded
+        # aborts not yet recorded with the stream, in marker order (bounded)
+        self._unrecorded: deque[_AbortSlot] = deque()
         self._unrecorded_lock = threading.Lock()
         self._recording_lock = threading.Lock()  # one recording at a time, in marker order
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
@@ -383,31 +398,65 @@ class PartitionLog:
             fut = self.append_batch(build, 1)
             self.producers.bump_epoch(producer_id, producer_epoch)
             aborted = self.txns.marker(producer_id, commit, assigned[0])
-        if aborted is not None and self._record_aborted is not None:
-            fut.add_done_callback(lambda f: self._marker_durable(f, aborted))
+            slot: _AbortSlot | None = None
+            if aborted is not None and self._record_aborted is not None:
+                # queued under the partition's lock: the queue is in marker (offset) order
+                slot = _AbortSlot(aborted)
+                with self._unrecorded_lock:
+                    self._unrecorded.append(slot)
+                    self._bound_unrecorded()
+        if slot is not None:
+            fut.add_done_callback(lambda f: self._marker_done(f, slot))
         return KafkaError.NONE, fut
 
-    def _marker_durable(self, fut: Future, aborted: tuple[int, int, int]) -> None:
-        """An abort marker's append finished: once durable, its transaction is recorded
-        with the stream (off the WAL's completion thread)."""
-        if fut.cancelled() or fut.exception() is not None or self._run_later is None:
-            return
+    def _bound_unrecorded(self) -> None:
+        """Caller holds `_unrecorded_lock`."""
+        while len(self._unrecorded) > MAX_UNRECORDED_ABORTS:
+            dropped = self._unrecorded.popleft()
+            log.warning(
+                "%s-%d: over %d aborted transactions wait to be recorded; dropping %s (a "
+                "leader that reads past its tail would not know it)",
+                self.topic,
+                self.partition,
+                MAX_UNRECORDED_ABORTS,
+                dropped.entry,
+            )
+
+    def _marker_done(self, fut: Future, slot: _AbortSlot) -> None:
+        """An abort marker's append finished (the WAL's completion thread): a durable one
+        is recorded with the stream, on `run_later`."""
+        ok = not fut.cancelled() and fut.exception() is None
         with self._unrecorded_lock:
-            self._unrecorded.append(aborted)
-            del self._unrecorded[:-MAX_UNRECORDED_ABORTS]  # bounded: the oldest go first
-        self._run_later(self.record_pending_aborts)
+            slot.state = _AbortSlot.DURABLE if ok else _AbortSlot.FAILED
+        if ok and self._run_later is not None:
+            self._run_later(self.record_pending_aborts)
+
+    @property
+    def has_unrecorded_aborts(self) -> bool:
+        with self._unrecorded_lock:
+            return bool(self._unrecorded)
 
     def record_pending_aborts(self) -> None:
-        """Record the durable aborts not recorded yet (blocking). A failure leaves them for
-        the next call (the next abort here): the controller skips what it already has.
-        Until recorded, a new leader still finds a recent abort in the tail it reads."""
+        """Record the durable aborts not recorded yet, oldest first, up to the first one
+        still waiting for its WAL write (blocking: a controller call). A failure leaves them
+        for the next call (the next abort here, the partition manager's retry each second,
+        or the close of the partition); the controller skips what it already has."""
         if self._record_aborted is None:
             return
         with self._recording_lock:
             with self._unrecorded_lock:
-                batch = self._unrecorded[:MAX_ABORTS_PER_RECORD]
-            if not batch:
-                return
+                batch: list[tuple[int, int, int]] = []
+                taken = 0  # leading slots this call settles (recorded, or never written)
+                for slot in self._unrecorded:
+                    if slot.state == _AbortSlot.PENDING or len(batch) >= MAX_ABORTS_PER_RECORD:
+                        break
+                    taken += 1
+                    if slot.state == _AbortSlot.DURABLE:
+                        batch.append(slot.entry)
+                if not batch:  # only failed ones (their markers were never written)
+                    for _ in range(taken):
+                        self._unrecorded.popleft()
+                    return
             try:
                 self._record_aborted(batch)
             except Exception as exc:
@@ -419,18 +468,22 @@ class PartitionLog:
                     exc,
                 )
                 return
-            with self._unrecorded_lock:  # markers only grow: drop what was recorded
-                self._unrecorded = [e for e in self._unrecorded if e[2] > batch[-1][2]]
+            with self._unrecorded_lock:  # still the first ones: others are only appended
+                for _ in range(min(taken, len(self._unrecorded))):
+                    self._unrecorded.popleft()
 
     def queue_unrecorded_aborts(self, recorded_up_to: int) -> None:
-        """A new leader: the aborts its tail read found past the last one recorded in the
-        metadata (its predecessor failed before recording them) are recorded now."""
+        """A new leader: the aborts its tail read found past the last one recorded with the
+        stream (its predecessor failed before recording them) are recorded now."""
         with self.txns.lock:
             missing = [e for e in self.txns.aborted if e[2] > recorded_up_to]
         if not missing or self._run_later is None:
             return
         with self._unrecorded_lock:
-            self._unrecorded = missing[-MAX_UNRECORDED_ABORTS:]
+            self._unrecorded.extendleft(
+                _AbortSlot(e, _AbortSlot.DURABLE) for e in reversed(missing)
+            )
+            self._bound_unrecorded()
         self._run_later(self.record_pending_aborts)
 
     def add_listener(self, callback) -> None:
@@ -670,6 +723,7 @@ class PartitionManager:
             self._wake.clear()
             if self._stop.is_set() or self._image is None or not self.image_ready():
                 continue
+            self._retry_unrecorded_aborts()
             due = time.monotonic() - self._last_reconcile > RECONCILE_SAFETY_S
             if not (self._dirty or self._retry or due):
                 continue
@@ -716,8 +770,17 @@ class PartitionManager:
             job.result()
         self._close_orphans(image, wanted)
 
+    def _retry_unrecorded_aborts(self) -> None:
+        """Aborts whose recording failed are tried again (about once a second)."""
+        with self._lock:
+            logs = [plog for plog in self._logs.values() if plog.has_unrecorded_aborts]
+        for plog in logs:
+            self._pool.submit(plog.record_pending_aborts)
+
     def _close_all(self, leaving: list[PartitionLog]) -> None:
         """One upload for all partitions that moved away, then their closes."""
+        for plog in leaving:  # while this node still owns the streams
+            plog.record_pending_aborts()
         try:
             errors = self.storage.close_streams([plog.stream for plog in leaving])
         except Exception as exc:  # the upload failed: failover (or a retry) covers them
@@ -769,10 +832,10 @@ class PartitionManager:
             record_aborted=lambda entries: self._record_aborted(stream, entries),
             run_later=self._pool.submit,
         )
-        image = self._image
-        meta = image.streams.get(stream_id) if image is not None else None
-        if meta is not None:
-            plog.txns.seed_aborted(meta.aborted_txns)
+        # as the controller had them when it opened the stream for this epoch: everything
+        # the previous leader recorded (the image here may not have caught up yet)
+        recorded = stream.recorded_aborted_txns
+        plog.txns.seed_aborted(recorded)
         try:
             producers = rebuild_producer_state(stream, plog.producers, plog.txns)
         except Exception as exc:
@@ -787,9 +850,7 @@ class PartitionManager:
                 exc,
             )
             return
-        plog.queue_unrecorded_aborts(
-            meta.aborted_txns[-1][2] if meta is not None and meta.aborted_txns else -1
-        )
+        plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
         with self._lock:
             self._logs[key] = plog
         log.info(

@@ -166,6 +166,9 @@ class _StreamState:
     confirmed_offset: int  # end of the acknowledged prefix
     start_offset: int
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # (producer id, first offset, marker offset) of the aborted transactions the controller
+    # held for the stream when this epoch opened it (partitions seed their TxnIndex from it)
+    recorded_aborted_txns: list[tuple[int, int, int]] = field(default_factory=list)
     error: BaseException | None = None
     closing: bool = False  # no new appends: the stream is being uploaded and closed
     closed: bool = False
@@ -185,6 +188,11 @@ class Stream:
     @property
     def epoch(self) -> int:
         return self._state.epoch
+
+    @property
+    def recorded_aborted_txns(self) -> list[tuple[int, int, int]]:
+        """The aborted transactions recorded with the stream when this epoch opened it."""
+        return self._state.recorded_aborted_txns
 
     @property
     def start_offset(self) -> int:
@@ -394,6 +402,7 @@ class S3Storage:
             next_offset=res.next_offset,
             confirmed_offset=res.next_offset,
             start_offset=res.start_offset,
+            recorded_aborted_txns=[tuple(a) for a in res.aborted_txns],
         )
         with self._lock:
             self._streams[stream_id] = state

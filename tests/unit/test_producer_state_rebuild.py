@@ -18,6 +18,7 @@ class FakeStream:
         self.start_offset = start_offset
         self.next_offset = batches[-1].last_offset if batches else start_offset
         self.fetched_bytes = 0
+        self.recorded_aborted_txns: list[tuple[int, int, int]] = []
 
     def fetch(self, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         out, size = [], 0

@@ -494,3 +494,40 @@ def test_an_abort_older_than_a_new_leaders_tail_read_is_still_known(h):
     seeded.seed_aborted(meta.aborted_txns)
     rebuild_producer_state(plog.stream, ProducerStateTable(), seeded)
     assert seeded.aborted_between(0, plog.high_watermark) == [(pid, 0)]
+
+
+def test_aborts_are_recorded_in_marker_order_whatever_order_they_become_durable():
+    """Two abort markers of one partition whose WAL writes finish in the other order: the
+    older one is not skipped (the controller refuses what is not past its last marker), and
+    nothing is recorded past a marker still being written (found by review)."""
+    from concurrent.futures import Future
+
+    from dataplane.kafka.partitions import PartitionLog, _AbortSlot
+
+    recorded: list[tuple[int, int, int]] = []
+
+    def record(entries):  # the controller's rule (controlplane/streams.record_aborted_txns)
+        last = recorded[-1][2] if recorded else -1
+        for e in entries:
+            if e[2] > last:
+                last = e[2]
+                recorded.append(tuple(e))
+
+    plog = PartitionLog("tid", "t", 0, 1, None, record_aborted=record, run_later=lambda fn: fn())
+    older, newer = _AbortSlot((7, 0, 10)), _AbortSlot((8, 5, 20))
+    plog._unrecorded.extend([older, newer])  # as write_marker queues them, under its lock
+    done = Future()
+    done.set_result(None)
+    plog._marker_done(done, newer)  # marker 20 durable first: nothing may be recorded yet
+    assert recorded == [] and plog.has_unrecorded_aborts
+    plog._marker_done(done, older)
+    assert recorded == [(7, 0, 10), (8, 5, 20)] and not plog.has_unrecorded_aborts
+    # a marker whose write failed is never recorded and does not hold back later ones
+    failed, later = _AbortSlot((9, 30, 40)), _AbortSlot((10, 35, 50))
+    plog._unrecorded.extend([failed, later])
+    broken = Future()
+    broken.set_exception(OSError("WAL failed"))
+    plog._marker_done(broken, failed)
+    plog._marker_done(done, later)
+    assert recorded[-1] == (10, 35, 50) and (9, 30, 40) not in recorded
+    assert not plog.has_unrecorded_aborts

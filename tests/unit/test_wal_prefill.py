@@ -159,3 +159,70 @@ def test_prefiller_limits_are_checked(tmp_path: Path) -> None:
         RingPrefiller(tmp_path / "x", MIB, ahead_bytes=4096, chunk_bytes=8192)
     with pytest.raises(ValueError):
         FileWALConfig(prefill_ahead_bytes=-1).validate(16 * MIB)
+
+
+def test_zeros_in_flight_at_close_never_land_on_what_close_writes(tmp_path, monkeypatch):
+    """close() stops the prefiller while a zero chunk is being written and then writes
+    what is queued: the writer must still wait for that chunk (found by review: it skipped
+    the claim once the prefiller was stopped, and the late zeros erased acked records)."""
+    from dataplane.s3stream.wal import prefill as prefill_mod
+    from dataplane.s3stream.wal.ring import Ring
+
+    real_zero = prefill_mod.pwrite_all
+
+    def slow_zero(fd, buf, offset):
+        if offset >= DATA_START_BYTES + MIB:  # the second chunk is slow (a busy disk)
+            threading.Event().wait(1.0)
+        return real_zero(fd, buf, offset)
+
+    real_batch = Ring.write_batch
+
+    def slow_batch(self, logical, parts, total):  # a writer a little slower than close()
+        threading.Event().wait(0.01)
+        return real_batch(self, logical, parts, total)
+
+    monkeypatch.setattr(prefill_mod, "pwrite_all", slow_zero)
+    monkeypatch.setattr(Ring, "write_batch", slow_batch)
+    config = dataclasses.replace(
+        CONFIG, max_batch_bytes=128 * 1024, max_queue_bytes=8 * MIB, prefill_ahead_bytes=MIB
+    )
+    path = tmp_path / "w.wal"
+    wal = FileWAL.open(path, 1, 1, capacity_bytes=16 * MIB, config=config)
+    first = wal.append(b"a" * 4000).result(5)  # the prefiller now writes [1, 2) MiB
+    threading.Event().wait(0.1)
+    futures = [wal.append(b"x" * 60_000) for _ in range(40)]  # ~2.4 MiB: across 1 MiB
+    wal.close()  # writes what is queued
+    acked = [f.result(0) for f in futures if f.exception(0) is None]
+    assert acked
+    reopened = FileWAL.open(path, 1, 2, config=dataclasses.replace(config, prefill_ahead_bytes=0))
+    try:
+        recovered = {r.offset for r in reopened.recover()}
+    finally:
+        reopened.close()
+    lost = [a.offset for a in [first, *acked] if a.offset not in recovered]
+    assert not lost, f"{len(lost)} of {len(acked) + 1} acknowledged records lost"
+
+
+def test_a_taken_over_wal_writes_no_more_zeros(tmp_path: Path) -> None:
+    """The prefiller re-reads the reservation before every chunk: once another node took
+    the WAL over, the old owner writes nothing, not even zeros."""
+    from dataplane.s3stream.wal import take_over
+
+    path = tmp_path / "w.wal"
+    config = dataclasses.replace(CONFIG, prefill_ahead_bytes=8 * MIB)
+    wal = FileWAL.open(path, 1, 1, capacity_bytes=64 * MIB, config=config)
+    try:
+        prefiller = wal._prefiller
+        assert prefiller is not None
+        with take_over(path, 2, 2):
+            for _ in range(500):  # bounded: it stops at its next chunk
+                if not prefiller.active:
+                    break
+                threading.Event().wait(0.01)
+            assert not prefiller.active
+            filled = prefiller.filled_bytes
+            assert filled < 8 * MIB
+            threading.Event().wait(0.1)
+            assert prefiller.filled_bytes == filled
+    finally:
+        wal.close()

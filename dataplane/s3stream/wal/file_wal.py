@@ -265,6 +265,7 @@ class FileWAL(WriteAheadLog):
                 capacity_bytes,
                 ahead_bytes=max(config.prefill_ahead_bytes, _PREFILL_CHUNK_BYTES),
                 chunk_bytes=_PREFILL_CHUNK_BYTES,
+                still_owner=self._still_owner,
             )
             self._prefiller.start()
         for thread in self._threads:
@@ -661,6 +662,14 @@ class FileWAL(WriteAheadLog):
         self._next_offset = offset + padding
         self._not_full.notify_all()
         return batch, padding
+
+    def _still_owner(self) -> bool:
+        """Whether the reservation on disk still names this instance (any thread)."""
+        current = decode_reservation(self._reservation_view.raw())
+        return current is not None and (current.node_id, current.node_epoch) == (
+            self._node_id,
+            self._node_epoch,
+        )
 
     def _check_reservation(self) -> None:
         raw = self._reservation_view.raw()

@@ -22,6 +22,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dataplane.s3stream.wal.format import DATA_START_BYTES
@@ -46,6 +47,8 @@ class RingPrefiller:
     Args:
         path: the WAL file (opened again here, so the writer's descriptor is untouched).
         capacity_bytes: size of the ring (logical offsets of the first lap are positions).
+        still_owner: checked before every chunk; False stops the filling (a process whose
+            WAL was taken over must not write, not even zeros, where the new owner may).
         ahead_bytes: how far beyond the writer's claim zeros are written (a bound on the
             background I/O a lightly used WAL causes).
         chunk_bytes: size of one zero write (a multiple of 4 KiB).
@@ -60,12 +63,14 @@ class RingPrefiller:
         ahead_bytes: int = 64 * 1024 * 1024,
         chunk_bytes: int = 1024 * 1024,
         max_bytes_per_s: int = 256 * 1024 * 1024,
+        still_owner: Callable[[], bool] = lambda: True,
     ) -> None:
         if chunk_bytes <= 0 or chunk_bytes % _ALIGN_BYTES:
             raise ValueError("chunk_bytes must be a positive multiple of 4096")
         if ahead_bytes < chunk_bytes or max_bytes_per_s <= 0:
             raise ValueError("ahead_bytes must be >= chunk_bytes and max_bytes_per_s positive")
         self._path = path
+        self._still_owner = still_owner
         self._capacity_bytes = capacity_bytes
         self._ahead_bytes = ahead_bytes
         self._chunk_bytes = chunk_bytes
@@ -78,6 +83,7 @@ class RingPrefiller:
         self._written = threading.Condition(self._lock)
         self._stop_event = threading.Event()
         self._stopped = False
+        self._finished = False  # the thread has ended: no zero write is or will be under way
         self._done = False  # the first lap is claimed or filled: nothing left to do
         self.filled_bytes = 0  # zeros written (for tests and metrics)
         self._thread = threading.Thread(
@@ -86,9 +92,11 @@ class RingPrefiller:
 
     @property
     def active(self) -> bool:
-        """False once there is nothing left to fill or it was stopped (a plain read: the
-        writer only uses it to skip :meth:`claim`, which is also correct when called)."""
-        return not (self._done or self._stopped)
+        """False once nothing is left to fill, or once the filling thread has ended, so no
+        zero write can still be under way (a plain read: the writer only uses it to skip
+        :meth:`claim`; while it is True the writer must claim, even after :meth:`stop`,
+        because a chunk may still be in flight)."""
+        return not (self._done or self._finished)
 
     def start(self) -> None:
         self._thread.start()
@@ -142,19 +150,25 @@ class RingPrefiller:
 
     def _run(self) -> None:
         try:
-            fd, direct = self._open()
-        except OSError as exc:
-            log.warning("WAL %s: not prefilling (%s)", self._path, exc)
-            return
-        zeros = mmap.mmap(-1, self._chunk_bytes)  # page-aligned and zeroed, as O_DIRECT wants
-        try:
-            self._fill(fd, direct, zeros)
-        except OSError as exc:
-            # only a cost: the writer then converts extents itself, as without prefilling
-            log.warning("WAL %s: prefilling stopped: %s", self._path, exc)
+            try:
+                fd, direct = self._open()
+            except OSError as exc:
+                log.warning("WAL %s: not prefilling (%s)", self._path, exc)
+                return
+            zeros = mmap.mmap(-1, self._chunk_bytes)  # page-aligned and zeroed, for O_DIRECT
+            try:
+                self._fill(fd, direct, zeros)
+            except Exception as exc:
+                # only a cost: the writer then converts extents itself, as without prefilling
+                log.warning("WAL %s: prefilling stopped: %s", self._path, exc)
+            finally:
+                zeros.close()
+                os.close(fd)
         finally:
-            zeros.close()
-            os.close(fd)
+            with self._lock:
+                self._finished = True
+                self._writing = None
+                self._written.notify_all()
 
     def _fill(self, fd: int, direct: bool, zeros: mmap.mmap) -> None:
         started = time.monotonic()
@@ -168,6 +182,9 @@ class RingPrefiller:
                 if start < 0:
                     return
                 self._writing = chunk  # claims reaching into it wait for this write
+            if not self._still_owner():
+                log.warning("WAL %s: taken over; prefilling stopped", self._path)
+                return  # the finally of _run clears _writing
             try:
                 pwrite_all(fd, memoryview(zeros)[: end - start], DATA_START_BYTES + start)
                 if not direct:
