@@ -303,7 +303,9 @@ class HoleStore:
                     self._sync.wait()
             with self._lock:
                 end = self._end + self._shift
-                fd = self._fd
+                # a duplicate: a close() meanwhile must not let this sync hit another file
+                # that reused the descriptor's number (and report it durable)
+                fd = os.dup(self._fd) if self._fd >= 0 else -1
             error: OSError | None = None
             try:
                 if fd < 0:
@@ -311,6 +313,9 @@ class HoleStore:
                 self._fsync(fd)
             except OSError as e:
                 error = e
+            finally:
+                if fd >= 0:
+                    os.close(fd)
             with self._sync:
                 self.fsync_count += 1
                 if error is None:
