@@ -418,12 +418,14 @@ def split_run(run: list[IndexEntry], max_bytes: int) -> list[list[IndexEntry]]:
     if total <= max_bytes:
         return [run]
     target = total / -(-total // max_bytes)  # n equal pieces, n = ceil(total / max_bytes)
+    start = run[0].position
     pieces: list[list[IndexEntry]] = [[]]
     for e in run:
         piece = pieces[-1]
+        # piece k takes the blocks whose middle lies below (k + 1) * target
         if piece and (
             e.end_position - piece[0].position > max_bytes
-            or e.position - piece[0].position >= target
+            or e.position + e.size / 2 - start > len(pieces) * target
         ):
             pieces.append([e])
         else:
