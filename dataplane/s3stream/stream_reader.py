@@ -498,41 +498,45 @@ class StreamReader:
         to_load: dict[int, tuple[ObjectLocation, list[IndexEntry]]] = {}
         noted: set[int] = set()
         over_budget = False
-        while held < want_bytes and cursor < end_offset:
-            locs = self._locate(cursor, end_offset)
-            if not locs:
-                break
-            progressed = False
-            for loc in locs:
-                if loc.end_offset <= cursor:
-                    continue
-                if loc.start_offset > cursor:
+        try:
+            while held < want_bytes and cursor < end_offset:
+                locs = self._locate(cursor, end_offset)
+                if not locs:
                     break
-                index = self.index_cache.get(loc, self.stream_id)
-                if loc.object_id not in noted:
-                    noted.add(loc.object_id)
-                    self.fetcher.note_read(loc.object_id, self.stream_id)
-                for entry in find_blocks(
-                    index, self.stream_id, cursor, end_offset, max(want_bytes - held, 1)
-                ):
-                    ahead = held >= need_bytes
-                    if ahead and not self.fetcher.try_hold_readahead(entry.size):
-                        over_budget = True
+                progressed = False
+                for loc in locs:
+                    if loc.end_offset <= cursor:
+                        continue
+                    if loc.start_offset > cursor:
                         break
-                    key = (loc.object_id, entry.position)
-                    if self.cache.watch(key, self, entry.size):
-                        to_load.setdefault(loc.object_id, (loc, []))[1].append(entry)
-                    self._window.append(_Planned(key, entry, loc, ahead))
-                    held += entry.size
-                    cursor = entry.end_offset
-                    progressed = True
-                if over_budget or held >= want_bytes or cursor >= end_offset:
+                    index = self.index_cache.get(loc, self.stream_id)
+                    if loc.object_id not in noted:
+                        noted.add(loc.object_id)
+                        self.fetcher.note_read(loc.object_id, self.stream_id)
+                    for entry in find_blocks(
+                        index, self.stream_id, cursor, end_offset, max(want_bytes - held, 1)
+                    ):
+                        ahead = held >= need_bytes
+                        if ahead and not self.fetcher.try_hold_readahead(entry.size):
+                            over_budget = True
+                            break
+                        key = (loc.object_id, entry.position)
+                        if self.cache.watch(key, self, entry.size):
+                            to_load.setdefault(loc.object_id, (loc, []))[1].append(entry)
+                        self._window.append(_Planned(key, entry, loc, ahead))
+                        held += entry.size
+                        cursor = entry.end_offset
+                        progressed = True
+                    if over_budget or held >= want_bytes or cursor >= end_offset:
+                        break
+                if over_budget or not progressed:
                     break
-            if over_budget or not progressed:
-                break
-        self._held = held
-        for loc, entries in to_load.values():
-            self.fetcher.load(loc, entries, self.index_cache.layout(loc.object_id))
+        finally:
+            # what was watched is loaded even if a lookup failed half way (readers waiting
+            # for those blocks must not wait for a load nobody started)
+            self._held = held
+            for loc, entries in to_load.values():
+                self.fetcher.load(loc, entries, self.index_cache.layout(loc.object_id))
 
     # ------------------------------------------------------------ reading
 
