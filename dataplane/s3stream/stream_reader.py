@@ -8,7 +8,7 @@ each block once it has consumed it. Readahead starts at 512 KiB and doubles when
 wait for a block (a miss) and the cache has room, up to 32 MiB; a read that stopped at its
 `max_bytes` (a consumer sweeping the stream: it will ask for the next range right away)
 raises it at once to that read's size, so the next read's blocks are loaded while the
-response travels. A GET covers at most `max_get_bytes` (4 MiB): a longer run of adjacent
+response travels. A GET covers at most `max_get_bytes` (8 MiB): a longer run of adjacent
 blocks is read with several GETs in flight at once. Readahead beyond what a read itself
 needs is bounded across all readers by the fetcher's `readahead_budget_bytes` (by default
 half the BlockCache): a reader over the budget reads only what it is asked for.
@@ -52,7 +52,7 @@ from dataplane.s3stream.records import StreamRecordBatch
 
 MIN_READAHEAD_BYTES = 512 * 1024
 MAX_READAHEAD_BYTES = 32 * 1024 * 1024
-MAX_GET_BYTES = 4 * 1024 * 1024  # larger runs of blocks: several GETs in flight
+MAX_GET_BYTES = 8 * 1024 * 1024  # larger runs of blocks: several GETs in flight
 TAIL_READ_BYTES = 64 * 1024
 MAX_LOCATIONS_PER_LOOKUP = 64
 BLOCK_WAIT_TIMEOUT_S = 60.0
