@@ -60,7 +60,7 @@ def _start() -> None:
     threading.Thread(
         target=_flush_forever, args=(f"{_DIR}/broker-{os.getpid()}.jsonl",), daemon=True
     ).start()
-    for _ in range(1200):
+    for _ in range(6000):  # up to 5 minutes: a broker starting under load imports late
         if "dataplane.kafka.apis" in sys.modules and "dataplane.objectstore.store" in sys.modules:
             _patch()
             return
