@@ -31,7 +31,9 @@ def _flush_forever(path: str) -> None:
 def _patch() -> None:
     apis = sys.modules["dataplane.kafka.apis"]
     store = sys.modules["dataplane.objectstore.store"]
-    fetch = apis.KafkaApis.fetch
+    # both classes first (AttributeError while a module is still importing): nothing is
+    # patched twice
+    fetch, read_span = apis.KafkaApis.fetch, store.ObjectStorage._read_span
 
     async def traced_fetch(self, req, ctx):
         t0 = time.monotonic()
@@ -42,7 +44,6 @@ def _patch() -> None:
             _events.append(("fetch", t0, time.monotonic(), partitions))
 
     apis.KafkaApis.fetch = traced_fetch
-    read_span = store.ObjectStorage._read_span
 
     def traced_read_span(self, bucket_id, key, start, end_exclusive, priority):
         t0 = time.monotonic()
@@ -62,8 +63,11 @@ def _start() -> None:
     ).start()
     for _ in range(6000):  # up to 5 minutes: a broker starting under load imports late
         if "dataplane.kafka.apis" in sys.modules and "dataplane.objectstore.store" in sys.modules:
-            _patch()
-            return
+            try:
+                _patch()
+                return
+            except AttributeError:
+                pass  # a module still being imported: its classes are not defined yet
         time.sleep(0.05)
 
 
