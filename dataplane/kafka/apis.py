@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kafka.protocol.admin import (
     AlterConfigsRequest,
@@ -67,6 +67,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
 from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.fetch_budget import next_wave
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     BackendError,
@@ -138,6 +139,42 @@ def coordinator_for(key: str, image: MetadataImage) -> int | None:
     (`controlplane/coordinators.py`), the same answer on every broker for one image; None
     while the slot is unassigned or its owner is fenced."""
     return group_coordinator(image, key)
+
+
+@dataclass
+class _FetchSlot:
+    """One partition of a Fetch request while it is being answered."""
+
+    topic: str | None
+    partition: int
+    plog: PartitionBackend | None
+    error: KafkaError
+    fetch_offset: int
+    partition_max_bytes: int = 0
+    hw: int = -1
+    start: int = -1
+    lso: int = -1
+    end: int = -1
+    records: bytes = b""
+    aborted: list[tuple[int, int]] = field(default_factory=list)
+
+    def response(self, placeholders: RecordsPlaceholders):
+        P = FetchResponse.FetchableTopicResponse.PartitionData
+        return P(
+            partition_index=self.partition,
+            error_code=self.error,
+            high_watermark=self.hw,
+            last_stable_offset=self.lso,
+            log_start_offset=self.start,
+            aborted_transactions=[
+                P.AbortedTransaction(producer_id=pid, first_offset=first)
+                for pid, first in self.aborted
+            ],
+            preferred_read_replica=-1,
+            # the record bytes go to the socket as they are, not through kafka-python's
+            # encoder
+            records=placeholders.placeholder(self.records) if self.records else self.records,
+        )
 
 
 class KafkaApis:
@@ -502,72 +539,78 @@ class KafkaApis:
 
     async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders, az):
         F = FetchResponse.FetchableTopicResponse
-        P = F.PartitionData
-        Aborted = P.AbortedTransaction
         read_committed = getattr(req, "isolation_level", 0) == 1
-        topics = []
-        total = 0
-        errors = False
+        # first the partitions' state and errors, then the reads: the partitions of one
+        # request are read at once (a catch-up read waits for object-store GETs), in waves
+        # that keep the response within the request's max_bytes (fetch_budget.py)
+        slots: list[list[_FetchSlot]] = []
+        to_read: list[_FetchSlot] = []
         for t in req.topics:
             name = getattr(t, "topic", None) if v < 13 else None
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
-            parts = []
+            topic_slots = []
             for p in t.partitions:
                 plog, error = self._resolve(image, name, topic_id, p.partition, az)
-                hw, start, records, lso, aborted = -1, -1, b"", -1, []
+                slot = _FetchSlot(t.topic, p.partition, plog, error, p.fetch_offset)
+                slot.partition_max_bytes = p.partition_max_bytes
                 if plog is not None:
-                    hw, start = plog.high_watermark, plog.log_start_offset
-                    lso = plog.last_stable_offset
+                    slot.hw, slot.start = plog.high_watermark, plog.log_start_offset
+                    slot.lso = plog.last_stable_offset
                     # read_committed (KIP-98): up to the last stable offset
-                    end = lso if read_committed else hw
+                    slot.end = slot.lso if read_committed else slot.hw
                     current = getattr(p, "current_leader_epoch", -1)
                     if current >= 0 and current < plog.leader_epoch:
-                        error = KafkaError.FENCED_LEADER_EPOCH
+                        slot.error = KafkaError.FENCED_LEADER_EPOCH
                     elif current > plog.leader_epoch:
-                        error = KafkaError.UNKNOWN_LEADER_EPOCH
-                    elif p.fetch_offset < start or (
+                        slot.error = KafkaError.UNKNOWN_LEADER_EPOCH
+                    elif p.fetch_offset < slot.start or (
                         # a backend that serves what its leader committed (a zone-router
                         # proxy) may lag: past its end is "not yet", as on a Kafka follower
-                        p.fetch_offset > hw and not getattr(plog, "lags_leader", False)
+                        p.fetch_offset > slot.hw and not getattr(plog, "lags_leader", False)
                     ):
-                        error = KafkaError.OFFSET_OUT_OF_RANGE
-                    elif p.fetch_offset < end and total < max_bytes:
-                        budget = min(p.partition_max_bytes, max_bytes - total)
-                        try:
-                            records = await self._io(plog.read, p.fetch_offset, max(budget, 1), end)
-                        except ObjectStoreError as exc:
-                            # e.g. its bucket is down (object-storage failover): the
-                            # client retries; nothing is skipped
-                            log.warning("fetch %s-%d: %s", t.topic, p.partition, exc)
-                            error = KafkaError.KAFKA_STORAGE_ERROR
-                        total += len(records)
-                        if read_committed and records:
-                            aborted = [
-                                Aborted(producer_id=pid, first_offset=first)
-                                for pid, first in plog.aborted_transactions(p.fetch_offset, end)
-                            ]
+                        slot.error = KafkaError.OFFSET_OUT_OF_RANGE
+                    elif p.fetch_offset < slot.end:
+                        to_read.append(slot)
                     if plog not in listening:
                         plog.add_listener(wake)
                         listening.append(plog)
-                if error != KafkaError.NONE:
+                topic_slots.append(slot)
+            slots.append(topic_slots)
+        total = 0
+        while to_read and total < max_bytes:
+            budgets = next_wave([s.partition_max_bytes for s in to_read], total, max_bytes)
+            if not budgets:
+                break
+            wave, to_read = to_read[: len(budgets)], to_read[len(budgets) :]
+            await asyncio.gather(
+                *(self._fetch_read(s, b, read_committed) for s, b in zip(wave, budgets))
+            )
+            total += sum(len(s.records) for s in wave)
+        topics = []
+        errors = False
+        for t, topic_slots in zip(req.topics, slots):
+            parts = []
+            for slot in topic_slots:
+                if slot.error != KafkaError.NONE:
                     errors = True
-                parts.append(
-                    P(
-                        partition_index=p.partition,
-                        error_code=error,
-                        high_watermark=hw,
-                        last_stable_offset=lso,
-                        log_start_offset=start,
-                        aborted_transactions=aborted,
-                        preferred_read_replica=-1,
-                        # the record bytes go to the socket as they are, not through
-                        # kafka-python's encoder
-                        records=placeholders.placeholder(records) if records else records,
-                    )
-                )
+                parts.append(slot.response(placeholders))
             kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}
             topics.append(F(partitions=parts, **kwargs))
         return (-1 if errors and total == 0 else total), topics
+
+    async def _fetch_read(self, slot: _FetchSlot, budget: int, read_committed: bool) -> None:
+        """One partition's records of a Fetch (on the I/O pool), into `slot`."""
+        plog = slot.plog
+        try:
+            slot.records = await self._io(plog.read, slot.fetch_offset, budget, slot.end)
+        except ObjectStoreError as exc:
+            # e.g. its bucket is down (object-storage failover): the client retries;
+            # nothing is skipped
+            log.warning("fetch %s-%d: %s", slot.topic, slot.partition, exc)
+            slot.error = KafkaError.KAFKA_STORAGE_ERROR
+            return
+        if read_committed and slot.records:
+            slot.aborted = plog.aborted_transactions(slot.fetch_offset, slot.end)
 
     # ------------------------------------------------------------ offsets
 

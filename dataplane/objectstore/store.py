@@ -514,13 +514,15 @@ class ObjectStorage:
         end_exclusive: int,
         priority: Priority = Priority.CATCH_UP,
         max_gap_bytes: int | None = None,
+        merge: bool = True,
     ) -> Future:
         """`get_range` on the pool; concurrent nearby ranges of one object share one GET.
 
         Ranges of at most `merge_max_bytes` wait up to `merge_window_ms` for neighbours
         (within `merge_gap_bytes`, or `max_gap_bytes` if smaller: 0 merges only touching
         or overlapping ranges, for callers that already hold the bytes in between) before
-        one GET serves them all.
+        one GET serves them all. `merge=False` sends the GET at once (a caller reading a
+        long range in pieces, several in flight).
         """
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
@@ -529,7 +531,7 @@ class ObjectStorage:
             done: Future = Future()
             done.set_result(b"")
             return done
-        if not self._merger.mergeable(start, end_exclusive):
+        if not merge or not self._merger.mergeable(start, end_exclusive):
             return self._submit(self._get_range, bucket_id, key, start, end_exclusive, priority)
         self._check_open()
         self._acquire_pending()

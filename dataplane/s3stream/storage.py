@@ -563,8 +563,14 @@ class S3Storage:
                 reader.release()
                 raise
         with self._readers_lock:
+            # two consumers at the same offset of a stream: keep the newer cursor, and let
+            # the other give up its blocks and readahead (dropped unreleased, its watched
+            # blocks would stay pinned in the BlockCache)
+            displaced = self._readers.pop((stream_id, reader.next_offset), None)
             self._readers[(stream_id, reader.next_offset)] = reader
             self._expire_readers()
+        if displaced is not None and displaced is not reader:
+            displaced.release()
         cache = self.block_cache
         metrics.BLOCK_CACHE_BYTES.set(cache.used_bytes)
         hits, misses = cache.hits, cache.misses

@@ -4,8 +4,14 @@ A `StreamReader` follows one read cursor of one stream. For each read it plans t
 blocks covering the requested offsets plus a readahead window, watches them in the shared
 `BlockCache`, loads the missing ones with ranged GETs (adjacent blocks of one object in one
 request, and the object store merges nearby requests of different readers), and releases
-each block once it has consumed it. Readahead starts at 512 KiB and doubles only when a read
-had to wait for a block (a miss) and the cache has room, up to 32 MiB.
+each block once it has consumed it. Readahead starts at 512 KiB and doubles when a read had to
+wait for a block (a miss) and the cache has room, up to 32 MiB; a read that stopped at its
+`max_bytes` (a consumer sweeping the stream: it will ask for the next range right away)
+raises it at once to that read's size, so the next read's blocks are loaded while the
+response travels. A GET covers at most `max_get_bytes` (8 MiB): a longer run of adjacent
+blocks is read with several GETs in flight at once. Readahead beyond what a read itself
+needs is bounded across all readers by the fetcher's `readahead_budget_bytes` (by default
+half the BlockCache): a reader over the budget reads only what it is asked for.
 
 Stream-set objects hold a little of many streams (~100s of KiB each), so per-stream reads
 are small GETs, and object stores serve a limited number of GETs per second. When several
@@ -46,6 +52,7 @@ from dataplane.s3stream.records import StreamRecordBatch
 
 MIN_READAHEAD_BYTES = 512 * 1024
 MAX_READAHEAD_BYTES = 32 * 1024 * 1024
+MAX_GET_BYTES = 8 * 1024 * 1024  # larger runs of blocks: several GETs in flight
 TAIL_READ_BYTES = 64 * 1024
 MAX_LOCATIONS_PER_LOOKUP = 64
 BLOCK_WAIT_TIMEOUT_S = 60.0
@@ -235,10 +242,22 @@ class BlockFetcher:
         prefetch_span_bytes: int = PREFETCH_SPAN_BYTES,
         demand: ObjectDemand | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_get_bytes: int = MAX_GET_BYTES,
+        readahead_budget_bytes: int | None = None,
     ):
+        if max_get_bytes <= 0 or (
+            readahead_budget_bytes is not None and readahead_budget_bytes < 0
+        ):
+            raise ValueError("invalid BlockFetcher limits")
         self.storage = storage
         self.cache = cache
         self.prefetch_span_bytes = prefetch_span_bytes
+        self.max_get_bytes = max_get_bytes
+        self.readahead_budget_bytes = (
+            cache.max_bytes // 2 if readahead_budget_bytes is None else readahead_budget_bytes
+        )
+        # bytes of blocks in every reader's window past what its current read asked for
+        self.readahead_held_bytes = 0
         self.demand = demand or ObjectDemand(clock=clock)
         self._clock = clock
         self._lock = threading.Lock()
@@ -246,6 +265,19 @@ class BlockFetcher:
         self.gets = 0
         self._backoff_until = 0.0
         self._waste_base = (0, 0)  # (prefetched, wasted) bytes when last judged
+
+    def try_hold_readahead(self, size_bytes: int) -> bool:
+        """Take `size_bytes` of the readahead budget; False (nothing taken) if over it."""
+        with self._lock:
+            if self.readahead_held_bytes + size_bytes > self.readahead_budget_bytes:
+                return False
+            self.readahead_held_bytes += size_bytes
+            return True
+
+    def release_readahead(self, size_bytes: int) -> None:
+        """Give back readahead budget (the block was read, or its reader gave it up)."""
+        with self._lock:
+            self.readahead_held_bytes -= size_bytes
 
     def note_read(self, object_id: int, stream_id: int) -> None:
         """A reader plans blocks of `stream_id` in the object (evidence of demand)."""
@@ -271,7 +303,10 @@ class BlockFetcher:
                 ):
                     self._get(loc, group)
                 continue
-            self._get(loc, run)
+            pieces = split_run(run, self.max_get_bytes)
+            for piece in pieces:
+                # the pieces of one run are this reader's own adjacent bytes: no merge window
+                self._get(loc, piece, merge=len(pieces) == 1)
 
     def _sweeping(self, loc: ObjectLocation, layout: ObjectLayout, run: list[IndexEntry]) -> bool:
         """Whether the block before or after `run` belongs to another stream whose reader
@@ -331,14 +366,20 @@ class BlockFetcher:
                     return False
             return True
 
-    def _get(self, loc: ObjectLocation, run: list[IndexEntry]) -> None:
+    def _get(self, loc: ObjectLocation, run: list[IndexEntry], merge: bool = True) -> None:
         start, end = run[0].position, run[-1].end_position
         with self._lock:
             self.gets += 1
         # merged only with touching ranges: bytes between blocks are other streams'
         # blocks, cached already or read by nobody (max_gap_bytes=0)
         get = self.storage.get_range_async(
-            loc.bucket_id, object_key(loc.object_id), start, end, Priority.CATCH_UP, max_gap_bytes=0
+            loc.bucket_id,
+            object_key(loc.object_id),
+            start,
+            end,
+            Priority.CATCH_UP,
+            max_gap_bytes=0,
+            merge=merge,
         )
         get.add_done_callback(lambda f: self._on_loaded(f, loc.object_id, start, run))
 
@@ -370,6 +411,28 @@ class BlockFetcher:
         return ready.result(timeout=BLOCK_WAIT_TIMEOUT_S)
 
 
+def split_run(run: list[IndexEntry], max_bytes: int) -> list[list[IndexEntry]]:
+    """A run of adjacent blocks cut into about equal pieces of at most `max_bytes` each
+    (a block larger than that is a piece of its own)."""
+    total = run[-1].end_position - run[0].position
+    if total <= max_bytes:
+        return [run]
+    target = total / -(-total // max_bytes)  # n equal pieces, n = ceil(total / max_bytes)
+    start = run[0].position
+    pieces: list[list[IndexEntry]] = [[]]
+    for e in run:
+        piece = pieces[-1]
+        # piece k takes the blocks whose middle lies below (k + 1) * target
+        if piece and (
+            e.end_position - piece[0].position > max_bytes
+            or e.position + e.size / 2 - start > len(pieces) * target
+        ):
+            pieces.append([e])
+        else:
+            piece.append(e)
+    return pieces
+
+
 def contiguous(entries: list[IndexEntry]) -> list[list[IndexEntry]]:
     """Blocks (in byte order) grouped into runs of adjacent ones."""
     runs: list[list[IndexEntry]] = []
@@ -386,6 +449,7 @@ class _Planned:
     key: BlockKey
     entry: IndexEntry
     loc: ObjectLocation
+    readahead: bool = False  # holds readahead budget (planned past what a read asked for)
 
 
 class StreamReader:
@@ -407,6 +471,7 @@ class StreamReader:
         self.cache = fetcher.cache
         self.readahead_bytes = MIN_READAHEAD_BYTES
         self._window: list[_Planned] = []  # watched blocks, in offset order
+        self._held = 0  # bytes of the blocks in the window
         self._locations: list[ObjectLocation] = []
         self.last_used = time.monotonic()
         self.misses = 0
@@ -424,42 +489,54 @@ class StreamReader:
             )
         return [loc for loc in self._locations if loc.end_offset > offset]
 
-    def _extend_window(self, end_offset: int, want_bytes: int) -> None:
-        """Watch blocks past the window until it holds `want_bytes` or reaches `end_offset`."""
-        held = sum(p.entry.size for p in self._window)
+    def _extend_window(self, end_offset: int, want_bytes: int, need_bytes: int = 0) -> None:
+        """Watch blocks past the window until it holds `want_bytes` or reaches `end_offset`;
+        past the first `need_bytes` (what the read asks for) only within the fetcher's
+        readahead budget."""
+        held = self._held
         cursor = self._window[-1].entry.end_offset if self._window else self.next_offset
         to_load: dict[int, tuple[ObjectLocation, list[IndexEntry]]] = {}
         noted: set[int] = set()
-        while held < want_bytes and cursor < end_offset:
-            locs = self._locate(cursor, end_offset)
-            if not locs:
-                break
-            progressed = False
-            for loc in locs:
-                if loc.end_offset <= cursor:
-                    continue
-                if loc.start_offset > cursor:
+        over_budget = False
+        try:
+            while held < want_bytes and cursor < end_offset:
+                locs = self._locate(cursor, end_offset)
+                if not locs:
                     break
-                index = self.index_cache.get(loc, self.stream_id)
-                if loc.object_id not in noted:
-                    noted.add(loc.object_id)
-                    self.fetcher.note_read(loc.object_id, self.stream_id)
-                for entry in find_blocks(
-                    index, self.stream_id, cursor, end_offset, max(want_bytes - held, 1)
-                ):
-                    key = (loc.object_id, entry.position)
-                    if self.cache.watch(key, self, entry.size):
-                        to_load.setdefault(loc.object_id, (loc, []))[1].append(entry)
-                    self._window.append(_Planned(key, entry, loc))
-                    held += entry.size
-                    cursor = entry.end_offset
-                    progressed = True
-                if held >= want_bytes or cursor >= end_offset:
+                progressed = False
+                for loc in locs:
+                    if loc.end_offset <= cursor:
+                        continue
+                    if loc.start_offset > cursor:
+                        break
+                    index = self.index_cache.get(loc, self.stream_id)
+                    if loc.object_id not in noted:
+                        noted.add(loc.object_id)
+                        self.fetcher.note_read(loc.object_id, self.stream_id)
+                    for entry in find_blocks(
+                        index, self.stream_id, cursor, end_offset, max(want_bytes - held, 1)
+                    ):
+                        ahead = held >= need_bytes
+                        if ahead and not self.fetcher.try_hold_readahead(entry.size):
+                            over_budget = True
+                            break
+                        key = (loc.object_id, entry.position)
+                        if self.cache.watch(key, self, entry.size):
+                            to_load.setdefault(loc.object_id, (loc, []))[1].append(entry)
+                        self._window.append(_Planned(key, entry, loc, ahead))
+                        held += entry.size
+                        cursor = entry.end_offset
+                        progressed = True
+                    if over_budget or held >= want_bytes or cursor >= end_offset:
+                        break
+                if over_budget or not progressed:
                     break
-            if not progressed:
-                break
-        for loc, entries in to_load.values():
-            self.fetcher.load(loc, entries, self.index_cache.layout(loc.object_id))
+        finally:
+            # what was watched is loaded even if a lookup failed half way (readers waiting
+            # for those blocks must not wait for a load nobody started)
+            self._held = held
+            for loc, entries in to_load.values():
+                self.fetcher.load(loc, entries, self.index_cache.layout(loc.object_id))
 
     # ------------------------------------------------------------ reading
 
@@ -469,10 +546,17 @@ class StreamReader:
         if start_offset != self.next_offset:
             self.release()
             self.next_offset = start_offset
-        self._extend_window(end_offset, max_bytes + self.readahead_bytes)
+        # what the read asks for is planned whatever the budget; blocks it already holds
+        # stop counting as readahead
+        for planned in self._window:
+            if planned.readahead:
+                planned.readahead = False
+                self.fetcher.release_readahead(planned.entry.size)
+        self._extend_window(end_offset, max_bytes + self.readahead_bytes, max_bytes)
         out: list[StreamRecordBatch] = []
         size = 0
         waited = False
+        limited = False  # stopped by max_bytes, not by the end of the data
         while self._window:
             planned = self._window[0]
             if planned.entry.start_offset >= end_offset:
@@ -497,27 +581,39 @@ class StreamReader:
                 size += batch.size_bytes
                 self.next_offset = batch.last_offset
             if not full:
+                limited = True
                 break
-            self._window.pop(0)
-            self.cache.unwatch(planned.key, self)
+            self._pop()
             if size >= max_bytes:
+                limited = True
                 break
         if waited:
             self.misses += 1
             grown = min(self.readahead_bytes * 2, MAX_READAHEAD_BYTES)
             if grown > self.readahead_bytes and self.cache.free_bytes > 2 * grown:
                 self.readahead_bytes = grown
+        if limited:
+            # a sweeping consumer asks for the next range as soon as it has this one:
+            # have at least that much loaded (or in flight) by then
+            self.readahead_bytes = max(self.readahead_bytes, min(max_bytes, MAX_READAHEAD_BYTES))
         if out:
             # keep the window topped up so the next read finds its blocks loaded
             self._extend_window(end_offset, self.readahead_bytes)
         return out
 
+    def _pop(self) -> None:
+        """The window's first block is read: give it up."""
+        planned = self._window.pop(0)
+        self._held -= planned.entry.size
+        if planned.readahead:
+            self.fetcher.release_readahead(planned.entry.size)
+        self.cache.unwatch(planned.key, self)
+
     def release(self) -> None:
         """Give up every watched block (the cursor moved elsewhere, or the reader is idle)."""
-        for planned in self._window:
-            self.cache.unwatch(planned.key, self)
-        self._window.clear()
+        while self._window:
+            self._pop()
 
     @property
     def held_bytes(self) -> int:
-        return sum(p.entry.size for p in self._window)
+        return self._held

@@ -71,6 +71,15 @@ def test_append_upload_and_catch_up_read_from_objects(quorum, seaweed, tmp_path)
             got = read_all(st, 0, 1000)
             assert [b.base_offset for b in got] == list(range(1000))
             assert [b.payload for b in got] == payloads[st.stream_id]
+        # two consumers reading one stream in step: their cursors meet at the same offset;
+        # every block still watched belongs to a cursor the engine keeps (none leaked)
+        first = engine.read_committed(ids[1], 0, 1000, 4096)
+        second = engine.read_committed(ids[1], 0, 1000, 4096)
+        assert [b.base_offset for b in first] == [b.base_offset for b in second]
+        assert first[-1].last_offset < 1000  # stopped at max_bytes: its window holds blocks
+        kept = engine.readers
+        assert engine.block_cache.watcher_count <= len(kept)
+        assert engine.fetcher.readahead_held_bytes <= sum(r.held_bytes for r in kept)
         objs = quorum.client.stream_objects(ids[0], 0, 1000)
         assert objs and all(o["bucket_id"] == 0 for o in objs)
         kinds = {o["kind"] for sid in ids for o in quorum.client.stream_objects(sid, 0, 1000)}

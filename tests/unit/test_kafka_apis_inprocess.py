@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -231,3 +232,85 @@ def test_offsets_for_times_is_exact_inside_a_batch(broker, compression):
     assert lookup(base_ts) == (0, base_ts)
     assert lookup(base_ts + 99_001) == (100, base_ts + 500_000)  # in the next batch
     assert lookup(base_ts + 500_001) == (-1, -1)
+
+
+def multi_fetch_req(topic: str, partitions: int, max_bytes: int, partition_max_bytes: int):
+    parts = [
+        FetchRequest.FetchTopic.FetchPartition(
+            partition=p,
+            current_leader_epoch=-1,
+            fetch_offset=0,
+            last_fetched_epoch=-1,
+            log_start_offset=-1,
+            partition_max_bytes=partition_max_bytes,
+        )
+        for p in range(partitions)
+    ]
+    return FetchRequest[12](
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0), partitions=parts)],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def test_the_partitions_of_one_fetch_are_read_at_once_within_max_bytes(broker, monkeypatch):
+    """A catch-up read waits for object-store GETs: the partitions of one Fetch are read
+    concurrently (each read here waits until all four are in progress: read one after the
+    other they would time out), and the response still keeps max_bytes: partitions past it
+    get nothing, the first partitions' records come back whole and in request order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dataplane.kafka.partitions import PartitionLog
+
+    apis, controller, sync = broker
+    apis.io.shutdown(wait=True)
+    apis.io = ThreadPoolExecutor(4, thread_name_prefix="kafka-io")
+    controller.call("create_topic", {"name": "wide", "partitions": 4})
+    sync()
+    value = b"v" * 10_000
+    original = PartitionLog.read
+    together = threading.Barrier(4, timeout=10)
+    reads: list[int] = []
+
+    def slow_read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+        reads.append(self.partition)
+        together.wait()  # an object-store GET's latency, which the four reads share
+        return original(self, offset, max_bytes, end)
+
+    def produce_to(p: int):
+        part = ProduceRequest.TopicProduceData.PartitionProduceData(index=p, records=batch([value]))
+        return ProduceRequest[9](
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=5_000,
+            topic_data=[ProduceRequest.TopicProduceData(name="wide", partition_data=[part])],
+        )
+
+    async def scenario():
+        for p in range(4):
+            await apis.produce(produce_to(p), ctx(0, 9))
+        with monkeypatch.context() as m:
+            m.setattr(PartitionLog, "read", slow_read)
+            wide = await apis.fetch(multi_fetch_req("wide", 4, 4 << 20, 1 << 20), ctx(1, 12))
+            wide = wide.resolved()
+        # max_bytes 25,000, 12,000 per partition: partitions 0 and 1 whole, 2 with what is
+        # left (still one whole batch), 3 nothing
+        narrow = await apis.fetch(multi_fetch_req("wide", 4, 25_000, 12_000), ctx(1, 12))
+        return wide, narrow.resolved()
+
+    wide, narrow = asyncio.run(scenario())
+    assert sorted(reads) == [0, 1, 2, 3]
+    got = wide.responses[0].partitions
+    assert [p.partition_index for p in got] == [0, 1, 2, 3]
+    assert all(values_of(p.records) == [(0, value)] for p in got)
+    parts = narrow.responses[0].partitions
+    assert [p.partition_index for p in parts] == [0, 1, 2, 3]
+    assert [len(values_of(p.records)) for p in parts] == [1, 1, 1, 0]
+    assert all(p.error_code == KafkaError.NONE for p in parts)

@@ -251,6 +251,23 @@ def test_pending_requests_are_bounded(aws, registry):
     assert f1.result(timeout=5) == b"01" and f2.result(timeout=5) == b"23"
 
 
+def test_an_unmerged_range_read_does_not_wait_for_the_merge_window(aws, registry, monkeypatch):
+    """A caller reading a long range in pieces (catch-up readahead) sends each GET at once:
+    merge=False never goes through the merger, even for a range it would hold."""
+    with ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry), merge_window_ms=1000) as st:
+        st.put_object(0, "k", b"0123456789")
+        held = st.get_range_async(0, "k", 0, 2, max_gap_bytes=0)  # waits for the window
+
+        def no_merging(*args, **kwargs):
+            raise AssertionError("merge=False went through the merger")
+
+        monkeypatch.setattr(st._merger, "submit", no_merging)
+        assert st.get_range_async(0, "k", 2, 4, merge=False).result(timeout=5) == b"23"
+        with pytest.raises(AssertionError, match="merger"):
+            st.get_range_async(0, "k", 4, 6)  # the default still merges
+    assert held.result(timeout=5) == b"01"  # close() flushed it
+
+
 def test_closed_store_rejects_requests(aws, registry):
     st = ObjectStorage(URIS, metrics=ObjectStoreMetrics(registry))
     st.close()

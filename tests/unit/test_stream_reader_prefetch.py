@@ -49,7 +49,7 @@ class FakeStorage:
         return self.objects[key][start:end]
 
     def get_range_async(
-        self, bucket_id, key, start, end, priority=None, max_gap_bytes=None
+        self, bucket_id, key, start, end, priority=None, max_gap_bytes=None, merge=True
     ) -> Future:
         assert max_gap_bytes == 0  # block reads never merge across other blocks
         fut: Future = Future()
