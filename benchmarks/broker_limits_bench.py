@@ -145,7 +145,8 @@ def produce_figures(cdir: Path, args: argparse.Namespace) -> dict:
     common = ["--partitions", "6", "--groups", "0", "--duration", str(args.saturated_s)]
     sat_1k = perf(cdir, *common, "--record-size", "1024", "--send-rate", "300000")
     sat_64k = perf(cdir, *common, "--record-size", "65536", "--send-rate", "20000")
-    half_rate = sat_1k["produce_mb_s"] * 1e6 / 1024 / 2
+    # half of this run's saturation, or a fixed rate (to compare trees at the same load)
+    half_rate = args.half_rate or sat_1k["produce_mb_s"] * 1e6 / 1024 / 2
     half = perf(
         cdir,
         "--partitions",
@@ -169,6 +170,9 @@ def produce_figures(cdir: Path, args: argparse.Namespace) -> dict:
         "half_produce_p999_ms": half["produce_p999_ms"],
         "half_max_interval_produce_p99_ms": half["max_interval_produce_p99_ms"],
         "half_e2e_p99_ms": half["e2e_p99_ms"],
+        # librdkafka's request round trips (measured in C; perf reports them since 06adb07)
+        "half_broker_rtt_p99_ms": half.get("broker_rtt_p99_ms"),
+        "half_max_interval_broker_rtt_p99_ms": half.get("max_interval_broker_rtt_p99_ms"),
     }
 
 
@@ -178,6 +182,12 @@ def main() -> None:
     ap.add_argument("--saturated-s", type=float, default=20)
     ap.add_argument("--half-s", type=float, default=60)
     ap.add_argument("--catchup-mib", type=int, default=512)
+    ap.add_argument(
+        "--half-rate",
+        type=float,
+        default=0,
+        help="records/s of the half-load step (default: half of the saturated 1 KiB rate)",
+    )
     ap.add_argument(
         "--only-catchup", action="store_true", help="the raw-GET baseline and catch-up only"
     )
