@@ -193,7 +193,11 @@ def main() -> None:
     )
     args = ap.parse_args()
     rounds = [one_round(args) for _ in range(args.rounds)]
-    medians = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
+    medians = {
+        k: round(statistics.median(r[k] for r in rounds), 3)
+        for k in rounds[0]
+        if all(r[k] is not None for r in rounds)  # an older perf reports no round trips
+    }
     print(json.dumps({"medians": medians, "rounds": rounds}, indent=2))
 
 
