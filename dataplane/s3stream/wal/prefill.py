@@ -33,6 +33,7 @@ __all__ = ["RingPrefiller"]
 log = logging.getLogger(__name__)
 
 _ALIGN_BYTES = 4096  # O_DIRECT offset/length alignment on the filesystems we run on
+_IDLE_CHECK_S = 1.0  # an idle prefiller checks the reservation this often
 
 
 class RingPrefiller:
@@ -176,8 +177,12 @@ class RingPrefiller:
             with self._lock:
                 chunk = self._next_chunk()
                 while chunk is None:
-                    self._wake.wait()
+                    # idle (far enough ahead): wake now and then to end once taken over
+                    self._wake.wait(_IDLE_CHECK_S)
                     chunk = self._next_chunk()
+                    if chunk is None and not self._still_owner():
+                        log.warning("WAL %s: taken over; prefilling stopped", self._path)
+                        return
                 start, end = chunk
                 if start < 0:
                     return
