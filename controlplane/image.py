@@ -175,9 +175,9 @@ class RouteEpochState(BaseModel):
     committed_epoch: int = -1
 
 
-# the image's keyed containers; a delta names the keys a batch touched in each
 MAX_ABORTED_TXNS_PER_STREAM = 10_000  # a partition's aborted transactions kept (oldest dropped)
 
+# the image's keyed containers; a delta names the keys a batch touched in each
 _KEYED_FIELDS = (
     "brokers",
     "node_wals",

@@ -165,10 +165,7 @@ class TxnIndex:
             if first is None or commit:
                 return None
             entry = (producer_id, first, offset)
-            # markers come in offset order; one at or below the newest known is already in
-            # the list (seeded from the metadata, see `seed_aborted`)
-            if not self.aborted or self.aborted[-1][2] < offset:
-                self.aborted.append(entry)
+            self._add_aborted(entry)
             return entry
 
     def seed_aborted(self, entries: list[tuple[int, int, int]]) -> None:
@@ -177,8 +174,13 @@ class TxnIndex:
         abort since the stream's start, not only those in the tail it reads."""
         with self.lock:
             for entry in entries:
-                if not self.aborted or self.aborted[-1][2] < entry[2]:
-                    self.aborted.append(tuple(entry))
+                self._add_aborted(tuple(entry))
+
+    def _add_aborted(self, entry: tuple[int, int, int]) -> None:
+        """Caller holds `lock`. Markers come in offset order: one at or below the newest
+        known is in the list already (seeded from the metadata, then met in the tail)."""
+        if not self.aborted or self.aborted[-1][2] < entry[2]:
+            self.aborted.append(entry)
 
     def first_unstable(self) -> int | None:
         with self.lock:
