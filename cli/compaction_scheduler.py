@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from cli import compaction_jobs as jobs
 from cli.processes import LocalCluster
+from controlplane.stop_signal import StopSignal
 
 log = logging.getLogger("compaction-scheduler")
 
@@ -65,10 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = LocalCluster(Path(args.dir))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return run_schedule(cluster, stop)
+    return run_schedule(cluster, StopSignal.install().event)
 
 
 if __name__ == "__main__":

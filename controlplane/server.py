@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import math
-import signal
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
 from controlplane.requests import BrokerUploadStats, BucketWriteHealth
+from controlplane.stop_signal import StopSignal
 from controlplane.tls import server_ssl_context
 
 log = logging.getLogger("controlplane.server")
@@ -538,9 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = QuorumConfig.model_validate(json.loads(args.config.read_text()))
     node = ControllerNode(config, args.node_id, args.data_dir, object_deleter=_s3_deleter(config))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal.install().event
     node.start()
     stop.wait()
     log.info("controller %d stopping", args.node_id)

@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from controlplane.requests import (
     FenceBrokerRequest,
     RegisterBrokerRequest,
 )
+from controlplane.stop_signal import StopSignal
 from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
 from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric
@@ -887,9 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
     install_gc_pause_metric()
     node = BrokerNode(config)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal.install().event
     node.start()
     freeze_startup_heap()
     while not stop.wait(0.2):

@@ -166,3 +166,10 @@ class ShardStoreClient:
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: find answered {status}")
         return [int(o) for o in json.loads(body)["offsets"]]
+
+    def status(self) -> dict:
+        """The store's status: `holes` held, `write_delay_ms` injected (benchmarks)."""
+        status, _, body = self._request("GET", "/v1/status")
+        if status != 200:
+            raise StoreUnavailableError(f"shard store {self.address}: status answered {status}")
+        return dict(json.loads(body))

@@ -17,7 +17,7 @@ POST /v1/drop/<stream>?below=<offset>   forget the holes below the mark (sealed 
                                         mark in X-Dropped-Below
 GET  /v1/find/<stream>?crc=<payload crc> recent offsets whose shard names that payload CRC
                                         (a retried batch finds its first attempt); JSON
-GET  /v1/status                         JSON: holes held
+GET  /v1/status                         JSON: holes held, the injected write delay in force
 
 Every write is durable before its answer. With a secret (a broker's store: the cluster's
 controller API secret) every request must carry `Authorization: Bearer <secret>` (401
@@ -25,8 +25,10 @@ otherwise, nothing read or written). Requests are bounded in size and count, and
 sockets time out, so a stuck client cannot pin the service.
 
 Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
-[--inject-delay-ms N]
-(prints "LISTENING <port>" once it serves).
+[--inject-delay-ms N [--inject-delay-off]]
+(prints "LISTENING <port>" once it serves). A benchmark or test slows and heals a store at
+run time: SIGUSR2 turns the injected write delay off (writes waiting in it go on at once),
+SIGUSR1 on again, so healthy and slow phases can be interleaved on the same stores and disk.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from controlplane.stop_signal import StopSignal
 from dataplane.erasure.holes import AcceptResult
 from dataplane.erasure.store import MAX_HOLE_BYTES, HoleStore, RangeAnswer, StoreFullError
 
@@ -102,15 +105,29 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
         store: HoleStore,
         inject_delay_ms: int = 0,
         secret: str | None = None,
+        delay_active: bool = True,
     ):
         self.store = store
         # the cluster secret every request must carry (Authorization: Bearer); None: open
         # (a store on a loopback address, tests)
         self.secret = secret
-        # a slow node for benchmarks and tests: every write waits this long before it is handled
+        # a slow node for benchmarks and tests: every write waits this long before it is
+        # handled while the delay is active (SIGUSR1 / SIGUSR2 switch it at run time)
         self.inject_delay_ms = inject_delay_ms
+        # set by SIGUSR1 / SIGUSR2 handlers: a plain attribute, no lock (see stop_signal)
+        self.delay_active = delay_active
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
+
+    def delay_write(self) -> None:
+        """Wait the injected delay while it stays active (healing releases the waiting
+        writes within 20 ms)."""
+        deadline = time.monotonic() + self.inject_delay_ms / 1000
+        while self.inject_delay_ms and self.delay_active:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.02))
 
     def handle_error(self, request: object, client_address: object) -> None:
         # a client that died or timed out mid-request (a broker killed, a writer's timeout)
@@ -223,8 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadRequest(f"stream and offset must be integers in {self.path}") from None
         route = (method, parts[1] if len(parts) > 1 else "", len(ids))
         if route == ("PUT", "holes", 2):
-            if self.server.inject_delay_ms:
-                time.sleep(self.server.inject_delay_ms / 1000)
+            self.server.delay_write()
             answer = store.write(ids[0], ids[1], self._body())
             status = 200 if answer.result is AcceptResult.ACCEPTED else 409
             headers = {
@@ -275,7 +291,9 @@ class _Handler(BaseHTTPRequestHandler):
             offsets = store.find(ids[0], _int_param(query, "crc"))
             self._send(200, json.dumps({"offsets": offsets}).encode(), "application/json")
         elif route == ("GET", "status", 0):
-            self._send(200, json.dumps({"holes": store.hole_count}).encode(), "application/json")
+            delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
+            body = {"holes": store.hole_count, "write_delay_ms": delay_ms}
+            self._send(200, json.dumps(body).encode(), "application/json")
         else:
             raise _BadRequest(f"unknown request {method} {self.path}")
 
@@ -289,17 +307,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
 
-def serve(data_dir: Path, host: str, port: int, inject_delay_ms: int = 0) -> None:
+def serve(
+    data_dir: Path, host: str, port: int, inject_delay_ms: int = 0, delay_active: bool = True
+) -> None:
     """Run a shard store until SIGTERM/SIGINT."""
     store = HoleStore(data_dir)
-    server = ShardStoreHTTPServer((host, port), store, inject_delay_ms)
-    stop = threading.Event()
-
-    def _stop(*_: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    server = ShardStoreHTTPServer((host, port), store, inject_delay_ms, delay_active=delay_active)
+    stop = StopSignal.install().event
+    # assignments only (no lock may be taken in a handler: see stop_signal)
+    signal.signal(signal.SIGUSR1, lambda *_: setattr(server, "delay_active", True))
+    signal.signal(signal.SIGUSR2, lambda *_: setattr(server, "delay_active", False))
     thread = threading.Thread(
         target=server.serve_forever, args=(0.1,), name="shard-store-http", daemon=True
     )
@@ -319,11 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inject-delay-ms", type=int, default=0, help="delay every write (benchmarks)"
     )
+    parser.add_argument(
+        "--inject-delay-off",
+        action="store_true",
+        help="start with the injected delay switched off (SIGUSR1 switches it on)",
+    )
     args = parser.parse_args(argv)
     if args.inject_delay_ms < 0:
         parser.error("--inject-delay-ms must not be negative")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    serve(args.data_dir, args.host, args.port, args.inject_delay_ms)
+    serve(args.data_dir, args.host, args.port, args.inject_delay_ms, not args.inject_delay_off)
     return 0
 
 

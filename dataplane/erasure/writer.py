@@ -87,6 +87,11 @@ class _StoreHealth:
             self._in_flight += 1
             return True
 
+    def idle(self) -> bool:
+        """Nothing in flight and not backing off."""
+        with self._lock:
+            return self._in_flight == 0 and time.monotonic() >= self._skip_until
+
     def state(self) -> str:
         """ "free" (a shard may be sent now), "busy" (its in-flight bound is reached: a slot
         frees as an answer comes) or "backoff" (it failed a moment ago)."""
@@ -155,6 +160,12 @@ class ErasureWriter:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def idle(self) -> bool:
+        """No shard of an earlier append is still being written and no store is skipped for
+        back-off: the next append starts as a first one would (benchmarks wait for it
+        between phases)."""
+        return all(h.idle() for h in self._health)
 
     def _next_offset(self, at_least: int = 0) -> int:
         with self._clock_lock:

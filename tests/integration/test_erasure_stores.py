@@ -29,6 +29,9 @@ _streamS = itertools.count(11)
 READ_DELAY_MS = 100
 CLIENT_TIMEOUT_MS = 1_000
 START_TIMEOUT_S = 30.0
+# every store can be made slow at run time (SIGUSR1; SIGUSR2 heals and releases the writes
+# waiting), for the tail-latency test; far above any stall of a loaded machine
+SLOW_STORE_DELAY_MS = 60_000
 
 
 @dataclass
@@ -52,6 +55,9 @@ def _spawn(data_dir: Path, port: int = 0) -> subprocess.Popen:
             str(data_dir),
             "--port",
             str(port),
+            "--inject-delay-ms",
+            str(SLOW_STORE_DELAY_MS),
+            "--inject-delay-off",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -138,6 +144,20 @@ def _clients(stores: list[StoreProcess]) -> list[ShardStoreClient]:
     return [ShardStoreClient(s.address, timeout_ms=CLIENT_TIMEOUT_MS) for s in stores]
 
 
+def _set_slow(
+    stores: list[StoreProcess], clients: list[ShardStoreClient], slow: tuple[int, ...]
+) -> None:
+    """Switch the injected write delay on for `slow` and off for the others; returns once
+    every store reports it (signals are handled asynchronously)."""
+    for i, store in enumerate(stores):
+        store.process.send_signal(signal.SIGUSR1 if i in slow else signal.SIGUSR2)
+    wanted = [SLOW_STORE_DELAY_MS if i in slow else 0 for i in range(len(stores))]
+    deadline = time.monotonic() + 10
+    while [c.status()["write_delay_ms"] for c in clients] != wanted:
+        assert time.monotonic() < deadline, "the stores did not switch their delay"
+        time.sleep(0.02)
+
+
 def _read_all(reader: ErasureReader, start: int = 0) -> list[tuple[int, bytes]]:
     time.sleep(READ_DELAY_MS / 1000 + 0.05)
     result = reader.read(start)
@@ -195,6 +215,36 @@ def test_writes_survive_two_stores_paused(shard_stores: list[StoreProcess], stre
     finally:
         for store in paused:
             store.process.send_signal(signal.SIGCONT)
+
+
+def test_a_write_does_not_wait_for_two_slow_stores(
+    shard_stores: list[StoreProcess], stream: int
+) -> None:
+    """The seed's tail-latency argument: a write is answered once 4 holes hold it, so 2 slow
+    stores (an injected delay switched on at run time) are not waited for; their shards land
+    later, in the background."""
+    slow = (1, 4)
+    clients = [
+        ShardStoreClient(s.address, timeout_ms=SLOW_STORE_DELAY_MS + 10_000) for s in shard_stores
+    ]
+    payloads = [f"record {i}".encode() * 50 for i in range(5)]
+    with ErasureWriter(clients, stream, write_timeout_ms=10_000) as writer:
+        try:
+            _set_slow(shard_stores, clients, slow)
+            offsets = [writer.append(p) for p in payloads]
+            # answered while the slow stores still hold back the shards of every append
+            held = [[c.read(stream, o) is not None for c in clients] for o in offsets]
+            assert held == [[i not in slow for i in range(6)]] * len(offsets)
+            assert not writer.idle()
+        finally:
+            _set_slow(shard_stores, clients, ())  # healed: the held-back writes go on
+        deadline = time.monotonic() + 10
+        while not writer.idle() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writer.idle()
+    assert all(c.read(stream, o) is not None for c in clients for o in offsets)
+    with ErasureReader(_clients(shard_stores), stream, read_delay_ms=READ_DELAY_MS) as reader:
+        assert _read_all(reader) == list(zip(offsets, payloads, strict=True))
 
 
 def test_two_writers_on_one_offset_never_both_win(
