@@ -6,11 +6,13 @@ In one run:
 (b) bytes stored per byte produced: the six stores' log files after the latency runs;
 (c) sequential append latency of the embedded writer to 6 shard-store processes on
     127.0.0.1, healthy, with 2 stores slowed by an injected write delay, and with 2 paused
-    (SIGSTOP); p50/p99, medians over --reps.
+    (SIGSTOP); the three interleaved in blocks of --block appends on the same stores, so
+    the shared disk's noise falls on all three alike; p50/p99 and each run's p99 ratio to
+    healthy, medians over --reps (each rep: fresh stores).
 
 Example::
 
-    python benchmarks/erasure_bench.py --record-kib 16 --records 300 --reps 3 --slow-ms 50
+    python benchmarks/erasure_bench.py --record-kib 16 --records 300 --reps 3 --slow-ms 50 --block 25
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def codec_speed(record_bytes: int, total_bytes: int) -> dict:
 
 def _start(data_dir: Path, delay_ms: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "dataplane.erasure.store_server", "--data-dir", str(data_dir)]
-    cmd += ["--inject-delay-ms", str(delay_ms)]
+    cmd += ["--inject-delay-ms", str(delay_ms), "--inject-delay-off"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
@@ -104,45 +106,101 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def produce_latency(root: Path, mode: str, record_bytes: int, records: int, slow_ms: int) -> dict:
-    procs: list[subprocess.Popen] = []
-    try:
+SLOW = (1, 4)  # the two stores made slow or paused
+MODES = ("healthy", "slow", "paused")
+
+
+class _Stores:
+    """Six store processes; `set_mode` makes stores SLOW slow (injected delay, switched over
+    HTTP), paused (SIGSTOP) or healthy."""
+
+    def __init__(self, root: Path, slow_ms: int):
+        self.procs: list[subprocess.Popen] = []
+        self.slow_ms = slow_ms
         addresses = []
         for i in range(6):
-            proc, address = _start(
-                root / f"{mode}-{i}", slow_ms if mode == "slow" and i in (1, 4) else 0
-            )
-            procs.append(proc)
+            proc, address = _start(root / f"store-{i}", slow_ms)
+            self.procs.append(proc)
             addresses.append(address)
-        if mode == "paused":
-            for i in (1, 4):
-                procs[i].send_signal(signal.SIGSTOP)
-        clients = [ShardStoreClient(a, timeout_ms=2_000) for a in addresses]
-        payload = os.urandom(record_bytes)
-        latencies = []
-        with ErasureWriter(clients, 1) as writer:
-            for _ in range(records):
-                began = time.perf_counter()
-                writer.append(payload)
-                latencies.append((time.perf_counter() - began) * 1000)
-            for i in (1, 4):
-                procs[i].send_signal(signal.SIGCONT)
-        time.sleep(0.5)  # background shards land
+        self.addresses = addresses
+        self.root = root
+        self._control = [ShardStoreClient(a, timeout_ms=10_000) for a in addresses]
+
+    def set_mode(self, mode: str) -> None:
+        for i in SLOW:
+            proc = self.procs[i]
+            if mode == "paused":
+                proc.send_signal(signal.SIGSTOP)
+                continue
+            proc.send_signal(signal.SIGCONT)
+            wanted = self.slow_ms if mode == "slow" else 0
+            if self._control[i].set_injected_delay(mode == "slow") != wanted:
+                raise RuntimeError(f"store {i} did not switch its delay")
+
+    def stored_bytes(self) -> int:
         # the records' bytes (each log also holds zeroed room past its end)
-        stored = sum(used_log_bytes(root / f"{mode}-{i}") for i in range(6))
-        return {
-            "p50_ms": _percentile(latencies, 0.5),
-            "p99_ms": _percentile(latencies, 0.99),
-            "stored_per_produced": stored / (records * record_bytes),
-        }
-    finally:
-        for proc in procs:
+        return sum(used_log_bytes(self.root / f"store-{i}") for i in range(6))
+
+    def close(self) -> None:
+        for proc in self.procs:
             proc.send_signal(signal.SIGCONT)
             proc.terminate()
-        for proc in procs:
+        for proc in self.procs:
             proc.wait(timeout=10)
             if proc.stdout:
                 proc.stdout.close()
+
+
+def _settle(writer: ErasureWriter, stores: _Stores) -> None:
+    """Between blocks: heal, wait until no shard of the last block is in flight and no
+    store is in back-off, so each block starts as the first would."""
+    stores.set_mode("healthy")
+    deadline = time.monotonic() + 30
+    while not writer.idle():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the writer did not settle")
+        time.sleep(0.01)
+    time.sleep(0.1)  # writes a paused store took while stopped land before the next block
+
+
+def produce_latency(root: Path, record_bytes: int, records: int, slow_ms: int, block: int) -> dict:
+    """Sequential appends of the embedded writer; healthy, slow (2 stores delayed by
+    `slow_ms`) and paused (2 stores SIGSTOPped) interleaved in blocks of `block` appends on
+    the same six stores (the order rotates each cycle), so the disk's and machine's noise
+    falls on the three alike. Bytes stored per byte produced: a healthy warm-up block."""
+    stores = _Stores(root, slow_ms)
+    try:
+        clients = [ShardStoreClient(a, timeout_ms=2_000) for a in stores.addresses]
+        payload = os.urandom(record_bytes)
+        latencies: dict[str, list[float]] = {mode: [] for mode in MODES}
+        with ErasureWriter(clients, 1) as writer:
+            before = stores.stored_bytes()
+            for _ in range(block):  # warm-up: connections, files; also the bytes stored
+                writer.append(payload)
+            _settle(writer, stores)
+            stored_per_produced = (stores.stored_bytes() - before) / (block * record_bytes)
+            for cycle in range(-(-records // block)):
+                shift = cycle % len(MODES)
+                for mode in MODES[shift:] + MODES[:shift]:
+                    stores.set_mode(mode)
+                    try:
+                        for _ in range(block):
+                            began = time.perf_counter()
+                            writer.append(payload)
+                            latencies[mode].append((time.perf_counter() - began) * 1000)
+                    finally:
+                        _settle(writer, stores)
+        out: dict = {"stored_per_produced": stored_per_produced}
+        for mode in MODES:
+            out[mode] = {
+                "p50_ms": _percentile(latencies[mode], 0.5),
+                "p99_ms": _percentile(latencies[mode], 0.99),
+            }
+        for mode in ("slow", "paused"):
+            out[mode]["p99_vs_healthy"] = out[mode]["p99_ms"] / out["healthy"]["p99_ms"]
+        return out
+    finally:
+        stores.close()
 
 
 def main() -> None:
@@ -151,6 +209,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--slow-ms", type=int, default=50)
+    parser.add_argument(
+        "--block", type=int, default=25, help="appends per block of one mode (interleaved)"
+    )
     parser.add_argument("--codec-mib", type=int, default=32)
     parser.add_argument(
         "--dir", default=None, help="where the stores keep their logs (default: a temp dir)"
@@ -159,20 +220,23 @@ def main() -> None:
     record_bytes = args.record_kib * 1024
     summary: dict = {"codec": codec_speed(record_bytes, args.codec_mib * 1024 * 1024)}
     with tempfile.TemporaryDirectory(prefix="erasure-bench-", dir=args.dir) as tmp:
-        for mode in ("healthy", "slow", "paused"):
-            runs = [
-                produce_latency(
-                    Path(tmp) / f"rep{r}", mode, record_bytes, args.records, args.slow_ms
-                )
-                for r in range(args.reps)
-            ]
-            summary[mode] = {
-                k: round(statistics.median(run[k] for run in runs), 3) for k in runs[0]
-            }
-    for mode in ("slow", "paused"):
-        summary[mode]["p99_vs_healthy"] = round(
-            summary[mode]["p99_ms"] / summary["healthy"]["p99_ms"], 2
-        )
+        runs = [
+            produce_latency(
+                Path(tmp) / f"rep{r}", record_bytes, args.records, args.slow_ms, args.block
+            )
+            for r in range(args.reps)
+        ]
+    summary["stored_per_produced"] = round(
+        statistics.median(run["stored_per_produced"] for run in runs), 3
+    )
+    for mode in MODES:
+        summary[mode] = {
+            key: round(statistics.median(run[mode][key] for run in runs), 3)
+            for key in runs[0][mode]
+        }
+    summary["runs_p99_vs_healthy"] = {
+        mode: [round(run[mode]["p99_vs_healthy"], 2) for run in runs] for mode in ("slow", "paused")
+    }
     print(json.dumps(summary, indent=2))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cli import compaction_jobs as jobs
 from cli.processes import LocalCluster
-from controlplane.stop_signal import StopSignal
+from controlplane.signal_watcher import SignalWatcher
 
 log = logging.getLogger("compaction-scheduler")
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = LocalCluster(Path(args.dir))
-    return run_schedule(cluster, StopSignal.install().event)
+    return run_schedule(cluster, SignalWatcher.install().stop_event)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from controlplane.placement import leader_load
 from controlplane.quorum import MetadataQuorum, RaftTimeouts
 from controlplane.records import ObjectState
 from controlplane.requests import BrokerUploadStats, BucketWriteHealth
-from controlplane.stop_signal import StopSignal
+from controlplane.signal_watcher import SignalWatcher
 from controlplane.tls import server_ssl_context
 
 log = logging.getLogger("controlplane.server")
@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = QuorumConfig.model_validate(json.loads(args.config.read_text()))
     node = ControllerNode(config, args.node_id, args.data_dir, object_deleter=_s3_deleter(config))
-    stop = StopSignal.install().event
+    stop = SignalWatcher.install().stop_event
     node.start()
     stop.wait()
     log.info("controller %d stopping", args.node_id)

@@ -41,7 +41,7 @@ from controlplane.requests import (
     FenceBrokerRequest,
     RegisterBrokerRequest,
 )
-from controlplane.stop_signal import StopSignal
+from controlplane.signal_watcher import SignalWatcher
 from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
 from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric
@@ -887,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
     install_gc_pause_metric()
     node = BrokerNode(config)
-    stop = StopSignal.install().event
+    stop = SignalWatcher.install().stop_event
     node.start()
     freeze_startup_heap()
     while not stop.wait(0.2):

@@ -173,3 +173,13 @@ class ShardStoreClient:
         if status != 200:
             raise StoreUnavailableError(f"shard store {self.address}: status answered {status}")
         return dict(json.loads(body))
+
+    def set_injected_delay(self, active: bool) -> int:
+        """Switch a benchmark store's injected write delay; returns the delay now in force."""
+        query = f"/v1/inject-delay?active={int(active)}"
+        status, _, body = self._request("POST", query, b"")
+        if status != 200:
+            raise StoreUnavailableError(
+                f"shard store {self.address}: inject-delay answered {status}: {body[:200]!r}"
+            )
+        return int(json.loads(body)["write_delay_ms"])

@@ -17,6 +17,7 @@ POST /v1/drop/<stream>?below=<offset>   forget the holes below the mark (sealed 
                                         mark in X-Dropped-Below
 GET  /v1/find/<stream>?crc=<payload crc> recent offsets whose shard names that payload CRC
                                         (a retried batch finds its first attempt); JSON
+POST /v1/inject-delay?active=<0|1>       switch the injected write delay (benchmarks); JSON
 GET  /v1/status                         JSON: holes held, the injected write delay in force
 
 Every write is durable before its answer. With a secret (a broker's store: the cluster's
@@ -27,8 +28,9 @@ sockets time out, so a stuck client cannot pin the service.
 Run: python -m dataplane.erasure.store_server --data-dir DIR [--host 127.0.0.1] [--port 0]
 [--inject-delay-ms N [--inject-delay-off]]
 (prints "LISTENING <port>" once it serves). A benchmark or test slows and heals a store at
-run time: SIGUSR2 turns the injected write delay off (writes waiting in it go on at once),
-SIGUSR1 on again, so healthy and slow phases can be interleaved on the same stores and disk.
+run time with POST /v1/inject-delay?active=1|0 (only a store started with an injected delay
+takes it; healing lets writes waiting in the delay go on at once), so healthy and slow
+phases can be interleaved on the same stores and disk.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import argparse
 import hmac
 import json
 import logging
-import signal
 import socket
 import struct
 import sys
@@ -47,7 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from controlplane.stop_signal import StopSignal
+from controlplane.signal_watcher import SignalWatcher
 from dataplane.erasure.holes import AcceptResult
 from dataplane.erasure.store import MAX_HOLE_BYTES, HoleStore, RangeAnswer, StoreFullError
 
@@ -114,7 +115,7 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
         # a slow node for benchmarks and tests: every write waits this long before it is
         # handled while the delay is active (SIGUSR1 / SIGUSR2 switch it at run time)
         self.inject_delay_ms = inject_delay_ms
-        # set by SIGUSR1 / SIGUSR2 handlers: a plain attribute, no lock (see stop_signal)
+        # switched at run time by POST /v1/inject-delay (an attribute: handlers only read it)
         self.delay_active = delay_active
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
@@ -279,6 +280,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _BadRequest("max_holes must be positive")
             answer = store.list_heads(ids[0], start, end, max_holes)
             self._send(200, encode_range(answer), **{DROP_MARK_HEADER: str(answer.dropped_below)})
+        elif route == ("POST", "inject-delay", 0):
+            if not self.server.inject_delay_ms:
+                raise _BadRequest("this store was started without --inject-delay-ms")
+            self.server.delay_active = _int_param(query, "active") != 0
+            delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
+            self._send(200, json.dumps({"write_delay_ms": delay_ms}).encode(), "application/json")
         elif route == ("POST", "fill", 1):
             self._body()
             mark = store.fill_below(ids[0], _int_param(query, "below"))
@@ -313,10 +320,7 @@ def serve(
     """Run a shard store until SIGTERM/SIGINT."""
     store = HoleStore(data_dir)
     server = ShardStoreHTTPServer((host, port), store, inject_delay_ms, delay_active=delay_active)
-    stop = StopSignal.install().event
-    # assignments only (no lock may be taken in a handler: see stop_signal)
-    signal.signal(signal.SIGUSR1, lambda *_: setattr(server, "delay_active", True))
-    signal.signal(signal.SIGUSR2, lambda *_: setattr(server, "delay_active", False))
+    stop = SignalWatcher.install().stop_event
     thread = threading.Thread(
         target=server.serve_forever, args=(0.1,), name="shard-store-http", daemon=True
     )
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inject-delay-off",
         action="store_true",
-        help="start with the injected delay switched off (SIGUSR1 switches it on)",
+        help="start with the injected delay switched off (POST /v1/inject-delay?active=1)",
     )
     args = parser.parse_args(argv)
     if args.inject_delay_ms < 0:

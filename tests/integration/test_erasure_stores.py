@@ -29,8 +29,8 @@ _streamS = itertools.count(11)
 READ_DELAY_MS = 100
 CLIENT_TIMEOUT_MS = 1_000
 START_TIMEOUT_S = 30.0
-# every store can be made slow at run time (SIGUSR1; SIGUSR2 heals and releases the writes
-# waiting), for the tail-latency test; far above any stall of a loaded machine
+# every store can be made slow at run time (POST /v1/inject-delay; healing releases the
+# writes waiting), for the tail-latency test; far above any stall of a loaded machine
 SLOW_STORE_DELAY_MS = 60_000
 
 
@@ -131,6 +131,7 @@ def shard_stores(
         else:
             _stop(store)
             _store_processes[i] = _start(store.data_dir, store.port)
+    _set_slow(_clients(_store_processes), ())  # healed, if a test failed with stores slow
     return _store_processes
 
 
@@ -144,18 +145,10 @@ def _clients(stores: list[StoreProcess]) -> list[ShardStoreClient]:
     return [ShardStoreClient(s.address, timeout_ms=CLIENT_TIMEOUT_MS) for s in stores]
 
 
-def _set_slow(
-    stores: list[StoreProcess], clients: list[ShardStoreClient], slow: tuple[int, ...]
-) -> None:
-    """Switch the injected write delay on for `slow` and off for the others; returns once
-    every store reports it (signals are handled asynchronously)."""
-    for i, store in enumerate(stores):
-        store.process.send_signal(signal.SIGUSR1 if i in slow else signal.SIGUSR2)
-    wanted = [SLOW_STORE_DELAY_MS if i in slow else 0 for i in range(len(stores))]
-    deadline = time.monotonic() + 10
-    while [c.status()["write_delay_ms"] for c in clients] != wanted:
-        assert time.monotonic() < deadline, "the stores did not switch their delay"
-        time.sleep(0.02)
+def _set_slow(clients: list[ShardStoreClient], slow: tuple[int, ...]) -> None:
+    """Switch the injected write delay on for `slow` and off for the others."""
+    for i, client in enumerate(clients):
+        assert client.set_injected_delay(i in slow) == (SLOW_STORE_DELAY_MS if i in slow else 0)
 
 
 def _read_all(reader: ErasureReader, start: int = 0) -> list[tuple[int, bytes]]:
@@ -230,14 +223,14 @@ def test_a_write_does_not_wait_for_two_slow_stores(
     payloads = [f"record {i}".encode() * 50 for i in range(5)]
     with ErasureWriter(clients, stream, write_timeout_ms=10_000) as writer:
         try:
-            _set_slow(shard_stores, clients, slow)
+            _set_slow(clients, slow)
             offsets = [writer.append(p) for p in payloads]
             # answered while the slow stores still hold back the shards of every append
             held = [[c.read(stream, o) is not None for c in clients] for o in offsets]
             assert held == [[i not in slow for i in range(6)]] * len(offsets)
             assert not writer.idle()
         finally:
-            _set_slow(shard_stores, clients, ())  # healed: the held-back writes go on
+            _set_slow(clients, ())  # healed: the held-back writes go on
         deadline = time.monotonic() + 10
         while not writer.idle() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -352,3 +345,5 @@ def test_bad_requests_get_a_clear_error(shard_stores: list[StoreProcess], stream
     with pytest.raises(ValueError, match="hole bytes must be"):
         client.write(stream, 1, b"")
     assert client.read(stream, 1) is None  # nothing stored by the refused write
+    with pytest.raises(ValueError, match="active must be an integer"):
+        client._request("POST", "/v1/inject-delay?active=yes", b"")
