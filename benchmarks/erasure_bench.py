@@ -190,7 +190,7 @@ def produce_latency(root: Path, record_bytes: int, records: int, slow_ms: int, b
                             latencies[mode].append((time.perf_counter() - began) * 1000)
                     finally:
                         _settle(writer, stores)
-        out: dict = {"stored_per_produced": stored_per_produced}
+        out: dict = {"stored_per_produced": stored_per_produced, "latencies_ms": latencies}
         for mode in MODES:
             out[mode] = {
                 "p50_ms": _percentile(latencies[mode], 0.5),
@@ -234,6 +234,17 @@ def main() -> None:
             key: round(statistics.median(run[mode][key] for run in runs), 3)
             for key in runs[0][mode]
         }
+    pooled = {mode: [x for run in runs for x in run["latencies_ms"][mode]] for mode in MODES}
+    pooled_p99 = {mode: _percentile(pooled[mode], 0.99) for mode in MODES}
+    summary["pooled"] = {
+        mode: {
+            "samples": len(pooled[mode]),
+            "p99_ms": round(pooled_p99[mode], 3),
+            "p999_ms": round(_percentile(pooled[mode], 0.999), 3),
+            "p99_vs_healthy": round(pooled_p99[mode] / pooled_p99["healthy"], 3),
+        }
+        for mode in MODES
+    }
     summary["runs_p99_vs_healthy"] = {
         mode: [round(run[mode]["p99_vs_healthy"], 2) for run in runs] for mode in ("slow", "paused")
     }

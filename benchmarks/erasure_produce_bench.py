@@ -11,6 +11,11 @@ One `automqctl cluster up --brokers 6` and, in the same run:
     with SIGSTOP for the whole case;
 (e) the erasure topic with 2 brokers "slow": paused in turns (each of the 2 is stopped for
     `--slow-pause-ms` of every 2 x that, alternately, so at any time one of them is stopped).
+(f) the erasure topic with 2 brokers' shard stores slow: every write to them delayed by
+    `--slow-ms` (the brokers are restarted once with `shard_store_inject_delay_ms`; the
+    delay is switched on over HTTP for the case only).
+(c), (e) and (f) alternate in blocks of `--block` records through one producer (the order
+rotates), so the shared machine's noise falls on all three alike.
 Medians over --reps of each case's p50/p99; ratios against (a) and (c) of the same run.
 
 Example::
@@ -21,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +46,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from cli.processes import LocalCluster  # noqa: E402
+from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from tests.e2e.ledger import automqctl, create_topic  # noqa: E402
 
 
@@ -68,29 +76,117 @@ def raw_fsync(directory: Path, record_bytes: int, records: int) -> dict:
     return summary(out)
 
 
-def produce_one_at_a_time(bootstrap: str, topic: str, record_bytes: int, records: int) -> dict:
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": False}
-    )
-    value = os.urandom(record_bytes)
-    out: list[float] = []
-    errors: list[str] = []
-    for _ in range(5):  # warm up: connections, metadata
-        producer.produce(topic, value=value, partition=0)
-        producer.flush(30)
-    for _ in range(records):
-        began = time.perf_counter()
-        producer.produce(
-            topic,
-            value=value,
-            partition=0,
-            on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
+class OneAtATime:
+    """A confluent-kafka producer (acks=all) sending one record at a time, each waiting for
+    its ack; `send(n)` returns the n latencies in ms."""
+
+    def __init__(self, bootstrap: str, topic: str, record_bytes: int):
+        self.topic = topic
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 0,
+                "enable.idempotence": False,
+            }
         )
-        producer.flush(30)
-        out.append((time.perf_counter() - began) * 1000)
-    if errors:
-        raise RuntimeError(f"{len(errors)} produce errors, e.g. {errors[0]}")
-    return summary(out)
+        self.value = os.urandom(record_bytes)
+        self.errors: list[str] = []
+        for _ in range(5):  # warm up: connections, metadata
+            self.producer.produce(topic, value=self.value, partition=0)
+            self.producer.flush(30)
+
+    def send(self, records: int) -> list[float]:
+        out: list[float] = []
+        for _ in range(records):
+            began = time.perf_counter()
+            self.producer.produce(
+                self.topic,
+                value=self.value,
+                partition=0,
+                on_delivery=lambda err, _msg: self.errors.append(str(err)) if err else None,
+            )
+            self.producer.flush(30)
+            out.append((time.perf_counter() - began) * 1000)
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} produce errors, e.g. {self.errors[0]}")
+        return out
+
+
+def produce_one_at_a_time(bootstrap: str, topic: str, record_bytes: int, records: int) -> dict:
+    return summary(OneAtATime(bootstrap, topic, record_bytes).send(records))
+
+
+def interleaved(
+    bootstrap: str,
+    topic: str,
+    record_bytes: int,
+    records: int,
+    block: int,
+    modes: dict[str, Callable[[], contextlib.AbstractContextManager]],
+) -> dict[str, dict]:
+    """The erasure topic in each mode (a context manager making it so), alternating in
+    blocks of `block` records through one producer and rotating the order each cycle, so
+    the machine's noise falls on all modes alike; a summary per mode."""
+    producer = OneAtATime(bootstrap, topic, record_bytes)
+    names = list(modes)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    for cycle in range(-(-records // block)):
+        shift = cycle % len(names)
+        for name in names[shift:] + names[:shift]:
+            with modes[name]():
+                latencies[name] += producer.send(block)
+            time.sleep(0.2)  # slowed brokers catch up between blocks
+    return {name: summary(values) for name, values in latencies.items()}
+
+
+class DelayedStores:
+    """Two brokers' shard stores with an injected write delay, switched on while entered.
+    The brokers are restarted once with `shard_store_inject_delay_ms` in their config (the
+    delay starts switched off)."""
+
+    def __init__(self, cluster: LocalCluster, nodes: list[int], delay_ms: int):
+        self.clients: list[ShardStoreClient] = []
+        self.delay_ms = delay_ms
+        for node in nodes:
+            name = f"broker-{node}"
+            config_path = cluster.dir / name / "broker.json"
+            log_path = cluster.log_path(name)
+            seen = log_path.read_text(errors="replace").count("shard store on")
+            if not cluster.stop(name):
+                raise RuntimeError(f"{name} did not stop")
+            config = json.loads(config_path.read_text())
+            config["shard_store_inject_delay_ms"] = delay_ms
+            config_path.write_text(json.dumps(config))
+            cluster._spawn(
+                name, [sys.executable, "-m", "dataplane.node", "--config", str(config_path)]
+            )
+            deadline = time.monotonic() + 60
+            while True:
+                lines = [
+                    line
+                    for line in log_path.read_text(errors="replace").splitlines()
+                    if "shard store on" in line
+                ]
+                if len(lines) > seen:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start its shard store")
+                time.sleep(0.2)
+            address = lines[-1].rsplit("shard store on ", 1)[1].strip()
+            secret = config.get("controller_api_secret")
+            self.clients.append(ShardStoreClient(address, timeout_ms=10_000, secret=secret))
+
+    @contextlib.contextmanager
+    def slow(self) -> Iterator[None]:
+        for client in self.clients:
+            if client.set_injected_delay(True) != self.delay_ms:
+                raise RuntimeError(f"{client.address} did not switch its delay on")
+        try:
+            yield
+        finally:
+            for client in self.clients:
+                client.set_injected_delay(False)
 
 
 def serving_broker(bootstrap: str, topic: str) -> int:
@@ -105,7 +201,7 @@ class PausedInTurns:
         self.pids = pids
         self.pause_s = pause_ms / 1000
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         i = 0
@@ -117,12 +213,15 @@ class PausedInTurns:
             i += 1
 
     def __enter__(self) -> PausedInTurns:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
         for pid in self.pids:
             os.kill(pid, signal.SIGCONT)
 
@@ -133,6 +232,12 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--slow-pause-ms", type=int, default=50)
+    parser.add_argument(
+        "--slow-ms", type=int, default=50, help="injected write delay of the 2 slow shard stores"
+    )
+    parser.add_argument(
+        "--block", type=int, default=25, help="records per healthy / slow block (interleaved)"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the cluster lives")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="erasure-produce-", dir=args.dir))
@@ -153,7 +258,15 @@ def main() -> int:
         print(up.stderr + up.stdout, file=sys.stderr)
         return 1
     results: dict[str, list[dict]] = {
-        k: [] for k in ("raw_fsync", "leader", "erasure", "erasure_2_paused", "erasure_2_slow")
+        k: []
+        for k in (
+            "raw_fsync",
+            "leader",
+            "erasure",
+            "erasure_2_paused",
+            "erasure_2_slow",
+            "erasure_2_delayed",
+        )
     }
     pids: list[int] = []
     try:
@@ -163,16 +276,33 @@ def main() -> int:
         writer = serving_broker(bootstrap, "erasure-topic")
         others = [n for n in range(1, 7) if n != writer][-2:]
         cluster = LocalCluster(cluster_dir)
+        delayed = DelayedStores(cluster, others, args.slow_ms)
         pids = [cluster.running(f"broker-{n}") for n in others]
         assert all(pids), pids
+        OneAtATime(bootstrap, "erasure-topic", args.record_bytes).send(50)  # all stores known
+        time.sleep(2)
         for _ in range(args.reps):
             results["raw_fsync"].append(raw_fsync(cluster_dir, args.record_bytes, args.records))
             results["leader"].append(
                 produce_one_at_a_time(bootstrap, "leader-topic", args.record_bytes, args.records)
             )
-            results["erasure"].append(
-                produce_one_at_a_time(bootstrap, "erasure-topic", args.record_bytes, args.records)
+            by_mode = interleaved(
+                bootstrap,
+                "erasure-topic",
+                args.record_bytes,
+                args.records,
+                args.block,
+                {
+                    "erasure": contextlib.nullcontext,
+                    "erasure_2_slow": lambda: PausedInTurns(pids, args.slow_pause_ms),
+                    "erasure_2_delayed": delayed.slow,
+                },
             )
+            healthy, slowed = by_mode["erasure"], by_mode["erasure_2_slow"]
+            results["erasure_2_delayed"].append(by_mode["erasure_2_delayed"])
+            results["erasure"].append(healthy)
+            results["erasure_2_slow"].append(slowed)
+            time.sleep(1)
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             try:
@@ -185,12 +315,6 @@ def main() -> int:
                 for pid in pids:
                     os.kill(pid, signal.SIGCONT)
             time.sleep(2)  # the paused brokers catch up (they may have been fenced)
-            with PausedInTurns(pids, args.slow_pause_ms):
-                results["erasure_2_slow"].append(
-                    produce_one_at_a_time(
-                        bootstrap, "erasure-topic", args.record_bytes, args.records
-                    )
-                )
     finally:
         for pid in pids:
             try:
@@ -214,9 +338,16 @@ def main() -> int:
         "p99_ratio_vs_raw_fsync": {
             c: round(m["p99"] / med["raw_fsync"]["p99"], 2) for c, m in med.items()
         },
+        "runs_p99_vs_healthy": {
+            case: [
+                round(run["p99"] / healthy_run["p99"], 2)
+                for run, healthy_run in zip(results[case], results["erasure"], strict=True)
+            ]
+            for case in ("erasure_2_slow", "erasure_2_delayed")
+        },
         "p99_ratio_vs_erasure_healthy": {
             c: round(med[c]["p99"] / healthy, 2)
-            for c in ("erasure_2_paused", "erasure_2_slow", "leader")
+            for c in ("erasure_2_paused", "erasure_2_slow", "erasure_2_delayed", "leader")
         },
     }
     print(json.dumps(report, indent=2))

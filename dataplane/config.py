@@ -51,6 +51,9 @@ class BrokerConfig(BaseModel):
     # the erasure shard store's port (issue #14; 0: any free port, registered with the
     # controller); it keeps this broker's shards of erasure-coded partitions
     shard_store_port: int = Field(default=0, ge=0, le=65535)
+    # benchmarks' slow node: the shard store can delay every write this long, switched on
+    # and off at run time (POST /v1/inject-delay, with the cluster secret); 0: it cannot
+    shard_store_inject_delay_ms: int = Field(default=0, ge=0, le=60_000)
     # object-storage failover: a tiny probe write to every bucket this often, so write
     # health is known without uploads (one PUT per bucket per interval; 0: uploads only)
     bucket_probe_interval_ms: int = Field(default=2_000, ge=0, le=600_000)

@@ -299,7 +299,11 @@ class BrokerNode:
             try:
                 # the other brokers authenticate with the cluster secret (none: loopback)
                 self.shard_server = ShardStoreHTTPServer(
-                    (cfg.host, cfg.shard_store_port), self.shard_store, secret=secret
+                    (cfg.host, cfg.shard_store_port),
+                    self.shard_store,
+                    inject_delay_ms=cfg.shard_store_inject_delay_ms,
+                    secret=secret,
+                    delay_active=False,
                 )
                 break
             except OSError as exc:  # a predecessor just killed may still hold the port
