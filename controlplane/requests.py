@@ -750,7 +750,8 @@ REQUEST_TYPES.update(
 
 class AlterBrokerConfigsRequest(_Request):
     """Change the dynamic configs of every broker (`resource` "") or of one (its id); the
-    keys are the topic defaults' broker synonyms (controlplane/broker_configs.py)."""
+    keys are the topic defaults' broker synonyms and the brokers' own settings
+    (controlplane/broker_configs.py)."""
 
     command: ClassVar[str] = "alter_broker_configs"
     resource: str = Field(default="", pattern=r"^(|[0-9]{1,9})$")

@@ -189,6 +189,24 @@ _KEYS: tuple[ConfigKey, ...] = (
 )  # fmt: skip
 
 SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
+
+# dynamic broker configs that are no topic's default: settings of the broker itself, set with
+# `kafka-configs --entity-type brokers` for every broker or one (as Kafka's replication
+# throttle `leader.replication.throttled.rate`)
+ERASURE_REPAIR_ENABLE = "automq.erasure.repair.enable"
+ERASURE_REPAIR_RATE = "automq.erasure.repair.rate.bytes.per.sec"
+ERASURE_REPAIR_DELAY_MS = "automq.erasure.repair.delay.ms"
+_BROKER_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(ERASURE_REPAIR_ENABLE, _B, "true",
+              "erasure mode: re-encode the missing shards of decided writes and fill them"),
+    ConfigKey(ERASURE_REPAIR_RATE, _L, str(8 * 1024 * 1024),
+              "erasure mode: most bytes of shards a broker's repairs write per second",
+              min=64 * 1024, max=1024**3),
+    ConfigKey(ERASURE_REPAIR_DELAY_MS, _L, "1000",
+              "erasure mode: offsets younger than this are not repaired yet (the writer's "
+              "own shards are still landing)", min=0, max=3_600_000),
+)  # fmt: skip
+BROKER_SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _BROKER_KEYS}
 # keys the broker acts on today (the rest are stored and described only)
 ENFORCED = frozenset({"max.message.bytes"})
 _THROTTLED_ITEM = re.compile(r"^[0-9]+:[0-9]+$")
@@ -221,7 +239,7 @@ def _num(x: float) -> str:
 
 def validate_value(key: str, value: str | None) -> str:
     """The value to store for `key` (trimmed), or INVALID_CONFIG naming the key and why."""
-    spec = SCHEMA.get(key)
+    spec = SCHEMA.get(key) or BROKER_SCHEMA.get(key)
     if spec is None:
         raise ControllerError(ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {key}")
     if value is None:
@@ -397,13 +415,20 @@ BROKER_SYNONYMS: dict[str, str] = {k.synonym: k.name for k in _KEYS if k.synonym
 
 
 def validate_broker_value(key: str, value: str | None) -> str:
-    """The value to store for broker config `key`, validated as its topic key is."""
+    """The value to store for broker config `key`, validated as its topic key is (or as
+    the broker setting it is)."""
+    if key in BROKER_SCHEMA:
+        return validate_value(key, value)
     topic_key = BROKER_SYNONYMS.get(key)
     if topic_key is None or SCHEMA[topic_key].read_only:
         raise ControllerError(
             ErrorCode.INVALID_CONFIG,
             f"Unknown or not dynamically updatable broker config: {key} (dynamic broker "
-            "configs are the topic defaults: " + ", ".join(sorted(BROKER_SYNONYMS)) + ")",
+            "configs are the topic defaults: "
+            + ", ".join(sorted(BROKER_SYNONYMS))
+            + "; and "
+            + ", ".join(sorted(BROKER_SCHEMA))
+            + ")",
         )
     try:
         return validate_value(topic_key, value)
@@ -427,7 +452,10 @@ def apply_broker_ops(
         if op == OP_SET:
             result[key] = validate_broker_value(key, value)
         elif op == OP_DELETE:
-            if key not in BROKER_SYNONYMS or SCHEMA[BROKER_SYNONYMS[key]].read_only:
+            dynamic = key in BROKER_SCHEMA or (
+                key in BROKER_SYNONYMS and not SCHEMA[BROKER_SYNONYMS[key]].read_only
+            )
+            if not dynamic:
                 validate_broker_value(key, None)  # raises: not a dynamic broker config
             result.pop(key, None)
         else:
@@ -447,6 +475,48 @@ def with_broker_defaults(
     out.update({BROKER_SYNONYMS[k]: v for k, v in node.items() if k in BROKER_SYNONYMS})
     out.update(configs)
     return out
+
+
+def broker_setting(cluster: Mapping[str, str], node: Mapping[str, str], key: str) -> str:
+    """A broker setting (BROKER_SCHEMA) in force: this broker's dynamic value, else the
+    cluster-wide one, else the default; a stored value that no longer validates counts as
+    the default."""
+    spec = BROKER_SCHEMA[key]
+    for layer in (node, cluster):
+        if key in layer:
+            try:
+                return validate_value(key, layer[key])
+            except ControllerError:
+                break
+    return spec.default
+
+
+def describe_broker_settings(
+    cluster: Mapping[str, str], node: Mapping[str, str]
+) -> list[DescribedConfig]:
+    """The broker settings (BROKER_SCHEMA) with their values in force and sources."""
+    rows = []
+    for spec in _BROKER_KEYS:
+        layers: list[tuple[str, str | None, ConfigSource]] = []
+        if spec.name in node:
+            layers.append((spec.name, node[spec.name], ConfigSource.DYNAMIC_BROKER_CONFIG))
+        if spec.name in cluster:
+            layers.append(
+                (spec.name, cluster[spec.name], ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
+            )
+        layers.append((spec.name, spec.default, ConfigSource.DEFAULT_CONFIG))
+        rows.append(
+            DescribedConfig(
+                name=spec.name,
+                value=layers[0][1],
+                source=layers[0][2],
+                read_only=False,
+                config_type=spec.type.value,
+                doc=spec.doc,
+                synonyms=tuple(layers),
+            )
+        )
+    return rows
 
 
 def effective(configs: Mapping[str, str], key: str) -> str:

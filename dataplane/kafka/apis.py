@@ -867,7 +867,8 @@ class KafkaApis:
 
     def _describe_broker(self, image, resource: str) -> tuple[int, str | None, list]:
         """A broker's static configs and every dynamic one (the topic defaults' broker
-        synonyms) with its value in force and source; resource "" = the cluster default."""
+        synonyms, then the broker's own settings) with its value in force and source;
+        resource "" = the cluster default."""
         if resource and (not resource.isdigit() or int(resource) not in image.brokers):
             return KafkaError.INVALID_REQUEST, f"broker {resource!r} is not registered", []
         static = topic_configs.ConfigSource.STATIC_BROKER_CONFIG
@@ -889,6 +890,7 @@ class KafkaApis:
                     key, row.value, row.source, False, row.config_type, row.doc, row.synonyms
                 )
             )
+        rows += topic_configs.describe_broker_settings(cluster, node)
         return KafkaError.NONE, None, rows
 
     def _alter_broker_configs(self, req: cmd.AlterBrokerConfigsRequest, validate_only: bool):

@@ -26,11 +26,13 @@ Void-only ranges: a range whose offsets are all void (split writes, no record) i
 too, as an object of fillers only, so its holes do not stay in the stores.
 
 Repair (`erasure/repair.py`): each pass also lists the partition's unsealed holes from a
-cursor up to `repair_delay_ms` behind now and gives every decided write that lacks shards
+cursor up to the repair delay behind now and gives every decided write that lacks shards
 on stores that answer its missing shards (re-encoded; only into holes that hold no bytes),
 rate-limited; offsets whose missing holes are on stores that did not answer are looked at
 again once one of those stores answers. So a write won with exactly k shards gets its
-margin back within about a pass of its stores being reachable, not only when sealed.
+margin back within about a pass of its stores being reachable, not only when sealed. Its
+switch, rate and delay are dynamic broker configs (`automq.erasure.repair.enable`,
+`.rate.bytes.per.sec`, `.delay.ms`; `kafka-configs --entity-type brokers`), read each pass.
 
 Retention (`retention.ms`, `retention.bytes`, `cleanup.policy=delete`) and DeleteRecords move
 the stream start (`trim_erasure_stream`) over sealed pieces only: unsealed records in the
@@ -54,7 +56,7 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from controlplane import topic_configs
+from controlplane import broker_configs, topic_configs
 from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
@@ -126,6 +128,15 @@ class SealConfig:
     # offsets younger than this are not repaired yet (the writer's own shards are landing)
     repair_delay_ms: int = 1_000
     repair_max_bytes_per_s: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    """The repair's settings in force on this broker (see `ErasureSealer.repair_settings`)."""
+
+    enabled: bool
+    max_bytes_per_s: int
+    delay_ms: int
 
 
 def sealed_end(stream: StreamMetaState | None) -> int | None:
@@ -218,11 +229,10 @@ class ErasureSealer:
                     log.info("seal of %s-%d waits: %s", topic.name, state.partition, exc)
                 except Exception as exc:  # noqa: BLE001 - controller or bucket: next pass
                     log.warning("seal of %s-%d: %s", topic.name, state.partition, exc)
-                if self.config.repair:  # also while sealing waits (stores down)
-                    try:
-                        self.repair(partition)
-                    except Exception as exc:  # noqa: BLE001 - next pass
-                        log.warning("repair of %s-%d: %s", topic.name, state.partition, exc)
+                try:  # also while sealing waits (stores down)
+                    self.repair_if_enabled(partition)
+                except Exception as exc:  # noqa: BLE001 - next pass
+                    log.warning("repair of %s-%d: %s", topic.name, state.partition, exc)
         return sealed
 
     # ------------------------------------------------------------ sealing
@@ -365,6 +375,32 @@ class ErasureSealer:
 
     # ------------------------------------------------------------ repair
 
+    def repair_settings(self) -> RepairSettings:
+        """The repair's switch, rate and delay in force: the dynamic broker configs
+        (`automq.erasure.repair.*`, this broker's, else the cluster default's) where set,
+        else this sealer's `SealConfig`."""
+        image = self.image_fn()
+        layers = (
+            broker_configs.configs_of(image, str(self.node_id)),
+            broker_configs.configs_of(image, ""),
+        )
+
+        def setting(key: str, static: str) -> str:
+            if any(key in layer for layer in layers):
+                return topic_configs.broker_setting(layers[1], layers[0], key)
+            return static
+
+        return RepairSettings(
+            enabled=setting(topic_configs.ERASURE_REPAIR_ENABLE, str(self.config.repair).lower())
+            == "true",
+            max_bytes_per_s=int(
+                setting(topic_configs.ERASURE_REPAIR_RATE, str(self.config.repair_max_bytes_per_s))
+            ),
+            delay_ms=int(
+                setting(topic_configs.ERASURE_REPAIR_DELAY_MS, str(self.config.repair_delay_ms))
+            ),
+        )
+
     def _repairer(self, partition: ErasurePartition) -> ErasureRepairer:
         with self._lock:
             if self._repair_pool is None:
@@ -379,11 +415,15 @@ class ErasureSealer:
                 partition.stream_id,
                 partition.reader.codec,
                 pool,
-                self.config.repair_max_bytes_per_s,
+                self.repair_settings().max_bytes_per_s,
                 self.repair_stats,
             )
             self._repairers[partition.stream_id] = repairer
         return repairer
+
+    def repair_if_enabled(self, partition: ErasurePartition) -> int:
+        """A repair pass (`repair`) unless the repair is switched off; the shards written."""
+        return self.repair(partition) if self.repair_settings().enabled else 0
 
     def repair(self, partition: ErasurePartition) -> int:
         """One bounded repair pass over the partition's unsealed offsets (from its cursor to
@@ -393,7 +433,9 @@ class ErasureSealer:
         sealed = sealed_end(self.image_fn().streams.get(stream_id))
         floor = offset_of(sealed) if sealed is not None else 0
         start = max(self._repair_cursor.get(stream_id, 0), floor)
-        end = partition.reader.clock_ns() - self.config.repair_delay_ms * 1_000_000
+        settings = self.repair_settings()
+        repairer.max_bytes_per_s = settings.max_bytes_per_s  # an operator may change it
+        end = partition.reader.clock_ns() - settings.delay_ms * 1_000_000
         result = repairer.repair_range(start, end)
         cursor = max(start, result.next_offset)
         waiting = self._repair_waiting.pop(stream_id, None)

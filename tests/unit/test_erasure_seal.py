@@ -578,6 +578,48 @@ def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cl
     assert read_all(apis, "events", 1)[0][1] == b"four shards"
 
 
+def test_repair_follows_the_dynamic_broker_configs(sealed_cluster):
+    """`automq.erasure.repair.enable=false` (cluster default) stops repairs; this broker's
+    own `true` wins over it; the rate and delay come from the same configs."""
+    from dataplane.erasure.embedded import EmbeddedErasureProducer
+
+    apis, controller, stores, erasure, image_now, _ = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    partition, stream_id = _partition(erasure, image_now, "events")
+
+    def alter(resource: str, configs: dict) -> None:
+        controller.call(
+            "alter_broker_configs",
+            {
+                "resource": resource,
+                "ops": [{"key": k, "op": "set", "value": v} for k, v in configs.items()],
+            },
+        )
+
+    alter("", {"automq.erasure.repair.enable": "false", "automq.erasure.repair.delay.ms": "0"})
+    with EmbeddedErasureProducer(
+        image_now, "events", 0, store_for=lambda n: _DownStore() if n in (5, 6) else stores[n]
+    ) as producer:
+        offset = producer.send([(b"k", b"four shards")])
+    settings = erasure.sealer.repair_settings()
+    assert (settings.enabled, settings.delay_ms) == (False, 0)
+    assert erasure.sealer.repair_if_enabled(partition) == 0
+    assert stores[5].read(stream_id, offset) is None  # not repaired
+    alter(
+        "1",
+        {
+            "automq.erasure.repair.enable": "true",
+            "automq.erasure.repair.rate.bytes.per.sec": "65536",
+        },
+    )
+    settings = erasure.sealer.repair_settings()
+    assert (settings.enabled, settings.max_bytes_per_s) == (True, 65536)
+    assert erasure.sealer.repair_if_enabled(partition) == 2
+    assert stores[5].read(stream_id, offset) is not None
+    assert stores[6].read(stream_id, offset) is not None
+    assert erasure.sealer._repairers[stream_id].max_bytes_per_s == 65536
+
+
 def test_a_range_of_void_offsets_only_is_sealed_and_leaves_the_stores(sealed_cluster):
     from dataplane.erasure.writer import ErasureWriter
     from dataplane.kafka.erasure_partition import OFFSET_ALIGNMENT

@@ -378,6 +378,50 @@ def test_dynamic_broker_configs_supply_topic_defaults(broker):
     )
 
 
+def test_the_erasure_repair_settings_are_dynamic_broker_configs(broker):
+    """kafka-configs --entity-type brokers sets the brokers' own settings (no topic's
+    default): validated, described with value and source, deleted back to the default."""
+    apis, controller, sync = broker
+
+    def alter(resource: str, entries: list) -> tuple:
+        return alter_result(
+            run(
+                apis.incremental_alter_configs(
+                    incremental(resource, entries, rtype=BROKER), ctx(44, 1)
+                )
+            )
+        )
+
+    rate, enable = "automq.erasure.repair.rate.bytes.per.sec", "automq.erasure.repair.enable"
+    assert described_broker(apis, "1")[rate] == str(8 * 1024 * 1024)
+    assert alter("", [(rate, SET, "1048576")])[0] == KafkaError.NONE
+    assert alter("1", [(enable, SET, "false")])[0] == KafkaError.NONE
+    sync()
+    rows = {
+        c.name: c
+        for c in run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4)))
+        .results[0]
+        .configs
+    }
+    assert (rows[rate].value, rows[rate].config_source) == ("1048576", 3)
+    assert (rows[enable].value, rows[enable].config_source) == ("false", 2)
+    # bad values refuse the whole alter and store nothing
+    offset = controller.machine.image.offset
+    for entries, named in (
+        ([(rate, SET, "1")], rate),  # below the 64 KiB floor
+        ([(enable, SET, "maybe")], enable),
+        ([("automq.erasure.repair.delay.ms", SET, "-5")], "automq.erasure.repair.delay.ms"),
+    ):
+        code, message = alter("", entries)
+        assert code == KafkaError.INVALID_CONFIG and named in message
+    assert controller.machine.image.offset == offset
+    assert alter("", [(rate, DELETE, None)])[0] == KafkaError.NONE
+    assert alter("1", [(enable, DELETE, None)])[0] == KafkaError.NONE
+    sync()
+    back = described_broker(apis, "1")
+    assert (back[rate], back[enable]) == (str(8 * 1024 * 1024), "true")
+
+
 def test_describing_another_broker_shows_its_own_id_and_rack(broker):
     """`kafka-configs --describe --entity-type brokers --entity-name 2` asked of broker 1
     shows broker 2's id, rack and listeners, not the answering broker's."""
