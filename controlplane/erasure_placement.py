@@ -86,10 +86,15 @@ def is_erasure(partition: PartitionState) -> bool:
     return bool(partition.shard_stores)
 
 
-def serving_node(image: MetadataImage, partition: PartitionState) -> int | None:
+def serving_node(
+    image: MetadataImage, partition: PartitionState, az: str | None = None
+) -> int | None:
     """The broker clients are sent to for a partition: its leader (if unfenced), or for a
     leaderless partition a live broker, its own shard stores first (in turn from the
-    partition index, so partitions spread); None when no broker can serve it."""
+    partition index, so partitions spread); None when no broker can serve it. With `az`
+    (the client's AZ, zone router), a live broker of that AZ when it has one, in the same
+    order: any broker can write the partition, so the client never crosses AZs to reach
+    one (the zone router lists only its AZ's brokers to such a client)."""
 
     if not is_erasure(partition):
         leader = image.brokers.get(partition.leader_node_id)
@@ -101,8 +106,15 @@ def serving_node(image: MetadataImage, partition: PartitionState) -> int | None:
 
     stores = partition.shard_stores
     start = partition.partition % len(stores)
-    for node in stores[start:] + stores[:start]:
-        if live(node):
-            return node
+    in_turn = [n for n in stores[start:] + stores[:start] if live(n)]
     others = sorted(n for n in image.brokers if live(n))
+    if az is not None:
+        local = [n for n in in_turn if image.brokers[n].az == az]
+        if local:
+            return local[0]
+        local = [n for n in others if image.brokers[n].az == az]
+        if local:
+            return local[partition.partition % len(local)]
+    if in_turn:
+        return in_turn[0]
     return others[partition.partition % len(others)] if others else None

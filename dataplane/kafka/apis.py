@@ -288,10 +288,11 @@ class KafkaApis:
                 continue
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
-                # a leaderless (erasure-coded) partition names a live broker as its leader:
-                # every broker serves it (controlplane/erasure_placement.py); a leader
-                # partition names the leader's proxy in the client's AZ (zone router)
-                serving = serving_node(image, p)
+                # a leaderless (erasure-coded) partition names a live broker as its leader,
+                # one in the client's AZ when there is one: every broker serves it
+                # (controlplane/erasure_placement.py); a leader partition names the
+                # leader's proxy in the client's AZ (zone router)
+                serving = serving_node(image, p, az if p.shard_stores else None)
                 if serving is not None and not p.shard_stores:
                     serving = self.routing.leader_for(image, serving, az)
                 replicas = list(p.shard_stores) or [

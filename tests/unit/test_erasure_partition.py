@@ -174,6 +174,50 @@ def read_all(apis, topic: str, expect: int) -> list[tuple[int, bytes]]:
     return got
 
 
+def test_a_client_of_an_az_is_sent_to_a_broker_of_its_az(cluster):
+    """A client declaring its AZ (`client.id` with `automq_az=`; the zone router lists it
+    only that AZ's brokers) is sent, for each erasure-coded partition, to a live broker of
+    its AZ (any broker can write one), spread over that AZ's brokers; without an AZ the
+    choice is unchanged. It was a broker of any AZ, which such a client is not told of:
+    LISTENER_NOT_FOUND."""
+    from dataplane.kafka.registry import RequestContext
+    from dataplane.zonerouter.routing import ZoneRouting
+
+    apis, controller, _, _, image_now = cluster
+    controller.call("create_topic", {"name": "events", "partitions": 6, "configs": ERASURE})
+    image = image_now()
+    apis.routing = ZoneRouting(1, image_now, None, lambda topic_id, partition: None)
+    for az in ("az0", "az1", "az2"):
+        request = MetadataRequest[9](
+            topics=[MetadataRequest.MetadataRequestTopic(name="events")],
+            allow_auto_topic_creation=False,
+        )
+        context = RequestContext(
+            api_key=3,
+            api_version=9,
+            correlation_id=1,
+            client_id=f"app&automq_az={az}",
+            peer=("127.0.0.1", 1),
+        )
+        md = asyncio.run(apis.metadata(request, context))
+        in_az = {n for n, b in image.brokers.items() if b.az == az}
+        assert {b.node_id for b in md.brokers} == in_az
+        leaders = [p.leader_id for p in md.topics[0].partitions]
+        assert all(p.error_code == 0 for p in md.topics[0].partitions)
+        assert set(leaders) == in_az  # in the AZ, and both of its brokers are used
+    # no AZ: the partition's own stores in turn, as before
+    for p in image.topic_by_name("events").partitions.values():
+        assert serving_node(image, p) == p.shard_stores[p.partition % 6]
+    # an AZ whose brokers are all down: the other brokers serve it
+    p0 = image.topic_by_name("events").partitions[0]
+    down = {
+        n: b.model_copy(update={"fenced": True}) if b.az == "az0" else b
+        for n, b in image.brokers.items()
+    }
+    fenced = image.model_copy(update={"brokers": down})
+    assert serving_node(fenced, p0, "az0") == serving_node(fenced, p0)
+
+
 def test_produce_is_acked_at_a_sparse_offset_and_fetch_decodes_it(cluster):
     apis, controller, stores, _, image_now = cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
