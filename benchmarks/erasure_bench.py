@@ -3,7 +3,8 @@
 In one run:
 (a) codec: MB/s of raw zfec encode/decode against the project's path (ErasureWriter.shards:
     encode + framing with CRC32C; the reader's path: frame checks + decode + payload CRC);
-(b) bytes stored per byte produced: the six stores' log files after the latency runs;
+(b) bytes stored per byte produced: what the six stores' logs grew by over a healthy
+    warm-up block;
 (c) sequential append latency of the embedded writer to 6 shard-store processes on
     127.0.0.1, healthy, with 2 stores slowed by an injected write delay, and with 2 paused
     (SIGSTOP); the three interleaved in blocks of --block appends on the same stores, so
@@ -18,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import select
@@ -97,6 +99,7 @@ def _start(data_dir: Path, delay_ms: int) -> tuple[subprocess.Popen, str]:
     line = proc.stdout.readline() if ready else ""
     if not line.startswith("LISTENING "):
         proc.kill()
+        proc.wait()
         raise RuntimeError("shard store did not start")
     return proc, f"127.0.0.1:{line.split()[1]}"
 
@@ -118,10 +121,14 @@ class _Stores:
         self.procs: list[subprocess.Popen] = []
         self.slow_ms = slow_ms
         addresses = []
-        for i in range(6):
-            proc, address = _start(root / f"store-{i}", slow_ms)
-            self.procs.append(proc)
-            addresses.append(address)
+        try:
+            for i in range(6):
+                proc, address = _start(root / f"store-{i}", slow_ms)
+                self.procs.append(proc)
+                addresses.append(address)
+        except BaseException:
+            self.close()  # the ones started
+            raise
         self.addresses = addresses
         self.root = root
         self._control = [ShardStoreClient(a, timeout_ms=10_000) for a in addresses]
@@ -146,7 +153,11 @@ class _Stores:
             proc.send_signal(signal.SIGCONT)
             proc.terminate()
         for proc in self.procs:
-            proc.wait(timeout=10)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             if proc.stdout:
                 proc.stdout.close()
 
@@ -167,7 +178,8 @@ def produce_latency(root: Path, record_bytes: int, records: int, slow_ms: int, b
     """Sequential appends of the embedded writer; healthy, slow (2 stores delayed by
     `slow_ms`) and paused (2 stores SIGSTOPped) interleaved in blocks of `block` appends on
     the same six stores (the order rotates each cycle), so the disk's and machine's noise
-    falls on the three alike. Bytes stored per byte produced: a healthy warm-up block."""
+    falls on the three alike (the cycles go through every order of the three). Bytes stored
+    per byte produced: a healthy warm-up block."""
     stores = _Stores(root, slow_ms)
     try:
         clients = [ShardStoreClient(a, timeout_ms=2_000) for a in stores.addresses]
@@ -179,9 +191,10 @@ def produce_latency(root: Path, record_bytes: int, records: int, slow_ms: int, b
                 writer.append(payload)
             _settle(writer, stores)
             stored_per_produced = (stores.stored_bytes() - before) / (block * record_bytes)
+            # every order in turn: each mode follows each other equally often
+            orders = list(itertools.permutations(MODES))
             for cycle in range(-(-records // block)):
-                shift = cycle % len(MODES)
-                for mode in MODES[shift:] + MODES[:shift]:
+                for mode in orders[cycle % len(orders)]:
                     stores.set_mode(mode)
                     try:
                         for _ in range(block):

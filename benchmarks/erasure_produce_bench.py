@@ -14,8 +14,8 @@ One `automqctl cluster up --brokers 6` and, in the same run:
 (f) the erasure topic with 2 brokers' shard stores slow: every write to them delayed by
     `--slow-ms` (the brokers are restarted once with `shard_store_inject_delay_ms`; the
     delay is switched on over HTTP for the case only).
-(c), (e) and (f) alternate in blocks of `--block` records through one producer (the order
-rotates), so the shared machine's noise falls on all three alike.
+(c), (e) and (f) alternate in blocks of `--block` records through one producer (the cycles
+go through every order of the three), so the shared machine's noise falls on all alike.
 Medians over --reps of each case's p50/p99; ratios against (a) and (c) of the same run.
 
 Example::
@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -126,14 +128,16 @@ def interleaved(
     modes: dict[str, Callable[[], contextlib.AbstractContextManager]],
 ) -> dict[str, dict]:
     """The erasure topic in each mode (a context manager making it so), alternating in
-    blocks of `block` records through one producer and rotating the order each cycle, so
+    blocks of `block` records through one producer and changing the order each cycle, so
     the machine's noise falls on all modes alike; a summary per mode."""
     producer = OneAtATime(bootstrap, topic, record_bytes)
     names = list(modes)
+    # every order in turn: each mode follows each other mode equally often, so what a
+    # block leaves behind does not fall on one mode more than on another
+    orders = list(itertools.permutations(names))
     latencies: dict[str, list[float]] = {name: [] for name in names}
     for cycle in range(-(-records // block)):
-        shift = cycle % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in orders[cycle % len(orders)]:
             with modes[name]():
                 latencies[name] += producer.send(block)
             time.sleep(0.2)  # slowed brokers catch up between blocks
@@ -157,6 +161,9 @@ class DelayedStores:
                 raise RuntimeError(f"{name} did not stop")
             config = json.loads(config_path.read_text())
             config["shard_store_inject_delay_ms"] = delay_ms
+            # a fixed port: a broker fenced while paused re-execs itself with this config,
+            # and its store must stay where this benchmark talks to it
+            config["shard_store_port"] = _free_port()
             config_path.write_text(json.dumps(config))
             cluster._spawn(
                 name, [sys.executable, "-m", "dataplane.node", "--config", str(config_path)]
@@ -179,14 +186,26 @@ class DelayedStores:
 
     @contextlib.contextmanager
     def slow(self) -> Iterator[None]:
-        for client in self.clients:
-            if client.set_injected_delay(True) != self.delay_ms:
-                raise RuntimeError(f"{client.address} did not switch its delay on")
         try:
+            for client in self.clients:
+                if client.set_injected_delay(True) != self.delay_ms:
+                    raise RuntimeError(f"{client.address} did not switch its delay on")
             yield
         finally:
-            for client in self.clients:
-                client.set_injected_delay(False)
+            errors = []
+            for client in self.clients:  # every one, even if one fails
+                try:
+                    client.set_injected_delay(False)
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def serving_broker(bootstrap: str, topic: str) -> int:

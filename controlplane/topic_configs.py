@@ -238,10 +238,16 @@ def _num(x: float) -> str:
 
 
 def validate_value(key: str, value: str | None) -> str:
-    """The value to store for `key` (trimmed), or INVALID_CONFIG naming the key and why."""
-    spec = SCHEMA.get(key) or BROKER_SCHEMA.get(key)
+    """The value to store for topic config `key` (trimmed), or INVALID_CONFIG naming the
+    key and why."""
+    spec = SCHEMA.get(key)
     if spec is None:
         raise ControllerError(ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {key}")
+    return _validate(spec, key, value)
+
+
+def _validate(spec: ConfigKey, key: str, value: str | None) -> str:
+    """`value` checked against `spec` (a topic key's or a broker setting's)."""
     if value is None:
         raise _invalid(key, value, "a value is required (null is not supported)")
     if len(value) > MAX_CONFIG_VALUE_CHARS:
@@ -418,7 +424,7 @@ def validate_broker_value(key: str, value: str | None) -> str:
     """The value to store for broker config `key`, validated as its topic key is (or as
     the broker setting it is)."""
     if key in BROKER_SCHEMA:
-        return validate_value(key, value)
+        return _validate(BROKER_SCHEMA[key], key, value)
     topic_key = BROKER_SYNONYMS.get(key)
     if topic_key is None or SCHEMA[topic_key].read_only:
         raise ControllerError(
@@ -485,9 +491,9 @@ def broker_setting(cluster: Mapping[str, str], node: Mapping[str, str], key: str
     for layer in (node, cluster):
         if key in layer:
             try:
-                return validate_value(key, layer[key])
+                return _validate(spec, key, layer[key])
             except ControllerError:
-                break
+                continue  # stored under older bounds: the next layer, else the default
     return spec.default
 
 

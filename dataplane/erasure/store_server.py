@@ -113,9 +113,9 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
         # (a store on a loopback address, tests)
         self.secret = secret
         # a slow node for benchmarks and tests: every write waits this long before it is
-        # handled while the delay is active (SIGUSR1 / SIGUSR2 switch it at run time)
+        # handled while the delay is active (switched at run time by POST
+        # /v1/inject-delay; a bool attribute: the handlers only read it)
         self.inject_delay_ms = inject_delay_ms
-        # switched at run time by POST /v1/inject-delay (an attribute: handlers only read it)
         self.delay_active = delay_active
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
@@ -281,8 +281,12 @@ class _Handler(BaseHTTPRequestHandler):
             answer = store.list_heads(ids[0], start, end, max_holes)
             self._send(200, encode_range(answer), **{DROP_MARK_HEADER: str(answer.dropped_below)})
         elif route == ("POST", "inject-delay", 0):
+            self._body()  # none expected; read so the connection stays in step
             if not self.server.inject_delay_ms:
-                raise _BadRequest("this store was started without --inject-delay-ms")
+                raise _BadRequest(
+                    "this store has no injected delay (--inject-delay-ms, or the broker "
+                    "config shard_store_inject_delay_ms)"
+                )
             self.server.delay_active = _int_param(query, "active") != 0
             delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
             self._send(200, json.dumps({"write_delay_ms": delay_ms}).encode(), "application/json")

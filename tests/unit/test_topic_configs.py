@@ -259,3 +259,18 @@ def test_alter_body_limits_are_invalid_request(sm):
     assert error_of(alter(sm, "t", [("retention.ms", "set", too_long)]))[0] == "INVALID_REQUEST"
     body = {"name": "t", "ops": [{"key": "retention.ms", "op": "multiply", "value": "2"}]}
     assert error_of(sm.execute("alter_topic_configs", body, NOW))[0] == "INVALID_REQUEST"
+
+
+def test_broker_settings_are_not_topic_configs():
+    """The brokers' own dynamic settings (BROKER_SCHEMA) are refused on a topic: a topic
+    created with one would store a key that does nothing and that no alter could remove."""
+    for key in tc.BROKER_SCHEMA:
+        with pytest.raises(ControllerError) as refused:
+            tc.validate_new_topic_configs({key: tc.BROKER_SCHEMA[key].default})
+        assert refused.value.code == ErrorCode.INVALID_CONFIG and key in refused.value.message
+        # ... and stay broker configs
+        assert tc.validate_broker_value(key, tc.BROKER_SCHEMA[key].default)
+    # a value stored under older bounds falls through to the next layer, then the default
+    rate = tc.ERASURE_REPAIR_RATE
+    assert tc.broker_setting({rate: "131072"}, {rate: "1"}, rate) == "131072"
+    assert tc.broker_setting({}, {rate: "1"}, rate) == tc.BROKER_SCHEMA[rate].default
