@@ -628,7 +628,9 @@ def decode_block(
     """Validate and decode one data block.
 
     With ``entry`` the block is also checked against its index entry (size,
-    stream, offsets, record count).
+    stream, offsets, record count). When the block's buffer is immutable (``bytes``, or a
+    view of ``bytes``: a GET's body) the batches' payloads are views of it, not copies (see
+    records.py); from any other buffer (which its owner may reuse) they are copies.
 
     Raises:
         CorruptObjectError: truncated block, wrong magic, CRC mismatch, bad
@@ -661,12 +663,13 @@ def decode_block(
     batches: list[StreamRecordBatch] = []
     pos = 0
     decode = StreamRecordBatch.decode
+    share = type(view.obj) is bytes
     try:
-        batch, pos = decode(body, pos)
+        batch, pos = decode(body, pos, share)
         batches.append(batch)
         stream_id, next_offset = batch.stream_id, batch.last_offset
         for _ in range(batch_count - 1):
-            batch, pos = decode(body, pos)
+            batch, pos = decode(body, pos, share)
             if batch.stream_id != stream_id:
                 raise CorruptObjectError(f"block mixes streams {stream_id} and {batch.stream_id}")
             if batch.base_offset != next_offset:

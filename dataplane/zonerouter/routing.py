@@ -57,7 +57,7 @@ class CountedBackend:
             self._traffic.add("wal_data_bytes", size)
         return outcome
 
-    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, end: int | None = None):
         data = self._inner.read(offset, max_bytes, end)
         self._traffic.client("consumed", self._az, len(data))
         return data
