@@ -64,6 +64,7 @@ __all__ = [
     "zigzag_varint",
     "RecordChunks",
     "concat_records",
+    "MIN_CHUNK_BYTES",
 ]
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
