@@ -623,14 +623,17 @@ def find_blocks(
 
 
 def decode_block(
-    block_bytes: bytes | bytearray | memoryview, entry: IndexEntry | None = None
+    block_bytes: bytes | bytearray | memoryview,
+    entry: IndexEntry | None = None,
+    share_payloads: bool = False,
 ) -> list[StreamRecordBatch]:
     """Validate and decode one data block.
 
     With ``entry`` the block is also checked against its index entry (size,
-    stream, offsets, record count). When the block's buffer is immutable (``bytes``, or a
-    view of ``bytes``: a GET's body) the batches' payloads are views of it, not copies (see
-    records.py); from any other buffer (which its owner may reuse) they are copies.
+    stream, offsets, record count). With ``share_payloads`` and an immutable buffer
+    (``bytes``, or a view of ``bytes``: a GET's body) the batches' payloads are read-only
+    views of it, not copies (see records.py: they keep the whole buffer alive); from any
+    other buffer (which its owner may reuse) they are copies.
 
     Raises:
         CorruptObjectError: truncated block, wrong magic, CRC mismatch, bad
@@ -663,7 +666,7 @@ def decode_block(
     batches: list[StreamRecordBatch] = []
     pos = 0
     decode = StreamRecordBatch.decode
-    share = type(view.obj) is bytes
+    share = share_payloads and type(view.obj) is bytes
     try:
         batch, pos = decode(body, pos, share)
         batches.append(batch)
