@@ -44,7 +44,7 @@ from controlplane.requests import (
 from controlplane.signal_watcher import SignalWatcher
 from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
-from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric
+from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric, keep_freed_memory
 from dataplane.s3stream.wal.factory import wal_uri_for_path
 
 log = logging.getLogger("dataplane.node")
@@ -890,6 +890,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
     install_gc_pause_metric()
+    keep_freed_memory()
     node = BrokerNode(config)
     stop = SignalWatcher.install().stop_event
     node.start()

@@ -76,6 +76,7 @@ from dataplane.kafka.partition_backend import (
     PartitionBackend,
     PartitionResolver,
 )
+from dataplane.kafka.record_batch import RecordChunks
 from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class _FetchSlot:
     start: int = -1
     lso: int = -1
     end: int = -1
-    records: bytes = b""
+    records: bytes | memoryview | RecordChunks = b""
     aborted: list[tuple[int, int]] = field(default_factory=list)
 
     def response(self, placeholders: RecordsPlaceholders):

@@ -48,6 +48,7 @@ from .errors import (
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
+from .record_batch import RecordChunks
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -405,10 +406,11 @@ class RecordsPlaceholders:
 
     def __init__(self) -> None:
         self._nonce = os.urandom(8)
-        self.records: list[Buffer] = []
+        self.records: list[Buffer | RecordChunks] = []
 
-    def placeholder(self, records: Buffer) -> bytes:
-        """The token to put in the response object in place of non-empty `records`."""
+    def placeholder(self, records: Buffer | RecordChunks) -> bytes:
+        """The token to put in the response object in place of non-empty `records` (one
+        buffer, or `RecordChunks`: its buffers go into the frame one after the other)."""
         self.records.append(records)
         return self.token(len(self.records) - 1)
 
@@ -462,7 +464,11 @@ def _splice(body: bytes, placeholders: RecordsPlaceholders) -> list[Buffer]:
             cut, prefix = at - 1, _uvarint(len(records) + 1)
         else:
             raise ResponseEncodingError(f"record set {index}: not in a bytes field")
-        parts += (view[pos:cut], prefix, records)
+        parts += (view[pos:cut], prefix)
+        if isinstance(records, RecordChunks):
+            parts += records.chunks
+        else:
+            parts.append(records)
         pos = at + _TOKEN_BYTES
     parts.append(view[pos:])
     return parts

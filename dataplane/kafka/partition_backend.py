@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
-from dataplane.kafka.record_batch import RecordBatchHeader, parse_batches
+from dataplane.kafka.record_batch import RecordBatchHeader, RecordChunks, parse_batches
 
 
 @dataclass
@@ -98,9 +98,12 @@ class PartitionBackend(Protocol):
         """Below it every transaction is decided (read_committed reads up to it)."""
         ...
 
-    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+    def read(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks:
         """Record batches from `offset` below `end` (default: the high watermark), at most
-        about `max_bytes` (at least one batch when there is one). Blocks on I/O: call off
+        about `max_bytes` (at least one batch when there is one): one buffer, or several
+        not joined (`RecordChunks`: `bytes()` of it joins them). Blocks on I/O: call off
         the event loop."""
         ...
 

@@ -37,6 +37,8 @@ from dataplane.kafka.partition_backend import (
 )
 from dataplane.kafka.record_batch import (
     InvalidRecordBatchError,
+    RecordChunks,
+    concat_records,
     parse_batches,
     patch_batch,
 )
@@ -585,12 +587,15 @@ class PartitionLog:
                     )
         return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
 
-    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+    def read(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks:
         end = self.high_watermark if end is None else end
         if offset >= end:
             return b""
         batches = self.stream.fetch(offset, end, max_bytes)
-        return b"".join(b.payload for b in batches)
+        # not joined: batches read from objects are views of the GET's body (records.py)
+        return concat_records([b.payload for b in batches])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
         """The first record with a timestamp >= `timestamp_ms`, through the time index

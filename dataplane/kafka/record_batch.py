@@ -62,6 +62,9 @@ __all__ = [
     "patch_batches",
     "build_batch",
     "zigzag_varint",
+    "RecordChunks",
+    "concat_records",
+    "MIN_CHUNK_BYTES",
 ]
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -461,3 +464,43 @@ def record_timestamps(batch: RecordBatchHeader) -> list[tuple[int, int]]:
         raise _fail(
             KafkaError.CORRUPT_MESSAGE, f"records of batch at {batch.base_offset}: {exc}"
         ) from None
+
+
+class RecordChunks:
+    """Consecutive record batches of one partition left in the buffers they were stored in
+    (e.g. views of an object's GET body), not joined into one `bytes`: a Fetch answer
+    writes them to the socket as they are, saving a copy of every byte read. `len()` is
+    their size in bytes, `bytes()` joins them. Immutable; the buffers must not change."""
+
+    __slots__ = ("chunks", "_size")
+
+    def __init__(self, chunks: Sequence[bytes | memoryview]) -> None:
+        self.chunks: tuple[bytes | memoryview, ...] = tuple(chunks)
+        self._size = sum(len(c) for c in self.chunks)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def __repr__(self) -> str:
+        return f"RecordChunks({len(self.chunks)} chunks, {self._size} bytes)"
+
+
+# below this average size, writing each batch as a buffer of its own costs more than
+# joining them (one small copy)
+MIN_CHUNK_BYTES = 16 * 1024
+
+
+def concat_records(payloads: Sequence[bytes | memoryview]) -> bytes | memoryview | RecordChunks:
+    """Stored record batches as one Fetch record set: a single one as it is; large ones as
+    `RecordChunks` (no copy); small ones (averaging below `MIN_CHUNK_BYTES`) joined."""
+    if not payloads:
+        return b""
+    if len(payloads) == 1:
+        return payloads[0]
+    total = sum(len(p) for p in payloads)
+    if total < MIN_CHUNK_BYTES * len(payloads):
+        return b"".join(payloads)
+    return RecordChunks(payloads)

@@ -14,7 +14,8 @@ window and coalesced:
   `max_bytes`, or on `close()`;
 * the flushed batch is handed to `execute(batch)` (the owner runs one GET for the span of the
   live members and calls `batch.deliver` / `batch.fail`); each member's future gets exactly
-  its bytes, sliced out of the shared body;
+  its bytes, sliced out of the shared body (a read-only memoryview of it, not a copy: the
+  body is immutable `bytes`; the slice keeps the whole body alive while it lives);
 * a member future cancelled before the flush is dropped; if all are, no GET is made.
 
 This module does no I/O itself; `ObjectStorage` owns the executor and the retries.
@@ -86,7 +87,8 @@ class ReadBatch:
             if lo == 0 and hi == len(data):
                 m.future.set_result(data)  # the whole body: no copy
             elif hi <= len(data):
-                m.future.set_result(bytes(view[lo:hi]))
+                # a view, not a copy: `data` (bytes) never changes
+                m.future.set_result(view[lo:hi])
             else:
                 m.future.set_exception(
                     InvalidRangeError(

@@ -522,7 +522,8 @@ class ObjectStorage:
         (within `merge_gap_bytes`, or `max_gap_bytes` if smaller: 0 merges only touching
         or overlapping ranges, for callers that already hold the bytes in between) before
         one GET serves them all. `merge=False` sends the GET at once (a caller reading a
-        long range in pieces, several in flight).
+        long range in pieces, several in flight). The future's result is `bytes`, or a
+        read-only memoryview of a merged GET's `bytes` body.
         """
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)

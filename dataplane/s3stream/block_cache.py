@@ -17,6 +17,11 @@ after `speculative_ttl_s` or first when the byte budget needs room, and its byte
 wasted, which the fetcher uses to back off. Blocks that were read and freed are remembered
 (bounded "ghost" keys) so a prefetch never loads a block its readers already consumed.
 
+Batches decoded from a GET share its buffer (their payloads are views of it, see
+records.py), so a block pins the whole GET while it is cached; that is what it costs while
+its readers read it, but a block parked in the LRU (nobody watches it) may stay long, so it
+is given payloads of its own first: the LRU's bytes are then what it counts.
+
 Every entry carries a future that resolves when its bytes arrive (or fail), so a reader
 that finds a block in flight waits for exactly that load. Pure policy: no I/O, thread-safe.
 """
@@ -156,6 +161,7 @@ class BlockCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:  # every watcher gave up meanwhile: keep it as an LRU block
+                batches = _owned(batches)
                 entry = _Entry(None, 0)
                 self._entries[key] = entry
                 self._lru[key] = None
@@ -216,6 +222,7 @@ class BlockCache:
         with self._lock:
             if key in self._entries:
                 return
+            batches = _owned(batches)
             ready: Future = Future()
             ready.set_result(batches)
             self._entries[key] = _Entry(batches, size_bytes, ready=ready)
@@ -313,3 +320,8 @@ class BlockCache:
                 self.used_bytes -= entry.size_bytes
                 self.evictions += 1
                 self._remember(key)
+
+
+def _owned(batches: list[StreamRecordBatch]) -> list[StreamRecordBatch]:
+    """`batches` with payloads of their own (copies of shared ones)."""
+    return [b.owned() for b in batches]

@@ -623,12 +623,17 @@ def find_blocks(
 
 
 def decode_block(
-    block_bytes: bytes | bytearray | memoryview, entry: IndexEntry | None = None
+    block_bytes: bytes | bytearray | memoryview,
+    entry: IndexEntry | None = None,
+    share_payloads: bool = False,
 ) -> list[StreamRecordBatch]:
     """Validate and decode one data block.
 
     With ``entry`` the block is also checked against its index entry (size,
-    stream, offsets, record count).
+    stream, offsets, record count). With ``share_payloads`` and an immutable buffer
+    (``bytes``, or a view of ``bytes``: a GET's body) the batches' payloads are read-only
+    views of it, not copies (see records.py: they keep the whole buffer alive); from any
+    other buffer (which its owner may reuse) they are copies.
 
     Raises:
         CorruptObjectError: truncated block, wrong magic, CRC mismatch, bad
@@ -661,12 +666,13 @@ def decode_block(
     batches: list[StreamRecordBatch] = []
     pos = 0
     decode = StreamRecordBatch.decode
+    share = share_payloads and type(view.obj) is bytes
     try:
-        batch, pos = decode(body, pos)
+        batch, pos = decode(body, pos, share)
         batches.append(batch)
         stream_id, next_offset = batch.stream_id, batch.last_offset
         for _ in range(batch_count - 1):
-            batch, pos = decode(body, pos)
+            batch, pos = decode(body, pos, share)
             if batch.stream_id != stream_id:
                 raise CorruptObjectError(f"block mixes streams {stream_id} and {batch.stream_id}")
             if batch.base_offset != next_offset:

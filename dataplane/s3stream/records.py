@@ -20,6 +20,12 @@ is a pointer to data held elsewhere, and ``|count|`` is the number of stream
 offsets it covers. ``record_count`` is always ``|count|`` so offset arithmetic
 is the same for both kinds.
 
+A batch decoded out of an immutable ``bytes`` buffer with ``share_payload=True`` (the data
+blocks of objects read back from the object store) keeps its payload as a read-only
+``memoryview`` of that buffer instead of a copy: a catch-up read then hands the very bytes of
+the GET to the Fetch response. Such a view keeps the whole buffer alive while it lives
+(`owned` makes a batch that does not).
+
 This module does no I/O.
 """
 
@@ -65,14 +71,16 @@ class StreamRecordBatch:
         epoch: the stream epoch of the writer (>= 0).
         base_offset: first stream offset covered (>= 0).
         count: number of offsets covered; negative marks a Link Record. Never 0.
-        payload: opaque bytes (at most ``MAX_PAYLOAD_BYTES``).
+        payload: opaque bytes (at most ``MAX_PAYLOAD_BYTES``); a read-only memoryview of
+            an immutable ``bytes`` buffer when decoded with ``share_payload=True``. A
+            memoryview or bytearray given to the constructor is copied into ``bytes``.
     """
 
     stream_id: int
     epoch: int
     base_offset: int
     count: int
-    payload: bytes
+    payload: bytes | memoryview
 
     def __post_init__(self) -> None:
         problem = _validate_fields(self.stream_id, self.epoch, self.base_offset, self.count)
@@ -130,11 +138,24 @@ class StreamRecordBatch:
         )
         out += self.payload
 
+    def owned(self) -> StreamRecordBatch:
+        """This batch with a payload of its own (``bytes``): a shared payload is copied, so
+        the batch no longer keeps the buffer it was decoded from alive."""
+        if type(self.payload) is bytes:
+            return self
+        return StreamRecordBatch(
+            self.stream_id, self.epoch, self.base_offset, self.count, self.payload
+        )
+
     @classmethod
     def decode(
-        cls, buf: bytes | bytearray | memoryview, offset: int = 0
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, share_payload: bool = False
     ) -> tuple[StreamRecordBatch, int]:
         """Decode one batch starting at ``offset``.
+
+        With ``share_payload`` the payload is a view of ``buf`` rather than a copy: only for
+        a ``buf`` whose bytes never change (``bytes``, or a view of ``bytes``), since the
+        batch may outlive the caller's use of it.
 
         Returns:
             ``(batch, next_offset)`` where ``next_offset`` is the index just past it.
@@ -186,7 +207,8 @@ class StreamRecordBatch:
         _set_epoch(batch, epoch)
         _set_base_offset(batch, base_offset)
         _set_count(batch, count)
-        _set_payload(batch, bytes(view[end_of_header:end]))
+        payload = view[end_of_header:end]
+        _set_payload(batch, payload if share_payload else bytes(payload))
         return batch, end
 
 

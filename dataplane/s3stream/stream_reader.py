@@ -395,7 +395,9 @@ class BlockFetcher:
                 if error is not None:
                     raise error
                 block = memoryview(data)[entry.position - start : entry.end_position - start]
-                self.cache.fill(key, decode_block(block, entry), entry.size)
+                # the payloads stay views of the GET's body: a Fetch answer sends them as
+                # they are (no copy of the bytes read)
+                self.cache.fill(key, decode_block(block, entry, share_payloads=True), entry.size)
             except BaseException as exc:
                 self.cache.fail(key, exc)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from controlplane.image import BrokerState, MetadataImage
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.kafka.record_batch import RecordChunks
 from dataplane.zonerouter.client_az import CidrAzMap, client_az
 from dataplane.zonerouter.proxy_mapping import ProxyMapping
 from dataplane.zonerouter.traffic import ZoneTraffic
@@ -57,7 +58,9 @@ class CountedBackend:
             self._traffic.add("wal_data_bytes", size)
         return outcome
 
-    def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
+    def read(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks:
         data = self._inner.read(offset, max_bytes, end)
         self._traffic.client("consumed", self._az, len(data))
         return data

@@ -216,7 +216,7 @@ class SnapshotServer:
         for start, end in gaps:
             try:
                 data = await self.io(plog.read, start, CONTROL_READ_BYTES, end)
-                batches = parse_batches(data, verify_crc=False, client_origin=False)
+                batches = parse_batches(bytes(data), verify_crc=False, client_origin=False)
             except Exception as exc:  # noqa: BLE001 - left out: read once uploaded
                 log.debug("control batches at %d: %s", start, exc)
                 continue

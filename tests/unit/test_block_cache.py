@@ -154,3 +154,26 @@ def test_read_lately_means_wanted_or_consumed_not_prefetched():
     cache.watch((9, 0), "b", 10)
     cache.prefetch((1, 10), 10)
     assert not cache.read_lately((1, 10))  # only prefetched
+
+
+def test_a_block_parked_unwatched_does_not_pin_the_get_it_was_decoded_from():
+    """Batches decoded from a GET are views of its whole body; a block nobody watches any
+    more (kept in the LRU, possibly for long) gets payloads of its own, so the cache's bytes
+    are what it counts, not every GET one of its blocks came from."""
+    from dataplane.s3stream.records import StreamRecordBatch
+
+    body = StreamRecordBatch(1, 0, 0, 1, b"x" * 4096).encode() + b"other blocks" * 1000
+    batch, _ = StreamRecordBatch.decode(body, 0, share_payload=True)
+    assert batch.payload.obj is body
+    cache = BlockCache(8 * MiB)
+    cache.watch((1, 0), "a", 4200)
+    cache.unwatch((1, 0), "a")  # the reader gave up while the GET was in flight
+    cache.fill((1, 0), [batch], 4200)
+    (kept,) = cache.get((1, 0))
+    assert type(kept.payload) is bytes and kept == batch
+    cache.keep_unwatched((2, 0), [batch], 4200)
+    (kept,) = cache.get((2, 0))
+    assert type(kept.payload) is bytes and kept == batch
+    cache.watch((3, 0), "a", 4200)  # watched: the view is kept (no copy)
+    cache.fill((3, 0), [batch], 4200)
+    assert cache.get((3, 0))[0] is batch

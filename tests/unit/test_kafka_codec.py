@@ -41,6 +41,7 @@ from dataplane.kafka.codec import (
     encode_response,
 )
 from dataplane.kafka.errors import KafkaError
+from dataplane.kafka.record_batch import RecordChunks
 from dataplane.kafka.registry import ApiRegistry, RequestContext
 
 TOPIC_ID = uuid.UUID("6f1c1f1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f")
@@ -639,12 +640,20 @@ def test_fetch_records_spliced_in_give_the_same_bytes_as_encoding_them(version: 
     (int32 lengths) versions, with empty partitions in between and record sets whose
     length prefix needs more varint bytes than the token's."""
     request = decode_request(encode_request(_fetch(version), correlation_id=7)[4:])
-    sets = [_records(), b"", b"\x01" * 300, memoryview(b"\x02" * 70_000)]
+    chunk = memoryview(b"\x03" * 20_000)
+    sets = [
+        _records(),
+        b"",
+        b"\x01" * 300,
+        memoryview(b"\x02" * 70_000),
+        RecordChunks([chunk, b"\x04" * 5, memoryview(b"\x05" * 129)]),  # several buffers
+    ]
     placeholders = codec.RecordsPlaceholders()
     spliced = _fetch_response(version, [placeholders.placeholder(r) if r else r for r in sets])
     parts = encode_response(request, codec.ResponseWithRecords(spliced, placeholders))
     assert isinstance(parts, list)
     assert any(p is sets[3] for p in parts)  # the records themselves, not a copy
+    assert any(p is chunk for p in parts)
     inline = encode_response(request, _fetch_response(version, [bytes(r) for r in sets]))
     assert b"".join(bytes(p) for p in parts) == inline
     resolved = codec.ResponseWithRecords(spliced, placeholders).resolved()

@@ -302,7 +302,7 @@ def test_batches_up_to_the_produce_limit_are_stored_when_the_topic_allows_them(b
 
     assert produce(batch([payload])) == KafkaError.NONE
     assert plog.high_watermark == 1
-    assert payload in plog.read(0, 16 * 1024 * 1024)
+    assert payload in bytes(plog.read(0, 16 * 1024 * 1024))
     assert produce(batch([payload + payload])) == KafkaError.MESSAGE_TOO_LARGE
     assert plog.high_watermark == 1
 

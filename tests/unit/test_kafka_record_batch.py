@@ -13,10 +13,13 @@ from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
 from dataplane.kafka.record_batch import (
+    MIN_CHUNK_BYTES,
     RECORD_BATCH_OVERHEAD,
     CompressionType,
+    RecordChunks,
     TimestampType,
     build_batch,
+    concat_records,
     parse_batch_header,
     parse_batches,
     patch_batch,
@@ -345,3 +348,18 @@ def test_default_batch_builder_interop() -> None:
     data = bytes(builder.build())
     (batch,) = parse_batches(data)
     assert batch.records_count == 4 and batch.max_timestamp == 1003
+
+
+def test_stored_batches_become_one_record_set_without_copying_large_ones() -> None:
+    """A Fetch's record set: one stored batch as it is, large ones as their own buffers
+    (`RecordChunks`, written to the socket one after the other), small ones joined (a copy
+    of a few bytes costs less than a buffer each)."""
+    big = [memoryview(bytes([i]) * MIN_CHUNK_BYTES) for i in range(3)]
+    chunks = concat_records(big)
+    assert isinstance(chunks, RecordChunks) and len(chunks) == 3 * MIN_CHUNK_BYTES
+    assert all(c is b for c, b in zip(chunks.chunks, big, strict=True))
+    assert bytes(chunks) == b"".join(big)
+    small = [b"a" * 100, memoryview(b"b" * 200)]
+    assert concat_records(small) == b"a" * 100 + b"b" * 200
+    assert concat_records([big[0]]) is big[0]
+    assert concat_records([]) == b""

@@ -348,3 +348,26 @@ def test_a_block_never_spans_more_than_an_i32_of_offsets_or_two_streams() -> Non
         *(StreamRecordBatch(1, 0, i * big, big, b"x") for i in range(3)),
         StreamRecordBatch(2, 0, 0, 1, b"y"),
     ]
+
+
+def test_batches_of_a_bytes_block_share_it_and_of_a_reusable_buffer_own_their_payloads() -> None:
+    """A block decoded from a GET's immutable body may hand out views of it (no copy: the
+    catch-up path); one decoded from a buffer its owner may reuse (a bytearray) always gets
+    copies, so reusing the buffer never changes batches already handed out."""
+    batches = make_batches(3, 0, 4, payload_bytes=1000)
+    writer = ObjectWriter()
+    writer.add_all(batches)
+    data = writer.finish().data
+    _, (entry,) = parse_object(data)
+    block = memoryview(data)[entry.position : entry.end_position]
+    shared = decode_block(block, entry, share_payloads=True)
+    assert shared == batches
+    assert all(isinstance(b.payload, memoryview) and b.payload.obj is data for b in shared)
+    assert all(type(b.owned().payload) is bytes and b.owned() == b for b in shared)
+    assert all(type(b.payload) is bytes for b in decode_block(block, entry))  # by default
+    buffer = bytearray(data)
+    copied = decode_block(
+        memoryview(buffer)[entry.position : entry.end_position], entry, share_payloads=True
+    )
+    buffer[:] = bytes(len(buffer))  # the owner reuses its buffer
+    assert copied == batches and all(type(b.payload) is bytes for b in copied)

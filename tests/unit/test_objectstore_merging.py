@@ -99,6 +99,9 @@ def test_concurrent_nearby_ranges_are_served_by_one_get(objects, registry):
         results = [f.result(timeout=10) for f in futures]
         assert results == [data[s:e] for s, e in ranges]
         assert gets == [f"bytes=0-{8 * 64 * KiB - 1}"]
+        # slices of the one body, not copies of it (read-only: nobody can change them)
+        bodies = {id(r.obj) for r in results}
+        assert len(bodies) == 1 and all(r.readonly for r in results)
         merged = registry.get_sample_value(
             "automq_object_store_merged_ranges_total", {"bucket_id": "0"}
         )

@@ -125,6 +125,8 @@ def test_a_sweeping_reader_has_the_next_read_in_flight_before_it_asks(monkeypatc
         out = reader.read(offset, BATCHES, ask)
         assert out and out[0].base_offset == offset
         assert all(b.payload == bytes([0, b.base_offset % 251]) * (PAYLOAD // 2) for b in out)
+        # ... and a read-only view of the GET's body, not a copy of it
+        assert all(isinstance(b.payload, memoryview) and b.payload.readonly for b in out)
         offset = reader.next_offset
     reader.release()
     storage.idle()
