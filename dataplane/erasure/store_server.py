@@ -43,7 +43,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -113,22 +112,30 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
         # (a store on a loopback address, tests)
         self.secret = secret
         # a slow node for benchmarks and tests: every write waits this long before it is
-        # handled while the delay is active (switched at run time by POST
-        # /v1/inject-delay; a bool attribute: the handlers only read it)
+        # handled while the delay is active (switched at run time by POST /v1/inject-delay)
         self.inject_delay_ms = inject_delay_ms
-        self.delay_active = delay_active
+        self._healed = threading.Event()  # set: no delay; delayed writes go on at once
+        self.set_delay_active(delay_active)
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         super().__init__(address, _Handler)
 
+    @property
+    def delay_active(self) -> bool:
+        return not self._healed.is_set()
+
+    def set_delay_active(self, active: bool) -> None:
+        """Switch the injected delay (a request handler calls it, never a signal handler:
+        an Event's lock is not safe there, see controlplane/signal_watcher.py)."""
+        if active:
+            self._healed.clear()
+        else:
+            self._healed.set()  # writes waiting in the delay go on now
+
     def delay_write(self) -> None:
-        """Wait the injected delay while it stays active (healing releases the waiting
-        writes within 20 ms)."""
-        deadline = time.monotonic() + self.inject_delay_ms / 1000
-        while self.inject_delay_ms and self.delay_active:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, 0.02))
+        """Wait the injected delay while it stays active (no polling: a slow store's
+        sleeping writes must not cost CPU the healthy ones need)."""
+        if self.inject_delay_ms and self.delay_active:
+            self._healed.wait(self.inject_delay_ms / 1000)
 
     def handle_error(self, request: object, client_address: object) -> None:
         # a client that died or timed out mid-request (a broker killed, a writer's timeout)
@@ -287,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "this store has no injected delay (--inject-delay-ms, or the broker "
                     "config shard_store_inject_delay_ms)"
                 )
-            self.server.delay_active = _int_param(query, "active") != 0
+            self.server.set_delay_active(_int_param(query, "active") != 0)
             delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
             self._send(200, json.dumps({"write_delay_ms": delay_ms}).encode(), "application/json")
         elif route == ("POST", "fill", 1):
