@@ -268,6 +268,7 @@ def test_operator_experience_issue_18(cluster_dir):
         "2",
         "--summary-file",
         str(summary_file),
+        "--summary-intervals",
         cluster_dir=cluster_dir,
     )
     assert perf.returncode == 0, perf.stderr + perf.stdout
@@ -283,6 +284,11 @@ def test_operator_experience_issue_18(cluster_dir):
     assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
     # librdkafka's own round-trip times to the broker (measured in C) are reported too
     assert 0 < summary["broker_rtt_p99_ms"] <= summary["max_interval_broker_rtt_p99_ms"]
+    # --summary-intervals: each interval's produce latencies, for any window of the run
+    intervals = summary["intervals"]
+    assert len(intervals) >= 2 and intervals[0]["end_unix_s"] < intervals[-1]["end_unix_s"]
+    in_intervals = sum(n for i in intervals for n in i["produce_counts"].values())
+    assert 0 < in_intervals <= summary["produced_records"]
     # Ctrl-C (SIGINT to the terminal's process group): perf and its children end within
     # seconds and its topics are deleted
     interrupted = subprocess.Popen(
