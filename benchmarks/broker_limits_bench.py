@@ -23,8 +23,10 @@ generator: all on this machine):
    half-load rate, one tailing group) and, `catchup-load-delay-s` after it starts, one
    confluent-kafka consumer reading the old topic from offset 0 to its end. From perf's
    per-interval histograms (`perf --summary-intervals`): the produce p99 of the seconds
-   inside the catch-up against the p99 of the same run's seconds outside it (the first
-   second left out), and their ratio. `--catchup-load-mib 0` leaves the step out.
+   inside the catch-up against the p99 of the same run's seconds before it (the first
+   second left out), and their ratio; also the p99 of the seconds after it (a backlog the
+   catch-up left in the producer shows there) and of all seconds outside it.
+   `--catchup-load-mib 0` leaves the step out.
 With `--only-catchup` a round runs step 4 alone (the raw-GET baseline and the catch-up, so
 their ratio still comes from one run); with `--only-catchup-load` step 5 alone.
 `--store-dir PATH` starts each round's cluster with `cluster up --store-dir` (a fresh
@@ -240,15 +242,16 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
         summary = json.loads(summary_path.read_text())
     intervals = summary["intervals"]
     during, outside = split_windows(intervals, 1.0, started, ended)
-    if not during or not outside:
+    if not during or not any(row["end_unix_s"] <= started for row in outside):
         raise SystemExit(
             f"catch-up under load: {len(during)} seconds inside the catch-up and "
-            f"{len(outside)} outside; change --catchup-load-s / --catchup-load-delay-s / "
+            f"{len(outside)} outside (none before it?); change --catchup-load-s / --catchup-load-delay-s / "
             "--catchup-load-mib"
         )
     p99_during = window_p99_ms(during, lambda _row: True)
     p99_outside = window_p99_ms(outside, lambda _row: True)
     p99_before = window_p99_ms(outside, lambda row: row["end_unix_s"] <= started)
+    p99_after = window_p99_ms(outside, lambda row: row["end_unix_s"] > started)
 
     def rtt(rows: list[dict]) -> float | None:
         values = sorted(r["broker_rtt_p99_ms"] for r in rows if r["broker_rtt_p99_ms"])
@@ -264,7 +267,10 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
         "catchup_load_produce_p99_during_ms": p99_during,
         "catchup_load_produce_p99_outside_ms": p99_outside,
         "catchup_load_produce_p99_before_ms": p99_before,
-        "catchup_load_p99_ratio": p99_during / p99_outside,
+        "catchup_load_produce_p99_after_ms": p99_after,
+        # the figure: p99 during the catch-up against the seconds before it
+        "catchup_load_p99_ratio": p99_during / p99_before if p99_before else None,
+        "catchup_load_p99_ratio_to_outside": p99_during / p99_outside,
         "catchup_load_produce_p99_whole_run_ms": summary["produce_p99_ms"],
         "catchup_load_e2e_p99_ms": summary["e2e_p99_ms"],
         "catchup_load_broker_rtt_p99_during_ms": rtt(during),
