@@ -2,6 +2,8 @@
 
     python benchmarks/broker_limits_bench.py [--rounds 1] [--saturated-s 20] [--half-s 60]
                                              [--catchup-mib 512] [--only-catchup]
+                                             [--catchup-load-mib 768] [--catchup-load-s 60]
+                                             [--only-catchup-load] [--store-dir PATH]
 
 Per round, on a fresh `automqctl cluster up --brokers 1` (3 controllers, SeaweedFS, the load
 generator: all on this machine):
@@ -15,16 +17,31 @@ generator: all on this machine):
    one confluent-kafka consumer reads everything from offset 0; baseline: raw boto3 4 MiB
    ranged GETs of every committed object from the same store right before the restart and
    again right after the catch-up; the ratio is against the faster of the two.
+5. catch-up under load (the issue's "produce p99 rising at most 2x while it runs"):
+   `catchup-load-mib` MiB into a third topic, the broker restarted (that topic's data is in
+   no cache), then `catchup-load-s` seconds of the half-load produce (1 KiB records at the
+   half-load rate, one tailing group) and, `catchup-load-delay-s` after it starts, one
+   confluent-kafka consumer reading the old topic from offset 0 to its end. From perf's
+   per-interval histograms (`perf --summary-intervals`): the produce p99 of the seconds
+   inside the catch-up against the p99 of the same run's seconds before it (the first
+   second left out), and their ratio; also the p99 of the seconds after it (a backlog the
+   catch-up left in the producer shows there) and of all seconds outside it.
+   `--catchup-load-mib 0` leaves the step out.
 With `--only-catchup` a round runs step 4 alone (the raw-GET baseline and the catch-up, so
-their ratio still comes from one run). Prints the medians over rounds and the ratios as
-JSON (each round's figures too).
+their ratio still comes from one run); with `--only-catchup-load` step 5 alone.
+`--store-dir PATH` starts each round's cluster with `cluster up --store-dir` (a fresh
+directory under PATH, deleted afterwards): the object store's data on another device than
+the WAL, as a remote store would be. Prints the medians over rounds and the ratios as JSON
+(each round's figures too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +62,7 @@ from benchmarks.compaction_catchup_bench import (  # noqa: E402
     restart_broker,
     sparse_catchup_mb_s,
 )
+from cli.perf_histogram import LatencyHistogram  # noqa: E402
 from tests.e2e.ledger import create_topic  # noqa: E402
 
 MIB = 1024 * 1024
@@ -87,55 +105,176 @@ def fill(bootstrap: str, topic: str, mib: int) -> None:
         raise SystemExit("catch-up fill: records not delivered")
 
 
+def perf_command(cluster_dir: Path, summary: Path, *args: str) -> tuple[list[str], dict]:
+    """argv and environment of `automqctl perf` writing its JSON summary to `summary`."""
+    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "cli.main", "perf", "--summary-file", str(summary), *args]
+    return argv, env
+
+
 def perf(cluster_dir: Path, *args: str) -> dict:
     """`automqctl perf` with its JSON summary (written to a file: the console has the table)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)}
-        out = subprocess.run(
-            [sys.executable, "-m", "cli.main", "perf", "--summary-file", f.name, *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        argv, env = perf_command(cluster_dir, Path(f.name), *args)
+        out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             raise SystemExit(f"perf {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
         return json.loads(Path(f.name).read_text())
 
 
 def one_round(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="broker-limits-") as tmp:
+    with contextlib.ExitStack() as cleanup:
+        tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="broker-limits-"))
         cdir = Path(tmp) / "cluster"
-        status = automqctl(cdir, "cluster", "up", "--brokers", "1", timeout_s=300)
+        store_args: list[str] = []
+        if args.store_dir:
+            # a directory of its own per round (--store-dir refuses one holding a store)
+            own = tempfile.mkdtemp(prefix="broker-limits-", dir=args.store_dir)
+            cleanup.callback(shutil.rmtree, own, ignore_errors=True)
+            store_args = ["--store-dir", own]
+        status = automqctl(cdir, "cluster", "up", "--brokers", "1", *store_args, timeout_s=300)
+        cleanup.callback(cluster_down, cdir)  # runs before the directories go
         bootstrap = status["bootstrap_servers"]
-        try:
-            figures: dict = {}
-            if not args.only_catchup:
-                figures = produce_figures(cdir, args)
-            topic = f"catchup-{uuid.uuid4().hex[:6]}"
-            create_topic(bootstrap, topic, CATCHUP_PARTITIONS)
-            fill(bootstrap, topic, args.catchup_mib)
-            time.sleep(3)  # the last uploads
-            partitions = list(range(CATCHUP_PARTITIONS))
-            wanted = records_in(bootstrap, topic, partitions)
-            objects = committed_objects(cdir)
-            raw_before = raw_get_mb_s(cdir, objects)
-            restart_broker(cdir)
-            catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
-            raw_after = raw_get_mb_s(cdir, objects)
-        finally:
-            cluster_down(cdir)
+        figures: dict = {"load_average_1m_before": os.getloadavg()[0]}
+        if not (args.only_catchup or args.only_catchup_load):
+            figures.update(produce_figures(cdir, args))
+        if not args.only_catchup_load:
+            figures.update(catchup_figures(cdir, bootstrap, args))
+        if args.catchup_load_mib > 0 and not args.only_catchup:
+            figures.update(catchup_under_load(cdir, bootstrap, args))
+        figures["load_average_1m_after"] = os.getloadavg()[0]
+    return figures
+
+
+def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
+    """Step 4: raw 4 MiB GETs against a catch-up read of a cold topic."""
+    topic = f"catchup-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, CATCHUP_PARTITIONS)
+    fill(bootstrap, topic, args.catchup_mib)
+    time.sleep(3)  # the last uploads
+    partitions = list(range(CATCHUP_PARTITIONS))
+    wanted = records_in(bootstrap, topic, partitions)
+    objects = committed_objects(cdir)
+    raw_before = raw_get_mb_s(cdir, objects)
+    restart_broker(cdir)
+    catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+    raw_after = raw_get_mb_s(cdir, objects)
     # the store right after the fill is often slower (its own writes settling): the ratio
     # is against the faster of the two baselines
     raw = max(raw_before, raw_after)
     return {
-        **figures,
         "raw_get_4mib_before_mb_s": raw_before,
         "raw_get_4mib_after_mb_s": raw_after,
         "raw_get_4mib_mb_s": raw,
         "catchup_mb_s": catchup,
         "catchup_to_raw_get": catchup / raw,
+    }
+
+
+def window_p99_ms(intervals: list[dict], inside) -> float | None:
+    """The produce p99 over the perf intervals (`perf --summary-intervals`) that `inside`
+    accepts, from their merged histograms (pure)."""
+    merged = LatencyHistogram()
+    for row in intervals:
+        if inside(row):
+            merged.merge({int(k): n for k, n in row["produce_counts"].items()})
+    return merged.percentile(99)
+
+
+def split_windows(
+    intervals: list[dict], interval_s: float, started: float, ended: float
+) -> tuple[list[dict], list[dict]]:
+    """perf's intervals (the first left out: connections warm up in it) wholly inside the
+    wall-clock window [started, ended], and those wholly outside it (pure)."""
+    during, outside = [], []
+    for row in intervals[1:]:
+        end = row["end_unix_s"]
+        if end - interval_s >= started and end <= ended:
+            during.append(row)
+        elif end <= started or end - interval_s >= ended:
+            outside.append(row)
+    return during, outside
+
+
+def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
+    """Step 5: produce p99 while one consumer catches up from a cold topic, against the same
+    run's seconds without the catch-up."""
+    topic = f"old-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, CATCHUP_PARTITIONS)
+    fill(bootstrap, topic, args.catchup_load_mib)
+    time.sleep(3)  # the last uploads
+    partitions = list(range(CATCHUP_PARTITIONS))
+    wanted = records_in(bootstrap, topic, partitions)
+    restart_broker(cdir)  # nothing of the old topic cached
+    rate = args.half_rate or 45000
+    with tempfile.TemporaryDirectory(prefix="catchup-load-") as tmp:
+        summary_path = Path(tmp) / "perf.json"
+        argv, env = perf_command(
+            cdir,
+            summary_path,
+            "--summary-intervals",
+            "--partitions",
+            "6",
+            "--groups",
+            "1",
+            "--duration",
+            str(args.catchup_load_s),
+            "--record-size",
+            "1024",
+            "--send-rate",
+            f"{rate:.0f}",
+        )
+        with open(Path(tmp) / "perf.log", "w") as log:
+            proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                time.sleep(args.catchup_load_delay_s)
+                started = time.time()
+                catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+                ended = time.time()
+                code = proc.wait(timeout=args.catchup_load_s + 600)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        if code != 0:
+            tail = (Path(tmp) / "perf.log").read_text()[-500:]
+            raise SystemExit(f"perf under catch-up failed: {tail}")
+        summary = json.loads(summary_path.read_text())
+    intervals = summary["intervals"]
+    during, outside = split_windows(intervals, 1.0, started, ended)
+    if not during or not any(row["end_unix_s"] <= started for row in outside):
+        raise SystemExit(
+            f"catch-up under load: {len(during)} seconds inside the catch-up and "
+            f"{len(outside)} outside (none before it?); change --catchup-load-s / --catchup-load-delay-s / "
+            "--catchup-load-mib"
+        )
+    p99_during = window_p99_ms(during, lambda _row: True)
+    p99_outside = window_p99_ms(outside, lambda _row: True)
+    p99_before = window_p99_ms(outside, lambda row: row["end_unix_s"] <= started)
+    p99_after = window_p99_ms(outside, lambda row: row["end_unix_s"] > started)
+
+    def rtt(rows: list[dict]) -> float | None:
+        values = sorted(r["broker_rtt_p99_ms"] for r in rows if r["broker_rtt_p99_ms"])
+        return values[len(values) // 2] if values else None
+
+    return {
+        "catchup_load_records_s": rate,
+        "catchup_load_mb_s": catchup,
+        "catchup_load_s": ended - started,
+        "catchup_load_seconds_during": len(during),
+        "catchup_load_seconds_outside": len(outside),
+        "catchup_load_outlasted_produce": ended > intervals[-1]["end_unix_s"],
+        "catchup_load_produce_p99_during_ms": p99_during,
+        "catchup_load_produce_p99_outside_ms": p99_outside,
+        "catchup_load_produce_p99_before_ms": p99_before,
+        "catchup_load_produce_p99_after_ms": p99_after,
+        # the issue's figure: p99 during the catch-up against the seconds before it
+        "catchup_load_p99_ratio": p99_during / p99_before if p99_before else None,
+        "catchup_load_p99_ratio_to_outside": p99_during / p99_outside,
+        "catchup_load_produce_p99_whole_run_ms": summary["produce_p99_ms"],
+        "catchup_load_e2e_p99_ms": summary["e2e_p99_ms"],
+        "catchup_load_broker_rtt_p99_during_ms": rtt(during),
+        "catchup_load_broker_rtt_p99_outside_ms": rtt(outside),
     }
 
 
@@ -191,12 +330,31 @@ def main() -> None:
     ap.add_argument(
         "--only-catchup", action="store_true", help="the raw-GET baseline and catch-up only"
     )
+    ap.add_argument(
+        "--catchup-load-mib", type=int, default=768, help="step 5's old topic (0: no step 5)"
+    )
+    ap.add_argument("--catchup-load-s", type=float, default=60, help="step 5's produce run")
+    ap.add_argument(
+        "--catchup-load-delay-s",
+        type=float,
+        default=20,
+        help="step 5: seconds after perf is started that the catch-up begins",
+    )
+    ap.add_argument("--only-catchup-load", action="store_true", help="step 5 only")
+    ap.add_argument(
+        "--store-dir",
+        type=Path,
+        default=None,
+        help="keep each round's object store under this directory (cluster up --store-dir), "
+        "e.g. a tmpfs such as /dev/shm: another device than the WAL's",
+    )
     args = ap.parse_args()
     rounds = [one_round(args) for _ in range(args.rounds)]
     medians = {
         k: round(statistics.median(r[k] for r in rounds), 3)
         for k in rounds[0]
-        if all(r[k] is not None for r in rounds)  # an older perf reports no round trips
+        # an older perf reports no round trips; flags are not figures
+        if all(r[k] is not None and not isinstance(r[k], bool) for r in rounds)
     }
     print(json.dumps({"medians": medians, "rounds": rounds}, indent=2))
 

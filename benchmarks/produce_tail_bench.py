@@ -2,7 +2,7 @@
 
     python benchmarks/produce_tail_bench.py --tree old=/path/to/old --tree new=/path/to/new
         [--runs 3] [--rate 30000] [--duration 30] [--groups 1] [--no-upload]
-        [--perf-args NAME="--producer-processes 1"]
+        [--perf-args NAME="--producer-processes 1"] [--store-dir NAME=/dev/shm/store]
 
 Each run (trees interleaved: old, new, new, old, old, new, ...): a fresh
 `automqctl cluster up --brokers 1` started from the tree (PYTHONPATH), `automqctl perf
@@ -16,15 +16,20 @@ thread's wake-up lateness in the broker and in the load generator's processes th
 CPU and GIL contention),
 and the share of seconds with an upload running. `--no-upload` turns the broker's uploads
 off (the WAL must hold the run: keep RATE x DURATION under ~400 MB) to see what they cost.
-Medians per tree as JSON at the end.
+`--store-dir NAME=PATH` runs that tree's clusters with `cluster up --store-dir` (a fresh
+directory under PATH per run, deleted afterwards): the object store's data on another
+device than the WAL. A tree may be given twice under two names (same code, two
+configurations). Medians per tree as JSON at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,7 +98,10 @@ def summarize(
 
 def one_run(name: str, tree: Path, args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="produce-tail-") as tmp:
+    with (
+        contextlib.ExitStack() as cleanup,
+        tempfile.TemporaryDirectory(prefix="produce-tail-") as tmp,
+    ):
         cdir, traces = Path(tmp) / "cluster", Path(tmp) / "traces"
         traces.mkdir()
         env = {
@@ -115,7 +123,15 @@ def one_run(name: str, tree: Path, args: argparse.Namespace) -> dict:
                 timeout=timeout_s,
             )
 
-        up = cli("cluster", "up", "--brokers", "1", "--format", "json", timeout_s=300)
+        store_args: list[str] = []
+        store_dir = args.store_dir.get(name)
+        if store_dir is not None:
+            # a directory of its own per run (--store-dir refuses one holding a store);
+            # deleted when the run ends, whatever happens
+            own = tempfile.mkdtemp(prefix="produce-tail-", dir=store_dir)
+            cleanup.callback(shutil.rmtree, own, ignore_errors=True)
+            store_args = ["--store-dir", own]
+        up = cli("cluster", "up", "--brokers", "1", *store_args, "--format", "json", timeout_s=300)
         if up.returncode != 0:
             raise SystemExit(f"cluster up failed: {up.stderr.strip()[-500:]}")
         try:
@@ -170,6 +186,10 @@ def one_run(name: str, tree: Path, args: argparse.Namespace) -> dict:
         "produce_mb_s": client["produce_mb_s"],
         "client_e2e_p50_ms": client["e2e_p50_ms"] if args.groups else float("nan"),
         "client_e2e_p99_ms": client["e2e_p99_ms"] if args.groups else float("nan"),
+        # librdkafka's request round trip to the broker, measured in C (median of ~1 s windows)
+        "broker_rtt_p99_ms": client.get("broker_rtt_p99_ms") or float("nan"),
+        "max_interval_broker_rtt_p99_ms": client.get("max_interval_broker_rtt_p99_ms")
+        or float("nan"),
         "perf_processes_traced": perf_processes,
         "perf_cpu_s": perf_cpu_s,
         **summarize(broker, perf_lag, parent_lag),
@@ -192,7 +212,15 @@ def main() -> None:
         default=[],
         help='NAME="ARGS": more `automqctl perf` options for that tree (e.g. a layout)',
     )
+    ap.add_argument(
+        "--store-dir",
+        action="append",
+        default=[],
+        help="NAME=PATH: that tree's clusters keep the object store under PATH (cluster up "
+        "--store-dir; e.g. a tmpfs such as /dev/shm as another device than the WAL's)",
+    )
     args = ap.parse_args()
+    args.store_dir = dict(a.split("=", 1) for a in args.store_dir)
     args.perf_args = {
         name: extra.split() for name, extra in (a.split("=", 1) for a in args.perf_args)
     }

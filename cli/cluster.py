@@ -77,6 +77,7 @@ _UP_FLAGS = (
     "mtls",
     "bucket_secrets_file",
     "failover_detect_s",
+    "store_dir",
 )
 
 
@@ -183,6 +184,13 @@ def up(
         "certificate of the cluster CA, whose CN is their principal for ACLs; issues the "
         "admin's (DIR/tls/admin.pem, admin.key) and the brokers' client certificates",
     ),
+    store_dir: Path | None = typer.Option(
+        None,
+        "--store-dir",
+        help="an existing writable directory for the embedded object stores' data (its s3/ "
+        "and s3-failover/) instead of --dir, e.g. on another disk than the brokers' WALs "
+        "(a real object store is not on the broker's disk); kept for the cluster",
+    ),
     timeout_s: float = typer.Option(90.0, help="how long to wait for the cluster to be ready"),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
@@ -243,6 +251,7 @@ def up(
                 mtls=mtls,
                 bucket_secrets_file=bucket_secrets_file,
                 failover_detect_s=failover_detect_s,
+                store_dir=store_dir,
             )
             created = True
             missing = cluster.component_names(config)
@@ -552,7 +561,12 @@ def _emit_status(status: dict, format: OutputFormat, watch: bool, first: bool) -
 @app.command()
 def down(
     dir: Path = DirOption,
-    purge: bool = typer.Option(False, "--purge", help="also delete the cluster directory"),
+    purge: bool = typer.Option(
+        False,
+        "--purge",
+        help="also delete the cluster directory (and the object stores' data under "
+        "its --store-dir)",
+    ),
     format: OutputFormat = FormatOption,
 ) -> None:
     """Stop every process of the cluster (SIGTERM, then SIGKILL after a timeout)."""
@@ -710,6 +724,8 @@ def _print_status(status: dict) -> None:
         console.print(
             f"object store {store['name']} (buckets {store['bucket_ids']}): "
             f"{store['endpoint']} pid {store['pid'] or '[bold red]not running[/]'}"
+            + (f" data {escape(store['data_dir'])}" if store.get("data_dir") else ""),
+            soft_wrap=True,
         )
 
     def known_or_dash(key: str) -> str:

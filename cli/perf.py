@@ -284,6 +284,13 @@ def perf(
     acks: str = typer.Option("all", help="0, 1 or all"),
     topic_prefix: str = typer.Option("perf", help="topics are PREFIX-<run>-<n>"),
     summary_file: Path | None = typer.Option(None, help="also write the JSON summary here"),
+    summary_intervals: bool = typer.Option(
+        False,
+        "--summary-intervals",
+        help="the --summary-file also holds every interval's row, its end as Unix time and its "
+        "produce latency histogram (bucket counts, cli/perf_histogram.py), so a script can "
+        "take the percentiles of any window of the run",
+    ),
     cleanup: bool = typer.Option(
         True, "--cleanup/--no-cleanup", help="delete the run's topics (and data) at the end"
     ),
@@ -351,6 +358,7 @@ def perf(
             summary_file,
             client_config,
             format,
+            summary_intervals,
         )
     finally:
         if cleanup:
@@ -392,6 +400,7 @@ def _run(
     summary_file: Path | None,
     client_config: dict | None = None,
     format: OutputFormat = OutputFormat.table,
+    summary_intervals: bool = False,
 ) -> None:
     progress = console if format == OutputFormat.table else err_console
     processes = min(producer_processes, producers)
@@ -414,6 +423,7 @@ def _run(
         run.phase = "after"
         run.events["consuming"].set()
     intervals = []
+    histograms: list[dict[int, int]] = []  # each interval's produce latencies (--summary-intervals)
     catchup_started = None
     catchup_done = None
     backlog_end_bytes = 0
@@ -457,8 +467,12 @@ def _run(
                 "e2e_p99_ms": w.e2e.percentile(99),
                 "e2e_p999_ms": w.e2e.percentile(99.9),
                 "errors": w.errors,
+                "broker_rtt_p99_ms": _median(w.rtt_p99_ms),
+                "end_unix_s": round(time.time(), 3),
             }
             intervals.append(row)
+            if summary_intervals:
+                histograms.append(dict(w.produce.counts))
             progress.print(
                 f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
                 f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
@@ -535,6 +549,12 @@ def _run(
     if not print_data(summary, format):
         console.print(text, markup=False, highlight=False)
     if summary_file is not None:
+        if summary_intervals:
+            detail = [
+                {**row, "produce_counts": counts}
+                for row, counts in zip(intervals, histograms, strict=True)
+            ]
+            text = json.dumps({**summary, "intervals": detail})
         summary_file.write_text(text)
     if summary["errors"]:
         raise typer.Exit(1)

@@ -8,7 +8,8 @@ Layout of a cluster directory:
     admin.credentials     with --sasl: the admin (super) user's SASL login, JSON (mode 0600)
     controller-N/         a controller's Raft journal and snapshot
     broker-N/             a broker's config and data (WAL)
-    s3/                   the embedded object store's data
+    s3/                   the embedded object store's data (or STORE_DIR/s3 with
+                          `cluster up --store-dir STORE_DIR`; s3-failover/ likewise)
     logs/<name>.log       one log per process
     pids/<name>.pid       "pid start_time" of each running process
 
@@ -115,6 +116,10 @@ class ClusterConfig(BaseModel):
     # with its own data dir, so the main store can fail alone. None in configs written
     # before it existed (their one store holds both buckets)
     embedded_s3_failover: dict | None = None
+    # `cluster up --store-dir`: the directory (absolute) holding the embedded stores' data
+    # (its s3/ and s3-failover/) instead of the cluster directory, e.g. on another device
+    # than the brokers' WALs. None: the cluster directory
+    store_dir: str | None = None
     buckets: list[BucketConfig] = Field(default_factory=list)
     # broker storage knobs; None: the broker's default (BrokerConfig)
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
@@ -248,6 +253,8 @@ class ClusterConfig(BaseModel):
                     "bucket_ids": [b.bucket_id for b in self.buckets if endpoint in b.uri],
                     "pid": pids.get(component),
                     "endpoint": endpoint,
+                    # where its data lives (DIR/s3, or under `cluster up --store-dir`)
+                    "data_dir": store["data_dir"],
                 }
             )
         return out
@@ -495,9 +502,17 @@ class LocalCluster:
         mtls: bool = False,
         bucket_secrets_file: Path | None = None,
         failover_detect_s: float | None = None,
+        store_dir: Path | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
+        if store_dir is not None:
+            if bucket_uris:
+                raise ClusterError(
+                    "--store-dir holds the embedded object store's data: "
+                    "it does not go with --bucket-uris"
+                )
+            store_dir = check_store_dir(store_dir)
         if bucket_secrets_file is not None and not bucket_uris:
             raise ClusterError(
                 "--bucket-secrets-file holds the credentials of external buckets: "
@@ -561,7 +576,7 @@ class LocalCluster:
             for i, (component, name) in enumerate(
                 (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
             ):
-                s3 = SeaweedConfig.generate(self.dir / component, buckets=[name])
+                s3 = SeaweedConfig.generate((store_dir or self.dir) / component, buckets=[name])
                 s3.ports = dict(zip(s3.ports, ports[off + 10 * i : off + 10 * (i + 1)]))
                 if base_port is None:
                     s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
@@ -593,6 +608,7 @@ class LocalCluster:
             settings=settings,
             embedded_s3=embedded,
             embedded_s3_failover=embedded_failover,
+            store_dir=str(store_dir) if store_dir is not None else None,
             buckets=buckets,
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
@@ -956,8 +972,24 @@ class LocalCluster:
         return stopped
 
     def purge(self) -> None:
+        """Delete the cluster directory and the embedded stores' data under --store-dir."""
+        self._remove_store_dirs()
         if self.dir.exists():
             shutil.rmtree(self.dir)
+
+    def _remove_store_dirs(self) -> None:
+        """Delete the stores' data dirs (`s3/`, `s3-failover/`) `create` put under a
+        --store-dir outside the cluster directory; the --store-dir itself stays."""
+        try:
+            config = self.load()
+        except ClusterError:
+            return
+        if config.store_dir is None:
+            return
+        for component in STORE_COMPONENTS:
+            path = Path(config.store_dir) / component
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
 
     # ------------------------------------------------------------ a first `up` not done yet
 
@@ -983,6 +1015,7 @@ class LocalCluster:
         directory itself if it is empty then); anything else in it stays."""
         if not self.dir.exists():
             return
+        self._remove_store_dirs()
         for entry in self.dir.iterdir():
             if entry.name in _OWN_ENTRIES or re.fullmatch(r"(controller|broker)-\d+", entry.name):
                 if entry.is_dir() and not entry.is_symlink():
@@ -1010,6 +1043,23 @@ _OWN_ENTRIES = {
 }
 
 MIB = 1024 * 1024
+
+
+def check_store_dir(store_dir: Path) -> Path:
+    """`cluster up --store-dir` made absolute, or ClusterError: not an existing writable
+    directory, or it already holds a store (its s3/ or s3-failover/: another cluster's)."""
+    path = Path(os.path.abspath(os.path.expanduser(store_dir)))
+    if not path.is_dir():
+        raise ClusterError(f"--store-dir {store_dir}: not an existing directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ClusterError(f"--store-dir {store_dir}: not writable")
+    for component in STORE_COMPONENTS:
+        if (path / component).exists():
+            raise ClusterError(
+                f"--store-dir {store_dir} already holds {component}/ (another cluster's "
+                "object store?): give another directory, or delete it"
+            )
+    return path
 
 
 def broker_wal_uri(config: ClusterConfig, node_id: int) -> str:
@@ -1070,6 +1120,7 @@ def flag_differences(
     mtls: bool | None = None,
     bucket_secrets_file: Path | None = None,
     failover_detect_s: float | None = None,
+    store_dir: Path | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -1164,6 +1215,14 @@ def flag_differences(
                     "--bucket-secrets-file (it holds other credentials than the cluster "
                     "was created with)"
                 )
+    if store_dir is not None:
+        have_dir = config.store_dir or (
+            str(Path(config.embedded_s3["data_dir"]).parent) if config.embedded_s3 else None
+        )
+        if have_dir is None:
+            out.append(f"--store-dir {store_dir} (the cluster uses external buckets)")
+        elif os.path.realpath(os.path.expanduser(store_dir)) != os.path.realpath(have_dir):
+            out.append(f"--store-dir {store_dir} (the cluster's object store is in {have_dir})")
     if wal is not None and wal != config.broker_wal:
         out.append(f"--wal {wal} (the cluster has {config.broker_wal})")
     if mtls is not None and mtls != config.mtls:

@@ -66,8 +66,11 @@ def all_pids(status: dict) -> list[int]:
     return [p for p in pids if p]
 
 
-def test_up_status_down_restart(cluster_dir):
-    up = automqctl("cluster", "up", cluster_dir=cluster_dir)
+def test_up_status_down_restart(cluster_dir, tmp_path):
+    # the object stores' data on its own directory (another device in production)
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    up = automqctl("cluster", "up", "--store-dir", str(store_dir), cluster_dir=cluster_dir)
     assert up.returncode == 0, up.stderr + up.stdout
     assert "bootstrap servers" in up.stdout
 
@@ -93,8 +96,14 @@ def test_up_status_down_restart(cluster_dir):
     assert stores["main"]["bucket_ids"] == [0] and stores["failover"]["bucket_ids"] == [1]
     assert stores["main"]["endpoint"] != stores["failover"]["endpoint"]
     assert len(pids) == 8 and all(pid_alive(p) for p in pids)
+    assert stores["main"]["data_dir"] == str(store_dir / "s3")
+    assert stores["failover"]["data_dir"] == str(store_dir / "s3-failover")
+    assert any((store_dir / "s3" / "data").iterdir()) and not (cluster_dir / "s3").exists()
 
-    # a second `up` on a running directory is refused with a clear message
+    # a second `up` on a running directory is refused with a clear message; so is another
+    # --store-dir than the cluster's
+    elsewhere = automqctl("cluster", "up", "--store-dir", str(tmp_path), cluster_dir=cluster_dir)
+    assert elsewhere.returncode == 1 and f"--store-dir {tmp_path} (" in elsewhere.stderr
     again = automqctl("cluster", "up", cluster_dir=cluster_dir)
     assert again.returncode != 0 and "already running" in again.stderr
     assert "Traceback" not in again.stderr
@@ -137,10 +146,15 @@ def test_up_status_down_restart(cluster_dir):
     assert status2["healthy"]
     assert all(b["node_epoch"] == 1 for b in status2["brokers"])
     assert status2["metadata_offset"] > status["metadata_offset"]
+    assert [s["data_dir"] for s in status2["object_stores"]] == [
+        str(store_dir / "s3"),
+        str(store_dir / "s3-failover"),
+    ]
 
     purge = automqctl("cluster", "down", "--purge", cluster_dir=cluster_dir)
     assert purge.returncode == 0
     assert not cluster_dir.exists()
+    assert store_dir.is_dir() and not any(store_dir.iterdir())
     assert not [p for p in all_pids(status2) if pid_alive(p)]
 
 
@@ -181,6 +195,10 @@ def test_unreachable_external_s3_is_a_clear_error(cluster_dir, refused_port):
 def test_wrong_arguments_are_refused(cluster_dir):
     res = automqctl("cluster", "up", "--controllers", "2", cluster_dir=cluster_dir)
     assert res.returncode != 0 and "odd" in res.stderr
+    res = automqctl("cluster", "up", "--store-dir", "/nonexistent/x", cluster_dir=cluster_dir)
+    [line] = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and "--store-dir /nonexistent/x: not an existing" in line
+    assert not cluster_dir.exists()
     res = automqctl("cluster", "status", cluster_dir=cluster_dir)
     assert res.returncode == 1 and "no cluster" in res.stderr
 
@@ -250,6 +268,7 @@ def test_operator_experience_issue_18(cluster_dir):
         "2",
         "--summary-file",
         str(summary_file),
+        "--summary-intervals",
         cluster_dir=cluster_dir,
     )
     assert perf.returncode == 0, perf.stderr + perf.stdout
@@ -265,6 +284,11 @@ def test_operator_experience_issue_18(cluster_dir):
     assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
     # librdkafka's own round-trip times to the broker (measured in C) are reported too
     assert 0 < summary["broker_rtt_p99_ms"] <= summary["max_interval_broker_rtt_p99_ms"]
+    # --summary-intervals: each interval's produce latencies, for any window of the run
+    intervals = summary["intervals"]
+    assert len(intervals) >= 2 and intervals[0]["end_unix_s"] < intervals[-1]["end_unix_s"]
+    in_intervals = sum(n for i in intervals for n in i["produce_counts"].values())
+    assert 0 < in_intervals <= summary["produced_records"]
     # Ctrl-C (SIGINT to the terminal's process group): perf and its children end within
     # seconds and its topics are deleted
     interrupted = subprocess.Popen(

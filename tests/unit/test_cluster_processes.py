@@ -318,3 +318,62 @@ def test_check_ports_only_for_the_given_components(tmp_path):
         with pytest.raises(ClusterError, match=f"controller-0 api \\({port}\\)"):
             cluster.check_ports(config, ["controller-0"])
         cluster.check_ports(config, ["controller-1"])  # not its port: no error
+
+
+# ------------------------------------------------------------------ cluster up --store-dir
+
+
+def test_store_dir_holds_the_object_stores_and_is_kept(tmp_path):
+    from cli.processes import STORE_COMPONENTS, flag_differences
+
+    store = tmp_path / "store"
+    store.mkdir()
+    cluster = LocalCluster(tmp_path / "c")
+    cluster.create(1, 1, ["az1"], None, None, 6000, store_dir=store)
+    config = cluster.load()  # persisted: every later up / status / down reads it
+    assert config.store_dir == str(store)
+    dirs = {name: s["data_dir"] for name, s in config.embedded_stores().items()}
+    assert dirs == {name: str(store / name) for name in STORE_COMPONENTS}
+    # the stores' processes are found by their command line under the store dir
+    s3_dir = cluster._s3_data_dir()
+    weed = ["/usr/bin/weed", "mini", f"-dir={store / 's3' / 'data'}"]
+    assert component_of(weed, None, cluster.dir, s3_dir) == "s3"
+    weed = ["/usr/bin/weed", "mini", f"-dir={store / 's3-failover' / 'data'}"]
+    assert component_of(weed, None, cluster.dir, s3_dir) == "s3-failover"
+    assert component_of(weed, None, cluster.dir) is None  # not the cluster dir's store
+    # a restart with the same --store-dir is fine, another one is refused by name
+    assert flag_differences(config, store_dir=store) == []
+    [differ] = flag_differences(config, store_dir=tmp_path)
+    assert differ.startswith(f"--store-dir {tmp_path} (the cluster's object store is in")
+    # the stores' data goes with the cluster (a failed first up, down --purge); the
+    # operator's directory stays
+    for name in STORE_COMPONENTS:
+        (store / name / "data").mkdir(parents=True)
+    cluster.purge()
+    assert not cluster.dir.exists() and store.is_dir() and not list(store.iterdir())
+
+
+def test_store_dir_must_be_a_writable_directory_and_nothing_is_written(tmp_path):
+    cluster = LocalCluster(tmp_path / "c")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    used = tmp_path / "used"
+    (used / "s3").mkdir(parents=True)
+    cases = [
+        (tmp_path / "missing", "not an existing directory"),
+        (a_file, "not an existing directory"),
+        (used, "already holds s3/"),
+    ]
+    if os.geteuid() != 0:  # root may write anywhere
+        read_only = tmp_path / "ro"
+        read_only.mkdir(mode=0o500)
+        cases.append((read_only, "not writable"))
+    for path, message in cases:
+        with pytest.raises(ClusterError, match=message):
+            cluster.create(1, 1, ["az1"], None, None, 6000, store_dir=path)
+        assert not cluster.dir.exists()
+    with pytest.raises(ClusterError, match="does not go with --bucket-uris"):
+        cluster.create(
+            1, 1, ["az1"], None, "0@s3://b?region=r&endpoint=http://x", 6000, store_dir=used
+        )
+    assert not cluster.dir.exists() and (used / "s3").is_dir()
