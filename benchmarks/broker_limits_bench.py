@@ -105,6 +105,19 @@ def fill(bootstrap: str, topic: str, mib: int) -> None:
         raise SystemExit("catch-up fill: records not delivered")
 
 
+def filled_topic(
+    bootstrap: str, partitions: int, mib: int, prefix: str = "catchup"
+) -> tuple[str, list[int], int]:
+    """A new topic of `partitions` holding `mib` MiB of 1 KiB records, uploaded: (its name,
+    its partitions, how many records they hold)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions)
+    fill(bootstrap, topic, mib)
+    time.sleep(3)  # the last uploads
+    indexes = list(range(partitions))
+    return topic, indexes, records_in(bootstrap, topic, indexes)
+
+
 def perf_command(cluster_dir: Path, summary: Path, *args: str) -> tuple[list[str], dict]:
     """argv and environment of `automqctl perf` writing its JSON summary to `summary`."""
     env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)}
@@ -148,12 +161,7 @@ def one_round(args: argparse.Namespace) -> dict:
 
 def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
     """Step 4: raw 4 MiB GETs against a catch-up read of a cold topic."""
-    topic = f"catchup-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, topic, CATCHUP_PARTITIONS)
-    fill(bootstrap, topic, args.catchup_mib)
-    time.sleep(3)  # the last uploads
-    partitions = list(range(CATCHUP_PARTITIONS))
-    wanted = records_in(bootstrap, topic, partitions)
+    topic, partitions, wanted = filled_topic(bootstrap, CATCHUP_PARTITIONS, args.catchup_mib)
     objects = committed_objects(cdir)
     raw_before = raw_get_mb_s(cdir, objects)
     restart_broker(cdir)
@@ -199,12 +207,9 @@ def split_windows(
 def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
     """Step 5: produce p99 while one consumer catches up from a cold topic, against the same
     run's seconds without the catch-up."""
-    topic = f"old-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, topic, CATCHUP_PARTITIONS)
-    fill(bootstrap, topic, args.catchup_load_mib)
-    time.sleep(3)  # the last uploads
-    partitions = list(range(CATCHUP_PARTITIONS))
-    wanted = records_in(bootstrap, topic, partitions)
+    topic, partitions, wanted = filled_topic(
+        bootstrap, CATCHUP_PARTITIONS, args.catchup_load_mib, prefix="old"
+    )
     restart_broker(cdir)  # nothing of the old topic cached
     rate = args.half_rate or 45000
     with tempfile.TemporaryDirectory(prefix="catchup-load-") as tmp:

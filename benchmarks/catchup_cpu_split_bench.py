@@ -21,21 +21,18 @@ import resource
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.broker_limits_bench import fill  # noqa: E402
+from benchmarks.broker_limits_bench import filled_topic  # noqa: E402
 from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects  # noqa: E402
 from benchmarks.compaction_catchup_bench import (  # noqa: E402
     raw_get_mb_s,
-    records_in,
     restart_broker,
     sparse_catchup_mb_s,
 )
-from tests.e2e.ledger import create_topic  # noqa: E402
 
 PARTITIONS = 6
 TICK = os.sysconf("SC_CLK_TCK")
@@ -74,12 +71,7 @@ def main() -> None:
             "bootstrap_servers"
         ]
         try:
-            topic = f"catchup-{uuid.uuid4().hex[:6]}"
-            create_topic(bootstrap, topic, PARTITIONS)
-            fill(bootstrap, topic, args.mib)
-            time.sleep(3)  # the last uploads
-            partitions = list(range(PARTITIONS))
-            wanted = records_in(bootstrap, topic, partitions)
+            topic, partitions, wanted = filled_topic(bootstrap, PARTITIONS, args.mib)
             objects = committed_objects(cdir)
             restart_broker(cdir)
             for phase in ["idle"] + ["raw_get", "catchup"] * args.repeats:

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 # the load generator and baselines come from this tree; only the cluster runs the tree measured
 from benchmarks.broker_cpu_bench import cpu_s  # noqa: E402
-from benchmarks.broker_limits_bench import fill  # noqa: E402
+from benchmarks.broker_limits_bench import filled_topic  # noqa: E402
 from benchmarks.compaction_bench import committed_objects  # noqa: E402
 from benchmarks.compaction_catchup_bench import (  # noqa: E402
     raw_get_mb_s,
-    records_in,
     sparse_catchup_mb_s,
 )
-from tests.e2e.ledger import create_topic  # noqa: E402
 
 TRACE_DIR = ROOT / "benchmarks" / "catchup_trace"
 PARTITIONS = 6
@@ -107,12 +104,7 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict:
         )
         bootstrap = status["bootstrap_servers"]
         try:
-            topic = f"catchup-{uuid.uuid4().hex[:6]}"
-            create_topic(bootstrap, topic, PARTITIONS)
-            fill(bootstrap, topic, args.mib)
-            time.sleep(3)  # the last uploads
-            partitions = list(range(PARTITIONS))
-            wanted = records_in(bootstrap, topic, partitions)
+            topic, partitions, wanted = filled_topic(bootstrap, PARTITIONS, args.mib)
             objects = committed_objects(cdir)
             raw_before = raw_get_mb_s(cdir, objects)
             cli(tree, cdir, env, "broker", "stop", "1")

@@ -19,39 +19,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.broker_cpu_bench import broker_pid, cpu_s  # noqa: E402
-from benchmarks.broker_limits_bench import fill  # noqa: E402
+from benchmarks.broker_limits_bench import filled_topic  # noqa: E402
 from benchmarks.compaction_bench import automqctl, cluster_down  # noqa: E402
-from benchmarks.compaction_catchup_bench import records_in, sparse_catchup_mb_s  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
+from benchmarks.compaction_catchup_bench import restart_broker, sparse_catchup_mb_s  # noqa: E402
 
 PARTITIONS = 6
-
-
-def restart_broker_from(cluster_dir: Path, tree: Path) -> None:
-    """Restart broker 1 with its code from `tree`."""
-    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(tree)}
-    for verb in ("stop", "start"):
-        out = subprocess.run(
-            [sys.executable, "-m", "cli.main", "broker", verb, "1"],
-            env=env,
-            cwd=tree,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        if out.returncode != 0:
-            raise SystemExit(f"broker {verb} from {tree} failed: {out.stderr.strip()[-300:]}")
 
 
 def code_path_of(pid: int) -> str:
@@ -80,15 +61,10 @@ def main() -> None:
         status = automqctl(cdir, "cluster", "up", "--brokers", "1", timeout_s=300)
         bootstrap = status["bootstrap_servers"]
         try:
-            topic = f"catchup-{uuid.uuid4().hex[:6]}"
-            create_topic(bootstrap, topic, PARTITIONS)
-            fill(bootstrap, topic, args.mib)
-            time.sleep(3)  # the last uploads
-            partitions = list(range(PARTITIONS))
-            wanted = records_in(bootstrap, topic, partitions)
+            topic, partitions, wanted = filled_topic(bootstrap, PARTITIONS, args.mib)
             for _ in range(args.rounds):
                 for name, tree in trees.items():
-                    restart_broker_from(cdir, tree)
+                    restart_broker(cdir, tree)
                     pid = broker_pid(cdir)
                     if code_path_of(pid) != str(tree):
                         raise SystemExit(f"the broker does not run {tree}")

@@ -74,18 +74,20 @@ def raw_get_mb_s(cluster_dir: Path, objects: list[tuple[int, int]]) -> float:
     return total / (time.monotonic() - started) / 1e6
 
 
-def restart_broker(cluster_dir: Path) -> None:
+def restart_broker(cluster_dir: Path, tree: Path = ROOT) -> None:
+    """Restart broker 1 (nothing cached), with its code from `tree` (default: this one)."""
+    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(tree)}
     for verb in ("stop", "start"):
         out = subprocess.run(
             [sys.executable, "-m", "cli.main", "broker", verb, "1"],
-            env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)},
-            cwd=ROOT,
+            env=env,
+            cwd=tree,
             capture_output=True,
             text=True,
             timeout=180,
         )
         if out.returncode != 0:
-            raise SystemExit(f"broker {verb} failed: {out.stderr.strip()[-300:]}")
+            raise SystemExit(f"broker {verb} from {tree} failed: {out.stderr.strip()[-300:]}")
 
 
 def sparse_catchup_mb_s(bootstrap: str, topic: str, partitions: list[int], records: int) -> float:
