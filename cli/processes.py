@@ -573,13 +573,15 @@ class LocalCluster:
         else:
             buckets = []
             stores = []
+            taken = set(ports)  # chosen for the cluster, not bound yet
             for i, (component, name) in enumerate(
                 (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
             ):
                 s3 = SeaweedConfig.generate((store_dir or self.dir) / component, buckets=[name])
                 s3.ports = dict(zip(s3.ports, ports[off + 10 * i : off + 10 * (i + 1)]))
                 if base_port is None:
-                    s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports()
+                    s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports(exclude=taken)
+                    taken |= {s3.ports["admin"], s3.ports["admin_grpc"]}
                 else:
                     s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
                 stores.append(s3.to_json())

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,12 +94,19 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def find_admin_ports(host: str = "127.0.0.1", attempts: int = 200) -> tuple[int, int]:
-    """A free port P with P + ADMIN_GRPC_OFFSET free as well: (admin, admin gRPC)."""
+def find_admin_ports(
+    host: str = "127.0.0.1", attempts: int = 200, exclude: Collection[int] = ()
+) -> tuple[int, int]:
+    """A free port P with P + ADMIN_GRPC_OFFSET free as well: (admin, admin gRPC). Neither
+    is in `exclude` (ports already chosen for other components but not bound yet: a free
+    port is free for all of them, and a cluster once got one port twice)."""
     for _ in range(attempts):
         [port] = find_free_ports(1, host)
-        if port + ADMIN_GRPC_OFFSET <= 65535 and not port_in_use(port + ADMIN_GRPC_OFFSET, host):
-            return port, port + ADMIN_GRPC_OFFSET
+        grpc = port + ADMIN_GRPC_OFFSET
+        if port in exclude or grpc in exclude or grpc > 65535:
+            continue
+        if not port_in_use(grpc, host):
+            return port, grpc
     raise EmbeddedS3Error("found no free admin port pair (P, P+10000) for the object store")
 
 
@@ -167,7 +175,7 @@ class SeaweedConfig:
             port_list = list(range(base_port, base_port + len(_PORT_NAMES)))
         ports = dict(zip(_PORT_NAMES, port_list))
         if base_port is None:
-            ports["admin"], ports["admin_grpc"] = find_admin_ports()
+            ports["admin"], ports["admin_grpc"] = find_admin_ports(exclude=set(port_list))
         else:
             ports["admin_grpc"] = ports["admin"] + ADMIN_GRPC_OFFSET
         return cls(

@@ -3,6 +3,7 @@ configs are written but no process is started."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -317,6 +318,35 @@ def test_6_admin_grpc_port_is_where_weeds_plugin_worker_dials(tmp_path):
         ports = c.embedded_s3["ports"]
         assert ports["admin_grpc"] == ports["admin"] + ADMIN_GRPC_OFFSET
         assert len(set(c.all_ports().values())) == len(c.all_ports())
+
+
+def test_6_the_object_stores_admin_ports_never_repeat_a_cluster_port(tmp_path, monkeypatch):
+    """Every port of a new cluster is chosen free but none is bound until its process
+    starts, so each choice must avoid the others: the stores' admin pairs (P, P + 10000)
+    were picked on their own and once took a port the cluster had given to another
+    component (the test above failed that way once)."""
+    import cli.processes as processes
+    from dataplane.objectstore import seaweed
+
+    cluster_ports = list(range(21000, 21200))
+    monkeypatch.setattr(processes, "find_free_ports", lambda n, host="127.0.0.1": cluster_ports[:n])
+    fresh = iter(range(22000, 23000))
+    # a single free port asked for (an admin candidate): first two the cluster already
+    # uses, then unused ones
+    singles = itertools.chain(
+        [cluster_ports[0], cluster_ports[12] - seaweed.ADMIN_GRPC_OFFSET], range(24000, 25000)
+    )
+
+    def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+        return [next(singles)] if n == 1 else [next(fresh) for _ in range(n)]
+
+    monkeypatch.setattr(seaweed, "find_free_ports", free_ports)
+    monkeypatch.setattr(seaweed, "port_in_use", lambda port, host="127.0.0.1": False)
+    c = LocalCluster(tmp_path / "c").create(3, 3, ["a"], None, None, 6000)
+    ports = c.all_ports()
+    assert len(set(ports.values())) == len(ports), ports
+    for store in (c.embedded_s3, c.embedded_s3_failover):
+        assert store["ports"]["admin_grpc"] == store["ports"]["admin"] + seaweed.ADMIN_GRPC_OFFSET
 
 
 # ---------------------------------------------------------------- 7: disk and perf topics
