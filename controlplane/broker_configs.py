@@ -5,7 +5,7 @@ default (`--entity-default`), a broker id is that broker's own. The keys are the
 defaults' broker synonyms (`topic_configs.BROKER_SYNONYMS`: `log.retention.ms`,
 `message.max.bytes`, ...); a topic's own value wins over them (`with_broker_defaults`); and
 the brokers' own settings (`topic_configs.BROKER_SCHEMA`: the erasure repair's switch, rate
-and delay; `setting_in_force`).
+and delay; `topic_configs.broker_setting`).
 """
 
 from __future__ import annotations
@@ -31,12 +31,6 @@ def topic_configs_in_force(image: MetadataImage, configs: dict[str, str], node_i
     return topic_configs.with_broker_defaults(
         configs, configs_of(image, ""), configs_of(image, str(node_id))
     )
-
-
-def setting_in_force(image: MetadataImage, node_id: int, key: str) -> str:
-    """Broker setting `key` (`topic_configs.BROKER_SCHEMA`) as broker `node_id` applies it:
-    its own dynamic value, else the cluster default's, else the built-in default."""
-    return topic_configs.broker_setting(configs_of(image, ""), configs_of(image, str(node_id)), key)
 
 
 def alter_broker_configs(image: MetadataImage, req: AlterBrokerConfigsRequest, now_ms: int):

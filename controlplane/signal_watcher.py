@@ -12,8 +12,9 @@ Here the Python-level handler does nothing; the C-level handler, in whatever thr
 signal lands, writes the signal's number to the wakeup pipe (`signal.set_wakeup_fd`), and
 a daemon thread reading it sets the stop Event, outside any signal context.
 
-Thread-safety: `stop_event` may be waited on by any thread. `install` must be called from the main thread (Python's rule) and once per process
-(the wakeup fd is process-wide; an asyncio loop in the main thread would replace it).
+Thread-safety: `stop_event` may be waited on by any thread. `install` must be called from
+the main thread (Python's rule) and once per process (the wakeup fd is process-wide; an
+asyncio loop in the main thread would replace it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ class SignalWatcher:
 
     def __init__(self) -> None:
         self.stop_event = threading.Event()
-        self.received: list[int] = []  # the signals seen, oldest first (at most 64 kept)
 
     @classmethod
     def install(cls) -> SignalWatcher:
@@ -50,14 +50,8 @@ class SignalWatcher:
             data = os.read(read_fd, 64)
             if not data:
                 return
-            for signum in data:
-                self._dispatch(signum)
-
-    def _dispatch(self, signum: int) -> None:
-        if len(self.received) < 64:
-            self.received.append(signum)
-        if signum in STOP_SIGNALS:
-            self.stop_event.set()
+            if any(signum in STOP_SIGNALS for signum in data):
+                self.stop_event.set()
 
 
 def _ignore_in_main_thread(_signum: int, _frame: object) -> None:

@@ -167,13 +167,6 @@ class ShardStoreClient:
             raise StoreUnavailableError(f"shard store {self.address}: find answered {status}")
         return [int(o) for o in json.loads(body)["offsets"]]
 
-    def status(self) -> dict:
-        """The store's status: `holes` held, `write_delay_ms` injected (benchmarks)."""
-        status, _, body = self._request("GET", "/v1/status")
-        if status != 200:
-            raise StoreUnavailableError(f"shard store {self.address}: status answered {status}")
-        return dict(json.loads(body))
-
     def set_injected_delay(self, active: bool) -> int:
         """Switch a benchmark store's injected write delay; returns the delay now in force."""
         query = f"/v1/inject-delay?active={int(active)}"

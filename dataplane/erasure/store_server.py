@@ -123,6 +123,11 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
     def delay_active(self) -> bool:
         return not self._healed.is_set()
 
+    @property
+    def write_delay_ms(self) -> int:
+        """The delay every write waits now (0: none)."""
+        return self.inject_delay_ms if self.delay_active else 0
+
     def set_delay_active(self, active: bool) -> None:
         """Switch the injected delay (a request handler calls it, never a signal handler:
         an Event's lock is not safe there, see controlplane/signal_watcher.py)."""
@@ -134,8 +139,8 @@ class ShardStoreHTTPServer(ThreadingHTTPServer):
     def delay_write(self) -> None:
         """Wait the injected delay while it stays active (no polling: a slow store's
         sleeping writes must not cost CPU the healthy ones need)."""
-        if self.inject_delay_ms and self.delay_active:
-            self._healed.wait(self.inject_delay_ms / 1000)
+        if self.write_delay_ms:
+            self._healed.wait(self.write_delay_ms / 1000)
 
     def handle_error(self, request: object, client_address: object) -> None:
         # a client that died or timed out mid-request (a broker killed, a writer's timeout)
@@ -295,8 +300,8 @@ class _Handler(BaseHTTPRequestHandler):
                     "config shard_store_inject_delay_ms)"
                 )
             self.server.set_delay_active(_int_param(query, "active") != 0)
-            delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
-            self._send(200, json.dumps({"write_delay_ms": delay_ms}).encode(), "application/json")
+            body = {"write_delay_ms": self.server.write_delay_ms}
+            self._send(200, json.dumps(body).encode(), "application/json")
         elif route == ("POST", "fill", 1):
             self._body()
             mark = store.fill_below(ids[0], _int_param(query, "below"))
@@ -309,8 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
             offsets = store.find(ids[0], _int_param(query, "crc"))
             self._send(200, json.dumps({"offsets": offsets}).encode(), "application/json")
         elif route == ("GET", "status", 0):
-            delay_ms = self.server.inject_delay_ms if self.server.delay_active else 0
-            body = {"holes": store.hole_count, "write_delay_ms": delay_ms}
+            body = {"holes": store.hole_count, "write_delay_ms": self.server.write_delay_ms}
             self._send(200, json.dumps(body).encode(), "application/json")
         else:
             raise _BadRequest(f"unknown request {method} {self.path}")

@@ -401,7 +401,7 @@ class ErasureSealer:
             ),
         )
 
-    def _repairer(self, partition: ErasurePartition) -> ErasureRepairer:
+    def _repairer(self, partition: ErasurePartition, max_bytes_per_s: int) -> ErasureRepairer:
         with self._lock:
             if self._repair_pool is None:
                 self._repair_pool = ThreadPoolExecutor(
@@ -415,7 +415,7 @@ class ErasureSealer:
                 partition.stream_id,
                 partition.reader.codec,
                 pool,
-                self.repair_settings().max_bytes_per_s,
+                max_bytes_per_s,
                 self.repair_stats,
             )
             self._repairers[partition.stream_id] = repairer
@@ -423,17 +423,18 @@ class ErasureSealer:
 
     def repair_if_enabled(self, partition: ErasurePartition) -> int:
         """A repair pass (`repair`) unless the repair is switched off; the shards written."""
-        return self.repair(partition) if self.repair_settings().enabled else 0
+        settings = self.repair_settings()
+        return self.repair(partition, settings) if settings.enabled else 0
 
-    def repair(self, partition: ErasurePartition) -> int:
+    def repair(self, partition: ErasurePartition, settings: RepairSettings | None = None) -> int:
         """One bounded repair pass over the partition's unsealed offsets (from its cursor to
-        `repair_delay_ms` ago); returns the shards written. Called on the sealer thread."""
-        repairer = self._repairer(partition)
+        the repair delay ago); returns the shards written. Called on the sealer thread."""
+        settings = settings or self.repair_settings()
+        repairer = self._repairer(partition, settings.max_bytes_per_s)
         stream_id = partition.stream_id
         sealed = sealed_end(self.image_fn().streams.get(stream_id))
         floor = offset_of(sealed) if sealed is not None else 0
         start = max(self._repair_cursor.get(stream_id, 0), floor)
-        settings = self.repair_settings()
         repairer.max_bytes_per_s = settings.max_bytes_per_s  # an operator may change it
         end = partition.reader.clock_ns() - settings.delay_ms * 1_000_000
         result = repairer.repair_range(start, end)
