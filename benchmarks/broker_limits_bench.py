@@ -3,20 +3,27 @@
     python benchmarks/broker_limits_bench.py [--rounds 1] [--saturated-s 20] [--half-s 60]
                                              [--catchup-mib 512] [--only-catchup]
                                              [--catchup-load-mib 768] [--catchup-load-s 60]
-                                             [--only-catchup-load] [--store-dir PATH]
+                                             [--only-catchup-load] [--only-produce]
+                                             [--store-dir PATH]
 
 Per round, on a fresh `automqctl cluster up --brokers 1` (3 controllers, SeaweedFS, the load
 generator: all on this machine):
 1. baseline disk: write + fdatasync of 1 MiB blocks into the cluster's directory (the
    filesystem the WAL is on), `DISK_SECONDS` long;
 2. `automqctl perf --partitions 6` saturated (acks=all, idempotent) with 1 KiB and with
-   64 KiB records: MB/s, and the 64 KiB figure as a ratio of the disk baseline;
+   64 KiB records: MB/s, and the 64 KiB figure as a ratio of the disk baseline; with each
+   the CPU seconds per GB produced of SeaweedFS, the broker, the controllers and the load
+   generator, and the MB/s those allow when the machine's cores do nothing else
+   (`*_cpu_ceiling_mb_s`) or only the object store's work (`*_object_store_ceiling_mb_s`);
 3. half load: 1 KiB records at half the saturated record rate, one consumer group, `half-s`
    seconds: produce p99/p999, the worst one-second produce p99, end-to-end p99;
 4. catch-up: `catchup-mib` MiB into a second topic, the broker restarted (nothing cached),
    one confluent-kafka consumer reads everything from offset 0; baseline: raw boto3 4 MiB
    ranged GETs of every committed object from the same store right before the restart and
-   again right after the catch-up; the ratio is against the faster of the two.
+   again right after the catch-up; the ratio is against the faster of the two. Then the
+   broker is restarted again and the same consumer, with a prefetch window that does not
+   stall it (`PREFETCHING_CONSUMER`: librdkafka's 64 MiB default queue nearly fills with
+   one answer), reads it all again (`catchup_prefetching_*`).
 5. catch-up under load (the issue's "produce p99 rising at most 2x while it runs"):
    `catchup-load-mib` MiB into a third topic, the broker restarted (that topic's data is in
    no cache), then `catchup-load-s` seconds of the half-load produce (1 KiB records at the
@@ -28,7 +35,8 @@ generator: all on this machine):
    catch-up left in the producer shows there) and of all seconds outside it.
    `--catchup-load-mib 0` leaves the step out.
 With `--only-catchup` a round runs step 4 alone (the raw-GET baseline and the catch-up, so
-their ratio still comes from one run); with `--only-catchup-load` step 5 alone.
+their ratio still comes from one run); with `--only-catchup-load` step 5 alone; with
+`--only-produce` steps 1-3.
 `--store-dir PATH` starts each round's cluster with `cluster up --store-dir` (a fresh
 directory under PATH, deleted afterwards): the object store's data on another device than
 the WAL, as a remote store would be. Prints the medians over rounds and the ratios as JSON
@@ -41,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -68,6 +77,44 @@ from tests.e2e.ledger import create_topic  # noqa: E402
 MIB = 1024 * 1024
 DISK_SECONDS = 5.0
 CATCHUP_PARTITIONS = 6
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
+    """CPU seconds of the processes whose command line names the cluster's directory."""
+    out: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if str(cluster_dir) not in cmd:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        # by program, not by path: a cluster directory may be named "broker-..."
+        program = cmd.split(" --", 1)[0]
+        kind = (
+            "seaweedfs"
+            if "weed" in program
+            else "broker"
+            if "dataplane.node" in program
+            else "controllers"
+            if "controlplane.server" in program
+            else "other"
+        )
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (and theirs: perf's workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def disk_write_fdatasync_mb_s(directory: Path, seconds: float = DISK_SECONDS) -> float:
@@ -126,13 +173,44 @@ def perf_command(cluster_dir: Path, summary: Path, *args: str) -> tuple[list[str
 
 
 def perf(cluster_dir: Path, *args: str) -> dict:
-    """`automqctl perf` with its JSON summary (written to a file: the console has the table)."""
+    """`automqctl perf` with its JSON summary (written to a file: the console has the table),
+    plus `cpu_s_per_gb`: the CPU seconds per GB produced of each kind of process over the
+    run (SeaweedFS, the broker, the controllers, the load generator: perf and its workers,
+    start-up included) and `cores_busy`, their sum per second of the run."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         argv, env = perf_command(cluster_dir, Path(f.name), *args)
+        cluster_before, children_before = cluster_cpu_s(cluster_dir), children_cpu_s()
+        started = time.monotonic()
         out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        wall_s = time.monotonic() - started
         if out.returncode != 0:
             raise SystemExit(f"perf {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
-        return json.loads(Path(f.name).read_text())
+        cpu = {
+            kind: spent - cluster_before.get(kind, 0.0)
+            for kind, spent in cluster_cpu_s(cluster_dir).items()
+        }
+        cpu["load_generator"] = children_cpu_s() - children_before
+        summary = json.loads(Path(f.name).read_text())
+    gb = summary["produce_mb_s"] * summary.get("duration_s", 0) / 1000
+    if gb > 0:
+        summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
+    summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
+    return summary
+
+
+def cpu_ceiling(sat: dict, prefix: str) -> dict:
+    """What a saturated run's CPU split allows on this machine's cores: MB/s if every core
+    did nothing but this work, and the same if the object store were the only process."""
+    split = sat.get("cpu_s_per_gb")
+    if not split:
+        return {}
+    cores = os.cpu_count() or 1
+    figures = {f"{prefix}_cpu_s_per_gb_{k}": v for k, v in split.items()}
+    figures[f"{prefix}_cores_busy"] = sat["cores_busy"]
+    figures[f"{prefix}_cpu_ceiling_mb_s"] = round(cores / sum(split.values()) * 1000, 1)
+    if split.get("seaweedfs"):
+        figures[f"{prefix}_object_store_ceiling_mb_s"] = round(cores / split["seaweedfs"] * 1000, 1)
+    return figures
 
 
 def one_round(args: argparse.Namespace) -> dict:
@@ -151,9 +229,9 @@ def one_round(args: argparse.Namespace) -> dict:
         figures: dict = {"load_average_1m_before": os.getloadavg()[0]}
         if not (args.only_catchup or args.only_catchup_load):
             figures.update(produce_figures(cdir, args))
-        if not args.only_catchup_load:
+        if not (args.only_catchup_load or args.only_produce):
             figures.update(catchup_figures(cdir, bootstrap, args))
-        if args.catchup_load_mib > 0 and not args.only_catchup:
+        if args.catchup_load_mib > 0 and not (args.only_catchup or args.only_produce):
             figures.update(catchup_under_load(cdir, bootstrap, args))
         figures["load_average_1m_after"] = os.getloadavg()[0]
     return figures
@@ -166,6 +244,8 @@ def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dic
     raw_before = raw_get_mb_s(cdir, objects)
     restart_broker(cdir)
     catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+    restart_broker(cdir)  # cold again
+    prefetching = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted, prefetching=True)
     raw_after = raw_get_mb_s(cdir, objects)
     # the store right after the fill is often slower (its own writes settling): the ratio
     # is against the faster of the two baselines
@@ -176,6 +256,9 @@ def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dic
         "raw_get_4mib_mb_s": raw,
         "catchup_mb_s": catchup,
         "catchup_to_raw_get": catchup / raw,
+        # the same consumer with a prefetch window that does not stall it (PREFETCHING_CONSUMER)
+        "catchup_prefetching_mb_s": prefetching,
+        "catchup_prefetching_to_raw_get": prefetching / raw,
     }
 
 
@@ -309,6 +392,8 @@ def produce_figures(cdir: Path, args: argparse.Namespace) -> dict:
         "produce_1k_saturated_mb_s": sat_1k["produce_mb_s"],
         "produce_64k_saturated_mb_s": sat_64k["produce_mb_s"],
         "produce_64k_to_disk": sat_64k["produce_mb_s"] / disk,
+        **cpu_ceiling(sat_1k, "produce_1k"),
+        **cpu_ceiling(sat_64k, "produce_64k"),
         "half_load_records_s": half_rate,
         "half_produce_p99_ms": half["produce_p99_ms"],
         "half_produce_p999_ms": half["produce_p999_ms"],
@@ -346,6 +431,9 @@ def main() -> None:
         help="step 5: seconds after perf is started that the catch-up begins",
     )
     ap.add_argument("--only-catchup-load", action="store_true", help="step 5 only")
+    ap.add_argument(
+        "--only-produce", action="store_true", help="steps 1-3 only (disk, saturated, half load)"
+    )
     ap.add_argument(
         "--store-dir",
         type=Path,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.broker_limits_bench import filled_topic  # noqa: E402
+from benchmarks.broker_limits_bench import cluster_cpu_s, filled_topic, own_cpu_s  # noqa: E402
 from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects  # noqa: E402
 from benchmarks.compaction_catchup_bench import (  # noqa: E402
     raw_get_mb_s,
@@ -35,28 +34,6 @@ from benchmarks.compaction_catchup_bench import (  # noqa: E402
 )
 
 PARTITIONS = 6
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
-    """CPU seconds of the processes whose command line names the cluster's directory."""
-    out: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if str(cluster_dir) not in cmd:
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        kind = "seaweedfs" if "weed" in cmd else "broker" if "broker" in cmd else "controllers"
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
-    return out
-
-
-def own_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:

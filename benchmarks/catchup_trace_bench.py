@@ -1,7 +1,7 @@
 """Where a catch-up's time goes: the broker's time per Fetch against the client's, per tree.
 
     python benchmarks/catchup_trace_bench.py --tree old=DIR --tree new=DIR [--runs 2]
-                                             [--mib 256] [--catchups 3]
+                                             [--mib 256] [--catchups 3] [--prefetching]
 
 Each tree is a source tree (e.g. a `git archive` of a commit); runs interleave the trees
 (old, new, new, old, ...). Per run, on a fresh `automqctl cluster up --brokers 1` started from
@@ -76,6 +76,7 @@ def trace_summary(path: Path) -> dict:
         now += step
         most = max(most, now)
     handler_ms = sorted((e[2] - e[1]) * 1e3 for e in served)
+    writes = [e for e in events if e[0] == "write"]
     return {
         "fetches": len(served),
         "fetch_handler_ms_p50": statistics.median(handler_ms) if handler_ms else None,
@@ -83,6 +84,13 @@ def trace_summary(path: Path) -> dict:
         if handler_ms
         else None,
         "client_gap_ms_p50": statistics.median(gaps) * 1e3 if gaps else None,
+        # of that gap: the broker's socket writes of the answer the kernel did not take at once
+        "answer_write_ms_p50": statistics.median((w[2] - w[1]) * 1e3 for w in writes)
+        if writes
+        else None,
+        "answer_write_left_mib_p50": statistics.median(w[3] for w in writes) / 2**20
+        if writes
+        else None,
         "block_gets": len(gets),
         "block_get_mib_p50": statistics.median(g[3] for g in gets) / 2**20 if gets else None,
         "block_get_ms_p50": statistics.median((g[2] - g[1]) * 1e3 for g in gets) if gets else None,
@@ -114,7 +122,7 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict:
             catchups = []
             for _ in range(args.catchups):
                 own0, broker0 = resource.getrusage(resource.RUSAGE_SELF), cpu_s(pid)
-                mb_s = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+                mb_s = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted, args.prefetching)
                 own1 = resource.getrusage(resource.RUSAGE_SELF)
                 catchups.append(
                     {
@@ -156,6 +164,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--catchups", type=int, default=3)
+    ap.add_argument(
+        "--prefetching",
+        action="store_true",
+        help="the consumer with PREFETCHING_CONSUMER's settings (a prefetch window that "
+        "does not stall it)",
+    )
     args = ap.parse_args()
     trees = [(n, Path(d).resolve()) for n, d in (t.split("=", 1) for t in args.tree)]
     order = []

@@ -1,7 +1,7 @@
 """Two versions of the broker's catch-up read on the same data: the broker restarted from each tree in turn.
 
     python benchmarks/catchup_tree_ab_bench.py --tree old=/path/to/old --tree new=/path/to/new
-                                               [--rounds 4] [--mib 384]
+                                               [--rounds 4] [--mib 384] [--prefetching]
 
 Each catch-up of `broker_cpu_bench.py` runs on a cluster of its own, so the data and the
 cluster's state differ between the trees' runs. Here one `automqctl cluster up --brokers 1`
@@ -30,7 +30,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.broker_cpu_bench import broker_pid, cpu_s  # noqa: E402
 from benchmarks.broker_limits_bench import filled_topic  # noqa: E402
 from benchmarks.compaction_bench import automqctl, cluster_down  # noqa: E402
-from benchmarks.compaction_catchup_bench import restart_broker, sparse_catchup_mb_s  # noqa: E402
+from benchmarks.compaction_catchup_bench import (  # noqa: E402
+    restart_broker,
+    sparse_catchup_mb_s,
+)
 
 PARTITIONS = 6
 
@@ -48,6 +51,9 @@ def main() -> None:
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH, two or more")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--mib", type=int, default=384)
+    ap.add_argument(
+        "--prefetching", action="store_true", help="the consumer with PREFETCHING_CONSUMER"
+    )
     args = ap.parse_args()
     trees = {}
     for spec in args.tree:
@@ -71,7 +77,9 @@ def main() -> None:
                     time.sleep(2)  # start-up work is not catch-up work
                     load = os.getloadavg()[0]
                     before = cpu_s(pid)
-                    mb_s = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+                    mb_s = sparse_catchup_mb_s(
+                        bootstrap, topic, partitions, wanted, args.prefetching
+                    )
                     cpu = cpu_s(pid) - before
                     runs[name].append(
                         {

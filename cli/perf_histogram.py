@@ -8,6 +8,7 @@ geometric middle of its bucket: within 0.5% of the exact sample percentile.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 MIN_MS = 0.001  # values below (or a clock step backwards) count as this
 GROWTH = 1.01  # each bucket is 1% wider than the one before
@@ -40,6 +41,19 @@ class LatencyHistogram:
         index = bucket_of(ms)
         self.counts[index] = self.counts.get(index, 0) + 1
         self.count += 1
+
+    def add_many(self, values: list[float], scale: float = 1.0) -> None:
+        """Add `value * scale` ms for each value: one pass for a batch (a load generator
+        at 150,000 records/s spent a quarter of its CPU adding them one call at a time)."""
+        if not values:
+            return
+        lowest = MIN_MS / scale
+        factor = scale / MIN_MS
+        log = math.log
+        step = _LOG_GROWTH
+        # Counter counts in C; the comprehension is bucket_of inlined
+        batch = Counter([int(log(v * factor) / step) if v > lowest else 0 for v in values])
+        self.merge(batch)
 
     def merge(self, counts: dict[int, int]) -> None:
         """Add another histogram's bucket counts (as sent between processes)."""

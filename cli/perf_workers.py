@@ -77,19 +77,22 @@ class _Counters:
         self.errors = 0
         self.rtt_p99_ms: list[float] = []  # librdkafka's request round-trip p99 per stats window
 
-    def delivered(self, ms: float, size: int) -> None:
+    def delivered(self, latencies_s: list[float], size: int) -> None:
+        """Records of `size` bytes acknowledged after these latencies (seconds)."""
         with self.lock:
-            self.produce.add(ms)
-            self.produced_bytes += size
-            self.records += 1
-            self.total_records += 1
+            self.produce.add_many(latencies_s, 1000.0)
+            self.produced_bytes += size * len(latencies_s)
+            self.records += len(latencies_s)
+            self.total_records += len(latencies_s)
 
-    def consumed(self, ms: float, size: int) -> None:
+    def consumed(self, latencies_ms: list[float], size_bytes: int) -> None:
+        """Records of `size_bytes` in all read these end-to-end latencies (ms) after they
+        were sent."""
         with self.lock:
-            self.e2e.add(ms)
-            self.consumed_bytes += size
-            self.records += 1
-            self.total_records += 1
+            self.e2e.add_many(latencies_ms)
+            self.consumed_bytes += size_bytes
+            self.records += len(latencies_ms)
+            self.total_records += len(latencies_ms)
 
     def error(self) -> None:
         with self.lock:
@@ -213,6 +216,10 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
     start = time.monotonic()
 
     size = len(pad) + 8
+    # Delivery callbacks run in this thread (inside poll and flush): they only append, and
+    # the loop hands each batch to the counters (the reporter thread takes those)
+    latencies_s: list[float] = []
+    note_latency = latencies_s.append
 
     def on_delivery(err, msg):
         # librdkafka's latency: from produce() to this callback being served, the same
@@ -220,9 +227,15 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
         if err is not None:
             counters.error()
             return
-        counters.delivered(msg.latency() * 1000, size)
+        note_latency(msg.latency())
+
+    def hand_over() -> None:
+        if latencies_s:
+            counters.delivered(latencies_s, size)  # counted under its lock, not kept
+            latencies_s.clear()
 
     while not stop.is_set():
+        hand_over()
         now = time.monotonic()
         due = int((now - start) * rate) - sent
         if due <= 0:
@@ -244,6 +257,7 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
             sent += 1
         client.poll(0)
     client.flush(FLUSH_TIMEOUT_S)
+    hand_over()
 
 
 def _note_rtt(stats_json: str, counters: _Counters) -> None:
@@ -283,12 +297,13 @@ def _consume_loop(spec: WorkerSpec, counters: _Counters, out, events) -> None:
     consumer.subscribe(spec.topics, on_assign=lambda c, parts: _put(out, ("ready", spec.worker_id)))
     try:
         while not stop.is_set():
-            for msg in consumer.consume(1000, 0.2):
-                if msg.error():
-                    continue
-                value = msg.value()
-                sent_ns = int.from_bytes(value[:8], "big")
-                counters.consumed((time.time_ns() - sent_ns) / 1e6, len(value))
+            values = [m.value() for m in consumer.consume(1000, 0.2) if not m.error()]
+            if values:
+                now_ns = time.time_ns()
+                counters.consumed(
+                    [(now_ns - int.from_bytes(v[:8], "big")) / 1e6 for v in values],
+                    sum(map(len, values)),
+                )
     finally:
         consumer.close()
 

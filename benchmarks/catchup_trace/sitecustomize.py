@@ -3,7 +3,9 @@
 Only active when `AUTOMQ_CATCHUP_TRACE_DIR` is set and the process is a broker (its argv
 names `broker.json`). Records, with `time.monotonic()`: each Fetch request's time from the
 handler's start to its answer (and the number of partitions it named), and each object-store
-GET (`ObjectStorage._read_span`: start, end, bytes). One JSON array per line in
+GET (`ObjectStorage._read_span`: start, end, bytes) and each response the transport
+could not hand to the kernel at once (over 1 MiB left: from its `drain` until that returns;
+start, end, bytes left). One JSON array per line in
 `<dir>/broker-<pid>.jsonl`, written every second. A measuring aid, not product code: it
 patches functions after their modules are imported.
 """
@@ -31,9 +33,11 @@ def _flush_forever(path: str) -> None:
 def _patch() -> None:
     apis = sys.modules["dataplane.kafka.apis"]
     store = sys.modules["dataplane.objectstore.store"]
-    # both classes first (AttributeError while a module is still importing): nothing is
+    # every class first (AttributeError while a module is still importing): nothing is
     # patched twice
     fetch, read_span = apis.KafkaApis.fetch, store.ObjectStorage._read_span
+    server = sys.modules["dataplane.kafka.server"]
+    drain = server._FrameProtocol.drain
 
     async def traced_fetch(self, req, ctx):
         t0 = time.monotonic()
@@ -53,6 +57,19 @@ def _patch() -> None:
 
     store.ObjectStorage._read_span = traced_read_span
 
+    async def traced_drain(self):
+        # called right after a response is handed to the transport: how long the bytes
+        # the kernel did not take at once wait to be sent
+        pending = self.transport.get_write_buffer_size() if self.transport else 0
+        t0 = time.monotonic()
+        try:
+            return await drain(self)
+        finally:
+            if pending > 1 << 20:
+                _events.append(("write", t0, time.monotonic(), pending))
+
+    server._FrameProtocol.drain = traced_drain
+
 
 def _start() -> None:
     time.sleep(0.2)  # sys.argv is set after site runs
@@ -62,7 +79,14 @@ def _start() -> None:
         target=_flush_forever, args=(f"{_DIR}/broker-{os.getpid()}.jsonl",), daemon=True
     ).start()
     for _ in range(6000):  # up to 5 minutes: a broker starting under load imports late
-        if "dataplane.kafka.apis" in sys.modules and "dataplane.objectstore.store" in sys.modules:
+        if all(
+            m in sys.modules
+            for m in (
+                "dataplane.kafka.apis",
+                "dataplane.objectstore.store",
+                "dataplane.kafka.server",
+            )
+        ):
             try:
                 _patch()
                 return

@@ -36,19 +36,20 @@ class AppendOutcome:
 
 
 def parse_produced_batches(
-    records: bytes | None, max_request_bytes: int, max_batch_bytes: int
+    records: bytes | None, max_request_bytes: int, max_batch_bytes: int, *, copy: bool = True
 ) -> list[RecordBatchHeader] | AppendOutcome:
     """The batches of one partition's records in a produce request, or the outcome that
     refuses them all (Kafka's LogValidator: nothing of the request is kept): none or not
     parseable: CORRUPT_MESSAGE; more than `max_request_bytes`, or a batch (with its log
     overhead) above `max_batch_bytes` (the topic's max.message.bytes): MESSAGE_TOO_LARGE;
-    a bad batch: its error."""
+    a bad batch: its error. `copy=False`: each batch's `data` is a view of `records` (for a
+    caller that copies the batch anyway, e.g. to patch its offsets)."""
     if not records:
         return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
     if len(records) > max_request_bytes:
         return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
     try:
-        batches = parse_batches(records, max_batch_bytes=max_batch_bytes)
+        batches = parse_batches(records, max_batch_bytes=max_batch_bytes, copy=copy)
     except InvalidRecordBatchError as exc:
         return AppendOutcome(KafkaError(exc.error_code))
     return batches or AppendOutcome(KafkaError.CORRUPT_MESSAGE)

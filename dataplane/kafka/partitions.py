@@ -532,7 +532,8 @@ class PartitionLog:
         `records[position:position+length]`, the Link Record the returned function builds
         from its base offset instead of the data (which is in the proxy's RouterChannel)."""
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
-        batches = parse_produced_batches(records, MAX_MESSAGE_BYTES, max_batch)
+        # views of the request's records: `build` copies each batch once, patching it
+        batches = parse_produced_batches(records, MAX_MESSAGE_BYTES, max_batch, copy=False)
         if isinstance(batches, AppendOutcome):
             return batches
         if any(b.is_transactional and b.producer_id < 0 for b in batches):
@@ -564,7 +565,7 @@ class PartitionLog:
 
                 def build(
                     base: int,
-                    data: bytes = b.data,
+                    data: bytes | memoryview = b.data,
                     assigned: list[int] = assigned,
                     txn_pid: int = b.producer_id if b.is_transactional else -1,
                 ) -> bytes:

@@ -120,7 +120,9 @@ class RecordBatchHeader:
     producer_epoch: int
     base_sequence: int
     records_count: int
-    data: bytes  # the whole batch (size_in_bytes bytes)
+    # the whole batch (size_in_bytes bytes): a copy, or with copy=False a read-only view of
+    # the buffer it was parsed from
+    data: bytes | memoryview
 
     @property
     def size_in_bytes(self) -> int:
@@ -220,18 +222,25 @@ def _as_view(data: bytes | bytearray | memoryview) -> memoryview:
 
 
 def parse_batch_header(
-    data: bytes | bytearray | memoryview, position: int = 0
+    data: bytes | bytearray | memoryview, position: int = 0, *, copy: bool = True
 ) -> RecordBatchHeader:
     """Parse and frame-check the batch at ``position`` (no CRC or content checks).
 
     Checks: 12 bytes to read the length, batchLength >= 49 (a full header), the magic,
     and that the whole batch is present. Raises InvalidRecordBatchError (CORRUPT_MESSAGE,
     or INVALID_RECORD for magic 0/1).
+
+    ``copy=False``: the header's ``data`` is a view of ``data`` when that is read-only
+    (bytes), which keeps the whole buffer alive as long as the view; a writable buffer is
+    still copied (its bytes could change under the view).
     """
     view = _as_view(data)
     size = _frame_check(view, position)
     fields = _HEADER.unpack_from(view, position)
-    return RecordBatchHeader(position, *fields, data=bytes(view[position : position + size]))
+    batch = view[position : position + size]
+    return RecordBatchHeader(
+        position, *fields, data=batch if not copy and view.readonly else bytes(batch)
+    )
 
 
 def _check_batch(batch: RecordBatchHeader, *, verify_crc: bool, client_origin: bool) -> None:
@@ -293,8 +302,10 @@ def parse_batches(
     max_batch_bytes: int | None = None,
     verify_crc: bool = True,
     client_origin: bool = True,
+    copy: bool = True,
 ) -> list[RecordBatchHeader]:
     """Parse and validate every batch in ``records`` (e.g. one partition of a Produce).
+    ``copy``: see `parse_batch_header`.
 
     ``client_origin=True`` (the default, for Produce) adds Kafka's checks for batches that
     come from a client: baseOffset 0, recordsCount > 0 and == lastOffsetDelta + 1, no control
@@ -321,7 +332,7 @@ def parse_batches(
                     KafkaError.MESSAGE_TOO_LARGE,
                     f"batch at byte {position} of {length + LOG_OVERHEAD} bytes exceeds {max_batch_bytes}",
                 )
-        batch = parse_batch_header(view, position)
+        batch = parse_batch_header(view, position, copy=copy)
         _check_batch(batch, verify_crc=verify_crc, client_origin=client_origin)
         batches.append(batch)
         position = batch.end

@@ -118,12 +118,12 @@ class StreamRecordBatch:
     # ----------------------------------------------------------------- codec
     def encode(self) -> bytes:
         """Encode to the wire format described in the module docstring."""
-        return (
-            _HEADER.pack(
-                MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
-            )
-            + self.payload
-        )
+        return self.encode_header() + self.payload
+
+    def encode_parts(self) -> tuple[bytes, bytes | memoryview]:
+        """The encoding as (header, payload), not joined: what `encode` returns, for a
+        writer that takes pieces (a WAL append)."""
+        return self.encode_header(), self.payload
 
     def encode_header(self) -> bytes:
         """The 33-byte header of the encoding (the payload follows it)."""

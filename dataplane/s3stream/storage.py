@@ -445,7 +445,9 @@ class S3Storage:
                     )
                 )
                 try:
-                    wal_future = self.wal.append(logged.encode())
+                    # header and payload as pieces, not joined: the WAL writes them with
+                    # pwritev
+                    wal_future = self.wal.append(logged.encode_parts())
                 except WALFullError:
                     wal_future = None
                 else:

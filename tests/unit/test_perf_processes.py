@@ -42,3 +42,15 @@ def test_producers_are_spread_over_processes_with_their_own_partitions():
     # more producers than partitions: every producer still has one to write to
     plan = producer_plan(["a"], 1, 100.0, producers=2, processes=4)
     assert len(plan) == 2 and all(pairs == [("a", 0)] for proc in plan for _, _, pairs in proc)
+
+
+def test_a_batch_lands_in_the_buckets_of_its_values_one_by_one():
+    rng = random.Random(11)
+    seconds = [rng.lognormvariate(-5, 1.5) for _ in range(5_000)] + [0.0, -1e-6, 1e-9]
+    one_by_one, batched = LatencyHistogram(), LatencyHistogram()
+    for s in seconds:
+        one_by_one.add(s * 1000)
+    batched.add_many(seconds, 1000.0)
+    assert batched.counts == one_by_one.counts and batched.count == len(seconds)
+    batched.add_many([])
+    assert batched.count == len(seconds)

@@ -24,6 +24,7 @@ from dataplane.s3stream.wal import (
     take_over,
 )
 from dataplane.s3stream.wal import file_wal as file_wal_module
+from dataplane.s3stream.wal import ring as ring_module
 from dataplane.s3stream.wal.format import (
     DATA_START_BYTES,
     RECORD_HEADER_SIZE_BYTES,
@@ -111,6 +112,37 @@ def test_append_then_recover_after_close(wal_path: Path, align: int) -> None:
         assert recovered(wal) == [(r.offset, p) for r, p in zip(results, payloads)]
         # appends continue after the recovered records
         assert append_sync(wal, b"next").offset == end
+
+
+@pytest.mark.parametrize("iov_max", [1024, 3])
+def test_a_record_given_as_pieces_is_stored_and_recovered_as_one(
+    wal_path: Path, iov_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # iov_max 3: a batch of more parts than one pwritev takes is written in several
+    monkeypatch.setattr(ring_module, "_IOV_MAX", iov_max)
+    rng = random.Random(2)
+    mutable = bytearray(rng.randbytes(500))
+    records = [
+        (b"head", rng.randbytes(3000)),
+        (memoryview(rng.randbytes(900))[100:700], b"", b"tail"),
+        (bytes(mutable),),
+        # copied, so changing the buffer later changes nothing: a writable piece, and a
+        # read-only view of a writable buffer
+        (mutable, b"!", memoryview(mutable).toreadonly()),
+        (memoryview(rng.randbytes(400)).cast("I"),),  # 100 items of 4 bytes: 400 bytes
+    ]
+    joined = [b"".join(bytes(p) for p in r) for r in records]
+    with open_wal(wal_path) as wal:
+        results = [wal.append(r) for r in records]
+        mutable[:] = bytes(len(mutable))
+        results = [f.result(timeout=10) for f in results]
+        assert [r.size_bytes for r in results] == [
+            RECORD_HEADER_SIZE_BYTES + len(j) for j in joined
+        ]
+        with pytest.raises(ValueError):  # the limit counts every piece
+            wal.append((bytes(wal._config.max_record_bytes), b"x"))
+    with open_wal(wal_path) as wal:
+        assert recovered(wal) == [(r.offset, j) for r, j in zip(results, joined)]
 
 
 def test_every_batch_ends_on_the_alignment_boundary(wal_path: Path) -> None:

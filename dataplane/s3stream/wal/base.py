@@ -52,6 +52,10 @@ class WALCorruptError(WALError):
     """The WAL's metadata is unreadable, or acknowledged data no longer validates."""
 
 
+# a record as its pieces, written back to back (see WriteAheadLog.append)
+RecordPieces = tuple[bytes | memoryview, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     """Where an acknowledged record lives in the WAL.
@@ -101,8 +105,12 @@ class WriteAheadLog(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, record: bytes) -> Future[AppendResult]:
-        """Queue ``record`` for durable append; the future resolves after it is durable."""
+    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+        """Queue ``record`` for durable append; the future resolves after it is durable.
+
+        ``record`` may be given as a tuple of its pieces in order (e.g. a header and a
+        payload): they are written one after another as one record, without being joined
+        first. The caller must not change them afterwards (bytes or read-only views)."""
 
     @abc.abstractmethod
     def recover(self) -> Iterator[RecoveredRecord]:

@@ -48,6 +48,7 @@ import crc32c as _crc32c
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
     AppendResult,
+    RecordPieces,
     RecoveredRecord,
     WALClosedError,
     WALCorruptError,
@@ -162,10 +163,26 @@ class FileWALConfig:
             raise ValueError("prefill_ahead_bytes must be >= 0")
 
 
+def _pieces_of(record: bytes | RecordPieces) -> RecordPieces:
+    """A record as the tuple of its pieces. Kept as they are: bytes, and byte views of
+    bytes; anything else (a mutable buffer, which could change before the writer writes
+    it, or a view of items wider than a byte, whose len() is not its size) is copied."""
+    if isinstance(record, tuple):
+        return tuple(piece if _immutable_bytes(piece) else bytes(piece) for piece in record)
+    return (record if isinstance(record, bytes) else bytes(record),)
+
+
+def _immutable_bytes(piece: bytes | memoryview) -> bool:
+    if isinstance(piece, bytes):
+        return True
+    view = memoryview(piece)
+    return isinstance(view.obj, bytes) and view.itemsize == 1 and view.ndim == 1
+
+
 @dataclass(slots=True)
 class _Pending:
     size_bytes: int  # header + body
-    body: bytes
+    body: RecordPieces  # written back to back (joined only into the writer's batch)
     body_crc32c: int
     future: Future
     enqueued_at_s: float
@@ -459,8 +476,9 @@ class FileWAL(WriteAheadLog):
             return self._status == _FENCED
 
     # ------------------------------------------------------------------ API
-    def append(self, record: bytes) -> Future[AppendResult]:
-        """Queue ``record``; the future resolves once it is durable and ownership re-checked.
+    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+        """Queue ``record`` (or its pieces, see `WriteAheadLog.append`); the future resolves
+        once it is durable and ownership re-checked.
 
         Blocks while the queue holds ``max_queue_bytes`` (backpressure).
 
@@ -470,13 +488,15 @@ class FileWAL(WriteAheadLog):
             WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
             WALQueueTimeoutError: the queue stayed full too long.
         """
-        body = record if isinstance(record, bytes) else bytes(record)
-        body_len = len(body)
+        body = _pieces_of(record)
+        body_len = sum(len(piece) for piece in body)
         if body_len > self._config.max_record_bytes:
             raise ValueError(
                 f"record of {body_len} B exceeds max_record_bytes={self._config.max_record_bytes}"
             )
-        body_crc = _crc32c.crc32c(body)
+        body_crc = 0
+        for piece in body:
+            body_crc = _crc32c.crc32c(piece, body_crc)
         size = RECORD_HEADER_SIZE_BYTES + body_len
         now = time.monotonic()
         with self._lock:
@@ -708,7 +728,7 @@ class FileWAL(WriteAheadLog):
                     pending.body_crc32c,
                 )
             )
-            parts.append(pending.body)
+            parts.extend(pending.body)
         if padding:
             parts.append(encode_padding_record(records_end, padding))
         try:

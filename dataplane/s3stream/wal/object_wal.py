@@ -36,6 +36,7 @@ from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStor
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
     AppendResult,
+    RecordPieces,
     RecoveredRecord,
     WALClosedError,
     WALCorruptError,
@@ -510,9 +511,9 @@ class ObjectWAL(WriteAheadLog):
             return self._status == _FENCED
 
     # ------------------------------------------------------------------ API
-    def append(self, record: bytes) -> Future[AppendResult]:
-        """Queue ``record``; the future resolves once its object is stored and ownership
-        re-checked. Blocks while the queue is full (backpressure).
+    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+        """Queue ``record`` (or its pieces, joined here); the future resolves once its object
+        is stored and ownership re-checked. Blocks while the queue is full (backpressure).
 
         Raises:
             ValueError: record larger than ``max_record_bytes``.
@@ -520,7 +521,10 @@ class ObjectWAL(WriteAheadLog):
             WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
             ObjectWALQueueTimeoutError: the queue stayed full too long.
         """
-        body = record if isinstance(record, bytes) else bytes(record)
+        if isinstance(record, tuple):
+            body = b"".join(record)
+        else:
+            body = record if isinstance(record, bytes) else bytes(record)
         if len(body) > self._config.max_record_bytes:
             raise ValueError(
                 f"record of {len(body)} B exceeds max_record_bytes={self._config.max_record_bytes}"

@@ -36,8 +36,11 @@ __all__ = [
 _MAX_IO_BYTES = 64 * 1024 * 1024  # one pread/pwrite call moves at most this much
 _HAS_PWRITEV = hasattr(os, "pwritev")
 try:
+    # -1 means "indeterminate": fall back to POSIX's guaranteed minimum
     _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX"))
 except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 16
+if _IOV_MAX < 16:  # pragma: no cover - no such Linux
     _IOV_MAX = 16
 
 
@@ -89,21 +92,25 @@ class Ring:
         if first < len(view):
             pwrite_all(self.fd, view[first:], DATA_START_BYTES)
 
-    def write_batch(self, logical: int, parts: list[bytes], total: int) -> None:
+    def write_batch(self, logical: int, parts: list[bytes | memoryview], total: int) -> None:
         """Write the concatenation of ``parts`` (``total`` bytes) at ``logical``.
 
-        Uses one ``pwritev`` (no copy) when the batch does not wrap the ring end
-        and has at most ``_IOV_MAX`` parts; otherwise joins and writes.
+        Uses ``pwritev`` (no copy) when the batch does not wrap the ring end, one call per
+        ``_IOV_MAX`` parts; otherwise joins and writes.
         """
         pos = logical % self.capacity_bytes
-        if _HAS_PWRITEV and pos + total <= self.capacity_bytes and len(parts) <= _IOV_MAX:
-            written = os.pwritev(self.fd, parts, DATA_START_BYTES + pos)
-            if written == total:
-                return
-            # short write (rare): write the rest from the joined buffer
-            pwrite_all(
-                self.fd, memoryview(b"".join(parts))[written:], DATA_START_BYTES + pos + written
-            )
+        if sum(len(part) for part in parts) != total:
+            raise ValueError(f"batch parts hold {sum(map(len, parts))} B, not {total} B")
+        if _HAS_PWRITEV and pos + total <= self.capacity_bytes:
+            at = DATA_START_BYTES + pos
+            for first in range(0, len(parts), _IOV_MAX):
+                chunk = parts[first : first + _IOV_MAX]
+                size = sum(len(part) for part in chunk)
+                written = os.pwritev(self.fd, chunk, at)
+                if written != size:
+                    # short write (rare): write the rest of this chunk from its join
+                    pwrite_all(self.fd, memoryview(b"".join(chunk))[written:], at + written)
+                at += size
             return
         self.write(logical, b"".join(parts))
 
