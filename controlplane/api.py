@@ -9,7 +9,9 @@ GET  /v1/status               raft state of this controller, brokers with heartb
 GET  /v1/image                the whole metadata image (JSON)
 GET  /v1/balancer             the self-balancer's state (leader only: it has the rates)
 GET  /v1/streams/<id>         a stream's epoch, state, owner, start and end offsets
-GET  /v1/streams/<id>/objects?start=&end=&limit=   objects holding a stream's offsets
+GET  /v1/streams/<id>/objects?start=&end=&limit=[&leader=1]   objects holding a stream's
+                              offsets (leader=1: only the leader answers, NOT_CONTROLLER
+                              elsewhere: read-your-writes after a commit)
 GET  /metrics                 Prometheus text format
 
 Every route needs `Authorization: Bearer <cluster secret>` when the quorum config has an
@@ -269,6 +271,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif url.path.startswith("/v1/streams/") and url.path.endswith("/objects"):
             stream_id = _path_int(url.path, 3)
+            if query.get("leader") == "1" and not node.quorum.is_leader():
+                # read-your-writes: a follower may not have applied the latest commits yet
+                raise ControllerError(ErrorCode.NOT_CONTROLLER, "this controller is not the leader")
             image = node.quorum.machine.image
             found = image.stream_objects_in_range(
                 stream_id,

@@ -103,9 +103,16 @@ class ControllerCalls:
         raise NotImplementedError
 
     def stream_objects(
-        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        limit: int = 100,
+        from_leader: bool = False,
     ) -> list[dict[str, Any]]:  # pragma: no cover
-        """Committed objects holding offsets [start, end) of a stream, in offset order."""
+        """Committed objects holding offsets [start, end) of a stream, in offset order.
+        Any controller may answer, a follower from an image that lags the last commits;
+        `from_leader`: only the leader answers (every commit it acknowledged is in it)."""
         raise NotImplementedError
 
     def send(self, req: _Request, timeout_s: float | None = None) -> dict[str, Any]:

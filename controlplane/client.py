@@ -225,7 +225,15 @@ class ControllerClient(ControllerCalls):
         return self._get(f"/v1/streams/{stream_id}")
 
     def stream_objects(
-        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        limit: int = 100,
+        from_leader: bool = False,
     ) -> list[dict]:
-        query = urlencode({"start": start_offset, "end": end_offset, "limit": limit})
-        return self._get(f"/v1/streams/{stream_id}/objects?{query}")["objects"]
+        query = {"start": start_offset, "end": end_offset, "limit": limit}
+        if from_leader:
+            path = f"/v1/streams/{stream_id}/objects?{urlencode({**query, 'leader': 1})}"
+            return self.leader_get(path)["objects"]
+        return self._get(f"/v1/streams/{stream_id}/objects?{urlencode(query)}")["objects"]

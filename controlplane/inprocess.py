@@ -97,7 +97,12 @@ class InProcessController(ControllerCalls):
         }
 
     def stream_objects(
-        self, stream_id: int, start_offset: int, end_offset: int, limit: int = 100
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        limit: int = 100,
+        from_leader: bool = False,  # one state machine: always current
     ) -> list[dict]:
         found = self.machine.image.stream_objects_in_range(
             stream_id, start_offset, end_offset, limit

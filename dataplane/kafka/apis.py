@@ -467,7 +467,11 @@ class KafkaApis:
             for entry, futures in waits:
                 for fut in futures:
                     try:
-                        done = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+                        # shielded: a timeout must not cancel the append's future (a
+                        # retry of the batch may be waiting for the same durability)
+                        done = await asyncio.wait_for(
+                            asyncio.shield(asyncio.wrap_future(fut)), timeout_s
+                        )
                         if isinstance(done, AppendOutcome):
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -116,6 +116,13 @@ class ProducerStateTable:
             for pid, e in self._producers.items()
         ]
 
+    def last_of(self, producer_id: int) -> tuple[int, int] | None:
+        """(epoch, last sequence or -1) of a producer known here."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return None
+        return entry.epoch, entry.batches[-1][1] if entry.batches else -1
+
     def epoch_of(self, producer_id: int) -> int | None:
         entry = self._producers.get(producer_id)
         return entry.epoch if entry is not None else None
@@ -209,6 +216,15 @@ class TxnIndex:
             ]
 
 
+class ProducerStateUnavailableError(RuntimeError):
+    """The tail of a stream could not be read up to its end: the idempotence table rebuilt
+    from it would miss the newest batches (a producer retrying one would get it appended
+    twice), so the partition is not served yet."""
+
+
+PRODUCER_SCAN_ATTEMPTS = 4  # starts tried, each closer to the end (the last: its last offset)
+
+
 def rebuild_producer_state(
     stream: Stream, table: ProducerStateTable, txns: TxnIndex | None = None
 ) -> int:
@@ -216,25 +232,40 @@ def rebuild_producer_state(
 
     Returns the number of batches seen. Reads at most PRODUCER_SCAN_MAX_BYTES: if the last
     PRODUCER_SCAN_OFFSETS offsets are bigger than that, it starts later (large records).
+    The read always reaches the stream's end (the batches a producer may retry are the
+    last ones); raises ProducerStateUnavailableError when it cannot (a read that stops
+    short of committed offsets: the table would miss the newest batches).
     """
     end = stream.next_offset
     start = max(stream.start_offset, end - PRODUCER_SCAN_OFFSETS)
-    for _ in range(3):
+    batches: list = []
+    for attempt in range(PRODUCER_SCAN_ATTEMPTS):
         batches, size, offset = [], 0, start
         while offset < end and size <= PRODUCER_SCAN_MAX_BYTES:
             got = stream.fetch(
                 offset, end, max(min(1024 * 1024, PRODUCER_SCAN_MAX_BYTES - size), 1)
             )
             if not got:
-                break
+                raise ProducerStateUnavailableError(
+                    f"stream {stream.stream_id}: its tail read stopped at offset {offset} "
+                    f"of [{start}, {end})"
+                )
             batches += got
             size += sum(b.size_bytes for b in got)
             offset = got[-1].last_offset
-        if offset >= end or not batches:
+        if offset >= end:
             break
-        # too big: start closer to the end, in proportion to the bytes per offset
+        # too big: start closer to the end, in proportion to the bytes per offset; the
+        # last attempt reads from the last offset (one fetch returns at least one batch)
         per_offset = size / max(offset - start, 1)
-        start = max(start, end - int(PRODUCER_SCAN_MAX_BYTES / 2 / per_offset))
+        closer = end - int(PRODUCER_SCAN_MAX_BYTES / 2 / per_offset)
+        if attempt == PRODUCER_SCAN_ATTEMPTS - 2:
+            closer = end - 1
+        start = max(start, min(closer, end - 1))
+    else:
+        raise ProducerStateUnavailableError(
+            f"stream {stream.stream_id}: its tail [{start}, {end}) was not read to its end"
+        )
     seen = 0
     for stored in batches:
         try:
@@ -356,6 +387,10 @@ class PartitionLog:
         self._unrecorded_lock = threading.Lock()
         self._recording_lock = threading.Lock()  # one recording at a time, in marker order
         self.lock = threading.Lock()  # sequence check + append are atomic per partition
+        # base offset -> durability future of each idempotent batch not durable yet: a retry
+        # of one (a duplicate) is answered when, and as, its original is
+        self._undurable: dict[int, Future] = {}
+        self._sequence_error_logged_s = -math.inf
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
         self._listeners: list = []
         self._listeners_lock = threading.Lock()
@@ -558,8 +593,10 @@ class PartitionLog:
                     if verdict == ProducerStateTable.DUPLICATE:
                         if first_base is None:
                             first_base = value
+                        futures += self._original_durable(value)
                         continue
                     if verdict == "error":
+                        self._log_sequence_error(b, last_seq, KafkaError(value))
                         return AppendOutcome(KafkaError(value), -1, futures)
                 assigned: list[int] = []
 
@@ -586,7 +623,62 @@ class PartitionLog:
                     self.producers.record(
                         b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
                     )
+                    self._track_undurable(assigned[0], futures[-1])
         return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
+
+    def _log_sequence_error(self, batch, last_seq: int, error: KafkaError) -> None:
+        """Caller holds `lock`. A refused sequence or epoch makes librdkafka bump its epoch
+        and renumber what it resends (messages that may be stored already included): worth
+        a line when it happens, at most one per partition per second."""
+        now = time.monotonic()
+        if now - self._sequence_error_logged_s < 1.0:
+            return
+        self._sequence_error_logged_s = now
+        known = self.producers.last_of(batch.producer_id)
+        log.warning(
+            "%s-%d: %s for producer %d epoch %d sequences %d..%d (known here: %s)",
+            self.topic,
+            self.partition,
+            error.name,
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            last_seq,
+            "nothing" if known is None else f"epoch {known[0]} last sequence {known[1]}",
+        )
+
+    def _track_undurable(self, base_offset: int, durable: Future) -> None:
+        """Caller holds `lock`. Bounded by the appends in flight (each leaves when done)."""
+        self._undurable[base_offset] = durable
+        durable.add_done_callback(lambda _f: self._undurable.pop(base_offset, None))
+
+    def _original_durable(self, base_offset: int) -> list[Future]:
+        """Caller holds `lock`. What the answer to a retry of the batch at `base_offset`
+        waits for: its original's durability if still in flight (Kafka answers a duplicate
+        only once its original is committed), nothing once durable. An original that
+        failed left the stream failed: then this raises StorageError (the client retries
+        elsewhere) rather than acknowledge offsets that hold nothing."""
+        original = self._undurable.get(base_offset)
+        if original is None:
+            self.stream.check_writable()
+            return []
+        # a future of its own: the produce layer cancels what it waited for in vain, and
+        # that must not cancel the original's
+        follower: Future = Future()
+
+        def settle(done: Future) -> None:
+            try:
+                if done.cancelled():
+                    follower.cancel()
+                elif done.exception() is not None:
+                    follower.set_exception(done.exception())
+                else:
+                    follower.set_result(done.result())
+            except InvalidStateError:
+                pass  # the produce layer gave up waiting for it (cancelled)
+
+        original.add_done_callback(settle)
+        return [follower]
 
     def read(
         self, offset: int, max_bytes: int, end: int | None = None

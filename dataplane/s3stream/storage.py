@@ -115,7 +115,10 @@ class ControllerLocator:
     Committed offsets never move to other objects except by compaction, so answers are
     cached per stream (bounded) and reused for any read that starts inside them; a read past
     the cached span asks again. `forget(stream_id)` drops a stream's entry (after a read hit
-    an object that compaction deleted).
+    an object that compaction deleted). An answer that falls short of the asked end is asked
+    again of the leader (a follower's image may lag the last commits).
+
+    Thread-safety: any thread; the cache is guarded by a lock, lookups run outside it.
     """
 
     LOOKUP_LIMIT = 1000
@@ -134,18 +137,14 @@ class ControllerLocator:
             if cached and cached[0].start_offset <= start_offset < cached[-1].end_offset:
                 self._cache.move_to_end(stream_id)
                 return [loc for loc in cached if loc.end_offset > start_offset][:limit]
-        found = [
-            ObjectLocation(
-                object_id=o["object_id"],
-                bucket_id=o["bucket_id"],
-                size_bytes=o["size_bytes"],
-                start_offset=o["start_offset"],
-                end_offset=o["end_offset"],
-            )
-            for o in self.client.stream_objects(
-                stream_id, start_offset, end_offset, max(limit, self.LOOKUP_LIMIT)
-            )
-        ]
+        lookup = max(limit, self.LOOKUP_LIMIT)
+        found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=False)
+        if len(found) < lookup and (not found or found[-1].end_offset < end_offset):
+            # Short of what was asked: callers ask only for offsets they know are committed,
+            # and the controller that answered may be a follower whose image lags the last
+            # commits (e.g. a failover's uploads, just before this node opened the stream).
+            # The leader has every commit it acknowledged.
+            found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=True)
         if found:
             with self._lock:
                 self._cache[stream_id] = found
@@ -156,6 +155,22 @@ class ControllerLocator:
     def forget(self, stream_id: int) -> None:
         with self._lock:
             self._cache.pop(stream_id, None)
+
+    def _lookup(
+        self, stream_id: int, start_offset: int, end_offset: int, limit: int, *, from_leader: bool
+    ) -> list[ObjectLocation]:
+        return [
+            ObjectLocation(
+                object_id=o["object_id"],
+                bucket_id=o["bucket_id"],
+                size_bytes=o["size_bytes"],
+                start_offset=o["start_offset"],
+                end_offset=o["end_offset"],
+            )
+            for o in self.client.stream_objects(
+                stream_id, start_offset, end_offset, limit, from_leader=from_leader
+            )
+        ]
 
 
 @dataclass
@@ -202,6 +217,11 @@ class Stream:
     def next_offset(self) -> int:
         """End of the acknowledged records (what a reader may see)."""
         return self._state.confirmed_offset
+
+    def check_writable(self) -> None:
+        """Raise StorageError if the stream takes no more appends (closing or closed, a
+        failed append, this node fenced)."""
+        self._storage._check_writable(self._state)
 
     def append(self, payload: bytes, count: int = 1) -> Future:
         """Append `count` offsets carried by `payload`; the future gives the base offset once

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,25 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 MAX_LEDGER_MESSAGES = 2_000_000
+# librdkafka's idempotence events ("eos" debug: epoch bumps, drains, sequence errors) kept
+# to explain a duplicate: a client-side epoch bump resends possibly-persisted messages with
+# new sequence numbers, which no broker can deduplicate
+MAX_EOS_EVENTS = 200
+EOS_EVENT_WORDS = ("bump", "drain", "ERRSEQ", "UNKPID", "ERRPID", "DUPSEQ", "fatal", "desync")
+
+
+class _EventLog(logging.Handler):
+    """The producer's log lines worth keeping (bounded); librdkafka's own loglines
+    arrive here through poll()."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.events: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if len(self.events) < MAX_EOS_EVENTS and any(w in line for w in EOS_EVENT_WORDS):
+            self.events.append(f"{time.strftime('%H:%M:%S')} {line}")
 
 
 def automqctl(*args: str, cluster_dir: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
@@ -99,6 +119,8 @@ class LedgerReport:
     duplicated: list[bytes] = field(default_factory=list)
     out_of_order_partitions: list[int] = field(default_factory=list)
     failed_sends: int = 0
+    # the producer's idempotence events (see EOS_EVENT_WORDS), to explain a duplicate
+    eos_events: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -126,9 +148,15 @@ class AckLedger:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._events = _EventLog()
+        events_logger = logging.getLogger(f"ledger.producer.{id(self)}")
+        events_logger.propagate = False
+        events_logger.setLevel(logging.DEBUG)
+        events_logger.addHandler(self._events)
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
+                "debug": "eos",
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -137,7 +165,8 @@ class AckLedger:
                 "retry.backoff.max.ms": 200,
                 "topic.metadata.refresh.interval.ms": 1000,
                 **producer_config,
-            }
+            },
+            logger=events_logger,
         )
         self._thread = threading.Thread(target=self._run, name="ledger-producer", daemon=True)
 
@@ -282,6 +311,7 @@ class AckLedger:
             consumed=sum(len(v) for v in seen.values()),
             failed_sends=self.failed,
             out_of_order_partitions=sorted(out_of_order),
+            eos_events=list(self._events.events),
         )
         for a in acked:
             where = seen.get(a.value, [])

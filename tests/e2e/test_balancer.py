@@ -94,7 +94,10 @@ def assert_ledger_exact(ledger: AckLedger) -> None:
     report = ledger.verify()
     assert report.acked > 0
     assert not report.missing, f"{len(report.missing)} acked records missing: {report.missing[:5]}"
-    assert not report.duplicated, f"{len(report.duplicated)} duplicated: {report.duplicated[:5]}"
+    assert not report.duplicated, (
+        f"{len(report.duplicated)} duplicated: {report.duplicated[:5]}; the producer's "
+        f"idempotence events: {report.eos_events[-20:]}"
+    )
     assert not report.out_of_order_partitions
     assert report.consumed == report.acked
 

@@ -152,6 +152,36 @@ def test_followers_redirect_writes_to_the_leader(quorum):
     raise AssertionError("leadership changed in every round")
 
 
+def test_a_leader_only_object_lookup_is_redirected_by_followers(quorum):
+    """`stream_objects(from_leader=True)` (read-your-writes after a commit, e.g. a failover's
+    uploads) is answered by the leader only: a follower answers NOT_CONTROLLER naming it,
+    and the client follows the hint."""
+    from controlplane.client import ControllerClient
+
+    for _ in range(5):
+        leader = quorum.leader()
+        term = quorum.status(leader)["raft"]["term"]
+        follower = next(n for n in (0, 1, 2) if n != leader)
+        deadline = time.monotonic() + 10
+        while (quorum.status(follower) or {}).get("raft", {}).get("leader") is None:
+            assert time.monotonic() < deadline, "the follower never learnt the leader"
+            time.sleep(0.05)
+        path = "/v1/streams/999/objects?start=0&end=10&limit=10"
+        plain_status, plain = _get(quorum.address(follower), path)
+        status, body = _get(quorum.address(follower), path + "&leader=1")
+        client = ControllerClient([quorum.address(follower)], timeout_s=10)
+        found = client.stream_objects(999, 0, 10, from_leader=True)
+        after = (quorum.status(leader) or {}).get("raft", {})
+        if after.get("state") != "leader" or after.get("term") != term:
+            continue  # leadership changed meanwhile
+        assert (plain_status, plain) == (200, {"objects": []})  # any controller answers
+        assert status == 421 and body["error"]["code"] == "NOT_CONTROLLER"
+        assert body["error"]["leader_api"] == quorum.address(leader)
+        assert found == []
+        return
+    raise AssertionError("leadership changed in every round")
+
+
 def test_malformed_requests_get_clear_errors_and_change_nothing(quorum):
     leader = quorum.address(quorum.leader())
     before = quorum.status(quorum.leader())

@@ -3,10 +3,16 @@ tail, so a producer retrying a batch the previous leader wrote gets its original
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
+import pytest
+
 from dataplane.kafka import partitions as p
+from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partitions import ProducerStateTable, rebuild_producer_state
 from dataplane.kafka.record_batch import patch_batch
 from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.s3stream.storage import StorageError
 from tests.unit.test_kafka_record_batch import client_batch
 
 
@@ -145,3 +151,119 @@ def test_open_and_aborted_transactions_are_rebuilt_from_the_tail():
     assert txns.aborted_between(4, 6) == []
     # the abort marker's epoch fences the aborted producer's old epoch
     assert table.check(10, 0, 2, 2) == ("error", 47)
+
+
+class _LaggingTail(FakeStream):
+    """A tail whose newest objects are not found yet (a lookup answered by a controller
+    whose image lags the failover's commits): reads stop short of the stream's end."""
+
+    stream_id = 7
+
+    def __init__(self, batches, visible_end: int):
+        super().__init__(batches)
+        self.visible_end = visible_end
+
+    def fetch(self, start, end, max_bytes):
+        return super().fetch(start, min(end, self.visible_end), max_bytes)
+
+
+def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
+    """The failure behind a duplicate seen after a failover: a new leader whose tail read
+    missed the last batches appended a producer's retry of one of them a second time."""
+    log = stored_log([(5, 0)], batches_each=10)
+    stream = _LaggingTail(log, visible_end=log[-2].last_offset)  # the last batch is unseen
+    with pytest.raises(p.ProducerStateUnavailableError, match="stopped at offset 36"):
+        rebuild_producer_state(stream, ProducerStateTable())
+    manager = p.PartitionManager(1, _Storage(stream))
+    manager._open(("t", 0), "topic", 0, 7)
+    assert manager.get("t", 0) is None and manager._retry
+    stream.visible_end = log[-1].last_offset  # the lookup finds the newest object now
+    manager._retry = False
+    manager._open(("t", 0), "topic", 0, 7)
+    plog = manager.get("t", 0)
+    assert plog is not None
+    assert plog.producers.check(5, 0, 36, 39) == (ProducerStateTable.DUPLICATE, 36)
+
+
+def test_a_single_batch_larger_than_the_scan_budget_is_still_known(monkeypatch):
+    monkeypatch.setattr(p, "PRODUCER_SCAN_MAX_BYTES", 16 * 1024)
+    log = stored_log([(5, 0)], batches_each=30, records=1, value_size=40_000)
+    table = ProducerStateTable()
+    rebuild_producer_state(FakeStream(log), table)
+    assert table.check(5, 0, 29, 29) == (ProducerStateTable.DUPLICATE, log[-1].base_offset)
+
+
+class _PendingStream:
+    """A stream whose appends become durable (or fail) when the test says so."""
+
+    stream_id = 7
+    start_offset = 0
+
+    def __init__(self) -> None:
+        self.next_offset = 0
+        self.appended: list[tuple[int, Future]] = []
+        self.failed: str | None = None
+
+    def append_with(self, build, count, link=None) -> Future:
+        self.check_writable()
+        base = self.next_offset + sum(c for c, _ in self.appended)
+        build(base)
+        fut: Future = Future()
+        self.appended.append((count, fut))
+        return fut
+
+    def check_writable(self) -> None:
+        if self.failed:
+            raise StorageError(self.failed)
+
+
+def _retry_outcome(plog, data: bytes):
+    outcome = plog.append(data)
+    assert outcome.error == 0
+    return outcome
+
+
+def test_a_retry_of_a_batch_still_in_flight_is_answered_when_its_original_is_durable():
+    """Kafka answers a duplicate only once its original is committed: a retry must not be
+    acknowledged while the original may still fail."""
+    stream = _PendingStream()
+    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    data = client_batch(4, producer=(5, 0, 0))
+    first = plog.append(data)
+    retry = _retry_outcome(plog, data)
+    assert retry.base_offset == first.base_offset == 0
+    assert len(stream.appended) == 1  # deduplicated: appended once
+    [waits_for] = retry.durable
+    assert not waits_for.done()  # not acknowledged before the original
+    waits_for.cancel()  # the produce layer gave up on the retry...
+    original = stream.appended[0][1]
+    assert not original.cancelled()  # ...which leaves the original alone
+    original.set_result(0)
+    # once durable, a retry is answered at once
+    assert _retry_outcome(plog, data).durable == []
+
+
+def test_a_retry_of_a_batch_whose_append_failed_is_not_acknowledged():
+    stream = _PendingStream()
+    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    data = client_batch(4, producer=(5, 0, 0))
+    plog.append(data)
+    retry = _retry_outcome(plog, data)
+    stream.appended[0][1].set_exception(StorageError("WAL failed"))
+    with pytest.raises(StorageError):
+        retry.durable[0].result(1)
+    stream.failed = "stream 7 failed: WAL failed"  # as the engine marks it
+    with pytest.raises(StorageError):  # the produce layer answers NOT_LEADER_OR_FOLLOWER
+        plog.append(data)
+
+
+def test_a_refused_sequence_is_answered_and_logged(caplog):
+    stream = _PendingStream()
+    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog.append(client_batch(4, producer=(5, 0, 0)))
+    with caplog.at_level("WARNING"):
+        gap = plog.append(client_batch(4, producer=(5, 0, 8)))  # 4..7 never came
+    assert gap.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert len(stream.appended) == 1
+    assert "OUT_OF_ORDER_SEQUENCE_NUMBER for producer 5 epoch 0 sequences 8..11" in caplog.text
+    assert "known here: epoch 0 last sequence 3" in caplog.text

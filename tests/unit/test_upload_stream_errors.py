@@ -90,7 +90,9 @@ class HookedController(ControllerCalls):
                 "end_offset": s.end_offset,
             }
 
-    def stream_objects(self, stream_id: int, start: int, end: int, limit: int = 100) -> list:
+    def stream_objects(
+        self, stream_id: int, start: int, end: int, limit: int = 100, from_leader: bool = False
+    ) -> list:
         return []
 
 
