@@ -23,6 +23,9 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.tls import ca_file_from_env, client_ssl_context
 
 _RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
+# a leader-only object lookup is a second opinion on a short answer (reads wait on it):
+# bounded well below the client's default
+LEADER_LOOKUP_TIMEOUT_S = 2.0
 
 
 class ControllerUnavailableError(ControllerError):
@@ -177,17 +180,21 @@ class ControllerClient(ControllerCalls):
     def status(self, address: str) -> dict:
         return self._get("/v1/status", address=address)
 
-    def leader_get(self, path: str) -> Any:
+    def leader_get(self, path: str, timeout_s: float | None = None) -> Any:
         """GET something only the leader can answer: follow NOT_CONTROLLER hints, retry on
-        NO_LEADER with a bounded backoff until `timeout_s`."""
-        deadline = time.monotonic() + self.timeout_s
+        NO_LEADER with a bounded backoff until `timeout_s` (default: the client's), each
+        request bounded by what is left of it."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         attempt = 0
         last_error = "no attempt"
         while True:
             address = self._leader or self.addresses[attempt % len(self.addresses)]
             attempt += 1
+            left_s = max(deadline - time.monotonic(), 0.1)
             try:
-                status, data = self._http(address, "GET", path, None, self.request_timeout_s)
+                status, data = self._http(
+                    address, "GET", path, None, min(self.request_timeout_s, left_s)
+                )
             except (OSError, http.client.HTTPException) as exc:
                 self._leader = None
                 last_error = f"{address}: {exc}"
@@ -235,5 +242,5 @@ class ControllerClient(ControllerCalls):
         query = {"start": start_offset, "end": end_offset, "limit": limit}
         if from_leader:
             path = f"/v1/streams/{stream_id}/objects?{urlencode({**query, 'leader': 1})}"
-            return self.leader_get(path)["objects"]
+            return self.leader_get(path, timeout_s=LEADER_LOOKUP_TIMEOUT_S)["objects"]
         return self._get(f"/v1/streams/{stream_id}/objects?{urlencode(query)}")["objects"]

@@ -662,8 +662,8 @@ class PartitionLog:
         if original is None:
             self.stream.check_writable()
             return []
-        # a future of its own: the produce layer cancels what it waited for in vain, and
-        # that must not cancel the original's
+        # a future of its own: whatever happens to the retry's (a caller may cancel what it
+        # gave up on) must not happen to the original's
         follower: Future = Future()
 
         def settle(done: Future) -> None:
@@ -765,6 +765,9 @@ class PartitionManager:
         self.image_ready = image_ready  # False while the metadata image is mid-replay
         self._closing = 0
         self._logs: dict[tuple[str, int], PartitionLog] = {}  # (topic_id, partition)
+        # opened streams not served yet (their producer state could not be rebuilt yet):
+        # (leader epoch, stream), closed if the partition moves on before they are served
+        self._unserved: dict[tuple[str, int], tuple[int, Stream]] = {}
         self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -849,6 +852,15 @@ class PartitionManager:
                     )
         with self._lock:
             current = dict(self._logs)
+            stale = {
+                key: entry
+                for key, entry in self._unserved.items()
+                if key not in wanted or wanted[key][1] != entry[0]
+            }
+            for key in stale:
+                del self._unserved[key]
+        if stale:
+            self._close_unserved(stale)
         leaving = []
         for key, plog in current.items():
             spec = wanted.get(key)
@@ -869,6 +881,23 @@ class PartitionManager:
         for job in jobs:
             job.result()
         self._close_orphans(image, wanted)
+
+    def _close_unserved(self, stale: dict[tuple[str, int], tuple[int, Stream]]) -> None:
+        """Close the streams of partitions opened here but never served that moved on (to
+        another node, or to a newer epoch here): their new leader's open waits for it."""
+        streams = [stream for _epoch, stream in stale.values()]
+        try:
+            errors = self.storage.close_streams(streams)
+        except Exception as exc:
+            errors = [exc] * len(streams)
+        for (key, entry), error in zip(stale.items(), errors, strict=True):
+            if error is None:
+                log.info("closed stream %d, opened here but never served", entry[1].stream_id)
+                continue
+            self._retry = True
+            with self._lock:
+                self._unserved.setdefault(key, entry)  # tried again at the next reconcile
+            log.warning("closing unserved stream %d failed: %s", entry[1].stream_id, error)
 
     def _retry_unrecorded_aborts(self) -> None:
         """Aborts whose recording failed are tried again (about once a second)."""
@@ -943,6 +972,8 @@ class PartitionManager:
             # batch the previous leader wrote a second time: not serving yet (clients get
             # NOT_LEADER_OR_FOLLOWER and retry); the next reconcile opens it again
             self._retry = True
+            with self._lock:
+                self._unserved[key] = (epoch, stream)
             log.warning(
                 "%s-%d: could not rebuild producer state, not serving it yet: %s",
                 name,
@@ -952,6 +983,7 @@ class PartitionManager:
             return
         plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
         with self._lock:
+            self._unserved.pop(key, None)
             self._logs[key] = plog
         log.info(
             "leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches replayed)",

@@ -143,8 +143,12 @@ class ControllerLocator:
             # Short of what was asked: callers ask only for offsets they know are committed,
             # and the controller that answered may be a follower whose image lags the last
             # commits (e.g. a failover's uploads, just before this node opened the stream).
-            # The leader has every commit it acknowledged.
-            found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=True)
+            # The leader has every commit it acknowledged. If it cannot be asked, the first
+            # answer stands (a tail read that needs the rest refuses to go on by itself).
+            try:
+                found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=True)
+            except ControllerError as exc:
+                log.info("stream %d: the leader's object lookup failed: %s", stream_id, exc)
         if found:
             with self._lock:
                 self._cache[stream_id] = found

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +37,11 @@ class _EventLog(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.events: list[str] = []
+        self.events: deque[str] = deque(maxlen=MAX_EOS_EVENTS)  # the newest kept
 
     def emit(self, record: logging.LogRecord) -> None:
         line = record.getMessage()
-        if len(self.events) < MAX_EOS_EVENTS and any(w in line for w in EOS_EVENT_WORDS):
+        if any(w in line for w in EOS_EVENT_WORDS):
             self.events.append(f"{time.strftime('%H:%M:%S')} {line}")
 
 

@@ -55,3 +55,21 @@ def test_offsets_nobody_has_yet_stay_unfound():
     locator = ControllerLocator(controller)
     assert [loc.object_id for loc in locator.locate(7, 25, 50, 10)] == [3]
     assert controller.asked == [False, True]
+
+
+def test_without_a_reachable_leader_the_first_answer_stands():
+    """A fetch is not failed (nor held for the client's whole timeout) because the second
+    opinion could not be had: a tail read that needs the rest refuses on its own."""
+    from controlplane.errors import ControllerError, ErrorCode
+
+    class NoLeader(LaggingController):
+        def stream_objects(self, stream_id, start, end, limit=100, from_leader=False):
+            if from_leader:
+                self.asked.append(True)
+                raise ControllerError(ErrorCode.NO_LEADER, "no leader")
+            return super().stream_objects(stream_id, start, end, limit)
+
+    controller = NoLeader()
+    found = ControllerLocator(controller).locate(7, 15, 30, 10)
+    assert [loc.object_id for loc in found] == [2]
+    assert controller.asked == [False, True]

@@ -267,3 +267,32 @@ def test_a_refused_sequence_is_answered_and_logged(caplog):
     assert len(stream.appended) == 1
     assert "OUT_OF_ORDER_SEQUENCE_NUMBER for producer 5 epoch 0 sequences 8..11" in caplog.text
     assert "known here: epoch 0 last sequence 3" in caplog.text
+
+
+def test_a_stream_opened_but_never_served_is_closed_when_its_partition_moves_on():
+    """Else it stays open on this node and its new leader's open is refused for good."""
+    from types import SimpleNamespace
+
+    log = stored_log([(5, 0)], batches_each=3)
+    stream = _LaggingTail(log, visible_end=4)
+
+    class Storage(_Storage):
+        closed: list = []
+
+        def close_streams(self, streams):
+            self.closed.extend(streams)
+            return [None] * len(streams)
+
+    def image(leader: int):
+        part = SimpleNamespace(partition=0, leader_node_id=leader, leader_epoch=3, stream_id=7)
+        topic = SimpleNamespace(topic_id="t", name="topic", partitions={0: part})
+        return SimpleNamespace(topics={"t": topic}, streams={})
+
+    storage = Storage(stream)
+    manager = p.PartitionManager(1, storage)
+    manager.reconcile(image(leader=1))  # led here: opened, its tail not readable yet
+    assert manager.get("t", 0) is None and storage.closed == []
+    manager.reconcile(image(leader=2))  # moved on before it was served
+    assert storage.closed == [stream]
+    manager.reconcile(image(leader=2))
+    assert storage.closed == [stream]  # closed once
