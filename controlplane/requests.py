@@ -133,6 +133,9 @@ class BrokerHeartbeatResponse(BaseModel):
     fenced: bool
     node_epoch: int
     fence_reason: str = ""  # "registered" until the first heartbeat; anything else is final
+    # the controller's broker session (0: not said); a broker stopped longer than this may
+    # have been fenced meanwhile and must not serve from its old state (dataplane/stall.py)
+    session_timeout_ms: int = 0
 
 
 class FenceBrokerRequest(_Request):

@@ -148,11 +148,16 @@ class ControllerNode:
             and not body.get("want_fence")
         ):
             # rates stay in memory: they would only bloat the metadata log
-            return self.quorum.submit(
+            answer = self.quorum.submit(
                 "broker_heartbeat", {k: v for k, v in body.items() if k != "produce_bytes_per_s"}
             )
-        # answer from the image: no log write for a routine heartbeat
-        return self.quorum.machine.execute_readonly("broker_heartbeat", body)
+        else:
+            # answer from the image: no log write for a routine heartbeat
+            answer = self.quorum.machine.execute_readonly("broker_heartbeat", body)
+        if isinstance(answer.get("result"), dict):
+            # the broker's lease: a broker stopped longer than this may be fenced already
+            answer["result"]["session_timeout_ms"] = self.config.settings.broker_session_timeout_ms
+        return answer
 
     def heartbeat_ages_ms(self) -> dict[int, int]:
         now = time.monotonic()

@@ -46,6 +46,7 @@ from dataplane.config import BrokerConfig
 from dataplane.metadata import MetadataFollower
 from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric, keep_freed_memory
 from dataplane.s3stream.wal.factory import wal_uri_for_path
+from dataplane.stall import StallWatch
 
 log = logging.getLogger("dataplane.node")
 
@@ -84,6 +85,8 @@ class BrokerNode:
         self.erasure = None  # ErasurePartitions
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
+        # a process stopped past its session serves nothing until a later heartbeat
+        self.stall = StallWatch()
         self._failovers: set[tuple[int, int]] = set()  # (failed node, failover epoch) started
         self._failovers_lock = threading.Lock()
         self._heartbeat_thread = threading.Thread(
@@ -150,6 +153,7 @@ class BrokerNode:
             bucket_health=self._bucket_health(),
             want_fence=self._starting,
         )
+        sent_at_s = time.monotonic()
         try:
             result = self.client.broker_heartbeat(req, timeout_s=5)
         except ControllerError as exc:
@@ -159,6 +163,8 @@ class BrokerNode:
                 return
             raise
         was_fenced, self.fenced = self.fenced, result.fenced
+        if not result.fenced:
+            self.stall.heartbeat_succeeded(sent_at_s, result.session_timeout_ms)
         final = self.fenced and result.fence_reason != REGISTERED_REASON
         if final and self.storage is not None:
             # fenced for good while serving data (paused past the session timeout): another
@@ -272,6 +278,7 @@ class BrokerNode:
         if self.config.bucket_uris:
             self._start_shard_store()
         self.register()
+        self.stall.start()
         self._heartbeat_thread.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
             self._start_data_plane()
@@ -371,7 +378,7 @@ class BrokerNode:
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(
-            cfg.node_id, self.storage, lambda: self.metadata.caught_up
+            cfg.node_id, self.storage, lambda: self.metadata.caught_up, self.stall.serving
         )
         self.partitions.start()
         self.retention = RetentionManager(
@@ -836,6 +843,7 @@ class BrokerNode:
         if not self.restart_requested.is_set():
             self.controlled_shutdown()
         self._stop.set()
+        self.stall.stop()
         if self.kafka is not None:
             stop_txn = getattr(self, "_stop_txn_coordinator", None)
             if stop_txn is not None:

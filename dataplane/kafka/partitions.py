@@ -758,11 +758,18 @@ class PartitionManager:
     """Opens the partitions this node leads, following the metadata image."""
 
     def __init__(
-        self, node_id: int, storage: S3Storage, image_ready: Callable[[], bool] = lambda: True
+        self,
+        node_id: int,
+        storage: S3Storage,
+        image_ready: Callable[[], bool] = lambda: True,
+        serving: Callable[[], bool] = lambda: True,
     ):
         self.node_id = node_id
         self.storage = storage
         self.image_ready = image_ready  # False while the metadata image is mid-replay
+        # False while this process may be stale (stopped past its session: dataplane/stall.py):
+        # then no partition is served, whatever this node believes it leads
+        self.serving = serving
         self._closing = 0
         self._logs: dict[tuple[str, int], PartitionLog] = {}  # (topic_id, partition)
         # opened streams not served yet (their producer state could not be rebuilt yet):
@@ -799,6 +806,8 @@ class PartitionManager:
             self._wake.set()
 
     def get(self, topic_id: str, partition: int) -> PartitionLog | None:
+        if not self.serving():
+            return None
         with self._lock:
             return self._logs.get((topic_id, partition))
 
