@@ -128,19 +128,25 @@ def test_sustained_concurrent_load_converges_on_every_voter(quorum):
     assert all((quorum.status(n) or {}).get("raft", {}).get("recoveries") == 0 for n in (0, 1, 2))
 
 
+def _leader_term_and_informed_follower(quorum) -> tuple[int, int, int]:
+    """(leader, its term, a follower that knows the leader): a follower learns the leader
+    from its first append after the election."""
+    leader = quorum.leader()
+    term = quorum.status(leader)["raft"]["term"]
+    follower = next(n for n in (0, 1, 2) if n != leader)
+    deadline = time.monotonic() + 10
+    while (quorum.status(follower) or {}).get("raft", {}).get("leader") is None:
+        assert time.monotonic() < deadline, "the follower never learnt the leader"
+        time.sleep(0.05)
+    return leader, term, follower
+
+
 def test_followers_redirect_writes_to_the_leader(quorum):
     """A follower answers 421 NOT_CONTROLLER naming the current leader's API. An election
     between finding the leader and the request (spurious ones happen on a loaded machine)
     makes a round inconclusive, not wrong: it is tried again, a bounded number of times."""
     for _ in range(5):
-        leader = quorum.leader()
-        term = quorum.status(leader)["raft"]["term"]
-        follower = next(n for n in (0, 1, 2) if n != leader)
-        # a follower learns the leader from its first append after the election
-        deadline = time.monotonic() + 10
-        while (quorum.status(follower) or {}).get("raft", {}).get("leader") is None:
-            assert time.monotonic() < deadline, "the follower never learnt the leader"
-            time.sleep(0.05)
+        leader, term, follower = _leader_term_and_informed_follower(quorum)
         status, body = _post(quorum.address(follower), "/v1/put_kv", b'{"key": "a", "value": "b"}')
         after = (quorum.status(leader) or {}).get("raft", {})
         if after.get("state") != "leader" or after.get("term") != term:
@@ -159,13 +165,7 @@ def test_a_leader_only_object_lookup_is_redirected_by_followers(quorum):
     from controlplane.client import ControllerClient
 
     for _ in range(5):
-        leader = quorum.leader()
-        term = quorum.status(leader)["raft"]["term"]
-        follower = next(n for n in (0, 1, 2) if n != leader)
-        deadline = time.monotonic() + 10
-        while (quorum.status(follower) or {}).get("raft", {}).get("leader") is None:
-            assert time.monotonic() < deadline, "the follower never learnt the leader"
-            time.sleep(0.05)
+        leader, term, follower = _leader_term_and_informed_follower(quorum)
         path = "/v1/streams/999/objects?start=0&end=10&limit=10"
         plain_status, plain = _get(quorum.address(follower), path)
         status, body = _get(quorum.address(follower), path + "&leader=1")
