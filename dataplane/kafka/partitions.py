@@ -56,6 +56,9 @@ MAX_PRODUCERS_PER_PARTITION = 10_000
 # batches a producer may retry are its last 5 in flight, at the very end of the log
 PRODUCER_SCAN_OFFSETS = 4_096
 PRODUCER_SCAN_MAX_BYTES = 8 * 1024 * 1024
+# how long after a partition opens here a sequence gap from a producer that has not
+# appended here yet is answered NOT_LEADER_OR_FOLLOWER (see PartitionLog._refusal)
+OPEN_GRACE_S = 10.0
 MAX_UNRECORDED_ABORTS = 10_000  # durable aborts waiting to be recorded in the metadata
 MAX_ABORTS_PER_RECORD = 1000  # per controller call (the request's limit)
 RECORD_ABORTED_TIMEOUT_S = 10.0
@@ -391,6 +394,10 @@ class PartitionLog:
         # of one (a duplicate) is answered when, and as, its original is
         self._undurable: dict[int, Future] = {}
         self._sequence_error_logged_s = -math.inf
+        # producers that appended here since this epoch opened, tracked for the first
+        # OPEN_GRACE_S only (see `_refusal`)
+        self._opened_at_s = time.monotonic()
+        self._appended_here: set[int] = set()
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
         self._listeners: list = []
         self._listeners_lock = threading.Lock()
@@ -596,8 +603,9 @@ class PartitionLog:
                         futures += self._original_durable(value)
                         continue
                     if verdict == "error":
-                        self._log_sequence_error(b, last_seq, KafkaError(value))
-                        return AppendOutcome(KafkaError(value), -1, futures)
+                        error = self._refusal(b.producer_id, KafkaError(value))
+                        self._log_sequence_error(b, last_seq, error)
+                        return AppendOutcome(error, -1, futures)
                 assigned: list[int] = []
 
                 def build(
@@ -624,7 +632,27 @@ class PartitionLog:
                         b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
                     )
                     self._track_undurable(assigned[0], futures[-1])
+                    if time.monotonic() - self._opened_at_s < OPEN_GRACE_S:
+                        self._appended_here.add(b.producer_id)
         return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
+
+    def _refusal(self, producer_id: int, error: KafkaError) -> KafkaError:
+        """Caller holds `lock`. The answer to a batch the sequence check refused.
+
+        Right after this broker starts serving the partition, a gap from a producer that
+        has not appended here yet is most likely the second of two pipelined requests that
+        straddled the open: the first was answered NOT_LEADER_OR_FOLLOWER just before. Kafka
+        would answer OUT_OF_ORDER_SEQUENCE_NUMBER, on which librdkafka bumps its epoch and
+        renumbers what it resends (messages that may be stored already, which then no
+        broker can deduplicate); NOT_LEADER_OR_FOLLOWER makes it resend both in order. For
+        OPEN_GRACE_S only: a real gap still gets its error after that."""
+        if (
+            error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+            and producer_id not in self._appended_here
+            and time.monotonic() - self._opened_at_s < OPEN_GRACE_S
+        ):
+            return KafkaError.NOT_LEADER_OR_FOLLOWER
+        return error
 
     def _log_sequence_error(self, batch, last_seq: int, error: KafkaError) -> None:
         """Caller holds `lock`. A refused sequence or epoch makes librdkafka bump its epoch

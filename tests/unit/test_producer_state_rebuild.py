@@ -296,3 +296,27 @@ def test_a_stream_opened_but_never_served_is_closed_when_its_partition_moves_on(
     assert storage.closed == [stream]
     manager.reconcile(image(leader=2))
     assert storage.closed == [stream]  # closed once
+
+
+def test_a_gap_right_after_the_open_from_a_producer_known_only_from_the_tail_is_not_leader(
+    monkeypatch,
+):
+    """Two pipelined requests straddling the open: the first got NOT_LEADER_OR_FOLLOWER, so
+    the second shows a gap. OUT_OF_ORDER_SEQUENCE_NUMBER would make librdkafka bump its
+    epoch and renumber possibly-stored messages; NOT_LEADER_OR_FOLLOWER makes it resend
+    both in order."""
+    stream = _PendingStream()
+    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog.producers.record(5, 0, 0, 3, 0)  # as rebuilt from the tail
+    straddled = plog.append(client_batch(4, producer=(5, 0, 8)))  # 4..7 was refused
+    assert straddled.error == KafkaError.NOT_LEADER_OR_FOLLOWER
+    assert plog.append(client_batch(4, producer=(5, 0, 4))).error == KafkaError.NONE
+    assert plog.append(client_batch(4, producer=(5, 0, 8))).error == KafkaError.NONE
+    # once it appended here, a gap is a gap
+    gap = plog.append(client_batch(4, producer=(5, 0, 20)))
+    assert gap.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    # and after the grace period, for anyone
+    plog.producers.record(6, 0, 0, 3, 100)
+    monkeypatch.setattr(p, "OPEN_GRACE_S", 0.0)
+    late = plog.append(client_batch(4, producer=(6, 0, 8)))
+    assert late.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
