@@ -13,6 +13,7 @@ does not serve answers NOT_LEADER_OR_FOLLOWER so clients refresh their metadata.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -75,6 +76,7 @@ from dataplane.kafka.partition_backend import (
     DirectRouting,
     PartitionBackend,
     PartitionResolver,
+    append_when_room,
 )
 from dataplane.kafka.record_batch import RecordChunks
 from dataplane.objectstore import ObjectStoreError
@@ -86,6 +88,10 @@ MAX_FETCH_WAIT_MS = 30_000
 DEFAULT_PARTITIONS = 1
 PRODUCER_ID_BLOCK = 1000
 METADATA_WAIT_S = 10.0
+# a produce waits for WAL room at most this share of its timeout: its retriable answer
+# reaches the client before the client's own request timeout gives up on it
+ROOM_WAIT_SHARE_OF_TIMEOUT = 0.8
+MIN_DURABLE_WAIT_S = 0.001
 
 _CONTROLLER_TO_KAFKA = {
     ErrorCode.TOPIC_ALREADY_EXISTS: KafkaError.TOPIC_ALREADY_EXISTS,
@@ -116,6 +122,11 @@ def _config_ops(res, incremental: bool) -> list[dict]:
         }
         for c in res.configs
     ]
+
+
+def _room_wait_s(remaining_s: float) -> float:
+    """How long a produce with `remaining_s` left may wait for WAL room."""
+    return max(remaining_s * ROOM_WAIT_SHARE_OF_TIMEOUT, 0.0)
 
 
 def _kafka_error(exc: ControllerError) -> KafkaError:
@@ -434,6 +445,10 @@ class KafkaApis:
         az = self._client_az(ctx)
         results = []
         waits = []
+        # one deadline for the whole request: waiting for WAL room, then for durability
+        loop = asyncio.get_running_loop()
+        timeout_s = max(req.timeout_ms, 1) / 1000
+        deadline = loop.time() + timeout_s
         for t in req.topic_data:
             topic_name = getattr(t, "name", None)
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
@@ -445,10 +460,14 @@ class KafkaApis:
                 base_future = None
                 if plog is not None:
                     try:
-                        outcome = plog.append(p.records)
+                        # a full WAL is waited for here, without blocking the loop
+                        outcome = await append_when_room(
+                            functools.partial(plog.append, p.records),
+                            _room_wait_s(deadline - loop.time()),
+                        )
                         error, base, futures = outcome.error, outcome.base_offset, outcome.durable
                         base_future = outcome.base_offset_future
-                    except Exception as exc:  # the engine refused (fenced, WAL full...)
+                    except Exception as exc:  # the engine refused (fenced, closed...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
                         error = KafkaError.NOT_LEADER_OR_FOLLOWER
                     log_start = plog.log_start_offset
@@ -463,20 +482,23 @@ class KafkaApis:
                 waits.append((entry, futures))
             results.append((t, parts))
         if req.acks != 0:
-            timeout_s = max(req.timeout_ms, 1) / 1000
             for entry, futures in waits:
                 for fut in futures:
                     try:
                         # shielded: a timeout must not cancel the append's future (a
                         # retry of the batch may be waiting for the same durability)
                         done = await asyncio.wait_for(
-                            asyncio.shield(asyncio.wrap_future(fut)), timeout_s
+                            asyncio.shield(asyncio.wrap_future(fut)),
+                            max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
                         )
                         if isinstance(done, AppendOutcome):
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                    except BackendError as exc:  # e.g. no WAL room on a worker's append
+                        log.warning("append failed: %s", exc)
+                        entry["error"] = exc.error
                     except Exception as exc:
                         log.warning("append failed: %s", exc)
                         entry["error"] = KafkaError.NOT_LEADER_OR_FOLLOWER

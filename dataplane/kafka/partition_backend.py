@@ -13,6 +13,9 @@ and which backend serves it here.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,6 +23,8 @@ from typing import Any, Protocol
 
 from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
 from dataplane.kafka.record_batch import RecordBatchHeader, RecordChunks, parse_batches
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +69,64 @@ class BackendError(Exception):
         self.error = error
 
 
+class RoomWaiter(Protocol):
+    """Where room for appends comes back (the engine's `wal.RoomSignal`)."""
+
+    def wait(self, after_generation: int, timeout_s: float) -> bool: ...
+
+    async def wait_async(self, after_generation: int, timeout_s: float) -> bool: ...
+
+
+class BackendBackpressure(BackendError):
+    """No room to append now (the broker's WAL is full, or its queue); nothing of the
+    request was appended. The caller waits on `room` for a generation after `generation`,
+    at most `max_wait_s`, and appends again; past that the client gets REQUEST_TIMED_OUT
+    (retriable: it backs off and retries, without a metadata refresh)."""
+
+    def __init__(self, message: str, room: RoomWaiter, generation: int, max_wait_s: float):
+        super().__init__(KafkaError.REQUEST_TIMED_OUT, message)
+        self.room = room
+        self.generation = generation
+        self.max_wait_s = max_wait_s
+
+
+async def append_when_room(append: Callable[[], AppendOutcome], timeout_s: float) -> AppendOutcome:
+    """`append()` on the event loop, waiting without blocking the loop while the backend
+    has no room (`BackendBackpressure`), for at most `timeout_s` and the backend's own
+    bound; then the backpressure's retriable error. A `BackendError` becomes its error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return append()
+        except BackendBackpressure as exc:
+            deadline = min(deadline, loop.time() + exc.max_wait_s)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await exc.room.wait_async(exc.generation, remaining):
+                log.warning("append refused after waiting for room: %s", exc)
+                return AppendOutcome(exc.error)
+        except BackendError as exc:
+            return AppendOutcome(exc.error)
+
+
+def append_when_room_blocking(
+    append: Callable[[], AppendOutcome], timeout_s: float
+) -> AppendOutcome:
+    """`append_when_room` for a caller on a worker thread (never on the event loop)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return append()
+        except BackendBackpressure as exc:
+            deadline = min(deadline, time.monotonic() + exc.max_wait_s)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not exc.room.wait(exc.generation, remaining):
+                log.warning("append refused after waiting for room: %s", exc)
+                return AppendOutcome(exc.error)
+        except BackendError as exc:
+            return AppendOutcome(exc.error)
+
+
 @dataclass(frozen=True)
 class OffsetAndTimestamp:
     offset: int
@@ -91,7 +154,10 @@ class PartitionBackend(Protocol):
     def high_watermark(self) -> int: ...
 
     def append(self, records: bytes | None) -> AppendOutcome:
-        """Validate and append a produce request's record batches (offsets assigned here)."""
+        """Validate and append a produce request's record batches (offsets assigned here).
+        Never blocks (called on the event loop). Raises `BackendBackpressure` when there is
+        no room now (nothing appended: wait, then call again, see `append_when_room`) and
+        `BackendError` for another refusal with its Kafka error."""
         ...
 
     @property

@@ -32,6 +32,7 @@ from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    BackendBackpressure,
     OffsetAndTimestamp,
     parse_produced_batches,
 )
@@ -45,6 +46,7 @@ from dataplane.kafka.record_batch import (
 from dataplane.kafka.time_index import PieceTimestamps, StoredPiece
 from dataplane.kafka.txn.markers import build_marker, marker_of
 from dataplane.s3stream.storage import S3Storage, Stream
+from dataplane.s3stream.wal import WALBackpressureError
 
 log = logging.getLogger(__name__)
 
@@ -441,7 +443,14 @@ class PartitionLog:
                 assigned.append(base)
                 return patch_batch(data, base, epoch)
 
-            fut = self.append_batch(build, 1)
+            try:
+                fut = self.append_batch(build, 1)
+            except WALBackpressureError as exc:
+                # the coordinator retries the marker (its tick, or the remote one's)
+                log.warning(
+                    "%s-%d: transaction marker waits for room: %s", self.topic, self.partition, exc
+                )
+                return KafkaError.REQUEST_TIMED_OUT, None
             self.producers.bump_epoch(producer_id, producer_epoch)
             aborted = self.txns.marker(producer_id, commit, assigned[0])
             slot: _AbortSlot | None = None
@@ -580,60 +589,81 @@ class PartitionLog:
             return batches
         if any(b.is_transactional and b.producer_id < 0 for b in batches):
             return AppendOutcome(KafkaError.INVALID_RECORD)  # transactional needs a producer id
-        futures: list[Future] = []
-        first_base: int | None = None
         epoch = self.leader_epoch
         positions = []
         position = 0
         for b in batches:  # the batches lie back to back in `records`
             positions.append(position)
             position += len(b.data)
-        with self.lock:
-            for b, position in zip(batches, positions, strict=True):
-                count = b.last_offset_delta + 1
-                idempotent = b.producer_id >= 0 and b.base_sequence >= 0
-                last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
-                if idempotent:
-                    verdict, value = self.producers.check(
-                        b.producer_id, b.producer_epoch, b.base_sequence, last_seq
-                    )
-                    if verdict == ProducerStateTable.DUPLICATE:
-                        if first_base is None:
-                            first_base = value
-                        futures += self._original_durable(value)
-                        continue
-                    if verdict == "error":
-                        error = self._refusal(b.producer_id, KafkaError(value))
-                        self._log_sequence_error(b, last_seq, error)
-                        return AppendOutcome(error, -1, futures)
-                assigned: list[int] = []
+        try:
+            # all or nothing: no batch is appended (nor its producer state recorded) when
+            # not all of them fit now
+            self.stream.check_room(position)
+            with self.lock:
+                return self._append_checked(batches, positions, epoch, link)
+        except WALBackpressureError as exc:
+            raise BackendBackpressure(
+                f"{self.topic}-{self.partition}: {exc}",
+                exc.room,
+                exc.generation,
+                self.stream.room_wait_s,
+            ) from None
 
-                def build(
-                    base: int,
-                    data: bytes | memoryview = b.data,
-                    assigned: list[int] = assigned,
-                    txn_pid: int = b.producer_id if b.is_transactional else -1,
-                ) -> bytes:
-                    assigned.append(base)  # called under the stream's lock, before append returns
-                    if txn_pid >= 0:
-                        # before the batch can be read: the last stable offset stays below it
-                        self.txns.data(txn_pid, base)
-                    return patch_batch(data, base, epoch)
-
-                futures.append(
-                    self.append_batch(
-                        build, count, None if link is None else link(position, len(b.data))
-                    )
+    def _append_checked(
+        self,
+        batches: list,
+        positions: list[int],
+        epoch: int,
+        link: Callable[[int, int], Callable[[int], bytes]] | None,
+    ) -> AppendOutcome:
+        """Caller holds `lock`: `append` once the batches are validated."""
+        futures: list[Future] = []
+        first_base: int | None = None
+        for b, position in zip(batches, positions, strict=True):
+            count = b.last_offset_delta + 1
+            idempotent = b.producer_id >= 0 and b.base_sequence >= 0
+            last_seq = (b.base_sequence + b.last_offset_delta) % (2**31)
+            if idempotent:
+                verdict, value = self.producers.check(
+                    b.producer_id, b.producer_epoch, b.base_sequence, last_seq
                 )
-                if first_base is None:
-                    first_base = assigned[0]
-                if idempotent:
-                    self.producers.record(
-                        b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
-                    )
-                    self._track_undurable(assigned[0], futures[-1])
-                    if time.monotonic() - self._opened_at_s < OPEN_GRACE_S:
-                        self._appended_here.add(b.producer_id)
+                if verdict == ProducerStateTable.DUPLICATE:
+                    if first_base is None:
+                        first_base = value
+                    futures += self._original_durable(value)
+                    continue
+                if verdict == "error":
+                    error = self._refusal(b.producer_id, KafkaError(value))
+                    self._log_sequence_error(b, last_seq, error)
+                    return AppendOutcome(error, -1, futures)
+            assigned: list[int] = []
+
+            def build(
+                base: int,
+                data: bytes | memoryview = b.data,
+                assigned: list[int] = assigned,
+                txn_pid: int = b.producer_id if b.is_transactional else -1,
+            ) -> bytes:
+                assigned.append(base)  # called under the stream's lock, before append returns
+                if txn_pid >= 0:
+                    # before the batch can be read: the last stable offset stays below it
+                    self.txns.data(txn_pid, base)
+                return patch_batch(data, base, epoch)
+
+            futures.append(
+                self.append_batch(
+                    build, count, None if link is None else link(position, len(b.data))
+                )
+            )
+            if first_base is None:
+                first_base = assigned[0]
+            if idempotent:
+                self.producers.record(
+                    b.producer_id, b.producer_epoch, b.base_sequence, last_seq, assigned[0]
+                )
+                self._track_undurable(assigned[0], futures[-1])
+                if time.monotonic() - self._opened_at_s < OPEN_GRACE_S:
+                    self._appended_here.add(b.producer_id)
         return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
 
     def _refusal(self, producer_id: int, error: KafkaError) -> KafkaError:

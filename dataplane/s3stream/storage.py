@@ -60,7 +60,7 @@ from dataplane.s3stream.uploader import (
     data_lost,
     is_retriable_upload_error,
 )
-from dataplane.s3stream.wal import WALFullError, WriteAheadLog
+from dataplane.s3stream.wal import WALBackpressureError, WALFullError, WriteAheadLog
 from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,18 @@ class Stream:
         """Raise StorageError if the stream takes no more appends (closing or closed, a
         failed append, this node fenced)."""
         self._storage._check_writable(self._state)
+
+    def check_room(self, size_bytes: int) -> None:
+        """Raise `WALFullError` (after asking for an upload) when the WAL has no room for
+        `size_bytes` more now: a caller appending several batches checks once, first, so
+        that none of them is appended when not all fit. Never blocks."""
+        self._storage.check_room(size_bytes)
+
+    @property
+    def room_wait_s(self) -> float:
+        """How long a producer may wait for WAL room before it is answered with a
+        retriable error (the engine's `wal_full_wait_s`)."""
+        return self._storage.config.wal_full_wait_s
 
     def append(self, payload: bytes, count: int = 1) -> Future:
         """Append `count` offsets carried by `payload`; the future gives the base offset once
@@ -432,6 +444,22 @@ class S3Storage:
             self._streams[stream_id] = state
         return Stream(self, state)
 
+    def check_room(self, size_bytes: int) -> None:
+        """See `Stream.check_room`."""
+        wal = self.wal
+        assert wal is not None
+        generation = wal.room.generation
+        # headers and padding are not counted: a first check, an append that still finds
+        # no room raises the same way
+        if not wal.has_room(size_bytes):
+            self.request_upload()
+            raise WALFullError(
+                f"no WAL room for {size_bytes} B ({wal.used_bytes} B of {wal.capacity_bytes} B "
+                f"used); waiting for uploads (last upload error: {self.upload_error})",
+                wal.room,
+                generation,
+            )
+
     def _check_writable(self, state: _StreamState) -> None:
         if state.closed or state.closing:
             raise StorageError(f"stream {state.stream_id} is closed")
@@ -447,45 +475,29 @@ class S3Storage:
         count: int,
         link: Callable[[int], bytes] | None = None,
     ) -> Future:
+        """Never blocks (callers may be on the event loop): no room in the WAL raises its
+        `WALBackpressureError` at once, after asking for an upload (which frees room)."""
         assert self.wal is not None
-        self._check_writable(state)
+        with state.lock:
+            self._check_writable(state)
+            batch = StreamRecordBatch(
+                state.stream_id, state.epoch, state.next_offset, count, build(state.next_offset)
+            )
+            logged = (
+                batch
+                if link is None
+                else StreamRecordBatch(
+                    state.stream_id, state.epoch, batch.base_offset, -count, link(batch.base_offset)
+                )
+            )
+            try:
+                # header and payload as pieces, not joined: the WAL writes them with pwritev
+                wal_future = self.wal.append(logged.encode_parts())
+            except WALBackpressureError:
+                self.request_upload()
+                raise
+            state.next_offset = batch.last_offset
         result: Future = Future()
-        deadline = time.monotonic() + self.config.wal_full_wait_s
-        while True:
-            with state.lock:
-                self._check_writable(state)
-                batch = StreamRecordBatch(
-                    state.stream_id, state.epoch, state.next_offset, count, build(state.next_offset)
-                )
-                logged = (
-                    batch
-                    if link is None
-                    else StreamRecordBatch(
-                        state.stream_id,
-                        state.epoch,
-                        batch.base_offset,
-                        -count,
-                        link(batch.base_offset),
-                    )
-                )
-                try:
-                    # header and payload as pieces, not joined: the WAL writes them with
-                    # pwritev
-                    wal_future = self.wal.append(logged.encode_parts())
-                except WALFullError:
-                    wal_future = None
-                else:
-                    state.next_offset = batch.last_offset
-            if wal_future is not None:
-                break
-            # backpressure: the uploader frees WAL space; wait for it, bounded
-            if time.monotonic() > deadline:
-                raise StorageError(
-                    f"WAL full for {self.config.wal_full_wait_s}s: uploads are "
-                    f"not keeping up ({self.upload_error})"
-                )
-            self.request_upload()
-            time.sleep(0.01)
 
         def settle(outcome: Callable[[], None]) -> None:
             # the Kafka layer cancels the future of a produce whose client timed out; the

@@ -44,6 +44,7 @@ from dataplane.kafka.partition_backend import (
     BackendError,
     OffsetAndTimestamp,
     PartitionResolver,
+    append_when_room,
 )
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import parse_batch_header
@@ -322,7 +323,7 @@ class ZoneRouter:
         timeout_s = max(timeout_ms, 1) / 1000
         token = self._start_append()
         try:
-            appended = self.channel.append(records).result(timeout_s)
+            appended = self.channel.append_waiting(records, timeout_s).result(timeout_s)
         except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
             with self._lock:
                 self._appending.pop(token, None)
@@ -425,7 +426,7 @@ class ZoneRouter:
             return None
         token = self._start_append()
         try:
-            return token, self.channel.append(records)
+            return token, self.channel.append_waiting(records, FORWARD_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
             with self._lock:
                 self._appending.pop(token, None)
@@ -1084,9 +1085,17 @@ class ZoneRouteHandler:
             return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
         except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
             return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
-        outcome, stream_id, end = self._link_append(
-            source, req.channel_offset, record.data, plog, entry
-        )
+        linked: list[int] = [-1, -1]  # the stream id and the end of the last link
+
+        def append() -> AppendOutcome:
+            outcome, linked[0], linked[1] = self._link_append(
+                source, req.channel_offset, record.data, plog, entry
+            )
+            return outcome
+
+        # a full WAL is waited for without blocking the loop (then REQUEST_TIMED_OUT)
+        outcome = await append_when_room(append, max(req.timeout_ms, 1) / 1000)
+        stream_id, end = linked
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
             return self._answer(outcome.error, None, -1, start, stream_id, end)

@@ -50,8 +50,8 @@ class CountedBackend:
 
     def append(self, records: bytes | None):
         size = len(records or b"")
+        outcome = self._inner.append(records)  # raises when there is no room: not counted
         self._traffic.client("produced", self._az, size)
-        outcome = self._inner.append(records)
         if outcome.error == 0 and not getattr(self._inner, "counts_own_wal_bytes", False):
             # appended to a partition led here: the data went into this broker's WAL (a
             # proxy counts its RouterChannel write, and the main its own, when routed)

@@ -18,6 +18,7 @@ from dataplane.s3stream.wal import (
     WALError,
     WALFencedError,
     WALFullError,
+    WALQueueFullError,
     WALQueueTimeoutError,
     WALTakeoverRefusedError,
     WriteAheadLog,
@@ -310,7 +311,6 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
         max_record_bytes=12 * 1024,
         max_batch_bytes=16 * 1024,
         max_queue_bytes=64 * 1024,
-        queue_wait_timeout_s=0.3,
     )
     monkeypatch.setattr(file_wal_module, "fsync_data", blocked_fsync)
     try:
@@ -328,13 +328,26 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
             queued.append(wal.append(bytes(10_000)))
         assert queued
         assert not any(f.done() for f in [first, *second, *queued])
+        # append never blocks (its caller may be the event loop): a full queue says so at
+        # once, with the signal that tells when it drained
+        started = time.monotonic()
+        with pytest.raises(WALQueueFullError) as full:
+            wal.append(bytes(10_000))
+        assert time.monotonic() - started < 0.1
+        assert not wal.has_room(record_bytes)
+        assert not full.value.room.wait(full.value.generation, 0.05)  # still stuck
+        # a worker thread may wait for room instead, bounded
         started = time.monotonic()
         with pytest.raises(WALQueueTimeoutError):
-            wal.append(bytes(10_000))
+            wal.append_waiting(bytes(10_000), 0.3)
         assert time.monotonic() - started >= 0.25
         gate.set()
         for f in [first, *second, *queued]:
             f.result(timeout=10)
+        # the drained queue woke the waiters: room again
+        assert full.value.room.wait(full.value.generation, 10)
+        assert wal.has_room(record_bytes)
+        wal.append_waiting(bytes(10_000), 5).result(timeout=10)
     finally:
         gate.set()
         wal.close()

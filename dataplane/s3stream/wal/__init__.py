@@ -8,11 +8,15 @@ failover; ``take_over`` is the recoverer's side of that reservation.
 from dataplane.s3stream.wal.base import (
     AppendResult,
     RecoveredRecord,
+    RoomSignal,
+    WALBackpressureError,
     WALClosedError,
     WALCorruptError,
     WALError,
     WALFencedError,
     WALFullError,
+    WALQueueFullError,
+    WALQueueTimeoutError,
     WALTakeoverRefusedError,
     WriteAheadLog,
 )
@@ -20,7 +24,6 @@ from dataplane.s3stream.wal.file_wal import (
     FileWAL,
     FileWALConfig,
     FileWALRecovery,
-    WALQueueTimeoutError,
     take_over,
 )
 
@@ -30,11 +33,14 @@ __all__ = [
     "FileWALConfig",
     "FileWALRecovery",
     "RecoveredRecord",
+    "RoomSignal",
+    "WALBackpressureError",
     "WALClosedError",
     "WALCorruptError",
     "WALError",
     "WALFencedError",
     "WALFullError",
+    "WALQueueFullError",
     "WALQueueTimeoutError",
     "WALTakeoverRefusedError",
     "WriteAheadLog",

@@ -11,18 +11,25 @@ expressed with it, and recovery returns records in offset order.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 __all__ = [
     "AppendResult",
     "RecoveredRecord",
+    "RoomSignal",
+    "WALBackpressureError",
     "WALClosedError",
     "WALCorruptError",
     "WALError",
     "WALFencedError",
     "WALFullError",
+    "WALQueueFullError",
+    "WALQueueTimeoutError",
     "WALTakeoverRefusedError",
     "WriteAheadLog",
 ]
@@ -32,8 +39,90 @@ class WALError(Exception):
     """Base class of WAL errors."""
 
 
-class WALFullError(WALError):
+class RoomSignal:
+    """Tells waiters that a WAL has freed room (its append queue drained, or it was trimmed).
+
+    A generation counter closes the gap between a failed attempt and the wait: read
+    `generation` before trying, then wait for a generation after it; room freed in between
+    ends the wait at once. Thread-safe: `notify` is called from the WAL's threads; `wait`
+    blocks the calling thread (never the event loop's), `wait_async` is the event loop's
+    awaitable form (a callback, no thread held while waiting).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._generation = 0
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def notify(self) -> None:
+        """Room was freed: wake every waiter (cheap when nobody waits)."""
+        with self._cond:
+            self._generation += 1
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for callback in callbacks:
+            callback()
+
+    def wait(self, after_generation: int, timeout_s: float) -> bool:
+        """Block until a generation after `after_generation` (True) or `timeout_s` (False)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._cond:
+            while self._generation <= after_generation:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    async def wait_async(self, after_generation: int, timeout_s: float) -> bool:
+        """`wait` for the event loop: True once room was freed after `after_generation`,
+        False after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+
+        with self._cond:
+            if self._generation > after_generation:
+                return True
+            self._callbacks.append(wake)
+        try:
+            await asyncio.wait_for(woken, max(timeout_s, 0.0))
+            return True
+        except TimeoutError:
+            with self._cond:
+                if wake in self._callbacks:
+                    self._callbacks.remove(wake)
+                return self._generation > after_generation
+
+
+class WALBackpressureError(WALError):
+    """No room for the record now; nothing was appended. Room comes back by itself (the
+    queue drains, or an upload lets the WAL be trimmed): wait on `room` for a generation
+    after `generation`, then append again."""
+
+    def __init__(self, message: str, room: RoomSignal, generation: int):
+        super().__init__(message)
+        self.room = room
+        self.generation = generation
+
+
+class WALFullError(WALBackpressureError):
     """No room for the record until the WAL is trimmed (upload, then trim)."""
+
+
+class WALQueueFullError(WALBackpressureError):
+    """The append queue holds ``max_queue_bytes``: room comes back as it drains."""
+
+
+class WALQueueTimeoutError(WALError, TimeoutError):
+    """`append_waiting`: the append queue stayed full for the whole wait."""
 
 
 class WALClosedError(WALError):
@@ -107,10 +196,38 @@ class WriteAheadLog(abc.ABC):
     @abc.abstractmethod
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
         """Queue ``record`` for durable append; the future resolves after it is durable.
+        Never blocks (callers may be on the event loop): no room now raises a
+        `WALBackpressureError` (`WALFullError`, `WALQueueFullError`) at once.
 
         ``record`` may be given as a tuple of its pieces in order (e.g. a header and a
         payload): they are written one after another as one record, without being joined
         first. The caller must not change them afterwards (bytes or read-only views)."""
+
+    @abc.abstractmethod
+    def has_room(self, size_bytes: int) -> bool:
+        """Whether an append of `size_bytes` (headers included) would find room now, both
+        in the queue and in the WAL. Advisory: another thread may take the room first."""
+
+    @property
+    @abc.abstractmethod
+    def room(self) -> RoomSignal:
+        """Notified whenever the WAL frees room (queue drained, trimmed)."""
+
+    def append_waiting(
+        self, record: bytes | RecordPieces, queue_wait_s: float
+    ) -> Future[AppendResult]:
+        """`append` for a caller on a worker thread: while the append queue is full, wait
+        for it to drain, up to `queue_wait_s` (then `WALQueueTimeoutError`). A full WAL
+        still raises `WALFullError` at once (only an upload frees it). Never call this
+        on the event loop."""
+        deadline = time.monotonic() + queue_wait_s
+        while True:
+            try:
+                return self.append(record)
+            except WALQueueFullError as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not exc.room.wait(exc.generation, remaining):
+                    raise WALQueueTimeoutError(f"{exc} for {queue_wait_s} s") from None
 
     @abc.abstractmethod
     def recover(self) -> Iterator[RecoveredRecord]:

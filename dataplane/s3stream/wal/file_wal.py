@@ -50,11 +50,13 @@ from dataplane.s3stream.wal.base import (
     AppendResult,
     RecordPieces,
     RecoveredRecord,
+    RoomSignal,
     WALClosedError,
     WALCorruptError,
     WALError,
     WALFencedError,
     WALFullError,
+    WALQueueFullError,
     WALTakeoverRefusedError,
     WriteAheadLog,
 )
@@ -82,7 +84,7 @@ from dataplane.s3stream.wal.ring import (
     read_state,
 )
 
-__all__ = ["FileWAL", "FileWALConfig", "FileWALRecovery", "WALQueueTimeoutError", "take_over"]
+__all__ = ["FileWAL", "FileWALConfig", "FileWALRecovery", "take_over"]
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +98,6 @@ _PREFILL_CHUNK_BYTES = 1024 * 1024
 _I64_MAX = 2**63 - 1
 
 
-class WALQueueTimeoutError(WALError, TimeoutError):
-    """The append queue stayed full (``max_queue_bytes``) for ``queue_wait_timeout_s``."""
-
-
 @dataclass(frozen=True, slots=True)
 class FileWALConfig:
     """Tuning and limits of a :class:`FileWAL`.
@@ -111,7 +109,7 @@ class FileWALConfig:
             blocks (backpressure) while the queue is full.
         linger_s: how long the writer waits for more appends before writing
             a batch smaller than ``max_batch_bytes`` (0 = write at once).
-        queue_wait_timeout_s: longest an ``append`` blocks on a full queue.
+        queue_wait_timeout_s: longest ``append_waiting`` (a worker thread) waits on a full queue.
         close_timeout_s: longest ``close`` waits for the writer to drain.
         scan_chunk_bytes: read size of the recovery scan.
         align_bytes: each batch is followed by a padding record up to this
@@ -235,7 +233,7 @@ class FileWAL(WriteAheadLog):
         self._reservation_view = ReservationView(fd)
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
-        self._not_full = threading.Condition(self._lock)
+        self._room = RoomSignal()
         self._trim_lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._trims: deque[_TrimRequest] = deque()
@@ -475,18 +473,31 @@ class FileWAL(WriteAheadLog):
         with self._lock:
             return self._status == _FENCED
 
+    @property
+    def room(self) -> RoomSignal:
+        return self._room
+
+    def has_room(self, size_bytes: int) -> bool:
+        with self._lock:
+            used = self._next_offset + self._queued_bytes - self._trim_offset
+            return (
+                self._queued_bytes + size_bytes <= self._config.max_queue_bytes
+                and used + size_bytes <= self._capacity_bytes
+            )
+
     # ------------------------------------------------------------------ API
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
         """Queue ``record`` (or its pieces, see `WriteAheadLog.append`); the future resolves
         once it is durable and ownership re-checked.
 
-        Blocks while the queue holds ``max_queue_bytes`` (backpressure).
+        Never blocks (see `WriteAheadLog.append`; `append_waiting` waits for queue room
+        on a worker thread).
 
         Raises:
             ValueError: record larger than ``max_record_bytes``.
+            WALQueueFullError: the queue holds ``max_queue_bytes``; room comes as it drains.
             WALFullError: no room until the WAL is trimmed.
             WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
-            WALQueueTimeoutError: the queue stayed full too long.
         """
         body = _pieces_of(record)
         body_len = sum(len(piece) for piece in body)
@@ -499,24 +510,20 @@ class FileWAL(WriteAheadLog):
             body_crc = _crc32c.crc32c(piece, body_crc)
         size = RECORD_HEADER_SIZE_BYTES + body_len
         now = time.monotonic()
+        generation = self._room.generation
         with self._lock:
             self._raise_if_unusable()
             if self._queued_bytes + size > self._config.max_queue_bytes:
-                deadline = now + self._config.queue_wait_timeout_s
-                while self._queued_bytes + size > self._config.max_queue_bytes:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise WALQueueTimeoutError(
-                            f"append queue full ({self._queued_bytes} B) for "
-                            f"{self._config.queue_wait_timeout_s} s"
-                        )
-                    self._not_full.wait(remaining)
-                    self._raise_if_unusable()
+                raise WALQueueFullError(
+                    f"WAL append queue full ({self._queued_bytes} B)", self._room, generation
+                )
             used = self._next_offset + self._queued_bytes - self._trim_offset
             if used + size > self._capacity_bytes:
                 raise WALFullError(
                     f"WAL full: {used} B of {self._capacity_bytes} B used, record needs {size} B; "
-                    "trim after upload"
+                    "trim after upload",
+                    self._room,
+                    generation,
                 )
             future: Future[AppendResult] = Future()
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
@@ -570,7 +577,7 @@ class FileWAL(WriteAheadLog):
             if self._status == _OPEN:
                 self._status = _CLOSING
             self._not_empty.notify_all()
-            self._not_full.notify_all()
+            self._room.notify()
         deadline = time.monotonic() + self._config.close_timeout_s
         if self._prefiller is not None:
             self._prefiller.stop(self._config.close_timeout_s)
@@ -680,7 +687,7 @@ class FileWAL(WriteAheadLog):
         if offset + padding + self._queued_bytes - self._trim_offset > self._capacity_bytes:
             padding = 0
         self._next_offset = offset + padding
-        self._not_full.notify_all()
+        self._room.notify()
         return batch, padding
 
     def _still_owner(self) -> bool:
@@ -781,7 +788,7 @@ class FileWAL(WriteAheadLog):
             self._fsyncs += 1
             self._state_seq = state.seq
             self._trim_offset = request.up_to_offset
-            self._not_full.notify_all()
+            self._room.notify()
         request.future.set_result(None)
 
     # ------------------------------------------------------------------ syncer thread
@@ -876,7 +883,7 @@ class FileWAL(WriteAheadLog):
             self._trims.clear()
             self._queued_bytes = 0
             self._unsynced_bytes = 0
-            self._not_full.notify_all()
+            self._room.notify()
             self._not_empty.notify_all()
             self._sync_cv.notify_all()
         if status == _FENCED:

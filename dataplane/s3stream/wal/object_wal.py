@@ -38,11 +38,13 @@ from dataplane.s3stream.wal.base import (
     AppendResult,
     RecordPieces,
     RecoveredRecord,
+    RoomSignal,
     WALClosedError,
     WALCorruptError,
     WALError,
     WALFencedError,
     WALFullError,
+    WALQueueFullError,
     WALTakeoverRefusedError,
     WriteAheadLog,
 )
@@ -69,7 +71,6 @@ __all__ = [
     "ObjectWAL",
     "ObjectWALConfig",
     "ObjectWALLocation",
-    "ObjectWALQueueTimeoutError",
     "ObjectWALReader",
     "ObjectWALRecovery",
     "WALTrimmedError",
@@ -83,10 +84,6 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 MAX_PREFIX_CHARS = 512
 MAX_LISTED_KEYS = 1_000_000  # a WAL holds at most capacity / batch objects; far below this
 _I64_MAX = 2**63 - 1
-
-
-class ObjectWALQueueTimeoutError(WALError, TimeoutError):
-    """The append queue stayed full (``max_queue_bytes``) for ``queue_wait_timeout_s``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +113,7 @@ class ObjectWALConfig:
         max_queue_bytes: most bytes queued and not yet PUT; ``append`` blocks meanwhile.
         linger_s: how long the writer waits for more appends before a smaller PUT.
         max_in_flight: PUTs running at once (later ones are acknowledged in order).
-        queue_wait_timeout_s: longest an ``append`` blocks on a full queue.
+        queue_wait_timeout_s: longest ``append_waiting`` (a worker thread) waits on a full queue.
         put_timeout_s: longest one PUT (with its retries) may take before the WAL fails.
         hedge_after_s: a PUT not answered after this long is sent again (the same key and
             bytes, so either copy will do): one stalled connection must not hold every
@@ -405,7 +402,7 @@ class ObjectWAL(WriteAheadLog):
         self._name = f"s3 WAL {where.prefix}"
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
-        self._not_full = threading.Condition(self._lock)
+        self._room = RoomSignal()
         self._acks_cv = threading.Condition(self._lock)
         self._trim_lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
@@ -510,16 +507,29 @@ class ObjectWAL(WriteAheadLog):
         with self._lock:
             return self._status == _FENCED
 
+    @property
+    def room(self) -> RoomSignal:
+        return self._room
+
+    def has_room(self, size_bytes: int) -> bool:
+        with self._lock:
+            used = self._next_offset + self._queued_bytes - self._trim_offset
+            return (
+                self._queued_bytes + size_bytes <= self._config.max_queue_bytes
+                and used + size_bytes <= self._capacity_bytes
+            )
+
     # ------------------------------------------------------------------ API
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
         """Queue ``record`` (or its pieces, joined here); the future resolves once its object
-        is stored and ownership re-checked. Blocks while the queue is full (backpressure).
+        is stored and ownership re-checked. Never blocks (see `WriteAheadLog.append`;
+        `append_waiting` waits for queue room on a worker thread).
 
         Raises:
             ValueError: record larger than ``max_record_bytes``.
+            WALQueueFullError: the queue holds ``max_queue_bytes``; room comes as it drains.
             WALFullError: no room until the WAL is trimmed.
             WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
-            ObjectWALQueueTimeoutError: the queue stayed full too long.
         """
         if isinstance(record, tuple):
             body = b"".join(record)
@@ -531,23 +541,20 @@ class ObjectWAL(WriteAheadLog):
             )
         size = OBJECT_RECORD_HEADER_BYTES + len(body)
         now = time.monotonic()
+        generation = self._room.generation
         with self._lock:
             self._raise_if_unusable()
-            deadline = now + self._config.queue_wait_timeout_s
-            while self._queued_bytes + size > self._config.max_queue_bytes:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ObjectWALQueueTimeoutError(
-                        f"append queue full ({self._queued_bytes} B) for "
-                        f"{self._config.queue_wait_timeout_s} s"
-                    )
-                self._not_full.wait(remaining)
-                self._raise_if_unusable()
+            if self._queued_bytes + size > self._config.max_queue_bytes:
+                raise WALQueueFullError(
+                    f"WAL append queue full ({self._queued_bytes} B)", self._room, generation
+                )
             used = self._next_offset + self._queued_bytes - self._trim_offset
             if used + size > self._capacity_bytes:
                 raise WALFullError(
                     f"WAL full: {used} B of {self._capacity_bytes} B used, record needs {size} B; "
-                    "trim after upload"
+                    "trim after upload",
+                    self._room,
+                    generation,
                 )
             future: Future[AppendResult] = Future()
             future.set_running_or_notify_cancel()
@@ -589,7 +596,7 @@ class ObjectWAL(WriteAheadLog):
                 dropped = len(live) - len(rest)
                 self._live = self._live[dropped:]
                 self._trim_offset = up_to_offset
-                self._not_full.notify_all()
+                self._room.notify()
 
     def close(self) -> None:
         """Store what is queued, stop the threads. Idempotent."""
@@ -600,7 +607,7 @@ class ObjectWAL(WriteAheadLog):
             if self._status == _OPEN:
                 self._status = _CLOSING
             self._not_empty.notify_all()
-            self._not_full.notify_all()
+            self._room.notify()
         deadline = time.monotonic() + self._config.close_timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -710,7 +717,7 @@ class ObjectWAL(WriteAheadLog):
             batch.append(pending)
         self._queued_bytes -= total
         self._next_offset = offset
-        self._not_full.notify_all()
+        self._room.notify()
         return batch
 
     def _ack_loop(self) -> None:
@@ -808,7 +815,7 @@ class ObjectWAL(WriteAheadLog):
             self._in_flight.clear()
             self._queue.clear()
             self._queued_bytes = 0
-            self._not_full.notify_all()
+            self._room.notify()
             self._not_empty.notify_all()
             self._acks_cv.notify_all()
         level = logging.WARNING if status == _FENCED else logging.ERROR
