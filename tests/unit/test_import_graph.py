@@ -147,7 +147,7 @@ def test_cli_imports_no_broker_internals():
         "cli",
         "dataplane.config",
         "dataplane.objectstore",
-        "dataplane.kafka.errors",  # the Kafka protocol's error table (pure)
+        "dataplane.formats.kafka_errors",  # the Kafka protocol's error table (pure)
     )
     bad = {
         (m, t)
