@@ -197,8 +197,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
 )
 # `dataplane` itself is an empty namespace package (`from dataplane import x` names it)
 NAMESPACE_PACKAGES = frozenset({"dataplane"})
-# imports allowed against the layer order, each with its reason: keep it empty
-LAYER_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
+# imports allowed against the layer order: (importer, imported) -> the reason; keep it empty
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _layer_of(module: str) -> tuple[int, int] | None:
