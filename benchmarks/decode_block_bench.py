@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.s3stream.object_format import ObjectWriter, decode_block  # noqa: E402
-from dataplane.s3stream.records import StreamRecordBatch  # noqa: E402
+from dataplane.formats.object_format import ObjectWriter, decode_block  # noqa: E402
+from dataplane.formats.stream_records import StreamRecordBatch  # noqa: E402
 
 
 def main() -> None:

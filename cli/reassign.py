@@ -38,7 +38,7 @@ from cli.reassign_plan import (
     rates_from_offsets,
 )
 from controlplane.reassignment import LAST_REASSIGNMENT_KEY  # written by reassign_partitions
-from dataplane.kafka.errors import KafkaError as KafkaErrorCode  # the protocol table
+from dataplane.formats.kafka_errors import KafkaError as KafkaErrorCode  # the protocol table
 
 app = typer.Typer(
     help="Reassign partitions between brokers (no data is copied).", no_args_is_help=True

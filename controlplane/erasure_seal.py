@@ -4,7 +4,7 @@ An erasure-coded partition (issue #14) keeps recent records as shards in its bro
 stores. Offsets below the readers' visible end are decided forever, so a broker (the
 sealer) decodes them and uploads them as one ordinary stream object of the partition's
 stream; this command commits it. The stream's offsets are *slots*: a Kafka offset o of such
-a partition is aligned to 2^16 and lives at stream offset o >> 16 (dataplane/erasure/
+a partition is aligned to 2^16 and lives at stream offset o >> 16 (dataplane/formats/
 seal_format.py), so the gaps between sparse nanosecond offsets fit the stream format's
 32-bit counts.
 

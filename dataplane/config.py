@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from controlplane.records import BrokerEndpoint
+from dataplane.formats.client_az import CidrAzMap
 
 # defaults of the storage engine and the Kafka listener (AutoMQ's, scaled to one machine);
 # StorageConfig and BrokerConfig both take them from here
@@ -143,7 +144,5 @@ class BrokerConfig(BaseModel):
     @field_validator("client_az_cidrs")
     @classmethod
     def _valid_cidrs(cls, value: dict[str, str]) -> dict[str, str]:
-        from dataplane.zonerouter.client_az import CidrAzMap
-
         CidrAzMap.parse(value)  # ValueError names the bad entry
         return value

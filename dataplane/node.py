@@ -557,7 +557,7 @@ class BrokerNode:
     def _start_zone_router(self, objects, image_fn):
         """The zone router (seed 000): this broker's RouterChannel and proxy partitions,
         the client routing by AZ, and the main's zone-route handler."""
-        from dataplane.zonerouter.client_az import CidrAzMap
+        from dataplane.formats.client_az import CidrAzMap
         from dataplane.zonerouter.proxy import OwnChannelPartition, ZoneRouteHandler, ZoneRouter
         from dataplane.zonerouter.routing import ZoneRouting
         from dataplane.zonerouter.snapshot import LinkIndex

@@ -51,7 +51,7 @@ from controlplane import topic_configs
 from controlplane.broker_configs import topic_configs_in_force
 from controlplane.image import MetadataImage
 from controlplane.records import ObjectState
-from dataplane.s3stream.object_format import ObjectWriter, decode_block, parse_object
+from dataplane.formats.object_format import ObjectWriter, decode_block, parse_object
 from spark_jobs import objects_io
 from spark_jobs.cleaner_policy import CleanDecision, decide
 from spark_jobs.log_cleaner import (

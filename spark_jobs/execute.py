@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
-from dataplane.s3stream.object_format import (
+from dataplane.formats.object_format import (
     IndexEntry,
     ObjectWriter,
     check_block,

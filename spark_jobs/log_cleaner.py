@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch
 
-from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.record_batch import (
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import (
     CompressionType,
     InvalidRecordBatchError,
     build_batch,
     parse_batch_header,
 )
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
 
 DEFAULT_MAX_MAP_ENTRIES = 500_000
 _COMPRESSION_MASK = 0x07

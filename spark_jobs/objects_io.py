@@ -17,14 +17,14 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from dataplane.objectstore import BucketURI, object_key
-from dataplane.s3stream.object_format import (
+from dataplane.formats.object_format import (
     FOOTER_SIZE_BYTES,
     IndexEntry,
     parse_footer,
     parse_index,
     slice_index_from_tail,
 )
+from dataplane.objectstore import BucketURI, object_key
 
 TAIL_READ_BYTES = 64 * 1024  # footer + (usually) the whole index in one GET
 MAX_GET_BYTES = 8 * 1024 * 1024  # adjacent blocks are read together up to this

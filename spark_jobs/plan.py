@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
 from controlplane.records import ObjectState
-from dataplane.s3stream.object_format import IndexEntry
+from dataplane.formats.object_format import IndexEntry
 
 MiB = 1024 * 1024
 

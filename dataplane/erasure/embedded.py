@@ -24,7 +24,7 @@ from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.store import HoleStore, RangeAnswer, WriteAnswer
 from dataplane.erasure.store_client import ShardStoreClient, StoreUnavailableError
 from dataplane.erasure.writer import ErasureWriter, ShardStore
-from dataplane.kafka.record_batch import build_batch, zigzag_varint
+from dataplane.formats.record_batch import build_batch, zigzag_varint
 
 # records per batch at most; Kafka offsets of erasure partitions are multiples of it
 KAFKA_OFFSET_ALIGNMENT = 1 << 16

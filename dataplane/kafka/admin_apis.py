@@ -32,8 +32,8 @@ from controlplane.calls import ControllerCalls, build_request
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, PartitionState, TopicState
 from controlplane.requests import ReassignPartitionsRequest
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.apis import _kafka_error
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import BackendError, PartitionBackend, PartitionResolver
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.time_index import stored_pieces

@@ -66,8 +66,9 @@ from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, TopicState
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.fetch_budget import next_wave
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
@@ -78,7 +79,6 @@ from dataplane.kafka.partition_backend import (
     PartitionResolver,
     append_when_room,
 )
-from dataplane.kafka.record_batch import RecordChunks
 from dataplane.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from typing import Any
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 
-from .errors import (
+from dataplane.formats.kafka_errors import (
     KafkaError,
     KafkaProtocolError,
     MalformedRequestError,
@@ -48,7 +48,7 @@ from .errors import (
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
-from .record_batch import RecordChunks
+from dataplane.formats.record_batch import RecordChunks
 
 __all__ = [
     "API_VERSIONS_KEY",

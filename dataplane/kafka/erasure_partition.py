@@ -53,12 +53,19 @@ from dataplane.erasure.reader import (
     ReadUnavailableError,
     SealedRangeError,
 )
-from dataplane.erasure.seal_format import offset_of, sealed_records, slot_of
 from dataplane.erasure.shard_format import payload_checksum
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import (
+    InvalidRecordBatchError,
+    parse_batch_header,
+    parse_batches,
+    patch_batch,
+)
+from dataplane.formats.seal_format import offset_of, sealed_records, slot_of
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     OffsetAndTimestamp,
@@ -66,14 +73,7 @@ from dataplane.kafka.partition_backend import (
     parse_produced_batches,
 )
 from dataplane.kafka.partitions import OffsetOutOfRangeError
-from dataplane.kafka.record_batch import (
-    InvalidRecordBatchError,
-    parse_batch_header,
-    parse_batches,
-    patch_batch,
-)
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Offsets of an erasure-coded partition below the readers' visible end are decided
 for it, `erasure_placement.serving_node`; any broker may race it, see below) periodically
 reads the decided records from the partition's sealed end up to the visible end minus a
 seal delay, writes them as one ordinary stream object of the partition's stream
-(`erasure/seal_format.py`: stream offsets are Kafka offsets >> 16) and commits it with
+(`formats/seal_format.py`: stream offsets are Kafka offsets >> 16) and commits it with
 `seal_erasure_range`. Only once the commit is applied are the shards dropped from the shard
 stores (`drop_below`, durable); a store that misses the drop (down) is told again on every
 pass. Reads below the sealed end then come from the object store, through the storage
@@ -73,14 +73,14 @@ from dataplane.erasure.reader import (
     SealedRangeError,
 )
 from dataplane.erasure.repair import ErasureRepairer, RepairStats
-from dataplane.erasure.seal_format import offset_of, seal_batches, sealed_records, slot_of
 from dataplane.erasure.store import HoleStore
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batch_header, patch_batch
+from dataplane.formats.object_format import ObjectWriter
+from dataplane.formats.record_batch import InvalidRecordBatchError, parse_batch_header, patch_batch
+from dataplane.formats.seal_format import offset_of, seal_batches, sealed_records, slot_of
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.retention import retention_start_offset
 from dataplane.kafka.time_index import stored_pieces
 from dataplane.objectstore import ObjectStorage, object_key
-from dataplane.s3stream.object_format import ObjectWriter
-from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 

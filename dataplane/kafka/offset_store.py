@@ -26,7 +26,7 @@ from controlplane.coordinators import GROUP_OFFSETS_KEY_PREFIX, slot_of
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.requests import PutGroupOffsetsRequest
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 
 KEY_PREFIX = GROUP_OFFSETS_KEY_PREFIX

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
-from dataplane.kafka.record_batch import RecordBatchHeader, RecordChunks, parse_batches
+from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.record_batch import RecordBatchHeader, RecordChunks, parse_batches
 
 log = logging.getLogger(__name__)
 

@@ -28,20 +28,20 @@ from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
 from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
-from dataplane.kafka import time_index
-from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.partition_backend import (
-    AppendOutcome,
-    BackendBackpressure,
-    OffsetAndTimestamp,
-    parse_produced_batches,
-)
-from dataplane.kafka.record_batch import (
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import (
     InvalidRecordBatchError,
     RecordChunks,
     concat_records,
     parse_batches,
     patch_batch,
+)
+from dataplane.kafka import time_index
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    BackendBackpressure,
+    OffsetAndTimestamp,
+    parse_produced_batches,
 )
 from dataplane.kafka.time_index import PieceTimestamps, StoredPiece
 from dataplane.kafka.txn.markers import build_marker, marker_of
@@ -745,7 +745,7 @@ class PartitionLog:
         if offset >= end:
             return b""
         batches = self.stream.fetch(offset, end, max_bytes)
-        # not joined: batches read from objects are views of the GET's body (records.py)
+        # not joined: batches read from objects are views of the GET's body (formats/stream_records.py)
         return concat_records([b.payload for b in batches])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:

@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataplane.formats.kafka_errors import KafkaError, UnknownApiKeyError, UnsupportedVersionError
+
 from .codec import (
     API_VERSIONS_KEY,
     Buffer,
@@ -50,7 +52,6 @@ from .codec import (
     response_class,
     supported_versions,
 )
-from .errors import KafkaError, UnknownApiKeyError, UnsupportedVersionError
 
 __all__ = [
     "ApiRegistry",

@@ -55,9 +55,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane.config import MAX_REQUEST_BYTES
+from dataplane.formats.kafka_errors import (
+    MalformedRequestError,
+    UnknownApiKeyError,
+    UnsupportedVersionError,
+)
 
 from .codec import DecodedRequest, decode_request
-from .errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
 from .registry import ApiRegistry, CloseConnection, Registration, RequestContext
 
 __all__ = [

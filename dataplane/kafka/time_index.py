@@ -23,8 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from controlplane.image import MetadataImage
+from dataplane.formats.record_batch import InvalidRecordBatchError, parse_batches, record_timestamps
 from dataplane.kafka.partition_backend import OffsetAndTimestamp
-from dataplane.kafka.record_batch import InvalidRecordBatchError, parse_batches, record_timestamps
 from dataplane.s3stream.storage import Stream
 
 MAX_CACHED_PIECES = 200_000  # (object id, end offset) -> largest timestamp, per broker

@@ -18,7 +18,7 @@ wasted, which the fetcher uses to back off. Blocks that were read and freed are 
 (bounded "ghost" keys) so a prefetch never loads a block its readers already consumed.
 
 Batches decoded from a GET share its buffer (their payloads are views of it, see
-records.py), so a block pins the whole GET while it is cached; that is what it costs while
+formats/stream_records.py), so a block pins the whole GET while it is cached; that is what it costs while
 its readers read it, but a block parked in the LRU (nobody watches it) may stay long, so it
 is given payloads of its own first: the LRU's bytes are then what it counts.
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
 
 BlockKey = tuple[int, int]  # (object_id, block position)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import CloseStreamRequest, CompleteWALFailoverRequest
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import UnsupportedWALError, take_over_wal, wal_exists
 

@@ -39,11 +39,11 @@ from dataplane.config import (
     UPLOAD_THRESHOLD_BYTES,
     WAL_CAPACITY_BYTES,
 )
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.log_cache import LogCache
-from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
     IndexCache,

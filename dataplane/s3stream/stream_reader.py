@@ -37,9 +37,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
-from dataplane.objectstore import ObjectStorage, Priority, object_key
-from dataplane.s3stream.block_cache import BlockCache, BlockKey
-from dataplane.s3stream.object_format import (
+from dataplane.formats.object_format import (
     FOOTER_SIZE_BYTES,
     IndexEntry,
     decode_block,
@@ -48,7 +46,9 @@ from dataplane.s3stream.object_format import (
     parse_index,
     slice_index_from_tail,
 )
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.objectstore import ObjectStorage, Priority, object_key
+from dataplane.s3stream.block_cache import BlockCache, BlockKey
 
 MIN_READAHEAD_BYTES = 512 * 1024
 MAX_READAHEAD_BYTES = 32 * 1024 * 1024

@@ -33,6 +33,8 @@ from controlplane.requests import (
     CompactorIdentity,
     PrepareObjectsRequest,
 )
+from dataplane.formats.object_format import ObjectWriter
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import (
     ObjectBody,
     ObjectStorage,
@@ -40,8 +42,6 @@ from dataplane.objectstore import (
     Priority,
     object_key,
 )
-from dataplane.s3stream.object_format import ObjectWriter
-from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 

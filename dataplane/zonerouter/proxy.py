@@ -11,7 +11,7 @@ acknowledges the client. The channel record is released (trimmed) once the main 
 Fetch: a `ProxyPartition` serves what the main has committed to object storage (the
 stream's committed end in the metadata image), read through this broker's BlockCache, and
 past it what the snapshot reads (`snapshot_read.py`) found in the RouterChannels.
-The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`link_record.py`);
+The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`formats/link_record.py`);
 its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
 failover of it) reads the data back from the channel. So the proxy keeps a channel record
 until the main has committed the partition's data to object storage (the stream's committed
@@ -38,7 +38,10 @@ from kafka.protocol.admin import DeleteRecordsRequest
 from kafka.protocol.consumer import ListOffsetsRequest
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
+from dataplane.formats.record_batch import parse_batch_header
+from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     BackendError,
@@ -47,10 +50,8 @@ from dataplane.kafka.partition_backend import (
     append_when_room,
 )
 from dataplane.kafka.partitions import OffsetOutOfRangeError
-from dataplane.kafka.record_batch import parse_batch_header
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.object_wal import (
     ObjectWAL,
@@ -59,7 +60,6 @@ from dataplane.s3stream.wal.object_wal import (
     ObjectWALReader,
     WALTrimmedError,
 )
-from dataplane.zonerouter.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
 from dataplane.zonerouter.protocol import (
     ZONE_ROUTE_KEY,
     ZONE_ROUTE_VERSION,

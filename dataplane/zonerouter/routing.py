@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable
 
 from controlplane.image import BrokerState, MetadataImage
+from dataplane.formats.client_az import CidrAzMap, client_az
+from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
-from dataplane.kafka.record_batch import RecordChunks
-from dataplane.zonerouter.client_az import CidrAzMap, client_az
 from dataplane.zonerouter.proxy_mapping import ProxyMapping
 from dataplane.zonerouter.traffic import ZoneTraffic
 

@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from dataplane.zonerouter.link_record import LinkRecord
+from dataplane.formats.link_record import LinkRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,12 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.link_record import LinkRecord, resolve
+from dataplane.formats.record_batch import parse_batch_header, parse_batches
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.partition_backend import PartitionResolver
-from dataplane.kafka.record_batch import parse_batch_header, parse_batches
 from dataplane.kafka.txn.marker_client import InterBrokerLogin
-from dataplane.s3stream.records import StreamRecordBatch
-from dataplane.zonerouter.link_record import LinkRecord, resolve
 from dataplane.zonerouter.protocol import (
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,

@@ -468,7 +468,7 @@ def _raw_produce(bootstrap: str, topic: str, records: bytes) -> int:
 
 
 def test_garbage_record_batches_are_refused_and_store_nothing(cluster):
-    from dataplane.kafka.record_batch import build_batch
+    from dataplane.formats.record_batch import build_batch
 
     topic = f"bad-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, 1)

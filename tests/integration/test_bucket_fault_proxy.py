@@ -19,8 +19,8 @@ import pytest
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from dataplane.formats.object_format import parse_object
 from dataplane.objectstore import ObjectStorage, ObjectStoreUnavailableError, object_key
-from dataplane.s3stream.object_format import parse_object
 from tests.integration.fault_proxy import FaultProxy
 from tests.unit.test_upload_stream_errors import HookedController, append, crash, make_engine
 

@@ -19,8 +19,8 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 from controlplane.requests import AlterScramCredentialsRequest
 from controlplane.security import salted_password, scram_upsertion
 from controlplane.state_machine import MetadataStateMachine
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import encode_request
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.security.sasl import AUTH_FAILURES, SaslAuthenticator
 from dataplane.kafka.security.throttle import LoginThrottle
 from tests.integration.test_kafka_server import Cluster, Raw, make_registry, running

@@ -18,8 +18,8 @@ from kafka.protocol.consumer import JoinGroupRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import decode_response, encode_request
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
 from dataplane.kafka.server import KafkaServer, KafkaServerThread
 

@@ -10,8 +10,8 @@ import pytest
 from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
 
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import ResponseWithRecords
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
 from dataplane.kafka.security.authorizer import Authorizer
 from dataplane.kafka.security.enforcement import AclEnforcer

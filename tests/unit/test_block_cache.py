@@ -160,7 +160,7 @@ def test_a_block_parked_unwatched_does_not_pin_the_get_it_was_decoded_from():
     """Batches decoded from a GET are views of its whole body; a block nobody watches any
     more (kept in the LRU, possibly for long) gets payloads of its own, so the cache's bytes
     are what it counts, not every GET one of its blocks came from."""
-    from dataplane.s3stream.records import StreamRecordBatch
+    from dataplane.formats.stream_records import StreamRecordBatch
 
     body = StreamRecordBatch(1, 0, 0, 1, b"x" * 4096).encode() + b"other blocks" * 1000
     batch, _ = StreamRecordBatch.decode(body, 0, share_payload=True)

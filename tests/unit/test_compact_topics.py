@@ -19,10 +19,10 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
-from dataplane.kafka.record_batch import parse_batches, patch_batch
+from dataplane.formats.object_format import decode_block, parse_object
+from dataplane.formats.record_batch import parse_batches, patch_batch
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import object_key
-from dataplane.s3stream.object_format import decode_block, parse_object
-from dataplane.s3stream.records import StreamRecordBatch
 from spark_jobs import objects_io
 from spark_jobs.compact import cleaner_commit_request
 from spark_jobs.compact_topics import clean_stream, select_clean_tasks, survey_stream

@@ -17,9 +17,9 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
+from dataplane.formats.object_format import ObjectWriter
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.object_format import ObjectWriter
-from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.storage import S3Storage, StorageConfig
 from spark_jobs import objects_io
 from spark_jobs.compact import _commit_request

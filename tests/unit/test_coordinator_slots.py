@@ -23,7 +23,7 @@ from controlplane.inprocess import InProcessController
 from controlplane.records import decode_record
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 from tests.unit.test_metadata_state_machine import NOW, err, ok
 

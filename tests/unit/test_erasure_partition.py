@@ -17,9 +17,9 @@ from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
 from dataplane.erasure.store import HoleStore, RangeAnswer
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.erasure_partition import OFFSET_ALIGNMENT, ErasurePartitions
-from dataplane.kafka.errors import KafkaError
 from dataplane.metadata import MetadataFollower
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, fetch_req, produce_req, values_of
 

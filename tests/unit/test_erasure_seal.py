@@ -18,19 +18,19 @@ from controlplane.inprocess import InProcessController
 from controlplane.records import ObjectState
 from controlplane.requests import PrepareObjectsRequest, SealErasureRangeRequest
 from dataplane.erasure.reader import SealedRangeError
-from dataplane.erasure.seal_format import (
+from dataplane.erasure.store import HoleStore, used_log_bytes
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.object_format import ObjectWriter, parse_object
+from dataplane.formats.seal_format import (
     MAX_SLOTS_PER_BATCH,
     offset_of,
     seal_batches,
     sealed_records,
 )
-from dataplane.erasure.store import HoleStore, used_log_bytes
 from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
-from dataplane.kafka.errors import KafkaError
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.object_format import ObjectWriter, parse_object
 from dataplane.s3stream.storage import S3Storage, StorageConfig
 from tests.unit.test_erasure_partition import (
     NoLeaders,

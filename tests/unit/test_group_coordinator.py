@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.state import (
     Group,

@@ -34,7 +34,7 @@ from kafka.protocol.consumer.metadata import (
     ConsumerProtocolSubscription,
 )
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import GroupHandlers
 from dataplane.kafka.groups.offsets import CommittedOffset, InMemoryOffsetStore

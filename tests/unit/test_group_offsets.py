@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.offsets import (
     CommittedOffset,

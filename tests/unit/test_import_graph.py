@@ -1,8 +1,10 @@
-"""The layout is the architecture: imports point one way and form no cycle.
+"""The layout is the architecture: imports point one way (down the layers) and form no cycle.
 
-cli -> controlplane API / Kafka protocol / boundary configs; dataplane -> controlplane API;
-controlplane imports nothing of dataplane but the objectstore leaf. Imports inside functions
-count too (a deferred import hides a cycle, it does not remove it).
+Layers, bottom-up: formats < objectstore < controlplane < config, runtime < s3stream, erasure
+< kafka < zonerouter < broker < cli, spark_jobs (`LAYERS`). cli -> controlplane API / Kafka
+protocol / boundary configs; dataplane -> controlplane API; controlplane imports nothing of
+dataplane but the objectstore leaf and the formats floor. Imports inside functions count too
+(a deferred import hides a cycle, it does not remove it).
 """
 
 from __future__ import annotations
@@ -122,32 +124,34 @@ def test_controlplane_imports_only_the_objectstore_leaf_of_dataplane():
         for m, ts in import_graph().items()
         if m.startswith("controlplane")
         for t in ts
-        if t.startswith("dataplane") and not t.startswith("dataplane.objectstore")
+        if t.startswith("dataplane")
+        and not t.startswith(("dataplane.objectstore", "dataplane.formats"))
     }
     assert not bad, sorted(bad)
 
 
 def test_objectstore_is_a_leaf():
+    # a leaf but for the formats floor below it
     bad = {
         (m, t)
         for m, ts in import_graph().items()
         if m.startswith("dataplane.objectstore")
         for t in ts
-        if not t.startswith("dataplane.objectstore")
+        if not t.startswith(("dataplane.objectstore", "dataplane.formats"))
     }
     assert not bad, sorted(bad)
 
 
 def test_cli_imports_no_broker_internals():
     # the CLI talks to controllers (controlplane) and brokers (the Kafka protocol, through
-    # client libraries and the protocol's error table); it may read boundary configs and
-    # start the embedded object store
+    # client libraries and the protocol's error table, a format); it may read boundary configs
+    # and start the embedded object store
     allowed = (
         "controlplane",
         "cli",
         "dataplane.config",
         "dataplane.objectstore",
-        "dataplane.kafka.errors",  # the Kafka protocol's error table (pure)
+        "dataplane.formats",  # the formats floor (pure), e.g. the Kafka error table
     )
     bad = {
         (m, t)
@@ -163,3 +167,117 @@ def test_the_checker_sees_deferred_imports():
     graph = import_graph()
     # controlplane/server.py imports the object store inside a function
     assert any(t.startswith("dataplane.objectstore") for t in graph["controlplane.server"])
+
+
+# Layers, bottom-up; a module may import its own component or any component of a lower layer,
+# never one above nor a sibling of its own layer. Components of one layer are independent
+# siblings (s3stream and erasure do not import each other, nor cli and spark_jobs). A
+# component is a module and everything under it.
+#
+# Placement of the top-level modules of dataplane:
+# - `dataplane.config` (pydantic boundary config: the CLI writes it, the broker reads it; the
+#   engines' defaults) is imported by s3stream (storage defaults) and kafka (server, retention)
+#   and imports controlplane.records (listener endpoints) and formats (the client-AZ CIDR map
+#   it validates): it sits right above controlplane, below every engine.
+# - `dataplane.runtime` (the process's GC, buffers, and the declared loop / pools of issue 27)
+#   is imported today only by the broker, but it imports nothing of the project and engines
+#   will name the pools they run on: it sits as low as an engine can reach, beside config.
+# - `dataplane.node`, `dataplane.metadata`, `dataplane.stall` (and `dataplane.broker`, the
+#   composition root) are the broker process: one component.
+LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("dataplane.formats",),),
+    (("dataplane.objectstore",),),
+    (("controlplane",),),
+    (("dataplane.config",), ("dataplane.runtime",)),
+    (("dataplane.s3stream",), ("dataplane.erasure",)),
+    (("dataplane.kafka",),),
+    (("dataplane.zonerouter",),),
+    (("dataplane.node", "dataplane.metadata", "dataplane.stall", "dataplane.broker"),),
+    (("cli",), ("spark_jobs",)),
+)
+# `dataplane` itself is an empty namespace package (`from dataplane import x` names it)
+NAMESPACE_PACKAGES = frozenset({"dataplane"})
+# imports allowed against the layer order: (importer, imported) -> the reason; keep it empty
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def _layer_of(module: str) -> tuple[int, int] | None:
+    """(layer index, component index within the layer) of a module, or None if unplaced."""
+    for layer_index, components in enumerate(LAYERS):
+        for component_index, prefixes in enumerate(components):
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                return layer_index, component_index
+    return None
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(
+        m for m in import_graph() if m not in NAMESPACE_PACKAGES and _layer_of(m) is None
+    )
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_namespace_packages_are_empty():
+    for name in NAMESPACE_PACKAGES:
+        init = ROOT.joinpath(*name.split("."), "__init__.py")
+        assert not init.read_text().strip(), f"{init} is a namespace package: keep it empty"
+
+
+def test_imports_follow_the_layer_order():
+    bad = set()
+    for module, targets in import_graph().items():
+        here = _layer_of(module)
+        if here is None:
+            continue  # test_every_module_has_a_layer names it
+        for target in targets:
+            there = _layer_of(target)
+            if there is None or (module, target) in LAYER_EXCEPTIONS:
+                continue
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                bad.add((module, target))
+    assert not bad, f"imports up (or across) the layers: {sorted(bad)}"
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert _layer_of("dataplane.formats.record_batch") < _layer_of("dataplane.kafka.apis")
+    assert _layer_of("dataplane.s3stream.storage")[0] == _layer_of("dataplane.erasure.codec")[0]
+    assert _layer_of("dataplane.s3stream.storage") != _layer_of("dataplane.erasure.codec")
+
+
+# what a formats module may not import: formats are pure (no I/O, no threads, no clocks)
+IMPURE_MODULES = frozenset(
+    {
+        "asyncio",
+        "boto3",
+        "botocore",
+        "concurrent",
+        "logging",
+        "multiprocessing",
+        "os",
+        "pathlib",
+        "prometheus_client",
+        "selectors",
+        "shutil",
+        "socket",
+        "ssl",
+        "subprocess",
+        "tempfile",
+        "threading",
+        "time",
+        "urllib",
+    }
+)
+
+
+def test_formats_are_pure():
+    bad = set()
+    for path in (ROOT / "dataplane" / "formats").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bad |= {(path.name, n) for n in names if n.split(".")[0] in IMPURE_MODULES}
+    assert not bad, sorted(bad)

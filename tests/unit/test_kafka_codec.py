@@ -27,6 +27,8 @@ from kafka.protocol.schemas.fields.struct import StructField
 from kafka.protocol.schemas.fields.struct_array import StructArrayField
 from kafka.record.memory_records import MemoryRecordsBuilder
 
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka import codec
 from dataplane.kafka.codec import (
     DecodedRequest,
@@ -40,8 +42,6 @@ from dataplane.kafka.codec import (
     encode_request,
     encode_response,
 )
-from dataplane.kafka.errors import KafkaError
-from dataplane.kafka.record_batch import RecordChunks
 from dataplane.kafka.registry import ApiRegistry, RequestContext
 
 TOPIC_ID = uuid.UUID("6f1c1f1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f")

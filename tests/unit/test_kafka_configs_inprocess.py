@@ -13,7 +13,7 @@ from kafka.protocol.admin import (
     IncrementalAlterConfigsRequest,
 )
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, produce_req
 
 TOPIC, BROKER = 2, 4

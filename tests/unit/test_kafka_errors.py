@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kafka.errors as client_errors
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 
 
 def _client_table() -> dict[int, type]:

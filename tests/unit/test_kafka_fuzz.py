@@ -12,6 +12,8 @@ from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
+from dataplane.formats.kafka_errors import InvalidRecordBatchError
+from dataplane.formats.record_batch import parse_batches
 from dataplane.kafka import codec
 from dataplane.kafka.codec import (
     DecodedRequest,
@@ -21,8 +23,6 @@ from dataplane.kafka.codec import (
     decode_request,
     encode_request,
 )
-from dataplane.kafka.errors import InvalidRecordBatchError
-from dataplane.kafka.record_batch import parse_batches
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False

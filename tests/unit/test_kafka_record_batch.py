@@ -11,8 +11,8 @@ from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
-from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
-from dataplane.kafka.record_batch import (
+from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.record_batch import (
     MIN_CHUNK_BYTES,
     RECORD_BATCH_OVERHEAD,
     CompressionType,

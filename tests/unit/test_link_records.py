@@ -9,16 +9,16 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from dataplane.kafka.record_batch import parse_batches, patch_batch
+from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
+from dataplane.formats.record_batch import parse_batches, patch_batch
+from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.s3stream.wal.object_wal import (
     ObjectWAL,
     ObjectWALLocation,
     ObjectWALReader,
     WALTrimmedError,
 )
-from dataplane.zonerouter.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
 from dataplane.zonerouter.proxy import ChannelReaders, channel_location
 from tests.unit.test_kafka_apis_inprocess import batch
 
@@ -151,9 +151,9 @@ def _linked_main(objects, ctrl, engine):
 def test_a_mains_wal_keeps_links_and_its_failover_reads_the_data_from_the_channel(
     objects, tmp_path
 ):
+    from dataplane.formats.object_format import decode_block, parse_object
     from dataplane.objectstore import object_key
     from dataplane.s3stream.failover import recover_failed_wal
-    from dataplane.s3stream.object_format import decode_block, parse_object
 
     ctrl, engine = _setup(objects, tmp_path)
     channel, _, records, stream_id = _linked_main(objects, ctrl, engine)

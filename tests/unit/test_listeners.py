@@ -19,8 +19,8 @@ from controlplane.records import BrokerEndpoint, decode_record
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.config import BrokerConfig
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.apis import BrokerIdentity, KafkaApis
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import RequestContext
 
 NOW = 1_000_000

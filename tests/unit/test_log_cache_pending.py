@@ -3,8 +3,8 @@ so a flush or a stream close under steady produce load finishes."""
 
 from __future__ import annotations
 
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.log_cache import LogCache
-from dataplane.s3stream.records import StreamRecordBatch
 
 
 def test_take_pending_stops_at_the_wal_offset_snapshot():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from dataplane.kafka.record_batch import parse_batch_header, parse_batches, patch_batch
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.record_batch import parse_batch_header, parse_batches, patch_batch
+from dataplane.formats.stream_records import StreamRecordBatch
 from spark_jobs.log_cleaner import (
     OffsetMap,
     add_stream_batches,

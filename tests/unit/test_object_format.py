@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.s3stream.object_format import (
+from dataplane.formats.object_format import (
     BLOCK_HEADER_SIZE_BYTES,
     FOOTER_MAGIC,
     FOOTER_SIZE_BYTES,
@@ -25,7 +25,7 @@ from dataplane.s3stream.object_format import (
     parse_object,
     slice_index_from_tail,
 )
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
 
 
 def make_batches(stream_id: int, start: int, n: int, count: int = 3, payload_bytes: int = 100):
@@ -303,7 +303,7 @@ def test_index_from_tail_read() -> None:
 def test_encoded_blocks_copy_into_a_new_object_identically():
     """Compaction copies checked block bodies without decoding (`add_encoded`): the new
     object decodes to the same batches, small blocks merge, a flipped byte is caught."""
-    from dataplane.s3stream.object_format import check_block
+    from dataplane.formats.object_format import check_block
 
     batches = [StreamRecordBatch(7, 0, i, 1, bytes([i]) * 100) for i in range(50)]
     src = ObjectWriter(block_size_bytes=1024)

@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, fetch_req, produce_req, values_of
 
 # well below the 1 s a refused produce waits (a blocked loop stalls that long), well above

@@ -7,11 +7,11 @@ from concurrent.futures import Future
 
 import pytest
 
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import patch_batch
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka import partitions as p
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partitions import ProducerStateTable, rebuild_producer_state
-from dataplane.kafka.record_batch import patch_batch
-from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.storage import StorageError
 from tests.unit.test_kafka_record_batch import client_batch
 

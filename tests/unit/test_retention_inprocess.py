@@ -10,8 +10,8 @@ from kafka.protocol.admin import DeleteRecordsRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from controlplane.records import ObjectState
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.admin_apis import AdminApis
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.retention import RetentionManager, retention_start_offset
 from dataplane.kafka.time_index import StoredPiece
 from tests.unit.test_kafka_apis_inprocess import ctx, fetch_req, list_offsets_req, produce_req

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.s3stream.records import (
+from dataplane.formats.stream_records import (
     HEADER_SIZE_BYTES,
     MAGIC,
     CorruptRecordError,

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
+from dataplane.formats.link_record import LinkRecord
 from dataplane.kafka.codec import decode_request, decode_response, encode_request, encode_response
-from dataplane.zonerouter.link_record import LinkRecord
 from dataplane.zonerouter.protocol import (
     SNAPSHOT_KEY,
     GetPartitionSnapshotRequest,
@@ -204,7 +204,7 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
     whose channel record it cannot read (a gap: served once uploaded)."""
     from controlplane.settings import ControllerSettings
     from controlplane.state_machine import MetadataStateMachine
-    from dataplane.kafka.record_batch import patch_batch
+    from dataplane.formats.record_batch import patch_batch
     from dataplane.s3stream.wal.object_wal import ObjectWAL
     from dataplane.zonerouter.proxy import ChannelReaders, channel_location
     from dataplane.zonerouter.snapshot_read import SnapshotReader
@@ -375,7 +375,7 @@ def test_snapshot_server_long_polls_and_answers_durable_links_only(monkeypatch):
     import threading
     import time
 
-    from dataplane.kafka.errors import KafkaError
+    from dataplane.formats.kafka_errors import KafkaError
     from dataplane.zonerouter import snapshot_read
     from dataplane.zonerouter.snapshot_read import MAX_WAIT_MS, SnapshotServer
 
@@ -601,7 +601,7 @@ def test_markers_the_main_holds_without_a_link_are_sent_inline():
     read_committed consumers see the transaction end without waiting for the upload."""
     import asyncio
 
-    from dataplane.kafka.record_batch import patch_batch
+    from dataplane.formats.record_batch import patch_batch
     from dataplane.kafka.txn.markers import build_marker
     from dataplane.zonerouter.snapshot_read import SnapshotServer
     from tests.unit.test_kafka_apis_inprocess import batch

@@ -8,10 +8,10 @@ from concurrent.futures import Future
 
 import pytest
 
+from dataplane.formats.object_format import ObjectWriter, parse_object
+from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream import stream_reader as sr
 from dataplane.s3stream.block_cache import BlockCache
-from dataplane.s3stream.object_format import ObjectWriter, parse_object
-from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
     ObjectDemand,

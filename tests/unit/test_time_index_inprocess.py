@@ -11,7 +11,7 @@ import math
 import pytest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from tests.unit.test_kafka_apis_inprocess import ctx, list_offsets_req, produce_req
 
 BASE_TS = 1_700_000_000_000

@@ -22,7 +22,7 @@ from kafka.protocol.producer import (
 )
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.registry import RequestContext

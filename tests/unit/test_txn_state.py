@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kafka.record.memory_records import MemoryRecords
 
-from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
-from dataplane.kafka.record_batch import parse_batches
+from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.record_batch import parse_batches
 from dataplane.kafka.txn import state as st
 from dataplane.kafka.txn.markers import build_marker, marker_of
 

@@ -22,9 +22,9 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from dataplane.formats.object_format import parse_object
 from dataplane.objectstore import ObjectStoreUnavailableError, object_key
 from dataplane.s3stream.failover import recover_failed_wal
-from dataplane.s3stream.object_format import parse_object
 from dataplane.s3stream.storage import S3Storage, StorageConfig
 from dataplane.s3stream.uploader import (
     StorageError,

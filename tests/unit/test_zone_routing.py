@@ -88,7 +88,7 @@ def test_produce_and_fetch_resolve_by_client_az():
 def test_client_bytes_are_counted_by_the_clients_az():
     class Backend:
         def append(self, records):
-            from dataplane.kafka.errors import KafkaError
+            from dataplane.formats.kafka_errors import KafkaError
             from dataplane.kafka.partition_backend import AppendOutcome
 
             return AppendOutcome(KafkaError.NONE, 0)
@@ -117,11 +117,11 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
 
     import pytest
 
-    from dataplane.kafka.errors import KafkaError
+    from dataplane.formats.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az
+    from dataplane.formats.kafka_errors import KafkaError
     from dataplane.kafka.partition_backend import BackendError, OffsetAndTimestamp
     from dataplane.kafka.partitions import OffsetOutOfRangeError
     from dataplane.zonerouter import proxy as proxy_module
-    from dataplane.zonerouter.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az
     from dataplane.zonerouter.proxy import ProxyPartition
 
     image = _image()
@@ -206,8 +206,8 @@ def test_delete_records_at_a_proxy_goes_through_the_clients_routing():
 
     from kafka.protocol.admin import DeleteRecordsRequest
 
+    from dataplane.formats.kafka_errors import KafkaError
     from dataplane.kafka.admin_apis import AdminApis
-    from dataplane.kafka.errors import KafkaError
     from dataplane.kafka.partition_backend import BackendError
 
     image = _image(2)

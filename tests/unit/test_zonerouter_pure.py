@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.zonerouter.client_az import CidrAzMap, az_from_client_id, client_az
+from dataplane.formats.client_az import CidrAzMap, az_from_client_id, client_az
 from dataplane.zonerouter.proxy_mapping import BrokerPlace, ProxyMapping
 
 

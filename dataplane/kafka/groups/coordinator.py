@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 
 from .state import (
     Group,

@@ -45,7 +45,7 @@ from kafka.protocol.consumer import (
     SyncGroupResponse,
 )
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 
 from .coordinator import GroupCoordinator
 from .offsets import CommittedOffset, OffsetManager, OffsetStore, TopicPartition, store_error_code

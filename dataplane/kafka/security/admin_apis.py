@@ -31,8 +31,8 @@ from controlplane.requests import (
     ScramUpsertion,
 )
 from controlplane.security import b64, keys_from_salted_password, scram_key
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import response_class
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.security.authorizer import (
     OPERATIONS,
     PATTERN_TYPES,

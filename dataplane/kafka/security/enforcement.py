@@ -4,7 +4,7 @@
 checked with the pure `Authorizer` against the current metadata image's ACLs before the
 handler runs. Per-topic (per-group, per-resource) APIs answer the denied entries with
 TOPIC_AUTHORIZATION_FAILED / GROUP_AUTHORIZATION_FAILED / CLUSTER_AUTHORIZATION_FAILED (the
-one table, dataplane/kafka/errors.py) and pass the allowed rest to the handler; APIs about
+one table, dataplane/formats/kafka_errors.py) and pass the allowed rest to the handler; APIs about
 one group or the cluster get the whole answer refused; Metadata and ListGroups leave out
 what the principal may not DESCRIBE. An API without a policy here is for super users only
 (anyone else is disconnected), so a newly registered API is never open by mistake.
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.image import MetadataImage
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import ResponseWithRecords, response_class
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.registry import ApiRegistry, CloseConnection
 from dataplane.kafka.security.authorizer import CLUSTER_RESOURCE, Authorizer, allows_any
 

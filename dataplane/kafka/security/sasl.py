@@ -25,8 +25,8 @@ from prometheus_client import Counter
 
 from controlplane.image import MetadataImage
 from controlplane.security import scram_key
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import response_class
-from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.security.plain import parse_plain, verify_password
 from dataplane.kafka.security.scram import (
     SaslAuthenticationError,

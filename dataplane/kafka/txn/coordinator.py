@@ -33,7 +33,7 @@ from controlplane.coordinators import TXN_STATE_KEY_PREFIX, group_coordinator, s
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.requests import PutTxnStateRequest
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.txn import state as st
 from dataplane.kafka.txn.marker_client import CONSUMER_OFFSETS_TOPIC, send_write_txn_markers

@@ -36,7 +36,7 @@ from kafka.protocol.producer import (
 )
 
 from controlplane.image import MetadataImage
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 from dataplane.kafka.offset_store import KVOffsetStore

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from dataplane.kafka.record_batch import RecordBatchHeader, build_batch, zigzag_varint
+from dataplane.formats.record_batch import RecordBatchHeader, build_batch, zigzag_varint
 
 ABORT = 0
 COMMIT = 1

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from dataplane.kafka.errors import KafkaError
+from dataplane.formats.kafka_errors import KafkaError
 
 MAX_TXN_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms default (15 min)
 MAX_PRODUCER_EPOCH = 32_767  # Short.MaxValue: a new producer id once reached

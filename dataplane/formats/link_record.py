@@ -1,7 +1,7 @@
 """Link Records (seed 000): what a main's WAL (the ConfirmWAL) keeps of routed data.
 
 A main that appends a batch a proxy wrote to its RouterChannel persists, instead of the
-data, a `StreamRecordBatch` with a negative count (a Link Record, `s3stream/records.py`)
+data, a `StreamRecordBatch` with a negative count (a Link Record, `formats/stream_records.py`)
 whose payload points at the data::
 
     magic u8 0x4C | source node i32 | channel offset i64 | position u32 | length u32 |
@@ -18,8 +18,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from dataplane.kafka.record_batch import patch_batch
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.record_batch import patch_batch
+from dataplane.formats.stream_records import StreamRecordBatch
 
 LINK_MAGIC = 0x4C
 _FORMAT = struct.Struct(">BiqIIq")

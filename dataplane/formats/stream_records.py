@@ -131,13 +131,6 @@ class StreamRecordBatch:
             MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
         )
 
-    def encode_into(self, out: bytearray) -> None:
-        """Append the encoding to ``out`` (avoids one copy when building blocks)."""
-        out += _HEADER.pack(
-            MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
-        )
-        out += self.payload
-
     def owned(self) -> StreamRecordBatch:
         """This batch with a payload of its own (``bytes``): a shared payload is copied, so
         the batch no longer keeps the buffer it was decoded from alive."""

@@ -45,7 +45,7 @@ from enum import IntEnum
 
 import crc32c
 
-from .errors import InvalidRecordBatchError, KafkaError
+from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 
 __all__ = [
     "LOG_OVERHEAD",

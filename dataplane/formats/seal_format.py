@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dataplane.s3stream.records import StreamRecordBatch
+from dataplane.formats.stream_records import StreamRecordBatch
 
 SLOT_BITS = 16
 SLOT_SIZE = 1 << SLOT_BITS  # Kafka offsets per slot (the write alignment)

@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc32c
 
-from dataplane.s3stream.records import (
+from dataplane.formats.stream_records import (
     HEADER_SIZE_BYTES as BATCH_HEADER_SIZE_BYTES,
 )
-from dataplane.s3stream.records import (
+from dataplane.formats.stream_records import (
     CorruptRecordError,
     StreamRecordBatch,
 )
@@ -410,11 +410,6 @@ class ObjectWriter:
         )
 
 
-def encode_block(body: bytes | bytearray, batch_count: int) -> bytes:
-    """Frame encoded batches of one stream as a data block (header + CRC + body)."""
-    return _block_head(body, batch_count) + bytes(body)
-
-
 def _block_head(body: bytes | bytearray, batch_count: int) -> bytes:
     """The header of the data block holding `body`, its CRC32C included."""
     head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, len(body), 0)[
@@ -632,7 +627,7 @@ def decode_block(
     With ``entry`` the block is also checked against its index entry (size,
     stream, offsets, record count). With ``share_payloads`` and an immutable buffer
     (``bytes``, or a view of ``bytes``: a GET's body) the batches' payloads are read-only
-    views of it, not copies (see records.py: they keep the whole buffer alive); from any
+    views of it, not copies (see stream_records.py: they keep the whole buffer alive); from any
     other buffer (which its owner may reuse) they are copies.
 
     Raises:
