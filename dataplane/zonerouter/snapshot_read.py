@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from controlplane.image import MetadataImage
 from dataplane.kafka.errors import InvalidRecordBatchError, KafkaError
+from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.record_batch import parse_batch_header, parse_batches
-from dataplane.kafka.txn.marker_client import InterBrokerLogin
 from dataplane.s3stream.records import StreamRecordBatch
 from dataplane.zonerouter.link_record import LinkRecord, resolve
 from dataplane.zonerouter.protocol import (
@@ -43,7 +43,7 @@ from dataplane.zonerouter.protocol import (
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
 )
-from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition, _MainConnection
+from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition
 from dataplane.zonerouter.snapshot import (
     CachedBatch,
     LinkIndex,
@@ -345,7 +345,7 @@ class SnapshotReader:
     # ------------------------------------------------------------ the polling side
 
     def _poll_loop(self, main_node_id: int) -> None:
-        conn: _MainConnection | None = None
+        conn: BrokerConnection | None = None
         try:
             while not self._stop.is_set():
                 image = self.image_fn()
@@ -357,7 +357,7 @@ class SnapshotReader:
                 if conn is None or (conn.host, conn.port) != (main.host, main.kafka_port):
                     if conn is not None:
                         conn.close()
-                    conn = _MainConnection(
+                    conn = BrokerConnection(
                         main.host,
                         main.kafka_port,
                         self.login,
