@@ -28,6 +28,7 @@ from typing import Any
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS
+from controlplane.tls import client_ssl_context
 from dataplane.kafka.codec import decode_response, encode_request
 
 # the client id of every broker-to-broker request (the zone router serves it as the real
@@ -83,8 +84,7 @@ class InterBrokerLogin:
     def tls_context(self) -> ssl.SSLContext:
         """A client TLS context trusting `ssl_ca_file`, with the client certificate if any."""
         assert self.ssl_ca_file is not None
-        tls = ssl.create_default_context(cafile=str(self.ssl_ca_file))
-        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls = client_ssl_context(self.ssl_ca_file)
         if self.ssl_cert_file is not None and self.ssl_key_file is not None:
             tls.load_cert_chain(str(self.ssl_cert_file), str(self.ssl_key_file))
         return tls
