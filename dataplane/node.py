@@ -19,6 +19,7 @@ Run: python -m dataplane.node --config broker.json
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from controlplane.requests import (
 )
 from controlplane.signal_watcher import SignalWatcher
 from dataplane.config import BrokerConfig
+from dataplane.kafka.interbroker import InterBrokerLogin
 from dataplane.metadata import MetadataFollower
 from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric, keep_freed_memory
 from dataplane.s3stream.wal.factory import wal_uri_for_path
@@ -56,6 +58,37 @@ FAILOVER_ATTEMPTS = 20
 PORT_WAIT_S = 30.0  # how long to wait for the Kafka port held by a dying predecessor
 BUCKET_PROBE_TIMEOUT_MS = 2_000
 ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"  # Kafka's principal of unauthenticated listeners
+
+
+def inter_broker_login(cfg: BrokerConfig) -> InterBrokerLogin:
+    """The `InterBrokerLogin` of a broker of `cfg`: it follows the listener brokers talk to
+    each other on, their first (registered as host:kafka_port): the broker principal's SASL
+    login on SASL_*, the cluster CA and this broker's client certificate (mutual TLS) on
+    *SSL. Warns when the config lacks what that listener needs."""
+    from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS
+
+    protocol = cfg.effective_listeners()[0].security_protocol
+    if protocol in SASL_PROTOCOLS and not cfg.inter_broker_sasl_username:
+        log.warning(
+            "SASL listener without an inter-broker login (inter_broker_sasl_username): "
+            "other brokers will refuse this one's requests"
+        )
+    if protocol in TLS_PROTOCOLS and cfg.tls_ca_file is None:
+        log.warning("TLS listener without tls_ca_file: requests to other brokers will fail")
+    if protocol == "SSL" and cfg.ssl_client_auth == "required" and not cfg.tls_client_cert_file:
+        log.warning(
+            "ssl_client_auth=required without tls_client_cert_file: other brokers will "
+            "refuse this one's requests"
+        )
+    return InterBrokerLogin.for_listener(
+        protocol,
+        sasl_username=cfg.inter_broker_sasl_username,
+        sasl_password=cfg.inter_broker_sasl_password,
+        sasl_mechanism=cfg.inter_broker_sasl_mechanism,
+        ssl_ca_file=cfg.tls_ca_file,
+        ssl_cert_file=cfg.tls_client_cert_file,
+        ssl_key_file=cfg.tls_client_key_file,
+    )
 
 
 class BrokerNode:
@@ -504,7 +537,7 @@ class BrokerNode:
             cfg.node_id,
             image_fn,
             apis._client_az,
-            self._inter_broker_login(),
+            self._inter_broker_login,
             # the counters exist once the zone router is set up below
             on_broker_bytes=lambda az, n: self.zone_traffic and self.zone_traffic.broker(az, n),
         )
@@ -574,7 +607,7 @@ class BrokerNode:
             image_fn,
             self.storage.read_committed,
             self.zone_traffic,
-            login=self._inter_broker_login(),
+            login=self._inter_broker_login,
             ready_fn=lambda: self.metadata.caught_up,
         )
         self.zone_router.start()
@@ -613,45 +646,17 @@ class BrokerNode:
         self.zone_route_handler = handler
         return routing, handler
 
+    @functools.cached_property
     def _inter_broker_login(self):
-        from dataplane.kafka.txn.marker_client import InterBrokerLogin
-
-        cfg = self.config
-        return InterBrokerLogin(
-            username=cfg.inter_broker_sasl_username if cfg.sasl_enabled else None,
-            password=cfg.inter_broker_sasl_password,
-            mechanism=cfg.inter_broker_sasl_mechanism,
-            ssl_ca_file=cfg.tls_ca_file if cfg.tls_cert_file else None,
-        )
+        """How this broker logs in to the others, built once for every inter-broker client
+        (transaction markers, the zone router, the coordinator proxy, snapshot reads)."""
+        return inter_broker_login(self.config)
 
     def _marker_sender(self):
-        """WriteTxnMarkers to the other brokers, logged in as the broker principal on a
-        SASL cluster and over TLS (trusting the cluster CA) on a TLS one."""
-        import functools
+        """WriteTxnMarkers to the other brokers, logged in as the inter-broker login."""
+        from dataplane.kafka.txn.marker_client import send_write_txn_markers
 
-        from controlplane.listeners import SASL_PROTOCOLS, TLS_PROTOCOLS
-        from dataplane.kafka.txn.marker_client import InterBrokerLogin, send_write_txn_markers
-
-        cfg = self.config
-        # brokers reach each other on their first listener (registered as host:kafka_port)
-        protocol = cfg.effective_listeners()[0].security_protocol
-        sasl, tls = protocol in SASL_PROTOCOLS, protocol in TLS_PROTOCOLS
-        if sasl and not cfg.inter_broker_sasl_username:
-            log.warning(
-                "SASL listener without an inter-broker login (inter_broker_sasl_username): "
-                "transaction markers to other brokers will be refused"
-            )
-        if tls and cfg.tls_ca_file is None:
-            log.warning("TLS listener without tls_ca_file: markers to other brokers will fail")
-        login = InterBrokerLogin(
-            username=cfg.inter_broker_sasl_username if sasl else None,
-            password=cfg.inter_broker_sasl_password,
-            mechanism=cfg.inter_broker_sasl_mechanism,
-            ssl_ca_file=cfg.tls_ca_file if tls else None,
-            ssl_cert_file=cfg.tls_client_cert_file if tls else None,
-            ssl_key_file=cfg.tls_client_key_file if tls else None,
-        )
-        return functools.partial(send_write_txn_markers, login=login)
+        return functools.partial(send_write_txn_markers, login=self._inter_broker_login)
 
     def _secure_listeners(self, registry, image_fn):
         """The server's listeners (one socket each, Kafka's `listeners`): SASL and the

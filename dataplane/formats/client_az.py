@@ -75,7 +75,7 @@ class CidrAzMap:
         return None
 
 
-# the client id of broker-to-broker requests (`txn.marker_client.CLIENT_ID`: transaction
+# the client id of broker-to-broker requests (`kafka.interbroker.CLIENT_ID`: transaction
 # markers, a proxy's forwarded ListOffsets / DeleteRecords): served as the real partition,
 # whatever AZ the sending broker's address maps to
 BROKER_CLIENT_ID = "automq-txn-coordinator"

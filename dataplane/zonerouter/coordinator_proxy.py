@@ -42,8 +42,7 @@ from kafka.protocol.producer import (
 
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.image import BrokerState, MetadataImage
-from dataplane.kafka.txn.marker_client import InterBrokerLogin
-from dataplane.zonerouter.proxy import _MainConnection
+from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class CoordinatorProxy:
         self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="coordinator-proxy")
         self._in_flight = 0
         self._lock = threading.Lock()
-        self._idle: dict[tuple[str, int], list[_MainConnection]] = {}
+        self._idle: dict[tuple[str, int], list[BrokerConnection]] = {}
         self._busy: dict[tuple[str, int], int] = {}
 
     @staticmethod
@@ -161,7 +160,7 @@ class CoordinatorProxy:
                 raise ConnectionError(f"{MAX_CONNECTIONS_PER_COORDINATOR} requests in flight")
             else:
                 count = self.on_broker_bytes
-                conn = _MainConnection(
+                conn = BrokerConnection(
                     *where,
                     self.login,
                     None if count is None else (lambda n, az=broker.az: count(az, n)),

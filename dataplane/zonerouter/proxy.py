@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
+from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     BackendError,
@@ -50,7 +50,6 @@ from dataplane.kafka.partition_backend import (
     append_when_room,
 )
 from dataplane.kafka.partitions import OffsetOutOfRangeError
-from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.object_wal import (
@@ -128,53 +127,6 @@ class _ChannelRecord:
         self.stream_epoch = -1
 
 
-class _MainConnection:
-    """One blocking connection to a main; requests are serialized on it (thread-safe).
-    `on_bytes` gets the bytes of each request and its answer (the zone router's
-    broker-to-broker accounting)."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        login: InterBrokerLogin | None,
-        on_bytes: Callable[[int], None] | None = None,
-    ):
-        self.host, self.port, self.login = host, port, login
-        self.on_bytes = on_bytes
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-
-    def call(
-        self,
-        req,
-        timeout_s: float,
-        api_key: int = ZONE_ROUTE_KEY,
-        version: int = ZONE_ROUTE_VERSION,
-    ):
-        with self._lock:
-            try:
-                if self._sock is None:
-                    self._sock = _connect(self.host, self.port, timeout_s, self.login)
-                self._sock.settimeout(timeout_s)
-                sizes: list[int] = []
-                resp = _roundtrip(self._sock, req, api_key, version, sizes)
-                if self.on_bytes is not None:
-                    self.on_bytes(sum(sizes))
-                return resp
-            except BaseException:
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
-                raise
-
-    def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
-
-
 class ZoneRouter:
     """This broker's proxy side: its RouterChannel, connections to mains, proxy partitions.
 
@@ -206,7 +158,7 @@ class ZoneRouter:
         self.channel: ObjectWAL | None = None
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}
-        self._connections: dict[tuple[str, int], _MainConnection] = {}
+        self._connections: dict[tuple[str, int], BrokerConnection] = {}
         # channel records not trimmed yet, by channel offset
         self._records: dict[int, _ChannelRecord] = {}
         # appends whose offset is not yet known, by token: the channel's durable end when
@@ -297,12 +249,12 @@ class ZoneRouter:
 
     # ------------------------------------------------------------------ produce path
 
-    def _connection(self, host: str, port: int, az: str) -> _MainConnection:
+    def _connection(self, host: str, port: int, az: str) -> BrokerConnection:
         """The pooled connection to the main at (host, port), in AZ `az`."""
         with self._lock:
             conn = self._connections.get((host, port))
             if conn is None:
-                conn = self._connections[(host, port)] = _MainConnection(
+                conn = self._connections[(host, port)] = BrokerConnection(
                     host, port, self.login, self.broker_bytes_counter(az)
                 )
             return conn
@@ -350,7 +302,7 @@ class ZoneRouter:
             )
             try:
                 resp = self._connection(main.host, main.kafka_port, main.az).call(
-                    req, timeout_s + RPC_EXTRA_TIMEOUT_S
+                    req, timeout_s + RPC_EXTRA_TIMEOUT_S, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION
                 )
             except (OSError, ConnectionError) as exc:
                 # the main may have appended (and linked) it: keep the record until that
@@ -650,7 +602,7 @@ class ProxyPartition:
         main = self.router.image_fn().brokers.get(part.leader_node_id) if part else None
         if main is None or main.fenced:
             raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "the main is not live")
-        conn = _MainConnection(
+        conn = BrokerConnection(
             main.host, main.kafka_port, self.router.login, self.router.broker_bytes_counter(main.az)
         )
         try:

@@ -35,15 +35,15 @@ from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.link_record import LinkRecord, resolve
 from dataplane.formats.record_batch import parse_batch_header, parse_batches
 from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import PartitionResolver
-from dataplane.kafka.txn.marker_client import InterBrokerLogin
 from dataplane.zonerouter.protocol import (
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
 )
-from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition, _MainConnection
+from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition
 from dataplane.zonerouter.snapshot import (
     CachedBatch,
     LinkIndex,
@@ -345,7 +345,7 @@ class SnapshotReader:
     # ------------------------------------------------------------ the polling side
 
     def _poll_loop(self, main_node_id: int) -> None:
-        conn: _MainConnection | None = None
+        conn: BrokerConnection | None = None
         try:
             while not self._stop.is_set():
                 image = self.image_fn()
@@ -357,7 +357,7 @@ class SnapshotReader:
                 if conn is None or (conn.host, conn.port) != (main.host, main.kafka_port):
                     if conn is not None:
                         conn.close()
-                    conn = _MainConnection(
+                    conn = BrokerConnection(
                         main.host,
                         main.kafka_port,
                         self.login,

@@ -446,13 +446,13 @@ def _aiokafka_group(cluster, az: str, group: str, count: int):
 
 
 def _zone_route(address: str, **fields):
-    from dataplane.kafka.txn.marker_client import _roundtrip
+    from dataplane.kafka.interbroker import roundtrip
     from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZoneRouteRequest
 
     host, port = address.rsplit(":", 1)
     req = ZoneRouteRequest[0](**fields)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        return _roundtrip(sock, req, ZONE_ROUTE_KEY, 0)
+        return roundtrip(sock, req, ZONE_ROUTE_KEY, 0)
 
 
 def test_zone_route_with_a_fenced_epoch_or_a_bad_channel_is_refused(cluster):

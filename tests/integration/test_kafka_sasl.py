@@ -227,14 +227,11 @@ def test_marker_client_logs_in_as_the_broker_over_tls(tmp_path):
     from kafka.protocol.producer import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 
     from cli.tls import generate_ca_and_server_cert
+    from dataplane.kafka.interbroker import InterBrokerAuthError, InterBrokerLogin
     from dataplane.kafka.security.authorizer import Authorizer
     from dataplane.kafka.security.enforcement import AclEnforcer
     from dataplane.kafka.security.tls import server_ssl_context
-    from dataplane.kafka.txn.marker_client import (
-        InterBrokerAuthError,
-        InterBrokerLogin,
-        send_write_txn_markers,
-    )
+    from dataplane.kafka.txn.marker_client import send_write_txn_markers
 
     machine = MetadataStateMachine()
     req = AlterScramCredentialsRequest(

@@ -151,7 +151,7 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
         def close(self):
             pass
 
-    monkeypatch.setattr(proxy_module, "_MainConnection", _Conn)
+    monkeypatch.setattr(proxy_module, "BrokerConnection", _Conn)
 
     def listed(error=0, offset=-1, timestamp=-1):
         part = SimpleNamespace(error_code=error, offset=offset, timestamp=timestamp)
@@ -264,7 +264,7 @@ def test_a_main_connection_counts_the_bytes_of_each_request_and_answer():
     from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
     from dataplane.kafka.codec import decode_request, encode_response
-    from dataplane.zonerouter.proxy import _MainConnection
+    from dataplane.kafka.interbroker import BrokerConnection
 
     listener = socket.create_server(("127.0.0.1", 0))
     on_wire: list[int] = []
@@ -282,7 +282,7 @@ def test_a_main_connection_counts_the_bytes_of_each_request_and_answer():
             on_wire.append(4 + size + len(answer))
 
     counted: list[int] = []
-    main = _MainConnection("127.0.0.1", listener.getsockname()[1], None, counted.append)
+    main = BrokerConnection("127.0.0.1", listener.getsockname()[1], None, counted.append)
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
