@@ -53,7 +53,8 @@ PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
 
 
 def _assignment(image) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
-    """(topic, partition) -> leader, and topic -> partition count."""
+    """(topic, partition) -> leader, and topic -> partition count. An erasure-coded
+    partition has no leader (NO_LEADER here) and cannot be moved."""
     current: dict[tuple[str, int], int] = {}
     sizes: dict[str, int] = {}
     for t in image.topics.values():
@@ -61,6 +62,17 @@ def _assignment(image) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
         for p in t.partitions.values():
             current[(t.name, p.partition)] = p.leader_node_id
     return current, sizes
+
+
+def _led_partitions(image, topics: list[str]) -> set[tuple[str, int]]:
+    """The partitions of `topics` that have a leader (the ones a plan can move)."""
+    return {
+        (t.name, p.partition)
+        for t in image.topics.values()
+        if t.name in topics
+        for p in t.partitions.values()
+        if not p.erasure_coded
+    }
 
 
 def _brokers(image) -> dict[int, BrokerInfo]:
@@ -241,9 +253,10 @@ def plan(
         check_targets(sorted(set(targets)), _brokers(image))
     except PlanError as exc:
         fail(str(exc))
-    mine = [Assignment(t, p, node) for (t, p), node in current.items() if t in names]
+    led = _led_partitions(image, names)
+    mine = [Assignment(t, p, node) for (t, p), node in current.items() if (t, p) in led]
     if not mine:
-        fail("the topics have no partitions")
+        fail("the topics have no partitions with a leader (erasure-coded ones never move)")
     rates: dict[tuple[str, int], float] = {}
     if by == "throughput":
         try:

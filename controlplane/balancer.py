@@ -287,7 +287,7 @@ def _partitions(
     out: list[_Partition] = []
     for topic in sorted(image.topics.values(), key=lambda t: t.name):
         for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
-            if p.leader_node_id not in eligible:
+            if p.erasure_coded or p.leader_node_id not in eligible:
                 continue
             movable = (
                 stream_settled(image, p.stream_id, p.leader_node_id, p.leader_epoch)

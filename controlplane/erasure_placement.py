@@ -1,8 +1,8 @@
 """Leaderless erasure-coded partitions in the metadata (issue #14): which brokers keep a
 partition's shards, and which broker a client is sent to (pure, no I/O).
 
-A partition of a topic with `automq.partition.mode=erasure` has no leader
-(`leader_node_id = -1`); its `shard_stores` list the k + m brokers whose shard stores keep
+A partition of a topic with `automq.partition.mode=erasure` is of kind ERASURE and has no leader
+(`leader_node_id = NO_LEADER`); its `shard_stores` list the k + m brokers whose shard stores keep
 shard i of every offset, chosen when the partition is created: spread over AZs first, then
 rotated per partition so that every broker keeps about as many shards. Every broker can serve
 the partition (it reads and writes through the stores); the Metadata answer names a live one
@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from controlplane import topic_configs
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage, PartitionState
-
-NO_LEADER = -1
 
 
 @dataclass(frozen=True)
@@ -82,10 +80,6 @@ def place_shard_stores(
     return placed
 
 
-def is_erasure(partition: PartitionState) -> bool:
-    return bool(partition.shard_stores)
-
-
 def serving_node(
     image: MetadataImage, partition: PartitionState, az: str | None = None
 ) -> int | None:
@@ -96,7 +90,7 @@ def serving_node(
     order: any broker can write the partition, so the client never crosses AZs to reach
     one (the zone router lists only its AZ's brokers to such a client)."""
 
-    if not is_erasure(partition):
+    if not partition.erasure_coded:
         leader = image.brokers.get(partition.leader_node_id)
         return partition.leader_node_id if leader is not None and not leader.fenced else None
 

@@ -19,7 +19,6 @@ and node -1, and no broker owns the stream.
 from __future__ import annotations
 
 from controlplane import records as r
-from controlplane.erasure_placement import NO_LEADER
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import get_stream, require_active_broker
 from controlplane.image import MetadataImage, StreamMetaState
@@ -38,7 +37,7 @@ def erasure_stream(image: MetadataImage, stream_id: int) -> StreamMetaState:
     stream = get_stream(image, stream_id)
     for topic in image.topics.values():
         for p in topic.partitions.values():
-            if p.stream_id == stream_id and p.shard_stores:
+            if p.stream_id == stream_id and p.erasure_coded:
                 return stream
     raise ControllerError(
         ErrorCode.INVALID_REQUEST,
@@ -86,7 +85,7 @@ def seal_erasure_range(
             epoch=0,
             start_offset=stream.ranges[0].start_offset if stream.ranges else req.start_offset,
             end_offset=req.end_offset,
-            node_id=NO_LEADER,
+            node_id=r.NO_LEADER,
         ),
         *stream_object_records(meta, req, now_ms),
     ]

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from controlplane import records as r
 from controlplane.records import ObjectState, StreamState
@@ -69,11 +69,41 @@ class NodeWALState(BaseModel):
 
 
 class PartitionState(BaseModel):
+    """A partition's placement (see `records.PartitionRecord`): led by `leader_node_id`, or
+    erasure-coded (no leader; `shard_stores[i]` keeps shard i of every offset)."""
+
     partition: int
-    leader_node_id: int  # -1: leaderless (erasure-coded, see shard_stores)
+    kind: r.PartitionKind
+    leader_node_id: int  # records.NO_LEADER for an erasure-coded partition
     leader_epoch: int
     stream_id: int
     shard_stores: list[int] = Field(default_factory=list)  # erasure: broker of shard i
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_pre_kind_snapshot(cls, fields: Any) -> Any:
+        """JSON snapshots written before partitions had a kind."""
+        return r.with_partition_kind(fields)
+
+    @model_validator(mode="after")
+    def _placement_fits_kind(self) -> PartitionState:
+        r.check_partition_kind(
+            self.kind, self.leader_node_id, self.shard_stores, f"partition {self.partition}"
+        )
+        return self
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        """Unpickling (pysyncobj snapshots) sets the fields without validating them: a
+        partition pickled before partitions had a kind gets it here."""
+        super().__setstate__(state)
+        if "kind" not in self.__dict__:
+            self.__dict__.update(r.with_partition_kind(dict(self.__dict__)))
+            self.__pydantic_fields_set__.add("kind")
+
+    @property
+    def erasure_coded(self) -> bool:
+        """Leaderless, erasure-coded over `shard_stores`."""
+        return self.kind is r.PartitionKind.ERASURE
 
 
 class TopicState(BaseModel):
@@ -431,6 +461,7 @@ class MetadataImage(BaseModel):
         topic = self._we("topics", rec.topic_id)
         topic.partitions[rec.partition] = PartitionState(
             partition=rec.partition,
+            kind=rec.kind,
             leader_node_id=rec.leader_node_id,
             leader_epoch=rec.leader_epoch,
             stream_id=rec.stream_id,

@@ -15,11 +15,13 @@ from controlplane.image import MetadataImage, PartitionState, TopicState
 
 
 def leader_load(image: MetadataImage) -> Counter[int]:
-    """Partitions led per broker (every registered broker appears, possibly with 0)."""
+    """Partitions led per broker (every registered broker appears, possibly with 0;
+    erasure-coded partitions have no leader)."""
     load: Counter[int] = Counter({node: 0 for node in image.brokers})
     for topic in image.topics.values():
         for p in topic.partitions.values():
-            load[p.leader_node_id] += 1
+            if not p.erasure_coded:
+                load[p.leader_node_id] += 1
     return load
 
 
@@ -88,6 +90,7 @@ def move_record(topic: TopicState, partition: PartitionState, new_leader: int) -
     return r.PartitionRecord(
         topic_id=topic.topic_id,
         partition=partition.partition,
+        kind=r.PartitionKind.LEADER,
         leader_node_id=new_leader,
         leader_epoch=partition.leader_epoch + 1,
         stream_id=partition.stream_id,

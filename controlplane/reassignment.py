@@ -47,7 +47,7 @@ def reassign_partitions(image: MetadataImage, req: ReassignPartitionsRequest, no
                 f"topic {move.topic!r} has no partition {move.partition} "
                 f"(it has {len(topic.partitions)})",
             )
-        if partition.shard_stores:
+        if partition.erasure_coded:
             raise ControllerError(
                 ErrorCode.INVALID_REQUEST,
                 f"{move.topic}-{move.partition} is erasure-coded: it has no leader to move",

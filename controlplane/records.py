@@ -9,9 +9,9 @@ JSON and decoded with one discriminated union.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 
 class _Record(BaseModel):
@@ -107,17 +107,70 @@ class TopicRecord(_Record):
     configs: dict[str, str] = Field(default_factory=dict)
 
 
+class PartitionKind(str, Enum):
+    """How a partition is served: by its one leader, or leaderless and erasure-coded (every
+    broker serves it through the shard stores that keep its shards, issue #14)."""
+
+    LEADER = "leader"
+    ERASURE = "erasure"
+
+
+NO_LEADER = -1  # the leader_node_id of a partition that has no leader (erasure-coded)
+
+
+def with_partition_kind(fields: Any) -> Any:
+    """The upgrade path of partitions written before they had a `kind` (records in the
+    metadata log, image snapshots): such a partition is erasure-coded if it has shard stores
+    (it then also has no leader), else it has a leader. Fields that name a kind, or that are
+    not a mapping, are returned unchanged."""
+    if not isinstance(fields, dict) or "kind" in fields:
+        return fields
+    kind = PartitionKind.ERASURE if fields.get("shard_stores") else PartitionKind.LEADER
+    return {**fields, "kind": kind}
+
+
+def check_partition_kind(
+    kind: PartitionKind, leader_node_id: int, shard_stores: list[int], where: str
+) -> None:
+    """Raises ValueError unless the placement fits the kind: an erasure-coded partition has
+    shard stores and no leader, a led partition has no shard stores."""
+    if kind is PartitionKind.ERASURE and (not shard_stores or leader_node_id != NO_LEADER):
+        raise ValueError(f"{where}: an erasure-coded partition has shard stores and no leader")
+    if kind is PartitionKind.LEADER and shard_stores:
+        raise ValueError(f"{where}: a partition with a leader has no shard stores")
+
+
 class PartitionRecord(_Record):
-    """A partition's placement. The stream epoch equals the leader epoch."""
+    """A partition's placement. The stream epoch equals the leader epoch.
+
+    `kind` says how it is served; an erasure-coded partition has no leader
+    (`leader_node_id` is NO_LEADER) and its `shard_stores` list the brokers whose shard
+    stores keep shard i of every offset. Records written before partitions had a kind are
+    read as `with_partition_kind` says."""
 
     type: Literal["partition"] = "partition"
     topic_id: str
     partition: int
-    leader_node_id: int  # -1 for a leaderless (erasure-coded) partition
+    kind: PartitionKind
+    leader_node_id: int
     leader_epoch: int
     stream_id: int
-    # erasure-coded partitions: shard i of every offset is kept by broker shard_stores[i]
     shard_stores: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_pre_kind_record(cls, fields: Any) -> Any:
+        return with_partition_kind(fields)
+
+    @model_validator(mode="after")
+    def _placement_fits_kind(self) -> PartitionRecord:
+        check_partition_kind(
+            self.kind,
+            self.leader_node_id,
+            self.shard_stores,
+            f"partition {self.topic_id}-{self.partition}",
+        )
+        return self
 
 
 class RemoveTopicRecord(_Record):

@@ -6,7 +6,7 @@ import re
 
 from controlplane import records as r
 from controlplane import topic_configs
-from controlplane.erasure_placement import NO_LEADER, erasure_settings, place_shard_stores
+from controlplane.erasure_placement import erasure_settings, place_shard_stores
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.placement import spread_leaders
@@ -52,10 +52,12 @@ def _partition_records(
     next_stream = image.next_stream_id
     erasure = erasure_settings(configs)
     if erasure is None:
+        kind = r.PartitionKind.LEADER
         leaders = _leader_choices(image, count, topic_id)
         stores: list[list[int]] = [[] for _ in range(count)]
     else:  # leaderless: every broker serves it, these keep its shards
-        leaders = [NO_LEADER] * count
+        kind = r.PartitionKind.ERASURE
+        leaders = [r.NO_LEADER] * count
         stores = place_shard_stores(image, first, count, erasure)
     for i, leader in enumerate(leaders):
         partition = first + i
@@ -70,6 +72,7 @@ def _partition_records(
             r.PartitionRecord(
                 topic_id=topic_id,
                 partition=partition,
+                kind=kind,
                 leader_node_id=leader,
                 leader_epoch=0,
                 stream_id=stream_id,

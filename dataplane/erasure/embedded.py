@@ -133,7 +133,7 @@ class EmbeddedErasureProducer:
             raise ValueError(f"no partition {topic}-{partition}")
         settings = erasure_settings(state.configs)
         p = state.partitions[partition]
-        if settings is None or len(p.shard_stores) != settings.total_shards:
+        if settings is None or not p.erasure_coded or len(p.shard_stores) != settings.total_shards:
             raise ValueError(f"{topic}-{partition} is not an erasure-coded partition")
         stores = [
             store_for(n)

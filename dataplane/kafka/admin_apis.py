@@ -63,9 +63,10 @@ def stream_size_bytes(image: MetadataImage, stream_id: int) -> int:
 
 def moving_from(image: MetadataImage, partition: PartitionState) -> int | None:
     """The broker a partition is moving away from, or None when no move is in progress: the
-    stream's last range belongs to another broker than the leader (pure)."""
+    stream's last range belongs to another broker than the leader (pure). An erasure-coded
+    partition has no leader and never moves."""
     stream = image.streams.get(partition.stream_id)
-    if stream is None or not stream.ranges:
+    if partition.erasure_coded or stream is None or not stream.ranges:
         return None
     owner = stream.ranges[-1].node_id
     return owner if owner != partition.leader_node_id else None

@@ -304,12 +304,14 @@ class KafkaApis:
                 # one in the client's AZ when there is one: every broker serves it
                 # (controlplane/erasure_placement.py); a leader partition names the
                 # leader's proxy in the client's AZ (zone router)
-                serving = serving_node(image, p, az if p.shard_stores else None)
-                if serving is not None and not p.shard_stores:
+                serving = serving_node(image, p, az if p.erasure_coded else None)
+                if serving is not None and not p.erasure_coded:
                     serving = self.routing.leader_for(image, serving, az)
-                replicas = list(p.shard_stores) or [
-                    serving if serving is not None else p.leader_node_id
-                ]
+                replicas = (
+                    list(p.shard_stores)
+                    if p.erasure_coded
+                    else [serving if serving is not None else p.leader_node_id]
+                )
                 if serving is None:
                     error = KafkaError.LEADER_NOT_AVAILABLE
                 elif serving not in listed:
@@ -324,7 +326,7 @@ class KafkaApis:
                         leader_epoch=p.leader_epoch,
                         replica_nodes=replicas,
                         isr_nodes=[n for n in replicas if n == serving or n in live_ids]
-                        if p.shard_stores
+                        if p.erasure_coded
                         else replicas,
                         offline_replicas=[],
                     )

@@ -496,7 +496,7 @@ class ErasurePartitions:
         image = self.image_fn()
         topic = image.topics.get(topic_id)
         state = topic.partitions.get(partition) if topic is not None else None
-        if state is None or not state.shard_stores:
+        if state is None or not state.erasure_coded:
             return self.leaders.get(topic_id, partition)
         settings = erasure_settings(topic.configs)
         if settings is None or settings.total_shards != len(state.shard_stores):

@@ -217,7 +217,7 @@ class ErasureSealer:
             for state in list(topic.partitions.values()):
                 if self._stop.is_set():
                     return sealed
-                if not state.shard_stores or serving_node(image, state) != self.node_id:
+                if not state.erasure_coded or serving_node(image, state) != self.node_id:
                     continue
                 partition = self.partitions_fn(topic.topic_id, state.partition)
                 if partition is None:

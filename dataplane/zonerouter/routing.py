@@ -121,7 +121,7 @@ class ZoneRouting:
         state = topic.partitions.get(partition) if topic else None
         if state is None:
             return None
-        if state.shard_stores:  # erasure-coded: leaderless, every broker serves it
+        if state.erasure_coded:  # leaderless: every broker serves it
             backend = self.partitions.get(topic_id, partition)
         elif self.mapping(image).route(state.leader_node_id, az) != self.node_id:
             return None  # this client was told another broker serves it
