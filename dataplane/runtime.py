@@ -16,6 +16,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
@@ -90,3 +91,90 @@ def keep_freed_memory() -> bool:
     if not ok:
         log.warning("mallopt refused the malloc thresholds; freed buffers go back to the kernel")
     return ok
+
+
+# --------------------------------------------------------------------- what runs where
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    """One thread or pool of the broker process: its name (the thread name or name
+    prefix it runs under), how many threads it has at most, and what may run on it."""
+
+    name: str
+    bound: str
+    runs: str
+    may_block: bool
+
+
+# Every thread and pool a broker process starts, by name (a test checks that each
+# `threading.Thread` / `ThreadPoolExecutor` in dataplane/ is named here, and
+# docs/architecture.md shows this table). The event loop never blocks: a slow disk, object
+# store or peer broker is awaited there (a future, a wait with a bound), never waited for.
+RUNTIME: tuple[ExecutionContext, ...] = (
+    ExecutionContext(
+        "kafka-server",
+        "1 per listener set",
+        "the asyncio event loop: sockets, request decoding, every Kafka API handler; waits "
+        "only by awaiting (WAL room, durability, fetch long-polls, I/O-pool results)",
+        False,
+    ),
+    ExecutionContext(
+        "kafka-io",
+        "16 (KafkaApis io_threads)",
+        "the Kafka APIs' I/O pool: reads that may reach the object store, controller calls, "
+        "partition deletes; every blocking call a handler makes",
+        True,
+    ),
+    ExecutionContext("kafka-security", "2", "SCRAM user and ACL admin calls", True),
+    ExecutionContext("heartbeat", "1", "broker heartbeats to the controller", True),
+    ExecutionContext("metadata-follower", "1", "long-polls the metadata log", True),
+    ExecutionContext("partitions", "1", "applies metadata deltas: opens/closes partitions", True),
+    ExecutionContext("partition-move", "8", "opens partitions in parallel (tail reads)", True),
+    ExecutionContext("retention", "1", "retention.ms / retention.bytes passes", True),
+    ExecutionContext("stall-watch", "1", "notices a process stopped past its session", True),
+    ExecutionContext("uploader", "1", "WAL -> stream-set objects -> commit -> WAL trim", True),
+    ExecutionContext("file-wal-writer", "1 per WAL", "writes group commits (pwritev)", True),
+    ExecutionContext("file-wal-syncer", "1 per WAL", "fdatasync of written batches", True),
+    ExecutionContext(
+        "file-wal-completer", "1 per WAL", "resolves appends' futures once durable", True
+    ),
+    ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),
+    ExecutionContext("object-wal-writer", "1 per object WAL", "PUTs WAL objects", True),
+    ExecutionContext("object-wal-acks", "1 per object WAL", "acks appends in order", True),
+    ExecutionContext("object-wal-read", "16", "parallel GETs while recovering a WAL", True),
+    ExecutionContext("objectstore", "object_store max_concurrency", "S3 requests (boto3)", True),
+    ExecutionContext("objectstore-merger", "1", "merges adjacent range reads", True),
+    ExecutionContext("probe", "1 per bucket", "bucket health probes (tiny PUTs)", True),
+    ExecutionContext("failover", "1 per failed node", "WAL failover of a fenced node", True),
+    ExecutionContext("shard-store", "1", "starts the erasure shard store", True),
+    ExecutionContext("shard-store-http", "1", "the shard store's HTTP server", True),
+    ExecutionContext("hole-store-room", "1 per shard store", "extends the hole file", True),
+    ExecutionContext("erasure-produce", "32", "erasure-coded writes of produced batches", True),
+    ExecutionContext("erasure-ticker", "1", "advances erasure partitions' visible ends", True),
+    ExecutionContext("erasure-writer", "stores x 4", "shard writes to the stores", True),
+    ExecutionContext("erasure-reader", "1 per store", "shard reads from the stores", True),
+    ExecutionContext("erasure-sealer", "1", "seals decided records into objects", True),
+    ExecutionContext("erasure-repair", "REPAIR_THREADS", "re-encodes missing shards", True),
+    ExecutionContext("channel-trim", "1", "trims the zone router's RouterChannel", True),
+    ExecutionContext(
+        "proxy", "1 per proxied partition (<= 1024)", "a proxy's produce forwarding, in order", True
+    ),
+    ExecutionContext(
+        "own", "1 per own-channel partition", "a main's own-channel produces, in order", True
+    ),
+    ExecutionContext("snapshot-read", "1 per main", "a proxy's snapshot long-polls", True),
+    ExecutionContext(
+        "coordinator-proxy", "64", "group/transaction requests forwarded to coordinators", True
+    ),
+)
+
+
+def runtime_table() -> str:
+    """RUNTIME as the markdown table docs/architecture.md shows."""
+    rows = ["| thread / pool | threads | runs | may block |", "|---|---|---|---|"]
+    for ctx in RUNTIME:
+        rows.append(
+            f"| `{ctx.name}` | {ctx.bound} | {ctx.runs} | {'yes' if ctx.may_block else 'no'} |"
+        )
+    return "\n".join(rows)
