@@ -402,7 +402,7 @@ class BrokerNode:
             threading.Thread(
                 target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
             ).start()
-        from dataplane.zonerouter.proxy import ChannelReaders
+        from dataplane.zonerouter.channel import ChannelReaders
 
         # the zone router's main keeps Link Records in its WAL: recovery reads their data
         # back from the proxies' RouterChannels
@@ -591,11 +591,13 @@ class BrokerNode:
         """The zone router (seed 000): this broker's RouterChannel and proxy partitions,
         the client routing by AZ, and the main's zone-route handler."""
         from dataplane.formats.client_az import CidrAzMap
-        from dataplane.zonerouter.proxy import OwnChannelPartition, ZoneRouteHandler, ZoneRouter
+        from dataplane.zonerouter.own_channel import OwnChannelPartition
+        from dataplane.zonerouter.route_handler import ZoneRouteHandler
         from dataplane.zonerouter.routing import ZoneRouting
         from dataplane.zonerouter.snapshot import LinkIndex
         from dataplane.zonerouter.snapshot_read import SnapshotReader, SnapshotServer
         from dataplane.zonerouter.traffic import ZoneTraffic
+        from dataplane.zonerouter.zone_router import ZoneRouter
 
         cfg = self.config
         assert self.node_epoch is not None and self.storage is not None

@@ -96,6 +96,14 @@ def aligned_up(offset: int) -> int:
 class ErasurePartition:
     """One erasure-coded partition as the Kafka APIs see it (a PartitionBackend)."""
 
+    lags_leader = False  # every broker serves the same shards
+    counts_own_wal_bytes = False
+    forwards_to_main = False
+
+    @property
+    def identity(self) -> object:
+        return self
+
     def __init__(
         self,
         topic_id: str,

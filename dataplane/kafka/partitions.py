@@ -354,6 +354,18 @@ class PartitionLog:
     guard; reads go to the stream, which is thread-safe.
     """
 
+    lags_leader = False  # it is the leader
+    counts_own_wal_bytes = False  # its WAL write is counted by the client's view
+    forwards_to_main = False
+
+    @property
+    def identity(self) -> object:
+        return self
+
+    @property
+    def stream_id(self) -> int:
+        return self.stream.stream_id
+
     def __init__(
         self,
         topic_id: str,

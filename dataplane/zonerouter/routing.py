@@ -7,7 +7,7 @@ fetch to the backend this broker serves for that client: the real partition when
 main and the client is in its AZ (or has none), a `ProxyPartition` when it is the client's
 proxy, and nothing (NOT_LEADER_OR_FOLLOWER) otherwise, so a client that reached the wrong
 broker refreshes its metadata. A client of an AZ producing to its main produces through the
-main's own RouterChannel (`proxy.OwnChannelPartition`), so the proxies' snapshot reads find
+main's own RouterChannel (`own_channel.OwnChannelPartition`), so the proxies' snapshot reads find
 every routed batch in object storage.
 """
 
@@ -15,44 +15,116 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from controlplane.image import BrokerState, MetadataImage
 from dataplane.formats.client_az import CidrAzMap, client_az
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import RecordChunks
-from dataplane.kafka.partition_backend import PartitionBackend, PartitionResolver
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    OffsetAndTimestamp,
+    PartitionBackend,
+    PartitionResolver,
+)
 from dataplane.zonerouter.proxy_mapping import ProxyMapping
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 
 class CountedBackend:
     """A backend as one client sees it: produced and consumed bytes are counted by the
-    client's AZ; everything else is the backend's. Equal to another view of the same
-    backend (the fetch long-poll keeps one listener per backend)."""
+    client's AZ; every other `PartitionBackend` member is the backend's, forwarded by name.
+    Its `identity` is the backend's (the fetch long-poll keeps one listener per partition,
+    however many views of it a request resolved)."""
 
     def __init__(self, inner: PartitionBackend, traffic: ZoneTraffic, az: str | None):
         self._inner = inner
         self._traffic = traffic
         self._az = az
 
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+    # ------------------------------------------------------------ the backend's members
 
-    def _backend(self) -> object:
-        # an own-channel view is made per request: the same backend is the partition
-        return getattr(self._inner, "_plog", self._inner)
+    @property
+    def topic_id(self) -> str:
+        return self._inner.topic_id
 
-    def __eq__(self, other: object) -> bool:
-        other_backend = other._backend() if isinstance(other, CountedBackend) else other
-        return self._backend() is getattr(other_backend, "_plog", other_backend)
+    @property
+    def topic(self) -> str:
+        return self._inner.topic
 
-    def __hash__(self) -> int:
-        return id(self._backend())
+    @property
+    def partition(self) -> int:
+        return self._inner.partition
 
-    def append(self, records: bytes | None):
+    @property
+    def identity(self) -> object:
+        return self._inner.identity
+
+    @property
+    def lags_leader(self) -> bool:
+        return self._inner.lags_leader
+
+    @property
+    def counts_own_wal_bytes(self) -> bool:
+        return self._inner.counts_own_wal_bytes
+
+    @property
+    def forwards_to_main(self) -> bool:
+        return self._inner.forwards_to_main
+
+    @property
+    def stream_id(self) -> int:
+        return self._inner.stream_id
+
+    @property
+    def leader_epoch(self) -> int:
+        return self._inner.leader_epoch
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._inner.log_start_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._inner.high_watermark
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self._inner.last_stable_offset
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return self._inner.aborted_transactions(start, end)
+
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> tuple[KafkaError, Future | None]:
+        return self._inner.write_marker(producer_id, producer_epoch, commit, coordinator_epoch)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
+        return self._inner.offset_for_timestamp(timestamp_ms)
+
+    def max_timestamp_offset(self) -> OffsetAndTimestamp:
+        return self._inner.max_timestamp_offset()
+
+    def delete_records(self, offset: int) -> int:
+        return self._inner.delete_records(offset)
+
+    def epoch_end_offset(self, leader_epoch: int) -> tuple[int, int]:
+        return self._inner.epoch_end_offset(leader_epoch)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        self._inner.add_listener(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        self._inner.remove_listener(callback)
+
+    # ------------------------------------------------------------ counted by the client's AZ
+
+    def append(self, records: bytes | None) -> AppendOutcome:
         size = len(records or b"")
         outcome = self._inner.append(records)  # raises when there is no room: not counted
         self._traffic.client("produced", self._az, size)
-        if outcome.error == 0 and not getattr(self._inner, "counts_own_wal_bytes", False):
+        if outcome.error == 0 and not self._inner.counts_own_wal_bytes:
             # appended to a partition led here: the data went into this broker's WAL (a
             # proxy counts its RouterChannel write, and the main its own, when routed)
             self._traffic.add("wal_data_bytes", size)

@@ -37,13 +37,14 @@ from dataplane.formats.record_batch import parse_batch_header, parse_batches
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import PartitionResolver
+from dataplane.zonerouter.channel import ChannelReaders
 from dataplane.zonerouter.protocol import (
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
 )
-from dataplane.zonerouter.proxy import ChannelReaders, ProxyPartition
+from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.snapshot import (
     CachedBatch,
     LinkIndex,
@@ -157,8 +158,7 @@ class SnapshotServer:
                 log_start_offset=-1,
                 links=[],
             )
-            stream = getattr(plog, "stream", None)
-            if plog is None or stream is None:
+            if plog is None or plog.stream_id < 0:
                 snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
                 out.append(snap)
                 continue
@@ -183,7 +183,7 @@ class SnapshotServer:
             snap.high_watermark = hw
             snap.log_start_offset = plog.log_start_offset
             locations = self.index.since(
-                stream.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
+                plog.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
             )
             if version >= 1 and self.io is not None:
                 linked = [(loc.base_offset, loc.end_offset) for loc in locations]

@@ -1,4 +1,4 @@
-"""When a proxy may trim its RouterChannel (dataplane/zonerouter/proxy.py `trim_point`): a
+"""When a proxy may trim its RouterChannel (dataplane/zonerouter/zone_router.py `trim_point`): a
 record stays while its main may still need it to resolve a Link Record of uncommitted
 data."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dataplane.zonerouter.proxy import UNKNOWN_END, ZoneRouter, _ChannelRecord
 from dataplane.zonerouter.traffic import ZoneTraffic
+from dataplane.zonerouter.zone_router import UNKNOWN_END, ZoneRouter, _ChannelRecord
 
 
 def _router(streams: dict) -> ZoneRouter:
@@ -92,7 +92,7 @@ def test_a_previous_incarnations_records_are_kept_until_the_committed_route_epoc
 
 
 def test_a_mains_persisted_epoch_waits_for_its_links_to_be_committed():
-    from dataplane.zonerouter.proxy import ZoneRouteHandler
+    from dataplane.zonerouter.route_handler import ZoneRouteHandler
 
     stream = SimpleNamespace(epoch=2, end_offset=10)
     image = SimpleNamespace(
@@ -114,7 +114,7 @@ def test_a_mains_persisted_epoch_waits_for_its_links_to_be_committed():
 def test_a_main_behind_the_fenced_epoch_forces_an_upload():
     """The forced ConfirmWAL commit: links accepted in a now fenced epoch make the main
     upload at its next heartbeat, whatever its upload interval."""
-    from dataplane.zonerouter.proxy import ZoneRouteHandler
+    from dataplane.zonerouter.route_handler import ZoneRouteHandler
 
     stream = SimpleNamespace(epoch=2, end_offset=10)
     image = SimpleNamespace(

@@ -19,7 +19,7 @@ from dataplane.s3stream.wal.object_wal import (
     ObjectWALReader,
     WALTrimmedError,
 )
-from dataplane.zonerouter.proxy import ChannelReaders, channel_location
+from dataplane.zonerouter.channel import ChannelReaders, channel_location
 from tests.unit.test_kafka_apis_inprocess import batch
 
 BUCKETS = "0@s3://automq-main?region=us-east-1"

@@ -206,7 +206,7 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
     from controlplane.state_machine import MetadataStateMachine
     from dataplane.formats.record_batch import patch_batch
     from dataplane.s3stream.wal.object_wal import ObjectWAL
-    from dataplane.zonerouter.proxy import ChannelReaders, channel_location
+    from dataplane.zonerouter.channel import ChannelReaders, channel_location
     from dataplane.zonerouter.snapshot_read import SnapshotReader
     from dataplane.zonerouter.traffic import ZoneTraffic
     from tests.unit.test_kafka_apis_inprocess import batch
@@ -329,8 +329,9 @@ def test_metadata_wakes_every_proxied_partition_and_drops_moved_own_pipelines():
     produce through the own channel."""
     from types import SimpleNamespace
 
-    from dataplane.zonerouter.proxy import ZoneRouter, _OwnPipeline
+    from dataplane.zonerouter.own_channel import OwnPipeline
     from dataplane.zonerouter.traffic import ZoneTraffic
+    from dataplane.zonerouter.zone_router import ZoneRouter
 
     image = SimpleNamespace(
         topics={"t": SimpleNamespace(partitions={0: SimpleNamespace(leader_node_id=2)})},
@@ -342,7 +343,7 @@ def test_metadata_wakes_every_proxied_partition_and_drops_moved_own_pipelines():
         router._proxies[("t", partition)] = SimpleNamespace(  # type: ignore[assignment]
             wake=lambda p=partition: woken.append(p), worker=None
         )
-    moved = router._own_workers[("t", 0)] = _OwnPipeline(0)
+    moved = router._own_workers[("t", 0)] = OwnPipeline(0)
     router.on_metadata(image)  # type: ignore[arg-type]
     assert sorted(woken) == [0, 1, 2]
     assert not router._own_workers
@@ -350,7 +351,7 @@ def test_metadata_wakes_every_proxied_partition_and_drops_moved_own_pipelines():
         moved.worker.submit(lambda: None)
     # own pipelines and no proxy at all
     router._proxies.clear()
-    router._own_workers[("t", 0)] = _OwnPipeline(0)
+    router._own_workers[("t", 0)] = OwnPipeline(0)
     router.on_metadata(image)  # type: ignore[arg-type]
     assert not router._own_workers
 
@@ -359,7 +360,7 @@ class _Log:
     """A partition led here, as the snapshot server sees it."""
 
     def __init__(self, stream_id: int, hw: int):
-        self.stream = type("S", (), {"stream_id": stream_id})()
+        self.stream_id = stream_id
         self.high_watermark, self.leader_epoch, self.log_start_offset = hw, 3, 0
         self.listeners: list = []
 

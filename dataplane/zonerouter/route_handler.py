@@ -1,0 +1,250 @@
+"""The main's side of the zone route (seed 000): a proxy's produce arrives as a
+`ZoneRouteRequest` (route epoch, source node, channel offset).
+
+`ZoneRouteHandler` refuses a fenced route epoch, reads the batches from the proxy's
+RouterChannel (`channel.py`), appends them to the partition with a Link Record per batch in
+the WAL (`formats/link_record.py`: the data stays in the channel until the main's upload),
+and answers once its append is durable. It also appends the main's own produce routed
+through its own channel (`own_channel.py`), indexes every link for the proxies' snapshot
+reads, and reports the persisted route epoch (every accepted request's links committed)
+with heartbeats, so the controller can advance the committed route epoch and proxies can
+trim their channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+from controlplane.image import MetadataImage
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord
+from dataplane.formats.record_batch import parse_batch_header
+from dataplane.formats.stream_records import HEADER_SIZE_BYTES
+from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, append_when_room
+from dataplane.s3stream.wal.object_wal import WALTrimmedError
+from dataplane.zonerouter.channel import ChannelReaders, channel_location
+from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
+from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
+from dataplane.zonerouter.traffic import ZoneTraffic
+
+
+class ZoneRouteHandler:
+    """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
+    happens on the event loop as a client's produce does."""
+
+    def __init__(
+        self,
+        image_fn: Callable[[], MetadataImage],
+        partitions: PartitionResolver,
+        channels: ChannelReaders,
+        traffic: ZoneTraffic,
+        io: Callable | None,
+    ):
+        self.image_fn = image_fn
+        self.partitions = partitions
+        self.channels = channels
+        self.traffic = traffic
+        self.io = io  # run a blocking call off the event loop: await io(fn, *args)
+        # accepted requests whose links may not be committed yet (the persisted epoch)
+        self._pending: dict[int, dict] = {}
+        self._pending_lock = threading.Lock()
+        self._next_token = 0
+        # where recent links' data lies, for the proxies' snapshot reads (set by the node)
+        self.link_index: LinkIndex | None = None
+        self.snapshot_server = None  # its GetPartitionSnapshot handler (snapshot_read.py)
+
+    def registrations(self) -> list:
+        extra = self.snapshot_server.registrations() if self.snapshot_server else []
+        return [(ZoneRouteRequest, 0, 0, self.zone_route), *extra]
+
+    def _track(self, route_epoch: int) -> tuple[int, dict]:
+        """Count a request of `route_epoch` as pending (under `_pending_lock`)."""
+        token = self._next_token
+        self._next_token += 1
+        entry = {"epoch": route_epoch, "done": False, "stream_id": -1, "end": -1}
+        entry["stream_epoch"] = -1
+        self._pending[token] = entry
+        return token, entry
+
+    def _untrack_if_unlinked(self, token: int, entry: dict) -> None:
+        with self._pending_lock:
+            entry["done"] = True
+            if entry["end"] < 0:  # nothing linked
+                self._pending.pop(token, None)
+
+    def _link_append(
+        self, source: int, channel_offset: int, data: bytes, plog, entry: dict
+    ) -> tuple[AppendOutcome, int, int]:
+        """Append `data` (the channel record at `channel_offset` of node `source`) to the
+        partition with Link Records in the WAL; records every link in the snapshot index.
+        Returns the outcome, the stream id and the end offset of the last link (-1: none).
+        Thread-safe (the partition's lock orders appends)."""
+        now_ms = int(time.time() * 1000)
+        ends: list[int] = []  # the end offset of every batch written as a Link Record
+        stream_id = plog.stream_id
+        leader_epoch = plog.leader_epoch
+        index = self.link_index
+
+        def link(position: int, length: int) -> Callable[[int], bytes]:
+            self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
+            count = parse_batch_header(data, position).last_offset_delta + 1
+
+            def build(base: int) -> bytes:  # under the stream's lock, before append returns
+                ends.append(base + count)
+                record = LinkRecord(source, channel_offset, position, length, now_ms)
+                if index is not None and stream_id >= 0:
+                    index.record(stream_id, LinkLocation(base, count, leader_epoch, record))
+                return record.encode()
+
+            return build
+
+        outcome = plog.append(data, link=link)
+        if index is not None and stream_id >= 0:
+            committed = self.image_fn().streams.get(stream_id)
+            if committed is not None:
+                index.prune(stream_id, committed.end_offset)
+        # the proxy keeps the channel record until the stream's committed end reaches the
+        # end of what links to it (-1: no link was written)
+        end = max(ends, default=-1)
+        with self._pending_lock:
+            entry["stream_id"], entry["end"] = stream_id, end
+            entry["stream_epoch"] = plog.leader_epoch
+        return outcome, stream_id, end
+
+    def append_own(
+        self, node_id: int, channel_offset: int, data: bytes, plog
+    ) -> tuple[AppendOutcome, int, int]:
+        """The main's own produce routed through its own RouterChannel (a client of an AZ
+        producing to a partition led here): `data` is the channel record at
+        `channel_offset`; appended with Link Records, tracked in the current route epoch
+        as a proxy's request is. Thread-safe; called off the event loop."""
+        with self._pending_lock:
+            token, entry = self._track(self.image_fn().route_epoch.current_epoch)
+        try:
+            return self._link_append(node_id, channel_offset, data, plog, entry)
+        finally:
+            self._untrack_if_unlinked(token, entry)
+
+    def persisted_epoch(self) -> int:
+        """The largest route epoch P (at most the fenced one, which this main refuses from
+        now on) such that every request it accepted in an epoch <= P is committed: its Link
+        Records uploaded (the stream's committed end reached them, or the stream moved to a
+        new epoch after a failover). Reported with heartbeats; the controller's minimum over
+        the brokers is the committed route epoch."""
+        with self._pending_lock:
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            for token, entry in list(self._pending.items()):
+                if not entry["done"] or entry["end"] < 0:
+                    continue
+                stream = image.streams.get(entry["stream_id"])
+                if (
+                    stream is None
+                    or stream.epoch != entry["stream_epoch"]
+                    or stream.end_offset >= entry["end"]
+                ):
+                    del self._pending[token]
+            blocking = [entry["epoch"] for entry in self._pending.values()]
+        return min(fenced, min(blocking) - 1) if blocking else fenced
+
+    def persisted_epoch_forcing_commit(self, request_upload: Callable[[], None]) -> int:
+        """`persisted_epoch()`, and when it lags the fenced epoch (links accepted in a
+        fenced epoch are not uploaded yet) ask the storage engine to upload now: the
+        ConfirmWAL is committed up to the fenced epoch at least once per route epoch
+        (`route_epoch_interval_ms`, 10 s) whatever the upload interval, so the committed
+        epoch advances and proxies can trim their channels. Called with every heartbeat."""
+        persisted = self.persisted_epoch()
+        if persisted < self.image_fn().route_epoch.fenced_epoch:
+            request_upload()
+        return persisted
+
+    @staticmethod
+    def _answer(
+        error: KafkaError,
+        message: str | None = None,
+        base: int = -1,
+        start: int = -1,
+        stream_id: int = -1,
+        end: int = -1,
+    ):
+        return ZoneRouteResponse[ZONE_ROUTE_VERSION](
+            error_code=error,
+            error_message=message,
+            base_offset=base,
+            log_start_offset=start,
+            stream_id=stream_id,
+            end_offset=end,
+        )
+
+    async def zone_route(self, req, ctx):
+        with self._pending_lock:
+            # checked and tracked at once against a fresh image: a persisted epoch reported
+            # meanwhile either sees this request or is below its epoch
+            image = self.image_fn()
+            fenced = image.route_epoch.fenced_epoch
+            if req.route_epoch <= fenced:
+                return self._answer(
+                    KafkaError.STALE_BROKER_EPOCH,
+                    f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
+                )
+            token, entry = self._track(req.route_epoch)
+        try:
+            return await self._checked(req, image, entry)
+        finally:
+            self._untrack_if_unlinked(token, entry)
+
+    async def _checked(self, req, image: MetadataImage, entry: dict):
+        source = req.source_node_id
+        expected = channel_location(source)
+        if (
+            source not in image.brokers
+            or req.channel_bucket_id != expected.bucket_id
+            or req.channel_prefix != expected.prefix
+        ):
+            return self._answer(
+                KafkaError.INVALID_REQUEST,
+                f"no RouterChannel of node {source} at "
+                f"{req.channel_bucket_id}/{req.channel_prefix!r}",
+            )
+        plog = self.partitions.get(str(req.topic_id), req.partition)
+        if plog is None:
+            return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main")
+        assert self.io is not None
+        try:
+            record = await self.io(self.channels.reader(source).read, req.channel_offset)
+        except WALTrimmedError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"channel offset trimmed: {exc}")
+        except ValueError as exc:
+            return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
+            return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
+        linked: list[int] = [-1, -1]  # the stream id and the end of the last link
+
+        def append() -> AppendOutcome:
+            outcome, linked[0], linked[1] = self._link_append(
+                source, req.channel_offset, record.data, plog, entry
+            )
+            return outcome
+
+        # a full WAL is waited for without blocking the loop (then REQUEST_TIMED_OUT)
+        outcome = await append_when_room(append, max(req.timeout_ms, 1) / 1000)
+        stream_id, end = linked
+        start = plog.log_start_offset
+        if outcome.error != KafkaError.NONE:
+            return self._answer(outcome.error, None, -1, start, stream_id, end)
+        deadline = time.monotonic() + max(req.timeout_ms, 1) / 1000
+        for fut in outcome.durable:
+            try:
+                await asyncio.wait_for(
+                    asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
+                )
+            except TimeoutError:
+                error, message = KafkaError.REQUEST_TIMED_OUT, "append not durable in time"
+                return self._answer(error, message, -1, start, stream_id, end)
+            except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
+                error, message = KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200]
+                return self._answer(error, message, -1, start, stream_id, end)
+        return self._answer(KafkaError.NONE, None, outcome.base_offset, start, stream_id, end)
