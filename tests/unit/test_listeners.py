@@ -251,7 +251,7 @@ def metadata(sm, listener):
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    resp = call(apis_for(sm).metadata, req, 3, 9, listener)
+    resp = call(apis_for(sm).cluster.metadata, req, 3, 9, listener)
     brokers = sorted((b.node_id, b.host, b.port) for b in resp.brokers)
     leaders = {
         p.partition_index: (p.error_code, p.leader_id) for t in resp.topics for p in t.partitions
