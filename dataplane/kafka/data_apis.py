@@ -69,6 +69,7 @@ class _FetchSlot:
     aborted: list[tuple[int, int]] = field(default_factory=list)
 
     def response(self, placeholders: RecordsPlaceholders):
+        """This partition's part of the Fetch response (records as a placeholder)."""
         P = FetchResponse.FetchableTopicResponse.PartitionData
         return P(
             partition_index=self.partition,
@@ -115,6 +116,8 @@ class DataApis:
         return plog, KafkaError.NONE
 
     async def produce(self, req, ctx):
+        """Append each partition's records to its backend; with acks, answer once they are
+        durable or the request's timeout passed (acks=0: no response)."""
         v = ctx.api_version
         image = self.broker.image_fn()
         R = ProduceResponse
@@ -208,6 +211,8 @@ class DataApis:
     # ------------------------------------------------------------ fetch
 
     async def fetch(self, req, ctx):
+        """Records from each partition's fetch offset, waiting (up to max_wait_ms) until
+        min_bytes are there; a partition error with nothing read answers at once."""
         v = ctx.api_version
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
@@ -326,6 +331,8 @@ class DataApis:
     # ------------------------------------------------------------ offsets
 
     async def list_offsets(self, req, ctx):
+        """Each partition's earliest (-2), latest (-1), max-timestamp (-3) offset, or the
+        first offset at or after a timestamp."""
         v = ctx.api_version
         image = self.broker.image_fn()
         R = ListOffsetsResponse
@@ -372,6 +379,7 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     async def offset_for_leader_epoch(self, req, ctx):
+        """Each partition's end offset of the leader epoch asked (its backend's answer)."""
         v = ctx.api_version
         image = self.broker.image_fn()
         R = OffsetForLeaderEpochResponse

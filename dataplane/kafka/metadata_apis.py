@@ -60,6 +60,8 @@ class MetadataApis:
         self._pid_end = 0
 
     async def metadata(self, req, ctx):
+        """Brokers and topics (partition leaders, replicas, ISR) as the client's listener and
+        AZ see them; missing topics are auto-created when the request allows it."""
         v = ctx.api_version
         image = self.broker.image_fn()
         wanted = None if req.topics is None else [t.name for t in req.topics]
@@ -208,6 +210,8 @@ class MetadataApis:
         self.broker.await_topics(names)
 
     async def find_coordinator(self, req, ctx):
+        """The broker coordinating each group (key type 0) or transactional id (1), as the
+        client's listener and AZ reach it."""
         v = ctx.api_version
         R = FindCoordinatorResponse
         image = self.broker.image_fn()
@@ -254,6 +258,8 @@ class MetadataApis:
         return R[v](throttle_time_ms=0, error_code=e, error_message=None, node_id=n, host=h, port=p)
 
     def next_producer_id(self) -> int:
+        """A new producer id, from the block this broker holds (a new block from the
+        controller when it is used up; blocking)."""
         with self._pid_lock:
             if self._pid_next >= self._pid_end:
                 res = self.broker.controller.allocate_producer_ids(
@@ -270,6 +276,8 @@ class MetadataApis:
             return pid
 
     async def init_producer_id(self, req, ctx):
+        """A producer id (epoch 0) for an idempotent producer; a transactional id goes to the
+        transaction handlers."""
         v = ctx.api_version
         txn = self.txn_fn()
         if req.transactional_id is not None and txn is not None:

@@ -91,6 +91,7 @@ class TopicAdminApis:
         return res
 
     async def create_topics(self, req, ctx):
+        """Create each topic (or only validate it) and answer once this broker serves it."""
         v = ctx.api_version
         R = CreateTopicsResponse
         out = []
@@ -130,6 +131,7 @@ class TopicAdminApis:
         self.broker.await_topics([name], present=False)
 
     async def delete_topics(self, req, ctx):
+        """Delete each topic (by name, or by id from v6) and answer once it is gone here."""
         v = ctx.api_version
         R = DeleteTopicsResponse
         image = self.broker.image_fn()
@@ -183,6 +185,7 @@ class TopicAdminApis:
             time.sleep(0.02)
 
     async def create_partitions(self, req, ctx):
+        """Grow each topic to its new partition count (or only validate it)."""
         v = ctx.api_version
         R = CreatePartitionsResponse
         out = []
