@@ -31,11 +31,11 @@ def _flush_forever(path: str) -> None:
 
 
 def _patch() -> None:
-    apis = sys.modules["dataplane.kafka.apis"]
+    data_apis = sys.modules["dataplane.kafka.data_apis"]
     store = sys.modules["dataplane.objectstore.store"]
     # every class first (AttributeError while a module is still importing): nothing is
     # patched twice
-    fetch, read_span = apis.KafkaApis.fetch, store.ObjectStorage._read_span
+    fetch, read_span = data_apis.DataApis.fetch, store.ObjectStorage._read_span
     server = sys.modules["dataplane.kafka.server"]
     drain = server._FrameProtocol.drain
 
@@ -47,7 +47,7 @@ def _patch() -> None:
             partitions = sum(len(t.partitions) for t in req.topics)
             _events.append(("fetch", t0, time.monotonic(), partitions))
 
-    apis.KafkaApis.fetch = traced_fetch
+    data_apis.DataApis.fetch = traced_fetch
 
     def traced_read_span(self, bucket_id, key, start, end_exclusive, priority):
         t0 = time.monotonic()
@@ -82,7 +82,7 @@ def _start() -> None:
         if all(
             m in sys.modules
             for m in (
-                "dataplane.kafka.apis",
+                "dataplane.kafka.data_apis",
                 "dataplane.objectstore.store",
                 "dataplane.kafka.server",
             )

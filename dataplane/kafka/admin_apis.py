@@ -33,7 +33,7 @@ from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, PartitionState, TopicState
 from controlplane.requests import ReassignPartitionsRequest
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.apis import _kafka_error
+from dataplane.kafka.api_context import kafka_error
 from dataplane.kafka.partition_backend import BackendError, PartitionBackend, PartitionResolver
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.time_index import stored_pieces
@@ -135,7 +135,7 @@ class AdminApis:
                         log.info("DeleteRecords of %s-%d: %s", t.name, p.partition_index, exc)
                         error = exc.error
                     except ControllerError as exc:
-                        error = _kafka_error(exc)
+                        error = kafka_error(exc)
                     except Exception:  # noqa: BLE001 - a storage failure, retriable
                         log.exception("DeleteRecords of %s-%d failed", t.name, p.partition_index)
                         error = KafkaError.KAFKA_STORAGE_ERROR
@@ -316,7 +316,7 @@ class AdminApis:
                 )
                 outcome: tuple[int, str | None] = (KafkaError.NONE, None)
             except ControllerError as exc:
-                outcome = (_kafka_error(exc), str(exc))
+                outcome = (kafka_error(exc), str(exc))
             for m in moves:
                 results[(m["topic"], m["partition"])] = outcome
         by_topic: dict[str, list] = {}

@@ -1,6 +1,6 @@
 """The seam between the Kafka APIs and storage: one partition as the APIs see it.
 
-`kafka/apis.py` decodes a request, asks the `PartitionResolver` for each partition's
+`kafka/data_apis.py` decodes a request, asks the `PartitionResolver` for each partition's
 `PartitionBackend`, calls it, and encodes the answer; every partition rule (batch validation,
 idempotent-producer checks, offset assignment, epochs, what a fetch may read) lives in the
 backend. `partitions.PartitionLog` (this broker leads the partition; its stream is in the

@@ -11,7 +11,8 @@ import boto3
 from moto import mock_aws
 
 from controlplane.inprocess import InProcessController
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.api_context import BrokerIdentity
+from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.partitions import PartitionManager
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage

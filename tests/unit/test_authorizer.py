@@ -90,14 +90,20 @@ def test_allows_any_for_idempotent_producers():
 
 def test_every_broker_api_has_an_acl_policy():
     """A broker API without a policy would be super-user only; all of today's have one."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from dataplane.kafka.admin_apis import AdminApis
+    from dataplane.kafka.api_context import BrokerIdentity
     from dataplane.kafka.apis import KafkaApis
     from dataplane.kafka.groups.handlers import GroupHandlers
 
-    apis = KafkaApis.__new__(KafkaApis)
-    apis.io = ThreadPoolExecutor(1)
+    apis = KafkaApis(
+        BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
+        lambda: None,
+        lambda offset, timeout_s: True,
+        None,
+        None,
+        lambda: 0,
+        io_threads=1,
+    )
     groups = GroupHandlers.__new__(GroupHandlers)
     admin = AdminApis.__new__(AdminApis)
     handlers = apis.registrations() + groups.registrations() + admin.registrations()

@@ -385,7 +385,8 @@ def test_a_write_at_a_superseded_epoch_is_refused_and_dropped_from_the_cache(sm)
 def test_find_coordinator_answers_from_the_slot_map_for_single_and_batched_keys(sm):
     from kafka.protocol.metadata import FindCoordinatorRequest
 
-    from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+    from dataplane.kafka.api_context import BrokerIdentity
+    from dataplane.kafka.apis import KafkaApis
 
     apis = KafkaApis(
         BrokerIdentity(1, "127.0.0.1", 9001, "az1"),
@@ -408,7 +409,7 @@ def test_find_coordinator_answers_from_the_slot_map_for_single_and_batched_keys(
             else:
                 req = FindCoordinatorRequest[version](key=keys[0])
             return asyncio.run(
-                apis.find_coordinator(req, SimpleNamespace(api_version=version, extras={}))
+                apis.cluster.find_coordinator(req, SimpleNamespace(api_version=version, extras={}))
             )
 
         for v in range(4):

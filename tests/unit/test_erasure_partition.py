@@ -18,7 +18,8 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
 from dataplane.erasure.store import HoleStore, RangeAnswer
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.api_context import BrokerIdentity
+from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import OFFSET_ALIGNMENT, ErasurePartitions
 from dataplane.metadata import MetadataFollower
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, fetch_req, produce_req, values_of
@@ -113,13 +114,13 @@ def cluster(tmp_path):
 
 
 def produce(apis, topic: str, records: bytes):
-    resp = asyncio.run(apis.produce(produce_req(topic, records), ctx(0, 9)))
+    resp = asyncio.run(apis.data.produce(produce_req(topic, records), ctx(0, 9)))
     return resp.responses[0].partition_responses[0]
 
 
 def fetch(apis, topic: str, offset: int):
     return (
-        asyncio.run(apis.fetch(fetch_req(topic, offset), ctx(1, 12)))
+        asyncio.run(apis.data.fetch(fetch_req(topic, offset), ctx(1, 12)))
         .resolved()
         .responses[0]
         .partitions[0]
@@ -142,7 +143,7 @@ def latest_offset(apis, topic: str) -> int:
             )
         ],
     )
-    return asyncio.run(apis.list_offsets(req, ctx(2, 7))).topics[0].partitions[0].offset
+    return asyncio.run(apis.data.list_offsets(req, ctx(2, 7))).topics[0].partitions[0].offset
 
 
 def holes_settle_at(stores, expected: list[int]) -> bool:
@@ -199,7 +200,7 @@ def test_a_client_of_an_az_is_sent_to_a_broker_of_its_az(cluster):
             client_id=f"app&automq_az={az}",
             peer=("127.0.0.1", 1),
         )
-        md = asyncio.run(apis.metadata(request, context))
+        md = asyncio.run(apis.cluster.metadata(request, context))
         in_az = {n for n, b in image.brokers.items() if b.az == az}
         assert {b.node_id for b in md.brokers} == in_az
         leaders = [p.leader_id for p in md.topics[0].partitions]
@@ -226,7 +227,7 @@ def test_produce_is_acked_at_a_sparse_offset_and_fetch_decodes_it(cluster):
     assert p.leader_node_id == -1 and sorted(p.shard_stores) == [1, 2, 3, 4, 5, 6]
     # Metadata names a live broker as the leader; all 6 keep shards
     md = asyncio.run(
-        apis.metadata(
+        apis.cluster.metadata(
             MetadataRequest[9](
                 topics=[MetadataRequest.MetadataRequestTopic(name="events")],
                 allow_auto_topic_creation=False,

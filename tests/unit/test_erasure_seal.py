@@ -27,7 +27,8 @@ from dataplane.formats.seal_format import (
     seal_batches,
     sealed_records,
 )
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.api_context import BrokerIdentity
+from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage

@@ -85,10 +85,10 @@ def test_produce_then_fetch_through_the_api_layer_with_no_server(broker):
     sync()
 
     async def scenario():
-        first = await apis.produce(produce_req("orders", batch([b"a", b"b", b"c"])), ctx(0, 9))
-        second = await apis.produce(produce_req("orders", batch([b"d"])), ctx(0, 9))
-        fetched = (await apis.fetch(fetch_req("orders", 1), ctx(1, 12))).resolved()
-        latest = await apis.list_offsets(
+        first = await apis.data.produce(produce_req("orders", batch([b"a", b"b", b"c"])), ctx(0, 9))
+        second = await apis.data.produce(produce_req("orders", batch([b"d"])), ctx(0, 9))
+        fetched = (await apis.data.fetch(fetch_req("orders", 1), ctx(1, 12))).resolved()
+        latest = await apis.data.list_offsets(
             ListOffsetsRequest[7](
                 replica_id=-1,
                 isolation_level=0,
@@ -127,14 +127,16 @@ def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothin
     records = batch([b"x", b"y"], producer=(7, 0, 0))
 
     async def scenario():
-        a = await apis.produce(produce_req("t", records), ctx(0, 9))
-        retry = await apis.produce(produce_req("t", records), ctx(0, 9))
+        a = await apis.data.produce(produce_req("t", records), ctx(0, 9))
+        retry = await apis.data.produce(produce_req("t", records), ctx(0, 9))
         corrupt = bytearray(batch([b"z"]))
         corrupt[-1] ^= 0xFF  # the CRC no longer matches
-        bad = await apis.produce(produce_req("t", bytes(corrupt)), ctx(0, 9))
-        gap = await apis.produce(produce_req("t", batch([b"w"], producer=(7, 0, 5))), ctx(0, 9))
-        unknown = await apis.produce(produce_req("nope", batch([b"q"])), ctx(0, 9))
-        fetched = (await apis.fetch(fetch_req("t", 0), ctx(1, 12))).resolved()
+        bad = await apis.data.produce(produce_req("t", bytes(corrupt)), ctx(0, 9))
+        gap = await apis.data.produce(
+            produce_req("t", batch([b"w"], producer=(7, 0, 5))), ctx(0, 9)
+        )
+        unknown = await apis.data.produce(produce_req("nope", batch([b"q"])), ctx(0, 9))
+        fetched = (await apis.data.fetch(fetch_req("t", 0), ctx(1, 12))).resolved()
         return a, retry, bad, gap, unknown, fetched
 
     a, retry, bad, gap, unknown, fetched = asyncio.run(scenario())
@@ -172,11 +174,11 @@ def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_req
         raise ObjectStoreUnavailableError("bucket 0 is unavailable (writes failing); retry later")
 
     async def scenario():
-        await apis.produce(produce_req("old", batch([b"a", b"b"])), ctx(0, 9))
+        await apis.data.produce(produce_req("old", batch([b"a", b"b"])), ctx(0, 9))
         with monkeypatch.context() as m:
             m.setattr(PartitionLog, "read", bucket_down)
-            down = (await apis.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
-        healed = (await apis.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
+            down = (await apis.data.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
+        healed = (await apis.data.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
         return down, healed
 
     down, healed = asyncio.run(scenario())
@@ -219,13 +221,13 @@ def test_offsets_for_times_is_exact_inside_a_batch(broker, compression):
     later.close()
 
     def lookup(ts: int) -> tuple[int, int]:
-        res = asyncio.run(apis.list_offsets(list_offsets_req("times", ts), ctx(2, 7)))
+        res = asyncio.run(apis.data.list_offsets(list_offsets_req("times", ts), ctx(2, 7)))
         p = res.topics[0].partitions[0]
         assert p.error_code == KafkaError.NONE
         return p.offset, p.timestamp
 
     for records in (bytes(builder.buffer()), bytes(later.buffer())):
-        res = asyncio.run(apis.produce(produce_req("times", records), ctx(0, 9)))
+        res = asyncio.run(apis.data.produce(produce_req("times", records), ctx(0, 9)))
         assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
     assert lookup(base_ts + 50_000) == (50, base_ts + 50_000)
     assert lookup(base_ts + 49_500) == (50, base_ts + 50_000)  # first at or after
@@ -295,14 +297,14 @@ def test_the_partitions_of_one_fetch_are_read_at_once_within_max_bytes(broker, m
 
     async def scenario():
         for p in range(4):
-            await apis.produce(produce_to(p), ctx(0, 9))
+            await apis.data.produce(produce_to(p), ctx(0, 9))
         with monkeypatch.context() as m:
             m.setattr(PartitionLog, "read", slow_read)
-            wide = await apis.fetch(multi_fetch_req("wide", 4, 4 << 20, 1 << 20), ctx(1, 12))
+            wide = await apis.data.fetch(multi_fetch_req("wide", 4, 4 << 20, 1 << 20), ctx(1, 12))
             wide = wide.resolved()
         # max_bytes 25,000, 12,000 per partition: partitions 0 and 1 whole, 2 with what is
         # left (still one whole batch), 3 nothing
-        narrow = await apis.fetch(multi_fetch_req("wide", 4, 25_000, 12_000), ctx(1, 12))
+        narrow = await apis.data.fetch(multi_fetch_req("wide", 4, 25_000, 12_000), ctx(1, 12))
         return wide, narrow.resolved()
 
     wide, narrow = asyncio.run(scenario())

@@ -90,7 +90,7 @@ def run(coro):
 
 
 def described(apis, name: str) -> dict:
-    res = run(apis.describe_configs(describe_req(name), ctx(32, 4))).results[0]
+    res = run(apis.topic_admin.describe_configs(describe_req(name), ctx(32, 4))).results[0]
     assert res.error_code == KafkaError.NONE, res
     return {c.name: c for c in res.configs}
 
@@ -118,7 +118,7 @@ def test_incremental_alter_then_describe_shows_the_change(broker):
         ("cleanup.policy", APPEND, "compact"),
     ]
     assert alter_result(
-        run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+        run(apis.topic_admin.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
     ) == (
         KafkaError.NONE,
         None,
@@ -133,7 +133,7 @@ def test_incremental_alter_then_describe_shows_the_change(broker):
     assert after["cleanup.policy"].value == "delete,compact"
 
     entries = [("retention.ms", DELETE, None), ("cleanup.policy", SUBTRACT, "delete")]
-    run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+    run(apis.topic_admin.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
     after = described(apis, "t")
     assert after["retention.ms"].config_source == 5 and after["retention.ms"].value == "604800000"
     assert after["cleanup.policy"].value == "compact"
@@ -154,12 +154,12 @@ def test_bad_entries_are_invalid_config_and_change_nothing(broker):
     ):
         entries = [("max.message.bytes", SET, "1000"), (key, SET, value)]
         code, message = alter_result(
-            run(apis.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
+            run(apis.topic_admin.incremental_alter_configs(incremental("t", entries), ctx(44, 1)))
         )
         assert code == KafkaError.INVALID_CONFIG and key in message
         code, message = alter_result(
             run(
-                apis.alter_configs(
+                apis.topic_admin.alter_configs(
                     legacy("t", {"max.message.bytes": "1000", key: value}), ctx(33, 1)
                 )
             )
@@ -175,9 +175,15 @@ def test_validate_only_changes_nothing(broker):
     sync()
     offset = controller.machine.next_offset
     good = incremental("t", [("retention.ms", SET, "1000")], validate_only=True)
-    assert alter_result(run(apis.incremental_alter_configs(good, ctx(44, 1))))[0] == KafkaError.NONE
+    assert (
+        alter_result(run(apis.topic_admin.incremental_alter_configs(good, ctx(44, 1))))[0]
+        == KafkaError.NONE
+    )
     bad = legacy("t", {"retention.ms": "banana"}, validate_only=True)
-    assert alter_result(run(apis.alter_configs(bad, ctx(33, 1))))[0] == KafkaError.INVALID_CONFIG
+    assert (
+        alter_result(run(apis.topic_admin.alter_configs(bad, ctx(33, 1))))[0]
+        == KafkaError.INVALID_CONFIG
+    )
     assert controller.machine.next_offset == offset
 
 
@@ -188,7 +194,9 @@ def test_alter_configs_replaces_the_whole_set(broker):
         {"name": "t", "partitions": 1, "configs": {"retention.ms": "5", "segment.ms": "100"}},
     )
     sync()
-    res = run(apis.alter_configs(legacy("t", {"max.message.bytes": "3000"}), ctx(33, 1)))
+    res = run(
+        apis.topic_admin.alter_configs(legacy("t", {"max.message.bytes": "3000"}), ctx(33, 1))
+    )
     assert alter_result(res)[0] == KafkaError.NONE
     assert controller.machine.image.topic_by_name("t").configs == {"max.message.bytes": "3000"}
 
@@ -196,28 +204,30 @@ def test_alter_configs_replaces_the_whole_set(broker):
 def test_other_resources_and_unknown_topics(broker):
     apis, controller, sync = broker
     res = run(
-        apis.incremental_alter_configs(
+        apis.topic_admin.incremental_alter_configs(
             incremental("1", [("x", SET, "1")], rtype=BROKER), ctx(44, 1)
         )
     )
     code, message = alter_result(res)
     assert code == KafkaError.INVALID_CONFIG and "broker config: x" in message
     res = run(
-        apis.incremental_alter_configs(
+        apis.topic_admin.incremental_alter_configs(
             incremental("7", [("log.retention.ms", SET, "1")], rtype=BROKER), ctx(44, 1)
         )
     )
     code, message = alter_result(res)
     assert code == KafkaError.INVALID_REQUEST and "not registered" in message
     res = run(
-        apis.incremental_alter_configs(
+        apis.topic_admin.incremental_alter_configs(
             incremental("nope", [("retention.ms", SET, "1")]), ctx(44, 1)
         )
     )
     assert alter_result(res)[0] == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-    res = run(apis.describe_configs(describe_req("nope"), ctx(32, 4))).results[0]
+    res = run(apis.topic_admin.describe_configs(describe_req("nope"), ctx(32, 4))).results[0]
     assert res.error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-    res = run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4))).results[0]
+    res = run(
+        apis.topic_admin.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4))
+    ).results[0]
     assert res.error_code == KafkaError.NONE and {c.name for c in res.configs} >= {"broker.id"}
 
 
@@ -225,7 +235,9 @@ def test_describe_filters_by_key(broker):
     apis, controller, sync = broker
     controller.call("create_topic", {"name": "t", "partitions": 1})
     sync()
-    res = run(apis.describe_configs(describe_req("t", ["retention.ms", "nope"]), ctx(32, 4)))
+    res = run(
+        apis.topic_admin.describe_configs(describe_req("t", ["retention.ms", "nope"]), ctx(32, 4))
+    )
     assert [c.name for c in res.results[0].configs] == ["retention.ms"]
 
 
@@ -234,15 +246,19 @@ def test_create_topics_validates_configs_and_stores_nothing(broker):
     before = controller.machine.image.fingerprint()
     for configs in ({"retention.ms": "banana"}, {"cleanup.policy": "shred"}, {"bogus": "1"}):
         for validate_only in (True, False):
-            res = run(apis.create_topics(create_req("t", configs, validate_only), ctx(19, 7)))
+            res = run(
+                apis.topic_admin.create_topics(create_req("t", configs, validate_only), ctx(19, 7))
+            )
             [topic] = res.topics
             assert topic.error_code == KafkaError.INVALID_CONFIG
             assert next(iter(configs)) in topic.error_message
     assert controller.machine.image.fingerprint() == before
-    res = run(apis.create_topics(create_req("t", {"retention.ms": "1000"}, True), ctx(19, 7)))
+    res = run(
+        apis.topic_admin.create_topics(create_req("t", {"retention.ms": "1000"}, True), ctx(19, 7))
+    )
     assert res.topics[0].error_code == KafkaError.NONE
     assert controller.machine.image.topic_by_name("t") is None  # validate_only
-    res = run(apis.create_topics(create_req("t", {"retention.ms": "1000"}), ctx(19, 7)))
+    res = run(apis.topic_admin.create_topics(create_req("t", {"retention.ms": "1000"}), ctx(19, 7)))
     [topic] = res.topics
     assert topic.error_code == KafkaError.NONE
     returned = {c.name: (c.value, c.config_source) for c in topic.configs}
@@ -258,12 +274,12 @@ def test_max_message_bytes_is_enforced_after_an_alter_without_reopening(broker):
     big = batch([b"x" * 5_000])
 
     def produce(records: bytes) -> int:
-        res = run(apis.produce(produce_req("t", records), ctx(0, 9)))
+        res = run(apis.data.produce(produce_req("t", records), ctx(0, 9)))
         return res.responses[0].partition_responses[0].error_code
 
     assert produce(big) == KafkaError.NONE
     res = run(
-        apis.incremental_alter_configs(
+        apis.topic_admin.incremental_alter_configs(
             incremental("t", [("max.message.bytes", SET, "1000")]), ctx(44, 1)
         )
     )
@@ -274,7 +290,7 @@ def test_max_message_bytes_is_enforced_after_an_alter_without_reopening(broker):
     assert plog.high_watermark == hw + 1  # the refused batch left nothing
     assert apis.partitions.get(plog.topic_id, 0) is plog  # the same open partition
     run(
-        apis.incremental_alter_configs(
+        apis.topic_admin.incremental_alter_configs(
             incremental("t", [("max.message.bytes", DELETE, None)]), ctx(44, 1)
         )
     )
@@ -297,7 +313,7 @@ def test_batches_up_to_the_produce_limit_are_stored_when_the_topic_allows_them(b
     payload = bytes(range(256)) * (6 * 1024 * 4)  # 6 MiB, not compressible to nothing
 
     def produce(records: bytes) -> int:
-        res = run(apis.produce(produce_req("big", records), ctx(0, 9)))
+        res = run(apis.data.produce(produce_req("big", records), ctx(0, 9)))
         return res.responses[0].partition_responses[0].error_code
 
     assert produce(batch([payload])) == KafkaError.NONE
@@ -322,7 +338,7 @@ def test_dynamic_broker_configs_supply_topic_defaults(broker):
     def alter(resource: str, entries: list) -> tuple:
         return alter_result(
             run(
-                apis.incremental_alter_configs(
+                apis.topic_admin.incremental_alter_configs(
                     incremental(resource, entries, rtype=BROKER), ctx(44, 1)
                 )
             )
@@ -338,7 +354,7 @@ def test_dynamic_broker_configs_supply_topic_defaults(broker):
     assert rows["retention.ms"].value == "5000"
     assert described(apis, "own")["max.message.bytes"].value == "9000"  # the topic's own
     # the new default is enforced on produce, without reopening the partition
-    res = run(apis.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
+    res = run(apis.data.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
     assert res.responses[0].partition_responses[0].error_code == KafkaError.MESSAGE_TOO_LARGE
     assert plog.configs()["retention.ms"] == "5000"
 
@@ -349,10 +365,12 @@ def test_dynamic_broker_configs_supply_topic_defaults(broker):
         "8000",
         2,  # DYNAMIC_BROKER_CONFIG
     )
-    res = run(apis.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
+    res = run(apis.data.produce(produce_req("t", batch([b"x" * 5_000])), ctx(0, 9)))
     assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
     broker_rows = (
-        run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4))).results[0].configs
+        run(apis.topic_admin.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4)))
+        .results[0]
+        .configs
     )
     by_name = {c.name: c for c in broker_rows}
     assert by_name["message.max.bytes"].value == "8000"
@@ -386,7 +404,7 @@ def test_the_erasure_repair_settings_are_dynamic_broker_configs(broker):
     def alter(resource: str, entries: list) -> tuple:
         return alter_result(
             run(
-                apis.incremental_alter_configs(
+                apis.topic_admin.incremental_alter_configs(
                     incremental(resource, entries, rtype=BROKER), ctx(44, 1)
                 )
             )
@@ -399,7 +417,7 @@ def test_the_erasure_repair_settings_are_dynamic_broker_configs(broker):
     sync()
     rows = {
         c.name: c
-        for c in run(apis.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4)))
+        for c in run(apis.topic_admin.describe_configs(describe_req("1", rtype=BROKER), ctx(32, 4)))
         .results[0]
         .configs
     }
@@ -444,6 +462,8 @@ def test_describing_another_broker_shows_its_own_id_and_rack(broker):
 
 
 def described_broker(apis, node: str) -> dict[str, str | None]:
-    res = run(apis.describe_configs(describe_req(node, rtype=BROKER), ctx(32, 4))).results[0]
+    res = run(
+        apis.topic_admin.describe_configs(describe_req(node, rtype=BROKER), ctx(32, 4))
+    ).results[0]
     assert res.error_code == KafkaError.NONE, res
     return {c.name: c.value for c in res.configs}

@@ -20,7 +20,8 @@ from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.config import BrokerConfig
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.apis import BrokerIdentity, KafkaApis
+from dataplane.kafka.api_context import BrokerIdentity
+from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.registry import RequestContext
 
 NOW = 1_000_000
@@ -250,7 +251,7 @@ def metadata(sm, listener):
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    resp = call(apis_for(sm).metadata, req, 3, 9, listener)
+    resp = call(apis_for(sm).cluster.metadata, req, 3, 9, listener)
     brokers = sorted((b.node_id, b.host, b.port) for b in resp.brokers)
     leaders = {
         p.partition_index: (p.error_code, p.leader_id) for t in resp.topics for p in t.partitions
@@ -283,11 +284,11 @@ def test_find_coordinator_answers_on_the_clients_listener(sm):
     assert set(groups) == {1, 2}
     req = FindCoordinatorRequest[4](key_type=0, coordinator_keys=[groups[1], groups[2]])
     apis = apis_for(sm)
-    resp = call(apis.find_coordinator, req, 10, 4, "SASL_SSL")
+    resp = call(apis.cluster.find_coordinator, req, 10, 4, "SASL_SSL")
     got = {c.key: (c.error_code, c.node_id, c.port) for c in resp.coordinators}
     assert got[groups[1]] == (KafkaError.NONE, 1, 9011)
     assert got[groups[2]][0] == KafkaError.COORDINATOR_NOT_AVAILABLE
-    resp = call(apis.find_coordinator, req, 10, 4, "PLAINTEXT")
+    resp = call(apis.cluster.find_coordinator, req, 10, 4, "PLAINTEXT")
     got = {c.key: (c.error_code, c.node_id, c.port) for c in resp.coordinators}
     assert got == {groups[1]: (0, 1, 9010), groups[2]: (0, 2, 9020)}
 
@@ -392,12 +393,12 @@ def test_cluster_up_gives_every_listener_its_own_port(tmp_path):
 
 def test_describe_configs_of_a_broker_shows_its_registered_listeners(sm):
     apis = apis_for(sm)
-    error, _, rows = apis._describe_broker(sm.image, "1")
+    error, _, rows = apis.topic_admin.describe_broker(sm.image, "1")
     assert error == KafkaError.NONE
     got = {row.name: row.value for row in rows}
     assert got["listeners"] == "PLAINTEXT://127.0.0.1:9010,SASL_SSL://127.0.0.1:9011"
     assert got["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL"
-    _, _, rows = apis._describe_broker(sm.image, "2")
+    _, _, rows = apis.topic_admin.describe_broker(sm.image, "2")
     assert {row.name: row.value for row in rows}["listeners"] == "PLAINTEXT://127.0.0.1:9020"
 
 
@@ -412,14 +413,14 @@ def test_describe_cluster_answers_on_the_clients_listener(sm, version):
         fields["include_fenced_brokers"] = False
     req = DescribeClusterRequest[version](**fields)
     apis = apis_for(sm)
-    resp = call(apis.describe_cluster, req, 60, version, "SASL_SSL")
+    resp = call(apis.cluster.describe_cluster, req, 60, version, "SASL_SSL")
     assert resp.error_code == 0
     assert [(b.broker_id, b.port) for b in resp.brokers] == [(1, 9011)]
-    resp = call(apis.describe_cluster, req, 60, version, "PLAINTEXT")
+    resp = call(apis.cluster.describe_cluster, req, 60, version, "PLAINTEXT")
     assert [(b.broker_id, b.port) for b in resp.brokers] == [(1, 9010), (2, 9020)]
     if version >= 1:  # controllers are not described by brokers
         req = DescribeClusterRequest[version](**{**fields, "endpoint_type": 2})
-        resp = call(apis.describe_cluster, req, 60, version, "PLAINTEXT")
+        resp = call(apis.cluster.describe_cluster, req, 60, version, "PLAINTEXT")
         assert resp.error_code == KafkaError.UNSUPPORTED_ENDPOINT_TYPE and not resp.brokers
 
 

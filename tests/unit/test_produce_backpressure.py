@@ -55,7 +55,7 @@ def test_a_full_wal_is_waited_for_without_blocking_the_loop(broker):
         try:
             for i in range(1000):  # bounded: the 32 MiB WAL is full after ~32 of these
                 started = time.monotonic()
-                res = await apis.produce(request(i, 1_000), ctx(0, 9))
+                res = await apis.data.produce(request(i, 1_000), ctx(0, 9))
                 part = res.responses[0].partition_responses[0]
                 if part.error_code != KafkaError.NONE:
                     refused = (i, part.error_code, time.monotonic() - started)
@@ -63,9 +63,9 @@ def test_a_full_wal_is_waited_for_without_blocking_the_loop(broker):
                 acked.append(part.base_offset)
             assert refused is not None, "the WAL never filled"
             # while one producer waits for room, the loop answers everything else
-            waiting = asyncio.create_task(apis.produce(request(10_000, 20_000), ctx(0, 9)))
+            waiting = asyncio.create_task(apis.data.produce(request(10_000, 20_000), ctx(0, 9)))
             meta_started = time.monotonic()
-            await apis.metadata(_metadata_req(), ctx(3, 12))
+            await apis.cluster.metadata(_metadata_req(), ctx(3, 12))
             metadata_s = time.monotonic() - meta_started
             await asyncio.sleep(0.3)
             assert not waiting.done()
@@ -91,7 +91,7 @@ def test_a_full_wal_is_waited_for_without_blocking_the_loop(broker):
     async def read_all() -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         while len(out) < RECORDS_PER_REQUEST * (len(acked) + 1):
-            res = (await apis.fetch(fetch_req("bp", len(out)), ctx(1, 12))).resolved()
+            res = (await apis.data.fetch(fetch_req("bp", len(out)), ctx(1, 12))).resolved()
             got = values_of(res.responses[0].partitions[0].records)
             assert got, f"nothing readable at {len(out)}"
             out += [(o, v) for o, v in got if o >= len(out)]

@@ -32,7 +32,7 @@ def topic_with_uploads(apis, controller, sync, name: str, configs: dict, batches
     controller.call("create_topic", {"name": name, "partitions": 1, "configs": configs})
     sync()
     for ts in batches:
-        res = asyncio.run(apis.produce(produce_req(name, records(10, ts)), ctx(0, 9)))
+        res = asyncio.run(apis.data.produce(produce_req(name, records(10, ts)), ctx(0, 9)))
         assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
         apis.partitions.storage.flush()  # one object per batch
     sync()
@@ -41,7 +41,7 @@ def topic_with_uploads(apis, controller, sync, name: str, configs: dict, batches
 
 
 def earliest(apis, name: str) -> int:
-    res = asyncio.run(apis.list_offsets(list_offsets_req(name, -2), ctx(2, 7)))
+    res = asyncio.run(apis.data.list_offsets(list_offsets_req(name, -2), ctx(2, 7)))
     return res.topics[0].partitions[0].offset
 
 
@@ -77,7 +77,7 @@ def test_delete_records_advances_the_log_start_and_destroys_whole_objects(broker
 
     assert delete(25) == (KafkaError.NONE, 25)
     assert earliest(apis, "dr") == 25
-    fetched = asyncio.run(apis.fetch(fetch_req("dr", 5), ctx(1, 12))).resolved()
+    fetched = asyncio.run(apis.data.fetch(fetch_req("dr", 5), ctx(1, 12))).resolved()
     assert fetched.responses[0].partitions[0].error_code == KafkaError.OFFSET_OUT_OF_RANGE
     sync()
     image = controller.machine.image

@@ -28,14 +28,14 @@ def batch(timestamps: list[int]) -> bytes:
 
 
 def lookup(apis, ts: int) -> tuple[int, int]:
-    res = asyncio.run(apis.list_offsets(list_offsets_req("t", ts), ctx(2, 7)))
+    res = asyncio.run(apis.data.list_offsets(list_offsets_req("t", ts), ctx(2, 7)))
     p = res.topics[0].partitions[0]
     assert p.error_code == KafkaError.NONE
     return p.offset, p.timestamp
 
 
 def produce(apis, timestamps: list[int]) -> None:
-    res = asyncio.run(apis.produce(produce_req("t", batch(timestamps)), ctx(0, 9)))
+    res = asyncio.run(apis.data.produce(produce_req("t", batch(timestamps)), ctx(0, 9)))
     assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
 
 

@@ -67,7 +67,7 @@ class Harness:
             self.apis.image_fn,
             self.controller,
             self.apis.node_epoch_fn,
-            self.apis._next_producer_id,
+            self.apis.cluster.next_producer_id,
             self.apis.partitions,
             lambda slot, pid, commit: complete_group_offsets(self.store, slot, pid, commit),
             clock_ms=lambda: self.clock[0],
@@ -83,7 +83,7 @@ class Harness:
             producer_id=-1,
             producer_epoch=-1,
         )
-        return self.run(self.apis.init_producer_id(req, ctx(22, version)))
+        return self.run(self.apis.cluster.init_producer_id(req, ctx(22, version)))
 
     def add_partitions(self, txn_id, pid, epoch, partitions=(0,)):
         R = AddPartitionsToTxnRequest
@@ -121,7 +121,7 @@ class Harness:
                 )
             ],
         )
-        resp = self.run(self.apis.produce(req, ctx(0, 9)))
+        resp = self.run(self.apis.data.produce(req, ctx(0, 9)))
         return resp.responses[0].partition_responses[0].error_code
 
     def fetch(self, isolation: int, offset: int = 0):
@@ -147,7 +147,7 @@ class Harness:
             forgotten_topics_data=[],
             rack_id="",
         )
-        resp = self.run(self.apis.fetch(req, ctx(1, 12))).resolved()
+        resp = self.run(self.apis.data.fetch(req, ctx(1, 12))).resolved()
         p = resp.responses[0].partitions[0]
         values, controls = [], 0
         records = MemoryRecords(p.records) if p.records else None
@@ -176,7 +176,7 @@ class Harness:
                 )
             ],
         )
-        resp = self.run(self.apis.list_offsets(req, ctx(2, 5)))
+        resp = self.run(self.apis.data.list_offsets(req, ctx(2, 5)))
         return resp.topics[0].partitions[0].offset
 
 
@@ -192,7 +192,7 @@ def h(tmp_path, monkeypatch):
 
 def test_find_coordinator_for_a_transactional_id_names_the_slot_owner(h):
     req = FindCoordinatorRequest[4](key_type=1, coordinator_keys=["my-txn"])
-    resp = h.run(h.apis.find_coordinator(req, ctx(10, 4)))
+    resp = h.run(h.apis.cluster.find_coordinator(req, ctx(10, 4)))
     c = resp.coordinators[0]
     assert (c.error_code, c.node_id, c.port) == (KafkaError.NONE, 1, 9092)
 

@@ -1,0 +1,404 @@
+"""The broker's data APIs: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch.
+
+Each handler takes the decoded kafka-python request of the negotiated version and returns the
+response object of the same version (`None` for acks=0 produce). Handlers only route and
+encode: each partition is a `PartitionBackend` (partition_backend.py) found through the
+client's routing, which owns the partition's rules (validation, idempotence, offsets,
+epochs). A partition this broker does not serve answers NOT_LEADER_OR_FOLLOWER so clients
+refresh their metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from kafka.protocol.consumer import (
+    FetchResponse,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochResponse,
+)
+from kafka.protocol.producer import ProduceResponse
+
+from controlplane.image import MetadataImage, TopicState
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.record_batch import RecordChunks
+from dataplane.kafka.api_context import BrokerApiContext
+from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
+from dataplane.kafka.fetch_budget import next_wave
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    BackendError,
+    PartitionBackend,
+    append_when_room,
+)
+from dataplane.objectstore import ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+MAX_FETCH_WAIT_MS = 30_000
+# a produce waits for WAL room at most this share of its timeout: its retriable answer
+# reaches the client before the client's own request timeout gives up on it
+ROOM_WAIT_SHARE_OF_TIMEOUT = 0.8
+MIN_DURABLE_WAIT_S = 0.001
+
+
+def _room_wait_s(remaining_s: float) -> float:
+    """How long a produce with `remaining_s` left may wait for WAL room."""
+    return max(remaining_s * ROOM_WAIT_SHARE_OF_TIMEOUT, 0.0)
+
+
+@dataclass
+class _FetchSlot:
+    """One partition of a Fetch request while it is being answered."""
+
+    topic: str | None
+    partition: int
+    plog: PartitionBackend | None
+    error: KafkaError
+    fetch_offset: int
+    partition_max_bytes: int = 0
+    hw: int = -1
+    start: int = -1
+    lso: int = -1
+    end: int = -1
+    records: bytes | memoryview | RecordChunks = b""
+    aborted: list[tuple[int, int]] = field(default_factory=list)
+
+    def response(self, placeholders: RecordsPlaceholders):
+        """This partition's part of the Fetch response (records as a placeholder)."""
+        P = FetchResponse.FetchableTopicResponse.PartitionData
+        return P(
+            partition_index=self.partition,
+            error_code=self.error,
+            high_watermark=self.hw,
+            last_stable_offset=self.lso,
+            log_start_offset=self.start,
+            aborted_transactions=[
+                P.AbortedTransaction(producer_id=pid, first_offset=first)
+                for pid, first in self.aborted
+            ],
+            preferred_read_replica=-1,
+            # the record bytes go to the socket as they are, not through kafka-python's
+            # encoder
+            records=placeholders.placeholder(self.records) if self.records else self.records,
+        )
+
+
+class DataApis:
+    """Handlers of the produce, fetch and offset APIs, on the broker's shared state."""
+
+    def __init__(self, broker: BrokerApiContext):
+        self.broker = broker
+
+    def _topic(
+        self, image: MetadataImage, name: str | None = None, topic_id: uuid.UUID | None = None
+    ) -> TopicState | None:
+        if topic_id is not None and topic_id.int != 0:
+            return image.topics.get(str(topic_id))
+        return image.topic_by_name(name) if name else None
+
+    def _resolve(
+        self, image: MetadataImage, name: str | None, topic_id, partition: int, az: str | None
+    ):
+        """(PartitionBackend or None, error) for a produce/fetch target of a client of `az`."""
+        topic = self._topic(image, name, topic_id)
+        if topic is None or partition not in topic.partitions:
+            if topic_id is not None and getattr(topic_id, "int", 0):
+                return None, KafkaError.UNKNOWN_TOPIC_ID
+            return None, KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+        plog = self.broker.routing.get(topic.topic_id, partition, az)
+        if plog is None:
+            return None, KafkaError.NOT_LEADER_OR_FOLLOWER
+        return plog, KafkaError.NONE
+
+    async def produce(self, req, ctx):
+        """Append each partition's records to its backend; with acks, answer once they are
+        durable or the request's timeout passed (acks=0: no response)."""
+        v = ctx.api_version
+        image = self.broker.image_fn()
+        R = ProduceResponse
+        az = self.broker.client_az(ctx)
+        results = []
+        waits = []
+        # one deadline for the whole request: waiting for WAL room, then for durability
+        loop = asyncio.get_running_loop()
+        timeout_s = max(req.timeout_ms, 1) / 1000
+        deadline = loop.time() + timeout_s
+        for t in req.topic_data:
+            topic_name = getattr(t, "name", None)
+            topic_id = getattr(t, "topic_id", None) if v >= 13 else None
+            parts = []
+            for p in t.partition_data:
+                plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
+                base, log_start = -1, -1
+                futures = []
+                base_future = None
+                if plog is not None:
+                    try:
+                        # a full WAL is waited for here, without blocking the loop
+                        outcome = await append_when_room(
+                            functools.partial(plog.append, p.records),
+                            _room_wait_s(deadline - loop.time()),
+                        )
+                        error, base, futures = outcome.error, outcome.base_offset, outcome.durable
+                        base_future = outcome.base_offset_future
+                    except Exception as exc:  # the engine refused (fenced, closed...)
+                        log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
+                        error = KafkaError.NOT_LEADER_OR_FOLLOWER
+                    log_start = plog.log_start_offset
+                entry = {
+                    "index": p.index,
+                    "error": error,
+                    "base": base,
+                    "log_start": log_start,
+                    "base_future": base_future,
+                }
+                parts.append(entry)
+                waits.append((entry, futures))
+            results.append((t, parts))
+        if req.acks != 0:
+            for entry, futures in waits:
+                for fut in futures:
+                    try:
+                        # shielded: a timeout must not cancel the append's future (a
+                        # retry of the batch may be waiting for the same durability)
+                        done = await asyncio.wait_for(
+                            asyncio.shield(asyncio.wrap_future(fut)),
+                            max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
+                        )
+                        if isinstance(done, AppendOutcome):
+                            # appended elsewhere (a zone-router proxy's main): its outcome
+                            entry["error"], entry["base"] = done.error, done.base_offset
+                    except TimeoutError:
+                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                    except BackendError as exc:  # e.g. no WAL room on a worker's append
+                        log.warning("append failed: %s", exc)
+                        entry["error"] = exc.error
+                    except Exception as exc:
+                        log.warning("append failed: %s", exc)
+                        entry["error"] = KafkaError.NOT_LEADER_OR_FOLLOWER
+                base_future = entry["base_future"]
+                if entry["error"] == KafkaError.NONE and base_future is not None:
+                    entry["base"] = base_future.result()  # done: it was among the futures
+        else:
+            return None
+        responses = []
+        for t, parts in results:
+            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
+            responses.append(
+                R.TopicProduceResponse(
+                    partition_responses=[
+                        R.TopicProduceResponse.PartitionProduceResponse(
+                            index=e["index"],
+                            error_code=e["error"],
+                            base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
+                            log_append_time_ms=-1,
+                            log_start_offset=e["log_start"],
+                            record_errors=[],
+                            error_message=None,
+                        )
+                        for e in parts
+                    ],
+                    **kwargs,
+                )
+            )
+        return R[v](responses=responses, throttle_time_ms=0)
+
+    # ------------------------------------------------------------ fetch
+
+    async def fetch(self, req, ctx):
+        """Records from each partition's fetch offset, waiting (up to max_wait_ms) until
+        min_bytes are there; a partition error with nothing read answers at once."""
+        v = ctx.api_version
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
+        min_bytes = max(req.min_bytes, 0)
+        max_bytes = req.max_bytes if v >= 3 and req.max_bytes > 0 else 2**31 - 1
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        listening: list[PartitionBackend] = []
+        try:
+            for _ in range(1_000_000):
+                woken.clear()
+                image = self.broker.image_fn()
+                placeholders = RecordsPlaceholders()
+                total, topics = await self._fetch_once(
+                    req,
+                    v,
+                    image,
+                    max_bytes,
+                    listening,
+                    wake,
+                    placeholders,
+                    self.broker.client_az(ctx),
+                )
+                if total >= min_bytes or loop.time() >= deadline or total < 0:
+                    break
+                try:
+                    await asyncio.wait_for(woken.wait(), max(deadline - loop.time(), 0))
+                except TimeoutError:
+                    pass
+        finally:
+            for plog in listening:
+                plog.remove_listener(wake)
+        response = FetchResponse[v](
+            throttle_time_ms=0, error_code=0, session_id=0, responses=topics
+        )
+        return ResponseWithRecords(response, placeholders)
+
+    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders, az):
+        F = FetchResponse.FetchableTopicResponse
+        read_committed = getattr(req, "isolation_level", 0) == 1
+        # first the partitions' state and errors, then the reads: the partitions of one
+        # request are read at once (a catch-up read waits for object-store GETs), in waves
+        # that keep the response within the request's max_bytes (fetch_budget.py)
+        slots: list[list[_FetchSlot]] = []
+        to_read: list[_FetchSlot] = []
+        for t in req.topics:
+            name = getattr(t, "topic", None) if v < 13 else None
+            topic_id = getattr(t, "topic_id", None) if v >= 13 else None
+            topic_slots = []
+            for p in t.partitions:
+                plog, error = self._resolve(image, name, topic_id, p.partition, az)
+                slot = _FetchSlot(t.topic, p.partition, plog, error, p.fetch_offset)
+                slot.partition_max_bytes = p.partition_max_bytes
+                if plog is not None:
+                    slot.hw, slot.start = plog.high_watermark, plog.log_start_offset
+                    slot.lso = plog.last_stable_offset
+                    # read_committed (KIP-98): up to the last stable offset
+                    slot.end = slot.lso if read_committed else slot.hw
+                    current = getattr(p, "current_leader_epoch", -1)
+                    if current >= 0 and current < plog.leader_epoch:
+                        slot.error = KafkaError.FENCED_LEADER_EPOCH
+                    elif current > plog.leader_epoch:
+                        slot.error = KafkaError.UNKNOWN_LEADER_EPOCH
+                    elif p.fetch_offset < slot.start or (
+                        # a backend that serves what its leader committed (a zone-router
+                        # proxy) may lag: past its end is "not yet", as on a Kafka follower
+                        p.fetch_offset > slot.hw and not getattr(plog, "lags_leader", False)
+                    ):
+                        slot.error = KafkaError.OFFSET_OUT_OF_RANGE
+                    elif p.fetch_offset < slot.end:
+                        to_read.append(slot)
+                    if plog not in listening:
+                        plog.add_listener(wake)
+                        listening.append(plog)
+                topic_slots.append(slot)
+            slots.append(topic_slots)
+        total = 0
+        while to_read and total < max_bytes:
+            budgets = next_wave([s.partition_max_bytes for s in to_read], total, max_bytes)
+            if not budgets:
+                break
+            wave, to_read = to_read[: len(budgets)], to_read[len(budgets) :]
+            await asyncio.gather(
+                *(self._fetch_read(s, b, read_committed) for s, b in zip(wave, budgets))
+            )
+            total += sum(len(s.records) for s in wave)
+        topics = []
+        errors = False
+        for t, topic_slots in zip(req.topics, slots):
+            parts = []
+            for slot in topic_slots:
+                if slot.error != KafkaError.NONE:
+                    errors = True
+                parts.append(slot.response(placeholders))
+            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}
+            topics.append(F(partitions=parts, **kwargs))
+        return (-1 if errors and total == 0 else total), topics
+
+    async def _fetch_read(self, slot: _FetchSlot, budget: int, read_committed: bool) -> None:
+        """One partition's records of a Fetch (on the I/O pool), into `slot`."""
+        plog = slot.plog
+        try:
+            slot.records = await self.broker.run_io(plog.read, slot.fetch_offset, budget, slot.end)
+        except ObjectStoreError as exc:
+            # e.g. its bucket is down (object-storage failover): the client retries;
+            # nothing is skipped
+            log.warning("fetch %s-%d: %s", slot.topic, slot.partition, exc)
+            slot.error = KafkaError.KAFKA_STORAGE_ERROR
+            return
+        if read_committed and slot.records:
+            slot.aborted = plog.aborted_transactions(slot.fetch_offset, slot.end)
+
+    # ------------------------------------------------------------ offsets
+
+    async def list_offsets(self, req, ctx):
+        """Each partition's earliest (-2), latest (-1), max-timestamp (-3) offset, or the
+        first offset at or after a timestamp."""
+        v = ctx.api_version
+        image = self.broker.image_fn()
+        R = ListOffsetsResponse
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                plog, error = self._resolve(
+                    image, t.name, None, p.partition_index, self.broker.client_az(ctx)
+                )
+                offset, ts = -1, -1
+                if plog is not None:
+                    if p.timestamp == -2:
+                        offset = plog.log_start_offset
+                    elif p.timestamp == -1:
+                        # read_committed (KIP-98): the last stable offset
+                        offset = (
+                            plog.last_stable_offset
+                            if getattr(req, "isolation_level", 0) == 1
+                            else plog.high_watermark
+                        )
+                    else:
+                        lookup = (
+                            (plog.max_timestamp_offset,)  # MAX_TIMESTAMP (KIP-734)
+                            if p.timestamp == -3
+                            else (plog.offset_for_timestamp, p.timestamp)
+                        )
+                        try:
+                            found = await self.broker.run_io(*lookup)
+                            offset, ts = found.offset, found.timestamp_ms
+                        except BackendError as exc:
+                            log.info("ListOffsets %s-%d: %s", t.name, p.partition_index, exc)
+                            error = exc.error
+                parts.append(
+                    R.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                        partition_index=p.partition_index,
+                        error_code=error,
+                        timestamp=ts,
+                        offset=offset,
+                        leader_epoch=plog.leader_epoch if plog else -1,
+                    )
+                )
+            topics.append(R.ListOffsetsTopicResponse(name=t.name, partitions=parts))
+        return R[v](throttle_time_ms=0, topics=topics)
+
+    async def offset_for_leader_epoch(self, req, ctx):
+        """Each partition's end offset of the leader epoch asked (its backend's answer)."""
+        v = ctx.api_version
+        image = self.broker.image_fn()
+        R = OffsetForLeaderEpochResponse
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                plog, error = self._resolve(
+                    image, t.topic, None, p.partition, self.broker.client_az(ctx)
+                )
+                epoch, end = -1, -1
+                if plog is not None:
+                    epoch, end = plog.epoch_end_offset(p.leader_epoch)
+                parts.append(
+                    R.OffsetForLeaderTopicResult.EpochEndOffset(
+                        error_code=error, partition=p.partition, leader_epoch=epoch, end_offset=end
+                    )
+                )
+            topics.append(R.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
+        return R[v](throttle_time_ms=0, topics=topics)
+
+    # ------------------------------------------------------------ admin
