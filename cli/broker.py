@@ -8,9 +8,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.cluster_config import ClusterConfig, ClusterError
+from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption, load_component
 from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
-from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
 app = typer.Typer(help="Operate single brokers of a local cluster.", no_args_is_help=True)

@@ -14,18 +14,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import deploy
-from cli.options import DirOption, FormatOption
-from cli.output import OutputFormat, console, fail, print_data, print_result, waiting, warn
-from cli.processes import (
+from cli.cluster_config import (
     COMPACTION_SCHEDULER,
     MIB,
     STORE_COMPONENTS,
     ClusterConfig,
     ClusterError,
-    LocalCluster,
-    check_bucket_reachable,
-    flag_differences,
 )
+from cli.external_buckets import check_bucket_reachable
+from cli.flag_differences import flag_differences
+from cli.local_cluster import LocalCluster
+from cli.options import DirOption, FormatOption
+from cli.output import OutputFormat, console, fail, print_data, print_result, waiting, warn
 from cli.status import collect_status, missing_status
 from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
 

@@ -9,14 +9,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.cluster_config import ClusterConfig, ClusterError
+from cli.local_cluster import STOP_TIMEOUT_S, LocalCluster
 from cli.options import DirOption, FormatOption, load_component
 from cli.output import OutputFormat, console, err_console, fail, print_data, print_result, waiting
-from cli.processes import (
-    STOP_TIMEOUT_S,
-    ClusterConfig,
-    ClusterError,
-    LocalCluster,
-)
 from cli.status import collect_status
 
 app = typer.Typer(

@@ -77,7 +77,8 @@ def cost(
 ) -> None:
     """Produced, consumed, cross-AZ, WAL and object-store bytes of the cluster (since each
     broker started), and the cross-AZ cost against Kafka with 3 replicas over 3 AZs."""
-    from cli.processes import ClusterError, LocalCluster
+    from cli.cluster_config import ClusterError
+    from cli.local_cluster import LocalCluster
     from cli.status import collect_status
 
     cluster = LocalCluster(dir)

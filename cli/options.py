@@ -8,8 +8,9 @@ from typing import Literal
 
 import typer
 
+from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError
+from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, fail
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError, LocalCluster
 
 DirOption = typer.Option(
     DEFAULT_CLUSTER_DIR,

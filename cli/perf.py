@@ -29,17 +29,18 @@ from pathlib import Path
 
 import typer
 
+from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterError
 from cli.kafka_util import (
     QUIET_RDKAFKA,
     check_reachable,
     client_error_text,
     librdkafka_security,
 )
+from cli.local_cluster import LocalCluster
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
 from cli.perf_histogram import LatencyHistogram
 from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 WARMUP_TIMEOUT_S = 30.0  # clients connecting and consumers joining before the clock starts
 CREATE_TIMEOUT_S = 30.0

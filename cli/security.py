@@ -161,7 +161,8 @@ def user_cert(
     cluster CA: NAME.pem (certificate + CA) and NAME.key (0600). Never overwrites."""
     import re
 
-    from cli.processes import ClusterError, LocalCluster
+    from cli.cluster_config import ClusterError
+    from cli.local_cluster import LocalCluster
     from cli.tls import generate_client_cert
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from cli.processes import (
-    ClusterConfig,
-    LocalCluster,
-    effective_wal_capacity_bytes,
-    redact_uri,
-)
+from cli.cluster_config import ClusterConfig, effective_wal_capacity_bytes
+from cli.external_buckets import redact_uri
+from cli.local_cluster import LocalCluster
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
 

@@ -312,7 +312,9 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
 
 
 def test_cluster_up_wal_s3_gives_each_broker_an_object_wal_in_the_main_bucket(tmp_path):
-    from cli.processes import LocalCluster, broker_wal_uri, flag_differences
+    from cli.cluster_config import broker_wal_uri
+    from cli.flag_differences import flag_differences
+    from cli.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "c")
     config = cluster.create(3, 1, ["az1"], None, None, 6000, wal="s3")
