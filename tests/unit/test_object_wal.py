@@ -229,9 +229,9 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
     from controlplane.settings import ControllerSettings
     from controlplane.state_machine import MetadataStateMachine
     from dataplane.objectstore import object_key
-    from dataplane.s3stream.failover import recover_failed_wal
     from dataplane.s3stream.object_format import decode_block, parse_object
     from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from dataplane.s3stream.wal_failover import recover_failed_wal
     from tests.unit.test_upload_stream_errors import HookedController
 
     ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1])))

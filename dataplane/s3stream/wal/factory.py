@@ -2,7 +2,7 @@
 
 `open_wal(uri, node_id, node_epoch)` opens a node's own WAL for appends; `take_over_wal(uri,
 node_id, failover_epoch)` reserves a failed node's WAL and returns a recovery handle (crash
-failover). The engine (`storage.py`) and WAL failover (`failover.py`) depend on these and on
+failover). The engine (`storage.py`) and WAL failover (`wal_failover.py`) depend on these and on
 `WriteAheadLog` / `WALRecovery` only, so a second implementation (an object-storage WAL, the
 zone router's RouterChannel) plugs in by its scheme without touching them.
 
