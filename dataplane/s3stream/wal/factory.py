@@ -51,12 +51,6 @@ def wal_uri_for_path(path: str | os.PathLike[str]) -> str:
     return Path(path).resolve().as_uri()
 
 
-def wal_uri_for_object_prefix(bucket: str, prefix: str) -> str:
-    """The `s3://` URI of an object-storage WAL under `prefix` of the bucket named `bucket`."""
-    ObjectWALLocation(0, prefix)  # validates the prefix
-    return f"s3://{bucket}/{prefix}"
-
-
 def _is_s3(uri: str) -> bool:
     return urlparse(uri).scheme == "s3"
 
