@@ -11,23 +11,14 @@ from pathlib import Path
 import typer
 
 from cli import cluster_up, deploy
-from cli.cluster_config import ClusterConfig, ClusterError
+from cli.cluster_config import ClusterError
 from cli.local_cluster import LocalCluster
-from cli.options import DirOption, FormatOption
+from cli.options import DirOption, FormatOption, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
 from cli.status import collect_status, missing_status
 from cli.status_table import print_status
 
 app = typer.Typer(help="Start, inspect and stop a local cluster.", no_args_is_help=True)
-
-
-def _open(directory: Path) -> tuple[LocalCluster, ClusterConfig]:
-    """The cluster in `directory` and its config, or a clear error."""
-    cluster = LocalCluster(directory)
-    try:
-        return cluster, cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
 
 
 @app.command()
@@ -156,7 +147,7 @@ def down(
     format: OutputFormat = FormatOption,
 ) -> None:
     """Stop every process of the cluster (SIGTERM, then SIGKILL after a timeout)."""
-    cluster, config = _open(dir)
+    cluster, config = open_cluster(dir)
     stopped = cluster.stop_all(config)
     left = cluster.running_pids(config)
     if left:
@@ -176,7 +167,7 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
 ) -> None:
     """Show the last lines of one process's log (-f: and then new lines, until Ctrl-C)."""
-    cluster, config = _open(dir)
+    cluster, config = open_cluster(dir)
     names = cluster.component_names(config)
     if node.isdigit():
         node = f"broker-{node}"

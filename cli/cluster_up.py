@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import time
+from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -276,10 +277,8 @@ def _start_missing(
             timeout_s,
             "a controller leader",
         )
-    if config.sasl and cluster.admin_credentials() is None:
-        _create_admin_user(cluster, config)
-    if config.sasl and cluster.broker_credentials() is None:
-        _create_broker_user(cluster, config)
+    if config.sasl:
+        _create_sasl_users(cluster, config)
     # a broker started again must register anew (a new node epoch): its dead process's
     # registration stays unfenced until its session expires and must not pass for ready
     old_epochs = {
@@ -397,26 +396,25 @@ def _print_how_to_connect(
         )
 
 
-def _create_admin_user(cluster: LocalCluster, config: ClusterConfig) -> None:
-    """The admin super user of a `--sasl` cluster: SCRAM credentials (both mechanisms; PLAIN
-    checks against them) in the metadata, its login in DIR/admin.credentials."""
-    creds = cluster.create_admin_credentials(config)
+def _create_sasl_users(cluster: LocalCluster, config: ClusterConfig) -> None:
+    """The super users of a `--sasl` cluster that have no login yet: the admin (its login in
+    DIR/admin.credentials) and the brokers' (inter-broker WriteTxnMarkers log in as it; its
+    login in DIR/broker.credentials and in each broker's 0600 config). Each gets SCRAM
+    credentials (both mechanisms; PLAIN checks against them) in the metadata."""
+    if cluster.admin_credentials() is None:
+        creds = cluster.create_admin_credentials(config)
+        _upsert_or_forget(config, creds, cluster.admin_credentials_path)
+    if cluster.broker_credentials() is None:
+        creds = cluster.create_broker_credentials()
+        _upsert_or_forget(config, creds, cluster.broker_credentials_path)
+
+
+def _upsert_or_forget(config: ClusterConfig, creds: dict, login_path: Path) -> None:
+    """The user's SCRAM credentials in the metadata; its login file goes if that fails."""
     try:
         _upsert_scram_user(config, creds)
     except ClusterError:
-        cluster.admin_credentials_path.unlink(missing_ok=True)
-        raise
-
-
-def _create_broker_user(cluster: LocalCluster, config: ClusterConfig) -> None:
-    """The brokers' super user of a `--sasl` cluster (inter-broker WriteTxnMarkers log in
-    as it): SCRAM credentials in the metadata, its login in DIR/broker.credentials (0600)
-    and in each broker's 0600 config."""
-    creds = cluster.create_broker_credentials()
-    try:
-        _upsert_scram_user(config, creds)
-    except ClusterError:
-        cluster.broker_credentials_path.unlink(missing_ok=True)
+        login_path.unlink(missing_ok=True)
         raise
 
 

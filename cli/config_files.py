@@ -1,13 +1,23 @@
 """The files a local cluster writes for its processes and its operator: private (0600)
-files, and each broker's config (broker-N/broker.json) derived from the cluster's."""
+files, the SASL logins of its admin and brokers, and each broker's config
+(broker-N/broker.json) derived from the cluster's."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.cluster_config import ADMIN_USER, BROKER_USER, BrokerSpec, ClusterConfig, broker_wal_uri
+from cli.cluster_config import (
+    ADMIN_USER,
+    BROKER_USER,
+    BrokerSpec,
+    ClusterConfig,
+    ClusterError,
+    broker_wal_uri,
+)
 
 if TYPE_CHECKING:
     from dataplane.config import BrokerConfig
@@ -19,6 +29,29 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def write_new_login(path: Path, username: str, **extra: str) -> dict:
+    """A fresh SCRAM-SHA-512 login of `username` (a random password, then `extra`) written
+    to `path` as JSON, 0600."""
+    creds = {
+        "username": username,
+        "password": secrets.token_urlsafe(24),
+        "mechanism": "SCRAM-SHA-512",
+        **extra,
+    }
+    write_private(path, json.dumps(creds, indent=2) + "\n")
+    return creds
+
+
+def read_login(path: Path) -> dict | None:
+    """The login a `write_new_login` file holds (None: there is none), or ClusterError."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"{path} is unreadable: {exc}") from None
 
 
 def broker_config(

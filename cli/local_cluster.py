@@ -5,7 +5,6 @@ cli/os_processes.py, and removing what it created."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -36,7 +35,7 @@ from cli.cluster_layout import (
     controller_settings,
     embedded_store_configs,
 )
-from cli.config_files import broker_config, write_private
+from cli.config_files import broker_config, read_login, write_new_login, write_private
 from cli.external_buckets import external_buckets
 from cli.os_processes import proc_start_time, scan_processes, terminate
 from controlplane.auth import SECRET_FILE_NAME, generate_secret
@@ -211,16 +210,13 @@ class LocalCluster:
 
     def create_admin_credentials(self, config: ClusterConfig) -> dict:
         """A fresh admin login (user `admin`, a random password) saved 0600."""
-        creds = {
-            "username": ADMIN_USER,
-            "password": secrets.token_urlsafe(24),
-            "mechanism": "SCRAM-SHA-512",
-            "security_protocol": config.security_protocol,
-        }
-        if config.tls:
-            creds["ssl_ca_file"] = str(self.tls_dir / "ca.pem")
-        write_private(self.admin_credentials_path, json.dumps(creds, indent=2) + "\n")
-        return creds
+        tls = {"ssl_ca_file": str(self.tls_dir / "ca.pem")} if config.tls else {}
+        return write_new_login(
+            self.admin_credentials_path,
+            ADMIN_USER,
+            security_protocol=config.security_protocol,
+            **tls,
+        )
 
     @property
     def broker_credentials_path(self) -> Path:
@@ -228,22 +224,11 @@ class LocalCluster:
 
     def create_broker_credentials(self) -> dict:
         """A fresh login of the brokers' super user (`broker`, a random password), 0600."""
-        creds = {
-            "username": BROKER_USER,
-            "password": secrets.token_urlsafe(24),
-            "mechanism": "SCRAM-SHA-512",
-        }
-        write_private(self.broker_credentials_path, json.dumps(creds, indent=2) + "\n")
-        return creds
+        return write_new_login(self.broker_credentials_path, BROKER_USER)
 
     def broker_credentials(self) -> dict | None:
         """The brokers' inter-broker login of a `--sasl` cluster (None if it has none)."""
-        try:
-            return json.loads(self.broker_credentials_path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise ClusterError(f"{self.broker_credentials_path} is unreadable: {exc}") from None
+        return read_login(self.broker_credentials_path)
 
     def client_security(self) -> dict | None:
         """How the CLI's Kafka clients connect: the admin's SASL login (and the CA with
@@ -263,12 +248,7 @@ class LocalCluster:
 
     def admin_credentials(self) -> dict | None:
         """The admin's SASL login of a `--sasl` cluster (None if it has none)."""
-        try:
-            return json.loads(self.admin_credentials_path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise ClusterError(f"{self.admin_credentials_path} is unreadable: {exc}") from None
+        return read_login(self.admin_credentials_path)
 
     def ensure_api_secret(self, config: ClusterConfig) -> None:
         """Give a config written before controller API auth existed its secret."""
