@@ -48,6 +48,8 @@ class ClusterError(RuntimeError):
 
 
 class BrokerSpec(BaseModel):
+    """One broker of a local cluster: its node id, AZ and ports."""
+
     node_id: int
     az: str
     kafka_port: int  # its first listener's
@@ -151,6 +153,7 @@ class ClusterConfig(BaseModel):
         return self.listener_kinds()[self.client_listener_index()].security_protocol
 
     def quorum_config(self) -> QuorumConfig:
+        """What controllers read (quorum.json): voters, secrets, settings, buckets, TLS."""
         tls = (
             {
                 "tls_cert_file": str(Path(self.tls_dir) / "server.pem"),
@@ -182,6 +185,7 @@ class ClusterConfig(BaseModel):
         return f"{self.host}:{ports[self.client_listener_index()]}"
 
     def all_ports(self) -> dict[str, int]:
+        """Every port the cluster uses, by `component what` (e.g. `broker-1 kafka`)."""
         ports = {}
         for c in self.controllers:
             ports[f"controller-{c.node_id} raft"] = c.raft_port
@@ -238,6 +242,7 @@ def broker_wal_uri(config: ClusterConfig, node_id: int) -> str:
 
 
 def effective_wal_capacity_bytes(config: ClusterConfig) -> int:
+    """Each broker's WAL size: the configured one, else the broker's default."""
     from dataplane.config import WAL_CAPACITY_BYTES
 
     return config.broker_wal_capacity_bytes or WAL_CAPACITY_BYTES

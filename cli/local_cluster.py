@@ -60,12 +60,15 @@ class LocalCluster:
 
     @property
     def config_path(self) -> Path:
+        """cluster.json."""
         return self.dir / "cluster.json"
 
     def exists(self) -> bool:
+        """True if the directory holds a cluster config."""
         return self.config_path.exists()
 
     def load(self) -> ClusterConfig:
+        """The cluster's config, or ClusterError (no cluster, or an invalid config)."""
         if not self.exists():
             raise ClusterError(f"no cluster in {self.dir} (run `automqctl cluster up`)")
         try:
@@ -74,12 +77,15 @@ class LocalCluster:
             raise ClusterError(f"{self.config_path} is not a valid cluster config: {exc}") from None
 
     def log_path(self, name: str) -> Path:
+        """Component `name`'s log file."""
         return self.dir / "logs" / f"{name}.log"
 
     def pid_path(self, name: str) -> Path:
+        """Component `name`'s PID file ("pid start_time")."""
         return self.dir / "pids" / f"{name}.pid"
 
     def component_names(self, config: ClusterConfig) -> list[str]:
+        """Every component: the embedded stores, controllers, brokers, the scheduler."""
         names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
@@ -189,6 +195,7 @@ class LocalCluster:
             generate_client_cert(self.tls_dir, BROKER_USER, "broker")
 
     def save(self, config: ClusterConfig) -> None:
+        """Write cluster.json and the controller API secret (0600, the directory 0700)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)  # WAL, journal, logs and secrets: the owner's only
         write_private(self.config_path, config.model_dump_json(indent=2))
@@ -202,10 +209,12 @@ class LocalCluster:
 
     @property
     def admin_credentials_path(self) -> Path:
+        """The admin's SASL login (`--sasl`)."""
         return self.dir / ADMIN_CREDENTIALS_FILE
 
     @property
     def tls_dir(self) -> Path:
+        """The cluster CA and certificates (`--tls`)."""
         return self.dir / "tls"
 
     def create_admin_credentials(self, config: ClusterConfig) -> dict:
@@ -220,6 +229,7 @@ class LocalCluster:
 
     @property
     def broker_credentials_path(self) -> Path:
+        """The brokers' inter-broker SASL login (`--sasl`)."""
         return self.dir / BROKER_CREDENTIALS_FILE
 
     def create_broker_credentials(self) -> dict:
@@ -387,6 +397,7 @@ class LocalCluster:
             wait_seaweed_ready(s3, timeout_s, proc)
 
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
+        """Write quorum.json (0600) and start controller `node_id`; its PID."""
         qpath = self.dir / "quorum.json"
         write_private(qpath, config.quorum_config().model_dump_json(indent=2))
         return self._spawn(
@@ -490,9 +501,11 @@ class LocalCluster:
         return self.dir / "up-incomplete"
 
     def incomplete(self) -> bool:
+        """True while the directory's first `up` has not finished."""
         return self.incomplete_path.exists()
 
     def mark_complete(self) -> None:
+        """The first `up` finished: the directory is a cluster of its own now."""
         self.incomplete_path.unlink(missing_ok=True)
 
     def has_logs(self) -> bool:
