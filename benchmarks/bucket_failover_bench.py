@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
 

@@ -36,7 +36,7 @@ import boto3  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.e2e.ledger import create_topic  # noqa: E402

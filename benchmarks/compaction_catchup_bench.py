@@ -36,7 +36,7 @@ from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects, produce  # noqa: E402
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.e2e.ledger import create_topic  # noqa: E402
 

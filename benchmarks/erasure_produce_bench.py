@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from tests.e2e.ledger import automqctl, create_topic  # noqa: E402
 

@@ -8,9 +8,11 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption, FormatOption, load_component
+from cli.cluster_config import ClusterConfig
+from cli.component_commands import kill_component, stop_component
+from cli.local_cluster import LocalCluster
+from cli.options import DirOption, FormatOption, load_component, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
-from cli.processes import ClusterConfig, ClusterError, LocalCluster
 from cli.status import collect_status
 
 app = typer.Typer(help="Operate single brokers of a local cluster.", no_args_is_help=True)
@@ -25,11 +27,7 @@ def list_(
     dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")
 ) -> None:
     """Brokers with AZ, address, node epoch, state and PID."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = open_cluster(dir)
     brokers = collect_status(cluster, config)["brokers"]
     if format != OutputFormat.table:
         print_data(brokers, format)
@@ -62,28 +60,14 @@ def list_(
 def stop(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """Graceful stop (SIGTERM): the broker uploads its WAL and fences its own epoch."""
     cluster, _, name = _broker(dir, node)
-    try:
-        stopped = cluster.stop(name)
-    except ClusterError as exc:
-        fail(str(exc))
-    if not stopped:
-        fail(f"{name} is not running")
-    print_result({"stopped": name}, format, f"stopped {name}")
+    stop_component(cluster, name, format)
 
 
 @app.command()
 def kill(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """A real kill -9 of the broker's process (a crash, for demonstrations and drills)."""
     cluster, _, name = _broker(dir, node)
-    try:
-        pids = cluster.kill(name)
-    except ClusterError as exc:
-        fail(str(exc))
-    if not pids:
-        fail(f"{name} is not running")
-    print_result(
-        {"killed": name, "pids": pids}, format, f"killed {name} (pid {', '.join(map(str, pids))})"
-    )
+    kill_component(cluster, name, format)
 
 
 @app.command()

@@ -15,9 +15,10 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from cli import compaction_jobs as jobs
+from cli.cluster_config import COMPACTION_SCHEDULER, ClusterError
+from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption
 from cli.output import OutputFormat, console, fail, print_data, print_result
-from cli.processes import COMPACTION_SCHEDULER, ClusterError, LocalCluster
 
 app = typer.Typer(help="Compact small objects into large ones with Spark.", no_args_is_help=True)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from cli.processes import ClusterConfig
+from cli.cluster_config import ClusterConfig
 from controlplane.auth import SECRET_ENV
 from controlplane.tls import CA_FILE_ENV
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cli import compaction_jobs as jobs
-from cli.processes import LocalCluster
+from cli.local_cluster import LocalCluster
 from controlplane.signal_watcher import SignalWatcher
 
 log = logging.getLogger("compaction-scheduler")

@@ -9,14 +9,11 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption, FormatOption, load_component
+from cli.cluster_config import ClusterConfig, ClusterError
+from cli.component_commands import kill_component, stop_component
+from cli.local_cluster import STOP_TIMEOUT_S, LocalCluster
+from cli.options import DirOption, FormatOption, load_component, open_cluster
 from cli.output import OutputFormat, console, err_console, fail, print_data, print_result, waiting
-from cli.processes import (
-    STOP_TIMEOUT_S,
-    ClusterConfig,
-    ClusterError,
-    LocalCluster,
-)
 from cli.status import collect_status
 
 app = typer.Typer(
@@ -55,11 +52,7 @@ def list_(
     dir: Path = DirOption, format: OutputFormat = typer.Option(OutputFormat.table, "--format")
 ) -> None:
     """Controllers: PID, running, Raft state, term, commit index, API and Raft address."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = open_cluster(dir)
     rows = controllers(cluster, config)
     if format != OutputFormat.table:
         print_data(rows, format)
@@ -103,13 +96,7 @@ def stop(
 ) -> None:
     """Graceful stop: SIGTERM, then SIGKILL after --timeout-s."""
     cluster, config, name = _controller(dir, node)
-    try:
-        stopped = cluster.stop(name, timeout_s=timeout_s)
-    except ClusterError as exc:
-        fail(str(exc))
-    if not stopped:
-        fail(f"{name} is not running")
-    print_result({"stopped": name}, format, f"stopped {name}")
+    stop_component(cluster, name, format, timeout_s)
     _quorum_note(cluster, config)
 
 
@@ -117,15 +104,7 @@ def stop(
 def kill(node: int, dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """A real kill -9 of the controller's process (a crash); waits until it is gone."""
     cluster, config, name = _controller(dir, node)
-    try:
-        pids = cluster.kill(name)
-    except ClusterError as exc:
-        fail(str(exc))
-    if not pids:
-        fail(f"{name} is not running")
-    print_result(
-        {"killed": name, "pids": pids}, format, f"killed {name} (pid {', '.join(map(str, pids))})"
-    )
+    kill_component(cluster, name, format)
     _quorum_note(cluster, config)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.options import DirOption
+from cli.options import DirOption, open_cluster
 from cli.output import OutputFormat, console, fail, print_data
 
 GB = 10**9
@@ -77,14 +77,9 @@ def cost(
 ) -> None:
     """Produced, consumed, cross-AZ, WAL and object-store bytes of the cluster (since each
     broker started), and the cross-AZ cost against Kafka with 3 replicas over 3 AZs."""
-    from cli.processes import ClusterError, LocalCluster
     from cli.status import collect_status
 
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = open_cluster(dir)
     status = collect_status(cluster, config)
     if status.get("leader") is None:
         fail("no controller leader answers: the brokers' counters are unknown")

@@ -7,11 +7,11 @@ import typer
 from cli import (
     balancer,
     broker,
+    bucket_failover,
     cluster,
     compaction,
     controller,
     deploy,
-    failover,
     reassign,
     security,
     topic,
@@ -61,7 +61,7 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(controller.app, name="controller")
 app.add_typer(reassign.app, name="reassign")
 app.add_typer(balancer.app, name="balancer")
-app.add_typer(failover.app, name="failover")
+app.add_typer(bucket_failover.app, name="failover")
 app.add_typer(security.user_app, name="user")
 app.add_typer(security.acl_app, name="acl")
 app.add_typer(compaction.app, name="compaction")

@@ -8,8 +8,9 @@ from typing import Literal
 
 import typer
 
+from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError
+from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, fail
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterConfig, ClusterError, LocalCluster
 
 DirOption = typer.Option(
     DEFAULT_CLUSTER_DIR,
@@ -31,16 +32,21 @@ ControllersOption = typer.Option(
 FormatOption = typer.Option(OutputFormat.table, "--format")
 
 
+def open_cluster(directory: Path) -> tuple[LocalCluster, ClusterConfig]:
+    """The cluster in `directory` and its config, or a clear error."""
+    cluster = LocalCluster(directory)
+    try:
+        return cluster, cluster.load()
+    except ClusterError as exc:
+        fail(str(exc))
+
+
 def load_component(
     directory: Path, kind: Literal["broker", "controller"], node: int
 ) -> tuple[LocalCluster, ClusterConfig, str]:
     """The cluster, its config and the component's name (`broker-N`), or a clear error
     for a missing cluster or an unknown node."""
-    cluster = LocalCluster(directory)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = open_cluster(directory)
     members = config.brokers if kind == "broker" else config.controllers
     if node not in [m.node_id for m in members]:
         fail(

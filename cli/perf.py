@@ -25,21 +25,23 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
+from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterError
 from cli.kafka_util import (
     QUIET_RDKAFKA,
     check_reachable,
     client_error_text,
     librdkafka_security,
 )
+from cli.local_cluster import LocalCluster
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
 from cli.perf_histogram import LatencyHistogram
 from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 WARMUP_TIMEOUT_S = 30.0  # clients connecting and consumers joining before the clock starts
 CREATE_TIMEOUT_S = 30.0
@@ -300,22 +302,14 @@ def perf(
     yaml, stdout holds only the summary; progress goes to stderr)."""
     progress = console if format == OutputFormat.table else err_console
     try:
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import AdminClient
     except ImportError:
         fail("automqctl perf needs confluent-kafka: pip install confluent-kafka")
     if acks not in ("0", "1", "all"):
         fail("--acks must be 0, 1 or all")
     if producers is None:
         producers = producer_processes
-    if bootstrap_server is None:
-        try:
-            bootstrap_server = LocalCluster(dir).load().bootstrap_servers()
-        except ClusterError as exc:
-            fail(f"{exc}; or pass --bootstrap-server")
-    try:
-        check_reachable(bootstrap_server, timeout_s=5.0)  # a dead address fails at once
-    except (ConnectionError, ValueError) as exc:
-        fail(str(exc))
+    bootstrap_server = _reachable_bootstrap(bootstrap_server, dir)
     run_id = uuid.uuid4().hex[:6]
     names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
     try:
@@ -326,18 +320,7 @@ def perf(
     except ClusterError as exc:
         fail(str(exc))
     admin = AdminClient({"bootstrap.servers": bootstrap_server, **client_config})
-    try:
-        with waiting(f"creating {len(names)} topics"):
-            for _name, fut in admin.create_topics(
-                [NewTopic(n, partitions, 1) for n in names],
-                operation_timeout=CREATE_TIMEOUT_S,
-                request_timeout=CREATE_TIMEOUT_S,
-            ).items():
-                fut.result(CREATE_TIMEOUT_S)
-    except Exception as exc:
-        if cleanup:
-            _delete_topics(admin, names, progress)
-        fail(f"creating topics failed: {client_error_text(exc)}")
+    _create_topics(admin, names, partitions, cleanup, progress)
     try:
         _run(
             bootstrap_server,
@@ -363,6 +346,39 @@ def perf(
     finally:
         if cleanup:
             _delete_topics(admin, names, progress)
+
+
+def _reachable_bootstrap(bootstrap_server: str | None, dir: Path) -> str:
+    """--bootstrap-server, else the local cluster's; a clear error when it does not answer."""
+    if bootstrap_server is None:
+        try:
+            bootstrap_server = LocalCluster(dir).load().bootstrap_servers()
+        except ClusterError as exc:
+            fail(f"{exc}; or pass --bootstrap-server")
+    try:
+        check_reachable(bootstrap_server, timeout_s=5.0)  # a dead address fails at once
+    except (ConnectionError, ValueError) as exc:
+        fail(str(exc))
+    return bootstrap_server
+
+
+def _create_topics(admin, names: list[str], partitions: int, cleanup: bool, progress) -> None:
+    """Create the run's topics; on failure delete what was created (unless --no-cleanup)
+    and fail."""
+    from confluent_kafka.admin import NewTopic
+
+    try:
+        with waiting(f"creating {len(names)} topics"):
+            for _name, fut in admin.create_topics(
+                [NewTopic(n, partitions, 1) for n in names],
+                operation_timeout=CREATE_TIMEOUT_S,
+                request_timeout=CREATE_TIMEOUT_S,
+            ).items():
+                fut.result(CREATE_TIMEOUT_S)
+    except Exception as exc:
+        if cleanup:
+            _delete_topics(admin, names, progress)
+        fail(f"creating topics failed: {client_error_text(exc)}")
 
 
 def _delete_topics(admin, names: list[str], progress=console) -> None:
@@ -402,6 +418,8 @@ def _run(
     format: OutputFormat = OutputFormat.table,
     summary_intervals: bool = False,
 ) -> None:
+    """Run the load on the created topics `names`, print every interval, then the summary
+    (exit code 1 when there were errors)."""
     progress = console if format == OutputFormat.table else err_console
     processes = min(producer_processes, producers)
     group_names = [f"perf-{run_id}-g{g}" for g in range(groups)]
@@ -422,11 +440,7 @@ def _run(
     if backlog_seconds <= 0:
         run.phase = "after"
         run.events["consuming"].set()
-    intervals = []
-    histograms: list[dict[int, int]] = []  # each interval's produce latencies (--summary-intervals)
-    catchup_started = None
-    catchup_done = None
-    backlog_end_bytes = 0
+    measured = _Measured(keep_histograms=summary_intervals)
     finished = False
     try:
         run.start()
@@ -441,45 +455,7 @@ def _run(
             f"{record_size} B records at {send_rate:.0f}/s"
         )
         progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
-        next_at = start
-        while time.monotonic() - start < duration_s + backlog_seconds:
-            next_at += interval_s
-            run.pump(next_at)
-            elapsed = time.monotonic() - start
-            if not run.events["consuming"].is_set() and elapsed >= backlog_seconds:
-                backlog_end_bytes = run.total.produced_bytes
-                run.phase = "catchup" if backlog_seconds > 0 else "after"
-                catchup_started = time.monotonic()
-                run.events["consuming"].set()
-            if catchup_started and catchup_done is None and backlog_seconds > 0:
-                if run.total.consumed_bytes >= backlog_end_bytes * groups:
-                    catchup_done = time.monotonic()
-                    run.phase = "after"
-            w = run.take_window()
-            row = {
-                "t_s": round(elapsed, 1),
-                "produce_mb_s": w.produced_bytes / interval_s / 1e6,
-                "produce_p50_ms": w.produce.percentile(50),
-                "produce_p99_ms": w.produce.percentile(99),
-                "produce_p999_ms": w.produce.percentile(99.9),
-                "consume_mb_s": w.consumed_bytes / interval_s / 1e6,
-                "e2e_p50_ms": w.e2e.percentile(50),
-                "e2e_p99_ms": w.e2e.percentile(99),
-                "e2e_p999_ms": w.e2e.percentile(99.9),
-                "errors": w.errors,
-                "broker_rtt_p99_ms": _median(w.rtt_p99_ms),
-                "end_unix_s": round(time.time(), 3),
-            }
-            intervals.append(row)
-            if summary_intervals:
-                histograms.append(dict(w.produce.counts))
-            progress.print(
-                f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
-                f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
-                f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
-                f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
-                f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else "")
-            )
+        _measure(run, measured, start, duration_s, backlog_seconds, interval_s, groups, progress)
         # producers flush what they have in flight; then the groups read up to it
         run.events["stop_producing"].set()
         run.wait_done(run.producer_ids, STOP_TIMEOUT_S)
@@ -490,8 +466,6 @@ def _run(
     finally:
         # after Ctrl-C or an error the children get a few seconds, not a producer's flush
         run.close(STOP_TIMEOUT_S if finished else INTERRUPTED_STOP_TIMEOUT_S)
-    total = run.total
-    produced_records = sum(run.records[i] for i in run.producer_ids)
     summary = {
         "topics": topics,
         "partitions_per_topic": partitions,
@@ -502,6 +476,90 @@ def _run(
         "record_size": record_size,
         "send_rate": send_rate,
         "acks": acks,
+        **_measured_summary(run, measured, wall),
+    }
+    if backlog_seconds > 0:
+        summary.update(_catchup_summary(run, measured))
+    _report(summary, measured, format, summary_file, summary_intervals)
+
+
+@dataclass
+class _Measured:
+    """What the interval loop of a run saw: its rows and their histograms, and the backlog
+    and its catch-up (`--backlog-seconds`)."""
+
+    keep_histograms: bool  # --summary-intervals
+    intervals: list[dict] = field(default_factory=list)
+    # each interval's produce latencies (--summary-intervals)
+    histograms: list[dict[int, int]] = field(default_factory=list)
+    catchup_started: float | None = None
+    catchup_done: float | None = None
+    backlog_end_bytes: int = 0
+
+
+def _measure(
+    run: PerfRun,
+    measured: _Measured,
+    start: float,
+    duration_s: float,
+    backlog_seconds: float,
+    interval_s: float,
+    groups: int,
+    progress,
+) -> None:
+    """Every `interval_s` until the run's time is up: merge the children's samples, start
+    the consumers after the backlog, note when they caught up, print the interval's row."""
+    next_at = start
+    while time.monotonic() - start < duration_s + backlog_seconds:
+        next_at += interval_s
+        run.pump(next_at)
+        elapsed = time.monotonic() - start
+        if not run.events["consuming"].is_set() and elapsed >= backlog_seconds:
+            measured.backlog_end_bytes = run.total.produced_bytes
+            run.phase = "catchup" if backlog_seconds > 0 else "after"
+            measured.catchup_started = time.monotonic()
+            run.events["consuming"].set()
+        if measured.catchup_started and measured.catchup_done is None and backlog_seconds > 0:
+            if run.total.consumed_bytes >= measured.backlog_end_bytes * groups:
+                measured.catchup_done = time.monotonic()
+                run.phase = "after"
+        w = run.take_window()
+        row = _interval_row(w, elapsed, interval_s)
+        measured.intervals.append(row)
+        if measured.keep_histograms:
+            measured.histograms.append(dict(w.produce.counts))
+        progress.print(
+            f"{row['t_s']:7.1f}  {row['produce_mb_s']:9.2f}  "
+            f"{_fmt(row['produce_p50_ms'])}/{_fmt(row['produce_p99_ms'])}/"
+            f"{_fmt(row['produce_p999_ms'])}   {row['consume_mb_s']:9.2f}   "
+            f"{_fmt(row['e2e_p50_ms'])}/{_fmt(row['e2e_p99_ms'])}/"
+            f"{_fmt(row['e2e_p999_ms'])}" + (f"  errors {w.errors}" if w.errors else "")
+        )
+
+
+def _interval_row(w: _Window, elapsed: float, interval_s: float) -> dict:
+    """One interval's row: throughput, latency percentiles, errors, its end."""
+    return {
+        "t_s": round(elapsed, 1),
+        "produce_mb_s": w.produced_bytes / interval_s / 1e6,
+        "produce_p50_ms": w.produce.percentile(50),
+        "produce_p99_ms": w.produce.percentile(99),
+        "produce_p999_ms": w.produce.percentile(99.9),
+        "consume_mb_s": w.consumed_bytes / interval_s / 1e6,
+        "e2e_p50_ms": w.e2e.percentile(50),
+        "e2e_p99_ms": w.e2e.percentile(99),
+        "e2e_p999_ms": w.e2e.percentile(99.9),
+        "errors": w.errors,
+        "broker_rtt_p99_ms": _median(w.rtt_p99_ms),
+        "end_unix_s": round(time.time(), 3),
+    }
+
+
+def _measured_summary(run: PerfRun, measured: _Measured, wall: float) -> dict:
+    """The summary's measurements over the whole run (`wall` seconds of producing)."""
+    total = run.total
+    produced_records = sum(run.records[i] for i in run.producer_ids)
+    return {
         "duration_s": round(wall, 1),
         "produced_mb": total.produced_bytes / 1e6,
         "produce_mb_s": total.produced_bytes / wall / 1e6,
@@ -514,7 +572,11 @@ def _run(
         # the worst interval after the first (connections and metadata warm up in it): a p99
         # that looks fine over the run can hide slow seconds
         "max_interval_produce_p99_ms": max(
-            (i["produce_p99_ms"] for i in intervals[1:] if i["produce_p99_ms"] is not None),
+            (
+                i["produce_p99_ms"]
+                for i in measured.intervals[1:]
+                if i["produce_p99_ms"] is not None
+            ),
             default=None,
         ),
         # librdkafka's request round-trip p99 to the brokers per ~1 s window, measured in C
@@ -533,18 +595,34 @@ def _run(
             for spec, proc in zip(run.specs, run.processes, strict=True)
         ],
     }
-    if backlog_seconds > 0:
-        summary["backlog_mb"] = backlog_end_bytes / 1e6
-        summary["catchup_s"] = (
-            round(catchup_done - catchup_started, 2) if catchup_done and catchup_started else None
-        )
-        summary["catchup_mb_s"] = (
-            backlog_end_bytes / 1e6 / summary["catchup_s"] if summary["catchup_s"] else None
-        )
-        summary["produce_p99_before_catchup_ms"] = run.phase_produce["before_catchup"].percentile(
-            99
-        )
-        summary["produce_p99_during_catchup_ms"] = run.phase_produce["catchup"].percentile(99)
+
+
+def _catchup_summary(run: PerfRun, measured: _Measured) -> dict:
+    """With `--backlog-seconds`: the backlog, how fast it was read, and produce latency
+    before and during the catch-up."""
+    catchup_s = (
+        round(measured.catchup_done - measured.catchup_started, 2)
+        if measured.catchup_done and measured.catchup_started
+        else None
+    )
+    return {
+        "backlog_mb": measured.backlog_end_bytes / 1e6,
+        "catchup_s": catchup_s,
+        "catchup_mb_s": measured.backlog_end_bytes / 1e6 / catchup_s if catchup_s else None,
+        "produce_p99_before_catchup_ms": run.phase_produce["before_catchup"].percentile(99),
+        "produce_p99_during_catchup_ms": run.phase_produce["catchup"].percentile(99),
+    }
+
+
+def _report(
+    summary: dict,
+    measured: _Measured,
+    format: OutputFormat,
+    summary_file: Path | None,
+    summary_intervals: bool,
+) -> None:
+    """Print the summary, write it to `summary_file` (with every interval when
+    `summary_intervals`), exit 1 when there were errors."""
     text = json.dumps(summary, indent=2)
     if not print_data(summary, format):
         console.print(text, markup=False, highlight=False)
@@ -552,7 +630,7 @@ def _run(
         if summary_intervals:
             detail = [
                 {**row, "produce_counts": counts}
-                for row, counts in zip(intervals, histograms, strict=True)
+                for row, counts in zip(measured.intervals, measured.histograms, strict=True)
             ]
             text = json.dumps({**summary, "intervals": detail})
         summary_file.write_text(text)

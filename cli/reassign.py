@@ -15,11 +15,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.cluster_config import ClusterError
 from cli.kafka_util import librdkafka_security
+from cli.local_cluster import LocalCluster
 from cli.options import ControllerDirOption as DirOption
 from cli.options import ControllersOption, FormatOption, controller_client, metadata_image
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
-from cli.processes import ClusterError, LocalCluster
 from cli.reassign_plan import (
     DEFAULT_TOLERANCE,
     Assignment,

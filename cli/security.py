@@ -17,6 +17,7 @@ from cli.options import (
     FormatOption,
     controller_client,
     metadata_image,
+    open_cluster,
 )
 from cli.output import OutputFormat, console, fail, print_data, print_result
 
@@ -161,16 +162,11 @@ def user_cert(
     cluster CA: NAME.pem (certificate + CA) and NAME.key (0600). Never overwrites."""
     import re
 
-    from cli.processes import ClusterError, LocalCluster
     from cli.tls import generate_client_cert
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
         fail("the name must be 1-64 letters, digits, '.', '_' or '-'")
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
+    cluster, config = open_cluster(dir)
     if not config.tls or not (cluster.tls_dir / "ca.key").exists():
         fail(f"the cluster in {cluster.dir} has no CA of its own (create it with --tls)")
     target = out if out is not None else cluster.tls_dir / "clients"

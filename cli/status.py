@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from cli.processes import (
-    ClusterConfig,
-    LocalCluster,
-    effective_wal_capacity_bytes,
-    redact_uri,
-)
+from cli.cluster_config import BrokerSpec, ClusterConfig, effective_wal_capacity_bytes
+from cli.external_buckets import redact_uri
+from cli.local_cluster import LocalCluster
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
 
@@ -18,6 +15,50 @@ STATUS_TIMEOUT_S = 3.0
 
 def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     """Ask every controller for its view; brokers and heartbeats come from the leader."""
+    views = _controller_views(config)
+    pids = cluster.running_pids(config)
+    controllers, leader_view = _controllers(config, views, pids)
+    leader_id = leader_view["node_id"] if leader_view else None
+    registered = {b["node_id"]: b for b in (leader_view or {}).get("brokers", [])}
+    brokers = [_broker(config, spec, registered.get(spec.node_id), pids) for spec in config.brokers]
+    # which bucket is active only the leader knows: none is reported active without one
+    active_bucket = (leader_view or {}).get("active_bucket_id", 0) if leader_view else None
+    buckets = [
+        {"bucket_id": b.bucket_id, "uri": redact_uri(b.uri), "active": b.bucket_id == active_bucket}
+        for b in config.buckets
+    ]
+    problems = _problems(config, controllers, brokers, leader_view)
+    if not pids:
+        state = "stopped"
+        # one problem instead of one per controller and broker
+        problems = ["no process of the cluster runs (start it with `automqctl cluster up`)"]
+    else:
+        state = "degraded" if problems else "healthy"
+    return {
+        "cluster_dir": str(cluster.dir),
+        # stopped: no process runs; degraded: some run, problems say what is wrong
+        "state": state,
+        "healthy": not problems,
+        "problems": problems,
+        "bootstrap_servers": config.bootstrap_servers(),
+        # every listener's bootstrap servers (the CLI's is bootstrap_servers)
+        "listeners": {
+            k.name: {
+                "security_protocol": k.security_protocol,
+                "bootstrap_servers": config.bootstrap_servers(k.name),
+            }
+            for k in config.listener_kinds()
+        },
+        "leader": leader_id,
+        "controllers": controllers,
+        "brokers": brokers,
+        "buckets": buckets,
+        **_leader_and_store_fields(cluster, config, leader_view, active_bucket, pids),
+    }
+
+
+def _controller_views(config: ClusterConfig) -> list[dict | None]:
+    """Each controller's status answer, asked at once (None: unreachable)."""
     addresses = config.quorum_config().api_addresses()
     client = ControllerClient(
         addresses,
@@ -33,9 +74,13 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
             return None
 
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        views = list(pool.map(ask, addresses))
+        return list(pool.map(ask, addresses))
 
-    pids = cluster.running_pids(config)
+
+def _controllers(
+    config: ClusterConfig, views: list[dict | None], pids: dict[str, int]
+) -> tuple[list[dict], dict | None]:
+    """The controllers' entries and the leader's view (None: no leader)."""
     controllers = []
     leader_view: dict | None = None
     for ctrl, view in zip(config.controllers, views):
@@ -63,57 +108,53 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     leader_id = leader_view["node_id"] if leader_view else None
     for c in controllers:
         c["is_leader"] = c["node_id"] == leader_id
+    return controllers, leader_view
 
-    registered = {b["node_id"]: b for b in (leader_view or {}).get("brokers", [])}
-    brokers = []
-    for spec in config.brokers:
-        b = registered.get(spec.node_id)
-        # the listeners it registered (what clients are told), else the configured ones
-        endpoints = (b or {}).get("endpoints") or [
-            e.model_dump() for e in config.broker_endpoints(spec)
-        ]
-        brokers.append(
-            {
-                "node_id": spec.node_id,
-                "az": spec.az,
-                "address": config.bootstrap_servers_of(spec),
-                "endpoints": [
-                    {
-                        "listener": e["name"],
-                        "security_protocol": e["security_protocol"],
-                        "address": f"{e['host']}:{e['port']}",
-                    }
-                    for e in endpoints
-                ],
-                "metrics_address": f"{config.host}:{spec.metrics_port}"
-                if spec.metrics_port
-                else None,
-                "registered": b is not None,
-                "fenced": True if b is None else b["fenced"],
-                "fence_reason": None if b is None else b["fence_reason"],
-                "node_epoch": None if b is None else b["node_epoch"],
-                "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
-                "shutting_down": False if b is None else b.get("shutting_down", False),
-                "partitions_led": 0 if b is None else b.get("partitions_led", 0),
-                "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
-                "wal_failover_target": None if b is None else b.get("wal_failover_target"),
-                # upload health from the broker's last heartbeat (None until it reported one)
-                "wal_used_bytes": None if b is None else b.get("wal_used_bytes"),
-                "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
-                "upload_lag_s": None if b is None else b.get("upload_lag_s"),
-                "last_upload_error": None if b is None else b.get("last_upload_error"),
-                # the zone router's byte counters from its last heartbeat (automqctl cost)
-                "zone_traffic": None if b is None else b.get("zone_traffic"),
-                "pid": pids.get(f"broker-{spec.node_id}"),
-            }
-        )
-    # which bucket is active only the leader knows: none is reported active without one
-    active_bucket = (leader_view or {}).get("active_bucket_id", 0) if leader_view else None
-    buckets = [
-        {"bucket_id": b.bucket_id, "uri": redact_uri(b.uri), "active": b.bucket_id == active_bucket}
-        for b in config.buckets
+
+def _broker(config: ClusterConfig, spec: BrokerSpec, b: dict | None, pids: dict[str, int]) -> dict:
+    """One broker's entry: its config, and what the leader knows of it (`b`, None: it is
+    not registered)."""
+    # the listeners it registered (what clients are told), else the configured ones
+    endpoints = (b or {}).get("endpoints") or [
+        e.model_dump() for e in config.broker_endpoints(spec)
     ]
+    return {
+        "node_id": spec.node_id,
+        "az": spec.az,
+        "address": config.bootstrap_servers_of(spec),
+        "endpoints": [
+            {
+                "listener": e["name"],
+                "security_protocol": e["security_protocol"],
+                "address": f"{e['host']}:{e['port']}",
+            }
+            for e in endpoints
+        ],
+        "metrics_address": f"{config.host}:{spec.metrics_port}" if spec.metrics_port else None,
+        "registered": b is not None,
+        "fenced": True if b is None else b["fenced"],
+        "fence_reason": None if b is None else b["fence_reason"],
+        "node_epoch": None if b is None else b["node_epoch"],
+        "last_heartbeat_age_ms": None if b is None else b["last_heartbeat_age_ms"],
+        "shutting_down": False if b is None else b.get("shutting_down", False),
+        "partitions_led": 0 if b is None else b.get("partitions_led", 0),
+        "coordinator_slots": 0 if b is None else b.get("coordinator_slots", 0),
+        "wal_failover_target": None if b is None else b.get("wal_failover_target"),
+        # upload health from the broker's last heartbeat (None until it reported one)
+        "wal_used_bytes": None if b is None else b.get("wal_used_bytes"),
+        "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
+        "upload_lag_s": None if b is None else b.get("upload_lag_s"),
+        "last_upload_error": None if b is None else b.get("last_upload_error"),
+        # the zone router's byte counters from its last heartbeat (automqctl cost)
+        "zone_traffic": None if b is None else b.get("zone_traffic"),
+        "pid": pids.get(f"broker-{spec.node_id}"),
+    }
 
+
+def _problems(
+    config: ClusterConfig, controllers: list[dict], brokers: list[dict], leader_view: dict | None
+) -> list[str]:
+    """What keeps the cluster from being healthy."""
     problems = []
     if leader_view is None:
         problems.append("no controller leader")
@@ -144,32 +185,20 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         for b in brokers
         if b["registered"] and not b["fenced"] and b["pid"] is None
     ]
-    if not pids:
-        state = "stopped"
-        # one problem instead of one per controller and broker
-        problems = ["no process of the cluster runs (start it with `automqctl cluster up`)"]
-    else:
-        state = "degraded" if problems else "healthy"
+    return problems
+
+
+def _leader_and_store_fields(
+    cluster: LocalCluster,
+    config: ClusterConfig,
+    leader_view: dict | None,
+    active_bucket: int | None,
+    pids: dict[str, int],
+) -> dict:
+    """The status fields only the leader knows (route epochs, failover, counts), the object
+    stores, the compaction scheduler and the WALs' disk."""
     wal_capacity = effective_wal_capacity_bytes(config)
     return {
-        "cluster_dir": str(cluster.dir),
-        # stopped: no process runs; degraded: some run, problems say what is wrong
-        "state": state,
-        "healthy": not problems,
-        "problems": problems,
-        "bootstrap_servers": config.bootstrap_servers(),
-        # every listener's bootstrap servers (the CLI's is bootstrap_servers)
-        "listeners": {
-            k.name: {
-                "security_protocol": k.security_protocol,
-                "bootstrap_servers": config.bootstrap_servers(k.name),
-            }
-            for k in config.listener_kinds()
-        },
-        "leader": leader_id,
-        "controllers": controllers,
-        "brokers": brokers,
-        "buckets": buckets,
         # the zone router's route epochs (current / fenced / committed), from the leader
         "route_epoch": (leader_view or {}).get("route_epoch"),
         "failover_mode": "unknown"

@@ -19,6 +19,44 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         f.write(data)
 
 
+def _validity() -> tuple[datetime.datetime, datetime.datetime]:
+    """From 5 minutes ago (clocks differ a little) for CERT_VALIDITY_DAYS."""
+    now = datetime.datetime.now(datetime.UTC)
+    return now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=CERT_VALIDITY_DAYS)
+
+
+def _leaf_cert(common_name: str, issuer, ca_key, usage, valid: tuple, san: list | None = None):
+    """A fresh key and a certificate of CN `common_name` for `usage` (an extended key usage
+    OID), valid `valid`, for the subject alternative names `san` (None: none), signed by the
+    CA `issuer` with `ca_key`: (key, certificate)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+    )
+    if san is not None:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    cert = (
+        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
 def generate_ca_and_server_cert(
     directory: Path, ips: list[str], dns_names: list[str], common_name: str = "automq broker"
 ) -> dict[str, Path]:
@@ -30,8 +68,7 @@ def generate_ca_and_server_cert(
 
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
-    now = datetime.datetime.now(datetime.UTC)
-    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=CERT_VALIDITY_DAYS))
+    valid = _validity()
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "automq local CA")])
@@ -62,24 +99,10 @@ def generate_ca_and_server_cert(
         .sign(ca_key, hashes.SHA256())
     )
 
-    key = ec.generate_private_key(ec.SECP256R1())
     san = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     san += [x509.DNSName(name) for name in dns_names]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.SubjectAlternativeName(san), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
+    key, cert = _leaf_cert(
+        common_name, ca_name, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, valid, san
     )
 
     pem = serialization.Encoding.PEM
@@ -106,29 +129,14 @@ def generate_client_cert(
     (0600) in `out` (default `directory`). Its CN is the principal brokers see:
     "User:<common_name>"."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
 
     ca_pem = (directory / "ca.pem").read_bytes()
     ca_cert = x509.load_pem_x509_certificate(ca_pem)
     ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=CERT_VALIDITY_DAYS))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
+    key, cert = _leaf_cert(
+        common_name, ca_cert.subject, ca_key, ExtendedKeyUsageOID.CLIENT_AUTH, _validity()
     )
     pem = serialization.Encoding.PEM
     out = directory if out is None else out

@@ -9,14 +9,15 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterError
 from cli.kafka_util import (
     check_reachable,
     client_error_text,
     kafka_python_security,
     librdkafka_security,
 )
+from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting
-from cli.processes import DEFAULT_CLUSTER_DIR, ClusterError, LocalCluster
 
 app = typer.Typer(help="Manage topics (Kafka protocol).", no_args_is_help=True)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.failover import registration_records
 from controlplane.fencing import REGISTERED_REASON
 from controlplane.image import MetadataImage
 from controlplane.requests import (
@@ -14,6 +13,7 @@ from controlplane.requests import (
     RegisterBrokerRequest,
     RegisterBrokerResponse,
 )
+from controlplane.wal_failover import registration_records
 
 
 def register_broker(image: MetadataImage, req: RegisterBrokerRequest, now_ms: int):

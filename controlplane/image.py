@@ -238,21 +238,6 @@ class MetadataDelta:
     records: list = field(default_factory=list)
     touched: dict[str, set] = field(default_factory=lambda: {f: set() for f in _KEYED_FIELDS})
 
-    @property
-    def topics_changed(self) -> set[str]:
-        return self.touched["topics"]
-
-    @property
-    def streams_changed(self) -> set[int]:
-        return self.touched["streams"]
-
-    @property
-    def brokers_changed(self) -> set[int]:
-        return self.touched["brokers"]
-
-    def is_empty(self) -> bool:
-        return not self.records
-
 
 def _copy_entity(entity: BaseModel) -> BaseModel:
     """A copy of an entity whose own containers are copied one level (their items are

@@ -497,10 +497,6 @@ class AllocateProducerIdsRequest(_Request):
     count: int = Field(ge=1, le=100_000)
 
 
-class EmptyResponse(BaseModel):
-    pass
-
-
 class AllocateProducerIdsResponse(BaseModel):
     first_producer_id: int
     count: int

@@ -26,7 +26,6 @@ from controlplane.api import ControllerHTTPServer
 from controlplane.config import QuorumConfig
 from controlplane.coordinators import plan_slot_moves, slot_counts
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.failover import plan_failovers
 from controlplane.listeners import insecure_listener_error
 from controlplane.objects import expire_prepared_objects, objects_to_delete
 from controlplane.placement import leader_load
@@ -35,6 +34,7 @@ from controlplane.records import ObjectState
 from controlplane.requests import BrokerUploadStats, BucketWriteHealth
 from controlplane.signal_watcher import SignalWatcher
 from controlplane.tls import server_ssl_context
+from controlplane.wal_failover import plan_failovers
 
 log = logging.getLogger("controlplane.server")
 

@@ -22,7 +22,6 @@ from controlplane import (
     compactors,
     coordinators,
     erasure_seal,
-    failover,
     fencing,
     objects,
     reassignment,
@@ -30,6 +29,7 @@ from controlplane import (
     security,
     streams,
     topics,
+    wal_failover,
 )
 from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
@@ -49,7 +49,7 @@ from controlplane.settings import ControllerSettings
 def _lifecycle_tick(image: MetadataImage, req: LifecycleTickRequest, now_ms: int):
     recs = brokers.fence_expired_brokers(image, req.expired_brokers)
     newly_fenced = {rec.node_id for rec in recs}
-    recs += failover.plan_failovers(image, newly_fenced)
+    recs += wal_failover.plan_failovers(image, newly_fenced)
     recs += objects.expire_prepared_objects(image, now_ms)
     return recs, {"records": len(recs)}
 
@@ -58,7 +58,7 @@ def _fence_broker(image: MetadataImage, req, now_ms: int):
     """Fencing a broker that still owns open streams starts their WAL failover at once."""
     recs, response = brokers.fence_broker(image, req, now_ms)
     if recs:
-        recs += failover.plan_failovers(image, {req.node_id})
+        recs += wal_failover.plan_failovers(image, {req.node_id})
     return recs, response
 
 
@@ -88,7 +88,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "broker_heartbeat": (brokers.broker_heartbeat, False),
     "fence_broker": (_fence_broker, False),
     "controlled_shutdown": (reassignment.controlled_shutdown, False),
-    "complete_wal_failover": (failover.complete_wal_failover, False),
+    "complete_wal_failover": (wal_failover.complete_wal_failover, False),
     "reassign_partitions": (reassignment.reassign_partitions, False),
     "create_topic": (topics.create_topic, False),
     "delete_topic": (topics.delete_topic, False),

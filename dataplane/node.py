@@ -9,7 +9,7 @@ SIGTERM (controlled shutdown): ask the controller to move our partitions to othe
 its WAL data uploaded) and opened by its new leader; then upload the rest, fence our epoch.
 
 Crash failover: when the controller names this node the failover target of a fenced
-node's WAL, it recovers that WAL (dataplane.s3stream.failover). If this node finds itself
+node's WAL, it recovers that WAL (dataplane.s3stream.wal_failover). If this node finds itself
 fenced for good (paused past its session timeout), its WAL has been taken over: it re-execs
 itself, so a fresh process registers with a new epoch and recovers from a clean state.
 
@@ -772,7 +772,7 @@ class BrokerNode:
             ).start()
 
     def _run_failover(self, failed_node_id: int, wal_uri: str, failover_epoch: int) -> None:
-        from dataplane.s3stream.failover import recover_failed_wal
+        from dataplane.s3stream.wal_failover import recover_failed_wal
 
         def open_streams() -> list[tuple[int, int]]:
             image = self.metadata.image

@@ -257,11 +257,6 @@ class KVOffsetStore:
             names |= {g for g, (_, d) in self._docs.items() if d}
         return sorted(names)
 
-    def forget_all(self) -> None:
-        """Drop every cached document."""
-        with self._lock:
-            self._docs.clear()
-
     def forget_groups(self, predicate: Callable[[str], bool]) -> int:
         """Drop the cached documents of the groups `predicate` picks (their slot moved);
         returns how many were dropped."""

@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import itertools
 import logging
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -823,8 +822,7 @@ class KafkaServerThread:
     """A `KafkaServer` running in its own event-loop thread (the broker process is threaded).
 
     ``start()`` returns once the port is bound (``port`` is then valid); ``stop()`` stops the
-    server and joins the thread. ``run_coroutine`` submits work to the server's loop (e.g.
-    for handlers' owners that need to run something there). Usable as a context manager.
+    server and joins the thread. Usable as a context manager.
     """
 
     def __init__(
@@ -906,10 +904,6 @@ class KafkaServerThread:
         if thread.is_alive():
             raise TimeoutError(f"Kafka server thread did not stop within {timeout} s")
         self._thread = None
-
-    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        """Schedule ``coro`` on the server's loop from another thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def __enter__(self) -> KafkaServerThread:
         self.start()

@@ -73,7 +73,6 @@ class UploadResult:
     # stream id -> the controller's per-stream refusal (STREAM_PERMANENT_CODES): its data
     # in this upload can never be committed, so it was left out and the rest committed
     dropped: dict[int, ErrorCode] = field(default_factory=dict)
-    commit_rounds: int = 0
 
 
 def permanent_stream_errors(exc: BaseException) -> dict[int, ErrorCode]:
@@ -207,7 +206,6 @@ class ObjectUploader:
             live = {sid: bs for sid, bs in per_stream.items() if sid not in result.dropped}
             if not live:
                 return result
-            result.commit_rounds += 1
             try:
                 result.size_bytes = self._put_and_commit(
                     live, failover_node_id, compacted_object_ids or []

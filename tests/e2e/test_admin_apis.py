@@ -29,7 +29,7 @@ from kafka.errors import (  # noqa: E402
 )
 from kafka.structs import OffsetAndMetadata  # noqa: E402
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402

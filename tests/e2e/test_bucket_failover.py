@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -207,7 +207,7 @@ def test_operator_experience_issue_18(cluster_dir):
     """A failed first `up` and a retry with other flags, refused flags, one-line errors,
     perf's cleanup, `logs -f`, the states of `status`, `--exit-when-healthy` and the object
     store's quiet log, against one small real cluster."""
-    from cli.processes import scan_processes
+    from cli.os_processes import scan_processes
 
     # 1. processes start, then the wait times out: stopped again, logs kept, and the retry
     #    with other flags starts over and honours all of them

@@ -29,7 +29,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
-from cli.processes import LocalCluster  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.erasure.embedded import BrokerShardStore, EmbeddedErasureProducer  # noqa: E402
 from dataplane.erasure.holes import HoleKind, classify  # noqa: E402

@@ -200,7 +200,7 @@ def test_the_controller_api_is_https_with_the_cluster_ca(cluster):
     nothing, and the secret is still required."""
     import http.client
 
-    from cli.processes import LocalCluster
+    from cli.local_cluster import LocalCluster
     from controlplane.client import ControllerClient
     from controlplane.errors import ControllerError
 

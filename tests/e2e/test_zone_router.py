@@ -505,7 +505,7 @@ def test_zone_route_with_a_fenced_epoch_or_a_bad_channel_is_refused(cluster):
 
 def _channel_data_keys(cluster) -> set[str]:
     """The RouterChannels' data objects in the bucket (every broker's channel prefix)."""
-    from cli.processes import LocalCluster
+    from cli.local_cluster import LocalCluster
     from dataplane.objectstore import ObjectStorage, parse_bucket_uris
     from dataplane.s3stream.wal.object_format import parse_data_key
 

@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from cli.processes import ClusterConfig, LocalCluster
+from cli.cluster_config import ClusterConfig
+from cli.local_cluster import LocalCluster
 from controlplane.client import ControllerClient
 from controlplane.config import BucketConfig, ControllerAddress
 from controlplane.errors import ControllerError

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.processes import ClusterError, LocalCluster, flag_differences
+from cli.cluster_config import ClusterError
+from cli.flag_differences import flag_differences
+from cli.local_cluster import LocalCluster
 from dataplane.objectstore.secrets_file import BucketSecretsError, load_bucket_secrets
 
 URIS = (

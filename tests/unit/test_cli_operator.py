@@ -18,8 +18,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cli.local_cluster import LocalCluster
 from cli.main import app
-from cli.processes import LocalCluster
 from dataplane.objectstore.seaweed import SeaweedConfig, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_1_up_on_an_existing_cluster_refuses_other_flags_naming_them(tmp_path):
 
 
 def test_1_flags_equal_to_the_config_are_no_difference(tmp_path):
-    from cli.processes import flag_differences
+    from cli.flag_differences import flag_differences
 
     cluster = made_cluster(tmp_path / "c", base_port=21000)
     config = cluster.load()
@@ -325,11 +325,13 @@ def test_6_the_object_stores_admin_ports_never_repeat_a_cluster_port(tmp_path, m
     starts, so each choice must avoid the others: the stores' admin pairs (P, P + 10000)
     were picked on their own and once took a port the cluster had given to another
     component (the test above failed that way once)."""
-    import cli.processes as processes
+    import cli.cluster_layout as cluster_layout
     from dataplane.objectstore import seaweed
 
     cluster_ports = list(range(21000, 21200))
-    monkeypatch.setattr(processes, "find_free_ports", lambda n, host="127.0.0.1": cluster_ports[:n])
+    monkeypatch.setattr(
+        cluster_layout, "find_free_ports", lambda n, host="127.0.0.1": cluster_ports[:n]
+    )
     fresh = iter(range(22000, 23000))
     # a single free port asked for (an admin candidate): first two the cluster already
     # uses, then unused ones
@@ -538,7 +540,7 @@ def test_2_client_error_text_is_one_readable_line():
 def test_6_a_cluster_created_before_gets_the_admin_grpc_port_fixed_on_restart(
     tmp_path, monkeypatch
 ):
-    import cli.processes
+    import cli.local_cluster
     from dataplane.objectstore.seaweed import ADMIN_GRPC_OFFSET
 
     cluster = made_cluster(tmp_path / "c")
@@ -555,8 +557,8 @@ def test_6_a_cluster_created_before_gets_the_admin_grpc_port_fixed_on_restart(
         seen.update(s3.ports)
         return _Proc()
 
-    monkeypatch.setattr(cli.processes, "start_seaweed", fake_start)
-    monkeypatch.setattr(cli.processes, "wait_seaweed_ready", lambda *a, **kw: None)
+    monkeypatch.setattr(cli.local_cluster, "start_seaweed", fake_start)
+    monkeypatch.setattr(cli.local_cluster, "wait_seaweed_ready", lambda *a, **kw: None)
     monkeypatch.setattr(LocalCluster, "_record_pid", lambda self, name, pid: None)
     _REAL_START_OBJECT_STORE(cluster, cluster.load())
     assert seen["admin_grpc"] == seen["admin"] + ADMIN_GRPC_OFFSET

@@ -1,5 +1,5 @@
-"""PID files and the /proc scan of cli/processes.py: which processes belong to a cluster, when
-a PID file is trusted, and that stop finds and ends every process of a component (with
+"""PID files and the /proc scan of cli/local_cluster.py and cli/os_processes.py: which
+processes belong to a cluster, when a PID file is trusted, and that stop finds and ends every process of a component (with
 stand-in processes whose command line looks like a controller's or a broker's)."""
 
 from __future__ import annotations
@@ -14,16 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.processes import (
-    BrokerSpec,
-    ClusterConfig,
-    ClusterError,
-    LocalCluster,
-    _proc_start_time,
-    component_of,
-    scan_processes,
-    terminate,
-)
+from cli.cluster_config import BrokerSpec, ClusterConfig, ClusterError
+from cli.local_cluster import LocalCluster
+from cli.os_processes import component_of, proc_start_time, scan_processes, terminate
 from controlplane.config import ControllerAddress
 from dataplane.objectstore.seaweed import find_free_ports
 
@@ -194,7 +187,7 @@ def test_component_of_follows_symlinks(tmp_path):
 def test_pid_file_trusted_only_for_the_same_live_process(tmp_path, procs):
     cluster, _ = make_cluster(tmp_path / "c")
     p = spawn(procs, ["unrelated"])
-    start = _proc_start_time(p.pid)
+    start = proc_start_time(p.pid)
     path = cluster.pid_path("broker-1")
     path.parent.mkdir(parents=True)
 
@@ -223,7 +216,7 @@ def test_zombie_is_not_running(tmp_path, procs):
     cluster._record_pid("controller-0", p.pid)
     os.kill(p.pid, signal.SIGKILL)
     deadline = time.monotonic() + WAIT_S
-    while _proc_start_time(p.pid) is not None and time.monotonic() < deadline:
+    while proc_start_time(p.pid) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert Path(f"/proc/{p.pid}").exists()  # not reaped yet: a zombie
     assert cluster.running("controller-0") is None
@@ -297,7 +290,7 @@ def test_stop_escalates_to_sigkill_and_kill_waits(tmp_path, procs):
 
 def test_terminate_only_signals_the_recorded_process(procs):
     p = spawn(procs, ["unrelated"])
-    start = _proc_start_time(p.pid)
+    start = proc_start_time(p.pid)
     # a start time that is not the live process's: the PID was reused, leave it alone
     assert terminate([(p.pid, str(int(start) + 1))], timeout_s=0.2, kill_wait_s=0.2) == []
     assert p.poll() is None
@@ -324,7 +317,8 @@ def test_check_ports_only_for_the_given_components(tmp_path):
 
 
 def test_store_dir_holds_the_object_stores_and_is_kept(tmp_path):
-    from cli.processes import STORE_COMPONENTS, flag_differences
+    from cli.cluster_config import STORE_COMPONENTS
+    from cli.flag_differences import flag_differences
 
     store = tmp_path / "store"
     store.mkdir()

@@ -12,7 +12,9 @@ import threading
 
 import pytest
 
-from cli.processes import ClusterConfig, LocalCluster, flag_differences
+from cli.cluster_config import ClusterConfig
+from cli.flag_differences import flag_differences
+from cli.local_cluster import LocalCluster
 from dataplane.kafka.security.tls import server_ssl_context
 
 BUCKETS = "0@s3://main?region=us-east-1&endpoint=http://127.0.0.1:9"

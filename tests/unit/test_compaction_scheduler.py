@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from cli import compaction_jobs as jobs
 from cli.compaction_scheduler import run_schedule
+from cli.local_cluster import LocalCluster
 from cli.main import app
-from cli.processes import LocalCluster
 
 
 class FakeTime:

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from controlplane.failover import plan_failovers
 from controlplane.records import StreamState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from controlplane.wal_failover import plan_failovers
 from tests.unit.test_metadata_state_machine import NOW, err, ok, prepare, rejected_without_change
 
 

@@ -153,7 +153,7 @@ def test_a_mains_wal_keeps_links_and_its_failover_reads_the_data_from_the_channe
 ):
     from dataplane.formats.object_format import decode_block, parse_object
     from dataplane.objectstore import object_key
-    from dataplane.s3stream.failover import recover_failed_wal
+    from dataplane.s3stream.wal_failover import recover_failed_wal
 
     ctrl, engine = _setup(objects, tmp_path)
     channel, _, records, stream_id = _linked_main(objects, ctrl, engine)
@@ -182,7 +182,7 @@ def test_a_mains_wal_keeps_links_and_its_failover_reads_the_data_from_the_channe
 
 
 def test_a_link_to_a_trimmed_channel_record_fails_recovery_with_a_clear_error(objects, tmp_path):
-    from dataplane.s3stream.failover import recover_failed_wal
+    from dataplane.s3stream.wal_failover import recover_failed_wal
 
     ctrl, engine = _setup(objects, tmp_path)
     channel, channel_offset, records, stream_id = _linked_main(objects, ctrl, engine)

@@ -364,7 +364,8 @@ def test_bad_topology_listeners_are_refused_in_one_line(tmp_path, change, why):
     ],
 )
 def test_cluster_up_refuses_bad_listeners_and_stores_nothing(tmp_path, listeners, sasl, tls, why):
-    from cli.processes import ClusterError, LocalCluster
+    from cli.cluster_config import ClusterError
+    from cli.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "c")
     with pytest.raises(ClusterError, match=why):
@@ -373,7 +374,7 @@ def test_cluster_up_refuses_bad_listeners_and_stores_nothing(tmp_path, listeners
 
 
 def test_cluster_up_gives_every_listener_its_own_port(tmp_path):
-    from cli.processes import LocalCluster
+    from cli.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "c")
     config = cluster.create(
@@ -448,7 +449,8 @@ def test_cluster_up_cli_refuses_bad_listener_flags_in_one_line(tmp_path):
 
 
 def test_restart_flags_that_differ_name_listeners_and_mtls(tmp_path):
-    from cli.processes import LocalCluster, flag_differences
+    from cli.flag_differences import flag_differences
+    from cli.local_cluster import LocalCluster
 
     config = LocalCluster(tmp_path / "c").create(
         1, 1, ["a"], None, None, 6000, tls=True, listeners="PLAINTEXT,SSL", mtls=True
@@ -526,7 +528,7 @@ def test_user_cert_issues_a_client_certificate_and_refuses_in_one_line(tmp_path)
     import subprocess
     import sys
 
-    from cli.processes import LocalCluster
+    from cli.local_cluster import LocalCluster
 
     def user_cert(d, *args):
         return subprocess.run(

@@ -122,7 +122,7 @@ def test_delta_names_what_the_batch_touched():
     image, _ = MetadataImage().with_records(log[:4])  # two brokers registered and unfenced
     topic_recs = [(rec, off) for rec, off in log[4:] if rec.type in ("topic", "partition")]
     after, delta = image.with_records(topic_recs[:4])
-    assert delta.topics_changed == {"x"}
+    assert delta.touched["topics"] == {"x"}
     assert delta.base is image and delta.image is after
     assert "x" not in image.topics and "x" in after.topics
     assert after.brokers is image.brokers  # untouched containers are shared

@@ -230,8 +230,8 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
     from controlplane.state_machine import MetadataStateMachine
     from dataplane.formats.object_format import decode_block, parse_object
     from dataplane.objectstore import object_key
-    from dataplane.s3stream.failover import recover_failed_wal
     from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from dataplane.s3stream.wal_failover import recover_failed_wal
     from tests.unit.test_upload_stream_errors import HookedController
 
     ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1])))
@@ -312,7 +312,9 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
 
 
 def test_cluster_up_wal_s3_gives_each_broker_an_object_wal_in_the_main_bucket(tmp_path):
-    from cli.processes import LocalCluster, broker_wal_uri, flag_differences
+    from cli.cluster_config import broker_wal_uri
+    from cli.flag_differences import flag_differences
+    from cli.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "c")
     config = cluster.create(3, 1, ["az1"], None, None, 6000, wal="s3")

@@ -24,7 +24,6 @@ from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.formats.object_format import parse_object
 from dataplane.objectstore import ObjectStoreUnavailableError, object_key
-from dataplane.s3stream.failover import recover_failed_wal
 from dataplane.s3stream.storage import S3Storage, StorageConfig
 from dataplane.s3stream.uploader import (
     StorageError,
@@ -32,6 +31,7 @@ from dataplane.s3stream.uploader import (
     is_retriable_upload_error,
     permanent_stream_errors,
 )
+from dataplane.s3stream.wal_failover import recover_failed_wal
 
 NOW_MS = 1_000_000
 # the WAL pads each group commit to 4 KiB: after a full trim at most the last padding is used

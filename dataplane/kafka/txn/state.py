@@ -11,7 +11,7 @@ metadata, so a failed write changes nothing.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from dataplane.formats.kafka_errors import KafkaError
@@ -254,11 +254,3 @@ def end_txn(
     if meta.state == TxnState.EMPTY and not commit:
         return Transition()  # aborting nothing (Kafka's producer may send it)
     return Transition(KafkaError.INVALID_TXN_STATE)
-
-
-@dataclass
-class PendingMarkers:
-    """What still has to receive a marker for one prepared transaction."""
-
-    partitions: set[tuple[str, int]] = field(default_factory=set)
-    groups: set[str] = field(default_factory=set)

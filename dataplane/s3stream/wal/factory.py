@@ -2,7 +2,7 @@
 
 `open_wal(uri, node_id, node_epoch)` opens a node's own WAL for appends; `take_over_wal(uri,
 node_id, failover_epoch)` reserves a failed node's WAL and returns a recovery handle (crash
-failover). The engine (`storage.py`) and WAL failover (`failover.py`) depend on these and on
+failover). The engine (`storage.py`) and WAL failover (`wal_failover.py`) depend on these and on
 `WriteAheadLog` / `WALRecovery` only, so a second implementation (an object-storage WAL, the
 zone router's RouterChannel) plugs in by its scheme without touching them.
 
@@ -49,12 +49,6 @@ class UnsupportedWALError(WALError):
 def wal_uri_for_path(path: str | os.PathLike[str]) -> str:
     """The `file://` URI of a local WAL file (absolute, so other brokers can reach it)."""
     return Path(path).resolve().as_uri()
-
-
-def wal_uri_for_object_prefix(bucket: str, prefix: str) -> str:
-    """The `s3://` URI of an object-storage WAL under `prefix` of the bucket named `bucket`."""
-    ObjectWALLocation(0, prefix)  # validates the prefix
-    return f"s3://{bucket}/{prefix}"
 
 
 def _is_s3(uri: str) -> bool:

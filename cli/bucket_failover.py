@@ -15,10 +15,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from cli.cluster_config import ClusterError
+from cli.external_buckets import check_bucket_reachable
+from cli.local_cluster import LocalCluster
 from cli.options import ControllerDirOption as DirOption
 from cli.options import ControllersOption, FormatOption, controller_client
 from cli.output import OutputFormat, console, fail, print_data, waiting
-from cli.processes import ClusterError, LocalCluster, check_bucket_reachable
 
 app = typer.Typer(
     help="Object-storage failover: which bucket new objects go to "

@@ -1,0 +1,505 @@
+"""`automqctl cluster up`: its options, and its steps (create or reload the config, start
+what is missing in order, wait until ready, undo what it started when start-up fails, and
+tell the operator how to connect)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
+from cli.external_buckets import check_bucket_reachable
+from cli.flag_differences import flag_differences
+from cli.local_cluster import LocalCluster
+from cli.output import OutputFormat, console, fail, print_data, waiting, warn
+from cli.status import collect_status
+from cli.status_table import print_status
+from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
+
+
+class WALKind(str, enum.Enum):
+    """Where brokers keep their write-ahead log (`cluster up --wal`)."""
+
+    file = "file"
+    s3 = "s3"
+
+
+BrokersOption = typer.Option(3, min=1, max=64, help="number of brokers")
+ControllersOption = typer.Option(3, min=1, max=7, help="number of controllers (odd)")
+AzsOption = typer.Option("az1,az2,az3", help="comma-separated AZ names, brokers round-robin")
+BasePortOption = typer.Option(None, help="first of consecutive ports (default: free ports)")
+BucketUrisOption = typer.Option(
+    None,
+    help="external S3 buckets instead of the embedded store: "
+    "0@s3://main?region=..&endpoint=..,1@s3://failover?...",
+)
+BucketSecretsFileOption = typer.Option(
+    None,
+    "--bucket-secrets-file",
+    help="credentials of the --bucket-uris buckets: a file of "
+    "AUTOMQ_S3_ACCESS_KEY_<id>=.. and AUTOMQ_S3_SECRET_KEY_<id>=.. lines, readable by "
+    "its owner only (chmod 600); the same variables in the environment work too",
+)
+FailoverDetectSOption = typer.Option(
+    None,
+    "--failover-detect-s",
+    min=0.5,
+    max=3600,
+    help="object-storage failover: switch new objects to bucket 1 once a majority of "
+    "brokers has failed to write to bucket 0 for this long (default 10 s)",
+)
+SessionTimeoutMsOption = typer.Option(6000, min=500, help="broker session timeout")
+WalCapacityMibOption = typer.Option(
+    None,
+    min=16,
+    max=64 * 1024,
+    help="each broker's WAL size in MiB (default 512, preallocated on disk); "
+    "fixed once a WAL file exists",
+)
+UploadIntervalSOption = typer.Option(
+    None, min=0.1, max=3600, help="how often brokers upload their WAL (default 5 s)"
+)
+SaslOption = typer.Option(
+    False,
+    "--sasl/--no-sasl",
+    help="SASL_PLAINTEXT listeners (PLAIN, SCRAM-SHA-256/512) with ACLs; creates the "
+    "admin super user (its login: DIR/admin.credentials, mode 0600)",
+)
+TlsOption = typer.Option(
+    False,
+    "--tls/--no-tls",
+    help="TLS on the Kafka listeners (SASL_SSL with --sasl, else SSL) with a generated "
+    "CA (DIR/tls/ca.pem: what clients trust) and broker certificate",
+)
+RetentionCheckIntervalSOption = typer.Option(
+    None,
+    min=0.1,
+    max=86400,
+    help="how often brokers apply retention.ms/retention.bytes (default 300 s)",
+)
+ObjectDeleteDelaySOption = typer.Option(
+    None,
+    min=0,
+    max=86400,
+    help="how long objects no longer needed (trimmed, compacted) stay in their bucket "
+    "before the controller deletes them, so readers that located them can finish "
+    "(default 60 s)",
+)
+WalOption = typer.Option(
+    WALKind.file,
+    "--wal",
+    help="where brokers keep their WAL: file (a local file) or s3 (objects under "
+    "wal/node-N in the main bucket, recoverable from any host)",
+)
+ListenersOption = typer.Option(
+    None,
+    "--listeners",
+    help="several Kafka listeners per broker, each its own port and security protocol: "
+    "PROTOCOL or NAME:PROTOCOL, comma-separated (e.g. PLAINTEXT,SASL_SSL or "
+    "INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL; SASL ones need --sasl, SSL ones --tls). "
+    "Default: one listener, SASL with --sasl, TLS with --tls",
+)
+MtlsOption = typer.Option(
+    False,
+    "--mtls/--no-mtls",
+    help="mutual TLS (ssl.client.auth=required) on SSL listeners: clients need a "
+    "certificate of the cluster CA, whose CN is their principal for ACLs; issues the "
+    "admin's (DIR/tls/admin.pem, admin.key) and the brokers' client certificates",
+)
+StoreDirOption = typer.Option(
+    None,
+    "--store-dir",
+    help="an existing writable directory for the embedded object stores' data (its s3/ "
+    "and s3-failover/) instead of --dir, e.g. on another disk than the brokers' WALs "
+    "(a real object store is not on the broker's disk); kept for the cluster",
+)
+TimeoutSOption = typer.Option(90.0, help="how long to wait for the cluster to be ready")
+
+_UP_FLAGS = (
+    "brokers",
+    "controllers",
+    "azs",
+    "base_port",
+    "bucket_uris",
+    "session_timeout_ms",
+    "wal_capacity_mib",
+    "upload_interval_s",
+    "sasl",
+    "tls",
+    "retention_check_interval_s",
+    "object_delete_delay_s",
+    "wal",
+    "listeners",
+    "mtls",
+    "bucket_secrets_file",
+    "failover_detect_s",
+    "store_dir",
+)
+
+
+def _given_flags(ctx: typer.Context, values: dict) -> dict:
+    """The `up` flags the operator gave (command line or environment), with their values."""
+    given = {}
+    for name in _UP_FLAGS:
+        # by name: typer vendors its own click, whose enum is not click's
+        source = getattr(ctx.get_parameter_source(name), "name", None)
+        if source in ("COMMANDLINE", "ENVIRONMENT"):
+            given[name] = values[name]
+    if "azs" in given:
+        given["azs"] = [a.strip() for a in given["azs"].split(",") if a.strip()]
+    if "wal" in given:
+        given["wal"] = given["wal"].value
+    return given
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.3):
+    """The first true value of `predicate()`, polled every `interval_s`, or ClusterError
+    after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def run_up(ctx: typer.Context, values: dict) -> None:
+    """`cluster up` with the values of its parameters (see cli/cluster.py:up)."""
+    cluster = LocalCluster(values["dir"])
+    given = _given_flags(ctx, values)
+    format: OutputFormat = values["format"]
+    started: list[str] = []  # what this call started: stopped again if start-up fails
+    was_running: dict[str, int] = {}
+    config: ClusterConfig | None = None
+    created = False
+    if cluster.exists() and cluster.incomplete():
+        _start_over(cluster)
+    try:
+        if cluster.exists():
+            config = cluster.load()
+            was_running, missing = _restart_plan(cluster, config, given)
+            restarting = True
+        else:
+            config = _create(cluster, values)
+            created = True
+            missing = cluster.component_names(config)
+            restarting = False
+        status = _start_missing(cluster, config, missing, was_running, started, values)
+    except ClusterError as exc:
+        note = _after_failure(cluster, config, started, was_running, created)
+        fail(f"{exc}{note}")
+    except EmbeddedS3Error as exc:
+        note = _after_failure(cluster, config, started, was_running, created)
+        fail(f"object store: {exc}{note}")
+    except BaseException:
+        _after_failure(cluster, config, started, was_running, created)
+        raise
+    cluster.mark_complete()
+    if print_data(status, format):
+        return
+    print_status(status)
+    _print_how_to_connect(cluster, config, status, started, was_running, restarting)
+
+
+def _restart_plan(
+    cluster: LocalCluster, config: ClusterConfig, given: dict
+) -> tuple[dict[str, int], list[str]]:
+    """An existing cluster: refuse flags that differ from its config, or a cluster already
+    fully running; else (the components running, the components to start)."""
+    cluster.ensure_api_secret(config)
+    differ = flag_differences(config, **given)
+    if differ:
+        fail(
+            f"the cluster in {cluster.dir} was created with other settings: "
+            + "; ".join(differ)
+            + ". Flags like these only shape a new cluster: drop them to restart this "
+            "one, or `automqctl cluster down --purge` it first (deletes its data), "
+            "or use another --dir"
+        )
+    was_running = cluster.running_pids(config)
+    missing = [n for n in cluster.component_names(config) if n not in was_running]
+    if not missing:
+        fail(
+            f"the cluster in {cluster.dir} is already running "
+            f"({', '.join(f'{n}={p}' for n, p in was_running.items())}); "
+            "use `automqctl cluster status` or `automqctl cluster down`"
+        )
+    return was_running, missing
+
+
+def _create(cluster: LocalCluster, values: dict) -> ClusterConfig:
+    """A new cluster's config from the `up` flags."""
+    wal_capacity_mib = values["wal_capacity_mib"]
+    return cluster.create(
+        values["brokers"],
+        values["controllers"],
+        [a.strip() for a in values["azs"].split(",") if a.strip()],
+        values["base_port"],
+        values["bucket_uris"],
+        values["session_timeout_ms"],
+        wal_capacity_bytes=None if wal_capacity_mib is None else wal_capacity_mib * 1024 * 1024,
+        upload_interval_s=values["upload_interval_s"],
+        sasl=values["sasl"],
+        tls=values["tls"],
+        retention_check_interval_s=values["retention_check_interval_s"],
+        object_delete_delay_s=values["object_delete_delay_s"],
+        wal=values["wal"].value,
+        listeners=values["listeners"],
+        mtls=values["mtls"],
+        bucket_secrets_file=values["bucket_secrets_file"],
+        failover_detect_s=values["failover_detect_s"],
+        store_dir=values["store_dir"],
+    )
+
+
+def _start_missing(
+    cluster: LocalCluster,
+    config: ClusterConfig,
+    missing: list[str],
+    was_running: dict[str, int],
+    started: list[str],
+    values: dict,
+) -> dict:
+    """Start the `missing` components in order (object stores, controllers, then brokers
+    and the compaction scheduler), each appended to `started` as it starts; the status
+    once every broker registered (anew) and the cluster is healthy."""
+    timeout_s, format = values["timeout_s"], values["format"]
+    _start_stores_and_controllers(cluster, config, missing, was_running, started, format)
+    with waiting("waiting for a controller leader", format):
+        wait_until(
+            lambda: collect_status(cluster, config)["leader"] is not None,
+            timeout_s,
+            "a controller leader",
+        )
+    if config.sasl:
+        _create_sasl_users(cluster, config)
+    # a broker started again must register anew (a new node epoch): its dead process's
+    # registration stays unfenced until its session expires and must not pass for ready
+    old_epochs = {
+        b["node_id"]: b["node_epoch"]
+        for b in collect_status(cluster, config)["brokers"]
+        if b["registered"] and f"broker-{b['node_id']}" in missing
+    }
+    for b in config.brokers:
+        if f"broker-{b.node_id}" in missing:
+            started.append(f"broker-{b.node_id}")
+            cluster.start_broker(config, b.node_id)
+
+    if COMPACTION_SCHEDULER in missing:  # a compaction schedule exists
+        started.append(COMPACTION_SCHEDULER)
+        cluster.start_compaction_scheduler()
+    with waiting("waiting for the brokers to register", format):
+        return wait_until(
+            lambda: _ready_status(cluster, config, old_epochs),
+            timeout_s,
+            "every broker to register and be unfenced",
+        )
+
+
+def _start_stores_and_controllers(
+    cluster: LocalCluster,
+    config: ClusterConfig,
+    missing: list[str],
+    was_running: dict[str, int],
+    started: list[str],
+    format: OutputFormat,
+) -> None:
+    """Check what starting needs (the weed binary, free ports, reachable external buckets),
+    then start the missing object stores and controllers."""
+    stores = [n for n in STORE_COMPONENTS if n in missing]
+    if stores:
+        weed_binary()  # a clear error before anything starts
+    cluster.check_ports(config, missing)
+    if not config.embedded_s3 and "s3" not in was_running:
+        for bucket in config.buckets:
+            check_bucket_reachable(bucket)
+    if stores:
+        with waiting(f"starting the object store(s) {', '.join(stores)}", format):
+            started.extend(stores)
+            cluster.start_object_stores(config, stores)
+    for c in config.controllers:
+        if f"controller-{c.node_id}" in missing:
+            started.append(f"controller-{c.node_id}")
+            cluster.start_controller(config, c.node_id)
+
+
+def _ready_status(
+    cluster: LocalCluster, config: ClusterConfig, old_epochs: dict[int, int]
+) -> dict | None:
+    """The status once the cluster is healthy and every restarted broker registered with a
+    newer epoch than before; None before; ClusterError if a component exited."""
+    dead = [n for n in cluster.component_names(config) if cluster.running(n) is None]
+    if dead:
+        raise ClusterError(
+            f"{', '.join(dead)} exited during start-up; see `automqctl cluster logs {dead[0]}`"
+        )
+    status = collect_status(cluster, config)
+    registered_anew = all(
+        b["node_epoch"] is not None and b["node_epoch"] > old_epochs[b["node_id"]]
+        for b in status["brokers"]
+        if b["node_id"] in old_epochs
+    )
+    return status if status["healthy"] and registered_anew else None
+
+
+def _print_how_to_connect(
+    cluster: LocalCluster,
+    config: ClusterConfig,
+    status: dict,
+    started: list[str],
+    was_running: dict[str, int],
+    restarting: bool,
+) -> None:
+    """After a successful `up`: what was started, the bootstrap servers of each listener,
+    and where the admin's login and the cluster CA are."""
+    if was_running:
+        console.print(
+            f"\nrestarted {', '.join(started)} in [bold]{escape(str(cluster.dir))}[/] "
+            "(the others were running)"
+        )
+    else:
+        verb = "restarted from" if restarting else "created in"
+        console.print(f"\ncluster {verb} [bold]{escape(str(cluster.dir))}[/]")
+    console.print(
+        f"bootstrap servers: [bold green]{status['bootstrap_servers']}[/]", soft_wrap=True
+    )
+    if config.listeners:
+        for name, servers in status["listeners"].items():
+            console.print(
+                f"listener {escape(name)} ({servers['security_protocol']}): "
+                f"[bold green]{servers['bootstrap_servers']}[/]",
+                soft_wrap=True,
+            )
+    if config.sasl:
+        console.print(
+            f"{config.security_protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); the admin super "
+            f"user's login is in [bold]{escape(str(cluster.admin_credentials_path))}[/] "
+            "(mode 0600)",
+            soft_wrap=True,
+        )
+    if config.tls:
+        console.print(
+            f"TLS: clients trust [bold]{escape(str(cluster.tls_dir / 'ca.pem'))}[/]",
+            soft_wrap=True,
+        )
+    if config.mtls:
+        console.print(
+            "mutual TLS on SSL listeners: the admin super user's client certificate is "
+            f"[bold]{escape(str(cluster.tls_dir / 'admin.pem'))}[/] (key admin.key, mode 0600)",
+            soft_wrap=True,
+        )
+
+
+def _create_sasl_users(cluster: LocalCluster, config: ClusterConfig) -> None:
+    """The super users of a `--sasl` cluster that have no login yet: the admin (its login in
+    DIR/admin.credentials) and the brokers' (inter-broker WriteTxnMarkers log in as it; its
+    login in DIR/broker.credentials and in each broker's 0600 config). Each gets SCRAM
+    credentials (both mechanisms; PLAIN checks against them) in the metadata."""
+    if cluster.admin_credentials() is None:
+        creds = cluster.create_admin_credentials(config)
+        _upsert_or_forget(config, creds, cluster.admin_credentials_path)
+    if cluster.broker_credentials() is None:
+        creds = cluster.create_broker_credentials()
+        _upsert_or_forget(config, creds, cluster.broker_credentials_path)
+
+
+def _upsert_or_forget(config: ClusterConfig, creds: dict, login_path: Path) -> None:
+    """The user's SCRAM credentials in the metadata; its login file goes if that fails."""
+    try:
+        _upsert_scram_user(config, creds)
+    except ClusterError:
+        login_path.unlink(missing_ok=True)
+        raise
+
+
+def _upsert_scram_user(config: ClusterConfig, creds: dict) -> None:
+    """SCRAM-SHA-256 and -512 credentials (PLAIN checks against them) of `creds`' user."""
+    from controlplane.client import ControllerClient
+    from controlplane.errors import ControllerError
+    from controlplane.requests import AlterScramCredentialsRequest
+    from controlplane.security import scram_upsertion
+
+    client = ControllerClient(
+        config.quorum_config().api_addresses(),
+        timeout_s=30,
+        api_secret=config.api_secret,
+        ca_file=config.controller_ca_file,
+    )
+    try:
+        client.alter_scram_credentials(
+            AlterScramCredentialsRequest(
+                upsertions=[
+                    scram_upsertion(creds["username"], m, creds["password"])
+                    for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                ]
+            )
+        )
+    except ControllerError as exc:
+        raise ClusterError(f"could not create the {creds['username']} user: {exc}") from None
+
+
+def _start_over(cluster: LocalCluster) -> None:
+    """A directory whose first `up` failed: stop what may be left, delete it, and say so."""
+    try:
+        old = cluster.load()
+    except ClusterError:
+        old = None
+    if old is not None:
+        running = cluster.running_pids(old)
+        if running:  # another `up` is still starting it, or one was killed midway
+            fail(
+                f"the first `cluster up` in {cluster.dir} has not finished and its processes "
+                f"run ({', '.join(f'{n}={p}' for n, p in running.items())}): wait for it, "
+                "or `automqctl cluster down --purge` to start over"
+            )
+    cluster.remove_created()
+    warn(
+        f"the last `cluster up` in {cluster.dir} never finished: "
+        "starting over with this call's flags"
+    )
+
+
+def _after_failure(
+    cluster: LocalCluster,
+    config: ClusterConfig | None,
+    started: list[str],
+    was_running: dict[str, int],
+    created: bool,
+) -> str:
+    """Stop what a failed `up` started; a cluster it created goes again, unless processes
+    logged something (kept for `cluster logs`). The note to append to the error."""
+    _stop_started(cluster, config, started, was_running)
+    if not created:
+        return ""
+    if not cluster.has_logs():
+        cluster.remove_created()
+        return f" (nothing was left in {cluster.dir}; retry with other flags)"
+    return (
+        f" (the logs are kept in {cluster.dir / 'logs'}; the next `automqctl cluster up` "
+        "starts over with its own flags)"
+    )
+
+
+def _stop_started(
+    cluster: LocalCluster,
+    config: ClusterConfig | None,
+    started: list[str],
+    was_running: dict[str, int],
+) -> None:
+    """After a failed `up`: stop what it started, leave what was running before alone."""
+    if config is None or not started:
+        return
+    if not was_running:
+        cluster.stop_all(config)
+        return
+    for name in reversed(started):  # brokers first, the object store last
+        try:
+            cluster.stop(name)
+        except ClusterError:
+            pass
