@@ -136,15 +136,10 @@ def _already_committed(image: MetadataImage, req: CommitStreamSetObjectRequest) 
     return True
 
 
-def commit_stream_set_object(
-    image: MetadataImage,
-    req: CommitStreamSetObjectRequest,
-    now_ms: int,
-    settings: ControllerSettings,
-):
-    # the node whose streams these ranges extend: the committer, or in WAL failover the
-    # failed node whose WAL the committer (its failover target) is uploading
-
+def _commit_owner(image: MetadataImage, req: CommitStreamSetObjectRequest) -> int:
+    """Check who commits; the node whose streams the new ranges extend: the committer, in
+    WAL failover the failed node whose WAL the committer (its failover target) uploads, or
+    COMPACTOR_OWNER_ID for a compaction job."""
     if req.compactor is not None:
         # a compaction job: rewrites committed data only (checked per stream below)
         require_compactor(image, req.compactor.name, req.compactor.epoch)
@@ -153,12 +148,14 @@ def commit_stream_set_object(
                 ErrorCode.INVALID_REQUEST,
                 "a compactor commits compactions only: compacted_object_ids is required",
             )
-        owner_node_id = COMPACTOR_OWNER_ID
-    else:
-        owner_node_id = authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
-    _require_bucket(settings, req.bucket_id)
-    if _already_committed(image, req):
-        return [], CommitResponse(idempotent=True)
+        return COMPACTOR_OWNER_ID
+    return authorize_owner(image, req.node_id, req.node_epoch, req.failover_node_id)
+
+
+def _prepared_metas(
+    image: MetadataImage, req: CommitStreamSetObjectRequest
+) -> dict[int, ObjectMetaState]:
+    """The PREPARED objects the commit makes visible, by id (each named once)."""
     if req.object_id < 0 and req.stream_ranges:
         raise ControllerError(
             ErrorCode.INVALID_REQUEST, "stream ranges need a stream-set object id"
@@ -168,19 +165,19 @@ def commit_stream_set_object(
     ]
     if len(set(object_ids)) != len(object_ids):
         raise ControllerError(ErrorCode.INVALID_REQUEST, "an object id appears twice")
-    metas = {oid: _require_prepared(image, oid) for oid in object_ids}
+    return {oid: _require_prepared(image, oid) for oid in object_ids}
 
-    # every new range of every stream, checked together for continuity
-    per_stream: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for rg in req.stream_ranges:
-        per_stream[rg.stream_id].append((rg.start_offset, rg.end_offset, rg.stream_epoch))
-    for so in req.stream_objects:
-        per_stream[so.stream_id].append((so.start_offset, so.end_offset, so.stream_epoch))
 
-    compaction = bool(req.compacted_object_ids)
+def _advance_streams(
+    image: MetadataImage,
+    per_stream: dict[int, list[tuple[int, int, int]]],
+    compaction: bool,
+    owner_node_id: int,
+) -> list:
+    """Check every stream's new ranges; the records advancing their committed ends. Every
+    stream is checked even after one failed, so the refusal names all the streams this
+    commit cannot carry: the committer leaves them all out in one more round."""
     recs: list = []
-    # every stream is checked even after one failed, so the refusal names all the streams
-    # this commit cannot carry: the committer leaves them all out in one more round
     stream_errors: dict[int, ControllerError] = {}
     for stream_id in sorted(per_stream):
         try:
@@ -202,10 +199,18 @@ def commit_stream_set_object(
         raise ControllerError(
             first.code, message, {sid: exc.code for sid, exc in stream_errors.items()}
         )
+    return recs
 
-    if compaction:
-        check_compaction(image, req.compacted_object_ids, per_stream)
 
+def _new_object_records(
+    req: CommitStreamSetObjectRequest,
+    metas: dict[int, ObjectMetaState],
+    owner_node_id: int,
+    now_ms: int,
+) -> list:
+    """The records of the committed objects: the stream-set object (if any) with its
+    ranges, and each stream object with its offsets."""
+    recs: list = []
     if req.object_id >= 0:
         recs.append(_committed(metas[req.object_id], req.size_bytes, req.bucket_id, now_ms))
         recs.append(
@@ -235,6 +240,36 @@ def commit_stream_set_object(
                 committed_ms=now_ms,
             )
         )
+    return recs
+
+
+def commit_stream_set_object(
+    image: MetadataImage,
+    req: CommitStreamSetObjectRequest,
+    now_ms: int,
+    settings: ControllerSettings,
+):
+    """An upload's or a compaction's one atomic commit: new objects become visible, the
+    streams' committed ends advance (an upload) or compacted objects are replaced (a
+    compaction); a repeat of an applied commit answers `idempotent`."""
+    owner_node_id = _commit_owner(image, req)
+    _require_bucket(settings, req.bucket_id)
+    if _already_committed(image, req):
+        return [], CommitResponse(idempotent=True)
+    metas = _prepared_metas(image, req)
+
+    # every new range of every stream, checked together for continuity
+    per_stream: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for rg in req.stream_ranges:
+        per_stream[rg.stream_id].append((rg.start_offset, rg.end_offset, rg.stream_epoch))
+    for so in req.stream_objects:
+        per_stream[so.stream_id].append((so.start_offset, so.end_offset, so.stream_epoch))
+
+    compaction = bool(req.compacted_object_ids)
+    recs = _advance_streams(image, per_stream, compaction, owner_node_id)
+    if compaction:
+        check_compaction(image, req.compacted_object_ids, per_stream)
+    recs += _new_object_records(req, metas, owner_node_id, now_ms)
     recs += _remove_objects(image, req.compacted_object_ids, now_ms)
     return recs, CommitResponse(idempotent=False)
 

@@ -41,18 +41,17 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from controlplane.client import ControllerClient
-from controlplane.errors import ControllerError, ErrorCode
+from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage
-from controlplane.records import ObjectState
 from controlplane.requests import (
     MAX_OBJECTS_PER_PREPARE,
     CleanerCheckpoint,
     CommitStreamSetObjectRequest,
     CompactorIdentity,
-    PrepareObjectsRequest,
     RegisterCompactorRequest,
     SetCleanerCheckpointsRequest,
 )
+from dataplane.s3stream.commit import Committer, ObjectCommitter, commit_object_ids
 from spark_jobs import objects_io
 from spark_jobs.compact_topics import (
     CleanSource,
@@ -184,18 +183,50 @@ def run(config: JobConfig, dry_run: bool = False, emit: Emit | None = None, sc=N
     return result
 
 
-def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
-    """The object compaction stage (the result without its final event)."""
-    started = time.monotonic()
-    client = ControllerClient(config.controllers, timeout_s=30.0)
-    image = _image(client)
-    result: dict = {
+def _finished(out: dict, started: float, reason: str = "") -> dict:
+    """A stage's result, with why it stopped (`reason`, "" when it committed) and its time."""
+    out["reason"] = reason
+    out["duration_s"] = round(time.monotonic() - started, 3)
+    return out
+
+
+def _object_committer(client: ControllerClient) -> ObjectCommitter:
+    """The uploader's prepare and commit steps, for this driver: a commit whose answer was
+    lost is checked against the controller's image."""
+    return ObjectCommitter(client, read_image=lambda: _image(client))
+
+
+def _register_compactor(client: ControllerClient, name: str) -> CompactorIdentity:
+    """Register as compaction principal `name`: a new epoch, which fences earlier drivers."""
+    epoch = client.register_compactor(
+        RegisterCompactorRequest(name=name, incarnation_id=uuid.uuid4().hex)
+    ).epoch
+    return CompactorIdentity(name=name, epoch=epoch)
+
+
+def _commit_or_delete(
+    commits: ObjectCommitter, commit: CommitStreamSetObjectRequest, buckets: dict[int, str]
+) -> str:
+    """Commit the run's objects; "" when committed (also when an attempt whose answer was
+    lost had been applied), else why not — then nothing references the new objects and
+    they are deleted now (their PREPARED ids expire at the deadline anyway)."""
+    try:
+        commits.commit(commit)
+    except ControllerError as exc:
+        objects_io.delete(buckets[commit.bucket_id], commit_object_ids(commit))
+        return f"commit refused ({exc.code.value}): {exc.message}"
+    return ""
+
+
+def _object_stage_result(image: MetadataImage, master: str, dry_run: bool) -> dict:
+    """The object stage's result before anything happened."""
+    return {
         "objects_before": committed_object_count(image),
         "objects_after": committed_object_count(image),
         "bytes_read": 0,
         "bytes_written": 0,
         "duration_s": 0.0,
-        "master": config.master,
+        "master": master,
         "committed": False,
         "dry_run": dry_run,
         "reason": "",
@@ -205,14 +236,10 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
         "tasks_s": 0.0,
     }
 
-    def finish(reason: str = "") -> dict:
-        result["reason"] = reason
-        result["duration_s"] = round(time.monotonic() - started, 3)
-        return result
 
-    paused = paused_reason(image)
-    if paused:
-        return finish(f"paused: {paused}")
+def _plan_objects(config: JobConfig, image: MetadataImage) -> CompactionPlan | str:
+    """The object stage's plan from `image` and the sources' indexes, or why there is none
+    (a source in a bucket the job has no URI for)."""
     pcfg = PlanConfig(
         stream_split_bytes=config.stream_split_bytes,
         max_objects_per_run=config.max_objects_per_run,
@@ -223,40 +250,19 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
     sources = select_sources(image, pcfg)
     missing = {s.bucket_id for s in sources} - set(config.buckets)
     if missing:
-        return finish(f"buckets {sorted(missing)} are not configured for the job")
+        return f"buckets {sorted(missing)} are not configured for the job"
     indexes = objects_io.read_indexes(
         config.buckets, [(s.object_id, s.bucket_id, s.size_bytes) for s in sources]
     )
-    plan = build_plan(image, sources, indexes, pcfg, now_ms=int(time.time() * 1000))
-    result["plan"] = plan.summary()
-    emit({"event": "plan", **plan.summary()})
-    if plan.empty:
-        return finish("nothing to compact")
-    if dry_run:
-        result["objects_after"] = (
-            result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
-        )
-        return finish("dry run: nothing changed")
+    return build_plan(image, sources, indexes, pcfg, now_ms=int(time.time() * 1000))
 
-    ident = CompactorIdentity(
-        name=config.compactor_name,
-        epoch=client.register_compactor(
-            RegisterCompactorRequest(name=config.compactor_name, incarnation_id=uuid.uuid4().hex)
-        ).epoch,
-    )
-    bucket_id = 0
-    if plan.tasks:
-        prepared = client.prepare_objects(
-            PrepareObjectsRequest(
-                compactor=ident, count=len(plan.tasks), ttl_ms=config.prepared_ttl_ms
-            )
-        )
-        bucket_id = prepared.bucket_id
-        if bucket_id not in config.buckets:
-            return finish(f"the active bucket {bucket_id} is not configured for the job")
-        for i, task in enumerate(plan.tasks):
-            task.object_id = prepared.first_object_id + i
-    result["new_object_ids"] = [t.object_id for t in plan.tasks]
+
+def _write_objects(
+    config: JobConfig, plan: CompactionPlan, bucket_id: int, emit: Emit, spark: _Spark, result: dict
+) -> list[dict]:
+    """Write the plan's new objects on Spark (their descriptors); the Spark time, the
+    executors' busy time and the bytes go into `result`. A failure deletes what was
+    written: nothing references it."""
     write_started = time.monotonic()
     try:
         written = _write_on_spark(config, plan, bucket_id, emit, spark.get()) if plan.tasks else []
@@ -271,35 +277,60 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
     result["tasks_s"] = round(sum(d["task_s"] for d in written), 3)
     result["bytes_read"] = sum(d["bytes_read"] for d in written)
     result["bytes_written"] = sum(d["size_bytes"] for d in written)
-    commit = _commit_request(ident, plan, written, bucket_id)
-    try:
-        client.commit_stream_set_object(commit)
-    except ControllerError as exc:
-        if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit):
-            pass  # the answer was lost, the commit was not
-        else:
-            # refused whole: nothing references the new objects; delete them now (their
-            # PREPARED ids expire at the deadline anyway)
-            objects_io.delete(config.buckets[bucket_id], [d["object_id"] for d in written])
-            return finish(f"commit refused ({exc.code.value}): {exc.message}")
-    result["committed"] = True
-    # this run's effect on the image it planned from (brokers may have uploaded meanwhile:
-    # objects_now counts those too)
-    result["objects_after"] = (
-        result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
-    )
-    result["objects_now"] = committed_object_count(_image(client))
-    return finish()
+    return written
 
 
-def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
-    """The log-cleaner stage (spark_jobs/compact_topics.py): one Spark task per compacted
-    partition, every rewritten stream object committed in ONE compaction commit that
-    replaces the old ones (or nothing changes)."""
-    from spark_jobs.compact_topics import clean_stream, survey_stream
-
+def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
+    """The object compaction stage (the result without its final event)."""
     started = time.monotonic()
-    out: dict = {
+    client = ControllerClient(config.controllers, timeout_s=30.0)
+    image = _image(client)
+    result = _object_stage_result(image, config.master, dry_run)
+    paused = paused_reason(image)
+    if paused:
+        return _finished(result, started, f"paused: {paused}")
+    plan = _plan_objects(config, image)
+    if isinstance(plan, str):
+        return _finished(result, started, plan)
+    result["plan"] = plan.summary()
+    emit({"event": "plan", **plan.summary()})
+    if plan.empty:
+        return _finished(result, started, "nothing to compact")
+    # this run's effect on the image it planned from
+    objects_after = result["objects_before"] - len(plan.compacted_object_ids) + len(plan.tasks)
+    if dry_run:
+        result["objects_after"] = objects_after
+        return _finished(result, started, "dry run: nothing changed")
+
+    ident = _register_compactor(client, config.compactor_name)
+    commits = _object_committer(client)
+    bucket_id = 0
+    if plan.tasks:
+        prepared = commits.prepare(
+            Committer(compactor=ident), len(plan.tasks), config.prepared_ttl_ms
+        )
+        bucket_id = prepared.bucket_id
+        if bucket_id not in config.buckets:
+            reason = f"the active bucket {bucket_id} is not configured for the job"
+            return _finished(result, started, reason)
+        for i, task in enumerate(plan.tasks):
+            task.object_id = prepared.first_object_id + i
+    result["new_object_ids"] = [t.object_id for t in plan.tasks]
+    written = _write_objects(config, plan, bucket_id, emit, spark, result)
+    commit = compaction_commit_request(ident, plan, written, bucket_id)
+    refused = _commit_or_delete(commits, commit, config.buckets)
+    if refused:
+        return _finished(result, started, refused)
+    result["committed"] = True
+    # (brokers may have uploaded meanwhile: objects_now counts those too)
+    result["objects_after"] = objects_after
+    result["objects_now"] = committed_object_count(_image(client))
+    return _finished(result, started)
+
+
+def _clean_stage_result() -> dict:
+    """The cleaner stage's result before anything happened."""
+    return {
         "committed": False,
         "reason": "",
         "partitions": 0,
@@ -312,17 +343,12 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         "partition_results": [],
     }
 
-    def finish(reason: str = "") -> dict:
-        out["reason"] = reason
-        out["duration_s"] = round(time.monotonic() - started, 3)
-        return out
 
-    client = ControllerClient(config.controllers, timeout_s=30.0)
-    image = _image(client)
-    paused = paused_reason(image)
-    if paused:
-        return finish(f"paused: {paused}")
-    now_ms = int(time.time() * 1000)
+def _select_clean_tasks(
+    config: JobConfig, image: MetadataImage, now_ms: int, out: dict
+) -> tuple[list[CleanTask], list[CleanTask]]:
+    """The compacted partitions this run cleans, and those skipped (with their reasons in
+    `out`)."""
 
     def first_dirty_timestamp_ms(task: CleanTask, source: CleanSource) -> int | None:
         if source.bucket_id not in config.buckets:
@@ -345,17 +371,16 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
     ]
     out["partitions"] = len(tasks)
     out["objects_considered"] = sum(len(t.sources) for t in tasks)
-    emit({"event": "clean_plan", "partitions": len(tasks), "objects": out["objects_considered"]})
-    if not tasks:
-        if skipped:
-            return finish("no compacted partition is due (skipped_partitions says why)")
-        return finish("no compacted partition has data in stream objects")
-    missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
-    if missing:
-        return finish(f"buckets {sorted(missing)} are not configured for the job")
-    buckets = dict(config.buckets)
-    max_keys = config.cleaner_max_keys
-    sc = spark.get()
+    return tasks, skipped
+
+
+def _survey_on_spark(
+    sc, tasks: list[CleanTask], buckets: dict[int, str], now_ms: int, max_keys: int, out: dict
+) -> list[dict]:
+    """Survey every task's partition on Spark (no writes); bytes read and each partition's
+    result go into `out`."""
+    from spark_jobs.compact_topics import survey_stream
+
     surveys = (
         sc.parallelize(tasks, len(tasks))
         .map(lambda t: survey_stream(t, buckets, now_ms, max_keys))
@@ -378,68 +403,116 @@ def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: 
         | {"reason": t.decision.reason if t.decision else ""}
         for s, t in zip(surveys, tasks, strict=True)
     ]
-    rewrite = {s["stream_id"]: s["rewrite"] for s in surveys if s["rewrite"]}
-    count = sum(len(ids) for ids in rewrite.values())
-    emit({"event": "clean_survey", "partitions": len(rewrite), "objects": count})
+    return surveys
+
+
+def _new_checkpoints(tasks: list[CleanTask], surveys: list[dict]) -> list[CleanerCheckpoint]:
+    """The checkpoints the surveys move forward (or whose partitions are rewritten)."""
     previous = {t.stream_id: t.cleaned_offset for t in tasks}
-    checkpoints = [
+    return [
         CleanerCheckpoint(stream_id=s["stream_id"], cleaned_offset=s["cleaned_offset"])
         for s in surveys
         if s["cleaned_offset"] > previous[s["stream_id"]] or s["rewrite"]
     ]
-    if dry_run:
-        return finish("dry run: nothing changed")
-    if not rewrite and not checkpoints:
-        return finish("nothing to remove")
-    ident = CompactorIdentity(
-        name=config.compactor_name,
-        epoch=client.register_compactor(
-            RegisterCompactorRequest(name=config.compactor_name, incarnation_id=uuid.uuid4().hex)
-        ).epoch,
-    )
-    if not rewrite:
-        _record_checkpoints(client, ident, checkpoints, out)
-        return finish("nothing to remove")
-    prepared = client.prepare_objects(
-        PrepareObjectsRequest(compactor=ident, count=count, ttl_ms=config.prepared_ttl_ms)
-    )
-    bucket_id = prepared.bucket_id
-    if bucket_id not in config.buckets:
-        return finish(f"the active bucket {bucket_id} is not configured for the job")
-    next_id = prepared.first_object_id
+
+
+def _assign_new_object_ids(
+    tasks: list[CleanTask], rewrite: dict[int, list[int]], first_object_id: int
+) -> tuple[list[CleanTask], list[int]]:
+    """Give each object to rewrite a prepared id (consecutive from `first_object_id`): the
+    tasks with something to rewrite, and all the ids given."""
+    next_id = first_object_id
     todo = [t for t in tasks if t.stream_id in rewrite]
     for task in todo:
         for source_id in rewrite[task.stream_id]:
             task.new_object_ids[source_id] = next_id
             next_id += 1
-    all_ids = list(range(prepared.first_object_id, next_id))
+    return todo, list(range(first_object_id, next_id))
+
+
+def _rewrite_on_spark(
+    sc,
+    todo: list[CleanTask],
+    buckets: dict[int, str],
+    bucket_id: int,
+    now_ms: int,
+    max_keys: int,
+    all_ids: list[int],
+) -> list[dict]:
+    """Rewrite the surveyed objects on Spark (one task per partition); a failure deletes
+    every id given: nothing references them."""
+    from spark_jobs.compact_topics import clean_stream
+
     try:
-        cleaned = (
+        return (
             sc.parallelize(todo, len(todo))
             .map(lambda t: clean_stream(t, buckets, bucket_id, now_ms, max_keys))
             .collect()
         )
     except BaseException:
-        objects_io.delete(config.buckets[bucket_id], all_ids)  # unreferenced: delete
+        objects_io.delete(buckets[bucket_id], all_ids)  # unreferenced: delete
         raise
+
+
+def clean_compacted_topics(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark) -> dict:
+    """The log-cleaner stage (spark_jobs/compact_topics.py): one Spark task per compacted
+    partition, every rewritten stream object committed in ONE compaction commit that
+    replaces the old ones (or nothing changes)."""
+    started = time.monotonic()
+    out = _clean_stage_result()
+    client = ControllerClient(config.controllers, timeout_s=30.0)
+    image = _image(client)
+    paused = paused_reason(image)
+    if paused:
+        return _finished(out, started, f"paused: {paused}")
+    now_ms = int(time.time() * 1000)
+    tasks, skipped = _select_clean_tasks(config, image, now_ms, out)
+    emit({"event": "clean_plan", "partitions": len(tasks), "objects": out["objects_considered"]})
+    if not tasks:
+        if skipped:
+            reason = "no compacted partition is due (skipped_partitions says why)"
+            return _finished(out, started, reason)
+        return _finished(out, started, "no compacted partition has data in stream objects")
+    missing = {s.bucket_id for t in tasks for s in t.sources} - set(config.buckets)
+    if missing:
+        return _finished(out, started, f"buckets {sorted(missing)} are not configured for the job")
+    buckets = dict(config.buckets)
+    max_keys = config.cleaner_max_keys
+    sc = spark.get()
+    surveys = _survey_on_spark(sc, tasks, buckets, now_ms, max_keys, out)
+    rewrite = {s["stream_id"]: s["rewrite"] for s in surveys if s["rewrite"]}
+    count = sum(len(ids) for ids in rewrite.values())
+    emit({"event": "clean_survey", "partitions": len(rewrite), "objects": count})
+    checkpoints = _new_checkpoints(tasks, surveys)
+    if dry_run:
+        return _finished(out, started, "dry run: nothing changed")
+    if not rewrite and not checkpoints:
+        return _finished(out, started, "nothing to remove")
+    ident = _register_compactor(client, config.compactor_name)
+    if not rewrite:
+        _record_checkpoints(client, ident, checkpoints, out)
+        return _finished(out, started, "nothing to remove")
+    commits = _object_committer(client)
+    prepared = commits.prepare(Committer(compactor=ident), count, config.prepared_ttl_ms)
+    bucket_id = prepared.bucket_id
+    if bucket_id not in config.buckets:
+        reason = f"the active bucket {bucket_id} is not configured for the job"
+        return _finished(out, started, reason)
+    todo, all_ids = _assign_new_object_ids(tasks, rewrite, prepared.first_object_id)
+    cleaned = _rewrite_on_spark(sc, todo, buckets, bucket_id, now_ms, max_keys, all_ids)
     new = [d for part in cleaned for d in part["new"]]
     out["bytes_read"] += sum(part["bytes_read"] for part in cleaned)
     out["bytes_written"] = sum(d["size_bytes"] for d in new)
     out["removed_records"] = sum(d["removed_records"] for d in new)
     out["new_object_ids"] = [d["object_id"] for d in new]
     commit = cleaner_commit_request(ident, new, bucket_id)
-    try:
-        client.commit_stream_set_object(commit)
-    except ControllerError as exc:
-        if not (
-            exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT) and _was_applied(client, commit)
-        ):
-            objects_io.delete(config.buckets[bucket_id], out["new_object_ids"])
-            return finish(f"commit refused ({exc.code.value}): {exc.message}")
+    refused = _commit_or_delete(commits, commit, config.buckets)
+    if refused:
+        return _finished(out, started, refused)
     out["committed"] = True
     out["rewritten_objects"] = len(new)
     _record_checkpoints(client, ident, checkpoints, out)
-    return finish()
+    return _finished(out, started)
 
 
 def _record_checkpoints(
@@ -488,20 +561,11 @@ def cleaner_commit_request(
     )
 
 
-def _was_applied(client: ControllerClient, commit: CommitStreamSetObjectRequest) -> bool:
-    image = _image(client)
-    ids = ([commit.object_id] if commit.object_id >= 0 else []) + [
-        s.object_id for s in commit.stream_objects
-    ]
-    return all(
-        (m := image.objects.get(oid)) is not None and m.state == ObjectState.COMMITTED
-        for oid in ids
-    )
-
-
-def _commit_request(
+def compaction_commit_request(
     ident: CompactorIdentity, plan: CompactionPlan, written: list[dict], bucket_id: int
 ) -> CommitStreamSetObjectRequest:
+    """The object stage's one commit: the new objects (`written`: the descriptors of
+    `execute.write_object`) replace the plan's compacted objects."""
     sso = next((d for d in written if d["kind"] == "sso"), None)
     return CommitStreamSetObjectRequest(
         compactor=ident,

@@ -236,8 +236,33 @@ def build_plan(
     plan = CompactionPlan(sources={s.object_id: s for s in sources})
     sso_sources = [s for s in sources if s.object_id in image.stream_set_objects]
     so_sources = [s for s in sources if s.object_id in image.stream_objects]
+    tasks = _stream_set_object_tasks(image, sso_sources, indexes, config, now_ms)
+    tasks += _stream_object_tasks(image, so_sources, indexes, plan)
 
-    # -- stream-set objects: per stream, the live blocks of all sources in offset order
+    # an SSO source with no live block at all is destroyed without a rewrite
+    used = {oid for t in tasks for p in t.pieces for oid, _ in p.blocks}
+    for src in sso_sources:
+        if src.object_id in used:
+            plan.compacted_object_ids.append(src.object_id)
+        else:
+            plan.destroy_only_ids.append(src.object_id)
+    plan.compacted_object_ids = sorted(set(plan.compacted_object_ids) | set(plan.destroy_only_ids))
+    plan.tasks = tasks
+    orders = [image.stream_set_objects[s.object_id].order_id for s in sso_sources]
+    plan.order_id = min(orders) if orders else 0
+    return plan
+
+
+def _stream_set_object_tasks(
+    image: MetadataImage,
+    sso_sources: list[SourceObject],
+    indexes: dict[int, list[IndexEntry]],
+    config: PlanConfig,
+    now_ms: int,
+) -> list[ObjectTask]:
+    """The new objects of the stream-set object sources (pure): per stream, the live blocks
+    of all sources in offset order; the new stream-set object first (if any), then the
+    stream objects."""
     old_ids = {
         s.object_id
         for s in sso_sources
@@ -285,9 +310,19 @@ def build_plan(
     tasks: list[ObjectTask] = []
     if shared:
         tasks.append(ObjectTask("sso", sorted(shared, key=lambda p: p.stream_id)))
-    tasks += so_tasks
+    return tasks + so_tasks
 
-    # -- stream objects: each contiguous group of sources of one stream becomes one
+
+def _stream_object_tasks(
+    image: MetadataImage,
+    so_sources: list[SourceObject],
+    indexes: dict[int, list[IndexEntry]],
+    plan: CompactionPlan,
+) -> list[ObjectTask]:
+    """The new objects of the stream object sources: each contiguous group of sources of
+    one stream becomes one; the sources go into `plan.compacted_object_ids`, or into
+    `plan.destroy_only_ids` when nothing of them is live."""
+    tasks: list[ObjectTask] = []
     by_stream_so: dict[int, list[SourceObject]] = defaultdict(list)
     for src in so_sources:
         by_stream_so[image.stream_objects[src.object_id].stream_id].append(src)
@@ -316,16 +351,4 @@ def build_plan(
             plan.compacted_object_ids.append(src.object_id)
         if piece is not None:
             tasks.append(ObjectTask("so", [piece]))
-
-    # an SSO source with no live block at all is destroyed without a rewrite
-    used = {oid for t in tasks for p in t.pieces for oid, _ in p.blocks}
-    for src in sso_sources:
-        if src.object_id in used:
-            plan.compacted_object_ids.append(src.object_id)
-        else:
-            plan.destroy_only_ids.append(src.object_id)
-    plan.compacted_object_ids = sorted(set(plan.compacted_object_ids) | set(plan.destroy_only_ids))
-    plan.tasks = tasks
-    orders = [image.stream_set_objects[s.object_id].order_id for s in sso_sources]
-    plan.order_id = min(orders) if orders else 0
-    return plan
+    return tasks

@@ -43,6 +43,7 @@ from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
+from dataplane.s3stream.commit import Committer
 from dataplane.s3stream.log_cache import LogCache
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
@@ -52,7 +53,6 @@ from dataplane.s3stream.stream_reader import (
     StreamReader,
 )
 from dataplane.s3stream.uploader import (
-    Committer,
     ObjectUploader,
     StorageError,
     UploaderConfig,

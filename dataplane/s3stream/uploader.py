@@ -28,11 +28,7 @@ from controlplane.errors import (
     ControllerError,
     ErrorCode,
 )
-from controlplane.requests import (
-    CommitStreamSetObjectRequest,
-    CompactorIdentity,
-    PrepareObjectsRequest,
-)
+from controlplane.requests import CommitStreamSetObjectRequest
 from dataplane.formats.object_format import ObjectWriter
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import (
@@ -42,6 +38,7 @@ from dataplane.objectstore import (
     Priority,
     object_key,
 )
+from dataplane.s3stream.commit import Committer, ObjectCommitter, retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -116,21 +113,20 @@ def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> b
     return committed_end is None or committed_end < dropped_end
 
 
-@dataclass(frozen=True)
-class Committer:
-    """Who commits objects: a broker's node id and its current node epoch (the controller
-    fences older epochs; WAL failover commits as this broker with `failover_node_id`), or a
-    compaction principal (`compactor`, from `register_compactor`), which needs no broker."""
+def _is_retriable_put_error(exc: BaseException) -> bool:
+    """A failed put worth another try in the same bucket (not a switch of buckets)."""
+    return is_retriable_upload_error(exc) and not isinstance(exc, BucketSwitchedError)
 
-    node_id: int = -1
-    node_epoch: int = -1
-    compactor: CompactorIdentity | None = None
 
-    def fields(self) -> dict:
-        """The committer fields of a prepare or commit request."""
-        if self.compactor is not None:
-            return {"compactor": self.compactor}
-        return {"node_id": self.node_id, "node_epoch": self.node_epoch}
+@dataclass
+class _RoundObjects:
+    """The objects one upload round writes, and the ranges its commit declares."""
+
+    # object id -> its bytes, sent buffer by buffer: a 60 MB object is never joined
+    puts: list[tuple[int, ObjectBody]] = field(default_factory=list)
+    sso_id: int = -1  # the stream-set object's id, -1: none (only stream objects)
+    stream_ranges: list[dict] = field(default_factory=list)
+    stream_objects: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -167,6 +163,7 @@ class ObjectUploader:
         self.objects = objects
         self._committer = committer
         self.config = config or UploaderConfig()
+        self._commits = ObjectCommitter(controller, self.config.upload_attempts)
         self._order_lock = threading.Lock()
         self._order_id = int(time.time() * 1000)
 
@@ -253,33 +250,57 @@ class ObjectUploader:
             if sum(b.size_bytes for b in bs) >= self.config.stream_split_bytes
         }
         shared = [sid for sid in per_stream if sid not in split]
-        count = (1 if shared else 0) + len(split)
-        prepared = self._retry(
-            lambda: self.controller.prepare_objects(
-                PrepareObjectsRequest(
-                    **committer.fields(),
-                    count=count,
-                    ttl_ms=self.config.prepared_ttl_ms,
-                )
+        prepared = self._commits.prepare(
+            committer, (1 if shared else 0) + len(split), self.config.prepared_ttl_ms
+        )
+        objects = self._write_objects(per_stream, shared, sorted(split), prepared.first_object_id)
+        bucket_id = prepared.bucket_id
+        retry_transient(
+            lambda: self._put_all_or_switch(objects.puts, bucket_id),
+            self.config.upload_attempts,
+            _is_retriable_put_error,
+            what="upload step",
+        )
+        with self._order_lock:  # the engine's uploader and WAL failovers share it
+            self._order_id += 1
+            order_id = self._order_id
+        self._commits.commit(
+            CommitStreamSetObjectRequest(
+                **committer.fields(),
+                object_id=objects.sso_id,
+                order_id=order_id,
+                size_bytes=len(objects.puts[0][1]) if objects.sso_id >= 0 else 0,
+                bucket_id=bucket_id,
+                stream_ranges=objects.stream_ranges,
+                stream_objects=objects.stream_objects,
+                compacted_object_ids=compacted_object_ids,
+                failover_node_id=failover_node_id,
             )
         )
-        next_id, bucket_id = prepared.first_object_id, prepared.bucket_id
-        # object id -> its bytes, sent buffer by buffer: a 60 MB object is never joined
-        puts: list[tuple[int, ObjectBody]] = []
-        sso_id = -1
-        ranges: list[dict] = []
+        return sum(len(d) for _, d in objects.puts)
+
+    def _write_objects(
+        self,
+        per_stream: dict[int, list[StreamRecordBatch]],
+        shared: list[int],
+        split: list[int],
+        first_object_id: int,
+    ) -> _RoundObjects:
+        """The round's objects under consecutive ids from `first_object_id`: one stream-set
+        object holding the `shared` streams (if any), then one stream object per `split`
+        stream; with the ranges their commit declares."""
+        objects = _RoundObjects()
+        next_id = first_object_id
         if shared:
-            writer = ObjectWriter(
-                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
-            )
+            writer = self._object_writer()
             for sid in shared:
                 writer.add_all(per_stream[sid])
             obj = writer.finish()
-            sso_id = next_id
+            objects.sso_id = next_id
             next_id += 1
-            puts.append((sso_id, ObjectBody(obj.parts)))
+            objects.puts.append((objects.sso_id, ObjectBody(obj.parts)))
             epochs = {sid: per_stream[sid][0].epoch for sid in shared}
-            ranges = [
+            objects.stream_ranges = [
                 {
                     "stream_id": r.stream_id,
                     "stream_epoch": epochs[r.stream_id],
@@ -288,15 +309,12 @@ class ObjectUploader:
                 }
                 for r in obj.ranges
             ]
-        stream_objects: list[dict] = []
-        for sid in sorted(split):
-            writer = ObjectWriter(
-                self.config.block_size_bytes, self.config.max_object_bytes + 2**20
-            )
+        for sid in split:
+            writer = self._object_writer()
             writer.add_all(per_stream[sid])
             obj = writer.finish()
-            puts.append((next_id, ObjectBody(obj.parts)))
-            stream_objects.append(
+            objects.puts.append((next_id, ObjectBody(obj.parts)))
+            objects.stream_objects.append(
                 {
                     "object_id": next_id,
                     "stream_id": sid,
@@ -307,75 +325,46 @@ class ObjectUploader:
                 }
             )
             next_id += 1
+        return objects
 
-        def check_switch() -> None:
-            active = self.active_bucket() if self.active_bucket is not None else None
-            if active is not None and active != bucket_id:
-                raise BucketSwitchedError(
-                    f"active bucket is now {active}, not {bucket_id}", bucket_id=bucket_id
-                )
+    def _object_writer(self) -> ObjectWriter:
+        return ObjectWriter(self.config.block_size_bytes, self.config.max_object_bytes + 2**20)
 
-        def put_all() -> None:
-            futures = [
-                self.objects.put_object_async(
-                    bucket_id, object_key(oid), data, priority=Priority.PRODUCE
-                )
-                for oid, data in puts
-            ]
-            for f in futures:
-                # a put hanging on a dead bucket is left behind once writes switched (it
-                # ends on its own timeout; its prepared id is never committed). Checked
-                # only once a put is slow: a healthy round never waits on the metadata
-                while True:
-                    try:
-                        f.result(timeout=PUT_POLL_S)
-                        break
-                    except FutureTimeout:
-                        check_switch()
+    def _check_switch(self, bucket_id: int) -> None:
+        """Raise BucketSwitchedError if new objects go to another bucket than `bucket_id` now."""
+        active = self.active_bucket() if self.active_bucket is not None else None
+        if active is not None and active != bucket_id:
+            raise BucketSwitchedError(
+                f"active bucket is now {active}, not {bucket_id}", bucket_id=bucket_id
+            )
 
-        def put_all_or_switch() -> None:
-            try:
-                put_all()
-            except ObjectStoreError as exc:
-                if isinstance(exc, BucketSwitchedError):
-                    raise
-                check_switch()  # failed on a bucket writes have left: redo in the new one
+    def _put_all(self, puts: list[tuple[int, ObjectBody]], bucket_id: int) -> None:
+        """Put every object of the round into `bucket_id`, in parallel."""
+        futures = [
+            self.objects.put_object_async(
+                bucket_id, object_key(oid), data, priority=Priority.PRODUCE
+            )
+            for oid, data in puts
+        ]
+        for f in futures:
+            # a put hanging on a dead bucket is left behind once writes switched (it
+            # ends on its own timeout; its prepared id is never committed). Checked
+            # only once a put is slow: a healthy round never waits on the metadata
+            while True:
+                try:
+                    f.result(timeout=PUT_POLL_S)
+                    break
+                except FutureTimeout:
+                    self._check_switch(bucket_id)
+
+    def _put_all_or_switch(self, puts: list[tuple[int, ObjectBody]], bucket_id: int) -> None:
+        """`_put_all`; a failed put on a bucket writes have left raises BucketSwitchedError."""
+        try:
+            self._put_all(puts, bucket_id)
+        except ObjectStoreError as exc:
+            if isinstance(exc, BucketSwitchedError):
                 raise
-
-        self._retry(put_all_or_switch)
-        with self._order_lock:  # the engine's uploader and WAL failovers share it
-            self._order_id += 1
-            order_id = self._order_id
-        commit = CommitStreamSetObjectRequest(
-            **committer.fields(),
-            object_id=sso_id,
-            order_id=order_id,
-            size_bytes=len(puts[0][1]) if sso_id >= 0 else 0,
-            bucket_id=bucket_id,
-            stream_ranges=ranges,
-            stream_objects=stream_objects,
-            compacted_object_ids=compacted_object_ids,
-            failover_node_id=failover_node_id,
-        )
-        self._retry(lambda: self.controller.commit_stream_set_object(commit))
-        return sum(len(d) for _, d in puts)
-
-    def _retry(self, fn):
-        """Run fn with bounded retries on transient failures; fencing errors surface at once."""
-        delay = 0.1
-        for attempt in range(1, self.config.upload_attempts + 1):
-            try:
-                return fn()
-            except ControllerError as exc:
-                if exc.code not in RETRIABLE_CODES:
-                    raise
-                error: Exception = exc
-            except BucketSwitchedError:
-                raise
-            except ObjectStoreError as exc:
-                error = exc
-            if attempt == self.config.upload_attempts:
-                raise error
-            log.warning("upload step failed (attempt %d): %s", attempt, error)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            self._check_switch(
+                bucket_id
+            )  # failed on a bucket writes have left: redo in the new one
+            raise

@@ -22,7 +22,7 @@ from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage, StorageConfig
 from spark_jobs import objects_io
-from spark_jobs.compact import _commit_request
+from spark_jobs.compact import compaction_commit_request
 from spark_jobs.execute import write_object
 from spark_jobs.plan import (
     PlanConfig,
@@ -280,7 +280,7 @@ def test_plan_write_commit_and_read_back(controller, tmp_path, monkeypatch):
             task.object_id = prepared.first_object_id + i
         sources = {oid: s.bucket_id for oid, s in plan.sources.items()}
         written = [write_object(t, {0: BUCKET_URI}, sources, 0) for t in plan.tasks]
-        controller.commit_stream_set_object(_commit_request(ident, plan, written, 0))
+        controller.commit_stream_set_object(compaction_commit_request(ident, plan, written, 0))
         image = controller.machine.image
         assert all(
             image.objects[o].state == ObjectState.MARK_DESTROYED for o in plan.compacted_object_ids
@@ -336,7 +336,7 @@ def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
         for i, task in enumerate(plan.tasks):
             task.object_id = prepared.first_object_id + i
         written = [write_object(t, {0: BUCKET_URI}, {o: 0 for o in old}, 0) for t in plan.tasks]
-        controller.commit_stream_set_object(_commit_request(ident, plan, written, 0))
+        controller.commit_stream_set_object(compaction_commit_request(ident, plan, written, 0))
         objects_io.delete(BUCKET_URI, old)  # the lifecycle deleter, after the retention
         got = list(first)
         while len(got) < cl.next[a]:

@@ -19,8 +19,9 @@ from controlplane.requests import (
 )
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.commit import Committer
 from dataplane.s3stream.storage import S3Storage, StorageConfig
-from dataplane.s3stream.uploader import Committer, ObjectUploader
+from dataplane.s3stream.uploader import ObjectUploader
 
 BUCKETS = "0@s3://automq-main?region=us-east-1"
 
