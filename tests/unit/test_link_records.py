@@ -123,12 +123,9 @@ def _linked_main(objects, ctrl, engine):
     position = 0
     for b in parse_batches(records):
         link = LinkRecord(2, channel_offset, position, len(b.data), 0).encode()
+        base = stream.append_offset
         futures.append(
-            stream.append_with(
-                lambda base, data=b.data: patch_batch(data, base, 0),
-                b.last_offset_delta + 1,
-                lambda base, link=link: link,
-            )
+            stream.append_at(base, b.last_offset_delta + 1, patch_batch(b.data, base, 0), link)
         )
         position += len(b.data)
     assert [f.result(10) for f in futures] == [0, 5]

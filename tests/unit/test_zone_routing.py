@@ -119,8 +119,11 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
 
     from dataplane.formats.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az
     from dataplane.formats.kafka_errors import KafkaError
-    from dataplane.kafka.partition_backend import BackendError, OffsetAndTimestamp
-    from dataplane.kafka.partitions import OffsetOutOfRangeError
+    from dataplane.kafka.partition_backend import (
+        BackendError,
+        OffsetAndTimestamp,
+        OffsetOutOfRangeError,
+    )
     from dataplane.zonerouter import proxy as proxy_module
     from dataplane.zonerouter.proxy import ProxyPartition
 
