@@ -252,7 +252,7 @@ def test_delete_records_at_a_proxy_goes_through_the_clients_routing():
     refused = BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "main gone")
     assert delete(_Forwarding(refused)) == (KafkaError.NOT_LEADER_OR_FOLLOWER, -1)
     # the routing names the real partition elsewhere, or nothing: not led here
-    assert delete(SimpleNamespace(delete_records=lambda o: 4))[0] == (
+    assert delete(SimpleNamespace(forwards_to_main=False, delete_records=lambda o: 4))[0] == (
         KafkaError.NOT_LEADER_OR_FOLLOWER
     )
     assert delete(None)[0] == KafkaError.NOT_LEADER_OR_FOLLOWER
