@@ -514,7 +514,7 @@ class ErasurePartitions:
         key = (topic_id, partition)
         with self._lock:
             found = self._partitions.get(key)
-            if found is not None and found.stream_id == state.stream_id:
+            if found is not None and found.erasure_stream_id == state.stream_id:
                 return found
             stores = [self._store(n) for n in state.shard_stores]
             created = ErasurePartition(
