@@ -30,7 +30,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 
 from controlplane.inprocess import InProcessController  # noqa: E402
 from dataplane.formats.record_batch import patch_batch  # noqa: E402
-from dataplane.kafka.partitions import PartitionLog  # noqa: E402
+from dataplane.kafka.partition_log import PartitionLog  # noqa: E402
 from dataplane.kafka.time_index import PieceTimestamps, stored_pieces  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
@@ -85,7 +85,8 @@ def build_partition(store, tmp: Path, pieces: int, piece_bytes: int):
     ts = BASE_TS
     for _ in range(pieces):
         data = batch(ts, per_piece)  # offsets patched in, as the broker does
-        stream.append_with(lambda base, d=data: patch_batch(d, base, 0), per_piece).result(30)
+        base = stream.append_offset
+        stream.append_at(base, per_piece, patch_batch(data, base, 0)).result(30)
         ts += per_piece
         writer.flush()
     writer.close()

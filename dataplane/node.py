@@ -364,7 +364,7 @@ class BrokerNode:
         from dataplane.kafka.groups.coordinator import GroupCoordinator
         from dataplane.kafka.groups.handlers import GroupHandlers
         from dataplane.kafka.offset_store import KVOffsetStore
-        from dataplane.kafka.partitions import PartitionManager
+        from dataplane.kafka.partition_manager import PartitionManager
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.kafka.retention import RetentionManager
         from dataplane.kafka.server import KafkaServerThread

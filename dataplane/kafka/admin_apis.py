@@ -34,8 +34,12 @@ from controlplane.image import MetadataImage, PartitionState, TopicState
 from controlplane.requests import ReassignPartitionsRequest
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import kafka_error
-from dataplane.kafka.partition_backend import BackendError, PartitionBackend, PartitionResolver
-from dataplane.kafka.partitions import OffsetOutOfRangeError
+from dataplane.kafka.partition_backend import (
+    BackendError,
+    OffsetOutOfRangeError,
+    PartitionBackend,
+    PartitionResolver,
+)
 from dataplane.kafka.time_index import stored_pieces
 
 log = logging.getLogger(__name__)
@@ -121,7 +125,7 @@ class AdminApis:
                 if plog is None and topic is not None and self.routed is not None:
                     # a client of an AZ told this broker leads it (its proxy)
                     routed = self.routed(topic.topic_id, p.partition_index, ctx)
-                    plog = routed if getattr(routed, "forwards_to_main", False) else None
+                    plog = routed if routed is not None and routed.forwards_to_main else None
                 if topic is None or p.partition_index not in topic.partitions:
                     error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
                 elif plog is None:

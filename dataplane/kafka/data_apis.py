@@ -30,10 +30,10 @@ from dataplane.kafka.api_context import BrokerApiContext
 from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.fetch_budget import next_wave
 from dataplane.kafka.partition_backend import (
-    AppendOutcome,
     BackendError,
     PartitionBackend,
     append_when_room,
+    kafka_error_of,
 )
 from dataplane.objectstore import ObjectStoreError
 
@@ -137,6 +137,7 @@ class DataApis:
                 base, log_start = -1, -1
                 futures = []
                 base_future = None
+                forwarded = False
                 if plog is not None:
                     try:
                         # a full WAL is waited for here, without blocking the loop
@@ -146,9 +147,10 @@ class DataApis:
                         )
                         error, base, futures = outcome.error, outcome.base_offset, outcome.durable
                         base_future = outcome.base_offset_future
+                        forwarded = outcome.forwarded
                     except Exception as exc:  # the engine refused (fenced, closed...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
-                        error = KafkaError.NOT_LEADER_OR_FOLLOWER
+                        error = kafka_error_of(exc)
                     log_start = plog.log_start_offset
                 entry = {
                     "index": p.index,
@@ -156,6 +158,7 @@ class DataApis:
                     "base": base,
                     "log_start": log_start,
                     "base_future": base_future,
+                    "forwarded": forwarded,
                 }
                 parts.append(entry)
                 waits.append((entry, futures))
@@ -170,17 +173,14 @@ class DataApis:
                             asyncio.shield(asyncio.wrap_future(fut)),
                             max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
                         )
-                        if isinstance(done, AppendOutcome):
+                        if entry["forwarded"]:
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
-                    except BackendError as exc:  # e.g. no WAL room on a worker's append
+                    except Exception as exc:  # e.g. no WAL room on a worker's append
                         log.warning("append failed: %s", exc)
-                        entry["error"] = exc.error
-                    except Exception as exc:
-                        log.warning("append failed: %s", exc)
-                        entry["error"] = KafkaError.NOT_LEADER_OR_FOLLOWER
+                        entry["error"] = kafka_error_of(exc)
                 base_future = entry["base_future"]
                 if entry["error"] == KafkaError.NONE and base_future is not None:
                     entry["base"] = base_future.result()  # done: it was among the futures
@@ -223,7 +223,7 @@ class DataApis:
         def wake() -> None:
             loop.call_soon_threadsafe(woken.set)
 
-        listening: list[PartitionBackend] = []
+        listening: dict[object, PartitionBackend] = {}
         try:
             for _ in range(1_000_000):
                 woken.clear()
@@ -246,7 +246,7 @@ class DataApis:
                 except TimeoutError:
                     pass
         finally:
-            for plog in listening:
+            for plog in listening.values():
                 plog.remove_listener(wake)
         response = FetchResponse[v](
             throttle_time_ms=0, error_code=0, session_id=0, responses=topics
@@ -282,14 +282,14 @@ class DataApis:
                     elif p.fetch_offset < slot.start or (
                         # a backend that serves what its leader committed (a zone-router
                         # proxy) may lag: past its end is "not yet", as on a Kafka follower
-                        p.fetch_offset > slot.hw and not getattr(plog, "lags_leader", False)
+                        p.fetch_offset > slot.hw and not plog.lags_leader
                     ):
                         slot.error = KafkaError.OFFSET_OUT_OF_RANGE
                     elif p.fetch_offset < slot.end:
                         to_read.append(slot)
-                    if plog not in listening:
+                    if plog.identity not in listening:
                         plog.add_listener(wake)
-                        listening.append(plog)
+                        listening[plog.identity] = plog
                 topic_slots.append(slot)
             slots.append(topic_slots)
         total = 0

@@ -40,7 +40,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from controlplane import topic_configs
 from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
 from controlplane.image import MetadataImage, StreamMetaState
@@ -69,15 +68,14 @@ from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     OffsetAndTimestamp,
+    OffsetOutOfRangeError,
     PartitionResolver,
     parse_produced_batches,
 )
-from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.objectstore import ObjectStorage
 
 log = logging.getLogger(__name__)
 
-MAX_APPEND_BYTES = 8 * 1024 * 1024
 MAX_FETCH_RECORDS = 500  # offsets decoded per fetch
 WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
@@ -95,14 +93,6 @@ def aligned_up(offset: int) -> int:
 
 class ErasurePartition:
     """One erasure-coded partition as the Kafka APIs see it (a PartitionBackend)."""
-
-    lags_leader = False  # every broker serves the same shards
-    counts_own_wal_bytes = False
-    forwards_to_main = False
-
-    @property
-    def identity(self) -> object:
-        return self
 
     def __init__(
         self,
@@ -122,7 +112,7 @@ class ErasurePartition:
         self.topic_id = topic_id
         self.topic = topic
         self.partition = partition
-        self.stream_id = stream_id
+        self.erasure_stream_id = stream_id  # its stream in the metadata (in the shard stores)
         self._leader_epoch = leader_epoch
         codec = ErasureCodec(settings.data_shards, settings.parity_shards)
         self.writer = ErasureWriter(stores, stream_id, codec, offset_alignment=OFFSET_ALIGNMENT)
@@ -167,6 +157,17 @@ class ErasurePartition:
         span = self._sealed_span()
         return 0 if span is None else offset_of(span[0])
 
+    # no local stream (its data is in the shard stores), answered here, by any broker
+    lags_leader = False
+    counts_own_wal_bytes = False
+    forwards_to_main = False
+    stream_id = -1
+
+    @property
+    def identity(self) -> object:
+        """This partition (see `PartitionBackend.identity`)."""
+        return self
+
     @property
     def high_watermark(self) -> int:
         """The visible end: offsets below it are decided by readers."""
@@ -182,8 +183,7 @@ class ErasurePartition:
         """Validate the batches now (on the caller's thread: cheap), write them in the
         background; the outcome's futures complete when each batch won an offset."""
         # as a leader partition: a batch above the topic's max.message.bytes is refused whole
-        max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
-        batches = parse_produced_batches(records, MAX_APPEND_BYTES, max_batch)
+        batches = parse_produced_batches(records, self._configs_fn())
         if isinstance(batches, AppendOutcome):
             return batches
         if any(b.is_transactional for b in batches):
@@ -317,7 +317,9 @@ class ErasurePartition:
                 return b"".join(parts), True
             if size >= max_bytes:
                 break
-            batches = self._read_sealed(self.stream_id, slot, span[1], max(max_bytes, 1 << 16))
+            batches = self._read_sealed(
+                self.erasure_stream_id, slot, span[1], max(max_bytes, 1 << 16)
+            )
             if not batches:
                 break  # e.g. trimmed meanwhile: never skip ahead to the stores
             for kafka_offset, payload in sealed_records(batches):
@@ -512,7 +514,7 @@ class ErasurePartitions:
         key = (topic_id, partition)
         with self._lock:
             found = self._partitions.get(key)
-            if found is not None and found.stream_id == state.stream_id:
+            if found is not None and found.erasure_stream_id == state.stream_id:
                 return found
             stores = [self._store(n) for n in state.shard_stores]
             created = ErasurePartition(

@@ -109,7 +109,7 @@ class ErasurePartition(Protocol):
     topic_id: str
     topic: str
     partition: int
-    stream_id: int
+    erasure_stream_id: int
     reader: ErasureReader
     seal_delay_ms: int
 
@@ -242,7 +242,7 @@ class ErasureSealer:
         `up_to` (default: the visible end minus the seal delay); returns the objects
         committed (0 or 1). Raises the reader's errors when the stores cannot decide."""
         with self._lock:
-            stream = self.image_fn().streams.get(partition.stream_id)
+            stream = self.image_fn().streams.get(partition.erasure_stream_id)
             if stream is None:
                 return 0
             start_slot = sealed_end(stream)
@@ -254,7 +254,7 @@ class ErasureSealer:
             limit = up_to if up_to is not None else partition.reader.visible_end() - delay_ns
             start = offset_of(start_slot) if start_slot is not None else 0
             # below `scanned` this sealer found no record already (decided: none can appear)
-            scan_from = max(start, self._scanned.get(partition.stream_id, 0))
+            scan_from = max(start, self._scanned.get(partition.erasure_stream_id, 0))
             if limit <= scan_from or (up_to is None and scan_from and limit - scan_from < delay_ns):
                 return 0
             records, end, first_void = self._decided(partition, scan_from, limit)
@@ -265,7 +265,7 @@ class ErasureSealer:
             if not records and first_void is None:
                 # nothing to seal; the next look starts here, one seal delay later: an idle
                 # partition costs no read (no fill) per pass
-                self._scanned[partition.stream_id] = max(scan_from, offset_of(end_slot))
+                self._scanned[partition.erasure_stream_id] = max(scan_from, offset_of(end_slot))
                 return 0
             if start_slot is None:
                 # a first seal starts at its first held offset (record or void): the
@@ -276,7 +276,7 @@ class ErasureSealer:
             if end_slot <= start_slot:
                 return 0
             # void offsets only: an object of fillers, so their holes leave the stores too
-            batches = seal_batches(partition.stream_id, start_slot, end_slot, records)
+            batches = seal_batches(partition.erasure_stream_id, start_slot, end_slot, records)
             if not self._commit(partition, batches, start_slot, end_slot):
                 return 0
             self.seals += 1
@@ -349,7 +349,7 @@ class ErasureSealer:
                     node_id=self.node_id,
                     node_epoch=epoch,
                     object_id=object_id,
-                    stream_id=partition.stream_id,
+                    stream_id=partition.erasure_stream_id,
                     start_offset=start_slot,
                     end_offset=end_slot,
                     size_bytes=len(obj.data),
@@ -408,17 +408,17 @@ class ErasureSealer:
                     REPAIR_THREADS, thread_name_prefix="erasure-repair"
                 )
             pool = self._repair_pool
-        repairer = self._repairers.get(partition.stream_id)
+        repairer = self._repairers.get(partition.erasure_stream_id)
         if repairer is None or repairer.stores != partition.reader.stores:
             repairer = ErasureRepairer(
                 partition.reader.stores,
-                partition.stream_id,
+                partition.erasure_stream_id,
                 partition.reader.codec,
                 pool,
                 max_bytes_per_s,
                 self.repair_stats,
             )
-            self._repairers[partition.stream_id] = repairer
+            self._repairers[partition.erasure_stream_id] = repairer
         return repairer
 
     def repair_if_enabled(self, partition: ErasurePartition) -> int:
@@ -431,7 +431,7 @@ class ErasureSealer:
         the repair delay ago); returns the shards written. Called on the sealer thread."""
         settings = settings or self.repair_settings()
         repairer = self._repairer(partition, settings.max_bytes_per_s)
-        stream_id = partition.stream_id
+        stream_id = partition.erasure_stream_id
         sealed = sealed_end(self.image_fn().streams.get(stream_id))
         floor = offset_of(sealed) if sealed is not None else 0
         start = max(self._repair_cursor.get(stream_id, 0), floor)
@@ -468,13 +468,15 @@ class ErasureSealer:
         """Tell every store that has not confirmed it yet to forget the holes below `mark`
         (best effort: a store that is down is told on a later pass)."""
         for index, store in enumerate(partition.reader.stores):
-            key = (partition.stream_id, index)
+            key = (partition.erasure_stream_id, index)
             if self._dropped.get(key, -1) >= mark:
                 continue
             try:
-                self._dropped[key] = store.drop_below(partition.stream_id, mark)
+                self._dropped[key] = store.drop_below(partition.erasure_stream_id, mark)
             except Exception as exc:  # noqa: BLE001 - down or slow: next pass
-                log.debug("drop on store %d of stream %d: %s", index, partition.stream_id, exc)
+                log.debug(
+                    "drop on store %d of stream %d: %s", index, partition.erasure_stream_id, exc
+                )
 
     def drop_deleted_streams(self, image: MetadataImage) -> int:
         """Forget every hole this broker's own store keeps of deleted streams (their topic
@@ -498,7 +500,7 @@ class ErasureSealer:
         returns whether the stream start moved."""
         image = self.image_fn()
         topic = image.topics.get(partition.topic_id)
-        stream = image.streams.get(partition.stream_id)
+        stream = image.streams.get(partition.erasure_stream_id)
         if topic is None or sealed_end(stream) is None:
             return False
         configs = topic.configs
@@ -507,7 +509,7 @@ class ErasureSealer:
             return False
         assert stream is not None
         new_start = retention_start_offset(
-            stored_pieces(image, partition.stream_id),
+            stored_pieces(image, partition.erasure_stream_id),
             stream.start_offset,
             self.clock_ms(),
             topic_configs.effective_int(configs, "retention.ms"),
@@ -530,7 +532,7 @@ class ErasureSealer:
             TrimErasureStreamRequest(
                 node_id=self.node_id,
                 node_epoch=self.node_epoch_fn(),
-                stream_id=partition.stream_id,
+                stream_id=partition.erasure_stream_id,
                 new_start_offset=new_start_slot,
             )
         )

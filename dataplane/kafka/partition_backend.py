@@ -16,15 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controlplane import topic_configs
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import RecordBatchHeader, RecordChunks, parse_batches
+from dataplane.s3stream.uploader import StorageError
 
 log = logging.getLogger(__name__)
+
+# the most one partition's records in one produce request may hold, whatever the backend
+# (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
+MAX_PARTITION_PRODUCE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -34,25 +40,38 @@ class AppendOutcome:
 
     error: KafkaError
     base_offset: int = -1
+    # complete when the appended batches are durable; a failed one raises what
+    # `kafka_error_of` maps to the partition's error. Their results are not used (a
+    # partition log's give a base offset), unless `forwarded`
     durable: list[Future] = field(default_factory=list)
     # set when the base offset is known only once the append is durable (an erasure-coded
     # partition: the offset its write won); its result is the base offset
     base_offset_future: Future | None = None
+    # the append was done elsewhere (a zone-router proxy forwards it to the partition's
+    # main): each `durable` future resolves to that append's `AppendOutcome`, whose error
+    # and base offset are the answer
+    forwarded: bool = False
+
+
+class OffsetOutOfRangeError(ValueError):
+    """An offset past the partition's high watermark (OFFSET_OUT_OF_RANGE)."""
 
 
 def parse_produced_batches(
-    records: bytes | None, max_request_bytes: int, max_batch_bytes: int, *, copy: bool = True
+    records: bytes | None, configs: Mapping[str, str], *, copy: bool = True
 ) -> list[RecordBatchHeader] | AppendOutcome:
     """The batches of one partition's records in a produce request, or the outcome that
     refuses them all (Kafka's LogValidator: nothing of the request is kept): none or not
-    parseable: CORRUPT_MESSAGE; more than `max_request_bytes`, or a batch (with its log
-    overhead) above `max_batch_bytes` (the topic's max.message.bytes): MESSAGE_TOO_LARGE;
-    a bad batch: its error. `copy=False`: each batch's `data` is a view of `records` (for a
-    caller that copies the batch anyway, e.g. to patch its offsets)."""
+    parseable: CORRUPT_MESSAGE; more than MAX_PARTITION_PRODUCE_BYTES, or a batch (with
+    its log overhead) above the topic's max.message.bytes (from its `configs`):
+    MESSAGE_TOO_LARGE; a bad batch: its error. Every backend's `append` starts here: the
+    size limits are checked only here. `copy=False`: each batch's `data` is a view of
+    `records` (for a caller that copies the batch anyway, e.g. to patch its offsets)."""
     if not records:
         return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
-    if len(records) > max_request_bytes:
+    if len(records) > MAX_PARTITION_PRODUCE_BYTES:
         return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
+    max_batch_bytes = topic_configs.effective_int(configs, "max.message.bytes")
     try:
         batches = parse_batches(records, max_batch_bytes=max_batch_bytes, copy=copy)
     except InvalidRecordBatchError as exc:
@@ -88,6 +107,24 @@ class BackendBackpressure(BackendError):
         self.room = room
         self.generation = generation
         self.max_wait_s = max_wait_s
+
+
+def kafka_error_of(exc: BaseException) -> KafkaError:
+    """The Kafka error a partition answers for an exception a backend raised (see
+    `PartitionBackend`): `BackendBackpressure` REQUEST_TIMED_OUT (retriable, no metadata
+    refresh), another `BackendError` its own error, `OffsetOutOfRangeError`
+    OFFSET_OUT_OF_RANGE, `TimeoutError` REQUEST_TIMED_OUT, and `StorageError` (the
+    partition's stream closed, failed, or this node fenced) or anything else
+    NOT_LEADER_OR_FOLLOWER (the client refreshes its metadata and finds the leader)."""
+    if isinstance(exc, BackendError):
+        return exc.error
+    if isinstance(exc, OffsetOutOfRangeError):
+        return KafkaError.OFFSET_OUT_OF_RANGE
+    if isinstance(exc, TimeoutError):
+        return KafkaError.REQUEST_TIMED_OUT
+    if isinstance(exc, StorageError):
+        return KafkaError.NOT_LEADER_OR_FOLLOWER
+    return KafkaError.NOT_LEADER_OR_FOLLOWER
 
 
 async def append_when_room(append: Callable[[], AppendOutcome], timeout_s: float) -> AppendOutcome:
@@ -136,6 +173,14 @@ class OffsetAndTimestamp:
 class PartitionBackend(Protocol):
     """One partition served by this broker.
 
+    Errors: a method may raise `BackendBackpressure` (no room now: REQUEST_TIMED_OUT once
+    the wait is over), another `BackendError` (its `error`), `OffsetOutOfRangeError`
+    (OFFSET_OUT_OF_RANGE), or `StorageError` from a closed, failed or fenced stream
+    (NOT_LEADER_OR_FOLLOWER): `kafka_error_of` is that mapping, used by the Kafka APIs for
+    every call and for a failed durable future. Nothing else needs to be asked of a
+    backend than what is declared here (no `getattr` with a default, no `isinstance` on
+    what it returns).
+
     Thread-safety: every method may be called from any thread; implementations serialize
     what must be atomic (a sequence check and the append it guards).
     """
@@ -143,6 +188,39 @@ class PartitionBackend(Protocol):
     topic_id: str
     topic: str
     partition: int
+
+    @property
+    def lags_leader(self) -> bool:
+        """True when the high watermark may lag the real partition's (a zone-router proxy
+        serves what its main committed): a fetch past it waits, as on a Kafka follower,
+        instead of being answered OFFSET_OUT_OF_RANGE."""
+        ...
+
+    @property
+    def counts_own_wal_bytes(self) -> bool:
+        """True when the backend accounts the WAL or channel bytes its appends take itself
+        (the caller must not count them again)."""
+        ...
+
+    @property
+    def forwards_to_main(self) -> bool:
+        """True when admin requests on the partition (DeleteRecords) are forwarded by the
+        backend to the partition's main (a zone-router proxy), so the broker a client was
+        routed to answers them although it does not lead the partition."""
+        ...
+
+    @property
+    def identity(self) -> object:
+        """The underlying partition: two views of one partition (e.g. the zone router's
+        wrappers of one `PartitionLog`) have the same identity. What the fetch long-poll
+        keys its listeners by (backends need not define __eq__/__hash__)."""
+        ...
+
+    @property
+    def stream_id(self) -> int:
+        """The partition's stream in this broker's storage engine (WAL and objects), -1
+        when it has none here (an erasure-coded partition, a proxy)."""
+        ...
 
     @property
     def leader_epoch(self) -> int: ...
@@ -154,10 +232,12 @@ class PartitionBackend(Protocol):
     def high_watermark(self) -> int: ...
 
     def append(self, records: bytes | None) -> AppendOutcome:
-        """Validate and append a produce request's record batches (offsets assigned here).
-        Never blocks (called on the event loop). Raises `BackendBackpressure` when there is
-        no room now (nothing appended: wait, then call again, see `append_when_room`) and
-        `BackendError` for another refusal with its Kafka error."""
+        """Validate (`parse_produced_batches`) and append a produce request's record
+        batches (offsets assigned here). Never blocks (called on the event loop). Raises
+        `BackendBackpressure` when there is no room now (nothing appended: wait, then call
+        again, see `append_when_room`), `BackendError` for another refusal with its Kafka
+        error, `StorageError` when the partition's stream takes no appends (closed, failed,
+        fenced). The outcome's `durable` futures: see `AppendOutcome`."""
         ...
 
     @property

@@ -239,22 +239,26 @@ class Stream:
         retriable error (the engine's `wal_full_wait_s`)."""
         return self._storage.config.wal_full_wait_s
 
-    def append(self, payload: bytes, count: int = 1) -> Future:
-        """Append `count` offsets carried by `payload`; the future gives the base offset once
-        the batch is durable in the WAL."""
-        return self._storage._append(self._state, lambda _: payload, count)
+    @property
+    def append_offset(self) -> int:
+        """The offset the next append gets: past every appended record, acknowledged or
+        not. Its single writer (a partition log, under its lock) assigns offsets from it."""
+        return self._state.next_offset
 
-    def append_with(
-        self,
-        build: Callable[[int], bytes],
-        count: int,
-        link: Callable[[int], bytes] | None = None,
+    def append(self, payload: bytes, count: int = 1) -> Future:
+        """Append `count` offsets carried by `payload` at the stream's end; the future gives
+        the base offset once the batch is durable in the WAL."""
+        return self._storage._append(self._state, None, count, payload)
+
+    def append_at(
+        self, base_offset: int, count: int, payload: bytes, wal_payload: bytes | None = None
     ) -> Future:
-        """Like `append`, with the payload built from the base offset it gets (called under
-        the stream's lock: a Kafka batch gets its baseOffset patched in). With `link`, the
-        WAL keeps only a Link Record (payload `link(base offset)`, pointing at data stored
-        elsewhere: the zone router's RouterChannel) while reads and uploads get the data."""
-        return self._storage._append(self._state, build, count, link)
+        """Append a finished batch whose offsets its writer assigned: `count` offsets from
+        `base_offset`, which must be `append_offset` (else StorageError, nothing appended).
+        With `wal_payload` (a Link Record pointing at data stored elsewhere: the zone
+        router's RouterChannel) the WAL keeps it instead of `payload`, while reads and
+        uploads get `payload`. The future gives the base offset once durable."""
+        return self._storage._append(self._state, base_offset, count, payload, wal_payload)
 
     def fetch(
         self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1024 * 1024
@@ -471,23 +475,30 @@ class S3Storage:
     def _append(
         self,
         state: _StreamState,
-        build: Callable[[int], bytes],
+        base_offset: int | None,
         count: int,
-        link: Callable[[int], bytes] | None = None,
+        payload: bytes,
+        wal_payload: bytes | None = None,
     ) -> Future:
-        """Never blocks (callers may be on the event loop): no room in the WAL raises its
+        """See `Stream.append_at` (`base_offset` None: at the stream's end). Never blocks
+        (callers may be on the event loop): no room in the WAL raises its
         `WALBackpressureError` at once, after asking for an upload (which frees room)."""
         assert self.wal is not None
         with state.lock:
             self._check_writable(state)
+            if base_offset is not None and base_offset != state.next_offset:
+                raise StorageError(
+                    f"stream {state.stream_id}: an append at {base_offset}, but its next "
+                    f"offset is {state.next_offset}"
+                )
             batch = StreamRecordBatch(
-                state.stream_id, state.epoch, state.next_offset, count, build(state.next_offset)
+                state.stream_id, state.epoch, state.next_offset, count, payload
             )
             logged = (
                 batch
-                if link is None
+                if wal_payload is None
                 else StreamRecordBatch(
-                    state.stream_id, state.epoch, batch.base_offset, -count, link(batch.base_offset)
+                    state.stream_id, state.epoch, batch.base_offset, -count, wal_payload
                 )
             )
             try:

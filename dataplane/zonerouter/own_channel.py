@@ -176,7 +176,7 @@ class OwnChannelPartition:
             with pipeline.lock:
                 pipeline.pending -= 1
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
-        return AppendOutcome(KafkaError.NONE, -1, [done])
+        return AppendOutcome(KafkaError.NONE, -1, [done], forwarded=True)
 
     def _begin(self, pipeline: OwnPipeline, records: bytes, done: Future) -> None:
         """On the pipeline's worker (the produce order): start the channel append and

@@ -22,8 +22,12 @@ from kafka.protocol.consumer import ListOffsetsRequest
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
-from dataplane.kafka.partition_backend import AppendOutcome, BackendError, OffsetAndTimestamp
-from dataplane.kafka.partitions import OffsetOutOfRangeError
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    BackendError,
+    OffsetAndTimestamp,
+    OffsetOutOfRangeError,
+)
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 FORWARD_TIMEOUT_S = 10.0  # a request a proxy forwards to the main (ListOffsets, DeleteRecords)
@@ -122,7 +126,7 @@ class ProxyPartition:
             fut: Future = self.worker.submit(self.router.forward, self, records, timeout_ms)
         except RuntimeError:  # the worker was shut down (topic deleted, broker stopping)
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
-        return AppendOutcome(KafkaError.NONE, -1, [fut])
+        return AppendOutcome(KafkaError.NONE, -1, [fut], forwarded=True)
 
     def read(self, offset: int, max_bytes: int, end: int | None = None) -> bytes:
         _, part, stream = self._state()

@@ -13,7 +13,7 @@ from moto import mock_aws
 from controlplane.inprocess import InProcessController
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
-from dataplane.kafka.partitions import PartitionManager
+from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage, StorageConfig

@@ -24,7 +24,7 @@ from controlplane.balancer import (
 from controlplane.records import StreamState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
-from dataplane.kafka.partitions import ProduceRateMeter
+from dataplane.kafka.partition_manager import ProduceRateMeter
 from tests.unit.test_metadata_state_machine import ok
 
 T0 = 1_000_000

@@ -163,7 +163,7 @@ def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_req
 ):
     """Object-storage failover: older data in a dead bucket cannot be read; the fetch
     answers KAFKA_STORAGE_ERROR (clients retry) for that partition and nothing is skipped."""
-    from dataplane.kafka.partitions import PartitionLog
+    from dataplane.kafka.partition_log import PartitionLog
     from dataplane.objectstore import ObjectStoreUnavailableError
 
     apis, controller, sync = broker
@@ -269,7 +269,7 @@ def test_the_partitions_of_one_fetch_are_read_at_once_within_max_bytes(broker, m
     get nothing, the first partitions' records come back whole and in request order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from dataplane.kafka.partitions import PartitionLog
+    from dataplane.kafka.partition_log import PartitionLog
 
     apis, controller, sync = broker
     apis.io.shutdown(wait=True)

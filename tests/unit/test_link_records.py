@@ -13,6 +13,7 @@ from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolv
 from dataplane.formats.record_batch import parse_batches, patch_batch
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.storage import StorageError
 from dataplane.s3stream.wal.object_wal import (
     ObjectWAL,
     ObjectWALLocation,
@@ -123,15 +124,14 @@ def _linked_main(objects, ctrl, engine):
     position = 0
     for b in parse_batches(records):
         link = LinkRecord(2, channel_offset, position, len(b.data), 0).encode()
+        base = stream.append_offset
         futures.append(
-            stream.append_with(
-                lambda base, data=b.data: patch_batch(data, base, 0),
-                b.last_offset_delta + 1,
-                lambda base, link=link: link,
-            )
+            stream.append_at(base, b.last_offset_delta + 1, patch_batch(b.data, base, 0), link)
         )
         position += len(b.data)
     assert [f.result(10) for f in futures] == [0, 5]
+    with pytest.raises(StorageError, match="next offset is 6"):
+        stream.append_at(3, 1, b"x")  # offsets are its writer's: the next ones, or none
     # the main reads the data from its LogCache
     assert b"".join(x.payload for x in stream.fetch(0, 6)) == (
         patch_batch(records[: len(records) - len(batch([b"y"]))], 0, 0)

@@ -10,8 +10,8 @@ import pytest
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import patch_batch
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.kafka import partitions as p
-from dataplane.kafka.partitions import ProducerStateTable, rebuild_producer_state
+from dataplane.kafka import partition_log, partition_manager, producer_state
+from dataplane.kafka.producer_state import ProducerStateTable, rebuild_producer_state
 from dataplane.s3stream.storage import StorageError
 from tests.unit.test_kafka_record_batch import client_batch
 
@@ -70,7 +70,7 @@ def test_the_last_batches_of_every_producer_are_deduplicated_after_a_move():
 
 
 def test_the_scan_is_bounded_in_bytes_for_large_records(monkeypatch):
-    monkeypatch.setattr(p, "PRODUCER_SCAN_MAX_BYTES", 64 * 1024)
+    monkeypatch.setattr(producer_state, "PRODUCER_SCAN_MAX_BYTES", 64 * 1024)
     log = stored_log([(5, 0)], batches_each=200, records=1, value_size=4000)  # ~800 KB
     stream = FakeStream(log)
     table = ProducerStateTable()
@@ -115,7 +115,7 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
     again: a partition whose tail cannot be read yet is not served (retried later)."""
     log = stored_log([(5, 0)], batches_each=3)
     stream = _FlakyTail(log, failures=1)
-    manager = p.PartitionManager(1, _Storage(stream))
+    manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
     assert manager.get("t", 0) is None and manager._retry
     manager._retry = False
@@ -128,7 +128,7 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
 def test_open_and_aborted_transactions_are_rebuilt_from_the_tail():
     """A new leader knows which transactions are still open (the last stable offset stays
     below them) and which were aborted (read_committed fetches report them)."""
-    from dataplane.kafka.partitions import TxnIndex
+    from dataplane.kafka.producer_state import TxnIndex
     from dataplane.kafka.txn.markers import build_marker
     from tests.unit.test_txn_inprocess import txn_batch
 
@@ -172,9 +172,9 @@ def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
     missed the last batches appended a producer's retry of one of them a second time."""
     log = stored_log([(5, 0)], batches_each=10)
     stream = _LaggingTail(log, visible_end=log[-2].last_offset)  # the last batch is unseen
-    with pytest.raises(p.ProducerStateUnavailableError, match="stopped at offset 36"):
+    with pytest.raises(producer_state.ProducerStateUnavailableError, match="stopped at offset 36"):
         rebuild_producer_state(stream, ProducerStateTable())
-    manager = p.PartitionManager(1, _Storage(stream))
+    manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
     assert manager.get("t", 0) is None and manager._retry
     stream.visible_end = log[-1].last_offset  # the lookup finds the newest object now
@@ -186,7 +186,7 @@ def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
 
 
 def test_a_single_batch_larger_than_the_scan_budget_is_still_known(monkeypatch):
-    monkeypatch.setattr(p, "PRODUCER_SCAN_MAX_BYTES", 16 * 1024)
+    monkeypatch.setattr(producer_state, "PRODUCER_SCAN_MAX_BYTES", 16 * 1024)
     log = stored_log([(5, 0)], batches_each=30, records=1, value_size=40_000)
     table = ProducerStateTable()
     rebuild_producer_state(FakeStream(log), table)
@@ -205,10 +205,13 @@ class _PendingStream:
         self.appended: list[tuple[int, Future]] = []
         self.failed: str | None = None
 
-    def append_with(self, build, count, link=None) -> Future:
+    @property
+    def append_offset(self) -> int:
+        return self.next_offset + sum(c for c, _ in self.appended)
+
+    def append_at(self, base_offset, count, payload, wal_payload=None) -> Future:
         self.check_writable()
-        base = self.next_offset + sum(c for c, _ in self.appended)
-        build(base)
+        assert base_offset == self.append_offset
         fut: Future = Future()
         self.appended.append((count, fut))
         return fut
@@ -231,7 +234,7 @@ def test_a_retry_of_a_batch_still_in_flight_is_answered_when_its_original_is_dur
     """Kafka answers a duplicate only once its original is committed: a retry must not be
     acknowledged while the original may still fail."""
     stream = _PendingStream()
-    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
     data = client_batch(4, producer=(5, 0, 0))
     first = plog.append(data)
     retry = _retry_outcome(plog, data)
@@ -249,7 +252,7 @@ def test_a_retry_of_a_batch_still_in_flight_is_answered_when_its_original_is_dur
 
 def test_a_retry_of_a_batch_whose_append_failed_is_not_acknowledged():
     stream = _PendingStream()
-    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
     data = client_batch(4, producer=(5, 0, 0))
     plog.append(data)
     retry = _retry_outcome(plog, data)
@@ -263,7 +266,7 @@ def test_a_retry_of_a_batch_whose_append_failed_is_not_acknowledged():
 
 def test_a_refused_sequence_is_answered_and_logged(caplog):
     stream = _PendingStream()
-    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
     plog.append(client_batch(4, producer=(5, 0, 0)))
     with caplog.at_level("WARNING"):
         gap = plog.append(client_batch(4, producer=(5, 0, 8)))  # 4..7 never came
@@ -293,7 +296,7 @@ def test_a_stream_opened_but_never_served_is_closed_when_its_partition_moves_on(
         return SimpleNamespace(topics={"t": topic}, streams={})
 
     storage = Storage(stream)
-    manager = p.PartitionManager(1, storage)
+    manager = partition_manager.PartitionManager(1, storage)
     manager.reconcile(image(leader=1))  # led here: opened, its tail not readable yet
     assert manager.get("t", 0) is None and storage.closed == []
     manager.reconcile(image(leader=2))  # moved on before it was served
@@ -310,7 +313,7 @@ def test_a_gap_right_after_the_open_from_a_producer_known_only_from_the_tail_is_
     epoch and renumber possibly-stored messages; NOT_LEADER_OR_FOLLOWER makes it resend
     both in order."""
     stream = _PendingStream()
-    plog = p.PartitionLog("tid", "t", 0, 1, stream)
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
     plog.producers.record(5, 0, 0, 3, 0)  # as rebuilt from the tail
     straddled = plog.append(client_batch(4, producer=(5, 0, 8)))  # 4..7 was refused
     assert straddled.error == KafkaError.NOT_LEADER_OR_FOLLOWER
@@ -321,6 +324,6 @@ def test_a_gap_right_after_the_open_from_a_producer_known_only_from_the_tail_is_
     assert gap.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
     # and after the grace period, for anyone
     plog.producers.record(6, 0, 0, 3, 100)
-    monkeypatch.setattr(p, "OPEN_GRACE_S", 0.0)
+    monkeypatch.setattr(partition_log, "OPEN_GRACE_S", 0.0)
     late = plog.append(client_batch(4, producer=(6, 0, 8)))
     assert late.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER

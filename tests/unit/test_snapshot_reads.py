@@ -483,7 +483,7 @@ def test_txn_view_learns_aborts_incrementally_and_its_lso_only_grows():
 
 
 def test_txn_index_aborted_since_walks_only_the_new_aborts():
-    from dataplane.kafka.partitions import TxnIndex
+    from dataplane.kafka.producer_state import TxnIndex
 
     txns = TxnIndex()
     for pid, first, marker, commit in ((1, 0, 5, False), (2, 6, 8, True), (3, 9, 12, False)):
@@ -500,7 +500,7 @@ def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(
     import asyncio
     import time
 
-    from dataplane.kafka.partitions import TxnIndex
+    from dataplane.kafka.producer_state import TxnIndex
     from dataplane.zonerouter import snapshot_read
     from dataplane.zonerouter.snapshot_read import SnapshotServer
 

@@ -3,7 +3,7 @@ a heartbeat sent after the stop succeeds (its state may be stale: fenced, partit
 
 from __future__ import annotations
 
-from dataplane.kafka.partitions import PartitionManager
+from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.stall import StallWatch
 
 

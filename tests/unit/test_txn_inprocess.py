@@ -458,7 +458,7 @@ def test_an_abort_older_than_a_new_leaders_tail_read_is_still_known(h):
     """Kafka's `.txnindex`: the leader records each durable abort with the partition's
     stream in the metadata, so a later leader, which reads only the last 4,096 offsets of
     the log, still hands read_committed consumers that abort."""
-    from dataplane.kafka.partitions import (
+    from dataplane.kafka.producer_state import (
         PRODUCER_SCAN_OFFSETS,
         ProducerStateTable,
         TxnIndex,
@@ -502,7 +502,7 @@ def test_aborts_are_recorded_in_marker_order_whatever_order_they_become_durable(
     nothing is recorded past a marker still being written (found by review)."""
     from concurrent.futures import Future
 
-    from dataplane.kafka.partitions import PartitionLog, _AbortSlot
+    from dataplane.kafka.partition_log import PartitionLog, _AbortSlot
 
     recorded: list[tuple[int, int, int]] = []
 

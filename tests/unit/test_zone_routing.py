@@ -129,8 +129,11 @@ def test_a_proxy_forwards_timestamp_lookups_and_delete_records_to_the_main(monke
 
     from dataplane.formats.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az
     from dataplane.formats.kafka_errors import KafkaError
-    from dataplane.kafka.partition_backend import BackendError, OffsetAndTimestamp
-    from dataplane.kafka.partitions import OffsetOutOfRangeError
+    from dataplane.kafka.partition_backend import (
+        BackendError,
+        OffsetAndTimestamp,
+        OffsetOutOfRangeError,
+    )
     from dataplane.zonerouter import proxy_partition as proxy_module
     from dataplane.zonerouter.proxy_partition import ProxyPartition
 
@@ -259,7 +262,7 @@ def test_delete_records_at_a_proxy_goes_through_the_clients_routing():
     refused = BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "main gone")
     assert delete(_Forwarding(refused)) == (KafkaError.NOT_LEADER_OR_FOLLOWER, -1)
     # the routing names the real partition elsewhere, or nothing: not led here
-    assert delete(SimpleNamespace(delete_records=lambda o: 4))[0] == (
+    assert delete(SimpleNamespace(forwards_to_main=False, delete_records=lambda o: 4))[0] == (
         KafkaError.NOT_LEADER_OR_FOLLOWER
     )
     assert delete(None)[0] == KafkaError.NOT_LEADER_OR_FOLLOWER

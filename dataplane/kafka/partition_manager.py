@@ -1,0 +1,385 @@
+"""`PartitionManager`: opens and closes the partitions this broker leads.
+
+It follows the metadata image: a partition whose leader is this node is opened (its stream
+opened with the partition's leader epoch as stream epoch, and the idempotent-producer state
+rebuilt from the stream's tail, so a producer retrying a batch the previous leader wrote gets
+it deduplicated); one that moved away is closed at once (no new appends, in-flight ones made
+durable, its WAL data uploaded, the stream closed) so its new leader can open it. Streams this
+node still owns but no longer leads (e.g. moved while it restarted) are closed too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from controlplane import broker_configs
+from controlplane.errors import ControllerError
+from controlplane.image import MetadataImage, RangeState
+from controlplane.records import StreamState
+from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
+from dataplane.kafka import time_index
+from dataplane.kafka.partition_log import PartitionLog
+from dataplane.kafka.producer_state import rebuild_producer_state
+from dataplane.kafka.time_index import PieceTimestamps
+from dataplane.s3stream.storage import S3Storage, Stream
+
+log = logging.getLogger(__name__)
+
+RECORD_ABORTED_TIMEOUT_S = 10.0
+MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
+# records that can change which partitions this node leads or which streams it must close;
+# other batches (offset commits into the KV, object commits) need no reconcile
+RECONCILE_RECORD_TYPES = frozenset(
+    {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
+)
+RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
+
+
+class ProduceRateMeter:
+    """Smoothed produce rate (bytes/s) per stream from cumulative byte counters sampled now
+    and then (each heartbeat); what the controller's balancer weighs partitions by.
+
+    A stream's first sample only starts its clock (no rate yet: an unknown rate is better
+    than a false 0 for a partition that just moved here); its first full interval gives the
+    rate as is, later ones are blended in with an exponential moving average of time
+    constant `tau_s`, so a burst of one second does not look like a hot partition.
+    """
+
+    def __init__(self, tau_s: float = 5.0):
+        self.tau_s = tau_s
+        self._state: dict[int, tuple[int, float, float | None]] = {}  # bytes, at s, rate
+
+    def sample(self, counters: dict[int, int], now_s: float) -> dict[int, float]:
+        """Rates of the streams in `counters` (stream id -> bytes appended so far) that
+        have had a full interval; forgets streams no longer in `counters`."""
+        out: dict[int, float] = {}
+        state: dict[int, tuple[int, float, float | None]] = {}
+        for stream_id, total in counters.items():
+            prev = self._state.get(stream_id)
+            if prev is None or total < prev[0]:
+                # new here, or its counter restarted (reopened at a new epoch)
+                state[stream_id] = (total, now_s, None)
+                continue
+            last_bytes, last_s, rate = prev
+            if now_s > last_s:
+                instant = (total - last_bytes) / (now_s - last_s)
+                alpha = 1.0 - math.exp(-(now_s - last_s) / self.tau_s)
+                rate = instant if rate is None else rate + alpha * (instant - rate)
+                prev = (total, now_s, rate)
+            state[stream_id] = prev
+            if rate is not None:
+                out[stream_id] = rate
+        self._state = state
+        return out
+
+
+class PartitionManager:
+    """Opens the partitions this node leads, following the metadata image."""
+
+    def __init__(
+        self,
+        node_id: int,
+        storage: S3Storage,
+        image_ready: Callable[[], bool] = lambda: True,
+        serving: Callable[[], bool] = lambda: True,
+    ):
+        self.node_id = node_id
+        self.storage = storage
+        self.image_ready = image_ready  # False while the metadata image is mid-replay
+        # False while this process may be stale (stopped past its session: dataplane/stall.py):
+        # then no partition is served, whatever this node believes it leads
+        self.serving = serving
+        self._closing = 0
+        self._logs: dict[tuple[str, int], PartitionLog] = {}  # (topic_id, partition)
+        # opened streams not served yet (their producer state could not be rebuilt yet):
+        # (leader epoch, stream), closed if the partition moves on before they are served
+        self._unserved: dict[tuple[str, int], tuple[int, Stream]] = {}
+        self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._image: MetadataImage | None = None
+        self._dirty = True  # a batch touched partitions or streams since the last run
+        self._retry = False  # an open was refused: try again within a second
+        self._last_reconcile = 0.0  # monotonic time of the last reconcile
+        self._rates = ProduceRateMeter()
+        self._rates_lock = threading.Lock()
+        # every led partition's time index and the retention check share it
+        self.piece_timestamps = PieceTimestamps()
+        self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def on_metadata(self, image: MetadataImage, records: list) -> None:
+        """A new image: reconcile if its batch touched partitions or streams (an empty
+        batch = a snapshot was loaded, which may have changed anything)."""
+        self._image = image
+        if not records or any(rec.type in RECONCILE_RECORD_TYPES for rec in records):
+            self._dirty = True
+            self._wake.set()
+
+    def get(self, topic_id: str, partition: int) -> PartitionLog | None:
+        if not self.serving():
+            return None
+        with self._lock:
+            return self._logs.get((topic_id, partition))
+
+    def logs(self) -> list[PartitionLog]:
+        with self._lock:
+            return list(self._logs.values())
+
+    def produce_rates(self, now_s: float | None = None) -> dict[int, float]:
+        """Produce bytes/s of each led partition's stream (see ProduceRateMeter); rounded,
+        partitions below 1 B/s left out so an idle broker's heartbeat stays small."""
+        with self._lock:
+            counters = {plog.stream.stream_id: plog.appended_bytes for plog in self._logs.values()}
+        with self._rates_lock:
+            rates = self._rates.sample(counters, time.monotonic() if now_s is None else now_s)
+        return {sid: round(rate, 1) for sid, rate in rates.items() if rate >= 1.0}
+
+    def led_or_closing(self) -> int:
+        """Partitions led here plus those still being closed (uploaded) after a move."""
+        with self._lock:
+            return len(self._logs) + self._closing
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._stop.is_set() or self._image is None or not self.image_ready():
+                continue
+            self._retry_unrecorded_aborts()
+            due = time.monotonic() - self._last_reconcile > RECONCILE_SAFETY_S
+            if not (self._dirty or self._retry or due):
+                continue
+            self._dirty = self._retry = False
+            self._last_reconcile = time.monotonic()
+            try:
+                self.reconcile(self._image)
+            except Exception:
+                self._retry = True
+                log.exception("reconciling partitions failed")
+
+    def reconcile(self, image: MetadataImage) -> None:
+        """Close partitions led elsewhere now, open led ones that are not open, close
+        orphaned streams of this node."""
+        wanted: dict[tuple[str, int], tuple[str, int, int]] = {}
+        for topic in list(image.topics.values()):
+            for p in list(topic.partitions.values()):
+                if p.leader_node_id == self.node_id:
+                    wanted[(topic.topic_id, p.partition)] = (
+                        topic.name,
+                        p.leader_epoch,
+                        p.stream_id,
+                    )
+        with self._lock:
+            current = dict(self._logs)
+            stale = {
+                key: entry
+                for key, entry in self._unserved.items()
+                if key not in wanted or wanted[key][1] != entry[0]
+            }
+            for key in stale:
+                del self._unserved[key]
+        if stale:
+            self._close_unserved(stale)
+        leaving = []
+        for key, plog in current.items():
+            spec = wanted.get(key)
+            if spec is None or spec[1] != plog.leader_epoch:
+                with self._lock:
+                    self._logs.pop(key, None)  # produce gets NOT_LEADER_OR_FOLLOWER from now on
+                    self._closing += 1
+                leaving.append(plog)
+        # closes first: a partition that moved away and back must have its old epoch's WAL
+        # data uploaded before the new epoch's range starts at the committed end
+        if leaving:
+            self._close_all(leaving)
+        jobs = [
+            self._pool.submit(self._open, key, name, epoch, stream_id)
+            for key, (name, epoch, stream_id) in wanted.items()
+            if not (key in current and current[key].leader_epoch == epoch)
+        ]
+        for job in jobs:
+            job.result()
+        self._close_orphans(image, wanted)
+
+    def _close_unserved(self, stale: dict[tuple[str, int], tuple[int, Stream]]) -> None:
+        """Close the streams of partitions opened here but never served that moved on (to
+        another node, or to a newer epoch here): their new leader's open waits for it."""
+        streams = [stream for _epoch, stream in stale.values()]
+        try:
+            errors = self.storage.close_streams(streams)
+        except Exception as exc:
+            errors = [exc] * len(streams)
+        for (key, entry), error in zip(stale.items(), errors, strict=True):
+            if error is None:
+                log.info("closed stream %d, opened here but never served", entry[1].stream_id)
+                continue
+            self._retry = True
+            with self._lock:
+                self._unserved.setdefault(key, entry)  # tried again at the next reconcile
+            log.warning("closing unserved stream %d failed: %s", entry[1].stream_id, error)
+
+    def _retry_unrecorded_aborts(self) -> None:
+        """Aborts whose recording failed are tried again (about once a second)."""
+        with self._lock:
+            logs = [plog for plog in self._logs.values() if plog.has_unrecorded_aborts]
+        for plog in logs:
+            self._pool.submit(plog.record_pending_aborts)
+
+    def _close_all(self, leaving: list[PartitionLog]) -> None:
+        """One upload for all partitions that moved away, then their closes."""
+        for plog in leaving:  # while this node still owns the streams
+            plog.record_pending_aborts()
+        try:
+            errors = self.storage.close_streams([plog.stream for plog in leaving])
+        except Exception as exc:  # the upload failed: failover (or a retry) covers them
+            errors = [exc] * len(leaving)
+        finally:
+            with self._lock:
+                self._closing -= len(leaving)
+        for plog, error in zip(leaving, errors):
+            if error is None:
+                log.info(
+                    "no longer leading %s-%d: stream %d uploaded and closed",
+                    plog.topic,
+                    plog.partition,
+                    plog.stream.stream_id,
+                )
+            else:
+                log.warning(
+                    "closing %s-%d (stream %d) failed: %s",
+                    plog.topic,
+                    plog.partition,
+                    plog.stream.stream_id,
+                    error,
+                )
+
+    def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
+        try:
+            stream = self.storage.open_stream(stream_id, epoch)
+        except ControllerError as exc:
+            self._retry = True
+            log.info(
+                "cannot open %s-%d yet (stream %d epoch %d): %s",
+                name,
+                key[1],
+                stream_id,
+                epoch,
+                exc,
+            )
+            return
+        plog = PartitionLog(
+            key[0],
+            name,
+            key[1],
+            epoch,
+            stream,
+            ranges_fn=lambda: self._stream_ranges(stream_id),
+            configs_fn=lambda: self._topic_configs(key[0]),
+            pieces_fn=lambda: time_index.stored_pieces(self._image, stream_id),
+            piece_timestamps=self.piece_timestamps,
+            record_aborted=lambda entries: self._record_aborted(stream, entries),
+            run_later=self._pool.submit,
+        )
+        # as the controller had them when it opened the stream for this epoch: everything
+        # the previous leader recorded (the image here may not have caught up yet)
+        recorded = stream.recorded_aborted_txns
+        plog.txns.seed_aborted(recorded)
+        try:
+            producers = rebuild_producer_state(stream, plog.producers, plog.txns)
+        except Exception as exc:
+            # serving with an empty idempotence table would append a producer's retry of a
+            # batch the previous leader wrote a second time: not serving yet (clients get
+            # NOT_LEADER_OR_FOLLOWER and retry); the next reconcile opens it again
+            self._retry = True
+            with self._lock:
+                self._unserved[key] = (epoch, stream)
+            log.warning(
+                "%s-%d: could not rebuild producer state, not serving it yet: %s",
+                name,
+                key[1],
+                exc,
+            )
+            return
+        plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
+        with self._lock:
+            self._unserved.pop(key, None)
+            self._logs[key] = plog
+        log.info(
+            "leading %s-%d (stream %d, epoch %d, next offset %d, %d idempotent batches replayed)",
+            name,
+            key[1],
+            stream_id,
+            epoch,
+            stream.next_offset,
+            producers,
+        )
+
+    def _record_aborted(self, stream: Stream, entries: list[tuple[int, int, int]]) -> None:
+        """Store a led partition's aborted transactions with its stream (blocking)."""
+        self.storage.controller.record_aborted_txns(
+            RecordAbortedTxnsRequest(
+                node_id=self.storage.node_id,
+                node_epoch=self.storage.node_epoch,
+                stream_id=stream.stream_id,
+                stream_epoch=stream.epoch,
+                aborted=[
+                    AbortedTxn(producer_id=p, first_offset=f, marker_offset=m)
+                    for p, f, m in entries
+                ],
+            ),
+            timeout_s=RECORD_ABORTED_TIMEOUT_S,
+        )
+
+    def _topic_configs(self, topic_id: str) -> Mapping[str, str]:
+        """The topic's configs in force here in the newest image: its own, else this
+        broker's dynamic defaults (controlplane/broker_configs.py), else Kafka's."""
+        image = self._image
+        topic = image.topics.get(topic_id) if image is not None else None
+        if topic is None:
+            return {}
+        return broker_configs.topic_configs_in_force(image, topic.configs, self.node_id)
+
+    def _stream_ranges(self, stream_id: int) -> list[RangeState]:
+        image = self._image
+        stream = image.streams.get(stream_id) if image is not None else None
+        return list(stream.ranges) if stream is not None else []
+
+    def _close_orphans(self, image: MetadataImage, wanted: dict) -> None:
+        """Streams the image says this node has open, that this engine did not open and this
+        node does not lead with that epoch: close them so their new leader can open them."""
+        open_here = self.storage.open_stream_ids()
+        led = {(spec[2], spec[1]) for spec in wanted.values()}
+        for stream in list(image.streams.values()):
+            if stream.state != StreamState.OPENED or stream.node_id != self.node_id:
+                continue
+            if stream.stream_id in open_here or (stream.stream_id, stream.epoch) in led:
+                continue
+            if "topic" not in stream.tags:
+                continue  # not a partition's stream: its user closes it
+            try:
+                self.storage.close_orphan_stream(stream.stream_id, stream.epoch)
+                log.info("closed orphaned stream %d (epoch %d)", stream.stream_id, stream.epoch)
+            except ControllerError as exc:  # the controller knows better: not orphaned
+                log.info(
+                    "orphaned stream %d (epoch %d) not closed: %s",
+                    stream.stream_id,
+                    stream.epoch,
+                    exc,
+                )
+            except Exception as exc:
+                self._retry = True
+                log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)
