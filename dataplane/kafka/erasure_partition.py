@@ -44,6 +44,7 @@ from controlplane import topic_configs
 from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
 from controlplane.image import MetadataImage, StreamMetaState
+from dataplane.config import MAX_PARTITION_PRODUCE_BYTES, SealConfig
 from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
 from dataplane.erasure.embedded import BrokerShardStore
@@ -57,7 +58,7 @@ from dataplane.erasure.seal_format import offset_of, sealed_records, slot_of
 from dataplane.erasure.shard_format import payload_checksum
 from dataplane.erasure.store import HoleStore
 from dataplane.erasure.writer import ErasureWriter, ShardStore, WriteFailedError
-from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
+from dataplane.kafka.erasure_seal import ErasureSealer, sealed_end
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
@@ -77,7 +78,6 @@ from dataplane.s3stream.records import StreamRecordBatch
 
 log = logging.getLogger(__name__)
 
-MAX_APPEND_BYTES = 8 * 1024 * 1024
 MAX_FETCH_RECORDS = 500  # offsets decoded per fetch
 WRITE_THREADS = 32
 LISTENER_TICK_S = 0.2  # waiting fetches re-read this often (the visible end moves with time)
@@ -175,7 +175,7 @@ class ErasurePartition:
         background; the outcome's futures complete when each batch won an offset."""
         # as a leader partition: a batch above the topic's max.message.bytes is refused whole
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
-        batches = parse_produced_batches(records, MAX_APPEND_BYTES, max_batch)
+        batches = parse_produced_batches(records, MAX_PARTITION_PRODUCE_BYTES, max_batch)
         if isinstance(batches, AppendOutcome):
             return batches
         if any(b.is_transactional for b in batches):

@@ -28,6 +28,7 @@ from controlplane.errors import ControllerError
 from controlplane.image import MetadataImage, RangeState
 from controlplane.records import StreamState
 from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
+from dataplane.config import MAX_PARTITION_PRODUCE_BYTES
 from dataplane.kafka import time_index
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
@@ -48,8 +49,8 @@ from dataplane.s3stream.storage import S3Storage, Stream
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one partition's records in one produce request
-# (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
+# one partition's records in one produce request: at most MAX_PARTITION_PRODUCE_BYTES (each
+# batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer and partition
 MAX_PRODUCERS_PER_PARTITION = 10_000
 # how much of a stream's tail is read to rebuild producer state when a partition opens: the
@@ -575,7 +576,7 @@ class PartitionLog:
         from its base offset instead of the data (which is in the proxy's RouterChannel)."""
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
         # views of the request's records: `build` copies each batch once, patching it
-        batches = parse_produced_batches(records, MAX_MESSAGE_BYTES, max_batch, copy=False)
+        batches = parse_produced_batches(records, MAX_PARTITION_PRODUCE_BYTES, max_batch, copy=False)
         if isinstance(batches, AppendOutcome):
             return batches
         if any(b.is_transactional and b.producer_id < 0 for b in batches):

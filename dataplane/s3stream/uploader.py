@@ -33,6 +33,7 @@ from controlplane.requests import (
     CompactorIdentity,
     PrepareObjectsRequest,
 )
+from dataplane.config import StorageConfig
 from dataplane.objectstore import (
     ObjectBody,
     ObjectStorage,
@@ -134,17 +135,6 @@ class Committer:
         return {"node_id": self.node_id, "node_epoch": self.node_epoch}
 
 
-@dataclass(frozen=True)
-class UploaderConfig:
-    """Object layout and retry limits of uploads."""
-
-    block_size_bytes: int = 512 * 1024
-    max_object_bytes: int = 256 * 1024 * 1024
-    stream_split_bytes: int = 8 * 1024 * 1024  # a stream above this gets its own object
-    prepared_ttl_ms: int = 60 * 60 * 1000
-    upload_attempts: int = 8
-
-
 class ObjectUploader:
     """prepare -> put -> commit of stream batches as objects (see the module docstring).
 
@@ -157,7 +147,7 @@ class ObjectUploader:
         controller: ControllerCalls,
         objects: ObjectStorage,
         committer: Callable[[], Committer],
-        config: UploaderConfig | None = None,
+        config: StorageConfig | None = None,
         active_bucket: Callable[[], int | None] | None = None,
     ):
         """`active_bucket()`: the bucket new objects go to as the metadata says now (None:
@@ -167,7 +157,7 @@ class ObjectUploader:
         self.controller = controller
         self.objects = objects
         self._committer = committer
-        self.config = config or UploaderConfig()
+        self.config = config or StorageConfig()  # its object layout and retry limits
         self._order_lock = threading.Lock()
         self._order_id = int(time.time() * 1000)
 

@@ -48,12 +48,12 @@ from dataplane.kafka.partition_backend import (
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import parse_batch_header
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
+from dataplane.config import ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.object_wal import (
     ObjectWAL,
-    ObjectWALConfig,
     ObjectWALLocation,
     ObjectWALReader,
     WALTrimmedError,
@@ -201,7 +201,7 @@ class ZoneRouter:
         self.traffic = traffic
         self.login = login
         self.ready_fn = ready_fn  # the metadata image is caught up
-        self.channel_config = channel_config or ObjectWALConfig(linger_s=0.002)
+        self.channel_config = channel_config or ObjectWALConfig()
         self.channel: ObjectWAL | None = None
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}

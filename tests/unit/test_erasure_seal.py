@@ -545,8 +545,6 @@ class _DownStore:
 
 
 def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cluster):
-    from dataclasses import replace
-
     from prometheus_client import REGISTRY
 
     from dataplane.erasure.embedded import EmbeddedErasureProducer
@@ -555,7 +553,7 @@ def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cl
     apis, controller, stores, erasure, image_now, _ = sealed_cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
     partition, stream_id = _partition(erasure, image_now, "events")
-    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    erasure.sealer.config = erasure.sealer.config.model_copy(update={"repair_delay_ms": 0})
     metric = "automq_erasure_repaired_shards_total"
     before = REGISTRY.get_sample_value(metric) or 0.0
     # brokers 5 and 6 are down for this writer: the write wins with exactly 4 shards
@@ -668,14 +666,12 @@ class _Toggle:
 
 
 def test_the_sealer_repairs_a_store_it_could_not_reach_once_it_answers(sealed_cluster):
-    from dataclasses import replace
-
     from dataplane.erasure.embedded import EmbeddedErasureProducer
 
     apis, controller, stores, erasure, image_now, _ = sealed_cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
     partition, stream_id = _partition(erasure, image_now, "events")
-    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    erasure.sealer.config = erasure.sealer.config.model_copy(update={"repair_delay_ms": 0})
     shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
     a, b = shard_stores[-2:]  # out of the writer's reach; b also of the sealer's at first
     with EmbeddedErasureProducer(

@@ -38,7 +38,7 @@ from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import GroupHandlers
 from dataplane.kafka.groups.offsets import CommittedOffset, InMemoryOffsetStore
-from dataplane.kafka.groups.state import GroupCoordinatorConfig
+from dataplane.config import GroupCoordinatorConfig
 
 T = TypeVar("T")
 

@@ -21,7 +21,8 @@ from dataplane.kafka.groups.offsets import (
     OffsetStoreError,
     store_error_code,
 )
-from dataplane.kafka.groups.state import GroupCoordinatorConfig, GroupState, JoinGroupParams
+from dataplane.config import GroupCoordinatorConfig
+from dataplane.kafka.groups.state import GroupState, JoinGroupParams
 
 T = TypeVar("T")
 NOW_MS = 1_700_000_000_000

@@ -32,7 +32,8 @@ from dataplane.s3stream.wal.object_format import (
     encode_object,
     resolve_chain,
 )
-from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig
+from dataplane.config import ObjectWALConfig
+from dataplane.s3stream.wal.object_wal import ObjectWAL
 
 BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-wal?region=us-east-1"
 URI = "s3://automq-wal/wal/node-1"

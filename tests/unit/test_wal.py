@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from dataplane.config import FileWALConfig
 from dataplane.s3stream.wal import (
     FileWAL,
-    FileWALConfig,
     WALClosedError,
     WALCorruptError,
     WALError,

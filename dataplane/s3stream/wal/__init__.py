@@ -18,7 +18,6 @@ from dataplane.s3stream.wal.base import (
 )
 from dataplane.s3stream.wal.file_wal import (
     FileWAL,
-    FileWALConfig,
     FileWALRecovery,
     WALQueueTimeoutError,
     take_over,
@@ -27,7 +26,6 @@ from dataplane.s3stream.wal.file_wal import (
 __all__ = [
     "AppendResult",
     "FileWAL",
-    "FileWALConfig",
     "FileWALRecovery",
     "RecoveredRecord",
     "WALClosedError",
