@@ -31,7 +31,8 @@ from dataplane.kafka.errors import KafkaError
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.object_format import ObjectWriter, parse_object
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.config import StorageConfig
+from dataplane.s3stream.storage import S3Storage
 from tests.unit.test_erasure_partition import (
     NoLeaders,
     fetch,
@@ -123,11 +124,12 @@ def sealed_cluster(tmp_path, monkeypatch):
 
         objects = ObjectStorage(BUCKETS)
         storage = S3Storage(
-            StorageConfig(data_dir=tmp_path / "engine", block_cache_bytes=16 << 20),
+            StorageConfig(block_cache_bytes=16 << 20),
             1,
             image_now().brokers[1].node_epoch,
             controller,
             objects,
+            data_dir=tmp_path / "engine",
         )
         stores = {n: HoleStore(tmp_path / f"store-{n}") for n in range(1, 7)}
         erasure = ErasurePartitions(

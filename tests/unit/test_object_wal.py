@@ -232,7 +232,8 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
     from dataplane.objectstore import object_key
     from dataplane.s3stream.failover import recover_failed_wal
     from dataplane.s3stream.object_format import decode_block, parse_object
-    from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from dataplane.config import StorageConfig, WALConfig
+    from dataplane.s3stream.storage import S3Storage
     from tests.unit.test_upload_stream_errors import HookedController
 
     ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1])))
@@ -252,14 +253,10 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
 
     def engine(node: int) -> S3Storage:
         cfg = StorageConfig(
-            data_dir=tmp_path / f"node{node}",
-            wal_uri=f"s3://automq-wal/wal/node-{node}",
-            wal_capacity_bytes=16 << 20,
-            upload_interval_s=3600,
-            upload_threshold_bytes=1 << 30,
-            block_cache_bytes=16 << 20,
+            upload_interval_s=3600, upload_threshold_bytes=1 << 30, block_cache_bytes=16 << 20
         )
-        e = S3Storage(cfg, node, 0, ctrl, objects)
+        wal = WALConfig(uri=f"s3://automq-wal/wal/node-{node}", capacity_bytes=16 << 20)
+        e = S3Storage(cfg, node, 0, ctrl, objects, data_dir=tmp_path / f"node{node}", wal=wal)
         e.start()
         return e
 
