@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 
 from controlplane.inprocess import InProcessController  # noqa: E402
+from dataplane.config import StorageConfig, WALConfig  # noqa: E402
 from dataplane.kafka.partitions import PartitionLog  # noqa: E402
 from dataplane.kafka.record_batch import patch_batch  # noqa: E402
 from dataplane.kafka.time_index import PieceTimestamps, stored_pieces  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
-from dataplane.config import StorageConfig, WALConfig  # noqa: E402
 from dataplane.s3stream.storage import S3Storage  # noqa: E402
 from tests.integration.engine_harness import bucket_uris  # noqa: E402
 

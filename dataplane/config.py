@@ -190,7 +190,9 @@ class ObjectWALConfig(_Section):
     )
     max_hedges: int = Field(3, ge=0, le=10, description="most extra copies of one PUT")
     close_timeout_s: float = Field(60.0, gt=0, description="longest close (and trim) waits")
-    read_parallelism: int = Field(16, ge=1, le=64, description="objects fetched at once by recovery")
+    read_parallelism: int = Field(
+        16, ge=1, le=64, description="objects fetched at once by recovery"
+    )
 
 
 class WALConfig(_Section):
@@ -209,9 +211,7 @@ class WALConfig(_Section):
         description="most acknowledged, not yet uploaded bytes (the file's ring size)",
     )
     file: FileWALConfig = Field(default_factory=FileWALConfig, description="a file:// WAL")
-    object: ObjectWALConfig = Field(
-        default_factory=ObjectWALConfig, description="an s3:// WAL"
-    )
+    object: ObjectWALConfig = Field(default_factory=ObjectWALConfig, description="an s3:// WAL")
 
 
 class GroupCoordinatorConfig(_Section):
@@ -338,7 +338,9 @@ def upgrade_flat_config(data: Any) -> Any:
     """A config dict written before the sections existed, with its flat keys moved into
     their sections (a key given both ways must agree) and dropped keys removed; anything
     else is returned as it is."""
-    if not isinstance(data, dict) or not (data.keys() & (LEGACY_FLAT_KEYS.keys() | LEGACY_DROPPED_KEYS)):
+    if not isinstance(data, dict) or not (
+        data.keys() & (LEGACY_FLAT_KEYS.keys() | LEGACY_DROPPED_KEYS)
+    ):
         return data
     out = {k: v for k, v in data.items() if k not in LEGACY_DROPPED_KEYS}
     for old, (section, key) in LEGACY_FLAT_KEYS.items():
@@ -430,7 +432,8 @@ class BrokerConfig(BaseModel):
         "SCRAM-SHA-512", description="the inter-broker login's SASL mechanism"
     )
     tls_ca_file: Path | None = Field(
-        None, description="the CA the other brokers' (and clients') certificates are checked against"
+        None,
+        description="the CA the other brokers' (and clients') certificates are checked against",
     )
     ssl_client_auth: Literal["none", "requested", "required"] = Field(
         "none",
@@ -461,7 +464,8 @@ class BrokerConfig(BaseModel):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="storage engine")
     wal: WALConfig = Field(default_factory=WALConfig, description="write-ahead log")
     object_store: ObjectStorageConfig = Field(
-        default_factory=_broker_object_store, description="object storage client"
+        default_factory=_broker_object_store,
+        description="the broker's object storage client (uploads, reads, WAL, zone router)",
     )
     groups: GroupCoordinatorConfig = Field(
         default_factory=GroupCoordinatorConfig, description="consumer-group coordinator"

@@ -576,7 +576,9 @@ class PartitionLog:
         from its base offset instead of the data (which is in the proxy's RouterChannel)."""
         max_batch = topic_configs.effective_int(self._configs_fn(), "max.message.bytes")
         # views of the request's records: `build` copies each batch once, patching it
-        batches = parse_produced_batches(records, MAX_PARTITION_PRODUCE_BYTES, max_batch, copy=False)
+        batches = parse_produced_batches(
+            records, MAX_PARTITION_PRODUCE_BYTES, max_batch, copy=False
+        )
         if isinstance(batches, AppendOutcome):
             return batches
         if any(b.is_transactional and b.producer_id < 0 for b in batches):

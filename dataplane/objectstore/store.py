@@ -99,9 +99,7 @@ class ObjectStorageConfig(BaseModel):
     merge_gap_bytes: int = Field(
         512 * KiB, ge=0, le=256 * MiB, description="largest gap between merged ranges"
     )
-    merge_max_bytes: int = Field(
-        4 * MiB, ge=0, le=256 * MiB, description="largest merged GET"
-    )
+    merge_max_bytes: int = Field(4 * MiB, ge=0, le=256 * MiB, description="largest merged GET")
     merge_max_open_batches: int = Field(
         4_096, ge=1, le=1_000_000, description="merge batches waiting at once"
     )

@@ -38,6 +38,7 @@ from kafka.protocol.admin import DeleteRecordsRequest
 from kafka.protocol.consumer import ListOffsetsRequest
 
 from controlplane.image import MetadataImage
+from dataplane.config import ObjectWALConfig
 from dataplane.kafka.errors import KafkaError
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
@@ -48,7 +49,6 @@ from dataplane.kafka.partition_backend import (
 from dataplane.kafka.partitions import OffsetOutOfRangeError
 from dataplane.kafka.record_batch import parse_batch_header
 from dataplane.kafka.txn.marker_client import InterBrokerLogin, _connect, _roundtrip
-from dataplane.config import ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.s3stream.wal.base import WALError

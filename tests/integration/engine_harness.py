@@ -6,9 +6,9 @@ import uuid
 from pathlib import Path
 
 from controlplane.client import ControllerClient
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
 from dataplane.objectstore.seaweed import EmbeddedSeaweed
-from dataplane.config import StorageConfig, WALConfig
 from dataplane.s3stream.storage import S3Storage
 
 

@@ -11,11 +11,11 @@ import boto3
 from moto import mock_aws
 
 from controlplane.inprocess import InProcessController
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.kafka.apis import BrokerIdentity, KafkaApis
 from dataplane.kafka.partitions import PartitionManager
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
-from dataplane.config import StorageConfig, WALConfig
 from dataplane.s3stream.storage import S3Storage
 
 BUCKETS = "0@s3://automq-main?region=us-east-1"

@@ -17,10 +17,10 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.object_format import ObjectWriter
 from dataplane.s3stream.records import StreamRecordBatch
-from dataplane.config import StorageConfig, WALConfig
 from dataplane.s3stream.storage import S3Storage
 from spark_jobs import objects_io
 from spark_jobs.compact import _commit_request

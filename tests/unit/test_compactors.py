@@ -18,8 +18,8 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
-from dataplane.objectstore import ObjectStorage
 from dataplane.config import StorageConfig, WALConfig
+from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.uploader import Committer, ObjectUploader
 

@@ -17,6 +17,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
 from controlplane.records import ObjectState
 from controlplane.requests import PrepareObjectsRequest, SealErasureRangeRequest
+from dataplane.config import StorageConfig
 from dataplane.erasure.reader import SealedRangeError
 from dataplane.erasure.seal_format import (
     MAX_SLOTS_PER_BATCH,
@@ -31,7 +32,6 @@ from dataplane.kafka.errors import KafkaError
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.object_format import ObjectWriter, parse_object
-from dataplane.config import StorageConfig
 from dataplane.s3stream.storage import S3Storage
 from tests.unit.test_erasure_partition import (
     NoLeaders,

@@ -9,6 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from dataplane.config import ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import (
     WALCorruptError,
@@ -32,7 +33,6 @@ from dataplane.s3stream.wal.object_format import (
     encode_object,
     resolve_chain,
 )
-from dataplane.config import ObjectWALConfig
 from dataplane.s3stream.wal.object_wal import ObjectWAL
 
 BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-wal?region=us-east-1"
@@ -229,10 +229,10 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
     from controlplane.records import ObjectState
     from controlplane.settings import ControllerSettings
     from controlplane.state_machine import MetadataStateMachine
+    from dataplane.config import StorageConfig, WALConfig
     from dataplane.objectstore import object_key
     from dataplane.s3stream.failover import recover_failed_wal
     from dataplane.s3stream.object_format import decode_block, parse_object
-    from dataplane.config import StorageConfig, WALConfig
     from dataplane.s3stream.storage import S3Storage
     from tests.unit.test_upload_stream_errors import HookedController
 

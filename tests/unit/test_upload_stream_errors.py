@@ -22,10 +22,10 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.objectstore import ObjectStoreUnavailableError, object_key
 from dataplane.s3stream.failover import recover_failed_wal
 from dataplane.s3stream.object_format import parse_object
-from dataplane.config import StorageConfig, WALConfig
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.uploader import (
     StorageError,

@@ -184,7 +184,11 @@ def test_zeros_in_flight_at_close_never_land_on_what_close_writes(tmp_path, monk
     monkeypatch.setattr(prefill_mod, "pwrite_all", slow_zero)
     monkeypatch.setattr(Ring, "write_batch", slow_batch)
     config = CONFIG.model_copy(
-        update={"max_batch_bytes": 128 * 1024, "max_queue_bytes": 8 * MIB, "prefill_ahead_bytes": MIB}
+        update={
+            "max_batch_bytes": 128 * 1024,
+            "max_queue_bytes": 8 * MIB,
+            "prefill_ahead_bytes": MIB,
+        }
     )
     path = tmp_path / "w.wal"
     wal = FileWAL.open(path, 1, 1, capacity_bytes=16 * MIB, config=config)

@@ -46,7 +46,6 @@ from pathlib import Path
 import crc32c as _crc32c
 
 from dataplane.config import FileWALConfig
-
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
     AppendResult,
