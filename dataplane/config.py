@@ -20,6 +20,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controlplane.records import BrokerEndpoint
+from controlplane.topic_configs import (
+    BROKER_SCHEMA,
+    ERASURE_REPAIR_DELAY_MS,
+    ERASURE_REPAIR_ENABLE,
+    ERASURE_REPAIR_RATE,
+)
 from dataplane.objectstore import ObjectStorageConfig
 
 KiB = 1024
@@ -41,6 +47,8 @@ WAL_MAX_QUEUE_BYTES = 64 * MiB
 WAL_QUEUE_WAIT_TIMEOUT_S = 30.0
 # the broker's object-storage pool: uploads, reads and the zone router share it
 BROKER_OBJECT_STORE_CONCURRENCY = 64
+# erasure repair: the dynamic broker configs' documented defaults are the static ones too
+ERASURE_REPAIR_BYTES_PER_S = int(BROKER_SCHEMA[ERASURE_REPAIR_RATE].default)
 
 
 class _Section(BaseModel):
@@ -293,14 +301,22 @@ class SealConfig(_Section):
     prepared_ttl_ms: int = Field(
         600_000, ge=1_000, description="how long a seal's prepared object id stays valid"
     )
-    repair: bool = Field(True, description="fill the holes of offsets no writer completed")
+    repair: bool = Field(
+        BROKER_SCHEMA[ERASURE_REPAIR_ENABLE].default == "true",
+        description="fill the holes of offsets no writer completed (the dynamic broker "
+        f"config {ERASURE_REPAIR_ENABLE} overrides it)",
+    )
     repair_delay_ms: int = Field(
-        1_000,
+        int(BROKER_SCHEMA[ERASURE_REPAIR_DELAY_MS].default),
         ge=0,
         description="offsets younger than this are not repaired yet (the writer's own "
-        "shards are landing)",
+        f"shards are landing; {ERASURE_REPAIR_DELAY_MS} overrides it)",
     )
-    repair_max_bytes_per_s: int = Field(8 * MiB, ge=1, description="repair bandwidth")
+    repair_max_bytes_per_s: int = Field(
+        ERASURE_REPAIR_BYTES_PER_S,
+        ge=1,
+        description=f"repair bandwidth ({ERASURE_REPAIR_RATE} overrides it)",
+    )
 
 
 class ErasureConfig(_Section):

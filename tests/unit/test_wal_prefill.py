@@ -154,7 +154,7 @@ def test_a_lightly_used_wal_zero_fills_only_its_lead(tmp_path: Path) -> None:
 
 def test_prefiller_limits_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        RingPrefiller(tmp_path / "x", MIB, chunk_bytes=1000)
+        RingPrefiller(tmp_path / "x", MIB, ahead_bytes=64 * MIB, chunk_bytes=1000)
     with pytest.raises(ValueError):
         RingPrefiller(tmp_path / "x", MIB, ahead_bytes=4096, chunk_bytes=8192)
     with pytest.raises(ValueError):
