@@ -12,7 +12,7 @@ One `automqctl cluster up --brokers 6` and, in the same run:
 (e) the erasure topic with 2 brokers "slow": paused in turns (each of the 2 is stopped for
     `--slow-pause-ms` of every 2 x that, alternately, so at any time one of them is stopped).
 (f) the erasure topic with 2 brokers' shard stores slow: every write to them delayed by
-    `--slow-ms` (the brokers are restarted once with `shard_store_inject_delay_ms`; the
+    `--slow-ms` (the brokers are restarted once with `INJECT_DELAY_ENV` set; the
     delay is switched on over HTTP for the case only).
 (c), (e) and (f) alternate in blocks of `--block` records through one producer (the cycles
 go through every order of the three), so the shared machine's noise falls on all alike.
@@ -49,6 +49,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from cli.local_cluster import LocalCluster  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
+from dataplane.erasure.store_server import INJECT_DELAY_ENV  # noqa: E402
 from tests.e2e.ledger import automqctl, create_topic  # noqa: E402
 
 
@@ -146,8 +147,8 @@ def interleaved(
 
 class DelayedStores:
     """Two brokers' shard stores with an injected write delay, switched on while entered.
-    The brokers are restarted once with `shard_store_inject_delay_ms` in their config (the
-    delay starts switched off)."""
+    The brokers are restarted once with `INJECT_DELAY_ENV` in their environment (a
+    benchmark-only hook of the shard store; the delay starts switched off)."""
 
     def __init__(self, cluster: LocalCluster, nodes: list[int], delay_ms: int):
         self.clients: list[ShardStoreClient] = []
@@ -160,14 +161,17 @@ class DelayedStores:
             if not cluster.stop(name):
                 raise RuntimeError(f"{name} did not stop")
             config = json.loads(config_path.read_text())
-            config["shard_store_inject_delay_ms"] = delay_ms
-            # a fixed port: a broker fenced while paused re-execs itself with this config,
-            # and its store must stay where this benchmark talks to it
-            config["shard_store_port"] = _free_port()
+            # a fixed port: a broker fenced while paused re-execs itself with this config
+            # (and its environment), and its store must stay where this benchmark talks to it
+            config.setdefault("erasure", {})["shard_store_port"] = _free_port()
             config_path.write_text(json.dumps(config))
-            cluster._spawn(
-                name, [sys.executable, "-m", "dataplane.node", "--config", str(config_path)]
-            )
+            os.environ[INJECT_DELAY_ENV] = str(delay_ms)  # the spawned broker inherits it
+            try:
+                cluster._spawn(
+                    name, [sys.executable, "-m", "dataplane.node", "--config", str(config_path)]
+                )
+            finally:
+                del os.environ[INJECT_DELAY_ENV]
             deadline = time.monotonic() + 60
             while True:
                 lines = [

@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataplane.config import ObjectWALConfig  # noqa: E402
 from dataplane.objectstore import ObjectStorage  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
 from dataplane.s3stream.wal.object_format import OBJECT_HEADER_BYTES  # noqa: E402
 from dataplane.s3stream.wal.object_wal import (  # noqa: E402
     ObjectWAL,
-    ObjectWALConfig,
     ObjectWALLocation,
 )
 from tests.integration.engine_harness import bucket_uris  # noqa: E402

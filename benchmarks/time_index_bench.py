@@ -29,12 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 
 from controlplane.inprocess import InProcessController  # noqa: E402
+from dataplane.config import StorageConfig, WALConfig  # noqa: E402
 from dataplane.formats.record_batch import patch_batch  # noqa: E402
 from dataplane.kafka.partition_log import PartitionLog  # noqa: E402
 from dataplane.kafka.time_index import PieceTimestamps, stored_pieces  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
-from dataplane.s3stream.storage import S3Storage, StorageConfig  # noqa: E402
+from dataplane.s3stream.storage import S3Storage  # noqa: E402
 from tests.integration.engine_harness import bucket_uris  # noqa: E402
 
 BASE_TS = 1_700_000_000_000
@@ -63,13 +64,19 @@ def engine(controller, store, tmp: Path, node_id: int) -> tuple[S3Storage, Objec
     controller.call("broker_heartbeat", {"node_id": node_id, "node_epoch": epoch})
     objects = ObjectStorage(parse_bucket_uris(bucket_uris(store)), max_concurrency=64)
     config = StorageConfig(
-        data_dir=tmp / f"node-{node_id}",
-        wal_capacity_bytes=256 << 20,
         upload_interval_s=3600,
         block_cache_bytes=16 << 20,  # the smallest: lookups mostly miss it
         log_cache_uploaded_bytes=0,
     )
-    storage = S3Storage(config, node_id, epoch, controller, objects)
+    storage = S3Storage(
+        config,
+        node_id,
+        epoch,
+        controller,
+        objects,
+        data_dir=tmp / f"node-{node_id}",
+        wal=WALConfig(capacity_bytes=256 << 20),
+    )
     storage.start()
     return storage, objects
 

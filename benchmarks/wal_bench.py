@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataplane.s3stream.wal import FileWAL, FileWALConfig  # noqa: E402
+from dataplane.config import FileWALConfig  # noqa: E402
+from dataplane.s3stream.wal import FileWAL  # noqa: E402
 from dataplane.s3stream.wal.format import RECORD_HEADER_SIZE_BYTES  # noqa: E402
 
 MIB = 1024 * 1024

@@ -62,17 +62,17 @@ def broker_config(
     from dataplane.config import BrokerConfig  # the broker's own config model
 
     node_id = spec.node_id
-    storage: dict = {}
+    storage: dict = {"storage": {}, "wal": {}}  # the broker config's sections
     if config.broker_wal_capacity_bytes is not None:
-        storage["wal_capacity_bytes"] = config.broker_wal_capacity_bytes
+        storage["wal"]["capacity_bytes"] = config.broker_wal_capacity_bytes
     if config.broker_upload_interval_s is not None:
-        storage["upload_interval_s"] = config.broker_upload_interval_s
+        storage["storage"]["upload_interval_s"] = config.broker_upload_interval_s
     if config.broker_retention_check_interval_s is not None:
         storage["retention_check_interval_ms"] = round(
             config.broker_retention_check_interval_s * 1000
         )
     if config.broker_wal == "s3":
-        storage["wal_uri"] = broker_wal_uri(config, node_id)
+        storage["wal"]["uri"] = broker_wal_uri(config, node_id)
     endpoints = config.broker_endpoints(spec)
     # brokers talk to each other on the CLI's listener (the inter-broker login needs SASL
     # on a --sasl cluster): it goes first, the rest keep their order

@@ -238,13 +238,13 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
     api = [f"{c.host}:{c.api_port}" for c in topology.controllers]
     main_bucket = buckets[0].uri.split("@", 1)[1].split("?", 1)[0].removeprefix("s3://")
     for b in topology.brokers:
-        extra: dict = {}
+        extra: dict = {"storage": {}, "wal": {}}  # the broker config's sections
         if b.wal_capacity_mib is not None:
-            extra["wal_capacity_bytes"] = b.wal_capacity_mib * 1024 * 1024
+            extra["wal"]["capacity_bytes"] = b.wal_capacity_mib * 1024 * 1024
         if b.wal == "s3":
-            extra["wal_uri"] = f"s3://{main_bucket}/wal/node-{b.id}"
+            extra["wal"]["uri"] = f"s3://{main_bucket}/wal/node-{b.id}"
         if topology.upload_interval_s is not None:
-            extra["upload_interval_s"] = topology.upload_interval_s
+            extra["storage"]["upload_interval_s"] = topology.upload_interval_s
         endpoints = b.endpoints()
         if b.listeners is not None:
             extra["listeners"] = endpoints

@@ -133,7 +133,7 @@ class BrokerNode:
     @property
     def wal_uri(self) -> str:
         """This broker's WAL (the URI other brokers take over on a crash failover)."""
-        return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
+        return self.config.wal.uri or wal_uri_for_path(self.config.data_dir / "storage" / "wal")
 
     def register(self) -> int:
         endpoints = self.config.registered_endpoints()  # as advertised to clients
@@ -324,7 +324,7 @@ class BrokerNode:
         under data_dir/shards, served over HTTP before the broker registers its port."""
         from controlplane.listeners import insecure_listener_error
         from dataplane.erasure.store import HoleStore
-        from dataplane.erasure.store_server import ShardStoreHTTPServer
+        from dataplane.erasure.store_server import ShardStoreHTTPServer, bench_inject_delay_ms
 
         cfg = self.config
         secret = cfg.controller_api_secret
@@ -339,15 +339,15 @@ class BrokerNode:
             try:
                 # the other brokers authenticate with the cluster secret (none: loopback)
                 self.shard_server = ShardStoreHTTPServer(
-                    (cfg.host, cfg.shard_store_port),
+                    (cfg.host, cfg.erasure.shard_store_port),
                     self.shard_store,
-                    inject_delay_ms=cfg.shard_store_inject_delay_ms,
+                    inject_delay_ms=bench_inject_delay_ms(),
                     secret=secret,
                     delay_active=False,
                 )
                 break
             except OSError as exc:  # a predecessor just killed may still hold the port
-                if not cfg.shard_store_port or time.monotonic() > deadline:
+                if not cfg.erasure.shard_store_port or time.monotonic() > deadline:
                     raise
                 log.warning("shard store port: %s; retrying", exc)
                 time.sleep(0.5)
@@ -371,27 +371,20 @@ class BrokerNode:
         from dataplane.kafka.txn.coordinator import TransactionCoordinator
         from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
         from dataplane.objectstore import ObjectStorage, parse_bucket_uris
-        from dataplane.s3stream.storage import S3Storage, StorageConfig
+        from dataplane.s3stream.storage import S3Storage
 
         cfg = self.config
-        objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), max_concurrency=64)
+        objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), cfg.object_store)
         self.objects = objects
         assert self.node_epoch is not None
         self.storage = S3Storage(
-            StorageConfig(
-                data_dir=cfg.data_dir / "storage",
-                wal_uri=self.wal_uri,
-                wal_capacity_bytes=cfg.wal_capacity_bytes,
-                # at most a quarter of the WAL: a small WAL (tests) must upload long before it
-                # is full, not only on the interval
-                upload_threshold_bytes=min(cfg.upload_threshold_bytes, cfg.wal_capacity_bytes // 4),
-                upload_interval_s=cfg.upload_interval_s,
-                block_cache_bytes=cfg.block_cache_bytes,
-            ),
+            cfg.engine_storage(),
             cfg.node_id,
             self.node_epoch,
             self.client,
             objects,
+            data_dir=cfg.data_dir / "storage",
+            wal=cfg.wal,
         )
         # object-storage failover: an upload stuck on a bucket writes have left is redone
         # whole in the new active bucket
@@ -433,6 +426,7 @@ class BrokerNode:
             objects=objects,
             node_epoch_fn=lambda: self.node_epoch or 0,
             read_sealed=self.storage.read_committed,
+            seal_config=cfg.erasure.seal,
         )
         image_fn = lambda: self.metadata.image  # noqa: E731
         routing, zone_handler = self._start_zone_router(objects, image_fn)
@@ -447,7 +441,7 @@ class BrokerNode:
         )
         zone_handler.io = apis._io
         zone_handler.snapshot_server.io = apis._io  # transaction markers sent inline
-        coordinator = GroupCoordinator()
+        coordinator = GroupCoordinator(cfg.groups)
         offset_store = KVOffsetStore(
             self.client, image_fn, cfg.node_id, lambda: self.node_epoch or 0
         )
@@ -610,6 +604,7 @@ class BrokerNode:
             self.storage.read_committed,
             self.zone_traffic,
             login=self._inter_broker_login,
+            channel_config=cfg.zone_router.channel,
             ready_fn=lambda: self.metadata.caught_up,
         )
         self.zone_router.start()
@@ -634,7 +629,7 @@ class BrokerNode:
             image_fn,
             self.erasure,  # erasure-coded partitions first, then the ones this broker leads
             self.zone_router.proxy_partition,
-            CidrAzMap.parse(cfg.client_az_cidrs),
+            CidrAzMap.parse(cfg.zone_router.client_az_cidrs),
             self.zone_traffic,
             # produce through the own channel only to partitions that proxies read
             own_channel=lambda topic_id, plog: OwnChannelPartition(

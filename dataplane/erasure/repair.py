@@ -36,13 +36,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from dataplane.config import ERASURE_REPAIR_BYTES_PER_S
 from dataplane.erasure.codec import CodecError, ErasureCodec
 from dataplane.erasure.holes import AcceptResult, HoleKind, classify
 from dataplane.erasure.shard_format import Shard, encode_shard, payload_checksum, peek_head
 from dataplane.erasure.store import RangeAnswer
 from dataplane.erasure.writer import ShardStore
 
-DEFAULT_MAX_BYTES_PER_S = 8 * 1024 * 1024
 DEFAULT_MAX_HOLES = 5_000  # headers listed per store and pass
 
 
@@ -88,7 +88,7 @@ class ErasureRepairer:
         stream_id: int,
         codec: ErasureCodec,
         pool: ThreadPoolExecutor,
-        max_bytes_per_s: int = DEFAULT_MAX_BYTES_PER_S,
+        max_bytes_per_s: int = ERASURE_REPAIR_BYTES_PER_S,
         stats: RepairStats | None = None,
         clock_s: Callable[[], float] = time.monotonic,
     ):

@@ -39,6 +39,7 @@ import argparse
 import hmac
 import json
 import logging
+import os
 import socket
 import struct
 import sys
@@ -90,6 +91,22 @@ def decode_range(body: bytes) -> RangeAnswer:
         holes.append((offset, body[pos : pos + length]))
         pos += length
     return RangeAnswer(holes, complete_below, filled_below)
+
+
+# benchmarks' slow node, not a product setting: a broker whose environment holds this
+# starts its shard store with that write delay, switched off (POST /v1/inject-delay)
+INJECT_DELAY_ENV = "AUTOMQ_BENCH_SHARD_STORE_DELAY_MS"
+
+
+def bench_inject_delay_ms() -> int:
+    """The write delay a benchmark asked of this process's shard store (0: none)."""
+    raw = os.environ.get(INJECT_DELAY_ENV, "").strip()
+    if not raw:
+        return 0
+    delay_ms = int(raw)
+    if not 0 <= delay_ms <= 60_000:
+        raise ValueError(f"{INJECT_DELAY_ENV}={raw}: expected 0..60000 ms")
+    return delay_ms
 
 
 class ShardStoreHTTPServer(ThreadingHTTPServer):
@@ -296,8 +313,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._body()  # none expected; read so the connection stays in step
             if not self.server.inject_delay_ms:
                 raise _BadRequest(
-                    "this store has no injected delay (--inject-delay-ms, or the broker "
-                    "config shard_store_inject_delay_ms)"
+                    "this store has no injected delay (--inject-delay-ms, or the broker's "
+                    f"environment {INJECT_DELAY_ENV})"
                 )
             self.server.set_delay_active(_int_param(query, "active") != 0)
             body = {"write_delay_ms": self.server.write_delay_ms}

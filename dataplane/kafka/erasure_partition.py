@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from controlplane.calls import ControllerCalls
 from controlplane.erasure_placement import ErasureSettings, erasure_settings
 from controlplane.image import MetadataImage, StreamMetaState
+from dataplane.config import SealConfig
 from dataplane.erasure.codec import ErasureCodec
 from dataplane.erasure.embedded import KAFKA_OFFSET_ALIGNMENT as OFFSET_ALIGNMENT
 from dataplane.erasure.embedded import BrokerShardStore
@@ -64,7 +65,7 @@ from dataplane.formats.record_batch import (
 )
 from dataplane.formats.seal_format import offset_of, sealed_records, slot_of
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.kafka.erasure_seal import ErasureSealer, SealConfig, sealed_end
+from dataplane.kafka.erasure_seal import ErasureSealer, sealed_end
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     OffsetAndTimestamp,

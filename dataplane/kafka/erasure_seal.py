@@ -66,6 +66,7 @@ from controlplane.requests import (
     SealErasureRangeRequest,
     TrimErasureStreamRequest,
 )
+from dataplane.config import SealConfig
 from dataplane.erasure.reader import (
     CorruptWriteError,
     ErasureReader,
@@ -115,19 +116,6 @@ class ErasurePartition(Protocol):
 
     @property
     def leader_epoch(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class SealConfig:
-    """How often and how far behind the visible end erasure-coded partitions are sealed."""
-
-    interval_ms: int = 1_000
-    max_object_bytes: int = 64 * 1024 * 1024
-    prepared_ttl_ms: int = 10 * 60 * 1000
-    repair: bool = True
-    # offsets younger than this are not repaired yet (the writer's own shards are landing)
-    repair_delay_ms: int = 1_000
-    repair_max_bytes_per_s: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -538,4 +526,4 @@ class ErasureSealer:
         )
 
 
-__all__ = ["ErasureSealer", "SealConfig", "sealed_end", "sealed_records"]
+__all__ = ["ErasureSealer", "sealed_end", "sealed_records"]

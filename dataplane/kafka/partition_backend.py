@@ -22,15 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane import topic_configs
+from dataplane.config import MAX_PARTITION_PRODUCE_BYTES
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import RecordBatchHeader, RecordChunks, parse_batches
 from dataplane.s3stream.uploader import StorageError
 
 log = logging.getLogger(__name__)
-
-# the most one partition's records in one produce request may hold, whatever the backend
-# (each batch is also held to its topic's max.message.bytes, Kafka's default 1048588)
-MAX_PARTITION_PRODUCE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass

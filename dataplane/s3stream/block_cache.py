@@ -59,7 +59,7 @@ class BlockCache:
 
     def __init__(
         self,
-        max_bytes: int = 256 * 1024 * 1024,
+        max_bytes: int,
         *,
         max_speculative_bytes: int | None = None,
         max_bytes_per_watcher: int = DEFAULT_MAX_BYTES_PER_WATCHER,

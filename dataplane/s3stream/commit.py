@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-COMMIT_ATTEMPTS = 8  # tries of one prepare or commit (= UploaderConfig.upload_attempts)
+COMMIT_ATTEMPTS = 8  # tries of one prepare or commit (= StorageConfig.upload_attempts)
 RETRY_FIRST_DELAY_S = 0.1  # backoff between tries: doubles up to RETRY_MAX_DELAY_S
 RETRY_MAX_DELAY_S = 5.0
 

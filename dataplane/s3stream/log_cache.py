@@ -35,7 +35,7 @@ class _StreamCache:
 class LogCache:
     """Per-stream ordered batches with a byte budget for already-uploaded data."""
 
-    def __init__(self, max_uploaded_bytes: int = 256 * 1024 * 1024):
+    def __init__(self, max_uploaded_bytes: int):
         self.max_uploaded_bytes = max_uploaded_bytes
         self._streams: dict[int, _StreamCache] = {}
         self.total_bytes = 0

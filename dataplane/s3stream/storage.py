@@ -33,12 +33,7 @@ from controlplane.requests import (
     OpenStreamRequest,
     TrimStreamRequest,
 )
-from dataplane.config import (
-    BLOCK_CACHE_BYTES,
-    UPLOAD_INTERVAL_S,
-    UPLOAD_THRESHOLD_BYTES,
-    WAL_CAPACITY_BYTES,
-)
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
 from dataplane.s3stream import metrics
@@ -55,7 +50,6 @@ from dataplane.s3stream.stream_reader import (
 from dataplane.s3stream.uploader import (
     ObjectUploader,
     StorageError,
-    UploaderConfig,
     UploadResult,
     data_lost,
     is_retriable_upload_error,
@@ -85,28 +79,6 @@ class UploadStats:
 def _error_text(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-
-
-@dataclass
-class StorageConfig:
-    """Limits and thresholds of the engine (AutoMQ's defaults scaled to one machine)."""
-
-    data_dir: Path
-    wal_uri: str | None = None  # None: file:// of data_dir/wal
-    wal_capacity_bytes: int = WAL_CAPACITY_BYTES
-    upload_threshold_bytes: int = UPLOAD_THRESHOLD_BYTES
-    upload_interval_s: float = UPLOAD_INTERVAL_S
-    max_object_bytes: int = 256 * 1024 * 1024
-    stream_split_bytes: int = 8 * 1024 * 1024
-    block_size_bytes: int = 512 * 1024
-    log_cache_uploaded_bytes: int = 256 * 1024 * 1024
-    block_cache_bytes: int = BLOCK_CACHE_BYTES
-    prepared_ttl_ms: int = 60 * 60 * 1000
-    upload_attempts: int = 8
-    wal_full_wait_s: float = 30.0
-    close_wait_s: float = 30.0
-    max_readers: int = 10_000
-    reader_idle_s: float = 60.0
 
 
 class ControllerLocator:
@@ -285,8 +257,15 @@ class S3Storage:
         controller: ControllerCalls,
         objects: ObjectStorage,
         locator: ObjectLocator | None = None,
+        *,
+        data_dir: Path,
+        wal: WALConfig | None = None,
     ):
+        """`config`: the broker config's `storage` section; `wal`: its `wal` section (None:
+        the defaults); `data_dir`: the engine's directory (a file:// WAL defaults to it)."""
         self.config = config
+        self.data_dir = data_dir
+        self.wal_config = wal or WALConfig()
         self.node_id = node_id
         self.node_epoch = node_epoch
         self.controller = controller
@@ -311,13 +290,7 @@ class S3Storage:
             controller,
             objects,
             lambda: Committer(self.node_id, self.node_epoch),
-            UploaderConfig(
-                block_size_bytes=config.block_size_bytes,
-                max_object_bytes=config.max_object_bytes,
-                stream_split_bytes=config.stream_split_bytes,
-                prepared_ttl_ms=config.prepared_ttl_ms,
-                upload_attempts=config.upload_attempts,
-            ),
+            config,
         )
         self.wal: WriteAheadLog | None = None
         # the last upload attempt's error, None once one succeeds; written by whichever
@@ -335,13 +308,15 @@ class S3Storage:
     def start(self) -> int:
         """Open (and recover) the WAL, upload what was not committed, start the uploader.
         Returns the number of recovered batches that were uploaded."""
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = open_wal(
             self.wal_uri,
             self.node_id,
             self.node_epoch,
-            capacity_bytes=self.config.wal_capacity_bytes,
+            capacity_bytes=self.wal_config.capacity_bytes,
+            config=self.wal_config.file,
             objects=self.objects,  # reaches an s3:// WAL with the broker's bucket config
+            object_config=self.wal_config.object,
         )
         metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()
@@ -351,7 +326,7 @@ class S3Storage:
     @property
     def wal_uri(self) -> str:
         """Where this engine's WAL lives (the factory picks the implementation by scheme)."""
-        return self.config.wal_uri or wal_uri_for_path(self.config.data_dir / "wal")
+        return self.wal_config.uri or wal_uri_for_path(self.data_dir / "wal")
 
     def _recover(self) -> int:
         """Re-upload acknowledged batches the controller has not committed yet."""
@@ -928,7 +903,7 @@ class S3Storage:
         wal = self.wal
         return UploadStats(
             wal_used_bytes=wal.used_bytes if wal is not None else 0,
-            wal_capacity_bytes=self.config.wal_capacity_bytes,
+            wal_capacity_bytes=self.wal_config.capacity_bytes,
             upload_lag_s=round(max(0.0, time.monotonic() - oldest), 3)
             if oldest is not None
             else 0.0,

@@ -29,6 +29,7 @@ from controlplane.errors import (
     ErrorCode,
 )
 from controlplane.requests import CommitStreamSetObjectRequest
+from dataplane.config import StorageConfig
 from dataplane.formats.object_format import ObjectWriter
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import (
@@ -129,17 +130,6 @@ class _RoundObjects:
     stream_objects: list[dict] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class UploaderConfig:
-    """Object layout and retry limits of uploads."""
-
-    block_size_bytes: int = 512 * 1024
-    max_object_bytes: int = 256 * 1024 * 1024
-    stream_split_bytes: int = 8 * 1024 * 1024  # a stream above this gets its own object
-    prepared_ttl_ms: int = 60 * 60 * 1000
-    upload_attempts: int = 8
-
-
 class ObjectUploader:
     """prepare -> put -> commit of stream batches as objects (see the module docstring).
 
@@ -152,7 +142,7 @@ class ObjectUploader:
         controller: ControllerCalls,
         objects: ObjectStorage,
         committer: Callable[[], Committer],
-        config: UploaderConfig | None = None,
+        config: StorageConfig | None = None,
         active_bucket: Callable[[], int | None] | None = None,
     ):
         """`active_bucket()`: the bucket new objects go to as the metadata says now (None:
@@ -162,7 +152,7 @@ class ObjectUploader:
         self.controller = controller
         self.objects = objects
         self._committer = committer
-        self.config = config or UploaderConfig()
+        self.config = config or StorageConfig()  # its object layout and retry limits
         self._commits = ObjectCommitter(controller, self.config.upload_attempts)
         self._order_lock = threading.Lock()
         self._order_id = int(time.time() * 1000)

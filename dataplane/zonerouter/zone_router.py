@@ -30,12 +30,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from controlplane.image import MetadataImage
+from dataplane.config import ObjectWALConfig
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import AppendOutcome, PartitionBackend
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import WALError
-from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig
+from dataplane.s3stream.wal.object_wal import ObjectWAL
 from dataplane.zonerouter.channel import CHANNEL_BUCKET_ID, channel_location
 from dataplane.zonerouter.own_channel import OwnPipeline
 from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
@@ -96,7 +97,7 @@ class ZoneRouter:
         self.traffic = traffic
         self.login = login
         self.ready_fn = ready_fn  # the metadata image is caught up
-        self.channel_config = channel_config or ObjectWALConfig(linger_s=0.002)
+        self.channel_config = channel_config or ObjectWALConfig()
         self.channel: ObjectWAL | None = None
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}

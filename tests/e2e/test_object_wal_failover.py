@@ -56,7 +56,7 @@ def failover_line(cluster, node: int, timeout_s: float = 60) -> str:
 def test_kill_9_recovers_the_object_wal_on_another_broker(cluster):
     for node in BROKERS:  # the brokers' WALs are objects, not local files
         config = json.loads((cluster["dir"] / f"broker-{node}" / "broker.json").read_text())
-        assert config["wal_uri"] == f"s3://automq-main/wal/node-{node}"
+        assert config["wal"]["uri"] == f"s3://automq-main/wal/node-{node}"
         assert not (cluster["dir"] / f"broker-{node}" / "storage" / "wal").exists()
     wait_all_active(cluster)
     status = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])

@@ -6,9 +6,10 @@ import uuid
 from pathlib import Path
 
 from controlplane.client import ControllerClient
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
 from dataplane.objectstore.seaweed import EmbeddedSeaweed
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 
 
 def bucket_uris(store: EmbeddedSeaweed) -> str:
@@ -42,5 +43,7 @@ def make_engine(
     # the engine keeps many reads in flight (readahead of every reader): a wider pool than
     # the object store's default of 16
     objects = ObjectStorage(parse_bucket_uris(bucket_uris(store)), max_concurrency=64)
-    cfg = StorageConfig(data_dir=data_dir, **{"wal_capacity_bytes": 64 << 20, **config})
-    return S3Storage(cfg, node_id, epoch, client, objects)
+    wal = WALConfig(capacity_bytes=config.pop("wal_capacity_bytes", 64 << 20))
+    return S3Storage(
+        StorageConfig(**config), node_id, epoch, client, objects, data_dir=data_dir, wal=wal
+    )

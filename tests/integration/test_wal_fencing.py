@@ -30,7 +30,8 @@ THREADS = 4
 OWNER = (
     r"""
 import collections, sys, threading, time
-from dataplane.s3stream.wal import FileWAL, FileWALConfig, WALFencedError, WALError
+from dataplane.config import FileWALConfig
+from dataplane.s3stream.wal import FileWAL, WALFencedError, WALError
 from dataplane.s3stream.wal import ring
 path, write_delay_s = sys.argv[1], float(sys.argv[2])
 if write_delay_s > 0:

@@ -11,12 +11,13 @@ import boto3
 from moto import mock_aws
 
 from controlplane.inprocess import InProcessController
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 
 BUCKETS = "0@s3://automq-main?region=us-east-1"
 
@@ -44,16 +45,13 @@ def inprocess_broker(
         controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
         objects = ObjectStorage(BUCKETS)
         storage = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path,
-                wal_capacity_bytes=32 << 20,
-                block_cache_bytes=16 << 20,
-                log_cache_uploaded_bytes=16 << 20,
-            ),
+            StorageConfig(block_cache_bytes=16 << 20, log_cache_uploaded_bytes=16 << 20),
             1,
             epoch,
             controller,
             objects,
+            data_dir=tmp_path,
+            wal=WALConfig(capacity_bytes=32 << 20),
         )
         storage.start()
         partitions = PartitionManager(1, storage)

@@ -17,10 +17,11 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.object_format import ObjectWriter
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 from spark_jobs import objects_io
 from spark_jobs.compact import compaction_commit_request
 from spark_jobs.execute import write_object
@@ -288,13 +289,13 @@ def test_plan_write_commit_and_read_back(controller, tmp_path, monkeypatch):
         # one stream-set object (a, and b's first run), big's and b's merged stream objects
         assert committed_object_count(image) == len(plan.tasks) == 3
         reader = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path / "r", wal_capacity_bytes=32 << 20, block_cache_bytes=16 << 20
-            ),
+            StorageConfig(block_cache_bytes=16 << 20),
             1,
             0,
             controller,
             ObjectStorage(BUCKET_URI),
+            data_dir=tmp_path / "r",
+            wal=WALConfig(capacity_bytes=32 << 20),
         )
         for sid in (a, b, big):
             got = reader._read_objects(sid, 0, cl.next[sid], 1 << 30)
@@ -317,13 +318,13 @@ def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
         a = cl.stream()
         old = [cl.sso({a: 40}, size=20_000) for _ in range(3)]  # 2.4 MB > the readahead
         reader = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path / "r", wal_capacity_bytes=32 << 20, block_cache_bytes=16 << 20
-            ),
+            StorageConfig(block_cache_bytes=16 << 20),
             1,
             0,
             controller,
             ObjectStorage(BUCKET_URI),
+            data_dir=tmp_path / "r",
+            wal=WALConfig(capacity_bytes=32 << 20),
         )
         first = reader._read_objects(a, 0, cl.next[a], 1)
         assert [x.payload for x in first] == cl.payloads[a][:1]

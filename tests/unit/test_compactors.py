@@ -18,9 +18,10 @@ from controlplane.requests import (
     RegisterCompactorRequest,
 )
 from controlplane.settings import ControllerSettings
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.commit import Committer
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.uploader import ObjectUploader
 
 BUCKETS = "0@s3://automq-main?region=us-east-1"
@@ -139,10 +140,9 @@ def test_a_job_compacts_through_the_uploader_with_no_broker(controller, tmp_path
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
         objects = ObjectStorage(BUCKETS)
-        config = StorageConfig(
-            data_dir=tmp_path / "b1", wal_capacity_bytes=32 << 20, block_cache_bytes=16 << 20
-        )
-        broker = S3Storage(config, 1, 0, controller, objects)
+        config = StorageConfig(block_cache_bytes=16 << 20)
+        wal = WALConfig(capacity_bytes=32 << 20)
+        broker = S3Storage(config, 1, 0, controller, objects, data_dir=tmp_path / "b1", wal=wal)
         broker.start()
         try:
             stream = broker.open_stream(broker.create_stream(), 0)
@@ -176,13 +176,13 @@ def test_a_job_compacts_through_the_uploader_with_no_broker(controller, tmp_path
         assert image.streams[stream.stream_id].end_offset == 12  # the stream did not move
 
         reader = S3Storage(
-            StorageConfig(
-                data_dir=tmp_path / "b2", wal_capacity_bytes=32 << 20, block_cache_bytes=16 << 20
-            ),
+            StorageConfig(block_cache_bytes=16 << 20),
             1,
             0,
             controller,
             objects,
+            data_dir=tmp_path / "b2",
+            wal=WALConfig(capacity_bytes=32 << 20),
         )
         got = reader._read_objects(stream.stream_id, 0, 12, 1 << 20)
         assert [b.payload for b in got] == [b.payload for b in batches]

@@ -36,7 +36,7 @@ def test_init_writes_a_directory_per_host_with_secret_references(tmp_path):
             assert values["api_secret"] not in f.read_text()
             assert values["raft_password"] not in f.read_text()
     broker2 = json.loads((tmp_path / "10.0.0.2" / "broker-2.json").read_text())["broker"]
-    assert broker2["wal_uri"] == "s3://main/wal/node-2"
+    assert broker2["wal"]["uri"] == "s3://main/wal/node-2"
     assert broker2["controllers"] == ["10.0.0.1:9094"]
     assert broker2["controller_api_secret"] == "${secret:api_secret}"
 

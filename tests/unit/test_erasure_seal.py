@@ -17,6 +17,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
 from controlplane.records import ObjectState
 from controlplane.requests import PrepareObjectsRequest, SealErasureRangeRequest
+from dataplane.config import StorageConfig
 from dataplane.erasure.reader import SealedRangeError
 from dataplane.erasure.store import HoleStore, used_log_bytes
 from dataplane.formats.kafka_errors import KafkaError
@@ -32,7 +33,7 @@ from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
 from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 from tests.unit.test_erasure_partition import (
     NoLeaders,
     fetch,
@@ -124,11 +125,12 @@ def sealed_cluster(tmp_path, monkeypatch):
 
         objects = ObjectStorage(BUCKETS)
         storage = S3Storage(
-            StorageConfig(data_dir=tmp_path / "engine", block_cache_bytes=16 << 20),
+            StorageConfig(block_cache_bytes=16 << 20),
             1,
             image_now().brokers[1].node_epoch,
             controller,
             objects,
+            data_dir=tmp_path / "engine",
         )
         stores = {n: HoleStore(tmp_path / f"store-{n}") for n in range(1, 7)}
         erasure = ErasurePartitions(
@@ -546,8 +548,6 @@ class _DownStore:
 
 
 def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cluster):
-    from dataclasses import replace
-
     from prometheus_client import REGISTRY
 
     from dataplane.erasure.embedded import EmbeddedErasureProducer
@@ -556,7 +556,7 @@ def test_the_sealer_repairs_a_write_won_with_four_shards_and_counts_it(sealed_cl
     apis, controller, stores, erasure, image_now, _ = sealed_cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
     partition, stream_id = _partition(erasure, image_now, "events")
-    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    erasure.sealer.config = erasure.sealer.config.model_copy(update={"repair_delay_ms": 0})
     metric = "automq_erasure_repaired_shards_total"
     before = REGISTRY.get_sample_value(metric) or 0.0
     # brokers 5 and 6 are down for this writer: the write wins with exactly 4 shards
@@ -669,14 +669,12 @@ class _Toggle:
 
 
 def test_the_sealer_repairs_a_store_it_could_not_reach_once_it_answers(sealed_cluster):
-    from dataclasses import replace
-
     from dataplane.erasure.embedded import EmbeddedErasureProducer
 
     apis, controller, stores, erasure, image_now, _ = sealed_cluster
     controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
     partition, stream_id = _partition(erasure, image_now, "events")
-    erasure.sealer.config = replace(erasure.sealer.config, repair_delay_ms=0)
+    erasure.sealer.config = erasure.sealer.config.model_copy(update={"repair_delay_ms": 0})
     shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
     a, b = shard_stores[-2:]  # out of the writer's reach; b also of the sealer's at first
     with EmbeddedErasureProducer(

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from dataplane.config import GroupCoordinatorConfig
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.state import (
     Group,
-    GroupCoordinatorConfig,
     GroupState,
     IllegalStateTransition,
     JoinGroupParams,

@@ -34,11 +34,11 @@ from kafka.protocol.consumer.metadata import (
     ConsumerProtocolSubscription,
 )
 
+from dataplane.config import GroupCoordinatorConfig
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import GroupHandlers
 from dataplane.kafka.groups.offsets import CommittedOffset, InMemoryOffsetStore
-from dataplane.kafka.groups.state import GroupCoordinatorConfig
 
 T = TypeVar("T")
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataplane.config import GroupCoordinatorConfig
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.offsets import (
@@ -21,7 +22,7 @@ from dataplane.kafka.groups.offsets import (
     OffsetStoreError,
     store_error_code,
 )
-from dataplane.kafka.groups.state import GroupCoordinatorConfig, GroupState, JoinGroupParams
+from dataplane.kafka.groups.state import GroupState, JoinGroupParams
 
 T = TypeVar("T")
 NOW_MS = 1_700_000_000_000

@@ -188,7 +188,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("dataplane.formats",),),
     (("dataplane.objectstore",),),
     (("controlplane",),),
-    (("dataplane.config",), ("dataplane.runtime",)),
+    (("dataplane.config", "dataplane.config_reference"), ("dataplane.runtime",)),
     (("dataplane.s3stream",), ("dataplane.erasure",)),
     (("dataplane.kafka",),),
     (("dataplane.zonerouter",),),

@@ -62,7 +62,8 @@ def objects(monkeypatch):
 def _setup(objects, tmp_path):
     from controlplane.settings import ControllerSettings
     from controlplane.state_machine import MetadataStateMachine
-    from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from dataplane.config import StorageConfig, WALConfig
+    from dataplane.s3stream.storage import S3Storage
     from tests.unit.test_upload_stream_errors import HookedController
 
     ctrl = HookedController(MetadataStateMachine(ControllerSettings(bucket_ids=[0])))
@@ -82,14 +83,10 @@ def _setup(objects, tmp_path):
 
     def engine(node: int) -> S3Storage:
         cfg = StorageConfig(
-            data_dir=tmp_path / f"node{node}",
-            wal_uri=f"s3://automq-main/wal/node-{node}",
-            wal_capacity_bytes=16 << 20,
-            upload_interval_s=3600,
-            upload_threshold_bytes=1 << 30,
-            block_cache_bytes=16 << 20,
+            upload_interval_s=3600, upload_threshold_bytes=1 << 30, block_cache_bytes=16 << 20
         )
-        e = S3Storage(cfg, node, 0, ctrl, objects)
+        wal = WALConfig(uri=f"s3://automq-main/wal/node-{node}", capacity_bytes=16 << 20)
+        e = S3Storage(cfg, node, 0, ctrl, objects, data_dir=tmp_path / f"node{node}", wal=wal)
         e.link_resolver = ChannelReaders(objects).resolve
         e.start()
         return e

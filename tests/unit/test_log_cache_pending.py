@@ -8,7 +8,7 @@ from dataplane.s3stream.log_cache import LogCache
 
 
 def test_take_pending_stops_at_the_wal_offset_snapshot():
-    cache = LogCache()
+    cache = LogCache(256 << 20)
     for i in range(3):
         cache.put(StreamRecordBatch(1, 0, i, 1, b"x" * 10), wal_next_offset=(i + 1) * 100)
     target = cache.pending_wal_end()
@@ -23,7 +23,7 @@ def test_take_pending_stops_at_the_wal_offset_snapshot():
 
 
 def test_nothing_pending_has_no_wal_end():
-    assert LogCache().pending_wal_end() == -1
+    assert LogCache(256 << 20).pending_wal_end() == -1
 
 
 def test_a_cancelled_produce_future_does_not_break_the_append(tmp_path, monkeypatch, caplog):

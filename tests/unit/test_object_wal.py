@@ -9,6 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from dataplane.config import ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import (
     WALCorruptError,
@@ -32,7 +33,7 @@ from dataplane.s3stream.wal.object_format import (
     encode_object,
     resolve_chain,
 )
-from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig
+from dataplane.s3stream.wal.object_wal import ObjectWAL
 
 BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-wal?region=us-east-1"
 URI = "s3://automq-wal/wal/node-1"
@@ -228,9 +229,10 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
     from controlplane.records import ObjectState
     from controlplane.settings import ControllerSettings
     from controlplane.state_machine import MetadataStateMachine
+    from dataplane.config import StorageConfig, WALConfig
     from dataplane.formats.object_format import decode_block, parse_object
     from dataplane.objectstore import object_key
-    from dataplane.s3stream.storage import S3Storage, StorageConfig
+    from dataplane.s3stream.storage import S3Storage
     from dataplane.s3stream.wal_failover import recover_failed_wal
     from tests.unit.test_upload_stream_errors import HookedController
 
@@ -251,14 +253,10 @@ def test_the_storage_engine_runs_on_an_s3_wal_and_another_node_fails_it_over(obj
 
     def engine(node: int) -> S3Storage:
         cfg = StorageConfig(
-            data_dir=tmp_path / f"node{node}",
-            wal_uri=f"s3://automq-wal/wal/node-{node}",
-            wal_capacity_bytes=16 << 20,
-            upload_interval_s=3600,
-            upload_threshold_bytes=1 << 30,
-            block_cache_bytes=16 << 20,
+            upload_interval_s=3600, upload_threshold_bytes=1 << 30, block_cache_bytes=16 << 20
         )
-        e = S3Storage(cfg, node, 0, ctrl, objects)
+        wal = WALConfig(uri=f"s3://automq-wal/wal/node-{node}", capacity_bytes=16 << 20)
+        e = S3Storage(cfg, node, 0, ctrl, objects, data_dir=tmp_path / f"node{node}", wal=wal)
         e.start()
         return e
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from dataplane.config import MAX_PARTITION_PRODUCE_BYTES
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import (
-    MAX_PARTITION_PRODUCE_BYTES,
     AppendOutcome,
     BackendBackpressure,
     BackendError,

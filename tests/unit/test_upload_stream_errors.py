@@ -22,9 +22,10 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.records import ObjectState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.object_format import parse_object
 from dataplane.objectstore import ObjectStoreUnavailableError, object_key
-from dataplane.s3stream.storage import S3Storage, StorageConfig
+from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.uploader import (
     StorageError,
     data_lost,
@@ -140,16 +141,15 @@ def make_engine(
     ctrl: HookedController, objects: FakeObjects, data_dir: Path, node_id: int = 1, **config
 ) -> S3Storage:
     cfg = StorageConfig(
-        data_dir=data_dir,
         **{
-            "wal_capacity_bytes": 16 << 20,
             "upload_interval_s": 3600,
             "upload_threshold_bytes": 1 << 30,
             "upload_attempts": 3,
             **config,
         },
     )
-    engine = S3Storage(cfg, node_id, 0, ctrl, objects)
+    wal = WALConfig(capacity_bytes=16 << 20)
+    engine = S3Storage(cfg, node_id, 0, ctrl, objects, data_dir=data_dir, wal=wal)
     engine.start()
     return engine
 

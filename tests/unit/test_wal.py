@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from dataplane.config import FileWALConfig
 from dataplane.s3stream.wal import (
     FileWAL,
-    FileWALConfig,
     WALClosedError,
     WALCorruptError,
     WALError,
@@ -56,9 +56,7 @@ def wal_path(tmp_path: Path) -> Path:
 def open_wal(
     path: Path, node_id: int = 1, epoch: int = 1, capacity: int = CAPACITY, **overrides
 ) -> FileWAL:
-    config = FileWALConfig(
-        **{**{f: getattr(CONFIG, f) for f in CONFIG.__dataclass_fields__}, **overrides}
-    )
+    config = FileWALConfig(**{**CONFIG.model_dump(), **overrides})
     return FileWAL.open(path, node_id, epoch, capacity_bytes=capacity, config=config)
 
 

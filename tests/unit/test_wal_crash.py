@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from dataplane.s3stream.wal import FileWAL, FileWALConfig
+from dataplane.config import FileWALConfig
+from dataplane.s3stream.wal import FileWAL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = 64 * 1024 * 1024
@@ -23,7 +24,8 @@ CONFIG = FileWALConfig(
 CHILD = (
     r"""
 import sys, threading
-from dataplane.s3stream.wal import FileWAL, FileWALConfig, WALError
+from dataplane.config import FileWALConfig
+from dataplane.s3stream.wal import FileWAL, WALError
 path, round_no, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 config = FileWALConfig(max_record_bytes=64 * 1024, max_batch_bytes=256 * 1024, max_queue_bytes=1024 * 1024)
 wal = FileWAL.open(path, 1, epoch, capacity_bytes=%d, config=config)

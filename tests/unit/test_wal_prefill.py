@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import threading
@@ -10,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.s3stream.wal import FileWAL, FileWALConfig
+from dataplane.config import FileWALConfig
+from dataplane.s3stream.wal import FileWAL
 from dataplane.s3stream.wal.format import DATA_START_BYTES
 from dataplane.s3stream.wal.prefill import RingPrefiller
 
@@ -55,7 +55,7 @@ def test_a_new_wal_gets_written_extents_ahead_of_its_appends(tmp_path: Path) -> 
     if not _unwritten_reads_as_hole(tmp_path):
         pytest.skip("this filesystem does not report unwritten extents as holes")
     capacity = 32 * MIB
-    config = dataclasses.replace(CONFIG, prefill_ahead_bytes=4 * MIB)
+    config = CONFIG.model_copy(update={"prefill_ahead_bytes": 4 * MIB})
     wal = FileWAL.open(tmp_path / "w.wal", 1, 1, capacity_bytes=capacity, config=config)
     try:
         for _ in range(8):
@@ -88,7 +88,7 @@ def test_reopening_an_existing_wal_does_not_prefill(tmp_path: Path) -> None:
         1,
         1,
         capacity_bytes=16 * MIB,
-        config=dataclasses.replace(CONFIG, prefill_ahead_bytes=0),
+        config=CONFIG.model_copy(update={"prefill_ahead_bytes": 0}),
     )
     try:
         assert off._prefiller is None
@@ -154,11 +154,11 @@ def test_a_lightly_used_wal_zero_fills_only_its_lead(tmp_path: Path) -> None:
 
 def test_prefiller_limits_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        RingPrefiller(tmp_path / "x", MIB, chunk_bytes=1000)
+        RingPrefiller(tmp_path / "x", MIB, ahead_bytes=64 * MIB, chunk_bytes=1000)
     with pytest.raises(ValueError):
         RingPrefiller(tmp_path / "x", MIB, ahead_bytes=4096, chunk_bytes=8192)
     with pytest.raises(ValueError):
-        FileWALConfig(prefill_ahead_bytes=-1).validate(16 * MIB)
+        FileWALConfig(prefill_ahead_bytes=-1)
 
 
 def test_zeros_in_flight_at_close_never_land_on_what_close_writes(tmp_path, monkeypatch):
@@ -183,8 +183,12 @@ def test_zeros_in_flight_at_close_never_land_on_what_close_writes(tmp_path, monk
 
     monkeypatch.setattr(prefill_mod, "pwrite_all", slow_zero)
     monkeypatch.setattr(Ring, "write_batch", slow_batch)
-    config = dataclasses.replace(
-        CONFIG, max_batch_bytes=128 * 1024, max_queue_bytes=8 * MIB, prefill_ahead_bytes=MIB
+    config = CONFIG.model_copy(
+        update={
+            "max_batch_bytes": 128 * 1024,
+            "max_queue_bytes": 8 * MIB,
+            "prefill_ahead_bytes": MIB,
+        }
     )
     path = tmp_path / "w.wal"
     wal = FileWAL.open(path, 1, 1, capacity_bytes=16 * MIB, config=config)
@@ -194,7 +198,7 @@ def test_zeros_in_flight_at_close_never_land_on_what_close_writes(tmp_path, monk
     wal.close()  # writes what is queued
     acked = [f.result(0) for f in futures if f.exception(0) is None]
     assert acked
-    reopened = FileWAL.open(path, 1, 2, config=dataclasses.replace(config, prefill_ahead_bytes=0))
+    reopened = FileWAL.open(path, 1, 2, config=config.model_copy(update={"prefill_ahead_bytes": 0}))
     try:
         recovered = {r.offset for r in reopened.recover()}
     finally:
@@ -209,7 +213,7 @@ def test_a_taken_over_wal_writes_no_more_zeros(tmp_path: Path) -> None:
     from dataplane.s3stream.wal import take_over
 
     path = tmp_path / "w.wal"
-    config = dataclasses.replace(CONFIG, prefill_ahead_bytes=2 * MIB)
+    config = CONFIG.model_copy(update={"prefill_ahead_bytes": 2 * MIB})
     wal = FileWAL.open(path, 1, 1, capacity_bytes=64 * MIB, config=config)
     try:
         prefiller = wal._prefiller

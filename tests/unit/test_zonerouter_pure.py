@@ -130,5 +130,6 @@ def test_broker_config_refuses_a_bad_client_az_map():
 
     base = dict(node_id=1, az="az1", kafka_port=1, data_dir="/tmp/x", controllers=[])
     with pytest.raises(pydantic.ValidationError, match="invalid CIDR '10.0.0.0/33'"):
-        BrokerConfig(**base, client_az_cidrs={"10.0.0.0/33": "az1"})
-    assert BrokerConfig(**base, client_az_cidrs={"10.0.0.0/8": "az1"}).client_az_cidrs
+        BrokerConfig(**base, zone_router={"client_az_cidrs": {"10.0.0.0/33": "az1"}})
+    cidrs = {"10.0.0.0/8": "az1"}
+    assert BrokerConfig(**base, zone_router={"client_az_cidrs": cidrs}).zone_router.client_az_cidrs

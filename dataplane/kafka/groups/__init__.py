@@ -1,6 +1,6 @@
 """Kafka consumer-group coordination (classic protocol) and committed offsets.
 
-* :mod:`.state` - pure group model and configuration;
+* :mod:`.state` - pure group model;
 * :mod:`.coordinator` - :class:`GroupCoordinator`, the asyncio state machine;
 * :mod:`.offsets` - :class:`OffsetStore` protocol, :class:`InMemoryOffsetStore`,
   :class:`OffsetManager` (commit/fetch/delete rules);
@@ -16,7 +16,6 @@ from .offsets import (
     OffsetStoreError,
 )
 from .state import (
-    GroupCoordinatorConfig,
     GroupListing,
     GroupState,
     GroupSummary,
@@ -29,7 +28,6 @@ from .state import (
 __all__ = [
     "CommittedOffset",
     "GroupCoordinator",
-    "GroupCoordinatorConfig",
     "GroupListing",
     "GroupState",
     "GroupSummary",

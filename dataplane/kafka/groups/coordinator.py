@@ -43,11 +43,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dataplane.config import GroupCoordinatorConfig
 from dataplane.formats.kafka_errors import KafkaError
 
 from .state import (
     Group,
-    GroupCoordinatorConfig,
     GroupListing,
     GroupState,
     GroupSummary,

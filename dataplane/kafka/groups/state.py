@@ -1,4 +1,5 @@
-"""Pure data model of a classic Kafka consumer group (no asyncio, no I/O).
+"""Pure data model of a classic Kafka consumer group (no asyncio, no I/O); its limits
+and timings are `dataplane.config.GroupCoordinatorConfig` (the `groups` section).
 
 The model follows the Java broker's ``ClassicGroup`` / Scala ``GroupMetadata``:
 members in join order (the first one is the leader), a generation counter, the
@@ -42,65 +43,6 @@ CLASSIC_GROUP_TYPE = "classic"
 
 class IllegalStateTransition(RuntimeError):
     """A bug: the coordinator attempted a transition Kafka does not allow."""
-
-
-@dataclass(frozen=True)
-class GroupCoordinatorConfig:
-    """Coordinator limits and timings (names follow Kafka's broker configs).
-
-    Attributes:
-        group_initial_rebalance_delay_ms: how long a rebalance of an Empty group
-            waits for more members (extended by the same delay while members keep
-            arriving, never beyond the rebalance timeout).
-        group_min_session_timeout_ms / group_max_session_timeout_ms: accepted
-            session timeouts; others get INVALID_SESSION_TIMEOUT.
-        max_rebalance_timeout_ms: members' rebalance timeouts are clamped to this
-            so no timer is longer than it.
-        new_member_join_timeout_ms: a new member whose first JoinGroup is still
-            pending is removed after this long (its client probably went away).
-        group_max_size: members (including those that were told
-            MEMBER_ID_REQUIRED and have not rejoined yet) per group.
-        max_groups: groups held in memory; Empty groups are evicted first.
-        max_group_id_length: longer group ids get INVALID_GROUP_ID.
-        max_protocols_per_member / max_protocol_name_length /
-        max_member_metadata_bytes: bounds of a JoinGroup request (sum of the
-            metadata of all protocols of one member); INVALID_REQUEST otherwise.
-        max_assignment_bytes: bound of one member's assignment in SyncGroup.
-    """
-
-    group_initial_rebalance_delay_ms: int = 300
-    group_min_session_timeout_ms: int = 6_000
-    group_max_session_timeout_ms: int = 1_800_000
-    max_rebalance_timeout_ms: int = 1_800_000
-    new_member_join_timeout_ms: int = 300_000
-    group_max_size: int = 1_000
-    max_groups: int = 10_000
-    max_group_id_length: int = 1_024
-    max_protocols_per_member: int = 64
-    max_protocol_name_length: int = 256
-    max_member_metadata_bytes: int = 1 << 20
-    max_assignment_bytes: int = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.group_initial_rebalance_delay_ms < 0:
-            raise ValueError("group_initial_rebalance_delay_ms must be >= 0")
-        if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
-            raise ValueError(
-                "need 0 < group_min_session_timeout_ms <= group_max_session_timeout_ms"
-            )
-        for name in (
-            "max_rebalance_timeout_ms",
-            "new_member_join_timeout_ms",
-            "group_max_size",
-            "max_groups",
-            "max_group_id_length",
-            "max_protocols_per_member",
-            "max_protocol_name_length",
-            "max_member_metadata_bytes",
-            "max_assignment_bytes",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
 
 
 class Waiter(Protocol):

@@ -22,7 +22,6 @@ from dataplane.s3stream.wal.base import (
 )
 from dataplane.s3stream.wal.file_wal import (
     FileWAL,
-    FileWALConfig,
     FileWALRecovery,
     take_over,
 )
@@ -30,7 +29,6 @@ from dataplane.s3stream.wal.file_wal import (
 __all__ = [
     "AppendResult",
     "FileWAL",
-    "FileWALConfig",
     "FileWALRecovery",
     "RecoveredRecord",
     "RoomSignal",

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
+from dataplane.config import FileWALConfig, ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import object_wal
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
-from dataplane.s3stream.wal.file_wal import FileWAL, FileWALConfig, take_over
-from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALConfig, ObjectWALLocation
+from dataplane.s3stream.wal.file_wal import FileWAL, take_over
+from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALLocation
 
 
 class WALRecovery(Protocol):

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
+from dataplane.config import FileWALConfig
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
     AppendResult,
@@ -84,7 +85,7 @@ from dataplane.s3stream.wal.ring import (
     read_state,
 )
 
-__all__ = ["FileWAL", "FileWALConfig", "FileWALRecovery", "take_over"]
+__all__ = ["FileWAL", "FileWALRecovery", "check_config", "take_over"]
 
 log = logging.getLogger(__name__)
 
@@ -98,67 +99,21 @@ _PREFILL_CHUNK_BYTES = 1024 * 1024
 _I64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class FileWALConfig:
-    """Tuning and limits of a :class:`FileWAL`.
-
-    Attributes:
-        max_record_bytes: largest record body accepted by ``append``.
-        max_batch_bytes: most bytes written by one group commit (one fdatasync).
-        max_queue_bytes: most bytes queued and not yet written; ``append``
-            blocks (backpressure) while the queue is full.
-        linger_s: how long the writer waits for more appends before writing
-            a batch smaller than ``max_batch_bytes`` (0 = write at once).
-        queue_wait_timeout_s: longest ``append_waiting`` (a worker thread) waits on a full queue.
-        close_timeout_s: longest ``close`` waits for the writer to drain.
-        scan_chunk_bytes: read size of the recovery scan.
-        align_bytes: each batch is followed by a padding record up to this
-            boundary (power of two; 0 or 1 = no padding) so every batch starts
-            on a fresh page: unaligned batches re-write the shared page at each
-            fdatasync (measured ~20% slower). Costs up to ``align_bytes + 23`` B
-            of ring space per batch.
-        prefill_ahead_bytes: in a newly created file, zeros are written this far ahead
-            of the writer during the first lap (see ``prefill.py``: appends into
-            fallocated, unwritten extents make each fdatasync commit the filesystem
-            journal); 0 = off.
-    """
-
-    # a record is one Kafka batch (the broker takes up to 8 MiB per partition and produce)
-    # plus its stream header; a smaller limit failed such produces as NOT_LEADER
-    max_record_bytes: int = 8 * 1024 * 1024 + 64 * 1024
-    max_batch_bytes: int = 8 * 1024 * 1024 + 128 * 1024  # a multiple of align_bytes
-    max_queue_bytes: int = 64 * 1024 * 1024
-    linger_s: float = 0.0
-    queue_wait_timeout_s: float = 30.0
-    close_timeout_s: float = 30.0
-    scan_chunk_bytes: int = 1024 * 1024
-    align_bytes: int = 4096
-    prefill_ahead_bytes: int = 64 * 1024 * 1024
-
-    def validate(self, capacity_bytes: int) -> None:
-        """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
-        if not 0 < self.max_record_bytes:
-            raise ValueError("max_record_bytes must be positive")
-        if self.max_record_bytes + RECORD_HEADER_SIZE_BYTES > self.max_batch_bytes:
-            raise ValueError("max_batch_bytes must hold one max_record_bytes record and its header")
-        if self.max_batch_bytes > min(capacity_bytes, _U32_MAX):
-            raise ValueError(
-                f"max_batch_bytes={self.max_batch_bytes} exceeds the capacity ({capacity_bytes} B)"
-            )
-        if self.max_queue_bytes < self.max_batch_bytes:
-            raise ValueError("max_queue_bytes must be >= max_batch_bytes")
-        if not 0.0 <= self.linger_s <= 1.0:
-            raise ValueError("linger_s must be within 0..1 s")
-        if self.queue_wait_timeout_s <= 0 or self.close_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
-        if self.scan_chunk_bytes < 4096:
-            raise ValueError("scan_chunk_bytes must be >= 4096")
-        if self.align_bytes > 1 and (
-            self.align_bytes > MAX_ALIGN_BYTES or self.align_bytes & (self.align_bytes - 1)
-        ):
-            raise ValueError(f"align_bytes must be 0, 1 or a power of two <= {MAX_ALIGN_BYTES}")
-        if self.prefill_ahead_bytes < 0:
-            raise ValueError("prefill_ahead_bytes must be >= 0")
+def check_config(config: FileWALConfig, capacity_bytes: int) -> None:
+    """Raise ValueError when a limit of `config` is out of range for ``capacity_bytes`` or
+    this file format (the model itself bounds each field alone)."""
+    if config.max_record_bytes + RECORD_HEADER_SIZE_BYTES > config.max_batch_bytes:
+        raise ValueError("max_batch_bytes must hold one max_record_bytes record and its header")
+    if config.max_batch_bytes > min(capacity_bytes, _U32_MAX):
+        raise ValueError(
+            f"max_batch_bytes={config.max_batch_bytes} exceeds the capacity ({capacity_bytes} B)"
+        )
+    if config.max_queue_bytes < config.max_batch_bytes:
+        raise ValueError("max_queue_bytes must be >= max_batch_bytes")
+    if config.align_bytes > 1 and (
+        config.align_bytes > MAX_ALIGN_BYTES or config.align_bytes & (config.align_bytes - 1)
+    ):
+        raise ValueError(f"align_bytes must be 0, 1 or a power of two <= {MAX_ALIGN_BYTES}")
 
 
 def _pieces_of(record: bytes | RecordPieces) -> RecordPieces:
@@ -319,7 +274,7 @@ class FileWAL(WriteAheadLog):
         if not path.exists():
             if capacity_bytes is None:
                 raise FileNotFoundError(f"{path} does not exist and no capacity_bytes was given")
-            config.validate(capacity_bytes)
+            check_config(config, capacity_bytes)
             try:
                 _create_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
                 created = True
@@ -347,7 +302,7 @@ class FileWAL(WriteAheadLog):
         capacity = meta.capacity_bytes
         if capacity_bytes is not None and capacity_bytes != capacity:
             raise ValueError(f"{path} has capacity {capacity} B, not {capacity_bytes} B")
-        config.validate(capacity)
+        check_config(config, capacity)
         current = meta.reservation
         same_owner = (current.node_id, current.node_epoch) == (node_id, node_epoch)
         if not same_owner and node_epoch <= current.node_epoch:

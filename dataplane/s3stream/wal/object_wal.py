@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from dataplane.config import ObjectWALConfig
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError, Priority
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.base import (
@@ -69,11 +70,11 @@ from dataplane.s3stream.wal.object_format import (
 
 __all__ = [
     "ObjectWAL",
-    "ObjectWALConfig",
     "ObjectWALLocation",
     "ObjectWALReader",
     "ObjectWALRecovery",
     "WALTrimmedError",
+    "check_config",
     "object_wal_exists",
     "take_over",
 ]
@@ -103,66 +104,17 @@ class ObjectWALLocation:
             raise ValueError(f"invalid WAL prefix {self.prefix[:80]!r}: no '.' or '..' segments")
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectWALConfig:
-    """Tuning and limits of an :class:`ObjectWAL`.
-
-    Attributes:
-        max_record_bytes: largest record body accepted by ``append``.
-        max_batch_bytes: most record bytes in one object (one PUT).
-        max_queue_bytes: most bytes queued and not yet PUT; ``append`` blocks meanwhile.
-        linger_s: how long the writer waits for more appends before a smaller PUT.
-        max_in_flight: PUTs running at once (later ones are acknowledged in order).
-        queue_wait_timeout_s: longest ``append_waiting`` (a worker thread) waits on a full queue.
-        put_timeout_s: longest one PUT (with its retries) may take before the WAL fails.
-        hedge_after_s: a PUT not answered after this long is sent again (the same key and
-            bytes, so either copy will do): one stalled connection must not hold every
-            later acknowledgement for the store's read timeout.
-        max_hedges: most extra copies of one PUT.
-        close_timeout_s: longest ``close`` (and ``trim``) waits.
-        read_parallelism: objects fetched at once by ``recover``.
-    """
-
-    max_record_bytes: int = 8 * 1024 * 1024 + 64 * 1024
-    max_batch_bytes: int = 8 * 1024 * 1024 + 128 * 1024
-    max_queue_bytes: int = 64 * 1024 * 1024
-    linger_s: float = 0.002
-    max_in_flight: int = 4
-    queue_wait_timeout_s: float = 30.0
-    put_timeout_s: float = 60.0
-    hedge_after_s: float = 1.0
-    max_hedges: int = 3
-    close_timeout_s: float = 60.0
-    read_parallelism: int = 16
-
-    def validate(self, capacity_bytes: int) -> None:
-        """Raise ValueError when a limit is out of range for ``capacity_bytes``."""
-        if self.max_record_bytes <= 0:
-            raise ValueError("max_record_bytes must be positive")
-        if self.max_record_bytes + OBJECT_RECORD_HEADER_BYTES > self.max_batch_bytes:
-            raise ValueError("max_batch_bytes must hold one max_record_bytes record and its header")
-        if self.max_batch_bytes > capacity_bytes:
-            raise ValueError(
-                f"max_batch_bytes={self.max_batch_bytes} exceeds the capacity ({capacity_bytes} B)"
-            )
-        if self.max_queue_bytes < self.max_batch_bytes:
-            raise ValueError("max_queue_bytes must be >= max_batch_bytes")
-        if not 0.0 <= self.linger_s <= 1.0:
-            raise ValueError("linger_s must be within 0..1 s")
-        if not 1 <= self.max_in_flight <= 64 or not 1 <= self.read_parallelism <= 64:
-            raise ValueError("max_in_flight and read_parallelism must be within 1..64")
-        if not 0 <= self.max_hedges <= 10:
-            raise ValueError("max_hedges must be within 0..10")
-        if (
-            min(
-                self.queue_wait_timeout_s,
-                self.put_timeout_s,
-                self.close_timeout_s,
-                self.hedge_after_s,
-            )
-            <= 0
-        ):
-            raise ValueError("timeouts must be positive")
+def check_config(config: ObjectWALConfig, capacity_bytes: int) -> None:
+    """Raise ValueError when a limit of `config` is out of range for ``capacity_bytes`` or
+    this object format (the model itself bounds each field alone)."""
+    if config.max_record_bytes + OBJECT_RECORD_HEADER_BYTES > config.max_batch_bytes:
+        raise ValueError("max_batch_bytes must hold one max_record_bytes record and its header")
+    if config.max_batch_bytes > capacity_bytes:
+        raise ValueError(
+            f"max_batch_bytes={config.max_batch_bytes} exceeds the capacity ({capacity_bytes} B)"
+        )
+    if config.max_queue_bytes < config.max_batch_bytes:
+        raise ValueError("max_queue_bytes must be >= max_batch_bytes")
 
 
 @dataclass(slots=True)
@@ -448,7 +400,7 @@ class ObjectWAL(WriteAheadLog):
             ObjectStoreError: the store is unreachable (after its retries).
         """
         config = config or ObjectWALConfig()
-        config.validate(capacity_bytes)
+        check_config(config, capacity_bytes)
         objects.bucket(where.bucket_id)  # an unknown bucket id fails here, before any write
         claimed = _claim(objects, where, node_id, node_epoch, takeover=False)
         return cls(objects, where, claimed, capacity_bytes, config)

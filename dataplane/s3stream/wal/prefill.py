@@ -61,7 +61,7 @@ class RingPrefiller:
         path: Path,
         capacity_bytes: int,
         *,
-        ahead_bytes: int = 64 * 1024 * 1024,
+        ahead_bytes: int,
         chunk_bytes: int = 1024 * 1024,
         max_bytes_per_s: int = 256 * 1024 * 1024,
         still_owner: Callable[[], bool] = lambda: True,
