@@ -141,11 +141,6 @@ class FileWALConfig(_Section):
         le=1,
         description="how long the writer waits for more appends before a smaller batch",
     )
-    queue_wait_timeout_s: float = Field(
-        WAL_QUEUE_WAIT_TIMEOUT_S,
-        gt=0,
-        description="longest `append_waiting` (a worker thread) waits on a full queue",
-    )
     close_timeout_s: float = Field(
         30.0, gt=0, description="longest closing waits for the writer to drain"
     )
@@ -191,7 +186,8 @@ class ObjectWALConfig(_Section):
     queue_wait_timeout_s: float = Field(
         WAL_QUEUE_WAIT_TIMEOUT_S,
         gt=0,
-        description="longest `append_waiting` (a worker thread) waits on a full queue",
+        description="longest a worker thread waits for room in a full queue "
+        "(`append_waiting`: the RouterChannel's appends; the engine's appends never wait)",
     )
     put_timeout_s: float = Field(
         60.0, gt=0, description="longest one PUT (with its retries) takes before the WAL fails"

@@ -40,7 +40,7 @@ from dataplane.s3stream.wal.object_wal import ObjectWAL
 from dataplane.zonerouter.channel import CHANNEL_BUCKET_ID, channel_location
 from dataplane.zonerouter.own_channel import OwnPipeline
 from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
-from dataplane.zonerouter.proxy_partition import FORWARD_TIMEOUT_S, ProxyPartition
+from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -218,7 +218,9 @@ class ZoneRouter:
         timeout_s = max(timeout_ms, 1) / 1000
         token = self._start_append()
         try:
-            appended = self.channel.append_waiting(records, timeout_s).result(timeout_s)
+            appended = self.channel.append_waiting(
+                records, min(timeout_s, self.channel_config.queue_wait_timeout_s)
+            ).result(timeout_s)
         except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
             with self._lock:
                 self._appending.pop(token, None)
@@ -321,7 +323,9 @@ class ZoneRouter:
             return None
         token = self._start_append()
         try:
-            return token, self.channel.append_waiting(records, FORWARD_TIMEOUT_S)
+            return token, self.channel.append_waiting(
+                records, self.channel_config.queue_wait_timeout_s
+            )
         except Exception as exc:  # noqa: BLE001 - the channel failed: append directly
             with self._lock:
                 self._appending.pop(token, None)

@@ -43,7 +43,6 @@ CONFIG = FileWALConfig(
     max_record_bytes=16 * 1024,
     max_batch_bytes=64 * 1024,
     max_queue_bytes=256 * 1024,
-    queue_wait_timeout_s=5.0,
     close_timeout_s=10.0,
 )
 
