@@ -377,6 +377,11 @@ class BrokerNode:
         objects = ObjectStorage(parse_bucket_uris(cfg.bucket_uris), cfg.object_store)
         self.objects = objects
         assert self.node_epoch is not None
+        from dataplane.zonerouter.channel import ChannelReaders
+
+        # the zone router's main keeps Link Records in its WAL: recovery reads their data
+        # back from the proxies' RouterChannels
+        self.channel_readers = ChannelReaders(objects)
         self.storage = S3Storage(
             cfg.engine_storage(),
             cfg.node_id,
@@ -385,22 +390,17 @@ class BrokerNode:
             objects,
             data_dir=cfg.data_dir / "storage",
             wal=cfg.wal,
-        )
-        # object-storage failover: an upload stuck on a bucket writes have left is redone
-        # whole in the new active bucket
-        self.storage.uploader.active_bucket = lambda: (
-            self.metadata.image.active_bucket_id if self.metadata.caught_up else None
+            # object-storage failover: an upload stuck on a bucket writes have left is redone
+            # whole in the new active bucket
+            active_bucket=lambda: (
+                self.metadata.image.active_bucket_id if self.metadata.caught_up else None
+            ),
+            link_resolver=self.channel_readers.resolve,
         )
         for bucket_id in objects.bucket_ids if cfg.bucket_probe_interval_ms else []:
             threading.Thread(
                 target=self._probe_loop, args=(bucket_id,), name=f"probe-{bucket_id}", daemon=True
             ).start()
-        from dataplane.zonerouter.channel import ChannelReaders
-
-        # the zone router's main keeps Link Records in its WAL: recovery reads their data
-        # back from the proxies' RouterChannels
-        self.channel_readers = ChannelReaders(objects)
-        self.storage.link_resolver = self.channel_readers.resolve
         recovered = self.storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = PartitionManager(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -39,11 +39,12 @@ from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.commit import Committer
+from dataplane.s3stream.controller_locator import ControllerLocator
 from dataplane.s3stream.log_cache import LogCache
+from dataplane.s3stream.recovery import UncommittedBatches
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
     IndexCache,
-    ObjectLocation,
     ObjectLocator,
     StreamReader,
 )
@@ -79,74 +80,6 @@ class UploadStats:
 def _error_text(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-
-
-class ControllerLocator:
-    """Finds a stream's objects through the controller API.
-
-    Committed offsets never move to other objects except by compaction, so answers are
-    cached per stream (bounded) and reused for any read that starts inside them; a read past
-    the cached span asks again. `forget(stream_id)` drops a stream's entry (after a read hit
-    an object that compaction deleted). An answer that falls short of the asked end is asked
-    again of the leader (a follower's image may lag the last commits).
-
-    Thread-safety: any thread; the cache is guarded by a lock, lookups run outside it.
-    """
-
-    LOOKUP_LIMIT = 1000
-
-    def __init__(self, client: ControllerCalls, max_streams: int = 100_000):
-        self.client = client
-        self.max_streams = max_streams
-        self._cache: OrderedDict[int, list[ObjectLocation]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def locate(
-        self, stream_id: int, start_offset: int, end_offset: int, limit: int
-    ) -> list[ObjectLocation]:
-        with self._lock:
-            cached = self._cache.get(stream_id)
-            if cached and cached[0].start_offset <= start_offset < cached[-1].end_offset:
-                self._cache.move_to_end(stream_id)
-                return [loc for loc in cached if loc.end_offset > start_offset][:limit]
-        lookup = max(limit, self.LOOKUP_LIMIT)
-        found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=False)
-        if len(found) < lookup and (not found or found[-1].end_offset < end_offset):
-            # Short of what was asked: callers ask only for offsets they know are committed,
-            # and the controller that answered may be a follower whose image lags the last
-            # commits (e.g. a failover's uploads, just before this node opened the stream).
-            # The leader has every commit it acknowledged. If it cannot be asked, the first
-            # answer stands (a tail read that needs the rest refuses to go on by itself).
-            try:
-                found = self._lookup(stream_id, start_offset, end_offset, lookup, from_leader=True)
-            except ControllerError as exc:
-                log.info("stream %d: the leader's object lookup failed: %s", stream_id, exc)
-        if found:
-            with self._lock:
-                self._cache[stream_id] = found
-                while len(self._cache) > self.max_streams:
-                    self._cache.popitem(last=False)
-        return found[:limit]
-
-    def forget(self, stream_id: int) -> None:
-        with self._lock:
-            self._cache.pop(stream_id, None)
-
-    def _lookup(
-        self, stream_id: int, start_offset: int, end_offset: int, limit: int, *, from_leader: bool
-    ) -> list[ObjectLocation]:
-        return [
-            ObjectLocation(
-                object_id=o["object_id"],
-                bucket_id=o["bucket_id"],
-                size_bytes=o["size_bytes"],
-                start_offset=o["start_offset"],
-                end_offset=o["end_offset"],
-            )
-            for o in self.client.stream_objects(
-                stream_id, start_offset, end_offset, limit, from_leader=from_leader
-            )
-        ]
 
 
 @dataclass
@@ -260,9 +193,15 @@ class S3Storage:
         *,
         data_dir: Path,
         wal: WALConfig | None = None,
+        active_bucket: Callable[[], int | None] | None = None,
+        link_resolver: Callable[[StreamRecordBatch], StreamRecordBatch] | None = None,
     ):
         """`config`: the broker config's `storage` section; `wal`: its `wal` section (None:
-        the defaults); `data_dir`: the engine's directory (a file:// WAL defaults to it)."""
+        the defaults); `data_dir`: the engine's directory (a file:// WAL defaults to it).
+        `active_bucket()`: the bucket new objects go to as the metadata says now (see
+        `ObjectUploader`; None: never switch mid-upload). `link_resolver`: resolves Link
+        Records found in the WAL at recovery (the zone router's RouterChannel readers;
+        None: the WAL holds none)."""
         self.config = config
         self.data_dir = data_dir
         self.wal_config = wal or WALConfig()
@@ -273,8 +212,7 @@ class S3Storage:
         self.locator = locator or ControllerLocator(controller)
         self.log_cache = LogCache(config.log_cache_uploaded_bytes)
         self.block_cache = BlockCache(config.block_cache_bytes)
-        # resolves Link Records found in the WAL at recovery (set by the zone router)
-        self.link_resolver: Callable[[StreamRecordBatch], StreamRecordBatch] | None = None
+        self.link_resolver = link_resolver
         self.index_cache = IndexCache(objects)
         self.fetcher = BlockFetcher(objects, self.block_cache)
         self._readers: OrderedDict[tuple[int, int], StreamReader] = OrderedDict()
@@ -291,6 +229,7 @@ class S3Storage:
             objects,
             lambda: Committer(self.node_id, self.node_epoch),
             config,
+            active_bucket,
         )
         self.wal: WriteAheadLog | None = None
         # the last upload attempt's error, None once one succeeds; written by whichever
@@ -329,41 +268,21 @@ class S3Storage:
         return self.wal_config.uri or wal_uri_for_path(self.data_dir / "wal")
 
     def _recover(self) -> int:
-        """Re-upload acknowledged batches the controller has not committed yet."""
+        """Re-upload the acknowledged batches the controller has not committed yet (the
+        rule is `recovery.UncommittedBatches`)."""
         assert self.wal is not None
-        by_stream: dict[int, list[tuple[StreamRecordBatch, int]]] = defaultdict(list)
-        for rec in self.wal.recover():
-            batch, _ = StreamRecordBatch.decode(rec.data)
-            by_stream[batch.stream_id].append((batch, rec.next_offset))
-        if not by_stream:
-            return 0
+        uncommitted = UncommittedBatches(self.node_id, self.controller.stream)
         keep: list[tuple[StreamRecordBatch, int]] = []
-        for stream_id, items in by_stream.items():
-            try:
-                meta = self.controller.stream(stream_id)
-            except ControllerError as exc:
-                if exc.code == ErrorCode.UNKNOWN_STREAM:
-                    continue  # deleted meanwhile: nothing to keep
-                raise
-            end = meta["end_offset"]
-            if meta.get("state") != "opened" or meta.get("node_id") != self.node_id:
-                # closed meanwhile (by us before the crash, or by our WAL's failover):
-                # its acknowledged records were uploaded before it was closed
-                continue
-            items = [(b, w) for b, w in items if b.epoch == meta.get("epoch")]
-            fresh = [(b, w) for b, w in items if b.last_offset > end]
-            if fresh and fresh[0][0].base_offset != end:
-                log.error(
-                    "stream %d: WAL resumes at %d but the committed end is %d; "
-                    "cannot recover these batches",
-                    stream_id,
-                    fresh[0][0].base_offset,
-                    end,
-                )
-                continue
-            # only now the data of Link Records: committed ones may point at trimmed data
-            keep += [(self.resolve_link(b), w) for b, w in fresh]
-        keep.sort(key=lambda item: item[1])  # WAL order
+        records_read = 0
+        for rec in self.wal.recover():
+            records_read += 1
+            batch, _ = StreamRecordBatch.decode(rec.data)
+            if uncommitted.accept(batch):
+                keep.append((batch, rec.next_offset))
+        if not records_read:
+            return 0
+        # only now the data of Link Records: committed ones may point at trimmed data
+        keep = [(self.resolve_link(b), wal_next) for b, wal_next in keep]
         with self._lock:
             for batch, wal_next in keep:
                 self.log_cache.put(batch, wal_next)

@@ -148,7 +148,7 @@ class ObjectUploader:
         """`active_bucket()`: the bucket new objects go to as the metadata says now (None:
         not known yet; no callback: never switch mid-upload); a round writing to another
         bucket is abandoned."""
-        self.active_bucket = active_bucket
+        self._active_bucket = active_bucket
         self.controller = controller
         self.objects = objects
         self._committer = committer
@@ -322,7 +322,7 @@ class ObjectUploader:
 
     def _check_switch(self, bucket_id: int) -> None:
         """Raise BucketSwitchedError if new objects go to another bucket than `bucket_id` now."""
-        active = self.active_bucket() if self.active_bucket is not None else None
+        active = self._active_bucket() if self._active_bucket is not None else None
         if active is not None and active != bucket_id:
             raise BucketSwitchedError(
                 f"active bucket is now {active}, not {bucket_id}", bucket_id=bucket_id

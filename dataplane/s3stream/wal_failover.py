@@ -7,7 +7,7 @@ epoch. `recover_failed_wal`:
    any record is read: the failed node, if only paused, can no longer acknowledge appends;
 2. reads the valid records (stopping at a torn tail) and keeps, per stream, the batches the
    controller has not committed yet — only for streams the failed node still owns with the
-   batch's epoch;
+   batch's epoch (the rule is `recovery.UncommittedBatches`, shared with the engine);
 3. uploads them in objects of at most `max_object_bytes`, committed on the failed node's
    behalf (`failover_node_id`), so its streams end where its acknowledged records end. A
    stream the controller refuses for good meanwhile (deleted, reopened by a newer epoch) is
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import CloseStreamRequest, CompleteWALFailoverRequest
 from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.s3stream.recovery import UncommittedBatches
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import UnsupportedWALError, take_over_wal, wal_exists
 
@@ -127,58 +128,31 @@ def recover_failed_wal(
 def _upload_uncommitted(
     storage: S3Storage, records, failed_node_id: int, result: FailoverResult
 ) -> int | None:
-    """Upload the records not committed yet, in chunks; returns the WAL offset to trim to."""
-    streams: dict[int, dict | None] = {}  # stream id -> {"epoch", "end"} or None (skip)
+    """Upload the records not committed yet (the rule is `recovery.UncommittedBatches`), in
+    chunks; returns the WAL offset to trim to."""
+    uncommitted = UncommittedBatches(failed_node_id, storage.controller.stream)
     chunk: list[StreamRecordBatch] = []
     chunk_bytes = 0
     end: int | None = None
     max_bytes = storage.config.max_object_bytes
-    for rec in records:
-        result.records_read += 1
-        end = rec.next_offset
-        batch, _ = StreamRecordBatch.decode(rec.data)
-        sid = batch.stream_id
-        if sid not in streams:
-            streams[sid] = _stream_target(storage, sid, failed_node_id, result)
-        target = streams[sid]
-        if target is None or batch.epoch != target["epoch"] or batch.last_offset <= target["end"]:
-            continue  # committed already, another epoch, or a stream not the failed node's
-        if batch.base_offset != target["end"]:
-            result.skipped_streams[sid] = (
-                f"WAL resumes at {batch.base_offset}, committed end is {target['end']}"
-            )
-            log.error(
-                "stream %d: %s; its later records cannot be recovered",
-                sid,
-                result.skipped_streams[sid],
-            )
-            streams[sid] = None
-            continue
-        target["end"] = batch.last_offset
-        batch = storage.resolve_link(batch)  # only what is uploaded here needs its data
-        chunk.append(batch)
-        chunk_bytes += batch.size_bytes
-        if chunk_bytes >= max_bytes:
-            _flush(storage, chunk, failed_node_id, result, streams)
-            chunk, chunk_bytes = [], 0
-    if chunk:
-        _flush(storage, chunk, failed_node_id, result, streams)
-    return end
-
-
-def _stream_target(
-    storage: S3Storage, stream_id: int, failed_node_id: int, result: FailoverResult
-) -> dict | None:
     try:
-        meta = storage.controller.stream(stream_id)
-    except ControllerError as exc:
-        if exc.code == ErrorCode.UNKNOWN_STREAM:
-            result.skipped_streams[stream_id] = "deleted"
-            return None
-        raise
-    if meta.get("state") != "opened" or meta.get("node_id") != failed_node_id:
-        return None  # closed (its records were uploaded before) or owned by another node
-    return {"epoch": meta["epoch"], "end": meta["end_offset"]}
+        for rec in records:
+            result.records_read += 1
+            end = rec.next_offset
+            batch, _ = StreamRecordBatch.decode(rec.data)
+            if not uncommitted.accept(batch):
+                continue
+            batch = storage.resolve_link(batch)  # only what is uploaded here needs its data
+            chunk.append(batch)
+            chunk_bytes += batch.size_bytes
+            if chunk_bytes >= max_bytes:
+                _flush(storage, chunk, failed_node_id, result, uncommitted)
+                chunk, chunk_bytes = [], 0
+        if chunk:
+            _flush(storage, chunk, failed_node_id, result, uncommitted)
+    finally:
+        result.skipped_streams.update(uncommitted.skipped)
+    return end
 
 
 def _flush(
@@ -186,7 +160,7 @@ def _flush(
     chunk: list[StreamRecordBatch],
     failed_node_id: int,
     result: FailoverResult,
-    streams: dict[int, dict | None],
+    uncommitted: UncommittedBatches,
 ) -> None:
     """Upload one chunk. A stream the controller refused for good (deleted, closed or
     reopened by a newer epoch) is skipped from now on: its later batches could not be
@@ -204,10 +178,9 @@ def _flush(
             code.value,
         )
         if code in (ErrorCode.STREAM_OFFSET_GAP, ErrorCode.INVALID_OFFSET):
-            streams[sid] = _stream_target(storage, sid, failed_node_id, result)
+            uncommitted.reread(sid)
             continue
-        result.skipped_streams[sid] = f"refused by the controller: {code.value}"
-        streams[sid] = None
+        uncommitted.skip(sid, f"refused by the controller: {code.value}")
 
 
 __all__ = ["FailoverError", "FailoverResult", "recover_failed_wal"]

@@ -69,8 +69,13 @@ def env(seaweed, tmp_path):
             backoff_base_ms=50,
             backoff_max_ms=100,
         )
-        engine = make_engine(ctrl, objects, tmp_path / "node1", upload_attempts=3)
-        engine.uploader.active_bucket = lambda: ctrl.machine.image.active_bucket_id
+        engine = make_engine(
+            ctrl,
+            objects,
+            tmp_path / "node1",
+            active_bucket=lambda: ctrl.machine.image.active_bucket_id,
+            upload_attempts=3,
+        )
         try:
             yield ctrl, proxy, objects, engine
         finally:

@@ -58,8 +58,9 @@ def test_an_upload_stuck_on_the_main_bucket_is_redone_whole_in_the_failover_buck
     )
     ctrl.execute("broker_heartbeat", {"node_id": 1, "node_epoch": 0})
     objects = HangingBucket(dead=0)
-    engine = make_engine(ctrl, objects, tmp_path / "node1")
-    engine.uploader.active_bucket = lambda: ctrl.machine.image.active_bucket_id
+    engine = make_engine(
+        ctrl, objects, tmp_path / "node1", active_bucket=lambda: ctrl.machine.image.active_bucket_id
+    )
     try:
         s = engine.open_stream(engine.create_stream(), 0)
         append(s, 30)  # acknowledged from the WAL although no bucket took anything yet

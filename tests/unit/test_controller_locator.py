@@ -4,7 +4,7 @@ again of the leader."""
 
 from __future__ import annotations
 
-from dataplane.s3stream.storage import ControllerLocator
+from dataplane.s3stream.controller_locator import ControllerLocator
 
 
 def _obj(object_id: int, start: int, end: int) -> dict:

@@ -86,8 +86,16 @@ def _setup(objects, tmp_path):
             upload_interval_s=3600, upload_threshold_bytes=1 << 30, block_cache_bytes=16 << 20
         )
         wal = WALConfig(uri=f"s3://automq-main/wal/node-{node}", capacity_bytes=16 << 20)
-        e = S3Storage(cfg, node, 0, ctrl, objects, data_dir=tmp_path / f"node{node}", wal=wal)
-        e.link_resolver = ChannelReaders(objects).resolve
+        e = S3Storage(
+            cfg,
+            node,
+            0,
+            ctrl,
+            objects,
+            data_dir=tmp_path / f"node{node}",
+            wal=wal,
+            link_resolver=ChannelReaders(objects).resolve,
+        )
         e.start()
         return e
 

@@ -138,7 +138,12 @@ def ctrl(tmp_path) -> HookedController:
 
 
 def make_engine(
-    ctrl: HookedController, objects: FakeObjects, data_dir: Path, node_id: int = 1, **config
+    ctrl: HookedController,
+    objects: FakeObjects,
+    data_dir: Path,
+    node_id: int = 1,
+    active_bucket: Callable[[], int | None] | None = None,
+    **config,
 ) -> S3Storage:
     cfg = StorageConfig(
         **{
@@ -149,7 +154,9 @@ def make_engine(
         },
     )
     wal = WALConfig(capacity_bytes=16 << 20)
-    engine = S3Storage(cfg, node_id, 0, ctrl, objects, data_dir=data_dir, wal=wal)
+    engine = S3Storage(
+        cfg, node_id, 0, ctrl, objects, data_dir=data_dir, wal=wal, active_bucket=active_bucket
+    )
     engine.start()
     return engine
 

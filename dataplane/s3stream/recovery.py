@@ -1,0 +1,107 @@
+"""What in a WAL is uncommitted: the one rule for the engine's restart and for WAL failover.
+
+A WAL holds the acknowledged batches of a node's streams in WAL order; some of them were
+already uploaded and committed. Recovery re-uploads only the rest. The rule, stream by
+stream (the stream's committed metadata comes from the controller):
+
+* a stream the controller no longer knows was deleted: nothing of it is kept;
+* a stream not open, or open on another node than the WAL's writer, was closed (its
+  acknowledged records were uploaded before it was closed) or moved on: nothing is kept;
+* a batch of another epoch than the stream's open one is not the writer's to commit;
+* a batch ending at or below the committed end was committed already;
+* the first batch kept must start exactly at the committed end, and each next one where
+  the previous ended; a batch that does not cannot be committed, so the stream's later
+  records cannot be recovered (logged, with the reason).
+
+`UncommittedBatches` applies it batch by batch in WAL order; the engine
+(`S3Storage.start`) uses it for its own WAL, `wal_failover.recover_failed_wal` for a failed
+node's WAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.errors import ControllerError, ErrorCode
+from dataplane.formats.stream_records import StreamRecordBatch
+
+__all__ = ["StreamTarget", "UncommittedBatches", "stream_target"]
+
+log = logging.getLogger(__name__)
+
+StreamMetadata = Callable[[int], dict]
+"""The controller's metadata of a stream id (`ControllerCalls.stream`); raises
+ControllerError UNKNOWN_STREAM for a deleted one."""
+
+
+@dataclass(slots=True)
+class StreamTarget:
+    """Where a stream's recovered batches must continue: its open epoch and the end of
+    what is committed (or accepted for upload so far)."""
+
+    epoch: int
+    end_offset: int
+
+
+def stream_target(meta: dict, writer_node_id: int) -> StreamTarget | None:
+    """The target of a stream whose committed metadata is `meta`, None when nothing of the
+    WAL's writer `writer_node_id` may be committed to it (closed, or open on another node)."""
+    if meta.get("state") != "opened" or meta.get("node_id") != writer_node_id:
+        return None
+    return StreamTarget(int(meta["epoch"]), int(meta["end_offset"]))
+
+
+class UncommittedBatches:
+    """Picks, in WAL order, the recovered batches that must be re-uploaded (module docstring).
+
+    `skipped` maps the streams whose later records cannot be recovered (or that were
+    deleted) to the reason. Not thread-safe: one recovery uses it on one thread.
+    """
+
+    def __init__(self, writer_node_id: int, stream_metadata: StreamMetadata) -> None:
+        self._writer_node_id = writer_node_id
+        self._stream_metadata = stream_metadata
+        self._targets: dict[int, StreamTarget | None] = {}
+        self.skipped: dict[int, str] = {}
+
+    def accept(self, batch: StreamRecordBatch) -> bool:
+        """Whether `batch` (the next one in WAL order) must be re-uploaded. Accepting it
+        moves its stream's target to the batch's end."""
+        sid = batch.stream_id
+        if sid not in self._targets:
+            self._targets[sid] = self._read_target(sid)
+        target = self._targets[sid]
+        if target is None or batch.epoch != target.epoch or batch.last_offset <= target.end_offset:
+            return False  # committed already, another epoch, or not the writer's stream
+        if batch.base_offset != target.end_offset:
+            self.skip(
+                sid, f"WAL resumes at {batch.base_offset}, committed end is {target.end_offset}"
+            )
+            log.error(
+                "stream %d: %s; its later records cannot be recovered", sid, self.skipped[sid]
+            )
+            return False
+        target.end_offset = batch.last_offset
+        return True
+
+    def reread(self, stream_id: int) -> None:
+        """Ask the controller for `stream_id`'s committed end again (after an upload was
+        refused for continuity: the stream may have moved past what was sent)."""
+        self._targets[stream_id] = self._read_target(stream_id)
+
+    def skip(self, stream_id: int, reason: str) -> None:
+        """Keep nothing more of `stream_id` (its later batches could not be committed)."""
+        self.skipped[stream_id] = reason
+        self._targets[stream_id] = None
+
+    def _read_target(self, stream_id: int) -> StreamTarget | None:
+        try:
+            meta = self._stream_metadata(stream_id)
+        except ControllerError as exc:
+            if exc.code == ErrorCode.UNKNOWN_STREAM:
+                self.skipped[stream_id] = "deleted"
+                return None
+            raise
+        return stream_target(meta, self._writer_node_id)
