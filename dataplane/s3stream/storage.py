@@ -35,10 +35,11 @@ from controlplane.requests import (
 )
 from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.objectstore import ObjectNotFoundError, ObjectStorage
+from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.commit import Committer
+from dataplane.s3stream.committed_readers import CommittedReaders
 from dataplane.s3stream.controller_locator import ControllerLocator
 from dataplane.s3stream.log_cache import LogCache
 from dataplane.s3stream.recovery import UncommittedBatches
@@ -62,9 +63,6 @@ log = logging.getLogger(__name__)
 
 MAX_DROPPED_STREAMS = 100_000  # (stream, epoch) pairs remembered as uncommittable
 MAX_ERROR_CHARS = 1000  # of an upload error in stats and metrics
-# a read that finds its located object deleted (compacted away) re-locates this many times
-MISSING_OBJECT_ATTEMPTS = 3
-MISSING_OBJECT_BACKOFF_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -215,9 +213,9 @@ class S3Storage:
         self.link_resolver = link_resolver
         self.index_cache = IndexCache(objects)
         self.fetcher = BlockFetcher(objects, self.block_cache)
-        self._readers: OrderedDict[tuple[int, int], StreamReader] = OrderedDict()
-        self._readers_lock = threading.Lock()
-        self._seen_hits = self._seen_misses = 0
+        self.committed_readers = CommittedReaders(
+            self.locator, self.index_cache, self.fetcher, self.block_cache, config
+        )
         self._streams: dict[int, _StreamState] = {}
         self._lock = threading.Lock()  # log cache and stream table
         self._upload_lock = threading.Lock()  # one upload at a time, in WAL order
@@ -307,10 +305,7 @@ class S3Storage:
                 self._wake.notify_all()
             if self._uploader.is_alive():
                 self._uploader.join(30)
-            with self._readers_lock:
-                for reader in self._readers.values():
-                    reader.release()
-                self._readers.clear()
+            self.committed_readers.release_all()
             if self.wal is not None:
                 self.wal.close()
 
@@ -441,7 +436,7 @@ class S3Storage:
             if cached_from is not None and start >= cached_from:
                 return self.log_cache.read(state.stream_id, start, end, max_bytes)
         object_end = end if cached_from is None else min(end, cached_from)
-        out = self._read_objects(state.stream_id, start, object_end, max_bytes)
+        out = self.committed_readers.read(state.stream_id, start, object_end, max_bytes)
         size = sum(b.size_bytes for b in out)
         next_offset = out[-1].last_offset if out else start
         if (
@@ -475,69 +470,12 @@ class S3Storage:
         Blocks on I/O; thread-safe."""
         if start >= end:
             return []
-        return self._read_objects(stream_id, start, end, max_bytes)
-
-    def _read_objects(
-        self, stream_id: int, start: int, end: int, max_bytes: int
-    ) -> list[StreamRecordBatch]:
-        with self._readers_lock:
-            reader = self._readers.pop((stream_id, start), None)
-        for attempt in range(1, MISSING_OBJECT_ATTEMPTS + 1):
-            if reader is None:
-                reader = StreamReader(
-                    stream_id, start, self.locator, self.index_cache, self.fetcher
-                )
-            try:
-                out = reader.read(start, end, max_bytes)
-                break
-            except ObjectNotFoundError:
-                # a compaction replaced the object the reader had located and its retention
-                # passed: locate again (a fresh reader) and retry, a bounded number of times
-                reader.release()
-                reader = None
-                forget = getattr(self.locator, "forget", None)
-                if forget is not None:
-                    forget(stream_id)  # its cached locations name the deleted object
-                if attempt == MISSING_OBJECT_ATTEMPTS:
-                    raise
-                log.info("stream %d: object gone at offset %d, re-locating", stream_id, start)
-                time.sleep(MISSING_OBJECT_BACKOFF_S * attempt)
-            except BaseException:
-                reader.release()
-                raise
-        with self._readers_lock:
-            # two consumers at the same offset of a stream: keep the newer cursor, and let
-            # the other give up its blocks and readahead (dropped unreleased, its watched
-            # blocks would stay pinned in the BlockCache)
-            displaced = self._readers.pop((stream_id, reader.next_offset), None)
-            self._readers[(stream_id, reader.next_offset)] = reader
-            self._expire_readers()
-        if displaced is not None and displaced is not reader:
-            displaced.release()
-        cache = self.block_cache
-        metrics.BLOCK_CACHE_BYTES.set(cache.used_bytes)
-        hits, misses = cache.hits, cache.misses
-        metrics.BLOCK_CACHE_HITS.inc(max(hits - self._seen_hits, 0))
-        metrics.BLOCK_CACHE_MISSES.inc(max(misses - self._seen_misses, 0))
-        self._seen_hits, self._seen_misses = hits, misses
-        return out
-
-    def _expire_readers(self) -> None:
-        now = time.monotonic()
-        while self._readers:
-            key, oldest = next(iter(self._readers.items()))
-            if (
-                len(self._readers) <= self.config.max_readers
-                and now - oldest.last_used < self.config.reader_idle_s
-            ):
-                break
-            del self._readers[key]
-            oldest.release()
+        return self.committed_readers.read(stream_id, start, end, max_bytes)
 
     @property
     def readers(self) -> list[StreamReader]:
-        with self._readers_lock:
-            return list(self._readers.values())
+        """The cached readers of committed objects (see `CommittedReaders`)."""
+        return self.committed_readers.readers
 
     def _trim(self, state: _StreamState, new_start: int) -> None:
         if new_start > state.confirmed_offset:

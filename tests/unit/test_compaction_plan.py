@@ -298,7 +298,7 @@ def test_plan_write_commit_and_read_back(controller, tmp_path, monkeypatch):
             wal=WALConfig(capacity_bytes=32 << 20),
         )
         for sid in (a, b, big):
-            got = reader._read_objects(sid, 0, cl.next[sid], 1 << 30)
+            got = reader.read_committed(sid, 0, cl.next[sid], 1 << 30)
             assert [x.payload for x in got] == cl.payloads[sid]
         objects_io._clients.clear()
 
@@ -326,7 +326,7 @@ def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
             data_dir=tmp_path / "r",
             wal=WALConfig(capacity_bytes=32 << 20),
         )
-        first = reader._read_objects(a, 0, cl.next[a], 1)
+        first = reader.read_committed(a, 0, cl.next[a], 1)
         assert [x.payload for x in first] == cl.payloads[a][:1]
         plan = cl.plan()
         job = controller.register_compactor(RegisterCompactorRequest(name="t", incarnation_id="x"))
@@ -341,7 +341,7 @@ def test_a_reader_whose_object_was_compacted_and_deleted_relocates(
         objects_io.delete(BUCKET_URI, old)  # the lifecycle deleter, after the retention
         got = list(first)
         while len(got) < cl.next[a]:
-            batches = reader._read_objects(a, len(got), cl.next[a], 1 << 20)
+            batches = reader.read_committed(a, len(got), cl.next[a], 1 << 20)
             assert batches
             got += batches
         assert [x.payload for x in got] == cl.payloads[a]

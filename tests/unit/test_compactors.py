@@ -184,7 +184,7 @@ def test_a_job_compacts_through_the_uploader_with_no_broker(controller, tmp_path
             data_dir=tmp_path / "b2",
             wal=WALConfig(capacity_bytes=32 << 20),
         )
-        got = reader._read_objects(stream.stream_id, 0, 12, 1 << 20)
+        got = reader.read_committed(stream.stream_id, 0, 12, 1 << 20)
         assert [b.payload for b in got] == [b.payload for b in batches]
         objects.close()
 
