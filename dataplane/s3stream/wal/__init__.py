@@ -20,11 +20,8 @@ from dataplane.s3stream.wal.base import (
     WALTakeoverRefusedError,
     WriteAheadLog,
 )
-from dataplane.s3stream.wal.file_wal import (
-    FileWAL,
-    FileWALRecovery,
-    take_over,
-)
+from dataplane.s3stream.wal.file_takeover import FileWALRecovery, take_over
+from dataplane.s3stream.wal.file_wal import FileWAL
 
 __all__ = [
     "AppendResult",

@@ -29,7 +29,8 @@ from dataplane.config import FileWALConfig, ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import object_wal
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
-from dataplane.s3stream.wal.file_wal import FileWAL, take_over
+from dataplane.s3stream.wal.file_takeover import take_over
+from dataplane.s3stream.wal.file_wal import FileWAL
 from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALLocation
 
 

@@ -47,27 +47,27 @@ import crc32c as _crc32c
 
 from dataplane.config import FileWALConfig
 from dataplane.s3stream.wal import metrics
+from dataplane.s3stream.wal.append_queue import FAILED, FENCED, PendingAppend, QueuedWAL
 from dataplane.s3stream.wal.base import (
     AppendResult,
     RecordPieces,
     RecoveredRecord,
-    RoomSignal,
     WALClosedError,
     WALCorruptError,
     WALError,
     WALFencedError,
-    WALFullError,
-    WALQueueFullError,
-    WALTakeoverRefusedError,
-    WriteAheadLog,
+)
+from dataplane.s3stream.wal.file_takeover import (
+    check_identity,
+    check_trim_point,
+    create_wal_file,
+    recover_range,
+    write_reservation,
 )
 from dataplane.s3stream.wal.format import (
-    HEADER_AREA_BYTES,
     MAX_ALIGN_BYTES,
     RECORD_HEADER_SIZE_BYTES,
-    Reservation,
     WALState,
-    decode_record_header,
     encode_padding_record,
     encode_record_header,
     padding_bytes,
@@ -81,22 +81,18 @@ from dataplane.s3stream.wal.ring import (
     fsync_data,
     pwrite_all,
     read_meta,
-    read_reservation,
     read_state,
 )
 
-__all__ = ["FileWAL", "FileWALRecovery", "check_config", "take_over"]
+__all__ = ["FileWAL", "check_config"]
 
 log = logging.getLogger(__name__)
 
-MIN_CAPACITY_BYTES = 64 * 1024
 PIPELINE_DEPTH = 2
 """At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
 fsynced-and-checked at any time: the zeroing on open and the fencing bound rely on it."""
-MAX_CAPACITY_BYTES = 1 << 40
 _U32_MAX = 2**32 - 1
 _PREFILL_CHUNK_BYTES = 1024 * 1024
-_I64_MAX = 2**63 - 1
 
 
 def check_config(config: FileWALConfig, capacity_bytes: int) -> None:
@@ -133,18 +129,8 @@ def _immutable_bytes(piece: bytes | memoryview) -> bool:
 
 
 @dataclass(slots=True)
-class _Pending:
-    size_bytes: int  # header + body
-    body: RecordPieces  # written back to back (joined only into the writer's batch)
-    body_crc32c: int
-    future: Future
-    enqueued_at_s: float
-    offset: int = -1  # assigned by the writer when the record joins a batch
-
-
-@dataclass(slots=True)
 class _Written:
-    batch: list[_Pending]
+    batch: list[PendingAppend]
     start: int
     size_bytes: int
 
@@ -155,10 +141,7 @@ class _TrimRequest:
     future: Future
 
 
-_OPEN, _CLOSING, _FENCED, _FAILED = "open", "closing", "fenced", "failed"
-
-
-class FileWAL(WriteAheadLog):
+class FileWAL(QueuedWAL):
     """Local-file WAL with group commit and an on-disk owner reservation.
 
     Create or open with :meth:`open`; do not call the constructor directly.
@@ -178,31 +161,20 @@ class FileWAL(WriteAheadLog):
         initial_fsyncs: int,
         created: bool = False,
     ) -> None:
+        super().__init__(
+            f"WAL {path}", capacity_bytes, config.max_queue_bytes, trim_offset, end_offset
+        )
         self._path = path
         self._fd = fd
         self._node_id = node_id
         self._node_epoch = node_epoch
-        self._capacity_bytes = capacity_bytes
         self._config = config
         self._ring = Ring(fd, capacity_bytes)
         self._reservation_view = ReservationView(fd)
-        self._lock = threading.Lock()
-        self._not_empty = threading.Condition(self._lock)
-        self._room = RoomSignal()
-        self._trim_lock = threading.Lock()
-        self._queue: deque[_Pending] = deque()
         self._trims: deque[_TrimRequest] = deque()
-        self._queued_bytes = 0
-        self._trim_offset = trim_offset
-        self._recovered_end = end_offset
-        self._durable_end = end_offset
-        self._next_offset = end_offset  # where the next batch starts (writer-assigned)
         self._state_seq = state_seq
         self._owned_raw: tuple[bytes, bytes] | None = None
         self._precheck_needed = True  # until the first successful check after open / a trim
-        self._status = _OPEN
-        self._closed = False
-        self._failure: str = ""
         self._fsyncs = initial_fsyncs
         self._batches = 0
         self._acked_records = 0
@@ -218,7 +190,7 @@ class FileWAL(WriteAheadLog):
         self._sync_cv = threading.Condition(self._lock)
         self._writer_exited = False
         self._done_cv = threading.Condition(threading.Lock())
-        self._completions: deque[list[_Pending]] = deque()
+        self._completions: deque[list[PendingAppend]] = deque()
         self._syncer_exited = False
         self._threads = [
             threading.Thread(target=target, name=f"file-wal-{role}-{path.name}", daemon=True)
@@ -268,7 +240,7 @@ class FileWAL(WriteAheadLog):
             FileNotFoundError: no file and no ``capacity_bytes``.
         """
         config = config or FileWALConfig()
-        _check_identity(node_id, node_epoch)
+        check_identity(node_id, node_epoch)
         path = Path(path)
         created = False
         if not path.exists():
@@ -276,7 +248,7 @@ class FileWAL(WriteAheadLog):
                 raise FileNotFoundError(f"{path} does not exist and no capacity_bytes was given")
             check_config(config, capacity_bytes)
             try:
-                _create_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
+                create_wal_file(path, capacity_bytes, node_id, node_epoch, config.max_batch_bytes)
                 created = True
             except FileExistsError:
                 pass  # another opener created it first; open it like an existing file
@@ -313,7 +285,7 @@ class FileWAL(WriteAheadLog):
         fsyncs = 0
         if not same_owner or current.max_batch_bytes < config.max_batch_bytes:
             max_batch = max(config.max_batch_bytes, current.max_batch_bytes)
-            _write_reservation(fd, current, node_id, node_epoch, max_batch)
+            write_reservation(fd, current, node_id, node_epoch, max_batch)
             fsyncs += 1
         # The state is read only after our reservation is durable.
         state = read_state(fd)
@@ -376,30 +348,6 @@ class FileWAL(WriteAheadLog):
         return (self._node_id, self._node_epoch)
 
     @property
-    def capacity_bytes(self) -> int:
-        return self._capacity_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        with self._lock:
-            return self._next_offset + self._queued_bytes - self._trim_offset
-
-    @property
-    def start_offset(self) -> int:
-        with self._lock:
-            return self._trim_offset
-
-    @property
-    def end_offset(self) -> int:
-        with self._lock:
-            return self._durable_end
-
-    @property
-    def recovered_end_offset(self) -> int:
-        """End of the record chain found when the WAL was opened."""
-        return self._recovered_end
-
-    @property
     def fsync_count(self) -> int:
         """fdatasync calls made by this instance (group commits, trims, open)."""
         with self._lock:
@@ -422,23 +370,6 @@ class FileWAL(WriteAheadLog):
         """Bytes (headers and padding included) of batches acknowledged by this instance."""
         with self._lock:
             return self._acked_bytes
-
-    @property
-    def fenced(self) -> bool:
-        with self._lock:
-            return self._status == _FENCED
-
-    @property
-    def room(self) -> RoomSignal:
-        return self._room
-
-    def has_room(self, size_bytes: int) -> bool:
-        with self._lock:
-            used = self._next_offset + self._queued_bytes - self._trim_offset
-            return (
-                self._queued_bytes + size_bytes <= self._config.max_queue_bytes
-                and used + size_bytes <= self._capacity_bytes
-            )
 
     # ------------------------------------------------------------------ API
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
@@ -463,29 +394,7 @@ class FileWAL(WriteAheadLog):
         body_crc = 0
         for piece in body:
             body_crc = _crc32c.crc32c(piece, body_crc)
-        size = RECORD_HEADER_SIZE_BYTES + body_len
-        now = time.monotonic()
-        generation = self._room.generation
-        with self._lock:
-            self._raise_if_unusable()
-            if self._queued_bytes + size > self._config.max_queue_bytes:
-                raise WALQueueFullError(
-                    f"WAL append queue full ({self._queued_bytes} B)", self._room, generation
-                )
-            used = self._next_offset + self._queued_bytes - self._trim_offset
-            if used + size > self._capacity_bytes:
-                raise WALFullError(
-                    f"WAL full: {used} B of {self._capacity_bytes} B used, record needs {size} B; "
-                    "trim after upload",
-                    self._room,
-                    generation,
-                )
-            future: Future[AppendResult] = Future()
-            future.set_running_or_notify_cancel()  # appends cannot be cancelled
-            self._queue.append(_Pending(size, body, body_crc, future, now))
-            self._queued_bytes += size
-            self._not_empty.notify()
-        return future
+        return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body, body_crc)
 
     def recover(self) -> Iterator[RecoveredRecord]:
         """Yield the records in ``[start_offset, end_offset)`` as of this call, in order.
@@ -498,7 +407,7 @@ class FileWAL(WriteAheadLog):
             if self._closed:
                 raise WALClosedError("WAL is closed")
             start, end = self._trim_offset, self._durable_end
-        yield from _recover_range(self._ring, start, end, self._config.scan_chunk_bytes)
+        yield from recover_range(self._ring, start, end, self._config.scan_chunk_bytes)
 
     def trim(self, up_to_offset: int) -> None:
         """Release records below ``up_to_offset`` (a record boundary) durably.
@@ -515,7 +424,7 @@ class FileWAL(WriteAheadLog):
                 trim, end = self._trim_offset, self._durable_end
             if up_to_offset <= trim:
                 return
-            _check_trim_point(self._ring, up_to_offset, end)
+            check_trim_point(self._ring, up_to_offset, end)
             request = _TrimRequest(up_to_offset, Future())
             with self._lock:
                 self._raise_if_unusable()
@@ -525,14 +434,8 @@ class FileWAL(WriteAheadLog):
 
     def close(self) -> None:
         """Write what is queued, stop the writer and close the file. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._status == _OPEN:
-                self._status = _CLOSING
-            self._not_empty.notify_all()
-            self._room.notify()
+        if not self._begin_close():
+            return
         deadline = time.monotonic() + self._config.close_timeout_s
         if self._prefiller is not None:
             self._prefiller.stop(self._config.close_timeout_s)
@@ -545,22 +448,13 @@ class FileWAL(WriteAheadLog):
         self._reservation_view.close()
         os.close(self._fd)
 
-    def _raise_if_unusable(self) -> None:
-        """Caller holds the lock."""
-        if self._closed:
-            raise WALClosedError(f"WAL {self._path} is closed")
-        if self._status == _FENCED:
-            raise WALFencedError(f"WAL {self._path} was taken over: {self._failure}")
-        if self._status == _FAILED:
-            raise WALError(f"WAL {self._path} failed: {self._failure}")
-
     # ------------------------------------------------------------------ writer thread
     def _run_writer(self) -> None:
         try:
             self._write_loop()
         except BaseException as exc:  # a bug: fail everything queued rather than hang callers
             log.exception("WAL %s writer crashed", self._path)
-            self._stop(_FAILED, f"writer crashed: {exc!r}", [])
+            self._stop(FAILED, f"writer crashed: {exc!r}", [])
             raise
         finally:
             with self._lock:
@@ -570,21 +464,17 @@ class FileWAL(WriteAheadLog):
     def _write_loop(self) -> None:
         while True:
             trim: _TrimRequest | None = None
-            batch: list[_Pending] = []
+            batch: list[PendingAppend] = []
             padding = 0
             with self._lock:
-                while True:
-                    if self._status in (_FENCED, _FAILED):
-                        return
-                    if self._trims or (self._queue and self._batch_room() > 0):
-                        break
-                    if self._status != _OPEN and not self._queue:
-                        return  # closing and drained
-                    self._not_empty.wait()
+                if not self._wait_for_work(
+                    lambda: bool(self._trims) or (bool(self._queue) and self._batch_room() > 0)
+                ):
+                    return
                 if self._trims:
                     trim = self._trims.popleft()
                 else:
-                    self._linger()
+                    self._linger(self._config.max_batch_bytes, self._config.linger_s)
                     batch, padding = self._take_batch(self._batch_room())
                     self._unsynced_bytes += sum(p.size_bytes for p in batch) + padding
             if trim is not None:
@@ -592,17 +482,9 @@ class FileWAL(WriteAheadLog):
             else:
                 self._write_batch(batch, padding)
 
-    def _linger(self) -> None:
-        """Caller holds the lock; wait up to linger_s for a fuller batch."""
-        linger = self._config.linger_s
-        if linger <= 0 or self._status != _OPEN:
-            return
-        deadline = self._queue[0].enqueued_at_s + linger
-        while self._queued_bytes < self._config.max_batch_bytes and self._status == _OPEN:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._trims:
-                return
-            self._not_empty.wait(remaining)
+    def _linger_interrupted(self) -> bool:
+        """Caller holds the lock; a queued trim ends the writer's linger."""
+        return bool(self._trims)
 
     def _batch_room(self) -> int:
         """Caller holds the lock; bytes of records the next batch may take (0: none, wait
@@ -617,27 +499,14 @@ class FileWAL(WriteAheadLog):
             return self._config.max_batch_bytes
         return room if self._queue and self._queue[0].size_bytes <= room else 0
 
-    def _take_batch(self, limit: int) -> tuple[list[_Pending], int]:
+    def _take_batch(self, limit: int) -> tuple[list[PendingAppend], int]:
         """Caller holds the lock; pop up to ``limit`` bytes of appends (at least one).
 
         Assigns the records' offsets and decides the batch's padding record
         (returned size, 0 for none): padding is added only when the space it takes
         is not needed by appends already admitted to the queue.
         """
-        batch: list[_Pending] = []
-        offset = self._next_offset
-        queue = self._queue
-        total = 0
-        while queue:
-            size = queue[0].size_bytes
-            if batch and total + size > limit:
-                break
-            pending = queue.popleft()
-            pending.offset = offset
-            offset += size
-            total += size
-            batch.append(pending)
-        self._queued_bytes -= total
+        batch, offset = self._pop_batch(limit)
         padding = padding_bytes(offset, self._config.align_bytes)
         if offset + padding + self._queued_bytes - self._trim_offset > self._capacity_bytes:
             padding = 0
@@ -666,7 +535,7 @@ class FileWAL(WriteAheadLog):
             )
         self._owned_raw = raw
 
-    def _write_batch(self, batch: list[_Pending], padding: int) -> None:
+    def _write_batch(self, batch: list[PendingAppend], padding: int) -> None:
         """Writer thread: write one batch (no fsync) and hand it to the syncer.
 
         At most PIPELINE_DEPTH x max_batch_bytes are unchecked at a time, so when
@@ -702,20 +571,20 @@ class FileWAL(WriteAheadLog):
                 prefiller.claim(start + size)  # no zeros may land on this batch
             self._ring.write_batch(start, parts, size)
         except WALFencedError as exc:
-            self._stop(_FENCED, str(exc), batch)
+            self._stop(FENCED, str(exc), batch)
             return
         except Exception as exc:  # OSError, or anything unexpected: state unknown, stop
-            self._stop(_FAILED, f"{type(exc).__name__}: {exc}", batch)
+            self._stop(FAILED, f"{type(exc).__name__}: {exc}", batch)
             return
         with self._lock:
-            if self._status in (_FENCED, _FAILED):  # stopped meanwhile: _stop saw no such batch
+            if self._status in (FENCED, FAILED):  # stopped meanwhile: _stop saw no such batch
                 failed = True
             else:
                 failed = False
                 self._sync_queue.append(_Written(batch, start, size))
                 self._sync_cv.notify()
         if failed:
-            self._fail(batch, self._status, self._failure)
+            self._fail_appends(batch, self._status, self._failure)
 
     def _do_trim(self, request: _TrimRequest) -> None:
         try:
@@ -733,11 +602,11 @@ class FileWAL(WriteAheadLog):
             metrics.FSYNCS.inc()
         except WALFencedError as exc:
             request.future.set_exception(WALFencedError(str(exc)))
-            self._stop(_FENCED, str(exc), [])
+            self._stop(FENCED, str(exc), [])
             return
         except Exception as exc:  # OSError, or anything unexpected
             request.future.set_exception(WALError(f"trim failed: {exc}"))
-            self._stop(_FAILED, f"{type(exc).__name__}: {exc}", [])
+            self._stop(FAILED, f"{type(exc).__name__}: {exc}", [])
             return
         with self._lock:
             self._fsyncs += 1
@@ -752,7 +621,7 @@ class FileWAL(WriteAheadLog):
             self._sync_loop()
         except BaseException as exc:  # a bug: fail everything queued rather than hang callers
             log.exception("WAL %s syncer crashed", self._path)
-            self._stop(_FAILED, f"syncer crashed: {exc!r}", [])
+            self._stop(FAILED, f"syncer crashed: {exc!r}", [])
             raise
         finally:
             with self._done_cv:
@@ -786,10 +655,10 @@ class FileWAL(WriteAheadLog):
                 metrics.FSYNCS.inc()
                 self._check_reservation()  # ack only if we still own the WAL after the fsync
             except WALFencedError as exc:
-                self._stop(_FENCED, str(exc), written.batch)
+                self._stop(FENCED, str(exc), written.batch)
                 continue
             except Exception as exc:  # OSError, or anything unexpected: state unknown, stop
-                self._stop(_FAILED, f"{type(exc).__name__}: {exc}", written.batch)
+                self._stop(FAILED, f"{type(exc).__name__}: {exc}", written.batch)
                 continue
             with self._lock:
                 self._durable_end = written.start + written.size_bytes
@@ -820,253 +689,25 @@ class FileWAL(WriteAheadLog):
                 pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
 
     # ------------------------------------------------------------------ failure
-    def _stop(self, status: str, reason: str, batch: list[_Pending]) -> None:
+    def _stop(self, status: str, reason: str, batch: list[PendingAppend]) -> None:
         """Fail ``batch``, everything written or queued, and all later calls."""
         if self._prefiller is not None:
             self._prefiller.stop(timeout_s=0)  # no join: this may run on any WAL thread
         with self._lock:
-            if self._status not in (_FENCED, _FAILED):
-                self._status = status
-                self._failure = reason
             pending = list(batch)
             for written in self._sync_queue:
                 pending.extend(written.batch)
-            pending.extend(self._queue)
+            pending.extend(self._fail_queue(status, reason))
             trims = list(self._trims)
             self._sync_queue.clear()
-            self._queue.clear()
             self._trims.clear()
-            self._queued_bytes = 0
             self._unsynced_bytes = 0
-            self._room.notify()
-            self._not_empty.notify_all()
             self._sync_cv.notify_all()
-        if status == _FENCED:
+        if status == FENCED:
             log.warning("WAL %s fenced: %s; failing %d appends", self._path, reason, len(pending))
         else:
             log.error("WAL %s failed: %s; failing %d appends", self._path, reason, len(pending))
-        self._fail(pending, status, reason)
-        error = WALFencedError if status == _FENCED else WALError
+        self._fail_appends(pending, status, reason)
+        error = WALFencedError if status == FENCED else WALError
         for request in trims:
             request.future.set_exception(error(reason))
-
-    @staticmethod
-    def _fail(pending: list[_Pending], status: str, reason: str) -> None:
-        error = WALFencedError if status == _FENCED else WALError
-        for item in pending:
-            item.future.set_exception(error(reason))
-
-
-class FileWALRecovery:
-    """Recovery-only handle returned by :func:`take_over` (no appends).
-
-    Holds the reservation of ``(node_id, node_epoch)``; reads the records the
-    previous owner left and trims them once they are uploaded.
-    """
-
-    def __init__(
-        self, path: Path, fd: int, node_id: int, node_epoch: int, capacity_bytes: int
-    ) -> None:
-        self._path = path
-        self._fd = fd
-        self._node_id = node_id
-        self._node_epoch = node_epoch
-        self._capacity_bytes = capacity_bytes
-        self._ring = Ring(fd, capacity_bytes)
-        self._closed = False
-        self._lock = threading.Lock()
-        state = read_state(fd)  # read only after the reservation is durable
-        if state is None:
-            raise WALCorruptError("both state slots are invalid")
-        self._state = state
-        self._end: int | None = None
-
-    @property
-    def owner(self) -> tuple[int, int]:
-        return (self._node_id, self._node_epoch)
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self._capacity_bytes
-
-    @property
-    def start_offset(self) -> int:
-        return self._state.trim_offset
-
-    @property
-    def end_offset(self) -> int:
-        """End of the valid record chain (scans the WAL once on first use)."""
-        if self._end is None:
-            scanner = RecordScanner(self._ring, self._state.trim_offset)
-            for _ in scanner:
-                pass
-            self._end = scanner.end_offset
-        return self._end
-
-    def recover(self) -> Iterator[RecoveredRecord]:
-        """Yield every valid record from the trim offset, in order, stopping at a torn tail."""
-        self._check_open()
-        scanner = RecordScanner(self._ring, self._state.trim_offset)
-        for offset, body in scanner:
-            yield RecoveredRecord(offset, RECORD_HEADER_SIZE_BYTES + len(body), body)
-        self._end = scanner.end_offset
-
-    def trim(self, up_to_offset: int) -> None:
-        """Durably release records below ``up_to_offset`` (after they were uploaded)."""
-        with self._lock:
-            self._check_open()
-            if up_to_offset <= self._state.trim_offset:
-                return
-            _check_trim_point(self._ring, up_to_offset, self.end_offset)
-            current = read_reservation(self._fd)
-            if current is None or (current.node_id, current.node_epoch) != self.owner:
-                raise WALFencedError(f"{self._path} was taken over again")
-            state = WALState(
-                self._state.seq + 1,
-                self._capacity_bytes,
-                up_to_offset,
-                self._node_id,
-                self._node_epoch,
-            )
-            pwrite_all(self._fd, state.encode(), state.slot_position)
-            fsync_data(self._fd)
-            metrics.FSYNCS.inc()
-            self._state = state
-
-    def close(self) -> None:
-        """Close the file. Idempotent."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self._fd)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise WALClosedError(f"{self._path} recovery handle is closed")
-
-    def __enter__(self) -> FileWALRecovery:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def take_over(
-    path: str | os.PathLike[str], new_node_id: int, new_node_epoch: int
-) -> FileWALRecovery:
-    """Acquire the WAL at ``path`` for recovery (crash failover).
-
-    Writes the reservation ``(new_node_id, new_node_epoch)`` and fdatasyncs it
-    **before** reading any record, so the previous owner can no longer
-    acknowledge appends (it re-checks the reservation after each fsync).
-
-    Raises:
-        WALTakeoverRefusedError: ``new_node_epoch`` is not greater than the
-            current owner's epoch (unless the owner is ``(new_node_id, new_node_epoch)``
-            itself: a recoverer retrying).
-        WALCorruptError: the header is unreadable.
-    """
-    _check_identity(new_node_id, new_node_epoch)
-    path = Path(path)
-    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    try:
-        meta = read_meta(fd)
-        current = meta.reservation
-        retry = (current.node_id, current.node_epoch) == (new_node_id, new_node_epoch)
-        if new_node_epoch <= current.node_epoch and not retry:
-            # the same (node, epoch) again is the recoverer retrying a failover that failed
-            # half way (an upload or commit error): refusing it would wedge the failover
-            raise WALTakeoverRefusedError(
-                f"{path} is reserved by node {current.node_id} epoch {current.node_epoch}; "
-                f"takeover needs an epoch > {current.node_epoch}, got {new_node_epoch}"
-            )
-        _write_reservation(fd, current, new_node_id, new_node_epoch, current.max_batch_bytes)
-        log.warning(
-            "took over WAL %s: node %d epoch %d -> node %d epoch %d",
-            path,
-            current.node_id,
-            current.node_epoch,
-            new_node_id,
-            new_node_epoch,
-        )
-        return FileWALRecovery(path, fd, new_node_id, new_node_epoch, meta.capacity_bytes)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-# ---------------------------------------------------------------------- helpers
-def _check_identity(node_id: int, node_epoch: int) -> None:
-    if not 0 <= node_id <= _I64_MAX or not 0 <= node_epoch <= _I64_MAX:
-        raise ValueError(f"node_id={node_id} and node_epoch={node_epoch} must be within 0..2^63-1")
-
-
-def _write_reservation(
-    fd: int, current: Reservation, node_id: int, node_epoch: int, max_batch_bytes: int
-) -> Reservation:
-    new = Reservation(current.seq + 1, current.capacity_bytes, node_id, node_epoch, max_batch_bytes)
-    pwrite_all(fd, new.encode(), new.slot_position)
-    fsync_data(fd)
-    metrics.FSYNCS.inc()
-    return new
-
-
-def _create_file(
-    path: Path, capacity_bytes: int, node_id: int, node_epoch: int, max_batch_bytes: int
-) -> None:
-    """Create a preallocated WAL file atomically (temp file, fsync, link into place)."""
-    if not MIN_CAPACITY_BYTES <= capacity_bytes <= MAX_CAPACITY_BYTES or capacity_bytes % 4096:
-        raise ValueError(
-            f"capacity_bytes={capacity_bytes} must be a multiple of 4096 within "
-            f"{MIN_CAPACITY_BYTES}..{MAX_CAPACITY_BYTES}"
-        )
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        total = HEADER_AREA_BYTES + capacity_bytes
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, total)
-        else:  # pragma: no cover - non-Linux
-            os.ftruncate(fd, total)
-        for seq in (0, 1):
-            reservation = Reservation(seq, capacity_bytes, node_id, node_epoch, max_batch_bytes)
-            state = WALState(seq, capacity_bytes, 0, node_id, node_epoch)
-            pwrite_all(fd, reservation.encode(), reservation.slot_position)
-            pwrite_all(fd, state.encode(), state.slot_position)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.link(tmp, path)  # fails if another creator won the race
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _check_trim_point(ring: Ring, up_to_offset: int, end_offset: int) -> None:
-    """A trim point must be the durable end or the offset of a valid record header."""
-    if up_to_offset > end_offset:
-        raise ValueError(f"cannot trim to {up_to_offset}: beyond the durable end {end_offset}")
-    if up_to_offset == end_offset:
-        return
-    header = decode_record_header(ring.read(up_to_offset, RECORD_HEADER_SIZE_BYTES))
-    if header is None or header.record_offset != up_to_offset:
-        raise ValueError(f"cannot trim to {up_to_offset}: not a record boundary")
-
-
-def _recover_range(ring: Ring, start: int, end: int, chunk_bytes: int) -> Iterator[RecoveredRecord]:
-    scanner = RecordScanner(ring, start, stop_at=end, chunk_bytes=chunk_bytes)
-    for offset, body in scanner:
-        yield RecoveredRecord(offset, RECORD_HEADER_SIZE_BYTES + len(body), body)
-    if scanner.end_offset != end:
-        raise WALCorruptError(
-            f"acknowledged records no longer validate at {scanner.end_offset} "
-            f"(expected records up to {end}): {scanner.stop_reason}"
-        )
