@@ -30,11 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataplane.config import ObjectWALConfig  # noqa: E402
 from dataplane.objectstore import ObjectStorage  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
+from dataplane.s3stream.wal.object_chain import ObjectWALLocation  # noqa: E402
 from dataplane.s3stream.wal.object_format import OBJECT_HEADER_BYTES  # noqa: E402
-from dataplane.s3stream.wal.object_wal import (  # noqa: E402
-    ObjectWAL,
-    ObjectWALLocation,
-)
+from dataplane.s3stream.wal.object_wal import ObjectWAL  # noqa: E402
 from tests.integration.engine_harness import bucket_uris  # noqa: E402
 
 

@@ -14,7 +14,8 @@ import threading
 from dataplane.formats.link_record import LinkRecord, resolve
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.wal.object_wal import ObjectWALLocation, ObjectWALReader
+from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+from dataplane.s3stream.wal.object_readers import ObjectWALReader
 
 CHANNEL_BUCKET_ID = 0
 

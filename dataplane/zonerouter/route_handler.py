@@ -24,7 +24,7 @@ from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES
 from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, append_when_room
-from dataplane.s3stream.wal.object_wal import WALTrimmedError
+from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.zonerouter.channel import ChannelReaders, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation

@@ -14,12 +14,9 @@ from dataplane.formats.record_batch import parse_batches, patch_batch
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import StorageError
-from dataplane.s3stream.wal.object_wal import (
-    ObjectWAL,
-    ObjectWALLocation,
-    ObjectWALReader,
-    WALTrimmedError,
-)
+from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+from dataplane.s3stream.wal.object_readers import ObjectWALReader, WALTrimmedError
+from dataplane.s3stream.wal.object_wal import ObjectWAL
 from dataplane.zonerouter.channel import ChannelReaders, channel_location
 from tests.unit.test_kafka_apis_inprocess import batch
 

@@ -400,11 +400,8 @@ def test_recovery_skips_an_object_a_racing_trim_deleted_and_refuses_a_lost_one(o
 
 
 def test_any_node_reads_acknowledged_records_by_offset_without_claiming(objects):
-    from dataplane.s3stream.wal.object_wal import (
-        ObjectWALLocation,
-        ObjectWALReader,
-        WALTrimmedError,
-    )
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader, WALTrimmedError
 
     config = ObjectWALConfig(linger_s=0)
     wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)

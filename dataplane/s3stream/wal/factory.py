@@ -27,11 +27,12 @@ from urllib.parse import unquote, urlparse
 
 from dataplane.config import FileWALConfig, ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
-from dataplane.s3stream.wal import object_wal
+from dataplane.s3stream.wal import object_readers
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
 from dataplane.s3stream.wal.file_takeover import take_over
 from dataplane.s3stream.wal.file_wal import FileWAL
-from dataplane.s3stream.wal.object_wal import ObjectWAL, ObjectWALLocation
+from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+from dataplane.s3stream.wal.object_wal import ObjectWAL
 
 
 class WALRecovery(Protocol):
@@ -105,7 +106,7 @@ def wal_exists(uri: str, *, objects: ObjectStorage | None = None) -> bool:
     if _is_s3(uri):
         where = _object_location(uri, objects)
         assert objects is not None  # _object_location refused None
-        return object_wal.object_wal_exists(objects, where)
+        return object_readers.object_wal_exists(objects, where)
     return _file_path(uri).exists()
 
 
@@ -141,5 +142,5 @@ def take_over_wal(
     if _is_s3(uri):
         where = _object_location(uri, objects)
         assert objects is not None
-        return object_wal.take_over(objects, where, node_id, failover_epoch)
+        return object_readers.take_over(objects, where, node_id, failover_epoch)
     return take_over(_file_path(uri), node_id, failover_epoch)
