@@ -37,6 +37,7 @@ class AdminApiAcls:
         }
 
     async def create_topics(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of CreateTopics."""
         R = response_class(19)
         cluster_create = self.checks.allowed_cluster(ctx, "CREATE")
         return await self.checks.split(
@@ -62,6 +63,7 @@ class AdminApiAcls:
         )
 
     async def delete_topics(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DeleteTopics."""
         R = response_class(20)
         if ctx.api_version < 6:
             return await self.checks.split(
@@ -92,6 +94,7 @@ class AdminApiAcls:
         )
 
     async def create_partitions(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of CreatePartitions."""
         R = response_class(37)
         return await self.checks.split(
             handler,
@@ -111,6 +114,7 @@ class AdminApiAcls:
         return (kind, r.resource_name if kind == "TOPIC" else CLUSTER_RESOURCE)
 
     async def describe_configs(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DescribeConfigs."""
         R = response_class(32)
         return await self.checks.split(
             handler,
@@ -130,6 +134,7 @@ class AdminApiAcls:
         )
 
     async def alter_configs(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of AlterConfigs and IncrementalAlterConfigs."""
         R = response_class(ctx.api_key)
         return await self.checks.split(
             handler,
@@ -148,6 +153,7 @@ class AdminApiAcls:
         )
 
     async def describe_cluster(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DescribeCluster."""
         # the broker list is what Metadata gives any principal too (Kafka checks nothing
         # but the authorized-operations bitfield, which is not computed here)
         return await handler(req, ctx)

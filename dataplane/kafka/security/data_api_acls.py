@@ -31,6 +31,7 @@ class DataApiAcls:
         }
 
     async def produce(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of Produce."""
         R = response_class(0)
         txn = getattr(req, "transactional_id", None)
         if txn and not self.checks.allowed(ctx, "WRITE", "TRANSACTIONAL_ID", txn):
@@ -55,6 +56,7 @@ class DataApiAcls:
         )
 
     async def fetch(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of Fetch."""
         R = response_class(1)
         v = ctx.api_version
 
@@ -93,6 +95,7 @@ class DataApiAcls:
         )
 
     async def list_offsets(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of ListOffsets."""
         R = response_class(2)
 
         def denied(t: Any, code: int) -> Any:
@@ -118,6 +121,7 @@ class DataApiAcls:
         )
 
     async def offset_for_leader_epoch(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of OffsetForLeaderEpoch."""
         R = response_class(23)
 
         def denied(t: Any, code: int) -> Any:
@@ -143,6 +147,7 @@ class DataApiAcls:
         )
 
     async def metadata(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of Metadata."""
         R = response_class(3)
         denied_names: list[str] = []
         if req.topics is not None:
@@ -179,6 +184,7 @@ class DataApiAcls:
         return response
 
     async def delete_records(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DeleteRecords."""
         R = response_class(21)
         return await self.checks.split(
             handler,

@@ -35,6 +35,7 @@ class GroupApiAcls:
         }
 
     async def find_coordinator(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of FindCoordinator."""
         R = response_class(10)
         kind = "TRANSACTIONAL_ID" if int(getattr(req, "key_type", 0) or 0) == 1 else "GROUP"
         if ctx.api_version < 4:
@@ -71,6 +72,7 @@ class GroupApiAcls:
         return response_class(ctx.api_key)[ctx.api_version](**fields)
 
     async def offset_commit(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of OffsetCommit."""
         R = response_class(8)
 
         def denied(t: Any, code: int) -> Any:
@@ -101,6 +103,7 @@ class GroupApiAcls:
         )
 
     async def offset_fetch(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of OffsetFetch."""
         R = response_class(9)
         if ctx.api_version < 8:
             if self.checks.allowed(ctx, "DESCRIBE", "GROUP", req.group_id):
@@ -122,6 +125,7 @@ class GroupApiAcls:
         )
 
     async def describe_groups(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DescribeGroups."""
         R = response_class(15)
         return await self.checks.split(
             handler,
@@ -142,6 +146,7 @@ class GroupApiAcls:
         )
 
     async def list_groups(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of ListGroups."""
         response = await handler(req, ctx)
         if not self.checks.allowed_cluster(ctx, "DESCRIBE"):
             response.groups = [
@@ -152,6 +157,7 @@ class GroupApiAcls:
         return response
 
     async def delete_groups(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of DeleteGroups."""
         R = response_class(42)
         return await self.checks.split(
             handler,
@@ -165,6 +171,7 @@ class GroupApiAcls:
         )
 
     async def offset_delete(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of OffsetDelete."""
         R = response_class(47)
         if not self.checks.allowed(ctx, "DELETE", "GROUP", req.group_id):
             return R[ctx.api_version](

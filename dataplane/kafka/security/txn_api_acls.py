@@ -89,6 +89,7 @@ class TxnApiAcls:
         return response
 
     async def init_producer_id(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """The ACL rule of InitProducerId."""
         R = response_class(22)
         txn = req.transactional_id
         if txn:
