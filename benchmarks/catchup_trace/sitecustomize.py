@@ -36,8 +36,8 @@ def _patch() -> None:
     # every class first (AttributeError while a module is still importing): nothing is
     # patched twice
     fetch, read_span = data_apis.DataApis.fetch, store.ObjectStorage._read_span
-    server = sys.modules["dataplane.kafka.server"]
-    drain = server._FrameProtocol.drain
+    framing = sys.modules["dataplane.kafka.framing"]
+    drain = framing.FrameProtocol.drain
 
     async def traced_fetch(self, req, ctx):
         t0 = time.monotonic()
@@ -68,7 +68,7 @@ def _patch() -> None:
             if pending > 1 << 20:
                 _events.append(("write", t0, time.monotonic(), pending))
 
-    server._FrameProtocol.drain = traced_drain
+    framing.FrameProtocol.drain = traced_drain
 
 
 def _start() -> None:
@@ -84,7 +84,7 @@ def _start() -> None:
             for m in (
                 "dataplane.kafka.data_apis",
                 "dataplane.objectstore.store",
-                "dataplane.kafka.server",
+                "dataplane.kafka.framing",
             )
         ):
             try:

@@ -12,6 +12,8 @@ jobs can all use it. Modules, one concept each:
 * `merging`    - range-read merging (nearby concurrent reads share one GET)
 * `retry`      - which failures are retried, backoff
 * `metrics`    - Prometheus collectors (`automq_object_store_*`)
+* `store_config` - `ObjectStorageConfig`: the tunables of `ObjectStorage`
+* `clients`    - `BucketClients`: the buckets by id and their lazily created boto3 clients
 * `store`      - `ObjectStorage`, tying the above to boto3
 * `seaweed`    - the embedded SeaweedFS server (not imported here; import it explicitly)
 """
@@ -31,7 +33,8 @@ from .health import BucketHealth, WriteHealthTracker
 from .keys import object_id_from_key, object_key
 from .limiter import BandwidthLimiter, Priority
 from .metrics import ObjectStoreMetrics, default_metrics
-from .store import ObjectStorage, ObjectStorageConfig
+from .store import ObjectStorage
+from .store_config import ObjectStorageConfig
 
 __all__ = [
     "AccessDeniedError",

@@ -8,7 +8,8 @@
 What it adds to boto3:
 
 * one lazily created client per bucket (path-style by default, our timeouts, botocore's own
-  retries off, connection pool sized to our thread pool plus headroom for sync callers);
+  retries off, connection pool sized to our thread pool plus headroom for sync callers;
+  see `clients.py`), tunables in `ObjectStorageConfig` (`store_config.py`);
 * bounded retries with backoff for timeouts, connection errors and 5xx/throttling (see
   `retry.py`); 404/412/403/416 map to typed errors at once (see `errors.py`);
 * a bounded thread pool for the `*_async` variants, and a cap on pending async requests;
@@ -31,152 +32,26 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import botocore.handlers
-import botocore.loaders
-import botocore.session
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .body import ObjectBody
 from .bucket_uri import BucketURI, parse_bucket_uris
+from .clients import BucketClients, ClientFactory, buckets_by_id
 from .errors import InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableError
 from .health import WriteHealthTracker
 from .limiter import BandwidthLimiter, Priority
 from .merging import RangeMerger, ReadBatch
 from .metrics import ObjectStoreMetrics, default_metrics
 from .retry import RetryPolicy, classify, final_error, http_status, unavailable
+from .store_config import ObjectStorageConfig
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
 MAX_KEY_BYTES = 1024  # S3's limit for a key
-S3_MAX_DELETE_BATCH = 1000  # S3's limit for one DeleteObjects request
 LIST_PAGE_KEYS = 1000
 
 FAIL_FAST_AFTER_MS = 3_000  # reads of a bucket whose writes fail this long fail at once
-ClientFactory = Callable[[BucketURI, BotoConfig], Any]
-
-
-class ObjectStorageConfig(BaseModel):
-    """Tunables of ObjectStorage, every one bounded."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    connect_timeout_ms: int = Field(
-        3_000, ge=1, le=600_000, description="TCP connect timeout of one request"
-    )
-    read_timeout_ms: int = Field(
-        30_000, ge=1, le=600_000, description="socket read timeout of one request"
-    )
-    check_timeout_ms: int = Field(
-        2_000, ge=1, le=60_000, description="timeout of check_reachable (startup checks)"
-    )
-    max_attempts: int = Field(
-        4, ge=1, le=20, description="attempts of a request (timeouts, 5xx, throttling)"
-    )
-    backoff_base_ms: int = Field(50, ge=0, le=60_000, description="first retry backoff")
-    backoff_max_ms: int = Field(
-        2_000, ge=0, le=600_000, description="longest retry backoff (>= backoff_base_ms)"
-    )
-    max_concurrency: int = Field(16, ge=1, le=512, description="threads of the async pool")
-    extra_sync_connections: int = Field(
-        8, ge=0, le=512, description="pool headroom for sync callers"
-    )
-    max_pending_requests: int = Field(
-        4_096, ge=1, le=1_000_000, description="async requests queued at most; more fail at once"
-    )
-    merge_window_ms: float = Field(
-        5.0,
-        ge=0,
-        le=1_000,
-        description="range reads arriving this close together may share one GET; 0 disables "
-        "merging",
-    )
-    merge_gap_bytes: int = Field(
-        512 * KiB, ge=0, le=256 * MiB, description="largest gap between merged ranges"
-    )
-    merge_max_bytes: int = Field(4 * MiB, ge=0, le=256 * MiB, description="largest merged GET")
-    merge_max_open_batches: int = Field(
-        4_096, ge=1, le=1_000_000, description="merge batches waiting at once"
-    )
-    read_bandwidth_bytes_per_s: int = Field(0, ge=0, description="read limit; 0 = unlimited")
-    write_bandwidth_bytes_per_s: int = Field(0, ge=0, description="write limit; 0 = unlimited")
-    throttle_timeout_ms: int = Field(
-        60_000,
-        ge=1,
-        le=3_600_000,
-        description="longest a request waits for bandwidth before it fails",
-    )
-    max_object_bytes: int = Field(
-        1 * GiB,
-        ge=1,
-        le=5 * GiB,
-        description="largest object put or read whole (S3 allows 5 GiB in one PUT)",
-    )
-    delete_batch_keys: int = Field(
-        S3_MAX_DELETE_BATCH,
-        ge=1,
-        le=S3_MAX_DELETE_BATCH,
-        description="keys per DeleteObjects request",
-    )
-    sign_payloads: bool = Field(
-        False,
-        description="SHA-256 sign PUT payloads (SigV4 always signs the headers; False sends "
-        "UNSIGNED-PAYLOAD: ~0.1 s of CPU less per 60 MB object, standard over TLS, and "
-        "objects carry CRC32C checksums every read verifies)",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> ObjectStorageConfig:
-        if self.backoff_max_ms < self.backoff_base_ms:
-            raise ValueError("backoff_max_ms must be >= backoff_base_ms")
-        return self
-
-
-_loader_lock = threading.Lock()
-_shared_loader: botocore.loaders.Loader | None = None
-
-
-def _loader() -> botocore.loaders.Loader:
-    global _shared_loader
-    with _loader_lock:
-        if _shared_loader is None:
-            _shared_loader = botocore.loaders.create_loader()
-        return _shared_loader
-
-
-def default_client_factory(bucket: BucketURI, config: BotoConfig) -> Any:
-    """An S3 client for `bucket`, the same client class boto3.client("s3") builds.
-
-    Each client gets its own botocore session (sessions are not thread-safe), but they share
-    one data loader, so the S3 service model is parsed once per process: that makes a client
-    ~20 ms instead of ~150 ms.
-    """
-    session = botocore.session.get_session()
-    session.register_component("data_loader", _loader())
-    return session.create_client(
-        "s3",
-        endpoint_url=bucket.endpoint,
-        region_name=bucket.region,
-        config=config,
-        **bucket.credentials(),
-    )
-
-
-def without_expect_continue(client: Any) -> None:
-    """No `Expect: 100-continue` on the client's PUTs. botocore adds it to every request
-    whose body is file-like (our streamed uploads), then waits up to 1 s for the interim
-    answer before sending the body: under load a 100 Continue arriving after that second
-    was parsed as the headers of the real answer (urllib3 "Failed to parse headers"), and
-    the PUT hung until its read timeout (30 s), stalling uploads and so the zone router's
-    committed route epoch. The header buys nothing here: our PUTs are not redirected."""
-    events = getattr(getattr(client, "meta", None), "events", None)
-    if events is not None:
-        events.unregister("before-call.s3", botocore.handlers.add_expect_header)
 
 
 class ObjectStorage:
@@ -201,28 +76,19 @@ class ObjectStorage:
     ) -> None:
         if isinstance(buckets, str):
             buckets = parse_bucket_uris(buckets)
-        if not buckets:
-            raise ValueError("ObjectStorage needs at least one bucket")
-        self._buckets: dict[int, BucketURI] = {}
-        for b in buckets:
-            if b.bucket_id in self._buckets:
-                raise ValueError(f"duplicate bucket id {b.bucket_id}")
-            self._buckets[b.bucket_id] = b
+        by_id = buckets_by_id(buckets)
         base = config or ObjectStorageConfig()
         self.config = (
             ObjectStorageConfig(**{**base.model_dump(), **overrides}) if overrides else base
         )
         cfg = self.config
-        self._client_factory = client_factory or default_client_factory
+        self._clients = BucketClients(by_id, cfg, client_factory)
         self.metrics = metrics or default_metrics()
         # every put's outcome per bucket (object-storage failover detection); may be shared
         self.write_health = write_health or WriteHealthTracker()
         self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms, cfg.backoff_max_ms)
         self.read_limiter = BandwidthLimiter(cfg.read_bandwidth_bytes_per_s)
         self.write_limiter = BandwidthLimiter(cfg.write_bandwidth_bytes_per_s)
-        self._lock = threading.Lock()
-        self._clients: dict[int, Any] = {}
-        self._probe_clients: dict[int, Any] = {}
         self._executor = ThreadPoolExecutor(
             max_workers=cfg.max_concurrency, thread_name_prefix="objectstore"
         )
@@ -235,65 +101,20 @@ class ObjectStorage:
             max_open_batches=cfg.merge_max_open_batches,
         )
         self._closed = False  # no new requests accepted
-        self._shut_down = False  # pool drained, clients released
 
     # -- buckets and clients ------------------------------------------------------------------
     @property
     def bucket_ids(self) -> list[int]:
-        return sorted(self._buckets)
+        """The configured bucket ids, ascending."""
+        return self._clients.bucket_ids
 
     def bucket(self, bucket_id: int) -> BucketURI:
         """The BucketURI of `bucket_id`; ObjectStoreError if it is not configured."""
-        try:
-            return self._buckets[bucket_id]
-        except KeyError:
-            raise ObjectStoreError(
-                f"unknown bucket id {bucket_id!r}; configured ids: {self.bucket_ids}",
-                bucket_id=bucket_id,
-            ) from None
+        return self._clients.bucket(bucket_id)
 
     def boto3_client(self, bucket_id: int) -> Any:
         """The (lazily created) boto3 client of a bucket, e.g. to register botocore events."""
-        return self._get_client(bucket_id, probe=False)
-
-    def _botocore_config(self, bucket: BucketURI, connect_ms: int, read_ms: int) -> BotoConfig:
-        return BotoConfig(
-            region_name=bucket.region,
-            connect_timeout=connect_ms / 1000,
-            read_timeout=read_ms / 1000,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves
-            max_pool_connections=self.config.max_concurrency + self.config.extra_sync_connections,
-            s3={
-                "addressing_style": "path" if bucket.path_style else "virtual",
-                "payload_signing_enabled": self.config.sign_payloads,
-            },
-            # S3-compatible stores differ in their support of the newer default checksums
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            tcp_keepalive=True,
-            user_agent_extra="automqctl-objectstore",
-        )
-
-    def _get_client(self, bucket_id: int, probe: bool) -> Any:
-        bucket = self.bucket(bucket_id)
-        cache = self._probe_clients if probe else self._clients
-        client = cache.get(bucket_id)
-        if client is not None:
-            return client
-        with self._lock:
-            if self._shut_down:
-                raise ObjectStoreError("object storage is closed", bucket_id=bucket_id)
-            client = cache.get(bucket_id)
-            if client is None:
-                cfg = self.config
-                if probe:
-                    bc = self._botocore_config(bucket, cfg.check_timeout_ms, cfg.check_timeout_ms)
-                else:
-                    bc = self._botocore_config(bucket, cfg.connect_timeout_ms, cfg.read_timeout_ms)
-                client = self._client_factory(bucket, bc)
-                without_expect_continue(client)
-                cache[bucket_id] = client
-            return client
+        return self._clients.client(bucket_id, probe=False)
 
     # -- retries ------------------------------------------------------------------------------
     def _call(
@@ -306,7 +127,7 @@ class ObjectStorage:
         n_bytes: Callable[[T], int] | None = None,
     ) -> T:
         """Run `attempt_fn(client, attempt_no)` with the retry policy; map failures."""
-        client = self._get_client(bucket_id, probe=False)
+        client = self._clients.client(bucket_id, probe=False)
         failing_ms = 0 if op == "put" else self.write_health.failing_for_ms(bucket_id)
         if failing_ms >= FAIL_FAST_AFTER_MS:
             # a bucket every write fails on (object-storage failover): reads fail at once
@@ -670,7 +491,7 @@ class ObjectStorage:
         """
         self._check_open()
         bucket = self.bucket(bucket_id)
-        client = self._get_client(bucket_id, probe=True)
+        client = self._clients.client(bucket_id, probe=True)
         t0 = time.monotonic()
         try:
             client.head_bucket(Bucket=bucket.bucket)
@@ -813,18 +634,7 @@ class ObjectStorage:
         self._closed = True
         self._merger.close()
         self._executor.shutdown(wait=True)
-        with self._lock:
-            self._shut_down = True
-            clients = list(self._clients.values()) + list(self._probe_clients.values())
-            self._clients.clear()
-            self._probe_clients.clear()
-        for client in clients:
-            closer = getattr(client, "close", None)
-            if callable(closer):
-                try:
-                    closer()
-                except Exception:  # closing is best effort
-                    pass
+        self._clients.close()
 
     def __enter__(self) -> ObjectStorage:
         return self

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.1"
 CLUSTER_ID = "test-cluster"
-SERVER_LOG = "dataplane.kafka.server"
+# the server accepts connections, each connection logs why it closes
+SERVER_LOGS = ("dataplane.kafka.server", "dataplane.kafka.connection")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -462,7 +463,8 @@ def test_close_comes_after_earlier_responses(
 def test_handler_exception_closes_connection_not_server(
     server: KafkaServerThread, raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+    for logger in SERVER_LOGS:
+        caplog.set_level(logging.INFO, logger=logger)
     client = connect(raw_clients, server.port)
     client.send(
         metadata_request(1, ["ok"]) + metadata_request(2, ["boom"]) + metadata_request(3, ["ok"])
@@ -519,7 +521,8 @@ def test_idle_connections_are_closed_but_not_while_requests_are_in_flight(
 def test_client_that_does_not_read_is_closed(
     raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+    for logger in SERVER_LOGS:
+        caplog.set_level(logging.INFO, logger=logger)
     big = bytes(MetadataResponse(brokers=[], topics=[]).encode(version=1)) + b"\x00" * (4 << 20)
 
     async def large(body, ctx):
@@ -674,7 +677,8 @@ def test_client_gone_before_its_response_is_not_an_error(
 ) -> None:
     # the response is ready as (or after) the client's EOF arrives: nothing to write to,
     # which is no error (the connection just closes)
-    caplog.set_level(logging.INFO, logger=SERVER_LOG)
+    for logger in SERVER_LOGS:
+        caplog.set_level(logging.INFO, logger=logger)
 
     async def produce(body, ctx):
         await asyncio.sleep(handler_delay_s)

@@ -1,4 +1,4 @@
-"""The Kafka listener's framing (`_FrameProtocol`): the event loop reads into its buffers,
+"""The Kafka listener's framing (`FrameProtocol`): the event loop reads into its buffers,
 it cuts frames (4-byte signed size + payload) wherever the reads end, refuses bad sizes and
 stops reading while too many frames wait for the connection."""
 
@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from dataplane.kafka import server as server_module
-from dataplane.kafka.server import (
-    _DIRECT_CHUNK_BYTES,
-    _DIRECT_FRAME_BYTES,
-    _QUEUED_FRAME_BYTES,
-    _FrameProtocol,
+from dataplane.kafka.framing import (
+    DIRECT_CHUNK_BYTES,
+    DIRECT_FRAME_BYTES,
+    QUEUED_FRAME_BYTES,
+    FrameProtocol,
 )
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -46,9 +45,9 @@ class FakeServer:
     max_request_bytes = MAX_REQUEST_BYTES
 
     def __init__(self) -> None:
-        self.accepted: list[_FrameProtocol] = []
+        self.accepted: list[FrameProtocol] = []
 
-    def _accept(self, protocol: _FrameProtocol) -> None:
+    def accept(self, protocol: FrameProtocol) -> None:
         self.accepted.append(protocol)
 
 
@@ -60,14 +59,14 @@ def payload_of(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def make_protocol() -> tuple[_FrameProtocol, FakeTransport]:
-    proto = _FrameProtocol(FakeServer(), server_module.ServerListener())  # type: ignore[arg-type]
+def make_protocol() -> tuple[FrameProtocol, FakeTransport]:
+    proto = FrameProtocol(FakeServer().accept, MAX_REQUEST_BYTES)
     transport = FakeTransport()
     proto.connection_made(transport)  # type: ignore[arg-type]
     return proto, transport
 
 
-def feed(proto: _FrameProtocol, data: bytes, chunks: Iterator[int] | None = None) -> None:
+def feed(proto: FrameProtocol, data: bytes, chunks: Iterator[int] | None = None) -> None:
     """Deliver `data` as the event loop would: into `get_buffer`'s view, in reads of at most
     the next `chunks` size (default: as much as the buffer takes)."""
     pos = 0
@@ -82,7 +81,7 @@ def feed(proto: _FrameProtocol, data: bytes, chunks: Iterator[int] | None = None
         pos += n
 
 
-def take_all(proto: _FrameProtocol) -> list[bytes]:
+def take_all(proto: FrameProtocol) -> list[bytes]:
     out = []
     while (f := proto.take_frame()) is not None:
         out.append(bytes(f))
@@ -107,7 +106,7 @@ def test_many_frames_in_one_read_come_out_in_order() -> None:
     run(body)
 
 
-@pytest.mark.parametrize("size", [1, 12, 2000, _DIRECT_FRAME_BYTES + 1, 300_000])
+@pytest.mark.parametrize("size", [1, 12, 2000, DIRECT_FRAME_BYTES + 1, 300_000])
 def test_frame_split_across_reads_anywhere(size: int) -> None:
     def body():
         payload = payload_of(size, size)
@@ -147,7 +146,7 @@ def test_a_size_prefix_alone_does_not_allocate_the_whole_frame() -> None:
         payload = payload_of(MAX_REQUEST_BYTES - 100, 9)  # larger than one chunk
         data = frame(payload)
         feed(proto, data[:5])
-        assert len(proto.get_buffer(-1)) <= _DIRECT_CHUNK_BYTES  # memory follows the bytes
+        assert len(proto.get_buffer(-1)) <= DIRECT_CHUNK_BYTES  # memory follows the bytes
         feed(proto, data[5:], iter(lambda: 1 << 20, None))
         assert proto.take_frame() == payload
         assert proto.partial_frame_bytes == 0
@@ -205,8 +204,8 @@ def test_a_frame_of_exactly_the_limit_is_accepted() -> None:
 def test_reading_pauses_while_frames_wait_and_resumes_when_taken() -> None:
     def body():
         proto, transport = make_protocol()
-        payloads = [payload_of(200_000, i) for i in range(8)]  # > _QUEUED_FRAME_BYTES
-        assert sum(map(len, payloads)) > _QUEUED_FRAME_BYTES
+        payloads = [payload_of(200_000, i) for i in range(8)]  # > QUEUED_FRAME_BYTES
+        assert sum(map(len, payloads)) > QUEUED_FRAME_BYTES
         feed(proto, b"".join(frame(p) for p in payloads))
         assert transport.paused
         got = take_all(proto)

@@ -14,7 +14,7 @@ from moto import mock_aws
 from prometheus_client import CollectorRegistry
 
 from dataplane.objectstore import BucketURI, ObjectBody, ObjectStorage, ObjectStoreMetrics
-from dataplane.objectstore.store import default_client_factory
+from dataplane.objectstore.clients import default_client_factory
 
 URIS = "0@s3://automq-main?region=us-east-1"
 

@@ -20,8 +20,8 @@ from dataplane.objectstore import (
     ObjectStoreMetrics,
     Priority,
 )
+from dataplane.objectstore.clients import default_client_factory
 from dataplane.objectstore.merging import RangeMerger, ReadBatch
-from dataplane.objectstore.store import default_client_factory
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -22,8 +22,8 @@ from dataplane.objectstore import (
     ObjectStoreUnavailableError,
     PreconditionFailedError,
 )
+from dataplane.objectstore.clients import default_client_factory
 from dataplane.objectstore.retry import RetryPolicy, classify
-from dataplane.objectstore.store import default_client_factory
 
 URIS = "0@s3://automq-main?region=us-east-1"
 

@@ -28,7 +28,7 @@ from dataplane.objectstore import (
     parse_bucket_uris,
 )
 from dataplane.objectstore import metrics as metrics_module
-from dataplane.objectstore.store import default_client_factory
+from dataplane.objectstore.clients import default_client_factory
 
 URIS = "0@s3://automq-main?region=us-east-1,1@s3://automq-failover?region=us-east-1"
 

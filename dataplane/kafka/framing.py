@@ -1,0 +1,247 @@
+"""The socket side of a Kafka connection: `FrameProtocol` cuts the byte stream into frames.
+
+A frame is a 4-byte signed size and its payload. The event loop reads from the socket
+straight into the protocol's buffers: a frame larger than ``DIRECT_FRAME_BYTES`` gets a
+buffer of its own that the rest of it is read into and that is handed on without a copy,
+smaller frames are copied once out of a reused read buffer. The protocol stops reading the
+socket once ``QUEUED_FRAME_BYTES`` of frames wait for the connection to take them (TCP
+backpressure), and tells the connection's writer when the transport can take more bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import struct
+from collections.abc import Callable
+
+__all__ = [
+    "DIRECT_CHUNK_BYTES",
+    "DIRECT_FRAME_BYTES",
+    "QUEUED_FRAME_BYTES",
+    "FrameProtocol",
+    "peer_of",
+]
+
+_READ_BUFFER_BYTES = 256 * 1024  # the reused read buffer of a connection
+_READ_BYTES = 64 * 1024  # at most this per read into it: a large frame's start that lands
+# there is copied to the frame's own buffer, so keep that copy short
+_MIN_READ_BYTES = 16 * 1024  # less free room than this at its end: move the partial frame front
+DIRECT_FRAME_BYTES = 64 * 1024  # a frame above this is read into a buffer of its own (no copy)
+# A frame's own buffer is allocated as its bytes arrive, at most this much ahead: a size
+# prefix alone must not make the server commit max_request_bytes of memory. A frame larger
+# than one such chunk is joined from its chunks once complete (one copy, rare requests).
+DIRECT_CHUNK_BYTES = 2 * 1024 * 1024
+QUEUED_FRAME_BYTES = 1024 * 1024  # frames waiting for an in-flight slot: stop reading above
+_QUEUED_FRAMES = 256  # (or above this many small ones)
+_SIZE = struct.Struct(">i")
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    """The socket side of one connection: frames in (zero-copy for large ones), flow
+    control out. Lives on the event loop thread only.
+
+    Framing errors (a negative size, a size above ``max_request_bytes``) stop reading and
+    are reported through ``error`` once the frames before them are taken.
+    """
+
+    def __init__(
+        self, on_connection_made: Callable[[FrameProtocol], None], max_frame_bytes: int
+    ) -> None:
+        """`on_connection_made(protocol)` is called once the transport is there (the server
+        accepts or refuses the connection); a frame above `max_frame_bytes` is an error."""
+        self._on_connection_made = on_connection_made
+        self.max_frame_bytes = max_frame_bytes
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray(_READ_BUFFER_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = 0  # unparsed bytes are self._buf[_start:_end]
+        self._end = 0
+        # the large frame being read: its size, its chunks so far, bytes in them
+        self._direct_size = 0
+        self._direct: list[bytearray] | None = None
+        self._direct_filled = 0
+        self._chunk_filled = 0  # bytes in the last chunk
+        self.frames: collections.deque[bytes | bytearray] = collections.deque()
+        self._queued_bytes = 0
+        self.error: str | None = None  # why reading stopped on bad input
+        self.eof = False  # no more bytes will come (EOF, connection lost)
+        self._frame_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+        self._on_connection_made(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            chunk = direct[-1]
+            if self._chunk_filled == len(chunk):
+                chunk = bytearray(min(DIRECT_CHUNK_BYTES, self._direct_size - self._direct_filled))
+                direct.append(chunk)
+                self._chunk_filled = 0
+            return memoryview(chunk)[self._chunk_filled :]
+        if len(self._buf) - self._end < _MIN_READ_BYTES:
+            # Only a partial frame of at most DIRECT_FRAME_BYTES + 4 is left: move it to
+            # the front (same-length slice assignment: allowed while views are exported).
+            start, end = self._start, self._end
+            self._buf[: end - start] = self._view[start:end]
+            self._start, self._end = 0, end - start
+        return self._view[self._end : self._end + _READ_BYTES]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.error is not None:
+            return
+        direct = self._direct
+        if direct is not None:
+            self._direct_filled += nbytes
+            self._chunk_filled += nbytes
+            if self._direct_filled == self._direct_size:
+                self._direct = None
+                self._push(direct[0] if len(direct) == 1 else b"".join(direct))
+            return
+        self._end += nbytes
+        self._parse()
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        self._wake_reader()
+        # Keep a plain transport open (as asyncio's streams do): the connection closes it
+        # once the reader has aborted; a TLS transport closes itself.
+        assert self.transport is not None
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self._wake_reader()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        self._drain_waiters.clear()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- framing -----------------------------------------------------------------------------
+    def _parse(self) -> None:
+        view = self._view
+        start, end = self._start, self._end
+        while end - start >= 4:
+            size = _SIZE.unpack_from(view, start)[0]
+            if size < 0:
+                self._fail(f"negative frame size {size}")
+                return
+            if size > self.max_frame_bytes:
+                self._fail(
+                    f"frame of {size} bytes exceeds max_request_bytes={self.max_frame_bytes}"
+                )
+                return
+            available = end - start - 4
+            if available >= size:
+                self._push(bytes(view[start + 4 : start + 4 + size]))
+                start += 4 + size
+                continue
+            if size > DIRECT_FRAME_BYTES:
+                # Read the rest of this frame straight into its own buffer.
+                chunk = bytearray(min(size, DIRECT_CHUNK_BYTES))
+                chunk[:available] = view[start + 4 : end]
+                self._direct, self._direct_size = [chunk], size
+                self._direct_filled = self._chunk_filled = available
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes of a frame that is not complete yet (0: between frames)."""
+        if self._direct is not None:
+            return self._direct_filled + 4
+        return self._end - self._start
+
+    def _push(self, frame: bytes | bytearray) -> None:
+        self.frames.append(frame)
+        self._queued_bytes += len(frame)
+        if not self._reading_paused and (
+            self._queued_bytes > QUEUED_FRAME_BYTES or len(self.frames) > _QUEUED_FRAMES
+        ):
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self._start = self._end = 0
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        waiter = self._frame_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- used by the connection's tasks ------------------------------------------------------
+    def take_frame(self) -> bytes | bytearray | None:
+        """The oldest complete frame, or None."""
+        if not self.frames:
+            return None
+        frame = self.frames.popleft()
+        self._queued_bytes -= len(frame)
+        if (
+            self._reading_paused
+            and self.error is None
+            and self._queued_bytes <= QUEUED_FRAME_BYTES // 2
+            and len(self.frames) <= _QUEUED_FRAMES // 2
+        ):
+            self._reading_paused = False
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+        return frame
+
+    async def wait_for_bytes(self) -> None:
+        """Until a frame, an error or EOF arrives (returns at once if one is there)."""
+        if self.frames or self.error is not None or self.eof:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._frame_waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._frame_waiter = None
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is below its high-water mark."""
+        assert self.transport is not None
+        if self.lost.done():
+            raise ConnectionResetError("connection lost")
+        if not self._writing_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+
+def peer_of(transport: asyncio.BaseTransport) -> tuple[str, int]:
+    """The (host, port) of a transport's peer; ("?", 0) when it has none."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return str(peer[0]), int(peer[1])
+    return ("?", 0)
