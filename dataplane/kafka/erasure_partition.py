@@ -68,6 +68,8 @@ from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.erasure_seal import ErasureSealer, sealed_end
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    BackendError,
+    LinkBuilder,
     OffsetAndTimestamp,
     OffsetOutOfRangeError,
     PartitionResolver,
@@ -180,9 +182,11 @@ class ErasurePartition:
 
     # ------------------------------------------------------------ produce
 
-    def append(self, records: bytes | None) -> AppendOutcome:
+    def append(self, records: bytes | None, link: LinkBuilder | None = None) -> AppendOutcome:
         """Validate the batches now (on the caller's thread: cheap), write them in the
         background; the outcome's futures complete when each batch won an offset."""
+        if link is not None:
+            raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "no Link Records here")
         # as a leader partition: a batch above the topic's max.message.bytes is refused whole
         batches = parse_produced_batches(records, self._configs_fn())
         if isinstance(batches, AppendOutcome):
@@ -337,6 +341,9 @@ class ErasurePartition:
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return []
+
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return []  # no transactions on erasure-coded topics
 
     def write_marker(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int

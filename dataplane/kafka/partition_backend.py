@@ -29,6 +29,11 @@ from dataplane.s3stream.uploader import StorageError
 
 log = logging.getLogger(__name__)
 
+# the zone router's main: `link(position, length)` gives, for the batch at
+# `records[position:position+length]`, the function that builds its Link Record from the
+# base offset the batch gets
+LinkBuilder = Callable[[int, int], Callable[[int], bytes]]
+
 
 @dataclass
 class AppendOutcome:
@@ -228,9 +233,12 @@ class PartitionBackend(Protocol):
     @property
     def high_watermark(self) -> int: ...
 
-    def append(self, records: bytes | None) -> AppendOutcome:
+    def append(self, records: bytes | None, link: LinkBuilder | None = None) -> AppendOutcome:
         """Validate (`parse_produced_batches`) and append a produce request's record
-        batches (offsets assigned here). Never blocks (called on the event loop). Raises
+        batches (offsets assigned here). `link` (the zone router's main): the WAL keeps a
+        Link Record to the data in a RouterChannel instead of the data; a backend with no
+        local stream refuses it (`BackendError`, NOT_LEADER_OR_FOLLOWER). Never blocks
+        (called on the event loop). Raises
         `BackendBackpressure` when there is no room now (nothing appended: wait, then call
         again, see `append_when_room`), `BackendError` for another refusal with its Kafka
         error, `StorageError` when the partition's stream takes no appends (closed, failed,
@@ -240,6 +248,12 @@ class PartitionBackend(Protocol):
     @property
     def last_stable_offset(self) -> int:
         """Below it every transaction is decided (read_committed reads up to it)."""
+        ...
+
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions this
+        broker knows whose marker is at or past `marker_offset`, oldest first (a main's
+        snapshot for its proxies); [] where transactions are not kept here."""
         ...
 
     def read(

@@ -30,6 +30,7 @@ from dataplane.kafka import time_index
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     BackendBackpressure,
+    LinkBuilder,
     OffsetAndTimestamp,
     OffsetOutOfRangeError,
     parse_produced_batches,
@@ -153,6 +154,9 @@ class PartitionLog:
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return self.txns.aborted_between(start, end)
+
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return self.txns.aborted_since(marker_offset)
 
     def write_marker(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
@@ -314,7 +318,7 @@ class PartitionLog:
     def append(
         self,
         records: bytes | None,
-        link: Callable[[int, int], Callable[[int], bytes]] | None = None,
+        link: LinkBuilder | None = None,
     ) -> AppendOutcome:
         """Validate a produce request's batches, deduplicate idempotent retries, assign
         offsets (patched into each batch) and append; see `PartitionBackend.append`.
@@ -351,7 +355,7 @@ class PartitionLog:
         self,
         batches: list,
         positions: list[int],
-        link: Callable[[int, int], Callable[[int], bytes]] | None,
+        link: LinkBuilder | None,
     ) -> AppendOutcome:
         """Caller holds `lock`: `append` once the batches are validated."""
         futures: list[Future] = []

@@ -18,7 +18,12 @@ from typing import Protocol
 
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import RecordChunks
-from dataplane.kafka.partition_backend import AppendOutcome, OffsetAndTimestamp, PartitionBackend
+from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    LinkBuilder,
+    OffsetAndTimestamp,
+    PartitionBackend,
+)
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -124,6 +129,9 @@ class OwnChannelPartition:
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return self._plog.aborted_transactions(start, end)
 
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return self._plog.aborted_since(marker_offset)
+
     def write_marker(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
     ) -> tuple[KafkaError, Future | None]:
@@ -155,8 +163,12 @@ class OwnChannelPartition:
             self._router.traffic.add("wal_data_bytes", len(records or b""))
         return outcome
 
-    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+    def append(
+        self, records: bytes | None, link: LinkBuilder | None = None, timeout_ms: int = 30_000
+    ) -> AppendOutcome:
         """Called on the event loop (produce requests in their order)."""
+        if link is not None:  # already routed: straight to the partition
+            return self._plog.append(records, link)
         key = (self._topic_id, self._plog.partition)
         if not self._wanted():
             # no proxy reads the partition: straight to it, once the produce requests

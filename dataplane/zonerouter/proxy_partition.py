@@ -25,6 +25,7 @@ from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
     BackendError,
+    LinkBuilder,
     OffsetAndTimestamp,
     OffsetOutOfRangeError,
 )
@@ -119,7 +120,11 @@ class ProxyPartition:
             return start  # transactions are known only from the main's snapshots
         return snapshots.last_stable_offset(self, part.leader_node_id, self.high_watermark, start)
 
-    def append(self, records: bytes | None, timeout_ms: int = 30_000) -> AppendOutcome:
+    def append(
+        self, records: bytes | None, link: LinkBuilder | None = None, timeout_ms: int = 30_000
+    ) -> AppendOutcome:
+        if link is not None:  # a proxy has no stream to keep Link Records in
+            raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "a proxy keeps no Link Records")
         if not records:
             return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
         try:
@@ -143,6 +148,9 @@ class ProxyPartition:
         data = b"".join(b.payload for b in batches)
         self.router.traffic.add("proxy_read_bytes", len(data))
         return data
+
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return []  # known from the main's snapshots, served by the main
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         """The main's aborted transactions overlapping [start, end) (from its snapshots;

@@ -23,6 +23,7 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka.partition_backend import (
     AppendOutcome,
+    LinkBuilder,
     OffsetAndTimestamp,
     PartitionBackend,
     PartitionResolver,
@@ -95,6 +96,9 @@ class CountedBackend:
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return self._inner.aborted_transactions(start, end)
 
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return self._inner.aborted_since(marker_offset)
+
     def write_marker(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
     ) -> tuple[KafkaError, Future | None]:
@@ -120,9 +124,9 @@ class CountedBackend:
 
     # ------------------------------------------------------------ counted by the client's AZ
 
-    def append(self, records: bytes | None) -> AppendOutcome:
+    def append(self, records: bytes | None, link: LinkBuilder | None = None) -> AppendOutcome:
         size = len(records or b"")
-        outcome = self._inner.append(records)  # raises when there is no room: not counted
+        outcome = self._inner.append(records, link)  # raises when there is no room: not counted
         self._traffic.client("produced", self._az, size)
         if outcome.error == 0 and not self._inner.counts_own_wal_bytes:
             # appended to a partition led here: the data went into this broker's WAL (a

@@ -170,8 +170,7 @@ class SnapshotServer:
             hw = plog.high_watermark
             if version >= 1:
                 lso = min(plog.last_stable_offset, hw)
-                txns = getattr(plog, "txns", None)
-                new = txns.aborted_since(p.aborted_from) if txns is not None else []
+                new = plog.aborted_since(p.aborted_from)
                 sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
                 snap.aborted_transactions = [
                     R.PartitionSnapshot.AbortedTransaction(
@@ -233,11 +232,7 @@ class SnapshotServer:
 
 def _aborted_past(plog, marker_offset: int) -> bool:
     """The partition has an aborted transaction whose marker is at or past the offset."""
-    txns = getattr(plog, "txns", None)
-    if txns is None:
-        return False
-    with txns.lock:
-        return bool(txns.aborted) and txns.aborted[-1][2] >= marker_offset
+    return bool(plog.aborted_since(marker_offset))
 
 
 @dataclass

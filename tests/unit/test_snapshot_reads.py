@@ -360,9 +360,15 @@ class _Log:
     """A partition led here, as the snapshot server sees it."""
 
     def __init__(self, stream_id: int, hw: int):
+        from dataplane.kafka.producer_state import TxnIndex
+
         self.stream_id = stream_id
         self.high_watermark, self.leader_epoch, self.log_start_offset = hw, 3, 0
         self.listeners: list = []
+        self.txns = TxnIndex()
+
+    def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
+        return self.txns.aborted_since(marker_offset)
 
     def add_listener(self, cb) -> None:
         self.listeners.append(cb)

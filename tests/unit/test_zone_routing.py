@@ -93,7 +93,7 @@ def test_client_bytes_are_counted_by_the_clients_az():
         def identity(self):
             return self
 
-        def append(self, records):
+        def append(self, records, link=None):
             from dataplane.formats.kafka_errors import KafkaError
             from dataplane.kafka.partition_backend import AppendOutcome
 
