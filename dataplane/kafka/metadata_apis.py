@@ -19,7 +19,6 @@ from kafka.protocol.producer import InitProducerIdResponse
 from controlplane import requests as cmd
 from controlplane.calls import build_request
 from controlplane.coordinators import group_coordinator, txn_coordinator
-from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
@@ -106,18 +105,8 @@ class MetadataApis:
                 continue
             parts = []
             for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
-                # a leaderless (erasure-coded) partition names a live broker as its leader,
-                # one in the client's AZ when there is one: every broker serves it
-                # (controlplane/erasure_placement.py); a leader partition names the
-                # leader's proxy in the client's AZ (zone router)
-                serving = serving_node(image, p, az if p.erasure_coded else None)
-                if serving is not None and not p.erasure_coded:
-                    serving = self.broker.routing.leader_for(image, serving, az)
-                replicas = (
-                    list(p.shard_stores)
-                    if p.erasure_coded
-                    else [serving if serving is not None else p.leader_node_id]
-                )
+                placed = self.broker.routing.placement(image, p, az, live_ids)
+                serving = placed.leader
                 if serving is None:
                     error = KafkaError.LEADER_NOT_AVAILABLE
                 elif serving not in listed:
@@ -130,10 +119,8 @@ class MetadataApis:
                         partition_index=p.partition,
                         leader_id=serving if serving is not None else -1,
                         leader_epoch=p.leader_epoch,
-                        replica_nodes=replicas,
-                        isr_nodes=[n for n in replicas if n == serving or n in live_ids]
-                        if p.erasure_coded
-                        else replicas,
+                        replica_nodes=placed.replicas,
+                        isr_nodes=placed.isr,
                         offline_replicas=[],
                     )
                 )

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane import topic_configs
+from controlplane.erasure_placement import serving_node
+from controlplane.records import PartitionKind
 from dataplane.config import MAX_PARTITION_PRODUCE_BYTES
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import RecordBatchHeader, RecordChunks, parse_batches
@@ -307,6 +309,40 @@ class PartitionResolver(Protocol):
     def get(self, topic_id: str, partition: int) -> PartitionBackend | None: ...
 
 
+@dataclass(frozen=True)
+class PartitionPlacement:
+    """What a Metadata response tells a client about a partition: the broker serving it
+    (None: none is live) and its replica and in-sync replica lists."""
+
+    leader: int | None
+    replicas: list[int]
+    isr: list[int]
+
+
+def place_partition(
+    image: Any,
+    state: Any,
+    az: str | None,
+    leader_for: Callable[[Any, int, str | None], int],
+    live_ids: set[int],
+) -> PartitionPlacement:
+    """The one rule, by the partition's kind. An erasure-coded partition names a live
+    broker as its leader, one in the client's AZ when there is one (every broker serves
+    it, controlplane/erasure_placement.py), its shard stores as replicas and the live ones
+    as in sync. A leader partition names its leader as `leader_for` routes it for the
+    client's AZ (the zone router: the leader's proxy there), as its only replica."""
+    erasure = state.kind == PartitionKind.ERASURE
+    serving = serving_node(image, state, az if erasure else None)
+    if erasure:
+        replicas = list(state.shard_stores)
+        isr = [n for n in replicas if n == serving or n in live_ids]
+        return PartitionPlacement(serving, replicas, isr)
+    if serving is not None:
+        serving = leader_for(image, serving, az)
+    replicas = [serving if serving is not None else state.leader_node_id]
+    return PartitionPlacement(serving, replicas, replicas)
+
+
 class ClientRouting(Protocol):
     """Which broker a client is told serves a partition, and which backend serves it here
     for that client. `DirectRouting` (every client sees the real leaders) is the default;
@@ -325,6 +361,13 @@ class ClientRouting(Protocol):
 
     def brokers_for(self, image: Any, az: str | None) -> list:
         """The live brokers (image `BrokerState`s) a Metadata response lists for `az`."""
+        ...
+
+    def placement(
+        self, image: Any, state: Any, az: str | None, live_ids: set[int]
+    ) -> PartitionPlacement:
+        """What Metadata tells a client of `az` about the partition (`place_partition`
+        with this routing's `leader_for`); `live_ids`: the brokers the response lists."""
         ...
 
     def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
@@ -346,6 +389,11 @@ class DirectRouting:
 
     def brokers_for(self, image: Any, az: str | None) -> list:
         return [b for b in sorted(image.brokers.values(), key=lambda b: b.node_id) if not b.fenced]
+
+    def placement(
+        self, image: Any, state: Any, az: str | None, live_ids: set[int]
+    ) -> PartitionPlacement:
+        return place_partition(image, state, az, self.leader_for, live_ids)
 
     def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
         return self.partitions.get(topic_id, partition)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from controlplane.image import BrokerState, MetadataImage
+from controlplane.image import BrokerState, MetadataImage, PartitionState
 from dataplane.formats.client_az import CidrAzMap, client_az
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import RecordChunks
@@ -26,7 +26,9 @@ from dataplane.kafka.partition_backend import (
     LinkBuilder,
     OffsetAndTimestamp,
     PartitionBackend,
+    PartitionPlacement,
     PartitionResolver,
+    place_partition,
 )
 from dataplane.zonerouter.proxy_mapping import ProxyMapping
 from dataplane.zonerouter.traffic import ZoneTraffic
@@ -190,6 +192,11 @@ class ZoneRouting:
         if az is None or az not in self.mapping(image).azs:
             return live
         return [b for b in live if b.az == az]
+
+    def placement(
+        self, image: MetadataImage, state: PartitionState, az: str | None, live_ids: set[int]
+    ) -> PartitionPlacement:
+        return place_partition(image, state, az, self.leader_for, live_ids)
 
     def get(self, topic_id: str, partition: int, az: str | None = None) -> PartitionBackend | None:
         image = self.image_fn()
