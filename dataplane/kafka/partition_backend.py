@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -144,24 +143,6 @@ async def append_when_room(append: Callable[[], AppendOutcome], timeout_s: float
             deadline = min(deadline, loop.time() + exc.max_wait_s)
             remaining = deadline - loop.time()
             if remaining <= 0 or not await exc.room.wait_async(exc.generation, remaining):
-                log.warning("append refused after waiting for room: %s", exc)
-                return AppendOutcome(exc.error)
-        except BackendError as exc:
-            return AppendOutcome(exc.error)
-
-
-def append_when_room_blocking(
-    append: Callable[[], AppendOutcome], timeout_s: float
-) -> AppendOutcome:
-    """`append_when_room` for a caller on a worker thread (never on the event loop)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return append()
-        except BackendBackpressure as exc:
-            deadline = min(deadline, time.monotonic() + exc.max_wait_s)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not exc.room.wait(exc.generation, remaining):
                 log.warning("append refused after waiting for room: %s", exc)
                 return AppendOutcome(exc.error)
         except BackendError as exc:
