@@ -43,8 +43,13 @@ from dataplane.broker.wal_failovers import WalFailovers
 from dataplane.config import BrokerConfig
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
+from dataplane.kafka.groups.coordinator import GroupCoordinator
+from dataplane.kafka.groups.handlers import GroupHandlers
+from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.kafka.server import KafkaServerThread
+from dataplane.kafka.txn.coordinator import TransactionCoordinator
+from dataplane.kafka.txn.handlers import TxnHandlers
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import wal_uri_for_path
@@ -79,6 +84,17 @@ class ZoneRouterParts:
     router: ZoneRouter
     handler: ZoneRouteHandler
     routing: ZoneRouting
+
+
+@dataclass
+class GroupsAndTransactions:
+    """The consumer groups' and transactions' coordinators and their API handlers."""
+
+    coordinator: GroupCoordinator
+    offset_store: KVOffsetStore
+    groups: GroupHandlers
+    txn_coordinator: TransactionCoordinator
+    txns: TxnHandlers
 
 
 class Broker:
@@ -318,21 +334,11 @@ class Broker:
         )
         return ZoneRouterParts(traffic, router, handler, routing)
 
-    def _serve_kafka(
-        self, erasure: ErasurePartitions, zone: ZoneRouterParts, io_pool: Executor
-    ) -> None:
-        """The Kafka APIs, groups and transactions on the server; the coordinator proxy in
-        front of the coordinator APIs; the server started on its listeners."""
-        from dataplane.kafka.admin_apis import AdminApis
-        from dataplane.kafka.api_context import BrokerIdentity
-        from dataplane.kafka.groups.coordinator import GroupCoordinator
-        from dataplane.kafka.groups.handlers import GroupHandlers
-        from dataplane.kafka.offset_store import KVOffsetStore
-        from dataplane.kafka.registry import ApiRegistry
-        from dataplane.kafka.txn.coordinator import TransactionCoordinator
-        from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
+    def _build_coordinators(self, next_producer_id) -> GroupsAndTransactions:
+        """The group coordinator, its offset store and handlers; the transaction
+        coordinator and its handlers (producer ids from `next_producer_id`)."""
+        from dataplane.kafka.txn.handlers import complete_group_offsets
         from dataplane.kafka.txn.marker_client import send_write_txn_markers
-        from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
         cfg = self.config
         image_fn = lambda: self.metadata.image  # noqa: E731
@@ -347,12 +353,6 @@ class Broker:
         coordinator = GroupCoordinator(cfg.groups)
         offset_store = KVOffsetStore(self.client, image_fn, cfg.node_id, lambda: self.node_epoch)
         groups = GroupHandlers(coordinator, offset_store, coordinates)
-        apis: KafkaApis | None = None  # the coordinator's producer ids come from its block
-
-        def next_producer_id() -> int:
-            assert apis is not None
-            return apis.cluster.next_producer_id()
-
         txn_coordinator = TransactionCoordinator(
             cfg.node_id,
             image_fn,
@@ -367,6 +367,29 @@ class Broker:
         txns = TxnHandlers(
             txn_coordinator, image_fn, partitions, coordinator, offset_store, coordinates
         )
+        return GroupsAndTransactions(coordinator, offset_store, groups, txn_coordinator, txns)
+
+    def _serve_kafka(
+        self, erasure: ErasurePartitions, zone: ZoneRouterParts, io_pool: Executor
+    ) -> None:
+        """The Kafka APIs, groups and transactions on the server; the coordinator proxy in
+        front of the coordinator APIs; the server started on its listeners."""
+        from dataplane.kafka.admin_apis import AdminApis
+        from dataplane.kafka.api_context import BrokerIdentity
+        from dataplane.kafka.registry import ApiRegistry
+        from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
+
+        cfg = self.config
+        image_fn = lambda: self.metadata.image  # noqa: E731
+        partitions = self.partitions
+        assert partitions is not None
+        apis: KafkaApis | None = None  # the coordinator's producer ids come from its block
+
+        def next_producer_id() -> int:
+            assert apis is not None
+            return apis.cluster.next_producer_id()
+
+        coord = self._build_coordinators(next_producer_id)
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             image_fn,
@@ -376,7 +399,7 @@ class Broker:
             lambda: self.node_epoch,
             routing=zone.routing,
             io_pool=io_pool,
-            txn=txns,
+            txn=coord.txns,
         )
         admin = AdminApis(
             cfg.node_id,
@@ -397,9 +420,9 @@ class Broker:
         registry = ApiRegistry()
         for cls, lo, hi, handler in (
             apis.registrations()
-            + groups.registrations()
+            + coord.groups.registrations()
             + admin.registrations()
-            + txns.registrations()
+            + coord.txns.registrations()
             + zone.handler.registrations()
         ):
             if coordinator_proxy.forwards(cls):
@@ -415,16 +438,16 @@ class Broker:
         self._add(
             CoordinatorSlots(
                 cfg.node_id,
-                offset_store.forget_groups,
-                coordinator.unload_groups,
+                coord.offset_store.forget_groups,
+                coord.coordinator.unload_groups,
                 lambda fn, *args: kafka.loop.call_soon_threadsafe(fn, *args),
             )
         )
         self._add(
             ComponentAdapter(
                 "transactions",
-                lambda: kafka.loop.call_soon_threadsafe(txn_coordinator.start),
-                lambda: kafka.loop.call_soon_threadsafe(txn_coordinator.stop),
+                lambda: kafka.loop.call_soon_threadsafe(coord.txn_coordinator.start),
+                lambda: kafka.loop.call_soon_threadsafe(coord.txn_coordinator.stop),
             )
         )
 
