@@ -109,9 +109,9 @@ class PartitionManager:
         self._full = True
         self._touched_topics: set[str] = set()
         self._touched_streams: set[int] = set()
-        # the retry set: topics with a partition whose open or close failed, streams whose
-        # orphan close failed (bounded by the partitions and streams of the image)
-        self._retry_topics: set[str] = set()
+        # the retry set: partitions whose open or close failed, streams whose orphan close
+        # failed (bounded by the partitions and streams of the image)
+        self._retry_partitions: set[tuple[str, int]] = set()
         self._retry_streams: set[int] = set()
         self._touched_lock = threading.Lock()
         self._rates = ProduceRateMeter()
@@ -174,11 +174,11 @@ class PartitionManager:
             self._retry_unrecorded_aborts()
             with self._touched_lock:
                 image, full = self._image, self._full
-                topics = self._touched_topics | self._retry_topics
+                topics = self._touched_topics | {key[0] for key in self._retry_partitions}
                 streams = self._touched_streams | self._retry_streams
                 self._full = False
                 self._touched_topics, self._touched_streams = set(), set()
-                self._retry_topics, self._retry_streams = set(), set()
+                self._retry_partitions, self._retry_streams = set(), set()
             if not (full or topics or streams):
                 continue
             try:
@@ -191,9 +191,14 @@ class PartitionManager:
                     self._full = True  # look at everything next time
                 log.exception("reconciling partitions failed")
 
-    def _retry_topic(self, topic_id: str) -> None:
+    def _retry_partition(self, key: tuple[str, int]) -> None:
         with self._touched_lock:
-            self._retry_topics.add(topic_id)
+            self._retry_partitions.add(key)
+
+    def retrying(self) -> frozenset[tuple[str, int]]:
+        """The partitions (topic id, partition) whose open or close is to be tried again."""
+        with self._touched_lock:
+            return frozenset(self._retry_partitions)
 
     def reconcile(
         self,
@@ -266,7 +271,7 @@ class PartitionManager:
             if error is None:
                 log.info("closed stream %d, opened here but never served", entry[1].stream_id)
                 continue
-            self._retry_topic(key[0])
+            self._retry_partition(key)
             with self._lock:
                 self._unserved.setdefault(key, entry)  # tried again with the retry set
             log.warning("closing unserved stream %d failed: %s", entry[1].stream_id, error)
@@ -310,7 +315,7 @@ class PartitionManager:
         try:
             stream = self.storage.open_stream(stream_id, epoch)
         except ControllerError as exc:
-            self._retry_topic(key[0])
+            self._retry_partition(key)
             log.info(
                 "cannot open %s-%d yet (stream %d epoch %d): %s",
                 name,
@@ -343,7 +348,7 @@ class PartitionManager:
             # serving with an empty idempotence table would append a producer's retry of a
             # batch the previous leader wrote a second time: not serving yet (clients get
             # NOT_LEADER_OR_FOLLOWER and retry); the retry set opens it again
-            self._retry_topic(key[0])
+            self._retry_partition(key)
             with self._lock:
                 self._unserved[key] = (epoch, stream)
             log.warning(
@@ -354,6 +359,8 @@ class PartitionManager:
             )
             return
         plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
+        with self._touched_lock:
+            self._retry_partitions.discard(key)
         with self._lock:
             self._unserved.pop(key, None)
             self._logs[key] = plog

@@ -117,11 +117,10 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
     stream = _FlakyTail(log, failures=1)
     manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
-    assert manager.get("t", 0) is None and manager._retry
-    manager._retry = False
-    manager._open(("t", 0), "topic", 0, 7)  # the next reconcile: the tail reads now
+    assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
+    manager._open(("t", 0), "topic", 0, 7)  # the retry: the tail reads now
     plog = manager.get("t", 0)
-    assert plog is not None and not manager._retry
+    assert plog is not None and not manager.retrying()
     assert plog.producers.check(5, 0, 8, 11) == (ProducerStateTable.DUPLICATE, 8)
 
 
@@ -176,9 +175,8 @@ def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
         rebuild_producer_state(stream, ProducerStateTable())
     manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
-    assert manager.get("t", 0) is None and manager._retry
+    assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
     stream.visible_end = log[-1].last_offset  # the lookup finds the newest object now
-    manager._retry = False
     manager._open(("t", 0), "topic", 0, 7)
     plog = manager.get("t", 0)
     assert plog is not None
