@@ -97,7 +97,7 @@ def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
             "seaweedfs"
             if "weed" in program
             else "broker"
-            if "dataplane.node" in program
+            if "dataplane.broker" in program
             else "controllers"
             if "controlplane.server" in program
             else "other"

@@ -168,7 +168,7 @@ class DelayedStores:
             os.environ[INJECT_DELAY_ENV] = str(delay_ms)  # the spawned broker inherits it
             try:
                 cluster._spawn(
-                    name, [sys.executable, "-m", "dataplane.node", "--config", str(config_path)]
+                    name, [sys.executable, "-m", "dataplane.broker", "--config", str(config_path)]
                 )
             finally:
                 del os.environ[INJECT_DELAY_ENV]

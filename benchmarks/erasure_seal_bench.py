@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.erasure_placement import erasure_settings  # noqa: E402
 from controlplane.inprocess import InProcessController  # noqa: E402
+from dataplane.broker.metadata import MetadataFollower  # noqa: E402
 from dataplane.config import SealConfig  # noqa: E402
 from dataplane.erasure.embedded import EmbeddedErasureProducer  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from dataplane.kafka.erasure_partition import ErasurePartition  # noqa: E402
 from dataplane.kafka.erasure_seal import ErasureSealer  # noqa: E402
-from dataplane.metadata import MetadataFollower  # noqa: E402
 from dataplane.objectstore import ObjectStorage  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
 

@@ -363,7 +363,7 @@ def process_argv(
                 raise ValueError(f"{node_file}: {refused}")
             runtime = broker.data_dir / "broker.json"
             write_private(runtime, broker.model_dump_json(indent=2))
-            argv = [sys.executable, "-m", "dataplane.node", "--config", str(runtime)]
+            argv = [sys.executable, "-m", "dataplane.broker", "--config", str(runtime)]
             return argv, runtime, f"broker-{broker.node_id}"
     except (KeyError, TypeError, ValidationError) as exc:
         raise ValueError(f"{node_file} is not a valid {kind} node file: {exc}") from None

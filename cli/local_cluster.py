@@ -426,7 +426,7 @@ class LocalCluster:
         write_private(bdir / "broker.json", bcfg.model_dump_json(indent=2))
         return self._spawn(
             f"broker-{node_id}",
-            [sys.executable, "-m", "dataplane.node", "--config", str(bdir / "broker.json")],
+            [sys.executable, "-m", "dataplane.broker", "--config", str(bdir / "broker.json")],
         )
 
     def stop(self, name: str, timeout_s: float = STOP_TIMEOUT_S, kill: bool = False) -> bool:

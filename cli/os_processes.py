@@ -5,7 +5,7 @@ A PID is only trusted together with its start time (the same process, not a reus
 process of the cluster without a true PID file (started by hand, or whose file went stale)
 is still found: its command line points at this directory's config
 (`controlplane.server --config DIR/quorum.json --node-id N`,
-`dataplane.node --config DIR/broker-N/broker.json`, `weed mini -dir=DIR/s3/data`), which
+`dataplane.broker --config DIR/broker-N/broker.json`, `weed mini -dir=DIR/s3/data`), which
 /proc shows.
 """
 
@@ -70,12 +70,13 @@ def _option(args: list[str], *names: str) -> str | None:
 def _script_args(argv: list[str], module: str) -> list[str] | None:
     """The arguments after `-m module` (or after its script path), None if argv runs
     something else."""
-    script = "/" + module.replace(".", "/") + ".py"
+    path = "/" + module.replace(".", "/")
+    scripts = (path + ".py", path + "/__main__.py")  # a module or a package's main
     for i, arg in enumerate(argv):
         if (
             (arg == module and i > 0 and argv[i - 1] == "-m")
             or arg == "-m" + module
-            or arg.endswith(script)
+            or arg.endswith(scripts)
         ):
             return argv[i + 1 :]
     return None
@@ -103,7 +104,7 @@ def component_of(
         ):
             return f"controller-{int(node_id)}"
         return None
-    args = _script_args(argv, "dataplane.node")
+    args = _script_args(argv, "dataplane.broker")
     if args is not None:
         config = resolved(_option(args, "--config"))
         m = re.fullmatch(re.escape(root) + r"/broker-(\d+)/broker\.json", config or "")

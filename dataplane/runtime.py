@@ -121,7 +121,7 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ),
     ExecutionContext(
         "kafka-io",
-        "16 (KafkaApis io_threads)",
+        "16 (IO_THREADS, broker/assembly.py)",
         "the Kafka APIs' I/O pool: reads that may reach the object store, controller calls, "
         "partition deletes; every blocking call a handler makes",
         True,

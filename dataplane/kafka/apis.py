@@ -12,7 +12,8 @@ on the state they share (`api_context.BrokerApiContext`, which `KafkaApis` is).
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from kafka.protocol.admin import (
     AlterConfigsRequest,
@@ -35,6 +36,9 @@ from dataplane.kafka.metadata_apis import MetadataApis
 from dataplane.kafka.partition_backend import ClientRouting, DirectRouting, PartitionResolver
 from dataplane.kafka.topic_admin_apis import TopicAdminApis
 
+if TYPE_CHECKING:
+    from dataplane.kafka.txn.handlers import TxnHandlers
+
 
 class KafkaApis(BrokerApiContext):
     """Handlers of the broker's data, metadata and topic admin APIs: `data`, `cluster` and
@@ -50,6 +54,8 @@ class KafkaApis(BrokerApiContext):
         node_epoch_fn: Callable[[], int],
         io_threads: int = 16,
         routing: ClientRouting | None = None,
+        io_pool: Executor | None = None,
+        txn: TxnHandlers | None = None,
     ):
         super().__init__(
             me,
@@ -59,12 +65,12 @@ class KafkaApis(BrokerApiContext):
             partitions,
             routing or DirectRouting(partitions),
             # engine calls may block on S3 or the controller: keep them off the event loop
-            ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io"),
+            io_pool or ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io"),
         )
         self.node_epoch_fn = node_epoch_fn
-        # the transaction APIs (dataplane/kafka/txn/handlers.py), set by the broker's wiring;
-        # InitProducerId with a transactional id goes there
-        self.txn = None
+        # the transaction APIs (dataplane/kafka/txn/handlers.py `TxnHandlers`), None without
+        # transactions; InitProducerId with a transactional id goes there
+        self.txn = txn
         self.data = DataApis(self)
         self.cluster = MetadataApis(self, node_epoch_fn, lambda: self.txn)
         self.topic_admin = TopicAdminApis(self)
@@ -87,13 +93,3 @@ class KafkaApis(BrokerApiContext):
             (InitProducerIdRequest, 0, 4, self.cluster.init_producer_id),
             (DescribeClusterRequest, 0, 2, self.cluster.describe_cluster),
         ]
-
-    # the names the broker's wiring (dataplane/node.py) uses
-    async def _io(self, fn, *args):
-        return await self.run_io(fn, *args)
-
-    def _client_az(self, ctx) -> str | None:
-        return self.client_az(ctx)
-
-    def _next_producer_id(self) -> int:
-        return self.cluster.next_producer_id()

@@ -6,6 +6,11 @@ rebuilt from the stream's tail, so a producer retrying a batch the previous lead
 it deduplicated); one that moved away is closed at once (no new appends, in-flight ones made
 durable, its WAL data uploaded, the stream closed) so its new leader can open it. Streams this
 node still owns but no longer leads (e.g. moved while it restarted) are closed too.
+
+It acts on the metadata delta: only the topics and streams a batch touched are looked at
+(a loaded snapshot, or a reconcile that failed, looks at everything). Partitions whose open
+or close failed, and orphaned streams whose close failed, wait in a retry set tried again
+about once a second until they succeed or the image moves them on.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from controlplane import broker_configs
 from controlplane.errors import ControllerError
-from controlplane.image import MetadataImage, RangeState
+from controlplane.image import MetadataDelta, MetadataImage, RangeState, StreamMetaState
 from controlplane.records import StreamState
 from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
 from dataplane.kafka import time_index
@@ -32,12 +37,7 @@ log = logging.getLogger(__name__)
 
 RECORD_ABORTED_TIMEOUT_S = 10.0
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
-# records that can change which partitions this node leads or which streams it must close;
-# other batches (offset commits into the KV, object commits) need no reconcile
-RECONCILE_RECORD_TYPES = frozenset(
-    {"topic", "partition", "remove_topic", "create_stream", "stream_epoch", "delete_stream"}
-)
-RECONCILE_SAFETY_S = 10.0  # a full reconcile at least this often, whatever the deltas said
+RETRY_INTERVAL_S = 1.0  # partitions (or orphaned streams) whose open or close failed: retried
 
 
 class ProduceRateMeter:
@@ -104,9 +104,16 @@ class PartitionManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._image: MetadataImage | None = None
-        self._dirty = True  # a batch touched partitions or streams since the last run
-        self._retry = False  # an open was refused: try again within a second
-        self._last_reconcile = 0.0  # monotonic time of the last reconcile
+        # what the deltas touched since the last run: topic ids, stream ids; `_full`: look at
+        # everything (the first image, a snapshot, a failed reconcile)
+        self._full = True
+        self._touched_topics: set[str] = set()
+        self._touched_streams: set[int] = set()
+        # the retry set: partitions whose open or close failed, streams whose orphan close
+        # failed (bounded by the partitions and streams of the image)
+        self._retry_partitions: set[tuple[str, int]] = set()
+        self._retry_streams: set[int] = set()
+        self._touched_lock = threading.Lock()
         self._rates = ProduceRateMeter()
         self._rates_lock = threading.Lock()
         # every led partition's time index and the retention check share it
@@ -121,13 +128,18 @@ class PartitionManager:
         self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def on_metadata(self, image: MetadataImage, records: list) -> None:
-        """A new image: reconcile if its batch touched partitions or streams (an empty
-        batch = a snapshot was loaded, which may have changed anything)."""
-        self._image = image
-        if not records or any(rec.type in RECONCILE_RECORD_TYPES for rec in records):
-            self._dirty = True
-            self._wake.set()
+    def on_metadata(self, delta: MetadataDelta | None, image: MetadataImage) -> None:
+        """A new image: reconcile the topics and streams its batch touched (`delta` None: a
+        snapshot was loaded, which may have changed anything)."""
+        with self._touched_lock:
+            self._image = image
+            if delta is None:
+                self._full = True
+            else:
+                self._touched_topics |= delta.touched.get("topics", set())
+                self._touched_streams |= delta.touched.get("streams", set())
+            if self._full or self._touched_topics or self._touched_streams:
+                self._wake.set()
 
     def get(self, topic_id: str, partition: int) -> PartitionLog | None:
         if not self.serving():
@@ -155,27 +167,55 @@ class PartitionManager:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(1.0)
+            self._wake.wait(RETRY_INTERVAL_S)
             self._wake.clear()
             if self._stop.is_set() or self._image is None or not self.image_ready():
                 continue
             self._retry_unrecorded_aborts()
-            due = time.monotonic() - self._last_reconcile > RECONCILE_SAFETY_S
-            if not (self._dirty or self._retry or due):
+            with self._touched_lock:
+                image, full = self._image, self._full
+                topics = self._touched_topics | {key[0] for key in self._retry_partitions}
+                streams = self._touched_streams | self._retry_streams
+                self._full = False
+                self._touched_topics, self._touched_streams = set(), set()
+                self._retry_partitions, self._retry_streams = set(), set()
+            if not (full or topics or streams):
                 continue
-            self._dirty = self._retry = False
-            self._last_reconcile = time.monotonic()
             try:
-                self.reconcile(self._image)
+                if full:
+                    self.reconcile(image)
+                else:
+                    self.reconcile(image, topics, streams)
             except Exception:
-                self._retry = True
+                with self._touched_lock:
+                    self._full = True  # look at everything next time
                 log.exception("reconciling partitions failed")
 
-    def reconcile(self, image: MetadataImage) -> None:
+    def _retry_partition(self, key: tuple[str, int]) -> None:
+        with self._touched_lock:
+            self._retry_partitions.add(key)
+
+    def retrying(self) -> frozenset[tuple[str, int]]:
+        """The partitions (topic id, partition) whose open or close is to be tried again."""
+        with self._touched_lock:
+            return frozenset(self._retry_partitions)
+
+    def reconcile(
+        self,
+        image: MetadataImage,
+        topic_ids: set[str] | None = None,
+        stream_ids: set[int] | None = None,
+    ) -> None:
         """Close partitions led elsewhere now, open led ones that are not open, close
-        orphaned streams of this node."""
+        orphaned streams of this node: of the topics `topic_ids` and streams `stream_ids`
+        (what deltas touched), or of the whole image when `topic_ids` is None."""
+        if topic_ids is None:
+            topics = list(image.topics.values())
+        else:
+            topics = [t for tid in topic_ids if (t := image.topics.get(tid)) is not None]
+        in_scope = (lambda key: True) if topic_ids is None else (lambda key: key[0] in topic_ids)
         wanted: dict[tuple[str, int], tuple[str, int, int]] = {}
-        for topic in list(image.topics.values()):
+        for topic in topics:
             for p in list(topic.partitions.values()):
                 if p.leader_node_id == self.node_id:
                     wanted[(topic.topic_id, p.partition)] = (
@@ -184,11 +224,11 @@ class PartitionManager:
                         p.stream_id,
                     )
         with self._lock:
-            current = dict(self._logs)
+            current = {key: plog for key, plog in self._logs.items() if in_scope(key)}
             stale = {
                 key: entry
                 for key, entry in self._unserved.items()
-                if key not in wanted or wanted[key][1] != entry[0]
+                if in_scope(key) and (key not in wanted or wanted[key][1] != entry[0])
             }
             for key in stale:
                 del self._unserved[key]
@@ -213,7 +253,11 @@ class PartitionManager:
         ]
         for job in jobs:
             job.result()
-        self._close_orphans(image, wanted)
+        if topic_ids is None:
+            self._close_orphans(image, list(image.streams.values()))
+        else:
+            streams = [s for sid in stream_ids or () if (s := image.streams.get(sid)) is not None]
+            self._close_orphans(image, streams)
 
     def _close_unserved(self, stale: dict[tuple[str, int], tuple[int, Stream]]) -> None:
         """Close the streams of partitions opened here but never served that moved on (to
@@ -227,9 +271,9 @@ class PartitionManager:
             if error is None:
                 log.info("closed stream %d, opened here but never served", entry[1].stream_id)
                 continue
-            self._retry = True
+            self._retry_partition(key)
             with self._lock:
-                self._unserved.setdefault(key, entry)  # tried again at the next reconcile
+                self._unserved.setdefault(key, entry)  # tried again with the retry set
             log.warning("closing unserved stream %d failed: %s", entry[1].stream_id, error)
 
     def _retry_unrecorded_aborts(self) -> None:
@@ -271,7 +315,7 @@ class PartitionManager:
         try:
             stream = self.storage.open_stream(stream_id, epoch)
         except ControllerError as exc:
-            self._retry = True
+            self._retry_partition(key)
             log.info(
                 "cannot open %s-%d yet (stream %d epoch %d): %s",
                 name,
@@ -303,8 +347,8 @@ class PartitionManager:
         except Exception as exc:
             # serving with an empty idempotence table would append a producer's retry of a
             # batch the previous leader wrote a second time: not serving yet (clients get
-            # NOT_LEADER_OR_FOLLOWER and retry); the next reconcile opens it again
-            self._retry = True
+            # NOT_LEADER_OR_FOLLOWER and retry); the retry set opens it again
+            self._retry_partition(key)
             with self._lock:
                 self._unserved[key] = (epoch, stream)
             log.warning(
@@ -315,6 +359,8 @@ class PartitionManager:
             )
             return
         plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
+        with self._touched_lock:
+            self._retry_partitions.discard(key)
         with self._lock:
             self._unserved.pop(key, None)
             self._logs[key] = plog
@@ -358,15 +404,29 @@ class PartitionManager:
         stream = image.streams.get(stream_id) if image is not None else None
         return list(stream.ranges) if stream is not None else []
 
-    def _close_orphans(self, image: MetadataImage, wanted: dict) -> None:
-        """Streams the image says this node has open, that this engine did not open and this
-        node does not lead with that epoch: close them so their new leader can open them."""
+    def _leads_stream_at(self, image: MetadataImage, stream: StreamMetaState) -> bool:
+        """This node leads the partition of `stream` (by its tags) at the stream's epoch."""
+        topic = image.topics.get(stream.tags.get("topic_id", ""))
+        try:
+            state = topic.partitions.get(int(stream.tags.get("partition", "-1"))) if topic else None
+        except ValueError:
+            return False
+        return (
+            state is not None
+            and state.leader_node_id == self.node_id
+            and state.stream_id == stream.stream_id
+            and state.leader_epoch == stream.epoch
+        )
+
+    def _close_orphans(self, image: MetadataImage, streams: list[StreamMetaState]) -> None:
+        """Of `streams`, those the image says this node has open, that this engine did not
+        open and this node does not lead with that epoch: close them so their new leader
+        can open them."""
         open_here = self.storage.open_stream_ids()
-        led = {(spec[2], spec[1]) for spec in wanted.values()}
-        for stream in list(image.streams.values()):
+        for stream in streams:
             if stream.state != StreamState.OPENED or stream.node_id != self.node_id:
                 continue
-            if stream.stream_id in open_here or (stream.stream_id, stream.epoch) in led:
+            if stream.stream_id in open_here or self._leads_stream_at(image, stream):
                 continue
             if "topic" not in stream.tags:
                 continue  # not a partition's stream: its user closes it
@@ -381,5 +441,6 @@ class PartitionManager:
                     exc,
                 )
             except Exception as exc:
-                self._retry = True
+                with self._touched_lock:
+                    self._retry_streams.add(stream.stream_id)
                 log.warning("closing orphaned stream %d failed: %s", stream.stream_id, exc)

@@ -17,6 +17,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
@@ -30,6 +31,9 @@ from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, 
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
+if TYPE_CHECKING:
+    from dataplane.zonerouter.snapshot_read import SnapshotServer
+
 
 class ZoneRouteHandler:
     """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
@@ -42,6 +46,8 @@ class ZoneRouteHandler:
         channels: ChannelReaders,
         traffic: ZoneTraffic,
         io: Callable | None,
+        link_index: LinkIndex | None = None,
+        snapshot_server: SnapshotServer | None = None,
     ):
         self.image_fn = image_fn
         self.partitions = partitions
@@ -52,9 +58,9 @@ class ZoneRouteHandler:
         self._pending: dict[int, dict] = {}
         self._pending_lock = threading.Lock()
         self._next_token = 0
-        # where recent links' data lies, for the proxies' snapshot reads (set by the node)
-        self.link_index: LinkIndex | None = None
-        self.snapshot_server = None  # its GetPartitionSnapshot handler (snapshot_read.py)
+        # where recent links' data lies, for the proxies' snapshot reads; None: not indexed
+        self.link_index = link_index
+        self.snapshot_server = snapshot_server  # its GetPartitionSnapshot handler, or None
 
     def registrations(self) -> list:
         extra = self.snapshot_server.registrations() if self.snapshot_server else []

@@ -28,6 +28,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from controlplane.image import MetadataImage
 from dataplane.config import ObjectWALConfig
@@ -43,6 +44,9 @@ from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, Zo
 from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
 from dataplane.zonerouter.traffic import ZoneTraffic
+
+if TYPE_CHECKING:
+    from dataplane.zonerouter.snapshot_read import SnapshotReader
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,7 @@ class ZoneRouter:
         login: InterBrokerLogin | None = None,
         channel_config: ObjectWALConfig | None = None,
         ready_fn: Callable[[], bool] = lambda: True,
+        snapshots: SnapshotReader | None = None,
     ):
         self.node_id = node_id
         self.node_epoch = node_epoch
@@ -124,9 +129,8 @@ class ZoneRouter:
         # own channel need no GET (bounded by RECENT_CHANNEL_BYTES, oldest dropped first)
         self._recent: OrderedDict[int, bytes] = OrderedDict()
         self._recent_bytes = 0
-        # the proxy's snapshot reads (`snapshot_read.SnapshotReader`, set by the node);
-        # None: proxies serve what the mains committed only
-        self.snapshots = None
+        # the proxy's snapshot reads; None: proxies serve what the mains committed only
+        self.snapshots = snapshots
 
     def start(self) -> None:
         self.channel = ObjectWAL.open(

@@ -212,7 +212,7 @@ def test_down_stops_processes_restarted_by_hand(cluster_dir, tmp_path):
             return [a.decode() for a in f.read().rstrip(b"\0").split(b"\0")]
 
     ctrl_cmd, broker_cmd = command_line(ctrl_pid), command_line(broker_pid)
-    assert "controlplane.server" in ctrl_cmd and "dataplane.node" in broker_cmd
+    assert "controlplane.server" in ctrl_cmd and "dataplane.broker" in broker_cmd
     old_start = proc_start_time(ctrl_pid)
     for pid in (ctrl_pid, broker_pid):
         os.kill(pid, signal.SIGKILL)

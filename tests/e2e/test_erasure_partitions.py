@@ -31,10 +31,10 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
+from dataplane.broker.metadata import MetadataFollower  # noqa: E402
 from dataplane.erasure.embedded import BrokerShardStore, EmbeddedErasureProducer  # noqa: E402
 from dataplane.erasure.holes import HoleKind, classify  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
-from dataplane.metadata import MetadataFollower  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
 from tests.e2e.ledger import (  # noqa: E402
     AckLedger,

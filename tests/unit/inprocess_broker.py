@@ -11,11 +11,11 @@ import boto3
 from moto import mock_aws
 
 from controlplane.inprocess import InProcessController
+from dataplane.broker.metadata import MetadataFollower
 from dataplane.config import StorageConfig, WALConfig
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.partition_manager import PartitionManager
-from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage
 
@@ -56,7 +56,7 @@ def inprocess_broker(
         storage.start()
         partitions = PartitionManager(1, storage)
         # the partition manager follows the image, as the broker process wires it
-        follower = MetadataFollower(controller, on_records=partitions.on_metadata)
+        follower = MetadataFollower(controller, listeners=[partitions.on_metadata])
 
         def sync() -> None:
             while follower.poll_once():

@@ -73,7 +73,7 @@ def controller_args(d: Path, node: int) -> list[str]:
 
 
 def broker_args(d: Path, node: int) -> list[str]:
-    return ["-m", "dataplane.node", "--config", str(d / f"broker-{node}" / "broker.json")]
+    return ["-m", "dataplane.broker", "--config", str(d / f"broker-{node}" / "broker.json")]
 
 
 def make_cluster(d: Path) -> tuple[LocalCluster, ClusterConfig]:
@@ -151,12 +151,14 @@ def test_component_of_broker_and_object_store(tmp_path):
     py = sys.executable
     assert component_of([py, *broker_args(d, 12)], "/", d) == "broker-12"
     assert (
-        component_of([py, "-m", "dataplane.node", "--config", "broker-3/broker.json"], str(d), d)
+        component_of([py, "-m", "dataplane.broker", "--config", "broker-3/broker.json"], str(d), d)
         == "broker-3"
     )
     assert component_of([py, *broker_args(tmp_path / "other", 1)], "/", d) is None
     assert (
-        component_of([py, "-m", "dataplane.node", "--config", f"{d}/broker-x/broker.json"], "/", d)
+        component_of(
+            [py, "-m", "dataplane.broker", "--config", f"{d}/broker-x/broker.json"], "/", d
+        )
         is None
     )
     assert (

@@ -86,8 +86,8 @@ def test_node_run_refuses_missing_secrets_and_bad_files(tmp_path):
 
 
 def test_a_broker_on_a_real_address_needs_allow_insecure_to_start(tmp_path):
-    """The broker refuses a non-loopback listener without SASL (dataplane/node.py); `node
-    run --allow-insecure` is the operator saying so, written into the runtime config."""
+    """The broker refuses a non-loopback listener without SASL (dataplane/broker/listeners.py);
+    `node run --allow-insecure` is the operator saying so, written into the runtime config."""
     init_topology(Topology.model_validate(TOPO), tmp_path)
     node, secrets = tmp_path / "10.0.0.2" / "broker-2.json", tmp_path / "10.0.0.2" / "secrets.json"
     for allow in (False, True):

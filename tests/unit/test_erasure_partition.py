@@ -16,12 +16,12 @@ from kafka.protocol.metadata import MetadataRequest
 from controlplane.erasure_placement import serving_node
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
+from dataplane.broker.metadata import MetadataFollower
 from dataplane.erasure.store import HoleStore, RangeAnswer
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import OFFSET_ALIGNMENT, ErasurePartitions
-from dataplane.metadata import MetadataFollower
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, fetch_req, produce_req, values_of
 
 ERASURE = {"automq.partition.mode": "erasure", "automq.erasure.read.delay.ms": "100"}

@@ -17,6 +17,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.inprocess import InProcessController
 from controlplane.records import ObjectState
 from controlplane.requests import PrepareObjectsRequest, SealErasureRangeRequest
+from dataplane.broker.metadata import MetadataFollower
 from dataplane.config import StorageConfig
 from dataplane.erasure.reader import SealedRangeError
 from dataplane.erasure.store import HoleStore, used_log_bytes
@@ -31,7 +32,6 @@ from dataplane.formats.seal_format import (
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
-from dataplane.metadata import MetadataFollower
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage
 from tests.unit.test_erasure_partition import (

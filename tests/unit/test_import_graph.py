@@ -182,8 +182,8 @@ def test_the_checker_sees_deferred_imports():
 # - `dataplane.runtime` (the process's GC, buffers, and the declared loop / pools of issue 27)
 #   is imported today only by the broker, but it imports nothing of the project and engines
 #   will name the pools they run on: it sits as low as an engine can reach, beside config.
-# - `dataplane.node`, `dataplane.metadata`, `dataplane.stall` (and `dataplane.broker`, the
-#   composition root) are the broker process: one component.
+# - `dataplane.broker` (the composition root: the process, its assembly, heartbeats, WAL
+#   failovers, the metadata follower, the stall watch) is the broker process.
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("dataplane.formats",),),
     (("dataplane.objectstore",),),
@@ -192,7 +192,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("dataplane.s3stream",), ("dataplane.erasure",)),
     (("dataplane.kafka",),),
     (("dataplane.zonerouter",),),
-    (("dataplane.node", "dataplane.metadata", "dataplane.stall", "dataplane.broker"),),
+    (("dataplane.broker",),),
     (("cli",), ("spark_jobs",)),
 )
 # `dataplane` itself is an empty namespace package (`from dataplane import x` names it)

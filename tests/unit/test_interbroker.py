@@ -15,10 +15,10 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from controlplane.records import BrokerEndpoint
 from controlplane.tls import server_ssl_context
+from dataplane.broker.listeners import inter_broker_login
 from dataplane.config import BrokerConfig
 from dataplane.kafka.codec import decode_request, encode_response
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
-from dataplane.node import inter_broker_login
 
 CA, CERT, KEY = Path("ca.pem"), Path("broker.pem"), Path("broker.key")
 

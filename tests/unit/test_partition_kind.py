@@ -20,7 +20,7 @@ from controlplane import records as r
 from controlplane.image import MetadataImage, PartitionState
 from controlplane.records import PartitionKind, decode_record
 from controlplane.state_machine import MetadataStateMachine
-from dataplane.metadata import MetadataFollower
+from dataplane.broker.metadata import MetadataFollower
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OLD_IMAGE_JSON = FIXTURES / "metadata_image_before_partition_kind.json"

@@ -117,11 +117,10 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
     stream = _FlakyTail(log, failures=1)
     manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
-    assert manager.get("t", 0) is None and manager._retry
-    manager._retry = False
-    manager._open(("t", 0), "topic", 0, 7)  # the next reconcile: the tail reads now
+    assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
+    manager._open(("t", 0), "topic", 0, 7)  # the retry: the tail reads now
     plog = manager.get("t", 0)
-    assert plog is not None and not manager._retry
+    assert plog is not None and not manager.retrying()
     assert plog.producers.check(5, 0, 8, 11) == (ProducerStateTable.DUPLICATE, 8)
 
 
@@ -176,9 +175,8 @@ def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
         rebuild_producer_state(stream, ProducerStateTable())
     manager = partition_manager.PartitionManager(1, _Storage(stream))
     manager._open(("t", 0), "topic", 0, 7)
-    assert manager.get("t", 0) is None and manager._retry
+    assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
     stream.visible_end = log[-1].last_offset  # the lookup finds the newest object now
-    manager._retry = False
     manager._open(("t", 0), "topic", 0, 7)
     plog = manager.get("t", 0)
     assert plog is not None
@@ -327,3 +325,39 @@ def test_a_gap_right_after_the_open_from_a_producer_known_only_from_the_tail_is_
     monkeypatch.setattr(partition_log, "OPEN_GRACE_S", 0.0)
     late = plog.append(client_batch(4, producer=(6, 0, 8)))
     assert late.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_delta_reconciles_only_the_topics_it_touched_and_failed_opens_are_retried():
+    """The manager acts on the metadata delta: a partition of an untouched topic is left
+    alone (no rescan of every topic); a partition whose open failed stays in the retry set
+    until an open succeeds."""
+    from types import SimpleNamespace
+
+    from controlplane.errors import ControllerError, ErrorCode
+
+    log = stored_log([(5, 0)], batches_each=1)
+    opened: list[int] = []
+
+    class Storage(_Storage):
+        refuse = True
+
+        def open_stream(self, stream_id, epoch):
+            opened.append(stream_id)
+            if stream_id == 8 and self.refuse:
+                self.refuse = False
+                raise ControllerError(ErrorCode.STREAM_NOT_CLOSED, "still open elsewhere")
+            return FakeStream(log)
+
+    def topic(topic_id: str, stream_id: int):
+        part = SimpleNamespace(partition=0, leader_node_id=1, leader_epoch=3, stream_id=stream_id)
+        return SimpleNamespace(topic_id=topic_id, name=topic_id, partitions={0: part})
+
+    image = SimpleNamespace(topics={"a": topic("a", 7), "b": topic("b", 8)}, streams={})
+    manager = partition_manager.PartitionManager(1, Storage(FakeStream(log)))
+    manager.reconcile(image, {"a"}, set())  # a delta that touched topic a only
+    assert opened == [7] and manager.get("a", 0) is not None and manager.get("b", 0) is None
+    manager.reconcile(image, {"b"}, set())
+    assert manager.get("b", 0) is None and manager.retrying() == {("b", 0)}
+    manager.reconcile(image, {key[0] for key in manager.retrying()}, set())  # the retry
+    assert manager.get("b", 0) is not None and not manager.retrying()
+    assert opened == [7, 8, 8]  # topic a was never looked at again

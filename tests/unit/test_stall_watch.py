@@ -3,8 +3,8 @@ a heartbeat sent after the stop succeeds (its state may be stale: fenced, partit
 
 from __future__ import annotations
 
+from dataplane.broker.stall import StallWatch
 from dataplane.kafka.partition_manager import PartitionManager
-from dataplane.stall import StallWatch
 
 
 class Clock:

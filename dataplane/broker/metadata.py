@@ -2,7 +2,9 @@
 
 It long-polls the controllers' log, applies every record to its own `MetadataImage` (the same
 code the controllers run), and starts over from the image snapshot when it fell behind the
-log the controllers still keep.
+log the controllers still keep. Every listener gets each applied batch's `MetadataDelta`
+(the keys it touched) and the new image, or `None` and the image after a snapshot was loaded
+(anything may have changed).
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
-from controlplane.image import MetadataImage
+from controlplane.image import MetadataDelta, MetadataImage
 from controlplane.records import decode_record
 
 log = logging.getLogger(__name__)
 
 LONG_POLL_MS = 5_000
 MAX_RECORDS_PER_READ = 2_000
+
+# a listener of the follower: (what the batch changed, or None after a snapshot; the new image)
+MetadataListener = Callable[[MetadataDelta | None, MetadataImage], None]
 
 
 class MetadataFollower:
@@ -33,11 +38,11 @@ class MetadataFollower:
     def __init__(
         self,
         client: ControllerClient,
-        on_records: Callable[[MetadataImage, list], None] | None = None,
+        listeners: Sequence[MetadataListener] = (),
     ):
         self.client = client
         self.image = MetadataImage()
-        self.on_records = on_records
+        self._listeners: list[MetadataListener] = list(listeners)
         self.log_end_offset = -2  # the controllers' last offset at our last read
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -53,6 +58,11 @@ class MetadataFollower:
         partial image, e.g. mid-replay after a restart, must not drive decisions)."""
         return self.image.offset >= self.log_end_offset
 
+    def subscribe(self, listener: MetadataListener) -> None:
+        """Add a listener (before `start`: the follower thread calls them in this order)."""
+        assert not self._thread.is_alive(), "listeners subscribe before the follower starts"
+        self._listeners.append(listener)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -63,6 +73,7 @@ class MetadataFollower:
         """Read and apply one batch; returns how many records were applied."""
         data = self.client.read_log(self.image.offset, MAX_RECORDS_PER_READ, wait_ms)
         applied: list = []
+        delta: MetadataDelta | None = None
         self.log_end_offset = int(data.get("next_offset", 0)) - 1
         if data.get("snapshot") is not None:
             image = MetadataImage.model_validate(data["snapshot"])
@@ -78,11 +89,13 @@ class MetadataFollower:
             expected += 1
         if batch:
             # one new image per batch: readers see all of it or none of it
-            self.image, _delta = self.image.with_records(batch)
+            self.image, delta = self.image.with_records(batch)
             applied = [rec for rec, _ in batch]
         if applied or data.get("snapshot") is not None:
-            if self.on_records is not None:
-                self.on_records(self.image, applied)
+            if data.get("snapshot") is not None:
+                delta = None  # a new image from scratch: anything may have changed
+            for listener in self._listeners:
+                listener(delta, self.image)
             with self._changed:
                 self._changed.notify_all()
         return len(applied)
