@@ -441,3 +441,19 @@ def test_a_zombies_late_copy_never_displaces_a_newer_writers_objects():
     # even with f's seal gone, the newer writer wins at the same start offset
     chain = resolve_chain(datas, [SealKey(e, 0), SealKey(g, 300)], [])
     assert chain.objects == [DataKey(e, 0, 100), DataKey(f, 100, 150), DataKey(f, 150, 300)]
+
+
+def test_recovery_ends_at_an_object_whose_put_was_cut_short(objects, caplog):
+    # a writer killed during a PUT can leave the object listed with what the store got
+    # (SeaweedFS: even nothing); it was never acknowledged, nor was anything after it
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    [wal.append(b"r%d" % i).result(10) for i in range(4)]  # one object each
+    wal.close()
+    keys = sorted(wal_keys(objects, "data"))
+    objects.put_object(1, keys[2], b"")  # r2's object cut short; r3's stored whole after it
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    with caplog.at_level("WARNING"):
+        assert [r.data for r in handle.recover()] == [b"r0", b"r1"]
+    assert "truncated" in caplog.text and "1 later objects" in caplog.text
+    handle.close()

@@ -226,8 +226,21 @@ def read_records(
                     item.ends = array("q")
                     continue
                 raise WALCorruptError(f"WAL object {item.key} is missing") from None
+            try:
+                records = list(decode_object(item.key, data))
+            except WALCorruptError as exc:
+                # a PUT cut short by the writer's death (SeaweedFS then lists the object
+                # with what it got, even nothing): S3 stores a PUT whole before it answers,
+                # and the writer acks an object only after its PUT answered and only in
+                # order, so nothing from this object on was ever acknowledged
+                log.warning(
+                    "%s: the WAL ends before it (%d later objects, never acknowledged)",
+                    exc,
+                    len(live) - live.index(item) - 1,
+                )
+                return
             ends = array("q")
-            for offset, body in decode_object(item.key, data):
+            for offset, body in records:
                 size = OBJECT_RECORD_HEADER_BYTES + len(body)
                 ends.append(offset + size)
                 if offset >= trim_offset:
