@@ -3,10 +3,10 @@
 `kafka/data_apis.py` decodes a request, asks the `PartitionResolver` for each partition's
 `PartitionBackend`, calls it, and encodes the answer; every partition rule (batch validation,
 idempotent-producer checks, offset assignment, epochs, what a fetch may read) lives in the
-backend. `partitions.PartitionLog` (this broker leads the partition; its stream is in the
+backend. `partition_log.PartitionLog` (this broker leads the partition; its stream is in the
 engine) is the first implementation; `erasure_partition.ErasurePartition` (a leaderless
 erasure-coded partition any broker serves) the second; the zone router's `ProxyPartition`
-(zonerouter/proxy.py: a partition led in another AZ, served to this AZ's clients) the third.
+(zonerouter/proxy_partition.py: a partition led in another AZ, served to this AZ's clients) the third.
 `ClientRouting` decides, by the client's AZ, which broker a client is told leads a partition
 and which backend serves it here.
 """

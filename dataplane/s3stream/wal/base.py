@@ -56,8 +56,9 @@ class RoomSignal:
 
     @property
     def generation(self) -> int:
-        with self._cond:
-            return self._generation
+        # read on every append: no lock (an int read is atomic; a stale value only ends
+        # a later wait at once)
+        return self._generation
 
     def notify(self) -> None:
         """Room was freed: wake every waiter (cheap when nobody waits)."""
