@@ -23,6 +23,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import DEFAULT_PARTITIONS, BrokerApiContext
+from dataplane.kafka.security.authorizer import supported_operation_codes
 
 if TYPE_CHECKING:
     from dataplane.kafka.txn.handlers import TxnHandlers
@@ -72,6 +73,13 @@ class MetadataApis:
             await self.broker.run_io(self._auto_create, missing)
             image = self.broker.image_fn()
         R = MetadataResponse
+        # asked-for authorized operations: every operation (no authorizer here; with ACLs
+        # the ACL rule narrows them to the principal's); None: "not provided"
+        topic_ops = (
+            supported_operation_codes("TOPIC")
+            if v >= 8 and getattr(req, "include_topic_authorized_operations", False)
+            else None
+        )
         # like Kafka: the endpoints of the listener the client connected on; a broker
         # without that listener is left out, and its partitions answer LISTENER_NOT_FOUND.
         # A client that declares its AZ is told only that AZ's brokers (zone router)
@@ -131,15 +139,22 @@ class MetadataApis:
                     topic_id=uuid.UUID(topic.topic_id),
                     is_internal=False,
                     partitions=parts,
+                    authorized_operations=topic_ops,
                 )
             )
         controller_id = brokers[0].node_id if brokers else -1
+        cluster_ops = (
+            supported_operation_codes("CLUSTER")
+            if 8 <= v <= 10 and getattr(req, "include_cluster_authorized_operations", False)
+            else None
+        )
         return R[v](
             throttle_time_ms=0,
             brokers=brokers,
             cluster_id=CLUSTER_ID,
             controller_id=controller_id,
             topics=topics,
+            authorized_operations=cluster_ops,
         )
 
     async def describe_cluster(self, req, ctx):
@@ -175,6 +190,8 @@ class MetadataApis:
                 )
             )
         active = [b.broker_id for b in brokers if not (v >= 2 and b.is_fenced)]
+        if getattr(req, "include_cluster_authorized_operations", False):
+            fields["authorized_operations"] = supported_operation_codes("CLUSTER")
         return R[v](
             throttle_time_ms=0,
             error_code=KafkaError.NONE,

@@ -8,18 +8,22 @@ held only old data are deleted from the bucket) and size retention under steady 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicCollection  # noqa: E402
 from confluent_kafka import TopicPartition as CkTopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient  # noqa: E402
+from confluent_kafka.admin import AclOperation, AdminClient  # noqa: E402
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition  # noqa: E402
 from kafka.errors import (  # noqa: E402
     GroupSubscribedToTopicError,
@@ -396,3 +400,73 @@ def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
     table = automqctl("topic", "describe", topic, cluster_dir=cluster["dir"])
     assert table.returncode == 0 and "object-store bytes" in table.stdout
     assert "last retention" in table.stdout and "last compaction" in table.stdout
+
+
+OLD_KAFKA_PYTHON = Path(__file__).resolve().parents[1] / ".clients" / "kafka-python-2.3.3"
+
+_OLD_ADMIN_SCRIPT = """
+import json, sys
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.admin import RecordsToDelete
+import kafka
+admin = KafkaAdminClient(bootstrap_servers=sys.argv[1], request_timeout_ms=30000)
+topic = sys.argv[2]
+out = {"version": kafka.__version__}
+out["listed"] = topic in admin.list_topics()
+[described] = admin.describe_topics([topic])
+out["described_error"] = described["error_code"]
+out["partitions"] = len(described["partitions"])
+out["brokers"] = len(admin.describe_cluster()["brokers"])
+deleted = admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(before_offset=2)})
+out["low_watermark"] = deleted[TopicPartition(topic, 0)]["low_watermark"]
+admin.close()
+print(json.dumps(out))
+"""
+
+
+def test_kafka_python_2_3_admin_client_and_authorized_operations(cluster):
+    """kafka-python 2.3.x asks Metadata for authorized operations and fails on Kafka's
+    "not provided" value (ValueError: 31 is not a valid ACLOperation); confluent-kafka's
+    describe_topics(include_authorized_operations=True) got None. Without ACLs every
+    operation of the resource type is authorized, as in Kafka without an authorizer."""
+    if not (OLD_KAFKA_PYTHON / "kafka").is_dir():
+        pytest.skip(f"kafka-python 2.3.3 is not installed in {OLD_KAFKA_PYTHON} (tests/run.sh)")
+    topic = f"old-admin-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, 2)
+    produce(cluster["bootstrap"], topic, 5, partition=0)
+    ck = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+    described_cluster = ck.describe_cluster(
+        request_timeout=30, include_authorized_operations=True
+    ).result(timeout=60)
+    assert AclOperation.CLUSTER_ACTION in set(described_cluster.authorized_operations or ())
+    described = ck.describe_topics(
+        TopicCollection([topic]), request_timeout=30, include_authorized_operations=True
+    )[topic].result(timeout=60)
+    assert set(described.authorized_operations or ()) == {
+        AclOperation.READ,
+        AclOperation.WRITE,
+        AclOperation.CREATE,
+        AclOperation.DESCRIBE,
+        AclOperation.DELETE,
+        AclOperation.ALTER,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
+    }
+
+    done = subprocess.run(
+        [sys.executable, "-c", _OLD_ADMIN_SCRIPT, cluster["bootstrap"], topic],
+        env={**os.environ, "PYTHONPATH": str(OLD_KAFKA_PYTHON)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {
+        "version": "2.3.3",
+        "listed": True,
+        "described_error": 0,
+        "partitions": 2,
+        "brokers": len(described_cluster.nodes),
+        "low_watermark": 2,
+    }

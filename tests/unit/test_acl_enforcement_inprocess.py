@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from kafka.protocol.admin import DescribeClusterRequest
 from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
 
@@ -476,3 +477,50 @@ def test_write_txn_markers_is_for_brokers_only():
     assert codes == {KafkaError.CLUSTER_AUTHORIZATION_FAILED} and seen == []
     asyncio.run(markers(req, ctx(27, 1, "User:broker")))
     assert seen == [(27, None)]
+
+
+def _metadata_asking_operations(version: int = 10):
+    return MetadataRequest[version](
+        topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in ("orders",)],
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=True,
+        include_topic_authorized_operations=True,
+    )
+
+
+def test_authorized_operations_are_the_principals_when_asked(secured):
+    """Metadata v8+ and DescribeCluster fill the bitfields when asked (kafka-python's admin
+    client fails on Kafka's "not provided" value); with ACLs: the principal's operations."""
+    handler, grant, _ = secured
+    grant(acl("DESCRIBE"), acl("WRITE"), acl("DESCRIBE", "kafka-cluster", "CLUSTER"))
+    got = asyncio.run(handler(3)(_metadata_asking_operations(), ctx(3, 10)))
+    # READ=3 WRITE=4 DESCRIBE=8 ... (Kafka's AclOperation codes); WRITE implies nothing else
+    assert got.topics[0].authorized_operations == {4, 8}
+    assert got.authorized_operations == {8}
+    admin = asyncio.run(handler(3)(_metadata_asking_operations(), ctx(3, 10, "User:admin")))
+    assert admin.topics[0].authorized_operations == {3, 4, 5, 6, 7, 8, 10, 11}
+    assert admin.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
+
+    described = asyncio.run(
+        handler(60)(
+            DescribeClusterRequest[0](include_cluster_authorized_operations=True), ctx(60, 0)
+        )
+    )
+    assert described.authorized_operations == {8}
+    not_asked = asyncio.run(
+        handler(3)(MetadataRequest[10](topics=None, allow_auto_topic_creation=False), ctx(3, 10))
+    )
+    assert all(t.authorized_operations is None for t in not_asked.topics)
+
+
+def test_authorized_operations_without_an_authorizer_are_every_operation(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with inprocess_broker(tmp_path) as (apis, controller, sync):
+        controller.call("create_topic", {"name": "orders", "partitions": 1})
+        sync()
+        got = asyncio.run(apis.cluster.metadata(_metadata_asking_operations(8), ctx(3, 8)))
+        assert got.topics[0].authorized_operations == {3, 4, 5, 6, 7, 8, 10, 11}
+        assert got.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
+        v11 = asyncio.run(apis.cluster.metadata(_metadata_asking_operations(11), ctx(3, 11)))
+        assert v11.topics[0].authorized_operations == {3, 4, 5, 6, 7, 8, 10, 11}

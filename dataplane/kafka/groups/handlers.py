@@ -46,6 +46,7 @@ from kafka.protocol.consumer import (
 )
 
 from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.security.authorizer import supported_operation_codes
 
 from .coordinator import GroupCoordinator
 from .offsets import CommittedOffset, OffsetManager, OffsetStore, TopicPartition, store_error_code
@@ -53,8 +54,6 @@ from .state import CLASSIC_GROUP_TYPE, GroupState, JoinGroupParams
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
-#: Kafka AclOperation codes reported as "authorized" for groups (no ACLs here).
-_GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})  # READ, DELETE, DESCRIBE
 
 # Nested kafka-python data classes (generated from the JSON schemas).
 _DeletedOffsetTopic = OffsetDeleteResponse.OffsetDeleteResponseTopic
@@ -480,7 +479,7 @@ class GroupHandlers:
                 protocol_type=protocol_type,
                 protocol_data=protocol_data,
                 members=members or [],
-                authorized_operations=set(_GROUP_AUTHORIZED_OPERATIONS)
+                authorized_operations=supported_operation_codes("GROUP")
                 if include_ops and error_code == KafkaError.NONE
                 else None,
             )

@@ -12,7 +12,13 @@ from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import ResponseWithRecords
 from dataplane.kafka.registry import CloseConnection
-from dataplane.kafka.security.authorizer import CLUSTER_RESOURCE, Authorizer
+from dataplane.kafka.security.authorizer import (
+    CLUSTER_RESOURCE,
+    OPERATIONS,
+    SUPPORTED_OPERATIONS,
+    Authorizer,
+    code_of,
+)
 
 __all__ = ["DENIED", "AclChecks", "Handler", "Policy"]
 
@@ -48,6 +54,16 @@ class AclChecks:
     def allowed_cluster(self, ctx: Any, operation: str) -> bool:
         """Whether the connection's principal may do `operation` on the cluster."""
         return self.allowed(ctx, operation, "CLUSTER", CLUSTER_RESOURCE)
+
+    def authorized_operations(self, ctx: Any, resource_type: str, name: str) -> set[int]:
+        """The wire codes of the operations of the resource type the principal may do on the
+        resource (an authorized-operations bitfield of Metadata, DescribeCluster and
+        DescribeGroups)."""
+        return {
+            code_of(OPERATIONS, operation)
+            for operation in SUPPORTED_OPERATIONS[resource_type]
+            if self.allowed(ctx, operation, resource_type, name)
+        }
 
     def is_super_user(self, ctx: Any) -> bool:
         """Whether the connection's principal is a super user."""

@@ -155,8 +155,13 @@ class AdminApiAcls:
     async def describe_cluster(self, handler: Handler, req: Any, ctx: Any) -> Any:
         """The ACL rule of DescribeCluster."""
         # the broker list is what Metadata gives any principal too (Kafka checks nothing
-        # but the authorized-operations bitfield, which is not computed here)
-        return await handler(req, ctx)
+        # but the authorized-operations bitfield, narrowed here to the principal's)
+        response = await handler(req, ctx)
+        if getattr(response, "authorized_operations", None) is not None:
+            response.authorized_operations = self.checks.authorized_operations(
+                ctx, "CLUSTER", CLUSTER_RESOURCE
+            )
+        return response
 
     def _cluster_request(self, operation: str):
         """An API about the whole cluster: `operation` on the cluster, else the whole

@@ -45,6 +45,39 @@ def code_of(table: dict[int, str], name: str) -> int:
 
 CLUSTER_RESOURCE = "kafka-cluster"  # the one CLUSTER resource's name
 
+# The operations each resource type has (Kafka's AclEntry.supportedOperations): what an
+# authorized-operations bitfield may hold; with no authorizer Kafka reports all of them
+SUPPORTED_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "TOPIC": (
+        "READ",
+        "WRITE",
+        "CREATE",
+        "DESCRIBE",
+        "DELETE",
+        "ALTER",
+        "DESCRIBE_CONFIGS",
+        "ALTER_CONFIGS",
+    ),
+    "GROUP": ("READ", "DESCRIBE", "DELETE"),
+    "CLUSTER": (
+        "CREATE",
+        "CLUSTER_ACTION",
+        "DESCRIBE_CONFIGS",
+        "ALTER_CONFIGS",
+        "IDEMPOTENT_WRITE",
+        "ALTER",
+        "DESCRIBE",
+    ),
+    "TRANSACTIONAL_ID": ("DESCRIBE", "WRITE"),
+}
+
+
+def supported_operation_codes(resource_type: str) -> set[int]:
+    """The wire codes of every operation of a resource type (the authorized operations of a
+    cluster without an authorizer)."""
+    return {code_of(OPERATIONS, name) for name in SUPPORTED_OPERATIONS[resource_type]}
+
+
 _IMPLIED_BY = {
     "DESCRIBE": frozenset({"DESCRIBE", "READ", "WRITE", "DELETE", "ALTER", "ALL"}),
     "DESCRIBE_CONFIGS": frozenset({"DESCRIBE_CONFIGS", "ALTER_CONFIGS", "ALL"}),

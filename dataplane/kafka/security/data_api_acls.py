@@ -11,6 +11,7 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import response_class
 from dataplane.kafka.registry import CloseConnection
 from dataplane.kafka.security.acl_checks import AclChecks, Handler, Policy
+from dataplane.kafka.security.authorizer import CLUSTER_RESOURCE
 
 
 class DataApiAcls:
@@ -181,6 +182,13 @@ class DataApiAcls:
             )
             for name in denied_names
         ]
+        for t in response.topics:
+            if t.error_code == KafkaError.NONE and t.authorized_operations is not None:
+                t.authorized_operations = self.checks.authorized_operations(ctx, "TOPIC", t.name)
+        if getattr(response, "authorized_operations", None) is not None:
+            response.authorized_operations = self.checks.authorized_operations(
+                ctx, "CLUSTER", CLUSTER_RESOURCE
+            )
         return response
 
     async def delete_records(self, handler: Handler, req: Any, ctx: Any) -> Any:

@@ -125,9 +125,10 @@ class GroupApiAcls:
         )
 
     async def describe_groups(self, handler: Handler, req: Any, ctx: Any) -> Any:
-        """The ACL rule of DescribeGroups."""
+        """The ACL rule of DescribeGroups (the authorized operations narrowed to the
+        principal's)."""
         R = response_class(15)
-        return await self.checks.split(
+        response = await self.checks.split(
             handler,
             req,
             ctx,
@@ -144,6 +145,12 @@ class GroupApiAcls:
             ),
             answer="groups",
         )
+        for g in response.groups:
+            if g.authorized_operations is not None:
+                g.authorized_operations = self.checks.authorized_operations(
+                    ctx, "GROUP", g.group_id
+                )
+        return response
 
     async def list_groups(self, handler: Handler, req: Any, ctx: Any) -> Any:
         """The ACL rule of ListGroups."""
