@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -49,9 +50,23 @@ def require_java(minimum: int = 17) -> int:
     return version
 
 
+def pyspark_check() -> dict:
+    """Whether pyspark (the Spark jobs' driver library, a dependency of the install) can be
+    imported by this interpreter, with how to get it when not."""
+    spec = importlib.util.find_spec("pyspark")
+    return {
+        "check": "pyspark (for Spark compaction jobs)",
+        "ok": spec is not None,
+        "detail": (spec.origin or "installed")
+        if spec is not None
+        else f"pyspark is not importable by {sys.executable}: pip install -e . (or pip "
+        "install 'pyspark>=3.5') in the environment automqctl runs from",
+    }
+
+
 def doctor(format: OutputFormat = FormatOption) -> None:
-    """Check prerequisites: Python, the embedded object store binary, Java for Spark.
-    Exit 1 (each problem with its fix on stderr) when one is missing."""
+    """Check prerequisites: Python, the embedded object store binary, pyspark and Java for
+    Spark. Exit 1 (each problem with its fix on stderr) when one is missing."""
     checks: list[dict] = [{"check": "python", "ok": True, "detail": sys.version.split()[0]}]
     weed = find_program("weed")  # PATH, or beside this interpreter (an unactivated venv)
     checks.append(
@@ -71,6 +86,7 @@ def doctor(format: OutputFormat = FormatOption) -> None:
         checks.append(
             {"check": "java (for Spark compaction jobs)", "ok": False, "detail": str(exc)}
         )
+    checks.append(pyspark_check())
     if not print_data(checks, format):
         for c in checks:
             if c["ok"]:

@@ -269,6 +269,31 @@ def test_4_binaries_beside_the_interpreter_are_found(tmp_path, monkeypatch):
     assert "object store binary" in res.output and "ok" in res.output
 
 
+def test_4_doctor_says_how_to_get_a_missing_pyspark(monkeypatch):
+    """The README's one install brings pyspark (compaction jobs); an environment without it
+    is named by doctor with the fix, and doctor exits 1."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyspark" else real_find_spec(name, *a),
+    )
+    res = run("doctor", "--format", "json")
+    assert res.exit_code == 1
+    [check] = [c for c in json.loads(res.stdout) if c["check"].startswith("pyspark")]
+    assert not check["ok"] and "pip install" in check["detail"]
+
+
+def test_4_pyspark_comes_with_the_default_install():
+    """pyproject's dependencies (what `pip install -e .` brings) include pyspark."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert any(d.startswith("pyspark") for d in project["project"]["dependencies"])
+
+
 # ---------------------------------------------------------------- 5: status tells the state
 
 
@@ -599,7 +624,7 @@ def test_8_action_commands_report_json(tmp_path):
     assert json.loads(down.stdout) == {"stopped": [], "purged": False, "dir": str(cluster.dir)}
     doctor = run("doctor", "--format", "json")
     checks = json.loads(doctor.stdout)
-    assert [c["check"].split()[0] for c in checks] == ["python", "object", "java"]
+    assert [c["check"].split()[0] for c in checks] == ["python", "object", "java", "pyspark"]
     assert doctor.exit_code == (0 if all(c["ok"] for c in checks) else 1)
     unscheduled = run("compaction", "unschedule", "--dir", str(cluster.dir), "--format", "yaml")
     assert unscheduled.exit_code == 0, unscheduled.output
