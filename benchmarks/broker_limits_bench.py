@@ -141,7 +141,15 @@ def perf_step(cdir: Path, prefix: str, rate: float, seconds: float, groups: int 
         f"{prefix}_e2e_p99_ms": summary.get("e2e_p99_ms"),
         f"{prefix}_cores_busy": summary["cores_busy"],
     }
-    figures.update({f"{prefix}_{k}": summary.get(k) for k in PERF_BROKER_FIELDS})
+    # the named ones always (None until perf reports them), and any other broker figure perf adds
+    names = [*PERF_BROKER_FIELDS, *(k for k in summary if k.startswith("broker_"))]
+    figures.update(
+        {
+            f"{prefix}_{k}": summary.get(k)
+            for k in names
+            if not isinstance(summary.get(k), dict | list)
+        }
+    )
     for kind, spent in summary.get("cpu_s_per_gb", {}).items():
         figures[f"{prefix}_cpu_s_per_gb_{kind}"] = spent
     return figures

@@ -298,7 +298,7 @@ def stores(args: argparse.Namespace) -> dict:
     summary["runs_p99_vs_healthy"] = {
         mode: [round(run[mode]["p99_vs_healthy"], 2) for run in runs] for mode in ("slow", "paused")
     }
-    print(json.dumps(summary, indent=2))
+    return summary
 
 
 # ---------------------------------------------------------------- produce
