@@ -348,10 +348,13 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
     during, outside = split_windows(intervals, 1.0, started, ended)
     if not during or not any(row["end_unix_s"] <= started for row in outside):
         # the round's other figures stand; this step's do not
+        first_end = intervals[0]["end_unix_s"] if intervals else ended
         return {
             "catchup_load_error": f"{len(during)} seconds inside the catch-up and "
-            f"{len(outside)} outside (none before it?); change --catchup-load-s / "
-            "--catchup-load-delay-s / --catchup-load-mib"
+            f"{len(outside)} outside; the catch-up ran {started - first_end:+.1f} s to "
+            f"{ended - first_end:+.1f} s from the end of perf's first second (perf starts its "
+            "clock once its clients are connected: on a loaded machine that can be after the "
+            "catch-up); change --catchup-load-delay-s / --catchup-load-mib / --catchup-load-s"
         }
     p99_during = window_p99_ms(during, lambda _row: True)
     p99_outside = window_p99_ms(outside, lambda _row: True)
