@@ -1,46 +1,46 @@
-"""One broker against the machine's limits (issue #16), every baseline measured in the same run.
+"""One broker against the machine's limits (issues #16, #28), every baseline measured in the same run.
 
-    python benchmarks/broker_limits_bench.py [--rounds 1] [--saturated-s 20] [--half-s 60]
-                                             [--catchup-mib 512] [--only-catchup]
-                                             [--catchup-load-mib 768] [--catchup-load-s 60]
-                                             [--only-catchup-load] [--only-produce]
-                                             [--store-dir PATH]
+    python benchmarks/broker_limits_bench.py [--rounds 1] [--steps fixed,saturated,half,catchup,catchup-load,cpu]
+        [--fixed-rate 10000] [--fixed-s 60] [--hogs 2] [--disk-s 10]
+        [--saturated-s 20] [--half-s 60] [--half-rate 0]
+        [--catchup-mib 512] [--catchup-load-mib 768] [--catchup-load-s 60] [--catchup-load-delay-s 20]
+        [--cpu-rate 30000] [--cpu-mib 600] [--store-dir PATH]
+        [--only-produce | --only-catchup | --only-catchup-load]
 
 Per round, on a fresh `automqctl cluster up --brokers 1` (3 controllers, SeaweedFS, the load
-generator: all on this machine):
-1. baseline disk: write + fdatasync of 1 MiB blocks into the cluster's directory (the
-   filesystem the WAL is on), `DISK_SECONDS` long;
-2. `automqctl perf --partitions 6` saturated (acks=all, idempotent) with 1 KiB and with
-   64 KiB records: MB/s, and the 64 KiB figure as a ratio of the disk baseline; with each
-   the CPU seconds per GB produced of SeaweedFS, the broker, the controllers and the load
-   generator, and the MB/s those allow when the machine's cores do nothing else
-   (`*_cpu_ceiling_mb_s`) or only the object store's work (`*_object_store_ceiling_mb_s`);
-3. half load: 1 KiB records at half the saturated record rate, one consumer group, `half-s`
-   seconds: produce p99/p999, the worst one-second produce p99, end-to-end p99;
-4. catch-up: `catchup-mib` MiB into a second topic, the broker restarted (nothing cached),
-   one confluent-kafka consumer reads everything from offset 0; baseline: raw boto3 4 MiB
-   ranged GETs of every committed object from the same store right before the restart and
-   again right after the catch-up; the ratio is against the faster of the two. Then the
-   broker is restarted again and the same consumer, with a prefetch window that does not
-   stall it (`PREFETCHING_CONSUMER`: librdkafka's 64 MiB default queue nearly fills with
-   one answer), reads it all again (`catchup_prefetching_*`).
-5. catch-up under load (the issue's "produce p99 rising at most 2x while it runs"):
-   `catchup-load-mib` MiB into a third topic, the broker restarted (that topic's data is in
-   no cache), then `catchup-load-s` seconds of the half-load produce (1 KiB records at the
-   half-load rate, one tailing group) and, `catchup-load-delay-s` after it starts, one
-   confluent-kafka consumer reading the old topic from offset 0 to its end. From perf's
-   per-interval histograms (`perf --summary-intervals`): the produce p99 of the seconds
-   inside the catch-up against the p99 of the same run's seconds before it (the first
-   second left out), and their ratio; also the p99 of the seconds after it (a backlog the
-   catch-up left in the producer shows there) and of all seconds outside it.
-   `--catchup-load-mib 0` leaves the step out.
-With `--only-catchup` a round runs step 4 alone (the raw-GET baseline and the catch-up, so
-their ratio still comes from one run); with `--only-catchup-load` step 5 alone; with
-`--only-produce` steps 1-3.
-`--store-dir PATH` starts each round's cluster with `cluster up --store-dir` (a fresh
-directory under PATH, deleted afterwards): the object store's data on another device than
-the WAL, as a remote store would be. Prints the medians over rounds and the ratios as JSON
-(each round's figures too).
+generator: all on this machine; `benchmarks/_harness.py`), the steps in `--steps`:
+fixed: the issue #28 target-1 step. The disk's 64 KiB write+fdatasync latency p50/p99/p999 at
+   the step's byte rate in the cluster's directory (the WAL's filesystem), then `automqctl
+   perf` at `fixed-rate` records/s of 1 KiB (6 partitions, acks=all, idempotent, one
+   consumer group, `fixed-s` s): librdkafka's broker round trip p99 (and p999 / the broker's
+   loop-lag and GC-pause p99 when perf reports them), produce p99 (librdkafka's own
+   per-message latency), end-to-end p99, the worst one-second produce p99. Then the same
+   again (disk latency too) with `hogs` busy-loop processes beside the cluster, and the
+   busy/quiet ratio of the round-trip p99 (`--hogs 0` leaves the busy half out).
+saturated: write + fdatasync of 1 MiB blocks (the disk's MB/s), then perf saturated
+   (acks=all, idempotent, no consumer) with 1 KiB and with 64 KiB records: MB/s, the 64 KiB
+   figure against the disk, and the CPU seconds per GB of SeaweedFS, the broker, the
+   controllers and the load generator, with the MB/s those allow on this machine's cores
+   (`*_cpu_ceiling_mb_s`) or with only the object store's work (`*_object_store_ceiling_mb_s`).
+half: 1 KiB records at half the saturated record rate (or `--half-rate`), one consumer
+   group, `half-s` s: round trip, produce p99/p999, worst second, end-to-end p99.
+catchup: `catchup-mib` MiB into a new topic, the broker restarted (nothing cached), one
+   confluent-kafka consumer reads it all from offset 0; then again, cold, with the
+   prefetching consumer (`PREFETCHING_CONSUMER`). Baseline: raw boto3 4 MiB ranged GETs of
+   every committed object from the same store before and after; ratios against the faster.
+   The CPU seconds per GB served by kind (broker, seaweedfs, this process = the consumer or
+   the GET client) of each read.
+catchup-load: `catchup-load-mib` MiB into another topic, the broker restarted, then
+   `catchup-load-s` s of the half-load produce and, `catchup-load-delay-s` in, one consumer
+   reads the old topic to its end. From perf's per-second histograms: produce p99 inside
+   the catch-up against the seconds before it (the first left out), and after/outside it.
+cpu: `cpu-mib` MiB of 1 KiB records at `cpu-rate` records/s (a load every version of the
+   code sustains, so the work is the same): the broker's CPU seconds per GB produced, the
+   figure to compare two checkouts on a noisy machine (run each in turns).
+`--only-produce` = fixed,saturated,half; `--only-catchup` = catchup; `--only-catchup-load` =
+catchup-load. `--store-dir PATH` keeps each round's object store under PATH (`cluster up
+--store-dir`, e.g. /dev/shm: another device than the WAL's). Prints JSON: the medians over
+rounds, each figure beside its limit (`against_limits`), and each round's figures.
 """
 
 from __future__ import annotations
@@ -49,153 +49,137 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Producer  # noqa: E402
-
-from benchmarks.compaction_bench import automqctl, cluster_down, committed_objects  # noqa: E402
-from benchmarks.compaction_catchup_bench import (  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    broker_pid,
+    committed_objects,
+    cpu_hogs,
+    cpu_s,
+    cpu_split,
+    disk_fdatasync_latency_ms,
+    disk_write_fdatasync_mb_s,
+    emit,
+    filled_topic,
+    medians,
+    perf,
+    perf_command,
+    progress,
     raw_get_mb_s,
-    records_in,
     restart_broker,
+    running_cluster,
     sparse_catchup_mb_s,
 )
 from cli.perf_histogram import LatencyHistogram  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
 
-MIB = 1024 * 1024
-DISK_SECONDS = 5.0
-CATCHUP_PARTITIONS = 6
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
-    """CPU seconds of the processes whose command line names the cluster's directory."""
-    out: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if str(cluster_dir) not in cmd:
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        # by program, not by path: a cluster directory may be named "broker-..."
-        program = cmd.split(" --", 1)[0]
-        kind = (
-            "seaweedfs"
-            if "weed" in program
-            else "broker"
-            if "dataplane.broker" in program
-            else "controllers"
-            if "controlplane.server" in program
-            else "other"
-        )
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
-    return out
-
-
-def own_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def children_cpu_s() -> float:
-    """CPU seconds of this process's finished children (and theirs: perf's workers)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+RECORD_BYTES = 1024
+PARTITIONS = 6
+STEPS = ("fixed", "saturated", "half", "catchup", "catchup-load", "cpu")
+ONLY = {
+    "only_produce": "fixed,saturated,half",
+    "only_catchup": "catchup",
+    "only_catchup_load": "catchup-load",
+}
+# The broker's own figures perf reports (librdkafka's round trips; the broker's event-loop
+# lag and GC pauses once perf reads them from /metrics): passed through under the step's name.
+PERF_BROKER_FIELDS = (
+    "broker_rtt_p99_ms",
+    "broker_rtt_p999_ms",
+    "max_interval_broker_rtt_p99_ms",
+    "broker_loop_lag_p99_ms",
+    "broker_gc_pause_p99_ms",
+)
+# (figure, the issue's target, "<=" or ">=", the same run's physical limit beside it or None)
+LIMITS = (
+    ("fixed_broker_rtt_p99_ms", 5, "<=", "fixed_disk_64k_p99_ms"),
+    ("fixed_broker_rtt_p999_ms", 15, "<=", "fixed_disk_64k_p999_ms"),
+    ("fixed_produce_p99_ms", 10, "<=", "fixed_disk_64k_p99_ms"),
+    ("fixed_e2e_p99_ms", 15, "<=", None),
+    ("fixed_max_interval_produce_p99_ms", 25, "<=", None),
+    ("busy_to_quiet_broker_rtt_p99", 3, "<=", "busy_to_quiet_disk_64k_p99"),
+    ("half_broker_rtt_p99_ms", 15, "<=", None),
+    ("half_produce_p99_ms", 25, "<=", None),
+    ("half_e2e_p99_ms", 40, "<=", None),
+    ("produce_64k_to_disk", None, ">=", "disk_write_fdatasync_1mib_mb_s"),
+    ("produce_1k_cpu_s_per_gb_broker", 1.4, "<=", None),
+    ("produce_64k_cpu_s_per_gb_broker", 1.0, "<=", None),
+    ("catchup_prefetching_cpu_s_per_gb_broker", 0.5, "<=", None),
+    ("catchup_prefetching_to_raw_get", 0.45, ">=", "raw_get_4mib_mb_s"),
+    ("catchup_load_p99_ratio", 1.5, "<=", None),
+)
 
 
-def disk_write_fdatasync_mb_s(directory: Path, seconds: float = DISK_SECONDS) -> float:
-    """write + fdatasync of 1 MiB blocks, sequentially, into a new file: the disk's speed for
-    what a WAL does, on the filesystem the cluster uses."""
-    block = os.urandom(MIB)
-    path = directory / f"disk-baseline-{uuid.uuid4().hex[:6]}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    written = 0
-    try:
-        started = time.monotonic()
-        while time.monotonic() - started < seconds and written < 8 * 1024 * MIB:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            written += MIB
-        elapsed = time.monotonic() - started
-    finally:
-        os.close(fd)
-        path.unlink()
-    return written / elapsed / 1e6
-
-
-def fill(bootstrap: str, topic: str, mib: int) -> None:
-    """`mib` MiB of 1 KiB records as fast as the broker takes them (acks=all)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
-    value = os.urandom(1024)
-    for i in range(mib * 1024):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=str(i).encode())
-                break
-            except BufferError:  # the local queue is full: wait for deliveries
-                producer.poll(0.05)
-    if producer.flush(300) != 0:
-        raise SystemExit("catch-up fill: records not delivered")
-
-
-def filled_topic(
-    bootstrap: str, partitions: int, mib: int, prefix: str = "catchup"
-) -> tuple[str, list[int], int]:
-    """A new topic of `partitions` holding `mib` MiB of 1 KiB records, uploaded: (its name,
-    its partitions, how many records they hold)."""
-    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, topic, partitions)
-    fill(bootstrap, topic, mib)
-    time.sleep(3)  # the last uploads
-    indexes = list(range(partitions))
-    return topic, indexes, records_in(bootstrap, topic, indexes)
-
-
-def perf_command(cluster_dir: Path, summary: Path, *args: str) -> tuple[list[str], dict]:
-    """argv and environment of `automqctl perf` writing its JSON summary to `summary`."""
-    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "cli.main", "perf", "--summary-file", str(summary), *args]
-    return argv, env
-
-
-def perf(cluster_dir: Path, *args: str) -> dict:
-    """`automqctl perf` with its JSON summary (written to a file: the console has the table),
-    plus `cpu_s_per_gb`: the CPU seconds per GB produced of each kind of process over the
-    run (SeaweedFS, the broker, the controllers, the load generator: perf and its workers,
-    start-up included) and `cores_busy`, their sum per second of the run."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        argv, env = perf_command(cluster_dir, Path(f.name), *args)
-        cluster_before, children_before = cluster_cpu_s(cluster_dir), children_cpu_s()
-        started = time.monotonic()
-        out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        wall_s = time.monotonic() - started
-        if out.returncode != 0:
-            raise SystemExit(f"perf {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
-        cpu = {
-            kind: spent - cluster_before.get(kind, 0.0)
-            for kind, spent in cluster_cpu_s(cluster_dir).items()
+def perf_step(cdir: Path, prefix: str, rate: float, seconds: float, groups: int = 1) -> dict:
+    """perf at `rate` records/s of 1 KiB into 6 partitions: the step's latency figures."""
+    summary = perf(
+        cdir,
+        "--partitions",
+        str(PARTITIONS),
+        "--groups",
+        str(groups),
+        "--duration",
+        str(seconds),
+        "--record-size",
+        str(RECORD_BYTES),
+        "--send-rate",
+        f"{rate:.0f}",
+    )
+    figures = {
+        f"{prefix}_produce_mb_s": summary["produce_mb_s"],
+        f"{prefix}_produce_p50_ms": summary["produce_p50_ms"],
+        f"{prefix}_produce_p99_ms": summary["produce_p99_ms"],
+        f"{prefix}_produce_p999_ms": summary["produce_p999_ms"],
+        f"{prefix}_max_interval_produce_p99_ms": summary.get("max_interval_produce_p99_ms"),
+        f"{prefix}_e2e_p99_ms": summary.get("e2e_p99_ms"),
+        f"{prefix}_cores_busy": summary["cores_busy"],
+    }
+    # the named ones always (None until perf reports them), and any other broker figure perf adds
+    names = [*PERF_BROKER_FIELDS, *(k for k in summary if k.startswith("broker_"))]
+    figures.update(
+        {
+            f"{prefix}_{k}": summary.get(k)
+            for k in names
+            if not isinstance(summary.get(k), dict | list)
         }
-        cpu["load_generator"] = children_cpu_s() - children_before
-        summary = json.loads(Path(f.name).read_text())
-    gb = summary["produce_mb_s"] * summary.get("duration_s", 0) / 1000
-    if gb > 0:
-        summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
-    summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
-    return summary
+    )
+    for kind, spent in summary.get("cpu_s_per_gb", {}).items():
+        figures[f"{prefix}_cpu_s_per_gb_{kind}"] = spent
+    return figures
+
+
+def disk_latency_figures(cdir: Path, prefix: str, byte_rate: float, seconds: float) -> dict:
+    disk = disk_fdatasync_latency_ms(cdir, byte_rate, seconds)
+    return {f"{prefix}_disk_64k_{k}": v for k, v in disk.items()}
+
+
+def fixed_figures(cdir: Path, args: argparse.Namespace) -> dict:
+    """The fixed-rate step, quiet and with CPU hogs beside the cluster."""
+    byte_rate = args.fixed_rate * RECORD_BYTES
+    figures = {"fixed_records_s": args.fixed_rate, "fixed_byte_rate_mb_s": byte_rate / 1e6}
+    figures.update(disk_latency_figures(cdir, "fixed", byte_rate, args.disk_s))
+    figures.update(perf_step(cdir, "fixed", args.fixed_rate, args.fixed_s))
+    if args.hogs > 0:
+        with cpu_hogs(args.hogs):
+            figures["busy_hogs"] = args.hogs
+            figures["busy_load_average_1m"] = os.getloadavg()[0]
+            figures.update(disk_latency_figures(cdir, "busy", byte_rate, args.disk_s))
+            figures.update(perf_step(cdir, "busy", args.fixed_rate, args.fixed_s))
+        for name, quiet, busy in (
+            ("broker_rtt_p99", "fixed_broker_rtt_p99_ms", "busy_broker_rtt_p99_ms"),
+            ("produce_p99", "fixed_produce_p99_ms", "busy_produce_p99_ms"),
+            ("disk_64k_p99", "fixed_disk_64k_p99_ms", "busy_disk_64k_p99_ms"),
+        ):
+            if figures.get(quiet) and figures.get(busy) is not None:
+                figures[f"busy_to_quiet_{name}"] = figures[busy] / figures[quiet]
+    return figures
 
 
 def cpu_ceiling(sat: dict, prefix: str) -> dict:
@@ -213,40 +197,63 @@ def cpu_ceiling(sat: dict, prefix: str) -> dict:
     return figures
 
 
-def one_round(args: argparse.Namespace) -> dict:
-    with contextlib.ExitStack() as cleanup:
-        tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="broker-limits-"))
-        cdir = Path(tmp) / "cluster"
-        store_args: list[str] = []
-        if args.store_dir:
-            # a directory of its own per round (--store-dir refuses one holding a store)
-            own = tempfile.mkdtemp(prefix="broker-limits-", dir=args.store_dir)
-            cleanup.callback(shutil.rmtree, own, ignore_errors=True)
-            store_args = ["--store-dir", own]
-        status = automqctl(cdir, "cluster", "up", "--brokers", "1", *store_args, timeout_s=300)
-        cleanup.callback(cluster_down, cdir)  # runs before the directories go
-        bootstrap = status["bootstrap_servers"]
-        figures: dict = {"load_average_1m_before": os.getloadavg()[0]}
-        if not (args.only_catchup or args.only_catchup_load):
-            figures.update(produce_figures(cdir, args))
-        if not (args.only_catchup_load or args.only_produce):
-            figures.update(catchup_figures(cdir, bootstrap, args))
-        if args.catchup_load_mib > 0 and not (args.only_catchup or args.only_produce):
-            figures.update(catchup_under_load(cdir, bootstrap, args))
-        figures["load_average_1m_after"] = os.getloadavg()[0]
-    return figures
+def saturated_figures(cdir: Path, args: argparse.Namespace) -> dict:
+    """The disk's MB/s and saturated produce with 1 KiB and 64 KiB records."""
+    disk = disk_write_fdatasync_mb_s(cdir)
+    common = ["--partitions", str(PARTITIONS), "--groups", "0", "--duration", str(args.saturated_s)]
+    sat_1k = perf(cdir, *common, "--record-size", "1024", "--send-rate", "300000")
+    sat_64k = perf(cdir, *common, "--record-size", "65536", "--send-rate", "20000")
+    return {
+        "disk_write_fdatasync_1mib_mb_s": disk,
+        "produce_1k_saturated_mb_s": sat_1k["produce_mb_s"],
+        "produce_64k_saturated_mb_s": sat_64k["produce_mb_s"],
+        "produce_64k_to_disk": sat_64k["produce_mb_s"] / disk,
+        **cpu_ceiling(sat_1k, "produce_1k"),
+        **cpu_ceiling(sat_64k, "produce_64k"),
+    }
+
+
+def half_rate(args: argparse.Namespace, saturated_1k_mb_s: float | None) -> float:
+    """Records/s of the half-load step: `--half-rate`, else half this round's saturated 1 KiB
+    rate, else 45,000 (about half of what one broker took when the steps were written)."""
+    if args.half_rate:
+        return args.half_rate
+    return saturated_1k_mb_s * 1e6 / RECORD_BYTES / 2 if saturated_1k_mb_s else 45000
+
+
+def half_figures(cdir: Path, args: argparse.Namespace, saturated_1k_mb_s: float | None) -> dict:
+    rate = half_rate(args, saturated_1k_mb_s)
+    return {"half_load_records_s": rate, **perf_step(cdir, "half", rate, args.half_s)}
+
+
+def per_gb(cpu: dict[str, float], gb: float, prefix: str) -> dict:
+    """CPU seconds by kind divided by the GB moved, under `prefix` (pure)."""
+    return {f"{prefix}_cpu_s_per_gb_{k}": round(v / gb, 3) for k, v in sorted(cpu.items()) if gb}
 
 
 def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
-    """Step 4: raw 4 MiB GETs against a catch-up read of a cold topic."""
-    topic, partitions, wanted = filled_topic(bootstrap, CATCHUP_PARTITIONS, args.catchup_mib)
+    """Raw 4 MiB GETs against catch-up reads of a cold topic, with their CPU by kind."""
+    topic, partitions, wanted = filled_topic(bootstrap, PARTITIONS, args.catchup_mib)
     objects = committed_objects(cdir)
+    stored_gb = sum(size for _, size in objects) / 1e9
+    served_gb = wanted * RECORD_BYTES / 1e9
     raw_before = raw_get_mb_s(cdir, objects)
-    restart_broker(cdir)
-    catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
-    restart_broker(cdir)  # cold again
-    prefetching = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted, prefetching=True)
-    raw_after = raw_get_mb_s(cdir, objects)
+    figures: dict = {}
+    for name, prefetching in (("catchup", False), ("catchup_prefetching", True)):
+        restart_broker(cdir)  # cold
+        time.sleep(2)  # start-up work is not catch-up work
+        mb_s, cpu = cpu_split(
+            cdir,
+            lambda p=prefetching: sparse_catchup_mb_s(
+                bootstrap, topic, partitions, wanted, prefetching=p
+            ),
+        )
+        cpu.pop("load_generator", None)  # no child process in this step
+        figures[f"{name}_mb_s"] = mb_s
+        figures.update(per_gb(cpu, served_gb, name))
+    raw_after, cpu = cpu_split(cdir, lambda: raw_get_mb_s(cdir, objects))
+    cpu.pop("load_generator", None)
+    figures.update(per_gb(cpu, stored_gb, "raw_get"))
     # the store right after the fill is often slower (its own writes settling): the ratio
     # is against the faster of the two baselines
     raw = max(raw_before, raw_after)
@@ -254,11 +261,9 @@ def catchup_figures(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dic
         "raw_get_4mib_before_mb_s": raw_before,
         "raw_get_4mib_after_mb_s": raw_after,
         "raw_get_4mib_mb_s": raw,
-        "catchup_mb_s": catchup,
-        "catchup_to_raw_get": catchup / raw,
-        # the same consumer with a prefetch window that does not stall it (PREFETCHING_CONSUMER)
-        "catchup_prefetching_mb_s": prefetching,
-        "catchup_prefetching_to_raw_get": prefetching / raw,
+        **figures,
+        "catchup_to_raw_get": figures["catchup_mb_s"] / raw,
+        "catchup_prefetching_to_raw_get": figures["catchup_prefetching_mb_s"] / raw,
     }
 
 
@@ -287,14 +292,11 @@ def split_windows(
     return during, outside
 
 
-def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
-    """Step 5: produce p99 while one consumer catches up from a cold topic, against the same
-    run's seconds without the catch-up."""
-    topic, partitions, wanted = filled_topic(
-        bootstrap, CATCHUP_PARTITIONS, args.catchup_load_mib, prefix="old"
-    )
-    restart_broker(cdir)  # nothing of the old topic cached
-    rate = args.half_rate or 45000
+def perf_beside_catchup(
+    cdir: Path, bootstrap: str, args: argparse.Namespace, old: tuple[str, list[int], int]
+) -> tuple[dict, float, float, float]:
+    """perf at the half-load rate with one catch-up of `old` started `catchup-load-delay-s`
+    into it: (perf's summary with intervals, catch-up MB/s, its start and end, Unix time)."""
     with tempfile.TemporaryDirectory(prefix="catchup-load-") as tmp:
         summary_path = Path(tmp) / "perf.json"
         argv, env = perf_command(
@@ -302,22 +304,22 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
             summary_path,
             "--summary-intervals",
             "--partitions",
-            "6",
+            str(PARTITIONS),
             "--groups",
             "1",
             "--duration",
             str(args.catchup_load_s),
             "--record-size",
-            "1024",
+            str(RECORD_BYTES),
             "--send-rate",
-            f"{rate:.0f}",
+            f"{catchup_load_rate(args):.0f}",
         )
         with open(Path(tmp) / "perf.log", "w") as log:
             proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             try:
                 time.sleep(args.catchup_load_delay_s)
                 started = time.time()
-                catchup = sparse_catchup_mb_s(bootstrap, topic, partitions, wanted)
+                catchup = sparse_catchup_mb_s(bootstrap, *old)
                 ended = time.time()
                 code = proc.wait(timeout=args.catchup_load_s + 600)
             finally:
@@ -327,26 +329,44 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
         if code != 0:
             tail = (Path(tmp) / "perf.log").read_text()[-500:]
             raise SystemExit(f"perf under catch-up failed: {tail}")
-        summary = json.loads(summary_path.read_text())
+        return json.loads(summary_path.read_text()), catchup, started, ended
+
+
+def catchup_load_rate(args: argparse.Namespace) -> float:
+    """Records/s of the catch-up-load step's produce: `--half-rate`, else 45,000 (a fixed
+    load, so rounds and checkouts compare)."""
+    return args.half_rate or 45000
+
+
+def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
+    """Produce p99 while one consumer catches up from a cold topic, against the same run's
+    seconds without the catch-up."""
+    old = filled_topic(bootstrap, PARTITIONS, args.catchup_load_mib, prefix="old")
+    restart_broker(cdir)  # nothing of the old topic cached
+    summary, catchup, started, ended = perf_beside_catchup(cdir, bootstrap, args, old)
     intervals = summary["intervals"]
     during, outside = split_windows(intervals, 1.0, started, ended)
     if not during or not any(row["end_unix_s"] <= started for row in outside):
-        raise SystemExit(
-            f"catch-up under load: {len(during)} seconds inside the catch-up and "
-            f"{len(outside)} outside (none before it?); change --catchup-load-s / --catchup-load-delay-s / "
-            "--catchup-load-mib"
-        )
+        # the round's other figures stand; this step's do not
+        first_end = intervals[0]["end_unix_s"] if intervals else ended
+        return {
+            "catchup_load_error": f"{len(during)} seconds inside the catch-up and "
+            f"{len(outside)} outside; the catch-up ran {started - first_end:+.1f} s to "
+            f"{ended - first_end:+.1f} s from the end of perf's first second (perf starts its "
+            "clock once its clients are connected: on a loaded machine that can be after the "
+            "catch-up); change --catchup-load-delay-s / --catchup-load-mib / --catchup-load-s"
+        }
     p99_during = window_p99_ms(during, lambda _row: True)
     p99_outside = window_p99_ms(outside, lambda _row: True)
     p99_before = window_p99_ms(outside, lambda row: row["end_unix_s"] <= started)
     p99_after = window_p99_ms(outside, lambda row: row["end_unix_s"] > started)
 
     def rtt(rows: list[dict]) -> float | None:
-        values = sorted(r["broker_rtt_p99_ms"] for r in rows if r["broker_rtt_p99_ms"])
+        values = sorted(r["broker_rtt_p99_ms"] for r in rows if r.get("broker_rtt_p99_ms"))
         return values[len(values) // 2] if values else None
 
     return {
-        "catchup_load_records_s": rate,
+        "catchup_load_records_s": catchup_load_rate(args),
         "catchup_load_mb_s": catchup,
         "catchup_load_s": ended - started,
         "catchup_load_seconds_during": len(during),
@@ -358,7 +378,7 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
         "catchup_load_produce_p99_after_ms": p99_after,
         # the issue's figure: p99 during the catch-up against the seconds before it
         "catchup_load_p99_ratio": p99_during / p99_before if p99_before else None,
-        "catchup_load_p99_ratio_to_outside": p99_during / p99_outside,
+        "catchup_load_p99_ratio_to_outside": p99_during / p99_outside if p99_outside else None,
         "catchup_load_produce_p99_whole_run_ms": summary["produce_p99_ms"],
         "catchup_load_e2e_p99_ms": summary["e2e_p99_ms"],
         "catchup_load_broker_rtt_p99_during_ms": rtt(during),
@@ -366,74 +386,108 @@ def catchup_under_load(cdir: Path, bootstrap: str, args: argparse.Namespace) -> 
     }
 
 
-def produce_figures(cdir: Path, args: argparse.Namespace) -> dict:
-    """Steps 1-3: the disk baseline, saturated produce, half load."""
-    disk = disk_write_fdatasync_mb_s(cdir)
-    common = ["--partitions", "6", "--groups", "0", "--duration", str(args.saturated_s)]
-    sat_1k = perf(cdir, *common, "--record-size", "1024", "--send-rate", "300000")
-    sat_64k = perf(cdir, *common, "--record-size", "65536", "--send-rate", "20000")
-    # half of this run's saturation, or a fixed rate (to compare trees at the same load)
-    half_rate = args.half_rate or sat_1k["produce_mb_s"] * 1e6 / 1024 / 2
-    half = perf(
+def cpu_figures(cdir: Path, args: argparse.Namespace) -> dict:
+    """The broker's CPU seconds per GB produced at a fixed rate (from its own /proc entry)."""
+    pid = broker_pid(cdir)
+    before = cpu_s(pid)
+    result = perf(
         cdir,
         "--partitions",
-        "6",
+        str(PARTITIONS),
         "--groups",
-        "1",
-        "--duration",
-        str(args.half_s),
+        "0",
         "--record-size",
-        "1024",
+        str(RECORD_BYTES),
         "--send-rate",
-        f"{half_rate:.0f}",
+        str(args.cpu_rate),
+        "--duration",
+        f"{args.cpu_mib * 1024 / args.cpu_rate:.1f}",
     )
+    spent = cpu_s(pid) - before
     return {
-        "disk_write_fdatasync_1mib_mb_s": disk,
-        "produce_1k_saturated_mb_s": sat_1k["produce_mb_s"],
-        "produce_64k_saturated_mb_s": sat_64k["produce_mb_s"],
-        "produce_64k_to_disk": sat_64k["produce_mb_s"] / disk,
-        **cpu_ceiling(sat_1k, "produce_1k"),
-        **cpu_ceiling(sat_64k, "produce_64k"),
-        "half_load_records_s": half_rate,
-        "half_produce_p99_ms": half["produce_p99_ms"],
-        "half_produce_p999_ms": half["produce_p999_ms"],
-        "half_max_interval_produce_p99_ms": half["max_interval_produce_p99_ms"],
-        "half_e2e_p99_ms": half["e2e_p99_ms"],
-        # librdkafka's request round trips (measured in C; perf reports them since 06adb07)
-        "half_broker_rtt_p99_ms": half.get("broker_rtt_p99_ms"),
-        "half_max_interval_broker_rtt_p99_ms": half.get("max_interval_broker_rtt_p99_ms"),
+        "cpu_step_records_s": args.cpu_rate,
+        "cpu_step_produce_mb_s": result["produce_mb_s"],
+        "cpu_step_broker_cpu_s_per_gb": spent / (result["produced_mb"] / 1000),
     }
 
 
-def main() -> None:
+def one_round(args: argparse.Namespace) -> dict:
+    with contextlib.ExitStack() as cleanup:
+        up_args: tuple[str, ...] = ()
+        if args.store_dir:
+            # a directory of its own per round (--store-dir refuses one holding a store)
+            own = tempfile.mkdtemp(prefix="broker-limits-", dir=args.store_dir)
+            cleanup.callback(shutil.rmtree, own, ignore_errors=True)
+            up_args = ("--store-dir", own)
+        cdir, status = cleanup.enter_context(running_cluster(brokers=1, up_args=up_args))
+        bootstrap = status["bootstrap_servers"]
+        figures: dict = {"load_average_1m_before": os.getloadavg()[0]}
+        steps = set(args.steps.split(","))
+        if "fixed" in steps:
+            figures.update(fixed_figures(cdir, args))
+        if "saturated" in steps:
+            figures.update(saturated_figures(cdir, args))
+        if "half" in steps:
+            figures.update(half_figures(cdir, args, figures.get("produce_1k_saturated_mb_s")))
+        if "catchup" in steps:
+            figures.update(catchup_figures(cdir, bootstrap, args))
+        if "catchup-load" in steps and args.catchup_load_mib > 0:
+            figures.update(catchup_under_load(cdir, bootstrap, args))
+        if "cpu" in steps:
+            figures.update(cpu_figures(cdir, args))
+        figures["load_average_1m_after"] = os.getloadavg()[0]
+    return figures
+
+
+def against_limits(figures: dict) -> list[dict]:
+    """Each measured figure of LIMITS beside the issue's target and the same run's physical
+    limit (pure); figures the run did not measure are left out."""
+    rows = []
+    for name, target, sense, baseline in LIMITS:
+        if figures.get(name) is None:
+            continue
+        row = {"figure": name, "value": round(figures[name], 3), "target": target}
+        if target is not None:
+            row["target_met"] = (
+                figures[name] <= target if sense == "<=" else figures[name] >= target
+            )
+        if baseline and figures.get(baseline) is not None:
+            row["same_run_limit"] = {baseline: round(figures[baseline], 3)}
+        rows.append(row)
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated of {STEPS}")
+    ap.add_argument("--fixed-rate", type=float, default=10000, help="records/s of the fixed step")
+    ap.add_argument("--fixed-s", type=float, default=60)
+    ap.add_argument("--hogs", type=int, default=2, help="CPU hogs of the fixed step's busy half")
+    ap.add_argument("--disk-s", type=float, default=10, help="the disk latency baseline's length")
     ap.add_argument("--saturated-s", type=float, default=20)
     ap.add_argument("--half-s", type=float, default=60)
-    ap.add_argument("--catchup-mib", type=int, default=512)
     ap.add_argument(
         "--half-rate",
         type=float,
         default=0,
-        help="records/s of the half-load step (default: half of the saturated 1 KiB rate)",
+        help="records/s of the half-load steps (default: half of the saturated 1 KiB rate)",
     )
-    ap.add_argument(
-        "--only-catchup", action="store_true", help="the raw-GET baseline and catch-up only"
-    )
-    ap.add_argument(
-        "--catchup-load-mib", type=int, default=768, help="step 5's old topic (0: no step 5)"
-    )
-    ap.add_argument("--catchup-load-s", type=float, default=60, help="step 5's produce run")
+    ap.add_argument("--catchup-mib", type=int, default=512)
+    ap.add_argument("--catchup-load-mib", type=int, default=768, help="0: no catch-up-load step")
+    ap.add_argument("--catchup-load-s", type=float, default=60, help="its produce run")
     ap.add_argument(
         "--catchup-load-delay-s",
         type=float,
         default=20,
-        help="step 5: seconds after perf is started that the catch-up begins",
+        help="seconds after perf is started that the catch-up begins",
     )
-    ap.add_argument("--only-catchup-load", action="store_true", help="step 5 only")
-    ap.add_argument(
-        "--only-produce", action="store_true", help="steps 1-3 only (disk, saturated, half load)"
-    )
+    ap.add_argument("--cpu-rate", type=int, default=30000, help="records/s of the cpu step")
+    ap.add_argument("--cpu-mib", type=int, default=600, help="MiB the cpu step produces")
+    for flag, steps in ONLY.items():
+        ap.add_argument(
+            f"--{flag.replace('_', '-')}", action="store_true", help=f"= --steps {steps}"
+        )
     ap.add_argument(
         "--store-dir",
         type=Path,
@@ -442,14 +496,23 @@ def main() -> None:
         "e.g. a tmpfs such as /dev/shm: another device than the WAL's",
     )
     args = ap.parse_args()
-    rounds = [one_round(args) for _ in range(args.rounds)]
-    medians = {
-        k: round(statistics.median(r[k] for r in rounds), 3)
-        for k in rounds[0]
-        # an older perf reports no round trips; flags are not figures
-        if all(r[k] is not None and not isinstance(r[k], bool) for r in rounds)
-    }
-    print(json.dumps({"medians": medians, "rounds": rounds}, indent=2))
+    for flag, steps in ONLY.items():
+        if getattr(args, flag):
+            args.steps = steps
+    unknown = set(args.steps.split(",")) - set(STEPS)
+    if unknown:
+        ap.error(f"unknown steps {sorted(unknown)}: choose from {STEPS}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append(one_round(args))
+        progress(rounds[-1])
+    middle = medians(rounds)
+    emit({"medians": middle, "against_limits": against_limits(middle), "rounds": rounds})
 
 
 if __name__ == "__main__":

@@ -21,17 +21,16 @@ JSON on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._harness import emit, running_cluster  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
@@ -105,17 +104,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=50.0)
     args = ap.parse_args()
     rounds: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
-        d = Path(tmp) / "cluster"
-        up = automqctl(
-            "cluster", "up", "--format", "json", "--brokers", "2", "--upload-interval-s", "1",
-            cluster_dir=d,
-        )  # fmt: skip
-        if up.returncode != 0:
-            raise SystemExit(up.stderr)
+    up_args = ("--upload-interval-s", "1")
+    with running_cluster(brokers=2, up_args=up_args) as (d, st):
         main_pid = 0
         try:
-            st = json.loads(up.stdout)
             main_pid = next(s["pid"] for s in st["object_stores"] if s["name"] == "main")
             create_topic(st["bootstrap_servers"], "failover-bench", args.partitions)
             ledger = AckLedger(
@@ -160,28 +152,24 @@ def main() -> None:
                 ledger.stop()
             report = ledger.verify()
         finally:
-            if main_pid:
+            if main_pid:  # before the cluster goes down
                 try:
                     os.kill(main_pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-            automqctl("cluster", "down", cluster_dir=d)
     medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     medians["fault_gap_vs_baseline"] = round(
         medians["fault_max_ack_gap_s"] / max(medians["baseline_max_ack_gap_s"], 1e-3), 2
     )
-    print(
-        json.dumps(
-            {
-                "rounds": rounds,
-                "median": medians,
-                "acked": report.acked,
-                "missing": len(report.missing),
-                "duplicated": len(report.duplicated),
-                "ok": report.ok,
-            },
-            indent=2,
-        )
+    emit(
+        {
+            "rounds": rounds,
+            "median": medians,
+            "acked": report.acked,
+            "missing": len(report.missing),
+            "duplicated": len(report.duplicated),
+            "ok": report.ok,
+        }
     )
 
 

@@ -1,233 +1,206 @@
-"""Spark compaction against `automqctl cluster up`, with a raw boto3 copy as the baseline.
+"""Spark compaction against `automqctl cluster up`, each figure beside its baseline of the same run.
 
-    python benchmarks/compaction_bench.py [--runs 3] [--partitions 16] [--mib 32]
-                                          [--seconds 15] [--master local[2]]
+    python benchmarks/compaction_bench.py throughput [--runs 3] [--partitions 16] [--mib 32]
+                                                     [--seconds 15] [--master local[2]]
+    python benchmarks/compaction_bench.py catchup [--partitions 32] [--mib 64] [--seconds 20]
+                                                  [--every 4] [--master local[2]]
+    python benchmarks/compaction_bench.py produce-p99 [--rounds 2] [--duration 30] [--rate 2000]
 
-Per run: a new topic gets `mib` MiB of 1 KiB records over `seconds` seconds (brokers upload
-every 0.5 s, so many small objects), then
-1. baseline: a raw boto3 copy of the same committed objects (whole-object GET + PUT under a
-   scratch key, 8 threads; the copies are deleted afterwards): MB/s of the object store;
-2. `automqctl compaction run --master <master> --format json`: objects before/after, MB/s
-   of bytes read over the whole run (JVM start-up included), over the Spark part (context
-   start-up included) and over the executors' task time (reading, checking, writing);
-3. every record of the run's topic is consumed back (count check).
-Medians over `runs`; JSON on stdout. The cluster (2 brokers, 1 controller, embedded
-SeaweedFS) lives in a temporary directory and is stopped at the end.
+Every mode runs its own cluster (`benchmarks/_harness.py`: 1 controller, uploads every 0.5 s,
+so many small stream-set objects) in a temporary directory, always stopped at the end; JSON
+on stdout, each run's figures on stderr as they come.
+
+throughput (2 brokers): per run a new topic gets `mib` MiB of 1 KiB records over `seconds`;
+  1. baseline: a raw boto3 copy of the same committed objects (whole-object GET + PUT,
+     8 threads): MB/s of the object store;
+  2. `automqctl compaction run --master <master>`: objects before/after, MB/s of bytes read
+     over the whole run (JVM start-up included), over the Spark part and over the
+     executors' task time;
+  3. every record read back (count check). Medians over `runs`.
+catchup (1 broker): sparse catch-up before and after a compaction, against raw 4 MiB ranged
+  GETs of the same objects: one consumer reads every `every`-th partition from offset 0
+  after a broker restart (nothing cached), before and after `compaction run`.
+produce-p99 (2 brokers): produce p50/p99 of `automqctl perf` (8 partitions, 1 KiB, `rate`
+  records/s, acks=all) for `duration` s idle, then again with `compaction run` started 3 s
+  into it; medians over rounds. Spark's JVM competes with the brokers for the same cores
+  (on a real deployment Spark runs elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import boto3  # noqa: E402
-from botocore.config import Config as BotoConfig  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-
-from cli.local_cluster import LocalCluster  # noqa: E402
-from controlplane.client import ControllerClient  # noqa: E402
-from dataplane.objectstore import BucketURI, object_key  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    automqctl,
+    committed_objects,
+    consume_count,
+    emit,
+    medians,
+    perf,
+    produce_paced,
+    progress,
+    raw_copy_mb_s,
+    raw_get_mb_s,
+    records_in,
+    restart_broker,
+    running_cluster,
+    sparse_catchup_mb_s,
+)
 from tests.e2e.ledger import create_topic  # noqa: E402
 
-MIB = 1024 * 1024
+SMALL_OBJECTS = ("--controllers", "1", "--upload-interval-s", "0.5")
 
 
-def automqctl(cluster_dir: Path, *args: str, timeout_s: float = 600) -> dict:
-    env = {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args, "--format", "json"],
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"automqctl {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
-    return json.loads(out.stdout)
+def throughput_run(cdir: Path, bootstrap: str, args: argparse.Namespace) -> dict:
+    """One run of the throughput mode: a new topic, the raw copy, the compaction, a read-back."""
+    topic = f"bench-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, args.partitions)
+    count = produce_paced(bootstrap, topic, args.mib, args.seconds)
+    time.sleep(2)  # the last uploads
+    baseline = raw_copy_mb_s(cdir, committed_objects(cdir))
+    result = automqctl(cdir, "compaction", "run", "--master", args.master, timeout_s=900)
+    consumed = consume_count(bootstrap, topic, args.partitions, count)
+    return {
+        "objects_before": result["objects_before"],
+        "objects_after": result["objects_after"],
+        "objects_ratio": result["objects_before"] / max(result["objects_after"], 1),
+        "bytes_read": result["bytes_read"],
+        "duration_s": result["duration_s"],
+        "spark_s": result["spark_s"],
+        "compaction_mb_s": result["bytes_read"] / result["duration_s"] / 1e6,
+        "compaction_spark_mb_s": result["bytes_read"] / result["spark_s"] / 1e6,
+        # executor throughput: bytes read per second of task time
+        "compaction_task_mb_s": result["bytes_read"] / result["tasks_s"] / 1e6,
+        "raw_boto3_copy_mb_s": baseline,
+        "ratio_to_raw": result["bytes_read"] / result["duration_s"] / 1e6 / baseline,
+        "spark_ratio_to_raw": result["bytes_read"] / result["spark_s"] / 1e6 / baseline,
+        "task_ratio_to_raw": result["bytes_read"] / result["tasks_s"] / 1e6 / baseline,
+        "records_consumed_ok": consumed == count,
+        "committed": result["committed"],
+    }
 
 
-def cluster_down(cluster_dir: Path) -> None:
-    """`automqctl cluster down` of a benchmark's cluster (best effort: the run is over)."""
-    subprocess.run(
-        [sys.executable, "-m", "cli.main", "cluster", "down"],
-        env={**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        timeout=120,
-    )
+def throughput(args: argparse.Namespace) -> dict:
+    with running_cluster(brokers=2, up_args=SMALL_OBJECTS) as (cdir, status):
+        runs = []
+        for _ in range(args.runs):
+            runs.append(throughput_run(cdir, status["bootstrap_servers"], args))
+            progress(runs[-1])
+    return {
+        "mode": "throughput",
+        "master": args.master,
+        "medians": medians(runs),
+        "all_committed": all(r["committed"] for r in runs),
+        "all_records_consumed": all(r["records_consumed_ok"] for r in runs),
+        "runs": runs,
+    }
 
 
-def committed_objects(cluster_dir: Path) -> list[tuple[int, int]]:
-    config = LocalCluster(cluster_dir).load()
-    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
-    raw = client.leader_get("/v1/image")
-    image = json.loads(raw) if isinstance(raw, str) else raw
-    out = []
-    for oid in [*image["stream_set_objects"], *image["stream_objects"]]:
-        meta = image["objects"].get(str(oid))
-        if meta and meta["state"] == "committed":
-            out.append((int(oid), meta["size_bytes"]))
-    return out
+def catchup(args: argparse.Namespace) -> dict:
+    with running_cluster(brokers=1, up_args=SMALL_OBJECTS) as (cdir, status):
+        bootstrap = status["bootstrap_servers"]
+        topic = f"catchup-{uuid.uuid4().hex[:6]}"
+        create_topic(bootstrap, topic, args.partitions)
+        produce_paced(bootstrap, topic, args.mib, args.seconds)
+        time.sleep(2)  # the last uploads
+        sparse = list(range(0, args.partitions, args.every))
+        wanted = records_in(bootstrap, topic, sparse)
+        before_objects = committed_objects(cdir)
+        raw = raw_get_mb_s(cdir, before_objects)
+        restart_broker(cdir)
+        before = sparse_catchup_mb_s(bootstrap, topic, sparse, wanted)
+        result = automqctl(cdir, "compaction", "run", "--master", args.master, timeout_s=900)
+        after_objects = committed_objects(cdir)
+        raw_after = raw_get_mb_s(cdir, after_objects)
+        restart_broker(cdir)
+        after = sparse_catchup_mb_s(bootstrap, topic, sparse, wanted)
+    return {
+        "mode": "catchup",
+        "partitions_read": f"{len(sparse)} of {args.partitions}",
+        "objects_before": len(before_objects),
+        "objects_after": len(after_objects),
+        "compaction_committed": result["committed"],
+        "raw_get_mb_s_before": round(raw, 1),
+        "raw_get_mb_s_after": round(raw_after, 1),
+        "sparse_catchup_mb_s_before": round(before, 1),
+        "sparse_catchup_mb_s_after": round(after, 1),
+        "ratio_to_raw_before": round(before / raw, 3),
+        "ratio_to_raw_after": round(after / raw_after, 3),
+    }
 
 
-def produce(bootstrap: str, topic: str, mib: int, seconds: float) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
-    count = mib * MIB // 1024
-    value = os.urandom(1024)
-    started = time.monotonic()
-    for i in range(count):
-        producer.produce(topic, value=value, key=str(i).encode())
-        if i % 1000 == 0:
-            producer.poll(0)
-            lag = started + seconds * i / count - time.monotonic()
-            if lag > 0:
-                time.sleep(lag)
-    assert producer.flush(120) == 0
-    return count
+def produce_p99(args: argparse.Namespace) -> dict:
+    perf_args = [
+        "--partitions",
+        "8",
+        "--record-size",
+        "1024",
+        "--send-rate",
+        str(args.rate),
+        "--duration",
+        str(args.duration),
+        "--acks",
+        "all",
+    ]
+    rows = []
+    with running_cluster(brokers=2, up_args=SMALL_OBJECTS) as (cdir, _status):
+        for _ in range(args.rounds):
+            idle = perf(cdir, *perf_args)
+            results: list[dict] = []
 
+            def compact(results: list[dict] = results, cdir: Path = cdir) -> None:
+                time.sleep(3)
+                results.append(automqctl(cdir, "compaction", "run", "--master", "local[2]"))
 
-def consume_count(bootstrap: str, topic: str, partitions: int, expected: int) -> int:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    seen = 0
-    deadline = time.monotonic() + 120
-    while seen < expected and time.monotonic() < deadline:
-        for msg in consumer.consume(1000, 0.5):
-            if not msg.error():
-                seen += 1
-    consumer.close()
-    return seen
-
-
-def raw_copy_mb_s(cluster_dir: Path, objects: list[tuple[int, int]]) -> float:
-    bucket = LocalCluster(cluster_dir).load().buckets[0]
-    uri = BucketURI.parse(bucket.uri)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=uri.endpoint,
-        aws_access_key_id=bucket.access_key,
-        aws_secret_access_key=bucket.secret_key,
-        config=BotoConfig(
-            region_name=uri.region, s3={"addressing_style": "path"}, max_pool_connections=16
-        ),
-    )
-
-    def copy(item: tuple[int, int]) -> int:
-        oid, _ = item
-        data = s3.get_object(Bucket=uri.bucket, Key=object_key(oid))["Body"].read()
-        s3.put_object(Bucket=uri.bucket, Key=f"bench-copy/{oid}", Body=data)
-        return len(data)
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        total = sum(pool.map(copy, objects))
-    elapsed = time.monotonic() - started
-    for oid, _ in objects:
-        s3.delete_object(Bucket=uri.bucket, Key=f"bench-copy/{oid}")
-    return total / elapsed / 1e6
+            t = threading.Thread(target=compact)
+            t.start()
+            busy = perf(cdir, *perf_args)
+            t.join()
+            rows.append(
+                {
+                    "idle_p50_ms": idle["produce_p50_ms"],
+                    "idle_p99_ms": idle["produce_p99_ms"],
+                    "compacting_p50_ms": busy["produce_p50_ms"],
+                    "compacting_p99_ms": busy["produce_p99_ms"],
+                    "p99_ratio": busy["produce_p99_ms"] / idle["produce_p99_ms"],
+                    "compaction_committed": bool(results and results[0]["committed"]),
+                    "compaction_duration_s": results[0]["duration_s"] if results else None,
+                }
+            )
+            progress(rows[-1])
+    return {"mode": "produce-p99", "medians": medians(rows, 2), "rounds": rows}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--partitions", type=int, default=16)
-    ap.add_argument("--mib", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=15)
-    ap.add_argument("--master", default="local[2]")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    modes = ap.add_subparsers(dest="mode", required=True)
+    t = modes.add_parser("throughput", help="compaction MB/s against a raw boto3 copy")
+    t.add_argument("--runs", type=int, default=3)
+    t.add_argument("--partitions", type=int, default=16)
+    t.add_argument("--mib", type=int, default=32)
+    t.add_argument("--seconds", type=float, default=15)
+    t.add_argument("--master", default="local[2]")
+    c = modes.add_parser("catchup", help="sparse catch-up before/after a compaction")
+    c.add_argument("--partitions", type=int, default=32)
+    c.add_argument("--mib", type=int, default=64)
+    c.add_argument("--seconds", type=float, default=20)
+    c.add_argument("--every", type=int, default=4)
+    c.add_argument("--master", default="local[2]")
+    p = modes.add_parser("produce-p99", help="produce p99 while a compaction runs vs idle")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--duration", type=float, default=30)
+    p.add_argument("--rate", type=float, default=2000)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="compaction-bench-") as tmp:
-        cdir = Path(tmp) / "cluster"
-        status = automqctl(
-            cdir,
-            "cluster",
-            "up",
-            "--brokers",
-            "2",
-            "--controllers",
-            "1",
-            "--upload-interval-s",
-            "0.5",
-        )
-        bootstrap = status["bootstrap_servers"]
-        runs = []
-        try:
-            for _ in range(args.runs):
-                topic = f"bench-{uuid.uuid4().hex[:6]}"
-                create_topic(bootstrap, topic, args.partitions)
-                count = produce(bootstrap, topic, args.mib, args.seconds)
-                time.sleep(2)  # the last uploads
-                objects = committed_objects(cdir)
-                baseline = raw_copy_mb_s(cdir, objects)
-                result = automqctl(
-                    cdir, "compaction", "run", "--master", args.master, timeout_s=900
-                )
-                consumed = consume_count(bootstrap, topic, args.partitions, count)
-                runs.append(
-                    {
-                        "objects_before": result["objects_before"],
-                        "objects_after": result["objects_after"],
-                        "bytes_read": result["bytes_read"],
-                        "duration_s": result["duration_s"],
-                        "spark_s": result["spark_s"],
-                        "compaction_mb_s": result["bytes_read"] / result["duration_s"] / 1e6,
-                        "compaction_spark_mb_s": result["bytes_read"] / result["spark_s"] / 1e6,
-                        # executor throughput: bytes read per second of task time
-                        "compaction_task_mb_s": result["bytes_read"] / result["tasks_s"] / 1e6,
-                        "raw_boto3_copy_mb_s": baseline,
-                        "records_consumed_ok": consumed == count,
-                        "committed": result["committed"],
-                    }
-                )
-                print(json.dumps(runs[-1]), file=sys.stderr)
-        finally:
-            cluster_down(cdir)
-
-    def med(key: str) -> float:
-        return round(statistics.median(r[key] for r in runs), 3)
-
-    summary = {
-        "runs": len(runs),
-        "master": args.master,
-        "objects_before": med("objects_before"),
-        "objects_after": med("objects_after"),
-        "objects_ratio": round(
-            statistics.median(r["objects_before"] / max(r["objects_after"], 1) for r in runs), 1
-        ),
-        "compaction_mb_s": med("compaction_mb_s"),
-        "compaction_spark_mb_s": med("compaction_spark_mb_s"),
-        "compaction_task_mb_s": med("compaction_task_mb_s"),
-        "raw_boto3_copy_mb_s": med("raw_boto3_copy_mb_s"),
-        "task_ratio_to_raw": round(
-            statistics.median(r["compaction_task_mb_s"] / r["raw_boto3_copy_mb_s"] for r in runs),
-            3,
-        ),
-        "ratio_to_raw": round(
-            statistics.median(r["compaction_mb_s"] / r["raw_boto3_copy_mb_s"] for r in runs), 3
-        ),
-        "spark_ratio_to_raw": round(
-            statistics.median(r["compaction_spark_mb_s"] / r["raw_boto3_copy_mb_s"] for r in runs),
-            3,
-        ),
-        "all_committed": all(r["committed"] for r in runs),
-        "all_records_consumed": all(r["records_consumed_ok"] for r in runs),
-        "per_run": runs,
-    }
-    print(json.dumps(summary, indent=2))
+    run = {"throughput": throughput, "catchup": catchup, "produce-p99": produce_p99}[args.mode]
+    emit(run(args))
 
 
 if __name__ == "__main__":

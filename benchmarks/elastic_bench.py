@@ -21,15 +21,14 @@ message exactly once. JSON on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._harness import emit, running_cluster  # noqa: E402
 from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
 
 
@@ -57,24 +56,11 @@ def main() -> int:
         help="first of the cluster's ports (default: free ports)",
     )
     args = parser.parse_args()
-    d = Path(tempfile.mkdtemp(prefix="elastic-bench-")) / "cluster"
-    ports = ["--base-port", str(args.base_port)] if args.base_port else []
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
-        *ports,
-        "--session-timeout-ms",
-        str(args.session_timeout_ms),
-        cluster_dir=d,
-    )
-    if up.returncode != 0:
-        print(up.stderr + up.stdout, file=sys.stderr)
-        return 1
-    bootstrap = json.loads(up.stdout)["bootstrap_servers"]
+    ports = ("--base-port", str(args.base_port)) if args.base_port else ()
     results: dict[str, list[float]] = {"graceful": [], "crash": [], "crash_writable_again": []}
-    try:
+    up_args = (*ports, "--session-timeout-ms", str(args.session_timeout_ms))
+    with running_cluster(brokers=3, up_args=up_args) as (d, status):
+        bootstrap = status["bootstrap_servers"]
         topic = f"bench-{int(time.time())}"
         create_topic(bootstrap, topic, args.partitions)
         ledger = AckLedger(bootstrap, topic, args.partitions, args.rate).start()
@@ -106,25 +92,20 @@ def main() -> int:
                 time.sleep(3)
         ledger.stop()
         report = ledger.verify()
-    finally:
-        automqctl("cluster", "down", "--purge", cluster_dir=d)
-    print(
-        json.dumps(
-            {
-                "rounds": args.rounds,
-                "partitions": args.partitions,
-                "rate_per_partition": args.rate,
-                "session_timeout_ms": args.session_timeout_ms,
-                "graceful_unavailability": _summary(results["graceful"]),
-                "crash_unavailability": _summary(results["crash"]),
-                "crash_kill_to_first_ack": _summary(results["crash_writable_again"]),
-                "acked": report.acked,
-                "missing": len(report.missing),
-                "duplicated": len(report.duplicated),
-                "failed_sends": report.failed_sends,
-            },
-            indent=2,
-        )
+    emit(
+        {
+            "rounds": args.rounds,
+            "partitions": args.partitions,
+            "rate_per_partition": args.rate,
+            "session_timeout_ms": args.session_timeout_ms,
+            "graceful_unavailability": _summary(results["graceful"]),
+            "crash_unavailability": _summary(results["crash"]),
+            "crash_kill_to_first_ack": _summary(results["crash_writable_again"]),
+            "acked": report.acked,
+            "missing": len(report.missing),
+            "duplicated": len(report.duplicated),
+            "failed_sends": report.failed_sends,
+        }
     )
     return 0 if report.ok else 1
 

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from tests.e2e.ledger import automqctl, create_topic, leaders, running_cluster  # noqa: E402
+from benchmarks._harness import emit, running_cluster  # noqa: E402
+from tests.e2e.ledger import automqctl, create_topic, leaders  # noqa: E402
 
 AZS = ("az1", "az2", "az3")
 PARTITIONS = 6
@@ -62,9 +63,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="zone-bench-") as tmp:
         cluster_dir = Path(tmp) / "cluster"
-        with running_cluster(
-            cluster_dir, "--upload-interval-s", str(args.upload_interval_s)
-        ) as status:
+        up_args = ("--upload-interval-s", str(args.upload_interval_s))
+        with running_cluster(cluster_dir, brokers=3, up_args=up_args) as (_, status):
             brokers = {b["node_id"]: b for b in status["brokers"]}
             boot = {az: next(b["address"] for b in brokers.values() if b["az"] == az) for az in AZS}
             topic = "zone-bench"
@@ -155,7 +155,7 @@ def main() -> None:
                 },
                 "cost": cost,
             }
-            print(json.dumps(result, indent=2))
+            emit(result)
 
 
 if __name__ == "__main__":

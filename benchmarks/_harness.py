@@ -1,0 +1,546 @@
+"""The one harness every cluster benchmark uses: a cluster up and always down, the physical
+baselines measured in the same run, CPU seconds by kind of process, CPU hogs, medians, JSON.
+
+- `running_cluster(dir, brokers=N, ...)`: `automqctl cluster up --dir DIR --brokers N ...`,
+  yields its status; `cluster down` in `finally`, even when the benchmark fails.
+- Baselines (the "limit" printed beside a figure): `disk_write_fdatasync_mb_s` (1 MiB
+  blocks, as fast as the disk takes them), `disk_fdatasync_latency_ms` (64 KiB writes +
+  fdatasync paced at a byte rate: p50/p99/p999, the limit of a produce round trip at that
+  rate), `raw_get_mb_s` (4 MiB ranged GETs of the committed objects from the same store),
+  `raw_copy_mb_s` (whole-object GET + PUT).
+- CPU: `cluster_cpu_s` (the cluster's processes by kind: broker, seaweedfs = the object
+  store, controllers), `children_cpu_s` (the load generator when it runs as a child),
+  `perf()` runs `automqctl perf` and adds `cpu_s_per_gb` by kind and `cores_busy`.
+- `cpu_hogs(n)`: `n` busy-loop processes beside the cluster, always stopped (by pid), so a
+  "busy machine" figure comes from the same run as the quiet one.
+- `medians(rounds)` and `emit(result)`: medians of every numeric figure over rounds, JSON
+  on stdout.
+Import it as `from benchmarks._harness import ...` (each script puts the repository root on
+sys.path first). Not thread-safe unless a function says so: benchmarks call it from one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import boto3  # noqa: E402
+from botocore.config import Config as BotoConfig  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from cli.local_cluster import LocalCluster  # noqa: E402
+from controlplane.client import ControllerClient  # noqa: E402
+from dataplane.objectstore import BucketURI, object_key  # noqa: E402
+from tests.e2e.ledger import create_topic  # noqa: E402
+
+MIB = 1024 * 1024
+RANGE_BYTES = 4 * MIB
+TICK = os.sysconf("SC_CLK_TCK")
+DISK_SECONDS = 5.0
+DISK_LATENCY_BLOCK_BYTES = 64 * 1024
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+def cli_env(cluster_dir: Path, tree: Path = ROOT) -> dict[str, str]:
+    """The environment of an `automqctl` child acting on `cluster_dir` with `tree`'s code."""
+    return {**os.environ, "AUTOMQ_CLUSTER_DIR": str(cluster_dir), "PYTHONPATH": str(tree)}
+
+
+def automqctl(cluster_dir: Path, *args: str, timeout_s: float = 600) -> dict:
+    """`automqctl ARGS --format json` on `cluster_dir`: its JSON answer; exits on failure."""
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", *args, "--format", "json"],
+        env=cli_env(cluster_dir),
+        text=True,
+        capture_output=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"automqctl {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout)
+
+
+def cluster_down(cluster_dir: Path) -> None:
+    """`automqctl cluster down` of a benchmark's cluster (best effort: the run is over)."""
+    subprocess.run(
+        [sys.executable, "-m", "cli.main", "cluster", "down"],
+        env=cli_env(cluster_dir),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@contextlib.contextmanager
+def running_cluster(
+    cluster_dir: Path | None = None, *, brokers: int = 1, up_args: tuple[str, ...] = ()
+) -> Iterator[tuple[Path, dict]]:
+    """`cluster up --brokers N UP_ARGS` in `cluster_dir` (default: a new temporary directory,
+    deleted afterwards): yields (its directory, its status); always `cluster down` after."""
+    with contextlib.ExitStack() as cleanup:
+        if cluster_dir is None:
+            tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+            cluster_dir = Path(tmp) / "cluster"
+        # registered before `up`: a failed or interrupted start-up is torn down too
+        cleanup.callback(cluster_down, cluster_dir)
+        status = automqctl(
+            cluster_dir, "cluster", "up", "--brokers", str(brokers), *up_args, timeout_s=300
+        )
+        yield cluster_dir, status
+
+
+def broker_pid(cluster_dir: Path, index: int = 0) -> int:
+    """The pid of the cluster's `index`-th broker."""
+    return int(automqctl(cluster_dir, "cluster", "status")["brokers"][index]["pid"])
+
+
+def restart_broker(cluster_dir: Path, tree: Path = ROOT, node: int = 1) -> None:
+    """Restart broker `node` (nothing cached), with its code from `tree` (default: this one)."""
+    for verb in ("stop", "start"):
+        out = subprocess.run(
+            [sys.executable, "-m", "cli.main", "broker", verb, str(node)],
+            env=cli_env(cluster_dir, tree),
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"broker {verb} from {tree} failed: {out.stderr.strip()[-300:]}")
+
+
+def committed_objects(cluster_dir: Path) -> list[tuple[int, int]]:
+    """(object id, size in bytes) of every committed object in the controller's image."""
+    config = LocalCluster(cluster_dir).load()
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
+    raw = client.leader_get("/v1/image")
+    image = json.loads(raw) if isinstance(raw, str) else raw
+    out = []
+    for oid in [*image["stream_set_objects"], *image["stream_objects"]]:
+        meta = image["objects"].get(str(oid))
+        if meta and meta["state"] == "committed":
+            out.append((int(oid), meta["size_bytes"]))
+    return out
+
+
+# ---------------------------------------------------------------- producing and reading
+
+
+def fill(bootstrap: str, topic: str, mib: int) -> None:
+    """`mib` MiB of 1 KiB records as fast as the broker takes them (acks=all)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    value = os.urandom(1024)
+    for i in range(mib * 1024):
+        while True:
+            try:
+                producer.produce(topic, value=value, key=str(i).encode())
+                break
+            except BufferError:  # the local queue is full: wait for deliveries
+                producer.poll(0.05)
+    if producer.flush(300) != 0:
+        raise SystemExit("fill: records not delivered")
+
+
+def produce_paced(bootstrap: str, topic: str, mib: int, seconds: float) -> int:
+    """`mib` MiB of 1 KiB records spread evenly over `seconds` (many small uploads): the count."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    count = mib * MIB // 1024
+    value = os.urandom(1024)
+    started = time.monotonic()
+    for i in range(count):
+        producer.produce(topic, value=value, key=str(i).encode())
+        if i % 1000 == 0:
+            producer.poll(0)
+            lag = started + seconds * i / count - time.monotonic()
+            if lag > 0:
+                time.sleep(lag)
+    if producer.flush(120) != 0:
+        raise SystemExit("produce: records not delivered")
+    return count
+
+
+def records_in(bootstrap: str, topic: str, partitions: list[int]) -> int:
+    """How many records the partitions hold (high watermark minus log start)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
+    try:
+        total = 0
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def filled_topic(
+    bootstrap: str, partitions: int, mib: int, prefix: str = "catchup"
+) -> tuple[str, list[int], int]:
+    """A new topic of `partitions` holding `mib` MiB of 1 KiB records, uploaded: (its name,
+    its partitions, how many records they hold)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions)
+    fill(bootstrap, topic, mib)
+    time.sleep(3)  # the last uploads
+    indexes = list(range(partitions))
+    return topic, indexes, records_in(bootstrap, topic, indexes)
+
+
+def consume_count(bootstrap: str, topic: str, partitions: int, expected: int) -> int:
+    """Records read back from offset 0 of every partition (stops at `expected` or 120 s)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen = 0
+    deadline = time.monotonic() + 120
+    while seen < expected and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, 0.5):
+            if not msg.error():
+                seen += 1
+    consumer.close()
+    return seen
+
+
+# A consumer set up for a catch-up: librdkafka sends a broker its next Fetch only while its
+# prefetched-message queue is below queued.max.messages.kbytes (64 MiB by default), and
+# parses each answer before it sends the next, so with the defaults one 48 MB answer nearly
+# fills the queue and the client waits for the application instead of fetching
+# (docs/benchmarks.md: 212 -> 350-390 MB/s against the same broker).
+PREFETCHING_CONSUMER = {
+    "queued.max.messages.kbytes": 1024 * 1024,
+    "queued.min.messages": 10_000_000,
+    "fetch.max.bytes": 128 * MIB,
+    "max.partition.fetch.bytes": 16 * MIB,
+}
+
+
+def sparse_catchup_mb_s(
+    bootstrap: str, topic: str, partitions: list[int], records: int, prefetching: bool = False
+) -> float:
+    """One consumer reads `partitions` from offset 0 to their end: MB/s of record values.
+    `prefetching`: with PREFETCHING_CONSUMER's settings over the defaults here."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 * MIB,
+            "max.partition.fetch.bytes": 8 * MIB,
+            **(PREFETCHING_CONSUMER if prefetching else {}),
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    seen = size = 0
+    started = None
+    deadline = time.monotonic() + 300
+    while seen < records and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, 0.5):
+            if msg.error():
+                continue
+            if started is None:
+                started = time.monotonic()
+            seen += 1
+            size += len(msg.value() or b"")
+    elapsed = time.monotonic() - (started or time.monotonic())
+    consumer.close()
+    if seen < records:
+        raise SystemExit(f"catch-up read {seen} of {records} records")
+    return size / max(elapsed, 1e-6) / 1e6
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def s3_of(cluster_dir: Path):
+    """(a boto3 S3 client, the bucket name) of the cluster's first bucket."""
+    bucket = LocalCluster(cluster_dir).load().buckets[0]
+    uri = BucketURI.parse(bucket.uri)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=uri.endpoint,
+        aws_access_key_id=bucket.access_key,
+        aws_secret_access_key=bucket.secret_key,
+        config=BotoConfig(
+            region_name=uri.region, s3={"addressing_style": "path"}, max_pool_connections=16
+        ),
+    )
+    return s3, uri.bucket
+
+
+def raw_get_mb_s(cluster_dir: Path, objects: list[tuple[int, int]]) -> float:
+    """Every object read with 4 MiB ranged GETs, 8 threads: the store's speed in this run."""
+    s3, bucket = s3_of(cluster_dir)
+    ranges = [
+        (oid, start, min(start + RANGE_BYTES, size) - 1)
+        for oid, size in objects
+        for start in range(0, size, RANGE_BYTES)
+    ]
+
+    def get(item: tuple[int, int, int]) -> int:
+        oid, start, end = item
+        body = s3.get_object(Bucket=bucket, Key=object_key(oid), Range=f"bytes={start}-{end}")
+        return len(body["Body"].read())
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        total = sum(pool.map(get, ranges))
+    return total / (time.monotonic() - started) / 1e6
+
+
+def raw_copy_mb_s(cluster_dir: Path, objects: list[tuple[int, int]]) -> float:
+    """Every object copied by whole-object GET + PUT under a scratch key (8 threads, the
+    copies deleted afterwards): MB/s, the baseline of a compaction."""
+    s3, bucket = s3_of(cluster_dir)
+
+    def copy(item: tuple[int, int]) -> int:
+        oid, _ = item
+        data = s3.get_object(Bucket=bucket, Key=object_key(oid))["Body"].read()
+        s3.put_object(Bucket=bucket, Key=f"bench-copy/{oid}", Body=data)
+        return len(data)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        total = sum(pool.map(copy, objects))
+    elapsed = time.monotonic() - started
+    for oid, _ in objects:
+        s3.delete_object(Bucket=bucket, Key=f"bench-copy/{oid}")
+    return total / elapsed / 1e6
+
+
+def disk_write_fdatasync_mb_s(directory: Path, seconds: float = DISK_SECONDS) -> float:
+    """write + fdatasync of 1 MiB blocks, sequentially, into a new file: the disk's speed for
+    what a WAL does, on the filesystem `directory` is on."""
+    block = os.urandom(MIB)
+    path = directory / f"disk-baseline-{uuid.uuid4().hex[:6]}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    written = 0
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < seconds and written < 8 * 1024 * MIB:
+            os.write(fd, block)
+            os.fdatasync(fd)
+            written += MIB
+        elapsed = time.monotonic() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return written / elapsed / 1e6
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The `q`-quantile (0..1) of `values` by rank (pure); None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def disk_fdatasync_latency_ms(
+    directory: Path,
+    byte_rate: float,
+    seconds: float = 10.0,
+    block_bytes: int = DISK_LATENCY_BLOCK_BYTES,
+) -> dict[str, float | None]:
+    """write + fdatasync of `block_bytes` blocks paced at `byte_rate` bytes/s into a new file
+    in `directory` (the WAL's filesystem), `seconds` long: the latency of each write+sync as
+    p50/p99/p999 in ms, the disk's own floor for a produce round trip at that byte rate."""
+    block = os.urandom(block_bytes)
+    path = directory / f"disk-latency-{uuid.uuid4().hex[:6]}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    gap_s = block_bytes / byte_rate
+    samples: list[float] = []
+    try:
+        started = next_at = time.monotonic()
+        while time.monotonic() - started < seconds:
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            samples.append((time.perf_counter() - t0) * 1000)
+            next_at += gap_s
+            if len(samples) % 1024 == 0:  # a bounded file: the WAL is a ring too
+                os.lseek(fd, 0, os.SEEK_SET)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {
+        "p50_ms": percentile(samples, 0.5),
+        "p99_ms": percentile(samples, 0.99),
+        "p999_ms": percentile(samples, 0.999),
+        "writes": len(samples),
+    }
+
+
+# ---------------------------------------------------------------- CPU accounting
+
+
+def process_kind(cmdline: str) -> str:
+    """The kind of a cluster process from its command line (pure): by program, not by path,
+    as a cluster directory may be named "broker-..."."""
+    program = cmdline.split(" --", 1)[0]
+    if "weed" in program:
+        return "seaweedfs"
+    if "dataplane.broker" in program:
+        return "broker"
+    if "controlplane.server" in program:
+        return "controllers"
+    return "other"
+
+
+def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
+    """CPU seconds (user + system) of the processes whose command line names the cluster's
+    directory, summed by `process_kind`."""
+    out: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if str(cluster_dir) not in cmd:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        kind = process_kind(cmd)
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process (a consumer or GET client running in it)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (and theirs: perf's workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_split(cluster_dir: Path, work: Callable[[], object]) -> tuple[object, dict[str, float]]:
+    """Run `work()` and return (its result, the CPU seconds it cost by kind: the cluster's
+    processes, `this_process` and `load_generator` for finished children)."""
+    before, own, children = cluster_cpu_s(cluster_dir), own_cpu_s(), children_cpu_s()
+    result = work()
+    after = cluster_cpu_s(cluster_dir)
+    cpu = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    cpu["this_process"] = own_cpu_s() - own
+    cpu["load_generator"] = children_cpu_s() - children
+    return result, cpu
+
+
+# ---------------------------------------------------------------- the load generator
+
+
+def perf_command(
+    cluster_dir: Path, summary: Path, *args: str, tree: Path = ROOT
+) -> tuple[list[str], dict]:
+    """argv and environment of `automqctl perf` writing its JSON summary to `summary`."""
+    argv = [sys.executable, "-m", "cli.main", "perf", "--summary-file", str(summary), *args]
+    return argv, cli_env(cluster_dir, tree)
+
+
+def perf(cluster_dir: Path, *args: str, timeout_s: float = 900) -> dict:
+    """`automqctl perf ARGS` with its JSON summary (written to a file: the console has the
+    table), plus `cpu_s_per_gb`: the CPU seconds per GB produced of each kind of process over
+    the run (SeaweedFS, the broker, the controllers, the load generator: perf and its
+    workers, start-up included) and `cores_busy`, their sum per second of the run."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        argv, env = perf_command(cluster_dir, Path(f.name), *args)
+        cluster_before, children_before = cluster_cpu_s(cluster_dir), children_cpu_s()
+        started = time.monotonic()
+        out = subprocess.run(
+            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        )
+        wall_s = time.monotonic() - started
+        if out.returncode != 0:
+            raise SystemExit(f"perf {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
+        cpu = {
+            kind: spent - cluster_before.get(kind, 0.0)
+            for kind, spent in cluster_cpu_s(cluster_dir).items()
+        }
+        cpu["load_generator"] = children_cpu_s() - children_before
+        summary = json.loads(Path(f.name).read_text())
+    gb = summary["produce_mb_s"] * summary.get("duration_s", 0) / 1000
+    if gb > 0:
+        summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
+    summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
+    return summary
+
+
+# ---------------------------------------------------------------- a busy machine
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[list[int]]:
+    """`count` busy-loop processes (each wants one core) for the duration of the block:
+    yields their pids; they are killed, by pid, when the block ends however it ends."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.wait(30)
+
+
+# ---------------------------------------------------------------- output
+
+
+def medians(rounds: list[dict], digits: int = 3) -> dict:
+    """The median over rounds of every figure that is a number in all of them (pure): flags
+    and missing figures (an older perf reports fewer) are left out."""
+    if not rounds:
+        return {}
+    return {
+        k: round(statistics.median(r[k] for r in rounds), digits)
+        for k in rounds[0]
+        if all(isinstance(r.get(k), int | float) and not isinstance(r[k], bool) for r in rounds)
+    }
+
+
+def emit(result: dict) -> None:
+    """The benchmark's result as indented JSON on stdout (progress goes to stderr)."""
+    print(json.dumps(result, indent=2), flush=True)
+
+
+def progress(row: dict) -> None:
+    """One round's figures as a JSON line on stderr, while the benchmark goes on."""
+    print(json.dumps(row), file=sys.stderr, flush=True)
