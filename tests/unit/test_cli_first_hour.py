@@ -208,8 +208,7 @@ def test_3_a_real_pipe_gets_the_whole_table_and_the_whole_help(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "cli.main", *args],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,  # a pipe: `automqctl ... | cat`
-            stderr=subprocess.PIPE,
+            capture_output=True,  # stdout a pipe: `automqctl ... | cat`
             text=True,
             env=env,
             cwd=ROOT,
