@@ -98,14 +98,28 @@ def unknown_az_note(report: dict) -> str | None:
         return None
     share = unknown / max(1, report["produced_bytes"] + report["consumed_bytes"])
     return (
-        f"{unknown / GB:.3g} GB ({share:.0%}) of the client bytes came from clients that "
+        f"{_size(unknown)} ({share:.0%}) of the client bytes came from clients that "
         "declare no AZ (client.id ...&automq_az=<az>, or the brokers' "
         "zone_router.client_az_cidrs): they are not in cross_az_bytes and are priced like "
-        f"Kafka's clients (2/3 cross AZs): ${report['unknown_az_cost_usd']:.6g} of "
-        f"cross_az_cost_usd ${report['cross_az_cost_usd']:.6g}; declaring their AZ, they "
-        f"would cost ${report['unknown_az_cost_if_routed_usd']:.6g} (routed to brokers of "
-        "their AZ)"
+        f"Kafka's clients (2/3 cross AZs): {_dollars(report['unknown_az_cost_usd'])} of "
+        f"cross_az_cost_usd {_dollars(report['cross_az_cost_usd'])}; declaring their AZ, "
+        f"they would cost {_dollars(report['unknown_az_cost_if_routed_usd'])} (routed to "
+        "brokers of their AZ)"
     )
+
+
+def _size(n_bytes: int) -> str:
+    for unit, size in (("GB", GB), ("MB", 10**6), ("KB", 10**3)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.3g} {unit}"
+    return f"{n_bytes} bytes"
+
+
+def _dollars(usd: float) -> str:
+    """$0, $12.34, or $0.000027 (the estimates are rounded to 6 decimals)."""
+    if usd == 0:
+        return "$0"
+    return f"${usd:,.2f}" if usd >= 0.01 else f"${usd:.6f}"
 
 
 def cost(
