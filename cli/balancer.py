@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli.options import ControllerDirOption as DirOption
@@ -87,6 +88,25 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
+def _pinned_text(pinned: list[dict], until_ms: int | None, now_s: float | None = None) -> str:
+    """`pinned until 12:34:56 (9m58s from now) by the last reassign: orders 0,1,2; ...`."""
+    by_topic: dict[str, list[int]] = {}
+    for p in pinned:
+        by_topic.setdefault(p["topic"], []).append(p["partition"])
+    names = "; ".join(
+        f"{topic} {','.join(str(n) for n in sorted(parts))}" for topic, parts in by_topic.items()
+    )
+    when = ""
+    if until_ms is not None:
+        left_s = max(0, int(until_ms / 1000 - (time.time() if now_s is None else now_s)))
+        clock = time.strftime("%H:%M:%S", time.localtime(until_ms / 1000))
+        when = f" until {clock} ({left_s // 60}m{left_s % 60:02d}s from now)"
+    return (
+        f"pinned{when} by the last `reassign` (the balancer leaves them where the plan put "
+        f"them): {len(pinned)} partition(s): {escape(names)}"
+    )
+
+
 @app.command()
 def status(
     dir: Path = DirOption,
@@ -100,6 +120,8 @@ def status(
         return
     style = STATE_STYLE.get(data["state"], "white")
     console.print(f"balancer: [{style}]{data['state']}[/] (by {data['mode']}): {data['detail']}")
+    if data.get("pinned_partitions"):
+        console.print(_pinned_text(data["pinned_partitions"], data.get("pinned_until_ms")))
     if not data.get("rates_known", True):
         console.print("[yellow]the controller leader is new: produce rates are still arriving[/]")
     table = Table(title="brokers")

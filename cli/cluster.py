@@ -49,7 +49,8 @@ def up(
     """Start the object store, the controller quorum and the brokers; wait until ready.
 
     On an existing directory it restarts from the persisted state (flags that differ from
-    it are refused); when some of its processes still run, it starts only the missing ones.
+    it are refused); when some of its processes still run, it starts only the missing ones;
+    when all run, it waits until the cluster is healthy and prints its status (exit 0).
     A first `up` that fails leaves nothing behind, or, when processes had started, their
     logs; the next `up` then starts over with its own flags."""
     cluster_up.run_up(ctx, locals())

@@ -210,8 +210,9 @@ def run_up(ctx: typer.Context, values: dict) -> None:
 def _restart_plan(
     cluster: LocalCluster, config: ClusterConfig, given: dict
 ) -> tuple[dict[str, int], list[str]]:
-    """An existing cluster: refuse flags that differ from its config, or a cluster already
-    fully running; else (the components running, the components to start)."""
+    """An existing cluster: refuse flags that differ from its config; else (the components
+    running, the components to start: none when all run, and `up` then only waits until
+    the cluster is healthy and prints its status)."""
     cluster.ensure_api_secret(config)
     differ = flag_differences(config, **given)
     if differ:
@@ -224,12 +225,6 @@ def _restart_plan(
         )
     was_running = cluster.running_pids(config)
     missing = [n for n in cluster.component_names(config) if n not in was_running]
-    if not missing:
-        fail(
-            f"the cluster in {cluster.dir} is already running "
-            f"({', '.join(f'{n}={p}' for n, p in was_running.items())}); "
-            "use `automqctl cluster status` or `automqctl cluster down`"
-        )
     return was_running, missing
 
 
@@ -358,7 +353,11 @@ def _print_how_to_connect(
 ) -> None:
     """After a successful `up`: what was started, the bootstrap servers of each listener,
     and where the admin's login and the cluster CA are."""
-    if was_running:
+    if was_running and not started:
+        console.print(
+            f"\ncluster in [bold]{escape(str(cluster.dir))}[/] was already running: nothing started"
+        )
+    elif was_running:
         console.print(
             f"\nrestarted {', '.join(started)} in [bold]{escape(str(cluster.dir))}[/] "
             "(the others were running)"

@@ -10,11 +10,42 @@ from enum import Enum
 from typing import NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-console = Console()
-err_console = Console(stderr=True)
+# characters: the width of output that does not go to a terminal (a pipe, a file, CI, `watch`),
+# so wide that no table is ever cut (a table is only as wide as its cells; text does not wrap)
+UNBOUNDED_WIDTH = 100_000
+
+
+def is_a_terminal(stream: object) -> bool:
+    """Whether `stream` is a terminal (False for pipes, files and streams without a fd)."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # closed or detached
+        return False
+
+
+class FullWidthConsole(Console):
+    """A rich Console that never truncates when its stream is not a terminal: its width is
+    then UNBOUNDED_WIDTH (whatever COLUMNS or the terminal on stdin say); on a terminal it is
+    the terminal's. Decided at each print (tests swap sys.stdout)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if is_a_terminal(self.file):
+            return size
+        return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+console = FullWidthConsole()
+err_console = FullWidthConsole(stderr=True)
 
 
 class OutputFormat(str, Enum):

@@ -47,7 +47,13 @@ app = typer.Typer(
 
 MAX_SAMPLE_S = 300.0
 
-PlanOption = typer.Option(..., "--plan", help="plan file (JSON)")
+PlanFileArgument = typer.Argument(
+    None,
+    metavar="PLAN_FILE",
+    show_default=False,
+    help="the plan file (JSON), as `reassign plan -o` writes it",
+)
+PlanOption = typer.Option(None, "--plan", help="the plan file, as an option (same as PLAN_FILE)")
 
 
 # ---------------------------------------------------------------- cluster access
@@ -106,6 +112,16 @@ def _int_list(text: str, what: str) -> list[int]:
     if not values:
         fail(f"{what} is empty")
     return values
+
+
+def _plan_path(ctx: typer.Context, plan_file: Path | None, plan: Path | None) -> Path:
+    """The plan file given as PLAN_FILE or as --plan; a usage error if neither, or both and
+    they differ."""
+    if plan_file is None and plan is None:
+        ctx.fail("Missing argument 'PLAN_FILE' (or --plan).")
+    if plan_file is not None and plan is not None and plan_file != plan:
+        ctx.fail(f"PLAN_FILE {plan_file} and --plan {plan} differ: give the plan file once.")
+    return plan_file if plan_file is not None else plan
 
 
 def _read_plan(path: Path) -> list[Assignment]:
@@ -310,7 +326,9 @@ def _summary(
 
 @app.command()
 def execute(
-    plan: Path = PlanOption,
+    ctx: typer.Context,
+    plan_file: Path | None = PlanFileArgument,
+    plan: Path | None = PlanOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and show, change nothing"),
     rollback_file: Path | None = typer.Option(
         None, "--rollback-file", help="also write the rollback plan here"
@@ -328,6 +346,7 @@ def execute(
     from controlplane.errors import ControllerError
     from controlplane.requests import PartitionMove, ReassignPartitionsRequest
 
+    plan = _plan_path(ctx, plan_file, plan)
     entries = _read_plan(plan)
     client = controller_client(dir, controllers)
     image = metadata_image(client)
@@ -380,7 +399,7 @@ def execute(
     else:
         console.print(
             f"submitted: {result.get('moved', 0)} moved, {result.get('unchanged', 0)} "
-            f"unchanged; check with `automqctl reassign verify --plan {plan}`"
+            f"unchanged; check with `automqctl reassign verify {plan}`"
         )
 
 
@@ -414,7 +433,9 @@ def _progress_table(title: str, rows: list[dict]) -> Table:
 
 @app.command()
 def verify(
-    plan: Path = PlanOption,
+    ctx: typer.Context,
+    plan_file: Path | None = PlanFileArgument,
+    plan: Path | None = PlanOption,
     timeout_s: float = typer.Option(
         30.0, "--timeout-s", min=0.0, max=3600.0, help="how long to wait for the moves to finish"
     ),
@@ -427,6 +448,7 @@ def verify(
     Done means every partition is led by its planned broker and that broker has the
     partition's stream open at the leader epoch (it takes writes).
     """
+    plan = _plan_path(ctx, plan_file, plan)
     entries = _read_plan(plan)
     client = controller_client(dir, controllers)
     start = time.monotonic()

@@ -184,18 +184,22 @@ def move_status(image: MetadataImage, move: RecordedMove) -> str:
     return MOVE_IN_PROGRESS
 
 
-def _manually_held(image: MetadataImage, now_ms: int, hold_ms: int) -> set[tuple[str, int]]:
-    """(topic name, partition) of the last `reassign` plan, if submitted within `hold_ms`."""
+def _manually_held(
+    image: MetadataImage, now_ms: int, hold_ms: int
+) -> tuple[set[tuple[str, int]], int | None]:
+    """(topic name, partition) of the last `reassign` plan, if submitted within `hold_ms`,
+    and when that hold ends (ms, controller clock); (empty, None) otherwise."""
     raw = image.kv.get(LAST_REASSIGNMENT_KEY)
     if not raw or hold_ms <= 0:
-        return set()
+        return set(), None
     try:
         last = json.loads(raw)
-        if now_ms - int(last["started_ms"]) > hold_ms:
-            return set()
-        return {(str(m["topic"]), int(m["partition"])) for m in last["moves"]}
+        until_ms = int(last["started_ms"]) + hold_ms
+        if now_ms > until_ms:
+            return set(), None
+        return {(str(m["topic"]), int(m["partition"])) for m in last["moves"]}, until_ms
     except (ValueError, KeyError, TypeError):
-        return set()
+        return set(), None
 
 
 # ---------------------------------------------------------------- planning (pure)
@@ -234,6 +238,10 @@ class BalancerDecision:
     moves: list[BalanceMove] = field(default_factory=list)
     brokers: list[BrokerLoad] = field(default_factory=list)
     unfinished: list[RecordedMove] = field(default_factory=list)
+    # the last `reassign` plan's partitions (topic, partition), left where the operator put
+    # them until pinned_until_ms (manual_hold_ms after it was submitted)
+    pinned: list[tuple[str, int]] = field(default_factory=list)
+    pinned_until_ms: int | None = None
 
 
 @dataclass
@@ -277,13 +285,14 @@ def _partitions(
     now_ms: int,
     settings: BalancerSettings,
     history: list[RecordedMove],
+    held: set[tuple[str, int]],
 ) -> list[_Partition]:
-    """Partitions led by eligible brokers, with their rate and whether they may move."""
+    """Partitions led by eligible brokers, with their rate and whether they may move (not
+    `held`, and open on their leader)."""
     left: dict[tuple[str, int], set[int]] = defaultdict(set)
     for m in history:
         if now_ms - m.time_ms < settings.partition_cooldown_ms:
             left[(m.topic_id, m.partition)].add(m.from_node_id)
-    held = _manually_held(image, now_ms, settings.manual_hold_ms)
     out: list[_Partition] = []
     for topic in sorted(image.topics.values(), key=lambda t: t.name):
         for p in sorted(topic.partitions.values(), key=lambda p: p.partition):
@@ -470,7 +479,8 @@ def plan_round(
 
     loads = _broker_loads(image, now_ms, settings)
     eligible = {n for n, b in loads.items() if b.eligible}
-    parts = _partitions(image, rates, eligible, now_ms, settings, history)
+    held, held_until_ms = _manually_held(image, now_ms, settings.manual_hold_ms)
+    parts = _partitions(image, rates, eligible, now_ms, settings, history, held)
     for p in parts:
         loads[p.leader].partitions += 1
         loads[p.leader].bytes_per_s += p.rate
@@ -481,7 +491,14 @@ def plan_round(
         else MODE_COUNT
     )
     decision = BalancerDecision(
-        enabled, state, mode, "", brokers=list(loads.values()), unfinished=unfinished
+        enabled,
+        state,
+        mode,
+        "",
+        brokers=list(loads.values()),
+        unfinished=unfinished,
+        pinned=sorted(held),
+        pinned_until_ms=held_until_ms,
     )
     if not enabled:
         decision.detail = "disabled (automqctl balancer enable)"
@@ -522,8 +539,48 @@ def plan_round(
         if triggered:
             _balance_throughput(rnd, tol / 2, lo, hi)
     decision.moves = rnd.moves
-    decision.detail = f"{len(rnd.moves)} move(s) by {mode}" if rnd.moves else f"balanced by {mode}"
+    if rnd.moves:
+        decision.detail = f"{len(rnd.moves)} move(s) by {mode}"
+    elif _outside_band(rnd, mode, lo, hi, settings):
+        decision.detail = _why_stuck(rnd, parts, mode, now_ms, held, held_until_ms)
+    else:
+        decision.detail = f"balanced by {mode}"
     return decision
+
+
+def _outside_band(rnd: _Round, mode: str, lo: int, hi: int, settings: BalancerSettings) -> bool:
+    """A broker's count (or, by throughput, its produce rate) is outside the band that
+    starts moves: the cluster is not balanced."""
+    if any(not lo <= rnd.count[n] <= hi for n in rnd.nodes):
+        return True
+    if mode != MODE_THROUGHPUT:
+        return False
+    mean = sum(rnd.load.values()) / len(rnd.nodes)
+    tol = settings.throughput_tolerance
+    return any(not mean * (1 - tol) <= rnd.load[n] <= mean * (1 + tol) for n in rnd.nodes)
+
+
+def _why_stuck(
+    rnd: _Round,
+    parts: list[_Partition],
+    mode: str,
+    now_ms: int,
+    held: set[tuple[str, int]],
+    held_until_ms: int | None,
+) -> str:
+    """Why an unbalanced cluster gets no move: partitions pinned by the last reassignment,
+    cooling down after a move, or not open on their leader yet."""
+    counts = "/".join(str(rnd.count[n]) for n in rnd.nodes)
+    nodes = ",".join(str(n) for n in rnd.nodes)
+    text = f"not balanced by {mode} (brokers {nodes} lead {counts} partitions), no move allowed: "
+    pinned = sum(1 for p in parts if p.key in held)
+    if held_until_ms is not None and pinned:
+        left_s = max(0, held_until_ms - now_ms) // 1000
+        return text + (
+            f"{pinned} partition(s) pinned by the last `reassign` for another "
+            f"{left_s // 60}m{left_s % 60:02d}s (see pinned_partitions)"
+        )
+    return text + "partitions cooling down after a move, or not open on their leader yet"
 
 
 # ---------------------------------------------------------------- commands (replicated)
@@ -626,6 +683,8 @@ def status_document(
         "rates_known": rates_known,
         "brokers": [b.to_json() for b in d.brokers],
         "next_moves": [m.model_dump() for m in d.moves] if d.state == STATE_IDLE else [],
+        "pinned_partitions": [{"topic": t, "partition": p} for t, p in d.pinned],
+        "pinned_until_ms": d.pinned_until_ms,
         "recent_moves": recent,
         "settings": {
             "max_moves_per_round": settings.max_moves_per_round,

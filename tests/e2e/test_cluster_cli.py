@@ -100,13 +100,23 @@ def test_up_status_down_restart(cluster_dir, tmp_path):
     assert stores["failover"]["data_dir"] == str(store_dir / "s3-failover")
     assert any((store_dir / "s3" / "data").iterdir()) and not (cluster_dir / "s3").exists()
 
-    # a second `up` on a running directory is refused with a clear message; so is another
-    # --store-dir than the cluster's
+    # a second `up` on a running, healthy directory starts nothing and prints the status
+    # (exit 0: scripts and systemd units run `up` again); another --store-dir than the
+    # cluster's is refused by name
     elsewhere = automqctl("cluster", "up", "--store-dir", str(tmp_path), cluster_dir=cluster_dir)
     assert elsewhere.returncode == 1 and f"--store-dir {tmp_path} (" in elsewhere.stderr
     again = automqctl("cluster", "up", cluster_dir=cluster_dir)
-    assert again.returncode != 0 and "already running" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert ": healthy" in again.stdout and "was already running: nothing started" in again.stdout
     assert "Traceback" not in again.stderr
+    assert (
+        all_pids(
+            json.loads(
+                automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir).stdout
+            )
+        )
+        == pids
+    )
 
     logs = automqctl("cluster", "logs", "broker-1", "-n", "5", cluster_dir=cluster_dir)
     assert logs.returncode == 0 and "node 1" in logs.stdout

@@ -138,6 +138,14 @@ def test_move_under_load_then_rollback(cluster):
         assert leaders(cluster["bootstrap"], topic) == target
         status = last_status(cluster)
         assert status["complete"] and status["total"] == n
+        # the balancer leaves the plan's partitions where they are for 10 min, and says so
+        out = automqctl("balancer", "status", "--format", "json", cluster_dir=cluster["dir"])
+        assert out.returncode == 0, out.stderr
+        balancer = json.loads(out.stdout)
+        assert balancer["pinned_partitions"] == [{"topic": topic, "partition": p} for p in range(n)]
+        assert 540 < balancer["pinned_until_ms"] / 1000 - time.time() <= 600
+        table = automqctl("balancer", "status", cluster_dir=cluster["dir"])
+        assert f"{topic} {','.join(str(p) for p in range(n))}" in table.stdout
     finally:
         ledger.stop()
     report = ledger.verify()
@@ -145,9 +153,10 @@ def test_move_under_load_then_rollback(cluster):
     assert report.failed_sends == 0, ledger.errors
     assert report.acked > 0
 
-    out = ctl(cluster, "execute", "--plan", str(work / "rollback.json"))
+    # the plan file as an argument, as the README shows it
+    out = ctl(cluster, "execute", str(work / "rollback.json"))
     assert out.returncode == 0, out.stderr
-    out = ctl(cluster, "verify", "--plan", str(work / "rollback.json"), "--timeout-s", "30")
+    out = ctl(cluster, "verify", str(work / "rollback.json"), "--timeout-s", "30")
     assert out.returncode == 0, out.stdout + out.stderr
     assert leaders(cluster["bootstrap"], topic) == before
 

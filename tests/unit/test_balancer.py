@@ -606,3 +606,61 @@ def test_heartbeats_carry_rates_that_never_reach_the_log():
     assert _parse_rates(["junk"]) == {}
     # the leader's own decisions are not accepted from outside the controller
     assert "balance_partitions" in INTERNAL_COMMANDS
+
+
+def test_status_names_the_partitions_a_reassign_pinned_and_until_when():
+    """Right after a `reassign` that emptied broker 1 (0/6/6), the balancer must not say
+    "balanced": it says why nothing moves, which partitions are pinned, and until when."""
+    sm = machine()
+    for node in (1, 2, 3):
+        register(sm, node, f"az{node}")
+    create(sm, "orders", 12)
+    # `reassign plan --topics orders --brokers 2,3` lists every partition of the topic
+    targets = {
+        p.partition: p.leader_node_id for p in sm.image.topics["id-orders"].partitions.values()
+    }
+    on_1 = sorted(p for p, node in targets.items() if node == 1)
+    targets.update({p: 2 + i % 2 for i, p in enumerate(on_1)})
+    moves = [{"topic": "orders", "partition": p, "node_id": n} for p, n in targets.items()]
+    now = T0 + 60_000
+    ok(sm.execute("reassign_partitions", {"moves": moves}, now))
+    settle(sm, now)
+    assert sorted(counts(sm).values()) == [0, 6, 6]
+
+    later = now + 2_000
+    d = plan_round(sm.image, {}, later, SETTINGS)
+    assert d.moves == [] and d.state == STATE_IDLE
+    assert "balanced by count" != d.detail and d.detail.startswith("not balanced by count")
+    assert "lead 0/6/6" in d.detail
+    assert "12 partition(s) pinned by the last `reassign` for another 9m58s" in d.detail
+    doc = status_document(sm.image, {}, later, SETTINGS)
+    assert doc["pinned_partitions"] == [{"topic": "orders", "partition": p} for p in range(12)]
+    assert doc["pinned_until_ms"] == now + SETTINGS.manual_hold_ms
+
+    # the hold over: nothing is pinned, and the balancer moves again
+    after = now + SETTINGS.manual_hold_ms + 1
+    doc = status_document(sm.image, {}, after, SETTINGS)
+    assert doc["pinned_partitions"] == [] and doc["pinned_until_ms"] is None
+    assert doc["next_moves"] and doc["detail"].endswith("move(s) by count")
+
+
+def test_an_unbalanced_cluster_with_nothing_pinned_says_why_nothing_moves():
+    sm = machine()
+    for node in (1, 2, 3):
+        register(sm, node, f"az{node}")
+    create(sm, "t", 6)
+    # every stream closed (their leaders have not opened them yet): nothing may move
+    ok(
+        sm.execute(
+            "reassign_partitions",
+            {"moves": [{"topic": "t", "partition": p, "node_id": 3} for p in range(6)]},
+            T0,
+        )
+    )
+    settle(sm)
+    for p in sm.image.topics["id-t"].partitions.values():
+        sm.image.streams[p.stream_id].state = StreamState.CLOSED
+    d = plan_round(sm.image, {}, T0 + 3_600_000, SETTINGS)
+    assert d.moves == [] and d.pinned == []
+    assert d.detail.startswith("not balanced by count (brokers 1,2,3 lead 0/0/6 partitions)")
+    assert "not open on their leader" in d.detail
