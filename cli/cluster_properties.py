@@ -1,5 +1,5 @@
 """`cluster up --config server.properties [--override key=value]`: AutoMQ's and Kafka's
-keys (dataplane/properties_mapping.py) applied to a local cluster.
+keys (dataplane/config_mapping.py) applied to a local cluster.
 
 The file says what `cluster up`'s flags say (the buckets, the WAL, its capacity) and more:
 settings every broker gets (caches, bandwidth, limits: `ClusterConfig.broker_settings`),
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from cli.cluster_config import MIB, ClusterConfig, ClusterError
 from dataplane.objectstore import parse_bucket_uris
-from dataplane.properties_mapping import SECRET_KEYS, PropertiesMapping, map_properties
-from dataplane.server_properties import (
+from dataplane.config_mapping import SECRET_KEYS, PropertiesMapping, map_properties
+from dataplane.config_properties import (
     PropertiesError,
     file_is_private,
     parse_overrides,

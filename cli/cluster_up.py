@@ -20,8 +20,8 @@ from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.status import collect_status
 from cli.status_table import print_status
 from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
-from dataplane.properties_mapping import PropertiesMapping
-from dataplane.server_properties import PropertiesError
+from dataplane.config_mapping import PropertiesMapping
+from dataplane.config_properties import PropertiesError
 
 
 class WALKind(str, enum.Enum):

@@ -41,8 +41,8 @@ from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.config import BrokerConfig
 from dataplane.objectstore import parse_bucket_uris
-from dataplane.properties_mapping import SECRET_KEYS, map_properties
-from dataplane.server_properties import (
+from dataplane.config_mapping import SECRET_KEYS, map_properties
+from dataplane.config_properties import (
     PropertiesError,
     file_is_private,
     parse_overrides,

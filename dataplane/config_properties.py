@@ -10,7 +10,7 @@ value. Escapes: `\\t \\n \\r \\f`, `\\uXXXX`, and a backslash before any other c
 stands for that character. Unlike Java, a key given twice with different values is refused
 (a file that says two things is a mistake; `--override` is how a value is replaced).
 
-The mapping of these keys onto this broker's settings is `dataplane.properties_mapping`.
+The mapping of these keys onto this broker's settings is `dataplane.config_mapping`.
 Layer: beside `dataplane.config`.
 """
 

@@ -1,7 +1,7 @@
 """AutoMQ's and Kafka's `server.properties` keys mapped onto this broker's settings (pure).
 
 `automqctl cluster up --config FILE` and `automqctl node run --properties FILE` read a
-properties file (`dataplane.server_properties`) and `--override key=value`, and
+properties file (`dataplane.config_properties`) and `--override key=value`, and
 `map_properties` turns them into: the broker's settings (an overlay of `BrokerConfig`'s
 tree), the buckets (`s3.data.buckets`, or seed 003's `s3.endpoint` / `s3.region` /
 `s3.bucket` with `N@` parts, and their `KAFKA_S3_ACCESS_KEY` / `KAFKA_S3_SECRET_KEY`), the
@@ -32,7 +32,7 @@ from controlplane.listeners import (
 )
 from dataplane.config import BrokerConfig
 from dataplane.objectstore.bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
-from dataplane.server_properties import (
+from dataplane.config_properties import (
     PropertiesError,
     parse_bool,
     parse_id_parts,
