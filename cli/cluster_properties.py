@@ -57,7 +57,7 @@ def apply_to_flags(mapping: PropertiesMapping, values: dict, given: dict) -> Non
     if mapping.wal_in_bucket:
         if given.get("wal") == "file":
             raise PropertiesError("s3.wal.path: names a bucket, --wal file a local file")
-        values["wal"] = type(values["wal"])("s3")
+        values["wal"] = type(values["wal"])("s3")  # cluster_up.WALKind (which imports us)
         given["wal"] = "s3"
     capacity = mapping.settings.get("wal", {}).get("capacity_bytes")
     if capacity is not None:

@@ -406,7 +406,9 @@ def process_argv(
         if kind == "broker":
             raw = node["broker"]
             if properties is not None:
-                raw = broker_with_properties(raw, properties, dict(os.environ), warnings or [])
+                raw = broker_with_properties(
+                    raw, properties, dict(os.environ), warnings if warnings is not None else []
+                )
             broker = BrokerConfig.model_validate(raw)
             if allow_insecure:
                 broker = broker.model_copy(update={"allow_insecure": True})
