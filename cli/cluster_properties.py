@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from cli.cluster_config import MIB, ClusterConfig, ClusterError
-from dataplane.objectstore import parse_bucket_uris
 from dataplane.config_mapping import SECRET_KEYS, PropertiesMapping, map_properties
 from dataplane.config_properties import (
     PropertiesError,
@@ -24,6 +23,7 @@ from dataplane.config_properties import (
     parse_overrides,
     read_properties_file,
 )
+from dataplane.objectstore import parse_bucket_uris
 
 
 def load_mapping(config_file: Path | None, overrides: list[str]) -> PropertiesMapping | None:

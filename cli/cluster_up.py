@@ -19,9 +19,9 @@ from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.status import collect_status
 from cli.status_table import print_status
-from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
 from dataplane.config_mapping import PropertiesMapping
 from dataplane.config_properties import PropertiesError
+from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
 
 
 class WALKind(str, enum.Enum):

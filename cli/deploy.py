@@ -40,7 +40,6 @@ from controlplane.listeners import (
 from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.config import BrokerConfig
-from dataplane.objectstore import parse_bucket_uris
 from dataplane.config_mapping import SECRET_KEYS, map_properties
 from dataplane.config_properties import (
     PropertiesError,
@@ -48,6 +47,7 @@ from dataplane.config_properties import (
     parse_overrides,
     read_properties_file,
 )
+from dataplane.objectstore import parse_bucket_uris
 
 node_app = typer.Typer(help="Run one node of a multi-host cluster.", no_args_is_help=True)
 

@@ -31,7 +31,6 @@ from controlplane.listeners import (
     parse_listeners,
 )
 from dataplane.config import BrokerConfig
-from dataplane.objectstore.bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
 from dataplane.config_properties import (
     PropertiesError,
     parse_bool,
@@ -39,6 +38,7 @@ from dataplane.config_properties import (
     parse_int,
     parse_size,
 )
+from dataplane.objectstore.bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
 
 Target = Literal["cluster", "node"]
 ACCESS_KEY = "KAFKA_S3_ACCESS_KEY"
@@ -549,8 +549,10 @@ class _Mapper:
         finer = [k for k, (m, _) in COARSE_TIME_KEYS.items() if m == ms_key]
         # the .ms key wins, then minutes over hours (Kafka's order)
         for winner in (ms_key, finer[0]):
-            if winner != key and winner in self.props and finer.index(key) >= (
-                0 if winner == ms_key else 1
+            if (
+                winner != key
+                and winner in self.props
+                and finer.index(key) >= (0 if winner == ms_key else 1)
             ):
                 self.warn(key, f"{winner} is given too, and wins")
                 return

@@ -101,7 +101,9 @@ def test_flags_that_contradict_the_file_are_refused_by_key(given, message):
     props = {**PROPS, "s3.wal.path": "0@s3://main", "s3.wal.capacity": "64MiB"}
     mapping = map_properties(props, "cluster")
     with pytest.raises(PropertiesError, match=f"^{message}"):
-        cluster_properties.apply_to_flags(mapping, {"bucket_uris": None, "wal": WALKind.file}, given)
+        cluster_properties.apply_to_flags(
+            mapping, {"bucket_uris": None, "wal": WALKind.file}, given
+        )
 
 
 def test_the_same_buckets_as_the_flag_are_fine():
