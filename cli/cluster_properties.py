@@ -107,20 +107,40 @@ def configure_new(config: ClusterConfig, mapping: PropertiesMapping) -> ClusterC
     return config.model_copy(update=update)
 
 
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted path: value} of a nested settings dict."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _changed(given: dict, have: dict, what: str) -> list[str]:
+    """`--config: <what> PATH VALUE (the cluster has ...)` for each differing leaf."""
+    given_leaves, have_leaves = _leaves(given), _leaves(have)
+    return [
+        f"--config: {what} {path} {given_leaves.get(path, '(default)')} "
+        f"(the cluster has {have_leaves.get(path, 'the default')})"
+        for path in sorted(given_leaves.keys() | have_leaves.keys())
+        if given_leaves.get(path) != have_leaves.get(path)
+    ]
+
+
 def differences(config: ClusterConfig, mapping: PropertiesMapping) -> list[str]:
     """What the file says that differs from the existing cluster's config."""
-    out = []
-    if broker_settings_of(mapping) != config.broker_settings:
-        out.append("--config: other broker settings than the cluster was created with")
-    if dict(mapping.topic_defaults) != config.topic_defaults:
-        out.append("--config: other topic defaults than the cluster was created with")
+    out = _changed(broker_settings_of(mapping), config.broker_settings, "broker setting")
+    out += _changed(dict(mapping.topic_defaults), config.topic_defaults, "topic default")
     for key, value in mapping.controller_settings.items():
         if getattr(config.settings, key) != value:
             out.append(f"--config: {key} {value} (the cluster has {getattr(config.settings, key)})")
     capacity = mapping.settings.get("wal", {}).get("capacity_bytes")
     if capacity is not None and capacity != (config.broker_wal_capacity_bytes or capacity):
         out.append(
-            f"--config: WAL capacity {capacity} (the cluster has {config.broker_wal_capacity_bytes})"
+            f"--config: WAL capacity {capacity} (the cluster has "
+            f"{config.broker_wal_capacity_bytes})"
         )
     return out
 

@@ -173,10 +173,18 @@ def _mapping_table() -> tuple[KeyMapping, ...]:
             "no operations data is uploaded: metrics are served on `/metrics`",
         ),
     ]
+    notes = {
+        "s3.wal.cache.size": "the log cache's records already uploaded (those not uploaded yet "
+        "are bounded by the WAL's capacity); ",
+        "s3.wal.upload.threshold": "at most a quarter of the WAL's capacity is used; ",
+        "s3.stream.object.compaction.max.size.bytes": "the largest object an upload writes; ",
+    }
     rows += [
-        KeyMapping(key, f"`{'.'.join(path)}`", "a size: bytes or 14G, 2GB, 512MiB")
-        if kind == _SIZE
-        else KeyMapping(key, f"`{'.'.join(path)}`")
+        KeyMapping(
+            key,
+            f"`{'.'.join(path)}`",
+            notes.get(key, "") + ("a size: bytes or 14G, 2GB, 512MiB" if kind == _SIZE else ""),
+        )
         for key, (path, kind) in BROKER_KEYS.items()
     ]
     rows += [
@@ -407,17 +415,17 @@ def _map_wal(
         return True, []
     if parts.scheme != "file" or not parts.path.startswith("/"):
         raise PropertiesError(f"{key}: want 0@file:///abs/path?capacity=N or 0@s3://main-bucket")
-    warnings = []
+    unused = []
     for name, val in (q.split("=", 1) for q in parts.query.split("&") if "=" in q):
         if name == "capacity":
             _put(settings, ("wal", "capacity_bytes"), parse_size(f"{key} capacity", val))
         else:
-            warnings.append(f"{key}: parameter {name} ignored")
+            unused.append(name)
     if target == "node":
         _put(settings, ("wal", "uri"), f"file://{parts.path}")
     else:
-        warnings.append(f"{key}: path ignored (cluster up keeps each broker's WAL in DIR/broker-N)")
-    return False, warnings
+        unused.append("the path: cluster up keeps each broker's WAL in DIR/broker-N")
+    return False, [f"{key}: ignored in part ({'; '.join(unused)})"] if unused else []
 
 
 def _topic_default(key: str, value: str) -> str:

@@ -124,9 +124,7 @@ def test_an_automq_server_properties_starts_a_two_bucket_cluster(tmp_path, monke
                     "num.network.threads",
                     "offsets.topic.replication.factor",
                     "log.retention.hours",
-                    "s3.wal.path",  # iodepth
-                    "s3.wal.path",  # iops
-                    "s3.wal.path",  # the path: each broker's WAL is in its own directory
+                    "s3.wal.path",  # iodepth, iops, and the path (each broker has its own)
                     "s3.telemetry.metrics.exporter.uri",
                     "s3.stream.allocator.policy",
                 ]

@@ -83,8 +83,12 @@ def test_the_cluster_and_its_brokers_get_what_the_file_says(tmp_path):
         {**PROPS, "s3.block.cache.size": "1G", "log.retention.ms": "1"}, "cluster"
     )
     assert cluster_properties.differences(config, other) == [
-        "--config: other broker settings than the cluster was created with",
-        "--config: other topic defaults than the cluster was created with",
+        "--config: broker setting storage.block_cache_bytes 1073741824 (the cluster has 67108864)",
+        "--config: topic default log.retention.ms 1 (the cluster has 3600000)",
+    ]
+    fewer = map_properties({k: v for k, v in PROPS.items() if k != "log.retention.ms"}, "cluster")
+    assert cluster_properties.differences(config, fewer) == [
+        "--config: topic default log.retention.ms (default) (the cluster has 3600000)"
     ]
 
 

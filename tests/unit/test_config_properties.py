@@ -195,9 +195,9 @@ def test_the_seed_002_start_command():
             "s3.telemetry.metrics.exporter.uri",
             "s3.stream.allocator.policy",
             "s3.wal.path",
-            "s3.wal.path",
         ]
     ), m.warnings
+    assert "s3.wal.path: ignored in part (iodepth; iops)" in m.warnings
     assert all("\n" not in w for w in m.warnings)
 
 
@@ -242,8 +242,10 @@ def test_wal_forms():
     assert m.wal_in_bucket and "wal" not in m.settings
     m = map_properties({"s3.wal.path": "0@file:///d/wal?capacity=1GB"}, "cluster")
     assert m.settings["wal"] == {"capacity_bytes": GiB}
-    assert m.warnings == ("s3.wal.path: path ignored (cluster up keeps each broker's WAL in "
-                          "DIR/broker-N)",)  # fmt: skip
+    assert m.warnings == (
+        "s3.wal.path: ignored in part (the path: cluster up keeps each broker's WAL in "
+        "DIR/broker-N)",
+    )
     m = map_properties(
         {"s3.wal.capacity": "1G", "s3.wal.path": "0@file:///w?capacity=1073741824"}, "node"
     )
