@@ -173,13 +173,18 @@ def _mapping_table() -> tuple[KeyMapping, ...]:
             "no operations data is uploaded: metrics are served on `/metrics`",
         ),
     ]
+    return (*rows, *_broker_rows(), *_kafka_rows())
+
+
+def _broker_rows() -> list[KeyMapping]:
+    """The mapping table's rows of the broker's own settings."""
     notes = {
         "s3.wal.cache.size": "the log cache's records already uploaded (those not uploaded yet "
         "are bounded by the WAL's capacity); ",
         "s3.wal.upload.threshold": "at most a quarter of the WAL's capacity is used; ",
         "s3.stream.object.compaction.max.size.bytes": "the largest object an upload writes; ",
     }
-    rows += [
+    rows = [
         KeyMapping(
             key,
             f"`{'.'.join(path)}`",
@@ -187,12 +192,19 @@ def _mapping_table() -> tuple[KeyMapping, ...]:
         )
         for key, (path, kind) in BROKER_KEYS.items()
     ]
-    rows += [
+    return [
+        *rows,
         KeyMapping(
             BANDWIDTH_KEY,
             " and ".join(f"`{'.'.join(p)}`" for p in BANDWIDTH_PATHS),
             "the object storage traffic limit, each way",
         ),
+    ]
+
+
+def _kafka_rows() -> list[KeyMapping]:
+    """The mapping table's rows of Kafka's node, quorum and topic keys."""
+    rows = [
         KeyMapping(
             "node.id (broker.id), broker.rack, log.dirs",
             "`node_id`, `az`, `data_dir` (`node run`)",
@@ -243,7 +255,7 @@ def _mapping_table() -> tuple[KeyMapping, ...]:
         ),
         KeyMapping("any other key", "ignored (warned)", ""),
     ]
-    return tuple(rows)
+    return rows
 
 
 @dataclass(frozen=True)
