@@ -16,7 +16,12 @@ import os
 from pathlib import Path
 
 from cli.cluster_config import MIB, ClusterConfig, ClusterError
-from dataplane.config_mapping import SECRET_KEYS, PropertiesMapping, map_properties
+from dataplane.config_mapping import (
+    SECRET_KEYS,
+    PropertiesMapping,
+    map_properties,
+    with_known_buckets,
+)
 from dataplane.config_properties import (
     PropertiesError,
     file_is_private,
@@ -26,9 +31,12 @@ from dataplane.config_properties import (
 from dataplane.objectstore import parse_bucket_uris
 
 
-def load_mapping(config_file: Path | None, overrides: list[str]) -> PropertiesMapping | None:
+def load_mapping(
+    config_file: Path | None, overrides: list[str], bucket_uris: str | None = None
+) -> PropertiesMapping | None:
     """The file's keys, with the overrides, mapped for a local cluster (None: neither was
-    given); PropertiesError names the bad key."""
+    given); PropertiesError names the bad key. `bucket_uris`: `--bucket-uris`, whose buckets
+    KAFKA_S3_ACCESS_KEY / _SECRET_KEY apply to when the file names none."""
     if config_file is None and not overrides:
         return None
     props = read_properties_file(config_file) if config_file is not None else {}
@@ -38,6 +46,7 @@ def load_mapping(config_file: Path | None, overrides: list[str]) -> PropertiesMa
             f"{key}: {config_file} holds bucket credentials but others may read it (chmod 600)"
         )
     props.update(parse_overrides(overrides))
+    props = with_known_buckets(props, os.environ, bucket_uris)
     return map_properties(props, "cluster", env=os.environ)
 
 

@@ -181,7 +181,9 @@ def _properties(values: dict, given: dict) -> PropertiesMapping | None:
     """`--config` / `--override` mapped, merged into the flags (warnings on stderr, one
     line per key not used); a bad key fails before anything starts."""
     try:
-        mapping = cluster_properties.load_mapping(values["config_file"], values["override"] or [])
+        mapping = cluster_properties.load_mapping(
+            values["config_file"], values["override"] or [], values["bucket_uris"]
+        )
         if mapping is not None:
             cluster_properties.apply_to_flags(mapping, values, given)
     except PropertiesError as exc:

@@ -40,7 +40,7 @@ from controlplane.listeners import (
 from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.config import BrokerConfig
-from dataplane.config_mapping import SECRET_KEYS, map_properties
+from dataplane.config_mapping import SECRET_KEYS, map_properties, with_known_buckets
 from dataplane.config_properties import (
     PropertiesError,
     file_is_private,
@@ -323,6 +323,7 @@ def broker_with_properties(
     """A broker node file's config with a server.properties laid over it (`node run
     --properties`): the file's settings win, its node.id must be the node's, its buckets
     must be the cluster's (same ids); the keys it does not use are added to `warnings`."""
+    props = with_known_buckets(props, env, broker.get("bucket_uris"))
     mapping = map_properties(props, "node", env=env, default_host=broker.get("host", "0.0.0.0"))
     warnings.extend(mapping.warnings)
     settings = dict(mapping.settings)

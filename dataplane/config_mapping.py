@@ -420,7 +420,7 @@ def _map_wal(
     parts = urlsplit(text)
     if parts.scheme == "s3":
         main = buckets[0].bucket if buckets else None
-        if parts.hostname != main:
+        if parts.netloc != main:
             raise PropertiesError(
                 f"{key}: an s3 WAL lives in the main data bucket here ({main or 'none given'})"
             )
@@ -690,6 +690,19 @@ class _Mapper:
         raw = self.props["s3.wal.path"].split("capacity=", 1)[1].split("&", 1)[0]
         if parse_size("s3.wal.path capacity", raw) != self.settings["wal"]["capacity_bytes"]:
             raise PropertiesError("s3.wal.capacity: differs from s3.wal.path's capacity")
+
+
+def with_known_buckets(
+    props: Mapping[str, str], env: Mapping[str, str], bucket_uris: str | None
+) -> dict[str, str]:
+    """`props`, given to buckets named elsewhere (`--bucket-uris`, a node file): when they
+    name no buckets but KAFKA_S3_ACCESS_KEY is given (in them or in `env`), `bucket_uris`
+    becomes their s3.data.buckets, so the credentials apply to those buckets."""
+    out = dict(props)
+    names_buckets = "s3.data.buckets" in out or any(k in out for k in BUCKET_PART_KEYS)
+    if bucket_uris and not names_buckets and any(k in out or k in env for k in SECRET_KEYS):
+        out["s3.data.buckets"] = bucket_uris
+    return out
 
 
 def map_properties(

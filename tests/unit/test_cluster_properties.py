@@ -212,3 +212,26 @@ def test_node_run_names_each_ignored_key_on_stderr_and_a_bad_one_in_one_line(tmp
     assert res.returncode == 1
     [line] = res.stderr.strip().splitlines()
     assert line.startswith("error: s3.block.cache.size: '1X' is not a size")
+
+
+def test_kafka_s3_keys_apply_to_the_buckets_named_elsewhere(tmp_path, monkeypatch):
+    """AutoMQ's credentials in the environment, the buckets in the node file (or in
+    --bucket-uris): each bucket gets its own keys."""
+    init_topology(Topology.model_validate({**TOPO, "buckets": URIS.split(",")}), tmp_path)
+    node, secrets = tmp_path / "10.0.0.2" / "broker-2.json", tmp_path / "10.0.0.2" / "secrets.json"
+    data = json.loads(node.read_text())
+    data["broker"]["data_dir"] = str(tmp_path / "data")
+    node.write_text(json.dumps(data))
+    monkeypatch.setenv("KAFKA_S3_ACCESS_KEY", "ak0,1@ak1")
+    monkeypatch.setenv("KAFKA_S3_SECRET_KEY", "sk0,1@sk1")
+    _, runtime, _ = process_argv(node, secrets, properties={"s3.block.cache.size": "64M"})
+    uris = json.loads(runtime.read_text())["bucket_uris"].split(",")
+    assert uris[0].endswith("accessKey=ak0&secretKey=sk0")
+    assert uris[1].endswith("accessKey=ak1&secretKey=sk1")
+    f = _write(tmp_path / "server.properties", {"s3.block.cache.size": "64M"})
+    mapping = cluster_properties.load_mapping(f, [], bucket_uris=URIS)
+    assert mapping.bucket_credentials == {0: ("ak0", "sk0"), 1: ("ak1", "sk1")}
+    # without credentials the file names no buckets: the flag's stay the flag's
+    monkeypatch.delenv("KAFKA_S3_ACCESS_KEY")
+    monkeypatch.delenv("KAFKA_S3_SECRET_KEY")
+    assert cluster_properties.load_mapping(f, [], bucket_uris=URIS).bucket_uris is None

@@ -430,3 +430,8 @@ def test_the_mapping_table_names_every_key_the_code_maps():
         "num.partitions",
     ):
         assert key in table
+
+
+def test_an_s3_wal_names_the_main_bucket_as_written():
+    props = {"s3.data.buckets": "0@s3://Main-Bucket?region=x", "s3.wal.path": "0@s3://Main-Bucket"}
+    assert map_properties(props, "cluster").wal_in_bucket
