@@ -158,7 +158,8 @@ def _mapping_table() -> tuple[KeyMapping, ...]:
             f"{ACCESS_KEY}, {SECRET_KEY}",
             "each bucket's `accessKey` / `secretKey`",
             "`main-ak,1@failover-ak`, in the file or the environment (AutoMQ's way); a file "
-            "holding them must be readable by its owner only",
+            "holding them must be readable by its owner only; when the file names no buckets "
+            "they apply to the node file's (`node run`) or `--bucket-uris`'",
         ),
         KeyMapping(
             "s3.wal.path",
