@@ -155,8 +155,6 @@ _UP_FLAGS = (
     "bucket_secrets_file",
     "failover_detect_s",
     "store_dir",
-    "config_file",
-    "override",
 )
 
 
@@ -172,8 +170,6 @@ def _given_flags(ctx: typer.Context, values: dict) -> dict:
         given["azs"] = [a.strip() for a in given["azs"].split(",") if a.strip()]
     if "wal" in given:
         given["wal"] = given["wal"].value
-    given.pop("config_file", None)  # compared through what they map to
-    given.pop("override", None)
     return given
 
 

@@ -385,10 +385,10 @@ def _map_buckets(
     elif any(k in props for k in BUCKET_PART_KEYS):
         uris = _buckets_from_parts(props)
     else:
-        if any(k in props or k in env for k in SECRET_KEYS):
-            key = next(k for k in (ACCESS_KEY, SECRET_KEY) if k in props or k in env)
-            if key in props:  # the environment's may be meant for another program
-                raise PropertiesError(f"{key}: no buckets given (s3.data.buckets)")
+        # (the environment's keys may be meant for buckets named elsewhere: no error)
+        key = next((k for k in (ACCESS_KEY, SECRET_KEY) if k in props), None)
+        if key is not None:
+            raise PropertiesError(f"{key}: no buckets given (s3.data.buckets)")
         return None, {}
     creds = _credentials(props, env, [u.bucket_id for u in uris])
     out = []
