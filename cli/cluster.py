@@ -43,6 +43,8 @@ def up(
     listeners: str | None = cluster_up.ListenersOption,
     mtls: bool = cluster_up.MtlsOption,
     store_dir: Path | None = cluster_up.StoreDirOption,
+    config_file: Path | None = cluster_up.ConfigFileOption,
+    override: list[str] | None = cluster_up.OverrideOption,
     timeout_s: float = cluster_up.TimeoutSOption,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:

@@ -113,6 +113,11 @@ class ClusterConfig(BaseModel):
     # `--mtls`: SSL listeners require a client certificate of the cluster CA (its CN is the
     # principal); the CLI uses DIR/tls/admin.pem (CN admin), brokers DIR/tls/broker.pem
     mtls: bool = False
+    # `cluster up --config server.properties` (cli/cluster_properties.py): settings every
+    # broker's config gets (an overlay of BrokerConfig's tree), and the topic defaults set
+    # as cluster-wide dynamic broker configs when the cluster was created
+    broker_settings: dict = Field(default_factory=dict)
+    topic_defaults: dict[str, str] = Field(default_factory=dict)
 
     def listener_kinds(self) -> list[ListenerKind]:
         """Every broker's listeners, in order (the legacy single one when not set)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from cli import cluster_properties
 from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
 from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
@@ -18,6 +19,8 @@ from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
 from cli.status import collect_status
 from cli.status_table import print_status
+from dataplane.config_mapping import PropertiesMapping
+from dataplane.config_properties import PropertiesError
 from dataplane.objectstore.seaweed import EmbeddedS3Error, weed_binary
 
 
@@ -117,6 +120,20 @@ StoreDirOption = typer.Option(
     "and s3-failover/) instead of --dir, e.g. on another disk than the brokers' WALs "
     "(a real object store is not on the broker's disk); kept for the cluster",
 )
+ConfigFileOption = typer.Option(
+    None,
+    "--config",
+    help="an AutoMQ/Kafka server.properties: its buckets (s3.data.buckets, or s3.endpoint/"
+    "s3.region/s3.bucket with N@ parts, and KAFKA_S3_ACCESS_KEY/KAFKA_S3_SECRET_KEY), WAL, "
+    "cache and bandwidth sizes and topic defaults (docs/configuration.md); keys not used "
+    "are named on stderr",
+)
+OverrideOption = typer.Option(
+    None,
+    "--override",
+    help="KEY=VALUE: a server.properties key that replaces the --config file's (repeatable, "
+    "as kafka-server-start.sh takes it)",
+)
 TimeoutSOption = typer.Option(90.0, help="how long to wait for the cluster to be ready")
 
 _UP_FLAGS = (
@@ -156,6 +173,23 @@ def _given_flags(ctx: typer.Context, values: dict) -> dict:
     return given
 
 
+def _properties(values: dict, given: dict) -> PropertiesMapping | None:
+    """`--config` / `--override` mapped, merged into the flags (warnings on stderr, one
+    line per key not used); a bad key fails before anything starts."""
+    try:
+        mapping = cluster_properties.load_mapping(
+            values["config_file"], values["override"] or [], values["bucket_uris"]
+        )
+        if mapping is not None:
+            cluster_properties.apply_to_flags(mapping, values, given)
+    except PropertiesError as exc:
+        fail(str(exc))
+    if mapping is not None:
+        for line in mapping.warnings:
+            warn(line)
+    return mapping
+
+
 def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.3):
     """The first true value of `predicate()`, polled every `interval_s`, or ClusterError
     after `timeout_s`."""
@@ -173,6 +207,7 @@ def run_up(ctx: typer.Context, values: dict) -> None:
     """`cluster up` with the values of its parameters (see cli/cluster.py:up)."""
     cluster = LocalCluster(values["dir"])
     given = _given_flags(ctx, values)
+    mapping = _properties(values, given)
     format: OutputFormat = values["format"]
     started: list[str] = []  # what this call started: stopped again if start-up fails
     was_running: dict[str, int] = {}
@@ -183,14 +218,16 @@ def run_up(ctx: typer.Context, values: dict) -> None:
     try:
         if cluster.exists():
             config = cluster.load()
-            was_running, missing = _restart_plan(cluster, config, given)
+            was_running, missing = _restart_plan(cluster, config, given, mapping)
             restarting = True
         else:
-            config = _create(cluster, values)
+            config = _create(cluster, values, mapping)
             created = True
             missing = cluster.component_names(config)
             restarting = False
-        status = _start_missing(cluster, config, missing, was_running, started, values)
+        status = _start_missing(
+            cluster, config, missing, was_running, started, values, set_defaults=created
+        )
     except ClusterError as exc:
         note = _after_failure(cluster, config, started, was_running, created)
         fail(f"{exc}{note}")
@@ -208,13 +245,15 @@ def run_up(ctx: typer.Context, values: dict) -> None:
 
 
 def _restart_plan(
-    cluster: LocalCluster, config: ClusterConfig, given: dict
+    cluster: LocalCluster, config: ClusterConfig, given: dict, mapping: PropertiesMapping | None
 ) -> tuple[dict[str, int], list[str]]:
-    """An existing cluster: refuse flags that differ from its config; else (the components
-    running, the components to start: none when all run, and `up` then only waits until
-    the cluster is healthy and prints its status)."""
+    """An existing cluster: refuse flags (and --config keys) that differ from its config;
+    else (the components running, the components to start: none when all run, and `up` then
+    only waits until the cluster is healthy and prints its status)."""
     cluster.ensure_api_secret(config)
     differ = flag_differences(config, **given)
+    if mapping is not None:
+        differ += cluster_properties.differences(config, mapping)
     if differ:
         fail(
             f"the cluster in {cluster.dir} was created with other settings: "
@@ -228,10 +267,12 @@ def _restart_plan(
     return was_running, missing
 
 
-def _create(cluster: LocalCluster, values: dict) -> ClusterConfig:
-    """A new cluster's config from the `up` flags."""
+def _create(
+    cluster: LocalCluster, values: dict, mapping: PropertiesMapping | None
+) -> ClusterConfig:
+    """A new cluster's config from the `up` flags (and --config's keys)."""
     wal_capacity_mib = values["wal_capacity_mib"]
-    return cluster.create(
+    config = cluster.create(
         values["brokers"],
         values["controllers"],
         [a.strip() for a in values["azs"].split(",") if a.strip()],
@@ -251,6 +292,10 @@ def _create(cluster: LocalCluster, values: dict) -> ClusterConfig:
         failover_detect_s=values["failover_detect_s"],
         store_dir=values["store_dir"],
     )
+    if mapping is not None:
+        config = cluster_properties.configure_new(config, mapping)
+        cluster.save(config)
+    return config
 
 
 def _start_missing(
@@ -260,10 +305,12 @@ def _start_missing(
     was_running: dict[str, int],
     started: list[str],
     values: dict,
+    set_defaults: bool = False,
 ) -> dict:
     """Start the `missing` components in order (object stores, controllers, then brokers
     and the compaction scheduler), each appended to `started` as it starts; the status
-    once every broker registered (anew) and the cluster is healthy."""
+    once every broker registered (anew) and the cluster is healthy. `set_defaults`: a new
+    cluster, whose --config topic defaults are set once the controllers are up."""
     timeout_s, format = values["timeout_s"], values["format"]
     _start_stores_and_controllers(cluster, config, missing, was_running, started, format)
     with waiting("waiting for a controller leader", format):
@@ -274,6 +321,8 @@ def _start_missing(
         )
     if config.sasl:
         _create_sasl_users(cluster, config)
+    if set_defaults:
+        cluster_properties.set_topic_defaults(config)
     # a broker started again must register anew (a new node epoch): its dead process's
     # registration stays unfenced until its session expires and must not pass for ready
     old_epochs = {

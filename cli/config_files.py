@@ -78,7 +78,7 @@ def broker_config(
     # on a --sasl cluster): it goes first, the rest keep their order
     first = config.client_listener_index()
     endpoints = [endpoints[first]] + endpoints[:first] + endpoints[first + 1 :]
-    return BrokerConfig(
+    fields = dict(
         node_id=node_id,
         az=spec.az,
         host=config.host,
@@ -105,3 +105,15 @@ def broker_config(
         inter_broker_sasl_mechanism=login["mechanism"] if login else "SCRAM-SHA-512",
         **storage,
     )
+    return BrokerConfig(**overlay(fields, config.broker_settings))
+
+
+def overlay(base: dict, settings: dict) -> dict:
+    """`base` with `settings` laid over it, section by section (nested dicts merge)."""
+    out = dict(base)
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = overlay(out[key], value)
+        else:
+            out[key] = value
+    return out

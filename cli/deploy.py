@@ -27,7 +27,8 @@ import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cli.output import OutputFormat, fail, print_data
+from cli.config_files import overlay
+from cli.output import OutputFormat, fail, print_data, warn
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.listeners import (
     SASL_PROTOCOLS,
@@ -39,6 +40,13 @@ from controlplane.listeners import (
 from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.config import BrokerConfig
+from dataplane.config_mapping import SECRET_KEYS, map_properties, with_known_buckets
+from dataplane.config_properties import (
+    PropertiesError,
+    file_is_private,
+    parse_overrides,
+    read_properties_file,
+)
 from dataplane.objectstore import parse_bucket_uris
 
 node_app = typer.Typer(help="Run one node of a multi-host cluster.", no_args_is_help=True)
@@ -309,12 +317,59 @@ def resolve_secrets(value, values: dict[str, str]):
     return value
 
 
+def broker_with_properties(
+    broker: dict, props: dict[str, str], env: dict[str, str], warnings: list[str]
+) -> dict:
+    """A broker node file's config with a server.properties laid over it (`node run
+    --properties`): the file's settings win, its node.id must be the node's, its buckets
+    must be the cluster's (same ids); the keys it does not use are added to `warnings`."""
+    props = with_known_buckets(props, env, broker.get("bucket_uris"))
+    mapping = map_properties(props, "node", env=env, default_host=broker.get("host", "0.0.0.0"))
+    warnings.extend(mapping.warnings)
+    settings = dict(mapping.settings)
+    if "node_id" in settings and settings["node_id"] != broker.get("node_id"):
+        raise PropertiesError(f"node.id: {settings['node_id']} is not this node file's id")
+    if mapping.bucket_uris is not None:
+        ids = sorted(u.bucket_id for u in parse_bucket_uris(mapping.bucket_uris))
+        if broker.get("bucket_uris"):
+            have = sorted(u.bucket_id for u in parse_bucket_uris(broker["bucket_uris"]))
+            if ids != have:
+                raise PropertiesError(f"s3.data.buckets: buckets {ids}, the cluster's are {have}")
+        settings["bucket_uris"] = mapping.bucket_uris_with_credentials()
+    if mapping.wal_in_bucket:
+        main = parse_bucket_uris(settings.get("bucket_uris") or broker["bucket_uris"])[0].bucket
+        settings.setdefault("wal", {})["uri"] = f"s3://{main}/wal/node-{broker['node_id']}"
+    if "listeners" in settings and "advertised_listeners" not in settings:
+        settings["advertised_listeners"] = None  # the node file's named its own listeners
+    return overlay(broker, settings)
+
+
+def read_node_properties(properties: Path | None, overrides: list[str]) -> dict[str, str] | None:
+    """`node run --properties FILE --override k=v`: the keys (None: neither given)."""
+    if properties is None and not overrides:
+        return None
+    props = read_properties_file(properties) if properties is not None else {}
+    held = sorted(SECRET_KEYS & props.keys())
+    if properties is not None and held and not file_is_private(properties):
+        raise PropertiesError(
+            f"{held[0]}: {properties} holds bucket credentials but others may read it (chmod 600)"
+        )
+    props.update(parse_overrides(overrides))
+    return props
+
+
 def process_argv(
-    node_file: Path, secrets_file: Path, allow_insecure: bool = False
+    node_file: Path,
+    secrets_file: Path,
+    allow_insecure: bool = False,
+    properties: dict[str, str] | None = None,
+    warnings: list[str] | None = None,
 ) -> tuple[list[str], Path, str]:
     """(argv of the node's process, its runtime config path, its name); writes the runtime
     config (secrets resolved, 0600) into the node's data dir. `allow_insecure`: a listener on
-    a non-loopback address may start without authentication (the operator said so)."""
+    a non-loopback address may start without authentication (the operator said so).
+    `properties`: a broker's server.properties keys laid over its node file (the keys not
+    used are appended to `warnings`; PropertiesError names a bad one)."""
     try:
         node = json.loads(node_file.read_text())
         values = json.loads(secrets_file.read_text())
@@ -328,6 +383,8 @@ def process_argv(
         raise ValueError(f"{secrets_file} has no secret {exc.args[0]!r}") from None
     kind = node.get("kind") if isinstance(node, dict) else None
     try:
+        if kind == "controller" and properties is not None:
+            raise ValueError(f"{node_file}: --properties applies to a broker's node file")
         if kind == "controller":
             quorum = QuorumConfig.model_validate(node["quorum"])
             if allow_insecure:
@@ -348,7 +405,12 @@ def process_argv(
             ]
             return argv, runtime, f"controller-{node['node_id']}"
         if kind == "broker":
-            broker = BrokerConfig.model_validate(node["broker"])
+            raw = node["broker"]
+            if properties is not None:
+                raw = broker_with_properties(
+                    raw, properties, dict(os.environ), warnings if warnings is not None else []
+                )
+            broker = BrokerConfig.model_validate(raw)
             if allow_insecure:
                 broker = broker.model_copy(update={"allow_insecure": True})
             # the broker refuses these too, but only after it started: say it here (the
@@ -382,14 +444,28 @@ def run(
         "--allow-insecure",
         help="let a listener on a non-loopback address start without authentication",
     ),
+    properties: Path | None = typer.Option(
+        None,
+        "--properties",
+        help="a broker's AutoMQ/Kafka server.properties laid over its node file: caches, "
+        "bandwidth, WAL, listeners, log.dirs, buckets and their KAFKA_S3_ACCESS_KEY/"
+        "KAFKA_S3_SECRET_KEY (docs/configuration.md); keys not used are named on stderr",
+    ),
+    override: list[str] | None = typer.Option(
+        None, "--override", help="KEY=VALUE replacing a --properties key (repeatable)"
+    ),
 ) -> None:
     """Run one controller or broker in the foreground (for systemd or a container)."""
+    notes: list[str] = []
     try:
+        props = read_node_properties(properties, override or [])
         argv, runtime, name = process_argv(
-            config, secrets_file or config.parent / "secrets.json", allow_insecure
+            config, secrets_file or config.parent / "secrets.json", allow_insecure, props, notes
         )
     except ValueError as exc:
         fail(str(exc))
+    for line in notes:
+        warn(line)
     if dry_run:
         typer.echo(f"{name}: {' '.join(argv)}")
         return

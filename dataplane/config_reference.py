@@ -1,4 +1,5 @@
-"""docs/configuration.md, generated from the broker's config models (`dataplane.config`).
+"""docs/configuration.md, generated from the broker's config models (`dataplane.config`)
+and the mapping of AutoMQ's and Kafka's server.properties keys (`dataplane.config_mapping`).
 
     python -m dataplane.config_reference          # rewrite docs/configuration.md
     python -m dataplane.config_reference --check  # exit 1 when it is not current
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from dataplane.config import LEGACY_DROPPED_KEYS, LEGACY_FLAT_KEYS, BrokerConfig
+from dataplane.config_mapping import mapping_markdown
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -175,6 +177,7 @@ def reference_markdown() -> str:
     ]
     lines += [f"| `{old}` | `{s}.{k}` |" for old, (s, k) in LEGACY_FLAT_KEYS.items()]
     lines += [f"| `{old}` | dropped |" for old in sorted(LEGACY_DROPPED_KEYS)]
+    lines += ["", *mapping_markdown()[:-1]]  # AutoMQ's and Kafka's keys (server.properties)
     return "\n".join(lines) + "\n"
 
 

@@ -188,7 +188,15 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("dataplane.formats",),),
     (("dataplane.objectstore",),),
     (("controlplane",),),
-    (("dataplane.config", "dataplane.config_reference"), ("dataplane.runtime",)),
+    (
+        (
+            "dataplane.config",
+            "dataplane.config_reference",
+            "dataplane.config_properties",
+            "dataplane.config_mapping",
+        ),
+        ("dataplane.runtime",),
+    ),
     (("dataplane.s3stream",), ("dataplane.erasure",)),
     (("dataplane.kafka",),),
     (("dataplane.zonerouter",),),
