@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controlplane.records import BrokerEndpoint
+from controlplane.requests import MAX_PARTITIONS_PER_TOPIC
 from controlplane.topic_configs import (
     BROKER_SCHEMA,
     ERASURE_REPAIR_DELAY_MS,
@@ -37,6 +38,7 @@ WAL_CAPACITY_BYTES = 512 * MiB
 UPLOAD_THRESHOLD_BYTES = 64 * MiB
 UPLOAD_INTERVAL_S = 5.0
 MAX_REQUEST_BYTES = 100 * MiB  # Kafka's socket.request.max.bytes
+DEFAULT_PARTITIONS = 1  # Kafka's num.partitions
 RETENTION_CHECK_INTERVAL_MS = 300_000  # Kafka's log.retention.check.interval.ms
 # one partition's records in one produce request (the broker refuses more)
 MAX_PARTITION_PRODUCE_BYTES = 8 * MiB
@@ -403,6 +405,18 @@ class BrokerConfig(BaseModel):
         "and retention.bytes",
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="0: no /metrics endpoint")
+    num_partitions: int = Field(
+        DEFAULT_PARTITIONS,
+        ge=1,
+        le=MAX_PARTITIONS_PER_TOPIC,
+        description="partitions of a topic created without a count: auto-created, or "
+        "CreateTopics with -1 (Kafka's num.partitions)",
+    )
+    auto_create_topics_enable: bool = Field(
+        True,
+        description="a Metadata request may create the missing topics it names (Kafka's "
+        "auto.create.topics.enable; the client must allow it too)",
+    )
     bucket_probe_interval_ms: int = Field(
         2_000,
         ge=0,

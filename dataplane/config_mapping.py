@@ -46,7 +46,7 @@ SECRET_KEY = "KAFKA_S3_SECRET_KEY"
 SECRET_KEYS = frozenset({ACCESS_KEY, SECRET_KEY})
 
 # key -> (BrokerConfig path, parser): settings of the broker itself
-_SIZE, _INT = "size", "int"
+_SIZE, _INT, _BOOL = "size", "int", "bool"
 BROKER_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "s3.wal.cache.size": (("storage", "log_cache_uploaded_bytes"), _SIZE),
     "s3.block.cache.size": (("storage", "block_cache_bytes"), _SIZE),
@@ -56,6 +56,8 @@ BROKER_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "s3.object.block.size": (("storage", "block_size_bytes"), _SIZE),
     "s3.stream.object.compaction.max.size.bytes": (("storage", "max_object_bytes"), _SIZE),
     "socket.request.max.bytes": (("max_request_bytes",), _SIZE),
+    "num.partitions": (("num_partitions",), _INT),
+    "auto.create.topics.enable": (("auto_create_topics_enable",), _BOOL),
     "log.retention.check.interval.ms": (("retention_check_interval_ms",), _INT),
     "broker.heartbeat.interval.ms": (("heartbeat_interval_ms",), _INT),
     "group.initial.rebalance.delay.ms": (("groups", "group_initial_rebalance_delay_ms"), _INT),
@@ -77,8 +79,6 @@ COARSE_TIME_KEYS: dict[str, tuple[str, int]] = {
 }
 # keys whose value here is fixed: (the value this broker behaves as, why)
 FIXED_KEYS: dict[str, tuple[str, str]] = {
-    "num.partitions": ("1", "auto-created topics get 1 partition here"),
-    "auto.create.topics.enable": ("true", "topics are auto-created when a client asks here"),
     "delete.topic.enable": ("true", "topics can always be deleted here"),
 }
 REPLICATION_KEYS = frozenset(
@@ -555,8 +555,14 @@ class _Mapper:
 
     def broker_key(self, key: str, value: str) -> None:
         path, kind = BROKER_KEYS[key]
-        number = parse_size(key, value) if kind == _SIZE else parse_int(key, value)
-        _put(self.settings, path, number)
+        parsed: int | bool
+        if kind == _SIZE:
+            parsed = parse_size(key, value)
+        elif kind == _BOOL:
+            parsed = parse_bool(key, value)
+        else:
+            parsed = parse_int(key, value)
+        _put(self.settings, path, parsed)
         self.where[path] = key
 
     def bandwidth(self, key: str, value: str) -> None:
@@ -595,8 +601,6 @@ class _Mapper:
     def fixed(self, key: str, value: str) -> None:
         here, why = FIXED_KEYS[key]
         given = str(parse_bool(key, value)).lower() if here in ("true", "false") else value
-        if here == "1":
-            given = str(parse_int(key, value, minimum=1))
         if given != here:
             self.warn(key, why)
 

@@ -377,7 +377,7 @@ class Broker:
         """The Kafka APIs, groups and transactions on the server; the coordinator proxy in
         front of the coordinator APIs; the server started on its listeners."""
         from dataplane.kafka.admin_apis import AdminApis
-        from dataplane.kafka.api_context import BrokerIdentity
+        from dataplane.kafka.api_context import BrokerIdentity, TopicCreation
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
@@ -402,6 +402,7 @@ class Broker:
             routing=zone.routing,
             io_pool=io_pool,
             txn=coord.txns,
+            topic_creation=TopicCreation(cfg.num_partitions, cfg.auto_create_topics_enable),
         )
         admin = AdminApis(
             cfg.node_id,

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from dataplane.config import DEFAULT_PARTITIONS
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import ClientRouting, PartitionResolver
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PARTITIONS = 1
 METADATA_WAIT_S = 10.0
 
 _CONTROLLER_TO_KAFKA = {
@@ -47,6 +47,16 @@ def kafka_error(exc: ControllerError) -> KafkaError:
         if exc.code in (ErrorCode.NO_LEADER, ErrorCode.TIMEOUT)
         else KafkaError.UNKNOWN_SERVER_ERROR,
     )
+
+
+@dataclass(frozen=True)
+class TopicCreation:
+    """How topics are created without their own settings: the partition count when none is
+    given (Kafka's num.partitions) and whether Metadata may create missing topics (Kafka's
+    auto.create.topics.enable)."""
+
+    default_partitions: int = DEFAULT_PARTITIONS
+    auto_create: bool = True
 
 
 @dataclass
@@ -73,8 +83,10 @@ class BrokerApiContext:
         partitions: PartitionResolver,
         routing: ClientRouting,
         io: Executor,
+        topic_creation: TopicCreation = TopicCreation(),
     ):
         self.me = me
+        self.topic_creation = topic_creation
         self.image_fn = image_fn
         self.wait_for_offset = wait_for_offset
         self.controller = controller

@@ -30,7 +30,7 @@ from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
 from controlplane.calls import ControllerCalls
 from controlplane.image import MetadataImage
-from dataplane.kafka.api_context import BrokerApiContext, BrokerIdentity
+from dataplane.kafka.api_context import BrokerApiContext, BrokerIdentity, TopicCreation
 from dataplane.kafka.data_apis import DataApis
 from dataplane.kafka.metadata_apis import MetadataApis
 from dataplane.kafka.partition_backend import ClientRouting, DirectRouting, PartitionResolver
@@ -56,6 +56,7 @@ class KafkaApis(BrokerApiContext):
         routing: ClientRouting | None = None,
         io_pool: Executor | None = None,
         txn: TxnHandlers | None = None,
+        topic_creation: TopicCreation = TopicCreation(),
     ):
         super().__init__(
             me,
@@ -66,6 +67,7 @@ class KafkaApis(BrokerApiContext):
             routing or DirectRouting(partitions),
             # engine calls may block on S3 or the controller: keep them off the event loop
             io_pool or ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io"),
+            topic_creation,
         )
         self.node_epoch_fn = node_epoch_fn
         # the transaction APIs (dataplane/kafka/txn/handlers.py `TxnHandlers`), None without

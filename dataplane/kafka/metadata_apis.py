@@ -22,7 +22,7 @@ from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.api_context import DEFAULT_PARTITIONS, BrokerApiContext
+from dataplane.kafka.api_context import BrokerApiContext
 from dataplane.kafka.security.authorizer import supported_operation_codes
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ class MetadataApis:
         wanted = None if req.topics is None else [t.name for t in req.topics]
         if wanted is not None and v == 0 and not wanted:
             wanted = None  # v0: an empty list means all topics
-        auto = bool(getattr(req, "allow_auto_topic_creation", True))
+        auto = self.broker.topic_creation.auto_create and bool(
+            getattr(req, "allow_auto_topic_creation", True)
+        )
         missing = [n for n in (wanted or []) if n and image.topic_by_name(n) is None]
         if missing and auto:
             await self.broker.run_io(self._auto_create, missing)
@@ -206,7 +208,11 @@ class MetadataApis:
         for name in names:
             try:
                 self.broker.controller.create_topic(
-                    build_request(cmd.CreateTopicRequest, name=name, partitions=DEFAULT_PARTITIONS)
+                    build_request(
+                        cmd.CreateTopicRequest,
+                        name=name,
+                        partitions=self.broker.topic_creation.default_partitions,
+                    )
                 )
             except ControllerError as exc:
                 if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:

@@ -26,7 +26,6 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import (
-    DEFAULT_PARTITIONS,
     METADATA_WAIT_S,
     BrokerApiContext,
     kafka_error,
@@ -96,7 +95,11 @@ class TopicAdminApis:
         R = CreateTopicsResponse
         out = []
         for t in req.topics:
-            partitions = t.num_partitions if t.num_partitions > 0 else DEFAULT_PARTITIONS
+            partitions = (
+                t.num_partitions
+                if t.num_partitions > 0
+                else self.broker.topic_creation.default_partitions
+            )
             configs = {c.name: c.value for c in (t.configs or []) if c.value is not None}
             error, message, topic_id = KafkaError.NONE, None, uuid.UUID(int=0)
             nulls = [c.name for c in (t.configs or []) if c.value is None]
@@ -304,8 +307,9 @@ class TopicAdminApis:
             # the described broker's, as registered (any broker answers for any other)
             "broker.id": str(node_id),
             "broker.rack": broker.az if broker is not None else self.broker.me.az,
-            "num.partitions": str(DEFAULT_PARTITIONS),
-            "auto.create.topics.enable": "true",
+            # this broker's (brokers of one cluster are configured alike)
+            "num.partitions": str(self.broker.topic_creation.default_partitions),
+            "auto.create.topics.enable": str(self.broker.topic_creation.auto_create).lower(),
         }
         if broker is not None and broker.endpoints:  # the described broker's, as registered
             configs["listeners"] = ",".join(

@@ -13,7 +13,7 @@ from moto import mock_aws
 from controlplane.inprocess import InProcessController
 from dataplane.broker.metadata import MetadataFollower
 from dataplane.config import StorageConfig, WALConfig
-from dataplane.kafka.api_context import BrokerIdentity
+from dataplane.kafka.api_context import BrokerIdentity, TopicCreation
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.objectstore import ObjectStorage
@@ -25,6 +25,7 @@ BUCKETS = "0@s3://automq-main?region=us-east-1"
 @contextlib.contextmanager
 def inprocess_broker(
     tmp_path: Path,
+    topic_creation: TopicCreation = TopicCreation(),
 ) -> Iterator[tuple[KafkaApis, InProcessController, Callable[[], None]]]:
     """(apis, controller, sync): `sync()` does on the calling thread what the broker's
     follower and reconcile threads do; the APIs also replay the log when they wait for
@@ -80,6 +81,7 @@ def inprocess_broker(
             partitions,
             lambda: epoch,
             io_threads=2,
+            topic_creation=topic_creation,
         )
         try:
             yield apis, controller, sync

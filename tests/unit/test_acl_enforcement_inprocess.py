@@ -524,3 +524,40 @@ def test_authorized_operations_without_an_authorizer_are_every_operation(tmp_pat
         assert got.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
         v11 = asyncio.run(apis.cluster.metadata(_metadata_asking_operations(11), ctx(3, 11)))
         assert v11.topics[0].authorized_operations == {3, 4, 5, 6, 7, 8, 10, 11}
+
+
+def test_num_partitions_and_auto_create_topics_enable_are_honoured(tmp_path, monkeypatch):
+    """Kafka's num.partitions (a topic created without a count) and
+    auto.create.topics.enable=false (Metadata never creates a topic), as broker settings."""
+    from kafka.protocol.admin import CreateTopicsRequest
+
+    from dataplane.kafka.api_context import TopicCreation
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with inprocess_broker(tmp_path, TopicCreation(3, False)) as (apis, _controller, sync):
+        asked = MetadataRequest[9](
+            topics=[MetadataRequest.MetadataRequestTopic(name="wanted")],
+            allow_auto_topic_creation=True,
+        )
+        got = asyncio.run(apis.cluster.metadata(asked, ctx(3, 9)))
+        assert got.topics[0].error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+        assert apis.image_fn().topic_by_name("wanted") is None
+        create = CreateTopicsRequest[5](
+            topics=[
+                CreateTopicsRequest.CreatableTopic(
+                    name="counted-here",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=[],
+                    configs=[],
+                )
+            ],
+            timeout_ms=10_000,
+            validate_only=False,
+        )
+        created = asyncio.run(apis.topic_admin.create_topics(create, ctx(19, 5)))
+        assert created.topics[0].error_code == KafkaError.NONE
+        assert created.topics[0].num_partitions == 3
+        sync()
+        assert len(apis.image_fn().topic_by_name("counted-here").partitions) == 3

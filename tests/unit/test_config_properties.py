@@ -137,15 +137,17 @@ def test_id_parts():
 @pytest.mark.parametrize("key", sorted(BROKER_KEYS))
 def test_every_broker_key_lands_in_its_setting(key):
     path, kind = BROKER_KEYS[key]
-    value = {"int": "60000", "size": "64MiB"}[kind]
+    value = {"int": "60000", "size": "64MiB", "bool": "false"}[kind]
     if key == "s3.object.block.size":
         value = "1MiB"
-    if key == "group.max.size":
+    if key in ("group.max.size", "num.partitions"):
         value = "50"
     got = map_properties({key: value}, "cluster").settings
     for part in path:
         got = got[part]
-    assert got == {"60000": 60000, "64MiB": 64 << 20, "1MiB": 1 << 20, "50": 50}[value]
+    assert (
+        got == {"60000": 60000, "64MiB": 64 << 20, "1MiB": 1 << 20, "50": 50, "false": False}[value]
+    )
 
 
 def test_the_seed_002_start_command():
@@ -301,17 +303,14 @@ def test_topic_defaults_for_a_cluster_are_warned_for_a_node():
 
 
 def test_fixed_and_ignored_keys():
-    same = {
-        "num.partitions": "1",
-        "auto.create.topics.enable": "TRUE",
-        "delete.topic.enable": "true",
-    }
-    assert map_properties(same, "cluster").warnings == ()
-    other = {"num.partitions": "3", "auto.create.topics.enable": "false"}
-    assert map_properties(other, "cluster").warnings == (
-        "num.partitions: ignored (auto-created topics get 1 partition here)",
-        "auto.create.topics.enable: ignored (topics are auto-created when a client asks here)",
+    assert map_properties({"delete.topic.enable": "true"}, "cluster").warnings == ()
+    assert map_properties({"delete.topic.enable": "false"}, "cluster").warnings == (
+        "delete.topic.enable: ignored (topics can always be deleted here)",
     )
+    # Kafka's topic-creation keys are the broker's own settings
+    m = map_properties({"num.partitions": "3", "auto.create.topics.enable": "FALSE"}, "cluster")
+    assert m.warnings == ()
+    assert m.settings == {"num_partitions": 3, "auto_create_topics_enable": False}
     m = map_properties(
         {
             "offsets.topic.replication.factor": "1",
@@ -393,7 +392,11 @@ def test_fixed_and_ignored_keys():
         ({"log.retention.hours": "x"}, "cluster", "log.retention.hours: 'x' is not an integer"),
         ({"log.cleanup.policy": "shred"}, "cluster", "log.cleanup.policy: "),
         ({"message.max.bytes": "big"}, "node", "message.max.bytes: "),
-        ({"num.partitions": "0"}, "cluster", "num.partitions: 0 is below 1"),
+        (
+            {"num.partitions": "0"},
+            "cluster",
+            "num.partitions: Input should be greater than or equal to 1",
+        ),
         ({"auto.create.topics.enable": "yes"}, "cluster", "auto.create.topics.enable: 'yes'"),
         ({"offsets.topic.num.partitions": "5000"}, "cluster", "offsets.topic.num.partitions: 5000"),
         ({"default.replication.factor": "three"}, "cluster", "default.replication.factor: 'three'"),
