@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from prometheus_client import Gauge
+
 from controlplane import broker_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataDelta, MetadataImage, RangeState, StreamMetaState
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 RECORD_ABORTED_TIMEOUT_S = 10.0
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
 RETRY_INTERVAL_S = 1.0  # partitions (or orphaned streams) whose open or close failed: retried
+
+PARTITIONS_LED = Gauge("automq_partitions_led", "partitions this broker leads and serves now")
 
 
 class ProduceRateMeter:
@@ -119,6 +123,8 @@ class PartitionManager:
         # every led partition's time index and the retention check share it
         self.piece_timestamps = PieceTimestamps()
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
+        # read at scrape time (one manager per broker process; a later one takes it over)
+        PARTITIONS_LED.set_function(lambda: len(self._logs))
 
     def start(self) -> None:
         self._thread.start()
