@@ -65,6 +65,16 @@ TOPIC_BYTES_OUT = Counter(
 )
 
 
+def forget_topic_metrics(topic: str) -> None:
+    """Drop a deleted topic's byte counters from /metrics (a topic created again under its
+    name counts from 0, which rates read as a restart)."""
+    for counter in (TOPIC_BYTES_IN, TOPIC_BYTES_OUT):
+        try:
+            counter.remove(topic)
+        except KeyError:  # it never counted here
+            pass
+
+
 @dataclass(slots=True)
 class _AbortSlot:
     """An aborted transaction (producer id, first offset, marker offset) on its way into

@@ -30,7 +30,7 @@ from controlplane.image import MetadataDelta, MetadataImage, RangeState, StreamM
 from controlplane.records import StreamState
 from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
 from dataplane.kafka import time_index
-from dataplane.kafka.partition_log import PartitionLog
+from dataplane.kafka.partition_log import PartitionLog, forget_topic_metrics
 from dataplane.kafka.producer_state import rebuild_producer_state
 from dataplane.kafka.time_index import PieceTimestamps
 from dataplane.s3stream.storage import S3Storage, Stream
@@ -252,6 +252,7 @@ class PartitionManager:
         # data uploaded before the new epoch's range starts at the committed end
         if leaving:
             self._close_all(leaving)
+            self._forget_deleted_topics(image, leaving)
         jobs = [
             self._pool.submit(self._open, key, name, epoch, stream_id)
             for key, (name, epoch, stream_id) in wanted.items()
@@ -264,6 +265,16 @@ class PartitionManager:
         else:
             streams = [s for sid in stream_ids or () if (s := image.streams.get(sid)) is not None]
             self._close_orphans(image, streams)
+
+    def _forget_deleted_topics(self, image: MetadataImage, closed: list[PartitionLog]) -> None:
+        """Drop the byte counters of deleted topics none of whose partitions is led here."""
+        deleted = {plog.topic for plog in closed if plog.topic_id not in image.topics}
+        if not deleted:
+            return
+        with self._lock:
+            led = {plog.topic for plog in self._logs.values()}
+        for topic in deleted - led:
+            forget_topic_metrics(topic)
 
     def _close_unserved(self, stale: dict[tuple[str, int], tuple[int, Stream]]) -> None:
         """Close the streams of partitions opened here but never served that moved on (to
