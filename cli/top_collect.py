@@ -60,7 +60,7 @@ class GroupLagReader:
 
     def read(self) -> tuple[dict[str, dict[str, int]] | None, str | None]:
         """(topic -> group -> lag in records, None) or (None, why it could not be read)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         deadline = time.monotonic() + self.timeout_s
@@ -83,7 +83,13 @@ class GroupLagReader:
                 committed[group] = {
                     (tp.topic, tp.partition): tp.offset for tp in answer.topic_partitions or []
                 }
-            partitions = {key for offsets in committed.values() for key in offsets}
+            # groups keep offsets of deleted topics: only partitions that exist are asked
+            existing = {
+                (name, p)
+                for name, topic in self._admin.list_topics(timeout=left_s()).topics.items()
+                for p in topic.partitions
+            }
+            partitions = {key for offsets in committed.values() for key in offsets} & existing
             ends: dict[tuple[str, int], int] = {}
             if partitions:
                 answers = self._admin.list_offsets(
@@ -91,7 +97,10 @@ class GroupLagReader:
                     request_timeout=left_s(),
                 )
                 for tp, future in answers.items():
-                    ends[(tp.topic, tp.partition)] = future.result(left_s()).offset
+                    try:
+                        ends[(tp.topic, tp.partition)] = future.result(left_s()).offset
+                    except KafkaException:  # this partition's (e.g. its leader moving)
+                        continue
         except FutureTimeout:
             return None, f"consumer group lag: no answer within {self.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - any client error is shown, not raised
