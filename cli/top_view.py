@@ -26,6 +26,18 @@ from rich.text import Text
 
 KEY_POLL_S = 0.1  # how often the main thread looks for a key press
 QUIT_KEYS = (b"q", b"Q")
+# the figures' columns, short enough for 100 columns of terminal
+BROKER_COLUMNS = (
+    "prod MB/s",
+    "fetch MB/s",
+    "req p99",
+    "prod p99",
+    "WAL fill",
+    "upl lag",
+    "upl err",
+    "parts",
+    "conns",
+)
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -36,7 +48,7 @@ def _wal(b: dict) -> str:
     if b.get("wal_fill") is None:
         return "-"
     style = "red" if b["wal_fill"] >= 0.8 else "yellow" if b["wal_fill"] >= 0.5 else ""
-    text = f"{b['wal_fill'] * 100:.0f}% of {b['wal_capacity_bytes'] / 2**20:.0f} MiB"
+    text = f"{b['wal_fill'] * 100:.0f}%"
     return f"[{style}]{text}[/]" if style else text
 
 
@@ -52,12 +64,15 @@ def _upload(b: dict) -> tuple[str, str]:
 
 def brokers_table(doc: dict) -> Table:
     """One row per broker: traffic, latency, WAL and uploads, partitions, connections."""
-    table = Table(title="brokers", title_justify="left")
-    for name in ("node", "az", "state", "produce MB/s", "fetch MB/s", "req p99 ms"):
-        table.add_column(name, justify="right" if "/" in name or "ms" in name else "left")
-    for name in ("produce p99 ms", "WAL", "upload lag", "upload errors", "partitions"):
+    table = Table(
+        title="brokers (p99 in ms; upl: WAL uploads; parts: partitions led; conns: connections)",
+        title_justify="left",
+    )
+    table.add_column("node", no_wrap=True)
+    table.add_column("az")
+    table.add_column("state")
+    for name in BROKER_COLUMNS:
         table.add_column(name, justify="right")
-    table.add_column("connections", justify="right")
     for b in doc["brokers"]:
         lag, errors = _upload(b)
         state = b["state"] if b["state"] == "active" else f"[red]{b['state']}[/]"
@@ -101,11 +116,12 @@ def render(doc: dict, footer: str = "") -> Group:
     bucket = doc.get("active_bucket")
     mode = doc.get("failover_mode") or "unknown"
     head = Text.from_markup(
-        f"[bold]{escape(str(doc.get('cluster_dir')))}[/] {escape(str(doc.get('state')))}  "
-        f"failover mode: [{'bold red' if mode == 'failover' else 'bold'}]{mode}[/]  "
-        "active bucket: "
-        + (f"{bucket['bucket_id']} {escape(bucket['uri'])}" if bucket else "unknown")
-        + f"  produce {doc['produce_mb_s']:.2f} MB/s  fetch {doc['fetch_mb_s']:.2f} MB/s"
+        f"cluster [bold]{escape(str(doc.get('cluster_dir')))}[/]: {escape(str(doc.get('state')))}"
+        f"   failover mode: [{'bold red' if mode == 'failover' else 'bold'}]{mode}[/]"
+        "   active bucket: "
+        + (f"{bucket['bucket_id']} ({escape(bucket['uri'])})" if bucket else "unknown")
+        + f"\nproduce [bold]{doc['produce_mb_s']:.2f}[/] MB/s   "
+        f"fetch [bold]{doc['fetch_mb_s']:.2f}[/] MB/s"
     )
     parts: list = [head, brokers_table(doc), topics_table(doc)]
     notes = list(doc.get("problems") or [])
