@@ -76,8 +76,8 @@ def brokers_table(doc: dict) -> Table:
     for b in doc["brokers"]:
         lag, errors = _upload(b)
         state = b["state"] if b["state"] == "active" else f"[red]{b['state']}[/]"
-        if b.get("error"):
-            state += f" [red]({escape(b['error'][:50])})[/]"
+        if b.get("error") and b["state"] != "stopped":
+            state += " [red](no /metrics)[/]"  # why: under the tables
         table.add_row(
             str(b["node_id"]),
             escape(str(b.get("az") or "")),
@@ -125,6 +125,11 @@ def render(doc: dict, footer: str = "") -> Group:
     )
     parts: list = [head, brokers_table(doc), topics_table(doc)]
     notes = list(doc.get("problems") or [])
+    notes += [
+        f"broker {b['node_id']}: {b['error']}"
+        for b in doc["brokers"]
+        if b.get("error") and b["state"] != "stopped"
+    ]
     if doc.get("group_lag_error"):
         notes.append(doc["group_lag_error"])
     if notes:

@@ -192,3 +192,14 @@ def test_render_shows_the_figures():
     assert "90%" in text  # WAL fill
     assert "orders" in text and "billing 40, audit 5" in text and "2.00" in text
     assert "stopped" in text and "q quits" in text
+
+
+def test_render_names_a_running_broker_whose_metrics_did_not_answer():
+    doc = _document()
+    doc["brokers"][0]["error"] = "metrics 127.0.0.1:9001: [Errno 111] Connection refused"
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(doc))
+    text = console.export_text()
+    assert "active (no /metrics)" in text
+    assert "broker 1: metrics 127.0.0.1:9001: [Errno 111] Connection refused" in text
+    assert "broker 2:" not in text  # stopped: its state says it
