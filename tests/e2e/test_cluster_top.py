@@ -206,7 +206,7 @@ def test_live_view_in_a_terminal_moves_under_perf_and_quits_on_q(cluster, tmp_pa
         )  # fmt: skip
         pane.type(command, "Enter")
         idle = pane.wait_for(
-            lambda t: "connections" in t and _produce_rate(t) is not None, 30, "the view drew"
+            lambda t: "brokers (" in t and _produce_rate(t) is not None, 30, "the view drew"
         )
         assert "failover mode: normal" in idle and "q or Ctrl-C quits" in idle
         perf = subprocess.Popen(
