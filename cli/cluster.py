@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from cli import cluster_up, deploy
+from cli import cluster_top, cluster_up, deploy
 from cli.cluster_config import ClusterError
 from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption, open_cluster
@@ -219,3 +219,6 @@ def _follow(path: Path, position: int, poll_s: float = 0.2) -> None:
 
 # multi-host clusters (cli/deploy.py): one config directory per host from a topology file
 app.command("init")(deploy.init_command)
+
+# a live view of the cluster's brokers and topics (cli/cluster_top.py)
+app.command("top")(cluster_top.top_command)

@@ -10,6 +10,14 @@ if ! command -v kcat >/dev/null 2>&1; then
     echo "warning: kcat not found (apt-get install kafkacat); its tests will be skipped"
   fi
 fi
+if ! command -v tmux >/dev/null 2>&1; then
+  # a real terminal for `automqctl cluster top` (tests/e2e/test_cluster_top.py)
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null || echo "warning: could not install tmux"
+  else
+    echo "warning: tmux not found (apt-get install tmux); the cluster top terminal test will be skipped"
+  fi
+fi
 if ! command -v java >/dev/null 2>&1; then
   # Spark (the compaction suite) needs a JRE: Debian's openjdk-17-jre-headless
   if [ "$(id -u)" = 0 ]; then

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import Histogram
+
 from dataplane.formats.kafka_errors import (
     MalformedRequestError,
     UnknownApiKeyError,
@@ -34,6 +36,19 @@ log = logging.getLogger(__name__)
 
 # admit(api key, connection extras) -> None to serve the request, or why the connection closes
 Admit = Callable[[int, dict[str, Any]], str | None]
+
+# Kafka's RequestMetrics TotalTimeMs: from the frame read to the response ready (a Fetch's
+# includes its long-poll wait), by api name (`automqctl cluster top`, Grafana)
+REQUEST_LATENCY_SECONDS = Histogram(
+    "automq_request_latency_seconds",
+    "Time from a request's frame read to its response ready to write, by Kafka api",
+    ["api"],
+    buckets=(
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ),
+)  # fmt: skip
+# api key -> its labelled histogram, looked up once per api (the event loop's alone)
+_LATENCY_BY_API: dict[int, Any] = {}
 
 _CLOSE = object()  # queue slot: close the connection once the earlier responses are written
 
@@ -262,6 +277,12 @@ class Connection:
             # The connection failed or went away before this handler started: skip it.
             raise CloseConnection("connection closed before the handler started")
         frame = await self.registry.handle(request, ctx, registration)
+        latency = _LATENCY_BY_API.get(request.api_key)
+        if latency is None:
+            latency = _LATENCY_BY_API[request.api_key] = REQUEST_LATENCY_SECONDS.labels(
+                request.api_name.removesuffix("Request")
+            )
+        latency.observe(time.monotonic() - ctx.received_at)
         return _FinalFrame(frame) if ctx.close_after_response else frame
 
     # ----------------------------------------------------------------- writing

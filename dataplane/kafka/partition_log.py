@@ -19,6 +19,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import ClassVar
 
+from prometheus_client import Counter
+
 from controlplane.image import RangeState
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import (
@@ -48,6 +50,29 @@ log = logging.getLogger(__name__)
 OPEN_GRACE_S = 10.0
 MAX_UNRECORDED_ABORTS = 10_000  # durable aborts waiting to be recorded in the metadata
 MAX_ABORTS_PER_RECORD = 1000  # per controller call (the request's limit)
+
+# Kafka's BytesInPerSec / BytesOutPerSec by topic (`automqctl cluster top`, Grafana); a
+# broker's own rate is their sum over topics
+TOPIC_BYTES_IN = Counter(
+    "automq_topic_bytes_in",
+    "Kafka record-batch bytes appended to the partitions this broker leads, by topic",
+    ["topic"],
+)
+TOPIC_BYTES_OUT = Counter(
+    "automq_topic_bytes_out",
+    "record bytes read for Fetch responses from the partitions this broker leads, by topic",
+    ["topic"],
+)
+
+
+def forget_topic_metrics(topic: str) -> None:
+    """Drop a deleted topic's byte counters from /metrics (a topic created again under its
+    name counts from 0, which rates read as a restart)."""
+    for counter in (TOPIC_BYTES_IN, TOPIC_BYTES_OUT):
+        try:
+            counter.remove(topic)
+        except KeyError:  # it never counted here
+            pass
 
 
 @dataclass(slots=True)
@@ -118,6 +143,8 @@ class PartitionLog:
         self._opened_at_s = time.monotonic()
         self._appended_here: set[int] = set()
         self.appended_bytes = 0  # Kafka batch bytes appended since this epoch opened here
+        self._bytes_in = TOPIC_BYTES_IN.labels(topic)  # the topic's counters, looked up once
+        self._bytes_out = TOPIC_BYTES_OUT.labels(topic)
         self._listeners: list = []
         self._listeners_lock = threading.Lock()
 
@@ -310,6 +337,7 @@ class PartitionLog:
                 self.txns.forget_data(txn_producer_id, base)
             raise
         self.appended_bytes += len(patched)
+        self._bytes_in.inc(len(patched))
         fut.add_done_callback(lambda _: self.notify())
         return base, fut
 
@@ -474,7 +502,9 @@ class PartitionLog:
             return b""
         batches = self.stream.fetch(offset, end, max_bytes)
         # not joined: batches read from objects are views of the GET's body (formats/stream_records.py)
-        return concat_records([b.payload for b in batches])
+        records = concat_records([b.payload for b in batches])
+        self._bytes_out.inc(len(records))
+        return records
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp:
         """The first record with a timestamp >= `timestamp_ms`, through the time index

@@ -22,13 +22,15 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from prometheus_client import Gauge
+
 from controlplane import broker_configs
 from controlplane.errors import ControllerError
 from controlplane.image import MetadataDelta, MetadataImage, RangeState, StreamMetaState
 from controlplane.records import StreamState
 from controlplane.requests import AbortedTxn, RecordAbortedTxnsRequest
 from dataplane.kafka import time_index
-from dataplane.kafka.partition_log import PartitionLog
+from dataplane.kafka.partition_log import PartitionLog, forget_topic_metrics
 from dataplane.kafka.producer_state import rebuild_producer_state
 from dataplane.kafka.time_index import PieceTimestamps
 from dataplane.s3stream.storage import S3Storage, Stream
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 RECORD_ABORTED_TIMEOUT_S = 10.0
 MOVE_WORKERS = 8  # partitions opened in parallel (each is a controller round trip + a tail read)
 RETRY_INTERVAL_S = 1.0  # partitions (or orphaned streams) whose open or close failed: retried
+
+PARTITIONS_LED = Gauge("automq_partitions_led", "partitions this broker leads and serves now")
 
 
 class ProduceRateMeter:
@@ -119,6 +123,8 @@ class PartitionManager:
         # every led partition's time index and the retention check share it
         self.piece_timestamps = PieceTimestamps()
         self._thread = threading.Thread(target=self._run, name="partitions", daemon=True)
+        # read at scrape time (one manager per broker process; a later one takes it over)
+        PARTITIONS_LED.set_function(lambda: len(self._logs))
 
     def start(self) -> None:
         self._thread.start()
@@ -246,6 +252,7 @@ class PartitionManager:
         # data uploaded before the new epoch's range starts at the committed end
         if leaving:
             self._close_all(leaving)
+            self._forget_deleted_topics(image, leaving)
         jobs = [
             self._pool.submit(self._open, key, name, epoch, stream_id)
             for key, (name, epoch, stream_id) in wanted.items()
@@ -258,6 +265,16 @@ class PartitionManager:
         else:
             streams = [s for sid in stream_ids or () if (s := image.streams.get(sid)) is not None]
             self._close_orphans(image, streams)
+
+    def _forget_deleted_topics(self, image: MetadataImage, closed: list[PartitionLog]) -> None:
+        """Drop the byte counters of deleted topics none of whose partitions is led here."""
+        deleted = {plog.topic for plog in closed if plog.topic_id not in image.topics}
+        if not deleted:
+            return
+        with self._lock:
+            led = {plog.topic for plog in self._logs.values()}
+        for topic in deleted - led:
+            forget_topic_metrics(topic)
 
     def _close_unserved(self, stale: dict[tuple[str, int], tuple[int, Stream]]) -> None:
         """Close the streams of partitions opened here but never served that moved on (to

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Gauge
+
 from dataplane.config import MAX_REQUEST_BYTES
 
 from .connection import Admit, Connection
@@ -67,6 +69,9 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 STOP_GRACE_S = 5.0
 SSL_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes the TLS handshake is dropped
+
+# Kafka's connection-count: every listener of every server of the process
+CONNECTIONS = Gauge("automq_kafka_connections", "Kafka client connections open now")
 
 
 @dataclass
@@ -281,6 +286,7 @@ class KafkaServer:
         log.debug("%s: accepted", conn.name)
 
     async def _serve(self, conn: Connection) -> None:
+        CONNECTIONS.inc()
         try:
             await conn.run()
         except asyncio.CancelledError:
@@ -288,6 +294,7 @@ class KafkaServer:
         except Exception:  # noqa: BLE001 - a bug in one connection must not take the server down
             log.exception("%s: connection failed", conn.name)
         finally:
+            CONNECTIONS.dec()
             self._connections.pop(conn, None)
 
     def _track_handler(self, task: asyncio.Task[Any], conn: Connection) -> None:

@@ -32,6 +32,9 @@ UPLOAD_LAG = Gauge(
 UPLOAD_FAILING = Gauge(
     "automq_stream_upload_failing", "1 while the last upload attempt failed, else 0"
 )
+UPLOAD_ERRORS = Counter(
+    "automq_stream_upload_errors", "WAL upload attempts that failed (each is retried)"
+)
 LAST_UPLOAD_ERROR = Info(
     "automq_stream_last_upload_error", "the last upload attempt's error (empty once one succeeds)"
 )
@@ -49,5 +52,8 @@ def bind_upload_stats(stats: Callable[[], Any]) -> None:
 
 
 def set_last_upload_error(error: str | None) -> None:
+    """The outcome of an upload attempt: None when it succeeded, else its error."""
+    if error is not None:
+        UPLOAD_ERRORS.inc()
     UPLOAD_FAILING.set(0 if error is None else 1)
     LAST_UPLOAD_ERROR.info({"error": error or ""})
