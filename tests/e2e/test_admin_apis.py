@@ -407,7 +407,6 @@ OLD_KAFKA_PYTHON = Path(__file__).resolve().parents[1] / ".clients" / "kafka-pyt
 _OLD_ADMIN_SCRIPT = """
 import json, sys
 from kafka import KafkaAdminClient, TopicPartition
-from kafka.admin import RecordsToDelete
 import kafka
 admin = KafkaAdminClient(bootstrap_servers=sys.argv[1], request_timeout_ms=30000)
 topic = sys.argv[2]
@@ -417,7 +416,7 @@ out["listed"] = topic in admin.list_topics()
 out["described_error"] = described["error_code"]
 out["partitions"] = len(described["partitions"])
 out["brokers"] = len(admin.describe_cluster()["brokers"])
-deleted = admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(before_offset=2)})
+deleted = admin.delete_records({TopicPartition(topic, 0): 2})
 out["low_watermark"] = deleted[TopicPartition(topic, 0)]["low_watermark"]
 admin.close()
 print(json.dumps(out))
