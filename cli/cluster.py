@@ -43,6 +43,7 @@ def up(
     listeners: str | None = cluster_up.ListenersOption,
     mtls: bool = cluster_up.MtlsOption,
     store_dir: Path | None = cluster_up.StoreDirOption,
+    broker_config: list[str] = cluster_up.BrokerConfigOption,
     timeout_s: float = cluster_up.TimeoutSOption,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:

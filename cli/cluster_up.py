@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
+from cli.config_files import parse_broker_overrides
 from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
 from cli.local_cluster import LocalCluster
@@ -118,6 +119,12 @@ StoreDirOption = typer.Option(
     "(a real object store is not on the broker's disk); kept for the cluster",
 )
 TimeoutSOption = typer.Option(90.0, help="how long to wait for the cluster to be ready")
+BrokerConfigOption = typer.Option(
+    [],
+    "--broker-config",
+    help="section.key=value of every broker's config (docs/configuration.md), repeatable, "
+    "e.g. network.egress_bytes_per_s=20000000",
+)
 
 _UP_FLAGS = (
     "brokers",
@@ -138,6 +145,7 @@ _UP_FLAGS = (
     "bucket_secrets_file",
     "failover_detect_s",
     "store_dir",
+    "broker_config",
 )
 
 
@@ -255,6 +263,7 @@ def _create(cluster: LocalCluster, values: dict) -> ClusterConfig:
         bucket_secrets_file=values["bucket_secrets_file"],
         failover_detect_s=values["failover_detect_s"],
         store_dir=values["store_dir"],
+        broker_overrides=parse_broker_overrides(values["broker_config"]),
     )
 
 

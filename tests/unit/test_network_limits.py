@@ -170,3 +170,38 @@ def test_a_fetch_past_the_egress_limit_answers_in_time_with_fewer_records(broker
     assert part.error_code == KafkaError.NONE and part.high_watermark == 1
     assert not part.records  # nothing sent now: the consumer fetches again
     assert elapsed_s < 5  # answered about its max wait, never hanging
+
+
+def test_cluster_up_broker_config_flag_reaches_every_broker(tmp_path):
+    """`automqctl cluster up --broker-config network.egress_bytes_per_s=...`: kept in the
+    cluster's config, written into each broker's, refused when bad or when it differs on a
+    restart."""
+    from cli.cluster_config import ClusterError
+    from cli.config_files import broker_config, parse_broker_overrides
+    from cli.flag_differences import flag_differences
+    from cli.local_cluster import LocalCluster
+
+    flags = ["network.egress_bytes_per_s=20000000", "object_store.read_bandwidth_bytes_per_s=7"]
+    overrides = parse_broker_overrides(flags)
+    assert overrides == {
+        "network": {"egress_bytes_per_s": 20_000_000},
+        "object_store": {"read_bandwidth_bytes_per_s": 7},
+    }
+    config = LocalCluster(tmp_path / "c").create(
+        1, 1, ["a"], None, None, 6000, broker_overrides=overrides
+    )
+    cfg = broker_config(config, config.brokers[0], tmp_path / "b", tmp_path / "tls", None)
+    assert cfg.network.egress_bytes_per_s == 20_000_000 and cfg.network.ingress_bytes_per_s == 0
+    assert cfg.object_store.read_bandwidth_bytes_per_s == 7
+    assert cfg.object_store.max_concurrency == 64  # the rest of the section keeps its defaults
+    assert flag_differences(config, broker_config=flags) == []
+    assert flag_differences(config, broker_config=["network.egress_bytes_per_s=1"])
+    for bad in [
+        "network.egress_bytes_per_s=-1",
+        "network.no_such_key=1",
+        "egress_bytes_per_s=1",
+        "node_id.x=1",
+        "network.egress_bytes_per_s",
+    ]:
+        with pytest.raises(ClusterError):
+            parse_broker_overrides([bad])
