@@ -205,3 +205,42 @@ def test_cluster_up_broker_config_flag_reaches_every_broker(tmp_path):
     ]:
         with pytest.raises(ClusterError):
             parse_broker_overrides([bad])
+
+
+def test_a_read_that_reached_object_storage_ranks_as_a_catch_up_read(monkeypatch):
+    """The fetch path ranks a partition read by where it was served from: through the
+    committed readers (object storage) a catch-up read, else (the log cache) a tail read."""
+    from types import SimpleNamespace
+
+    from dataplane.config import StorageConfig
+    from dataplane.kafka import data_apis
+    from dataplane.s3stream import committed_readers
+
+    class StubReader:
+        next_offset = 5
+        last_used = float("inf")  # never expires
+
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def read(self, start: int, end: int, max_bytes: int) -> list:
+            return []
+
+        def release(self) -> None:
+            pass
+
+    monkeypatch.setattr(committed_readers, "StreamReader", StubReader)
+    cache = SimpleNamespace(used_bytes=0, hits=0, misses=0)
+    readers = committed_readers.CommittedReaders(None, None, None, cache, StorageConfig())
+
+    class Backend:
+        def __init__(self, from_objects: bool) -> None:
+            self.from_objects = from_objects
+
+        def read(self, offset: int, max_bytes: int, end: int) -> bytes:
+            if self.from_objects:
+                readers.read(1, offset, end, max_bytes)
+            return b"records"
+
+    assert data_apis._read_noting_objects(Backend(True), 0, 100, 5) == (b"records", True)
+    assert data_apis._read_noting_objects(Backend(False), 0, 100, 5) == (b"records", False)
