@@ -26,12 +26,25 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 
+from prometheus_client import Counter
+
 from dataplane.config import NetworkConfig
 from dataplane.objectstore.token_bucket import PriorityTokenBucket, Ticket, WaitersFullError
 
 # a head waiting for tokens re-checks at least this rarely (seconds): another waiter's
 # departure wakes it earlier
 MIN_RECHECK_S = 0.001
+
+WAIT_SECONDS = Counter(
+    "automq_network_limit_wait_seconds_total",
+    "seconds produce and fetch requests waited for network-limit tokens",
+    ["direction", "traffic"],
+)
+DEFERRED_BYTES = Counter(
+    "automq_network_deferred_bytes_total",
+    "fetched record bytes the egress limit left for the consumer's next fetch",
+    ["traffic"],
+)
 
 
 class TrafficClass(enum.IntEnum):
@@ -52,8 +65,10 @@ class AsyncPriorityLimiter:
         burst_bytes: int | None = None,
         *,
         max_waiters: int,
+        direction: str = "egress",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._direction = direction  # the metrics' label
         self._clock = clock
         self._bucket = PriorityTokenBucket(
             rate_bytes_per_s, burst_bytes, max_waiters=max_waiters, clock=clock
@@ -79,7 +94,8 @@ class AsyncPriorityLimiter:
         bucket = self._bucket
         if n_bytes <= 0 or bucket.take_if_first(traffic, n_bytes):
             return max(n_bytes, 0)
-        deadline = self._clock() + max(timeout_s, 0.0)
+        started = self._clock()
+        deadline = started + max(timeout_s, 0.0)
         try:
             ticket = bucket.enqueue(traffic)
         except WaitersFullError:
@@ -104,6 +120,7 @@ class AsyncPriorityLimiter:
             bucket.leave(ticket)
             self._wakers.pop(ticket, None)
             self._wake_head()
+            WAIT_SECONDS.labels(self._direction, traffic.name).inc(self._clock() - started)
 
     def charge(self, n_bytes: int) -> None:
         """Count `n_bytes` sent beyond a grant (the bucket goes into debt)."""
@@ -163,11 +180,15 @@ class NetworkLimits:
     def from_config(cls, config: NetworkConfig) -> NetworkLimits:
         """The limits of the broker config's `network` section (0: unlimited)."""
 
-        def one(rate: int) -> AsyncPriorityLimiter:
+        def one(rate: int, direction: str) -> AsyncPriorityLimiter:
             burst = max(rate * config.burst_ms // 1000, 1) if rate else None
-            return AsyncPriorityLimiter(rate, burst, max_waiters=config.max_waiters)
+            return AsyncPriorityLimiter(
+                rate, burst, max_waiters=config.max_waiters, direction=direction
+            )
 
-        return cls(one(config.ingress_bytes_per_s), one(config.egress_bytes_per_s))
+        return cls(
+            one(config.ingress_bytes_per_s, "ingress"), one(config.egress_bytes_per_s, "egress")
+        )
 
     async def admit_produce(self, n_bytes: int, timeout_s: float) -> bool:
         """Produced `n_bytes` may be appended (False: no tokens within `timeout_s`)."""
@@ -187,6 +208,7 @@ class NetworkLimits:
             return len(sizes)
         kept = kept_partitions(sizes, granted)
         sent = sum(sizes[:kept])
+        DEFERRED_BYTES.labels(traffic.name).inc(total - sent)
         if sent > granted:
             self.egress.charge(sent - granted)
         else:
