@@ -122,6 +122,7 @@ TimeoutSOption = typer.Option(90.0, help="how long to wait for the cluster to be
 BrokerConfigOption = typer.Option(
     [],
     "--broker-config",
+    metavar="SECTION.KEY=VALUE",
     help="section.key=value of every broker's config (docs/configuration.md), repeatable, "
     "e.g. network.egress_bytes_per_s=20000000",
 )
