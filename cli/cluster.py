@@ -45,6 +45,7 @@ def up(
     store_dir: Path | None = cluster_up.StoreDirOption,
     config_file: Path | None = cluster_up.ConfigFileOption,
     override: list[str] | None = cluster_up.OverrideOption,
+    broker_config: list[str] = cluster_up.BrokerConfigOption,
     timeout_s: float = cluster_up.TimeoutSOption,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:

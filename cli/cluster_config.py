@@ -18,7 +18,7 @@ Layout of a cluster directory:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -95,6 +95,10 @@ class ClusterConfig(BaseModel):
     broker_wal_capacity_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024)
     broker_upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
     broker_retention_check_interval_s: float | None = Field(default=None, gt=0, le=86400)
+    # `cluster up --broker-config section.key=value`: broker config sections' values, as
+    # nested dicts ({"network": {"egress_bytes_per_s": 20000000}}); merged into every
+    # broker's config
+    broker_overrides: dict[str, Any] = Field(default_factory=dict)
     # where brokers keep their WAL: a local file, or objects in the main bucket (s3)
     broker_wal: Literal["file", "s3"] = "file"
     # the flags of `cluster up` that made this config (None in configs written before)

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from cli import cluster_properties
 from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
+from cli.config_files import parse_broker_overrides
 from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
 from cli.local_cluster import LocalCluster
@@ -135,6 +136,13 @@ OverrideOption = typer.Option(
     "as kafka-server-start.sh takes it)",
 )
 TimeoutSOption = typer.Option(90.0, help="how long to wait for the cluster to be ready")
+BrokerConfigOption = typer.Option(
+    [],
+    "--broker-config",
+    metavar="SECTION.KEY=VALUE",
+    help="section.key=value of every broker's config (docs/configuration.md), repeatable, "
+    "e.g. network.egress_bytes_per_s=20000000",
+)
 
 _UP_FLAGS = (
     "brokers",
@@ -155,6 +163,7 @@ _UP_FLAGS = (
     "bucket_secrets_file",
     "failover_detect_s",
     "store_dir",
+    "broker_config",
 )
 
 
@@ -291,6 +300,7 @@ def _create(
         bucket_secrets_file=values["bucket_secrets_file"],
         failover_detect_s=values["failover_detect_s"],
         store_dir=values["store_dir"],
+        broker_overrides=parse_broker_overrides(values["broker_config"]),
     )
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)

@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cli.cluster_config import (
     ADMIN_USER,
@@ -54,6 +54,59 @@ def read_login(path: Path) -> dict | None:
         raise ClusterError(f"{path} is unreadable: {exc}") from None
 
 
+def parse_broker_overrides(items: list[str]) -> dict[str, Any]:
+    """`cluster up --broker-config section.key=value` items as nested dicts of the broker
+    config's sections (a value is JSON when it parses, else a string), checked against
+    the broker config's models; ClusterError names a bad item."""
+    from pydantic import ValidationError
+
+    from dataplane.config import BrokerConfig
+
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or len(path) < 2 or not all(path):
+            raise ClusterError(
+                f"--broker-config {item!r}: give section.key=value, e.g. "
+                "network.egress_bytes_per_s=20000000"
+            )
+        if path[0] not in BrokerConfig.model_fields or path[0] not in _SECTIONS:
+            raise ClusterError(
+                f"--broker-config {item!r}: {path[0]!r} is no broker config section "
+                f"({', '.join(_SECTIONS)})"
+            )
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = overrides
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    try:
+        for section, values in overrides.items():
+            BrokerConfig.model_fields[section].annotation.model_validate(values)
+    except ValidationError as exc:
+        raise ClusterError(f"--broker-config: {exc}") from None
+    return overrides
+
+
+# the broker config's sections `--broker-config` may set (the rest the cluster derives)
+_SECTIONS = ("storage", "wal", "object_store", "groups", "zone_router", "erasure", "network")
+
+
+def merged_sections(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, nested dicts key by key (pure)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged_sections(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def broker_config(
     config: ClusterConfig, spec: BrokerSpec, data_dir: Path, tls_dir: Path, login: dict | None
 ) -> BrokerConfig:
@@ -73,6 +126,12 @@ def broker_config(
         )
     if config.broker_wal == "s3":
         storage["wal"]["uri"] = broker_wal_uri(config, node_id)
+    for section in config.broker_overrides:
+        # a section given in part keeps the broker's defaults for the rest (the broker's
+        # object_store default differs from ObjectStorageConfig's own)
+        default = BrokerConfig.model_fields[section].get_default(call_default_factory=True)
+        storage[section] = merged_sections(default.model_dump(), storage.get(section, {}))
+    storage = merged_sections(storage, config.broker_overrides)
     endpoints = config.broker_endpoints(spec)
     # brokers talk to each other on the CLI's listener (the inter-broker login needs SASL
     # on a --sasl cluster): it goes first, the rest keep their order

@@ -32,6 +32,7 @@ def flag_differences(
     bucket_secrets_file: Path | None = None,
     failover_detect_s: float | None = None,
     store_dir: Path | None = None,
+    broker_config: list[str] | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -55,7 +56,18 @@ def flag_differences(
         ),
         *_store_differences(config, bucket_secrets_file=bucket_secrets_file, store_dir=store_dir),
         *_wal_and_listener_differences(config, wal=wal, mtls=mtls, listeners=listeners),
+        *_broker_config_differences(config, broker_config),
     ]
+
+
+def _broker_config_differences(config: ClusterConfig, items: list[str] | None) -> list[str]:
+    """--broker-config."""
+    from cli.config_files import parse_broker_overrides
+
+    if items is None or parse_broker_overrides(items) == config.broker_overrides:
+        return []
+    have = config.broker_overrides or "none"
+    return [f"--broker-config {' '.join(items)} (the cluster has {have})"]
 
 
 def _topology_differences(

@@ -120,6 +120,7 @@ class LocalCluster:
         bucket_secrets_file: Path | None = None,
         failover_detect_s: float | None = None,
         store_dir: Path | None = None,
+        broker_overrides: dict | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
@@ -166,6 +167,7 @@ class LocalCluster:
             broker_wal_capacity_bytes=wal_capacity_bytes,
             broker_upload_interval_s=upload_interval_s,
             broker_retention_check_interval_s=retention_check_interval_s,
+            broker_overrides=broker_overrides or {},
             broker_wal=wal,
             azs=list(azs),
             base_port=base_port,

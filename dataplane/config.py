@@ -2,9 +2,9 @@
 broker process (which reads it), and the one source of the engine's defaults.
 
 One tree: `BrokerConfig` holds the broker's own settings and one section per component
-(`storage`, `wal`, `object_store`, `groups`, `zone_router`, `erasure`); each section is the
-model that component takes, so a setting is defined, bounded and defaulted once, and every
-one can be given in the broker's JSON config file. `docs/configuration.md` is generated from
+(`storage`, `wal`, `object_store`, `groups`, `zone_router`, `erasure`, `network`); each
+section is the model that component takes, so a setting is defined, bounded and defaulted
+once, and every one can be given in the broker's JSON config file. `docs/configuration.md` is generated from
 these models (`python -m dataplane.config_reference`).
 
 Pure: pydantic models and constants, no I/O; the CLI may import this module (not the
@@ -333,6 +333,37 @@ class ErasureConfig(_Section):
     seal: SealConfig = Field(default_factory=SealConfig, description="the sealer")
 
 
+class NetworkConfig(_Section):
+    """The Kafka listeners' network limits (`NetworkLimits`, dataplane/kafka/network_limits.py;
+    seed 002): producer traffic first, tail reads next, catch-up reads last. The object
+    store's own limits are `object_store.read_bandwidth_bytes_per_s` and
+    `object_store.write_bandwidth_bytes_per_s`."""
+
+    ingress_bytes_per_s: int = Field(
+        0,
+        ge=0,
+        description="produced record bytes accepted per second (0: unlimited); a produce "
+        "that gets no room before 80% of its timeout is answered REQUEST_TIMED_OUT",
+    )
+    egress_bytes_per_s: int = Field(
+        0,
+        ge=0,
+        description="fetched record bytes sent per second (0: unlimited): tail reads (from "
+        "memory) before catch-up reads (from object storage); a fetch waits at most its "
+        "max_wait_ms, then sends what the limit allows",
+    )
+    burst_ms: int = Field(
+        1_000, ge=10, le=60_000, description="each limit lets this long's bytes go at once"
+    )
+    max_waiters: int = Field(
+        1_024,
+        ge=1,
+        le=100_000,
+        description="requests waiting for each limit (more: answered at once, a fetch with "
+        "no records, a produce REQUEST_TIMED_OUT)",
+    )
+
+
 def _broker_object_store() -> ObjectStorageConfig:
     return ObjectStorageConfig(max_concurrency=BROKER_OBJECT_STORE_CONCURRENCY)
 
@@ -504,6 +535,9 @@ class BrokerConfig(BaseModel):
     )
     erasure: ErasureConfig = Field(
         default_factory=ErasureConfig, description="erasure-coded partitions"
+    )
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig, description="network limits of the Kafka listeners"
     )
 
     @model_validator(mode="before")

@@ -378,6 +378,7 @@ class Broker:
         front of the coordinator APIs; the server started on its listeners."""
         from dataplane.kafka.admin_apis import AdminApis
         from dataplane.kafka.api_context import BrokerIdentity, TopicCreation
+        from dataplane.kafka.network_limits import NetworkLimits
         from dataplane.kafka.registry import ApiRegistry
         from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
@@ -392,6 +393,9 @@ class Broker:
             return apis.cluster.next_producer_id()
 
         coord = self._build_coordinators(next_producer_id)
+        # produced and fetched bytes per second, producer traffic first (seed 002)
+        network = NetworkLimits.from_config(cfg.network)
+        self._add(network)
         apis = KafkaApis(
             BrokerIdentity(cfg.node_id, cfg.host, cfg.kafka_port, cfg.az),
             image_fn,
@@ -403,6 +407,7 @@ class Broker:
             io_pool=io_pool,
             txn=coord.txns,
             topic_creation=TopicCreation(cfg.num_partitions, cfg.auto_create_topics_enable),
+            network=network,
         )
         admin = AdminApis(
             cfg.node_id,

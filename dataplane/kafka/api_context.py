@@ -1,6 +1,6 @@
 """What the broker's Kafka API handlers share: the broker's identity, its metadata image, the
-controller, its partitions, the client routing and the I/O pool (`BrokerApiContext`), and the
-mapping of controller errors to Kafka error codes.
+controller, its partitions, the client routing, the I/O pool and the network limits
+(`BrokerApiContext`), and the mapping of controller errors to Kafka error codes.
 
 The handlers live by concept in `data_apis.py` (Produce, Fetch, ListOffsets,
 OffsetForLeaderEpoch), `metadata_apis.py` (Metadata, DescribeCluster, FindCoordinator,
@@ -22,6 +22,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.config import DEFAULT_PARTITIONS
 from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.network_limits import NetworkLimits
 from dataplane.kafka.partition_backend import ClientRouting, PartitionResolver
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class BrokerApiContext:
         routing: ClientRouting,
         io: Executor,
         topic_creation: TopicCreation = TopicCreation(),
+        network: NetworkLimits | None = None,
     ):
         self.me = me
         self.topic_creation = topic_creation
@@ -94,6 +96,8 @@ class BrokerApiContext:
         # what a client is told and served, by its AZ (the zone router) or not
         self.routing = routing
         self.io = io
+        # ingress / egress limits of produced and fetched bytes (network_limits.py)
+        self.network = network or NetworkLimits.unlimited()
 
     async def run_io(self, fn, *args):
         """`fn(*args)` on the I/O pool, awaited from the event loop."""

@@ -33,6 +33,7 @@ from controlplane.image import MetadataImage
 from dataplane.kafka.api_context import BrokerApiContext, BrokerIdentity, TopicCreation
 from dataplane.kafka.data_apis import DataApis
 from dataplane.kafka.metadata_apis import MetadataApis
+from dataplane.kafka.network_limits import NetworkLimits
 from dataplane.kafka.partition_backend import ClientRouting, DirectRouting, PartitionResolver
 from dataplane.kafka.topic_admin_apis import TopicAdminApis
 
@@ -57,6 +58,7 @@ class KafkaApis(BrokerApiContext):
         io_pool: Executor | None = None,
         txn: TxnHandlers | None = None,
         topic_creation: TopicCreation = TopicCreation(),
+        network: NetworkLimits | None = None,
     ):
         super().__init__(
             me,
@@ -68,6 +70,7 @@ class KafkaApis(BrokerApiContext):
             # engine calls may block on S3 or the controller: keep them off the event loop
             io_pool or ThreadPoolExecutor(io_threads, thread_name_prefix="kafka-io"),
             topic_creation,
+            network,
         )
         self.node_epoch_fn = node_epoch_fn
         # the transaction APIs (dataplane/kafka/txn/handlers.py `TxnHandlers`), None without

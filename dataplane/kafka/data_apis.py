@@ -36,6 +36,7 @@ from dataplane.kafka.partition_backend import (
     kafka_error_of,
 )
 from dataplane.objectstore import ObjectStoreError
+from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,15 @@ MIN_DURABLE_WAIT_S = 0.001
 def _room_wait_s(remaining_s: float) -> float:
     """How long a produce with `remaining_s` left may wait for WAL room."""
     return max(remaining_s * ROOM_WAIT_SHARE_OF_TIMEOUT, 0.0)
+
+
+def _read_noting_objects(
+    plog: PartitionBackend, offset: int, budget: int, end: int
+) -> tuple[bytes | memoryview | RecordChunks, bool]:
+    """`plog.read` on an I/O thread, and whether it reached object storage."""
+    before = committed_reads_on_this_thread()
+    records = plog.read(offset, budget, end)
+    return records, committed_reads_on_this_thread() != before
 
 
 @dataclass
@@ -67,6 +77,7 @@ class _FetchSlot:
     end: int = -1
     records: bytes | memoryview | RecordChunks = b""
     aborted: list[tuple[int, int]] = field(default_factory=list)
+    from_objects: bool = False  # the read reached object storage (a catch-up read)
 
     def response(self, placeholders: RecordsPlaceholders):
         """This partition's part of the Fetch response (records as a placeholder)."""
@@ -115,6 +126,17 @@ class DataApis:
             return None, KafkaError.NOT_LEADER_OR_FOLLOWER
         return plog, KafkaError.NONE
 
+    async def _admit_ingress(self, req, timeout_s: float) -> bool:
+        """The ingress limit (network_limits.py) on a produce's records: False when no
+        tokens came in time (nothing is appended; the partitions answer REQUEST_TIMED_OUT)."""
+        network = self.broker.network
+        if not network.ingress.limited:
+            return True
+        produced = sum(
+            len(p.records) for t in req.topic_data for p in t.partition_data if p.records
+        )
+        return await network.admit_produce(produced, _room_wait_s(timeout_s))
+
     async def produce(self, req, ctx):
         """Append each partition's records to its backend; with acks, answer once they are
         durable or the request's timeout passed (acks=0: no response)."""
@@ -128,6 +150,7 @@ class DataApis:
         loop = asyncio.get_running_loop()
         timeout_s = max(req.timeout_ms, 1) / 1000
         deadline = loop.time() + timeout_s
+        admitted = await self._admit_ingress(req, timeout_s)
         for t in req.topic_data:
             topic_name = getattr(t, "name", None)
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
@@ -138,7 +161,9 @@ class DataApis:
                 futures = []
                 base_future = None
                 forwarded = False
-                if plog is not None:
+                if plog is not None and not admitted:
+                    error = KafkaError.REQUEST_TIMED_OUT
+                elif plog is not None:
                     try:
                         # a full WAL is waited for here, without blocking the loop
                         outcome = await append_when_room(
@@ -233,7 +258,7 @@ class DataApis:
                     req,
                     v,
                     image,
-                    max_bytes,
+                    (max_bytes, min_bytes, deadline),
                     listening,
                     wake,
                     placeholders,
@@ -253,8 +278,9 @@ class DataApis:
         )
         return ResponseWithRecords(response, placeholders)
 
-    async def _fetch_once(self, req, v, image, max_bytes, listening, wake, placeholders, az):
+    async def _fetch_once(self, req, v, image, limits, listening, wake, placeholders, az):
         F = FetchResponse.FetchableTopicResponse
+        max_bytes, min_bytes, deadline = limits
         read_committed = getattr(req, "isolation_level", 0) == 1
         # first the partitions' state and errors, then the reads: the partitions of one
         # request are read at once (a catch-up read waits for object-store GETs), in waves
@@ -293,6 +319,7 @@ class DataApis:
                 topic_slots.append(slot)
             slots.append(topic_slots)
         total = 0
+        read: list[_FetchSlot] = []
         while to_read and total < max_bytes:
             budgets = next_wave([s.partition_max_bytes for s in to_read], total, max_bytes)
             if not budgets:
@@ -302,6 +329,10 @@ class DataApis:
                 *(self._fetch_read(s, b, read_committed) for s, b in zip(wave, budgets))
             )
             total += sum(len(s.records) for s in wave)
+            read += wave
+        loop = asyncio.get_running_loop()
+        if total and (total >= min_bytes or loop.time() >= deadline):
+            total = await self._admit_egress(read, deadline - loop.time())
         topics = []
         errors = False
         for t, topic_slots in zip(req.topics, slots):
@@ -314,11 +345,32 @@ class DataApis:
             topics.append(F(partitions=parts, **kwargs))
         return (-1 if errors and total == 0 else total), topics
 
+    async def _admit_egress(self, read: list[_FetchSlot], timeout_s: float) -> int:
+        """The egress limit (network_limits.py) on an answer's records: those it does not
+        let go now are dropped (the consumer fetches them again). The bytes kept."""
+        if not self.broker.network.egress.limited:
+            return sum(len(s.records) for s in read)
+        holding = [s for s in read if s.records]
+        sizes = [len(s.records) for s in holding]
+        kept = await self.broker.network.admit_fetch(
+            sizes, any(s.from_objects for s in holding), timeout_s
+        )
+        for slot in holding[kept:]:
+            slot.records, slot.aborted = b"", []
+        return sum(sizes[:kept])
+
     async def _fetch_read(self, slot: _FetchSlot, budget: int, read_committed: bool) -> None:
         """One partition's records of a Fetch (on the I/O pool), into `slot`."""
         plog = slot.plog
         try:
-            slot.records = await self.broker.run_io(plog.read, slot.fetch_offset, budget, slot.end)
+            if self.broker.network.egress.limited:  # tail or catch-up: where it was read
+                slot.records, slot.from_objects = await self.broker.run_io(
+                    _read_noting_objects, plog, slot.fetch_offset, budget, slot.end
+                )
+            else:
+                slot.records = await self.broker.run_io(
+                    plog.read, slot.fetch_offset, budget, slot.end
+                )
         except ObjectStoreError as exc:
             # e.g. its bucket is down (object-storage failover): the client retries;
             # nothing is skipped

@@ -23,21 +23,18 @@ The clock is injectable (`clock=`) so tests can drive time by hand.
 from __future__ import annotations
 
 import enum
-import heapq
-import itertools
 import threading
 import time
 from collections.abc import Callable
 
 from .errors import BandwidthLimitTimeoutError
+from .token_bucket import PriorityTokenBucket, WaitersFullError
 
 DEFAULT_MAX_WAITERS = 10_000
 DEFAULT_TIMEOUT_S = 60.0
 # a head waiting for tokens re-checks at least this often (seconds) and at most this rarely
 _MIN_WAIT_S = 0.0005
 _MAX_WAIT_S = 0.1
-# refills add float fractions of a byte; tolerate the rounding when comparing
-_EPSILON_BYTES = 1e-6
 
 
 class Priority(enum.IntEnum):
@@ -49,7 +46,8 @@ class Priority(enum.IntEnum):
 
 
 class BandwidthLimiter:
-    """Thread-safe priority token bucket; see the module docstring."""
+    """Thread-safe priority token bucket (`token_bucket.py` behind a condition); see the
+    module docstring."""
 
     def __init__(
         self,
@@ -59,52 +57,36 @@ class BandwidthLimiter:
         max_waiters: int = DEFAULT_MAX_WAITERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if rate_bytes_per_s < 0:
-            raise ValueError(f"rate_bytes_per_s must be >= 0, got {rate_bytes_per_s}")
-        if burst_bytes is not None and burst_bytes <= 0:
-            raise ValueError(f"burst_bytes must be > 0, got {burst_bytes}")
-        if max_waiters <= 0:
-            raise ValueError(f"max_waiters must be > 0, got {max_waiters}")
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
-        self._rate = int(rate_bytes_per_s)
-        self._burst = int(burst_bytes) if burst_bytes is not None else max(self._rate, 1)
-        self._tokens = float(self._burst)
-        self._last_refill = clock()
-        self._max_waiters = max_waiters
-        self._waiters: list[tuple[int, int]] = []  # heap of (priority, sequence)
-        self._seq = itertools.count()
+        self._bucket = PriorityTokenBucket(
+            rate_bytes_per_s, burst_bytes, max_waiters=max_waiters, clock=clock
+        )
 
     @property
     def rate_bytes_per_s(self) -> int:
         """Current rate; 0 means unlimited."""
-        return self._rate
+        return self._bucket.rate_bytes_per_s
 
     @property
     def burst_bytes(self) -> int:
-        return self._burst
+        return self._bucket.burst_bytes
 
     @property
     def waiting_count(self) -> int:
         """How many requests are queued for tokens right now."""
         with self._cond:
-            return len(self._waiters)
+            return self._bucket.waiting_count
 
     def available_bytes(self) -> float:
         """Tokens in the bucket now (negative while in debt)."""
         with self._cond:
-            self._refill()
-            return self._tokens
+            return self._bucket.available_bytes()
 
     def set_rate(self, rate_bytes_per_s: int, burst_bytes: int | None = None) -> None:
         """Change the rate (and burst) at run time; waiters re-evaluate immediately."""
-        if rate_bytes_per_s < 0:
-            raise ValueError(f"rate_bytes_per_s must be >= 0, got {rate_bytes_per_s}")
         with self._cond:
-            self._refill()
-            self._rate = int(rate_bytes_per_s)
-            self._burst = int(burst_bytes) if burst_bytes is not None else max(self._rate, 1)
-            self._tokens = min(self._tokens, float(self._burst))
+            self._bucket.set_rate(rate_bytes_per_s, burst_bytes)
             self._cond.notify_all()
 
     def acquire(
@@ -120,55 +102,37 @@ class BandwidthLimiter:
         """
         if n_bytes < 0:
             raise ValueError(f"n_bytes must be >= 0, got {n_bytes}")
-        if self._rate == 0 or n_bytes == 0:
+        bucket = self._bucket
+        if bucket.rate_bytes_per_s == 0 or n_bytes == 0:
             return
         timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         prio = int(Priority(priority))
         with self._cond:
             deadline = self._clock() + timeout_s
-            self._refill()
-            if not self._waiters and self._tokens + _EPSILON_BYTES >= min(n_bytes, self._burst):
-                self._tokens -= n_bytes
+            if bucket.take_if_first(prio, n_bytes):
                 return
-            if len(self._waiters) >= self._max_waiters:
-                raise BandwidthLimitTimeoutError(
-                    f"bandwidth limiter queue is full ({self._max_waiters} waiters)"
-                )
-            ticket = (prio, next(self._seq))
-            heapq.heappush(self._waiters, ticket)
             try:
-                while True:
-                    if self._rate == 0:  # switched to unlimited while waiting
-                        return
-                    self._refill()
-                    needed = min(n_bytes, self._burst)
-                    is_head = self._waiters[0] == ticket
-                    if is_head and self._tokens + _EPSILON_BYTES >= needed:
-                        self._tokens -= n_bytes
-                        return
+                ticket = bucket.enqueue(prio)
+            except WaitersFullError as exc:
+                raise BandwidthLimitTimeoutError(
+                    f"bandwidth limiter queue is full ({exc})"
+                ) from None
+            try:
+                while not bucket.try_grant(ticket, n_bytes):
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         raise BandwidthLimitTimeoutError(
                             f"waited {timeout_s:.3f}s for {n_bytes} bytes at priority "
-                            f"{Priority(prio).name} (rate {self._rate} B/s, "
-                            f"{len(self._waiters) - 1} other waiters)"
+                            f"{Priority(prio).name} (rate {bucket.rate_bytes_per_s} B/s, "
+                            f"{bucket.waiting_count - 1} other waiters)"
                         )
-                    if is_head:
-                        wait = (needed - self._tokens) / self._rate
-                        wait = min(max(wait, _MIN_WAIT_S), _MAX_WAIT_S, remaining)
-                    else:
+                    head_wait = bucket.seconds_until_grant(ticket, n_bytes)
+                    if head_wait is None:
                         wait = min(remaining, _MAX_WAIT_S)
+                    else:
+                        wait = min(max(head_wait, _MIN_WAIT_S), _MAX_WAIT_S, remaining)
                     self._cond.wait(wait)
             finally:
                 # leave the queue (granted, timed out or interrupted) and let the next head go
-                if ticket in self._waiters:
-                    self._waiters.remove(ticket)
-                    heapq.heapify(self._waiters)
+                bucket.leave(ticket)
                 self._cond.notify_all()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        elapsed = now - self._last_refill
-        if elapsed > 0:
-            self._tokens = min(float(self._burst), self._tokens + elapsed * self._rate)
-            self._last_refill = now

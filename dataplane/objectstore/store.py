@@ -15,8 +15,10 @@ What it adds to boto3:
 * a bounded thread pool for the `*_async` variants, and a cap on pending async requests;
 * range-read merging for `get_range_async` (see `merging.py`); sync `get_range` reads
   directly in the calling thread and is never delayed by the merge window;
-* priority bandwidth limits for reads and writes (see `limiter.py`). Note that a request
-  throttled in the pool occupies a worker while it waits for tokens;
+* priority bandwidth limits for reads and writes (see `limiter.py`), and a pool that runs
+  the `*_async` requests by the same priorities, keeping a quarter of its workers for
+  `PRODUCE` work (uploads, WAL PUTs): a catch-up's queued or throttled GETs never hold every
+  worker (see `priority_pool.py`);
 * Prometheus metrics per attempt (see `metrics.py`).
 
 A ranged read returns exactly `end_exclusive - start` bytes or raises: a range past the end
@@ -29,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
@@ -42,6 +44,7 @@ from .health import WriteHealthTracker
 from .limiter import BandwidthLimiter, Priority
 from .merging import RangeMerger, ReadBatch
 from .metrics import ObjectStoreMetrics, default_metrics
+from .priority_pool import PriorityThreadPool
 from .retry import RetryPolicy, classify, final_error, http_status, unavailable
 from .store_config import ObjectStorageConfig
 
@@ -89,9 +92,8 @@ class ObjectStorage:
         self.retry_policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_ms, cfg.backoff_max_ms)
         self.read_limiter = BandwidthLimiter(cfg.read_bandwidth_bytes_per_s)
         self.write_limiter = BandwidthLimiter(cfg.write_bandwidth_bytes_per_s)
-        self._executor = ThreadPoolExecutor(
-            max_workers=cfg.max_concurrency, thread_name_prefix="objectstore"
-        )
+        # by priority, with workers kept for uploads (priority_pool.py)
+        self._executor = PriorityThreadPool(cfg.max_concurrency)
         self._pending = threading.BoundedSemaphore(cfg.max_pending_requests)
         self._merger = RangeMerger(
             self._submit_batch,
@@ -267,7 +269,9 @@ class ObjectStorage:
         """`put_object` on the pool; the future's result is None."""
         _check_key(key)
         self.bucket(bucket_id)
-        return self._submit(self._put_object, bucket_id, key, data, if_none_match, priority)
+        return self._submit(
+            priority, self._put_object, bucket_id, key, data, if_none_match, priority
+        )
 
     @staticmethod
     def _holds_exactly(client: Any, bucket: str, key: str, data: bytes | ObjectBody) -> bool:
@@ -393,7 +397,9 @@ class ObjectStorage:
             done.set_result(b"")
             return done
         if not merge or not self._merger.mergeable(start, end_exclusive):
-            return self._submit(self._get_range, bucket_id, key, start, end_exclusive, priority)
+            return self._submit(
+                priority, self._get_range, bucket_id, key, start, end_exclusive, priority
+            )
         self._check_open()
         self._acquire_pending()
         try:
@@ -565,7 +571,7 @@ class ObjectStorage:
     # -- pool, merging, throttling --------------------------------------------------------------
     def _submit_batch(self, batch: ReadBatch) -> None:
         """RangeMerger callback: run one GET for a flushed batch on the pool."""
-        self._executor.submit(self._run_batch, batch)
+        self._executor.submit(batch.priority, self._run_batch, batch)
 
     def _run_batch(self, batch: ReadBatch) -> None:
         members = batch.claim()
@@ -581,11 +587,11 @@ class ObjectStorage:
             self.metrics.count_merged(batch.bucket_id, len(members))
         batch.deliver(members, start, data)
 
-    def _submit(self, fn: Callable[..., T], *args: Any) -> Future:
+    def _submit(self, priority: Priority, fn: Callable[..., T], *args: Any) -> Future:
         self._check_open()
         self._acquire_pending()
         try:
-            future = self._executor.submit(fn, *args)
+            future = self._executor.submit(priority, fn, *args)
         except RuntimeError as exc:  # shut down concurrently
             self._pending.release()
             raise ObjectStoreError("object storage is closed") from exc

@@ -20,13 +20,27 @@ from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.stream_reader import BlockFetcher, IndexCache, ObjectLocator, StreamReader
 
-__all__ = ["MISSING_OBJECT_ATTEMPTS", "MISSING_OBJECT_BACKOFF_S", "CommittedReaders"]
+__all__ = [
+    "MISSING_OBJECT_ATTEMPTS",
+    "MISSING_OBJECT_BACKOFF_S",
+    "CommittedReaders",
+    "committed_reads_on_this_thread",
+]
 
 log = logging.getLogger(__name__)
 
 # a read that finds its located object deleted (compacted away) re-locates this many times
 MISSING_OBJECT_ATTEMPTS = 3
 MISSING_OBJECT_BACKOFF_S = 0.2
+
+_this_thread = threading.local()  # .reads: committed reads this thread made
+
+
+def committed_reads_on_this_thread() -> int:
+    """How many reads of committed objects the calling thread made so far: a caller that
+    compares it before and after a read knows whether the read reached object storage (the
+    Kafka egress limit ranks such a fetch a catch-up read). Thread-safe (per thread)."""
+    return getattr(_this_thread, "reads", 0)
 
 
 class CommittedReaders:
@@ -59,6 +73,7 @@ class CommittedReaders:
 
     def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         """Batches of `stream_id` in [start, end) from its committed objects (blocks on I/O)."""
+        _this_thread.reads = committed_reads_on_this_thread() + 1
         with self._lock:
             reader = self._readers.pop((stream_id, start), None)
         for attempt in range(1, MISSING_OBJECT_ATTEMPTS + 1):

@@ -332,6 +332,26 @@ def test_read_bandwidth_limit_throttles(aws, registry):
         assert info.value.op == "get" and info.value.bucket_id == 0
 
 
+def test_an_upload_is_not_delayed_by_throttled_catch_up_reads(aws, registry):
+    """Catch-up GETs waiting for read tokens hold at most the pool's low-priority share of
+    workers: an upload queued after them runs at once (seed 002: producer traffic first)."""
+    with ObjectStorage(
+        URIS,
+        metrics=ObjectStoreMetrics(registry),
+        max_concurrency=4,
+        read_bandwidth_bytes_per_s=100,  # one 900-byte GET now, the next after 9 s
+        throttle_timeout_ms=60_000,
+    ) as st:
+        st.put_object(0, "k", b"x" * 2000)
+        gets = [
+            st.get_range_async(0, "k", 0, 900, Priority.CATCH_UP, merge=False) for _ in range(8)
+        ]
+        st.put_object_async(0, "upload", b"y" * 100).result(timeout=10)
+        assert sum(g.done() for g in gets) <= 1  # the catch-up is still throttled
+        st.read_limiter.set_rate(0)  # unlimited: the waiting GETs go
+        assert all(g.result(timeout=10) == b"x" * 900 for g in gets)
+
+
 def test_metrics_count_requests_and_bytes(store, registry):
     store.put_object(0, "m", b"x" * 300)
     store.get_range(0, "m", 0, 100)

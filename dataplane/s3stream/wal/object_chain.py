@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError
+from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, ObjectStoreError, Priority
 from dataplane.s3stream.wal.base import (
     RecoveredRecord,
     WALCorruptError,
@@ -101,7 +101,9 @@ class ClaimedWAL:
 def read_owner(objects: ObjectStorage, where: ObjectWALLocation) -> Owner | None:
     """The WAL's owner object, None if no writer ever opened it."""
     try:
-        return Owner.decode(objects.get_object(where.bucket_id, f"{where.prefix}/owner"))
+        return Owner.decode(
+            objects.get_object(where.bucket_id, f"{where.prefix}/owner", Priority.PRODUCE)
+        )
     except ObjectNotFoundError:
         return None
 
@@ -210,7 +212,10 @@ def read_records(
         next_i = 0
         for item in live:
             while next_i < len(keys) and len(ahead) < parallelism:
-                ahead.append(pool.submit(objects.get_object, where.bucket_id, keys[next_i]))
+                # the write path's own data (recovery, failover): produce priority
+                ahead.append(
+                    pool.submit(objects.get_object, where.bucket_id, keys[next_i], Priority.PRODUCE)
+                )
                 next_i += 1
             try:
                 data = ahead.popleft().result()
