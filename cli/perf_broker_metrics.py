@@ -1,0 +1,125 @@
+"""The brokers' own pauses during an `automqctl perf` run, from their Prometheus /metrics.
+
+A broker serves every Kafka request on one event loop; how late that loop runs what is due
+(`automq_event_loop_lag_seconds`) and how long the garbage collector stops every thread
+(`automq_gc_pause_seconds`) are the broker's own share of a produce's round trip. perf
+scrapes each broker's /metrics when the measured phase starts and when it ends and reports
+the p99 of what was observed in between (the bucket counts' difference), beside librdkafka's
+`broker_rtt_p99_ms`. Not every interval: rendering /metrics takes the broker ~15 ms of
+Python under the GIL, which would land in the very lag it measures.
+
+The arithmetic (`parse_histogram`, `histogram_delta`, `histogram_quantile`) is pure.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from dataclasses import dataclass, field
+
+LOOP_LAG_METRIC = "automq_event_loop_lag_seconds"
+GC_PAUSE_METRIC = "automq_gc_pause_seconds"
+METRICS = (LOOP_LAG_METRIC, GC_PAUSE_METRIC)
+SCRAPE_TIMEOUT_S = 2.0
+MAX_METRICS_BYTES = 16 * 1024 * 1024  # a /metrics page larger than this is cut off
+
+# cumulative counts by bucket upper bound (seconds; math.inf for +Inf), all label sets summed
+Buckets = dict[float, float]
+
+
+def parse_histogram(text: str, name: str) -> Buckets:
+    """The cumulative bucket counts of histogram `name` in a Prometheus text page, summed
+    over its label sets (e.g. every GC generation); empty when the page has none. Pure."""
+    prefix = name + "_bucket{"
+    buckets: Buckets = {}
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix) :].rpartition("} ")
+        bound = _label(labels, "le")
+        if bound is None:
+            continue
+        try:
+            upper = float(bound)  # "+Inf" parses as inf
+            count = float(value.split()[0])
+        except (ValueError, IndexError):
+            continue
+        buckets[upper] = buckets.get(upper, 0.0) + count
+    return buckets
+
+
+def _label(labels: str, key: str) -> str | None:
+    for part in labels.split(","):
+        k, _, v = part.partition("=")
+        if k.strip() == key:
+            return v.strip().strip('"')
+    return None
+
+
+def histogram_delta(before: Buckets, after: Buckets) -> Buckets:
+    """What was observed between two scrapes of one histogram (a bucket missing before
+    counts from zero; a counter that went backwards, i.e. a restarted broker, gives the
+    later scrape alone). Pure."""
+    if any(after.get(bound, 0.0) < count for bound, count in before.items()):
+        return dict(after)
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
+
+
+def histogram_quantile(q: float, buckets: Buckets) -> float | None:
+    """The q-quantile (0..1) of cumulative bucket counts, interpolated linearly within its
+    bucket as Prometheus' `histogram_quantile` does (the lowest bucket starts at 0; a rank
+    in the +Inf bucket gives the highest finite bound); None without observations. Pure."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    total = buckets[bounds[-1]]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank and count > below:
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+@dataclass
+class BrokerPauses:
+    """Scrapes the brokers' /metrics (`urls`) at the start and at the end of the measured
+    phase. Used from one thread (perf's parent process)."""
+
+    urls: list[str]
+    started: list[dict[str, Buckets] | None] = field(default_factory=list)
+
+    def start(self) -> None:
+        """The first scrape (the measured phase starts)."""
+        self.started = [_scrape(url) for url in self.urls]
+
+    def summary(self) -> dict:
+        """The second scrape: the worst broker's p99 of each metric over the phase (ms), or
+        None where a broker could not be scraped or observed nothing."""
+        p99s: dict[str, list[float]] = {name: [] for name in METRICS}
+        for url, before in zip(self.urls, self.started, strict=True):
+            after = _scrape(url)
+            if before is None or after is None:
+                continue
+            for name in METRICS:
+                p99 = histogram_quantile(0.99, histogram_delta(before[name], after[name]))
+                if p99 is not None:
+                    p99s[name].append(p99 * 1000)
+        return {
+            "broker_loop_lag_p99_ms": max(p99s[LOOP_LAG_METRIC], default=None),
+            "broker_gc_pause_p99_ms": max(p99s[GC_PAUSE_METRIC], default=None),
+        }
+
+
+def _scrape(url: str) -> dict[str, Buckets] | None:
+    """One broker's histograms, or None when its /metrics does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
+            text = resp.read(MAX_METRICS_BYTES).decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return {name: parse_histogram(text, name) for name in METRICS}
