@@ -40,7 +40,7 @@ from cli.kafka_util import (
 from cli.local_cluster import LocalCluster
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
-from cli.perf_broker_metrics import BrokerPauses
+from cli.perf_broker_metrics import BrokerPauses, MachineLag
 from cli.perf_histogram import LatencyHistogram
 from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
 
@@ -464,6 +464,7 @@ def _run(
         run.phase = "after"
         run.events["consuming"].set()
     measured = _Measured(keep_histograms=summary_intervals)
+    machine_lag = MachineLag(run.ctx)
     finished = False
     try:
         run.start()
@@ -472,6 +473,7 @@ def _run(
             progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
         run.events["go"].set()
         broker_pauses.start()
+        machine_lag.start()
         start = time.monotonic()
         progress.print(
             f"topics {names} x {partitions} partitions, {producers} producers in "
@@ -480,7 +482,7 @@ def _run(
         )
         progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
         _measure(run, measured, start, duration_s, backlog_seconds, interval_s, groups, progress)
-        pauses = broker_pauses.summary()
+        pauses = {**broker_pauses.summary(), "machine_lag_p99_ms": machine_lag.p99_ms()}
         # producers flush what they have in flight; then the groups read up to it
         run.events["stop_producing"].set()
         run.wait_done(run.producer_ids, STOP_TIMEOUT_S)
@@ -489,6 +491,7 @@ def _run(
             run.drain_consumers(DRAIN_TIMEOUT_S)
         finished = True
     finally:
+        machine_lag.stop()
         # after Ctrl-C or an error the children get a few seconds, not a producer's flush
         run.close(STOP_TIMEOUT_S if finished else INTERRUPTED_STOP_TIMEOUT_S)
     summary = {
@@ -611,7 +614,9 @@ def _measured_summary(run: PerfRun, measured: _Measured, wall: float, pauses: di
         "max_interval_broker_rtt_p99_ms": max(total.rtt_p99_ms, default=None),
         # the broker's own share of that round trip: how late its event loop ran what was
         # due, and its garbage-collector pauses (the worst broker's p99 over the run, from
-        # /metrics; None when perf cannot reach the brokers' /metrics)
+        # /metrics; None when perf cannot reach the brokers' /metrics); and the machine's:
+        # how late a process that only sleeps woke (the CPU scheduler's lateness, in the
+        # broker's loop lag too)
         **pauses,
         # a child that failed or ended early is an error too: its samples are missing
         "errors": total.errors + len(run.failures),

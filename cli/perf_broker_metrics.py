@@ -8,20 +8,33 @@ the p99 of what was observed in between (the bucket counts' difference), beside 
 `broker_rtt_p99_ms`. Not every interval: rendering /metrics takes the broker ~15 ms of
 Python under the GIL, which would land in the very lag it measures.
 
+Beside it, the machine's own share (`MachineLag`): a child process that does nothing but
+sleep `PROBE_INTERVAL_S` and measure how late it woke. On a machine shared with other work
+that lateness (the CPU scheduler's) is in every loop-lag sample of the broker too; the
+broker's own share is the difference.
+
 The arithmetic (`parse_histogram`, `histogram_delta`, `histogram_quantile`) is pure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
+import signal
+import time
 import urllib.request
 from dataclasses import dataclass, field
+
+from cli.perf_histogram import LatencyHistogram
 
 LOOP_LAG_METRIC = "automq_event_loop_lag_seconds"
 GC_PAUSE_METRIC = "automq_gc_pause_seconds"
 METRICS = (LOOP_LAG_METRIC, GC_PAUSE_METRIC)
 SCRAPE_TIMEOUT_S = 2.0
 MAX_METRICS_BYTES = 16 * 1024 * 1024  # a /metrics page larger than this is cut off
+PROBE_INTERVAL_S = 0.02  # as the broker's probe (dataplane/runtime.py)
+MACHINE_LAG_TIMEOUT_S = 5.0  # the reference process's answer at the end
 
 # cumulative counts by bucket upper bound (seconds; math.inf for +Inf), all label sets summed
 Buckets = dict[float, float]
@@ -123,3 +136,58 @@ def _scrape(url: str) -> dict[str, Buckets] | None:
     except (OSError, ValueError):
         return None
     return {name: parse_histogram(text, name) for name in METRICS}
+
+
+class MachineLag:
+    """The machine's wake-up lateness over the measured phase: a child process sleeps
+    `PROBE_INTERVAL_S` at a time and counts how late it woke (perf_histogram buckets).
+    `start` and `p99_ms` are called from one thread."""
+
+    def __init__(self, ctx) -> None:
+        self._ctx = ctx  # a multiprocessing context (spawn)
+        self._stop = ctx.Event()
+        self._receive, send = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_sleep_and_measure,
+            args=(self._stop, send, PROBE_INTERVAL_S),
+            name="perf-machine-lag",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        """Start the reference process (its first sample comes one interval later)."""
+        self._process.start()
+
+    def stop(self) -> None:
+        """Ask the process to end (it also ends with its parent)."""
+        self._stop.set()
+
+    def p99_ms(self) -> float | None:
+        """Stop the process; the p99 of its lateness (ms), None if it did not answer."""
+        self.stop()
+        counts = None
+        with contextlib.suppress(EOFError, OSError):
+            if self._receive.poll(MACHINE_LAG_TIMEOUT_S):
+                counts = self._receive.recv()
+        self._process.join(MACHINE_LAG_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(MACHINE_LAG_TIMEOUT_S)
+        if counts is None:
+            return None
+        histogram = LatencyHistogram()
+        histogram.merge(counts)
+        return histogram.percentile(99)
+
+
+def _sleep_and_measure(stop, send, interval_s: float) -> None:
+    """The reference process: sleep, note how late it woke, until `stop`; send the counts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
+    parent = multiprocessing.parent_process()
+    histogram = LatencyHistogram()
+    while not stop.is_set() and (parent is None or parent.is_alive()):
+        due = time.perf_counter() + interval_s
+        time.sleep(interval_s)
+        histogram.add(max(0.0, time.perf_counter() - due) * 1000)
+    with contextlib.suppress(OSError):
+        send.send(histogram.counts)

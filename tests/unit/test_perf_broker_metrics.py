@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import math
+import multiprocessing
 import threading
 import time
 
@@ -15,6 +16,7 @@ from cli.perf_broker_metrics import (
     GC_PAUSE_METRIC,
     LOOP_LAG_METRIC,
     BrokerPauses,
+    MachineLag,
     histogram_delta,
     histogram_quantile,
     parse_histogram,
@@ -158,3 +160,11 @@ def test_the_consumer_hands_over_fetched_records_without_waiting_for_more():
     # at most max_records at once
     consumer = _FetchedConsumer([_Message(bytes([i])) for i in range(5)])
     assert len(read_available(consumer, 3, 0.1)) == 3 and len(consumer.fetched) == 2
+
+
+def test_the_machines_own_lateness_is_measured_by_a_process_that_only_sleeps():
+    lag = MachineLag(multiprocessing.get_context("spawn"))
+    lag.start()
+    time.sleep(1.0)  # spawning takes a few hundred ms, then 50 samples a second
+    p99_ms = lag.p99_ms()
+    assert p99_ms is not None and 0 <= p99_ms < 1000
