@@ -467,13 +467,13 @@ def _run(
     machine_lag = MachineLag(run.ctx)
     finished = False
     try:
+        machine_lag.start()  # from the clients' warm-up on: it is ready before they are
         run.start()
         waiting_for = producers + (groups * consumers_per_group if backlog_seconds <= 0 else 0)
         if not run.wait_ready(waiting_for, WARMUP_TIMEOUT_S) and not run.failures:
             progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
         run.events["go"].set()
         broker_pauses.start()
-        machine_lag.start()
         start = time.monotonic()
         progress.print(
             f"topics {names} x {partitions} partitions, {producers} producers in "

@@ -30,7 +30,15 @@ from cli.perf_histogram import LatencyHistogram
 
 LOOP_LAG_METRIC = "automq_event_loop_lag_seconds"
 GC_PAUSE_METRIC = "automq_gc_pause_seconds"
-METRICS = (LOOP_LAG_METRIC, GC_PAUSE_METRIC)
+WAL_APPEND_METRIC = "automq_wal_append_latency_seconds"
+# the summary's field -> the broker's histogram it is the p99 of
+SUMMARY_METRICS = {
+    "broker_loop_lag_p99_ms": LOOP_LAG_METRIC,
+    "broker_gc_pause_p99_ms": GC_PAUSE_METRIC,
+    # from a WAL append to its acknowledgement (written and fdatasync'ed, the WAL's
+    # threads handing over): the part of the round trip spent off the event loop
+    "broker_wal_append_p99_ms": WAL_APPEND_METRIC,
+}
 SCRAPE_TIMEOUT_S = 2.0
 MAX_METRICS_BYTES = 16 * 1024 * 1024  # a /metrics page larger than this is cut off
 PROBE_INTERVAL_S = 0.02  # as the broker's probe (dataplane/runtime.py)
@@ -111,21 +119,19 @@ class BrokerPauses:
         self.started = [_scrape(url) for url in self.urls]
 
     def summary(self) -> dict:
-        """The second scrape: the worst broker's p99 of each metric over the phase (ms), or
-        None where a broker could not be scraped or observed nothing."""
-        p99s: dict[str, list[float]] = {name: [] for name in METRICS}
+        """The second scrape: the worst broker's p99 of each metric over the phase (ms, by
+        its `SUMMARY_METRICS` field), or None where no broker could be scraped or observed
+        anything."""
+        p99s: dict[str, list[float]] = {name: [] for name in SUMMARY_METRICS.values()}
         for url, before in zip(self.urls, self.started, strict=True):
             after = _scrape(url)
             if before is None or after is None:
                 continue
-            for name in METRICS:
+            for name in p99s:
                 p99 = histogram_quantile(0.99, histogram_delta(before[name], after[name]))
                 if p99 is not None:
                     p99s[name].append(p99 * 1000)
-        return {
-            "broker_loop_lag_p99_ms": max(p99s[LOOP_LAG_METRIC], default=None),
-            "broker_gc_pause_p99_ms": max(p99s[GC_PAUSE_METRIC], default=None),
-        }
+        return {field: max(p99s[name], default=None) for field, name in SUMMARY_METRICS.items()}
 
 
 def _scrape(url: str) -> dict[str, Buckets] | None:
@@ -135,7 +141,7 @@ def _scrape(url: str) -> dict[str, Buckets] | None:
             text = resp.read(MAX_METRICS_BYTES).decode(errors="replace")
     except (OSError, ValueError):
         return None
-    return {name: parse_histogram(text, name) for name in METRICS}
+    return {name: parse_histogram(text, name) for name in SUMMARY_METRICS.values()}
 
 
 class MachineLag:
@@ -144,19 +150,23 @@ class MachineLag:
     `start` and `p99_ms` are called from one thread."""
 
     def __init__(self, ctx) -> None:
-        self._ctx = ctx  # a multiprocessing context (spawn)
         self._stop = ctx.Event()
+        self._ready = ctx.Event()
         self._receive, send = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_sleep_and_measure,
-            args=(self._stop, send, PROBE_INTERVAL_S),
+            args=(self._ready, self._stop, send, PROBE_INTERVAL_S),
             name="perf-machine-lag",
             daemon=True,
         )
 
     def start(self) -> None:
-        """Start the reference process (its first sample comes one interval later)."""
+        """Start the reference process (spawning takes a few hundred ms: `ready`)."""
         self._process.start()
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether the process measures, after waiting up to `timeout_s` for it."""
+        return self._ready.wait(timeout_s)
 
     def stop(self) -> None:
         """Ask the process to end (it also ends with its parent)."""
@@ -180,11 +190,12 @@ class MachineLag:
         return histogram.percentile(99)
 
 
-def _sleep_and_measure(stop, send, interval_s: float) -> None:
+def _sleep_and_measure(ready, stop, send, interval_s: float) -> None:
     """The reference process: sleep, note how late it woke, until `stop`; send the counts."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
     parent = multiprocessing.parent_process()
     histogram = LatencyHistogram()
+    ready.set()
     while not stop.is_set() and (parent is None or parent.is_alive()):
         due = time.perf_counter() + interval_s
         time.sleep(interval_s)

@@ -108,9 +108,11 @@ def test_perf_reports_the_worst_brokers_p99_from_two_scrapes():
         server.server_close()
     assert summary["broker_loop_lag_p99_ms"] == pytest.approx(0.99)
     assert summary["broker_gc_pause_p99_ms"] == pytest.approx(1.98)
+    assert summary["broker_wal_append_p99_ms"] is None  # not on these pages
     assert BrokerPauses([]).summary() == {
         "broker_loop_lag_p99_ms": None,
         "broker_gc_pause_p99_ms": None,
+        "broker_wal_append_p99_ms": None,
     }
 
 
@@ -152,7 +154,7 @@ def test_the_consumer_hands_over_fetched_records_without_waiting_for_more():
     consumer = _FetchedConsumer([_Message(b"a"), _Message(b"", error="EOF"), _Message(b"b")])
     started = time.monotonic()
     assert read_available(consumer, 1000, 0.5) == [b"a", b"b"]
-    assert time.monotonic() - started < 0.1  # not the 0.5 s wait for 1,000 records
+    assert time.monotonic() - started < 0.4  # not the 0.5 s wait for 1,000 records
     assert consumer.calls == [("poll", 0.5), ("consume", 999, 0)]
     # nothing fetched: one bounded wait, then nothing
     assert read_available(consumer, 1000, 0.01) == []
@@ -165,6 +167,7 @@ def test_the_consumer_hands_over_fetched_records_without_waiting_for_more():
 def test_the_machines_own_lateness_is_measured_by_a_process_that_only_sleeps():
     lag = MachineLag(multiprocessing.get_context("spawn"))
     lag.start()
-    time.sleep(1.0)  # spawning takes a few hundred ms, then 50 samples a second
+    assert lag.ready(60)
+    time.sleep(0.5)  # 50 samples a second
     p99_ms = lag.p99_ms()
     assert p99_ms is not None and 0 <= p99_ms < 1000
