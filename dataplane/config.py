@@ -38,6 +38,9 @@ UPLOAD_THRESHOLD_BYTES = 64 * MiB
 UPLOAD_INTERVAL_S = 5.0
 MAX_REQUEST_BYTES = 100 * MiB  # Kafka's socket.request.max.bytes
 RETENTION_CHECK_INTERVAL_MS = 300_000  # Kafka's log.retention.check.interval.ms
+# CPython's own default (sys.getswitchinterval()): 1 ms measured no better on a busy
+# 2-core machine (issue 28: 7 runs each, in turns, load ~16)
+GIL_SWITCH_INTERVAL_MS = 5.0
 # one partition's records in one produce request (the broker refuses more)
 MAX_PARTITION_PRODUCE_BYTES = 8 * MiB
 # a WAL record is one such produce plus its stream header; a smaller limit failed such
@@ -403,6 +406,14 @@ class BrokerConfig(BaseModel):
         "and retention.bytes",
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="0: no /metrics endpoint")
+    gil_switch_interval_ms: float = Field(
+        GIL_SWITCH_INTERVAL_MS,
+        gt=0,
+        le=100,
+        description="how long a thread may run Python while another waits for the GIL "
+        "(sys.setswitchinterval): a WAL thread done with its fdatasync, or the event loop, "
+        "waits up to this long while another thread runs Python",
+    )
     bucket_probe_interval_ms: int = Field(
         2_000,
         ge=0,

@@ -78,6 +78,12 @@ def install_gc_pause_metric() -> None:
             _state["installed"] = True
 
 
+def set_gil_switch_interval(interval_ms: float) -> None:
+    """How long a thread may run Python before one waiting for the GIL gets it (for the
+    whole process: `sys.setswitchinterval`)."""
+    sys.setswitchinterval(interval_ms / 1000)
+
+
 def freeze_startup_heap() -> None:
     """Collect once, then move every surviving object to the permanent generation: full
     collections no longer walk the start-up heap (modules, image, config)."""

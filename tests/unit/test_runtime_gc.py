@@ -18,6 +18,7 @@ from dataplane.runtime import (
     PAUSE_BUCKETS_S,
     EventLoopLagProbe,
     install_gc_pause_metric,
+    set_gil_switch_interval,
 )
 
 
@@ -141,3 +142,12 @@ def test_freed_get_sized_buffers_are_reused_without_page_faults():
     # 20 buffers of 2,048 pages each went through; only the second buffer's first use (and
     # a few stray pages) may fault
     assert int(kept) < 2 * 2048, f"default: {faults('default')} faults, kept: {kept}"
+
+
+def test_the_gil_switch_interval_is_set_in_milliseconds():
+    previous = sys.getswitchinterval()
+    try:
+        set_gil_switch_interval(0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(previous)
