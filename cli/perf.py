@@ -40,6 +40,7 @@ from cli.kafka_util import (
 from cli.local_cluster import LocalCluster
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
+from cli.perf_broker_metrics import BrokerPauses, MachineLag
 from cli.perf_histogram import LatencyHistogram
 from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
 
@@ -309,6 +310,7 @@ def perf(
         fail("--acks must be 0, 1 or all")
     if producers is None:
         producers = producer_processes
+    metrics_urls = _broker_metrics_urls(dir, bootstrap_server)
     bootstrap_server = _reachable_bootstrap(bootstrap_server, dir)
     run_id = uuid.uuid4().hex[:6]
     names = [f"{topic_prefix}-{run_id}-{i}" for i in range(topics)]
@@ -342,6 +344,7 @@ def perf(
             client_config,
             format,
             summary_intervals,
+            BrokerPauses(metrics_urls),
         )
     finally:
         if cleanup:
@@ -360,6 +363,23 @@ def _reachable_bootstrap(bootstrap_server: str | None, dir: Path) -> str:
     except (ConnectionError, ValueError) as exc:
         fail(str(exc))
     return bootstrap_server
+
+
+def _broker_metrics_urls(dir: Path, bootstrap_server: str | None) -> list[str]:
+    """The /metrics of the local cluster's brokers, when perf runs against that cluster
+    (no --bootstrap-server, or the cluster's own); empty otherwise."""
+    cluster = LocalCluster(dir)
+    try:
+        if not cluster.exists():
+            return []
+        config = cluster.load()
+        if bootstrap_server is not None and bootstrap_server != config.bootstrap_servers():
+            return []
+    except ClusterError:
+        return []
+    return [
+        f"http://{config.host}:{b.metrics_port}/metrics" for b in config.brokers if b.metrics_port
+    ]
 
 
 def _create_topics(admin, names: list[str], partitions: int, cleanup: bool, progress) -> None:
@@ -417,9 +437,12 @@ def _run(
     client_config: dict | None = None,
     format: OutputFormat = OutputFormat.table,
     summary_intervals: bool = False,
+    broker_pauses: BrokerPauses | None = None,
 ) -> None:
     """Run the load on the created topics `names`, print every interval, then the summary
-    (exit code 1 when there were errors)."""
+    (exit code 1 when there were errors). `broker_pauses` scrapes the brokers' loop lag and
+    GC pauses at the start and the end of the measured phase."""
+    broker_pauses = broker_pauses or BrokerPauses([])
     progress = console if format == OutputFormat.table else err_console
     processes = min(producer_processes, producers)
     group_names = [f"perf-{run_id}-g{g}" for g in range(groups)]
@@ -441,13 +464,16 @@ def _run(
         run.phase = "after"
         run.events["consuming"].set()
     measured = _Measured(keep_histograms=summary_intervals)
+    machine_lag = MachineLag(run.ctx)
     finished = False
     try:
+        machine_lag.start()  # from the clients' warm-up on: it is ready before they are
         run.start()
         waiting_for = producers + (groups * consumers_per_group if backlog_seconds <= 0 else 0)
         if not run.wait_ready(waiting_for, WARMUP_TIMEOUT_S) and not run.failures:
             progress.print(f"[yellow]clients not ready after {WARMUP_TIMEOUT_S:.0f} s: starting[/]")
         run.events["go"].set()
+        broker_pauses.start()
         start = time.monotonic()
         progress.print(
             f"topics {names} x {partitions} partitions, {producers} producers in "
@@ -456,6 +482,7 @@ def _run(
         )
         progress.print("   time  prod MB/s  prod p50/p99/p999 ms   cons MB/s   e2e p50/p99/p999 ms")
         _measure(run, measured, start, duration_s, backlog_seconds, interval_s, groups, progress)
+        pauses = {**broker_pauses.summary(), "machine_lag_p99_ms": machine_lag.p99_ms()}
         # producers flush what they have in flight; then the groups read up to it
         run.events["stop_producing"].set()
         run.wait_done(run.producer_ids, STOP_TIMEOUT_S)
@@ -464,6 +491,7 @@ def _run(
             run.drain_consumers(DRAIN_TIMEOUT_S)
         finished = True
     finally:
+        machine_lag.stop()
         # after Ctrl-C or an error the children get a few seconds, not a producer's flush
         run.close(STOP_TIMEOUT_S if finished else INTERRUPTED_STOP_TIMEOUT_S)
     summary = {
@@ -476,7 +504,7 @@ def _run(
         "record_size": record_size,
         "send_rate": send_rate,
         "acks": acks,
-        **_measured_summary(run, measured, wall),
+        **_measured_summary(run, measured, wall, pauses),
     }
     if backlog_seconds > 0:
         summary.update(_catchup_summary(run, measured))
@@ -555,8 +583,9 @@ def _interval_row(w: _Window, elapsed: float, interval_s: float) -> dict:
     }
 
 
-def _measured_summary(run: PerfRun, measured: _Measured, wall: float) -> dict:
-    """The summary's measurements over the whole run (`wall` seconds of producing)."""
+def _measured_summary(run: PerfRun, measured: _Measured, wall: float, pauses: dict) -> dict:
+    """The summary's measurements over the whole run (`wall` seconds of producing);
+    `pauses`: the brokers' loop-lag and GC-pause p99s (BrokerPauses.summary)."""
     total = run.total
     produced_records = sum(run.records[i] for i in run.producer_ids)
     return {
@@ -583,6 +612,12 @@ def _measured_summary(run: PerfRun, measured: _Measured, wall: float) -> dict:
         # (no Python stall of the load generator in it): the median and worst window
         "broker_rtt_p99_ms": _median(total.rtt_p99_ms),
         "max_interval_broker_rtt_p99_ms": max(total.rtt_p99_ms, default=None),
+        # the broker's own share of that round trip: how late its event loop ran what was
+        # due, and its garbage-collector pauses (the worst broker's p99 over the run, from
+        # /metrics; None when perf cannot reach the brokers' /metrics); and the machine's:
+        # how late a process that only sleeps woke (the CPU scheduler's lateness, in the
+        # broker's loop lag too)
+        **pauses,
         # a child that failed or ended early is an error too: its samples are missing
         "errors": total.errors + len(run.failures),
         "produced_records": produced_records,

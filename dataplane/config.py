@@ -40,6 +40,9 @@ UPLOAD_INTERVAL_S = 5.0
 MAX_REQUEST_BYTES = 100 * MiB  # Kafka's socket.request.max.bytes
 DEFAULT_PARTITIONS = 1  # Kafka's num.partitions
 RETENTION_CHECK_INTERVAL_MS = 300_000  # Kafka's log.retention.check.interval.ms
+# CPython's own default (sys.getswitchinterval()): 1 ms measured no better on a busy
+# 2-core machine (issue 28: 7 runs each, in turns, load ~16)
+GIL_SWITCH_INTERVAL_MS = 5.0
 # one partition's records in one produce request (the broker refuses more)
 MAX_PARTITION_PRODUCE_BYTES = 8 * MiB
 # a WAL record is one such produce plus its stream header; a smaller limit failed such
@@ -447,6 +450,14 @@ class BrokerConfig(BaseModel):
         True,
         description="a Metadata request may create the missing topics it names (Kafka's "
         "auto.create.topics.enable; the client must allow it too)",
+    )
+    gil_switch_interval_ms: float = Field(
+        GIL_SWITCH_INTERVAL_MS,
+        gt=0,
+        le=100,
+        description="how long a thread may run Python while another waits for the GIL "
+        "(sys.setswitchinterval): a WAL thread done with its fdatasync, or the event loop, "
+        "waits up to this long while another thread runs Python",
     )
     bucket_probe_interval_ms: int = Field(
         2_000,

@@ -51,6 +51,7 @@ from dataplane.kafka.server import KafkaServerThread
 from dataplane.kafka.txn.coordinator import TransactionCoordinator
 from dataplane.kafka.txn.handlers import TxnHandlers
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
+from dataplane.runtime import EventLoopLagProbe
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import wal_uri_for_path
 from dataplane.zonerouter.channel import ChannelReaders
@@ -443,6 +444,8 @@ class Broker:
             registry, max_request_bytes=cfg.max_request_bytes, listeners=listeners
         )
         self._start_server(kafka)
+        # how late the loop runs what is due: the broker's own share of a produce's wait
+        self._add(EventLoopLagProbe(kafka.loop))
         self._add(
             CoordinatorSlots(
                 cfg.node_id,
@@ -519,7 +522,7 @@ class Broker:
         """The transaction coordinator first (on the loop), then the server, then the
         other components in reverse start order."""
         components = list(reversed(self.components))
-        server_users = {"transactions", "coordinator-slots"}
+        server_users = {"transactions", "coordinator-slots", EventLoopLagProbe.name}
         for component in [c for c in components if c.name in server_users]:
             try:
                 component.stop()

@@ -17,7 +17,12 @@ from pathlib import Path
 from controlplane.signal_watcher import SignalWatcher
 from dataplane.broker.assembly import Broker
 from dataplane.config import BrokerConfig
-from dataplane.runtime import freeze_startup_heap, install_gc_pause_metric, keep_freed_memory
+from dataplane.runtime import (
+    freeze_startup_heap,
+    install_gc_pause_metric,
+    keep_freed_memory,
+    set_gil_switch_interval,
+)
 
 log = logging.getLogger("dataplane.broker")
 
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BrokerConfig.model_validate(json.loads(args.config.read_text()))
     install_gc_pause_metric()
     keep_freed_memory()
+    set_gil_switch_interval(config.gil_switch_interval_ms)
     broker = Broker(config)
     stop = SignalWatcher.install().stop_event
     broker.start()

@@ -294,6 +294,10 @@ def test_operator_experience_issue_18(cluster_dir):
     assert summary["produce_p99_ms"] > 0 and summary["e2e_p99_ms"] > 0
     # librdkafka's own round-trip times to the broker (measured in C) are reported too
     assert 0 < summary["broker_rtt_p99_ms"] <= summary["max_interval_broker_rtt_p99_ms"]
+    # and the brokers' own share of it, from their /metrics (loop lag, GC pauses, WAL
+    # appends over the run), beside how late a process that only sleeps woke
+    assert summary["broker_loop_lag_p99_ms"] > 0 and summary["broker_wal_append_p99_ms"] > 0
+    assert "broker_gc_pause_p99_ms" in summary and summary["machine_lag_p99_ms"] >= 0
     # --summary-intervals: each interval's produce latencies, for any window of the run
     intervals = summary["intervals"]
     assert len(intervals) >= 2 and intervals[0]["end_unix_s"] < intervals[-1]["end_unix_s"]
