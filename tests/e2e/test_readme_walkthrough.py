@@ -7,6 +7,11 @@ README as it changes. Each runs through `bash -c` in the venv (as if activated),
 exit check; a variable a line sets (`BOOTSTRAP=$(...)`) is handed to the lines after it.
 What the test does differently from a user is in the small lists below, each with its reason;
 a list entry that no longer matches a README line fails the test (the lists cannot go stale).
+The `cluster up --FLAG` variants run against the running cluster and must be refused as the
+README says (exit 1, one line, every flag named). Before the compaction line the test writes
+records to `orders` and waits for their upload, so the run really merges objects on Spark
+(the README's own lines leave nothing to merge: perf deletes its topics); without `java`
+that line is not run and a warning says so.
 
 A fully clean venv, not `--system-site-packages`: with pip's wheel cache warm the install
 took 100-150 s here (2 busy cores; pyspark is most of it), within the ~3 minutes we allow a
