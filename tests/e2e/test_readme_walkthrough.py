@@ -66,6 +66,8 @@ REWRITTEN = {
     "automqctl cluster status --watch": (
         "automqctl cluster status --watch --exit-when-healthy --timeout-s 120"
     ),
+    # the live view runs until q; its comment names the one-sample form scripts use
+    "automqctl cluster top": "automqctl cluster top --once --format json",
     # 60 s of load is not what this test checks: a few seconds run every step of perf
     "automqctl perf --partitions 6 --record-size 1024 --send-rate 20000 --duration 60": (
         "automqctl perf --partitions 6 --record-size 1024 --send-rate 20000 --duration 5"
