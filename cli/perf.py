@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from cli.cluster_config import DEFAULT_CLUSTER_DIR, ClusterError
 from cli.kafka_util import (
@@ -261,6 +262,28 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _summary_value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(", ", ": "))
+    return str(value)
+
+
+def summary_table(summary: dict) -> Table:
+    """The run's summary as a two-column table (the same fields as `--format json`)."""
+    table = Table(title="summary", show_header=True)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, _summary_value(value))
+    return table
+
+
 def perf(
     bootstrap_server: str | None = typer.Option(None, "--bootstrap-server", "-b"),
     dir: Path = typer.Option(DEFAULT_CLUSTER_DIR, "--dir", envvar="AUTOMQ_CLUSTER_DIR"),
@@ -295,7 +318,9 @@ def perf(
         "take the percentiles of any window of the run",
     ),
     cleanup: bool = typer.Option(
-        True, "--cleanup/--no-cleanup", help="delete the run's topics (and data) at the end"
+        True,
+        "--cleanup/--no-cleanup",
+        help="delete the run's topics (and data) and consumer groups at the end",
     ),
     format: OutputFormat = FormatOption,
 ) -> None:
@@ -349,6 +374,12 @@ def perf(
     finally:
         if cleanup:
             _delete_topics(admin, names, progress)
+            _delete_groups(admin, group_names_of(run_id, groups), progress)
+
+
+def group_names_of(run_id: str, groups: int) -> list[str]:
+    """The consumer groups of a run (one per --groups). Pure."""
+    return [f"perf-{run_id}-g{g}" for g in range(groups)]
 
 
 def _reachable_bootstrap(bootstrap_server: str | None, dir: Path) -> str:
@@ -417,6 +448,24 @@ def _delete_topics(admin, names: list[str], progress=console) -> None:
         warn(f"could not delete the perf topics {', '.join(names)}: {client_error_text(exc)}")
 
 
+def _delete_groups(admin, names: list[str], progress=console) -> None:
+    """Delete the run's consumer groups (their committed offsets); a group that never
+    committed is not there, which is fine; any other failure is a note, not an error."""
+    if not names:
+        return
+    try:
+        futures = admin.delete_consumer_groups(names, request_timeout=30)
+        for fut in futures.values():
+            try:
+                fut.result(30)
+            except Exception as exc:
+                if "GROUP_ID_NOT_FOUND" not in client_error_text(exc):
+                    raise
+        progress.print(f"deleted consumer groups {', '.join(names)} (--no-cleanup keeps them)")
+    except Exception as exc:
+        warn(f"could not delete the perf groups {', '.join(names)}: {client_error_text(exc)}")
+
+
 def _run(
     bootstrap_server: str,
     names: list[str],
@@ -445,7 +494,7 @@ def _run(
     broker_pauses = broker_pauses or BrokerPauses([])
     progress = console if format == OutputFormat.table else err_console
     processes = min(producer_processes, producers)
-    group_names = [f"perf-{run_id}-g{g}" for g in range(groups)]
+    group_names = group_names_of(run_id, groups)
     run = PerfRun(
         bootstrap_server,
         names,
@@ -660,7 +709,7 @@ def _report(
     `summary_intervals`), exit 1 when there were errors."""
     text = json.dumps(summary, indent=2)
     if not print_data(summary, format):
-        console.print(text, markup=False, highlight=False)
+        console.print(summary_table(summary))
     if summary_file is not None:
         if summary_intervals:
             detail = [

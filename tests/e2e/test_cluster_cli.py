@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
+
+from cli.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -284,6 +287,16 @@ def test_operator_experience_issue_18(cluster_dir):
     assert perf.returncode == 0, perf.stderr + perf.stdout
     assert "deleted topics" in perf.stdout and "rdkafka" not in perf.stderr
     summary = json.loads(summary_file.read_text())
+    # nothing left behind: no topic and no consumer group of the run; its table output is
+    # a table (no JSON document after it)
+    assert "deleted consumer groups" in perf.stdout
+    assert '"produced_records"' not in perf.stdout and "produced_records" in perf.stdout
+    bootstrap = LocalCluster(cluster_dir).load().bootstrap_servers()
+    leftover_admin = AdminClient({"bootstrap.servers": bootstrap})
+    groups = leftover_admin.list_consumer_groups(request_timeout=30).result(timeout=60)
+    assert [g.group_id for g in groups.valid if g.group_id.startswith("perf-")] == []
+    topics = leftover_admin.list_topics(timeout=30).topics
+    assert [t for t in topics if t.startswith("pc-")] == []
     assert summary["producer_processes"] == 2 and summary["consumer_processes"] == 1
     pids = [p["pid"] for p in summary["processes"]]
     assert [p["role"] for p in summary["processes"]] == ["producer", "producer", "consumer"]

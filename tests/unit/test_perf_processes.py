@@ -54,3 +54,22 @@ def test_a_batch_lands_in_the_buckets_of_its_values_one_by_one():
     assert batched.counts == one_by_one.counts and batched.count == len(seconds)
     batched.add_many([])
     assert batched.count == len(seconds)
+
+
+def test_the_summary_prints_as_a_table_not_a_json_document():
+    """`perf`'s table output ends with a table of the summary's fields (issue #30: it ended
+    with a raw JSON dump); --format json keeps the document."""
+    import io
+
+    from rich.console import Console
+
+    from cli.perf import group_names_of, summary_table
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(
+        summary_table({"produced_records": 12345, "produce_p99_ms": 3.25, "e2e_p99_ms": None})
+    )
+    text = buffer.getvalue()
+    assert "{" not in text and '"' not in text
+    assert "produced_records" in text and "12,345" in text and "3.25" in text
+    assert group_names_of("abc123", 2) == ["perf-abc123-g0", "perf-abc123-g1"]
