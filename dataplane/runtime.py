@@ -223,7 +223,14 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext("object-wal-writer", "1 per object WAL", "PUTs WAL objects", True),
     ExecutionContext("object-wal-acks", "1 per object WAL", "acks appends in order", True),
     ExecutionContext("object-wal-read", "16", "parallel GETs while recovering a WAL", True),
-    ExecutionContext("objectstore", "object_store max_concurrency", "S3 requests (boto3)", True),
+    ExecutionContext(
+        "objectstore",
+        "object_store max_concurrency",
+        "S3 requests (boto3), run by priority (`objectstore/priority_pool.py`): PRODUCE "
+        "(uploads, WAL PUTs, WAL recovery reads) before CATCH_UP before COMPACTION; a quarter "
+        "of the threads run only PRODUCE work",
+        True,
+    ),
     ExecutionContext("objectstore-merger", "1", "merges adjacent range reads", True),
     ExecutionContext("probe", "1 per bucket", "bucket health probes (tiny PUTs)", True),
     ExecutionContext("failover", "1 per failed node", "WAL failover of a fenced node", True),
