@@ -185,7 +185,7 @@ class WrittenObject:
     """Result of :meth:`ObjectWriter.finish`: the object's bytes as `parts` (block
     headers and bodies, index, footer, in order: an upload sends them without joining)."""
 
-    parts: tuple[bytes | bytearray, ...]
+    parts: tuple[bytes | bytearray | memoryview, ...]
     ranges: list[StreamRange]
     index: list[IndexEntry]
     size_bytes: int
@@ -237,7 +237,7 @@ class ObjectWriter:
             raise ValueError(f"max_object_bytes={max_object_bytes} out of range")
         self._block_size_bytes = block_size_bytes
         self._max_object_bytes = max_object_bytes
-        self._blocks: list[bytes | bytearray] = []  # block heads and bodies, in order
+        self._blocks: list[bytes | bytearray | memoryview] = []  # block heads, body parts
         self._index: list[IndexEntry] = []
         self._position = 0
         self._open: _OpenBlock | None = None
@@ -364,11 +364,12 @@ class ObjectWriter:
         if block is None:
             return
         self._open = None
-        # header and body stay separate buffers until `finish` joins the object: the body
-        # is copied once, not three times (it holds the GIL while copying megabytes)
-        body = b"".join(block.pieces)
-        head = _block_head(body, block.batch_count)
-        size = len(head) + len(body)
+        # the block's body as parts: payloads of at least SHARED_PIECE_BYTES are kept as
+        # they are (an upload sends them without a copy), runs of smaller pieces (the batch
+        # headers, small batches) are joined, so the body is never copied whole
+        body = _coalesced(block.pieces)
+        head = _block_head(body, block.body_size, block.batch_count)
+        size = len(head) + block.body_size
         entry = IndexEntry(
             stream_id=block.stream_id,
             start_offset=block.start_offset,
@@ -377,7 +378,8 @@ class ObjectWriter:
             position=self._position,
             size=size,
         )
-        self._blocks += (head, body)
+        self._blocks.append(head)
+        self._blocks += body
         self._index.append(entry)
         self._position += size
 
@@ -410,12 +412,39 @@ class ObjectWriter:
         )
 
 
-def _block_head(body: bytes | bytearray, batch_count: int) -> bytes:
-    """The header of the data block holding `body`, its CRC32C included."""
-    head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, len(body), 0)[
+def _block_head(body: Sequence[bytes | memoryview], body_size: int, batch_count: int) -> bytes:
+    """The header of the data block whose body is the concatenation of `body` (`body_size`
+    bytes), its CRC32C included."""
+    head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, body_size, 0)[
         :_BLOCK_HEADER_CRC_SPAN
     ]
-    return head + _crc32c.crc32c(body, _crc32c.crc32c(head)).to_bytes(4, "big")
+    crc = _crc32c.crc32c(head)
+    for part in body:
+        crc = _crc32c.crc32c(part, crc)
+    return head + crc.to_bytes(4, "big")
+
+
+# a piece of a block's body at least this large is kept as it is in the object's parts;
+# smaller ones are joined with their neighbours (a part per small piece would cost a send
+# call each when the object is uploaded)
+SHARED_PIECE_BYTES = 64 * 1024
+
+
+def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """`pieces` with every run of pieces below SHARED_PIECE_BYTES joined into one."""
+    parts: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    for piece in pieces:
+        if len(piece) >= SHARED_PIECE_BYTES:
+            if run:
+                parts.append(run[0] if len(run) == 1 else b"".join(run))
+                run = []
+            parts.append(piece)
+        else:
+            run.append(piece)
+    if run:
+        parts.append(run[0] if len(run) == 1 else b"".join(run))
+    return parts
 
 
 def check_block(block_bytes: bytes | bytearray | memoryview, entry: IndexEntry) -> memoryview:

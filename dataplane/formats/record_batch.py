@@ -65,6 +65,8 @@ __all__ = [
     "RecordChunks",
     "concat_records",
     "MIN_CHUNK_BYTES",
+    "CRC_KEEP_GIL_BELOW_BYTES",
+    "crc32c_keeping_gil",
 ]
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -81,6 +83,12 @@ _CRC_OFFSET = 17
 _ATTRIBUTES_OFFSET = 21  # start of the CRC'd range
 _INT64_MAX = 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+# A CRC of fewer bytes than this keeps the GIL (the crc32c package releases it from 32 KiB
+# on): a produce's checks run on the event loop, where a release in the middle of a request
+# hands the GIL to another thread (a context switch, and a wait of up to the switch interval
+# to take it back) for a computation of well under a millisecond.
+CRC_KEEP_GIL_BELOW_BYTES = 8 * 1024 * 1024
 
 _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_BIT = 0x08
@@ -172,6 +180,13 @@ class RecordBatchHeader:
         return self.producer_id >= 0
 
 
+def crc32c_keeping_gil(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C of `data` continuing `value`; below CRC_KEEP_GIL_BELOW_BYTES without releasing
+    the GIL (see there)."""
+    keep = len(data) < CRC_KEEP_GIL_BELOW_BYTES
+    return crc32c.crc32c(data, value, gil_release_mode=0 if keep else -1)
+
+
 def _fail(code: KafkaError, message: str) -> InvalidRecordBatchError:
     return InvalidRecordBatchError(code, message)
 
@@ -246,7 +261,7 @@ def parse_batch_header(
 def _check_batch(batch: RecordBatchHeader, *, verify_crc: bool, client_origin: bool) -> None:
     where = f"batch at byte {batch.position}"
     if verify_crc:
-        computed = crc32c.crc32c(memoryview(batch.data)[_ATTRIBUTES_OFFSET:])
+        computed = crc32c_keeping_gil(memoryview(batch.data)[_ATTRIBUTES_OFFSET:])
         if computed != batch.crc:
             raise _fail(
                 KafkaError.CORRUPT_MESSAGE,

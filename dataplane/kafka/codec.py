@@ -49,6 +49,7 @@ from dataplane.formats.kafka_errors import (
     UnsupportedVersionError,
 )
 from dataplane.formats.record_batch import RecordChunks
+from dataplane.kafka.produce_decoder import decode_produce_body
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -307,6 +308,9 @@ def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
         TypeError: ``frame`` is not a bytes-like object (a programming error).
 
     No other exception escapes for any byte string (a fuzz test holds us to it).
+
+    A Produce request's record sets are read-only views of `frame` (not copies): the
+    caller must not change `frame` afterwards.
     """
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise TypeError(f"frame must be bytes-like, not {type(frame).__name__}")
@@ -338,10 +342,14 @@ def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
         raise MalformedRequestError(f"invalid request header: {exc}", **ids) from None
 
     try:
-        decoder = cls._struct.compiled_decode_from(
-            api_version, compact=flexible, tagged=flexible, data_class=cls
-        )
-        body, end = decoder(view, pos)
+        if api_key == PRODUCE_KEY:
+            # the record sets as views of the frame, not copies (produce_decoder.py)
+            body, end = decode_produce_body(view, pos, api_version, cls)
+        else:
+            decoder = cls._struct.compiled_decode_from(
+                api_version, compact=flexible, tagged=flexible, data_class=cls
+            )
+            body, end = decoder(view, pos)
     except Exception as exc:  # noqa: BLE001 - kafka-python raises many types on garbage
         raise MalformedRequestError(
             f"cannot decode {cls.name} v{api_version} body: {type(exc).__name__}: {exc}", **ids

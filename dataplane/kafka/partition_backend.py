@@ -61,7 +61,7 @@ class OffsetOutOfRangeError(ValueError):
 
 
 def parse_produced_batches(
-    records: bytes | None, configs: Mapping[str, str], *, copy: bool = True
+    records: bytes | memoryview | None, configs: Mapping[str, str], *, copy: bool = True
 ) -> list[RecordBatchHeader] | AppendOutcome:
     """The batches of one partition's records in a produce request, or the outcome that
     refuses them all (Kafka's LogValidator: nothing of the request is kept): none or not
@@ -216,9 +216,12 @@ class PartitionBackend(Protocol):
     @property
     def high_watermark(self) -> int: ...
 
-    def append(self, records: bytes | None, link: LinkBuilder | None = None) -> AppendOutcome:
+    def append(
+        self, records: bytes | memoryview | None, link: LinkBuilder | None = None
+    ) -> AppendOutcome:
         """Validate (`parse_produced_batches`) and append a produce request's record
-        batches (offsets assigned here). `link` (the zone router's main): the WAL keeps a
+        batches (offsets assigned here). `records` is a read-only view of the request's
+        frame (the produce decoder's): a backend that keeps it beyond the call copies it. `link` (the zone router's main): the WAL keeps a
         Link Record to the data in a RouterChannel instead of the data; a backend with no
         local stream refuses it (`BackendError`, NOT_LEADER_OR_FOLLOWER). Never blocks
         (called on the event loop). Raises

@@ -179,6 +179,9 @@ class OwnChannelPartition:
         pipeline = self._router.own_pipeline(*key)
         if not records or pipeline is None:
             return self._direct(records)
+        # a view of the request's frame (the produce decoder's) would keep the whole frame
+        # alive in the router's recent records: a copy of its own
+        records = bytes(records)
         done: Future = Future()
         with pipeline.lock:
             pipeline.pending += 1

@@ -127,6 +127,9 @@ class ProxyPartition:
             raise BackendError(KafkaError.NOT_LEADER_OR_FOLLOWER, "a proxy keeps no Link Records")
         if not records:
             return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+        # a view of the request's frame (the produce decoder's) would keep the whole frame
+        # alive in the router's recent records: a copy of its own
+        records = bytes(records)
         try:
             fut: Future = self.worker.submit(self.router.forward, self, records, timeout_ms)
         except RuntimeError:  # the worker was shut down (topic deleted, broker stopping)

@@ -15,6 +15,7 @@ import pytest
 from dataplane.kafka.framing import (
     DIRECT_CHUNK_BYTES,
     DIRECT_FRAME_BYTES,
+    DIRECT_GROWTH,
     QUEUED_FRAME_BYTES,
     FrameProtocol,
 )
@@ -150,6 +151,31 @@ def test_a_size_prefix_alone_does_not_allocate_the_whole_frame() -> None:
         feed(proto, data[5:], iter(lambda: 1 << 20, None))
         assert proto.take_frame() == payload
         assert proto.partial_frame_bytes == 0
+
+    run(body)
+
+
+def test_a_frame_larger_than_a_chunk_ends_in_one_buffer_grown_with_its_bytes() -> None:
+    """A frame above DIRECT_CHUNK_BYTES is handed on as one buffer of its exact size (no
+    join of chunks at the end); while it arrives, the memory it holds stays within
+    DIRECT_GROWTH times the bytes received (or one first chunk)."""
+
+    def body():
+        proto, _ = make_protocol()
+        payload = payload_of(MAX_REQUEST_BYTES - 100, 11)
+        data = frame(payload)
+        pos = 0
+        while pos < len(data):
+            buf = proto.get_buffer(-1)
+            received = max(pos - 4, 0)
+            allocated = received + len(buf) if pos > 4 else len(buf)
+            assert allocated <= max(DIRECT_CHUNK_BYTES, DIRECT_GROWTH * received) + 64 * 1024
+            n = min(len(buf), len(data) - pos, 300_000)
+            buf[:n] = data[pos : pos + n]
+            proto.buffer_updated(n)
+            pos += n
+        got = proto.take_frame()
+        assert isinstance(got, bytearray) and len(got) == len(payload) and got == payload
 
     run(body)
 

@@ -363,3 +363,18 @@ def test_stored_batches_become_one_record_set_without_copying_large_ones() -> No
     assert concat_records(small) == b"a" * 100 + b"b" * 200
     assert concat_records([big[0]]) is big[0]
     assert concat_records([]) == b""
+
+
+def test_crc_keeping_the_gil_is_crc32c() -> None:
+    """The produce path's CRC (the GIL kept below CRC_KEEP_GIL_BELOW_BYTES) is CRC32C,
+    chained like crc32c's, on both sides of the threshold."""
+    import os
+
+    import crc32c
+
+    from dataplane.formats.record_batch import CRC_KEEP_GIL_BELOW_BYTES, crc32c_keeping_gil
+
+    for size in (0, 1, 40_000, CRC_KEEP_GIL_BELOW_BYTES - 1, CRC_KEEP_GIL_BELOW_BYTES):
+        data = os.urandom(size)
+        assert crc32c_keeping_gil(data) == crc32c.crc32c(data)
+        assert crc32c_keeping_gil(memoryview(data), 12345) == crc32c.crc32c(data, 12345)

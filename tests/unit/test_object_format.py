@@ -371,3 +371,34 @@ def test_batches_of_a_bytes_block_share_it_and_of_a_reusable_buffer_own_their_pa
     )
     buffer[:] = bytes(len(buffer))  # the owner reuses its buffer
     assert copied == batches and all(type(b.payload) is bytes for b in copied)
+
+
+def test_large_payloads_go_into_the_object_uncopied_small_pieces_joined() -> None:
+    """An upload sends a large batch's payload as it is (no copy of the block's body); the
+    headers and small batches around it are joined into one part each run; the object
+    reads back the same and its block CRC covers every part."""
+    from dataplane.formats.object_format import SHARED_PIECE_BYTES
+
+    big = bytes(range(256)) * (SHARED_PIECE_BYTES // 256 + 1)
+    batches = [
+        StreamRecordBatch(7, 1, 0, 2, b"small-1"),
+        StreamRecordBatch(7, 1, 2, 3, b"small-2"),
+        StreamRecordBatch(7, 1, 5, 4, big),
+        StreamRecordBatch(7, 1, 9, 1, b"small-3"),
+    ]
+    writer = ObjectWriter(block_size_bytes=4 * SHARED_PIECE_BYTES)
+    writer.add_all(batches)
+    obj = writer.finish()
+    assert any(part is big for part in obj.parts)
+    # head, [small-1 + small-2 + big's header], big, [small-3's header + payload], index, footer
+    assert len(obj.parts) == 6
+    data = obj.data
+    assert len(data) == obj.size_bytes
+    assert read_all(data) == batches
+    _, index = parse_object(data)
+    entry = index[0]
+    at = entry.position + BLOCK_HEADER_SIZE_BYTES + 2 * 33 + 7 + 7 + 33 + 1000  # inside big
+    flipped = bytearray(data)
+    flipped[at] ^= 0x01
+    with pytest.raises(CorruptObjectError):
+        decode_block(bytes(flipped[entry.position : entry.end_position]), entry)

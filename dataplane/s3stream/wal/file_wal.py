@@ -43,9 +43,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c as _crc32c
-
 from dataplane.config import FileWALConfig
+from dataplane.formats.record_batch import crc32c_keeping_gil
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.append_queue import FAILED, FENCED, PendingAppend, QueuedWAL
 from dataplane.s3stream.wal.base import (
@@ -393,7 +392,8 @@ class FileWAL(QueuedWAL):
             )
         body_crc = 0
         for piece in body:
-            body_crc = _crc32c.crc32c(piece, body_crc)
+            # on the caller's thread (the event loop, for a produce): the GIL is kept
+            body_crc = crc32c_keeping_gil(piece, body_crc)
         return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body, body_crc)
 
     def recover(self) -> Iterator[RecoveredRecord]:
