@@ -44,8 +44,8 @@ from .errors import InvalidRangeError, ObjectStoreError, ObjectStoreUnavailableE
 from .health import WriteHealthTracker
 from .limiter import BandwidthLimiter, Priority
 from .merging import RangeMerger, ReadBatch
-from .ranged_get import RangedGetClient
 from .metrics import ObjectStoreMetrics, default_metrics
+from .ranged_get import RangedGetClient
 from .retry import RetryPolicy, classify, final_error, http_status, unavailable
 from .store_config import ObjectStorageConfig
 
