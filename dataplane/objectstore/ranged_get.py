@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import re
 import socket
-import struct
 import threading
 from collections.abc import Callable, Mapping
 from urllib.parse import quote, urlsplit
@@ -206,12 +205,7 @@ class RangedGetClient:
             raise ConnectTimeoutError(endpoint_url=target.endpoint, error=exc) from exc
         except OSError as exc:
             raise EndpointConnectionError(endpoint_url=target.endpoint, error=exc) from exc
-        # blocking, with the kernel's own timeouts: a body is read with one recv (MSG_WAITALL)
-        # instead of a poll and a recv per chunk, each giving up and taking back the GIL
-        conn.settimeout(None)
-        timeout = struct.pack("ll", int(self.read_timeout_s), int(self.read_timeout_s % 1 * 1e6))
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
+        conn.settimeout(self.read_timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
@@ -240,7 +234,7 @@ class RangedGetClient:
                 head += more
             status, headers, rest = _parse_head(head)
             return status, headers, self._read_body(conn, status, headers, rest)
-        except (TimeoutError, BlockingIOError) as exc:  # SO_RCVTIMEO / SO_SNDTIMEO passed
+        except TimeoutError as exc:
             raise ReadTimeoutError(endpoint_url=target.endpoint, error=exc) from exc
 
     def _read_body(
@@ -259,7 +253,7 @@ class RangedGetClient:
         got = min(len(rest), length)
         view[:got] = rest[:got]
         while got < length:
-            n = conn.recv_into(view[got:], 0, socket.MSG_WAITALL)
+            n = conn.recv_into(view[got:])
             if n == 0:
                 raise IncompleteReadError(actual_bytes=got, expected_bytes=length)
             got += n
