@@ -26,7 +26,7 @@ from dataplane.objectstore import (
     parse_bucket_uris,
 )
 from dataplane.objectstore.clients import default_client_factory
-from dataplane.objectstore.ranged_get import RangedGetClient
+from dataplane.objectstore.ranged_get import BodyBufferPool, RangedGetClient
 
 OBJECT = bytes(range(256)) * 64  # 16 KiB
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -273,5 +273,37 @@ def test_only_buckets_it_serves_exactly(registry):
         with ObjectStorage(store.uri(accessKey="a", secretKey="b"), lean_range_gets=False) as o:
             o.get_range_async(0, "k", 0, 10, merge=False).result(10)
         assert "botocore" in store.requests[1][1].get("user-agent", "").lower()
+    finally:
+        store.close()
+
+
+def test_body_buffers_are_used_again_only_once_no_view_holds_them():
+    pool = BodyBufferPool(max_bytes=1 << 20)
+    first = pool.take(1000)
+    payload = memoryview(first)[10:20].toreadonly()  # e.g. a record payload in an answer
+    del first
+    second = pool.take(1000)
+    assert payload.obj is not second  # the first is still read: not handed out again
+    del payload, second
+    third = pool.take(900)  # a free one of at most twice the size serves
+    assert len(third) == 1000
+    del third
+    assert len(pool.take(100)) == 100  # not one ten times the size
+    # bounded: the oldest are forgotten past max_bytes
+    held = [pool.take(300_000) for _ in range(5)]
+    assert sum(len(b) for b in pool._buffers) <= 1 << 20
+    assert len(held) == 5
+
+
+def test_reused_body_buffers_carry_only_their_own_body(registry):
+    """Bodies read into reused buffers are exactly the ranges asked for, also a shorter one
+    in a longer buffer."""
+    store = FakeStore(lambda n, path, headers: (ranged(headers), False))
+    try:
+        with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
+            for start, end in [(0, 8000), (100, 4200), (5000, 9000), (0, 16384), (7, 9000)]:
+                got = objects.get_range_async(0, "k", start, end, merge=False).result(10)
+                assert bytes(got) == OBJECT[start:end]
+                del got
     finally:
         store.close()
