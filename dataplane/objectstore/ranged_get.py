@@ -6,7 +6,9 @@ through `AWSRequest`, urllib3, `http.client`'s body reads in Python): ~0.3 s per
 of the broker's CPU of a catch-up. `RangedGetClient` sends the same SigV4-signed GET itself
 over a kept-alive socket (SigV4 header signing is one HMAC-SHA256 per request; the signing
 key is kept per day) and reads the body with `recv_into` straight into the buffer it returns:
-~0.6 ms per 4 MiB GET, nearly all of it the kernel's copy.
+~0.6 ms per 4 MiB GET, nearly all of it the kernel's copy. The buffers come from a bounded
+`BodyBufferPool`, which hands one out again once no view of its last body is left (no
+zeroing and first-touch page faults of a fresh buffer per GET).
 
 It serves only what it can do exactly like botocore: plain `http://` endpoints (a local or
 private store: SeaweedFS, MinIO) with static credentials in the bucket URI or its
