@@ -250,9 +250,12 @@ def test_cut_bodies_and_a_silent_store_are_retried_then_fail(registry):
         store.close()
 
 
-def test_only_buckets_it_serves_exactly(registry):
-    """https endpoints, AWS itself, and buckets without static credentials stay on botocore,
-    and so does every bucket of a store given its own client factory (tests, mocks)."""
+def test_only_buckets_it_serves_exactly(registry, monkeypatch):
+    """https endpoints, AWS itself, and buckets without static credentials (in the URI or the
+    environment) stay on botocore, and so does every bucket of a store given its own client
+    factory (tests, mocks)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AUTOMQ_S3_ACCESS_KEY_3"):
+        monkeypatch.delenv(name, raising=False)
     uris = parse_bucket_uris(
         "0@s3://a?endpoint=http://127.0.0.1:1&accessKey=k&secretKey=s,"
         "1@s3://b?endpoint=https://127.0.0.1:1&accessKey=k&secretKey=s,"
@@ -261,6 +264,10 @@ def test_only_buckets_it_serves_exactly(registry):
     )
     client = RangedGetClient({u.bucket_id: u for u in uris}, 1.0, 1.0, 4)
     assert [client.usable(i) for i in range(4)] == [True, False, False, False]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    client = RangedGetClient({u.bucket_id: u for u in uris}, 1.0, 1.0, 4)
+    assert [client.usable(i) for i in range(4)] == [True, False, False, True]
     store = FakeStore(lambda n, path, headers: (ranged(headers), False))
     try:
         with ObjectStorage(
