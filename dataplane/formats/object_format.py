@@ -655,9 +655,11 @@ def decode_block(
 
     With ``entry`` the block is also checked against its index entry (size,
     stream, offsets, record count). With ``share_payloads`` and an immutable buffer
-    (``bytes``, or a view of ``bytes``: a GET's body) the batches' payloads are read-only
+    (``bytes``, or a read-only memoryview of a buffer nobody changes: a GET's body, as
+    ``ObjectStorage.get_range_async`` returns it) the batches' payloads are read-only
     views of it, not copies (see stream_records.py: they keep the whole buffer alive); from any
-    other buffer (which its owner may reuse) they are copies.
+    writable buffer (which its owner may reuse) they are copies. A read-only view is taken
+    as the promise that its buffer never changes.
 
     Raises:
         CorruptObjectError: truncated block, wrong magic, CRC mismatch, bad
@@ -690,7 +692,8 @@ def decode_block(
     batches: list[StreamRecordBatch] = []
     pos = 0
     decode = StreamRecordBatch.decode
-    share = share_payloads and type(view.obj) is bytes
+    # bytes, or a read-only view whose buffer never changes (a GET's body: see the docstring)
+    share = share_payloads and view.readonly
     try:
         batch, pos = decode(body, pos, share)
         batches.append(batch)

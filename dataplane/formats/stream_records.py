@@ -20,7 +20,8 @@ is a pointer to data held elsewhere, and ``|count|`` is the number of stream
 offsets it covers. ``record_count`` is always ``|count|`` so offset arithmetic
 is the same for both kinds.
 
-A batch decoded out of an immutable ``bytes`` buffer with ``share_payload=True`` (the data
+A batch decoded out of a buffer that never changes (``bytes``, or a read-only view of a GET's
+body) with ``share_payload=True`` (the data
 blocks of objects read back from the object store) keeps its payload as a read-only
 ``memoryview`` of that buffer instead of a copy: a catch-up read then hands the very bytes of
 the GET to the Fetch response. Such a view keeps the whole buffer alive while it lives
@@ -147,7 +148,8 @@ class StreamRecordBatch:
         """Decode one batch starting at ``offset``.
 
         With ``share_payload`` the payload is a view of ``buf`` rather than a copy: only for
-        a ``buf`` whose bytes never change (``bytes``, or a view of ``bytes``), since the
+        a ``buf`` whose bytes never change (``bytes``, or a read-only view of a buffer nobody
+        changes), since the
         batch may outlive the caller's use of it.
 
         Returns:

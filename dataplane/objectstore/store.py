@@ -15,6 +15,9 @@ What it adds to boto3:
 * a bounded thread pool for the `*_async` variants, and a cap on pending async requests;
 * range-read merging for `get_range_async` (see `merging.py`); sync `get_range` reads
   directly in the calling thread and is never delayed by the merge window;
+* `get_range_async`'s GETs bypass botocore where they can (`ranged_get.py`: plain http
+  endpoints with static credentials, `ObjectStorageConfig.lean_range_gets`): the catch-up
+  read's GETs at a third of the CPU;
 * priority bandwidth limits for reads and writes (see `limiter.py`), and a pool that runs
   the `*_async` requests by the same priorities, keeping a quarter of its workers for
   `PRODUCE` work (uploads, WAL PUTs): a catch-up's queued or throttled GETs never hold every
@@ -45,6 +48,7 @@ from .limiter import BandwidthLimiter, Priority
 from .merging import RangeMerger, ReadBatch
 from .metrics import ObjectStoreMetrics, default_metrics
 from .priority_pool import PriorityThreadPool
+from .ranged_get import RangedGetClient
 from .retry import RetryPolicy, classify, final_error, http_status, unavailable
 from .store_config import ObjectStorageConfig
 
@@ -101,6 +105,18 @@ class ObjectStorage:
             gap_bytes=cfg.merge_gap_bytes,
             max_bytes=cfg.merge_max_bytes,
             max_open_batches=cfg.merge_max_open_batches,
+        )
+        # the async GETs' client where it serves a bucket (a client factory given, e.g. by
+        # tests, keeps every request on botocore)
+        self._ranged_gets = (
+            RangedGetClient(
+                by_id,
+                cfg.connect_timeout_ms / 1000,
+                cfg.read_timeout_ms / 1000,
+                max_idle_per_bucket=cfg.max_concurrency,
+            )
+            if cfg.lean_range_gets and client_factory is None
+            else None
         )
         self._closed = False  # no new requests accepted
 
@@ -353,13 +369,19 @@ class ObjectStorage:
         return self._get_range(bucket_id, key, start, end_exclusive, priority)
 
     def _get_range(
-        self, bucket_id: int, key: str, start: int, end_exclusive: int, priority: Priority
-    ) -> bytes:
+        self,
+        bucket_id: int,
+        key: str,
+        start: int,
+        end_exclusive: int,
+        priority: Priority,
+        as_view: bool = False,
+    ) -> bytes | memoryview:
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
         if end_exclusive == start:
             return b""
-        data = self._read_span(bucket_id, key, start, end_exclusive, priority)
+        data = self._read_span(bucket_id, key, start, end_exclusive, priority, as_view)
         if len(data) < end_exclusive - start:
             raise InvalidRangeError(
                 f"get {self._where(bucket_id, key)}: range [{start}, {end_exclusive}) runs past "
@@ -387,7 +409,8 @@ class ObjectStorage:
         or overlapping ranges, for callers that already hold the bytes in between) before
         one GET serves them all. `merge=False` sends the GET at once (a caller reading a
         long range in pieces, several in flight). The future's result is `bytes`, or a
-        read-only memoryview of a merged GET's `bytes` body.
+        read-only memoryview of a body that never changes (a merged GET's, or one read by
+        `ranged_get.py`).
         """
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
@@ -398,7 +421,7 @@ class ObjectStorage:
             return done
         if not merge or not self._merger.mergeable(start, end_exclusive):
             return self._submit(
-                priority, self._get_range, bucket_id, key, start, end_exclusive, priority
+                priority, self._get_range, bucket_id, key, start, end_exclusive, priority, True
             )
         self._check_open()
         self._acquire_pending()
@@ -524,9 +547,16 @@ class ObjectStorage:
         return elapsed * 1000
 
     def _read_span(
-        self, bucket_id: int, key: str, start: int, end_exclusive: int, priority: Priority
-    ) -> bytes:
-        """GET bytes [start, end_exclusive); may return fewer if the object ends earlier."""
+        self,
+        bucket_id: int,
+        key: str,
+        start: int,
+        end_exclusive: int,
+        priority: Priority,
+        as_view: bool = False,
+    ) -> bytes | memoryview:
+        """GET bytes [start, end_exclusive); may return fewer if the object ends earlier.
+        `as_view`: a read-only memoryview will do (then without botocore where it can)."""
         bucket = self.bucket(bucket_id)
         expected = end_exclusive - start
         if expected > self.config.max_object_bytes:
@@ -538,7 +568,13 @@ class ObjectStorage:
             )
         self._throttle(self.read_limiter, expected, priority, "get", bucket_id, key)
 
-        def attempt(client: Any, _: int) -> bytes:
+        ranged = self._ranged_gets
+
+        def lean_attempt(client: Any, _: int) -> bytes | memoryview:
+            assert ranged is not None
+            return ranged.get(bucket_id, key, start, end_exclusive)
+
+        def boto_attempt(client: Any, _: int) -> bytes | memoryview:
             resp = client.get_object(
                 Bucket=bucket.bucket, Key=key, Range=f"bytes={start}-{end_exclusive - 1}"
             )
@@ -551,6 +587,11 @@ class ObjectStorage:
                 data = data[start:end_exclusive]  # the server ignored Range: whole object
             return data
 
+        attempt = (
+            lean_attempt
+            if as_view and ranged is not None and ranged.usable(bucket_id)
+            else boto_attempt
+        )
         data = self._call(
             "get",
             bucket_id,
@@ -579,7 +620,7 @@ class ObjectStorage:
             return
         start, end = ReadBatch.span_of(members)
         try:
-            data = self._read_span(batch.bucket_id, batch.key, start, end, batch.priority)
+            data = self._read_span(batch.bucket_id, batch.key, start, end, batch.priority, True)
         except BaseException as exc:
             ReadBatch.fail(members, exc)
             return
@@ -641,6 +682,8 @@ class ObjectStorage:
         self._merger.close()
         self._executor.shutdown(wait=True)
         self._clients.close()
+        if self._ranged_gets is not None:
+            self._ranged_gets.close()
 
     def __enter__(self) -> ObjectStorage:
         return self
