@@ -158,7 +158,9 @@ def _mutate(rng: random.Random, wire: bytes) -> bytes:
             pos = rng.randrange(max(len(data), 1))
             op = rng.choice(["flip", "insert", "delete", "truncate", "set"])
             if op == "flip":
-                data[pos : pos + 1] = bytes([(data[pos:pos + 1] or b"\0")[0] ^ 1 << rng.randrange(8)])
+                data[pos : pos + 1] = bytes(
+                    [(data[pos : pos + 1] or b"\0")[0] ^ 1 << rng.randrange(8)]
+                )
             elif op == "insert":
                 data[pos:pos] = rng.randbytes(rng.randint(1, 8))
             elif op == "delete":
@@ -166,7 +168,7 @@ def _mutate(rng: random.Random, wire: bytes) -> bytes:
             elif op == "truncate":
                 del data[max(pos, 1) :]
             else:
-                data[pos : pos + 1] = bytes([rng.choice(b"\x00\xff\r\n :{}[]\"-9")])
+                data[pos : pos + 1] = bytes([rng.choice(b'\x00\xff\r\n :{}[]"-9')])
         return bytes(data)
     return head + b"\r\n\r\n" + body
 
@@ -282,5 +284,7 @@ def test_hostile_requests_get_4xx_and_idle_connections_hold_no_thread(tmp_path):
         assert threads_after <= threads_before + 64
         assert q.client.image()["kv"]["before"] == "1"  # the controller still serves
         log_text = q.cluster.log_path("controller-0").read_text()
-        errors = [line for line in log_text.splitlines() if " ERROR " in line or "Traceback" in line]
+        errors = [
+            line for line in log_text.splitlines() if " ERROR " in line or "Traceback" in line
+        ]
         assert not errors, errors[:10]
