@@ -194,6 +194,7 @@ class Connection:
                 if frame is None or self.closing:
                     return _READ_ABORT
                 slot, keep_reading = self._dispatch(frame)
+                frame = None  # an idle connection must not hold its last request
                 self.inflight += 1
                 self._queue.put_nowait(slot)
                 queued = True
@@ -360,5 +361,6 @@ class Connection:
                     log.info("%s: closing after the handler's final response", self.name)
                     return
             finally:
+                slot = frame = None  # an idle connection must not hold its last response
                 self.inflight -= 1
                 self._budget.release()
