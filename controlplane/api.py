@@ -18,17 +18,23 @@ Every route needs `Authorization: Bearer <cluster secret>` when the quorum confi
 `api_secret` (controlplane/auth.py): without it or with a wrong one the answer is 401 before
 anything is read or changed, the attempt is logged with the client address and counted in
 `controller_api_unauthorized_total`.
+
+Hostile or broken input gets a 4xx, never a 500: a Content-Length that is not a decimal
+number (400), over MAX_REQUEST_BYTES (413), a Transfer-Encoding (400), a body that does not
+come within BODY_TIMEOUT_S + its size at MIN_BODY_BYTES_PER_S (408), a body that is not a
+JSON object or nests deeper than MAX_JSON_DEPTH (400). Connections are served by
+`controlplane.http_server` (a selector and at most MAX_CONCURRENT_REQUESTS threads, at most
+MAX_CONNECTIONS connections: idle ones hold no thread).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, urlparse
 
@@ -37,14 +43,20 @@ from prometheus_client import Counter
 from controlplane.auth import is_authorized
 from controlplane.config import QuorumConfig
 from controlplane.errors import ControllerError, ErrorCode
+from controlplane.http_server import BoundedHTTPServer, PooledRequestHandler
 from controlplane.quorum import MetadataQuorum
 from controlplane.requests import REQUEST_TYPES
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-MAX_CONCURRENT_REQUESTS = 64
-TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that starts TLS and goes silent is dropped
+MAX_CONCURRENT_REQUESTS = 64  # handler threads (a long-poll holds one for up to 30 s)
+MAX_CONNECTIONS = 1024  # open at once, idle or not; past it: 503
+BUSY_WAIT_S = 5.0  # a request that waited this long for a handler thread: 503, try later
+MAX_JSON_DEPTH = 32  # of a request body (the deepest command body nests 5)
+BODY_TIMEOUT_S = 10.0  # for a body to come, plus its size at the rate below
+MIN_BODY_BYTES_PER_S = 1024 * 1024
+_DECIMAL = re.compile(r"[0-9]{1,12}")
 MAX_LONG_POLL_MS = 30_000
 MAX_LOG_RECORDS_PER_READ = 5_000
 # commands only the leader's own timers submit (their bodies carry the leader's decisions)
@@ -76,12 +88,8 @@ class ControllerNode(Protocol):
     def status(self) -> dict: ...
 
 
-class ControllerHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's default backlog of 5 overflows when brokers' long-polls, heartbeats and
-    # commits arrive together; a dropped SYN costs the client a 1 s retransmission
-    request_queue_size = 256
+class ControllerHTTPServer(BoundedHTTPServer):
+    """The controller's API server: `_Handler` on a `BoundedHTTPServer`."""
 
     def __init__(
         self,
@@ -90,31 +98,17 @@ class ControllerHTTPServer(ThreadingHTTPServer):
         ssl_context: ssl.SSLContext | None = None,
     ):
         self.node = node
-        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
-        self.ssl_context = ssl_context  # None: plain HTTP
-        super().__init__(address, _Handler)
-
-    def get_request(self):
-        """With TLS, the handshake runs in the request's own thread (`_Handler.setup`), so a
-        slow or silent client never holds up the accept loop."""
-        sock, addr = super().get_request()
-        if self.ssl_context is not None:
-            sock = self.ssl_context.wrap_socket(
-                sock, server_side=True, do_handshake_on_connect=False
-            )
-        return sock, addr
+        super().__init__(
+            address,
+            _Handler,
+            max_workers=MAX_CONCURRENT_REQUESTS,
+            max_connections=MAX_CONNECTIONS,
+            ssl_context=ssl_context,
+        )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: ControllerHTTPServer
-    protocol_version = "HTTP/1.1"
-
-    def setup(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):
-            self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
-            self.request.do_handshake()  # a failure closes just this connection
-            self.request.settimeout(None)
-        super().setup()
+class _Handler(PooledRequestHandler):
+    server: ControllerHTTPServer  # type: ignore[assignment]
 
     def log_message(self, fmt: str, *args: object) -> None:  # access log at debug level
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -159,9 +153,21 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _guarded(self, fn) -> None:
+        self._body_read = False
+        try:
+            self._guarded_call(fn)
+        finally:
+            if not self._body_read and (
+                self.headers.get("Content-Length", "0").strip() != "0"
+                or "Transfer-Encoding" in self.headers
+            ):
+                self.close_connection = True  # its unread body must not be taken as a request
+
+    def _guarded_call(self, fn) -> None:
         if not self._authorized():
             return
-        if not self.server.slots.acquire(timeout=5):
+        if self.waited_s > BUSY_WAIT_S:
+            self.close_connection = True  # a body, if any, is not read
             self._send(503, ControllerError(ErrorCode.TIMEOUT, "controller busy").to_dict())
             return
         try:
@@ -173,6 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if exc.code in (ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER)
                 else None,
             )
+        except _RequestTimeout:
+            self._send(408, {"error": {"code": "TIMEOUT", "message": "body not sent in time"}})
         except (BrokenPipeError, ConnectionResetError) as exc:
             # the client went away (killed, or gave up waiting): nothing to answer
             log.debug("client of %s went away: %s", self.path, exc)
@@ -180,8 +188,6 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: answer 500 instead of dropping the connection
             log.exception("internal error serving %s", self.path)
             self._send(500, {"error": {"code": "INTERNAL", "message": str(exc)}})
-        finally:
-            self.server.slots.release()
 
     def _leader_hint(self) -> dict:
         node = self.server.node
@@ -200,20 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
         command = path[len("/v1/") :]
         if command not in REQUEST_TYPES or command in INTERNAL_COMMANDS:
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {command!r}")
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST_BYTES:
-            self.close_connection = True
-            raise ControllerError(
-                ErrorCode.REQUEST_TOO_LARGE,
-                f"request of {length} bytes is over {MAX_REQUEST_BYTES}",
-            )
-        raw = self.rfile.read(length) if length else b"{}"
-        try:
-            body = json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise ControllerError(ErrorCode.INVALID_REQUEST, f"body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ControllerError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
+        body = self._json_body()
         node = self.server.node
         if not node.quorum.is_leader():
             if node.config.api_for_raft(node.quorum.leader_address()) is None:
@@ -232,6 +225,58 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(_STATUS_FOR_ERROR.get(code, 409), result)
         else:
             self._send(200, result)
+
+    def _json_body(self) -> dict:
+        """The request's body as a JSON object, within every limit (ControllerError if not;
+        an error before the whole body is read closes the connection)."""
+        length = self._content_length()
+        try:
+            raw = self.rfile.read_body(length, BODY_TIMEOUT_S + length / MIN_BODY_BYTES_PER_S)
+        except TimeoutError:
+            self.close_connection = True
+            raise _RequestTimeout() from None
+        self._body_read = True
+        if len(raw) < length:
+            self.close_connection = True
+            raise ControllerError(ErrorCode.INVALID_REQUEST, "body shorter than Content-Length")
+        try:
+            body = json.loads(raw or b"{}")
+        except RecursionError:
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST, f"body nests deeper than {MAX_JSON_DEPTH}"
+            ) from None
+        except ValueError as exc:
+            raise ControllerError(ErrorCode.INVALID_REQUEST, f"body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ControllerError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
+        if _nests_deeper(body, MAX_JSON_DEPTH):
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST, f"body nests deeper than {MAX_JSON_DEPTH}"
+            )
+        return body
+
+    def _content_length(self) -> int:
+        """The body's declared size: one decimal Content-Length, at most MAX_REQUEST_BYTES."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.close_connection = True
+            raise ControllerError(
+                ErrorCode.INVALID_REQUEST, "Transfer-Encoding is not supported: send Content-Length"
+            )
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            return 0
+        text = values[0].strip()
+        if len(set(values)) > 1 or not _DECIMAL.fullmatch(text):
+            self.close_connection = True
+            raise ControllerError(ErrorCode.INVALID_REQUEST, "Content-Length must be one number")
+        length = int(text)
+        if length > MAX_REQUEST_BYTES:
+            self.close_connection = True
+            raise ControllerError(
+                ErrorCode.REQUEST_TOO_LARGE,
+                f"request of {length} bytes is over {MAX_REQUEST_BYTES}",
+            )
+        return length
 
     # ------------------------------------------------------------ GET: reads
 
@@ -302,6 +347,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"ok": True, "time_ms": int(time.time() * 1000)})
         else:
             raise ControllerError(ErrorCode.UNKNOWN_COMMAND, f"no such endpoint {url.path}")
+
+
+class _RequestTimeout(Exception):
+    """The body did not come in time (answered 408)."""
+
+
+def _nests_deeper(value: object, limit: int) -> bool:
+    """Whether a parsed JSON value nests objects/arrays deeper than `limit` levels."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))  # type: ignore[union-attr]
+    return False
 
 
 def _path_int(path: str, index: int) -> int:

@@ -29,6 +29,7 @@ from dataplane.formats.kafka_errors import (
 from .codec import DecodedRequest, decode_request
 from .framing import FrameProtocol, peer_of
 from .registry import ApiRegistry, CloseConnection, Registration, RequestContext
+from .request_checks import forbidden_null
 
 __all__ = ["Admit", "Connection"]
 
@@ -193,6 +194,7 @@ class Connection:
                 if frame is None or self.closing:
                     return _READ_ABORT
                 slot, keep_reading = self._dispatch(frame)
+                frame = None  # an idle connection must not hold its last request
                 self.inflight += 1
                 self._queue.put_nowait(slot)
                 queued = True
@@ -276,7 +278,24 @@ class Connection:
         if self.closing:
             # The connection failed or went away before this handler started: skip it.
             raise CloseConnection("connection closed before the handler started")
-        frame = await self.registry.handle(request, ctx, registration)
+        try:
+            frame = await self.registry.handle(request, ctx, registration)
+        except Exception as exc:
+            # a handler that fails on a null Kafka's schema forbids met a malformed request:
+            # close as Kafka's parser would (a warning), not as a bug (an error traceback)
+            null_field = forbidden_null(request.body, request.api_version)
+            if null_field is None or isinstance(exc, CloseConnection):
+                raise
+            log.warning(
+                "%s: malformed request (%s v%d, correlation id %d): %s is null (%s); closing",
+                self.name,
+                request.api_name,
+                request.api_version,
+                request.correlation_id,
+                null_field,
+                type(exc).__name__,
+            )
+            raise CloseConnection(f"{null_field} is null in {request.api_name}") from None
         latency = _LATENCY_BY_API.get(request.api_key)
         if latency is None:
             latency = _LATENCY_BY_API[request.api_key] = REQUEST_LATENCY_SECONDS.labels(
@@ -342,5 +361,6 @@ class Connection:
                     log.info("%s: closing after the handler's final response", self.name)
                     return
             finally:
+                slot = frame = None  # an idle connection must not hold its last response
                 self.inflight -= 1
                 self._budget.release()

@@ -1,13 +1,16 @@
 """The socket side of a Kafka connection: `FrameProtocol` cuts the byte stream into frames.
 
 A frame is a 4-byte signed size and its payload. The event loop reads from the socket
-straight into the protocol's buffers: a frame larger than ``DIRECT_FRAME_BYTES`` gets a
-buffer of its own that the rest of it is read into and that is handed on without a copy,
-smaller frames are copied once out of a reused read buffer. A frame's own buffer grows with
-the bytes that arrived (see ``DIRECT_CHUNK_BYTES``), so a size prefix alone commits little
-memory. The protocol stops reading the
-socket once ``QUEUED_FRAME_BYTES`` of frames wait for the connection to take them (TCP
-backpressure), and tells the connection's writer when the transport can take more bytes.
+straight into the protocol's buffers. Frames that arrive whole within one read are copied
+once out of a read buffer; a frame still incomplete at the end of a read (every frame larger
+than ``DIRECT_FRAME_BYTES``) gets a buffer of its own, sized to it, that the rest of it is
+read into and that is handed on without a copy; it grows with the bytes that arrived (see
+``DIRECT_CHUNK_BYTES``), so a size prefix alone commits little memory. The read buffer is borrowed from the server's
+`ReadBufferPool` for one read and given back after it: an idle connection holds no buffer,
+a connection in the middle of a frame holds that frame's bytes only. The protocol stops
+reading the socket once ``QUEUED_FRAME_BYTES`` of frames wait for the connection to take
+them (TCP backpressure), and tells the connection's writer when the transport can take more
+bytes.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ __all__ = [
     "DIRECT_GROWTH",
     "QUEUED_FRAME_BYTES",
     "FrameProtocol",
+    "ReadBufferPool",
     "peer_of",
 ]
 
-_READ_BUFFER_BYTES = 256 * 1024  # the reused read buffer of a connection
-_READ_BYTES = 64 * 1024  # at most this per read into it: a large frame's start that lands
-# there is copied to the frame's own buffer, so keep that copy short
-_MIN_READ_BYTES = 16 * 1024  # less free room than this at its end: move the partial frame front
-DIRECT_FRAME_BYTES = 64 * 1024  # a frame above this is read into a buffer of its own (no copy)
+_READ_BYTES = 64 * 1024  # at most this per read into a read buffer: a large frame's start
+# that lands there is copied to the frame's own buffer, so keep that copy short
+_READ_BUFFER_BYTES = _READ_BYTES + 4  # (+ a size prefix's first bytes kept from a read)
+_FREE_READ_BUFFERS = 16  # a pool keeps at most this many buffers for the next reads (1 MiB)
+DIRECT_FRAME_BYTES = _READ_BYTES  # a frame above this is read into a buffer of its own
 # A frame's own buffer is allocated as its bytes arrive: at most this much at first, and
 # when it is full and more is to come, a buffer DIRECT_GROWTH times larger (at most the
 # frame's size) takes over what arrived: a size prefix alone must not make the server commit
@@ -45,6 +49,36 @@ _QUEUED_FRAMES = 256  # (or above this many small ones)
 _SIZE = struct.Struct(">i")
 
 
+class ReadBufferPool:
+    """The read buffers of one event loop's connections: a connection borrows one while it
+    has unparsed bytes and gives it back when it has none, so memory follows the reads in
+    progress, not the connections open. At most `max_free` buffers are kept for reuse.
+
+    Thread-safety: one event loop's protocols only (not locked).
+    """
+
+    def __init__(
+        self, buffer_bytes: int = _READ_BUFFER_BYTES, max_free: int = _FREE_READ_BUFFERS
+    ) -> None:
+        self.buffer_bytes = buffer_bytes
+        self.max_free = max_free
+        self._free: list[bytearray] = []
+
+    @property
+    def free_count(self) -> int:
+        """Buffers kept for reuse now."""
+        return len(self._free)
+
+    def take(self) -> bytearray:
+        """A buffer of `buffer_bytes` (reused when one is free)."""
+        return self._free.pop() if self._free else bytearray(self.buffer_bytes)
+
+    def give(self, buf: bytearray) -> None:
+        """Return a buffer taken with `take` (dropped when `max_free` are kept already)."""
+        if len(self._free) < self.max_free:
+            self._free.append(buf)
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """The socket side of one connection: frames in (zero-copy for large ones), flow
     control out. Lives on the event loop thread only.
@@ -54,18 +88,25 @@ class FrameProtocol(asyncio.BufferedProtocol):
     """
 
     def __init__(
-        self, on_connection_made: Callable[[FrameProtocol], None], max_frame_bytes: int
+        self,
+        on_connection_made: Callable[[FrameProtocol], None],
+        max_frame_bytes: int,
+        buffers: ReadBufferPool | None = None,
     ) -> None:
         """`on_connection_made(protocol)` is called once the transport is there (the server
-        accepts or refuses the connection); a frame above `max_frame_bytes` is an error."""
+        accepts or refuses the connection); a frame above `max_frame_bytes` is an error.
+        `buffers`: the pool read buffers are borrowed from (None: a pool of its own)."""
         self._on_connection_made = on_connection_made
         self.max_frame_bytes = max_frame_bytes
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray(_READ_BUFFER_BYTES)
-        self._view = memoryview(self._buf)
+        self._buffers = buffers if buffers is not None else ReadBufferPool(max_free=0)
+        # borrowed while unparsed bytes are in it (or a read into it is under way)
+        self._buf: bytearray | None = None
+        self._view = memoryview(b"")
         self._start = 0  # unparsed bytes are self._buf[_start:_end]
         self._end = 0
-        # the large frame being read: its size, its buffer so far, bytes in it
+        self._carry = b""  # the first bytes (< 4) of a size prefix, between reads
+        # the frame being read into a buffer of its own: its size, its buffer, bytes in it
         self._direct_size = 0
         self._direct: bytearray | None = None
         self._direct_filled = 0
@@ -93,12 +134,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 grown[:filled] = direct
                 self._direct = direct = grown
             return memoryview(direct)[filled:]
-        if len(self._buf) - self._end < _MIN_READ_BYTES:
-            # Only a partial frame of at most DIRECT_FRAME_BYTES + 4 is left: move it to
-            # the front (same-length slice assignment: allowed while views are exported).
-            start, end = self._start, self._end
-            self._buf[: end - start] = self._view[start:end]
-            self._start, self._end = 0, end - start
+        if self._buf is None:
+            self._buf = self._buffers.take()
+            self._view = memoryview(self._buf)
+            carry = self._carry  # a size prefix's first bytes, from the previous read
+            self._buf[: len(carry)] = carry
+            self._start, self._end = 0, len(carry)
+            self._carry = b""
         return self._view[self._end : self._end + _READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -115,6 +157,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._parse()
 
     def eof_received(self) -> bool | None:
+        self._give_back_buffer()  # the read that saw EOF borrowed one; nothing is in it
         self.eof = True
         self._wake_reader()
         # Keep a plain transport open (as asyncio's streams do): the connection closes it
@@ -123,6 +166,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._give_back_buffer()
         self.eof = True
         self._wake_reader()
         for waiter in self._drain_waiters:
@@ -161,24 +205,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._push(bytes(view[start + 4 : start + 4 + size]))
                 start += 4 + size
                 continue
-            if size > DIRECT_FRAME_BYTES:
-                # Read the rest of this frame straight into its own buffer.
-                chunk = bytearray(min(size, DIRECT_CHUNK_BYTES))
-                chunk[:available] = view[start + 4 : end]
-                self._direct, self._direct_size = chunk, size
-                self._direct_filled = available
-                start = end
+            # Read the rest of this frame straight into its own buffer (a large frame's is
+            # handed on without a copy), so the read buffer goes back to the pool now.
+            chunk = bytearray(min(size, DIRECT_CHUNK_BYTES))
+            chunk[:available] = view[start + 4 : end]
+            self._direct, self._direct_size = chunk, size
+            self._direct_filled = available
+            start = end
             break
-        if start == end:
-            start = end = 0
+        # only a size prefix's first bytes (< 4) can be left: kept aside
         self._start, self._end = start, end
+        self._give_back_buffer()
+
+    def _give_back_buffer(self) -> None:
+        """Return the read buffer to the pool (unparsed bytes, at most a size prefix's
+        first three, are kept aside)."""
+        if self._buf is not None:
+            if self._end > self._start:
+                self._carry = bytes(self._view[self._start : self._end])
+            self._start = self._end = 0
+            self._view.release()
+            self._view = memoryview(b"")
+            self._buffers.give(self._buf)
+            self._buf = None
 
     @property
     def partial_frame_bytes(self) -> int:
         """Bytes of a frame that is not complete yet (0: between frames)."""
         if self._direct is not None:
             return self._direct_filled + 4
-        return self._end - self._start
+        return self._end - self._start + len(self._carry)
 
     def _push(self, frame: bytes | bytearray) -> None:
         self.frames.append(frame)
@@ -194,6 +250,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _fail(self, why: str) -> None:
         self.error = why
         self._start = self._end = 0
+        self._give_back_buffer()
         assert self.transport is not None
         self.transport.pause_reading()
         self._wake_reader()

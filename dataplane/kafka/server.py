@@ -48,7 +48,7 @@ from prometheus_client import Gauge
 from dataplane.config import MAX_REQUEST_BYTES
 
 from .connection import Admit, Connection
-from .framing import FrameProtocol, peer_of
+from .framing import FrameProtocol, ReadBufferPool, peer_of
 from .registry import ApiRegistry, CloseConnection
 
 __all__ = [
@@ -157,6 +157,8 @@ class KafkaServer:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
         self._stopping = False
+        # read buffers are lent to connections with bytes to parse, not one per connection
+        self.read_buffers = ReadBufferPool()
 
     @property
     def port(self) -> int:
@@ -193,6 +195,7 @@ class KafkaServer:
                         lambda listener=listener: FrameProtocol(
                             functools.partial(self._accept, listener=listener),
                             self.max_request_bytes,
+                            self.read_buffers,
                         ),
                         listener.host,
                         listener.port,

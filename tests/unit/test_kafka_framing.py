@@ -18,6 +18,7 @@ from dataplane.kafka.framing import (
     DIRECT_GROWTH,
     QUEUED_FRAME_BYTES,
     FrameProtocol,
+    ReadBufferPool,
 )
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -249,5 +250,28 @@ def test_eof_inside_a_frame_reports_the_partial_bytes() -> None:
         assert proto.eof
         assert proto.take_frame() == b"whole"
         assert proto.partial_frame_bytes == 7
+
+    run(body)
+
+
+def test_read_buffers_are_lent_per_read_not_held_per_connection() -> None:
+    def body():
+        pool = ReadBufferPool(max_free=2)
+        protos = []
+        for _ in range(10):
+            proto = FrameProtocol(FakeServer().accept, MAX_REQUEST_BYTES, pool)
+            proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+            protos.append(proto)
+        for i, proto in enumerate(protos):
+            # a whole frame, then a frame's first bytes: between reads nothing is borrowed
+            feed(proto, frame(b"hello") + frame(payload_of(1000, i))[: 1 + i % 7])
+            assert proto.take_frame() == b"hello"
+            assert proto.partial_frame_bytes == 1 + i % 7
+        assert pool.free_count == 1  # one buffer served every read of every connection
+        for i, proto in enumerate(protos):
+            feed(proto, frame(payload_of(1000, i))[1 + i % 7 :])
+            assert proto.take_frame() == payload_of(1000, i)
+            assert proto.partial_frame_bytes == 0
+        assert pool.free_count == 1
 
     run(body)
