@@ -13,13 +13,13 @@ sleep `PROBE_INTERVAL_S` and measure how late it woke. On a machine shared with 
 that lateness (the CPU scheduler's) is in every loop-lag sample of the broker too; the
 broker's own share is the difference.
 
-The arithmetic (`parse_histogram`, `histogram_delta`, `histogram_quantile`) is pure.
+The arithmetic is `cli/top_metrics.py`'s (the Prometheus text, bucket differences and
+quantiles `cluster top` uses too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import signal
 import time
@@ -27,6 +27,13 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from cli.perf_histogram import LatencyHistogram
+from cli.top_metrics import (
+    Buckets,
+    bucket_delta,
+    histogram_buckets,
+    histogram_quantile,
+    parse_prometheus_text,
+)
 
 LOOP_LAG_METRIC = "automq_event_loop_lag_seconds"
 GC_PAUSE_METRIC = "automq_gc_pause_seconds"
@@ -43,67 +50,6 @@ SCRAPE_TIMEOUT_S = 2.0
 MAX_METRICS_BYTES = 16 * 1024 * 1024  # a /metrics page larger than this is cut off
 PROBE_INTERVAL_S = 0.02  # as the broker's probe (dataplane/runtime.py)
 MACHINE_LAG_TIMEOUT_S = 5.0  # the reference process's answer at the end
-
-# cumulative counts by bucket upper bound (seconds; math.inf for +Inf), all label sets summed
-Buckets = dict[float, float]
-
-
-def parse_histogram(text: str, name: str) -> Buckets:
-    """The cumulative bucket counts of histogram `name` in a Prometheus text page, summed
-    over its label sets (e.g. every GC generation); empty when the page has none. Pure."""
-    prefix = name + "_bucket{"
-    buckets: Buckets = {}
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        labels, _, value = line[len(prefix) :].rpartition("} ")
-        bound = _label(labels, "le")
-        if bound is None:
-            continue
-        try:
-            upper = float(bound)  # "+Inf" parses as inf
-            count = float(value.split()[0])
-        except (ValueError, IndexError):
-            continue
-        buckets[upper] = buckets.get(upper, 0.0) + count
-    return buckets
-
-
-def _label(labels: str, key: str) -> str | None:
-    for part in labels.split(","):
-        k, _, v = part.partition("=")
-        if k.strip() == key:
-            return v.strip().strip('"')
-    return None
-
-
-def histogram_delta(before: Buckets, after: Buckets) -> Buckets:
-    """What was observed between two scrapes of one histogram (a bucket missing before
-    counts from zero; a counter that went backwards, i.e. a restarted broker, gives the
-    later scrape alone). Pure."""
-    if any(after.get(bound, 0.0) < count for bound, count in before.items()):
-        return dict(after)
-    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
-
-
-def histogram_quantile(q: float, buckets: Buckets) -> float | None:
-    """The q-quantile (0..1) of cumulative bucket counts, interpolated linearly within its
-    bucket as Prometheus' `histogram_quantile` does (the lowest bucket starts at 0; a rank
-    in the +Inf bucket gives the highest finite bound); None without observations. Pure."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    total = buckets[bounds[-1]]
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for upper in bounds:
-        count = buckets[upper]
-        if count >= rank and count > below:
-            if math.isinf(upper):
-                return lower
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower
 
 
 @dataclass
@@ -128,7 +74,7 @@ class BrokerPauses:
             if before is None or after is None:
                 continue
             for name in p99s:
-                p99 = histogram_quantile(0.99, histogram_delta(before[name], after[name]))
+                p99 = histogram_quantile(bucket_delta(before[name], after[name]), 0.99)
                 if p99 is not None:
                     p99s[name].append(p99 * 1000)
         return {field: max(p99s[name], default=None) for field, name in SUMMARY_METRICS.items()}
@@ -141,7 +87,8 @@ def _scrape(url: str) -> dict[str, Buckets] | None:
             text = resp.read(MAX_METRICS_BYTES).decode(errors="replace")
     except (OSError, ValueError):
         return None
-    return {name: parse_histogram(text, name) for name in SUMMARY_METRICS.values()}
+    scrape = parse_prometheus_text(text)
+    return {name: histogram_buckets(scrape, name) for name in SUMMARY_METRICS.values()}
 
 
 class MachineLag:

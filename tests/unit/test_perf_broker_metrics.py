@@ -17,11 +17,11 @@ from cli.perf_broker_metrics import (
     LOOP_LAG_METRIC,
     BrokerPauses,
     MachineLag,
-    histogram_delta,
-    histogram_quantile,
-    parse_histogram,
 )
 from cli.perf_workers import read_available
+from cli.top_metrics import bucket_delta as histogram_delta
+from cli.top_metrics import histogram_buckets, parse_prometheus_text
+from cli.top_metrics import histogram_quantile as _quantile
 
 BOUNDS = (0.001, 0.002, 0.005, 0.01, math.inf)
 
@@ -44,11 +44,19 @@ def _page(lag_counts: tuple[int, ...], gc_counts: dict[str, tuple[int, ...]]) ->
     return "\n".join(lines) + "\n"
 
 
+def _quantile_q(q, buckets):
+    return _quantile(buckets, q)
+
+
 def test_a_histogram_is_read_from_the_page_with_its_label_sets_summed():
     text = _page((1, 2, 3, 4, 5), {"0": (10, 10, 10, 10, 10), "2": (0, 1, 1, 2, 2)})
-    assert parse_histogram(text, LOOP_LAG_METRIC) == dict(zip(BOUNDS, (1, 2, 3, 4, 5)))
-    assert parse_histogram(text, GC_PAUSE_METRIC) == dict(zip(BOUNDS, (10, 11, 11, 12, 12)))
-    assert parse_histogram(text, "missing") == {}
+    assert histogram_buckets(parse_prometheus_text(text), LOOP_LAG_METRIC) == dict(
+        zip(BOUNDS, (1, 2, 3, 4, 5))
+    )
+    assert histogram_buckets(parse_prometheus_text(text), GC_PAUSE_METRIC) == dict(
+        zip(BOUNDS, (10, 11, 11, 12, 12))
+    )
+    assert histogram_buckets(parse_prometheus_text(text), "missing") == {}
 
 
 def test_the_p99_of_a_run_is_that_of_what_was_observed_between_the_scrapes():
@@ -59,18 +67,18 @@ def test_the_p99_of_a_run_is_that_of_what_was_observed_between_the_scrapes():
     delta = histogram_delta(before, after)
     assert delta == dict(zip(BOUNDS, (980, 990, 990, 1000, 1000)))
     # rank 990 of 1,000: the top of the (1, 2] ms bucket, linearly interpolated
-    assert histogram_quantile(0.99, delta) == pytest.approx(0.002)
-    assert histogram_quantile(0.995, delta) == pytest.approx(0.0075)
-    assert histogram_quantile(0.5, delta) == pytest.approx(0.001 * 500 / 980)
+    assert _quantile_q(0.99, delta) == pytest.approx(0.002)
+    assert _quantile_q(0.995, delta) == pytest.approx(0.0075)
+    assert _quantile_q(0.5, delta) == pytest.approx(0.001 * 500 / 980)
     # the whole history would have put the p99 at 9.9 ms
-    assert histogram_quantile(0.99, after) > 0.009
+    assert _quantile_q(0.99, after) > 0.009
 
 
 def test_quantile_edges_and_a_restarted_broker():
-    assert histogram_quantile(0.99, {}) is None
-    assert histogram_quantile(0.99, dict(zip(BOUNDS, (0, 0, 0, 0, 0)))) is None
+    assert _quantile_q(0.99, {}) is None
+    assert _quantile_q(0.99, dict(zip(BOUNDS, (0, 0, 0, 0, 0)))) is None
     # beyond the last finite bound: that bound (as Prometheus' histogram_quantile)
-    assert histogram_quantile(0.99, dict(zip(BOUNDS, (0, 0, 0, 0, 3)))) == 0.01
+    assert _quantile_q(0.99, dict(zip(BOUNDS, (0, 0, 0, 0, 3)))) == 0.01
     # counters that went backwards (the broker restarted): the later scrape alone
     restarted = dict(zip(BOUNDS, (5, 5, 5, 5, 5)))
     assert histogram_delta(dict(zip(BOUNDS, (9, 9, 9, 9, 9))), restarted) == restarted
