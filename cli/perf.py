@@ -64,10 +64,12 @@ class _Window:
         self.consumed_bytes = 0
         self.errors = 0
         self.rtt_p99_ms: list[float] = []  # one per producer and stats window (~1 s)
+        self.queue_p99_ms: list[float] = []  # librdkafka's own queue, likewise
 
     def add(self, sample: dict) -> None:
         if len(self.rtt_p99_ms) < MAX_RTT_SAMPLES:
             self.rtt_p99_ms.extend(sample.get("rtt_p99_ms", ()))
+            self.queue_p99_ms.extend(sample.get("queue_p99_ms", ()))
         self.produce.merge(sample["produce"])
         self.e2e.merge(sample["e2e"])
         self.produced_bytes += sample["produced_bytes"]
@@ -661,6 +663,9 @@ def _measured_summary(run: PerfRun, measured: _Measured, wall: float, pauses: di
         # (no Python stall of the load generator in it): the median and worst window
         "broker_rtt_p99_ms": _median(total.rtt_p99_ms),
         "max_interval_broker_rtt_p99_ms": max(total.rtt_p99_ms, default=None),
+        # the client's own share: librdkafka's queue from produce() until the message is in
+        # a request (linger.ms and batching included), p99 per window, the median
+        "client_queue_p99_ms": _median(total.queue_p99_ms),
         # the broker's own share of that round trip: how late its event loop ran what was
         # due, and its garbage-collector pauses (the worst broker's p99 over the run, from
         # /metrics; None when perf cannot reach the brokers' /metrics); and the machine's:

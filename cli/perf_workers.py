@@ -79,6 +79,9 @@ class _Counters:
         self.records = 0
         self.errors = 0
         self.rtt_p99_ms: list[float] = []  # librdkafka's request round-trip p99 per stats window
+        # librdkafka's time from produce() until the request is built (its queue, linger
+        # included), p99 per stats window: the client's own share of a produce's latency
+        self.queue_p99_ms: list[float] = []
 
     def delivered(self, latencies_s: list[float], size: int) -> None:
         """Records of `size` bytes acknowledged after these latencies (seconds)."""
@@ -101,9 +104,11 @@ class _Counters:
         with self.lock:
             self.errors += 1
 
-    def rtt(self, p99_ms: float) -> None:
+    def rtt(self, p99_ms: float, queue_p99_ms: float | None = None) -> None:
         with self.lock:
             self.rtt_p99_ms.append(p99_ms)
+            if queue_p99_ms is not None:
+                self.queue_p99_ms.append(queue_p99_ms)
 
     def take(self) -> dict:
         with self.lock:
@@ -115,6 +120,7 @@ class _Counters:
                 "records": self.records,
                 "errors": self.errors,
                 "rtt_p99_ms": self.rtt_p99_ms,
+                "queue_p99_ms": self.queue_p99_ms,
             }
             self._reset()
         return out
@@ -267,19 +273,25 @@ def _produce_loop(spec: WorkerSpec, producer: tuple, counters: _Counters, out, e
 
 
 def _note_rtt(stats_json: str, counters: _Counters) -> None:
-    """The worst broker's request round-trip p99 of one librdkafka stats window (µs in the
-    stats; windows without requests are skipped)."""
+    """The worst broker's request round-trip p99 of one librdkafka stats window, and its
+    worst internal queue p99 (`int_latency`: produce() until the message is in a request);
+    µs in the stats; windows without requests are skipped."""
     try:
-        brokers = json.loads(stats_json).get("brokers", {}).values()
-        p99s = [
-            b["rtt"]["p99"] / 1000
-            for b in brokers
+        brokers = [
+            b
+            for b in json.loads(stats_json).get("brokers", {}).values()
             if b.get("nodeid", -1) >= 0 and b.get("rtt", {}).get("cnt", 0) > 0
+        ]
+        p99s = [b["rtt"]["p99"] / 1000 for b in brokers]
+        queue_p99s = [
+            b["int_latency"]["p99"] / 1000
+            for b in brokers
+            if b.get("int_latency", {}).get("cnt", 0) > 0
         ]
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # a stats format this code does not know: no figure, not an error
     if p99s:
-        counters.rtt(max(p99s))
+        counters.rtt(max(p99s), max(queue_p99s, default=None))
 
 
 def _consume_loop(spec: WorkerSpec, counters: _Counters, out, events) -> None:

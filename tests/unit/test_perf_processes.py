@@ -73,3 +73,32 @@ def test_the_summary_prints_as_a_table_not_a_json_document():
     assert "{" not in text and '"' not in text
     assert "produced_records" in text and "12,345" in text and "3.25" in text
     assert group_names_of("abc123", 2) == ["perf-abc123-g0", "perf-abc123-g1"]
+
+
+def test_librdkafka_stats_give_the_round_trip_and_the_clients_own_queue():
+    """perf splits a produce's latency: the broker round trip (`rtt`) and librdkafka's own
+    queue before the request (`int_latency`), both measured in C, per stats window."""
+    import json
+
+    from cli.perf_workers import _Counters, _note_rtt
+
+    counters = _Counters()
+    stats = {
+        "brokers": {
+            "bootstrap": {"nodeid": -1, "rtt": {"cnt": 5, "p99": 90_000}},
+            "b1": {
+                "nodeid": 1,
+                "rtt": {"cnt": 10, "p99": 2_500},
+                "int_latency": {"cnt": 10, "p99": 7_000},
+            },
+            "b2": {
+                "nodeid": 2,
+                "rtt": {"cnt": 10, "p99": 1_500},
+                "int_latency": {"cnt": 0, "p99": 0},
+            },
+        }
+    }
+    _note_rtt(json.dumps(stats), counters)
+    _note_rtt("not json", counters)  # an unknown format: no figure, no error
+    sample = counters.take()
+    assert sample["rtt_p99_ms"] == [2.5] and sample["queue_p99_ms"] == [7.0]
