@@ -424,6 +424,8 @@ def one_round(args: argparse.Namespace) -> dict:
             own = tempfile.mkdtemp(prefix="broker-limits-", dir=args.store_dir)
             cleanup.callback(shutil.rmtree, own, ignore_errors=True)
             up_args = ("--store-dir", own)
+        for setting in args.broker_config:
+            up_args += ("--broker-config", setting)
         cdir, status = cleanup.enter_context(running_cluster(brokers=1, up_args=up_args))
         bootstrap = status["bootstrap_servers"]
         figures: dict = {"load_average_1m_before": os.getloadavg()[0]}
@@ -493,6 +495,14 @@ def parse_args() -> argparse.Namespace:
         ap.add_argument(
             f"--{flag.replace('_', '-')}", action="store_true", help=f"= --steps {steps}"
         )
+    ap.add_argument(
+        "--broker-config",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a broker setting for the round's cluster (cluster up --broker-config), e.g. "
+        "network.egress_bytes_per_s=25000000; repeatable",
+    )
     ap.add_argument(
         "--store-dir",
         type=Path,
