@@ -192,12 +192,17 @@ class DataApis:
             for entry, futures in waits:
                 for fut in futures:
                     try:
-                        # shielded: a timeout must not cancel the append's future (a
-                        # retry of the batch may be waiting for the same durability)
-                        done = await asyncio.wait_for(
-                            asyncio.shield(asyncio.wrap_future(fut)),
-                            max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
-                        )
+                        if fut.done():
+                            # one group commit made a request's partitions durable together:
+                            # the later ones are done by now and need no wrapper and timer
+                            done = fut.result()
+                        else:
+                            # shielded: a timeout must not cancel the append's future (a
+                            # retry of the batch may be waiting for the same durability)
+                            done = await asyncio.wait_for(
+                                asyncio.shield(asyncio.wrap_future(fut)),
+                                max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
+                            )
                         if entry["forwarded"]:
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset
