@@ -61,6 +61,7 @@ __all__ = [
     "patch_batch",
     "patch_batches",
     "build_batch",
+    "null_key_records",
     "zigzag_varint",
     "RecordChunks",
     "concat_records",
@@ -489,6 +490,21 @@ def record_timestamps(batch: RecordBatchHeader) -> list[tuple[int, int]]:
     except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt batch
         raise _fail(
             KafkaError.CORRUPT_MESSAGE, f"records of batch at {batch.base_offset}: {exc}"
+        ) from None
+
+
+def null_key_records(batch: RecordBatchHeader) -> list[int]:
+    """The indexes (in the batch, from 0) of the records whose key is null: what a
+    compacted topic refuses (Kafka's LogValidator). Reads every record (decompressed with
+    kafka-python's reader): for compacted topics only. Raises InvalidRecordBatchError when
+    the records cannot be read."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    try:
+        return [i for i, r in enumerate(DefaultRecordBatch(batch.data)) if r.key is None]
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt batch
+        raise _fail(
+            KafkaError.CORRUPT_MESSAGE, f"records of batch at byte {batch.position}: {exc}"
         ) from None
 
 
