@@ -66,3 +66,92 @@ def test_null_keys_are_fine_on_a_delete_topic(broker):
     resp = asyncio.run(apis.data.produce(produce("events", {0: keyed_batch([None])}), ctx(0, 9)))
     part = resp.responses[0].partition_responses[0]
     assert (part.error_code, part.base_offset) == (KafkaError.NONE, 0)
+
+
+def _commit_topics(T, P, partitions_by_topic: dict[str, list[int]]):
+    return [
+        T(
+            name=name,
+            partitions=[
+                P(
+                    partition_index=p,
+                    committed_offset=5,
+                    committed_leader_epoch=-1,
+                    committed_metadata="",
+                )
+                for p in partitions
+            ],
+        )
+        for name, partitions in partitions_by_topic.items()
+    ]
+
+
+def test_offset_commit_for_a_missing_topic_or_partition_is_refused_and_not_stored(broker):
+    from kafka.protocol.consumer import OffsetCommitRequest
+
+    from dataplane.kafka.groups.coordinator import GroupCoordinator
+    from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
+    from dataplane.kafka.groups.offsets import InMemoryOffsetStore
+
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "real", "partitions": 1})
+    sync()
+    store = InMemoryOffsetStore()
+    groups = GroupHandlers(
+        GroupCoordinator(),
+        store,
+        lambda g: True,
+        partition_exists=lambda t, p: partition_in_image(apis.image_fn(), t, p),
+    )
+    T = OffsetCommitRequest.OffsetCommitRequestTopic
+    req = OffsetCommitRequest[8](
+        group_id="g",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=_commit_topics(
+            T, T.OffsetCommitRequestPartition, {"real": [0, 7], "no-such-topic": [0]}
+        ),
+    )
+    resp = asyncio.run(groups.offset_commit(req, ctx(8, 8)))
+    errors = {(t.name, p.partition_index): p.error_code for t in resp.topics for p in t.partitions}
+    assert errors == {
+        ("real", 0): KafkaError.NONE,
+        ("real", 7): KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+        ("no-such-topic", 0): KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+    assert set(store.snapshot()["g"]) == {("real", 0)}
+
+
+def test_txn_offset_commit_for_a_missing_topic_is_refused_and_not_stored(broker):
+    from kafka.protocol.producer import TxnOffsetCommitRequest
+
+    from dataplane.kafka.groups.coordinator import GroupCoordinator
+    from dataplane.kafka.offset_store import KVOffsetStore
+    from dataplane.kafka.txn.handlers import TxnHandlers
+
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "real", "partitions": 1})
+    sync()
+    store = KVOffsetStore(controller, apis.image_fn, 1, apis.node_epoch_fn)
+    txn = TxnHandlers(None, apis.image_fn, apis.partitions, GroupCoordinator(), store, lambda g: 1)
+    T = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+    req = TxnOffsetCommitRequest[3](
+        transactional_id="t",
+        group_id="g",
+        producer_id=7,
+        producer_epoch=0,
+        generation_id=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=_commit_topics(
+            T, T.TxnOffsetCommitRequestPartition, {"real": [0], "no-such-topic": [0]}
+        ),
+    )
+    resp = asyncio.run(txn.txn_offset_commit(req, ctx(28, 3)))
+    errors = {(t.name, p.partition_index): p.error_code for t in resp.topics for p in t.partitions}
+    assert errors == {
+        ("real", 0): KafkaError.NONE,
+        ("no-such-topic", 0): KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+    assert store.pending_partitions("g") == {("real", 0)}
