@@ -155,3 +155,23 @@ def test_txn_offset_commit_for_a_missing_topic_is_refused_and_not_stored(broker)
         ("no-such-topic", 0): KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
     }
     assert store.pending_partitions("g") == {("real", 0)}
+
+
+def test_metadata_for_an_illegal_topic_name_is_invalid_topic_at_once(broker):
+    import time
+
+    from kafka.protocol.metadata import MetadataRequest
+
+    apis, controller, sync = broker
+    illegal = ["bad name", "x" * 250, "..", "tab\\there", ""]
+    req = MetadataRequest[9](
+        topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in [*illegal, "fine.topic"]],
+        allow_auto_topic_creation=True,
+    )
+    started = time.monotonic()
+    resp = asyncio.run(apis.cluster.metadata(req, ctx(3, 9)))
+    assert time.monotonic() - started < 1.0
+    codes = {t.name: t.error_code for t in resp.topics}
+    assert codes == {**{n: KafkaError.INVALID_TOPIC_EXCEPTION for n in illegal}, "fine.topic": 0}
+    created = {t["name"] for t in controller.image()["topics"].values()}
+    assert created == {"fine.topic"}
