@@ -75,21 +75,7 @@ class MetadataApis:
         illegal names, answered INVALID_TOPIC_EXCEPTION at once (Kafka's auto-creation
         manager; without auto-creation they are UNKNOWN_TOPIC_OR_PARTITION, as there)."""
         v = ctx.api_version
-        image = self.broker.image_fn()
-        wanted = None if req.topics is None else [t.name for t in req.topics]
-        if wanted is not None and v == 0 and not wanted:
-            wanted = None  # v0: an empty list means all topics
-        auto = self.broker.topic_creation.auto_create and bool(
-            getattr(req, "allow_auto_topic_creation", True)
-        )
-        missing = [
-            n for n in (wanted or []) if n is not None and (not n or image.topic_by_name(n) is None)
-        ]
-        illegal = {n for n in missing if not legal_topic_name(n)} if auto else set()
-        creatable = [n for n in missing if n not in illegal]
-        if creatable and auto:
-            await self.broker.run_io(self._auto_create, creatable)
-            image = self.broker.image_fn()
+        wanted, illegal, image = await self._auto_create_missing(req, v)
         R = MetadataResponse
         # asked-for authorized operations: every operation (no authorizer here; with ACLs
         # the ACL rule narrows them to the principal's); None: "not provided"
@@ -178,6 +164,28 @@ class MetadataApis:
             topics=topics,
             authorized_operations=cluster_ops,
         )
+
+    async def _auto_create_missing(
+        self, req, v: int
+    ) -> tuple[list[str] | None, set[str], MetadataImage]:
+        """(the topic names asked, None for all; the illegal ones refused; the image after
+        auto-creating the missing legal ones when the request and the broker allow it)."""
+        image = self.broker.image_fn()
+        wanted = None if req.topics is None else [t.name for t in req.topics]
+        if wanted is not None and v == 0 and not wanted:
+            wanted = None  # v0: an empty list means all topics
+        auto = self.broker.topic_creation.auto_create and bool(
+            getattr(req, "allow_auto_topic_creation", True)
+        )
+        missing = [
+            n for n in (wanted or []) if n is not None and (not n or image.topic_by_name(n) is None)
+        ]
+        illegal = {n for n in missing if not legal_topic_name(n)} if auto else set()
+        creatable = [n for n in missing if n not in illegal]
+        if creatable and auto:
+            await self.broker.run_io(self._auto_create, creatable)
+            image = self.broker.image_fn()
+        return wanted, illegal, image
 
     async def describe_cluster(self, req, ctx):
         """The brokers (Kafka's AdminClient.describeCluster), each with its endpoint on the
