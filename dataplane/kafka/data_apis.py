@@ -76,7 +76,7 @@ def _produce_response(v: int, results: list) -> object:
                         index=e["index"],
                         error_code=e["error"],
                         base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
-                        log_append_time_ms=-1,
+                        log_append_time_ms=e["append_time_ms"],
                         log_start_offset=e["log_start"],
                         record_errors=[
                             RecordError(batch_index=index, batch_index_error_message=message)
@@ -193,6 +193,7 @@ class DataApis:
                 forwarded = False
                 record_errors: list[tuple[int, str]] = []
                 error_message = None
+                append_time_ms = -1
                 if plog is not None and not admitted:
                     error = KafkaError.REQUEST_TIMED_OUT
                 elif plog is not None:
@@ -207,6 +208,7 @@ class DataApis:
                         forwarded = outcome.forwarded
                         record_errors = outcome.record_errors
                         error_message = outcome.error_message
+                        append_time_ms = outcome.log_append_time_ms
                     except Exception as exc:  # the engine refused (fenced, closed...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
                         error = kafka_error_of(exc)
@@ -220,6 +222,7 @@ class DataApis:
                     "forwarded": forwarded,
                     "record_errors": record_errors,
                     "error_message": error_message,
+                    "append_time_ms": append_time_ms,
                 }
                 parts.append(entry)
                 waits.append((entry, futures))
@@ -239,6 +242,7 @@ class DataApis:
                             entry["error"], entry["base"] = done.error, done.base_offset
                             entry["record_errors"] = done.record_errors
                             entry["error_message"] = done.error_message
+                            entry["append_time_ms"] = done.log_append_time_ms
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:  # e.g. no WAL room on a worker's append

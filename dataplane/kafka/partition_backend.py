@@ -63,6 +63,9 @@ class AppendOutcome:
     # refused (with INVALID_RECORD): the client fails exactly those records
     record_errors: list[tuple[int, str]] = field(default_factory=list)
     error_message: str | None = None
+    # the time the batches were stamped with on a LogAppendTime topic (the produce
+    # response's log_append_time_ms), else -1
+    log_append_time_ms: int = -1
 
 
 class OffsetOutOfRangeError(ValueError):

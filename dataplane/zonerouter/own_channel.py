@@ -237,6 +237,7 @@ def _complete_when_durable(outcome: AppendOutcome, done: Future) -> None:
         outcome.base_offset,
         record_errors=outcome.record_errors,
         error_message=outcome.error_message,
+        log_append_time_ms=outcome.log_append_time_ms,
     )
     if outcome.error != KafkaError.NONE or not durable:
         done.set_result(result)

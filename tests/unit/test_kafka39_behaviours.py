@@ -175,3 +175,48 @@ def test_metadata_for_an_illegal_topic_name_is_invalid_topic_at_once(broker):
     assert codes == {**{n: KafkaError.INVALID_TOPIC_EXCEPTION for n in illegal}, "fine.topic": 0}
     created = {t["name"] for t in controller.image()["topics"].values()}
     assert created == {"fine.topic"}
+
+
+def test_log_append_time_topic_stamps_the_batch_and_answers_the_time(broker):
+    import time
+
+    from kafka.record.memory_records import MemoryRecords
+
+    from tests.unit.test_kafka_apis_inprocess import fetch_req
+
+    apis, controller, sync = broker
+    controller.call(
+        "create_topic",
+        {
+            "name": "stamped",
+            "partitions": 1,
+            "configs": {"message.timestamp.type": "LogAppendTime"},
+        },
+    )
+    controller.call("create_topic", {"name": "created", "partitions": 1})
+    sync()
+
+    async def scenario():
+        sent_ms = int(time.time() * 1000)
+        stamped = await apis.data.produce(
+            produce("stamped", {0: keyed_batch([b"a", b"b"], timestamp_ms=1000)}), ctx(0, 9)
+        )
+        acked_ms = int(time.time() * 1000)
+        created = await apis.data.produce(
+            produce("created", {0: keyed_batch([b"a"], timestamp_ms=1000)}), ctx(0, 9)
+        )
+        fetched = (await apis.data.fetch(fetch_req("stamped", 0), ctx(1, 12))).resolved()
+        kept = (await apis.data.fetch(fetch_req("created", 0), ctx(1, 12))).resolved()
+        return sent_ms, acked_ms, stamped, created, fetched, kept
+
+    sent_ms, acked_ms, stamped, created, fetched, kept = asyncio.run(scenario())
+    part = stamped.responses[0].partition_responses[0]
+    assert part.error_code == KafkaError.NONE
+    assert sent_ms <= part.log_append_time_ms <= acked_ms
+    batch = MemoryRecords(bytes(fetched.responses[0].partitions[0].records)).next_batch()
+    assert batch.validate_crc()
+    assert [(r.timestamp, r.timestamp_type) for r in batch] == [(part.log_append_time_ms, 1)] * 2
+    # a CreateTime topic keeps the producer's timestamp and answers -1
+    assert created.responses[0].partition_responses[0].log_append_time_ms == -1
+    batch = MemoryRecords(bytes(kept.responses[0].partitions[0].records)).next_batch()
+    assert [(r.timestamp, r.timestamp_type) for r in batch] == [(1000, 0)]
