@@ -220,3 +220,43 @@ def test_log_append_time_topic_stamps_the_batch_and_answers_the_time(broker):
     assert created.responses[0].partition_responses[0].log_append_time_ms == -1
     batch = MemoryRecords(bytes(kept.responses[0].partitions[0].records)).next_batch()
     assert [(r.timestamp, r.timestamp_type) for r in batch] == [(1000, 0)]
+
+
+def _create_with_assignment(apis, name: str, assignment: dict[int, list[int]], **counts):
+    from kafka.protocol.admin import CreateTopicsRequest as C
+
+    topic = C.CreatableTopic(
+        name=name,
+        num_partitions=counts.get("num_partitions", -1),
+        replication_factor=counts.get("replication_factor", -1),
+        assignments=[
+            C.CreatableTopic.CreatableReplicaAssignment(partition_index=p, broker_ids=brokers)
+            for p, brokers in assignment.items()
+        ],
+        configs=[],
+    )
+    req = C[5](topics=[topic], timeout_ms=5_000, validate_only=False)
+    return asyncio.run(apis.topic_admin.create_topics(req, ctx(19, 5))).topics[0]
+
+
+def test_create_topics_with_a_replica_assignment_creates_its_partitions(broker):
+    apis, controller, sync = broker
+    result = _create_with_assignment(apis, "assigned", {p: [1] for p in range(22)})
+    assert (result.error_code, result.num_partitions) == (KafkaError.NONE, 22)
+    assert len(apis.image_fn().topic_by_name("assigned").partitions) == 22
+
+
+def test_create_topics_refuses_the_assignments_kafka_refuses(broker):
+    apis, controller, sync = broker
+    refused = {
+        "both": ({0: [1]}, {"num_partitions": 3}, KafkaError.INVALID_REQUEST),
+        "gap": ({0: [1], 2: [1]}, {}, KafkaError.INVALID_REPLICA_ASSIGNMENT),
+        "empty": ({0: []}, {}, KafkaError.INVALID_REPLICA_ASSIGNMENT),
+        "twice": ({0: [1, 1]}, {}, KafkaError.INVALID_REPLICA_ASSIGNMENT),
+        "stranger": ({0: [1], 1: [9]}, {}, KafkaError.INVALID_REPLICA_ASSIGNMENT),
+    }
+    for name, (assignment, counts, error) in refused.items():
+        result = _create_with_assignment(apis, name, assignment, **counts)
+        assert (result.error_code, result.num_partitions) == (error, -1), name
+        assert result.error_message
+        assert apis.image_fn().topic_by_name(name) is None
