@@ -309,7 +309,7 @@ class TopicAdminApis:
                     read_only=row.read_only,
                     is_default=row.source == topic_configs.ConfigSource.DEFAULT_CONFIG,
                     config_source=row.source.value,
-                    is_sensitive=False,
+                    is_sensitive=row.name in topic_configs.SENSITIVE_BROKER_KEYS,
                     synonyms=[
                         Entry.DescribeConfigsSynonym(name=n, value=val, source=src.value)
                         for n, val, src in row.synonyms
@@ -359,6 +359,7 @@ class TopicAdminApis:
                 )
             )
         rows += topic_configs.describe_broker_settings(cluster, node)
+        rows += topic_configs.describe_stored_broker_keys(cluster, node)
         return KafkaError.NONE, None, rows
 
     def _alter_broker_configs(self, req: cmd.AlterBrokerConfigsRequest, validate_only: bool):

@@ -260,3 +260,57 @@ def test_create_topics_refuses_the_assignments_kafka_refuses(broker):
         assert (result.error_code, result.num_partitions) == (error, -1), name
         assert result.error_message
         assert apis.image_fn().topic_by_name(name) is None
+
+
+def test_kafka_broker_configs_not_applied_here_are_stored_and_described(broker):
+    from tests.unit.test_kafka_configs_inprocess import (
+        BROKER,
+        DELETE,
+        SET,
+        alter_result,
+        describe_req,
+        incremental,
+        legacy,
+    )
+
+    apis, controller, sync = broker
+
+    def alter(resource: str, entries: list) -> tuple:
+        req = incremental(resource, entries, rtype=BROKER)
+        return alter_result(
+            asyncio.run(apis.topic_admin.incremental_alter_configs(req, ctx(44, 1)))
+        )
+
+    def described(resource: str) -> dict:
+        req = describe_req(resource, rtype=BROKER)
+        resp = asyncio.run(apis.topic_admin.describe_configs(req, ctx(32, 4)))
+        return {c.name: c for c in resp.results[0].configs}
+
+    relogin = "sasl.kerberos.min.time.before.relogin"
+    assert alter("", [("background.threads", SET, "12")])[0] == KafkaError.NONE
+    assert alter("1", [(relogin, SET, "58000"), ("ssl.key.password", SET, "s3")])[0] == 0
+    rows = described("1")
+    assert (rows["background.threads"].value, rows["background.threads"].config_source) == (
+        "12",
+        3,  # DYNAMIC_DEFAULT_BROKER_CONFIG
+    )
+    assert (rows[relogin].value, rows[relogin].config_source) == ("58000", 2)
+    assert rows["ssl.key.password"].value is None and rows["ssl.key.password"].is_sensitive
+    # Kafka's types still hold: a malformed value is refused and nothing is stored
+    offset = controller.machine.image.offset
+    code, message = alter("", [("background.threads", SET, "many")])
+    assert code == KafkaError.INVALID_CONFIG and "background.threads" in message
+    code, _ = alter("", [("background.threads", SET, "0")])
+    assert code == KafkaError.INVALID_CONFIG
+    # and so do the keys applied here, and unknown keys
+    assert alter("", [("log.retention.ms", SET, "banana")])[0] == KafkaError.INVALID_CONFIG
+    assert alter("", [("no.such.broker.key", SET, "1")])[0] == KafkaError.INVALID_CONFIG
+    assert controller.machine.image.offset == offset
+    # AlterConfigs (the legacy whole-set API) accepts them too; delete brings the default
+    req = legacy("1", {"num.io.threads": "16"})
+    req.resources[0].resource_type = BROKER
+    resp = asyncio.run(apis.topic_admin.alter_configs(req, ctx(33, 1)))
+    assert alter_result(resp)[0] == KafkaError.NONE
+    assert described("1")["num.io.threads"].value == "16"
+    assert alter("", [("background.threads", DELETE, None)])[0] == KafkaError.NONE
+    assert "background.threads" not in described("1")
