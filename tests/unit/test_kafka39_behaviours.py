@@ -314,3 +314,53 @@ def test_kafka_broker_configs_not_applied_here_are_stored_and_described(broker):
     assert described("1")["num.io.threads"].value == "16"
     assert alter("", [("background.threads", DELETE, None)])[0] == KafkaError.NONE
     assert "background.threads" not in described("1")
+
+
+def test_a_static_member_restarting_within_its_session_gets_its_assignment_back() -> None:
+    from dataplane.kafka.groups.state import GroupState
+    from tests.unit.test_group_coordinator import make_coordinator, params
+
+    async def scenario() -> None:
+        coord = make_coordinator()
+        joins = [
+            asyncio.ensure_future(coord.join_group(params(group_instance_id=i, client_id=i)))
+            for i in ("pod-a", "pod-b")
+        ]
+        a, b = await asyncio.gather(*joins)
+        leader, follower = (a, b) if a.members else (b, a)
+        assignments = {leader.member_id: b"for-leader", follower.member_id: b"for-follower"}
+        synced = await asyncio.gather(
+            coord.sync_group("g", 1, follower.member_id, follower_instance(follower, a)),
+            coord.sync_group(
+                "g", 1, leader.member_id, follower_instance(leader, a), assignments=assignments
+            ),
+        )
+        assert [s.assignment for s in synced] == [b"for-follower", b"for-leader"]
+        instance = follower_instance(follower, a)
+        # the follower restarts: a new JoinGroup with its instance id and no member id
+        again = await coord.join_group(params(group_instance_id=instance, client_id=instance))
+        assert again.error_code == KafkaError.NONE and again.generation_id == 1
+        assert again.member_id != follower.member_id and not again.skip_assignment
+        assert coord.group_state("g") is GroupState.STABLE
+        # no revocation elsewhere: the leader's heartbeat sees no rebalance
+        assert await coord.heartbeat("g", 1, leader.member_id, None) == KafkaError.NONE
+        got = await coord.sync_group("g", 1, again.member_id, instance)
+        assert (got.error_code, got.assignment) == (KafkaError.NONE, b"for-follower")
+        # the old incarnation is fenced
+        stale = await coord.heartbeat("g", 1, follower.member_id, instance)
+        assert stale == KafkaError.FENCED_INSTANCE_ID
+        # a restart with other protocols rebalances the group
+        changed = asyncio.ensure_future(
+            coord.join_group(
+                params(group_instance_id=instance, protocols=(("range", b"\x00\x01"),))
+            )
+        )
+        await asyncio.sleep(0)
+        assert coord.group_state("g") is GroupState.PREPARING_REBALANCE
+        changed.cancel()
+        coord.close()
+
+    def follower_instance(result, a) -> str:
+        return "pod-a" if result.member_id == a.member_id else "pod-b"
+
+    asyncio.run(scenario())

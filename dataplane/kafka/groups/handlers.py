@@ -194,6 +194,7 @@ class GroupHandlers:
             protocol_type=result.protocol_type,
             protocol_name=result.protocol_name,
             leader=result.leader_id,
+            skip_assignment=result.skip_assignment and version >= 9,
             members=[
                 _JoinMember(
                     member_id=m.member_id,
@@ -215,6 +216,7 @@ class GroupHandlers:
         protocol_name: str | None = None,
         leader: str = "",
         members: list[Any] | None = None,
+        skip_assignment: bool = False,
     ) -> Any:
         # ProtocolName is nullable only from v7; older clients get "".
         if version < 7 and protocol_name is None:
@@ -226,7 +228,7 @@ class GroupHandlers:
             protocol_type=protocol_type,
             protocol_name=protocol_name,
             leader=leader,
-            skip_assignment=False,
+            skip_assignment=skip_assignment,
             member_id=member_id or "",
             members=members or [],
         )
