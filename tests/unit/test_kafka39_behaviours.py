@@ -364,3 +364,30 @@ def test_a_static_member_restarting_within_its_session_gets_its_assignment_back(
         return "pod-a" if result.member_id == a.member_id else "pod-b"
 
     asyncio.run(scenario())
+
+
+def test_null_keys_checks_decode_the_batch_or_leave_an_unreadable_codec_alone():
+    from kafka import codec
+
+    from dataplane.formats.kafka_errors import InvalidRecordBatchError
+    from dataplane.formats.record_batch import build_batch, null_key_records, parse_batches
+
+    (plain,) = parse_batches(keyed_batch([None, b"k", None]))
+    assert null_key_records(plain) == [0, 2]
+    # a gzip batch is decompressed to be checked
+    builder = MemoryRecordsBuilder(magic=2, compression_type=1, batch_size=1 << 20)
+    builder.append(timestamp=1, key=None, value=b"v", headers=[])
+    builder.close()
+    (gzipped,) = parse_batches(bytes(builder.buffer()))
+    assert null_key_records(gzipped) == [0]
+    # records that do not decode: CORRUPT_MESSAGE; snappy without its library: unchecked
+    for attributes in (1, 2):
+        (bad,) = parse_batches(build_batch(b"\x00garbage", 1, attributes=attributes))
+        if attributes == 2 and not codec.has_snappy():
+            assert null_key_records(bad) == []
+        else:
+            try:
+                null_key_records(bad)
+                raise AssertionError("undecodable records were not refused")
+            except InvalidRecordBatchError as exc:
+                assert exc.error_code == KafkaError.CORRUPT_MESSAGE
