@@ -207,6 +207,68 @@ _BROKER_KEYS: tuple[ConfigKey, ...] = (
               "own shards are still landing)", min=0, max=3_600_000),
 )  # fmt: skip
 BROKER_SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _BROKER_KEYS}
+
+# Kafka 3.9's dynamic broker configs that have no meaning here (threads, connection quotas,
+# the log cleaner's tuning, listener security reloads, replication throttles): accepted and
+# stored with their Kafka type checked, as Kafka accepts them (clients' test suites and
+# operators' scripts set them), reported back by DescribeConfigs when set, applied to nothing
+_STORED_BROKER_KEYS: tuple[ConfigKey, ...] = tuple(
+    ConfigKey(name, kind, "", "Kafka broker config, stored only (not applied here)", min=lo)
+    for name, kind, lo in (
+        ("background.threads", _I, 1),
+        ("num.io.threads", _I, 1),
+        ("num.network.threads", _I, 1),
+        ("num.replica.fetchers", _I, 1),
+        ("num.recovery.threads.per.data.dir", _I, 1),
+        ("log.cleaner.threads", _I, 0),
+        ("log.cleaner.io.max.bytes.per.second", _D, None),
+        ("log.cleaner.dedupe.buffer.size", _L, None),
+        ("log.cleaner.io.buffer.size", _I, 0),
+        ("log.cleaner.io.buffer.load.factor", _D, None),
+        ("log.cleaner.backoff.ms", _L, 0),
+        ("max.connections", _I, 0),
+        ("max.connections.per.ip", _I, 0),
+        ("max.connections.per.ip.overrides", _S, None),
+        ("max.connection.creation.rate", _I, 0),
+        ("metric.reporters", _LI, None),
+        ("follower.replication.throttled.rate", _L, 0),
+        ("leader.replication.throttled.rate", _L, 0),
+        ("replica.alter.log.dirs.io.max.bytes.per.second", _L, 0),
+        ("producer.id.expiration.ms", _I, 1),
+        ("transaction.partition.verification.enable", _B, None),
+        ("sasl.enabled.mechanisms", _LI, None),
+        ("sasl.jaas.config", _S, None),
+        ("sasl.kerberos.service.name", _S, None),
+        ("sasl.kerberos.kinit.cmd", _S, None),
+        ("sasl.kerberos.min.time.before.relogin", _L, None),
+        ("sasl.kerberos.ticket.renew.jitter", _D, None),
+        ("sasl.kerberos.ticket.renew.window.factor", _D, None),
+        ("sasl.kerberos.principal.to.local.rules", _LI, None),
+        ("sasl.login.refresh.window.factor", _D, None),
+        ("sasl.login.refresh.window.jitter", _D, None),
+        ("sasl.login.refresh.min.period.seconds", _I, 0),
+        ("sasl.login.refresh.buffer.seconds", _I, 0),
+        ("ssl.protocol", _S, None),
+        ("ssl.enabled.protocols", _LI, None),
+        ("ssl.cipher.suites", _LI, None),
+        ("ssl.client.auth", _S, None),
+        ("ssl.endpoint.identification.algorithm", _S, None),
+        ("ssl.keystore.type", _S, None),
+        ("ssl.keystore.location", _S, None),
+        ("ssl.keystore.password", _S, None),
+        ("ssl.key.password", _S, None),
+        ("ssl.truststore.type", _S, None),
+        ("ssl.truststore.location", _S, None),
+        ("ssl.truststore.password", _S, None),
+        ("ssl.keymanager.algorithm", _S, None),
+        ("ssl.trustmanager.algorithm", _S, None),
+    )
+)
+STORED_BROKER_SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _STORED_BROKER_KEYS}
+# described with a null value, as Kafka hides passwords
+SENSITIVE_BROKER_KEYS = frozenset(
+    {"sasl.jaas.config", "ssl.keystore.password", "ssl.key.password", "ssl.truststore.password"}
+)
 # keys the broker acts on today (the rest are stored and described only)
 ENFORCED = frozenset({"max.message.bytes"})
 _THROTTLED_ITEM = re.compile(r"^[0-9]+:[0-9]+$")
@@ -422,9 +484,11 @@ BROKER_SYNONYMS: dict[str, str] = {k.synonym: k.name for k in _KEYS if k.synonym
 
 def validate_broker_value(key: str, value: str | None) -> str:
     """The value to store for broker config `key`, validated as its topic key is (or as
-    the broker setting it is)."""
+    the broker setting it is, or as Kafka types a stored-only Kafka broker config)."""
     if key in BROKER_SCHEMA:
         return _validate(BROKER_SCHEMA[key], key, value)
+    if key in STORED_BROKER_SCHEMA:
+        return _validate(STORED_BROKER_SCHEMA[key], key, value)
     topic_key = BROKER_SYNONYMS.get(key)
     if topic_key is None or SCHEMA[topic_key].read_only:
         raise ControllerError(
@@ -458,8 +522,10 @@ def apply_broker_ops(
         if op == OP_SET:
             result[key] = validate_broker_value(key, value)
         elif op == OP_DELETE:
-            dynamic = key in BROKER_SCHEMA or (
-                key in BROKER_SYNONYMS and not SCHEMA[BROKER_SYNONYMS[key]].read_only
+            dynamic = (
+                key in BROKER_SCHEMA
+                or key in STORED_BROKER_SCHEMA
+                or (key in BROKER_SYNONYMS and not SCHEMA[BROKER_SYNONYMS[key]].read_only)
             )
             if not dynamic:
                 validate_broker_value(key, None)  # raises: not a dynamic broker config
@@ -522,6 +588,36 @@ def describe_broker_settings(
                 synonyms=tuple(layers),
             )
         )
+    return rows
+
+
+def describe_stored_broker_keys(
+    cluster: Mapping[str, str], node: Mapping[str, str]
+) -> list[DescribedConfig]:
+    """The stored-only Kafka broker configs (STORED_BROKER_SCHEMA) set on this broker or
+    cluster-wide, with their value in force (passwords hidden) and sources."""
+    rows = []
+    for spec in _STORED_BROKER_KEYS:
+        layers: list[tuple[str, str | None, ConfigSource]] = []
+        hidden = spec.name in SENSITIVE_BROKER_KEYS
+        for layer, source in (
+            (node, ConfigSource.DYNAMIC_BROKER_CONFIG),
+            (cluster, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
+        ):
+            if spec.name in layer:
+                layers.append((spec.name, None if hidden else layer[spec.name], source))
+        if layers:
+            rows.append(
+                DescribedConfig(
+                    name=spec.name,
+                    value=layers[0][1],
+                    source=layers[0][2],
+                    read_only=False,
+                    config_type=spec.type.value,
+                    doc=spec.doc,
+                    synonyms=tuple(layers),
+                )
+            )
     return rows
 
 

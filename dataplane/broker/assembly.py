@@ -44,7 +44,7 @@ from dataplane.config import BrokerConfig
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
 from dataplane.kafka.groups.coordinator import GroupCoordinator
-from dataplane.kafka.groups.handlers import GroupHandlers
+from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.kafka.server import KafkaServerThread
@@ -355,7 +355,14 @@ class Broker:
 
         coordinator = GroupCoordinator(cfg.groups)
         offset_store = KVOffsetStore(self.client, image_fn, cfg.node_id, lambda: self.node_epoch)
-        groups = GroupHandlers(coordinator, offset_store, coordinates)
+        groups = GroupHandlers(
+            coordinator,
+            offset_store,
+            coordinates,
+            partition_exists=lambda topic, partition: partition_in_image(
+                image_fn(), topic, partition
+            ),
+        )
         txn_coordinator = TransactionCoordinator(
             cfg.node_id,
             image_fn,

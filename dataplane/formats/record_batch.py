@@ -61,6 +61,7 @@ __all__ = [
     "patch_batch",
     "patch_batches",
     "build_batch",
+    "null_key_records",
     "zigzag_varint",
     "RecordChunks",
     "concat_records",
@@ -81,6 +82,9 @@ _OFFSET = struct.Struct(">q")
 _MAGIC_OFFSET = 16
 _CRC_OFFSET = 17
 _ATTRIBUTES_OFFSET = 21  # start of the CRC'd range
+_MAX_TIMESTAMP_OFFSET = 35
+_ATTRIBUTES = struct.Struct(">h")
+_CRC = struct.Struct(">I")
 _INT64_MAX = 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -355,14 +359,21 @@ def parse_batches(
 
 
 def patch_batch(
-    batch: bytes | bytearray | memoryview, base_offset: int, partition_leader_epoch: int
+    batch: bytes | bytearray | memoryview,
+    base_offset: int,
+    partition_leader_epoch: int,
+    log_append_time_ms: int | None = None,
 ) -> bytes:
     """A copy of one v2 batch with ``baseOffset`` and ``partitionLeaderEpoch`` replaced.
 
-    Both fields are outside the CRC'd range, so the CRC stays valid. ``batch`` must be
-    exactly one complete v2 batch (else InvalidRecordBatchError); the offsets must fit
-    (0 <= base_offset, base_offset + lastOffsetDelta <= 2**63-1; epoch an int32) or
-    ValueError.
+    Both fields are outside the CRC'd range, so the CRC stays valid. With
+    ``log_append_time_ms`` (a topic with message.timestamp.type=LogAppendTime) the batch
+    also gets Kafka's LogAppendTime stamp: the timestamp-type attribute bit and that time as
+    its ``maxTimestamp`` (readers give every record of such a batch its max timestamp; the
+    records themselves are not touched, as Kafka does for v2), and a new CRC: one CRC pass
+    over the batch, in the same single copy. ``batch`` must be exactly one complete v2
+    batch (else InvalidRecordBatchError); the offsets must fit (0 <= base_offset,
+    base_offset + lastOffsetDelta <= 2**63-1; epoch an int32) or ValueError.
     """
     view = _as_view(batch)
     size = _frame_check(view, 0)
@@ -371,19 +382,27 @@ def patch_batch(
             KafkaError.CORRUPT_MESSAGE,
             f"patch_batch needs exactly one batch: batchLength says {size} bytes, got {len(view)}",
         )
-    last_offset_delta = _HEADER.unpack_from(view, 0)[6]
+    fields = _HEADER.unpack_from(view, 0)
+    last_offset_delta = fields[6]
     if not 0 <= base_offset <= _INT64_MAX - max(last_offset_delta, 0):
         raise ValueError(f"base_offset {base_offset} out of range")
     if not _INT32_MIN <= partition_leader_epoch <= _INT32_MAX:
         raise ValueError(f"partition_leader_epoch {partition_leader_epoch} is not an int32")
-    return b"".join(
-        (
-            _OFFSET.pack(base_offset),
-            view[8:12],
-            _LENGTH.pack(partition_leader_epoch),
-            view[16:],
-        )
+    head = (_OFFSET.pack(base_offset), view[8:12], _LENGTH.pack(partition_leader_epoch))
+    if log_append_time_ms is None:
+        return b"".join((*head, view[16:]))
+    # attributes (+ the timestamp-type bit), lastOffsetDelta and baseTimestamp, the new
+    # maxTimestamp, the rest: the CRC continues over the pieces, then one join
+    crc_range = (
+        _ATTRIBUTES.pack(fields[5] | _TIMESTAMP_TYPE_BIT),
+        view[_ATTRIBUTES_OFFSET + 2 : _MAX_TIMESTAMP_OFFSET],
+        _OFFSET.pack(log_append_time_ms),
+        view[_MAX_TIMESTAMP_OFFSET + 8 :],
     )
+    crc = 0
+    for piece in crc_range:
+        crc = crc32c_keeping_gil(piece, crc)
+    return b"".join((*head, view[16:17], _CRC.pack(crc), *crc_range))
 
 
 def patch_batches(
@@ -489,6 +508,26 @@ def record_timestamps(batch: RecordBatchHeader) -> list[tuple[int, int]]:
     except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt batch
         raise _fail(
             KafkaError.CORRUPT_MESSAGE, f"records of batch at {batch.base_offset}: {exc}"
+        ) from None
+
+
+def null_key_records(batch: RecordBatchHeader) -> list[int]:
+    """The indexes (in the batch, from 0) of the records whose key is null: what a
+    compacted topic refuses (Kafka's LogValidator). Reads every record (decompressed with
+    kafka-python's reader): for compacted topics only. A batch in a codec this process
+    cannot decompress (snappy without its library) cannot be checked: [] (it is accepted, as
+    the log cleaner keeps such batches whole). Raises InvalidRecordBatchError when the
+    records cannot be read."""
+    from kafka import codec
+    from kafka.record.default_records import DefaultRecordBatch
+
+    if batch.compression == CompressionType.SNAPPY and not codec.has_snappy():
+        return []
+    try:
+        return [i for i, r in enumerate(DefaultRecordBatch(batch.data)) if r.key is None]
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt batch
+        raise _fail(
+            KafkaError.CORRUPT_MESSAGE, f"records of batch at byte {batch.position}: {exc}"
         ) from None
 
 

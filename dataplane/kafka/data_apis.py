@@ -61,6 +61,37 @@ def _read_noting_objects(
     return records, committed_reads_on_this_thread() != before
 
 
+def _produce_response(v: int, results: list) -> object:
+    """The ProduceResponse of version `v` for each topic's partition entries (`produce`):
+    a refused partition keeps its KIP-467 record errors and message."""
+    R = ProduceResponse
+    RecordError = R.TopicProduceResponse.PartitionProduceResponse.BatchIndexAndErrorMessage
+    responses = []
+    for t, parts in results:
+        kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
+        responses.append(
+            R.TopicProduceResponse(
+                partition_responses=[
+                    R.TopicProduceResponse.PartitionProduceResponse(
+                        index=e["index"],
+                        error_code=e["error"],
+                        base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
+                        log_append_time_ms=e["append_time_ms"],
+                        log_start_offset=e["log_start"],
+                        record_errors=[
+                            RecordError(batch_index=index, batch_index_error_message=message)
+                            for index, message in e["record_errors"]
+                        ],
+                        error_message=e["error_message"],
+                    )
+                    for e in parts
+                ],
+                **kwargs,
+            )
+        )
+    return R[v](responses=responses, throttle_time_ms=0)
+
+
 @dataclass
 class _FetchSlot:
     """One partition of a Fetch request while it is being answered."""
@@ -142,7 +173,6 @@ class DataApis:
         durable or the request's timeout passed (acks=0: no response)."""
         v = ctx.api_version
         image = self.broker.image_fn()
-        R = ProduceResponse
         az = self.broker.client_az(ctx)
         results = []
         waits = []
@@ -161,6 +191,9 @@ class DataApis:
                 futures = []
                 base_future = None
                 forwarded = False
+                record_errors: list[tuple[int, str]] = []
+                error_message = None
+                append_time_ms = -1
                 if plog is not None and not admitted:
                     error = KafkaError.REQUEST_TIMED_OUT
                 elif plog is not None:
@@ -173,6 +206,9 @@ class DataApis:
                         error, base, futures = outcome.error, outcome.base_offset, outcome.durable
                         base_future = outcome.base_offset_future
                         forwarded = outcome.forwarded
+                        record_errors = outcome.record_errors
+                        error_message = outcome.error_message
+                        append_time_ms = outcome.log_append_time_ms
                     except Exception as exc:  # the engine refused (fenced, closed...)
                         log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
                         error = kafka_error_of(exc)
@@ -184,6 +220,9 @@ class DataApis:
                     "log_start": log_start,
                     "base_future": base_future,
                     "forwarded": forwarded,
+                    "record_errors": record_errors,
+                    "error_message": error_message,
+                    "append_time_ms": append_time_ms,
                 }
                 parts.append(entry)
                 waits.append((entry, futures))
@@ -206,6 +245,9 @@ class DataApis:
                         if entry["forwarded"]:
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset
+                            entry["record_errors"] = done.record_errors
+                            entry["error_message"] = done.error_message
+                            entry["append_time_ms"] = done.log_append_time_ms
                     except TimeoutError:
                         entry["error"] = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:  # e.g. no WAL room on a worker's append
@@ -216,27 +258,7 @@ class DataApis:
                     entry["base"] = base_future.result()  # done: it was among the futures
         else:
             return None
-        responses = []
-        for t, parts in results:
-            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
-            responses.append(
-                R.TopicProduceResponse(
-                    partition_responses=[
-                        R.TopicProduceResponse.PartitionProduceResponse(
-                            index=e["index"],
-                            error_code=e["error"],
-                            base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
-                            log_append_time_ms=-1,
-                            log_start_offset=e["log_start"],
-                            record_errors=[],
-                            error_message=None,
-                        )
-                        for e in parts
-                    ],
-                    **kwargs,
-                )
-            )
-        return R[v](responses=responses, throttle_time_ms=0)
+        return _produce_response(v, results)
 
     # ------------------------------------------------------------ fetch
 

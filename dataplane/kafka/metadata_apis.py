@@ -21,6 +21,7 @@ from controlplane.calls import build_request
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
+from controlplane.topics import validate_topic_name
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import BrokerApiContext
 from dataplane.kafka.security.authorizer import supported_operation_codes
@@ -32,6 +33,15 @@ log = logging.getLogger(__name__)
 
 CLUSTER_ID = "automq-local-cluster"
 PRODUCER_ID_BLOCK = 1000
+
+
+def legal_topic_name(name: str) -> bool:
+    """Whether `name` passes Kafka's topic-name rules (the controller's own check)."""
+    try:
+        validate_topic_name(name)
+    except ControllerError:
+        return False
+    return True
 
 
 def coordinator_for(key: str, image: MetadataImage) -> int | None:
@@ -61,19 +71,11 @@ class MetadataApis:
 
     async def metadata(self, req, ctx):
         """Brokers and topics (partition leaders, replicas, ISR) as the client's listener and
-        AZ see them; missing topics are auto-created when the request allows it."""
+        AZ see them; missing topics are auto-created when the request allows it, except
+        illegal names, answered INVALID_TOPIC_EXCEPTION at once (Kafka's auto-creation
+        manager; without auto-creation they are UNKNOWN_TOPIC_OR_PARTITION, as there)."""
         v = ctx.api_version
-        image = self.broker.image_fn()
-        wanted = None if req.topics is None else [t.name for t in req.topics]
-        if wanted is not None and v == 0 and not wanted:
-            wanted = None  # v0: an empty list means all topics
-        auto = self.broker.topic_creation.auto_create and bool(
-            getattr(req, "allow_auto_topic_creation", True)
-        )
-        missing = [n for n in (wanted or []) if n and image.topic_by_name(n) is None]
-        if missing and auto:
-            await self.broker.run_io(self._auto_create, missing)
-            image = self.broker.image_fn()
+        wanted, illegal, image = await self._auto_create_missing(req, v)
         R = MetadataResponse
         # asked-for authorized operations: every operation (no authorizer here; with ACLs
         # the ACL rule narrows them to the principal's); None: "not provided"
@@ -105,7 +107,11 @@ class MetadataApis:
             if topic is None:
                 topics.append(
                     R.MetadataResponseTopic(
-                        error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_code=(
+                            KafkaError.INVALID_TOPIC_EXCEPTION
+                            if name in illegal
+                            else KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                        ),
                         name=name,
                         topic_id=uuid.UUID(int=0),
                         is_internal=False,
@@ -158,6 +164,28 @@ class MetadataApis:
             topics=topics,
             authorized_operations=cluster_ops,
         )
+
+    async def _auto_create_missing(
+        self, req, v: int
+    ) -> tuple[list[str] | None, set[str], MetadataImage]:
+        """(the topic names asked, None for all; the illegal ones refused; the image after
+        auto-creating the missing legal ones when the request and the broker allow it)."""
+        image = self.broker.image_fn()
+        wanted = None if req.topics is None else [t.name for t in req.topics]
+        if wanted is not None and v == 0 and not wanted:
+            wanted = None  # v0: an empty list means all topics
+        auto = self.broker.topic_creation.auto_create and bool(
+            getattr(req, "allow_auto_topic_creation", True)
+        )
+        missing = [
+            n for n in (wanted or []) if n is not None and (not n or image.topic_by_name(n) is None)
+        ]
+        illegal = {n for n in missing if not legal_topic_name(n)} if auto else set()
+        creatable = [n for n in missing if n not in illegal]
+        if creatable and auto:
+            await self.broker.run_io(self._auto_create, creatable)
+            image = self.broker.image_fn()
+        return wanted, illegal, image
 
     async def describe_cluster(self, req, ctx):
         """The brokers (Kafka's AdminClient.describeCluster), each with its endpoint on the

@@ -25,7 +25,12 @@ from controlplane.erasure_placement import serving_node
 from controlplane.records import PartitionKind
 from dataplane.config import MAX_PARTITION_PRODUCE_BYTES
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
-from dataplane.formats.record_batch import RecordBatchHeader, RecordChunks, parse_batches
+from dataplane.formats.record_batch import (
+    RecordBatchHeader,
+    RecordChunks,
+    null_key_records,
+    parse_batches,
+)
 from dataplane.s3stream.uploader import StorageError
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,13 @@ class AppendOutcome:
     # main): each `durable` future resolves to that append's `AppendOutcome`, whose error
     # and base offset are the answer
     forwarded: bool = False
+    # KIP-467: (batch index, message) of each record that made the partition's records
+    # refused (with INVALID_RECORD): the client fails exactly those records
+    record_errors: list[tuple[int, str]] = field(default_factory=list)
+    error_message: str | None = None
+    # the time the batches were stamped with on a LogAppendTime topic (the produce
+    # response's log_append_time_ms), else -1
+    log_append_time_ms: int = -1
 
 
 class OffsetOutOfRangeError(ValueError):
@@ -67,7 +79,8 @@ def parse_produced_batches(
     refuses them all (Kafka's LogValidator: nothing of the request is kept): none or not
     parseable: CORRUPT_MESSAGE; more than MAX_PARTITION_PRODUCE_BYTES, or a batch (with
     its log overhead) above the topic's max.message.bytes (from its `configs`):
-    MESSAGE_TOO_LARGE; a bad batch: its error. Every backend's `append` starts here: the
+    MESSAGE_TOO_LARGE; a bad batch: its error; a record with a null key on a compacted
+    topic: INVALID_RECORD with its `record_errors` (KIP-467). Every backend's `append` starts here: the
     size limits are checked only here. `copy=False`: each batch's `data` is a view of
     `records` (for a caller that copies the batch anyway, e.g. to patch its offsets)."""
     if not records:
@@ -79,7 +92,33 @@ def parse_produced_batches(
         batches = parse_batches(records, max_batch_bytes=max_batch_bytes, copy=copy)
     except InvalidRecordBatchError as exc:
         return AppendOutcome(KafkaError(exc.error_code))
-    return batches or AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+    if not batches:
+        return AppendOutcome(KafkaError.CORRUPT_MESSAGE)
+    if "compact" in topic_configs.effective(configs, "cleanup.policy"):
+        return _refuse_null_keys(batches) or batches
+    return batches
+
+
+NULL_KEY_MESSAGE = "Compacted topic cannot accept message without key"
+
+
+def _refuse_null_keys(batches: list[RecordBatchHeader]) -> AppendOutcome | None:
+    """INVALID_RECORD naming each null-key record (Kafka's LogValidator on a compacted
+    topic: the partition's records are refused, the client fails exactly those records,
+    each with its index in its batch), or None when every record has a key."""
+    record_errors: list[tuple[int, str]] = []
+    try:
+        for b in batches:
+            record_errors += [(i, NULL_KEY_MESSAGE) for i in null_key_records(b)]
+    except InvalidRecordBatchError as exc:
+        return AppendOutcome(KafkaError(exc.error_code), error_message=str(exc))
+    if not record_errors:
+        return None
+    return AppendOutcome(
+        KafkaError.INVALID_RECORD,
+        record_errors=record_errors,
+        error_message=f"{NULL_KEY_MESSAGE} ({len(record_errors)} records)",
+    )
 
 
 class BackendError(Exception):

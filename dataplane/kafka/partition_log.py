@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from prometheus_client import Counter
 
+from controlplane import topic_configs
 from controlplane.image import RangeState
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import (
@@ -317,6 +318,7 @@ class PartitionLog:
         count: int,
         txn_producer_id: int = -1,
         wal_payload: Callable[[int], bytes] | None = None,
+        log_append_time_ms: int | None = None,
     ) -> tuple[int, Future]:
         """Caller holds `lock`. The one place a partition's offsets are assigned: the batch
         gets the stream's next ones (only this partition appends to its stream, under
@@ -324,9 +326,10 @@ class PartitionLog:
         finished. A transactional batch (`txn_producer_id` >= 0) opens its producer's
         transaction before it can be read (the last stable offset stays below it), undone
         if the stream refuses it. `wal_payload(base offset)`: what the WAL keeps instead of
-        the batch (`Stream.append_at`). Returns (base offset, durable future)."""
+        the batch (`Stream.append_at`). `log_append_time_ms`: stamp the batch with it
+        (LogAppendTime, `patch_batch`). Returns (base offset, durable future)."""
         base = self.stream.append_offset
-        patched = patch_batch(data, base, self.leader_epoch)
+        patched = patch_batch(data, base, self.leader_epoch, log_append_time_ms)
         opened = txn_producer_id >= 0 and self.txns.data(txn_producer_id, base)
         try:
             fut = self.stream.append_at(
@@ -355,9 +358,19 @@ class PartitionLog:
         `records[position:position+length]`, the Link Record the returned function builds
         from its base offset instead of the data (which is in the proxy's RouterChannel)."""
         # views of the request's records: `_append_at_end` copies each batch once, patching it
-        batches = parse_produced_batches(records, self._configs_fn(), copy=False)
+        configs = self._configs_fn()
+        batches = parse_produced_batches(records, configs, copy=False)
         if isinstance(batches, AppendOutcome):
             return batches
+        # LogAppendTime: the batches get this broker's clock (not a zone-routed append's:
+        # its WAL keeps a Link Record to the channel's unstamped bytes, which must resolve
+        # to what was appended)
+        append_time_ms = (
+            int(time.time() * 1000)
+            if link is None
+            and topic_configs.effective(configs, "message.timestamp.type") == "LogAppendTime"
+            else None
+        )
         if any(b.is_transactional and b.producer_id < 0 for b in batches):
             return AppendOutcome(KafkaError.INVALID_RECORD)  # transactional needs a producer id
         positions = []
@@ -370,7 +383,7 @@ class PartitionLog:
             # not all of them fit now
             self.stream.check_room(position)
             with self.lock:
-                return self._append_checked(batches, positions, link)
+                return self._append_checked(batches, positions, link, append_time_ms)
         except WALBackpressureError as exc:
             raise BackendBackpressure(
                 f"{self.topic}-{self.partition}: {exc}",
@@ -384,8 +397,10 @@ class PartitionLog:
         batches: list,
         positions: list[int],
         link: LinkBuilder | None,
+        log_append_time_ms: int | None = None,
     ) -> AppendOutcome:
-        """Caller holds `lock`: `append` once the batches are validated."""
+        """Caller holds `lock`: `append` once the batches are validated (stamped with
+        `log_append_time_ms` on a LogAppendTime topic)."""
         futures: list[Future] = []
         first_base: int | None = None
         for b, position in zip(batches, positions, strict=True):
@@ -409,6 +424,7 @@ class PartitionLog:
                 b.last_offset_delta + 1,
                 b.producer_id if b.is_transactional else -1,
                 None if link is None else link(position, len(b.data)),
+                log_append_time_ms,
             )
             futures.append(durable)
             if first_base is None:
@@ -420,7 +436,12 @@ class PartitionLog:
                 self._track_undurable(base, durable)
                 if time.monotonic() - self._opened_at_s < OPEN_GRACE_S:
                     self._appended_here.add(b.producer_id)
-        return AppendOutcome(KafkaError.NONE, first_base if first_base is not None else -1, futures)
+        return AppendOutcome(
+            KafkaError.NONE,
+            first_base if first_base is not None else -1,
+            futures,
+            log_append_time_ms=-1 if log_append_time_ms is None else log_append_time_ms,
+        )
 
     def _refusal(self, producer_id: int, error: KafkaError) -> KafkaError:
         """Caller holds `lock`. The answer to a batch the sequence check refused.

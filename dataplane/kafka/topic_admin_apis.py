@@ -68,6 +68,70 @@ def _created_topic_configs(configs: dict) -> list:
     ]
 
 
+class _AssignmentRefused(Exception):
+    """A CreateTopics manual replica assignment Kafka refuses: its error and message."""
+
+    def __init__(self, error: KafkaError, message: str):
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+def assigned_partition_count(t, image: MetadataImage) -> int | None:
+    """The partition count of a CreateTopics topic with a manual replica assignment (its
+    number of partitions), None without one; Kafka's checks of the assignment first.
+
+    The assignment decides how many partitions there are, nothing more: a partition here
+    has one replica, its stream in object storage (there is no follower to place), and its
+    leader is the controller's placement (`controlplane/placement.py`), as for any new
+    topic, not the assignment's first broker: leadership is a cheap, movable role here
+    (the balancer moves it by load), and placing it in the request would add a field every
+    controller must validate. The brokers named must still be registered, as in Kafka.
+
+    Raises _AssignmentRefused: INVALID_REQUEST when num_partitions or replication_factor
+    is set too; INVALID_REPLICA_ASSIGNMENT for partitions not numbered 0..n-1, an empty or
+    duplicated replica list, replica lists of different lengths, or an unknown broker."""
+    assignments = list(t.assignments or [])
+    if not assignments:
+        return None
+    if t.num_partitions != -1 or t.replication_factor != -1:
+        raise _AssignmentRefused(
+            KafkaError.INVALID_REQUEST,
+            "Both numPartitions or replicationFactor and replicasAssignments were set. "
+            "Both cannot be used at the same time.",
+        )
+    invalid = KafkaError.INVALID_REPLICA_ASSIGNMENT
+    indexes = sorted(a.partition_index for a in assignments)
+    if indexes != list(range(len(assignments))):
+        raise _AssignmentRefused(
+            invalid, "partitions should be a consecutive 0-based integer sequence"
+        )
+    sizes = {len(a.broker_ids) for a in assignments}
+    for a in assignments:
+        if not a.broker_ids:
+            raise _AssignmentRefused(
+                invalid, "The manual partition assignment includes an empty replica list."
+            )
+        if len(set(a.broker_ids)) != len(a.broker_ids):
+            raise _AssignmentRefused(
+                invalid, f"partition {a.partition_index}: duplicate broker in {a.broker_ids}"
+            )
+        unknown = [b for b in a.broker_ids if b not in image.brokers]
+        if unknown:
+            raise _AssignmentRefused(
+                invalid,
+                f"The manual partition assignment includes broker {unknown[0]}, "
+                "but no such broker is registered.",
+            )
+    if len(sizes) > 1:
+        raise _AssignmentRefused(
+            invalid,
+            "All partitions in the manual partition assignment should have the same "
+            "number of replicas",
+        )
+    return len(assignments)
+
+
 class TopicAdminApis:
     """Handlers of the topic and config admin APIs."""
 
@@ -104,6 +168,7 @@ class TopicAdminApis:
             error, message, topic_id = KafkaError.NONE, None, uuid.UUID(int=0)
             nulls = [c.name for c in (t.configs or []) if c.value is None]
             try:
+                partitions = assigned_partition_count(t, self.broker.image_fn()) or partitions
                 if nulls:
                     raise ControllerError(
                         ErrorCode.INVALID_CONFIG,
@@ -114,6 +179,8 @@ class TopicAdminApis:
                 )
                 if res:
                     topic_id = uuid.UUID(res.topic_id)
+            except _AssignmentRefused as exc:
+                error, message = exc.error, exc.message
             except ControllerError as exc:
                 error, message = kafka_error(exc), exc.message
             out.append(
@@ -242,7 +309,7 @@ class TopicAdminApis:
                     read_only=row.read_only,
                     is_default=row.source == topic_configs.ConfigSource.DEFAULT_CONFIG,
                     config_source=row.source.value,
-                    is_sensitive=False,
+                    is_sensitive=row.name in topic_configs.SENSITIVE_BROKER_KEYS,
                     synonyms=[
                         Entry.DescribeConfigsSynonym(name=n, value=val, source=src.value)
                         for n, val, src in row.synonyms
@@ -292,6 +359,7 @@ class TopicAdminApis:
                 )
             )
         rows += topic_configs.describe_broker_settings(cluster, node)
+        rows += topic_configs.describe_stored_broker_keys(cluster, node)
         return KafkaError.NONE, None, rows
 
     def _alter_broker_configs(self, req: cmd.AlterBrokerConfigsRequest, validate_only: bool):

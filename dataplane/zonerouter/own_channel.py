@@ -232,7 +232,13 @@ def _complete_when_durable(outcome: AppendOutcome, done: Future) -> None:
     """Resolve `done` with `outcome` (its error and base offset) once all its appends are
     durable, or with the first failure."""
     durable = list(outcome.durable)
-    result = AppendOutcome(outcome.error, outcome.base_offset)
+    result = AppendOutcome(
+        outcome.error,
+        outcome.base_offset,
+        record_errors=outcome.record_errors,
+        error_message=outcome.error_message,
+        log_append_time_ms=outcome.log_append_time_ms,
+    )
     if outcome.error != KafkaError.NONE or not durable:
         done.set_result(result)
         return

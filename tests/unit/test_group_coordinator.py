@@ -676,14 +676,18 @@ def test_static_member_replacement_fences_old_incarnation() -> None:
             await coord.sync_group("g", 1, old.member_id, "host-1", assignments={})
         ).error_code == KafkaError.NONE
         new = await coord.join_group(params(group_instance_id="host-1", client_id="app"))
-        assert new.error_code == KafkaError.NONE and new.generation_id == 2
+        # Kafka's static rejoin: the same generation, no rebalance; the leader skips the
+        # assignment (KIP-814)
+        assert new.error_code == KafkaError.NONE and new.generation_id == 1
+        assert new.member_id != old.member_id and new.skip_assignment
         assert [m.member_id for m in new.members] == [new.member_id]
         assert [m.group_instance_id for m in new.members] == ["host-1"]
+        assert coord.group_state("g") is GroupState.STABLE
         assert (
-            await coord.heartbeat("g", 2, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
+            await coord.heartbeat("g", 1, old.member_id, "host-1") == KafkaError.FENCED_INSTANCE_ID
         )
         assert (
-            coord.validate_offset_commit("g", 2, old.member_id, "host-1")
+            coord.validate_offset_commit("g", 1, old.member_id, "host-1")
             == KafkaError.FENCED_INSTANCE_ID
         )
         # Leave by instance id alone.

@@ -116,11 +116,12 @@ def join_request(version: int, member_id: str = "", group_id: str = "grp", **ove
 async def join(
     handlers: GroupHandlers, version: int, group_id: str = "grp", **overrides: Any
 ) -> Any:
-    """JoinGroup as a client does it (v4+: MEMBER_ID_REQUIRED round trip)."""
+    """JoinGroup as a client does it (v4+: MEMBER_ID_REQUIRED round trip, for dynamic
+    members only: a static member gets its id at once, as in Kafka)."""
     response = await call(
         handlers.join_group, join_request(version, group_id=group_id, **overrides)
     )
-    if version >= 4:
+    if version >= 4 and overrides.get("group_instance_id") is None:
         assert response.error_code == KafkaError.MEMBER_ID_REQUIRED
         assert response.member_id and response.generation_id == -1
         response = await call(

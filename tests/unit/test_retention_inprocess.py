@@ -19,10 +19,12 @@ from tests.unit.test_kafka_apis_inprocess import ctx, fetch_req, list_offsets_re
 NOW_MS = 1_800_000_000_000
 
 
-def records(count: int, ts_ms: int, size: int = 1000) -> bytes:
+def records(count: int, ts_ms: int, size: int = 1000, keyed: bool = False) -> bytes:
     builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
     for i in range(count):
-        builder.append(timestamp=ts_ms + i, key=None, value=b"x" * size, headers=[])
+        builder.append(
+            timestamp=ts_ms + i, key=b"k%d" % i if keyed else None, value=b"x" * size, headers=[]
+        )
     builder.close()
     return bytes(builder.buffer())
 
@@ -32,7 +34,11 @@ def topic_with_uploads(apis, controller, sync, name: str, configs: dict, batches
     controller.call("create_topic", {"name": name, "partitions": 1, "configs": configs})
     sync()
     for ts in batches:
-        res = asyncio.run(apis.data.produce(produce_req(name, records(10, ts)), ctx(0, 9)))
+        # a compacted topic refuses null keys (Kafka's rule)
+        keyed = "compact" in configs.get("cleanup.policy", "")
+        res = asyncio.run(
+            apis.data.produce(produce_req(name, records(10, ts, keyed=keyed)), ctx(0, 9))
+        )
         assert res.responses[0].partition_responses[0].error_code == KafkaError.NONE
         apis.partitions.storage.flush()  # one object per batch
     sync()

@@ -32,8 +32,12 @@ Static membership (``group.instance.id``) is handled like dynamic membership wit
 two additions: an instance id maps to at most one member (a member joining with an
 instance id already in use replaces - fences - the old member and triggers a
 rebalance; the old one gets FENCED_INSTANCE_ID), and LeaveGroup/Heartbeat/SyncGroup/
-OffsetCommit check the instance id.  There is no rebalance-free restart of a static
-member and static members are removed on session expiry like dynamic ones.
+OffsetCommit check the instance id.  A static member that restarts (joins with its
+instance id and no member id) within its session timeout takes over its old member
+without a rebalance when the group is Stable and its protocols are unchanged (Kafka's
+`updateStaticMemberAndRebalance`: `GroupRebalancer.rejoin_static_member`); static members
+skip the MEMBER_ID_REQUIRED round (KIP-394 applies to dynamic members only) and are
+removed on session expiry like dynamic ones.
 """
 
 from __future__ import annotations
@@ -341,6 +345,13 @@ class GroupCoordinator:
         if group.size() >= self._config.group_max_size:
             return self._rebalancer.join_error(waiter, KafkaError.GROUP_MAX_SIZE_REACHED, "")
         new_id = self._new_member_id(params.group_instance_id or params.client_id)
+        if params.group_instance_id is not None:
+            # Kafka's static join: no MEMBER_ID_REQUIRED round; a known instance id takes
+            # over its member (a restart within its session timeout: no rebalance)
+            old_id = group.static_members.get(params.group_instance_id)
+            if old_id is not None and old_id in group.members:
+                return self._rebalancer.rejoin_static_member(group, old_id, new_id, params, waiter)
+            return self._rebalancer.add_member_and_rebalance(group, new_id, params, waiter)
         if params.require_known_member_id:
             # KIP-394: hand out the id, expect the member back with it.
             group.pending_members[new_id] = self._rebalancer.call_at_ms(

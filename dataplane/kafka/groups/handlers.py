@@ -81,6 +81,14 @@ class RequestContext(Protocol):
     peer: tuple[str, int]
 
 
+def partition_in_image(image: Any, topic: str, partition: int) -> bool:
+    """Whether `topic`'s partition `partition` exists in the metadata `image` (a
+    `controlplane.image.MetadataImage`): what OffsetCommit and TxnOffsetCommit check, as
+    Kafka checks its metadata cache."""
+    state = image.topic_by_name(topic)
+    return state is not None and partition in state.partitions
+
+
 class GroupHandlers:
     """Handlers of the classic group APIs.
 
@@ -91,6 +99,10 @@ class GroupHandlers:
             Requests for other groups get NOT_COORDINATOR; ListGroups lists only
             groups for which it is True.
         offset_metadata_max_bytes: Kafka's ``offset.metadata.max.bytes``.
+        partition_exists: ``(topic, partition) -> bool`` in the current metadata: an
+            OffsetCommit for a partition that does not exist is answered
+            UNKNOWN_TOPIC_OR_PARTITION and not stored (Kafka's metadata-cache check);
+            None: every partition exists (unit tests of the group rules).
     """
 
     def __init__(
@@ -100,6 +112,7 @@ class GroupHandlers:
         is_coordinator: Callable[[str], bool],
         *,
         offset_metadata_max_bytes: int = 4096,
+        partition_exists: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._store = offset_store
@@ -107,6 +120,7 @@ class GroupHandlers:
             coordinator, offset_store, offset_metadata_max_bytes=offset_metadata_max_bytes
         )
         self._is_coordinator = is_coordinator
+        self._partition_exists = partition_exists
 
     @property
     def offsets(self) -> OffsetManager:
@@ -180,6 +194,7 @@ class GroupHandlers:
             protocol_type=result.protocol_type,
             protocol_name=result.protocol_name,
             leader=result.leader_id,
+            skip_assignment=result.skip_assignment and version >= 9,
             members=[
                 _JoinMember(
                     member_id=m.member_id,
@@ -201,6 +216,7 @@ class GroupHandlers:
         protocol_name: str | None = None,
         leader: str = "",
         members: list[Any] | None = None,
+        skip_assignment: bool = False,
     ) -> Any:
         # ProtocolName is nullable only from v7; older clients get "".
         if version < 7 and protocol_name is None:
@@ -212,7 +228,7 @@ class GroupHandlers:
             protocol_type=protocol_type,
             protocol_name=protocol_name,
             leader=leader,
-            skip_assignment=False,
+            skip_assignment=skip_assignment,
             member_id=member_id or "",
             members=members or [],
         )
@@ -308,16 +324,21 @@ class GroupHandlers:
                     commit_timestamp_ms=p.commit_timestamp if version == 1 else -1,
                 )
         error = self._group_error(request.group_id, allow_empty=True)
+        exists = self._partition_exists
+        unknown = {tp for tp in entries if exists is not None and not exists(*tp)}
         if error != KafkaError.NONE:
             results = {tp: error for tp in entries}
         else:
-            results = await self._offsets.commit_offsets(
-                request.group_id,
-                request.generation_id_or_member_epoch if version >= 1 else -1,
-                (request.member_id or "") if version >= 1 else "",
-                request.group_instance_id if version >= 7 else None,
-                entries,
-            )
+            results = {tp: KafkaError.UNKNOWN_TOPIC_OR_PARTITION for tp in unknown}
+            known = {tp: e for tp, e in entries.items() if tp not in unknown}
+            if known or not unknown:
+                results |= await self._offsets.commit_offsets(
+                    request.group_id,
+                    request.generation_id_or_member_epoch if version >= 1 else -1,
+                    (request.member_id or "") if version >= 1 else "",
+                    request.group_instance_id if version >= 7 else None,
+                    known,
+                )
         topics = []
         for topic in request.topics or []:
             partitions = [

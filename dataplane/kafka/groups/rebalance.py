@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from dataplane.config import GroupCoordinatorConfig
@@ -173,6 +174,41 @@ class GroupRebalancer:
             self.touch(group, member)
         self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoined")
         self.try_complete_join(group)
+
+    def rejoin_static_member(
+        self, group: Group, old_id: str, new_id: str, params: JoinGroupParams, waiter: Any
+    ) -> None:
+        """A static member that restarted (its instance id, no member id) takes over its
+        old member under `new_id`; the old id's pending requests get FENCED_INSTANCE_ID.
+
+        Kafka's updateStaticMemberAndRebalance: in a Stable group with the same protocols
+        the member gets the current generation back, no rebalance (the leader is told to
+        skip the assignment, KIP-814), and its SyncGroup returns its old assignment; with
+        other protocols, or in CompletingRebalance (the leader may be assigning to the old
+        id), the group rebalances; in PreparingRebalance it joins the rebalance."""
+        member = group.members[old_id]
+        join_waiter, member.join_waiter = member.join_waiter, None
+        if join_waiter is not None:
+            self.join_error(join_waiter, KafkaError.FENCED_INSTANCE_ID, old_id)
+        sync_waiter, member.sync_waiter = member.sync_waiter, None
+        if sync_waiter is not None:
+            self.respond(sync_waiter, SyncGroupResult(KafkaError.FENCED_INSTANCE_ID))
+        log.info(
+            "group %r: static member %r restarted: %s replaces %s",
+            group.group_id,
+            params.group_instance_id,
+            new_id,
+            old_id,
+        )
+        group.rename_member(old_id, new_id)
+        if group.state is not GroupState.STABLE or not member.matches(params.protocols):
+            return self.update_member_and_rebalance(group, member, params, waiter)
+        member.session_timeout_ms = params.session_timeout_ms
+        member.rebalance_timeout_ms = self._rebalance_timeout(params)
+        member.client_id, member.client_host = params.client_id, params.client_host
+        self.touch(group, member)
+        result = self.join_result(group, member)
+        self.respond(waiter, replace(result, skip_assignment=group.is_leader(new_id)))
 
     def _maybe_prepare_rebalance(self, group: Group, reason: str) -> None:
         if group.can_rebalance():

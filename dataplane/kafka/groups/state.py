@@ -324,6 +324,21 @@ class Group:
         self.pending_sync.discard(member_id)
         return member
 
+    def rename_member(self, old_id: str, new_id: str) -> Member:
+        """Give the member `old_id` the id `new_id` (a static member that restarted), in its
+        place in join order, keeping its assignment, leadership and pending SyncGroup."""
+        member = self.members[old_id]
+        member.member_id = new_id
+        self.members = {(new_id if mid == old_id else mid): m for mid, m in self.members.items()}
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = new_id
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
+        return member
+
     def is_static_member_fenced(self, member_id: str, group_instance_id: str | None) -> bool:
         """``group_instance_id`` belongs to a member other than ``member_id``."""
         if group_instance_id is None:

@@ -38,6 +38,7 @@ from kafka.protocol.producer import (
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.coordinator import GroupCoordinator
+from dataplane.kafka.groups.handlers import partition_in_image
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_backend import PartitionResolver
@@ -162,7 +163,8 @@ class TxnHandlers:
 
     async def txn_offset_commit(self, req: Any, ctx: Any) -> Any:
         """Offsets of a transaction: checked as an OffsetCommit of the group (KIP-447:
-        member id and generation when given), stored pending until the marker."""
+        member id and generation when given), stored pending until the marker; a partition
+        that does not exist is UNKNOWN_TOPIC_OR_PARTITION and not stored (as in Kafka)."""
         v = ctx.api_version
         R = TxnOffsetCommitResponse
         entries: dict[tuple[str, int], CommittedOffset] = {}
@@ -183,9 +185,12 @@ class TxnHandlers:
             error = self.groups.validate_offset_commit(
                 req.group_id, req.generation_id, req.member_id, req.group_instance_id
             )
-        if error == KafkaError.NONE:
+        image = self.image_fn()
+        unknown = {tp for tp in entries if not partition_in_image(image, *tp)}
+        known = {tp: e for tp, e in entries.items() if tp not in unknown}
+        if error == KafkaError.NONE and known:
             try:
-                await self.offset_store.commit_pending(req.group_id, req.producer_id, entries)
+                await self.offset_store.commit_pending(req.group_id, req.producer_id, known)
             except OffsetStoreError as exc:
                 error = exc.error_code if exc.error_code else KafkaError.COORDINATOR_NOT_AVAILABLE
                 log.warning("txn offset commit of group %r failed: %s", req.group_id, exc)
@@ -193,7 +198,12 @@ class TxnHandlers:
         for topic, p in entries:
             by_topic.setdefault(topic, []).append(
                 R.TxnOffsetCommitResponseTopic.TxnOffsetCommitResponsePartition(
-                    partition_index=p, error_code=error
+                    partition_index=p,
+                    error_code=(
+                        KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+                        if error == KafkaError.NONE and (topic, p) in unknown
+                        else error
+                    ),
                 )
             )
         return R[v](
