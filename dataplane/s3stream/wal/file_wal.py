@@ -71,6 +71,12 @@ from dataplane.s3stream.wal.format import (
     encode_record_header,
     padding_bytes,
 )
+from dataplane.s3stream.wal.loss import (
+    PIPELINE_DEPTH,
+    find_loss,
+    in_flight_window_bytes,
+    report_loss,
+)
 from dataplane.s3stream.wal.prefill import RingPrefiller
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
@@ -87,9 +93,6 @@ __all__ = ["FileWAL", "check_config"]
 
 log = logging.getLogger(__name__)
 
-PIPELINE_DEPTH = 2
-"""At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
-fsynced-and-checked at any time: the zeroing on open and the fencing bound rely on it."""
 _U32_MAX = 2**32 - 1
 _PREFILL_CHUNK_BYTES = 1024 * 1024
 
@@ -307,17 +310,25 @@ class FileWAL(QueuedWAL):
             end,
             scanner.stop_reason,
         )
-        # Invalidate what a torn in-flight batch may have left after the chain.
-        zero_bytes = min(
-            # batches that may have been in flight, each with its padding record
-            PIPELINE_DEPTH
-            * (
-                max(current.max_batch_bytes, config.max_batch_bytes)
-                + MAX_ALIGN_BYTES
-                + RECORD_HEADER_SIZE_BYTES
-            ),
-            capacity - (end - state.trim_offset),
+        # batches that may have been in flight, each with its padding record
+        in_flight_bytes = in_flight_window_bytes(
+            max(current.max_batch_bytes, config.max_batch_bytes)
         )
+        scan_loss = None
+        if not created:
+            scan_loss = find_loss(
+                Ring(fd, capacity),
+                str(path),
+                end,
+                state.trim_offset + capacity,
+                in_flight_window_bytes(current.max_batch_bytes),
+                scanner.stop_reason,
+                config.scan_chunk_bytes,
+            )
+            if scan_loss is not None:
+                report_loss(scan_loss, f"restart of node {node_id}")
+        # Invalidate what a torn in-flight batch may have left after the chain.
+        zero_bytes = min(in_flight_bytes, capacity - (end - state.trim_offset))
         if zero_bytes > 0 and not created:  # a new file is all zeros already
             Ring(fd, capacity).write_zeros(end, zero_bytes)
             fsync_data(fd)

@@ -1,0 +1,199 @@
+"""Naming what a file-WAL scan cut off: torn tail (harmless) or corruption (acked data lost).
+
+A scan of the ring (`ring.RecordScanner`) stops at the first record that does not validate.
+Two very different things look alike there:
+
+* a **torn tail**: the last writes before a crash never became durable. Only batches that were
+  still in flight can be torn, and at most ``PIPELINE_DEPTH`` batches (each at most the
+  owner's ``max_batch_bytes`` plus its padding record) are written but not yet acknowledged
+  at any time, so whatever a torn tail left behind lies within that *in-flight window* after
+  the last valid record. Nothing in it was acknowledged. Harmless.
+* **corruption in the middle**: bytes of an acknowledged record were damaged later (a bad
+  sector, a stray write). The records written after it are still intact on disk, but the
+  chain is broken, so the scan drops them all.
+
+The rule (`find_loss`): after the scan stopped at offset S, search forward for a record
+header of the *current lap* (magic, header CRC and ``body_offset == its own offset + 24``;
+a header of an earlier lap of the ring ends the search: the current lap was written no
+further) and follow the valid chain from there, again and again up to the window end.
+If the chain found ends **beyond S + in-flight window**, the stop was corruption and every
+record found is a loss (they were acknowledged: they lie past anything that could have been
+in flight); otherwise it was a torn tail (records found inside the window were in flight;
+damage confined to the last in-flight window of a WAL cannot be told from a torn tail).
+
+`report_loss` logs the loss as an ERROR (byte range, records, streams and their stream
+offsets), counts it in ``automq_wal_corrupt_records_total`` / ``..._bytes_total`` and keeps a
+one-line description for the broker's heartbeat (`recent_losses`), which
+`automqctl cluster status` shows as a problem. Thread-safe: the report list has a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.s3stream.wal import metrics
+from dataplane.s3stream.wal.format import (
+    MAX_ALIGN_BYTES,
+    RECORD_HEADER_SIZE_BYTES,
+    RECORD_MAGIC,
+    decode_record_header,
+)
+from dataplane.s3stream.wal.ring import RecordScanner, Ring
+
+__all__ = [
+    "PIPELINE_DEPTH",
+    "WALLoss",
+    "find_loss",
+    "in_flight_window_bytes",
+    "recent_losses",
+    "report_loss",
+]
+
+log = logging.getLogger(__name__)
+
+PIPELINE_DEPTH = 2
+"""At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
+fsynced-and-checked at any time: the zeroing on open, the fencing bound and the torn-tail
+rule rely on it."""
+
+MAX_REPORTS_KEPT = 8
+MAX_REPORT_CHARS = 400
+MAX_STREAMS_NAMED = 20
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
+_SEARCH_CHUNK_BYTES = 1024 * 1024
+
+
+def in_flight_window_bytes(max_batch_bytes: int) -> int:
+    """How far past the last valid record a torn (unacknowledged) batch can reach."""
+    return PIPELINE_DEPTH * (max_batch_bytes + MAX_ALIGN_BYTES + RECORD_HEADER_SIZE_BYTES)
+
+
+@dataclass
+class WALLoss:
+    """Records cut off from a WAL by corruption: ``[start_offset, end_offset)`` of the ring's
+    logical offsets, ``records`` valid records lost in it, and per stream the stream offsets
+    ``(first, end)`` those records covered (some may have been uploaded already)."""
+
+    wal: str
+    start_offset: int
+    end_offset: int
+    records: int
+    stop_reason: str
+    streams: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the ring the loss spans."""
+        return self.end_offset - self.start_offset
+
+    def describe(self) -> str:
+        """One line: where, how much, which streams and offsets."""
+        named = sorted(self.streams.items())[:MAX_STREAMS_NAMED]
+        streams = ", ".join(f"stream {sid} offsets [{a}, {b})" for sid, (a, b) in named)
+        more = len(self.streams) - len(named)
+        if more > 0:
+            streams += f" and {more} more streams"
+        return (
+            f"WAL {self.wal}: {self.records} records in bytes [{self.start_offset}, "
+            f"{self.end_offset}) lost after corruption ({self.stop_reason}); "
+            f"{streams or 'no stream batches'}"
+        )
+
+
+def find_loss(
+    ring: Ring,
+    wal: str,
+    stop_offset: int,
+    limit: int,
+    in_flight_bytes: int,
+    stop_reason: str,
+    chunk_bytes: int = _SEARCH_CHUNK_BYTES,
+) -> WALLoss | None:
+    """The records a scan that stopped at ``stop_offset`` cut off (module docstring), None
+    for a torn tail. ``limit`` is the end of the scan window (trim offset + capacity)."""
+    loss = WALLoss(wal, stop_offset, stop_offset, 0, stop_reason)
+    pos = stop_offset
+    while True:
+        found = _next_current_header(ring, pos + 1, limit, chunk_bytes)
+        if found is None:
+            break
+        scanner = RecordScanner(ring, found, stop_at=limit, chunk_bytes=chunk_bytes)
+        for _offset, body in scanner:
+            loss.records += 1
+            _note_stream(loss.streams, body)
+        if scanner.end_offset > found:
+            loss.end_offset = scanner.end_offset
+        pos = max(found, scanner.end_offset)
+    if loss.records == 0 or loss.end_offset <= stop_offset + in_flight_bytes:
+        return None  # a torn tail: nothing past the in-flight window
+    return loss
+
+
+def _next_current_header(ring: Ring, start: int, limit: int, chunk_bytes: int) -> int | None:
+    """Offset of the first record header of the current lap in ``[start, limit)``; None when
+    there is none or a header of an earlier lap comes first (the current lap ends there)."""
+    pos = start
+    while pos + RECORD_HEADER_SIZE_BYTES <= limit:
+        size = min(chunk_bytes, limit - pos)
+        chunk = ring.read(pos, size)
+        at = chunk.find(_MAGIC_BYTES)
+        while at >= 0:
+            offset = pos + at
+            if offset + RECORD_HEADER_SIZE_BYTES > limit:
+                return None
+            raw = chunk[at : at + RECORD_HEADER_SIZE_BYTES]
+            if len(raw) < RECORD_HEADER_SIZE_BYTES:
+                raw = ring.read(offset, RECORD_HEADER_SIZE_BYTES)
+            header = decode_record_header(raw)
+            if header is not None:
+                if header.record_offset == offset:
+                    return offset
+                return None  # a valid header of another lap: the current lap ended before it
+            at = chunk.find(_MAGIC_BYTES, at + 1)
+        if size <= 3:
+            return None
+        pos += size - 3  # a magic split across chunks is found in the next one
+    return None
+
+
+def _note_stream(streams: dict[int, tuple[int, int]], body: bytes) -> None:
+    try:
+        batch, _ = StreamRecordBatch.decode(body)
+    except Exception:  # a record of another format: counted, not named
+        return
+    first, end = batch.base_offset, batch.last_offset
+    known = streams.get(batch.stream_id)
+    streams[batch.stream_id] = (
+        (first, end) if known is None else (min(known[0], first), max(known[1], end))
+    )
+
+
+_reports: deque[str] = deque(maxlen=MAX_REPORTS_KEPT)
+_reports_lock = threading.Lock()
+
+
+def report_loss(loss: WALLoss, context: str) -> None:
+    """Log `loss` as an ERROR, count it in the metrics and keep it for `recent_losses`.
+    ``context`` says who scanned (e.g. "restart of node 1", "failover of node 3")."""
+    text = f"{context}: {loss.describe()}"
+    with _reports_lock:
+        if text[:MAX_REPORT_CHARS] in _reports:
+            return  # the same scan again (a retried failover): named and counted already
+        _reports.append(text[:MAX_REPORT_CHARS])
+    log.error(
+        "%s. The acknowledged records in this range that were not uploaded yet are gone; "
+        "their partitions continue from the last record before it",
+        text,
+    )
+    metrics.CORRUPT_RECORDS.inc(loss.records)
+    metrics.CORRUPT_BYTES.inc(loss.size_bytes)
+
+
+def recent_losses() -> list[str]:
+    """The last losses this process found (at most MAX_REPORTS_KEPT, oldest first)."""
+    with _reports_lock:
+        return list(_reports)

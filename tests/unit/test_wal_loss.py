@@ -1,0 +1,166 @@
+"""The file WAL's scan rule: a torn tail is harmless, corruption in the middle is a named loss.
+
+Real WAL files written by FileWAL, then bytes overwritten, then reopened (restart) or taken
+over (failover): the ERROR line, the metric and the report for `cluster status`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from dataplane.config import FileWALConfig
+from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.s3stream.wal import FileWAL, take_over
+from dataplane.s3stream.wal import metrics as wal_metrics
+from dataplane.s3stream.wal.format import DATA_START_BYTES, RECORD_HEADER_SIZE_BYTES
+from dataplane.s3stream.wal.loss import in_flight_window_bytes, recent_losses
+
+CONFIG = FileWALConfig(
+    max_record_bytes=4096, max_batch_bytes=16 * 1024, max_queue_bytes=64 * 1024, linger_s=0
+)
+STREAM_ID = 7
+
+
+def _corrupt_records() -> float:
+    return wal_metrics.CORRUPT_RECORDS._value.get()
+
+
+def _write(path: Path, count: int, capacity: int = 4 * 1024 * 1024, start: int = 0) -> list[int]:
+    """Append `count` one-offset batches of stream 7 (one by one, each acknowledged);
+    return their WAL offsets."""
+    wal = FileWAL.open(path, 1, 1, capacity_bytes=capacity, config=CONFIG)
+    try:
+        offsets = []
+        for i in range(start, start + count):
+            body = StreamRecordBatch(STREAM_ID, 0, i, 1, bytes(900)).encode()
+            offsets.append(wal.append(body).result(timeout=10).offset)
+        return offsets
+    finally:
+        wal.close()
+
+
+def _overwrite(path: Path, wal_offset: int, capacity: int, data: bytes) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, DATA_START_BYTES + wal_offset % capacity)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _recovered(wal) -> list[int]:
+    return [StreamRecordBatch.decode(r.data)[0].base_offset for r in wal.recover()]
+
+
+def test_mid_log_corruption_is_an_error_with_range_count_and_streams(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "wal"
+    offsets = _write(path, 200)
+    # a few bytes inside record 50's body: the 149 records after it are intact
+    _overwrite(path, offsets[50] + RECORD_HEADER_SIZE_BYTES + 40, 4 * 1024 * 1024, b"\xff" * 8)
+    before = _corrupt_records()
+    with caplog.at_level(logging.INFO):
+        wal = FileWAL.open(path, 1, 1, config=CONFIG)
+    try:
+        assert _recovered(wal) == list(range(50))
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert f"149 records in bytes [{offsets[50]}, " in errors[0]
+        assert "stream 7 offsets [51, 200)" in errors[0]
+        assert "restart of node 1" in errors[0]
+        assert _corrupt_records() - before == 149
+        assert any("stream 7 offsets [51, 200)" in r for r in recent_losses())
+        # the WAL continues after the last valid record
+        body = StreamRecordBatch(STREAM_ID, 0, 50, 1, b"x").encode()
+        assert wal.append(body).result(timeout=10).offset == offsets[50]
+    finally:
+        wal.close()
+
+
+def test_torn_tail_is_not_a_loss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "wal"
+    offsets = _write(path, 100)
+    # the last record torn, garbage after it: what a crash mid-write leaves
+    _overwrite(path, offsets[99] + RECORD_HEADER_SIZE_BYTES + 10, 4 * 1024 * 1024, b"\xff" * 8)
+    _overwrite(path, offsets[99] + 2000, 4 * 1024 * 1024, os.urandom(3000))
+    before = _corrupt_records()
+    with caplog.at_level(logging.INFO):
+        wal = FileWAL.open(path, 1, 1, config=CONFIG)
+    try:
+        assert _recovered(wal) == list(range(99))
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert _corrupt_records() == before
+    finally:
+        wal.close()
+
+
+def test_records_only_inside_the_in_flight_window_are_a_torn_tail(tmp_path: Path) -> None:
+    """Damage whose valid successors all lie within the in-flight window cannot be told from
+    a torn tail (those records may never have been acknowledged): no loss is claimed."""
+    path = tmp_path / "wal"
+    offsets = _write(path, 100)
+    window = in_flight_window_bytes(CONFIG.max_batch_bytes)
+    end = offsets[-1] + RECORD_HEADER_SIZE_BYTES + 1000
+    inside = next(i for i, off in enumerate(offsets) if end - off < window)
+    _overwrite(path, offsets[inside] + RECORD_HEADER_SIZE_BYTES + 40, 4 * 1024 * 1024, b"\xff" * 8)
+    before = _corrupt_records()
+    wal = FileWAL.open(path, 1, 1, config=CONFIG)
+    try:
+        assert len(_recovered(wal)) == inside
+        assert _corrupt_records() == before
+    finally:
+        wal.close()
+
+
+def test_wrapped_ring_stops_the_search_at_the_earlier_lap(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the ring wrapped, the bytes after the write head are records of an earlier lap:
+    not a loss; corruption in the current lap still is."""
+    capacity = 512 * 1024
+    path = tmp_path / "wal"
+    wal = FileWAL.open(path, 1, 1, capacity_bytes=capacity, config=CONFIG)
+    offsets = []
+    try:
+        for i in range(600):  # one 4 KiB page per record: 2.4 MB through a 512 KiB ring
+            body = StreamRecordBatch(STREAM_ID, 0, i, 1, bytes(900)).encode()
+            offsets.append(wal.append(body).result(timeout=10).offset)
+            if i % 10 == 9 and i >= 60:
+                wal.trim(offsets[i - 60])
+    finally:
+        wal.close()
+    before = _corrupt_records()
+    with caplog.at_level(logging.INFO):
+        FileWAL.open(path, 1, 1, config=CONFIG).close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert _corrupt_records() == before
+    # now corrupt the second retained record (539 is the first)
+    _overwrite(path, offsets[540] + RECORD_HEADER_SIZE_BYTES + 5, capacity, b"\xee" * 4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        FileWAL.open(path, 1, 1, config=CONFIG).close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "59 records" in errors[0], errors
+    assert "stream 7 offsets [541, 600)" in errors[0]
+    assert _corrupt_records() - before == 59
+
+
+def test_failover_names_the_loss_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "wal"
+    offsets = _write(path, 120)
+    _overwrite(path, offsets[20] + 3, 4 * 1024 * 1024, b"\x00\x01\x02")  # a header this time
+    before = _corrupt_records()
+    with caplog.at_level(logging.INFO):
+        with take_over(path, 3, 5) as handle:
+            assert len(list(handle.recover())) == 20
+            assert len(list(handle.recover())) == 20  # read again: not counted again
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "failover by node 3 epoch 5" in errors[0]
+    assert "99 records" in errors[0] and "stream 7 offsets [21, 120)" in errors[0]
+    assert _corrupt_records() - before == 99
