@@ -164,3 +164,40 @@ def test_failover_names_the_loss_once(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "failover by node 3 epoch 5" in errors[0]
     assert "99 records" in errors[0] and "stream 7 offsets [21, 120)" in errors[0]
     assert _corrupt_records() - before == 99
+
+
+def test_a_loss_reaches_the_heartbeat_and_cluster_status() -> None:
+    """The broker's heartbeat carries the loss line; `cluster status` names broker and range."""
+    from types import SimpleNamespace
+
+    from cli.status import _problems
+    from controlplane.requests import BrokerUploadStats
+    from dataplane.broker.heartbeat import HeartbeatStats
+    from dataplane.s3stream.wal.loss import WALLoss, report_loss
+
+    loss = WALLoss("/x/wal-9", 4096, 90112, 33, "body CRC mismatch", {3: (10, 43)})
+    report_loss(loss, "restart of node 9")
+    storage = SimpleNamespace(
+        upload_stats=lambda: SimpleNamespace(
+            wal_used_bytes=0, wal_capacity_bytes=1, upload_lag_s=0.0, last_upload_error=None
+        )
+    )
+    sent = HeartbeatStats(storage, None, None, None, None).upload_stats()  # type: ignore[arg-type]
+    assert BrokerUploadStats.model_validate(sent.model_dump()) == sent  # the controller accepts it
+    lines = [line for line in sent.wal_losses if "wal-9" in line]
+    assert lines == [
+        "restart of node 9: WAL /x/wal-9: 33 records in bytes [4096, 90112) lost after "
+        "corruption (body CRC mismatch); stream 3 offsets [10, 43)"
+    ]
+    broker = {
+        "node_id": 9,
+        "registered": True,
+        "fenced": False,
+        "fence_reason": None,
+        "last_heartbeat_age_ms": 10,
+        "pid": 123,
+        "wal_losses": lines,
+    }
+    config = SimpleNamespace(settings=SimpleNamespace(broker_session_timeout_ms=6000))
+    problems = _problems(config, [], [broker], {"node_id": 1})  # type: ignore[arg-type]
+    assert problems == [f"broker 9 lost WAL records: {lines[0]}"]
