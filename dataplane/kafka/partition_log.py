@@ -431,9 +431,11 @@ class PartitionLog:
         would answer OUT_OF_ORDER_SEQUENCE_NUMBER, on which librdkafka bumps its epoch and
         renumbers what it resends (messages that may be stored already, which then no
         broker can deduplicate); NOT_LEADER_OR_FOLLOWER makes it resend both in order. For
-        OPEN_GRACE_S only: a real gap still gets its error after that."""
+        OPEN_GRACE_S only: a real gap still gets its error after that (UNKNOWN_PRODUCER_ID
+        when the producer's state came from the log, which a WAL loss may have cut short:
+        `ProducerStateTable.check`)."""
         if (
-            error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+            error in (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID)
             and producer_id not in self._appended_here
             and time.monotonic() - self._opened_at_s < OPEN_GRACE_S
         ):

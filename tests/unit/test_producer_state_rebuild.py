@@ -361,3 +361,32 @@ def test_a_delta_reconciles_only_the_topics_it_touched_and_failed_opens_are_retr
     manager.reconcile(image, {key[0] for key in manager.retrying()}, set())  # the retry
     assert manager.get("b", 0) is not None and not manager.retrying()
     assert opened == [7, 8, 8]  # topic a was never looked at again
+
+
+def test_a_gap_after_a_log_that_lost_the_producers_last_batches_is_unknown_producer_id(
+    monkeypatch,
+):
+    """A WAL loss cut the producer's last acknowledged batches off the log: the state rebuilt
+    from the tail is behind the producer. Its next sequence is a gap the broker created, so
+    it is answered as Kafka answers lost producer state (UNKNOWN_PRODUCER_ID: librdkafka
+    bumps its epoch and resets its sequence), not OUT_OF_ORDER_SEQUENCE_NUMBER (fatal)."""
+    log = stored_log([(5, 0)], batches_each=3)  # sequences 0..11 survived; 12..19 were lost
+    stream = _PendingStream()
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
+    rebuild_producer_state(FakeStream(log), plog.producers)
+    monkeypatch.setattr(partition_log, "OPEN_GRACE_S", 0.0)
+    gap = plog.append(client_batch(4, producer=(5, 0, 20)))
+    assert gap.error == KafkaError.UNKNOWN_PRODUCER_ID
+    # the producer bumps its epoch and starts again at sequence 0: accepted
+    assert plog.append(client_batch(4, producer=(5, 1, 0))).error == KafkaError.NONE
+    # from then on its state is this leader's own: a gap is a real gap
+    real_gap = plog.append(client_batch(4, producer=(5, 1, 12)))
+    assert real_gap.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_producer_in_sequence_after_the_rebuild_keeps_the_ordinary_rules():
+    table = ProducerStateTable()
+    rebuild_producer_state(FakeStream(stored_log([(5, 0)], batches_each=2)), table)
+    assert table.check(5, 0, 8, 11) == (ProducerStateTable.APPEND, 0)
+    table.record(5, 0, 8, 11, 8)
+    assert table.check(5, 0, 20, 23) == ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
