@@ -30,7 +30,12 @@ from dataplane.s3stream.wal.format import (
     WALState,
     decode_record_header,
 )
-from dataplane.s3stream.wal.loss import find_loss, in_flight_window_bytes, report_loss
+from dataplane.s3stream.wal.loss import (
+    WALLoss,
+    find_loss,
+    in_flight_window_bytes,
+    report_loss,
+)
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
     Ring,
@@ -91,6 +96,8 @@ class FileWALRecovery:
         self._end: int | None = None
         self._in_flight_bytes = in_flight_bytes
         self._loss_checked = False
+        # what `recover` found cut off by corruption (set when it finishes), None if nothing
+        self.scan_loss: WALLoss | None = None
 
     @property
     def owner(self) -> tuple[int, int]:
@@ -133,6 +140,7 @@ class FileWALRecovery:
             )
             if loss is not None:
                 report_loss(loss, f"failover by node {self._node_id} epoch {self._node_epoch}")
+            self.scan_loss = loss
 
     def trim(self, up_to_offset: int) -> None:
         """Durably release records below ``up_to_offset`` (after they were uploaded)."""

@@ -73,6 +73,7 @@ from dataplane.s3stream.wal.format import (
 )
 from dataplane.s3stream.wal.loss import (
     PIPELINE_DEPTH,
+    WALLoss,
     find_loss,
     in_flight_window_bytes,
     report_loss,
@@ -162,10 +163,12 @@ class FileWAL(QueuedWAL):
         config: FileWALConfig,
         initial_fsyncs: int,
         created: bool = False,
+        scan_loss: WALLoss | None = None,
     ) -> None:
         super().__init__(
             f"WAL {path}", capacity_bytes, config.max_queue_bytes, trim_offset, end_offset
         )
+        self.scan_loss = scan_loss
         self._path = path
         self._fd = fd
         self._node_id = node_id
@@ -345,6 +348,7 @@ class FileWAL(QueuedWAL):
             config,
             fsyncs,
             created,
+            scan_loss,
         )
 
     # ------------------------------------------------------------------ properties

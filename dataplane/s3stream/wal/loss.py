@@ -32,10 +32,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass, field
 
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.wal import metrics
+from dataplane.s3stream.wal.base import WALLoss
 from dataplane.s3stream.wal.format import (
     MAX_ALIGN_BYTES,
     RECORD_HEADER_SIZE_BYTES,
@@ -50,6 +50,7 @@ __all__ = [
     "find_loss",
     "in_flight_window_bytes",
     "recent_losses",
+    "report_gone_offsets",
     "report_loss",
 ]
 
@@ -62,7 +63,7 @@ rule rely on it."""
 
 MAX_REPORTS_KEPT = 8
 MAX_REPORT_CHARS = 400
-MAX_STREAMS_NAMED = 20
+MAX_STREAMS_NAMED = 20  # as WALLoss.describe names at most this many
 _MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
 _SEARCH_CHUNK_BYTES = 1024 * 1024
 
@@ -70,38 +71,6 @@ _SEARCH_CHUNK_BYTES = 1024 * 1024
 def in_flight_window_bytes(max_batch_bytes: int) -> int:
     """How far past the last valid record a torn (unacknowledged) batch can reach."""
     return PIPELINE_DEPTH * (max_batch_bytes + MAX_ALIGN_BYTES + RECORD_HEADER_SIZE_BYTES)
-
-
-@dataclass
-class WALLoss:
-    """Records cut off from a WAL by corruption: ``[start_offset, end_offset)`` of the ring's
-    logical offsets, ``records`` valid records lost in it, and per stream the stream offsets
-    ``(first, end)`` those records covered (some may have been uploaded already)."""
-
-    wal: str
-    start_offset: int
-    end_offset: int
-    records: int
-    stop_reason: str
-    streams: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of the ring the loss spans."""
-        return self.end_offset - self.start_offset
-
-    def describe(self) -> str:
-        """One line: where, how much, which streams and offsets."""
-        named = sorted(self.streams.items())[:MAX_STREAMS_NAMED]
-        streams = ", ".join(f"stream {sid} offsets [{a}, {b})" for sid, (a, b) in named)
-        more = len(self.streams) - len(named)
-        if more > 0:
-            streams += f" and {more} more streams"
-        return (
-            f"WAL {self.wal}: {self.records} records in bytes [{self.start_offset}, "
-            f"{self.end_offset}) lost after corruption ({self.stop_reason}); "
-            f"{streams or 'no stream batches'}"
-        )
 
 
 def find_loss(
@@ -191,6 +160,21 @@ def report_loss(loss: WALLoss, context: str) -> None:
     )
     metrics.CORRUPT_RECORDS.inc(loss.records)
     metrics.CORRUPT_BYTES.inc(loss.size_bytes)
+
+
+def report_gone_offsets(context: str, gone: dict[int, tuple[int, int]]) -> None:
+    """Log the acknowledged stream offsets a loss took (those not committed to object storage:
+    `recovery.UncommittedBatches.name_lost`) and keep the line for `recent_losses`."""
+    named = sorted(gone.items())[:MAX_STREAMS_NAMED]
+    text = f"{context}: acknowledged offsets gone: " + ", ".join(
+        f"stream {sid} [{a}, {b})" for sid, (a, b) in named
+    )
+    if len(gone) > len(named):
+        text += f" and {len(gone) - len(named)} more streams"
+    log.error("%s; the streams continue at the first offset of each range", text)
+    with _reports_lock:
+        if text[:MAX_REPORT_CHARS] not in _reports:
+            _reports.append(text[:MAX_REPORT_CHARS])
 
 
 def recent_losses() -> list[str]:
