@@ -99,9 +99,12 @@ def test_torn_tail_is_not_a_loss(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         wal.close()
 
 
-def test_records_only_inside_the_in_flight_window_are_a_torn_tail(tmp_path: Path) -> None:
-    """Damage whose valid successors all lie within the in-flight window cannot be told from
-    a torn tail (those records may never have been acknowledged): no loss is claimed."""
+def test_a_loss_within_the_in_flight_window_is_named_with_its_caveat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Damage whose valid successors all lie within the in-flight window: after a kill -9
+    they were acknowledged (no write is torn by a process crash), after a power loss they
+    may not have been; the loss is named and says so."""
     path = tmp_path / "wal"
     offsets = _write(path, 100)
     window = in_flight_window_bytes(CONFIG.max_batch_bytes)
@@ -109,9 +112,36 @@ def test_records_only_inside_the_in_flight_window_are_a_torn_tail(tmp_path: Path
     inside = next(i for i, off in enumerate(offsets) if end - off < window)
     _overwrite(path, offsets[inside] + RECORD_HEADER_SIZE_BYTES + 40, 4 * 1024 * 1024, b"\xff" * 8)
     before = _corrupt_records()
-    wal = FileWAL.open(path, 1, 1, config=CONFIG)
+    with caplog.at_level(logging.INFO):
+        wal = FileWAL.open(path, 1, 1, config=CONFIG)
     try:
         assert len(_recovered(wal)) == inside
+        assert wal.scan_loss is not None and wal.scan_loss.within_in_flight_window
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "may not have been acknowledged" in errors[0], errors
+        assert _corrupt_records() - before == 99 - inside
+    finally:
+        wal.close()
+
+
+def test_a_reported_loss_is_not_reported_again_by_the_next_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lost range is zeroed once reported: the next restart (after new appends that end
+    inside it) finds no loss and does not chain into the stale records."""
+    path = tmp_path / "wal"
+    offsets = _write(path, 200)
+    _overwrite(path, offsets[50] + RECORD_HEADER_SIZE_BYTES + 40, 4 * 1024 * 1024, b"\xff" * 8)
+    FileWAL.open(path, 1, 1, config=CONFIG).close()  # reports the loss of 51..199
+    _write(path, 10, start=1000)  # new records over part of the lost range
+    before = _corrupt_records()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        wal = FileWAL.open(path, 1, 1, config=CONFIG)
+    try:
+        assert _recovered(wal) == list(range(50)) + list(range(1000, 1010))
+        assert wal.scan_loss is None
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert _corrupt_records() == before
     finally:
         wal.close()
@@ -164,6 +194,14 @@ def test_failover_names_the_loss_once(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "failover by node 3 epoch 5" in errors[0]
     assert "99 records" in errors[0] and "stream 7 offsets [21, 120)" in errors[0]
     assert _corrupt_records() - before == 99
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        wal = FileWAL.open(path, 1, 6, config=CONFIG)  # the owner back with a newer epoch
+    try:
+        assert len(_recovered(wal)) == 20 and wal.scan_loss is None
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        wal.close()
 
 
 def test_a_loss_reaches_the_heartbeat_and_cluster_status() -> None:

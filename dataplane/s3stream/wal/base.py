@@ -186,7 +186,10 @@ _MAX_STREAMS_NAMED = 20
 class WALLoss:
     """Records cut off from a WAL by corruption: ``[start_offset, end_offset)`` of the ring's
     logical offsets, ``records`` valid records lost in it, and per stream the stream offsets
-    ``(first, end)`` those records covered (some may have been uploaded already)."""
+    ``(first, end)`` those records covered (some may have been uploaded already).
+    ``within_in_flight_window``: every lost record lies within the bytes that may have been
+    written but not yet synced at a crash; after a power loss they may never have been
+    acknowledged (`wal.loss`)."""
 
     wal: str
     start_offset: int
@@ -194,6 +197,7 @@ class WALLoss:
     records: int
     stop_reason: str
     streams: dict[int, tuple[int, int]] = field(default_factory=dict)
+    within_in_flight_window: bool = False
 
     @property
     def size_bytes(self) -> int:
@@ -207,9 +211,15 @@ class WALLoss:
         more = len(self.streams) - len(named)
         if more > 0:
             streams += f" and {more} more streams"
+        caveat = (
+            " (all within the last in-flight window: after a power loss they may not have "
+            "been acknowledged)"
+            if self.within_in_flight_window
+            else ""
+        )
         return (
             f"WAL {self.wal}: {self.records} records in bytes [{self.start_offset}, "
-            f"{self.end_offset}) lost after corruption ({self.stop_reason}); "
+            f"{self.end_offset}) lost after corruption ({self.stop_reason}){caveat}; "
             f"{streams or 'no stream batches'}"
         )
 

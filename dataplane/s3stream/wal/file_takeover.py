@@ -140,6 +140,11 @@ class FileWALRecovery:
             )
             if loss is not None:
                 report_loss(loss, f"failover by node {self._node_id} epoch {self._node_epoch}")
+                # reported: zero it, so the owner's restart neither reports it again nor
+                # chains into these stale records from its new ones
+                self._ring.write_zeros(loss.start_offset, loss.size_bytes)
+                fsync_data(self._fd)
+                metrics.FSYNCS.inc()
             self.scan_loss = loss
 
     def trim(self, up_to_offset: int) -> None:

@@ -331,7 +331,9 @@ class FileWAL(QueuedWAL):
             if scan_loss is not None:
                 report_loss(scan_loss, f"restart of node {node_id}")
         # Invalidate what a torn in-flight batch may have left after the chain.
-        zero_bytes = min(in_flight_bytes, capacity - (end - state.trim_offset))
+        # ... and the records a loss cut off: reported now, never to be read again
+        lost_bytes = 0 if scan_loss is None else scan_loss.end_offset - end
+        zero_bytes = min(max(in_flight_bytes, lost_bytes), capacity - (end - state.trim_offset))
         if zero_bytes > 0 and not created:  # a new file is all zeros already
             Ring(fd, capacity).write_zeros(end, zero_bytes)
             fsync_data(fd)

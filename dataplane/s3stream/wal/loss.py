@@ -16,10 +16,15 @@ The rule (`find_loss`): after the scan stopped at offset S, search forward for a
 header of the *current lap* (magic, header CRC and ``body_offset == its own offset + 24``;
 a header of an earlier lap of the ring ends the search: the current lap was written no
 further) and follow the valid chain from there, again and again up to the window end.
-If the chain found ends **beyond S + in-flight window**, the stop was corruption and every
-record found is a loss (they were acknowledged: they lie past anything that could have been
-in flight); otherwise it was a torn tail (records found inside the window were in flight;
-damage confined to the last in-flight window of a WAL cannot be told from a torn tail).
+No valid record after S (zeros, garbage, an earlier lap): a torn tail, nothing is reported.
+Valid records after S: a loss, reported. A kill -9 never tears a write (what was written is
+in the page cache), so after a process crash the only way to valid records past a break is
+damage to written bytes. After a power loss, pages of the unsynced writes may reach the disk
+out of order; when every lost record lies within the in-flight window after S, the report
+says so (they may not have been acknowledged).
+
+Both the restart and a failover zero the lost range once it is reported, so a later scan
+neither reports it again nor chains into those stale records from new ones.
 
 `report_loss` logs the loss as an ERROR (byte range, records, streams and their stream
 offsets), counts it in ``automq_wal_corrupt_records_total`` / ``..._bytes_total`` and keeps a
@@ -97,8 +102,9 @@ def find_loss(
         if scanner.end_offset > found:
             loss.end_offset = scanner.end_offset
         pos = max(found, scanner.end_offset)
-    if loss.records == 0 or loss.end_offset <= stop_offset + in_flight_bytes:
-        return None  # a torn tail: nothing past the in-flight window
+    if loss.records == 0:
+        return None  # a torn tail: no valid record after the stop
+    loss.within_in_flight_window = loss.end_offset <= stop_offset + in_flight_bytes
     return loss
 
 
