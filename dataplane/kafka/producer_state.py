@@ -47,12 +47,14 @@ class ProducerStateTable:
 
     DUPLICATE = "duplicate"
     APPEND = "append"
+    RESET = "reset"  # a gap against state rebuilt from the log: the log may have lost batches
 
     def __init__(self) -> None:
         self._producers: dict[int, _ProducerEntry] = {}
 
     def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> tuple[str, int]:
-        """("append", 0), ("duplicate", base_offset) or ("error", kafka error code)."""
+        """("append", 0), ("duplicate", base_offset), ("error", kafka error code) or
+        ("reset", UNKNOWN_PRODUCER_ID): a gap against state rebuilt from the log."""
         entry = self._producers.get(producer_id)
         if entry is None:
             return self.APPEND, 0  # unknown producer (new, or state lost): accept
@@ -71,9 +73,11 @@ class ProducerStateTable:
         if first_seq != (last + 1) % (2**31):
             if entry.restored:
                 # the state came from the log, which may have lost this producer's last
-                # batches (a WAL loss): answer as Kafka does for lost producer state, so
-                # the client bumps its epoch and resets its sequence instead of failing
-                return "error", KafkaError.UNKNOWN_PRODUCER_ID
+                # batches (a WAL loss): its state here is not to be trusted, and Kafka
+                # accepts any sequence from a producer whose state is gone (librdkafka
+                # fails for good on OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
+                # for a batch it has retried); the caller decides (`RESET`)
+                return self.RESET, KafkaError.UNKNOWN_PRODUCER_ID
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
