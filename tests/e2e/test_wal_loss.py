@@ -137,6 +137,7 @@ def test_a_wal_corrupted_mid_log_is_named_and_the_idempotent_producer_keeps_runn
         finally:
             print(f"writable again {ledger.writable_again_s(moved, event)}; errors {ledger.errors}")
             print("producer idempotence events:", *list(ledger._events.events)[-30:], sep="\n  ")
+        assert ledger._thread.is_alive(), "the producer thread died (a fatal error raises)"
         assert not any("fatal" in e.lower() for e in ledger.errors), ledger.errors
         assert not any("OUT_OF_ORDER" in e for e in ledger.errors), ledger.errors
     finally:
