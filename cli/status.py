@@ -145,6 +145,8 @@ def _broker(config: ClusterConfig, spec: BrokerSpec, b: dict | None, pids: dict[
         "wal_capacity_bytes": None if b is None else b.get("wal_capacity_bytes"),
         "upload_lag_s": None if b is None else b.get("upload_lag_s"),
         "last_upload_error": None if b is None else b.get("last_upload_error"),
+        # losses its WAL scans found (restart or failover), from its last heartbeat
+        "wal_losses": [] if b is None else b.get("wal_losses") or [],
         # the zone router's byte counters from its last heartbeat (automqctl cost)
         "zone_traffic": None if b is None else b.get("zone_traffic"),
         "pid": pids.get(f"broker-{spec.node_id}"),
@@ -177,6 +179,11 @@ def _problems(
         and not b["fenced"]
         and leader_view is not None
         and (b["last_heartbeat_age_ms"] is None or b["last_heartbeat_age_ms"] > session_ms)
+    ]
+    problems += [
+        f"broker {b['node_id']} lost WAL records: {loss}"
+        for b in brokers
+        for loss in b["wal_losses"]
     ]
     # the leader learns of a dead broker only when its session expires; the local process
     # table knows at once

@@ -6,7 +6,7 @@ replicates `(command, body)` so every controller validates and applies it identi
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -70,6 +70,8 @@ class RegisterBrokerResponse(BaseModel):
 
 
 MAX_UPLOAD_ERROR_CHARS = 1024
+MAX_WAL_LOSSES_PER_REPORT = 8
+MAX_WAL_LOSS_CHARS = 1024
 
 
 class BrokerUploadStats(BaseModel):
@@ -87,6 +89,10 @@ class BrokerUploadStats(BaseModel):
     zone_traffic: dict[str, int] | None = Field(default=None, max_length=32)
     # the zone router: the route epoch up to which this main's routed data is committed
     route_epoch_persisted: int | None = Field(default=None, ge=-1)
+    # WAL losses this broker's process found (restart or failover scans): one line each
+    wal_losses: list[Annotated[str, Field(max_length=MAX_WAL_LOSS_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_WAL_LOSSES_PER_REPORT
+    )
 
 
 MAX_BUCKETS_PER_REPORT = 16

@@ -475,6 +475,7 @@ def _upload_fields(stats: dict | None) -> dict:
         "upload_lag_s",
         "last_upload_error",
         "zone_traffic",
+        "wal_losses",
     )
     return {k: None if stats is None else stats.get(k) for k in keys}
 

@@ -20,6 +20,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import REGISTERED_REASON
 from controlplane.requests import (
     MAX_UPLOAD_ERROR_CHARS,
+    MAX_WAL_LOSS_CHARS,
     BrokerHeartbeatRequest,
     BrokerUploadStats,
     BucketWriteHealth,
@@ -31,6 +32,7 @@ from dataplane.config import BrokerConfig
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.objectstore import ObjectStorage, default_metrics, parse_bucket_uris
 from dataplane.s3stream.storage import S3Storage
+from dataplane.s3stream.wal.loss import recent_losses
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -95,6 +97,7 @@ class HeartbeatStats:
             route_epoch_persisted=None
             if self.route_handler is None
             else self.route_handler.persisted_epoch_forcing_commit(self.storage.request_upload),
+            wal_losses=[line[:MAX_WAL_LOSS_CHARS] for line in recent_losses()],
         )
 
     def bucket_health(self) -> list[BucketWriteHealth]:

@@ -415,10 +415,12 @@ class PartitionLog:
                         first_base = value
                     futures += self._original_durable(value)
                     continue
-                if verdict == "error":
+                if verdict in ("error", ProducerStateTable.RESET):
                     error = self._refusal(b.producer_id, KafkaError(value))
-                    self._log_sequence_error(b, last_seq, error)
-                    return AppendOutcome(error, -1, futures)
+                    if verdict != ProducerStateTable.RESET or error != value:
+                        self._log_sequence_error(b, last_seq, error)
+                        return AppendOutcome(error, -1, futures)
+                    self._log_state_reset(b)  # accepted, as Kafka does for lost state
             base, durable = self._append_at_end(
                 b.data,
                 b.last_offset_delta + 1,
@@ -452,14 +454,32 @@ class PartitionLog:
         would answer OUT_OF_ORDER_SEQUENCE_NUMBER, on which librdkafka bumps its epoch and
         renumbers what it resends (messages that may be stored already, which then no
         broker can deduplicate); NOT_LEADER_OR_FOLLOWER makes it resend both in order. For
-        OPEN_GRACE_S only: a real gap still gets its error after that."""
+        OPEN_GRACE_S only: a real gap still gets its error after that (a gap against state
+        rebuilt from the log, which a WAL loss may have cut short, is then accepted:
+        `ProducerStateTable.check`)."""
         if (
-            error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+            error in (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID)
             and producer_id not in self._appended_here
             and time.monotonic() - self._opened_at_s < OPEN_GRACE_S
         ):
             return KafkaError.NOT_LEADER_OR_FOLLOWER
         return error
+
+    def _log_state_reset(self, batch) -> None:
+        """Caller holds `lock`. A producer's sequence skips past the state rebuilt from the
+        log (which a WAL loss may have cut short): accepted; once per producer and open."""
+        known = self.producers.last_of(batch.producer_id)
+        log.warning(
+            "%s-%d: producer %d epoch %d resumes at sequence %d, the log knows it up to %s: "
+            "accepted (its last batches are not in the log; a WAL loss is named in the "
+            "broker logs and cluster status)",
+            self.topic,
+            self.partition,
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            known,
+        )
 
     def _log_sequence_error(self, batch, last_seq: int, error: KafkaError) -> None:
         """Caller holds `lock`. A refused sequence or epoch makes librdkafka bump its epoch

@@ -37,6 +37,9 @@ class _ProducerEntry:
     epoch: int
     # (first_seq, last_seq, base_offset) of the last batches, oldest first
     batches: deque = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
+    # rebuilt from the log (`rebuild_producer_state`), no batch appended through this leader
+    # yet: the log may have lost the producer's last acknowledged batches (a WAL loss)
+    restored: bool = False
 
 
 class ProducerStateTable:
@@ -44,12 +47,14 @@ class ProducerStateTable:
 
     DUPLICATE = "duplicate"
     APPEND = "append"
+    RESET = "reset"  # a gap against state rebuilt from the log: the log may have lost batches
 
     def __init__(self) -> None:
         self._producers: dict[int, _ProducerEntry] = {}
 
     def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> tuple[str, int]:
-        """("append", 0), ("duplicate", base_offset) or ("error", kafka error code)."""
+        """("append", 0), ("duplicate", base_offset), ("error", kafka error code) or
+        ("reset", UNKNOWN_PRODUCER_ID): a gap against state rebuilt from the log."""
         entry = self._producers.get(producer_id)
         if entry is None:
             return self.APPEND, 0  # unknown producer (new, or state lost): accept
@@ -66,6 +71,13 @@ class ProducerStateTable:
                 return self.DUPLICATE, base
         last = entry.batches[-1][1] if entry.batches else -1
         if first_seq != (last + 1) % (2**31):
+            if entry.restored:
+                # the state came from the log, which may have lost this producer's last
+                # batches (a WAL loss): its state here is not to be trusted, and Kafka
+                # accepts any sequence from a producer whose state is gone (librdkafka
+                # fails for good on OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
+                # for a batch it has retried); the caller decides (`RESET`)
+                return self.RESET, KafkaError.UNKNOWN_PRODUCER_ID
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
@@ -96,14 +108,23 @@ class ProducerStateTable:
             self._producers[producer_id] = _ProducerEntry(epoch)
 
     def record(
-        self, producer_id: int, epoch: int, first_seq: int, last_seq: int, base_offset: int
+        self,
+        producer_id: int,
+        epoch: int,
+        first_seq: int,
+        last_seq: int,
+        base_offset: int,
+        restored: bool = False,
     ) -> None:
+        """Remember an appended batch; ``restored``: read back from the log by
+        `rebuild_producer_state` rather than appended through this leader."""
         entry = self._producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
             if entry is None and len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
                 self._producers.pop(next(iter(self._producers)))
             entry = self._producers[producer_id] = _ProducerEntry(epoch)
         entry.batches.append((first_seq, last_seq, base_offset))
+        entry.restored = restored
 
 
 class TxnIndex:
@@ -254,7 +275,12 @@ def rebuild_producer_state(
             if h.producer_id >= 0 and h.base_sequence >= 0:
                 last_seq = (h.base_sequence + h.last_offset_delta) % (2**31)
                 table.record(
-                    h.producer_id, h.producer_epoch, h.base_sequence, last_seq, h.base_offset
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                    last_seq,
+                    h.base_offset,
+                    restored=True,
                 )
                 seen += 1
     return seen

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from controlplane.errors import ControllerError, ErrorCode
 from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.s3stream.wal.loss import WALLoss, report_gone_offsets
 
 __all__ = ["StreamTarget", "UncommittedBatches", "stream_target"]
 
@@ -85,6 +86,23 @@ class UncommittedBatches:
             return False
         target.end_offset = batch.last_offset
         return True
+
+    def name_lost(self, loss: WALLoss | None, context: str) -> dict[int, tuple[int, int]]:
+        """Once every recovered batch was offered: per stream, the acknowledged offsets that
+        `loss` (records a WAL scan cut off) took and nothing committed covers, ``(first,
+        end)``; reported as an ERROR and for `cluster status` (`wal.loss`)."""
+        if loss is None:
+            return {}
+        gone: dict[int, tuple[int, int]] = {}
+        for sid, (first, end) in sorted(loss.streams.items()):
+            if sid not in self._targets:
+                self._targets[sid] = self._read_target(sid)
+            target = self._targets[sid]
+            if target is not None and end > target.end_offset:
+                gone[sid] = (max(first, target.end_offset), end)
+        if gone:
+            report_gone_offsets(context, gone)
+        return gone
 
     def reread(self, stream_id: int) -> None:
         """Ask the controller for `stream_id`'s committed end again (after an upload was

@@ -277,6 +277,7 @@ class S3Storage:
             batch, _ = StreamRecordBatch.decode(rec.data)
             if uncommitted.accept(batch):
                 keep.append((batch, rec.next_offset))
+        uncommitted.name_lost(self.wal.scan_loss, f"restart of node {self.node_id}")
         if not records_read:
             return 0
         # only now the data of Link Records: committed ones may point at trimmed data

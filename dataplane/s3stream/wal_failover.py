@@ -29,7 +29,12 @@ from controlplane.requests import CloseStreamRequest, CompleteWALFailoverRequest
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.recovery import UncommittedBatches
 from dataplane.s3stream.storage import S3Storage
-from dataplane.s3stream.wal.factory import UnsupportedWALError, take_over_wal, wal_exists
+from dataplane.s3stream.wal.factory import (
+    UnsupportedWALError,
+    WALRecovery,
+    take_over_wal,
+    wal_exists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ class FailoverResult:
     bytes_uploaded: int = 0
     streams_closed: list[int] = field(default_factory=list)
     skipped_streams: dict[int, str] = field(default_factory=dict)
+    # acknowledged offsets a corrupt WAL took: stream id -> (first, end)
+    lost_offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
     duration_s: float = 0.0
 
 
@@ -75,7 +82,7 @@ def recover_failed_wal(
     if exists:
         handle = take_over_wal(wal_uri, storage.node_id, failover_epoch, objects=storage.objects)
         try:
-            end = _upload_uncommitted(storage, handle.recover(), failed_node_id, result)
+            end = _upload_uncommitted(storage, handle, failed_node_id, result)
             if end is not None:
                 handle.trim(end)
         finally:
@@ -113,7 +120,7 @@ def recover_failed_wal(
     result.duration_s = time.monotonic() - started
     log.warning(
         "WAL failover of node %d done in %.2fs: %d records read, %d batches "
-        "(%d bytes) uploaded, %d streams closed, skipped %s",
+        "(%d bytes) uploaded, %d streams closed, skipped %s, lost %s",
         failed_node_id,
         result.duration_s,
         result.records_read,
@@ -121,12 +128,13 @@ def recover_failed_wal(
         result.bytes_uploaded,
         len(result.streams_closed),
         result.skipped_streams,
+        result.lost_offsets or "nothing",
     )
     return result
 
 
 def _upload_uncommitted(
-    storage: S3Storage, records, failed_node_id: int, result: FailoverResult
+    storage: S3Storage, handle: WALRecovery, failed_node_id: int, result: FailoverResult
 ) -> int | None:
     """Upload the records not committed yet (the rule is `recovery.UncommittedBatches`), in
     chunks; returns the WAL offset to trim to."""
@@ -136,7 +144,7 @@ def _upload_uncommitted(
     end: int | None = None
     max_bytes = storage.config.max_object_bytes
     try:
-        for rec in records:
+        for rec in handle.recover():
             result.records_read += 1
             end = rec.next_offset
             batch, _ = StreamRecordBatch.decode(rec.data)
@@ -150,6 +158,9 @@ def _upload_uncommitted(
                 chunk, chunk_bytes = [], 0
         if chunk:
             _flush(storage, chunk, failed_node_id, result, uncommitted)
+        result.lost_offsets = uncommitted.name_lost(
+            handle.scan_loss, f"failover of node {failed_node_id} by node {storage.node_id}"
+        )
     finally:
         result.skipped_streams.update(uncommitted.skipped)
     return end

@@ -83,3 +83,22 @@ def test_other_controller_errors_propagate() -> None:
 def test_stream_target() -> None:
     assert stream_target(opened(5), WRITER) == StreamTarget(3, 5)
     assert stream_target(opened(5, node_id=2), WRITER) is None
+
+
+def test_a_wal_loss_names_the_acknowledged_offsets_nothing_committed_covers(caplog) -> None:
+    """Stream 7 recovered up to 40 (committed 20 + two batches), the loss held 30..90: 40..90
+    are gone. Stream 8's lost records were all committed: nothing gone. Stream 9 is closed."""
+    from dataplane.s3stream.wal.base import WALLoss
+    from dataplane.s3stream.wal.loss import recent_losses
+
+    rule = UncommittedBatches(
+        WRITER, metadata({7: opened(20), 8: opened(500), 9: {"state": "closed"}})
+    )
+    assert rule.accept(batch(7, 20)) and rule.accept(batch(7, 30))
+    loss = WALLoss("w", 0, 100, 9, "crc", {7: (30, 90), 8: (100, 200), 9: (0, 5)})
+    with caplog.at_level("ERROR"):
+        gone = rule.name_lost(loss, "restart of node 1")
+    assert gone == {7: (40, 90)}
+    assert "restart of node 1: acknowledged offsets gone: stream 7 [40, 90)" in caplog.text
+    assert "restart of node 1: acknowledged offsets gone: stream 7 [40, 90)" in recent_losses()
+    assert rule.name_lost(None, "x") == {}

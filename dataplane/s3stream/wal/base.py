@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "AppendResult",
@@ -28,6 +28,7 @@ __all__ = [
     "WALError",
     "WALFencedError",
     "WALFullError",
+    "WALLoss",
     "WALQueueFullError",
     "WALQueueTimeoutError",
     "WALTakeoverRefusedError",
@@ -178,6 +179,51 @@ class RecoveredRecord:
         return self.offset + self.size_bytes
 
 
+_MAX_STREAMS_NAMED = 20
+
+
+@dataclass
+class WALLoss:
+    """Records cut off from a WAL by corruption: ``[start_offset, end_offset)`` of the ring's
+    logical offsets, ``records`` valid records lost in it, and per stream the stream offsets
+    ``(first, end)`` those records covered (some may have been uploaded already).
+    ``within_in_flight_window``: every lost record lies within the bytes that may have been
+    written but not yet synced at a crash; after a power loss they may never have been
+    acknowledged (`wal.loss`)."""
+
+    wal: str
+    start_offset: int
+    end_offset: int
+    records: int
+    stop_reason: str
+    streams: dict[int, tuple[int, int]] = field(default_factory=dict)
+    within_in_flight_window: bool = False
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the ring the loss spans."""
+        return self.end_offset - self.start_offset
+
+    def describe(self) -> str:
+        """One line: where, how much, which streams and offsets."""
+        named = sorted(self.streams.items())[:_MAX_STREAMS_NAMED]
+        streams = ", ".join(f"stream {sid} offsets [{a}, {b})" for sid, (a, b) in named)
+        more = len(self.streams) - len(named)
+        if more > 0:
+            streams += f" and {more} more streams"
+        caveat = (
+            " (all within the last in-flight window: after a power loss they may not have "
+            "been acknowledged)"
+            if self.within_in_flight_window
+            else ""
+        )
+        return (
+            f"WAL {self.wal}: {self.records} records in bytes [{self.start_offset}, "
+            f"{self.end_offset}) lost after corruption ({self.stop_reason}){caveat}; "
+            f"{streams or 'no stream batches'}"
+        )
+
+
 class WriteAheadLog(abc.ABC):
     """A durable, ordered log of opaque records with group commit.
 
@@ -229,6 +275,10 @@ class WriteAheadLog(abc.ABC):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not exc.room.wait(exc.generation, remaining):
                     raise WALQueueTimeoutError(f"{exc} for {queue_wait_s} s") from None
+
+    scan_loss: WALLoss | None = None
+    """What the recovery scan found cut off by corruption (`wal.loss`), None if nothing;
+    set before `recover` returns its last record. Read-only for callers."""
 
     @abc.abstractmethod
     def recover(self) -> Iterator[RecoveredRecord]:

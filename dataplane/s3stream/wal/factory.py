@@ -31,12 +31,16 @@ from dataplane.s3stream.wal import object_readers
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
 from dataplane.s3stream.wal.file_takeover import take_over
 from dataplane.s3stream.wal.file_wal import FileWAL
+from dataplane.s3stream.wal.loss import WALLoss
 from dataplane.s3stream.wal.object_chain import ObjectWALLocation
 from dataplane.s3stream.wal.object_wal import ObjectWAL
 
 
 class WALRecovery(Protocol):
-    """A failed node's WAL, reserved by the recovering node: read, trim what was uploaded."""
+    """A failed node's WAL, reserved by the recovering node: read, trim what was uploaded.
+    ``scan_loss``: what `recover` found cut off by corruption (`wal.loss`), once it ended."""
+
+    scan_loss: WALLoss | None
 
     def recover(self) -> Iterator[RecoveredRecord]: ...
 

@@ -30,6 +30,12 @@ from dataplane.s3stream.wal.format import (
     WALState,
     decode_record_header,
 )
+from dataplane.s3stream.wal.loss import (
+    WALLoss,
+    find_loss,
+    in_flight_window_bytes,
+    report_loss,
+)
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
     Ring,
@@ -67,7 +73,13 @@ class FileWALRecovery:
     """
 
     def __init__(
-        self, path: Path, fd: int, node_id: int, node_epoch: int, capacity_bytes: int
+        self,
+        path: Path,
+        fd: int,
+        node_id: int,
+        node_epoch: int,
+        capacity_bytes: int,
+        in_flight_bytes: int = 0,
     ) -> None:
         self._path = path
         self._fd = fd
@@ -82,6 +94,10 @@ class FileWALRecovery:
             raise WALCorruptError("both state slots are invalid")
         self._state = state
         self._end: int | None = None
+        self._in_flight_bytes = in_flight_bytes
+        self._loss_checked = False
+        # what `recover` found cut off by corruption (set when it finishes), None if nothing
+        self.scan_loss: WALLoss | None = None
 
     @property
     def owner(self) -> tuple[int, int]:
@@ -112,6 +128,24 @@ class FileWALRecovery:
         for offset, body in scanner:
             yield RecoveredRecord(offset, RECORD_HEADER_SIZE_BYTES + len(body), body)
         self._end = scanner.end_offset
+        if not self._loss_checked:  # report a loss once per handle, not per retry of recover()
+            self._loss_checked = True
+            loss = find_loss(
+                self._ring,
+                str(self._path),
+                scanner.end_offset,
+                self._state.trim_offset + self._capacity_bytes,
+                self._in_flight_bytes,
+                scanner.stop_reason,
+            )
+            if loss is not None:
+                report_loss(loss, f"failover by node {self._node_id} epoch {self._node_epoch}")
+                # reported: zero it, so the owner's restart neither reports it again nor
+                # chains into these stale records from its new ones
+                self._ring.write_zeros(loss.start_offset, loss.size_bytes)
+                fsync_data(self._fd)
+                metrics.FSYNCS.inc()
+            self.scan_loss = loss
 
     def trim(self, up_to_offset: int) -> None:
         """Durably release records below ``up_to_offset`` (after they were uploaded)."""
@@ -191,7 +225,14 @@ def take_over(
             new_node_id,
             new_node_epoch,
         )
-        return FileWALRecovery(path, fd, new_node_id, new_node_epoch, meta.capacity_bytes)
+        return FileWALRecovery(
+            path,
+            fd,
+            new_node_id,
+            new_node_epoch,
+            meta.capacity_bytes,
+            in_flight_window_bytes(current.max_batch_bytes),
+        )
     except BaseException:
         os.close(fd)
         raise

@@ -71,6 +71,13 @@ from dataplane.s3stream.wal.format import (
     encode_record_header,
     padding_bytes,
 )
+from dataplane.s3stream.wal.loss import (
+    PIPELINE_DEPTH,
+    WALLoss,
+    find_loss,
+    in_flight_window_bytes,
+    report_loss,
+)
 from dataplane.s3stream.wal.prefill import RingPrefiller
 from dataplane.s3stream.wal.ring import (
     RecordScanner,
@@ -87,9 +94,6 @@ __all__ = ["FileWAL", "check_config"]
 
 log = logging.getLogger(__name__)
 
-PIPELINE_DEPTH = 2
-"""At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
-fsynced-and-checked at any time: the zeroing on open and the fencing bound rely on it."""
 _U32_MAX = 2**32 - 1
 _PREFILL_CHUNK_BYTES = 1024 * 1024
 
@@ -159,10 +163,12 @@ class FileWAL(QueuedWAL):
         config: FileWALConfig,
         initial_fsyncs: int,
         created: bool = False,
+        scan_loss: WALLoss | None = None,
     ) -> None:
         super().__init__(
             f"WAL {path}", capacity_bytes, config.max_queue_bytes, trim_offset, end_offset
         )
+        self.scan_loss = scan_loss
         self._path = path
         self._fd = fd
         self._node_id = node_id
@@ -307,17 +313,27 @@ class FileWAL(QueuedWAL):
             end,
             scanner.stop_reason,
         )
-        # Invalidate what a torn in-flight batch may have left after the chain.
-        zero_bytes = min(
-            # batches that may have been in flight, each with its padding record
-            PIPELINE_DEPTH
-            * (
-                max(current.max_batch_bytes, config.max_batch_bytes)
-                + MAX_ALIGN_BYTES
-                + RECORD_HEADER_SIZE_BYTES
-            ),
-            capacity - (end - state.trim_offset),
+        # batches that may have been in flight, each with its padding record
+        in_flight_bytes = in_flight_window_bytes(
+            max(current.max_batch_bytes, config.max_batch_bytes)
         )
+        scan_loss = None
+        if not created:
+            scan_loss = find_loss(
+                Ring(fd, capacity),
+                str(path),
+                end,
+                state.trim_offset + capacity,
+                in_flight_window_bytes(current.max_batch_bytes),
+                scanner.stop_reason,
+                config.scan_chunk_bytes,
+            )
+            if scan_loss is not None:
+                report_loss(scan_loss, f"restart of node {node_id}")
+        # Invalidate what a torn in-flight batch may have left after the chain.
+        # ... and the records a loss cut off: reported now, never to be read again
+        lost_bytes = 0 if scan_loss is None else scan_loss.end_offset - end
+        zero_bytes = min(max(in_flight_bytes, lost_bytes), capacity - (end - state.trim_offset))
         if zero_bytes > 0 and not created:  # a new file is all zeros already
             Ring(fd, capacity).write_zeros(end, zero_bytes)
             fsync_data(fd)
@@ -334,6 +350,7 @@ class FileWAL(QueuedWAL):
             config,
             fsyncs,
             created,
+            scan_loss,
         )
 
     # ------------------------------------------------------------------ properties

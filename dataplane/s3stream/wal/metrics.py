@@ -12,7 +12,14 @@ from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Histogram
 
-__all__ = ["APPEND_BYTES", "APPEND_LATENCY", "FSYNCS", "BATCH_BYTES"]
+__all__ = [
+    "APPEND_BYTES",
+    "APPEND_LATENCY",
+    "BATCH_BYTES",
+    "CORRUPT_BYTES",
+    "CORRUPT_RECORDS",
+    "FSYNCS",
+]
 
 _C = TypeVar("_C")
 
@@ -65,5 +72,20 @@ BATCH_BYTES: Histogram = _get_or_create(
     "automq_wal_batch_bytes",
     lambda: Histogram(
         "automq_wal_batch_bytes", "Bytes written per group commit.", buckets=_BATCH_BUCKETS_BYTES
+    ),
+)
+CORRUPT_RECORDS: Counter = _get_or_create(
+    "automq_wal_corrupt_records_total",
+    lambda: Counter(
+        "automq_wal_corrupt_records",
+        "Valid WAL records a scan had to drop because corruption before them broke the chain "
+        "(restart or failover; a torn tail is not counted).",
+    ),
+)
+CORRUPT_BYTES: Counter = _get_or_create(
+    "automq_wal_corrupt_bytes_total",
+    lambda: Counter(
+        "automq_wal_corrupt_bytes",
+        "Bytes of the WAL ring spanned by the records counted in automq_wal_corrupt_records.",
     ),
 )

@@ -46,6 +46,8 @@ __all__ = [
 class ObjectWALRecovery:
     """Recovery-only handle returned by :func:`take_over` (no appends)."""
 
+    scan_loss = None  # an object WAL's chain is checked object by object: no ring scan
+
     def __init__(
         self,
         objects: ObjectStorage,

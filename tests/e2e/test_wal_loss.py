@@ -1,0 +1,144 @@
+"""A WAL corrupted in the middle, then kill -9 (issue 33, "every loss named").
+
+A broker is killed -9 while an idempotent producer writes; before its session expires a few
+bytes in the middle of the acknowledged, not yet uploaded part of its WAL are overwritten.
+The broker that takes the WAL over must name the loss (an ERROR with the byte range and the
+count, `automq_wal_corrupt_records_total`, a problem in `cluster status`), and the producer
+must keep running: no fatal error, its partitions take writes again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+from dataplane.s3stream.wal.format import DATA_START_BYTES, RECORD_HEADER_SIZE_BYTES  # noqa: E402
+from dataplane.s3stream.wal.ring import RecordScanner, Ring, read_meta, read_state  # noqa: E402
+from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SESSION_TIMEOUT_MS = 6000
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("walloss") / "cluster"
+    up = automqctl(
+        "cluster",
+        "up",
+        "--format",
+        "json",
+        "--session-timeout-ms",
+        str(SESSION_TIMEOUT_MS),
+        cluster_dir=d,
+    )
+    assert up.returncode == 0, up.stderr + up.stdout
+    try:
+        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
+    finally:
+        automqctl("cluster", "down", cluster_dir=d)
+
+
+def corrupt_middle(wal_path: Path) -> tuple[int, int]:
+    """Overwrite 8 bytes in the body of the record in the middle of the WAL's valid chain;
+    returns (that record's offset, records after it)."""
+    fd = os.open(wal_path, os.O_RDWR)
+    try:
+        capacity = read_meta(fd).capacity_bytes
+        state = read_state(fd)
+        assert state is not None
+        offsets = [off for off, _ in RecordScanner(Ring(fd, capacity), state.trim_offset)]
+        assert len(offsets) >= 20, f"only {len(offsets)} records not uploaded: nothing to corrupt"
+        victim = offsets[len(offsets) // 2]
+        os.pwrite(
+            fd, b"\xa5" * 8, DATA_START_BYTES + (victim + RECORD_HEADER_SIZE_BYTES + 30) % capacity
+        )
+        os.fsync(fd)
+        return victim, len(offsets) - len(offsets) // 2 - 1
+    finally:
+        os.close(fd)
+
+
+def metric_total(cluster, name: str) -> float:
+    status = json.loads(
+        automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"]).stdout
+    )
+    total = 0.0
+    for b in status["brokers"]:
+        if not b.get("metrics_address") or not b.get("pid"):
+            continue
+        try:
+            with urllib.request.urlopen(f"http://{b['metrics_address']}/metrics", timeout=5) as r:
+                page = r.read().decode()
+        except OSError:
+            continue
+        total += sum(
+            float(line.split()[-1]) for line in page.splitlines() if line.startswith(name + " ")
+        )
+    return total
+
+
+def test_a_wal_corrupted_mid_log_is_named_and_the_idempotent_producer_keeps_running(cluster):
+    topic = f"walloss-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    ledger = AckLedger(cluster["bootstrap"], topic, PARTITIONS, rate_per_partition=100).start()
+    try:
+        time.sleep(3)
+        led = leaders(cluster["bootstrap"], topic)
+        node = max(set(led.values()), key=lambda n: sum(1 for v in led.values() if v == n))
+        moved = {p for p, leader in led.items() if leader == node}
+        killed = automqctl("broker", "kill", str(node), cluster_dir=cluster["dir"])
+        assert killed.returncode == 0, killed.stderr
+        event = time.monotonic()
+        wal = next(p for p in (cluster["dir"] / f"broker-{node}").rglob("wal") if p.is_file())
+        victim, after = corrupt_middle(wal)
+        print(f"broker {node}: corrupted the record at {victim} of {wal}; {after} records after it")
+        # the failover names the loss: ERROR line, metric, status
+        needle = "lost after corruption"
+        deadline = time.monotonic() + 40
+        lines: list[str] = []
+        while time.monotonic() < deadline and not lines:
+            lines = [
+                line
+                for p in (cluster["dir"] / "logs").glob("broker-*.log")
+                for line in p.read_text(errors="replace").splitlines()
+                if needle in line
+            ]
+            time.sleep(0.5)
+        assert lines, "no broker named the loss"
+        assert "ERROR" in lines[0] and "failover by node" in lines[0], lines[0]
+        assert f"{after} records in bytes [{victim}, " in lines[0], lines[0]
+        assert metric_total(cluster, "automq_wal_corrupt_records_total") >= after
+        deadline = time.monotonic() + 20
+        problems: list[str] = []
+        while time.monotonic() < deadline:
+            status = json.loads(
+                automqctl(
+                    "cluster", "status", "--format", "json", cluster_dir=cluster["dir"]
+                ).stdout
+            )
+            problems = [p for p in status["problems"] if "lost WAL records" in p]
+            if problems:
+                break
+            time.sleep(1)
+        assert problems and str(victim) in " ".join(problems), status["problems"]
+        # the producer keeps going past the open grace period: writable, no fatal error
+        try:
+            ledger.wait_writable(moved, time.monotonic() + 12, timeout_s=60)
+        finally:
+            print(f"writable again {ledger.writable_again_s(moved, event)}; errors {ledger.errors}")
+            print("producer idempotence events:", *list(ledger._events.events)[-30:], sep="\n  ")
+        assert ledger._thread.is_alive(), "the producer thread died (a fatal error raises)"
+        assert not any("fatal" in e.lower() for e in ledger.errors), ledger.errors
+        assert not any("OUT_OF_ORDER" in e for e in ledger.errors), ledger.errors
+    finally:
+        ledger.stop(flush_timeout_s=30)
