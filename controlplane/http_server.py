@@ -52,6 +52,12 @@ IDLE_TIMEOUT_S = 120.0  # a keep-alive connection with no request in this long i
 WRITE_TIMEOUT_S = 30.0  # to write one response
 _SWEEP_INTERVAL_S = 0.5  # how often the selector looks for connections past their deadline
 _RECV_BYTES = 64 * 1024
+# a connection closed after its answer (401, 413, "Connection: close"...) is read from until
+# the client closes or this passes (at most _LINGER_BYTES): closing with the client's unread
+# bytes (a body not read) makes the kernel send a reset, which can destroy the answer before
+# the client read it (seen: a 401 over TLS taken by the client as a dead controller)
+_LINGER_S = 0.5
+_LINGER_BYTES = 1024 * 1024
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_S = 0.1  # after accept() failed (e.g. out of file descriptors)
 _REFUSAL_LOG_INTERVAL_S = 10.0
@@ -476,6 +482,7 @@ class BoundedHTTPServer:
             while True:
                 handler.waited_s = time.monotonic() - conn.since_s
                 if not handler.serve_one() or self._stop.is_set():
+                    _linger(conn.sock)
                     return False
                 if not conn.head_complete():
                     return True
@@ -486,6 +493,26 @@ class BoundedHTTPServer:
         except Exception:  # a bug: close this connection, keep serving the others
             log.exception("controller API failed serving %s", conn.address[0])
             return False
+
+
+def _linger(sock: socket.socket) -> None:
+    """End our side (the answer is sent), then read and drop what the client still sends
+    until it closes, `_LINGER_S` passes or `_LINGER_BYTES` came: no reset on close."""
+    deadline = time.monotonic() + _LINGER_S
+    drained = 0
+    try:
+        sock.shutdown(socket.SHUT_WR)  # on a TLS socket: the raw socket's, no close_notify
+        while drained < _LINGER_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sock.settimeout(left)
+            chunk = sock.recv(_RECV_BYTES)
+            if not chunk:
+                return
+            drained += len(chunk)
+    except (OSError, ValueError):
+        pass  # the client went away: nothing to protect
 
 
 def _send_now(sock: socket.socket, data: bytes) -> None:
