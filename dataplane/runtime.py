@@ -222,6 +222,12 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),
     ExecutionContext("object-wal-writer", "1 per object WAL", "PUTs WAL objects", True),
     ExecutionContext("object-wal-acks", "1 per object WAL", "acks appends in order", True),
+    ExecutionContext(
+        "wal-bucket-switch",
+        "1 per bucket-following object WAL (RouterChannel, s3:// WAL)",
+        "starts a WAL segment in the active bucket, or replaces a failed one",
+        True,
+    ),
     ExecutionContext("object-wal-read", "16", "parallel GETs while recovering a WAL", True),
     ExecutionContext(
         "objectstore",

@@ -211,6 +211,7 @@ class S3Storage:
         self.log_cache = LogCache(config.log_cache_uploaded_bytes)
         self.block_cache = BlockCache(config.block_cache_bytes)
         self.link_resolver = link_resolver
+        self._active_bucket = active_bucket
         self.index_cache = IndexCache(objects)
         self.fetcher = BlockFetcher(objects, self.block_cache)
         self.committed_readers = CommittedReaders(
@@ -254,6 +255,8 @@ class S3Storage:
             config=self.wal_config.file,
             objects=self.objects,  # reaches an s3:// WAL with the broker's bucket config
             object_config=self.wal_config.object,
+            # an s3:// WAL writes to the active bucket (a bucket failover moves it too)
+            active_bucket=self._active_bucket,
         )
         metrics.bind_upload_stats(self.upload_stats)
         recovered = self._recover()

@@ -26,7 +26,7 @@ from dataplane.formats.record_batch import parse_batch_header
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES
 from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, append_when_room
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
-from dataplane.zonerouter.channel import ChannelReaders, channel_location
+from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
@@ -207,7 +207,8 @@ class ZoneRouteHandler:
         expected = channel_location(source)
         if (
             source not in image.brokers
-            or req.channel_bucket_id != expected.bucket_id
+            or req.channel_offset < 0
+            or req.channel_bucket_id != channel_bucket_of(req.channel_offset)
             or req.channel_prefix != expected.prefix
         ):
             return self._answer(

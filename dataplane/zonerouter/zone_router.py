@@ -37,8 +37,8 @@ from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import AppendOutcome, PartitionBackend
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import WALError
-from dataplane.s3stream.wal.object_wal import ObjectWAL
-from dataplane.zonerouter.channel import CHANNEL_BUCKET_ID, channel_location
+from dataplane.s3stream.wal.segmented_wal import BucketFollowingWAL
+from dataplane.zonerouter.channel import channel_bucket_of, channel_location, open_channel
 from dataplane.zonerouter.own_channel import OwnPipeline
 from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
 from dataplane.zonerouter.proxy_partition import ProxyPartition
@@ -103,7 +103,7 @@ class ZoneRouter:
         self.login = login
         self.ready_fn = ready_fn  # the metadata image is caught up
         self.channel_config = channel_config or ObjectWALConfig()
-        self.channel: ObjectWAL | None = None
+        self.channel: BucketFollowingWAL | None = None
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}
         self._connections: dict[tuple[str, int], BrokerConnection] = {}
@@ -133,13 +133,13 @@ class ZoneRouter:
         self.snapshots = snapshots
 
     def start(self) -> None:
-        self.channel = ObjectWAL.open(
+        self.channel = open_channel(
             self.objects,
-            channel_location(self.node_id),
             self.node_id,
             self.node_epoch,
-            capacity_bytes=CHANNEL_CAPACITY_BYTES,
-            config=self.channel_config,
+            CHANNEL_CAPACITY_BYTES,
+            self.channel_config,
+            lambda: self.image_fn().active_bucket_id if self.ready_fn() else None,
         )
         self._acked_end = self.channel.end_offset
         if self.channel.end_offset > self.channel.start_offset:
@@ -242,7 +242,7 @@ class ZoneRouter:
             req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
                 route_epoch=epoch,
                 source_node_id=self.node_id,
-                channel_bucket_id=CHANNEL_BUCKET_ID,
+                channel_bucket_id=channel_bucket_of(appended.offset),
                 channel_prefix=channel_location(self.node_id).prefix,
                 channel_offset=appended.offset,
                 topic_id=uuid.UUID(proxy.topic_id),

@@ -112,6 +112,12 @@ class QueuedWAL(WriteAheadLog):
             return self._status == FENCED
 
     @property
+    def failed(self) -> bool:
+        """Whether a write failed for good (the WAL acknowledges nothing more)."""
+        with self._lock:
+            return self._status == FAILED
+
+    @property
     def room(self) -> RoomSignal:
         return self._room
 

@@ -14,13 +14,15 @@ Schemes:
   under `<prefix>` in one of the broker's configured buckets, named by its bucket name (or
   its bucket id), with the credentials of the broker's bucket config - so the URI a broker
   registers holds no secret, and any broker with the same buckets can take it over. These
-  calls need the broker's `ObjectStorage` (`objects=`).
+  calls need the broker's `ObjectStorage` (`objects=`). A broker's own s3:// WAL follows
+  the active bucket (`segmented_wal.BucketFollowingWAL`): its later segments live at
+  `<prefix>-g<n>` in the bucket their offsets name (`bucket_segments`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
@@ -29,11 +31,13 @@ from dataplane.config import FileWALConfig, ObjectWALConfig
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal import object_readers
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError, WriteAheadLog
+from dataplane.s3stream.wal.bucket_segments import SegmentId, list_segments, take_over_segments
 from dataplane.s3stream.wal.file_takeover import take_over
 from dataplane.s3stream.wal.file_wal import FileWAL
 from dataplane.s3stream.wal.loss import WALLoss
 from dataplane.s3stream.wal.object_chain import ObjectWALLocation
 from dataplane.s3stream.wal.object_wal import ObjectWAL
+from dataplane.s3stream.wal.segmented_wal import BucketFollowingWAL
 
 
 class WALRecovery(Protocol):
@@ -106,11 +110,14 @@ def _object_location(uri: str, objects: ObjectStorage | None) -> ObjectWALLocati
 
 
 def wal_exists(uri: str, *, objects: ObjectStorage | None = None) -> bool:
-    """Whether the WAL behind `uri` has been created (failover of a node that never wrote)."""
+    """Whether the WAL behind `uri` has been created (failover of a node that never wrote;
+    an s3:// WAL: a segment in any bucket, `bucket_segments`)."""
     if _is_s3(uri):
         where = _object_location(uri, objects)
         assert objects is not None  # _object_location refused None
-        return object_readers.object_wal_exists(objects, where)
+        return object_readers.object_wal_exists(objects, where) or bool(
+            list_segments(objects, where.prefix)
+        )
     return _file_path(uri).exists()
 
 
@@ -123,13 +130,28 @@ def open_wal(
     config: FileWALConfig | None = None,
     objects: ObjectStorage | None = None,
     object_config: ObjectWALConfig | None = None,
+    active_bucket: Callable[[], int | None] | None = None,
 ) -> WriteAheadLog:
-    """Open (or create) the WAL at `uri` as owner (node_id, node_epoch)."""
+    """Open (or create) the WAL at `uri` as owner (node_id, node_epoch).
+
+    `active_bucket` (an s3:// WAL): the bucket new objects go to as the metadata says now;
+    given, the WAL follows it (`segmented_wal.BucketFollowingWAL`: a bucket failover moves
+    its appends too); None: one `ObjectWAL` in the URI's bucket."""
     if _is_s3(uri):
         where = _object_location(uri, objects)
         assert objects is not None
         if capacity_bytes is None:
             raise ValueError("an s3:// WAL needs capacity_bytes (the most untrimmed bytes)")
+        if active_bucket is not None:
+            return BucketFollowingWAL.open(
+                objects,
+                where,
+                node_id,
+                node_epoch,
+                capacity_bytes=capacity_bytes,
+                config=object_config,
+                active_bucket=active_bucket,
+            )
         return ObjectWAL.open(
             objects, where, node_id, node_epoch, capacity_bytes=capacity_bytes, config=object_config
         )
@@ -146,5 +168,9 @@ def take_over_wal(
     if _is_s3(uri):
         where = _object_location(uri, objects)
         assert objects is not None
+        segments = list_segments(objects, where.prefix)
+        if any(s != SegmentId(0, where.bucket_id) for s in segments):
+            # it followed a bucket switch: every segment, its offsets naming their bucket
+            return take_over_segments(objects, where.prefix, node_id, failover_epoch)
         return object_readers.take_over(objects, where, node_id, failover_epoch)
     return take_over(_file_path(uri), node_id, failover_epoch)
