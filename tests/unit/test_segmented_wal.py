@@ -6,6 +6,7 @@ bucket stopped answering. Against moto, two buckets."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import boto3
 import pytest
@@ -26,7 +27,7 @@ from dataplane.s3stream.wal.factory import open_wal, take_over_wal, wal_exists
 from dataplane.s3stream.wal.object_chain import ObjectWALLocation
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.s3stream.wal.segmented_wal import BucketFollowingWAL
-from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, open_channel
+from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of
 
 BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-failover?region=us-east-1"
 HOME = ObjectWALLocation(0, "wal/node-1")
@@ -203,9 +204,10 @@ class PausedBucket:
     """The broker's ObjectStorage with one bucket that stops answering (a paused store):
     its requests fail as after the store's retries. Every other call goes through."""
 
-    def __init__(self, objects: ObjectStorage, bucket_id: int):
+    def __init__(self, objects: ObjectStorage, bucket_id: int, hang_puts: bool = False):
         self._objects = objects
         self._bucket_id = bucket_id
+        self._hang_puts = hang_puts  # a PUT gets no answer at all (a frozen store)
         self.paused = False
 
     def __getattr__(self, name):
@@ -215,6 +217,8 @@ class PausedBucket:
 
         def call(*args, **kwargs):
             if self.paused and args and args[0] == self._bucket_id:
+                if self._hang_puts and name == "put_object_async":
+                    return Future()  # never answered
                 raise ObjectStoreError(f"bucket {self._bucket_id} does not answer")
             return attr(*args, **kwargs)
 
@@ -227,7 +231,16 @@ def test_a_segment_whose_bucket_stops_answering_is_replaced_before_any_switch(ob
     switched; the records stay readable by offset; the channel goes back once told."""
     store = PausedBucket(objects, 0)
     active = Active(0)
-    channel = open_channel(store, 2, 0, CAPACITY, CONFIG, active)
+    channel = BucketFollowingWAL.open(
+        store,
+        ObjectWALLocation(0, "router-channel/node-2"),
+        2,
+        0,
+        capacity_bytes=CAPACITY,
+        config=CONFIG,
+        active_bucket=active,
+        return_after_s=0.5,
+    )
     try:
         before = channel.append(b"before").result(10)
         store.paused = True
@@ -240,9 +253,30 @@ def test_a_segment_whose_bucket_stops_answering_is_replaced_before_any_switch(ob
         assert readers.reader(2).read(during.offset).data == b"during"
         store.paused = False
         assert readers.reader(2).read(before.offset).data == b"before"
-        # the metadata still names bucket 0: the channel goes back once it answers
+        # the metadata still names bucket 0: the channel goes back once it answers (and
+        # `return_after_s` passed)
         wait_until(lambda: channel.current_bucket_id == 0, "back in bucket 0")
         after = channel.append(b"after").result(10)
         assert after.offset > during.offset and channel_bucket_of(after.offset) == 0
     finally:
         channel.close()
+
+
+def test_a_put_left_unanswered_moves_the_appends_to_another_bucket(objects):
+    """A frozen main store answers nothing: after STALL_SWITCH_S the appends go to the
+    other bucket (acknowledged there) while the stalled PUT still waits."""
+    store = PausedBucket(objects, 0, hang_puts=True)
+    patient = ObjectWALConfig(linger_s=0, put_timeout_s=60.0, hedge_after_s=1.0, close_timeout_s=1)
+    wal = BucketFollowingWAL.open(
+        store, HOME, 1, 0, capacity_bytes=CAPACITY, config=patient, active_bucket=Active(0)
+    )
+    try:
+        store.paused = True
+        stuck = wal.append(b"stuck")
+        wait_until(lambda: wal.current_bucket_id == 1, "a segment in bucket 1")
+        moved = wal.append(b"moved").result(10)
+        assert channel_bucket_of(moved.offset) == 1 and not stuck.done()
+    finally:
+        store.paused = False
+        with pytest.raises(WALError):  # the stalled segment's PUT never answers
+            wal.close()

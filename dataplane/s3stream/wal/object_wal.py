@@ -173,6 +173,14 @@ class ObjectWAL(QueuedWAL):
             return self._puts
 
     @property
+    def stalled_s(self) -> float:
+        """How long the oldest PUT in flight has gone unanswered (0: none waits)."""
+        with self._lock:
+            if not self._in_flight or self._in_flight[0].stored():
+                return 0.0
+            return time.monotonic() - self._in_flight[0].started_s
+
+    @property
     def owner_checks(self) -> int:
         with self._lock:
             return self._owner_checks

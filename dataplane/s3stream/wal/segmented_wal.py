@@ -6,10 +6,11 @@ a sequence of `ObjectWAL` segments (`bucket_segments`): appends go to the newest
 a `wal-bucket-switch` thread starts a new one
 
 * in the active bucket when the metadata names another bucket (`active_bucket()`);
-* when the newest segment failed for good (a PUT unanswered after its retries): in the
-  active bucket, or else in another configured bucket that answers, so appends go on
-  before the controller even detects the outage (offsets name their bucket: every reader
-  finds the record where it was written);
+* when the newest segment failed for good (a PUT failed after its retries) or stalls (a
+  PUT unanswered for STALL_SWITCH_S): in the active bucket, or else in another configured
+  bucket that answers, so appends go on before the controller even detects the outage
+  (offsets name their bucket: every reader finds the record where it was written); the
+  bucket left is not returned to for RETURN_AFTER_S while the metadata still names it;
 * when the newest segment's offsets near their limit.
 
 Older segments stay readable (and recovered on a restart) until a trim passes their end;
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 
 SWITCH_CHECK_S = 0.1  # how often the switch thread looks at the active bucket
 RETRY_AFTER_FAILED_OPEN_S = 2.0  # a bucket that refused a new segment is tried again after
+STALL_SWITCH_S = 3.0  # a PUT unanswered this long: appends go to another bucket meanwhile
+RETURN_AFTER_S = 30.0  # back to a bucket left for stalling or failing after this long at least
 MAX_SEGMENTS = 64  # open segments (older ones are deleted once trimmed)
 
 
@@ -85,8 +88,10 @@ class BucketFollowingWAL(WriteAheadLog):
         capacity_bytes: int,
         config: ObjectWALConfig,
         active_bucket: Callable[[], int | None],
+        return_after_s: float = RETURN_AFTER_S,
     ) -> None:
         self._objects = objects
+        self._return_after_s = return_after_s
         self._base_prefix = base_prefix
         self._node_id = node_id
         self._node_epoch = node_epoch
@@ -99,6 +104,10 @@ class BucketFollowingWAL(WriteAheadLog):
         self._closed = False
         self._stop = threading.Event()
         self._retry_at: dict[int, float] = {}  # bucket id -> monotonic time of the next try
+        # bucket id -> monotonic time before which it is not returned to (left for
+        # stalling or failing), while the metadata still names it (`_avoided_active`)
+        self._avoid_until: dict[int, float] = {}
+        self._avoided_active: int | None = None
         self._switches = 0
         self._switcher = threading.Thread(
             target=self._switch_loop, name="wal-bucket-switch", daemon=True
@@ -116,11 +125,13 @@ class BucketFollowingWAL(WriteAheadLog):
         capacity_bytes: int,
         config: ObjectWALConfig | None = None,
         active_bucket: Callable[[], int | None] | None = None,
+        return_after_s: float = RETURN_AFTER_S,
     ) -> BucketFollowingWAL:
         """Open (or create) the WAL whose first segment is `home`, as writer (node_id,
         node_epoch): every existing segment is claimed (its records recovered by
         `recover`); appends go to the newest one if it is in the active bucket, else to a
-        new one there. Raises as `ObjectWAL.open` (a bucket holding a segment must answer).
+        new one there. `return_after_s`: how long a bucket left for stalling or failing is
+        not returned to. Raises as `ObjectWAL.open` (a bucket holding a segment must answer).
         """
         config = config or ObjectWALConfig()
         active = active_bucket or (lambda: None)
@@ -168,7 +179,15 @@ class BucketFollowingWAL(WriteAheadLog):
                 _close_quietly(seg.wal)
             raise
         return cls(
-            objects, home.prefix, node_id, node_epoch, opened, capacity_bytes, config, active
+            objects,
+            home.prefix,
+            node_id,
+            node_epoch,
+            opened,
+            capacity_bytes,
+            config,
+            active,
+            return_after_s,
         )
 
     # ------------------------------------------------------------------ properties
@@ -327,18 +346,26 @@ class BucketFollowingWAL(WriteAheadLog):
                 log.exception("WAL %s: bucket switch failed", self._base_prefix)
 
     def _maybe_switch(self) -> None:
-        """Start a new segment when the newest is not where it should be, failed, or
-        nears the end of its offsets."""
+        """Start a new segment when the newest failed or stalls (elsewhere), is not in
+        the active bucket, or nears the end of its offsets."""
         newest = self._newest()
         if newest.wal.fenced:
             return  # taken over: nothing more is acknowledged here
         target = _valid_bucket(self._objects, self._active_bucket())
         current = newest.segment.bucket_id
-        if newest.wal.failed:
-            others = [b for b in self._segment_buckets() if b not in (target, current)]
-            candidates = ([target] if target is not None else []) + others + [current]
-            reason = "its segment failed"
+        now = time.monotonic()
+        stalled = newest.wal.stalled_s >= STALL_SWITCH_S
+        if newest.wal.failed or stalled:
+            # a bucket that answers: the active one if it is another, then the rest; a
+            # failed one again last (the failure may have passed), a stalled one not
+            preferred = ([target] if target is not None else []) + self._segment_buckets()
+            candidates = [b for b in preferred if b != current]
+            if not stalled:
+                candidates.append(current)
+            reason = "its segment stalls" if stalled else "its segment failed"
         elif target is not None and target != current:
+            if self._avoid_until.get(target, 0.0) > now and self._avoided_active == target:
+                return  # left for stalling a moment ago: not back yet
             candidates, reason = [target], f"bucket {target} is active"
         elif _near_end(newest.wal, self._capacity_bytes):
             candidates, reason = [current], "its segment is full"
@@ -350,6 +377,9 @@ class BucketFollowingWAL(WriteAheadLog):
                 return
         for bucket in dict.fromkeys(candidates):
             if self._open_segment(newest, bucket, reason):
+                if bucket != current and (stalled or newest.wal.failed):
+                    self._avoid_until[current] = now + self._return_after_s
+                    self._avoided_active = target
                 return
 
     def _segment_buckets(self) -> list[int]:
