@@ -28,6 +28,7 @@ def up(
     brokers: int = cluster_up.BrokersOption,
     controllers: int = cluster_up.ControllersOption,
     azs: str = cluster_up.AzsOption,
+    client_az_cidrs: str | None = cluster_up.ClientAzCidrsOption,
     base_port: int | None = cluster_up.BasePortOption,
     bucket_uris: str | None = cluster_up.BucketUrisOption,
     bucket_secrets_file: Path | None = cluster_up.BucketSecretsFileOption,

@@ -99,6 +99,9 @@ class ClusterConfig(BaseModel):
     # nested dicts ({"network": {"egress_bytes_per_s": 20000000}}); merged into every
     # broker's config
     broker_overrides: dict[str, Any] = Field(default_factory=dict)
+    # `cluster up --client-az-cidrs`: client address ranges -> AZ ({cidr: az}), every
+    # broker's zone_router.client_az_cidrs
+    client_az_cidrs: dict[str, str] = Field(default_factory=dict, max_length=10_000)
     # where brokers keep their WAL: a local file, or objects in the main bucket (s3)
     broker_wal: Literal["file", "s3"] = "file"
     # the flags of `cluster up` that made this config (None in configs written before)

@@ -35,6 +35,14 @@ class WALKind(str, enum.Enum):
 BrokersOption = typer.Option(3, min=1, max=64, help="number of brokers")
 ControllersOption = typer.Option(3, min=1, max=7, help="number of controllers (odd)")
 AzsOption = typer.Option("az1,az2,az3", help="comma-separated AZ names, brokers round-robin")
+ClientAzCidrsOption = typer.Option(
+    None,
+    "--client-az-cidrs",
+    metavar="AZ=CIDR,...",
+    help="client address ranges of each AZ, e.g. az1=10.0.0.0/16,az2=10.1.0.0/16 (an AZ may "
+    "repeat): the zone router places a client by them when neither its client.id "
+    "(automq_az=) nor its Fetch's rack (client.rack) names an AZ",
+)
 BasePortOption = typer.Option(None, help="first of consecutive ports (default: free ports)")
 BucketUrisOption = typer.Option(
     None,
@@ -148,6 +156,7 @@ _UP_FLAGS = (
     "brokers",
     "controllers",
     "azs",
+    "client_az_cidrs",
     "base_port",
     "bucket_uris",
     "session_timeout_ms",
@@ -177,9 +186,21 @@ def _given_flags(ctx: typer.Context, values: dict) -> dict:
             given[name] = values[name]
     if "azs" in given:
         given["azs"] = [a.strip() for a in given["azs"].split(",") if a.strip()]
+    if "client_az_cidrs" in given:
+        given["client_az_cidrs"] = _client_az_cidrs(given["client_az_cidrs"])
     if "wal" in given:
         given["wal"] = given["wal"].value
     return given
+
+
+def _client_az_cidrs(spec: str | None) -> dict[str, str]:
+    """--client-az-cidrs as the broker config's {cidr: az} (a bad entry fails the command)."""
+    from dataplane.formats.client_az import parse_az_cidrs
+
+    try:
+        return parse_az_cidrs(spec or "")
+    except ValueError as exc:
+        fail(f"--client-az-cidrs: {exc}")
 
 
 def _properties(values: dict, given: dict) -> PropertiesMapping | None:
@@ -281,6 +302,9 @@ def _create(
 ) -> ClusterConfig:
     """A new cluster's config from the `up` flags (and --config's keys)."""
     wal_capacity_mib = values["wal_capacity_mib"]
+    overrides = parse_broker_overrides(values["broker_config"])
+    if values["client_az_cidrs"] and "client_az_cidrs" in overrides.get("zone_router", {}):
+        fail("give the client AZ ranges once: --client-az-cidrs or --broker-config, not both")
     config = cluster.create(
         values["brokers"],
         values["controllers"],
@@ -300,7 +324,8 @@ def _create(
         bucket_secrets_file=values["bucket_secrets_file"],
         failover_detect_s=values["failover_detect_s"],
         store_dir=values["store_dir"],
-        broker_overrides=parse_broker_overrides(values["broker_config"]),
+        broker_overrides=overrides,
+        client_az_cidrs=_client_az_cidrs(values["client_az_cidrs"]),
     )
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)

@@ -126,6 +126,8 @@ def broker_config(
         )
     if config.broker_wal == "s3":
         storage["wal"]["uri"] = broker_wal_uri(config, node_id)
+    if config.client_az_cidrs:
+        storage["zone_router"] = {"client_az_cidrs": dict(config.client_az_cidrs)}
     for section in config.broker_overrides:
         # a section given in part keeps the broker's defaults for the rest (the broker's
         # object_store default differs from ObjectStorageConfig's own)

@@ -47,6 +47,7 @@ from dataplane.config_properties import (
     parse_overrides,
     read_properties_file,
 )
+from dataplane.formats.client_az import parse_az_cidrs
 from dataplane.objectstore import parse_bucket_uris
 
 node_app = typer.Typer(help="Run one node of a multi-host cluster.", no_args_is_help=True)
@@ -160,6 +161,19 @@ class Topology(BaseModel):
     brokers: list[BrokerSpec] = Field(min_length=1, max_length=MAX_NODES)
     broker_session_timeout_ms: int = Field(default=6_000, ge=500, le=600_000)
     upload_interval_s: float | None = Field(default=None, gt=0, le=3600)
+    # client address ranges of each AZ ({az: cidr or [cidrs]}): every broker's
+    # zone_router.client_az_cidrs (clients placed by address when they name no AZ)
+    client_az_cidrs: dict[str, str | list[str]] = Field(default_factory=dict, max_length=1000)
+
+    def cidr_az_map(self) -> dict[str, str]:
+        """`client_az_cidrs` as the broker config's {cidr: az} (ValueError: a bad entry)."""
+        pairs = []
+        for az, cidrs in self.client_az_cidrs.items():
+            for cidr in [cidrs] if isinstance(cidrs, str) else cidrs:
+                if "," in cidr or "=" in az or "," in az:
+                    raise ValueError(f"client_az_cidrs: {az}: {cidr!r} is not one CIDR")
+                pairs.append(f"{az}={cidr}")
+        return parse_az_cidrs(",".join(pairs))
 
     @model_validator(mode="after")
     def _check(self) -> Topology:
@@ -185,6 +199,7 @@ class Topology(BaseModel):
                     "environment (AUTOMQ_S3_ACCESS_KEY_<id>, AWS_ACCESS_KEY_ID, ...)"
                 )
         parse_bucket_uris(",".join(self.buckets))  # ValueError names the bad entry
+        self.cidr_az_map()  # ValueError names the bad entry
         return self
 
 
@@ -253,6 +268,8 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
             extra["wal"]["uri"] = f"s3://{main_bucket}/wal/node-{b.id}"
         if topology.upload_interval_s is not None:
             extra["storage"]["upload_interval_s"] = topology.upload_interval_s
+        if topology.client_az_cidrs:
+            extra["zone_router"] = {"client_az_cidrs": topology.cidr_az_map()}
         endpoints = b.endpoints()
         if b.listeners is not None:
             extra["listeners"] = endpoints

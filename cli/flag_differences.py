@@ -33,6 +33,7 @@ def flag_differences(
     failover_detect_s: float | None = None,
     store_dir: Path | None = None,
     broker_config: list[str] | None = None,
+    client_az_cidrs: dict[str, str] | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -57,7 +58,17 @@ def flag_differences(
         *_store_differences(config, bucket_secrets_file=bucket_secrets_file, store_dir=store_dir),
         *_wal_and_listener_differences(config, wal=wal, mtls=mtls, listeners=listeners),
         *_broker_config_differences(config, broker_config),
+        *_client_az_differences(config, client_az_cidrs),
     ]
+
+
+def _client_az_differences(config: ClusterConfig, cidrs: dict[str, str] | None) -> list[str]:
+    """--client-az-cidrs (given as {cidr: az})."""
+    if cidrs is None or cidrs == config.client_az_cidrs:
+        return []
+    given = ",".join(f"{az}={cidr}" for cidr, az in cidrs.items()) or "''"
+    have = ",".join(f"{az}={cidr}" for cidr, az in config.client_az_cidrs.items()) or "none"
+    return [f"--client-az-cidrs {given} (the cluster has {have})"]
 
 
 def _broker_config_differences(config: ClusterConfig, items: list[str] | None) -> list[str]:

@@ -121,6 +121,7 @@ class LocalCluster:
         failover_detect_s: float | None = None,
         store_dir: Path | None = None,
         broker_overrides: dict | None = None,
+        client_az_cidrs: dict[str, str] | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
@@ -168,6 +169,7 @@ class LocalCluster:
             broker_upload_interval_s=upload_interval_s,
             broker_retention_check_interval_s=retention_check_interval_s,
             broker_overrides=broker_overrides or {},
+            client_az_cidrs=client_az_cidrs or {},
             broker_wal=wal,
             azs=list(azs),
             base_port=base_port,

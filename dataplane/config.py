@@ -280,11 +280,12 @@ class ZoneRouterConfig(_Section):
         default_factory=dict,
         max_length=10_000,
         description='client address ranges -> AZ (e.g. {"10.0.1.0/24": "az1"}) for '
-        "clients whose client.id does not say automq_az=",
+        "clients whose client.id does not say automq_az= and whose Fetch carries no "
+        "client.rack (`cluster up --client-az-cidrs`, topology client_az_cidrs)",
     )
     channel: ObjectWALConfig = Field(
         default_factory=ObjectWALConfig,
-        description="the RouterChannel (an object WAL in the main bucket)",
+        description="the RouterChannel (an object WAL in the active bucket)",
     )
 
     @field_validator("client_az_cidrs")

@@ -1,9 +1,10 @@
-"""A Kafka client's availability zone: from its `client.id` or its address (pure).
+"""A Kafka client's availability zone: from its `client.id`, its rack or its address (pure).
 
 AutoMQ's convention is a query-string `client.id` such as
-`automq_type=producer&automq_az=az2`; WarpStream's `warpstream_az=az2` is accepted too. A
-broker may also map client address ranges (CIDR) to AZs. A client with neither is served as
-without a zone router (the real leaders).
+`automq_type=producer&automq_az=az2`; WarpStream's `warpstream_az=az2` is accepted too.
+A consumer's `client.rack` (KIP-392: the rack id of its Fetch requests, v11+) comes next,
+then the broker's map of client address ranges (CIDR) to AZs. A client with none of them
+is served as without a zone router (the real leaders).
 """
 
 from __future__ import annotations
@@ -75,15 +76,47 @@ class CidrAzMap:
         return None
 
 
+MAX_CIDR_SPEC_CHARS = 100_000
+
+
+def parse_az_cidrs(spec: str) -> dict[str, str]:
+    """`az1=10.0.0.0/16,az2=10.1.0.0/16,az2=10.2.0.0/16` (an AZ may repeat; as `cluster up
+    --client-az-cidrs` takes it) as the broker config's map `{cidr: az}`; ValueError names
+    a bad entry. An empty spec is an empty map."""
+    if len(spec) > MAX_CIDR_SPEC_CHARS:
+        raise ValueError(f"client AZ CIDRs: over {MAX_CIDR_SPEC_CHARS} characters")
+    out: dict[str, str] = {}
+    for item in (i.strip() for i in spec.split(",")):
+        if not item:
+            continue
+        az, sep, cidr = (part.strip() for part in item.partition("="))
+        if not sep or not az or not cidr:
+            raise ValueError(f"client AZ CIDRs: {item!r} is not AZ=CIDR (e.g. az1=10.0.0.0/16)")
+        if out.get(cidr, az) != az:
+            raise ValueError(f"client AZ CIDRs: {cidr} is given to both {out[cidr]} and {az}")
+        out[cidr] = az
+    CidrAzMap.parse(out)  # ValueError names a bad CIDR or AZ name
+    return out
+
+
 # the client id of broker-to-broker requests (`kafka.interbroker.CLIENT_ID`: transaction
 # markers, a proxy's forwarded ListOffsets / DeleteRecords): served as the real partition,
 # whatever AZ the sending broker's address maps to
 BROKER_CLIENT_ID = "automq-txn-coordinator"
 
 
-def client_az(client_id: str | None, peer_host: str | None, cidrs: CidrAzMap) -> str | None:
-    """A client's AZ: declared in its `client.id` first, else from its address, else None
-    (a broker's own requests have none)."""
+def client_az(
+    client_id: str | None, peer_host: str | None, cidrs: CidrAzMap, rack: str | None = None
+) -> str | None:
+    """A client's AZ: declared in its `client.id` first (`automq_az=`), else its
+    `client.rack` (KIP-392: the rack id its Fetch requests carried on this connection,
+    `rack`), else from its address (the CIDR map), else None (a broker's own requests have
+    none). A rack that cannot be an AZ name is ignored."""
     if client_id == BROKER_CLIENT_ID:
         return None
-    return az_from_client_id(client_id) or (cidrs.az_of(peer_host) if peer_host else None)
+    declared = az_from_client_id(client_id)
+    if declared is not None:
+        return declared
+    if rack and valid_az(rack):
+        return rack
+    return cidrs.az_of(peer_host) if peer_host else None

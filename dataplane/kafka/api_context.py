@@ -21,9 +21,13 @@ from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from dataplane.config import DEFAULT_PARTITIONS
+from dataplane.formats.client_az import MAX_AZ_CHARS
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.network_limits import NetworkLimits
 from dataplane.kafka.partition_backend import ClientRouting, PartitionResolver
+
+# ctx.extras key: the rack id (`client.rack`) a connection's Fetch requests carried
+CLIENT_RACK_KEY = "client_rack"
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +108,23 @@ class BrokerApiContext:
         return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
 
     def client_az(self, ctx) -> str | None:
-        """The AZ of the client of a request (its client id or address), if it has one."""
+        """The AZ of the client of a request (its client id, the rack its Fetch requests
+        carried on this connection, or its address), if it has one."""
         peer = getattr(ctx, "peer", None)
-        return self.routing.client_az(getattr(ctx, "client_id", None), peer[0] if peer else None)
+        extras = getattr(ctx, "extras", None)
+        rack = extras.get(CLIENT_RACK_KEY) if extras else None
+        return self.routing.client_az(
+            getattr(ctx, "client_id", None), peer[0] if peer else None, rack
+        )
+
+    @staticmethod
+    def note_client_rack(ctx, rack: str | None) -> None:
+        """Remember the rack id (`client.rack`) a Fetch carried for the rest of its
+        connection: Metadata and FindCoordinator carry none, and a client that sent one
+        is placed in that AZ from then on (an empty one changes nothing)."""
+        extras = getattr(ctx, "extras", None)
+        if rack and extras is not None and len(rack) <= MAX_AZ_CHARS:
+            extras[CLIENT_RACK_KEY] = rack
 
     def await_topics(self, names: list[str], present: bool = True) -> None:
         """Wait (blocking, up to METADATA_WAIT_S) until this broker's image holds the topics

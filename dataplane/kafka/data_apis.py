@@ -266,6 +266,8 @@ class DataApis:
         """Records from each partition's fetch offset, waiting (up to max_wait_ms) until
         min_bytes are there; a partition error with nothing read answers at once."""
         v = ctx.api_version
+        if v >= 11:  # KIP-392: the consumer's client.rack places it (and its connection)
+            self.broker.note_client_rack(ctx, getattr(req, "rack_id", None))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
         min_bytes = max(req.min_bytes, 0)

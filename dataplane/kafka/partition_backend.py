@@ -374,8 +374,11 @@ class ClientRouting(Protocol):
     Thread-safety: every method may be called from any thread.
     """
 
-    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
-        """The client's AZ, or None (served as everyone is without a zone router)."""
+    def client_az(
+        self, client_id: str | None, peer_host: str | None, rack: str | None = None
+    ) -> str | None:
+        """The client's AZ, or None (served as everyone is without a zone router); `rack`:
+        the rack id its Fetch requests carried (`client.rack`)."""
         ...
 
     def leader_for(self, image: Any, leader_node_id: int, az: str | None) -> int:
@@ -404,7 +407,9 @@ class DirectRouting:
     def __init__(self, partitions: PartitionResolver):
         self.partitions = partitions
 
-    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
+    def client_az(
+        self, client_id: str | None, peer_host: str | None, rack: str | None = None
+    ) -> str | None:
         return None
 
     def leader_for(self, image: Any, leader_node_id: int, az: str | None) -> int:

@@ -179,8 +179,10 @@ class ZoneRouting:
                 self._mapping_key = image.brokers
             return self._mapping
 
-    def client_az(self, client_id: str | None, peer_host: str | None) -> str | None:
-        return client_az(client_id, peer_host, self.cidrs)
+    def client_az(
+        self, client_id: str | None, peer_host: str | None, rack: str | None = None
+    ) -> str | None:
+        return client_az(client_id, peer_host, self.cidrs, rack)
 
     def leader_for(self, image: MetadataImage, leader_node_id: int, az: str | None) -> int:
         return self.mapping(image).route(leader_node_id, az)
