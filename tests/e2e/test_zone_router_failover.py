@@ -139,15 +139,20 @@ def _failover_mode(d) -> str:
     return json.loads(out.stdout)["mode"] if out.returncode == 0 else "unknown"
 
 
-def _channel_keys(d, bucket_id: int) -> list[str]:
-    """The RouterChannel objects in a bucket, listed with the cluster's bucket config."""
+def _keys(d, bucket_id: int, prefix: str) -> list[str]:
+    """Object keys under `prefix` in a bucket, listed with the cluster's bucket config."""
     from cli.local_cluster import LocalCluster
     from dataplane.objectstore import ObjectStorage
 
     config = LocalCluster(d).load()
     uris = ",".join(b.uri_with_credentials() for b in config.buckets)
     with ObjectStorage(uris) as store:
-        return store.list_keys(bucket_id, "router-channel/", limit=10_000)
+        return store.list_keys(bucket_id, prefix, limit=10_000)
+
+
+def _channel_keys(d, bucket_id: int) -> list[str]:
+    """The RouterChannel objects in a bucket."""
+    return _keys(d, bucket_id, "router-channel/")
 
 
 def _round(cluster: dict, topic: str, tag: str, acked_all: dict) -> dict:
@@ -178,9 +183,12 @@ def _round(cluster: dict, topic: str, tag: str, acked_all: dict) -> dict:
     return longest
 
 
-def test_producers_of_every_az_keep_acks_through_a_main_bucket_outage(tmp_path):
+@pytest.mark.parametrize("wal", ["file", "s3"])
+def test_producers_of_every_az_keep_acks_through_a_main_bucket_outage(tmp_path, wal):
+    """`wal`: the brokers' WALs on local files, or object WALs (`--wal s3`) that start in
+    the main bucket and follow the switch too."""
     d = tmp_path / "cluster"
-    with running_cluster(d, "--upload-interval-s", "2") as up:
+    with running_cluster(d, "--upload-interval-s", "2", "--wal", wal) as up:
         stores = {s["name"]: s for s in up["object_stores"]}
         main_pid = stores["main"]["pid"]
         brokers = {b["node_id"]: b for b in up["brokers"]}
@@ -204,6 +212,8 @@ def test_producers_of_every_az_keep_acks_through_a_main_bucket_outage(tmp_path):
             # the channels followed: their new segments are in bucket 1
             moved = [k for k in _channel_keys(d, 1) if "-g" in k.split("/")[1]]
             assert moved, "no RouterChannel segment in bucket 1"
+            if wal == "s3":  # so did the brokers' WALs
+                assert _keys(d, 1, "wal/"), "no WAL segment in bucket 1"
         finally:
             os.kill(main_pid, signal.SIGCONT)
 
