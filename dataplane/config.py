@@ -203,6 +203,20 @@ class ObjectWALConfig(_Section):
         description="a PUT not answered after this long is sent again (same key and bytes)",
     )
     max_hedges: int = Field(3, ge=0, le=10, description="most extra copies of one PUT")
+    stall_switch_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="a PUT unanswered this long moves the appends to a segment in another "
+        "bucket that answers (the RouterChannel, s3:// WALs; `segmented_wal.py`)",
+    )
+    return_after_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="a bucket left for a stalled or failed PUT is written again after this "
+        "long at least (while the metadata still names it active)",
+    )
     close_timeout_s: float = Field(60.0, gt=0, description="longest close (and trim) waits")
     read_parallelism: int = Field(
         16, ge=1, le=64, description="objects fetched at once by recovery"

@@ -54,6 +54,11 @@ def open_channel(
         capacity_bytes=capacity_bytes,
         config=config,
         active_bucket=active_bucket,
+        # the proxies and own pipelines wait for each append on its own (no order across
+        # segments needed), and an append stuck in a stalled bucket is failed at once: the
+        # producer retries it into the new segment (it was never routed)
+        ordered_acks=False,
+        fail_stalled_appends=True,
     )
 
 

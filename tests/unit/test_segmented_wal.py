@@ -32,7 +32,7 @@ from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of
 BUCKETS = "0@s3://automq-main?region=us-east-1,1@s3://automq-failover?region=us-east-1"
 HOME = ObjectWALLocation(0, "wal/node-1")
 CAPACITY = 64 << 20
-CONFIG = ObjectWALConfig(linger_s=0, put_timeout_s=2.0, hedge_after_s=1.0)
+CONFIG = ObjectWALConfig(linger_s=0, put_timeout_s=2.0, hedge_after_s=1.0, return_after_s=0.5)
 
 
 @pytest.fixture
@@ -208,6 +208,7 @@ class PausedBucket:
         self._objects = objects
         self._bucket_id = bucket_id
         self._hang_puts = hang_puts  # a PUT gets no answer at all (a frozen store)
+        self.hung: list[Future] = []  # those PUTs, for the test to answer
         self.paused = False
 
     def __getattr__(self, name):
@@ -218,7 +219,8 @@ class PausedBucket:
         def call(*args, **kwargs):
             if self.paused and args and args[0] == self._bucket_id:
                 if self._hang_puts and name == "put_object_async":
-                    return Future()  # never answered
+                    self.hung.append(Future())  # not answered until the test says
+                    return self.hung[-1]
                 raise ObjectStoreError(f"bucket {self._bucket_id} does not answer")
             return attr(*args, **kwargs)
 
@@ -239,7 +241,6 @@ def test_a_segment_whose_bucket_stops_answering_is_replaced_before_any_switch(ob
         capacity_bytes=CAPACITY,
         config=CONFIG,
         active_bucket=active,
-        return_after_s=0.5,
     )
     try:
         before = channel.append(b"before").result(10)
@@ -254,7 +255,7 @@ def test_a_segment_whose_bucket_stops_answering_is_replaced_before_any_switch(ob
         store.paused = False
         assert readers.reader(2).read(before.offset).data == b"before"
         # the metadata still names bucket 0: the channel goes back once it answers (and
-        # `return_after_s` passed)
+        # `return_after_s`, here 0.5 s, passed)
         wait_until(lambda: channel.current_bucket_id == 0, "back in bucket 0")
         after = channel.append(b"after").result(10)
         assert after.offset > during.offset and channel_bucket_of(after.offset) == 0
@@ -263,10 +264,41 @@ def test_a_segment_whose_bucket_stops_answering_is_replaced_before_any_switch(ob
 
 
 def test_a_put_left_unanswered_moves_the_appends_to_another_bucket(objects):
-    """A frozen main store answers nothing: after STALL_SWITCH_S the appends go to the
-    other bucket (acknowledged there) while the stalled PUT still waits."""
+    """A frozen main store answers nothing: after `stall_switch_s` the appends go to the
+    other bucket. As the RouterChannel opens it, the appends stuck in the frozen bucket
+    fail at once (the producer retries them into the new segment)."""
     store = PausedBucket(objects, 0, hang_puts=True)
     patient = ObjectWALConfig(linger_s=0, put_timeout_s=60.0, hedge_after_s=1.0, close_timeout_s=1)
+    wal = BucketFollowingWAL.open(
+        store,
+        HOME,
+        1,
+        0,
+        capacity_bytes=CAPACITY,
+        config=patient,
+        active_bucket=Active(0),
+        ordered_acks=False,
+        fail_stalled_appends=True,
+    )
+    try:
+        store.paused = True
+        stuck = wal.append(b"stuck")
+        with pytest.raises(WALError, match="abandoned"):
+            stuck.result(10)
+        assert wal.current_bucket_id == 1
+        moved = wal.append(b"moved").result(10)
+        assert channel_bucket_of(moved.offset) == 1
+    finally:
+        store.paused = False
+        wal.close()
+
+
+def test_appends_stay_acknowledged_in_offset_order_across_segments(objects):
+    """As the brokers' own s3:// WAL opens it (the storage engine needs acks in offset
+    order): an append in the new segment resolves only after the one stuck in the stalled
+    segment resolved, whatever its outcome."""
+    store = PausedBucket(objects, 0, hang_puts=True)
+    patient = ObjectWALConfig(linger_s=0, put_timeout_s=60.0, hedge_after_s=30.0, close_timeout_s=1)
     wal = BucketFollowingWAL.open(
         store, HOME, 1, 0, capacity_bytes=CAPACITY, config=patient, active_bucket=Active(0)
     )
@@ -274,9 +306,13 @@ def test_a_put_left_unanswered_moves_the_appends_to_another_bucket(objects):
         store.paused = True
         stuck = wal.append(b"stuck")
         wait_until(lambda: wal.current_bucket_id == 1, "a segment in bucket 1")
-        moved = wal.append(b"moved").result(10)
-        assert channel_bucket_of(moved.offset) == 1 and not stuck.done()
+        later = wal.append(b"later")
+        wait_until(lambda: wal.segments[-1] == SegmentId(1, 1), "the new segment")
+        assert not stuck.done() and not later.done()
+        store.hung[0].set_exception(ObjectStoreError("the frozen PUT failed"))
+        with pytest.raises(WALError):
+            stuck.result(10)
+        assert channel_bucket_of(later.result(10).offset) == 1
     finally:
         store.paused = False
-        with pytest.raises(WALError):  # the stalled segment's PUT never answers
-            wal.close()
+        wal.close()

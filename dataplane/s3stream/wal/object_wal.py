@@ -63,6 +63,8 @@ __all__ = ["ObjectWAL", "check_config"]
 
 log = logging.getLogger(__name__)
 
+STOP_CHECK_S = 0.2  # a PUT's waiter looks this often whether the WAL was stopped meanwhile
+
 
 def check_config(config: ObjectWALConfig, capacity_bytes: int) -> None:
     """Raise ValueError when a limit of `config` is out of range for ``capacity_bytes`` or
@@ -259,6 +261,13 @@ class ObjectWAL(QueuedWAL):
             self._stop(FAILED, "close timed out", [])
             raise WALError(f"{self._name} did not stop within {self._config.close_timeout_s} s")
 
+    def abandon(self, reason: str) -> None:
+        """Fail every append queued or in flight, and all later ones (`WALError`), without
+        waiting for their PUTs: a writer that moved to another WAL (`BucketFollowingWAL`,
+        a stalled bucket). A PUT still running may store its object later; nothing
+        acknowledged refers to it."""
+        self._stop(FAILED, f"abandoned: {reason}", [])
+
     def _check_owner(self) -> None:
         """Raise WALFencedError unless the owner object still names this writer."""
         try:
@@ -372,22 +381,27 @@ class ObjectWAL(QueuedWAL):
     def _await_put(self, item: _InFlight) -> None:
         """Wait until one copy of ``item``'s PUT succeeded; hedge a slow one (same key and
         bytes). Raises the PUT's error when every copy failed, TimeoutError after
-        ``put_timeout_s``."""
+        ``put_timeout_s``, WALError once the WAL was stopped meanwhile (abandoned)."""
         config = self._config
+        hedge_at_s = item.started_s + config.hedge_after_s
         while True:
             pending = [f for f in item.puts if not f.done()]
             if item.stored():
                 return
             if not pending:
                 item.puts[-1].result()  # every copy failed: raise the last error
-            left = item.started_s + config.put_timeout_s - time.monotonic()
+            with self._lock:
+                if self._status in (FENCED, FAILED):
+                    raise WALError(f"{self._name} stopped: {self._failure}")
+            now = time.monotonic()
+            left = item.started_s + config.put_timeout_s - now
             if left <= 0:
                 raise TimeoutError(f"no PUT answered within {config.put_timeout_s} s")
-            done, _ = wait(
-                pending, timeout=min(left, config.hedge_after_s), return_when=FIRST_COMPLETED
-            )
-            if done:
-                continue  # stored, or a copy failed (the others may still succeed)
+            wait_s = min(left, max(hedge_at_s - now, 0.0), STOP_CHECK_S)
+            done, _ = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+            if done or time.monotonic() < hedge_at_s:
+                continue  # stored, a copy failed (the others may still succeed), or not yet
+            hedge_at_s = time.monotonic() + config.hedge_after_s
             if len(item.puts) <= config.max_hedges:
                 with self._lock:
                     self._hedges += 1
@@ -406,12 +420,15 @@ class ObjectWAL(QueuedWAL):
     def _stop(self, status: str, reason: str, batch: list[PendingAppend]) -> None:
         """Fail ``batch``, everything in flight or queued, and all later calls."""
         with self._lock:
+            stopped_before = self._status in (FENCED, FAILED)
             pending = list(batch)
             for item in self._in_flight:
                 pending.extend(item.batch)
             pending.extend(self._fail_queue(status, reason))
             self._in_flight.clear()
             self._acks_cv.notify_all()
+        if stopped_before and not pending:
+            return  # a thread noticing the stop: said and done already
         level = logging.WARNING if status == FENCED else logging.ERROR
         log.log(level, "%s %s: %s; failing %d appends", self._name, status, reason, len(pending))
         self._fail_appends(pending, status, reason)

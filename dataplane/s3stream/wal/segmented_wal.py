@@ -7,10 +7,11 @@ a `wal-bucket-switch` thread starts a new one
 
 * in the active bucket when the metadata names another bucket (`active_bucket()`);
 * when the newest segment failed for good (a PUT failed after its retries) or stalls (a
-  PUT unanswered for STALL_SWITCH_S): in the active bucket, or else in another configured
-  bucket that answers, so appends go on before the controller even detects the outage
-  (offsets name their bucket: every reader finds the record where it was written); the
-  bucket left is not returned to for RETURN_AFTER_S while the metadata still names it;
+  PUT unanswered for `stall_switch_s`, 2 s): in the active bucket, or else in another
+  configured bucket that answers, so appends go on before the controller even detects the
+  outage (offsets name their bucket: every reader finds the record where it was written);
+  the bucket left is not returned to for `return_after_s` (30 s) while the metadata still
+  names it;
 * when the newest segment's offsets near their limit.
 
 Older segments stay readable (and recovered on a restart) until a trim passes their end;
@@ -60,8 +61,6 @@ log = logging.getLogger(__name__)
 
 SWITCH_CHECK_S = 0.1  # how often the switch thread looks at the active bucket
 RETRY_AFTER_FAILED_OPEN_S = 2.0  # a bucket that refused a new segment is tried again after
-STALL_SWITCH_S = 3.0  # a PUT unanswered this long: appends go to another bucket meanwhile
-RETURN_AFTER_S = 30.0  # back to a bucket left for stalling or failing after this long at least
 MAX_SEGMENTS = 64  # open segments (older ones are deleted once trimmed)
 
 
@@ -88,10 +87,16 @@ class BucketFollowingWAL(WriteAheadLog):
         capacity_bytes: int,
         config: ObjectWALConfig,
         active_bucket: Callable[[], int | None],
-        return_after_s: float = RETURN_AFTER_S,
+        ordered_acks: bool = True,
+        fail_stalled_appends: bool = False,
     ) -> None:
         self._objects = objects
-        self._return_after_s = return_after_s
+        self._ordered_acks = ordered_acks
+        self._fail_stalled_appends = fail_stalled_appends
+        # the last append's future, and (ordered acks) the one appends to the newest
+        # segment wait for: the last append to the segments before it
+        self._last_append: Future | None = None
+        self._barrier: Future | None = None
         self._base_prefix = base_prefix
         self._node_id = node_id
         self._node_epoch = node_epoch
@@ -125,13 +130,19 @@ class BucketFollowingWAL(WriteAheadLog):
         capacity_bytes: int,
         config: ObjectWALConfig | None = None,
         active_bucket: Callable[[], int | None] | None = None,
-        return_after_s: float = RETURN_AFTER_S,
+        ordered_acks: bool = True,
+        fail_stalled_appends: bool = False,
     ) -> BucketFollowingWAL:
         """Open (or create) the WAL whose first segment is `home`, as writer (node_id,
         node_epoch): every existing segment is claimed (its records recovered by
         `recover`); appends go to the newest one if it is in the active bucket, else to a
-        new one there. `return_after_s`: how long a bucket left for stalling or failing is
-        not returned to. Raises as `ObjectWAL.open` (a bucket holding a segment must answer).
+        new one there (`config.stall_switch_s` and `return_after_s` tune the moves away
+        from a bucket that stalls or fails). `ordered_acks`: appends resolve in offset order across segments
+        too (as one ObjectWAL: the storage engine relies on it); else an append in a new
+        segment may resolve before one still waiting in an older one.
+        `fail_stalled_appends`: appends waiting in a segment left for stalling fail at
+        once (the caller retries them; they are never acknowledged), else they wait for
+        their PUT (`put_timeout_s`). Raises as `ObjectWAL.open` (a bucket holding a segment must answer).
         """
         config = config or ObjectWALConfig()
         active = active_bucket or (lambda: None)
@@ -187,7 +198,8 @@ class BucketFollowingWAL(WriteAheadLog):
             capacity_bytes,
             config,
             active,
-            return_after_s,
+            ordered_acks,
+            fail_stalled_appends,
         )
 
     # ------------------------------------------------------------------ properties
@@ -253,16 +265,18 @@ class BucketFollowingWAL(WriteAheadLog):
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
         """Queue `record` in the newest segment; never blocks (see `ObjectWAL.append`). A
         failed segment raises WALError until the switch thread replaced it."""
+        outer: Future[AppendResult] = Future()
+        outer.set_running_or_notify_cancel()
         with self._lock:
             if self._closed:
                 raise WALClosedError(f"WAL {self._base_prefix} is closed")
             newest = self._segments[-1]
-        inner = newest.wal.append(record)
-        outer: Future[AppendResult] = Future()
-        outer.set_running_or_notify_cancel()
+            inner = newest.wal.append(record)  # never blocks; under the lock: no switch now
+            barrier = self._barrier if self._ordered_acks else None
+            self._last_append = outer
         segment = newest.segment
 
-        def done(fut: Future[AppendResult]) -> None:
+        def settle(fut: Future[AppendResult]) -> None:
             exc = fut.exception()
             if exc is not None:
                 outer.set_exception(exc)
@@ -270,7 +284,10 @@ class BucketFollowingWAL(WriteAheadLog):
             result = fut.result()
             outer.set_result(AppendResult(global_offset(segment, result.offset), result.size_bytes))
 
-        inner.add_done_callback(done)
+        if barrier is None:
+            inner.add_done_callback(settle)
+        else:  # after the older segments' last append, whatever its outcome
+            inner.add_done_callback(lambda fut: barrier.add_done_callback(lambda _: settle(fut)))
         return outer
 
     def recover(self) -> Iterator[RecoveredRecord]:
@@ -354,7 +371,7 @@ class BucketFollowingWAL(WriteAheadLog):
         target = _valid_bucket(self._objects, self._active_bucket())
         current = newest.segment.bucket_id
         now = time.monotonic()
-        stalled = newest.wal.stalled_s >= STALL_SWITCH_S
+        stalled = newest.wal.stalled_s >= self._config.stall_switch_s
         if newest.wal.failed or stalled:
             # a bucket that answers: the active one if it is another, then the rest; a
             # failed one again last (the failure may have passed), a stalled one not
@@ -378,8 +395,10 @@ class BucketFollowingWAL(WriteAheadLog):
         for bucket in dict.fromkeys(candidates):
             if self._open_segment(newest, bucket, reason):
                 if bucket != current and (stalled or newest.wal.failed):
-                    self._avoid_until[current] = now + self._return_after_s
+                    self._avoid_until[current] = now + self._config.return_after_s
                     self._avoided_active = target
+                if stalled and self._fail_stalled_appends:
+                    newest.wal.abandon(f"bucket {current} stalls; appends go to bucket {bucket}")
                 return
 
     def _segment_buckets(self) -> list[int]:
@@ -417,6 +436,8 @@ class BucketFollowingWAL(WriteAheadLog):
                 closing = False
                 self._segments.append(_Segment(segment, wal))
                 self._switches += 1
+                last = self._last_append
+                self._barrier = last if last is not None and not last.done() else None
         if closing:
             _close_quietly(wal)
             return True
