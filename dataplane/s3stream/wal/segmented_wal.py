@@ -110,9 +110,10 @@ class BucketFollowingWAL(WriteAheadLog):
         self._stop = threading.Event()
         self._retry_at: dict[int, float] = {}  # bucket id -> monotonic time of the next try
         # bucket id -> monotonic time before which it is not returned to (left for
-        # stalling or failing), while the metadata still names it (`_avoided_active`)
+        # stalling or failing; forgotten when the metadata names another bucket), and
+        # the active bucket the switch thread saw last (only that thread uses both)
         self._avoid_until: dict[int, float] = {}
-        self._avoided_active: int | None = None
+        self._last_target: int | None = None
         self._switches = 0
         self._switcher = threading.Thread(
             target=self._switch_loop, name="wal-bucket-switch", daemon=True
@@ -137,12 +138,14 @@ class BucketFollowingWAL(WriteAheadLog):
         node_epoch): every existing segment is claimed (its records recovered by
         `recover`); appends go to the newest one if it is in the active bucket, else to a
         new one there (`config.stall_switch_s` and `return_after_s` tune the moves away
-        from a bucket that stalls or fails). `ordered_acks`: appends resolve in offset order across segments
-        too (as one ObjectWAL: the storage engine relies on it); else an append in a new
-        segment may resolve before one still waiting in an older one.
-        `fail_stalled_appends`: appends waiting in a segment left for stalling fail at
-        once (the caller retries them; they are never acknowledged), else they wait for
-        their PUT (`put_timeout_s`). Raises as `ObjectWAL.open` (a bucket holding a segment must answer).
+        from a bucket that stalls or fails).
+
+        `ordered_acks`: appends resolve in offset order across segments too (as one
+        ObjectWAL: the storage engine relies on it); else an append in a new segment may
+        resolve before one still waiting in an older one. `fail_stalled_appends`: appends
+        waiting in a segment left for stalling fail at once (the caller retries them;
+        they are never acknowledged), else they wait for their PUT (`put_timeout_s`).
+        Raises as `ObjectWAL.open` (every bucket holding a segment must answer).
         """
         config = config or ObjectWALConfig()
         active = active_bucket or (lambda: None)
@@ -371,6 +374,9 @@ class BucketFollowingWAL(WriteAheadLog):
         target = _valid_bucket(self._objects, self._active_bucket())
         current = newest.segment.bucket_id
         now = time.monotonic()
+        if target != self._last_target:  # the metadata named another bucket since
+            self._avoid_until.clear()
+            self._last_target = target
         stalled = newest.wal.stalled_s >= self._config.stall_switch_s
         if newest.wal.failed or stalled:
             # a bucket that answers: the active one if it is another, then the rest; a
@@ -381,8 +387,8 @@ class BucketFollowingWAL(WriteAheadLog):
                 candidates.append(current)
             reason = "its segment stalls" if stalled else "its segment failed"
         elif target is not None and target != current:
-            if self._avoid_until.get(target, 0.0) > now and self._avoided_active == target:
-                return  # left for stalling a moment ago: not back yet
+            if self._avoid_until.get(target, 0.0) > now:
+                return  # left for stalling a moment ago, still named active: not back yet
             candidates, reason = [target], f"bucket {target} is active"
         elif _near_end(newest.wal, self._capacity_bytes):
             candidates, reason = [current], "its segment is full"
@@ -396,7 +402,6 @@ class BucketFollowingWAL(WriteAheadLog):
             if self._open_segment(newest, bucket, reason):
                 if bucket != current and (stalled or newest.wal.failed):
                     self._avoid_until[current] = now + self._config.return_after_s
-                    self._avoided_active = target
                 if stalled and self._fail_stalled_appends:
                     newest.wal.abandon(f"bucket {current} stalls; appends go to bucket {bucket}")
                 return
