@@ -3,8 +3,8 @@ connections to the mains, its proxy partitions, and the channel's trimming.
 
 Produce through a proxy: `ProxyPartition.append` (`proxy_partition.py`) queues the
 request's record batches to the partition's serial worker, which runs `ZoneRouter.forward`:
-the batches go into this broker's RouterChannel (an `ObjectWAL` under
-`router-channel/node-<id>`, `channel.py`), then a `ZoneRouteRequest` (route epoch, source
+the batches go into this broker's RouterChannel (an object WAL under
+`router-channel/node-<id>` following the active bucket, `channel.py`), then a `ZoneRouteRequest` (route epoch, source
 node, channel offset) goes to the main (`route_handler.ZoneRouteHandler`), which answers
 once its append is durable; the proxy then acknowledges the client.
 
