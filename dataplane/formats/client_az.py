@@ -109,7 +109,7 @@ def client_az(
     client_id: str | None, peer_host: str | None, cidrs: CidrAzMap, rack: str | None = None
 ) -> str | None:
     """A client's AZ: declared in its `client.id` first (`automq_az=`), else its
-    `client.rack` (KIP-392: the rack id its Fetch requests carried on this connection,
+    `client.rack` (KIP-392: the rack id the Fetch requests from its host carried,
     `rack`), else from its address (the CIDR map), else None (a broker's own requests have
     none). A rack that cannot be an AZ name is ignored."""
     if client_id == BROKER_CLIENT_ID:

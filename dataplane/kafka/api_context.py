@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -26,8 +28,38 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.network_limits import NetworkLimits
 from dataplane.kafka.partition_backend import ClientRouting, PartitionResolver
 
-# ctx.extras key: the rack id (`client.rack`) a connection's Fetch requests carried
-CLIENT_RACK_KEY = "client_rack"
+MAX_CLIENT_RACK_HOSTS = 65_536  # client hosts whose rack is remembered (oldest forgotten)
+
+
+class ClientRacks:
+    """The rack id (`client.rack`, KIP-392) the Fetch requests from each client host
+    carried, remembered for every connection from that host: Metadata and FindCoordinator
+    carry no rack, and a client opens several connections (one host is in one AZ). Bounded
+    (MAX_CLIENT_RACK_HOSTS, least recently set forgotten). Thread-safe (one lock)."""
+
+    def __init__(self, max_hosts: int = MAX_CLIENT_RACK_HOSTS):
+        self._racks: OrderedDict[str, str] = OrderedDict()
+        self._max_hosts = max_hosts
+        self._lock = threading.Lock()
+
+    def note(self, host: str, rack: str | None) -> None:
+        """`host` sent a Fetch with `rack` (empty or None: nothing changes)."""
+        if not rack or len(rack) > MAX_AZ_CHARS:
+            return
+        with self._lock:
+            if self._racks.get(host) == rack:
+                return
+            self._racks.pop(host, None)
+            self._racks[host] = rack
+            while len(self._racks) > self._max_hosts:
+                self._racks.popitem(last=False)
+
+    def rack_of(self, host: str | None) -> str | None:
+        if host is None:
+            return None
+        with self._lock:
+            return self._racks.get(host)
+
 
 log = logging.getLogger(__name__)
 
@@ -102,29 +134,29 @@ class BrokerApiContext:
         self.io = io
         # ingress / egress limits of produced and fetched bytes (network_limits.py)
         self.network = network or NetworkLimits.unlimited()
+        # the client.rack of each client host, from its Fetch requests
+        self.client_racks = ClientRacks()
 
     async def run_io(self, fn, *args):
         """`fn(*args)` on the I/O pool, awaited from the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
 
     def client_az(self, ctx) -> str | None:
-        """The AZ of the client of a request (its client id, the rack its Fetch requests
-        carried on this connection, or its address), if it has one."""
+        """The AZ of the client of a request (its client id, the rack the Fetch requests
+        from its host carried, or its address), if it has one."""
         peer = getattr(ctx, "peer", None)
-        extras = getattr(ctx, "extras", None)
-        rack = extras.get(CLIENT_RACK_KEY) if extras else None
+        host = peer[0] if peer else None
         return self.routing.client_az(
-            getattr(ctx, "client_id", None), peer[0] if peer else None, rack
+            getattr(ctx, "client_id", None), host, self.client_racks.rack_of(host)
         )
 
-    @staticmethod
-    def note_client_rack(ctx, rack: str | None) -> None:
-        """Remember the rack id (`client.rack`) a Fetch carried for the rest of its
-        connection: Metadata and FindCoordinator carry none, and a client that sent one
-        is placed in that AZ from then on (an empty one changes nothing)."""
-        extras = getattr(ctx, "extras", None)
-        if rack and extras is not None and len(rack) <= MAX_AZ_CHARS:
-            extras[CLIENT_RACK_KEY] = rack
+    def note_client_rack(self, ctx, rack: str | None) -> None:
+        """Remember the rack id (`client.rack`) a Fetch carried for its client's host:
+        every request from that host (Metadata and FindCoordinator carry none) places the
+        client in that AZ from then on (an empty one changes nothing)."""
+        peer = getattr(ctx, "peer", None)
+        if peer:
+            self.client_racks.note(peer[0], rack)
 
     def await_topics(self, names: list[str], present: bool = True) -> None:
         """Wait (blocking, up to METADATA_WAIT_S) until this broker's image holds the topics

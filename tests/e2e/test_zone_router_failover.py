@@ -10,7 +10,8 @@ returns and `failover --bucket 0`, the same, and everything from before, during 
 the outage is read back once.
 
 (c) 6 brokers in 3 AZs: the metadata each AZ's clients get names each broker of the AZ as
-the proxy of exactly 2 of the 4 brokers outside it (equal shares, not 4 and 0).
+the proxy of exactly 2 of the 4 brokers outside it (equal shares, not 4 and 0); a consumer
+that sets only `client.rack` ends up fetching every partition from its AZ's brokers.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def test_producers_of_every_az_keep_acks_through_a_main_bucket_outage(tmp_path, 
         assert max(during.values()) < ACK_TIMEOUT_S and max(after.values()) < ACK_TIMEOUT_S
 
 
-def test_six_brokers_in_three_azs_share_the_proxy_load_equally(tmp_path):
+def test_six_brokers_in_three_azs_share_the_proxy_load_equally_and_racks_place(tmp_path):
     """Each AZ has 2 brokers and 4 mains outside it: each of its brokers is told to be
     the leader (the proxy) of the partitions of exactly 2 of those mains."""
     topic = "zr-shares"
@@ -288,3 +289,40 @@ def test_six_brokers_in_three_azs_share_the_proxy_load_equally(tmp_path):
             assert sorted(mains_per_proxy.values()) == [2, 2], (az, dict(mains_per_proxy))
             assert set(mains_per_proxy) == by_az[az]
             print(f"{az}: mains per proxy {dict(mains_per_proxy)}")
+
+        # a consumer that sets only client.rack (KIP-392) ends up fetching every partition
+        # from its AZ's brokers, every record once
+        acked, errors, _, _ = _produce(up["bootstrap_servers"], None, topic, "rack")
+        assert not errors and len(acked) == RECORDS_PER_PRODUCER
+        stats: list[dict] = []
+        consumer = Consumer(
+            {
+                "bootstrap.servers": ",".join(brokers[n]["address"] for n in sorted(by_az["az2"])),
+                "client.id": "rack-only",
+                "client.rack": "az2",
+                "group.id": f"zone-rack-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+                "statistics.interval.ms": 200,
+                "stats_cb": lambda s: stats.append(json.loads(s)),
+            }
+        )
+        at: dict[bytes, tuple[int, int]] = {}
+        seen: Counter = Counter()
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(36)])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (
+                len(at) < len(acked)
+                or not stats
+                or not _brokers_used(stats[-1], "toppars") <= by_az["az2"]
+            ):
+                msg = consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    seen[msg.value()] += 1
+                    at[msg.value()] = (msg.partition(), msg.offset())
+        finally:
+            consumer.close()
+        assert at == acked and max(seen.values()) == 1
+        fetching_from = _brokers_used(stats[-1], "toppars")
+        assert fetching_from and fetching_from <= by_az["az2"], fetching_from

@@ -1,5 +1,5 @@
 """Where the zone router places a client (issue #32): its client.id marker first, then the
-rack its Fetch requests carried (KIP-392 `client.rack`, remembered for the connection),
+rack its Fetch requests carried (KIP-392 `client.rack`, remembered for its host),
 then the CIDR map; and the CIDR map is set by `cluster up --client-az-cidrs` and by the
 topology file, not only by editing broker.json."""
 
@@ -16,7 +16,7 @@ from cli.deploy import Topology, init_topology
 from cli.flag_differences import flag_differences
 from cli.local_cluster import LocalCluster
 from dataplane.formats.client_az import BROKER_CLIENT_ID, CidrAzMap, client_az, parse_az_cidrs
-from dataplane.kafka.api_context import BrokerApiContext
+from dataplane.kafka.api_context import BrokerApiContext, ClientRacks
 
 CIDRS = CidrAzMap.parse({"10.0.0.0/16": "az1", "10.1.0.0/16": "az2"})
 
@@ -38,20 +38,29 @@ class _Routing:
         return client_az(client_id, peer_host, CIDRS, rack)
 
 
-def test_a_connection_that_fetched_with_a_rack_is_placed_by_it_from_then_on():
-    """Metadata and FindCoordinator carry no rack: the connection remembers the one its
-    Fetch requests carried (librdkafka sends client.rack in Fetch v11+)."""
-    extras: dict = {}
-    ctx = SimpleNamespace(client_id="rdkafka", peer=("192.168.0.7", 5000), extras=extras)
-    broker = SimpleNamespace(routing=_Routing())
-    assert BrokerApiContext.client_az(broker, ctx) is None  # before any Fetch
-    BrokerApiContext.note_client_rack(ctx, "")  # a Fetch without client.rack
-    assert BrokerApiContext.client_az(broker, ctx) is None
-    BrokerApiContext.note_client_rack(ctx, "az2")
-    metadata_ctx = SimpleNamespace(client_id="rdkafka", peer=ctx.peer, extras=extras)
-    assert BrokerApiContext.client_az(broker, metadata_ctx) == "az2"
-    other_connection = SimpleNamespace(client_id="rdkafka", peer=ctx.peer, extras={})
-    assert BrokerApiContext.client_az(broker, other_connection) is None
+def test_a_client_host_that_fetched_with_a_rack_is_placed_by_it_from_then_on():
+    """Metadata and FindCoordinator carry no rack: the broker remembers the rack the
+    Fetch requests from a client's host carried (librdkafka sends client.rack in Fetch
+    v11+), for every connection from that host (a client opens several)."""
+    broker = SimpleNamespace(routing=_Routing(), client_racks=ClientRacks(max_hosts=2))
+
+    def ctx(host: str, client_id: str = "rdkafka") -> SimpleNamespace:
+        return SimpleNamespace(client_id=client_id, peer=(host, 5000), extras={})
+
+    fetch = ctx("192.168.0.7")
+    assert BrokerApiContext.client_az(broker, fetch) is None  # before any Fetch
+    BrokerApiContext.note_client_rack(broker, fetch, "")  # a Fetch without client.rack
+    assert BrokerApiContext.client_az(broker, fetch) is None
+    BrokerApiContext.note_client_rack(broker, fetch, "az2")
+    assert BrokerApiContext.client_az(broker, ctx("192.168.0.7")) == "az2"  # a Metadata
+    assert BrokerApiContext.client_az(broker, ctx("192.168.0.8")) is None  # another host
+    # the client.id marker still comes first
+    assert BrokerApiContext.client_az(broker, ctx("192.168.0.7", "automq_az=az3")) == "az3"
+    # bounded: the least recently noted host is forgotten
+    BrokerApiContext.note_client_rack(broker, ctx("192.168.0.8"), "az1")
+    BrokerApiContext.note_client_rack(broker, ctx("192.168.0.9"), "az3")
+    assert BrokerApiContext.client_az(broker, ctx("192.168.0.7")) is None
+    assert BrokerApiContext.client_az(broker, ctx("192.168.0.9")) == "az3"
 
 
 def test_az_cidrs_flag_form():
