@@ -36,7 +36,7 @@ from controlplane.requests import ControlledShutdownRequest, FenceBrokerRequest
 from dataplane.broker.components import Component, ComponentAdapter, CoordinatorSlots
 from dataplane.broker.heartbeat import BrokerSession, BucketProbes, HeartbeatStats
 from dataplane.broker.lease import ControllerLease
-from dataplane.broker.listeners import inter_broker_login, secure_listeners
+from dataplane.broker.listeners import check_listeners, inter_broker_login, secure_listeners
 from dataplane.broker.metadata import MetadataFollower
 from dataplane.broker.shard_store import ShardStore
 from dataplane.broker.stall import StallWatch
@@ -165,6 +165,8 @@ class Broker:
 
     def start(self) -> None:
         """Register, build and start the data plane, follow metadata, unfence."""
+        # a listener that must not start is refused before registering: no epoch, no WAL
+        check_listeners(self.config)
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         if self.shard_store is not None:
             self.shard_store.start()  # before registering: its port is registered
