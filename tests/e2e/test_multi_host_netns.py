@@ -115,9 +115,7 @@ class Cluster:
             if view is None or (exclude and address.startswith(exclude + ":")):
                 continue
             raft = view["raft"]
-            if raft["state"] == "leader" and (
-                best is None or raft["term"] > best["raft"]["term"]
-            ):
+            if raft["state"] == "leader" and (best is None or raft["term"] > best["raft"]["term"]):
                 best = view
         return best
 
@@ -180,9 +178,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("netns")
     c: Cluster | None = None
     with SimulatedHosts(3) as hosts:
-        store = dataclasses.replace(
-            SeaweedConfig.generate(root / "seaweed"), host=hosts.gateway
-        )
+        store = dataclasses.replace(SeaweedConfig.generate(root / "seaweed"), host=hosts.gateway)
         weed = start_seaweed(store, root / "weed.log")
         try:
             wait_seaweed_ready(store, proc=weed)
@@ -258,9 +254,11 @@ def test_controller_leader_host_partitioned_30s(cluster: Cluster):
     try:
         new = wait_for(
             "a new controller leader",
-            lambda: (v := cluster.leader_view(exclude=lost_host))
-            and v["raft"]["term"] > old["raft"]["term"]
-            and v,
+            lambda: (
+                (v := cluster.leader_view(exclude=lost_host))
+                and v["raft"]["term"] > old["raft"]["term"]
+                and v
+            ),
             20,
             0.1,
         )
