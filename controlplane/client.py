@@ -75,7 +75,9 @@ class ControllerClient(ControllerCalls):
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
         self._leader: str | None = None
-        # address -> when it last failed at the connection level (bounded by `addresses`)
+        self._leader_at = 0.0  # when `_leader` was learned (monotonic)
+        # address -> when it last failed at the connection level (bounded by `addresses`);
+        # shared with the clients made by `with_timeouts`: what one learns, all know
         self._unreachable_at: dict[str, float] = {}
 
     def with_timeouts(self, timeout_s: float, request_timeout_s: float) -> ControllerClient:
@@ -85,16 +87,22 @@ class ControllerClient(ControllerCalls):
         other.addresses = list(self.addresses)
         other.timeout_s = timeout_s
         other.request_timeout_s = request_timeout_s
-        other._leader = self._leader
-        other._unreachable_at = dict(self._unreachable_at)
+        other._unreachable_at = self._unreachable_at  # shared on purpose
         return other
+
+    def _remember_leader(self, address: str | None) -> None:
+        self._leader = address
+        self._leader_at = time.monotonic()
 
     def _next_address(self, attempt: int) -> str:
         """The remembered leader, else the next controller in turn that has not failed to
         answer lately (all failed lately: the next in turn)."""
         leader = self._leader
         if leader is not None:
-            return leader
+            failed_at = self._unreachable_at.get(leader)
+            if failed_at is None or failed_at < self._leader_at:
+                return leader
+            self._leader = None  # it stopped answering since (seen by this or a sibling)
         now = time.monotonic()
         count = len(self.addresses)
         for i in range(count):
@@ -142,6 +150,7 @@ class ControllerClient(ControllerCalls):
             headers = {"Content-Type": "application/json"} if body is not None else {}
             conn.request(method, path, body=body, headers={**headers, **self._auth_headers})
             resp = conn.getresponse()
+            self._unreachable_at.pop(address, None)  # it answers
             raw = resp.read()
             if resp.status == 401:
                 raise ControllerError(
@@ -176,7 +185,7 @@ class ControllerClient(ControllerCalls):
                 last_error = f"{address}: {exc}"
             else:
                 if "error" not in data:
-                    self._leader = address
+                    self._remember_leader(address)
                     return data.get("result", {})
                 err = data["error"]
                 try:
@@ -192,7 +201,9 @@ class ControllerClient(ControllerCalls):
                         ControllerError.parse_stream_errors(err.get("stream_errors")),
                     )
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
-                self._leader = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                self._remember_leader(
+                    err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                )
                 if self._leader is not None and self._leader != address:
                     continue  # follow the hint at once
                 self._leader = None
@@ -264,7 +275,7 @@ class ControllerClient(ControllerCalls):
                 last_error = f"{address}: {exc}"
             else:
                 if status == 200:
-                    self._leader = address
+                    self._remember_leader(address)
                     return data
                 err = data.get("error", {}) if isinstance(data, dict) else {}
                 try:
@@ -275,7 +286,7 @@ class ControllerClient(ControllerCalls):
                     raise ControllerError(code, err.get("message", f"HTTP {status}"))
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
                 hint = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
-                self._leader = hint if hint != address else None
+                self._remember_leader(hint if hint != address else None)
                 if self._leader is not None and time.monotonic() < deadline:
                     continue  # follow the hint at once
             if time.monotonic() >= deadline:
