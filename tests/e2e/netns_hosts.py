@@ -36,11 +36,21 @@ def namespaces_unavailable() -> str | None:
         return "the `ip` command (iproute2) is not installed"
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs the e2e tests as root)"
-    probe = f"amqprobe{os.getpid() % 100000}"
-    res = _ip("netns", "add", probe, check=False)
-    if res.returncode != 0:
-        return f"cannot create a network namespace: {res.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
+    probe = f"amqp{os.getpid() % 100000}"
+    steps = (
+        ("netns", "add", probe),
+        ("link", "add", f"{probe}b", "type", "bridge"),
+        ("link", "add", f"{probe}h", "type", "veth", "peer", "name", f"{probe}n"),
+    )
+    try:
+        for step in steps:
+            res = _ip(*step, check=False)
+            if res.returncode != 0:
+                return f"cannot `ip {' '.join(step[:3])}`: {res.stderr.strip()}"
+    finally:
+        _ip("link", "del", f"{probe}h", check=False)
+        _ip("link", "del", f"{probe}b", check=False)
+        _ip("netns", "del", probe, check=False)
     return None
 
 

@@ -221,7 +221,11 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             )
             for host in hosts.hosts:
                 c.start_host(host)
-            wait_for("3 brokers unfenced", lambda: brokers_unfenced(c), 120, 1.0)
+            try:
+                wait_for("3 brokers unfenced", lambda: brokers_unfenced(c), 120, 1.0)
+            except AssertionError as exc:
+                tails = {f.name: f.read_text(errors="replace")[-2000:] for f in c.logs.iterdir()}
+                raise AssertionError(f"{exc}; the nodes' logs end with: {tails}") from None
             yield c
         finally:
             for procs in c.procs.values() if c is not None else []:
