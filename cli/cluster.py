@@ -13,8 +13,9 @@ import typer
 from cli import cluster_top, cluster_up, deploy
 from cli.cluster_config import ClusterError
 from cli.local_cluster import LocalCluster
-from cli.options import DirOption, FormatOption, open_cluster
+from cli.options import DirOption, FormatOption, controller_client, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
+from cli.remote_status import REMOTE_STATUS_TIMEOUT_S, collect_remote_status, print_remote_status
 from cli.status import collect_status, missing_status
 from cli.status_table import print_status
 
@@ -79,17 +80,34 @@ def status(
         min=0.0,
         help="stop waiting/watching after this long (default with --exit-when-healthy: 120)",
     ),
+    controllers: str | None = typer.Option(
+        None,
+        "--controllers",
+        help="controller API addresses host:port,... of a cluster on other hosts (cluster "
+        "init + node run): its quorum (leader, members, terms) and brokers; the secret from "
+        "AUTOMQ_CONTROLLER_SECRET(_FILE)",
+    ),
 ) -> None:
     """State (healthy / degraded / stopped), Raft leader, controllers, brokers, buckets;
     exit code 1 when not healthy. JSON/YAML on stdout in every case, also for a missing
-    directory (state `missing`)."""
-    cluster = LocalCluster(dir)
-    try:
-        config = cluster.load()
-    except ClusterError as exc:
-        if format != OutputFormat.table:
-            print_data(missing_status(cluster, str(exc)), format)
-        fail(str(exc))
+    directory (state `missing`). With --controllers: a cluster on other hosts, from its
+    controllers alone."""
+    if controllers:
+        client = controller_client(dir, controllers).with_timeouts(
+            REMOTE_STATUS_TIMEOUT_S, REMOTE_STATUS_TIMEOUT_S
+        )
+        collect = lambda: collect_remote_status(client)  # noqa: E731
+        print_table = print_remote_status
+    else:
+        cluster = LocalCluster(dir)
+        try:
+            config = cluster.load()
+        except ClusterError as exc:
+            if format != OutputFormat.table:
+                print_data(missing_status(cluster, str(exc)), format)
+            fail(str(exc))
+        collect = lambda: collect_status(cluster, config)  # noqa: E731
+        print_table = print_status
     if exit_when_healthy and timeout_s is None:
         timeout_s = 120.0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -98,16 +116,16 @@ def status(
         while True:
             if not watch and exit_when_healthy:
                 with waiting("waiting for the cluster to be healthy", format):
-                    status = collect_status(cluster, config)
+                    status = collect()
             else:
-                status = collect_status(cluster, config)
+                status = collect()
             done = (
                 (exit_when_healthy and status["healthy"])
                 or (not watch and not exit_when_healthy)
                 or (deadline is not None and time.monotonic() >= deadline)
             )
             if watch or done:
-                _emit_status(status, format, watch=watch, first=first)
+                _emit_status(status, format, watch=watch, first=first, print_table=print_table)
                 first = False
             if done:
                 break
@@ -123,7 +141,9 @@ def status(
         raise typer.Exit(1)
 
 
-def _emit_status(status: dict, format: OutputFormat, watch: bool, first: bool) -> None:
+def _emit_status(
+    status: dict, format: OutputFormat, watch: bool, first: bool, print_table=print_status
+) -> None:
     if format == OutputFormat.json and watch:
         # one document per line (JSON lines), so a script can read them as they come
         sys.stdout.write(json.dumps(status) + "\n")
@@ -137,7 +157,7 @@ def _emit_status(status: dict, format: OutputFormat, watch: bool, first: bool) -
         if watch:
             console.clear()
             console.print(time.strftime("%H:%M:%S"), "(Ctrl-C to stop)", style="dim")
-        print_status(status)
+        print_table(status)
 
 
 @app.command()

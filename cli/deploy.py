@@ -86,6 +86,9 @@ class BrokerSpec(BaseModel):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    # the shard store (erasure-coded partitions' shards, HTTP with the cluster secret): 0 is
+    # any free port, registered with the controllers; pin it to open it in a firewall
+    shard_store_port: int = Field(default=0, ge=0, le=65535)
     data_dir: str = "/var/lib/automq/broker-{id}"
     wal_capacity_mib: int | None = Field(default=None, ge=16)
     wal: Literal["file", "s3"] = "file"
@@ -190,8 +193,9 @@ class Topology(BaseModel):
         for b in self.brokers:
             for e in b.endpoints():
                 _claim(used, (b.host, e.port), f"broker {b.id}")
-            if b.metrics_port:
-                _claim(used, (b.host, b.metrics_port), f"broker {b.id}")
+            for port in (b.metrics_port, b.shard_store_port):
+                if port:
+                    _claim(used, (b.host, port), f"broker {b.id}")
         for uri in self.buckets:
             if "accesskey" in uri.lower() or "secretkey" in uri.lower():
                 raise ValueError(
@@ -261,7 +265,9 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
     api = [f"{c.host}:{c.api_port}" for c in topology.controllers]
     main_bucket = buckets[0].uri.split("@", 1)[1].split("?", 1)[0].removeprefix("s3://")
     for b in topology.brokers:
-        extra: dict = {"storage": {}, "wal": {}}  # the broker config's sections
+        extra: dict = {"storage": {}, "wal": {}, "erasure": {}}  # the broker config's sections
+        if b.shard_store_port:
+            extra["erasure"]["shard_store_port"] = b.shard_store_port
         if b.wal_capacity_mib is not None:
             extra["wal"]["capacity_bytes"] = b.wal_capacity_mib * 1024 * 1024
         if b.wal == "s3":
@@ -430,13 +436,13 @@ def process_argv(
             broker = BrokerConfig.model_validate(raw)
             if allow_insecure:
                 broker = broker.model_copy(update={"allow_insecure": True})
-            # the broker refuses these too, but only after it started: say it here (the
-            # non-loopback rule stays the broker's own, with `allow_insecure` written below)
+            # the broker refuses these too (before it registers): say it here, before exec
             refused = listeners_error(
                 broker.effective_listeners(),
                 sasl_enabled=broker.sasl_enabled,
                 tls_configured=broker.tls_cert_file is not None and broker.tls_key_file is not None,
-                allow_insecure=True,
+                allow_insecure=broker.allow_insecure,
+                ssl_client_auth=broker.ssl_client_auth == "required",
             )
             if refused:
                 raise ValueError(f"{node_file}: {refused}")

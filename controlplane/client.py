@@ -3,10 +3,17 @@
 Writes go to the leader: the client remembers it, follows a follower's NOT_CONTROLLER hint,
 and on connection errors or NO_LEADER tries the other controllers with a bounded backoff
 until `timeout_s` has passed. Reads of the metadata log may go to any controller.
+
+Each attempt is bounded by `request_timeout_s` and by what is left of the call's deadline, and
+a controller that did not answer at the connection level is tried last for
+UNREACHABLE_MEMORY_S: after its host is lost, a client finds the new leader among the others
+instead of waiting on the old one again (brokers heartbeat with a fraction of their session
+per attempt, `with_timeouts`).
 """
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import random
@@ -26,6 +33,8 @@ _RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
 # a leader-only object lookup is a second opinion on a short answer (reads wait on it):
 # bounded well below the client's default
 LEADER_LOOKUP_TIMEOUT_S = 2.0
+# how long a controller that did not answer (connection refused, timed out) is tried last
+UNREACHABLE_MEMORY_S = 10.0
 
 
 class ControllerUnavailableError(ControllerError):
@@ -43,7 +52,8 @@ class ControllerClient(ControllerCalls):
     cluster's CA for an HTTPS controller API (None: AUTOMQ_CONTROLLER_CA_FILE, else HTTP).
 
     Thread-safety: safe to share; each call opens its own connection, and the remembered
-    leader is a plain reference.
+    leader and the unreachable controllers' times are plain references (a race only changes
+    which controller is tried first).
     """
 
     def __init__(
@@ -65,6 +75,58 @@ class ControllerClient(ControllerCalls):
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
         self._leader: str | None = None
+        self._leader_at = 0.0  # when `_leader` was learned (monotonic)
+        # address -> when it last failed at the connection level (bounded by `addresses`);
+        # shared with the clients made by `with_timeouts`: what one learns, all know
+        self._unreachable_at: dict[str, float] = {}
+
+    def with_timeouts(self, timeout_s: float, request_timeout_s: float) -> ControllerClient:
+        """A client for the same controllers and credentials with other timeouts (e.g. a
+        broker's heartbeats: a fraction of its session per attempt)."""
+        other = copy.copy(self)
+        other.addresses = list(self.addresses)
+        other.timeout_s = timeout_s
+        other.request_timeout_s = request_timeout_s
+        other._unreachable_at = self._unreachable_at  # shared on purpose
+        return other
+
+    def _remember_leader(self, address: str | None) -> None:
+        self._leader = address
+        self._leader_at = time.monotonic()
+
+    def _next_address(self, attempt: int) -> str:
+        """The remembered leader, else the next controller in turn that has not failed to
+        answer lately (all failed lately: the next in turn)."""
+        leader = self._leader
+        if leader is not None:
+            failed_at = self._unreachable_at.get(leader)
+            if failed_at is None or failed_at < self._leader_at:
+                return leader
+            self._leader = None  # it stopped answering since (seen by this or a sibling)
+        now = time.monotonic()
+        count = len(self.addresses)
+        for i in range(count):
+            address = self.addresses[(attempt + i) % count]
+            failed_at = self._unreachable_at.get(address)
+            if failed_at is None or now - failed_at > UNREACHABLE_MEMORY_S:
+                return address
+        return self.addresses[attempt % count]
+
+    def _unreachable(self, address: str) -> None:
+        self._unreachable_at[address] = time.monotonic()
+        if self._leader == address:
+            self._leader = None
+
+    def _ordered(self, addresses: list[str]) -> list[str]:
+        """`addresses` with the ones that failed to answer lately last (stable)."""
+        now = time.monotonic()
+        return sorted(
+            addresses,
+            key=lambda a: (
+                now - self._unreachable_at.get(a, now - 2 * UNREACHABLE_MEMORY_S)
+                <= UNREACHABLE_MEMORY_S
+            ),
+        )
 
     # ------------------------------------------------------------ transport
 
@@ -72,16 +134,23 @@ class ControllerClient(ControllerCalls):
         self, address: str, method: str, path: str, body: bytes | None, timeout_s: float
     ) -> tuple[int, Any]:
         host, port = address.rsplit(":", 1)
+        # connecting is bounded by the request timeout even for a long poll: a lost host
+        # does not answer a SYN
+        connect_timeout_s = min(timeout_s, self.request_timeout_s)
         if self._ssl_context is not None:
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, int(port), timeout=timeout_s, context=self._ssl_context
+                host, int(port), timeout=connect_timeout_s, context=self._ssl_context
             )
         else:
-            conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+            conn = http.client.HTTPConnection(host, int(port), timeout=connect_timeout_s)
         try:
+            conn.connect()
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout_s)
             headers = {"Content-Type": "application/json"} if body is not None else {}
             conn.request(method, path, body=body, headers={**headers, **self._auth_headers})
             resp = conn.getresponse()
+            self._unreachable_at.pop(address, None)  # it answers
             raw = resp.read()
             if resp.status == 401:
                 raise ControllerError(
@@ -104,18 +173,19 @@ class ControllerClient(ControllerCalls):
         attempt = 0
         last_error = "no attempt"
         while True:
-            address = self._leader or self.addresses[attempt % len(self.addresses)]
+            address = self._next_address(attempt)
             attempt += 1
+            left_s = max(deadline - time.monotonic(), 0.1)
             try:
                 status, data = self._http(
-                    address, "POST", f"/v1/{command}", payload, self.request_timeout_s
+                    address, "POST", f"/v1/{command}", payload, min(self.request_timeout_s, left_s)
                 )
             except (OSError, http.client.HTTPException) as exc:
-                self._leader = None
+                self._unreachable(address)
                 last_error = f"{address}: {exc}"
             else:
                 if "error" not in data:
-                    self._leader = address
+                    self._remember_leader(address)
                     return data.get("result", {})
                 err = data["error"]
                 try:
@@ -131,7 +201,9 @@ class ControllerClient(ControllerCalls):
                         ControllerError.parse_stream_errors(err.get("stream_errors")),
                     )
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
-                self._leader = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                self._remember_leader(
+                    err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
+                )
                 if self._leader is not None and self._leader != address:
                     continue  # follow the hint at once
                 self._leader = None
@@ -146,15 +218,18 @@ class ControllerClient(ControllerCalls):
     def _get(self, path: str, timeout_s: float | None = None, address: str | None = None) -> Any:
         """GET from `address` or from any controller that answers."""
         candidates = (
-            [address] if address else ([self._leader] if self._leader else []) + self.addresses
+            [address]
+            if address
+            else self._ordered(([self._leader] if self._leader else []) + self.addresses)
         )
         last_error = ""
-        for addr in candidates:
+        for addr in dict.fromkeys(candidates):
             try:
                 status, data = self._http(
                     addr, "GET", path, None, timeout_s or self.request_timeout_s
                 )
             except (OSError, http.client.HTTPException) as exc:
+                self._unreachable(addr)
                 last_error = f"{addr}: {exc}"
                 continue
             if status == 200:
@@ -188,7 +263,7 @@ class ControllerClient(ControllerCalls):
         attempt = 0
         last_error = "no attempt"
         while True:
-            address = self._leader or self.addresses[attempt % len(self.addresses)]
+            address = self._next_address(attempt)
             attempt += 1
             left_s = max(deadline - time.monotonic(), 0.1)
             try:
@@ -196,11 +271,11 @@ class ControllerClient(ControllerCalls):
                     address, "GET", path, None, min(self.request_timeout_s, left_s)
                 )
             except (OSError, http.client.HTTPException) as exc:
-                self._leader = None
+                self._unreachable(address)
                 last_error = f"{address}: {exc}"
             else:
                 if status == 200:
-                    self._leader = address
+                    self._remember_leader(address)
                     return data
                 err = data.get("error", {}) if isinstance(data, dict) else {}
                 try:
@@ -211,7 +286,7 @@ class ControllerClient(ControllerCalls):
                     raise ControllerError(code, err.get("message", f"HTTP {status}"))
                 last_error = f"{address}: {code.value} {err.get('message', '')}"
                 hint = err.get("leader_api") if code == ErrorCode.NOT_CONTROLLER else None
-                self._leader = hint if hint != address else None
+                self._remember_leader(hint if hint != address else None)
                 if self._leader is not None and time.monotonic() < deadline:
                     continue  # follow the hint at once
             if time.monotonic() >= deadline:

@@ -37,7 +37,8 @@ def insecure_listener_error(
         return None
     return (
         f"refusing to serve {what} on {host} without authentication: enable it "
-        "or set allow_insecure"
+        "or set allow_insecure (`automqctl node run --allow-insecure`, only on a private "
+        "network you trust)"
     )
 
 

@@ -212,19 +212,25 @@ class ControllerNode:
             except Exception:
                 log.exception("lifecycle round failed")
 
+    def _start_leadership(self) -> None:
+        """This controller just became the leader. Like KRaft, it gives every broker one full
+        session from now before fencing it: the sessions its predecessor timed are not
+        replicated, and brokers need a moment to find the new leader. What it knew of
+        heartbeats, rates and bucket health from an earlier term is dropped."""
+        self._leader_since = time.monotonic()
+        with self._hb_lock:
+            self._heartbeats.clear()
+            self._upload_stats.clear()
+            self._rates.clear()
+            self._bucket_health.clear()
+        self._last_balance_round = 0.0
+        self._last_route_bump_ms = None
+        log.info("controller %d is now the leader", self.node_id)
+
     def _lifecycle_round(self) -> None:
         leader = self.quorum.is_leader()
         if leader and not self._was_leader:
-            # a new leader gives every broker a full session before fencing it
-            self._leader_since = time.monotonic()
-            with self._hb_lock:
-                self._heartbeats.clear()
-                self._upload_stats.clear()
-                self._rates.clear()
-                self._bucket_health.clear()
-            self._last_balance_round = 0.0
-            self._last_route_bump_ms = None
-            log.info("controller %d is now the leader", self.node_id)
+            self._start_leadership()
         self._was_leader = leader
         if not leader:
             return

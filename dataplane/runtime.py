@@ -213,6 +213,12 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext("partition-move", "8", "opens partitions in parallel (tail reads)", True),
     ExecutionContext("retention", "1", "retention.ms / retention.bytes passes", True),
     ExecutionContext("stall-watch", "1", "notices a process stopped past its session", True),
+    ExecutionContext(
+        "controller-lease",
+        "1",
+        "self-fences a broker no controller answered for a session (broker/lease.py)",
+        True,
+    ),
     ExecutionContext("uploader", "1", "WAL -> stream-set objects -> commit -> WAL trim", True),
     ExecutionContext("file-wal-writer", "1 per WAL", "writes group commits (pwritev)", True),
     ExecutionContext("file-wal-syncer", "1 per WAL", "fdatasync of written batches", True),

@@ -18,6 +18,14 @@ if ! command -v tmux >/dev/null 2>&1; then
     echo "warning: tmux not found (apt-get install tmux); the cluster top terminal test will be skipped"
   fi
 fi
+if ! command -v ip >/dev/null 2>&1; then
+  # network namespaces stand in for hosts (tests/e2e/test_multi_host_netns.py, needs root)
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq iproute2) >/dev/null || echo "warning: could not install iproute2"
+  else
+    echo "warning: ip not found (apt-get install iproute2); the multi-host namespace tests will be skipped"
+  fi
+fi
 if ! command -v java >/dev/null 2>&1; then
   # Spark (the compaction suite) needs a JRE: Debian's openjdk-17-jre-headless
   if [ "$(id -u)" = 0 ]; then

@@ -35,7 +35,8 @@ from controlplane.coordinators import group_coordinator
 from controlplane.requests import ControlledShutdownRequest, FenceBrokerRequest
 from dataplane.broker.components import Component, ComponentAdapter, CoordinatorSlots
 from dataplane.broker.heartbeat import BrokerSession, BucketProbes, HeartbeatStats
-from dataplane.broker.listeners import inter_broker_login, secure_listeners
+from dataplane.broker.lease import ControllerLease
+from dataplane.broker.listeners import check_listeners, inter_broker_login, secure_listeners
 from dataplane.broker.metadata import MetadataFollower
 from dataplane.broker.shard_store import ShardStore
 from dataplane.broker.stall import StallWatch
@@ -69,6 +70,8 @@ PORT_RETRY_S = 0.5
 IO_THREADS = 16  # the Kafka APIs' I/O pool (`kafka-io` in dataplane/runtime.py)
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10
 FENCE_TIMEOUT_S = 5
+# each metadata-log read of a controller: connecting, and beyond its long poll
+METADATA_REQUEST_TIMEOUT_S = 3.0
 
 
 async def run_in_pool(pool: Executor, fn, *args):
@@ -109,9 +112,14 @@ class Broker:
             api_secret=config.controller_api_secret,
             ca_file=config.controller_ca_file,
         )
-        self.metadata = MetadataFollower(self.client)
+        # a long poll of a controller whose host is lost ends within a few seconds
+        self.metadata = MetadataFollower(
+            self.client.with_timeouts(self.client.timeout_s, METADATA_REQUEST_TIMEOUT_S)
+        )
         # a process stopped past its session serves nothing until a later heartbeat
         self.stall = StallWatch()
+        # a broker no controller answered for a session fences itself (lease.py)
+        self.lease = ControllerLease(self._on_lease_lost, lambda: None)
         self.restart_requested = threading.Event()
         # erasure shards may be placed on any broker: every broker with storage serves them
         self.shard_store = ShardStore(config) if config.bucket_uris else None
@@ -139,6 +147,15 @@ class Broker:
         if self.storage is not None:
             self.storage.node_epoch = node_epoch
 
+    def _serving(self) -> bool:
+        """Whether partitions may be served: not stopped past the session, lease held."""
+        return self.stall.serving() and self.lease.holds()
+
+    def _on_lease_lost(self) -> None:
+        """Self-fenced: clients go elsewhere at once (new connections are refused)."""
+        if self.kafka is not None:
+            self.kafka.close_connections("no controller answered for a session (self-fenced)")
+
     def _request_restart(self) -> None:
         self.restart_requested.set()
         if self.session is not None:
@@ -148,6 +165,8 @@ class Broker:
 
     def start(self) -> None:
         """Register, build and start the data plane, follow metadata, unfence."""
+        # a listener that must not start is refused before registering: no epoch, no WAL
+        check_listeners(self.config)
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         if self.shard_store is not None:
             self.shard_store.start()  # before registering: its port is registered
@@ -156,6 +175,7 @@ class Broker:
             self.client,
             self.metadata,
             self.stall,
+            self.lease,
             self.wal_uri,
             self.shard_store.port if self.shard_store is not None else 0,
             stats=lambda: self.heartbeat_stats,
@@ -165,6 +185,7 @@ class Broker:
         )
         self.session.register()
         self.stall.start()
+        self.lease.start()
         self.session.start()  # keeps the session alive (fenced) while starting
         if self.config.bucket_uris:
             self._start_data_plane()
@@ -188,7 +209,7 @@ class Broker:
         recovered = storage.start()
         log.info("storage engine started (%d batches recovered from the WAL)", recovered)
         self.partitions = partitions = PartitionManager(
-            cfg.node_id, storage, lambda: self.metadata.caught_up, self.stall.serving
+            cfg.node_id, storage, lambda: self.metadata.caught_up, self._serving
         )
         partitions.start()
         self.metadata.subscribe(partitions.on_metadata)
@@ -448,7 +469,10 @@ class Broker:
             cfg, registry, self.client, image_fn, self.metadata.wait_for_offset
         )
         self.kafka = kafka = KafkaServerThread(
-            registry, max_request_bytes=cfg.max_request_bytes, listeners=listeners
+            registry,
+            max_request_bytes=cfg.max_request_bytes,
+            listeners=listeners,
+            accepting=self.lease.holds,
         )
         self._start_server(kafka)
         # how late the loop runs what is due: the broker's own share of a produce's wait
@@ -550,6 +574,7 @@ class Broker:
         if self.probes is not None:
             self.probes.stop()
         self.stall.stop()
+        self.lease.stop()
         self._stop_components()
         if self.partitions is not None:
             self.partitions.stop()

@@ -5,6 +5,12 @@ Heartbeats start right after registration and ask to stay fenced until the data 
 up (opening a large WAL under load outlasted the session timeout). A heartbeat refused for
 a stale epoch registers again; a fence for good while serving data (paused past the session
 timeout: another node took the WAL over) asks the process to restart.
+
+Once the controllers' session timeout is known (every answer carries it), each heartbeat is
+bounded by half a session and each attempt by a quarter, with the controllers tried in turn
+and a leader hint followed at once: when the leader's host is lost, the broker finds the new
+leader well within its session. Every unfenced answer renews the broker's `ControllerLease`
+(lease.py: a broker no controller answers for a session fences itself).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from controlplane.requests import (
     BucketWriteHealth,
     RegisterBrokerRequest,
 )
+from dataplane.broker.lease import ControllerLease
 from dataplane.broker.metadata import MetadataFollower
 from dataplane.broker.stall import StallWatch
 from dataplane.config import BrokerConfig
@@ -41,7 +48,10 @@ log = logging.getLogger(__name__)
 REGISTER_WAIT_S = 300.0  # how long to wait for another node to finish our WAL failover
 REGISTER_RETRY_S = 0.5
 REGISTER_TIMEOUT_S = 60
-HEARTBEAT_TIMEOUT_S = 5
+HEARTBEAT_TIMEOUT_S = 5  # until the session timeout is known
+# a heartbeat call is bounded by this share of the session, each attempt by the smaller one
+HEARTBEAT_CALL_SHARE = 0.5
+HEARTBEAT_ATTEMPT_SHARE = 0.25
 BUCKET_PROBE_TIMEOUT_MS = 2_000
 MAX_BUCKETS_REPORTED = 16
 
@@ -122,7 +132,7 @@ class BrokerSession:
     `stats` gives the data plane's `HeartbeatStats` once it runs (None before);
     `on_registered(epoch)` is told every new node epoch; `serving_data()` says whether the
     data plane runs (then a fence for good calls `request_restart` instead of registering
-    again)."""
+    again); `lease` is renewed by every unfenced answer."""
 
     def __init__(
         self,
@@ -130,6 +140,7 @@ class BrokerSession:
         client: ControllerClient,
         metadata: MetadataFollower,
         stall: StallWatch,
+        lease: ControllerLease,
         wal_uri: str,
         shard_store_port: int,
         stats: Callable[[], HeartbeatStats | None],
@@ -141,6 +152,7 @@ class BrokerSession:
         self.client = client
         self.metadata = metadata
         self.stall = stall
+        self.lease = lease
         self.wal_uri = wal_uri
         self.shard_store_port = shard_store_port
         self.stats = stats
@@ -152,6 +164,10 @@ class BrokerSession:
         # heartbeats ask to stay fenced until the data plane is up (`finish_starting`)
         self._starting = True
         self._lock = threading.Lock()  # the loop and the assembly both heartbeat
+        # heartbeats' own client, its timeouts a share of the session (rebuilt when the
+        # session timeout the controllers answer changes; under `_lock`)
+        self._heartbeat_client = client
+        self._heartbeat_session_ms = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
@@ -221,8 +237,12 @@ class BrokerSession:
             want_fence=self._starting,
         )
         sent_at_s = time.monotonic()
+        client = self._heartbeat_client
         try:
-            result = self.client.broker_heartbeat(req, timeout_s=HEARTBEAT_TIMEOUT_S)
+            result = client.broker_heartbeat(
+                req,
+                timeout_s=client.timeout_s if self._heartbeat_session_ms else HEARTBEAT_TIMEOUT_S,
+            )
         except ControllerError as exc:
             if exc.code in (ErrorCode.STALE_NODE_EPOCH, ErrorCode.UNKNOWN_NODE):
                 log.warning("heartbeat refused (%s): registering again", exc)
@@ -230,8 +250,10 @@ class BrokerSession:
                 return
             raise
         was_fenced, self.fenced = self.fenced, result.fenced
+        self._follow_session_timeout(result.session_timeout_ms)
         if not result.fenced:
             self.stall.heartbeat_succeeded(sent_at_s, result.session_timeout_ms)
+            self.lease.renewed(sent_at_s, result.session_timeout_ms)
         final = self.fenced and result.fence_reason != REGISTERED_REASON
         if final and self.serving_data():
             # fenced for good while serving data (paused past the session timeout): another
@@ -254,6 +276,17 @@ class BrokerSession:
             self.register()
         elif not self.fenced and was_fenced:
             log.info("node %d epoch %d is unfenced", self.config.node_id, self.node_epoch)
+
+    def _follow_session_timeout(self, session_timeout_ms: int) -> None:
+        """Bound heartbeats by shares of the session the controllers answered."""
+        if session_timeout_ms <= 0 or session_timeout_ms == self._heartbeat_session_ms:
+            return
+        self._heartbeat_session_ms = session_timeout_ms
+        session_s = session_timeout_ms / 1000
+        self._heartbeat_client = self.client.with_timeouts(
+            timeout_s=session_s * HEARTBEAT_CALL_SHARE,
+            request_timeout_s=session_s * HEARTBEAT_ATTEMPT_SHARE,
+        )
 
     def _loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000

@@ -61,9 +61,10 @@ def tls_context(cfg: BrokerConfig, client_auth: str = "none"):
     return server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, client_auth, cfg.tls_ca_file)
 
 
-def _check_listeners(cfg: BrokerConfig) -> None:
+def check_listeners(cfg: BrokerConfig) -> None:
     """Refuse invalid listeners, and an unauthenticated one on a non-loopback address
-    unless `allow_insecure`."""
+    unless `allow_insecure` (RuntimeError naming the flag). Called before the broker
+    registers, so a config error claims no node epoch and no WAL."""
     refused = listeners_error(
         cfg.effective_listeners(),
         sasl_enabled=cfg.sasl_enabled,
@@ -87,7 +88,7 @@ def secure_listeners(
     """The server's listeners: SASL and the security admin APIs registered in `registry`
     when configured, ACLs enforced on every listener of a SASL cluster (a PLAINTEXT or SSL
     listener's clients are User:ANONYMOUS, as in Kafka)."""
-    _check_listeners(cfg)
+    check_listeners(cfg)
     enforcer = None
     if cfg.acls_enforced:
         from dataplane.kafka.security.authorizer import Authorizer

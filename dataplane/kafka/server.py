@@ -121,6 +121,7 @@ class KafkaServer:
         admit: Admit | None = None,
         ssl_context: ssl.SSLContext | None = None,
         listeners: list[ServerListener] | None = None,
+        accepting: Callable[[], bool] | None = None,
     ) -> None:
         if not isinstance(registry, ApiRegistry):
             raise TypeError("registry must be an ApiRegistry")
@@ -157,6 +158,8 @@ class KafkaServer:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
         self._stopping = False
+        # False while new connections are refused (a self-fenced broker: broker/lease.py)
+        self._accepting = accepting or (lambda: True)
         # read buffers are lent to connections with bytes to parse, not one per connection
         self.read_buffers = ReadBufferPool()
 
@@ -250,6 +253,16 @@ class KafkaServer:
         self._servers = []
         log.info("Kafka protocol server on %s:%s stopped", self.host, self._ports)
 
+    def close_connections(self, reason: str) -> int:
+        """Close every client connection now (on the event loop); returns how many. Clients
+        reconnect, to this broker or, after a metadata refresh, to another."""
+        conns = list(self._connections)
+        for conn in conns:
+            conn.abort()
+        if conns:
+            log.warning("closed %d client connections: %s", len(conns), reason)
+        return len(conns)
+
     async def __aenter__(self) -> KafkaServer:
         await self.start()
         return self
@@ -271,6 +284,10 @@ class KafkaServer:
                 if self._stopping
                 else f"max_connections={self.max_connections} reached",
             )
+            transport.close()
+            return
+        if not self._accepting():
+            log.debug("refusing connection from %s:%d: not serving", *peer_of(transport))
             transport.close()
             return
         conn = Connection(
@@ -394,6 +411,17 @@ class KafkaServerThread:
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
+
+    def close_connections(self, reason: str) -> None:
+        """Close every client connection (from any thread: done on the server's loop; a
+        no-op when the server is not running)."""
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self.server.close_connections, reason)
+        except RuntimeError:  # loop already closed
+            pass
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and join the thread (no-op if not running)."""

@@ -76,3 +76,20 @@ def test_a_new_epoch_starts_a_new_session(monkeypatch):
     assert expired(node) == []
     clock.now += 0.2
     assert expired(node) == [(1, 1)]
+
+
+def test_a_new_leader_gives_every_broker_a_full_session_from_its_election(monkeypatch):
+    """KRaft's rule: session deadlines are not carried over a leader change. A controller
+    that led before (its heartbeat times are old) or never saw these brokers fences none of
+    them until one full session after it became the leader again."""
+    node, _, clock = leader({1: 3, 2: 5}, monkeypatch, timeout_ms=6_000)
+    node._heartbeats.update({1: (3, clock.now), 2: (5, clock.now)})  # from its earlier term
+    node.node_id, node._upload_stats, node._rates, node._bucket_health = 0, {}, {}, {}
+    clock.now += 20  # another controller led meanwhile; this one is elected again now
+    ControllerNode._start_leadership(node)
+    assert expired(node) == []
+    clock.now += 5.9
+    assert expired(node) == []
+    node._heartbeats[1] = (3, clock.now)  # broker 1 found the new leader; broker 2 did not
+    clock.now += 0.2
+    assert expired(node) == [(2, 5)]

@@ -159,7 +159,10 @@ def test_node_run_lays_the_properties_over_the_node_file(tmp_path):
         "log.retention.ms": "1000",
     }
     notes: list[str] = []
-    _, runtime, name = process_argv(node, secrets, properties=props, warnings=notes)
+    # a listener on 10.0.0.2 without SASL: the operator's --allow-insecure
+    _, runtime, name = process_argv(
+        node, secrets, allow_insecure=True, properties=props, warnings=notes
+    )
     assert name == "broker-2" and runtime == tmp_path / "automq-logs" / "broker.json"
     broker = json.loads(runtime.read_text())
     assert broker["storage"]["log_cache_uploaded_bytes"] == 128 << 20
@@ -188,6 +191,7 @@ def test_node_run_names_each_ignored_key_on_stderr_and_a_bad_one_in_one_line(tmp
         tmp_path / "server.properties", {"s3.block.cache.size": "64M", "num.io.threads": "8"}
     )
     run = [sys.executable, "-m", "cli.main", "node", "run", "--config", str(node), "--dry-run"]
+    run.append("--allow-insecure")  # a listener on 10.0.0.2 without SASL
     res = subprocess.run(
         [*run, "--properties", str(f), "--override", "cluster.id=x"],
         capture_output=True,
@@ -224,7 +228,9 @@ def test_kafka_s3_keys_apply_to_the_buckets_named_elsewhere(tmp_path, monkeypatc
     node.write_text(json.dumps(data))
     monkeypatch.setenv("KAFKA_S3_ACCESS_KEY", "ak0,1@ak1")
     monkeypatch.setenv("KAFKA_S3_SECRET_KEY", "sk0,1@sk1")
-    _, runtime, _ = process_argv(node, secrets, properties={"s3.block.cache.size": "64M"})
+    _, runtime, _ = process_argv(
+        node, secrets, allow_insecure=True, properties={"s3.block.cache.size": "64M"}
+    )
     uris = json.loads(runtime.read_text())["bucket_uris"].split(",")
     assert uris[0].endswith("accessKey=ak0&secretKey=sk0")
     assert uris[1].endswith("accessKey=ak1&secretKey=sk1")

@@ -87,12 +87,46 @@ def test_node_run_refuses_missing_secrets_and_bad_files(tmp_path):
 
 def test_a_broker_on_a_real_address_needs_allow_insecure_to_start(tmp_path):
     """The broker refuses a non-loopback listener without SASL (dataplane/broker/listeners.py);
+    `node run` says so before anything starts, naming the flag, and writes nothing;
     `node run --allow-insecure` is the operator saying so, written into the runtime config."""
     init_topology(Topology.model_validate(TOPO), tmp_path)
     node, secrets = tmp_path / "10.0.0.2" / "broker-2.json", tmp_path / "10.0.0.2" / "secrets.json"
-    for allow in (False, True):
-        data = json.loads(node.read_text())
-        data["broker"]["data_dir"] = str(tmp_path / f"data-{allow}")
-        node.write_text(json.dumps(data))
-        _, runtime, _ = process_argv(node, secrets, allow_insecure=allow)
-        assert json.loads(runtime.read_text())["allow_insecure"] is allow
+    data = json.loads(node.read_text())
+    data["broker"]["data_dir"] = str(tmp_path / "data")
+    node.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="10.0.0.2 without authentication.*--allow-insecure"):
+        process_argv(node, secrets, allow_insecure=False)
+    assert not (tmp_path / "data").exists()
+    _, runtime, _ = process_argv(node, secrets, allow_insecure=True)
+    assert json.loads(runtime.read_text())["allow_insecure"] is True
+
+
+def test_a_broker_refuses_an_insecure_listener_before_it_registers(tmp_path):
+    """Run directly (not through `node run`), a broker with an unauthenticated listener on
+    a real address stops before it registers or claims a WAL, and the error names the flag."""
+    from dataplane.broker.assembly import Broker
+    from dataplane.config import BrokerConfig
+
+    config = BrokerConfig(
+        node_id=1,
+        az="a",
+        host="10.0.0.2",
+        kafka_port=9092,
+        data_dir=tmp_path / "b",
+        controllers=["127.0.0.1:1"],  # never asked: nothing listens there
+    )
+    with pytest.raises(RuntimeError, match="--allow-insecure"):
+        Broker(config).start()
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_shard_store_port_is_pinned_by_the_topology(tmp_path):
+    topo = {**TOPO, "brokers": [{**TOPO["brokers"][0], "shard_store_port": 9095}]}
+    init_topology(Topology.model_validate(topo), tmp_path)
+    broker = json.loads((tmp_path / "10.0.0.1" / "broker-1.json").read_text())["broker"]
+    assert broker["erasure"]["shard_store_port"] == 9095
+    clash = {**TOPO, "brokers": [{**TOPO["brokers"][0], "shard_store_port": 9092}]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(clash))
+    with pytest.raises(ValueError, match="both use 10.0.0.1:9092"):
+        load_topology(path)
