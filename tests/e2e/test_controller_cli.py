@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.ledger import automqctl
+from tests.support.ledger import automqctl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
