@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from cli.cluster_config import BrokerSpec, ClusterConfig, effective_wal_capacity_bytes
 from cli.external_buckets import redact_uri
 from cli.local_cluster import LocalCluster
+from cli.store_status import store_problems
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
 
@@ -28,6 +29,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         for b in config.buckets
     ]
     problems = _problems(config, controllers, brokers, leader_view)
+    problems += store_problems(config, brokers, leader_view, pids)
     if not pids:
         state = "stopped"
         # one problem instead of one per controller and broker
