@@ -31,6 +31,7 @@ def up(
     base_port: int | None = cluster_up.BasePortOption,
     bucket_uris: str | None = cluster_up.BucketUrisOption,
     bucket_secrets_file: Path | None = cluster_up.BucketSecretsFileOption,
+    bucket_prefix: str | None = cluster_up.BucketPrefixOption,
     failover_detect_s: float | None = cluster_up.FailoverDetectSOption,
     session_timeout_ms: int = cluster_up.SessionTimeoutMsOption,
     wal_capacity_mib: int | None = cluster_up.WalCapacityMibOption,

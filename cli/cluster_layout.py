@@ -148,6 +148,17 @@ def embedded_store_configs(
     return stores[0], stores[1], buckets
 
 
+def prefixed_buckets(buckets: list[BucketConfig], prefix: str) -> list[BucketConfig]:
+    """`buckets` with every key under `prefix` (`--bucket-prefix`), or ClusterError naming
+    what is wrong with it."""
+    from dataplane.objectstore.bucket_uri import with_key_prefix
+
+    try:
+        return [b.model_copy(update={"uri": with_key_prefix(b.uri, prefix)}) for b in buckets]
+    except ValueError as exc:
+        raise ClusterError(f"--bucket-prefix: {exc}") from None
+
+
 def controller_settings(
     buckets: list[BucketConfig],
     session_timeout_ms: int,

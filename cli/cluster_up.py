@@ -56,6 +56,13 @@ FailoverDetectSOption = typer.Option(
     help="object-storage failover: switch new objects to bucket 1 once a majority of "
     "brokers has failed to write to bucket 0 for this long (default 10 s)",
 )
+BucketPrefixOption = typer.Option(
+    None,
+    "--bucket-prefix",
+    help="a key prefix (e.g. cluster-a) for every object of this cluster in its buckets, so "
+    "clusters can share a bucket, or a new cluster can use a bucket an earlier one used "
+    "without meeting its WAL and router channels (stored in the cluster config)",
+)
 SessionTimeoutMsOption = typer.Option(6000, min=500, help="broker session timeout")
 WalCapacityMibOption = typer.Option(
     None,
@@ -150,6 +157,7 @@ _UP_FLAGS = (
     "azs",
     "base_port",
     "bucket_uris",
+    "bucket_prefix",
     "session_timeout_ms",
     "wal_capacity_mib",
     "upload_interval_s",
@@ -301,6 +309,7 @@ def _create(
         failover_detect_s=values["failover_detect_s"],
         store_dir=values["store_dir"],
         broker_overrides=parse_broker_overrides(values["broker_config"]),
+        bucket_prefix=values["bucket_prefix"],
     )
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)

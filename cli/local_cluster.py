@@ -34,6 +34,7 @@ from cli.cluster_layout import (
     controller_addresses,
     controller_settings,
     embedded_store_configs,
+    prefixed_buckets,
 )
 from cli.config_files import broker_config, read_login, write_new_login, write_private
 from cli.external_buckets import external_buckets
@@ -121,6 +122,7 @@ class LocalCluster:
         failover_detect_s: float | None = None,
         store_dir: Path | None = None,
         broker_overrides: dict | None = None,
+        bucket_prefix: str | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
@@ -151,6 +153,8 @@ class LocalCluster:
             embedded, embedded_failover, buckets = embedded_store_configs(
                 store_dir or self.dir, ports[stores_at:], base_port, taken=set(ports)
             )
+        if bucket_prefix:
+            buckets = prefixed_buckets(buckets, bucket_prefix)
         config = ClusterConfig(
             host=host,
             controllers=controller_addresses(host, ports, controllers),
