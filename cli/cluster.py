@@ -29,6 +29,7 @@ def up(
     controllers: int = cluster_up.ControllersOption,
     azs: str = cluster_up.AzsOption,
     base_port: int | None = cluster_up.BasePortOption,
+    port_range: str | None = cluster_up.PortRangeOption,
     bucket_uris: str | None = cluster_up.BucketUrisOption,
     bucket_secrets_file: Path | None = cluster_up.BucketSecretsFileOption,
     bucket_prefix: str | None = cluster_up.BucketPrefixOption,

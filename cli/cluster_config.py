@@ -104,6 +104,8 @@ class ClusterConfig(BaseModel):
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
+    # `cluster up --port-range` [low, high] the ports were chosen from (None: not given)
+    port_range: list[int] | None = None
     # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
     # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
     sasl: bool = False

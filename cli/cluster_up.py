@@ -35,7 +35,18 @@ class WALKind(str, enum.Enum):
 BrokersOption = typer.Option(3, min=1, max=64, help="number of brokers")
 ControllersOption = typer.Option(3, min=1, max=7, help="number of controllers (odd)")
 AzsOption = typer.Option("az1,az2,az3", help="comma-separated AZ names, brokers round-robin")
-BasePortOption = typer.Option(None, help="first of consecutive ports (default: free ports)")
+BasePortOption = typer.Option(
+    None, help="first of consecutive ports (default: free ports of --port-range's range)"
+)
+PortRangeOption = typer.Option(
+    None,
+    "--port-range",
+    metavar="LOW-HIGH",
+    help="every port of the cluster (controllers, brokers, embedded stores and their admin "
+    "gRPC ports) is a free one of this range, taken from its low end; embedded stores need "
+    "a range of more than 10000 ports (default: free ports of 10000-32767, below the "
+    "kernel's ephemeral range)",
+)
 BucketUrisOption = typer.Option(
     None,
     help="external S3 buckets instead of the embedded store: "
@@ -156,6 +167,7 @@ _UP_FLAGS = (
     "controllers",
     "azs",
     "base_port",
+    "port_range",
     "bucket_uris",
     "bucket_prefix",
     "session_timeout_ms",
@@ -310,6 +322,7 @@ def _create(
         store_dir=values["store_dir"],
         broker_overrides=parse_broker_overrides(values["broker_config"]),
         bucket_prefix=values["bucket_prefix"],
+        port_range=values["port_range"],
     )
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)

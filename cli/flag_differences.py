@@ -18,6 +18,7 @@ def flag_differences(
     controllers: int | None = None,
     azs: list[str] | None = None,
     base_port: int | None = None,
+    port_range: str | None = None,
     bucket_uris: str | None = None,
     bucket_prefix: str | None = None,
     session_timeout_ms: int | None = None,
@@ -41,6 +42,7 @@ def flag_differences(
         *_topology_differences(
             config, brokers=brokers, controllers=controllers, azs=azs, base_port=base_port
         ),
+        *_port_range_differences(config, port_range),
         *_bucket_differences(config, bucket_uris, bucket_prefix),
         *_broker_storage_differences(
             config,
@@ -102,6 +104,16 @@ def _topology_differences(
                 f"the first {first})"
             )
     return out
+
+
+def _port_range_differences(config: ClusterConfig, port_range: str | None) -> list[str]:
+    """--port-range."""
+    from cli.port_allocator import parse_port_range
+
+    if port_range is None or list(parse_port_range(port_range)) == config.port_range:
+        return []
+    have = "-".join(map(str, config.port_range)) if config.port_range else "none"
+    return [f"--port-range {port_range} (the cluster has {have})"]
 
 
 def _bucket_differences(

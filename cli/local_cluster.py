@@ -34,11 +34,13 @@ from cli.cluster_layout import (
     controller_addresses,
     controller_settings,
     embedded_store_configs,
+    port_allocator,
     prefixed_buckets,
 )
 from cli.config_files import broker_config, read_login, write_new_login, write_private
 from cli.external_buckets import external_buckets
 from cli.os_processes import proc_start_time, scan_processes, terminate
+from cli.port_allocator import parse_port_range
 from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from dataplane.objectstore.seaweed import (
     ADMIN_GRPC_OFFSET,
@@ -123,6 +125,7 @@ class LocalCluster:
         store_dir: Path | None = None,
         broker_overrides: dict | None = None,
         bucket_prefix: str | None = None,
+        port_range: str | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
@@ -142,7 +145,8 @@ class LocalCluster:
         broker_ports = brokers * (per_broker + 1)  # its listeners' ports and its metrics port
         # two embedded stores (main: bucket 0, failover: bucket 1)
         needed = controllers * 2 + broker_ports + (0 if bucket_uris else 2 * PORTS_PER_STORE)
-        ports = cluster_ports(needed, base_port, embedded_stores=not bucket_uris)
+        allocator = port_allocator(base_port, port_range)
+        ports = cluster_ports(needed, base_port, not bucket_uris, allocator)
         host = "127.0.0.1"
         stores_at = controllers * 2 + broker_ports
         embedded: dict | None = None
@@ -151,7 +155,7 @@ class LocalCluster:
             buckets = external_buckets(bucket_uris, bucket_secrets_file)
         else:
             embedded, embedded_failover, buckets = embedded_store_configs(
-                store_dir or self.dir, ports[stores_at:], base_port, taken=set(ports)
+                store_dir or self.dir, ports[stores_at:], allocator
             )
         if bucket_prefix:
             buckets = prefixed_buckets(buckets, bucket_prefix)
@@ -175,6 +179,7 @@ class LocalCluster:
             broker_wal=wal,
             azs=list(azs),
             base_port=base_port,
+            port_range=list(parse_port_range(port_range)) if port_range else None,
             sasl=sasl,
             tls=tls,
             tls_dir=str(self.tls_dir.resolve()) if tls else None,
