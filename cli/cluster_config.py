@@ -40,6 +40,7 @@ DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 FAILOVER_STORE = "s3-failover"  # the component name of the failover bucket's store
 STORE_COMPONENTS = ("s3", FAILOVER_STORE)
 COMPACTION_SCHEDULER = "compaction-scheduler"  # component name (cli/compaction_scheduler.py)
+SUPERVISOR = "supervisor"  # component name (cli/supervisor.py, `cluster up --supervise`)
 MIB = 1024 * 1024
 
 
@@ -106,6 +107,8 @@ class ClusterConfig(BaseModel):
     base_port: int | None = None
     # `cluster up --port-range` [low, high] the ports were chosen from (None: not given)
     port_range: list[int] | None = None
+    # `cluster up --supervise`: a supervisor process restarts crashed components
+    supervise: bool = False
     # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
     # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
     sasl: bool = False

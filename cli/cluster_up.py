@@ -12,7 +12,13 @@ import typer
 from rich.markup import escape
 
 from cli import cluster_properties
-from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
+from cli.cluster_config import (
+    COMPACTION_SCHEDULER,
+    STORE_COMPONENTS,
+    SUPERVISOR,
+    ClusterConfig,
+    ClusterError,
+)
 from cli.config_files import parse_broker_overrides
 from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
@@ -73,6 +79,14 @@ BucketPrefixOption = typer.Option(
     help="a key prefix (e.g. cluster-a) for every object of this cluster in its buckets, so "
     "clusters can share a bucket, or a new cluster can use a bucket an earlier one used "
     "without meeting its WAL and router channels (stored in the cluster config)",
+)
+SuperviseOption = typer.Option(
+    False,
+    "--supervise",
+    help="run a supervisor process that restarts crashed processes (stores, controllers, "
+    "brokers) with a backoff of 1 s doubling to 30 s; `broker stop/kill` and `cluster "
+    "down` still stop them; restarts show in `cluster status` and logs/supervisor.log "
+    "(kept for the cluster once given)",
 )
 SessionTimeoutMsOption = typer.Option(6000, min=500, help="broker session timeout")
 WalCapacityMibOption = typer.Option(
@@ -247,6 +261,9 @@ def run_up(ctx: typer.Context, values: dict) -> None:
     try:
         if cluster.exists():
             config = cluster.load()
+            if values["supervise"] and not config.supervise:
+                config.supervise = True  # supervision can be added to a cluster
+                cluster.save(config)
             was_running, missing = _restart_plan(cluster, config, given, mapping)
             restarting = True
         else:
@@ -327,6 +344,9 @@ def _create(
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)
         cluster.save(config)
+    if values["supervise"]:
+        config.supervise = True
+        cluster.save(config)
     return config
 
 
@@ -370,6 +390,9 @@ def _start_missing(
     if COMPACTION_SCHEDULER in missing:  # a compaction schedule exists
         started.append(COMPACTION_SCHEDULER)
         cluster.start_compaction_scheduler()
+    if SUPERVISOR in missing:  # `--supervise`: everything it watches is started by now
+        started.append(SUPERVISOR)
+        cluster.start_supervisor()
     with waiting("waiting for the brokers to register", format):
         return wait_until(
             lambda: _ready_status(cluster, config, old_epochs),

@@ -23,6 +23,7 @@ from cli.cluster_config import (
     COMPACTION_SCHEDULER,
     FAILOVER_STORE,
     STORE_COMPONENTS,
+    SUPERVISOR,
     ClusterConfig,
     ClusterError,
 )
@@ -88,13 +89,34 @@ class LocalCluster:
         return self.dir / "pids" / f"{name}.pid"
 
     def component_names(self, config: ClusterConfig) -> list[str]:
-        """Every component: the embedded stores, controllers, brokers, the scheduler."""
+        """Every component: the embedded stores, controllers, brokers, the scheduler, the
+        supervisor (`cluster up --supervise`)."""
+        names = self.supervised_names(config)
+        if (self.dir / "compaction" / "schedule.json").exists():
+            names.append(COMPACTION_SCHEDULER)  # `compaction schedule` made it a component
+        if config.supervise:
+            names.append(SUPERVISOR)
+        return names
+
+    def supervised_names(self, config: ClusterConfig) -> list[str]:
+        """The components a supervisor restarts: embedded stores, controllers, brokers."""
         names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
-        if (self.dir / "compaction" / "schedule.json").exists():
-            names.append(COMPACTION_SCHEDULER)  # `compaction schedule` made it a component
         return names
+
+    def held(self, name: str) -> bool:
+        """Was component `name` stopped on purpose (a supervisor leaves it down)?"""
+        return self._held_path(name).exists()
+
+    def _held_path(self, name: str) -> Path:
+        return self.dir / "pids" / f"{name}.held"
+
+    def start_supervisor(self) -> int:
+        """The process that restarts crashed components (cli/supervisor.py)."""
+        return self._spawn(
+            SUPERVISOR, [sys.executable, "-m", "cli.supervisor", "--dir", str(self.dir)]
+        )
 
     def start_compaction_scheduler(self) -> int:
         """The process that runs the Spark compaction job on its schedule."""
@@ -325,6 +347,7 @@ class LocalCluster:
         return {n: result[n] for n in names if n in result}
 
     def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
+        self._held_path(name).unlink(missing_ok=True)  # started: supervised again
         log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -401,6 +424,7 @@ class LocalCluster:
                 else:
                     config.embedded_s3_failover = s3.to_json()
                 self.save(config)
+            self._held_path(name).unlink(missing_ok=True)
             proc = start_seaweed(s3, self.log_path(name))
             self._record_pid(name, proc.pid)
             started.append((s3, proc))
@@ -444,6 +468,9 @@ class LocalCluster:
         """Stop every process of one component (SIGTERM, SIGKILL after `timeout_s`; only
         SIGKILL with `kill`) and wait until they are gone. True if one was running."""
         recorded = self._pid_file(name)
+        if name != SUPERVISOR:  # a supervisor leaves it down until it is started again
+            self._held_path(name).parent.mkdir(parents=True, exist_ok=True)
+            self._held_path(name).touch()
         targets = [recorded] if recorded else []
         targets += [
             (p, None) for p in self.scan().get(name, []) if not recorded or p != recorded[0]
@@ -471,7 +498,9 @@ class LocalCluster:
         """Stop brokers, then controllers, then the object store; names that were running.
         Finds processes without a true PID file by their command line too."""
         stopped = []
-        order = [COMPACTION_SCHEDULER] if self.pids(COMPACTION_SCHEDULER) else []
+        # the supervisor first: it would restart what is being stopped
+        order = [SUPERVISOR] if self.pids(SUPERVISOR) else []
+        order += [COMPACTION_SCHEDULER] if self.pids(COMPACTION_SCHEDULER) else []
         order += [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
         order += [n for n in self.component_names(config) if n in STORE_COMPONENTS]
