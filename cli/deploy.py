@@ -455,7 +455,11 @@ def run(
         None, "--override", help="KEY=VALUE replacing a --properties key (repeatable)"
     ),
 ) -> None:
-    """Run one controller or broker in the foreground (for systemd or a container)."""
+    """Run one controller or broker in the foreground (for systemd or a container).
+
+    A node that dies is not restarted by this command: let systemd restart it
+    (`Restart=on-failure`, `RestartSec=2` in its unit) or the container runtime
+    (`--restart on-failure`)."""
     notes: list[str] = []
     try:
         props = read_node_properties(properties, override or [])
