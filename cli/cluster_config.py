@@ -58,6 +58,9 @@ class BrokerSpec(BaseModel):
     # the port of each listener (ClusterConfig.listeners order; the first is kafka_port);
     # None: one listener on kafka_port
     listener_ports: list[int] | None = None
+    # its shard store's port (erasure-coded partitions), from the cluster's port allocator;
+    # None (--base-port, or configs written before): any free port, chosen by the broker
+    shard_store_port: int | None = None
 
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -212,6 +215,8 @@ class ClusterConfig(BaseModel):
                 ports[f"broker-{b.node_id} kafka"] = b.kafka_port
             if b.metrics_port:
                 ports[f"broker-{b.node_id} metrics"] = b.metrics_port
+            if b.shard_store_port:
+                ports[f"broker-{b.node_id} shard-store"] = b.shard_store_port
         for component, store in self.embedded_stores().items():
             for name, port in store["ports"].items():
                 ports[f"{component} {name}"] = port

@@ -126,6 +126,8 @@ def broker_config(
         )
     if config.broker_wal == "s3":
         storage["wal"]["uri"] = broker_wal_uri(config, node_id)
+    if spec.shard_store_port:
+        storage["erasure"] = {"shard_store_port": spec.shard_store_port}
     for section in config.broker_overrides:
         # a section given in part keeps the broker's defaults for the rest (the broker's
         # object_store default differs from ObjectStorageConfig's own)

@@ -181,10 +181,14 @@ class LocalCluster:
             )
         if bucket_prefix:
             buckets = prefixed_buckets(buckets, bucket_prefix)
+        specs = broker_specs(ports[controllers * 2 : stores_at], brokers, azs, kinds)
+        if allocator is not None:  # the shard stores' ports from the same range
+            for spec, port in zip(specs, allocator.take(brokers), strict=True):
+                spec.shard_store_port = port
         config = ClusterConfig(
             host=host,
             controllers=controller_addresses(host, ports, controllers),
-            brokers=broker_specs(ports[controllers * 2 : stores_at], brokers, azs, kinds),
+            brokers=specs,
             password=secrets.token_urlsafe(24),
             api_secret=generate_secret(),
             settings=controller_settings(

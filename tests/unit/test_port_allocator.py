@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.cluster_config import ClusterError
+from cli.config_files import broker_config
 from cli.flag_differences import flag_differences
 from cli.local_cluster import LocalCluster
 from cli.port_allocator import PortAllocator, default_port_range, parse_port_range
@@ -56,6 +57,10 @@ def test_every_port_comes_from_the_range_taken_ports_skipped(tmp_path: Path) -> 
     ports = config.all_ports()
     assert len(set(ports.values())) == len(ports)
     assert all(low < p <= high for p in ports.values()), ports  # `low` was taken
+    assert {f"broker-{n} shard-store" for n in (1, 2, 3)} <= set(ports)  # pinned too
+    spec = config.brokers[0]
+    bcfg = broker_config(config, spec, tmp_path / "b1", tmp_path / "tls", None)
+    assert bcfg.erasure.shard_store_port == spec.shard_store_port
     for store in (config.embedded_s3, config.embedded_s3_failover):
         assert store["ports"]["admin_grpc"] == store["ports"]["admin"] + ADMIN_GRPC_OFFSET
     assert config.port_range == [low, high]
