@@ -47,7 +47,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
+from tests.support.ledger import create_topic  # noqa: E402
 
 MIB = 1024 * 1024
 RANGE_BYTES = 4 * MIB

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._harness import emit, running_cluster  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic  # noqa: E402
 
 
 def leader_status(d: Path) -> dict:

@@ -54,7 +54,7 @@ from benchmarks._harness import (  # noqa: E402
     running_cluster,
     sparse_catchup_mb_s,
 )
-from tests.e2e.ledger import create_topic  # noqa: E402
+from tests.support.ledger import create_topic  # noqa: E402
 
 SMALL_OBJECTS = ("--controllers", "1", "--upload-interval-s", "0.5")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._harness import emit, running_cluster  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
 
 
 def _summary(values: list[float]) -> dict:

@@ -93,7 +93,7 @@ from dataplane.kafka.erasure_partition import ErasurePartition  # noqa: E402
 from dataplane.kafka.erasure_seal import ErasureSealer  # noqa: E402
 from dataplane.objectstore import ObjectStorage  # noqa: E402
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
+from tests.support.ledger import create_topic  # noqa: E402
 
 MB = 1_000_000
 

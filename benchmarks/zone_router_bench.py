@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from benchmarks._harness import emit, running_cluster  # noqa: E402
-from tests.e2e.ledger import automqctl, create_topic, leaders  # noqa: E402
+from tests.support.ledger import automqctl, create_topic, leaders  # noqa: E402
 
 AZS = ("az1", "az2", "az3")
 PARTITIONS = 6

@@ -40,6 +40,7 @@ DEFAULT_CLUSTER_DIR = Path.home() / ".automqctl" / "cluster"
 FAILOVER_STORE = "s3-failover"  # the component name of the failover bucket's store
 STORE_COMPONENTS = ("s3", FAILOVER_STORE)
 COMPACTION_SCHEDULER = "compaction-scheduler"  # component name (cli/compaction_scheduler.py)
+SUPERVISOR = "supervisor"  # component name (cli/supervisor.py, `cluster up --supervise`)
 MIB = 1024 * 1024
 
 
@@ -57,6 +58,9 @@ class BrokerSpec(BaseModel):
     # the port of each listener (ClusterConfig.listeners order; the first is kafka_port);
     # None: one listener on kafka_port
     listener_ports: list[int] | None = None
+    # its shard store's port (erasure-coded partitions), from the cluster's port allocator;
+    # None (--base-port, or configs written before): any free port, chosen by the broker
+    shard_store_port: int | None = None
 
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -107,6 +111,10 @@ class ClusterConfig(BaseModel):
     # the flags of `cluster up` that made this config (None in configs written before)
     azs: list[str] | None = None
     base_port: int | None = None
+    # `cluster up --port-range` [low, high] the ports were chosen from (None: not given)
+    port_range: list[int] | None = None
+    # `cluster up --supervise`: a supervisor process restarts crashed components
+    supervise: bool = False
     # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
     # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT
     sasl: bool = False
@@ -210,6 +218,8 @@ class ClusterConfig(BaseModel):
                 ports[f"broker-{b.node_id} kafka"] = b.kafka_port
             if b.metrics_port:
                 ports[f"broker-{b.node_id} metrics"] = b.metrics_port
+            if b.shard_store_port:
+                ports[f"broker-{b.node_id} shard-store"] = b.shard_store_port
         for component, store in self.embedded_stores().items():
             for name, port in store["ports"].items():
                 ports[f"{component} {name}"] = port

@@ -14,6 +14,7 @@ from cli.cluster_config import (
     ClusterError,
     ListenerKind,
 )
+from cli.port_allocator import PortAllocator, default_port_range, parse_port_range
 from controlplane.config import BucketConfig, ControllerAddress
 from controlplane.listeners import (
     SASL_PROTOCOLS,
@@ -22,12 +23,7 @@ from controlplane.listeners import (
     parse_listener_kinds,
 )
 from controlplane.settings import ControllerSettings
-from dataplane.objectstore.seaweed import (
-    ADMIN_GRPC_OFFSET,
-    SeaweedConfig,
-    find_admin_ports,
-    find_free_ports,
-)
+from dataplane.objectstore.seaweed import ADMIN_GRPC_OFFSET, SeaweedConfig
 
 # each embedded store (main: bucket 0, failover: bucket 1) takes this many ports
 PORTS_PER_STORE = 10
@@ -78,16 +74,33 @@ def check_create_flags(
     return store_dir, kinds
 
 
-def cluster_ports(needed: int, base_port: int | None, embedded_stores: bool) -> list[int]:
+def port_allocator(base_port: int | None, port_range: str | None) -> PortAllocator | None:
+    """The allocator of a new cluster's ports: `--port-range`'s (in order from its low
+    end), else the default range's (at random); None with --base-port (consecutive ports)."""
+    if base_port is not None:
+        if port_range is not None:
+            raise ClusterError("--base-port and --port-range do not go together: give one")
+        return None
+    if port_range is not None:
+        return PortAllocator(*parse_port_range(port_range))
+    return PortAllocator(*default_port_range(), in_order=False)
+
+
+def cluster_ports(
+    needed: int,
+    base_port: int | None,
+    embedded_stores: bool,
+    allocator: PortAllocator | None = None,
+) -> list[int]:
     """`needed` ports for a new cluster: consecutive from --base-port (checked to fit), else
-    free ones (chosen, not bound yet)."""
+    free ones of the allocator's range (chosen, not bound yet)."""
     # the object store's admin gRPC port is its admin port + ADMIN_GRPC_OFFSET
     top = 65535 - needed - (ADMIN_GRPC_OFFSET if embedded_stores else 0)
     if base_port is not None:
         if not 1024 <= base_port <= top:
             raise ClusterError(f"--base-port must be in 1024..{top}")
         return list(range(base_port, base_port + needed))
-    return find_free_ports(needed)
+    return (allocator or port_allocator(None, None)).take(needed)
 
 
 def controller_addresses(host: str, ports: list[int], controllers: int) -> list[ControllerAddress]:
@@ -118,22 +131,20 @@ def broker_specs(
 
 
 def embedded_store_configs(
-    data_root: Path, ports: list[int], base_port: int | None, taken: set[int]
+    data_root: Path, ports: list[int], allocator: PortAllocator | None
 ) -> tuple[dict, dict, list[BucketConfig]]:
     """The main and the failover embedded stores (SeaweedConfig JSON, their data under
-    `data_root`) on `ports` and their buckets 0 and 1. Without --base-port their admin
-    port pairs are chosen free apart from `taken`, the ports the cluster chose already."""
+    `data_root`) on `ports` and their buckets 0 and 1. With an `allocator` (no
+    --base-port) their admin port pairs (P, P + ADMIN_GRPC_OFFSET) come from it too."""
     buckets = []
     stores = []
-    taken = set(taken)
     for i, (component, name) in enumerate(
         (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
     ):
         s3 = SeaweedConfig.generate(data_root / component, buckets=[name])
         s3.ports = dict(zip(s3.ports, ports[PORTS_PER_STORE * i : PORTS_PER_STORE * (i + 1)]))
-        if base_port is None:
-            s3.ports["admin"], s3.ports["admin_grpc"] = find_admin_ports(exclude=taken)
-            taken |= {s3.ports["admin"], s3.ports["admin_grpc"]}
+        if allocator is not None:
+            s3.ports["admin"], s3.ports["admin_grpc"] = allocator.take_pair(ADMIN_GRPC_OFFSET)
         else:
             s3.ports["admin_grpc"] = s3.ports["admin"] + ADMIN_GRPC_OFFSET
         stores.append(s3.to_json())
@@ -146,6 +157,17 @@ def embedded_store_configs(
             )
         )
     return stores[0], stores[1], buckets
+
+
+def prefixed_buckets(buckets: list[BucketConfig], prefix: str) -> list[BucketConfig]:
+    """`buckets` with every key under `prefix` (`--bucket-prefix`), or ClusterError naming
+    what is wrong with it."""
+    from dataplane.objectstore.bucket_uri import with_key_prefix
+
+    try:
+        return [b.model_copy(update={"uri": with_key_prefix(b.uri, prefix)}) for b in buckets]
+    except ValueError as exc:
+        raise ClusterError(f"--bucket-prefix: {exc}") from None
 
 
 def controller_settings(

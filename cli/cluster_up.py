@@ -12,7 +12,13 @@ import typer
 from rich.markup import escape
 
 from cli import cluster_properties
-from cli.cluster_config import COMPACTION_SCHEDULER, STORE_COMPONENTS, ClusterConfig, ClusterError
+from cli.cluster_config import (
+    COMPACTION_SCHEDULER,
+    STORE_COMPONENTS,
+    SUPERVISOR,
+    ClusterConfig,
+    ClusterError,
+)
 from cli.config_files import parse_broker_overrides
 from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
@@ -43,7 +49,18 @@ ClientAzCidrsOption = typer.Option(
     "repeat): the zone router places a client by them when neither its client.id "
     "(automq_az=) nor its Fetch's rack (client.rack) names an AZ",
 )
-BasePortOption = typer.Option(None, help="first of consecutive ports (default: free ports)")
+BasePortOption = typer.Option(
+    None, help="first of consecutive ports (default: free ports of --port-range's range)"
+)
+PortRangeOption = typer.Option(
+    None,
+    "--port-range",
+    metavar="LOW-HIGH",
+    help="every port of the cluster (controllers, brokers, embedded stores and their admin "
+    "gRPC ports) is a free one of this range, taken from its low end; embedded stores need "
+    "a range of more than 10000 ports (default: free ports of 10000-32767, below the "
+    "kernel's ephemeral range)",
+)
 BucketUrisOption = typer.Option(
     None,
     help="external S3 buckets instead of the embedded store: "
@@ -63,6 +80,21 @@ FailoverDetectSOption = typer.Option(
     max=3600,
     help="object-storage failover: switch new objects to bucket 1 once a majority of "
     "brokers has failed to write to bucket 0 for this long (default 10 s)",
+)
+BucketPrefixOption = typer.Option(
+    None,
+    "--bucket-prefix",
+    help="a key prefix (e.g. cluster-a) for every object of this cluster in its buckets, so "
+    "clusters can share a bucket, or a new cluster can use a bucket an earlier one used "
+    "without meeting its WAL and router channels (stored in the cluster config)",
+)
+SuperviseOption = typer.Option(
+    False,
+    "--supervise",
+    help="run a supervisor process that restarts crashed processes (stores, controllers, "
+    "brokers) with a backoff of 1 s doubling to 30 s; `broker stop/kill` and `cluster "
+    "down` still stop them; restarts show in `cluster status` and logs/supervisor.log "
+    "(kept for the cluster once given)",
 )
 SessionTimeoutMsOption = typer.Option(6000, min=500, help="broker session timeout")
 WalCapacityMibOption = typer.Option(
@@ -158,7 +190,9 @@ _UP_FLAGS = (
     "azs",
     "client_az_cidrs",
     "base_port",
+    "port_range",
     "bucket_uris",
+    "bucket_prefix",
     "session_timeout_ms",
     "wal_capacity_mib",
     "upload_interval_s",
@@ -248,6 +282,9 @@ def run_up(ctx: typer.Context, values: dict) -> None:
     try:
         if cluster.exists():
             config = cluster.load()
+            if values["supervise"] and not config.supervise:
+                config.supervise = True  # supervision can be added to a cluster
+                cluster.save(config)
             was_running, missing = _restart_plan(cluster, config, given, mapping)
             restarting = True
         else:
@@ -326,9 +363,14 @@ def _create(
         store_dir=values["store_dir"],
         broker_overrides=overrides,
         client_az_cidrs=_client_az_cidrs(values["client_az_cidrs"]),
+        bucket_prefix=values["bucket_prefix"],
+        port_range=values["port_range"],
     )
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)
+        cluster.save(config)
+    if values["supervise"]:
+        config.supervise = True
         cluster.save(config)
     return config
 
@@ -373,6 +415,9 @@ def _start_missing(
     if COMPACTION_SCHEDULER in missing:  # a compaction schedule exists
         started.append(COMPACTION_SCHEDULER)
         cluster.start_compaction_scheduler()
+    if SUPERVISOR in missing:  # `--supervise`: everything it watches is started by now
+        started.append(SUPERVISOR)
+        cluster.start_supervisor()
     with waiting("waiting for the brokers to register", format):
         return wait_until(
             lambda: _ready_status(cluster, config, old_epochs),

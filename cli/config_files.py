@@ -128,6 +128,8 @@ def broker_config(
         storage["wal"]["uri"] = broker_wal_uri(config, node_id)
     if config.client_az_cidrs:
         storage["zone_router"] = {"client_az_cidrs": dict(config.client_az_cidrs)}
+    if spec.shard_store_port:
+        storage["erasure"] = {"shard_store_port": spec.shard_store_port}
     for section in config.broker_overrides:
         # a section given in part keeps the broker's defaults for the rest (the broker's
         # object_store default differs from ObjectStorageConfig's own)

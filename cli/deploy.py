@@ -478,7 +478,11 @@ def run(
         None, "--override", help="KEY=VALUE replacing a --properties key (repeatable)"
     ),
 ) -> None:
-    """Run one controller or broker in the foreground (for systemd or a container)."""
+    """Run one controller or broker in the foreground (for systemd or a container).
+
+    A node that dies is not restarted by this command: let systemd restart it
+    (`Restart=on-failure`, `RestartSec=2` in its unit) or the container runtime
+    (`--restart on-failure`)."""
     notes: list[str] = []
     try:
         props = read_node_properties(properties, override or [])
@@ -499,6 +503,13 @@ def run(
 def init_command(
     topology: Path = typer.Option(..., "--topology", help="topology YAML (see docs/deployment.md)"),
     out: Path = typer.Option(..., "--out", help="where to write one directory per host"),
+    bucket_prefix: str | None = typer.Option(
+        None,
+        "--bucket-prefix",
+        help="a key prefix (e.g. cluster-b) for every object of this cluster in its buckets: "
+        "a bucket an earlier cluster used can be used again (its WAL and router channels "
+        "stay under the old keys); also `prefix=` in a bucket URI",
+    ),
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
     """Write one config directory per host of a multi-host cluster (node files + secrets)."""
@@ -506,6 +517,14 @@ def init_command(
         topo = load_topology(topology)
     except ValueError as exc:
         fail(str(exc))
+    if bucket_prefix:
+        from dataplane.objectstore.bucket_uri import with_key_prefix
+
+        try:
+            prefixed = [with_key_prefix(u, bucket_prefix) for u in topo.buckets]
+        except ValueError as exc:
+            fail(f"--bucket-prefix: {exc}")
+        topo = topo.model_copy(update={"buckets": prefixed})
     if out.exists() and any(out.iterdir()):
         fail(f"{out} is not empty: choose a new --out (init never overwrites secrets)")
     written = init_topology(topo, out)

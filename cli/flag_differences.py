@@ -18,7 +18,9 @@ def flag_differences(
     controllers: int | None = None,
     azs: list[str] | None = None,
     base_port: int | None = None,
+    port_range: str | None = None,
     bucket_uris: str | None = None,
+    bucket_prefix: str | None = None,
     session_timeout_ms: int | None = None,
     wal_capacity_mib: int | None = None,
     upload_interval_s: float | None = None,
@@ -41,7 +43,8 @@ def flag_differences(
         *_topology_differences(
             config, brokers=brokers, controllers=controllers, azs=azs, base_port=base_port
         ),
-        *_bucket_differences(config, bucket_uris),
+        *_port_range_differences(config, port_range),
+        *_bucket_differences(config, bucket_uris, bucket_prefix),
         *_broker_storage_differences(
             config,
             session_timeout_ms=session_timeout_ms,
@@ -114,14 +117,35 @@ def _topology_differences(
     return out
 
 
-def _bucket_differences(config: ClusterConfig, bucket_uris: str | None) -> list[str]:
-    """--bucket-uris."""
+def _port_range_differences(config: ClusterConfig, port_range: str | None) -> list[str]:
+    """--port-range."""
+    from cli.port_allocator import parse_port_range
+
+    if port_range is None or list(parse_port_range(port_range)) == config.port_range:
+        return []
+    have = "-".join(map(str, config.port_range)) if config.port_range else "none"
+    return [f"--port-range {port_range} (the cluster has {have})"]
+
+
+def _bucket_differences(
+    config: ClusterConfig, bucket_uris: str | None, bucket_prefix: str | None
+) -> list[str]:
+    """--bucket-uris, --bucket-prefix."""
+    from cli.cluster_layout import prefixed_buckets
+    from dataplane.objectstore.bucket_uri import BucketURI, normalize_key_prefix
+
     out: list[str] = []
+    have_prefix = BucketURI.parse(config.buckets[0].uri).key_prefix if config.buckets else ""
+    if bucket_prefix is not None and normalize_key_prefix(bucket_prefix) != have_prefix:
+        out.append(f"--bucket-prefix {bucket_prefix} (the cluster has {have_prefix or 'none'})")
     if bucket_uris is not None:
         if config.embedded_s3:
             out.append("--bucket-uris (the cluster uses the embedded object store)")
         else:
-            given = sorted((b.bucket_id, b.uri) for b in external_buckets(bucket_uris))
+            given_buckets = external_buckets(bucket_uris)
+            if have_prefix:
+                given_buckets = prefixed_buckets(given_buckets, have_prefix)
+            given = sorted((b.bucket_id, b.uri) for b in given_buckets)
             have_b = sorted((b.bucket_id, b.uri) for b in config.buckets)
             if given != have_b:
                 out.append(

@@ -23,6 +23,7 @@ from cli.cluster_config import (
     COMPACTION_SCHEDULER,
     FAILOVER_STORE,
     STORE_COMPONENTS,
+    SUPERVISOR,
     ClusterConfig,
     ClusterError,
 )
@@ -34,10 +35,13 @@ from cli.cluster_layout import (
     controller_addresses,
     controller_settings,
     embedded_store_configs,
+    port_allocator,
+    prefixed_buckets,
 )
 from cli.config_files import broker_config, read_login, write_new_login, write_private
 from cli.external_buckets import external_buckets
 from cli.os_processes import proc_start_time, scan_processes, terminate
+from cli.port_allocator import parse_port_range
 from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from dataplane.objectstore.seaweed import (
     ADMIN_GRPC_OFFSET,
@@ -85,13 +89,34 @@ class LocalCluster:
         return self.dir / "pids" / f"{name}.pid"
 
     def component_names(self, config: ClusterConfig) -> list[str]:
-        """Every component: the embedded stores, controllers, brokers, the scheduler."""
+        """Every component: the embedded stores, controllers, brokers, the scheduler, the
+        supervisor (`cluster up --supervise`)."""
+        names = self.supervised_names(config)
+        if (self.dir / "compaction" / "schedule.json").exists():
+            names.append(COMPACTION_SCHEDULER)  # `compaction schedule` made it a component
+        if config.supervise:
+            names.append(SUPERVISOR)
+        return names
+
+    def supervised_names(self, config: ClusterConfig) -> list[str]:
+        """The components a supervisor restarts: embedded stores, controllers, brokers."""
         names = list(config.embedded_stores())
         names += [f"controller-{c.node_id}" for c in config.controllers]
         names += [f"broker-{b.node_id}" for b in config.brokers]
-        if (self.dir / "compaction" / "schedule.json").exists():
-            names.append(COMPACTION_SCHEDULER)  # `compaction schedule` made it a component
         return names
+
+    def held(self, name: str) -> bool:
+        """Was component `name` stopped on purpose (a supervisor leaves it down)?"""
+        return self._held_path(name).exists()
+
+    def _held_path(self, name: str) -> Path:
+        return self.dir / "pids" / f"{name}.held"
+
+    def start_supervisor(self) -> int:
+        """The process that restarts crashed components (cli/supervisor.py)."""
+        return self._spawn(
+            SUPERVISOR, [sys.executable, "-m", "cli.supervisor", "--dir", str(self.dir)]
+        )
 
     def start_compaction_scheduler(self) -> int:
         """The process that runs the Spark compaction job on its schedule."""
@@ -122,6 +147,8 @@ class LocalCluster:
         store_dir: Path | None = None,
         broker_overrides: dict | None = None,
         client_az_cidrs: dict[str, str] | None = None,
+        bucket_prefix: str | None = None,
+        port_range: str | None = None,
     ) -> ClusterConfig:
         """Write a new cluster config with fresh ports and secrets (nothing is written when
         the flags are invalid)."""
@@ -141,7 +168,8 @@ class LocalCluster:
         broker_ports = brokers * (per_broker + 1)  # its listeners' ports and its metrics port
         # two embedded stores (main: bucket 0, failover: bucket 1)
         needed = controllers * 2 + broker_ports + (0 if bucket_uris else 2 * PORTS_PER_STORE)
-        ports = cluster_ports(needed, base_port, embedded_stores=not bucket_uris)
+        allocator = port_allocator(base_port, port_range)
+        ports = cluster_ports(needed, base_port, not bucket_uris, allocator)
         host = "127.0.0.1"
         stores_at = controllers * 2 + broker_ports
         embedded: dict | None = None
@@ -150,12 +178,18 @@ class LocalCluster:
             buckets = external_buckets(bucket_uris, bucket_secrets_file)
         else:
             embedded, embedded_failover, buckets = embedded_store_configs(
-                store_dir or self.dir, ports[stores_at:], base_port, taken=set(ports)
+                store_dir or self.dir, ports[stores_at:], allocator
             )
+        if bucket_prefix:
+            buckets = prefixed_buckets(buckets, bucket_prefix)
+        specs = broker_specs(ports[controllers * 2 : stores_at], brokers, azs, kinds)
+        if allocator is not None:  # the shard stores' ports from the same range
+            for spec, port in zip(specs, allocator.take(brokers), strict=True):
+                spec.shard_store_port = port
         config = ClusterConfig(
             host=host,
             controllers=controller_addresses(host, ports, controllers),
-            brokers=broker_specs(ports[controllers * 2 : stores_at], brokers, azs, kinds),
+            brokers=specs,
             password=secrets.token_urlsafe(24),
             api_secret=generate_secret(),
             settings=controller_settings(
@@ -173,6 +207,7 @@ class LocalCluster:
             broker_wal=wal,
             azs=list(azs),
             base_port=base_port,
+            port_range=list(parse_port_range(port_range)) if port_range else None,
             sasl=sasl,
             tls=tls,
             tls_dir=str(self.tls_dir.resolve()) if tls else None,
@@ -318,6 +353,7 @@ class LocalCluster:
         return {n: result[n] for n in names if n in result}
 
     def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
+        self._held_path(name).unlink(missing_ok=True)  # started: supervised again
         log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -394,6 +430,7 @@ class LocalCluster:
                 else:
                     config.embedded_s3_failover = s3.to_json()
                 self.save(config)
+            self._held_path(name).unlink(missing_ok=True)
             proc = start_seaweed(s3, self.log_path(name))
             self._record_pid(name, proc.pid)
             started.append((s3, proc))
@@ -437,6 +474,9 @@ class LocalCluster:
         """Stop every process of one component (SIGTERM, SIGKILL after `timeout_s`; only
         SIGKILL with `kill`) and wait until they are gone. True if one was running."""
         recorded = self._pid_file(name)
+        if name != SUPERVISOR:  # a supervisor leaves it down until it is started again
+            self._held_path(name).parent.mkdir(parents=True, exist_ok=True)
+            self._held_path(name).touch()
         targets = [recorded] if recorded else []
         targets += [
             (p, None) for p in self.scan().get(name, []) if not recorded or p != recorded[0]
@@ -464,7 +504,9 @@ class LocalCluster:
         """Stop brokers, then controllers, then the object store; names that were running.
         Finds processes without a true PID file by their command line too."""
         stopped = []
-        order = [COMPACTION_SCHEDULER] if self.pids(COMPACTION_SCHEDULER) else []
+        # the supervisor first: it would restart what is being stopped
+        order = [SUPERVISOR] if self.pids(SUPERVISOR) else []
+        order += [COMPACTION_SCHEDULER] if self.pids(COMPACTION_SCHEDULER) else []
         order += [n for n in self.component_names(config) if n.startswith("broker-")]
         order += [n for n in self.component_names(config) if n.startswith("controller-")]
         order += [n for n in self.component_names(config) if n in STORE_COMPONENTS]

@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-from cli.cluster_config import COMPACTION_SCHEDULER, FAILOVER_STORE
+from cli.cluster_config import COMPACTION_SCHEDULER, FAILOVER_STORE, SUPERVISOR
 
 # after SIGKILL: a process killed in the middle of an fsync can take seconds to go
 KILL_WAIT_S = 30.0
@@ -112,6 +112,9 @@ def component_of(
     args = _script_args(argv, "cli.compaction_scheduler")
     if args is not None:
         return COMPACTION_SCHEDULER if resolved(_option(args, "--dir")) == root else None
+    args = _script_args(argv, "cli.supervisor")
+    if args is not None:
+        return SUPERVISOR if resolved(_option(args, "--dir")) == root else None
     if argv and os.path.basename(argv[0]) == "weed" and "mini" in argv[1:]:
         data = resolved(_option(argv[1:], "-dir", "--dir"))
         want = os.path.realpath(s3_data_dir or os.path.join(root, "s3"))
@@ -138,7 +141,9 @@ def scan_processes(cluster_dir: Path, s3_data_dir: Path | None = None) -> dict[s
         argv = _proc_cmdline(pid)
         # cheap filter first: only our three programs need their cwd and a real match
         if not argv or not any(
-            k in a for a in argv for k in ("controlplane", "dataplane", "weed", "compaction")
+            k in a
+            for a in argv
+            for k in ("controlplane", "dataplane", "weed", "compaction", "supervisor")
         ):
             continue
         name = component_of(argv, _proc_cwd(pid), cluster_dir, s3_data_dir)

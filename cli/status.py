@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from cli.cluster_config import BrokerSpec, ClusterConfig, effective_wal_capacity_bytes
+from cli.cluster_config import (
+    SUPERVISOR,
+    BrokerSpec,
+    ClusterConfig,
+    effective_wal_capacity_bytes,
+)
 from cli.external_buckets import redact_uri
 from cli.local_cluster import LocalCluster
+from cli.store_status import store_problems
+from cli.supervisor import read_state as read_supervisor_state
 from controlplane.client import ControllerClient
 from controlplane.errors import ControllerError
 
@@ -28,6 +35,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         for b in config.buckets
     ]
     problems = _problems(config, controllers, brokers, leader_view)
+    problems += store_problems(config, brokers, leader_view, pids)
     if not pids:
         state = "stopped"
         # one problem instead of one per controller and broker
@@ -221,6 +229,11 @@ def _leader_and_store_fields(
         "object_stores": config.object_stores(pids),
         # object-storage failover as the leader sees it (None without a leader)
         "bucket_failover": (leader_view or {}).get("bucket_failover"),
+        # `cluster up --supervise`: the supervisor process and its restarts per component
+        # (restarts, last_restart_ms, last_error, backoff_s); None: not supervised
+        "supervisor": {"pid": pids.get(SUPERVISOR), "restarts": read_supervisor_state(cluster.dir)}
+        if config.supervise
+        else None,
         # `automqctl compaction schedule`: the scheduler process (None: not scheduled)
         "compaction_scheduler": {"pid": pids.get("compaction-scheduler")}
         if "compaction-scheduler" in cluster.component_names(config)

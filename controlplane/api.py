@@ -74,6 +74,7 @@ _STATUS_FOR_ERROR = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.UNKNOWN_COMMAND: 404,
     ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.LOG_NOT_PERSISTED: 507,  # Insufficient Storage: the leader's disk is full
 }
 
 

@@ -29,7 +29,13 @@ from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.tls import ca_file_from_env, client_ssl_context
 
-_RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.NO_LEADER, ErrorCode.TIMEOUT}
+# LOG_NOT_PERSISTED: the leader's disk is full now; room may return, or another lead
+_RETRIABLE = {
+    ErrorCode.NOT_CONTROLLER,
+    ErrorCode.NO_LEADER,
+    ErrorCode.TIMEOUT,
+    ErrorCode.LOG_NOT_PERSISTED,
+}
 # a leader-only object lookup is a second opinion on a short answer (reads wait on it):
 # bounded well below the client's default
 LEADER_LOOKUP_TIMEOUT_S = 2.0

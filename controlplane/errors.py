@@ -42,6 +42,8 @@ class ErrorCode(str, Enum):
     INVALID_CONFIG = "INVALID_CONFIG"
     # the controller API refused the credential (HTTP 401; controlplane/auth.py)
     UNAUTHORIZED = "UNAUTHORIZED"
+    # the leader cannot persist its metadata log (disk full): writes are refused until it can
+    LOG_NOT_PERSISTED = "LOG_NOT_PERSISTED"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

@@ -23,12 +23,14 @@ from pathlib import Path
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
+from controlplane import journal
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.raft_node import RaftNode, tick_thread_ident
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 
 log = logging.getLogger(__name__)
+journal.install()  # a full disk is an error for the journal, never SIGBUS (journal.py)
 
 # how long a read served as the leader waits for a new leader to apply what its predecessor
 # committed (it takes one replication round after the election)
@@ -129,13 +131,21 @@ class MetadataQuorum:
             raftMaxTimeout=t.raft_max_timeout_s,
             appendEntriesPeriod=t.append_entries_period_s,
             connectionRetryTime=t.connection_retry_s,
-            journalFile=str(self.data_dir / "raft.journal"),
+            journalFile=str(self.journal_path),
             fullDumpFile=str(self.data_dir / "raft.dump"),
             logCompactionMinEntries=t.log_compaction_min_entries,
             logCompactionMinTime=t.log_compaction_min_time_s,
             dynamicMembershipChange=False,
             commandsWaitLeader=True,
         )
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "raft.journal"
+
+    def persist_error(self) -> str | None:
+        """Why this node cannot persist its log now (disk full), or None."""
+        return journal.persist_error(str(self.journal_path))
 
     def _start_syncobj(self) -> None:
         self.state = ReplicatedMetadata(self.settings, self._notify)
@@ -211,6 +221,13 @@ class MetadataQuorum:
         """
         if now_ms is None:
             now_ms = int(time.time() * 1000)
+        unpersisted = self.persist_error() if self.is_leader() else None
+        if unpersisted is not None:
+            raise ControllerError(
+                ErrorCode.LOG_NOT_PERSISTED,
+                f"controller {self.self_address} {unpersisted}: it refuses writes until "
+                "its disk has room again",
+            )
         try:
             return self.state.execute(command, body, now_ms, sync=True, timeout=timeout_s)
         except SyncObjException as exc:
@@ -261,6 +278,8 @@ class MetadataQuorum:
             last_applied = applied
             new_failures = self._tick_failures.failures - failures_seen
             failures_seen = self._tick_failures.failures
+            if self.persist_error() is not None:
+                new_failures = 0  # ticks fail because the disk is full: a rebuild cannot help
             is_follower = s["state"] == 0
             stuck = is_follower and behind and now - since > self.stuck_after_s
             # a broken tick thread never learns the leader's commit index, so "behind" cannot

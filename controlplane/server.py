@@ -471,6 +471,8 @@ def _bucket_fields(bucket_id: int, reports: list, usage: dict) -> dict:
         "reports": len(reports),
         "failing_reports": len(failing),
         "last_error": next((h.last_error for h in failing if h.last_error), None),
+        # the longest a reporting broker has seen its writes fail (0: none failing)
+        "failing_for_ms": max((h.failing_for_ms for h in failing), default=0),
     }
 
 

@@ -33,3 +33,13 @@ def refused_port() -> Iterator[int]:
         yield held.getsockname()[1]
     finally:
         held.close()
+
+
+@pytest.fixture
+def faults() -> Iterator:
+    """A failure injector (tests/support/faults.py) healed at the end of the test: no paused
+    process, full disk, mount or fault proxy outlives it."""
+    from tests.support.faults import FailureInjector
+
+    with FailureInjector() as injector:
+        yield injector

@@ -239,7 +239,7 @@ class DataApis:
                             # shielded: a timeout must not cancel the append's future (a
                             # retry of the batch may be waiting for the same durability)
                             done = await asyncio.wait_for(
-                                asyncio.shield(asyncio.wrap_future(fut)),
+                                asyncio.shield(_outcome_retrieved(asyncio.wrap_future(fut))),
                                 max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
                             )
                         if entry["forwarded"]:
@@ -483,3 +483,11 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
+
+
+def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:
+    """`future`, its outcome marked retrieved once it is done: a produce that stopped
+    waiting (its timeout) must not leave a later failure (WALFencedError) to asyncio's
+    "Future exception was never retrieved" ERROR line."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future

@@ -6,7 +6,8 @@ Format (AutoMQ's `s3.data.buckets`), entries separated by commas::
 
 * `<id>@`   bucket id, 0..32767 (AutoMQ stores it as a short); unique within one list.
   Object metadata records the bucket id, and a read of that object goes to that bucket.
-* `s3://<bucket>` the only scheme; the bucket name is required (no key prefix, no userinfo).
+* `s3://<bucket>` the only scheme; the bucket name is required (no userinfo; a key prefix
+  goes in the `prefix` parameter, not in the path).
 * query parameters (names case-insensitive, each at most once):
     - `region`      signing region, default `us-east-1`;
     - `endpoint`    `http(s)://host[:port]` of an S3-compatible store; absent = AWS;
@@ -16,6 +17,9 @@ Format (AutoMQ's `s3.data.buckets`), entries separated by commas::
                     AUTOMQ_S3_ACCESS_KEY_<id> / AUTOMQ_S3_SECRET_KEY_<id> (per bucket, e.g. a
                     failover bucket at another provider), then the standard chain (env
                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, profiles, roles);
+    - `prefix`      a key prefix every object of the cluster is stored under (e.g.
+                    `cluster-a/`; a `/` is added at the end): clusters sharing a bucket each
+                    use their own (`automqctl cluster init/up --bucket-prefix`);
     - anything else is kept verbatim in `extra`, except names that look secret (containing
       secret/token/password/credential), which go to `secret_extra` as SecretStr.
   Values are percent-decoded; a comma inside a value must be written `%2C`.
@@ -43,6 +47,8 @@ REDACTED = "REDACTED"
 
 _BUCKET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ID_RE = re.compile(r"^[0-9]{1,5}$")
+_KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*/$")
+MAX_KEY_PREFIX_CHARS = 128
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 # query-parameter names (lower-cased) that map to model fields
@@ -65,6 +71,9 @@ class BucketURI(BaseModel):
     region: str = Field(default=DEFAULT_REGION, min_length=1, max_length=64)
     endpoint: str | None = None
     path_style: bool = True
+    # every key of this bucket is stored under it ("" or "a/b/": segments of letters, digits,
+    # '.', '-', '_')
+    key_prefix: str = Field(default="", max_length=MAX_KEY_PREFIX_CHARS)
     access_key: SecretStr | None = None
     secret_key: SecretStr | None = None
     session_token: SecretStr | None = None
@@ -79,6 +88,11 @@ class BucketURI(BaseModel):
                 f"invalid bucket name {value[:80]!r}: use letters, digits, '.', '-' and '_'"
             )
         return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _check_key_prefix(cls, value: str) -> str:
+        return normalize_key_prefix(value)
 
     @field_validator("endpoint")
     @classmethod
@@ -131,7 +145,8 @@ class BucketURI(BaseModel):
     def describe(self) -> str:
         """Short human label for messages: `bucket 1 (s3://automq-failover at http://...)`."""
         where = self.endpoint or f"AWS {self.region}"
-        return f"bucket {self.bucket_id} (s3://{self.bucket} at {where})"
+        prefix = f"/{self.key_prefix}" if self.key_prefix else ""
+        return f"bucket {self.bucket_id} (s3://{self.bucket}{prefix} at {where})"
 
     def to_string(self, redact: bool = True) -> str:
         """The URI text; with `redact` (default) secret values are replaced by REDACTED.
@@ -142,6 +157,8 @@ class BucketURI(BaseModel):
         if self.endpoint is not None:
             params.append(("endpoint", self.endpoint))
         params.append(("pathStyle", "true" if self.path_style else "false"))
+        if self.key_prefix:
+            params.append(("prefix", self.key_prefix))
         params.extend(self.extra.items())
         for name, secret_value in self.secret_extra.items():
             params.append((name, REDACTED if redact else secret_value.get_secret_value()))
@@ -190,6 +207,36 @@ def parse_bucket_uris(text: str) -> list[BucketURI]:
         seen[uri.bucket_id] = position
         result.append(uri)
     return result
+
+
+def normalize_key_prefix(value: str) -> str:
+    """A bucket key prefix as stored: "" or segments ending in '/' (one is added). Raises
+    ValueError naming what is wrong (empty segments, '..', characters outside
+    letters, digits, '.', '-', '_')."""
+    if not value:
+        return ""
+    prefix = value if value.endswith("/") else value + "/"
+    if len(prefix) > MAX_KEY_PREFIX_CHARS or not _KEY_PREFIX_RE.match(prefix):
+        raise ValueError(
+            f"invalid key prefix {value[:80]!r}: segments of letters, digits, '.', '-', '_' "
+            f"separated by '/', at most {MAX_KEY_PREFIX_CHARS} characters"
+        )
+    if ".." in prefix.split("/"):
+        raise ValueError(f"invalid key prefix {value[:80]!r}: '..' is not a segment")
+    return prefix
+
+
+def with_key_prefix(entry: str, prefix: str) -> str:
+    """One bucket URI entry with `prefix=` added (`cluster init/up --bucket-prefix`): the
+    entry's text is kept (its credentials too). ValueError for a bad prefix, or an entry
+    that has another prefix already."""
+    prefix = normalize_key_prefix(prefix)
+    have = _parse_entry(entry, position=1).key_prefix
+    if have == prefix or not prefix:
+        return entry
+    if have:
+        raise ValueError(f"bucket URI already has the key prefix {have!r}, not {prefix!r}")
+    return entry + ("&" if "?" in entry else "?") + f"prefix={quote(prefix, safe='/')}"
 
 
 def format_bucket_uris(uris: list[BucketURI], redact: bool = True) -> str:
@@ -276,6 +323,8 @@ def _parse_entry(entry: str, position: int) -> BucketURI:
             fields["region"] = value
         elif lowered == "endpoint":
             fields["endpoint"] = value or None
+        elif lowered == "prefix":
+            fields["key_prefix"] = value
         elif lowered in ("pathstyle", "path_style"):
             fields["path_style"] = _parse_bool(name, value, where)
         elif lowered in _CREDENTIAL_PARAMS:

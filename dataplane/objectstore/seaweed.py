@@ -54,7 +54,8 @@ class EmbeddedS3Error(RuntimeError):
 SERVER_PORT_RANGE = (10_000, 32_767)
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 when it cannot be read)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])
@@ -65,7 +66,7 @@ def _ephemeral_low() -> int:
 def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Return `count` distinct TCP ports that were free on `host` a moment ago, chosen at
     random below the ephemeral range (bounded attempts; the kernel's choice as a fallback)."""
-    low, high = SERVER_PORT_RANGE[0], min(SERVER_PORT_RANGE[1], _ephemeral_low() - 1)
+    low, high = SERVER_PORT_RANGE[0], min(SERVER_PORT_RANGE[1], ephemeral_low() - 1)
     chosen: list[int] = []
     sockets: list[socket.socket] = []
     try:
@@ -100,10 +101,13 @@ def find_admin_ports(
     """A free port P with P + ADMIN_GRPC_OFFSET free as well: (admin, admin gRPC). Neither
     is in `exclude` (ports already chosen for other components but not bound yet: a free
     port is free for all of them, and a cluster once got one port twice)."""
+    # both below the ephemeral range when it leaves room for the pair
+    top = min(SERVER_PORT_RANGE[1], ephemeral_low() - 1)
+    top = top if top - SERVER_PORT_RANGE[0] > ADMIN_GRPC_OFFSET else 65535
     for _ in range(attempts):
         [port] = find_free_ports(1, host)
         grpc = port + ADMIN_GRPC_OFFSET
-        if port in exclude or grpc in exclude or grpc > 65535:
+        if port in exclude or grpc in exclude or grpc > top:
             continue
         if not port_in_use(grpc, host):
             return port, grpc

@@ -192,6 +192,10 @@ class ObjectStorage:
                 return result
         raise AssertionError("unreachable")  # the loop always returns or raises
 
+    def _key(self, bucket_id: int, key: str) -> str:
+        """The stored key: the bucket's key prefix (`prefix=` in its URI) and `key`."""
+        return self.bucket(bucket_id).key_prefix + key
+
     def _where(self, bucket_id: int, key: str) -> str:
         return f"{self.bucket(bucket_id).describe()} key {key!r}"
 
@@ -213,7 +217,7 @@ class ObjectStorage:
         own earlier attempt landed - and then counts as success.
         """
         self._check_open()
-        self._put_object(bucket_id, key, data, if_none_match, priority)
+        self._put_object(bucket_id, self._key(bucket_id, key), data, if_none_match, priority)
 
     def _put_object(
         self,
@@ -284,7 +288,7 @@ class ObjectStorage:
     ) -> Future:
         """`put_object` on the pool; the future's result is None."""
         _check_key(key)
-        self.bucket(bucket_id)
+        key = self._key(bucket_id, key)
         return self._submit(
             priority, self._put_object, bucket_id, key, data, if_none_match, priority
         )
@@ -316,6 +320,7 @@ class ObjectStorage:
         key_list = list(keys)
         for k in key_list:
             _check_key(k)
+        key_list = [bucket.key_prefix + k for k in key_list]
         step = self.config.delete_batch_keys
         for i in range(0, len(key_list), step):
             batch = key_list[i : i + step]
@@ -366,7 +371,7 @@ class ObjectStorage:
         shorter, ObjectNotFoundError if it does not exist.
         """
         self._check_open()
-        return self._get_range(bucket_id, key, start, end_exclusive, priority)
+        return self._get_range(bucket_id, self._key(bucket_id, key), start, end_exclusive, priority)
 
     def _get_range(
         self,
@@ -414,7 +419,7 @@ class ObjectStorage:
         """
         _check_key(key)
         self._check_range(start, end_exclusive, bucket_id, key)
-        self.bucket(bucket_id)
+        key = self._key(bucket_id, key)
         if end_exclusive == start:
             done: Future = Future()
             done.set_result(b"")
@@ -440,6 +445,7 @@ class ObjectStorage:
         self._check_open()
         _check_key(key)
         bucket = self.bucket(bucket_id)
+        key = bucket.key_prefix + key
         limit = self.config.max_object_bytes
 
         def attempt(client: Any, _: int) -> bytes:
@@ -469,6 +475,7 @@ class ObjectStorage:
         self._check_open()
         _check_key(key)
         bucket = self.bucket(bucket_id)
+        key = bucket.key_prefix + key
 
         def attempt(client: Any, _: int) -> int:
             return int(client.head_object(Bucket=bucket.bucket, Key=key)["ContentLength"])
@@ -480,10 +487,11 @@ class ObjectStorage:
         self._check_open()
         bucket = self.bucket(bucket_id)
         token: str | None = None
+        own = len(bucket.key_prefix)  # the bucket's key prefix: not part of the keys yielded
         while True:
             kwargs: dict[str, Any] = {
                 "Bucket": bucket.bucket,
-                "Prefix": prefix,
+                "Prefix": bucket.key_prefix + prefix,
                 "MaxKeys": LIST_PAGE_KEYS,
             }
             if token:
@@ -496,7 +504,7 @@ class ObjectStorage:
                 "list", bucket_id, prefix, f"list {bucket.describe()} prefix {prefix!r}", attempt
             )
             for item in page.get("Contents", []):
-                yield item["Key"]
+                yield item["Key"][own:]
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return

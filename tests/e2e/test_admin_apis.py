@@ -36,7 +36,7 @@ from kafka.structs import OffsetAndMetadata  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
-from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import create_topic, running_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -376,7 +376,7 @@ def test_size_retention_keeps_retained_bytes_near_the_limit_under_steady_produce
 def test_topic_describe_shows_offsets_and_object_store_bytes(cluster):
     import json
 
-    from tests.e2e.ledger import automqctl
+    from tests.support.ledger import automqctl
 
     bootstrap = cluster["bootstrap"]
     topic = f"desc-{uuid.uuid4().hex[:6]}"

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 from cli.local_cluster import LocalCluster  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,8 +13,6 @@ from a broker that never cached it (from both buckets' objects).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import pytest
@@ -22,7 +20,8 @@ import pytest
 pytest.importorskip("confluent_kafka")
 
 from cli.local_cluster import LocalCluster  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import AckLedger  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -78,7 +77,7 @@ def wait_for(d, predicate, what: str, timeout_s: float) -> dict:
     raise AssertionError(f"{what} not reached in {timeout_s}s: {status}")
 
 
-def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path):
+def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path, faults):
     d = tmp_path / "cluster"
     with running_cluster(d, "--brokers", "2", "--upload-interval-s", "1") as up:
         stores = {s["name"]: s for s in up["object_stores"]}
@@ -100,8 +99,7 @@ def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path):
             time.sleep(1.5)  # an upload prepared in bucket 1 before the switch commits now
             in_failover = bucket(leader_failover_status(d), 1)["objects"]
             frozen_at = time.monotonic()
-            os.kill(main_pid, signal.SIGSTOP)
-            try:
+            with faults.suspended(main_pid):
                 wait_for(
                     d, lambda s: s["mode"] == "failover", "failover mode", MAX_DETECTION_S + 10
                 )
@@ -116,8 +114,6 @@ def test_main_store_frozen_writes_fail_over_and_nothing_acked_is_lost(tmp_path):
                 back = automqctl("failover", "--bucket", "0", cluster_dir=d)
                 assert back.returncode == 1 and "not reachable" in back.stderr, back
                 assert failover_status(d)["mode"] == "failover"
-            finally:
-                os.kill(main_pid, signal.SIGCONT)
             healed_at = time.monotonic()
             gaps = ledger.unavailability_s(set(range(PARTITIONS)), frozen_at)
             assert max(gaps.values()) < MAX_ACK_GAP_S, gaps

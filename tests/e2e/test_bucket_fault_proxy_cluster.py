@@ -28,9 +28,9 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 from tests.e2e.test_bucket_failover import bucket, leader_failover_status, wait_for  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

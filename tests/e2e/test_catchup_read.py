@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.ledger import automqctl, create_topic, running_cluster
+from tests.support.ledger import automqctl, create_topic, running_cluster
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402

@@ -69,7 +69,7 @@ def all_pids(status: dict) -> list[int]:
     return [p for p in pids if p]
 
 
-def test_up_status_down_restart(cluster_dir, tmp_path):
+def test_up_status_down_restart(cluster_dir, tmp_path, faults):
     # the object stores' data on its own directory (another device in production)
     store_dir = tmp_path / "store"
     store_dir.mkdir()
@@ -126,7 +126,7 @@ def test_up_status_down_restart(cluster_dir, tmp_path):
 
     # only the failover store died: `up` restarts just that one
     dead = stores["failover"]["pid"]
-    os.kill(dead, signal.SIGKILL)
+    faults.kill(dead)
     deadline = time.monotonic() + 5
     while pid_alive(dead) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import automqctl, create_topic, running_cluster  # noqa: E402
 from tests.unit.test_grafana_dashboard import (  # noqa: E402
     DASHBOARD,
     dashboard_queries,

@@ -36,7 +36,7 @@ from kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from cli import compaction_jobs  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

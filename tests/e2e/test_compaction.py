@@ -35,7 +35,7 @@ from cli import compaction_jobs  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

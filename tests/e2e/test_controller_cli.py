@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.ledger import automqctl
+from tests.support.ledger import automqctl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -175,14 +175,14 @@ def test_controller_kill_list_start_stop(cluster_dir):
     assert not controllers(cluster_dir)[follower]["running"]
 
 
-def test_up_restarts_only_the_dead_processes(cluster_dir):
+def test_up_restarts_only_the_dead_processes(cluster_dir, faults):
     before = up(cluster_dir)
     pids = {f"controller-{c['node_id']}": c["pid"] for c in before["controllers"]}
     pids |= {f"broker-{b['node_id']}": b["pid"] for b in before["brokers"]}
     pids["s3"] = before["object_store"]["pid"]
 
     # a crashed controller (kill -9 behind the CLI's back) and a crashed broker
-    os.kill(pids["controller-0"], signal.SIGKILL)
+    faults.kill(pids["controller-0"])
     wait_gone(pids["controller-0"])
     res = automqctl("broker", "kill", "2", cluster_dir=cluster_dir)
     assert res.returncode == 0, res.stderr
@@ -206,7 +206,7 @@ def test_up_restarts_only_the_dead_processes(cluster_dir):
     }
 
 
-def test_down_stops_processes_restarted_by_hand(cluster_dir, tmp_path):
+def test_down_stops_processes_restarted_by_hand(cluster_dir, tmp_path, faults):
     before = up(cluster_dir)
     ctrl_pid = next(c["pid"] for c in before["controllers"] if c["node_id"] == 1)
     broker_pid = next(b["pid"] for b in before["brokers"] if b["node_id"] == 3)
@@ -219,7 +219,7 @@ def test_down_stops_processes_restarted_by_hand(cluster_dir, tmp_path):
     assert "controlplane.server" in ctrl_cmd and "dataplane.broker" in broker_cmd
     old_start = proc_start_time(ctrl_pid)
     for pid in (ctrl_pid, broker_pid):
-        os.kill(pid, signal.SIGKILL)
+        faults.kill(pid)
         wait_gone(pid)
 
     # an unrelated process that got the dead controller's PID file entry (a reused PID)

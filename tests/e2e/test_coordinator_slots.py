@@ -30,7 +30,7 @@ from kafka.protocol.metadata import FindCoordinatorRequest  # noqa: E402
 
 from controlplane.coordinators import group_slot  # noqa: E402
 from dataplane.kafka.codec import decode_response, encode_request  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

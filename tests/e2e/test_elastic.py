@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 import uuid
 from contextlib import contextmanager
@@ -20,7 +19,8 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 from cli.local_cluster import LocalCluster  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+from tests.support.cluster import automqctl, cluster_fixture, create_topic, leaders  # noqa: E402
+from tests.support.ledger import AckLedger  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,32 +31,9 @@ CHAOS_SEED = int(os.environ.get("AUTOMQ_CHAOS_SEED", "20261122"))
 CHAOS_EVENTS = int(os.environ.get("AUTOMQ_CHAOS_EVENTS", "4"))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    d = tmp_path_factory.mktemp("elastic") / "cluster"
-    # free ports (the default): a fixed range can collide with ephemeral client ports
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
-        "--session-timeout-ms",
-        str(SESSION_TIMEOUT_MS),
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    status = json.loads(up.stdout)
-    try:
-        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
-    finally:
-        for node in BROKERS:  # never leave a paused process behind
-            pid = LocalCluster(d).running(f"broker-{node}")
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        automqctl("cluster", "down", cluster_dir=d)
+# free ports (the default): a fixed range can collide with ephemeral client ports; a paused
+# broker is resumed by the `faults` fixture at the end of its test, whatever happened
+cluster = cluster_fixture("elastic", "--session-timeout-ms", str(SESSION_TIMEOUT_MS))
 
 
 def brokers(cluster) -> dict[int, dict]:
@@ -163,15 +140,14 @@ def test_kill_9_fails_over_the_wal_to_another_broker(cluster):
     assert_ledger_exact(ledger)
 
 
-def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster):
+def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster, faults):
     wait_all_active(cluster)
     with producing(cluster) as (topic, ledger):
         time.sleep(2)
         node, moved = victim_with_partitions(cluster, topic)
         pid = pid_of(cluster, node)
         epoch = brokers(cluster)[node]["node_epoch"]
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with faults.suspended(pid):
             event = time.monotonic()
             # fenced, WAL taken over, partitions moved: writes continue without it
             deadline = time.monotonic() + 40
@@ -182,8 +158,6 @@ def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster)
                 time.sleep(0.3)
             assert all(after[p] != node for p in moved), after
             wait_failover_done(cluster, node)
-        finally:
-            os.kill(pid, signal.SIGCONT)
         # it wakes up fenced, restarts itself (same process) and registers with a new epoch
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -197,7 +171,7 @@ def test_broker_paused_past_its_session_acks_nothing_after_the_takeover(cluster)
     assert_ledger_exact(ledger)
 
 
-def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster):
+def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster, faults):
     """A schedule drawn from a fixed seed: kill -9 (then start), SIGSTOP past the session
     timeout (then SIGCONT), graceful restart; one broker at a time, producers running."""
     rng = random.Random(CHAOS_SEED)
@@ -222,11 +196,8 @@ def test_acked_write_ledger_under_seeded_kills_pauses_and_restarts(cluster):
                 )
             elif action == "pause":
                 pid = pid_of(cluster, node)
-                os.kill(pid, signal.SIGSTOP)
-                try:
+                with faults.suspended(pid):
                     time.sleep(SESSION_TIMEOUT_MS / 1000 + rng.uniform(1.0, 4.0))
-                finally:
-                    os.kill(pid, signal.SIGCONT)
             else:
                 assert (
                     automqctl("broker", "stop", str(node), cluster_dir=cluster["dir"]).returncode

@@ -18,8 +18,6 @@ record at its acked offset; retention.ms then moves the log start past the seale
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import pytest
@@ -36,13 +34,8 @@ from dataplane.erasure.embedded import BrokerShardStore, EmbeddedErasureProducer
 from dataplane.erasure.holes import HoleKind, classify  # noqa: E402
 from dataplane.erasure.store_client import ShardStoreClient  # noqa: E402
 from dataplane.objectstore import ObjectStorage, object_key, parse_bucket_uris  # noqa: E402
-from tests.e2e.ledger import (  # noqa: E402
-    AckLedger,
-    automqctl,
-    create_topic,
-    leaders,
-    running_cluster,
-)
+from tests.support.cluster import automqctl, create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.ledger import AckLedger  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -90,9 +83,7 @@ REPAIRS = "repairs"  # the topic of the repair check
 SESSION_TIMEOUT_MS = 3000
 
 
-def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
-    tmp_path,
-):
+def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(tmp_path, faults):
     cluster_dir = tmp_path / "cluster"
     with running_cluster(
         cluster_dir,
@@ -139,14 +130,9 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
             paused = [n for n in range(1, 7) if n not in serving][:2]
             pids = [LocalCluster(cluster_dir).running(f"broker-{n}") for n in paused]
             assert len(paused) == 2 and all(pids), (serving, pids)
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-            try:
+            with faults.suspended(*pids):
                 pause = time.monotonic()
                 ledger.wait_writable(set(range(PARTITIONS)), pause, timeout_s=5)
-            finally:
-                for pid in pids:
-                    os.kill(pid, signal.SIGCONT)
             time.sleep(1)
         finally:
             ledger.stop()

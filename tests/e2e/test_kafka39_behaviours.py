@@ -19,7 +19,7 @@ from confluent_kafka import (  # noqa: E402
 )
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from dataplane.objectstore.seaweed import find_free_ports
-from tests.e2e.ledger import AckLedger, create_topic
+from tests.support.cluster import create_topic
+from tests.support.ledger import AckLedger
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

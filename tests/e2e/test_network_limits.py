@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

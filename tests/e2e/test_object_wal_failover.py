@@ -11,7 +11,6 @@ import time
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from tests.e2e.ledger import automqctl, running_cluster  # noqa: E402
 from tests.e2e.test_elastic import (  # noqa: E402
     BROKERS,
     assert_ledger_exact,
@@ -19,6 +18,7 @@ from tests.e2e.test_elastic import (  # noqa: E402
     victim_with_partitions,
     wait_all_active,
 )
+from tests.support.ledger import automqctl, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

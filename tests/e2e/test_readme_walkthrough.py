@@ -43,7 +43,7 @@ from confluent_kafka import Producer  # noqa: E402
 
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from tests.e2e.ledger import automqctl  # noqa: E402
+from tests.support.ledger import automqctl  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

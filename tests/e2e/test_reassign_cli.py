@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer  # noqa: E402
 
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+from tests.support.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, ConfigResource  # noqa: E402
 
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
-from tests.e2e.ledger import automqctl  # noqa: E402
 from tests.e2e.test_bucket_failover import leader_failover_status  # noqa: E402
+from tests.support.ledger import automqctl  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

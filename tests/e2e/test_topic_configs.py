@@ -24,7 +24,7 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import automqctl, create_topic, running_cluster  # noqa: E402
 
 BIG = 5_000
 

@@ -27,7 +27,7 @@ pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cli.local_cluster import STOP_TIMEOUT_S  # noqa: E402
-from tests.e2e.ledger import automqctl, cluster_status, create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.ledger import automqctl, cluster_status, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

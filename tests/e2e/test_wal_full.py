@@ -11,8 +11,6 @@ fills after ~16 MiB of produce.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import statistics
 import struct
@@ -27,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Producer  # noqa: E402
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest  # noqa: E402
 
 from dataplane.kafka.codec import decode_response, encode_request  # noqa: E402
-from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -106,13 +104,12 @@ class _GroupWatch:
         self._consumer.close()
 
 
-def test_a_full_wal_with_a_hung_store_freezes_nothing(tmp_path):
+def test_a_full_wal_with_a_hung_store_freezes_nothing(tmp_path, faults):
     d = tmp_path / "cluster"
     up_args = ("--brokers", "1", "--wal-capacity-mib", str(WAL_MIB), "--upload-interval-s", "3600")
     with running_cluster(d, *up_args) as up:
         bootstrap = up["bootstrap_servers"]
         port = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
-        store_pids = [s["pid"] for s in up["object_stores"]]
         create_topic(bootstrap, "full", 1)
         create_topic(bootstrap, "other", 1)
         acked: list[bytes] = []
@@ -135,8 +132,7 @@ def test_a_full_wal_with_a_hung_store_freezes_nothing(tmp_path):
             }
         )
         with _GroupWatch(bootstrap, "other") as group:
-            for pid in store_pids:
-                os.kill(pid, signal.SIGSTOP)
+            store_pids = faults.pause_object_stores(up)
             try:
                 total = PRODUCE_MIB * 1024 * 1024 // RECORD_BYTES
                 for i in range(total):
@@ -193,8 +189,7 @@ def test_a_full_wal_with_a_hung_store_freezes_nothing(tmp_path):
                 # the group kept its member through a stall longer than its session timeout
                 assert (group.assigned, group.revoked) == (1, 0)
             finally:
-                for pid in store_pids:
-                    os.kill(pid, signal.SIGCONT)
+                faults.resume(*store_pids)
             assert producer.flush(300) == 0, "records still unacknowledged after the stall"
         assert not failed, failed[:3]
         assert len(acked) == total

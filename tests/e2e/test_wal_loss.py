@@ -10,18 +10,16 @@ must keep running: no fatal error, its partitions take writes again.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from dataplane.s3stream.wal.format import DATA_START_BYTES, RECORD_HEADER_SIZE_BYTES  # noqa: E402
-from dataplane.s3stream.wal.ring import RecordScanner, Ring, read_meta, read_state  # noqa: E402
-from tests.e2e.ledger import AckLedger, automqctl, create_topic, leaders  # noqa: E402
+from tests.support.cluster import automqctl, cluster_fixture, create_topic, leaders  # noqa: E402
+from tests.support.faults import FailureInjector  # noqa: E402
+from tests.support.ledger import AckLedger  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,43 +27,7 @@ SESSION_TIMEOUT_MS = 6000
 PARTITIONS = 6
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    d = tmp_path_factory.mktemp("walloss") / "cluster"
-    up = automqctl(
-        "cluster",
-        "up",
-        "--format",
-        "json",
-        "--session-timeout-ms",
-        str(SESSION_TIMEOUT_MS),
-        cluster_dir=d,
-    )
-    assert up.returncode == 0, up.stderr + up.stdout
-    try:
-        yield {"dir": d, "bootstrap": json.loads(up.stdout)["bootstrap_servers"]}
-    finally:
-        automqctl("cluster", "down", cluster_dir=d)
-
-
-def corrupt_middle(wal_path: Path) -> tuple[int, int]:
-    """Overwrite 8 bytes in the body of the record in the middle of the WAL's valid chain;
-    returns (that record's offset, records after it)."""
-    fd = os.open(wal_path, os.O_RDWR)
-    try:
-        capacity = read_meta(fd).capacity_bytes
-        state = read_state(fd)
-        assert state is not None
-        offsets = [off for off, _ in RecordScanner(Ring(fd, capacity), state.trim_offset)]
-        assert len(offsets) >= 20, f"only {len(offsets)} records not uploaded: nothing to corrupt"
-        victim = offsets[len(offsets) // 2]
-        os.pwrite(
-            fd, b"\xa5" * 8, DATA_START_BYTES + (victim + RECORD_HEADER_SIZE_BYTES + 30) % capacity
-        )
-        os.fsync(fd)
-        return victim, len(offsets) - len(offsets) // 2 - 1
-    finally:
-        os.close(fd)
+cluster = cluster_fixture("walloss", "--session-timeout-ms", str(SESSION_TIMEOUT_MS))
 
 
 def metric_total(cluster, name: str) -> float:
@@ -100,7 +62,7 @@ def test_a_wal_corrupted_mid_log_is_named_and_the_idempotent_producer_keeps_runn
         assert killed.returncode == 0, killed.stderr
         event = time.monotonic()
         wal = next(p for p in (cluster["dir"] / f"broker-{node}").rglob("wal") if p.is_file())
-        victim, after = corrupt_middle(wal)
+        victim, after = FailureInjector().corrupt_wal(wal)
         print(f"broker {node}: corrupted the record at {victim} of {wal}; {after} records after it")
         # the failover names the loss: ERROR line, metric, status
         needle = "lost after corruption"

@@ -20,7 +20,7 @@ pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.ledger import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -85,7 +85,7 @@ def test_a_proxy_consumer_sees_records_long_before_the_mains_upload(tmp_path):
     the shared one starts.)"""
     import threading
 
-    from tests.e2e.ledger import leaders
+    from tests.support.ledger import leaders
 
     topic = "zone-snapshot"
     partitions = 3
@@ -525,7 +525,7 @@ def test_transactions_timestamps_and_delete_records_through_a_proxy(cluster):
     committed records, once, and only from az2's brokers. Through az2's proxy, ListOffsets
     by timestamp answers what the main answers and DeleteRecords moves the main's log
     start. The RouterChannels' objects written meanwhile are deleted once committed."""
-    from tests.e2e.ledger import leaders
+    from tests.support.ledger import leaders
 
     topic = f"zone-txn-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
@@ -636,8 +636,8 @@ def test_kill_9_of_a_main_loses_no_record_acked_through_a_proxy(cluster):
     main of some partitions is killed -9: its WAL held only Link Records to the proxy's
     RouterChannel; the failover reads the data back from the channel and every acked record
     is consumed exactly once. (Last in the module: it leaves the killed broker restarted.)"""
-    from tests.e2e.ledger import AckLedger, leaders
     from tests.e2e.test_elastic import assert_ledger_exact
+    from tests.support.ledger import AckLedger, leaders
 
     topic = f"zone-kill-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
@@ -683,8 +683,8 @@ def test_kill_9_of_a_proxy_loses_no_acked_record(cluster):
     its in-flight requests' answers are lost (the producer retries, idempotently, through
     the restarted proxy, which claims its RouterChannel with a new node epoch); every acked
     record is consumed exactly once."""
-    from tests.e2e.ledger import AckLedger
     from tests.e2e.test_elastic import assert_ledger_exact, wait_all_active
+    from tests.support.ledger import AckLedger
 
     wait_all_active(cluster)
     topic = f"zone-proxy-kill-{uuid.uuid4().hex[:6]}"

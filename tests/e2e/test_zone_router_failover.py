@@ -29,7 +29,7 @@ pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

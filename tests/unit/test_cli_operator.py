@@ -3,7 +3,6 @@ configs are written but no process is started."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
@@ -349,29 +348,19 @@ def test_6_the_object_stores_admin_ports_never_repeat_a_cluster_port(tmp_path, m
     """Every port of a new cluster is chosen free but none is bound until its process
     starts, so each choice must avoid the others: the stores' admin pairs (P, P + 10000)
     were picked on their own and once took a port the cluster had given to another
-    component (the test above failed that way once)."""
-    import cli.cluster_layout as cluster_layout
+    component. One allocator (cli/port_allocator.py) now hands out every port, the pairs
+    included, none twice, even when every port looks free and the allocator's candidates
+    start where the cluster's ports are."""
+    import cli.port_allocator as port_allocator
     from dataplane.objectstore import seaweed
 
-    cluster_ports = list(range(21000, 21200))
-    monkeypatch.setattr(
-        cluster_layout, "find_free_ports", lambda n, host="127.0.0.1": cluster_ports[:n]
-    )
-    fresh = iter(range(22000, 23000))
-    # a single free port asked for (an admin candidate): first two the cluster already
-    # uses, then unused ones
-    singles = itertools.chain(
-        [cluster_ports[0], cluster_ports[12] - seaweed.ADMIN_GRPC_OFFSET], range(24000, 25000)
-    )
-
-    def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-        return [next(singles)] if n == 1 else [next(fresh) for _ in range(n)]
-
-    monkeypatch.setattr(seaweed, "find_free_ports", free_ports)
-    monkeypatch.setattr(seaweed, "port_in_use", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr(port_allocator, "port_in_use", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr(port_allocator.random, "shuffle", lambda ports: None)  # in order
     c = LocalCluster(tmp_path / "c").create(3, 3, ["a"], None, None, 6000)
     ports = c.all_ports()
     assert len(set(ports.values())) == len(ports), ports
+    low, high = port_allocator.default_port_range()
+    assert all(low <= p <= high for p in ports.values()), ports
     for store in (c.embedded_s3, c.embedded_s3_failover):
         assert store["ports"]["admin_grpc"] == store["ports"]["admin"] + seaweed.ADMIN_GRPC_OFFSET
 

@@ -457,3 +457,30 @@ def test_recovery_ends_at_an_object_whose_put_was_cut_short(objects, caplog):
         assert [r.data for r in handle.recover()] == [b"r0", b"r1"]
     assert "truncated" in caplog.text and "1 later objects" in caplog.text
     handle.close()
+
+
+def test_fenced_while_the_writer_lingers_the_writer_exits_cleanly(objects, monkeypatch, caplog):
+    """Issue 33: the ack loop fences the WAL (failing the queue) while the writer lingers for
+    a batch; the writer found an empty queue and died of an IndexError. Now it goes back to
+    its wait, sees the fence and exits; the append fails with WALFencedError."""
+    from dataplane.s3stream.wal.append_queue import FENCED
+
+    wal = open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    real_linger = wal._linger
+
+    def fenced_meanwhile(max_batch_bytes: int, linger_s: float) -> None:
+        real_linger(max_batch_bytes, 0)
+        reason = "owned by node 2 epoch 4"  # what the ack loop does (`_stop`)
+        wal._fail_appends(wal._fail_queue(FENCED, reason), FENCED, reason)
+
+    monkeypatch.setattr(wal, "_linger", fenced_meanwhile)
+    try:
+        future = wal.append(b"lingering")
+        with pytest.raises(WALFencedError):
+            future.result(10)
+        writer = next(t for t in wal._threads if "writer" in t.name)
+        writer.join(10)
+        assert not writer.is_alive()
+        assert not [r for r in caplog.records if "crashed" in r.getMessage()], caplog.text
+    finally:
+        wal.close()

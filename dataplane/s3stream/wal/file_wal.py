@@ -492,6 +492,8 @@ class FileWAL(QueuedWAL):
                     trim = self._trims.popleft()
                 else:
                     self._linger(self._config.max_batch_bytes, self._config.linger_s)
+                    if not self._queue:  # failed while lingering: the queue was failed
+                        continue
                     batch, padding = self._take_batch(self._batch_room())
                     self._unsynced_bytes += sum(p.size_bytes for p in batch) + padding
             if trim is not None:

@@ -155,7 +155,9 @@ def claim(
     else:
         raise WALFencedError(
             f"{name} is owned by node {current.node_id} epoch {current.epoch}; "
-            f"node {node_id} epoch {epoch} may not open it"
+            f"node {node_id} epoch {epoch} may not open it (a cluster created anew on a bucket "
+            "an earlier cluster used meets that cluster's objects: give the new one its own "
+            "key prefix, `automqctl cluster init/up --bucket-prefix NAME`)"
         )
     if incarnation > MAX_INCARNATION:
         raise WALError(f"{name} was re-opened {MAX_INCARNATION} times with epoch {epoch}")

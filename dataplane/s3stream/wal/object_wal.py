@@ -303,6 +303,8 @@ class ObjectWAL(QueuedWAL):
                 ):
                     return
                 self._linger(self._config.max_batch_bytes, self._config.linger_s)
+                if not self._queue:  # fenced or failed while lingering: the queue was failed
+                    continue
                 batch, self._next_offset = self._pop_batch(self._config.max_batch_bytes)
                 self._room.notify()
             start = batch[0].offset
