@@ -38,9 +38,9 @@ from dataplane.objectstore.seaweed import (
     stop_process,
     wait_seaweed_ready,
 )
+from tests.e2e.netns_hosts import SimulatedHosts, namespaces_unavailable
 from tests.support.cluster import create_topic, leaders
 from tests.support.ledger import AckLedger
-from tests.e2e.netns_hosts import SimulatedHosts, namespaces_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
