@@ -253,7 +253,15 @@ def check_duplicates(members: list[Member]) -> int:
 
 def test_api_versions_and_heartbeat_errors(cluster):
     address = next(iter(cluster["addresses"].values()))
-    keys = {k.api_key: k for k in call(address, ApiVersionsRequest[3](), 18, 3).api_keys}
+    keys = {
+        k.api_key: k
+        for k in call(
+            address,
+            ApiVersionsRequest[3](client_software_name="test", client_software_version="1"),
+            18,
+            3,
+        ).api_keys
+    }
     assert (keys[68].min_version, keys[68].max_version) == (0, 1)
     assert (keys[69].min_version, keys[69].max_version) == (0, 0)
     group = f"hb-{uuid.uuid4().hex[:8]}"
