@@ -207,5 +207,7 @@ class ConsumerGroupHandlers:
             assignment_epoch=group.assignment_epoch,
             assignor_name=group.assignor_name or self._coordinator.assignor_names[0],
             members=members,
-            authorized_operations=supported_operation_codes("GROUP") if include_ops else -(2**31),
+            authorized_operations=sum(1 << c for c in supported_operation_codes("GROUP"))
+            if include_ops
+            else -(2**31),
         )
