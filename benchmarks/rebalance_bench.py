@@ -3,7 +3,8 @@
 `automqctl cluster up` (3 brokers); a producer writes to a 6-partition topic all along. Per
 round and per protocol (alternating): 3 confluent-kafka members of a fresh group read the
 topic until each has records, then a 4th member subscribes; the figure is the time from its
-`subscribe()` to its first record. Both protocols run with their defaults (classic: the
+`subscribe()` to its first record (it subscribes at a random moment 0-6 s after the others
+read, so that it meets their heartbeats at any phase, as a real join does). Both protocols run with their defaults (classic: the
 client's `heartbeat.interval.ms` 3 s, eager `range,roundrobin`; consumer: the broker's
 `group.consumer.heartbeat.interval.ms` 5 s, the `uniform` assignor). The limit beside them:
 a consumer that `assign()`s a partition itself (no group) until its first record.
@@ -14,6 +15,7 @@ Run: python benchmarks/rebalance_bench.py [--rounds 5]
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ from tests.e2e.ledger import create_topic  # noqa: E402
 PARTITIONS = 6
 MEMBERS = 3
 TIMEOUT_S = 120.0
+JOIN_PHASE_S = 6.0  # longer than both protocols' heartbeat intervals (3 s, 5 s)
 
 
 class Writer(threading.Thread):
@@ -93,6 +96,9 @@ def join_to_first_record_s(bootstrap: str, topic: str, protocol: str) -> float:
         for f in firsts:
             if not f.wait(max(0.0, deadline - time.monotonic())):
                 raise SystemExit(f"{protocol}: the first {MEMBERS} members read nothing")
+        # the members read right after a heartbeat of theirs: joining at once would always
+        # meet them a whole interval before their next one; a real join comes at any phase
+        time.sleep(random.uniform(0.0, JOIN_PHASE_S))
         consumer = Consumer(_conf(bootstrap, group, protocol))
         try:
             start = time.monotonic()
@@ -129,8 +135,10 @@ def assign_to_first_record_s(bootstrap: str, topic: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=848)
     args = ap.parse_args()
+    random.seed(args.seed)
     with running_cluster(brokers=3) as (_cluster_dir, status):
         bootstrap = status["bootstrap_servers"]
         topic = f"rebalance-{uuid.uuid4().hex[:6]}"
