@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer, TopicPartition  # noqa: E402
 from kafka.protocol.admin import ListGroupsRequest  # noqa: E402
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest  # noqa: E402
 
@@ -64,6 +64,7 @@ def cluster(tmp_path_factory):
             "dir": d,
             "bootstrap": status["bootstrap_servers"],
             "addresses": {b["node_id"]: b["address"] for b in status["brokers"]},
+            "azs": {b["node_id"]: b["az"] for b in status["brokers"]},
         }
 
 
@@ -362,6 +363,53 @@ def test_group_of_three_join_and_kill(cluster, tmp_path):
         writer.stop() if not writer._stop.is_set() else None
         for m in members:
             m.stop()
+
+
+def test_a_consumer_group_through_the_zone_router(cluster):
+    """A member of an AZ (client.id automq_az=...) that knows only its AZ's broker: its
+    group's coordinator is elsewhere, so ConsumerGroupHeartbeat and OffsetCommit go through
+    the coordinator's proxy in its AZ; it reads every record and commits."""
+    az_of = cluster["azs"]
+    az = az_of[min(az_of)]
+    local = [n for n, a in az_of.items() if a == az]
+    if len(set(az_of.values())) < 2:
+        pytest.skip("one AZ: no zone router")
+    group = next(
+        g
+        for g in (f"kip848-zone-{uuid.uuid4().hex[:6]}" for _ in range(200))
+        if coordinator_of(cluster, g) not in local
+    )
+    topic = "kip848-zone"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    writer = Writer(cluster["bootstrap"], topic).start()
+    wait_for(lambda: writer.count() >= 300, 60, "300 records written")
+    acked = writer.stop()
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ",".join(cluster["addresses"][n] for n in local),
+            "client.id": f"automq_az={az}",
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    seen: set[tuple[int, int]] = set()
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not acked <= seen:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.add((msg.partition(), msg.offset()))
+        assert acked <= seen
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 30)
+        assert sum(tp.offset for tp in committed) == len(acked)
+    finally:
+        consumer.close()
 
 
 def test_group_survives_coordinator_kill(cluster, tmp_path):
