@@ -412,6 +412,51 @@ def test_a_consumer_group_through_the_zone_router(cluster):
         consumer.close()
 
 
+def test_new_partitions_get_a_new_target_assignment(cluster):
+    """Partitions added to a subscribed topic reach the group's member without any member
+    change (a new group epoch and target assignment at its next heartbeat)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = "kip848-grow"
+    create_topic(cluster["bootstrap"], topic, 2)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster["bootstrap"],
+            "group.id": "kip848-grow",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 2,
+            60,
+            "2 partitions",
+        )
+        admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 4,
+            60,
+            "4 partitions",
+        )
+        producer = Producer({"bootstrap.servers": cluster["bootstrap"]})
+        producer.produce(topic, value=b"new", partition=3)
+        assert producer.flush(30) == 0
+        got = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not got:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.partition())
+        assert got == [3]
+    finally:
+        consumer.close()
+
+
 def test_group_survives_coordinator_kill(cluster, tmp_path):
     topic, group = "kip848-b", "kip848-g2"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
