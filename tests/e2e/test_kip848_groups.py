@@ -183,14 +183,16 @@ class Writer:
     """A producer thread writing round-robin to every partition; `acked` holds what the
     broker acknowledged."""
 
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 300):
+    def __init__(
+        self, bootstrap: str, topic: str, rate_per_s: int = 300, partitions: int = PARTITIONS
+    ):
         self.acked: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
-        self._topic, self._rate = topic, rate_per_s
+        self._topic, self._rate, self._partitions = topic, rate_per_s, partitions
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _ack(self, err, msg) -> None:
@@ -202,7 +204,7 @@ class Writer:
         i = 0
         while not self._stop.is_set():
             self._producer.produce(
-                self._topic, value=b"%d" % i, partition=i % PARTITIONS, on_delivery=self._ack
+                self._topic, value=b"%d" % i, partition=i % self._partitions, on_delivery=self._ack
             )
             i += 1
             self._producer.poll(0)
@@ -455,6 +457,61 @@ def test_new_partitions_get_a_new_target_assignment(cluster):
         assert got == [3]
     finally:
         consumer.close()
+
+
+def test_automqctl_group_shows_both_kinds(cluster):
+    """`automqctl group list|describe` shows a classic and a KIP-848 group side by side:
+    type, state, members with their assignments, committed offsets and lag."""
+    from confluent_kafka import Consumer
+
+    topic = "kip848-cli"
+    create_topic(cluster["bootstrap"], topic, 2)
+    writer = Writer(cluster["bootstrap"], topic, partitions=2).start()
+    wait_for(lambda: writer.count() >= 40, 60, "40 records written")
+    acked = writer.stop()
+    consumers = {}
+    try:
+        for group, protocol in (("kip848-cli-classic", "classic"), ("kip848-cli-new", "consumer")):
+            c = Consumer(
+                {
+                    "bootstrap.servers": cluster["bootstrap"],
+                    "group.id": group,
+                    "group.protocol": protocol,
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+            c.subscribe([topic])
+            consumers[group] = c
+            read = 0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and read < len(acked):
+                msg = c.poll(0.5)
+                if msg is not None and not msg.error():
+                    read += 1
+            assert read == len(acked), (group, read)
+            c.commit(asynchronous=False)
+        listed = automqctl("group", "list", "--format", "json", cluster_dir=cluster["dir"])
+        assert listed.returncode == 0, listed.stderr
+        kinds = {g["group"]: g["type"] for g in json.loads(listed.stdout)}
+        assert kinds["kip848-cli-classic"] == "classic" and kinds["kip848-cli-new"] == "consumer"
+        for group, kind in (("kip848-cli-classic", "classic"), ("kip848-cli-new", "consumer")):
+            out = automqctl(
+                "group", "describe", group, "--format", "json", cluster_dir=cluster["dir"]
+            )
+            assert out.returncode == 0, out.stderr
+            described = json.loads(out.stdout)
+            assert described["type"] == kind and len(described["members"]) == 1, described
+            assert len(described["members"][0]["assignment"]) == 2, described
+            assert sum(o["lag"] for o in described["offsets"]) == 0, described
+            assert sum(o["committed"] for o in described["offsets"]) == len(acked)
+        table = automqctl("group", "describe", "kip848-cli-new", cluster_dir=cluster["dir"])
+        assert table.returncode == 0 and "type consumer" in table.stdout, (
+            table.stdout + table.stderr
+        )
+    finally:
+        for c in consumers.values():
+            c.close()
 
 
 def test_group_survives_coordinator_kill(cluster, tmp_path):
