@@ -514,6 +514,46 @@ def test_automqctl_group_shows_both_kinds(cluster):
             c.close()
 
 
+def test_a_regex_subscription_reads_every_matching_topic(cluster):
+    """librdkafka's `^`-prefixed subscription is a SubscribedTopicRegex under KIP-848: the
+    broker resolves it and assigns the matching topics' partitions (a topic created after
+    the subscription included)."""
+    from confluent_kafka import Consumer
+
+    create_topic(cluster["bootstrap"], "kip848-re-a", 2)
+    create_topic(cluster["bootstrap"], "kip848-other", 1)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster["bootstrap"],
+            "group.id": "kip848-regex",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    try:
+        consumer.subscribe(["^kip848-re-.*"])
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 2,
+            60,
+            "kip848-re-a",
+        )
+        create_topic(cluster["bootstrap"], "kip848-re-b", 2)
+        wait_for(
+            lambda: (
+                consumer.poll(0.2) is None
+                and {(tp.topic, tp.partition) for tp in consumer.assignment()}
+                == {("kip848-re-a", 0), ("kip848-re-a", 1), ("kip848-re-b", 0), ("kip848-re-b", 1)}
+            ),
+            90,
+            "both matching topics assigned",
+        )
+        described = describe(cluster, "kip848-regex")
+        assert [m.subscribed_topic_regex for m in described.members] == ["(^kip848-re-.*)"], described
+    finally:
+        consumer.close()
+
+
 def test_group_survives_coordinator_kill(cluster, tmp_path):
     topic, group = "kip848-b", "kip848-g2"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
