@@ -549,7 +549,9 @@ def test_a_regex_subscription_reads_every_matching_topic(cluster):
             "both matching topics assigned",
         )
         described = describe(cluster, "kip848-regex")
-        assert [m.subscribed_topic_regex for m in described.members] == ["(^kip848-re-.*)"], described
+        assert [m.subscribed_topic_regex for m in described.members] == ["(^kip848-re-.*)"], (
+            described
+        )
     finally:
         consumer.close()
 
