@@ -51,6 +51,17 @@ def coordinator_for(key: str, image: MetadataImage) -> int | None:
     return group_coordinator(image, key)
 
 
+def _topic_name(image: MetadataImage, requested) -> str | None:
+    """The name a Metadata request topic asks for: its name, or (v10+, name null) the name
+    of the topic with its id (KIP-848 consumers look assigned topics up by id)."""
+    name = getattr(requested, "name", None)
+    topic_id = getattr(requested, "topic_id", None)
+    if name is None and topic_id is not None and topic_id.int != 0:
+        topic = image.topics.get(str(topic_id))
+        return None if topic is None else topic.name
+    return name
+
+
 class MetadataApis:
     """Handlers of the cluster metadata, coordinator and producer-id APIs."""
 
@@ -171,7 +182,7 @@ class MetadataApis:
         """(the topic names asked, None for all; the illegal ones refused; the image after
         auto-creating the missing legal ones when the request and the broker allow it)."""
         image = self.broker.image_fn()
-        wanted = None if req.topics is None else [t.name for t in req.topics]
+        wanted = None if req.topics is None else [_topic_name(image, t) for t in req.topics]
         if wanted is not None and v == 0 and not wanted:
             wanted = None  # v0: an empty list means all topics
         auto = self.broker.topic_creation.auto_create and bool(

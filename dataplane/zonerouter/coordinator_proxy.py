@@ -6,7 +6,8 @@ others would open a connection to another AZ for their group coordinator. So
 FindCoordinator names, for a client of an AZ, the coordinator's proxy in the client's AZ
 (`ClientRouting.leader_for`, as for partition leaders), and that broker forwards the
 client's coordinator requests (groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group; transactions:
+OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group, KIP-848's
+ConsumerGroupHeartbeat and ConsumerGroupDescribe of one group; transactions:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn) to
 the real coordinator and relays its answer. These are small control requests; the state
 stays at the coordinator. A request the coordinator cannot be asked (gone, unreachable, too
@@ -42,6 +43,10 @@ from kafka.protocol.producer import (
 
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.image import BrokerState, MetadataImage
+from dataplane.kafka.groups.consumer_handlers import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupHeartbeatRequest,
+)
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,8 @@ GROUP_REQUESTS = (
     OffsetFetchRequest,
     TxnOffsetCommitRequest,
     DescribeGroupsRequest,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupDescribeRequest,
 )
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)
@@ -83,7 +90,7 @@ def coordinator_key(req) -> tuple[int, str] | None:
         return (1, tid) if tid else None
     group = getattr(req, "group_id", None)  # "" where the version has none
     if not group:
-        groups = getattr(req, "groups", None) or []
+        groups = getattr(req, "groups", None) or getattr(req, "group_ids", None) or []
         ids = {getattr(g, "group_id", g) for g in groups}
         group = next(iter(ids)) if len(ids) == 1 else None
     return (0, group) if isinstance(group, str) and group else None
