@@ -46,6 +46,7 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
+    PutShareStateRequest,
     PutTxnStateRequest,
     RecordAbortedTxnsRequest,
     RecordAbortedTxnsResponse,
@@ -234,6 +235,13 @@ class ControllerCalls:
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
         self.send(req, timeout_s)
+
+    def put_share_state(
+        self, req: PutShareStateRequest, timeout_s: float | None = None
+    ) -> str | None:
+        """Store or load a share-partition's state (controlplane/share_state.py): the value
+        stored after the command."""
+        return self.send(req, timeout_s).get("value")
 
     # transactions
     def record_aborted_txns(

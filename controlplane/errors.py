@@ -42,6 +42,8 @@ class ErrorCode(str, Enum):
     INVALID_CONFIG = "INVALID_CONFIG"
     # the controller API refused the credential (HTTP 401; controlplane/auth.py)
     UNAUTHORIZED = "UNAUTHORIZED"
+    # the requester does not lead the partition at that leader epoch (share-partition state)
+    NOT_PARTITION_LEADER = "NOT_PARTITION_LEADER"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

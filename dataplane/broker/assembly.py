@@ -388,6 +388,7 @@ class Broker:
         from dataplane.kafka.api_context import BrokerIdentity, TopicCreation
         from dataplane.kafka.network_limits import NetworkLimits
         from dataplane.kafka.registry import ApiRegistry
+        from dataplane.kafka.share import build_share_apis
         from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
         cfg = self.config
@@ -434,8 +435,19 @@ class Broker:
         )
         self._add(ComponentAdapter("coordinator-proxy", stop_fn=coordinator_proxy.close))
         registry = ApiRegistry()
+        # share groups (KIP-932): coordinated like classic groups, state at the leaders
+        share = build_share_apis(
+            apis,
+            self.client,
+            lambda: self.node_epoch,
+            lambda group: (
+                group_coordinator(image_fn(), group) == cfg.node_id and self.metadata.caught_up
+            ),
+            cfg.share_groups,
+        )
         for cls, lo, hi, handler in (
             apis.registrations()
+            + share.registrations()
             + coord.groups.registrations()
             + admin.registrations()
             + coord.txns.registrations()

@@ -1,0 +1,60 @@
+"""KIP-932 share groups: queue semantics on Kafka partitions.
+
+* :mod:`.protocol` - the ShareGroupHeartbeat/Describe, ShareFetch, ShareAcknowledge schemas;
+* :mod:`.partition_state` - one share-partition's record states (pure);
+* :mod:`.store` - its durable form in the controller KV, fenced by partition leadership;
+* :mod:`.partitions` - the share-partitions this broker leads (load, persist, lock expiry);
+* :mod:`.sessions` - share sessions;
+* :mod:`.coordinator` - share-group membership at the group's coordinator;
+* :mod:`.handlers`, :mod:`.describe` - the Kafka APIs.
+
+`build_share_apis` composes them for the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controlplane.calls import ControllerCalls
+from dataplane.config import ShareGroupsConfig
+from dataplane.kafka.api_context import BrokerApiContext
+
+from .coordinator import ShareGroupCoordinator
+from .handlers import ShareApis
+from .partitions import SharePartitions, ShareSettings
+from .sessions import ShareSessions
+from .store import ShareStateStore
+
+__all__ = ["ShareApis", "build_share_apis"]
+
+
+def build_share_apis(
+    broker: BrokerApiContext,
+    controller: ControllerCalls,
+    node_epoch_fn: Callable[[], int],
+    coordinates: Callable[[str], bool],
+    config: ShareGroupsConfig,
+) -> ShareApis:
+    """The share-group APIs of a broker (`coordinates(group)`: this broker is the group's
+    coordinator and caught up with the metadata)."""
+    store = ShareStateStore(controller, broker.me.node_id, node_epoch_fn)
+    settings = ShareSettings(
+        record_lock_duration_ms=config.record_lock_duration_ms,
+        delivery_count_limit=config.delivery_count_limit,
+        max_record_locks=config.partition_max_record_locks,
+        auto_offset_reset=config.auto_offset_reset,
+    )
+    coordinator = ShareGroupCoordinator(
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        max_groups=config.max_groups,
+        group_max_size=config.group_max_size,
+    )
+    return ShareApis(
+        broker,
+        coordinator,
+        SharePartitions(store, settings, broker.run_io),
+        ShareSessions(config.max_share_sessions),
+        coordinates,
+        config.record_lock_duration_ms,
+    )
