@@ -9,7 +9,7 @@ state machine in this process, for fast tests) both have it.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -46,7 +46,6 @@ from controlplane.requests import (
     PrepareObjectsRequest,
     PrepareObjectsResponse,
     PutGroupOffsetsRequest,
-    PutShareStateRequest,
     PutTxnStateRequest,
     RecordAbortedTxnsRequest,
     RecordAbortedTxnsResponse,
@@ -64,6 +63,9 @@ from controlplane.requests import (
     _Request,
     validation_message,
 )
+
+if TYPE_CHECKING:
+    from controlplane.share_state import PutShareStateRequest
 
 R = TypeVar("R", bound=BaseModel)
 Q = TypeVar("Q", bound=_Request)

@@ -789,25 +789,3 @@ REQUEST_TYPES.update({BumpRouteEpochRequest.command: BumpRouteEpochRequest})
 REQUEST_TYPES.update(
     {cls.command: cls for cls in (SealErasureRangeRequest, TrimErasureStreamRequest)}
 )
-
-
-# ---------------------------------------------------------------- share groups (share_state.py)
-
-
-class PutShareStateRequest(_Request):
-    """A partition's leader stores (`value`) or only reads (`load`) the durable state of one
-    share-partition (KIP-932); fenced by the partition's leadership (node and leader epoch).
-    The answer holds the stored value (linearizable: it passed through the log)."""
-
-    command: ClassVar[str] = "put_share_state"
-    node_id: int = Field(ge=0)
-    node_epoch: int = Field(ge=0)
-    group_id: str = Field(min_length=1, max_length=255)
-    topic_id: str = Field(min_length=1, max_length=64)
-    partition: int = Field(ge=0)
-    leader_epoch: int = Field(ge=0)
-    load: bool = False
-    value: str | None = Field(default=None, max_length=500_000)
-
-
-REQUEST_TYPES.update({PutShareStateRequest.command: PutShareStateRequest})

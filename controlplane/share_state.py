@@ -14,14 +14,39 @@ No I/O here.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
 from controlplane import records as r
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import require_active_broker
 from controlplane.image import MetadataImage
-from controlplane.requests import PutShareStateRequest
+from controlplane.requests import REQUEST_TYPES
 
 #: KV key prefix of share-partition states
 SHARE_STATE_KEY_PREFIX = "share-state/"
+
+
+class PutShareStateRequest(BaseModel):
+    """A partition's leader stores (`value`) or only reads (`load`) the durable state of one
+    share-partition; fenced by the partition's leadership (node and leader epoch). The
+    answer holds the stored value (linearizable: the command passed through the log). Kept
+    here rather than in requests.py (at its size limit); registered below."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: ClassVar[str] = "put_share_state"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    group_id: str = Field(min_length=1, max_length=255)
+    topic_id: str = Field(min_length=1, max_length=64)
+    partition: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    load: bool = False
+    value: str | None = Field(default=None, max_length=500_000)
+
+
+REQUEST_TYPES.update({PutShareStateRequest.command: PutShareStateRequest})  # type: ignore[dict-item]
 
 
 def share_state_key(group_id: str, topic_id: str, partition: int) -> str:

@@ -48,6 +48,7 @@ from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.kafka.server import KafkaServerThread
+from dataplane.kafka.share import ShareApis, build_share_apis
 from dataplane.kafka.txn.coordinator import TransactionCoordinator
 from dataplane.kafka.txn.handlers import TxnHandlers
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
@@ -379,6 +380,20 @@ class Broker:
         )
         return GroupsAndTransactions(coordinator, offset_store, groups, txn_coordinator, txns)
 
+    def _build_share_groups(self, apis: KafkaApis, image_fn) -> ShareApis:
+        """Share groups (KIP-932): coordinated like classic groups (the group's slot), their
+        share-partitions at the partitions' leaders."""
+        cfg = self.config
+        return build_share_apis(
+            apis,
+            self.client,
+            lambda: self.node_epoch,
+            lambda group: (
+                group_coordinator(image_fn(), group) == cfg.node_id and self.metadata.caught_up
+            ),
+            cfg.share_groups,
+        )
+
     def _serve_kafka(
         self, erasure: ErasurePartitions, zone: ZoneRouterParts, io_pool: Executor
     ) -> None:
@@ -388,7 +403,6 @@ class Broker:
         from dataplane.kafka.api_context import BrokerIdentity, TopicCreation
         from dataplane.kafka.network_limits import NetworkLimits
         from dataplane.kafka.registry import ApiRegistry
-        from dataplane.kafka.share import build_share_apis
         from dataplane.zonerouter.coordinator_proxy import CoordinatorProxy
 
         cfg = self.config
@@ -435,16 +449,7 @@ class Broker:
         )
         self._add(ComponentAdapter("coordinator-proxy", stop_fn=coordinator_proxy.close))
         registry = ApiRegistry()
-        # share groups (KIP-932): coordinated like classic groups, state at the leaders
-        share = build_share_apis(
-            apis,
-            self.client,
-            lambda: self.node_epoch,
-            lambda group: (
-                group_coordinator(image_fn(), group) == cfg.node_id and self.metadata.caught_up
-            ),
-            cfg.share_groups,
-        )
+        share = self._build_share_groups(apis, image_fn)
         for cls, lo, hi, handler in (
             apis.registrations()
             + share.registrations()

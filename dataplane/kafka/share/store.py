@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.requests import PutShareStateRequest
+from controlplane.share_state import PutShareStateRequest
 from dataplane.formats.kafka_errors import KafkaError
 
 PUT_TIMEOUT_S = 10.0
