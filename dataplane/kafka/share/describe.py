@@ -83,7 +83,7 @@ def describe_groups(
                 else -(2**31),
             )
         )
-    return R(throttle_time_ms=0, groups=described)
+    return R(version=1, throttle_time_ms=0, groups=described)
 
 
 def _error(group_id: str, error: KafkaError, message: str | None) -> Any:

@@ -102,6 +102,7 @@ class ShareApis:
         R = ShareGroupHeartbeatResponse
         if req.group_id and not self.coordinates(req.group_id):
             return R(
+                version=1,
                 throttle_time_ms=0,
                 error_code=KafkaError.NOT_COORDINATOR,
                 error_message=f"node {self.broker.me.node_id} does not coordinate the group",
@@ -134,6 +135,7 @@ class ShareApis:
                 ]
             )
         return R(
+            version=1,
             throttle_time_ms=0,
             error_code=result.error,
             error_message=result.message,
@@ -381,6 +383,7 @@ class ShareApis:
 
         def top(error: KafkaError, message: str | None) -> Any:
             return R(
+                version=1,
                 throttle_time_ms=0,
                 error_code=error,
                 error_message=message,
@@ -417,6 +420,7 @@ class ShareApis:
         if epoch == FINAL_EPOCH:
             self._release_session(session)
         return R(
+            version=1,
             throttle_time_ms=0,
             error_code=KafkaError.NONE,
             responses=[
@@ -430,6 +434,7 @@ class ShareApis:
 
     def _fetch_error(self, error: KafkaError, message: str) -> Any:
         return ShareFetchResponse(
+            version=1,
             throttle_time_ms=0,
             error_code=error,
             error_message=message,
@@ -466,6 +471,7 @@ class ShareApis:
                 )
             )
         response = R(
+            version=1,
             throttle_time_ms=0,
             error_code=KafkaError.NONE,
             acquisition_lock_timeout_ms=self.record_lock_duration_ms,
