@@ -48,7 +48,7 @@ from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.kafka.server import KafkaServerThread
-from dataplane.kafka.share import ShareApis, build_share_apis
+from dataplane.kafka.share import ShareApis, build_share_apis, share_settings
 from dataplane.kafka.txn.coordinator import TransactionCoordinator
 from dataplane.kafka.txn.handlers import TxnHandlers
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
@@ -431,6 +431,7 @@ class Broker:
             txn=coord.txns,
             topic_creation=TopicCreation(cfg.num_partitions, cfg.auto_create_topics_enable),
             network=network,
+            share_defaults=share_settings(cfg.share_groups),
         )
         admin = AdminApis(
             cfg.node_id,

@@ -194,10 +194,9 @@ def make_apis(log: FakeLog | None = None):
     apis = ShareApis(
         broker,
         ShareGroupCoordinator(),
-        SharePartitions(store, settings, run_io),
+        SharePartitions(store, lambda group_id: settings, run_io),
         ShareSessions(10),
         lambda g: True,
-        30_000,
     )
     return apis, store
 

@@ -19,13 +19,14 @@ from controlplane.calls import ControllerCalls
 from dataplane.config import ShareGroupsConfig
 from dataplane.kafka.api_context import BrokerApiContext
 
+from . import group_configs
 from .coordinator import ShareGroupCoordinator
 from .handlers import ShareApis
 from .partitions import SharePartitions, ShareSettings
 from .sessions import ShareSessions
 from .store import ShareStateStore
 
-__all__ = ["ShareApis", "build_share_apis"]
+__all__ = ["ShareApis", "ShareSettings", "build_share_apis", "share_settings"]
 
 
 def build_share_apis(
@@ -38,12 +39,7 @@ def build_share_apis(
     """The share-group APIs of a broker (`coordinates(group)`: this broker is the group's
     coordinator and caught up with the metadata)."""
     store = ShareStateStore(controller, broker.me.node_id, node_epoch_fn)
-    settings = ShareSettings(
-        record_lock_duration_ms=config.record_lock_duration_ms,
-        delivery_count_limit=config.delivery_count_limit,
-        max_record_locks=config.partition_max_record_locks,
-        auto_offset_reset=config.auto_offset_reset,
-    )
+    defaults = share_settings(config)
     coordinator = ShareGroupCoordinator(
         session_timeout_ms=config.session_timeout_ms,
         heartbeat_interval_ms=config.heartbeat_interval_ms,
@@ -53,8 +49,21 @@ def build_share_apis(
     return ShareApis(
         broker,
         coordinator,
-        SharePartitions(store, settings, broker.run_io),
+        SharePartitions(
+            store,
+            lambda group_id: group_configs.settings_for(broker.image_fn(), group_id, defaults),
+            broker.run_io,
+        ),
         ShareSessions(config.max_share_sessions),
         coordinates,
-        config.record_lock_duration_ms,
+    )
+
+
+def share_settings(config: ShareGroupsConfig) -> ShareSettings:
+    """The share-partition settings of the broker config (groups' own configs go over)."""
+    return ShareSettings(
+        record_lock_duration_ms=config.record_lock_duration_ms,
+        delivery_count_limit=config.delivery_count_limit,
+        max_record_locks=config.partition_max_record_locks,
+        auto_offset_reset=config.auto_offset_reset,
     )

@@ -76,7 +76,6 @@ class ShareApis:
         partitions: SharePartitions,
         sessions: ShareSessions,
         coordinates,
-        record_lock_duration_ms: int,
     ) -> None:
         self.broker = broker
         self.coordinator = coordinator
@@ -84,7 +83,6 @@ class ShareApis:
         self.sessions = sessions
         # whether this broker coordinates a group (its coordinator slot, caught up)
         self.coordinates = coordinates
-        self.record_lock_duration_ms = record_lock_duration_ms
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""
@@ -169,14 +167,15 @@ class ShareApis:
         ]
         if not group_id or not member_id:
             return self._fetch_error(
-                KafkaError.INVALID_REQUEST, "GroupId and MemberId are required"
+                KafkaError.INVALID_REQUEST, "GroupId and MemberId are required", 0
             )
+        lock_ms = self.partitions.settings_fn(group_id).record_lock_duration_ms
         try:
             session = self._session_for(group_id, member_id, epoch, bool(acks), "ShareFetch")
             if epoch != FINAL_EPOCH:
                 self.sessions.update(session, list(requested), forgotten)
         except SessionError as exc:
-            return self._fetch_error(exc.error, str(exc))
+            return self._fetch_error(exc.error, str(exc), lock_ms)
         results: dict[TP, _PartitionResult] = {}
         for tp, batches in acks.items():
             results[tp] = res = _PartitionResult()
@@ -186,8 +185,8 @@ class ShareApis:
         if epoch == FINAL_EPOCH:
             self._release_session(session)
         elif req.max_records > 0:
-            await self._fetch(req, ctx, session, results)
-        return self._fetch_response(results)
+            await self._fetch(req, ctx, session, results, lock_ms)
+        return self._fetch_response(results, lock_ms)
 
     def _session_for(
         self, group_id: str, member_id: str, epoch: int, with_acks: bool, api: str
@@ -213,7 +212,7 @@ class ShareApis:
         for tid, partition in session.partitions:
             self.partitions.release_member((session.group_id, tid, partition), session.member_id)
 
-    async def _fetch(self, req, ctx, session: ShareSession, results: dict) -> None:
+    async def _fetch(self, req, ctx, session: ShareSession, results: dict, lock_ms: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_WAIT_MS) / 1000
         max_records = min(req.max_records, MAX_RECORDS_PER_FETCH)
@@ -229,7 +228,7 @@ class ShareApis:
             while True:
                 woken.clear()
                 got = await self._fetch_once(
-                    session, ctx, results, max_records, max_bytes, listening, wake
+                    session, ctx, results, (max_records, max_bytes, lock_ms), listening, wake
                 )
                 if got or loop.time() >= deadline:
                     return
@@ -250,10 +249,9 @@ class ShareApis:
             for plog in listening.values():
                 plog.remove_listener(wake)
 
-    async def _fetch_once(
-        self, session, ctx, results, max_records, max_bytes, listening, wake
-    ) -> bool:
+    async def _fetch_once(self, session, ctx, results, limits, listening, wake) -> bool:
         """One pass over the session's partitions; whether there is anything to answer."""
+        max_records, max_bytes, lock_ms = limits
         image = self.broker.image_fn()
         az = self.broker.client_az(ctx)
         got = False
@@ -274,7 +272,7 @@ class ShareApis:
                 listening[plog.identity] = plog
             try:
                 records, acquired = await self._acquire(
-                    session, tp, plog, remaining, min(max_bytes, MAX_BYTES_PER_PARTITION)
+                    session, tp, plog, (remaining, min(max_bytes, MAX_BYTES_PER_PARTITION)), lock_ms
                 )
             except ShareStateError as exc:
                 res.error, res.message = exc.error, str(exc)
@@ -294,7 +292,8 @@ class ShareApis:
                 got = True
         return got or any(r.ack_error is not None for r in results.values())
 
-    async def _acquire(self, session, tp: TP, plog, max_records: int, max_bytes: int):
+    async def _acquire(self, session, tp: TP, plog, limits: tuple[int, int], lock_ms: int):
+        max_records, max_bytes = limits
         key = (session.group_id, tp[0], tp[1])
         sp = await self.partitions.get(key, plog)
         self.partitions.expire_locks(sp)
@@ -313,7 +312,7 @@ class ShareApis:
             [LogBatch(h.base_offset, h.last_offset, h.is_control) for h in headers],
             max_records,
             self.partitions.clock_ms(),
-            self.record_lock_duration_ms,
+            lock_ms,
         )
         if not acquired:
             return b"", []
@@ -432,18 +431,18 @@ class ShareApis:
 
     # ------------------------------------------------------------------ responses
 
-    def _fetch_error(self, error: KafkaError, message: str) -> Any:
+    def _fetch_error(self, error: KafkaError, message: str, lock_ms: int) -> Any:
         return ShareFetchResponse(
             version=1,
             throttle_time_ms=0,
             error_code=error,
             error_message=message,
-            acquisition_lock_timeout_ms=self.record_lock_duration_ms,
+            acquisition_lock_timeout_ms=lock_ms,
             responses=[],
             node_endpoints=[],
         )
 
-    def _fetch_response(self, results: dict[TP, _PartitionResult]) -> Any:
+    def _fetch_response(self, results: dict[TP, _PartitionResult], lock_ms: int) -> Any:
         R = ShareFetchResponse
         P = R.ShareFetchableTopicResponse.PartitionData
         placeholders = RecordsPlaceholders()
@@ -474,7 +473,7 @@ class ShareApis:
             version=1,
             throttle_time_ms=0,
             error_code=KafkaError.NONE,
-            acquisition_lock_timeout_ms=self.record_lock_duration_ms,
+            acquisition_lock_timeout_ms=lock_ms,
             responses=[
                 R.ShareFetchableTopicResponse(topic_id=uuid.UUID(tid), partitions=parts)
                 for tid, parts in by_topic.items()

@@ -77,12 +77,13 @@ class SharePartitions:
     def __init__(
         self,
         store: ShareStateStore,
-        settings: ShareSettings,
+        settings_fn: Callable[[str], ShareSettings],
         run_io: Callable[..., Awaitable[Any]],
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.store = store
-        self.settings = settings
+        # a group's settings: its group configs over the broker's (group_configs.py)
+        self.settings_fn = settings_fn
         self.run_io = run_io
         self.clock_ms = clock_ms
         self._partitions: dict[ShareKey, SharePartition] = {}
@@ -138,7 +139,7 @@ class SharePartitions:
         group_id, topic_id, partition = key
         epoch = plog.leader_epoch
         doc = await self.run_io(self.store.load, group_id, topic_id, partition, epoch)
-        s = self.settings
+        s = self.settings_fn(group_id)
         if doc is not None:
             try:
                 state = SharePartitionState.restore(
