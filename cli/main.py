@@ -18,6 +18,7 @@ from cli import (
     compaction,
     controller,
     deploy,
+    group,
     reassign,
     security,
     topic,
@@ -128,6 +129,7 @@ def _main(
 
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(topic.app, name="topic")
+app.add_typer(group.app, name="group")
 app.add_typer(broker.app, name="broker")
 app.add_typer(controller.app, name="controller")
 app.add_typer(reassign.app, name="reassign")

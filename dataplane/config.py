@@ -265,11 +265,37 @@ class GroupCoordinatorConfig(_Section):
         1 * MiB, gt=0, description="metadata of all protocols of one member"
     )
     max_assignment_bytes: int = Field(1 * MiB, gt=0, description="one member's assignment")
+    consumer_heartbeat_interval_ms: int = Field(
+        5_000,
+        gt=0,
+        description="KIP-848 consumer groups: the heartbeat interval told to members "
+        "(Kafka's group.consumer.heartbeat.interval.ms)",
+    )
+    consumer_session_timeout_ms: int = Field(
+        45_000,
+        gt=0,
+        description="KIP-848 consumer groups: a member not heard from for this long is "
+        "fenced (Kafka's group.consumer.session.timeout.ms)",
+    )
+    consumer_max_size: int = Field(
+        1_000, gt=0, description="members per KIP-848 consumer group (group.consumer.max.size)"
+    )
+    consumer_assignors: tuple[str, ...] = Field(
+        ("uniform", "range"),
+        min_length=1,
+        description="server-side assignors of KIP-848 consumer groups, the first is the "
+        "default (group.consumer.assignors; known: uniform, range)",
+    )
 
     @model_validator(mode="after")
     def _session_bounds(self) -> GroupCoordinatorConfig:
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("need group_min_session_timeout_ms <= group_max_session_timeout_ms")
+        unknown = set(self.consumer_assignors) - {"uniform", "range"}
+        if unknown:
+            raise ValueError(
+                f"unknown consumer_assignors {sorted(unknown)} (known: uniform, range)"
+            )
         return self
 
 

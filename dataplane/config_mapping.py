@@ -64,6 +64,12 @@ BROKER_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "group.min.session.timeout.ms": (("groups", "group_min_session_timeout_ms"), _INT),
     "group.max.session.timeout.ms": (("groups", "group_max_session_timeout_ms"), _INT),
     "group.max.size": (("groups", "group_max_size"), _INT),
+    "group.consumer.heartbeat.interval.ms": (
+        ("groups", "consumer_heartbeat_interval_ms"),
+        _INT,
+    ),
+    "group.consumer.session.timeout.ms": (("groups", "consumer_session_timeout_ms"), _INT),
+    "group.consumer.max.size": (("groups", "consumer_max_size"), _INT),
 }
 BANDWIDTH_KEY = "s3.network.baseline.bandwidth"
 BANDWIDTH_PATHS = (

@@ -43,6 +43,11 @@ from dataplane.broker.wal_failovers import WalFailovers
 from dataplane.config import BrokerConfig
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
+from dataplane.kafka.groups.consumer_coordinator import (
+    ConsumerGroupCoordinator,
+    topic_info,
+    topic_name,
+)
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
 from dataplane.kafka.offset_store import KVOffsetStore
@@ -95,6 +100,7 @@ class GroupsAndTransactions:
     coordinator: GroupCoordinator
     offset_store: KVOffsetStore
     groups: GroupHandlers
+    consumer_groups: ConsumerGroupCoordinator
     txn_coordinator: TransactionCoordinator
     txns: TxnHandlers
 
@@ -356,6 +362,14 @@ class Broker:
 
         coordinator = GroupCoordinator(cfg.groups)
         offset_store = KVOffsetStore(self.client, image_fn, cfg.node_id, lambda: self.node_epoch)
+        consumer_groups = ConsumerGroupCoordinator(
+            cfg.groups,
+            offset_store,
+            coordinator,
+            lambda name: topic_info(image_fn(), name),
+            lambda: image_fn().topic_ids_by_name.keys(),
+            lambda topic_id: topic_name(image_fn(), topic_id),
+        )
         groups = GroupHandlers(
             coordinator,
             offset_store,
@@ -363,6 +377,7 @@ class Broker:
             partition_exists=lambda topic, partition: partition_in_image(
                 image_fn(), topic, partition
             ),
+            consumer_groups=consumer_groups,
         )
         txn_coordinator = TransactionCoordinator(
             cfg.node_id,
@@ -378,7 +393,9 @@ class Broker:
         txns = TxnHandlers(
             txn_coordinator, image_fn, partitions, coordinator, offset_store, coordinates
         )
-        return GroupsAndTransactions(coordinator, offset_store, groups, txn_coordinator, txns)
+        return GroupsAndTransactions(
+            coordinator, offset_store, groups, consumer_groups, txn_coordinator, txns
+        )
 
     def _build_share_groups(self, apis: KafkaApis, image_fn) -> ShareApis:
         """Share groups (KIP-932): coordinated like classic groups (the group's slot), their
@@ -475,7 +492,10 @@ class Broker:
             CoordinatorSlots(
                 cfg.node_id,
                 coord.offset_store.forget_groups,
-                coord.coordinator.unload_groups,
+                lambda moved: (
+                    coord.coordinator.unload_groups(moved),
+                    coord.consumer_groups.unload_groups(moved),
+                ),
                 lambda fn, *args: kafka.loop.call_soon_threadsafe(fn, *args),
             )
         )

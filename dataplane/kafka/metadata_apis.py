@@ -51,6 +51,17 @@ def coordinator_for(key: str, image: MetadataImage) -> int | None:
     return group_coordinator(image, key)
 
 
+def _topic_name(image: MetadataImage, requested) -> str | None:
+    """The name a Metadata request topic asks for: its name, or (v10+, name null) the name
+    of the topic with its id (KIP-848 consumers look assigned topics up by id)."""
+    name = getattr(requested, "name", None)
+    topic_id = getattr(requested, "topic_id", None)
+    if name is None and topic_id is not None and topic_id.int != 0:
+        topic = image.topics.get(str(topic_id))
+        return None if topic is None else topic.name
+    return name
+
+
 class MetadataApis:
     """Handlers of the cluster metadata, coordinator and producer-id APIs."""
 
@@ -110,8 +121,6 @@ class MetadataApis:
                         error_code=(
                             KafkaError.INVALID_TOPIC_EXCEPTION
                             if name in illegal
-                            else KafkaError.UNKNOWN_TOPIC_ID
-                            if name is None
                             else KafkaError.UNKNOWN_TOPIC_OR_PARTITION
                         ),
                         name=name,
@@ -173,7 +182,7 @@ class MetadataApis:
         """(the topic names asked, None for all; the illegal ones refused; the image after
         auto-creating the missing legal ones when the request and the broker allow it)."""
         image = self.broker.image_fn()
-        wanted = None if req.topics is None else [_asked_name(image, t) for t in req.topics]
+        wanted = None if req.topics is None else [_topic_name(image, t) for t in req.topics]
         if wanted is not None and v == 0 and not wanted:
             wanted = None  # v0: an empty list means all topics
         auto = self.broker.topic_creation.auto_create and bool(
@@ -342,14 +351,3 @@ class MetadataApis:
         return InitProducerIdResponse[v](
             throttle_time_ms=0, error_code=KafkaError.NONE, producer_id=pid, producer_epoch=0
         )
-
-
-def _asked_name(image: MetadataImage, topic) -> str | None:
-    """The name of a topic a Metadata request asks for: its name, or (v10+, KIP-516) the
-    name of its topic id (None for an unknown id)."""
-    name = getattr(topic, "name", None)
-    topic_id = getattr(topic, "topic_id", None)
-    if name is None and topic_id is not None and topic_id.int != 0:
-        found = image.topics.get(str(topic_id))
-        return found.name if found is not None else None
-    return name

@@ -27,7 +27,7 @@ from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
 from controlplane.requests import PutGroupOffsetsRequest
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
+from dataplane.kafka.groups.offsets import CommittedOffset, GroupLocks, OffsetStoreError
 
 KEY_PREFIX = GROUP_OFFSETS_KEY_PREFIX
 MAX_DOC_BYTES = 900_000
@@ -35,6 +35,9 @@ MAX_DOC_BYTES = 900_000
 # under this key (not a valid topic name) per producer id, until the transaction's marker
 # makes them committed or drops them
 PENDING_KEY = " txn"  # the controller's KV values are capped at 1 MB
+# the state of a KIP-848 consumer group (`ConsumerGroupCoordinator`) lives in its document
+# under this key (not a valid topic name either), written whole with each change
+GROUP_STATE_KEY = " group"
 PUT_TIMEOUT_S = 10.0
 
 # the controller refused the write because this broker no longer coordinates the group
@@ -67,6 +70,8 @@ class KVOffsetStore:
         self.node_epoch_fn = node_epoch_fn
         self._docs: dict[str, tuple[int, dict]] = {}  # group -> (coordinator epoch, doc)
         self._lock = threading.Lock()
+        # one read-modify-write of a group's document at a time (event loop only)
+        self._locks = GroupLocks()
 
     def _coordinator_epoch(self, group_id: str) -> int:
         """The epoch of the group's slot if this broker owns it (NOT_COORDINATOR if not)."""
@@ -93,6 +98,10 @@ class KVOffsetStore:
             return loaded
 
     async def commit(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
+        async with self._locks.hold(group_id):
+            await self._commit(group_id, offsets)
+
+    async def _commit(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
         epoch, current = self._doc(group_id)
         doc = json.loads(json.dumps(current))  # a copy: change only on success
         for (topic, partition), c in offsets.items():
@@ -143,7 +152,7 @@ class KVOffsetStore:
         wanted = None if partitions is None else set(partitions)
         out: dict[tuple[str, int], CommittedOffset] = {}
         for topic, parts in doc.items():
-            if topic == PENDING_KEY:
+            if topic in (PENDING_KEY, GROUP_STATE_KEY):
                 continue
             for p, (offset, epoch, metadata, ts) in parts.items():
                 key = (topic, int(p))
@@ -151,38 +160,68 @@ class KVOffsetStore:
                     out[key] = CommittedOffset(offset, epoch, metadata, ts)
         return out
 
+    def load_group_state(self, group_id: str) -> dict | None:
+        """The consumer group state stored in the group's document, or None
+        (`ConsumerGroupStore`; NOT_COORDINATOR if this broker does not own the group)."""
+        _, doc = self._doc(group_id)
+        state = doc.get(GROUP_STATE_KEY)
+        return state if isinstance(state, dict) else None
+
+    async def save_group_state(self, group_id: str, snapshot: Callable[[], dict | None]) -> None:
+        """Store ``snapshot()`` as the group's state (None removes it); the writes of one
+        group's document are serialized, and the snapshot is taken once this write's turn
+        comes, so the last write carries the latest state. Unchanged state is not written."""
+        async with self._locks.hold(group_id):
+            epoch, current = self._doc(group_id)
+            state = snapshot()
+            if current.get(GROUP_STATE_KEY) == state:
+                return
+            doc = json.loads(json.dumps(current))
+            if state is None:
+                doc.pop(GROUP_STATE_KEY, None)
+            else:
+                doc[GROUP_STATE_KEY] = state
+            if not doc:
+                await self._put(group_id, epoch, None)
+                with self._lock:
+                    self._docs.pop(group_id, None)
+                return
+            await self._store_doc(group_id, epoch, doc)
+
     async def commit_pending(
         self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]
     ) -> None:
         """TxnOffsetCommit: store offsets of `producer_id`'s open transaction, durable but not
         visible to OffsetFetch until `complete_pending` commits them."""
-        epoch, current = self._doc(group_id)
-        doc = json.loads(json.dumps(current))
-        pending = doc.setdefault(PENDING_KEY, {}).setdefault(str(producer_id), {})
-        for (topic, partition), c in offsets.items():
-            pending.setdefault(topic, {})[str(partition)] = [
-                c.offset,
-                c.leader_epoch,
-                c.metadata,
-                c.commit_timestamp_ms,
-            ]
-        await self._store_doc(group_id, epoch, doc)
+        async with self._locks.hold(group_id):
+            epoch, current = self._doc(group_id)
+            doc = json.loads(json.dumps(current))
+            pending = doc.setdefault(PENDING_KEY, {}).setdefault(str(producer_id), {})
+            for (topic, partition), c in offsets.items():
+                pending.setdefault(topic, {})[str(partition)] = [
+                    c.offset,
+                    c.leader_epoch,
+                    c.metadata,
+                    c.commit_timestamp_ms,
+                ]
+            await self._store_doc(group_id, epoch, doc)
 
     async def complete_pending(self, group_id: str, producer_id: int, commit: bool) -> bool:
         """A transaction marker: `producer_id`'s pending offsets become committed (or are
         dropped). False when there was nothing pending for it."""
-        epoch, current = self._doc(group_id)
-        if str(producer_id) not in current.get(PENDING_KEY, {}):
-            return False
-        doc = json.loads(json.dumps(current))
-        pending = doc[PENDING_KEY].pop(str(producer_id))
-        if not doc[PENDING_KEY]:
-            del doc[PENDING_KEY]
-        if commit:
-            for topic, parts in pending.items():
-                doc.setdefault(topic, {}).update(parts)
-        await self._store_doc(group_id, epoch, doc)
-        return True
+        async with self._locks.hold(group_id):
+            epoch, current = self._doc(group_id)
+            if str(producer_id) not in current.get(PENDING_KEY, {}):
+                return False
+            doc = json.loads(json.dumps(current))
+            pending = doc[PENDING_KEY].pop(str(producer_id))
+            if not doc[PENDING_KEY]:
+                del doc[PENDING_KEY]
+            if commit:
+                for topic, parts in pending.items():
+                    doc.setdefault(topic, {}).update(parts)
+            await self._store_doc(group_id, epoch, doc)
+            return True
 
     def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         """Partitions with offsets of an undecided transaction (KIP-447 require_stable)."""
@@ -231,25 +270,29 @@ class KVOffsetStore:
                 self._docs[group_id] = (epoch, doc)
 
     async def delete_group(self, group_id: str) -> None:
-        epoch, _ = self._doc(group_id)
-        await self._put(group_id, epoch, None)
-        with self._lock:
-            self._docs.pop(group_id, None)
+        async with self._locks.hold(group_id):
+            epoch, _ = self._doc(group_id)
+            await self._put(group_id, epoch, None)
+            with self._lock:
+                self._docs.pop(group_id, None)
 
     async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
-        epoch, current = self._doc(group_id)
-        doc = json.loads(json.dumps(current))  # a copy: change only on success
-        for topic, partition in partitions:
-            doc.get(topic, {}).pop(str(partition), None)
-            if topic in doc and not doc[topic]:
-                del doc[topic]
-        if doc == current:
-            return
-        await self._put(group_id, epoch, json.dumps(doc, separators=(",", ":")) if doc else None)
-        with self._lock:
-            cached = self._docs.get(group_id)
-            if cached is None or cached[0] == epoch:
-                self._docs[group_id] = (epoch, doc)
+        async with self._locks.hold(group_id):
+            epoch, current = self._doc(group_id)
+            doc = json.loads(json.dumps(current))  # a copy: change only on success
+            for topic, partition in partitions:
+                doc.get(topic, {}).pop(str(partition), None)
+                if topic in doc and not doc[topic]:
+                    del doc[topic]
+            if doc == current:
+                return
+            await self._put(
+                group_id, epoch, json.dumps(doc, separators=(",", ":")) if doc else None
+            )
+            with self._lock:
+                cached = self._docs.get(group_id)
+                if cached is None or cached[0] == epoch:
+                    self._docs[group_id] = (epoch, doc)
 
     async def list_groups(self) -> list[str]:
         names = {k[len(KEY_PREFIX) :] for k in self.image_fn().kv if k.startswith(KEY_PREFIX)}

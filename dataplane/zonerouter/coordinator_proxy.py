@@ -6,7 +6,8 @@ others would open a connection to another AZ for their group coordinator. So
 FindCoordinator names, for a client of an AZ, the coordinator's proxy in the client's AZ
 (`ClientRouting.leader_for`, as for partition leaders), and that broker forwards the
 client's coordinator requests (groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group; transactions:
+OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group, KIP-848's
+ConsumerGroupHeartbeat; transactions:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn) to
 the real coordinator and relays its answer. These are small control requests; the state
 stays at the coordinator. A request the coordinator cannot be asked (gone, unreachable, too
@@ -42,6 +43,7 @@ from kafka.protocol.producer import (
 
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.image import BrokerState, MetadataImage
+from dataplane.kafka.groups.consumer_handlers import ConsumerGroupHeartbeatRequest
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ GROUP_REQUESTS = (
     OffsetFetchRequest,
     TxnOffsetCommitRequest,
     DescribeGroupsRequest,
+    ConsumerGroupHeartbeatRequest,
 )
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)

@@ -48,6 +48,9 @@ from kafka.protocol.consumer import (
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.security.authorizer import supported_operation_codes
 
+from .consumer_coordinator import ConsumerGroupCoordinator
+from .consumer_handlers import ConsumerGroupHandlers
+from .consumer_state import CONSUMER_GROUP_TYPE
 from .coordinator import GroupCoordinator
 from .offsets import CommittedOffset, OffsetManager, OffsetStore, TopicPartition, store_error_code
 from .state import CLASSIC_GROUP_TYPE, GroupState, JoinGroupParams
@@ -103,6 +106,9 @@ class GroupHandlers:
             OffsetCommit for a partition that does not exist is answered
             UNKNOWN_TOPIC_OR_PARTITION and not stored (Kafka's metadata-cache check);
             None: every partition exists (unit tests of the group rules).
+        consumer_groups: the KIP-848 consumer group coordinator, if served: its groups are
+            listed, their offset commits/fetches checked against member epochs, a classic
+            JoinGroup to one with members refused (INCONSISTENT_GROUP_PROTOCOL).
     """
 
     def __init__(
@@ -113,8 +119,10 @@ class GroupHandlers:
         *,
         offset_metadata_max_bytes: int = 4096,
         partition_exists: Callable[[str, int], bool] | None = None,
+        consumer_groups: ConsumerGroupCoordinator | None = None,
     ) -> None:
         self._coordinator = coordinator
+        self._consumer = consumer_groups
         self._store = offset_store
         self._offsets = OffsetManager(
             coordinator, offset_store, offset_metadata_max_bytes=offset_metadata_max_bytes
@@ -129,7 +137,14 @@ class GroupHandlers:
 
     def registrations(self) -> list[tuple[type, int, int, Handler]]:
         """``(request class, min version, max version, handler)`` for the wire server."""
-        return [
+        consumer: list[tuple[type, int, int, Handler]] = []
+        if self._consumer is not None:
+            consumer = ConsumerGroupHandlers(
+                self._consumer,
+                lambda group_id: self._group_error(group_id, allow_empty=False),
+                self._consumer.topic_name,
+            ).registrations()
+        return consumer + [
             (JoinGroupRequest, 0, 9, self.join_group),
             (SyncGroupRequest, 0, 5, self.sync_group),
             (HeartbeatRequest, 0, 4, self.heartbeat),
@@ -164,12 +179,27 @@ class GroupHandlers:
         host = peer[0] if peer else ""
         return f"/{host}" if host else ""
 
+    async def _classic_join_allowed(self, group_id: str) -> int:
+        """A classic JoinGroup to a consumer group: refused while it has members
+        (INCONSISTENT_GROUP_PROTOCOL); an empty one becomes a classic group (its offsets stay)."""
+        if self._consumer is None or self._consumer.state_of(group_id) is None:
+            return KafkaError.NONE
+        if self._consumer.delete_group(group_id) != KafkaError.NONE:
+            return KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        try:
+            await self._consumer.forget_state(group_id)
+        except Exception as exc:  # noqa: BLE001 - reported as a Kafka error
+            return store_error_code(exc)
+        return KafkaError.NONE
+
     # ------------------------------------------------------------------ JoinGroup
 
     async def join_group(self, request: Any, ctx: Any) -> Any:
         """JoinGroup v0-9."""
         version = ctx.api_version
         error = self._group_error(request.group_id, allow_empty=False)
+        if error == KafkaError.NONE:
+            error = await self._classic_join_allowed(request.group_id)
         if error != KafkaError.NONE:
             return self._join_response(version, error, member_id=request.member_id)
         params = JoinGroupParams(
@@ -331,13 +361,21 @@ class GroupHandlers:
         else:
             results = {tp: KafkaError.UNKNOWN_TOPIC_OR_PARTITION for tp in unknown}
             known = {tp: e for tp, e in entries.items() if tp not in unknown}
-            if known or not unknown:
+            generation = request.generation_id_or_member_epoch if version >= 1 else -1
+            member_id = (request.member_id or "") if version >= 1 else ""
+            instance_id = request.group_instance_id if version >= 7 else None
+            consumer_error = None
+            if self._consumer is not None:
+                consumer_error = self._consumer.validate_offset_commit(
+                    request.group_id, member_id, generation, version
+                )
+            if consumer_error is not None and consumer_error != KafkaError.NONE:
+                results |= {tp: consumer_error for tp in known}
+            elif known or not unknown:
+                if consumer_error is not None:  # checked above with the member epoch
+                    generation, member_id, instance_id = -1, "", None
                 results |= await self._offsets.commit_offsets(
-                    request.group_id,
-                    request.generation_id_or_member_epoch if version >= 1 else -1,
-                    (request.member_id or "") if version >= 1 else "",
-                    request.group_instance_id if version >= 7 else None,
-                    known,
+                    request.group_id, generation, member_id, instance_id, known
                 )
         topics = []
         for topic in request.topics or []:
@@ -360,9 +398,20 @@ class GroupHandlers:
         if version >= 8:
             groups = []
             for group in request.groups or []:
-                error, topics = await self._fetch_group(
-                    group.group_id, group.topics, version, bool(request.require_stable)
-                )
+                error = KafkaError.NONE
+                if (
+                    version >= 9
+                    and self._consumer is not None
+                    and not self._group_error(group.group_id, allow_empty=True)
+                ):
+                    error = self._consumer.validate_offset_fetch(
+                        group.group_id, group.member_id, group.member_epoch
+                    )
+                topics: list[Any] = []
+                if error == KafkaError.NONE:
+                    error, topics = await self._fetch_group(
+                        group.group_id, group.topics, version, bool(request.require_stable)
+                    )
                 groups.append(_FetchGroup(group_id=group.group_id, topics=topics, error_code=error))
             return OffsetFetchResponse[version](throttle_time_ms=0, groups=groups)
 
@@ -456,18 +505,25 @@ class GroupHandlers:
             stored = await self._store.list_groups()
         except Exception as exc:  # noqa: BLE001 - reported as a Kafka error
             error, stored = store_error_code(exc), []
-        rows = [(g.group_id, g.protocol_type, g.state.value) for g in listings.values()]
+        rows = [
+            (g.group_id, g.protocol_type, g.state.value, CLASSIC_GROUP_TYPE)
+            for g in listings.values()
+        ]
         for group_id in stored:
             if group_id not in listings and self._is_coordinator(group_id):
                 if self._coordinator.group_state(group_id) is None:
-                    rows.append((group_id, "", GroupState.EMPTY.value))
+                    consumer = self._consumer.state_of(group_id) if self._consumer else None
+                    if consumer is not None:
+                        rows.append((group_id, "consumer", consumer.value, CONSUMER_GROUP_TYPE))
+                    else:
+                        rows.append((group_id, "", GroupState.EMPTY.value, CLASSIC_GROUP_TYPE))
+        for group in self._consumer.groups() if self._consumer else []:
+            if group.group_id not in stored and self._is_coordinator(group.group_id):
+                rows.append((group.group_id, "consumer", group.state().value, CONSUMER_GROUP_TYPE))
         groups = [
-            _ListedGroup(
-                group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE
-            )
-            for gid, ptype, state in rows
-            if (not states or state.lower() in states)
-            and (not types or CLASSIC_GROUP_TYPE in types)
+            _ListedGroup(group_id=gid, protocol_type=ptype, group_state=state, group_type=gtype)
+            for gid, ptype, state, gtype in rows
+            if (not states or state.lower() in states) and (not types or gtype in types)
         ]
         return ListGroupsResponse[version](throttle_time_ms=0, error_code=error, groups=groups)
 
@@ -549,15 +605,28 @@ class GroupHandlers:
         version = ctx.api_version
         results: dict[str, int] = {}
         to_delete: list[str] = []
+        consumer_deleted: set[str] = set()
         for group_id in request.groups_names or []:
             if group_id in results or group_id in to_delete:
                 continue
             error = self._group_error(group_id, allow_empty=True)
+            if error == KafkaError.NONE and self._consumer is not None:
+                consumer_error = self._consumer.delete_group(group_id)
+                if consumer_error == KafkaError.NONE:
+                    consumer_deleted.add(group_id)
+                    try:
+                        await self._consumer.forget_state(group_id)
+                    except Exception as exc:  # noqa: BLE001 - reported as a Kafka error
+                        consumer_error = store_error_code(exc)
+                error = consumer_error or KafkaError.NONE
             if error != KafkaError.NONE:
                 results[group_id] = error
             else:
                 to_delete.append(group_id)
-        results.update(await self._offsets.delete_groups(to_delete))
+        for group_id, code in (await self._offsets.delete_groups(to_delete)).items():
+            # an empty consumer group without offsets existed: deleted
+            consumer_only = code == KafkaError.GROUP_ID_NOT_FOUND and group_id in consumer_deleted
+            results[group_id] = KafkaError.NONE if consumer_only else code
         ordered = list(dict.fromkeys(request.groups_names or []))
         return DeleteGroupsResponse[version](
             throttle_time_ms=0,

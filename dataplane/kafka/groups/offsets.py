@@ -154,7 +154,7 @@ def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-class _GroupLocks:
+class GroupLocks:
     """One asyncio lock per group id, dropped when nobody holds or waits for it."""
 
     def __init__(self) -> None:
@@ -202,7 +202,7 @@ class OffsetManager:
         self._store = store
         self._max_metadata = offset_metadata_max_bytes
         self._clock = wall_clock_ms
-        self._locks = _GroupLocks()
+        self._locks = GroupLocks()
 
     @property
     def store(self) -> OffsetStore:
