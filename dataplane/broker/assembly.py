@@ -397,9 +397,11 @@ class Broker:
             coordinator, offset_store, groups, consumer_groups, txn_coordinator, txns
         )
 
-    def _build_share_groups(self, apis: KafkaApis, image_fn) -> ShareApis:
+    def _build_share_groups(
+        self, apis: KafkaApis, image_fn, coord: GroupsAndTransactions
+    ) -> ShareApis:
         """Share groups (KIP-932): coordinated like classic groups (the group's slot), their
-        share-partitions at the partitions' leaders."""
+        share-partitions at the partitions' leaders; a group id of another type is refused."""
         cfg = self.config
         return build_share_apis(
             apis,
@@ -409,6 +411,13 @@ class Broker:
                 group_coordinator(image_fn(), group) == cfg.node_id and self.metadata.caught_up
             ),
             cfg.share_groups,
+            other_group_type=lambda group: (
+                "classic"
+                if coord.coordinator.group_state(group) is not None
+                else "consumer"
+                if coord.consumer_groups.state_of(group) is not None
+                else None
+            ),
         )
 
     def _serve_kafka(
@@ -467,7 +476,7 @@ class Broker:
         )
         self._add(ComponentAdapter("coordinator-proxy", stop_fn=coordinator_proxy.close))
         registry = ApiRegistry()
-        share = self._build_share_groups(apis, image_fn)
+        share = self._build_share_groups(apis, image_fn, coord)
         for cls, lo, hi, handler in (
             apis.registrations()
             + share.registrations()
@@ -476,6 +485,7 @@ class Broker:
             + coord.txns.registrations()
             + zone.handler.registrations()
         ):
+            handler = share.wrap(cls, handler)  # ListGroups lists share groups too
             if coordinator_proxy.forwards(cls):
                 handler = coordinator_proxy.wrap(handler)
             registry.register(cls, lo, hi, handler)

@@ -341,3 +341,43 @@ def test_closing_the_session_releases_what_the_member_holds():
         assert apis.sessions.get("g", "m") is None
 
     run(scenario())
+
+
+def test_a_group_id_of_another_type_is_refused():
+    c = ShareGroupCoordinator(other_group_type=lambda g: "classic" if g == "old" else None)
+    r = c.heartbeat("old", "a", 0, None, ["t"], "", "", lambda n: None)
+    assert r.error == KafkaError.GROUP_ID_NOT_FOUND and "classic" in r.message
+    assert c.group("old") is None
+
+
+def test_list_groups_adds_share_groups_under_the_filters():
+    from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
+
+    apis, _ = make_apis()
+    apis.coordinator.heartbeat("sg", "a", 0, None, ["t"], "", "", lambda n: None)
+
+    async def classic(req, ctx):
+        return ListGroupsResponse[5](
+            throttle_time_ms=0,
+            error_code=0,
+            groups=[
+                ListGroupsResponse.ListedGroup(
+                    group_id="cg",
+                    protocol_type="consumer",
+                    group_state="Stable",
+                    group_type="classic",
+                )
+            ],
+        )
+
+    handler = apis.wrap(ListGroupsRequest, classic)
+
+    def listed(types, states=()):
+        req = ListGroupsRequest[5](states_filter=list(states), types_filter=list(types))
+        resp = run(handler(req, RequestContext(16, 5, 1, "c", ("h", 1))))
+        return sorted((g.group_id, g.group_type, g.group_state) for g in resp.groups)
+
+    assert listed([]) == [("cg", "classic", "Stable"), ("sg", "share", "Stable")]
+    assert listed(["share"]) == [("sg", "share", "Stable")]
+    assert listed([], ["empty"]) == [("cg", "classic", "Stable")]  # classic filtering is inner's
+    assert apis.wrap(ShareFetchRequest, classic) is classic

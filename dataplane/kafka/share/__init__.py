@@ -35,9 +35,11 @@ def build_share_apis(
     node_epoch_fn: Callable[[], int],
     coordinates: Callable[[str], bool],
     config: ShareGroupsConfig,
+    other_group_type: Callable[[str], str | None] = lambda group_id: None,
 ) -> ShareApis:
     """The share-group APIs of a broker (`coordinates(group)`: this broker is the group's
-    coordinator and caught up with the metadata)."""
+    coordinator and caught up with the metadata; `other_group_type(group)`: "classic" or
+    "consumer" when a group of that type has the id)."""
     store = ShareStateStore(controller, broker.me.node_id, node_epoch_fn)
     defaults = share_settings(config)
     coordinator = ShareGroupCoordinator(
@@ -45,6 +47,7 @@ def build_share_apis(
         heartbeat_interval_ms=config.heartbeat_interval_ms,
         max_groups=config.max_groups,
         group_max_size=config.group_max_size,
+        other_group_type=other_group_type,
     )
     return ShareApis(
         broker,

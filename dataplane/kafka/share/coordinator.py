@@ -97,12 +97,15 @@ class ShareGroupCoordinator:
         max_groups: int = 1_000,
         group_max_size: int = 200,
         clock_s: Callable[[], float] = time.monotonic,
+        other_group_type: Callable[[str], str | None] = lambda group_id: None,
     ) -> None:
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_groups = max_groups
         self.group_max_size = group_max_size
         self.clock_s = clock_s
+        # "classic" / "consumer" when a group of another type has the id (Kafka refuses)
+        self.other_group_type = other_group_type
         self._groups: dict[str, ShareGroup] = {}
 
     # ------------------------------------------------------------------ reading
@@ -162,6 +165,12 @@ class ShareGroupCoordinator:
             return HeartbeatResult(KafkaError.NONE, member_id=member_id, member_epoch=-1)
         if member_epoch == 0:
             if group is None:
+                other = self.other_group_type(group_id)
+                if other is not None:
+                    raise HeartbeatError(
+                        KafkaError.GROUP_ID_NOT_FOUND,
+                        f"group {group_id!r} is a {other} group, not a share group",
+                    )
                 if len(self._groups) >= self.max_groups:
                     self._evict_empty()
                 if len(self._groups) >= self.max_groups:

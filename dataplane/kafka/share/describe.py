@@ -119,3 +119,31 @@ def share_partition_rows(partitions: SharePartitions, image: Any, group_id: str)
             }
         )
     return sorted(rows, key=lambda r: (r["topic"], r["partition"]))
+
+
+def list_groups_with_share(inner: Callable, coordinator: ShareGroupCoordinator, coordinates):
+    """ListGroups `inner` (classic and consumer groups) plus the share groups coordinated
+    here (type and protocol type "share"), under the request's state and type filters."""
+
+    async def list_groups(req: Any, ctx: Any) -> Any:
+        resp = await inner(req, ctx)
+        version = ctx.api_version
+        states = {s.lower() for s in (req.states_filter or [])} if version >= 4 else set()
+        types = {t.lower() for t in (req.types_filter or [])} if version >= 5 else set()
+        if types and "share" not in types:
+            return resp
+        listed = type(resp).ListedGroup
+        for group in coordinator.groups():
+            if not coordinates(group.group_id):
+                continue
+            if states and group.state.lower() not in states:
+                continue
+            fields = {"group_id": group.group_id, "protocol_type": "share"}
+            if version >= 4:
+                fields["group_state"] = group.state
+            if version >= 5:
+                fields["group_type"] = "share"
+            resp.groups.append(listed(**fields))
+        return resp
+
+    return list_groups

@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafka.protocol.admin import ListGroupsRequest
+
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.kafka.api_context import BrokerApiContext
@@ -30,7 +32,7 @@ from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.objectstore import ObjectStoreError
 
 from .coordinator import ShareGroupCoordinator
-from .describe import describe_groups
+from .describe import describe_groups, list_groups_with_share
 from .partition_state import AcknowledgeError, LogBatch
 from .partitions import SharePartitions
 from .protocol import (
@@ -92,6 +94,13 @@ class ShareApis:
             (ShareFetchRequest, 1, 1, self.share_fetch),
             (ShareAcknowledgeRequest, 1, 1, self.share_acknowledge),
         ]
+
+    def wrap(self, request_class: type, handler):
+        """`handler` of `request_class` as served with share groups: ListGroups lists them
+        too; any other handler is returned as it is."""
+        if request_class is ListGroupsRequest:
+            return list_groups_with_share(handler, self.coordinator, self.coordinates)
+        return handler
 
     # ------------------------------------------------------------------ group coordinator
 
