@@ -356,18 +356,13 @@ def test_list_groups_adds_share_groups_under_the_filters():
     apis, _ = make_apis()
     apis.coordinator.heartbeat("sg", "a", 0, None, ["t"], "", "", lambda n: None)
 
-    async def classic(req, ctx):
+    async def classic(req, ctx):  # the classic handler filters its own groups
+        cg = ListGroupsResponse.ListedGroup(
+            group_id="cg", protocol_type="consumer", group_state="Stable", group_type="classic"
+        )
+        wanted = not req.types_filter or "classic" in req.types_filter
         return ListGroupsResponse[5](
-            throttle_time_ms=0,
-            error_code=0,
-            groups=[
-                ListGroupsResponse.ListedGroup(
-                    group_id="cg",
-                    protocol_type="consumer",
-                    group_state="Stable",
-                    group_type="classic",
-                )
-            ],
+            throttle_time_ms=0, error_code=0, groups=[cg] if wanted else []
         )
 
     handler = apis.wrap(ListGroupsRequest, classic)
