@@ -62,7 +62,7 @@ def describe_share_group(
 ) -> dict[str, Any] | None:
     """The share group's state, epoch and members (with assignments); None if the group is
     not a share group. ShareDescribeError when it cannot be asked (SASL clusters too)."""
-    from kafka.protocol.metadata import FindCoordinatorRequest
+    from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 
     from dataplane.kafka.share.protocol import ShareGroupDescribeRequest
 
@@ -93,6 +93,7 @@ def describe_share_group(
         except (OSError, ShareDescribeError) as exc:
             last_error = exc
             continue
+        brokers = _call(address, MetadataRequest[1](topics=[]), 3, 1, security).brokers
         g = resp.groups[0]
         if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a share group
             return None
@@ -105,6 +106,7 @@ def describe_share_group(
             "group_epoch": g.group_epoch,
             "assignor": g.assignor_name,
             "coordinator": found.node_id,
+            "brokers": list(brokers),
             "members": [
                 {
                     "member_id": m.member_id,
@@ -121,6 +123,48 @@ def describe_share_group(
             ],
         }
     raise ShareDescribeError(f"no broker answered: {last_error}")
+
+
+def live_share_partitions(
+    brokers: list[str], group_id: str, security: dict | None
+) -> list[dict[str, Any]]:
+    """The group's share-partitions as their leaders hold them now (DescribeSharePartitions,
+    api key 602, asked of every broker; the highest leader epoch wins a partition)."""
+    from dataplane.kafka.share.protocol import DescribeSharePartitionsRequest
+
+    best: dict[tuple[str, int], tuple[int, dict]] = {}
+    for address in brokers:
+        try:
+            resp = _call(
+                address,
+                DescribeSharePartitionsRequest(version=0, group_id=group_id),
+                602,
+                0,
+                security,
+            )
+        except (OSError, ShareDescribeError):
+            continue
+        for p in resp.partitions:
+            row = {
+                "topic": p.topic_name,
+                "partition": p.partition,
+                "start_offset": p.start_offset,
+                "end_offset": p.end_offset,
+                "in_flight": {
+                    k: v
+                    for k, v in (
+                        ("available", p.available),
+                        ("acquired", p.acquired),
+                        ("acknowledged", p.acknowledged),
+                        ("archived", p.archived),
+                    )
+                    if v
+                },
+            }
+            key = (p.topic_name, p.partition)
+            if key not in best or best[key][0] < p.leader_epoch:
+                best[key] = (p.leader_epoch, row)
+    return [row for _, (_, row) in sorted(best.items())]
 
 
 def share_partitions(image: Any, group_id: str) -> list[dict[str, Any]]:
@@ -204,8 +248,11 @@ def print_share_group(
         return False
     if group is None:
         return False
-    image = image_of(dir)
-    group["partitions"] = share_partitions(image, group_id) if image is not None else []
+    brokers = [f"{b.host}:{b.port}" for b in group.pop("brokers", [])]
+    group["partitions"] = live_share_partitions(brokers, group_id, security)
+    if not group["partitions"]:  # no leader holds them loaded: what is stored
+        image = image_of(dir)
+        group["partitions"] = share_partitions(image, group_id) if image is not None else []
     if print_data(group, format):
         return True
     console.print(
@@ -220,7 +267,7 @@ def print_share_group(
         assigned = " ".join(f"{a['topic']}:{a['partition']}" for a in m["assignment"]) or "-"
         members.add_row(m["member_id"], str(m["member_epoch"]), m["client_id"], m["host"], assigned)
     console.print(members)
-    parts = Table(title="share-partitions (as stored)")
+    parts = Table(title="share-partitions")
     for col in ("topic", "partition", "start offset", "end offset", "in flight"):
         parts.add_column(col)
     for p in group["partitions"]:

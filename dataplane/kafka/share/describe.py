@@ -15,7 +15,7 @@ from dataplane.formats.kafka_errors import KafkaError
 
 from .coordinator import ASSIGNOR_NAME, ShareGroupCoordinator
 from .partitions import SharePartitions
-from .protocol import ShareGroupDescribeResponse
+from .protocol import DescribeSharePartitionsResponse, ShareGroupDescribeResponse
 
 #: what a share group may do (Kafka's AclOperation codes: READ 3, DESCRIBE 8, DELETE 6)
 _AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
@@ -100,27 +100,6 @@ def _error(group_id: str, error: KafkaError, message: str | None) -> Any:
     )
 
 
-def share_partition_rows(partitions: SharePartitions, image: Any, group_id: str) -> list[dict]:
-    """The share-partitions of `group_id` loaded on this broker: topic, partition, start and
-    end offsets, in-flight records by state (for `automqctl group describe`)."""
-    rows = []
-    for sp in partitions.loaded():
-        gid, tid, partition = sp.key
-        if gid != group_id:
-            continue
-        topic = image.topics.get(tid)
-        rows.append(
-            {
-                "topic": topic.name if topic is not None else tid,
-                "partition": partition,
-                "start_offset": sp.state.start_offset,
-                "end_offset": sp.state.end_offset,
-                "in_flight": sp.state.in_flight(),
-            }
-        )
-    return sorted(rows, key=lambda r: (r["topic"], r["partition"]))
-
-
 def list_groups_with_share(inner: Callable, coordinator: ShareGroupCoordinator, coordinates):
     """ListGroups `inner` (classic and consumer groups) plus the share groups coordinated
     here (type and protocol type "share"), under the request's state and type filters."""
@@ -147,3 +126,30 @@ def list_groups_with_share(inner: Callable, coordinator: ShareGroupCoordinator, 
         return resp
 
     return list_groups
+
+
+def describe_share_partitions(partitions: SharePartitions, image: Any, group_id: str) -> Any:
+    """The DescribeSharePartitions answer: `group_id`'s share-partitions loaded here."""
+    R = DescribeSharePartitionsResponse
+    out = []
+    for sp in partitions.loaded():
+        gid, tid, partition = sp.key
+        if gid != group_id:
+            continue
+        topic = image.topics.get(tid)
+        counts = sp.state.in_flight()
+        out.append(
+            R.SharePartition(
+                topic_id=uuid.UUID(tid),
+                topic_name=topic.name if topic is not None else "",
+                partition=partition,
+                leader_epoch=sp.leader_epoch,
+                start_offset=sp.state.start_offset,
+                end_offset=sp.state.end_offset,
+                available=counts.get("AVAILABLE", 0),
+                acquired=counts.get("ACQUIRED", 0),
+                acknowledged=counts.get("ACKNOWLEDGED", 0),
+                archived=counts.get("ARCHIVED", 0),
+            )
+        )
+    return R(version=0, throttle_time_ms=0, partitions=out)

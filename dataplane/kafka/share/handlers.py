@@ -32,10 +32,11 @@ from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.objectstore import ObjectStoreError
 
 from .coordinator import ShareGroupCoordinator
-from .describe import describe_groups, list_groups_with_share
+from .describe import describe_groups, describe_share_partitions, list_groups_with_share
 from .partition_state import AcknowledgeError, LogBatch
 from .partitions import SharePartitions
 from .protocol import (
+    DescribeSharePartitionsRequest,
     ShareAcknowledgeRequest,
     ShareAcknowledgeResponse,
     ShareFetchRequest,
@@ -93,6 +94,7 @@ class ShareApis:
             (ShareGroupDescribeRequest, 1, 1, self.describe),
             (ShareFetchRequest, 1, 1, self.share_fetch),
             (ShareAcknowledgeRequest, 1, 1, self.share_acknowledge),
+            (DescribeSharePartitionsRequest, 0, 0, self.describe_partitions),
         ]
 
     def wrap(self, request_class: type, handler):
@@ -157,6 +159,10 @@ class ShareApis:
         return describe_groups(
             req, self.coordinator, self.coordinates, self.broker.image_fn(), self.partitions
         )
+
+    async def describe_partitions(self, req: Any, ctx: Any) -> Any:
+        """DescribeSharePartitions v0 (this project's): the group's share-partitions here."""
+        return describe_share_partitions(self.partitions, self.broker.image_fn(), req.group_id)
 
     # ------------------------------------------------------------------ share fetch
 

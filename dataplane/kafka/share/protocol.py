@@ -52,10 +52,20 @@ class ShareAcknowledgeResponse(ApiMessage, load_json=_SCHEMAS):
     """ShareAcknowledge response (api key 79)."""
 
 
+class DescribeSharePartitionsRequest(ApiMessage, load_json=_SCHEMAS):
+    """This project's extension (api key 602): a broker's loaded share-partitions of a
+    group, live (start, end, in-flight records by state), for `automqctl group describe`."""
+
+
+class DescribeSharePartitionsResponse(ApiMessage, load_json=_SCHEMAS):
+    """DescribeSharePartitions response (api key 602)."""
+
+
 for _request, _response in (
     (ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse),
     (ShareGroupDescribeRequest, ShareGroupDescribeResponse),
     (ShareFetchRequest, ShareFetchResponse),
     (ShareAcknowledgeRequest, ShareAcknowledgeResponse),
+    (DescribeSharePartitionsRequest, DescribeSharePartitionsResponse),
 ):
     add_api_message(_request, _response)
