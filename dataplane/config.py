@@ -271,6 +271,14 @@ class GroupCoordinatorConfig(_Section):
         description="KIP-848 consumer groups: the heartbeat interval told to members "
         "(Kafka's group.consumer.heartbeat.interval.ms)",
     )
+    consumer_reconciling_heartbeat_interval_ms: int = Field(
+        500,
+        gt=0,
+        description="KIP-848 consumer groups: the heartbeat interval told to a member that "
+        "waits for partitions another member still has to release, or has partitions to "
+        "revoke, until it is reconciled (not in Kafka: shortens a handover by up to one "
+        "heartbeat interval)",
+    )
     consumer_session_timeout_ms: int = Field(
         45_000,
         gt=0,

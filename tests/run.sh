@@ -33,15 +33,16 @@ pip install -q -e '.[test]'
 OLD_KAFKA_PYTHON=tests/.clients/kafka-python-2.3.3
 [ -d "$OLD_KAFKA_PYTHON/kafka" ] || pip install -q --no-deps --target "$OLD_KAFKA_PYTHON" kafka-python==2.3.3 \
   || echo "warning: could not install kafka-python 2.3.3; its admin-client test will be skipped"
-# kafkajs, a real JavaScript client (tests/js): node from Debian when missing, kafkajs from npm
+# kafkajs and @platformatic/kafka, real JavaScript clients (tests/js): node from Debian when
+# missing, the clients from npm
 if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq nodejs npm) >/dev/null || echo "warning: could not install nodejs"
 fi
 if command -v npm >/dev/null 2>&1; then
   (cd tests/js && timeout 300 npm install --silent --no-audit --no-fund >/dev/null) \
-    || echo "warning: npm install in tests/js failed; the kafkajs tests will be skipped"
+    || echo "warning: npm install in tests/js failed; the JavaScript client tests will be skipped"
 else
-  echo "warning: npm not found; the kafkajs tests will be skipped"
+  echo "warning: npm not found; the JavaScript client tests will be skipped"
 fi
 # lint and format first: a lint error fails the test command (ruff's config: pyproject.toml)
 ruff check .

@@ -45,6 +45,7 @@ from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
 from dataplane.kafka.groups.consumer_coordinator import (
     ConsumerGroupCoordinator,
+    GroupTypes,
     topic_info,
     topic_name,
 )
@@ -391,7 +392,12 @@ class Broker:
             send_markers=functools.partial(send_write_txn_markers, login=self.login),
         )
         txns = TxnHandlers(
-            txn_coordinator, image_fn, partitions, coordinator, offset_store, coordinates
+            txn_coordinator,
+            image_fn,
+            partitions,
+            GroupTypes(coordinator, consumer_groups),
+            offset_store,
+            coordinates,
         )
         return GroupsAndTransactions(
             coordinator, offset_store, groups, consumer_groups, txn_coordinator, txns

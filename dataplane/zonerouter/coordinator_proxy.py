@@ -7,7 +7,7 @@ FindCoordinator names, for a client of an AZ, the coordinator's proxy in the cli
 (`ClientRouting.leader_for`, as for partition leaders), and that broker forwards the
 client's coordinator requests (groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group, KIP-848's
-ConsumerGroupHeartbeat; transactions:
+ConsumerGroupHeartbeat and ConsumerGroupDescribe of one group; transactions:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn) to
 the real coordinator and relays its answer. These are small control requests; the state
 stays at the coordinator. A request the coordinator cannot be asked (gone, unreachable, too
@@ -43,7 +43,10 @@ from kafka.protocol.producer import (
 
 from controlplane.coordinators import group_coordinator, txn_coordinator
 from controlplane.image import BrokerState, MetadataImage
-from dataplane.kafka.groups.consumer_handlers import ConsumerGroupHeartbeatRequest
+from dataplane.kafka.groups.consumer_handlers import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupHeartbeatRequest,
+)
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ GROUP_REQUESTS = (
     TxnOffsetCommitRequest,
     DescribeGroupsRequest,
     ConsumerGroupHeartbeatRequest,
+    ConsumerGroupDescribeRequest,
 )
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)
@@ -86,7 +90,7 @@ def coordinator_key(req) -> tuple[int, str] | None:
         return (1, tid) if tid else None
     group = getattr(req, "group_id", None)  # "" where the version has none
     if not group:
-        groups = getattr(req, "groups", None) or []
+        groups = getattr(req, "groups", None) or getattr(req, "group_ids", None) or []
         ids = {getattr(g, "group_id", g) for g in groups}
         group = next(iter(ids)) if len(ids) == 1 else None
     return (0, group) if isinstance(group, str) and group else None

@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -296,6 +298,46 @@ def test_api_versions_and_heartbeat_errors(cluster):
     assert [(g.group_id, g.group_type) for g in listed.groups if g.group_id == group] == [
         (group, "consumer")
     ]
+
+
+def test_platformatic_kafka_consumer_protocol_reads_a_topic(cluster):
+    """@platformatic/kafka (tests/js, installed by tests/run.sh with npm) with
+    `groupProtocol: 'consumer'` reads every record of a 6-partition topic."""
+    js = REPO / "tests" / "js"
+    if (
+        shutil.which("node") is None
+        or not (js / "node_modules" / "@platformatic" / "kafka").is_dir()
+    ):
+        pytest.skip("node or @platformatic/kafka not installed (tests/run.sh installs them)")
+    topic = "kip848-js"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    writer = Writer(cluster["bootstrap"], topic).start()
+    wait_for(lambda: writer.count() >= 120, 60, "120 records written")
+    acked = writer.stop()
+    out = subprocess.run(
+        [
+            "node",
+            str(js / "kip848.mjs"),
+            cluster["bootstrap"],
+            topic,
+            "kip848-js-group",
+            str(len(acked)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=js,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"read": len(acked), "partitions": list(range(PARTITIONS))}
+    listed = call(
+        cluster["addresses"][coordinator_of(cluster, "kip848-js-group")],
+        ListGroupsRequest[5](states_filter=[], types_filter=["consumer"]),
+        16,
+        5,
+    )
+    assert "kip848-js-group" in {g.group_id for g in listed.groups}
 
 
 def test_group_of_three_join_and_kill(cluster, tmp_path):

@@ -215,3 +215,15 @@ def test_classic_apis_beside_a_consumer_group():
         assert deleted.results[0].error_code == 0
 
     asyncio.run(scenario())
+
+
+def test_the_zone_router_forwards_the_new_apis_like_the_classic_ones():
+    from dataplane.zonerouter.coordinator_proxy import GROUP_REQUESTS, coordinator_key
+
+    assert ConsumerGroupHeartbeatRequest in GROUP_REQUESTS
+    assert ConsumerGroupDescribeRequest in GROUP_REQUESTS
+    assert coordinator_key(heartbeat(group_id="x")) == (0, "x")
+    one = ConsumerGroupDescribeRequest[0](group_ids=["y"], include_authorized_operations=False)
+    assert coordinator_key(one) == (0, "y")
+    two = ConsumerGroupDescribeRequest[0](group_ids=["y", "z"], include_authorized_operations=False)
+    assert coordinator_key(two) is None  # several coordinators: answered where it arrives

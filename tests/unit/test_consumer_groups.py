@@ -137,6 +137,8 @@ def test_revoke_before_assign():
         b = await w.hb("b")
         # b may not get a partition a still owns: nothing yet
         assert b.error_code == 0 and count(b.assignment) == 0
+        # it waits for released partitions: told to come back sooner than the group interval
+        assert (a.heartbeat_interval_ms, b.heartbeat_interval_ms) == (5000, 500)
         group = w.coordinator.loaded("g")
         assert group.state() is ConsumerGroupState.RECONCILING
         # a learns what to revoke; it stays at its epoch until it has
@@ -151,6 +153,7 @@ def test_revoke_before_assign():
         assert a3.member_epoch == 2
         b3 = await w.hb("b", b2.member_epoch, owned={})
         assert b3.member_epoch == 2 and b3.assignment[T1] == set(range(6)) - kept
+        assert b3.heartbeat_interval_ms == 5000
         assert group.state() is ConsumerGroupState.STABLE
 
     run(scenario())

@@ -466,11 +466,17 @@ class ConsumerGroupCoordinator:
             and p.owned is not None
         )
         changed = before != member.assigned
+        interval_ms = self._config.consumer_heartbeat_interval_ms
+        if member.state is not MemberState.STABLE:
+            # waiting for partitions others release (or to report its own revocation): come
+            # back sooner than the group's interval, so a handover takes one revocation, not
+            # a revocation plus a whole interval
+            interval_ms = min(interval_ms, self._config.consumer_reconciling_heartbeat_interval_ms)
         return group, HeartbeatResult(
             KafkaError.NONE,
             member_id=member.member_id,
             member_epoch=member.member_epoch,
-            heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+            heartbeat_interval_ms=interval_ms,
             assignment=copy_partitions(member.assigned) if full or changed else None,
         )
 
@@ -720,3 +726,29 @@ class ConsumerGroupCoordinator:
         self.unload_groups(lambda _gid: True)
         for task in list(self._background):
             task.cancel()
+
+
+class GroupTypes:
+    """The coordinators of every group type (classic, consumer; a share-group coordinator would
+    join them) behind the one rule callers outside the group package need: may this offset
+    commit proceed (TxnOffsetCommit's check). Event loop only."""
+
+    def __init__(self, classic: GroupCoordinator, consumer: ConsumerGroupCoordinator) -> None:
+        self._classic = classic
+        self._consumer = consumer
+
+    def validate_offset_commit(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None = None,
+    ) -> int:
+        """A consumer group's member epoch rule (transactional commits skip Kafka's
+        OffsetCommit-version check), else the classic group's generation rule."""
+        code = self._consumer.validate_offset_commit(group_id, member_id, generation_id, 9)
+        if code is not None:
+            return code
+        return self._classic.validate_offset_commit(
+            group_id, generation_id, member_id, group_instance_id
+        )

@@ -37,6 +37,7 @@ from kafka.protocol.producer import (
 
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.groups.consumer_coordinator import GroupTypes
 from dataplane.kafka.groups.coordinator import GroupCoordinator
 from dataplane.kafka.groups.handlers import partition_in_image
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
@@ -79,7 +80,7 @@ class TxnHandlers:
         coordinator: TransactionCoordinator,
         image_fn: Callable[[], MetadataImage],
         partitions: PartitionResolver,
-        groups: GroupCoordinator,
+        groups: GroupCoordinator | GroupTypes,
         offset_store: KVOffsetStore,
         is_group_coordinator: Callable[[str], bool],
     ):
