@@ -147,6 +147,16 @@ def test_three_consumers_share_one_partition(cluster):
         offsets = [{m.offset() for m in batch} for batch in held]
         assert all(offsets), offsets
         assert not (offsets[0] & offsets[1] or offsets[0] & offsets[2] or offsets[1] & offsets[2])
+        # automqctl shows the group: its 3 members, the partition's held records
+        out = automqctl("group", "describe", group, "--format", "json", cluster_dir=cluster["dir"])
+        assert out.returncode == 0, out.stderr + out.stdout
+        described = json.loads(out.stdout)
+        assert described["type"] == "share" and len(described["members"]) == 3, described
+        (part,) = described["partitions"]
+        assert part["start_offset"] == 0
+        assert part["in_flight"]["acquired"] >= sum(len(o) for o in offsets), described
+        listed = automqctl("group", "list", "--format", "json", cluster_dir=cluster["dir"])
+        assert {"group": group, "type": "share", "state": "Stable"} in json.loads(listed.stdout)
         for c, batch in zip(consumers, held):
             accept_all(c, batch)
         seen = [m.offset() for batch in held for m in batch]

@@ -376,3 +376,27 @@ def test_list_groups_adds_share_groups_under_the_filters():
     assert listed(["share"]) == [("sg", "share", "Stable")]
     assert listed([], ["empty"]) == [("cg", "classic", "Stable")]  # classic filtering is inner's
     assert apis.wrap(ShareFetchRequest, classic) is classic
+
+
+def test_every_share_api_has_an_acl_policy_and_denials_answer_kafka_codes():
+    from dataplane.kafka.security.share_api_acls import ShareApiAcls
+
+    apis, _ = make_apis()
+    checks = SimpleNamespace(
+        allowed=lambda ctx, op, kind, name: kind == "GROUP",  # every topic denied
+        image_fn=apis.broker.image_fn,
+    )
+    acls = ShareApiAcls(checks)
+    keys = {int(cls.API_KEY) for cls, *_ in apis.registrations()}
+    assert keys <= set(acls.policies())
+
+    async def never(req, ctx):
+        raise AssertionError("a denied request reached its handler")
+
+    resp = run(acls.share_fetch(never, fetch_req(0, []), ctx(78)))
+    assert resp.error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    checks.allowed = lambda ctx, op, kind, name: False
+    resp = run(acls.heartbeat(never, ShareGroupHeartbeatRequest(version=1, group_id="g"), ctx(76)))
+    assert resp.error_code == KafkaError.GROUP_AUTHORIZATION_FAILED
+    resp = run(acls.share_acknowledge(never, ack_req(1, []), ctx(79)))
+    assert resp.error_code == KafkaError.GROUP_AUTHORIZATION_FAILED
