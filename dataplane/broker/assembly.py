@@ -511,6 +511,7 @@ class Broker:
                 lambda moved: (
                     coord.coordinator.unload_groups(moved),
                     coord.consumer_groups.unload_groups(moved),
+                    share.coordinator.unload(moved),
                 ),
                 lambda fn, *args: kafka.loop.call_soon_threadsafe(fn, *args),
             )
