@@ -164,3 +164,16 @@ def test_snapshot_round_trip_forgets_locks_keeps_acks():
 def test_restore_refuses_what_is_not_a_snapshot(doc):
     with pytest.raises((ValueError, KeyError)):
         SharePartitionState.restore(doc)
+
+
+def test_a_compacted_gap_wider_than_the_window_is_archived_bit_by_bit():
+    s = SharePartitionState(0, max_in_flight=4)
+    log = batches((0, 0), (1_000, 1_000))
+    assert s.acquire("a", log, 10, 0, LOCK_MS) == [AcquiredRange(0, 0, 1)]
+    assert len(s.in_flight()) <= 2 and s.end_offset <= 4
+    s.acknowledge("a", 0, 0, [ACK_ACCEPT])
+    for _ in range(1_000 // 4 + 2):  # each pass archives one window of the gap
+        got = s.acquire("a", log, 10, 0, LOCK_MS)
+        if got:
+            break
+    assert got == [AcquiredRange(1_000, 1_000, 1)]

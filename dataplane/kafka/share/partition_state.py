@@ -175,7 +175,12 @@ class SharePartitionState:
                 rec = self._records.get(offset)
                 if offset >= self.end_offset:
                     if offset > self.end_offset:
-                        # offsets skipped by the log (compaction): nothing to deliver
+                        # offsets skipped by the log (compaction): nothing to deliver; the
+                        # window still bounds what is tracked (the rest comes next time)
+                        if offset - self.end_offset > self._room():
+                            self._archive_gap(self.end_offset, self.end_offset + self._room())
+                            self._advance()
+                            return acquired
                         self._archive_gap(self.end_offset, offset)
                     if self._room() <= 0:
                         self._advance()
