@@ -16,11 +16,19 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from dataplane.kafka.codec import decode_response, encode_request
+from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+
+from dataplane.formats import share_messages
 
 TIMEOUT_S = 10.0
 MAX_SHARE_GROUPS = 1_000
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+_RESPONSES = {
+    3: MetadataResponse,
+    10: FindCoordinatorResponse,
+    77: share_messages.ShareGroupDescribeResponse,
+    602: share_messages.DescribeSharePartitionsResponse,
+}
 _STATE_NAMES = {0: "available", 1: "acquired", 2: "acknowledged", 4: "archived"}
 
 
@@ -37,11 +45,13 @@ def _call(address: str, request: Any, api_key: int, version: int, security: dict
             if security.get("ssl_cert_file"):
                 ctx.load_cert_chain(security["ssl_cert_file"], security.get("ssl_key_file"))
             sock = ctx.wrap_socket(sock, server_hostname=host)
-        sock.sendall(encode_request(request, correlation_id=1, version=version))
+        request.API_VERSION = version
+        request.with_header(correlation_id=1, client_id="automqctl")
+        sock.sendall(bytes(request.encode(header=True, framed=True)))
         size = struct.unpack(">i", _read(sock, 4))[0]
         if not 0 < size <= MAX_FRAME_BYTES:
             raise ShareDescribeError(f"bad response size {size} from {address}")
-        return decode_response(_read(sock, size), api_key, version)[1]
+        return _RESPONSES[api_key][version].decode(_read(sock, size), header=True)
     finally:
         sock.close()
 
@@ -64,8 +74,6 @@ def describe_share_group(
     not a share group. ShareDescribeError when it cannot be asked (SASL clusters too)."""
     from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 
-    from dataplane.kafka.share.protocol import ShareGroupDescribeRequest
-
     if security and security.get("security_protocol", "").startswith("SASL"):
         raise ShareDescribeError("share groups are described over PLAINTEXT or SSL listeners")
     addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
@@ -83,7 +91,7 @@ def describe_share_group(
                 raise ShareDescribeError(f"no coordinator for {group_id!r} ({found.error_code})")
             resp = _call(
                 f"{found.host}:{found.port}",
-                ShareGroupDescribeRequest(
+                share_messages.ShareGroupDescribeRequest(
                     version=1, group_ids=[group_id], include_authorized_operations=False
                 ),
                 77,
@@ -130,14 +138,12 @@ def live_share_partitions(
 ) -> list[dict[str, Any]]:
     """The group's share-partitions as their leaders hold them now (DescribeSharePartitions,
     api key 602, asked of every broker; the highest leader epoch wins a partition)."""
-    from dataplane.kafka.share.protocol import DescribeSharePartitionsRequest
-
     best: dict[tuple[str, int], tuple[int, dict]] = {}
     for address in brokers:
         try:
             resp = _call(
                 address,
-                DescribeSharePartitionsRequest(version=0, group_id=group_id),
+                share_messages.DescribeSharePartitionsRequest(version=0, group_id=group_id),
                 602,
                 0,
                 security,
