@@ -227,3 +227,57 @@ def test_the_zone_router_forwards_the_new_apis_like_the_classic_ones():
     assert coordinator_key(one) == (0, "y")
     two = ConsumerGroupDescribeRequest[0](group_ids=["y", "z"], include_authorized_operations=False)
     assert coordinator_key(two) is None  # several coordinators: answered where it arrives
+
+
+def test_the_new_apis_check_group_acls():
+    """With ACLs on, a principal without READ on the group gets GROUP_AUTHORIZATION_FAILED
+    from ConsumerGroupHeartbeat, without DESCRIBE a denied entry from ConsumerGroupDescribe;
+    the group's ACL lets the request through."""
+    from controlplane.image import MetadataImage
+    from controlplane.records import AclBinding
+    from dataplane.kafka.registry import ApiRegistry, RequestContext
+    from dataplane.kafka.security.authorizer import Authorizer
+    from dataplane.kafka.security.enforcement import AclEnforcer
+
+    image = MetadataImage(
+        acls={
+            "a": AclBinding(
+                resource_type="GROUP",
+                resource_name="open",
+                principal="User:alice",
+                operation="READ",
+                permission="ALLOW",
+            )
+        }
+    )
+    _, by_key = make()
+    registry = ApiRegistry()
+    registry.register(ConsumerGroupHeartbeatRequest, 0, 1, by_key[68])
+    registry.register(ConsumerGroupDescribeRequest, 0, 0, by_key[69])
+    AclEnforcer(Authorizer(["User:admin"]), lambda: image).install(registry)
+
+    def ctx(key: int, version: int) -> RequestContext:
+        return RequestContext(
+            api_key=key,
+            api_version=version,
+            correlation_id=1,
+            client_id="unit",
+            peer=("127.0.0.1", 1),
+            extras={"principal": "User:alice"},
+        )
+
+    async def scenario():
+        hb = registry.get(68).handler
+        denied = await hb(heartbeat(group_id="closed"), ctx(68, 1))
+        assert denied.error_code == KafkaError.GROUP_AUTHORIZATION_FAILED
+        allowed = await hb(heartbeat(group_id="open"), ctx(68, 1))
+        assert allowed.error_code == 0
+        describe = registry.get(69).handler
+        request = ConsumerGroupDescribeRequest[0](
+            group_ids=["open", "closed"], include_authorized_operations=False
+        )
+        answer = await describe(request, ctx(69, 0))
+        codes = {g.group_id: g.error_code for g in answer.groups}
+        assert codes == {"open": 0, "closed": KafkaError.GROUP_AUTHORIZATION_FAILED}
+
+    asyncio.run(scenario())

@@ -1,6 +1,6 @@
 """ACL rules of the consumer group APIs: FindCoordinator, JoinGroup / SyncGroup / Heartbeat /
 LeaveGroup, OffsetCommit, OffsetFetch, DescribeGroups, ListGroups, DeleteGroups,
-OffsetDelete (GROUP_AUTHORIZATION_FAILED for a denied group, TOPIC_AUTHORIZATION_FAILED for
+OffsetDelete, ConsumerGroupHeartbeat and ConsumerGroupDescribe (GROUP_AUTHORIZATION_FAILED for a denied group, TOPIC_AUTHORIZATION_FAILED for
 a denied topic)."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class GroupApiAcls:
             16: self.list_groups,
             42: self.delete_groups,
             47: self.offset_delete,
+            68: self.consumer_group_heartbeat,
+            69: self.consumer_group_describe,
         }
 
     async def find_coordinator(self, handler: Handler, req: Any, ctx: Any) -> Any:
@@ -70,6 +72,39 @@ class GroupApiAcls:
         if ctx.api_key == 11:  # JoinGroup: the client reads these even on an error
             fields.update(generation_id=-1, leader="", member_id="", members=[])
         return response_class(ctx.api_key)[ctx.api_version](**fields)
+
+    async def consumer_group_heartbeat(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ConsumerGroupHeartbeat (KIP-848): READ on the group, else refused."""
+        if self.checks.allowed(ctx, "READ", "GROUP", req.group_id):
+            return await handler(req, ctx)
+        return response_class(68)[ctx.api_version](
+            throttle_time_ms=0,
+            error_code=KafkaError.GROUP_AUTHORIZATION_FAILED,
+            member_epoch=0,
+            heartbeat_interval_ms=0,
+        )
+
+    async def consumer_group_describe(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ConsumerGroupDescribe (KIP-848): DESCRIBE on each group."""
+        R = response_class(69)
+        return await self.checks.split(
+            handler,
+            req,
+            ctx,
+            items="group_ids",
+            resource=lambda g: ("GROUP", g),
+            operation="DESCRIBE",
+            denied_entry=lambda g, code: R.DescribedGroup(
+                error_code=code,
+                group_id=g,
+                group_state="",
+                group_epoch=0,
+                assignment_epoch=0,
+                assignor_name="",
+                members=[],
+            ),
+            answer="groups",
+        )
 
     async def offset_commit(self, handler: Handler, req: Any, ctx: Any) -> Any:
         """The ACL rule of OffsetCommit."""
