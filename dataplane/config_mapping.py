@@ -73,10 +73,6 @@ BROKER_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     # share groups (KIP-932)
     "group.share.record.lock.duration.ms": (("share_groups", "record_lock_duration_ms"), _INT),
     "group.share.delivery.count.limit": (("share_groups", "delivery_count_limit"), _INT),
-    "group.share.partition.max.record.locks": (
-        ("share_groups", "partition_max_record_locks"),
-        _INT,
-    ),
     "group.share.session.timeout.ms": (("share_groups", "session_timeout_ms"), _INT),
     "group.share.heartbeat.interval.ms": (("share_groups", "heartbeat_interval_ms"), _INT),
     "group.share.max.size": (("share_groups", "group_max_size"), _INT),
