@@ -75,3 +75,14 @@ def put_share_state(image: MetadataImage, req: PutShareStateRequest, now_ms: int
     if req.load:
         return [], {"value": image.kv.get(key)}
     return [r.KVRecord(key=key, value=req.value)], {"value": req.value}
+
+
+def forget_topic_records(image: MetadataImage, topic_id: str) -> list:
+    """Records removing every share-partition state of a deleted topic (any group)."""
+    out = []
+    for key in image.kv:
+        if key.startswith(SHARE_STATE_KEY_PREFIX):
+            parts = key[len(SHARE_STATE_KEY_PREFIX) :].rsplit("/", 2)
+            if len(parts) == 3 and parts[1] == topic_id:
+                out.append(r.KVRecord(key=key, value=None))
+    return out

@@ -93,3 +93,23 @@ def test_unknown_partitions_and_bad_requests_change_nothing(sm):
     )
     assert err(sm.execute("put_share_state", {**body, "partition": -1, "leader_epoch": 0}, NOW))
     assert sm.image.fingerprint() == before
+
+
+def test_deleting_a_topic_forgets_its_share_partitions(sm):
+    part = sm.image.topics["tid"].partitions[0]
+    ok(put(sm, part.leader_node_id, part.leader_epoch, '{"v":1,"start":3,"runs":[]}'))
+    ok(sm.execute("create_topic", {"name": "u", "partitions": 1, "topic_id": "uid"}, NOW))
+    other = sm.image.topics["uid"].partitions[0]
+    body = {
+        "node_id": other.leader_node_id,
+        "node_epoch": 0,
+        "group_id": "g/with/slashes",
+        "topic_id": "uid",
+        "partition": 0,
+        "leader_epoch": other.leader_epoch,
+        "value": "{}",
+    }
+    ok(sm.execute("put_share_state", body, NOW))
+    ok(sm.execute("delete_topic", {"name": "t"}, NOW))
+    assert share_state_key("g", "tid", 0) not in sm.image.kv
+    assert share_state_key("g/with/slashes", "uid", 0) in sm.image.kv
