@@ -400,3 +400,34 @@ def test_every_share_api_has_an_acl_policy_and_denials_answer_kafka_codes():
     assert resp.error_code == KafkaError.GROUP_AUTHORIZATION_FAILED
     resp = run(acls.share_acknowledge(never, ack_req(1, []), ctx(79)))
     assert resp.error_code == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_group_configs_validate_describe_and_apply():
+    import json
+
+    from dataplane.kafka.share import group_configs as gc
+
+    ops = [
+        {"key": "share.record.lock.duration.ms", "op": "set", "value": "5000"},
+        {"key": "share.auto.offset.reset", "op": "set", "value": "earliest"},
+    ]
+    configs = gc.validate_ops({}, ops)
+    for bad, why in [
+        ({"key": "share.unknown", "op": "set", "value": "1"}, "unknown group config"),
+        ({"key": "share.delivery.count.limit", "op": "set", "value": "11"}, "outside"),
+        ({"key": "share.auto.offset.reset", "op": "set", "value": "middle"}, "not one of"),
+        ({"key": "share.record.lock.duration.ms", "op": "append", "value": "1"}, "not a list"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            gc.validate_ops(configs, [bad])
+    image = SimpleNamespace(kv={gc.KEY_PREFIX + "g": json.dumps(configs)})
+    settings = gc.settings_for(image, "g", ShareSettings())
+    assert (settings.record_lock_duration_ms, settings.auto_offset_reset) == (5000, "earliest")
+    assert settings.delivery_count_limit == 5  # not set: the broker's
+    rows = {r.name: r for r in gc.describe(image, "g", ShareSettings())}
+    assert rows["share.record.lock.duration.ms"].value == "5000"
+    assert rows["share.record.lock.duration.ms"].source is gc.GroupConfigSource.DYNAMIC_GROUP_CONFIG
+    assert rows["share.delivery.count.limit"].source is gc.GroupConfigSource.DEFAULT_CONFIG
+    assert gc.validate_ops(configs, [{"key": "share.auto.offset.reset", "op": "delete"}]) == {
+        "share.record.lock.duration.ms": "5000"
+    }
