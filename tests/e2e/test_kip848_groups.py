@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer, TopicPartition  # noqa: E402
 from kafka.protocol.admin import ListGroupsRequest  # noqa: E402
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest  # noqa: E402
 
@@ -64,6 +64,7 @@ def cluster(tmp_path_factory):
             "dir": d,
             "bootstrap": status["bootstrap_servers"],
             "addresses": {b["node_id"]: b["address"] for b in status["brokers"]},
+            "azs": {b["node_id"]: b["az"] for b in status["brokers"]},
         }
 
 
@@ -182,14 +183,16 @@ class Writer:
     """A producer thread writing round-robin to every partition; `acked` holds what the
     broker acknowledged."""
 
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 300):
+    def __init__(
+        self, bootstrap: str, topic: str, rate_per_s: int = 300, partitions: int = PARTITIONS
+    ):
         self.acked: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
-        self._topic, self._rate = topic, rate_per_s
+        self._topic, self._rate, self._partitions = topic, rate_per_s, partitions
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _ack(self, err, msg) -> None:
@@ -201,7 +204,7 @@ class Writer:
         i = 0
         while not self._stop.is_set():
             self._producer.produce(
-                self._topic, value=b"%d" % i, partition=i % PARTITIONS, on_delivery=self._ack
+                self._topic, value=b"%d" % i, partition=i % self._partitions, on_delivery=self._ack
             )
             i += 1
             self._producer.poll(0)
@@ -362,6 +365,153 @@ def test_group_of_three_join_and_kill(cluster, tmp_path):
         writer.stop() if not writer._stop.is_set() else None
         for m in members:
             m.stop()
+
+
+def test_a_consumer_group_through_the_zone_router(cluster):
+    """A member of an AZ (client.id automq_az=...) that knows only its AZ's broker: its
+    group's coordinator is elsewhere, so ConsumerGroupHeartbeat and OffsetCommit go through
+    the coordinator's proxy in its AZ; it reads every record and commits."""
+    az_of = cluster["azs"]
+    az = az_of[min(az_of)]
+    local = [n for n, a in az_of.items() if a == az]
+    if len(set(az_of.values())) < 2:
+        pytest.skip("one AZ: no zone router")
+    group = next(
+        g
+        for g in (f"kip848-zone-{uuid.uuid4().hex[:6]}" for _ in range(200))
+        if coordinator_of(cluster, g) not in local
+    )
+    topic = "kip848-zone"
+    create_topic(cluster["bootstrap"], topic, PARTITIONS)
+    writer = Writer(cluster["bootstrap"], topic).start()
+    wait_for(lambda: writer.count() >= 300, 60, "300 records written")
+    acked = writer.stop()
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ",".join(cluster["addresses"][n] for n in local),
+            "client.id": f"automq_az={az}",
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    seen: set[tuple[int, int]] = set()
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not acked <= seen:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.add((msg.partition(), msg.offset()))
+        assert acked <= seen
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 30)
+        assert sum(tp.offset for tp in committed) == len(acked)
+    finally:
+        consumer.close()
+
+
+def test_new_partitions_get_a_new_target_assignment(cluster):
+    """Partitions added to a subscribed topic reach the group's member without any member
+    change (a new group epoch and target assignment at its next heartbeat)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = "kip848-grow"
+    create_topic(cluster["bootstrap"], topic, 2)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster["bootstrap"],
+            "group.id": "kip848-grow",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 2,
+            60,
+            "2 partitions",
+        )
+        admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 4,
+            60,
+            "4 partitions",
+        )
+        producer = Producer({"bootstrap.servers": cluster["bootstrap"]})
+        producer.produce(topic, value=b"new", partition=3)
+        assert producer.flush(30) == 0
+        got = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not got:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.partition())
+        assert got == [3]
+    finally:
+        consumer.close()
+
+
+def test_automqctl_group_shows_both_kinds(cluster):
+    """`automqctl group list|describe` shows a classic and a KIP-848 group side by side:
+    type, state, members with their assignments, committed offsets and lag."""
+    from confluent_kafka import Consumer
+
+    topic = "kip848-cli"
+    create_topic(cluster["bootstrap"], topic, 2)
+    writer = Writer(cluster["bootstrap"], topic, partitions=2).start()
+    wait_for(lambda: writer.count() >= 40, 60, "40 records written")
+    acked = writer.stop()
+    consumers = {}
+    try:
+        for group, protocol in (("kip848-cli-classic", "classic"), ("kip848-cli-new", "consumer")):
+            c = Consumer(
+                {
+                    "bootstrap.servers": cluster["bootstrap"],
+                    "group.id": group,
+                    "group.protocol": protocol,
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+            c.subscribe([topic])
+            consumers[group] = c
+            read = 0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and read < len(acked):
+                msg = c.poll(0.5)
+                if msg is not None and not msg.error():
+                    read += 1
+            assert read == len(acked), (group, read)
+            c.commit(asynchronous=False)
+        listed = automqctl("group", "list", "--format", "json", cluster_dir=cluster["dir"])
+        assert listed.returncode == 0, listed.stderr
+        kinds = {g["group"]: g["type"] for g in json.loads(listed.stdout)}
+        assert kinds["kip848-cli-classic"] == "classic" and kinds["kip848-cli-new"] == "consumer"
+        for group, kind in (("kip848-cli-classic", "classic"), ("kip848-cli-new", "consumer")):
+            out = automqctl(
+                "group", "describe", group, "--format", "json", cluster_dir=cluster["dir"]
+            )
+            assert out.returncode == 0, out.stderr
+            described = json.loads(out.stdout)
+            assert described["type"] == kind and len(described["members"]) == 1, described
+            assert len(described["members"][0]["assignment"]) == 2, described
+            assert sum(o["lag"] for o in described["offsets"]) == 0, described
+            assert sum(o["committed"] for o in described["offsets"]) == len(acked)
+        table = automqctl("group", "describe", "kip848-cli-new", cluster_dir=cluster["dir"])
+        assert table.returncode == 0 and "type consumer" in table.stdout, (
+            table.stdout + table.stderr
+        )
+    finally:
+        for c in consumers.values():
+            c.close()
 
 
 def test_group_survives_coordinator_kill(cluster, tmp_path):
