@@ -431,3 +431,32 @@ def test_group_configs_validate_describe_and_apply():
     assert gc.validate_ops(configs, [{"key": "share.auto.offset.reset", "op": "delete"}]) == {
         "share.record.lock.duration.ms": "5000"
     }
+
+
+def test_a_share_group_id_is_refused_to_classic_and_consumer_members():
+    from kafka.protocol.consumer import JoinGroupRequest
+
+    from dataplane.kafka.groups.consumer_handlers import ConsumerGroupHeartbeatRequest
+
+    apis, _ = make_apis()
+    apis.coordinator.heartbeat("sg", "a", 0, None, ["t"], "", "", lambda n: None)
+
+    async def inner(req, ctx):
+        return "served"
+
+    join = apis.wrap(JoinGroupRequest, inner)
+    req = JoinGroupRequest[5](
+        group_id="sg",
+        session_timeout_ms=10_000,
+        member_id="",
+        protocol_type="consumer",
+        protocols=[],
+    )
+    resp = run(join(req, RequestContext(11, 5, 1, "c", ("h", 1))))
+    assert resp.error_code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+    req.group_id = "other"
+    assert run(join(req, RequestContext(11, 5, 1, "c", ("h", 1)))) == "served"
+    hb = apis.wrap(ConsumerGroupHeartbeatRequest, inner)
+    req = ConsumerGroupHeartbeatRequest[0](group_id="sg", member_id="m", member_epoch=0)
+    resp = run(hb(req, RequestContext(68, 0, 1, "c", ("h", 1))))
+    assert resp.error_code == KafkaError.GROUP_ID_NOT_FOUND

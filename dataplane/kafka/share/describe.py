@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.codec import response_class
 
 from .coordinator import ASSIGNOR_NAME, ShareGroupCoordinator
 from .partitions import SharePartitions
@@ -153,3 +154,30 @@ def describe_share_partitions(partitions: SharePartitions, image: Any, group_id:
             )
         )
     return R(version=0, throttle_time_ms=0, partitions=out)
+
+
+#: JoinGroup (classic) and ConsumerGroupHeartbeat (KIP-848): the error for a share group's id
+OTHER_GROUP_JOINS = {11: KafkaError.INCONSISTENT_GROUP_PROTOCOL, 68: KafkaError.GROUP_ID_NOT_FOUND}
+
+
+def refuse_share_group_ids(inner: Callable, coordinator: ShareGroupCoordinator):
+    """JoinGroup / ConsumerGroupHeartbeat `inner`, refused for the id of a share group with
+    members (its type cannot change while it has them)."""
+
+    async def refuse(req: Any, ctx: Any) -> Any:
+        group = coordinator.group(getattr(req, "group_id", "") or "")
+        if group is None or not group.members:
+            return await inner(req, ctx)
+        error = OTHER_GROUP_JOINS[ctx.api_key]
+        fields: dict[str, Any] = {"error_code": error}
+        if ctx.api_key == 11:  # JoinGroup: the client reads these even on an error
+            fields.update(generation_id=-1, leader="", member_id="", members=[])
+        else:
+            fields.update(
+                error_message=f"group {group.group_id!r} is a share group",
+                member_epoch=-1,
+                heartbeat_interval_ms=0,
+            )
+        return response_class(ctx.api_key)[ctx.api_version](throttle_time_ms=0, **fields)
+
+    return refuse

@@ -32,7 +32,13 @@ from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.objectstore import ObjectStoreError
 
 from .coordinator import ShareGroupCoordinator
-from .describe import describe_groups, describe_share_partitions, list_groups_with_share
+from .describe import (
+    OTHER_GROUP_JOINS,
+    describe_groups,
+    describe_share_partitions,
+    list_groups_with_share,
+    refuse_share_group_ids,
+)
 from .partition_state import AcknowledgeError, LogBatch
 from .partitions import SharePartitions
 from .protocol import (
@@ -99,9 +105,13 @@ class ShareApis:
 
     def wrap(self, request_class: type, handler):
         """`handler` of `request_class` as served with share groups: ListGroups lists them
-        too; any other handler is returned as it is."""
+        too; a classic JoinGroup (INCONSISTENT_GROUP_PROTOCOL) or a ConsumerGroupHeartbeat
+        (GROUP_ID_NOT_FOUND) for a share group's id is refused, as Kafka does; any other
+        handler is returned as it is."""
         if request_class is ListGroupsRequest:
             return list_groups_with_share(handler, self.coordinator, self.coordinates)
+        if int(getattr(request_class, "API_KEY", -1)) in OTHER_GROUP_JOINS:
+            return refuse_share_group_ids(handler, self.coordinator)
         return handler
 
     # ------------------------------------------------------------------ group coordinator
