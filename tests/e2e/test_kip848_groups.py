@@ -514,6 +514,88 @@ def test_automqctl_group_shows_both_kinds(cluster):
             c.close()
 
 
+def test_a_regex_subscription_reads_every_matching_topic(cluster):
+    """librdkafka's `^`-prefixed subscription is a SubscribedTopicRegex under KIP-848: the
+    broker resolves it and assigns the matching topics' partitions (a topic created after
+    the subscription included)."""
+    from confluent_kafka import Consumer
+
+    create_topic(cluster["bootstrap"], "kip848-re-a", 2)
+    create_topic(cluster["bootstrap"], "kip848-other", 1)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster["bootstrap"],
+            "group.id": "kip848-regex",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    try:
+        consumer.subscribe(["^kip848-re-.*"])
+        wait_for(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 2,
+            60,
+            "kip848-re-a",
+        )
+        create_topic(cluster["bootstrap"], "kip848-re-b", 2)
+        wait_for(
+            lambda: (
+                consumer.poll(0.2) is None
+                and {(tp.topic, tp.partition) for tp in consumer.assignment()}
+                == {("kip848-re-a", 0), ("kip848-re-a", 1), ("kip848-re-b", 0), ("kip848-re-b", 1)}
+            ),
+            90,
+            "both matching topics assigned",
+        )
+        described = describe(cluster, "kip848-regex")
+        assert [m.subscribed_topic_regex for m in described.members] == ["(^kip848-re-.*)"], (
+            described
+        )
+    finally:
+        consumer.close()
+
+
+def test_a_static_member_restart_keeps_its_partitions(cluster):
+    """A static member (`group.instance.id`) that closes (epoch -2) and comes back within the
+    session timeout gets its partitions back; the other member keeps its own throughout."""
+    from confluent_kafka import Consumer
+
+    topic = "kip848-static"
+    create_topic(cluster["bootstrap"], topic, 4)
+
+    def member(instance: str) -> Consumer:
+        c = Consumer(
+            {
+                "bootstrap.servers": cluster["bootstrap"],
+                "group.id": "kip848-static",
+                "group.protocol": "consumer",
+                "group.instance.id": instance,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        c.subscribe([topic])
+        return c
+
+    def owned(c: Consumer) -> set[int]:
+        c.poll(0.2)
+        return {tp.partition for tp in c.assignment()}
+
+    a, b = member("inst-a"), member("inst-b")
+    try:
+        wait_for(lambda: len(owned(a)) == 2 and len(owned(b)) == 2, 60, "2 + 2 partitions")
+        mine, theirs = owned(a), owned(b)
+        epoch = describe(cluster, "kip848-static").group_epoch
+        a.close()
+        a = member("inst-a")
+        wait_for(lambda: owned(a) == mine, 60, "the restarted member's old partitions")
+        assert owned(b) == theirs
+        assert describe(cluster, "kip848-static").group_epoch == epoch  # no rebalance
+    finally:
+        a.close()
+        b.close()
+
+
 def test_group_survives_coordinator_kill(cluster, tmp_path):
     topic, group = "kip848-b", "kip848-g2"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
