@@ -93,7 +93,16 @@ def parse_broker_overrides(items: list[str]) -> dict[str, Any]:
 
 
 # the broker config's sections `--broker-config` may set (the rest the cluster derives)
-_SECTIONS = ("storage", "wal", "object_store", "groups", "zone_router", "erasure", "network")
+_SECTIONS = (
+    "storage",
+    "wal",
+    "object_store",
+    "groups",
+    "zone_router",
+    "erasure",
+    "network",
+    "share_groups",
+)
 
 
 def merged_sections(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

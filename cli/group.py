@@ -17,20 +17,20 @@ from cli.cluster_config import ClusterError
 from cli.kafka_util import check_reachable, client_error_text, librdkafka_security
 from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, fail, print_data
+from cli.share_group import print_share_group, share_rows
 from cli.topic import BootstrapOption, DirOption, FormatOption
 
 app = typer.Typer(
-    help="Consumer groups, classic and KIP-848 (Kafka protocol).", no_args_is_help=True
+    help="Consumer groups, classic and KIP-848, and share groups (Kafka protocol).",
+    no_args_is_help=True,
 )
 ADMIN_TIMEOUT_S = 30.0
 MAX_GROUPS = 10_000
 
 
-def _admin(bootstrap: str | None, dir: Path):
-    """confluent-kafka's AdminClient for --bootstrap-server, else the local cluster in `dir`
-    (with its SASL/TLS login)."""
-    from confluent_kafka.admin import AdminClient
-
+def _endpoint(bootstrap: str | None, dir: Path) -> tuple[str, dict | None]:
+    """(bootstrap servers, the CLI's client security) of --bootstrap-server, else of the
+    local cluster in `dir` (with its SASL/TLS login)."""
     try:
         cluster = None if bootstrap else LocalCluster(dir).load()
         servers = bootstrap or cluster.bootstrap_servers()
@@ -38,6 +38,15 @@ def _admin(bootstrap: str | None, dir: Path):
         check_reachable(servers, timeout_s=5.0)
     except (ClusterError, ConnectionError, ValueError) as exc:
         fail(f"{exc}" + ("" if bootstrap else "; or pass --bootstrap-server"))
+    return servers, security
+
+
+def _admin(bootstrap: str | None, dir: Path):
+    """confluent-kafka's AdminClient for --bootstrap-server, else the local cluster in `dir`
+    (with its SASL/TLS login)."""
+    from confluent_kafka.admin import AdminClient
+
+    servers, security = _endpoint(bootstrap, dir)
     return AdminClient(
         {"bootstrap.servers": servers, "client.id": "automqctl", **librdkafka_security(security)}
     )
@@ -122,6 +131,8 @@ def list_(
         ),
         key=lambda r: r["group"],
     )
+    # librdkafka lists consumer and classic groups only: add the share groups
+    rows = sorted(rows + share_rows(admin, rows, *_endpoint(bootstrap_server, dir)), key=_group)
     if print_data(rows, format):
         return
     table = Table(title="groups")
@@ -140,7 +151,10 @@ def describe(
     format: OutputFormat = FormatOption,
 ) -> None:
     """A group's type, state, assignor, coordinator, members (with their assignments and, for
-    consumer groups, target assignments) and the lag of every committed partition."""
+    consumer groups, target assignments) and the lag of every committed partition; for a
+    share group its members and share-partitions (start offset, in-flight records)."""
+    if print_share_group(group_id, *_endpoint(bootstrap_server, dir), dir, format):
+        return
     admin = _admin(bootstrap_server, dir)
     try:
         d = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT_S)[
@@ -195,6 +209,10 @@ def describe(
             r["topic"], str(r["partition"]), str(r["committed"]), str(r["end"]), str(r["lag"])
         )
     console.print(offsets)
+
+
+def _group(row: dict) -> str:
+    return row["group"]
 
 
 def _compact(parts: list[dict]) -> str:

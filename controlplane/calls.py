@@ -9,7 +9,7 @@ state machine in this process, for fast tests) both have it.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -63,6 +63,9 @@ from controlplane.requests import (
     _Request,
     validation_message,
 )
+
+if TYPE_CHECKING:
+    from controlplane.share_state import PutShareStateRequest
 
 R = TypeVar("R", bound=BaseModel)
 Q = TypeVar("Q", bound=_Request)
@@ -234,6 +237,13 @@ class ControllerCalls:
         self, req: PutGroupOffsetsRequest, timeout_s: float | None = None
     ) -> None:
         self.send(req, timeout_s)
+
+    def put_share_state(
+        self, req: PutShareStateRequest, timeout_s: float | None = None
+    ) -> str | None:
+        """Store or load a share-partition's state (controlplane/share_state.py): the value
+        stored after the command."""
+        return self.send(req, timeout_s).get("value")
 
     # transactions
     def record_aborted_txns(

@@ -44,6 +44,8 @@ class ErrorCode(str, Enum):
     UNAUTHORIZED = "UNAUTHORIZED"
     # the leader cannot persist its metadata log (disk full): writes are refused until it can
     LOG_NOT_PERSISTED = "LOG_NOT_PERSISTED"
+    # the requester does not lead the partition at that leader epoch (share-partition state)
+    NOT_PARTITION_LEADER = "NOT_PARTITION_LEADER"
 
 
 # A per-stream refusal of a commit that no retry can fix: the stream was deleted, another

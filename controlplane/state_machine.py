@@ -27,6 +27,7 @@ from controlplane import (
     reassignment,
     route_epochs,
     security,
+    share_state,
     streams,
     topics,
     wal_failover,
@@ -107,6 +108,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "lifecycle_tick": (_lifecycle_tick, False),
     "allocate_producer_ids": (_allocate_producer_ids, False),
     "put_group_offsets": (coordinators.put_group_offsets, False),
+    "put_share_state": (share_state.put_share_state, False),
     "register_compactor": (compactors.register_compactor, False),
     "set_cleaner_checkpoints": (compactors.set_cleaner_checkpoints, False),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from controlplane import records as r
-from controlplane import topic_configs
+from controlplane import share_state, topic_configs
 from controlplane.erasure_placement import erasure_settings, place_shard_stores
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import MetadataImage
@@ -103,6 +103,7 @@ def delete_topic(image: MetadataImage, req: DeleteTopicRequest, now_ms: int):
     stream_ids = [p.stream_id for p in topic.partitions.values() if p.stream_id in image.streams]
     recs: list = delete_stream_records(image, sorted(stream_ids), now_ms)
     recs.append(r.RemoveTopicRecord(topic_id=topic.topic_id))
+    recs += share_state.forget_topic_records(image, topic.topic_id)  # share groups' state
     return recs, {"topic_id": topic.topic_id}
 
 

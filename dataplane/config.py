@@ -321,6 +321,53 @@ class GroupCoordinatorConfig(_Section):
         return self
 
 
+class ShareGroupsConfig(_Section):
+    """Share groups (KIP-932, `dataplane/kafka/share/`): named after Kafka's `group.share.*`
+    broker configs."""
+
+    record_lock_duration_ms: int = Field(
+        30_000,
+        ge=1_000,
+        le=3_600_000,
+        description="how long a delivered record stays locked to its consumer "
+        "(group.share.record.lock.duration.ms)",
+    )
+    delivery_count_limit: int = Field(
+        5,
+        ge=2,
+        le=10,
+        description="deliveries after which a record is archived "
+        "(group.share.delivery.count.limit)",
+    )
+    partition_max_record_locks: int = Field(
+        2_000,
+        ge=100,
+        le=10_000,
+        description="in-flight records per share-partition "
+        "(group.share.partition.max.record.locks)",
+    )
+    session_timeout_ms: int = Field(
+        45_000,
+        ge=1_000,
+        le=1_800_000,
+        description="a member without a heartbeat for this long leaves "
+        "(group.share.session.timeout.ms)",
+    )
+    heartbeat_interval_ms: int = Field(
+        5_000, ge=100, le=60_000, description="(group.share.heartbeat.interval.ms)"
+    )
+    auto_offset_reset: Literal["latest", "earliest"] = Field(
+        "latest",
+        description="where a share group starts reading a partition it never read "
+        "(share.auto.offset.reset)",
+    )
+    max_groups: int = Field(1_000, gt=0, description="share groups per coordinator")
+    group_max_size: int = Field(200, gt=0, description="members per share group")
+    max_share_sessions: int = Field(
+        1_000, gt=0, description="share sessions per broker (group.share.max.share.sessions)"
+    )
+
+
 class ZoneRouterConfig(_Section):
     """The zone router: how clients' AZs are told, and its RouterChannel."""
 
@@ -598,6 +645,9 @@ class BrokerConfig(BaseModel):
     )
     network: NetworkConfig = Field(
         default_factory=NetworkConfig, description="network limits of the Kafka listeners"
+    )
+    share_groups: ShareGroupsConfig = Field(
+        default_factory=ShareGroupsConfig, description="share groups (KIP-932)"
     )
 
     @model_validator(mode="before")

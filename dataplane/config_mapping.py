@@ -70,6 +70,13 @@ BROKER_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "group.consumer.session.timeout.ms": (("groups", "consumer_session_timeout_ms"), _INT),
     "group.consumer.max.size": (("groups", "consumer_max_size"), _INT),
+    # share groups (KIP-932)
+    "group.share.record.lock.duration.ms": (("share_groups", "record_lock_duration_ms"), _INT),
+    "group.share.delivery.count.limit": (("share_groups", "delivery_count_limit"), _INT),
+    "group.share.session.timeout.ms": (("share_groups", "session_timeout_ms"), _INT),
+    "group.share.heartbeat.interval.ms": (("share_groups", "heartbeat_interval_ms"), _INT),
+    "group.share.max.size": (("share_groups", "group_max_size"), _INT),
+    "group.share.max.share.sessions": (("share_groups", "max_share_sessions"), _INT),
 }
 BANDWIDTH_KEY = "s3.network.baseline.bandwidth"
 BANDWIDTH_PATHS = (

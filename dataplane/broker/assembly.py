@@ -55,6 +55,7 @@ from dataplane.kafka.groups.handlers import GroupHandlers, partition_in_image
 from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.partition_manager import PartitionManager
 from dataplane.kafka.server import KafkaServerThread
+from dataplane.kafka.share import ShareApis, build_share_apis, share_settings
 from dataplane.kafka.txn.coordinator import TransactionCoordinator
 from dataplane.kafka.txn.handlers import TxnHandlers
 from dataplane.objectstore import ObjectStorage, parse_bucket_uris
@@ -423,6 +424,29 @@ class Broker:
             coordinator, offset_store, groups, consumer_groups, txn_coordinator, txns
         )
 
+    def _build_share_groups(
+        self, apis: KafkaApis, image_fn, coord: GroupsAndTransactions
+    ) -> ShareApis:
+        """Share groups (KIP-932): coordinated like classic groups (the group's slot), their
+        share-partitions at the partitions' leaders; a group id of another type is refused."""
+        cfg = self.config
+        return build_share_apis(
+            apis,
+            self.client,
+            lambda: self.node_epoch,
+            lambda group: (
+                group_coordinator(image_fn(), group) == cfg.node_id and self.metadata.caught_up
+            ),
+            cfg.share_groups,
+            other_group_type=lambda group: (
+                "classic"
+                if coord.coordinator.group_state(group) is not None
+                else "consumer"
+                if coord.consumer_groups.state_of(group) is not None
+                else None
+            ),
+        )
+
     def _serve_kafka(
         self, erasure: ErasurePartitions, zone: ZoneRouterParts, io_pool: Executor
     ) -> None:
@@ -460,6 +484,7 @@ class Broker:
             txn=coord.txns,
             topic_creation=TopicCreation(cfg.num_partitions, cfg.auto_create_topics_enable),
             network=network,
+            share_defaults=share_settings(cfg.share_groups),
         )
         admin = AdminApis(
             cfg.node_id,
@@ -478,13 +503,16 @@ class Broker:
         )
         self._add(ComponentAdapter("coordinator-proxy", stop_fn=coordinator_proxy.close))
         registry = ApiRegistry()
+        share = self._build_share_groups(apis, image_fn, coord)
         for cls, lo, hi, handler in (
             apis.registrations()
+            + share.registrations()
             + coord.groups.registrations()
             + admin.registrations()
             + coord.txns.registrations()
             + zone.handler.registrations()
         ):
+            handler = share.wrap(cls, handler)  # ListGroups lists share groups too
             if coordinator_proxy.forwards(cls):
                 handler = coordinator_proxy.wrap(handler)
             registry.register(cls, lo, hi, handler)
@@ -507,6 +535,7 @@ class Broker:
                 lambda moved: (
                     coord.coordinator.unload_groups(moved),
                     coord.consumer_groups.unload_groups(moved),
+                    share.coordinator.unload(moved),
                 ),
                 lambda fn, *args: kafka.loop.call_soon_threadsafe(fn, *args),
             )

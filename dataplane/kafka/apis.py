@@ -35,6 +35,7 @@ from dataplane.kafka.data_apis import DataApis
 from dataplane.kafka.metadata_apis import MetadataApis
 from dataplane.kafka.network_limits import NetworkLimits
 from dataplane.kafka.partition_backend import ClientRouting, DirectRouting, PartitionResolver
+from dataplane.kafka.share.partitions import ShareSettings
 from dataplane.kafka.topic_admin_apis import TopicAdminApis
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class KafkaApis(BrokerApiContext):
         txn: TxnHandlers | None = None,
         topic_creation: TopicCreation = TopicCreation(),
         network: NetworkLimits | None = None,
+        share_defaults: ShareSettings | None = None,
     ):
         super().__init__(
             me,
@@ -78,7 +80,8 @@ class KafkaApis(BrokerApiContext):
         self.txn = txn
         self.data = DataApis(self)
         self.cluster = MetadataApis(self, node_epoch_fn, lambda: self.txn)
-        self.topic_admin = TopicAdminApis(self)
+        # share groups' settings where a group sets none (its DescribeConfigs defaults)
+        self.topic_admin = TopicAdminApis(self, share_defaults)
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""

@@ -30,6 +30,8 @@ from dataplane.kafka.api_context import (
     BrokerApiContext,
     kafka_error,
 )
+from dataplane.kafka.share import group_configs
+from dataplane.kafka.share.partitions import ShareSettings
 
 # ConfigResource.Type and AlterConfigOp.OpType of Kafka's admin protocol
 RESOURCE_TOPIC = 2
@@ -133,10 +135,12 @@ def assigned_partition_count(t, image: MetadataImage) -> int | None:
 
 
 class TopicAdminApis:
-    """Handlers of the topic and config admin APIs."""
+    """Handlers of the topic and config admin APIs (and the configs of share groups,
+    `share/group_configs.py`, over `share_defaults`)."""
 
-    def __init__(self, broker: BrokerApiContext):
+    def __init__(self, broker: BrokerApiContext, share_defaults: ShareSettings | None = None):
         self.broker = broker
+        self.share_defaults = share_defaults or ShareSettings()
 
     def _create_topic(self, name: str, partitions: int, configs: dict, validate_only: bool):
         req = build_request(
@@ -298,6 +302,8 @@ class TopicAdminApis:
                     )
             elif res.resource_type == RESOURCE_BROKER:
                 error, message, rows = self.describe_broker(image, res.resource_name)
+            elif res.resource_type == group_configs.RESOURCE_GROUP:
+                rows = group_configs.describe(image, res.resource_name, self.share_defaults)
             else:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"
@@ -411,6 +417,16 @@ class TopicAdminApis:
                 error, message = KafkaError.INVALID_REQUEST, "duplicate resource in the request"
             elif res.resource_type == RESOURCE_BROKER:
                 error, message = await self._alter_broker(res, req, incremental)
+            elif res.resource_type == group_configs.RESOURCE_GROUP:
+                error, message = await self.broker.run_io(
+                    group_configs.alter,
+                    self.broker.controller,
+                    self.broker.image_fn,
+                    res.resource_name,
+                    _config_ops(res, incremental),
+                    not incremental,
+                    bool(req.validate_only),
+                )
             elif res.resource_type != RESOURCE_TOPIC:
                 error = KafkaError.INVALID_REQUEST
                 message = f"unsupported resource type {res.resource_type}"

@@ -94,6 +94,7 @@ def test_every_broker_api_has_an_acl_policy():
     from dataplane.kafka.api_context import BrokerIdentity
     from dataplane.kafka.apis import KafkaApis
     from dataplane.kafka.groups.handlers import GroupHandlers
+    from dataplane.kafka.share import ShareApis
 
     apis = KafkaApis(
         BrokerIdentity(1, "127.0.0.1", 9092, "az1"),
@@ -106,7 +107,13 @@ def test_every_broker_api_has_an_acl_policy():
     )
     groups = GroupHandlers.__new__(GroupHandlers)
     admin = AdminApis.__new__(AdminApis)
-    handlers = apis.registrations() + groups.registrations() + admin.registrations()
+    share = ShareApis.__new__(ShareApis)  # the share-group APIs (KIP-932)
+    handlers = (
+        apis.registrations()
+        + groups.registrations()
+        + admin.registrations()
+        + share.registrations()
+    )
     keys = {int(cls.API_KEY) for cls, *_ in handlers}
     enforcer = AclEnforcer(AUTH, lambda: None)
     covered = set(enforcer.policies()) | UNCHECKED_KEYS | SELF_CHECKED_KEYS

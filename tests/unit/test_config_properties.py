@@ -142,11 +142,16 @@ def test_every_broker_key_lands_in_its_setting(key):
         value = "1MiB"
     if key in ("group.max.size", "num.partitions"):
         value = "50"
+    if key == "group.share.delivery.count.limit":  # Kafka's range: 2-10
+        value = "5"
     got = map_properties({key: value}, "cluster").settings
     for part in path:
         got = got[part]
     assert (
-        got == {"60000": 60000, "64MiB": 64 << 20, "1MiB": 1 << 20, "50": 50, "false": False}[value]
+        got
+        == {"60000": 60000, "64MiB": 64 << 20, "1MiB": 1 << 20, "50": 50, "5": 5, "false": False}[
+            value
+        ]
     )
 
 

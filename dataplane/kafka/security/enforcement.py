@@ -21,6 +21,7 @@ from dataplane.kafka.security.acl_checks import AclChecks, Handler, Policy
 from dataplane.kafka.security.admin_api_acls import AdminApiAcls
 from dataplane.kafka.security.data_api_acls import DataApiAcls
 from dataplane.kafka.security.group_api_acls import GroupApiAcls
+from dataplane.kafka.security.share_api_acls import ShareApiAcls
 from dataplane.kafka.security.txn_api_acls import TxnApiAcls
 
 # ApiVersions and the SASL exchange: served before authentication, no resource
@@ -77,4 +78,5 @@ class AclEnforcer(AclChecks):
             **AdminApiAcls(self).policies(),
             **GroupApiAcls(self).policies(),
             **TxnApiAcls(self).policies(),
+            **ShareApiAcls(self).policies(),
         }

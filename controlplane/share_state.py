@@ -1,0 +1,88 @@
+"""Durable share-partition state (KIP-932) in the replicated KV, fenced by partition leadership.
+
+Kafka keeps share-partition state in `__share_group_state`, written by the share coordinator
+for the partition's leader. Here the leader writes it itself: one KV entry per share-partition
+(`share-state/<group>/<topic id>/<partition>`, the JSON of
+`dataplane/kafka/share/partition_state.py` `snapshot()`), accepted only from the partition's
+current leader at its current leader epoch. A partition move or a WAL failover bumps the
+leader epoch, so a previous leader can no longer overwrite what the new one wrote; the new
+leader loads with `load=True`, a read through the log that sees every write the controller
+accepted before it.
+
+No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane import records as r
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.fencing import require_active_broker
+from controlplane.image import MetadataImage
+from controlplane.requests import REQUEST_TYPES
+
+#: KV key prefix of share-partition states
+SHARE_STATE_KEY_PREFIX = "share-state/"
+
+
+class PutShareStateRequest(BaseModel):
+    """A partition's leader stores (`value`) or only reads (`load`) the durable state of one
+    share-partition; fenced by the partition's leadership (node and leader epoch). The
+    answer holds the stored value (linearizable: the command passed through the log). Kept
+    here rather than in requests.py (at its size limit); registered below."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: ClassVar[str] = "put_share_state"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    group_id: str = Field(min_length=1, max_length=255)
+    topic_id: str = Field(min_length=1, max_length=64)
+    partition: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    load: bool = False
+    value: str | None = Field(default=None, max_length=500_000)
+
+
+REQUEST_TYPES.update({PutShareStateRequest.command: PutShareStateRequest})  # type: ignore[dict-item]
+
+
+def share_state_key(group_id: str, topic_id: str, partition: int) -> str:
+    """The KV key of one share-partition's state."""
+    return f"{SHARE_STATE_KEY_PREFIX}{group_id}/{topic_id}/{partition}"
+
+
+def put_share_state(image: MetadataImage, req: PutShareStateRequest, now_ms: int):
+    """Store (or, `load`, only read) a share-partition's state: only the partition's leader
+    at its current leader epoch may (NOT_PARTITION_LEADER otherwise)."""
+    require_active_broker(image, req.node_id, req.node_epoch)
+    topic = image.topics.get(req.topic_id)
+    part = topic.partitions.get(req.partition) if topic is not None else None
+    if part is None:
+        raise ControllerError(
+            ErrorCode.UNKNOWN_TOPIC, f"no partition {req.topic_id}/{req.partition}"
+        )
+    if part.leader_node_id != req.node_id or part.leader_epoch != req.leader_epoch:
+        raise ControllerError(
+            ErrorCode.NOT_PARTITION_LEADER,
+            f"node {req.node_id} at leader epoch {req.leader_epoch} does not lead "
+            f"{req.topic_id}/{req.partition} (node {part.leader_node_id} epoch "
+            f"{part.leader_epoch} does)",
+        )
+    key = share_state_key(req.group_id, req.topic_id, req.partition)
+    if req.load:
+        return [], {"value": image.kv.get(key)}
+    return [r.KVRecord(key=key, value=req.value)], {"value": req.value}
+
+
+def forget_topic_records(image: MetadataImage, topic_id: str) -> list:
+    """Records removing every share-partition state of a deleted topic (any group)."""
+    out = []
+    for key in image.kv:
+        if key.startswith(SHARE_STATE_KEY_PREFIX):
+            parts = key[len(SHARE_STATE_KEY_PREFIX) :].rsplit("/", 2)
+            if len(parts) == 3 and parts[1] == topic_id:
+                out.append(r.KVRecord(key=key, value=None))
+    return out

@@ -1,0 +1,116 @@
+"""ACL rules of the share-group APIs (KIP-932): ShareGroupHeartbeat and ShareFetch /
+ShareAcknowledge need READ on the group (GROUP_AUTHORIZATION_FAILED) and ShareFetch /
+ShareAcknowledge READ on every topic they name (TOPIC_AUTHORIZATION_FAILED for the whole
+request: its topics are named by id); ShareGroupDescribe and DescribeSharePartitions need
+DESCRIBE on the group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.security.acl_checks import AclChecks, Handler, Policy
+from dataplane.kafka.share.protocol import (
+    DescribeSharePartitionsResponse,
+    ShareAcknowledgeResponse,
+    ShareFetchResponse,
+    ShareGroupDescribeResponse,
+    ShareGroupHeartbeatResponse,
+)
+
+
+class ShareApiAcls:
+    """Checks the share-group APIs' groups and topics (see the module docstring)."""
+
+    def __init__(self, checks: AclChecks) -> None:
+        self.checks = checks
+
+    def policies(self) -> dict[int, Policy]:
+        """The rule of each API key these rules cover."""
+        return {
+            76: self.heartbeat,
+            77: self.describe,
+            78: self.share_fetch,
+            79: self.share_acknowledge,
+            602: self.describe_partitions,
+        }
+
+    async def heartbeat(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ShareGroupHeartbeat: READ on the group."""
+        if self.checks.allowed(ctx, "READ", "GROUP", req.group_id or ""):
+            return await handler(req, ctx)
+        return ShareGroupHeartbeatResponse(
+            version=1,
+            throttle_time_ms=0,
+            error_code=KafkaError.GROUP_AUTHORIZATION_FAILED,
+            error_message="not authorized",
+            member_epoch=-1,
+            heartbeat_interval_ms=0,
+        )
+
+    async def describe(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ShareGroupDescribe: DESCRIBE on each group."""
+        G = ShareGroupDescribeResponse.DescribedGroup
+        return await self.checks.split(
+            handler,
+            req,
+            ctx,
+            items="group_ids",
+            resource=lambda g: ("GROUP", g),
+            operation="DESCRIBE",
+            denied_entry=lambda g, code: G(
+                error_code=code,
+                group_id=g,
+                group_state="",
+                group_epoch=-1,
+                assignment_epoch=-1,
+                assignor_name="",
+                members=[],
+            ),
+            answer="groups",
+        )
+
+    def _denied(self, req: Any, ctx: Any) -> KafkaError | None:
+        if not self.checks.allowed(ctx, "READ", "GROUP", req.group_id or ""):
+            return KafkaError.GROUP_AUTHORIZATION_FAILED
+        image = self.checks.image_fn()
+        for t in req.topics or []:
+            topic = image.topics.get(str(t.topic_id))
+            if topic is not None and not self.checks.allowed(ctx, "READ", "TOPIC", topic.name):
+                return KafkaError.TOPIC_AUTHORIZATION_FAILED
+        return None
+
+    async def share_fetch(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ShareFetch: READ on the group and on its topics."""
+        error = self._denied(req, ctx)
+        if error is None:
+            return await handler(req, ctx)
+        return ShareFetchResponse(
+            version=1,
+            throttle_time_ms=0,
+            error_code=error,
+            error_message="not authorized",
+            acquisition_lock_timeout_ms=0,
+            responses=[],
+            node_endpoints=[],
+        )
+
+    async def share_acknowledge(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """ShareAcknowledge: READ on the group and on its topics."""
+        error = self._denied(req, ctx)
+        if error is None:
+            return await handler(req, ctx)
+        return ShareAcknowledgeResponse(
+            version=1,
+            throttle_time_ms=0,
+            error_code=error,
+            error_message="not authorized",
+            responses=[],
+            node_endpoints=[],
+        )
+
+    async def describe_partitions(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """DescribeSharePartitions: DESCRIBE on the group."""
+        if self.checks.allowed(ctx, "DESCRIBE", "GROUP", req.group_id):
+            return await handler(req, ctx)
+        return DescribeSharePartitionsResponse(version=0, throttle_time_ms=0, partitions=[])

@@ -1,0 +1,102 @@
+"""Where share-partition state is kept durably: the controller's replicated KV, written by
+the partition's leader and fenced by its leader epoch (`controlplane/share_state.py`).
+
+Blocking (controller calls): run on the Kafka I/O pool. Thread-safe: no state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from controlplane.calls import ControllerCalls
+from controlplane.errors import ControllerError, ErrorCode
+from controlplane.share_state import PutShareStateRequest
+from dataplane.formats.kafka_errors import KafkaError
+
+PUT_TIMEOUT_S = 10.0
+MAX_STATE_BYTES = 500_000
+
+_NOT_LEADER = {
+    ErrorCode.NOT_PARTITION_LEADER,
+    ErrorCode.NODE_FENCED,
+    ErrorCode.STALE_NODE_EPOCH,
+    ErrorCode.UNKNOWN_NODE,
+    ErrorCode.UNKNOWN_TOPIC,
+}
+
+
+class ShareStateError(Exception):
+    """The state could not be read or written: `error` is what the client is answered
+    (NOT_LEADER_OR_FOLLOWER when this broker no longer leads the partition)."""
+
+    def __init__(self, error: KafkaError, message: str):
+        super().__init__(message)
+        self.error = error
+
+
+class ShareStateStore:
+    """Loads and saves share-partition snapshots (JSON documents) in the controller KV."""
+
+    def __init__(
+        self, controller: ControllerCalls, node_id: int, node_epoch_fn: Callable[[], int]
+    ) -> None:
+        self.controller = controller
+        self.node_id = node_id
+        self.node_epoch_fn = node_epoch_fn
+
+    def load(self, group_id: str, topic_id: str, partition: int, leader_epoch: int) -> dict | None:
+        """The stored snapshot, None if the group never read the partition (blocking)."""
+        value = self._call(group_id, topic_id, partition, leader_epoch, load=True, value=None)
+        if value is None:
+            return None
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ShareStateError(
+                KafkaError.KAFKA_STORAGE_ERROR, f"unreadable share state: {exc}"
+            ) from exc
+
+    def save(
+        self, group_id: str, topic_id: str, partition: int, leader_epoch: int, doc: dict
+    ) -> None:
+        """Store the snapshot; returns once the controller committed it (blocking)."""
+        value = json.dumps(doc, separators=(",", ":"))
+        if len(value) > MAX_STATE_BYTES:
+            raise ShareStateError(
+                KafkaError.KAFKA_STORAGE_ERROR,
+                f"share state of {len(value)} bytes exceeds {MAX_STATE_BYTES}",
+            )
+        self._call(group_id, topic_id, partition, leader_epoch, load=False, value=value)
+
+    def _call(
+        self,
+        group_id: str,
+        topic_id: str,
+        partition: int,
+        leader_epoch: int,
+        *,
+        load: bool,
+        value: str | None,
+    ) -> str | None:
+        req = PutShareStateRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch_fn(),
+            group_id=group_id,
+            topic_id=topic_id,
+            partition=partition,
+            leader_epoch=leader_epoch,
+            load=load,
+            value=value,
+        )
+        try:
+            return self.controller.put_share_state(req, timeout_s=PUT_TIMEOUT_S)
+        except ControllerError as exc:
+            error = (
+                KafkaError.NOT_LEADER_OR_FOLLOWER
+                if exc.code in _NOT_LEADER
+                else KafkaError.KAFKA_STORAGE_ERROR
+            )
+            raise ShareStateError(error, str(exc)) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc

@@ -1,0 +1,298 @@
+"""KIP-932 share groups with confluent-kafka's `ShareConsumer` against `automqctl cluster up`
+(3 brokers). Group configs (`share.auto.offset.reset`, `share.record.lock.duration.ms`) are
+set per group with IncrementalAlterConfigs, as `kafka-configs --entity-type groups` does.
+
+* 3 consumers of one partition each get records, never one another's while they hold them;
+* explicit acknowledgement: RELEASE delivers again (delivery count 2), REJECT never;
+* the delivery count limit (5) archives a record released 5 times;
+* a consumer kill -9'd while holding records: they go to another consumer once the lock
+  (2 s here) expires;
+* the partition leader is kill -9'd, then the partition is reassigned: no acknowledged record
+  is delivered again, none is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from tests.e2e.ledger import automqctl, create_topic, leaders, running_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MEMBER = Path(__file__).with_name("share_member.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("share") / "cluster"
+    with running_cluster(d, "--brokers", "3") as status:
+        # only the test moves partitions (a move makes acquired records available again:
+        # their holders' acknowledgements fail, as in Kafka)
+        off = automqctl("balancer", "disable", cluster_dir=d)
+        assert off.returncode == 0, off.stderr + off.stdout
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def group_configs(bootstrap: str, group: str, **configs: str) -> None:
+    """Set share group configs (dots as underscores in the keyword names)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entries = [
+        ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in configs.items()
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def produce(bootstrap: str, topic: str, count: int) -> list[int]:
+    """`count` records, each acknowledged; their offsets."""
+    offsets: list[int] = []
+    errors: list = []
+
+    def ack(err, msg):
+        (errors.append(err) if err else offsets.append(msg.offset()))
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(count):
+        p.produce(topic, value=f"r{i}".encode(), on_delivery=ack)
+    assert p.flush(60) == 0 and not errors, errors
+    return sorted(offsets)
+
+
+def consumer(bootstrap: str, group: str, topic: str, max_records: int = 10) -> ShareConsumer:
+    c = ShareConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+            "max.poll.records": max_records,
+        }
+    )
+    c.subscribe([topic])
+    return c
+
+
+def poll_some(c: ShareConsumer, timeout_s: float = 60) -> list:
+    """The next non-empty batch of records (bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = [m for m in c.poll(1.0) if m.error() is None]
+        if got:
+            return got
+    raise AssertionError(f"no records within {timeout_s}s")
+
+
+def poll_for(c: ShareConsumer, seconds: float) -> list:
+    """Every record a consumer gets in `seconds` (each accepted at once)."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for m in c.poll(0.5):
+            if m.error() is None:
+                out.append(m)
+                c.acknowledge(m, AcknowledgeType.ACCEPT)
+        if out:
+            commit(c)
+    return out
+
+
+def commit(c: ShareConsumer) -> None:
+    results = c.commit_sync(30)
+    failed = {tp: err for tp, err in (results or {}).items() if err is not None}
+    assert not failed, failed
+
+
+def accept_all(c: ShareConsumer, msgs: list) -> None:
+    for m in msgs:
+        c.acknowledge(m, AcknowledgeType.ACCEPT)
+    commit(c)
+
+
+def setup(cluster, name: str, **configs: str) -> tuple[str, str]:
+    topic, group = f"{name}-t", f"{name}-g"
+    create_topic(cluster["bootstrap"], topic, 1)
+    group_configs(cluster["bootstrap"], group, share_auto_offset_reset="earliest", **configs)
+    return topic, group
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_three_consumers_share_one_partition(cluster):
+    # the records are held while automqctl runs: a lock that cannot expire meanwhile
+    topic, group = setup(cluster, "share3", share_record_lock_duration_ms="600000")
+    produce(cluster["bootstrap"], topic, 60)
+    consumers = [consumer(cluster["bootstrap"], group, topic) for _ in range(3)]
+    try:
+        # each holds what it got (no acknowledgement yet): the next gets other records
+        held = [poll_some(c) for c in consumers]
+        offsets = [{m.offset() for m in batch} for batch in held]
+        assert all(offsets), offsets
+        assert not (offsets[0] & offsets[1] or offsets[0] & offsets[2] or offsets[1] & offsets[2])
+        # automqctl shows the group: its 3 members, the partition's held records
+        out = automqctl("group", "describe", group, "--format", "json", cluster_dir=cluster["dir"])
+        assert out.returncode == 0, out.stderr + out.stdout
+        described = json.loads(out.stdout)
+        assert described["type"] == "share" and len(described["members"]) == 3, described
+        (part,) = described["partitions"]
+        assert part["start_offset"] == 0
+        assert part["in_flight"]["acquired"] >= sum(len(o) for o in offsets), described
+        listed = automqctl("group", "list", "--format", "json", cluster_dir=cluster["dir"])
+        assert {"group": group, "type": "share", "state": "Stable"} in json.loads(listed.stdout)
+        for c, batch in zip(consumers, held):
+            accept_all(c, batch)
+        seen = [m.offset() for batch in held for m in batch]
+        deadline = time.monotonic() + 120
+        while len(set(seen)) < 60 and time.monotonic() < deadline:
+            for c in consumers:
+                batch = [m for m in c.poll(0.5) if m.error() is None]
+                if batch:
+                    seen += [m.offset() for m in batch]
+                    accept_all(c, batch)
+        assert sorted(seen) == list(range(60))  # every record once, none twice
+    finally:
+        for c in consumers:
+            c.close()
+
+
+def test_release_redelivers_and_reject_archives(cluster):
+    topic, group = setup(cluster, "sharerr")
+    produce(cluster["bootstrap"], topic, 6)
+    c = consumer(cluster["bootstrap"], group, topic)
+    try:
+        got = poll_some(c)
+        assert sorted(m.offset() for m in got) == list(range(6))
+        kinds = {0: AcknowledgeType.ACCEPT, 1: AcknowledgeType.RELEASE, 2: AcknowledgeType.REJECT}
+        for m in got:
+            c.acknowledge(m, kinds[m.offset() % 3])
+        commit(c)
+        again = poll_some(c)
+        assert sorted((m.offset(), m.delivery_count()) for m in again) == [(1, 2), (4, 2)]
+        accept_all(c, again)
+        # nothing else comes: the rejected ones are archived, the accepted ones done
+        assert poll_for(c, 4) == []
+    finally:
+        c.close()
+
+
+def test_delivery_count_limit_archives_after_five(cluster):
+    topic, group = setup(cluster, "sharedl")
+    produce(cluster["bootstrap"], topic, 1)
+    c = consumer(cluster["bootstrap"], group, topic)
+    try:
+        counts = []
+        for _ in range(5):
+            (m,) = poll_some(c)
+            counts.append(m.delivery_count())
+            c.acknowledge(m, AcknowledgeType.RELEASE)
+            commit(c)
+        assert counts == [1, 2, 3, 4, 5]
+        assert poll_for(c, 4) == []  # archived after the fifth delivery
+    finally:
+        c.close()
+
+
+def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):
+    topic, group = setup(cluster, "sharekill", share_record_lock_duration_ms="2000")
+    produce(cluster["bootstrap"], topic, 5)
+    out = tmp_path / "member.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with out.open("w") as f:
+        member = subprocess.Popen(
+            [sys.executable, str(MEMBER), cluster["bootstrap"], group, topic], stdout=f, env=env
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "holding" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = [tuple(map(int, line.split())) for line in out.read_text().split("\n")[:-2]]
+        assert held and all(count == 1 for _, count in held), out.read_text()
+        os.kill(member.pid, signal.SIGKILL)
+        member.wait(10)
+        c = consumer(cluster["bootstrap"], group, topic)
+        try:
+            got = []
+            deadline = time.monotonic() + 60
+            while len(got) < 5 and time.monotonic() < deadline:
+                batch = poll_some(c)
+                got += batch
+                accept_all(c, batch)
+            redelivered = {m.offset(): m.delivery_count() for m in got}
+            assert sorted(redelivered) == list(range(5))
+            assert all(redelivered[o] == 2 for o, _ in held), (held, redelivered)
+        finally:
+            c.close()
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait(10)
+
+
+def test_broker_kill_and_reassignment_keep_every_acknowledgement(cluster, tmp_path):
+    topic, group = setup(cluster, "sharemove")
+    bootstrap = cluster["bootstrap"]
+    produce(bootstrap, topic, 90)
+    acked: set[int] = set()
+    delivered: list[int] = []
+
+    def consume_until(count: int, timeout_s: float = 120) -> None:
+        c = consumer(bootstrap, group, topic)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(acked) < count and time.monotonic() < deadline:
+                batch = [m for m in c.poll(1.0) if m.error() is None]
+                if not batch:
+                    continue
+                delivered.extend(m.offset() for m in batch)
+                # a record acknowledged before must never come again
+                assert not {m.offset() for m in batch} & acked, (batch, acked)
+                accept_all(c, batch)
+                acked.update(m.offset() for m in batch)
+        finally:
+            c.close()
+        assert len(acked) >= count, (count, sorted(acked))
+
+    consume_until(30)
+    leader = leaders(bootstrap, topic)[0]
+    assert automqctl("broker", "kill", str(leader), cluster_dir=cluster["dir"]).returncode == 0
+    consume_until(60, timeout_s=180)
+    assert automqctl("broker", "start", str(leader), cluster_dir=cluster["dir"]).returncode == 0
+    now = leaders(bootstrap, topic)[0]
+    target = next(n for n in (1, 2, 3) if n != now)
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": topic, "partition": 0, "node_id": target}]}
+        )
+    )
+    moved = automqctl("reassign", "execute", "--plan", str(plan), cluster_dir=cluster["dir"])
+    assert moved.returncode == 0, moved.stderr + moved.stdout
+    verified = automqctl(
+        "reassign", "verify", "--plan", str(plan), "--timeout-s", "60", cluster_dir=cluster["dir"]
+    )
+    assert verified.returncode == 0, verified.stderr + verified.stdout
+    consume_until(90, timeout_s=180)
+    assert acked == set(range(90))  # none lost, none acknowledged twice (checked above)

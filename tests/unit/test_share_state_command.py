@@ -1,0 +1,115 @@
+"""`put_share_state` (controlplane/share_state.py): only a partition's current leader, at its
+leader epoch, stores or loads a share-partition's state; after a move the old leader's
+writes are refused and the new leader loads what the old one stored last."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.settings import ControllerSettings
+from controlplane.share_state import share_state_key
+from controlplane.state_machine import MetadataStateMachine
+
+NOW = 1_000_000
+
+
+def ok(result: dict) -> dict:
+    assert "error" not in result, result
+    return result["result"]
+
+
+def err(result: dict) -> str:
+    assert "error" in result, result
+    return result["error"]["code"]
+
+
+@pytest.fixture
+def sm() -> MetadataStateMachine:
+    machine = MetadataStateMachine(ControllerSettings(bucket_ids=[0, 1]))
+    for node in (1, 2):
+        ok(
+            machine.execute(
+                "register_broker",
+                {
+                    "node_id": node,
+                    "az": f"az{node}",
+                    "host": "127.0.0.1",
+                    "kafka_port": 9000 + node,
+                    "incarnation_id": f"inc-{node}",
+                },
+                NOW,
+            )
+        )
+        ok(machine.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, NOW))
+    ok(machine.execute("create_topic", {"name": "t", "partitions": 1, "topic_id": "tid"}, NOW))
+    return machine
+
+
+def put(sm, node: int, epoch: int, value: str | None = None, load: bool = False) -> dict:
+    return sm.execute(
+        "put_share_state",
+        {
+            "node_id": node,
+            "node_epoch": 0,
+            "group_id": "g",
+            "topic_id": "tid",
+            "partition": 0,
+            "leader_epoch": epoch,
+            "load": load,
+            "value": value,
+        },
+        NOW,
+    )
+
+
+def test_only_the_leader_at_its_epoch_writes_and_a_move_fences_it(sm):
+    part = sm.image.topics["tid"].partitions[0]
+    leader, other, epoch = part.leader_node_id, 3 - part.leader_node_id, part.leader_epoch
+    assert ok(put(sm, leader, epoch, load=True)) == {"value": None}
+    ok(put(sm, leader, epoch, '{"v":1,"start":7,"runs":[]}'))
+    assert err(put(sm, other, epoch, "x")) == "NOT_PARTITION_LEADER"
+    assert err(put(sm, leader, epoch + 1, "x")) == "NOT_PARTITION_LEADER"
+    ok(
+        sm.execute(
+            "reassign_partitions",
+            {"moves": [{"topic": "t", "partition": 0, "node_id": other}]},
+            NOW,
+        )
+    )
+    moved = sm.image.topics["tid"].partitions[0]
+    assert moved.leader_node_id == other and moved.leader_epoch > epoch
+    # the old leader's late write is refused; the new one loads what was stored
+    assert err(put(sm, leader, epoch, '{"v":1,"start":0,"runs":[]}')) == "NOT_PARTITION_LEADER"
+    loaded = ok(put(sm, other, moved.leader_epoch, load=True))
+    assert loaded == {"value": '{"v":1,"start":7,"runs":[]}'}
+    assert sm.image.kv[share_state_key("g", "tid", 0)] == loaded["value"]
+
+
+def test_unknown_partitions_and_bad_requests_change_nothing(sm):
+    before = sm.image.fingerprint()
+    body = {"node_id": 1, "node_epoch": 0, "group_id": "g", "topic_id": "nope"}
+    assert err(sm.execute("put_share_state", {**body, "partition": 0, "leader_epoch": 0}, NOW)) == (
+        "UNKNOWN_TOPIC"
+    )
+    assert err(sm.execute("put_share_state", {**body, "partition": -1, "leader_epoch": 0}, NOW))
+    assert sm.image.fingerprint() == before
+
+
+def test_deleting_a_topic_forgets_its_share_partitions(sm):
+    part = sm.image.topics["tid"].partitions[0]
+    ok(put(sm, part.leader_node_id, part.leader_epoch, '{"v":1,"start":3,"runs":[]}'))
+    ok(sm.execute("create_topic", {"name": "u", "partitions": 1, "topic_id": "uid"}, NOW))
+    other = sm.image.topics["uid"].partitions[0]
+    body = {
+        "node_id": other.leader_node_id,
+        "node_epoch": 0,
+        "group_id": "g/with/slashes",
+        "topic_id": "uid",
+        "partition": 0,
+        "leader_epoch": other.leader_epoch,
+        "value": "{}",
+    }
+    ok(sm.execute("put_share_state", body, NOW))
+    ok(sm.execute("delete_topic", {"name": "t"}, NOW))
+    assert share_state_key("g", "tid", 0) not in sm.image.kv
+    assert share_state_key("g/with/slashes", "uid", 0) in sm.image.kv
