@@ -2,7 +2,7 @@
 GETs of the same objects in the same run, and broker CPU against the Spark side's CPU.
 
     python benchmarks/topic_source_bench.py [--mib 1024] [--partitions 8] [--runs 3]
-                                            [--master local[2]]
+                                            [--master local[2]] [--idle-s 15]
 
 One cluster (1 broker, 1 controller; `benchmarks/_harness.py`) in a temporary directory,
 always stopped at the end. A new topic gets `mib` MiB of 1 KiB records (random, so
@@ -12,7 +12,8 @@ incompressible) and is uploaded; then per run:
   2. `spark.read.format("automq")...load()` summing the values' lengths (every row decoded
      and handed to the JVM): MB/s of stored bytes over the query's wall time, and the CPU
      seconds of the brokers against the Spark side's (the JVM and its Python workers,
-     this driver process included) over the same interval.
+     this driver process included) over the same interval, and the brokers' CPU over
+     their idle CPU (measured for `idle_s` before the read: no client at all).
 JSON on stdout (medians over runs), each run's figures on stderr as they come.
 """
 
@@ -101,7 +102,15 @@ def _wait_uploaded(cdir: Path, topic: str, partitions: int) -> None:
     raise SystemExit("the topic was not uploaded in time")
 
 
-def spark_run(spark, cdir: Path, topic: str, stored_bytes: int) -> dict:
+def broker_idle_cpu_per_s(cdir: Path, seconds: float) -> float:
+    """The brokers' CPU seconds per second with no client at all (heartbeats, metrics,
+    upload checks): what they spend during a read whether or not the read touches them."""
+    before = cluster_cpu_s(cdir).get("broker", 0.0)
+    time.sleep(seconds)
+    return (cluster_cpu_s(cdir).get("broker", 0.0) - before) / seconds
+
+
+def spark_run(spark, cdir: Path, topic: str, stored_bytes: int, idle_per_s: float) -> dict:
     from pyspark.sql import functions as F
 
     before_broker = cluster_cpu_s(cdir).get("broker", 0.0)
@@ -127,6 +136,8 @@ def spark_run(spark, cdir: Path, topic: str, stored_bytes: int) -> dict:
         "broker_cpu_s": broker_cpu,
         "spark_cpu_s": spark_cpu,
         "broker_cpu_pct_of_spark": 100 * broker_cpu / max(spark_cpu, 1e-9),
+        # over the brokers' idle CPU in the same time: the read's own broker cost
+        "broker_cpu_over_idle_s": broker_cpu - idle_per_s * seconds,
         "spark_cpu_s_per_gb": spark_cpu / (stored_bytes / 1e9),
     }
 
@@ -137,6 +148,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--idle-s", type=float, default=15.0)
     args = ap.parse_args()
     with running_cluster(up_args=("--controllers", "1")) as (cdir, status):
         bootstrap = status["bootstrap_servers"]
@@ -158,7 +170,9 @@ def main() -> None:
         try:
             for run in range(args.runs):
                 row = {"run": run, "raw_get_mb_s": raw_get_mb_s(cdir, objects)}
-                row |= spark_run(spark, cdir, topic, stored)
+                idle = broker_idle_cpu_per_s(cdir, args.idle_s)
+                row["broker_idle_cpu_pct"] = 100 * idle
+                row |= spark_run(spark, cdir, topic, stored, idle)
                 row["spark_ratio_to_raw"] = row["spark_mb_s"] / row["raw_get_mb_s"]
                 progress(row)
                 rounds.append(row)
