@@ -196,6 +196,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
             "dataplane.config_mapping",
         ),
         ("dataplane.runtime",),
+        # table topics: a topic's Iceberg table (PyIceberg, pyarrow); the CLI and the Spark
+        # table sync job both use it
+        ("dataplane.tables",),
     ),
     (("dataplane.s3stream",), ("dataplane.erasure",)),
     (("dataplane.kafka",),),
