@@ -30,6 +30,11 @@ from dataplane.objectstore import BucketURI
 from dataplane.tables import spec as ts
 
 CATALOG_NAME = "automq"
+# PyIceberg retries a commit that lost a race by re-applying its append on the new snapshot:
+# for the sync that would add a run's records on top of the run that won (duplicates). A
+# table topic's table is kept at 0 retries: a raced commit fails, the next run starts again
+# from the offsets the winner recorded.
+NO_RETRIES = {"commit.retry.num-retries": "0"}
 MAX_SNAPSHOTS_WALKED = 10_000  # ancestors searched for the last offsets summary
 
 
@@ -42,7 +47,7 @@ class CatalogConfig(BaseModel):
     s3_region: str = "us-east-1"
 
     def kind(self) -> str:
-        """"rest" or "sql"."""
+        """ "rest" or "sql"."""
         return "rest" if self.uri.startswith(("http://", "https://")) else "sql"
 
 
@@ -171,7 +176,7 @@ def create_table(catalog, spec: ts.TableTopicSpec, columns: Mapping[str, str]):
         txn = catalog.create_table_transaction(
             spec.identifier,
             schema=arrow_schema(columns),
-            properties={"format-version": "2", ts.TOPIC_ID_PROPERTY: spec.topic_id},
+            properties={"format-version": "2", ts.TOPIC_ID_PROPERTY: spec.topic_id, **NO_RETRIES},
         )
         if spec.partition_transform:
             with txn.update_spec() as update:
@@ -213,7 +218,7 @@ def commit_files(
 ) -> int | None:
     """Add the run's files and its end offsets in ONE commit (new columns first, in the
     same commit); the new snapshot id. Refused (CommitFailedException, nothing changed)
-    when the table moved since `table` was loaded."""
+    when the table moved since `table` was loaded (never retried: see NO_RETRIES)."""
     from pyiceberg.schema import Schema
     from pyiceberg.types import NestedField
 
@@ -222,6 +227,9 @@ def commit_files(
         ts.TOPIC_ID_PROPERTY: spec.topic_id,
         ts.RUN_ID_PROPERTY: run_id,
     }
+    if any(table.properties.get(k) != v for k, v in NO_RETRIES.items()):
+        with table.transaction() as txn:  # a property changed by hand: back to no retries
+            txn.set_properties(**NO_RETRIES)
     with table.transaction() as txn:
         if new_columns:
             with txn.update_schema() as update:

@@ -119,7 +119,9 @@ def partition_keys(spec: ts.TableTopicSpec, rows: pa.Table) -> pa.Array | None:
     return pc.add(pc.multiply(years, 12), pc.subtract(pc.month(stamp), 1)).cast(pa.int64())
 
 
-def split_by_partition(spec: ts.TableTopicSpec, rows: pa.Table) -> list[tuple[int | None, pa.Table]]:
+def split_by_partition(
+    spec: ts.TableTopicSpec, rows: pa.Table
+) -> list[tuple[int | None, pa.Table]]:
     """The rows grouped by partition value: [(value, rows)], values ascending."""
     keys = partition_keys(spec, rows)
     if keys is None:

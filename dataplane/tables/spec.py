@@ -125,9 +125,7 @@ def spec_of(name: str, topic_id: str, configs: Mapping[str, str], partitions: It
         namespace=namespace,
         table_name=table_name_of(name),
         schema_type=schema_type,
-        partition_transform=partition_transform(
-            tc.effective(configs, tc.TABLE_TOPIC_PARTITION_BY)
-        ),
+        partition_transform=partition_transform(tc.effective(configs, tc.TABLE_TOPIC_PARTITION_BY)),
         partitions=tuple(sorted(partitions)),
     )
 
