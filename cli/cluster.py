@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from cli import cluster_top, cluster_up, deploy
+from cli import cluster_top, cluster_up, deploy, table_jobs
 from cli.cluster_config import ClusterError
 from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption, open_cluster
@@ -106,6 +106,8 @@ def status(
                 or (deadline is not None and time.monotonic() >= deadline)
             )
             if watch or done:
+                if status.get("leader") is not None:  # each table topic's lag
+                    status["tables"] = table_jobs.status_tables(cluster.dir, config)
                 _emit_status(status, format, watch=watch, first=first)
                 first = False
             if done:
