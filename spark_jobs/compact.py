@@ -108,9 +108,12 @@ def _image(client: ControllerClient) -> MetadataImage:
     )
 
 
-def spark_context(master: str, app_name: str = "automq-compaction"):
+def spark_context(
+    master: str, app_name: str = "automq-compaction", executor_env: dict[str, str] | None = None
+):
     """A SparkContext bound to 127.0.0.1 with the UI off; executors get the object-store
-    credentials of this process as executor environment (not on any command line)."""
+    credentials of this process as executor environment (not on any command line), plus
+    `executor_env` (e.g. a cluster directory's bucket keys, `topic_source.spark_session`)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -133,6 +136,8 @@ def spark_context(master: str, app_name: str = "automq-compaction"):
     for name in names:
         if os.environ.get(name):
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
+    for name, value in (executor_env or {}).items():
+        conf.set(f"spark.executorEnv.{name}", value)
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("WARN")
     return sc
