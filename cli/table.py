@@ -94,7 +94,7 @@ def sync(
     cluster, config = open_cluster(dir)
     if jobs.running_sync(cluster.dir):
         fail("a table sync is already running")
-    result, code = jobs.run_sync(cluster.dir, config, master, topic, cluster.client_security())
+    result, code = jobs.run_sync(cluster.dir, config, master, topic)
     if "tables" not in result:
         fail(f"table sync {result.get('error', 'failed')} (log: {cluster.dir}/tables/job.log)")
     if print_data(result, format):

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from cli import compaction_jobs
 from cli.cluster_config import ClusterConfig
-from cli.kafka_util import librdkafka_security
 from controlplane.client import ControllerClient
 from controlplane.image import MetadataImage
 from controlplane.requests import AlterTopicConfigsRequest, TopicConfigOp
@@ -32,7 +31,6 @@ from dataplane.tables.catalog import CatalogConfig, default_catalog_config
 
 MAX_RUNS = 100
 JOB_TIMEOUT_S = 3600.0
-KAFKA_CONFIG_ENV = "AUTOMQ_TABLE_KAFKA_CONFIG"  # = spark_jobs.table_read_kafka's
 
 
 def tables_dir(cluster_dir: Path) -> Path:
@@ -94,17 +92,8 @@ def job_config(cluster_dir: Path, config: ClusterConfig, master: str, topics: li
         "catalog": catalog_config(cluster_dir, config).model_dump(),
         "master": master,
         "cluster_dir": str(Path(cluster_dir).resolve()),
-        "bootstrap_servers": config.bootstrap_servers(),
         "topics": topics,
     }
-
-
-def job_env(config: ClusterConfig, security: dict | None) -> dict[str, str]:
-    """The compaction job's environment (bucket keys, controller secret) plus the Kafka
-    client settings of the stand-in reader."""
-    env = compaction_jobs.job_env(config)
-    env[KAFKA_CONFIG_ENV] = json.dumps(librdkafka_security(security))
-    return env
 
 
 def run_sync(
@@ -112,7 +101,6 @@ def run_sync(
     config: ClusterConfig,
     master: str,
     topics: list[str],
-    security: dict | None = None,
     trigger: str = "manual",
     on_event: Callable[[dict], None] | None = None,
     extra_env: dict[str, str] | None = None,
@@ -125,7 +113,7 @@ def run_sync(
     argv = [sys.executable, "-m", "spark_jobs.table_sync", "--config", str(cfg_path)]
     started = time.time()
     result: dict = {}
-    env = {**job_env(config, security), **(extra_env or {})}
+    env = {**compaction_jobs.job_env(config), **(extra_env or {})}
     running = tdir / "running.json"
     with open(tdir / "job.log", "wb") as log:
         proc = subprocess.Popen(
@@ -191,10 +179,7 @@ def run_scheduled_sync(cluster_dir: Path, config: ClusterConfig, master: str) ->
     sync runs; ({}, 0) otherwise."""
     if running_sync(cluster_dir) or not ts.table_topics(image(config)):
         return {}, 0
-    from cli.local_cluster import LocalCluster
-
-    security = LocalCluster(cluster_dir).client_security()
-    return run_sync(cluster_dir, config, master, [], security, trigger="schedule")
+    return run_sync(cluster_dir, config, master, [], trigger="schedule")
 
 
 def table_states(cluster_dir: Path, config: ClusterConfig, img: MetadataImage | None = None):

@@ -15,8 +15,8 @@ Per table topic (`dataplane.tables.spec`), in order:
 2. the range of each partition is [held end (or the log start), the committed end]: only
    records already in objects (never a broker's WAL), at most `max_records_per_partition`;
    records retention deleted before a sync reached them are counted (`skipped_retention`);
-3. the records are read on the executors (the `automq` source when installed, else a Kafka
-   consumer per range); json mode infers the fields in one pass (a value that is not a JSON
+3. the records are read on the executors with the `automq` source (straight from the
+   objects, read_committed: aborted records and markers are never rows); json mode infers the fields in one pass (a value that is not a JSON
    object fails the run, naming its partition and offset: nothing is committed);
 4. the executors write Parquet files (one partition value each) straight to the warehouse;
 5. the driver commits them with the new end offsets in ONE Iceberg commit
@@ -32,7 +32,6 @@ files are written, before the commit (a crash at the worst point).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -50,6 +49,7 @@ from controlplane.image import MetadataImage
 from dataplane.objectstore import BucketURI
 from dataplane.tables import catalog as cat
 from dataplane.tables import spec as ts
+from spark_jobs.topic_source.plan import committed_end
 
 FAULT_ENV = "AUTOMQ_TABLE_SYNC_FAULT"
 FAULT_EXIT_CODE = 17
@@ -66,7 +66,6 @@ class SyncJobConfig(BaseModel):
     warehouse_bucket_id: int = 0  # whose keys reach the warehouse
     master: str = "local[*]"
     cluster_dir: str | None = None  # the `automq` source's `cluster` option when set
-    bootstrap_servers: str | None = None  # the Kafka-consumer stand-in reader
     topics: list[str] = Field(default_factory=list)  # empty: every table topic
     max_records_per_partition: int = Field(default=5_000_000, ge=1, le=1_000_000_000)
 
@@ -105,13 +104,14 @@ def offset_ranges(
     image: MetadataImage, spec: ts.TableTopicSpec, held: dict[int, int], max_records: int
 ) -> tuple[dict[int, int], dict[int, int], int]:
     """(starts, ends, records skipped by retention) of a run: per partition from the
-    table's held end (or the log start, if higher) to the committed end."""
+    table's held end (or the log start, if higher) to the committed end (the end of the
+    objects covering the stream contiguously: what the `automq` source reads)."""
     topic = image.topic_by_name(spec.topic)
     starts, ends, skipped = {}, {}, 0
     for partition, state in sorted(topic.partitions.items()):
         stream = image.streams.get(state.stream_id)
         log_start = stream.start_offset if stream else 0
-        committed = stream.end_offset if stream else 0
+        committed = committed_end(stream) if stream else 0
         have = held.get(partition, 0)
         if have > committed:
             raise ts.TableTopicError(
@@ -125,35 +125,25 @@ def offset_ranges(
     return starts, ends, skipped
 
 
-def topic_source_installed() -> bool:
-    """The `automq` Spark source (spark_jobs/topic_source) is part of this install."""
-    return importlib.util.find_spec("spark_jobs.topic_source") is not None
-
-
 def read_records(spark, config: SyncJobConfig, spec: ts.TableTopicSpec, starts, ends):
-    """The records of the ranges as a DataFrame of Spark's Kafka-source schema."""
-    todo = {p: s for p, s in starts.items() if s < ends[p]}
-    if topic_source_installed():
-        from spark_jobs import topic_source
+    """The records of the ranges as a DataFrame of Spark's Kafka-source schema: the
+    `automq` source (spark_jobs/topic_source), read_committed, straight from the objects."""
+    from spark_jobs import topic_source
 
-        topic_source.register(spark)
-        offsets = {spec.topic: {str(p): s for p, s in todo.items()}}
-        endings = {spec.topic: {str(p): ends[p] for p in todo}}
-        reader = (
-            spark.read.format("automq")
-            .option("cluster", config.cluster_dir or ",".join(config.controllers))
-            .option("topic", spec.topic)
-            .option("startingOffsets", json.dumps(offsets))
-            .option("endingOffsets", json.dumps(endings))
-        )
-        if not config.cluster_dir:
-            reader = reader.option("buckets", json.dumps(config.buckets))
-        return reader.load()
-    if not config.bootstrap_servers:
-        raise ts.TableTopicError("no reader: neither the automq source nor bootstrap servers")
-    from spark_jobs.table_read_kafka import read_offsets
-
-    return read_offsets(spark, config.bootstrap_servers, spec.topic, todo, ends)
+    topic_source.register(spark)
+    # every partition named (one left out would be read from earliest to latest)
+    offsets = {spec.topic: {str(p): s for p, s in starts.items()}}
+    endings = {spec.topic: {str(p): ends[p] for p in starts}}
+    reader = (
+        spark.read.format("automq")
+        .option("cluster", config.cluster_dir or ",".join(config.controllers))
+        .option("topic", spec.topic)
+        .option("startingOffsets", json.dumps(offsets))
+        .option("endingOffsets", json.dumps(endings))
+    )
+    if not config.cluster_dir:
+        reader = reader.option("buckets", json.dumps(config.buckets))
+    return reader.load()
 
 
 def infer_fields(df, spec: ts.TableTopicSpec) -> dict[str, str]:

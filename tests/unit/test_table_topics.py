@@ -17,6 +17,7 @@ from controlplane import topic_configs as tc  # noqa: E402
 from controlplane.errors import ControllerError  # noqa: E402
 from controlplane.image import (  # noqa: E402
     MetadataImage,
+    ObjectRange,
     PartitionState,
     RangeState,
     StreamMetaState,
@@ -210,6 +211,7 @@ def _image(configs: dict[str, str], start: int = 0, end: int = 10) -> MetadataIm
         stream_id=7,
         start_offset=start,
         ranges=[RangeState(range_index=0, epoch=0, start_offset=0, end_offset=end, node_id=1)],
+        object_ranges=[ObjectRange(object_id=1, start_offset=0, end_offset=end, kind="so")],
     )
     return image
 
