@@ -150,19 +150,14 @@ def infer_fields(df, spec: ts.TableTopicSpec) -> dict[str, str]:
     """json mode: every field of the values and its type (one pass on the executors)."""
     from dataplane.tables import rows
 
-    def infer(batches):
-        import pyarrow as pa
-
-        found = rows.infer_json_fields(spec, batches)
-        yield pa.RecordBatch.from_pylist(
-            [{"name": k, "type": v} for k, v in found.items()],
-            schema=pa.schema([("name", pa.string()), ("type", pa.string())]),
-        )
+    def infer(records):
+        found = rows.infer_json_fields(spec, rows.source_batches(records))
+        return list(found.items())
 
     merged: dict[str, str] = {}
-    for row in df.mapInArrow(infer, "name string, type string").collect():
-        kind = merged.get(row["name"], row["type"])
-        merged[row["name"]] = ts.merge_json_types(kind, row["type"])
+    source = df.selectExpr(*rows.SOURCE_SELECT).rdd
+    for name, kind in source.mapPartitions(infer).collect():
+        merged[name] = ts.merge_json_types(merged.get(name, kind), kind)
     return dict(sorted(merged.items()))
 
 
@@ -178,9 +173,10 @@ def write_files(
     data_uri = location.rstrip("/") + "/data"
     sync_config = config
 
-    def write(batches):
+    def write(records):
         import pyarrow as pa
 
+        batches = rows.source_batches(records)
         tables = [rows.table_rows(spec, columns, b) for b in batches if b.num_rows]
         written: list[dict] = []
         if tables:
@@ -190,11 +186,9 @@ def write_files(
             for value, part in rows.split_by_partition(spec, merged):
                 prefix = f"{run_prefix}-{'all' if value is None else value}"
                 written += rows.write_parquet(filesystem, fs_dir, data_uri, prefix, part)
-        yield pa.RecordBatch.from_pylist(
-            written, schema=pa.schema([("path", pa.string()), ("records", pa.int64())])
-        )
+        return written
 
-    return [r.asDict() for r in df.mapInArrow(write, "path string, records long").collect()]
+    return df.selectExpr(*rows.SOURCE_SELECT).rdd.mapPartitions(write).collect()
 
 
 def record_error(exc: BaseException) -> str | None:

@@ -1,7 +1,8 @@
 """Kafka records -> a table topic's rows -> Parquet files (runs in Spark executors).
 
 Input: Arrow record batches of Spark's Kafka-source schema (`key`, `value`, `partition`,
-`offset`, `timestamp`, `timestampType`, `headers`), as `mapInArrow` hands them. Output:
+`offset`, `timestamp`, `timestampType`, `headers`), made from Spark rows by
+`source_batches` (the RDD's rows: `mapInArrow` would need pandas on every executor). Output:
 Arrow tables of exactly the planned columns (`spec.plan_columns`), split by the table's
 partition (one file holds one partition value, as Iceberg's `add_files` requires), written
 as Parquet without field ids (the table's name mapping maps them).
@@ -34,6 +35,60 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 MAX_ROWS_PER_FILE = 1_000_000
 # the Kafka-source columns a batch must carry
 SOURCE_COLUMNS = ("key", "value", "partition", "offset", "timestamp", "timestampType", "headers")
+
+
+SOURCE_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+        ("headers", HEADERS_TYPE),
+    ]
+)
+# the Kafka-source columns as Spark hands them to `source_batches` (the timestamp as
+# microseconds since the epoch: a Python datetime would be in the worker's local time)
+SOURCE_SELECT = (
+    "key",
+    "value",
+    "partition",
+    "offset",
+    "unix_micros(timestamp) AS timestamp",
+    "timestampType",
+    "headers",
+)
+BATCH_ROWS = 10_000
+
+
+def source_batches(records: Iterable) -> Iterable[pa.RecordBatch]:
+    """Spark rows of SOURCE_SELECT (tuples: key, value, partition, offset, timestamp in
+    microseconds, timestampType, headers as (key, value) pairs) as Arrow batches of
+    SOURCE_SCHEMA, BATCH_ROWS at a time."""
+    chunk: list = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) >= BATCH_ROWS:
+            yield _source_batch(chunk)
+            chunk = []
+    if chunk:
+        yield _source_batch(chunk)
+
+
+def _source_batch(chunk: list) -> pa.RecordBatch:
+    columns = list(zip(*chunk))
+    headers = [[{"key": h[0], "value": h[1]} for h in (hs or [])] for hs in columns[6]]
+    arrays = [
+        pa.array(columns[0], pa.binary()),
+        pa.array(columns[1], pa.binary()),
+        pa.array(columns[2], pa.int32()),
+        pa.array(columns[3], pa.int64()),
+        pa.array(columns[4], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(columns[5], pa.int32()),
+        pa.array(headers, HEADERS_TYPE),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=SOURCE_SCHEMA)
 
 
 def arrow_schema(columns: Mapping[str, str]) -> pa.Schema:

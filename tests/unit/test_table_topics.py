@@ -33,23 +33,16 @@ JSON_CONFIGS = {tc.TABLE_TOPIC_ENABLE: "true", tc.TABLE_TOPIC_SCHEMA_TYPE: "json
 
 
 def _batch(records: list[tuple[int, int, object]], day: int = 1) -> pa.RecordBatch:
-    """Kafka-source rows: (partition, offset, value) with value a dict (JSON), bytes or None."""
+    """Kafka-source rows as Spark hands them (`rows.SOURCE_SELECT`): (partition, offset,
+    value) with value a dict (JSON), bytes or None."""
+    stamp_us = int(dt.datetime(2026, 1, day, 12, tzinfo=dt.UTC).timestamp() * 1_000_000)
     out = []
     for partition, offset, value in records:
         if isinstance(value, dict):
             value = json.dumps(value).encode()
-        out.append(
-            {
-                "key": f"k{offset}".encode(),
-                "value": value,
-                "partition": partition,
-                "offset": offset,
-                "timestamp": dt.datetime(2026, 1, day, 12, tzinfo=dt.UTC),
-                "timestampType": 0,
-                "headers": [{"key": "h", "value": b"v"}],
-            }
-        )
-    return pa.RecordBatch.from_pylist(out)
+        out.append((f"k{offset}".encode(), value, partition, offset, stamp_us, 0, [("h", b"v")]))
+    (batch,) = rows.source_batches(out)
+    return batch
 
 
 @pytest.fixture
