@@ -27,6 +27,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from spark_jobs.topic_source.options import SourceOptions, TopicSourceError, parse_options
 from spark_jobs.topic_source.plan import (
@@ -116,11 +117,17 @@ def limit_ends(ranges: list[PartitionRange], max_offsets: int | None) -> None:
             rng.end = rng.start + max(1, lag * max_offsets // total)
 
 
-class TopicStreamReader(DataSourceStreamReader):
+class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A stream: micro-batches of committed offsets, checkpointed by Spark."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        # Trigger.AvailableNow: the committed ends when the query started (the target)
+        self._target: dict[str, dict[int, int]] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, _, ranges = _plan(self.opts, None, "latest")
+        self._target = _as_offsets(offsets_json(ranges, "end"))
 
     def initialOffset(self) -> dict:
         _, _, ranges = _plan(self.opts)
@@ -135,7 +142,11 @@ class TopicStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         starts = _as_offsets(start) if start else None
         _, _, ranges = _plan(self.opts, starts, "latest")
-        max_rows = getattr(limit, "maxRows", None)
+        if self._target is not None:  # AvailableNow: nothing past the target
+            for rng in ranges:
+                cap = self._target.get(rng.topic, {}).get(rng.partition, rng.start)
+                rng.end = max(rng.start, min(rng.end, cap))
+        max_rows = getattr(limit, "max_rows", None)
         if limit is None and starts is not None:
             max_rows = self.opts.max_offsets_per_trigger
         limit_ends(ranges, max_rows)
