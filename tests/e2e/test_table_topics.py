@@ -7,7 +7,7 @@ once with the inferred columns; a run killed after its Parquet files are written
 its commit changes nothing, and the re-run adds every record once; a new JSON field becomes
 a new column; a non-JSON value fails its topic's run naming the offset (its table
 unchanged) while the other topic commits; a raw-mode topic is appended by the compaction
-schedule. Bad input (a missing topic, an invalid schema mode) gets a clear error.
+schedule (which also does the re-run above). Bad input (a missing topic, an invalid schema mode) gets a clear error.
 """
 
 from __future__ import annotations
@@ -122,10 +122,15 @@ def _assert_once(rows: list[dict], count: int) -> None:
 
 
 @pytest.mark.timeout(1200)
-def test_json_table_topic_exactly_once_with_a_killed_run_and_a_new_column(cluster, monkeypatch):
+def test_table_topics_exactly_once_across_a_killed_run_a_new_column_and_a_schedule(
+    cluster, monkeypatch
+):
     create_topic(cluster["bootstrap"], "events", PARTITIONS, configs=JSON_TOPIC)
     create_topic(cluster["bootstrap"], "badjson", PARTITIONS, configs=JSON_TOPIC)
+    raw = {"automq.table.topic.enable": "true", "automq.table.topic.partition.by": "[]"}
+    create_topic(cluster["bootstrap"], "clicks", PARTITIONS, configs=raw)
     _produce(cluster, "events", _json_values(0, 300))
+    _produce(cluster, "clicks", [f"click-{i}".encode() for i in range(90)])
     _wait_committed(cluster, "events", 300)
 
     out, tables = _sync(cluster, "--topic", "events")
@@ -146,6 +151,7 @@ def test_json_table_topic_exactly_once_with_a_killed_run_and_a_new_column(cluste
     _produce(cluster, "badjson", [b'{"ok": 1}', b"not json {", b'{"ok": 2}'])
     _wait_committed(cluster, "events", 450)
     _wait_committed(cluster, "badjson", 3)
+    _wait_committed(cluster, "clicks", 90)
     snapshot_before = _table(cluster, "events").current_snapshot().snapshot_id
     monkeypatch.setenv(FAULT_ENV, "before_commit")
     out, _ = _sync(cluster, "--topic", "events")
@@ -155,10 +161,18 @@ def test_json_table_topic_exactly_once_with_a_killed_run_and_a_new_column(cluste
     assert table.current_snapshot().snapshot_id == snapshot_before
     assert len(table.scan().to_arrow()) == 300 and "color" not in table.schema().column_names
 
-    # the re-run (every table topic): events gets each record once and the new column;
-    # badjson fails naming the offset of its bad value, and its table stays empty
-    out, tables = _sync(cluster)
-    assert out.returncode == 1, out.stderr + out.stdout
+    # the re-run is a scheduled one (the compaction schedule syncs every table topic after
+    # each compaction run): events gets each record once and the new column; badjson fails
+    # naming the offset of its bad value, its table stays empty; clicks (raw) is appended
+    out = automqctl(
+        "compaction", "schedule", "--every", "10s", "--master", MASTER, cluster_dir=cluster["dir"]
+    )
+    assert out.returncode == 0, out.stderr
+    try:
+        run = _wait_scheduled_sync(cluster)
+    finally:
+        automqctl("compaction", "unschedule", cluster_dir=cluster["dir"])
+    tables = {t["topic"]: t for t in run["tables"]}
     assert tables["events"]["appended"] == 150 and tables["events"]["new_columns"] == ["color"]
     rows = _rows(cluster, "events")
     _assert_once(rows, 450)
@@ -166,14 +180,28 @@ def test_json_table_topic_exactly_once_with_a_killed_run_and_a_new_column(cluste
     assert {r["color"] for r in rows if r["id"] < 300} == {None}
     assert "record at offset 0 of badjson-1: value is not JSON" in tables["badjson"]["error"]
     assert _table(cluster, "badjson").current_snapshot() is None
-    held = cat.held_offsets(_table(cluster, "events"))[0]
-    assert sum(held.values()) == 450
+    assert sum(cat.held_offsets(_table(cluster, "events"))[0].values()) == 450
+    clicks = _rows(cluster, "clicks")
+    assert sorted(r["value"] for r in clicks) == sorted(f"click-{i}".encode() for i in range(90))
+    assert len({(r["_kafka_partition"], r["_kafka_offset"]) for r in clicks}) == 90
 
     listed = automqctl("table", "list", "--format", "json", cluster_dir=cluster["dir"])
     lags = {t["topic"]: t["lag"] for t in json.loads(listed.stdout)}
-    assert lags == {"events": 0, "badjson": 3}
+    assert lags == {"events": 0, "badjson": 3, "clicks": 0}
     status = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster["dir"])
     assert {t["topic"]: t["lag"] for t in json.loads(status.stdout)["tables"]} == lags
+
+
+def _wait_scheduled_sync(cluster, timeout_s: float = 600) -> dict:
+    """The first table sync the schedule ran (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = [r for r in table_jobs.last_runs(cluster["dir"]) if r["trigger"] == "schedule"]
+        if runs:
+            assert "tables" in runs[0], runs[0]
+            return runs[0]
+        time.sleep(1)
+    raise AssertionError(f"no scheduled table sync in {timeout_s}s")
 
 
 def test_bad_input_gets_a_clear_error_and_changes_nothing(cluster):
@@ -192,39 +220,13 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(cluster):
     )
     assert out.returncode == 1 and "automq.table.topic.schema.type" in out.stderr
     assert "raw, json" in out.stderr
-    described = automqctl("table", "list", "--format", "json", cluster_dir=cluster["dir"])
-    assert "plain" not in {t["topic"] for t in json.loads(described.stdout)}
-
-
-@pytest.mark.timeout(900)
-def test_the_compaction_schedule_syncs_a_raw_table_topic(cluster):
-    create_topic(
-        cluster["bootstrap"],
-        "clicks",
-        PARTITIONS,
-        configs={"automq.table.topic.enable": "true", "automq.table.topic.partition.by": "[]"},
-    )
-    _produce(cluster, "clicks", [f"click-{i}".encode() for i in range(90)])
-    _wait_committed(cluster, "clicks", 90)
-    out = automqctl(
-        "compaction", "schedule", "--every", "10s", "--master", MASTER, cluster_dir=cluster["dir"]
-    )
+    listed = automqctl("table", "list", "--format", "json", cluster_dir=cluster["dir"])
+    assert "plain" not in {t["topic"] for t in json.loads(listed.stdout)}
+    # disable: the topic is no longer synced nor listed
+    create_topic(cluster["bootstrap"], "gone", 1, configs={"automq.table.topic.enable": "true"})
+    out = automqctl("table", "disable", "gone", cluster_dir=cluster["dir"])
     assert out.returncode == 0, out.stderr
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            states = {
-                s["topic"]: s for s in table_jobs.table_states(cluster["dir"], _config(cluster))
-            }
-            if states["clicks"].get("exists") and states["clicks"]["lag"] == 0:
-                break
-            time.sleep(2)
-        else:
-            raise AssertionError(f"no scheduled sync of clicks: {states['clicks']}")
-    finally:
-        automqctl("compaction", "unschedule", cluster_dir=cluster["dir"])
-    rows = _rows(cluster, "clicks")
-    assert sorted(r["value"] for r in rows) == sorted(f"click-{i}".encode() for i in range(90))
-    assert len({(r["_kafka_partition"], r["_kafka_offset"]) for r in rows}) == 90
-    runs = table_jobs.last_runs(cluster["dir"])
-    assert any(r["trigger"] == "schedule" for r in runs)
+    listed = automqctl("table", "list", "--format", "json", cluster_dir=cluster["dir"])
+    assert "gone" not in {t["topic"] for t in json.loads(listed.stdout)}
+    out, _ = _sync(cluster, "--topic", "gone")
+    assert out.returncode == 1 and "'gone' is not a table topic" in out.stderr

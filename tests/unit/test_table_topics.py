@@ -226,3 +226,35 @@ def test_select_specs_names_a_missing_or_plain_topic():
     with pytest.raises(ts.TableTopicError, match="'orders' is not a table topic"):
         table_sync.select_specs(image, ["orders"])
     assert table_sync.select_specs(image, []) == []
+
+
+# ------------------------------------------------------------------ the CLI's catalog config
+
+
+def test_table_catalog_defaults_to_sqlite_in_the_cluster_dir_and_takes_a_rest_uri(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.local_cluster import LocalCluster
+    from cli.main import app
+
+    cluster = LocalCluster(tmp_path / "c")
+    cluster.create(1, 1, ["a"], None, None, 6000)
+
+    def catalog(*args: str):
+        out = CliRunner().invoke(
+            app, ["table", "catalog", "--dir", str(cluster.dir), "--format", "json", *args]
+        )
+        return out.exit_code, (json.loads(out.stdout) if out.exit_code == 0 else out.output)
+
+    code, shown = catalog()
+    assert code == 0 and shown["kind"] == "sql"
+    assert shown["uri"] == f"sqlite:///{(cluster.dir / 'tables' / 'catalog.db').resolve()}"
+    assert shown["warehouse"].startswith("s3://") and shown["warehouse"].endswith("/iceberg")
+    assert "secret" not in json.dumps(shown).lower()
+    code, shown = catalog("--uri", "https://rest.example/catalog", "--warehouse", "s3://lake/w")
+    assert code == 0 and shown["kind"] == "rest" and shown["warehouse"] == "s3://lake/w"
+    assert catalog()[1]["uri"] == "https://rest.example/catalog"  # kept
+    code, said = catalog("--uri", "ftp://nope")
+    assert code == 1 and "invalid --uri" in said
+    assert catalog()[1]["uri"] == "https://rest.example/catalog"  # a bad one changes nothing
+    assert catalog("--reset")[1]["kind"] == "sql"
