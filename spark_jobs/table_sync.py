@@ -197,23 +197,27 @@ def record_error(exc: BaseException) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def write_run(spark, config, spec: ts.TableTopicSpec, table, starts, ends):
+def write_run(spark, config, spec: ts.TableTopicSpec, table, starts, ends, timing: dict):
     """Read the ranges and write their rows as Parquet: (columns, new columns, files); no
     files when every range is empty (the offsets still move: retention passed them)."""
     if all(starts[p] >= ends[p] for p in starts):
         columns, new = ts.plan_columns(spec, cat.column_types(table), {})
         return columns, new, []
+    started = time.monotonic()
     df = read_records(spark, config, spec, starts, ends)
     inferred = {}
     if spec.schema_type == "json":
         df = df.persist()
         inferred = infer_fields(df, spec)
     columns, new = ts.plan_columns(spec, cat.column_types(table), inferred)
+    inferred_at = time.monotonic()
     try:
         files = write_files(df, spec, columns, table.location(), config)
     finally:
         if spec.schema_type == "json":
             df.unpersist()
+    timing["infer_s"] = round(inferred_at - started, 3)
+    timing["write_s"] = round(time.monotonic() - inferred_at, 3)
     return columns, new, files
 
 
@@ -231,16 +235,19 @@ def sync_topic(spark, config, catalog, image, spec: ts.TableTopicSpec, emit: Emi
     out = {"topic": spec.topic, "table": spec.full_name, "skipped_retention": skipped}
     if all(starts[p] >= ends[p] for p in starts) and skipped == 0:
         return {**out, "appended": 0, "committed": False, "reason": "up to date"}
-    _columns, new, files = write_run(spark, config, spec, table, starts, ends)
+    timing: dict = {}
+    _columns, new, files = write_run(spark, config, spec, table, starts, ends, timing)
     appended = sum(f["records"] for f in files)
     emit({"event": "written", "topic": spec.topic, "files": len(files), "records": appended})
     if os.environ.get(FAULT_ENV) == "before_commit":
         print(f"error: {FAULT_ENV}=before_commit: exiting before the commit", file=sys.stderr)
         os._exit(FAULT_EXIT_CODE)
     offsets = {**held, **ends}
+    commit_started = time.monotonic()
     snapshot_id = cat.commit_files(
         table, spec, new, [f["path"] for f in files], offsets, uuid.uuid4().hex
     )
+    timing["commit_s"] = round(time.monotonic() - commit_started, 3)
     return {
         **out,
         "appended": appended,
@@ -250,6 +257,7 @@ def sync_topic(spark, config, catalog, image, spec: ts.TableTopicSpec, emit: Emi
         "snapshot_id": snapshot_id,
         "committed": True,
         "duration_s": round(time.monotonic() - started, 3),
+        **timing,
     }
 
 
@@ -263,7 +271,9 @@ def run(config: SyncJobConfig, emit: Emit, spark=None) -> dict:
     results: list[dict] = []
     if specs:
         catalog = cat.open_catalog(config.catalog, warehouse_credentials(config))
+        spark_started = time.monotonic()
         spark = spark or _spark_session(config.master)
+        emit({"event": "spark_started", "seconds": round(time.monotonic() - spark_started, 3)})
         for spec in specs:
             try:
                 result = sync_topic(spark, config, catalog, image, spec, emit)
