@@ -1,0 +1,381 @@
+"""The `automq` Spark source against `automqctl cluster up` (SeaweedFS, a controller
+process, brokers), real Kafka clients and a real Spark (`local[2]`).
+
+100,000 records in 6 partitions (gzip-, zstd- and un-compressed batches, headers, explicit
+timestamps, one aborted and one committed transaction) are produced and uploaded; then
+`spark.read.format("automq")` returns exactly the committed records with their offsets,
+keys, values, timestamps and headers (read_committed), the aborted ones too under
+read_uncommitted; a streaming query stopped and restarted from its checkpoint writes every
+record once into a Parquet sink; a missing topic, an unreachable bucket and a corrupt
+object give a clear error naming the topic or the object, and change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+pytest.importorskip("pyspark")
+if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
+    pytest.skip("Spark needs java", allow_module_level=True)
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from cli import compaction_jobs  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
+from controlplane.client import ControllerClient  # noqa: E402
+from controlplane.image import MetadataImage  # noqa: E402
+from spark_jobs import objects_io  # noqa: E402
+from spark_jobs.topic_source.plan import committed_end  # noqa: E402
+from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PARTITIONS = 6
+RECORDS = 100_000
+TOPIC = "orders"
+MASTER = "local[2]"
+BASE_TS_MS = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("topic-source") / "cluster"
+    with running_cluster(
+        d, "--brokers", "2", "--controllers", "1", "--upload-interval-s", "0.5"
+    ) as status:
+        yield {"dir": d, "bootstrap": status["bootstrap_servers"]}
+
+
+def _config(cluster):
+    return LocalCluster(cluster["dir"]).load()
+
+
+def _image(cluster) -> MetadataImage:
+    config = _config(cluster)
+    client = ControllerClient(config.quorum_config().api_addresses(), api_secret=config.api_secret)
+    raw = client.leader_get("/v1/image")
+    return (
+        MetadataImage.model_validate_json(raw)
+        if isinstance(raw, str)
+        else MetadataImage.model_validate(raw)
+    )
+
+
+def _streams(image: MetadataImage, topic: str) -> dict[int, int]:
+    t = image.topics[image.topic_ids_by_name[topic]]
+    return {p: part.stream_id for p, part in t.partitions.items()}
+
+
+def _wait_uploaded(cluster, topic: str, partitions: int, timeout_s: float = 120) -> None:
+    """Until every partition's objects cover its high watermark (brokers upload every 0.5 s)."""
+    consumer = Consumer({"bootstrap.servers": cluster["bootstrap"], "group.id": "wm"})
+    try:
+        highs = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        image = _image(cluster)
+        ends = {p: committed_end(image.streams[s]) for p, s in _streams(image, topic).items()}
+        if all(ends[p] >= highs[p] for p in highs):
+            return
+        assert time.monotonic() < deadline, f"not uploaded: {ends} < {highs}"
+        time.sleep(0.5)
+
+
+class _Recorder:
+    """Delivery reports -> (partition, offset) -> (key, value, timestamp ms, headers)."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[int, int], tuple] = {}
+        self.errors: list[str] = []
+        # delivery reports carry no headers: the headers sent, by key
+        self.headers: dict[bytes, tuple] = {}
+
+    def __call__(self, err, msg) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+            return
+        headers = self.headers.get(msg.key(), ())
+        self.records[(msg.partition(), msg.offset())] = (
+            msg.key(),
+            msg.value(),
+            msg.timestamp()[1],
+            headers,
+        )
+
+
+def _produce_plain(bootstrap: str, recorder: _Recorder, count: int) -> None:
+    """`count` records over three producers: gzip, zstd and uncompressed batches."""
+    producers = [
+        Producer({"bootstrap.servers": bootstrap, "compression.type": c, "linger.ms": 20})
+        for c in ("gzip", "zstd", "none")
+    ]
+    for i in range(count):
+        producer = producers[(i // 1000) % 3]
+        headers = [("i", str(i).encode())] + ([("even", b"")] if i % 2 == 0 else [])
+        recorder.headers[f"key-{i}".encode()] = tuple(headers)
+        producer.produce(
+            TOPIC,
+            key=f"key-{i}".encode(),
+            value=f"value-{i}-".encode() * (1 + i % 5),
+            partition=i % PARTITIONS,
+            timestamp=BASE_TS_MS + i,
+            headers=headers,
+            on_delivery=recorder,
+        )
+        if i % 5000 == 0:
+            producer.poll(0)
+    for producer in producers:
+        assert producer.flush(60) == 0
+
+
+def _produce_transactions(bootstrap: str, aborted: _Recorder, committed: _Recorder) -> None:
+    """One aborted and one committed transaction (zstd), over partitions 0 and 1."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": "orders-tx",
+            "compression.type": "zstd",
+        }
+    )
+    producer.init_transactions(30)
+    for recorder, name in ((aborted, "aborted"), (committed, "committed")):
+        producer.begin_transaction()
+        for i in range(50):
+            producer.produce(
+                TOPIC,
+                key=f"{name}-{i}".encode(),
+                value=f"{name} value {i}".encode(),
+                partition=i % 2,
+                timestamp=BASE_TS_MS + RECORDS + i,
+                on_delivery=recorder,
+            )
+        producer.flush(30)
+        if name == "aborted":
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+
+
+@pytest.fixture(scope="module")
+def produced(cluster):
+    """The topic's records: {"plain", "aborted", "committed"}: (partition, offset) -> record."""
+    create_topic(cluster["bootstrap"], TOPIC, PARTITIONS)
+    plain, aborted, committed = _Recorder(), _Recorder(), _Recorder()
+    _produce_plain(cluster["bootstrap"], plain, RECORDS // 2)
+    _produce_transactions(cluster["bootstrap"], aborted, committed)
+    _produce_plain_tail(cluster["bootstrap"], plain)
+    for r in (plain, aborted, committed):
+        assert not r.errors, r.errors[:3]
+    assert len(plain.records) + len(committed.records) == RECORDS
+    _wait_uploaded(cluster, TOPIC, PARTITIONS)
+    return {"plain": plain.records, "aborted": aborted.records, "committed": committed.records}
+
+
+def _produce_plain_tail(bootstrap: str, recorder: _Recorder) -> None:
+    """The second half of the plain records (after the transactions)."""
+    before = len(recorder.records)
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "gzip"})
+    for i in range(RECORDS // 2, RECORDS - 50):
+        recorder.headers[f"key-{i}".encode()] = (("i", str(i).encode()),)
+        producer.produce(
+            TOPIC,
+            key=f"key-{i}".encode(),
+            value=f"value-{i}-".encode(),
+            partition=i % PARTITIONS,
+            timestamp=BASE_TS_MS + i,
+            headers=[("i", str(i).encode())],
+            on_delivery=recorder,
+        )
+        if i % 5000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert len(recorder.records) - before == RECORDS // 2 - 50
+
+
+@pytest.fixture(scope="module")
+def spark(cluster):
+    """One SparkSession (local[2]) with the source registered; the buckets' keys go to the
+    executors as environment (as the compaction job's)."""
+    from spark_jobs.topic_source import spark_session
+
+    env = compaction_jobs.job_env(_config(cluster))
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: env[k] for k in names if k in env})
+    session = spark_session(MASTER, cluster["dir"])
+    try:
+        yield session
+    finally:
+        session.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _read(spark, cluster, **options):
+    reader = spark.read.format("automq").option("cluster", str(cluster["dir"]))
+    for key, value in options.items():
+        reader = reader.option(key.replace("_", "."), value)
+    return reader
+
+
+def _as_records(rows) -> dict[tuple[int, int], tuple]:
+    out = {}
+    for r in rows:
+        assert (r.partition, r.offset) not in out, f"duplicate {r.partition}/{r.offset}"
+        headers = tuple((h.key, h.value) for h in r.headers)
+        ts_ms = int(r.timestamp.timestamp() * 1000)
+        out[(r.partition, r.offset)] = (r.key, r.value, ts_ms, headers)
+    return out
+
+
+def test_batch_read_returns_exactly_the_committed_records(spark, cluster, produced):
+    df = _read(spark, cluster, topic=TOPIC).load()
+    assert [f.name for f in df.schema.fields] == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
+    assert df.rdd.getNumPartitions() >= PARTITIONS
+    rows = df.collect()
+    assert {r.topic for r in rows} == {TOPIC}
+    assert {r.timestampType for r in rows} == {0}
+    got = _as_records(rows)
+    expected = {**produced["plain"], **produced["committed"]}
+    assert len(got) == RECORDS
+    missing = set(expected) - set(got)
+    assert not missing, f"{len(missing)} missing, e.g. {sorted(missing)[:3]}"
+    assert set(got) == set(expected), sorted(set(got) - set(expected))[:3]
+    wrong = [k for k in expected if got[k] != expected[k]]
+    assert not wrong, f"{len(wrong)} differ: {wrong[:1]} {got[wrong[0]]} != {expected[wrong[0]]}"
+
+
+def test_read_uncommitted_returns_the_aborted_records_too(spark, cluster, produced):
+    rows = _read(spark, cluster, topic=TOPIC, isolation_level="read_uncommitted").load()
+    got = _as_records(rows.collect())
+    expected = {**produced["plain"], **produced["committed"], **produced["aborted"]}
+    assert got == expected
+
+
+def test_offsets_json_selects_ranges(spark, cluster, produced):
+    starting = json.dumps({TOPIC: {"0": 100, "1": -2}})
+    ending = json.dumps({TOPIC: {"0": 150, "1": 10, "2": 0, "3": 0, "4": 0, "5": 0}})
+    rows = (
+        _read(spark, cluster, subscribePattern="ord.*")
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
+        .load()
+        .collect()
+    )
+    got = _as_records(rows)
+    plain = produced["plain"]
+    expected = {k: v for k, v in plain.items() if k[0] == 0 and 100 <= k[1] < 150}
+    expected |= {k: v for k, v in plain.items() if k[0] == 1 and k[1] < 10}
+    assert got == expected
+
+
+def test_stream_restarted_from_its_checkpoint_writes_every_record_once(
+    spark, cluster, produced, tmp_path
+):
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start():
+        return (
+            spark.readStream.format("automq")
+            .option("cluster", str(cluster["dir"]))
+            .option("topic", TOPIC)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "15000")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = start()
+    deadline = time.monotonic() + 300
+    while query.isActive and len(query.recentProgress) < 2:  # stopped mid-way
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    query.stop()
+    first = sum(p["numInputRows"] for p in query.recentProgress)
+    assert 0 < first < RECORDS
+    query = start()
+    query.awaitTermination(600)
+    assert len(query.recentProgress) >= 1
+    rows = spark.read.parquet(str(out)).collect()
+    got = _as_records(rows)  # asserts no (partition, offset) twice
+    assert set(got) == set(produced["plain"]) | set(produced["committed"])
+
+
+def test_missing_topic_is_a_clear_error(spark, cluster, produced):
+    with pytest.raises(Exception, match="topic 'no-such-topic' does not exist"):
+        _read(spark, cluster, topic="no-such-topic").load().collect()
+
+
+def test_unreachable_bucket_names_the_object(spark, cluster, produced):
+    image = _image(cluster)
+    bucket_ids = {o.bucket_id for o in image.objects.values()}
+    unreachable = {
+        str(b): f"{b}@s3://nowhere?region=us-east-1&endpoint=http://127.0.0.1:9" for b in bucket_ids
+    }
+    with pytest.raises(Exception, match=r"cannot read object [0-9]+ \(bucket") as info:
+        _read(spark, cluster, topic=TOPIC, buckets=json.dumps(unreachable)).option(
+            "endingOffsets", json.dumps({TOPIC: dict.fromkeys(map(str, range(6)), 5)})
+        ).load().collect()
+    assert "key" in str(info.value)
+    _assert_unchanged(cluster, image)
+
+
+def _assert_unchanged(cluster, before: MetadataImage) -> None:
+    after = _image(cluster)
+    for stream_id in _streams(before, TOPIC).values():
+        assert after.streams[stream_id].object_ranges == before.streams[stream_id].object_ranges
+        assert after.streams[stream_id].start_offset == before.streams[stream_id].start_offset
+
+
+def test_corrupt_object_names_the_object_and_changes_nothing(spark, cluster, produced):
+    """A byte of one block of the topic flipped in the bucket (put back afterwards)."""
+    image = _image(cluster)
+    stream_id = _streams(image, TOPIC)[3]
+    rng = image.streams[stream_id].object_ranges[0]
+    meta = image.objects[rng.object_id]
+    uri = {b.bucket_id: b.uri for b in _config(cluster).buckets}[meta.bucket_id]
+    entry = next(
+        e
+        for e in objects_io.read_index(uri, rng.object_id, meta.size_bytes)
+        if e.stream_id == stream_id
+    )
+    original = objects_io.get_range(uri, rng.object_id, 0, meta.size_bytes)
+    damaged = bytearray(original)
+    damaged[entry.position + entry.size // 2] ^= 0xFF
+    objects_io.put(uri, rng.object_id, bytes(damaged))
+    try:
+        ending = {TOPIC: {str(p): 0 for p in range(PARTITIONS)}}
+        ending[TOPIC]["3"] = rng.end_offset
+        with pytest.raises(Exception, match=f"object {rng.object_id} .*CRC32C mismatch"):
+            _read(spark, cluster, topic=TOPIC).option(
+                "endingOffsets", json.dumps(ending)
+            ).load().collect()
+    finally:
+        objects_io.put(uri, rng.object_id, original)
+    _assert_unchanged(cluster, image)
