@@ -49,6 +49,9 @@ class SourceOptions:
     fail_on_data_loss: bool
     split_bytes: int
     max_offsets_per_trigger: int | None
+    # `kafka.*` options without the prefix: the client that asks brokers for last stable
+    # offsets under read_committed (stable.py)
+    kafka: dict[str, str]
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -194,4 +197,9 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         split_bytes=_int_option(opts, "automq.split.bytes", MIN_SPLIT_BYTES, MAX_SPLIT_BYTES)
         or DEFAULT_SPLIT_BYTES,
         max_offsets_per_trigger=_int_option(opts, "maxOffsetsPerTrigger", 1, 2**62),
+        kafka={
+            k[len("kafka.") :]: v
+            for k, v in options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.isolation.level"
+        },
     )

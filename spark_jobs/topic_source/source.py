@@ -38,10 +38,12 @@ from spark_jobs.topic_source.plan import (
     load_image,
     offsets_json,
     partition_ranges,
+    selected_partitions,
     splits,
 )
 from spark_jobs.topic_source.read import arrow_batches
 from spark_jobs.topic_source.schema import SCHEMA_DDL
+from spark_jobs.topic_source.stable import bootstrap_from_image, last_stable_offsets
 
 FORMAT_NAME = "automq"
 
@@ -72,11 +74,25 @@ class AutomqDataSource(DataSource):
 
 
 def _plan(
-    opts: SourceOptions, starts=None, ends=None
+    opts: SourceOptions, starts=None, ends=None, stable: bool = False
 ) -> tuple[ClusterAccess, object, list[PartitionRange]]:
+    """The ranges to read; `stable`: under read_committed, each end capped at the
+    partition's last stable offset (asked of the brokers before the image is read)."""
     access = cluster_access(opts.cluster, opts.buckets)
+    lso = None
+    if stable and opts.read_committed:
+        before = load_image(access)
+        config = dict(opts.kafka)
+        config.setdefault("bootstrap.servers", bootstrap_from_image(before))
+        wanted = [(t, p) for t, p, _ in selected_partitions(before, opts)]
+        lso = last_stable_offsets(config, wanted)
     image = load_image(access)
-    return access, image, partition_ranges(image, opts, starts, ends)
+    ranges = partition_ranges(image, opts, starts, ends)
+    for rng in ranges if lso is not None else ():
+        cap = lso.get((rng.topic, rng.partition))
+        if cap is not None and 0 <= cap < rng.end:
+            rng.end = max(rng.start, cap)
+    return access, image, ranges
 
 
 class TopicBatchReader(DataSourceReader):
@@ -84,7 +100,7 @@ class TopicBatchReader(DataSourceReader):
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        access, image, ranges = _plan(opts)
+        access, image, ranges = _plan(opts, stable=True)
         self._splits = splits(image, ranges, opts, access.buckets)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -126,7 +142,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, dict[int, int]] | None = None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, _, ranges = _plan(self.opts, None, "latest")
+        _, _, ranges = _plan(self.opts, None, "latest", stable=True)
         self._target = _as_offsets(offsets_json(ranges, "end"))
 
     def initialOffset(self) -> dict:
@@ -141,7 +157,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         starts = _as_offsets(start) if start else None
-        _, _, ranges = _plan(self.opts, starts, "latest")
+        _, _, ranges = _plan(self.opts, starts, "latest", stable=True)
         if self._target is not None:  # AvailableNow: nothing past the target
             for rng in ranges:
                 cap = self._target.get(rng.topic, {}).get(rng.partition, rng.start)

@@ -379,3 +379,34 @@ def test_corrupt_object_names_the_object_and_changes_nothing(spark, cluster, pro
     finally:
         objects_io.put(uri, rng.object_id, original)
     _assert_unchanged(cluster, image)
+
+
+def test_read_committed_stops_at_an_open_transaction(spark, cluster, produced):
+    """Records after an open transaction's first offset wait for its end (the brokers'
+    last stable offset), as a read_committed consumer's do."""
+    topic = "open-txn"
+    create_topic(cluster["bootstrap"], topic, 1)
+    plain = Producer({"bootstrap.servers": cluster["bootstrap"]})
+    txn = Producer({"bootstrap.servers": cluster["bootstrap"], "transactional.id": "open-tx"})
+    txn.init_transactions(30)
+    for i in range(10):
+        plain.produce(topic, value=b"before-%d" % i, partition=0)
+    assert plain.flush(30) == 0
+    txn.begin_transaction()
+    for i in range(5):
+        txn.produce(topic, value=b"in-txn-%d" % i, partition=0)
+    txn.flush(30)
+    for i in range(10):
+        plain.produce(topic, value=b"after-%d" % i, partition=0)
+    assert plain.flush(30) == 0
+    _wait_uploaded(cluster, topic, 1)
+
+    def offsets(**options) -> list[int]:
+        rows = _read(spark, cluster, topic=topic, **options).load().collect()
+        return sorted(r.offset for r in rows)
+
+    assert offsets() == list(range(10))
+    assert offsets(isolation_level="read_uncommitted") == list(range(25))
+    txn.commit_transaction(30)
+    _wait_uploaded(cluster, topic, 1)
+    assert offsets() == list(range(25))  # the marker (offset 25) is never a row
