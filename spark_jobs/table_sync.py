@@ -13,7 +13,9 @@ Per table topic (`dataplane.tables.spec`), in order:
 1. the table is created if missing (v2, its partition spec); the offsets it holds are read
    from its newest sync snapshot's summary (`catalog.held_offsets`);
 2. the range of each partition is [held end (or the log start), the committed end]: only
-   records already in objects (never a broker's WAL), at most `max_records_per_partition`;
+   records already in objects (never a broker's WAL), and not past the last stable offset
+   (an open transaction waits; the source would stop there), at most
+   `max_records_per_partition`;
    records retention deleted before a sync reached them are counted (`skipped_retention`);
 3. the records are read on the executors with the `automq` source (straight from the
    objects, read_committed: aborted records and markers are never rows); json mode infers the fields in one pass (a value that is not a JSON
@@ -49,6 +51,7 @@ from controlplane.image import MetadataImage
 from dataplane.objectstore import BucketURI
 from dataplane.tables import catalog as cat
 from dataplane.tables import spec as ts
+from spark_jobs.topic_source import stable
 from spark_jobs.topic_source.plan import committed_end
 
 FAULT_ENV = "AUTOMQ_TABLE_SYNC_FAULT"
@@ -123,6 +126,22 @@ def offset_ranges(
         starts[partition] = start
         ends[partition] = min(committed, start + max_records)
     return starts, ends, skipped
+
+
+def cap_at_stable(
+    image: MetadataImage, spec: ts.TableTopicSpec, starts: dict[int, int], ends: dict[int, int]
+) -> dict[int, int]:
+    """Each end at most the partition's last stable offset (asked of the brokers now): the
+    `automq` source stops a read_committed read there, so the ends the table records are
+    exactly what was read; an open transaction's records wait for a later run."""
+    wanted = [(spec.topic, p) for p in sorted(ends)]
+    config = {"bootstrap.servers": stable.bootstrap_from_image(image)}
+    lso = stable.last_stable_offsets(config, wanted)
+    out = {}
+    for partition, end in ends.items():
+        cap = lso.get((spec.topic, partition))
+        out[partition] = end if cap is None or cap < 0 else max(starts[partition], min(end, cap))
+    return out
 
 
 def read_records(spark, config: SyncJobConfig, spec: ts.TableTopicSpec, starts, ends):
@@ -232,6 +251,7 @@ def sync_topic(spark, config, catalog, image, spec: ts.TableTopicSpec, emit: Emi
             f"{topic_id}, now {spec.topic_id}): drop or rename the table first"
         )
     starts, ends, skipped = offset_ranges(image, spec, held, config.max_records_per_partition)
+    ends = cap_at_stable(image, spec, starts, ends)
     out = {"topic": spec.topic, "table": spec.full_name, "skipped_retention": skipped}
     if all(starts[p] >= ends[p] for p in starts) and skipped == 0:
         return {**out, "appended": 0, "committed": False, "reason": "up to date"}

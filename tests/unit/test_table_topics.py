@@ -258,3 +258,16 @@ def test_table_catalog_defaults_to_sqlite_in_the_cluster_dir_and_takes_a_rest_ur
     assert code == 1 and "invalid --uri" in said
     assert catalog()[1]["uri"] == "https://rest.example/catalog"  # a bad one changes nothing
     assert catalog("--reset")[1]["kind"] == "sql"
+
+
+def test_ends_stop_at_the_last_stable_offset(monkeypatch):
+    """An open transaction: the run's recorded ends are what the source reads (it stops a
+    read_committed read at the LSO), never past it."""
+    image = _image({tc.TABLE_TOPIC_ENABLE: "true"}, start=0, end=10)
+    spec = table_sync.select_specs(image, ["orders"])[0]
+    monkeypatch.setattr(table_sync.stable, "bootstrap_from_image", lambda img: "127.0.0.1:1")
+    for lso, want in ((6, 6), (12, 10), (-1, 10), (2, 4)):
+        monkeypatch.setattr(
+            table_sync.stable, "last_stable_offsets", lambda cfg, tps, lso=lso: {tps[0]: lso}
+        )
+        assert table_sync.cap_at_stable(image, spec, {0: 4}, {0: 10}) == {0: want}
