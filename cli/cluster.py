@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from cli import cluster_top, cluster_up, deploy
+from cli import cluster_top, cluster_up, deploy, table_jobs
 from cli.cluster_config import ClusterError
 from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption, controller_client, open_cluster
@@ -101,6 +101,7 @@ def status(
         )
         collect = lambda: collect_remote_status(client)  # noqa: E731
         print_table = print_remote_status
+        tables_of = None  # table topics' lag needs the cluster directory's catalog
     else:
         cluster = LocalCluster(dir)
         try:
@@ -111,6 +112,7 @@ def status(
             fail(str(exc))
         collect = lambda: collect_status(cluster, config)  # noqa: E731
         print_table = print_status
+        tables_of = lambda: table_jobs.status_tables(cluster.dir, config)  # noqa: E731
     if exit_when_healthy and timeout_s is None:
         timeout_s = 120.0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -128,6 +130,8 @@ def status(
                 or (deadline is not None and time.monotonic() >= deadline)
             )
             if watch or done:
+                if tables_of is not None and status.get("leader") is not None:
+                    status["tables"] = tables_of()  # each table topic's lag
                 _emit_status(status, format, watch=watch, first=first, print_table=print_table)
                 first = False
             if done:

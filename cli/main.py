@@ -21,6 +21,7 @@ from cli import (
     group,
     reassign,
     security,
+    table,
     topic,
 )
 from cli.cost import cost
@@ -138,6 +139,7 @@ app.add_typer(bucket_failover.app, name="failover")
 app.add_typer(security.user_app, name="user")
 app.add_typer(security.acl_app, name="acl")
 app.add_typer(compaction.app, name="compaction")
+app.add_typer(table.app, name="table")
 app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
     perf
 )

@@ -23,6 +23,8 @@ def print_status(status: dict) -> None:
     console.print(_controllers_table(status["controllers"]))
     console.print(_brokers_table(status["brokers"]))
     _print_storage(status)
+    if status.get("tables"):
+        console.print(_tables_table(status["tables"]))
     if status["problems"]:
         label = "stopped:" if state == "stopped" else "unhealthy:"
         console.print(
@@ -143,3 +145,17 @@ def _print_storage(status: dict) -> None:
             f"disk: {len(status['brokers'])} brokers x {per / MIB:g} MiB WAL = "
             f"{status['wal_allocated_bytes'] / 2**30:.2g} GiB preallocated (--wal-capacity-mib)"
         )
+
+
+def _tables_table(tables: list[dict]) -> Table:
+    """Table topics: each one's Iceberg table and lag (offsets behind the committed end)."""
+    out = Table("topic", "table", "lag", "state", title="table topics")
+    for t in tables:
+        state = t.get("error") or ("synced" if t.get("exists") else "not synced yet")
+        out.add_row(
+            escape(t.get("topic", "?")),
+            escape(t.get("table", "")),
+            str(t.get("lag", "")),
+            escape(state),
+        )
+    return out

@@ -67,6 +67,7 @@ class ConfigKey:
     create_only: bool = False  # set when the topic is created, never changed by an alter
     synonym: str | None = None  # the broker config that supplies the default in Kafka
     pattern: str | None = None  # STRING: a regular expression the value must match
+    pattern_hint: str = "not a valid version (e.g. 3.0-IV1)"  # the error when it does not
     list_validator: str | None = None  # LIST: "throttled_replicas"
 
 
@@ -83,6 +84,13 @@ ERASURE_DATA_SHARDS = "automq.erasure.data.shards"
 ERASURE_PARITY_SHARDS = "automq.erasure.parity.shards"
 ERASURE_READ_DELAY_MS = "automq.erasure.read.delay.ms"
 ERASURE_SEAL_DELAY_MS = "automq.erasure.seal.delay.ms"
+# table topics (issue #29): AutoMQ's names; the Spark job `spark_jobs/table_sync.py` reads them
+TABLE_TOPIC_ENABLE = "automq.table.topic.enable"
+TABLE_TOPIC_SCHEMA_TYPE = "automq.table.topic.schema.type"
+TABLE_TOPIC_NAMESPACE = "automq.table.topic.namespace"
+TABLE_TOPIC_PARTITION_BY = "automq.table.topic.partition.by"
+# `[day(timestamp)]` (AutoMQ's list form), `day(timestamp)`, or `[]` / "" for none
+TABLE_PARTITION_BY_PATTERN = r"^\[?\s*((hour|day|month|year)\(timestamp\))?\s*\]?$"
 
 # Kafka 3.9: LogConfig.CONFIG (+ the deprecated keys 3.9 still accepts)
 _KEYS: tuple[ConfigKey, ...] = (
@@ -186,6 +194,21 @@ _KEYS: tuple[ConfigKey, ...] = (
               "before they are sealed into object storage (also the least time one sealed "
               "object spans)",
               min=100, max=86_400_000),
+    ConfigKey(TABLE_TOPIC_ENABLE, _B, "false",
+              "keep the topic's committed records as an Iceberg table (appended by the table "
+              "sync job: `automqctl table sync`, or the compaction schedule)"),
+    ConfigKey(TABLE_TOPIC_SCHEMA_TYPE, _S, "raw",
+              "table topic columns: raw (key, value bytes) or json (the value's top-level JSON "
+              "fields as columns, new fields added as new columns); both add _kafka_* columns",
+              choices=("raw", "json")),
+    ConfigKey(TABLE_TOPIC_NAMESPACE, _S, "default", "table topic: the Iceberg namespace",
+              pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+              pattern_hint="letters, digits and _ (not first), at most 128"),
+    ConfigKey(TABLE_TOPIC_PARTITION_BY, _S, "[day(timestamp)]",
+              "table topic: the table's partitioning by the record timestamp: "
+              "[hour|day|month|year(timestamp)], or [] for none (used when the table is "
+              "created)", pattern=TABLE_PARTITION_BY_PATTERN,
+              pattern_hint="use [hour|day|month|year(timestamp)] or []"),
 )  # fmt: skip
 
 SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
@@ -341,7 +364,7 @@ def _validate(spec: ConfigKey, key: str, value: str | None) -> str:
         if spec.choices and text not in spec.choices:
             raise _invalid(key, value, f"String must be one of: {', '.join(spec.choices)}")
         if spec.pattern and not re.fullmatch(spec.pattern, text):
-            raise _invalid(key, value, "not a valid version (e.g. 3.0-IV1)")
+            raise _invalid(key, value, spec.pattern_hint)
     elif spec.type is ConfigType.LIST:
         items = _split_list(text)
         if len(items) > MAX_LIST_ITEMS:

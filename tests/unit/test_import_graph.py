@@ -152,6 +152,7 @@ def test_cli_imports_no_broker_internals():
         "dataplane.config",
         "dataplane.objectstore",
         "dataplane.formats",  # the formats floor (pure), e.g. the Kafka error table
+        "dataplane.tables",  # table topics' Iceberg tables (no broker part: PyIceberg)
     )
     bad = {
         (m, t)
@@ -196,6 +197,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
             "dataplane.config_mapping",
         ),
         ("dataplane.runtime",),
+        # table topics: a topic's Iceberg table (PyIceberg, pyarrow); the CLI and the Spark
+        # table sync job both use it
+        ("dataplane.tables",),
     ),
     (("dataplane.s3stream",), ("dataplane.erasure",)),
     (("dataplane.kafka",),),
