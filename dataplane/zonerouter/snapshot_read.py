@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,14 +75,11 @@ IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
 RPC_EXTRA_TIMEOUT_S = 5.0
 CACHE_BYTES = 64 * 1024 * 1024
-POLLED_S = 60.0  # a partition polled this recently has its produce go through the channel
-MAX_POLLED_PARTITIONS = 65_536
 
 
 class SnapshotServer:
     """The main's side of GetPartitionSnapshot (a Kafka API handler on the event loop).
-    It remembers which partitions proxies polled lately (`polled_recently`): only their
-    produce needs to go through the main's own RouterChannel. Thread-safe."""
+    Thread-safe."""
 
     def __init__(self, partitions: PartitionResolver, index: LinkIndex, io: Callable | None = None):
         self.partitions = partitions
@@ -91,23 +87,6 @@ class SnapshotServer:
         # run a blocking call off the event loop (`await io(fn, *args)`); None: markers
         # are not sent inline (the proxies read them once uploaded)
         self.io = io
-        self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
-        self._polled_lock = threading.Lock()
-
-    def polled_recently(self, topic_id: str, partition: int) -> bool:
-        """A proxy asked for the partition's snapshot within the last POLLED_S."""
-        with self._polled_lock:
-            at = self._polled.get((topic_id, partition))
-        return at is not None and time.monotonic() - at < POLLED_S
-
-    def _note_polled(self, keys: list[tuple[str, int]]) -> None:
-        now = time.monotonic()
-        with self._polled_lock:
-            for key in keys:
-                self._polled[key] = now
-                self._polled.move_to_end(key)
-            while len(self._polled) > MAX_POLLED_PARTITIONS:
-                self._polled.popitem(last=False)
 
     def registrations(self) -> list:
         return [(GetPartitionSnapshotRequest, 0, SNAPSHOT_VERSION, self.get_partition_snapshot)]
@@ -117,9 +96,6 @@ class SnapshotServer:
         R = GetPartitionSnapshotResponse[version]
         asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
         plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
-        self._note_polled(
-            [(str(p.topic_id), p.partition) for p, plog in zip(asked, plogs, strict=True) if plog]
-        )
 
         def ready() -> bool:
             return any(
