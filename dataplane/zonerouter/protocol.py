@@ -30,8 +30,9 @@ add_api_message(ZoneRouteRequest, ZoneRouteResponse)
 ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 
-# 1: the last stable offset and the aborted transactions (read_committed via a proxy)
-SNAPSHOT_VERSION = 1
+# 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
+# snapshot sessions (incremental polls and answers, packed links)
+SNAPSHOT_VERSION = 2
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
