@@ -15,7 +15,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from dataplane.kafka.codec import add_api_message
 
-ZONE_ROUTE_VERSION = 0
+ZONE_ROUTE_VERSION = 1  # 1: batched routes (several partitions and produce requests)
 
 
 class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
