@@ -7,7 +7,9 @@ idempotent) sending `--rate` records/s for `--duration` s, each carrying its sen
 and one consumer per AZ (assign, all partitions). Produce latency (send -> delivery
 report) is split into direct (the partition's main is in az1) and proxied (another AZ:
 RouterChannel + zone route); end-to-end latency (send -> receive) into local (the
-consumer is in the main's AZ) and remote (served by the consumer's proxy, snapshot reads).
+consumer is in the main's AZ) and remote (served by the consumer's proxy, snapshot reads),
+and for remote also ack -> receive (how long after the producer's ack a record is
+readable in another AZ).
 The counters (`automqctl cost --format json`) are taken before and after each phase:
 the load (client cross-AZ record bytes, the brokers' own cross-AZ bytes per record byte,
 WAL data bytes per produced byte, the Kafka comparison) and an idle window with the
@@ -53,6 +55,7 @@ PRODUCER_AZ = "az1"
 PARTITIONS = 6
 HEARTBEAT_WAIT_S = 3.0  # the counters reach the controller with the brokers' heartbeats
 SIZES = (1024, 100)
+HEADER = struct.Struct(">dI")  # send time, sequence number: the start of every record
 
 
 def _cost(cluster_dir: Path) -> dict:
@@ -100,6 +103,9 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         p: brokers[n]["az"] for p, n in leaders(status["bootstrap_servers"], topic).items()
     }
     e2e: dict[str, list[float]] = {"local": [], "remote": []}
+    # (receive time, sequence number) of each record at a remote consumer; ack time by seq
+    remote_at: list[tuple[float, int]] = []
+    acked_at: dict[int, float] = {}
     produce: dict[str, list[float]] = {"direct": [], "proxied": []}
     received = [0]
     lock = threading.Lock()
@@ -123,11 +129,14 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
                 msg = c.poll(0.1)
                 if msg is None or msg.error() is not None:
                     continue
-                sent = struct.unpack(">d", msg.value()[:8])[0]
+                now = time.time()
+                sent, seq = HEADER.unpack(msg.value()[: HEADER.size])
                 kind = "local" if leader_az[msg.partition()] == az else "remote"
                 with lock:
-                    e2e[kind].append((time.time() - sent) * 1000)
+                    e2e[kind].append((now - sent) * 1000)
                     received[0] += 1
+                    if kind == "remote":
+                        remote_at.append((now, seq))
         finally:
             c.close()
 
@@ -147,20 +156,22 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
 
     def delivered(err, msg) -> None:
         if err is None:
-            sent = struct.unpack(">d", msg.value()[:8])[0]
+            now = time.time()
+            sent, seq = HEADER.unpack(msg.value()[: HEADER.size])
+            acked_at[seq] = now
             kind = "direct" if leader_az[msg.partition()] == PRODUCER_AZ else "proxied"
-            produce[kind].append((time.time() - sent) * 1000)
+            produce[kind].append((now - sent) * 1000)
 
     time.sleep(HEARTBEAT_WAIT_S)
     before = _cost(cluster_dir)
-    pad = b"x" * max(record_bytes - 8, 0)
+    pad = b"x" * max(record_bytes - HEADER.size, 0)
     interval = 1.0 / args.rate
     end = time.monotonic() + args.duration
     sent = 0
     next_send = time.monotonic()
     while time.monotonic() < end:
         producer.produce(
-            topic, struct.pack(">d", time.time()) + pad, partition=sent % PARTITIONS,
+            topic, HEADER.pack(time.time(), sent) + pad, partition=sent % PARTITIONS,
             on_delivery=delivered,
         )  # fmt: skip
         producer.poll(0)
@@ -180,6 +191,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
     stop.set()
     for t in threads:
         t.join(10)
+    after_ack = [(at - acked_at[seq]) * 1000 for at, seq in remote_at if seq in acked_at]
     record = load["produced_bytes"] + load["consumed_bytes"]
     pairs = len(AZS) * (len(AZS) - 1)  # (proxy, main) pairs of brokers in different AZs
     row = {
@@ -201,6 +213,8 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         "e2e_local_p99_ms": _ms(e2e["local"], 0.99),
         "e2e_remote_p99_ms": _ms(e2e["remote"], 0.99),
         "e2e_local_p50_ms": _ms(e2e["local"], 0.5),
+        "remote_after_ack_p50_ms": _ms(after_ack, 0.5),
+        "remote_after_ack_p99_ms": _ms(after_ack, 0.99),
         "e2e_remote_p50_ms": _ms(e2e["remote"], 0.5),
         "idle_broker_cross_az_bytes_per_s_per_pair": round(
             idle["broker_cross_az_bytes"] / args.idle_s / pairs, 1
