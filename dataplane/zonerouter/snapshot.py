@@ -41,7 +41,7 @@ class LinkIndex:
     (`prune`). A proxy asking for an offset the index no longer holds sees a gap and reads
     it once committed. Thread-safe."""
 
-    def __init__(self, max_entries_per_stream: int = 4096, max_entries: int = 65_536):
+    def __init__(self, max_entries_per_stream: int = 16_384, max_entries: int = 65_536):
         if max_entries_per_stream < 1 or max_entries < 1:
             raise ValueError("LinkIndex bounds must be >= 1")
         self.max_entries_per_stream = max_entries_per_stream
