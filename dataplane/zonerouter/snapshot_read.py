@@ -193,11 +193,13 @@ class SnapshotServer:
             plog.add_listener(wake)
         try:
             deadline = loop.time() + wait_s
-            while not ready():  # checked again: an append between the two is not missed
+            while True:
+                woken.clear()  # before the check: an append after it sets it again
+                if ready():
+                    break
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                woken.clear()
                 try:
                     await asyncio.wait_for(woken.wait(), remaining)
                 except TimeoutError:
