@@ -108,7 +108,7 @@ def _roundtrip(server: SnapshotServer, req):
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
     topics = [uuid.uuid4() for _ in range(20)]
     logs = {str(t): _Log(i, hw=0) for i, t in enumerate(topics)}
-    logs[str(topics[0])].high_watermark = 10
+    logs[str(topics[0])].high_watermark = logs[str(topics[0])].last_stable_offset = 10
     index = LinkIndex()
     for base in (0, 5):
         index.record(0, LinkLocation(base, 5, 3, LinkRecord(2, 1000 + base, 0, 300, 1_000)))
@@ -116,10 +116,16 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     server = SnapshotServer(partitions, index)  # type: ignore[arg-type]
     session = _PollSession()
     asked = [((str(t), 0), 0, -1) for t in topics]
-    # the full list: only the partition with news is answered, its links packed
-    resp, _ = _roundtrip(server, session.request(2, 50, asked))
+    # the full list: every partition answered once, at once (its last stable offset: a
+    # read_committed fetch at the proxy waits for it), the links packed
+    started = time.monotonic()
+    resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
+    assert time.monotonic() - started < 1.0
     assert resp.error_code == 0
-    (snap,) = resp.partitions
+    assert len(resp.partitions) == len(topics)
+    assert all(s.last_stable_offset == s.high_watermark for s in resp.partitions)
+    snap = resp.partitions[0]
+    assert all(not s.packed_links for s in resp.partitions[1:])
     assert (snap.high_watermark, snap.leader_epoch) == (10, 3)
     assert [
         (p.base_offset, p.record_count, p.channel_offset) for p in unpack_links(snap.packed_links)
@@ -128,7 +134,8 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
         (5, 5, 1005),
     ]
     session.sent(asked)
-    session.answered((str(topics[0]), 0), 10, [])
+    for s in resp.partitions:
+        session.answered((str(s.topic_id), 0), s.high_watermark, [])
     # nothing new: the proxy's next poll lists nothing, the main waits and answers nothing;
     # the round trip is a few dozen bytes however many partitions the session follows
     asked[0] = ((str(topics[0]), 0), 10, -1)
@@ -141,7 +148,7 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     assert size < 100, size
     session.sent(asked)
     # new data on another partition: answered at once, from the session's offset
-    logs[str(topics[5])].high_watermark = 4
+    logs[str(topics[5])].high_watermark = logs[str(topics[5])].last_stable_offset = 4
     resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
     assert [(str(s.topic_id), s.high_watermark) for s in resp.partitions] == [(str(topics[5]), 4)]
     session.sent(asked)
