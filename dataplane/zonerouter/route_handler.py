@@ -2,7 +2,8 @@
 `ZoneRouteRequest` (route epoch, source node, channel offset).
 
 `ZoneRouteHandler` refuses a fenced route epoch, reads the batches from the proxy's
-RouterChannel (`channel.py`), appends them to the partition with a Link Record per batch in
+RouterChannel (`channel.py`; version 1 carries the routes of several partitions and produce
+requests, their records read in one trip), appends them to the partition with a Link Record per batch in
 the WAL (`formats/link_record.py`: the data stays in the channel until the main's upload),
 and answers once its append is durable. It also appends the main's own produce routed
 through its own channel (`own_channel.py`), indexes every link for the proxies' snapshot

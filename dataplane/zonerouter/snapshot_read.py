@@ -2,7 +2,9 @@
 but has not uploaded yet, reading the data from object storage, never from the main.
 
 The proxy (`SnapshotReader`) long-polls each main whose partitions its clients fetch with
-an incremental `GetPartitionSnapshotRequest` (per partition: the offset it has up to). The
+an incremental `GetPartitionSnapshotRequest` (per partition: the offset it has up to; from
+version 2 in a snapshot session, one per broker pair: a poll lists only what the proxy
+changed, an answer only the partitions with something new, links packed). The
 main (`SnapshotServer`) answers at once when a partition's high watermark is past that
 offset, else when an append becomes durable or after the wait: the high watermark, the
 leader epoch and the places of the linked batches past the offset (`snapshot.LinkIndex`:
@@ -13,10 +15,11 @@ for byte the main's batch), puts it in its bounded `SnapshotCache`, and wakes th
 waiting on the partition. A fetch below the main's committed end reads object storage
 through the BlockCache as before; past it, the cache. Transaction markers (which the main
 holds without a link) come inline in the answer (a few bytes each), with the main's last
-stable offset and, incrementally, its aborted transactions (read_committed fetches). A
-batch of client data the main holds without a link (produce by a client without an AZ)
-or whose channel record is gone leaves a gap: offsets from it are served once the main
-has uploaded them.
+stable offset and, incrementally, its aborted transactions (read_committed fetches). Every
+produce at a main goes through its own RouterChannel (issue #32), so a partition a proxy
+starts following is read from its committed end on; a batch the main holds without a link
+(its channel append failed) or whose channel record is gone leaves a gap: offsets from it
+are served once the main has uploaded them.
 """
 
 from __future__ import annotations

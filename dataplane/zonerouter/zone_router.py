@@ -4,9 +4,10 @@ connections to the mains, its proxy partitions, and the channel's trimming.
 Produce through a proxy: `ProxyPartition.append` (`proxy_partition.py`) queues the
 request's record batches to the partition's serial worker, which runs `ZoneRouter.forward`:
 the batches go into this broker's RouterChannel (an `ObjectWAL` under
-`router-channel/node-<id>`, `channel.py`), then a `ZoneRouteRequest` (route epoch, source
-node, channel offset) goes to the main (`route_handler.ZoneRouteHandler`), which answers
-once its append is durable; the proxy then acknowledges the client.
+`router-channel/node-<id>`, `channel.py`), then its route (route epoch, source node,
+channel offset) goes to the main (`route_handler.ZoneRouteHandler`) in a `ZoneRouteRequest`
+batched with the other routes to that main (`route_batch.RouteBatcher`); the main answers
+once its appends are durable; the proxy then acknowledges the client.
 
 The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`formats/link_record.py`);
 its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
