@@ -465,9 +465,11 @@ class SnapshotSessions:
                 session.partitions.pop(part, None)
             for part, offset, aborted_from in partitions:
                 entry = session.partitions.get(part)
-                if entry is None and len(session.partitions) >= self.max_partitions:
-                    continue
-                session.partitions[part] = [offset, aborted_from, -1]
+                if entry is not None:  # offsets the proxy changed: its LSO stays known
+                    entry[0], entry[1] = offset, aborted_from
+                elif len(session.partitions) < self.max_partitions:
+                    # never answered (-1): the next answer holds it, whatever is new
+                    session.partitions[part] = [offset, aborted_from, -1]
             while len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
             return {part: (e[0], e[1], e[2]) for part, e in session.partitions.items()}

@@ -154,9 +154,8 @@ class SnapshotServer:
                 or plog.stream_id < 0
                 or plog.high_watermark > a.fetch_offset
                 or (version >= 1 and _aborted_past(plog, a.aborted_from))
-                # version 2: a partition never answered in the session (added, or its
-                # offsets changed by the proxy) at once, so the proxy learns its last stable
-                # offset even when nothing is new; then when it grows
+                # version 2: a partition new in the session at once, so the proxy learns
+                # its last stable offset even when nothing is new; then when it grows
                 or (version >= 2 and a.lso < 0)
                 or (a.lso >= 0 and min(plog.last_stable_offset, plog.high_watermark) > a.lso)
             )
