@@ -264,6 +264,9 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ),
     ExecutionContext("snapshot-read", "1 per main", "a proxy's snapshot long-polls", True),
     ExecutionContext(
+        "zone-route", "1 per main", "a proxy's zone routes to one main, batched", True
+    ),
+    ExecutionContext(
         "coordinator-proxy", "64", "group/transaction requests forwarded to coordinators", True
     ),
 )

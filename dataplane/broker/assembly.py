@@ -355,14 +355,9 @@ class Broker:
             router.proxy_partition,
             CidrAzMap.parse(cfg.zone_router.client_az_cidrs),
             traffic,
-            # produce through the own channel only to partitions that proxies read
-            own_channel=lambda topic_id, plog: OwnChannelPartition(
-                router,
-                handler,
-                plog,
-                topic_id,
-                lambda: snapshot_server.polled_recently(topic_id, plog.partition),
-            ),
+            # every produce at a main through its own channel (when other AZs have
+            # brokers): a proxy's first snapshot of a partition finds its whole unuploaded tail
+            own_channel=lambda topic_id, plog: OwnChannelPartition(router, handler, plog, topic_id),
         )
         return ZoneRouterParts(traffic, router, handler, routing)
 

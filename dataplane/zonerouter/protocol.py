@@ -15,7 +15,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from dataplane.kafka.codec import add_api_message
 
-ZONE_ROUTE_VERSION = 0
+ZONE_ROUTE_VERSION = 1  # 1: batched routes (several partitions and produce requests)
 
 
 class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
@@ -30,8 +30,9 @@ add_api_message(ZoneRouteRequest, ZoneRouteResponse)
 ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 
-# 1: the last stable offset and the aborted transactions (read_committed via a proxy)
-SNAPSHOT_VERSION = 1
+# 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
+# snapshot sessions (incremental polls and answers, packed links)
+SNAPSHOT_VERSION = 2
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):

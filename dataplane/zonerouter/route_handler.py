@@ -2,7 +2,8 @@
 `ZoneRouteRequest` (route epoch, source node, channel offset).
 
 `ZoneRouteHandler` refuses a fenced route epoch, reads the batches from the proxy's
-RouterChannel (`channel.py`), appends them to the partition with a Link Record per batch in
+RouterChannel (`channel.py`; version 1 carries the routes of several partitions and produce
+requests, their records read in one trip), appends them to the partition with a Link Record per batch in
 the WAL (`formats/link_record.py`: the data stays in the channel until the main's upload),
 and answers once its append is durable. It also appends the main's own produce routed
 through its own channel (`own_channel.py`), indexes every link for the proxies' snapshot
@@ -34,6 +35,10 @@ from dataplane.zonerouter.traffic import ZoneTraffic
 if TYPE_CHECKING:
     from dataplane.zonerouter.snapshot_read import SnapshotServer
 
+MAX_ROUTE_ENTRIES = 1024  # routes in one batched request
+# an entry's answer: error, message, base offset, log start, stream id, end of its links
+_Result = tuple[KafkaError, str | None, int, int, int, int]
+
 
 class ZoneRouteHandler:
     """The main's side of `ZoneRouteRequest` (a Kafka API handler). Thread-safe; the append
@@ -64,7 +69,7 @@ class ZoneRouteHandler:
 
     def registrations(self) -> list:
         extra = self.snapshot_server.registrations() if self.snapshot_server else []
-        return [(ZoneRouteRequest, 0, 0, self.zone_route), *extra]
+        return [(ZoneRouteRequest, 0, ZONE_ROUTE_VERSION, self.zone_route), *extra]
 
     def _track(self, route_epoch: int) -> tuple[int, dict]:
         """Count a request of `route_epoch` as pending (under `_pending_lock`)."""
@@ -176,7 +181,8 @@ class ZoneRouteHandler:
         stream_id: int = -1,
         end: int = -1,
     ):
-        return ZoneRouteResponse[ZONE_ROUTE_VERSION](
+        """A version 0 answer (one partition)."""
+        return ZoneRouteResponse[0](
             error_code=error,
             error_message=message,
             base_offset=base,
@@ -185,64 +191,143 @@ class ZoneRouteHandler:
             end_offset=end,
         )
 
+    @staticmethod
+    def _refused(version: int, error: KafkaError, message: str):
+        """The whole request refused (a fenced epoch, a bad channel)."""
+        if version == 0:
+            return ZoneRouteHandler._answer(error, message)
+        return ZoneRouteResponse[version](error_code=error, error_message=message, entries=[])
+
+    @staticmethod
+    def _response(version: int, results: list[_Result]):
+        if version == 0:
+            return ZoneRouteHandler._answer(*results[0])
+        R = ZoneRouteResponse[version]
+        return R(
+            error_code=KafkaError.NONE,
+            error_message=None,
+            entries=[
+                R.EntryResult(
+                    error_code=r[0],
+                    error_message=r[1],
+                    base_offset=r[2],
+                    stream_id=r[4],
+                    end_offset=r[5],
+                )
+                for r in results
+            ],  # fmt: skip
+        )
+
     async def zone_route(self, req, ctx):
+        """A proxy's routes (version 0: one partition; 1: a batch of partitions and produce
+        requests, answered together once every append is durable or failed)."""
+        version = getattr(ctx, "api_version", 0)
+        if version == 0:
+            entries = [(req.topic_id, req.partition, req.channel_offset)]
+        else:
+            entries = [(e.topic_id, e.partition, e.channel_offset) for e in req.entries]
+            if not entries or len(entries) > MAX_ROUTE_ENTRIES:
+                return self._refused(
+                    version,
+                    KafkaError.INVALID_REQUEST,
+                    f"{len(entries)} entries (1 to {MAX_ROUTE_ENTRIES})",
+                )
         with self._pending_lock:
             # checked and tracked at once against a fresh image: a persisted epoch reported
             # meanwhile either sees this request or is below its epoch
             image = self.image_fn()
             fenced = image.route_epoch.fenced_epoch
             if req.route_epoch <= fenced:
-                return self._answer(
+                return self._refused(
+                    version,
                     KafkaError.STALE_BROKER_EPOCH,
                     f"route epoch {req.route_epoch} is fenced (fenced route epoch {fenced})",
                 )
-            token, entry = self._track(req.route_epoch)
+            tracked = [self._track(req.route_epoch) for _ in entries]
         try:
-            return await self._checked(req, image, entry)
+            source = req.source_node_id
+            expected = channel_location(source)
+            # each entry's offset names its segment, so its bucket (a batch may span a
+            # switch of buckets); v0's single offset must agree with its bucket field
+            if (
+                source not in image.brokers
+                or any(offset < 0 for _, _, offset in entries)
+                or (version == 0 and req.channel_bucket_id != channel_bucket_of(entries[0][2]))
+                or req.channel_prefix != expected.prefix
+            ):
+                return self._refused(
+                    version,
+                    KafkaError.INVALID_REQUEST,
+                    f"no RouterChannel of node {source} at "
+                    f"{req.channel_bucket_id}/{req.channel_prefix!r}",
+                )
+            pending = [entry for _, entry in tracked]
+            return self._response(version, await self._route_all(req, entries, pending))
         finally:
-            self._untrack_if_unlinked(token, entry)
+            for token, entry in tracked:
+                self._untrack_if_unlinked(token, entry)
 
-    async def _checked(self, req, image: MetadataImage, entry: dict):
-        source = req.source_node_id
-        expected = channel_location(source)
-        if (
-            source not in image.brokers
-            or req.channel_offset < 0
-            or req.channel_bucket_id != channel_bucket_of(req.channel_offset)
-            or req.channel_prefix != expected.prefix
-        ):
-            return self._answer(
-                KafkaError.INVALID_REQUEST,
-                f"no RouterChannel of node {source} at "
-                f"{req.channel_bucket_id}/{req.channel_prefix!r}",
-            )
-        plog = self.partitions.get(str(req.topic_id), req.partition)
-        if plog is None:
-            return self._answer(KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main")
+    def _read_all(self, source: int, offsets: list[int]) -> list:
+        """The channel records at `offsets` (or the exception of each), in one trip off the
+        event loop: records of one channel object share its listing and its GET."""
+        reader = self.channels.reader(source)
+        out: list = []
+        for offset in offsets:
+            try:
+                out.append(reader.read(offset))
+            except Exception as exc:  # noqa: BLE001 - answered per entry
+                out.append(exc)
+        return out
+
+    async def _route_all(self, req, entries: list, pending: list[dict]) -> list[_Result]:
+        """Read every entry's channel record, append each to its partition with Link
+        Records, then wait until all are durable (bounded by the request's timeout)."""
         assert self.io is not None
-        try:
-            record = await self.io(self.channels.reader(source).read, req.channel_offset)
-        except WALTrimmedError as exc:
-            return self._answer(KafkaError.INVALID_REQUEST, f"channel offset trimmed: {exc}")
-        except ValueError as exc:
-            return self._answer(KafkaError.INVALID_REQUEST, f"bad channel offset: {exc}")
-        except Exception as exc:  # noqa: BLE001 - the store failed: the proxy retries
-            return self._answer(KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {exc}")
+        source = req.source_node_id
+        timeout_s = max(req.timeout_ms, 1) / 1000
+        deadline = time.monotonic() + timeout_s
+        records = await self.io(self._read_all, source, [e[2] for e in entries])
+        started: list = []
+        for (topic_id, partition, offset), record, entry in zip(
+            entries, records, pending, strict=True
+        ):
+            plog = self.partitions.get(str(topic_id), partition)
+            if plog is None:
+                started.append((KafkaError.NOT_LEADER_OR_FOLLOWER, "not the partition's main"))
+            elif isinstance(record, WALTrimmedError):
+                started.append((KafkaError.INVALID_REQUEST, f"channel offset trimmed: {record}"))
+            elif isinstance(record, ValueError):
+                started.append((KafkaError.INVALID_REQUEST, f"bad channel offset: {record}"))
+            elif isinstance(record, Exception):  # the store failed: the proxy retries
+                started.append((KafkaError.KAFKA_STORAGE_ERROR, f"channel read failed: {record}"))
+            else:
+                started.append(
+                    await self._append_linked(source, offset, record, plog, entry, timeout_s)
+                )
+        return [await self._settle(item, deadline) for item in started]
+
+    async def _append_linked(self, source: int, offset: int, record, plog, entry, timeout_s):
         linked: list[int] = [-1, -1]  # the stream id and the end of the last link
 
         def append() -> AppendOutcome:
             outcome, linked[0], linked[1] = self._link_append(
-                source, req.channel_offset, record.data, plog, entry
+                source, offset, record.data, plog, entry
             )
             return outcome
 
         # a full WAL is waited for without blocking the loop (then REQUEST_TIMED_OUT)
-        outcome = await append_when_room(append, max(req.timeout_ms, 1) / 1000)
-        stream_id, end = linked
+        outcome = await append_when_room(append, timeout_s)
+        return outcome, plog, linked[0], linked[1]
+
+    @staticmethod
+    async def _settle(item, deadline: float) -> _Result:
+        """An entry's answer once its append is durable (or its error)."""
+        if len(item) == 2:  # refused before any append
+            return item[0], item[1], -1, -1, -1, -1
+        outcome, plog, stream_id, end = item
         start = plog.log_start_offset
         if outcome.error != KafkaError.NONE:
-            return self._answer(outcome.error, None, -1, start, stream_id, end)
-        deadline = time.monotonic() + max(req.timeout_ms, 1) / 1000
+            return outcome.error, None, -1, start, stream_id, end
         for fut in outcome.durable:
             try:
                 await asyncio.wait_for(
@@ -250,8 +335,7 @@ class ZoneRouteHandler:
                 )
             except TimeoutError:
                 error, message = KafkaError.REQUEST_TIMED_OUT, "append not durable in time"
-                return self._answer(error, message, -1, start, stream_id, end)
+                return error, message, -1, start, stream_id, end
             except Exception as exc:  # noqa: BLE001 - fenced, WAL failed
-                error, message = KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200]
-                return self._answer(error, message, -1, start, stream_id, end)
-        return self._answer(KafkaError.NONE, None, outcome.base_offset, start, stream_id, end)
+                return KafkaError.NOT_LEADER_OR_FOLLOWER, str(exc)[:200], -1, start, stream_id, end
+        return KafkaError.NONE, None, outcome.base_offset, start, stream_id, end

@@ -6,9 +6,9 @@ to the main's proxy in the client's AZ (`proxy_mapping.py`), and resolves a prod
 fetch to the backend this broker serves for that client: the real partition when it is the
 main and the client is in its AZ (or has none), a `ProxyPartition` when it is the client's
 proxy, and nothing (NOT_LEADER_OR_FOLLOWER) otherwise, so a client that reached the wrong
-broker refreshes its metadata. A client of an AZ producing to its main produces through the
-main's own RouterChannel (`own_channel.OwnChannelPartition`), so the proxies' snapshot reads find
-every routed batch in object storage.
+broker refreshes its metadata. Every client producing to a main (of its AZ or without one)
+produces through the main's own RouterChannel (`own_channel.OwnChannelPartition`) when other
+AZs have brokers, so the proxies' snapshot reads find every batch in object storage.
 """
 
 from __future__ import annotations
@@ -179,6 +179,10 @@ class ZoneRouting:
                 self._mapping_key = image.brokers
             return self._mapping
 
+    def has_proxies(self, image: MetadataImage) -> bool:
+        """Brokers of more than one AZ are eligible: this broker's partitions have proxies."""
+        return len(self.mapping(image).azs) > 1
+
     def client_az(
         self, client_id: str | None, peer_host: str | None, rack: str | None = None
     ) -> str | None:
@@ -212,7 +216,9 @@ class ZoneRouting:
             return None  # this client was told another broker serves it
         elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
-            if backend is not None and az is not None and self.own_channel is not None:
+            if backend is not None and self.own_channel is not None and self.has_proxies(image):
+                # every client's produce (declared AZ or not) goes through the own channel:
+                # the proxies' snapshot reads find all of it in object storage (seed 000)
                 backend = self.own_channel(topic_id, backend)
         else:
             backend = self.proxy_factory(topic_id, partition)

@@ -41,7 +41,7 @@ class LinkIndex:
     (`prune`). A proxy asking for an offset the index no longer holds sees a gap and reads
     it once committed. Thread-safe."""
 
-    def __init__(self, max_entries_per_stream: int = 4096, max_entries: int = 65_536):
+    def __init__(self, max_entries_per_stream: int = 16_384, max_entries: int = 65_536):
         if max_entries_per_stream < 1 or max_entries < 1:
             raise ValueError("LinkIndex bounds must be >= 1")
         self.max_entries_per_stream = max_entries_per_stream
@@ -330,3 +330,174 @@ def holes(
         if cursor >= end:
             break
     return out
+
+
+# ---------------------------------------------------------------- snapshot sessions (version 2)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkPlace:
+    """One link of a snapshot answer: the batch's offsets and its place in a RouterChannel."""
+
+    base_offset: int
+    record_count: int
+    source_node_id: int
+    channel_offset: int
+    position: int
+    length: int
+    timestamp_ms: int
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    value = (value << 1) ^ (value >> 63)  # zigzag: small negatives stay small
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _get_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint in packed links")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def pack_links(links: list[LinkPlace]) -> bytes:
+    """The links of one partition's answer as zigzag varints, each field a delta from the
+    previous link's (base offset from its end, channel offset, timestamp) or absolute:
+    ~10 bytes a link instead of ~40 — pure."""
+    out = bytearray()
+    end = channel = timestamp = 0
+    for link in links:
+        for value in (
+            link.base_offset - end,
+            link.record_count,
+            link.source_node_id,
+            link.channel_offset - channel,
+            link.position,
+            link.length,
+            link.timestamp_ms - timestamp,
+        ):
+            _put_varint(out, value)
+        end, channel = link.base_offset + link.record_count, link.channel_offset
+        timestamp = link.timestamp_ms
+    return bytes(out)
+
+
+def unpack_links(data: bytes, max_links: int = 65_536) -> list[LinkPlace]:
+    """`pack_links` undone (raises ValueError on bad input) — pure."""
+    out: list[LinkPlace] = []
+    pos = end = channel = timestamp = 0
+    while pos < len(data):
+        if len(out) >= max_links:
+            raise ValueError(f"more than {max_links} packed links")
+        fields = []
+        for _ in range(7):
+            value, pos = _get_varint(data, pos)
+            fields.append(value)
+        base = end + fields[0]
+        channel += fields[3]
+        timestamp += fields[6]
+        out.append(LinkPlace(base, fields[1], fields[2], channel, fields[4], fields[5], timestamp))
+        end = base + fields[1]
+    return out
+
+
+class _Session:
+    __slots__ = ("epoch", "partitions")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        # (topic id, partition) -> [fetch offset, aborted from, last stable offset answered]
+        self.partitions: dict[tuple[str, int], list[int]] = {}
+
+
+class SnapshotSessions:
+    """The main's snapshot sessions (version 2 of GetPartitionSnapshot): per proxy (node id,
+    session id) the partitions it follows and the offsets it has, so a poll lists only what
+    changed and an answer only the partitions with something new; each answer advances the
+    offsets (`advance`). Bounded: `max_sessions` (the least recently used dropped: its
+    proxy's next incremental poll is refused and it sends its full list again) and
+    `max_partitions` per session (more are refused). Thread-safe; no I/O."""
+
+    NOT_FOUND = "session not found"
+    BAD_EPOCH = "session epoch out of order"
+
+    def __init__(self, max_sessions: int = 1024, max_partitions: int = 4096):
+        if max_sessions < 1 or max_partitions < 1:
+            raise ValueError("SnapshotSessions bounds must be >= 1")
+        self.max_sessions = max_sessions
+        self.max_partitions = max_partitions
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[tuple[int, int], _Session] = OrderedDict()
+
+    def update(
+        self,
+        node_id: int,
+        session_id: int,
+        epoch: int,
+        incremental: bool,
+        partitions: list[tuple[tuple[str, int], int, int]],
+        forgotten: list[tuple[str, int]],
+    ) -> dict[tuple[str, int], tuple[int, int, int]] | str:
+        """Apply a poll's list ((key, fetch offset, aborted from) each); the session's
+        partitions and offsets after it, or why it is refused (`NOT_FOUND`, `BAD_EPOCH`:
+        the proxy sends its full list)."""
+        key = (node_id, session_id)
+        with self._lock:
+            session = self._sessions.get(key)
+            if not incremental:
+                session = self._sessions[key] = _Session()
+            elif session is None:
+                return self.NOT_FOUND
+            elif epoch != session.epoch + 1:
+                return self.BAD_EPOCH
+            self._sessions.move_to_end(key)
+            session.epoch = epoch
+            for part in forgotten:
+                session.partitions.pop(part, None)
+            for part, offset, aborted_from in partitions:
+                entry = session.partitions.get(part)
+                if entry is not None:  # offsets the proxy changed: its LSO stays known
+                    entry[0], entry[1] = offset, aborted_from
+                elif len(session.partitions) < self.max_partitions:
+                    # never answered (-1): the next answer holds it, whatever is new
+                    session.partitions[part] = [offset, aborted_from, -1]
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+            return {part: (e[0], e[1], e[2]) for part, e in session.partitions.items()}
+
+    def advance(
+        self,
+        node_id: int,
+        session_id: int,
+        epoch: int,
+        answered: dict[tuple[str, int], tuple[int, int, int]],
+    ) -> None:
+        """After an answer of poll `epoch`: each answered partition's (fetch offset, aborted
+        from, last stable offset) as the proxy has them now (offsets only grow); nothing when
+        a newer poll of the session came meanwhile."""
+        with self._lock:
+            session = self._sessions.get((node_id, session_id))
+            if session is None or session.epoch != epoch:
+                return
+            for part, (offset, aborted_from, lso) in answered.items():
+                entry = session.partitions.get(part)
+                if entry is not None:
+                    entry[0] = max(entry[0], offset)
+                    entry[1] = max(entry[1], aborted_from)
+                    entry[2] = lso
+
+    def forget(self, node_id: int, session_id: int, part: tuple[str, int]) -> None:
+        """Drop a partition from a session (not led here any more: answered once)."""
+        with self._lock:
+            session = self._sessions.get((node_id, session_id))
+            if session is not None:
+                session.partitions.pop(part, None)

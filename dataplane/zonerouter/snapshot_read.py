@@ -2,7 +2,9 @@
 but has not uploaded yet, reading the data from object storage, never from the main.
 
 The proxy (`SnapshotReader`) long-polls each main whose partitions its clients fetch with
-an incremental `GetPartitionSnapshotRequest` (per partition: the offset it has up to). The
+an incremental `GetPartitionSnapshotRequest` (per partition: the offset it has up to; from
+version 2 in a snapshot session, one per broker pair: a poll lists only what the proxy
+changed, an answer only the partitions with something new, links packed). The
 main (`SnapshotServer`) answers at once when a partition's high watermark is past that
 offset, else when an append becomes durable or after the wait: the high watermark, the
 leader epoch and the places of the linked batches past the offset (`snapshot.LinkIndex`:
@@ -13,10 +15,11 @@ for byte the main's batch), puts it in its bounded `SnapshotCache`, and wakes th
 waiting on the partition. A fetch below the main's committed end reads object storage
 through the BlockCache as before; past it, the cache. Transaction markers (which the main
 holds without a link) come inline in the answer (a few bytes each), with the main's last
-stable offset and, incrementally, its aborted transactions (read_committed fetches). A
-batch of client data the main holds without a link (produce by a client without an AZ)
-or whose channel record is gone leaves a gap: offsets from it are served once the main
-has uploaded them.
+stable offset and, incrementally, its aborted transactions (read_committed fetches). Every
+produce at a main goes through its own RouterChannel (issue #32), so a partition a proxy
+starts following is read from its committed end on; a batch the main holds without a link
+(its channel append failed) or whose channel record is gone leaves a gap: offsets from it
+are served once the main has uploaded them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,16 +50,21 @@ from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.snapshot import (
     CachedBatch,
     LinkIndex,
+    LinkPlace,
     SnapshotCache,
+    SnapshotSessions,
     TxnView,
     holes,
+    pack_links,
     page_aborted,
+    unpack_links,
 )
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
 
-MAX_PARTITIONS_PER_POLL = 256
+MAX_PARTITIONS_PER_POLL = 256  # in one answer (versions 0-1: in one poll)
+MAX_SESSION_PARTITIONS = 4096  # a proxy follows at most this many of one main
 MAX_LINKS_PER_PARTITION = 512
 MAX_ABORTED_PER_PARTITION = 1024  # aborted transactions per partition per answer
 # transaction markers sent inline: holes between links of at most this many offsets, this
@@ -69,144 +76,218 @@ CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
 POLL_WAIT_MS = 200  # what a proxy asks for
 # polls of one main start at most this often: a main with appends every few ms answers at
-# once each time, and each round trip costs CPU on both brokers (a few ms more latency)
-MIN_POLL_INTERVAL_S = 0.01
+# once each time, and each round trip costs CPU on both brokers and ~100 cross-AZ bytes
+# (at most 20 ms more latency; 50 polls/s of a busy pair; 40 ms saved no bytes at 100 B)
+MIN_POLL_INTERVAL_S = 0.02
 RETRY_S = 0.2  # after a failed poll
 IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
 RPC_EXTRA_TIMEOUT_S = 5.0
 CACHE_BYTES = 64 * 1024 * 1024
-POLLED_S = 60.0  # a partition polled this recently has its produce go through the channel
-MAX_POLLED_PARTITIONS = 65_536
 
 
 class SnapshotServer:
-    """The main's side of GetPartitionSnapshot (a Kafka API handler on the event loop).
-    It remembers which partitions proxies polled lately (`polled_recently`): only their
-    produce needs to go through the main's own RouterChannel. Thread-safe."""
+    """The main's side of GetPartitionSnapshot (a Kafka API handler on the event loop); from
+    version 2 with snapshot sessions (`snapshot.SnapshotSessions`): a proxy's poll lists
+    only what changed and the answer only the partitions with something new, the links
+    packed (~10 bytes each). Thread-safe."""
 
-    def __init__(self, partitions: PartitionResolver, index: LinkIndex, io: Callable | None = None):
+    def __init__(
+        self,
+        partitions: PartitionResolver,
+        index: LinkIndex,
+        io: Callable | None = None,
+        sessions: SnapshotSessions | None = None,
+    ):
         self.partitions = partitions
         self.index = index
         # run a blocking call off the event loop (`await io(fn, *args)`); None: markers
         # are not sent inline (the proxies read them once uploaded)
         self.io = io
-        self._polled: OrderedDict[tuple[str, int], float] = OrderedDict()
-        self._polled_lock = threading.Lock()
-
-    def polled_recently(self, topic_id: str, partition: int) -> bool:
-        """A proxy asked for the partition's snapshot within the last POLLED_S."""
-        with self._polled_lock:
-            at = self._polled.get((topic_id, partition))
-        return at is not None and time.monotonic() - at < POLLED_S
-
-    def _note_polled(self, keys: list[tuple[str, int]]) -> None:
-        now = time.monotonic()
-        with self._polled_lock:
-            for key in keys:
-                self._polled[key] = now
-                self._polled.move_to_end(key)
-            while len(self._polled) > MAX_POLLED_PARTITIONS:
-                self._polled.popitem(last=False)
+        self.sessions = sessions or SnapshotSessions(max_partitions=MAX_SESSION_PARTITIONS)
 
     def registrations(self) -> list:
         return [(GetPartitionSnapshotRequest, 0, SNAPSHOT_VERSION, self.get_partition_snapshot)]
 
+    def _asked(self, req, version: int) -> list[_Asked] | str:
+        """The partitions a poll asks about: listed (versions 0-1), or its session's after
+        the poll's changes (version 2; a string: why the session is refused)."""
+        if version < 2:
+            return [
+                _Asked(p.topic_id, p.partition, p.fetch_offset, getattr(p, "aborted_from", -1))
+                for p in list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
+            ]
+        state = self.sessions.update(
+            req.node_id,
+            req.session_id,
+            req.session_epoch,
+            req.incremental,
+            [
+                ((str(p.topic_id), p.partition), p.fetch_offset, p.aborted_from)
+                for p in req.partitions
+            ],
+            [(str(f.topic_id), f.partition) for f in req.forgotten],
+        )
+        if isinstance(state, str):
+            return state
+        return [
+            _Asked(uuid.UUID(key[0]), key[1], offset, aborted_from, lso)
+            for key, (offset, aborted_from, lso) in state.items()
+        ]
+
     async def get_partition_snapshot(self, req, ctx):
         version = getattr(ctx, "api_version", 0)
         R = GetPartitionSnapshotResponse[version]
-        asked = list(req.partitions)[:MAX_PARTITIONS_PER_POLL]
-        plogs = [self.partitions.get(str(p.topic_id), p.partition) for p in asked]
-        self._note_polled(
-            [(str(p.topic_id), p.partition) for p, plog in zip(asked, plogs, strict=True) if plog]
-        )
+        asked = self._asked(req, version)
+        if isinstance(asked, str):
+            error = (
+                KafkaError.FETCH_SESSION_ID_NOT_FOUND
+                if asked == SnapshotSessions.NOT_FOUND
+                else KafkaError.INVALID_FETCH_SESSION_EPOCH
+            )
+            return R(error_code=error, partitions=[])
+        plogs = [self.partitions.get(str(a.topic_id), a.partition) for a in asked]
+
+        def news(a: _Asked, plog) -> bool:
+            return (
+                plog is None
+                or plog.stream_id < 0
+                or plog.high_watermark > a.fetch_offset
+                or (version >= 1 and _aborted_past(plog, a.aborted_from))
+                # version 2: a partition new in the session at once, so the proxy learns
+                # its last stable offset even when nothing is new; then when it grows
+                or (version >= 2 and a.lso < 0)
+                or (a.lso >= 0 and min(plog.last_stable_offset, plog.high_watermark) > a.lso)
+            )
 
         def ready() -> bool:
-            return any(
-                plog is None
-                or plog.high_watermark > p.fetch_offset
-                or (version >= 1 and _aborted_past(plog, p.aborted_from))
-                for p, plog in zip(asked, plogs, strict=True)
-            )
+            return any(news(a, plog) for a, plog in zip(asked, plogs, strict=True))
 
         wait_s = min(max(req.max_wait_ms, 0), MAX_WAIT_MS) / 1000
         if wait_s > 0 and asked and not ready():
-            loop = asyncio.get_running_loop()
-            woken = asyncio.Event()
-
-            def wake() -> None:  # on the appending thread
-                loop.call_soon_threadsafe(woken.set)
-
-            for plog in plogs:
-                plog.add_listener(wake)
-            try:
-                if not ready():  # checked again: an append between the two is not missed
-                    await asyncio.wait_for(woken.wait(), wait_s)
-            except TimeoutError:
-                pass
-            finally:
-                for plog in plogs:
-                    plog.remove_listener(wake)
+            await self._wait(plogs, ready, wait_s)
         out = []
-        for p, plog in zip(asked, plogs, strict=True):
-            snap = R.PartitionSnapshot(
-                topic_id=p.topic_id,
-                partition=p.partition,
-                error_code=KafkaError.NONE,
-                leader_epoch=-1,
-                high_watermark=-1,
-                log_start_offset=-1,
-                links=[],
-            )
-            if plog is None or plog.stream_id < 0:
-                snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
-                out.append(snap)
-                continue
-            # the high watermark first, then the last stable offset (at most it: an append
-            # in between must not leave the proxy with an LSO below the high watermark it
-            # asks from, which the main would not answer again until the next append),
-            # then the aborted list: every transaction starting below the LSO is decided,
-            # so its abort (if any) is in the list
-            hw = plog.high_watermark
-            if version >= 1:
-                lso = min(plog.last_stable_offset, hw)
-                new = plog.aborted_since(p.aborted_from)
-                sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
-                snap.aborted_transactions = [
-                    R.PartitionSnapshot.AbortedTransaction(
-                        producer_id=pid, first_offset=first, marker_offset=marker
-                    )
-                    for pid, first, marker in sent
-                ]
-            snap.leader_epoch = plog.leader_epoch
-            snap.high_watermark = hw
-            snap.log_start_offset = plog.log_start_offset
-            locations = self.index.since(
-                plog.stream_id, p.fetch_offset, hw, MAX_LINKS_PER_PARTITION
-            )
-            if version >= 1 and self.io is not None:
-                linked = [(loc.base_offset, loc.end_offset) for loc in locations]
-                # past the last link only when every link up to the high watermark is here
-                end = hw if len(locations) < MAX_LINKS_PER_PARTITION else linked[-1][1]
-                snap.control_batches = await self._control_batches(
-                    R,
-                    plog,
-                    holes(p.fetch_offset, end, linked, MAX_CONTROL_HOLE_OFFSETS, MAX_CONTROL_HOLES),
-                )
-            for loc in locations:
-                snap.links.append(
-                    R.PartitionSnapshot.LinkLocation(
-                        base_offset=loc.base_offset,
-                        record_count=loc.record_count,
-                        source_node_id=loc.link.source_node_id,
-                        channel_offset=loc.link.channel_offset,
-                        position=loc.link.position,
-                        length=loc.link.length,
-                        timestamp_ms=loc.link.timestamp_ms,
-                    )
-                )
+        answered: dict[tuple[str, int], tuple[int, int, int]] = {}
+        for a, plog in zip(asked, plogs, strict=True):
+            if version >= 2 and (not news(a, plog) or len(out) >= MAX_PARTITIONS_PER_POLL):
+                continue  # nothing new (version 2: left out of the answer)
+            snap, next_offset = await self._snapshot(R, version, a, plog)
             out.append(snap)
+            if version >= 2:
+                key = (str(a.topic_id), a.partition)
+                if snap.error_code:
+                    self.sessions.forget(req.node_id, req.session_id, key)
+                else:
+                    markers = [t.marker_offset + 1 for t in snap.aborted_transactions]
+                    aborted_from = max([a.aborted_from, *markers])
+                    answered[key] = (next_offset, aborted_from, snap.last_stable_offset)
+        if version >= 2:
+            self.sessions.advance(req.node_id, req.session_id, req.session_epoch, answered)
         return R(error_code=KafkaError.NONE, partitions=out)
+
+    @staticmethod
+    async def _wait(plogs: list, ready: Callable[[], bool], wait_s: float) -> None:
+        """Until a partition's durable append makes `ready()` true, or `wait_s`."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # on the appending thread
+            loop.call_soon_threadsafe(woken.set)
+
+        live = [plog for plog in plogs if plog is not None]
+        for plog in live:
+            plog.add_listener(wake)
+        try:
+            deadline = loop.time() + wait_s
+            while True:
+                woken.clear()  # before the check: an append after it sets it again
+                if ready():
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(woken.wait(), remaining)
+                except TimeoutError:
+                    break
+        finally:
+            for plog in live:
+                plog.remove_listener(wake)
+
+    async def _snapshot(self, R, version: int, a: _Asked, plog):
+        """One partition's answer: its high watermark, leader epoch, last stable offset and
+        aborted transactions, inline markers and the links past the asked offset; and the
+        offset the proxy has up to once it got them (the next poll asks from there)."""
+        snap = R.PartitionSnapshot(
+            topic_id=a.topic_id,
+            partition=a.partition,
+            error_code=KafkaError.NONE,
+            leader_epoch=-1,
+            high_watermark=-1,
+            log_start_offset=-1,
+        )
+        if version < 2:
+            snap.links = []
+        if plog is None or plog.stream_id < 0:
+            snap.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
+            return snap, -1
+        # the high watermark first, then the last stable offset (at most it: an append
+        # in between must not leave the proxy with an LSO below the high watermark it
+        # asks from, which the main would not answer again until the next append),
+        # then the aborted list: every transaction starting below the LSO is decided,
+        # so its abort (if any) is in the list
+        hw = plog.high_watermark
+        if version >= 1:
+            lso = min(plog.last_stable_offset, hw)
+            new = plog.aborted_since(a.aborted_from)
+            sent, snap.last_stable_offset = page_aborted(new, lso, MAX_ABORTED_PER_PARTITION)
+            snap.aborted_transactions = [
+                R.PartitionSnapshot.AbortedTransaction(
+                    producer_id=pid, first_offset=first, marker_offset=marker
+                )
+                for pid, first, marker in sent
+            ]
+        snap.leader_epoch = plog.leader_epoch
+        snap.high_watermark = hw
+        snap.log_start_offset = plog.log_start_offset
+        locations = self.index.since(plog.stream_id, a.fetch_offset, hw, MAX_LINKS_PER_PARTITION)
+        if version >= 1 and self.io is not None:
+            linked = [(loc.base_offset, loc.end_offset) for loc in locations]
+            # past the last link only when every link up to the high watermark is here
+            end = hw if len(locations) < MAX_LINKS_PER_PARTITION else linked[-1][1]
+            snap.control_batches = await self._control_batches(
+                R,
+                plog,
+                holes(a.fetch_offset, end, linked, MAX_CONTROL_HOLE_OFFSETS, MAX_CONTROL_HOLES),
+            )
+        places = [
+            LinkPlace(
+                loc.base_offset,
+                loc.record_count,
+                loc.link.source_node_id,
+                loc.link.channel_offset,
+                loc.link.position,
+                loc.link.length,
+                loc.link.timestamp_ms,
+            )
+            for loc in locations
+        ]
+        if version >= 2:
+            snap.packed_links = pack_links(places)
+        else:
+            snap.links = [
+                R.PartitionSnapshot.LinkLocation(
+                    base_offset=p.base_offset,
+                    record_count=p.record_count,
+                    source_node_id=p.source_node_id,
+                    channel_offset=p.channel_offset,
+                    position=p.position,
+                    length=p.length,
+                    timestamp_ms=p.timestamp_ms,
+                )
+                for p in places
+            ]
+        return snap, next_offset(hw, locations)
 
     async def _control_batches(self, R, plog, gaps: list[tuple[int, int]]) -> list:
         """The control batches (transaction markers) at the start of each hole, byte for
@@ -230,6 +311,26 @@ class SnapshotServer:
         return out
 
 
+def next_offset(high_watermark: int, locations: list) -> int:
+    """Where a proxy has every link up to once it got an answer's (`end_offset` each):
+    the high watermark, or the last link's end when the answer held the most it may."""
+    if len(locations) >= MAX_LINKS_PER_PARTITION:
+        return locations[-1].base_offset + locations[-1].record_count
+    return high_watermark
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A partition a poll asks about: the offset and the aborted transactions' marker
+    offset the proxy has up to, and the last stable offset it was answered (-1: none)."""
+
+    topic_id: uuid.UUID
+    partition: int
+    fetch_offset: int
+    aborted_from: int
+    lso: int = -1
+
+
 def _aborted_past(plog, marker_offset: int) -> bool:
     """The partition has an aborted transaction whose marker is at or past the offset."""
     return bool(plog.aborted_since(marker_offset))
@@ -248,6 +349,79 @@ class _Polled:
     # the main's last stable offset and aborted transactions (read_committed fetches);
     # kept across leader epochs: offsets and decided transactions survive a failover
     txns: TxnView = field(default_factory=TxnView)
+
+
+class _PollSession:
+    """A poller's snapshot session with one main (version 2), used by that poller's thread
+    only: what the main holds for each partition (mirroring its rules: an answer moves the
+    offset to `next_offset`, the aborted-from past its markers), so a poll lists only the
+    partitions whose offsets this proxy changed otherwise, and those it forgot. After a
+    failed or refused poll the next one sends the full list."""
+
+    def __init__(self) -> None:
+        self.session_id = uuid.uuid4().int & ((1 << 62) - 1) or 1
+        self.epoch = 0
+        self.full = True
+        self.have: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pending: tuple[int, list, list] = (0, [], [])
+
+    def request(self, node_id: int, max_wait_ms: int, asked: list) -> object:
+        """The next poll for `asked` ((key, offset, aborted from) each)."""
+        if self.full:
+            epoch, parts, forgotten = 0, list(asked), []
+        else:
+            epoch = self.epoch + 1
+            parts = [x for x in asked if self.have.get(x[0]) != (x[1], x[2])]
+            keys = {x[0] for x in asked}
+            forgotten = [key for key in self.have if key not in keys]
+        self._pending = (epoch, parts, forgotten)
+        Q = GetPartitionSnapshotRequest[SNAPSHOT_VERSION]
+        return Q(
+            node_id=node_id,
+            max_wait_ms=max_wait_ms,
+            session_id=self.session_id,
+            session_epoch=epoch,
+            incremental=not self.full,
+            partitions=[
+                Q.PartitionRequest(
+                    topic_id=uuid.UUID(key[0]),
+                    partition=key[1],
+                    fetch_offset=at,
+                    aborted_from=aborted_from,
+                )
+                for key, at, aborted_from in parts
+            ],  # fmt: skip
+            forgotten=[
+                Q.ForgottenPartition(topic_id=uuid.UUID(key[0]), partition=key[1])
+                for key in forgotten
+            ],
+        )
+
+    def sent(self, asked: list) -> None:
+        """The last `request` was answered: the main holds what it listed."""
+        epoch, parts, forgotten = self._pending
+        if self.full:
+            self.have = {}
+        self.full = False
+        self.epoch = epoch
+        for key in forgotten:
+            self.have.pop(key, None)
+        for key, at, aborted_from in parts:
+            self.have[key] = (at, aborted_from)
+
+    def answered(self, key: tuple[str, int], offset: int, markers: list[int]) -> None:
+        """The main answered `key` up to `offset` and these aborted markers (+1 each)."""
+        if key in self.have:
+            at, aborted_from = self.have[key]
+            self.have[key] = (max(at, offset), max([aborted_from, *markers]))
+
+    def forget(self, key: tuple[str, int]) -> None:
+        self.have.pop(key, None)
+
+    def failed(self) -> None:
+        """A poll failed or was refused: the main's state is unknown."""
+        self.full = True
+        self.have = {}
 
 
 class SnapshotReader:
@@ -341,6 +515,7 @@ class SnapshotReader:
 
     def _poll_loop(self, main_node_id: int) -> None:
         conn: BrokerConnection | None = None
+        session = _PollSession()
         try:
             while not self._stop.is_set():
                 image = self.image_fn()
@@ -358,20 +533,8 @@ class SnapshotReader:
                         self.login,
                         lambda n, az=main.az: self.traffic.broker(az, n),
                     )
-                Q = GetPartitionSnapshotRequest[SNAPSHOT_VERSION]
-                req = Q(
-                    node_id=self.node_id,
-                    max_wait_ms=self.poll_wait_ms,
-                    partitions=[
-                        Q.PartitionRequest(
-                            topic_id=uuid.UUID(key[0]),
-                            partition=key[1],
-                            fetch_offset=at,
-                            aborted_from=aborted_from,
-                        )
-                        for key, at, aborted_from in asked
-                    ],
-                )
+                    session = _PollSession()  # a new main address: a new session
+                req = session.request(self.node_id, self.poll_wait_ms, asked)
                 started = time.monotonic()
                 try:
                     resp = conn.call(
@@ -382,9 +545,14 @@ class SnapshotReader:
                     )
                 except (OSError, ConnectionError, ValueError) as exc:
                     log.debug("snapshot poll of node %d failed: %s", main_node_id, exc)
+                    session.failed()
                     self._stop.wait(RETRY_S)
                     continue
-                self.apply(resp, image)
+                if resp.error_code:  # the main lost the session: the full list next
+                    session.failed()
+                    continue
+                session.sent(asked)
+                self.apply(resp, image, session)
                 self._stop.wait(max(0.0, MIN_POLL_INTERVAL_S - (time.monotonic() - started)))
         except Exception:  # noqa: BLE001 - logged; a later fetch starts a new poller
             log.exception("snapshot reads of node %d stopped", main_node_id)
@@ -417,7 +585,7 @@ class SnapshotReader:
                         del self._polled[key]
                         self.cache.reset(key)
                     continue
-                if polled.main_node_id != main_node_id or len(asked) >= MAX_PARTITIONS_PER_POLL:
+                if polled.main_node_id != main_node_id or len(asked) >= MAX_SESSION_PARTITIONS:
                     continue
                 stream = image.streams.get(state.stream_id)
                 committed = stream.end_offset if stream is not None else 0
@@ -425,18 +593,31 @@ class SnapshotReader:
                 asked.append((key, at, polled.txns.aborted_from))
         return asked
 
-    def apply(self, resp, image: MetadataImage) -> None:
+    def apply(self, resp, image: MetadataImage, session: _PollSession | None = None) -> None:
         """Apply a main's snapshot: read the new batches from the channels into the cache,
-        note the high watermarks, wake the fetches of partitions that moved."""
+        note the high watermarks, wake the fetches of partitions that moved; `session`
+        learns what the main now holds for each (version 2)."""
+        packed_links = getattr(resp, "version", 0) >= 2
         for snap in resp.partitions:
             key = (str(snap.topic_id), snap.partition)
             with self._lock:
                 polled = self._polled.get(key)
-            if polled is None:
-                continue
             if snap.error_code != KafkaError.NONE:
-                polled.main_hw = polled.next_at = -1
-                self.cache.reset(key)
+                if session is not None:
+                    session.forget(key)
+                if polled is not None:
+                    polled.main_hw = polled.next_at = -1
+                    self.cache.reset(key)
+                continue
+            try:
+                links = unpack_links(snap.packed_links or b"") if packed_links else list(snap.links)
+            except ValueError as exc:
+                log.warning("bad packed links from a main: %s", exc)
+                links = []
+            if session is not None:
+                markers = [t.marker_offset + 1 for t in snap.aborted_transactions]
+                session.answered(key, next_offset(snap.high_watermark, links), markers)
+            if polled is None:
                 continue
             topic = image.topics.get(key[0])
             state = topic.partitions.get(key[1]) if topic else None
@@ -470,7 +651,7 @@ class SnapshotReader:
                     self.cache.put(
                         key, snap.leader_epoch, CachedBatch(control.base_offset, end, control.data)
                     )
-            for loc in snap.links:
+            for loc in links:
                 if loc.base_offset + loc.record_count <= have:
                     continue
                 data = self._read_batch(stream.stream_id, snap.leader_epoch, loc)
@@ -481,11 +662,7 @@ class SnapshotReader:
                     break
                 have = batch.end_offset
             polled.main_hw = max(polled.main_hw, snap.high_watermark)
-            if len(snap.links) >= MAX_LINKS_PER_PARTITION:  # more to ask for from there
-                last = snap.links[-1]
-                polled.next_at = max(polled.next_at, last.base_offset + last.record_count)
-            else:
-                polled.next_at = max(polled.next_at, snap.high_watermark)
+            polled.next_at = max(polled.next_at, next_offset(snap.high_watermark, links))
             if self.cache.contiguous_end(key, committed) > before or (
                 polled.txns.last_stable_offset(snap.high_watermark, -1) > lso_before
             ):

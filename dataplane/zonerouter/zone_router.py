@@ -4,9 +4,10 @@ connections to the mains, its proxy partitions, and the channel's trimming.
 Produce through a proxy: `ProxyPartition.append` (`proxy_partition.py`) queues the
 request's record batches to the partition's serial worker, which runs `ZoneRouter.forward`:
 the batches go into this broker's RouterChannel (an object WAL under
-`router-channel/node-<id>` following the active bucket, `channel.py`), then a `ZoneRouteRequest` (route epoch, source
-node, channel offset) goes to the main (`route_handler.ZoneRouteHandler`), which answers
-once its append is durable; the proxy then acknowledges the client.
+`router-channel/node-<id>` following the active bucket, `channel.py`), then its route (route epoch, source node,
+channel offset) goes to the main (`route_handler.ZoneRouteHandler`) in a `ZoneRouteRequest`
+batched with the other routes to that main (`route_batch.RouteBatcher`); the main answers
+once its appends are durable; the proxy then acknowledges the client.
 
 The main's WAL (the ConfirmWAL) keeps only a Link Record per batch (`formats/link_record.py`);
 its LogCache and its uploads hold the data, and its WAL recovery (or another broker's
@@ -24,10 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 from controlplane.image import MetadataImage
@@ -38,10 +39,10 @@ from dataplane.kafka.partition_backend import AppendOutcome, PartitionBackend
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.segmented_wal import BucketFollowingWAL
-from dataplane.zonerouter.channel import channel_bucket_of, channel_location, open_channel
+from dataplane.zonerouter.channel import channel_location, open_channel
 from dataplane.zonerouter.own_channel import OwnPipeline
-from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
 from dataplane.zonerouter.proxy_partition import ProxyPartition
+from dataplane.zonerouter.route_batch import RouteBatcher
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -106,7 +107,8 @@ class ZoneRouter:
         self.channel: BucketFollowingWAL | None = None
         self._lock = threading.Lock()
         self._proxies: dict[tuple[str, int], ProxyPartition] = {}
-        self._connections: dict[tuple[str, int], BrokerConnection] = {}
+        # the route batchers (one thread and connection each) by the main's address
+        self._batchers: dict[tuple[str, int], RouteBatcher] = {}
         # channel records not trimmed yet, by channel offset
         self._records: dict[int, _ChannelRecord] = {}
         # appends whose offset is not yet known, by token: the channel's durable end when
@@ -150,14 +152,14 @@ class ZoneRouter:
         self._stop.set()
         with self._lock:
             proxies = list(self._proxies.values())
-            conns = list(self._connections.values())
+            batchers = list(self._batchers.values())
             own = list(self._own_workers.values())
         for proxy in proxies:
             proxy.worker.shutdown(wait=False, cancel_futures=True)
         for pipeline in own:
             pipeline.close()
-        for conn in conns:
-            conn.close()
+        for batcher in batchers:
+            batcher.close()
         if self.snapshots is not None:
             self.snapshots.close()
         if self.channel is not None:
@@ -196,22 +198,27 @@ class ZoneRouter:
 
     # ------------------------------------------------------------------ produce path
 
-    def _connection(self, host: str, port: int, az: str) -> BrokerConnection:
-        """The pooled connection to the main at (host, port), in AZ `az`."""
+    def _batcher(self, main) -> RouteBatcher:
+        """The route batcher (and pooled connection) of the main `main` (a BrokerState)."""
         with self._lock:
-            conn = self._connections.get((host, port))
-            if conn is None:
-                conn = self._connections[(host, port)] = BrokerConnection(
-                    host, port, self.login, self.broker_bytes_counter(az)
+            batcher = self._batchers.get((main.host, main.kafka_port))
+            if batcher is None:
+                where = channel_location(self.node_id)
+                conn = BrokerConnection(
+                    main.host, main.kafka_port, self.login, self.broker_bytes_counter(main.az)
                 )
-            return conn
+                batcher = self._batchers[(main.host, main.kafka_port)] = RouteBatcher(
+                    conn, self.node_id, where.prefix, main.node_id
+                )
+            return batcher
 
     def broker_bytes_counter(self, peer_az: str) -> Callable[[int], None]:
         """Counts bytes exchanged with a broker of `peer_az` (the accounting)."""
         return lambda n: self.traffic.broker(peer_az, n)
 
     def forward(self, proxy: ProxyPartition, records: bytes, timeout_ms: int) -> AppendOutcome:
-        """Channel append + zone route to the main (runs on the partition's worker)."""
+        """Channel append + zone route to the main (runs on the partition's worker; the
+        route is batched with the others to the same main, `route_batch.py`)."""
         assert self.channel is not None
         image = self.image_fn()
         topic = image.topics.get(proxy.topic_id)
@@ -220,12 +227,17 @@ class ZoneRouter:
         if state is None or main is None or main.fenced:
             return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
         timeout_s = max(timeout_ms, 1) / 1000
+        batcher = self._batcher(main)
+        ticket = batcher.ticket()
         token = self._start_append()
         try:
-            appended = self.channel.append_waiting(
+            channel_append = self.channel.append_waiting(
                 records, min(timeout_s, self.channel_config.queue_wait_timeout_s)
-            ).result(timeout_s)
+            )
+            channel_append.add_done_callback(lambda _: batcher.channel_done(ticket))
+            appended = channel_append.result(timeout_s)
         except Exception as exc:  # noqa: BLE001 - the channel failed: the client retries
+            batcher.abandon(ticket)
             with self._lock:
                 self._appending.pop(token, None)
             log.warning("RouterChannel append failed: %s", exc)
@@ -239,21 +251,11 @@ class ZoneRouter:
         self.traffic.add("wal_data_bytes", len(records))
         epoch = image.route_epoch.current_epoch
         for attempt in (1, 2):
-            req = ZoneRouteRequest[ZONE_ROUTE_VERSION](
-                route_epoch=epoch,
-                source_node_id=self.node_id,
-                channel_bucket_id=channel_bucket_of(appended.offset),
-                channel_prefix=channel_location(self.node_id).prefix,
-                channel_offset=appended.offset,
-                topic_id=uuid.UUID(proxy.topic_id),
-                partition=proxy.partition,
-                timeout_ms=timeout_ms,
-            )
             try:
-                resp = self._connection(main.host, main.kafka_port, main.az).call(
-                    req, timeout_s + RPC_EXTRA_TIMEOUT_S, ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION
-                )
-            except (OSError, ConnectionError) as exc:
+                error, message, base, stream_id, end = batcher.route(
+                    ticket, epoch, proxy.topic_id, proxy.partition, appended.offset, timeout_ms
+                ).result(timeout_s + 2 * RPC_EXTRA_TIMEOUT_S)
+            except (OSError, ConnectionError, ValueError, FutureTimeout) as exc:
                 # the main may have appended (and linked) it: keep the record until that
                 # is known to be committed
                 log.warning("zone route to node %d failed: %s", main.node_id, exc)
@@ -261,27 +263,22 @@ class ZoneRouter:
                     entry.stream_id, entry.end_offset = state.stream_id, UNKNOWN_END
                     entry.answered = True
                 return AppendOutcome(KafkaError.NOT_LEADER_OR_FOLLOWER)
-            if resp.error_code != KafkaError.STALE_BROKER_EPOCH or attempt == 2:
+            if error != KafkaError.STALE_BROKER_EPOCH or attempt == 2:
                 break
             # the main saw a bump we have not: nothing was appended; again in the new epoch
             epoch = self._newer_route_epoch(epoch)
         with self._lock:
-            entry.stream_id, entry.end_offset = resp.stream_id, resp.end_offset
+            entry.stream_id, entry.end_offset = stream_id, end
             entry.answered = True
-            if resp.end_offset >= 0:
+            if end >= 0:
                 # a lost answer for this stream came before this one: it is covered too
                 for other in self._records.values():
-                    if other.stream_id == resp.stream_id and other.end_offset == UNKNOWN_END:
-                        other.end_offset = resp.end_offset
-        if resp.error_code:
-            log.info(
-                "zone route to node %d refused (%d): %s",
-                main.node_id,
-                resp.error_code,
-                resp.error_message,
-            )
-            return AppendOutcome(KafkaError(resp.error_code))
-        return AppendOutcome(KafkaError.NONE, resp.base_offset)
+                    if other.stream_id == stream_id and other.end_offset == UNKNOWN_END:
+                        other.end_offset = end
+        if error:
+            log.info("zone route to node %d refused (%d): %s", main.node_id, error, message)
+            return AppendOutcome(KafkaError(error))
+        return AppendOutcome(KafkaError.NONE, base)
 
     def _remember(self, offset: int, records: bytes) -> None:
         """Keep a channel record this broker wrote (under `_lock`)."""

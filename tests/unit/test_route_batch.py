@@ -1,0 +1,151 @@
+"""Zone routes batched per main (dataplane/zonerouter/route_batch.py, issue #32): routes of
+several partitions and produce requests to one main go in one ZoneRouteRequest v1; a route
+whose channel append is done is waited for (bounded); one route epoch per request; a
+request refused as a whole fails each of its routes; closing fails what is queued."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.codec import decode_request, encode_request
+from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteResponse
+from dataplane.zonerouter.route_batch import RouteBatcher
+
+
+class _Main:
+    """A fake connection to a main: answers each entry with its channel offset as base
+    offset, after `delay_s`; records every request."""
+
+    def __init__(self, delay_s: float = 0.0, refuse: int = 0):
+        self.delay_s = delay_s
+        self.refuse = refuse
+        self.requests: list = []
+        self.closed = False
+
+    def call(self, req, timeout_s, api_key, version):
+        assert version == ZONE_ROUTE_VERSION == 1
+        self.requests.append(req)
+        time.sleep(self.delay_s)
+        R = ZoneRouteResponse[1]
+        if self.refuse:
+            return R(error_code=self.refuse, error_message="fenced", entries=[])
+        return R(
+            error_code=0,
+            error_message=None,
+            entries=[
+                R.EntryResult(
+                    error_code=0,
+                    error_message=None,
+                    base_offset=e.channel_offset,
+                    stream_id=e.partition,
+                    end_offset=e.channel_offset + 1,
+                )
+                for e in req.entries
+            ],
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _batcher(main: _Main, linger_s: float = 0.002) -> RouteBatcher:
+    return RouteBatcher(main, 7, "router-channel/node-7", 1, linger_s=linger_s)  # type: ignore[arg-type]
+
+
+def test_routes_queued_while_one_is_in_flight_go_in_one_request():
+    main = _Main(delay_s=0.2)
+    batcher = _batcher(main)
+    topic = str(uuid.uuid4())
+    try:
+        first = batcher.route(batcher.ticket(), 5, topic, 0, 100, 1000)
+        time.sleep(0.05)  # the first request is in flight
+        rest = [batcher.route(batcher.ticket(), 5, topic, p, 200 + p, 1000) for p in range(20)]
+        assert first.result(5) == (0, None, 100, 0, 101)
+        assert [f.result(5) for f in rest] == [(0, None, 200 + p, p, 201 + p) for p in range(20)]
+        assert len(main.requests) == 2
+        (sent,) = main.requests[1:]
+        assert sent.route_epoch == 5 and sent.source_node_id == 7
+        assert [(str(e.topic_id), e.partition) for e in sent.entries] == [
+            (topic, p) for p in range(20)
+        ]
+        # the batched request encodes as one frame with every route in it
+        frame = encode_request(sent, 1, client_id="b", version=1)
+        assert len(decode_request(frame[4:]).body.entries) == 20
+    finally:
+        batcher.close()
+    assert main.closed
+
+
+def test_a_route_whose_channel_append_is_done_is_waited_for_within_the_linger():
+    main = _Main()
+    batcher = _batcher(main, linger_s=1.0)
+    topic = str(uuid.uuid4())
+    try:
+        late = batcher.ticket()
+        batcher.channel_done(late)  # its worker has not handed the route over yet
+        first = batcher.route(batcher.ticket(), 5, topic, 0, 1, 1000)
+        time.sleep(0.1)
+        assert not main.requests  # waiting for the expected one
+        second = batcher.route(late, 5, topic, 1, 2, 1000)
+        assert first.result(5)[2] == 1 and second.result(5)[2] == 2
+        assert len(main.requests) == 1 and len(main.requests[0].entries) == 2
+        # an abandoned ticket (its channel append failed) is not waited for
+        gone = batcher.ticket()
+        batcher.channel_done(gone)
+        batcher.abandon(gone)
+        started = time.monotonic()
+        assert batcher.route(batcher.ticket(), 5, topic, 0, 3, 1000).result(5)[2] == 3
+        assert time.monotonic() - started < 0.9
+    finally:
+        batcher.close()
+
+
+def test_one_route_epoch_per_request_and_a_refused_request_fails_each_route():
+    main = _Main(delay_s=0.2)
+    batcher = _batcher(main)
+    topic = str(uuid.uuid4())
+    try:
+        batcher.route(batcher.ticket(), 5, topic, 0, 1, 1000)
+        time.sleep(0.05)
+        old = batcher.route(batcher.ticket(), 5, topic, 1, 2, 1000)
+        new = batcher.route(batcher.ticket(), 6, topic, 2, 3, 1000)
+        assert old.result(5)[2] == 2 and new.result(5)[2] == 3
+        assert [r.route_epoch for r in main.requests] == [5, 5, 6]
+    finally:
+        batcher.close()
+    refused = _batcher(_Main(refuse=KafkaError.STALE_BROKER_EPOCH))
+    try:
+        futures = [refused.route(refused.ticket(), 5, topic, p, p, 1000) for p in range(3)]
+        assert {f.result(5)[0] for f in futures} == {KafkaError.STALE_BROKER_EPOCH}
+    finally:
+        refused.close()
+
+
+def test_a_closed_batcher_refuses_and_fails_what_is_queued():
+    block = threading.Event()
+
+    class _Stuck(_Main):
+        def call(self, req, timeout_s, api_key, version):
+            block.wait(5)
+            raise ConnectionError("connection closed by the broker")
+
+    batcher = _batcher(_Stuck())
+    topic = str(uuid.uuid4())
+    in_flight = batcher.route(batcher.ticket(), 5, topic, 0, 1, 1000)
+    time.sleep(0.05)
+    queued = batcher.route(batcher.ticket(), 5, topic, 1, 2, 1000)
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    block.set()
+    closer.join(5)
+    with pytest.raises(ConnectionError):
+        in_flight.result(5)
+    with pytest.raises(ConnectionError):
+        queued.result(5)
+    with pytest.raises(ConnectionError):
+        batcher.route(batcher.ticket(), 5, topic, 2, 3, 1000).result(5)

@@ -1,0 +1,193 @@
+"""Incremental snapshot reads (GetPartitionSnapshot version 2, issue #32): a proxy's poll
+lists only the partitions it changed, the main answers only the partitions with something
+new, its links packed as varints; the session's offsets advance with each answer; a lost
+session or an out-of-order poll is refused and the proxy sends its full list again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.formats.link_record import LinkRecord
+from dataplane.kafka.codec import decode_request, decode_response, encode_request, encode_response
+from dataplane.kafka.interbroker import CLIENT_ID
+from dataplane.zonerouter.protocol import (
+    SNAPSHOT_KEY,
+    SNAPSHOT_VERSION,
+    GetPartitionSnapshotRequest,
+)
+from dataplane.zonerouter.snapshot import (
+    LinkIndex,
+    LinkLocation,
+    LinkPlace,
+    SnapshotSessions,
+    pack_links,
+    unpack_links,
+)
+from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
+
+
+def test_packed_links_round_trip_and_are_small():
+    links = [
+        LinkPlace(100 + 3 * i, 3, 2, 5_000_000 + 700 * i, 61 * (i % 4), 600, 1_700_000_000_000 + i)
+        for i in range(50)
+    ]
+    links.append(LinkPlace(400, 1, 5, 12, 0, 80, 1_699_999_999_000))  # deltas go back
+    packed = pack_links(links)
+    assert unpack_links(packed) == links
+    assert len(packed) / len(links) < 14  # ~40 bytes each unpacked
+    assert unpack_links(b"") == []
+    with pytest.raises(ValueError):
+        unpack_links(packed[:-1])  # truncated
+    with pytest.raises(ValueError):
+        unpack_links(packed, max_links=3)
+
+
+def test_sessions_apply_full_and_incremental_lists_and_refuse_gaps():
+    sessions = SnapshotSessions(max_sessions=2, max_partitions=3)
+    a, b, c, d = ("t", 0), ("t", 1), ("t", 2), ("t", 3)
+    assert sessions.update(1, 9, 0, True, [], []) == SnapshotSessions.NOT_FOUND
+    state = sessions.update(1, 9, 0, False, [(a, 10, -1), (b, 20, 5)], [])
+    assert state == {a: (10, -1, -1), b: (20, 5, -1)}
+    sessions.advance(1, 9, 0, {a: (15, 7, 12)})
+    assert sessions.update(1, 9, 2, True, [], []) == SnapshotSessions.BAD_EPOCH
+    # incremental: one added, one forgotten, the rest as the main advanced it
+    state = sessions.update(1, 9, 1, True, [(c, 0, -1)], [b])
+    assert state == {a: (15, 7, 12), c: (0, -1, -1)}
+    # an answer of an older poll changes nothing (a newer poll came meanwhile)
+    sessions.advance(1, 9, 0, {a: (99, 99, 99)})
+    assert sessions.update(1, 9, 2, True, [], [])[a] == (15, 7, 12)
+    # bounded partitions per session: the one past the bound is left out
+    state = sessions.update(1, 9, 3, True, [(b, 0, -1), (d, 0, -1)], [])
+    assert len(state) == 3 and d not in state
+    # bounded sessions: the least recently used goes, its next incremental poll is refused
+    sessions.update(2, 1, 0, False, [], [])
+    sessions.update(3, 1, 0, False, [], [])
+    assert sessions.update(1, 9, 4, True, [], []) == SnapshotSessions.NOT_FOUND
+    with pytest.raises(ValueError):
+        SnapshotSessions(max_sessions=0)
+
+
+class _Log:
+    """A partition led here, as the snapshot server sees it."""
+
+    def __init__(self, stream_id: int, hw: int):
+        self.stream_id = stream_id
+        self.high_watermark = self.last_stable_offset = hw
+        self.leader_epoch, self.log_start_offset = 3, 0
+        self.listeners: list = []
+
+    def aborted_since(self, marker_offset: int) -> list:
+        return []
+
+    def add_listener(self, cb) -> None:
+        self.listeners.append(cb)
+
+    def remove_listener(self, cb) -> None:
+        self.listeners.remove(cb)
+
+
+def _roundtrip(server: SnapshotServer, req):
+    """`req` encoded, decoded and answered at SNAPSHOT_VERSION; the answer encoded and
+    decoded too (what crosses the wire) and its size in bytes."""
+    frame = encode_request(req, 1, client_id=CLIENT_ID, version=SNAPSHOT_VERSION)
+    decoded = decode_request(frame[4:])
+    ctx = SimpleNamespace(api_version=SNAPSHOT_VERSION)
+    resp = asyncio.run(server.get_partition_snapshot(decoded.body, ctx))
+    out = encode_response(decoded, resp)
+    out = out if isinstance(out, bytes) else b"".join(bytes(x) for x in out)
+    _, back = decode_response(out[4:], SNAPSHOT_KEY, SNAPSHOT_VERSION)
+    return back, len(frame) + len(out)
+
+
+def test_a_session_poll_answers_only_news_and_idles_cheaply():
+    topics = [uuid.uuid4() for _ in range(20)]
+    logs = {str(t): _Log(i, hw=0) for i, t in enumerate(topics)}
+    logs[str(topics[0])].high_watermark = logs[str(topics[0])].last_stable_offset = 10
+    index = LinkIndex()
+    for base in (0, 5):
+        index.record(0, LinkLocation(base, 5, 3, LinkRecord(2, 1000 + base, 0, 300, 1_000)))
+    partitions = SimpleNamespace(get=lambda t, p: logs.get(t) if p == 0 else None)
+    server = SnapshotServer(partitions, index)  # type: ignore[arg-type]
+    session = _PollSession()
+    asked = [((str(t), 0), 0, -1) for t in topics]
+    # the full list: every partition answered once, at once (its last stable offset: a
+    # read_committed fetch at the proxy waits for it), the links packed
+    started = time.monotonic()
+    resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
+    assert time.monotonic() - started < 1.0
+    assert resp.error_code == 0
+    assert len(resp.partitions) == len(topics)
+    assert all(s.last_stable_offset == s.high_watermark for s in resp.partitions)
+    snap = resp.partitions[0]
+    assert all(not s.packed_links for s in resp.partitions[1:])
+    assert (snap.high_watermark, snap.leader_epoch) == (10, 3)
+    assert [
+        (p.base_offset, p.record_count, p.channel_offset) for p in unpack_links(snap.packed_links)
+    ] == [
+        (0, 5, 1000),
+        (5, 5, 1005),
+    ]
+    session.sent(asked)
+    for s in resp.partitions:
+        session.answered((str(s.topic_id), 0), s.high_watermark, [])
+    # nothing new: the proxy's next poll lists nothing, the main waits and answers nothing;
+    # the round trip is a few dozen bytes however many partitions the session follows
+    asked[0] = ((str(topics[0]), 0), 10, -1)
+    req = session.request(2, 50, asked)
+    assert req.incremental and not req.partitions and not req.forgotten
+    started = time.monotonic()
+    resp, size = _roundtrip(server, req)
+    assert time.monotonic() - started >= 0.04
+    assert resp.error_code == 0 and not resp.partitions
+    assert size < 100, size
+    session.sent(asked)
+    # new data on another partition: answered at once, from the session's offset
+    logs[str(topics[5])].high_watermark = logs[str(topics[5])].last_stable_offset = 4
+    resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
+    assert [(str(s.topic_id), s.high_watermark) for s in resp.partitions] == [(str(topics[5]), 4)]
+    session.sent(asked)
+    session.answered((str(topics[5]), 0), 4, [])
+    asked[5] = ((str(topics[5]), 0), 4, -1)
+    # a partition forgotten, one led elsewhere now: answered once with an error, then dropped
+    del logs[str(topics[7])]
+    req = session.request(2, 50, asked[:-1])
+    assert [(str(f.topic_id), f.partition) for f in req.forgotten] == [(str(topics[-1]), 0)]
+    resp, _ = _roundtrip(server, req)
+    assert [(str(s.topic_id), s.error_code) for s in resp.partitions] == [
+        (str(topics[7]), KafkaError.NOT_LEADER_OR_FOLLOWER)
+    ]
+    session.sent(asked[:-1])
+    session.forget((str(topics[7]), 0))
+    # the main lost the session (restart): refused, then the full list again
+    server.sessions = SnapshotSessions()
+    resp, _ = _roundtrip(server, session.request(2, 50, asked))
+    assert resp.error_code == KafkaError.FETCH_SESSION_ID_NOT_FOUND
+    session.failed()
+    req = session.request(2, 50, asked)
+    assert not req.incremental and len(req.partitions) == len(asked)
+    resp, _ = _roundtrip(server, req)
+    assert resp.error_code == 0
+
+
+def test_version_1_polls_are_still_answered_per_partition():
+    topic = uuid.uuid4()
+    log = _Log(0, hw=5)
+    index = LinkIndex()
+    index.record(0, LinkLocation(0, 5, 3, LinkRecord(2, 7, 0, 300, 1_000)))
+    server = SnapshotServer(SimpleNamespace(get=lambda t, p: log), index)  # type: ignore[arg-type]
+    Q = GetPartitionSnapshotRequest[1]
+    req = Q(
+        node_id=2,
+        max_wait_ms=0,
+        partitions=[Q.PartitionRequest(topic_id=topic, partition=0, fetch_offset=5)],
+    )
+    resp = asyncio.run(server.get_partition_snapshot(req, SimpleNamespace(api_version=1)))
+    assert resp.version == 1
+    (snap,) = resp.partitions  # nothing new, answered all the same (version 1)
+    assert (snap.high_watermark, list(snap.links)) == (5, [])
