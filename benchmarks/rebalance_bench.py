@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from benchmarks._harness import emit, medians, progress, running_cluster  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
+from tests.support.cluster import create_topic  # noqa: E402
 
 PARTITIONS = 6
 MEMBERS = 3

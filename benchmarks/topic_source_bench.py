@@ -43,7 +43,7 @@ from benchmarks._harness import (  # noqa: E402
 )
 from cli.compaction_jobs import job_env  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
-from tests.e2e.ledger import create_topic  # noqa: E402
+from tests.support.cluster import create_topic  # noqa: E402
 
 UPLOAD_WAIT_S = 600
 

@@ -39,7 +39,7 @@ from dataplane.kafka.groups.consumer_handlers import (  # noqa: E402
     ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
 )
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -33,7 +33,7 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
-from tests.e2e.ledger import automqctl, create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.cluster import automqctl, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ from cli.local_cluster import LocalCluster  # noqa: E402
 from dataplane.tables import catalog as cat  # noqa: E402
 from spark_jobs.table_sync import FAULT_ENV, FAULT_EXIT_CODE  # noqa: E402
 from spark_jobs.topic_source.plan import committed_end  # noqa: E402
-from tests.e2e.ledger import automqctl, create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import automqctl, create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

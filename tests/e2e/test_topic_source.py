@@ -31,7 +31,7 @@ from controlplane.client import ControllerClient  # noqa: E402
 from controlplane.image import MetadataImage  # noqa: E402
 from spark_jobs import objects_io  # noqa: E402
 from spark_jobs.topic_source.plan import committed_end  # noqa: E402
-from tests.e2e.ledger import create_topic, running_cluster  # noqa: E402
+from tests.support.cluster import create_topic, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

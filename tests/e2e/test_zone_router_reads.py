@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
-from tests.e2e.ledger import create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.cluster import create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
