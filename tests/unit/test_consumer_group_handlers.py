@@ -281,3 +281,22 @@ def test_the_new_apis_check_group_acls():
         assert codes == {"open": 0, "closed": KafkaError.GROUP_AUTHORIZATION_FAILED}
 
     asyncio.run(scenario())
+
+
+def test_v1_heartbeat_without_a_member_id_is_refused_v0_gets_one():
+    """Kafka 4 (KIP-1082): from ConsumerGroupHeartbeat v1 the client generates its member id;
+    an empty one is INVALID_REQUEST and creates no group. v0 still gets one from the broker."""
+
+    async def scenario():
+        handlers, by_key = make()
+        refused = await call(by_key[68], heartbeat(version=1, member_id=""))
+        assert refused.error_code == KafkaError.INVALID_REQUEST
+        assert refused.error_message == "MemberId can't be empty."
+        listed = await call(
+            handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=[])
+        )
+        assert listed.groups == []
+        joined = await call(by_key[68], heartbeat(version=0, member_id=""))
+        assert joined.error_code == 0 and joined.member_id and joined.member_epoch == 1
+
+    asyncio.run(scenario())
