@@ -7,12 +7,16 @@ FindCoordinator names, for a client of an AZ, the coordinator's proxy in the cli
 (`ClientRouting.leader_for`, as for partition leaders), and that broker forwards the
 client's coordinator requests (groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group, KIP-848's
-ConsumerGroupHeartbeat and ConsumerGroupDescribe of one group; transactions:
+ConsumerGroupHeartbeat and ConsumerGroupDescribe of one group, KIP-932's
+ShareGroupHeartbeat and ShareGroupDescribe of one group; transactions:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn) to
 the real coordinator and relays its answer. These are small control requests; the state
 stays at the coordinator. A request the coordinator cannot be asked (gone, unreachable, too
 many in flight) is answered here, where the coordinator is not: NOT_COORDINATOR, so the
-client finds the coordinator again. The coordinator sees the proxy as the member's host
+client finds the coordinator again. ShareFetch and ShareAcknowledge are not coordinator
+requests: they go to the partition's leader (its share-partition holds the record locks),
+and an AZ's proxy refuses them (`dataplane/kafka/share/handlers.py`): through a proxy a
+share consumer joins its group and is assigned partitions, but reads nothing. The coordinator sees the proxy as the member's host
 and this broker's client id (DescribeGroups shows those).
 """
 
@@ -48,6 +52,7 @@ from dataplane.kafka.groups.consumer_handlers import (
     ConsumerGroupHeartbeatRequest,
 )
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
+from dataplane.kafka.share.protocol import ShareGroupDescribeRequest, ShareGroupHeartbeatRequest
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,8 @@ GROUP_REQUESTS = (
     DescribeGroupsRequest,
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupDescribeRequest,
+    ShareGroupHeartbeatRequest,
+    ShareGroupDescribeRequest,
 )
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)

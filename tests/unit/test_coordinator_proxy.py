@@ -120,3 +120,48 @@ def test_only_a_client_of_an_az_with_a_coordinator_elsewhere_is_forwarded(monkey
     assert call("g", "az1") == "answered here" and not forwarded
     proxy._in_flight = 0
     proxy.close()
+
+
+def test_share_group_heartbeat_and_describe_are_forwarded_share_fetch_is_not():
+    """KIP-932: ShareGroupHeartbeat and ShareGroupDescribe (of one group) go to the group's
+    coordinator like ConsumerGroupHeartbeat; ShareFetch / ShareAcknowledge go to partition
+    leaders (refused through a proxy), so the proxy never forwards them; and the proxy's
+    connection can decode the coordinator's answers."""
+    from dataplane.kafka.codec import decode_response, encode_request
+    from dataplane.kafka.share.protocol import (
+        ShareAcknowledgeRequest,
+        ShareFetchRequest,
+        ShareGroupDescribeRequest,
+        ShareGroupHeartbeatRequest,
+        ShareGroupHeartbeatResponse,
+    )
+
+    assert CoordinatorProxy.forwards(ShareGroupHeartbeatRequest)
+    assert CoordinatorProxy.forwards(ShareGroupDescribeRequest)
+    assert not CoordinatorProxy.forwards(ShareFetchRequest)
+    assert not CoordinatorProxy.forwards(ShareAcknowledgeRequest)
+    hb = ShareGroupHeartbeatRequest(
+        version=1, group_id="sg", member_id="m", member_epoch=0, subscribed_topic_names=["t"]
+    )
+    assert coordinator_key(hb) == (0, "sg")
+    assert forward_timeout_s(hb) == FORWARD_TIMEOUT_S
+    one = ShareGroupDescribeRequest(
+        version=1, group_ids=["sg"], include_authorized_operations=False
+    )
+    assert coordinator_key(one) == (0, "sg")
+    two = ShareGroupDescribeRequest(
+        version=1, group_ids=["sg", "x"], include_authorized_operations=False
+    )
+    assert coordinator_key(two) is None
+    assert encode_request(hb, 9, client_id="proxy", version=1)  # the proxy can send it
+    answer = ShareGroupHeartbeatResponse(
+        version=1,
+        throttle_time_ms=0,
+        error_code=0,
+        member_id="m",
+        member_epoch=1,
+        heartbeat_interval_ms=5000,
+    )
+    answer.with_header(correlation_id=9)
+    got, resp = decode_response(bytes(answer.encode(header=True)), 76, 1)
+    assert got == 9 and resp.member_epoch == 1 and resp.member_id == "m"
