@@ -3,7 +3,9 @@
 Classic groups (JoinGroup/SyncGroup) and KIP-848 consumer groups (ConsumerGroupHeartbeat)
 alike, through confluent-kafka's admin client, which describes a consumer group with
 ConsumerGroupDescribe (members' current and target assignments) and a classic one with
-DescribeGroups. The lag of a partition is its end offset minus the group's committed offset.
+DescribeGroups; the epochs of a consumer group (group, assignment, members') come from
+ConsumerGroupDescribe asked directly (cli/share_group.py), as librdkafka does not hand them
+out. The lag of a partition is its end offset minus the group's committed offset.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from cli.cluster_config import ClusterError
 from cli.kafka_util import check_reachable, client_error_text, librdkafka_security
 from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, fail, print_data
-from cli.share_group import print_share_group, share_rows
+from cli.share_group import (
+    ShareDescribeError,
+    consumer_group_epochs,
+    print_share_group,
+    share_rows,
+)
 from cli.topic import BootstrapOption, DirOption, FormatOption
 
 app = typer.Typer(
@@ -153,7 +160,8 @@ def describe(
     """A group's type, state, assignor, coordinator, members (with their assignments and, for
     consumer groups, target assignments) and the lag of every committed partition; for a
     share group its members and share-partitions (start offset, in-flight records)."""
-    if print_share_group(group_id, *_endpoint(bootstrap_server, dir), dir, format):
+    endpoint = _endpoint(bootstrap_server, dir)
+    if print_share_group(group_id, *endpoint, dir, format):
         return
     admin = _admin(bootstrap_server, dir)
     try:
@@ -163,15 +171,21 @@ def describe(
         lag = _lag(admin, group_id)
     except Exception as exc:  # confluent-kafka: KafkaException, timeouts
         fail(f"describing group {group_id!r} failed: {client_error_text(exc)}")
+    group_type = _name(d.type).lower()
+    epochs = _epochs(endpoint, group_id) if group_type == "consumer" else {}
+    member_epochs = epochs.get("member_epochs", {})
     group = {
         "group": d.group_id,
-        "type": _name(d.type).lower(),
-        "state": _state(d.state, _name(d.type).lower()),
+        "type": group_type,
+        "state": _state(d.state, group_type),
         "assignor": d.partition_assignor,
         "coordinator": d.coordinator.id if d.coordinator is not None else None,
+        "group_epoch": epochs.get("group_epoch"),
+        "assignment_epoch": epochs.get("assignment_epoch"),
         "members": [
             {
                 "member_id": m.member_id,
+                "member_epoch": member_epochs.get(m.member_id),
                 "instance_id": m.group_instance_id,
                 "client_id": m.client_id,
                 "host": m.host,
@@ -184,16 +198,24 @@ def describe(
     }
     if print_data(group, format):
         return
+    epoch_text = ""
+    if group["type"] == "consumer":
+        epoch_text = (
+            f", group epoch {_text(group['group_epoch'])}, assignment epoch "
+            f"{_text(group['assignment_epoch'])}"
+        )
     console.print(
-        f"group {group['group']}: type {group['type']}, state {group['state']}, assignor "
-        f"{group['assignor'] or '-'}, coordinator {group['coordinator']}, {len(d.members)} members"
+        f"group {group['group']}: type {group['type']}, state {group['state']}{epoch_text}, "
+        f"assignor {group['assignor'] or '-'}, coordinator {group['coordinator']}, "
+        f"{len(d.members)} members"
     )
     members = Table(title="members")
-    for col in ("member", "instance", "client", "host", "assigned", "target"):
+    for col in ("member", "epoch", "instance", "client", "host", "assigned", "target"):
         members.add_column(col)
     for m in group["members"]:
         members.add_row(
             m["member_id"],
+            _text(m["member_epoch"]),
             m["instance_id"] or "-",
             m["client_id"],
             m["host"],
@@ -209,6 +231,19 @@ def describe(
             r["topic"], str(r["partition"]), str(r["committed"]), str(r["end"]), str(r["lag"])
         )
     console.print(offsets)
+
+
+def _epochs(endpoint: tuple[str, dict | None], group_id: str) -> dict:
+    """A consumer group's epochs (ConsumerGroupDescribe at its coordinator); {} when they
+    cannot be asked (a SASL listener, the coordinator moved): the rest is still shown."""
+    try:
+        return consumer_group_epochs(endpoint[0], group_id, endpoint[1]) or {}
+    except ShareDescribeError:
+        return {}
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def _group(row: dict) -> str:

@@ -1,6 +1,8 @@
 """Share groups (KIP-932) for `automqctl group list|describe`: confluent-kafka's admin
 client has no share-group calls, so these speak ShareGroupDescribe (api key 77) to the
-group's coordinator themselves (FindCoordinator first), over PLAINTEXT or TLS; and read the
+group's coordinator themselves (FindCoordinator first), over PLAINTEXT or TLS - and
+ConsumerGroupDescribe (69) for a KIP-848 group's epochs, which librdkafka's
+describe_consumer_groups does not hand out; and read the
 share-partitions' durable state (start offset, end offset, records by state) from the
 controller's metadata (`share-state/<group>/...` entries, `controlplane/share_state.py`).
 Records acquired but not yet acknowledged are stored as available: the in-flight counts
@@ -18,7 +20,7 @@ from typing import Any
 
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 
-from dataplane.formats import share_messages
+from dataplane.formats import consumer_group_messages, share_messages
 
 TIMEOUT_S = 10.0
 MAX_SHARE_GROUPS = 1_000
@@ -26,6 +28,7 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 _RESPONSES = {
     3: MetadataResponse,
     10: FindCoordinatorResponse,
+    69: consumer_group_messages.ConsumerGroupDescribeResponse,
     77: share_messages.ShareGroupDescribeResponse,
     602: share_messages.DescribeSharePartitionsResponse,
 }
@@ -67,15 +70,16 @@ def _read(sock: socket.socket, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def describe_share_group(
-    bootstrap: str, group_id: str, security: dict | None
-) -> dict[str, Any] | None:
-    """The share group's state, epoch and members (with assignments); None if the group is
-    not a share group. ShareDescribeError when it cannot be asked (SASL clusters too)."""
+def coordinator_call(
+    bootstrap: str, group_id: str, request: Any, api_key: int, version: int, security: dict | None
+) -> tuple[Any, Any, list]:
+    """(the group's coordinator as FindCoordinator names it, its answer to `request`, the
+    cluster's brokers): asked of the first bootstrap server that answers. ShareDescribeError
+    when none can be asked (SASL clusters too: these calls speak PLAINTEXT or TLS only)."""
     from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 
     if security and security.get("security_protocol", "").startswith("SASL"):
-        raise ShareDescribeError("share groups are described over PLAINTEXT or SSL listeners")
+        raise ShareDescribeError("groups are described here over PLAINTEXT or SSL listeners")
     addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
     last_error: Exception | None = None
     for address in addresses:
@@ -89,48 +93,75 @@ def describe_share_group(
             ).coordinators[0]
             if found.error_code != 0:
                 raise ShareDescribeError(f"no coordinator for {group_id!r} ({found.error_code})")
-            resp = _call(
-                f"{found.host}:{found.port}",
-                share_messages.ShareGroupDescribeRequest(
-                    version=1, group_ids=[group_id], include_authorized_operations=False
-                ),
-                77,
-                1,
-                security,
-            )
+            resp = _call(f"{found.host}:{found.port}", request, api_key, version, security)
+            brokers = _call(address, MetadataRequest[1](topics=[]), 3, 1, security).brokers
         except (OSError, ShareDescribeError) as exc:
             last_error = exc
             continue
-        brokers = _call(address, MetadataRequest[1](topics=[]), 3, 1, security).brokers
-        g = resp.groups[0]
-        if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a share group
-            return None
-        if g.error_code != 0:
-            raise ShareDescribeError(f"ShareGroupDescribe error {g.error_code}: {g.error_message}")
-        return {
-            "group": g.group_id,
-            "type": "share",
-            "state": g.group_state,
-            "group_epoch": g.group_epoch,
-            "assignor": g.assignor_name,
-            "coordinator": found.node_id,
-            "brokers": list(brokers),
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "member_epoch": m.member_epoch,
-                    "client_id": m.client_id,
-                    "host": m.client_host,
-                    "assignment": [
-                        {"topic": tp.topic_name, "partition": p}
-                        for tp in m.assignment.topic_partitions
-                        for p in tp.partitions
-                    ],
-                }
-                for m in g.members
-            ],
-        }
+        return found, resp, list(brokers)
     raise ShareDescribeError(f"no broker answered: {last_error}")
+
+
+def describe_share_group(
+    bootstrap: str, group_id: str, security: dict | None
+) -> dict[str, Any] | None:
+    """The share group's state, epoch and members (with assignments); None if the group is
+    not a share group. ShareDescribeError when it cannot be asked (SASL clusters too)."""
+    request = share_messages.ShareGroupDescribeRequest(
+        version=1, group_ids=[group_id], include_authorized_operations=False
+    )
+    found, resp, brokers = coordinator_call(bootstrap, group_id, request, 77, 1, security)
+    g = resp.groups[0]
+    if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a share group
+        return None
+    if g.error_code != 0:
+        raise ShareDescribeError(f"ShareGroupDescribe error {g.error_code}: {g.error_message}")
+    return {
+        "group": g.group_id,
+        "type": "share",
+        "state": g.group_state,
+        "group_epoch": g.group_epoch,
+        "assignor": g.assignor_name,
+        "coordinator": found.node_id,
+        "brokers": brokers,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "member_epoch": m.member_epoch,
+                "client_id": m.client_id,
+                "host": m.client_host,
+                "assignment": [
+                    {"topic": tp.topic_name, "partition": p}
+                    for tp in m.assignment.topic_partitions
+                    for p in tp.partitions
+                ],
+            }
+            for m in g.members
+        ],
+    }
+
+
+def consumer_group_epochs(
+    bootstrap: str, group_id: str, security: dict | None
+) -> dict[str, Any] | None:
+    """A KIP-848 consumer group's group epoch, assignment epoch and member epochs (by member
+    id), from ConsumerGroupDescribe (69) at its coordinator: what librdkafka's
+    describe_consumer_groups does not hand out. None if it is not a consumer group (a classic
+    one); ShareDescribeError when it cannot be asked."""
+    request = consumer_group_messages.ConsumerGroupDescribeRequest[0](
+        group_ids=[group_id], include_authorized_operations=False
+    )
+    _, resp, _ = coordinator_call(bootstrap, group_id, request, 69, 0, security)
+    g = resp.groups[0]
+    if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a consumer group
+        return None
+    if g.error_code != 0:
+        raise ShareDescribeError(f"ConsumerGroupDescribe error {g.error_code}: {g.error_message}")
+    return {
+        "group_epoch": g.group_epoch,
+        "assignment_epoch": g.assignment_epoch,
+        "member_epochs": {m.member_id: m.member_epoch for m in g.members},
+    }
 
 
 def live_share_partitions(

@@ -505,10 +505,17 @@ def test_automqctl_group_shows_both_kinds(cluster):
             assert len(described["members"][0]["assignment"]) == 2, described
             assert sum(o["lag"] for o in described["offsets"]) == 0, described
             assert sum(o["committed"] for o in described["offsets"]) == len(acked)
+            if kind == "consumer":  # ConsumerGroupDescribe's epochs
+                assert described["group_epoch"] >= 1, described
+                assert described["assignment_epoch"] == described["group_epoch"], described
+                assert described["members"][0]["member_epoch"] == described["group_epoch"]
+            else:
+                assert described["group_epoch"] is None, described
         table = automqctl("group", "describe", "kip848-cli-new", cluster_dir=cluster["dir"])
         assert table.returncode == 0 and "type consumer" in table.stdout, (
             table.stdout + table.stderr
         )
+        assert "group epoch" in table.stdout, table.stdout
     finally:
         for c in consumers.values():
             c.close()

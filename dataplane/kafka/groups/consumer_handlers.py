@@ -1,6 +1,7 @@
 """Wire handlers of the KIP-848 group APIs: ConsumerGroupHeartbeat (68, v0-1) and
-ConsumerGroupDescribe (69, v0), in Kafka's JSON format (`schemas/`, copied from Kafka since
-kafka-python does not ship them), translating to :class:`ConsumerGroupCoordinator` calls.
+ConsumerGroupDescribe (69, v0), in Kafka's JSON format (the message classes of
+`dataplane/formats/consumer_group_messages.py`, since kafka-python does not ship them,
+registered here with the codec), translating to :class:`ConsumerGroupCoordinator` calls.
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kafka.protocol.api_message import ApiMessage
-
+from dataplane.formats.consumer_group_messages import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+)
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import add_api_message
 from dataplane.kafka.security.authorizer import supported_operation_codes
@@ -19,22 +24,6 @@ from .consumer_coordinator import ConsumerGroupCoordinator, HeartbeatParams
 from .consumer_state import Partitions
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
-
-
-class ConsumerGroupHeartbeatRequest(ApiMessage, load_json="dataplane.kafka.groups.schemas"):
-    pass
-
-
-class ConsumerGroupHeartbeatResponse(ApiMessage, load_json="dataplane.kafka.groups.schemas"):
-    pass
-
-
-class ConsumerGroupDescribeRequest(ApiMessage, load_json="dataplane.kafka.groups.schemas"):
-    pass
-
-
-class ConsumerGroupDescribeResponse(ApiMessage, load_json="dataplane.kafka.groups.schemas"):
-    pass
 
 
 add_api_message(ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse)
