@@ -300,3 +300,49 @@ def test_v1_heartbeat_without_a_member_id_is_refused_v0_gets_one():
         assert joined.error_code == 0 and joined.member_id and joined.member_epoch == 1
 
     asyncio.run(scenario())
+
+
+def test_describe_groups_of_a_consumer_group_answers_as_kafka_4():
+    """Kafka 4's classic DescribeGroups of a KIP-848 group: v6 GROUP_ID_NOT_FOUND "Group X is
+    not a classic group." (state Dead), older versions Dead with no error - even when the
+    group has committed offsets (which an unknown group with offsets answers Empty)."""
+
+    async def scenario():
+        handlers, by_key = make()
+        joined = await call(by_key[68], heartbeat())
+        assert joined.error_code == 0
+        commit = OffsetCommitRequest[9](
+            group_id="cg",
+            generation_id_or_member_epoch=joined.member_epoch,
+            member_id="m1",
+            group_instance_id=None,
+            topics=[
+                CommitTopic(
+                    name="orders",
+                    partitions=[
+                        CommitPartition(
+                            partition_index=0, committed_offset=3, committed_metadata=""
+                        )
+                    ],
+                )
+            ],
+        )
+        assert (await call(handlers.offset_commit, commit)).topics[0].partitions[0].error_code == 0
+        for version, error, message in (
+            (5, KafkaError.NONE, None),
+            (6, KafkaError.GROUP_ID_NOT_FOUND, "Group cg is not a classic group."),
+        ):
+            got = await call(handlers.describe_groups, _describe_groups(version, ["cg"]))
+            entry = got.groups[0]
+            assert (entry.error_code, entry.group_state, entry.members) == (error, "Dead", [])
+            assert entry.protocol_type == ""
+            if version >= 6:
+                assert entry.error_message == message
+
+    asyncio.run(scenario())
+
+
+def _describe_groups(version: int, groups: list[str]) -> Any:
+    from kafka.protocol.admin import DescribeGroupsRequest
+
+    return DescribeGroupsRequest[version](groups=groups, include_authorized_operations=False)

@@ -460,3 +460,42 @@ def test_a_share_group_id_is_refused_to_classic_and_consumer_members():
     req = ConsumerGroupHeartbeatRequest[0](group_id="sg", member_id="m", member_epoch=0)
     resp = run(hb(req, RequestContext(68, 0, 1, "c", ("h", 1))))
     assert resp.error_code == KafkaError.GROUP_ID_NOT_FOUND
+
+
+def test_describe_groups_of_a_share_group_answers_as_kafka_4():
+    """Kafka 4's classic DescribeGroups of a share group: v6 GROUP_ID_NOT_FOUND "Group X is
+    not a classic group.", older versions state Dead with no error; other ids unchanged."""
+    from kafka.protocol.admin import DescribeGroupsRequest, DescribeGroupsResponse
+
+    apis, _ = make_apis()
+    apis.coordinator.heartbeat("sg", "a", 0, None, ["t"], "", "", lambda n: None)
+
+    def dead(group_id: str, version: int):
+        G = DescribeGroupsResponse[version].DescribedGroup
+        return G(
+            error_code=KafkaError.GROUP_ID_NOT_FOUND if version >= 6 else 0,
+            error_message=f"Group {group_id} not found." if version >= 6 else None,
+            group_id=group_id,
+            group_state="Dead",
+            protocol_type="",
+            protocol_data="",
+            members=[],
+        )
+
+    async def inner(req, ctx):  # the classic handler: neither id is a classic group
+        groups = [dead(g, ctx.api_version) for g in req.groups]
+        return DescribeGroupsResponse[ctx.api_version](throttle_time_ms=0, groups=groups)
+
+    describe = apis.wrap(DescribeGroupsRequest, inner)
+    for version in (5, 6):
+        req = DescribeGroupsRequest[version](
+            groups=["sg", "none"], include_authorized_operations=False
+        )
+        sg, none = run(describe(req, RequestContext(15, version, 1, "c", ("h", 1)))).groups
+        assert sg.group_state == "Dead" and none.group_state == "Dead"
+        if version >= 6:
+            assert sg.error_code == KafkaError.GROUP_ID_NOT_FOUND
+            assert sg.error_message == "Group sg is not a classic group."
+            assert none.error_message == "Group none not found."
+        else:
+            assert sg.error_code == 0 and none.error_code == 0

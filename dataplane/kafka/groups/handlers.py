@@ -92,6 +92,19 @@ def partition_in_image(image: Any, topic: str, partition: int) -> bool:
     return state is not None and partition in state.partitions
 
 
+def _not_classic(entry: Callable[..., Any], group_id: str, version: int) -> Any:
+    """DescribeGroups of a group of another type (a KIP-848 consumer group), as Kafka 4
+    answers it: v6 GROUP_ID_NOT_FOUND "Group X is not a classic group.", older versions
+    state Dead without an error (ConsumerGroupDescribe describes it)."""
+    if version >= 6:
+        return entry(
+            KafkaError.GROUP_ID_NOT_FOUND,
+            GroupState.DEAD.value,
+            message=f"Group {group_id} is not a classic group.",
+        )
+    return entry(KafkaError.NONE, GroupState.DEAD.value)
+
+
 class GroupHandlers:
     """Handlers of the classic group APIs.
 
@@ -584,6 +597,8 @@ class GroupHandlers:
                 protocol_data=summary.protocol_name,
                 members=members,
             )
+        if self._consumer is not None and self._consumer.state_of(group_id) is not None:
+            return _not_classic(entry, group_id, version)
         try:
             has_offsets = await self._offsets.has_offsets(group_id)
         except Exception as exc:  # noqa: BLE001 - reported as a Kafka error

@@ -181,3 +181,25 @@ def refuse_share_group_ids(inner: Callable, coordinator: ShareGroupCoordinator):
         return response_class(ctx.api_key)[ctx.api_version](throttle_time_ms=0, **fields)
 
     return refuse
+
+
+DESCRIBE_GROUPS_KEY = 15
+
+
+def describe_share_groups_as_not_classic(inner: Callable, coordinator: ShareGroupCoordinator):
+    """DescribeGroups `inner` (classic), with a share group's entry as Kafka 4 answers it:
+    v6 GROUP_ID_NOT_FOUND "Group X is not a classic group.", older versions state Dead with
+    no error (ShareGroupDescribe describes it)."""
+
+    async def describe(req: Any, ctx: Any) -> Any:
+        resp = await inner(req, ctx)
+        for entry in resp.groups or []:
+            if entry.group_state not in ("Dead", "") or coordinator.group(entry.group_id) is None:
+                continue  # a classic group of that id (or none at all)
+            entry.group_state = "Dead"
+            if ctx.api_version >= 6:
+                entry.error_code = KafkaError.GROUP_ID_NOT_FOUND
+                entry.error_message = f"Group {entry.group_id} is not a classic group."
+        return resp
+
+    return describe

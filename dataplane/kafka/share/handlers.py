@@ -33,8 +33,10 @@ from dataplane.objectstore import ObjectStoreError
 
 from .coordinator import ShareGroupCoordinator
 from .describe import (
+    DESCRIBE_GROUPS_KEY,
     OTHER_GROUP_JOINS,
     describe_groups,
+    describe_share_groups_as_not_classic,
     describe_share_partitions,
     list_groups_with_share,
     refuse_share_group_ids,
@@ -106,12 +108,15 @@ class ShareApis:
     def wrap(self, request_class: type, handler):
         """`handler` of `request_class` as served with share groups: ListGroups lists them
         too; a classic JoinGroup (INCONSISTENT_GROUP_PROTOCOL) or a ConsumerGroupHeartbeat
-        (GROUP_ID_NOT_FOUND) for a share group's id is refused, as Kafka does; any other
+        (GROUP_ID_NOT_FOUND) for a share group's id is refused, and DescribeGroups answers
+        a share group's id "not a classic group", as Kafka does; any other
         handler is returned as it is."""
         if request_class is ListGroupsRequest:
             return list_groups_with_share(handler, self.coordinator, self.coordinates)
         if int(getattr(request_class, "API_KEY", -1)) in OTHER_GROUP_JOINS:
             return refuse_share_group_ids(handler, self.coordinator)
+        if int(getattr(request_class, "API_KEY", -1)) == DESCRIBE_GROUPS_KEY:
+            return describe_share_groups_as_not_classic(handler, self.coordinator)
         return handler
 
     # ------------------------------------------------------------------ group coordinator
