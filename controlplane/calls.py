@@ -65,7 +65,7 @@ from controlplane.requests import (
 )
 
 if TYPE_CHECKING:
-    from controlplane.share_state import PutShareStateRequest
+    from controlplane.share_state import DeleteShareGroupStateRequest, PutShareStateRequest
 
 R = TypeVar("R", bound=BaseModel)
 Q = TypeVar("Q", bound=_Request)
@@ -244,6 +244,13 @@ class ControllerCalls:
         """Store or load a share-partition's state (controlplane/share_state.py): the value
         stored after the command."""
         return self.send(req, timeout_s).get("value")
+
+    def delete_share_group_state(
+        self, req: DeleteShareGroupStateRequest, timeout_s: float | None = None
+    ) -> int:
+        """Delete a share group's stored share-partition states (controlplane/share_state.py):
+        how many there were."""
+        return int(self.send(req, timeout_s).get("deleted", 0))
 
     # transactions
     def record_aborted_txns(

@@ -7,7 +7,9 @@ for the partition's leader. Here the leader writes it itself: one KV entry per s
 current leader at its current leader epoch. A partition move or a WAL failover bumps the
 leader epoch, so a previous leader can no longer overwrite what the new one wrote; the new
 leader loads with `load=True`, a read through the log that sees every write the controller
-accepted before it.
+accepted before it. DeleteGroups of a share group deletes its entries (by its coordinator);
+a leader still holding one of them loaded stores with `must_exist`, refused once deleted, so
+it reloads a fresh state instead of bringing the deleted one back.
 
 No I/O here.
 """
@@ -19,6 +21,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import records as r
+from controlplane.coordinators import slot_of
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.fencing import require_active_broker
 from controlplane.image import MetadataImage
@@ -44,9 +47,29 @@ class PutShareStateRequest(BaseModel):
     leader_epoch: int = Field(ge=0)
     load: bool = False
     value: str | None = Field(default=None, max_length=500_000)
+    # the state was stored before (this leader loaded or first stored it): refused when it
+    # is gone, i.e. the group was deleted meanwhile (a stale leader cannot bring it back)
+    must_exist: bool = False
 
 
-REQUEST_TYPES.update({PutShareStateRequest.command: PutShareStateRequest})  # type: ignore[dict-item]
+class DeleteShareGroupStateRequest(BaseModel):
+    """The group's coordinator deletes every stored share-partition state of a share group
+    (DeleteGroups of an empty share group); fenced by the group's coordinator slot."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: ClassVar[str] = "delete_share_group_state"
+    node_id: int = Field(ge=0)
+    node_epoch: int = Field(ge=0)
+    group_id: str = Field(min_length=1, max_length=255)
+    coordinator_epoch: int = Field(ge=0)
+
+
+REQUEST_TYPES.update(
+    {
+        PutShareStateRequest.command: PutShareStateRequest,  # type: ignore[dict-item]
+        DeleteShareGroupStateRequest.command: DeleteShareGroupStateRequest,  # type: ignore[dict-item]
+    }
+)
 
 
 def share_state_key(group_id: str, topic_id: str, partition: int) -> str:
@@ -74,7 +97,30 @@ def put_share_state(image: MetadataImage, req: PutShareStateRequest, now_ms: int
     key = share_state_key(req.group_id, req.topic_id, req.partition)
     if req.load:
         return [], {"value": image.kv.get(key)}
+    if req.must_exist and key not in image.kv:
+        raise ControllerError(
+            ErrorCode.NOT_PARTITION_LEADER,
+            f"the share state of group {req.group_id!r} on {req.topic_id}/{req.partition} was "
+            "deleted (the group was deleted): reload it",
+        )
     return [r.KVRecord(key=key, value=req.value)], {"value": req.value}
+
+
+def delete_share_group_state(image: MetadataImage, req: DeleteShareGroupStateRequest, now_ms: int):
+    """Delete every share-partition state of a share group: only the current owner of the
+    group's coordinator slot, at the slot's epoch, may (NOT_COORDINATOR otherwise)."""
+    require_active_broker(image, req.node_id, req.node_epoch)
+    slot = slot_of(image, req.group_id)
+    state = image.coordinator_slots.get(slot) if slot is not None else None
+    if state is None or state.node_id != req.node_id or state.epoch != req.coordinator_epoch:
+        raise ControllerError(
+            ErrorCode.NOT_COORDINATOR,
+            f"node {req.node_id} at coordinator epoch {req.coordinator_epoch} does not "
+            f"coordinate group {req.group_id!r}",
+        )
+    prefix = f"{SHARE_STATE_KEY_PREFIX}{req.group_id}/"
+    records = [r.KVRecord(key=key, value=None) for key in image.kv if key.startswith(prefix)]
+    return records, {"deleted": len(records)}
 
 
 def forget_topic_records(image: MetadataImage, topic_id: str) -> list:

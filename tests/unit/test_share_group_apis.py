@@ -165,10 +165,19 @@ class FakeStore:
     def load(self, group_id, topic_id, partition, leader_epoch):
         return self.docs.get((group_id, topic_id, partition))
 
-    def save(self, group_id, topic_id, partition, leader_epoch, doc):
+    def save(self, group_id, topic_id, partition, leader_epoch, doc, must_exist=False):
         if self.fail:
             raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, "store down")
+        if must_exist and (group_id, topic_id, partition) not in self.docs:
+            raise ShareStateError(KafkaError.NOT_LEADER_OR_FOLLOWER, "deleted: reload")
         self.docs[(group_id, topic_id, partition)] = doc
+
+    def delete_group(self, group_id, coordinator_epoch):
+        self.deleted_at = coordinator_epoch
+        gone = [k for k in self.docs if k[0] == group_id]
+        for k in gone:
+            del self.docs[k]
+        return len(gone)
 
 
 def make_apis(log: FakeLog | None = None):
@@ -176,7 +185,11 @@ def make_apis(log: FakeLog | None = None):
     part = SimpleNamespace(partition=0, leader_node_id=1, leader_epoch=0, erasure_coded=False)
     topic = SimpleNamespace(topic_id=TID, name="t", partitions={0: part})
     image = SimpleNamespace(
-        topics={TID: topic}, topic_by_name=lambda n: topic if n == "t" else None
+        topics={TID: topic},
+        topic_by_name=lambda n: topic if n == "t" else None,
+        kv={},
+        coordinator_slot_count=1,
+        coordinator_slots={0: SimpleNamespace(node_id=1, epoch=3)},
     )
 
     async def run_io(fn, *args):
@@ -499,3 +512,77 @@ def test_describe_groups_of_a_share_group_answers_as_kafka_4():
             assert none.error_message == "Group none not found."
         else:
             assert sg.error_code == 0 and none.error_code == 0
+
+
+def test_delete_groups_of_a_share_group_deletes_its_stored_state():
+    """DeleteGroups of a share group: NON_EMPTY_GROUP while it has members; once empty its
+    stored share-partition states go (by its coordinator, at its slot epoch) with its loaded
+    share-partitions; other ids go to the classic handler, answers in request order."""
+    from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
+
+    async def scenario():
+        apis, store = make_apis()
+        topics = {"t": (TID, 1)}.get
+        joined = apis.coordinator.heartbeat("g", "m", 0, None, ["t"], "", "", topics)
+        await apis.share_fetch(fetch_req(0, []), ctx(78))
+        await apis.share_fetch(fetch_req(1, [(0, 1, ACK_ACCEPT)]), ctx(78))
+        assert store.docs[("g", TID, 0)]["start"] == 2
+        classic_asked: list = []
+
+        async def classic(req, c):
+            classic_asked.extend(req.groups_names)
+            R = DeleteGroupsResponse[c.api_version]
+            return R(
+                throttle_time_ms=0,
+                results=[
+                    R.DeletableGroupResult(group_id=g, error_code=KafkaError.GROUP_ID_NOT_FOUND)
+                    for g in req.groups_names
+                ],
+            )
+
+        delete = apis.wrap(DeleteGroupsRequest, classic)
+
+        def request():
+            return DeleteGroupsRequest[2](groups_names=["other", "g"])
+
+        resp = await delete(request(), RequestContext(42, 2, 1, "c", ("h", 1)))
+        assert [(r.group_id, r.error_code) for r in resp.results] == [
+            ("other", KafkaError.GROUP_ID_NOT_FOUND),
+            ("g", KafkaError.NON_EMPTY_GROUP),
+        ]
+        assert ("g", TID, 0) in store.docs  # nothing deleted
+        left = apis.coordinator.heartbeat("g", "m", -1, None, None, "", "", topics)
+        assert left.error == KafkaError.NONE and joined.error == KafkaError.NONE
+        resp = await delete(request(), RequestContext(42, 2, 1, "c", ("h", 1)))
+        assert [(r.group_id, r.error_code) for r in resp.results] == [
+            ("other", KafkaError.GROUP_ID_NOT_FOUND),
+            ("g", KafkaError.NONE),
+        ]
+        assert classic_asked == ["other", "other"]  # the share group never reached it
+        assert not any(k[0] == "g" for k in store.docs) and store.deleted_at == 3
+        assert apis.partitions.get_loaded(("g", TID, 0)) is None
+        assert apis.coordinator.group("g") is None
+
+    run(scenario())
+
+
+def test_a_leader_holding_a_deleted_groups_state_reloads_it_fresh():
+    """A leader elsewhere still holds the deleted group's share-partition loaded: its next
+    write must find the stored state (must_exist), is refused, and the share-partition is
+    reloaded fresh - the deleted state is not brought back."""
+
+    async def scenario():
+        apis, store = make_apis()
+        await apis.share_fetch(fetch_req(0, []), ctx(78))
+        await apis.share_fetch(fetch_req(1, [(0, 1, ACK_ACCEPT)]), ctx(78))
+        assert store.docs[("g", TID, 0)]["start"] == 2
+        store.delete_group("g", 3)  # the group's coordinator (another broker) deleted it
+        resp = await apis.share_fetch(fetch_req(2, [(2, 2, ACK_ACCEPT)]), ctx(78))
+        assert part_of(resp).acknowledge_error_code == KafkaError.NOT_LEADER_OR_FOLLOWER
+        # the same fetch then reloaded the share-partition: a fresh start (earliest here),
+        # not the deleted state (start 2) brought back
+        assert store.docs[("g", TID, 0)]["start"] == 0
+        assert apis.partitions.get_loaded(("g", TID, 0)).state.start_offset == 0
+        assert acquired(resp)[0][0] == 0
+
+    run(scenario())

@@ -113,3 +113,51 @@ def test_deleting_a_topic_forgets_its_share_partitions(sm):
     ok(sm.execute("delete_topic", {"name": "t"}, NOW))
     assert share_state_key("g", "tid", 0) not in sm.image.kv
     assert share_state_key("g/with/slashes", "uid", 0) in sm.image.kv
+
+
+def test_deleting_a_share_group_removes_its_state_and_a_stale_leader_cannot_restore_it(sm):
+    """DeleteGroups of a share group: its coordinator (only it, at its slot epoch) deletes
+    every stored share-partition state of the group, no other group's; a leader that still
+    holds the state loaded stores with must_exist and is refused (it reloads a fresh state)
+    instead of bringing the deleted state back."""
+    from controlplane.coordinators import slot_of
+
+    part = sm.image.topics["tid"].partitions[0]
+    leader, epoch = part.leader_node_id, part.leader_epoch
+    ok(put(sm, leader, epoch, '{"v":1,"start":7,"runs":[]}'))
+    other_group = dict(
+        node_id=leader, node_epoch=0, group_id="h", topic_id="tid", partition=0, leader_epoch=epoch
+    )
+    ok(sm.execute("put_share_state", {**other_group, "value": "{}"}, NOW))
+    slot = sm.image.coordinator_slots[slot_of(sm.image, "g")]
+    owner, not_owner = slot.node_id, 3 - slot.node_id
+
+    def delete(node: int, coordinator_epoch: int) -> dict:
+        return sm.execute(
+            "delete_share_group_state",
+            {
+                "node_id": node,
+                "node_epoch": 0,
+                "group_id": "g",
+                "coordinator_epoch": coordinator_epoch,
+            },
+            NOW,
+        )
+
+    assert err(delete(not_owner, slot.epoch)) == "NOT_COORDINATOR"
+    assert err(delete(owner, slot.epoch + 1)) == "NOT_COORDINATOR"
+    assert share_state_key("g", "tid", 0) in sm.image.kv  # nothing changed
+    assert ok(delete(owner, slot.epoch)) == {"deleted": 1}
+    assert share_state_key("g", "tid", 0) not in sm.image.kv
+    assert share_state_key("h", "tid", 0) in sm.image.kv  # another group's state stays
+    stale = sm.execute(
+        "put_share_state",
+        {**other_group, "group_id": "g", "value": '{"v":1,"start":9}', "must_exist": True},
+        NOW,
+    )
+    assert err(stale) == "NOT_PARTITION_LEADER"
+    assert share_state_key("g", "tid", 0) not in sm.image.kv
+    # a fresh start (no must_exist: the first store of a load) is accepted
+    ok(sm.execute("put_share_state", {**other_group, "group_id": "g", "value": "{}"}, NOW))
+    assert ok(delete(owner, slot.epoch)) == {"deleted": 1}
+    assert ok(delete(owner, slot.epoch)) == {"deleted": 0}  # deleting again: nothing left

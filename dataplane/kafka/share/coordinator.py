@@ -248,6 +248,15 @@ class ShareGroupCoordinator:
         for group_id in [g.group_id for g in self._groups.values() if not g.members]:
             del self._groups[group_id]
 
+    def delete_group(self, group_id: str) -> KafkaError:
+        """DeleteGroups of a share group held here: NON_EMPTY_GROUP while it has members
+        (nothing changes), else it is forgotten."""
+        group = self.group(group_id)
+        if group is not None and group.members:
+            return KafkaError.NON_EMPTY_GROUP
+        self._groups.pop(group_id, None)
+        return KafkaError.NONE
+
     def unload(self, predicate: Callable[[str], bool]) -> int:
         """Forget the groups `predicate` names (their coordinator slot moved away)."""
         gone = [g for g in self._groups if predicate(g)]

@@ -23,8 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka.protocol.admin import ListGroupsRequest
+from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse, ListGroupsRequest
 
+from controlplane.coordinators import slot_of
+from controlplane.share_state import SHARE_STATE_KEY_PREFIX
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.kafka.api_context import BrokerApiContext
@@ -57,6 +59,13 @@ from .sessions import FINAL_EPOCH, INITIAL_EPOCH, SessionError, ShareSession, Sh
 from .store import ShareStateError
 
 log = logging.getLogger(__name__)
+
+
+def has_share_state(image: Any, group_id: str) -> bool:
+    """Whether the metadata image holds stored share-partition state of the group."""
+    prefix = f"{SHARE_STATE_KEY_PREFIX}{group_id}/"
+    return any(key.startswith(prefix) for key in image.kv)
+
 
 MAX_WAIT_MS = 30_000
 MAX_RECORDS_PER_FETCH = 10_000
@@ -117,7 +126,52 @@ class ShareApis:
             return refuse_share_group_ids(handler, self.coordinator)
         if int(getattr(request_class, "API_KEY", -1)) == DESCRIBE_GROUPS_KEY:
             return describe_share_groups_as_not_classic(handler, self.coordinator)
+        if request_class is DeleteGroupsRequest:
+            return self._deleting_share_groups(handler)
         return handler
+
+    def _deleting_share_groups(self, inner):
+        """DeleteGroups `inner` (classic and consumer groups), with share groups deleted
+        here: an empty one (or one known only by its stored state, its coordinator having
+        moved) loses its stored share-partition states (the controller KV) and then its
+        membership; one with members is NON_EMPTY_GROUP, as Kafka answers."""
+
+        async def delete(req: Any, ctx: Any) -> Any:
+            ids = list(dict.fromkeys(req.groups_names or []))
+            image = self.broker.image_fn()
+            share = [
+                g for g in ids if g and (self.coordinator.group(g) or has_share_state(image, g))
+            ]
+            results = {g: await self._delete_share_group(image, g) for g in share}
+            rest = [g for g in ids if g not in results]
+            if rest:
+                req.groups_names = rest
+                for entry in (await inner(req, ctx)).results:
+                    results[entry.group_id] = entry.error_code
+            R = DeleteGroupsResponse[ctx.api_version]
+            return R(
+                throttle_time_ms=0,
+                results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in ids],
+            )
+
+        return delete
+
+    async def _delete_share_group(self, image: Any, group_id: str) -> int:
+        if not self.coordinates(group_id):
+            return KafkaError.NOT_COORDINATOR
+        group = self.coordinator.group(group_id)
+        if group is not None and group.members:
+            return KafkaError.NON_EMPTY_GROUP
+        slot = slot_of(image, group_id)
+        owner = image.coordinator_slots.get(slot) if slot is not None else None
+        if owner is None or owner.node_id != self.broker.me.node_id:
+            return KafkaError.NOT_COORDINATOR
+        try:
+            await self.broker.run_io(self.partitions.store.delete_group, group_id, owner.epoch)
+        except ShareStateError as exc:
+            return exc.error
+        self.partitions.drop_group(group_id)
+        return self.coordinator.delete_group(group_id)  # NON_EMPTY_GROUP if one joined meanwhile
 
     # ------------------------------------------------------------------ group coordinator
 

@@ -64,6 +64,9 @@ class SharePartition:
     stored: int = 0
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+    # its state is in the store (loaded from it, or first stored): later writes must find
+    # it there (a deleted group's state is not brought back)
+    in_store: bool = True
 
     def changed(self) -> int:
         """Note a change to write; its number (`persist` waits until it is stored)."""
@@ -190,6 +193,14 @@ class SharePartitions:
         """Forget the loaded state of `key` (the next use loads what is stored)."""
         self._partitions.pop(key, None)
 
+    def drop_group(self, group_id: str) -> int:
+        """Forget every loaded share-partition of `group_id` (the group was deleted); how
+        many. Leaders elsewhere find out at their next write (`must_exist`)."""
+        keys = [key for key in self._partitions if key[0] == group_id]
+        for key in keys:
+            self._partitions.pop(key, None)
+        return len(keys)
+
     # ------------------------------------------------------------------ durability
 
     async def persist(self, sp: SharePartition, change: int) -> None:
@@ -207,7 +218,13 @@ class SharePartitions:
             group_id, topic_id, partition = sp.key
             try:
                 await self.run_io(
-                    self.store.save, group_id, topic_id, partition, sp.leader_epoch, doc
+                    self.store.save,
+                    group_id,
+                    topic_id,
+                    partition,
+                    sp.leader_epoch,
+                    doc,
+                    sp.in_store,
                 )
             except ShareStateError:
                 self.drop(sp.key)

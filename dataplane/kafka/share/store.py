@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.share_state import PutShareStateRequest
+from controlplane.share_state import DeleteShareGroupStateRequest, PutShareStateRequest
 from dataplane.formats.kafka_errors import KafkaError
 
 PUT_TIMEOUT_S = 10.0
@@ -58,16 +58,54 @@ class ShareStateStore:
             ) from exc
 
     def save(
-        self, group_id: str, topic_id: str, partition: int, leader_epoch: int, doc: dict
+        self,
+        group_id: str,
+        topic_id: str,
+        partition: int,
+        leader_epoch: int,
+        doc: dict,
+        must_exist: bool = False,
     ) -> None:
-        """Store the snapshot; returns once the controller committed it (blocking)."""
+        """Store the snapshot; returns once the controller committed it (blocking).
+        `must_exist`: refused (NOT_LEADER_OR_FOLLOWER) if the stored state is gone (the group
+        was deleted since this leader loaded it)."""
         value = json.dumps(doc, separators=(",", ":"))
         if len(value) > MAX_STATE_BYTES:
             raise ShareStateError(
                 KafkaError.KAFKA_STORAGE_ERROR,
                 f"share state of {len(value)} bytes exceeds {MAX_STATE_BYTES}",
             )
-        self._call(group_id, topic_id, partition, leader_epoch, load=False, value=value)
+        self._call(
+            group_id,
+            topic_id,
+            partition,
+            leader_epoch,
+            load=False,
+            value=value,
+            must_exist=must_exist,
+        )
+
+    def delete_group(self, group_id: str, coordinator_epoch: int) -> int:
+        """Delete every stored share-partition state of the group, as its coordinator at
+        `coordinator_epoch` (blocking); how many there were. ShareStateError when refused
+        (NOT_COORDINATOR) or the controller cannot be reached."""
+        req = DeleteShareGroupStateRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch_fn(),
+            group_id=group_id,
+            coordinator_epoch=coordinator_epoch,
+        )
+        try:
+            return self.controller.delete_share_group_state(req, timeout_s=PUT_TIMEOUT_S)
+        except ControllerError as exc:
+            error = (
+                KafkaError.NOT_COORDINATOR
+                if exc.code in _NOT_LEADER or exc.code == ErrorCode.NOT_COORDINATOR
+                else KafkaError.KAFKA_STORAGE_ERROR
+            )
+            raise ShareStateError(error, str(exc)) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
 
     def _call(
         self,
@@ -78,6 +116,7 @@ class ShareStateStore:
         *,
         load: bool,
         value: str | None,
+        must_exist: bool = False,
     ) -> str | None:
         req = PutShareStateRequest(
             node_id=self.node_id,
@@ -88,6 +127,7 @@ class ShareStateStore:
             leader_epoch=leader_epoch,
             load=load,
             value=value,
+            must_exist=must_exist,
         )
         try:
             return self.controller.put_share_state(req, timeout_s=PUT_TIMEOUT_S)
