@@ -586,3 +586,37 @@ def test_a_leader_holding_a_deleted_groups_state_reloads_it_fresh():
         assert acquired(resp)[0][0] == 0
 
     run(scenario())
+
+
+def test_the_simple_assignor_spreads_partitions_over_members():
+    """Kafka's `simple` share assignor rules: more partitions than members - each partition
+    to one member, evenly; more members than partitions - one partition each, every
+    partition read; a member that leaves: the others take its partitions at their next
+    heartbeat."""
+    c = ShareGroupCoordinator()
+    six = {"t": (TID, 6)}.get
+    epochs: dict[str, int] = {}
+
+    def hb(member: str, topics=six) -> dict:
+        result = c.heartbeat("g", member, epochs.get(member, 0), None, ["t"], "", "", topics)
+        assert result.error == KafkaError.NONE, result
+        epochs[member] = result.member_epoch
+        return c.group("g").members[member].assignment
+
+    for m in "abc":
+        hb(m)
+    got = {m: hb(m)[TID] for m in "abc"}  # each heartbeats once more: the final split
+    assert sorted(len(p) for p in got.values()) == [2, 2, 2]
+    assert sorted(p for ps in got.values() for p in ps) == list(range(6))
+    c.heartbeat("g", "c", -1, None, None, "", "", six)  # c leaves
+    got = {m: hb(m)[TID] for m in "ab"}
+    assert sorted(p for ps in got.values() for p in ps) == list(range(6))
+    assert sorted(len(p) for p in got.values()) == [3, 3]
+    # 2 partitions, 4 members: one partition each, both read by two members
+    two = {"t": (TID, 2)}.get
+    c2 = ShareGroupCoordinator()
+    joined = {m: c2.heartbeat("h", m, 0, None, ["t"], "", "", two) for m in "wxyz"}
+    for m, j in joined.items():  # each heartbeats once more, with all four in the group
+        c2.heartbeat("h", m, j.member_epoch, None, None, "", "", two)
+    parts = [c2.group("h").members[m].assignment[TID] for m in "wxyz"]
+    assert all(len(p) == 1 for p in parts) and sorted(p[0] for p in parts) == [0, 0, 1, 1]

@@ -1,10 +1,12 @@
 """Share-group membership (KIP-932's group coordinator part): members join, heartbeat and
-leave with ShareGroupHeartbeat; every member is assigned every partition of the topics it
-subscribes to (share groups let several members read one partition: the share-partition at
-the partition's leader hands each record to one of them). Kafka's default share assignor
-(`simple`) spreads partitions over members when there are more partitions than members; here
-every member reads every subscribed partition, which Kafka's rules allow and which keeps
-every partition read while any member lives.
+leave with ShareGroupHeartbeat. Assignment follows the rules of Kafka's `simple` share
+assignor (KIP-932): per topic, among the members subscribed to it, when there are at least
+as many partitions as members each partition goes to one member (spread evenly); when there
+are more members than partitions each member gets one partition, and a partition is shared
+by several members (the share-partition at the partition's leader hands each record to one
+of them). Every subscribed partition has a member and every member a partition. It is
+computed from the group's members at each member's heartbeat (members in join order, so a
+member that joins last takes the remainder): a member sees a change at its next heartbeat.
 
 Membership is in memory at the group's coordinator (the owner of the group's coordinator
 slot, as for classic groups): after a coordinator move members get UNKNOWN_MEMBER_ID and
@@ -212,7 +214,7 @@ class ShareGroupCoordinator:
                 member.subscribed = tuple(subscribed)
                 group.group_epoch += 1
         assert group is not None
-        assignment = _assign(member.subscribed, topics)
+        assignment = _assign(group, member, topics)
         if assignment != member.assignment or not member.assignment_sent:
             if assignment != member.assignment and member_epoch != 0:
                 group.group_epoch += 1
@@ -281,13 +283,24 @@ def _validate(group_id: str, member_id: str, member_epoch: int, subscribed) -> N
             raise HeartbeatError(KafkaError.INVALID_REQUEST, "bad SubscribedTopicNames")
 
 
-def _assign(subscribed: tuple[str, ...], topics: TopicLookup) -> dict[str, tuple[int, ...]]:
+def _assign(
+    group: ShareGroup, member: ShareMember, topics: TopicLookup
+) -> dict[str, tuple[int, ...]]:
+    """`member`'s partitions under the `simple` rules (module docstring): per subscribed
+    topic, with the members subscribed to it in join order, partition p goes to member
+    p mod members when partitions >= members, else member i reads partition i mod partitions."""
     assignment: dict[str, tuple[int, ...]] = {}
-    for name in sorted(set(subscribed)):
+    for name in sorted(set(member.subscribed)):
         found = topics(name)
-        if found is not None:
-            topic_id, count = found
-            assignment[topic_id] = tuple(range(count))
+        if found is None or found[1] <= 0:
+            continue
+        topic_id, count = found
+        readers = [m.member_id for m in group.members.values() if name in m.subscribed]
+        index = readers.index(member.member_id)
+        if count >= len(readers):
+            assignment[topic_id] = tuple(range(index, count, len(readers)))
+        else:
+            assignment[topic_id] = (index % count,)
     return assignment
 
 
