@@ -4,8 +4,8 @@ For each object piece of the split: the object's index (one tail GET, objects_io
 blocks of the partition's stream that overlap the piece (`find_blocks`), their bytes in
 ranged GETs of up to 8 MiB (touching blocks merged), each block checked and decoded by the
 object format (`decode_block`: framing, CRC32C, index agreement) into the stored Kafka
-batches, and each batch's records decoded by kafka-python's reader (gzip, snappy, lz4,
-zstd). Control batches are never returned; under read_committed a transactional batch
+batches, and each batch's records decoded into columns by the lean decoder
+(dataplane.formats.records: gzip, snappy, lz4, zstd), handed to Spark as Arrow batches. Control batches are never returned; under read_committed a transactional batch
 whose producer has an aborted transaction covering it (the controller's transaction index)
 is dropped. Records outside [split start, split end) are dropped (a block or a batch may
 straddle a split boundary); so are records below `min_timestamp_ms` when it is set.
@@ -25,10 +25,9 @@ import bisect
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from kafka.record.default_records import DefaultRecordBatch
-
 from dataplane.formats.object_format import decode_block, find_blocks
 from dataplane.formats.record_batch import parse_batch_header
+from dataplane.formats.records import RecordColumns, decode_records
 from dataplane.objectstore import BucketURI, object_key
 from spark_jobs import objects_io
 from spark_jobs.topic_source.options import TopicSourceError
@@ -93,14 +92,14 @@ def _piece_batches(split: TopicSplit, piece: PieceRead, pool: ThreadPoolExecutor
     return out
 
 
-def _records(split: TopicSplit, batch, aborted: AbortedIndex) -> Iterator[tuple]:
-    """(key, value, offset, timestamp ms, timestamp type, headers) of one stored batch."""
+def _append_records(split: TopicSplit, batch, aborted: AbortedIndex, out: RecordColumns) -> None:
+    """Append the returned records of one stored batch to `out` (the lean decoder)."""
     if batch.is_link:
         raise TopicSourceError(f"a link record at offset {batch.base_offset} (not resolved)")
     payload = batch.payload
     if not payload:
         return  # a filler (sealed erasure-coded ranges): no records
-    header = parse_batch_header(memoryview(payload), 0)
+    header = parse_batch_header(payload, 0, copy=False)
     if header.is_control:
         return
     if (
@@ -110,19 +109,25 @@ def _records(split: TopicSplit, batch, aborted: AbortedIndex) -> Iterator[tuple]
     ):
         return
     lo, hi, min_ts = split.start_offset, split.end_offset, split.min_timestamp_ms
-    for rec in DefaultRecordBatch(bytes(payload)):
-        offset = rec.offset
-        if offset < lo or offset >= hi:
-            continue
-        if min_ts is not None and rec.timestamp < min_ts:
-            continue
-        yield rec.key, rec.value, offset, rec.timestamp, rec.timestamp_type, rec.headers
+    first = len(out)
+    decode_records(header, out)
+    if header.base_offset >= lo and header.last_offset < hi and min_ts is None:
+        return  # the whole batch (the common case): nothing to filter
+    keep = [
+        i
+        for i in range(first, len(out))
+        if lo <= out.offsets[i] < hi and (min_ts is None or out.timestamps_ms[i] >= min_ts)
+    ]
+    for column in out.columns():
+        column[first:] = [column[i] for i in keep]
 
 
-def split_records(split: TopicSplit) -> Iterator[tuple]:
-    """Every returned record of the split, in offset order: (key, value, offset,
-    timestamp ms, timestamp type, headers as [(key, value)])."""
+def split_columns(split: TopicSplit, rows_per_batch: int = ROWS_PER_ARROW_BATCH) -> Iterator:
+    """The split's returned records in offset order, as RecordColumns of at least
+    `rows_per_batch` rows (the last one fewer). The same object is yielded each time and
+    cleared after the consumer resumes: use its columns before asking for the next."""
     aborted = AbortedIndex(split.aborted_txns)
+    out = RecordColumns()
     with (
         ThreadPoolExecutor(objects_io.IO_THREADS, thread_name_prefix="topic-source-get") as gets,
         ThreadPoolExecutor(1, thread_name_prefix="topic-source-prefetch") as prefetch,
@@ -142,7 +147,10 @@ def split_records(split: TopicSplit) -> Iterator[tuple]:
                         continue
                     if batch.base_offset >= split.end_offset:
                         break
-                    yield from _records(split, batch, aborted)
+                    _append_records(split, batch, aborted, out)
+                    if len(out) >= rows_per_batch:
+                        yield out
+                        out.clear()
             except TopicSourceError as exc:
                 raise TopicSourceError(
                     f"{split.topic}-{split.partition}: {_where(piece)}: {exc}"
@@ -152,6 +160,23 @@ def split_records(split: TopicSplit) -> Iterator[tuple]:
                     f"{split.topic}-{split.partition}: cannot read {_where(piece)}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+    if len(out):
+        yield out
+
+
+def split_records(split: TopicSplit) -> Iterator[tuple]:
+    """Every returned record of the split, in offset order: (key, value, offset,
+    timestamp ms, timestamp type, headers as [(key, value)])."""
+    for cols in split_columns(split):
+        yield from zip(
+            cols.keys,
+            cols.values,
+            cols.offsets,
+            cols.timestamps_ms,
+            cols.timestamp_types,
+            cols.headers,
+            strict=True,
+        )
 
 
 def arrow_batches(split: TopicSplit) -> Iterator:
@@ -160,33 +185,30 @@ def arrow_batches(split: TopicSplit) -> Iterator:
 
     from spark_jobs.topic_source.schema import ARROW_SCHEMA
 
-    cols: list[list] = [[] for _ in range(8)]
-
-    def flush():
-        keys, values, offsets, stamps, types, headers = cols[:6]
-        n = len(offsets)
+    ts_type = ARROW_SCHEMA.field("timestamp").type
+    headers_type = ARROW_SCHEMA.field("headers").type
+    topic = pa.scalar(split.topic, pa.string())
+    partition = pa.scalar(split.partition, pa.int32())
+    for cols in split_columns(split):
+        n = len(cols)
         arrays = [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([split.topic] * n, pa.string()),
-            pa.array([split.partition] * n, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array([t * 1000 for t in stamps], ARROW_SCHEMA.field("timestamp").type),
-            pa.array(types, pa.int32()),
-            pa.array(headers, ARROW_SCHEMA.field("headers").type),
+            pa.array(cols.keys, pa.binary()),
+            pa.array(cols.values, pa.binary()),
+            pa.repeat(topic, n),
+            pa.repeat(partition, n),
+            pa.array(cols.offsets, pa.int64()),
+            pa.array(cols.timestamps_ms, pa.timestamp("ms", tz="UTC")).cast(ts_type),
+            pa.array(cols.timestamp_types, pa.int32()),
+            _headers_array(cols.headers, headers_type),
         ]
-        for c in cols:
-            c.clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        yield pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
-    for key, value, offset, ts, ts_type, headers in split_records(split):
-        cols[0].append(key)
-        cols[1].append(value)
-        cols[2].append(offset)
-        cols[3].append(ts)
-        cols[4].append(ts_type)
-        cols[5].append(headers)
-        if len(cols[2]) >= ROWS_PER_ARROW_BATCH:
-            yield flush()
-    if cols[2]:
-        yield flush()
+
+def _headers_array(headers: list, headers_type):
+    """The headers column: all-empty lists (the common case) built without a Python walk."""
+    import pyarrow as pa
+
+    if any(headers):
+        return pa.array(headers, headers_type)
+    offsets = pa.array([0] * (len(headers) + 1), pa.int32())
+    return pa.ListArray.from_arrays(offsets, pa.array([], headers_type.value_type))
