@@ -15,7 +15,9 @@ from kafka.protocol.api_message import ApiMessage
 
 from dataplane.kafka.codec import add_api_message
 
-ZONE_ROUTE_VERSION = 1  # 1: batched routes (several partitions and produce requests)
+# 1: batched routes (several partitions and produce requests); 2: compact (the channel is
+# the source node's, entries and answers packed as varints, `route_codec.py`)
+ZONE_ROUTE_VERSION = 2
 
 
 class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
