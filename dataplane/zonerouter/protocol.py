@@ -33,8 +33,9 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 
 # 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
-# snapshot sessions (incremental polls and answers, packed links)
-SNAPSHOT_VERSION = 2
+# snapshot sessions (incremental polls and answers, packed links); 3: the answer's
+# partitions packed as varints (`snapshot_codec.py`)
+SNAPSHOT_VERSION = 3
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):

@@ -29,6 +29,7 @@ from dataplane.zonerouter.snapshot import (
     pack_links,
     unpack_links,
 )
+from dataplane.zonerouter.snapshot_codec import answer_view
 from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
 
 
@@ -102,7 +103,7 @@ def _roundtrip(server: SnapshotServer, req):
     out = encode_response(decoded, resp)
     out = out if isinstance(out, bytes) else b"".join(bytes(x) for x in out)
     _, back = decode_response(out[4:], SNAPSHOT_KEY, SNAPSHOT_VERSION)
-    return back, len(frame) + len(out)
+    return answer_view(back), len(frame) + len(out)
 
 
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
