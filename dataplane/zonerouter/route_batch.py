@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from dataplane.kafka.interbroker import BrokerConnection
@@ -92,12 +93,14 @@ class RouteBatcher:
         main_node_id: int,
         linger_s: float = LINGER_S,
         max_linger_s: float = MAX_ADAPTIVE_LINGER_S,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.conn = conn
         self.source_node_id = source_node_id
         self.channel_prefix = channel_prefix
         self.linger_s = linger_s
         self.max_linger_s = max_linger_s
+        self._clock = clock  # when routes come and how long a batch is held (seconds)
         # when routes last came, when the last burst began, the mean gap between bursts
         self._last_arrival = 0.0
         self._last_burst = 0.0
@@ -146,7 +149,7 @@ class RouteBatcher:
         error: the main may have appended it)."""
         item = _Route(epoch, topic_id, partition, channel_offset, timeout_ms)
         with self._cond:
-            now = item.queued_at = time.monotonic()
+            now = item.queued_at = self._clock()
             if now - self._last_arrival > BURST_GAP_S:
                 gap = min(now - self._last_burst, MAX_GAP_S)
                 self._mean_gap_s += GAP_WEIGHT * (gap - self._mean_gap_s)
@@ -188,13 +191,13 @@ class RouteBatcher:
                 self._cond.wait()
             if self._closed:
                 return None
-            now = time.monotonic()
+            now = self._clock()
             expected_until = now + self.linger_s
             gap = self._mean_gap_s
             linger_until = self._queue[0].queued_at + (gap if gap <= self.max_linger_s else 0.0)
             while len(self._queue) < MAX_BATCH_ENTRIES and not self._closed:
                 until = max(linger_until, expected_until if self._expected > 0 else now)
-                remaining = until - time.monotonic()
+                remaining = until - self._clock()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)

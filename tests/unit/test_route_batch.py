@@ -149,24 +149,37 @@ def test_a_closed_batcher_refuses_and_fails_what_is_queued():
 
 
 def test_routes_of_produce_requests_every_few_ms_share_a_request_and_sparse_ones_do_not():
+    now = [100.0]  # the batcher's clock, moved by the test only
     main = _Main()
-    batcher = _batcher(main)
+    batcher = RouteBatcher(main, 7, "router-channel/node-7", 1, clock=lambda: now[0])  # type: ignore[arg-type]
     topic = str(uuid.uuid4())
     try:
-        # sparse: each route goes at once (no linger learnt)
-        for n in range(3):
+        # sparse (a produce request every 50 ms): each route goes at once, nothing learnt
+        for n in range(5):
+            now[0] += 0.05
             assert batcher.route(batcher.ticket(), 5, topic, 0, n, 1000).result(5)[2] == n
-            time.sleep(0.05)
-        assert len(main.requests) == 3 and batcher.adaptive_linger_s() == 0.0
-        # a produce request every 2 ms: the batcher learns the gap and holds batches
-        futures = []
-        for n in range(200):
-            futures.append(batcher.route(batcher.ticket(), 5, topic, n % 6, 100 + n, 1000))
-            time.sleep(0.002)
-        assert [f.result(5)[2] for f in futures] == [100 + n for n in range(200)]
-        assert 0 < batcher.adaptive_linger_s() <= 0.005
-        # bounded: at most ~one request per learnt gap, so fewer requests than routes
-        assert len(main.requests) - 3 < 150
+        assert len(main.requests) == 5 and batcher.adaptive_linger_s() == 0.0
+        # a produce request every 2 ms: the mean gap is learnt (bounded by 5 ms); the
+        # batches held meanwhile go once the clock has passed their linger
+        learning = []
+        for n in range(40):
+            now[0] += 0.002
+            learning.append(batcher.route(batcher.ticket(), 5, topic, 1, 10 + n, 1000))
+        now[0] += 0.01
+        assert [f.result(5)[2] for f in learning] == [10 + n for n in range(40)]
+        assert 0.002 <= batcher.adaptive_linger_s() <= 0.0025
+        sent = len(main.requests)
+        # now a batch waits for the next produce request's routes: while the clock stands
+        # still nothing is sent; the next request's route joins the same request
+        now[0] += 0.002
+        first = batcher.route(batcher.ticket(), 5, topic, 2, 100, 1000)
+        time.sleep(0.1)
+        assert len(main.requests) == sent and not first.done()
+        second = batcher.route(batcher.ticket(), 5, topic, 3, 101, 1000)
+        now[0] += 0.01  # the linger has passed
+        assert first.result(5)[2] == 100 and second.result(5)[2] == 101
+        assert len(main.requests) == sent + 1
+        assert [e[1] for e in main.requests[-1].entries] == [2, 3]
     finally:
         batcher.close()
 
