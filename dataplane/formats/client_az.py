@@ -101,8 +101,11 @@ def parse_az_cidrs(spec: str) -> dict[str, str]:
 
 # the client id of broker-to-broker requests (`kafka.interbroker.CLIENT_ID`: transaction
 # markers, a proxy's forwarded ListOffsets / DeleteRecords): served as the real partition,
-# whatever AZ the sending broker's address maps to
-BROKER_CLIENT_ID = "automq-txn-coordinator"
+# whatever AZ the sending broker's address maps to. Short (issue #32): it is in the header
+# of every zone route and snapshot poll between AZs. The previous id is still recognized
+# (brokers of the previous release during a rolling upgrade).
+BROKER_CLIENT_ID = "~b"
+LEGACY_BROKER_CLIENT_ID = "automq-txn-coordinator"
 
 
 def client_az(
@@ -112,7 +115,7 @@ def client_az(
     `client.rack` (KIP-392: the rack id the Fetch requests from its host carried,
     `rack`), else from its address (the CIDR map), else None (a broker's own requests have
     none). A rack that cannot be an AZ name is ignored."""
-    if client_id == BROKER_CLIENT_ID:
+    if client_id == BROKER_CLIENT_ID or client_id == LEGACY_BROKER_CLIENT_ID:
         return None
     declared = az_from_client_id(client_id)
     if declared is not None:

@@ -15,7 +15,9 @@ from kafka.protocol.api_message import ApiMessage
 
 from dataplane.kafka.codec import add_api_message
 
-ZONE_ROUTE_VERSION = 1  # 1: batched routes (several partitions and produce requests)
+# 1: batched routes (several partitions and produce requests); 2: compact (the channel is
+# the source node's, entries and answers packed as varints, `route_codec.py`)
+ZONE_ROUTE_VERSION = 2
 
 
 class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
@@ -31,8 +33,9 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 
 # 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
-# snapshot sessions (incremental polls and answers, packed links)
-SNAPSHOT_VERSION = 2
+# snapshot sessions (incremental polls and answers, packed links); 3: the answer's
+# partitions packed as varints (`snapshot_codec.py`)
+SNAPSHOT_VERSION = 3
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):

@@ -9,6 +9,14 @@ bytes between brokers grow with the requests, not with the partitions. Before se
 it waits (at most `linger_s`, 2 ms) for routes whose channel append just finished and
 whose worker has not handed them over yet (the partitions of one produce request share a
 channel object and finish together): a `RouteTicket` counts them.
+
+Routes across produce requests: a client sends a produce request every few ms (librdkafka
+with linger.ms=5) and each costs one round trip per main (~150 bytes with the Kafka
+header). So the batcher learns how often routes come (the mean gap between bursts of
+routes, one burst per produce request) and, when the next burst is due within
+`max_linger_s` (5 ms), holds a batch for up to that gap after its first route: one round
+trip then carries the routes of several produce requests. Sparse routes are sent at once.
+The request is version 2 (`route_codec.py`: entries and answers packed as varints).
 """
 
 from __future__ import annotations
@@ -18,15 +26,20 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from dataplane.kafka.interbroker import BrokerConnection
-from dataplane.zonerouter.channel import channel_bucket_of
 from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
+from dataplane.zonerouter.route_codec import pack_entries, unpack_answers
 
 log = logging.getLogger(__name__)
 
 LINGER_S = 0.002  # the longest a route waits for others finishing their channel append
+MAX_ADAPTIVE_LINGER_S = 0.005  # the longest a batch waits for the next produce request's routes
+BURST_GAP_S = 0.0005  # routes closer than this are one burst (one produce request)
+GAP_WEIGHT = 0.2  # of the newest gap in the mean gap between bursts
+MAX_GAP_S = 1.0  # a longer gap counts as this much
 MAX_BATCH_ENTRIES = 256  # routes in one request (the main takes up to 1,024)
 MAX_QUEUED = 4096  # routes waiting for a request (more: refused, the proxy's client retries)
 RPC_EXTRA_TIMEOUT_S = 5.0
@@ -47,9 +60,18 @@ class RouteTicket:
 
 
 class _Route:
-    __slots__ = ("epoch", "topic_id", "partition", "channel_offset", "timeout_ms", "future")
+    __slots__ = (
+        "epoch",
+        "topic_id",
+        "partition",
+        "channel_offset",
+        "timeout_ms",
+        "future",
+        "queued_at",
+    )
 
     def __init__(self, epoch, topic_id, partition, channel_offset, timeout_ms) -> None:
+        self.queued_at = 0.0
         self.epoch = epoch
         self.topic_id = topic_id
         self.partition = partition
@@ -70,11 +92,19 @@ class RouteBatcher:
         channel_prefix: str,
         main_node_id: int,
         linger_s: float = LINGER_S,
+        max_linger_s: float = MAX_ADAPTIVE_LINGER_S,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.conn = conn
         self.source_node_id = source_node_id
         self.channel_prefix = channel_prefix
         self.linger_s = linger_s
+        self.max_linger_s = max_linger_s
+        self._clock = clock  # when routes come and how long a batch is held (seconds)
+        # when routes last came, when the last burst began, the mean gap between bursts
+        self._last_arrival = 0.0
+        self._last_burst = 0.0
+        self._mean_gap_s = MAX_GAP_S
         self._cond = threading.Condition()
         self._queue: deque[_Route] = deque()
         self._expected = 0  # channel appends done whose route is not queued yet
@@ -119,6 +149,12 @@ class RouteBatcher:
         error: the main may have appended it)."""
         item = _Route(epoch, topic_id, partition, channel_offset, timeout_ms)
         with self._cond:
+            now = item.queued_at = self._clock()
+            if now - self._last_arrival > BURST_GAP_S:
+                gap = min(now - self._last_burst, MAX_GAP_S)
+                self._mean_gap_s += GAP_WEIGHT * (gap - self._mean_gap_s)
+                self._last_burst = now
+            self._last_arrival = now
             if ticket.counted:
                 ticket.counted = False
                 self._expected -= 1
@@ -138,17 +174,30 @@ class RouteBatcher:
 
     # ------------------------------------------------------------ the sending thread
 
+    def adaptive_linger_s(self) -> float:
+        """How long a batch waits after its first route for the next produce request's:
+        the mean gap between bursts of routes when that is at most `max_linger_s` (the
+        next burst is due), else 0 (waiting would not merge anything)."""
+        with self._cond:
+            gap = self._mean_gap_s
+        return gap if gap <= self.max_linger_s else 0.0
+
     def _take(self) -> list[_Route] | None:
         """The next batch: once routes are queued, at most `linger_s` more while routes
-        whose channel append is done are still expected; routes of one route epoch."""
+        whose channel append is done are still expected, and until the adaptive linger
+        after the first queued route has passed; routes of one route epoch."""
         with self._cond:
             while not self._queue and not self._closed:
                 self._cond.wait()
             if self._closed:
                 return None
-            deadline = time.monotonic() + self.linger_s
-            while self._expected > 0 and len(self._queue) < MAX_BATCH_ENTRIES:
-                remaining = deadline - time.monotonic()
+            now = self._clock()
+            expected_until = now + self.linger_s
+            gap = self._mean_gap_s
+            linger_until = self._queue[0].queued_at + (gap if gap <= self.max_linger_s else 0.0)
+            while len(self._queue) < MAX_BATCH_ENTRIES and not self._closed:
+                until = max(linger_until, expected_until if self._expected > 0 else now)
+                remaining = until - self._clock()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
@@ -183,21 +232,15 @@ class RouteBatcher:
     def _send(self, batch: list[_Route]) -> list[RouteResult]:
         Q = ZoneRouteRequest[ZONE_ROUTE_VERSION]
         timeout_ms = max(item.timeout_ms for item in batch)
+        # version 2: the channel is the source node's (no prefix, no bucket: each entry's
+        # offset names its own segment and bucket), the entries packed
         req = Q(
             route_epoch=batch[0].epoch,
             source_node_id=self.source_node_id,
-            # informational in v1: each entry's offset names its own segment and bucket
-            channel_bucket_id=channel_bucket_of(batch[0].channel_offset),
-            channel_prefix=self.channel_prefix,
             timeout_ms=timeout_ms,
-            entries=[
-                Q.RouteEntry(
-                    topic_id=uuid.UUID(item.topic_id),
-                    partition=item.partition,
-                    channel_offset=item.channel_offset,
-                )
-                for item in batch
-            ],
+            packed_entries=pack_entries(
+                [(uuid.UUID(item.topic_id), item.partition, item.channel_offset) for item in batch]
+            ),
         )
         resp = self.conn.call(
             req,
@@ -208,9 +251,10 @@ class RouteBatcher:
         self.requests_sent += 1
         if resp.error_code:  # the whole request refused (a fenced epoch, a bad channel)
             return [(resp.error_code, resp.error_message, -1, -1, -1)] * len(batch)
-        if len(resp.entries) != len(batch):
-            raise ConnectionError(f"{len(resp.entries)} route answers for {len(batch)} routes")
-        return [
-            (e.error_code, e.error_message, e.base_offset, e.stream_id, e.end_offset)
-            for e in resp.entries
-        ]
+        try:
+            answers = unpack_answers(bytes(resp.packed_answers or b""))
+        except ValueError as exc:
+            raise ConnectionError(f"bad zone route answers: {exc}") from None
+        if len(answers) != len(batch):
+            raise ConnectionError(f"{len(answers)} route answers for {len(batch)} routes")
+        return answers

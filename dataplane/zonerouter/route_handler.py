@@ -29,6 +29,7 @@ from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, 
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
+from dataplane.zonerouter.route_codec import pack_answers, unpack_entries
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -196,6 +197,10 @@ class ZoneRouteHandler:
         """The whole request refused (a fenced epoch, a bad channel)."""
         if version == 0:
             return ZoneRouteHandler._answer(error, message)
+        if version >= 2:
+            return ZoneRouteResponse[version](
+                error_code=error, error_message=message, packed_answers=b""
+            )
         return ZoneRouteResponse[version](error_code=error, error_message=message, entries=[])
 
     @staticmethod
@@ -203,6 +208,11 @@ class ZoneRouteHandler:
         if version == 0:
             return ZoneRouteHandler._answer(*results[0])
         R = ZoneRouteResponse[version]
+        if version >= 2:
+            answers = [(r[0], r[1], r[2], r[4], r[5]) for r in results]
+            return R(
+                error_code=KafkaError.NONE, error_message=None, packed_answers=pack_answers(answers)
+            )
         return R(
             error_code=KafkaError.NONE,
             error_message=None,
@@ -225,7 +235,13 @@ class ZoneRouteHandler:
         if version == 0:
             entries = [(req.topic_id, req.partition, req.channel_offset)]
         else:
-            entries = [(e.topic_id, e.partition, e.channel_offset) for e in req.entries]
+            if version >= 2:
+                try:
+                    entries = unpack_entries(bytes(req.packed_entries or b""))
+                except ValueError as exc:
+                    return self._refused(version, KafkaError.INVALID_REQUEST, str(exc))
+            else:
+                entries = [(e.topic_id, e.partition, e.channel_offset) for e in req.entries]
             if not entries or len(entries) > MAX_ROUTE_ENTRIES:
                 return self._refused(
                     version,
@@ -253,13 +269,15 @@ class ZoneRouteHandler:
                 source not in image.brokers
                 or any(offset < 0 for _, _, offset in entries)
                 or (version == 0 and req.channel_bucket_id != channel_bucket_of(entries[0][2]))
-                or req.channel_prefix != expected.prefix
+                or (version < 2 and req.channel_prefix != expected.prefix)
             ):
                 return self._refused(
                     version,
                     KafkaError.INVALID_REQUEST,
-                    f"no RouterChannel of node {source} at "
-                    f"{req.channel_bucket_id}/{req.channel_prefix!r}",
+                    f"no RouterChannel of node {source}"
+                    + (
+                        f" at {req.channel_bucket_id}/{req.channel_prefix!r}" if version < 2 else ""
+                    ),
                 )
             pending = [entry for _, entry in tracked]
             return self._response(version, await self._route_all(req, entries, pending))

@@ -59,6 +59,7 @@ from dataplane.zonerouter.snapshot import (
     page_aborted,
     unpack_links,
 )
+from dataplane.zonerouter.snapshot_codec import answer_view, pack_snapshots
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,17 @@ class SnapshotServer:
             for key, (offset, aborted_from, lso) in state.items()
         ]
 
+    @staticmethod
+    def _answer(wire_version: int, error_code: int, partitions: list):
+        """The answer at `wire_version` (3: the version 2 partitions packed)."""
+        R = GetPartitionSnapshotResponse[wire_version]
+        if wire_version >= 3:
+            return R(error_code=error_code, packed_partitions=pack_snapshots(partitions))
+        return R(error_code=error_code, partitions=partitions)
+
     async def get_partition_snapshot(self, req, ctx):
-        version = getattr(ctx, "api_version", 0)
+        wire_version = getattr(ctx, "api_version", 0)
+        version = min(wire_version, 2)  # version 3: version 2's partitions, packed
         R = GetPartitionSnapshotResponse[version]
         asked = self._asked(req, version)
         if isinstance(asked, str):
@@ -145,7 +155,7 @@ class SnapshotServer:
                 if asked == SnapshotSessions.NOT_FOUND
                 else KafkaError.INVALID_FETCH_SESSION_EPOCH
             )
-            return R(error_code=error, partitions=[])
+            return self._answer(wire_version, error, [])
         plogs = [self.partitions.get(str(a.topic_id), a.partition) for a in asked]
 
         def news(a: _Asked, plog) -> bool:
@@ -183,7 +193,7 @@ class SnapshotServer:
                     answered[key] = (next_offset, aborted_from, snap.last_stable_offset)
         if version >= 2:
             self.sessions.advance(req.node_id, req.session_id, req.session_epoch, answered)
-        return R(error_code=KafkaError.NONE, partitions=out)
+        return self._answer(wire_version, KafkaError.NONE, out)
 
     @staticmethod
     async def _wait(plogs: list, ready: Callable[[], bool], wait_s: float) -> None:
@@ -543,6 +553,7 @@ class SnapshotReader:
                         SNAPSHOT_KEY,
                         SNAPSHOT_VERSION,
                     )
+                    resp = answer_view(resp)
                 except (OSError, ConnectionError, ValueError) as exc:
                     log.debug("snapshot poll of node %d failed: %s", main_node_id, exc)
                     session.failed()

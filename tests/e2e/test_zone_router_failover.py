@@ -130,7 +130,8 @@ def _consume(boot: str, az: str, topic: str, expected: dict) -> tuple[dict, Coun
 
 def _zone_traffic(d) -> Counter:
     out = automqctl("cluster", "status", "--format", "json", cluster_dir=d)
-    assert out.returncode == 0, out.stderr
+    # exit code 1 while a store is paused (the cluster is degraded): the JSON comes anyway
+    assert out.returncode in (0, 1) and out.stdout, out.stderr
     sums: Counter = Counter()
     for b in json.loads(out.stdout)["brokers"]:
         sums.update(b["zone_traffic"] or {})

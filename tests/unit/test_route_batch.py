@@ -1,7 +1,9 @@
 """Zone routes batched per main (dataplane/zonerouter/route_batch.py, issue #32): routes of
-several partitions and produce requests to one main go in one ZoneRouteRequest v1; a route
-whose channel append is done is waited for (bounded); one route epoch per request; a
-request refused as a whole fails each of its routes; closing fails what is queued."""
+several partitions and produce requests to one main go in one ZoneRouteRequest v2 (packed,
+route_codec.py); a route whose channel append is done is waited for (bounded); routes that
+come every few ms are held for the next produce request's (adaptive linger, bounded), sparse
+ones are not; one route epoch per request; a request refused as a whole fails each of its
+routes; closing fails what is queued."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import decode_request, encode_request
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteResponse
 from dataplane.zonerouter.route_batch import RouteBatcher
+from dataplane.zonerouter.route_codec import (
+    pack_answers,
+    pack_entries,
+    unpack_answers,
+    unpack_entries,
+)
 
 
 class _Main:
@@ -28,26 +36,15 @@ class _Main:
         self.closed = False
 
     def call(self, req, timeout_s, api_key, version):
-        assert version == ZONE_ROUTE_VERSION == 1
+        assert version == ZONE_ROUTE_VERSION == 2
+        req.entries = unpack_entries(req.packed_entries)
         self.requests.append(req)
         time.sleep(self.delay_s)
-        R = ZoneRouteResponse[1]
+        R = ZoneRouteResponse[2]
         if self.refuse:
-            return R(error_code=self.refuse, error_message="fenced", entries=[])
-        return R(
-            error_code=0,
-            error_message=None,
-            entries=[
-                R.EntryResult(
-                    error_code=0,
-                    error_message=None,
-                    base_offset=e.channel_offset,
-                    stream_id=e.partition,
-                    end_offset=e.channel_offset + 1,
-                )
-                for e in req.entries
-            ],
-        )
+            return R(error_code=self.refuse, error_message="fenced", packed_answers=b"")
+        answers = [(0, None, offset, partition, offset + 1) for _, partition, offset in req.entries]
+        return R(error_code=0, error_message=None, packed_answers=pack_answers(answers))
 
     def close(self) -> None:
         self.closed = True
@@ -70,12 +67,12 @@ def test_routes_queued_while_one_is_in_flight_go_in_one_request():
         assert len(main.requests) == 2
         (sent,) = main.requests[1:]
         assert sent.route_epoch == 5 and sent.source_node_id == 7
-        assert [(str(e.topic_id), e.partition) for e in sent.entries] == [
-            (topic, p) for p in range(20)
-        ]
-        # the batched request encodes as one frame with every route in it
-        frame = encode_request(sent, 1, client_id="b", version=1)
-        assert len(decode_request(frame[4:]).body.entries) == 20
+        assert [(str(t), p) for t, p, _ in sent.entries] == [(topic, p) for p in range(20)]
+        # the batched request encodes as one frame with every route in it, compactly
+        frame = encode_request(sent, 1, client_id="~b", version=2)
+        body = decode_request(frame[4:]).body
+        assert [e[2] for e in unpack_entries(body.packed_entries)] == [200 + p for p in range(20)]
+        assert len(frame) < 40 + 16 + 20 * 4  # v1: ~80 bytes + 28 a route
     finally:
         batcher.close()
     assert main.closed
@@ -149,3 +146,62 @@ def test_a_closed_batcher_refuses_and_fails_what_is_queued():
         queued.result(5)
     with pytest.raises(ConnectionError):
         batcher.route(batcher.ticket(), 5, topic, 2, 3, 1000).result(5)
+
+
+def test_routes_of_produce_requests_every_few_ms_share_a_request_and_sparse_ones_do_not():
+    now = [100.0]  # the batcher's clock, moved by the test only
+    main = _Main()
+    batcher = RouteBatcher(main, 7, "router-channel/node-7", 1, clock=lambda: now[0])  # type: ignore[arg-type]
+    topic = str(uuid.uuid4())
+    try:
+        # sparse (a produce request every 50 ms): each route goes at once, nothing learnt
+        for n in range(5):
+            now[0] += 0.05
+            assert batcher.route(batcher.ticket(), 5, topic, 0, n, 1000).result(5)[2] == n
+        assert len(main.requests) == 5 and batcher.adaptive_linger_s() == 0.0
+        # a produce request every 2 ms: the mean gap is learnt (bounded by 5 ms); the
+        # batches held meanwhile go once the clock has passed their linger
+        learning = []
+        for n in range(40):
+            now[0] += 0.002
+            learning.append(batcher.route(batcher.ticket(), 5, topic, 1, 10 + n, 1000))
+        now[0] += 0.01
+        assert [f.result(5)[2] for f in learning] == [10 + n for n in range(40)]
+        assert 0.002 <= batcher.adaptive_linger_s() <= 0.0025
+        sent = len(main.requests)
+        # now a batch waits for the next produce request's routes: while the clock stands
+        # still nothing is sent; the next request's route joins the same request
+        now[0] += 0.002
+        first = batcher.route(batcher.ticket(), 5, topic, 2, 100, 1000)
+        time.sleep(0.1)
+        assert len(main.requests) == sent and not first.done()
+        second = batcher.route(batcher.ticket(), 5, topic, 3, 101, 1000)
+        now[0] += 0.01  # the linger has passed
+        assert first.result(5)[2] == 100 and second.result(5)[2] == 101
+        assert len(main.requests) == sent + 1
+        assert [e[1] for e in main.requests[-1].entries] == [2, 3]
+    finally:
+        batcher.close()
+
+
+def test_packed_routes_and_answers_round_trip_and_bad_input_is_refused():
+    t1, t2 = uuid.uuid4(), uuid.uuid4()
+    entries = [(t1, 0, 5), (t2, 3, 2**40), (t1, 1, 7), (t1, 2, 0)]
+    packed = pack_entries(entries)
+    assert unpack_entries(packed) == entries
+    assert len(packed) < 1 + 32 + 4 * 8
+    answers = [
+        (0, None, 10, 1, 11),
+        (6, "not the partition's main", -1, -1, -1),
+        (87, None, 0, 0, 0),
+    ]
+    assert unpack_answers(pack_answers(answers)) == answers
+    for bad in (
+        packed[:-1] + b"\x80",
+        b"\x05" + bytes(16),
+        packed[:1] + packed[1:17] + b"\x09\x00\x00",
+    ):
+        with pytest.raises(ValueError):
+            unpack_entries(bad)
+    with pytest.raises(ValueError):
+        unpack_answers(b"\x02\x7f")  # an error whose message runs past the end

@@ -29,6 +29,7 @@ from dataplane.zonerouter.snapshot import (
     pack_links,
     unpack_links,
 )
+from dataplane.zonerouter.snapshot_codec import answer_view
 from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
 
 
@@ -102,7 +103,7 @@ def _roundtrip(server: SnapshotServer, req):
     out = encode_response(decoded, resp)
     out = out if isinstance(out, bytes) else b"".join(bytes(x) for x in out)
     _, back = decode_response(out[4:], SNAPSHOT_KEY, SNAPSHOT_VERSION)
-    return back, len(frame) + len(out)
+    return answer_view(back), len(frame) + len(out)
 
 
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
@@ -191,3 +192,37 @@ def test_version_1_polls_are_still_answered_per_partition():
     assert resp.version == 1
     (snap,) = resp.partitions  # nothing new, answered all the same (version 1)
     assert (snap.high_watermark, list(snap.links)) == (5, [])
+
+
+def test_a_packed_answer_round_trips_and_bad_packing_is_refused():
+    from dataplane.zonerouter.snapshot_codec import (
+        AbortedTxn,
+        ControlBatch,
+        PartitionSnapshot,
+        pack_snapshots,
+        unpack_snapshots,
+    )
+
+    t1, t2 = uuid.uuid4(), uuid.uuid4()
+    snaps = [
+        PartitionSnapshot(
+            t1,
+            0,
+            0,
+            3,
+            1_000_000,
+            999_990,
+            [AbortedTxn(7, 5, 9)],
+            [ControlBatch(9, b"m")],
+            b"\x01\x02",
+        ),
+        PartitionSnapshot(t2, 4, KafkaError.NOT_LEADER_OR_FOLLOWER),
+        PartitionSnapshot(t1, 1, 0, 0, 0, 0),
+    ]
+    packed = pack_snapshots(snaps)
+    assert unpack_snapshots(packed) == snaps
+    # each topic id once; a partition with nothing but its offsets takes a few bytes
+    assert len(pack_snapshots(snaps[2:])) <= 1 + 16 + 12
+    for bad in (packed[:-1], b"\x04" + bytes(16), b"\x00\x02"):
+        with pytest.raises(ValueError):
+            unpack_snapshots(bad)
