@@ -4,10 +4,11 @@ down; records every restart for `cluster status`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from cli.supervisor import MAX_BACKOFF_S, Supervisor, read_state
+from cli.supervisor import MAX_BACKOFF_S, Supervisor, acquire_run_lock, read_state
 
 
 class _FakeCluster:
@@ -89,3 +90,15 @@ def test_a_failed_restart_is_recorded_and_retried(tmp_path: Path) -> None:
     now[0] += 1.0
     assert sup.check_once() == ["broker-1"]
     assert read_state(tmp_path)["broker-1"]["last_error"] is None
+
+
+def test_one_supervisor_per_directory(tmp_path: Path) -> None:
+    """A second supervisor of a directory (a second `cluster up`, a race) gets no run lock
+    and exits; the lock is free again once the first one ends."""
+    first = acquire_run_lock(tmp_path)
+    assert first is not None
+    assert acquire_run_lock(tmp_path) is None
+    os.close(first)
+    again = acquire_run_lock(tmp_path)
+    assert again is not None
+    os.close(again)
