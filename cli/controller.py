@@ -129,9 +129,10 @@ def start(
     if pid is None:
         try:
             cluster.check_ports(config, [name])
-        except ClusterError as exc:
-            fail(str(exc))
-        cluster.start_controller(config, node)
+        except ClusterError as exc:  # its own ports: the supervisor restarted it meanwhile
+            if not (config.supervise and cluster.running(name) is not None):
+                fail(str(exc))
+        cluster.start_controller(config, node)  # nothing if it runs by now
     # else a supervised cluster's supervisor restarted it (after `controller kill`): wait
     # until it has rejoined, as `kill 1; start 1` does on an unsupervised cluster
     deadline = time.monotonic() + timeout_s
