@@ -77,13 +77,18 @@ def start(
     timeout_s: float = typer.Option(60.0, help="how long to wait until it is active"),
     format: OutputFormat = FormatOption,
 ) -> None:
-    """Start a stopped broker and wait until it is registered and unfenced."""
+    """Start a stopped broker and wait until it is registered and unfenced (on a supervised
+    cluster, one the supervisor already restarted is waited for, not an error)."""
     cluster, config, name = _broker(dir, node)
-    if cluster.running(name) is not None:
+    running = cluster.running(name) is not None
+    if running and not config.supervise:
         fail(f"{name} is already running")
     before = next(b for b in collect_status(cluster, config)["brokers"] if b["node_id"] == node)
     old_epoch = before["node_epoch"] if before["registered"] else -1
-    cluster.start_broker(config, node)
+    if running:  # the supervisor restarted it (after `broker kill`): wait until it is active
+        old_epoch = -1
+    else:
+        cluster.start_broker(config, node)
     deadline = time.monotonic() + timeout_s
     with waiting(f"waiting up to {timeout_s:g}s for {name} to register"):
         epoch = _wait_active(cluster, config, name, node, old_epoch, deadline)

@@ -47,7 +47,7 @@ def up(
     listeners: str | None = cluster_up.ListenersOption,
     mtls: bool = cluster_up.MtlsOption,
     store_dir: Path | None = cluster_up.StoreDirOption,
-    supervise: bool = cluster_up.SuperviseOption,
+    supervise: bool | None = cluster_up.SuperviseOption,
     config_file: Path | None = cluster_up.ConfigFileOption,
     override: list[str] | None = cluster_up.OverrideOption,
     broker_config: list[str] = cluster_up.BrokerConfigOption,

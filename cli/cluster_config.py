@@ -113,7 +113,9 @@ class ClusterConfig(BaseModel):
     base_port: int | None = None
     # `cluster up --port-range` [low, high] the ports were chosen from (None: not given)
     port_range: list[int] | None = None
-    # `cluster up --supervise`: a supervisor process restarts crashed components
+    # a supervisor process restarts crashed components: `cluster up` sets it on a new cluster
+    # unless --no-supervise; absent (False) in configs written before it was the default, and
+    # such a cluster stays unsupervised until `cluster up --supervise`
     supervise: bool = False
     # the Kafka listeners: SASL with ACLs (`cluster up --sasl`), TLS (`--tls`, certificates
     # in DIR/tls/): SASL_SSL, SASL_PLAINTEXT, SSL or PLAINTEXT

@@ -89,12 +89,13 @@ BucketPrefixOption = typer.Option(
     "without meeting its WAL and router channels (stored in the cluster config)",
 )
 SuperviseOption = typer.Option(
-    False,
-    "--supervise",
-    help="run a supervisor process that restarts crashed processes (stores, controllers, "
-    "brokers) with a backoff of 1 s doubling to 30 s; `broker stop/kill` and `cluster "
-    "down` still stop them; restarts show in `cluster status` and logs/supervisor.log "
-    "(kept for the cluster once given)",
+    None,
+    "--supervise/--no-supervise",
+    help="a supervisor process restarts crashed processes (stores, controllers, brokers; "
+    "`broker kill` counts as a crash) with a backoff of 1 s doubling to 30 s; `broker "
+    "stop` and `cluster down` stop them for good; restarts show in `cluster status` and "
+    "logs/supervisor.log. Default: on for a new cluster; an existing cluster keeps the "
+    "setting stored in its config unless one of these flags is given",
 )
 SessionTimeoutMsOption = typer.Option(6000, min=500, help="broker session timeout")
 WalCapacityMibOption = typer.Option(
@@ -282,10 +283,9 @@ def run_up(ctx: typer.Context, values: dict) -> None:
     try:
         if cluster.exists():
             config = cluster.load()
-            if values["supervise"] and not config.supervise:
-                config.supervise = True  # supervision can be added to a cluster
-                cluster.save(config)
-            was_running, missing = _restart_plan(cluster, config, given, mapping)
+            was_running, missing = _restart_plan(
+                cluster, config, given, mapping, values["supervise"]
+            )
             restarting = True
         else:
             config = _create(cluster, values, mapping)
@@ -312,11 +312,16 @@ def run_up(ctx: typer.Context, values: dict) -> None:
 
 
 def _restart_plan(
-    cluster: LocalCluster, config: ClusterConfig, given: dict, mapping: PropertiesMapping | None
+    cluster: LocalCluster,
+    config: ClusterConfig,
+    given: dict,
+    mapping: PropertiesMapping | None,
+    supervise: bool | None,
 ) -> tuple[dict[str, int], list[str]]:
     """An existing cluster: refuse flags (and --config keys) that differ from its config;
-    else (the components running, the components to start: none when all run, and `up` then
-    only waits until the cluster is healthy and prints its status)."""
+    else store a given --supervise/--no-supervise and return (the components running, the
+    components to start: none when all run, and `up` then only waits until the cluster is
+    healthy and prints its status)."""
     cluster.ensure_api_secret(config)
     differ = flag_differences(config, **given)
     if mapping is not None:
@@ -329,6 +334,7 @@ def _restart_plan(
             "one, or `automqctl cluster down --purge` it first (deletes its data), "
             "or use another --dir"
         )
+    _apply_supervise(cluster, config, supervise)
     was_running = cluster.running_pids(config)
     missing = [n for n in cluster.component_names(config) if n not in was_running]
     return was_running, missing
@@ -369,10 +375,22 @@ def _create(
     if mapping is not None:
         config = cluster_properties.configure_new(config, mapping)
         cluster.save(config)
-    if values["supervise"]:
+    if values["supervise"] is not False:  # supervised unless --no-supervise
         config.supervise = True
         cluster.save(config)
     return config
+
+
+def _apply_supervise(cluster: LocalCluster, config: ClusterConfig, given: bool | None) -> None:
+    """`--supervise` / `--no-supervise` on an existing cluster: stored in its config (an
+    older cluster created without supervision keeps it off unless `--supervise` is given);
+    `--no-supervise` also stops a running supervisor."""
+    if given is None or given == config.supervise:
+        return
+    config.supervise = given
+    cluster.save(config)
+    if not given:
+        cluster.stop(SUPERVISOR)
 
 
 def _start_missing(
@@ -415,7 +433,7 @@ def _start_missing(
     if COMPACTION_SCHEDULER in missing:  # a compaction schedule exists
         started.append(COMPACTION_SCHEDULER)
         cluster.start_compaction_scheduler()
-    if SUPERVISOR in missing:  # `--supervise`: everything it watches is started by now
+    if SUPERVISOR in missing:  # supervised: everything it watches is started by now
         started.append(SUPERVISOR)
         cluster.start_supervisor()
     with waiting("waiting for the brokers to register", format):

@@ -118,18 +118,23 @@ def start(
     """Start a stopped controller and wait until it has rejoined the quorum.
 
     Rejoined: a follower (or the leader) that holds every entry the leader had committed
-    when it was started."""
+    when it was started. On a supervised cluster a controller the supervisor already
+    restarted is not an error: the command waits until it has rejoined."""
     cluster, config, name = _controller(dir, node)
     pid = cluster.running(name)
-    if pid is not None:
+    if pid is not None and not config.supervise:
         fail(f"{name} is already running (pid {pid})")
-    try:
-        cluster.check_ports(config, [name])
-    except ClusterError as exc:
-        fail(str(exc))
     leader = next((c for c in controllers(cluster, config) if c["is_leader"]), None)
     target_commit = leader["commit_index"] if leader else 0
-    cluster.start_controller(config, node)
+    if pid is None:
+        try:
+            cluster.check_ports(config, [name])
+        except ClusterError as exc:  # its own ports: the supervisor restarted it meanwhile
+            if not (config.supervise and cluster.running(name) is not None):
+                fail(str(exc))
+        cluster.start_controller(config, node)  # nothing if it runs by now
+    # else a supervised cluster's supervisor restarted it (after `controller kill`): wait
+    # until it has rejoined, as `kill 1; start 1` does on an unsupervised cluster
     deadline = time.monotonic() + timeout_s
     joined = None
     with waiting(f"waiting up to {timeout_s:g}s for {name} to rejoin the quorum"):

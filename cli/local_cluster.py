@@ -5,6 +5,8 @@ cli/os_processes.py, and removing what it created."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import secrets
@@ -12,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -111,6 +114,21 @@ class LocalCluster:
 
     def _held_path(self, name: str) -> Path:
         return self.dir / "pids" / f"{name}.held"
+
+    @contextlib.contextmanager
+    def start_lock(self, name: str) -> Iterator[None]:
+        """Held while component `name` is being started, so the supervisor and a CLI
+        command (`cluster up`, `broker start`) never start it twice: an flock on
+        pids/NAME.lock, which the kernel releases if the holder dies. Blocks until free
+        (a start holds it only while it spawns the process, not while it waits for it)."""
+        path = self.dir / "pids" / f"{name}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def start_supervisor(self) -> int:
         """The process that restarts crashed components (cli/supervisor.py)."""
@@ -353,7 +371,14 @@ class LocalCluster:
         return {n: result[n] for n in names if n in result}
 
     def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
-        self._held_path(name).unlink(missing_ok=True)  # started: supervised again
+        """Start component `name` unless it already runs (the supervisor, or another
+        command, may have started it meanwhile); its PID either way."""
+        with self.start_lock(name):
+            self._held_path(name).unlink(missing_ok=True)  # started: supervised again
+            pid = self.running(name)
+            return pid if pid is not None else self._spawn_locked(name, argv, cwd)
+
+    def _spawn_locked(self, name: str, argv: list[str], cwd: Path | None) -> int:
         log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -430,9 +455,12 @@ class LocalCluster:
                 else:
                     config.embedded_s3_failover = s3.to_json()
                 self.save(config)
-            self._held_path(name).unlink(missing_ok=True)
-            proc = start_seaweed(s3, self.log_path(name))
-            self._record_pid(name, proc.pid)
+            with self.start_lock(name):
+                self._held_path(name).unlink(missing_ok=True)
+                if self.running(name) is not None:
+                    continue  # the supervisor (or another command) started it meanwhile
+                proc = start_seaweed(s3, self.log_path(name))
+                self._record_pid(name, proc.pid)
             started.append((s3, proc))
         for s3, proc in started:
             wait_seaweed_ready(s3, timeout_s, proc)
@@ -470,11 +498,15 @@ class LocalCluster:
             [sys.executable, "-m", "dataplane.broker", "--config", str(bdir / "broker.json")],
         )
 
-    def stop(self, name: str, timeout_s: float = STOP_TIMEOUT_S, kill: bool = False) -> bool:
+    def stop(
+        self, name: str, timeout_s: float = STOP_TIMEOUT_S, kill: bool = False, hold: bool = True
+    ) -> bool:
         """Stop every process of one component (SIGTERM, SIGKILL after `timeout_s`; only
-        SIGKILL with `kill`) and wait until they are gone. True if one was running."""
+        SIGKILL with `kill`) and wait until they are gone. True if one was running.
+        `hold`: stopped on purpose, the supervisor leaves it down until it is started
+        again (a pids/NAME.held marker); without it, a crash the supervisor restarts."""
         recorded = self._pid_file(name)
-        if name != SUPERVISOR:  # a supervisor leaves it down until it is started again
+        if hold and name != SUPERVISOR:
             self._held_path(name).parent.mkdir(parents=True, exist_ok=True)
             self._held_path(name).touch()
         targets = [recorded] if recorded else []
@@ -489,15 +521,17 @@ class LocalCluster:
             raise ClusterError(
                 f"{name} (pid {', '.join(map(str, left))}) is still running after SIGKILL"
             )
-        self.pid_path(name).unlink(missing_ok=True)
+        if self._pid_file(name) is None:  # not a new process the supervisor started already
+            self.pid_path(name).unlink(missing_ok=True)
         return True
 
     def kill(self, name: str) -> list[int]:
         """kill -9 every process of one component and wait until they are gone (a crash,
-        for drills). The PIDs killed; empty if none was running."""
+        for drills: a supervised cluster's supervisor restarts it, as it would after any
+        crash). The PIDs killed; empty if none was running."""
         pids = self.pids(name)
         if pids:
-            self.stop(name, kill=True)
+            self.stop(name, kill=True, hold=False)
         return pids
 
     def stop_all(self, config: ClusterConfig, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:

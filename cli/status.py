@@ -36,6 +36,11 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
     ]
     problems = _problems(config, controllers, brokers, leader_view)
     problems += store_problems(config, brokers, leader_view, pids)
+    if config.supervise and SUPERVISOR not in pids:
+        problems.append(
+            "the supervisor is not running: crashed processes are not restarted "
+            "(`automqctl cluster up` starts it again)"
+        )
     if not pids:
         state = "stopped"
         # one problem instead of one per controller and broker
@@ -229,8 +234,9 @@ def _leader_and_store_fields(
         "object_stores": config.object_stores(pids),
         # object-storage failover as the leader sees it (None without a leader)
         "bucket_failover": (leader_view or {}).get("bucket_failover"),
-        # `cluster up --supervise`: the supervisor process and its restarts per component
-        # (restarts, last_restart_ms, last_error, backoff_s); None: not supervised
+        # the supervisor process (pid None: it is not running, a problem) and its restarts
+        # per component (restarts, last_restart_ms, last_error, backoff_s); None: the
+        # cluster is not supervised (`cluster up --no-supervise`)
         "supervisor": {"pid": pids.get(SUPERVISOR), "restarts": read_supervisor_state(cluster.dir)}
         if config.supervise
         else None,

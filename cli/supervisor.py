@@ -1,14 +1,21 @@
-"""The supervisor of a `cluster up --supervise` cluster: restarts crashed processes.
+"""The supervisor of a `cluster up` cluster (the default; `--no-supervise` opts out):
+restarts crashed processes.
 
     python -m cli.supervisor --dir <cluster dir>
 
 Every second it looks at the cluster's components (embedded stores, controllers, brokers);
-one that is not running and was not stopped on purpose (`broker stop/kill`, `controller
-stop/kill`, `cluster down` hold it down: cli/local_cluster.py `held`) is started again with
+one that is not running and was not stopped on purpose (`broker stop`, `controller stop`,
+`cluster down` hold it down: cli/local_cluster.py `held`; `broker kill` and `controller
+kill` are crashes, restarted like any other) is started again with
 the CLI's own start code, after a backoff that doubles from 1 s to 30 s while it keeps
 dying and resets once it stayed up a minute. Each restart is a log line
 (DIR/logs/supervisor.log) and an entry of DIR/supervisor.json, which `cluster status`
-shows. It exits on SIGTERM (`cluster down` stops it first).
+shows. It exits on SIGTERM (`cluster down` stops it first). One supervisor per directory: a
+second one exits at once (an flock on pids/supervisor.run.lock); a start of a component takes
+that component's start lock (LocalCluster.start_lock), so the supervisor and `cluster up` or
+`broker start` never start one twice. It runs in its own session, so no component's death
+or signal reaches it; `cluster status` names a supervisor that is gone and `cluster up`
+starts it again.
 
 Why not supervisord (PyPI): it would own the processes, so the CLI's PID files, command-line
 process discovery, `broker kill/start` and `cluster down` would all go through
@@ -21,6 +28,7 @@ Thread-safety: one thread (the loop); the state file is replaced atomically.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -40,6 +48,7 @@ CHECK_INTERVAL_S = 1.0
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 STABLE_AFTER_S = 60.0  # up this long: the next crash starts the backoff over
+RUN_LOCK_FILE = "supervisor.run.lock"  # under DIR/pids: held while a supervisor runs
 
 
 @dataclass
@@ -71,6 +80,8 @@ class Supervisor:
         self._state: dict[str, Restarts] = {}
 
     def _start(self, config: ClusterConfig, name: str) -> None:
+        if self.cluster.held(name):  # stopped on purpose since this round looked
+            return
         if name in STORE_COMPONENTS:
             self.cluster.start_object_stores(config, [name], timeout_s=30)
         elif name.startswith("controller-"):
@@ -139,6 +150,7 @@ class Supervisor:
         """Check every CHECK_INTERVAL_S until `stop`; errors of a round are logged."""
         log.info("supervising %s", self.cluster.dir)
         while not stop.wait(CHECK_INTERVAL_S):
+            _reap_children()
             try:
                 self.check_once()
             except Exception as exc:  # noqa: BLE001 - the supervisor outlives one bad round
@@ -147,13 +159,48 @@ class Supervisor:
         return 0
 
 
+def _reap_children() -> None:
+    """Collect the exit status of components this process started that have died, so
+    they do not stay zombies (no Popen object of ours waits for them)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def acquire_run_lock(cluster_dir: Path) -> int | None:
+    """The fd holding DIR/pids/supervisor.run.lock (kept open while the supervisor runs),
+    or None when another supervisor of this directory holds it."""
+    path = cluster_dir / "pids" / RUN_LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cli.supervisor --dir DIR`: supervise until SIGTERM."""
+    """`python -m cli.supervisor --dir DIR`: supervise until SIGTERM; exits at once when
+    another supervisor runs for DIR."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    return Supervisor(LocalCluster(args.dir)).run(SignalWatcher.install().stop_event)
+    cluster = LocalCluster(args.dir)
+    lock_fd = acquire_run_lock(cluster.dir)
+    if lock_fd is None:
+        log.warning("another supervisor runs for %s: exiting", cluster.dir)
+        return 0
+    try:
+        return Supervisor(cluster).run(SignalWatcher.install().stop_event)
+    finally:
+        os.close(lock_fd)
 
 
 if __name__ == "__main__":

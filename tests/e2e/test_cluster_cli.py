@@ -53,6 +53,18 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def _wait_status(cluster_dir: Path, done, timeout_s: float = 60) -> dict:
+    """`cluster status --format json` once `done(status)` holds (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir)
+        status = json.loads(out.stdout)
+        if done(status):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.3)
+
+
 @pytest.fixture
 def cluster_dir(tmp_path):
     d = tmp_path / "cluster"
@@ -124,21 +136,42 @@ def test_up_status_down_restart(cluster_dir, tmp_path, faults):
     logs = automqctl("cluster", "logs", "broker-1", "-n", "5", cluster_dir=cluster_dir)
     assert logs.returncode == 0 and "node 1" in logs.stdout
 
-    # only the failover store died: `up` restarts just that one
+    # supervised by default: a killed store is restarted by the supervisor, and status
+    # counts the restart
     dead = stores["failover"]["pid"]
+    faults.kill(dead)
+    supervised = _wait_status(
+        cluster_dir,
+        lambda st: (
+            {s["name"]: s["pid"] for s in st["object_stores"]}["failover"] not in (None, dead)
+            and st["supervisor"]["restarts"].get("s3-failover", {}).get("restarts", 0) >= 1
+        ),
+    )
+    assert supervised["supervisor"]["pid"] is not None
+    assert "restarted s3-failover" in (cluster_dir / "logs" / "supervisor.log").read_text()
+
+    # the supervisor died: status says so; the failover store died after it: nothing
+    # restarts it until `up` starts just those two again (the supervisor stays single)
+    faults.kill(supervised["supervisor"]["pid"])
+    gone = _wait_status(cluster_dir, lambda st: st["supervisor"]["pid"] is None)
+    assert any(p.startswith("the supervisor is not running") for p in gone["problems"])
+    dead = {s["name"]: s["pid"] for s in gone["object_stores"]}["failover"]
     faults.kill(dead)
     deadline = time.monotonic() + 5
     while pid_alive(dead) and time.monotonic() < deadline:
         time.sleep(0.05)
     again = automqctl("cluster", "up", cluster_dir=cluster_dir)
     assert again.returncode == 0, again.stderr
-    assert "restarted s3-failover " in again.stdout, again.stdout
+    assert "restarted s3-failover, supervisor " in again.stdout, again.stdout
     restarted = json.loads(
         automqctl("cluster", "status", "--format", "json", cluster_dir=cluster_dir).stdout
     )
     new = {s["name"]: s["pid"] for s in restarted["object_stores"]}
     assert new["main"] == stores["main"]["pid"] and new["failover"] not in (None, dead)
-    pids = all_pids(restarted)
+    assert restarted["supervisor"]["pid"] is not None and restarted["healthy"]
+    again = automqctl("cluster", "up", cluster_dir=cluster_dir)
+    assert "was already running: nothing started" in again.stdout, again.stdout
+    pids = all_pids(restarted) + [restarted["supervisor"]["pid"]]
 
     down = automqctl("cluster", "down", cluster_dir=cluster_dir)
     assert down.returncode == 0, down.stderr
@@ -240,12 +273,16 @@ def test_operator_experience_issue_18(cluster_dir):
         "solo",
         "--wal-capacity-mib",
         "16",
+        # step 5 kills a broker and starts it by hand: unsupervised (a supervisor would
+        # restart it first; test_up_status_down_restart covers that)
+        "--no-supervise",
         "--format",
         "json",
         cluster_dir=cluster_dir,
     )
     assert up.returncode == 0, up.stderr + up.stdout
     assert "starting over" in up.stderr
+    assert up.returncode == 0 and json.loads(up.stdout)["supervisor"] is None
     status = json.loads(up.stdout)
     assert status["state"] == "healthy" and len(status["controllers"]) == 1
     assert [b["az"] for b in status["brokers"]] == ["solo"]

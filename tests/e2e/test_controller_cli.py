@@ -67,9 +67,13 @@ def cluster_dir(tmp_path):
 
 
 def up(cluster_dir: Path, *args: str) -> dict:
+    # unsupervised: these tests kill components and check that they stay down until a
+    # `controller start` / `cluster up` (or a restart by hand); a supervisor would restart
+    # them first (tests/e2e/test_supervisor.py covers that)
     res = automqctl(
         "cluster",
         "up",
+        "--no-supervise",
         "--session-timeout-ms",
         "2000",
         "--format",

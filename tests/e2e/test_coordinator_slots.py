@@ -45,7 +45,10 @@ QUIET_S = 8.0  # how long the groups keep consuming after a kill before they are
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("coord") / "cluster"
-    with running_cluster(d, "--session-timeout-ms", str(SESSION_TIMEOUT_MS)) as status:
+    # a killed broker must stay down (failover, `broker start`): no supervisor
+    with running_cluster(
+        d, "--no-supervise", "--session-timeout-ms", str(SESSION_TIMEOUT_MS)
+    ) as status:
         yield {
             "dir": d,
             "bootstrap": status["bootstrap_servers"],

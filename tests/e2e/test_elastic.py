@@ -33,7 +33,10 @@ CHAOS_EVENTS = int(os.environ.get("AUTOMQ_CHAOS_EVENTS", "4"))
 
 # free ports (the default): a fixed range can collide with ephemeral client ports; a paused
 # broker is resumed by the `faults` fixture at the end of its test, whatever happened
-cluster = cluster_fixture("elastic", "--session-timeout-ms", str(SESSION_TIMEOUT_MS))
+# a killed broker must stay down (failover, `broker start`): no supervisor
+cluster = cluster_fixture(
+    "elastic", "--no-supervise", "--session-timeout-ms", str(SESSION_TIMEOUT_MS)
+)
 
 
 def brokers(cluster) -> dict[int, dict]:

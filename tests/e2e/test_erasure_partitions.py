@@ -87,6 +87,8 @@ def test_erasure_topic_keeps_acking_with_2_of_6_brokers_killed_and_loses_no_ack(
     cluster_dir = tmp_path / "cluster"
     with running_cluster(
         cluster_dir,
+        # a killed broker must stay down (failover, `broker start`): no supervisor
+        "--no-supervise",
         "--brokers",
         "6",
         "--session-timeout-ms",

@@ -53,6 +53,8 @@ def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("kip848") / "cluster"
     with running_cluster(
         d,
+        # a killed broker must stay down (failover, `broker start`): no supervisor
+        "--no-supervise",
         "--brokers",
         "3",
         "--override",

@@ -28,6 +28,8 @@ def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("objwal") / "cluster"
     with running_cluster(
         d,
+        # a killed broker must stay down (failover, `broker start`): no supervisor
+        "--no-supervise",
         "--wal",
         "s3",
         "--session-timeout-ms",

@@ -44,7 +44,8 @@ MEMBER = Path(__file__).with_name("share_member.py")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("share") / "cluster"
-    with running_cluster(d, "--brokers", "3") as status:
+    # a killed broker must stay down (failover, `broker start`): no supervisor
+    with running_cluster(d, "--brokers", "3", "--no-supervise") as status:
         # only the test moves partitions (a move makes acquired records available again:
         # their holders' acknowledgements fail, as in Kafka)
         off = automqctl("balancer", "disable", cluster_dir=d)

@@ -23,7 +23,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("txn") / "cluster"
-    up = automqctl("cluster", "up", "--format", "json", cluster_dir=d)
+    # a killed broker must stay down (failover, `broker start`): no supervisor
+    up = automqctl("cluster", "up", "--no-supervise", "--format", "json", cluster_dir=d)
     assert up.returncode == 0, up.stderr + up.stdout
     status = json.loads(up.stdout)
     try:

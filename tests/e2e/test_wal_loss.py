@@ -27,7 +27,10 @@ SESSION_TIMEOUT_MS = 6000
 PARTITIONS = 6
 
 
-cluster = cluster_fixture("walloss", "--session-timeout-ms", str(SESSION_TIMEOUT_MS))
+# a killed broker must stay down (failover, `broker start`): no supervisor
+cluster = cluster_fixture(
+    "walloss", "--no-supervise", "--session-timeout-ms", str(SESSION_TIMEOUT_MS)
+)
 
 
 def metric_total(cluster, name: str) -> float:

@@ -35,7 +35,8 @@ def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("zone") / "cluster"
     # proxies read what mains committed: upload often so consumers see data quickly, but
     # not so often that a killed main's WAL is empty (the kill test needs Link Records)
-    with running_cluster(d, "--upload-interval-s", "2") as status:
+    # a killed broker must stay down (failover, `broker start`): no supervisor
+    with running_cluster(d, "--upload-interval-s", "2", "--no-supervise") as status:
         brokers = {b["node_id"]: b for b in status["brokers"]}
         yield {
             "dir": d,

@@ -288,6 +288,22 @@ def test_stop_escalates_to_sigkill_and_kill_waits(tmp_path, procs):
     assert cluster.kill("controller-1") == [victim.pid]
     assert wait_gone(victim) == -signal.SIGKILL
     assert cluster.kill("controller-1") == []
+    # a stop is on purpose (the supervisor leaves it down), a kill is a crash (restarted)
+    assert cluster.held("controller-2") and not cluster.held("controller-1")
+
+
+def test_a_start_of_a_running_component_starts_nothing(tmp_path, procs):
+    """The supervisor and `cluster up` / `broker start` may race to start one component:
+    the start lock and the running check make the second start a no-op."""
+    cluster, _ = make_cluster(tmp_path / "c")
+    running = spawn(procs, controller_args(cluster.dir, 1))
+    cluster._record_pid("controller-1", running.pid)
+    (cluster.dir / "pids" / "controller-1.held").touch()
+    assert cluster._spawn("controller-1", [sys.executable, "-c", "raise SystemExit(3)"]) == (
+        running.pid
+    )
+    assert not cluster.held("controller-1")
+    assert cluster.running("controller-1") == running.pid
 
 
 def test_terminate_only_signals_the_recorded_process(procs):

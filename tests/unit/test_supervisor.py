@@ -4,10 +4,12 @@ down; records every restart for `cluster status`."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from cli.supervisor import MAX_BACKOFF_S, Supervisor, read_state
+from cli.supervisor import MAX_BACKOFF_S, Supervisor, acquire_run_lock, read_state
 
 
 class _FakeCluster:
@@ -89,3 +91,44 @@ def test_a_failed_restart_is_recorded_and_retried(tmp_path: Path) -> None:
     now[0] += 1.0
     assert sup.check_once() == ["broker-1"]
     assert read_state(tmp_path)["broker-1"]["last_error"] is None
+
+
+def test_one_supervisor_per_directory(tmp_path: Path) -> None:
+    """A second supervisor of a directory (a second `cluster up`, a race) gets no run lock
+    and exits; the lock is free again once the first one ends."""
+    first = acquire_run_lock(tmp_path)
+    assert first is not None
+    assert acquire_run_lock(tmp_path) is None
+    os.close(first)
+    again = acquire_run_lock(tmp_path)
+    assert again is not None
+    os.close(again)
+
+
+def test_supervise_flags_on_an_existing_cluster(tmp_path: Path) -> None:
+    """An existing cluster keeps its stored setting unless --supervise / --no-supervise is
+    given (a cluster written before supervision was the default has none: unsupervised)."""
+    from cli.cluster_config import BrokerSpec, ClusterConfig
+    from cli.cluster_up import _apply_supervise
+    from cli.local_cluster import LocalCluster
+    from controlplane.config import ControllerAddress
+
+    cluster = LocalCluster(tmp_path / "c")
+    old = ClusterConfig(
+        controllers=[ControllerAddress(node_id=0, raft_port=1, api_port=2)],
+        brokers=[BrokerSpec(node_id=1, az="az1", kafka_port=3)],
+        password="x",
+    )
+    cluster.save(old)
+    stored = json.loads(cluster.config_path.read_text())
+    del stored["supervise"]  # as written before supervision was the default
+    cluster.config_path.write_text(json.dumps(stored))
+    assert cluster.load().supervise is False
+    _apply_supervise(cluster, cluster.load(), None)
+    assert cluster.load().supervise is False
+    _apply_supervise(cluster, cluster.load(), True)
+    assert cluster.load().supervise is True
+    _apply_supervise(cluster, cluster.load(), None)
+    assert cluster.load().supervise is True
+    _apply_supervise(cluster, cluster.load(), False)  # stops a supervisor (none runs here)
+    assert cluster.load().supervise is False
