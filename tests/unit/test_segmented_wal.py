@@ -5,6 +5,7 @@ bucket stopped answering. Against moto, two buckets."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 
@@ -290,6 +291,61 @@ def test_a_put_left_unanswered_moves_the_appends_to_another_bucket(objects):
         assert channel_bucket_of(moved.offset) == 1
     finally:
         store.paused = False
+        wal.close()
+
+
+class HungOwnerChecks:
+    """The broker's ObjectStorage where the store froze between a PUT's answer and the
+    acknowledging ownership check: PUTs of `bucket_id` are answered, then its GETs hang
+    (until `release`)."""
+
+    def __init__(self, objects: ObjectStorage, bucket_id: int):
+        self._objects = objects
+        self._bucket_id = bucket_id
+        self.frozen = False
+        self.released = threading.Event()
+
+    def __getattr__(self, name):
+        attr = getattr(self._objects, name)
+        if name != "get_object":
+            return attr
+
+        def get_object(bucket_id, *args, **kwargs):
+            if self.frozen and bucket_id == self._bucket_id:
+                self.released.wait(30)
+                raise ObjectStoreError(f"bucket {bucket_id} does not answer")
+            return attr(bucket_id, *args, **kwargs)
+
+        return get_object
+
+
+def test_a_hung_ownership_check_counts_as_a_stall(objects):
+    """A store that froze after answering a PUT leaves the acker in its ownership check
+    (a GET): that is a stall too, so the appends move to another bucket after
+    `stall_switch_s` instead of waiting until the controller switches buckets."""
+    store = HungOwnerChecks(objects, 0)
+    patient = ObjectWALConfig(linger_s=0, put_timeout_s=60.0, hedge_after_s=1.0, close_timeout_s=1)
+    wal = BucketFollowingWAL.open(
+        store,
+        HOME,
+        1,
+        0,
+        capacity_bytes=CAPACITY,
+        config=patient,
+        active_bucket=Active(0),
+        ordered_acks=False,
+        fail_stalled_appends=True,
+    )
+    try:
+        store.frozen = True
+        stuck = wal.append(b"stuck")
+        with pytest.raises(WALError, match="abandoned"):
+            stuck.result(10)
+        assert wal.current_bucket_id == 1
+        moved = wal.append(b"moved").result(10)
+        assert channel_bucket_of(moved.offset) == 1
+    finally:
+        store.released.set()
         wal.close()
 
 

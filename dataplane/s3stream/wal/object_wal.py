@@ -126,6 +126,8 @@ class ObjectWAL(QueuedWAL):
         self._puts = 0
         self._owner_checks = 0
         self._hedges = 0
+        # when the acker's ownership check started (None: none running): see stalled_s
+        self._owner_check_since: float | None = None
         self._threads = [
             threading.Thread(
                 target=self._run, args=(role, fn), name=f"object-wal-{role}", daemon=True
@@ -176,11 +178,15 @@ class ObjectWAL(QueuedWAL):
 
     @property
     def stalled_s(self) -> float:
-        """How long the oldest PUT in flight has gone unanswered (0: none waits)."""
+        """How long the oldest PUT in flight, or the ownership check that acknowledges
+        stored ones, has gone unanswered (0: nothing waits on the store)."""
         with self._lock:
+            now = time.monotonic()
+            checking_s = 0.0 if self._owner_check_since is None else now - self._owner_check_since
             if not self._in_flight or self._in_flight[0].stored():
-                return 0.0
-            return time.monotonic() - self._in_flight[0].started_s
+                # stored objects wait for the owner check: a hung store stalls them there
+                return checking_s
+            return max(now - self._in_flight[0].started_s, checking_s)
 
     @property
     def owner_checks(self) -> int:
@@ -353,6 +359,8 @@ class ObjectWAL(QueuedWAL):
                         break
                     ready.append(item)
             # every object in `ready` was stored before this check started
+            with self._lock:
+                self._owner_check_since = time.monotonic()
             try:
                 self._check_owner()
             except WALFencedError as exc:
@@ -361,6 +369,9 @@ class ObjectWAL(QueuedWAL):
             except Exception as exc:
                 self._stop(FAILED, f"owner check failed: {type(exc).__name__}: {exc}", [])
                 continue
+            finally:
+                with self._lock:
+                    self._owner_check_since = None
             with self._lock:
                 if self._status in (FENCED, FAILED):
                     continue  # _stop failed them meanwhile
