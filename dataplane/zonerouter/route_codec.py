@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import uuid
 
+from dataplane.formats.varint import get_zigzag, put_zigzag
+
 MAX_PACKED_ENTRIES = 1024  # entries one packed batch may hold
 MAX_PACKED_TOPICS = 1024
 MAX_MESSAGE_BYTES = 4096  # an error message in a packed answer
@@ -24,24 +26,11 @@ RouteAnswer = tuple[int, str | None, int, int, int]
 
 
 def _put(out: bytearray, value: int) -> None:
-    value = (value << 1) ^ (value >> 63)  # zigzag: small negatives (-1) stay small
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+    put_zigzag(out, value)
 
 
 def _get(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint in a packed zone route")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
+    return get_zigzag(data, pos, "a packed zone route")
 
 
 def pack_entries(entries: list[RouteEntry]) -> bytes:

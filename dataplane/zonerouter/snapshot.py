@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from dataplane.formats.link_record import LinkRecord
+from dataplane.formats.varint import get_zigzag, put_zigzag
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,27 +349,6 @@ class LinkPlace:
     timestamp_ms: int
 
 
-def _put_varint(out: bytearray, value: int) -> None:
-    value = (value << 1) ^ (value >> 63)  # zigzag: small negatives stay small
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _get_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint in packed links")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-
-
 def pack_links(links: list[LinkPlace]) -> bytes:
     """The links of one partition's answer as zigzag varints, each field a delta from the
     previous link's (base offset from its end, channel offset, timestamp) or absolute:
@@ -385,7 +365,7 @@ def pack_links(links: list[LinkPlace]) -> bytes:
             link.length,
             link.timestamp_ms - timestamp,
         ):
-            _put_varint(out, value)
+            put_zigzag(out, value)
         end, channel = link.base_offset + link.record_count, link.channel_offset
         timestamp = link.timestamp_ms
     return bytes(out)
@@ -400,7 +380,7 @@ def unpack_links(data: bytes, max_links: int = 65_536) -> list[LinkPlace]:
             raise ValueError(f"more than {max_links} packed links")
         fields = []
         for _ in range(7):
-            value, pos = _get_varint(data, pos)
+            value, pos = get_zigzag(data, pos, "packed links")
             fields.append(value)
         base = end + fields[0]
         channel += fields[3]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from dataplane.formats.varint import get_zigzag, put_zigzag
+
 MAX_PACKED_PARTITIONS = 4096
 MAX_PACKED_TOPICS = 4096
 MAX_PACKED_ITEMS = 65_536  # aborted transactions or markers of one partition
@@ -54,12 +56,7 @@ class PartitionSnapshot:
     packed_links: bytes = b""
 
 
-def _put(out: bytearray, value: int) -> None:
-    value = (value << 1) ^ (value >> 63)  # zigzag: small negatives (-1) stay small
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+_put = put_zigzag
 
 
 class _Reader:
@@ -71,16 +68,8 @@ class _Reader:
         return self.pos < len(self.data)
 
     def int(self) -> int:
-        result = shift = 0
-        while True:
-            if self.pos >= len(self.data) or shift > 63:
-                raise ValueError("truncated or overlong varint in a packed snapshot")
-            byte = self.data[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return (result >> 1) ^ -(result & 1)
-            shift += 7
+        value, self.pos = get_zigzag(self.data, self.pos, "a packed snapshot")
+        return value
 
     def count(self, limit: int) -> int:
         n = self.int()

@@ -1,0 +1,28 @@
+"""Zigzag varints (Kafka's and protobuf's encoding of signed integers): the packed zone
+routes and snapshot answers of the zone router use them. Pure."""
+
+from __future__ import annotations
+
+
+def put_zigzag(out: bytearray, value: int) -> None:
+    """Append `value` (a signed 64-bit integer) to `out`: small negatives (-1) stay small."""
+    value = (value << 1) ^ (value >> 63)
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def get_zigzag(data: bytes, pos: int, what: str) -> tuple[int, int]:
+    """The signed integer at `pos` of `data` and the position after it. ValueError naming
+    `what` (e.g. "a packed zone route") for a truncated or overlong varint."""
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError(f"truncated or overlong varint in {what}")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
