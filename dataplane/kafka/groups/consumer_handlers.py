@@ -114,7 +114,6 @@ class ConsumerGroupHandlers:
                 owned=owned,
                 client_id=ctx.client_id or "",
                 client_host=f"/{peer[0]}" if peer else "",
-                api_version=version,
             )
         )
         assignment = None
