@@ -199,15 +199,22 @@ class FailureInjector:
             capacity = read_meta(fd).capacity_bytes
             state = read_state(fd)
             assert state is not None, f"{wal_path} has no state record"
-            offsets = [off for off, _ in RecordScanner(Ring(fd, capacity), state.trim_offset)]
-            assert len(offsets) >= min_records, (
-                f"only {len(offsets)} records not uploaded: nothing to corrupt"
+            records = [
+                (off, len(body))
+                for off, body in RecordScanner(Ring(fd, capacity), state.trim_offset)
+            ]
+            assert len(records) >= min_records, (
+                f"only {len(records)} records not uploaded: nothing to corrupt"
             )
-            victim = offsets[len(offsets) // 2]
-            where = DATA_START_BYTES + (victim + RECORD_HEADER_SIZE_BYTES + 30) % capacity
-            os.pwrite(fd, b"\xa5" * 8, where)
+            victim, body_bytes = records[len(records) // 2]
+            # inside the victim's own body, however small (a Link Record is ~40 B): bytes
+            # past it would break the next record's header instead, which reads as a torn end
+            span = min(8, body_bytes)
+            into = min(30, body_bytes - span)
+            where = DATA_START_BYTES + (victim + RECORD_HEADER_SIZE_BYTES + into) % capacity
+            os.pwrite(fd, bytes(b ^ 0xFF for b in os.pread(fd, span, where)), where)
             os.fsync(fd)
-            return victim, len(offsets) - len(offsets) // 2 - 1
+            return victim, len(records) - len(records) // 2 - 1
         finally:
             os.close(fd)
 
