@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SESSION_TIMEOUT_MS = 6000
 PARTITIONS = 6
+MIN_RECORDS = 20  # not yet uploaded when the broker is killed
 
 
 # a killed broker must stay down (failover, `broker start`): no supervisor
@@ -57,15 +58,20 @@ def test_a_wal_corrupted_mid_log_is_named_and_the_idempotent_producer_keeps_runn
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
     ledger = AckLedger(cluster["bootstrap"], topic, PARTITIONS, rate_per_partition=100).start()
     try:
-        time.sleep(3)
         led = leaders(cluster["bootstrap"], topic)
         node = max(set(led.values()), key=lambda n: sum(1 for v in led.values() if v == n))
         moved = {p for p, leader in led.items() if leader == node}
+        wal = next(p for p in (cluster["dir"] / f"broker-{node}").rglob("wal") if p.is_file())
+        # enough acknowledged, not yet uploaded records to corrupt one in the middle: how
+        # long that takes depends on how the producer batches on this machine
+        deadline = time.monotonic() + 60
+        while FailureInjector.wal_records_not_uploaded(wal) < 2 * MIN_RECORDS:
+            assert time.monotonic() < deadline, "the WAL never held enough records"
+            time.sleep(0.2)
         killed = automqctl("broker", "kill", str(node), cluster_dir=cluster["dir"])
         assert killed.returncode == 0, killed.stderr
         event = time.monotonic()
-        wal = next(p for p in (cluster["dir"] / f"broker-{node}").rglob("wal") if p.is_file())
-        victim, after = FailureInjector().corrupt_wal(wal)
+        victim, after = FailureInjector().corrupt_wal(wal, MIN_RECORDS)
         print(f"broker {node}: corrupted the record at {victim} of {wal}; {after} records after it")
         # the failover names the loss: ERROR line, metric, status
         needle = "lost after corruption"

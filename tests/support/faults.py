@@ -188,6 +188,22 @@ class FailureInjector:
 
     # ------------------------------------------------------------ the WAL
 
+    @staticmethod
+    def wal_records_not_uploaded(wal_path: Path) -> int:
+        """How many valid records a file WAL holds past its trim offset (read-only: safe
+        while its broker runs; a record being written stops the count, as a torn end)."""
+        from dataplane.s3stream.wal.ring import RecordScanner, Ring, read_meta, read_state
+
+        fd = os.open(wal_path, os.O_RDONLY)
+        try:
+            state = read_state(fd)
+            if state is None:
+                return 0
+            ring = Ring(fd, read_meta(fd).capacity_bytes)
+            return sum(1 for _ in RecordScanner(ring, state.trim_offset))
+        finally:
+            os.close(fd)
+
     def corrupt_wal(self, wal_path: Path, min_records: int = 20) -> tuple[int, int]:
         """Overwrite 8 bytes in the body of the record in the middle of a file WAL's valid,
         not yet uploaded records; returns (that record's offset, records after it)."""
