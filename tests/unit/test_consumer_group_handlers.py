@@ -283,20 +283,66 @@ def test_the_new_apis_check_group_acls():
     asyncio.run(scenario())
 
 
-def test_a_heartbeat_without_a_member_id_is_given_one_in_v0_and_v1():
-    """Kafka 4 (KIP-1082) wants v1 clients to name themselves, but librdkafka 2.16's
-    members send some v1 heartbeats with an empty member id: refusing them kept a
-    two-member static group from ever reconciling (tests/e2e/test_kip848_groups.py
-    `test_a_static_member_restart_keeps_its_partitions`). An empty member id is given a
-    UUID in both versions."""
+def test_v1_heartbeat_without_a_member_id_is_refused_v0_gets_one():
+    """Kafka 4 (KIP-1082): from ConsumerGroupHeartbeat v1 the client generates its member id;
+    an empty one is INVALID_REQUEST and creates no group. v0 still gets one from the broker."""
 
     async def scenario():
-        _handlers, by_key = make()
-        for version, group in ((0, "g-v0"), (1, "g-v1")):
-            joined = await call(
-                by_key[68], heartbeat(version=version, member_id="", group_id=group)
-            )
-            assert joined.error_code == 0, (version, joined)
-            assert joined.member_id and joined.member_epoch == 1
+        handlers, by_key = make()
+        refused = await call(by_key[68], heartbeat(version=1, member_id=""))
+        assert refused.error_code == KafkaError.INVALID_REQUEST
+        assert refused.error_message == "MemberId can't be empty."
+        listed = await call(
+            handlers.list_groups, ListGroupsRequest[5](states_filter=[], types_filter=[])
+        )
+        assert listed.groups == []
+        joined = await call(by_key[68], heartbeat(version=0, member_id=""))
+        assert joined.error_code == 0 and joined.member_id and joined.member_epoch == 1
 
     asyncio.run(scenario())
+
+
+def test_describe_groups_of_a_consumer_group_answers_as_kafka_4():
+    """Kafka 4's classic DescribeGroups of a KIP-848 group: v6 GROUP_ID_NOT_FOUND "Group X is
+    not a classic group." (state Dead), older versions Dead with no error - even when the
+    group has committed offsets (which an unknown group with offsets answers Empty)."""
+
+    async def scenario():
+        handlers, by_key = make()
+        joined = await call(by_key[68], heartbeat())
+        assert joined.error_code == 0
+        commit = OffsetCommitRequest[9](
+            group_id="cg",
+            generation_id_or_member_epoch=joined.member_epoch,
+            member_id="m1",
+            group_instance_id=None,
+            topics=[
+                CommitTopic(
+                    name="orders",
+                    partitions=[
+                        CommitPartition(
+                            partition_index=0, committed_offset=3, committed_metadata=""
+                        )
+                    ],
+                )
+            ],
+        )
+        assert (await call(handlers.offset_commit, commit)).topics[0].partitions[0].error_code == 0
+        for version, error, message in (
+            (5, KafkaError.NONE, None),
+            (6, KafkaError.GROUP_ID_NOT_FOUND, "Group cg is not a classic group."),
+        ):
+            got = await call(handlers.describe_groups, _describe_groups(version, ["cg"]))
+            entry = got.groups[0]
+            assert (entry.error_code, entry.group_state, entry.members) == (error, "Dead", [])
+            assert entry.protocol_type == ""
+            if version >= 6:
+                assert entry.error_message == message
+
+    asyncio.run(scenario())
+
+
+def _describe_groups(version: int, groups: list[str]) -> Any:
+    from kafka.protocol.admin import DescribeGroupsRequest
+
+    return DescribeGroupsRequest[version](groups=groups, include_authorized_operations=False)

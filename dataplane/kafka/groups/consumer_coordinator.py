@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 MAX_REGEX_LENGTH = 1_000
 MAX_SUBSCRIBED_TOPICS = 10_000
+CONSUMER_GENERATED_MEMBER_ID_VERSION = 1  # ConsumerGroupHeartbeat v1+: the client names itself
 # Python constructs RE2 (Kafka's regex engine, via RE2/J) does not have
 _NON_RE2 = re.compile(r"\\[1-9]|\(\?[=!]|\(\?<[=!]|\(\?P=|\(\?>|\(\?\(|\\Z|[*+?}][+]")
 
@@ -110,6 +111,7 @@ class HeartbeatParams:
     owned: Partitions | None = None
     client_id: str = ""
     client_host: str = ""
+    api_version: int = 0  # from v1 (KIP-1082) the client generates its member id
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ def check_regex(pattern: str) -> str | None:
 def _check_request(p: HeartbeatParams, assignors: Iterable[str]) -> None:
     """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
     bad = KafkaError.INVALID_REQUEST
+    if p.api_version >= CONSUMER_GENERATED_MEMBER_ID_VERSION and not p.member_id:
+        raise HeartbeatError(bad, "MemberId can't be empty.")
     if not p.group_id:
         raise HeartbeatError(bad, "GroupId can't be empty.")
     if p.instance_id == "":

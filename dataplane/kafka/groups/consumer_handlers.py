@@ -114,6 +114,7 @@ class ConsumerGroupHandlers:
                 owned=owned,
                 client_id=ctx.client_id or "",
                 client_host=f"/{peer[0]}" if peer else "",
+                api_version=version,
             )
         )
         assignment = None
