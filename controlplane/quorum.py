@@ -171,6 +171,14 @@ class MetadataQuorum:
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
+    def leader_term(self) -> int | None:
+        """The Raft term this node leads, or None when it is not the leader. Terms only
+        grow, so a change of term tells a new leadership from the same one (even when this
+        node lost and regained leadership between two looks)."""
+        if not self.is_leader():
+            return None
+        return int(self._syncobj._SyncObj__raftCurrentTerm)
+
     def leader_ready(self) -> bool:
         """Leader, and its term's first entry (the no-op Raft appends on election) is applied:
         every record committed before the election is in the image now. Until then a new

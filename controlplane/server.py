@@ -86,7 +86,9 @@ class ControllerNode:
         self._last_balance_round = 0.0  # monotonic s
         self._last_route_bump_ms: int | None = None  # this leader's last route epoch bump
         self._hb_lock = threading.Lock()
-        self._was_leader = False
+        # the term whose leadership _start_leadership last began (None: not leading)
+        self._leading_term: int | None = None
+        self._leadership_lock = threading.Lock()
         self._leader_since = 0.0
         self._stop = threading.Event()
         self._threads = [
@@ -131,6 +133,9 @@ class ControllerNode:
         broker = image.brokers.get(node_id)
         rates = _parse_rates(body.get("produce_bytes_per_s"))
         health = _parse_bucket_health(body.pop("bucket_health", None), node_id)
+        # a report kept under a new term must not be wiped when the lifecycle loop notices
+        # that term later
+        self._observe_leadership()
         if broker is not None and broker.node_epoch == epoch:
             now = time.monotonic()
             with self._hb_lock:
@@ -227,12 +232,21 @@ class ControllerNode:
         self._last_route_bump_ms = None
         log.info("controller %d is now the leader", self.node_id)
 
+    def _observe_leadership(self) -> bool:
+        """Whether this controller leads; begins a leadership (`_start_leadership`) the first
+        time any thread sees a new term. Called by the lifecycle loop and by heartbeats, so a
+        heartbeat's report is never kept under a term whose start then clears it.
+        Thread-safety: the API threads and the lifecycle thread; `_leadership_lock` makes the
+        start run once per term."""
+        term = self.quorum.leader_term()
+        with self._leadership_lock:
+            if term is not None and term != self._leading_term:
+                self._start_leadership()
+            self._leading_term = term
+        return term is not None
+
     def _lifecycle_round(self) -> None:
-        leader = self.quorum.is_leader()
-        if leader and not self._was_leader:
-            self._start_leadership()
-        self._was_leader = leader
-        if not leader:
+        if not self._observe_leadership():
             return
         image = self.quorum.machine.image
         now_ms = int(time.time() * 1000)

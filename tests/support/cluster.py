@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -50,12 +51,23 @@ def running_cluster(cluster_dir: Path, *up_args: str) -> Iterator[dict]:
 
 
 def create_topic(
-    bootstrap: str, name: str, partitions: int, timeout_s: float = 30, configs: dict | None = None
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    timeout_s: float = 30,
+    configs: dict | None = None,
+    exist_ok: bool = False,
 ) -> None:
-    """Create a topic (replication 1) and wait until every partition has a leader."""
+    """Create a topic (replication 1) and wait until every partition has a leader.
+    `exist_ok`: for a retry after an attempt that failed but may have created the topic
+    (Kafka's CreateTopics can answer REQUEST_TIMED_OUT for a topic it then creates)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     new = NewTopic(name, partitions, 1, config=configs or {})
-    admin.create_topics([new], operation_timeout=30)[name].result(30)
+    try:
+        admin.create_topics([new], operation_timeout=30)[name].result(30)
+    except KafkaException as exc:
+        if not (exist_ok and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)

@@ -93,3 +93,34 @@ def test_a_new_leader_gives_every_broker_a_full_session_from_its_election(monkey
     node._heartbeats[1] = (3, clock.now)  # broker 1 found the new leader; broker 2 did not
     clock.now += 0.2
     assert expired(node) == [(2, 5)]
+
+
+def test_a_report_made_to_a_new_leader_survives_its_lifecycle_loop_noticing_the_term(
+    monkeypatch,
+):
+    """Found in CI: a heartbeat reached a controller elected a moment earlier, its stats were
+    kept, and then the lifecycle loop noticed the new leadership and cleared them. Whoever
+    sees a new term first begins it; the same term never begins twice."""
+    node, _, clock = leader({1: 3}, monkeypatch)
+    term: list[int | None] = [None]
+    node.node_id, node._upload_stats, node._rates, node._bucket_health = 0, {}, {}, {}
+    node.quorum.leader_term = lambda: term[0]
+    node._leading_term, node._leadership_lock = None, threading.Lock()
+    node._start_leadership = lambda: ControllerNode._start_leadership(node)
+
+    def observe() -> bool:
+        return ControllerNode._observe_leadership(node)
+
+    assert observe() is False
+    term[0] = 7  # elected
+    assert observe() is True  # a heartbeat's look begins the term ...
+    node._upload_stats[1] = {"upload_lag_s": 2.5}  # ... and keeps its report
+    assert observe() is True  # the lifecycle loop's look, same term
+    assert node._upload_stats == {1: {"upload_lag_s": 2.5}}
+    term[0] = None  # lost leadership, then elected again: a new term, a fresh start
+    assert observe() is False
+    term[0] = 9
+    assert observe() is True and node._upload_stats == {}
+    node._upload_stats[1] = {"upload_lag_s": 1.0}
+    term[0] = 11  # lost and regained between two looks: still a new term
+    assert observe() is True and node._upload_stats == {}
