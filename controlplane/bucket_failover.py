@@ -87,6 +87,8 @@ class HealthReport:
     failing_for_ms: int
     healthy_for_ms: int
     last_error: str | None = None
+    # time since the broker's most recent failed write (None: unknown)
+    last_failure_age_ms: int | None = None
 
 
 def aged_reports(
@@ -106,6 +108,9 @@ def aged_reports(
                     failing_for_ms=h.failing_for_ms + age_ms if h.failing_for_ms else 0,
                     healthy_for_ms=h.healthy_for_ms + age_ms if not h.failing_for_ms else 0,
                     last_error=h.last_error,
+                    last_failure_age_ms=None
+                    if h.last_failure_age_ms is None
+                    else h.last_failure_age_ms + age_ms,
                 )
             )
     return out
@@ -123,7 +128,11 @@ def decide(
     broker with a bad network path cannot move the cluster's writes. Failing and healthy
     time count only since the last switch (`now_ms` - its `since_ms`): an operator who
     switches back to a bucket that was failing gets the full detection time before an
-    automatic switch can overrule them, whatever the brokers remember of the outage.
+    automatic switch can overrule them, whatever the brokers remember of the outage. And a
+    failing report counts only if one of its failures happened after the switch: a broker
+    that has not written to the bucket since (its failures all from the outage) is no
+    evidence that the bucket is still down (seen: a return overruled 1 s later, before the
+    brokers' first write to the healed bucket).
     """
     state = image.bucket_failover
     since_switch_ms = max(0, now_ms - state.since_ms) if state.since_ms else None
@@ -140,6 +149,11 @@ def decide(
     if target is None:
         return None
 
+    def failed_since_switch(h: HealthReport) -> bool:
+        if since_switch_ms is None or h.last_failure_age_ms is None:
+            return True
+        return h.last_failure_age_ms < since_switch_ms
+
     def failing(bucket_id: int, for_ms: int) -> list[HealthReport]:
         return [
             h
@@ -147,6 +161,7 @@ def decide(
             if h.node_id in live
             and h.failing_for_ms > 0
             and since_switch(h.failing_for_ms) >= for_ms
+            and failed_since_switch(h)
         ]
 
     if state.active_bucket_id == main:

@@ -102,13 +102,16 @@ class BucketWriteHealth(BaseModel):
     """A broker's view of writes to one bucket (uploads and its probes), for detection.
 
     `failing_for_ms`: time since the first failed write after the last successful one
-    (0: the last write succeeded); `healthy_for_ms`: time since the last failure.
+    (0: the last write succeeded); `healthy_for_ms`: time since the last failure;
+    `last_failure_age_ms`: time since the most recent failed write (None: none, or a broker
+    from before this field).
     """
 
     model_config = ConfigDict(extra="forbid")
     bucket_id: int = Field(ge=0)
     failing_for_ms: int = Field(ge=0)
     healthy_for_ms: int = Field(ge=0)
+    last_failure_age_ms: int | None = Field(default=None, ge=0)
     write_errors: int = Field(default=0, ge=0)
     writes_ok: int = Field(default=0, ge=0)
     last_latency_ms: float | None = Field(default=None, ge=0)

@@ -117,6 +117,7 @@ class HeartbeatStats:
                 bucket_id=h.bucket_id,
                 failing_for_ms=h.failing_for_ms,
                 healthy_for_ms=h.healthy_for_ms,
+                last_failure_age_ms=h.last_failure_age_ms,
                 write_errors=h.write_errors,
                 writes_ok=h.writes_ok,
                 last_latency_ms=h.last_latency_ms,

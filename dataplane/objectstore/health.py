@@ -22,6 +22,9 @@ class BucketHealth:
     bucket_id: int
     failing_for_ms: int  # 0 when the last write succeeded
     healthy_for_ms: int  # 0 while failing
+    # time since the most recent failed write (None: none yet): lets the controller tell a
+    # failure seen after its last switch from the memory of an outage before it
+    last_failure_age_ms: int | None
     write_errors: int
     writes_ok: int
     last_latency_ms: float | None
@@ -99,6 +102,9 @@ class WriteHealthTracker:
                         if failing
                         else 0,
                         healthy_for_ms=0 if failing else int((now - since_ok) * 1000),
+                        last_failure_age_ms=None
+                        if st.last_failure_s is None
+                        else int((now - st.last_failure_s) * 1000),
                         write_errors=st.errors,
                         writes_ok=st.ok,
                         last_latency_ms=st.last_latency_ms,

@@ -134,10 +134,36 @@ def test_going_back_is_manual_unless_auto_return_is_configured():
     assert (req.bucket_id, req.only_if_active) == (0, 1)
 
 
+def test_a_return_is_overruled_only_by_failures_seen_after_it():
+    """Found in CI: an operator switched back to the healed main bucket, and 1 s later the
+    detection switched away again on the brokers' memory of the outage (no write to the
+    main bucket since the return, so their failing streaks still ran)."""
+    sm = machine()
+    sm.execute("set_active_bucket", {"bucket_id": 1, "auto": True}, NOW)
+    back_at = NOW + 30_000
+    sm.execute("set_active_bucket", {"bucket_id": 0}, back_at)
+    now = back_at + 11_000  # more than the detection time after the return
+
+    def failing_reports(last_failure_age_ms: int | None):
+        return {0: [HealthReport(n, 45_000, 0, "reset", last_failure_age_ms) for n in (1, 2, 3)]}
+
+    # the last failures were 12 s ago, before the return: nothing seen since
+    assert decide(sm.image, failing_reports(12_000), SETTINGS, now) is None
+    # a write failed after the return, and the streak since the return is >= detect
+    req = decide(sm.image, failing_reports(500), SETTINGS, now)
+    assert req is not None and req.bucket_id == 1
+    # a broker that does not say when it last failed counts, as before
+    assert decide(sm.image, failing_reports(None), SETTINGS, now) is not None
+
+
 def test_reports_age_while_the_leader_waits_for_the_next_one():
     h = BucketWriteHealth(bucket_id=0, failing_for_ms=4_000, healthy_for_ms=0)
     aged = aged_reports({1: ([h], 100.0)}, now_s=106.0)
     assert aged[0][0].failing_for_ms == 10_000
+    h = BucketWriteHealth(
+        bucket_id=0, failing_for_ms=4_000, healthy_for_ms=0, last_failure_age_ms=300
+    )
+    assert aged_reports({1: ([h], 100.0)}, now_s=106.0)[0][0].last_failure_age_ms == 6_300
 
 
 def test_deletion_pauses_for_unhealthy_buckets_and_in_failover_mode():
@@ -181,6 +207,7 @@ def test_write_health_tracks_failing_and_healthy_time():
     now[0] = 106.0
     [h] = t.snapshot()
     assert (h.failing_for_ms, h.healthy_for_ms, h.last_error) == (0, 1000, None)
+    assert h.last_failure_age_ms == 1000  # the 105.0 failure
 
 
 @pytest.mark.parametrize("bad", [{"bucket_id": -1}, {"bucket_id": 1, "auto": "maybe"}])
