@@ -127,7 +127,8 @@ def test_nodes_on_three_hosts_survive_losing_one_host(seaweed, tmp_path):
                 # a retry after an attempt whose answer was lost finds the topic made
                 create_topic(bootstrap, "hosts", 3, timeout_s=20, exist_ok=True)
                 break
-            except Exception:
+            except Exception as exc:
+                print(f"create_topic attempt failed: {exc!r}")  # shown if the test fails
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
