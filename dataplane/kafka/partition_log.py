@@ -175,8 +175,15 @@ class PartitionLog:
     @property
     def last_stable_offset(self) -> int:
         """The first offset of the oldest open transaction, else the high watermark: what a
-        read_committed consumer may read up to."""
+        read_committed consumer may read up to. An aborted transaction not yet recorded with
+        the stream's metadata counts as open: readers that skip the brokers (the Spark
+        source, table sync) filter aborts by that metadata, capped at this offset, so it
+        must never pass an abort they cannot see yet (one controller commit per abort)."""
         first = self.txns.first_unstable()
+        with self._unrecorded_lock:
+            if self._unrecorded:
+                unrecorded = min(slot.entry[1] for slot in self._unrecorded)
+                first = unrecorded if first is None else min(first, unrecorded)
         hw = self.high_watermark
         return hw if first is None else min(first, hw)
 
@@ -282,6 +289,8 @@ class PartitionLog:
             with self._unrecorded_lock:  # still the first ones: others are only appended
                 for _ in range(min(taken, len(self._unrecorded))):
                     self._unrecorded.popleft()
+        # the last stable offset may have moved past them: wake waiting fetches
+        self.notify()
 
     def queue_unrecorded_aborts(self, recorded_up_to: int) -> None:
         """A new leader: the aborts its tail read found past the last one recorded with the

@@ -76,6 +76,17 @@ class Harness:
     def run(self, coro):
         return asyncio.run(coro)
 
+    def wait_aborts_recorded(self, partition: int = 0) -> None:
+        """Bounded wait until the partition's aborts are recorded with its stream (on the
+        partition manager's pool): until then its last stable offset holds before them."""
+        topic_id = self.apis.image_fn().topic_by_name(TOPIC).topic_id
+        for _ in range(500):
+            plog = self.apis.partitions.get(topic_id, partition)
+            if plog is not None and not plog.has_unrecorded_aborts:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError("aborts not recorded within 5 s")
+
     def init_pid(self, txn_id: str, timeout_ms: int = 60_000, version: int = 4):
         req = InitProducerIdRequest[version](
             transactional_id=txn_id,
@@ -220,6 +231,7 @@ def test_commit_and_abort_with_read_committed_and_aborted_list(h):
     assert h.add_partitions("t1", pid, epoch) == [KafkaError.NONE]
     assert h.produce(txn_batch(pid, epoch, 2, [b"x"])) == KafkaError.NONE
     assert h.end("t1", pid, epoch, False) == KafkaError.NONE
+    h.wait_aborts_recorded()
     values, controls, lso, hw, aborted = h.fetch(1)
     assert lso == hw == 5 and aborted == [(pid, 3)]
     # the client drops aborted records itself; read_uncommitted sees them
@@ -237,6 +249,7 @@ def test_new_instance_fences_the_old_one_and_aborts_its_open_transaction(h):
     new = h.init_pid("t2")
     assert new.error_code == KafkaError.NONE and new.producer_id == pid and new.producer_epoch > e0
     # the open transaction was aborted: nothing unstable left
+    h.wait_aborts_recorded()
     _, _, lso, hw, aborted = h.fetch(1)
     assert lso == hw and aborted == [(pid, 0)]
     # the old instance is fenced at the coordinator and at the partition
@@ -380,6 +393,7 @@ def test_state_is_durable_a_new_coordinator_aborts_expired_and_finishes_prepared
     h.run(fresh.tick())
     meta = fresh.snapshot()["t6"]
     assert meta.state.value == "CompleteAbort" and meta.producer_epoch == epoch + 1
+    h.wait_aborts_recorded()
     _, _, lso, hw, aborted = h.fetch(1)
     assert lso == hw and aborted == [(pid, 0)]
     assert h.produce(txn_batch(pid, epoch, 1, [b"zombie"])) == KafkaError.INVALID_PRODUCER_EPOCH
@@ -531,3 +545,29 @@ def test_aborts_are_recorded_in_marker_order_whatever_order_they_become_durable(
     plog._marker_done(done, later)
     assert recorded[-1] == (10, 35, 50) and (9, 30, 40) not in recorded
     assert not plog.has_unrecorded_aborts
+
+
+def test_the_last_stable_offset_waits_for_an_abort_to_be_recorded():
+    """Readers that skip the brokers (the Spark source, table sync) filter aborted records
+    by the stream's metadata up to the last stable offset they ask a broker for: an abort
+    whose record has not reached the metadata yet must hold that offset before it."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from dataplane.kafka.partition_log import PartitionLog, _AbortSlot
+
+    recorded: list = []
+    stream = SimpleNamespace(stream_id=1, next_offset=100)
+    plog = PartitionLog(
+        "tid", "t", 0, 1, stream, record_aborted=recorded.extend, run_later=lambda fn: None
+    )
+    assert plog.last_stable_offset == 100
+    slot = _AbortSlot((7, 40, 60))  # producer 7's transaction from 40, aborted at 60
+    plog._unrecorded.append(slot)  # as write_marker queues it
+    assert plog.last_stable_offset == 40  # the marker's write is not done
+    done = Future()
+    done.set_result(None)
+    plog._marker_done(done, slot)  # durable; recording is queued, not done
+    assert plog.last_stable_offset == 40
+    plog.record_pending_aborts()  # the controller has it now
+    assert recorded == [(7, 40, 60)] and plog.last_stable_offset == 100
