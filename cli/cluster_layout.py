@@ -26,7 +26,9 @@ from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import ADMIN_GRPC_OFFSET, SeaweedConfig
 
 # each embedded store (main: bucket 0, failover: bucket 1) takes this many ports
-PORTS_PER_STORE = 10
+PORTS_PER_STORE = 11
+# the main embedded store's S3 Tables bucket: the warehouse of its Iceberg REST catalog
+EMBEDDED_TABLE_BUCKET = "automq-tables"
 
 
 def check_create_flags(
@@ -142,6 +144,8 @@ def embedded_store_configs(
         (("s3", "automq-main"), (FAILOVER_STORE, "automq-failover"))
     ):
         s3 = SeaweedConfig.generate(data_root / component, buckets=[name])
+        if i == 0:  # the main store also serves an Iceberg REST catalog for table topics
+            s3.table_bucket = EMBEDDED_TABLE_BUCKET
         s3.ports = dict(zip(s3.ports, ports[PORTS_PER_STORE * i : PORTS_PER_STORE * (i + 1)]))
         if allocator is not None:
             s3.ports["admin"], s3.ports["admin_grpc"] = allocator.take_pair(ADMIN_GRPC_OFFSET)

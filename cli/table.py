@@ -18,7 +18,8 @@ from cli.compaction import MasterOption
 from cli.options import DirOption, FormatOption, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result
 from controlplane.errors import ControllerError
-from dataplane.tables.catalog import CatalogConfig
+from dataplane.objectstore.seaweed import SeaweedConfig
+from dataplane.tables.catalog import CatalogConfig, embedded_rest_catalog_config
 
 app = typer.Typer(help="Table topics: topics kept as Iceberg tables.", no_args_is_help=True)
 
@@ -143,6 +144,17 @@ def catalog(
     ),
     warehouse: str | None = typer.Option(None, "--warehouse", help="s3://bucket/prefix"),
     s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", help="the warehouse's S3"),
+    rest_signing_name: str | None = typer.Option(
+        None,
+        "--rest-signing-name",
+        help="sign the REST catalog's requests with AWS SigV4 for this service "
+        "(s3tables: AWS S3 Tables; glue: AWS Glue) with the warehouse's credentials",
+    ),
+    embedded_rest: bool = typer.Option(
+        False,
+        "--embedded-rest",
+        help="the embedded object store's own Iceberg REST catalog (SeaweedFS S3 Tables)",
+    ),
     reset: bool = typer.Option(False, "--reset", help="back to the embedded default"),
     format: OutputFormat = FormatOption,
 ) -> None:
@@ -150,11 +162,24 @@ def catalog(
     the cluster directory with the warehouse in the cluster's bucket)."""
     cluster, config = open_cluster(dir)
     path = jobs.tables_dir(cluster.dir) / "catalog.json"
+    if embedded_rest and (uri or warehouse or s3_endpoint or reset):
+        fail(
+            "--embedded-rest sets the whole catalog: not with --uri, --warehouse, "
+            "--s3-endpoint or --reset"
+        )
     if reset:
         path.unlink(missing_ok=True)
     current = jobs.catalog_config(cluster.dir, config)
-    if uri or warehouse or s3_endpoint:
-        changes = {"uri": uri, "warehouse": warehouse, "s3_endpoint": s3_endpoint}
+    if embedded_rest:
+        current = _embedded_rest_catalog(config)
+        jobs.save_catalog_config(cluster.dir, current)
+    elif uri or warehouse or s3_endpoint or rest_signing_name:
+        changes = {
+            "uri": uri,
+            "warehouse": warehouse,
+            "s3_endpoint": s3_endpoint,
+            "rest_signing_name": rest_signing_name,
+        }
         try:
             current = CatalogConfig.model_validate(
                 {**current.model_dump(), **{k: v for k, v in changes.items() if v}}
@@ -167,3 +192,18 @@ def catalog(
     if not print_data({**current.model_dump(), "kind": current.kind()}, format):
         console.print(f"catalog: {current.uri} ({current.kind()})")
         console.print(f"warehouse: {current.warehouse} (endpoint {current.s3_endpoint or 'AWS'})")
+
+
+def _embedded_rest_catalog(config) -> CatalogConfig:
+    """The main embedded store's Iceberg REST catalog, or a clear error if it has none."""
+    store = config.embedded_stores().get("s3")
+    if not store:
+        fail("--embedded-rest: this cluster has no embedded object store (--bucket-uris)")
+    s3 = SeaweedConfig.from_json(store)
+    endpoint = s3.iceberg_endpoint
+    if endpoint is None or s3.table_bucket is None:
+        fail(
+            "--embedded-rest: this cluster's embedded store was created before it served an "
+            "Iceberg REST catalog; give --uri of another REST catalog"
+        )
+    return embedded_rest_catalog_config(endpoint, s3.table_bucket, s3.endpoint)

@@ -35,6 +35,7 @@ _PORT_NAMES = (
     "filer_grpc",
     "admin",
     "admin_grpc",
+    "iceberg",  # the Iceberg REST catalog (served only with a table bucket)
 )
 
 
@@ -163,6 +164,16 @@ class SeaweedConfig:
     secret_key: str
     buckets: list[str] = field(default_factory=lambda: ["automq-main", "automq-failover"])
     host: str = "127.0.0.1"
+    # an S3 Tables bucket created at start, served by SeaweedFS's Iceberg REST catalog on
+    # ports["iceberg"] (None: no catalog)
+    table_bucket: str | None = None
+
+    @property
+    def iceberg_endpoint(self) -> str | None:
+        """The Iceberg REST catalog's URL, or None if this store serves none."""
+        if self.table_bucket is None or not self.ports.get("iceberg"):
+            return None
+        return f"http://{self.host}:{self.ports['iceberg']}"
 
     @property
     def endpoint(self) -> str:
@@ -198,6 +209,7 @@ class SeaweedConfig:
             "secret_key": self.secret_key,
             "buckets": self.buckets,
             "host": self.host,
+            "table_bucket": self.table_bucket,
         }
 
     @classmethod
@@ -209,11 +221,14 @@ class SeaweedConfig:
             secret_key=data["secret_key"],
             buckets=list(data["buckets"]),
             host=data.get("host", "127.0.0.1"),
+            table_bucket=data.get("table_bucket"),
         )
 
     def command(self) -> list[str]:
         """The `weed mini` command line for this config."""
         p = self.ports
+        iceberg = p["iceberg"] if self.iceberg_endpoint else 0
+        tables = [f"-tableBucket={self.table_bucket}"] if iceberg else []
         return [
             weed_binary(),
             "mini",
@@ -228,7 +243,7 @@ class SeaweedConfig:
             f"-filer.port.grpc={p['filer_grpc']}",
             f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3_grpc']}",
-            "-s3.port.iceberg=0",
+            f"-s3.port.iceberg={iceberg}",
             "-s3.port.lance=0",
             f"-admin.port={p['admin']}",
             f"-admin.port.grpc={p['admin_grpc']}",
@@ -237,6 +252,7 @@ class SeaweedConfig:
             "-master.telemetry=false",
             f"-s3.config={self.data_dir / 's3.json'}",
             f"-bucket={','.join(self.buckets)}",
+            *tables,
         ]
 
     def write_security_file(self) -> None:

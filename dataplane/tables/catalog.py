@@ -5,7 +5,9 @@ A catalog is named by a URI (`CatalogConfig.uri`):
 
 * `sqlite:///<path>` (or any SQLAlchemy URL): PyIceberg's SQL catalog; the embedded
   default is `<cluster dir>/tables/catalog.db`;
-* `http(s)://...`: an Iceberg REST catalog.
+* `http(s)://...`: an Iceberg REST catalog; with `rest_signing_name` its requests are
+  signed with AWS SigV4 by the warehouse's credentials (`s3tables`: AWS S3 Tables and the
+  embedded store's own catalog, SeaweedFS's S3 Tables buckets).
 
 The warehouse (where tables' metadata and data files go) is `s3://<bucket>/iceberg` of the
 cluster's first bucket by default, reached at the bucket's endpoint with its credentials
@@ -45,6 +47,8 @@ class CatalogConfig(BaseModel):
     warehouse: str = Field(min_length=1, max_length=2048)
     s3_endpoint: str | None = None  # the warehouse bucket's endpoint (None: AWS's)
     s3_region: str = "us-east-1"
+    # a REST catalog whose requests are SigV4-signed for this service (None: unsigned)
+    rest_signing_name: str | None = Field(default=None, pattern=r"^[a-z0-9-]{1,64}$")
 
     def kind(self) -> str:
         """ "rest" or "sql"."""
@@ -75,7 +79,31 @@ def catalog_properties(config: CatalogConfig, credentials: Mapping[str, str]) ->
         props["s3.secret-access-key"] = credentials["aws_secret_access_key"]
     if credentials.get("aws_session_token"):
         props["s3.session-token"] = credentials["aws_session_token"]
+    if config.kind() == "rest" and config.rest_signing_name:
+        props["rest.sigv4-enabled"] = "true"
+        props["rest.signing-region"] = config.s3_region
+        props["rest.signing-name"] = config.rest_signing_name
+        props["client.region"] = config.s3_region
+        if credentials.get("aws_access_key_id"):
+            props["client.access-key-id"] = credentials["aws_access_key_id"]
+            props["client.secret-access-key"] = credentials["aws_secret_access_key"]
+        if credentials.get("aws_session_token"):
+            props["client.session-token"] = credentials["aws_session_token"]
     return props
+
+
+def embedded_rest_catalog_config(
+    iceberg_endpoint: str, table_bucket: str, s3_endpoint: str, s3_region: str = "us-east-1"
+) -> CatalogConfig:
+    """The embedded store's own Iceberg REST catalog (SeaweedFS serves one over its S3
+    Tables bucket `table_bucket`, SigV4-signed like AWS S3 Tables)."""
+    return CatalogConfig(
+        uri=iceberg_endpoint,
+        warehouse=f"s3://{table_bucket}",
+        s3_endpoint=s3_endpoint,
+        s3_region=s3_region,
+        rest_signing_name="s3tables",
+    )
 
 
 def open_catalog(config: CatalogConfig, credentials: Mapping[str, str]):

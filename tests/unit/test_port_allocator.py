@@ -72,7 +72,7 @@ def test_every_port_comes_from_the_range_taken_ports_skipped(tmp_path: Path) -> 
 
 def test_a_range_too_small_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     low, _ = _free_range(100)
-    with pytest.raises(ClusterError, match="has 10 free ports of the 32 the cluster still needs"):
+    with pytest.raises(ClusterError, match="has 10 free ports of the 34 the cluster still needs"):
         _create(tmp_path, port_range=f"{low}-{low + 9}", bucket_uris=None)
     with pytest.raises(ClusterError, match=f"P and P \\+ {ADMIN_GRPC_OFFSET}"):
         _create(tmp_path, port_range=f"{low}-{low + 99}")

@@ -258,6 +258,30 @@ def test_table_catalog_defaults_to_sqlite_in_the_cluster_dir_and_takes_a_rest_ur
     assert code == 1 and "invalid --uri" in said
     assert catalog()[1]["uri"] == "https://rest.example/catalog"  # a bad one changes nothing
     assert catalog("--reset")[1]["kind"] == "sql"
+    # the embedded store's own REST catalog (SeaweedFS S3 Tables), SigV4-signed
+    code, shown = catalog("--embedded-rest")
+    store = cluster.load().embedded_s3
+    assert code == 0 and shown["kind"] == "rest" and shown["rest_signing_name"] == "s3tables"
+    assert shown["uri"] == f"http://127.0.0.1:{store['ports']['iceberg']}"
+    assert shown["warehouse"] == f"s3://{store['table_bucket']}"
+    code, said = catalog("--embedded-rest", "--reset")
+    assert code == 1 and "--embedded-rest" in said
+    code, said = catalog("--rest-signing-name", "Bad Name!")
+    assert code == 1 and "invalid catalog" in said
+
+
+def test_a_signed_rest_catalog_gets_sigv4_properties_with_the_warehouse_keys():
+    creds = {"aws_access_key_id": "AK", "aws_secret_access_key": "SK"}
+    rest = cat.CatalogConfig(
+        uri="http://127.0.0.1:8181", warehouse="s3://t", rest_signing_name="s3tables"
+    )
+    props = cat.catalog_properties(rest, creds)
+    assert props["rest.sigv4-enabled"] == "true" and props["rest.signing-name"] == "s3tables"
+    assert (props["client.access-key-id"], props["client.secret-access-key"]) == ("AK", "SK")
+    unsigned = cat.catalog_properties(rest.model_copy(update={"rest_signing_name": None}), creds)
+    assert "rest.sigv4-enabled" not in unsigned and "client.access-key-id" not in unsigned
+    sql = cat.CatalogConfig(uri="sqlite:///x.db", warehouse="s3://t", rest_signing_name="glue")
+    assert "rest.sigv4-enabled" not in cat.catalog_properties(sql, creds)
 
 
 def test_ends_stop_at_the_last_stable_offset(monkeypatch):
