@@ -105,6 +105,8 @@ def sync(
         table.add_column(col)
     for r in result["tables"]:
         outcome = r.get("error") or ("committed" if r.get("committed") else r.get("reason", ""))
+        if r.get("skipped_invalid"):
+            outcome += f"; {r['skipped_invalid']} record(s) not fitting left out"
         table.add_row(
             r["topic"],
             r.get("table", ""),

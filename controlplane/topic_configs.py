@@ -89,6 +89,7 @@ TABLE_TOPIC_ENABLE = "automq.table.topic.enable"
 TABLE_TOPIC_SCHEMA_TYPE = "automq.table.topic.schema.type"
 TABLE_TOPIC_NAMESPACE = "automq.table.topic.namespace"
 TABLE_TOPIC_PARTITION_BY = "automq.table.topic.partition.by"
+TABLE_TOPIC_ERRORS_TOLERANCE = "automq.table.topic.errors.tolerance"
 # `[day(timestamp)]` (AutoMQ's list form), `day(timestamp)`, or `[]` / "" for none
 TABLE_PARTITION_BY_PATTERN = r"^\[?\s*((hour|day|month|year)\(timestamp\))?\s*\]?$"
 
@@ -209,6 +210,12 @@ _KEYS: tuple[ConfigKey, ...] = (
               "[hour|day|month|year(timestamp)], or [] for none (used when the table is "
               "created)", pattern=TABLE_PARTITION_BY_PATTERN,
               pattern_hint="use [hour|day|month|year(timestamp)] or []"),
+    ConfigKey(TABLE_TOPIC_ERRORS_TOLERANCE, _S, "none",
+              "table topic: a record that does not fit the table (json mode: a value that is "
+              "not a JSON object, a field whose type its column cannot take): none stops the "
+              "topic's sync at it, naming its offset; all leaves it out of the table, counted "
+              "and named in the run's result",
+              choices=("none", "all")),
 )  # fmt: skip
 
 SCHEMA: dict[str, ConfigKey] = {k.name: k for k in _KEYS}

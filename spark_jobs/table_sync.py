@@ -184,7 +184,8 @@ def write_files(
     df, spec: ts.TableTopicSpec, columns: dict[str, str], location: str, config: SyncJobConfig
 ) -> list[dict]:
     """The executors write the rows as Parquet under the table's data directory; the
-    files' [{path, records}]."""
+    files' [{path, records}], and per task that left records out (errors tolerance `all`)
+    one {"skipped": n, "first_skipped": why}."""
     from dataplane.tables import rows
 
     catalog_config = config.catalog
@@ -195,9 +196,13 @@ def write_files(
     def write(records):
         import pyarrow as pa
 
-        batches = rows.source_batches(records)
-        tables = [rows.table_rows(spec, columns, b) for b in batches if b.num_rows]
+        converted = [rows.convert_batch(spec, columns, b) for b in rows.source_batches(records)]
+        tables = [c.rows for c in converted if c.rows.num_rows]
         written: list[dict] = []
+        skipped = sum(c.skipped for c in converted)
+        if skipped:
+            first = next(c.first_skipped for c in converted if c.first_skipped)
+            written.append({"skipped": skipped, "first_skipped": first})
         if tables:
             creds = warehouse_credentials(sync_config)
             filesystem, fs_dir = cat.filesystem(data_uri, catalog_config, creds)
@@ -256,7 +261,13 @@ def sync_topic(spark, config, catalog, image, spec: ts.TableTopicSpec, emit: Emi
     if all(starts[p] >= ends[p] for p in starts) and skipped == 0:
         return {**out, "appended": 0, "committed": False, "reason": "up to date"}
     timing: dict = {}
-    _columns, new, files = write_run(spark, config, spec, table, starts, ends, timing)
+    _columns, new, written = write_run(spark, config, spec, table, starts, ends, timing)
+    files = [f for f in written if "path" in f]
+    left_out = [f for f in written if "skipped" in f]
+    if left_out:
+        out["skipped_invalid"] = sum(f["skipped"] for f in left_out)
+        out["first_skipped_invalid"] = min(f["first_skipped"] for f in left_out)
+        emit({"event": "skipped_invalid", "topic": spec.topic, **out})
     appended = sum(f["records"] for f in files)
     emit({"event": "written", "topic": spec.topic, "files": len(files), "records": appended})
     if os.environ.get(FAULT_ENV) == "before_commit":

@@ -74,22 +74,25 @@ def catalog_properties(config: CatalogConfig, credentials: Mapping[str, str]) ->
     props = {"uri": config.uri, "warehouse": config.warehouse, "s3.region": config.s3_region}
     if config.s3_endpoint:
         props["s3.endpoint"] = config.s3_endpoint
-    if credentials.get("aws_access_key_id"):
-        props["s3.access-key-id"] = credentials["aws_access_key_id"]
-        props["s3.secret-access-key"] = credentials["aws_secret_access_key"]
-    if credentials.get("aws_session_token"):
-        props["s3.session-token"] = credentials["aws_session_token"]
+    props.update(_key_properties("s3", credentials))  # the warehouse's files
     if config.kind() == "rest" and config.rest_signing_name:
         props["rest.sigv4-enabled"] = "true"
         props["rest.signing-region"] = config.s3_region
         props["rest.signing-name"] = config.rest_signing_name
         props["client.region"] = config.s3_region
-        if credentials.get("aws_access_key_id"):
-            props["client.access-key-id"] = credentials["aws_access_key_id"]
-            props["client.secret-access-key"] = credentials["aws_secret_access_key"]
-        if credentials.get("aws_session_token"):
-            props["client.session-token"] = credentials["aws_session_token"]
+        props.update(_key_properties("client", credentials))  # the catalog's signatures
     return props
+
+
+def _key_properties(prefix: str, credentials: Mapping[str, str]) -> dict[str, str]:
+    """PyIceberg's `<prefix>.access-key-id` etc. from boto3-style keys."""
+    out = {}
+    if credentials.get("aws_access_key_id"):
+        out[f"{prefix}.access-key-id"] = credentials["aws_access_key_id"]
+        out[f"{prefix}.secret-access-key"] = credentials["aws_secret_access_key"]
+    if credentials.get("aws_session_token"):
+        out[f"{prefix}.session-token"] = credentials["aws_session_token"]
+    return out
 
 
 def embedded_rest_catalog_config(

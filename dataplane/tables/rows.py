@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,7 +118,12 @@ def infer_json_fields(spec: ts.TableTopicSpec, batches: Iterable[pa.RecordBatch]
         parts = batch.column("partition").to_pylist()
         offsets = batch.column("offset").to_pylist()
         for part, offset, value in zip(parts, offsets, batch.column("value").to_pylist()):
-            obj = ts.parse_json_object(spec.topic, part, offset, value)
+            try:
+                obj = ts.parse_json_object(spec.topic, part, offset, value)
+            except ts.InvalidRecordError:
+                if spec.errors_tolerance == "none":
+                    raise
+                continue  # left out of the table (counted when its rows are made)
             for name, item in (obj or {}).items():
                 kind = ts.json_type_of(item)
                 if kind is not None:
@@ -125,33 +131,74 @@ def infer_json_fields(spec: ts.TableTopicSpec, batches: Iterable[pa.RecordBatch]
     return fields
 
 
+@dataclass(frozen=True)
+class ConvertedRows:
+    """A batch's rows, and the records left out of them (errors tolerance `all`)."""
+
+    rows: pa.Table
+    skipped: int = 0
+    first_skipped: str | None = None  # why the first one was left out
+
+
 def table_rows(
     spec: ts.TableTopicSpec, columns: Mapping[str, str], batch: pa.RecordBatch
 ) -> pa.Table:
     """A batch of Kafka records as rows of the table (exactly `columns`, in order)."""
-    arrays: dict[str, pa.Array] = _meta_arrays(batch)
+    return convert_batch(spec, columns, batch).rows
+
+
+def convert_batch(
+    spec: ts.TableTopicSpec, columns: Mapping[str, str], batch: pa.RecordBatch
+) -> ConvertedRows:
+    """A batch as rows of the table. A record that does not fit (json mode) is an
+    InvalidRecordError under errors tolerance `none`, left out and counted under `all`."""
     if spec.schema_type == "raw":
+        arrays: dict[str, pa.Array] = _meta_arrays(batch)
         arrays["key"] = batch.column("key").cast(pa.binary())
         arrays["value"] = batch.column("value").cast(pa.binary())
-    else:
-        arrays[ts.KEY_COLUMN] = batch.column("key").cast(pa.binary())
-        fields = [c for c in columns if c not in arrays]
-        values: dict[str, list] = {c: [] for c in fields}
-        parts = batch.column("partition").to_pylist()
-        offsets = batch.column("offset").to_pylist()
-        for part, offset, value in zip(parts, offsets, batch.column("value").to_pylist()):
-            obj = ts.parse_json_object(spec.topic, part, offset, value) or {}
-            unknown = set(obj) - set(values)
-            if unknown:  # inference saw every record: only a changed input gets here
-                raise ts.InvalidRecordError(
-                    spec.topic, part, offset, f"field(s) {sorted(unknown)} were not planned"
-                )
-            for name in fields:
-                values[name].append(
-                    ts.column_value(spec.topic, part, offset, name, columns[name], obj.get(name))
-                )
+        return ConvertedRows(_table_of(columns, arrays))
+    fields = [c for c in columns if c not in dict(spec.fixed_columns())]
+    values: dict[str, list] = {c: [] for c in fields}
+    keep: list[bool] = []
+    first: str | None = None
+    parts = batch.column("partition").to_pylist()
+    offsets = batch.column("offset").to_pylist()
+    for part, offset, value in zip(parts, offsets, batch.column("value").to_pylist()):
+        try:
+            row = _json_row(spec, columns, fields, part, offset, value)
+        except ts.InvalidRecordError as exc:
+            if spec.errors_tolerance == "none":
+                raise
+            keep.append(False)
+            first = first or str(exc)
+            continue
+        keep.append(True)
         for name in fields:
-            arrays[name] = pa.array(values[name], type=ARROW_TYPES[columns[name]])
+            values[name].append(row[name])
+    skipped = keep.count(False)
+    if skipped:
+        batch = batch.filter(pa.array(keep, type=pa.bool_()))
+    arrays = _meta_arrays(batch)
+    arrays[ts.KEY_COLUMN] = batch.column("key").cast(pa.binary())
+    for name in fields:
+        arrays[name] = pa.array(values[name], type=ARROW_TYPES[columns[name]])
+    return ConvertedRows(_table_of(columns, arrays), skipped, first)
+
+
+def _json_row(spec, columns, fields, part: int, offset: int, value) -> dict[str, object]:
+    obj = ts.parse_json_object(spec.topic, part, offset, value) or {}
+    unknown = set(obj) - set(fields)
+    if unknown:  # inference saw every record it kept: only a changed input gets here
+        raise ts.InvalidRecordError(
+            spec.topic, part, offset, f"field(s) {sorted(unknown)} were not planned"
+        )
+    return {
+        name: ts.column_value(spec.topic, part, offset, name, columns[name], obj.get(name))
+        for name in fields
+    }
+
+
+def _table_of(columns: Mapping[str, str], arrays: Mapping[str, pa.Array]) -> pa.Table:
     schema = arrow_schema(columns)
     return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 

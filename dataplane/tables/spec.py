@@ -72,6 +72,8 @@ class TableTopicSpec:
     schema_type: str  # "raw" | "json"
     partition_transform: str | None  # one of TRANSFORMS, None = unpartitioned
     partitions: tuple[int, ...]
+    # "none": a record that does not fit stops the run; "all": it is left out, counted
+    errors_tolerance: str = "none"
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -127,7 +129,17 @@ def spec_of(name: str, topic_id: str, configs: Mapping[str, str], partitions: It
         schema_type=schema_type,
         partition_transform=partition_transform(tc.effective(configs, tc.TABLE_TOPIC_PARTITION_BY)),
         partitions=tuple(sorted(partitions)),
+        errors_tolerance=_errors_tolerance(name, configs),
     )
+
+
+def _errors_tolerance(name: str, configs: Mapping[str, str]) -> str:
+    tolerance = tc.effective(configs, tc.TABLE_TOPIC_ERRORS_TOLERANCE)
+    if tolerance not in ("none", "all"):
+        raise TableTopicError(
+            f"invalid {tc.TABLE_TOPIC_ERRORS_TOLERANCE} {tolerance!r} of topic {name}: none or all"
+        )
+    return tolerance
 
 
 def table_topics(image) -> list[TableTopicSpec]:

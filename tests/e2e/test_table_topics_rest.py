@@ -3,7 +3,8 @@ serves one over an S3 Tables bucket, SigV4-signed like AWS S3 Tables), on a real
 (`automqctl cluster up`), real Spark (`local[2]`) and PyIceberg's REST client.
 
 `automqctl table catalog --embedded-rest` switches the cluster to it; `automqctl table sync`
-appends a json-mode topic's records once each; a second run appends only the new ones; the
+appends a json-mode topic's records once each (one that is not JSON left out and counted:
+`automq.table.topic.errors.tolerance=all`); a second run appends only the new ones; the
 catalog refuses a commit made on a stale table (what the sync's exactly-once rests on: a run
 that raced another must fail, not add its records on top of the winner's)."""
 
@@ -34,13 +35,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PARTITIONS = 2
 TOPIC = "orders_rest"
-JSON_TOPIC = {"automq.table.topic.enable": "true", "automq.table.topic.schema.type": "json"}
+JSON_TOPIC = {
+    "automq.table.topic.enable": "true",
+    "automq.table.topic.schema.type": "json",
+    "automq.table.topic.errors.tolerance": "all",
+}
+BAD = 7  # this record's value is not JSON: left out of the table, counted
 
 
 def _produce(bootstrap: str, first: int, count: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for i in range(first, first + count):
-        value = json.dumps({"id": i, "item": f"item-{i}"}).encode()
+        value = b"not json {" if i == BAD else json.dumps({"id": i, "item": f"item-{i}"}).encode()
         producer.produce(TOPIC, key=str(i).encode(), value=value, partition=i % PARTITIONS)
     assert producer.flush(30) == 0
 
@@ -93,15 +99,20 @@ def test_a_table_topic_synced_into_the_embedded_iceberg_rest_catalog(tmp_path):
         create_topic(bootstrap, TOPIC, PARTITIONS, configs=JSON_TOPIC)
         _produce(bootstrap, 0, 120)
         _wait_committed(d, 120)
-        assert _sync(d)[TOPIC]["appended"] == 120
+        first = _sync(d)[TOPIC]
+        assert first["appended"] == 119 and first["skipped_invalid"] == 1
+        assert (
+            f"record at offset {BAD // PARTITIONS} of {TOPIC}-{BAD % PARTITIONS}: value is not JSON"
+            in (first["first_skipped_invalid"])
+        )
         _produce(bootstrap, 120, 30)
         _wait_committed(d, 150)
         assert _sync(d)[TOPIC]["appended"] == 30
 
         table = _table(d)
         rows = table.scan().to_arrow().to_pylist()
-        assert sorted(r["id"] for r in rows) == list(range(150))  # each record once
-        assert {r["item"] for r in rows} == {f"item-{i}" for i in range(150)}
+        assert sorted(r["id"] for r in rows) == [i for i in range(150) if i != BAD]  # once each
+        assert {r["item"] for r in rows} == {f"item-{i}" for i in range(150) if i != BAD}
         assert sum(cat.held_offsets(table)[0].values()) == 150
         assert table.metadata_location.startswith("s3://automq-tables/")
 

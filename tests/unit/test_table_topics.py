@@ -295,3 +295,24 @@ def test_ends_stop_at_the_last_stable_offset(monkeypatch):
             table_sync.stable, "last_stable_offsets", lambda cfg, tps, lso=lso: {tps[0]: lso}
         )
         assert table_sync.cap_at_stable(image, spec, {0: 4}, {0: 10}) == {0: want}
+
+
+def test_errors_tolerance_all_leaves_records_that_do_not_fit_out_and_counts_them():
+    configs = {tc.TABLE_TOPIC_ENABLE: "true", tc.TABLE_TOPIC_SCHEMA_TYPE: "json"}
+    strict = ts.spec_of("orders", "tid", configs, [0])
+    tolerant = ts.spec_of("orders", "tid", {**configs, tc.TABLE_TOPIC_ERRORS_TOLERANCE: "all"}, [0])
+    assert (strict.errors_tolerance, tolerant.errors_tolerance) == ("none", "all")
+    with pytest.raises(ControllerError):
+        tc.validate_value(tc.TABLE_TOPIC_ERRORS_TOLERANCE, "some")
+    values = [b'{"id": 1}', b"not json {", b'{"id": "text"}', b'{"id": 4}', b"[1]"]
+    batch = _batch([(0, i, v) for i, v in enumerate(values)])
+    with pytest.raises(ts.InvalidRecordError, match="offset 1 of orders-0"):
+        rows.infer_json_fields(strict, [batch])
+    assert rows.infer_json_fields(tolerant, [batch]) == {"id": "string"}  # long + string
+    columns, _ = ts.plan_columns(tolerant, {}, {"id": "long"})  # a table whose id is long
+    with pytest.raises(ts.InvalidRecordError, match="offset 1 of orders-0"):
+        rows.convert_batch(strict, columns, batch)
+    out = rows.convert_batch(tolerant, columns, batch)
+    assert out.rows.column("id").to_pylist() == [1, 4]
+    assert out.rows.column("_kafka_offset").to_pylist() == [0, 3]
+    assert out.skipped == 3 and "offset 1 of orders-0: value is not JSON" in out.first_skipped
