@@ -6,7 +6,7 @@
 * :mod:`.partitions` - the share-partitions this broker leads (load, persist, lock expiry);
 * :mod:`.sessions` - share sessions;
 * :mod:`.coordinator` - share-group membership at the group's coordinator;
-* :mod:`.handlers`, :mod:`.describe` - the Kafka APIs.
+* :mod:`.handlers`, :mod:`.describe`, :mod:`.offsets` - the Kafka APIs.
 
 `build_share_apis` composes them for the broker.
 """

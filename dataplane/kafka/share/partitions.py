@@ -193,10 +193,15 @@ class SharePartitions:
         """Forget the loaded state of `key` (the next use loads what is stored)."""
         self._partitions.pop(key, None)
 
-    def drop_group(self, group_id: str) -> int:
-        """Forget every loaded share-partition of `group_id` (the group was deleted); how
-        many. Leaders elsewhere find out at their next write (`must_exist`)."""
-        keys = [key for key in self._partitions if key[0] == group_id]
+    def drop_group(self, group_id: str, topic_ids: set[str] | None = None) -> int:
+        """Forget every loaded share-partition of `group_id` (the group was deleted), or
+        those of `topic_ids` (their offsets were); how many. Leaders elsewhere find out at
+        their next write (`must_exist`)."""
+        keys = [
+            key
+            for key in self._partitions
+            if key[0] == group_id and (topic_ids is None or key[1] in topic_ids)
+        ]
         for key in keys:
             self._partitions.pop(key, None)
         return len(keys)
