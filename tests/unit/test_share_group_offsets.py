@@ -6,6 +6,7 @@ and a failed delete that changes nothing stored."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from controlplane.share_state import share_state_key
@@ -17,7 +18,15 @@ from dataplane.kafka.share.protocol import (
     DeleteShareGroupOffsetsRequest,
     DescribeShareGroupOffsetsRequest,
 )
-from tests.unit.test_share_group_apis import TID, TOPIC_ID, ctx, fetch_req, make_apis, run
+from tests.unit.test_share_group_apis import (
+    TID,
+    TOPIC_ID,
+    acquired,
+    ctx,
+    fetch_req,
+    make_apis,
+    run,
+)
 
 DReq = DescribeShareGroupOffsetsRequest
 DGroup = DReq.DescribeShareGroupOffsetsRequestGroup
@@ -179,3 +188,35 @@ def test_acls_describe_needs_describe_and_delete_needs_delete_on_the_group():
     assert over_the_wire(x, 92, delete_guarded).error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED
     rules.add(("READ", "TOPIC", "t"))
     assert over_the_wire(x, 92, delete_guarded).error_code == KafkaError.NONE
+
+
+def test_an_idle_leader_reloads_a_share_partition_whose_state_was_deleted_elsewhere():
+    """The group's coordinator (another broker) deleted the offsets; the leader holds the
+    share-partition loaded, idle (nothing in flight, all stored), so no write of its own
+    would find out. Once the deletion reaches its metadata image, the next fetch reloads:
+    the group starts afresh (earliest here) instead of at the deleted start offset."""
+    apis, store = make_apis()
+    image_kv = apis.broker.image_fn().kv
+    apis.partitions.stored_in_image = lambda key: share_state_key(*key) in image_kv
+
+    async def scenario():
+        await apis.share_fetch(fetch_req(0, []), ctx(78))
+        await apis.share_fetch(fetch_req(1, [(0, 1, ACK_ACCEPT)]), ctx(78))
+        await apis.share_fetch(fetch_req(-1, []), ctx(78))  # the member closes: idle
+        sp = apis.partitions.get_loaded(("g", TID, 0))
+        for _ in range(100):  # its release on closing is stored in the background
+            if sp.stored == sp.changes:
+                break
+            await asyncio.sleep(0)
+        assert sp.stored == sp.changes and store.docs[("g", TID, 0)]["start"] == 2
+        stored(apis, 2)  # the image has caught up with the stored state
+        store.delete_group("g", 3, [TID])  # deleted by the coordinator elsewhere ...
+        key, plog = ("g", TID, 0), apis.broker.routing.get(TID, 0)
+        loaded = apis.partitions.get_loaded(key)
+        assert await apis.partitions.get(key, plog) is loaded  # ... not yet in the image
+        image_kv.clear()  # the deletion reached the image
+        fresh = await apis.share_fetch(fetch_req(0, [], member="m3"), ctx(78))
+        assert acquired(fresh)[0][0] == 0
+        assert store.docs[("g", TID, 0)]["start"] == 0  # the fresh start stored at once
+
+    run(scenario())
