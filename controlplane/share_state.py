@@ -54,7 +54,8 @@ class PutShareStateRequest(BaseModel):
 
 class DeleteShareGroupStateRequest(BaseModel):
     """The group's coordinator deletes every stored share-partition state of a share group
-    (DeleteGroups of an empty share group); fenced by the group's coordinator slot."""
+    (DeleteGroups of an empty share group), or only those of `topic_ids`
+    (DeleteShareGroupOffsets); fenced by the group's coordinator slot."""
 
     model_config = ConfigDict(extra="forbid")
     command: ClassVar[str] = "delete_share_group_state"
@@ -62,6 +63,7 @@ class DeleteShareGroupStateRequest(BaseModel):
     node_epoch: int = Field(ge=0)
     group_id: str = Field(min_length=1, max_length=255)
     coordinator_epoch: int = Field(ge=0)
+    topic_ids: list[str] | None = Field(default=None, max_length=10_000)
 
 
 REQUEST_TYPES.update(
@@ -107,8 +109,9 @@ def put_share_state(image: MetadataImage, req: PutShareStateRequest, now_ms: int
 
 
 def delete_share_group_state(image: MetadataImage, req: DeleteShareGroupStateRequest, now_ms: int):
-    """Delete every share-partition state of a share group: only the current owner of the
-    group's coordinator slot, at the slot's epoch, may (NOT_COORDINATOR otherwise)."""
+    """Delete every share-partition state of a share group (or of its `topic_ids` only):
+    only the current owner of the group's coordinator slot, at the slot's epoch, may
+    (NOT_COORDINATOR otherwise)."""
     require_active_broker(image, req.node_id, req.node_epoch)
     slot = slot_of(image, req.group_id)
     state = image.coordinator_slots.get(slot) if slot is not None else None
@@ -119,7 +122,13 @@ def delete_share_group_state(image: MetadataImage, req: DeleteShareGroupStateReq
             f"coordinate group {req.group_id!r}",
         )
     prefix = f"{SHARE_STATE_KEY_PREFIX}{req.group_id}/"
-    records = [r.KVRecord(key=key, value=None) for key in image.kv if key.startswith(prefix)]
+    topics = None if req.topic_ids is None else set(req.topic_ids)
+    records = [
+        r.KVRecord(key=key, value=None)
+        for key in image.kv
+        if key.startswith(prefix)
+        and (topics is None or key[len(prefix) :].rsplit("/", 1)[0] in topics)
+    ]
     return records, {"deleted": len(records)}
 
 

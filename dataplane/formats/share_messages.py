@@ -2,7 +2,8 @@
 classes from the JSON schemas in `share_schemas/`, Kafka's format; kafka-python 3.0 has none
 for these keys): ShareGroupHeartbeat (76), ShareGroupDescribe (77), ShareFetch (78),
 ShareAcknowledge (79), version 1 (Kafka 4.1's first stable version; librdkafka 2.16 sends
-exactly it), and this project's DescribeSharePartitions (602). Pure: the broker registers
+exactly it), DescribeShareGroupOffsets (90) and DeleteShareGroupOffsets (92) version 0, and
+this project's DescribeSharePartitions (602). Pure: the broker registers
 them with its codec (`dataplane/kafka/share/protocol.py`), the CLI encodes them itself.
 """
 
@@ -52,3 +53,19 @@ class DescribeSharePartitionsRequest(ApiMessage, load_json=_SCHEMAS):
 
 class DescribeSharePartitionsResponse(ApiMessage, load_json=_SCHEMAS):
     """DescribeSharePartitions response (api key 602)."""
+
+
+class DescribeShareGroupOffsetsRequest(ApiMessage, load_json=_SCHEMAS):
+    """DescribeShareGroupOffsets request (api key 90)."""
+
+
+class DescribeShareGroupOffsetsResponse(ApiMessage, load_json=_SCHEMAS):
+    """DescribeShareGroupOffsets response (api key 90)."""
+
+
+class DeleteShareGroupOffsetsRequest(ApiMessage, load_json=_SCHEMAS):
+    """DeleteShareGroupOffsets request (api key 92)."""
+
+
+class DeleteShareGroupOffsetsResponse(ApiMessage, load_json=_SCHEMAS):
+    """DeleteShareGroupOffsets response (api key 92)."""

@@ -8,7 +8,8 @@ set per group with IncrementalAlterConfigs, as `kafka-configs --entity-type grou
 * a consumer kill -9'd while holding records: they go to another consumer once the lock
   (2 s here) expires;
 * the partition leader is kill -9'd, then the partition is reassigned: no acknowledged record
-  is delivered again, none is lost.
+  is delivered again, none is lost;
+* DescribeShareGroupOffsets / DeleteShareGroupOffsets over the wire (no confluent-kafka call).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -33,6 +36,12 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
+from dataplane.formats.kafka_errors import KafkaError  # noqa: E402
+from dataplane.kafka.codec import decode_response, encode_request  # noqa: E402
+from dataplane.kafka.share.protocol import (  # noqa: E402
+    DeleteShareGroupOffsetsRequest,
+    DescribeShareGroupOffsetsRequest,
+)
 from tests.support.cluster import automqctl, create_topic, leaders, running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -139,6 +148,38 @@ def setup(cluster, name: str, **configs: str) -> tuple[str, str]:
     return topic, group
 
 
+def coordinator_call(bootstrap: str, group: str, request, api_key: int):
+    """`request` (version 0) at the group's coordinator, over the wire as a client sends it;
+    the decoded response (confluent-kafka 2.16's AdminClient has no share-group offsets
+    calls)."""
+    from kafka.protocol.metadata import FindCoordinatorRequest
+
+    def call(address: tuple[str, int], req, key: int, version: int):
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.sendall(encode_request(req, correlation_id=1, version=version))
+            size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+            frame = sock.recv(size, socket.MSG_WAITALL)
+        return decode_response(frame, key, version)[1]
+
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    found = call(
+        (host, int(port)), FindCoordinatorRequest[4](key_type=0, coordinator_keys=[group]), 10, 4
+    ).coordinators[0]
+    assert found.error_code == 0, found
+    return call((found.host, found.port), request, api_key, 0)
+
+
+def wait_until(condition, timeout_s: float, what: str):
+    """The first truthy value of `condition()` (bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -214,6 +255,61 @@ def test_delivery_count_limit_archives_after_five(cluster):
         assert poll_for(c, 4) == []  # archived after the fifth delivery
     finally:
         c.close()
+
+
+def test_share_group_offsets_describe_and_delete(cluster):
+    """DescribeShareGroupOffsets reports the start offset past the acknowledged records;
+    DeleteShareGroupOffsets is NON_EMPTY_GROUP while a consumer is in the group, then deletes
+    the topic's state: -1 described, and a new consumer reads from the start again
+    (`share.auto.offset.reset=earliest`)."""
+    topic, group = setup(cluster, "shareoffsets")
+    bootstrap = cluster["bootstrap"]
+    produce(bootstrap, topic, 5)
+    D = DescribeShareGroupOffsetsRequest
+    G = D.DescribeShareGroupOffsetsRequestGroup
+    describe = D(
+        version=0,
+        groups=[
+            G(
+                group_id=group,
+                topics=[G.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
+            )
+        ],
+    )
+    X = DeleteShareGroupOffsetsRequest
+    delete = X(
+        version=0, group_id=group, topics=[X.DeleteShareGroupOffsetsRequestTopic(topic_name=topic)]
+    )
+
+    def start_offset() -> int:
+        g = coordinator_call(bootstrap, group, describe, 90).groups[0]
+        assert g.error_code == 0, g
+        return g.topics[0].partitions[0].start_offset
+
+    c = consumer(bootstrap, group, topic)
+    try:
+        got = poll_some(c)
+        while len(got) < 5:
+            got += poll_some(c)
+        accept_all(c, got)
+        wait_until(lambda: start_offset() == 5, 30, "start offset 5 described")
+        busy = coordinator_call(bootstrap, group, delete, 92)
+        assert busy.error_code == KafkaError.NON_EMPTY_GROUP, busy
+    finally:
+        c.close()
+    deleted = wait_until(
+        lambda: (r := coordinator_call(bootstrap, group, delete, 92)).error_code == 0 and r,
+        30,
+        "the delete of an empty group",
+    )
+    assert [(t.topic_name, t.error_code) for t in deleted.responses] == [(topic, 0)]
+    wait_until(lambda: start_offset() == -1, 30, "no stored state described")
+    again = consumer(bootstrap, group, topic)
+    try:
+        got = poll_some(again)
+        assert min(m.offset() for m in got) == 0
+    finally:
+        again.close()
 
 
 def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):

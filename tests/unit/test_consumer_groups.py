@@ -245,6 +245,56 @@ def test_static_member_restart_keeps_its_assignment():
     run(scenario())
 
 
+def test_static_pair_hands_over_only_once_the_owner_reports_its_revocation():
+    """The heartbeat sequence of issue #31's e2e trace (librdkafka 2.16, two static members,
+    4 partitions): b joins first and gets all 4; a joins (epoch 2, nothing yet: b still owns
+    them). b's heartbeats carry no owned partitions while its application has not polled
+    (librdkafka applies assignments in poll()): Kafka then counts b as still owning what it
+    must revoke, so b stays at epoch 1 and a gets nothing, however long it lasts; the new
+    assignment is sent to b once, then omitted until it changes or a full request comes.
+    When b reports its partitions (the first ack, then the revocation) the handover
+    completes: b moves to epoch 2 and a's next heartbeat gets the 2 released partitions."""
+
+    async def scenario():
+        w = World()
+        w.topics["static"] = TopicInfo(T1, 4)
+        static = {"subscribed_topic_names": ("static",), "rebalance_timeout_ms": 300_000}
+        b = await w.hb("b1", instance_id="inst-b", **static)
+        assert (b.member_epoch, b.assignment) == (1, {T1: {0, 1, 2, 3}})
+        a = await w.hb("a1", instance_id="inst-a", **static)
+        assert (a.member_epoch, a.assignment) == (2, {})
+        group = w.coordinator.loaded("g")
+        # b has not polled: its heartbeats carry owned=None
+        b2 = await w.hb("b1", 1, owned=None)
+        assert b2.member_epoch == 1 and count(b2.assignment) == 2
+        kept = b2.assignment[T1]
+        released = {0, 1, 2, 3} - kept
+        for _ in range(3):
+            assert (await w.hb("b1", 1, owned=None)).assignment is None  # unchanged: omitted
+            a_full = await w.hb("a1", 2, instance_id="inst-a", owned={}, **static)
+            assert (a_full.member_epoch, a_full.assignment) == (2, {})  # full: always sent
+        assert group.members["b1"].state is MemberState.UNREVOKED_PARTITIONS
+        assert group.members["a1"].state is MemberState.UNRELEASED_PARTITIONS
+        assert group.group_epoch == 2 and group.state() is ConsumerGroupState.RECONCILING
+        # b polls: it acknowledges the 4 partitions it was first given (still revoking) ...
+        b3 = await w.hb("b1", 1, owned={T1: {0, 1, 2, 3}})
+        assert (b3.member_epoch, b3.assignment) == (1, None)
+        # ... then reports the revocation: epoch 2, and a gets what b released
+        b4 = await w.hb("b1", 1, owned={T1: kept})
+        assert (b4.member_epoch, b4.assignment) == (2, None)
+        a2 = await w.hb("a1", 2, owned={})
+        assert (a2.member_epoch, a2.assignment) == (2, {T1: released})
+        assert group.state() is ConsumerGroupState.STABLE
+        # a restarts within its session: -2, then a new member id at epoch 0 takes its place
+        assert (await w.hb("a1", -2, instance_id="inst-a")).member_epoch == -2
+        back = await w.hb("a2", instance_id="inst-a", **static)
+        assert (back.error_code, back.member_epoch, back.assignment) == (0, 2, {T1: released})
+        assert (await w.hb("b1", 2, owned={T1: kept})).assignment is None
+        assert group.group_epoch == 2 and group.state() is ConsumerGroupState.STABLE
+
+    run(scenario())
+
+
 def test_regex_subscription_and_new_partitions():
     async def scenario():
         w = World()

@@ -172,9 +172,13 @@ class FakeStore:
             raise ShareStateError(KafkaError.NOT_LEADER_OR_FOLLOWER, "deleted: reload")
         self.docs[(group_id, topic_id, partition)] = doc
 
-    def delete_group(self, group_id, coordinator_epoch):
+    def delete_group(self, group_id, coordinator_epoch, topic_ids=None):
+        if self.fail:
+            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, "store down")
         self.deleted_at = coordinator_epoch
-        gone = [k for k in self.docs if k[0] == group_id]
+        gone = [
+            k for k in self.docs if k[0] == group_id and (topic_ids is None or k[1] in topic_ids)
+        ]
         for k in gone:
             del self.docs[k]
         return len(gone)

@@ -161,3 +161,37 @@ def test_deleting_a_share_group_removes_its_state_and_a_stale_leader_cannot_rest
     ok(sm.execute("put_share_state", {**other_group, "group_id": "g", "value": "{}"}, NOW))
     assert ok(delete(owner, slot.epoch)) == {"deleted": 1}
     assert ok(delete(owner, slot.epoch)) == {"deleted": 0}  # deleting again: nothing left
+
+
+def test_deleting_a_share_groups_offsets_of_some_topics_keeps_the_others(sm):
+    """DeleteShareGroupOffsets: the coordinator deletes the group's stored states of the
+    named topics only (the other topics' and other groups' stay)."""
+    from controlplane.coordinators import slot_of
+
+    ok(sm.execute("create_topic", {"name": "u", "partitions": 2, "topic_id": "uid"}, NOW))
+    for topic_id, partition in (("tid", 0), ("uid", 0), ("uid", 1)):
+        part = sm.image.topics[topic_id].partitions[partition]
+        for group in ("g", "h"):
+            body = {
+                "node_id": part.leader_node_id,
+                "node_epoch": 0,
+                "group_id": group,
+                "topic_id": topic_id,
+                "partition": partition,
+                "leader_epoch": part.leader_epoch,
+                "value": '{"v":1,"start":1,"runs":[]}',
+            }
+            ok(sm.execute("put_share_state", body, NOW))
+    slot = sm.image.coordinator_slots[slot_of(sm.image, "g")]
+    body = {
+        "node_id": slot.node_id,
+        "node_epoch": 0,
+        "group_id": "g",
+        "coordinator_epoch": slot.epoch,
+        "topic_ids": ["uid"],
+    }
+    assert ok(sm.execute("delete_share_group_state", body, NOW)) == {"deleted": 2}
+    kv = sm.image.kv
+    assert share_state_key("g", "tid", 0) in kv
+    assert share_state_key("g", "uid", 0) not in kv and share_state_key("g", "uid", 1) not in kv
+    assert share_state_key("h", "uid", 0) in kv and share_state_key("h", "uid", 1) in kv

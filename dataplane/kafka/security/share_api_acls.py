@@ -2,7 +2,11 @@
 ShareAcknowledge need READ on the group (GROUP_AUTHORIZATION_FAILED) and ShareFetch /
 ShareAcknowledge READ on every topic they name (TOPIC_AUTHORIZATION_FAILED for the whole
 request: its topics are named by id); ShareGroupDescribe and DescribeSharePartitions need
-DESCRIBE on the group."""
+DESCRIBE on the group. DescribeShareGroupOffsets needs DESCRIBE on each group
+(GROUP_AUTHORIZATION_FAILED for that group) and on the topics it names
+(TOPIC_AUTHORIZATION_FAILED for that group; a request naming no topics gets only the topics
+the principal may describe); DeleteShareGroupOffsets needs DELETE on the group and READ on
+every topic it names, as in Kafka."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from typing import Any
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.security.acl_checks import AclChecks, Handler, Policy
 from dataplane.kafka.share.protocol import (
+    DeleteShareGroupOffsetsResponse,
+    DescribeShareGroupOffsetsResponse,
     DescribeSharePartitionsResponse,
     ShareAcknowledgeResponse,
     ShareFetchResponse,
@@ -32,6 +38,8 @@ class ShareApiAcls:
             77: self.describe,
             78: self.share_fetch,
             79: self.share_acknowledge,
+            90: self.describe_offsets,
+            92: self.delete_offsets,
             602: self.describe_partitions,
         }
 
@@ -114,3 +122,58 @@ class ShareApiAcls:
         if self.checks.allowed(ctx, "DESCRIBE", "GROUP", req.group_id):
             return await handler(req, ctx)
         return DescribeSharePartitionsResponse(version=0, throttle_time_ms=0, partitions=[])
+
+    def _describe_offsets_denial(self, ctx: Any, group: Any) -> KafkaError | None:
+        if not self.checks.allowed(ctx, "DESCRIBE", "GROUP", group.group_id or ""):
+            return KafkaError.GROUP_AUTHORIZATION_FAILED
+        for t in group.topics or []:
+            if not self.checks.allowed(ctx, "DESCRIBE", "TOPIC", t.topic_name or ""):
+                return KafkaError.TOPIC_AUTHORIZATION_FAILED
+        return None
+
+    async def describe_offsets(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """DescribeShareGroupOffsets: DESCRIBE on each group and on the topics it names."""
+        G = DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup
+        allowed, denied = [], []
+        for group in req.groups or []:
+            error = self._describe_offsets_denial(ctx, group)
+            if error is None:
+                allowed.append(group)
+            else:
+                denied.append(
+                    G(group_id=group.group_id, topics=[], error_code=error, error_message=None)
+                )
+        req.groups = allowed
+        response = (
+            await handler(req, ctx)
+            if allowed
+            else DescribeShareGroupOffsetsResponse(version=0, throttle_time_ms=0, groups=[])
+        )
+        for group in response.groups:  # a request naming no topics: only describable ones
+            group.topics = [
+                t
+                for t in group.topics or []
+                if self.checks.allowed(ctx, "DESCRIBE", "TOPIC", t.topic_name or "")
+            ]
+        response.groups.extend(denied)
+        return response
+
+    async def delete_offsets(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """DeleteShareGroupOffsets: DELETE on the group, READ on every topic it names."""
+        error = None
+        if not self.checks.allowed(ctx, "DELETE", "GROUP", req.group_id or ""):
+            error = KafkaError.GROUP_AUTHORIZATION_FAILED
+        elif any(
+            not self.checks.allowed(ctx, "READ", "TOPIC", t.topic_name or "")
+            for t in req.topics or []
+        ):
+            error = KafkaError.TOPIC_AUTHORIZATION_FAILED
+        if error is None:
+            return await handler(req, ctx)
+        return DeleteShareGroupOffsetsResponse(
+            version=0,
+            throttle_time_ms=0,
+            error_code=error,
+            error_message="not authorized",
+            responses=[],
+        )

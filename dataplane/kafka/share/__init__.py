@@ -6,7 +6,7 @@
 * :mod:`.partitions` - the share-partitions this broker leads (load, persist, lock expiry);
 * :mod:`.sessions` - share sessions;
 * :mod:`.coordinator` - share-group membership at the group's coordinator;
-* :mod:`.handlers`, :mod:`.describe` - the Kafka APIs.
+* :mod:`.handlers`, :mod:`.describe`, :mod:`.offsets` - the Kafka APIs.
 
 `build_share_apis` composes them for the broker.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controlplane.calls import ControllerCalls
+from controlplane.share_state import share_state_key
 from dataplane.config import ShareGroupsConfig
 from dataplane.kafka.api_context import BrokerApiContext
 
@@ -56,6 +57,7 @@ def build_share_apis(
             store,
             lambda group_id: group_configs.settings_for(broker.image_fn(), group_id, defaults),
             broker.run_io,
+            stored_in_image=lambda key: share_state_key(*key) in broker.image_fn().kv,
         ),
         ShareSessions(config.max_share_sessions),
         coordinates,

@@ -43,9 +43,12 @@ from .describe import (
     list_groups_with_share,
     refuse_share_group_ids,
 )
+from .offsets import ShareGroupOffsets
 from .partition_state import AcknowledgeError, LogBatch
 from .partitions import SharePartitions
 from .protocol import (
+    DeleteShareGroupOffsetsRequest,
+    DescribeShareGroupOffsetsRequest,
     DescribeSharePartitionsRequest,
     ShareAcknowledgeRequest,
     ShareAcknowledgeResponse,
@@ -103,6 +106,7 @@ class ShareApis:
         self.sessions = sessions
         # whether this broker coordinates a group (its coordinator slot, caught up)
         self.coordinates = coordinates
+        self.offsets = ShareGroupOffsets(broker, coordinator, partitions, coordinates)
 
     def registrations(self) -> list:
         """(request class, min version, max version, handler) for the API registry."""
@@ -112,6 +116,8 @@ class ShareApis:
             (ShareFetchRequest, 1, 1, self.share_fetch),
             (ShareAcknowledgeRequest, 1, 1, self.share_acknowledge),
             (DescribeSharePartitionsRequest, 0, 0, self.describe_partitions),
+            (DescribeShareGroupOffsetsRequest, 0, 0, self.describe_offsets),
+            (DeleteShareGroupOffsetsRequest, 0, 0, self.delete_offsets),
         ]
 
     def wrap(self, request_class: type, handler):
@@ -232,6 +238,14 @@ class ShareApis:
     async def describe_partitions(self, req: Any, ctx: Any) -> Any:
         """DescribeSharePartitions v0 (this project's): the group's share-partitions here."""
         return describe_share_partitions(self.partitions, self.broker.image_fn(), req.group_id)
+
+    async def describe_offsets(self, req: Any, ctx: Any) -> Any:
+        """DescribeShareGroupOffsets v0 (`offsets.py`)."""
+        return await self.offsets.describe_offsets(req, ctx)
+
+    async def delete_offsets(self, req: Any, ctx: Any) -> Any:
+        """DeleteShareGroupOffsets v0 (`offsets.py`)."""
+        return await self.offsets.delete_offsets(req, ctx)
 
     # ------------------------------------------------------------------ share fetch
 

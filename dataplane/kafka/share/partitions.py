@@ -15,6 +15,13 @@ may then be delivered again: at-least-once). Acquisitions are not written (a res
 acquired records available again, as in Kafka); lock expiries and releases are written in the
 background.
 
+A share-partition's stored state may be deleted by the group's coordinator (DeleteGroups,
+DeleteShareGroupOffsets). A leader holding it loaded finds out at its next write (the store
+refuses it: `must_exist`), or, if it is idle (nothing in flight, everything stored) and its
+entry has gone from this broker's metadata image (`stored_in_image`), at its next use: it
+is dropped and reloaded (the load reads through the log, so an image that merely lags costs
+a reload, nothing else).
+
 Runs on the event loop (every method); blocking store calls go to the I/O pool. Not
 thread-safe beyond that.
 """
@@ -83,8 +90,11 @@ class SharePartitions:
         settings_fn: Callable[[str], ShareSettings],
         run_io: Callable[..., Awaitable[Any]],
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        stored_in_image: Callable[[ShareKey], bool] = lambda key: True,
     ) -> None:
         self.store = store
+        # whether the metadata image still holds the stored state of a share-partition
+        self.stored_in_image = stored_in_image
         # a group's settings: its group configs over the broker's (group_configs.py)
         self.settings_fn = settings_fn
         self.run_io = run_io
@@ -125,6 +135,9 @@ class SharePartitions:
         it), loaded (or initialised) if needed. ShareStateError if that fails."""
         self._ensure_sweeper()
         found = self._partitions.get(key)
+        if found is not None and self._deleted_meanwhile(found):
+            log.info("share-partition %s: its stored state was deleted; reloading", key)
+            found = None
         if found is not None and found.leader_epoch == plog.leader_epoch:
             found.last_used = time.monotonic()
             if found.state.move_start(plog.log_start_offset):
@@ -180,6 +193,16 @@ class SharePartitions:
         )
         return sp
 
+    def _deleted_meanwhile(self, sp: SharePartition) -> bool:
+        """Idle (nothing in flight, every change stored) and its stored state gone from the
+        metadata image: the group's coordinator deleted it."""
+        return (
+            sp.in_store
+            and not self.stored_in_image(sp.key)  # a dict lookup: first, it is nearly always in
+            and sp.stored == sp.changes
+            and sp.state.next_lock_deadline_ms() is None
+        )
+
     def _evict_idle(self) -> None:
         idle = sorted(
             (p for p in self._partitions.values() if p.state.next_lock_deadline_ms() is None),
@@ -193,10 +216,15 @@ class SharePartitions:
         """Forget the loaded state of `key` (the next use loads what is stored)."""
         self._partitions.pop(key, None)
 
-    def drop_group(self, group_id: str) -> int:
-        """Forget every loaded share-partition of `group_id` (the group was deleted); how
-        many. Leaders elsewhere find out at their next write (`must_exist`)."""
-        keys = [key for key in self._partitions if key[0] == group_id]
+    def drop_group(self, group_id: str, topic_ids: set[str] | None = None) -> int:
+        """Forget every loaded share-partition of `group_id` (the group was deleted), or
+        those of `topic_ids` (their offsets were); how many. Leaders elsewhere find out at
+        their next write (`must_exist`)."""
+        keys = [
+            key
+            for key in self._partitions
+            if key[0] == group_id and (topic_ids is None or key[1] in topic_ids)
+        ]
         for key in keys:
             self._partitions.pop(key, None)
         return len(keys)

@@ -5,6 +5,10 @@ acknowledgement types."""
 from __future__ import annotations
 
 from dataplane.formats.share_messages import (
+    DeleteShareGroupOffsetsRequest,
+    DeleteShareGroupOffsetsResponse,
+    DescribeShareGroupOffsetsRequest,
+    DescribeShareGroupOffsetsResponse,
     DescribeSharePartitionsRequest,
     DescribeSharePartitionsResponse,
     ShareAcknowledgeRequest,
@@ -23,6 +27,10 @@ __all__ = [
     "ACK_GAP",
     "ACK_REJECT",
     "ACK_RELEASE",
+    "DeleteShareGroupOffsetsRequest",
+    "DeleteShareGroupOffsetsResponse",
+    "DescribeShareGroupOffsetsRequest",
+    "DescribeShareGroupOffsetsResponse",
     "DescribeSharePartitionsRequest",
     "DescribeSharePartitionsResponse",
     "ShareAcknowledgeRequest",
@@ -47,5 +55,7 @@ for _request, _response in (
     (ShareFetchRequest, ShareFetchResponse),
     (ShareAcknowledgeRequest, ShareAcknowledgeResponse),
     (DescribeSharePartitionsRequest, DescribeSharePartitionsResponse),
+    (DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse),
+    (DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse),
 ):
     add_api_message(_request, _response)

@@ -85,15 +85,18 @@ class ShareStateStore:
             must_exist=must_exist,
         )
 
-    def delete_group(self, group_id: str, coordinator_epoch: int) -> int:
-        """Delete every stored share-partition state of the group, as its coordinator at
-        `coordinator_epoch` (blocking); how many there were. ShareStateError when refused
-        (NOT_COORDINATOR) or the controller cannot be reached."""
+    def delete_group(
+        self, group_id: str, coordinator_epoch: int, topic_ids: list[str] | None = None
+    ) -> int:
+        """Delete every stored share-partition state of the group (or of `topic_ids` only),
+        as its coordinator at `coordinator_epoch` (blocking); how many there were.
+        ShareStateError when refused (NOT_COORDINATOR) or the controller cannot be reached."""
         req = DeleteShareGroupStateRequest(
             node_id=self.node_id,
             node_epoch=self.node_epoch_fn(),
             group_id=group_id,
             coordinator_epoch=coordinator_epoch,
+            topic_ids=topic_ids,
         )
         try:
             return self.controller.delete_share_group_state(req, timeout_s=PUT_TIMEOUT_S)

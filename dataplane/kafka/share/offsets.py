@@ -1,0 +1,239 @@
+"""DescribeShareGroupOffsets (90) and DeleteShareGroupOffsets (92) of KIP-932 share groups, at
+the group's coordinator.
+
+A share group's "offset" on a partition is its share-partition start offset (SPSO), kept in
+the share-partition's durable state in the controller KV (`controlplane/share_state.py`,
+written by the partition's leader once an acknowledgement is stored).
+
+* Describe reads the states from this broker's metadata image (the KV is part of it): the
+  stored start of each partition asked for (or of every partition with a stored state when
+  the request names no topics), -1 for a partition the group never read (Kafka's answer for
+  an uninitialized share-partition), and the partition's current leader epoch.
+* Delete, for an empty share group only (NON_EMPTY_GROUP otherwise, as Kafka), deletes the
+  stored states of the named topics through the controller, fenced by the group's
+  coordinator slot; the next read of those partitions starts afresh
+  (`share.auto.offset.reset`). A leader holding one of them loaded finds out at its next
+  write (`must_exist`, as for DeleteGroups of a share group).
+
+A group id that is no share group (unknown, or a classic or consumer group) is
+GROUP_ID_NOT_FOUND. Runs on the event loop; the controller call goes to the I/O pool.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from controlplane.coordinators import slot_of
+from controlplane.share_state import SHARE_STATE_KEY_PREFIX, share_state_key
+from dataplane.formats.kafka_errors import KafkaError
+from dataplane.kafka.api_context import BrokerApiContext
+
+from .coordinator import ShareGroupCoordinator
+from .partitions import SharePartitions
+from .protocol import DeleteShareGroupOffsetsResponse, DescribeShareGroupOffsetsResponse
+from .store import ShareStateError
+
+#: the start offset Kafka reports for a partition the group never read
+UNINITIALIZED_OFFSET = -1
+MAX_GROUPS_PER_REQUEST = 1_000
+MAX_PARTITIONS_PER_REQUEST = 100_000
+_ZERO_UUID = uuid.UUID(int=0)
+
+_DGroup = DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup
+_DTopic = _DGroup.DescribeShareGroupOffsetsResponseTopic
+_DPartition = _DTopic.DescribeShareGroupOffsetsResponsePartition
+_XTopic = DeleteShareGroupOffsetsResponse.DeleteShareGroupOffsetsResponseTopic
+
+
+def stored_start(image: Any, group_id: str, topic_id: str, partition: int) -> int:
+    """The stored share-partition start offset, UNINITIALIZED_OFFSET if there is none (or it
+    is unreadable: the leader reloads what it can and reports it at its next write)."""
+    raw = image.kv.get(share_state_key(group_id, topic_id, partition))
+    if raw is None:
+        return UNINITIALIZED_OFFSET
+    try:
+        return int(json.loads(raw)["start"])
+    except (ValueError, KeyError, TypeError):
+        return UNINITIALIZED_OFFSET
+
+
+def stored_partitions(image: Any, group_id: str) -> dict[str, list[int]]:
+    """topic id -> the partitions with a stored state of the group."""
+    prefix = f"{SHARE_STATE_KEY_PREFIX}{group_id}/"
+    out: dict[str, list[int]] = {}
+    for key in image.kv:
+        if not key.startswith(prefix):
+            continue
+        topic_id, _, partition = key[len(prefix) :].rpartition("/")
+        if partition.isdigit():
+            out.setdefault(topic_id, []).append(int(partition))
+    return {t: sorted(ps) for t, ps in out.items()}
+
+
+class ShareGroupOffsets:
+    """The handlers of DescribeShareGroupOffsets and DeleteShareGroupOffsets (see the module
+    docstring). Event loop only.
+
+    Args:
+        broker: the broker's context (metadata image, node id, I/O pool).
+        coordinator: the share groups' membership.
+        partitions: the share-partitions loaded here (and their store).
+        coordinates: ``group id -> bool``: this broker is the group's coordinator.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerApiContext,
+        coordinator: ShareGroupCoordinator,
+        partitions: SharePartitions,
+        coordinates: Any,
+    ) -> None:
+        self.broker = broker
+        self.coordinator = coordinator
+        self.partitions = partitions
+        self.coordinates = coordinates
+
+    def _group_error(self, image: Any, group_id: str) -> tuple[KafkaError, str | None]:
+        if not group_id:
+            return KafkaError.INVALID_REQUEST, "GroupId can't be empty."
+        if not self.coordinates(group_id):
+            return KafkaError.NOT_COORDINATOR, None
+        known = self.coordinator.group(group_id) is not None or bool(
+            stored_partitions(image, group_id)
+        )
+        if not known:
+            return KafkaError.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a share group."
+        return KafkaError.NONE, None
+
+    # ------------------------------------------------------------------ describe
+
+    async def describe_offsets(self, req: Any, ctx: Any) -> Any:
+        """DescribeShareGroupOffsets v0."""
+        image = self.broker.image_fn()
+        groups = list(req.groups or [])
+        if len(groups) > MAX_GROUPS_PER_REQUEST or (
+            sum(len(t.partitions or []) for g in groups for t in g.topics or [])
+            > MAX_PARTITIONS_PER_REQUEST
+        ):
+            return DescribeShareGroupOffsetsResponse(
+                version=0,
+                throttle_time_ms=0,
+                groups=[
+                    _DGroup(
+                        group_id=g.group_id or "",
+                        topics=[],
+                        error_code=KafkaError.INVALID_REQUEST,
+                        error_message="too many groups or partitions in one request",
+                    )
+                    for g in groups[:MAX_GROUPS_PER_REQUEST]
+                ],
+            )
+        return DescribeShareGroupOffsetsResponse(
+            version=0,
+            throttle_time_ms=0,
+            groups=[self._describe_group(image, g.group_id or "", g.topics) for g in groups],
+        )
+
+    def _describe_group(self, image: Any, group_id: str, topics: list | None) -> Any:
+        error, message = self._group_error(image, group_id)
+        if error != KafkaError.NONE:
+            return _DGroup(group_id=group_id, topics=[], error_code=error, error_message=message)
+        if topics is None:
+            wanted = []
+            for topic_id, partitions in sorted(stored_partitions(image, group_id).items()):
+                topic = image.topics.get(topic_id)
+                if topic is not None:  # a deleted topic's states go with it
+                    wanted.append((topic.name, partitions))
+        else:
+            wanted = [(t.topic_name or "", list(t.partitions or [])) for t in topics]
+        return _DGroup(
+            group_id=group_id,
+            topics=[self._describe_topic(image, group_id, n, ps) for n, ps in wanted],
+            error_code=KafkaError.NONE,
+        )
+
+    def _describe_topic(self, image: Any, group_id: str, name: str, partitions: list) -> Any:
+        topic = image.topic_by_name(name)
+        out = []
+        for p in partitions:
+            part = topic.partitions.get(p) if topic is not None else None
+            if part is None:
+                out.append(
+                    _DPartition(
+                        partition_index=p,
+                        start_offset=UNINITIALIZED_OFFSET,
+                        leader_epoch=-1,
+                        error_code=KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"no partition {name}-{p}",
+                    )
+                )
+                continue
+            out.append(
+                _DPartition(
+                    partition_index=p,
+                    start_offset=stored_start(image, group_id, topic.topic_id, p),
+                    leader_epoch=part.leader_epoch,
+                    error_code=KafkaError.NONE,
+                )
+            )
+        topic_id = uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID
+        return _DTopic(topic_name=name, topic_id=topic_id, partitions=out)
+
+    # ------------------------------------------------------------------ delete
+
+    async def delete_offsets(self, req: Any, ctx: Any) -> Any:
+        """DeleteShareGroupOffsets v0."""
+        image = self.broker.image_fn()
+        group_id = req.group_id or ""
+        names = list(dict.fromkeys(t.topic_name or "" for t in req.topics or []))
+
+        def answer(error: KafkaError, message: str | None, topics: list | None = None) -> Any:
+            return DeleteShareGroupOffsetsResponse(
+                version=0,
+                throttle_time_ms=0,
+                error_code=error,
+                error_message=message,
+                responses=topics or [],
+            )
+
+        error, message = self._group_error(image, group_id)
+        if error != KafkaError.NONE:
+            return answer(error, message)
+        if len(names) > MAX_PARTITIONS_PER_REQUEST:
+            return answer(KafkaError.INVALID_REQUEST, "too many topics in one request")
+        group = self.coordinator.group(group_id)
+        if group is not None and group.members:
+            return answer(KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.")
+        slot = slot_of(image, group_id)
+        owner = image.coordinator_slots.get(slot) if slot is not None else None
+        if owner is None or owner.node_id != self.broker.me.node_id:
+            return answer(KafkaError.NOT_COORDINATOR, None)
+        topics = {n: image.topic_by_name(n) for n in names}
+        ids = sorted({t.topic_id for t in topics.values() if t is not None})
+        failed: tuple[KafkaError, str] | None = None
+        if ids:
+            try:
+                await self.broker.run_io(
+                    self.partitions.store.delete_group, group_id, owner.epoch, ids
+                )
+            except ShareStateError as exc:
+                failed = (exc.error, str(exc))
+            else:
+                self.partitions.drop_group(group_id, set(ids))
+        results = []
+        for name, topic in topics.items():
+            if topic is None:
+                code, text = KafkaError.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}"
+            else:
+                code, text = failed or (KafkaError.NONE, None)
+            results.append(
+                _XTopic(
+                    topic_name=name,
+                    topic_id=uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID,
+                    error_code=code,
+                    error_message=text,
+                )
+            )
+        return answer(KafkaError.NONE, None, results)
