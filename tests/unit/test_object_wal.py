@@ -484,3 +484,49 @@ def test_fenced_while_the_writer_lingers_the_writer_exits_cleanly(objects, monke
         assert not [r for r in caplog.records if "crashed" in r.getMessage()], caplog.text
     finally:
         wal.close()
+
+
+def test_a_reader_lists_only_the_keys_after_the_newest_data_object_it_knows(objects, monkeypatch):
+    """Issue #32: a main (or proxy) reading a RouterChannel must not LIST the whole prefix
+    for each new channel object: later listings send StartAfter (the newest data key
+    known) and get back only the new data objects (plus the owner, seals, trim points)."""
+    from botocore.client import BaseClient
+
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader
+
+    listings: list[tuple[dict, list[str]]] = []
+    real_call = BaseClient._make_api_call
+
+    def spy(self, operation, params):
+        result = real_call(self, operation, params)
+        if operation == "ListObjectsV2":
+            listings.append((dict(params), [c["Key"] for c in result.get("Contents", [])]))
+        return result
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", spy)
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"))
+    try:
+        first = [wal.append(b"first-%d" % i).result(10) for i in range(3)]
+        assert reader.read(first[0].offset).data == b"first-0"
+        old_data = set(wal_keys(objects, "data"))
+        listings.clear()
+        later = [wal.append(b"later-%d" % i).result(10) for i in range(2)]
+        assert reader.read(later[1].offset).data == b"later-1"
+        assert reader.read(first[2].offset).data == b"first-2"  # still known: no listing
+        assert len(listings) == 1
+        params, keys = listings[0]
+        assert params["StartAfter"] == max(old_data)
+        listed_data = {k for k in keys if "/data/" in k}
+        assert listed_data == set(wal_keys(objects, "data")) - old_data
+        assert listed_data and all(k > max(old_data) for k in keys)
+        # after a trim the reader forgets the trimmed objects and keeps reading on
+        wal.trim(later[0].offset)
+        more = wal.append(b"more").result(10)
+        assert reader.read(more.offset).data == b"more"
+        assert reader.read(later[0].offset).data == b"later-0"
+        assert "StartAfter" in listings[-1][0]
+    finally:
+        wal.close()
