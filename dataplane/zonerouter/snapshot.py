@@ -12,6 +12,7 @@ committed to object storage yet. Both are bounded; thread-safe (one lock each); 
 from __future__ import annotations
 
 import threading
+import uuid
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -391,12 +392,14 @@ def unpack_links(data: bytes, max_links: int = 65_536) -> list[LinkPlace]:
 
 
 class _Session:
-    __slots__ = ("epoch", "partitions")
+    __slots__ = ("epoch", "partitions", "topics")
 
     def __init__(self) -> None:
         self.epoch = 0
         # (topic id, partition) -> [fetch offset, aborted from, last stable offset answered]
         self.partitions: dict[tuple[str, int], list[int]] = {}
+        # version 4: the topics the session's answers named, by index (the proxy mirrors it)
+        self.topics: dict[uuid.UUID, int] = {}
 
 
 class SnapshotSessions:
@@ -474,6 +477,19 @@ class SnapshotSessions:
                     entry[0] = max(entry[0], offset)
                     entry[1] = max(entry[1], aborted_from)
                     entry[2] = lso
+
+    def topic_table(
+        self, node_id: int, session_id: int, epoch: int, max_topics: int
+    ) -> dict[uuid.UUID, int] | None:
+        """The topic table of poll `epoch`'s session (version 4 answers name topics by it;
+        only that poll's answer extends it: one poll of a session at a time), or None when
+        a newer poll came, the session is gone or its table holds `max_topics` (the answer
+        is then refused and the proxy starts the session over)."""
+        with self._lock:
+            session = self._sessions.get((node_id, session_id))
+            if session is None or session.epoch != epoch or len(session.topics) >= max_topics:
+                return None
+            return session.topics
 
     def forget(self, node_id: int, session_id: int, part: tuple[str, int]) -> None:
         """Drop a partition from a session (not led here any more: answered once)."""

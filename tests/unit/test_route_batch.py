@@ -22,6 +22,7 @@ from dataplane.zonerouter.route_codec import (
     pack_entries,
     unpack_answers,
     unpack_entries,
+    unpack_request,
 )
 
 
@@ -36,11 +37,13 @@ class _Main:
         self.closed = False
 
     def call(self, req, timeout_s, api_key, version):
-        assert version == ZONE_ROUTE_VERSION == 2
-        req.entries = unpack_entries(req.packed_entries)
+        assert version == ZONE_ROUTE_VERSION == 3
+        epoch, source, timeout_ms, entries = unpack_request(req.packed_entries)
+        req.route_epoch, req.source_node_id, req.timeout_ms = epoch, source, timeout_ms
+        req.entries = entries
         self.requests.append(req)
         time.sleep(self.delay_s)
-        R = ZoneRouteResponse[2]
+        R = ZoneRouteResponse[3]
         if self.refuse:
             return R(error_code=self.refuse, error_message="fenced", packed_answers=b"")
         answers = [(0, None, offset, partition, offset + 1) for _, partition, offset in req.entries]
@@ -69,10 +72,12 @@ def test_routes_queued_while_one_is_in_flight_go_in_one_request():
         assert sent.route_epoch == 5 and sent.source_node_id == 7
         assert [(str(t), p) for t, p, _ in sent.entries] == [(topic, p) for p in range(20)]
         # the batched request encodes as one frame with every route in it, compactly
-        frame = encode_request(sent, 1, client_id="~b", version=2)
+        frame = encode_request(sent, 1, client_id="~b", version=3)
         body = decode_request(frame[4:]).body
-        assert [e[2] for e in unpack_entries(body.packed_entries)] == [200 + p for p in range(20)]
-        assert len(frame) < 40 + 16 + 20 * 4  # v1: ~80 bytes + 28 a route
+        _, _, _, entries = unpack_request(body.packed_entries)
+        assert [e[2] for e in entries] == [200 + p for p in range(20)]
+        # v1: ~80 bytes + 28 a route; v2: the epoch, source and timeout fixed-width (16)
+        assert len(frame) < 30 + 16 + 20 * 4
     finally:
         batcher.close()
     assert main.closed
