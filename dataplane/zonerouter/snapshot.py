@@ -350,12 +350,14 @@ class LinkPlace:
     timestamp_ms: int
 
 
-def pack_links(links: list[LinkPlace]) -> bytes:
+def pack_links(links: list[LinkPlace], start_offset: int = 0, timestamps: bool = True) -> bytes:
     """The links of one partition's answer as zigzag varints, each field a delta from the
-    previous link's (base offset from its end, channel offset, timestamp) or absolute:
-    ~10 bytes a link instead of ~40 — pure."""
+    previous link's (base offset from its end, the first from `start_offset`; channel
+    offset, timestamp) or absolute: ~10 bytes a link instead of ~40 — pure. Version 4 of
+    GetPartitionSnapshot: the first base offset from the answer's high watermark (a byte
+    instead of ~3) and no timestamps (the proxy never uses them: ~6 bytes a first link)."""
     out = bytearray()
-    end = channel = timestamp = 0
+    end, channel, timestamp = start_offset, 0, 0
     for link in links:
         for value in (
             link.base_offset - end,
@@ -364,28 +366,33 @@ def pack_links(links: list[LinkPlace]) -> bytes:
             link.channel_offset - channel,
             link.position,
             link.length,
-            link.timestamp_ms - timestamp,
         ):
             put_zigzag(out, value)
+        if timestamps:
+            put_zigzag(out, link.timestamp_ms - timestamp)
         end, channel = link.base_offset + link.record_count, link.channel_offset
         timestamp = link.timestamp_ms
     return bytes(out)
 
 
-def unpack_links(data: bytes, max_links: int = 65_536) -> list[LinkPlace]:
-    """`pack_links` undone (raises ValueError on bad input) — pure."""
+def unpack_links(
+    data: bytes, max_links: int = 65_536, start_offset: int = 0, timestamps: bool = True
+) -> list[LinkPlace]:
+    """`pack_links` undone (raises ValueError on bad input; without timestamps, each link's
+    is 0) — pure."""
     out: list[LinkPlace] = []
-    pos = end = channel = timestamp = 0
+    pos, end, channel, timestamp = 0, start_offset, 0, 0
+    count = 7 if timestamps else 6
     while pos < len(data):
         if len(out) >= max_links:
             raise ValueError(f"more than {max_links} packed links")
         fields = []
-        for _ in range(7):
+        for _ in range(count):
             value, pos = get_zigzag(data, pos, "packed links")
             fields.append(value)
         base = end + fields[0]
         channel += fields[3]
-        timestamp += fields[6]
+        timestamp += fields[6] if timestamps else 0
         out.append(LinkPlace(base, fields[1], fields[2], channel, fields[4], fields[5], timestamp))
         end = base + fields[1]
     return out

@@ -214,7 +214,7 @@ class SnapshotServer:
         for a, plog in zip(asked, plogs, strict=True):
             if version >= 2 and (not news(a, plog) or len(out) >= MAX_PARTITIONS_PER_POLL):
                 continue  # nothing new (version 2: left out of the answer)
-            snap, next_offset = await self._snapshot(R, version, a, plog)
+            snap, next_offset = await self._snapshot(R, version, a, plog, wire_version >= 4)
             out.append(snap)
             if version >= 2:
                 key = (str(a.topic_id), a.partition)
@@ -257,7 +257,7 @@ class SnapshotServer:
             for plog in live:
                 plog.remove_listener(wake)
 
-    async def _snapshot(self, R, version: int, a: _Asked, plog):
+    async def _snapshot(self, R, version: int, a: _Asked, plog, compact: bool = False):
         """One partition's answer: its high watermark, leader epoch, last stable offset and
         aborted transactions, inline markers and the links past the asked offset; and the
         offset the proxy has up to once it got them (the next poll asks from there)."""
@@ -315,7 +315,9 @@ class SnapshotServer:
             )
             for loc in locations
         ]
-        if version >= 2:
+        if compact:  # version 4: from the high watermark, no timestamps
+            snap.packed_links = pack_links(places, start_offset=hw, timestamps=False)
+        elif version >= 2:
             snap.packed_links = pack_links(places)
         else:
             snap.links = [
@@ -372,6 +374,14 @@ class _Asked:
     fetch_offset: int
     aborted_from: int
     lso: int = -1
+
+
+def _link_packing(version: int, snap) -> dict:
+    """How an answer of `version` packs `snap`'s links (`snapshot.unpack_links`' keywords):
+    version 4 from the high watermark and without timestamps."""
+    if version >= 4:
+        return {"start_offset": snap.high_watermark, "timestamps": False}
+    return {}
 
 
 def _aborted_past(plog, marker_offset: int) -> bool:
@@ -689,7 +699,11 @@ class SnapshotReader:
                     self.cache.reset(key)
                 continue
             try:
-                links = unpack_links(snap.packed_links or b"") if packed_links else list(snap.links)
+                links = (
+                    unpack_links(snap.packed_links or b"", **_link_packing(resp.version, snap))
+                    if packed_links
+                    else list(snap.links)
+                )
             except ValueError as exc:
                 log.warning("bad packed links from a main: %s", exc)
                 links = []

@@ -47,6 +47,12 @@ def test_packed_links_round_trip_and_are_small():
         unpack_links(packed[:-1])  # truncated
     with pytest.raises(ValueError):
         unpack_links(packed, max_links=3)
+    # version 4: the first base offset from the answer's high watermark, no timestamps
+    compact = pack_links(links[:1], start_offset=103, timestamps=False)
+    assert unpack_links(compact, start_offset=103, timestamps=False) == [
+        LinkPlace(100, 3, 2, 5_000_000, 0, 600, 0)
+    ]
+    assert len(compact) <= len(pack_links(links[:1])) - 7  # ~6 bytes of timestamp, ~1 offset
 
 
 def test_sessions_apply_full_and_incremental_lists_and_refuse_gaps():
@@ -134,7 +140,8 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     assert all(not s.packed_links for s in resp.partitions[1:])
     assert (snap.high_watermark, snap.leader_epoch) == (10, 3)
     assert [
-        (p.base_offset, p.record_count, p.channel_offset) for p in unpack_links(snap.packed_links)
+        (p.base_offset, p.record_count, p.channel_offset)
+        for p in unpack_links(snap.packed_links, start_offset=10, timestamps=False)
     ] == [
         (0, 5, 1000),
         (5, 5, 1005),
