@@ -518,7 +518,7 @@ def test_a_reader_lists_only_the_keys_after_the_newest_data_object_it_knows(obje
         assert reader.read(first[2].offset).data == b"first-2"  # still known: no listing
         assert len(listings) == 1
         params, keys = listings[0]
-        assert params["StartAfter"] == max(old_data)
+        assert params["StartAfter"] == max(old_data)  # the chain's last object
         listed_data = {k for k in keys if "/data/" in k}
         assert listed_data == set(wal_keys(objects, "data")) - old_data
         assert listed_data and all(k > max(old_data) for k in keys)
@@ -528,5 +528,29 @@ def test_a_reader_lists_only_the_keys_after_the_newest_data_object_it_knows(obje
         assert reader.read(more.offset).data == b"more"
         assert reader.read(later[0].offset).data == b"later-0"
         assert "StartAfter" in listings[-1][0]
+    finally:
+        wal.close()
+
+
+def test_a_reader_finds_an_object_that_became_visible_after_a_later_one(objects):
+    """PUTs run in parallel: a reader may list a later object before an earlier one is
+    visible. The next listing starts after the chain's last object (not the newest key
+    seen), so the earlier one is found once it is there (issue #32, StartAfter listing)."""
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader
+
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"))
+    try:
+        acked = [wal.append(b"record-%d" % i).result(10) for i in range(3)]
+        keys = sorted(wal_keys(objects, "data"))
+        assert len(keys) == 3  # one object per append (no linger)
+        middle = objects.get_object(1, keys[1])
+        objects.delete_objects(1, [keys[1]])  # not visible yet: the third is
+        assert reader.read(acked[0].offset).data == b"record-0"
+        objects.put_object(1, keys[1], middle)  # its PUT lands
+        assert reader.read(acked[1].offset).data == b"record-1"
+        assert reader.read(acked[2].offset).data == b"record-2"
     finally:
         wal.close()

@@ -145,9 +145,9 @@ class ObjectWALReader:
 
     Only offsets the writer acknowledged should be asked for (they were handed over after the
     ack). The listing is cached and read on when an offset lies past it: only the keys after
-    the newest data key known (S3 StartAfter; data keys sort by writer, then offset), which
-    are the data objects written since plus the few seals, trim points and the owner; data
-    objects below the trim point are forgotten. Decoded objects are kept in a small LRU.
+    the chain's last data object (S3 StartAfter; data keys sort by writer, then offset),
+    which are the data objects written since (and any past a gap, again) plus the few
+    seals, trim points and the owner; data objects below the trim point are forgotten. Decoded objects are kept in a small LRU.
     Thread-safe (one lock around the caches; reads of the store run outside it).
     """
 
@@ -162,7 +162,7 @@ class ObjectWALReader:
         self._lock = threading.Lock()
         self._chain: Chain | None = None
         self._datas: dict[DataKey, None] = {}  # every data object listed, not yet trimmed
-        self._listed_after = ""  # the newest data key listed: the next listing starts after it
+        self._listed_after = ""  # the chain's last data key: the next listing starts after it
         self._decoded: dict[DataKey, dict[int, bytes]] = {}  # insertion order = LRU order
 
     def read(self, offset: int) -> RecoveredRecord:
@@ -211,13 +211,16 @@ class ObjectWALReader:
                 self._datas[d] = None
             for d in [d for d in self._datas if d.end_offset <= trim]:
                 del self._datas[d]  # wholly trimmed (deleted, or about to be)
-            if new:
-                last = max(new, key=lambda d: (d.writer, d.start_offset))
-                self._listed_after = max(
-                    self._listed_after,
-                    data_key(self._where.prefix, last.writer, last.start_offset, last.end_offset),
-                )
-            self._chain = resolve_chain(list(self._datas), [s for s, _ in seals], trims)
+            chain = self._chain = resolve_chain(list(self._datas), [s for s, _ in seals], trims)
+            # on from the chain's last object, not the newest key seen: PUTs run in parallel,
+            # so an object past a gap (a later one visible first) is listed again until the
+            # gap fills (the missing one sorts after the chain's end)
+            last = chain.objects[-1] if chain.objects else None
+            self._listed_after = (
+                data_key(self._where.prefix, last.writer, last.start_offset, last.end_offset)
+                if last is not None
+                else ""
+            )
 
     def _records(self, key: DataKey) -> dict[int, bytes]:
         with self._lock:
