@@ -30,6 +30,7 @@ def up(
     controllers: int = cluster_up.ControllersOption,
     azs: str = cluster_up.AzsOption,
     client_az_cidrs: str | None = cluster_up.ClientAzCidrsOption,
+    zone_router_channel_mode: cluster_up.ChannelMode | None = cluster_up.ChannelModeOption,
     base_port: int | None = cluster_up.BasePortOption,
     port_range: str | None = cluster_up.PortRangeOption,
     bucket_uris: str | None = cluster_up.BucketUrisOption,

@@ -49,6 +49,23 @@ ClientAzCidrsOption = typer.Option(
     "repeat): the zone router places a client by them when neither its client.id "
     "(automq_az=) nor its Fetch's rack (client.rack) names an AZ",
 )
+
+
+class ChannelMode(str, enum.Enum):
+    """Which produce at a main goes through its RouterChannel (zone_router.channel_mode)."""
+
+    all = "all"
+    az_clients = "az_clients"
+
+
+ChannelModeOption = typer.Option(
+    None,
+    "--zone-router-channel-mode",
+    help="which produce at a main goes through its own RouterChannel when other AZs have "
+    "brokers: all (the default: remote-AZ consumers read every record within ms, produce "
+    "waits for a PUT) or az_clients (only clients with an AZ; others append straight to "
+    "the WAL and other AZs read their records once uploaded); docs/operations.md",
+)
 BasePortOption = typer.Option(
     None, help="first of consecutive ports (default: free ports of --port-range's range)"
 )
@@ -190,6 +207,7 @@ _UP_FLAGS = (
     "controllers",
     "azs",
     "client_az_cidrs",
+    "zone_router_channel_mode",
     "base_port",
     "port_range",
     "bucket_uris",
@@ -225,7 +243,20 @@ def _given_flags(ctx: typer.Context, values: dict) -> dict:
         given["client_az_cidrs"] = _client_az_cidrs(given["client_az_cidrs"])
     if "wal" in given:
         given["wal"] = given["wal"].value
+    if given.get("zone_router_channel_mode") is not None:
+        given["zone_router_channel_mode"] = given["zone_router_channel_mode"].value
     return given
+
+
+def with_channel_mode(overrides: dict, mode: ChannelMode | None) -> dict:
+    """The brokers' config overrides with --zone-router-channel-mode in them (given twice,
+    with --broker-config too: the command fails)."""
+    if mode is None:
+        return overrides
+    if "channel_mode" in overrides.get("zone_router", {}):
+        fail("give the channel mode once: --zone-router-channel-mode or --broker-config, not both")
+    zone_router = {**overrides.get("zone_router", {}), "channel_mode": ChannelMode(mode).value}
+    return {**overrides, "zone_router": zone_router}
 
 
 def _client_az_cidrs(spec: str | None) -> dict[str, str]:
@@ -348,6 +379,7 @@ def _create(
     overrides = parse_broker_overrides(values["broker_config"])
     if values["client_az_cidrs"] and "client_az_cidrs" in overrides.get("zone_router", {}):
         fail("give the client AZ ranges once: --client-az-cidrs or --broker-config, not both")
+    overrides = with_channel_mode(overrides, values.get("zone_router_channel_mode"))
     config = cluster.create(
         values["brokers"],
         values["controllers"],

@@ -167,6 +167,8 @@ class Topology(BaseModel):
     # client address ranges of each AZ ({az: cidr or [cidrs]}): every broker's
     # zone_router.client_az_cidrs (clients placed by address when they name no AZ)
     client_az_cidrs: dict[str, str | list[str]] = Field(default_factory=dict, max_length=1000)
+    # every broker's zone_router.channel_mode (None: the broker's default, "all")
+    zone_router_channel_mode: Literal["all", "az_clients"] | None = None
 
     def cidr_az_map(self) -> dict[str, str]:
         """`client_az_cidrs` as the broker config's {cidr: az} (ValueError: a bad entry)."""
@@ -276,6 +278,8 @@ def node_files(topology: Topology, secret_values: dict[str, str]) -> dict[str, d
             extra["storage"]["upload_interval_s"] = topology.upload_interval_s
         if topology.client_az_cidrs:
             extra["zone_router"] = {"client_az_cidrs": topology.cidr_az_map()}
+        if topology.zone_router_channel_mode is not None:
+            extra.setdefault("zone_router", {})["channel_mode"] = topology.zone_router_channel_mode
         endpoints = b.endpoints()
         if b.listeners is not None:
             extra["listeners"] = endpoints

@@ -36,6 +36,7 @@ def flag_differences(
     store_dir: Path | None = None,
     broker_config: list[str] | None = None,
     client_az_cidrs: dict[str, str] | None = None,
+    zone_router_channel_mode: str | None = None,
 ) -> list[str]:
     """The given `cluster up` flags (None: not given) that differ from what `config` was
     created with, each as `--flag VALUE (the cluster has ...)`."""
@@ -62,7 +63,16 @@ def flag_differences(
         *_wal_and_listener_differences(config, wal=wal, mtls=mtls, listeners=listeners),
         *_broker_config_differences(config, broker_config),
         *_client_az_differences(config, client_az_cidrs),
+        *_channel_mode_differences(config, zone_router_channel_mode),
     ]
+
+
+def _channel_mode_differences(config: ClusterConfig, mode: str | None) -> list[str]:
+    """--zone-router-channel-mode (kept in the brokers' zone_router overrides)."""
+    have = (config.broker_overrides.get("zone_router") or {}).get("channel_mode", "all")
+    if mode is None or mode == have:
+        return []
+    return [f"--zone-router-channel-mode {mode} (the cluster has {have})"]
 
 
 def _client_az_differences(config: ClusterConfig, cidrs: dict[str, str] | None) -> list[str]:

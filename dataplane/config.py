@@ -382,6 +382,16 @@ class ZoneRouterConfig(_Section):
         default_factory=ObjectWALConfig,
         description="the RouterChannel (an object WAL in the active bucket)",
     )
+    channel_mode: Literal["all", "az_clients"] = Field(
+        "all",
+        description="which produce at a main goes through its own RouterChannel when other "
+        'AZs have brokers: "all" (every client: remote-AZ consumers read every record from '
+        'object storage within ms; produce waits for the channel\'s PUT) or "az_clients" '
+        "(only clients with a declared or detected AZ; a client without one is appended "
+        "straight to the WAL, faster, and consumers in other AZs read its records only once "
+        "the main uploaded them) (`cluster up --zone-router-channel-mode`, topology "
+        "zone_router_channel_mode; docs/operations.md)",
+    )
 
     @field_validator("client_az_cidrs")
     @classmethod

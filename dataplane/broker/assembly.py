@@ -358,6 +358,7 @@ class Broker:
             # every produce at a main through its own channel (when other AZs have
             # brokers): a proxy's first snapshot of a partition finds its whole unuploaded tail
             own_channel=lambda topic_id, plog: OwnChannelPartition(router, handler, plog, topic_id),
+            channel_mode=cfg.zone_router.channel_mode,
         )
         return ZoneRouterParts(traffic, router, handler, routing)
 

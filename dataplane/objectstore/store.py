@@ -482,8 +482,9 @@ class ObjectStorage:
 
         return self._call("head", bucket_id, key, f"head {self._where(bucket_id, key)}", attempt)
 
-    def iter_keys(self, bucket_id: int, prefix: str = "") -> Iterator[str]:
-        """All keys under `prefix`, page by page (1000 per request, each page retried)."""
+    def iter_keys(self, bucket_id: int, prefix: str = "", start_after: str = "") -> Iterator[str]:
+        """All keys under `prefix` (only those after `start_after`, S3's StartAfter, when
+        given), page by page (1000 per request, each page retried)."""
         self._check_open()
         bucket = self.bucket(bucket_id)
         token: str | None = None
@@ -494,6 +495,8 @@ class ObjectStorage:
                 "Prefix": bucket.key_prefix + prefix,
                 "MaxKeys": LIST_PAGE_KEYS,
             }
+            if start_after:
+                kwargs["StartAfter"] = bucket.key_prefix + start_after
             if token:
                 kwargs["ContinuationToken"] = token
 

@@ -11,13 +11,18 @@ also the last stable offset and, incrementally, the aborted transactions (read_c
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from kafka.protocol.api_message import ApiMessage
 
 from dataplane.kafka.codec import add_api_message
 
 # 1: batched routes (several partitions and produce requests); 2: compact (the channel is
-# the source node's, entries and answers packed as varints, `route_codec.py`)
-ZONE_ROUTE_VERSION = 2
+# the source node's, entries and answers packed as varints, `route_codec.py`); 3: the
+# route epoch, source and timeout packed too
+ZONE_ROUTE_VERSION = 3
+OLDEST_PACKED_ZONE_ROUTE_VERSION = 2  # what a proxy falls back to for a main not upgraded
 
 
 class ZoneRouteRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
@@ -34,8 +39,10 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 
 # 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
 # snapshot sessions (incremental polls and answers, packed links); 3: the answer's
-# partitions packed as varints (`snapshot_codec.py`)
-SNAPSHOT_VERSION = 3
+# partitions packed as varints (`snapshot_codec.py`); 4: the poll packed too, and the
+# answer names each topic once per session (a topic table both sides keep)
+SNAPSHOT_VERSION = 4
+OLDEST_PACKED_SNAPSHOT_VERSION = 3  # what a proxy falls back to for a main not upgraded yet
 
 
 class GetPartitionSnapshotRequest(ApiMessage, load_json="dataplane.zonerouter.schemas"):
@@ -48,3 +55,37 @@ class GetPartitionSnapshotResponse(ApiMessage, load_json="dataplane.zonerouter.s
 
 add_api_message(GetPartitionSnapshotRequest, GetPartitionSnapshotResponse)
 SNAPSHOT_KEY = int(GetPartitionSnapshotRequest.API_KEY)
+
+
+NEWEST_RETRY_S = 60.0  # after falling back, the newest version is tried again this often
+
+
+class VersionProbe:
+    """Which version of an API a broker-to-broker caller sends to one peer (a rolling
+    upgrade: a peer not upgraded yet closes the connection on a version it does not know).
+    The newest until a call at it fails before any call at it was answered; then
+    `fallback` for `retry_s`, then the newest again. Used by one thread (a poller or a
+    route batcher)."""
+
+    def __init__(
+        self,
+        newest: int,
+        fallback: int,
+        retry_s: float = NEWEST_RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.newest, self.fallback, self.retry_s = newest, fallback, retry_s
+        self._clock = clock
+        self._confirmed = False  # the peer answered the newest version
+        self._fallback_until = 0.0
+
+    def version(self) -> int:
+        return self.fallback if self._clock() < self._fallback_until else self.newest
+
+    def answered(self, version: int) -> None:
+        if version == self.newest:
+            self._confirmed = True
+
+    def failed(self, version: int) -> None:
+        if version == self.newest and not self._confirmed:
+            self._fallback_until = self._clock() + self.retry_s

@@ -16,7 +16,8 @@ header). So the batcher learns how often routes come (the mean gap between burst
 routes, one burst per produce request) and, when the next burst is due within
 `max_linger_s` (5 ms), holds a batch for up to that gap after its first route: one round
 trip then carries the routes of several produce requests. Sparse routes are sent at once.
-The request is version 2 (`route_codec.py`: entries and answers packed as varints).
+The request is version 3 (`route_codec.py`: entries, answers and the request's own fields
+packed as varints; version 2 to a main not upgraded yet).
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from dataplane.kafka.interbroker import BrokerConnection
-from dataplane.zonerouter.protocol import ZONE_ROUTE_KEY, ZONE_ROUTE_VERSION, ZoneRouteRequest
-from dataplane.zonerouter.route_codec import pack_entries, unpack_answers
+from dataplane.zonerouter.protocol import (
+    OLDEST_PACKED_ZONE_ROUTE_VERSION,
+    ZONE_ROUTE_KEY,
+    ZONE_ROUTE_VERSION,
+    VersionProbe,
+    ZoneRouteRequest,
+)
+from dataplane.zonerouter.route_codec import pack_entries, pack_request, unpack_answers
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,8 @@ class RouteBatcher:
         self._expected = 0  # channel appends done whose route is not queued yet
         self._closed = False
         self.requests_sent = 0
+        # the version sent (a main not upgraded yet: the older one for a while)
+        self.versions = VersionProbe(ZONE_ROUTE_VERSION, OLDEST_PACKED_ZONE_ROUTE_VERSION)
         self._thread = threading.Thread(
             target=self._run, name=f"zone-route-{main_node_id}", daemon=True
         )
@@ -230,24 +239,35 @@ class RouteBatcher:
             item.future.set_exception(ConnectionError("zone routes to this main are closed"))
 
     def _send(self, batch: list[_Route]) -> list[RouteResult]:
-        Q = ZoneRouteRequest[ZONE_ROUTE_VERSION]
+        version = self.versions.version()
+        Q = ZoneRouteRequest[version]
         timeout_ms = max(item.timeout_ms for item in batch)
+        entries = [
+            (uuid.UUID(item.topic_id), item.partition, item.channel_offset) for item in batch
+        ]
         # version 2: the channel is the source node's (no prefix, no bucket: each entry's
-        # offset names its own segment and bucket), the entries packed
-        req = Q(
-            route_epoch=batch[0].epoch,
-            source_node_id=self.source_node_id,
-            timeout_ms=timeout_ms,
-            packed_entries=pack_entries(
-                [(uuid.UUID(item.topic_id), item.partition, item.channel_offset) for item in batch]
-            ),
-        )
-        resp = self.conn.call(
-            req,
-            max(timeout_ms, 1) / 1000 + RPC_EXTRA_TIMEOUT_S,
-            ZONE_ROUTE_KEY,
-            ZONE_ROUTE_VERSION,
-        )
+        # offset names its own segment and bucket), the entries packed; 3: all packed
+        if version >= 3:
+            req = Q(
+                packed_entries=pack_request(
+                    batch[0].epoch, self.source_node_id, timeout_ms, entries
+                )
+            )
+        else:
+            req = Q(
+                route_epoch=batch[0].epoch,
+                source_node_id=self.source_node_id,
+                timeout_ms=timeout_ms,
+                packed_entries=pack_entries(entries),
+            )
+        try:
+            resp = self.conn.call(
+                req, max(timeout_ms, 1) / 1000 + RPC_EXTRA_TIMEOUT_S, ZONE_ROUTE_KEY, version
+            )
+        except Exception:
+            self.versions.failed(version)  # a main not upgraded yet closes the connection
+            raise
+        self.versions.answered(version)
         self.requests_sent += 1
         if resp.error_code:  # the whole request refused (a fenced epoch, a bad channel)
             return [(resp.error_code, resp.error_message, -1, -1, -1)] * len(batch)

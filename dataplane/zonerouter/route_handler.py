@@ -18,6 +18,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from controlplane.image import MetadataImage
@@ -29,7 +30,7 @@ from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, 
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
-from dataplane.zonerouter.route_codec import pack_answers, unpack_entries
+from dataplane.zonerouter.route_codec import pack_answers, unpack_entries, unpack_request
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -39,6 +40,15 @@ if TYPE_CHECKING:
 MAX_ROUTE_ENTRIES = 1024  # routes in one batched request
 # an entry's answer: error, message, base offset, log start, stream id, end of its links
 _Result = tuple[KafkaError, str | None, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _PackedRoute:
+    """A version 3 request's packed fields, named as versions 0-2 name them."""
+
+    route_epoch: int
+    source_node_id: int
+    timeout_ms: int
 
 
 class ZoneRouteHandler:
@@ -235,7 +245,15 @@ class ZoneRouteHandler:
         if version == 0:
             entries = [(req.topic_id, req.partition, req.channel_offset)]
         else:
-            if version >= 2:
+            if version >= 3:
+                try:
+                    epoch, source, timeout_ms, entries = unpack_request(
+                        bytes(req.packed_entries or b"")
+                    )
+                except ValueError as exc:
+                    return self._refused(version, KafkaError.INVALID_REQUEST, str(exc))
+                req = _PackedRoute(epoch, source, timeout_ms)
+            elif version >= 2:
                 try:
                     entries = unpack_entries(bytes(req.packed_entries or b""))
                 except ValueError as exc:

@@ -8,7 +8,9 @@ main and the client is in its AZ (or has none), a `ProxyPartition` when it is th
 proxy, and nothing (NOT_LEADER_OR_FOLLOWER) otherwise, so a client that reached the wrong
 broker refreshes its metadata. Every client producing to a main (of its AZ or without one)
 produces through the main's own RouterChannel (`own_channel.OwnChannelPartition`) when other
-AZs have brokers, so the proxies' snapshot reads find every batch in object storage.
+AZs have brokers, so the proxies' snapshot reads find every batch in object storage; with
+`zone_router.channel_mode = "az_clients"` only a client of a known AZ does (a client without
+one is appended straight to the WAL: faster produce, remote reads after the upload).
 """
 
 from __future__ import annotations
@@ -144,6 +146,11 @@ class CountedBackend:
         return data
 
 
+CHANNEL_ALL = "all"  # zone_router.channel_mode: every produce at a main via its channel
+CHANNEL_AZ_CLIENTS = "az_clients"  # only the produce of clients with a known AZ
+CHANNEL_MODES = (CHANNEL_ALL, CHANNEL_AZ_CLIENTS)
+
+
 class ZoneRouting:
     """Thread-safe: the mapping is rebuilt (immutable) when the image's brokers change."""
 
@@ -156,7 +163,10 @@ class ZoneRouting:
         cidrs: CidrAzMap | None = None,
         traffic: ZoneTraffic | None = None,
         own_channel: Callable[[str, PartitionBackend], PartitionBackend] | None = None,
+        channel_mode: str = CHANNEL_ALL,
     ):
+        if channel_mode not in CHANNEL_MODES:
+            raise ValueError(f"channel mode {channel_mode!r}: one of {', '.join(CHANNEL_MODES)}")
         self.node_id = node_id
         self.image_fn = image_fn
         self.partitions = partitions
@@ -166,6 +176,9 @@ class ZoneRouting:
         # (topic id, the partition led here) -> the backend whose produce goes through this
         # broker's own RouterChannel (clients of an AZ: snapshot reads see their data)
         self.own_channel = own_channel
+        # CHANNEL_ALL: every client's produce through it; CHANNEL_AZ_CLIENTS: only clients
+        # of a known AZ (zone_router.channel_mode)
+        self.channel_mode = channel_mode
         self._lock = threading.Lock()
         self._mapping_key: object = None
         self._mapping = ProxyMapping([])
@@ -216,9 +229,15 @@ class ZoneRouting:
             return None  # this client was told another broker serves it
         elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
-            if backend is not None and self.own_channel is not None and self.has_proxies(image):
-                # every client's produce (declared AZ or not) goes through the own channel:
-                # the proxies' snapshot reads find all of it in object storage (seed 000)
+            if (
+                backend is not None
+                and self.own_channel is not None
+                and self.has_proxies(image)
+                and (self.channel_mode == CHANNEL_ALL or az is not None)
+            ):
+                # every client's produce (declared AZ or not; "az_clients": only a client of
+                # an AZ) goes through the own channel: the proxies' snapshot reads find it in
+                # object storage (seed 000)
                 backend = self.own_channel(topic_id, backend)
         else:
             backend = self.proxy_factory(topic_id, partition)

@@ -12,6 +12,7 @@ committed to object storage yet. Both are bounded; thread-safe (one lock each); 
 from __future__ import annotations
 
 import threading
+import uuid
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -349,12 +350,14 @@ class LinkPlace:
     timestamp_ms: int
 
 
-def pack_links(links: list[LinkPlace]) -> bytes:
+def pack_links(links: list[LinkPlace], start_offset: int = 0, timestamps: bool = True) -> bytes:
     """The links of one partition's answer as zigzag varints, each field a delta from the
-    previous link's (base offset from its end, channel offset, timestamp) or absolute:
-    ~10 bytes a link instead of ~40 — pure."""
+    previous link's (base offset from its end, the first from `start_offset`; channel
+    offset, timestamp) or absolute: ~10 bytes a link instead of ~40 — pure. Version 4 of
+    GetPartitionSnapshot: the first base offset from the answer's high watermark (a byte
+    instead of ~3) and no timestamps (the proxy never uses them: ~6 bytes a first link)."""
     out = bytearray()
-    end = channel = timestamp = 0
+    end, channel, timestamp = start_offset, 0, 0
     for link in links:
         for value in (
             link.base_offset - end,
@@ -363,40 +366,47 @@ def pack_links(links: list[LinkPlace]) -> bytes:
             link.channel_offset - channel,
             link.position,
             link.length,
-            link.timestamp_ms - timestamp,
         ):
             put_zigzag(out, value)
+        if timestamps:
+            put_zigzag(out, link.timestamp_ms - timestamp)
         end, channel = link.base_offset + link.record_count, link.channel_offset
         timestamp = link.timestamp_ms
     return bytes(out)
 
 
-def unpack_links(data: bytes, max_links: int = 65_536) -> list[LinkPlace]:
-    """`pack_links` undone (raises ValueError on bad input) — pure."""
+def unpack_links(
+    data: bytes, max_links: int = 65_536, start_offset: int = 0, timestamps: bool = True
+) -> list[LinkPlace]:
+    """`pack_links` undone (raises ValueError on bad input; without timestamps, each link's
+    is 0) — pure."""
     out: list[LinkPlace] = []
-    pos = end = channel = timestamp = 0
+    pos, end, channel, timestamp = 0, start_offset, 0, 0
+    count = 7 if timestamps else 6
     while pos < len(data):
         if len(out) >= max_links:
             raise ValueError(f"more than {max_links} packed links")
         fields = []
-        for _ in range(7):
+        for _ in range(count):
             value, pos = get_zigzag(data, pos, "packed links")
             fields.append(value)
         base = end + fields[0]
         channel += fields[3]
-        timestamp += fields[6]
+        timestamp += fields[6] if timestamps else 0
         out.append(LinkPlace(base, fields[1], fields[2], channel, fields[4], fields[5], timestamp))
         end = base + fields[1]
     return out
 
 
 class _Session:
-    __slots__ = ("epoch", "partitions")
+    __slots__ = ("epoch", "partitions", "topics")
 
     def __init__(self) -> None:
         self.epoch = 0
         # (topic id, partition) -> [fetch offset, aborted from, last stable offset answered]
         self.partitions: dict[tuple[str, int], list[int]] = {}
+        # version 4: the topics the session's answers named, by index (the proxy mirrors it)
+        self.topics: dict[uuid.UUID, int] = {}
 
 
 class SnapshotSessions:
@@ -474,6 +484,19 @@ class SnapshotSessions:
                     entry[0] = max(entry[0], offset)
                     entry[1] = max(entry[1], aborted_from)
                     entry[2] = lso
+
+    def topic_table(
+        self, node_id: int, session_id: int, epoch: int, max_topics: int
+    ) -> dict[uuid.UUID, int] | None:
+        """The topic table of poll `epoch`'s session (version 4 answers name topics by it;
+        only that poll's answer extends it: one poll of a session at a time), or None when
+        a newer poll came, the session is gone or its table holds `max_topics` (the answer
+        is then refused and the proxy starts the session over)."""
+        with self._lock:
+            session = self._sessions.get((node_id, session_id))
+            if session is None or session.epoch != epoch or len(session.topics) >= max_topics:
+                return None
+            return session.topics
 
     def forget(self, node_id: int, session_id: int, part: tuple[str, int]) -> None:
         """Drop a partition from a session (not led here any more: answered once)."""

@@ -85,15 +85,27 @@ class _Reader:
         return bytes(out)
 
 
-def pack_snapshots(partitions: list) -> bytes:
+def pack_snapshots(partitions: list, session_topics: dict[uuid.UUID, int] | None = None) -> bytes:
     """The partitions of one answer (objects with a v2 `PartitionSnapshot`'s attributes):
-    the distinct topics (count, 16 bytes each), then each partition."""
-    topics: dict[uuid.UUID, int] = {}
-    for snap in partitions:
-        topics.setdefault(snap.topic_id, len(topics))
+    the distinct topics (count, 16 bytes each), then each partition. Version 4: with the
+    session's topic table (`session_topics`, extended here), its size first, then only
+    the topics new to the session; partitions name a topic by its index in the table."""
     out = bytearray()
-    _put(out, len(topics))
-    for topic_id in topics:
+    if session_topics is None:
+        topics: dict[uuid.UUID, int] = {}
+        for snap in partitions:
+            topics.setdefault(snap.topic_id, len(topics))
+        new = list(topics)
+    else:
+        topics = session_topics
+        _put(out, len(topics))
+        new = []
+        for snap in partitions:
+            if snap.topic_id not in topics:
+                topics[snap.topic_id] = len(topics)
+                new.append(snap.topic_id)
+    _put(out, len(new))
+    for topic_id in new:
         out += topic_id.bytes
     for snap in partitions:
         _put(out, topics[snap.topic_id])
@@ -122,11 +134,21 @@ def pack_snapshots(partitions: list) -> bytes:
     return bytes(out)
 
 
-def unpack_snapshots(data: bytes) -> list[PartitionSnapshot]:
-    """`pack_snapshots` undone (raises ValueError on bad input)."""
+def unpack_snapshots(
+    data: bytes, session_topics: list[uuid.UUID] | None = None
+) -> list[PartitionSnapshot]:
+    """`pack_snapshots` undone (raises ValueError on bad input); version 4 with the
+    session's topic table (`session_topics`, extended here by the answer's new topics;
+    a table of another size than the main's is refused)."""
     r = _Reader(data)
-    count = r.count(MAX_PACKED_TOPICS)
-    topics = [uuid.UUID(bytes=r.raw(16)) for _ in range(count)]
+    topics: list[uuid.UUID] = [] if session_topics is None else session_topics
+    if session_topics is not None:
+        size = r.int()
+        if size != len(topics):
+            raise ValueError(f"the main's session has {size} topics, this proxy {len(topics)}")
+    new = r.count(MAX_PACKED_TOPICS - len(topics))
+    topics.extend(uuid.UUID(bytes=r.raw(16)) for _ in range(new))
+    count = len(topics)
     out: list[PartitionSnapshot] = []
     while r.more():
         if len(out) >= MAX_PACKED_PARTITIONS:
@@ -159,12 +181,99 @@ class SnapshotAnswer:
     partitions: list
 
 
-def answer_view(resp) -> SnapshotAnswer:
+def answer_view(resp, session_topics: list[uuid.UUID] | None = None) -> SnapshotAnswer:
     """`resp` (a `GetPartitionSnapshotResponse` of any version) with its partitions as
-    objects of a v2 `PartitionSnapshot`'s attributes (raises ValueError on a bad packing)."""
+    objects of a v2 `PartitionSnapshot`'s attributes (raises ValueError on a bad packing);
+    version 4 with the poller's session topic table (extended by the answer)."""
     version = getattr(resp, "version", 0)
-    if version >= 3:
-        partitions: list = unpack_snapshots(bytes(resp.packed_partitions or b""))
+    if version >= 4 and resp.error_code:
+        partitions: list = []  # a refused poll: nothing packed (the session starts over)
+    elif version >= 4:
+        if session_topics is None:
+            raise ValueError("a version 4 answer needs its session's topic table")
+        partitions = unpack_snapshots(bytes(resp.packed_partitions or b""), session_topics)
+    elif version >= 3:
+        partitions = unpack_snapshots(bytes(resp.packed_partitions or b""))
     else:
         partitions = list(resp.partitions)
     return SnapshotAnswer(version, resp.error_code, partitions)
+
+
+@dataclass
+class PollPartition:
+    """A partition of a poll, as a v2 `PartitionRequest` names it."""
+
+    topic_id: uuid.UUID
+    partition: int
+    fetch_offset: int
+    aborted_from: int = -1
+
+
+@dataclass
+class PollForgotten:
+    """A partition a poll's session no longer follows, as a v2 `ForgottenPartition`."""
+
+    topic_id: uuid.UUID
+    partition: int
+
+
+@dataclass
+class PollRequest:
+    """A snapshot poll with the attributes of a v2 `GetPartitionSnapshotRequest` (what a
+    version 4 request packs, `pack_poll`)."""
+
+    node_id: int
+    max_wait_ms: int
+    session_id: int
+    session_epoch: int
+    incremental: bool
+    partitions: list[PollPartition] = field(default_factory=list)
+    forgotten: list[PollForgotten] = field(default_factory=list)
+
+
+def pack_poll(poll: PollRequest) -> bytes:
+    """A poll as varints (version 4's `Packed`): node id, max wait, session id and epoch,
+    incremental (0/1), the distinct topics (count, 16 bytes each), the partitions (count,
+    then topic index, partition, fetch offset, aborted from each), the forgotten (count,
+    then topic index, partition each). An incremental poll of a steady session is ~12 bytes
+    instead of ~24."""
+    topics: dict[uuid.UUID, int] = {}
+    for item in [*poll.partitions, *poll.forgotten]:
+        topics.setdefault(item.topic_id, len(topics))
+    out = bytearray()
+    for value in (poll.node_id, poll.max_wait_ms, poll.session_id, poll.session_epoch):
+        _put(out, value)
+    _put(out, 1 if poll.incremental else 0)
+    _put(out, len(topics))
+    for topic_id in topics:
+        out += topic_id.bytes
+    _put(out, len(poll.partitions))
+    for p in poll.partitions:
+        for value in (topics[p.topic_id], p.partition, p.fetch_offset, p.aborted_from):
+            _put(out, value)
+    _put(out, len(poll.forgotten))
+    for f in poll.forgotten:
+        _put(out, topics[f.topic_id])
+        _put(out, f.partition)
+    return bytes(out)
+
+
+def unpack_poll(data: bytes) -> PollRequest:
+    """`pack_poll` undone (raises ValueError on bad input)."""
+    r = _Reader(data)
+    poll = PollRequest(r.int(), r.int(), r.int(), r.int(), r.int() != 0)
+    topics = [uuid.UUID(bytes=r.raw(16)) for _ in range(r.count(MAX_PACKED_TOPICS))]
+
+    def topic() -> uuid.UUID:
+        index = r.int()
+        if not 0 <= index < len(topics):
+            raise ValueError(f"topic index {index} of {len(topics)} in a packed poll")
+        return topics[index]
+
+    for _ in range(r.count(MAX_PACKED_PARTITIONS)):
+        poll.partitions.append(PollPartition(topic(), r.int(), r.int(), r.int()))
+    for _ in range(r.count(MAX_PACKED_PARTITIONS)):
+        poll.forgotten.append(PollForgotten(topic(), r.int()))
+    if r.more():
+        raise ValueError("trailing bytes in a packed poll")
+    return poll

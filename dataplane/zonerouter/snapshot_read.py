@@ -41,10 +41,12 @@ from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.zonerouter.channel import ChannelReaders
 from dataplane.zonerouter.protocol import (
+    OLDEST_PACKED_SNAPSHOT_VERSION,
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
+    VersionProbe,
 )
 from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.snapshot import (
@@ -59,7 +61,16 @@ from dataplane.zonerouter.snapshot import (
     page_aborted,
     unpack_links,
 )
-from dataplane.zonerouter.snapshot_codec import answer_view, pack_snapshots
+from dataplane.zonerouter.snapshot_codec import (
+    MAX_PACKED_TOPICS,
+    PollForgotten,
+    PollPartition,
+    PollRequest,
+    answer_view,
+    pack_poll,
+    pack_snapshots,
+    unpack_poll,
+)
 from dataplane.zonerouter.traffic import ZoneTraffic
 
 log = logging.getLogger(__name__)
@@ -75,7 +86,11 @@ MAX_CONTROL_HOLE_OFFSETS = 8
 MAX_CONTROL_HOLES = 16
 CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
-POLL_WAIT_MS = 200  # what a proxy asks for
+POLL_WAIT_MS = 200  # what a proxy asks for while the partitions it follows change
+# ... and once they stayed the same STEADY_AFTER_S: an idle pair polls half as often (the
+# main answers news at once either way; a partition added waits for the poll in flight)
+STEADY_POLL_WAIT_MS = 500
+STEADY_AFTER_S = 5.0
 # polls of one main start at most this often: a main with appends every few ms answers at
 # once each time, and each round trip costs CPU on both brokers and ~100 cross-AZ bytes
 # (at most 20 ms more latency; 50 polls/s of a busy pair; 40 ms saved no bytes at 100 B)
@@ -136,17 +151,35 @@ class SnapshotServer:
             for key, (offset, aborted_from, lso) in state.items()
         ]
 
-    @staticmethod
-    def _answer(wire_version: int, error_code: int, partitions: list):
-        """The answer at `wire_version` (3: the version 2 partitions packed)."""
+    def _answer(self, wire_version: int, error_code: int, partitions: list, req=None):
+        """The answer at `wire_version` (3: the version 2 partitions packed; 4: their topics
+        named by the session's topic table, `req`'s)."""
         R = GetPartitionSnapshotResponse[wire_version]
+        if wire_version >= 4:
+            if error_code:
+                return R(error_code=error_code, packed_partitions=b"")
+            table = self.sessions.topic_table(
+                req.node_id,
+                req.session_id,
+                req.session_epoch,
+                MAX_PACKED_TOPICS - MAX_PARTITIONS_PER_POLL,
+            )
+            if table is None:  # superseded, dropped or full: the proxy starts over
+                return R(error_code=KafkaError.FETCH_SESSION_ID_NOT_FOUND, packed_partitions=b"")
+            return R(error_code=error_code, packed_partitions=pack_snapshots(partitions, table))
         if wire_version >= 3:
             return R(error_code=error_code, packed_partitions=pack_snapshots(partitions))
         return R(error_code=error_code, partitions=partitions)
 
     async def get_partition_snapshot(self, req, ctx):
         wire_version = getattr(ctx, "api_version", 0)
-        version = min(wire_version, 2)  # version 3: version 2's partitions, packed
+        if wire_version >= 4:  # version 3's fields, packed
+            try:
+                req = unpack_poll(bytes(req.packed or b""))
+            except ValueError as exc:
+                log.warning("bad packed snapshot poll: %s", exc)
+                return self._answer(wire_version, KafkaError.INVALID_REQUEST, [])
+        version = min(wire_version, 2)  # versions 3-4: version 2's partitions, packed
         R = GetPartitionSnapshotResponse[version]
         asked = self._asked(req, version)
         if isinstance(asked, str):
@@ -181,7 +214,7 @@ class SnapshotServer:
         for a, plog in zip(asked, plogs, strict=True):
             if version >= 2 and (not news(a, plog) or len(out) >= MAX_PARTITIONS_PER_POLL):
                 continue  # nothing new (version 2: left out of the answer)
-            snap, next_offset = await self._snapshot(R, version, a, plog)
+            snap, next_offset = await self._snapshot(R, version, a, plog, wire_version >= 4)
             out.append(snap)
             if version >= 2:
                 key = (str(a.topic_id), a.partition)
@@ -193,7 +226,7 @@ class SnapshotServer:
                     answered[key] = (next_offset, aborted_from, snap.last_stable_offset)
         if version >= 2:
             self.sessions.advance(req.node_id, req.session_id, req.session_epoch, answered)
-        return self._answer(wire_version, KafkaError.NONE, out)
+        return self._answer(wire_version, KafkaError.NONE, out, req)
 
     @staticmethod
     async def _wait(plogs: list, ready: Callable[[], bool], wait_s: float) -> None:
@@ -224,7 +257,7 @@ class SnapshotServer:
             for plog in live:
                 plog.remove_listener(wake)
 
-    async def _snapshot(self, R, version: int, a: _Asked, plog):
+    async def _snapshot(self, R, version: int, a: _Asked, plog, compact: bool = False):
         """One partition's answer: its high watermark, leader epoch, last stable offset and
         aborted transactions, inline markers and the links past the asked offset; and the
         offset the proxy has up to once it got them (the next poll asks from there)."""
@@ -282,7 +315,9 @@ class SnapshotServer:
             )
             for loc in locations
         ]
-        if version >= 2:
+        if compact:  # version 4: from the high watermark, no timestamps
+            snap.packed_links = pack_links(places, start_offset=hw, timestamps=False)
+        elif version >= 2:
             snap.packed_links = pack_links(places)
         else:
             snap.links = [
@@ -341,6 +376,14 @@ class _Asked:
     lso: int = -1
 
 
+def _link_packing(version: int, snap) -> dict:
+    """How an answer of `version` packs `snap`'s links (`snapshot.unpack_links`' keywords):
+    version 4 from the high watermark and without timestamps."""
+    if version >= 4:
+        return {"start_offset": snap.high_watermark, "timestamps": False}
+    return {}
+
+
 def _aborted_past(plog, marker_offset: int) -> bool:
     """The partition has an aborted transaction whose marker is at or past the offset."""
     return bool(plog.aborted_since(marker_offset))
@@ -369,23 +412,52 @@ class _PollSession:
     failed or refused poll the next one sends the full list."""
 
     def __init__(self) -> None:
-        self.session_id = uuid.uuid4().int & ((1 << 62) - 1) or 1
+        # 31 bits: 5 bytes as a varint (version 4), still unique per proxy in practice
+        self.session_id = uuid.uuid4().int & ((1 << 31) - 1) or 1
         self.epoch = 0
         self.full = True
         self.have: dict[tuple[str, int], tuple[int, int]] = {}
+        # version 4: the topics the main's answers named, by index (mirrors its table)
+        self.topics: list[uuid.UUID] = []
         self._pending: tuple[int, list, list] = (0, [], [])
+        self._keys: frozenset = frozenset()
+        self._keys_changed_at = 0.0
 
-    def request(self, node_id: int, max_wait_ms: int, asked: list) -> object:
-        """The next poll for `asked` ((key, offset, aborted from) each)."""
+    def wait_ms(self, asked: list, short_ms: int, now: float) -> int:
+        """How long the next poll for `asked` may be held: `short_ms` while the partitions
+        followed changed in the last STEADY_AFTER_S, then up to STEADY_POLL_WAIT_MS."""
+        keys = frozenset(x[0] for x in asked)
+        if keys != self._keys:
+            self._keys, self._keys_changed_at = keys, now
+        if now - self._keys_changed_at < STEADY_AFTER_S:
+            return short_ms
+        return max(short_ms, STEADY_POLL_WAIT_MS)
+
+    def request(
+        self, node_id: int, max_wait_ms: int, asked: list, version: int = SNAPSHOT_VERSION
+    ) -> object:
+        """The next poll for `asked` ((key, offset, aborted from) each) at `version`."""
         if self.full:
             epoch, parts, forgotten = 0, list(asked), []
+            self.topics = []  # the main starts the session's table over too
         else:
             epoch = self.epoch + 1
             parts = [x for x in asked if self.have.get(x[0]) != (x[1], x[2])]
             keys = {x[0] for x in asked}
             forgotten = [key for key in self.have if key not in keys]
         self._pending = (epoch, parts, forgotten)
-        Q = GetPartitionSnapshotRequest[SNAPSHOT_VERSION]
+        if version >= 4:
+            poll = PollRequest(
+                node_id,
+                max_wait_ms,
+                self.session_id,
+                epoch,
+                not self.full,
+                [PollPartition(uuid.UUID(k[0]), k[1], at, af) for k, at, af in parts],
+                [PollForgotten(uuid.UUID(k[0]), k[1]) for k in forgotten],
+            )
+            return GetPartitionSnapshotRequest[version](packed=pack_poll(poll))
+        Q = GetPartitionSnapshotRequest[version]
         return Q(
             node_id=node_id,
             max_wait_ms=max_wait_ms,
@@ -526,6 +598,7 @@ class SnapshotReader:
     def _poll_loop(self, main_node_id: int) -> None:
         conn: BrokerConnection | None = None
         session = _PollSession()
+        versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
         try:
             while not self._stop.is_set():
                 image = self.image_fn()
@@ -544,21 +617,26 @@ class SnapshotReader:
                         lambda n, az=main.az: self.traffic.broker(az, n),
                     )
                     session = _PollSession()  # a new main address: a new session
-                req = session.request(self.node_id, self.poll_wait_ms, asked)
+                    versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
+                version = versions.version()
                 started = time.monotonic()
+                wait_ms = session.wait_ms(asked, self.poll_wait_ms, started)
+                req = session.request(self.node_id, wait_ms, asked, version)
                 try:
                     resp = conn.call(
                         req,
-                        self.poll_wait_ms / 1000 + RPC_EXTRA_TIMEOUT_S,
+                        wait_ms / 1000 + RPC_EXTRA_TIMEOUT_S,
                         SNAPSHOT_KEY,
-                        SNAPSHOT_VERSION,
+                        version,
                     )
-                    resp = answer_view(resp)
+                    resp = answer_view(resp, session.topics)
                 except (OSError, ConnectionError, ValueError) as exc:
                     log.debug("snapshot poll of node %d failed: %s", main_node_id, exc)
+                    versions.failed(version)
                     session.failed()
                     self._stop.wait(RETRY_S)
                     continue
+                versions.answered(version)
                 if resp.error_code:  # the main lost the session: the full list next
                     session.failed()
                     continue
@@ -621,7 +699,11 @@ class SnapshotReader:
                     self.cache.reset(key)
                 continue
             try:
-                links = unpack_links(snap.packed_links or b"") if packed_links else list(snap.links)
+                links = (
+                    unpack_links(snap.packed_links or b"", **_link_packing(resp.version, snap))
+                    if packed_links
+                    else list(snap.links)
+                )
             except ValueError as exc:
                 log.warning("bad packed links from a main: %s", exc)
                 links = []

@@ -227,6 +227,41 @@ def test_a_proxy_consumer_sees_records_long_before_the_mains_upload(tmp_path):
     print(f"proxy-served records: {len(proxied_lag)}, ack -> receive max {max(proxied_lag):.2f} s")
 
 
+def test_in_az_clients_mode_a_produce_without_an_az_skips_the_channel(tmp_path):
+    """`cluster up --zone-router-channel-mode az_clients` (issue #32): a producer without an
+    AZ is acknowledged by the main without a RouterChannel PUT (no new object under the
+    main's channel prefix), while one of the main's AZ still goes through the channel. (Its
+    own cluster, before the shared one starts.)"""
+    from tests.support.ledger import leaders
+
+    topic = "zone-az-clients"
+    mode = ("--zone-router-channel-mode", "az_clients")
+    with running_cluster(tmp_path / "cluster", "--upload-interval-s", "60", *mode) as status:
+        brokers = {b["node_id"]: b for b in status["brokers"]}
+        create_topic(status["bootstrap_servers"], topic, 1)
+        main = leaders(status["bootstrap_servers"], topic)[0]
+        prefix = f"router-channel/node-{main}/"
+        where = {"dir": tmp_path / "cluster"}
+
+        def channel_keys() -> set[str]:
+            return {k for k in _channel_data_keys(where) if k.startswith(prefix)}
+
+        def produce(client: dict, count: int) -> int:
+            p = Producer({"bootstrap.servers": status["bootstrap_servers"], **client})
+            acked = []
+            for i in range(count):
+                p.produce(topic, b"v%d" % i, partition=0, on_delivery=lambda e, m: acked.append(e))
+            assert p.flush(30) == 0
+            return sum(1 for e in acked if e is None)
+
+        before = channel_keys()
+        assert produce({"client.id": "no-az-producer"}, 20) == 20
+        assert channel_keys() - before == set()  # acked with no channel PUT
+        # the channel is in use for a client of the main's AZ (the check above is not idle)
+        assert produce(_client(brokers[main]["az"]), 20) == 20
+        assert channel_keys() - before
+
+
 def test_clients_stay_in_their_az_and_every_acked_record_is_consumed_once(cluster):
     create_topic(cluster["bootstrap"], TOPIC, PARTITIONS)
     all_ids = sorted(cluster["brokers"])

@@ -133,3 +133,46 @@ def test_topology_client_az_cidrs_reach_every_broker_file(tmp_path):
         }
     with pytest.raises(ValueError, match="invalid CIDR"):
         Topology.model_validate({**topo, "client_az_cidrs": {"az1": "10.0.0.0/99"}})
+
+
+def test_cluster_up_and_the_topology_set_the_zone_router_channel_mode(tmp_path):
+    """zone_router.channel_mode (issue #32) from `cluster up --zone-router-channel-mode` and
+    a topology's zone_router_channel_mode; the default stays "all"."""
+    from cli.cluster_up import ChannelMode, with_channel_mode
+    from cli.main import app
+
+    cluster = LocalCluster(tmp_path / "c")
+    overrides = with_channel_mode({}, ChannelMode.az_clients)
+    config = cluster.create(2, 1, ["az1", "az2"], None, None, 6000, broker_overrides=overrides)
+    for spec in config.brokers:
+        broker = broker_config(config, spec, tmp_path / "b", tmp_path / "tls", None)
+        assert broker.zone_router.channel_mode == "az_clients"
+    assert flag_differences(config, zone_router_channel_mode="az_clients") == []
+    assert flag_differences(config, zone_router_channel_mode="all") == [
+        "--zone-router-channel-mode all (the cluster has az_clients)"
+    ]
+    plain = LocalCluster(tmp_path / "d").create(2, 1, ["az1", "az2"], None, None, 6000)
+    default = broker_config(plain, plain.brokers[0], tmp_path / "b", tmp_path / "tls", None)
+    assert default.zone_router.channel_mode == "all"
+    # given twice (the flag and --broker-config): refused before anything starts
+    out = CliRunner().invoke(
+        app,
+        [
+            "cluster", "up", "--dir", str(tmp_path / "e"),
+            "--zone-router-channel-mode", "az_clients",
+            "--broker-config", "zone_router.channel_mode=all",
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 1 and "channel mode once" in out.output, out.output
+    assert not (tmp_path / "e" / "cluster.json").exists()
+    topo = {
+        "buckets": ["0@s3://main?region=us-east-1&endpoint=http://10.0.0.9:9000"],
+        "controllers": [{"id": 0, "host": "10.0.0.1", "raft_port": 9093, "api_port": 9094}],
+        "brokers": [{"id": 1, "host": "10.0.0.1", "az": "az1", "kafka_port": 9092}],
+        "zone_router_channel_mode": "az_clients",
+    }
+    init_topology(Topology.model_validate(topo), tmp_path / "t")
+    broker = json.loads((tmp_path / "t" / "10.0.0.1" / "broker-1.json").read_text())["broker"]
+    assert broker["zone_router"]["channel_mode"] == "az_clients"
+    with pytest.raises(ValueError):
+        Topology.model_validate({**topo, "zone_router_channel_mode": "sometimes"})

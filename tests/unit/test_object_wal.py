@@ -484,3 +484,73 @@ def test_fenced_while_the_writer_lingers_the_writer_exits_cleanly(objects, monke
         assert not [r for r in caplog.records if "crashed" in r.getMessage()], caplog.text
     finally:
         wal.close()
+
+
+def test_a_reader_lists_only_the_keys_after_the_newest_data_object_it_knows(objects, monkeypatch):
+    """Issue #32: a main (or proxy) reading a RouterChannel must not LIST the whole prefix
+    for each new channel object: later listings send StartAfter (the newest data key
+    known) and get back only the new data objects (plus the owner, seals, trim points)."""
+    from botocore.client import BaseClient
+
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader
+
+    listings: list[tuple[dict, list[str]]] = []
+    real_call = BaseClient._make_api_call
+
+    def spy(self, operation, params):
+        result = real_call(self, operation, params)
+        if operation == "ListObjectsV2":
+            listings.append((dict(params), [c["Key"] for c in result.get("Contents", [])]))
+        return result
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", spy)
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"))
+    try:
+        first = [wal.append(b"first-%d" % i).result(10) for i in range(3)]
+        assert reader.read(first[0].offset).data == b"first-0"
+        old_data = set(wal_keys(objects, "data"))
+        listings.clear()
+        later = [wal.append(b"later-%d" % i).result(10) for i in range(2)]
+        assert reader.read(later[1].offset).data == b"later-1"
+        assert reader.read(first[2].offset).data == b"first-2"  # still known: no listing
+        assert len(listings) == 1
+        params, keys = listings[0]
+        assert params["StartAfter"] == max(old_data)  # the chain's last object
+        listed_data = {k for k in keys if "/data/" in k}
+        assert listed_data == set(wal_keys(objects, "data")) - old_data
+        assert listed_data and all(k > max(old_data) for k in keys)
+        # after a trim the reader forgets the trimmed objects and keeps reading on
+        wal.trim(later[0].offset)
+        more = wal.append(b"more").result(10)
+        assert reader.read(more.offset).data == b"more"
+        assert reader.read(later[0].offset).data == b"later-0"
+        assert "StartAfter" in listings[-1][0]
+    finally:
+        wal.close()
+
+
+def test_a_reader_finds_an_object_that_became_visible_after_a_later_one(objects):
+    """PUTs run in parallel: a reader may list a later object before an earlier one is
+    visible. The next listing starts after the chain's last object (not the newest key
+    seen), so the earlier one is found once it is there (issue #32, StartAfter listing)."""
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader
+
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"))
+    try:
+        acked = [wal.append(b"record-%d" % i).result(10) for i in range(3)]
+        keys = sorted(wal_keys(objects, "data"))
+        assert len(keys) == 3  # one object per append (no linger)
+        middle = objects.get_object(1, keys[1])
+        objects.delete_objects(1, [keys[1]])  # not visible yet: the third is
+        assert reader.read(acked[0].offset).data == b"record-0"
+        objects.put_object(1, keys[1], middle)  # its PUT lands
+        assert reader.read(acked[1].offset).data == b"record-1"
+        assert reader.read(acked[2].offset).data == b"record-2"
+    finally:
+        wal.close()

@@ -22,6 +22,7 @@ from dataplane.zonerouter.route_codec import (
     pack_entries,
     unpack_answers,
     unpack_entries,
+    unpack_request,
 )
 
 
@@ -36,11 +37,13 @@ class _Main:
         self.closed = False
 
     def call(self, req, timeout_s, api_key, version):
-        assert version == ZONE_ROUTE_VERSION == 2
-        req.entries = unpack_entries(req.packed_entries)
+        assert version == ZONE_ROUTE_VERSION == 3
+        epoch, source, timeout_ms, entries = unpack_request(req.packed_entries)
+        req.route_epoch, req.source_node_id, req.timeout_ms = epoch, source, timeout_ms
+        req.entries = entries
         self.requests.append(req)
         time.sleep(self.delay_s)
-        R = ZoneRouteResponse[2]
+        R = ZoneRouteResponse[3]
         if self.refuse:
             return R(error_code=self.refuse, error_message="fenced", packed_answers=b"")
         answers = [(0, None, offset, partition, offset + 1) for _, partition, offset in req.entries]
@@ -69,10 +72,12 @@ def test_routes_queued_while_one_is_in_flight_go_in_one_request():
         assert sent.route_epoch == 5 and sent.source_node_id == 7
         assert [(str(t), p) for t, p, _ in sent.entries] == [(topic, p) for p in range(20)]
         # the batched request encodes as one frame with every route in it, compactly
-        frame = encode_request(sent, 1, client_id="~b", version=2)
+        frame = encode_request(sent, 1, client_id="~b", version=3)
         body = decode_request(frame[4:]).body
-        assert [e[2] for e in unpack_entries(body.packed_entries)] == [200 + p for p in range(20)]
-        assert len(frame) < 40 + 16 + 20 * 4  # v1: ~80 bytes + 28 a route
+        _, _, _, entries = unpack_request(body.packed_entries)
+        assert [e[2] for e in entries] == [200 + p for p in range(20)]
+        # v1: ~80 bytes + 28 a route; v2: the epoch, source and timeout fixed-width (16)
+        assert len(frame) < 30 + 16 + 20 * 4
     finally:
         batcher.close()
     assert main.closed
@@ -205,3 +210,40 @@ def test_packed_routes_and_answers_round_trip_and_bad_input_is_refused():
             unpack_entries(bad)
     with pytest.raises(ValueError):
         unpack_answers(b"\x02\x7f")  # an error whose message runs past the end
+
+
+def test_version_3_packs_the_requests_own_fields_and_falls_back_for_an_old_main():
+    """ZoneRouteRequest v3 (issue #32): route epoch, source node and timeout as varints at
+    the head of the packed entries; bad input is refused; a main not upgraded yet (it
+    closes the connection on v3) is sent v2 by the batcher."""
+    from dataplane.zonerouter.route_codec import pack_request
+
+    t1 = uuid.uuid4()
+    entries = [(t1, 0, 5), (t1, 1, 9)]
+    packed = pack_request(12, 7, 30_000, entries)
+    assert unpack_request(packed) == (12, 7, 30_000, entries)
+    assert len(packed) <= len(pack_entries(entries)) + 6  # v2: 16 bytes of fixed fields
+    with pytest.raises(ValueError):
+        unpack_request(pack_request(12, 7, -1, entries))  # a negative timeout
+    with pytest.raises(ValueError):
+        unpack_request(packed[:2])  # truncated
+
+    class _OldMain(_Main):
+        def call(self, req, timeout_s, api_key, version):
+            if version >= 3:
+                raise ConnectionError("connection closed by the broker")
+            self.requests.append((version, req))
+            R = ZoneRouteResponse[version]
+            answers = [(0, None, o, p, o + 1) for _, p, o in unpack_entries(req.packed_entries)]
+            return R(error_code=0, error_message=None, packed_answers=pack_answers(answers))
+
+    old = _OldMain()
+    batcher = _batcher(old)
+    try:
+        with pytest.raises(ConnectionError):  # the client retries this one
+            batcher.route(batcher.ticket(), 5, str(t1), 0, 1, 1000).result(5)
+        assert batcher.route(batcher.ticket(), 5, str(t1), 0, 2, 1000).result(5)[2] == 2
+        ((version, req),) = old.requests
+        assert version == 2 and (req.route_epoch, req.source_node_id) == (5, 7)
+    finally:
+        batcher.close()

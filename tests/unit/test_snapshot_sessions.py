@@ -29,7 +29,7 @@ from dataplane.zonerouter.snapshot import (
     pack_links,
     unpack_links,
 )
-from dataplane.zonerouter.snapshot_codec import answer_view
+from dataplane.zonerouter.snapshot_codec import answer_view, unpack_poll
 from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
 
 
@@ -47,6 +47,12 @@ def test_packed_links_round_trip_and_are_small():
         unpack_links(packed[:-1])  # truncated
     with pytest.raises(ValueError):
         unpack_links(packed, max_links=3)
+    # version 4: the first base offset from the answer's high watermark, no timestamps
+    compact = pack_links(links[:1], start_offset=103, timestamps=False)
+    assert unpack_links(compact, start_offset=103, timestamps=False) == [
+        LinkPlace(100, 3, 2, 5_000_000, 0, 600, 0)
+    ]
+    assert len(compact) <= len(pack_links(links[:1])) - 7  # ~6 bytes of timestamp, ~1 offset
 
 
 def test_sessions_apply_full_and_incremental_lists_and_refuse_gaps():
@@ -93,17 +99,22 @@ class _Log:
         self.listeners.remove(cb)
 
 
-def _roundtrip(server: SnapshotServer, req):
-    """`req` encoded, decoded and answered at SNAPSHOT_VERSION; the answer encoded and
-    decoded too (what crosses the wire) and its size in bytes."""
-    frame = encode_request(req, 1, client_id=CLIENT_ID, version=SNAPSHOT_VERSION)
+def _roundtrip(server: SnapshotServer, req, session=None, version: int = SNAPSHOT_VERSION):
+    """`req` encoded, decoded and answered at `version`; the answer encoded and decoded
+    too (what crosses the wire, version 4 with `session`'s topic table) and its size."""
+    frame = encode_request(req, 1, client_id=CLIENT_ID, version=version)
     decoded = decode_request(frame[4:])
-    ctx = SimpleNamespace(api_version=SNAPSHOT_VERSION)
+    ctx = SimpleNamespace(api_version=version)
     resp = asyncio.run(server.get_partition_snapshot(decoded.body, ctx))
     out = encode_response(decoded, resp)
     out = out if isinstance(out, bytes) else b"".join(bytes(x) for x in out)
-    _, back = decode_response(out[4:], SNAPSHOT_KEY, SNAPSHOT_VERSION)
-    return answer_view(back), len(frame) + len(out)
+    _, back = decode_response(out[4:], SNAPSHOT_KEY, version)
+    return answer_view(back, session.topics if session else None), len(frame) + len(out)
+
+
+def _poll(req):
+    """A poll's fields (version 4: unpacked)."""
+    return unpack_poll(bytes(req.packed)) if getattr(req, "version", 0) >= 4 else req
 
 
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
@@ -120,7 +131,7 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     # the full list: every partition answered once, at once (its last stable offset: a
     # read_committed fetch at the proxy waits for it), the links packed
     started = time.monotonic()
-    resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
+    resp, _ = _roundtrip(server, session.request(2, 5_000, asked), session)
     assert time.monotonic() - started < 1.0
     assert resp.error_code == 0
     assert len(resp.partitions) == len(topics)
@@ -129,7 +140,8 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     assert all(not s.packed_links for s in resp.partitions[1:])
     assert (snap.high_watermark, snap.leader_epoch) == (10, 3)
     assert [
-        (p.base_offset, p.record_count, p.channel_offset) for p in unpack_links(snap.packed_links)
+        (p.base_offset, p.record_count, p.channel_offset)
+        for p in unpack_links(snap.packed_links, start_offset=10, timestamps=False)
     ] == [
         (0, 5, 1000),
         (5, 5, 1005),
@@ -141,16 +153,17 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     # the round trip is a few dozen bytes however many partitions the session follows
     asked[0] = ((str(topics[0]), 0), 10, -1)
     req = session.request(2, 50, asked)
-    assert req.incremental and not req.partitions and not req.forgotten
+    poll = _poll(req)
+    assert poll.incremental and not poll.partitions and not poll.forgotten
     started = time.monotonic()
-    resp, size = _roundtrip(server, req)
+    resp, size = _roundtrip(server, req, session)
     assert time.monotonic() - started >= 0.04
     assert resp.error_code == 0 and not resp.partitions
-    assert size < 100, size
+    assert size < 70, size  # version 4: the poll packed (version 3: < 100)
     session.sent(asked)
     # new data on another partition: answered at once, from the session's offset
     logs[str(topics[5])].high_watermark = logs[str(topics[5])].last_stable_offset = 4
-    resp, _ = _roundtrip(server, session.request(2, 5_000, asked))
+    resp, _ = _roundtrip(server, session.request(2, 5_000, asked), session)
     assert [(str(s.topic_id), s.high_watermark) for s in resp.partitions] == [(str(topics[5]), 4)]
     session.sent(asked)
     session.answered((str(topics[5]), 0), 4, [])
@@ -158,8 +171,9 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     # a partition forgotten, one led elsewhere now: answered once with an error, then dropped
     del logs[str(topics[7])]
     req = session.request(2, 50, asked[:-1])
-    assert [(str(f.topic_id), f.partition) for f in req.forgotten] == [(str(topics[-1]), 0)]
-    resp, _ = _roundtrip(server, req)
+    forgotten = _poll(req).forgotten
+    assert [(str(f.topic_id), f.partition) for f in forgotten] == [(str(topics[-1]), 0)]
+    resp, _ = _roundtrip(server, req, session)
     assert [(str(s.topic_id), s.error_code) for s in resp.partitions] == [
         (str(topics[7]), KafkaError.NOT_LEADER_OR_FOLLOWER)
     ]
@@ -167,12 +181,12 @@ def test_a_session_poll_answers_only_news_and_idles_cheaply():
     session.forget((str(topics[7]), 0))
     # the main lost the session (restart): refused, then the full list again
     server.sessions = SnapshotSessions()
-    resp, _ = _roundtrip(server, session.request(2, 50, asked))
+    resp, _ = _roundtrip(server, session.request(2, 50, asked), session)
     assert resp.error_code == KafkaError.FETCH_SESSION_ID_NOT_FOUND
     session.failed()
     req = session.request(2, 50, asked)
-    assert not req.incremental and len(req.partitions) == len(asked)
-    resp, _ = _roundtrip(server, req)
+    assert not _poll(req).incremental and len(_poll(req).partitions) == len(asked)
+    resp, _ = _roundtrip(server, req, session)
     assert resp.error_code == 0
 
 
@@ -226,3 +240,48 @@ def test_a_packed_answer_round_trips_and_bad_packing_is_refused():
     for bad in (packed[:-1], b"\x04" + bytes(16), b"\x00\x02"):
         with pytest.raises(ValueError):
             unpack_snapshots(bad)
+
+
+def test_version_4_names_each_topic_once_per_session_and_version_3_still_works():
+    """Issue #32: a v4 answer sends a topic id only the first time the session names it
+    (the proxy mirrors the main's table; a table out of step is refused and the session
+    starts over); a proxy not upgraded yet (version 3) is answered as before."""
+    topic = uuid.uuid4()
+    log = _Log(0, hw=3)
+    server = SnapshotServer(SimpleNamespace(get=lambda t, p: log), LinkIndex())  # type: ignore[arg-type]
+    session = _PollSession()
+    asked = [((str(topic), 0), 0, -1)]
+    resp, first_size = _roundtrip(server, session.request(2, 0, asked), session)
+    assert [s.high_watermark for s in resp.partitions] == [3] and session.topics == [topic]
+    session.sent(asked)
+    session.answered((str(topic), 0), 3, [])
+    log.high_watermark = log.last_stable_offset = 7
+    resp, size = _roundtrip(server, session.request(2, 0, asked), session)
+    assert [s.high_watermark for s in resp.partitions] == [7] and session.topics == [topic]
+    assert size <= first_size - 16, (size, first_size)  # no topic id the second time
+    session.sent(asked)
+    session.answered((str(topic), 0), 7, [])
+    # a proxy whose table lost step refuses the answer (the poller starts over)
+    log.high_watermark = log.last_stable_offset = 9
+    session.topics.append(uuid.uuid4())
+    with pytest.raises(ValueError, match="topics"):
+        _roundtrip(server, session.request(2, 0, asked), session)
+    # version 3 (a proxy not upgraded): the same session flow, answered as before
+    old = _PollSession()
+    resp, _ = _roundtrip(server, old.request(2, 0, asked, 3), version=3)
+    assert resp.version == 3 and [s.high_watermark for s in resp.partitions] == [9]
+
+
+def test_a_caller_falls_back_to_the_older_version_for_a_peer_not_upgraded():
+    from dataplane.zonerouter.protocol import VersionProbe
+
+    now = [0.0]
+    probe = VersionProbe(4, 3, retry_s=60, clock=lambda: now[0])
+    assert probe.version() == 4
+    probe.failed(4)  # an old peer closes the connection on version 4
+    assert probe.version() == 3
+    now[0] = 61.0
+    assert probe.version() == 4  # tried again later (the peer may be upgraded by now)
+    probe.answered(4)
+    probe.failed(4)  # once the peer answered version 4, a failure is just a failure
+    assert probe.version() == 4

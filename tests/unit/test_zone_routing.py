@@ -305,3 +305,39 @@ def test_a_main_connection_counts_the_bytes_of_each_request_and_answer():
         thread.join(5)
         listener.close()
     assert counted == on_wire and counted[0] > 0
+
+
+def test_the_channel_mode_chooses_which_produce_at_a_main_goes_through_its_channel():
+    """zone_router.channel_mode (issue #32): "all" (the default) routes every client's
+    produce at a main through its own RouterChannel; "az_clients" only a client whose AZ is
+    declared or detected, a client without one goes straight to the partition (the WAL)."""
+    import pytest
+
+    from dataplane.zonerouter.routing import CHANNEL_ALL, CHANNEL_AZ_CLIENTS
+
+    image = _image()
+    topic = image.topic_by_name("t")
+    tid = topic.topic_id
+    led = [p.partition for p in topic.partitions.values() if p.leader_node_id == 2]
+    assert led
+
+    def routing(mode: str | None) -> ZoneRouting:
+        extra = {} if mode is None else {"channel_mode": mode}
+        return ZoneRouting(
+            2,
+            lambda: image,
+            _Resolver(),
+            lambda topic_id, partition: ("proxy", topic_id, partition),
+            traffic=None,
+            own_channel=lambda topic_id, plog: ("own-channel", plog),
+            **extra,
+        )
+
+    for mode in (None, CHANNEL_ALL):  # the default is "all"
+        for az in (None, "az2"):
+            assert [routing(mode).get(tid, p, az)[0] for p in led] == ["own-channel"] * len(led)
+    az_clients = routing(CHANNEL_AZ_CLIENTS)
+    assert [az_clients.get(tid, p, "az2")[0] for p in led] == ["own-channel"] * len(led)
+    assert [az_clients.get(tid, p, None) for p in led] == [("local", tid, p) for p in led]
+    with pytest.raises(ValueError, match="channel mode"):
+        routing("sometimes")

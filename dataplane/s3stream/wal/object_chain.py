@@ -109,13 +109,17 @@ def read_owner(objects: ObjectStorage, where: ObjectWALLocation) -> Owner | None
 
 
 def list_wal_objects(
-    objects: ObjectStorage, where: ObjectWALLocation
+    objects: ObjectStorage, where: ObjectWALLocation, start_after: str = ""
 ) -> tuple[list[DataKey], list[tuple[SealKey, str]], list[int]]:
-    """The WAL's data objects, seals (with their keys) and trim points, as listed now."""
+    """The WAL's data objects, seals (with their keys) and trim points, as listed now;
+    with `start_after` (a data key) only the keys after it: the data objects written since
+    (keys sort by writer, then offset) and every seal, trim point and the owner (they sort
+    after every data key)."""
     datas: list[DataKey] = []
     seals: list[tuple[SealKey, str]] = []
     trims: list[int] = []
-    for n, key in enumerate(objects.iter_keys(where.bucket_id, where.prefix + "/")):
+    listed = objects.iter_keys(where.bucket_id, where.prefix + "/", start_after=start_after)
+    for n, key in enumerate(listed):
         if n >= MAX_LISTED_KEYS:
             raise WALError(f"WAL prefix {where.prefix!r} holds over {MAX_LISTED_KEYS} objects")
         if (d := parse_data_key(where.prefix, key)) is not None:

@@ -144,9 +144,11 @@ class ObjectWALReader:
     RouterChannel's `get(channel offset)` (seed 000), where a main reads what a proxy appended.
 
     Only offsets the writer acknowledged should be asked for (they were handed over after the
-    ack). The listing is cached and re-read when an offset lies past it; decoded objects are
-    kept in a small LRU. Thread-safe (one lock around the caches; reads of the store run
-    outside it).
+    ack). The listing is cached and read on when an offset lies past it: only the keys after
+    the chain's last data object (S3 StartAfter; data keys sort by writer, then offset),
+    which are the data objects written since (and any past a gap, again) plus the few
+    seals, trim points and the owner; data objects below the trim point are forgotten. Decoded objects are kept in a small LRU.
+    Thread-safe (one lock around the caches; reads of the store run outside it).
     """
 
     def __init__(
@@ -159,6 +161,8 @@ class ObjectWALReader:
         self._max_cached = cached_objects
         self._lock = threading.Lock()
         self._chain: Chain | None = None
+        self._datas: dict[DataKey, None] = {}  # every data object listed, not yet trimmed
+        self._listed_after = ""  # the chain's last data key: the next listing starts after it
         self._decoded: dict[DataKey, dict[int, bytes]] = {}  # insertion order = LRU order
 
     def read(self, offset: int) -> RecoveredRecord:
@@ -185,11 +189,9 @@ class ObjectWALReader:
 
     def _object_at(self, offset: int, refresh: bool) -> DataKey | None:
         if refresh or self._chain is None:
-            datas, seals, trims = list_wal_objects(self._objects, self._where)
-            chain = resolve_chain(datas, [s for s, _ in seals], trims)
-            with self._lock:
-                self._chain = chain
+            self._list_on()
         chain = self._chain
+        assert chain is not None
         if offset < chain.trim_offset:
             return None
         starts = [d.start_offset for d in chain.objects]
@@ -197,6 +199,28 @@ class ObjectWALReader:
         if i >= 0 and chain.objects[i].start_offset <= offset < chain.objects[i].end_offset:
             return chain.objects[i]
         return None
+
+    def _list_on(self) -> None:
+        """List the keys after the newest data key known and resolve the chain again."""
+        with self._lock:
+            after = self._listed_after
+        new, seals, trims = list_wal_objects(self._objects, self._where, start_after=after)
+        trim = max(trims, default=0)
+        with self._lock:
+            for d in new:
+                self._datas[d] = None
+            for d in [d for d in self._datas if d.end_offset <= trim]:
+                del self._datas[d]  # wholly trimmed (deleted, or about to be)
+            chain = self._chain = resolve_chain(list(self._datas), [s for s, _ in seals], trims)
+            # on from the chain's last object, not the newest key seen: PUTs run in parallel,
+            # so an object past a gap (a later one visible first) is listed again until the
+            # gap fills (the missing one sorts after the chain's end)
+            last = chain.objects[-1] if chain.objects else None
+            self._listed_after = (
+                data_key(self._where.prefix, last.writer, last.start_offset, last.end_offset)
+                if last is not None
+                else ""
+            )
 
     def _records(self, key: DataKey) -> dict[int, bytes]:
         with self._lock:
