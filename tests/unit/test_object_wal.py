@@ -122,8 +122,12 @@ def test_trim_deletes_objects_wholly_below_the_trim_point(objects):
 
 
 def test_trim_inside_a_batch_keeps_the_object_and_recovers_from_the_trim_point(objects):
-    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
-    futures = [wal.append(b"x%d" % i) for i in range(5)]  # lingering: one object
+    # the writer lingers up to 1 s for more appends: the five land in one object even when
+    # a loaded machine stalls this thread between appends for longer than the 2 ms default
+    # (seen once: two objects)
+    lingering = ObjectWALConfig(linger_s=1.0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=lingering)
+    futures = [wal.append(b"x%d" % i) for i in range(5)]
     results = [f.result(10) for f in futures]
     assert len(wal_keys(objects, "data")) == 1
     list(wal.recover())  # learns the record boundaries of the recovered objects
