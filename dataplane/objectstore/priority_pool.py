@@ -12,11 +12,7 @@ catch-up reads before compaction). Here:
 * at most `max_workers - reserved_workers` workers run lower-priority work at once, so
   `reserved_workers` workers are always free for `PRODUCE` work (an upload never waits for a
   catch-up GET to finish or for its tokens);
-* workers start lazily, up to `max_workers`, and live until `shutdown`;
-* a request wakes one waiting worker, and a worker that takes a request wakes one more only
-  while runnable requests remain (a `notify_all` per request and per completion woke every
-  idle worker: ~40 threads each taking the GIL to find nothing to do, two thirds of the
-  futex calls of a catch-up read).
+* workers start lazily, up to `max_workers`, and live until `shutdown`.
 
 Thread-safety: `submit` and `shutdown` may be called from any thread.
 """
@@ -61,7 +57,7 @@ class PriorityThreadPool:
         self._queue: list[tuple[int, int, Future, Callable[..., Any], tuple]] = []
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
-        self._waiting = 0  # workers waiting on _cond that no notify has woken yet
+        self._idle = 0
         self._running_low = 0  # workers running work below PRODUCE
         self._shutdown = False
 
@@ -82,18 +78,10 @@ class PriorityThreadPool:
             if self._shutdown:
                 raise RuntimeError("cannot submit after shutdown")
             heapq.heappush(self._queue, (int(priority), next(self._seq), future, fn, args))
-            if self._runnable():
-                self._wake_one()
+            if self._idle == 0 and len(self._threads) < self._max_workers:
+                self._start_worker()
+            self._cond.notify_all()
         return future
-
-    def _wake_one(self) -> None:
-        """A runnable request is queued: wake one waiting worker, or start one (called with
-        the lock held). With every worker busy it waits for the first that finishes."""
-        if self._waiting > 0:
-            self._waiting -= 1
-            self._cond.notify(1)
-        elif len(self._threads) < self._max_workers:
-            self._start_worker()
 
     def queued_count(self) -> int:
         """Requests waiting for a worker now."""
@@ -105,7 +93,6 @@ class PriorityThreadPool:
         worker is done (idempotent)."""
         with self._cond:
             self._shutdown = True
-            self._waiting = 0
             self._cond.notify_all()
             threads = list(self._threads)
         if wait:
@@ -131,17 +118,17 @@ class PriorityThreadPool:
     def _work(self) -> None:
         while True:
             with self._cond:
+                self._idle += 1
                 while not self._runnable():
                     if self._shutdown and not self._queue:
+                        self._idle -= 1
                         return
-                    self._waiting += 1
                     self._cond.wait()
+                self._idle -= 1
                 priority, _, future, fn, args = heapq.heappop(self._queue)
                 low = priority > Priority.PRODUCE
                 if low:
                     self._running_low += 1
-                if self._runnable():  # more to start: pass the wake-up on
-                    self._wake_one()
             try:
                 if future.set_running_or_notify_cancel():
                     try:
@@ -151,8 +138,7 @@ class PriorityThreadPool:
                     else:
                         future.set_result(result)
             finally:
-                # this worker takes the next request itself (the loop's top); a PRODUCE
-                # request waiting behind the low-priority cap needs no other worker
-                if low:
-                    with self._cond:
+                with self._cond:
+                    if low:
                         self._running_low -= 1
+                    self._cond.notify_all()

@@ -51,9 +51,8 @@ __all__ = ["RangedGetClient"]
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers of one answer
 MAX_ERROR_BODY_BYTES = 1024 * 1024  # an error answer's XML is read at most this far
 RECV_HEAD_BYTES = 16 * 1024
-DEFAULT_POOL_BYTES = 512 * 1024 * 1024  # GET body buffers kept for use again, in use or not
+DEFAULT_POOL_BYTES = 256 * 1024 * 1024  # GET body buffers kept for use again, in use or not
 MAX_POOL_BUFFERS = 256  # ... and at most this many (each take looks through them)
-CLASS_MIN_BYTES = 1024 * 1024  # bodies from this size on get power-of-two buffers
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _CODE_RE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _MESSAGE_RE = re.compile(rb"<Message>([^<]{0,512})</Message>")
@@ -61,18 +60,12 @@ _MESSAGE_RE = re.compile(rb"<Message>([^<]{0,512})</Message>")
 
 class BodyBufferPool:
     """GET body buffers used again once nothing holds them: a fresh buffer of a few MiB
-    costs its zeroing and, while the heap grows, a page fault per 4 KiB (together 0.3-0.4 s
-    of CPU per GB read on this machine). The pool keeps the buffers it handed out (at most
-    `max_bytes` of them, `MAX_POOL_BUFFERS` at most); one is free again when the pool holds
-    the only reference to it (the views of a body, e.g. record payloads in a Fetch answer
-    still being written, each keep it alive through their buffer export).
-
-    A body of `CLASS_MIN_BYTES` or more gets a buffer of the next power of two, and any free
-    buffer of that size serves it: catch-up GETs are 1-8 MiB pieces of varying size, and
-    with buffers of their exact sizes most free buffers were a little too small or more
-    than twice too large for the next body, so a cold catch-up read allocated two thirds of
-    its bytes fresh. A smaller body takes a free buffer of up to twice its size. Past the
-    bounds the pool forgets free buffers first, then the oldest. Thread-safe."""
+    costs its zeroing and, while the heap grows, a page fault per 4 KiB (together ~0.1 s of
+    CPU per GB read). The pool keeps the buffers it handed out (at most `max_bytes` of
+    them, `MAX_POOL_BUFFERS` at most); one is free again when the pool holds the only
+    reference to it (the views of a body, e.g. record payloads in a Fetch answer still
+    being written, each keep it alive through their buffer export). A free buffer serves a
+    body of up to its size that is at least half its size. Thread-safe."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -82,38 +75,22 @@ class BodyBufferPool:
 
     def take(self, size: int) -> bytearray:
         """A buffer of at least `size` bytes whose contents nobody reads any more."""
-        wanted = buffer_size_for(size)
         with self._lock:
             for i in range(len(self._buffers)):
-                if wanted <= len(self._buffers[i]) < 2 * wanted + 1 and _only_listed(
-                    self._buffers, i
-                ):
+                if size <= len(self._buffers[i]) < 2 * size + 1 and _only_listed(self._buffers, i):
                     # the oldest free one; moved to the end: the list is in order of use
                     buf = self._buffers.pop(i)
                     self._buffers.append(buf)
                     return buf
-            buf = bytearray(wanted)
+            buf = bytearray(size)
             self._buffers.append(buf)
-            self._held_bytes += wanted
-            self._shrink()
+            self._held_bytes += size
+            # over the bounds: forget the oldest (one still in use is freed with its last view)
+            while len(self._buffers) > 1 and (
+                self._held_bytes > self.max_bytes or len(self._buffers) > MAX_POOL_BUFFERS
+            ):
+                self._held_bytes -= len(self._buffers.pop(0))
             return buf
-
-    def _shrink(self) -> None:
-        """Forget buffers past the bounds (lock held): free ones first, oldest first, then
-        the oldest in use (freed with its last view); never the newest."""
-        while len(self._buffers) > 1 and (
-            self._held_bytes > self.max_bytes or len(self._buffers) > MAX_POOL_BUFFERS
-        ):
-            free = [i for i in range(len(self._buffers) - 1) if _only_listed(self._buffers, i)]
-            self._held_bytes -= len(self._buffers.pop(free[0] if free else 0))
-
-
-def buffer_size_for(size: int) -> int:
-    """The buffer length a body of `size` bytes gets: the next power of two from
-    `CLASS_MIN_BYTES` on, else its own size (pure)."""
-    if size < CLASS_MIN_BYTES:
-        return size
-    return 1 << (size - 1).bit_length()
 
 
 def _only_listed(buffers: list[bytearray], i: int) -> bool:

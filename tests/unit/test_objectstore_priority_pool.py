@@ -80,19 +80,3 @@ def test_reserved_workers_default_and_bounds():
         PriorityThreadPool(2, reserved_workers=2)
     with pytest.raises(ValueError):
         PriorityThreadPool(0)
-
-
-def test_every_worker_is_woken_when_requests_arrive_together():
-    """A request wakes one waiting worker (not all of them): requests submitted together,
-    with the workers idle or still starting, all run at once - no wake-up is lost."""
-    pool = PriorityThreadPool(8, reserved_workers=2)
-    for _ in range(3):  # the first round starts the workers, the later ones find them waiting
-        everyone = threading.Barrier(6)  # the low-priority cap: 8 - 2
-        futures = [pool.submit(Priority.CATCH_UP, everyone.wait, WAIT_S) for _ in range(6)]
-        for f in futures:
-            f.result(timeout=WAIT_S)  # BrokenBarrierError if one never started
-        uploads = threading.Barrier(8)
-        futures = [pool.submit(Priority.PRODUCE, uploads.wait, WAIT_S) for _ in range(8)]
-        for f in futures:
-            f.result(timeout=WAIT_S)
-    pool.shutdown()

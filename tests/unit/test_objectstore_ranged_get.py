@@ -319,31 +319,6 @@ def test_body_buffers_are_used_again_only_once_no_view_holds_them():
     assert len(held) == 5
 
 
-def test_body_buffers_of_a_size_class_serve_each_other():
-    """Catch-up GETs of 1 MiB or more (pieces of varying size) get power-of-two buffers, so
-    a free buffer serves the next body of its class whatever its exact size."""
-    mib = 1 << 20
-    pool = BodyBufferPool(max_bytes=64 * mib)
-    first = pool.take(int(4.8 * mib))
-    assert len(first) == 8 * mib
-    first_id = id(first)
-    del first
-    second = pool.take(int(7.9 * mib))  # larger than the first body: same buffer
-    assert id(second) == first_id
-    third = pool.take(int(4.1 * mib))  # the other is in use: a new one
-    assert id(third) != first_id and len(third) == 8 * mib
-    assert len(pool.take(int(1.5 * mib))) == 2 * mib  # its own class, not an 8 MiB one
-
-
-def test_body_buffer_pool_forgets_free_buffers_before_those_in_use():
-    mib = 1 << 20
-    pool = BodyBufferPool(max_bytes=8 * mib)
-    in_use = pool.take(4 * mib)
-    pool.take(2 * mib)  # dropped at once: free
-    newest = pool.take(4 * mib)  # over the bound: the free 2 MiB one goes, not `in_use`
-    assert [id(b) for b in pool._buffers] == [id(in_use), id(newest)]
-
-
 def test_reused_body_buffers_carry_only_their_own_body(registry):
     """Bodies read into reused buffers are exactly the ranges asked for, also a shorter one
     in a longer buffer."""
