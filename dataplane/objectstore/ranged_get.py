@@ -13,8 +13,10 @@ zeroing and first-touch page faults of a fresh buffer per GET).
 It serves only what it can do exactly like botocore: plain `http://` endpoints (a local or
 private store: SeaweedFS, MinIO) with static credentials in the bucket URI or its
 environment variables; `usable` says so, and `ObjectStorage` sends everything else through
-botocore. Failures are raised as the botocore exceptions `retry.classify` maps (ClientError
-with the S3 error code from the XML body, ConnectTimeoutError, ReadTimeoutError,
+botocore. `ObjectStorage` sends its ranged reads here (`get_range_async`'s views, and
+`get_range`'s bytes copied out of the view), not its PUTs, lists or whole-object GETs.
+Failures are raised as the botocore exceptions `retry.classify` maps (ClientError with the
+S3 error code from the XML body, ConnectTimeoutError, ReadTimeoutError,
 EndpointConnectionError, IncompleteReadError), so retries, metrics and error types are the
 same on both paths. A kept-alive connection the server closed meanwhile is reopened once at
 once (nothing of the answer was read), as urllib3 does.

@@ -368,10 +368,16 @@ class ObjectStorage:
         """Bytes [start, end_exclusive) of the object, read in the calling thread.
 
         Returns exactly `end_exclusive - start` bytes; InvalidRangeError if the object is
-        shorter, ObjectNotFoundError if it does not exist.
+        shorter, ObjectNotFoundError if it does not exist. Sent without botocore where
+        `ranged_get.py` serves the bucket (a catch-up's object index reads: ~2.5 ms of CPU
+        each through botocore, ~0.1 s per GB of a catch-up over objects of 10-40 MiB),
+        the body copied out of its pooled buffer.
         """
         self._check_open()
-        return self._get_range(bucket_id, self._key(bucket_id, key), start, end_exclusive, priority)
+        data = self._get_range(
+            bucket_id, self._key(bucket_id, key), start, end_exclusive, priority, as_view=True
+        )
+        return data if isinstance(data, bytes) else data.tobytes()
 
     def _get_range(
         self,

@@ -161,6 +161,23 @@ def test_gets_go_over_one_kept_alive_connection_into_read_only_buffers(registry)
         store.close()
 
 
+def test_sync_range_reads_go_lean_too_and_return_bytes(registry):
+    """`get_range` (a catch-up's object index reads) takes the same lean GET, and returns
+    bytes of its own: the pooled buffer is free again at once."""
+    store = FakeStore(lambda n, path, headers: (ranged(headers), False))
+    try:
+        with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
+            got = objects.get_range(0, "data/k", 100, 9000)
+            again = objects.get_range(0, "data/k", 0, 16384)
+        assert isinstance(got, bytes) and got == OBJECT[100:9000]
+        assert again == OBJECT
+        assert store.connections == 1
+        assert "botocore" not in store.requests[0][1].get("user-agent", "").lower()
+        assert count(registry, "ok") == 2
+    finally:
+        store.close()
+
+
 def test_a_store_ignoring_the_range_is_cut_to_it(registry):
     store = FakeStore(lambda n, path, headers: (answer(200, OBJECT), False))
     try:
