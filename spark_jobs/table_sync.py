@@ -55,6 +55,9 @@ from spark_jobs.topic_source import stable
 from spark_jobs.topic_source.plan import committed_end
 
 FAULT_ENV = "AUTOMQ_TABLE_SYNC_FAULT"
+# librdkafka settings (JSON) for the one ListOffsets per run: what a cluster without a
+# PLAINTEXT listener needs (SASL/TLS; its secrets come by the environment, never job.json)
+KAFKA_CLIENT_ENV = "AUTOMQ_TABLE_SYNC_KAFKA"
 FAULT_EXIT_CODE = 17
 _RECORD_ERROR_RE = re.compile(r"(record at offset \d+ of .*?)(?:\n|$)")
 Emit = Callable[[dict], None]
@@ -135,13 +138,33 @@ def cap_at_stable(
     `automq` source stops a read_committed read there, so the ends the table records are
     exactly what was read; an open transaction's records wait for a later run."""
     wanted = [(spec.topic, p) for p in sorted(ends)]
-    config = {"bootstrap.servers": stable.bootstrap_from_image(image)}
-    lso = stable.last_stable_offsets(config, wanted)
+    lso = stable.last_stable_offsets(kafka_client_config(image), wanted)
     out = {}
     for partition, end in ends.items():
         cap = lso.get((spec.topic, partition))
         out[partition] = end if cap is None or cap < 0 else max(starts[partition], min(end, cap))
     return out
+
+
+def kafka_client_config(image: MetadataImage) -> dict[str, str]:
+    """librdkafka settings for the brokers: `KAFKA_CLIENT_ENV` when set (a secured
+    cluster), else the brokers' PLAINTEXT listeners from the metadata."""
+    return env_kafka_config() or {"bootstrap.servers": stable.bootstrap_from_image(image)}
+
+
+def env_kafka_config() -> dict[str, str] | None:
+    """The librdkafka settings `KAFKA_CLIENT_ENV` gives (None: not set); TableTopicError
+    for a malformed value."""
+    raw = os.environ.get(KAFKA_CLIENT_ENV)
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        raise ts.TableTopicError(f"{KAFKA_CLIENT_ENV} is not JSON") from None
+    if not isinstance(config, dict) or not config.get("bootstrap.servers"):
+        raise ts.TableTopicError(f"{KAFKA_CLIENT_ENV} needs an object with bootstrap.servers")
+    return {str(k): str(v) for k, v in config.items()}
 
 
 def read_records(spark, config: SyncJobConfig, spec: ts.TableTopicSpec, starts, ends):
@@ -162,6 +185,9 @@ def read_records(spark, config: SyncJobConfig, spec: ts.TableTopicSpec, starts, 
     )
     if not config.cluster_dir:
         reader = reader.option("buckets", json.dumps(config.buckets))
+    # the source's own ListOffsets, given as Spark's Kafka source takes them (kafka.*)
+    for key, value in (env_kafka_config() or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
     return reader.load()
 
 

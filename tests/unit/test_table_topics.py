@@ -316,3 +316,19 @@ def test_errors_tolerance_all_leaves_records_that_do_not_fit_out_and_counts_them
     assert out.rows.column("id").to_pylist() == [1, 4]
     assert out.rows.column("_kafka_offset").to_pylist() == [0, 3]
     assert out.skipped == 3 and "offset 1 of orders-0: value is not JSON" in out.first_skipped
+
+
+def test_the_sync_reaches_a_secured_cluster_by_the_settings_in_its_environment(monkeypatch):
+    """A cluster without a PLAINTEXT listener (SASL/TLS): the CLI hands the job the admin's
+    librdkafka settings in its environment (never in job.json); without them the job uses
+    the brokers' PLAINTEXT listeners from the metadata, as before."""
+    image = _image({tc.TABLE_TOPIC_ENABLE: "true"})
+    monkeypatch.delenv(table_sync.KAFKA_CLIENT_ENV, raising=False)
+    with pytest.raises(Exception, match="PLAINTEXT"):  # no broker registered here
+        table_sync.kafka_client_config(image)
+    secured = {"bootstrap.servers": "127.0.0.1:9094", "security.protocol": "SASL_PLAINTEXT"}
+    monkeypatch.setenv(table_sync.KAFKA_CLIENT_ENV, json.dumps(secured))
+    assert table_sync.kafka_client_config(image) == secured
+    monkeypatch.setenv(table_sync.KAFKA_CLIENT_ENV, "{not json")
+    with pytest.raises(ts.TableTopicError, match="not JSON"):
+        table_sync.kafka_client_config(image)
