@@ -439,7 +439,7 @@ finally:
     spark.stop()
 """
 STANDALONE_TIMEOUT_S = 120
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AUTOMQ_S3_", "PYTHONPATH")
+_NOT_IN_WORKER_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AUTOMQ_S3_", "PYTHONPATH")
 
 
 def _spark_daemon(log_path, *args: str) -> subprocess.Popen:
@@ -449,7 +449,7 @@ def _spark_daemon(log_path, *args: str) -> subprocess.Popen:
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_CREDENTIAL_ENV)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_IN_WORKER_ENV)}
     env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
     with open(log_path, "wb") as log:
         return subprocess.Popen(
