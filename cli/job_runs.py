@@ -117,9 +117,9 @@ class JobRuns:
                 text=True,
             )
             state = {"pid": proc.pid, **state}
-            if track:
-                self.start(state)
             try:
+                if track:
+                    self.start(state)
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     try:
