@@ -3,7 +3,8 @@
 The job runs as its own process (`python -m spark_jobs.compact`, or `spark-submit`), so the
 CLI never imports pyspark; this module writes the job's config (no secrets), hands the
 object-store credentials to it through the environment, reads its JSON event lines, and
-keeps the history in `<cluster dir>/compaction/`:
+keeps the history in `<cluster dir>/compaction/` (cli/job_runs.py runs the process and keeps
+the run files, as it does for the table sync job):
 
     schedule.json   the schedule (`compaction schedule`), read by the scheduler process
     running.json    the run in progress (pid, started, progress), removed when it ends
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,11 +24,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from cli.cluster_config import ClusterConfig
+from cli.job_runs import JOB_TIMEOUT_S, MAX_RUNS, JobRuns
 from controlplane.auth import SECRET_ENV
 from controlplane.tls import CA_FILE_ENV
 
-MAX_RUNS = 100
-JOB_TIMEOUT_S = 3600.0
 MIN_INTERVAL_S = 10
 MAX_INTERVAL_S = 7 * 24 * 3600
 
@@ -115,6 +114,11 @@ def spark_submit_command(config_path: Path, master: str) -> str:
     )
 
 
+def job_runs(cluster_dir: Path) -> JobRuns:
+    """The compaction job's running.json, runs.jsonl and job.log."""
+    return JobRuns(compaction_dir(cluster_dir), MAX_RUNS)
+
+
 def run_job(
     cluster_dir: Path,
     config: ClusterConfig,
@@ -125,73 +129,32 @@ def run_job(
 ) -> tuple[dict, int]:
     """Run the job once to its end; (result, exit code). The result is recorded in
     runs.jsonl (not for dry runs) and running.json says what runs meanwhile."""
-    cdir = compaction_dir(cluster_dir)
     cfg_path = write_job_config(cluster_dir, config, master)
-    log_path = cdir / "job.log"
+    runs = job_runs(cluster_dir)
     started = time.time()
-    result: dict = {}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            job_argv(cfg_path, master, dry_run),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            env=job_env(config),
-            text=True,
-        )
-        running = cdir / "running.json"
-        state = {"pid": proc.pid, "started": started, "master": master, "trigger": trigger}
-        if not dry_run:
-            running.write_text(json.dumps(state))
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "result":
-                    result = event
-                elif event.get("event") == "progress" and not dry_run:
-                    running.write_text(json.dumps({**state, "progress": event}))
-                if on_event is not None:
-                    on_event(event)
-            code = proc.wait(timeout=JOB_TIMEOUT_S)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            running.unlink(missing_ok=True)
+    result, code = runs.run_process(
+        job_argv(cfg_path, master, dry_run),
+        job_env(config),
+        {"started": started, "master": master, "trigger": trigger},
+        on_event,
+        track=not dry_run,
+        track_progress=True,
+        timeout_s=JOB_TIMEOUT_S,
+    )
     if not result:
-        lines = log_path.read_text(errors="replace").strip().splitlines()
-        errors = [ln for ln in lines if ln.startswith("error:")] or lines[-1:] or ["no output"]
-        result = {"committed": False, "reason": f"job failed (exit {code}): {errors[-1][:300]}"}
-    result = {k: v for k, v in result.items() if k != "event"}
-    record = {"start": started, "trigger": trigger, "exit_code": code, **result}
+        result = {"committed": False, "reason": runs.failure_text(code, max_chars=300)}
     if not dry_run:
-        append_run(cluster_dir, record)
+        runs.finish({"start": started, "trigger": trigger, "exit_code": code, **result})
     return result, code
 
 
 def append_run(cluster_dir: Path, record: dict) -> None:
-    path = compaction_dir(cluster_dir) / "runs.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    lines = (lines + [json.dumps(record)])[-MAX_RUNS:]
-    path.write_text("\n".join(lines) + "\n")
+    """Add `record` to runs.jsonl (the last MAX_RUNS kept)."""
+    job_runs(cluster_dir).finish(record)
 
 
 def last_runs(cluster_dir: Path, limit: int = 10) -> list[dict]:
-    path = compaction_dir(cluster_dir) / "runs.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines()[-limit:]:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return job_runs(cluster_dir).last_runs(limit)
 
 
 def load_schedule(cluster_dir: Path) -> Schedule | None:
@@ -205,10 +168,4 @@ def load_schedule(cluster_dir: Path) -> Schedule | None:
 
 
 def running_job(cluster_dir: Path) -> dict | None:
-    path = compaction_dir(cluster_dir) / "running.json"
-    try:
-        state = json.loads(path.read_text())
-        os.kill(int(state["pid"]), 0)
-    except (OSError, ValueError, KeyError):
-        return None
-    return state
+    return job_runs(cluster_dir).running()

@@ -20,6 +20,7 @@ from cli.output import OutputFormat, console, fail, print_data, print_result
 from controlplane.errors import ControllerError
 from dataplane.objectstore.seaweed import SeaweedConfig
 from dataplane.tables.catalog import CatalogConfig, embedded_rest_catalog_config
+from dataplane.tables.spec import TableTopicError, select_table_topics
 
 app = typer.Typer(help="Table topics: topics kept as Iceberg tables.", no_args_is_help=True)
 
@@ -95,6 +96,13 @@ def sync(
     cluster, config = open_cluster(dir)
     if jobs.running_sync(cluster.dir):
         fail("a table sync is already running")
+    if topic:  # bad names fail here: no job process, nothing written (job.json, runs.jsonl)
+        try:
+            select_table_topics(jobs.image(config), topic)
+        except TableTopicError as exc:
+            fail(f"table sync: {exc}")
+        except ControllerError as exc:
+            fail(f"cannot read the cluster's metadata: {exc.message}")
     result, code = jobs.run_sync(cluster.dir, config, master, topic)
     if "tables" not in result:
         fail(f"table sync {result.get('error', 'failed')} (log: {cluster.dir}/tables/job.log)")

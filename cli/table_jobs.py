@@ -13,8 +13,6 @@ its files live in `<cluster dir>/tables/`:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,15 +20,13 @@ from pathlib import Path
 
 from cli import compaction_jobs
 from cli.cluster_config import ClusterConfig
+from cli.job_runs import JOB_TIMEOUT_S, MAX_RUNS, JobRuns
 from controlplane.client import ControllerClient
 from controlplane.image import MetadataImage
 from controlplane.requests import AlterTopicConfigsRequest, TopicConfigOp
 from dataplane.objectstore import BucketURI
 from dataplane.tables import spec as ts
 from dataplane.tables.catalog import CatalogConfig, default_catalog_config
-
-MAX_RUNS = 100
-JOB_TIMEOUT_S = 3600.0
 
 
 def tables_dir(cluster_dir: Path) -> Path:
@@ -96,6 +92,11 @@ def job_config(cluster_dir: Path, config: ClusterConfig, master: str, topics: li
     }
 
 
+def job_runs(cluster_dir: Path) -> JobRuns:
+    """The sync job's running.json, runs.jsonl and job.log."""
+    return JobRuns(tables_dir(cluster_dir), MAX_RUNS)
+
+
 def run_sync(
     cluster_dir: Path,
     config: ClusterConfig,
@@ -111,67 +112,23 @@ def run_sync(
     cfg_path = tdir / "job.json"
     cfg_path.write_text(json.dumps(job_config(cluster_dir, config, master, topics), indent=2))
     argv = [sys.executable, "-m", "spark_jobs.table_sync", "--config", str(cfg_path)]
-    started = time.time()
-    result: dict = {}
     env = {**compaction_jobs.job_env(config), **(extra_env or {})}
-    running = tdir / "running.json"
-    with open(tdir / "job.log", "wb") as log:
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True
-        )
-        running.write_text(json.dumps({"pid": proc.pid, "started": started, "trigger": trigger}))
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "result":
-                    result = {k: v for k, v in event.items() if k != "event"}
-                if on_event is not None:
-                    on_event(event)
-            code = proc.wait(timeout=JOB_TIMEOUT_S)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            running.unlink(missing_ok=True)
+    runs = job_runs(cluster_dir)
+    started = time.time()
+    state = {"started": started, "trigger": trigger}
+    result, code = runs.run_process(argv, env, state, on_event, timeout_s=JOB_TIMEOUT_S)
     if not result:
-        lines = (tdir / "job.log").read_text(errors="replace").strip().splitlines()
-        errors = [ln for ln in lines if ln.startswith("error:")] or lines[-1:] or ["no output"]
-        result = {"error": f"job failed (exit {code}): {errors[-1][:500]}"}
-    _append_run(cluster_dir, {"start": started, "trigger": trigger, "exit_code": code, **result})
+        result = {"error": runs.failure_text(code, max_chars=500)}
+    runs.finish({"start": started, "trigger": trigger, "exit_code": code, **result})
     return result, code
 
 
-def _append_run(cluster_dir: Path, record: dict) -> None:
-    path = tables_dir(cluster_dir) / "runs.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    path.write_text("\n".join((lines + [json.dumps(record)])[-MAX_RUNS:]) + "\n")
-
-
 def last_runs(cluster_dir: Path, limit: int = 10) -> list[dict]:
-    path = tables_dir(cluster_dir) / "runs.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines()[-limit:]:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return job_runs(cluster_dir).last_runs(limit)
 
 
 def running_sync(cluster_dir: Path) -> dict | None:
-    try:
-        state = json.loads((tables_dir(cluster_dir) / "running.json").read_text())
-        os.kill(int(state["pid"]), 0)
-    except (OSError, ValueError, KeyError):
-        return None
-    return state
+    return job_runs(cluster_dir).running()
 
 
 def run_scheduled_sync(cluster_dir: Path, config: ClusterConfig, master: str) -> tuple[dict, int]:

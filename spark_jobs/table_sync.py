@@ -89,21 +89,8 @@ def warehouse_credentials(config: SyncJobConfig) -> dict[str, str]:
     return BucketURI.parse(uri).credentials()
 
 
-def select_specs(image: MetadataImage, names: list[str]) -> list[ts.TableTopicSpec]:
-    """The table topics to sync: every one, or those named (TableTopicError for a name
-    that is no topic, or no table topic)."""
-    specs = ts.table_topics(image)
-    if not names:
-        return specs
-    by_name = {s.topic: s for s in specs}
-    for name in names:
-        if image.topic_by_name(name) is None:
-            raise ts.TableTopicError(f"topic {name!r} does not exist")
-        if name not in by_name:
-            raise ts.TableTopicError(
-                f"topic {name!r} is not a table topic (set automq.table.topic.enable=true)"
-            )
-    return [by_name[n] for n in names]
+# the names' check, shared with `automqctl table sync` (dataplane/tables/spec.py)
+select_specs = ts.select_table_topics
 
 
 def offset_ranges(

@@ -151,6 +151,24 @@ def table_topics(image) -> list[TableTopicSpec]:
     return out
 
 
+def select_table_topics(image, names: list[str]) -> list[TableTopicSpec]:
+    """The table topics to sync: every one, or those named (TableTopicError for a name
+    that is no topic, or no table topic). The sync job and `automqctl table sync` (before
+    it starts the job) both check names with it."""
+    specs = table_topics(image)
+    if not names:
+        return specs
+    by_name = {s.topic: s for s in specs}
+    for name in names:
+        if image.topic_by_name(name) is None:
+            raise TableTopicError(f"topic {name!r} does not exist")
+        if name not in by_name:
+            raise TableTopicError(
+                f"topic {name!r} is not a table topic (set automq.table.topic.enable=true)"
+            )
+    return [by_name[n] for n in names]
+
+
 def encode_offsets(offsets: Mapping[int, int]) -> str:
     """A snapshot summary value: {"partition": end offset} (JSON, keys sorted)."""
     return json.dumps({str(p): int(o) for p, o in sorted(offsets.items())}, sort_keys=False)

@@ -205,6 +205,7 @@ def _wait_scheduled_sync(cluster, timeout_s: float = 600) -> dict:
 
 
 def test_bad_input_gets_a_clear_error_and_changes_nothing(cluster):
+    runs_before = table_jobs.last_runs(cluster["dir"], limit=1000)
     out, _ = _sync(cluster, "--topic", "no-such-topic")
     assert out.returncode == 1 and "topic 'no-such-topic' does not exist" in out.stderr
     create_topic(cluster["bootstrap"], "plain", 1)
@@ -230,3 +231,5 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(cluster):
     assert "gone" not in {t["topic"] for t in json.loads(listed.stdout)}
     out, _ = _sync(cluster, "--topic", "gone")
     assert out.returncode == 1 and "'gone' is not a table topic" in out.stderr
+    # refused before any job ran: no run recorded
+    assert table_jobs.last_runs(cluster["dir"], limit=1000) == runs_before

@@ -7,7 +7,9 @@ timestamps, one aborted and one committed transaction) are produced and uploaded
 keys, values, timestamps and headers (read_committed), the aborted ones too under
 read_uncommitted; a streaming query stopped and restarted from its checkpoint writes every
 record once into a Parquet sink; a missing topic, an unreachable bucket and a corrupt
-object give a clear error naming the topic or the object, and change nothing.
+object give a clear error naming the topic or the object, and change nothing. A standalone
+Spark cluster (a master and a worker started from the pyspark pip package) reads a topic
+too (`--master spark://...`), every record once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +34,7 @@ from cli import compaction_jobs  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from controlplane.client import ControllerClient  # noqa: E402
 from controlplane.image import MetadataImage  # noqa: E402
+from dataplane.objectstore.seaweed import find_free_ports  # noqa: E402
 from spark_jobs import objects_io  # noqa: E402
 from spark_jobs.topic_source.plan import committed_end  # noqa: E402
 from tests.support.cluster import create_topic, running_cluster  # noqa: E402
@@ -410,3 +416,130 @@ def test_read_committed_stops_at_an_open_transaction(spark, cluster, produced):
     txn.commit_transaction(30)
     _wait_uploaded(cluster, topic, 1)
     assert offsets() == list(range(25))  # the marker (offset 25) is never a row
+
+
+# the driver of the standalone read: a process of its own, as `spark-submit` or a user's
+# script is (the pytest process already holds this module's local[2] SparkContext); its
+# environment is the compaction job's (compaction_jobs.job_env), and spark_session hands
+# the buckets' keys from it to the executors
+_STANDALONE_DRIVER = """
+import json, sys
+from spark_jobs.topic_source import spark_session
+
+master, cluster_dir, topic = sys.argv[1:4]
+spark = spark_session(master, app_name="automq-standalone-read")
+try:
+    rows = spark.read.format("automq").option("cluster", cluster_dir).option("topic", topic)
+    rows = rows.load().select("partition", "offset", "key", "value").collect()
+    print(json.dumps({
+        "master": spark.sparkContext.master,
+        "rows": [[r.partition, r.offset, r.key.decode(), r.value.decode()] for r in rows],
+    }))
+finally:
+    spark.stop()
+"""
+STANDALONE_TIMEOUT_S = 120
+_NOT_IN_WORKER_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AUTOMQ_S3_", "PYTHONPATH")
+
+
+def _spark_daemon(log_path, *args: str) -> subprocess.Popen:
+    """`spark-class <args>` from the pyspark pip package (its own session, so the whole
+    group stops), stdout and stderr to `log_path`; no credentials nor PYTHONPATH in its
+    environment: the executors get theirs from the driver."""
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_IN_WORKER_ENV)}
+    env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [os.path.join(home, "bin", "spark-class"), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def _wait_for_line(proc: subprocess.Popen, log_path, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log_path.read_text(errors="replace"):
+        assert proc.poll() is None, f"exited {proc.returncode}: {log_path.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s}s: {log_path}"
+        time.sleep(0.2)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process's group (SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(600)
+def test_standalone_cluster_reads_every_record_once(cluster, tmp_path):
+    """A standalone Spark master and one worker (1 core) from the pip package; a driver
+    with `--master spark://...` reads a topic through them: every record once, the buckets'
+    keys reaching the executors the way compaction's do (never in the worker's env)."""
+    topic, count = "standalone", 3000
+    create_topic(cluster["bootstrap"], topic, 3)
+    producer = Producer({"bootstrap.servers": cluster["bootstrap"], "compression.type": "zstd"})
+    for i in range(count):
+        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+    _wait_uploaded(cluster, topic, 3)
+    master_port, master_ui, worker_port, worker_ui = find_free_ports(4)
+    master_url = f"spark://127.0.0.1:{master_port}"
+    procs: list[subprocess.Popen] = []
+    try:
+        master_log = tmp_path / "master.log"
+        procs.append(
+            _spark_daemon(
+                master_log,
+                "org.apache.spark.deploy.master.Master",
+                *("--host", "127.0.0.1", "--port", str(master_port)),
+                *("--webui-port", str(master_ui)),
+            )
+        )
+        _wait_for_line(procs[0], master_log, "New state: ALIVE", STANDALONE_TIMEOUT_S)
+        worker_log = tmp_path / "worker.log"
+        procs.append(
+            _spark_daemon(
+                worker_log,
+                "org.apache.spark.deploy.worker.Worker",
+                master_url,
+                *("--host", "127.0.0.1", "--port", str(worker_port)),
+                *("--webui-port", str(worker_ui), "--cores", "1", "--memory", "1g"),
+                *("--work-dir", str(tmp_path / "work")),
+            )
+        )
+        # the driver starts while the worker registers (its application waits for an
+        # executor); the registration is still checked, bounded
+        driver = subprocess.Popen(
+            [sys.executable, "-c", _STANDALONE_DRIVER, master_url, str(cluster["dir"]), topic],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=compaction_jobs.job_env(_config(cluster)),
+            start_new_session=True,
+        )
+        procs.append(driver)
+        _wait_for_line(procs[1], worker_log, "Successfully registered", STANDALONE_TIMEOUT_S)
+        stdout, stderr = driver.communicate(timeout=STANDALONE_TIMEOUT_S * 2)
+    finally:
+        for proc in reversed(procs):
+            _stop_group(proc)
+    assert driver.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["master"] == master_url
+    got = {(p, o): (k, v) for p, o, k, v in out["rows"]}
+    assert len(got) == len(out["rows"]) == count  # no record twice
+    assert sorted(k for k, _ in got.values()) == sorted(f"k{i}" for i in range(count))
+    assert all(v == "v" + k[1:] for k, v in got.values())
+    # the tasks ran on the worker's executor (its stderr is in the worker's work dir)
+    assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
