@@ -21,6 +21,8 @@ from pathlib import Path
 from cli import compaction_jobs
 from cli.cluster_config import ClusterConfig
 from cli.job_runs import JOB_TIMEOUT_S, MAX_RUNS, JobRuns
+from cli.kafka_util import librdkafka_security
+from cli.local_cluster import LocalCluster
 from controlplane.client import ControllerClient
 from controlplane.image import MetadataImage
 from controlplane.requests import AlterTopicConfigsRequest, TopicConfigOp
@@ -112,7 +114,11 @@ def run_sync(
     cfg_path = tdir / "job.json"
     cfg_path.write_text(json.dumps(job_config(cluster_dir, config, master, topics), indent=2))
     argv = [sys.executable, "-m", "spark_jobs.table_sync", "--config", str(cfg_path)]
-    env = {**compaction_jobs.job_env(config), **(extra_env or {})}
+    env = {
+        **compaction_jobs.job_env(config),
+        **kafka_client_env(cluster_dir, config),
+        **(extra_env or {}),
+    }
     runs = job_runs(cluster_dir)
     started = time.time()
     state = {"started": started, "trigger": trigger}
@@ -121,6 +127,17 @@ def run_sync(
         result = {"error": runs.failure_text(code, max_chars=500)}
     runs.finish({"start": started, "trigger": trigger, "exit_code": code, **result})
     return result, code
+
+
+def kafka_client_env(cluster_dir: Path, config: ClusterConfig) -> dict[str, str]:
+    """For a secured cluster (SASL/TLS listeners), the admin's librdkafka settings for the
+    job's ListOffsets, in its environment (they hold the password); empty otherwise (the job
+    finds the PLAINTEXT listeners in the metadata)."""
+    security = LocalCluster(cluster_dir).client_security()
+    if not security:
+        return {}
+    settings = {"bootstrap.servers": config.bootstrap_servers(), **librdkafka_security(security)}
+    return {ts.SYNC_KAFKA_CLIENT_ENV: json.dumps(settings)}
 
 
 def last_runs(cluster_dir: Path, limit: int = 10) -> list[dict]:

@@ -55,9 +55,7 @@ from spark_jobs.topic_source import stable
 from spark_jobs.topic_source.plan import committed_end
 
 FAULT_ENV = "AUTOMQ_TABLE_SYNC_FAULT"
-# librdkafka settings (JSON) for the one ListOffsets per run: what a cluster without a
-# PLAINTEXT listener needs (SASL/TLS; its secrets come by the environment, never job.json)
-KAFKA_CLIENT_ENV = "AUTOMQ_TABLE_SYNC_KAFKA"
+KAFKA_CLIENT_ENV = ts.SYNC_KAFKA_CLIENT_ENV
 FAULT_EXIT_CODE = 17
 _RECORD_ERROR_RE = re.compile(r"(record at offset \d+ of .*?)(?:\n|$)")
 Emit = Callable[[dict], None]

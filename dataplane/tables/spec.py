@@ -47,6 +47,11 @@ TRANSFORMS = ("hour", "day", "month", "year")
 MAX_JSON_COLUMNS = 1_000  # columns a json table may grow to (a run adding more fails)
 _PARTITION_BY_RE = re.compile(tc.TABLE_PARTITION_BY_PATTERN)
 
+# the sync job's environment variable holding librdkafka settings (JSON) for its one
+# ListOffsets per run: what a cluster without a PLAINTEXT listener needs (SASL/TLS; the
+# secrets come by the environment, never in job.json)
+SYNC_KAFKA_CLIENT_ENV = "AUTOMQ_TABLE_SYNC_KAFKA"
+
 
 class TableTopicError(ValueError):
     """A table topic's configuration or data the sync cannot use; the message says what."""

@@ -123,3 +123,25 @@ def test_brokers_get_their_own_super_user_login_privately(secured, monkeypatch):
     assert bcfg.tls_ca_file == cluster.tls_dir / "ca.pem"
     assert creds["password"] not in repr(bcfg)
     assert not any(creds["password"] in a for a in argvs[0])
+
+
+def test_the_table_sync_job_gets_the_admin_login_by_its_environment_only(secured, tmp_path):
+    """A SASL/TLS cluster has no PLAINTEXT listener: the table sync's ListOffsets needs the
+    admin's login, handed to the job in its environment, never written to job.json."""
+    import json
+
+    from cli import table_jobs
+    from dataplane.tables.spec import SYNC_KAFKA_CLIENT_ENV
+
+    cluster, config = secured
+    cluster.create_admin_credentials(config)  # as `cluster up` makes it
+    env = table_jobs.kafka_client_env(cluster.dir, config)
+    settings = json.loads(env[SYNC_KAFKA_CLIENT_ENV])
+    assert settings["security.protocol"] == "SASL_SSL"
+    assert settings["sasl.username"] == "admin" and settings["sasl.password"]
+    assert settings["bootstrap.servers"] == config.bootstrap_servers()
+    job = json.dumps(table_jobs.job_config(cluster.dir, config, "local[1]", []))
+    assert settings["sasl.password"] not in job
+    plain = LocalCluster(tmp_path / "plain")
+    plain_config = plain.create(1, 1, ["az1"], None, BUCKETS, 6000)
+    assert table_jobs.kafka_client_env(plain.dir, plain_config) == {}
