@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
 
 import pytest
 
-pytest.importorskip("confluent_kafka")
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
-    pytest.skip("Spark needs java", allow_module_level=True)
+from tests.support.spark import skip_module_without_spark
+
+skip_module_without_spark()
 from confluent_kafka import (  # noqa: E402
     Consumer,
     KafkaError,

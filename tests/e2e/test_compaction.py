@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -22,10 +21,9 @@ import uuid
 
 import pytest
 
-pytest.importorskip("confluent_kafka")
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
-    pytest.skip("Spark needs java", allow_module_level=True)
+from tests.support.spark import skip_module_without_spark
+
+skip_module_without_spark()
 import boto3  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402

@@ -13,16 +13,13 @@ schedule (which also does the re-run above). Bad input (a missing topic, an inva
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 
-pytest.importorskip("confluent_kafka")
-pytest.importorskip("pyspark")
-pytest.importorskip("pyiceberg")
-if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
-    pytest.skip("Spark needs java", allow_module_level=True)
+from tests.support.spark import skip_module_without_spark
+
+skip_module_without_spark("pyiceberg")
 from confluent_kafka import Producer  # noqa: E402
 
 from cli import table_jobs  # noqa: E402

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,10 +23,9 @@ import time
 
 import pytest
 
-pytest.importorskip("confluent_kafka")
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:  # tests/run.sh installs openjdk-17-jre-headless
-    pytest.skip("Spark needs java", allow_module_level=True)
+from tests.support.spark import skip_module_without_spark
+
+skip_module_without_spark()
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cli import compaction_jobs  # noqa: E402
