@@ -23,6 +23,7 @@ from dataplane.kafka.share.protocol import (
 from tests.unit.test_share_group_apis import (
     TID,
     TOPIC_ID,
+    FakeLog,
     acquired,
     ctx,
     fetch_req,
@@ -386,3 +387,16 @@ def test_acls_alter_needs_read_on_the_group_and_each_topic():
         ("secret", 0, KafkaError.TOPIC_AUTHORIZATION_FAILED),
     ]
     assert store.docs[("g", TID, 0)]["start"] == 1
+
+
+def test_alter_past_the_log_end_waits_for_records_and_below_its_start_starts_there():
+    log = FakeLog(10)
+    apis, store = make_apis(log)
+    apis.coordinator.heartbeat("g", "m", 0, None, ["t"], "", "", {"t": (TID, 1)}.get)
+    apis.coordinator.heartbeat("g", "m", -1, None, None, "", "", {"t": (TID, 1)}.get)
+    assert results(alter(apis, "g", {"t": {0: 12}})) == [("t", 0, KafkaError.NONE)]
+    assert offsets(run(apis.share_fetch(fetch_req(0, []), ctx(78)))) == []
+    run(apis.share_fetch(fetch_req(-1, []), ctx(78)))
+    log.log_start_offset = 6  # retention removed 0..5
+    assert results(alter(apis, "g", {"t": {0: 2}})) == [("t", 0, KafkaError.NONE)]
+    assert offsets(run(apis.share_fetch(fetch_req(0, [], member="m2"), ctx(78)))) == [6, 7, 8]
