@@ -65,7 +65,11 @@ from controlplane.requests import (
 )
 
 if TYPE_CHECKING:
-    from controlplane.share_state import DeleteShareGroupStateRequest, PutShareStateRequest
+    from controlplane.share_state import (
+        AlterShareGroupStateRequest,
+        DeleteShareGroupStateRequest,
+        PutShareStateRequest,
+    )
 
 R = TypeVar("R", bound=BaseModel)
 Q = TypeVar("Q", bound=_Request)
@@ -251,6 +255,13 @@ class ControllerCalls:
         """Delete a share group's stored share-partition states (controlplane/share_state.py):
         how many there were."""
         return int(self.send(req, timeout_s).get("deleted", 0))
+
+    def alter_share_group_state(
+        self, req: AlterShareGroupStateRequest, timeout_s: float | None = None
+    ) -> int:
+        """Replace share-partition states of a share group at a higher state epoch
+        (controlplane/share_state.py): how many."""
+        return int(self.send(req, timeout_s).get("altered", 0))
 
     # transactions
     def record_aborted_txns(

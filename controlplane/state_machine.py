@@ -110,6 +110,7 @@ _HANDLERS: dict[str, tuple[_Handler, bool]] = {
     "put_group_offsets": (coordinators.put_group_offsets, False),
     "put_share_state": (share_state.put_share_state, False),
     "delete_share_group_state": (share_state.delete_share_group_state, False),
+    "alter_share_group_state": (share_state.alter_share_group_state, False),
     "register_compactor": (compactors.register_compactor, False),
     "set_cleaner_checkpoints": (compactors.set_cleaner_checkpoints, False),
 }

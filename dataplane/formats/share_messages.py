@@ -2,9 +2,10 @@
 classes from the JSON schemas in `share_schemas/`, Kafka's format; kafka-python 3.0 has none
 for these keys): ShareGroupHeartbeat (76), ShareGroupDescribe (77), ShareFetch (78),
 ShareAcknowledge (79), version 1 (Kafka 4.1's first stable version; librdkafka 2.16 sends
-exactly it), DescribeShareGroupOffsets (90) and DeleteShareGroupOffsets (92) version 0, and
-this project's DescribeSharePartitions (602). Pure: the broker registers
-them with its codec (`dataplane/kafka/share/protocol.py`), the CLI encodes them itself.
+exactly it), DescribeShareGroupOffsets (90), AlterShareGroupOffsets (91) and
+DeleteShareGroupOffsets (92) version 0, and this project's DescribeSharePartitions (602).
+Pure: the broker registers them with its codec (`dataplane/kafka/share/protocol.py`), the
+CLI encodes them itself.
 """
 
 from __future__ import annotations
@@ -69,3 +70,11 @@ class DeleteShareGroupOffsetsRequest(ApiMessage, load_json=_SCHEMAS):
 
 class DeleteShareGroupOffsetsResponse(ApiMessage, load_json=_SCHEMAS):
     """DeleteShareGroupOffsets response (api key 92)."""
+
+
+class AlterShareGroupOffsetsRequest(ApiMessage, load_json=_SCHEMAS):
+    """AlterShareGroupOffsets request (api key 91)."""
+
+
+class AlterShareGroupOffsetsResponse(ApiMessage, load_json=_SCHEMAS):
+    """AlterShareGroupOffsets response (api key 91)."""

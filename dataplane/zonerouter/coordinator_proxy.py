@@ -8,8 +8,8 @@ FindCoordinator names, for a client of an AZ, the coordinator's proxy in the cli
 client's coordinator requests (groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups of one group, KIP-848's
 ConsumerGroupHeartbeat and ConsumerGroupDescribe of one group, KIP-932's
-ShareGroupHeartbeat, ShareGroupDescribe and DescribeShareGroupOffsets of one group and
-DeleteShareGroupOffsets; transactions:
+ShareGroupHeartbeat, ShareGroupDescribe and DescribeShareGroupOffsets of one group,
+AlterShareGroupOffsets and DeleteShareGroupOffsets; transactions:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn) to
 the real coordinator and relays its answer. These are small control requests; the state
 stays at the coordinator. A request the coordinator cannot be asked (gone, unreachable, too
@@ -54,6 +54,7 @@ from dataplane.kafka.groups.consumer_handlers import (
 )
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.kafka.share.protocol import (
+    AlterShareGroupOffsetsRequest,
     DeleteShareGroupOffsetsRequest,
     DescribeShareGroupOffsetsRequest,
     ShareGroupDescribeRequest,
@@ -83,6 +84,7 @@ GROUP_REQUESTS = (
     ShareGroupDescribeRequest,
     DescribeShareGroupOffsetsRequest,
     DeleteShareGroupOffsetsRequest,
+    AlterShareGroupOffsetsRequest,
 )
 FORWARD_TIMEOUT_S = 30.0  # EndTxn waits for the markers at the coordinator
 MAX_FORWARD_TIMEOUT_S = 600.0  # a JoinGroup waits for the rebalance (its timeout)

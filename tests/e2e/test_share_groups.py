@@ -9,7 +9,8 @@ set per group with IncrementalAlterConfigs, as `kafka-configs --entity-type grou
   (2 s here) expires;
 * the partition leader is kill -9'd, then the partition is reassigned: no acknowledged record
   is delivered again, none is lost;
-* DescribeShareGroupOffsets / DeleteShareGroupOffsets over the wire (no confluent-kafka call).
+* DescribeShareGroupOffsets / AlterShareGroupOffsets / DeleteShareGroupOffsets over the wire
+  (no confluent-kafka call).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from confluent_kafka.admin import (  # noqa: E402
 from dataplane.formats.kafka_errors import KafkaError  # noqa: E402
 from dataplane.kafka.codec import decode_response, encode_request  # noqa: E402
 from dataplane.kafka.share.protocol import (  # noqa: E402
+    AlterShareGroupOffsetsRequest,
     DeleteShareGroupOffsetsRequest,
     DescribeShareGroupOffsetsRequest,
 )
@@ -310,6 +312,77 @@ def test_share_group_offsets_describe_and_delete(cluster):
         assert min(m.offset() for m in got) == 0
     finally:
         again.close()
+
+
+def test_share_group_offsets_alter(cluster):
+    """AlterShareGroupOffsets is NON_EMPTY_GROUP while a consumer is in the group; once it
+    left, the start offset is set back to 4 (the leader still holds the share-partition
+    loaded, idle, at start 10): described as 4, and a new consumer reads from exactly 4.
+    An unknown partition gets UNKNOWN_TOPIC_OR_PARTITION."""
+    topic, group = setup(cluster, "sharealter")
+    bootstrap = cluster["bootstrap"]
+    produce(bootstrap, topic, 10)
+    A = AlterShareGroupOffsetsRequest
+    T = A.AlterShareGroupOffsetsRequestTopic
+
+    def alter_request(partition: int, start: int):
+        p = T.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=start)
+        return A(version=0, group_id=group, topics=[T(topic_name=topic, partitions=[p])])
+
+    D = DescribeShareGroupOffsetsRequest
+    G = D.DescribeShareGroupOffsetsRequestGroup
+    describe = D(
+        version=0,
+        groups=[
+            G(
+                group_id=group,
+                topics=[G.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
+            )
+        ],
+    )
+
+    def start_offset() -> int:
+        return (
+            coordinator_call(bootstrap, group, describe, 90)
+            .groups[0]
+            .topics[0]
+            .partitions[0]
+            .start_offset
+        )
+
+    c = consumer(bootstrap, group, topic)
+    try:
+        got = []
+        while len(got) < 10:
+            got += poll_some(c)
+        accept_all(c, got)
+        wait_until(lambda: start_offset() == 10, 30, "start offset 10 described")
+        busy = coordinator_call(bootstrap, group, alter_request(0, 4), 91)
+        assert busy.error_code == KafkaError.NON_EMPTY_GROUP, busy
+    finally:
+        c.close()
+    altered = wait_until(
+        lambda: (
+            (r := coordinator_call(bootstrap, group, alter_request(0, 4), 91)).error_code == 0 and r
+        ),
+        30,
+        "the alter of an empty group",
+    )
+    [t] = altered.responses
+    assert [(p.partition_index, p.error_code) for p in t.partitions] == [(0, 0)], altered
+    unknown = coordinator_call(bootstrap, group, alter_request(7, 0), 91)
+    assert unknown.responses[0].partitions[0].error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+    wait_until(lambda: start_offset() == 4, 30, "start offset 4 described")
+    again = consumer(bootstrap, group, topic)
+    try:
+        got = []
+        while len(got) < 6:
+            got += poll_some(again)
+        assert sorted(m.offset() for m in got) == list(range(4, 10))
+        accept_all(again, got)
+    finally:
+        again.close()
+    wait_until(lambda: start_offset() == 10, 30, "start offset 10 again")
 
 
 def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):

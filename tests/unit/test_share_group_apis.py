@@ -168,9 +168,24 @@ class FakeStore:
     def save(self, group_id, topic_id, partition, leader_epoch, doc, must_exist=False):
         if self.fail:
             raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, "store down")
-        if must_exist and (group_id, topic_id, partition) not in self.docs:
+        key = (group_id, topic_id, partition)
+        if must_exist and key not in self.docs:
             raise ShareStateError(KafkaError.NOT_LEADER_OR_FOLLOWER, "deleted: reload")
-        self.docs[(group_id, topic_id, partition)] = doc
+        if key in self.docs and self.docs[key].get("state_epoch", 0) != doc.get("state_epoch", 0):
+            raise ShareStateError(KafkaError.NOT_LEADER_OR_FOLLOWER, "altered: reload")
+        self.docs[key] = doc
+
+    def alter_group(self, group_id, coordinator_epoch, states):
+        if self.fail:
+            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, "store down")
+        self.altered_at = coordinator_epoch
+        for topic_id, partition, doc in states:
+            old = self.docs.get((group_id, topic_id, partition), {})
+            self.docs[(group_id, topic_id, partition)] = {
+                **doc,
+                "state_epoch": old.get("state_epoch", 0) + 1,
+            }
+        return len(states)
 
     def delete_group(self, group_id, coordinator_epoch, topic_ids=None):
         if self.fail:

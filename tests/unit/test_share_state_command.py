@@ -195,3 +195,79 @@ def test_deleting_a_share_groups_offsets_of_some_topics_keeps_the_others(sm):
     assert share_state_key("g", "tid", 0) in kv
     assert share_state_key("g", "uid", 0) not in kv and share_state_key("g", "uid", 1) not in kv
     assert share_state_key("h", "uid", 0) in kv and share_state_key("h", "uid", 1) in kv
+
+
+def test_altering_a_share_groups_offsets_bumps_the_state_epoch_and_fences_stale_leaders(sm):
+    """AlterShareGroupOffsets: the coordinator (only it) replaces states at state epoch + 1
+    (all or nothing: an unknown partition changes nothing); a leader's write naming the
+    state epoch it loaded before the alter is refused (it reloads); one naming the new
+    epoch is accepted. Entries stored without a state epoch read as epoch 0."""
+    import json
+
+    from controlplane.coordinators import slot_of
+
+    part = sm.image.topics["tid"].partitions[0]
+    leader, epoch = part.leader_node_id, part.leader_epoch
+    ok(put(sm, leader, epoch, '{"v":1,"start":7,"runs":[[7,9,0,1]]}'))  # epoch 0 (absent)
+    slot = sm.image.coordinator_slots[slot_of(sm.image, "g")]
+    key = share_state_key("g", "tid", 0)
+
+    def alter(node: int, states: list, coordinator_epoch: int = slot.epoch) -> dict:
+        body = {
+            "node_id": node,
+            "node_epoch": 0,
+            "group_id": "g",
+            "coordinator_epoch": coordinator_epoch,
+            "states": states,
+        }
+        return sm.execute("alter_share_group_state", body, NOW)
+
+    new = {"topic_id": "tid", "partition": 0, "value": '{"v":1,"start":3,"runs":[]}'}
+    before = sm.image.fingerprint()
+    assert err(alter(3 - slot.node_id, [new])) == "NOT_COORDINATOR"
+    assert err(alter(slot.node_id, [new], slot.epoch + 1)) == "NOT_COORDINATOR"
+    gone = {**new, "partition": 5}
+    assert err(alter(slot.node_id, [new, gone])) == "UNKNOWN_TOPIC"
+    assert err(alter(slot.node_id, [{**new, "value": "[1]"}])) == "INVALID_REQUEST"
+    assert sm.image.fingerprint() == before  # nothing changed
+    assert ok(alter(slot.node_id, [new])) == {"altered": 1}
+    assert json.loads(sm.image.kv[key]) == {"v": 1, "start": 3, "runs": [], "state_epoch": 1}
+    # the leader loaded epoch 0 before the alter: its write-back is refused
+    stale = sm.execute(
+        "put_share_state",
+        {
+            "node_id": leader,
+            "node_epoch": 0,
+            "group_id": "g",
+            "topic_id": "tid",
+            "partition": 0,
+            "leader_epoch": epoch,
+            "value": '{"v":1,"start":10,"runs":[]}',
+            "must_exist": True,
+        },
+        NOW,
+    )
+    assert err(stale) == "NOT_PARTITION_LEADER"
+    assert json.loads(sm.image.kv[key])["start"] == 3
+    reloaded = sm.execute(
+        "put_share_state",
+        {
+            "node_id": leader,
+            "node_epoch": 0,
+            "group_id": "g",
+            "topic_id": "tid",
+            "partition": 0,
+            "leader_epoch": epoch,
+            "value": '{"v":1,"start":4,"runs":[],"state_epoch":1}',
+            "must_exist": True,
+            "state_epoch": 1,
+        },
+        NOW,
+    )
+    ok(reloaded)
+    assert ok(alter(slot.node_id, [new])) == {"altered": 1}
+    assert json.loads(sm.image.kv[key])["state_epoch"] == 2
+    # a partition never read by the group: stored at epoch 1
+    ok(sm.execute("create_topic", {"name": "u", "partitions": 1, "topic_id": "uid"}, NOW))
+    assert ok(alter(slot.node_id, [{**new, "topic_id": "uid"}])) == {"altered": 1}
+    assert json.loads(sm.image.kv[share_state_key("g", "uid", 0)])["state_epoch"] == 1

@@ -6,7 +6,10 @@ DESCRIBE on the group. DescribeShareGroupOffsets needs DESCRIBE on each group
 (GROUP_AUTHORIZATION_FAILED for that group) and on the topics it names
 (TOPIC_AUTHORIZATION_FAILED for that group; a request naming no topics gets only the topics
 the principal may describe); DeleteShareGroupOffsets needs DELETE on the group and READ on
-every topic it names, as in Kafka."""
+every topic it names, as in Kafka. AlterShareGroupOffsets needs READ on the group
+(GROUP_AUTHORIZATION_FAILED for the request) and READ on each topic it names
+(TOPIC_AUTHORIZATION_FAILED for that topic's partitions; the others are altered), as in
+Kafka."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Any
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.security.acl_checks import AclChecks, Handler, Policy
 from dataplane.kafka.share.protocol import (
+    AlterShareGroupOffsetsResponse,
     DeleteShareGroupOffsetsResponse,
     DescribeShareGroupOffsetsResponse,
     DescribeSharePartitionsResponse,
@@ -39,6 +43,7 @@ class ShareApiAcls:
             78: self.share_fetch,
             79: self.share_acknowledge,
             90: self.describe_offsets,
+            91: self.alter_offsets,
             92: self.delete_offsets,
             602: self.describe_partitions,
         }
@@ -177,3 +182,36 @@ class ShareApiAcls:
             error_message="not authorized",
             responses=[],
         )
+
+    async def alter_offsets(self, handler: Handler, req: Any, ctx: Any) -> Any:
+        """AlterShareGroupOffsets: READ on the group, READ on each topic it names (the
+        partitions of a topic without it get TOPIC_AUTHORIZATION_FAILED)."""
+        if not self.checks.allowed(ctx, "READ", "GROUP", req.group_id or ""):
+            return AlterShareGroupOffsetsResponse(
+                version=0,
+                throttle_time_ms=0,
+                error_code=KafkaError.GROUP_AUTHORIZATION_FAILED,
+                error_message="not authorized",
+                responses=[],
+            )
+        T = AlterShareGroupOffsetsResponse.AlterShareGroupOffsetsResponseTopic
+        P = T.AlterShareGroupOffsetsResponsePartition
+        allowed, denied = [], []
+        for topic in req.topics or []:
+            if self.checks.allowed(ctx, "READ", "TOPIC", topic.topic_name or ""):
+                allowed.append(topic)
+                continue
+            partitions = [
+                P(
+                    partition_index=p.partition_index,
+                    error_code=KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                    error_message="not authorized",
+                )
+                for p in topic.partitions or []
+            ]
+            denied.append(T(topic_name=topic.topic_name, topic_id=None, partitions=partitions))
+        req.topics = allowed
+        response = await handler(req, ctx)
+        if response.error_code == KafkaError.NONE:
+            response.responses.extend(denied)
+        return response

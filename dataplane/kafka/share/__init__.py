@@ -57,7 +57,7 @@ def build_share_apis(
             store,
             lambda group_id: group_configs.settings_for(broker.image_fn(), group_id, defaults),
             broker.run_io,
-            stored_in_image=lambda key: share_state_key(*key) in broker.image_fn().kv,
+            stored_value=lambda key: broker.image_fn().kv.get(share_state_key(*key)),
         ),
         ShareSessions(config.max_share_sessions),
         coordinates,

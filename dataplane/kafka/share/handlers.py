@@ -47,6 +47,7 @@ from .offsets import ShareGroupOffsets
 from .partition_state import AcknowledgeError, LogBatch
 from .partitions import SharePartitions
 from .protocol import (
+    AlterShareGroupOffsetsRequest,
     DeleteShareGroupOffsetsRequest,
     DescribeShareGroupOffsetsRequest,
     DescribeSharePartitionsRequest,
@@ -118,6 +119,7 @@ class ShareApis:
             (DescribeSharePartitionsRequest, 0, 0, self.describe_partitions),
             (DescribeShareGroupOffsetsRequest, 0, 0, self.describe_offsets),
             (DeleteShareGroupOffsetsRequest, 0, 0, self.delete_offsets),
+            (AlterShareGroupOffsetsRequest, 0, 0, self.alter_offsets),
         ]
 
     def wrap(self, request_class: type, handler):
@@ -246,6 +248,10 @@ class ShareApis:
     async def delete_offsets(self, req: Any, ctx: Any) -> Any:
         """DeleteShareGroupOffsets v0 (`offsets.py`)."""
         return await self.offsets.delete_offsets(req, ctx)
+
+    async def alter_offsets(self, req: Any, ctx: Any) -> Any:
+        """AlterShareGroupOffsets v0 (`offsets.py`)."""
+        return await self.offsets.alter_offsets(req, ctx)
 
     # ------------------------------------------------------------------ share fetch
 

@@ -1,5 +1,5 @@
-"""DescribeShareGroupOffsets (90) and DeleteShareGroupOffsets (92) of KIP-932 share groups, at
-the group's coordinator.
+"""DescribeShareGroupOffsets (90), AlterShareGroupOffsets (91) and DeleteShareGroupOffsets (92)
+of KIP-932 share groups, at the group's coordinator.
 
 A share group's "offset" on a partition is its share-partition start offset (SPSO), kept in
 the share-partition's durable state in the controller KV (`controlplane/share_state.py`,
@@ -14,6 +14,14 @@ written by the partition's leader once an acknowledgement is stored).
   coordinator slot; the next read of those partitions starts afresh
   (`share.auto.offset.reset`). A leader holding one of them loaded finds out at its next
   write (`must_exist`, as for DeleteGroups of a share group).
+* Alter, for an empty share group only (NON_EMPTY_GROUP otherwise), replaces the stored
+  state of each named partition by one starting at the given offset with nothing in flight,
+  through the controller (one command, all or nothing, fenced by the coordinator slot), at
+  the state's state epoch + 1: a leader holding the old state loaded cannot write it back
+  (its writes name the state epoch it loaded) and an idle one reloads when its metadata
+  image shows the new state epoch (`partitions.py`). An unknown topic or partition is
+  UNKNOWN_TOPIC_OR_PARTITION for that partition, a negative offset INVALID_REQUEST; the
+  others are altered.
 
 A group id that is no share group (unknown, or a classic or consumer group) is
 GROUP_ID_NOT_FOUND. Runs on the event loop; the controller call goes to the I/O pool.
@@ -31,8 +39,13 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.api_context import BrokerApiContext
 
 from .coordinator import ShareGroupCoordinator
+from .partition_state import SharePartitionState
 from .partitions import SharePartitions
-from .protocol import DeleteShareGroupOffsetsResponse, DescribeShareGroupOffsetsResponse
+from .protocol import (
+    AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsetsResponse,
+    DescribeShareGroupOffsetsResponse,
+)
 from .store import ShareStateError
 
 #: the start offset Kafka reports for a partition the group never read
@@ -45,6 +58,8 @@ _DGroup = DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGro
 _DTopic = _DGroup.DescribeShareGroupOffsetsResponseTopic
 _DPartition = _DTopic.DescribeShareGroupOffsetsResponsePartition
 _XTopic = DeleteShareGroupOffsetsResponse.DeleteShareGroupOffsetsResponseTopic
+_ATopic = AlterShareGroupOffsetsResponse.AlterShareGroupOffsetsResponseTopic
+_APartition = _ATopic.AlterShareGroupOffsetsResponsePartition
 
 
 def stored_start(image: Any, group_id: str, topic_id: str, partition: int) -> int:
@@ -73,8 +88,8 @@ def stored_partitions(image: Any, group_id: str) -> dict[str, list[int]]:
 
 
 class ShareGroupOffsets:
-    """The handlers of DescribeShareGroupOffsets and DeleteShareGroupOffsets (see the module
-    docstring). Event loop only.
+    """The handlers of DescribeShareGroupOffsets, AlterShareGroupOffsets and
+    DeleteShareGroupOffsets (see the module docstring). Event loop only.
 
     Args:
         broker: the broker's context (metadata image, node id, I/O pool).
@@ -181,6 +196,73 @@ class ShareGroupOffsets:
         topic_id = uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID
         return _DTopic(topic_name=name, topic_id=topic_id, partitions=out)
 
+    def _coordinator_epoch(self, image: Any, group_id: str) -> int | None:
+        """The epoch of the group's coordinator slot if this broker owns it, else None."""
+        slot = slot_of(image, group_id)
+        owner = image.coordinator_slots.get(slot) if slot is not None else None
+        if owner is None or owner.node_id != self.broker.me.node_id:
+            return None
+        return owner.epoch
+
+    # ------------------------------------------------------------------ alter
+
+    async def alter_offsets(self, req: Any, ctx: Any) -> Any:
+        """AlterShareGroupOffsets v0."""
+        image = self.broker.image_fn()
+        group_id = req.group_id or ""
+
+        def answer(error: KafkaError, message: str | None, topics: list | None = None) -> Any:
+            return AlterShareGroupOffsetsResponse(
+                version=0,
+                throttle_time_ms=0,
+                error_code=error,
+                error_message=message,
+                responses=topics or [],
+            )
+
+        error, message = self._group_error(image, group_id)
+        if error != KafkaError.NONE:
+            return answer(error, message)
+        if sum(len(t.partitions or []) for t in req.topics or []) > MAX_PARTITIONS_PER_REQUEST:
+            return answer(KafkaError.INVALID_REQUEST, "too many partitions in one request")
+        group = self.coordinator.group(group_id)
+        if group is not None and group.members:
+            return answer(KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.")
+        coordinator_epoch = self._coordinator_epoch(image, group_id)
+        if coordinator_epoch is None:
+            return answer(KafkaError.NOT_COORDINATOR, None)
+        # (topic name, topic or None, {partition: (error, message) or start offset})
+        plan: list[tuple[str, Any, dict[int, Any]]] = []
+        states: list[tuple[str, int, dict]] = []
+        for t in req.topics or []:
+            name = t.topic_name or ""
+            topic = image.topic_by_name(name)
+            outcome: dict[int, Any] = {}
+            for p in t.partitions or []:
+                index, start = p.partition_index, p.start_offset
+                if topic is None or topic.partitions.get(index) is None:
+                    outcome[index] = (
+                        KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"no partition {name}-{index}",
+                    )
+                elif start < 0:
+                    outcome[index] = (KafkaError.INVALID_REQUEST, f"start offset {start} < 0")
+                else:
+                    outcome[index] = start
+                    states.append((topic.topic_id, index, SharePartitionState(start).snapshot()))
+            plan.append((name, topic, outcome))
+        failed: tuple[KafkaError, str] | None = None
+        if states:
+            try:
+                await self.broker.run_io(
+                    self.partitions.store.alter_group, group_id, coordinator_epoch, states
+                )
+            except ShareStateError as exc:
+                failed = (exc.error, str(exc))
+            else:
+                self.partitions.drop_group(group_id, {t for t, _, _ in states})
+        return answer(KafkaError.NONE, None, [_altered_topic(n, t, o, failed) for n, t, o in plan])
+
     # ------------------------------------------------------------------ delete
 
     async def delete_offsets(self, req: Any, ctx: Any) -> Any:
@@ -206,9 +288,8 @@ class ShareGroupOffsets:
         group = self.coordinator.group(group_id)
         if group is not None and group.members:
             return answer(KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.")
-        slot = slot_of(image, group_id)
-        owner = image.coordinator_slots.get(slot) if slot is not None else None
-        if owner is None or owner.node_id != self.broker.me.node_id:
+        coordinator_epoch = self._coordinator_epoch(image, group_id)
+        if coordinator_epoch is None:
             return answer(KafkaError.NOT_COORDINATOR, None)
         topics = {n: image.topic_by_name(n) for n in names}
         ids = sorted({t.topic_id for t in topics.values() if t is not None})
@@ -216,7 +297,7 @@ class ShareGroupOffsets:
         if ids:
             try:
                 await self.broker.run_io(
-                    self.partitions.store.delete_group, group_id, owner.epoch, ids
+                    self.partitions.store.delete_group, group_id, coordinator_epoch, ids
                 )
             except ShareStateError as exc:
                 failed = (exc.error, str(exc))
@@ -237,3 +318,22 @@ class ShareGroupOffsets:
                 )
             )
         return answer(KafkaError.NONE, None, results)
+
+
+def _altered_topic(
+    name: str, topic: Any, outcome: dict[int, Any], failed: tuple[KafkaError, str] | None
+) -> Any:
+    """One topic of an AlterShareGroupOffsets answer: each partition's refusal, or the
+    controller's failure (`failed`), or success."""
+    partitions = []
+    for index, result in outcome.items():
+        if isinstance(result, tuple):
+            code, text = result
+        else:
+            code, text = failed or (KafkaError.NONE, None)
+        partitions.append(_APartition(partition_index=index, error_code=code, error_message=text))
+    return _ATopic(
+        topic_name=name,
+        topic_id=uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID,
+        partitions=partitions,
+    )

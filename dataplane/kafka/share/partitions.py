@@ -16,11 +16,12 @@ acquired records available again, as in Kafka); lock expiries and releases are w
 background.
 
 A share-partition's stored state may be deleted by the group's coordinator (DeleteGroups,
-DeleteShareGroupOffsets). A leader holding it loaded finds out at its next write (the store
-refuses it: `must_exist`), or, if it is idle (nothing in flight, everything stored) and its
-entry has gone from this broker's metadata image (`stored_in_image`), at its next use: it
-is dropped and reloaded (the load reads through the log, so an image that merely lags costs
-a reload, nothing else).
+DeleteShareGroupOffsets) or replaced by it at a higher state epoch (AlterShareGroupOffsets).
+A leader holding it loaded finds out at its next write (the store refuses it: `must_exist`,
+or a state epoch other than the one it loaded), or, if it is idle (nothing in flight,
+everything stored) and its entry has gone from this broker's metadata image or shows
+another state epoch there (`stored_value`), at its next use: it is dropped and reloaded
+(the load reads through the log, so an image that merely lags costs a reload, nothing else).
 
 Runs on the event loop (every method); blocking store calls go to the I/O pool. Not
 thread-safe beyond that.
@@ -35,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.share_state import state_epoch_of
 from dataplane.formats.kafka_errors import KafkaError
 
 from .partition_state import SharePartitionState
@@ -74,6 +76,11 @@ class SharePartition:
     # its state is in the store (loaded from it, or first stored): later writes must find
     # it there (a deleted group's state is not brought back)
     in_store: bool = True
+    # the state epoch of the stored state it was loaded from (its writes must find it)
+    state_epoch: int = 0
+    # the stored value last seen in the metadata image, and its state epoch (parsed once)
+    seen_value: str | None = None
+    seen_state_epoch: int = 0
 
     def changed(self) -> int:
         """Note a change to write; its number (`persist` waits until it is stored)."""
@@ -90,11 +97,12 @@ class SharePartitions:
         settings_fn: Callable[[str], ShareSettings],
         run_io: Callable[..., Awaitable[Any]],
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-        stored_in_image: Callable[[ShareKey], bool] = lambda key: True,
+        stored_value: Callable[[ShareKey], str | None] | None = None,
     ) -> None:
         self.store = store
-        # whether the metadata image still holds the stored state of a share-partition
-        self.stored_in_image = stored_in_image
+        # the stored state of a share-partition as the metadata image holds it (None: none
+        # stored); no check of idle share-partitions without it
+        self.stored_value = stored_value
         # a group's settings: its group configs over the broker's (group_configs.py)
         self.settings_fn = settings_fn
         self.run_io = run_io
@@ -135,8 +143,8 @@ class SharePartitions:
         it), loaded (or initialised) if needed. ShareStateError if that fails."""
         self._ensure_sweeper()
         found = self._partitions.get(key)
-        if found is not None and self._deleted_meanwhile(found):
-            log.info("share-partition %s: its stored state was deleted; reloading", key)
+        if found is not None and self._replaced_meanwhile(found):
+            log.info("share-partition %s: its stored state was deleted or altered; reloading", key)
             found = None
         if found is not None and found.leader_epoch == plog.leader_epoch:
             found.last_used = time.monotonic()
@@ -168,7 +176,7 @@ class SharePartitions:
                     KafkaError.KAFKA_STORAGE_ERROR, f"bad share state of {key}: {exc}"
                 ) from exc
             state.move_start(plog.log_start_offset)
-            sp = SharePartition(key, epoch, state)
+            sp = SharePartition(key, epoch, state, state_epoch=int(doc.get("state_epoch", 0)))
         else:
             start = (
                 plog.log_start_offset if s.auto_offset_reset == "earliest" else plog.high_watermark
@@ -193,15 +201,20 @@ class SharePartitions:
         )
         return sp
 
-    def _deleted_meanwhile(self, sp: SharePartition) -> bool:
+    def _replaced_meanwhile(self, sp: SharePartition) -> bool:
         """Idle (nothing in flight, every change stored) and its stored state gone from the
-        metadata image: the group's coordinator deleted it."""
-        return (
-            sp.in_store
-            and not self.stored_in_image(sp.key)  # a dict lookup: first, it is nearly always in
-            and sp.stored == sp.changes
-            and sp.state.next_lock_deadline_ms() is None
-        )
+        metadata image or at another state epoch there: the group's coordinator deleted or
+        altered it."""
+        if self.stored_value is None or not sp.in_store:
+            return False
+        value = self.stored_value(sp.key)
+        if value is None:
+            changed = True
+        else:
+            if value is not sp.seen_value:  # a new stored value: parsed once
+                sp.seen_value, sp.seen_state_epoch = value, state_epoch_of(value)
+            changed = sp.seen_state_epoch != sp.state_epoch
+        return changed and sp.stored == sp.changes and sp.state.next_lock_deadline_ms() is None
 
     def _evict_idle(self) -> None:
         idle = sorted(
@@ -243,6 +256,8 @@ class SharePartitions:
                 )
             upto = sp.changes
             doc = sp.state.snapshot()
+            if sp.state_epoch:
+                doc["state_epoch"] = sp.state_epoch
             group_id, topic_id, partition = sp.key
             try:
                 await self.run_io(

@@ -5,6 +5,8 @@ acknowledgement types."""
 from __future__ import annotations
 
 from dataplane.formats.share_messages import (
+    AlterShareGroupOffsetsRequest,
+    AlterShareGroupOffsetsResponse,
     DeleteShareGroupOffsetsRequest,
     DeleteShareGroupOffsetsResponse,
     DescribeShareGroupOffsetsRequest,
@@ -27,6 +29,8 @@ __all__ = [
     "ACK_GAP",
     "ACK_REJECT",
     "ACK_RELEASE",
+    "AlterShareGroupOffsetsRequest",
+    "AlterShareGroupOffsetsResponse",
     "DeleteShareGroupOffsetsRequest",
     "DeleteShareGroupOffsetsResponse",
     "DescribeShareGroupOffsetsRequest",
@@ -57,5 +61,6 @@ for _request, _response in (
     (DescribeSharePartitionsRequest, DescribeSharePartitionsResponse),
     (DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse),
     (DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse),
+    (AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse),
 ):
     add_api_message(_request, _response)

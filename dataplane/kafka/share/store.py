@@ -11,7 +11,12 @@ from collections.abc import Callable
 
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
-from controlplane.share_state import DeleteShareGroupStateRequest, PutShareStateRequest
+from controlplane.share_state import (
+    AlteredShareState,
+    AlterShareGroupStateRequest,
+    DeleteShareGroupStateRequest,
+    PutShareStateRequest,
+)
 from dataplane.formats.kafka_errors import KafkaError
 
 PUT_TIMEOUT_S = 10.0
@@ -68,7 +73,9 @@ class ShareStateStore:
     ) -> None:
         """Store the snapshot; returns once the controller committed it (blocking).
         `must_exist`: refused (NOT_LEADER_OR_FOLLOWER) if the stored state is gone (the group
-        was deleted since this leader loaded it)."""
+        was deleted since this leader loaded it). The snapshot's `state_epoch` (0 if absent)
+        is the state epoch this leader loaded: refused too if the stored one differs (the
+        offsets were altered since)."""
         value = json.dumps(doc, separators=(",", ":"))
         if len(value) > MAX_STATE_BYTES:
             raise ShareStateError(
@@ -83,6 +90,7 @@ class ShareStateStore:
             load=False,
             value=value,
             must_exist=must_exist,
+            state_epoch=int(doc.get("state_epoch", 0)),
         )
 
     def delete_group(
@@ -110,6 +118,38 @@ class ShareStateStore:
         except (OSError, TimeoutError) as exc:
             raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
 
+    def alter_group(
+        self, group_id: str, coordinator_epoch: int, states: list[tuple[str, int, dict]]
+    ) -> int:
+        """Replace the stored states of (topic id, partition, snapshot) of the group at a
+        higher state epoch, as its coordinator at `coordinator_epoch` (blocking; all or
+        nothing); how many. ShareStateError when refused (NOT_COORDINATOR, or
+        UNKNOWN_TOPIC_OR_PARTITION for a partition gone meanwhile) or unreachable."""
+        req = AlterShareGroupStateRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch_fn(),
+            group_id=group_id,
+            coordinator_epoch=coordinator_epoch,
+            states=[
+                AlteredShareState(
+                    topic_id=t, partition=p, value=json.dumps(doc, separators=(",", ":"))
+                )
+                for t, p, doc in states
+            ],
+        )
+        try:
+            return self.controller.alter_share_group_state(req, timeout_s=PUT_TIMEOUT_S)
+        except ControllerError as exc:
+            if exc.code == ErrorCode.UNKNOWN_TOPIC:
+                error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
+            elif exc.code in _NOT_LEADER or exc.code == ErrorCode.NOT_COORDINATOR:
+                error = KafkaError.NOT_COORDINATOR
+            else:
+                error = KafkaError.KAFKA_STORAGE_ERROR
+            raise ShareStateError(error, str(exc)) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
+
     def _call(
         self,
         group_id: str,
@@ -120,6 +160,7 @@ class ShareStateStore:
         load: bool,
         value: str | None,
         must_exist: bool = False,
+        state_epoch: int = 0,
     ) -> str | None:
         req = PutShareStateRequest(
             node_id=self.node_id,
@@ -131,6 +172,7 @@ class ShareStateStore:
             load=load,
             value=value,
             must_exist=must_exist,
+            state_epoch=state_epoch,
         )
         try:
             return self.controller.put_share_state(req, timeout_s=PUT_TIMEOUT_S)
