@@ -43,7 +43,7 @@ from cli.cluster_layout import (
 )
 from cli.config_files import broker_config, read_login, write_new_login, write_private
 from cli.external_buckets import external_buckets
-from cli.os_processes import proc_start_time, scan_processes, terminate
+from cli.os_processes import proc_age_s, proc_start_time, scan_processes, terminate
 from cli.port_allocator import parse_port_range
 from controlplane.auth import SECRET_FILE_NAME, generate_secret
 from dataplane.objectstore.seaweed import (
@@ -461,9 +461,27 @@ class LocalCluster:
                     continue  # the supervisor (or another command) started it meanwhile
                 proc = start_seaweed(s3, self.log_path(name))
                 self._record_pid(name, proc.pid)
-            started.append((s3, proc))
-        for s3, proc in started:
+            started.append((name, s3, proc))
+        for name, s3, proc in started:
             wait_seaweed_ready(s3, timeout_s, proc)
+            # when it began to answer: writes that failed before were not its own
+            write_private(self._ready_path(name), f"{proc.pid} {time.time()}")
+
+    def _ready_path(self, name: str) -> Path:
+        return self.dir / "pids" / f"{name}.ready"
+
+    def store_answering_s(self, name: str, pid: int) -> float | None:
+        """How long store `name` (running as `pid`) has answered: since the start that
+        waited for it to answer, or since its process started when another start did; None
+        when its process is gone."""
+        age_s = proc_age_s(pid)
+        try:
+            ready_pid, ready_at = self._ready_path(name).read_text().split()
+            if int(ready_pid) == pid and age_s is not None:
+                return max(0.0, min(age_s, time.time() - float(ready_at)))
+        except (OSError, ValueError):
+            pass
+        return age_s
 
     def start_controller(self, config: ClusterConfig, node_id: int) -> int:
         """Write quorum.json (0600) and start controller `node_id`; its PID."""

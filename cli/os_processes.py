@@ -37,6 +37,19 @@ def proc_start_time(pid: int) -> str | None:
     return fields[19]  # field 22 of stat: start time in clock ticks since boot
 
 
+def proc_age_s(pid: int) -> float | None:
+    """How long ago live process `pid` started (seconds), or None when it is gone."""
+    start = proc_start_time(pid)
+    try:
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if start is None:
+        return None
+    return max(0.0, uptime_s - int(start) / os.sysconf("SC_CLK_TCK"))
+
+
 def _proc_cmdline(pid: int) -> list[str] | None:
     """argv of a live process, or None (gone, a kernel thread, or not readable)."""
     try:

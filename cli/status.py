@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from cli.cluster_config import (
+    STORE_COMPONENTS,
     SUPERVISOR,
     BrokerSpec,
     ClusterConfig,
@@ -35,7 +36,12 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
         for b in config.buckets
     ]
     problems = _problems(config, controllers, brokers, leader_view)
-    problems += store_problems(config, brokers, leader_view, pids)
+    store_ages_s = {
+        name: age
+        for name in STORE_COMPONENTS
+        if name in pids and (age := cluster.store_answering_s(name, pids[name])) is not None
+    }
+    problems += store_problems(config, brokers, leader_view, pids, store_ages_s)
     if config.supervise and SUPERVISOR not in pids:
         problems.append(
             "the supervisor is not running: crashed processes are not restarted "

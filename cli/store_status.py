@@ -41,17 +41,29 @@ def _waiting(brokers: list[dict], bucket_failover: dict) -> str:
 
 
 def store_problems(
-    config: ClusterConfig, brokers: list[dict], leader_view: dict | None, pids: dict[str, int]
+    config: ClusterConfig,
+    brokers: list[dict],
+    leader_view: dict | None,
+    pids: dict[str, int],
+    store_ages_s: dict[str, float] | None = None,
 ) -> list[str]:
     """One problem per bucket that a majority of the reporting live brokers see failing
-    (none without a leader: "no controller leader" says it already)."""
+    (none without a leader: "no controller leader" says it already). `store_ages_s`: how
+    long each running embedded store has answered (component -> s): writes that last
+    failed before then failed while it was down or starting (the brokers have not written
+    since it came back), so they are no problem of the store running now."""
     failover = (leader_view or {}).get("bucket_failover") or {}
     names = store_names(config, pids)
+    restarted_since = _newest_store_age_s(config, pids, store_ages_s or {})
     problems = []
     for bucket in failover.get("buckets", []):
         if bucket.get("healthy") is not False:
             continue
         bucket_id = bucket["bucket_id"]
+        last_failure_ms = bucket.get("last_failure_age_ms")
+        age_s = restarted_since.get(bucket_id)
+        if last_failure_ms is not None and age_s is not None and last_failure_ms / 1000 > age_s:
+            continue
         since_s = bucket.get("failing_for_ms", 0) / 1000
         error = (bucket.get("last_error") or "no answer")[:MAX_ERROR_CHARS]
         problems.append(
@@ -61,3 +73,16 @@ def store_problems(
             f"({error}); waiting: {_waiting(brokers, failover)}"
         )
     return problems
+
+
+def _newest_store_age_s(
+    config: ClusterConfig, pids: dict[str, int], store_ages_s: dict[str, float]
+) -> dict[int, float]:
+    """bucket id -> how long the running embedded store serving it has answered."""
+    out = {}
+    for store in config.object_stores(pids):
+        age_s = store_ages_s.get(store["component"])
+        if store["pid"] is not None and age_s is not None:
+            for bucket_id in store["bucket_ids"]:
+                out[bucket_id] = age_s
+    return out

@@ -487,6 +487,13 @@ def _bucket_fields(bucket_id: int, reports: list, usage: dict) -> dict:
         "last_error": next((h.last_error for h in failing if h.last_error), None),
         # the longest a reporting broker has seen its writes fail (0: none failing)
         "failing_for_ms": max((h.failing_for_ms for h in failing), default=0),
+        # how long ago the newest failure a failing report knows of happened (None: none
+        # failing, or brokers from before this field): a failure older than the store's
+        # running process was its previous process's
+        "last_failure_age_ms": min(
+            (h.last_failure_age_ms for h in failing if h.last_failure_age_ms is not None),
+            default=None,
+        ),
     }
 
 

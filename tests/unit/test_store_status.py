@@ -65,3 +65,39 @@ def test_healthy_or_unreported_buckets_and_no_leader_are_no_problem(tmp_path: Pa
     brokers = [_broker(1, 0.0, 0)]
     assert store_problems(config, brokers, _leader([_bucket(0, True), _bucket(1, None)]), {}) == []
     assert store_problems(config, brokers, None, {}) == []
+
+
+def test_writes_that_failed_before_the_store_restarted_are_no_problem(tmp_path: Path) -> None:
+    """Found in a full run: `cluster up` restarted a killed store and returned healthy, then
+    a probe failure from the store's downtime reached the controller and status called the
+    running store failing for a probe interval. A failure older than the store's process
+    was its previous process's; a failure after it started is a problem."""
+    config = _config(tmp_path)
+    brokers = [_broker(1, 0.0, 0)]
+    failing = {**_bucket(1, False, failing=2), "last_failure_age_ms": 1_500}
+    pids = {"s3": 4242, "s3-failover": 4343}
+    # the failover store has run 1.0 s: its last failures (1.5 s ago) were before it
+    assert store_problems(config, brokers, _leader([failing]), pids, {"s3-failover": 1.0}) == []
+    # it has run 2.0 s: a write failed on this process
+    assert len(store_problems(config, brokers, _leader([failing]), pids, {"s3-failover": 2.0})) == 1
+    # unknown age, or brokers that do not say when they last failed: a problem, as before
+    assert len(store_problems(config, brokers, _leader([failing]), pids)) == 1
+    unknown = {**failing, "last_failure_age_ms": None}
+    assert len(store_problems(config, brokers, _leader([unknown]), pids, {"s3-failover": 1.0})) == 1
+
+
+def test_a_store_has_answered_since_the_start_that_waited_for_it(tmp_path: Path) -> None:
+    import os
+    import time
+
+    cluster = LocalCluster(tmp_path / "c")
+    _config(tmp_path)
+    me = os.getpid()  # stands in for a store process
+    since_start = cluster.store_answering_s("s3-failover", me)
+    assert since_start is not None and since_start > 0
+    ready = cluster.dir / "pids" / "s3-failover.ready"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    ready.write_text(f"{me} {time.time() - 0.5}")
+    assert 0.4 < cluster.store_answering_s("s3-failover", me) < min(since_start, 5.0)
+    ready.write_text(f"{me + 1} {time.time()}")  # another process's start: not this one's
+    assert cluster.store_answering_s("s3-failover", me) >= since_start
