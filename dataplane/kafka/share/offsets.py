@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from controlplane.coordinators import slot_of
@@ -193,8 +194,7 @@ class ShareGroupOffsets:
                     error_code=KafkaError.NONE,
                 )
             )
-        topic_id = uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID
-        return _DTopic(topic_name=name, topic_id=topic_id, partitions=out)
+        return _DTopic(topic_name=name, topic_id=_topic_uuid(topic), partitions=out)
 
     def _coordinator_epoch(self, image: Any, group_id: str) -> int | None:
         """The epoch of the group's coordinator slot if this broker owns it, else None."""
@@ -204,33 +204,58 @@ class ShareGroupOffsets:
             return None
         return owner.epoch
 
+    def _empty_group_epoch(
+        self, image: Any, group_id: str, count: int, what: str
+    ) -> tuple[KafkaError, str | None, int]:
+        """Alter's and Delete's checks, in this order: the group (`_group_error`), the
+        request's size (`count` `what`s), an empty group, this broker owning the group's
+        coordinator slot. (NONE, None, the slot's epoch) when the request may go on, else
+        (the error, its message, -1)."""
+        error, message = self._group_error(image, group_id)
+        if error != KafkaError.NONE:
+            return error, message, -1
+        if count > MAX_PARTITIONS_PER_REQUEST:
+            return KafkaError.INVALID_REQUEST, f"too many {what} in one request", -1
+        group = self.coordinator.group(group_id)
+        if group is not None and group.members:
+            return KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.", -1
+        coordinator_epoch = self._coordinator_epoch(image, group_id)
+        if coordinator_epoch is None:
+            return KafkaError.NOT_COORDINATOR, None, -1
+        return KafkaError.NONE, None, coordinator_epoch
+
+    async def _write_group(
+        self,
+        write: Callable[[str, int, Any], int],
+        group_id: str,
+        coordinator_epoch: int,
+        changes: Any,
+        topic_ids: set[str],
+    ) -> tuple[KafkaError, str] | None:
+        """`write(group_id, coordinator_epoch, changes)` (the store's alter_group or
+        delete_group) on the I/O pool unless there are no changes; then the share-partitions
+        of `topic_ids` loaded here are dropped (their leaders reload). The store's refusal
+        (error, message), or None."""
+        if not changes:
+            return None
+        try:
+            await self.broker.run_io(write, group_id, coordinator_epoch, changes)
+        except ShareStateError as exc:
+            return exc.error, str(exc)
+        self.partitions.drop_group(group_id, topic_ids)
+        return None
+
     # ------------------------------------------------------------------ alter
 
     async def alter_offsets(self, req: Any, ctx: Any) -> Any:
         """AlterShareGroupOffsets v0."""
         image = self.broker.image_fn()
         group_id = req.group_id or ""
-
-        def answer(error: KafkaError, message: str | None, topics: list | None = None) -> Any:
-            return AlterShareGroupOffsetsResponse(
-                version=0,
-                throttle_time_ms=0,
-                error_code=error,
-                error_message=message,
-                responses=topics or [],
-            )
-
-        error, message = self._group_error(image, group_id)
+        error, message, coordinator_epoch = self._empty_group_epoch(
+            image, group_id, sum(len(t.partitions or []) for t in req.topics or []), "partitions"
+        )
         if error != KafkaError.NONE:
-            return answer(error, message)
-        if sum(len(t.partitions or []) for t in req.topics or []) > MAX_PARTITIONS_PER_REQUEST:
-            return answer(KafkaError.INVALID_REQUEST, "too many partitions in one request")
-        group = self.coordinator.group(group_id)
-        if group is not None and group.members:
-            return answer(KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.")
-        coordinator_epoch = self._coordinator_epoch(image, group_id)
-        if coordinator_epoch is None:
-            return answer(KafkaError.NOT_COORDINATOR, None)
+            return _group_answer(AlterShareGroupOffsetsResponse, error, message)
         # (topic name, topic or None, {partition: (error, message) or start offset})
         plan: list[tuple[str, Any, dict[int, Any]]] = []
         states: list[tuple[str, int, dict]] = []
@@ -251,17 +276,19 @@ class ShareGroupOffsets:
                     outcome[index] = start
                     states.append((topic.topic_id, index, SharePartitionState(start).snapshot()))
             plan.append((name, topic, outcome))
-        failed: tuple[KafkaError, str] | None = None
-        if states:
-            try:
-                await self.broker.run_io(
-                    self.partitions.store.alter_group, group_id, coordinator_epoch, states
-                )
-            except ShareStateError as exc:
-                failed = (exc.error, str(exc))
-            else:
-                self.partitions.drop_group(group_id, {t for t, _, _ in states})
-        return answer(KafkaError.NONE, None, [_altered_topic(n, t, o, failed) for n, t, o in plan])
+        failed = await self._write_group(
+            self.partitions.store.alter_group,
+            group_id,
+            coordinator_epoch,
+            states,
+            {t for t, _, _ in states},
+        )
+        return _group_answer(
+            AlterShareGroupOffsetsResponse,
+            KafkaError.NONE,
+            None,
+            [_altered_topic(n, t, o, failed) for n, t, o in plan],
+        )
 
     # ------------------------------------------------------------------ delete
 
@@ -270,39 +297,16 @@ class ShareGroupOffsets:
         image = self.broker.image_fn()
         group_id = req.group_id or ""
         names = list(dict.fromkeys(t.topic_name or "" for t in req.topics or []))
-
-        def answer(error: KafkaError, message: str | None, topics: list | None = None) -> Any:
-            return DeleteShareGroupOffsetsResponse(
-                version=0,
-                throttle_time_ms=0,
-                error_code=error,
-                error_message=message,
-                responses=topics or [],
-            )
-
-        error, message = self._group_error(image, group_id)
+        error, message, coordinator_epoch = self._empty_group_epoch(
+            image, group_id, len(names), "topics"
+        )
         if error != KafkaError.NONE:
-            return answer(error, message)
-        if len(names) > MAX_PARTITIONS_PER_REQUEST:
-            return answer(KafkaError.INVALID_REQUEST, "too many topics in one request")
-        group = self.coordinator.group(group_id)
-        if group is not None and group.members:
-            return answer(KafkaError.NON_EMPTY_GROUP, f"Share group {group_id} is not empty.")
-        coordinator_epoch = self._coordinator_epoch(image, group_id)
-        if coordinator_epoch is None:
-            return answer(KafkaError.NOT_COORDINATOR, None)
+            return _group_answer(DeleteShareGroupOffsetsResponse, error, message)
         topics = {n: image.topic_by_name(n) for n in names}
         ids = sorted({t.topic_id for t in topics.values() if t is not None})
-        failed: tuple[KafkaError, str] | None = None
-        if ids:
-            try:
-                await self.broker.run_io(
-                    self.partitions.store.delete_group, group_id, coordinator_epoch, ids
-                )
-            except ShareStateError as exc:
-                failed = (exc.error, str(exc))
-            else:
-                self.partitions.drop_group(group_id, set(ids))
+        failed = await self._write_group(
+            self.partitions.store.delete_group, group_id, coordinator_epoch, ids, set(ids)
+        )
         results = []
         for name, topic in topics.items():
             if topic is None:
@@ -312,12 +316,30 @@ class ShareGroupOffsets:
             results.append(
                 _XTopic(
                     topic_name=name,
-                    topic_id=uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID,
+                    topic_id=_topic_uuid(topic),
                     error_code=code,
                     error_message=text,
                 )
             )
-        return answer(KafkaError.NONE, None, results)
+        return _group_answer(DeleteShareGroupOffsetsResponse, KafkaError.NONE, None, results)
+
+
+def _topic_uuid(topic: Any) -> uuid.UUID:
+    """The topic's id as a UUID, the zero UUID for an unknown topic (None)."""
+    return uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID
+
+
+def _group_answer(
+    response_type: type, error: KafkaError, message: str | None, topics: list | None = None
+) -> Any:
+    """An AlterShareGroupOffsets or DeleteShareGroupOffsets (`response_type`) v0 answer."""
+    return response_type(
+        version=0,
+        throttle_time_ms=0,
+        error_code=error,
+        error_message=message,
+        responses=topics or [],
+    )
 
 
 def _altered_topic(
@@ -334,6 +356,6 @@ def _altered_topic(
         partitions.append(_APartition(partition_index=index, error_code=code, error_message=text))
     return _ATopic(
         topic_name=name,
-        topic_id=uuid.UUID(topic.topic_id) if topic is not None else _ZERO_UUID,
+        topic_id=_topic_uuid(topic),
         partitions=partitions,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from controlplane.calls import ControllerCalls
 from controlplane.errors import ControllerError, ErrorCode
@@ -28,6 +29,15 @@ _NOT_LEADER = {
     ErrorCode.STALE_NODE_EPOCH,
     ErrorCode.UNKNOWN_NODE,
     ErrorCode.UNKNOWN_TOPIC,
+}
+# controller refusal -> what the client is answered (any other: KAFKA_STORAGE_ERROR)
+_AS_LEADER = dict.fromkeys(_NOT_LEADER, KafkaError.NOT_LEADER_OR_FOLLOWER)
+_AS_COORDINATOR = dict.fromkeys(
+    _NOT_LEADER | {ErrorCode.NOT_COORDINATOR}, KafkaError.NOT_COORDINATOR
+)
+_AS_ALTERING_COORDINATOR = {
+    **_AS_COORDINATOR,
+    ErrorCode.UNKNOWN_TOPIC: KafkaError.UNKNOWN_TOPIC_OR_PARTITION,
 }
 
 
@@ -106,17 +116,7 @@ class ShareStateStore:
             coordinator_epoch=coordinator_epoch,
             topic_ids=topic_ids,
         )
-        try:
-            return self.controller.delete_share_group_state(req, timeout_s=PUT_TIMEOUT_S)
-        except ControllerError as exc:
-            error = (
-                KafkaError.NOT_COORDINATOR
-                if exc.code in _NOT_LEADER or exc.code == ErrorCode.NOT_COORDINATOR
-                else KafkaError.KAFKA_STORAGE_ERROR
-            )
-            raise ShareStateError(error, str(exc)) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
+        return _controller_call(self.controller.delete_share_group_state, req, _AS_COORDINATOR)
 
     def alter_group(
         self, group_id: str, coordinator_epoch: int, states: list[tuple[str, int, dict]]
@@ -137,18 +137,9 @@ class ShareStateStore:
                 for t, p, doc in states
             ],
         )
-        try:
-            return self.controller.alter_share_group_state(req, timeout_s=PUT_TIMEOUT_S)
-        except ControllerError as exc:
-            if exc.code == ErrorCode.UNKNOWN_TOPIC:
-                error = KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-            elif exc.code in _NOT_LEADER or exc.code == ErrorCode.NOT_COORDINATOR:
-                error = KafkaError.NOT_COORDINATOR
-            else:
-                error = KafkaError.KAFKA_STORAGE_ERROR
-            raise ShareStateError(error, str(exc)) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
+        return _controller_call(
+            self.controller.alter_share_group_state, req, _AS_ALTERING_COORDINATOR
+        )
 
     def _call(
         self,
@@ -174,14 +165,19 @@ class ShareStateStore:
             must_exist=must_exist,
             state_epoch=state_epoch,
         )
-        try:
-            return self.controller.put_share_state(req, timeout_s=PUT_TIMEOUT_S)
-        except ControllerError as exc:
-            error = (
-                KafkaError.NOT_LEADER_OR_FOLLOWER
-                if exc.code in _NOT_LEADER
-                else KafkaError.KAFKA_STORAGE_ERROR
-            )
-            raise ShareStateError(error, str(exc)) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
+        return _controller_call(self.controller.put_share_state, req, _AS_LEADER)
+
+
+def _controller_call(
+    call: Callable[..., Any], req: Any, refusals: dict[ErrorCode, KafkaError]
+) -> Any:
+    """`call(req)` (blocking, bounded by PUT_TIMEOUT_S); a controller refusal becomes a
+    ShareStateError with the client's error from `refusals` (KAFKA_STORAGE_ERROR for one it
+    does not name, and when the controller cannot be reached)."""
+    try:
+        return call(req, timeout_s=PUT_TIMEOUT_S)
+    except ControllerError as exc:
+        error = refusals.get(exc.code, KafkaError.KAFKA_STORAGE_ERROR)
+        raise ShareStateError(error, str(exc)) from exc
+    except (OSError, TimeoutError) as exc:
+        raise ShareStateError(KafkaError.KAFKA_STORAGE_ERROR, str(exc)) from exc
