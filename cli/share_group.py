@@ -21,6 +21,7 @@ from typing import Any
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 
 from dataplane.formats import consumer_group_messages, share_messages
+from dataplane.formats.kafka_errors import KafkaError
 
 TIMEOUT_S = 10.0
 MAX_SHARE_GROUPS = 1_000
@@ -91,7 +92,7 @@ def coordinator_call(
                 4,
                 security,
             ).coordinators[0]
-            if found.error_code != 0:
+            if found.error_code != KafkaError.NONE:
                 raise ShareDescribeError(f"no coordinator for {group_id!r} ({found.error_code})")
             resp = _call(f"{found.host}:{found.port}", request, api_key, version, security)
             brokers = _call(address, MetadataRequest[1](topics=[]), 3, 1, security).brokers
@@ -100,6 +101,18 @@ def coordinator_call(
             continue
         return found, resp, list(brokers)
     raise ShareDescribeError(f"no broker answered: {last_error}")
+
+
+def _described_group(resp: Any, api_name: str) -> Any | None:
+    """The one group of a ShareGroupDescribe or ConsumerGroupDescribe (`api_name`) answer;
+    None when it is no group of that type (GROUP_ID_NOT_FOUND), ShareDescribeError for any
+    other error."""
+    g = resp.groups[0]
+    if g.error_code == KafkaError.GROUP_ID_NOT_FOUND:
+        return None
+    if g.error_code != KafkaError.NONE:
+        raise ShareDescribeError(f"{api_name} error {g.error_code}: {g.error_message}")
+    return g
 
 
 def describe_share_group(
@@ -111,11 +124,9 @@ def describe_share_group(
         version=1, group_ids=[group_id], include_authorized_operations=False
     )
     found, resp, brokers = coordinator_call(bootstrap, group_id, request, 77, 1, security)
-    g = resp.groups[0]
-    if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a share group
+    g = _described_group(resp, "ShareGroupDescribe")
+    if g is None:
         return None
-    if g.error_code != 0:
-        raise ShareDescribeError(f"ShareGroupDescribe error {g.error_code}: {g.error_message}")
     return {
         "group": g.group_id,
         "type": "share",
@@ -152,11 +163,9 @@ def consumer_group_epochs(
         group_ids=[group_id], include_authorized_operations=False
     )
     _, resp, _ = coordinator_call(bootstrap, group_id, request, 69, 0, security)
-    g = resp.groups[0]
-    if g.error_code == 69:  # GROUP_ID_NOT_FOUND: not a consumer group
+    g = _described_group(resp, "ConsumerGroupDescribe")
+    if g is None:
         return None
-    if g.error_code != 0:
-        raise ShareDescribeError(f"ConsumerGroupDescribe error {g.error_code}: {g.error_message}")
     return {
         "group_epoch": g.group_epoch,
         "assignment_epoch": g.assignment_epoch,
