@@ -3,7 +3,7 @@ TOPIC in explicit acknowledgement mode, prints `offset delivery_count` of the fi
 it receives (flushed at once) and then holds them, never acknowledging, until it is killed
 (at most HOLD_S).
 
-    python share_member.py BOOTSTRAP GROUP TOPIC
+    PYTHONPATH=REPO python share_member.py BOOTSTRAP GROUP TOPIC
 """
 
 from __future__ import annotations
@@ -11,22 +11,14 @@ from __future__ import annotations
 import sys
 import time
 
-from confluent_kafka import ShareConsumer
+from tests.support.share import share_consumer
 
 HOLD_S = 300
 
 
 def main() -> None:
     bootstrap, group, topic = sys.argv[1:4]
-    consumer = ShareConsumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "share.acknowledgement.mode": "explicit",
-            "max.poll.records": 5,
-        }
-    )
-    consumer.subscribe([topic])
+    consumer = share_consumer(bootstrap, group, topic, max_records=5)
     deadline = time.monotonic() + HOLD_S
     got = []
     while not got and time.monotonic() < deadline:

@@ -23,6 +23,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,11 +47,13 @@ from dataplane.kafka.share.protocol import (  # noqa: E402
     DescribeShareGroupOffsetsRequest,
 )
 from tests.support.cluster import automqctl, create_topic, leaders, running_cluster  # noqa: E402
+from tests.support.share import share_consumer  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MEMBER = Path(__file__).with_name("share_member.py")
+MAX_POLL_RECORDS = 10
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +98,14 @@ def produce(bootstrap: str, topic: str, count: int) -> list[int]:
     return sorted(offsets)
 
 
-def consumer(bootstrap: str, group: str, topic: str, max_records: int = 10) -> ShareConsumer:
-    c = ShareConsumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "share.acknowledgement.mode": "explicit",
-            "max.poll.records": max_records,
-        }
-    )
-    c.subscribe([topic])
-    return c
+@contextmanager
+def subscribed(bootstrap: str, group: str, topic: str) -> Iterator[ShareConsumer]:
+    """A share consumer, closed on leaving, also when the test fails."""
+    c = share_consumer(bootstrap, group, topic, MAX_POLL_RECORDS)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def poll_some(c: ShareConsumer, timeout_s: float = 60) -> list:
@@ -115,6 +116,14 @@ def poll_some(c: ShareConsumer, timeout_s: float = 60) -> list:
         if got:
             return got
     raise AssertionError(f"no records within {timeout_s}s")
+
+
+def poll_at_least(c: ShareConsumer, count: int) -> list:
+    """Batches of records until there are at least `count` (each batch a bounded wait)."""
+    got: list = []
+    while len(got) < count:
+        got += poll_some(c)
+    return got
 
 
 def poll_for(c: ShareConsumer, seconds: float) -> list:
@@ -143,10 +152,13 @@ def accept_all(c: ShareConsumer, msgs: list) -> None:
     commit(c)
 
 
-def setup(cluster, name: str, **configs: str) -> tuple[str, str]:
+def setup(cluster, name: str, records: int, **configs: str) -> tuple[str, str]:
+    """A topic of one partition holding `records` records, and a share group reading it from
+    the earliest offset (with share group `configs`)."""
     topic, group = f"{name}-t", f"{name}-g"
     create_topic(cluster["bootstrap"], topic, 1)
     group_configs(cluster["bootstrap"], group, share_auto_offset_reset="earliest", **configs)
+    produce(cluster["bootstrap"], topic, records)
     return topic, group
 
 
@@ -171,6 +183,24 @@ def coordinator_call(bootstrap: str, group: str, request, api_key: int):
     return call((found.host, found.port), request, api_key, 0)
 
 
+def start_offset(bootstrap: str, group: str, topic: str) -> int:
+    """The group's start offset on partition 0 of `topic` (DescribeShareGroupOffsets)."""
+    D = DescribeShareGroupOffsetsRequest
+    G = D.DescribeShareGroupOffsetsRequestGroup
+    describe = D(
+        version=0,
+        groups=[
+            G(
+                group_id=group,
+                topics=[G.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
+            )
+        ],
+    )
+    g = coordinator_call(bootstrap, group, describe, 90).groups[0]
+    assert g.error_code == 0, g
+    return g.topics[0].partitions[0].start_offset
+
+
 def wait_until(condition, timeout_s: float, what: str):
     """The first truthy value of `condition()` (bounded wait)."""
     deadline = time.monotonic() + timeout_s
@@ -187,9 +217,10 @@ def wait_until(condition, timeout_s: float, what: str):
 
 def test_three_consumers_share_one_partition(cluster):
     # the records are held while automqctl runs: a lock that cannot expire meanwhile
-    topic, group = setup(cluster, "share3", share_record_lock_duration_ms="600000")
-    produce(cluster["bootstrap"], topic, 60)
-    consumers = [consumer(cluster["bootstrap"], group, topic) for _ in range(3)]
+    topic, group = setup(cluster, "share3", 60, share_record_lock_duration_ms="600000")
+    consumers = [
+        share_consumer(cluster["bootstrap"], group, topic, MAX_POLL_RECORDS) for _ in range(3)
+    ]
     try:
         # each holds what it got (no acknowledgement yet): the next gets other records
         held = [poll_some(c) for c in consumers]
@@ -223,10 +254,8 @@ def test_three_consumers_share_one_partition(cluster):
 
 
 def test_release_redelivers_and_reject_archives(cluster):
-    topic, group = setup(cluster, "sharerr")
-    produce(cluster["bootstrap"], topic, 6)
-    c = consumer(cluster["bootstrap"], group, topic)
-    try:
+    topic, group = setup(cluster, "sharerr", 6)
+    with subscribed(cluster["bootstrap"], group, topic) as c:
         got = poll_some(c)
         assert sorted(m.offset() for m in got) == list(range(6))
         kinds = {0: AcknowledgeType.ACCEPT, 1: AcknowledgeType.RELEASE, 2: AcknowledgeType.REJECT}
@@ -238,15 +267,11 @@ def test_release_redelivers_and_reject_archives(cluster):
         accept_all(c, again)
         # nothing else comes: the rejected ones are archived, the accepted ones done
         assert poll_for(c, 4) == []
-    finally:
-        c.close()
 
 
 def test_delivery_count_limit_archives_after_five(cluster):
-    topic, group = setup(cluster, "sharedl")
-    produce(cluster["bootstrap"], topic, 1)
-    c = consumer(cluster["bootstrap"], group, topic)
-    try:
+    topic, group = setup(cluster, "sharedl", 1)
+    with subscribed(cluster["bootstrap"], group, topic) as c:
         counts = []
         for _ in range(5):
             (m,) = poll_some(c)
@@ -255,8 +280,6 @@ def test_delivery_count_limit_archives_after_five(cluster):
             commit(c)
         assert counts == [1, 2, 3, 4, 5]
         assert poll_for(c, 4) == []  # archived after the fifth delivery
-    finally:
-        c.close()
 
 
 def test_share_group_offsets_describe_and_delete(cluster):
@@ -264,54 +287,29 @@ def test_share_group_offsets_describe_and_delete(cluster):
     DeleteShareGroupOffsets is NON_EMPTY_GROUP while a consumer is in the group, then deletes
     the topic's state: -1 described, and a new consumer reads from the start again
     (`share.auto.offset.reset=earliest`)."""
-    topic, group = setup(cluster, "shareoffsets")
+    topic, group = setup(cluster, "shareoffsets", 5)
     bootstrap = cluster["bootstrap"]
-    produce(bootstrap, topic, 5)
-    D = DescribeShareGroupOffsetsRequest
-    G = D.DescribeShareGroupOffsetsRequestGroup
-    describe = D(
-        version=0,
-        groups=[
-            G(
-                group_id=group,
-                topics=[G.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
-            )
-        ],
-    )
     X = DeleteShareGroupOffsetsRequest
     delete = X(
         version=0, group_id=group, topics=[X.DeleteShareGroupOffsetsRequestTopic(topic_name=topic)]
     )
-
-    def start_offset() -> int:
-        g = coordinator_call(bootstrap, group, describe, 90).groups[0]
-        assert g.error_code == 0, g
-        return g.topics[0].partitions[0].start_offset
-
-    c = consumer(bootstrap, group, topic)
-    try:
-        got = poll_some(c)
-        while len(got) < 5:
-            got += poll_some(c)
-        accept_all(c, got)
-        wait_until(lambda: start_offset() == 5, 30, "start offset 5 described")
+    with subscribed(bootstrap, group, topic) as c:
+        accept_all(c, poll_at_least(c, 5))
+        wait_until(
+            lambda: start_offset(bootstrap, group, topic) == 5, 30, "start offset 5 described"
+        )
         busy = coordinator_call(bootstrap, group, delete, 92)
         assert busy.error_code == KafkaError.NON_EMPTY_GROUP, busy
-    finally:
-        c.close()
     deleted = wait_until(
         lambda: (r := coordinator_call(bootstrap, group, delete, 92)).error_code == 0 and r,
         30,
         "the delete of an empty group",
     )
     assert [(t.topic_name, t.error_code) for t in deleted.responses] == [(topic, 0)]
-    wait_until(lambda: start_offset() == -1, 30, "no stored state described")
-    again = consumer(bootstrap, group, topic)
-    try:
+    wait_until(lambda: start_offset(bootstrap, group, topic) == -1, 30, "no stored state described")
+    with subscribed(bootstrap, group, topic) as again:
         got = poll_some(again)
         assert min(m.offset() for m in got) == 0
-    finally:
-        again.close()
 
 
 def test_share_group_offsets_alter(cluster):
@@ -319,9 +317,8 @@ def test_share_group_offsets_alter(cluster):
     left, the start offset is set back to 4 (the leader still holds the share-partition
     loaded, idle, at start 10): described as 4, and a new consumer reads from exactly 4.
     An unknown partition gets UNKNOWN_TOPIC_OR_PARTITION."""
-    topic, group = setup(cluster, "sharealter")
+    topic, group = setup(cluster, "sharealter", 10)
     bootstrap = cluster["bootstrap"]
-    produce(bootstrap, topic, 10)
     A = AlterShareGroupOffsetsRequest
     T = A.AlterShareGroupOffsetsRequestTopic
 
@@ -329,38 +326,13 @@ def test_share_group_offsets_alter(cluster):
         p = T.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=start)
         return A(version=0, group_id=group, topics=[T(topic_name=topic, partitions=[p])])
 
-    D = DescribeShareGroupOffsetsRequest
-    G = D.DescribeShareGroupOffsetsRequestGroup
-    describe = D(
-        version=0,
-        groups=[
-            G(
-                group_id=group,
-                topics=[G.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
-            )
-        ],
-    )
-
-    def start_offset() -> int:
-        return (
-            coordinator_call(bootstrap, group, describe, 90)
-            .groups[0]
-            .topics[0]
-            .partitions[0]
-            .start_offset
+    with subscribed(bootstrap, group, topic) as c:
+        accept_all(c, poll_at_least(c, 10))
+        wait_until(
+            lambda: start_offset(bootstrap, group, topic) == 10, 30, "start offset 10 described"
         )
-
-    c = consumer(bootstrap, group, topic)
-    try:
-        got = []
-        while len(got) < 10:
-            got += poll_some(c)
-        accept_all(c, got)
-        wait_until(lambda: start_offset() == 10, 30, "start offset 10 described")
         busy = coordinator_call(bootstrap, group, alter_request(0, 4), 91)
         assert busy.error_code == KafkaError.NON_EMPTY_GROUP, busy
-    finally:
-        c.close()
     altered = wait_until(
         lambda: (
             (r := coordinator_call(bootstrap, group, alter_request(0, 4), 91)).error_code == 0 and r
@@ -372,22 +344,16 @@ def test_share_group_offsets_alter(cluster):
     assert [(p.partition_index, p.error_code) for p in t.partitions] == [(0, 0)], altered
     unknown = coordinator_call(bootstrap, group, alter_request(7, 0), 91)
     assert unknown.responses[0].partitions[0].error_code == KafkaError.UNKNOWN_TOPIC_OR_PARTITION
-    wait_until(lambda: start_offset() == 4, 30, "start offset 4 described")
-    again = consumer(bootstrap, group, topic)
-    try:
-        got = []
-        while len(got) < 6:
-            got += poll_some(again)
+    wait_until(lambda: start_offset(bootstrap, group, topic) == 4, 30, "start offset 4 described")
+    with subscribed(bootstrap, group, topic) as again:
+        got = poll_at_least(again, 6)
         assert sorted(m.offset() for m in got) == list(range(4, 10))
         accept_all(again, got)
-    finally:
-        again.close()
-    wait_until(lambda: start_offset() == 10, 30, "start offset 10 again")
+    wait_until(lambda: start_offset(bootstrap, group, topic) == 10, 30, "start offset 10 again")
 
 
 def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):
-    topic, group = setup(cluster, "sharekill", share_record_lock_duration_ms="2000")
-    produce(cluster["bootstrap"], topic, 5)
+    topic, group = setup(cluster, "sharekill", 5, share_record_lock_duration_ms="2000")
     out = tmp_path / "member.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with out.open("w") as f:
@@ -402,8 +368,7 @@ def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):
         assert held and all(count == 1 for _, count in held), out.read_text()
         os.kill(member.pid, signal.SIGKILL)
         member.wait(10)
-        c = consumer(cluster["bootstrap"], group, topic)
-        try:
+        with subscribed(cluster["bootstrap"], group, topic) as c:
             got = []
             deadline = time.monotonic() + 60
             while len(got) < 5 and time.monotonic() < deadline:
@@ -413,8 +378,6 @@ def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):
             redelivered = {m.offset(): m.delivery_count() for m in got}
             assert sorted(redelivered) == list(range(5))
             assert all(redelivered[o] == 2 for o, _ in held), (held, redelivered)
-        finally:
-            c.close()
     finally:
         if member.poll() is None:
             member.kill()
@@ -422,15 +385,13 @@ def test_killed_consumer_records_come_back_after_the_lock(cluster, tmp_path):
 
 
 def test_broker_kill_and_reassignment_keep_every_acknowledgement(cluster, tmp_path):
-    topic, group = setup(cluster, "sharemove")
+    topic, group = setup(cluster, "sharemove", 90)
     bootstrap = cluster["bootstrap"]
-    produce(bootstrap, topic, 90)
     acked: set[int] = set()
     delivered: list[int] = []
 
     def consume_until(count: int, timeout_s: float = 120) -> None:
-        c = consumer(bootstrap, group, topic)
-        try:
+        with subscribed(bootstrap, group, topic) as c:
             deadline = time.monotonic() + timeout_s
             while len(acked) < count and time.monotonic() < deadline:
                 batch = [m for m in c.poll(1.0) if m.error() is None]
@@ -441,8 +402,6 @@ def test_broker_kill_and_reassignment_keep_every_acknowledgement(cluster, tmp_pa
                 assert not {m.offset() for m in batch} & acked, (batch, acked)
                 accept_all(c, batch)
                 acked.update(m.offset() for m in batch)
-        finally:
-            c.close()
         assert len(acked) >= count, (count, sorted(acked))
 
     consume_until(30)
