@@ -177,15 +177,4 @@ def broker_config(
         inter_broker_sasl_mechanism=login["mechanism"] if login else "SCRAM-SHA-512",
         **storage,
     )
-    return BrokerConfig(**overlay(fields, config.broker_settings))
-
-
-def overlay(base: dict, settings: dict) -> dict:
-    """`base` with `settings` laid over it, section by section (nested dicts merge)."""
-    out = dict(base)
-    for key, value in settings.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = overlay(out[key], value)
-        else:
-            out[key] = value
-    return out
+    return BrokerConfig(**merged_sections(fields, config.broker_settings))

@@ -27,7 +27,7 @@ import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cli.config_files import overlay
+from cli.config_files import merged_sections
 from cli.output import OutputFormat, fail, print_data, warn
 from controlplane.config import BucketConfig, ControllerAddress, QuorumConfig
 from controlplane.listeners import (
@@ -368,7 +368,7 @@ def broker_with_properties(
         settings.setdefault("wal", {})["uri"] = f"s3://{main}/wal/node-{broker['node_id']}"
     if "listeners" in settings and "advertised_listeners" not in settings:
         settings["advertised_listeners"] = None  # the node file's named its own listeners
-    return overlay(broker, settings)
+    return merged_sections(broker, settings)
 
 
 def read_node_properties(properties: Path | None, overrides: list[str]) -> dict[str, str] | None:

@@ -78,43 +78,42 @@ def client_error_text(exc: BaseException) -> str:
     return text if text.startswith(name) else f"{name}: {text}"  # kafka-python adds it itself
 
 
+# a `LocalCluster.client_security()` key -> (its kafka-python/aiokafka setting, its
+# confluent-kafka/librdkafka setting)
+_SECURITY_SETTINGS = {
+    "security_protocol": ("security_protocol", "security.protocol"),
+    "mechanism": ("sasl_mechanism", "sasl.mechanism"),
+    "username": ("sasl_plain_username", "sasl.username"),
+    "password": ("sasl_plain_password", "sasl.password"),
+    "ssl_ca_file": ("ssl_cafile", "ssl.ca.location"),
+    "ssl_cert_file": ("ssl_certfile", "ssl.certificate.location"),
+    "ssl_key_file": ("ssl_keyfile", "ssl.key.location"),
+}
+
+
+def _client_security(credentials: dict | None, client: int) -> dict:
+    """The settings of `credentials` (a SASL login and/or the TLS CA, and the client
+    certificate for mutual TLS) under one client library's names (`client`: the index in
+    _SECURITY_SETTINGS' pairs); empty for PLAINTEXT."""
+    if not credentials:
+        return {}
+    given = {"security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
+    names = ["mechanism", "username", "password"] if "username" in credentials else []
+    if credentials.get("ssl_ca_file"):
+        names.append("ssl_ca_file")
+    if credentials.get("ssl_cert_file"):  # mutual TLS: the client certificate
+        names += ["ssl_cert_file", "ssl_key_file"]
+    given.update({name: credentials[name] for name in names})
+    return {_SECURITY_SETTINGS[key][client]: value for key, value in given.items()}
+
+
 def kafka_python_security(credentials: dict | None) -> dict:
     """kafka-python/aiokafka settings from `LocalCluster.client_security()` (a SASL login
     and/or the TLS CA); empty for a PLAINTEXT cluster."""
-    if not credentials:
-        return {}
-    out = {"security_protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
-    if "username" in credentials:
-        out.update(
-            sasl_mechanism=credentials["mechanism"],
-            sasl_plain_username=credentials["username"],
-            sasl_plain_password=credentials["password"],
-        )
-    if credentials.get("ssl_ca_file"):
-        out["ssl_cafile"] = credentials["ssl_ca_file"]
-    if credentials.get("ssl_cert_file"):  # mutual TLS: the client certificate
-        out["ssl_certfile"] = credentials["ssl_cert_file"]
-        out["ssl_keyfile"] = credentials["ssl_key_file"]
-    return out
+    return _client_security(credentials, 0)
 
 
 def librdkafka_security(credentials: dict | None) -> dict:
     """confluent-kafka (librdkafka) settings from `LocalCluster.client_security()`; empty
     for PLAINTEXT."""
-    if not credentials:
-        return {}
-    out = {"security.protocol": credentials.get("security_protocol", "SASL_PLAINTEXT")}
-    if "username" in credentials:
-        out.update(
-            {
-                "sasl.mechanism": credentials["mechanism"],
-                "sasl.username": credentials["username"],
-                "sasl.password": credentials["password"],
-            }
-        )
-    if credentials.get("ssl_ca_file"):
-        out["ssl.ca.location"] = credentials["ssl_ca_file"]
-    if credentials.get("ssl_cert_file"):  # mutual TLS: the client certificate
-        out["ssl.certificate.location"] = credentials["ssl_cert_file"]
-        out["ssl.key.location"] = credentials["ssl_key_file"]
-    return out
+    return _client_security(credentials, 1)
