@@ -16,8 +16,7 @@ from rich.table import Table
 
 from cli import compaction_jobs as jobs
 from cli.cluster_config import COMPACTION_SCHEDULER, ClusterError
-from cli.local_cluster import LocalCluster
-from cli.options import DirOption, FormatOption
+from cli.options import DirOption, FormatOption, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result
 
 app = typer.Typer(help="Compact small objects into large ones with Spark.", no_args_is_help=True)
@@ -25,14 +24,6 @@ app = typer.Typer(help="Compact small objects into large ones with Spark.", no_a
 MasterOption = typer.Option(
     "local[*]", "--master", help="Spark master: local[*], local[N], spark://host:7077, k8s://..."
 )
-
-
-def _cluster(directory: Path):
-    cluster = LocalCluster(directory)
-    try:
-        return cluster, cluster.load()
-    except ClusterError as exc:
-        fail(str(exc))
 
 
 def _check_master(master: str) -> None:
@@ -49,7 +40,7 @@ def run(
 ) -> None:
     """Run one compaction now and wait for it (exit 1 when the commit was refused)."""
     _check_master(master)
-    cluster, config = _cluster(dir)
+    cluster, config = open_cluster(dir)
     if jobs.running_job(cluster.dir):
         fail("a compaction job is already running; see `automqctl compaction status`")
     if format == OutputFormat.table:
@@ -115,7 +106,7 @@ def schedule(
         every_s = jobs.parse_interval(every)
     except ValueError as exc:
         fail(str(exc))
-    cluster, config = _cluster(dir)
+    cluster, config = open_cluster(dir)
     path = jobs.compaction_dir(cluster.dir) / "schedule.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobs.Schedule(every_s=every_s, master=master).model_dump_json())
@@ -145,7 +136,7 @@ def schedule(
 @app.command()
 def unschedule(dir: Path = DirOption, format: OutputFormat = FormatOption) -> None:
     """Stop the scheduled runs (a run in progress finishes)."""
-    cluster, _ = _cluster(dir)
+    cluster, _ = open_cluster(dir)
     path = jobs.compaction_dir(cluster.dir) / "schedule.json"
     was = path.exists()
     try:
@@ -166,7 +157,7 @@ def status(
     format: OutputFormat = typer.Option(OutputFormat.table, "--format"),
 ) -> None:
     """The schedule, the running job (with progress) and the last runs."""
-    cluster, _ = _cluster(dir)
+    cluster, _ = open_cluster(dir)
     sched = jobs.load_schedule(cluster.dir)
     data = {
         "schedule": sched.model_dump() if sched else None,

@@ -23,8 +23,9 @@ REMOTE_STATUS_TIMEOUT_S = 3.0
 _STATE_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "unreachable": "bold red"}
 
 
-def _views(client: ControllerClient) -> list[dict | None]:
-    """Each controller's status answer, asked at once (None: unreachable)."""
+def controller_views(client: ControllerClient) -> list[dict | None]:
+    """Each controller's status answer (`client`'s addresses, in order), asked at once
+    (None: unreachable)."""
 
     def ask(address: str) -> dict | None:
         try:
@@ -67,7 +68,7 @@ def _broker(b: dict) -> dict:
 
 def collect_remote_status(client: ControllerClient) -> dict:
     """The quorum (leader, members, terms) and the brokers, as the controllers see them."""
-    views = _views(client)
+    views = controller_views(client)
     leader_view: dict | None = None
     for view in views:
         raft = (view or {}).get("raft", {})

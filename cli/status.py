@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from cli.cluster_config import (
     STORE_COMPONENTS,
     SUPERVISOR,
@@ -13,10 +11,10 @@ from cli.cluster_config import (
 )
 from cli.external_buckets import redact_uri
 from cli.local_cluster import LocalCluster
+from cli.remote_status import controller_views
 from cli.store_status import store_problems
 from cli.supervisor import read_state as read_supervisor_state
 from controlplane.client import ControllerClient
-from controlplane.errors import ControllerError
 
 STATUS_TIMEOUT_S = 3.0
 
@@ -78,22 +76,13 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
 
 def _controller_views(config: ClusterConfig) -> list[dict | None]:
     """Each controller's status answer, asked at once (None: unreachable)."""
-    addresses = config.quorum_config().api_addresses()
     client = ControllerClient(
-        addresses,
+        config.quorum_config().api_addresses(),
         request_timeout_s=STATUS_TIMEOUT_S,
         api_secret=config.api_secret,
         ca_file=config.controller_ca_file,
     )
-
-    def ask(address: str) -> dict | None:
-        try:
-            return client.status(address)
-        except (ControllerError, OSError):
-            return None
-
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        return list(pool.map(ask, addresses))
+    return controller_views(client)
 
 
 def _controllers(
