@@ -18,7 +18,7 @@ Layout of a cluster directory:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +27,9 @@ from controlplane.listeners import SASL_PROTOCOLS
 from controlplane.records import BrokerEndpoint
 from controlplane.settings import ControllerSettings
 from dataplane.objectstore.seaweed import SeaweedConfig
+
+if TYPE_CHECKING:
+    from controlplane.client import ControllerClient
 
 ADMIN_USER = "admin"
 ADMIN_CREDENTIALS_FILE = "admin.credentials"
@@ -191,6 +194,18 @@ class ClusterConfig(BaseModel):
             settings=self.settings,
             buckets=self.buckets,
             **tls,
+        )
+
+    def controller_client(self, **timeouts: float) -> ControllerClient:
+        """A client of this cluster's controller APIs (their API secret and CA);
+        `timeouts`: ControllerClient's timeout_s and request_timeout_s."""
+        from controlplane.client import ControllerClient
+
+        return ControllerClient(
+            self.quorum_config().api_addresses(),
+            api_secret=self.api_secret,
+            ca_file=self.controller_ca_file,
+            **timeouts,
         )
 
     def bootstrap_servers(self, listener: str | None = None) -> str:

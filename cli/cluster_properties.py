@@ -158,16 +158,10 @@ def set_topic_defaults(config: ClusterConfig) -> None:
     """The file's topic defaults as cluster-wide dynamic broker configs (a new cluster)."""
     if not config.topic_defaults:
         return
-    from controlplane.client import ControllerClient
     from controlplane.errors import ControllerError
     from controlplane.requests import AlterBrokerConfigsRequest, TopicConfigOp
 
-    client = ControllerClient(
-        config.quorum_config().api_addresses(),
-        timeout_s=30,
-        api_secret=config.api_secret,
-        ca_file=config.controller_ca_file,
-    )
+    client = config.controller_client(timeout_s=30)
     ops = [TopicConfigOp(key=k, op="set", value=v) for k, v in config.topic_defaults.items()]
     try:
         client.alter_broker_configs(AlterBrokerConfigsRequest(resource="", ops=ops))

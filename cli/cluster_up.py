@@ -598,17 +598,11 @@ def _upsert_or_forget(config: ClusterConfig, creds: dict, login_path: Path) -> N
 
 def _upsert_scram_user(config: ClusterConfig, creds: dict) -> None:
     """SCRAM-SHA-256 and -512 credentials (PLAIN checks against them) of `creds`' user."""
-    from controlplane.client import ControllerClient
     from controlplane.errors import ControllerError
     from controlplane.requests import AlterScramCredentialsRequest
     from controlplane.security import scram_upsertion
 
-    client = ControllerClient(
-        config.quorum_config().api_addresses(),
-        timeout_s=30,
-        api_secret=config.api_secret,
-        ca_file=config.controller_ca_file,
-    )
+    client = config.controller_client(timeout_s=30)
     try:
         client.alter_scram_credentials(
             AlterScramCredentialsRequest(

@@ -14,7 +14,6 @@ from cli.local_cluster import LocalCluster
 from cli.remote_status import controller_views
 from cli.store_status import store_problems
 from cli.supervisor import read_state as read_supervisor_state
-from controlplane.client import ControllerClient
 
 STATUS_TIMEOUT_S = 3.0
 
@@ -76,13 +75,7 @@ def collect_status(cluster: LocalCluster, config: ClusterConfig) -> dict:
 
 def _controller_views(config: ClusterConfig) -> list[dict | None]:
     """Each controller's status answer, asked at once (None: unreachable)."""
-    client = ControllerClient(
-        config.quorum_config().api_addresses(),
-        request_timeout_s=STATUS_TIMEOUT_S,
-        api_secret=config.api_secret,
-        ca_file=config.controller_ca_file,
-    )
-    return controller_views(client)
+    return controller_views(config.controller_client(request_timeout_s=STATUS_TIMEOUT_S))
 
 
 def _controllers(

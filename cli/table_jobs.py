@@ -66,13 +66,7 @@ def image(config: ClusterConfig, timeout_s: float = 15.0) -> MetadataImage:
 
 
 def _controller(config: ClusterConfig, timeout_s: float = 15.0) -> ControllerClient:
-    return ControllerClient(
-        config.quorum_config().api_addresses(),
-        timeout_s=timeout_s,
-        request_timeout_s=min(timeout_s, 10.0),
-        api_secret=config.api_secret,
-        ca_file=config.controller_ca_file,
-    )
+    return config.controller_client(timeout_s=timeout_s, request_timeout_s=min(timeout_s, 10.0))
 
 
 def set_table_enabled(config: ClusterConfig, topic: str, enabled: bool) -> None:
