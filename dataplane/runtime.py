@@ -220,10 +220,11 @@ RUNTIME: tuple[ExecutionContext, ...] = (
         True,
     ),
     ExecutionContext("uploader", "1", "WAL -> stream-set objects -> commit -> WAL trim", True),
-    ExecutionContext("file-wal-writer", "1 per WAL", "writes group commits (pwritev)", True),
-    ExecutionContext("file-wal-syncer", "1 per WAL", "fdatasync of written batches", True),
     ExecutionContext(
-        "file-wal-completer", "1 per WAL", "resolves appends' futures once durable", True
+        "file-wal-committer",
+        "1 per WAL",
+        "group commits: pwritev, fdatasync, reservation check, appends' futures resolved",
+        True,
     ),
     ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),
     ExecutionContext("object-wal-writer", "1 per object WAL", "PUTs WAL objects", True),
