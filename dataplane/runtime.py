@@ -221,10 +221,12 @@ class LoopHandoff:
                 self._queued.clear()
                 self._wakeup_due = False
 
-    def wrap_future(self, future: Future) -> asyncio.Future:
+    def wrap_future(self, future: Future | asyncio.Future) -> asyncio.Future:
         """An asyncio future of the loop with `future`'s outcome, handed over through this
         handoff (`asyncio.wrap_future` wakes the loop once per future). Cancelling the
-        returned future does not cancel `future`."""
+        returned future does not cancel `future`. An asyncio future is returned as it is."""
+        if isinstance(future, asyncio.Future):
+            return future
         waiter = self._loop.create_future()
 
         def copy_outcome(done: Future) -> None:
