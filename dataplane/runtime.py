@@ -11,6 +11,11 @@ Every Kafka request is served on one event loop: while a callback runs long (or 
 for the GIL held by another thread), every produce waiting on it waits too.
 `EventLoopLagProbe` schedules a callback every `LOOP_LAG_PROBE_INTERVAL_S` and measures how
 late it ran as `automq_event_loop_lag_seconds` (`automqctl perf` reports both p99s).
+
+Other threads hand results to the loop through `LoopHandoff`: one wakeup of the loop for
+every callback queued before it runs them, and within `loop_wakeups_held` (the file WAL's
+committer resolving a group commit) one wakeup when the block ends, instead of one
+`call_soon_threadsafe` per future (`asyncio.wrap_future`).
 """
 
 from __future__ import annotations
