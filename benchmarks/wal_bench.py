@@ -187,12 +187,15 @@ async def _loop_phase(wal: FileWAL, mb_s: float, record_bytes: int, group: int, 
                 await (handoff.wrap_future(future) if handoff else asyncio.wrap_future(future))
         latencies_ms.append((time.perf_counter() - started) * 1000)
 
-    tasks = []
+    async def trim_behind() -> None:  # as the broker's uploader does: off the appending path
+        while loop.time() < end:
+            await asyncio.to_thread(wal.trim, wal.end_offset)
+            await asyncio.sleep(0.5)
+
+    tasks = [asyncio.ensure_future(trim_behind())]
     due = loop.time()
     while loop.time() < end:
         tasks.append(asyncio.ensure_future(one_group()))
-        if len(tasks) % 50 == 0:
-            await asyncio.to_thread(wal.trim, wal.end_offset)
         due += interval_s
         await asyncio.sleep(max(0.0, due - loop.time()))
     await asyncio.gather(*tasks)
