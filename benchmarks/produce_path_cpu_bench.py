@@ -7,7 +7,7 @@ An in-process broker (the real controller state machine, engine, file WAL in a t
 moto S3; `tests/unit/inprocess_broker.py`) answers `--requests` produce requests of one
 batch of 16 x 1 KiB records for each of `--partitions` partitions (a client's request holds
 every partition it has a batch ready for), one after another, through the Kafka APIs; the process's
-CPU time (every thread: the event loop's handler, the WAL's writer/syncer/completer) per
+CPU time (every thread: the event loop's handler, the WAL's committer thread) per
 request is printed, median over `--runs`, as JSON. With nothing else in the measurement
 (no load generator, no object store process, no network), it tells whether a change made
 the produce path itself dearer: run it with PYTHONPATH set to each of two checkouts, in

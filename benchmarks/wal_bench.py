@@ -16,11 +16,18 @@ size. The JSON summary goes to stdout (and to ``--json-out`` if given).
 Example::
 
     python benchmarks/wal_bench.py --dir . --batch-kib 64 256 1024 --total-mib 64 --reps 5
+
+``--loop-mb-s R`` measures the acknowledgement path instead (issue #28): an asyncio loop
+appends ``--record-bytes`` records at R MB/s, ``--loop-group`` at a time (a produce request's
+partitions), and times each group from its appends until the loop resumes after the last
+ack (`LoopHandoff` when the tree has it, else ``asyncio.wrap_future``), ``--loop-s`` seconds
+quiet, then as long with ``--hogs`` CPU hogs: p50/p99/p999 of both and the busy/quiet p99.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -32,11 +39,17 @@ import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# after PYTHONPATH: `PYTHONPATH=TREE` measures TREE's WAL (an A/B against another checkout)
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from dataplane.config import FileWALConfig  # noqa: E402
 from dataplane.s3stream.wal import FileWAL  # noqa: E402
 from dataplane.s3stream.wal.format import RECORD_HEADER_SIZE_BYTES  # noqa: E402
+
+try:  # the loop handoff (2026-11-29); a tree from before has none
+    from dataplane.runtime import LoopHandoff  # noqa: E402
+except ImportError:
+    LoopHandoff = None
 
 MIB = 1024 * 1024
 
@@ -157,6 +170,65 @@ def wal_run(
     }
 
 
+async def _loop_phase(wal: FileWAL, mb_s: float, record_bytes: int, group: int, seconds: float):
+    """Groups of appends at `mb_s` from this loop for `seconds`; ms from each group's appends
+    until the loop resumed after its last ack. The WAL is trimmed as it goes."""
+    loop = asyncio.get_running_loop()
+    handoff = LoopHandoff.of(loop) if LoopHandoff is not None else None
+    body = os.urandom(record_bytes)
+    interval_s = group * record_bytes / (mb_s * 1e6)
+    latencies_ms: list[float] = []
+    end = loop.time() + seconds
+
+    async def one_group() -> None:
+        started = time.perf_counter()
+        for future in [wal.append(body) for _ in range(group)]:
+            if not future.done():
+                await (handoff.wrap_future(future) if handoff else asyncio.wrap_future(future))
+        latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    async def trim_behind() -> None:  # as the broker's uploader does: off the appending path
+        while loop.time() < end:
+            await asyncio.to_thread(wal.trim, wal.end_offset)
+            await asyncio.sleep(0.5)
+
+    tasks = [asyncio.ensure_future(trim_behind())]
+    due = loop.time()
+    while loop.time() < end:
+        tasks.append(asyncio.ensure_future(one_group()))
+        due += interval_s
+        await asyncio.sleep(max(0.0, due - loop.time()))
+    await asyncio.gather(*tasks)
+    return {
+        "groups": len(latencies_ms),
+        **{f"p{q}_ms": round(_percentile(latencies_ms, q), 2) for q in (50, 99, 99.9)},
+    }
+
+
+def loop_run(work: Path, args: argparse.Namespace) -> dict:
+    """The acknowledgement path, quiet then with `args.hogs` CPU hogs (module docstring)."""
+    from benchmarks._harness import cpu_hogs
+
+    wal = FileWAL.open(work / "loop-wal", 1, 1, capacity_bytes=256 * MIB)
+    try:
+        phase = (wal, args.loop_mb_s, args.record_bytes, args.loop_group)
+        asyncio.run(_loop_phase(*phase, 2.0))  # warm-up
+        quiet = asyncio.run(_loop_phase(*phase, args.loop_s))
+        with cpu_hogs(args.hogs):
+            busy = asyncio.run(_loop_phase(*phase, args.loop_s))
+    finally:
+        wal.close()
+    return {
+        "loop_mb_s": args.loop_mb_s,
+        "handoff": LoopHandoff is not None,
+        "quiet": quiet,
+        "busy": busy,
+        "hogs": args.hogs,
+        "busy_to_quiet_p99": round(busy["p99_ms"] / quiet["p99_ms"], 2),
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
 def _percentile(values: list[float], pct: float) -> float:
     if not values:
         return float("nan")
@@ -192,7 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-mib", type=int, default=64, help="bytes written per run, MiB")
     parser.add_argument("--reps", type=int, default=3, help="repetitions K (medians reported)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON summary here")
+    parser.add_argument("--loop-mb-s", type=float, default=0, help="acknowledgement-path mode")
+    parser.add_argument("--loop-group", type=int, default=6, help="appends awaited together")
+    parser.add_argument("--loop-s", type=float, default=10, help="seconds quiet, then busy")
+    parser.add_argument("--hogs", type=int, default=2, help="CPU hogs of the busy half")
     args = parser.parse_args(argv)
+    if args.loop_mb_s > 0:
+        if not (args.loop_mb_s <= 1000 and 1 <= args.loop_group <= 64 and 0 < args.loop_s <= 600):
+            parser.error("loop-mb-s <= 1000, loop-group 1..64, loop-s 0..600")
+        with tempfile.TemporaryDirectory(prefix="wal-bench-", dir=args.dir) as tmp:
+            print(json.dumps(loop_run(Path(tmp), args), indent=2))
+        return 0
     if (
         not 1 <= args.reps <= 50
         or not 1 <= args.appenders <= 256

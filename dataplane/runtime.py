@@ -11,6 +11,11 @@ Every Kafka request is served on one event loop: while a callback runs long (or 
 for the GIL held by another thread), every produce waiting on it waits too.
 `EventLoopLagProbe` schedules a callback every `LOOP_LAG_PROBE_INTERVAL_S` and measures how
 late it ran as `automq_event_loop_lag_seconds` (`automqctl perf` reports both p99s).
+
+Other threads hand results to the loop through `LoopHandoff`: one wakeup of the loop for
+every callback queued before it runs them, and within `loop_wakeups_held` (the file WAL's
+committer resolving a group commit) one wakeup when the block ends, instead of one
+`call_soon_threadsafe` per future (`asyncio.wrap_future`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from prometheus_client import Histogram
@@ -146,6 +154,113 @@ class EventLoopLagProbe:
             self._timer = None
 
 
+_held_wakeups = threading.local()  # .handoffs: the LoopHandoffs this thread owes a wakeup
+
+
+@contextmanager
+def loop_wakeups_held() -> Iterator[None]:
+    """Within this block, `LoopHandoff.call_soon` on this thread queues its callback but
+    wakes each event loop once, when the block ends (nested blocks: the outermost one).
+    A WAL thread resolving a group commit's futures holds them: one wakeup of the loop per
+    group commit instead of one per awaited future."""
+    if getattr(_held_wakeups, "handoffs", None) is not None:
+        yield
+        return
+    owed: list[LoopHandoff] = []
+    _held_wakeups.handoffs = owed
+    try:
+        yield
+    finally:
+        _held_wakeups.handoffs = None
+        for handoff in owed:
+            handoff.wake()
+
+
+class LoopHandoff:
+    """Callbacks handed to one event loop from any thread, as few wakeups as possible:
+    the first callback queued since the loop last ran them schedules one run of all of
+    them (`call_soon_threadsafe`: a write to the loop's self-pipe); later ones only join
+    the queue. Thread-safe; the callbacks run on the loop, in the order queued."""
+
+    _lock = threading.Lock()
+    _of_loop: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}  # noqa: RUF012
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue_lock = threading.Lock()
+        self._queued: list[tuple[Callable[..., object], tuple]] = []
+        self._wakeup_due = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> LoopHandoff:
+        """The loop's handoff (one per loop, so callbacks from every caller share wakeups;
+        closed loops are forgotten)."""
+        with cls._lock:
+            handoff = cls._of_loop.get(loop)
+            if handoff is None:
+                for known in [known for known in cls._of_loop if known.is_closed()]:
+                    del cls._of_loop[known]
+                handoff = cls._of_loop[loop] = cls(loop)
+            return handoff
+
+    def call_soon(self, callback: Callable[..., object], *args: object) -> None:
+        """Run `callback(*args)` on the loop soon (any thread; never blocks). Inside
+        `loop_wakeups_held` the wakeup waits for the block's end. A closed loop drops it."""
+        with self._queue_lock:
+            self._queued.append((callback, args))
+            if self._wakeup_due:
+                return  # a run is scheduled (or owed) and will take this one too
+            self._wakeup_due = True
+        owed = getattr(_held_wakeups, "handoffs", None)
+        if owed is None:
+            self.wake()
+        else:
+            owed.append(self)
+
+    def wake(self) -> None:
+        """Schedule a run of the queued callbacks on the loop (any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self._run_queued)
+        except RuntimeError:  # the loop is closed: nobody is left to call back
+            with self._queue_lock:
+                self._queued.clear()
+                self._wakeup_due = False
+
+    def wrap_future(self, future: Future | asyncio.Future) -> asyncio.Future:
+        """An asyncio future of the loop with `future`'s outcome, handed over through this
+        handoff (`asyncio.wrap_future` wakes the loop once per future). Cancelling the
+        returned future does not cancel `future`. An asyncio future is returned as it is."""
+        if isinstance(future, asyncio.Future):
+            return future
+        waiter = self._loop.create_future()
+
+        def copy_outcome(done: Future) -> None:
+            if waiter.done():  # cancelled meanwhile
+                return
+            if done.cancelled():
+                waiter.cancel()
+            elif (error := done.exception()) is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(done.result())
+
+        future.add_done_callback(lambda done: self.call_soon(copy_outcome, done))
+        return waiter
+
+    def _run_queued(self) -> None:
+        """On the loop: run every callback queued so far."""
+        with self._queue_lock:
+            queued, self._queued = self._queued, []
+            self._wakeup_due = False
+        for callback, args in queued:
+            try:
+                callback(*args)
+            except Exception as exc:  # one failing callback must not drop the others
+                self._loop.call_exception_handler(
+                    {"message": f"LoopHandoff callback {callback!r} failed", "exception": exc}
+                )
+
+
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed large buffers for reuse (True if it was set).
 
@@ -220,10 +335,11 @@ RUNTIME: tuple[ExecutionContext, ...] = (
         True,
     ),
     ExecutionContext("uploader", "1", "WAL -> stream-set objects -> commit -> WAL trim", True),
-    ExecutionContext("file-wal-writer", "1 per WAL", "writes group commits (pwritev)", True),
-    ExecutionContext("file-wal-syncer", "1 per WAL", "fdatasync of written batches", True),
     ExecutionContext(
-        "file-wal-completer", "1 per WAL", "resolves appends' futures once durable", True
+        "file-wal-committer",
+        "1 per WAL",
+        "group commits: pwritev, fdatasync, reservation check, appends' futures resolved",
+        True,
     ),
     ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),
     ExecutionContext("object-wal-writer", "1 per object WAL", "PUTs WAL objects", True),

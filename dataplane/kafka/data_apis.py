@@ -36,6 +36,7 @@ from dataplane.kafka.partition_backend import (
     kafka_error_of,
 )
 from dataplane.objectstore import ObjectStoreError
+from dataplane.runtime import LoopHandoff
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class DataApis:
                 waits.append((entry, futures))
             results.append((t, parts))
         if req.acks != 0:
+            handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
             for entry, futures in waits:
                 for fut in futures:
                     try:
@@ -239,7 +241,7 @@ class DataApis:
                             # shielded: a timeout must not cancel the append's future (a
                             # retry of the batch may be waiting for the same durability)
                             done = await asyncio.wait_for(
-                                asyncio.shield(_outcome_retrieved(asyncio.wrap_future(fut))),
+                                asyncio.shield(_outcome_retrieved(handoff.wrap_future(fut))),
                                 max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
                             )
                         if entry["forwarded"]:
@@ -274,8 +276,10 @@ class DataApis:
         max_bytes = req.max_bytes if v >= 3 and req.max_bytes > 0 else 2**31 - 1
         woken = asyncio.Event()
 
-        def wake() -> None:
-            loop.call_soon_threadsafe(woken.set)
+        handoff = LoopHandoff.of(loop)
+
+        def wake() -> None:  # any thread (a WAL's): one loop wakeup per group commit
+            handoff.call_soon(woken.set)
 
         listening: dict[object, PartitionBackend] = {}
         try:

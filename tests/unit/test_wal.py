@@ -302,7 +302,7 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
             assert time.monotonic() < deadline, "writer thread did not get there"
             time.sleep(0.005)
 
-    # the writer keeps writing while an fsync is stuck, up to 2 x max_batch_bytes unchecked
+    # while the committer's fsync is stuck, appends wait in the queue
     wal = open_wal(
         wal_path,
         max_record_bytes=12 * 1024,
@@ -311,14 +311,13 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
     )
     monkeypatch.setattr(file_wal_module, "fsync_data", blocked_fsync)
     try:
-        # Each step waits for the writer thread's state instead of sleeping: a writer slower
-        # than a fixed sleep merged batches (or split the second), so the queue was not at
-        # its bound when the last append came (it passed, or an earlier one timed out).
+        # Each step waits for the committer thread's state instead of sleeping: a committer
+        # slower than a fixed sleep merged batches, so the queue was not at its bound when
+        # the last append came (it passed, or an earlier one timed out).
         first = wal.append(bytes(10_000))  # batch 1: written, its fsync is stuck
         assert fsync_entered.wait(10)
-        # batch 2: written too, then the unchecked bytes are at their limit (2 x 16 KiB)
-        second = [wal.append(bytes(10_000))]
-        wait_until(lambda: wal._unsynced_bytes > 16 * 1024 and not wal._queue)
+        wait_until(lambda: not wal._queue)
+        second = [wal.append(bytes(10_000))]  # queued behind the stuck fsync
         queued = []
         record_bytes = RECORD_HEADER_SIZE_BYTES + 10_000
         while wal._queued_bytes + record_bytes <= 64 * 1024:  # fill the queue to its bound
@@ -353,8 +352,8 @@ def test_queue_backpressure_times_out(wal_path: Path, monkeypatch: pytest.Monkey
 def test_appends_during_a_slow_fsync_share_the_next_one(
     wal_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Appends that arrive while an fdatasync is slow are written meanwhile and all made
-    durable by the next fdatasync (not one more per batch), and none is acknowledged early."""
+    """Appends that arrive while an fdatasync is slow are all made durable by the next
+    fdatasync (not one more per append), and none is acknowledged early."""
     gate = threading.Event()
     real_fsync = file_wal_module.fsync_data
 
@@ -369,7 +368,7 @@ def test_appends_during_a_slow_fsync_share_the_next_one(
         first = wal.append(b"first")
         time.sleep(0.05)
         later = []
-        for i in range(5):  # each written as a batch of its own while the first fsync waits
+        for i in range(5):  # each queued while the first fsync waits
             later.append(wal.append(b"later-%d" % i))
             time.sleep(0.05)
         assert not any(f.done() for f in [first, *later])

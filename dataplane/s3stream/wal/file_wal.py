@@ -1,16 +1,15 @@
 """FileWAL: the write-ahead log on a local file / single-replica cloud disk (seed 001).
 
 * A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
-* Group commit, as a three-thread pipeline: the *writer* takes queued appends
-  (up to ``max_batch_bytes``), assigns their offsets, adds a padding record up to
-  the next 4 KiB boundary and writes the batch with one ``pwritev``; the
-  *syncer* calls ``fdatasync`` once for every batch written before it started
-  (up to ``max_batch_bytes`` of them), re-checks the reservation and marks them
-  durable; the *completer* resolves the futures in order. The writer keeps
-  writing what arrives while an fdatasync runs (at most ``PIPELINE_DEPTH`` x
-  ``max_batch_bytes`` are written and unchecked), so appends that arrive during
-  a slow fdatasync are all covered by the next one instead of waiting for one
-  more. An append is acknowledged only after its fdatasync.
+* Group commit on one *committer* thread: it takes the queued appends (up to
+  ``max_batch_bytes``), assigns their offsets, adds a padding record up to the next
+  4 KiB boundary, writes the batch with one ``pwritev`` (into the page cache:
+  microseconds), calls ``fdatasync``, re-checks the reservation, marks the batch
+  durable and resolves its futures in order; then the next batch. Appends that arrive
+  while an fdatasync runs wait in the queue and are all taken by the next group commit.
+  An append is acknowledged only after its fdatasync. One thread instead of a
+  writer -> syncer -> completer pipeline: on a busy machine every thread handoff waits
+  for the scheduler, and the pipeline saved only the write's microseconds per commit.
 * Software reservation (DESIGN.md "Crash failover"): the file names its owner
   ``(node_id, node_epoch)``. **After** every batch's fdatasync (and before the
   first write after opening or after a trim) the owner re-reads the reservation
@@ -25,10 +24,12 @@
   intact record of a torn batch can never reappear behind newer records.
 
 Limits of the reservation (documented in docs/formats.md): it fences
-acknowledgements, not writes. A fenced owner can still land up to two batches
-(``PIPELINE_DEPTH`` x ``max_batch_bytes``) after its last record, which it never
-acknowledges. :func:`take_over` therefore returns a recovery-only handle that
-does not append.
+acknowledgements, not writes. A fenced owner can still land the batch it was
+committing (at most ``max_batch_bytes`` and its padding record) after its last
+acknowledged record, and never acknowledges it. Recovery zeroes a window of
+``PIPELINE_DEPTH`` such batches after the chain (two: the bound of the pipelined writer
+before 2026-11-29, whose files may still be opened). :func:`take_over` therefore
+returns a recovery-only handle that does not append.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from dataplane.config import FileWALConfig
 from dataplane.formats.record_batch import crc32c_keeping_gil
+from dataplane.runtime import loop_wakeups_held
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.append_queue import FAILED, FENCED, PendingAppend, QueuedWAL
 from dataplane.s3stream.wal.base import (
@@ -72,7 +74,6 @@ from dataplane.s3stream.wal.format import (
     padding_bytes,
 )
 from dataplane.s3stream.wal.loss import (
-    PIPELINE_DEPTH,
     WALLoss,
     find_loss,
     in_flight_window_bytes,
@@ -117,7 +118,7 @@ def check_config(config: FileWALConfig, capacity_bytes: int) -> None:
 
 def _pieces_of(record: bytes | RecordPieces) -> RecordPieces:
     """A record as the tuple of its pieces. Kept as they are: bytes, and byte views of
-    bytes; anything else (a mutable buffer, which could change before the writer writes
+    bytes; anything else (a mutable buffer, which could change before the committer writes
     it, or a view of items wider than a byte, whose len() is not its size) is copied."""
     if isinstance(record, tuple):
         return tuple(piece if _immutable_bytes(piece) else bytes(piece) for piece in record)
@@ -129,13 +130,6 @@ def _immutable_bytes(piece: bytes | memoryview) -> bool:
         return True
     view = memoryview(piece)
     return isinstance(view.obj, bytes) and view.itemsize == 1 and view.ndim == 1
-
-
-@dataclass(slots=True)
-class _Written:
-    batch: list[PendingAppend]
-    start: int
-    size_bytes: int
 
 
 @dataclass(slots=True)
@@ -184,27 +178,10 @@ class FileWAL(QueuedWAL):
         self._batches = 0
         self._acked_records = 0
         self._acked_bytes = 0
-        # Pipeline: the writer thread writes batch N+1 while the syncer thread
-        # fdatasyncs and checks batch N; the completer thread resolves futures.
-        # bytes (padding included) taken by the writer and not yet synced and checked
-        self._unsynced_bytes = 0
-        self._unsynced_limit = PIPELINE_DEPTH * config.max_batch_bytes
-        # room a batch's padding record may take beyond its records (see padding_bytes)
-        self._padding_slack = max(config.align_bytes, 0) + RECORD_HEADER_SIZE_BYTES
-        self._sync_queue: deque[_Written] = deque()  # written, waiting for fdatasync
-        self._sync_cv = threading.Condition(self._lock)
-        self._writer_exited = False
-        self._done_cv = threading.Condition(threading.Lock())
-        self._completions: deque[list[PendingAppend]] = deque()
-        self._syncer_exited = False
-        self._threads = [
-            threading.Thread(target=target, name=f"file-wal-{role}-{path.name}", daemon=True)
-            for role, target in (
-                ("writer", self._run_writer),
-                ("syncer", self._run_syncer),
-                ("acks", self._complete_loop),
-            )
-        ]
+        # one thread writes, fdatasyncs, checks and acknowledges each group commit in turn
+        self._committer = threading.Thread(
+            target=self._run_committer, name=f"file-wal-committer-{path.name}", daemon=True
+        )
         self._prefiller: RingPrefiller | None = None
         if created and end_offset == 0 and config.prefill_ahead_bytes > 0:
             self._prefiller = RingPrefiller(
@@ -215,8 +192,7 @@ class FileWAL(QueuedWAL):
                 still_owner=self._still_owner,
             )
             self._prefiller.start()
-        for thread in self._threads:
-            thread.start()
+        self._committer.start()
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -450,73 +426,55 @@ class FileWAL(QueuedWAL):
             request.future.result(timeout=self._config.close_timeout_s)
 
     def close(self) -> None:
-        """Write what is queued, stop the writer and close the file. Idempotent."""
+        """Write what is queued, stop the committer and close the file. Idempotent."""
         if not self._begin_close():
             return
         deadline = time.monotonic() + self._config.close_timeout_s
         if self._prefiller is not None:
             self._prefiller.stop(self._config.close_timeout_s)
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if any(thread.is_alive() for thread in self._threads):
+        self._committer.join(max(0.0, deadline - time.monotonic()))
+        if self._committer.is_alive():
             raise WALError(
-                f"writer of {self._path} did not stop within {self._config.close_timeout_s} s"
+                f"committer of {self._path} did not stop within {self._config.close_timeout_s} s"
             )
         self._reservation_view.close()
         os.close(self._fd)
 
-    # ------------------------------------------------------------------ writer thread
-    def _run_writer(self) -> None:
+    # ------------------------------------------------------------------ committer thread
+    def _run_committer(self) -> None:
         try:
-            self._write_loop()
+            self._commit_loop()
         except BaseException as exc:  # a bug: fail everything queued rather than hang callers
-            log.exception("WAL %s writer crashed", self._path)
-            self._stop(FAILED, f"writer crashed: {exc!r}", [])
+            log.exception("WAL %s committer crashed", self._path)
+            self._stop(FAILED, f"committer crashed: {exc!r}", [])
             raise
-        finally:
-            with self._lock:
-                self._writer_exited = True
-                self._sync_cv.notify_all()
 
-    def _write_loop(self) -> None:
+    def _commit_loop(self) -> None:
+        """Committer thread: one group commit (or trim) after another, until the WAL is
+        fenced, failed, or closed and drained."""
+        limit = self._config.max_batch_bytes
         while True:
             trim: _TrimRequest | None = None
             batch: list[PendingAppend] = []
             padding = 0
             with self._lock:
-                if not self._wait_for_work(
-                    lambda: bool(self._trims) or (bool(self._queue) and self._batch_room() > 0)
-                ):
+                if not self._wait_for_work(lambda: bool(self._trims) or bool(self._queue)):
                     return
                 if self._trims:
                     trim = self._trims.popleft()
                 else:
-                    self._linger(self._config.max_batch_bytes, self._config.linger_s)
+                    self._linger(limit, self._config.linger_s)
                     if not self._queue:  # failed while lingering: the queue was failed
                         continue
-                    batch, padding = self._take_batch(self._batch_room())
-                    self._unsynced_bytes += sum(p.size_bytes for p in batch) + padding
+                    batch, padding = self._take_batch(limit)
             if trim is not None:
                 self._do_trim(trim)
             else:
-                self._write_batch(batch, padding)
+                self._commit(batch, padding)
 
     def _linger_interrupted(self) -> bool:
-        """Caller holds the lock; a queued trim ends the writer's linger."""
+        """Caller holds the lock; a queued trim ends the committer's linger."""
         return bool(self._trims)
-
-    def _batch_room(self) -> int:
-        """Caller holds the lock; bytes of records the next batch may take (0: none, wait
-        for the syncer): at most max_batch_bytes, and the written-but-unchecked bytes stay
-        within PIPELINE_DEPTH x max_batch_bytes with the batch's padding. Never 0 when
-        nothing is unchecked (max_batch_bytes holds any record)."""
-        room = min(
-            self._config.max_batch_bytes,
-            self._unsynced_limit - self._unsynced_bytes - self._padding_slack,
-        )
-        if self._unsynced_bytes == 0:
-            return self._config.max_batch_bytes
-        return room if self._queue and self._queue[0].size_bytes <= room else 0
 
     def _take_batch(self, limit: int) -> tuple[list[PendingAppend], int]:
         """Caller holds the lock; pop up to ``limit`` bytes of appends (at least one).
@@ -554,33 +512,21 @@ class FileWAL(QueuedWAL):
             )
         self._owned_raw = raw
 
-    def _write_batch(self, batch: list[PendingAppend], padding: int) -> None:
-        """Writer thread: write one batch (no fsync) and hand it to the syncer.
+    def _commit(self, batch: list[PendingAppend], padding: int) -> None:
+        """Committer thread: one group commit. Write the batch (one pwritev), fdatasync,
+        re-check the reservation, then resolve the appends' futures in order.
 
-        At most PIPELINE_DEPTH x max_batch_bytes are unchecked at a time, so when
-        this write starts, everything written more than that before its end has
-        passed a post-fsync ownership check; the write goes to space that was free
-        at that check.
-        After a trim that argument does not hold (the trim freed space), so the
-        first batch after a trim (or after opening) checks ownership first: a
-        fenced owner must not write into space the recoverer may still read.
+        Nothing else is written and unchecked while this runs, so when the write starts,
+        everything written before it has passed a post-fsync ownership check and the
+        write goes to space that was free at that check. After a trim that argument does
+        not hold (the trim freed space), so the first batch after a trim (or after
+        opening) checks ownership before writing: a fenced owner must not write into
+        space the recoverer may still read.
         """
         start = batch[0].offset
         last = batch[-1]
         records_end = last.offset + last.size_bytes  # offsets are contiguous
         size = records_end - start + padding
-        parts: list[bytes] = []
-        for pending in batch:
-            parts.append(
-                encode_record_header(
-                    pending.size_bytes - RECORD_HEADER_SIZE_BYTES,
-                    pending.offset + RECORD_HEADER_SIZE_BYTES,
-                    pending.body_crc32c,
-                )
-            )
-            parts.extend(pending.body)
-        if padding:
-            parts.append(encode_padding_record(records_end, padding))
         try:
             if self._precheck_needed:
                 self._check_reservation()
@@ -588,7 +534,12 @@ class FileWAL(QueuedWAL):
             prefiller = self._prefiller
             if prefiller is not None and prefiller.active:
                 prefiller.claim(start + size)  # no zeros may land on this batch
-            self._ring.write_batch(start, parts, size)
+            self._ring.write_batch(start, _batch_parts(batch, records_end, padding), size)
+            fsync_data(self._fd)
+            with self._lock:
+                self._fsyncs += 1
+            metrics.FSYNCS.inc()
+            self._check_reservation()  # ack only if we still own the WAL after the fsync
         except WALFencedError as exc:
             self._stop(FENCED, str(exc), batch)
             return
@@ -596,14 +547,17 @@ class FileWAL(QueuedWAL):
             self._stop(FAILED, f"{type(exc).__name__}: {exc}", batch)
             return
         with self._lock:
-            if self._status in (FENCED, FAILED):  # stopped meanwhile: _stop saw no such batch
-                failed = True
-            else:
-                failed = False
-                self._sync_queue.append(_Written(batch, start, size))
-                self._sync_cv.notify()
-        if failed:
-            self._fail_appends(batch, self._status, self._failure)
+            self._durable_end = start + size
+            self._batches += 1
+            self._acked_records += len(batch)
+            self._acked_bytes += size
+        metrics.APPEND_BYTES.inc(size)
+        metrics.BATCH_BYTES.observe(size)
+        now = time.monotonic()
+        with loop_wakeups_held():  # the futures' callbacks wake the event loop once
+            for pending in batch:
+                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
+                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
 
     def _do_trim(self, request: _TrimRequest) -> None:
         try:
@@ -634,94 +588,16 @@ class FileWAL(QueuedWAL):
             self._room.notify()
         request.future.set_result(None)
 
-    # ------------------------------------------------------------------ syncer thread
-    def _run_syncer(self) -> None:
-        try:
-            self._sync_loop()
-        except BaseException as exc:  # a bug: fail everything queued rather than hang callers
-            log.exception("WAL %s syncer crashed", self._path)
-            self._stop(FAILED, f"syncer crashed: {exc!r}", [])
-            raise
-        finally:
-            with self._done_cv:
-                self._syncer_exited = True
-                self._done_cv.notify_all()
-
-    def _sync_loop(self) -> None:
-        """Syncer thread: fdatasync the batches written so far (one group commit of at most
-        max_batch_bytes, at least one batch), re-check ownership, then ack them."""
-        limit = self._config.max_batch_bytes
-        while True:
-            with self._lock:
-                while not self._sync_queue and not self._writer_exited:
-                    self._sync_cv.wait()
-                if not self._sync_queue:
-                    return  # the writer is gone and everything written was handled
-                first = self._sync_queue.popleft()
-                group = [first]
-                group_bytes = first.size_bytes
-                # a batch's pwritev finished before it was queued: this fdatasync covers it
-                while self._sync_queue and group_bytes + self._sync_queue[0].size_bytes <= limit:
-                    nxt = self._sync_queue.popleft()
-                    group.append(nxt)
-                    group_bytes += nxt.size_bytes
-            records = [p for w in group for p in w.batch]
-            written = _Written(records, first.start, group_bytes)  # contiguous in the ring
-            try:
-                fsync_data(self._fd)
-                with self._lock:
-                    self._fsyncs += 1
-                metrics.FSYNCS.inc()
-                self._check_reservation()  # ack only if we still own the WAL after the fsync
-            except WALFencedError as exc:
-                self._stop(FENCED, str(exc), written.batch)
-                continue
-            except Exception as exc:  # OSError, or anything unexpected: state unknown, stop
-                self._stop(FAILED, f"{type(exc).__name__}: {exc}", written.batch)
-                continue
-            with self._lock:
-                self._durable_end = written.start + written.size_bytes
-                self._batches += 1
-                self._acked_records += len(written.batch)
-                self._acked_bytes += written.size_bytes
-                self._unsynced_bytes -= written.size_bytes
-                self._not_empty.notify()
-            metrics.APPEND_BYTES.inc(written.size_bytes)
-            metrics.BATCH_BYTES.observe(written.size_bytes)
-            with self._done_cv:
-                self._completions.append(written.batch)
-                self._done_cv.notify()
-
-    # ------------------------------------------------------------------ completer thread
-    def _complete_loop(self) -> None:
-        """Completer thread: resolve the futures of durable batches, in order."""
-        while True:
-            with self._done_cv:
-                while not self._completions and not self._syncer_exited:
-                    self._done_cv.wait()
-                if not self._completions:
-                    return
-                batch = self._completions.popleft()
-            now = time.monotonic()
-            for pending in batch:
-                metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
-                pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
-
     # ------------------------------------------------------------------ failure
     def _stop(self, status: str, reason: str, batch: list[PendingAppend]) -> None:
-        """Fail ``batch``, everything written or queued, and all later calls."""
+        """Fail ``batch``, everything queued, and all later calls."""
         if self._prefiller is not None:
             self._prefiller.stop(timeout_s=0)  # no join: this may run on any WAL thread
         with self._lock:
             pending = list(batch)
-            for written in self._sync_queue:
-                pending.extend(written.batch)
             pending.extend(self._fail_queue(status, reason))
             trims = list(self._trims)
-            self._sync_queue.clear()
             self._trims.clear()
-            self._unsynced_bytes = 0
-            self._sync_cv.notify_all()
         if status == FENCED:
             log.warning("WAL %s fenced: %s; failing %d appends", self._path, reason, len(pending))
         else:
@@ -730,3 +606,21 @@ class FileWAL(QueuedWAL):
         error = WALFencedError if status == FENCED else WALError
         for request in trims:
             request.future.set_exception(error(reason))
+
+
+def _batch_parts(batch: list[PendingAppend], records_end: int, padding: int) -> list[bytes]:
+    """The pieces ``pwritev`` writes for `batch`: each record's header and body pieces,
+    then the padding record of `padding` bytes (none if 0) at `records_end`."""
+    parts: list[bytes] = []
+    for pending in batch:
+        parts.append(
+            encode_record_header(
+                pending.size_bytes - RECORD_HEADER_SIZE_BYTES,
+                pending.offset + RECORD_HEADER_SIZE_BYTES,
+                pending.body_crc32c,
+            )
+        )
+        parts.extend(pending.body)
+    if padding:
+        parts.append(encode_padding_record(records_end, padding))
+    return parts

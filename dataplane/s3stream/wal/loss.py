@@ -6,8 +6,9 @@ Two very different things look alike there:
 * a **torn tail**: the last writes before a crash never became durable. Only batches that were
   still in flight can be torn, and at most ``PIPELINE_DEPTH`` batches (each at most the
   owner's ``max_batch_bytes`` plus its padding record) are written but not yet acknowledged
-  at any time, so whatever a torn tail left behind lies within that *in-flight window* after
-  the last valid record. Nothing in it was acknowledged. Harmless.
+  at any time (one since the FileWAL commits on one thread; two before 2026-11-29), so
+  whatever a torn tail left behind lies within that *in-flight window* after the last
+  valid record. Nothing in it was acknowledged. Harmless.
 * **corruption in the middle**: bytes of an acknowledged record were damaged later (a bad
   sector, a stray write). The records written after it are still intact on disk, but the
   chain is broken, so the scan drops them all.
@@ -64,7 +65,8 @@ log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 2
 """At most ``PIPELINE_DEPTH x max_batch_bytes`` (padding included) are written but not yet
 fsynced-and-checked at any time: the zeroing on open, the fencing bound and the torn-tail
-rule rely on it."""
+rule rely on it. The FileWAL's committer keeps one batch unchecked; the bound stays two, the
+pipelined writer's before 2026-11-29, so files it wrote recover the same."""
 
 MAX_REPORTS_KEPT = 8
 MAX_REPORT_CHARS = 400
