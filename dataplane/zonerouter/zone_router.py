@@ -205,7 +205,10 @@ class ZoneRouter:
             if batcher is None:
                 where = channel_location(self.node_id)
                 conn = BrokerConnection(
-                    main.host, main.kafka_port, self.login, self.broker_bytes_counter(main.az)
+                    main.host,
+                    main.kafka_port,
+                    self.login,
+                    lambda n, az=main.az: self.traffic.broker(az, n, "route"),
                 )
                 batcher = self._batchers[(main.host, main.kafka_port)] = RouteBatcher(
                     conn, self.node_id, where.prefix, main.node_id

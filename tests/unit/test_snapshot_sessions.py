@@ -30,7 +30,8 @@ from dataplane.zonerouter.snapshot import (
     unpack_links,
 )
 from dataplane.zonerouter.snapshot_codec import answer_view, unpack_poll
-from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
+from dataplane.zonerouter.snapshot_read import _PollSession
+from dataplane.zonerouter.snapshot_server import SnapshotServer
 
 
 def test_packed_links_round_trip_and_are_small():
