@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.link_record import LinkRecord, resolve
-from dataplane.formats.record_batch import parse_batch_header
+from dataplane.formats.record_batch import parse_batch_header, patch_batch
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.interbroker import BrokerConnection, InterBrokerLogin
 from dataplane.zonerouter.channel import ChannelReaders
@@ -85,6 +85,27 @@ IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
 RPC_EXTRA_TIMEOUT_S = 5.0
 CACHE_BYTES = 64 * 1024 * 1024
+
+
+def _patched(
+    records: bytes, base_offset: int, end_offset: int, leader_epoch: int
+) -> list[CachedBatch]:
+    """The batches of a routed produce's `records` as its main appended them: from
+    `base_offset`, back to back, up to `end_offset` (else none: the main deduplicated
+    some), each with its offsets and `leader_epoch` patched in — pure."""
+    out: list[CachedBatch] = []
+    offset, position = base_offset, 0
+    try:
+        while position < len(records):
+            header = parse_batch_header(records, position, copy=False)
+            count = header.last_offset_delta + 1
+            data = patch_batch(header.data, offset, leader_epoch)
+            out.append(CachedBatch(offset, offset + count, data))
+            offset += count
+            position += len(header.data)
+    except (InvalidRecordBatchError, ValueError):
+        return []
+    return out if offset == end_offset else []
 
 
 def _link_packing(version: int, snap) -> dict:
@@ -362,8 +383,8 @@ class SnapshotReader:
         self, main_node_id: int, image: MetadataImage
     ) -> list[tuple[tuple[str, int], int, int]]:
         """The partitions of the main to poll and the offset each is known up to (the
-        committed end, the cache's end, the main's last high watermark: everything up to
-        it was answered before) and the marker offset from which it asks for aborted
+        committed end or the main's last high watermark, everything up to it answered
+        before, extended by the cache's batches from there) and the marker offset from which it asks for aborted
         transactions; forgets partitions idle for ACTIVE_S or led elsewhere."""
         now = time.monotonic()
         asked = []
@@ -384,7 +405,9 @@ class SnapshotReader:
                     continue
                 stream = image.streams.get(state.stream_id)
                 committed = stream.end_offset if stream is not None else 0
-                at = max(committed, self.cache.max_end(key), polled.next_at)
+                # from what the cache holds back to back (batches routed here may have
+                # come before the main's answer naming the ones below them)
+                at = self.cache.contiguous_end(key, max(committed, polled.next_at))
                 asked.append((key, at, polled.txns.aborted_from))
         return asked
 
@@ -401,8 +424,9 @@ class SnapshotReader:
                 if session is not None:
                     session.forget(key)
                 if polled is not None:
-                    polled.main_hw = polled.next_at = -1
-                    self.cache.reset(key)
+                    with self._lock:
+                        polled.main_hw = polled.next_at = -1
+                        self.cache.reset(key)
                 continue
             try:
                 links = (
@@ -423,49 +447,101 @@ class SnapshotReader:
             stream = image.streams.get(state.stream_id) if state else None
             if state is None or stream is None:
                 continue
-            committed = stream.end_offset
-            before = self.cache.contiguous_end(key, committed)
-            lso_before = polled.txns.last_stable_offset(snap.high_watermark, -1)
-            polled.txns.apply(
-                snap.last_stable_offset,
-                [
-                    (a.producer_id, a.first_offset, a.marker_offset)
-                    for a in snap.aborted_transactions
-                ],
-            )
-            if polled.leader_epoch != snap.leader_epoch:
+            self._apply_partition(key, polled, snap, links, stream)
+
+    def _apply_partition(self, key: tuple[str, int], polled: _Polled, snap, links, stream) -> None:
+        """One partition of an answer (no error): its transactions, inline markers and
+        links into the cache; wakes its fetches when more became readable."""
+        committed = stream.end_offset
+        before = self.cache.contiguous_end(key, committed)
+        lso_before = polled.txns.last_stable_offset(snap.high_watermark, -1)
+        polled.txns.apply(
+            snap.last_stable_offset,
+            [(a.producer_id, a.first_offset, a.marker_offset) for a in snap.aborted_transactions],
+        )
+        if polled.leader_epoch != snap.leader_epoch:
+            with self._lock:
                 self.cache.reset(key)
                 polled.leader_epoch = snap.leader_epoch
                 polled.main_hw = polled.next_at = -1
-            self.cache.prune_below(key, committed)
-            have = max(committed, self.cache.max_end(key))
-            for control in getattr(snap, "control_batches", None) or []:
-                # a marker the main holds without a link: its bytes came in the answer
-                try:
-                    header = parse_batch_header(control.data)
-                except InvalidRecordBatchError:
-                    continue
-                end = control.base_offset + header.last_offset_delta + 1
-                if end > committed:
-                    self.cache.put(
-                        key, snap.leader_epoch, CachedBatch(control.base_offset, end, control.data)
-                    )
-            for loc in links:
-                if loc.base_offset + loc.record_count <= have:
-                    continue
-                data = self._read_batch(stream.stream_id, snap.leader_epoch, loc)
-                if data is None:
-                    break  # a gap: served once the main uploaded it
-                batch = CachedBatch(loc.base_offset, loc.base_offset + loc.record_count, data)
-                if not self.cache.put(key, snap.leader_epoch, batch):
-                    break
-                have = batch.end_offset
+        self.cache.prune_below(key, committed)
+        for control in getattr(snap, "control_batches", None) or []:
+            # a marker the main holds without a link: its bytes came in the answer
+            try:
+                header = parse_batch_header(control.data)
+            except InvalidRecordBatchError:
+                continue
+            end = control.base_offset + header.last_offset_delta + 1
+            if end > committed:
+                self.cache.put(
+                    key, snap.leader_epoch, CachedBatch(control.base_offset, end, control.data)
+                )
+        for loc in links:
+            end = loc.base_offset + loc.record_count
+            if end <= committed or self.cache.contiguous_end(key, loc.base_offset) >= end:
+                continue  # committed, or cached (read before, or routed here)
+            data = self._read_batch(stream.stream_id, snap.leader_epoch, loc)
+            if data is None:
+                break  # a gap: served once the main uploaded it
+            if not self.cache.put(key, snap.leader_epoch, CachedBatch(loc.base_offset, end, data)):
+                break
+        with self._lock:
             polled.main_hw = max(polled.main_hw, snap.high_watermark)
             polled.next_at = max(polled.next_at, next_offset(snap.high_watermark, links))
-            if self.cache.contiguous_end(key, committed) > before or (
-                polled.txns.last_stable_offset(snap.high_watermark, -1) > lso_before
-            ):
-                polled.proxy.wake()
+        self._advance_lso(key, polled)
+        if self.cache.contiguous_end(key, committed) > before or (
+            polled.txns.last_stable_offset(snap.high_watermark, -1) > lso_before
+        ):
+            polled.proxy.wake()
+
+    def _advance_lso(self, key: tuple[str, int], polled: _Polled) -> None:
+        """Move the partition's last stable offset past the non-transactional batches cached
+        back to back from it: every transaction starting below it is decided, and none can
+        start inside a batch outside any transaction."""
+        lso = polled.txns.known_lso()
+        if lso >= 0:
+            end = self.cache.plain_end(key, lso)
+            if end > lso:
+                polled.txns.apply(end, [])
+
+    def routed(
+        self,
+        proxy: ProxyPartition,
+        main_node_id: int,
+        leader_epoch: int,
+        base_offset: int,
+        end_offset: int,
+        records: bytes,
+    ) -> None:
+        """A zone route of `proxy`'s `records` was answered: its main (`main_node_id`, in
+        `leader_epoch` as this broker's image said) made them durable at `base_offset` up
+        to `end_offset`. When this proxy follows the partition's snapshots (a client
+        fetches it here), the batches go into the cache as the main's answer would have
+        put them (their offsets and epoch patched), so the fetches waiting on it are
+        served now and the main leaves them out of this proxy's polls (version 5).
+        Nothing when the answer's offsets do not match the batches (idempotent retries
+        answered from the original appends) or the cache knows another leader epoch.
+        Thread-safe (called on the partition's worker)."""
+        key = (proxy.topic_id, proxy.partition)
+        batches = _patched(records, base_offset, end_offset, leader_epoch)
+        put = False
+        with self._lock:  # the epoch checked and the batches put as one (`apply`)
+            polled = self._polled.get(key)
+            if polled is None or polled.main_node_id != main_node_id:
+                return
+            if polled.leader_epoch != leader_epoch:
+                return
+            for batch in batches:
+                if self.cache.contiguous_end(key, batch.base_offset) >= batch.end_offset:
+                    continue  # the main's answer came first
+                if not self.cache.put(key, leader_epoch, batch, start_over=False):
+                    break
+                put = True
+            if put:  # durable at the main: its high watermark is past them
+                polled.main_hw = max(polled.main_hw, end_offset)
+        if put:
+            self._advance_lso(key, polled)
+            polled.proxy.wake()
 
     def _read_batch(self, stream_id: int, leader_epoch: int, loc) -> bytes | None:
         """The batch a link location names, from its RouterChannel object (None: gone or

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ MAX_CONTROL_HOLE_OFFSETS = 8
 MAX_CONTROL_HOLES = 16
 CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
+# a proxy's own appends are news for its polls again once linked this long ago: its route
+# answer (and so its copy) should have come long before (version 5)
+OWN_GRACE_S = 2.0
 
 
 class SnapshotServer:
@@ -147,17 +151,11 @@ class SnapshotServer:
             return self._answer(wire_version, error, [])
         plogs = [self.partitions.get(str(a.topic_id), a.partition) for a in asked]
 
+        # version 5: the proxy's own appends are no news for its polls (it has them)
+        own = req.node_id if wire_version >= 5 else None
+
         def news(a: _Asked, plog) -> bool:
-            return (
-                plog is None
-                or plog.stream_id < 0
-                or plog.high_watermark > a.fetch_offset
-                or (version >= 1 and _aborted_past(plog, a.aborted_from))
-                # version 2: a partition new in the session at once, so the proxy learns
-                # its last stable offset even when nothing is new; then when it grows
-                or (version >= 2 and a.lso < 0)
-                or (a.lso >= 0 and min(plog.last_stable_offset, plog.high_watermark) > a.lso)
-            )
+            return self._news(a, plog, version, own)
 
         def ready() -> bool:
             return any(news(a, plog) for a, plog in zip(asked, plogs, strict=True))
@@ -183,6 +181,32 @@ class SnapshotServer:
         if version >= 2:
             self.sessions.advance(req.node_id, req.session_id, req.session_epoch, answered)
         return self._answer(wire_version, KafkaError.NONE, out, req)
+
+    def _news(self, a: _Asked, plog, version: int, own: int | None) -> bool:
+        """Whether the poll has news of `a`: the partition is gone, its high watermark or
+        last stable offset passed what the proxy has (past the proxy `own`'s own
+        appends), or aborted transactions past what it knows."""
+        if plog is None or plog.stream_id < 0:
+            return True
+        hw = plog.high_watermark
+        return (
+            self._moved(plog, a.fetch_offset, hw, own)
+            or (version >= 1 and _aborted_past(plog, a.aborted_from))
+            # version 2: a partition new in the session at once, so the proxy learns
+            # its last stable offset even when nothing is new; then when it grows
+            or (version >= 2 and a.lso < 0)
+            or (a.lso >= 0 and self._moved(plog, a.lso, min(plog.last_stable_offset, hw), own))
+        )
+
+    def _moved(self, plog, start: int, end: int, own: int | None) -> bool:
+        """[start, end) holds offsets the proxy `own` (None: any) did not route itself,
+        or routed more than OWN_GRACE_S ago (its route answer may have been lost)."""
+        if end <= start:
+            return False
+        if own is None:
+            return True
+        linked_after_s = time.monotonic() - OWN_GRACE_S
+        return not self.index.routed_by(plog.stream_id, start, end, own, linked_after_s)
 
     @staticmethod
     async def _wait(plogs: list, ready: Callable[[], bool], wait_s: float) -> None:
