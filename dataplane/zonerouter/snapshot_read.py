@@ -77,9 +77,16 @@ POLL_WAIT_MS = 200  # what a proxy asks for while the partitions it follows chan
 STEADY_POLL_WAIT_MS = 500
 STEADY_AFTER_S = 5.0
 # polls of one main start at most this often: a main with appends every few ms answers at
-# once each time, and each round trip costs CPU on both brokers and ~100 cross-AZ bytes
-# (at most 20 ms more latency; 50 polls/s of a busy pair; 40 ms saved no bytes at 100 B)
+# once each time, and each round trip costs CPU on both brokers and ~65 cross-AZ bytes
+# (at most 20 ms more latency; 50 polls/s of a busy pair)
 MIN_POLL_INTERVAL_S = 0.02
+# ... and while the answers name few record bytes (small records at a modest rate: 1,000
+# records/s of 100 B is ~33 KB/s per broker pair) a pair's polls cost at most this share of
+# them, so the interval grows, up to MAX_POLL_INTERVAL_S (the latency it may add on a
+# machine fast enough to answer sooner)
+POLL_BYTES_SHARE = 0.03
+MAX_POLL_INTERVAL_S = 0.05
+PACE_WINDOW_S = 1.0  # the named bytes per second are averaged over about this long
 RETRY_S = 0.2  # after a failed poll
 IDLE_S = 0.05  # a poller with nothing to ask for looks again after this
 ACTIVE_S = 30.0  # a partition nobody fetched for this long is no longer polled
@@ -131,6 +138,31 @@ class _Polled:
     txns: TxnView = field(default_factory=TxnView)
 
 
+class PollPacer:
+    """When a poller's next poll of its main may start: `MIN_POLL_INTERVAL_S` after the
+    last one started, longer while its answers name few record bytes per second (a
+    round trip then costs at most `POLL_BYTES_SHARE` of them), at most
+    `MAX_POLL_INTERVAL_S`. Used by its poller's thread only."""
+
+    def __init__(self) -> None:
+        self.named_bytes_per_s = 0.0  # the answers' record bytes, averaged (PACE_WINDOW_S)
+        self._answered_at: float | None = None
+
+    def interval_s(self, named_bytes: int, trip_bytes: int, now: float) -> float:
+        """After an answer naming `named_bytes` of batches, its round trip `trip_bytes`
+        long: how long after the poll's start the next may start."""
+        if self._answered_at is not None and now > self._answered_at:
+            elapsed = now - self._answered_at
+            weight = min(1.0, elapsed / PACE_WINDOW_S)
+            rate = named_bytes / elapsed
+            self.named_bytes_per_s += weight * (rate - self.named_bytes_per_s)
+        self._answered_at = now
+        if self.named_bytes_per_s <= 0 or trip_bytes <= 0:
+            return MIN_POLL_INTERVAL_S
+        paced = trip_bytes / (POLL_BYTES_SHARE * self.named_bytes_per_s)
+        return min(MAX_POLL_INTERVAL_S, max(MIN_POLL_INTERVAL_S, paced))
+
+
 class _PollSession:
     """A poller's snapshot session with one main (version 2), used by that poller's thread
     only: what the main holds for each partition (mirroring its rules: an answer moves the
@@ -139,8 +171,10 @@ class _PollSession:
     failed or refused poll the next one sends the full list."""
 
     def __init__(self) -> None:
-        # 31 bits: 5 bytes as a varint (version 4), still unique per proxy in practice
-        self.session_id = uuid.uuid4().int & ((1 << 31) - 1) or 1
+        # 13 bits: 2 bytes as a zigzag varint (version 4+), sent with every poll. The main
+        # keys sessions by (proxy, id) and a proxy has one session per main: an id taken
+        # again after a restart starts with a full poll, which starts the session over
+        self.session_id = uuid.uuid4().int & ((1 << 13) - 1) or 1
         self.epoch = 0
         self.full = True
         self.have: dict[tuple[str, int], tuple[int, int]] = {}
@@ -326,6 +360,13 @@ class SnapshotReader:
         conn: BrokerConnection | None = None
         session = _PollSession()
         versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
+        pacer = PollPacer()
+        trip_bytes = [0]  # the last round trip's
+
+        def counted(n: int, az: str) -> None:
+            trip_bytes[0] = n
+            self.traffic.broker(az, n, "snapshot")
+
         try:
             while not self._stop.is_set():
                 image = self.image_fn()
@@ -341,7 +382,7 @@ class SnapshotReader:
                         main.host,
                         main.kafka_port,
                         self.login,
-                        lambda n, az=main.az: self.traffic.broker(az, n, "snapshot"),
+                        lambda n, az=main.az: counted(n, az),
                     )
                     session = _PollSession()  # a new main address: a new session
                     versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
@@ -368,8 +409,10 @@ class SnapshotReader:
                     session.failed()
                     continue
                 session.sent(asked)
-                self.apply(resp, image, session)
-                self._stop.wait(max(0.0, MIN_POLL_INTERVAL_S - (time.monotonic() - started)))
+                named = self.apply(resp, image, session)
+                now = time.monotonic()
+                interval_s = pacer.interval_s(named, trip_bytes[0], now)
+                self._stop.wait(max(0.0, interval_s - (now - started)))
         except Exception:  # noqa: BLE001 - logged; a later fetch starts a new poller
             log.exception("snapshot reads of node %d stopped", main_node_id)
         finally:
@@ -411,10 +454,12 @@ class SnapshotReader:
                 asked.append((key, at, polled.txns.aborted_from))
         return asked
 
-    def apply(self, resp, image: MetadataImage, session: _PollSession | None = None) -> None:
+    def apply(self, resp, image: MetadataImage, session: _PollSession | None = None) -> int:
         """Apply a main's snapshot: read the new batches from the channels into the cache,
         note the high watermarks, wake the fetches of partitions that moved; `session`
-        learns what the main now holds for each (version 2)."""
+        learns what the main now holds for each (version 2). Returns the bytes of the
+        batches the answer names."""
+        named = 0
         packed_links = getattr(resp, "version", 0) >= 2
         for snap in resp.partitions:
             key = (str(snap.topic_id), snap.partition)
@@ -437,6 +482,7 @@ class SnapshotReader:
             except ValueError as exc:
                 log.warning("bad packed links from a main: %s", exc)
                 links = []
+            named += sum(loc.length for loc in links)
             if session is not None:
                 markers = [t.marker_offset + 1 for t in snap.aborted_transactions]
                 session.answered(key, next_offset(snap.high_watermark, links), markers)
@@ -448,6 +494,7 @@ class SnapshotReader:
             if state is None or stream is None:
                 continue
             self._apply_partition(key, polled, snap, links, stream)
+        return named
 
     def _apply_partition(self, key: tuple[str, int], polled: _Polled, snap, links, stream) -> None:
         """One partition of an answer (no error): its transactions, inline markers and

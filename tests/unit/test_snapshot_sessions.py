@@ -286,3 +286,36 @@ def test_a_caller_falls_back_to_the_older_version_for_a_peer_not_upgraded():
     probe.answered(4)
     probe.failed(4)  # once the peer answered version 4, a failure is just a failure
     assert probe.version() == 4
+
+
+def test_polls_of_a_pair_naming_few_record_bytes_are_paced():
+    """A busy pair polls every MIN_POLL_INTERVAL_S; while its answers name few record bytes
+    per second (small records) the interval grows so that a round trip costs at most
+    POLL_BYTES_SHARE of them, up to MAX_POLL_INTERVAL_S."""
+    from dataplane.zonerouter.snapshot_read import (
+        MAX_POLL_INTERVAL_S,
+        MIN_POLL_INTERVAL_S,
+        POLL_BYTES_SHARE,
+        PollPacer,
+    )
+
+    def steady(bytes_per_s: float, trip_bytes: int = 65, every_s: float = 0.02) -> float:
+        pacer, now, interval = PollPacer(), 0.0, 0.0
+        assert pacer.interval_s(0, trip_bytes, now) == MIN_POLL_INTERVAL_S  # nothing known
+        for _ in range(500):
+            now += every_s
+            interval = pacer.interval_s(round(bytes_per_s * every_s), trip_bytes, now)
+        assert abs(pacer.named_bytes_per_s - bytes_per_s) <= 0.02 * bytes_per_s + 1
+        return interval
+
+    # 1,000 records/s of 1 KiB over 3 mains: as often as before
+    assert steady(340_000) == MIN_POLL_INTERVAL_S
+    # of 100 B: ~33 KB/s a pair, paced to the longest interval
+    assert steady(33_000) == MAX_POLL_INTERVAL_S
+    # in between: a round trip costs POLL_BYTES_SHARE of what the answers name
+    interval = steady(80_000)
+    assert MIN_POLL_INTERVAL_S < interval < MAX_POLL_INTERVAL_S
+    assert abs(65 / interval - POLL_BYTES_SHARE * 80_000) < 0.05 * POLL_BYTES_SHARE * 80_000
+    # an answer without a size (a failed count) or a pair with nothing named: unpaced
+    assert steady(0) == MIN_POLL_INTERVAL_S
+    assert PollPacer().interval_s(10_000, 0, 1.0) == MIN_POLL_INTERVAL_S
