@@ -124,39 +124,42 @@ def test_a_proxys_own_appends_do_not_wake_its_polls(monkeypatch):
     assert _ask(server, session, [(key, 5, -1)], wait_ms=0) == []
     # ... while another proxy's append wakes the poll: the answer names every link past
     # the proxy's offset, its own included (its view stays contiguous)
+    # (held up to 60 s: answered well before, it was woken)
+    monkeypatch.setattr(snapshot_server, "MAX_WAIT_MS", 60_000)
     loop_answer: list = []
 
     async def poll_then_append():
-        req = session.request(2, 5_000, [(key, 5, -1)], 5)
+        req = session.request(2, 60_000, [(key, 5, -1)], 5)
         task = asyncio.ensure_future(
             server.get_partition_snapshot(req, SimpleNamespace(api_version=5))
         )
         await asyncio.sleep(0.05)
+        log.append(index, 2, node=2)  # its own: still waiting
+        await asyncio.sleep(0.05)
         assert not task.done()
         log.append(index, 3, node=4)
-        loop_answer.append(await asyncio.wait_for(task, 5))
+        loop_answer.append(await asyncio.wait_for(task, 30))
 
-    started = time.monotonic()
     asyncio.run(poll_then_append())
-    assert time.monotonic() - started < 2.0
     from dataplane.zonerouter.snapshot import unpack_links
     from dataplane.zonerouter.snapshot_codec import answer_view
 
     (snap,) = answer_view(loop_answer[0], session.topics).partitions
     session.sent([(key, 5, -1)])
     session.answered(key, snap.high_watermark, [])
-    assert snap.high_watermark == 13
-    links = unpack_links(snap.packed_links, start_offset=13, timestamps=False)
-    assert [(p.base_offset, p.source_node_id) for p in links] == [(5, 2), (10, 4)]
+    assert snap.high_watermark == 15
+    links = unpack_links(snap.packed_links, start_offset=15, timestamps=False)
+    assert [(p.base_offset, p.source_node_id) for p in links] == [(5, 2), (10, 2), (12, 4)]
+    monkeypatch.setattr(snapshot_server, "MAX_WAIT_MS", 500)
     # a route answer the proxy never got: its own batch is news once older than the grace
     log.append(index, 2, node=2, linked_s=time.monotonic() - snapshot_server.OWN_GRACE_S - 1)
-    assert [s.high_watermark for s in _ask(server, session, [(key, 13, -1)])] == [15]
+    assert [s.high_watermark for s in _ask(server, session, [(key, 15, -1)])] == [17]
     # a proxy not upgraded (version 4) is not told about them otherwise: its own appends
     # are news for it
     log.append(index, 2, node=2)
     old = _PollSession()
-    assert len(_ask(server, old, [(key, 15, -1)], version=4)) == 1
-    assert [s.high_watermark for s in _ask(server, old, [(key, 15, -1)], version=4)] == [17]
+    assert len(_ask(server, old, [(key, 17, -1)], version=4)) == 1
+    assert [s.high_watermark for s in _ask(server, old, [(key, 17, -1)], version=4)] == [19]
 
 
 def test_cache_plain_end_and_puts_kept_to_the_cached_epoch():
