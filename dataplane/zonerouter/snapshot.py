@@ -513,12 +513,13 @@ class SnapshotSessions:
         session_id: int,
         epoch: int,
         incremental: bool,
-        partitions: list[tuple[tuple[str, int], int, int]],
+        partitions: list[tuple[tuple[str, int], int, int, int]],
         forgotten: list[tuple[str, int]],
     ) -> dict[tuple[str, int], tuple[int, int, int]] | str:
-        """Apply a poll's list ((key, fetch offset, aborted from) each); the session's
-        partitions and offsets after it, or why it is refused (`NOT_FOUND`, `BAD_EPOCH`:
-        the proxy sends its full list)."""
+        """Apply a poll's list ((key, fetch offset, aborted from, last stable offset the
+        proxy knows, -1: none or not told) each); the session's partitions and offsets
+        after it, or why it is refused (`NOT_FOUND`, `BAD_EPOCH`: the proxy sends its full
+        list)."""
         key = (node_id, session_id)
         with self._lock:
             session = self._sessions.get(key)
@@ -532,10 +533,11 @@ class SnapshotSessions:
             session.epoch = epoch
             for part in forgotten:
                 session.partitions.pop(part, None)
-            for part, offset, aborted_from in partitions:
+            for part, offset, aborted_from, lso in partitions:
                 entry = session.partitions.get(part)
                 if entry is not None:  # offsets the proxy changed: its LSO stays known
                     entry[0], entry[1] = offset, aborted_from
+                    entry[2] = max(entry[2], lso) if entry[2] >= 0 else entry[2]
                 elif len(session.partitions) < self.max_partitions:
                     # never answered (-1): the next answer holds it, whatever is new
                     session.partitions[part] = [offset, aborted_from, -1]
@@ -562,7 +564,7 @@ class SnapshotSessions:
                 if entry is not None:
                     entry[0] = max(entry[0], offset)
                     entry[1] = max(entry[1], aborted_from)
-                    entry[2] = lso
+                    entry[2] = max(entry[2], lso)
 
     def topic_table(
         self, node_id: int, session_id: int, epoch: int, max_topics: int

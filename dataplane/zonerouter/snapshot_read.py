@@ -115,6 +115,12 @@ def _patched(
     return out if offset == end_offset else []
 
 
+def _asked_entry(entry: tuple) -> tuple[tuple[str, int], int, int, int]:
+    """A partition to poll as (key, offset, aborted from, last stable offset): the last
+    stable offset -1 (none known) when not given."""
+    return (entry[0], entry[1], entry[2], entry[3] if len(entry) > 3 else -1)
+
+
 def _link_packing(version: int, snap) -> dict:
     """How an answer of `version` packs `snap`'s links (`snapshot.unpack_links`' keywords):
     version 4 from the high watermark and without timestamps."""
@@ -166,9 +172,10 @@ class PollPacer:
 class _PollSession:
     """A poller's snapshot session with one main (version 2), used by that poller's thread
     only: what the main holds for each partition (mirroring its rules: an answer moves the
-    offset to `next_offset`, the aborted-from past its markers), so a poll lists only the
-    partitions whose offsets this proxy changed otherwise, and those it forgot. After a
-    failed or refused poll the next one sends the full list."""
+    offset to `next_offset`, the aborted-from past its markers, the last stable offset to
+    the answer's), so a poll lists only the partitions whose offsets this proxy changed
+    otherwise (version 5: its last stable offset too, moved past batches it cached), and
+    those it forgot. After a failed or refused poll the next one sends the full list."""
 
     def __init__(self) -> None:
         # 13 bits: 2 bytes as a zigzag varint (version 4+), sent with every poll. The main
@@ -177,7 +184,8 @@ class _PollSession:
         self.session_id = uuid.uuid4().int & ((1 << 13) - 1) or 1
         self.epoch = 0
         self.full = True
-        self.have: dict[tuple[str, int], tuple[int, int]] = {}
+        # (offset, aborted from, last stable offset) the main holds, by partition
+        self.have: dict[tuple[str, int], tuple[int, int, int]] = {}
         # version 4: the topics the main's answers named, by index (mirrors its table)
         self.topics: list[uuid.UUID] = []
         self._pending: tuple[int, list, list] = (0, [], [])
@@ -197,13 +205,15 @@ class _PollSession:
     def request(
         self, node_id: int, max_wait_ms: int, asked: list, version: int = SNAPSHOT_VERSION
     ) -> object:
-        """The next poll for `asked` ((key, offset, aborted from) each) at `version`."""
+        """The next poll for `asked` ((key, offset, aborted from[, last stable offset])
+        each) at `version`."""
+        asked = [_asked_entry(x) for x in asked]
         if self.full:
             epoch, parts, forgotten = 0, list(asked), []
             self.topics = []  # the main starts the session's table over too
         else:
             epoch = self.epoch + 1
-            parts = [x for x in asked if self.have.get(x[0]) != (x[1], x[2])]
+            parts = [x for x in asked if self.have.get(x[0]) != x[1:]]
             keys = {x[0] for x in asked}
             forgotten = [key for key in self.have if key not in keys]
         self._pending = (epoch, parts, forgotten)
@@ -214,10 +224,10 @@ class _PollSession:
                 self.session_id,
                 epoch,
                 not self.full,
-                [PollPartition(uuid.UUID(k[0]), k[1], at, af) for k, at, af in parts],
+                [PollPartition(uuid.UUID(k[0]), k[1], at, af, lso) for k, at, af, lso in parts],
                 [PollForgotten(uuid.UUID(k[0]), k[1]) for k in forgotten],
             )
-            return GetPartitionSnapshotRequest[version](packed=pack_poll(poll))
+            return GetPartitionSnapshotRequest[version](packed=pack_poll(poll, version))
         Q = GetPartitionSnapshotRequest[version]
         return Q(
             node_id=node_id,
@@ -232,7 +242,7 @@ class _PollSession:
                     fetch_offset=at,
                     aborted_from=aborted_from,
                 )
-                for key, at, aborted_from in parts
+                for key, at, aborted_from, _ in parts
             ],  # fmt: skip
             forgotten=[
                 Q.ForgottenPartition(topic_id=uuid.UUID(key[0]), partition=key[1])
@@ -249,14 +259,17 @@ class _PollSession:
         self.epoch = epoch
         for key in forgotten:
             self.have.pop(key, None)
-        for key, at, aborted_from in parts:
-            self.have[key] = (at, aborted_from)
+        for key, at, aborted_from, lso in parts:
+            self.have[key] = (at, aborted_from, lso)
 
-    def answered(self, key: tuple[str, int], offset: int, markers: list[int]) -> None:
-        """The main answered `key` up to `offset` and these aborted markers (+1 each)."""
+    def answered(
+        self, key: tuple[str, int], offset: int, markers: list[int], lso: int = -1
+    ) -> None:
+        """The main answered `key` up to `offset`, these aborted markers (+1 each) and
+        last stable offset `lso`."""
         if key in self.have:
-            at, aborted_from = self.have[key]
-            self.have[key] = (max(at, offset), max([aborted_from, *markers]))
+            at, aborted_from, known = self.have[key]
+            self.have[key] = (max(at, offset), max([aborted_from, *markers]), max(known, lso))
 
     def forget(self, key: tuple[str, int]) -> None:
         self.have.pop(key, None)
@@ -451,7 +464,7 @@ class SnapshotReader:
                 # from what the cache holds back to back (batches routed here may have
                 # come before the main's answer naming the ones below them)
                 at = self.cache.contiguous_end(key, max(committed, polled.next_at))
-                asked.append((key, at, polled.txns.aborted_from))
+                asked.append((key, at, polled.txns.aborted_from, polled.txns.known_lso()))
         return asked
 
     def apply(self, resp, image: MetadataImage, session: _PollSession | None = None) -> int:
@@ -485,7 +498,12 @@ class SnapshotReader:
             named += sum(loc.length for loc in links)
             if session is not None:
                 markers = [t.marker_offset + 1 for t in snap.aborted_transactions]
-                session.answered(key, next_offset(snap.high_watermark, links), markers)
+                session.answered(
+                    key,
+                    next_offset(snap.high_watermark, links),
+                    markers,
+                    getattr(snap, "last_stable_offset", -1),
+                )
             if polled is None:
                 continue
             topic = image.topics.get(key[0])

@@ -99,7 +99,12 @@ class SnapshotServer:
             req.session_epoch,
             req.incremental,
             [
-                ((str(p.topic_id), p.partition), p.fetch_offset, p.aborted_from)
+                (
+                    (str(p.topic_id), p.partition),
+                    p.fetch_offset,
+                    p.aborted_from,
+                    getattr(p, "last_stable_offset", -1),  # version 5
+                )
                 for p in req.partitions
             ],
             [(str(f.topic_id), f.partition) for f in req.forgotten],
@@ -135,7 +140,7 @@ class SnapshotServer:
         wire_version = getattr(ctx, "api_version", 0)
         if wire_version >= 4:  # version 3's fields, packed
             try:
-                req = unpack_poll(bytes(req.packed or b""))
+                req = unpack_poll(bytes(req.packed or b""), wire_version)
             except ValueError as exc:
                 log.warning("bad packed snapshot poll: %s", exc)
                 return self._answer(wire_version, KafkaError.INVALID_REQUEST, [])

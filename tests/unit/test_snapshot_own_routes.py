@@ -276,6 +276,7 @@ def test_routed_batches_are_served_without_a_poll_and_stay_in_order():
         )
         assert proxy.woken >= 1
         assert reader._asked(main, image)[0][1] == 3  # its polls ask from there
+        assert reader._asked(main, image)[0][3] == 3  # and tell the LSO it moved
         # answers that do not match the batches (some deduplicated) or another epoch: nothing
         reader.routed(proxy, main, 0, 3, 9, third)
         reader.routed(proxy, main, 1, 3, 5, third)
@@ -301,3 +302,32 @@ def test_routed_batches_are_served_without_a_poll_and_stay_in_order():
         assert reader.last_stable_offset(proxy, main, 8, 0) == 7
     finally:
         reader.close()
+
+
+def test_the_last_stable_offset_a_proxy_tells_keeps_its_own_appends_quiet():
+    """The proxy moves its LSO past the batches it cached and tells it with its poll
+    (version 5): once the main uploaded and forgot the links below it, its own appends
+    past it are still no news (else every upload would answer every partition)."""
+    topic = uuid.uuid4()
+    log = _Log(0, hw=0)
+    index = LinkIndex()
+    server = SnapshotServer(SimpleNamespace(get=lambda t, p: log), index)  # type: ignore[arg-type]
+    session = _PollSession()
+    key = (str(topic), 0)
+    assert len(_ask(server, session, [(key, 0, -1)])) == 1  # answered: LSO 0
+    for _ in range(3):
+        log.append(index, 5, node=2)
+    index.prune(0, 10)  # uploaded up to 10: those links are gone
+    log.append(index, 5, node=2)
+    # told only its offset, the main cannot tell the LSO moved by the proxy's own batches
+    assert [s.last_stable_offset for s in _ask(server, session, [(key, 15, -1)])] == [20]
+    log.append(index, 5, node=2)
+    index.prune(0, 20)
+    log.append(index, 5, node=2)
+    # told the LSO too (it moved it past what it cached): nothing to answer
+    assert _ask(server, session, [(key, 25, -1, 25)]) == []
+    # an LSO left behind (a batch it could not cache, uploaded since) is answered
+    log.append(index, 5, node=2)
+    index.prune(0, 30)
+    log.append(index, 5, node=2)
+    assert [s.last_stable_offset for s in _ask(server, session, [(key, 35, -1, 25)])] == [40]

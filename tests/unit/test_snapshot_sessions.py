@@ -60,23 +60,28 @@ def test_sessions_apply_full_and_incremental_lists_and_refuse_gaps():
     sessions = SnapshotSessions(max_sessions=2, max_partitions=3)
     a, b, c, d = ("t", 0), ("t", 1), ("t", 2), ("t", 3)
     assert sessions.update(1, 9, 0, True, [], []) == SnapshotSessions.NOT_FOUND
-    state = sessions.update(1, 9, 0, False, [(a, 10, -1), (b, 20, 5)], [])
+    state = sessions.update(1, 9, 0, False, [(a, 10, -1, -1), (b, 20, 5, 30)], [])
     assert state == {a: (10, -1, -1), b: (20, 5, -1)}
     sessions.advance(1, 9, 0, {a: (15, 7, 12)})
     assert sessions.update(1, 9, 2, True, [], []) == SnapshotSessions.BAD_EPOCH
     # incremental: one added, one forgotten, the rest as the main advanced it
-    state = sessions.update(1, 9, 1, True, [(c, 0, -1)], [b])
+    state = sessions.update(1, 9, 1, True, [(c, 0, -1, -1)], [b])
     assert state == {a: (15, 7, 12), c: (0, -1, -1)}
     # an answer of an older poll changes nothing (a newer poll came meanwhile)
     sessions.advance(1, 9, 0, {a: (99, 99, 99)})
     assert sessions.update(1, 9, 2, True, [], [])[a] == (15, 7, 12)
     # bounded partitions per session: the one past the bound is left out
-    state = sessions.update(1, 9, 3, True, [(b, 0, -1), (d, 0, -1)], [])
+    state = sessions.update(1, 9, 3, True, [(b, 0, -1, -1), (d, 0, -1, -1)], [])
     assert len(state) == 3 and d not in state
+    # version 5: the last stable offset the proxy tells moves the main's view of it on
+    # (never back), once answered (a partition never answered is answered at once)
+    assert sessions.update(1, 9, 4, True, [(a, 40, 7, 38), (b, 0, -1, 5)], [])[a] == (40, 7, 38)
+    assert sessions.update(1, 9, 5, True, [(a, 41, 7, 20)], [])[a] == (41, 7, 38)
+    assert sessions.update(1, 9, 6, True, [], [])[b] == (0, -1, -1)
     # bounded sessions: the least recently used goes, its next incremental poll is refused
     sessions.update(2, 1, 0, False, [], [])
     sessions.update(3, 1, 0, False, [], [])
-    assert sessions.update(1, 9, 4, True, [], []) == SnapshotSessions.NOT_FOUND
+    assert sessions.update(1, 9, 7, True, [], []) == SnapshotSessions.NOT_FOUND
     with pytest.raises(ValueError):
         SnapshotSessions(max_sessions=0)
 
@@ -115,7 +120,8 @@ def _roundtrip(server: SnapshotServer, req, session=None, version: int = SNAPSHO
 
 def _poll(req):
     """A poll's fields (version 4: unpacked)."""
-    return unpack_poll(bytes(req.packed)) if getattr(req, "version", 0) >= 4 else req
+    version = getattr(req, "version", 0)
+    return unpack_poll(bytes(req.packed), version) if version >= 4 else req
 
 
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
