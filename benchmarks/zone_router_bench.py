@@ -91,7 +91,8 @@ def _ms(values: list[float], q: float) -> float | None:
 
 def _per_api(load: dict, duration_s: float, pairs: int) -> dict:
     """The snapshot polls' share of the brokers' cross-AZ bytes; per API its round trips
-    per second per broker pair (over the sending time) and bytes per round trip."""
+    per second per broker pair (over the load window, `duration_s`) and bytes per round
+    trip."""
     total = load["broker_cross_az_bytes"]
     out = {
         "snapshot_share_of_broker_cross_az": round(
@@ -198,6 +199,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
 
     time.sleep(HEARTBEAT_WAIT_S)
     before = _cost(cluster_dir)
+    load_started = time.monotonic()
     pad = b"x" * max(record_bytes - HEADER.size, 0)
     interval = 1.0 / args.rate
     end = time.monotonic() + args.duration
@@ -218,6 +220,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         time.sleep(0.1)
     time.sleep(HEARTBEAT_WAIT_S)
     load = _delta(_cost(cluster_dir), before)
+    load_s = time.monotonic() - load_started  # sending, draining, the last heartbeat
     # idle: nothing produced, the consumers still long-polling their brokers
     idle_before = _cost(cluster_dir)
     time.sleep(args.idle_s)
@@ -239,7 +242,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         else None,
         # what the brokers' cross-AZ bytes are made of (the snapshot polls' share, the
         # round trips per second per broker pair and their bytes, the zone routes')
-        **_per_api(load, args.duration, pairs),
+        **_per_api(load, load_s, pairs),
         "wal_bytes_per_produced_byte": round(load["wal_data_bytes"] / load["produced_bytes"], 3)
         if load["produced_bytes"]
         else None,
