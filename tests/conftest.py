@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,22 @@ from pathlib import Path
 import pytest
 
 from dataplane.objectstore.seaweed import EmbeddedSeaweed
+from tests import file_durations
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (tests/run.sh's parallel workers), the longest test files first
+    (tests/file_durations.json) so the workers finish together; a file's tests keep their
+    order. A run without workers keeps pytest's order. Every worker sorts the same
+    collection the same way (xdist requires identical collections)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    durations = file_durations.load()
+    seconds = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        seconds.setdefault(path, file_durations.expected_s(path, durations))
+    items.sort(key=lambda item: -seconds[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(scope="session")
