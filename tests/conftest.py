@@ -66,18 +66,39 @@ def _own_network_namespace() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (tests/run.sh's parallel workers), the longest test files first
-    (tests/file_durations.json) so the workers finish together; a file's tests keep their
-    order. A run without workers keeps pytest's order. Every worker sorts the same
-    collection the same way (xdist requires identical collections)."""
+    """Under pytest-xdist (tests/run.sh's parallel workers), the longest units of work
+    first (a test file, or a group of files that share a worker: tests/file_durations.py)
+    so the workers finish together; a unit's tests keep their order. A run without workers
+    keeps pytest's order. Every worker sorts the same collection the same way (xdist
+    requires identical collections)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     durations = file_durations.load()
-    seconds = {}
+    unit_s: dict[str, float] = {}
+    seen: set[str] = set()
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        seconds.setdefault(path, file_durations.expected_s(path, durations))
-    items.sort(key=lambda item: -seconds[item.nodeid.split("::", 1)[0]])
+        if path not in seen:
+            seen.add(path)
+            unit = file_durations.work_unit(path)
+            unit_s[unit] = unit_s.get(unit, 0.0) + file_durations.expected_s(path, durations)
+    items.sort(key=lambda item: -unit_s[file_durations.work_unit(item.nodeid.split("::", 1)[0])])
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` (a file's tests in one worker, so a module fixture's cluster starts
+    once), with the files of a tests/file_durations.py SAME_WORKER_FILES group as one unit
+    of work. Other --dist modes: xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadUnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return file_durations.work_unit(nodeid.split("::", 1)[0])
+
+    return LoadUnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

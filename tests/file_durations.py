@@ -20,6 +20,27 @@ DURATIONS_PATH = Path(__file__).with_name("file_durations.json")
 UNKNOWN_FILE_S = {"tests/e2e": 30.0, "tests/integration": 10.0}
 UNKNOWN_OTHER_FILE_S = 1.0
 
+# test files a parallel run keeps in one worker, one after the other: each runs real Spark
+# (a JVM with local[2] and its Python workers); two of them at once on 2 cores (beside the
+# clusters they read) starved each other's jobs past their tests' bounds in a parallel run
+SAME_WORKER_FILES = {
+    "spark": (
+        "tests/e2e/test_compacted_topics.py",
+        "tests/e2e/test_compaction.py",
+        "tests/e2e/test_readme_walkthrough.py",
+        "tests/e2e/test_table_topics.py",
+        "tests/e2e/test_table_topics_rest.py",
+        "tests/e2e/test_topic_source.py",
+    ),
+}
+_UNIT_OF_FILE = {path: unit for unit, paths in SAME_WORKER_FILES.items() for path in paths}
+
+
+def work_unit(path: str) -> str:
+    """The unit of work a parallel run hands one worker for the test file `path`: the file
+    itself, or its SAME_WORKER_FILES group."""
+    return _UNIT_OF_FILE.get(path, path)
+
 
 def load() -> dict[str, float]:
     """Seconds by test file path relative to the repository (`tests/e2e/test_x.py`);
