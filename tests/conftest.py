@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
-import ipaddress
 import os
-import shutil
 import socket
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,53 +11,25 @@ import pytest
 
 from dataplane.objectstore.seaweed import EmbeddedSeaweed
 from tests import file_durations
+from tests.support.worker_network import HOST_NETWORK_FILES, WorkerNetwork
 
-CLONE_NEWNET = 0x40000000  # <sched.h>: unshare(2)/setns(2) flag of the network namespace
+WORKER_NETWORK = WorkerNetwork()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """An xdist worker (tests/run.sh's parallel run) moves into a network namespace of its
-    own, where possible, before it collects anything."""
+    own (tests/support/worker_network.py), where possible, before it collects anything."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        _own_network_namespace()
+        WORKER_NETWORK.move()
 
 
-def _own_network_namespace() -> bool:
-    """Move this process's main thread (where the tests run; the processes and threads it
-    starts inherit it) into a new network namespace with just a loopback interface up.
-
-    Why: clusters take random free ports below 32768 (cli/port_allocator.py); between
-    choosing its ports and binding them (seconds, while stores, controllers and brokers
-    start) a cluster's ports look free, so two workers starting clusters at the same time
-    could choose the same port and one `cluster up` would fail. In a namespace of its own
-    each worker has its own loopback and its own ports, as the serial run had. Tests only
-    talk to loopback (and to namespaces they create themselves, tests/e2e/netns_hosts.py).
-
-    Nothing changes (shared loopback, a rare collision possible) without root, without
-    `ip`, when this host's name does not resolve to loopback (a cluster advertising it
-    would be unreachable in the namespace), or when the kernel refuses. True when moved.
-    """
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    try:
-        if not ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback:
-            return False
-    except (OSError, ValueError):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if libc.unshare(CLONE_NEWNET) != 0:
-            return False
-        up = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, timeout=10)
-        if up.returncode == 0:
-            return True
-        libc.setns(original, CLONE_NEWNET)  # back to the shared network, as if never moved
-        return False
-    finally:
-        os.close(original)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test of HOST_NETWORK_FILES runs in the host's network (setup to teardown)."""
+    if not WORKER_NETWORK.moved or item.nodeid.split("::", 1)[0] not in HOST_NETWORK_FILES:
+        return (yield)
+    with WORKER_NETWORK.host_network():
+        return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
