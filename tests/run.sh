@@ -62,13 +62,17 @@ ruff format --check .
 BASETEMP="$(mktemp -d "${TMPDIR:-/tmp}/automq-tests.XXXXXX")"
 # two worker processes (pytest-xdist) unless a test file is named: the e2e files spend most
 # of their time waiting on clusters, so two at once nearly halve the run on 2 cores. A file
-# stays in one worker (--dist loadfile: a module fixture's cluster starts once) and the
-# longest files go first (tests/conftest.py orders them by tests/file_durations.json; xdist's
-# own reorder by test count is off) so the workers end together. A named file (one file,
-# with -x, -k ...) runs in one process as before; AUTOMQ_TEST_WORKERS=0 runs all in one.
+# stays in one worker (--dist loadfile: a module fixture's cluster starts once), the Spark
+# files share one, the longest go first (tests/conftest.py orders them by
+# tests/file_durations.json; xdist's own reorder by test count is off) so the workers end
+# together, and as root each worker has a network namespace of its own (its clusters' ports
+# cannot collide with the other's: tests/support/worker_network.py). A named file (one file,
+# with -x, -k ...) runs in one process as before, so does a debugger (--pdb, --trace);
+# AUTOMQ_TEST_WORKERS=0 runs all in one.
 WORKERS=(-n "${AUTOMQ_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 for arg in "$@"; do
-  if [ -f "${arg%%::*}" ] || [[ "$arg" == -n* || "$arg" == --numprocesses* || "$arg" == --dist* ]]; then
+  if [ -f "${arg%%::*}" ] || [[ "$arg" == -n* || "$arg" == --numprocesses* || "$arg" == --dist* ||
+    "$arg" == --pdb* || "$arg" == --trace ]]; then
     WORKERS=()
   fi
 done
