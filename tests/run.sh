@@ -60,7 +60,23 @@ ruff format --check .
 # running e2e tests whenever another test run shared the machine
 # (kept after a failure: the clusters' logs are the evidence)
 BASETEMP="$(mktemp -d "${TMPDIR:-/tmp}/automq-tests.XXXXXX")"
-python -m pytest -q --basetemp="$BASETEMP/t" --junitxml="$BASETEMP/junit.xml" "$@" && rc=0 || rc=$?
+# two worker processes (pytest-xdist) unless a test file is named: the e2e files spend most
+# of their time waiting on clusters, so two at once nearly halve the run on 2 cores. A file
+# stays in one worker (--dist loadfile: a module fixture's cluster starts once), the Spark
+# files share one, the longest go first (tests/conftest.py orders them by
+# tests/file_durations.json; xdist's own reorder by test count is off) so the workers end
+# together, and as root each worker has a network namespace of its own (its clusters' ports
+# cannot collide with the other's: tests/support/worker_network.py). A named file (one file,
+# with -x, -k ...) runs in one process as before, so does a debugger (--pdb, --trace);
+# AUTOMQ_TEST_WORKERS=0 runs all in one.
+WORKERS=(-n "${AUTOMQ_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
+for arg in "$@"; do
+  if [ -f "${arg%%::*}" ] || [[ "$arg" == -n* || "$arg" == --numprocesses* || "$arg" == --dist* ||
+    "$arg" == --pdb* || "$arg" == --trace ]]; then
+    WORKERS=()
+  fi
+done
+python -m pytest -q --basetemp="$BASETEMP/t" --junitxml="$BASETEMP/junit.xml" "${WORKERS[@]}" "$@" && rc=0 || rc=$?
 if [ "$rc" -eq 0 ]; then
   rm -rf "$BASETEMP"
 else

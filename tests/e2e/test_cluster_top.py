@@ -201,7 +201,10 @@ def test_live_view_in_a_terminal_moves_under_perf_and_quits_on_q(cluster, tmp_pa
                 f"PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', str(ROOT)))}",
                 shlex.quote(sys.executable), "-m cli.main cluster top --interval-s 1",
                 f"--dir {shlex.quote(str(cluster['dir']))};",
-                f"echo TOP_EXIT=$?; stty -a > {shlex.quote(str(stty_after))}",
+                # written aside and renamed: the file appears only with stty's whole output
+                # (`> file` creates it empty first; a busy machine read it in between)
+                f"echo TOP_EXIT=$?; stty -a > {shlex.quote(str(stty_after))}.tmp",
+                f"&& mv {shlex.quote(str(stty_after))}.tmp {shlex.quote(str(stty_after))}",
             ]
         )  # fmt: skip
         pane.type(command, "Enter")
