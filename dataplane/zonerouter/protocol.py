@@ -40,8 +40,10 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 # 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
 # snapshot sessions (incremental polls and answers, packed links); 3: the answer's
 # partitions packed as varints (`snapshot_codec.py`); 4: the poll packed too, and the
-# answer names each topic once per session (a topic table both sides keep)
-SNAPSHOT_VERSION = 4
+# answer names each topic once per session (a topic table both sides keep); 5: each
+# polled partition also carries the proxy's last stable offset, and the proxy's own
+# appends (learned from its route answers) do not wake its polls
+SNAPSHOT_VERSION = 5
 OLDEST_PACKED_SNAPSHOT_VERSION = 3  # what a proxy falls back to for a main not upgraded yet
 
 

@@ -112,13 +112,20 @@ class ZoneRouteHandler:
 
         def link(position: int, length: int) -> Callable[[int], bytes]:
             self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
-            count = parse_batch_header(data, position).last_offset_delta + 1
+            header = parse_batch_header(data, position, copy=False)
+            count = header.last_offset_delta + 1
+            transactional = header.is_transactional
 
             def build(base: int) -> bytes:  # under the stream's lock, before append returns
                 ends.append(base + count)
                 record = LinkRecord(source, channel_offset, position, length, now_ms)
                 if index is not None and stream_id >= 0:
-                    index.record(stream_id, LinkLocation(base, count, leader_epoch, record))
+                    index.record(
+                        stream_id,
+                        LinkLocation(
+                            base, count, leader_epoch, record, transactional, time.monotonic()
+                        ),
+                    )
                 return record.encode()
 
             return build
