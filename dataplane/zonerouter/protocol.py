@@ -20,8 +20,10 @@ from dataplane.kafka.codec import add_api_message
 
 # 1: batched routes (several partitions and produce requests); 2: compact (the channel is
 # the source node's, entries and answers packed as varints, `route_codec.py`); 3: the
-# route epoch, source and timeout packed too
-ZONE_ROUTE_VERSION = 3
+# route epoch, source and timeout packed too; 4: route sessions (each topic id once per
+# session, the epoch, timeout and first channel offset as deltas; answers' end offsets
+# from their base offset)
+ZONE_ROUTE_VERSION = 4
 OLDEST_PACKED_ZONE_ROUTE_VERSION = 2  # what a proxy falls back to for a main not upgraded
 
 
