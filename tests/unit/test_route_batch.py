@@ -18,8 +18,8 @@ from dataplane.kafka.codec import decode_request, encode_request
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteResponse
 from dataplane.zonerouter.route_batch import RouteBatcher
 from dataplane.zonerouter.route_codec import (
-    pack_answers,
     RouteSessions,
+    pack_answers,
     pack_entries,
     unpack_answers,
     unpack_entries,
