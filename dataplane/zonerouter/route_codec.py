@@ -13,7 +13,7 @@ as GetPartitionSnapshot v4 does for polls: each topic id is sent once per sessio
 named by its index; the route epoch, timeout and first channel offset go as deltas of the
 previous request's; a session out of step (the main restarted) is refused before any
 append and the proxy starts a new one. A one-route request shrinks from ~29 packed bytes
-to ~11, its answer by the end offset's ~3.
+to ~9, its answer by the end offset's ~3.
 """
 
 from __future__ import annotations
@@ -199,8 +199,9 @@ class ProxyRouteSession:
         self, route_epoch: int, source_node_id: int, timeout_ms: int, entries: list[RouteEntry]
     ) -> bytes:
         """Version 4's `PackedEntries`: source node, session id, the session's topic
-        count (0: a new session), the epoch's and timeout's deltas, the new topics, then
-        per entry its topic's index, partition and channel offset's delta."""
+        count (0: a new session), a byte of flags saying which of the epoch's and the
+        timeout's deltas and the new topic count follow (those not 0), the new topics,
+        then per entry its topic's index, partition and channel offset's delta."""
         state = self.state
         topics = {topic_id: i for i, topic_id in enumerate(state.topics)}
         new: list[uuid.UUID] = []
@@ -209,15 +210,15 @@ class ProxyRouteSession:
                 topics[topic_id] = len(topics)
                 new.append(topic_id)
         out = bytearray()
-        for value in (
-            source_node_id,
-            self.session_id,
-            len(state.topics),
-            route_epoch - state.epoch,
-            timeout_ms - state.timeout_ms,
-            len(new),
-        ):
+        for value in (source_node_id, self.session_id, len(state.topics)):
             _put(out, value)
+        # which of the epoch's and timeout's deltas and the new topic count follow (a
+        # steady session's request: none, one byte)
+        changes = (route_epoch - state.epoch, timeout_ms - state.timeout_ms, len(new))
+        out.append(sum(1 << bit for bit, value in enumerate(changes) if value))
+        for value in changes:
+            if value:
+                _put(out, value)
         for topic_id in new:
             out += topic_id.bytes
         previous = state.last_offset
@@ -279,9 +280,14 @@ def _unpack_session_entries(
 ) -> tuple[RouteSessionState, list[RouteEntry]]:
     """The rest of a version 4 request from `pos`, against `state`: the session's next
     state and the entries (raises ValueError on bad input)."""
-    delta_epoch, pos = _get(data, pos)
-    delta_timeout, pos = _get(data, pos)
-    new, pos = _get(data, pos)
+    if pos >= len(data) or data[pos] > 7:
+        raise ValueError("bad or missing change flags in a zone route")
+    flags, pos = data[pos], pos + 1
+    changes = [0, 0, 0]
+    for bit in range(3):
+        if flags & (1 << bit):
+            changes[bit], pos = _get(data, pos)
+    delta_epoch, delta_timeout, new = changes
     timeout_ms = state.timeout_ms + delta_timeout
     if not 0 <= timeout_ms <= 0x7FFFFFFF:
         raise ValueError(f"bad timeout {timeout_ms} in a zone route")

@@ -45,7 +45,7 @@ def test_a_session_sends_each_topic_once_and_deltas_and_round_trips():
     assert main.unpack(packed_again) == (17, 7, 30_000, second)
     proxy.confirm()
     v3 = pack_request(17, 7, 30_000, second)
-    assert len(packed_again) <= 11 and len(v3) - len(packed_again) >= 17  # 28 -> 11
+    assert len(packed_again) <= 9 and len(v3) - len(packed_again) >= 19  # 28 -> 9
     # a new topic is sent once, then named by its index; a new epoch and timeout
     third = [(t2, 0, CHANNEL_OFFSET + 500), (t1, 0, CHANNEL_OFFSET + 10)]
     assert main.unpack(proxy.pack(18, 7, 5_000, third)) == (18, 7, 5_000, third)
@@ -66,13 +66,14 @@ def test_bad_input_is_refused_clearly_and_leaves_the_session_as_it_was():
     main.unpack(proxy.pack(3, 7, 1000, [(topic, 0, 10)]))
     proxy.confirm()
     good = proxy.pack(3, 7, 1000, [(topic, 1, 20)])
-    header = good[:6]  # source, session (2 bytes), topics, epoch delta, timeout delta
+    header = good[:-4]  # source, session, topics (then flags and a 3-byte entry)
     for bad, words in (
-        (good[:2], "truncated"),
+        (good[:2], "truncated|flags"),
         (header + b"\x00" + b"\x04\x00\x00", "topic index"),  # index 2 of 1
-        (header + b"\x02" + bytes(8), "new topic count"),  # a new topic cut short
+        (header + b"\x04\x02" + bytes(8), "new topic count"),  # a new topic cut short
+        (header + b"\x09", "flags"),
         (b"\x0e\x00\x02", "session"),  # session id 0
-        (good[:1] + b"\xfe\xff\x03" + good[3:], "session"),  # too large a session id
+        (b"\x0e\xfe\xff\x03\x00", "session"),  # too large a session id
     ):
         with pytest.raises(ValueError, match=words):
             main.unpack(bad)
