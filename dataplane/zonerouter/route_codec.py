@@ -71,8 +71,17 @@ def unpack_entries(data: bytes) -> list[RouteEntry]:
         raise ValueError(f"bad topic count {count} in a packed zone route")
     topics = [uuid.UUID(bytes=data[pos + 16 * i : pos + 16 * (i + 1)]) for i in range(count)]
     pos += 16 * count
+    return _unpack_routes(data, pos, topics, 0)
+
+
+def _unpack_routes(
+    data: bytes, pos: int, topics: list[uuid.UUID], previous: int
+) -> list[RouteEntry]:
+    """The packed entries from `pos` to the end: each its topic's index in `topics`, its
+    partition and its channel offset as a delta from the previous entry's (the first from
+    `previous`). Raises ValueError on bad input."""
     out: list[RouteEntry] = []
-    previous = 0
+    count = len(topics)
     while pos < len(data):
         if len(out) >= MAX_PACKED_ENTRIES:
             raise ValueError(f"more than {MAX_PACKED_ENTRIES} packed zone routes")
@@ -298,16 +307,6 @@ def _unpack_session_entries(
         uuid.UUID(bytes=data[pos + 16 * i : pos + 16 * (i + 1)]) for i in range(new)
     ]
     pos += 16 * new
-    out: list[RouteEntry] = []
-    previous = state.last_offset
-    while pos < len(data):
-        if len(out) >= MAX_PACKED_ENTRIES:
-            raise ValueError(f"more than {MAX_PACKED_ENTRIES} packed zone routes")
-        index, pos = _get(data, pos)
-        partition, pos = _get(data, pos)
-        delta, pos = _get(data, pos)
-        if not 0 <= index < count:
-            raise ValueError(f"topic index {index} of {count} in a packed zone route")
-        previous += delta
-        out.append((topics[index], partition, previous))
-    return RouteSessionState(topics, previous, state.epoch + delta_epoch, timeout_ms), out
+    out = _unpack_routes(data, pos, topics, state.last_offset)
+    last_offset = out[-1][2] if out else state.last_offset
+    return RouteSessionState(topics, last_offset, state.epoch + delta_epoch, timeout_ms), out
