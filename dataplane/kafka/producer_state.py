@@ -46,7 +46,7 @@ class ProducerStateTable:
     """Idempotent producers of one partition: sequence checks and duplicate detection.
 
     `knows_every_producer`: every producer with a batch in the partition's log is in the
-    table (the log was empty when the table was built and no producer was evicted since). Then a
+    table (the partition's first leader built it with an empty log and evicted no producer since). Then a
     producer the table does not know must start at sequence 0: a later sequence means its
     first batch failed here while a later one (pipelined, max.in.flight > 1) arrived, and
     appending that one would make librdkafka take the failed batch for stored (it
@@ -60,7 +60,7 @@ class ProducerStateTable:
 
     def __init__(self) -> None:
         self._producers: dict[int, _ProducerEntry] = {}
-        self.knows_every_producer = False  # set by `opened_empty`
+        self.knows_every_producer = False  # set by `opened_new`
 
     def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> tuple[str, int]:
         """("append", 0), ("duplicate", base_offset), ("error", kafka error code) or
@@ -96,10 +96,11 @@ class ProducerStateTable:
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
-    def opened_empty(self) -> None:
-        """The partition's log was empty when the table was built: every producer of it
-        appends through this table (a log with batches may hold producers the bounded
-        replay of its tail, or a compaction, left out)."""
+    def opened_new(self) -> None:
+        """The partition's first leader (stream epoch 0) built the table, its log empty:
+        every producer of it appends through this table. (A log with batches may hold
+        producers that the bounded replay of its tail, or a compaction, left out; a later
+        epoch's empty log may have lost a producer's batches with a WAL.)"""
         self.knows_every_producer = not self._producers
 
     def _make_room(self) -> None:
@@ -310,6 +311,6 @@ def rebuild_producer_state(
                     restored=True,
                 )
                 seen += 1
-    if end == 0:  # an empty log: every producer will append through this table
-        table.opened_empty()
+    if end == 0 and stream.epoch == 0:
+        table.opened_new()
     return seen
