@@ -58,8 +58,22 @@ SIZES = (1024, 100)
 HEADER = struct.Struct(">dI")  # send time, sequence number: the start of every record
 
 
+# of the brokers' cross-AZ bytes: the snapshot polls' and the zone routes' (per broker in
+# `automqctl status`, summed here)
+API_KEYS = tuple(
+    f"broker_cross_az_{api}_{what}"
+    for api in ("snapshot", "route")
+    for what in ("bytes", "round_trips")
+)
+
+
 def _cost(cluster_dir: Path) -> dict:
-    return automqctl(cluster_dir, "cost")
+    """`automqctl cost`, plus the brokers' cross-AZ bytes and round trips per API."""
+    out = automqctl(cluster_dir, "cost")
+    brokers = automqctl(cluster_dir, "cluster", "status")["brokers"]
+    for key in API_KEYS:
+        out[key] = sum((b.get("zone_traffic") or {}).get(key, 0) for b in brokers)
+    return out
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -73,6 +87,27 @@ def _delta(after: dict, before: dict) -> dict:
 def _ms(values: list[float], q: float) -> float | None:
     got = percentile(values, q)
     return None if got is None else round(got, 1)
+
+
+def _per_api(load: dict, duration_s: float, pairs: int) -> dict:
+    """The snapshot polls' share of the brokers' cross-AZ bytes; per API its round trips
+    per second per broker pair (over the load window, `duration_s`) and bytes per round
+    trip."""
+    total = load["broker_cross_az_bytes"]
+    out = {
+        "snapshot_share_of_broker_cross_az": round(
+            load["broker_cross_az_snapshot_bytes"] / total, 3
+        )
+        if total
+        else None
+    }
+    for api in ("snapshot", "route"):
+        trips = load[f"broker_cross_az_{api}_round_trips"]
+        out[f"{api}_round_trips_per_s_per_pair"] = round(trips / duration_s / pairs, 1)
+        out[f"{api}_bytes_per_round_trip"] = (
+            round(load[f"broker_cross_az_{api}_bytes"] / trips, 1) if trips else None
+        )
+    return out
 
 
 def put_latency_ms(cluster_dir: Path, size_bytes: int, count: int = 100) -> dict:
@@ -164,6 +199,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
 
     time.sleep(HEARTBEAT_WAIT_S)
     before = _cost(cluster_dir)
+    load_started = time.monotonic()
     pad = b"x" * max(record_bytes - HEADER.size, 0)
     interval = 1.0 / args.rate
     end = time.monotonic() + args.duration
@@ -184,6 +220,7 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         time.sleep(0.1)
     time.sleep(HEARTBEAT_WAIT_S)
     load = _delta(_cost(cluster_dir), before)
+    load_s = time.monotonic() - load_started  # sending, draining, the last heartbeat
     # idle: nothing produced, the consumers still long-polling their brokers
     idle_before = _cost(cluster_dir)
     time.sleep(args.idle_s)
@@ -203,6 +240,9 @@ def run_size(cluster_dir: Path, status: dict, args, record_bytes: int) -> dict:
         "broker_cross_az_per_record_byte": round(load["broker_cross_az_bytes"] / record, 5)
         if record
         else None,
+        # what the brokers' cross-AZ bytes are made of (the snapshot polls' share, the
+        # round trips per second per broker pair and their bytes, the zone routes')
+        **_per_api(load, load_s, pairs),
         "wal_bytes_per_produced_byte": round(load["wal_data_bytes"] / load["produced_bytes"], 3)
         if load["produced_bytes"]
         else None,

@@ -144,7 +144,8 @@ class FileWALConfig(_Section):
         0.0,
         ge=0,
         le=1,
-        description="how long the writer waits for more appends before a smaller batch",
+        description="how long the committer thread waits for more appends before a smaller "
+        "group commit",
     )
     close_timeout_s: float = Field(
         30.0, gt=0, description="longest closing waits for the writer to drain"

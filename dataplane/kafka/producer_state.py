@@ -43,7 +43,16 @@ class _ProducerEntry:
 
 
 class ProducerStateTable:
-    """Idempotent producers of one partition: sequence checks and duplicate detection."""
+    """Idempotent producers of one partition: sequence checks and duplicate detection.
+
+    `knows_every_producer`: every producer with a batch in the partition's log is in the
+    table (the partition's first leader built it with an empty log and evicted no producer since). Then a
+    producer the table does not know must start at sequence 0: a later sequence means its
+    first batch failed here while a later one (pipelined, max.in.flight > 1) arrived, and
+    appending that one would make librdkafka take the failed batch for stored (it
+    acknowledges every message below a sequence the broker accepted). Kafka accepts any
+    sequence from an unknown producer (its state may have gone with retention), as this
+    table does when it is not sure. Thread-safety: used under the partition's lock."""
 
     DUPLICATE = "duplicate"
     APPEND = "append"
@@ -51,12 +60,18 @@ class ProducerStateTable:
 
     def __init__(self) -> None:
         self._producers: dict[int, _ProducerEntry] = {}
+        self.knows_every_producer = False  # set by `opened_new`
 
     def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> tuple[str, int]:
         """("append", 0), ("duplicate", base_offset), ("error", kafka error code) or
         ("reset", UNKNOWN_PRODUCER_ID): a gap against state rebuilt from the log."""
         entry = self._producers.get(producer_id)
         if entry is None:
+            if first_seq != 0 and self.knows_every_producer:
+                return (
+                    "error",
+                    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                )  # its first batch is missing
             return self.APPEND, 0  # unknown producer (new, or state lost): accept
         if epoch < entry.epoch:
             return "error", KafkaError.INVALID_PRODUCER_EPOCH
@@ -81,6 +96,19 @@ class ProducerStateTable:
             return "error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
         return self.APPEND, 0
 
+    def opened_new(self) -> None:
+        """The partition's first leader (stream epoch 0) built the table, its log empty:
+        every producer of it appends through this table. (A log with batches may hold
+        producers that the bounded replay of its tail, or a compaction, left out; a later
+        epoch's empty log may have lost a producer's batches with a WAL.)"""
+        self.knows_every_producer = not self._producers
+
+    def _make_room(self) -> None:
+        """Evict the oldest producer when the table is full (it no longer knows them all)."""
+        if len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
+            self._producers.pop(next(iter(self._producers)))
+            self.knows_every_producer = False
+
     def entries(self) -> list[tuple[int, int, int]]:
         """(producer id, epoch, last sequence or -1) of every producer known here."""
         return [
@@ -103,8 +131,8 @@ class ProducerStateTable:
         """A transaction marker at `epoch` (a coordinator bump fences the older epochs)."""
         entry = self._producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
-            if entry is None and len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
-                self._producers.pop(next(iter(self._producers)))
+            if entry is None:
+                self._make_room()
             self._producers[producer_id] = _ProducerEntry(epoch)
 
     def record(
@@ -120,8 +148,8 @@ class ProducerStateTable:
         `rebuild_producer_state` rather than appended through this leader."""
         entry = self._producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
-            if entry is None and len(self._producers) >= MAX_PRODUCERS_PER_PARTITION:
-                self._producers.pop(next(iter(self._producers)))
+            if entry is None:
+                self._make_room()
             entry = self._producers[producer_id] = _ProducerEntry(epoch)
         entry.batches.append((first_seq, last_seq, base_offset))
         entry.restored = restored
@@ -283,4 +311,6 @@ def rebuild_producer_state(
                     restored=True,
                 )
                 seen += 1
+    if end == 0 and stream.epoch == 0:
+        table.opened_new()
     return seen

@@ -20,8 +20,10 @@ from dataplane.kafka.codec import add_api_message
 
 # 1: batched routes (several partitions and produce requests); 2: compact (the channel is
 # the source node's, entries and answers packed as varints, `route_codec.py`); 3: the
-# route epoch, source and timeout packed too
-ZONE_ROUTE_VERSION = 3
+# route epoch, source and timeout packed too; 4: route sessions (each topic id once per
+# session, the epoch, timeout and first channel offset as deltas; answers' end offsets
+# from their base offset)
+ZONE_ROUTE_VERSION = 4
 OLDEST_PACKED_ZONE_ROUTE_VERSION = 2  # what a proxy falls back to for a main not upgraded
 
 
@@ -40,8 +42,10 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 # 1: the last stable offset and the aborted transactions (read_committed via a proxy); 2:
 # snapshot sessions (incremental polls and answers, packed links); 3: the answer's
 # partitions packed as varints (`snapshot_codec.py`); 4: the poll packed too, and the
-# answer names each topic once per session (a topic table both sides keep)
-SNAPSHOT_VERSION = 4
+# answer names each topic once per session (a topic table both sides keep); 5: each
+# polled partition also carries the proxy's last stable offset, and the proxy's own
+# appends (learned from its route answers) do not wake its polls
+SNAPSHOT_VERSION = 5
 OLDEST_PACKED_SNAPSHOT_VERSION = 3  # what a proxy falls back to for a main not upgraded yet
 
 

@@ -16,8 +16,9 @@ header). So the batcher learns how often routes come (the mean gap between burst
 routes, one burst per produce request) and, when the next burst is due within
 `max_linger_s` (5 ms), holds a batch for up to that gap after its first route: one round
 trip then carries the routes of several produce requests. Sparse routes are sent at once.
-The request is version 3 (`route_codec.py`: entries, answers and the request's own fields
-packed as varints; version 2 to a main not upgraded yet).
+The request is version 4 (`route_codec.py`: entries, answers and the request's own fields
+packed as varints against a route session that sends each topic id once; version 2 to a
+main not upgraded yet).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.interbroker import BrokerConnection
 from dataplane.zonerouter.protocol import (
     OLDEST_PACKED_ZONE_ROUTE_VERSION,
@@ -38,7 +40,12 @@ from dataplane.zonerouter.protocol import (
     VersionProbe,
     ZoneRouteRequest,
 )
-from dataplane.zonerouter.route_codec import pack_entries, pack_request, unpack_answers
+from dataplane.zonerouter.route_codec import (
+    ProxyRouteSession,
+    pack_entries,
+    pack_request,
+    unpack_answers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +126,7 @@ class RouteBatcher:
         self.requests_sent = 0
         # the version sent (a main not upgraded yet: the older one for a while)
         self.versions = VersionProbe(ZONE_ROUTE_VERSION, OLDEST_PACKED_ZONE_ROUTE_VERSION)
+        self.session = ProxyRouteSession()  # version 4's state, used by the thread only
         self._thread = threading.Thread(
             target=self._run, name=f"zone-route-{main_node_id}", daemon=True
         )
@@ -240,22 +248,41 @@ class RouteBatcher:
 
     def _send(self, batch: list[_Route]) -> list[RouteResult]:
         version = self.versions.version()
-        Q = ZoneRouteRequest[version]
         timeout_ms = max(item.timeout_ms for item in batch)
         entries = [
             (uuid.UUID(item.topic_id), item.partition, item.channel_offset) for item in batch
         ]
+        resp = self._call(version, batch[0].epoch, timeout_ms, entries)
+        if version >= 4 and resp.error_code == KafkaError.FETCH_SESSION_ID_NOT_FOUND:
+            # the main does not have the route session as this proxy does (it restarted):
+            # nothing was appended; a new session carries every topic again
+            resp = self._call(version, batch[0].epoch, timeout_ms, entries)
+        if resp.error_code:  # the whole request refused (a fenced epoch, a bad channel)
+            return [(resp.error_code, resp.error_message, -1, -1, -1)] * len(batch)
+        try:
+            answers = unpack_answers(bytes(resp.packed_answers or b""), version >= 4)
+        except ValueError as exc:
+            raise ConnectionError(f"bad zone route answers: {exc}") from None
+        if len(answers) != len(batch):
+            raise ConnectionError(f"{len(answers)} route answers for {len(batch)} routes")
+        return answers
+
+    def _call(self, version: int, epoch: int, timeout_ms: int, entries: list):
+        """One `ZoneRouteRequest` of `version` and its answer (version 4: packed against
+        the route session, which its answer confirms or, refused or unanswered, resets)."""
+        Q = ZoneRouteRequest[version]
         # version 2: the channel is the source node's (no prefix, no bucket: each entry's
-        # offset names its own segment and bucket), the entries packed; 3: all packed
-        if version >= 3:
+        # offset names its own segment and bucket), the entries packed; 3: all packed; 4:
+        # packed against the route session
+        if version >= 4:
             req = Q(
-                packed_entries=pack_request(
-                    batch[0].epoch, self.source_node_id, timeout_ms, entries
-                )
+                packed_entries=self.session.pack(epoch, self.source_node_id, timeout_ms, entries)
             )
+        elif version >= 3:
+            req = Q(packed_entries=pack_request(epoch, self.source_node_id, timeout_ms, entries))
         else:
             req = Q(
-                route_epoch=batch[0].epoch,
+                route_epoch=epoch,
                 source_node_id=self.source_node_id,
                 timeout_ms=timeout_ms,
                 packed_entries=pack_entries(entries),
@@ -266,15 +293,14 @@ class RouteBatcher:
             )
         except Exception:
             self.versions.failed(version)  # a main not upgraded yet closes the connection
+            if version >= 4:
+                self.session.reset()  # the main may or may not have taken it
             raise
         self.versions.answered(version)
         self.requests_sent += 1
-        if resp.error_code:  # the whole request refused (a fenced epoch, a bad channel)
-            return [(resp.error_code, resp.error_message, -1, -1, -1)] * len(batch)
-        try:
-            answers = unpack_answers(bytes(resp.packed_answers or b""))
-        except ValueError as exc:
-            raise ConnectionError(f"bad zone route answers: {exc}") from None
-        if len(answers) != len(batch):
-            raise ConnectionError(f"{len(answers)} route answers for {len(batch)} routes")
-        return answers
+        if version >= 4:
+            if resp.error_code:
+                self.session.reset()
+            else:
+                self.session.confirm()
+        return resp

@@ -30,7 +30,13 @@ from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, 
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
-from dataplane.zonerouter.route_codec import pack_answers, unpack_entries, unpack_request
+from dataplane.zonerouter.route_codec import (
+    RouteSessionMismatch,
+    RouteSessions,
+    pack_answers,
+    unpack_entries,
+    unpack_request,
+)
 from dataplane.zonerouter.snapshot import LinkIndex, LinkLocation
 from dataplane.zonerouter.traffic import ZoneTraffic
 
@@ -44,7 +50,7 @@ _Result = tuple[KafkaError, str | None, int, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class _PackedRoute:
-    """A version 3 request's packed fields, named as versions 0-2 name them."""
+    """A version 3 or 4 request's packed fields, named as versions 0-2 name them."""
 
     route_epoch: int
     source_node_id: int
@@ -77,6 +83,7 @@ class ZoneRouteHandler:
         # where recent links' data lies, for the proxies' snapshot reads; None: not indexed
         self.link_index = link_index
         self.snapshot_server = snapshot_server  # its GetPartitionSnapshot handler, or None
+        self.route_sessions = RouteSessions()  # version 4's, per proxy and session id
 
     def registrations(self) -> list:
         extra = self.snapshot_server.registrations() if self.snapshot_server else []
@@ -112,13 +119,20 @@ class ZoneRouteHandler:
 
         def link(position: int, length: int) -> Callable[[int], bytes]:
             self.traffic.add("wal_data_bytes", HEADER_SIZE_BYTES + LINK_PAYLOAD_BYTES)
-            count = parse_batch_header(data, position).last_offset_delta + 1
+            header = parse_batch_header(data, position, copy=False)
+            count = header.last_offset_delta + 1
+            transactional = header.is_transactional
 
             def build(base: int) -> bytes:  # under the stream's lock, before append returns
                 ends.append(base + count)
                 record = LinkRecord(source, channel_offset, position, length, now_ms)
                 if index is not None and stream_id >= 0:
-                    index.record(stream_id, LinkLocation(base, count, leader_epoch, record))
+                    index.record(
+                        stream_id,
+                        LinkLocation(
+                            base, count, leader_epoch, record, transactional, time.monotonic()
+                        ),
+                    )
                 return record.encode()
 
             return build
@@ -220,9 +234,8 @@ class ZoneRouteHandler:
         R = ZoneRouteResponse[version]
         if version >= 2:
             answers = [(r[0], r[1], r[2], r[4], r[5]) for r in results]
-            return R(
-                error_code=KafkaError.NONE, error_message=None, packed_answers=pack_answers(answers)
-            )
+            packed = pack_answers(answers, end_from_base=version >= 4)
+            return R(error_code=KafkaError.NONE, error_message=None, packed_answers=packed)
         return R(
             error_code=KafkaError.NONE,
             error_message=None,
@@ -246,10 +259,12 @@ class ZoneRouteHandler:
             entries = [(req.topic_id, req.partition, req.channel_offset)]
         else:
             if version >= 3:
+                packed = bytes(req.packed_entries or b"")
                 try:
-                    epoch, source, timeout_ms, entries = unpack_request(
-                        bytes(req.packed_entries or b"")
-                    )
+                    unpack = self.route_sessions.unpack if version >= 4 else unpack_request
+                    epoch, source, timeout_ms, entries = unpack(packed)
+                except RouteSessionMismatch as exc:  # nothing appended: the proxy starts over
+                    return self._refused(version, KafkaError.FETCH_SESSION_ID_NOT_FOUND, str(exc))
                 except ValueError as exc:
                     return self._refused(version, KafkaError.INVALID_REQUEST, str(exc))
                 req = _PackedRoute(epoch, source, timeout_ms)

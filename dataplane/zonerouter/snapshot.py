@@ -17,18 +17,28 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from dataplane.formats.kafka_errors import InvalidRecordBatchError
 from dataplane.formats.link_record import LinkRecord
+from dataplane.formats.record_batch import parse_batch_header
 from dataplane.formats.varint import get_zigzag, put_zigzag
+
+# how many links `LinkIndex.routed_by` looks at before it calls a range news (bounded work
+# under the index's lock on every durable append a poll waits for)
+MAX_ROUTED_CHECK_LINKS = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class LinkLocation:
-    """One batch a main linked: its partition offsets, leader epoch and channel place."""
+    """One batch a main linked: its partition offsets, leader epoch and channel place;
+    whether it is transactional (data of a transaction), and when it was linked
+    (`time.monotonic()`, seconds)."""
 
     base_offset: int
     record_count: int
     leader_epoch: int
     link: LinkRecord
+    transactional: bool = False
+    linked_s: float = 0.0
 
     @property
     def end_offset(self) -> int:
@@ -88,6 +98,36 @@ class LinkIndex:
     def __len__(self) -> int:
         with self._lock:
             return self._count
+
+    def routed_by(
+        self, stream_id: int, start: int, end: int, node_id: int, linked_after_s: float
+    ) -> bool:
+        """Whether [start, end) holds, back to back, only non-transactional batches from
+        `node_id`'s RouterChannel linked after `linked_after_s`: what that proxy routed
+        itself and learned from its route answers (True for an empty range; False past
+        MAX_ROUTED_CHECK_LINKS links, for a hole or a batch the index no longer holds)."""
+        if start >= end:
+            return True
+        with self._lock:
+            entries = self._streams.get(stream_id)
+            if not entries:
+                return False
+            cursor = end  # walking back from the newest: [cursor, end) is checked
+            for checked, loc in enumerate(reversed(entries)):
+                if loc.base_offset >= end:
+                    continue  # linked, not durable yet
+                if (
+                    checked >= MAX_ROUTED_CHECK_LINKS
+                    or loc.end_offset != cursor
+                    or loc.link.source_node_id != node_id
+                    or loc.transactional
+                    or loc.linked_s <= linked_after_s
+                ):
+                    return False
+                cursor = loc.base_offset
+                if cursor <= start:
+                    return True
+            return False
 
     def since(
         self, stream_id: int, offset: int, up_to: int, max_entries: int
@@ -149,11 +189,22 @@ class SnapshotCache:
             part = self._parts[key] = _PartitionCache(leader_epoch)
         return part
 
-    def put(self, key: tuple[str, int], leader_epoch: int, batch: CachedBatch) -> bool:
-        """Add a batch of the partition in `leader_epoch`; False when refused (overlap)."""
+    def put(
+        self,
+        key: tuple[str, int],
+        leader_epoch: int,
+        batch: CachedBatch,
+        start_over: bool = True,
+    ) -> bool:
+        """Add a batch of the partition in `leader_epoch`; False when refused (overlap).
+        The partition's batches of another leader epoch are dropped first (`start_over`),
+        or the batch is refused."""
         if batch.end_offset <= batch.base_offset or len(batch.data) > self.max_bytes:
             return False
         with self._lock:
+            held = self._parts.get(key)
+            if not start_over and held is not None and held.leader_epoch != leader_epoch:
+                return False
             part = self._part(key, leader_epoch)
             i = bisect_right(part.bases, batch.base_offset)
             if i > 0 and part.batches[i - 1].end_offset > batch.base_offset:
@@ -223,6 +274,20 @@ class SnapshotCache:
                 end = max(end, batch.end_offset)
             return end
 
+    def plain_end(self, key: tuple[str, int], start: int) -> int:
+        """How far from `start` the cache holds, back to back, non-transactional data
+        batches (`start` when the batch there is not one, or not cached)."""
+        with self._lock:
+            part = self._parts.get(key)
+            if part is None:
+                return start
+            end = start
+            for batch in part.batches[max(bisect_right(part.bases, start) - 1, 0) :]:
+                if batch.base_offset != end or not _plain(batch.data):
+                    break
+                end = batch.end_offset
+            return end
+
     def read(self, key: tuple[str, int], offset: int, end: int, max_bytes: int) -> bytes:
         """The cached batches from the one holding `offset`, contiguous, below `end`, up to
         `max_bytes` (at least one batch, as a Kafka fetch); b"" when `offset` is not cached."""
@@ -245,6 +310,15 @@ class SnapshotCache:
                 size += len(batch.data)
                 expected = batch.end_offset
             return b"".join(out)
+
+
+def _plain(data: bytes) -> bool:
+    """The batch is client data outside any transaction (no transaction, no marker)."""
+    try:
+        header = parse_batch_header(data, copy=False)
+    except InvalidRecordBatchError:
+        return False
+    return not header.is_transactional and not header.is_control
 
 
 # ---------------------------------------------------------------- transactions (read_committed)
@@ -300,6 +374,11 @@ class TxnView:
                 self._known.add(key)
                 self.aborted_from = max(self.aborted_from, entry[2] + 1)
             self._lso = max(self._lso, last_stable_offset)
+
+    def known_lso(self) -> int:
+        """The last stable offset as learned (-1: no answer yet)."""
+        with self._lock:
+            return self._lso
 
     def last_stable_offset(self, high_watermark: int, floor: int) -> int:
         """What a read_committed fetch may read up to: the main's last stable offset, at
@@ -434,12 +513,13 @@ class SnapshotSessions:
         session_id: int,
         epoch: int,
         incremental: bool,
-        partitions: list[tuple[tuple[str, int], int, int]],
+        partitions: list[tuple[tuple[str, int], int, int, int]],
         forgotten: list[tuple[str, int]],
     ) -> dict[tuple[str, int], tuple[int, int, int]] | str:
-        """Apply a poll's list ((key, fetch offset, aborted from) each); the session's
-        partitions and offsets after it, or why it is refused (`NOT_FOUND`, `BAD_EPOCH`:
-        the proxy sends its full list)."""
+        """Apply a poll's list ((key, fetch offset, aborted from, last stable offset the
+        proxy knows, -1: none or not told) each); the session's partitions and offsets
+        after it, or why it is refused (`NOT_FOUND`, `BAD_EPOCH`: the proxy sends its full
+        list)."""
         key = (node_id, session_id)
         with self._lock:
             session = self._sessions.get(key)
@@ -453,10 +533,11 @@ class SnapshotSessions:
             session.epoch = epoch
             for part in forgotten:
                 session.partitions.pop(part, None)
-            for part, offset, aborted_from in partitions:
+            for part, offset, aborted_from, lso in partitions:
                 entry = session.partitions.get(part)
                 if entry is not None:  # offsets the proxy changed: its LSO stays known
                     entry[0], entry[1] = offset, aborted_from
+                    entry[2] = max(entry[2], lso) if entry[2] >= 0 else entry[2]
                 elif len(session.partitions) < self.max_partitions:
                     # never answered (-1): the next answer holds it, whatever is new
                     session.partitions[part] = [offset, aborted_from, -1]
@@ -483,7 +564,7 @@ class SnapshotSessions:
                 if entry is not None:
                     entry[0] = max(entry[0], offset)
                     entry[1] = max(entry[1], aborted_from)
-                    entry[2] = lso
+                    entry[2] = max(entry[2], lso)
 
     def topic_table(
         self, node_id: int, session_id: int, epoch: int, max_topics: int

@@ -205,7 +205,10 @@ class ZoneRouter:
             if batcher is None:
                 where = channel_location(self.node_id)
                 conn = BrokerConnection(
-                    main.host, main.kafka_port, self.login, self.broker_bytes_counter(main.az)
+                    main.host,
+                    main.kafka_port,
+                    self.login,
+                    lambda n, az=main.az: self.traffic.broker(az, n, "route"),
                 )
                 batcher = self._batchers[(main.host, main.kafka_port)] = RouteBatcher(
                     conn, self.node_id, where.prefix, main.node_id
@@ -278,6 +281,9 @@ class ZoneRouter:
         if error:
             log.info("zone route to node %d refused (%d): %s", main.node_id, error, message)
             return AppendOutcome(KafkaError(error))
+        if self.snapshots is not None and end >= 0:
+            # this AZ's fetches of the partition need no snapshot poll for these batches
+            self.snapshots.routed(proxy, main.node_id, state.leader_epoch, base, end, records)
         return AppendOutcome(KafkaError.NONE, base)
 
     def _remember(self, offset: int, records: bytes) -> None:

@@ -19,8 +19,9 @@ from tests.unit.test_kafka_record_batch import client_batch
 class FakeStream:
     """The part of `Stream` the rebuild uses, over a list of stored batches."""
 
-    def __init__(self, batches: list[StreamRecordBatch], start_offset: int = 0):
+    def __init__(self, batches: list[StreamRecordBatch], start_offset: int = 0, epoch: int = 0):
         self.batches = batches
+        self.epoch = epoch
         self.start_offset = start_offset
         self.next_offset = batches[-1].last_offset if batches else start_offset
         self.fetched_bytes = 0
@@ -393,3 +394,47 @@ def test_a_producer_in_sequence_after_the_rebuild_keeps_the_ordinary_rules():
     assert table.check(5, 0, 8, 11) == (ProducerStateTable.APPEND, 0)
     table.record(5, 0, 8, 11, 8)
     assert table.check(5, 0, 20, 23) == ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
+
+
+def test_a_new_producer_whose_first_batch_failed_cannot_skip_it_on_a_new_partition(monkeypatch):
+    """A new topic's partition; a producer's first request (sequence 0) failed before it
+    reached the partition (its RouterChannel append stalled) while its pipelined second
+    request (sequence 4) got through. Accepting that one makes librdkafka report the first
+    batch delivered (it acknowledges every message below an accepted sequence), so the
+    broker refuses it: the producer resends both in order and nothing is lost."""
+    monkeypatch.setattr(partition_log, "OPEN_GRACE_S", 0.0)
+    stream = _PendingStream()
+    plog = partition_log.PartitionLog("tid", "t", 0, 1, stream)
+    rebuild_producer_state(FakeStream([]), plog.producers)  # its first leader: empty
+    skipped = plog.append(client_batch(4, producer=(5, 0, 4)))
+    assert skipped.error == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert stream.appended == []
+    assert plog.append(client_batch(4, producer=(5, 0, 0))).error == KafkaError.NONE
+    assert plog.append(client_batch(4, producer=(5, 0, 4))).error == KafkaError.NONE
+    # a producer that starts at sequence 0 (in any epoch) is simply new
+    assert plog.append(client_batch(4, producer=(6, 3, 0))).error == KafkaError.NONE
+    assert len(stream.appended) == 3
+
+
+def test_an_unknown_producer_may_resume_anywhere_where_the_table_may_miss_producers():
+    """A log with batches when the table was built (its tail replayed, or compacted), an
+    empty log of a later leader (a WAL loss may have taken the producer's batches), or a
+    table that evicted producers: an unknown producer's state may be gone, and Kafka
+    accepts any sequence from it."""
+    lost = ProducerStateTable()
+    rebuild_producer_state(FakeStream([], epoch=3), lost)
+    assert not lost.knows_every_producer
+    assert lost.check(9, 0, 40, 43) == (ProducerStateTable.APPEND, 0)
+    table = ProducerStateTable()
+    rebuild_producer_state(FakeStream(stored_log([(5, 0)], batches_each=2)), table)
+    assert not table.knows_every_producer
+    assert table.check(9, 0, 40, 43) == (ProducerStateTable.APPEND, 0)
+
+    full = ProducerStateTable()
+    rebuild_producer_state(FakeStream([]), full)
+    assert full.knows_every_producer
+    assert full.check(9, 0, 40, 43) == ("error", KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    for pid in range(producer_state.MAX_PRODUCERS_PER_PARTITION + 1):
+        full.record(pid, 0, 0, 0, pid)
+    assert not full.knows_every_producer  # producer 0 was evicted: it may come back
+    assert full.check(0, 0, 1, 1) == (ProducerStateTable.APPEND, 0)

@@ -18,6 +18,7 @@ from dataplane.kafka.codec import decode_request, encode_request
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteResponse
 from dataplane.zonerouter.route_batch import RouteBatcher
 from dataplane.zonerouter.route_codec import (
+    RouteSessions,
     pack_answers,
     pack_entries,
     unpack_answers,
@@ -35,19 +36,22 @@ class _Main:
         self.refuse = refuse
         self.requests: list = []
         self.closed = False
+        self.sessions = RouteSessions()  # a v4 main's route sessions
+        self.packed: list[bytes] = []  # each request's packed entries
 
     def call(self, req, timeout_s, api_key, version):
-        assert version == ZONE_ROUTE_VERSION == 3
-        epoch, source, timeout_ms, entries = unpack_request(req.packed_entries)
+        assert version == ZONE_ROUTE_VERSION == 4
+        self.packed.append(bytes(req.packed_entries))
+        epoch, source, timeout_ms, entries = self.sessions.unpack(self.packed[-1])
         req.route_epoch, req.source_node_id, req.timeout_ms = epoch, source, timeout_ms
         req.entries = entries
         self.requests.append(req)
         time.sleep(self.delay_s)
-        R = ZoneRouteResponse[3]
+        R = ZoneRouteResponse[4]
         if self.refuse:
             return R(error_code=self.refuse, error_message="fenced", packed_answers=b"")
         answers = [(0, None, offset, partition, offset + 1) for _, partition, offset in req.entries]
-        return R(error_code=0, error_message=None, packed_answers=pack_answers(answers))
+        return R(error_code=0, error_message=None, packed_answers=pack_answers(answers, True))
 
     def close(self) -> None:
         self.closed = True
@@ -72,10 +76,9 @@ def test_routes_queued_while_one_is_in_flight_go_in_one_request():
         assert sent.route_epoch == 5 and sent.source_node_id == 7
         assert [(str(t), p) for t, p, _ in sent.entries] == [(topic, p) for p in range(20)]
         # the batched request encodes as one frame with every route in it, compactly
-        frame = encode_request(sent, 1, client_id="~b", version=3)
+        frame = encode_request(sent, 1, client_id="~b", version=4)
         body = decode_request(frame[4:]).body
-        _, _, _, entries = unpack_request(body.packed_entries)
-        assert [e[2] for e in entries] == [200 + p for p in range(20)]
+        assert bytes(body.packed_entries) == main.packed[1]
         # v1: ~80 bytes + 28 a route; v2: the epoch, source and timeout fixed-width (16)
         assert len(frame) < 30 + 16 + 20 * 4
     finally:

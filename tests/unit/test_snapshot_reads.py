@@ -383,8 +383,8 @@ def test_snapshot_server_long_polls_and_answers_durable_links_only(monkeypatch):
     import time
 
     from dataplane.formats.kafka_errors import KafkaError
-    from dataplane.zonerouter import snapshot_read
-    from dataplane.zonerouter.snapshot_read import MAX_WAIT_MS, SnapshotServer
+    from dataplane.zonerouter import snapshot_server
+    from dataplane.zonerouter.snapshot_server import MAX_WAIT_MS, SnapshotServer
 
     topic_id = uuid.uuid4()
     log = _Log(7, hw=10)
@@ -442,7 +442,7 @@ def test_snapshot_server_long_polls_and_answers_durable_links_only(monkeypatch):
     # a long poll bound here, so that "woken, not timed out" does not hinge on the thread
     # and a fresh event loop starting within 0.5 s on a loaded machine
     long_wait_ms = 30_000
-    monkeypatch.setattr(snapshot_read, "MAX_WAIT_MS", long_wait_ms)
+    monkeypatch.setattr(snapshot_server, "MAX_WAIT_MS", long_wait_ms)
     thread = threading.Thread(target=append_later)
     start = time.monotonic()
     thread.start()
@@ -506,8 +506,8 @@ def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(
     import time
 
     from dataplane.kafka.producer_state import TxnIndex
-    from dataplane.zonerouter import snapshot_read
-    from dataplane.zonerouter.snapshot_read import SnapshotServer
+    from dataplane.zonerouter import snapshot_server
+    from dataplane.zonerouter.snapshot_server import SnapshotServer
 
     topic_id = uuid.uuid4()
     log = _Log(7, hw=40)
@@ -518,7 +518,7 @@ def test_snapshot_server_answers_the_lso_and_aborted_transactions_incrementally(
     log.txns.data(4, 35)  # open: the LSO is 35
     log.last_stable_offset = 35
     server = SnapshotServer(type("P", (), {"get": lambda self, t, p: log})(), LinkIndex())
-    monkeypatch.setattr(snapshot_read, "MAX_ABORTED_PER_PARTITION", 2)
+    monkeypatch.setattr(snapshot_server, "MAX_ABORTED_PER_PARTITION", 2)
     Q = GetPartitionSnapshotRequest[1]
 
     def ask(fetch_offset: int, aborted_from: int):
@@ -609,7 +609,7 @@ def test_markers_the_main_holds_without_a_link_are_sent_inline():
 
     from dataplane.formats.record_batch import patch_batch
     from dataplane.kafka.txn.markers import build_marker
-    from dataplane.zonerouter.snapshot_read import SnapshotServer
+    from dataplane.zonerouter.snapshot_server import SnapshotServer
     from tests.unit.test_kafka_apis_inprocess import batch
 
     marker = patch_batch(build_marker(5, 0, True, 0, 1_000), 10, 3)

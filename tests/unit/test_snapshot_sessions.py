@@ -30,7 +30,8 @@ from dataplane.zonerouter.snapshot import (
     unpack_links,
 )
 from dataplane.zonerouter.snapshot_codec import answer_view, unpack_poll
-from dataplane.zonerouter.snapshot_read import SnapshotServer, _PollSession
+from dataplane.zonerouter.snapshot_read import _PollSession
+from dataplane.zonerouter.snapshot_server import SnapshotServer
 
 
 def test_packed_links_round_trip_and_are_small():
@@ -59,23 +60,28 @@ def test_sessions_apply_full_and_incremental_lists_and_refuse_gaps():
     sessions = SnapshotSessions(max_sessions=2, max_partitions=3)
     a, b, c, d = ("t", 0), ("t", 1), ("t", 2), ("t", 3)
     assert sessions.update(1, 9, 0, True, [], []) == SnapshotSessions.NOT_FOUND
-    state = sessions.update(1, 9, 0, False, [(a, 10, -1), (b, 20, 5)], [])
+    state = sessions.update(1, 9, 0, False, [(a, 10, -1, -1), (b, 20, 5, 30)], [])
     assert state == {a: (10, -1, -1), b: (20, 5, -1)}
     sessions.advance(1, 9, 0, {a: (15, 7, 12)})
     assert sessions.update(1, 9, 2, True, [], []) == SnapshotSessions.BAD_EPOCH
     # incremental: one added, one forgotten, the rest as the main advanced it
-    state = sessions.update(1, 9, 1, True, [(c, 0, -1)], [b])
+    state = sessions.update(1, 9, 1, True, [(c, 0, -1, -1)], [b])
     assert state == {a: (15, 7, 12), c: (0, -1, -1)}
     # an answer of an older poll changes nothing (a newer poll came meanwhile)
     sessions.advance(1, 9, 0, {a: (99, 99, 99)})
     assert sessions.update(1, 9, 2, True, [], [])[a] == (15, 7, 12)
     # bounded partitions per session: the one past the bound is left out
-    state = sessions.update(1, 9, 3, True, [(b, 0, -1), (d, 0, -1)], [])
+    state = sessions.update(1, 9, 3, True, [(b, 0, -1, -1), (d, 0, -1, -1)], [])
     assert len(state) == 3 and d not in state
+    # version 5: the last stable offset the proxy tells moves the main's view of it on
+    # (never back), once answered (a partition never answered is answered at once)
+    assert sessions.update(1, 9, 4, True, [(a, 40, 7, 38), (b, 0, -1, 5)], [])[a] == (40, 7, 38)
+    assert sessions.update(1, 9, 5, True, [(a, 41, 7, 20)], [])[a] == (41, 7, 38)
+    assert sessions.update(1, 9, 6, True, [], [])[b] == (0, -1, -1)
     # bounded sessions: the least recently used goes, its next incremental poll is refused
     sessions.update(2, 1, 0, False, [], [])
     sessions.update(3, 1, 0, False, [], [])
-    assert sessions.update(1, 9, 4, True, [], []) == SnapshotSessions.NOT_FOUND
+    assert sessions.update(1, 9, 7, True, [], []) == SnapshotSessions.NOT_FOUND
     with pytest.raises(ValueError):
         SnapshotSessions(max_sessions=0)
 
@@ -114,7 +120,8 @@ def _roundtrip(server: SnapshotServer, req, session=None, version: int = SNAPSHO
 
 def _poll(req):
     """A poll's fields (version 4: unpacked)."""
-    return unpack_poll(bytes(req.packed)) if getattr(req, "version", 0) >= 4 else req
+    version = getattr(req, "version", 0)
+    return unpack_poll(bytes(req.packed), version) if version >= 4 else req
 
 
 def test_a_session_poll_answers_only_news_and_idles_cheaply():
@@ -285,3 +292,36 @@ def test_a_caller_falls_back_to_the_older_version_for_a_peer_not_upgraded():
     probe.answered(4)
     probe.failed(4)  # once the peer answered version 4, a failure is just a failure
     assert probe.version() == 4
+
+
+def test_polls_of_a_pair_naming_few_record_bytes_are_paced():
+    """A busy pair polls every MIN_POLL_INTERVAL_S; while its answers name few record bytes
+    per second (small records) the interval grows so that a round trip costs at most
+    POLL_BYTES_SHARE of them, up to MAX_POLL_INTERVAL_S."""
+    from dataplane.zonerouter.snapshot_read import (
+        MAX_POLL_INTERVAL_S,
+        MIN_POLL_INTERVAL_S,
+        POLL_BYTES_SHARE,
+        PollPacer,
+    )
+
+    def steady(bytes_per_s: float, trip_bytes: int = 65, every_s: float = 0.02) -> float:
+        pacer, now, interval = PollPacer(), 0.0, 0.0
+        assert pacer.interval_s(0, trip_bytes, now) == MIN_POLL_INTERVAL_S  # nothing known
+        for _ in range(500):
+            now += every_s
+            interval = pacer.interval_s(round(bytes_per_s * every_s), trip_bytes, now)
+        assert abs(pacer.named_bytes_per_s - bytes_per_s) <= 0.02 * bytes_per_s + 1
+        return interval
+
+    # 1,000 records/s of 1 KiB over 3 mains: as often as before
+    assert steady(340_000) == MIN_POLL_INTERVAL_S
+    # of 100 B: ~33 KB/s a pair, paced to the longest interval
+    assert steady(33_000) == MAX_POLL_INTERVAL_S
+    # in between: a round trip costs POLL_BYTES_SHARE of what the answers name
+    interval = steady(80_000)
+    assert MIN_POLL_INTERVAL_S < interval < MAX_POLL_INTERVAL_S
+    assert abs(65 / interval - POLL_BYTES_SHARE * 80_000) < 0.05 * POLL_BYTES_SHARE * 80_000
+    # an answer without a size (a failed count) or a pair with nothing named: unpaced
+    assert steady(0) == MIN_POLL_INTERVAL_S
+    assert PollPacer().interval_s(10_000, 0, 1.0) == MIN_POLL_INTERVAL_S
