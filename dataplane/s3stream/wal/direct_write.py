@@ -2,14 +2,16 @@
 
 A buffered ``pwritev`` copies a batch into the page cache, and the ``fdatasync`` after it
 walks those dirty pages, writes them back and marks them clean: on ext4 that kernel work
-was ~13% of a saturated broker's CPU (the committer thread; `perf record`, 1 KiB records).
-The WAL's file is never read back except at recovery, so the page cache only costs here.
-`DirectBatchWriter` copies a batch's pieces into its aligned buffer (one ``memmove`` per
-piece, on the committer thread) and writes it with ``O_DIRECT``: the device reads the
-buffer, and the ``fdatasync`` that follows has no dirty pages to write back, only the
-device's cache to flush (it stays: an acknowledgement still waits for it).
-Micro-benchmark on this project's disk (write + fdatasync of 256 KiB batches):
-0.3-0.35 CPU s/GB against 1.1-1.6 buffered, same latency (docs/benchmarks.md).
+was 12-13% of a saturated broker's CPU samples (the committer thread; `perf record`, 1 KiB
+records). The WAL's file is never read back except at recovery, so the page cache only
+costs here. `DirectBatchWriter` copies a batch's pieces into its aligned buffer (one
+``memmove`` per piece, on the committer thread, with the GIL held: ~0.3 ms per MiB on this
+project's busy VM) and writes it with ``O_DIRECT``: the device reads the buffer, and the
+``fdatasync`` that follows has no dirty pages to write back, only the device's cache to
+flush (it stays: an acknowledgement still waits for it). Measured at saturation, on
+against off in the same tree side by side (3 pairs): broker CPU per GB x0.95 at 1 KiB and
+x0.94 at 64 KiB records, all of it system time (-0.16 to -0.19 s/GB); the copy costs about
+what the kernel's copy into the page cache did.
 
 Only batches that start and end on a `DIRECT_ALIGN_BYTES` boundary (the WAL pads each
 batch to ``align_bytes``, so all but the rare unpadded batch of a nearly full ring) and
