@@ -157,6 +157,13 @@ class FileWALConfig(_Section):
         description="each batch is padded to this boundary (0 or 1: none; else a power of "
         "two up to 64 KiB) so it starts on a fresh page",
     )
+    direct_io: bool = Field(
+        True,
+        description="write each group commit that starts and ends on a 4 KiB boundary "
+        "with O_DIRECT from a reused aligned buffer (no page-cache copy and writeback: "
+        "less kernel CPU); off, or on a filesystem without O_DIRECT: buffered writes. "
+        "Every acknowledgement still waits for fdatasync",
+    )
     prefill_ahead_bytes: int = Field(
         64 * MiB,
         ge=0,

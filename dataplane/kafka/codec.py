@@ -50,6 +50,7 @@ from dataplane.formats.kafka_errors import (
 )
 from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka.produce_decoder import decode_produce_body
+from dataplane.kafka.produce_encoder import ProduceAnswer
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -494,6 +495,14 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
     class or kafka-python cannot encode it (missing/ill-typed fields).
     """
     header_version = response_header_version(request.api_key, request.api_version)
+    if isinstance(response_obj, ProduceAnswer):
+        if response_obj.version != request.api_version:
+            raise ResponseEncodingError(
+                f"a ProduceResponse v{response_obj.version} to {request.api_name} "
+                f"v{request.api_version}"
+            )
+        body = response_obj.encode_body()  # the common answer, without kafka-python
+        response_obj = body if body is not None else response_obj.to_kafka()
     if isinstance(response_obj, (bytes, bytearray, memoryview)):
         return _frame(request.correlation_id, header_version, response_obj)
     if isinstance(response_obj, ResponseWithRecords):

@@ -21,7 +21,6 @@ from kafka.protocol.consumer import (
     ListOffsetsResponse,
     OffsetForLeaderEpochResponse,
 )
-from kafka.protocol.producer import ProduceResponse
 
 from controlplane.image import MetadataImage, TopicState
 from dataplane.formats.kafka_errors import KafkaError
@@ -35,6 +34,7 @@ from dataplane.kafka.partition_backend import (
     append_when_room,
     kafka_error_of,
 )
+from dataplane.kafka.produce_encoder import PartitionAnswer, ProduceAnswer, TopicAnswer
 from dataplane.objectstore import ObjectStoreError
 from dataplane.runtime import LoopHandoff
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
@@ -62,35 +62,30 @@ def _read_noting_objects(
     return records, committed_reads_on_this_thread() != before
 
 
-def _produce_response(v: int, results: list) -> object:
+def _produce_response(v: int, results: list) -> ProduceAnswer:
     """The ProduceResponse of version `v` for each topic's partition entries (`produce`):
     a refused partition keeps its KIP-467 record errors and message."""
-    R = ProduceResponse
-    RecordError = R.TopicProduceResponse.PartitionProduceResponse.BatchIndexAndErrorMessage
     responses = []
     for t, parts in results:
-        kwargs = {"topic_id": t.topic_id} if v >= 13 else {"name": t.name}
         responses.append(
-            R.TopicProduceResponse(
-                partition_responses=[
-                    R.TopicProduceResponse.PartitionProduceResponse(
-                        index=e["index"],
-                        error_code=e["error"],
-                        base_offset=e["base"] if e["error"] == KafkaError.NONE else -1,
-                        log_append_time_ms=e["append_time_ms"],
-                        log_start_offset=e["log_start"],
-                        record_errors=[
-                            RecordError(batch_index=index, batch_index_error_message=message)
-                            for index, message in e["record_errors"]
-                        ],
-                        error_message=e["error_message"],
+            TopicAnswer(
+                None if v >= 13 else t.name,
+                t.topic_id if v >= 13 else None,
+                [
+                    PartitionAnswer(
+                        e["index"],
+                        e["error"],
+                        e["base"] if e["error"] == KafkaError.NONE else -1,
+                        e["append_time_ms"],
+                        e["log_start"],
+                        e["record_errors"],
+                        e["error_message"],
                     )
                     for e in parts
                 ],
-                **kwargs,
             )
         )
-    return R[v](responses=responses, throttle_time_ms=0)
+    return ProduceAnswer(v, responses)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
 
 from prometheus_client import Gauge
 
@@ -108,6 +109,12 @@ class PartitionManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._image: MetadataImage | None = None
+        # the topics' configs in force, computed once per image (a produce asks for them
+        # on every append): (the image they were computed from, topic id -> configs)
+        self._configs_of_image: tuple[MetadataImage | None, dict[str, Mapping[str, str]]] = (
+            None,
+            {},
+        )
         # what the deltas touched since the last run: topic ids, stream ids; `_full`: look at
         # everything (the first image, a snapshot, a failed reconcile)
         self._full = True
@@ -411,10 +418,20 @@ class PartitionManager:
         """The topic's configs in force here in the newest image: its own, else this
         broker's dynamic defaults (controlplane/broker_configs.py), else Kafka's."""
         image = self._image
-        topic = image.topics.get(topic_id) if image is not None else None
-        if topic is None:
-            return {}
-        return broker_configs.topic_configs_in_force(image, topic.configs, self.node_id)
+        cached_image, by_topic = self._configs_of_image
+        if cached_image is not image:  # images are never changed: a new one, new configs
+            by_topic = {}
+            self._configs_of_image = (image, by_topic)  # one reference swap (any thread)
+        configs = by_topic.get(topic_id)
+        if configs is None:
+            topic = image.topics.get(topic_id) if image is not None else None
+            if topic is None:
+                return {}
+            configs = MappingProxyType(
+                broker_configs.topic_configs_in_force(image, topic.configs, self.node_id)
+            )
+            by_topic[topic_id] = configs  # bounded: one per topic of the image
+        return configs
 
     def _stream_ranges(self, stream_id: int) -> list[RangeState]:
         image = self._image

@@ -68,6 +68,9 @@ class QueuedWAL(WriteAheadLog):
         self._max_queue_bytes = max_queue_bytes
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)  # wakes the writer thread
+        # writer threads waiting on `_not_empty` now: an append notifies only when one is
+        # (a busy writer takes the queue when its commit ends; a notify is ~Python work)
+        self._writers_waiting = 0
         self._room = RoomSignal()
         self._trim_lock = threading.Lock()  # one trim at a time
         self._queue: deque[PendingAppend] = deque()
@@ -160,7 +163,8 @@ class QueuedWAL(WriteAheadLog):
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
             self._queue.append(PendingAppend(size_bytes, body, future, now, body_crc32c))
             self._queued_bytes += size_bytes
-            self._not_empty.notify_all()
+            if self._writers_waiting:
+                self._not_empty.notify_all()
         return future
 
     def _used_bytes(self) -> int:
@@ -188,7 +192,7 @@ class QueuedWAL(WriteAheadLog):
                 return True
             if self._status != OPEN and not self._queue:
                 return False  # closing and drained
-            self._not_empty.wait()
+            self._wait_not_empty(None)
 
     def _linger(self, max_batch_bytes: int, linger_s: float) -> None:
         """Caller holds the lock; wait up to `linger_s` after the oldest queued append for
@@ -200,7 +204,16 @@ class QueuedWAL(WriteAheadLog):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._linger_interrupted():
                 return
-            self._not_empty.wait(remaining)
+            self._wait_not_empty(remaining)
+
+    def _wait_not_empty(self, timeout_s: float | None) -> None:
+        """Caller holds the lock: a writer thread waits for `_not_empty` (counted, so that
+        appends notify only while a writer waits)."""
+        self._writers_waiting += 1
+        try:
+            self._not_empty.wait(timeout_s)
+        finally:
+            self._writers_waiting -= 1
 
     def _linger_interrupted(self) -> bool:
         """Caller holds the lock; whether other work for the writer ends a linger."""

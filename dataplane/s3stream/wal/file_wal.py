@@ -58,6 +58,7 @@ from dataplane.s3stream.wal.base import (
     WALError,
     WALFencedError,
 )
+from dataplane.s3stream.wal.direct_write import DIRECT_ALIGN_BYTES, DirectBatchWriter
 from dataplane.s3stream.wal.file_takeover import (
     check_identity,
     check_trim_point,
@@ -169,6 +170,14 @@ class FileWAL(QueuedWAL):
         self._node_epoch = node_epoch
         self._config = config
         self._ring = Ring(fd, capacity_bytes)
+        # aligned batches are written with O_DIRECT (direct_write.py); None: all buffered
+        self._direct: DirectBatchWriter | None = None
+        if config.direct_io and config.align_bytes >= DIRECT_ALIGN_BYTES:
+            self._direct = DirectBatchWriter.open(
+                path,
+                capacity_bytes,
+                config.max_batch_bytes + MAX_ALIGN_BYTES + RECORD_HEADER_SIZE_BYTES,
+            )
         self._reservation_view = ReservationView(fd)
         self._trims: deque[_TrimRequest] = deque()
         self._state_seq = state_seq
@@ -340,6 +349,12 @@ class FileWAL(QueuedWAL):
         return (self._node_id, self._node_epoch)
 
     @property
+    def direct_io(self) -> bool:
+        """Whether aligned group commits are written with O_DIRECT (`FileWALConfig.direct_io`
+        and a filesystem that takes it)."""
+        return self._direct is not None
+
+    @property
     def fsync_count(self) -> int:
         """fdatasync calls made by this instance (group commits, trims, open)."""
         with self._lock:
@@ -438,6 +453,8 @@ class FileWAL(QueuedWAL):
                 f"committer of {self._path} did not stop within {self._config.close_timeout_s} s"
             )
         self._reservation_view.close()
+        if self._direct is not None:
+            self._direct.close()
         os.close(self._fd)
 
     # ------------------------------------------------------------------ committer thread
@@ -534,7 +551,7 @@ class FileWAL(QueuedWAL):
             prefiller = self._prefiller
             if prefiller is not None and prefiller.active:
                 prefiller.claim(start + size)  # no zeros may land on this batch
-            self._ring.write_batch(start, _batch_parts(batch, records_end, padding), size)
+            self._write_batch(start, _batch_parts(batch, records_end, padding), size)
             fsync_data(self._fd)
             with self._lock:
                 self._fsyncs += 1
@@ -558,6 +575,17 @@ class FileWAL(QueuedWAL):
             for pending in batch:
                 metrics.APPEND_LATENCY.observe(now - pending.enqueued_at_s)
                 pending.future.set_result(AppendResult(pending.offset, pending.size_bytes))
+
+    def _write_batch(self, start: int, parts: list[bytes], size: int) -> None:
+        """Committer thread: write a group commit, with O_DIRECT when it is aligned."""
+        direct = self._direct
+        if direct is not None and direct.fits(start, size):
+            if direct.write_batch(start, parts, size):
+                return
+            log.warning("WAL %s: O_DIRECT write refused; writing buffered from now on", self._path)
+            self._direct = None
+            direct.close()
+        self._ring.write_batch(start, parts, size)
 
     def _do_trim(self, request: _TrimRequest) -> None:
         try:
