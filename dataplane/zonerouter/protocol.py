@@ -44,8 +44,10 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 # partitions packed as varints (`snapshot_codec.py`); 4: the poll packed too, and the
 # answer names each topic once per session (a topic table both sides keep); 5: each
 # polled partition also carries the proxy's last stable offset, and the proxy's own
-# appends (learned from its route answers) do not wake its polls
-SNAPSHOT_VERSION = 5
+# appends (learned from its route answers) do not wake its polls; 6: flags bytes leave out
+# the usual values (a steady poll is 5 bytes; a link ~4: deltas from the previous link and
+# from the session's last channel offset per source node), the error code packed too
+SNAPSHOT_VERSION = 6
 OLDEST_PACKED_SNAPSHOT_VERSION = 3  # what a proxy falls back to for a main not upgraded yet
 
 
