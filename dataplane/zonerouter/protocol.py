@@ -22,8 +22,10 @@ from dataplane.kafka.codec import add_api_message
 # the source node's, entries and answers packed as varints, `route_codec.py`); 3: the
 # route epoch, source and timeout packed too; 4: route sessions (each topic id once per
 # session, the epoch, timeout and first channel offset as deltas; answers' end offsets
-# from their base offset)
-ZONE_ROUTE_VERSION = 4
+# from their base offset); 5: answers packed against the session too (a partition's base
+# offset from its last answer's end, its stream when it changed; the request's error code
+# and message packed)
+ZONE_ROUTE_VERSION = 5
 OLDEST_PACKED_ZONE_ROUTE_VERSION = 2  # what a proxy falls back to for a main not upgraded
 
 
