@@ -48,6 +48,7 @@ from dataplane.zonerouter.protocol import (
     OLDEST_PACKED_SNAPSHOT_VERSION,
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,
+    ZONE_ROUTER_CLIENT_ID,
     GetPartitionSnapshotRequest,
     VersionProbe,
 )
@@ -412,6 +413,7 @@ class SnapshotReader:
                         main.kafka_port,
                         self.login,
                         lambda n, az=main.az: counted(n, az),
+                        ZONE_ROUTER_CLIENT_ID,
                     )
                     session = _PollSession()  # a new main address: a new session
                     versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
