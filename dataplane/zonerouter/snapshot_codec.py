@@ -9,6 +9,10 @@ distance of its last stable offset below it, its aborted transactions, its inlin
 transaction markers and its packed links (~10 bytes before its links). `unpack_snapshots`
 gives objects with the attributes of a version 2 `PartitionSnapshot`, so the proxy applies
 either the same way. All functions are pure.
+
+Version 6 (the `_v6` functions) leaves out the usual values behind flags bytes (a steady
+poll is 5 bytes, a partition ~6 before its links, a link ~4) and packs links against the
+session's `snapshot.LinkTable`, which they change (both sides keep one per session).
 """
 
 from __future__ import annotations
