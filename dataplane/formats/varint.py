@@ -26,3 +26,30 @@ def get_zigzag(data: bytes, pos: int, what: str) -> tuple[int, int]:
         if byte < 0x80:
             return (result >> 1) ^ -(result & 1), pos
         shift += 7
+
+
+def put_uvarint(out: bytearray, value: int) -> None:
+    """Append `value` (0 to 2**63 - 1) as an unsigned varint (a byte up to 127): fields
+    that are never negative take half the room of a zigzag varint. ValueError when
+    negative or too large."""
+    if not 0 <= value < 1 << 63:
+        raise ValueError(f"{value} cannot be an unsigned varint")
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def get_uvarint(data: bytes, pos: int, what: str) -> tuple[int, int]:
+    """The unsigned integer at `pos` of `data` and the position after it. ValueError naming
+    `what` for a truncated or overlong varint."""
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 56:
+            raise ValueError(f"truncated or overlong varint in {what}")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7

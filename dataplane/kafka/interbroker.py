@@ -109,12 +109,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def roundtrip(
-    sock: socket.socket, req: Any, api_key: int, version: int, sizes: list[int] | None = None
+    sock: socket.socket,
+    req: Any,
+    api_key: int,
+    version: int,
+    sizes: list[int] | None = None,
+    client_id: str | None = CLIENT_ID,
 ) -> Any:
-    """Send `req` on `sock`, read its answer; `sizes` gets the bytes sent and received
-    (accounting). Raises ConnectionError on a closed connection or a bad answer."""
+    """Send `req` on `sock` with `client_id` in its header, read its answer; `sizes` gets
+    the bytes sent and received (accounting). Raises ConnectionError on a closed
+    connection or a bad answer."""
     correlation_id = next(_correlation) & 0x7FFFFFFF
-    frame = encode_request(req, correlation_id, client_id=CLIENT_ID, version=version)
+    frame = encode_request(req, correlation_id, client_id=client_id, version=version)
     sock.sendall(frame)
     (size,) = struct.unpack(">i", _recv_exact(sock, 4))
     if not 0 < size <= MAX_RESPONSE_BYTES:
@@ -189,7 +195,9 @@ def connect(
 class BrokerConnection:
     """One blocking connection to another broker, opened on first use and again after a
     failure; requests are serialized on it (thread-safe). `on_bytes` gets the bytes of
-    each request and its answer (the zone router's broker-to-broker accounting)."""
+    each request and its answer (the zone router's broker-to-broker accounting);
+    `client_id` goes in each request's header (None: the zone router's own APIs, whose
+    handlers never read it, save its bytes)."""
 
     def __init__(
         self,
@@ -197,9 +205,11 @@ class BrokerConnection:
         port: int,
         login: InterBrokerLogin | None,
         on_bytes: Callable[[int], None] | None = None,
+        client_id: str | None = CLIENT_ID,
     ):
         self.host, self.port, self.login = host, port, login
         self.on_bytes = on_bytes
+        self.client_id = client_id
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
 
@@ -212,7 +222,7 @@ class BrokerConnection:
                     self._sock = connect(self.host, self.port, timeout_s, self.login)
                 self._sock.settimeout(timeout_s)
                 sizes: list[int] = []
-                resp = roundtrip(self._sock, req, api_key, version, sizes)
+                resp = roundtrip(self._sock, req, api_key, version, sizes, self.client_id)
                 if self.on_bytes is not None:
                     self.on_bytes(sum(sizes))
                 return resp

@@ -22,8 +22,10 @@ from dataplane.kafka.codec import add_api_message
 # the source node's, entries and answers packed as varints, `route_codec.py`); 3: the
 # route epoch, source and timeout packed too; 4: route sessions (each topic id once per
 # session, the epoch, timeout and first channel offset as deltas; answers' end offsets
-# from their base offset)
-ZONE_ROUTE_VERSION = 4
+# from their base offset); 5: answers packed against the session too (a partition's base
+# offset from its last answer's end, its stream when it changed; the request's error code
+# and message packed)
+ZONE_ROUTE_VERSION = 5
 OLDEST_PACKED_ZONE_ROUTE_VERSION = 2  # what a proxy falls back to for a main not upgraded
 
 
@@ -44,8 +46,10 @@ ZONE_ROUTE_KEY = int(ZoneRouteRequest.API_KEY)
 # partitions packed as varints (`snapshot_codec.py`); 4: the poll packed too, and the
 # answer names each topic once per session (a topic table both sides keep); 5: each
 # polled partition also carries the proxy's last stable offset, and the proxy's own
-# appends (learned from its route answers) do not wake its polls
-SNAPSHOT_VERSION = 5
+# appends (learned from its route answers) do not wake its polls; 6: flags bytes leave out
+# the usual values (a steady poll is 5 bytes; a link ~4: deltas from the previous link and
+# from the session's last channel offset per source node), the error code packed too
+SNAPSHOT_VERSION = 6
 OLDEST_PACKED_SNAPSHOT_VERSION = 3  # what a proxy falls back to for a main not upgraded yet
 
 
@@ -60,6 +64,11 @@ class GetPartitionSnapshotResponse(ApiMessage, load_json="dataplane.zonerouter.s
 add_api_message(GetPartitionSnapshotRequest, GetPartitionSnapshotResponse)
 SNAPSHOT_KEY = int(GetPartitionSnapshotRequest.API_KEY)
 
+
+# the client id in the header of zone routes and snapshot polls: none (2 bytes fewer than
+# the broker-to-broker `~b` in every round trip between AZs; the main's handlers of these
+# two APIs never read it, and no client sends them)
+ZONE_ROUTER_CLIENT_ID = None
 
 NEWEST_RETRY_S = 60.0  # after falling back, the newest version is tried again this often
 

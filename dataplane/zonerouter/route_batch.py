@@ -45,6 +45,7 @@ from dataplane.zonerouter.route_codec import (
     pack_entries,
     pack_request,
     unpack_answers,
+    unpack_answers_v5,
 )
 
 log = logging.getLogger(__name__)
@@ -252,28 +253,28 @@ class RouteBatcher:
         entries = [
             (uuid.UUID(item.topic_id), item.partition, item.channel_offset) for item in batch
         ]
-        resp = self._call(version, batch[0].epoch, timeout_ms, entries)
-        if version >= 4 and resp.error_code == KafkaError.FETCH_SESSION_ID_NOT_FOUND:
+        error, message, answers = self._call(version, batch[0].epoch, timeout_ms, entries)
+        if version >= 4 and error == KafkaError.FETCH_SESSION_ID_NOT_FOUND:
             # the main does not have the route session as this proxy does (it restarted):
             # nothing was appended; a new session carries every topic again
-            resp = self._call(version, batch[0].epoch, timeout_ms, entries)
-        if resp.error_code:  # the whole request refused (a fenced epoch, a bad channel)
-            return [(resp.error_code, resp.error_message, -1, -1, -1)] * len(batch)
-        try:
-            answers = unpack_answers(bytes(resp.packed_answers or b""), version >= 4)
-        except ValueError as exc:
-            raise ConnectionError(f"bad zone route answers: {exc}") from None
+            error, message, answers = self._call(version, batch[0].epoch, timeout_ms, entries)
+        if error:  # the whole request refused (a fenced epoch, a bad channel)
+            return [(error, message, -1, -1, -1)] * len(batch)
         if len(answers) != len(batch):
             raise ConnectionError(f"{len(answers)} route answers for {len(batch)} routes")
         return answers
 
-    def _call(self, version: int, epoch: int, timeout_ms: int, entries: list):
-        """One `ZoneRouteRequest` of `version` and its answer (version 4: packed against
-        the route session, which its answer confirms or, refused or unanswered, resets)."""
+    def _call(
+        self, version: int, epoch: int, timeout_ms: int, entries: list
+    ) -> tuple[int, str | None, list]:
+        """One `ZoneRouteRequest` of `version` and its answer: the request's error code and
+        message, and the entries' answers (version 4+: packed against the route session,
+        which the answer confirms or, refused, unanswered or unreadable, resets). Raises
+        ConnectionError when it fails or the answers are unreadable."""
         Q = ZoneRouteRequest[version]
         # version 2: the channel is the source node's (no prefix, no bucket: each entry's
         # offset names its own segment and bucket), the entries packed; 3: all packed; 4:
-        # packed against the route session
+        # packed against the route session; 5: its answers too
         if version >= 4:
             req = Q(
                 packed_entries=self.session.pack(epoch, self.source_node_id, timeout_ms, entries)
@@ -298,9 +299,21 @@ class RouteBatcher:
             raise
         self.versions.answered(version)
         self.requests_sent += 1
+        packed = bytes(resp.packed_answers or b"")
+        try:
+            if version >= 5:
+                self.session.confirm()  # the answers are packed against its new state
+                error, message, answers = unpack_answers_v5(packed, entries, self.session.state)
+            else:
+                error, message = resp.error_code, resp.error_message
+                answers = [] if error else unpack_answers(packed, version >= 4)
+        except ValueError as exc:
+            if version >= 4:
+                self.session.reset()
+            raise ConnectionError(f"bad zone route answers: {exc}") from None
         if version >= 4:
-            if resp.error_code:
+            if error:
                 self.session.reset()
             else:
                 self.session.confirm()
-        return resp
+        return error, message, answers

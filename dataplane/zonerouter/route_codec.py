@@ -24,12 +24,15 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from dataplane.formats.varint import get_zigzag, put_zigzag
+from dataplane.formats.varint import get_uvarint, get_zigzag, put_uvarint, put_zigzag
 
 MAX_PACKED_ENTRIES = 1024  # entries one packed batch may hold
 MAX_PACKED_TOPICS = 1024
 MAX_MESSAGE_BYTES = 4096  # an error message in a packed answer
 MAX_SESSION_ID = 8191  # version 4 session ids are 1..this (two varint bytes at most)
+PROXY_SESSION_IDS = 63  # a proxy takes ids 1..this (one varint byte)
+# version 5: a route session remembers the next offset and stream of this many partitions
+MAX_SESSION_PARTITIONS = 4096
 
 # one route: topic id, partition, channel offset
 RouteEntry = tuple[uuid.UUID, int, int]
@@ -172,17 +175,20 @@ class RouteSessionMismatch(ValueError):
 @dataclass
 class RouteSessionState:
     """What both sides of a route session remember after each request: the topics named
-    so far (by index), the last entry's channel offset, the route epoch and timeout."""
+    so far (by index), the last entry's channel offset, the route epoch and timeout;
+    version 5: per (topic, partition) the end offset and stream of its last answer
+    (shared by the session's successive states, changed by each answer)."""
 
     topics: list[uuid.UUID] = field(default_factory=list)
     last_offset: int = 0
     epoch: int = 0
     timeout_ms: int = 0
+    partitions: dict[tuple[uuid.UUID, int], tuple[int, int]] = field(default_factory=dict)
 
 
 # a process's route sessions get distinct ids (from a random start: a restarted proxy's
 # first request starts its session over anyway); `next` on a count is atomic
-_SESSION_IDS = itertools.count(uuid.uuid4().int % MAX_SESSION_ID)
+_SESSION_IDS = itertools.count(uuid.uuid4().int % PROXY_SESSION_IDS)
 
 
 class ProxyRouteSession:
@@ -200,7 +206,7 @@ class ProxyRouteSession:
         self.reset()
 
     def reset(self) -> None:
-        self.session_id = next(_SESSION_IDS) % MAX_SESSION_ID + 1
+        self.session_id = next(_SESSION_IDS) % PROXY_SESSION_IDS + 1
         self.state = RouteSessionState()
         self._pending = None
 
@@ -236,7 +242,9 @@ class ProxyRouteSession:
             _put(out, partition)
             _put(out, channel_offset - previous)
             previous = channel_offset
-        self._pending = RouteSessionState(state.topics + new, previous, route_epoch, timeout_ms)
+        self._pending = RouteSessionState(
+            state.topics + new, previous, route_epoch, timeout_ms, state.partitions
+        )
         return bytes(out)
 
     def confirm(self) -> None:
@@ -262,6 +270,12 @@ class RouteSessions:
         (route epoch, source node id, timeout ms, entries). Raises RouteSessionMismatch
         when the session is not as the proxy thinks, ValueError on bad input (the
         session unchanged either way)."""
+        state, source, entries = self.unpack_session(data)
+        return state.epoch, source, state.timeout_ms, entries
+
+    def unpack_session(self, data: bytes) -> tuple[RouteSessionState, int, list[RouteEntry]]:
+        """As `unpack`: the session's new state (version 5's answers are packed against
+        its `partitions`), the source node id and the entries."""
         source, pos = _get(data, 0)
         session_id, pos = _get(data, pos)
         size, pos = _get(data, pos)
@@ -281,7 +295,7 @@ class RouteSessions:
             self._sessions.move_to_end(key)
             while len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
-        return new_state.epoch, source, new_state.timeout_ms, entries
+        return new_state, source, entries
 
 
 def _unpack_session_entries(
@@ -309,4 +323,128 @@ def _unpack_session_entries(
     pos += 16 * new
     out = _unpack_routes(data, pos, topics, state.last_offset)
     last_offset = out[-1][2] if out else state.last_offset
-    return RouteSessionState(topics, last_offset, state.epoch + delta_epoch, timeout_ms), out
+    epoch = state.epoch + delta_epoch
+    return RouteSessionState(topics, last_offset, epoch, timeout_ms, state.partitions), out
+
+
+# ------------------------------------------------------------ version 5: answers in sessions
+
+# what a version 5 answer's first byte says follows (its high 4 bits: the end offset's
+# distance from the base offset, 1 to 15, when it is not sent)
+_ANSWER_ERROR, _ANSWER_BASE, _ANSWER_STREAM, _ANSWER_END = 1, 2, 4, 8
+
+
+def _put_message(out: bytearray, message: str | None) -> None:
+    raw = None if message is None else message.encode()[:MAX_MESSAGE_BYTES]
+    put_uvarint(out, 0 if raw is None else len(raw) + 1)
+    out += raw or b""
+
+
+def _get_message(data: bytes, pos: int) -> tuple[str | None, int]:
+    size, pos = get_uvarint(data, pos, "a packed zone route answer")
+    if size > MAX_MESSAGE_BYTES + 1 or pos + max(size - 1, 0) > len(data):
+        raise ValueError(f"bad message size {size} in a packed zone route answer")
+    if not size:
+        return None, pos
+    return data[pos : pos + size - 1].decode(errors="replace"), pos + size - 1
+
+
+def pack_refusal_v5(error_code: int, message: str | None) -> bytes:
+    """A version 5 answer refusing the whole request: its error code and message (the
+    fields versions 0-4 send on their own, packed)."""
+    out = bytearray()
+    put_zigzag(out, error_code)
+    _put_message(out, message)
+    return bytes(out)
+
+
+def pack_answers_v5(
+    answers: list[RouteAnswer], entries: list[RouteEntry], state: RouteSessionState
+) -> bytes:
+    """Version 5's `PackedAnswers`: 0 (the request's error code), then per entry a byte
+    of flags saying which of its error code and message, base offset (a delta from the
+    end of the partition's last answer in the session), stream id (when not that
+    answer's) and end offset (a delta from the base, else in the byte's high 4 bits)
+    follow. A steady partition's answer is one byte instead of ~5. `state.partitions`
+    learns each answer without an error (the proxy's mirror does the same)."""
+    out = bytearray(b"\0")
+    for (error_code, message, base, stream_id, end), (topic_id, partition, _) in zip(
+        answers, entries, strict=True
+    ):
+        key = (topic_id, partition)
+        if error_code:
+            out.append(_ANSWER_ERROR | _ANSWER_BASE | _ANSWER_STREAM | _ANSWER_END)
+            put_zigzag(out, error_code)
+            _put_message(out, message)
+            for value in (base, stream_id, end - base):
+                put_zigzag(out, value)
+            continue
+        expected_base, expected_stream = state.partitions.get(key, (0, -1))
+        span = end - base
+        flags = (
+            (_ANSWER_BASE if base != expected_base else 0)
+            | (_ANSWER_STREAM if stream_id != expected_stream else 0)
+            | (_ANSWER_END if not 0 < span < 16 else span << 4)
+        )
+        out.append(flags)
+        if flags & _ANSWER_BASE:
+            put_zigzag(out, base - expected_base)
+        if flags & _ANSWER_STREAM:
+            put_zigzag(out, stream_id)
+        if flags & _ANSWER_END:
+            put_zigzag(out, span)
+        _learn(state, key, end, stream_id)
+    return bytes(out)
+
+
+def _learn(state: RouteSessionState, key: tuple[uuid.UUID, int], end: int, stream: int) -> None:
+    """An answer without an error: the partition's next append is expected at `end` (when
+    links were written) in `stream` (at most MAX_SESSION_PARTITIONS partitions remembered:
+    both sides refuse the same new ones)."""
+    if end >= 0 and (key in state.partitions or len(state.partitions) < MAX_SESSION_PARTITIONS):
+        state.partitions[key] = (end, stream)
+
+
+def unpack_answers_v5(
+    data: bytes, entries: list[RouteEntry], state: RouteSessionState
+) -> tuple[int, str | None, list[RouteAnswer]]:
+    """A version 5 `PackedAnswers` undone: (the request's error code, its message, the
+    answers: none when refused), `state.partitions` changed as the main's was. Raises
+    ValueError on bad input (the proxy then starts a new session)."""
+    error_code, pos = get_zigzag(data, 0, "a packed zone route answer")
+    if error_code:
+        message, pos = _get_message(data, pos)
+        return error_code, message, []
+    out: list[RouteAnswer] = []
+    for topic_id, partition, _ in entries:
+        if pos >= len(data):
+            raise ValueError(f"{len(out)} zone route answers for {len(entries)} routes")
+        flags, pos = data[pos], pos + 1
+        key = (topic_id, partition)
+        if flags & _ANSWER_ERROR:
+            if flags != 15:
+                raise ValueError(f"bad answer flags {flags} in a packed zone route answer")
+            code, pos = _get(data, pos)
+            message, pos = _get_message(data, pos)
+            base, pos = _get(data, pos)
+            stream_id, pos = _get(data, pos)
+            span, pos = _get(data, pos)
+            out.append((code, message, base, stream_id, base + span))
+            continue
+        expected_base, stream_id = state.partitions.get(key, (0, -1))
+        delta = 0
+        if flags & _ANSWER_BASE:
+            delta, pos = _get(data, pos)
+        if flags & _ANSWER_STREAM:
+            stream_id, pos = _get(data, pos)
+        span = flags >> 4
+        if flags & _ANSWER_END:
+            if span:
+                raise ValueError(f"bad answer flags {flags} in a packed zone route answer")
+            span, pos = _get(data, pos)
+        base = expected_base + delta
+        out.append((0, None, base, stream_id, base + span))
+        _learn(state, key, base + span, stream_id)
+    if pos != len(data):
+        raise ValueError("trailing bytes in packed zone route answers")
+    return 0, None, out

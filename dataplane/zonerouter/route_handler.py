@@ -33,7 +33,10 @@ from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, 
 from dataplane.zonerouter.route_codec import (
     RouteSessionMismatch,
     RouteSessions,
+    RouteSessionState,
     pack_answers,
+    pack_answers_v5,
+    pack_refusal_v5,
     unpack_entries,
     unpack_request,
 )
@@ -50,11 +53,13 @@ _Result = tuple[KafkaError, str | None, int, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class _PackedRoute:
-    """A version 3 or 4 request's packed fields, named as versions 0-2 name them."""
+    """A version 3+ request's packed fields, named as versions 0-2 name them (version 4+:
+    and its route session's state, which version 5's answers are packed against)."""
 
     route_epoch: int
     source_node_id: int
     timeout_ms: int
+    session: RouteSessionState | None = None
 
 
 class ZoneRouteHandler:
@@ -221,6 +226,8 @@ class ZoneRouteHandler:
         """The whole request refused (a fenced epoch, a bad channel)."""
         if version == 0:
             return ZoneRouteHandler._answer(error, message)
+        if version >= 5:
+            return ZoneRouteResponse[version](packed_answers=pack_refusal_v5(error, message))
         if version >= 2:
             return ZoneRouteResponse[version](
                 error_code=error, error_message=message, packed_answers=b""
@@ -228,10 +235,14 @@ class ZoneRouteHandler:
         return ZoneRouteResponse[version](error_code=error, error_message=message, entries=[])
 
     @staticmethod
-    def _response(version: int, results: list[_Result]):
+    def _response(version: int, results: list[_Result], entries: list, req):
+        """The answers of `entries` (version 5: packed against `req`'s route session)."""
         if version == 0:
             return ZoneRouteHandler._answer(*results[0])
         R = ZoneRouteResponse[version]
+        if version >= 5:
+            answers = [(r[0], r[1], r[2], r[4], r[5]) for r in results]
+            return R(packed_answers=pack_answers_v5(answers, entries, req.session))
         if version >= 2:
             answers = [(r[0], r[1], r[2], r[4], r[5]) for r in results]
             packed = pack_answers(answers, end_from_base=version >= 4)
@@ -261,13 +272,16 @@ class ZoneRouteHandler:
             if version >= 3:
                 packed = bytes(req.packed_entries or b"")
                 try:
-                    unpack = self.route_sessions.unpack if version >= 4 else unpack_request
-                    epoch, source, timeout_ms, entries = unpack(packed)
+                    if version >= 4:
+                        session, source, entries = self.route_sessions.unpack_session(packed)
+                        req = _PackedRoute(session.epoch, source, session.timeout_ms, session)
+                    else:
+                        epoch, source, timeout_ms, entries = unpack_request(packed)
+                        req = _PackedRoute(epoch, source, timeout_ms)
                 except RouteSessionMismatch as exc:  # nothing appended: the proxy starts over
                     return self._refused(version, KafkaError.FETCH_SESSION_ID_NOT_FOUND, str(exc))
                 except ValueError as exc:
                     return self._refused(version, KafkaError.INVALID_REQUEST, str(exc))
-                req = _PackedRoute(epoch, source, timeout_ms)
             elif version >= 2:
                 try:
                     entries = unpack_entries(bytes(req.packed_entries or b""))
@@ -313,7 +327,8 @@ class ZoneRouteHandler:
                     ),
                 )
             pending = [entry for _, entry in tracked]
-            return self._response(version, await self._route_all(req, entries, pending))
+            results = await self._route_all(req, entries, pending)
+            return self._response(version, results, entries, req)
         finally:
             for token, entry in tracked:
                 self._untrack_if_unlinked(token, entry)

@@ -477,8 +477,27 @@ def unpack_links(
     return out
 
 
+class LinkTable:
+    """What version 6 links are packed against, kept by both sides of a snapshot session:
+    per source node the channel offset of the newest link an answer named (a link's
+    channel offset is a delta from it), and the record count, source node and length of
+    the last link packed (a link that repeats them leaves them out). Only answers the
+    proxy got change it (a lost one starts the session over). Used by one thread at a
+    time (the session's poll)."""
+
+    def __init__(self) -> None:
+        self.channels: dict[int, int] = {}
+        self.count, self.source, self.length = 1, -1, -1
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LinkTable) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        return f"LinkTable({vars(self)})"
+
+
 class _Session:
-    __slots__ = ("epoch", "partitions", "topics")
+    __slots__ = ("epoch", "partitions", "topics", "links")
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -486,6 +505,8 @@ class _Session:
         self.partitions: dict[tuple[str, int], list[int]] = {}
         # version 4: the topics the session's answers named, by index (the proxy mirrors it)
         self.topics: dict[uuid.UUID, int] = {}
+        # version 6: what the session's links are packed against (`snapshot_codec`)
+        self.links = LinkTable()
 
 
 class SnapshotSessions:
@@ -573,11 +594,35 @@ class SnapshotSessions:
         only that poll's answer extends it: one poll of a session at a time), or None when
         a newer poll came, the session is gone or its table holds `max_topics` (the answer
         is then refused and the proxy starts the session over)."""
+        tables = self.tables(node_id, session_id, epoch, max_topics, 1)
+        return None if tables is None else tables[0]
+
+    def tables(
+        self, node_id: int, session_id: int, epoch: int, max_topics: int, max_channels: int
+    ) -> tuple[dict[uuid.UUID, int], LinkTable] | None:
+        """The topic and link tables of poll `epoch`'s session (version 6 answers pack
+        links against the latter), as `topic_table`; None also when the link table names
+        `max_channels` source nodes."""
         with self._lock:
             session = self._sessions.get((node_id, session_id))
-            if session is None or session.epoch != epoch or len(session.topics) >= max_topics:
+            if (
+                session is None
+                or session.epoch != epoch
+                or len(session.topics) >= max_topics
+                or len(session.links.channels) >= max_channels
+            ):
                 return None
-            return session.topics
+            return session.topics, session.links
+
+    def full_epoch(self, node_id: int, session_id: int, low_bits: int, bits: int) -> int:
+        """A poll's session epoch from its low `bits` bits (version 6): the one after the
+        session's when they match (`low_bits` otherwise, which `update` then refuses)."""
+        with self._lock:
+            session = self._sessions.get((node_id, session_id))
+        if session is None:
+            return low_bits
+        expected = session.epoch + 1
+        return expected if expected & ((1 << bits) - 1) == low_bits else low_bits
 
     def forget(self, node_id: int, session_id: int, part: tuple[str, int]) -> None:
         """Drop a partition from a session (not led here any more: answered once)."""

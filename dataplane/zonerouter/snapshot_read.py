@@ -48,17 +48,25 @@ from dataplane.zonerouter.protocol import (
     OLDEST_PACKED_SNAPSHOT_VERSION,
     SNAPSHOT_KEY,
     SNAPSHOT_VERSION,
+    ZONE_ROUTER_CLIENT_ID,
     GetPartitionSnapshotRequest,
     VersionProbe,
 )
 from dataplane.zonerouter.proxy_partition import ProxyPartition
-from dataplane.zonerouter.snapshot import CachedBatch, SnapshotCache, TxnView, unpack_links
+from dataplane.zonerouter.snapshot import (
+    CachedBatch,
+    LinkTable,
+    SnapshotCache,
+    TxnView,
+    unpack_links,
+)
 from dataplane.zonerouter.snapshot_codec import (
     PollForgotten,
     PollPartition,
     PollRequest,
     answer_view,
     pack_poll,
+    pack_poll_v6,
 )
 from dataplane.zonerouter.snapshot_server import (  # SnapshotServer: the main's side
     MAX_SESSION_PARTITIONS,
@@ -121,12 +129,17 @@ def _asked_entry(entry: tuple) -> tuple[tuple[str, int], int, int, int]:
     return (entry[0], entry[1], entry[2], entry[3] if len(entry) > 3 else -1)
 
 
-def _link_packing(version: int, snap) -> dict:
-    """How an answer of `version` packs `snap`'s links (`snapshot.unpack_links`' keywords):
-    version 4 from the high watermark and without timestamps."""
+def _links(version: int, snap) -> list:
+    """The links of `snap`, a partition of an answer of `version`: listed (versions 0-1;
+    version 6: unpacked with the answer), else packed (`snapshot.unpack_links`; version 4
+    from the high watermark and without timestamps). Raises ValueError on a bad packing."""
+    if version >= 6 or version < 2:
+        return list(snap.links)
     if version >= 4:
-        return {"start_offset": snap.high_watermark, "timestamps": False}
-    return {}
+        return unpack_links(
+            snap.packed_links or b"", start_offset=snap.high_watermark, timestamps=False
+        )
+    return unpack_links(snap.packed_links or b"")
 
 
 @dataclass
@@ -178,16 +191,18 @@ class _PollSession:
     those it forgot. After a failed or refused poll the next one sends the full list."""
 
     def __init__(self) -> None:
-        # 13 bits: 2 bytes as a zigzag varint (version 4+), sent with every poll. The main
-        # keys sessions by (proxy, id) and a proxy has one session per main: an id taken
-        # again after a restart starts with a full poll, which starts the session over
-        self.session_id = uuid.uuid4().int & ((1 << 13) - 1) or 1
+        # 1..63: one byte as a varint (zigzag in versions 4-5), sent with every poll. The
+        # main keys sessions by (proxy, id) and a proxy has one session per main: an id
+        # taken again after a restart starts with a full poll, which starts the session over
+        self.session_id = uuid.uuid4().int % 63 + 1
         self.epoch = 0
         self.full = True
         # (offset, aborted from, last stable offset) the main holds, by partition
         self.have: dict[tuple[str, int], tuple[int, int, int]] = {}
-        # version 4: the topics the main's answers named, by index (mirrors its table)
+        # version 4: the topics the main's answers named, by index (mirrors its table);
+        # version 6: what the main's answers pack links against (mirrors its table)
         self.topics: list[uuid.UUID] = []
+        self.links = LinkTable()
         self._pending: tuple[int, list, list] = (0, [], [])
         self._keys: frozenset = frozenset()
         self._keys_changed_at = 0.0
@@ -210,7 +225,8 @@ class _PollSession:
         asked = [_asked_entry(x) for x in asked]
         if self.full:
             epoch, parts, forgotten = 0, list(asked), []
-            self.topics = []  # the main starts the session's table over too
+            self.topics = []  # the main starts the session's tables over too
+            self.links = LinkTable()
         else:
             epoch = self.epoch + 1
             parts = [x for x in asked if self.have.get(x[0]) != x[1:]]
@@ -227,7 +243,8 @@ class _PollSession:
                 [PollPartition(uuid.UUID(k[0]), k[1], at, af, lso) for k, at, af, lso in parts],
                 [PollForgotten(uuid.UUID(k[0]), k[1]) for k in forgotten],
             )
-            return GetPartitionSnapshotRequest[version](packed=pack_poll(poll, version))
+            packed = pack_poll_v6(poll) if version >= 6 else pack_poll(poll, version)
+            return GetPartitionSnapshotRequest[version](packed=packed)
         Q = GetPartitionSnapshotRequest[version]
         return Q(
             node_id=node_id,
@@ -396,6 +413,7 @@ class SnapshotReader:
                         main.kafka_port,
                         self.login,
                         lambda n, az=main.az: counted(n, az),
+                        ZONE_ROUTER_CLIENT_ID,
                     )
                     session = _PollSession()  # a new main address: a new session
                     versions = VersionProbe(SNAPSHOT_VERSION, OLDEST_PACKED_SNAPSHOT_VERSION)
@@ -410,7 +428,7 @@ class SnapshotReader:
                         SNAPSHOT_KEY,
                         version,
                     )
-                    resp = answer_view(resp, session.topics)
+                    resp = answer_view(resp, session.topics, session.links)
                 except (OSError, ConnectionError, ValueError) as exc:
                     log.debug("snapshot poll of node %d failed: %s", main_node_id, exc)
                     versions.failed(version)
@@ -473,7 +491,7 @@ class SnapshotReader:
         learns what the main now holds for each (version 2). Returns the bytes of the
         batches the answer names."""
         named = 0
-        packed_links = getattr(resp, "version", 0) >= 2
+        version = getattr(resp, "version", 0)
         for snap in resp.partitions:
             key = (str(snap.topic_id), snap.partition)
             with self._lock:
@@ -487,11 +505,7 @@ class SnapshotReader:
                         self.cache.reset(key)
                 continue
             try:
-                links = (
-                    unpack_links(snap.packed_links or b"", **_link_packing(resp.version, snap))
-                    if packed_links
-                    else list(snap.links)
-                )
+                links = _links(version, snap)
             except ValueError as exc:
                 log.warning("bad packed links from a main: %s", exc)
                 links = []

@@ -42,7 +42,17 @@ from dataplane.zonerouter.snapshot import (
     pack_links,
     page_aborted,
 )
-from dataplane.zonerouter.snapshot_codec import MAX_PACKED_TOPICS, pack_snapshots, unpack_poll
+from dataplane.zonerouter.snapshot_codec import (
+    EPOCH_BITS,
+    MAX_PACKED_TOPICS,
+    PackedResponse,
+    SessionTables,
+    pack_error_v6,
+    pack_snapshots,
+    pack_snapshots_v6,
+    unpack_poll,
+    unpack_poll_v6,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +67,8 @@ MAX_CONTROL_HOLE_OFFSETS = 8
 MAX_CONTROL_HOLES = 16
 CONTROL_READ_BYTES = 4096
 MAX_WAIT_MS = 500  # the longest a main holds a poll
+# a session whose channel table names this many source nodes starts over (version 6)
+MAX_SESSION_CHANNELS = 1024
 # a proxy's own appends are news for its polls again once linked this long ago: its route
 # answer (and so its copy) should have come long before (version 5)
 OWN_GRACE_S = 2.0
@@ -118,8 +130,23 @@ class SnapshotServer:
 
     def _answer(self, wire_version: int, error_code: int, partitions: list, req=None):
         """The answer at `wire_version` (3: the version 2 partitions packed; 4: their topics
-        named by the session's topic table, `req`'s)."""
+        named by the session's topic table, `req`'s; 6: the error code packed too, the
+        links against the session's channel table)."""
         R = GetPartitionSnapshotResponse[wire_version]
+        if wire_version >= 6:
+            if error_code:
+                return R(packed_partitions=pack_error_v6(error_code))
+            tables = self.sessions.tables(
+                req.node_id,
+                req.session_id,
+                req.session_epoch,
+                MAX_PACKED_TOPICS - MAX_PARTITIONS_PER_POLL,
+                MAX_SESSION_CHANNELS,
+            )
+            if tables is None:  # superseded, dropped or full: the proxy starts over
+                return R(packed_partitions=pack_error_v6(KafkaError.FETCH_SESSION_ID_NOT_FOUND))
+            packed = pack_snapshots_v6(partitions, SessionTables(*tables))
+            return R(packed_partitions=packed)
         if wire_version >= 4:
             if error_code:
                 return R(error_code=error_code, packed_partitions=b"")
@@ -140,12 +167,13 @@ class SnapshotServer:
         wire_version = getattr(ctx, "api_version", 0)
         if wire_version >= 4:  # version 3's fields, packed
             try:
-                req = unpack_poll(bytes(req.packed or b""), wire_version)
+                req = self._unpack_poll(bytes(req.packed or b""), wire_version)
             except ValueError as exc:
                 log.warning("bad packed snapshot poll: %s", exc)
                 return self._answer(wire_version, KafkaError.INVALID_REQUEST, [])
-        version = min(wire_version, 2)  # versions 3-4: version 2's partitions, packed
-        R = GetPartitionSnapshotResponse[version]
+        version = min(wire_version, 2)  # versions 3+: version 2's partitions, packed
+        # version 6: the codec's partitions, their links packed with the whole answer
+        R = PackedResponse if wire_version >= 6 else GetPartitionSnapshotResponse[version]
         asked = self._asked(req, version)
         if isinstance(asked, str):
             error = (
@@ -186,6 +214,17 @@ class SnapshotServer:
         if version >= 2:
             self.sessions.advance(req.node_id, req.session_id, req.session_epoch, answered)
         return self._answer(wire_version, KafkaError.NONE, out, req)
+
+    def _unpack_poll(self, data: bytes, wire_version: int):
+        """A packed poll (version 6: its session epoch completed from the session's)."""
+        if wire_version < 6:
+            return unpack_poll(data, wire_version)
+        req = unpack_poll_v6(data)
+        if req.incremental:
+            req.session_epoch = self.sessions.full_epoch(
+                req.node_id, req.session_id, req.session_epoch, EPOCH_BITS
+            )
+        return req
 
     def _news(self, a: _Asked, plog, version: int, own: int | None) -> bool:
         """Whether the poll has news of `a`: the partition is gone, its high watermark or
@@ -300,7 +339,9 @@ class SnapshotServer:
             )
             for loc in locations
         ]
-        if compact:  # version 4: from the high watermark, no timestamps
+        if isinstance(snap, PackedResponse.PartitionSnapshot):
+            snap.links = places  # version 6: packed with the answer (`_answer`)
+        elif compact:  # version 4: from the high watermark, no timestamps
             snap.packed_links = pack_links(places, start_offset=hw, timestamps=False)
         elif version >= 2:
             snap.packed_links = pack_links(places)

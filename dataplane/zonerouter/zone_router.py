@@ -41,6 +41,7 @@ from dataplane.s3stream.wal.base import WALError
 from dataplane.s3stream.wal.segmented_wal import BucketFollowingWAL
 from dataplane.zonerouter.channel import channel_location, open_channel
 from dataplane.zonerouter.own_channel import OwnPipeline
+from dataplane.zonerouter.protocol import ZONE_ROUTER_CLIENT_ID
 from dataplane.zonerouter.proxy_partition import ProxyPartition
 from dataplane.zonerouter.route_batch import RouteBatcher
 from dataplane.zonerouter.route_handler import ZoneRouteHandler
@@ -209,6 +210,7 @@ class ZoneRouter:
                     main.kafka_port,
                     self.login,
                     lambda n, az=main.az: self.traffic.broker(az, n, "route"),
+                    ZONE_ROUTER_CLIENT_ID,
                 )
                 batcher = self._batchers[(main.host, main.kafka_port)] = RouteBatcher(
                     conn, self.node_id, where.prefix, main.node_id

@@ -159,3 +159,39 @@ def test_a_broker_connection_presents_its_client_certificate_to_an_mtls_listener
         anonymous.close()
     finally:
         listener.close()
+
+
+def test_zone_router_requests_carry_no_client_id():
+    """Zone routes and snapshot polls (issue #32) go without a client id: 2 bytes fewer in
+    every round trip between AZs than the broker-to-broker `~b`; other requests keep it."""
+    from dataplane.formats.client_az import BROKER_CLIENT_ID
+    from dataplane.zonerouter.protocol import ZONE_ROUTER_CLIENT_ID
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(2)
+    seen: list = []
+
+    def answer(count: int) -> None:
+        for _ in range(count):
+            conn, _ = server.accept()
+            with conn:
+                (size,) = struct.unpack(">i", conn.recv(4, socket.MSG_WAITALL))
+                request = decode_request(conn.recv(size, socket.MSG_WAITALL))
+                seen.append(request.client_id)
+                conn.sendall(encode_response(request, MetadataResponse[1](brokers=[], topics=[])))
+
+    thread = threading.Thread(target=answer, args=(2,), daemon=True)
+    thread.start()
+    host, port = server.getsockname()
+    sizes: list[int] = []
+    try:
+        for client_id in (ZONE_ROUTER_CLIENT_ID, BROKER_CLIENT_ID):
+            conn = BrokerConnection(host, port, None, sizes.append, client_id)
+            conn.call(MetadataRequest[1](topics=[]), 5.0, 3, 1)
+            conn.close()
+        thread.join(5)
+    finally:
+        server.close()
+    assert seen == [None, BROKER_CLIENT_ID]
+    assert sizes[1] - sizes[0] == 2

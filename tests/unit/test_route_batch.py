@@ -20,7 +20,9 @@ from dataplane.zonerouter.route_batch import RouteBatcher
 from dataplane.zonerouter.route_codec import (
     RouteSessions,
     pack_answers,
+    pack_answers_v5,
     pack_entries,
+    pack_refusal_v5,
     unpack_answers,
     unpack_entries,
     unpack_request,
@@ -40,18 +42,18 @@ class _Main:
         self.packed: list[bytes] = []  # each request's packed entries
 
     def call(self, req, timeout_s, api_key, version):
-        assert version == ZONE_ROUTE_VERSION == 4
+        assert version == ZONE_ROUTE_VERSION == 5
         self.packed.append(bytes(req.packed_entries))
-        epoch, source, timeout_ms, entries = self.sessions.unpack(self.packed[-1])
-        req.route_epoch, req.source_node_id, req.timeout_ms = epoch, source, timeout_ms
-        req.entries = entries
+        session, source, entries = self.sessions.unpack_session(self.packed[-1])
+        req.route_epoch, req.source_node_id = session.epoch, source
+        req.timeout_ms, req.entries = session.timeout_ms, entries
         self.requests.append(req)
         time.sleep(self.delay_s)
-        R = ZoneRouteResponse[4]
+        R = ZoneRouteResponse[5]
         if self.refuse:
-            return R(error_code=self.refuse, error_message="fenced", packed_answers=b"")
+            return R(packed_answers=pack_refusal_v5(self.refuse, "fenced"))
         answers = [(0, None, offset, partition, offset + 1) for _, partition, offset in req.entries]
-        return R(error_code=0, error_message=None, packed_answers=pack_answers(answers, True))
+        return R(packed_answers=pack_answers_v5(answers, entries, session))
 
     def close(self) -> None:
         self.closed = True
@@ -76,7 +78,7 @@ def test_routes_queued_while_one_is_in_flight_go_in_one_request():
         assert sent.route_epoch == 5 and sent.source_node_id == 7
         assert [(str(t), p) for t, p, _ in sent.entries] == [(topic, p) for p in range(20)]
         # the batched request encodes as one frame with every route in it, compactly
-        frame = encode_request(sent, 1, client_id="~b", version=4)
+        frame = encode_request(sent, 1, client_id="~b", version=5)
         body = decode_request(frame[4:]).body
         assert bytes(body.packed_entries) == main.packed[1]
         # v1: ~80 bytes + 28 a route; v2: the epoch, source and timeout fixed-width (16)

@@ -21,6 +21,8 @@ from dataplane.zonerouter.route_codec import (
     RouteSessionMismatch,
     RouteSessions,
     pack_answers,
+    pack_answers_v5,
+    pack_refusal_v5,
     pack_request,
     unpack_answers,
     unpack_entries,
@@ -105,7 +107,7 @@ class _Main:
     with the count of appends so far as base offset; `restart()` forgets its sessions;
     `lose_next` takes the next request and then drops the connection."""
 
-    def __init__(self, newest: int = 4):
+    def __init__(self, newest: int = 5):
         self.newest = newest
         self.sessions = RouteSessions()
         self.appended: list[int] = []
@@ -121,16 +123,16 @@ class _Main:
             raise ConnectionError("connection closed by the broker")
         self.versions.append(version)
         R = ZoneRouteResponse[version]
+        session = None
         if version >= 4:
             try:
-                _, _, _, entries = self.sessions.unpack(bytes(req.packed_entries))
+                session, _, entries = self.sessions.unpack_session(bytes(req.packed_entries))
             except RouteSessionMismatch as exc:
                 self.refused += 1
-                return R(
-                    error_code=KafkaError.FETCH_SESSION_ID_NOT_FOUND,
-                    error_message=str(exc),
-                    packed_answers=b"",
-                )
+                error = KafkaError.FETCH_SESSION_ID_NOT_FOUND
+                if version >= 5:
+                    return R(packed_answers=pack_refusal_v5(error, str(exc)))
+                return R(error_code=error, error_message=str(exc), packed_answers=b"")
         elif version == 3:
             _, _, _, entries = unpack_request(bytes(req.packed_entries))
         else:
@@ -142,6 +144,8 @@ class _Main:
         if self.lose_next:
             self.lose_next = False
             raise ConnectionError("connection reset after the main took the request")
+        if version >= 5:
+            return R(packed_answers=pack_answers_v5(answers, entries, session))
         return R(
             error_code=0, error_message=None, packed_answers=pack_answers(answers, version >= 4)
         )
@@ -171,7 +175,7 @@ def test_a_main_restart_or_a_lost_answer_starts_a_new_session_without_losing_a_r
             _route(batcher, topic, 400)
         assert _route(batcher, topic, 500)[0] == 0
         assert main.appended == [100, 200, 300, 400, 500]  # each once, none lost
-        assert main.refused == 1 and set(main.versions) == {4}
+        assert main.refused == 1 and set(main.versions) == {5}
     finally:
         batcher.close()
 
