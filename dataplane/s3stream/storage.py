@@ -668,7 +668,8 @@ class S3Storage:
         )
         left_out = len(batches) - result.batches
         with self._lock:
-            self.log_cache.mark_uploaded(batches)
+            # freed when this returns, outside the lock every acknowledgement needs
+            evicted = self.log_cache.mark_uploaded(batches)
             if left_out:
                 # no reader may see data that is in no object: forget the left-out streams'
                 # cached batches (kept while later chunks still hold some of theirs)
@@ -677,6 +678,7 @@ class S3Storage:
                 }:
                     self.log_cache.drop_stream(sid)
             metrics.WAL_CACHE_BYTES.set(self.log_cache.pending_upload_bytes)
+        del evicted
         assert self.wal is not None
         self.wal.trim(wal_end)
         metrics.UPLOADS.inc()
