@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -590,9 +591,23 @@ def _broker_log_times(cluster_dir: Path, index: int = 0) -> list[tuple[float, st
     return out
 
 
+class TimelineSample(NamedTuple):
+    """One sample of `BrokerTimeline`: when (Unix s), the broker's /metrics families
+    (TIMELINE_SAMPLES), its CPU seconds, the machine's (busy, total) jiffies, each broker
+    thread's (run ns, run-queue wait ns), the disk's busy ms, the cluster's CPU s by kind."""
+
+    at_s: float
+    scrape: dict
+    broker_cpu_s: float
+    machine_jiffies: tuple[int, int]
+    threads: dict[int, tuple[int, int]]
+    disk_busy_ms: int
+    cluster_cpu_s: dict[str, float]
+
+
 class BrokerTimeline:
     """Samples broker `index` of `cluster_dir` once a second from its own thread while the
-    block runs: `rows()` gives each second's figures (see `_second_row`). Used as a context
+    block runs: `rows()` gives each second's figures (see `broker_second`). Used as a context
     manager from one thread; the sampler thread only appends to its own list."""
 
     def __init__(self, cluster_dir: Path, index: int = 0, interval_s: float = 1.0) -> None:
@@ -601,7 +616,7 @@ class BrokerTimeline:
         self._pid = broker_pid(cluster_dir, index)
         self._thread_names = _thread_names(self._pid)
         self._disk = _disk_of(cluster_dir)
-        self._samples: list[tuple] = []
+        self._samples: list[TimelineSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-timeline", daemon=True)
 
@@ -624,7 +639,7 @@ class BrokerTimeline:
                 scrape, cpu = None, 0.0
             if scrape is not None:
                 self._samples.append(
-                    (
+                    TimelineSample(
                         time.time(),
                         scrape,
                         cpu,
@@ -639,19 +654,13 @@ class BrokerTimeline:
 
     def rows(self) -> list[dict]:
         """One row per pair of consecutive samples: `end_unix_s` and what the broker did in
-        between (see `_second_row`); log lines from the broker's log by time."""
+        between (see `broker_second`); log lines from the broker's log by time."""
         logs = _broker_log_times(self._dir, self._index)
         out = []
         for before, after in zip(self._samples, self._samples[1:], strict=False):
-            row = _second_row(before[:4], after[:4])
-            row.update(_threads_row(before[4], after[4], self._thread_names))
-            for kind in ("seaweedfs", "controllers"):
-                spent = after[6].get(kind, 0.0) - before[6].get(kind, 0.0)
-                row[f"{kind}_cpu_share"] = round(spent / (after[0] - before[0]), 2)
-            row["disk_busy_share"] = round(
-                (after[5] - before[5]) / 1000 / (after[0] - before[0]), 2
-            )
-            row["log_lines"] = [t for at, t in logs if before[0] <= at < after[0]][:5]
+            row = broker_second(before, after)
+            row.update(threads_second(before.threads, after.threads, self._thread_names))
+            row["log_lines"] = [t for at, t in logs if before.at_s <= at < after.at_s][:5]
             out.append(row)
         return out
 
@@ -709,7 +718,7 @@ def _disk_busy_ms(disk: tuple[int, int]) -> int:
 TIMELINE_THREADS = {"loop": "kafka-server", "wal": "file-wal-committer", "uploader": "uploader"}
 
 
-def _threads_row(
+def threads_second(
     before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], names: dict[int, str]
 ) -> dict:
     """The ms each named thread (TIMELINE_THREADS) ran and waited for a CPU between two
@@ -740,15 +749,15 @@ def _top_bucket_ms(buckets: dict[float, float]) -> float | None:
     return None if math.isinf(last) else round(last * 1000, 2)
 
 
-def _second_row(before: tuple, after: tuple) -> dict:
+def broker_second(before: TimelineSample, after: TimelineSample) -> dict:
     """What a broker did between two timeline samples (pure): loop lag p99 / max (ms, the
     bucket bound), GC collections and their time by generation, the longest GC pause, WAL
     append p99 / max and fsyncs, the server-side Produce p99 / max, uploads finished and
-    their time, object store requests, the WAL's used bytes' change (a drop: a trim), the
-    broker's CPU share and the machine's busy share."""
-
-    (t0, a, cpu0, (busy0, all0)), (t1, b, cpu1, (busy1, all1)) = before, after
-    dt = max(t1 - t0, 1e-6)
+    their time, object store requests by operation, the WAL's used bytes' change (a drop: a
+    trim), the CPU share of the broker, SeaweedFS and the controllers, the machine's busy
+    share and the disk's."""
+    a, b = before.scrape, after.scrape
+    dt = max(after.at_s - before.at_s, 1e-6)
 
     def hist(name: str, only: dict | None = None) -> dict[float, float]:
         return bucket_delta(histogram_buckets(a, name, only), histogram_buckets(b, name, only))
@@ -779,7 +788,7 @@ def _second_row(before: tuple, after: tuple) -> dict:
         series_sum(a, "automq_wal_used_bytes") or 0
     )
     return {
-        "end_unix_s": round(t1, 3),
+        "end_unix_s": round(after.at_s, 3),
         "loop_lag_p99_ms": p99_ms(lag),
         "loop_lag_max_ms": _top_bucket_ms(lag),
         "gc_collections": {g: int(n) for g, n in gc_counts.items() if n},
@@ -797,8 +806,19 @@ def _second_row(before: tuple, after: tuple) -> dict:
         },
         "wal_used_mb_change": round(wal_used / 1e6, 1),
         "wal_cache_mb": round((series_sum(b, "automq_stream_wal_cache_bytes") or 0) / 1e6, 1),
-        "broker_cpu_share": round((cpu1 - cpu0) / dt, 2),
-        "machine_busy_share": round((busy1 - busy0) / max(all1 - all0, 1), 2),
+        "broker_cpu_share": round((after.broker_cpu_s - before.broker_cpu_s) / dt, 2),
+        **{
+            f"{kind}_cpu_share": round(
+                (after.cluster_cpu_s.get(kind, 0.0) - before.cluster_cpu_s.get(kind, 0.0)) / dt, 2
+            )
+            for kind in ("seaweedfs", "controllers")
+        },
+        "machine_busy_share": round(
+            (after.machine_jiffies[0] - before.machine_jiffies[0])
+            / max(after.machine_jiffies[1] - before.machine_jiffies[1], 1),
+            2,
+        ),
+        "disk_busy_share": round((after.disk_busy_ms - before.disk_busy_ms) / 1000 / dt, 2),
     }
 
 

@@ -16,7 +16,14 @@ fixed: the issue #28 target-1 step. The disk's 64 KiB write+fdatasync latency p5
    loop-lag and GC-pause p99 when perf reports them), produce p99 (librdkafka's own
    per-message latency), end-to-end p99, the worst one-second produce p99. Then the same
    again (disk latency too) with `hogs` busy-loop processes beside the cluster, and the
-   busy/quiet ratio of the round-trip p99 (`--hogs 0` leaves the busy half out).
+   busy/quiet ratio of the round-trip p99 (`--hogs 0` leaves the busy half out). Beside
+   each half, every second of it (`fixed_seconds`, `busy_seconds`): perf's produce p99
+   and librdkafka's round trip p99 next to what the broker did in that second
+   (`BrokerTimeline`: loop lag, GC pauses by generation, WAL appends and fsyncs, the
+   server-side Produce p99, uploads, the WAL's trims, the run and run-queue time of its
+   event loop, WAL committer and uploader threads, the CPU of the broker and SeaweedFS, the
+   machine's and the disk's busy share, log lines), the worst four seconds and the median
+   second (`*_worst_seconds`, `*_median_second`).
 saturated: write + fdatasync of 1 MiB blocks (the disk's MB/s), then perf saturated
    (acks=all, idempotent, no consumer) with 1 KiB and with 64 KiB records: MB/s, the 64 KiB
    figure against the disk, and the CPU seconds per GB of SeaweedFS, the broker, the
