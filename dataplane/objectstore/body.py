@@ -6,6 +6,12 @@ holding the GIL, and doubles the memory of an upload; `ObjectBody` hands the buf
 HTTP client one read at a time instead. Each attempt of a PUT reads the body through a fresh
 `reader()`, so a retried PUT sends exactly the same bytes from the start.
 
+A body may be sent at a bounded rate (`paced`): its reader hands out bytes no faster than
+`send_bytes_per_s` (after a first `PACE_BURST_BYTES`), waiting in the thread that sends it.
+The uploader paces the stream-set objects of its regular uploads so that the object store's
+work on them (SeaweedFS hashes every byte; a cloud NIC's egress) is spread over seconds
+instead of taking every core for a fraction of one while produce requests wait.
+
 Pure: no I/O. Thread-safety: an `ObjectBody` is immutable (its buffers must not be changed
 while a put of it runs); each `BodyReader` belongs to one attempt, on one thread.
 """
@@ -14,17 +20,24 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 from collections.abc import Iterable, Iterator
 
 Buffer = bytes | bytearray | memoryview
+# a paced reader hands out this much at once before the rate applies
+PACE_BURST_BYTES = 1024 * 1024
 
 
 class ObjectBody:
     """The concatenation of `parts`, without copying them."""
 
-    __slots__ = ("_parts", "_size")
+    __slots__ = ("_parts", "_send_bytes_per_s", "_size")
 
-    def __init__(self, parts: Iterable[Buffer]) -> None:
+    def __init__(self, parts: Iterable[Buffer], send_bytes_per_s: float = 0) -> None:
+        """`send_bytes_per_s`: the rate its readers hand out bytes at (0: at once)."""
+        if send_bytes_per_s < 0:
+            raise ValueError(f"send_bytes_per_s must be >= 0, not {send_bytes_per_s}")
+        self._send_bytes_per_s = float(send_bytes_per_s)
         views = []
         for part in parts:
             view = memoryview(part)
@@ -37,6 +50,15 @@ class ObjectBody:
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def send_bytes_per_s(self) -> float:
+        """The rate its readers hand out bytes at (0: as fast as they are read)."""
+        return self._send_bytes_per_s
+
+    def paced(self, send_bytes_per_s: float) -> ObjectBody:
+        """The same bytes (not copied), read at `send_bytes_per_s` (0: at once)."""
+        return ObjectBody(self._parts, send_bytes_per_s)
 
     def chunks(self) -> Iterator[memoryview]:
         """The buffers in order (views, not copies)."""
@@ -83,6 +105,10 @@ class BodyReader(io.RawIOBase):
         self._pos = 0  # absolute position
         self._part = 0  # index of the buffer holding _pos (== len(parts) at the end)
         self._offset = 0  # position inside that buffer
+        self._send_bytes_per_s = body.send_bytes_per_s
+        self._paced_from: tuple[float, int] | None = (
+            None  # (monotonic s, position) of the first read
+        )
 
     def readable(self) -> bool:
         return True
@@ -110,6 +136,7 @@ class BodyReader(io.RawIOBase):
             before += len(self._parts[part])
             part += 1
         self._pos, self._part, self._offset = target, part, target - before
+        self._paced_from = None  # the pace counts from the next read
         return target
 
     def read(self, size: int | None = -1) -> memoryview | bytes:  # type: ignore[override]
@@ -127,12 +154,25 @@ class BodyReader(io.RawIOBase):
             return b""
         part = self._parts[self._part]
         chunk = part[self._offset : self._offset + size]
+        if self._send_bytes_per_s:
+            self._wait_for_pace(len(chunk))
         self._offset += len(chunk)
         self._pos += len(chunk)
         if self._offset == len(part):
             self._part += 1
             self._offset = 0
         return chunk
+
+    def _wait_for_pace(self, n_bytes: int) -> None:
+        """Wait until handing out `n_bytes` more keeps this read within the body's rate
+        (counted from this reader's first read or seek, after PACE_BURST_BYTES)."""
+        now = time.monotonic()
+        if self._paced_from is None:
+            self._paced_from = (now, self._pos)
+        started, from_pos = self._paced_from
+        due = started + (self._pos + n_bytes - from_pos - PACE_BURST_BYTES) / self._send_bytes_per_s
+        if due > now:
+            time.sleep(due - now)  # the pace itself: an upload thread, never the event loop
 
     def readinto(self, buffer: Buffer) -> int:  # type: ignore[override]
         chunk = self.read(len(memoryview(buffer)))

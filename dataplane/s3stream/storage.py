@@ -55,6 +55,7 @@ from dataplane.s3stream.uploader import (
     UploadResult,
     data_lost,
     is_retriable_upload_error,
+    upload_send_rate,
 )
 from dataplane.s3stream.wal import WALBackpressureError, WALFullError, WriteAheadLog
 from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
@@ -610,9 +611,9 @@ class S3Storage:
                 self._flush_requested = False
             if self._stop.is_set():
                 return
-            last = time.monotonic()
+            accumulated_s, last = time.monotonic() - last, time.monotonic()
             try:
-                self._upload_all()
+                self._upload_all(self._send_rate(accumulated_s))
             except ControllerError as exc:
                 if exc.code in NODE_FENCING_CODES:
                     log.error("upload refused, this node is fenced: %s", exc)
@@ -627,10 +628,21 @@ class S3Storage:
                     log.exception("upload failed, will retry")
                 self._stop.wait(1.0)
 
-    def _upload_all(self) -> None:
-        """Upload the batches pending when called, object after object. Batches acknowledged
-        meanwhile wait for the next upload: under steady produce load, chasing them would
-        never finish (and a stream close waiting on it would never happen)."""
+    def _send_rate(self, accumulated_s: float) -> float:
+        """The rate a regular upload of what gathered over `accumulated_s` is sent at."""
+        wal = self.wal
+        with self._lock:
+            pending = self.log_cache.pending_upload_bytes
+        used = wal.used_bytes / wal.capacity_bytes if wal is not None else 1.0
+        return upload_send_rate(
+            pending, accumulated_s, self.config.upload_send_min_bytes_per_s, used
+        )
+
+    def _upload_all(self, send_bytes_per_s: float = 0) -> None:
+        """Upload the batches pending when called, object after object (sent at
+        `send_bytes_per_s`, 0: at once). Batches acknowledged meanwhile wait for the next
+        upload: under steady produce load, chasing them would never finish (and a stream
+        close waiting on it would never happen)."""
         with self._lock:
             target = self.log_cache.pending_wal_end()
         if target < 0:
@@ -644,7 +656,7 @@ class S3Storage:
                         )
                     if not batches:
                         break
-                    self._upload(batches, wal_end)
+                    self._upload(batches, wal_end, send_bytes_per_s)
             except BaseException as exc:
                 self._set_upload_error(exc)
                 raise
@@ -654,7 +666,9 @@ class S3Storage:
         self.upload_error = exc
         metrics.set_last_upload_error(None if exc is None else _error_text(exc))
 
-    def _upload(self, batches: list[StreamRecordBatch], wal_end: int) -> None:
+    def _upload(
+        self, batches: list[StreamRecordBatch], wal_end: int, send_bytes_per_s: float = 0
+    ) -> None:
         """Upload one chunk of pending batches (WAL order), leaving out streams whose data
         the controller refused for good, then release the chunk's WAL space: the left-out
         data is released with it, so a deleted stream never holds the WAL."""
@@ -662,7 +676,11 @@ class S3Storage:
         with self._lock:
             live = [b for b in batches if (b.stream_id, b.epoch) not in self._dropped]
         result = (
-            self.uploader.upload(live, on_dropped=lambda bad: self._drop_streams(live, bad))
+            self.uploader.upload(
+                live,
+                on_dropped=lambda bad: self._drop_streams(live, bad),
+                send_bytes_per_s=send_bytes_per_s,
+            )
             if live
             else UploadResult()
         )

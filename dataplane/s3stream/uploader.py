@@ -47,6 +47,26 @@ MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succee
 # unless more streams go bad meanwhile
 
 
+# a paced upload is sent at this many times the rate its data arrived at: it takes at most
+# half the time the next upload's data takes to arrive, so uploads keep up
+UPLOAD_SEND_RATE_FACTOR = 2.0
+# the WAL this full (a fraction of its capacity): uploads go as fast as the store takes them
+UNPACED_WAL_USED_FRACTION = 0.5
+
+
+def upload_send_rate(
+    pending_bytes: int, accumulated_s: float, min_bytes_per_s: int, wal_used_fraction: float
+) -> float:
+    """Bytes per second to send an upload of `pending_bytes`, gathered over `accumulated_s`,
+    at (pure): UPLOAD_SEND_RATE_FACTOR times the rate the data arrived at, at least
+    `min_bytes_per_s`; 0 (unpaced) when pacing is off (`min_bytes_per_s` 0) or the WAL is
+    filling up."""
+    if min_bytes_per_s <= 0 or wal_used_fraction >= UNPACED_WAL_USED_FRACTION:
+        return 0.0
+    arrival = pending_bytes / max(accumulated_s, 0.1)
+    return max(float(min_bytes_per_s), UPLOAD_SEND_RATE_FACTOR * arrival)
+
+
 MAX_BUCKET_SWITCHES = 4  # an upload redone whole on a new active bucket, at most this often
 PUT_POLL_S = 0.2  # how often a waiting put checks whether the active bucket changed
 
@@ -163,6 +183,7 @@ class ObjectUploader:
         failover_node_id: int | None = None,
         on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
         compacted_object_ids: list[int] | None = None,
+        send_bytes_per_s: float = 0,
     ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
@@ -182,6 +203,8 @@ class ObjectUploader:
         learnt is kept even if a later round fails (and the upload is retried).
         `compacted_object_ids`: a compaction: the new objects replace these committed ones
         (their data must lie within the streams' committed offsets), in the same commit.
+        `send_bytes_per_s`: the objects of a round are sent at this rate together (0: as
+        fast as the store takes them; see `ObjectBody.paced`).
         Returns what was committed and which streams were left out (`dropped`).
         """
         result = UploadResult()
@@ -195,7 +218,7 @@ class ObjectUploader:
                 return result
             try:
                 result.size_bytes = self._put_and_commit(
-                    live, failover_node_id, compacted_object_ids or []
+                    live, failover_node_id, compacted_object_ids or [], send_bytes_per_s
                 )
             except BucketSwitchedError as exc:
                 switches += 1
@@ -230,9 +253,10 @@ class ObjectUploader:
         per_stream: dict[int, list[StreamRecordBatch]],
         failover_node_id: int | None,
         compacted_object_ids: list[int],
+        send_bytes_per_s: float = 0,
     ) -> int:
         """One round of `upload_batches`: prepare, put and commit objects holding exactly
-        `per_stream`. Returns the bytes written."""
+        `per_stream`, sent at `send_bytes_per_s` together. Returns the bytes written."""
         committer = self._committer()
         split = {
             sid
@@ -244,6 +268,9 @@ class ObjectUploader:
             committer, (1 if shared else 0) + len(split), self.config.prepared_ttl_ms
         )
         objects = self._write_objects(per_stream, shared, sorted(split), prepared.first_object_id)
+        if send_bytes_per_s:  # the objects are sent in parallel: each its share of the rate
+            share = send_bytes_per_s / len(objects.puts)
+            objects.puts = [(oid, body.paced(share)) for oid, body in objects.puts]
         bucket_id = prepared.bucket_id
         retry_transient(
             lambda: self._put_all_or_switch(objects.puts, bucket_id),

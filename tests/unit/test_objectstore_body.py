@@ -149,3 +149,56 @@ def test_a_streamed_put_sends_its_body_without_waiting_for_100_continue(aws) -> 
         store.put_object(0, "obj", ObjectBody([b"abc", b"def"]))
         assert "Expect" not in hook.headers[0], hook.headers[0]
         assert store.get_object(0, "obj") == b"abcdef"
+
+
+class _FakeClock:
+    """time.monotonic / time.sleep for the body module: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.slept_s = 0.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+        self.slept_s += seconds
+
+
+def test_a_paced_body_hands_out_its_bytes_at_its_rate_after_the_burst(monkeypatch) -> None:
+    """A paced reader yields the same bytes, but no faster than its rate once the first
+    PACE_BURST_BYTES are out; a seek starts the pace again (a retried PUT); the unpaced
+    body never waits."""
+    from dataplane.objectstore import body as body_module
+
+    clock = _FakeClock()
+    monkeypatch.setattr(body_module, "time", clock)
+    parts = [bytes([i]) * (512 * 1024) for i in range(10)]  # 5 MiB
+    paced = ObjectBody(parts).paced(1024 * 1024)
+    reader = paced.reader()
+    got = bytearray()
+    while chunk := reader.read(64 * 1024):
+        got += chunk
+    assert bytes(got) == b"".join(parts)
+    assert clock.slept_s == pytest.approx(4.0)  # (5 - 1) MiB at 1 MiB/s
+    reader.seek(0)
+    before = clock.slept_s
+    reader.read(1024 * 1024)  # within the burst again
+    assert clock.slept_s == before
+    unpaced = ObjectBody(parts).reader()
+    while unpaced.read(64 * 1024):
+        pass
+    assert clock.slept_s == before
+    with pytest.raises(ValueError):
+        ObjectBody(parts, send_bytes_per_s=-1)
+
+
+def test_regular_uploads_are_sent_at_twice_their_arrival_rate_unless_the_wal_fills() -> None:
+    from dataplane.s3stream.uploader import upload_send_rate
+
+    mib = 1024 * 1024
+    assert upload_send_rate(50 * mib, 5.0, 16 * mib, 0.1) == 20 * mib  # 10 MiB/s arrived
+    assert upload_send_rate(5 * mib, 5.0, 16 * mib, 0.1) == 16 * mib  # the floor
+    assert upload_send_rate(50 * mib, 5.0, 16 * mib, 0.5) == 0  # the WAL half full: at once
+    assert upload_send_rate(50 * mib, 5.0, 0, 0.1) == 0  # pacing off
