@@ -6,20 +6,23 @@ holding the GIL, and doubles the memory of an upload; `ObjectBody` hands the buf
 HTTP client one read at a time instead. Each attempt of a PUT reads the body through a fresh
 `reader()`, so a retried PUT sends exactly the same bytes from the start.
 
-A body may be sent at a bounded rate (`paced`): its reader hands out bytes no faster than
-`send_bytes_per_s` (after a first `PACE_BURST_BYTES`), waiting in the thread that sends it.
+A body may be sent at a bounded rate (`paced` with a `SendPace`, which several bodies sent
+in parallel may share): its readers hand out bytes no faster than the pace's
+`send_bytes_per_s` (after a first `PACE_BURST_BYTES`), waiting in the thread that sends.
 The uploader paces the stream-set objects of its regular uploads so that the object store's
 work on them (SeaweedFS hashes every byte; a cloud NIC's egress) is spread over seconds
 instead of taking every core for a fraction of one while produce requests wait.
 
 Pure: no I/O. Thread-safety: an `ObjectBody` is immutable (its buffers must not be changed
-while a put of it runs); each `BodyReader` belongs to one attempt, on one thread.
+while a put of it runs); each `BodyReader` belongs to one attempt, on one thread; a
+`SendPace` is thread-safe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -28,16 +31,41 @@ Buffer = bytes | bytearray | memoryview
 PACE_BURST_BYTES = 1024 * 1024
 
 
+class SendPace:
+    """A rate shared by the readers of one or more bodies: `take(n)` returns once handing
+    out `n` more bytes keeps everything taken within `send_bytes_per_s` since the first
+    take (after PACE_BURST_BYTES). Thread-safe; the wait happens outside its lock."""
+
+    def __init__(self, send_bytes_per_s: float) -> None:
+        if send_bytes_per_s <= 0:
+            raise ValueError(f"send_bytes_per_s must be > 0, not {send_bytes_per_s}")
+        self.send_bytes_per_s = float(send_bytes_per_s)
+        self._lock = threading.Lock()
+        self._started_s: float | None = None
+        self._taken_bytes = 0
+
+    def take(self, n_bytes: int) -> None:
+        """Wait (in the calling thread: an upload's, never the event loop) until `n_bytes`
+        more may be handed out."""
+        with self._lock:
+            now = time.monotonic()
+            if self._started_s is None:
+                self._started_s = now
+            self._taken_bytes += n_bytes
+            excess_bytes = self._taken_bytes - PACE_BURST_BYTES
+            due = self._started_s + excess_bytes / self.send_bytes_per_s
+        if due > now:
+            time.sleep(due - now)
+
+
 class ObjectBody:
     """The concatenation of `parts`, without copying them."""
 
-    __slots__ = ("_parts", "_send_bytes_per_s", "_size")
+    __slots__ = ("_pace", "_parts", "_size")
 
-    def __init__(self, parts: Iterable[Buffer], send_bytes_per_s: float = 0) -> None:
-        """`send_bytes_per_s`: the rate its readers hand out bytes at (0: at once)."""
-        if send_bytes_per_s < 0:
-            raise ValueError(f"send_bytes_per_s must be >= 0, not {send_bytes_per_s}")
-        self._send_bytes_per_s = float(send_bytes_per_s)
+    def __init__(self, parts: Iterable[Buffer], pace: SendPace | None = None) -> None:
+        """`pace`: the rate its readers hand out bytes at (None: at once)."""
+        self._pace = pace
         views = []
         for part in parts:
             view = memoryview(part)
@@ -52,13 +80,13 @@ class ObjectBody:
         return self._size
 
     @property
-    def send_bytes_per_s(self) -> float:
-        """The rate its readers hand out bytes at (0: as fast as they are read)."""
-        return self._send_bytes_per_s
+    def pace(self) -> SendPace | None:
+        """The rate its readers hand out bytes at (None: as fast as they are read)."""
+        return self._pace
 
-    def paced(self, send_bytes_per_s: float) -> ObjectBody:
-        """The same bytes (not copied), read at `send_bytes_per_s` (0: at once)."""
-        return ObjectBody(self._parts, send_bytes_per_s)
+    def paced(self, pace: SendPace | None) -> ObjectBody:
+        """The same bytes (not copied), read at `pace` (None: at once)."""
+        return ObjectBody(self._parts, pace)
 
     def chunks(self) -> Iterator[memoryview]:
         """The buffers in order (views, not copies)."""
@@ -105,10 +133,7 @@ class BodyReader(io.RawIOBase):
         self._pos = 0  # absolute position
         self._part = 0  # index of the buffer holding _pos (== len(parts) at the end)
         self._offset = 0  # position inside that buffer
-        self._send_bytes_per_s = body.send_bytes_per_s
-        self._paced_from: tuple[float, int] | None = (
-            None  # (monotonic s, position) of the first read
-        )
+        self._pace = body.pace
 
     def readable(self) -> bool:
         return True
@@ -136,7 +161,6 @@ class BodyReader(io.RawIOBase):
             before += len(self._parts[part])
             part += 1
         self._pos, self._part, self._offset = target, part, target - before
-        self._paced_from = None  # the pace counts from the next read
         return target
 
     def read(self, size: int | None = -1) -> memoryview | bytes:  # type: ignore[override]
@@ -154,25 +178,14 @@ class BodyReader(io.RawIOBase):
             return b""
         part = self._parts[self._part]
         chunk = part[self._offset : self._offset + size]
-        if self._send_bytes_per_s:
-            self._wait_for_pace(len(chunk))
+        if self._pace is not None:
+            self._pace.take(len(chunk))
         self._offset += len(chunk)
         self._pos += len(chunk)
         if self._offset == len(part):
             self._part += 1
             self._offset = 0
         return chunk
-
-    def _wait_for_pace(self, n_bytes: int) -> None:
-        """Wait until handing out `n_bytes` more keeps this read within the body's rate
-        (counted from this reader's first read or seek, after PACE_BURST_BYTES)."""
-        now = time.monotonic()
-        if self._paced_from is None:
-            self._paced_from = (now, self._pos)
-        started, from_pos = self._paced_from
-        due = started + (self._pos + n_bytes - from_pos - PACE_BURST_BYTES) / self._send_bytes_per_s
-        if due > now:
-            time.sleep(due - now)  # the pace itself: an upload thread, never the event loop
 
     def readinto(self, buffer: Buffer) -> int:  # type: ignore[override]
         chunk = self.read(len(memoryview(buffer)))

@@ -37,6 +37,7 @@ from dataplane.objectstore import (
     ObjectStorage,
     ObjectStoreError,
     Priority,
+    SendPace,
     object_key,
 )
 from dataplane.s3stream.commit import Committer, ObjectCommitter, retry_transient
@@ -268,9 +269,9 @@ class ObjectUploader:
             committer, (1 if shared else 0) + len(split), self.config.prepared_ttl_ms
         )
         objects = self._write_objects(per_stream, shared, sorted(split), prepared.first_object_id)
-        if send_bytes_per_s:  # the objects are sent in parallel: each its share of the rate
-            share = send_bytes_per_s / len(objects.puts)
-            objects.puts = [(oid, body.paced(share)) for oid, body in objects.puts]
+        if send_bytes_per_s:  # one pace for the objects sent in parallel
+            pace = SendPace(send_bytes_per_s)
+            objects.puts = [(oid, body.paced(pace)) for oid, body in objects.puts]
         bucket_id = prepared.bucket_id
         retry_transient(
             lambda: self._put_all_or_switch(objects.puts, bucket_id),

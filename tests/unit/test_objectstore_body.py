@@ -166,32 +166,34 @@ class _FakeClock:
         self.slept_s += seconds
 
 
-def test_a_paced_body_hands_out_its_bytes_at_its_rate_after_the_burst(monkeypatch) -> None:
-    """A paced reader yields the same bytes, but no faster than its rate once the first
-    PACE_BURST_BYTES are out; a seek starts the pace again (a retried PUT); the unpaced
-    body never waits."""
+def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate(monkeypatch) -> None:
+    """Paced readers yield the same bytes, but no faster than their pace once the first
+    PACE_BURST_BYTES are out, counted over every body sharing it (objects sent in
+    parallel); the unpaced body never waits."""
+    from dataplane.objectstore import SendPace
     from dataplane.objectstore import body as body_module
 
     clock = _FakeClock()
     monkeypatch.setattr(body_module, "time", clock)
     parts = [bytes([i]) * (512 * 1024) for i in range(10)]  # 5 MiB
-    paced = ObjectBody(parts).paced(1024 * 1024)
-    reader = paced.reader()
+    pace = SendPace(1024 * 1024)
+    reader = ObjectBody(parts).paced(pace).reader()
     got = bytearray()
     while chunk := reader.read(64 * 1024):
         got += chunk
     assert bytes(got) == b"".join(parts)
     assert clock.slept_s == pytest.approx(4.0)  # (5 - 1) MiB at 1 MiB/s
-    reader.seek(0)
+    other = ObjectBody(parts[:2]).paced(pace).reader()  # 1 MiB more on the same pace
+    while other.read(64 * 1024):
+        pass
+    assert clock.slept_s == pytest.approx(5.0)
     before = clock.slept_s
-    reader.read(1024 * 1024)  # within the burst again
-    assert clock.slept_s == before
     unpaced = ObjectBody(parts).reader()
     while unpaced.read(64 * 1024):
         pass
     assert clock.slept_s == before
     with pytest.raises(ValueError):
-        ObjectBody(parts, send_bytes_per_s=-1)
+        SendPace(0)
 
 
 def test_regular_uploads_are_sent_at_twice_their_arrival_rate_unless_the_wal_fills() -> None:
