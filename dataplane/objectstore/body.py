@@ -24,7 +24,7 @@ import hashlib
 import io
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 Buffer = bytes | bytearray | memoryview
 # a paced reader hands out this much at once before the rate applies
@@ -34,28 +34,42 @@ PACE_BURST_BYTES = 1024 * 1024
 class SendPace:
     """A rate shared by the readers of one or more bodies: `take(n)` returns once handing
     out `n` more bytes keeps everything taken within `send_bytes_per_s` since the first
-    take (after PACE_BURST_BYTES). Thread-safe; the wait happens outside its lock."""
+    take (after PACE_BURST_BYTES); after `unpace()` it returns at once (a waiting one too).
+    Thread-safe; the wait happens outside its lock."""
 
-    def __init__(self, send_bytes_per_s: float) -> None:
+    def __init__(
+        self,
+        send_bytes_per_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        unpaced: threading.Event | None = None,
+    ) -> None:
+        """`clock` and `unpaced` (what a wait waits on) are injectable for tests."""
         if send_bytes_per_s <= 0:
             raise ValueError(f"send_bytes_per_s must be > 0, not {send_bytes_per_s}")
         self.send_bytes_per_s = float(send_bytes_per_s)
         self._lock = threading.Lock()
         self._started_s: float | None = None
         self._taken_bytes = 0
+        self._clock = clock
+        self._unpaced = unpaced or threading.Event()
+
+    def unpace(self) -> None:
+        """From now on hand out bytes at once (any thread)."""
+        self._unpaced.set()
 
     def take(self, n_bytes: int) -> None:
         """Wait (in the calling thread: an upload's, never the event loop) until `n_bytes`
         more may be handed out."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             if self._started_s is None:
                 self._started_s = now
             self._taken_bytes += n_bytes
             excess_bytes = self._taken_bytes - PACE_BURST_BYTES
             due = self._started_s + excess_bytes / self.send_bytes_per_s
         if due > now:
-            time.sleep(due - now)
+            self._unpaced.wait(due - now)
 
 
 class ObjectBody:

@@ -68,6 +68,14 @@ def upload_send_rate(
     return max(float(min_bytes_per_s), UPLOAD_SEND_RATE_FACTOR * arrival)
 
 
+def upload_pace(
+    pending_bytes: int, accumulated_s: float, min_bytes_per_s: int, wal_used_fraction: float
+) -> SendPace | None:
+    """The pace of a regular upload (`upload_send_rate`), None: unpaced."""
+    rate = upload_send_rate(pending_bytes, accumulated_s, min_bytes_per_s, wal_used_fraction)
+    return SendPace(rate) if rate else None
+
+
 MAX_BUCKET_SWITCHES = 4  # an upload redone whole on a new active bucket, at most this often
 PUT_POLL_S = 0.2  # how often a waiting put checks whether the active bucket changed
 
@@ -184,7 +192,7 @@ class ObjectUploader:
         failover_node_id: int | None = None,
         on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
         compacted_object_ids: list[int] | None = None,
-        send_bytes_per_s: float = 0,
+        pace: SendPace | None = None,
     ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
@@ -204,8 +212,8 @@ class ObjectUploader:
         learnt is kept even if a later round fails (and the upload is retried).
         `compacted_object_ids`: a compaction: the new objects replace these committed ones
         (their data must lie within the streams' committed offsets), in the same commit.
-        `send_bytes_per_s`: the objects of a round are sent at this rate together (0: as
-        fast as the store takes them; see `ObjectBody.paced`).
+        `pace`: the objects of a round are sent at this rate together (None: as fast as
+        the store takes them; see `ObjectBody.paced`).
         Returns what was committed and which streams were left out (`dropped`).
         """
         result = UploadResult()
@@ -219,7 +227,7 @@ class ObjectUploader:
                 return result
             try:
                 result.size_bytes = self._put_and_commit(
-                    live, failover_node_id, compacted_object_ids or [], send_bytes_per_s
+                    live, failover_node_id, compacted_object_ids or [], pace
                 )
             except BucketSwitchedError as exc:
                 switches += 1
@@ -254,10 +262,10 @@ class ObjectUploader:
         per_stream: dict[int, list[StreamRecordBatch]],
         failover_node_id: int | None,
         compacted_object_ids: list[int],
-        send_bytes_per_s: float = 0,
+        pace: SendPace | None = None,
     ) -> int:
         """One round of `upload_batches`: prepare, put and commit objects holding exactly
-        `per_stream`, sent at `send_bytes_per_s` together. Returns the bytes written."""
+        `per_stream`, sent at `pace` together. Returns the bytes written."""
         committer = self._committer()
         split = {
             sid
@@ -269,8 +277,7 @@ class ObjectUploader:
             committer, (1 if shared else 0) + len(split), self.config.prepared_ttl_ms
         )
         objects = self._write_objects(per_stream, shared, sorted(split), prepared.first_object_id)
-        if send_bytes_per_s:  # one pace for the objects sent in parallel
-            pace = SendPace(send_bytes_per_s)
+        if pace is not None:  # one pace for the objects sent in parallel
             objects.puts = [(oid, body.paced(pace)) for oid, body in objects.puts]
         bucket_id = prepared.bucket_id
         retry_transient(

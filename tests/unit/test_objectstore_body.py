@@ -152,31 +152,35 @@ def test_a_streamed_put_sends_its_body_without_waiting_for_100_continue(aws) -> 
 
 
 class _FakeClock:
-    """time.monotonic / time.sleep for the body module: sleeping advances the clock."""
+    """A clock and the event a pace waits on: waiting advances the clock."""
 
     def __init__(self) -> None:
         self.now_s = 100.0
         self.slept_s = 0.0
+        self.unpaced = False
 
     def monotonic(self) -> float:
         return self.now_s
 
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
-        self.slept_s += seconds
+    def wait(self, seconds: float) -> bool:
+        if not self.unpaced:
+            self.now_s += seconds
+            self.slept_s += seconds
+        return self.unpaced
+
+    def set(self) -> None:
+        self.unpaced = True
 
 
-def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate(monkeypatch) -> None:
+def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate() -> None:
     """Paced readers yield the same bytes, but no faster than their pace once the first
     PACE_BURST_BYTES are out, counted over every body sharing it (objects sent in
-    parallel); the unpaced body never waits."""
+    parallel); once unpaced (a flush, a filling WAL) and unpaced bodies never wait."""
     from dataplane.objectstore import SendPace
-    from dataplane.objectstore import body as body_module
 
     clock = _FakeClock()
-    monkeypatch.setattr(body_module, "time", clock)
     parts = [bytes([i]) * (512 * 1024) for i in range(10)]  # 5 MiB
-    pace = SendPace(1024 * 1024)
+    pace = SendPace(1024 * 1024, clock=clock.monotonic, unpaced=clock)
     reader = ObjectBody(parts).paced(pace).reader()
     got = bytearray()
     while chunk := reader.read(64 * 1024):
@@ -188,6 +192,10 @@ def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate(monkeypatch) -> 
         pass
     assert clock.slept_s == pytest.approx(5.0)
     before = clock.slept_s
+    pace.unpace()
+    again = ObjectBody(parts).paced(pace).reader()
+    while again.read(64 * 1024):
+        pass
     unpaced = ObjectBody(parts).reader()
     while unpaced.read(64 * 1024):
         pass
