@@ -613,7 +613,7 @@ class BrokerTimeline:
     def __init__(self, cluster_dir: Path, index: int = 0, interval_s: float = 1.0) -> None:
         self._dir, self._index, self._interval_s = cluster_dir, index, interval_s
         self._url = _metrics_url(cluster_dir, index)
-        self._pid = broker_pid(cluster_dir, index)
+        self._pid = _broker_process(cluster_dir, index)
         self._thread_names = _thread_names(self._pid)
         self._disk = _disk_of(cluster_dir)
         self._samples: list[TimelineSample] = []
@@ -663,6 +663,20 @@ class BrokerTimeline:
             row["log_lines"] = [t for at, t in logs if before.at_s <= at < after.at_s][:5]
             out.append(row)
         return out
+
+
+def _broker_process(cluster_dir: Path, index: int) -> int:
+    """The pid of the cluster's `index`-th broker, from /proc (no controller round trip:
+    `cluster status` can time out on a loaded machine); RuntimeError if none runs."""
+    config = f"{cluster_dir}/broker-{index + 1}/"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if process_kind(cmd) == "broker" and config in cmd:
+            return int(pid)
+    raise RuntimeError(f"no broker {index + 1} process of {cluster_dir}")
 
 
 def _thread_names(pid: int) -> dict[int, str]:
