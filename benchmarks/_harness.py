@@ -13,6 +13,11 @@ baselines measured in the same run, CPU seconds by kind of process, CPU hogs, me
   `perf()` runs `automqctl perf` and adds `cpu_s_per_gb` by kind and `cores_busy`.
 - `cpu_hogs(n)`: `n` busy-loop processes beside the cluster, always stopped (by pid), so a
   "busy machine" figure comes from the same run as the quiet one.
+- `BrokerTimeline(dir)`: a per-second timeline of the broker while a step runs (its loop
+  lag, GC pauses by generation, WAL appends, uploads, trims, server-side produce time, log
+  lines; its CPU and the machine's), from `/metrics?name[]=...` (only the named
+  families are rendered: ~1 ms of the broker's time, not the whole page's ~15 ms),
+  /proc and the broker's log; `timeline_beside_perf` lines it up with perf's seconds.
 - `medians(rounds)` and `emit(result)`: medians of every numeric figure over rounds, JSON
   on stdout.
 Import it as `from benchmarks._harness import ...` (each script puts the repository root on
@@ -23,18 +28,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -45,6 +56,15 @@ from botocore.config import Config as BotoConfig  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cli.local_cluster import LocalCluster  # noqa: E402
+from cli.top_metrics import (  # noqa: E402
+    bucket_delta,
+    by_label,
+    counter_delta,
+    histogram_buckets,
+    histogram_quantile,
+    parse_prometheus_text,
+    series_sum,
+)
 from controlplane.client import ControllerClient  # noqa: E402
 from dataplane.objectstore import BucketURI, object_key  # noqa: E402
 from tests.support.ledger import create_topic  # noqa: E402
@@ -519,6 +539,323 @@ def cpu_hogs(count: int) -> Iterator[list[int]]:
                 os.kill(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait(30)
+
+
+# ---------------------------------------------------------------- the broker's seconds
+
+# the /metrics families the timeline reads (by sample name: `name[]` filters on those)
+TIMELINE_SAMPLES = tuple(
+    f"{family}{suffix}"
+    for family, suffixes in (
+        ("automq_event_loop_lag_seconds", ("_bucket", "_count")),
+        ("automq_gc_pause_seconds", ("_bucket", "_count", "_sum")),
+        ("automq_wal_append_latency_seconds", ("_bucket", "_count")),
+        ("automq_request_latency_seconds", ("_bucket",)),
+        ("automq_stream_uploads", ("_total",)),
+        ("automq_stream_upload_latency_seconds", ("_sum",)),
+        ("automq_object_store_requests", ("_total",)),
+        ("automq_wal_fsyncs", ("_total",)),
+        ("automq_wal_used_bytes", ("",)),
+        ("automq_stream_wal_cache_bytes", ("",)),
+    )
+    for suffix in suffixes
+)
+
+
+def _metrics_url(cluster_dir: Path, index: int = 0) -> str:
+    config = json.loads((cluster_dir / "cluster.json").read_text())
+    port = config["brokers"][index]["metrics_port"]
+    names = "&".join(f"name[]={n}" for n in TIMELINE_SAMPLES)
+    return f"http://{config['host']}:{port}/metrics?{names}"
+
+
+def _machine_busy_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of every core since boot (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _broker_log_times(cluster_dir: Path, index: int = 0) -> list[tuple[float, str]]:
+    """(Unix time, text) of each line of the broker's log (`asctime` lines only)."""
+    out = []
+    path = cluster_dir / "logs" / f"broker-{index + 1}.log"
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        out.append((at, line[24:200]))
+    return out
+
+
+class TimelineSample(NamedTuple):
+    """One sample of `BrokerTimeline`: when (Unix s), the broker's /metrics families
+    (TIMELINE_SAMPLES), its CPU seconds, the machine's (busy, total) jiffies, each broker
+    thread's (run ns, run-queue wait ns), the disk's busy ms, the cluster's CPU s by kind."""
+
+    at_s: float
+    scrape: dict
+    broker_cpu_s: float
+    machine_jiffies: tuple[int, int]
+    threads: dict[int, tuple[int, int]]
+    disk_busy_ms: int
+    cluster_cpu_s: dict[str, float]
+
+
+class BrokerTimeline:
+    """Samples broker `index` of `cluster_dir` once a second from its own thread while the
+    block runs: `rows()` gives each second's figures (see `broker_second`). Used as a context
+    manager from one thread; the sampler thread only appends to its own list."""
+
+    def __init__(self, cluster_dir: Path, index: int = 0, interval_s: float = 1.0) -> None:
+        self._dir, self._index, self._interval_s = cluster_dir, index, interval_s
+        self._url = _metrics_url(cluster_dir, index)
+        self._pid = _broker_process(cluster_dir, index)
+        self._thread_names = _thread_names(self._pid)
+        self._disk = _disk_of(cluster_dir)
+        self._samples: list[TimelineSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="broker-timeline", daemon=True)
+
+    def __enter__(self) -> BrokerTimeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        next_at = time.time()
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self._url, timeout=2) as resp:
+                    scrape = parse_prometheus_text(resp.read().decode(errors="replace"))
+                cpu = cpu_s(self._pid)
+            except (OSError, ValueError):
+                scrape, cpu = None, 0.0
+            if scrape is not None:
+                self._samples.append(
+                    TimelineSample(
+                        time.time(),
+                        scrape,
+                        cpu,
+                        _machine_busy_jiffies(),
+                        _thread_schedstat(self._pid),
+                        _disk_busy_ms(self._disk),
+                        cluster_cpu_s(self._dir),
+                    )
+                )
+            next_at += self._interval_s
+            self._stop.wait(max(0.0, next_at - time.time()))
+
+    def rows(self) -> list[dict]:
+        """One row per pair of consecutive samples: `end_unix_s` and what the broker did in
+        between (see `broker_second`); log lines from the broker's log by time."""
+        logs = _broker_log_times(self._dir, self._index)
+        out = []
+        for before, after in zip(self._samples, self._samples[1:], strict=False):
+            row = broker_second(before, after)
+            row.update(threads_second(before.threads, after.threads, self._thread_names))
+            row["log_lines"] = [t for at, t in logs if before.at_s <= at < after.at_s][:5]
+            out.append(row)
+        return out
+
+
+def _broker_process(cluster_dir: Path, index: int) -> int:
+    """The pid of the cluster's `index`-th broker, from /proc (no controller round trip:
+    `cluster status` can time out on a loaded machine); RuntimeError if none runs."""
+    config = f"{cluster_dir}/broker-{index + 1}/"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if process_kind(cmd) == "broker" and config in cmd:
+            return int(pid)
+    raise RuntimeError(f"no broker {index + 1} process of {cluster_dir}")
+
+
+def _thread_names(pid: int) -> dict[int, str]:
+    """Native thread id -> Python thread name of process `pid`, from one `py-spy dump`
+    (the process stops for a few ms; before the measured step); {} without py-spy."""
+    if shutil.which("py-spy") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["py-spy", "dump", "--pid", str(pid), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return {int(t["os_thread_id"]): t["thread_name"] for t in json.loads(out.stdout)}
+    except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired):
+        return {}
+
+
+def _thread_schedstat(pid: int) -> dict[int, tuple[int, int]]:
+    """Thread id -> (ns run on a CPU, ns waited on a run queue) of every thread of `pid`
+    (/proc/PID/task/TID/schedstat)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            run_ns, wait_ns = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (int(run_ns), int(wait_ns))
+    return out
+
+
+def _disk_of(directory: Path) -> tuple[int, int]:
+    """(major, minor) of the device `directory` is on."""
+    dev = os.stat(directory).st_dev
+    return os.major(dev), os.minor(dev)
+
+
+def _disk_busy_ms(disk: tuple[int, int]) -> int:
+    """Milliseconds the device has been doing I/O since boot (/proc/diskstats), 0 if unknown."""
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        if (int(f[0]), int(f[1])) == disk:
+            return int(f[12])
+    return 0
+
+
+# the threads whose run and run-queue wait every timeline row names (by name prefix)
+TIMELINE_THREADS = {"loop": "kafka-server", "wal": "file-wal-committer", "uploader": "uploader"}
+
+
+def threads_second(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], names: dict[int, str]
+) -> dict:
+    """The ms each named thread (TIMELINE_THREADS) ran and waited for a CPU between two
+    samples, and the three threads that ran most (pure)."""
+    ran = {t: (after[t][0] - before.get(t, (0, 0))[0]) / 1e6 for t in after}
+    waited = {t: (after[t][1] - before.get(t, (0, 0))[1]) / 1e6 for t in after}
+    row: dict = {}
+    for key, prefix in TIMELINE_THREADS.items():
+        tids = [t for t, n in names.items() if n.startswith(prefix) and t in after]
+        if tids:
+            row[f"{key}_thread_run_ms"] = round(sum(ran[t] for t in tids), 1)
+            row[f"{key}_thread_runqueue_ms"] = round(sum(waited[t] for t in tids), 1)
+    top = sorted(ran, key=ran.get, reverse=True)[:3]
+    row["busiest_threads_ms"] = {names.get(t, str(t)): round(ran[t], 1) for t in top}
+    return row
+
+
+def _top_bucket_ms(buckets: dict[float, float]) -> float | None:
+    """The upper bound (ms) of the highest bucket that observed anything (pure): the
+    interval's max, to the bucket's precision; None without observations."""
+    last, seen = None, 0.0
+    for bound in sorted(buckets):
+        if buckets[bound] > seen:
+            last = bound
+            seen = buckets[bound]
+    if last is None:
+        return None
+    return None if math.isinf(last) else round(last * 1000, 2)
+
+
+def broker_second(before: TimelineSample, after: TimelineSample) -> dict:
+    """What a broker did between two timeline samples (pure): loop lag p99 / max (ms, the
+    bucket bound), GC collections and their time by generation, the longest GC pause, WAL
+    append p99 / max and fsyncs, the server-side Produce p99 / max, uploads finished and
+    their time, object store requests by operation, the WAL's used bytes' change (a drop: a
+    trim), the CPU share of the broker, SeaweedFS and the controllers, the machine's busy
+    share and the disk's."""
+    a, b = before.scrape, after.scrape
+    dt = max(after.at_s - before.at_s, 1e-6)
+
+    def hist(name: str, only: dict | None = None) -> dict[float, float]:
+        return bucket_delta(histogram_buckets(a, name, only), histogram_buckets(b, name, only))
+
+    def p99_ms(buckets: dict[float, float]) -> float | None:
+        q = histogram_quantile(buckets, 0.99)
+        return None if q is None else round(q * 1000, 2)
+
+    def delta(name: str, match: dict | None = None) -> float:
+        return counter_delta(series_sum(a, name, match), series_sum(b, name, match))
+
+    lag, wal = hist("automq_event_loop_lag_seconds"), hist("automq_wal_append_latency_seconds")
+    produce = hist("automq_request_latency_seconds", {"api": frozenset({"Produce"})})
+    gc_counts, gc_ms = {}, {}
+    for gen, n in by_label(b, "automq_gc_pause_seconds_count", "generation").items():
+        gc_counts[gen] = n - by_label(a, "automq_gc_pause_seconds_count", "generation").get(gen, 0)
+        gc_ms[gen] = round(
+            (
+                by_label(b, "automq_gc_pause_seconds_sum", "generation").get(gen, 0)
+                - by_label(a, "automq_gc_pause_seconds_sum", "generation").get(gen, 0)
+            )
+            * 1000,
+            2,
+        )
+    ops = by_label(b, "automq_object_store_requests_total", "op")
+    ops_before = by_label(a, "automq_object_store_requests_total", "op")
+    wal_used = (series_sum(b, "automq_wal_used_bytes") or 0) - (
+        series_sum(a, "automq_wal_used_bytes") or 0
+    )
+    return {
+        "end_unix_s": round(after.at_s, 3),
+        "loop_lag_p99_ms": p99_ms(lag),
+        "loop_lag_max_ms": _top_bucket_ms(lag),
+        "gc_collections": {g: int(n) for g, n in gc_counts.items() if n},
+        "gc_ms": {g: ms for g, ms in gc_ms.items() if ms},
+        "gc_max_ms": _top_bucket_ms(hist("automq_gc_pause_seconds")),
+        "wal_append_p99_ms": p99_ms(wal),
+        "wal_append_max_ms": _top_bucket_ms(wal),
+        "wal_fsyncs": int(delta("automq_wal_fsyncs_total")),
+        "server_produce_p99_ms": p99_ms(produce),
+        "server_produce_max_ms": _top_bucket_ms(produce),
+        "uploads": int(delta("automq_stream_uploads_total")),
+        "upload_s": round(delta("automq_stream_upload_latency_seconds_sum"), 3),
+        "store_requests": {
+            k: int(v - ops_before.get(k, 0)) for k, v in ops.items() if v - ops_before.get(k, 0)
+        },
+        "wal_used_mb_change": round(wal_used / 1e6, 1),
+        "wal_cache_mb": round((series_sum(b, "automq_stream_wal_cache_bytes") or 0) / 1e6, 1),
+        "broker_cpu_share": round((after.broker_cpu_s - before.broker_cpu_s) / dt, 2),
+        **{
+            f"{kind}_cpu_share": round(
+                (after.cluster_cpu_s.get(kind, 0.0) - before.cluster_cpu_s.get(kind, 0.0)) / dt, 2
+            )
+            for kind in ("seaweedfs", "controllers")
+        },
+        "machine_busy_share": round(
+            (after.machine_jiffies[0] - before.machine_jiffies[0])
+            / max(after.machine_jiffies[1] - before.machine_jiffies[1], 1),
+            2,
+        ),
+        "disk_busy_share": round((after.disk_busy_ms - before.disk_busy_ms) / 1000 / dt, 2),
+    }
+
+
+def timeline_beside_perf(intervals: list[dict], timeline: list[dict]) -> list[dict]:
+    """perf's seconds (`--summary-intervals`) each beside the broker's timeline row that
+    overlaps it most (the nearest end time; pure): produce p99, librdkafka's round trip
+    p99 and the broker's figures in one row per second."""
+    out = []
+    for row in intervals:
+        end = row["end_unix_s"]
+        near = min(timeline, key=lambda r: abs(r["end_unix_s"] - end), default=None)
+        merged = {
+            "t_s": row["t_s"],
+            "produce_p99_ms": None
+            if row["produce_p99_ms"] is None
+            else round(row["produce_p99_ms"], 1),
+            "broker_rtt_p99_ms": row.get("broker_rtt_p99_ms"),
+        }
+        if near is not None and abs(near["end_unix_s"] - end) < 0.75:
+            merged.update({k: v for k, v in near.items() if k != "end_unix_s"})
+            merged["broker_offset_s"] = round(near["end_unix_s"] - end, 2)
+        out.append(merged)
+    return out
 
 
 # ---------------------------------------------------------------- output

@@ -16,7 +16,14 @@ fixed: the issue #28 target-1 step. The disk's 64 KiB write+fdatasync latency p5
    loop-lag and GC-pause p99 when perf reports them), produce p99 (librdkafka's own
    per-message latency), end-to-end p99, the worst one-second produce p99. Then the same
    again (disk latency too) with `hogs` busy-loop processes beside the cluster, and the
-   busy/quiet ratio of the round-trip p99 (`--hogs 0` leaves the busy half out).
+   busy/quiet ratio of the round-trip p99 (`--hogs 0` leaves the busy half out). Beside
+   each half, every second of it (`fixed_seconds`, `busy_seconds`): perf's produce p99
+   and librdkafka's round trip p99 next to what the broker did in that second
+   (`BrokerTimeline`: loop lag, GC pauses by generation, WAL appends and fsyncs, the
+   server-side Produce p99, uploads, the WAL's trims, the run and run-queue time of its
+   event loop, WAL committer and uploader threads, the CPU of the broker and SeaweedFS, the
+   machine's and the disk's busy share, log lines), the worst four seconds and the median
+   second (`*_worst_seconds`, `*_median_second`).
 saturated: write + fdatasync of 1 MiB blocks (the disk's MB/s), then perf saturated
    (acks=all, idempotent, no consumer) with 1 KiB and with 64 KiB records: MB/s, the 64 KiB
    figure against the disk, and the CPU seconds per GB of SeaweedFS, the broker, the
@@ -60,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import (  # noqa: E402
+    BrokerTimeline,
     broker_pid,
     committed_objects,
     cpu_hogs,
@@ -77,6 +85,7 @@ from benchmarks._harness import (  # noqa: E402
     restart_broker,
     running_cluster,
     sparse_catchup_mb_s,
+    timeline_beside_perf,
 )
 from cli.perf_histogram import LatencyHistogram  # noqa: E402
 
@@ -122,21 +131,32 @@ LIMITS = (
 )
 
 
-def perf_step(cdir: Path, prefix: str, rate: float, seconds: float, groups: int = 1) -> dict:
-    """perf at `rate` records/s of 1 KiB into 6 partitions: the step's latency figures."""
-    summary = perf(
-        cdir,
-        "--partitions",
-        str(PARTITIONS),
-        "--groups",
-        str(groups),
-        "--duration",
-        str(seconds),
-        "--record-size",
-        str(RECORD_BYTES),
-        "--send-rate",
-        f"{rate:.0f}",
-    )
+def perf_step(
+    cdir: Path, prefix: str, rate: float, seconds: float, groups: int = 1, timeline: bool = False
+) -> dict:
+    """perf at `rate` records/s of 1 KiB into 6 partitions: the step's latency figures;
+    with `timeline`, also every second of it beside the broker's (`BrokerTimeline`)."""
+    with contextlib.ExitStack() as stack:
+        seconds_of_broker = None
+        if timeline:
+            try:
+                seconds_of_broker = stack.enter_context(BrokerTimeline(cdir))
+            except (RuntimeError, OSError) as exc:  # the step's own figures stand
+                print(f"no broker timeline: {exc}", file=sys.stderr)
+        summary = perf(
+            cdir,
+            *(("--summary-intervals",) if timeline else ()),
+            "--partitions",
+            str(PARTITIONS),
+            "--groups",
+            str(groups),
+            "--duration",
+            str(seconds),
+            "--record-size",
+            str(RECORD_BYTES),
+            "--send-rate",
+            f"{rate:.0f}",
+        )
     figures = {
         f"{prefix}_produce_mb_s": summary["produce_mb_s"],
         f"{prefix}_produce_p50_ms": summary["produce_p50_ms"],
@@ -157,7 +177,30 @@ def perf_step(cdir: Path, prefix: str, rate: float, seconds: float, groups: int 
     )
     for kind, spent in summary.get("cpu_s_per_gb", {}).items():
         figures[f"{prefix}_cpu_s_per_gb_{kind}"] = spent
+    if seconds_of_broker is not None:
+        rows = timeline_beside_perf(summary.get("intervals", [])[1:], seconds_of_broker.rows())
+        figures.update(worst_seconds(rows, prefix))
     return figures
+
+
+def worst_seconds(rows: list[dict], prefix: str, count: int = 4) -> dict:
+    """The `count` seconds with the highest produce p99 (each beside what the broker did
+    in it), the median second's figures, and every second (pure)."""
+    measured = [r for r in rows if r.get("produce_p99_ms") is not None]
+    if not measured:
+        return {}
+    worst = sorted(measured, key=lambda r: r["produce_p99_ms"], reverse=True)[:count]
+
+    def median_of(key: str) -> float | None:
+        values = sorted(r[key] for r in measured if isinstance(r.get(key), int | float))
+        return values[len(values) // 2] if values else None
+
+    keys = [k for k, v in measured[0].items() if isinstance(v, int | float) and k != "t_s"]
+    return {
+        f"{prefix}_worst_seconds": worst,
+        f"{prefix}_median_second": {k: median_of(k) for k in keys},
+        f"{prefix}_seconds": rows,
+    }
 
 
 def disk_latency_figures(cdir: Path, prefix: str, byte_rate: float, seconds: float) -> dict:
@@ -170,13 +213,13 @@ def fixed_figures(cdir: Path, args: argparse.Namespace) -> dict:
     byte_rate = args.fixed_rate * RECORD_BYTES
     figures = {"fixed_records_s": args.fixed_rate, "fixed_byte_rate_mb_s": byte_rate / 1e6}
     figures.update(disk_latency_figures(cdir, "fixed", byte_rate, args.disk_s))
-    figures.update(perf_step(cdir, "fixed", args.fixed_rate, args.fixed_s))
+    figures.update(perf_step(cdir, "fixed", args.fixed_rate, args.fixed_s, timeline=True))
     if args.hogs > 0:
         with cpu_hogs(args.hogs):
             figures["busy_hogs"] = args.hogs
             figures["busy_load_average_1m"] = os.getloadavg()[0]
             figures.update(disk_latency_figures(cdir, "busy", byte_rate, args.disk_s))
-            figures.update(perf_step(cdir, "busy", args.fixed_rate, args.fixed_s))
+            figures.update(perf_step(cdir, "busy", args.fixed_rate, args.fixed_s, timeline=True))
         for name, quiet, busy in (
             ("broker_rtt_p99", "fixed_broker_rtt_p99_ms", "busy_broker_rtt_p99_ms"),
             ("produce_p99", "fixed_produce_p99_ms", "busy_produce_p99_ms"),
@@ -525,7 +568,8 @@ def main() -> None:
     rounds = []
     for _ in range(args.rounds):
         rounds.append(one_round(args))
-        progress(rounds[-1])
+        # every second of the steps is in the JSON at the end; the worst ones here
+        progress({k: v for k, v in rounds[-1].items() if not k.endswith("_seconds")})
     middle = medians(rounds)
     emit({"medians": middle, "against_limits": against_limits(middle), "rounds": rounds})
 

@@ -37,6 +37,7 @@ MiB = 1024 * KiB
 WAL_CAPACITY_BYTES = 512 * MiB
 UPLOAD_THRESHOLD_BYTES = 64 * MiB
 UPLOAD_INTERVAL_S = 5.0
+UPLOAD_SEND_MIN_BYTES_PER_S = 16 * MiB
 MAX_REQUEST_BYTES = 100 * MiB  # Kafka's socket.request.max.bytes
 DEFAULT_PARTITIONS = 1  # Kafka's num.partitions
 RETENTION_CHECK_INTERVAL_MS = 300_000  # Kafka's log.retention.check.interval.ms
@@ -106,6 +107,14 @@ class StorageConfig(_Section):
     )
     upload_attempts: int = Field(
         8, ge=1, le=100, description="attempts of an object PUT before the upload fails"
+    )
+    upload_send_min_bytes_per_s: int = Field(
+        UPLOAD_SEND_MIN_BYTES_PER_S,
+        ge=0,
+        description="regular uploads are sent at twice the rate their data arrived at, "
+        "at least this fast, so the object store's work on them is spread out (a burst of "
+        "it takes the cores produce requests need); 0: as fast as the store takes them "
+        "(also when the WAL is half full, and for flushes)",
     )
     wal_full_wait_s: float = Field(
         30.0,

@@ -18,7 +18,7 @@ jobs can all use it. Modules, one concept each:
 * `seaweed`    - the embedded SeaweedFS server (not imported here; import it explicitly)
 """
 
-from .body import ObjectBody
+from .body import ObjectBody, SendPace
 from .bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
 from .errors import (
     AccessDeniedError,
@@ -44,6 +44,7 @@ __all__ = [
     "BucketURI",
     "InvalidRangeError",
     "ObjectBody",
+    "SendPace",
     "ObjectNotFoundError",
     "ObjectStorage",
     "ObjectStorageConfig",

@@ -6,25 +6,80 @@ holding the GIL, and doubles the memory of an upload; `ObjectBody` hands the buf
 HTTP client one read at a time instead. Each attempt of a PUT reads the body through a fresh
 `reader()`, so a retried PUT sends exactly the same bytes from the start.
 
+A body may be sent at a bounded rate (`paced` with a `SendPace`, which several bodies sent
+in parallel may share): its readers hand out bytes no faster than the pace's
+`send_bytes_per_s` (after a first `PACE_BURST_BYTES`), waiting in the thread that sends.
+The uploader paces the stream-set objects of its regular uploads so that the object store's
+work on them (SeaweedFS hashes every byte; a cloud NIC's egress) is spread over seconds
+instead of taking every core for a fraction of one while produce requests wait.
+
 Pure: no I/O. Thread-safety: an `ObjectBody` is immutable (its buffers must not be changed
-while a put of it runs); each `BodyReader` belongs to one attempt, on one thread.
+while a put of it runs); each `BodyReader` belongs to one attempt, on one thread; a
+`SendPace` is thread-safe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 Buffer = bytes | bytearray | memoryview
+# a paced reader hands out this much at once before the rate applies
+PACE_BURST_BYTES = 1024 * 1024
+
+
+class SendPace:
+    """A rate shared by the readers of one or more bodies: `take(n)` returns once handing
+    out `n` more bytes keeps everything taken within `send_bytes_per_s` since the first
+    take (after PACE_BURST_BYTES); after `unpace()` it returns at once (a waiting one too).
+    Thread-safe; the wait happens outside its lock."""
+
+    def __init__(
+        self,
+        send_bytes_per_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        unpaced: threading.Event | None = None,
+    ) -> None:
+        """`clock` and `unpaced` (what a wait waits on) are injectable for tests."""
+        if send_bytes_per_s <= 0:
+            raise ValueError(f"send_bytes_per_s must be > 0, not {send_bytes_per_s}")
+        self.send_bytes_per_s = float(send_bytes_per_s)
+        self._lock = threading.Lock()
+        self._started_s: float | None = None
+        self._taken_bytes = 0
+        self._clock = clock
+        self._unpaced = unpaced or threading.Event()
+
+    def unpace(self) -> None:
+        """From now on hand out bytes at once (any thread)."""
+        self._unpaced.set()
+
+    def take(self, n_bytes: int) -> None:
+        """Wait (in the calling thread: an upload's, never the event loop) until `n_bytes`
+        more may be handed out."""
+        with self._lock:
+            now = self._clock()
+            if self._started_s is None:
+                self._started_s = now
+            self._taken_bytes += n_bytes
+            excess_bytes = self._taken_bytes - PACE_BURST_BYTES
+            due = self._started_s + excess_bytes / self.send_bytes_per_s
+        if due > now:
+            self._unpaced.wait(due - now)
 
 
 class ObjectBody:
     """The concatenation of `parts`, without copying them."""
 
-    __slots__ = ("_parts", "_size")
+    __slots__ = ("_pace", "_parts", "_size")
 
-    def __init__(self, parts: Iterable[Buffer]) -> None:
+    def __init__(self, parts: Iterable[Buffer], pace: SendPace | None = None) -> None:
+        """`pace`: the rate its readers hand out bytes at (None: at once)."""
+        self._pace = pace
         views = []
         for part in parts:
             view = memoryview(part)
@@ -37,6 +92,15 @@ class ObjectBody:
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def pace(self) -> SendPace | None:
+        """The rate its readers hand out bytes at (None: as fast as they are read)."""
+        return self._pace
+
+    def paced(self, pace: SendPace | None) -> ObjectBody:
+        """The same bytes (not copied), read at `pace` (None: at once)."""
+        return ObjectBody(self._parts, pace)
 
     def chunks(self) -> Iterator[memoryview]:
         """The buffers in order (views, not copies)."""
@@ -83,6 +147,7 @@ class BodyReader(io.RawIOBase):
         self._pos = 0  # absolute position
         self._part = 0  # index of the buffer holding _pos (== len(parts) at the end)
         self._offset = 0  # position inside that buffer
+        self._pace = body.pace
 
     def readable(self) -> bool:
         return True
@@ -127,6 +192,8 @@ class BodyReader(io.RawIOBase):
             return b""
         part = self._parts[self._part]
         chunk = part[self._offset : self._offset + size]
+        if self._pace is not None:
+            self._pace.take(len(chunk))
         self._offset += len(chunk)
         self._pos += len(chunk)
         if self._offset == len(part):

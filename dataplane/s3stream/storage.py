@@ -35,7 +35,7 @@ from controlplane.requests import (
 )
 from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.objectstore import ObjectStorage
+from dataplane.objectstore import ObjectStorage, SendPace
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
 from dataplane.s3stream.commit import Committer
@@ -50,11 +50,13 @@ from dataplane.s3stream.stream_reader import (
     StreamReader,
 )
 from dataplane.s3stream.uploader import (
+    UNPACED_WAL_USED_FRACTION,
     ObjectUploader,
     StorageError,
     UploadResult,
     data_lost,
     is_retriable_upload_error,
+    upload_pace,
 )
 from dataplane.s3stream.wal import WALBackpressureError, WALFullError, WriteAheadLog
 from dataplane.s3stream.wal.factory import open_wal, wal_uri_for_path
@@ -222,6 +224,7 @@ class S3Storage:
         self._upload_lock = threading.Lock()  # one upload at a time, in WAL order
         self._wake = threading.Condition()
         self._flush_requested = False
+        self._pace: SendPace | None = None  # the upload in flight's (read by any thread)
         self._stop = threading.Event()
         self.uploader = ObjectUploader(
             controller,
@@ -591,6 +594,9 @@ class S3Storage:
     # ------------------------------------------------------------ uploads
 
     def request_upload(self) -> None:
+        pace = self._pace  # the WAL fills up: the upload in flight goes at full speed
+        if pace is not None and self._wal_used_fraction() >= UNPACED_WAL_USED_FRACTION:
+            pace.unpace()
         with self._wake:
             self._flush_requested = True
             self._wake.notify_all()
@@ -610,9 +616,9 @@ class S3Storage:
                 self._flush_requested = False
             if self._stop.is_set():
                 return
-            last = time.monotonic()
+            accumulated_s, last = time.monotonic() - last, time.monotonic()
             try:
-                self._upload_all()
+                self._upload_all(self._pace_for(accumulated_s))
             except ControllerError as exc:
                 if exc.code in NODE_FENCING_CODES:
                     log.error("upload refused, this node is fenced: %s", exc)
@@ -627,15 +633,29 @@ class S3Storage:
                     log.exception("upload failed, will retry")
                 self._stop.wait(1.0)
 
-    def _upload_all(self) -> None:
-        """Upload the batches pending when called, object after object. Batches acknowledged
-        meanwhile wait for the next upload: under steady produce load, chasing them would
-        never finish (and a stream close waiting on it would never happen)."""
+    def _wal_used_fraction(self) -> float:
+        wal = self.wal
+        return wal.used_bytes / wal.capacity_bytes if wal is not None else 1.0
+
+    def _pace_for(self, accumulated_s: float) -> SendPace | None:
+        """The pace of a regular upload of what gathered over `accumulated_s`."""
+        with self._lock:
+            pending = self.log_cache.pending_upload_bytes
+        min_rate, used = self.config.upload_send_min_bytes_per_s, self._wal_used_fraction()
+        return upload_pace(pending, accumulated_s, min_rate, used)
+
+    def _upload_all(self, pace: SendPace | None = None) -> None:
+        """Upload the batches pending when called, object after object, at `pace` (None: at
+        once, and so does an upload in flight). Batches acknowledged meanwhile wait for the
+        next upload: under steady load, chasing them would never end (nor a close on it)."""
+        if pace is None and self._pace is not None:
+            self._pace.unpace()
         with self._lock:
             target = self.log_cache.pending_wal_end()
         if target < 0:
             return
         with self._upload_lock:
+            self._pace = pace
             try:
                 for _ in range(100_000):
                     with self._lock:
@@ -644,7 +664,7 @@ class S3Storage:
                         )
                     if not batches:
                         break
-                    self._upload(batches, wal_end)
+                    self._upload(batches, wal_end, pace)
             except BaseException as exc:
                 self._set_upload_error(exc)
                 raise
@@ -654,7 +674,9 @@ class S3Storage:
         self.upload_error = exc
         metrics.set_last_upload_error(None if exc is None else _error_text(exc))
 
-    def _upload(self, batches: list[StreamRecordBatch], wal_end: int) -> None:
+    def _upload(
+        self, batches: list[StreamRecordBatch], wal_end: int, pace: SendPace | None = None
+    ) -> None:
         """Upload one chunk of pending batches (WAL order), leaving out streams whose data
         the controller refused for good, then release the chunk's WAL space: the left-out
         data is released with it, so a deleted stream never holds the WAL."""
@@ -662,13 +684,18 @@ class S3Storage:
         with self._lock:
             live = [b for b in batches if (b.stream_id, b.epoch) not in self._dropped]
         result = (
-            self.uploader.upload(live, on_dropped=lambda bad: self._drop_streams(live, bad))
+            self.uploader.upload(
+                live,
+                on_dropped=lambda bad: self._drop_streams(live, bad),
+                pace=pace,
+            )
             if live
             else UploadResult()
         )
         left_out = len(batches) - result.batches
         with self._lock:
-            self.log_cache.mark_uploaded(batches)
+            # freed when this returns, outside the lock every acknowledgement needs
+            _evicted = self.log_cache.mark_uploaded(batches)
             if left_out:
                 # no reader may see data that is in no object: forget the left-out streams'
                 # cached batches (kept while later chunks still hold some of theirs)

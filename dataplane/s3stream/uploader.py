@@ -37,6 +37,7 @@ from dataplane.objectstore import (
     ObjectStorage,
     ObjectStoreError,
     Priority,
+    SendPace,
     object_key,
 )
 from dataplane.s3stream.commit import Committer, ObjectCommitter, retry_transient
@@ -45,6 +46,34 @@ log = logging.getLogger(__name__)
 
 MAX_COMMIT_ROUNDS = 4  # a refused commit names every bad stream: round 2 succeeds
 # unless more streams go bad meanwhile
+
+
+# a paced upload is sent at this many times the rate its data arrived at: it takes at most
+# half the time the next upload's data takes to arrive, so uploads keep up
+UPLOAD_SEND_RATE_FACTOR = 2.0
+# the WAL this full (a fraction of its capacity): uploads go as fast as the store takes them
+UNPACED_WAL_USED_FRACTION = 0.5
+
+
+def upload_send_rate(
+    pending_bytes: int, accumulated_s: float, min_bytes_per_s: int, wal_used_fraction: float
+) -> float:
+    """Bytes per second to send an upload of `pending_bytes`, gathered over `accumulated_s`,
+    at (pure): UPLOAD_SEND_RATE_FACTOR times the rate the data arrived at, at least
+    `min_bytes_per_s`; 0 (unpaced) when pacing is off (`min_bytes_per_s` 0) or the WAL is
+    filling up."""
+    if min_bytes_per_s <= 0 or wal_used_fraction >= UNPACED_WAL_USED_FRACTION:
+        return 0.0
+    arrival = pending_bytes / max(accumulated_s, 0.1)
+    return max(float(min_bytes_per_s), UPLOAD_SEND_RATE_FACTOR * arrival)
+
+
+def upload_pace(
+    pending_bytes: int, accumulated_s: float, min_bytes_per_s: int, wal_used_fraction: float
+) -> SendPace | None:
+    """The pace of a regular upload (`upload_send_rate`), None: unpaced."""
+    rate = upload_send_rate(pending_bytes, accumulated_s, min_bytes_per_s, wal_used_fraction)
+    return SendPace(rate) if rate else None
 
 
 MAX_BUCKET_SWITCHES = 4  # an upload redone whole on a new active bucket, at most this often
@@ -163,6 +192,7 @@ class ObjectUploader:
         failover_node_id: int | None = None,
         on_dropped: Callable[[dict[int, ErrorCode]], None] | None = None,
         compacted_object_ids: list[int] | None = None,
+        pace: SendPace | None = None,
     ) -> UploadResult:
         """Write `batches` (WAL order, each stream contiguous from its committed end) as a
         stream-set object and stream objects, and commit them: prepare ids -> put -> commit.
@@ -182,6 +212,8 @@ class ObjectUploader:
         learnt is kept even if a later round fails (and the upload is retried).
         `compacted_object_ids`: a compaction: the new objects replace these committed ones
         (their data must lie within the streams' committed offsets), in the same commit.
+        `pace`: the objects of a round are sent at this rate together (None: as fast as
+        the store takes them; see `ObjectBody.paced`).
         Returns what was committed and which streams were left out (`dropped`).
         """
         result = UploadResult()
@@ -195,7 +227,7 @@ class ObjectUploader:
                 return result
             try:
                 result.size_bytes = self._put_and_commit(
-                    live, failover_node_id, compacted_object_ids or []
+                    live, failover_node_id, compacted_object_ids or [], pace
                 )
             except BucketSwitchedError as exc:
                 switches += 1
@@ -230,9 +262,10 @@ class ObjectUploader:
         per_stream: dict[int, list[StreamRecordBatch]],
         failover_node_id: int | None,
         compacted_object_ids: list[int],
+        pace: SendPace | None = None,
     ) -> int:
         """One round of `upload_batches`: prepare, put and commit objects holding exactly
-        `per_stream`. Returns the bytes written."""
+        `per_stream`, sent at `pace` together. Returns the bytes written."""
         committer = self._committer()
         split = {
             sid
@@ -244,6 +277,8 @@ class ObjectUploader:
             committer, (1 if shared else 0) + len(split), self.config.prepared_ttl_ms
         )
         objects = self._write_objects(per_stream, shared, sorted(split), prepared.first_object_id)
+        if pace is not None:  # one pace for the objects sent in parallel
+            objects.puts = [(oid, body.paced(pace)) for oid, body in objects.puts]
         bucket_id = prepared.bucket_id
         retry_transient(
             lambda: self._put_all_or_switch(objects.puts, bucket_id),

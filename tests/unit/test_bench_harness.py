@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._harness import cpu_hogs, disk_fdatasync_latency_ms, medians, process_kind
+from benchmarks._harness import (
+    TimelineSample,
+    broker_second,
+    cpu_hogs,
+    disk_fdatasync_latency_ms,
+    medians,
+    process_kind,
+    threads_second,
+    timeline_beside_perf,
+)
+from cli.top_metrics import parse_prometheus_text
 
 
 def alive(pid: int) -> bool:
@@ -56,3 +66,66 @@ def test_processes_are_told_apart_by_program_not_by_directory() -> None:
         process_kind(f"python -m controlplane.server --dir {cluster}/controller-1") == "controllers"
     )
     assert process_kind(f"python -m something.else --dir {cluster}") == "other"
+
+
+def _sample(at_s: float, page: str, cpu_s: float, threads: dict) -> TimelineSample:
+    return TimelineSample(
+        at_s, parse_prometheus_text(page), cpu_s, (at_s * 100, at_s * 200), threads, 0, {}
+    )
+
+
+def test_a_broker_second_is_the_difference_of_two_samples() -> None:
+    """Loop lag, GC by generation, WAL appends, uploads and the WAL's trim come from the
+    counters' and histograms' differences between two samples; the max is the highest
+    bucket that counted anything."""
+    before = _sample(
+        100.0,
+        'automq_event_loop_lag_seconds_bucket{le="0.001"} 10\n'
+        'automq_event_loop_lag_seconds_bucket{le="0.05"} 10\n'
+        'automq_event_loop_lag_seconds_bucket{le="+Inf"} 10\n'
+        'automq_gc_pause_seconds_count{generation="2"} 1\n'
+        'automq_gc_pause_seconds_sum{generation="2"} 0.01\n'
+        "automq_stream_uploads_total 3\n"
+        "automq_wal_used_bytes 50000000\n",
+        1.0,
+        {},
+    )
+    after = _sample(
+        101.0,
+        'automq_event_loop_lag_seconds_bucket{le="0.001"} 58\n'
+        'automq_event_loop_lag_seconds_bucket{le="0.05"} 60\n'
+        'automq_event_loop_lag_seconds_bucket{le="+Inf"} 60\n'
+        'automq_gc_pause_seconds_count{generation="2"} 2\n'
+        'automq_gc_pause_seconds_sum{generation="2"} 0.04\n'
+        "automq_stream_uploads_total 4\n"
+        "automq_wal_used_bytes 10000000\n",
+        1.25,
+        {},
+    )
+    row = broker_second(before, after)
+    assert row["loop_lag_max_ms"] == 50.0 and row["loop_lag_p99_ms"] > 1.0
+    assert row["gc_collections"] == {"2": 1} and row["gc_ms"] == {"2": 30.0}
+    assert row["uploads"] == 1 and row["wal_used_mb_change"] == -40.0
+    assert row["broker_cpu_share"] == 0.25 and row["machine_busy_share"] == 0.5
+
+
+def test_thread_seconds_name_the_loop_and_the_busiest_threads() -> None:
+    names = {1: "kafka-server-127.0.0.1", 2: "file-wal-committer-wal", 3: "uploader"}
+    before = {1: (0, 0), 2: (0, 0), 3: (0, 0)}
+    after = {1: (200_000_000, 50_000_000), 2: (40_000_000, 0), 3: (90_000_000, 1_000_000)}
+    row = threads_second(before, after, names)
+    assert row["loop_thread_run_ms"] == 200.0 and row["loop_thread_runqueue_ms"] == 50.0
+    assert row["wal_thread_run_ms"] == 40.0 and row["uploader_thread_runqueue_ms"] == 1.0
+    assert list(row["busiest_threads_ms"]) == ["kafka-server-127.0.0.1", "uploader", names[2]]
+
+
+def test_perf_seconds_are_matched_with_the_nearest_broker_second() -> None:
+    intervals = [
+        {"t_s": 1.0, "produce_p99_ms": 3.0, "broker_rtt_p99_ms": 2.0, "end_unix_s": 10.0},
+        {"t_s": 2.0, "produce_p99_ms": 40.0, "broker_rtt_p99_ms": 30.0, "end_unix_s": 11.0},
+        {"t_s": 3.0, "produce_p99_ms": None, "end_unix_s": 15.0},
+    ]
+    timeline = [{"end_unix_s": 10.1, "uploads": 0}, {"end_unix_s": 11.05, "uploads": 1}]
+    rows = timeline_beside_perf(intervals, timeline)
+    assert [r.get("uploads") for r in rows] == [0, 1, None]  # none near the third second
+    assert rows[1]["produce_p99_ms"] == 40.0 and rows[1]["broker_offset_s"] == 0.05

@@ -149,3 +149,66 @@ def test_a_streamed_put_sends_its_body_without_waiting_for_100_continue(aws) -> 
         store.put_object(0, "obj", ObjectBody([b"abc", b"def"]))
         assert "Expect" not in hook.headers[0], hook.headers[0]
         assert store.get_object(0, "obj") == b"abcdef"
+
+
+class _FakeClock:
+    """A clock and the event a pace waits on: waiting advances the clock."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.slept_s = 0.0
+        self.unpaced = False
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def wait(self, seconds: float) -> bool:
+        if not self.unpaced:
+            self.now_s += seconds
+            self.slept_s += seconds
+        return self.unpaced
+
+    def set(self) -> None:
+        self.unpaced = True
+
+
+def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate() -> None:
+    """Paced readers yield the same bytes, but no faster than their pace once the first
+    PACE_BURST_BYTES are out, counted over every body sharing it (objects sent in
+    parallel); once unpaced (a flush, a filling WAL) and unpaced bodies never wait."""
+    from dataplane.objectstore import SendPace
+
+    clock = _FakeClock()
+    parts = [bytes([i]) * (512 * 1024) for i in range(10)]  # 5 MiB
+    pace = SendPace(1024 * 1024, clock=clock.monotonic, unpaced=clock)
+    reader = ObjectBody(parts).paced(pace).reader()
+    got = bytearray()
+    while chunk := reader.read(64 * 1024):
+        got += chunk
+    assert bytes(got) == b"".join(parts)
+    assert clock.slept_s == pytest.approx(4.0)  # (5 - 1) MiB at 1 MiB/s
+    other = ObjectBody(parts[:2]).paced(pace).reader()  # 1 MiB more on the same pace
+    while other.read(64 * 1024):
+        pass
+    assert clock.slept_s == pytest.approx(5.0)
+    before = clock.slept_s
+    pace.unpace()
+    again = ObjectBody(parts).paced(pace).reader()
+    while again.read(64 * 1024):
+        pass
+    unpaced = ObjectBody(parts).reader()
+    while unpaced.read(64 * 1024):
+        pass
+    assert clock.slept_s == before
+    with pytest.raises(ValueError):
+        SendPace(0)
+
+
+def test_regular_uploads_are_sent_at_twice_their_arrival_rate_unless_the_wal_fills() -> None:
+    from dataplane.s3stream.uploader import upload_send_rate
+
+    mib = 1024 * 1024
+    assert upload_send_rate(50 * mib, 5.0, 16 * mib, 0.1) == 20 * mib  # 10 MiB/s arrived
+    assert upload_send_rate(5 * mib, 5.0, 16 * mib, 0.1) == 16 * mib  # the floor
+    assert upload_send_rate(50 * mib, 5.0, 16 * mib, 0.5) == 0  # the WAL half full: at once
+    assert upload_send_rate(50 * mib, 5.0, 0, 0.1) == 0  # pacing off

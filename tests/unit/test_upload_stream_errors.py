@@ -492,3 +492,54 @@ def test_upload_lag_grows_while_data_waits(engine_env):
     stats = engine.upload_stats()
     assert stats.upload_lag_s >= 0.05 and stats.wal_used_bytes > 0
     assert stats.wal_capacity_bytes == 16 << 20
+
+
+class ReadingObjects(FakeObjects):
+    """Puts read their body through its reader in a thread of their own (as the store's
+    pool does), so a paced body is sent at its pace; `reading` is set at the first read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.Event()
+
+    def put_object_async(self, bucket_id: int, key: str, data, **_) -> Future:
+        f: Future = Future()
+
+        def put() -> None:
+            reader = data.reader()
+            got = bytearray()
+            while chunk := reader.read(4096):
+                self.reading.set()
+                got += chunk
+            with self._lock:
+                self.data[(bucket_id, key)] = bytes(got)
+            f.set_result(None)
+
+        threading.Thread(target=put, daemon=True).start()
+        return f
+
+
+def test_a_flush_does_not_wait_for_the_pace_of_a_regular_upload(ctrl, tmp_path):
+    """An upload sent at a pace (here 8 KiB/s: the 1 MB of its 2 MB past the first MiB
+    would take two minutes); a flush asked for meanwhile (a stream close, a shutdown)
+    unpaces it and uploads the rest at once: everything appended is committed long before
+    the pace would allow."""
+    from dataplane.objectstore import SendPace
+
+    objects = ReadingObjects()
+    engine = make_engine(ctrl, objects, tmp_path / "node1")  # no regular upload of its own
+    try:
+        stream = engine.open_stream(engine.create_stream(), 0)
+        append(stream, 2000, size=1000)
+        paced = threading.Thread(target=engine._upload_all, args=(SendPace(8192),))
+        paced.start()  # what the upload loop does with a slow pace
+        assert objects.reading.wait(10)  # the paced upload is being sent
+        append(stream, 10, size=1000)
+        started = time.monotonic()
+        engine.flush()
+        paced.join(30)
+        assert time.monotonic() - started < 30 and not paced.is_alive()  # the pace: ~2 min
+        assert committed_streams(ctrl, objects) == {stream.stream_id}
+        assert ctrl.stream(stream.stream_id)["end_offset"] == 2010
+    finally:
+        crash(engine)
