@@ -49,6 +49,7 @@ from dataplane.formats.kafka_errors import (
     UnsupportedVersionError,
 )
 from dataplane.formats.record_batch import RecordChunks
+from dataplane.formats.varint import uvarint_bytes
 from dataplane.kafka.produce_decoder import decode_produce_body
 from dataplane.kafka.produce_encoder import ProduceAnswer
 
@@ -444,17 +445,8 @@ class ResponseWithRecords:
         return type(self.response).decode(body, version=version)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 _INT32_TOKEN_PREFIX = struct.pack(">i", _TOKEN_BYTES)  # NULLABLE_BYTES
-_VARINT_TOKEN_PREFIX = _uvarint(_TOKEN_BYTES + 1)  # COMPACT_NULLABLE_BYTES (length + 1)
+_VARINT_TOKEN_PREFIX = uvarint_bytes(_TOKEN_BYTES + 1)  # COMPACT_NULLABLE_BYTES (length + 1)
 
 
 def _splice(body: bytes, placeholders: RecordsPlaceholders) -> list[Buffer]:
@@ -470,7 +462,7 @@ def _splice(body: bytes, placeholders: RecordsPlaceholders) -> list[Buffer]:
         if body[at - 4 : at] == _INT32_TOKEN_PREFIX:
             cut, prefix = at - 4, struct.pack(">i", len(records))
         elif body[at - 1 : at] == _VARINT_TOKEN_PREFIX:
-            cut, prefix = at - 1, _uvarint(len(records) + 1)
+            cut, prefix = at - 1, uvarint_bytes(len(records) + 1)
         else:
             raise ResponseEncodingError(f"record set {index}: not in a bytes field")
         parts += (view[pos:cut], prefix)

@@ -23,6 +23,8 @@ from typing import Any
 
 from kafka.protocol.producer import ProduceResponse
 
+from dataplane.formats.varint import uvarint_bytes
+
 __all__ = [
     "PartitionAnswer",
     "ProduceAnswer",
@@ -167,15 +169,6 @@ class ProduceAnswer:
         return R[self.version](responses=responses, throttle_time_ms=self.throttle_time_ms)
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_produce_response(
     version: int, topics: Sequence[TopicFields], throttle_time_ms: int = 0
 ) -> bytes | None:
@@ -184,7 +177,7 @@ def encode_produce_response(
     if not MIN_VERSION <= version <= MAX_VERSION:
         return None
     flexible = version >= _FIRST_FLEXIBLE
-    parts: list[bytes] = [_uvarint(len(topics) + 1) if flexible else _INT32.pack(len(topics))]
+    parts: list[bytes] = [uvarint_bytes(len(topics) + 1) if flexible else _INT32.pack(len(topics))]
     # per partition after its common fields: v5+ log start offset, v8+ no record errors and
     # a null error message, v9+ no tagged fields
     if version >= _FIRST_FLEXIBLE:
@@ -203,9 +196,11 @@ def encode_produce_response(
             if not isinstance(topic, str):
                 return None
             name = topic.encode()
-            parts.append(_uvarint(len(name) + 1) if flexible else struct.pack(">h", len(name)))
+            parts.append(uvarint_bytes(len(name) + 1) if flexible else struct.pack(">h", len(name)))
             parts.append(name)
-        parts.append(_uvarint(len(partitions) + 1) if flexible else _INT32.pack(len(partitions)))
+        parts.append(
+            uvarint_bytes(len(partitions) + 1) if flexible else _INT32.pack(len(partitions))
+        )
         for index, error, base, append_time_ms, log_start in partitions:
             parts.append(_PARTITION_V3.pack(index, error, base, append_time_ms))
             if with_start:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from controlplane.route_epochs import bump_due, committed_epoch
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
+from tests.unit.zone_images import register_brokers
 
 
 def test_bump_fences_the_previous_epoch_and_a_retry_does_not_bump_twice():
@@ -50,20 +51,7 @@ def test_bump_is_due_every_interval_once_brokers_exist():
 
 def test_committed_epoch_is_the_minimum_persisted_and_only_advances():
     sm = MetadataStateMachine(ControllerSettings())
-    for node in (1, 2):
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": f"az{node}",
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": f"i{node}",
-                "wal_uri": "file:///tmp/w",
-            },
-            now_ms=0,
-        )
-        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
+    register_brokers(sm, (1, 2), kafka_port=9001)
     assert committed_epoch(sm.image, {1: 4}) is None  # broker 2 has not reported
     assert committed_epoch(sm.image, {1: 4, 2: 2}) == 2
     # a fenced broker with no open stream no longer counts

@@ -183,28 +183,10 @@ def test_cache_plain_end_and_puts_kept_to_the_cached_epoch():
 
 def _reader_with_image():
     """A SnapshotReader (node 1) following partition 0 of a topic led by node 2."""
-    from controlplane.settings import ControllerSettings
-    from controlplane.state_machine import MetadataStateMachine
     from dataplane.zonerouter.traffic import ZoneTraffic
+    from tests.unit.zone_images import two_brokers_and_a_topic
 
-    sm = MetadataStateMachine(ControllerSettings())
-    for node in (1, 2):
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": f"az{node}",
-                "host": "127.0.0.1",
-                "kafka_port": 1,  # nothing listens: the poller's calls fail, apply is driven here
-                "incarnation_id": f"i{node}",
-                "wal_uri": "file:///tmp/w",
-            },
-            now_ms=0,
-        )
-        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
-    topic_id = str(uuid.uuid4())
-    out = sm.execute("create_topic", {"name": "t", "partitions": 1, "topic_id": topic_id}, now_ms=0)
-    assert "error" not in out, out
+    sm, topic_id = two_brokers_and_a_topic()
     image = sm.image
     channel: dict[int, bytes] = {}  # this broker's channel records it still holds
     reader = SnapshotReader(

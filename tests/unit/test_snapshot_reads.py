@@ -202,33 +202,15 @@ def test_apply_reads_new_batches_from_the_channel_and_stops_at_a_gap(objects):
     the object store into its cache (byte for byte the main's batches), extends what a
     fetch may read up to the main's high watermark, wakes the fetches, and stops at a link
     whose channel record it cannot read (a gap: served once uploaded)."""
-    from controlplane.settings import ControllerSettings
-    from controlplane.state_machine import MetadataStateMachine
     from dataplane.formats.record_batch import patch_batch
     from dataplane.s3stream.wal.object_wal import ObjectWAL
     from dataplane.zonerouter.channel import ChannelReaders, channel_location
     from dataplane.zonerouter.snapshot_read import SnapshotReader
     from dataplane.zonerouter.traffic import ZoneTraffic
     from tests.unit.test_kafka_apis_inprocess import batch
+    from tests.unit.zone_images import two_brokers_and_a_topic
 
-    sm = MetadataStateMachine(ControllerSettings())
-    for node in (1, 2):
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": f"az{node}",
-                "host": "127.0.0.1",
-                "kafka_port": 1,  # nothing listens: the poller's calls fail, apply is driven here
-                "incarnation_id": f"i{node}",
-                "wal_uri": "file:///tmp/w",
-            },
-            now_ms=0,
-        )
-        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
-    topic_id = str(uuid.uuid4())
-    out = sm.execute("create_topic", {"name": "t", "partitions": 1, "topic_id": topic_id}, now_ms=0)
-    assert "error" not in out, out
+    sm, topic_id = two_brokers_and_a_topic()
     image = sm.image
     state = image.topics[topic_id].partitions[0]
     first, second = batch([b"a", b"b"]), batch([b"c"])

@@ -3,8 +3,8 @@
 * A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
 * Group commit on one *committer* thread: it takes the queued appends (up to
   ``max_batch_bytes``), assigns their offsets, adds a padding record up to the next
-  4 KiB boundary, writes the batch with one ``pwritev`` (into the page cache:
-  microseconds), calls ``fdatasync``, re-checks the reservation, marks the batch
+  4 KiB boundary, writes the batch (with O_DIRECT from one reused aligned buffer,
+  ``direct_write.py``, or buffered with one ``pwritev``), calls ``fdatasync``, re-checks the reservation, marks the batch
   durable and resolves its futures in order; then the next batch. Appends that arrive
   while an fdatasync runs wait in the queue and are all taken by the next group commit.
   An append is acknowledged only after its fdatasync. One thread instead of a
