@@ -204,6 +204,34 @@ def test_paced_bodies_hand_out_their_bytes_at_their_shared_rate() -> None:
         SendPace(0)
 
 
+def test_a_paced_body_read_in_small_blocks_waits_a_few_times_a_second_not_per_block() -> None:
+    """An HTTP client reads a body 16 KiB at a time: a pace of 16 MiB/s makes it wait about
+    every PACE_SLACK_S (each wait a thread sleep and wake-up), not before every block, and
+    it is never more than PACE_SLACK_S of bytes ahead of its rate."""
+    from dataplane.objectstore import SendPace
+    from dataplane.objectstore.body import PACE_BURST_BYTES, PACE_SLACK_S
+
+    class CountingClock(_FakeClock):
+        waits = 0
+
+        def wait(self, seconds: float) -> bool:
+            self.waits += 1
+            return super().wait(seconds)
+
+    clock = CountingClock()
+    rate = 16 * 1024 * 1024
+    pace = SendPace(rate, clock=clock.monotonic, unpaced=clock)
+    reader = ObjectBody([bytes(5 * 1024 * 1024)]).paced(pace).reader()
+    sent = 0
+    while chunk := reader.read(16 * 1024):
+        sent += len(chunk)
+        on_pace_s = (sent - PACE_BURST_BYTES) / rate
+        assert clock.now_s - 100.0 >= on_pace_s - PACE_SLACK_S - 1e-9  # never far ahead
+    paced_s = (5 - 1) / 16
+    assert paced_s - PACE_SLACK_S <= clock.slept_s <= paced_s
+    assert clock.waits <= paced_s / PACE_SLACK_S + 1  # 256 blocks, a handful of waits
+
+
 def test_regular_uploads_are_sent_at_twice_their_arrival_rate_unless_the_wal_fills() -> None:
     from dataplane.s3stream.uploader import upload_send_rate
 
