@@ -339,6 +339,10 @@ class ErasurePartition:
             slot = max(slot, batches[-1].last_offset)
         return b"".join(parts), False
 
+    def read_cached(self, offset: int, max_bytes: int, end: int | None = None) -> None:
+        """Reads go to the shard stores or sealed objects: always off the loop."""
+        return None
+
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return []
 

@@ -290,6 +290,14 @@ class PartitionBackend(Protocol):
         the event loop."""
         ...
 
+    def read_cached(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks | None:
+        """What `read` returns, when all of it is in memory (a tail read from the LogCache):
+        never blocks, so the event loop calls it first and saves a Fetch the I/O pool's
+        thread hand-offs. None when the read needs I/O (then `read` off the loop)."""
+        ...
+
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions overlapping [start, end)."""
         ...

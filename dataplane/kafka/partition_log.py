@@ -551,6 +551,18 @@ class PartitionLog:
         if offset >= end:
             return b""
         batches = self.stream.fetch(offset, end, max_bytes)
+        return self._records_out(batches)
+
+    def read_cached(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks | None:
+        end = self.high_watermark if end is None else end
+        if offset >= end:
+            return b""
+        batches = self.stream.fetch_cached(offset, end, max_bytes)
+        return None if batches is None else self._records_out(batches)
+
+    def _records_out(self, batches: list) -> bytes | memoryview | RecordChunks:
         # not joined: batches read from objects are views of the GET's body (formats/stream_records.py)
         records = concat_records([b.payload for b in batches])
         self._bytes_out.inc(len(records))

@@ -56,6 +56,7 @@ from dataplane.s3stream.uploader import (
     UploadResult,
     data_lost,
     is_retriable_upload_error,
+    log_dropped_stream,
     upload_pace,
 )
 from dataplane.s3stream.wal import WALBackpressureError, WALFullError, WriteAheadLog
@@ -171,6 +172,14 @@ class Stream:
         return self._storage._fetch(
             self._state, start_offset, end_offset if end_offset is not None else 2**62, max_bytes
         )
+
+    def fetch_cached(
+        self, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch] | None:
+        """`fetch` when every batch it returns is in the LogCache (the tail): never blocks
+        on I/O, so the event loop may call it; None when the range starts below the
+        LogCache (`fetch` reads objects: call it off the loop)."""
+        return self._storage._fetch_cached(self._state, start_offset, end_offset, max_bytes)
 
     def trim(self, new_start_offset: int) -> None:
         self._storage._trim(self._state, new_start_offset)
@@ -432,9 +441,9 @@ class S3Storage:
         wal_future.add_done_callback(on_durable)
         return result
 
-    def _fetch(
+    def _fetch_cached(
         self, state: _StreamState, start: int, end: int, max_bytes: int
-    ) -> list[StreamRecordBatch]:
+    ) -> list[StreamRecordBatch] | None:
         end = min(end, state.confirmed_offset)
         if start >= end:
             return []
@@ -442,6 +451,17 @@ class S3Storage:
             cached_from = self.log_cache.start_offset(state.stream_id)
             if cached_from is not None and start >= cached_from:
                 return self.log_cache.read(state.stream_id, start, end, max_bytes)
+        return None
+
+    def _fetch(
+        self, state: _StreamState, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        cached = self._fetch_cached(state, start, end, max_bytes)
+        if cached is not None:
+            return cached
+        end = min(end, state.confirmed_offset)
+        with self._lock:
+            cached_from = self.log_cache.start_offset(state.stream_id)
         object_end = end if cached_from is None else min(end, cached_from)
         out = self.committed_readers.read(state.stream_id, start, object_end, max_bytes)
         size = sum(b.size_bytes for b in out)
@@ -750,30 +770,7 @@ class S3Storage:
                         )
                         if code == ErrorCode.UNKNOWN_STREAM:
                             self._streams.pop(sid, None)
-            if lost:
-                log.error(
-                    "stream %d epoch %d: the controller refuses its data (%s, committed "
-                    "end %s, data up to %d): acknowledged records are lost; the stream "
-                    "takes no more appends here",
-                    sid,
-                    epoch,
-                    code.value,
-                    committed_end,
-                    dropped_end,
-                )
-            else:
-                # deleted, moved on (its records were uploaded by whoever closed it), or
-                # already committed by an earlier attempt whose answer was lost
-                log.log(
-                    logging.INFO if code == ErrorCode.UNKNOWN_STREAM else logging.WARNING,
-                    "stream %d epoch %d: its data up to %d is left out of the upload "
-                    "(%s, committed end %s); nothing acknowledged is lost",
-                    sid,
-                    epoch,
-                    dropped_end,
-                    code.value,
-                    committed_end,
-                )
+            log_dropped_stream(sid, epoch, code, committed_end, dropped_end, lost)
 
     def _committed_end(self, stream_id: int) -> int | None:
         """The controller's committed end of a stream, None if it cannot say now."""

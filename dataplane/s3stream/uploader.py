@@ -143,6 +143,42 @@ def data_lost(code: ErrorCode, committed_end: int | None, dropped_end: int) -> b
     return committed_end is None or committed_end < dropped_end
 
 
+def log_dropped_stream(
+    stream_id: int,
+    epoch: int,
+    code: ErrorCode,
+    committed_end: int | None,
+    dropped_end: int,
+    lost: bool,
+) -> None:
+    """Log a stream's data left out of an upload: an ERROR when acknowledged records are
+    lost (`data_lost`), else INFO for a deleted stream and WARNING for the rest."""
+    if lost:
+        log.error(
+            "stream %d epoch %d: the controller refuses its data (%s, committed end %s, "
+            "data up to %d): acknowledged records are lost; the stream takes no more "
+            "appends here",
+            stream_id,
+            epoch,
+            code.value,
+            committed_end,
+            dropped_end,
+        )
+        return
+    # deleted, moved on (its records were uploaded by whoever closed it), or already
+    # committed by an earlier attempt whose answer was lost
+    log.log(
+        logging.INFO if code == ErrorCode.UNKNOWN_STREAM else logging.WARNING,
+        "stream %d epoch %d: its data up to %d is left out of the upload (%s, committed "
+        "end %s); nothing acknowledged is lost",
+        stream_id,
+        epoch,
+        dropped_end,
+        code.value,
+        committed_end,
+    )
+
+
 def _is_retriable_put_error(exc: BaseException) -> bool:
     """A failed put worth another try in the same bucket (not a switch of buckets)."""
     return is_retriable_upload_error(exc) and not isinstance(exc, BucketSwitchedError)

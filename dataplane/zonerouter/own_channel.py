@@ -126,6 +126,11 @@ class OwnChannelPartition:
     ) -> bytes | memoryview | RecordChunks:
         return self._plog.read(offset, max_bytes, end)
 
+    def read_cached(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks | None:
+        return self._plog.read_cached(offset, max_bytes, end)
+
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return self._plog.aborted_transactions(start, end)
 

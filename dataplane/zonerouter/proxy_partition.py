@@ -155,6 +155,10 @@ class ProxyPartition:
     def aborted_since(self, marker_offset: int) -> list[tuple[int, int, int]]:
         return []  # known from the main's snapshots, served by the main
 
+    def read_cached(self, offset: int, max_bytes: int, end: int | None = None) -> None:
+        """Reads go through the snapshot cache or the main's objects: always off the loop."""
+        return None
+
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         """The main's aborted transactions overlapping [start, end) (from its snapshots;
         complete below `last_stable_offset`, where read_committed fetches stop)."""

@@ -145,6 +145,14 @@ class CountedBackend:
         self._traffic.client("consumed", self._az, len(data))
         return data
 
+    def read_cached(
+        self, offset: int, max_bytes: int, end: int | None = None
+    ) -> bytes | memoryview | RecordChunks | None:
+        data = self._inner.read_cached(offset, max_bytes, end)
+        if data is not None:
+            self._traffic.client("consumed", self._az, len(data))
+        return data
+
 
 CHANNEL_ALL = "all"  # zone_router.channel_mode: every produce at a main via its channel
 CHANNEL_AZ_CLIENTS = "az_clients"  # only the produce of clients with a known AZ

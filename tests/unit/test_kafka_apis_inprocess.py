@@ -70,6 +70,11 @@ def fetch_req(topic: str, offset: int):
     )
 
 
+def reads_objects(self, offset: int, max_bytes: int, end: int | None = None) -> None:
+    """`PartitionLog.read_cached` of records no longer in memory: `read` (off the loop)."""
+    return None
+
+
 def values_of(records: bytes) -> list[tuple[int, bytes]]:
     out = []
     mr = MemoryRecords(records)
@@ -118,6 +123,23 @@ def test_produce_then_fetch_through_the_api_layer_with_no_server(broker):
     assert values_of(part.records) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
     assert latest.topics[0].partitions[0].offset == 4
     assert time.monotonic() - started < 5  # no servers to start: well under a second usually
+
+
+def test_a_fetch_at_the_tail_is_answered_from_memory_without_the_io_pool(broker):
+    """Records still in the LogCache are read on the event loop: with the I/O pool shut
+    down (any read handed to it would fail the request) the tail is still served."""
+    apis, controller, sync = broker
+    controller.call("create_topic", {"name": "tail", "partitions": 1})
+    sync()
+
+    async def scenario():
+        await apis.data.produce(produce_req("tail", batch([b"a", b"b"])), ctx(0, 9))
+        apis.io.shutdown(wait=True)
+        return (await apis.data.fetch(fetch_req("tail", 1), ctx(1, 12))).resolved()
+
+    part = asyncio.run(scenario()).responses[0].partitions[0]
+    assert part.error_code == KafkaError.NONE
+    assert values_of(part.records) == [(0, b"a"), (1, b"b")]
 
 
 def test_idempotent_retry_gets_the_original_offset_and_bad_batches_change_nothing(broker):
@@ -177,6 +199,7 @@ def test_a_read_from_a_bucket_that_is_down_is_a_retriable_error_not_a_failed_req
         await apis.data.produce(produce_req("old", batch([b"a", b"b"])), ctx(0, 9))
         with monkeypatch.context() as m:
             m.setattr(PartitionLog, "read", bucket_down)
+            m.setattr(PartitionLog, "read_cached", reads_objects)  # older data: not in memory
             down = (await apis.data.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
         healed = (await apis.data.fetch(fetch_req("old", 0), ctx(1, 12))).resolved()
         return down, healed
@@ -300,6 +323,7 @@ def test_the_partitions_of_one_fetch_are_read_at_once_within_max_bytes(broker, m
             await apis.data.produce(produce_to(p), ctx(0, 9))
         with monkeypatch.context() as m:
             m.setattr(PartitionLog, "read", slow_read)
+            m.setattr(PartitionLog, "read_cached", reads_objects)  # a catch-up: not in memory
             wide = await apis.data.fetch(multi_fetch_req("wide", 4, 4 << 20, 1 << 20), ctx(1, 12))
             wide = wide.resolved()
         # max_bytes 25,000, 12,000 per partition: partitions 0 and 1 whole, 2 with what is
