@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError as FutureCancelledError
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -237,12 +238,14 @@ class LoopHandoff:
         def copy_outcome(done: Future) -> None:
             if waiter.done():  # cancelled meanwhile
                 return
-            if done.cancelled():
+            try:  # one look at `done` (each of its accessors takes its lock)
+                result = done.result(timeout=0)
+            except FutureCancelledError:
                 waiter.cancel()
-            elif (error := done.exception()) is not None:
+            except BaseException as error:  # noqa: BLE001 - handed over, not handled
                 waiter.set_exception(error)
             else:
-                waiter.set_result(done.result())
+                waiter.set_result(result)
 
         future.add_done_callback(lambda done: self.call_soon(copy_outcome, done))
         return waiter

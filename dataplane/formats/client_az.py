@@ -9,6 +9,7 @@ is served as without a zone router (the real leaders).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -43,6 +44,9 @@ def az_from_client_id(client_id: str | None) -> str | None:
     return None
 
 
+MAX_CACHED_HOSTS = 4096  # client addresses whose AZ is remembered (per map)
+
+
 @dataclass(frozen=True)
 class CidrAzMap:
     """Client address ranges → AZ; the longest matching prefix wins. Immutable (thread-safe)."""
@@ -66,6 +70,12 @@ class CidrAzMap:
 
     def az_of(self, host: str) -> str | None:
         """The AZ of the most specific range holding `host`, or None."""
+        if not self.networks:
+            return None  # no map: nothing to parse (every request asks)
+        return self._az_of_address(host)
+
+    @functools.lru_cache(maxsize=MAX_CACHED_HOSTS)  # noqa: B019 - immutable, few instances
+    def _az_of_address(self, host: str) -> str | None:
         try:
             addr = ipaddress.ip_address(host)
         except ValueError:

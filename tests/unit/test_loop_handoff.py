@@ -89,6 +89,8 @@ def test_wrap_future_hands_over_results_and_errors_and_survives_a_failing_callba
         abandoned: Future = Future()
         abandoned_waiter = handoff.wrap_future(abandoned)
         abandoned_waiter.cancel()  # the produce gave up: the append's future stays as is
+        cancelled: Future = Future()
+        cancelled_waiter = handoff.wrap_future(cancelled)
 
         def boom() -> None:
             raise RuntimeError("a failing callback")
@@ -99,12 +101,16 @@ def test_wrap_future_hands_over_results_and_errors_and_survives_a_failing_callba
                 ok.set_result(7)
                 failed.set_exception(ValueError("fenced"))
                 abandoned.set_result(1)
+                cancelled.cancel()
 
         _on_thread(complete)
         assert await asyncio.wait_for(ok_waiter, 10) == 7
         with pytest.raises(ValueError, match="fenced"):
             await asyncio.wait_for(failed_waiter, 10)
         assert not abandoned.cancelled() and abandoned.result() == 1
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(cancelled_waiter, 10)
+        assert cancelled_waiter.cancelled()
         assert [str(e["exception"]) for e in errors] == ["a failing callback"]
 
     loop.run_until_complete(main())
