@@ -320,8 +320,8 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext(
         "kafka-io",
         "16 (IO_THREADS, broker/assembly.py)",
-        "the Kafka APIs' I/O pool: reads that may reach the object store, controller calls, "
-        "partition deletes; every blocking call a handler makes",
+        "the Kafka APIs' I/O pool: reads below the `LogCache` (they may reach the object "
+        "store), controller calls, partition deletes; every blocking call a handler makes",
         True,
     ),
     ExecutionContext("kafka-security", "2", "SCRAM user and ACL admin calls", True),
