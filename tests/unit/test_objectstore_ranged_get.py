@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from unittest import mock
 
@@ -328,6 +329,57 @@ def test_reused_body_buffers_carry_only_their_own_body(registry):
             for start, end in [(0, 8000), (100, 4200), (5000, 9000), (0, 16384), (7, 9000)]:
                 got = objects.get_range_async(0, "k", start, end, merge=False).result(10)
                 assert bytes(got) == OBJECT[start:end]
+                del got
+    finally:
+        store.close()
+
+
+def test_large_bodies_share_power_of_two_buffers():
+    """Bodies from 1 MiB on get buffers of a power-of-two size, so a free buffer of the
+    class serves the next body whatever its exact size (catch-up GETs are 2-8 MiB)."""
+    mib = 1 << 20
+    pool = BodyBufferPool(max_bytes=64 * mib)
+    first = pool.take(5 * mib + 123)
+    assert len(first) == 8 * mib
+    first[0] = 7  # a mark: the pool does not clear a buffer it hands out again
+    held = weakref.ref(first)
+    del first
+    second = pool.take(7 * mib)
+    assert second is held() and second[0] == 7  # the same 8 MiB buffer, not a fresh one
+    third = pool.take(5 * mib)  # the first one is in use: a fresh one of the class
+    assert third is not second and len(third) == 8 * mib
+    del second, third
+    assert len(pool.take(3 * mib)) == 4 * mib  # not one of more than twice the body
+    assert len(pool.take(1000)) == 1000  # a small body gets its own size
+    # bounded by the classes' whole sizes
+    held_buffers = [pool.take(6 * mib) for _ in range(10)]
+    assert sum(len(b) for b in pool._buffers) <= 64 * mib
+    assert len(held_buffers) == 10
+
+
+def test_large_bodies_in_reused_class_buffers_are_exactly_their_range(registry):
+    """Bodies of a few MiB read into class buffers used again (a shorter one after a longer
+    one) are exactly the ranges asked for, read-only."""
+    big = bytes(range(251)) * (3 * 1024 * 1024 // 251 + 1)
+
+    def script(n: int, path: str, headers: dict[str, str]) -> tuple[bytes, bool]:
+        first, last = headers["range"].removeprefix("bytes=").split("-")
+        return (
+            answer(
+                206,
+                big[int(first) : int(last) + 1],
+                f"Content-Range: bytes {first}-{last}/{len(big)}\r\n",
+            ),
+            False,
+        )
+
+    store = FakeStore(script)
+    mib = 1 << 20
+    try:
+        with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
+            for start, end in [(0, 3 * mib), (100, 2 * mib + 5), (mib + 7, 3 * mib), (0, 9000)]:
+                got = objects.get_range_async(0, "k", start, end, merge=False).result(10)
+                assert got.readonly and bytes(got) == big[start:end]
                 del got
     finally:
         store.close()
