@@ -50,6 +50,7 @@ from dataplane.formats.kafka_errors import (
 )
 from dataplane.formats.record_batch import RecordChunks
 from dataplane.formats.varint import uvarint_bytes
+from dataplane.kafka.fetch_encoder import FetchAnswer
 from dataplane.kafka.produce_decoder import decode_produce_body
 from dataplane.kafka.produce_encoder import ProduceAnswer
 
@@ -80,6 +81,7 @@ __all__ = [
 ]
 
 PRODUCE_KEY = 0
+FETCH_KEY = 1
 API_VERSIONS_KEY = 18
 
 #: Upper bound on tagged fields accepted in a request header (Kafka defines none today;
@@ -482,7 +484,8 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
     version whatever version it was built with; or bytes-like: a body already encoded at
     the request's version (e.g. assembled around large record sets without a copy through
     kafka-python), to which only the size prefix and the response header are added; or a
-    `ResponseWithRecords`: then the frame is a list of buffers (the records not copied).
+    `ResponseWithRecords` or a `FetchAnswer`: then the frame is a list of buffers (the
+    records not copied).
     Raises `ResponseEncodingError` if the object is not the matching kafka-python response
     class or kafka-python cannot encode it (missing/ill-typed fields).
     """
@@ -495,6 +498,8 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
             )
         body = response_obj.encode_body()  # the common answer, without kafka-python
         response_obj = body if body is not None else response_obj.to_kafka()
+    if isinstance(response_obj, FetchAnswer):
+        return _fetch_frame(request, header_version, response_obj)
     if isinstance(response_obj, (bytes, bytearray, memoryview)):
         return _frame(request.correlation_id, header_version, response_obj)
     if isinstance(response_obj, ResponseWithRecords):
@@ -506,6 +511,28 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
         size = 4 + len(tagged) + sum(len(p) for p in parts)
         return [_RESPONSE_PREFIX.pack(size, request.correlation_id), tagged, *parts]
     return _frame(request.correlation_id, header_version, _encode_body(request, response_obj))
+
+
+def _fetch_frame(
+    request: DecodedRequest, header_version: int, answer: FetchAnswer
+) -> bytes | list[Buffer]:
+    """The frame of a `FetchAnswer` (fetch_encoder.py): a list of buffers when it carries
+    records."""
+    if request.api_key != FETCH_KEY or answer.version != request.api_version:
+        raise ResponseEncodingError(
+            f"a FetchResponse v{answer.version} to {request.api_name} v{request.api_version}"
+        )
+    try:
+        parts = answer.encode_parts()
+    except (ValueError, AttributeError, TypeError, struct.error) as exc:
+        raise ResponseEncodingError(
+            f"cannot encode FetchResponse v{answer.version}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if len(parts) == 1:
+        return _frame(request.correlation_id, header_version, parts[0])
+    tagged = b"\x00" if header_version >= 1 else b""
+    size = 4 + len(tagged) + sum(len(p) for p in parts)
+    return [_RESPONSE_PREFIX.pack(size, request.correlation_id), tagged, *parts]
 
 
 def _encode_body(request: DecodedRequest, response_obj: Any) -> bytes:

@@ -16,18 +16,14 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-from kafka.protocol.consumer import (
-    FetchResponse,
-    ListOffsetsResponse,
-    OffsetForLeaderEpochResponse,
-)
+from kafka.protocol.consumer import ListOffsetsResponse, OffsetForLeaderEpochResponse
 
 from controlplane.image import MetadataImage, TopicState
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka.api_context import BrokerApiContext
-from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
 from dataplane.kafka.fetch_budget import next_wave
+from dataplane.kafka.fetch_encoder import FetchAnswer, FetchPartitionAnswer, FetchTopicAnswer
 from dataplane.kafka.partition_backend import (
     BackendError,
     PartitionBackend,
@@ -106,23 +102,18 @@ class _FetchSlot:
     aborted: list[tuple[int, int]] = field(default_factory=list)
     from_objects: bool = False  # the read reached object storage (a catch-up read)
 
-    def response(self, placeholders: RecordsPlaceholders):
-        """This partition's part of the Fetch response (records as a placeholder)."""
-        P = FetchResponse.FetchableTopicResponse.PartitionData
-        return P(
-            partition_index=self.partition,
-            error_code=self.error,
-            high_watermark=self.hw,
-            last_stable_offset=self.lso,
-            log_start_offset=self.start,
-            aborted_transactions=[
-                P.AbortedTransaction(producer_id=pid, first_offset=first)
-                for pid, first in self.aborted
-            ],
-            preferred_read_replica=-1,
-            # the record bytes go to the socket as they are, not through kafka-python's
-            # encoder
-            records=placeholders.placeholder(self.records) if self.records else self.records,
+    def response(self) -> FetchPartitionAnswer:
+        """This partition's part of the Fetch response (fetch_encoder.py writes its record
+        buffers to the socket as they are)."""
+        return FetchPartitionAnswer(
+            self.partition,
+            self.error,
+            self.hw,
+            self.lso,
+            self.start,
+            self.aborted,
+            -1,
+            self.records,
         )
 
 
@@ -281,7 +272,6 @@ class DataApis:
             for _ in range(1_000_000):
                 woken.clear()
                 image = self.broker.image_fn()
-                placeholders = RecordsPlaceholders()
                 total, topics = await self._fetch_once(
                     req,
                     v,
@@ -289,7 +279,6 @@ class DataApis:
                     (max_bytes, min_bytes, deadline),
                     listening,
                     wake,
-                    placeholders,
                     self.broker.client_az(ctx),
                 )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
@@ -301,13 +290,9 @@ class DataApis:
         finally:
             for plog in listening.values():
                 plog.remove_listener(wake)
-        response = FetchResponse[v](
-            throttle_time_ms=0, error_code=0, session_id=0, responses=topics
-        )
-        return ResponseWithRecords(response, placeholders)
+        return FetchAnswer(v, topics)
 
-    async def _fetch_once(self, req, v, image, limits, listening, wake, placeholders, az):
-        F = FetchResponse.FetchableTopicResponse
+    async def _fetch_once(self, req, v, image, limits, listening, wake, az):
         max_bytes, min_bytes, deadline = limits
         read_committed = getattr(req, "isolation_level", 0) == 1
         # first the partitions' state and errors, then the reads: the partitions of one
@@ -368,9 +353,11 @@ class DataApis:
             for slot in topic_slots:
                 if slot.error != KafkaError.NONE:
                     errors = True
-                parts.append(slot.response(placeholders))
-            kwargs = {"topic_id": t.topic_id} if v >= 13 else {"topic": t.topic}
-            topics.append(F(partitions=parts, **kwargs))
+                parts.append(slot.response())
+            if v >= 13:
+                topics.append(FetchTopicAnswer(None, t.topic_id, parts))
+            else:
+                topics.append(FetchTopicAnswer(t.topic, None, parts))
         return (-1 if errors and total == 0 else total), topics
 
     async def _admit_egress(self, read: list[_FetchSlot], timeout_s: float) -> int:
