@@ -13,6 +13,7 @@ from kafka.protocol.metadata import MetadataRequest
 
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import ResponseWithRecords
+from dataplane.kafka.fetch_encoder import FetchAnswer
 from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
 from dataplane.kafka.security.authorizer import Authorizer
 from dataplane.kafka.security.enforcement import AclEnforcer
@@ -67,7 +68,9 @@ def acl(op: str, name: str = "orders", rtype: str = "TOPIC", **kw) -> dict:
 
 def resolved(response):
     """A fetch response as the client decodes it (record sets spliced in)."""
-    return response.resolved() if isinstance(response, ResponseWithRecords) else response
+    if isinstance(response, (ResponseWithRecords, FetchAnswer)):
+        return response.resolved()
+    return response
 
 
 def test_produce_and_fetch_need_write_and_read(secured):
