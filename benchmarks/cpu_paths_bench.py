@@ -1,6 +1,7 @@
 """CPU of one broker code path in one process, no cluster: the A/B tools.
 
     python TREE/benchmarks/cpu_paths_bench.py produce [--requests 3000] [--runs 3] [--partitions 1]
+    python TREE/benchmarks/cpu_paths_bench.py fetch [--requests 3000] [--runs 3] [--partitions 6] [--version 12]
     python TREE/benchmarks/cpu_paths_bench.py listener [--request-kib 16,256,1024] [--mib 512] [--runs 3]
     python TREE/benchmarks/cpu_paths_bench.py object-writer [--payload-kib 1,16,64] [--object-mib 64] [--runs 5]
     python TREE/benchmarks/cpu_paths_bench.py decode-block [--payload-kib 1,16,64] [--object-mib 64] [--runs 5]
@@ -14,6 +15,10 @@ checkouts, in turns, to compare them) and prints medians as JSON:
   through the Kafka APIs: the process's CPU time (the loop's handler and the WAL committer)
   per request. Nothing else is in the measurement (no load generator, no store process, no
   network).
+- `fetch`: the same in-process broker; one batch of 16 x 1 KiB records is produced to each of
+  `--partitions` partitions, then `--requests` Fetch requests (of `--version`) ask for the
+  last batch of every partition, as a tail consumer does: `apis.data.fetch` and
+  `encode_response` (the frame the connection writes), the process's CPU time per fetch.
 - `listener`: a `KafkaServerThread` (framing, request decoding, the ordered response writer)
   serves Produce v9 requests whose handler answers at once; a client thread sends `--mib` MiB
   of requests of `--request-kib` KiB over one loopback connection, 32 in flight: the CPU time
@@ -43,11 +48,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kafka.protocol.consumer import FetchRequest  # noqa: E402
 from kafka.protocol.producer import ProduceRequest, ProduceResponse  # noqa: E402
 
 from dataplane.formats.object_format import ObjectWriter, decode_block  # noqa: E402
 from dataplane.formats.stream_records import StreamRecordBatch  # noqa: E402
-from dataplane.kafka.codec import encode_request  # noqa: E402
+from dataplane.kafka.codec import decode_request, encode_request, encode_response  # noqa: E402
 from dataplane.kafka.registry import ApiRegistry  # noqa: E402
 from dataplane.kafka.server import KafkaServerThread  # noqa: E402
 
@@ -105,6 +111,83 @@ def produce_mode(args: argparse.Namespace) -> dict:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     runs = [produce_run(args.requests, args.partitions) for _ in range(args.runs)]
+    out: dict = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
+    out["runs"] = runs
+    return out
+
+
+# ---------------------------------------------------------------- fetch
+
+
+def fetch_request_of(topic: str, offsets: list[int], version: int):
+    """A Fetch request of `version` (no wait) from `offsets[p]` of each partition p."""
+    parts = [
+        FetchRequest.FetchTopic.FetchPartition(
+            partition=p,
+            current_leader_epoch=-1,
+            fetch_offset=offset,
+            last_fetched_epoch=-1,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        for p, offset in enumerate(offsets)
+    ]
+    return FetchRequest[version](
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=50 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=None, partitions=parts)],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def fetch_run(requests: int, partitions: int, version: int) -> dict[str, float]:
+    from tests.unit.inprocess_broker import inprocess_broker
+    from tests.unit.test_kafka_apis_inprocess import batch, ctx
+
+    if version >= 13:
+        raise SystemExit("--version: up to 12 (a topic name, not an id)")
+    with tempfile.TemporaryDirectory() as d, inprocess_broker(Path(d)) as (apis, ctrl, sync):
+        ctrl.call("create_topic", {"name": "bench", "partitions": partitions})
+        sync()
+        records = batch([b"v" * RECORD_BYTES] * RECORDS_PER_BATCH)
+        # the frame's header only needs the request's api key, version and correlation id
+        decoded = decode_request(
+            encode_request(fetch_request_of("bench", [0] * partitions, version))[4:]
+        )
+        context = ctx(1, version)
+
+        async def run() -> tuple[float, float]:
+            for _ in range(3):  # a few batches: the fetch reads the last one
+                res = await apis.data.produce(request_of("bench", records, partitions), ctx(0, 9))
+            bases = [p.base_offset for p in res.responses[0].partition_responses]
+            request = fetch_request_of("bench", bases, version)
+            frame = encode_response(decoded, await apis.data.fetch(request, context))
+            size = len(frame) if isinstance(frame, bytes) else sum(len(p) for p in frame)
+            assert size > partitions * RECORD_BYTES * RECORDS_PER_BATCH, size
+            for _ in range(WARMUP_REQUESTS):
+                encode_response(decoded, await apis.data.fetch(request, context))
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(requests):
+                encode_response(decoded, await apis.data.fetch(request, context))
+            return time.process_time() - cpu0, time.perf_counter() - wall0
+
+        cpu_s, wall_s = asyncio.run(run())
+    return {
+        "cpu_us_per_fetch": cpu_s / requests * 1e6,
+        "wall_us_per_fetch": wall_s / requests * 1e6,
+    }
+
+
+def fetch_mode(args: argparse.Namespace) -> dict:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    runs = [fetch_run(args.requests, args.partitions, args.version) for _ in range(args.runs)]
     out: dict = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
     out["runs"] = runs
     return out
@@ -239,6 +322,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     produce.add_argument("--runs", type=int, default=3)
     produce.add_argument("--partitions", type=int, default=1, help="partitions per request")
     produce.set_defaults(run=produce_mode)
+    fetch = modes.add_parser("fetch", help="the tail fetch path per request")
+    fetch.add_argument("--requests", type=int, default=3000)
+    fetch.add_argument("--runs", type=int, default=3)
+    fetch.add_argument("--partitions", type=int, default=6, help="partitions per request")
+    fetch.add_argument("--version", type=int, default=12, help="Fetch version (4-12)")
+    fetch.set_defaults(run=fetch_mode)
     listener = modes.add_parser("listener", help="the listener's loop thread per GB")
     listener.add_argument("--request-kib", default="16,256,1024")
     listener.add_argument("--mib", type=int, default=512)
