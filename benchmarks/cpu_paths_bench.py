@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,13 +108,18 @@ def produce_run(requests: int, partitions: int = 1) -> dict[str, float]:
     }
 
 
-def produce_mode(args: argparse.Namespace) -> dict:
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+def in_process_runs(runs: int, run: Callable[[], dict[str, float]]) -> dict:
+    """`run()` (an in-process broker's measurement) `runs` times: medians, and each run."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")  # moto's S3 wants credentials
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    runs = [produce_run(args.requests, args.partitions) for _ in range(args.runs)]
-    out: dict = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
-    out["runs"] = runs
+    results = [run() for _ in range(runs)]
+    out: dict = {k: round(statistics.median(r[k] for r in results), 1) for k in results[0]}
+    out["runs"] = results
     return out
+
+
+def produce_mode(args: argparse.Namespace) -> dict:
+    return in_process_runs(args.runs, lambda: produce_run(args.requests, args.partitions))
 
 
 # ---------------------------------------------------------------- fetch
@@ -185,12 +191,9 @@ def fetch_run(requests: int, partitions: int, version: int) -> dict[str, float]:
 
 
 def fetch_mode(args: argparse.Namespace) -> dict:
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    runs = [fetch_run(args.requests, args.partitions, args.version) for _ in range(args.runs)]
-    out: dict = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
-    out["runs"] = runs
-    return out
+    return in_process_runs(
+        args.runs, lambda: fetch_run(args.requests, args.partitions, args.version)
+    )
 
 
 # ---------------------------------------------------------------- listener
