@@ -48,6 +48,7 @@ _PARTITION = struct.Struct(">ihqq")  # index, error, high watermark, last stable
 _ABORTED = struct.Struct(">qq")  # producer id, first offset
 _ABORTED_TAGGED = struct.Struct(">qqx")  # ... and no tagged fields (a zero byte)
 _NULL_INT32 = b"\xff\xff\xff\xff"
+_NIL_UUID = bytes(16)
 
 Buffer = bytes | bytearray | memoryview
 Records = Buffer | RecordChunks | None
@@ -197,6 +198,11 @@ def _topic_key(out: bytearray, topic: Any, version: int, flexible: bool) -> None
     """A topic's name (v4-v12) or id (v13+) into `out`."""
     if version >= _FIRST_TOPIC_ID:
         topic_id = topic.topic_id
+        if topic_id is None:
+            # the nil id (kafka-python decodes a request's zero UUID as None): an unknown
+            # topic, answered with its error under the id it was asked by
+            out += _NIL_UUID
+            return
         if not isinstance(topic_id, uuid.UUID):
             raise ValueError(f"a FetchResponse v{version} topic needs an id, got {topic_id!r}")
         out += topic_id.bytes

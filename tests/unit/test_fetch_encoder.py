@@ -212,6 +212,17 @@ def test_another_version_or_api_or_a_nameless_topic_is_an_encoding_error() -> No
     with pytest.raises(ResponseEncodingError, match="needs a name"):
         encode_response(request, FetchAnswer(12, [FetchTopicAnswer(None, uuid.uuid4(), [])]))
     with pytest.raises(ResponseEncodingError, match="needs an id"):
-        encode_response(_fetch_request(13), FetchAnswer(13, [FetchTopicAnswer("t", None, [])]))
+        encode_response(_fetch_request(13), FetchAnswer(13, [FetchTopicAnswer("t", "t", [])]))
+
+
+@pytest.mark.parametrize("version", [13, 16])
+def test_a_topic_asked_by_the_nil_id_is_answered_under_it(version: int) -> None:
+    """kafka-python decodes a request's zero topic id as None (a fuzzed frame, or a client
+    that sent the nil id): the answer carries the nil id, as kafka-python's encoder wrote
+    it, instead of failing the request."""
+    request = _fetch_request(version)
+    part = FetchPartitionAnswer(0, 100, -1, -1, -1, [], -1, b"")  # UNKNOWN_TOPIC_ID
+    answer = FetchAnswer(version, [FetchTopicAnswer(None, None, [part])])
+    assert encode_response(request, answer) == _old_path(request, answer)
     with pytest.raises(ResponseEncodingError):
         encode_response(_fetch_request(17), FetchAnswer(17, []))
