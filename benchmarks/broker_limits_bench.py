@@ -101,7 +101,9 @@ ONLY = {
 # lag and GC pauses once perf reads them from /metrics): passed through under the step's name.
 PERF_BROKER_FIELDS = (
     "broker_rtt_p99_ms",
-    "broker_rtt_p999_ms",
+    # the run's round trips together: upper bounds from librdkafka's per-window percentiles
+    "broker_rtt_p99_at_most_ms",
+    "broker_rtt_p999_at_most_ms",
     "max_interval_broker_rtt_p99_ms",
     "broker_loop_lag_p99_ms",
     "broker_gc_pause_p99_ms",
@@ -114,7 +116,7 @@ PERF_BROKER_FIELDS = (
 # (figure, the target, "<=" or ">=", the same run's physical limit beside it or None)
 LIMITS = (
     ("fixed_broker_rtt_p99_ms", 5, "<=", "fixed_disk_64k_p99_ms"),
-    ("fixed_broker_rtt_p999_ms", 15, "<=", "fixed_disk_64k_p999_ms"),
+    ("fixed_broker_rtt_p999_at_most_ms", 15, "<=", "fixed_disk_64k_p999_ms"),
     ("fixed_produce_p99_ms", 10, "<=", "fixed_disk_64k_p99_ms"),
     ("fixed_e2e_p99_ms", 15, "<=", None),
     ("fixed_max_interval_produce_p99_ms", 25, "<=", None),

@@ -42,7 +42,7 @@ from cli.local_cluster import LocalCluster
 from cli.options import FormatOption
 from cli.output import OutputFormat, console, err_console, fail, print_data, waiting, warn
 from cli.perf_broker_metrics import BrokerPauses, MachineLag
-from cli.perf_histogram import LatencyHistogram
+from cli.perf_histogram import LatencyHistogram, WindowSummary, quantile_at_most
 from cli.perf_workers import FLUSH_TIMEOUT_S, WorkerSpec, producer_plan, run_worker
 
 WARMUP_TIMEOUT_S = 30.0  # clients connecting and consumers joining before the clock starts
@@ -65,11 +65,13 @@ class _Window:
         self.errors = 0
         self.rtt_p99_ms: list[float] = []  # one per producer and stats window (~1 s)
         self.queue_p99_ms: list[float] = []  # librdkafka's own queue, likewise
+        self.rtt_windows: list[WindowSummary] = []  # per broker too (perf_workers.rtt_window)
 
     def add(self, sample: dict) -> None:
         if len(self.rtt_p99_ms) < MAX_RTT_SAMPLES:
             self.rtt_p99_ms.extend(sample.get("rtt_p99_ms", ()))
             self.queue_p99_ms.extend(sample.get("queue_p99_ms", ()))
+            self.rtt_windows.extend(sample.get("rtt_windows", ()))
         self.produce.merge(sample["produce"])
         self.e2e.merge(sample["e2e"])
         self.produced_bytes += sample["produced_bytes"]
@@ -663,6 +665,10 @@ def _measured_summary(run: PerfRun, measured: _Measured, wall: float, pauses: di
         # (no Python stall of the load generator in it): the median and worst window
         "broker_rtt_p99_ms": _median(total.rtt_p99_ms),
         "max_interval_broker_rtt_p99_ms": max(total.rtt_p99_ms, default=None),
+        # every round trip of the run together, bounded from the windows' percentiles
+        # (librdkafka gives no run-wide histogram): the run's p99 and p999 are at most these
+        "broker_rtt_p99_at_most_ms": quantile_at_most(total.rtt_windows, 0.99),
+        "broker_rtt_p999_at_most_ms": quantile_at_most(total.rtt_windows, 0.999),
         # the client's own share: librdkafka's queue from produce() until the message is in
         # a request (linger.ms and batching included), p99 per window, the median
         "client_queue_p99_ms": _median(total.queue_p99_ms),

@@ -73,3 +73,42 @@ class LatencyHistogram:
             if seen > rank:
                 return bucket_value(index)
         return bucket_value(max(self.counts))  # not reached: the counts sum to count
+
+
+# One window of a latency someone else summarised (librdkafka's stats, ~1 s each): how many
+# samples it held and points (value ms, at most this fraction of its samples lie above).
+WindowSummary = tuple[int, tuple[tuple[float, float], ...]]
+
+
+def quantile_at_most(windows: list[WindowSummary], quantile: float) -> float | None:
+    """An upper bound of the `quantile` (0-1) of every sample of `windows` together, from
+    each window's own percentiles only (pure).
+
+    A window's p99 of v says at most 1% of its samples lie above v, its maximum that none
+    does. So at most sum(count_w * fraction_w(x)) samples of the run lie above x, where
+    fraction_w(x) is the smallest fraction of w's points at or below x (1 when none is).
+    The answer is the smallest point value x where that sum is within (1 - quantile) of
+    all samples: the run's quantile is certainly not above it (it may be below). None
+    without samples."""
+    total = sum(count for count, _points in windows)
+    if total <= 0:
+        return None
+    allowed = (1.0 - quantile) * total
+    events = sorted(
+        (value, fraction, w) for w, (_count, points) in enumerate(windows)
+        for value, fraction in points
+    )  # fmt: skip
+    above = [1.0] * len(windows)  # each window's fraction above the sweep's value
+    excess = float(total)  # samples that may lie above the sweep's value
+    i = 0
+    while i < len(events):
+        value = events[i][0]
+        while i < len(events) and events[i][0] == value:
+            _value, fraction, w = events[i]
+            if fraction < above[w]:
+                excess -= windows[w][0] * (above[w] - fraction)
+                above[w] = fraction
+            i += 1
+        if excess <= allowed * (1 + 1e-12):
+            return value
+    return None  # not reached when every window has a point of fraction 0 (its maximum)

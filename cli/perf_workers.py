@@ -31,7 +31,7 @@ import traceback
 from dataclasses import dataclass
 
 from cli.kafka_util import QUIET_RDKAFKA
-from cli.perf_histogram import LatencyHistogram
+from cli.perf_histogram import LatencyHistogram, WindowSummary
 
 WARMUP_TIMEOUT_S = 30.0  # clients connecting before the clock starts
 STICKY_S = 0.010  # a producer fills one partition this long, as librdkafka's sticky default
@@ -79,6 +79,9 @@ class _Counters:
         self.records = 0
         self.errors = 0
         self.rtt_p99_ms: list[float] = []  # librdkafka's request round-trip p99 per stats window
+        # each broker's round trips per stats window, summarised (`rtt_window`): the run's
+        # upper bounds of the p99 and p999 come from these
+        self.rtt_windows: list[WindowSummary] = []
         # librdkafka's time from produce() until the request is built (its queue, linger
         # included), p99 per stats window: the client's own share of a produce's latency
         self.queue_p99_ms: list[float] = []
@@ -104,9 +107,15 @@ class _Counters:
         with self.lock:
             self.errors += 1
 
-    def rtt(self, p99_ms: float, queue_p99_ms: float | None = None) -> None:
+    def rtt(
+        self,
+        p99_ms: float,
+        queue_p99_ms: float | None = None,
+        windows: list[WindowSummary] | None = None,
+    ) -> None:
         with self.lock:
             self.rtt_p99_ms.append(p99_ms)
+            self.rtt_windows.extend(windows or ())
             if queue_p99_ms is not None:
                 self.queue_p99_ms.append(queue_p99_ms)
 
@@ -120,6 +129,7 @@ class _Counters:
                 "records": self.records,
                 "errors": self.errors,
                 "rtt_p99_ms": self.rtt_p99_ms,
+                "rtt_windows": self.rtt_windows,
                 "queue_p99_ms": self.queue_p99_ms,
             }
             self._reset()
@@ -283,6 +293,7 @@ def _note_rtt(stats_json: str, counters: _Counters) -> None:
             if b.get("nodeid", -1) >= 0 and b.get("rtt", {}).get("cnt", 0) > 0
         ]
         p99s = [b["rtt"]["p99"] / 1000 for b in brokers]
+        windows = [rtt_window(b["rtt"]) for b in brokers]
         queue_p99s = [
             b["int_latency"]["p99"] / 1000
             for b in brokers
@@ -291,7 +302,34 @@ def _note_rtt(stats_json: str, counters: _Counters) -> None:
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # a stats format this code does not know: no figure, not an error
     if p99s:
-        counters.rtt(max(p99s), max(queue_p99s, default=None))
+        counters.rtt(max(p99s), max(queue_p99s, default=None), windows)
+
+
+# librdkafka's percentiles of a window and the fraction of its samples each leaves above
+_RTT_POINTS = (
+    ("p50", 0.5),
+    ("p75", 0.25),
+    ("p90", 0.1),
+    ("p95", 0.05),
+    ("p99", 0.01),
+    ("p99_99", 0.0001),
+)
+
+
+def rtt_window(rtt: dict) -> WindowSummary:
+    """One broker's round trips of one librdkafka stats window (µs there) as a window
+    summary in ms: its percentiles and its maximum. Samples beyond librdkafka's histogram
+    (`outofrange`) are in no percentile, so they count as above every one but the maximum."""
+    count = int(rtt["cnt"])
+    beyond = rtt.get("outofrange", 0) / count
+    points = [
+        (rtt[key] / 1000, min(1.0, fraction + beyond))
+        for key, fraction in _RTT_POINTS
+        if key in rtt
+    ]
+    if "max" in rtt:
+        points.append((rtt["max"] / 1000, 0.0))
+    return count, tuple(points)
 
 
 def _consume_loop(spec: WorkerSpec, counters: _Counters, out, events) -> None:

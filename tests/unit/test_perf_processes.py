@@ -3,9 +3,10 @@ merges, and how producers, rate and partitions are spread over processes."""
 
 from __future__ import annotations
 
+import math
 import random
 
-from cli.perf_histogram import LatencyHistogram
+from cli.perf_histogram import LatencyHistogram, quantile_at_most
 from cli.perf_workers import producer_plan
 
 
@@ -88,12 +89,12 @@ def test_librdkafka_stats_give_the_round_trip_and_the_clients_own_queue():
             "bootstrap": {"nodeid": -1, "rtt": {"cnt": 5, "p99": 90_000}},
             "b1": {
                 "nodeid": 1,
-                "rtt": {"cnt": 10, "p99": 2_500},
+                "rtt": {"cnt": 10, "p99": 2_500, "max": 3_000, "outofrange": 1},
                 "int_latency": {"cnt": 10, "p99": 7_000},
             },
             "b2": {
                 "nodeid": 2,
-                "rtt": {"cnt": 10, "p99": 1_500},
+                "rtt": {"cnt": 10, "p50": 700, "p99": 1_500, "max": 1_600},
                 "int_latency": {"cnt": 0, "p99": 0},
             },
         }
@@ -102,3 +103,48 @@ def test_librdkafka_stats_give_the_round_trip_and_the_clients_own_queue():
     _note_rtt("not json", counters)  # an unknown format: no figure, no error
     sample = counters.take()
     assert sample["rtt_p99_ms"] == [2.5] and sample["queue_p99_ms"] == [7.0]
+    # each broker's window for the run-wide bounds; a sample beyond librdkafka's histogram
+    # may lie above any of its percentiles, not above its maximum
+    assert sample["rtt_windows"] == [
+        (10, ((2.5, 0.11), (3.0, 0.0))),
+        (10, ((0.7, 0.5), (1.5, 0.01), (1.6, 0.0))),
+    ]
+
+
+def _window_of(samples: list[float]) -> tuple[int, tuple[tuple[float, float], ...]]:
+    """A window summary as librdkafka's percentiles give one: at each percentile p the
+    smallest sample with at most (1 - p) of the samples above it, and the maximum."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    points = []
+    for fraction in (0.5, 0.25, 0.1, 0.05, 0.01, 0.0001):
+        points.append((ordered[min(n - 1, math.ceil(n * (1 - fraction)) - 1)], fraction))
+    points.append((ordered[-1], 0.0))
+    return n, tuple(points)
+
+
+def test_the_run_wide_round_trip_quantile_is_bounded_from_the_windows_percentiles():
+    # ten quiet windows: at most 0.01 % of each above 5 ms, so the run's p999 is at most 5
+    quiet = [(1000, ((1.0, 0.5), (2.0, 0.01), (5.0, 0.0001), (6.0, 0.0)))] * 10
+    assert quantile_at_most(quiet, 0.999) == 5.0
+    assert quantile_at_most(quiet, 0.99) == 2.0
+    # one slow window: up to 1 % of its samples above its p99 (10 of the run's 11,000
+    # samples, within its 0.1 %), none above its maximum
+    slow = (1000, ((1.0, 0.5), (30.0, 0.05), (50.0, 0.01), (80.0, 0.0)))
+    assert quantile_at_most([*quiet, slow], 0.999) == 50.0
+    assert quantile_at_most([*quiet, slow], 0.99) == 30.0  # 50 of its samples above 30
+    assert quantile_at_most([], 0.999) is None
+
+
+def test_the_bound_is_never_below_the_exact_quantile_of_the_samples():
+    rng = random.Random(7)
+    for _ in range(200):
+        windows = [
+            [rng.lognormvariate(0.5, rng.uniform(0.2, 1.5)) for _ in range(rng.randint(1, 400))]
+            for _ in range(rng.randint(1, 30))
+        ]
+        everything = sorted(v for w in windows for v in w)
+        for q in (0.99, 0.999):
+            exact = everything[min(len(everything) - 1, math.ceil(len(everything) * q) - 1)]
+            bound = quantile_at_most([_window_of(w) for w in windows], q)
+            assert exact <= bound <= everything[-1], (q, exact, bound)
