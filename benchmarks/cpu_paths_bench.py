@@ -49,7 +49,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kafka.protocol.consumer import FetchRequest  # noqa: E402
 from kafka.protocol.producer import ProduceRequest, ProduceResponse  # noqa: E402
 
 from dataplane.formats.object_format import ObjectWriter, decode_block  # noqa: E402
@@ -127,28 +126,10 @@ def produce_mode(args: argparse.Namespace) -> dict:
 
 def fetch_request_of(topic: str, offsets: list[int], version: int):
     """A Fetch request of `version` (no wait) from `offsets[p]` of each partition p."""
-    parts = [
-        FetchRequest.FetchTopic.FetchPartition(
-            partition=p,
-            current_leader_epoch=-1,
-            fetch_offset=offset,
-            last_fetched_epoch=-1,
-            log_start_offset=-1,
-            partition_max_bytes=1 << 20,
-        )
-        for p, offset in enumerate(offsets)
-    ]
-    return FetchRequest[version](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=None, partitions=parts)],
-        forgotten_topics_data=[],
-        rack_id="",
+    from tests.support.kafka_requests import fetch_request
+
+    return fetch_request(
+        topic, dict(enumerate(offsets)), version, topic_id=None, max_bytes=50 << 20
     )
 
 

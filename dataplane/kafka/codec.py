@@ -402,6 +402,15 @@ def _frame(correlation_id: int, header_version: int, body: bytes | bytearray | m
 
 
 Buffer = bytes | bytearray | memoryview
+
+
+def _frame_of_parts(correlation_id: int, header_version: int, parts: list[Buffer]) -> list[Buffer]:
+    """Size prefix + response header, then the body's `parts` as they are (not copied)."""
+    tagged = b"\x00" if header_version >= 1 else b""
+    size = 4 + len(tagged) + sum(len(p) for p in parts)
+    return [_RESPONSE_PREFIX.pack(size, correlation_id), tagged, *parts]
+
+
 _TOKEN_BYTES = 16
 
 
@@ -506,10 +515,9 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
         body = _encode_body(request, response_obj.response)
         if not response_obj.records.records:
             return _frame(request.correlation_id, header_version, body)
-        parts = _splice(body, response_obj.records)
-        tagged = b"\x00" if header_version >= 1 else b""
-        size = 4 + len(tagged) + sum(len(p) for p in parts)
-        return [_RESPONSE_PREFIX.pack(size, request.correlation_id), tagged, *parts]
+        return _frame_of_parts(
+            request.correlation_id, header_version, _splice(body, response_obj.records)
+        )
     return _frame(request.correlation_id, header_version, _encode_body(request, response_obj))
 
 
@@ -530,9 +538,7 @@ def _fetch_frame(
         ) from exc
     if len(parts) == 1:
         return _frame(request.correlation_id, header_version, parts[0])
-    tagged = b"\x00" if header_version >= 1 else b""
-    size = 4 + len(tagged) + sum(len(p) for p in parts)
-    return [_RESPONSE_PREFIX.pack(size, request.correlation_id), tagged, *parts]
+    return _frame_of_parts(request.correlation_id, header_version, parts)
 
 
 def _encode_body(request: DecodedRequest, response_obj: Any) -> bytes:

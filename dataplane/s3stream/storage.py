@@ -179,7 +179,8 @@ class Stream:
         """`fetch` when every batch it returns is in the LogCache (the tail): never blocks
         on I/O, so the event loop may call it; None when the range starts below the
         LogCache (`fetch` reads objects: call it off the loop)."""
-        return self._storage._fetch_cached(self._state, start_offset, end_offset, max_bytes)
+        state = self._state
+        return self._storage._read_log_cache(state, start_offset, end_offset, max_bytes)[0]
 
     def trim(self, new_start_offset: int) -> None:
         self._storage._trim(self._state, new_start_offset)
@@ -441,27 +442,27 @@ class S3Storage:
         wal_future.add_done_callback(on_durable)
         return result
 
-    def _fetch_cached(
+    def _read_log_cache(
         self, state: _StreamState, start: int, end: int, max_bytes: int
-    ) -> list[StreamRecordBatch] | None:
+    ) -> tuple[list[StreamRecordBatch] | None, int | None]:
+        """In one hold of the lock: the batches from `start` when the LogCache holds it
+        (else None), and where the LogCache's part of the stream starts (None: nothing)."""
         end = min(end, state.confirmed_offset)
         if start >= end:
-            return []
+            return [], None
         with self._lock:
             cached_from = self.log_cache.start_offset(state.stream_id)
             if cached_from is not None and start >= cached_from:
-                return self.log_cache.read(state.stream_id, start, end, max_bytes)
-        return None
+                return self.log_cache.read(state.stream_id, start, end, max_bytes), cached_from
+        return None, cached_from
 
     def _fetch(
         self, state: _StreamState, start: int, end: int, max_bytes: int
     ) -> list[StreamRecordBatch]:
-        cached = self._fetch_cached(state, start, end, max_bytes)
+        cached, cached_from = self._read_log_cache(state, start, end, max_bytes)
         if cached is not None:
             return cached
         end = min(end, state.confirmed_offset)
-        with self._lock:
-            cached_from = self.log_cache.start_offset(state.stream_id)
         object_end = end if cached_from is None else min(end, cached_from)
         out = self.committed_readers.read(state.stream_id, start, object_end, max_bytes)
         size = sum(b.size_bytes for b in out)

@@ -7,7 +7,7 @@ import random
 import uuid
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchResponse
 
 from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka import codec
@@ -18,6 +18,7 @@ from dataplane.kafka.codec import (
     encode_response,
 )
 from dataplane.kafka.fetch_encoder import FetchAnswer, FetchPartitionAnswer, FetchTopicAnswer
+from tests.support.kafka_requests import fetch_request
 
 F = FetchResponse.FetchableTopicResponse
 P = F.PartitionData
@@ -25,27 +26,10 @@ VERSIONS = range(4, 17)
 
 
 def _fetch_request(version: int, correlation_id: int = 7):
-    part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0,
-        current_leader_epoch=-1,
-        fetch_offset=0,
-        last_fetched_epoch=-1,
-        log_start_offset=-1,
-        partition_max_bytes=1 << 20,
-    )
-    topic = FetchRequest.FetchTopic(topic="t", topic_id=uuid.uuid4(), partitions=[part])
-    request = FetchRequest[version](
-        replica_id=-1,
-        max_wait_ms=500,
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=1,
-        session_id=0,
-        session_epoch=-1,
-        topics=[topic],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    request = fetch_request(
+        "t", {0: 0}, version, topic_id=uuid.uuid4(), max_wait_ms=500, min_bytes=1,
+        max_bytes=50 << 20, isolation_level=1,
+    )  # fmt: skip
     return decode_request(encode_request(request, correlation_id=correlation_id)[4:])
 
 

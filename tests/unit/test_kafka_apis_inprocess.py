@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.registry import RequestContext
+from tests.support.kafka_requests import fetch_request
 
 
 def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
@@ -48,26 +48,7 @@ def produce_req(topic: str, records: bytes, acks: int = -1):
 
 
 def fetch_req(topic: str, offset: int):
-    part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0,
-        current_leader_epoch=-1,
-        fetch_offset=offset,
-        last_fetched_epoch=-1,
-        log_start_offset=-1,
-        partition_max_bytes=1 << 20,
-    )
-    return FetchRequest[12](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0), partitions=[part])],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    return fetch_request(topic, {0: offset})
 
 
 def reads_objects(self, offset: int, max_bytes: int, end: int | None = None) -> None:
@@ -260,28 +241,11 @@ def test_offsets_for_times_is_exact_inside_a_batch(broker, compression):
 
 
 def multi_fetch_req(topic: str, partitions: int, max_bytes: int, partition_max_bytes: int):
-    parts = [
-        FetchRequest.FetchTopic.FetchPartition(
-            partition=p,
-            current_leader_epoch=-1,
-            fetch_offset=0,
-            last_fetched_epoch=-1,
-            log_start_offset=-1,
-            partition_max_bytes=partition_max_bytes,
-        )
-        for p in range(partitions)
-    ]
-    return FetchRequest[12](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
+    return fetch_request(
+        topic,
+        dict.fromkeys(range(partitions), 0),
         max_bytes=max_bytes,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=uuid.UUID(int=0), partitions=parts)],
-        forgotten_topics_data=[],
-        rack_id="",
+        partition_max_bytes=partition_max_bytes,
     )
 
 

@@ -43,6 +43,7 @@ from dataplane.kafka.codec import (
     encode_response,
 )
 from dataplane.kafka.registry import ApiRegistry, RequestContext
+from tests.support.kafka_requests import fetch_request
 
 TOPIC_ID = uuid.UUID("6f1c1f1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f")
 
@@ -66,27 +67,10 @@ def _produce(version: int) -> ProduceRequest:
 
 
 def _fetch(version: int) -> FetchRequest:
-    part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0,
-        current_leader_epoch=5,
-        fetch_offset=42,
-        last_fetched_epoch=-1,
-        log_start_offset=-1,
-        partition_max_bytes=1 << 20,
-    )
-    topic = FetchRequest.FetchTopic(topic="orders", topic_id=TOPIC_ID, partitions=[part])
-    return FetchRequest[version](
-        replica_id=-1,
-        max_wait_ms=500,
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=1,
-        session_id=0,
-        session_epoch=-1,
-        topics=[topic],
-        forgotten_topics_data=[],
-        rack_id="rack-a",
-    )
+    return fetch_request(
+        "orders", {0: 42}, version, topic_id=TOPIC_ID, max_wait_ms=500, min_bytes=1,
+        max_bytes=50 << 20, isolation_level=1, current_leader_epoch=5, rack_id="rack-a",
+    )  # fmt: skip
 
 
 def _metadata(version: int) -> MetadataRequest:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import FindCoordinatorRequest
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
@@ -28,6 +27,7 @@ from dataplane.kafka.offset_store import KVOffsetStore
 from dataplane.kafka.registry import RequestContext
 from dataplane.kafka.txn.coordinator import TransactionCoordinator
 from dataplane.kafka.txn.handlers import TxnHandlers, complete_group_offsets
+from tests.support.kafka_requests import fetch_request
 from tests.unit.inprocess_broker import inprocess_broker
 
 TOPIC = "txn-topic"
@@ -136,28 +136,7 @@ class Harness:
         return resp.responses[0].partition_responses[0].error_code
 
     def fetch(self, isolation: int, offset: int = 0):
-        part = FetchRequest.FetchTopic.FetchPartition(
-            partition=0,
-            current_leader_epoch=-1,
-            fetch_offset=offset,
-            last_fetched_epoch=-1,
-            log_start_offset=-1,
-            partition_max_bytes=1 << 20,
-        )
-        req = FetchRequest[12](
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=1 << 20,
-            isolation_level=isolation,
-            session_id=0,
-            session_epoch=-1,
-            topics=[
-                FetchRequest.FetchTopic(topic=TOPIC, topic_id=uuid.UUID(int=0), partitions=[part])
-            ],
-            forgotten_topics_data=[],
-            rack_id="",
-        )
+        req = fetch_request(TOPIC, {0: offset}, isolation_level=isolation)
         resp = self.run(self.apis.data.fetch(req, ctx(1, 12))).resolved()
         p = resp.responses[0].partitions[0]
         values, controls = [], 0
