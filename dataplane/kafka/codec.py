@@ -30,7 +30,6 @@ Pure module: no I/O, imports nothing from the rest of the project.
 from __future__ import annotations
 
 import importlib
-import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,11 +47,10 @@ from dataplane.formats.kafka_errors import (
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
-from dataplane.formats.record_batch import RecordChunks
-from dataplane.formats.varint import uvarint_bytes
 from dataplane.kafka.fetch_encoder import FetchAnswer
 from dataplane.kafka.produce_decoder import decode_produce_body
 from dataplane.kafka.produce_encoder import ProduceAnswer
+from dataplane.kafka.share_fetch_encoder import ShareFetchAnswer
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -64,8 +62,6 @@ __all__ = [
     "UnknownApiKeyError",
     "UnsupportedVersionError",
     "ResponseEncodingError",
-    "RecordsPlaceholders",
-    "ResponseWithRecords",
     "decode_request",
     "decode_response",
     "encode_request",
@@ -82,6 +78,7 @@ __all__ = [
 
 PRODUCE_KEY = 0
 FETCH_KEY = 1
+SHARE_FETCH_KEY = 78
 API_VERSIONS_KEY = 18
 
 #: Upper bound on tagged fields accepted in a request header (Kafka defines none today;
@@ -411,92 +408,18 @@ def _frame_of_parts(correlation_id: int, header_version: int, parts: list[Buffer
     return [_RESPONSE_PREFIX.pack(size, correlation_id), tagged, *parts]
 
 
-_TOKEN_BYTES = 16
-
-
-class RecordsPlaceholders:
-    """Record sets that go into a response without passing through kafka-python's encoder.
-
-    A fetch response is mostly record bytes; encoding them through kafka-python copies each
-    several times (buffer growth, result, framing), which was two thirds of the broker's
-    CPU during a catch-up read. Instead the handler puts `placeholder(records)` (a unique
-    16-byte token) where the records go, and `encode_response` cuts the encoded body at the
-    tokens and puts the record buffers in their place: the frame is then a list of buffers,
-    written to the socket as they are. Not thread-safe: one per response.
-    """
-
-    def __init__(self) -> None:
-        self._nonce = os.urandom(8)
-        self.records: list[Buffer | RecordChunks] = []
-
-    def placeholder(self, records: Buffer | RecordChunks) -> bytes:
-        """The token to put in the response object in place of non-empty `records` (one
-        buffer, or `RecordChunks`: its buffers go into the frame one after the other)."""
-        self.records.append(records)
-        return self.token(len(self.records) - 1)
-
-    def token(self, index: int) -> bytes:
-        return self._nonce + index.to_bytes(8, "big")
-
-
-@dataclass(frozen=True)
-class ResponseWithRecords:
-    """A kafka-python response object whose record fields hold tokens of `records`."""
-
-    response: Any
-    records: RecordsPlaceholders
-
-    def resolved(self) -> Any:
-        """The response object with the record sets in place (for in-process callers): it
-        goes through the same encoding and splicing as the socket path."""
-        version = self.response._version
-        body = self.response.encode()
-        if self.records.records:
-            body = b"".join(bytes(p) for p in _splice(body, self.records))
-        return type(self.response).decode(body, version=version)
-
-
-_INT32_TOKEN_PREFIX = struct.pack(">i", _TOKEN_BYTES)  # NULLABLE_BYTES
-_VARINT_TOKEN_PREFIX = uvarint_bytes(_TOKEN_BYTES + 1)  # COMPACT_NULLABLE_BYTES (length + 1)
-
-
-def _splice(body: bytes, placeholders: RecordsPlaceholders) -> list[Buffer]:
-    """`body` cut at each token (in encoding order), each token and its length prefix
-    replaced by the records' length prefix and the records themselves."""
-    view = memoryview(body)
-    parts: list[Buffer] = []
-    pos = 0
-    for index, records in enumerate(placeholders.records):
-        at = body.find(placeholders.token(index), pos)
-        if at < 0:
-            raise ResponseEncodingError(f"record set {index} not found in the encoded response")
-        if body[at - 4 : at] == _INT32_TOKEN_PREFIX:
-            cut, prefix = at - 4, struct.pack(">i", len(records))
-        elif body[at - 1 : at] == _VARINT_TOKEN_PREFIX:
-            cut, prefix = at - 1, uvarint_bytes(len(records) + 1)
-        else:
-            raise ResponseEncodingError(f"record set {index}: not in a bytes field")
-        parts += (view[pos:cut], prefix)
-        if isinstance(records, RecordChunks):
-            parts += records.chunks
-        else:
-            parts.append(records)
-        pos = at + _TOKEN_BYTES
-    parts.append(view[pos:])
-    return parts
-
-
 def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[Buffer]:
     """Encode ``response_obj`` as the answer to ``request``: a size-prefixed frame.
 
     ``response_obj`` is the matching kafka-python response object, encoded at the request's
     version whatever version it was built with; or bytes-like: a body already encoded at
-    the request's version (e.g. assembled around large record sets without a copy through
-    kafka-python), to which only the size prefix and the response header are added; or a
-    `ResponseWithRecords` or a `FetchAnswer`: then the frame is a list of buffers (the
-    records not copied).
+    the request's version, to which only the size prefix and the response header are added;
+    or a `FetchAnswer` or a `ShareFetchAnswer` (written directly, fetch_encoder.py and
+    share_fetch_encoder.py): then the frame is a list of buffers when it carries records
+    (the records not copied).
     Raises `ResponseEncodingError` if the object is not the matching kafka-python response
-    class or kafka-python cannot encode it (missing/ill-typed fields).
+    class or kafka-python cannot encode it (missing/ill-typed fields), or if an answer is
+    not of the request's api and version or cannot be written.
     """
     header_version = response_header_version(request.api_key, request.api_version)
     if isinstance(response_obj, ProduceAnswer):
@@ -508,33 +431,34 @@ def encode_response(request: DecodedRequest, response_obj: Any) -> bytes | list[
         body = response_obj.encode_body()  # the common answer, without kafka-python
         response_obj = body if body is not None else response_obj.to_kafka()
     if isinstance(response_obj, FetchAnswer):
-        return _fetch_frame(request, header_version, response_obj)
+        return _answer_frame(request, header_version, response_obj, FETCH_KEY, "FetchResponse")
+    if isinstance(response_obj, ShareFetchAnswer):
+        return _answer_frame(
+            request, header_version, response_obj, SHARE_FETCH_KEY, "ShareFetchResponse"
+        )
     if isinstance(response_obj, (bytes, bytearray, memoryview)):
         return _frame(request.correlation_id, header_version, response_obj)
-    if isinstance(response_obj, ResponseWithRecords):
-        body = _encode_body(request, response_obj.response)
-        if not response_obj.records.records:
-            return _frame(request.correlation_id, header_version, body)
-        return _frame_of_parts(
-            request.correlation_id, header_version, _splice(body, response_obj.records)
-        )
     return _frame(request.correlation_id, header_version, _encode_body(request, response_obj))
 
 
-def _fetch_frame(
-    request: DecodedRequest, header_version: int, answer: FetchAnswer
+def _answer_frame(
+    request: DecodedRequest,
+    header_version: int,
+    answer: FetchAnswer | ShareFetchAnswer,
+    api_key: int,
+    name: str,
 ) -> bytes | list[Buffer]:
-    """The frame of a `FetchAnswer` (fetch_encoder.py): a list of buffers when it carries
-    records."""
-    if request.api_key != FETCH_KEY or answer.version != request.api_version:
+    """The frame of an answer written directly (a `name` of `api_key`): a list of buffers
+    when it carries records."""
+    if request.api_key != api_key or answer.version != request.api_version:
         raise ResponseEncodingError(
-            f"a FetchResponse v{answer.version} to {request.api_name} v{request.api_version}"
+            f"a {name} v{answer.version} to {request.api_name} v{request.api_version}"
         )
     try:
         parts = answer.encode_parts()
     except (ValueError, AttributeError, TypeError, struct.error) as exc:
         raise ResponseEncodingError(
-            f"cannot encode FetchResponse v{answer.version}: {type(exc).__name__}: {exc}"
+            f"cannot encode {name} v{answer.version}: {type(exc).__name__}: {exc}"
         ) from exc
     if len(parts) == 1:
         return _frame(request.correlation_id, header_version, parts[0])

@@ -31,9 +31,15 @@ from dataplane.formats.varint import uvarint_bytes
 __all__ = [
     "MAX_VERSION",
     "MIN_VERSION",
+    "Buffer",
     "FetchAnswer",
     "FetchPartitionAnswer",
     "FetchTopicAnswer",
+    "Records",
+    "array_length",
+    "put_nullable_string",
+    "put_records",
+    "put_topic_id",
 ]
 
 MIN_VERSION = 4
@@ -144,11 +150,11 @@ class FetchAnswer:
             if v < 7
             else _HEAD_V7.pack(self.throttle_time_ms, self.error_code, self.session_id)
         )
-        out += _count(len(self.responses), flexible)
+        out += array_length(len(self.responses), flexible)
         for topic in self.responses:
             _topic_key(out, topic, v, flexible)
             partitions = topic.partitions
-            out += _count(len(partitions), flexible)
+            out += array_length(len(partitions), flexible)
             for p in partitions:
                 out += _PARTITION.pack(
                     p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset
@@ -158,21 +164,7 @@ class FetchAnswer:
                 _aborted(out, p.aborted_transactions, flexible)
                 if v >= 11:
                     out += _INT32.pack(p.preferred_read_replica)
-                records = p.records
-                if records is None:
-                    out += b"\x00" if flexible else _NULL_INT32
-                elif not records:
-                    out += b"\x01" if flexible else b"\x00\x00\x00\x00"
-                else:
-                    out += (
-                        uvarint_bytes(len(records) + 1) if flexible else _INT32.pack(len(records))
-                    )
-                    parts.append(bytes(out))
-                    out.clear()
-                    if isinstance(records, RecordChunks):
-                        parts += records.chunks
-                    else:
-                        parts.append(records)
+                put_records(out, parts, p.records, flexible)
                 if flexible:
                     out += b"\x00"  # the partition's tagged fields: none
             if flexible:
@@ -189,30 +181,62 @@ class FetchAnswer:
         return FetchResponse[self.version].decode(body, version=self.version)
 
 
-def _count(n: int, flexible: bool) -> bytes:
-    """An array's length: compact (n + 1) when flexible."""
+def array_length(n: int, flexible: bool) -> bytes:
+    """An array's length: compact (n + 1 as a varint) when flexible, else an int32."""
     return uvarint_bytes(n + 1) if flexible else _INT32.pack(n)
 
 
 def _topic_key(out: bytearray, topic: Any, version: int, flexible: bool) -> None:
     """A topic's name (v4-v12) or id (v13+) into `out`."""
     if version >= _FIRST_TOPIC_ID:
-        topic_id = topic.topic_id
-        if topic_id is None:
-            # the nil id (kafka-python decodes a request's zero UUID as None): an unknown
-            # topic, answered with its error under the id it was asked by
-            out += _NIL_UUID
-            return
-        if not isinstance(topic_id, uuid.UUID):
-            raise ValueError(f"a FetchResponse v{version} topic needs an id, got {topic_id!r}")
-        out += topic_id.bytes
+        put_topic_id(out, topic.topic_id, f"a FetchResponse v{version} topic")
         return
     name = topic.topic
     if not isinstance(name, str):
         raise ValueError(f"a FetchResponse v{version} topic needs a name, got {name!r}")
-    encoded = name.encode()
+    put_nullable_string(out, name, flexible)
+
+
+def put_topic_id(out: bytearray, topic_id: uuid.UUID | None, what: str) -> None:
+    """A topic id (UUID) into `out`. None is the nil id (kafka-python decodes a request's
+    zero UUID as None: an unknown topic, answered with its error under the id it was asked
+    by); anything else is a ValueError naming `what`."""
+    if topic_id is None:
+        out += _NIL_UUID
+        return
+    if not isinstance(topic_id, uuid.UUID):
+        raise ValueError(f"{what} needs an id, got {topic_id!r}")
+    out += topic_id.bytes
+
+
+def put_nullable_string(out: bytearray, value: str | None, flexible: bool) -> None:
+    """A (nullable) string into `out`: compact (length + 1 as a varint, 0 for null) when
+    flexible, else an int16 length (-1 for null)."""
+    if value is None:
+        out += b"\x00" if flexible else b"\xff\xff"
+        return
+    encoded = value.encode()
     out += uvarint_bytes(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))
     out += encoded
+
+
+def put_records(out: bytearray, parts: list[Buffer], records: Records, flexible: bool) -> None:
+    """A record set (nullable bytes) after `out`'s bytes: None is null, an empty one only
+    its length; a non-empty one's length goes into `out`, then `out` moves into `parts`
+    (and is cleared) and the record buffers follow it there as they are (not copied), the
+    buffers of `RecordChunks` one after the other."""
+    if records is None:
+        out += b"\x00" if flexible else _NULL_INT32
+    elif not records:
+        out += b"\x01" if flexible else b"\x00\x00\x00\x00"
+    else:
+        out += uvarint_bytes(len(records) + 1) if flexible else _INT32.pack(len(records))
+        parts.append(bytes(out))
+        out.clear()
+        if isinstance(records, RecordChunks):
+            parts += records.chunks
+        else:
+            parts.append(records)
 
 
 def _aborted(out: bytearray, aborted: Any, flexible: bool) -> None:
@@ -221,7 +245,7 @@ def _aborted(out: bytearray, aborted: Any, flexible: bool) -> None:
     if aborted is None:
         out += b"\x00" if flexible else _NULL_INT32
         return
-    out += _count(len(aborted), flexible)
+    out += array_length(len(aborted), flexible)
     pack = _ABORTED_TAGGED.pack if flexible else _ABORTED.pack
     for entry in aborted:
         if isinstance(entry, tuple):

@@ -12,7 +12,6 @@ from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
 
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.codec import ResponseWithRecords
 from dataplane.kafka.fetch_encoder import FetchAnswer
 from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
 from dataplane.kafka.security.authorizer import Authorizer
@@ -68,7 +67,7 @@ def acl(op: str, name: str = "orders", rtype: str = "TOPIC", **kw) -> dict:
 
 def resolved(response):
     """A fetch response as the client decodes it (record sets spliced in)."""
-    if isinstance(response, (ResponseWithRecords, FetchAnswer)):
+    if isinstance(response, FetchAnswer):
         return response.resolved()
     return response
 

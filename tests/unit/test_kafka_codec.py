@@ -28,7 +28,6 @@ from kafka.protocol.schemas.fields.struct_array import StructArrayField
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.formats.record_batch import RecordChunks
 from dataplane.kafka import codec
 from dataplane.kafka.codec import (
     DecodedRequest,
@@ -593,64 +592,3 @@ def test_handle_propagates_handler_errors() -> None:
     create = CreateTopicsRequest[7](topics=[], timeout_ms=1000, validate_only=False)
     with pytest.raises(TypeError):
         _handle(registry, encode_request(create, 2))
-
-
-def _fetch_response(version: int, records: list) -> FetchResponse:
-    F = FetchResponse.FetchableTopicResponse
-    P = F.PartitionData
-    parts = [
-        P(
-            partition_index=i,
-            error_code=0,
-            high_watermark=100 + i,
-            last_stable_offset=100 + i,
-            log_start_offset=0,
-            aborted_transactions=[],
-            preferred_read_replica=-1,
-            records=r,
-        )
-        for i, r in enumerate(records)
-    ]
-    topic = F(
-        partitions=parts, **({"topic_id": TOPIC_ID} if version >= 13 else {"topic": "orders"})
-    )
-    return FetchResponse[version](throttle_time_ms=0, error_code=0, session_id=0, responses=[topic])
-
-
-@pytest.mark.parametrize("version", [4, 11, 12, 16])
-def test_fetch_records_spliced_in_give_the_same_bytes_as_encoding_them(version: int) -> None:
-    """A fetch response whose record sets go to the socket uncopied is byte for byte the
-    frame kafka-python encodes with them inline, in flexible (varint lengths) and older
-    (int32 lengths) versions, with empty partitions in between and record sets whose
-    length prefix needs more varint bytes than the token's."""
-    request = decode_request(encode_request(_fetch(version), correlation_id=7)[4:])
-    chunk = memoryview(b"\x03" * 20_000)
-    sets = [
-        _records(),
-        b"",
-        b"\x01" * 300,
-        memoryview(b"\x02" * 70_000),
-        RecordChunks([chunk, b"\x04" * 5, memoryview(b"\x05" * 129)]),  # several buffers
-    ]
-    placeholders = codec.RecordsPlaceholders()
-    spliced = _fetch_response(version, [placeholders.placeholder(r) if r else r for r in sets])
-    parts = encode_response(request, codec.ResponseWithRecords(spliced, placeholders))
-    assert isinstance(parts, list)
-    assert any(p is sets[3] for p in parts)  # the records themselves, not a copy
-    assert any(p is chunk for p in parts)
-    inline = encode_response(request, _fetch_response(version, [bytes(r) for r in sets]))
-    assert b"".join(bytes(p) for p in parts) == inline
-    resolved = codec.ResponseWithRecords(spliced, placeholders).resolved()
-    assert [bytes(p.records or b"") for p in resolved.responses[0].partitions] == [
-        bytes(r) for r in sets
-    ]
-
-
-def test_a_token_missing_from_the_encoded_response_is_an_encoding_error() -> None:
-    request = decode_request(encode_request(_fetch(12), correlation_id=7)[4:])
-    placeholders = codec.RecordsPlaceholders()
-    placeholders.placeholder(b"lost")  # never put into the response
-    with pytest.raises(ResponseEncodingError, match="not found"):
-        encode_response(
-            request, codec.ResponseWithRecords(_fetch_response(12, [b""]), placeholders)
-        )

@@ -10,7 +10,6 @@ from typing import Any
 
 from controlplane.image import MetadataImage
 from dataplane.formats.kafka_errors import KafkaError
-from dataplane.kafka.codec import ResponseWithRecords
 from dataplane.kafka.registry import CloseConnection
 from dataplane.kafka.security.authorizer import (
     CLUSTER_RESOURCE,
@@ -99,11 +98,9 @@ class AclChecks:
             return None
         if isinstance(response, (bytes, bytearray)):
             raise CloseConnection("cannot merge denied entries into a pre-encoded response")
-        # a fetch response carries its record sets beside the response object
-        target = response.response if isinstance(response, ResponseWithRecords) else response
-        entries = list(getattr(target, answer) or [])
+        entries = list(getattr(response, answer) or [])
         entries += [denied_entry(item, DENIED[res[0]]) for item, res in denied]
-        setattr(target, answer, entries)
+        setattr(response, answer, entries)
         return response
 
     def topic_id_name(self, topic_id: Any) -> str | None:

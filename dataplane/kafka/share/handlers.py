@@ -30,7 +30,11 @@ from controlplane.share_state import SHARE_STATE_KEY_PREFIX
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.kafka.api_context import BrokerApiContext
-from dataplane.kafka.codec import RecordsPlaceholders, ResponseWithRecords
+from dataplane.kafka.share_fetch_encoder import (
+    ShareFetchAnswer,
+    ShareFetchPartitionAnswer,
+    ShareFetchTopicAnswer,
+)
 from dataplane.objectstore import ObjectStoreError
 
 from .coordinator import ShareGroupCoordinator
@@ -54,7 +58,6 @@ from .protocol import (
     ShareAcknowledgeRequest,
     ShareAcknowledgeResponse,
     ShareFetchRequest,
-    ShareFetchResponse,
     ShareGroupDescribeRequest,
     ShareGroupHeartbeatRequest,
     ShareGroupHeartbeatResponse,
@@ -535,56 +538,44 @@ class ShareApis:
 
     # ------------------------------------------------------------------ responses
 
-    def _fetch_error(self, error: KafkaError, message: str, lock_ms: int) -> Any:
-        return ShareFetchResponse(
+    def _fetch_error(self, error: KafkaError, message: str, lock_ms: int) -> ShareFetchAnswer:
+        return ShareFetchAnswer(
             version=1,
-            throttle_time_ms=0,
+            responses=[],
+            acquisition_lock_timeout_ms=lock_ms,
             error_code=error,
             error_message=message,
-            acquisition_lock_timeout_ms=lock_ms,
-            responses=[],
-            node_endpoints=[],
         )
 
-    def _fetch_response(self, results: dict[TP, _PartitionResult], lock_ms: int) -> Any:
-        R = ShareFetchResponse
-        P = R.ShareFetchableTopicResponse.PartitionData
-        placeholders = RecordsPlaceholders()
-        by_topic: dict[str, list] = {}
+    def _fetch_response(
+        self, results: dict[TP, _PartitionResult], lock_ms: int
+    ) -> ShareFetchAnswer:
+        """The ShareFetch v1 answer, written directly (share_fetch_encoder.py): the record
+        sets go into the frame uncopied."""
+        by_topic: dict[str, list[ShareFetchPartitionAnswer]] = {}
         for (tid, partition), res in results.items():
             by_topic.setdefault(tid, []).append(
-                P(
+                ShareFetchPartitionAnswer(
                     partition_index=partition,
                     error_code=res.error,
                     error_message=res.message,
                     acknowledge_error_code=res.ack_error or KafkaError.NONE,
                     acknowledge_error_message=res.ack_message,
-                    current_leader=P.LeaderIdAndEpoch(
-                        leader_id=res.leader[0], leader_epoch=res.leader[1]
-                    ),
-                    records=placeholders.placeholder(res.records) if res.records else b"",
+                    leader_id=res.leader[0],
+                    leader_epoch=res.leader[1],
+                    records=res.records,
                     acquired_records=[
-                        P.AcquiredRecords(
-                            first_offset=a.first_offset,
-                            last_offset=a.last_offset,
-                            delivery_count=a.delivery_count,
-                        )
-                        for a in res.acquired
+                        (a.first_offset, a.last_offset, a.delivery_count) for a in res.acquired
                     ],
                 )
             )
-        response = R(
+        return ShareFetchAnswer(
             version=1,
-            throttle_time_ms=0,
-            error_code=KafkaError.NONE,
-            acquisition_lock_timeout_ms=lock_ms,
             responses=[
-                R.ShareFetchableTopicResponse(topic_id=uuid.UUID(tid), partitions=parts)
-                for tid, parts in by_topic.items()
+                ShareFetchTopicAnswer(uuid.UUID(tid), parts) for tid, parts in by_topic.items()
             ],
-            node_endpoints=[],
+            acquisition_lock_timeout_ms=lock_ms,
         )
-        return ResponseWithRecords(response, placeholders)
 
 
 def _leader(image, tp: TP) -> tuple[int, int]:
