@@ -239,7 +239,14 @@ def ctx(key: int) -> RequestContext:
     )
 
 
-def fetch_req(epoch: int, acks: list, member: str = "m", max_records: int = 3, partitions=True):
+def fetch_req(
+    epoch: int,
+    acks: list,
+    member: str = "m",
+    max_records: int = 3,
+    partitions=True,
+    topic_id: uuid.UUID | None = TOPIC_ID,
+):
     F = ShareFetchRequest
     P = F.FetchTopic.FetchPartition
     batches = [
@@ -248,7 +255,7 @@ def fetch_req(epoch: int, acks: list, member: str = "m", max_records: int = 3, p
     ]
     topics = [
         F.FetchTopic(
-            topic_id=TOPIC_ID, partitions=[P(partition_index=0, acknowledgement_batches=batches)]
+            topic_id=topic_id, partitions=[P(partition_index=0, acknowledgement_batches=batches)]
         )
     ]
     return F(
@@ -336,6 +343,21 @@ def test_share_fetch_acquires_and_acknowledges_durably():
         assert (await apis.share_fetch(fetch_req(0, [(0, 0, 1)]), ctx(78))).error_code == (
             KafkaError.INVALID_REQUEST
         )
+
+    run(scenario())
+
+
+def test_a_share_fetch_for_the_nil_topic_id_is_answered_unknown_not_a_crash():
+    # kafka-python decodes the all-zero topic id as None
+    async def scenario():
+        apis, _store = make_apis()
+        resp = await apis.share_fetch(fetch_req(0, [], topic_id=None), ctx(78))
+        answer = resp.resolved()
+        assert answer.error_code == 0
+        [topic] = answer.responses
+        assert topic.topic_id is None  # the nil id, as kafka-python decodes it
+        assert topic.partitions[0].error_code == KafkaError.UNKNOWN_TOPIC_ID
+        assert acquired(resp) == []
 
     run(scenario())
 

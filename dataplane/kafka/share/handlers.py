@@ -265,12 +265,14 @@ class ShareApis:
         acks: dict[TP, list] = {}
         for t in req.topics or []:
             for p in t.partitions or []:
-                tp = (str(t.topic_id), p.partition_index)
+                tp = (_topic_key(t.topic_id), p.partition_index)
                 requested[tp] = None
                 if p.acknowledgement_batches:
                     acks.setdefault(tp, []).extend(p.acknowledgement_batches)
         forgotten = [
-            (str(f.topic_id), p) for f in req.forgotten_topics_data or [] for p in f.partitions
+            (_topic_key(f.topic_id), p)
+            for f in req.forgotten_topics_data or []
+            for p in f.partitions
         ]
         if not group_id or not member_id:
             return self._fetch_error(
@@ -506,7 +508,7 @@ class ShareApis:
         acks: dict[TP, list] = {}
         for t in req.topics or []:
             for p in t.partitions or []:
-                acks.setdefault((str(t.topic_id), p.partition_index), []).extend(
+                acks.setdefault((_topic_key(t.topic_id), p.partition_index), []).extend(
                     p.acknowledgement_batches or []
                 )
         image = self.broker.image_fn()
@@ -576,6 +578,12 @@ class ShareApis:
             ],
             acquisition_lock_timeout_ms=lock_ms,
         )
+
+
+def _topic_key(topic_id: uuid.UUID | None) -> str:
+    """A requested topic id as the handlers key it: kafka-python decodes the nil id as None,
+    which is answered as the nil id (an unknown topic), not as the string "None"."""
+    return str(topic_id if topic_id is not None else uuid.UUID(int=0))
 
 
 def _leader(image, tp: TP) -> tuple[int, int]:
