@@ -318,7 +318,9 @@ def test_per_request_gap_limit_merges_only_touching_ranges():
 def test_store_passes_the_gap_limit_to_the_merger(objects, registry):
     data = objects["obj0"]
     ranges = [(0, 100), (100, 200), (300 * KiB, 301 * KiB)]
-    with make_store(registry) as store:
+    # the three are submitted one after the other from this thread: a window long enough
+    # that a preemption between two submissions on a loaded machine cannot split them
+    with make_store(registry, merge_window_ms=1_000) as store:
         gets = count_gets(store)
         futures = [store.get_range_async(0, "obj0", s, e, max_gap_bytes=0) for s, e in ranges]
         assert [f.result(timeout=10) for f in futures] == [data[s:e] for s, e in ranges]
