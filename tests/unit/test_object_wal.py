@@ -339,7 +339,8 @@ def test_a_stalled_put_is_hedged_with_a_copy_and_a_failed_one_stops_the_wal(obje
         return real_put(bucket_id, key, data, **kw)
 
     monkeypatch.setattr(objects, "put_object_async", stall_first_data_put)
-    config = ObjectWALConfig(hedge_after_s=0.1, linger_s=0)
+    # one copy at most: a copy slower than 0.1 s on a loaded machine would get copies too
+    config = ObjectWALConfig(hedge_after_s=0.1, linger_s=0, max_hedges=1)
     wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
     try:
         assert wal.append(b"a").result(5).offset == 0  # acknowledged by the copy
