@@ -159,7 +159,6 @@ class DataApis:
         """Append each partition's records to its backend; with acks, answer once they are
         durable or the request's timeout passed (acks=0: no response)."""
         v = ctx.api_version
-        image = self.broker.image_fn()
         az = self.broker.client_az(ctx)
         results = []
         waits = []
@@ -167,7 +166,52 @@ class DataApis:
         loop = asyncio.get_running_loop()
         timeout_s = max(req.timeout_ms, 1) / 1000
         deadline = loop.time() + timeout_s
-        admitted = await self._admit_ingress(req, timeout_s)
+        turn = await _take_append_turn(ctx.extras)
+        try:
+            image = self.broker.image_fn()
+            admitted = await self._admit_ingress(req, timeout_s)
+            await self._append_all(req, v, image, az, (loop, deadline, admitted), results, waits)
+        finally:
+            turn.set_result(None)  # the connection's next Produce may append
+        if req.acks != 0:
+            handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
+            for entry, futures in waits:
+                for fut in futures:
+                    try:
+                        if fut.done():
+                            # one group commit made a request's partitions durable together:
+                            # the later ones are done by now and need no wrapper and timer
+                            done = fut.result()
+                        else:
+                            # shielded: a timeout must not cancel the append's future (a
+                            # retry of the batch may be waiting for the same durability)
+                            done = await asyncio.wait_for(
+                                asyncio.shield(_outcome_retrieved(handoff.wrap_future(fut))),
+                                max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
+                            )
+                        if entry["forwarded"]:
+                            # appended elsewhere (a zone-router proxy's main): its outcome
+                            entry["error"], entry["base"] = done.error, done.base_offset
+                            entry["record_errors"] = done.record_errors
+                            entry["error_message"] = done.error_message
+                            entry["append_time_ms"] = done.log_append_time_ms
+                    except TimeoutError:
+                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                    except Exception as exc:  # e.g. no WAL room on a worker's append
+                        log.warning("append failed: %s", exc)
+                        entry["error"] = kafka_error_of(exc)
+                base_future = entry["base_future"]
+                if entry["error"] == KafkaError.NONE and base_future is not None:
+                    entry["base"] = base_future.result()  # done: it was among the futures
+        else:
+            return None
+        return _produce_response(v, results)
+
+    async def _append_all(self, req, v, image, az, when, results, waits) -> None:
+        """Append each partition's records of a Produce (`when`: the loop, the request's
+        deadline and whether the ingress limit admitted it) into `results` (per topic, the
+        partitions' answers) and `waits` (each answer with its durability futures)."""
+        loop, deadline, admitted = when
         for t in req.topic_data:
             topic_name = getattr(t, "name", None)
             topic_id = getattr(t, "topic_id", None) if v >= 13 else None
@@ -214,39 +258,6 @@ class DataApis:
                 parts.append(entry)
                 waits.append((entry, futures))
             results.append((t, parts))
-        if req.acks != 0:
-            handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
-            for entry, futures in waits:
-                for fut in futures:
-                    try:
-                        if fut.done():
-                            # one group commit made a request's partitions durable together:
-                            # the later ones are done by now and need no wrapper and timer
-                            done = fut.result()
-                        else:
-                            # shielded: a timeout must not cancel the append's future (a
-                            # retry of the batch may be waiting for the same durability)
-                            done = await asyncio.wait_for(
-                                asyncio.shield(_outcome_retrieved(handoff.wrap_future(fut))),
-                                max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
-                            )
-                        if entry["forwarded"]:
-                            # appended elsewhere (a zone-router proxy's main): its outcome
-                            entry["error"], entry["base"] = done.error, done.base_offset
-                            entry["record_errors"] = done.record_errors
-                            entry["error_message"] = done.error_message
-                            entry["append_time_ms"] = done.log_append_time_ms
-                    except TimeoutError:
-                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
-                    except Exception as exc:  # e.g. no WAL room on a worker's append
-                        log.warning("append failed: %s", exc)
-                        entry["error"] = kafka_error_of(exc)
-                base_future = entry["base_future"]
-                if entry["error"] == KafkaError.NONE and base_future is not None:
-                    entry["base"] = base_future.result()  # done: it was among the futures
-        else:
-            return None
-        return _produce_response(v, results)
 
     # ------------------------------------------------------------ fetch
 
@@ -474,6 +485,30 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
+
+
+# the connection's (`RequestContext.extras`) turn to append a Produce's records
+_APPEND_TURN = "produce_append_turn"
+
+
+async def _take_append_turn(extras: dict) -> asyncio.Future:
+    """Wait until the connection's previous Produce has appended its records; the caller
+    completes the returned turn once its own appends are done. Kafka applies a connection's
+    requests one after the other: an idempotent producer pipelines a partition's batches
+    (sequence n, n+1, ...), and a later request that appended while an earlier one waited
+    for WAL room would skip the earlier sequences, an OUT_OF_ORDER_SEQUENCE_NUMBER the
+    producer cannot recover from once the earlier batches are acked. Event loop only."""
+    previous = extras.get(_APPEND_TURN)
+    turn: asyncio.Future = asyncio.get_running_loop().create_future()
+    extras[_APPEND_TURN] = turn
+    if previous is not None and not previous.done():
+        try:
+            await asyncio.wait({previous})  # never cancels the previous request's turn
+        except BaseException:
+            # cancelled while waiting: the next request's turn comes with the previous one's
+            previous.add_done_callback(lambda _f: turn.done() or turn.set_result(None))
+            raise
+    return turn
 
 
 def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:

@@ -12,7 +12,9 @@ groups move.
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import socket
 import struct
 import threading
@@ -40,6 +42,9 @@ MEMBERS = 3
 PROBES = 300
 MAX_CANDIDATES = 2000
 QUIET_S = 8.0  # how long the groups keep consuming after a kill before they are judged
+# what each member's librdkafka logs to its file beside the cluster's logs (kept with them
+# after a failure): the group state machine, assignments and connections
+CLIENT_DEBUG = "cgrp,consumer,broker"
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +109,13 @@ def describe_members(address: str, group: str) -> tuple[int, str, set[str]]:
 
 class GroupRun:
     """`MEMBERS` confluent-kafka consumers of one group, one thread each, committing after
-    every batch; records every delivery and every assign/revoke/lost callback."""
+    every batch; records every delivery and every assign/revoke/lost callback. Member `i`
+    has client id `<group>-m<i>` (its member id starts with it) and writes its librdkafka
+    debug log to `<log_dir>/<group>-m<i>.log`."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str):
+    def __init__(self, bootstrap: str, group: str, topic: str, log_dir: Path):
         self.group = group
+        self.log_dir = log_dir
         self.delivered: Counter[tuple[int, int]] = Counter()
         self.events: list[tuple[float, int, str, tuple[int, ...]]] = []
         self.assigned: dict[int, set[int]] = {i: set() for i in range(MEMBERS)}
@@ -140,7 +148,16 @@ class GroupRun:
         self._stop.set()
         for t in self._threads:
             t.join(60)
-        assert not any(t.is_alive() for t in self._threads), f"{self.group}: a member hangs"
+        hung = [t for t in self._threads if t.is_alive()]
+        if hung:
+            stacks = self.log_dir / f"{self.group}-stacks.txt"
+            with stacks.open("w") as out:
+                faulthandler.dump_traceback(out, all_threads=True)
+            threads = {t.name: hex(t.ident or 0) for t in hung}
+            raise AssertionError(
+                f"{self.group}: a member hangs: {threads}, Python stacks in {stacks}; "
+                f"{self.state()}"
+            )
 
     def _event(self, member: int, kind: str, partitions) -> None:
         parts = tuple(sorted(p.partition for p in partitions))
@@ -152,7 +169,16 @@ class GroupRun:
                 self.assigned[member] -= set(parts)
 
     def _run(self, member: int, topic: str, conf: dict) -> None:
-        consumer = Consumer(conf)
+        name = f"{self.group}-m{member}"
+        logger = logging.getLogger(f"{__name__}.{name}")
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+        handler = logging.FileHandler(self.log_dir / f"{name}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        # librdkafka hands its log lines to the consumer's queue: written (and timed) when
+        # the member polls, commits or closes, so a member stuck in a call logs nothing more
+        consumer = Consumer({**conf, "client.id": name, "debug": CLIENT_DEBUG}, logger=logger)
         try:
             consumer.subscribe(
                 [topic],
@@ -173,9 +199,21 @@ class GroupRun:
                             with self._lock:
                                 self.errors.append(str(exc))
         finally:
-            consumer.close()
+            try:
+                consumer.close()
+            finally:
+                logger.removeHandler(handler)
+                handler.close()
 
     # ------------------------------------------------------------ views
+
+    def state(self) -> str:
+        """Each member's partitions and the last callbacks, for a failure's message."""
+        with self._lock:
+            return (
+                f"{self.group}: assigned {self.assigned}, last events {self.events[-9:]}, "
+                f"client logs in {self.log_dir}"
+            )
 
     def events_since(self, t: float) -> list[tuple[float, int, str, tuple[int, ...]]]:
         with self._lock:
@@ -199,13 +237,16 @@ class GroupRun:
             return sorted(owned) == list(range(PARTITIONS)) and all(self.assigned.values())
 
 
-def wait_for(condition, timeout_s: float, what: str) -> None:
+def wait_for(condition, timeout_s: float, what: str, details=None) -> None:
+    """Poll `condition` until it holds or `timeout_s` passed (AssertionError naming `what`
+    and, if given, `details()`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    more = f"; {details()}" if details is not None else ""
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{more}")
 
 
 def wait_steady(runs: list[GroupRun], timeout_s: float = 90) -> None:
@@ -270,7 +311,9 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
     topic = f"coord-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
     ledger = AckLedger(cluster["bootstrap"], topic, PARTITIONS, rate_per_partition=20).start()
-    runs = [GroupRun(cluster["bootstrap"], g, topic).start() for g in (group_a, group_b)]
+    log_dir = Path(cluster["dir"]).parent / "client-logs"
+    log_dir.mkdir(exist_ok=True)
+    runs = [GroupRun(cluster["bootstrap"], g, topic, log_dir).start() for g in (group_a, group_b)]
     run_a, run_b = runs
     try:
         wait_steady(runs)
@@ -311,6 +354,7 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
             lambda: any(e[2] == "assign" for e in run_a.events_since(t_kill)) and run_a.balanced(),
             60,
             "group A to rebalance onto its new coordinator",
+            details=run_a.state,
         )
         wait_failover_done(cluster, node_a)
         ledger.wait_writable(set(range(PARTITIONS)), time.monotonic())
