@@ -1,10 +1,14 @@
-"""Kafka requests as tests and the CPU benchmarks build them (kafka-python's classes)."""
+"""Kafka requests as tests and the CPU benchmarks build them (kafka-python's classes), and
+the record sets the answer encoders' tests put in answers."""
 
 from __future__ import annotations
 
+import random
 import uuid
 
 from kafka.protocol.consumer import FetchRequest
+
+from dataplane.formats.record_batch import RecordChunks
 
 NIL_TOPIC_ID = uuid.UUID(int=0)
 
@@ -48,3 +52,20 @@ def fetch_request(
         forgotten_topics_data=[],
         rack_id=rack_id,
     )
+
+
+def random_record_set(rng: random.Random):
+    """A partition's records as an answer may carry them: None, empty, bytes, a view with a
+    length at a varint boundary, a bytearray, or `RecordChunks`."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return b""
+    if kind == 2:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 300)))
+    if kind == 3:
+        return memoryview(b"\x07" * rng.choice([1, 126, 127, 128, 16_383, 16_384, 70_000]))
+    if kind == 4:
+        return bytearray(b"\x09" * rng.randint(1, 50))
+    return RecordChunks([b"\x01" * rng.randint(1, 200), memoryview(b"\x02" * 20_000), b"\x03"])

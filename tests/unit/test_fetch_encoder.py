@@ -17,7 +17,7 @@ from dataplane.kafka.codec import (
     encode_response,
 )
 from dataplane.kafka.fetch_encoder import FetchAnswer, FetchPartitionAnswer, FetchTopicAnswer
-from tests.support.kafka_requests import fetch_request
+from tests.support.kafka_requests import fetch_request, random_record_set
 
 F = FetchResponse.FetchableTopicResponse
 P = F.PartitionData
@@ -68,21 +68,6 @@ def _old_path(request, answer: FetchAnswer) -> bytes:
     return frame if isinstance(frame, bytes) else b"".join(bytes(p) for p in frame)
 
 
-def _records(rng: random.Random):
-    kind = rng.randrange(6)
-    if kind == 0:
-        return None
-    if kind == 1:
-        return b""
-    if kind == 2:
-        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 300)))
-    if kind == 3:
-        return memoryview(b"\x07" * rng.choice([1, 126, 127, 128, 16_383, 16_384, 70_000]))
-    if kind == 4:
-        return bytearray(b"\x09" * rng.randint(1, 50))
-    return RecordChunks([b"\x01" * rng.randint(1, 200), memoryview(b"\x02" * 20_000), b"\x03"])
-
-
 def _random_answer(rng: random.Random, version: int) -> FetchAnswer:
     topics = []
     for t in range(rng.randint(0, 4)):
@@ -98,7 +83,7 @@ def _random_answer(rng: random.Random, version: int) -> FetchAnswer:
                     rng.randint(-1, 2**40),
                     aborted,
                     rng.choice([-1, -1, 0, 3]),
-                    _records(rng),
+                    random_record_set(rng),
                 )
             )
         name = rng.choice(["t", "orders", "ü" * 70, "x" * 200]) + str(t)

@@ -24,7 +24,7 @@ from dataplane.kafka.share_fetch_encoder import (
     ShareFetchPartitionAnswer,
     ShareFetchTopicAnswer,
 )
-from tests.support.kafka_requests import fetch_request
+from tests.support.kafka_requests import fetch_request, random_record_set
 
 T = ShareFetchResponse.ShareFetchableTopicResponse
 P = T.PartitionData
@@ -95,21 +95,6 @@ def _old_path(request, answer: ShareFetchAnswer) -> bytes:
     return _flat(encode_response(request, response))
 
 
-def _records(rng: random.Random):
-    kind = rng.randrange(6)
-    if kind == 0:
-        return None
-    if kind == 1:
-        return b""
-    if kind == 2:
-        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 300)))
-    if kind == 3:
-        return memoryview(b"\x07" * rng.choice([1, 126, 127, 128, 16_383, 16_384, 70_000]))
-    if kind == 4:
-        return bytearray(b"\x09" * rng.randint(1, 50))
-    return RecordChunks([b"\x01" * rng.randint(1, 200), memoryview(b"\x02" * 20_000), b"\x03"])
-
-
 def _message(rng: random.Random) -> str | None:
     # lengths on both sides of the compact string's one-byte varint (126 + 1 = 127)
     return rng.choice([None, None, "", "not the leader", "ü" * 63, "x" * 126, "y" * 127, "z" * 300])
@@ -132,7 +117,7 @@ def _random_partition(rng: random.Random, index: int) -> ShareFetchPartitionAnsw
         acknowledge_error_message=_message(rng),
         leader_id=rng.choice([-1, 0, 3, 2**31 - 1]),
         leader_epoch=rng.choice([-1, 0, 17, 2**31 - 1]),
-        records=_records(rng),
+        records=random_record_set(rng),
         acquired_records=_acquired(rng),
     )
 
