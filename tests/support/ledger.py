@@ -212,7 +212,11 @@ class AckLedger:
             time.sleep(0.05)
         again = self.writable_again_s(partitions, after_s)
         if raise_on_timeout:
-            raise AssertionError(f"partitions not writable again: {again}")
+            # the producer's side of it: a fatal idempotence error stops every partition
+            raise AssertionError(
+                f"partitions not writable again: {again}; producer errors: {self.errors[-5:]};"
+                f" its last idempotence events: {list(self._events.events)[-20:]}"
+            )
         return again
 
     def verify(self, timeout_s: float = 120) -> LedgerReport:
