@@ -310,9 +310,15 @@ def test_groups_rebalance_only_when_their_own_coordinator_dies(cluster):
 
     topic = f"coord-{uuid.uuid4().hex[:6]}"
     create_topic(cluster["bootstrap"], topic, PARTITIONS)
-    ledger = AckLedger(cluster["bootstrap"], topic, PARTITIONS, rate_per_partition=20).start()
     log_dir = Path(cluster["dir"]).parent / "client-logs"
     log_dir.mkdir(exist_ok=True)
+    ledger = AckLedger(
+        cluster["bootstrap"],
+        topic,
+        PARTITIONS,
+        rate_per_partition=20,
+        log_path=log_dir / "ledger-producer.log",
+    ).start()
     runs = [GroupRun(cluster["bootstrap"], g, topic, log_dir).start() for g in (group_a, group_b)]
     run_a, run_b = runs
     try:

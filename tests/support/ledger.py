@@ -13,6 +13,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -29,6 +30,8 @@ MAX_LEDGER_MESSAGES = 2_000_000
 # to explain a duplicate: a client-side epoch bump resends possibly-persisted messages with
 # new sequence numbers, which no broker can deduplicate
 MAX_EOS_EVENTS = 200
+# what librdkafka logs to `AckLedger(log_path=...)`
+LOG_PATH_DEBUG = "eos,msg,topic,broker"
 EOS_EVENT_WORDS = ("bump", "drain", "ERRSEQ", "UNKPID", "ERRPID", "DUPSEQ", "fatal", "desync")
 
 
@@ -84,8 +87,12 @@ class AckLedger:
         topic: str,
         partitions: int,
         rate_per_partition: float = 50.0,
+        log_path: Path | None = None,
         **producer_config,
     ):
+        """`log_path`: librdkafka's log of the producer (`LOG_PATH_DEBUG`: idempotence, each
+        batch sent and answered, leaders, connections) goes to this file, kept beside a
+        cluster's logs to explain a sequence error."""
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -100,10 +107,15 @@ class AckLedger:
         events_logger.propagate = False
         events_logger.setLevel(logging.DEBUG)
         events_logger.addHandler(self._events)
+        self._log_file: logging.FileHandler | None = None
+        if log_path is not None:
+            self._log_file = logging.FileHandler(log_path)
+            self._log_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+            events_logger.addHandler(self._log_file)
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
-                "debug": "eos",
+                "debug": "eos" if log_path is None else LOG_PATH_DEBUG,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -161,6 +173,8 @@ class AckLedger:
         self._stop.set()
         self._thread.join(30)
         remaining = self._producer.flush(flush_timeout_s)
+        if self._log_file is not None:
+            self._log_file.close()
         assert remaining == 0, f"{remaining} messages neither acked nor failed"
 
     def snapshot(self) -> list[Ack]:
@@ -216,6 +230,7 @@ class AckLedger:
             raise AssertionError(
                 f"partitions not writable again: {again}; producer errors: {self.errors[-5:]};"
                 f" its last idempotence events: {list(self._events.events)[-20:]}"
+                + (f"; its log: {self._log_file.baseFilename}" if self._log_file else "")
             )
         return again
 
