@@ -357,7 +357,9 @@ class Broker:
             traffic,
             # every produce at a main through its own channel (when other AZs have
             # brokers): a proxy's first snapshot of a partition finds its whole unuploaded tail
-            own_channel=lambda topic_id, plog: OwnChannelPartition(router, handler, plog, topic_id),
+            own_channel=lambda topic_id, plog, through_channel: OwnChannelPartition(
+                router, handler, plog, topic_id, through_channel
+            ),
             channel_mode=cfg.zone_router.channel_mode,
         )
         return ZoneRouterParts(traffic, router, handler, routing)

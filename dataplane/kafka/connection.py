@@ -100,7 +100,8 @@ class Connection:
         self._discard_output = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by _budget
         self._budget = asyncio.Semaphore(max_inflight)
-        self._last_sequential: asyncio.Task[bytes | None] | None = None
+        # the turn of the connection's last in-order request (`Registration.in_order`)
+        self._last_turn: asyncio.Future[None] | None = None
         self._reader_task: asyncio.Task[str] | None = None
         self._writer_task: asyncio.Task[None] | None = None
 
@@ -245,6 +246,11 @@ class Connection:
                     request.client_id,
                 )
                 return _CLOSE, False
+        loop = asyncio.get_running_loop()
+        previous = turn = None
+        if registration.in_order:
+            previous, turn = self._last_turn, loop.create_future()
+            self._last_turn = turn
         ctx = RequestContext(
             api_key=request.api_key,
             api_version=request.api_version,
@@ -255,14 +261,12 @@ class Connection:
             received_at=received_at,
             request_size=request.size,
             extras=self.extras,
+            turn=turn,
         )
-        previous = self._last_sequential if registration.sequential else None
-        task = asyncio.get_running_loop().create_task(
+        task = loop.create_task(
             self._run_handler(request, ctx, registration, previous),
             name=f"kafka-{self.conn_id}-{request.api_name}-{request.correlation_id}",
         )
-        if registration.sequential:
-            self._last_sequential = task
         self._track_handler(task, self)
         return task, True
 
@@ -271,13 +275,28 @@ class Connection:
         request: DecodedRequest,
         ctx: RequestContext,
         registration: Registration,
-        previous: asyncio.Task[bytes | None] | None,
+        previous: asyncio.Future[None] | None,
     ) -> bytes | list | None:
-        if previous is not None and not previous.done():
-            await asyncio.wait({previous})
-        if self.closing:
-            # The connection failed or went away before this handler started: skip it.
-            raise CloseConnection("connection closed before the handler started")
+        """Run the handler once `previous` (the turn of the connection's in-order request
+        before this one) is passed; this request's own turn is passed when it ends, if
+        the handler did not pass it earlier."""
+        try:
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous})  # never cancels the previous request's turn
+            if self.closing:
+                # The connection failed or went away before this handler started: skip it.
+                raise CloseConnection("connection closed before the handler started")
+            return await self._handle(request, ctx, registration)
+        finally:
+            if previous is not None and not previous.done():
+                # cancelled while waiting: the next request's turn comes with this one's
+                previous.add_done_callback(lambda _f: ctx.pass_turn())
+            else:
+                ctx.pass_turn()
+
+    async def _handle(
+        self, request: DecodedRequest, ctx: RequestContext, registration: Registration
+    ) -> bytes | list | None:
         try:
             frame = await self.registry.handle(request, ctx, registration)
         except Exception as exc:

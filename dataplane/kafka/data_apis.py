@@ -31,6 +31,7 @@ from dataplane.kafka.partition_backend import (
     kafka_error_of,
 )
 from dataplane.kafka.produce_encoder import PartitionAnswer, ProduceAnswer, TopicAnswer
+from dataplane.kafka.registry import in_connection_order
 from dataplane.objectstore import ObjectStoreError
 from dataplane.runtime import LoopHandoff
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
@@ -155,9 +156,16 @@ class DataApis:
         )
         return await network.admit_produce(produced, _room_wait_s(timeout_s))
 
+    @in_connection_order
     async def produce(self, req, ctx):
         """Append each partition's records to its backend; with acks, answer once they are
-        durable or the request's timeout passed (acks=0: no response)."""
+        durable or the request's timeout passed (acks=0: no response). A connection's
+        Produce requests append in the order they came (`in_connection_order`): the turn
+        passes once this one's records are appended, before it waits for durability. An
+        idempotent producer pipelines a partition's batches (sequence n, n+1, ...); a later
+        request appending while an earlier one waits for WAL room would skip the earlier
+        sequences, an OUT_OF_ORDER_SEQUENCE_NUMBER the producer cannot recover from once the
+        earlier batches are acked."""
         v = ctx.api_version
         az = self.broker.client_az(ctx)
         results = []
@@ -166,13 +174,12 @@ class DataApis:
         loop = asyncio.get_running_loop()
         timeout_s = max(req.timeout_ms, 1) / 1000
         deadline = loop.time() + timeout_s
-        turn = await _take_append_turn(ctx.extras)
         try:
             image = self.broker.image_fn()
             admitted = await self._admit_ingress(req, timeout_s)
             await self._append_all(req, v, image, az, (loop, deadline, admitted), results, waits)
         finally:
-            turn.set_result(None)  # the connection's next Produce may append
+            ctx.pass_turn()  # the connection's next Produce may append
         if req.acks != 0:
             handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
             for entry, futures in waits:
@@ -485,30 +492,6 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
-
-
-# the connection's (`RequestContext.extras`) turn to append a Produce's records
-_APPEND_TURN = "produce_append_turn"
-
-
-async def _take_append_turn(extras: dict) -> asyncio.Future:
-    """Wait until the connection's previous Produce has appended its records; the caller
-    completes the returned turn once its own appends are done. Kafka applies a connection's
-    requests one after the other: an idempotent producer pipelines a partition's batches
-    (sequence n, n+1, ...), and a later request that appended while an earlier one waited
-    for WAL room would skip the earlier sequences, an OUT_OF_ORDER_SEQUENCE_NUMBER the
-    producer cannot recover from once the earlier batches are acked. Event loop only."""
-    previous = extras.get(_APPEND_TURN)
-    turn: asyncio.Future = asyncio.get_running_loop().create_future()
-    extras[_APPEND_TURN] = turn
-    if previous is not None and not previous.done():
-        try:
-            await asyncio.wait({previous})  # never cancels the previous request's turn
-        except BaseException:
-            # cancelled while waiting: the next request's turn comes with the previous one's
-            previous.add_done_callback(lambda _f: turn.done() or turn.set_result(None))
-            raise
-    return turn
 
 
 def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:

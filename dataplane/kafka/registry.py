@@ -12,10 +12,13 @@ prefix and the response header).
 
 Ordering: the server *starts* handlers in request order on a connection (each handler runs
 synchronously up to its first ``await`` before the next one starts), and runs them
-concurrently after that; responses still leave in request order. A handler that must not
-overlap with the previous request of the same connection (e.g. idempotent Produce, whose
-sequence numbers must be applied in order) registers with ``sequential=True``: it then
-starts only after the previous sequential request of that connection has finished.
+concurrently after that; responses still leave in request order. Kafka applies a
+connection's requests one after the other; a handler whose effects must keep that order
+(Produce: an idempotent producer pipelines a partition's sequence numbers n, n+1, ... on one
+connection) is marked `in_connection_order` (or registered with ``in_order=True``): it
+starts once the previous such request of its connection has passed its turn
+(`RequestContext.pass_turn`, e.g. once its records are appended, before it waits for their
+durability, so requests still pipeline) or ended, however it ended.
 
 Errors: a handler that raises closes its connection (after the responses that precede it
 are written) and is logged with its traceback; `CloseConnection` does the same with a short
@@ -59,6 +62,7 @@ __all__ = [
     "Handler",
     "Registration",
     "RequestContext",
+    "in_connection_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,18 @@ Handler = Callable[[Any, "RequestContext"], Awaitable[Any | None]]
 
 # Kafka's ApiVersionsRequest.isValid(): client software name and version (v3+).
 _SOFTWARE_RE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+
+
+# the attribute `in_connection_order` sets on a handler's function
+_IN_ORDER_ATTR = "_kafka_in_connection_order"
+
+
+def in_connection_order(handler: Handler) -> Handler:
+    """Mark `handler` (a function or method, as defined) to run its requests of one
+    connection in order: each starts once the previous one passed its turn
+    (`RequestContext.pass_turn`) or ended. The registry reads the mark at registration."""
+    setattr(handler, _IN_ORDER_ATTR, True)
+    return handler
 
 
 class CloseConnection(Exception):
@@ -100,6 +116,14 @@ class RequestContext:
     # set by a handler: close the connection once this response is written (a failed
     # SASL authentication, as Kafka does)
     close_after_response: bool = False
+    # an in-order request's turn (`Registration.in_order`): done once it passed it
+    turn: Any = None
+
+    def pass_turn(self) -> None:
+        """Let the connection's next in-order request start (no-op when this request is not
+        in order or already passed it). Event loop only."""
+        if self.turn is not None and not self.turn.done():
+            self.turn.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +135,7 @@ class Registration:
     min_version: int
     max_version: int
     handler: Handler
-    sequential: bool = False
+    in_order: bool = False  # see the module's "Ordering"
 
     def serves(self, api_version: int) -> bool:
         return self.min_version <= api_version <= self.max_version
@@ -136,10 +160,11 @@ class ApiRegistry:
         max_version: int,
         handler: Handler,
         *,
-        sequential: bool = False,
+        in_order: bool = False,
         replace: bool = False,
     ) -> Registration:
-        """Serve versions ``min_version..max_version`` of ``request_class_`` with ``handler``.
+        """Serve versions ``min_version..max_version`` of ``request_class_`` with ``handler``
+        (in connection order when ``in_order`` or marked `in_connection_order`).
 
         ``request_class_`` is a kafka-python request class (``ProduceRequest`` or a
         versioned ``ProduceRequest[9]``, which means the same). The range is clamped to what
@@ -178,7 +203,8 @@ class ApiRegistry:
             )
         if api_key in self._by_key and not replace:
             raise ValueError(f"api key {api_key} ({primary.name}) is already registered")
-        reg = Registration(api_key, primary, eff_lo, eff_hi, handler, sequential)
+        in_order = in_order or bool(getattr(handler, _IN_ORDER_ATTR, False))
+        reg = Registration(api_key, primary, eff_lo, eff_hi, handler, in_order)
         self._by_key[api_key] = reg
         return reg
 

@@ -66,13 +66,16 @@ class OwnChannelPartition:
         handler: ZoneRouteHandler,
         plog: PartitionBackend,
         topic_id: str,
-        wanted: Callable[[], bool] = lambda: True,
+        through_channel: bool = True,
     ):
+        """`through_channel`: produce goes through the own channel (proxies read the
+        partition: their snapshot reads need it); False: straight to the partition, once
+        the produces still in its channel pipeline are appended (their order is kept)."""
         self._plog = plog
         self._router = router
         self._handler = handler
         self._topic_id = topic_id
-        self._wanted = wanted  # a proxy reads the partition (its snapshot reads need it)
+        self._through_channel = through_channel
 
     # ------------------------------------------------------------ the partition's members
 
@@ -175,7 +178,7 @@ class OwnChannelPartition:
         if link is not None:  # already routed: straight to the partition
             return self._plog.append(records, link)
         key = (self._topic_id, self._plog.partition)
-        if not self._wanted():
+        if not self._through_channel:
             # no proxy reads the partition: straight to it, once the produce requests
             # still in the pipeline are appended (their order is kept)
             pipeline = self._router.existing_own_pipeline(*key)

@@ -170,7 +170,7 @@ class ZoneRouting:
         proxy_factory: Callable[[str, int], PartitionBackend],
         cidrs: CidrAzMap | None = None,
         traffic: ZoneTraffic | None = None,
-        own_channel: Callable[[str, PartitionBackend], PartitionBackend] | None = None,
+        own_channel: Callable[[str, PartitionBackend, bool], PartitionBackend] | None = None,
         channel_mode: str = CHANNEL_ALL,
     ):
         if channel_mode not in CHANNEL_MODES:
@@ -181,8 +181,9 @@ class ZoneRouting:
         self.proxy_factory = proxy_factory  # (topic_id, partition) -> ProxyPartition
         self.cidrs = cidrs or CidrAzMap()
         self.traffic = traffic
-        # (topic id, the partition led here) -> the backend whose produce goes through this
-        # broker's own RouterChannel (clients of an AZ: snapshot reads see their data)
+        # (topic id, the partition led here, through the channel?) -> the backend whose
+        # produce goes through this broker's own RouterChannel (snapshot reads see its
+        # data), or (False) straight to the partition behind what the channel still holds
         self.own_channel = own_channel
         # CHANNEL_ALL: every client's produce through it; CHANNEL_AZ_CLIENTS: only clients
         # of a known AZ (zone_router.channel_mode)
@@ -199,6 +200,24 @@ class ZoneRouting:
                 self._mapping = ProxyMapping.from_image(image)
                 self._mapping_key = image.brokers
             return self._mapping
+
+    def _own_channel_view(
+        self, image: MetadataImage, topic_id: str, backend: PartitionBackend, az: str | None
+    ) -> PartitionBackend:
+        """A partition led here as a client of `az` produces to it. While other AZs have
+        brokers, every client's produce (declared AZ or not; "az_clients": only a client of
+        an AZ) goes through the own channel: the proxies' snapshot reads find it in object
+        storage (seed 000). Once none has (the image lost them), produce goes straight to
+        the partition, but behind the produces still in its channel pipeline: a request
+        appended at once would overtake them, and an idempotent producer's pipelined
+        batches must reach the partition in order (else OUT_OF_ORDER_SEQUENCE_NUMBER, fatal
+        to librdkafka once the earlier batches are acked)."""
+        assert self.own_channel is not None
+        if not self.has_proxies(image):
+            return self.own_channel(topic_id, backend, False)
+        if self.channel_mode == CHANNEL_ALL or az is not None:
+            return self.own_channel(topic_id, backend, True)
+        return backend
 
     def has_proxies(self, image: MetadataImage) -> bool:
         """Brokers of more than one AZ are eligible: this broker's partitions have proxies."""
@@ -237,16 +256,8 @@ class ZoneRouting:
             return None  # this client was told another broker serves it
         elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
-            if (
-                backend is not None
-                and self.own_channel is not None
-                and self.has_proxies(image)
-                and (self.channel_mode == CHANNEL_ALL or az is not None)
-            ):
-                # every client's produce (declared AZ or not; "az_clients": only a client of
-                # an AZ) goes through the own channel: the proxies' snapshot reads find it in
-                # object storage (seed 000)
-                backend = self.own_channel(topic_id, backend)
+            if backend is not None and self.own_channel is not None:
+                backend = self._own_channel_view(image, topic_id, backend, az)
         else:
             backend = self.proxy_factory(topic_id, partition)
         if backend is None or self.traffic is None:

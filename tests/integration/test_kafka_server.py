@@ -20,7 +20,12 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.codec import decode_response, encode_request
-from dataplane.kafka.registry import ApiRegistry, CloseConnection, RequestContext
+from dataplane.kafka.registry import (
+    ApiRegistry,
+    CloseConnection,
+    RequestContext,
+    in_connection_order,
+)
 from dataplane.kafka.server import KafkaServer, KafkaServerThread
 
 pytestmark = pytest.mark.integration
@@ -306,33 +311,55 @@ def test_pipelined_responses_in_request_order(raw_clients: list[Raw]) -> None:
     assert completed != sorted(completed)  # the handlers really finished out of order
 
 
-@pytest.mark.parametrize("sequential", [True, False])
-def test_sequential_registration_serialises_handlers(
-    raw_clients: list[Raw], sequential: bool
+@pytest.mark.parametrize("mode", ["in order, turn passed early", "in order", "unordered"])
+def test_in_order_registration_orders_a_connections_handlers(
+    raw_clients: list[Raw], mode: str
 ) -> None:
+    """In order: each request's first step ("append") runs after the previous request's,
+    in request order; a handler that passes its turn after that step lets the next one
+    start while it still runs (pipelined), one that does not runs alone."""
     active = 0
     max_active = 0
-    order: list[int] = []
+    appended: list[int] = []
 
     async def produce(body, ctx):
         nonlocal active, max_active
         active += 1
         max_active = max(max_active, active)
+        # the "append": odd requests reach it sooner than the even one before them
         await asyncio.sleep(0.02 if ctx.correlation_id % 2 == 0 else 0.001)
-        order.append(ctx.correlation_id)
+        appended.append(ctx.correlation_id)
+        if mode == "in order, turn passed early":
+            ctx.pass_turn()
+        await asyncio.sleep(0.02)  # the "durability wait"
         active -= 1
         return ProduceResponse(responses=[], throttle_time_ms=0)
 
     registry = ApiRegistry()
-    registry.register(ProduceRequest, 3, 13, produce, sequential=sequential)
+    registry.register(ProduceRequest, 3, 13, produce, in_order=mode != "unordered")
     with running(registry) as srv:
         client = connect(raw_clients, srv.port)
         client.send(b"".join(produce_request(i, acks=1) for i in range(8)))
         assert [client.response(0, 9)[0] for _ in range(8)] == list(range(8))
-    if sequential:
-        assert max_active == 1 and order == list(range(8))
+    if mode == "in order":
+        assert max_active == 1 and appended == list(range(8))
+    elif mode == "in order, turn passed early":
+        assert max_active > 1 and appended == list(range(8))
     else:
-        assert max_active > 1 and order != list(range(8))
+        assert max_active > 1 and appended != list(range(8))
+
+
+def test_an_in_order_handler_marked_on_its_function_is_registered_in_order() -> None:
+    @in_connection_order
+    async def marked(body, ctx):
+        return None
+
+    async def unmarked(body, ctx):
+        return None
+
+    registry = ApiRegistry()
+    assert registry.register(ProduceRequest, 3, 13, marked).in_order
+    assert not registry.register(MetadataRequest, 0, 12, unmarked).in_order
 
 
 def test_acks_zero_gets_no_response_and_keeps_order(

@@ -329,15 +329,16 @@ def test_the_channel_mode_chooses_which_produce_at_a_main_goes_through_its_chann
             _Resolver(),
             lambda topic_id, partition: ("proxy", topic_id, partition),
             traffic=None,
-            own_channel=lambda topic_id, plog: ("own-channel", plog),
+            own_channel=lambda topic_id, plog, through: ("own-channel", plog, through),
             **extra,
         )
 
+    through = [("own-channel", ("local", tid, p), True) for p in led]
     for mode in (None, CHANNEL_ALL):  # the default is "all"
         for az in (None, "az2"):
-            assert [routing(mode).get(tid, p, az)[0] for p in led] == ["own-channel"] * len(led)
+            assert [routing(mode).get(tid, p, az) for p in led] == through
     az_clients = routing(CHANNEL_AZ_CLIENTS)
-    assert [az_clients.get(tid, p, "az2")[0] for p in led] == ["own-channel"] * len(led)
+    assert [az_clients.get(tid, p, "az2") for p in led] == through
     assert [az_clients.get(tid, p, None) for p in led] == [("local", tid, p) for p in led]
     with pytest.raises(ValueError, match="channel mode"):
         routing("sometimes")

@@ -53,7 +53,7 @@ class AclEnforcer(AclChecks):
                 reg.min_version,
                 reg.max_version,
                 wrapped,
-                sequential=reg.sequential,
+                in_order=reg.in_order,
                 replace=True,
             )
 
