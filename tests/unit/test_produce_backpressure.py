@@ -12,9 +12,9 @@ import time
 from dataplane.formats.kafka_errors import KafkaError
 from tests.unit.test_kafka_apis_inprocess import batch, ctx, fetch_req, produce_req, values_of
 
-# well below the 1 s a refused produce waits (a blocked loop stalls that long), well above
-# what a busy 2-core machine's scheduler adds
-MAX_LOOP_STALL_S = 0.5
+# a refused produce (timeout 1 s) waits ~0.8 s for room, then answers: well below this
+# however busy the machine, and far below a wait for the store (held 60 s)
+MAX_REFUSED_WAIT_S = 5.0
 VALUE_BYTES = 64 * 1024
 RECORDS_PER_REQUEST = 15  # ~1 MiB: what one batch of the test's builder holds
 
@@ -38,18 +38,7 @@ def test_a_full_wal_is_waited_for_without_blocking_the_loop(broker):
         req.timeout_ms = timeout_ms
         return req
 
-    async def watch_loop(stop: asyncio.Event) -> float:
-        """The longest the loop went without running this task (its stall)."""
-        worst = 0.0
-        while not stop.is_set():
-            before = time.monotonic()
-            await asyncio.sleep(0.005)
-            worst = max(worst, time.monotonic() - before - 0.005)
-        return worst
-
     async def scenario():
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(watch_loop(stop))
         acked: list[int] = []
         refused = None
         try:
@@ -62,27 +51,25 @@ def test_a_full_wal_is_waited_for_without_blocking_the_loop(broker):
                     break
                 acked.append(part.base_offset)
             assert refused is not None, "the WAL never filled"
-            # while one producer waits for room, the loop answers everything else
+            # while one producer waits for room (its timeout 20 s, the store held until the
+            # test resumes it), the loop answers everything else: a wait that blocked the
+            # loop would have ended the produce (refused) before Metadata was answered
             waiting = asyncio.create_task(apis.data.produce(request(10_000, 20_000), ctx(0, 9)))
-            meta_started = time.monotonic()
             await apis.cluster.metadata(_metadata_req(), ctx(3, 12))
-            metadata_s = time.monotonic() - meta_started
+            assert not waiting.done(), "the produce waiting for room blocked the event loop"
             await asyncio.sleep(0.3)
             assert not waiting.done()
             store_resumed.set()  # uploads go through, the WAL is trimmed, room comes back
             late = (await asyncio.wait_for(waiting, 30)).responses[0].partition_responses[0]
         finally:
             store_resumed.set()
-            stop.set()
-        return acked, refused, metadata_s, late, await watcher
+        return acked, refused, late
 
-    acked, refused, metadata_s, late, worst_stall_s = asyncio.run(scenario())
+    acked, refused, late = asyncio.run(scenario())
     index, error, waited_s = refused
     # a retriable error that is no leader change, after waiting most of its timeout
     assert error == KafkaError.REQUEST_TIMED_OUT
-    assert 0.5 <= waited_s < 1.5
-    assert metadata_s < MAX_LOOP_STALL_S
-    assert worst_stall_s < MAX_LOOP_STALL_S, f"the loop stalled {worst_stall_s:.3f}s"
+    assert 0.5 <= waited_s < MAX_REFUSED_WAIT_S
     assert late.error_code == KafkaError.NONE
     assert late.base_offset == RECORDS_PER_REQUEST * len(
         acked
