@@ -299,7 +299,7 @@ class Broker:
         """The zone router (seed 000): this broker's RouterChannel and proxy partitions,
         the client routing by AZ, the main's zone-route handler and snapshot reads."""
         from dataplane.formats.client_az import CidrAzMap
-        from dataplane.zonerouter.own_channel import OwnChannelPartition
+        from dataplane.zonerouter.own_channel import own_channel_backend
         from dataplane.zonerouter.snapshot import LinkIndex
         from dataplane.zonerouter.snapshot_read import SnapshotReader, SnapshotServer
 
@@ -357,7 +357,7 @@ class Broker:
             traffic,
             # every produce at a main through its own channel (when other AZs have
             # brokers): a proxy's first snapshot of a partition finds its whole unuploaded tail
-            own_channel=lambda topic_id, plog, through_channel: OwnChannelPartition(
+            own_channel=lambda topic_id, plog, through_channel: own_channel_backend(
                 router, handler, plog, topic_id, through_channel
             ),
             channel_mode=cfg.zone_router.channel_mode,

@@ -50,6 +50,24 @@ class OwnChannelRouter(Protocol):
     ) -> AppendOutcome | None: ...
 
 
+def own_channel_backend(
+    router: OwnChannelRouter,
+    handler: ZoneRouteHandler,
+    plog: PartitionBackend,
+    topic_id: str,
+    through_channel: bool,
+) -> PartitionBackend:
+    """What a produce to `plog` (a partition led here) appends to: its `OwnChannelPartition`,
+    or (`through_channel` False) the partition itself once nothing of it is left in its
+    channel pipeline: an append at once then keeps the produce order. Event loop only
+    (produce requests are resolved and appended there, in their order)."""
+    if not through_channel:
+        pipeline = router.existing_own_pipeline(topic_id, plog.partition)
+        if pipeline is None or pipeline.pending == 0:
+            return plog
+    return OwnChannelPartition(router, handler, plog, topic_id, through_channel)
+
+
 class OwnChannelPartition:
     """A partition this broker leads, as a client that declared an AZ sees it when zone
     routing is on: its produce goes through this broker's own RouterChannel (the data in

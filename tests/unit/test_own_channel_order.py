@@ -6,7 +6,7 @@ requests still in the pipeline. An idempotent producer pipelines a partition's b
 (sequence n, n+1, ...): a later batch appended first is refused OUT_OF_ORDER_SEQUENCE_NUMBER,
 and librdkafka fails for good once the earlier ones are acked (seen in the coordinator e2e
 test when the second of three brokers was fenced). The real `ZoneRouting` and
-`OwnChannelPartition` on real metadata images; the router's channel writes are held by the
+`own_channel_backend` on real metadata images; the router's channel writes are held by the
 test."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome
-from dataplane.zonerouter.own_channel import OwnChannelPartition, OwnPipeline
+from dataplane.zonerouter.own_channel import OwnPipeline, own_channel_backend
 from dataplane.zonerouter.routing import ZoneRouting
 
 WAIT_S = 10.0
@@ -115,7 +115,7 @@ def _routing(image_box: list, partition: _Partition, router: _Router) -> ZoneRou
         lambda: image_box[0],
         type("_Resolver", (), {"get": lambda self, topic_id, p: partition})(),
         lambda topic_id, p: None,
-        own_channel=lambda topic_id, plog, through: OwnChannelPartition(
+        own_channel=lambda topic_id, plog, through: own_channel_backend(
             router, None, plog, topic_id, through
         ),
     )
@@ -146,7 +146,8 @@ def test_produce_after_the_other_azs_are_gone_waits_for_the_channels_earlier_pro
         outcomes = [f.result(WAIT_S) for o in (early, later) for f in o.durable]
         assert [o.error for o in outcomes] == [KafkaError.NONE, KafkaError.NONE]
         assert partition.appended == [b"seq 0", b"seq 1"]
-        # nothing left in the pipeline: straight to the partition now
+        # nothing left in the pipeline: the partition itself now
+        assert routing.get(tid, index, None) is partition
         direct = routing.get(tid, index, None).append(b"seq 2")
         assert not direct.forwarded and partition.appended[-1] == b"seq 2"
     finally:
