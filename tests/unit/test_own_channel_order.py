@@ -15,38 +15,14 @@ import threading
 import uuid
 from concurrent.futures import Future
 
-from controlplane.settings import ControllerSettings
-from controlplane.state_machine import MetadataStateMachine
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import AppendOutcome
 from dataplane.zonerouter.own_channel import OwnPipeline, own_channel_backend
 from dataplane.zonerouter.routing import ZoneRouting
+from tests.support.metadata_images import image_with
 
 WAIT_S = 10.0
 TOPIC = "t"
-
-
-def _image(azs: dict[int, str], topic_id: str):
-    """An image with brokers `azs` (node id -> AZ), all unfenced, and topic t (3
-    partitions, `topic_id`)."""
-    sm = MetadataStateMachine(ControllerSettings())
-    for node, az in azs.items():
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": az,
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": f"i{node}",
-                "wal_uri": "file:///tmp/w",
-            },
-            now_ms=0,
-        )
-        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
-    body = {"name": TOPIC, "partitions": 3, "topic_id": topic_id}
-    assert "error" not in sm.execute("create_topic", body, now_ms=0)
-    return sm.image
 
 
 class _Partition:
@@ -123,8 +99,8 @@ def _routing(image_box: list, partition: _Partition, router: _Router) -> ZoneRou
 
 def test_produce_after_the_other_azs_are_gone_waits_for_the_channels_earlier_produce():
     tid = str(uuid.uuid4())
-    three_azs = _image({1: "az1", 2: "az2", 3: "az3"}, tid)
-    only_az2 = _image({2: "az2"}, tid)  # brokers 1 and 3 gone: no proxies
+    three_azs = image_with({1: "az1", 2: "az2", 3: "az3"}, TOPIC, 3, tid)
+    only_az2 = image_with({2: "az2"}, TOPIC, 3, tid)  # brokers 1 and 3 gone: no proxies
     # a partition this broker (2) leads in both images
     index = next(
         p.partition

@@ -5,34 +5,13 @@ listed, and a produce or fetch at a broker that is not the client's answers None
 
 from __future__ import annotations
 
-import uuid
-
-from controlplane.settings import ControllerSettings
-from controlplane.state_machine import MetadataStateMachine
 from dataplane.zonerouter.routing import CountedBackend, ZoneRouting
 from dataplane.zonerouter.traffic import ZoneTraffic
+from tests.support.metadata_images import image_with
 
 
 def _image(partitions: int = 6):
-    sm = MetadataStateMachine(ControllerSettings())
-    for node, az in ((1, "az1"), (2, "az2"), (3, "az3")):
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": az,
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": f"i{node}",
-                "wal_uri": "file:///tmp/w",
-            },
-            now_ms=0,
-        )
-        sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": 0}, now_ms=0)
-    body = {"name": "t", "partitions": partitions, "topic_id": str(uuid.uuid4())}
-    out = sm.execute("create_topic", body, now_ms=0)
-    assert "error" not in out, out
-    return sm.image
+    return image_with({1: "az1", 2: "az2", 3: "az3"}, "t", partitions)
 
 
 class _Resolver:
