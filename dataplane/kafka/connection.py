@@ -156,7 +156,7 @@ class Connection:
 
     # ----------------------------------------------------------------- reading
 
-    async def _read_frame(self) -> bytes | bytearray | None:
+    async def _read_frame(self) -> bytes | memoryview | None:
         """The next frame's payload, or None if the connection must be aborted."""
         protocol = self.protocol
         idle = self.idle_timeout_s
@@ -205,7 +205,7 @@ class Connection:
                 if not queued:
                     self._budget.release()
 
-    def _dispatch(self, frame: bytes | bytearray) -> tuple[object, bool]:
+    def _dispatch(self, frame: bytes | memoryview) -> tuple[object, bool]:
         """Decode and route one frame: (queue slot, keep reading?)."""
         received_at = time.monotonic()
         try:

@@ -3,14 +3,17 @@
 A frame is a 4-byte signed size and its payload. The event loop reads from the socket
 straight into the protocol's buffers. Frames that arrive whole within one read are copied
 once out of a read buffer; a frame still incomplete at the end of a read (every frame larger
-than ``DIRECT_FRAME_BYTES``) gets a buffer of its own, sized to it, that the rest of it is
-read into and that is handed on without a copy; it grows with the bytes that arrived (see
-``DIRECT_CHUNK_BYTES``), so a size prefix alone commits little memory. The read buffer is borrowed from the server's
-`ReadBufferPool` for one read and given back after it: an idle connection holds no buffer,
-a connection in the middle of a frame holds that frame's bytes only. The protocol stops
-reading the socket once ``QUEUED_FRAME_BYTES`` of frames wait for the connection to take
-them (TCP backpressure), and tells the connection's writer when the transport can take more
-bytes.
+than ``DIRECT_FRAME_BYTES``) is read into a buffer of its own from the server's frame
+`BufferPool` and handed on, as a read-only view of its exact size, without a copy. Those
+buffers are used again once no view of their frame is left (a Produce request's record sets
+are views of it until they are appended): a fresh buffer per large frame cost its zeroing
+and a page fault per 4 KiB, more than half of the loop's page faults at saturation. A fresh
+one is an anonymous mapping whose pages are committed as the bytes arrive, so a size prefix
+alone commits little memory. The read buffer is borrowed from the server's `ReadBufferPool`
+for one read and given back after it: an idle connection holds no buffer, a connection in
+the middle of a frame holds that frame's buffer only. The protocol stops reading the socket
+once ``QUEUED_FRAME_BYTES`` of frames wait for the connection to take them (TCP
+backpressure), and tells the connection's writer when the transport can take more bytes.
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
+import mmap
 from collections.abc import Callable
 
+from ..formats.buffer_pool import BufferPool
+
 __all__ = [
-    "DIRECT_CHUNK_BYTES",
     "DIRECT_FRAME_BYTES",
-    "DIRECT_GROWTH",
+    "FRAME_POOL_BYTES",
+    "MAX_POOLED_FRAME_BYTES",
     "QUEUED_FRAME_BYTES",
     "FrameProtocol",
     "ReadBufferPool",
+    "new_frame_buffer_pool",
     "peer_of",
 ]
 
@@ -35,15 +42,10 @@ _READ_BYTES = 64 * 1024  # at most this per read into a read buffer: a large fra
 _READ_BUFFER_BYTES = _READ_BYTES + 4  # (+ a size prefix's first bytes kept from a read)
 _FREE_READ_BUFFERS = 16  # a pool keeps at most this many buffers for the next reads (1 MiB)
 DIRECT_FRAME_BYTES = _READ_BYTES  # a frame above this is read into a buffer of its own
-# A frame's own buffer is allocated as its bytes arrive: at most this much at first, and
-# when it is full and more is to come, a buffer DIRECT_GROWTH times larger (at most the
-# frame's size) takes over what arrived: a size prefix alone must not make the server commit
-# max_request_bytes of memory, and the memory committed stays within DIRECT_GROWTH times the
-# bytes received. The frame ends up in one buffer of its exact size. (Chunks joined once the
-# frame was complete cost ~1 CPU s per GB on large produce requests: glibc gave each chunk
-# and each join fresh pages from the kernel, faulted in one by one.)
-DIRECT_CHUNK_BYTES = 2 * 1024 * 1024
-DIRECT_GROWTH = 4
+# Large frames' buffers kept for use again per server, in use or free: above the frames a
+# saturated listener holds at once (requests in flight on every connection, ~1 MiB each)
+FRAME_POOL_BYTES = 64 * 1024 * 1024
+MAX_POOLED_FRAME_BYTES = 16 * 1024 * 1024  # a larger frame's buffer is not kept for reuse
 QUEUED_FRAME_BYTES = 1024 * 1024  # frames waiting for an in-flight slot: stop reading above
 _QUEUED_FRAMES = 256  # (or above this many small ones)
 _SIZE = struct.Struct(">i")
@@ -79,6 +81,13 @@ class ReadBufferPool:
             self._free.append(buf)
 
 
+def new_frame_buffer_pool(max_bytes: int = FRAME_POOL_BYTES) -> BufferPool:
+    """The buffers of large frames (power-of-two mappings from ``DIRECT_FRAME_BYTES``)."""
+    return BufferPool(
+        max_bytes, min_classed_bytes=DIRECT_FRAME_BYTES, max_buffer_bytes=MAX_POOLED_FRAME_BYTES
+    )
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """The socket side of one connection: frames in (zero-copy for large ones), flow
     control out. Lives on the event loop thread only.
@@ -92,14 +101,17 @@ class FrameProtocol(asyncio.BufferedProtocol):
         on_connection_made: Callable[[FrameProtocol], None],
         max_frame_bytes: int,
         buffers: ReadBufferPool | None = None,
+        frame_buffers: BufferPool | None = None,
     ) -> None:
         """`on_connection_made(protocol)` is called once the transport is there (the server
         accepts or refuses the connection); a frame above `max_frame_bytes` is an error.
-        `buffers`: the pool read buffers are borrowed from (None: a pool of its own)."""
+        `buffers`: the pool read buffers are borrowed from; `frame_buffers`: the pool large
+        frames' buffers come from (None: pools of its own)."""
         self._on_connection_made = on_connection_made
         self.max_frame_bytes = max_frame_bytes
         self.transport: asyncio.Transport | None = None
         self._buffers = buffers if buffers is not None else ReadBufferPool(max_free=0)
+        self._frame_buffers = frame_buffers or new_frame_buffer_pool(0)
         # borrowed while unparsed bytes are in it (or a read into it is under way)
         self._buf: bytearray | None = None
         self._view = memoryview(b"")
@@ -108,9 +120,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._carry = b""  # the first bytes (< 4) of a size prefix, between reads
         # the frame being read into a buffer of its own: its size, its buffer, bytes in it
         self._direct_size = 0
-        self._direct: bytearray | None = None
+        self._direct: bytearray | mmap.mmap | None = None
         self._direct_filled = 0
-        self.frames: collections.deque[bytes | bytearray] = collections.deque()
+        self.frames: collections.deque[bytes | memoryview] = collections.deque()
         self._queued_bytes = 0
         self.error: str | None = None  # why reading stopped on bad input
         self.eof = False  # no more bytes will come (EOF, connection lost)
@@ -127,13 +139,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
-        if direct is not None:
-            filled = self._direct_filled
-            if filled == len(direct):  # full, more to come: a larger buffer takes over
-                grown = bytearray(min(self._direct_size, len(direct) * DIRECT_GROWTH))
-                grown[:filled] = direct
-                self._direct = direct = grown
-            return memoryview(direct)[filled:]
+        if direct is not None:  # (a pool's buffer may be longer than the frame)
+            return memoryview(direct)[self._direct_filled : self._direct_size]
         if self._buf is None:
             self._buf = self._buffers.take()
             self._view = memoryview(self._buf)
@@ -151,7 +158,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._direct_filled += nbytes
             if self._direct_filled == self._direct_size:
                 self._direct = None
-                self._push(direct)
+                # read-only: the buffer is the pool's, nobody downstream writes into it
+                self._push(memoryview(direct)[: self._direct_size].toreadonly())
             return
         self._end += nbytes
         self._parse()
@@ -207,7 +215,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 continue
             # Read the rest of this frame straight into its own buffer (a large frame's is
             # handed on without a copy), so the read buffer goes back to the pool now.
-            chunk = bytearray(min(size, DIRECT_CHUNK_BYTES))
+            chunk = self._frame_buffers.take(size)
             chunk[:available] = view[start + 4 : end]
             self._direct, self._direct_size = chunk, size
             self._direct_filled = available
@@ -236,7 +244,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             return self._direct_filled + 4
         return self._end - self._start + len(self._carry)
 
-    def _push(self, frame: bytes | bytearray) -> None:
+    def _push(self, frame: bytes | memoryview) -> None:
         self.frames.append(frame)
         self._queued_bytes += len(frame)
         if not self._reading_paused and (
@@ -261,7 +269,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             waiter.set_result(None)
 
     # -- used by the connection's tasks ------------------------------------------------------
-    def take_frame(self) -> bytes | bytearray | None:
+    def take_frame(self) -> bytes | memoryview | None:
         """The oldest complete frame, or None."""
         if not self.frames:
             return None

@@ -48,7 +48,7 @@ from prometheus_client import Gauge
 from dataplane.config import MAX_REQUEST_BYTES
 
 from .connection import Admit, Connection
-from .framing import FrameProtocol, ReadBufferPool, peer_of
+from .framing import FrameProtocol, ReadBufferPool, new_frame_buffer_pool, peer_of
 from .registry import ApiRegistry, CloseConnection
 
 __all__ = [
@@ -162,6 +162,8 @@ class KafkaServer:
         self._accepting = accepting or (lambda: True)
         # read buffers are lent to connections with bytes to parse, not one per connection
         self.read_buffers = ReadBufferPool()
+        # large frames' buffers, used again once their request is done with them
+        self.frame_buffers = new_frame_buffer_pool()
 
     @property
     def port(self) -> int:
@@ -199,6 +201,7 @@ class KafkaServer:
                             functools.partial(self._accept, listener=listener),
                             self.max_request_bytes,
                             self.read_buffers,
+                            self.frame_buffers,
                         ),
                         listener.host,
                         listener.port,

@@ -7,9 +7,11 @@ of the broker's CPU of a catch-up. `RangedGetClient` sends the same SigV4-signed
 over a kept-alive socket (SigV4 header signing is one HMAC-SHA256 per request; the signing
 key is kept per day) and reads the body with `recv_into` straight into the buffer it returns:
 ~0.6 ms per 4 MiB GET, nearly all of it the kernel's copy. The buffers come from a bounded
-`BodyBufferPool`, which hands one out again once no view of its last body is left (no
-zeroing and first-touch page faults of a fresh buffer per GET), in power-of-two size classes
-so that any free buffer of a class serves the next body.
+`formats.buffer_pool.BufferPool`, which hands one out again once no view of its last body is
+left (no zeroing and first-touch page faults of a fresh buffer per GET), in power-of-two size
+classes from 1 MiB: a catch-up's GETs are 2-8 MiB (runs of blocks cut into about equal
+pieces), so buffers of their exact sizes fitted the next body only by chance and a cold
+broker's catch-up took a fresh buffer for ~70% of its bytes while others lay free.
 
 It serves only what it can do exactly like botocore: plain `http://` endpoints (a local or
 private store: SeaweedFS, MinIO) with static credentials in the bucket URI or its
@@ -31,10 +33,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
-import mmap
 import re
 import socket
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from urllib.parse import quote, urlsplit
@@ -47,6 +47,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from ..formats.buffer_pool import BufferPool
 from .bucket_uri import BucketURI
 
 __all__ = ["RangedGetClient"]
@@ -58,79 +59,9 @@ RECV_HEAD_BYTES = 16 * 1024
 # bodies a prefetching consumer's answers and every reader's readahead pin at once, ~250 MiB
 # for 6 partitions), or the pool forgets buffers still in use and takes fresh ones again
 DEFAULT_POOL_BYTES = 512 * 1024 * 1024
-MAX_POOL_BUFFERS = 256  # ... and at most this many (each take looks through them)
-MIN_CLASSED_BODY_BYTES = 1024 * 1024  # bodies from this size get power-of-two mappings
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _CODE_RE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _MESSAGE_RE = re.compile(rb"<Message>([^<]{0,512})</Message>")
-
-
-class BodyBufferPool:
-    """GET body buffers used again once nothing holds them: a fresh buffer of a few MiB
-    costs its zeroing and a page fault per 4 KiB (here ~1.6 us a page: ~0.4 s of CPU per GB
-    of fresh buffers, a third of a cold broker's CPU in a 512 MiB catch-up). The
-    pool keeps the buffers it handed out (at most `max_bytes` of them, `MAX_POOL_BUFFERS`
-    at most); one is free again when the pool holds the only reference to it (the views of
-    a body, e.g. record payloads in a Fetch answer still being written, each keep it alive
-    through their buffer export). A free buffer serves a body of up to its size that is at
-    least half its size, or that its size class holds (`buffer_size`). Thread-safe.
-
-    Bodies of `MIN_CLASSED_BODY_BYTES` or more get buffers of a power-of-two size, private
-    anonymous mappings: a catch-up's GETs are 2-8 MiB (runs of blocks cut into about equal
-    pieces), so buffers of their exact sizes fitted the next body only by chance and a cold
-    broker's catch-up took a fresh buffer for ~70% of its bytes while others lay free. Any
-    free buffer of the class now serves, and a mapping's pages are touched (zeroed by the
-    kernel on first write: no memset) only as far as the bodies it held reached, so the
-    unused end of a class costs address space, not memory. `max_bytes` counts the classes'
-    whole sizes; what stays resident is at most that."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._buffers: list[bytearray | mmap.mmap] = []
-        self._held_bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> bytearray | mmap.mmap:
-        """A writable buffer of at least `size` bytes whose contents nobody reads any more."""
-        largest = max(2 * size, buffer_size(size))
-        with self._lock:
-            for i in range(len(self._buffers)):
-                if size <= len(self._buffers[i]) <= largest and _only_listed(self._buffers, i):
-                    # the oldest free one; moved to the end: the list is in order of use
-                    buf = self._buffers.pop(i)
-                    self._buffers.append(buf)
-                    return buf
-            buf = _new_buffer(size)
-            self._buffers.append(buf)
-            self._held_bytes += len(buf)
-            # over the bounds: forget the oldest (one still in use is freed with its last view)
-            while len(self._buffers) > 1 and (
-                self._held_bytes > self.max_bytes or len(self._buffers) > MAX_POOL_BUFFERS
-            ):
-                self._held_bytes -= len(self._buffers.pop(0))
-            return buf
-
-
-def buffer_size(size: int) -> int:
-    """The size of a fresh buffer for a body of `size` bytes (pure): the next power of two
-    from `MIN_CLASSED_BODY_BYTES` on, else `size`."""
-    if size < MIN_CLASSED_BODY_BYTES:
-        return size
-    return 1 << (size - 1).bit_length()
-
-
-def _new_buffer(size: int) -> bytearray | mmap.mmap:
-    """A fresh buffer for a body of `size` bytes: a private anonymous mapping of its class
-    (pages zeroed by the kernel when first written), or a small body's own bytearray."""
-    if size < MIN_CLASSED_BODY_BYTES:
-        return bytearray(size)
-    return mmap.mmap(-1, buffer_size(size), flags=mmap.MAP_PRIVATE)
-
-
-def _only_listed(buffers: list[bytearray | mmap.mmap], i: int) -> bool:
-    """Whether `buffers` holds the only reference to its `i`th buffer (no view of it is
-    left): 2 references, the list's and getrefcount's argument (no local name holds it)."""
-    return sys.getrefcount(buffers[i]) == 2
 
 
 class _StaleConnection(Exception):
@@ -177,7 +108,7 @@ class RangedGetClient:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_idle_per_bucket: int,
-        buffers: BodyBufferPool | None = None,
+        buffers: BufferPool | None = None,
         now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
@@ -187,7 +118,7 @@ class RangedGetClient:
         self._lock = threading.Lock()
         self._closed = False
         self._targets: dict[int, _Target] = {}
-        self._buffers = buffers or BodyBufferPool(DEFAULT_POOL_BYTES)
+        self._buffers = buffers or BufferPool(DEFAULT_POOL_BYTES)
         for bucket_id, bucket in buckets.items():
             if not bucket.endpoint or not bucket.endpoint.lower().startswith("http://"):
                 continue

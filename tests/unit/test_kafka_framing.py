@@ -5,20 +5,22 @@ stops reading while too many frames wait for the connection."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import struct
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from dataplane.kafka.framing import (
-    DIRECT_CHUNK_BYTES,
     DIRECT_FRAME_BYTES,
-    DIRECT_GROWTH,
+    MAX_POOLED_FRAME_BYTES,
     QUEUED_FRAME_BYTES,
     FrameProtocol,
     ReadBufferPool,
+    new_frame_buffer_pool,
 )
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -133,50 +135,70 @@ def test_large_frame_is_read_into_its_own_buffer() -> None:
         payload = payload_of(1_000_000, 7)
         data = frame(payload)
         feed(proto, data[:10_000])
-        # the rest of the frame goes straight into the frame's buffer, exactly its size
+        # the rest of the frame goes straight into the frame's buffer, not past its end
         assert len(proto.get_buffer(-1)) == len(data) - 10_000
         feed(proto, data[10_000:])
         got = proto.take_frame()
-        assert isinstance(got, bytearray) and got == payload
+        assert isinstance(got, memoryview) and got.readonly and got == payload
 
     run(body)
 
 
-def test_a_size_prefix_alone_does_not_allocate_the_whole_frame() -> None:
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_size_prefix_alone_does_not_commit_the_whole_frame() -> None:
+    """A client announcing a huge frame makes the server commit memory only as its bytes
+    arrive (the frame's buffer is a mapping whose pages are committed when written)."""
+
     def body():
-        proto, _ = make_protocol()
-        payload = payload_of(MAX_REQUEST_BYTES - 100, 9)  # larger than one chunk
-        data = frame(payload)
-        feed(proto, data[:5])
-        assert len(proto.get_buffer(-1)) <= DIRECT_CHUNK_BYTES  # memory follows the bytes
-        feed(proto, data[5:], iter(lambda: 1 << 20, None))
-        assert proto.take_frame() == payload
-        assert proto.partial_frame_bytes == 0
+        size = 200 * 1024 * 1024
+        proto = FrameProtocol(FakeServer().accept, size + 100)
+        proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+        before = resident_bytes()
+        feed(proto, struct.pack(">i", size) + b"x" * 1000)
+        assert len(proto.get_buffer(-1)) == size - 1000
+        assert resident_bytes() - before < 32 * 1024 * 1024  # not the frame's 200 MiB
+        assert proto.partial_frame_bytes == 1004
 
     run(body)
 
 
-def test_a_frame_larger_than_a_chunk_ends_in_one_buffer_grown_with_its_bytes() -> None:
-    """A frame above DIRECT_CHUNK_BYTES is handed on as one buffer of its exact size (no
-    join of chunks at the end); while it arrives, the memory it holds stays within
-    DIRECT_GROWTH times the bytes received (or one first chunk)."""
+def test_large_frames_buffers_are_used_again_once_no_view_of_them_is_left() -> None:
+    """A large frame's buffer serves a later frame only once nothing holds a view of the
+    first (e.g. a Produce request's record sets still being appended), never while one
+    does: the first frame's bytes stay as they were."""
 
     def body():
-        proto, _ = make_protocol()
-        payload = payload_of(MAX_REQUEST_BYTES - 100, 11)
-        data = frame(payload)
-        pos = 0
-        while pos < len(data):
-            buf = proto.get_buffer(-1)
-            received = max(pos - 4, 0)
-            allocated = received + len(buf) if pos > 4 else len(buf)
-            assert allocated <= max(DIRECT_CHUNK_BYTES, DIRECT_GROWTH * received) + 64 * 1024
-            n = min(len(buf), len(data) - pos, 300_000)
-            buf[:n] = data[pos : pos + n]
-            proto.buffer_updated(n)
-            pos += n
-        got = proto.take_frame()
-        assert isinstance(got, bytearray) and len(got) == len(payload) and got == payload
+        pool = new_frame_buffer_pool()
+        proto = FrameProtocol(FakeServer().accept, MAX_REQUEST_BYTES, frame_buffers=pool)
+        proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+        first_payload, second_payload = payload_of(1_000_000, 1), payload_of(900_000, 2)
+        feed(proto, frame(first_payload))
+        first = proto.take_frame()
+        assert isinstance(first, memoryview)
+        records = first[100:5000]  # a view the request keeps while its append is under way
+        first_buffer = weakref.ref(first.obj)
+        del first
+        feed(proto, frame(second_payload))
+        second = proto.take_frame()
+        assert isinstance(second, memoryview) and second == second_payload
+        assert second.obj is not first_buffer()  # the first is still viewed: not reused
+        assert records == first_payload[100:5000]
+        del records, second
+        feed(proto, frame(payload_of(700_000, 3)))
+        third = proto.take_frame()
+        assert isinstance(third, memoryview) and third == payload_of(700_000, 3)
+        assert third.obj is first_buffer()  # free again: the same buffer, no fresh pages
+        # a frame above MAX_POOLED_FRAME_BYTES gets a buffer the pool does not keep
+        held = pool.held_bytes
+        big = payload_of(MAX_POOLED_FRAME_BYTES + 1, 4)
+        proto.max_frame_bytes = len(big)
+        feed(proto, frame(big))
+        assert proto.take_frame() == big
+        assert pool.held_bytes == held
 
     run(body)
 

@@ -19,6 +19,7 @@ from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 from prometheus_client import CollectorRegistry
 
+from dataplane.formats.buffer_pool import BufferPool
 from dataplane.objectstore import (
     ObjectNotFoundError,
     ObjectStorage,
@@ -27,7 +28,7 @@ from dataplane.objectstore import (
     parse_bucket_uris,
 )
 from dataplane.objectstore.clients import default_client_factory
-from dataplane.objectstore.ranged_get import BodyBufferPool, RangedGetClient
+from dataplane.objectstore.ranged_get import RangedGetClient
 
 OBJECT = bytes(range(256)) * 64  # 16 KiB
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -303,7 +304,7 @@ def test_only_buckets_it_serves_exactly(registry, monkeypatch):
 
 
 def test_body_buffers_are_used_again_only_once_no_view_holds_them():
-    pool = BodyBufferPool(max_bytes=1 << 20)
+    pool = BufferPool(max_bytes=1 << 20)
     first = pool.take(1000)
     payload = memoryview(first)[10:20].toreadonly()  # e.g. a record payload in an answer
     del first
@@ -338,7 +339,7 @@ def test_large_bodies_share_power_of_two_buffers():
     """Bodies from 1 MiB on get buffers of a power-of-two size, so a free buffer of the
     class serves the next body whatever its exact size (catch-up GETs are 2-8 MiB)."""
     mib = 1 << 20
-    pool = BodyBufferPool(max_bytes=64 * mib)
+    pool = BufferPool(max_bytes=64 * mib)
     first = pool.take(5 * mib + 123)
     assert len(first) == 8 * mib
     first[0] = 7  # a mark: the pool does not clear a buffer it hands out again
