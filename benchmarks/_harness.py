@@ -486,21 +486,124 @@ def perf_command(
     return argv, cli_env(cluster_dir, tree)
 
 
-def perf(cluster_dir: Path, *args: str, timeout_s: float = 900) -> dict:
+def tree_cpu_s(root_pid: int) -> float:
+    """CPU seconds of the live process `root_pid` and its live descendants (perf and its
+    workers while they run)."""
+    parents: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(pid)] = int(fields[1])
+        spent[int(pid)] = (int(fields[11]) + int(fields[12])) / TICK
+    total = 0.0
+    for pid, cpu in spent.items():
+        p = pid
+        for _ in range(16):  # bounded: a process tree is shallow
+            if p == root_pid:
+                total += cpu
+                break
+            p = parents.get(p, 0)
+            if p <= 1:
+                break
+    return total
+
+
+class CpuSampler:
+    """The cluster's CPU seconds by kind, and a load generator's process tree's, sampled
+    every `every_s` on a thread of its own, with their wall-clock times: the CPU spent in
+    any window of a run (`between`). Used as a context manager."""
+
+    def __init__(self, cluster_dir: Path, root_pid: int, every_s: float = 0.5) -> None:
+        self.cluster_dir, self.root_pid, self.every_s = cluster_dir, root_pid, every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        cpu = cluster_cpu_s(self.cluster_dir)
+        cpu["load_generator"] = tree_cpu_s(self.root_pid)
+        self.samples.append((time.time(), cpu))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def at(self, t: float) -> dict[str, float]:
+        """CPU seconds by kind at wall-clock time `t`, interpolated between samples."""
+        samples = self.samples
+        for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+            if t0 <= t <= t1:
+                f = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+                return {k: a.get(k, 0.0) + f * (v - a.get(k, 0.0)) for k, v in b.items()}
+        raise ValueError(f"no samples around {t}")
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds by kind spent from `t0` to `t1` (wall-clock times)."""
+        a, b = self.at(t0), self.at(t1)
+        return {k: v - a.get(k, 0.0) for k, v in b.items()}
+
+
+def steady_window(intervals: list[dict], after_s: float) -> tuple[float, float, float] | None:
+    """(start, end, GB produced) of perf's whole intervals from `after_s` into the run to
+    the last full-rate one (pure): a window that leaves out the broker's warm-up (its log
+    cache's memory touched for the first time) and the producers' final flush."""
+    rows = [r for r in intervals if r["t_s"] > after_s]
+    if len(rows) < 3:
+        return None
+    rows = rows[:-1]  # the last interval may hold the end of the sends
+    width = rows[1]["end_unix_s"] - rows[0]["end_unix_s"]
+    start = rows[0]["end_unix_s"] - width
+    gb = sum(r["produce_mb_s"] * width for r in rows) / 1000
+    return start, rows[-1]["end_unix_s"], gb
+
+
+def perf(
+    cluster_dir: Path, *args: str, timeout_s: float = 900, steady_after_s: float | None = None
+) -> dict:
     """`automqctl perf ARGS` with its JSON summary (written to a file: the console has the
     table), plus `cpu_s_per_gb`: the CPU seconds per GB produced of each kind of process over
     the run (SeaweedFS, the broker, the controllers, the load generator: perf and its
-    workers, start-up included) and `cores_busy`, their sum per second of the run."""
+    workers, start-up included) and `cores_busy`, their sum per second of the run. With
+    `steady_after_s`, also `steady_cpu_s_per_gb` and `steady_mb_s`: the same over perf's
+    intervals from that many seconds into the run on (a broker's steady state: the first
+    seconds of a fresh broker touch its log cache's memory for the first time, a one-off
+    cost of up to ~0.4 s per GB of that memory)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         argv, env = perf_command(cluster_dir, Path(f.name), *args)
+        if steady_after_s is not None:
+            argv.append("--summary-intervals")
         cluster_before, children_before = cluster_cpu_s(cluster_dir), children_cpu_s()
         started = time.monotonic()
-        out = subprocess.run(
-            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
+        try:
+            with CpuSampler(cluster_dir, proc.pid) as sampler:
+                _, stderr = proc.communicate(timeout=timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
         wall_s = time.monotonic() - started
-        if out.returncode != 0:
-            raise SystemExit(f"perf {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
+        if proc.returncode != 0:
+            raise SystemExit(f"perf {' '.join(args)} failed: {stderr.strip()[-500:]}")
         cpu = {
             kind: spent - cluster_before.get(kind, 0.0)
             for kind, spent in cluster_cpu_s(cluster_dir).items()
@@ -511,6 +614,15 @@ def perf(cluster_dir: Path, *args: str, timeout_s: float = 900) -> dict:
     if gb > 0:
         summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
     summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
+    window = steady_window(summary.pop("intervals", []), steady_after_s or 0.0)
+    if steady_after_s is not None and window is not None and window[2] > 0:
+        t0, t1, window_gb = window
+        spent = sampler.between(t0, t1)
+        summary["steady_cpu_s_per_gb"] = {
+            k: round(v / window_gb, 2) for k, v in sorted(spent.items())
+        }
+        summary["steady_mb_s"] = round(window_gb * 1000 / (t1 - t0), 1)
+        summary["steady_s"] = round(t1 - t0, 1)
     return summary
 
 

@@ -5,19 +5,25 @@ apart by program."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks._harness import (
+    CpuSampler,
     TimelineSample,
     broker_second,
     cpu_hogs,
+    cpu_s,
     disk_fdatasync_latency_ms,
     medians,
     process_kind,
+    steady_window,
     threads_second,
     timeline_beside_perf,
+    tree_cpu_s,
 )
 from cli.top_metrics import parse_prometheus_text
 
@@ -129,3 +135,42 @@ def test_perf_seconds_are_matched_with_the_nearest_broker_second() -> None:
     rows = timeline_beside_perf(intervals, timeline)
     assert [r.get("uploads") for r in rows] == [0, 1, None]  # none near the third second
     assert rows[1]["produce_p99_ms"] == 40.0 and rows[1]["broker_offset_s"] == 0.05
+
+
+def test_the_steady_window_leaves_out_the_warm_up_and_the_last_interval() -> None:
+    rows = [
+        {"t_s": float(t), "end_unix_s": 1000.0 + t, "produce_mb_s": 100.0 if t > 3 else 40.0}
+        for t in range(1, 9)
+    ]
+    start, end, gb = steady_window(rows, after_s=3)
+    # intervals ending at 4..7 s (the one ending at 8 s may hold the end of the sends)
+    assert (start, end) == (1003.0, 1007.0)
+    assert gb == pytest.approx(0.4)
+    assert steady_window(rows, after_s=7) is None  # too short to say anything
+
+
+def test_cpu_samples_are_interpolated_between_their_times() -> None:
+    sampler = CpuSampler(Path("/nonexistent"), root_pid=0)
+    sampler.samples = [(10.0, {"broker": 1.0}), (12.0, {"broker": 3.0, "seaweedfs": 2.0})]
+    assert sampler.between(10.5, 11.5) == pytest.approx({"broker": 1.0, "seaweedfs": 1.0})
+    with pytest.raises(ValueError):
+        sampler.at(13.0)
+
+
+def test_a_process_trees_cpu_counts_its_live_descendants() -> None:
+    """perf's workers are its children: their CPU counts to the load generator while
+    they run."""
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    child = subprocess.Popen(
+        [sys.executable, "-c", busy + "print(1, flush=True)\ntime.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline()  # its 0.3 s are spent
+        child_cpu = cpu_s(child.pid)
+        assert child_cpu >= 0.25
+        assert tree_cpu_s(child.pid) == pytest.approx(child_cpu, abs=0.05)
+        assert tree_cpu_s(os.getpid()) >= cpu_s(os.getpid()) + child_cpu - 0.05
+    finally:
+        child.kill()
+        child.wait(10)
