@@ -33,6 +33,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -304,6 +305,47 @@ def s3_of(cluster_dir: Path):
         ),
     )
     return s3, uri.bucket
+
+
+def loopback_copy_cpu_s_per_gb(mib: int = 1024, chunk_bytes: int = 4 * MIB) -> dict[str, float]:
+    """The kernel's own cost of moving bytes through a loopback TCP connection, measured now:
+    CPU seconds per GB of the sending thread (`sendall` of `chunk_bytes` buffers) and of the
+    receiving one (`recv_into` a reused buffer), each by its thread's CPU clock. A broker
+    receives every produced byte and sends it on to the object store once, and receives
+    every byte it serves in a catch-up from the store and sends it to the consumer once:
+    these two are the floor of its CPU per GB on this machine, whatever its code does."""
+    total = mib * MIB
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    spent: dict[str, float] = {}
+
+    def receive() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            view = memoryview(bytearray(chunk_bytes))
+            got = 0
+            started = time.thread_time()
+            while got < total:
+                n = conn.recv_into(view)
+                if not n:
+                    break
+                got += n
+            spent["recv"] = time.thread_time() - started
+
+    receiver = threading.Thread(target=receive, name="loopback-recv")
+    receiver.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            chunk = memoryview(bytearray(chunk_bytes))
+            started = time.thread_time()
+            for _ in range(total // chunk_bytes):
+                conn.sendall(chunk)
+            spent["send"] = time.thread_time() - started
+    finally:
+        receiver.join(60)
+        listener.close()
+    gb = total / 1e9
+    return {f"loopback_{k}_cpu_s_per_gb": round(v / gb, 3) for k, v in sorted(spent.items())}
 
 
 def raw_get_mb_s(cluster_dir: Path, objects: list[tuple[int, int]]) -> float:

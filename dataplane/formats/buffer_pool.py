@@ -11,9 +11,10 @@ a Produce request's record set) is left anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import sys
-import threading
+from contextlib import AbstractContextManager
 
 __all__ = ["BufferPool", "MAX_POOL_BUFFERS", "MIN_CLASSED_BYTES"]
 
@@ -37,8 +38,9 @@ class BufferPool:
     resident is at most that. Requests above `max_buffer_bytes` (None: no bound) get a fresh
     buffer the pool does not keep: one huge request must not stay resident in the pool.
 
-    Thread-safety: `take` may be called from any thread (one lock); the buffers' references
-    may be dropped on any thread.
+    Thread-safety: `take` is serialized by `lock` (none by default: one thread takes; pass
+    a `threading.Lock()` when several do); the buffers' references may be dropped on any
+    thread.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class BufferPool:
         min_classed_bytes: int = MIN_CLASSED_BYTES,
         max_buffer_bytes: int | None = None,
         max_buffers: int = MAX_POOL_BUFFERS,
+        lock: AbstractContextManager[object] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self.min_classed_bytes = min_classed_bytes
@@ -55,7 +58,7 @@ class BufferPool:
         self.max_buffers = max_buffers
         self._buffers: list[bytearray | mmap.mmap] = []
         self._held_bytes = 0
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else contextlib.nullcontext()
 
     @property
     def held_bytes(self) -> int:

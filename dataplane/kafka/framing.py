@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import struct
 import mmap
+import struct
 from collections.abc import Callable
 
 from ..formats.buffer_pool import BufferPool
@@ -82,7 +82,8 @@ class ReadBufferPool:
 
 
 def new_frame_buffer_pool(max_bytes: int = FRAME_POOL_BYTES) -> BufferPool:
-    """The buffers of large frames (power-of-two mappings from ``DIRECT_FRAME_BYTES``)."""
+    """The buffers of large frames (power-of-two mappings from ``DIRECT_FRAME_BYTES``) of one
+    event loop's connections (not locked: only that loop takes from it)."""
     return BufferPool(
         max_bytes, min_classed_bytes=DIRECT_FRAME_BYTES, max_buffer_bytes=MAX_POOLED_FRAME_BYTES
     )

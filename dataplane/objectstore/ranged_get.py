@@ -118,7 +118,7 @@ class RangedGetClient:
         self._lock = threading.Lock()
         self._closed = False
         self._targets: dict[int, _Target] = {}
-        self._buffers = buffers or BufferPool(DEFAULT_POOL_BYTES)
+        self._buffers = buffers or BufferPool(DEFAULT_POOL_BYTES, lock=threading.Lock())
         for bucket_id, bucket in buckets.items():
             if not bucket.endpoint or not bucket.endpoint.lower().startswith("http://"):
                 continue

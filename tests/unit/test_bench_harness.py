@@ -18,6 +18,7 @@ from benchmarks._harness import (
     cpu_hogs,
     cpu_s,
     disk_fdatasync_latency_ms,
+    loopback_copy_cpu_s_per_gb,
     medians,
     process_kind,
     steady_window,
@@ -174,3 +175,10 @@ def test_a_process_trees_cpu_counts_its_live_descendants() -> None:
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_the_loopback_floor_measures_both_ends_of_a_connection() -> None:
+    floor = loopback_copy_cpu_s_per_gb(mib=64)
+    assert set(floor) == {"loopback_recv_cpu_s_per_gb", "loopback_send_cpu_s_per_gb"}
+    # the kernel copies every byte on each side: never free, never seconds per GB
+    assert all(0 < v < 20 for v in floor.values())
