@@ -10,23 +10,36 @@ from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 
 
-def register_broker(sm: MetadataStateMachine, node_id: int, az: str, now_ms: int = 0) -> int:
-    """Register broker `node_id` in `az` and unfence it with a heartbeat; its node epoch."""
-    out = sm.execute(
-        "register_broker",
-        {
-            "node_id": node_id,
-            "az": az,
-            "host": "127.0.0.1",
-            "kafka_port": 9000 + node_id,
-            "incarnation_id": f"i{node_id}",
-            "wal_uri": f"file:///wal/{node_id}",
-        },
-        now_ms=now_ms,
-    )
+def register_broker(
+    sm: MetadataStateMachine,
+    node_id: int,
+    az: str,
+    now_ms: int = 0,
+    *,
+    incarnation: str | None = None,
+    heartbeat: bool = True,
+    wal_uri: str | None = "",
+) -> int:
+    """Register broker `node_id` in `az` (incarnation `inc-<node>` unless given; WAL
+    `file:///wal/<node>` unless `wal_uri` is given, None: no WAL named) and, with
+    `heartbeat`, unfence it with a heartbeat; its node epoch."""
+    body = {
+        "node_id": node_id,
+        "az": az,
+        "host": "127.0.0.1",
+        "kafka_port": 9000 + node_id,
+        "incarnation_id": incarnation or f"inc-{node_id}",
+    }
+    if wal_uri is not None:
+        body["wal_uri"] = wal_uri or f"file:///wal/{node_id}"
+    out = sm.execute("register_broker", body, now_ms=now_ms)
     assert "error" not in out, out
     epoch = out["result"]["node_epoch"]
-    sm.execute("broker_heartbeat", {"node_id": node_id, "node_epoch": epoch}, now_ms=now_ms)
+    if heartbeat:
+        out = sm.execute(
+            "broker_heartbeat", {"node_id": node_id, "node_epoch": epoch}, now_ms=now_ms
+        )
+        assert "error" not in out, out
     return epoch
 
 

@@ -25,6 +25,7 @@ from controlplane.records import StreamState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.kafka.partition_manager import ProduceRateMeter
+from tests.support.metadata_images import register_broker
 from tests.unit.test_metadata_state_machine import ok
 
 T0 = 1_000_000
@@ -40,22 +41,7 @@ def machine() -> MetadataStateMachine:
 
 
 def register(sm, node: int, az: str, now_ms: int = T0, incarnation: str | None = None) -> int:
-    epoch = ok(
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": az,
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": incarnation or f"inc-{node}",
-                "wal_uri": f"file:///wal/{node}",
-            },
-            now_ms,
-        )
-    )["node_epoch"]
-    ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": epoch}, now_ms))
-    return epoch
+    return register_broker(sm, node, az, now_ms, incarnation=incarnation)
 
 
 def create(sm, name: str, partitions: int, now_ms: int = T0) -> str:

@@ -25,6 +25,7 @@ from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.groups.offsets import CommittedOffset, OffsetStoreError
+from tests.support.metadata_images import register_broker
 from tests.unit.test_metadata_state_machine import NOW, err, ok
 
 SLOTS = 50
@@ -37,22 +38,9 @@ def register(
     incarnation: str | None = None,
     heartbeat: bool = True,
 ) -> int:
-    epoch = ok(
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": az,
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": incarnation or f"inc-{node}",
-            },
-            NOW,
-        )
-    )["node_epoch"]
-    if heartbeat:
-        ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": epoch}, NOW))
-    return epoch
+    return register_broker(
+        sm, node, az, NOW, incarnation=incarnation, heartbeat=heartbeat, wal_uri=None
+    )
 
 
 def expire(sm: MetadataStateMachine, node: int) -> None:

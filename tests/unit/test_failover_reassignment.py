@@ -11,26 +11,12 @@ from controlplane.records import StreamState
 from controlplane.settings import ControllerSettings
 from controlplane.state_machine import MetadataStateMachine
 from controlplane.wal_failover import plan_failovers
+from tests.support.metadata_images import register_broker
 from tests.unit.test_metadata_state_machine import NOW, err, ok, prepare, rejected_without_change
 
 
 def register(sm, node, az, incarnation=None):
-    epoch = ok(
-        sm.execute(
-            "register_broker",
-            {
-                "node_id": node,
-                "az": az,
-                "host": "127.0.0.1",
-                "kafka_port": 9000 + node,
-                "incarnation_id": incarnation or f"inc-{node}",
-                "wal_uri": f"file:///wal/{node}",
-            },
-            NOW,
-        )
-    )["node_epoch"]
-    ok(sm.execute("broker_heartbeat", {"node_id": node, "node_epoch": epoch}, NOW))
-    return epoch
+    return register_broker(sm, node, az, NOW, incarnation=incarnation)
 
 
 @pytest.fixture
