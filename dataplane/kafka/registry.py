@@ -36,6 +36,7 @@ Pure routing: no I/O, imports nothing from the rest of the project.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import re
@@ -117,7 +118,7 @@ class RequestContext:
     # SASL authentication, as Kafka does)
     close_after_response: bool = False
     # an in-order request's turn (`Registration.in_order`): done once it passed it
-    turn: Any = None
+    turn: asyncio.Future[None] | None = None
 
     def pass_turn(self) -> None:
         """Let the connection's next in-order request start (no-op when this request is not
