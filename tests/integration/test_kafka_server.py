@@ -698,6 +698,75 @@ def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: s
         loop.close()
 
 
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_large_frames_buffer_is_used_again_only_once_its_records_are_let_go(
+    loop_kind: str,
+) -> None:
+    """Large frames are read into pooled buffers and their record sets are views of them: a
+    request that keeps its records (as an append still under way does) keeps them intact
+    while later frames arrive, and the buffers of requests done with theirs serve later
+    frames."""
+    kept: dict[int, memoryview] = {}
+    buffers: set[int] = set()
+    released = 0
+
+    async def produce(body, ctx):
+        nonlocal released
+        records = body.topic_data[0].partition_data[0].records
+        buffers.add(id(records.obj))
+        if ctx.correlation_id % 2:  # odd ones hold their records to the end
+            kept[ctx.correlation_id] = records
+        else:
+            released += 1
+        return ProduceResponse(responses=[], throttle_time_ms=0)
+
+    def produce_of(correlation_id: int, size: int) -> bytes:
+        part = ProduceRequest.TopicProduceData.PartitionProduceData(
+            index=0, records=bytes([correlation_id]) * size
+        )
+        req = ProduceRequest[9](
+            transactional_id=None,
+            acks=1,
+            timeout_ms=1000,
+            topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
+        )
+        return encode_request(req, correlation_id, client_id="raw")
+
+    sizes = {i: 100_000 + (i * 77_777) % 900_000 for i in range(1, 41)}
+
+    async def main() -> None:
+        registry = ApiRegistry()
+        registry.register(ProduceRequest, 3, 13, produce)
+        server = KafkaServer(registry, HOST, 0)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            for cid, size in sizes.items():  # one at a time: each answered before the next
+                writer.write(produce_of(cid, size))
+                await writer.drain()
+                length = struct.unpack(">i", await reader.readexactly(4))[0]
+                assert decode_response(await reader.readexactly(length), 0, 9)[0] == cid
+            writer.close()
+        finally:
+            await server.stop()
+
+    loop = asyncio.new_event_loop()
+    if loop_kind == "uvloop":
+        from dataplane.kafka.server import new_event_loop
+
+        loop.close()
+        loop = new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert released == 20 and len(kept) == 20
+    for cid, records in kept.items():  # no later frame was read into a held buffer
+        assert records == bytes([cid]) * sizes[cid], cid
+    # the 20 requests that let go of their records left buffers the later frames reused
+    assert len(buffers) < len(sizes)
+
+
 @pytest.mark.parametrize("handler_delay_s", [0.0, 0.3])
 def test_client_gone_before_its_response_is_not_an_error(
     handler_delay_s: float, raw_clients: list[Raw], caplog: pytest.LogCaptureFixture
