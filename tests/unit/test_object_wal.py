@@ -559,3 +559,51 @@ def test_a_reader_finds_an_object_that_became_visible_after_a_later_one(objects)
         assert reader.read(acked[2].offset).data == b"record-2"
     finally:
         wal.close()
+
+
+def test_an_empty_owner_object_left_by_a_dead_writer_does_not_lock_the_wal_out(objects):
+    """A writer that died while storing its owner object can leave it empty (SeaweedFS keeps
+    an aborted PUT as an empty object). The next open must not fail on it forever: it
+    claims after the greatest writer of the WAL's objects, so its own objects never share
+    a writer tag with theirs, and every acknowledged record is recovered."""
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    acked = [wal.append(b"before-%d" % i).result(10) for i in range(3)]
+    wal.close()
+    objects.put_object(1, "wal/node-1/owner", b"")  # a re-open (epoch 0) died storing it
+
+    reopened = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in reopened.recover()] == [b"before-%d" % i for i in range(3)]
+        after = reopened.append(b"after").result(10)
+        assert after.offset == acked[-1].next_offset
+        # the writer of the first objects was (0, 0): the new one is (0, 1), not (0, 0) again
+        assert any("/00000000000000000000.000001/" in k for k in wal_keys(objects, "data"))
+    finally:
+        reopened.close()
+    again = open_wal(URI, 1, 1, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert [r.data for r in again.recover()] == [b"before-%d" % i for i in range(3)] + [
+            b"after"
+        ]
+    finally:
+        again.close()
+
+
+def test_an_empty_owner_object_alone_is_an_empty_wal_to_open_or_take_over(objects):
+    objects.put_object(1, "wal/node-1/owner", b"")  # a first open died storing it
+    handle = take_over_wal(URI, 2, 1, objects=objects)
+    try:
+        assert list(handle.recover()) == []
+    finally:
+        handle.close()
+    objects.put_object(1, "wal/node-1/owner", b"")
+    wal = open_wal(URI, 1, 3, capacity_bytes=CAPACITY, objects=objects)
+    try:
+        assert list(wal.recover()) == []
+        assert wal.append(b"x").result(10).offset == 0
+    finally:
+        wal.close()
+    # anything else that is not an owner is still refused as corrupt
+    objects.put_object(1, "wal/node-1/owner", b"garbage")
+    with pytest.raises(WALCorruptError, match="unreadable WAL owner object"):
+        open_wal(URI, 1, 4, capacity_bytes=CAPACITY, objects=objects)

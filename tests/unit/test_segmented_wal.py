@@ -372,3 +372,26 @@ def test_appends_stay_acknowledged_in_offset_order_across_segments(objects):
     finally:
         store.paused = False
         wal.close()
+
+
+def test_a_segment_whose_owner_put_died_with_its_writer_is_opened_on_restart(objects):
+    """A broker moved its appends to a new segment in the failover bucket and was restarted
+    (fenced) while storing that segment's owner object, which the store kept empty: the
+    restarted broker opens every segment, recovers every record and goes on appending."""
+    active = Active(0)
+    wal = BucketFollowingWAL.open(
+        objects, HOME, 1, 0, capacity_bytes=CAPACITY, config=CONFIG, active_bucket=active
+    )
+    acked = [wal.append(b"r%d" % i).result(10) for i in range(3)]
+    wal.close()
+    objects.put_object(1, "wal/node-1-g1/owner", b"")  # the new segment's owner, unfinished
+
+    reopened = BucketFollowingWAL.open(
+        objects, HOME, 1, 2, capacity_bytes=CAPACITY, config=CONFIG, active_bucket=active
+    )
+    try:
+        assert [r.data for r in reopened.recover()] == [b"r0", b"r1", b"r2"]
+        assert SegmentId(1, 1) in reopened.segments
+        assert reopened.append(b"r3").result(10).offset > acked[-1].offset
+    finally:
+        reopened.close()

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import RecoveredRecord, WALError
-from dataplane.s3stream.wal.object_chain import ObjectWALLocation, read_owner
+from dataplane.s3stream.wal.object_chain import (
+    ObjectWALLocation,
+    WALOwnerUnfinishedError,
+    read_owner,
+)
 from dataplane.s3stream.wal.object_readers import (
     ObjectWALReader,
     ObjectWALRecovery,
@@ -102,6 +106,15 @@ def split_offset(offset: int) -> tuple[SegmentId, int]:
     return SegmentId(offset >> (LOCAL_BITS + BUCKET_BITS), bucket), local
 
 
+def _owned(objects: ObjectStorage, where: ObjectWALLocation) -> bool:
+    """Whether a writer opened the WAL at `where` (an unfinished owner object counts: its
+    claim is what settles it)."""
+    try:
+        return read_owner(objects, where) is not None
+    except WALOwnerUnfinishedError:
+        return True
+
+
 def list_segments(objects: ObjectStorage, base_prefix: str) -> list[SegmentId]:
     """The segments of the WAL at `base_prefix` in every configured bucket (by their owner
     objects), in order. Raises the store's error when a bucket does not answer."""
@@ -110,7 +123,7 @@ def list_segments(objects: ObjectStorage, base_prefix: str) -> list[SegmentId]:
     for bucket_id in objects.bucket_ids:
         if bucket_id > MAX_SEGMENT_BUCKET_ID:
             continue
-        if read_owner(objects, ObjectWALLocation(bucket_id, base_prefix)) is not None:
+        if _owned(objects, ObjectWALLocation(bucket_id, base_prefix)):
             found.append(SegmentId(0, bucket_id))
         for key in objects.iter_keys(bucket_id, f"{base_prefix}-g"):
             match = owner_re.match(key)
@@ -165,7 +178,7 @@ class SegmentedReader:
             record = self._reader(segment).read(local)
         except ValueError:
             where = segment.location(self._base_prefix)
-            if read_owner(self._objects, where) is None:
+            if not _owned(self._objects, where):
                 raise WALTrimmedError(f"segment {segment} of {self._base_prefix} is gone") from None
             raise
         return RecoveredRecord(offset, record.size_bytes, record.data)

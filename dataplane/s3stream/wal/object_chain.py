@@ -51,6 +51,7 @@ __all__ = [
     "check_trim_point",
     "claim",
     "list_wal_objects",
+    "WALOwnerUnfinishedError",
     "read_owner",
     "read_records",
     "trim_below",
@@ -98,14 +99,41 @@ class ClaimedWAL:
     live: list[LiveObject] = field(default_factory=list)
 
 
+class WALOwnerUnfinishedError(WALCorruptError):
+    """The owner object is empty: a PUT of it that never completed (its writer died while
+    sending it) and that the store kept as an empty object, as SeaweedFS does. Nothing can
+    have been written under that ownership: `claim` reads the owner back before it lists
+    or writes anything else."""
+
+
 def read_owner(objects: ObjectStorage, where: ObjectWALLocation) -> Owner | None:
-    """The WAL's owner object, None if no writer ever opened it."""
+    """The WAL's owner object, None if no writer ever opened it.
+
+    Raises:
+        WALOwnerUnfinishedError: the owner object is empty (see there).
+        WALCorruptError: it holds anything else that is not an owner.
+    """
     try:
-        return Owner.decode(
-            objects.get_object(where.bucket_id, f"{where.prefix}/owner", Priority.PRODUCE)
-        )
+        data = objects.get_object(where.bucket_id, f"{where.prefix}/owner", Priority.PRODUCE)
     except ObjectNotFoundError:
         return None
+    if not data:
+        raise WALOwnerUnfinishedError(
+            f"WAL s3 bucket {where.bucket_id} prefix {where.prefix!r}: empty owner object"
+        )
+    return Owner.decode(data)
+
+
+def _owner_of_keys(objects: ObjectStorage, where: ObjectWALLocation, node_id: int) -> Owner | None:
+    """Who owned the WAL as far as its data objects and seals tell (their greatest writer),
+    for `node_id`, or None when it holds neither: the owner to claim after when the owner
+    object is unfinished (`WALOwnerUnfinishedError`)."""
+    datas, seals, _ = list_wal_objects(objects, where)
+    writers = [d.writer for d in datas] + [s.writer for s, _ in seals]
+    if not writers:
+        return None
+    last = max(writers)
+    return Owner(node_id, last.epoch, last.incarnation)
 
 
 def list_wal_objects(
@@ -137,10 +165,22 @@ def claim(
     """Make (node_id, epoch) the WAL's writer; see the module docstring."""
     if not 0 <= node_id <= _I64_MAX or not 0 <= epoch <= _I64_MAX:
         raise ValueError(f"node_id={node_id} and node_epoch={epoch} must be within 0..2^63-1")
-    current = read_owner(objects, where)
     name = f"WAL s3 bucket {where.bucket_id} prefix {where.prefix!r}"
+    unfinished = False
+    try:
+        current = read_owner(objects, where)
+    except WALOwnerUnfinishedError:
+        # its writer died while storing it: the writers of the objects stand for it, so the
+        # new writer still comes after every one of them (and an empty WAL is claimed anew)
+        unfinished = True
+        current = _owner_of_keys(objects, where, node_id)
+        log.warning(
+            "%s: empty owner object (a PUT of it never completed); claiming after %s",
+            name,
+            "no writer" if current is None else f"writer {current.writer.tag}",
+        )
     if current is None:
-        if takeover:
+        if takeover and not unfinished:
             raise WALError(f"{name} does not exist")
         incarnation = 0
     elif (current.node_id, current.epoch) == (node_id, epoch):
