@@ -636,6 +636,34 @@ def test_thread_runner_restart_and_arguments() -> None:
         socket.create_connection((HOST, port), timeout=1).close()
 
 
+def run_on(loop_kind: str, main) -> None:
+    """Run `main()` to its end on a new event loop of `loop_kind` (asyncio or uvloop)."""
+    if loop_kind == "uvloop":
+        from dataplane.kafka.server import new_event_loop
+
+        loop = new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def produce_of(correlation_id: int, size: int) -> bytes:
+    """A Produce v9 frame of one record set of `size` bytes, each the correlation id."""
+    part = ProduceRequest.TopicProduceData.PartitionProduceData(
+        index=0, records=bytes([correlation_id % 256]) * size
+    )
+    req = ProduceRequest[9](
+        transactional_id=None,
+        acks=1,
+        timeout_ms=1000,
+        topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
+    )
+    return encode_request(req, correlation_id, client_id="raw")
+
+
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: str) -> None:
     # the listener's framing over a real socket: a large frame (read into its own buffer),
@@ -646,18 +674,6 @@ def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: s
         records = body.topic_data[0].partition_data[0].records
         seen.append((ctx.correlation_id, len(records)))
         return ProduceResponse(responses=[], throttle_time_ms=0)
-
-    def produce_of(correlation_id: int, size: int) -> bytes:
-        part = ProduceRequest.TopicProduceData.PartitionProduceData(
-            index=0, records=bytes([correlation_id % 256]) * size
-        )
-        req = ProduceRequest[9](
-            transactional_id=None,
-            acks=1,
-            timeout_ms=1000,
-            topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
-        )
-        return encode_request(req, correlation_id, client_id="raw")
 
     sizes = {1: 3 * 1024 * 1024, **{i: 10 + i for i in range(2, 52)}, 52: 200_000, 53: 5}
 
@@ -686,16 +702,7 @@ def test_frames_of_any_size_and_split_pipelined_on_both_event_loops(loop_kind: s
         finally:
             await server.stop()
 
-    if loop_kind == "uvloop":
-        from dataplane.kafka.server import new_event_loop
-
-        loop = new_event_loop()
-    else:
-        loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_on(loop_kind, main)
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
@@ -720,18 +727,6 @@ def test_a_large_frames_buffer_is_used_again_only_once_its_records_are_let_go(
             released += 1
         return ProduceResponse(responses=[], throttle_time_ms=0)
 
-    def produce_of(correlation_id: int, size: int) -> bytes:
-        part = ProduceRequest.TopicProduceData.PartitionProduceData(
-            index=0, records=bytes([correlation_id]) * size
-        )
-        req = ProduceRequest[9](
-            transactional_id=None,
-            acks=1,
-            timeout_ms=1000,
-            topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=[part])],
-        )
-        return encode_request(req, correlation_id, client_id="raw")
-
     sizes = {i: 100_000 + (i * 77_777) % 900_000 for i in range(1, 41)}
 
     async def main() -> None:
@@ -750,16 +745,7 @@ def test_a_large_frames_buffer_is_used_again_only_once_its_records_are_let_go(
         finally:
             await server.stop()
 
-    loop = asyncio.new_event_loop()
-    if loop_kind == "uvloop":
-        from dataplane.kafka.server import new_event_loop
-
-        loop.close()
-        loop = new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_on(loop_kind, main)
     assert released == 20 and len(kept) == 20
     for cid, records in kept.items():  # no later frame was read into a held buffer
         assert records == bytes([cid]) * sizes[cid], cid
