@@ -470,6 +470,13 @@ def process_kind(cmdline: str) -> str:
     return "other"
 
 
+def _stat_of(pid: int | str) -> tuple[int, float]:
+    """(parent pid, user + system CPU seconds) of process `pid` from /proc (OSError once it
+    has exited)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
 def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
     """CPU seconds (user + system) of the processes whose command line names the cluster's
     directory, summed by `process_kind`."""
@@ -479,18 +486,17 @@ def cluster_cpu_s(cluster_dir: Path) -> dict[str, float]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             if str(cluster_dir) not in cmd:
                 continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            spent = _stat_of(pid)[1]
         except OSError:
             continue  # exited meanwhile
         kind = process_kind(cmd)
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+        out[kind] = out.get(kind, 0.0) + spent
     return out
 
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return _stat_of(pid)[1]
 
 
 def own_cpu_s() -> float:
@@ -535,11 +541,9 @@ def tree_cpu_s(root_pid: int) -> float:
     spent: dict[int, float] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(pid)], spent[int(pid)] = _stat_of(pid)
         except OSError:
-            continue
-        parents[int(pid)] = int(fields[1])
-        spent[int(pid)] = (int(fields[11]) + int(fields[12])) / TICK
+            continue  # exited meanwhile
     total = 0.0
     for pid, cpu in spent.items():
         p = pid
@@ -656,8 +660,9 @@ def perf(
     if gb > 0:
         summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
     summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
-    window = steady_window(summary.pop("intervals", []), steady_after_s or 0.0)
-    if steady_after_s is not None and window is not None and window[2] > 0:
+    intervals = summary.pop("intervals", [])
+    window = steady_window(intervals, steady_after_s) if steady_after_s is not None else None
+    if window is not None and window[2] > 0:
         t0, t1, window_gb = window
         spent = sampler.between(t0, t1)
         summary["steady_cpu_s_per_gb"] = {
