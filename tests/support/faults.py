@@ -77,9 +77,18 @@ class FailureInjector:
 
     # ------------------------------------------------------------ processes
 
-    def kill(self, pid: int) -> None:
-        """kill -9 `pid` (nothing to heal: whoever runs it restarts it)."""
+    def kill(self, pid: int, timeout_s: float = TERMINATE_TIMEOUT_S) -> bool:
+        """kill -9 `pid` and wait up to `timeout_s` until it is gone; True if it is (nothing
+        to heal: whoever runs it restarts it). A suspended process dies as well."""
         _signal(pid, signal.SIGKILL)
+        if pid in self._suspended:
+            self._suspended.remove(pid)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def terminate(self, pid: int, timeout_s: float = TERMINATE_TIMEOUT_S) -> bool:
         """SIGTERM `pid` and wait up to `timeout_s` for it to exit; True if it did."""

@@ -52,6 +52,16 @@ def test_suspended_block_and_terminate(sleeper):
         assert faults.terminate(sleeper.pid, timeout_s=10)
 
 
+def test_kill_ends_a_suspended_process_and_waits_until_it_is_gone(sleeper):
+    with FailureInjector() as faults:
+        faults.suspend(sleeper.pid)
+        assert _wait_state(sleeper.pid, "T") == "T"
+        assert faults.kill(sleeper.pid, timeout_s=10)
+        # gone when kill returns: nothing of it runs any more (a zombie until reaped)
+        assert _state(sleeper.pid) == "Z"
+    assert sleeper.wait(10) == -9
+
+
 def test_a_full_size_limited_dir_is_freed_and_unmounted_on_exit(tmp_path):
     target = tmp_path / "small"
     with FailureInjector() as faults:
