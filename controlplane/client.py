@@ -2,7 +2,9 @@
 
 Writes go to the leader: the client remembers it, follows a follower's NOT_CONTROLLER hint,
 and on connection errors or NO_LEADER tries the other controllers with a bounded backoff
-until `timeout_s` has passed. Reads of the metadata log may go to any controller.
+until `timeout_s` has passed. Reads of the metadata log may go to any controller; they go to
+the leader once one is known (the freshest log, and not a controller cut off from the quorum:
+a long poll of one whose host was isolated would hold a broker's metadata until it timed out).
 
 Each attempt is bounded by `request_timeout_s` and by what is left of the call's deadline, and
 a controller that did not answer at the connection level is tried last for
@@ -14,6 +16,7 @@ per attempt, `with_timeouts`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import http.client
 import json
 import random
@@ -50,6 +53,19 @@ class ControllerUnavailableError(ControllerError):
         super().__init__(ErrorCode.NO_LEADER, message)
 
 
+@dataclasses.dataclass
+class _ControllersView:
+    """What a client and the clients made from it by `with_timeouts` learned of the
+    controllers: a broker's metadata long polls go to the leader its heartbeats found.
+    Thread-safety: plain references replaced whole (a race only changes which controller
+    is tried first)."""
+
+    leader: str | None = None
+    leader_at: float = 0.0  # when `leader` was learned (monotonic)
+    # address -> when it last failed at the connection level (bounded by the addresses)
+    unreachable_at: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
 class ControllerClient(ControllerCalls):
     """The controller API over HTTP (typed commands from `ControllerCalls`).
 
@@ -80,11 +96,8 @@ class ControllerClient(ControllerCalls):
         self.addresses = list(api_addresses)
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
-        self._leader: str | None = None
-        self._leader_at = 0.0  # when `_leader` was learned (monotonic)
-        # address -> when it last failed at the connection level (bounded by `addresses`);
         # shared with the clients made by `with_timeouts`: what one learns, all know
-        self._unreachable_at: dict[str, float] = {}
+        self._view = _ControllersView()
 
     def with_timeouts(self, timeout_s: float, request_timeout_s: float) -> ControllerClient:
         """A client for the same controllers and credentials with other timeouts (e.g. a
@@ -93,12 +106,19 @@ class ControllerClient(ControllerCalls):
         other.addresses = list(self.addresses)
         other.timeout_s = timeout_s
         other.request_timeout_s = request_timeout_s
-        other._unreachable_at = self._unreachable_at  # shared on purpose
-        return other
+        return other  # `_view` is shared on purpose
+
+    @property
+    def _leader(self) -> str | None:
+        return self._view.leader
+
+    @property
+    def _unreachable_at(self) -> dict[str, float]:
+        return self._view.unreachable_at
 
     def _remember_leader(self, address: str | None) -> None:
-        self._leader = address
-        self._leader_at = time.monotonic()
+        self._view.leader = address
+        self._view.leader_at = time.monotonic()
 
     def _next_address(self, attempt: int) -> str:
         """The remembered leader, else the next controller in turn that has not failed to
@@ -106,9 +126,9 @@ class ControllerClient(ControllerCalls):
         leader = self._leader
         if leader is not None:
             failed_at = self._unreachable_at.get(leader)
-            if failed_at is None or failed_at < self._leader_at:
+            if failed_at is None or failed_at < self._view.leader_at:
                 return leader
-            self._leader = None  # it stopped answering since (seen by this or a sibling)
+            self._view.leader = None  # it stopped answering since (seen by this or a sibling)
         now = time.monotonic()
         count = len(self.addresses)
         for i in range(count):
@@ -120,8 +140,8 @@ class ControllerClient(ControllerCalls):
 
     def _unreachable(self, address: str) -> None:
         self._unreachable_at[address] = time.monotonic()
-        if self._leader == address:
-            self._leader = None
+        if self._view.leader == address:
+            self._view.leader = None
 
     def _ordered(self, addresses: list[str]) -> list[str]:
         """`addresses` with the ones that failed to answer lately last (stable)."""
@@ -212,7 +232,7 @@ class ControllerClient(ControllerCalls):
                 )
                 if self._leader is not None and self._leader != address:
                     continue  # follow the hint at once
-                self._leader = None
+                self._view.leader = None
             if time.monotonic() >= deadline:
                 raise ControllerUnavailableError(
                     f"no controller leader answered {command} in time (last: {last_error})"

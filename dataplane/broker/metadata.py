@@ -21,7 +21,9 @@ from controlplane.records import decode_record
 
 log = logging.getLogger(__name__)
 
-LONG_POLL_MS = 5_000
+# a poll held by a controller whose host was cut off (the leader, mid-election) ends within
+# this + METADATA_REQUEST_TIMEOUT_S, before the sessions of that host's brokers expire
+LONG_POLL_MS = 2_000
 MAX_RECORDS_PER_READ = 2_000
 
 # a listener of the follower: (what the batch changed, or None after a snapshot; the new image)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -18,13 +19,24 @@ from controlplane.client import ControllerClient
 
 
 class Controller:
-    """An HTTP stand-in for one controller: answers every POST with `answer()`."""
+    """An HTTP stand-in for one controller: answers every POST with `answer()`, and a GET of
+    the metadata log with `log(wait_ms)`."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, log=lambda wait_ms: {"records": [], "next_offset": 0}):
         outer = self
         self.requests = 0
+        self.log_reads = 0
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                outer.log_reads += 1
+                wait_ms = int(parse_qs(urlparse(self.path).query)["wait_ms"][0])
+                body = json.dumps(log(wait_ms)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 self.rfile.read(int(self.headers["Content-Length"]))
                 outer.requests += 1
@@ -91,6 +103,36 @@ def test_a_heartbeat_finds_the_new_leader_well_within_the_session(lost):
     finally:
         new_leader.close()
         follower.close()
+
+
+def test_metadata_long_polls_go_to_the_leader_the_heartbeats_found():
+    """A broker's metadata client, made before any leader was known, long-polls the leader
+    its heartbeats found, not the first controller listed: one cut off from the quorum
+    would hold the broker's metadata (a failover it must run) until the poll timed out."""
+
+    def held(wait_ms: int) -> dict:  # a controller that learns nothing new: the poll waits
+        time.sleep(wait_ms / 1000)
+        return {"records": [], "next_offset": 0}
+
+    leader = Controller(
+        lambda: {"result": {"fenced": False}},
+        lambda wait_ms: {"records": [], "next_offset": 8},
+    )
+    cut_off = Controller(
+        lambda: {"error": {"code": "NOT_CONTROLLER", "leader_api": leader.address}}, held
+    )
+    try:
+        main = ControllerClient([cut_off.address, leader.address])
+        metadata = main.with_timeouts(timeout_s=15.0, request_timeout_s=3.0)
+        heartbeats = main.with_timeouts(timeout_s=3.0, request_timeout_s=1.5)
+        assert heartbeats.call("broker_heartbeat", {}) == {"fenced": False}
+        started = time.monotonic()
+        assert metadata.read_log(7, wait_ms=3_000)["next_offset"] == 8
+        assert time.monotonic() - started < 1.0
+        assert cut_off.log_reads == 0 and leader.log_reads == 1
+    finally:
+        leader.close()
+        cut_off.close()
 
 
 def test_no_attempt_outlasts_the_calls_deadline(lost):
