@@ -57,6 +57,14 @@ class FailoverResult:
     # acknowledged offsets a corrupt WAL took: stream id -> (first, end)
     lost_offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
     duration_s: float = 0.0
+    # seconds per step, logged with the result: where a slow failover spent its time
+    step_s: dict[str, float] = field(default_factory=dict)
+
+    def step_done(self, step: str, since: float) -> float:
+        """Record `step` as taking from `since` (monotonic) until now; returns now."""
+        now = time.monotonic()
+        self.step_s[step] = round(now - since, 3)
+        return now
 
 
 def recover_failed_wal(
@@ -79,14 +87,18 @@ def recover_failed_wal(
         exists = wal_exists(wal_uri, objects=storage.objects)
     except UnsupportedWALError as exc:
         raise FailoverError(f"cannot recover the WAL of node {failed_node_id}: {exc}") from None
+    mark = result.step_done("exists", started)
     if exists:
         handle = take_over_wal(wal_uri, storage.node_id, failover_epoch, objects=storage.objects)
+        mark = result.step_done("take_over", mark)
         try:
             end = _upload_uncommitted(storage, handle, failed_node_id, result)
+            mark = result.step_done("upload", mark)
             if end is not None:
                 handle.trim(end)
         finally:
             handle.close()
+        mark = result.step_done("trim", mark)
     else:
         log.warning("WAL %s of node %d does not exist: nothing to upload", wal_uri, failed_node_id)
     for stream_id, epoch in open_streams_of_failed_node():
@@ -109,6 +121,7 @@ def recover_failed_wal(
                 raise
             continue  # closed or reopened meanwhile
         result.streams_closed.append(stream_id)
+    mark = result.step_done("close_streams", mark)
     storage.controller.complete_wal_failover(
         CompleteWALFailoverRequest(
             node_id=storage.node_id,
@@ -117,10 +130,11 @@ def recover_failed_wal(
             failover_epoch=failover_epoch,
         )
     )
+    result.step_done("complete", mark)
     result.duration_s = time.monotonic() - started
     log.warning(
         "WAL failover of node %d done in %.2fs: %d records read, %d batches "
-        "(%d bytes) uploaded, %d streams closed, skipped %s, lost %s",
+        "(%d bytes) uploaded, %d streams closed, skipped %s, lost %s; steps (s) %s",
         failed_node_id,
         result.duration_s,
         result.records_read,
@@ -129,6 +143,7 @@ def recover_failed_wal(
         len(result.streams_closed),
         result.skipped_streams,
         result.lost_offsets or "nothing",
+        result.step_s,
     )
     return result
 

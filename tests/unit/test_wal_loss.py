@@ -17,7 +17,8 @@ from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.wal import FileWAL, take_over
 from dataplane.s3stream.wal import metrics as wal_metrics
 from dataplane.s3stream.wal.format import DATA_START_BYTES, RECORD_HEADER_SIZE_BYTES
-from dataplane.s3stream.wal.loss import in_flight_window_bytes, recent_losses
+from dataplane.s3stream.wal.loss import find_loss, in_flight_window_bytes, recent_losses
+from dataplane.s3stream.wal.ring import RecordScanner, Ring, read_state
 
 CONFIG = FileWALConfig(
     max_record_bytes=4096, max_batch_bytes=16 * 1024, max_queue_bytes=64 * 1024, linger_s=0
@@ -239,3 +240,85 @@ def test_a_loss_reaches_the_heartbeat_and_cluster_status() -> None:
     config = SimpleNamespace(settings=SimpleNamespace(broker_session_timeout_ms=6000))
     problems = _problems(config, [], [broker], {"node_id": 1})  # type: ignore[arg-type]
     assert problems == [f"broker 9 lost WAL records: {lines[0]}"]
+
+
+class _CountingRing(Ring):
+    """A Ring that counts the bytes read through it."""
+
+    def __init__(self, fd: int, capacity_bytes: int) -> None:
+        super().__init__(fd, capacity_bytes)
+        self.bytes_read = 0
+
+    def read(self, logical: int, size: int) -> bytes:
+        self.bytes_read += size
+        return super().read(logical, size)
+
+
+def test_the_search_past_the_end_skips_the_unwritten_ring(tmp_path: Path) -> None:
+    """A restart or failover of a fresh WAL reads what was written, not the unwritten rest
+    of its ring (512 MiB by default: seconds of a failover went to reading zeros); records
+    past a corrupt one are still found."""
+    capacity = 256 * 1024 * 1024  # fallocated: unwritten, nothing is stored
+    path = tmp_path / "wal"
+    config = CONFIG.model_copy(update={"prefill_ahead_bytes": 0})
+    wal = FileWAL.open(path, 1, 1, capacity_bytes=capacity, config=config)
+    try:
+        offsets = [
+            wal.append(StreamRecordBatch(STREAM_ID, 0, i, 1, bytes(900)).encode())
+            .result(timeout=10)
+            .offset
+            for i in range(100)
+        ]
+    finally:
+        wal.close()
+
+    def search() -> tuple[object, int]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            state = read_state(fd)
+            assert state is not None
+            scanner = RecordScanner(Ring(fd, capacity), state.trim_offset)
+            for _ in scanner:
+                pass
+            ring = _CountingRing(fd, capacity)
+            limit = state.trim_offset + capacity
+            return find_loss(ring, "wal", scanner.end_offset, limit, 0, scanner.stop_reason), (
+                ring.bytes_read
+            )
+        finally:
+            os.close(fd)
+
+    # what it reads: ~2 MiB written, and what the page cache holds beyond it (pages read
+    # ahead count as data), not the 256 MiB ring
+    loss, read_bytes = search()
+    assert loss is None  # the end of what was written: nothing after it
+    assert read_bytes <= 32 * 1024 * 1024, read_bytes
+    _overwrite(path, offsets[50] + RECORD_HEADER_SIZE_BYTES + 40, capacity, b"\xff" * 8)
+    loss, read_bytes = search()
+    assert loss is not None and loss.records == 49 and loss.start_offset == offsets[50]
+    assert read_bytes <= 32 * 1024 * 1024, read_bytes
+
+
+def test_data_extents_skip_holes_and_never_a_written_byte(tmp_path: Path) -> None:
+    capacity = 16 * 1024 * 1024
+    path = tmp_path / "sparse"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, DATA_START_BYTES + capacity)  # all hole
+        ring = Ring(fd, capacity)
+        ring.write(0, b"\x01" * 4096)
+        ring.write(8 * 1024 * 1024 + 100, b"\x02" * 10)
+        ring.write(capacity - 2, b"\x03" * 4)  # across the ring's end
+        extents = ring.data_extents(0, capacity)
+        assert extents[0][0] == 0 and len(extents) == 3, extents
+        # whatever is left out reads as zeros
+        gaps = [(a[1], b[0]) for a, b in zip(extents, extents[1:], strict=False)]
+        gaps.append((extents[-1][1], capacity))
+        assert all(not any(ring.read(a, b - a)) for a, b in gaps if b > a)
+        assert sum(b - a for a, b in extents) < 64 * 1024  # the holes are not read
+        # a later lap: the written bytes across the wrap are one range
+        wrapped = ring.data_extents(capacity // 2, capacity // 2 + capacity)
+        assert any(a < capacity < b for a, b in wrapped), wrapped
+        assert ring.read(capacity - 2, 4) == b"\x03" * 4
+    finally:
+        os.close(fd)

@@ -92,9 +92,11 @@ def find_loss(
     """The records a scan that stopped at ``stop_offset`` cut off (module docstring), None
     for a torn tail. ``limit`` is the end of the scan window (trim offset + capacity)."""
     loss = WALLoss(wal, stop_offset, stop_offset, 0, stop_reason)
+    # the ranges that may hold a record, taken before this search reads anything
+    extents = ring.data_extents(stop_offset, limit) if stop_offset < limit else []
     pos = stop_offset
     while True:
-        found = _next_current_header(ring, pos + 1, limit, chunk_bytes)
+        found = _next_current_header(ring, pos + 1, limit, chunk_bytes, extents)
         if found is None:
             break
         scanner = RecordScanner(ring, found, stop_at=limit, chunk_bytes=chunk_bytes)
@@ -110,30 +112,37 @@ def find_loss(
     return loss
 
 
-def _next_current_header(ring: Ring, start: int, limit: int, chunk_bytes: int) -> int | None:
+def _next_current_header(
+    ring: Ring, start: int, limit: int, chunk_bytes: int, extents: list[tuple[int, int]]
+) -> int | None:
     """Offset of the first record header of the current lap in ``[start, limit)``; None when
-    there is none or a header of an earlier lap comes first (the current lap ends there)."""
-    pos = start
-    while pos + RECORD_HEADER_SIZE_BYTES <= limit:
-        size = min(chunk_bytes, limit - pos)
-        chunk = ring.read(pos, size)
-        at = chunk.find(_MAGIC_BYTES)
-        while at >= 0:
-            offset = pos + at
-            if offset + RECORD_HEADER_SIZE_BYTES > limit:
-                return None
-            raw = chunk[at : at + RECORD_HEADER_SIZE_BYTES]
-            if len(raw) < RECORD_HEADER_SIZE_BYTES:
-                raw = ring.read(offset, RECORD_HEADER_SIZE_BYTES)
-            header = decode_record_header(raw)
-            if header is not None:
-                if header.record_offset == offset:
-                    return offset
-                return None  # a valid header of another lap: the current lap ended before it
-            at = chunk.find(_MAGIC_BYTES, at + 1)
-        if size <= 3:
-            return None
-        pos += size - 3  # a magic split across chunks is found in the next one
+    there is none or a header of an earlier lap comes first (the current lap ends there).
+    Only ``extents`` are read: the rest is zeros, which hold no magic."""
+    for extent_start, extent_end in extents:
+        if extent_end <= start:
+            continue
+        pos = max(start, extent_start)
+        end = min(extent_end, limit)
+        while pos + RECORD_HEADER_SIZE_BYTES <= end:
+            size = min(chunk_bytes, end - pos)
+            chunk = ring.read(pos, size)
+            at = chunk.find(_MAGIC_BYTES)
+            while at >= 0:
+                offset = pos + at
+                if offset + RECORD_HEADER_SIZE_BYTES > limit:
+                    return None
+                raw = chunk[at : at + RECORD_HEADER_SIZE_BYTES]
+                if len(raw) < RECORD_HEADER_SIZE_BYTES:
+                    raw = ring.read(offset, RECORD_HEADER_SIZE_BYTES)
+                header = decode_record_header(raw)
+                if header is not None:
+                    if header.record_offset == offset:
+                        return offset
+                    return None  # a valid header of another lap: the current lap ended before it
+                at = chunk.find(_MAGIC_BYTES, at + 1)
+            if pos + size >= end or size <= 3:
+                break  # zeros follow the extent: no magic is split across its end
+            pos += size - 3  # a magic split across chunks is found in the next one
     return None
 
 

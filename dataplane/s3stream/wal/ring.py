@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Iterator
@@ -33,6 +34,9 @@ __all__ = [
     "read_meta",
 ]
 
+_SEEK_DATA = getattr(os, "SEEK_DATA", None)
+_SEEK_HOLE = getattr(os, "SEEK_HOLE", None)
+MAX_DATA_EXTENTS = 4096  # a search beyond this many ranges reads the rest whole
 _MAX_IO_BYTES = 64 * 1024 * 1024  # one pread/pwrite call moves at most this much
 _HAS_PWRITEV = hasattr(os, "pwritev")
 try:
@@ -124,6 +128,56 @@ class Ring:
         if first == size:
             return head
         return head + pread_exact(self.fd, size - first, DATA_START_BYTES)
+
+    def data_extents(self, start: int, limit: int) -> list[tuple[int, int]]:
+        """The logical ranges within ``[start, limit)`` (at most one capacity) whose bytes
+        may be other than zeros, in order: holes and unwritten (fallocated) extents read as
+        zeros and the filesystem names them (``SEEK_DATA`` / ``SEEK_HOLE``), so a search
+        for record headers skips them instead of reading them (a fresh 512 MiB ring is
+        nearly all unwritten). Taken before reading: pages the page cache holds count as
+        data, so reads that fill it cannot grow the answer while it is used. The whole
+        range where the filesystem cannot tell; at most MAX_DATA_EXTENTS ranges (the last
+        one runs to ``limit``)."""
+        if limit - start > self.capacity_bytes:
+            raise ValueError(f"[{start}, {limit}) is more than the ring's capacity")
+        extents: list[tuple[int, int]] = []
+        at = start
+        while at < limit:
+            lap_start = at - at % self.capacity_bytes
+            segment_end = min(limit, lap_start + self.capacity_bytes)
+            found = self._file_extents(at - lap_start, segment_end - lap_start)
+            if found is None:
+                return [(start, limit)]
+            for a, b in found:
+                if extents and extents[-1][1] == lap_start + a:  # across the wrap: one range
+                    extents[-1] = (extents[-1][0], lap_start + b)
+                else:
+                    extents.append((lap_start + a, lap_start + b))
+            at = segment_end
+        if len(extents) > MAX_DATA_EXTENTS:
+            extents[MAX_DATA_EXTENTS - 1 :] = [(extents[MAX_DATA_EXTENTS - 1][0], limit)]
+        return extents
+
+    def _file_extents(self, pos: int, end: int) -> list[tuple[int, int]] | None:
+        """Data ranges of ring positions ``[pos, end)`` (no wrap); None: cannot tell."""
+        if _SEEK_DATA is None or _SEEK_HOLE is None:  # pragma: no cover - no such Linux
+            return None
+        found: list[tuple[int, int]] = []
+        while pos < end and len(found) <= MAX_DATA_EXTENTS:
+            try:
+                data = os.lseek(self.fd, DATA_START_BYTES + pos, _SEEK_DATA) - DATA_START_BYTES
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data up to the end of the file
+                    return found
+                return None
+            if data >= end:
+                break
+            hole = os.lseek(self.fd, DATA_START_BYTES + data, _SEEK_HOLE) - DATA_START_BYTES
+            found.append((data, min(hole, end)))
+            pos = hole
+        if pos < end and len(found) > MAX_DATA_EXTENTS:
+            found[-1] = (found[-1][0], end)
+        return found
 
     def write_zeros(self, logical: int, size: int, chunk_bytes: int = 1024 * 1024) -> None:
         """Overwrite ``size`` bytes from ``logical`` with zeros."""
