@@ -193,7 +193,12 @@ def _flush(
     committed either. After a continuity refusal the stream's target is read again, so its
     later batches still go up if they continue the committed end (it had moved past this
     chunk: nothing lost), and are reported as unrecoverable if they do not."""
+    started = time.monotonic()
     uploaded = storage.uploader.upload(chunk, failover_node_id=failed_node_id)
+    # the part of the upload step spent writing and committing objects (the rest: reading)
+    result.step_s["put_commit"] = round(
+        result.step_s.get("put_commit", 0.0) + time.monotonic() - started, 3
+    )
     result.bytes_uploaded += uploaded.size_bytes
     result.batches_uploaded += uploaded.batches
     for sid, code in uploaded.dropped.items():
