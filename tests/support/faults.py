@@ -51,6 +51,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _gone_within(pid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` until `pid` is gone; True if it is."""
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _signal(pid: int, sig: signal.Signals) -> bool:
     """Send `sig`; False if the process is already gone."""
     try:
@@ -83,24 +93,14 @@ class FailureInjector:
         _signal(pid, signal.SIGKILL)
         if pid in self._suspended:
             self._suspended.remove(pid)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return _gone_within(pid, timeout_s)
 
     def terminate(self, pid: int, timeout_s: float = TERMINATE_TIMEOUT_S) -> bool:
         """SIGTERM `pid` and wait up to `timeout_s` for it to exit; True if it did."""
         if pid in self._suspended:
             self.resume(pid)  # a stopped process cannot act on SIGTERM
         _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return _gone_within(pid, timeout_s)
 
     def suspend(self, *pids: int) -> None:
         """SIGSTOP each of `pids`; they are resumed on heal if not before."""
