@@ -11,7 +11,8 @@ a `wal-bucket-switch` thread starts a new one
   configured bucket that answers, so appends go on before the controller even detects the
   outage (offsets name their bucket: every reader finds the record where it was written);
   the bucket left is not returned to for `return_after_s` (30 s) while the metadata still
-  names it;
+  names it; a stall counts only while this process runs (`RunningStretch`: a broker
+  stopped with a PUT in flight finds it waiting when it resumes, the bucket being fine);
 * when the newest segment's offsets near their limit.
 
 Older segments stay readable (and recovered on a restart) until a trim passes their end;
@@ -54,6 +55,7 @@ from dataplane.s3stream.wal.bucket_segments import (
 )
 from dataplane.s3stream.wal.object_chain import ObjectWALLocation
 from dataplane.s3stream.wal.object_wal import ObjectWAL
+from dataplane.s3stream.wal.running_stretch import RunningStretch
 
 __all__ = ["BucketFollowingWAL"]
 
@@ -114,6 +116,10 @@ class BucketFollowingWAL(WriteAheadLog):
         # the active bucket the switch thread saw last (only that thread uses both)
         self._avoid_until: dict[int, float] = {}
         self._last_target: int | None = None
+        # the switch thread's own running stretch (only that thread uses it)
+        self._running = RunningStretch(
+            time.monotonic(), max(SWITCH_CHECK_S * 5, config.stall_switch_s / 2)
+        )
         self._switches = 0
         self._switcher = threading.Thread(
             target=self._switch_loop, name="wal-bucket-switch", daemon=True
@@ -368,16 +374,26 @@ class BucketFollowingWAL(WriteAheadLog):
     def _maybe_switch(self) -> None:
         """Start a new segment when the newest failed or stalls (elsewhere), is not in
         the active bucket, or nears the end of its offsets."""
+        now = time.monotonic()
+        not_running_s = self._running.observe(now)
+        if not_running_s:
+            log.warning(
+                "WAL %s: the bucket switch did not run for %.1f s (this process was stopped "
+                "or starved): what waited meanwhile is not counted as a stall",
+                self._base_prefix,
+                not_running_s,
+            )
         newest = self._newest()
         if newest.wal.fenced:
             return  # taken over: nothing more is acknowledged here
         target = _valid_bucket(self._objects, self._active_bucket())
         current = newest.segment.bucket_id
-        now = time.monotonic()
         if target != self._last_target:  # the metadata named another bucket since
             self._avoid_until.clear()
             self._last_target = target
-        stalled = newest.wal.stalled_s >= self._config.stall_switch_s
+        # a stall counts only while this process runs: a stopped broker's PUTs wait on it
+        stalled_s = min(newest.wal.stalled_s, self._running.running_s(now))
+        stalled = stalled_s >= self._config.stall_switch_s
         if newest.wal.failed or stalled:
             # a bucket that answers: the active one if it is another, then the rest; a
             # failed one again last (the failure may have passed), a stalled one not
