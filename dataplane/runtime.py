@@ -155,6 +155,26 @@ class EventLoopLagProbe:
             self._timer = None
 
 
+async def until_done(future: asyncio.Future) -> None:
+    """On the loop: until `future` is done, never cancelling it when the awaiting task is
+    cancelled (as `asyncio.wait({future})`, without its set, timeout and callback removal:
+    a response slot or a request's turn is awaited once per request)."""
+    if future.done():
+        return
+    waiter = future.get_loop().create_future()
+
+    def wake(_done: asyncio.Future) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        if not future.done():
+            future.remove_done_callback(wake)
+
+
 _held_wakeups = threading.local()  # .handoffs: the LoopHandoffs this thread owes a wakeup
 
 

@@ -25,6 +25,7 @@ from dataplane.formats.kafka_errors import (
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
+from dataplane.runtime import until_done
 
 from .codec import DecodedRequest, decode_request
 from .framing import FrameProtocol, peer_of
@@ -175,8 +176,7 @@ class Connection:
                     )
                 return None
             try:
-                async with asyncio.timeout(idle):
-                    await protocol.wait_for_bytes()
+                await protocol.wait_for_bytes(idle)
             except TimeoutError:
                 # Waiting for the next frame while responses are pending is not idleness.
                 if self.inflight > 0 and protocol.partial_frame_bytes == 0:
@@ -282,7 +282,7 @@ class Connection:
         the handler did not pass it earlier."""
         try:
             if previous is not None and not previous.done():
-                await asyncio.wait({previous})  # never cancels the previous request's turn
+                await until_done(previous)  # never cancels the previous request's turn
             if self.closing:
                 # The connection failed or went away before this handler started: skip it.
                 raise CloseConnection("connection closed before the handler started")
@@ -334,7 +334,7 @@ class Connection:
                     return
                 assert isinstance(slot, asyncio.Future)
                 if not slot.done():
-                    await asyncio.wait({slot})
+                    await until_done(slot)
                 if slot.cancelled():
                     self.closing = True
                     return
@@ -364,8 +364,10 @@ class Connection:
                         self.transport.write(frame)
                     try:
                         # A client that stops reading must not pin the connection forever.
-                        async with asyncio.timeout(self.idle_timeout_s):
-                            await self.protocol.drain()
+                        # (Most writes leave the buffer below its mark: no timer for them.)
+                        if self.protocol.writing_paused or self.protocol.lost.done():
+                            async with asyncio.timeout(self.idle_timeout_s):
+                                await self.protocol.drain()
                     except TimeoutError:
                         log.info(
                             "%s: client not reading responses for %.1f s, closing",

@@ -128,6 +128,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.error: str | None = None  # why reading stopped on bad input
         self.eof = False  # no more bytes will come (EOF, connection lost)
         self._frame_waiter: asyncio.Future[None] | None = None
+        # `wait_for_bytes`'s timeout: one timer per connection, armed by a wait and moved
+        # on only when it fires (a wait's deadline is a float, not a timer of its own)
+        self._wait_deadline = 0.0
+        self._wait_timer: asyncio.TimerHandle | None = None
+        self._wait_timer_at = 0.0
         self._reading_paused = False
         self._writing_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -176,6 +181,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._give_back_buffer()
+        if self._wait_timer is not None:
+            self._wait_timer.cancel()  # the loop must not keep a closed connection
+            self._wait_timer = None
         self.eof = True
         self._wake_reader()
         for waiter in self._drain_waiters:
@@ -288,16 +296,47 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self.transport.resume_reading()
         return frame
 
-    async def wait_for_bytes(self) -> None:
-        """Until a frame, an error or EOF arrives (returns at once if one is there)."""
+    async def wait_for_bytes(self, timeout_s: float) -> None:
+        """Until a frame, an error or EOF arrives (returns at once if one is there).
+
+        Raises:
+            TimeoutError: none came within `timeout_s`.
+        """
         if self.frames or self.error is not None or self.eof:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._frame_waiter = waiter
+        deadline = self._wait_deadline = loop.time() + timeout_s
+        if self._wait_timer is None or deadline < self._wait_timer_at:
+            self._arm_wait_timer(loop, deadline)
         try:
             await waiter
         finally:
             self._frame_waiter = None
+
+    def _arm_wait_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._wait_timer is not None:
+            self._wait_timer.cancel()
+        self._wait_timer = loop.call_at(at, self._on_wait_timer, loop)
+        self._wait_timer_at = at
+
+    def _on_wait_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer of a wait that may since have ended: the wait under way (if any) times
+        out when its own deadline is passed, else the timer moves on to that deadline."""
+        self._wait_timer = None
+        waiter = self._frame_waiter
+        if waiter is None or waiter.done():
+            return  # no wait: the next one arms the timer
+        if loop.time() >= self._wait_deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._arm_wait_timer(loop, self._wait_deadline)
+
+    @property
+    def writing_paused(self) -> bool:
+        """The transport's write buffer is above its high-water mark (`drain` would wait)."""
+        return self._writing_paused
 
     async def drain(self) -> None:
         """Until the transport's write buffer is below its high-water mark."""

@@ -5,6 +5,7 @@ stops reading while too many frames wait for the connection."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import struct
@@ -297,3 +298,46 @@ def test_read_buffers_are_lent_per_read_not_held_per_connection() -> None:
         assert pool.free_count == 1
 
     run(body)
+
+
+def test_a_wait_times_out_at_its_own_deadline_after_many_waits_that_did_not() -> None:
+    """The connection's idle timeout: one timer serves every wait for bytes. Waits that
+    frames ended (many, each shorter than the timeout) never time out; the wait that finds
+    no frame for `timeout_s` does, then and not at an earlier wait's deadline."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proto, _ = make_protocol()
+        timeout_s = 0.3
+        started = loop.time()
+        for i in range(6):  # 0.6 s of traffic, a frame every 0.1 s: longer than the timeout
+            loop.call_later(0.1, feed, proto, frame(b"x%d" % i))
+            await proto.wait_for_bytes(timeout_s)
+            assert take_all(proto) == [b"x%d" % i]
+        assert loop.time() - started >= 0.55
+        last_wait = loop.time()
+        with pytest.raises(TimeoutError):
+            await proto.wait_for_bytes(timeout_s)
+        waited = loop.time() - last_wait
+        assert timeout_s - 0.01 <= waited < timeout_s + 0.25, waited
+
+    asyncio.run(main())
+
+
+def test_a_lost_connection_leaves_no_wait_timer_behind() -> None:
+    """A closed connection is not kept by its idle timer (600 s by default)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proto, _ = make_protocol()
+        loop.call_soon(feed, proto, frame(b"a"))
+        await proto.wait_for_bytes(600)
+        take_all(proto)
+        ref = weakref.ref(proto)
+        proto.connection_lost(None)
+        del proto
+        await asyncio.sleep(0)
+        gc.collect()  # (the protocol and its server's callback refer to each other)
+        assert ref() is None
+
+    asyncio.run(main())
