@@ -84,9 +84,22 @@ class StreamRecordBatch:
     payload: bytes | memoryview
 
     def __post_init__(self) -> None:
-        problem = _validate_fields(self.stream_id, self.epoch, self.base_offset, self.count)
-        if problem is not None:
-            raise ValueError(problem)
+        # one produced batch's cost: the common valid case in one expression, the named
+        # problem from `_validate_fields` only when it fails
+        stream_id, epoch, base, count = self.stream_id, self.epoch, self.base_offset, self.count
+        if not (
+            type(stream_id) is int
+            and type(epoch) is int
+            and type(base) is int
+            and type(count) is int
+            and 0 <= stream_id <= _I64_MAX
+            and 0 <= epoch <= _I64_MAX
+            and 0 < count <= _I32_MAX
+            and 0 <= base <= _I64_MAX - count
+        ):
+            problem = _validate_fields(stream_id, epoch, base, count)
+            if problem is not None:
+                raise ValueError(problem)
         if not isinstance(self.payload, bytes):
             if isinstance(self.payload, (bytearray, memoryview)):
                 object.__setattr__(self, "payload", bytes(self.payload))

@@ -122,7 +122,10 @@ def _pieces_of(record: bytes | RecordPieces) -> RecordPieces:
     bytes; anything else (a mutable buffer, which could change before the committer writes
     it, or a view of items wider than a byte, whose len() is not its size) is copied."""
     if isinstance(record, tuple):
-        return tuple(piece if _immutable_bytes(piece) else bytes(piece) for piece in record)
+        for piece in record:
+            if type(piece) is not bytes:
+                return tuple(piece if _immutable_bytes(piece) else bytes(piece) for piece in record)
+        return record  # (the common case: a header and a patched batch, both bytes)
     return (record if isinstance(record, bytes) else bytes(record),)
 
 
@@ -393,7 +396,7 @@ class FileWAL(QueuedWAL):
             WALClosedError / WALFencedError / WALError: the WAL no longer accepts appends.
         """
         body = _pieces_of(record)
-        body_len = sum(len(piece) for piece in body)
+        body_len = sum(map(len, body))
         if body_len > self._config.max_record_bytes:
             raise ValueError(
                 f"record of {body_len} B exceeds max_record_bytes={self._config.max_record_bytes}"
