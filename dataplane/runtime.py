@@ -155,24 +155,30 @@ class EventLoopLagProbe:
             self._timer = None
 
 
-async def until_done(future: asyncio.Future) -> None:
-    """On the loop: until `future` is done, never cancelling it when the awaiting task is
-    cancelled (as `asyncio.wait({future})`, without its set, timeout and callback removal:
-    a response slot or a request's turn is awaited once per request)."""
+async def until_done(future: asyncio.Future, timeout_s: float | None = None) -> bool:
+    """On the loop: until `future` is done (True) or `timeout_s` passed (False), never
+    cancelling it when the awaiting task is cancelled or the time is up (as
+    `asyncio.wait({future}, timeout=...)`, without its set and task: a response slot, a
+    request's turn and a produce's durability are awaited once per request)."""
     if future.done():
-        return
-    waiter = future.get_loop().create_future()
+        return True
+    loop = future.get_loop()
+    waiter = loop.create_future()
 
-    def wake(_done: asyncio.Future) -> None:
+    def wake(_done: asyncio.Future | None = None) -> None:
         if not waiter.done():
             waiter.set_result(None)
 
     future.add_done_callback(wake)
+    timer = None if timeout_s is None else loop.call_later(timeout_s, wake)
     try:
         await waiter
     finally:
+        if timer is not None:
+            timer.cancel()
         if not future.done():
             future.remove_done_callback(wake)
+    return future.done()
 
 
 _held_wakeups = threading.local()  # .handoffs: the LoopHandoffs this thread owes a wakeup

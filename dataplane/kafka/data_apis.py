@@ -33,7 +33,7 @@ from dataplane.kafka.partition_backend import (
 from dataplane.kafka.produce_encoder import PartitionAnswer, ProduceAnswer, TopicAnswer
 from dataplane.kafka.registry import in_connection_order
 from dataplane.objectstore import ObjectStoreError
-from dataplane.runtime import LoopHandoff
+from dataplane.runtime import LoopHandoff, until_done
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -190,12 +190,14 @@ class DataApis:
                             # the later ones are done by now and need no wrapper and timer
                             done = fut.result()
                         else:
-                            # shielded: a timeout must not cancel the append's future (a
-                            # retry of the batch may be waiting for the same durability)
-                            done = await asyncio.wait_for(
-                                asyncio.shield(_outcome_retrieved(handoff.wrap_future(fut))),
-                                max(deadline - loop.time(), MIN_DURABLE_WAIT_S),
-                            )
+                            # a timeout must not cancel the append's future (a retry of
+                            # the batch may be waiting for the same durability)
+                            durable = _outcome_retrieved(handoff.wrap_future(fut))
+                            if not await until_done(
+                                durable, max(deadline - loop.time(), MIN_DURABLE_WAIT_S)
+                            ):
+                                raise TimeoutError
+                            done = durable.result()
                         if entry["forwarded"]:
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             entry["error"], entry["base"] = done.error, done.base_offset
@@ -278,17 +280,23 @@ class DataApis:
         deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
         min_bytes = max(req.min_bytes, 0)
         max_bytes = req.max_bytes if v >= 3 and req.max_bytes > 0 else 2**31 - 1
-        woken = asyncio.Event()
-
+        # an append to a partition read sets the pass's `woken` (a plain future and one
+        # timer per wait: a tail fetch waits once per batch a producer appends)
+        woken: list[asyncio.Future[None]] = [loop.create_future()]
         handoff = LoopHandoff.of(loop)
 
+        def set_woken() -> None:
+            if not woken[0].done():
+                woken[0].set_result(None)
+
         def wake() -> None:  # any thread (a WAL's): one loop wakeup per group commit
-            handoff.call_soon(woken.set)
+            handoff.call_soon(set_woken)
 
         listening: dict[object, PartitionBackend] = {}
         try:
             for _ in range(1_000_000):
-                woken.clear()
+                if woken[0].done():
+                    woken[0] = loop.create_future()
                 image = self.broker.image_fn()
                 total, topics = await self._fetch_once(
                     req,
@@ -301,10 +309,12 @@ class DataApis:
                 )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
                     break
-                try:
-                    await asyncio.wait_for(woken.wait(), max(deadline - loop.time(), 0))
-                except TimeoutError:
-                    pass
+                if not woken[0].done():
+                    timer = loop.call_at(deadline, set_woken)
+                    try:
+                        await woken[0]
+                    finally:
+                        timer.cancel()
         finally:
             for plog in listening.values():
                 plog.remove_listener(wake)
@@ -356,9 +366,15 @@ class DataApis:
             if not budgets:
                 break
             wave, to_read = to_read[: len(budgets)], to_read[len(budgets) :]
-            await asyncio.gather(
-                *(self._fetch_read(s, b, read_committed) for s, b in zip(wave, budgets))
-            )
+            # tail reads from memory here, on the loop: a task each only for the reads
+            # that wait for I/O (catch-up)
+            waiting = [
+                self._fetch_read(s, b, read_committed)
+                for s, b in zip(wave, budgets)
+                if not self._read_from_cache(s, b, read_committed)
+            ]
+            if waiting:
+                await asyncio.gather(*waiting)
             total += sum(len(s.records) for s in wave)
             read += wave
         loop = asyncio.get_running_loop()
@@ -392,16 +408,25 @@ class DataApis:
             slot.records, slot.aborted = b"", []
         return sum(sizes[:kept])
 
+    def _read_from_cache(self, slot: _FetchSlot, budget: int, read_committed: bool) -> bool:
+        """One partition's records of a Fetch into `slot` when all of them are in the
+        LogCache (a tail read: from memory, on the loop, no I/O-pool hand-off); False when
+        the read needs I/O (`_fetch_read`)."""
+        plog = slot.plog
+        cached = plog.read_cached(slot.fetch_offset, budget, slot.end)
+        if cached is None:
+            return False
+        slot.records = cached  # from_objects stays False: a tail read
+        if read_committed and cached:
+            slot.aborted = plog.aborted_transactions(slot.fetch_offset, slot.end)
+        return True
+
     async def _fetch_read(self, slot: _FetchSlot, budget: int, read_committed: bool) -> None:
-        """One partition's records of a Fetch into `slot`: from memory on the loop when all
-        of it is in the LogCache (a tail read: no I/O-pool hand-off, ~2 thread wake-ups),
-        else on the I/O pool."""
+        """One partition's records of a Fetch into `slot`, read on the I/O pool (the
+        LogCache does not hold them all: `_read_from_cache` said so)."""
         plog = slot.plog
         try:
-            cached = plog.read_cached(slot.fetch_offset, budget, slot.end)
-            if cached is not None:
-                slot.records = cached  # from_objects stays False: a tail read
-            elif self.broker.network.egress.limited:  # tail or catch-up: where it was read
+            if self.broker.network.egress.limited:  # tail or catch-up: where it was read
                 slot.records, slot.from_objects = await self.broker.run_io(
                     _read_noting_objects, plog, slot.fetch_offset, budget, slot.end
                 )

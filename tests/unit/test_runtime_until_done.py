@@ -40,3 +40,21 @@ def test_cancelling_the_waiter_leaves_the_future_pending() -> None:
         await asyncio.sleep(0)
 
     asyncio.run(main())
+
+
+def test_a_timeout_returns_false_and_leaves_the_future_to_finish() -> None:
+    """A produce stops waiting for durability at its deadline; the append's future goes
+    on (a retry of the batch may wait for it) and is not cancelled."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        started = loop.time()
+        assert await until_done(fut, 0.05) is False
+        assert 0.04 <= loop.time() - started < 1
+        assert not fut.done()
+        loop.call_later(0.01, fut.set_result, 7)
+        assert await until_done(fut, 5) is True
+        assert fut.result() == 7
+
+    asyncio.run(main())
