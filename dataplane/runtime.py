@@ -203,6 +203,40 @@ def loop_wakeups_held() -> Iterator[None]:
             handoff.wake()
 
 
+_held_writer_wakeups = threading.local()  # .owed: {queue: its wakeup} this thread deferred
+
+
+@contextmanager
+def writer_wakeups_held() -> Iterator[None]:
+    """Within this block, a queue appended to on this thread that would wake its writer
+    thread (a WAL's committer) wakes it once, when the block ends (nested blocks: the
+    outermost one). A produce request's partitions are appended in one: the committer
+    takes them in one group commit (one fdatasync), instead of waking for the first
+    partition and taking the GIL while the loop appends the rest. The block must not span
+    an await: other requests' appends on the loop would wait for its end."""
+    if getattr(_held_writer_wakeups, "owed", None) is not None:
+        yield
+        return
+    owed: dict[object, Callable[[], None]] = {}
+    _held_writer_wakeups.owed = owed
+    try:
+        yield
+    finally:
+        _held_writer_wakeups.owed = None
+        for wake in owed.values():
+            wake()
+
+
+def writer_wakeup_deferred(queue: object, wake: Callable[[], None]) -> bool:
+    """Whether `wake` (of `queue`'s writer) is owed to a `writer_wakeups_held` block of
+    this thread, to be called once when it ends; False: call it now."""
+    owed = getattr(_held_writer_wakeups, "owed", None)
+    if owed is None:
+        return False
+    owed[queue] = wake
+    return True
+
+
 class LoopHandoff:
     """Callbacks handed to one event loop from any thread, as few wakeups as possible:
     the first callback queued since the loop last ran them schedules one run of all of

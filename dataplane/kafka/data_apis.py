@@ -25,6 +25,8 @@ from dataplane.kafka.api_context import BrokerApiContext
 from dataplane.kafka.fetch_budget import next_wave
 from dataplane.kafka.fetch_encoder import FetchAnswer, FetchPartitionAnswer, FetchTopicAnswer
 from dataplane.kafka.partition_backend import (
+    AppendOutcome,
+    BackendBackpressure,
     BackendError,
     PartitionBackend,
     append_when_room,
@@ -33,7 +35,7 @@ from dataplane.kafka.partition_backend import (
 from dataplane.kafka.produce_encoder import PartitionAnswer, ProduceAnswer, TopicAnswer
 from dataplane.kafka.registry import in_connection_order
 from dataplane.objectstore import ObjectStoreError
-from dataplane.runtime import LoopHandoff, until_done
+from dataplane.runtime import LoopHandoff, until_done, writer_wakeups_held
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -182,8 +184,8 @@ class DataApis:
             ctx.pass_turn()  # the connection's next Produce may append
         if req.acks != 0:
             handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
-            for entry, futures in waits:
-                for fut in futures:
+            for entry in waits:
+                for fut in entry["futures"]:
                     try:
                         if fut.done():
                             # one group commit made a request's partitions durable together:
@@ -219,54 +221,54 @@ class DataApis:
     async def _append_all(self, req, v, image, az, when, results, waits) -> None:
         """Append each partition's records of a Produce (`when`: the loop, the request's
         deadline and whether the ingress limit admitted it) into `results` (per topic, the
-        partitions' answers) and `waits` (each answer with its durability futures)."""
+        partitions' answers) and `waits` (each answer with its durability futures).
+
+        First every partition that has room, with the WAL committers' wakeups held (one
+        group commit takes the request's batches), then, waiting for room without
+        blocking the loop, those that had none."""
         loop, deadline, admitted = when
-        for t in req.topic_data:
-            topic_name = getattr(t, "name", None)
-            topic_id = getattr(t, "topic_id", None) if v >= 13 else None
-            parts = []
-            for p in t.partition_data:
-                plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
-                base, log_start = -1, -1
-                futures = []
-                base_future = None
-                forwarded = False
-                record_errors: list[tuple[int, str]] = []
-                error_message = None
-                append_time_ms = -1
-                if plog is not None and not admitted:
-                    error = KafkaError.REQUEST_TIMED_OUT
-                elif plog is not None:
-                    try:
-                        # a full WAL is waited for here, without blocking the loop
-                        outcome = await append_when_room(
-                            functools.partial(plog.append, p.records),
-                            _room_wait_s(deadline - loop.time()),
-                        )
-                        error, base, futures = outcome.error, outcome.base_offset, outcome.durable
-                        base_future = outcome.base_offset_future
-                        forwarded = outcome.forwarded
-                        record_errors = outcome.record_errors
-                        error_message = outcome.error_message
-                        append_time_ms = outcome.log_append_time_ms
-                    except Exception as exc:  # the engine refused (fenced, closed...)
-                        log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
-                        error = kafka_error_of(exc)
-                    log_start = plog.log_start_offset
-                entry = {
-                    "index": p.index,
-                    "error": error,
-                    "base": base,
-                    "log_start": log_start,
-                    "base_future": base_future,
-                    "forwarded": forwarded,
-                    "record_errors": record_errors,
-                    "error_message": error_message,
-                    "append_time_ms": append_time_ms,
-                }
-                parts.append(entry)
-                waits.append((entry, futures))
-            results.append((t, parts))
+        no_room: list[tuple[dict, PartitionBackend, object, BackendBackpressure | None]] = []
+        waiting_for_room: set[object] = set()
+        with writer_wakeups_held():  # no await inside: other requests' appends
+            for t in req.topic_data:
+                topic_name = getattr(t, "name", None)
+                topic_id = getattr(t, "topic_id", None) if v >= 13 else None
+                parts = []
+                for p in t.partition_data:
+                    plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
+                    entry = _produce_entry(p.index, error)
+                    if plog is not None and not admitted:
+                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                    elif plog is not None and plog.identity in waiting_for_room:
+                        no_room.append((entry, plog, p.records, None))  # (its order kept)
+                    elif plog is not None:
+                        try:
+                            _take_outcome(entry, plog.append(p.records))
+                        except BackendBackpressure as exc:
+                            no_room.append((entry, plog, p.records, exc))
+                            waiting_for_room.add(plog.identity)
+                        except BackendError as exc:
+                            entry["error"] = exc.error
+                        except Exception as exc:  # the engine refused (fenced, closed...)
+                            log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
+                            entry["error"] = kafka_error_of(exc)
+                        entry["log_start"] = plog.log_start_offset
+                    parts.append(entry)
+                    waits.append(entry)
+                results.append((t, parts))
+        for entry, plog, records, refused in no_room:
+            try:
+                # a full WAL is waited for here, without blocking the loop
+                outcome = await append_when_room(
+                    functools.partial(plog.append, records),
+                    _room_wait_s(deadline - loop.time()),
+                    refused,
+                )
+                _take_outcome(entry, outcome)
+            except Exception as exc:  # the engine refused (fenced, closed...)
+                log.warning("append to %s-%d failed: %s", plog.topic, entry["index"], exc)
+                entry["error"] = kafka_error_of(exc)
+            entry["log_start"] = plog.log_start_offset
 
     # ------------------------------------------------------------ fetch
 
@@ -517,6 +519,32 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
+
+
+def _produce_entry(index: int, error: KafkaError) -> dict:
+    """One partition's answer to a Produce while it is appended and made durable."""
+    return {
+        "index": index,
+        "error": error,
+        "base": -1,
+        "log_start": -1,
+        "futures": [],
+        "base_future": None,
+        "forwarded": False,
+        "record_errors": [],
+        "error_message": None,
+        "append_time_ms": -1,
+    }
+
+
+def _take_outcome(entry: dict, outcome: AppendOutcome) -> None:
+    entry["error"], entry["base"] = outcome.error, outcome.base_offset
+    entry["futures"] = outcome.durable
+    entry["base_future"] = outcome.base_offset_future
+    entry["forwarded"] = outcome.forwarded
+    entry["record_errors"] = outcome.record_errors
+    entry["error_message"] = outcome.error_message
+    entry["append_time_ms"] = outcome.log_append_time_ms
 
 
 def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:

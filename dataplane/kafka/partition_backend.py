@@ -169,16 +169,24 @@ def kafka_error_of(exc: BaseException) -> KafkaError:
     return KafkaError.NOT_LEADER_OR_FOLLOWER
 
 
-async def append_when_room(append: Callable[[], AppendOutcome], timeout_s: float) -> AppendOutcome:
+async def append_when_room(
+    append: Callable[[], AppendOutcome],
+    timeout_s: float,
+    refused: BackendBackpressure | None = None,
+) -> AppendOutcome:
     """`append()` on the event loop, waiting without blocking the loop while the backend
     has no room (`BackendBackpressure`), for at most `timeout_s` and the backend's own
-    bound; then the backpressure's retriable error. A `BackendError` becomes its error."""
+    bound; then the backpressure's retriable error. A `BackendError` becomes its error.
+    `refused`: a first try of `append()` already had no room (the wait comes first)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         try:
+            if refused is not None:
+                raise refused
             return append()
         except BackendBackpressure as exc:
+            refused = None
             deadline = min(deadline, loop.time() + exc.max_wait_s)
             remaining = deadline - loop.time()
             if remaining <= 0 or not await exc.room.wait_async(exc.generation, remaining):

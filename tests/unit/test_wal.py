@@ -763,3 +763,36 @@ def test_record_header_format() -> None:
         damaged = bytearray(raw)
         damaged[i] ^= 0x10
         assert decode_record_header(bytes(damaged)) is None
+
+
+def test_appends_with_writer_wakeups_held_make_one_group_commit(wal_path: Path) -> None:
+    """A produce request's partitions are appended with the committer's wakeup held: it
+    is not woken by the first append (and does not commit it alone), and takes all of
+    them in one group commit when the block ends."""
+    from dataplane.runtime import writer_wakeups_held
+
+    wal = open_wal(wal_path)
+    try:
+        wal.append(b"warm-up").result(timeout=10)
+        deadline = time.monotonic() + 10  # the committer goes back to waiting in ms
+        while not wal.writer_idle and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert wal.writer_idle
+        before = wal.batch_count
+        with writer_wakeups_held():
+            futures = [wal.append(b"partition-0")]
+            time.sleep(0.05)  # (a committer woken by the append would take it alone now)
+            futures += [wal.append(b"partition-%d" % i) for i in range(1, 6)]
+            with writer_wakeups_held():  # nested: the outermost block wakes it
+                futures.append(wal.append(b"nested"))
+            assert wal.writer_idle  # not woken: nothing was committed
+            assert not any(f.done() for f in futures)
+        for f in futures:
+            f.result(timeout=10)
+        assert wal.batch_count == before + 1
+        assert [r.data for r in wal.recover()][-7:] == [
+            *(b"partition-%d" % i for i in range(6)),
+            b"nested",
+        ]
+    finally:
+        wal.close()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from dataplane.runtime import writer_wakeup_deferred
 from dataplane.s3stream.wal.base import (
     AppendResult,
     RecordPieces,
@@ -124,6 +125,12 @@ class QueuedWAL(WriteAheadLog):
     def room(self) -> RoomSignal:
         return self._room
 
+    @property
+    def writer_idle(self) -> bool:
+        """Whether a writer thread waits for appends (the next append wakes it)."""
+        with self._lock:
+            return self._writers_waiting > 0
+
     def has_room(self, size_bytes: int) -> bool:
         with self._lock:
             return (
@@ -163,9 +170,16 @@ class QueuedWAL(WriteAheadLog):
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
             self._queue.append(PendingAppend(size_bytes, body, future, now, body_crc32c))
             self._queued_bytes += size_bytes
-            if self._writers_waiting:
+            if self._writers_waiting and not writer_wakeup_deferred(self, self._wake_writers):
                 self._not_empty.notify_all()
         return future
+
+    def _wake_writers(self) -> None:
+        """A wakeup `_admit` deferred (`writer_wakeups_held`): the writer takes what was
+        queued meanwhile."""
+        with self._lock:
+            if self._writers_waiting:
+                self._not_empty.notify_all()
 
     def _used_bytes(self) -> int:
         """Caller holds the lock: bytes of untrimmed records, queued ones included."""
