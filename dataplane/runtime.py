@@ -224,7 +224,10 @@ def writer_wakeups_held() -> Iterator[None]:
     finally:
         _held_writer_wakeups.owed = None
         for wake in owed.values():
-            wake()
+            try:
+                wake()
+            except Exception:  # noqa: BLE001 - the other writers must still be woken
+                log.exception("waking a writer thread failed")
 
 
 def writer_wakeup_deferred(queue: object, wake: Callable[[], None]) -> bool:

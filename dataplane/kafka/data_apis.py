@@ -370,13 +370,13 @@ class DataApis:
             wave, to_read = to_read[: len(budgets)], to_read[len(budgets) :]
             # tail reads from memory here, on the loop: a task each only for the reads
             # that wait for I/O (catch-up)
-            waiting = [
-                self._fetch_read(s, b, read_committed)
+            missed = [
+                (s, b)
                 for s, b in zip(wave, budgets)
                 if not self._read_from_cache(s, b, read_committed)
             ]
-            if waiting:
-                await asyncio.gather(*waiting)
+            if missed:
+                await asyncio.gather(*(self._fetch_read(s, b, read_committed) for s, b in missed))
             total += sum(len(s.records) for s in wave)
             read += wave
         loop = asyncio.get_running_loop()

@@ -328,7 +328,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         waiter = self._frame_waiter
         if waiter is None or waiter.done():
             return  # no wait: the next one arms the timer
-        if loop.time() >= self._wait_deadline:
+        # (within a millisecond: the loop's timers may fire that early, uvloop's rounded)
+        if loop.time() >= self._wait_deadline - 0.001:
             waiter.set_exception(TimeoutError())
         else:
             self._arm_wait_timer(loop, self._wait_deadline)

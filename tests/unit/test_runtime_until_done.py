@@ -58,3 +58,25 @@ def test_a_timeout_returns_false_and_leaves_the_future_to_finish() -> None:
         assert fut.result() == 7
 
     asyncio.run(main())
+
+
+def test_held_writer_wakeups_all_run_once_at_the_block_end_even_if_one_fails() -> None:
+    """`writer_wakeups_held`: each queue's writer is woken once when the outermost block
+    ends; one failing wakeup does not leave another writer asleep (it would wait for an
+    append that may never come)."""
+    from dataplane.runtime import writer_wakeup_deferred, writer_wakeups_held
+
+    woken: list[str] = []
+
+    def failing() -> None:
+        woken.append("a")
+        raise RuntimeError("boom")
+
+    assert writer_wakeup_deferred("a", failing) is False  # no block: wake now
+    with writer_wakeups_held():
+        assert writer_wakeup_deferred("a", failing) is True
+        assert writer_wakeup_deferred("a", failing) is True  # the same queue: once
+        with writer_wakeups_held():
+            assert writer_wakeup_deferred("b", lambda: woken.append("b")) is True
+        assert woken == []  # the inner block does not wake
+    assert woken == ["a", "b"]
