@@ -181,63 +181,58 @@ async def until_done(future: asyncio.Future, timeout_s: float | None = None) -> 
     return future.done()
 
 
-_held_wakeups = threading.local()  # .handoffs: the LoopHandoffs this thread owes a wakeup
+class HeldWakeups:
+    """Wakeups a thread defers to the end of a block: within `held()`, `deferred(key,
+    wake)` keeps `wake` (one per key: a later one for the same key replaces it) and the
+    outermost block calls each once when it ends, each in its own try (one failing must not
+    leave the others asleep). Per thread: other threads' calls are not held. Two kinds:
+    `loop_wakeups_held` and `writer_wakeups_held`."""
+
+    def __init__(self, what: str) -> None:
+        """`what` names the woken thing in the log line of a failing wakeup."""
+        self._what = what
+        self._local = threading.local()  # .owed: {key: wake} of this thread's open block
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The block (nested blocks: the outermost one wakes)."""
+        if getattr(self._local, "owed", None) is not None:
+            yield
+            return
+        owed: dict[object, Callable[[], None]] = {}
+        self._local.owed = owed
+        try:
+            yield
+        finally:
+            self._local.owed = None
+            for wake in owed.values():
+                try:
+                    wake()
+                except Exception:  # noqa: BLE001 - the others must still be woken
+                    log.exception("waking %s failed", self._what)
+
+    def deferred(self, key: object, wake: Callable[[], None]) -> bool:
+        """Whether `wake` is owed to an open block of this thread, to be called once when it
+        ends; False: no block is open, call it now."""
+        owed = getattr(self._local, "owed", None)
+        if owed is None:
+            return False
+        owed[key] = wake
+        return True
 
 
-@contextmanager
-def loop_wakeups_held() -> Iterator[None]:
-    """Within this block, `LoopHandoff.call_soon` on this thread queues its callback but
-    wakes each event loop once, when the block ends (nested blocks: the outermost one).
-    A WAL thread resolving a group commit's futures holds them: one wakeup of the loop per
-    group commit instead of one per awaited future."""
-    if getattr(_held_wakeups, "handoffs", None) is not None:
-        yield
-        return
-    owed: list[LoopHandoff] = []
-    _held_wakeups.handoffs = owed
-    try:
-        yield
-    finally:
-        _held_wakeups.handoffs = None
-        for handoff in owed:
-            handoff.wake()
+# A WAL thread resolving a group commit's futures holds `LoopHandoff.call_soon`'s wakeups:
+# one wakeup of each event loop per group commit instead of one per awaited future.
+_LOOP_WAKEUPS = HeldWakeups("an event loop")
+loop_wakeups_held = _LOOP_WAKEUPS.held
 
-
-_held_writer_wakeups = threading.local()  # .owed: {queue: its wakeup} this thread deferred
-
-
-@contextmanager
-def writer_wakeups_held() -> Iterator[None]:
-    """Within this block, a queue appended to on this thread that would wake its writer
-    thread (a WAL's committer) wakes it once, when the block ends (nested blocks: the
-    outermost one). A produce request's partitions are appended in one: the committer
-    takes them in one group commit (one fdatasync), instead of waking for the first
-    partition and taking the GIL while the loop appends the rest. The block must not span
-    an await: other requests' appends on the loop would wait for its end."""
-    if getattr(_held_writer_wakeups, "owed", None) is not None:
-        yield
-        return
-    owed: dict[object, Callable[[], None]] = {}
-    _held_writer_wakeups.owed = owed
-    try:
-        yield
-    finally:
-        _held_writer_wakeups.owed = None
-        for wake in owed.values():
-            try:
-                wake()
-            except Exception:  # noqa: BLE001 - the other writers must still be woken
-                log.exception("waking a writer thread failed")
-
-
-def writer_wakeup_deferred(queue: object, wake: Callable[[], None]) -> bool:
-    """Whether `wake` (of `queue`'s writer) is owed to a `writer_wakeups_held` block of
-    this thread, to be called once when it ends; False: call it now."""
-    owed = getattr(_held_writer_wakeups, "owed", None)
-    if owed is None:
-        return False
-    owed[queue] = wake
-    return True
+# A produce request's partitions are appended with the WAL writers' wakeups held: the
+# committer takes them in one group commit (one fdatasync), instead of waking for the first
+# partition and taking the GIL while the loop appends the rest. The block must not span an
+# await: other requests' appends on the loop would wait for its end.
+_WRITER_WAKEUPS = HeldWakeups("a writer thread")
+writer_wakeups_held = _WRITER_WAKEUPS.held
+writer_wakeup_deferred = _WRITER_WAKEUPS.deferred
 
 
 class LoopHandoff:
@@ -275,11 +270,8 @@ class LoopHandoff:
             if self._wakeup_due:
                 return  # a run is scheduled (or owed) and will take this one too
             self._wakeup_due = True
-        owed = getattr(_held_wakeups, "handoffs", None)
-        if owed is None:
+        if not _LOOP_WAKEUPS.deferred(self, self.wake):
             self.wake()
-        else:
-            owed.append(self)
 
     def wake(self) -> None:
         """Schedule a run of the queued callbacks on the loop (any thread)."""
