@@ -35,6 +35,7 @@ from controlplane.requests import (
 )
 from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.light_future import LightFuture
 from dataplane.objectstore import ObjectStorage, SendPace
 from dataplane.s3stream import metrics
 from dataplane.s3stream.block_cache import BlockCache
@@ -414,7 +415,7 @@ class S3Storage:
                 self.request_upload()
                 raise
             state.next_offset = batch.last_offset
-        result: Future = Future()
+        result: Future = LightFuture()  # one per produced batch: the cheap kind
 
         def settle(outcome: Callable[[], None]) -> None:
             # the Kafka layer cancels the future of a produce whose client timed out; the

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from dataplane.light_future import LightFuture
 from dataplane.runtime import writer_wakeup_deferred
 from dataplane.s3stream.wal.base import (
     AppendResult,
@@ -166,7 +167,7 @@ class QueuedWAL(WriteAheadLog):
                     self._room,
                     generation,
                 )
-            future: Future[AppendResult] = Future()
+            future: Future[AppendResult] = LightFuture()
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
             self._queue.append(PendingAppend(size_bytes, body, future, now, body_crc32c))
             self._queued_bytes += size_bytes

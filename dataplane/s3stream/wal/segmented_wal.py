@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from dataplane.config import ObjectWALConfig
+from dataplane.light_future import LightFuture
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.wal.base import (
     AppendResult,
@@ -274,7 +275,7 @@ class BucketFollowingWAL(WriteAheadLog):
     def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
         """Queue `record` in the newest segment; never blocks (see `ObjectWAL.append`). A
         failed segment raises WALError until the switch thread replaced it."""
-        outer: Future[AppendResult] = Future()
+        outer: Future[AppendResult] = LightFuture()
         outer.set_running_or_notify_cancel()
         with self._lock:
             if self._closed:
