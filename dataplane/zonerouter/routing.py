@@ -188,21 +188,26 @@ class ZoneRouting:
         # CHANNEL_ALL: every client's produce through it; CHANNEL_AZ_CLIENTS: only clients
         # of a known AZ (zone_router.channel_mode)
         self.channel_mode = channel_mode
-        self._lock = threading.Lock()
-        self._mapping_key: object = None
-        self._mapping = ProxyMapping([])
+        self._lock = threading.Lock()  # one computation of a new image's mapping at a time
+        # (the brokers container it was computed from, the mapping): one attribute, read
+        # without the lock on every produce and fetch partition, replaced whole
+        self._mapping_of: tuple[object, ProxyMapping] = (None, ProxyMapping([]))
 
     def mapping(self, image: MetadataImage) -> ProxyMapping:
         """The main → proxy mapping of `image` (cached per brokers container: the image is
         copy-on-write, so an unchanged broker set keeps its dict)."""
+        brokers, mapping = self._mapping_of
+        if brokers is image.brokers:
+            return mapping
         with self._lock:
-            if self._mapping_key is not image.brokers:
-                self._mapping = ProxyMapping.from_image(image)
-                self._mapping_key = image.brokers
-            return self._mapping
+            brokers, mapping = self._mapping_of
+            if brokers is not image.brokers:
+                mapping = ProxyMapping.from_image(image)
+                self._mapping_of = (image.brokers, mapping)
+            return mapping
 
     def _own_channel_view(
-        self, image: MetadataImage, topic_id: str, backend: PartitionBackend, az: str | None
+        self, mapping: ProxyMapping, topic_id: str, backend: PartitionBackend, az: str | None
     ) -> PartitionBackend:
         """A partition led here as a client of `az` produces to it. While other AZs have
         brokers, every client's produce (declared AZ or not; "az_clients": only a client of
@@ -213,7 +218,7 @@ class ZoneRouting:
         batches must reach the partition in order (else OUT_OF_ORDER_SEQUENCE_NUMBER, fatal
         to librdkafka once the earlier batches are acked)."""
         assert self.own_channel is not None
-        if not self.has_proxies(image):
+        if len(mapping.azs) <= 1:  # no proxies (`has_proxies`)
             return self.own_channel(topic_id, backend, False)
         if self.channel_mode == CHANNEL_ALL or az is not None:
             return self.own_channel(topic_id, backend, True)
@@ -250,14 +255,15 @@ class ZoneRouting:
         state = topic.partitions.get(partition) if topic else None
         if state is None:
             return None
+        mapping = self.mapping(image)
         if state.erasure_coded:  # leaderless: every broker serves it
             backend = self.partitions.get(topic_id, partition)
-        elif self.mapping(image).route(state.leader_node_id, az) != self.node_id:
+        elif mapping.route(state.leader_node_id, az) != self.node_id:
             return None  # this client was told another broker serves it
         elif state.leader_node_id == self.node_id:
             backend = self.partitions.get(topic_id, partition)
             if backend is not None and self.own_channel is not None:
-                backend = self._own_channel_view(image, topic_id, backend, az)
+                backend = self._own_channel_view(mapping, topic_id, backend, az)
         else:
             backend = self.proxy_factory(topic_id, partition)
         if backend is None or self.traffic is None:
