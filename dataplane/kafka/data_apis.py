@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from kafka.protocol.consumer import ListOffsetsResponse, OffsetForLeaderEpochResponse
@@ -61,30 +62,96 @@ def _read_noting_objects(
     return records, committed_reads_on_this_thread() != before
 
 
-def _produce_response(v: int, results: list) -> ProduceAnswer:
-    """The ProduceResponse of version `v` for each topic's partition entries (`produce`):
-    a refused partition keeps its KIP-467 record errors and message."""
+def _produce_response(v: int, results: list[tuple[object, list[_ProduceSlot]]]) -> ProduceAnswer:
+    """The ProduceResponse of version `v` for each topic's partition slots (`produce`)."""
     responses = []
-    for t, parts in results:
+    for t, slots in results:
         responses.append(
             TopicAnswer(
                 None if v >= 13 else t.name,
                 t.topic_id if v >= 13 else None,
-                [
-                    PartitionAnswer(
-                        e["index"],
-                        e["error"],
-                        e["base"] if e["error"] == KafkaError.NONE else -1,
-                        e["append_time_ms"],
-                        e["log_start"],
-                        e["record_errors"],
-                        e["error_message"],
-                    )
-                    for e in parts
-                ],
+                [slot.response() for slot in slots],
             )
         )
     return ProduceAnswer(v, responses)
+
+
+@dataclass(slots=True)
+class _ProduceSlot:
+    """One partition of a Produce request while it is appended and made durable."""
+
+    index: int
+    error: KafkaError
+    base: int = -1
+    log_start: int = -1
+    durable: list[Future] = field(default_factory=list)  # `AppendOutcome.durable`
+    base_future: Future | None = None
+    forwarded: bool = False  # appended elsewhere: `durable` resolves to that outcome
+    record_errors: list[tuple[int, str]] = field(default_factory=list)
+    error_message: str | None = None
+    append_time_ms: int = -1
+
+    def take(self, outcome: AppendOutcome) -> None:
+        """The outcome of the partition's append (here, or forwarded to it: a proxy's
+        `durable` futures resolve to the main's outcome)."""
+        self.error, self.base = outcome.error, outcome.base_offset
+        self.durable = outcome.durable
+        self.base_future = outcome.base_offset_future
+        self.forwarded = outcome.forwarded
+        self.record_errors = outcome.record_errors
+        self.error_message = outcome.error_message
+        self.append_time_ms = outcome.log_append_time_ms
+
+    def response(self) -> PartitionAnswer:
+        """The partition's answer: a refused partition keeps its KIP-467 record errors and
+        message."""
+        return PartitionAnswer(
+            self.index,
+            self.error,
+            self.base if self.error == KafkaError.NONE else -1,
+            self.append_time_ms,
+            self.log_start,
+            self.record_errors,
+            self.error_message,
+        )
+
+
+class _AppendWakeup:
+    """What a Fetch's long poll waits on between passes: an append to a partition it read
+    (`wake`, from any thread: a WAL's committer resolving a group commit wakes the loop
+    once for all its appends, `LoopHandoff`), or its deadline. A plain future and one timer
+    per wait: a tail fetch waits once per batch a producer appends. Loop-only, but
+    `wake`."""
+
+    __slots__ = ("_future", "_handoff", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handoff = LoopHandoff.of(loop)
+        self._future: asyncio.Future[None] = loop.create_future()
+
+    def rearm(self) -> None:
+        """Before a pass: appends from now on wake the next wait."""
+        if self._future.done():
+            self._future = self._loop.create_future()
+
+    def wake(self) -> None:
+        """Any thread: an append to a read partition."""
+        self._handoff.call_soon(self._set)
+
+    def _set(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    async def wait_until(self, deadline: float) -> None:
+        """Until an append since the last `rearm`, or the loop's time `deadline`."""
+        if self._future.done():
+            return
+        timer = self._loop.call_at(deadline, self._set)
+        try:
+            await self._future
+        finally:
+            timer.cancel()
 
 
 @dataclass
@@ -184,8 +251,8 @@ class DataApis:
             ctx.pass_turn()  # the connection's next Produce may append
         if req.acks != 0:
             handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
-            for entry in waits:
-                for fut in entry["futures"]:
+            for slot in waits:
+                for fut in slot.durable:
                     try:
                         if fut.done():
                             # one group commit made a request's partitions durable together:
@@ -200,20 +267,19 @@ class DataApis:
                             ):
                                 raise TimeoutError
                             done = durable.result()
-                        if entry["forwarded"]:
+                        if slot.forwarded:
                             # appended elsewhere (a zone-router proxy's main): its outcome
-                            entry["error"], entry["base"] = done.error, done.base_offset
-                            entry["record_errors"] = done.record_errors
-                            entry["error_message"] = done.error_message
-                            entry["append_time_ms"] = done.log_append_time_ms
+                            slot.error, slot.base = done.error, done.base_offset
+                            slot.record_errors = done.record_errors
+                            slot.error_message = done.error_message
+                            slot.append_time_ms = done.log_append_time_ms
                     except TimeoutError:
-                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                        slot.error = KafkaError.REQUEST_TIMED_OUT
                     except Exception as exc:  # e.g. no WAL room on a worker's append
                         log.warning("append failed: %s", exc)
-                        entry["error"] = kafka_error_of(exc)
-                base_future = entry["base_future"]
-                if entry["error"] == KafkaError.NONE and base_future is not None:
-                    entry["base"] = base_future.result()  # done: it was among the futures
+                        slot.error = kafka_error_of(exc)
+                if slot.error == KafkaError.NONE and slot.base_future is not None:
+                    slot.base = slot.base_future.result()  # done: it was among the futures
         else:
             return None
         return _produce_response(v, results)
@@ -221,13 +287,15 @@ class DataApis:
     async def _append_all(self, req, v, image, az, when, results, waits) -> None:
         """Append each partition's records of a Produce (`when`: the loop, the request's
         deadline and whether the ingress limit admitted it) into `results` (per topic, the
-        partitions' answers) and `waits` (each answer with its durability futures).
+        partitions' slots) and `waits` (each slot, with its durability futures).
 
         First every partition that has room, with the WAL committers' wakeups held (one
         group commit takes the request's batches), then, waiting for room without
         blocking the loop, those that had none."""
         loop, deadline, admitted = when
-        no_room: list[tuple[dict, PartitionBackend, object, BackendBackpressure | None]] = []
+        no_room: list[
+            tuple[_ProduceSlot, PartitionBackend, object, BackendBackpressure | None]
+        ] = []
         waiting_for_room: set[object] = set()
         with writer_wakeups_held():  # no await inside: other requests' appends
             for t in req.topic_data:
@@ -236,27 +304,27 @@ class DataApis:
                 parts = []
                 for p in t.partition_data:
                     plog, error = self._resolve(image, topic_name, topic_id, p.index, az)
-                    entry = _produce_entry(p.index, error)
+                    slot = _ProduceSlot(p.index, error)
                     if plog is not None and not admitted:
-                        entry["error"] = KafkaError.REQUEST_TIMED_OUT
+                        slot.error = KafkaError.REQUEST_TIMED_OUT
                     elif plog is not None and plog.identity in waiting_for_room:
-                        no_room.append((entry, plog, p.records, None))  # (its order kept)
+                        no_room.append((slot, plog, p.records, None))  # (its order kept)
                     elif plog is not None:
                         try:
-                            _take_outcome(entry, plog.append(p.records))
+                            slot.take(plog.append(p.records))
                         except BackendBackpressure as exc:
-                            no_room.append((entry, plog, p.records, exc))
+                            no_room.append((slot, plog, p.records, exc))
                             waiting_for_room.add(plog.identity)
                         except BackendError as exc:
-                            entry["error"] = exc.error
+                            slot.error = exc.error
                         except Exception as exc:  # the engine refused (fenced, closed...)
                             log.warning("append to %s-%d failed: %s", plog.topic, p.index, exc)
-                            entry["error"] = kafka_error_of(exc)
-                        entry["log_start"] = plog.log_start_offset
-                    parts.append(entry)
-                    waits.append(entry)
+                            slot.error = kafka_error_of(exc)
+                        slot.log_start = plog.log_start_offset
+                    parts.append(slot)
+                    waits.append(slot)
                 results.append((t, parts))
-        for entry, plog, records, refused in no_room:
+        for slot, plog, records, refused in no_room:
             try:
                 # a full WAL is waited for here, without blocking the loop
                 outcome = await append_when_room(
@@ -264,11 +332,11 @@ class DataApis:
                     _room_wait_s(deadline - loop.time()),
                     refused,
                 )
-                _take_outcome(entry, outcome)
+                slot.take(outcome)
             except Exception as exc:  # the engine refused (fenced, closed...)
-                log.warning("append to %s-%d failed: %s", plog.topic, entry["index"], exc)
-                entry["error"] = kafka_error_of(exc)
-            entry["log_start"] = plog.log_start_offset
+                log.warning("append to %s-%d failed: %s", plog.topic, slot.index, exc)
+                slot.error = kafka_error_of(exc)
+            slot.log_start = plog.log_start_offset
 
     # ------------------------------------------------------------ fetch
 
@@ -282,23 +350,12 @@ class DataApis:
         deadline = loop.time() + min(max(req.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000
         min_bytes = max(req.min_bytes, 0)
         max_bytes = req.max_bytes if v >= 3 and req.max_bytes > 0 else 2**31 - 1
-        # an append to a partition read sets the pass's `woken` (a plain future and one
-        # timer per wait: a tail fetch waits once per batch a producer appends)
-        woken: list[asyncio.Future[None]] = [loop.create_future()]
-        handoff = LoopHandoff.of(loop)
-
-        def set_woken() -> None:
-            if not woken[0].done():
-                woken[0].set_result(None)
-
-        def wake() -> None:  # any thread (a WAL's): one loop wakeup per group commit
-            handoff.call_soon(set_woken)
-
+        appended = _AppendWakeup(loop)
+        wake = appended.wake  # one object: the listener every read partition is given
         listening: dict[object, PartitionBackend] = {}
         try:
             for _ in range(1_000_000):
-                if woken[0].done():
-                    woken[0] = loop.create_future()
+                appended.rearm()
                 image = self.broker.image_fn()
                 total, topics = await self._fetch_once(
                     req,
@@ -311,12 +368,7 @@ class DataApis:
                 )
                 if total >= min_bytes or loop.time() >= deadline or total < 0:
                     break
-                if not woken[0].done():
-                    timer = loop.call_at(deadline, set_woken)
-                    try:
-                        await woken[0]
-                    finally:
-                        timer.cancel()
+                await appended.wait_until(deadline)
         finally:
             for plog in listening.values():
                 plog.remove_listener(wake)
@@ -519,32 +571,6 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
-
-
-def _produce_entry(index: int, error: KafkaError) -> dict:
-    """One partition's answer to a Produce while it is appended and made durable."""
-    return {
-        "index": index,
-        "error": error,
-        "base": -1,
-        "log_start": -1,
-        "futures": [],
-        "base_future": None,
-        "forwarded": False,
-        "record_errors": [],
-        "error_message": None,
-        "append_time_ms": -1,
-    }
-
-
-def _take_outcome(entry: dict, outcome: AppendOutcome) -> None:
-    entry["error"], entry["base"] = outcome.error, outcome.base_offset
-    entry["futures"] = outcome.durable
-    entry["base_future"] = outcome.base_offset_future
-    entry["forwarded"] = outcome.forwarded
-    entry["record_errors"] = outcome.record_errors
-    entry["error_message"] = outcome.error_message
-    entry["append_time_ms"] = outcome.log_append_time_ms
 
 
 def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:
