@@ -196,7 +196,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
             "dataplane.config_properties",
             "dataplane.config_mapping",
         ),
-        ("dataplane.runtime",),
+        # `dataplane.light_future` (the produce path's cross-thread futures) is pure
+        # threading, beside the runtime that hands results to the loop
+        ("dataplane.runtime", "dataplane.light_future"),
         # table topics: a topic's Iceberg table (PyIceberg, pyarrow); the CLI and the Spark
         # table sync job both use it
         ("dataplane.tables",),
