@@ -31,9 +31,10 @@ __all__ = ["LightFuture"]
 
 log = logging.getLogger(__name__)
 
-# states, in the order a future passes them (a cancelled one never runs)
-_PENDING, _RUNNING, _CANCELLED, _FINISHED = 0, 1, 2, 3
-_STATE_NAMES = ("pending", "running", "cancelled", "finished")
+# the standard future's states, in the order a future passes them (a cancelled one never
+# runs; "notified": `set_running_or_notify_cancel` saw the cancel); done from _CANCELLED on
+_PENDING, _RUNNING, _CANCELLED, _CANCELLED_NOTIFIED, _FINISHED = 0, 1, 2, 3, 4
+_STATE_NAMES = ("pending", "running", "cancelled", "cancelled", "finished")
 # the callbacks and the blocked waiters' event, taken under the lock when the future is done
 _Taken = tuple[list[Callable[[Future], object]] | None, threading.Event | None]
 
@@ -60,15 +61,17 @@ class LightFuture(Future):
 
     def __repr__(self) -> str:
         state = _STATE_NAMES[self._light_state]
-        if self._light_state == _FINISHED:
+        if self._light_state == _FINISHED:  # as the standard future: the outcome's class
             if self._light_error is not None:
-                return f"<LightFuture at {id(self):#x} state=finished raised {self._light_error!r}>"
-            return f"<LightFuture at {id(self):#x} state=finished returned {self._light_value!r}>"
+                outcome = f"raised {type(self._light_error).__name__}"
+            else:
+                outcome = f"returned {type(self._light_value).__name__}"
+            return f"<LightFuture at {id(self):#x} state=finished {outcome}>"
         return f"<LightFuture at {id(self):#x} state={state}>"
 
     # ------------------------------------------------------------------ queries
     def cancelled(self) -> bool:
-        return self._light_state == _CANCELLED
+        return _CANCELLED <= self._light_state <= _CANCELLED_NOTIFIED
 
     def running(self) -> bool:
         return self._light_state == _RUNNING
@@ -80,9 +83,12 @@ class LightFuture(Future):
         """The result; raises the future's exception, `CancelledError`, or
         `concurrent.futures.TimeoutError` when not done within `timeout` seconds."""
         self._wait(timeout)
-        if self._light_error is not None:
+        if self._light_error is None:
+            return self._light_value
+        try:
             raise self._light_error
-        return self._light_value
+        finally:  # the traceback's frame must not keep the future (and the error) alive
+            self = None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The exception the future was resolved with (None: a result); raises like
@@ -100,10 +106,14 @@ class LightFuture(Future):
                     event = self._light_event
                 else:
                     event = None
-            if event is not None and not event.wait(timeout):
-                raise FutureTimeoutError()
-        if self._light_state == _CANCELLED:
+            if event is not None:
+                event.wait(timeout)
+        state = self._light_state
+        if state == _FINISHED:
+            return
+        if state >= _CANCELLED:
             raise CancelledError()
+        raise FutureTimeoutError()  # (a resolve that came with the timeout still counts)
 
     # ------------------------------------------------------------------ callbacks
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:
@@ -125,46 +135,47 @@ class LightFuture(Future):
 
     # ------------------------------------------------------------------ resolving
     def set_running_or_notify_cancel(self) -> bool:
-        """Pending -> running (True); False when it was cancelled; RuntimeError otherwise."""
+        """Pending -> running (True); False the first time after a cancel; RuntimeError
+        otherwise."""
         with self._light_lock:
             if self._light_state == _PENDING:
                 self._light_state = _RUNNING
                 return True
             if self._light_state == _CANCELLED:
+                self._light_state = _CANCELLED_NOTIFIED
                 return False
         raise RuntimeError(f"Future in unexpected state: {self!r}")
 
     def cancel(self) -> bool:
         """Cancel a pending future (True, callbacks run); False once running or finished."""
         with self._light_lock:
-            if self._light_state == _CANCELLED:
+            state = self._light_state
+            if state == _CANCELLED or state == _CANCELLED_NOTIFIED:
                 return True
-            if self._light_state != _PENDING:
+            if state != _PENDING:
                 return False
             self._light_state = _CANCELLED
-            callbacks = self._take_callbacks()
-        self._after_done(callbacks)
+            taken = self._take_callbacks()
+        self._after_done(taken)
         return True
 
     def set_result(self, result: Any) -> None:
         """Resolve with `result`; InvalidStateError when already done."""
-        with self._light_lock:
-            if self._light_state >= _CANCELLED:
-                raise InvalidStateError(f"{_STATE_NAMES[self._light_state]}: {self!r}")
-            self._light_value = result
-            self._light_state = _FINISHED
-            callbacks = self._take_callbacks()
-        self._after_done(callbacks)
+        self._finish(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Resolve with `exception`; InvalidStateError when already done."""
+        self._finish(None, exception)
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
         with self._light_lock:
             if self._light_state >= _CANCELLED:
                 raise InvalidStateError(f"{_STATE_NAMES[self._light_state]}: {self!r}")
-            self._light_error = exception
+            self._light_value = value
+            self._light_error = error
             self._light_state = _FINISHED
-            callbacks = self._take_callbacks()
-        self._after_done(callbacks)
+            taken = self._take_callbacks()
+        self._after_done(taken)
 
     def _take_callbacks(self) -> _Taken:
         """Caller holds the lock: what must run now that the future is done."""

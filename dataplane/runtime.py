@@ -32,6 +32,7 @@ from concurrent.futures import CancelledError as FutureCancelledError
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Histogram
 
@@ -179,6 +180,28 @@ async def until_done(future: asyncio.Future, timeout_s: float | None = None) -> 
         if not future.done():
             future.remove_done_callback(wake)
     return future.done()
+
+
+async def outcome_within(future: Future | asyncio.Future, timeout_s: float) -> Any:
+    """On the loop: `future`'s result (its exception raised), waiting at most `timeout_s`
+    (then TimeoutError), never cancelling it, also when the awaiting task is cancelled. An
+    append's durability future has other waiters (an idempotent retry of the batch, the
+    partition's tracking of undurable batches): `asyncio.wait_for(asyncio.wrap_future(f))`
+    cancelled it on a timeout, and a retry could then be acknowledged before the batch was
+    durable. A concurrent future reaches the loop through its `LoopHandoff`; an outcome
+    that comes after the timeout is marked retrieved (no "never retrieved" log line)."""
+    if future.done():
+        return future.result()
+    waiter = LoopHandoff.of(asyncio.get_running_loop()).wrap_future(future)
+    waiter.add_done_callback(_retrieve_outcome)
+    if not await until_done(waiter, timeout_s):
+        raise TimeoutError(f"not done within {timeout_s:.3f} s")
+    return waiter.result()
+
+
+def _retrieve_outcome(done: asyncio.Future) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 class HeldWakeups:

@@ -36,7 +36,7 @@ from dataplane.kafka.partition_backend import (
 from dataplane.kafka.produce_encoder import PartitionAnswer, ProduceAnswer, TopicAnswer
 from dataplane.kafka.registry import in_connection_order
 from dataplane.objectstore import ObjectStoreError
-from dataplane.runtime import LoopHandoff, until_done, writer_wakeups_held
+from dataplane.runtime import LoopHandoff, outcome_within, writer_wakeups_held
 from dataplane.s3stream.committed_readers import committed_reads_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -250,23 +250,18 @@ class DataApis:
         finally:
             ctx.pass_turn()  # the connection's next Produce may append
         if req.acks != 0:
-            handoff = LoopHandoff.of(loop)  # durability reaches the loop once per group commit
             for slot in waits:
                 for fut in slot.durable:
                     try:
-                        if fut.done():
-                            # one group commit made a request's partitions durable together:
-                            # the later ones are done by now and need no wrapper and timer
-                            done = fut.result()
-                        else:
-                            # a timeout must not cancel the append's future (a retry of
-                            # the batch may be waiting for the same durability)
-                            durable = _outcome_retrieved(handoff.wrap_future(fut))
-                            if not await until_done(
-                                durable, max(deadline - loop.time(), MIN_DURABLE_WAIT_S)
-                            ):
-                                raise TimeoutError
-                            done = durable.result()
+                        # one group commit made a request's partitions durable together:
+                        # the later ones are done by now and need no wrapper and timer
+                        done = (
+                            fut.result()
+                            if fut.done()
+                            else await outcome_within(
+                                fut, max(deadline - loop.time(), MIN_DURABLE_WAIT_S)
+                            )
+                        )
                         if slot.forwarded:
                             # appended elsewhere (a zone-router proxy's main): its outcome
                             slot.error, slot.base = done.error, done.base_offset
@@ -571,11 +566,3 @@ class DataApis:
         return R[v](throttle_time_ms=0, topics=topics)
 
     # ------------------------------------------------------------ admin
-
-
-def _outcome_retrieved(future: asyncio.Future) -> asyncio.Future:
-    """`future`, its outcome marked retrieved once it is done: a produce that stopped
-    waiting (its timeout) must not leave a later failure (WALFencedError) to asyncio's
-    "Future exception was never retrieved" ERROR line."""
-    future.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return future

@@ -14,7 +14,6 @@ trim their channels.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord
 from dataplane.formats.record_batch import parse_batch_header
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES
 from dataplane.kafka.partition_backend import AppendOutcome, PartitionResolver, append_when_room
+from dataplane.runtime import outcome_within
 from dataplane.s3stream.wal.object_readers import WALTrimmedError
 from dataplane.zonerouter.channel import ChannelReaders, channel_bucket_of, channel_location
 from dataplane.zonerouter.protocol import ZONE_ROUTE_VERSION, ZoneRouteRequest, ZoneRouteResponse
@@ -396,9 +396,7 @@ class ZoneRouteHandler:
             return outcome.error, None, -1, start, stream_id, end
         for fut in outcome.durable:
             try:
-                await asyncio.wait_for(
-                    asyncio.wrap_future(fut), max(deadline - time.monotonic(), 0.001)
-                )
+                await outcome_within(fut, max(deadline - time.monotonic(), 0.001))
             except TimeoutError:
                 error, message = KafkaError.REQUEST_TIMED_OUT, "append not durable in time"
                 return error, message, -1, start, stream_id, end

@@ -4,7 +4,9 @@ and its callers use one: each behaviour is checked on both, so a difference fail
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
@@ -77,6 +79,9 @@ def test_cancel_succeeds_only_while_pending(make) -> None:
     with pytest.raises(CancelledError):
         pending.exception()
     assert pending.set_running_or_notify_cancel() is False
+    with pytest.raises(RuntimeError):  # told once: a second call is a caller's bug
+        pending.set_running_or_notify_cancel()
+    assert pending.cancelled() and pending.cancel()
     with pytest.raises(InvalidStateError):
         pending.set_result(1)
 
@@ -144,3 +149,19 @@ def test_a_callback_added_while_another_thread_resolves_runs_exactly_once(make) 
     finally:
         resolver.join(timeout=10)
     assert calls == [1] * len(futures)
+
+
+def test_a_raised_outcome_does_not_keep_the_future_alive(make) -> None:
+    # a fenced WAL fails every queued append: their futures must go with their last
+    # reference, not wait for the cyclic collector (exception -> traceback -> frame -> future)
+    gc.disable()
+    try:
+        future = make()
+        future.set_exception(ValueError("fenced"))
+        with pytest.raises(ValueError):
+            future.result()
+        gone = weakref.ref(future)
+        del future
+        assert gone() is None
+    finally:
+        gc.enable()

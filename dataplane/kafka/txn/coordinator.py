@@ -37,6 +37,7 @@ from dataplane.formats.kafka_errors import KafkaError
 from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.txn import state as st
 from dataplane.kafka.txn.marker_client import CONSUMER_OFFSETS_TOPIC, send_write_txn_markers
+from dataplane.runtime import outcome_within
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ class TransactionCoordinator:
                 remote.setdefault(node, []).append((CONSUMER_OFFSETS_TOPIC, slot))
         for fut in local_futures:
             try:
-                await asyncio.wait_for(asyncio.wrap_future(fut), MARKER_TIMEOUT_S)
+                await outcome_within(fut, MARKER_TIMEOUT_S)
             except Exception as exc:
                 log.warning("marker of %r not durable: %s", meta.transactional_id, exc)
                 done = False

@@ -9,7 +9,6 @@ transaction's marker commits or drops them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from dataplane.kafka.partition_backend import PartitionResolver
 from dataplane.kafka.txn.coordinator import MARKER_TIMEOUT_S, TransactionCoordinator
 from dataplane.kafka.txn.marker_client import CONSUMER_OFFSETS_TOPIC
 from dataplane.kafka.txn.state import TxnState
+from dataplane.runtime import outcome_within
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ class TxnHandlers:
                 topics.append(TR(name=t.name, partitions=parts))
             for entry, fut in futures:
                 try:
-                    await asyncio.wait_for(asyncio.wrap_future(fut), MARKER_TIMEOUT_S)
+                    await outcome_within(fut, MARKER_TIMEOUT_S)
                 except Exception as exc:
                     log.warning("marker append failed: %s", exc)
                     entry.error_code = KafkaError.NOT_LEADER_OR_FOLLOWER
