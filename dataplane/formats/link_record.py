@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from dataplane.formats.record_batch import patch_batch
-from dataplane.formats.stream_records import StreamRecordBatch
+from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 
 LINK_MAGIC = 0x4C
 _FORMAT = struct.Struct(">BiqIIq")
@@ -77,3 +77,9 @@ def resolve(link_batch: StreamRecordBatch, channel_record: bytes) -> StreamRecor
         link_batch.record_count,
         data,
     )
+
+
+def resolved_size_bytes(link_batch: StreamRecordBatch) -> int:
+    """The encoded size of the data batch a Link Record stands for (`resolve`'s result),
+    known without its data. Raises ValueError on a malformed link payload."""
+    return HEADER_SIZE_BYTES + LinkRecord.decode(link_batch.payload).length

@@ -15,20 +15,28 @@ stream (the stream's committed metadata comes from the controller):
 
 `UncommittedBatches` applies it batch by batch in WAL order; the engine
 (`S3Storage.start`) uses it for its own WAL, `wal_failover.recover_failed_wal` for a failed
-node's WAL.
+node's WAL. Both resolve the Link Records they keep with `LinkResolution`, several at once.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from controlplane.errors import ControllerError, ErrorCode
+from dataplane.formats.link_record import resolved_size_bytes
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.s3stream.wal.loss import WALLoss, report_gone_offsets
 
-__all__ = ["StreamTarget", "UncommittedBatches", "stream_target"]
+__all__ = [
+    "LINK_RESOLVE_WORKERS",
+    "LinkResolution",
+    "StreamTarget",
+    "UncommittedBatches",
+    "stream_target",
+]
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +131,50 @@ class UncommittedBatches:
                 return None
             raise
         return stream_target(meta, self._writer_node_id)
+
+
+LINK_RESOLVE_WORKERS = 4
+"""Link Records resolved at once by one recovery: each is a GET of a RouterChannel object
+(tens of ms on a busy store), so a failover of a zone-routed broker resolved one by one
+took seconds before its partitions could move."""
+
+
+class LinkResolution:
+    """The kept batches of a recovery in WAL order, their Link Records resolved (the data
+    read from the RouterChannel they point at, `resolve_link`) on up to `workers` threads
+    while the caller reads the WAL on. `take()` returns what was added, resolved, in
+    order. A context manager: leaving it cancels what was not started and waits for the
+    rest. Not thread-safe: one recovering thread adds and takes; the workers only run
+    `resolve_link`, which must be thread-safe."""
+
+    def __init__(
+        self,
+        resolve_link: Callable[[StreamRecordBatch], StreamRecordBatch],
+        workers: int = LINK_RESOLVE_WORKERS,
+    ) -> None:
+        self._resolve_link = resolve_link
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="resolve-links")
+        self._pending: list[StreamRecordBatch | Future[StreamRecordBatch]] = []
+        self.pending_bytes = 0
+        """The resolved size of what was added and not taken yet (a link's target size)."""
+
+    def add(self, batch: StreamRecordBatch) -> None:
+        """Keep `batch`; a Link Record starts resolving now."""
+        if batch.is_link:
+            self._pending.append(self._pool.submit(self._resolve_link, batch))
+            self.pending_bytes += resolved_size_bytes(batch)
+        else:
+            self._pending.append(batch)
+            self.pending_bytes += batch.size_bytes
+
+    def take(self) -> list[StreamRecordBatch]:
+        """Everything added since the last take, resolved, in the order added. Raises what
+        resolving a link raised (WALTrimmedError, ValueError, a store error)."""
+        pending, self._pending, self.pending_bytes = self._pending, [], 0
+        return [item.result() if isinstance(item, Future) else item for item in pending]
+
+    def __enter__(self) -> LinkResolution:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

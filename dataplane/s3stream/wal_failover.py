@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from controlplane.errors import ControllerError, ErrorCode
 from controlplane.requests import CloseStreamRequest, CompleteWALFailoverRequest
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.s3stream.recovery import UncommittedBatches
+from dataplane.s3stream.recovery import LinkResolution, UncommittedBatches
 from dataplane.s3stream.storage import S3Storage
 from dataplane.s3stream.wal.factory import (
     UnsupportedWALError,
@@ -154,25 +154,24 @@ def _upload_uncommitted(
     """Upload the records not committed yet (the rule is `recovery.UncommittedBatches`), in
     chunks; returns the WAL offset to trim to."""
     uncommitted = UncommittedBatches(failed_node_id, storage.controller.stream)
-    chunk: list[StreamRecordBatch] = []
-    chunk_bytes = 0
     end: int | None = None
     max_bytes = storage.config.max_object_bytes
     try:
-        for rec in handle.recover():
-            result.records_read += 1
-            end = rec.next_offset
-            batch, _ = StreamRecordBatch.decode(rec.data)
-            if not uncommitted.accept(batch):
-                continue
-            batch = storage.resolve_link(batch)  # only what is uploaded here needs its data
-            chunk.append(batch)
-            chunk_bytes += batch.size_bytes
-            if chunk_bytes >= max_bytes:
-                _flush(storage, chunk, failed_node_id, result, uncommitted)
-                chunk, chunk_bytes = [], 0
-        if chunk:
-            _flush(storage, chunk, failed_node_id, result, uncommitted)
+        # only what is uploaded here needs its data: the links of committed batches may
+        # point at data already trimmed. The last chunk's links resolve while the loss
+        # search (after the last record) reads the rest of the ring.
+        with LinkResolution(storage.resolve_link) as kept:
+            for rec in handle.recover():
+                result.records_read += 1
+                end = rec.next_offset
+                batch, _ = StreamRecordBatch.decode(rec.data)
+                if not uncommitted.accept(batch):
+                    continue
+                kept.add(batch)
+                if kept.pending_bytes >= max_bytes:
+                    _flush(storage, kept.take(), failed_node_id, result, uncommitted)
+            if kept.pending_bytes:
+                _flush(storage, kept.take(), failed_node_id, result, uncommitted)
         result.lost_offsets = uncommitted.name_lost(
             handle.scan_loss, f"failover of node {failed_node_id} by node {storage.node_id}"
         )

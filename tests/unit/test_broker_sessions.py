@@ -66,6 +66,24 @@ def test_heartbeats_keep_a_session_and_silence_ends_it(monkeypatch):
     assert expired(node) == [(1, 3)]
 
 
+def test_the_round_after_a_session_expires_runs_when_it_expires(monkeypatch):
+    """A silent broker is fenced when its session ends, not up to a lifecycle interval
+    (0.5 s) later: its partitions move that much sooner."""
+    node, _, clock = leader({1: 3}, monkeypatch)
+    node._heartbeats[1] = (3, clock.now)
+    clock.now += 1.8
+    assert expired(node) == []
+    wait_s = ControllerNode._lifecycle_wait_s(node)
+    assert abs(wait_s - (0.2 + server.SESSION_EXPIRY_SLACK_S)) < 1e-9
+    clock.now += wait_s
+    assert expired(node) == [(1, 3)]
+    # nothing expires soon (or no round looked): the usual interval
+    assert ControllerNode._lifecycle_wait_s(node) == server.LIFECYCLE_INTERVAL_S
+    node._heartbeats[1] = (3, clock.now)
+    assert expired(node) == []
+    assert ControllerNode._lifecycle_wait_s(node) == server.LIFECYCLE_INTERVAL_S
+
+
 def test_a_new_epoch_starts_a_new_session(monkeypatch):
     node, image, clock = leader({1: 0}, monkeypatch)
     node._heartbeats[1] = (0, clock.now)

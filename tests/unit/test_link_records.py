@@ -5,14 +5,23 @@ byte for byte; a link whose channel record was trimmed fails recovery with a cle
 
 from __future__ import annotations
 
+import threading
+import time
+
 import boto3
 import pytest
 from moto import mock_aws
 
-from dataplane.formats.link_record import LINK_PAYLOAD_BYTES, LinkRecord, resolve
+from dataplane.formats.link_record import (
+    LINK_PAYLOAD_BYTES,
+    LinkRecord,
+    resolve,
+    resolved_size_bytes,
+)
 from dataplane.formats.record_batch import parse_batches, patch_batch
 from dataplane.formats.stream_records import HEADER_SIZE_BYTES, StreamRecordBatch
 from dataplane.objectstore import ObjectStorage
+from dataplane.s3stream.recovery import LinkResolution
 from dataplane.s3stream.storage import StorageError
 from dataplane.s3stream.wal.object_chain import ObjectWALLocation
 from dataplane.s3stream.wal.object_readers import ObjectWALReader, WALTrimmedError
@@ -42,8 +51,55 @@ def test_resolve_patches_the_partition_offset_and_epoch_into_the_channel_bytes()
     got = resolve(linked, channel_record)
     assert (got.stream_id, got.epoch, got.base_offset, got.count) == (7, 4, 100, 1)
     assert got.payload == patch_batch(second, 100, 4)
+    # the resolved size is known from the link alone (recovery sizes its upload chunks so)
+    assert resolved_size_bytes(linked) == got.size_bytes
     with pytest.raises(ValueError, match="past the channel record"):
         resolve(linked, first)
+
+
+def _link_batch(offset: int) -> StreamRecordBatch:
+    return StreamRecordBatch(7, 0, offset, -1, LinkRecord(2, offset, 0, 10, 0).encode())
+
+
+def test_recovery_resolves_several_links_at_once_and_keeps_the_wal_order():
+    """A failover of a zone-routed broker resolves each kept link with a GET: one at a time
+    that took seconds before the partitions could move."""
+    workers = 4
+    started = threading.Barrier(workers, timeout=10)  # broken unless 4 resolve at once
+    order = list(range(12))
+
+    def slow_resolve(link_batch: StreamRecordBatch) -> StreamRecordBatch:
+        if link_batch.base_offset < workers:
+            started.wait()
+        time.sleep(0.001 * (12 - link_batch.base_offset))  # later links finish first
+        return StreamRecordBatch(7, 0, link_batch.base_offset, 1, b"x" * 10)
+
+    data = StreamRecordBatch(7, 0, 100, 1, b"plain")
+    with LinkResolution(slow_resolve, workers=workers) as links:
+        for offset in order:
+            links.add(_link_batch(offset))
+        links.add(data)
+        assert links.pending_bytes == 12 * (HEADER_SIZE_BYTES + 10) + data.size_bytes
+        got = links.take()
+        assert links.pending_bytes == 0 and links.take() == []
+    assert [b.base_offset for b in got] == [*order, 100]
+    assert all(b.count == 1 for b in got[:-1]) and got[-1] is data
+
+
+def test_a_link_that_cannot_be_resolved_fails_the_take_in_its_place():
+    def resolve_or_fail(link_batch: StreamRecordBatch) -> StreamRecordBatch:
+        if link_batch.base_offset == 2:
+            raise WALTrimmedError("offset 2 is below the trim point 5")
+        return link_batch
+
+    with LinkResolution(resolve_or_fail, workers=2) as links:
+        for offset in range(2):
+            links.add(_link_batch(offset))
+        assert [b.base_offset for b in links.take()] == [0, 1]
+        for offset in range(2, 5):
+            links.add(_link_batch(offset))
+        with pytest.raises(WALTrimmedError, match="below the trim point"):
+            links.take()
 
 
 @pytest.fixture

@@ -537,6 +537,57 @@ def test_a_reader_lists_only_the_keys_after_the_newest_data_object_it_knows(obje
         wal.close()
 
 
+def test_readers_at_once_make_one_listing_and_one_get_per_object(objects, monkeypatch):
+    """A failover resolves its Link Records on several threads: readers of the same
+    RouterChannel must not each LIST the prefix and GET the same object."""
+    from botocore.client import BaseClient
+
+    from dataplane.s3stream.wal.object_chain import ObjectWALLocation
+    from dataplane.s3stream.wal.object_readers import ObjectWALReader
+
+    readers_count = 4
+    calls: list[str] = []
+    entered = threading.Semaphore(0)
+    real_call = BaseClient._make_api_call
+
+    def spy(self, operation, params):
+        if operation in (
+            "ListObjectsV2",
+            "GetObject",
+        ) and threading.current_thread().name.startswith("reader"):
+            calls.append(operation)
+            if len(calls) == 1:  # the first request waits until every reader has asked
+                for _ in range(readers_count - 1):
+                    assert entered.acquire(timeout=10)
+        return real_call(self, operation, params)
+
+    config = ObjectWALConfig(linger_s=0)
+    wal = open_wal(URI, 1, 0, capacity_bytes=CAPACITY, objects=objects, object_config=config)
+    reader = ObjectWALReader(objects, ObjectWALLocation(1, "wal/node-1"))
+    got: list[bytes] = []
+    try:
+        acked = [wal.append(b"record-%d" % i).result(10) for i in range(2)]
+        monkeypatch.setattr(BaseClient, "_make_api_call", spy)
+
+        def read(i: int) -> None:
+            if i:
+                entered.release()
+            got.append(reader.read(acked[1].offset).data)
+
+        threads = [
+            threading.Thread(target=read, args=(i,), name=f"reader-{i}")
+            for i in range(readers_count)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert got == [b"record-1"] * readers_count
+        assert sorted(calls) == ["GetObject", "ListObjectsV2"]
+    finally:
+        wal.close()
+
+
 def test_a_reader_finds_an_object_that_became_visible_after_a_later_one(objects):
     """PUTs run in parallel: a reader may list a later object before an earlier one is
     visible. The next listing starts after the chain's last object (not the newest key

@@ -72,7 +72,11 @@ MAX_REPORTS_KEPT = 8
 MAX_REPORT_CHARS = 400
 MAX_STREAMS_NAMED = 20  # as WALLoss.describe names at most this many
 _MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
-_SEARCH_CHUNK_BYTES = 1024 * 1024
+_MAGIC_FIRST_BYTE = _MAGIC_BYTES[:1]
+# few large reads: a failover runs the search in a busy broker, where every read gives up
+# the GIL and waits up to a switch interval to get it back (64 x 1 MiB took 0.4-0.8 s
+# there, 0.07 s in a quiet process)
+_SEARCH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def in_flight_window_bytes(max_batch_bytes: int) -> int:
@@ -126,7 +130,7 @@ def _next_current_header(
         while pos + RECORD_HEADER_SIZE_BYTES <= end:
             size = min(chunk_bytes, end - pos)
             chunk = ring.read(pos, size)
-            at = chunk.find(_MAGIC_BYTES)
+            at = _find_magic(chunk, 0)
             while at >= 0:
                 offset = pos + at
                 if offset + RECORD_HEADER_SIZE_BYTES > limit:
@@ -139,11 +143,19 @@ def _next_current_header(
                     if header.record_offset == offset:
                         return offset
                     return None  # a valid header of another lap: the current lap ended before it
-                at = chunk.find(_MAGIC_BYTES, at + 1)
+                at = _find_magic(chunk, at + 1)
             if pos + size >= end or size <= 3:
                 break  # zeros follow the extent: no magic is split across its end
             pos += size - 3  # a magic split across chunks is found in the next one
     return None
+
+
+def _find_magic(chunk: bytes, start: int) -> int:
+    """`chunk.find` of the record magic from `start`. A chunk without the magic's first
+    byte, such as the zeros that fill the rest of a ring, is passed over by one memchr
+    (0.2 ms per 8 MiB; the 4-byte search takes 5 ms, holding the GIL)."""
+    first = chunk.find(_MAGIC_FIRST_BYTE, start)
+    return first if first < 0 else chunk.find(_MAGIC_BYTES, first)
 
 
 def _note_stream(streams: dict[int, tuple[int, int]], body: bytes) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 from dataplane.objectstore import ObjectNotFoundError, ObjectStorage, Priority
 from dataplane.s3stream.wal.base import RecoveredRecord, WALClosedError, WALError, WALFencedError
@@ -147,8 +148,14 @@ class ObjectWALReader:
     ack). The listing is cached and read on when an offset lies past it: only the keys after
     the chain's last data object (S3 StartAfter; data keys sort by writer, then offset),
     which are the data objects written since (and any past a gap, again) plus the few
-    seals, trim points and the owner; data objects below the trim point are forgotten. Decoded objects are kept in a small LRU.
-    Thread-safe (one lock around the caches; reads of the store run outside it).
+    seals, trim points and the owner; data objects below the trim point are forgotten.
+    Decoded objects are kept in a small LRU.
+
+    Many threads read at once (a failover resolves its Link Records in parallel), so each
+    store request is made once: one listing at a time, after which a waiting reader looks
+    at the new chain before listing again, and one GET per object, which every reader that
+    needs the object waits on. Thread-safe (a lock around the caches, another held while
+    listing; GETs run outside both).
     """
 
     def __init__(
@@ -160,10 +167,14 @@ class ObjectWALReader:
         self._where = where
         self._max_cached = cached_objects
         self._lock = threading.Lock()
+        self._list_lock = threading.Lock()  # held while listing: one listing at a time
+        self._listings = 0  # how many listings finished (a waiter's sign that one ran)
         self._chain: Chain | None = None
         self._datas: dict[DataKey, None] = {}  # every data object listed, not yet trimmed
         self._listed_after = ""  # the chain's last data key: the next listing starts after it
         self._decoded: dict[DataKey, dict[int, bytes]] = {}  # insertion order = LRU order
+        # objects being fetched: the readers that need one wait on its one GET
+        self._fetching: dict[DataKey, Future[dict[int, bytes]]] = {}
 
     def read(self, offset: int) -> RecoveredRecord:
         """The record that starts at ``offset``.
@@ -172,7 +183,15 @@ class ObjectWALReader:
             WALTrimmedError: the offset was trimmed (its data was released).
             ValueError: no record starts there (beyond the WAL's end, or inside a record).
         """
-        key = self._object_at(offset, refresh=False) or self._object_at(offset, refresh=True)
+        key = self._object_at(offset) if self._chain is not None else None
+        if key is None:
+            listings = self._listings
+            with self._list_lock:
+                if self._listings != listings:  # listed while this one waited
+                    key = self._object_at(offset)
+                if key is None:
+                    self._list_on()
+                    key = self._object_at(offset)
         if key is None:
             chain = self._chain
             assert chain is not None
@@ -187,9 +206,8 @@ class ObjectWALReader:
             raise ValueError(f"no record starts at {offset} (object {key})")
         return RecoveredRecord(offset, OBJECT_RECORD_HEADER_BYTES + len(body), body)
 
-    def _object_at(self, offset: int, refresh: bool) -> DataKey | None:
-        if refresh or self._chain is None:
-            self._list_on()
+    def _object_at(self, offset: int) -> DataKey | None:
+        """The data object of the chain known now that holds `offset`."""
         chain = self._chain
         assert chain is not None
         if offset < chain.trim_offset:
@@ -201,7 +219,8 @@ class ObjectWALReader:
         return None
 
     def _list_on(self) -> None:
-        """List the keys after the newest data key known and resolve the chain again."""
+        """List the keys after the newest data key known and resolve the chain again.
+        The caller holds `_list_lock`."""
         with self._lock:
             after = self._listed_after
         new, seals, trims = list_wal_objects(self._objects, self._where, start_after=after)
@@ -221,6 +240,7 @@ class ObjectWALReader:
                 if last is not None
                 else ""
             )
+            self._listings += 1
 
     def _records(self, key: DataKey) -> dict[int, bytes]:
         with self._lock:
@@ -228,6 +248,28 @@ class ObjectWALReader:
             if records is not None:
                 self._decoded[key] = records  # most recently used
                 return records
+            fetching = self._fetching.get(key)
+            if fetching is None:
+                fetching = self._fetching[key] = Future()
+                fetch = True
+            else:
+                fetch = False
+        if not fetch:
+            return fetching.result()  # the other reader's GET (or its error)
+        try:
+            records = self._fetch(key)
+        except BaseException as exc:
+            fetching.set_exception(exc)
+            raise
+        else:
+            fetching.set_result(records)
+        finally:
+            with self._lock:
+                del self._fetching[key]
+        return records
+
+    def _fetch(self, key: DataKey) -> dict[int, bytes]:
+        """GET and decode one data object; keep it in the LRU."""
         name = data_key(self._where.prefix, key.writer, key.start_offset, key.end_offset)
         try:
             data = self._objects.get_object(self._where.bucket_id, name, Priority.PRODUCE)
