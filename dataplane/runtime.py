@@ -433,6 +433,12 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ),
     ExecutionContext("object-wal-read", "16", "parallel GETs while recovering a WAL", True),
     ExecutionContext(
+        "resolve-links",
+        "4 per WAL recovery (LINK_RESOLVE_WORKERS)",
+        "reads the RouterChannel data of a recovered WAL's Link Records (restart, failover)",
+        True,
+    ),
+    ExecutionContext(
         "objectstore",
         "object_store max_concurrency",
         "S3 requests (boto3), run by priority (`objectstore/priority_pool.py`): PRODUCE "

@@ -35,6 +35,7 @@ __all__ = [
     "LinkResolution",
     "StreamTarget",
     "UncommittedBatches",
+    "resolve_all",
     "stream_target",
 ]
 
@@ -178,3 +179,14 @@ class LinkResolution:
 
     def __exit__(self, *exc_info: object) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def resolve_all(
+    resolve_link: Callable[[StreamRecordBatch], StreamRecordBatch],
+    batches: list[StreamRecordBatch],
+) -> list[StreamRecordBatch]:
+    """`batches` with their Link Records resolved, several at once (`LinkResolution`)."""
+    with LinkResolution(resolve_link) as resolution:
+        for batch in batches:
+            resolution.add(batch)
+        return resolution.take()

@@ -43,7 +43,7 @@ from dataplane.s3stream.commit import Committer
 from dataplane.s3stream.committed_readers import CommittedReaders
 from dataplane.s3stream.controller_locator import ControllerLocator
 from dataplane.s3stream.log_cache import LogCache
-from dataplane.s3stream.recovery import LinkResolution, UncommittedBatches
+from dataplane.s3stream.recovery import UncommittedBatches, resolve_all
 from dataplane.s3stream.stream_reader import (
     BlockFetcher,
     IndexCache,
@@ -298,10 +298,8 @@ class S3Storage:
         if not records_read:
             return 0
         # only now the data of Link Records: committed ones may point at trimmed data
-        with LinkResolution(self.resolve_link) as resolution:
-            for batch, _ in keep:
-                resolution.add(batch)
-            keep = list(zip(resolution.take(), [wal_next for _, wal_next in keep], strict=True))
+        resolved = resolve_all(self.resolve_link, [batch for batch, _ in keep])
+        keep = list(zip(resolved, [wal_next for _, wal_next in keep], strict=True))
         with self._lock:
             for batch, wal_next in keep:
                 self.log_cache.put(batch, wal_next)
