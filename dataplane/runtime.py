@@ -449,6 +449,12 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext("objectstore-merger", "1", "merges adjacent range reads", True),
     ExecutionContext("probe", "1 per bucket", "bucket health probes (tiny PUTs)", True),
     ExecutionContext("failover", "1 per failed node", "WAL failover of a fenced node", True),
+    ExecutionContext(
+        "failover-close",
+        "8 per WAL failover (CLOSE_WORKERS)",
+        "closes the failed node's streams on the controller at once",
+        True,
+    ),
     ExecutionContext("shard-store", "1", "starts the erasure shard store", True),
     ExecutionContext("shard-store-http", "1", "the shard store's HTTP server", True),
     ExecutionContext("hole-store-room", "1 per shard store", "extends the hole file", True),

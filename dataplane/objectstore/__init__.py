@@ -18,6 +18,9 @@ jobs can all use it. Modules, one concept each:
 * `seaweed`    - the embedded SeaweedFS server (not imported here; import it explicitly)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .body import ObjectBody, SendPace
 from .bucket_uri import BucketURI, format_bucket_uris, parse_bucket_uris
 from .errors import (
@@ -32,9 +35,29 @@ from .errors import (
 from .health import BucketHealth, WriteHealthTracker
 from .keys import object_id_from_key, object_key
 from .limiter import BandwidthLimiter, Priority
-from .metrics import ObjectStoreMetrics, default_metrics
-from .store import ObjectStorage
 from .store_config import ObjectStorageConfig
+
+if TYPE_CHECKING:
+    from .metrics import ObjectStoreMetrics, default_metrics
+    from .store import ObjectStorage
+
+# imported on first use: boto3 and prometheus_client take ~0.3 s to import, and the CLI's
+# config models (`from dataplane.objectstore.seaweed import SeaweedConfig`) pass through here
+_LAZY = {
+    "ObjectStorage": ".store",
+    "ObjectStoreMetrics": ".metrics",
+    "default_metrics": ".metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AccessDeniedError",
