@@ -43,19 +43,17 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from controlplane import records as r
 from controlplane.image import MetadataImage
 from controlplane.placement import move_record
 from controlplane.reassignment import LAST_REASSIGNMENT_KEY
 from controlplane.records import StreamState
 from controlplane.requests import (
-    MAX_BALANCER_MOVES_PER_COMMAND,
     BalanceMove,
     BalancePartitionsRequest,
     SetBalancerRequest,
 )
+from controlplane.settings import BalancerSettings
 
 ENABLED_KEY = "balancer/enabled"
 MOVES_KEY = "balancer/moves"
@@ -72,36 +70,6 @@ MODE_THROUGHPUT = "throughput"
 MOVE_DONE = "done"
 MOVE_IN_PROGRESS = "in_progress"
 MOVE_SUPERSEDED = "superseded"  # the partition was moved again (or deleted) since
-
-
-class BalancerSettings(BaseModel):
-    """Limits and thresholds of the balancer (leader-side; defaults suit a local cluster)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_moves_per_round: int = Field(default=8, ge=1, le=MAX_BALANCER_MOVES_PER_COMMAND)
-    max_rounds_per_minute: int = Field(default=20, ge=1, le=60)
-    broker_settle_ms: int = Field(default=3_000, ge=0, le=600_000)
-    # a new controller leader waits this long for heartbeats with rates before balancing,
-    # else it would balance by count, then move back once rates arrive
-    leader_warmup_ms: int = Field(default=5_000, ge=0, le=600_000)
-    partition_cooldown_ms: int = Field(default=60_000, ge=0, le=3_600_000)
-    manual_hold_ms: int = Field(default=600_000, ge=0, le=86_400_000)
-    episode_ms: int = Field(default=30_000, ge=0, le=3_600_000)
-    stall_after_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
-    abandon_after_ms: int = Field(default=300_000, ge=1_000, le=86_400_000)
-    # rate reports older than this are ignored (the broker stopped heartbeating)
-    rate_max_age_ms: int = Field(default=10_000, ge=1_000, le=600_000)
-    count_tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
-    throughput_min_bytes_per_s: float = Field(default=1024 * 1024, ge=0.0)
-    throughput_tolerance: float = Field(default=0.2, gt=0.0, le=1.0)
-    # in throughput mode a broker's count may differ from the mean by this fraction (at
-    # least 1), so a hot partition can sit on a broker with fewer partitions
-    throughput_count_slack: float = Field(default=0.5, ge=0.0, le=10.0)
-
-    @property
-    def round_interval_ms(self) -> int:
-        return 60_000 // self.max_rounds_per_minute
 
 
 # ---------------------------------------------------------------- metadata state

@@ -6,8 +6,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 
-from controlplane.balancer import BalancerSettings
-from controlplane.settings import ControllerSettings
+from controlplane.settings import BalancerSettings, ControllerSettings
 
 
 class ControllerAddress(BaseModel):

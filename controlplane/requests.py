@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.records import AclBinding, BrokerEndpoint
+from controlplane.settings import MAX_BALANCER_MOVES_PER_COMMAND
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
@@ -18,7 +19,7 @@ MAX_OBJECTS_PER_PREPARE = 1_000
 MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_MOVES_PER_REASSIGNMENT = 10_000
 MAX_PARTITIONS_PER_BROKER_REPORT = 100_000
-MAX_BALANCER_MOVES_PER_COMMAND = 100
+
 MAX_LISTENERS_PER_BROKER = 16
 MAX_TOPIC_CONFIGS = 1_000  # = topic_configs.MAX_CONFIG_OPS; the schema refuses unknown keys
 
