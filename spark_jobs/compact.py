@@ -322,6 +322,14 @@ def _compact_objects(config: JobConfig, dry_run: bool, emit: Emit, spark: _Spark
             task.object_id = prepared.first_object_id + i
     result["new_object_ids"] = [t.object_id for t in plan.tasks]
     written = _write_objects(config, plan, bucket_id, emit, spark, result)
+    gone = sorted({d["source_gone"] for d in written if "source_gone" in d})
+    if gone:  # a lost race, as a refused commit is: nothing references the new objects
+        objects_io.delete(config.buckets[bucket_id], result["new_object_ids"])
+        reason = (
+            f"commit refused (STALE_PLAN): source objects {gone} were deleted since the "
+            "plan (their streams deleted, or compacted by another run)"
+        )
+        return _finished(result, started, reason)
     commit = compaction_commit_request(ident, plan, written, bucket_id)
     refused = _commit_or_delete(commits, commit, config.buckets)
     if refused:

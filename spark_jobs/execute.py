@@ -5,7 +5,8 @@ the planned data blocks with ranged GETs (touching blocks in one GET), checks ea
 framing and CRC32C and copies its encoded batches without decoding them (only a block
 holding the stream's start is decoded, to drop the batches below it), writes the object
 in the project's format (`ObjectWriter`) and PUTs it under the id the driver prepared. Returns a descriptor
-the driver commits; nothing here talks to the controller.
+the driver commits (one naming the `source_gone` instead when a planned source object was
+deleted since the plan); nothing here talks to the controller.
 """
 
 from __future__ import annotations
@@ -42,13 +43,23 @@ def write_object(
         for oid, entries in by_source.items()
         for start, end in objects_io.spans(entries)
     ]
-    with ThreadPoolExecutor(objects_io.IO_THREADS) as pool:
-        fetched = list(
-            pool.map(
-                lambda g: objects_io.get_range(buckets[source_buckets[g[0]]], g[0], g[1], g[2]),
-                gets,
+    try:
+        with ThreadPoolExecutor(objects_io.IO_THREADS) as pool:
+            fetched = list(
+                pool.map(
+                    lambda g: objects_io.get_range(buckets[source_buckets[g[0]]], *g),
+                    gets,
+                )
             )
-        )
+    except objects_io.SourceGoneError as exc:
+        # the plan is stale: nothing is written, the driver refuses the run whole
+        return {
+            "object_id": task.object_id,
+            "source_gone": exc.object_id,
+            "size_bytes": 0,
+            "bytes_read": 0,
+            "task_s": time.monotonic() - started,
+        }
     data: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     for (oid, start, _), chunk in zip(gets, fetched, strict=True):
         data[oid].append((start, chunk))

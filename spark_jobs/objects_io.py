@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config as BotoConfig
+from botocore.exceptions import ClientError
 
 from dataplane.formats.object_format import (
     FOOTER_SIZE_BYTES,
@@ -64,11 +65,28 @@ def bucket_name(bucket_uri: str) -> str:
     return BucketURI.parse(bucket_uri).bucket
 
 
+class SourceGoneError(OSError):
+    """A planned source object is no longer in its bucket: the controller deleted it since
+    the plan (its streams were deleted, or another run compacted it)."""
+
+    def __init__(self, object_id: int) -> None:
+        super().__init__(f"object {object_id} is gone from its bucket")
+        self.object_id = object_id
+
+
 def get_range(bucket_uri: str, object_id: int, start: int, end: int) -> bytes:
-    """Bytes [start, end) of an object (one ranged GET)."""
-    resp = client(bucket_uri).get_object(
-        Bucket=bucket_name(bucket_uri), Key=object_key(object_id), Range=f"bytes={start}-{end - 1}"
-    )
+    """Bytes [start, end) of an object (one ranged GET). Raises SourceGoneError when the
+    object does not exist."""
+    try:
+        resp = client(bucket_uri).get_object(
+            Bucket=bucket_name(bucket_uri),
+            Key=object_key(object_id),
+            Range=f"bytes={start}-{end - 1}",
+        )
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            raise SourceGoneError(object_id) from None
+        raise
     data = resp["Body"].read()
     if len(data) != end - start:
         raise OSError(f"object {object_id}: got {len(data)} B of range [{start}, {end})")

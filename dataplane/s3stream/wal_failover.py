@@ -165,10 +165,14 @@ def _close_streams(
 
     if not streams:
         return []
-    with ThreadPoolExecutor(
-        min(CLOSE_WORKERS, len(streams)), thread_name_prefix="failover-close"
-    ) as pool:
-        closed = list(pool.map(close, streams))
+    pool = ThreadPoolExecutor(min(CLOSE_WORKERS, len(streams)), thread_name_prefix="failover-close")
+    try:
+        closes = [pool.submit(close, stream) for stream in streams]
+        closed = [future.result() for future in closes]
+    finally:
+        # after a refusal (or no controller answering) the closes not started are dropped:
+        # the failover's retry closes what is still open, one controller timeout later
+        pool.shutdown(wait=True, cancel_futures=True)
     return [stream_id for stream_id in closed if stream_id is not None]
 
 

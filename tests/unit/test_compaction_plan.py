@@ -20,7 +20,7 @@ from controlplane.settings import ControllerSettings
 from dataplane.config import StorageConfig, WALConfig
 from dataplane.formats.object_format import ObjectWriter
 from dataplane.formats.stream_records import StreamRecordBatch
-from dataplane.objectstore import ObjectStorage
+from dataplane.objectstore import ObjectStorage, object_key
 from dataplane.s3stream.storage import S3Storage
 from spark_jobs import objects_io
 from spark_jobs.compact import compaction_commit_request
@@ -254,6 +254,32 @@ def test_paused_in_bucket_failover(controller):
         [(BucketFailoverRecord(active_bucket_id=0, reason="healed", mode="normal"), None)]
     )
     assert paused_reason(back) is None
+
+
+def test_a_source_deleted_since_the_plan_is_named_and_nothing_is_written(controller, monkeypatch):
+    """A topic deleted between the plan and the run: its objects go from the bucket soon
+    after (the delete delay), and a task reading one reports it instead of failing the
+    Spark job; the driver then refuses the run whole (`compact._compact_objects`)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        objects_io._clients.clear()
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="automq-main")
+        cl = Cluster(controller, s3=True)
+        a, b = cl.stream(), cl.stream()
+        for _ in range(3):
+            cl.sso({a: 5, b: 3}, size=600)
+        plan = cl.plan(PlanConfig(stream_split_bytes=20_000))
+        assert plan.tasks
+        sources = {oid: s.bucket_id for oid, s in plan.sources.items()}
+        gone = plan.tasks[0].pieces[0].blocks[0][0]
+        s3.delete_object(Bucket="automq-main", Key=object_key(gone))
+        plan.tasks[0].object_id = 9_999
+        written = write_object(plan.tasks[0], {0: BUCKET_URI}, sources, 0)
+        assert written["source_gone"] == gone and written["object_id"] == 9_999
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="automq-main").get("Contents", [])}
+        assert object_key(9_999) not in keys
 
 
 def test_plan_write_commit_and_read_back(controller, tmp_path, monkeypatch):
