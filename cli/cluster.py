@@ -10,16 +10,27 @@ from pathlib import Path
 
 import typer
 
-from cli import cluster_top, cluster_up, deploy, table_jobs
+from cli import cluster_up
 from cli.cluster_config import ClusterError
+from cli.lazy_commands import LazyCommand, LazyTyperGroup
 from cli.local_cluster import LocalCluster
 from cli.options import DirOption, FormatOption, controller_client, open_cluster
 from cli.output import OutputFormat, console, fail, print_data, print_result, waiting
-from cli.remote_status import REMOTE_STATUS_TIMEOUT_S, collect_remote_status, print_remote_status
-from cli.status import collect_status, missing_status
 from cli.status_table import print_status
 
-app = typer.Typer(help="Start, inspect and stop a local cluster.", no_args_is_help=True)
+
+class _ClusterGroup(LazyTyperGroup):
+    LAZY = {
+        # multi-host clusters (cli/deploy.py): one config directory per host from a topology
+        "init": LazyCommand("cli.deploy", "init_command"),
+        # a live view of the cluster's brokers and topics (cli/cluster_top.py)
+        "top": LazyCommand("cli.cluster_top", "top_command"),
+    }
+
+
+app = typer.Typer(
+    cls=_ClusterGroup, help="Start, inspect and stop a local cluster.", no_args_is_help=True
+)
 
 
 @app.command()
@@ -96,6 +107,16 @@ def status(
     exit code 1 when not healthy. JSON/YAML on stdout in every case, also for a missing
     directory (state `missing`). With --controllers: a cluster on other hosts, from its
     controllers alone."""
+    # imported here, not at the top: the controller client and its request models cost
+    # `cluster up` and `down` ~0.2 s of start-up they do not need
+    from cli import table_jobs
+    from cli.remote_status import (
+        REMOTE_STATUS_TIMEOUT_S,
+        collect_remote_status,
+        print_remote_status,
+    )
+    from cli.status import collect_status, missing_status
+
     if controllers:
         client = controller_client(dir, controllers).with_timeouts(
             REMOTE_STATUS_TIMEOUT_S, REMOTE_STATUS_TIMEOUT_S
@@ -245,10 +266,3 @@ def _follow(path: Path, position: int, poll_s: float = 0.2) -> None:
             sys.stdout.flush()
         else:
             time.sleep(poll_s)
-
-
-# multi-host clusters (cli/deploy.py): one config directory per host from a topology file
-app.command("init")(deploy.init_command)
-
-# a live view of the cluster's brokers and topics (cli/cluster_top.py)
-app.command("top")(cluster_top.top_command)

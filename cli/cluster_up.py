@@ -24,7 +24,6 @@ from cli.external_buckets import check_bucket_reachable
 from cli.flag_differences import flag_differences
 from cli.local_cluster import LocalCluster
 from cli.output import OutputFormat, console, fail, print_data, waiting, warn
-from cli.status import collect_status
 from cli.status_table import print_status
 from dataplane.config_mapping import PropertiesMapping
 from dataplane.config_properties import PropertiesError
@@ -438,6 +437,10 @@ def _start_missing(
     and the compaction scheduler), each appended to `started` as it starts; the status
     once every broker registered (anew) and the cluster is healthy. `set_defaults`: a new
     cluster, whose --config topic defaults are set once the controllers are up."""
+    # imported here: the controller client costs a `cluster up` that is refused (a running
+    # cluster, a flag that differs) ~0.15 s of start-up
+    from cli.status import collect_status
+
     timeout_s, format = values["timeout_s"], values["format"]
     _start_stores_and_controllers(cluster, config, missing, was_running, started, format)
     with waiting("waiting for a controller leader", format):
@@ -513,6 +516,8 @@ def _ready_status(
         raise ClusterError(
             f"{', '.join(dead)} exited during start-up; see `automqctl cluster logs {dead[0]}`"
         )
+    from cli.status import collect_status  # see _start_missing
+
     status = collect_status(cluster, config)
     registered_anew = all(
         b["node_epoch"] is not None and b["node_epoch"] > old_epochs[b["node_id"]]

@@ -8,26 +8,9 @@ import sys
 from collections.abc import Iterator
 
 import typer
-from typer.core import TyperGroup
 
-from cli import (
-    balancer,
-    broker,
-    bucket_failover,
-    cluster,
-    compaction,
-    controller,
-    deploy,
-    group,
-    reassign,
-    security,
-    table,
-    topic,
-)
-from cli.cost import cost
-from cli.doctor import doctor
+from cli.lazy_commands import LazyCommand, LazyTyperGroup
 from cli.output import fail, is_a_terminal
-from cli.perf import perf
 
 # click's UsageError (a missing or unknown option, a bad value) as typer's click has it: typer
 # vendors click (typer._click) in newer versions, so take it from typer's public BadParameter
@@ -74,10 +57,45 @@ def _wide_help_in_a_pipe() -> Iterator[None]:
             os.environ["COLUMNS"] = before
 
 
-class AutomqctlGroup(TyperGroup):
+# The top-level commands, in the order the root help lists them. A command's module (and what
+# it imports: the Kafka client, the request models, Spark's job code) is imported only when
+# that command runs, so `automqctl topic list` does not pay for `perf` or `group`.
+COMMANDS: dict[str, LazyCommand] = {
+    "perf": LazyCommand(
+        "cli.perf",
+        "perf",
+        "Load generator: throughput and latency percentiles (automq-perf-test style).",
+    ),
+    "cost": LazyCommand(
+        "cli.cost", "cost", "Cross-AZ traffic and its cost against Kafka (zone router counters)."
+    ),
+    "doctor": LazyCommand(
+        "cli.doctor",
+        "doctor",
+        "Check this machine's prerequisites (object store binary, Java for Spark).",
+    ),
+    "cluster": LazyCommand("cli.cluster", "app"),
+    "topic": LazyCommand("cli.topic", "app"),
+    "group": LazyCommand("cli.group", "app"),
+    "broker": LazyCommand("cli.broker", "app"),
+    "controller": LazyCommand("cli.controller", "app"),
+    "reassign": LazyCommand("cli.reassign", "app"),
+    "balancer": LazyCommand("cli.balancer", "app"),
+    "failover": LazyCommand("cli.bucket_failover", "app"),
+    "user": LazyCommand("cli.security", "user_app"),
+    "acl": LazyCommand("cli.security", "acl_app"),
+    "compaction": LazyCommand("cli.compaction", "app"),
+    "table": LazyCommand("cli.table", "app"),
+    "node": LazyCommand("cli.deploy", "node_app"),
+}
+
+
+class AutomqctlGroup(LazyTyperGroup):
     """The root command. Every command runs inside it, so these hold for all of them: a
     usage error (a missing or unknown option or argument, a bad value) is one line on
     stderr with exit code 2, and help printed to a pipe is wide enough to be whole."""
+
+    LAZY = COMMANDS
 
     def main(self, *args, **kwargs):
         with _wide_help_in_a_pipe():
@@ -126,29 +144,6 @@ def _main(
     ),
 ) -> None:
     """Operate an S3-native, Kafka-compatible streaming cluster."""
-
-
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(topic.app, name="topic")
-app.add_typer(group.app, name="group")
-app.add_typer(broker.app, name="broker")
-app.add_typer(controller.app, name="controller")
-app.add_typer(reassign.app, name="reassign")
-app.add_typer(balancer.app, name="balancer")
-app.add_typer(bucket_failover.app, name="failover")
-app.add_typer(security.user_app, name="user")
-app.add_typer(security.acl_app, name="acl")
-app.add_typer(compaction.app, name="compaction")
-app.add_typer(table.app, name="table")
-app.command(help="Load generator: throughput and latency percentiles (automq-perf-test style).")(
-    perf
-)
-app.command(help="Cross-AZ traffic and its cost against Kafka (zone router counters).")(cost)
-app.command(help="Check this machine's prerequisites (object store binary, Java for Spark).")(
-    doctor
-)
-
-app.add_typer(deploy.node_app, name="node")
 
 
 if __name__ == "__main__":

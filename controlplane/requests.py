@@ -11,9 +11,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.records import AclBinding, BrokerEndpoint
-from controlplane.settings import MAX_BALANCER_MOVES_PER_COMMAND
+from controlplane.settings import MAX_BALANCER_MOVES_PER_COMMAND, MAX_PARTITIONS_PER_TOPIC
 
-MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_RANGES_PER_COMMIT = 10_000
 MAX_OBJECTS_PER_PREPARE = 1_000
 MAX_PREPARE_TTL_MS = 7 * 24 * 3600 * 1000

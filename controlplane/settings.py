@@ -7,6 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_COORDINATOR_SLOTS = 1_000
 # partitions one balancer command may move (the command's request model checks it too)
 MAX_BALANCER_MOVES_PER_COMMAND = 100
+# partitions of one topic: create_topic and create_partitions refuse more, and a broker's
+# default for new topics (dataplane.config) is held to it
+MAX_PARTITIONS_PER_TOPIC = 10_000
 
 
 class ControllerSettings(BaseModel):

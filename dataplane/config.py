@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controlplane.records import BrokerEndpoint
-from controlplane.requests import MAX_PARTITIONS_PER_TOPIC
+from controlplane.settings import MAX_PARTITIONS_PER_TOPIC
 from controlplane.topic_configs import (
     BROKER_SCHEMA,
     ERASURE_REPAIR_DELAY_MS,

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from cli.local_cluster import LocalCluster
 from cli.main import app
+from tests.support.cli_commands import leaf_commands
 from tests.unit.test_balancer import create, machine, register, settle
 from tests.unit.test_metadata_state_machine import ok
 
@@ -56,21 +57,10 @@ def made_cluster(directory: Path, bucket_uris: str | None = None) -> LocalCluste
     return cluster
 
 
-def _leaf_commands(group, path=()):
-    import typer.main
-
-    click_group = typer.main.get_command(group) if not hasattr(group, "commands") else group
-    for name, cmd in click_group.commands.items():
-        if hasattr(cmd, "commands"):
-            yield from _leaf_commands(cmd, (*path, name))
-        else:
-            yield (*path, name)
-
-
 # ---------------------------------------------------------------- 2: usage errors, PLAN_FILE
 
 
-@pytest.mark.parametrize("command", sorted(_leaf_commands(app)), ids=" ".join)
+@pytest.mark.parametrize("command", sorted(path for path, _ in leaf_commands(app)), ids=" ".join)
 def test_2_a_usage_error_is_one_line_on_stderr_with_exit_2_for_every_command(command):
     res = CliRunner().invoke(app, [*command, "--no-such-option"], prog_name="automqctl")
     assert res.exit_code == 2, res.output
@@ -186,7 +176,7 @@ def test_3_json_and_yaml_are_unchanged_in_a_pipe(tmp_path):
 
 def test_3_help_in_a_pipe_shows_every_option_whole():
     cut = []
-    for command in sorted(_leaf_commands(app)):
+    for command in sorted(path for path, _ in leaf_commands(app)):
         for env in ({}, {"COLUMNS": "80"}):
             res = run(*command, "--help", env=env)
             assert res.exit_code == 0, (command, res.output)
@@ -324,7 +314,7 @@ def test_5_no_note_without_unknown_clients(monkeypatch, tmp_path):
 
 def _running_healthy(monkeypatch, cluster: LocalCluster) -> dict:
     """Every process of `cluster` runs (fake pids) and the status says healthy."""
-    import cli.cluster_up
+    import cli.status
 
     config = cluster.load()
     names = cluster.component_names(config)
@@ -335,7 +325,7 @@ def _running_healthy(monkeypatch, cluster: LocalCluster) -> dict:
     healthy = {**stopped, "state": "healthy", "healthy": True, "problems": [], "leader": 0}
     monkeypatch.setattr(LocalCluster, "running_pids", lambda self, config: dict(pids))
     monkeypatch.setattr(LocalCluster, "running", lambda self, name: pids.get(name))
-    monkeypatch.setattr(cli.cluster_up, "collect_status", lambda cluster, config: healthy)
+    monkeypatch.setattr(cli.status, "collect_status", lambda cluster, config: healthy)
     return healthy
 
 

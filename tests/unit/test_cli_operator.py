@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from cli.local_cluster import LocalCluster
 from cli.main import app
 from dataplane.objectstore.seaweed import SeaweedConfig, weed_binary
+from tests.support.cli_commands import leaf_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 _REAL_START_OBJECT_STORE = LocalCluster.start_object_store  # before no_process_starts
@@ -584,19 +585,8 @@ def test_6_a_cluster_created_before_gets_the_admin_grpc_port_fixed_on_restart(
 _STREAMING_COMMANDS = {("cluster", "logs"), ("node", "run")}
 
 
-def _leaf_commands(group, path=()):
-    import typer.main
-
-    click_group = typer.main.get_command(group) if not hasattr(group, "commands") else group
-    for name, cmd in click_group.commands.items():
-        if hasattr(cmd, "commands"):
-            yield from _leaf_commands(cmd, (*path, name))
-        else:
-            yield (*path, name), cmd
-
-
 def test_8_every_command_but_the_streaming_ones_takes_format():
-    commands = dict(_leaf_commands(app))
+    commands = dict(leaf_commands(app))
     assert len(commands) > 30 and _STREAMING_COMMANDS <= set(commands)
     missing = [
         " ".join(path)
