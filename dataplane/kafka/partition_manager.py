@@ -11,6 +11,12 @@ It acts on the metadata delta: only the topics and streams a batch touched are l
 (a loaded snapshot, or a reconcile that failed, looks at everything). Partitions whose open
 or close failed, and orphaned streams whose close failed, wait in a retry set tried again
 about once a second until they succeed or the image moves them on.
+
+Opens run on the move pool and a reconcile pass does not wait for them: a slow open (a long
+producer-state replay, a slow controller) does not hold up the partitions later deltas give
+this node. A partition whose open is in flight is left alone by later passes (no second open,
+no close, no orphan close of its stream); when the open ends, its topic is looked at again if
+the image changed meanwhile, so a move that came during the open is acted on then.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import MappingProxyType
 
 from prometheus_client import Gauge
@@ -104,6 +110,9 @@ class PartitionManager:
         # opened streams not served yet (their producer state could not be rebuilt yet):
         # (leader epoch, stream), closed if the partition moves on before they are served
         self._unserved: dict[tuple[str, int], tuple[int, Stream]] = {}
+        # partitions whose open is in flight on the pool: key -> stream id (bounded by the
+        # partitions of the image)
+        self._opening: dict[tuple[str, int], int] = {}
         self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -218,10 +227,12 @@ class PartitionManager:
         image: MetadataImage,
         topic_ids: set[str] | None = None,
         stream_ids: set[int] | None = None,
-    ) -> None:
-        """Close partitions led elsewhere now, open led ones that are not open, close
-        orphaned streams of this node: of the topics `topic_ids` and streams `stream_ids`
-        (what deltas touched), or of the whole image when `topic_ids` is None."""
+    ) -> list[Future[None]]:
+        """Close partitions led elsewhere now, start opening led ones that are not open,
+        close orphaned streams of this node: of the topics `topic_ids` and streams
+        `stream_ids` (what deltas touched), or of the whole image when `topic_ids` is None.
+        Returns when the closes are done; the opens it started, on the move pool, are the
+        futures returned (they never raise). Runs on one thread at a time (the manager's)."""
         if topic_ids is None:
             topics = list(image.topics.values())
         else:
@@ -241,7 +252,9 @@ class PartitionManager:
             stale = {
                 key: entry
                 for key, entry in self._unserved.items()
-                if in_scope(key) and (key not in wanted or wanted[key][1] != entry[0])
+                if in_scope(key)
+                and key not in self._opening  # its retry is in flight: looked at after it
+                and (key not in wanted or wanted[key][1] != entry[0])
             }
             for key in stale:
                 del self._unserved[key]
@@ -260,18 +273,23 @@ class PartitionManager:
         if leaving:
             self._close_all(leaving)
             self._forget_deleted_topics(image, leaving)
-        jobs = [
-            self._pool.submit(self._open, key, name, epoch, stream_id)
-            for key, (name, epoch, stream_id) in wanted.items()
-            if not (key in current and current[key].leader_epoch == epoch)
-        ]
-        for job in jobs:
-            job.result()
+        opens: list[Future[None]] = []
+        for key, (name, epoch, stream_id) in wanted.items():
+            if key in current and current[key].leader_epoch == epoch:
+                continue
+            with self._lock:
+                if key in self._opening or (key in self._logs and key not in current):
+                    # an open in flight, or one that ended during this pass: looked at again
+                    # when it ended if the image changed since it started
+                    continue
+                self._opening[key] = stream_id
+            opens.append(self._pool.submit(self._open_tracked, image, key, name, epoch, stream_id))
         if topic_ids is None:
             self._close_orphans(image, list(image.streams.values()))
         else:
             streams = [s for sid in stream_ids or () if (s := image.streams.get(sid)) is not None]
             self._close_orphans(image, streams)
+        return opens
 
     def _forget_deleted_topics(self, image: MetadataImage, closed: list[PartitionLog]) -> None:
         """Drop the byte counters of deleted topics none of whose partitions is led here."""
@@ -334,6 +352,29 @@ class PartitionManager:
                     plog.stream.stream_id,
                     error,
                 )
+
+    def _open_tracked(
+        self, image: MetadataImage, key: tuple[str, int], name: str, epoch: int, stream_id: int
+    ) -> None:
+        """`_open` on the move pool, for a reconcile of `image` that did not wait: an error
+        puts the partition in the retry set; once it ends, the partition's topic and stream
+        are looked at again if the image changed meanwhile (the passes in between left them
+        alone: a move is acted on, a stream opened but not served is closed as an orphan)."""
+        try:
+            self._open(key, name, epoch, stream_id)
+        except Exception:
+            self._retry_partition(key)
+            log.exception("opening %s-%d (stream %d) failed", name, key[1], stream_id)
+        finally:
+            with self._lock:
+                self._opening.pop(key, None)
+            # read after the key left `_opening`: a pass that skipped it saw an image set
+            # before that, so it is seen here
+            with self._touched_lock:
+                if self._image is not image:
+                    self._touched_topics.add(key[0])
+                    self._touched_streams.add(stream_id)
+                    self._wake.set()
 
     def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
         try:
@@ -456,12 +497,16 @@ class PartitionManager:
         """Of `streams`, those the image says this node has open, that this engine did not
         open and this node does not lead with that epoch: close them so their new leader
         can open them."""
+        with self._lock:  # before open_here: an open leaves `_opening` after it registered
+            opening = set(self._opening.values())
         open_here = self.storage.open_stream_ids()
         for stream in streams:
             if stream.state != StreamState.OPENED or stream.node_id != self.node_id:
                 continue
             if stream.stream_id in open_here or self._leads_stream_at(image, stream):
                 continue
+            if stream.stream_id in opening:
+                continue  # being opened here: looked at again when the open ends
             if "topic" not in stream.tags:
                 continue  # not a partition's stream: its user closes it
             try:

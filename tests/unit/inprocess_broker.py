@@ -62,11 +62,13 @@ def inprocess_broker(
         def sync() -> None:
             while follower.poll_once():
                 pass
-            partitions.reconcile(follower.image)
+            for opened in partitions.reconcile(follower.image):
+                opened.result()
 
         def image_now():
             if follower.poll_once():
-                partitions.reconcile(follower.image)
+                for opened in partitions.reconcile(follower.image):
+                    opened.result()
             return follower.image
 
         def wait_for_offset(offset: int, timeout_s: float) -> bool:

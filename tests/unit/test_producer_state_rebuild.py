@@ -102,6 +102,12 @@ class _FlakyTail(FakeStream):
         return super().fetch(start, end, max_bytes)
 
 
+def reconciled(manager: partition_manager.PartitionManager, *args) -> None:
+    """A reconcile pass and the opens it started."""
+    for opened in manager.reconcile(*args):
+        opened.result()
+
+
 class _Storage:
     def __init__(self, stream):
         self.stream = stream
@@ -298,11 +304,11 @@ def test_a_stream_opened_but_never_served_is_closed_when_its_partition_moves_on(
 
     storage = Storage(stream)
     manager = partition_manager.PartitionManager(1, storage)
-    manager.reconcile(image(leader=1))  # led here: opened, its tail not readable yet
+    reconciled(manager, image(leader=1))  # led here: opened, its tail not readable yet
     assert manager.get("t", 0) is None and storage.closed == []
-    manager.reconcile(image(leader=2))  # moved on before it was served
+    reconciled(manager, image(leader=2))  # moved on before it was served
     assert storage.closed == [stream]
-    manager.reconcile(image(leader=2))
+    reconciled(manager, image(leader=2))
     assert storage.closed == [stream]  # closed once
 
 
@@ -357,11 +363,11 @@ def test_a_delta_reconciles_only_the_topics_it_touched_and_failed_opens_are_retr
 
     image = SimpleNamespace(topics={"a": topic("a", 7), "b": topic("b", 8)}, streams={})
     manager = partition_manager.PartitionManager(1, Storage(FakeStream(log)))
-    manager.reconcile(image, {"a"}, set())  # a delta that touched topic a only
+    reconciled(manager, image, {"a"}, set())  # a delta that touched topic a only
     assert opened == [7] and manager.get("a", 0) is not None and manager.get("b", 0) is None
-    manager.reconcile(image, {"b"}, set())
+    reconciled(manager, image, {"b"}, set())
     assert manager.get("b", 0) is None and manager.retrying() == {("b", 0)}
-    manager.reconcile(image, {key[0] for key in manager.retrying()}, set())  # the retry
+    reconciled(manager, image, {key[0] for key in manager.retrying()}, set())  # the retry
     assert manager.get("b", 0) is not None and not manager.retrying()
     assert opened == [7, 8, 8]  # topic a was never looked at again
 
