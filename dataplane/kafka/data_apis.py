@@ -564,5 +564,3 @@ class DataApis:
                 )
             topics.append(R.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
         return R[v](throttle_time_ms=0, topics=topics)
-
-    # ------------------------------------------------------------ admin
