@@ -6,11 +6,17 @@ controller's request models or Spark's job code for commands it does not run."""
 from __future__ import annotations
 
 import importlib
+from difflib import get_close_matches
 from typing import NamedTuple
 
 import typer
 import typer.main
 from typer.core import TyperCommand, TyperGroup
+
+# click's UsageError (a missing or unknown option, command or value) as typer's click has it:
+# typer vendors click (typer._click) in newer versions, so take it from typer's BadParameter
+USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_SUGGESTION = ". Did you mean "
 
 
 class LazyCommand(NamedTuple):
@@ -44,6 +50,18 @@ class LazyTyperGroup(TyperGroup):
     def list_commands(self, ctx: typer.Context) -> list[str]:
         own = [n for n in super().list_commands(ctx) if n not in self.LAZY]
         return [*own, *self.LAZY]
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]):
+        """As click's, with typer's "Did you mean ...?" for a mistyped name drawn from every
+        command, loaded or not (typer's own looks only at the loaded ones)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except USAGE_ERROR as exc:
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if self.suggest_commands and matches and exc.message.startswith("No such command"):
+                base = exc.message.split(_SUGGESTION, 1)[0].rstrip(".")
+                exc.message = f"{base}{_SUGGESTION}{', '.join(repr(m) for m in matches)}?"
+            raise
 
     def get_command(self, ctx: typer.Context, cmd_name: str) -> TyperCommand | TyperGroup | None:
         if cmd_name in self.LAZY and cmd_name not in self.commands:

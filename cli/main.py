@@ -9,12 +9,9 @@ from collections.abc import Iterator
 
 import typer
 
-from cli.lazy_commands import LazyCommand, LazyTyperGroup
+from cli.lazy_commands import USAGE_ERROR, LazyCommand, LazyTyperGroup
 from cli.output import fail, is_a_terminal
 
-# click's UsageError (a missing or unknown option, a bad value) as typer's click has it: typer
-# vendors click (typer._click) in newer versions, so take it from typer's public BadParameter
-USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 USAGE_EXIT_CODE = 2  # click's, and POSIX tools': runtime errors exit 1
 # characters: `--help` printed to a pipe is this wide (or COLUMNS, if wider), so option
 # names, types and defaults are whole (typer's help is boxes as wide as the console)

@@ -113,6 +113,9 @@ class PartitionManager:
         # partitions whose open is in flight on the pool: key -> stream id (bounded by the
         # partitions of the image)
         self._opening: dict[tuple[str, int], int] = {}
+        # retries of aborts whose recording failed, one at a time per partition (the manager's
+        # thread only): key -> its task on the pool
+        self._abort_retries: dict[tuple[str, int], Future[None]] = {}
         self._pool = ThreadPoolExecutor(MOVE_WORKERS, thread_name_prefix="partition-move")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -183,9 +186,9 @@ class PartitionManager:
         return {sid: round(rate, 1) for sid, rate in rates.items() if rate >= 1.0}
 
     def led_or_closing(self) -> int:
-        """Partitions led here plus those still being closed (uploaded) after a move."""
+        """Partitions led here, being opened, or still being closed (uploaded) after a move."""
         with self._lock:
-            return len(self._logs) + self._closing
+            return len(self._logs) + len(self._opening) + self._closing
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -232,7 +235,8 @@ class PartitionManager:
         close orphaned streams of this node: of the topics `topic_ids` and streams
         `stream_ids` (what deltas touched), or of the whole image when `topic_ids` is None.
         Returns when the closes are done; the opens it started, on the move pool, are the
-        futures returned (they never raise). Runs on one thread at a time (the manager's)."""
+        futures returned (an open's error is handled inside it; a future that `stop`
+        cancelled raises CancelledError). Runs on one thread at a time (the manager's)."""
         if topic_ids is None:
             topics = list(image.topics.values())
         else:
@@ -283,7 +287,14 @@ class PartitionManager:
                     # when it ended if the image changed since it started
                     continue
                 self._opening[key] = stream_id
-            opens.append(self._pool.submit(self._open_tracked, image, key, name, epoch, stream_id))
+            try:
+                opens.append(
+                    self._pool.submit(self._open_tracked, image, key, name, epoch, stream_id)
+                )
+            except RuntimeError:  # the pool was shut down: stopping
+                with self._lock:
+                    self._opening.pop(key, None)
+                break
         if topic_ids is None:
             self._close_orphans(image, list(image.streams.values()))
         else:
@@ -319,11 +330,16 @@ class PartitionManager:
             log.warning("closing unserved stream %d failed: %s", entry[1].stream_id, error)
 
     def _retry_unrecorded_aborts(self) -> None:
-        """Aborts whose recording failed are tried again (about once a second)."""
+        """Aborts whose recording failed are tried again (about once a second), one retry
+        of a partition at a time: against a slow controller they would fill the pool the
+        opens need."""
         with self._lock:
-            logs = [plog for plog in self._logs.values() if plog.has_unrecorded_aborts]
-        for plog in logs:
-            self._pool.submit(plog.record_pending_aborts)
+            logs = {key: plog for key, plog in self._logs.items() if plog.has_unrecorded_aborts}
+        running = {key: task for key, task in self._abort_retries.items() if not task.done()}
+        for key, plog in logs.items():
+            if key not in running:
+                running[key] = self._pool.submit(plog.record_pending_aborts)
+        self._abort_retries = running
 
     def _close_all(self, leaving: list[PartitionLog]) -> None:
         """One upload for all partitions that moved away, then their closes."""
@@ -361,7 +377,8 @@ class PartitionManager:
         are looked at again if the image changed meanwhile (the passes in between left them
         alone: a move is acted on, a stream opened but not served is closed as an orphan)."""
         try:
-            self._open(key, name, epoch, stream_id)
+            if self._still_led(key, epoch):  # it may have waited in the pool's queue
+                self._open(key, name, epoch, stream_id)
         except Exception:
             self._retry_partition(key)
             log.exception("opening %s-%d (stream %d) failed", name, key[1], stream_id)
@@ -375,6 +392,19 @@ class PartitionManager:
                     self._touched_topics.add(key[0])
                     self._touched_streams.add(stream_id)
                     self._wake.set()
+
+    def _still_led(self, key: tuple[str, int], epoch: int) -> bool:
+        """The newest image (if any) still has this node lead `key` at `epoch`."""
+        image = self._image
+        if image is None:
+            return True
+        topic = image.topics.get(key[0])
+        state = topic.partitions.get(key[1]) if topic is not None else None
+        return (
+            state is not None
+            and state.leader_node_id == self.node_id
+            and state.leader_epoch == epoch
+        )
 
     def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
         try:

@@ -4,6 +4,7 @@ machine), the real engine with a temp-dir WAL, moto S3, and the Kafka APIs. No s
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,16 +60,23 @@ def inprocess_broker(
         # the partition manager follows the image, as the broker process wires it
         follower = MetadataFollower(controller, listeners=[partitions.on_metadata])
 
+        # the manager's passes run on one thread at a time; here the test's thread and the
+        # APIs' threads reconcile, one after another, each until its opens are done
+        reconcile_lock = threading.Lock()
+
+        def reconcile() -> None:
+            with reconcile_lock:
+                for opened in partitions.reconcile(follower.image):
+                    opened.result()
+
         def sync() -> None:
             while follower.poll_once():
                 pass
-            for opened in partitions.reconcile(follower.image):
-                opened.result()
+            reconcile()
 
         def image_now():
             if follower.poll_once():
-                for opened in partitions.reconcile(follower.image):
-                    opened.result()
+                reconcile()
             return follower.image
 
         def wait_for_offset(offset: int, timeout_s: float) -> bool:

@@ -72,3 +72,17 @@ def test_the_root_help_lists_every_command_with_its_help_line():
             name,
             res.stdout,
         )
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [(("topc", "list"), "Did you mean 'topic'?"), (("cluster", "tp"), "Did you mean 'top'?")],
+)
+def test_a_mistyped_command_is_answered_with_the_commands_not_loaded_yet(argv, suggestion):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, list(argv), prog_name="automqctl")
+    assert res.exit_code == 2
+    assert suggestion in res.stderr, res.stderr

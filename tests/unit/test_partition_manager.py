@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from controlplane.image import StreamMetaState
 from controlplane.records import StreamState
+from dataplane.kafka import partition_manager
 from dataplane.kafka.partition_manager import PartitionManager
 from tests.unit.test_producer_state_rebuild import FakeStream, stored_log
 
@@ -178,7 +179,8 @@ def test_an_open_that_raises_is_logged_and_retried(caplog):
 def test_a_partition_not_served_yet_that_moves_during_its_retry_is_closed_once():
     """Its first open could not rebuild the producer state (not served; the stream stays
     open here and is retried). The partition moves to broker 2 while the retry's open is in
-    flight: its stream is not closed under that open, but once, after it."""
+    flight: its stream is not closed (as unserved) under that open, but once, after it (the
+    retry served it, so as a partition that moved)."""
 
     class TailFailsOnce(GatedStorage):
         def open_stream(self, stream_id, epoch):
@@ -195,7 +197,7 @@ def test_a_partition_not_served_yet_that_moves_during_its_retry_is_closed_once()
     assert manager.get("a", 0) is None and manager.retrying() == {("a", 0)}
     storage.gated.add(7)  # the retry's open hangs
     retry = manager.reconcile(led, {"a"}, set())
-    assert storage._event(storage.open_started, 7).wait(WAIT_S)
+    wait_until(lambda: len(storage.open_epochs[7]) == 2, "the retry's open started")
     for opened in manager.reconcile(image_of(topic("a", 7, leader=2, epoch=4)), {"a"}, set()):
         opened.result()
     assert storage.closed == []  # not under the open in flight
@@ -205,3 +207,47 @@ def test_a_partition_not_served_yet_that_moves_during_its_retry_is_closed_once()
     for opened in manager.reconcile(image_of(topic("a", 7, leader=2, epoch=4)), {"a"}, set()):
         opened.result()
     assert storage.closed == [7] and manager.get("a", 0) is None
+
+
+def test_an_open_queued_behind_others_is_not_started_once_the_partition_moved(monkeypatch):
+    """With every worker busy, an open waits in the pool's queue; if the partition moved to
+    another broker meanwhile, it is not opened here at all (its new leader would wait for
+    this node to close it again)."""
+    monkeypatch.setattr(partition_manager, "MOVE_WORKERS", 1)
+    storage = GatedStorage(gated={7})
+    manager = PartitionManager(1, storage)
+    both = image_of(topic("a", 7), topic("b", 8))
+    manager.on_metadata(None, both)
+    opens = manager.reconcile(both)  # a's open takes the one worker; b's waits behind it
+    assert storage._event(storage.open_started, 7).wait(WAIT_S)
+    manager.on_metadata(delta(topics={"b"}), image_of(topic("a", 7), topic("b", 8, leader=2)))
+    storage.release.set()
+    for opened in opens:
+        opened.result()
+    assert 8 not in storage.open_epochs
+    assert manager.get("a", 0) is not None and manager.get("b", 0) is None
+    assert manager.led_or_closing() == 1
+
+
+def test_a_slow_abort_retry_of_a_partition_is_not_queued_again_each_round():
+    """Recording a partition's aborts hangs on a slow controller: the rounds after do not
+    queue more retries of it (they would fill the pool the opens need)."""
+    release, calls = threading.Event(), []
+
+    def record_pending_aborts() -> None:
+        calls.append(1)
+        assert release.wait(3 * WAIT_S)
+
+    manager = PartitionManager(1, GatedStorage(gated=set()))
+    stuck = SimpleNamespace(has_unrecorded_aborts=True, record_pending_aborts=record_pending_aborts)
+    manager._logs[("a", 0)] = stuck
+    try:
+        for _ in range(5):  # five rounds of the manager's loop
+            manager._retry_unrecorded_aborts()
+        wait_until(lambda: calls, "the first retry running")
+        release.set()
+        manager._pool.shutdown(wait=True)  # runs whatever was queued
+        assert calls == [1]
+    finally:
+        release.set()
+        manager.stop()
