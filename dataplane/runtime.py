@@ -419,7 +419,9 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext(
         "file-wal-committer",
         "1 per WAL",
-        "group commits: pwritev, fdatasync, reservation check, appends' futures resolved",
+        "group commits: the records' body CRC32Cs (the GIL released from 64 KiB; taken "
+        "here, not on the appending event loop), pwritev, fdatasync, reservation check, "
+        "appends' futures resolved",
         True,
     ),
     ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),
@@ -441,7 +443,8 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext(
         "objectstore",
         "object_store max_concurrency",
-        "S3 requests (boto3), run by priority (`objectstore/priority_pool.py`): PRODUCE "
+        "S3 requests (boto3, or the lean GET/PUT clients of `objectstore/s3_http.py`), run "
+        "by priority (`objectstore/priority_pool.py`): PRODUCE "
         "(uploads, WAL PUTs, WAL recovery reads) before CATCH_UP before COMPACTION; a quarter "
         "of the threads run only PRODUCE work",
         True,

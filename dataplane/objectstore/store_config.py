@@ -89,6 +89,12 @@ class ObjectStorageConfig(BaseModel):
         "(a plain http endpoint, static credentials): ~1/3 of the CPU per GET; false sends "
         "them through botocore like every other request",
     )
+    lean_puts: bool = Field(
+        True,
+        description="PUTs without botocore where the bucket allows it (a plain http "
+        "endpoint, static credentials) and payloads go unsigned: about half the CPU per GB "
+        "uploaded; false sends them through botocore",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ObjectStorageConfig:

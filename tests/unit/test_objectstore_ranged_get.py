@@ -6,10 +6,8 @@ buckets it can serve exactly."""
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 import weakref
-from collections.abc import Callable
 from unittest import mock
 
 import pytest
@@ -29,18 +27,10 @@ from dataplane.objectstore import (
 )
 from dataplane.objectstore.clients import default_client_factory
 from dataplane.objectstore.ranged_get import RangedGetClient
+from tests.support.fake_s3 import FakeStore, answer
 
 OBJECT = bytes(range(256)) * 64  # 16 KiB
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
-
-# (request number from 0, path, headers) -> (raw answer bytes, close the connection after it),
-# or None to close it without answering
-Script = Callable[[int, str, dict[str, str]], tuple[bytes, bool] | None]
-
-
-def answer(status: int, body: bytes, extra: str = "", length: int | None = None) -> bytes:
-    size = len(body) if length is None else length
-    return f"HTTP/1.1 {status} X\r\nContent-Length: {size}\r\n{extra}\r\n".encode() + body
 
 
 def ranged(headers: dict[str, str]) -> bytes:
@@ -50,61 +40,6 @@ def ranged(headers: dict[str, str]) -> bytes:
         OBJECT[int(first) : int(last) + 1],
         f"Content-Range: bytes {first}-{last}/{len(OBJECT)}\r\n",
     )
-
-
-class FakeStore:
-    """A keep-alive HTTP/1.1 server on 127.0.0.1 answering by `script`; records each
-    request (path, headers) and how many connections it accepted."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script  # runs on the server's threads
-        self.requests: list[tuple[str, dict[str, str]]] = []
-        self.connections = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def uri(self, **params: str) -> str:
-        query = "&".join(f"{k}={v}" for k, v in params.items())
-        return f"0@s3://bkt?region=eu-west-1&endpoint=http://127.0.0.1:{self.port}&{query}"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        return
-                    data += more
-                head, _, data = data.partition(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (line.partition(":") for line in lines[1:])
-                }
-                path = lines[0].split(" ")[1]
-                number = len(self.requests)
-                self.requests.append((path, headers))
-                out = self.script(number, path, headers)
-                if out is None:
-                    return
-                conn.sendall(out[0])
-                if out[1]:
-                    return
-
-    def close(self) -> None:
-        self._listener.close()
 
 
 @pytest.fixture
