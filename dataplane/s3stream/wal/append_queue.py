@@ -48,6 +48,7 @@ class PendingAppend:
     body: RecordPieces | bytes  # the FileWAL keeps the pieces; the ObjectWAL joins them
     future: Future
     enqueued_at_s: float
+    body_crc32c: int = 0  # FileWAL only (its record header carries it)
     offset: int = -1  # assigned by the writer when the record joins a batch
 
 
@@ -139,7 +140,9 @@ class QueuedWAL(WriteAheadLog):
             )
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, size_bytes: int, body: RecordPieces | bytes) -> Future[AppendResult]:
+    def _admit(
+        self, size_bytes: int, body: RecordPieces | bytes, body_crc32c: int = 0
+    ) -> Future[AppendResult]:
         """Queue a record of `size_bytes` (header included) without blocking; the writer
         thread is woken.
 
@@ -166,7 +169,7 @@ class QueuedWAL(WriteAheadLog):
                 )
             future: Future[AppendResult] = LightFuture()
             future.set_running_or_notify_cancel()  # appends cannot be cancelled
-            self._queue.append(PendingAppend(size_bytes, body, future, now))
+            self._queue.append(PendingAppend(size_bytes, body, future, now, body_crc32c))
             self._queued_bytes += size_bytes
             if self._writers_waiting and not writer_wakeup_deferred(self, self._wake_writers):
                 self._not_empty.notify_all()

@@ -2,8 +2,7 @@
 
 * A preallocated file of fixed capacity used as a ring (format: ``wal/format.py``).
 * Group commit on one *committer* thread: it takes the queued appends (up to
-  ``max_batch_bytes``), assigns their offsets, takes each record body's CRC32C (here,
-  not on the appending thread: a produce appends from the event loop), adds a padding record up to the next
+  ``max_batch_bytes``), assigns their offsets, adds a padding record up to the next
   4 KiB boundary, writes the batch (with O_DIRECT from one reused aligned buffer,
   ``direct_write.py``, or buffered with one ``pwritev``), calls ``fdatasync``, re-checks the reservation, marks the batch
   durable and resolves its futures in order; then the next batch. Appends that arrive
@@ -45,9 +44,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
-
 from dataplane.config import FileWALConfig
+from dataplane.formats.record_batch import crc32c_keeping_gil
 from dataplane.runtime import loop_wakeups_held
 from dataplane.s3stream.wal import metrics
 from dataplane.s3stream.wal.append_queue import FAILED, FENCED, PendingAppend, QueuedWAL
@@ -100,8 +98,6 @@ log = logging.getLogger(__name__)
 
 _U32_MAX = 2**32 - 1
 _PREFILL_CHUNK_BYTES = 1024 * 1024
-# a body piece's CRC32C from this size on runs without the GIL (~6 us at ~10 GB/s)
-CRC_RELEASE_GIL_FROM_BYTES = 64 * 1024
 
 
 def check_config(config: FileWALConfig, capacity_bytes: int) -> None:
@@ -405,9 +401,11 @@ class FileWAL(QueuedWAL):
             raise ValueError(
                 f"record of {body_len} B exceeds max_record_bytes={self._config.max_record_bytes}"
             )
-        # the body's CRC32C (its record header carries it) is taken by the committer
-        # (`_batch_parts`), not on the caller's thread (the event loop, for a produce)
-        return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body)
+        body_crc = 0
+        for piece in body:
+            # on the caller's thread (the event loop, for a produce): the GIL is kept
+            body_crc = crc32c_keeping_gil(piece, body_crc)
+        return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body, body_crc)
 
     def recover(self) -> Iterator[RecoveredRecord]:
         """Yield the records in ``[start_offset, end_offset)`` as of this call, in order.
@@ -641,28 +639,16 @@ class FileWAL(QueuedWAL):
             request.future.set_exception(error(reason))
 
 
-def _crc32c(piece: bytes | memoryview, value: int) -> int:
-    """CRC32C of `piece` continuing `value`, on the committer thread: the GIL is released
-    for a piece of CRC_RELEASE_GIL_FROM_BYTES or more (the event loop runs meanwhile; the
-    committer waits for the GIL only after a computation worth the handoff)."""
-    release = 1 if len(piece) >= CRC_RELEASE_GIL_FROM_BYTES else 0
-    return crc32c.crc32c(piece, value, gil_release_mode=release)
-
-
 def _batch_parts(batch: list[PendingAppend], records_end: int, padding: int) -> list[bytes]:
-    """The pieces ``pwritev`` writes for `batch`: each record's header (with its body's
-    CRC32C, taken here on the committer thread) and body pieces, then the padding record
-    of `padding` bytes (none if 0) at `records_end`."""
+    """The pieces ``pwritev`` writes for `batch`: each record's header and body pieces,
+    then the padding record of `padding` bytes (none if 0) at `records_end`."""
     parts: list[bytes] = []
     for pending in batch:
-        body_crc = 0
-        for piece in pending.body:
-            body_crc = _crc32c(piece, body_crc)
         parts.append(
             encode_record_header(
                 pending.size_bytes - RECORD_HEADER_SIZE_BYTES,
                 pending.offset + RECORD_HEADER_SIZE_BYTES,
-                body_crc,
+                pending.body_crc32c,
             )
         )
         parts.extend(pending.body)
