@@ -419,9 +419,7 @@ RUNTIME: tuple[ExecutionContext, ...] = (
     ExecutionContext(
         "file-wal-committer",
         "1 per WAL",
-        "group commits: the records' body CRC32Cs (the GIL released from 64 KiB; taken "
-        "here, not on the appending event loop), pwritev, fdatasync, reservation check, "
-        "appends' futures resolved",
+        "group commits: pwritev, fdatasync, reservation check, appends' futures resolved",
         True,
     ),
     ExecutionContext("file-wal-prefill", "1 per new WAL file", "preallocates the file", True),

@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 
-from botocore.exceptions import IncompleteReadError, ReadTimeoutError
+from botocore.exceptions import ConnectionClosedError, IncompleteReadError, ReadTimeoutError
 
 from .body import ObjectBody
 from .bucket_uri import BucketURI
@@ -47,7 +47,8 @@ from .s3_http import (
 
 __all__ = ["LeanPutClient"]
 
-MAX_BUFFERS_PER_SEND = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+MAX_BUFFERS_PER_SEND = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))  # (sysconf: -1 if unknown)
+MAX_INTERIM_ANSWERS = 8  # 1xx answers passed over before the final one
 PACED_READ_BYTES = (
     1024 * 1024
 )  # a paced body is handed out (and its pace taken) this much at a time
@@ -85,17 +86,14 @@ class LeanPutClient:
             if reused and _closed_by_peer(conn):
                 conn.close()
                 conn = self._connections.connect(target)
-            status, answer_headers, answer = self._exchange(conn, target, head, data)
+            status, answer, keep = self._exchange(conn, target, head, data)
         except BaseException:
             conn.close()
             raise
-        if (
-            answer_headers.get("connection", "").lower() == "close"
-            or "content-length" not in answer_headers
-        ):
-            conn.close()  # (a chunked answer's trailers were left unread)
-        else:
+        if keep:
             self._connections.give_back(target, conn)
+        else:
+            conn.close()
         if status != 200:
             raise client_error(status, answer, "PutObject")
 
@@ -107,22 +105,26 @@ class LeanPutClient:
 
     def _exchange(
         self, conn: socket.socket, target: S3Target, head: bytes, data: bytes | ObjectBody
-    ) -> tuple[int, dict[str, str], bytes]:
-        """Send the request and read the answer: (status, headers, body)."""
+    ) -> tuple[int, bytes, bool]:
+        """Send the request and read the answer: (status, body, whether the connection may
+        serve another request). Socket and framing failures are raised as the retryable
+        botocore errors they are there."""
         try:
             try:
                 _send_request(conn, head, data)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 # a store refusing the request may answer and close before the body is in:
-                # its answer (e.g. 403) says more than the broken pipe
-                with suppress(OSError, IncompleteReadError):
-                    status, headers, rest = read_head(conn, reused=False)
-                    return status, headers, _read_answer_body(conn, headers, rest)
+                # its answer (e.g. 403) says more than the broken pipe; the connection is
+                # done either way
+                with suppress(OSError, ValueError, IncompleteReadError):
+                    status, body, _ = _read_answer(conn)
+                    return status, body, False
                 raise exc
-            status, headers, rest = read_head(conn, reused=False)
-            return status, headers, _read_answer_body(conn, headers, rest)
+            return _read_answer(conn)
         except TimeoutError as exc:
             raise ReadTimeoutError(endpoint_url=target.endpoint, error=exc) from exc
+        except (OSError, ValueError) as exc:  # unreachable, reset, a garbled answer
+            raise ConnectionClosedError(endpoint_url=target.endpoint, error=exc) from exc
 
 
 def _send_request(conn: socket.socket, head: bytes, data: bytes | ObjectBody) -> None:
@@ -153,23 +155,39 @@ def _send_all(conn: socket.socket, pieces: list[bytes | memoryview]) -> None:
                 sent = 0
 
 
-def _read_answer_body(conn: socket.socket, headers: dict[str, str], rest: bytes) -> bytes:
-    """A PUT's answer body (empty, or an error's XML), bounded by MAX_ERROR_BODY_BYTES."""
+def _read_answer(conn: socket.socket) -> tuple[int, bytes, bool]:
+    """A PUT's answer: (status, body: empty or an error's XML, whether the connection may
+    serve another request). Interim 1xx answers a store sends unasked are passed over; a
+    body without a length ends with the connection (HTTP/1.0, `Connection: close`)."""
+    status, headers, rest = read_head(conn, reused=False)
+    for _ in range(MAX_INTERIM_ANSWERS):
+        if not 100 <= status < 200:
+            break
+        status, headers, rest = read_head(conn, reused=False, pending=rest)
+    else:
+        raise ConnectionError("the store sent only interim answers")
+    keep = headers.get("connection", "").lower() != "close"
     length_text = headers.get("content-length")
-    if length_text is None:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return read_chunked(conn, rest)
-        raise ConnectionError("the store's answer has no Content-Length")
-    length = int(length_text)
-    if length > MAX_ERROR_BODY_BYTES:
-        raise ConnectionError(f"answer of {length} bytes to a PUT")
-    body = bytearray(rest[:length])
-    while len(body) < length:
-        more = conn.recv(min(RECV_HEAD_BYTES, length - len(body)))
+    if length_text is not None:
+        length = int(length_text)
+        if length > MAX_ERROR_BODY_BYTES:
+            raise ConnectionError(f"answer of {length} bytes to a PUT")
+        body = bytearray(rest[:length])
+        while len(body) < length:
+            more = conn.recv(min(RECV_HEAD_BYTES, length - len(body)))
+            if not more:
+                raise IncompleteReadError(actual_bytes=len(body), expected_bytes=length)
+            body += more
+        return status, bytes(body), keep
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return status, read_chunked(conn, rest), False  # (its trailers are left unread)
+    body = bytearray(rest)  # delimited by the end of the connection
+    while len(body) <= MAX_ERROR_BODY_BYTES:
+        more = conn.recv(RECV_HEAD_BYTES)
         if not more:
-            raise IncompleteReadError(actual_bytes=len(body), expected_bytes=length)
+            return status, bytes(body), False
         body += more
-    return bytes(body)
+    raise ConnectionError("answer to a PUT too long")
 
 
 def _closed_by_peer(conn: socket.socket) -> bool:

@@ -198,20 +198,24 @@ class S3Connections:
             conn.close()
 
 
-def read_head(conn: socket.socket, reused: bool) -> tuple[int, dict[str, str], bytes]:
-    """Read an answer's status line and headers: (status, headers with lower-case names,
-    the bytes read past them). On a `reused` connection that ends before any answer byte,
-    StaleConnection."""
-    try:
-        head = conn.recv(RECV_HEAD_BYTES)
-    except ConnectionResetError as exc:
-        if reused:
-            raise StaleConnection() from exc
-        raise
+def read_head(
+    conn: socket.socket, reused: bool, pending: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    """Read an answer's status line and headers, starting with the bytes `pending` already
+    read: (status, headers with lower-case names, the bytes read past them). On a `reused`
+    connection that ends before any answer byte, StaleConnection."""
+    head = pending
     if not head:
-        if reused:
-            raise StaleConnection()
-        raise ConnectionResetError("the store closed the connection before answering")
+        try:
+            head = conn.recv(RECV_HEAD_BYTES)
+        except ConnectionResetError as exc:
+            if reused:
+                raise StaleConnection() from exc
+            raise
+        if not head:
+            if reused:
+                raise StaleConnection()
+            raise ConnectionResetError("the store closed the connection before answering")
     while b"\r\n\r\n" not in head:
         if len(head) > MAX_HEAD_BYTES:
             raise ConnectionError("the store's answer has no end of headers")

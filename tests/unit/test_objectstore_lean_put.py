@@ -168,9 +168,50 @@ def test_a_store_refusing_before_the_body_is_in_is_heard(registry):
     )
     try:
         with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
-            with pytest.raises(AccessDeniedError, match="AccessDenied"):
-                objects.put_object(0, "k", os.urandom(8 * 1024 * 1024))
-        assert count(registry, "access_denied") == 1
+            for _ in range(2):  # a second refusal is heard the same way
+                with pytest.raises(AccessDeniedError, match="AccessDenied"):
+                    objects.put_object(0, "k", os.urandom(8 * 1024 * 1024))
+        assert count(registry, "access_denied") == 2
+        assert store.connections == 2
+    finally:
+        store.close()
+
+
+def test_interim_answers_and_answers_ended_by_the_connection_are_read(registry):
+    """A 100 Continue the store sends unasked is passed over; a 200 without a length that
+    ends with the connection (HTTP/1.0) is a success too, and that connection is not kept."""
+
+    def script(n: int, path: str, headers: dict[str, str]) -> tuple[bytes, bool]:
+        if path.endswith("/interim"):
+            return b"HTTP/1.1 100 Continue\r\n\r\n" + OK[0], False
+        return b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\n", True
+
+    store = FakeStore(script)
+    try:
+        with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
+            objects.put_object(0, "interim", b"a")
+            objects.put_object(0, "interim", b"b")  # the same connection: kept after it
+            objects.put_object(0, "closing", b"c")
+            objects.put_object(0, "interim", b"d")
+        assert store.bodies == [b"a", b"b", b"c", b"d"]
+        assert store.connections == 2
+        assert count(registry, "ok") == 4 and count(registry, "connection_error") == 0
+    finally:
+        store.close()
+
+
+def test_a_garbled_answer_is_a_retried_connection_error(registry):
+    def script(n: int, path: str, headers: dict[str, str]) -> tuple[bytes, bool]:
+        if n == 0:
+            return b"HTTP/1.1 200 X\r\nContent-Length: many\r\n\r\n", True
+        return OK
+
+    store = FakeStore(script)
+    try:
+        with store_of(store.uri(accessKey="a", secretKey="b"), registry) as objects:
+            objects.put_object(0, "k", b"v")
+        assert store.bodies == [b"v", b"v"]
+        assert count(registry, "connection_error") == 1 and count(registry, "ok") == 1
     finally:
         store.close()
 
