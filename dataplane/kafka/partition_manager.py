@@ -372,19 +372,24 @@ class PartitionManager:
     def _open_tracked(
         self, image: MetadataImage, key: tuple[str, int], name: str, epoch: int, stream_id: int
     ) -> None:
-        """`_open` on the move pool, for a reconcile of `image` that did not wait: an error
-        puts the partition in the retry set; once it ends, the partition's topic and stream
-        are looked at again if the image changed meanwhile (the passes in between left them
-        alone: a move is acted on, a stream opened but not served is closed as an orphan)."""
+        """`_open` on the move pool, for a reconcile of `image` that did not wait: an open
+        that failed (or is not served yet) puts the partition in the retry set once it has
+        left `_opening` (a pass that took the retry set meanwhile left it alone, as in
+        flight); once it ends, the partition's topic and stream are looked at again if the
+        image changed meanwhile (the passes in between left them alone: a move is acted on,
+        a stream opened but not served is closed as an orphan)."""
+        retry = False
         try:
             if self._still_led(key, epoch):  # it may have waited in the pool's queue
-                self._open(key, name, epoch, stream_id)
+                retry = not self._open(key, name, epoch, stream_id)
         except Exception:
-            self._retry_partition(key)
+            retry = True
             log.exception("opening %s-%d (stream %d) failed", name, key[1], stream_id)
         finally:
             with self._lock:
                 self._opening.pop(key, None)
+            if retry:
+                self._retry_partition(key)
             # read after the key left `_opening`: a pass that skipped it saw an image set
             # before that, so it is seen here
             with self._touched_lock:
@@ -406,11 +411,12 @@ class PartitionManager:
             and state.leader_epoch == epoch
         )
 
-    def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> None:
+    def _open(self, key: tuple[str, int], name: str, epoch: int, stream_id: int) -> bool:
+        """Open and serve the partition: True once served; False when it is to be tried
+        again (the caller puts it in the retry set)."""
         try:
             stream = self.storage.open_stream(stream_id, epoch)
         except ControllerError as exc:
-            self._retry_partition(key)
             log.info(
                 "cannot open %s-%d yet (stream %d epoch %d): %s",
                 name,
@@ -419,7 +425,7 @@ class PartitionManager:
                 epoch,
                 exc,
             )
-            return
+            return False
         plog = PartitionLog(
             key[0],
             name,
@@ -443,7 +449,6 @@ class PartitionManager:
             # serving with an empty idempotence table would append a producer's retry of a
             # batch the previous leader wrote a second time: not serving yet (clients get
             # NOT_LEADER_OR_FOLLOWER and retry); the retry set opens it again
-            self._retry_partition(key)
             with self._lock:
                 self._unserved[key] = (epoch, stream)
             log.warning(
@@ -452,7 +457,7 @@ class PartitionManager:
                 key[1],
                 exc,
             )
-            return
+            return False
         plog.queue_unrecorded_aborts(recorded[-1][2] if recorded else -1)
         with self._touched_lock:
             self._retry_partitions.discard(key)
@@ -468,6 +473,7 @@ class PartitionManager:
             stream.next_offset,
             producers,
         )
+        return True
 
     def _record_aborted(self, stream: Stream, entries: list[tuple[int, int, int]]) -> None:
         """Store a led partition's aborted transactions with its stream (blocking)."""

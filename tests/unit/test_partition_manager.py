@@ -9,6 +9,7 @@ import logging
 import threading
 from types import SimpleNamespace
 
+from controlplane.errors import ControllerError, ErrorCode
 from controlplane.image import StreamMetaState
 from controlplane.records import StreamState
 from dataplane.kafka import partition_manager
@@ -250,4 +251,65 @@ def test_a_slow_abort_retry_of_a_partition_is_not_queued_again_each_round():
         assert calls == [1]
     finally:
         release.set()
+        manager.stop()
+
+
+class _RefusedOnce(logging.Handler):
+    """On the log line of a refused open, runs one more pass of the manager (a metadata
+    batch that touched only topic b, in the same image) and waits for it to end: the pass
+    comes while the refused open is still in flight."""
+
+    def __init__(self, manager: PartitionManager, image: SimpleNamespace) -> None:
+        super().__init__(logging.INFO)
+        self.manager, self.image = manager, image
+        self.passed = threading.Event()
+        self.fired = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.fired or not record.getMessage().startswith("cannot open a-0 yet"):
+            return
+        self.fired = True
+        reconcile = self.manager.reconcile
+
+        def once_more(*args, **kwargs):
+            try:
+                return reconcile(*args, **kwargs)
+            finally:
+                self.passed.set()
+
+        self.manager.reconcile = once_more  # the manager's own thread runs the pass
+        self.manager.on_metadata(delta(topics={"b"}), self.image)
+        assert self.passed.wait(WAIT_S)
+
+
+def test_a_refused_open_is_retried_though_a_pass_ran_while_it_was_in_flight():
+    """The controller refuses a's first open (its stream is still open on its previous
+    leader); a pass that runs before that open has ended must not swallow its retry: a is
+    opened again and served (before: the pass took the retry set, skipped a as in flight,
+    and a waited for the next metadata change, minutes in the failed chaos run)."""
+
+    class RefusedOnce(GatedStorage):
+        def open_stream(self, stream_id: int, epoch: int) -> FakeStream:
+            if stream_id == 7 and not self.open_epochs.get(7):
+                self.open_epochs[7] = [epoch]
+                raise ControllerError(ErrorCode.STREAM_NOT_CLOSED, "still open on node 2")
+            return super().open_stream(stream_id, epoch)
+
+    storage = RefusedOnce(gated=set())
+    manager = PartitionManager(1, storage)
+    image = image_of(topic("a", 7), topic("b", 8))
+    handler = _RefusedOnce(manager, image)
+    logger = logging.getLogger(partition_manager.__name__)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    manager.start()
+    try:
+        manager.on_metadata(None, image)
+        wait_until(lambda: handler.passed.is_set(), "the pass during the refused open")
+        wait_until(lambda: manager.get("a", 0) is not None, "a served after its retry")
+        assert storage.open_epochs[7] == [3, 3]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
         manager.stop()

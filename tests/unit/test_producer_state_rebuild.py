@@ -125,9 +125,9 @@ def test_a_partition_is_not_served_until_its_producer_state_is_rebuilt():
     log = stored_log([(5, 0)], batches_each=3)
     stream = _FlakyTail(log, failures=1)
     manager = partition_manager.PartitionManager(1, _Storage(stream))
-    manager._open(("t", 0), "topic", 0, 7)
+    manager._open_tracked(None, ("t", 0), "topic", 0, 7)
     assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
-    manager._open(("t", 0), "topic", 0, 7)  # the retry: the tail reads now
+    manager._open_tracked(None, ("t", 0), "topic", 0, 7)  # the retry: the tail reads now
     plog = manager.get("t", 0)
     assert plog is not None and not manager.retrying()
     assert plog.producers.check(5, 0, 8, 11) == (ProducerStateTable.DUPLICATE, 8)
@@ -183,10 +183,10 @@ def test_a_tail_read_that_stops_short_of_the_end_refuses_to_serve():
     with pytest.raises(producer_state.ProducerStateUnavailableError, match="stopped at offset 36"):
         rebuild_producer_state(stream, ProducerStateTable())
     manager = partition_manager.PartitionManager(1, _Storage(stream))
-    manager._open(("t", 0), "topic", 0, 7)
+    manager._open_tracked(None, ("t", 0), "topic", 0, 7)
     assert manager.get("t", 0) is None and manager.retrying() == {("t", 0)}
     stream.visible_end = log[-1].last_offset  # the lookup finds the newest object now
-    manager._open(("t", 0), "topic", 0, 7)
+    manager._open_tracked(None, ("t", 0), "topic", 0, 7)
     plog = manager.get("t", 0)
     assert plog is not None
     assert plog.producers.check(5, 0, 36, 39) == (ProducerStateTable.DUPLICATE, 36)
