@@ -108,27 +108,18 @@ class ObjectStorage:
             max_bytes=cfg.merge_max_bytes,
             max_open_batches=cfg.merge_max_open_batches,
         )
-        # the async GETs' client where it serves a bucket (a client factory given, e.g. by
-        # tests, keeps every request on botocore)
+        # the lean clients where they serve a bucket: async GETs, and PUTs of unsigned
+        # payloads (a client factory given, e.g. by tests, keeps every request on botocore)
+        lean = client_factory is None
+        timeouts_s = (cfg.connect_timeout_ms / 1000, cfg.read_timeout_ms / 1000)
         self._ranged_gets = (
-            RangedGetClient(
-                by_id,
-                cfg.connect_timeout_ms / 1000,
-                cfg.read_timeout_ms / 1000,
-                max_idle_per_bucket=cfg.max_concurrency,
-            )
-            if cfg.lean_range_gets and client_factory is None
+            RangedGetClient(by_id, *timeouts_s, max_idle_per_bucket=cfg.max_concurrency)
+            if lean and cfg.lean_range_gets
             else None
         )
-        # PUTs likewise (`lean_put.py`), where their payloads go unsigned
         self._lean_puts = (
-            LeanPutClient(
-                by_id,
-                cfg.connect_timeout_ms / 1000,
-                cfg.read_timeout_ms / 1000,
-                max_idle_per_bucket=cfg.max_concurrency,
-            )
-            if cfg.lean_puts and not cfg.sign_payloads and client_factory is None
+            LeanPutClient(by_id, *timeouts_s, max_idle_per_bucket=cfg.max_concurrency)
+            if lean and cfg.lean_puts and not cfg.sign_payloads
             else None
         )
         self._closed = False  # no new requests accepted

@@ -7,9 +7,28 @@ import socket
 import threading
 from collections.abc import Callable
 
+from prometheus_client import CollectorRegistry
+
+from dataplane.objectstore import ObjectStorage, ObjectStoreMetrics
+
 # (request number from 0, path, headers) -> (raw answer bytes, close the connection after it),
 # or None to close it without answering
 Script = Callable[[int, str, dict[str, str]], tuple[bytes, bool] | None]
+
+
+def store_of(uri: str, registry: CollectorRegistry, **overrides) -> ObjectStorage:
+    """An ObjectStorage of `uri` with its metrics in `registry`, 3 attempts, ~no backoff."""
+    overrides = {"max_attempts": 3, "backoff_base_ms": 1, "backoff_max_ms": 2, **overrides}
+    return ObjectStorage(uri, metrics=ObjectStoreMetrics(registry), **overrides)
+
+
+def requests_counted(registry: CollectorRegistry, op: str, status: str) -> float:
+    """How many `op` attempts on bucket 0 ended with `status` (the store's metrics)."""
+    value = registry.get_sample_value(
+        "automq_object_store_requests_total",
+        {"op": op, "bucket_id": "0", "status": status},
+    )
+    return value or 0.0
 
 
 def answer(status: int, body: bytes, extra: str = "", length: int | None = None) -> bytes:

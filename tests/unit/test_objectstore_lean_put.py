@@ -20,15 +20,13 @@ from prometheus_client import CollectorRegistry
 from dataplane.objectstore import (
     AccessDeniedError,
     ObjectBody,
-    ObjectStorage,
-    ObjectStoreMetrics,
     ObjectStoreUnavailableError,
     PreconditionFailedError,
     SendPace,
     parse_bucket_uris,
 )
 from dataplane.objectstore.lean_put import MAX_BUFFERS_PER_SEND, LeanPutClient
-from tests.support.fake_s3 import FakeStore, answer
+from tests.support.fake_s3 import FakeStore, answer, requests_counted, store_of
 
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 OK = (answer(200, b"", 'ETag: "x"\r\n'), False)
@@ -39,17 +37,8 @@ def registry() -> CollectorRegistry:
     return CollectorRegistry()
 
 
-def store_of(uri: str, registry: CollectorRegistry, **overrides) -> ObjectStorage:
-    overrides = {"max_attempts": 3, "backoff_base_ms": 1, "backoff_max_ms": 2, **overrides}
-    return ObjectStorage(uri, metrics=ObjectStoreMetrics(registry), **overrides)
-
-
 def count(registry: CollectorRegistry, status: str) -> float:
-    value = registry.get_sample_value(
-        "automq_object_store_requests_total",
-        {"op": "put", "bucket_id": "0", "status": status},
-    )
-    return value or 0.0
+    return requests_counted(registry, "put", status)
 
 
 def test_signature_is_botocores():

@@ -21,13 +21,12 @@ from dataplane.formats.buffer_pool import BufferPool
 from dataplane.objectstore import (
     ObjectNotFoundError,
     ObjectStorage,
-    ObjectStoreMetrics,
     ObjectStoreUnavailableError,
     parse_bucket_uris,
 )
 from dataplane.objectstore.clients import default_client_factory
 from dataplane.objectstore.ranged_get import RangedGetClient
-from tests.support.fake_s3 import FakeStore, answer
+from tests.support.fake_s3 import FakeStore, answer, requests_counted, store_of
 
 OBJECT = bytes(range(256)) * 64  # 16 KiB
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -47,17 +46,8 @@ def registry() -> CollectorRegistry:
     return CollectorRegistry()
 
 
-def store_of(uri: str, registry: CollectorRegistry, **overrides) -> ObjectStorage:
-    overrides = {"max_attempts": 3, "backoff_base_ms": 1, "backoff_max_ms": 2, **overrides}
-    return ObjectStorage(uri, metrics=ObjectStoreMetrics(registry), **overrides)
-
-
 def count(registry: CollectorRegistry, status: str) -> float:
-    value = registry.get_sample_value(
-        "automq_object_store_requests_total",
-        {"op": "get", "bucket_id": "0", "status": status},
-    )
-    return value or 0.0
+    return requests_counted(registry, "get", status)
 
 
 def test_signature_is_botocores():
