@@ -8,6 +8,12 @@ reads every object back in R KiB ranges (the BlockCache's data-block size) K tim
 * store:      `ObjectStorage.get_range_async` for every range (pool of T, range merging on);
 * store_nomerge: the same with merging off (`merge_window_ms=0`), to show its effect.
 
+Then the PUTs' CPU: each object PUT again as an `ObjectBody` of 512 KiB views (as the
+uploader sends its data blocks), K times each way, interleaved: without botocore
+(`lean_put.py`, the default for such a bucket) and through botocore (`lean_puts=false`),
+the calling thread's CPU seconds per GB (a sync `put_object` sends on it), beside the
+floor of the same run: the kernel's own loopback send per GB.
+
 Every byte read is compared with what was written. Prints one JSON summary (MB/s = 10**6
 bytes per second, medians over the K runs, the store/raw ratio, GETs per run). The store is
 stopped at exit, also on errors, Ctrl-C and SIGTERM.
@@ -32,10 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import boto3  # noqa: E402
+from _harness import loopback_copy_cpu_s_per_gb  # noqa: E402
 from botocore.config import Config as BotoConfig  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from dataplane.objectstore import ObjectStorage, ObjectStoreMetrics, Priority  # noqa: E402
+from dataplane.objectstore import (  # noqa: E402
+    ObjectBody,
+    ObjectStorage,
+    ObjectStoreMetrics,
+    Priority,
+)
 from dataplane.objectstore.seaweed import EmbeddedSeaweed  # noqa: E402
 
 MiB = 1024 * 1024
@@ -101,6 +113,20 @@ def run_store(store: ObjectStorage, objects: dict[str, bytes], step: int) -> flo
     return elapsed
 
 
+def put_cpu_s_per_gb(store: ObjectStorage, objects: dict[str, bytes]) -> float:
+    """CPU seconds of this thread per GB to PUT every object again through `store`, each as
+    an ObjectBody of 512 KiB views (the uploader's shape)."""
+    block = 512 * 1024
+    bodies = {
+        f"{k}-put": ObjectBody([memoryview(v)[i : i + block] for i in range(0, len(v), block)])
+        for k, v in objects.items()
+    }
+    t0 = time.thread_time()
+    for key, body in bodies.items():
+        store.put_object(0, key, body)
+    return (time.thread_time() - t0) / (sum(len(b) for b in bodies.values()) / 1e9)
+
+
 def check(objects: dict[str, bytes], jobs: list, results: list[bytes]) -> None:
     for (key, start, end), got in zip(jobs, results):
         if got != objects[key][start:end]:
@@ -146,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             ObjectStorage(
                 uri, metrics=ObjectStoreMetrics(plain_registry), merge_window_ms=0, **common
             ) as plain,
+            ObjectStorage(
+                uri, metrics=ObjectStoreMetrics(CollectorRegistry()), lean_puts=False, **common
+            ) as boto_puts,
         ):
             objects = {
                 f"bench/{i:04d}": os.urandom(args.object_mib * MiB) for i in range(args.objects)
@@ -186,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                 runs["store_nomerge"].append(total_bytes / run_store(plain, objects, step) / 1e6)
                 gets["store_nomerge"].append(gets_so_far(plain_registry) - before)
             raw_client.close()
+            put_cpu: dict[str, list[float]] = {"lean": [], "botocore": []}
+            put_cpu_s_per_gb(store, objects)  # warm-up
+            put_cpu_s_per_gb(boto_puts, objects)
+            for _ in range(args.runs):
+                put_cpu["lean"].append(put_cpu_s_per_gb(store, objects))
+                put_cpu["botocore"].append(put_cpu_s_per_gb(boto_puts, objects))
+            floor = loopback_copy_cpu_s_per_gb(mib=256)
     medians = {k: statistics.median(v) for k, v in runs.items()}
     summary = {
         "config": {
@@ -208,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         "store_gets_per_run": statistics.median(gets["store"]),
         "store_nomerge_gets_per_run": statistics.median(gets["store_nomerge"]),
         "runs_mb_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "put_cpu_s_per_gb": {k: round(statistics.median(v), 3) for k, v in put_cpu.items()},
+        "runs_put_cpu_s_per_gb": {k: [round(x, 3) for x in v] for k, v in put_cpu.items()},
+        "put_floor_loopback_send_cpu_s_per_gb": floor["loopback_send_cpu_s_per_gb"],
     }
     text = json.dumps(summary, indent=2)
     print(text)
