@@ -1,12 +1,12 @@
 """PUTs without botocore: an upload's bytes handed to the kernel as they are.
 
 Every produced byte is PUT once (in a stream-set or stream object). Through botocore a PUT
-of an `ObjectBody` cost ~0.40 CPU s per GB of the sending thread (`http.client` reads the
+of an `ObjectBody` cost ~0.73 CPU s per GB of the sending thread (`http.client` reads the
 body through its file interface and sends it block by block, each through urllib3's and
 botocore's layers); `LeanPutClient` sends the SigV4-signed head (`s3_http.py`, unsigned
 payload: the store config's default) and then the body's buffers with `sendmsg`, up to
-IOV_MAX of them per call, with no copy: ~0.19 s per GB, the loopback send's own cost
-(ad-hoc measurement of 64 MiB PUTs to SeaweedFS, 5 runs each, medians 0.40 and 0.19).
+IOV_MAX of them per call, with no copy: ~0.29 s per GB against a loopback send's own 0.27
+(`benchmarks/objectstore_bench.py --objects 4 --object-mib 16 --runs 5`, 2026-12-01).
 
 A paced body (`ObjectBody.paced`) is sent as its reader hands it out, so the pace holds as
 it does through botocore. On a kept-alive connection the store may have closed while it
@@ -49,9 +49,8 @@ __all__ = ["LeanPutClient"]
 
 MAX_BUFFERS_PER_SEND = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))  # (sysconf: -1 if unknown)
 MAX_INTERIM_ANSWERS = 8  # 1xx answers passed over before the final one
-PACED_READ_BYTES = (
-    1024 * 1024
-)  # a paced body is handed out (and its pace taken) this much at a time
+# a paced body is handed out (and its pace taken) this much at a time
+PACED_READ_BYTES = 1024 * 1024
 
 
 class LeanPutClient:

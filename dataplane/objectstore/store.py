@@ -18,7 +18,7 @@ What it adds to boto3:
 * `get_range_async`'s GETs bypass botocore where they can (`ranged_get.py`: plain http
   endpoints with static credentials, `ObjectStorageConfig.lean_range_gets`): the catch-up
   read's GETs at a third of the CPU; PUTs too (`lean_put.py`, `lean_puts`, unsigned payloads
-  only): about half the CPU per GB uploaded;
+  only): ~0.4x the CPU per GB uploaded;
 * priority bandwidth limits for reads and writes (see `limiter.py`), and a pool that runs
   the `*_async` requests by the same priorities, keeping a quarter of its workers for
   `PRODUCE` work (uploads, WAL PUTs): a catch-up's queued or throttled GETs never hold every

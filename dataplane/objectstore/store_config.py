@@ -92,7 +92,7 @@ class ObjectStorageConfig(BaseModel):
     lean_puts: bool = Field(
         True,
         description="PUTs without botocore where the bucket allows it (a plain http "
-        "endpoint, static credentials) and payloads go unsigned: about half the CPU per GB "
+        "endpoint, static credentials) and payloads go unsigned: ~0.4x the CPU per GB "
         "uploaded; false sends them through botocore",
     )
 
