@@ -444,6 +444,12 @@ class SealConfig(_Section):
         ge=1,
         description=f"repair bandwidth ({ERASURE_REPAIR_RATE} overrides it)",
     )
+    repair_pass_max_ms: int = Field(
+        2_000,
+        ge=10,
+        description="longest one partition's repair pass runs (at least one write is "
+        "repaired); the next pass resumes where it stopped, after the sealer's other work",
+    )
 
 
 class ErasureConfig(_Section):

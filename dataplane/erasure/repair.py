@@ -19,8 +19,9 @@ Rules (why a repair can never change what a reader decided):
 - the re-encoded frames of the shards present must equal the stored ones byte for byte,
   else nothing is written (a guard against a codec that is not deterministic).
 
-Bounded: a pass lists at most `max_holes` holes / `max_bytes` per store and writes at most
-the rate limit's bytes (a token bucket, `max_bytes_per_s`); the caller resumes at
+Bounded: a pass lists at most `max_holes` holes / `max_bytes` per store, writes at most
+the rate limit's bytes (a token bucket, `max_bytes_per_s`) and stops at the caller's
+deadline (the rate limit does not bind on small shards); the caller resumes at
 `RepairPass.next_offset`. Holes missing on stores that did not answer are reported
 (`RepairPass.waiting_from`) so the caller can look again once those stores answer.
 
@@ -129,8 +130,18 @@ class ErasureRepairer:
 
         return list(self.pool.map(guarded, self.stores))
 
-    def repair_range(self, start: int, end: int, max_holes: int = DEFAULT_MAX_HOLES) -> RepairPass:
-        """One bounded pass over offsets [start, end)."""
+    def repair_range(
+        self,
+        start: int,
+        end: int,
+        max_holes: int = DEFAULT_MAX_HOLES,
+        deadline_s: float | None = None,
+    ) -> RepairPass:
+        """One bounded pass over offsets [start, end). With `deadline_s` (on `clock_s`) the
+        pass repairs at least one offset and none after the deadline: a store that comes
+        back after an outage can hold hundreds of writes to repair, each fsync'd, and the
+        caller's thread has other work between passes (sealing, the drops of stores that
+        missed theirs)."""
         if end <= start:
             return RepairPass(start, 0, frozenset())
         answers = self._list(start, end, max_holes)
@@ -149,7 +160,9 @@ class ErasureRepairer:
         repaired = 0
         waiting_from: int | None = None
         waiting_on: set[int] = set()
-        for offset in sorted(by_offset):
+        for index, offset in enumerate(sorted(by_offset)):
+            if index and deadline_s is not None and self.clock_s() >= deadline_s:
+                return RepairPass(offset, repaired, listed, waiting_from, frozenset(waiting_on))
             done = self._repair_offset(offset, by_offset[offset], listed)
             if done is None:  # out of rate budget: resume here next pass
                 return RepairPass(offset, repaired, listed, waiting_from, frozenset(waiting_on))

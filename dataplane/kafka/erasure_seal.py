@@ -8,7 +8,8 @@ seal delay, writes them as one ordinary stream object of the partition's stream
 (`formats/seal_format.py`: stream offsets are Kafka offsets >> 16) and commits it with
 `seal_erasure_range`. Only once the commit is applied are the shards dropped from the shard
 stores (`drop_below`, durable); a store that misses the drop (down) is told again on every
-pass. Reads below the sealed end then come from the object store, through the storage
+pass, and each broker's pass also raises its own store's marks to the image's sealed ends
+(`follow_drop_marks`). Reads below the sealed end then come from the object store, through the storage
 engine's read path and BlockCache.
 
 Why nothing is lost or doubled:
@@ -196,7 +197,7 @@ class ErasureSealer:
         objects were committed."""
         image = self.image_fn()
         sealed = 0
-        self.drop_deleted_streams(image)
+        self.follow_drop_marks(image)
         for stream_id in [sid for sid in self._repairers if sid not in image.streams]:
             self._repairers.pop(stream_id, None)  # a deleted topic's: forget its state
             self._repair_cursor.pop(stream_id, None)
@@ -425,7 +426,8 @@ class ErasureSealer:
         start = max(self._repair_cursor.get(stream_id, 0), floor)
         repairer.max_bytes_per_s = settings.max_bytes_per_s  # an operator may change it
         end = partition.reader.clock_ns() - settings.delay_ms * 1_000_000
-        result = repairer.repair_range(start, end)
+        deadline_s = repairer.clock_s() + self.config.repair_pass_max_ms / 1000
+        result = repairer.repair_range(start, end, deadline_s=deadline_s)
         cursor = max(start, result.next_offset)
         waiting = self._repair_waiting.pop(stream_id, None)
         if waiting is not None:
@@ -466,20 +468,32 @@ class ErasureSealer:
                     "drop on store %d of stream %d: %s", index, partition.erasure_stream_id, exc
                 )
 
-    def drop_deleted_streams(self, image: MetadataImage) -> int:
-        """Forget every hole this broker's own store keeps of deleted streams (their topic
-        was deleted). Stream ids are never reused, so an id below the image's next stream
-        id that the image no longer has is deleted for good (a newer stream that this image
-        does not know yet has an id at or above it). Returns the streams dropped."""
+    def follow_drop_marks(self, image: MetadataImage) -> int:
+        """Bring this broker's own store's drop marks up to the image; returns the streams
+        whose mark rose. A deleted stream's holes all go: stream ids are never reused, so
+        an id below the image's next stream id that the image no longer has is deleted for
+        good (a newer stream that this image does not know yet has an id at or above it).
+        A sealed stream's holes below its sealed end go: the image holds the seal's commit,
+        the same condition as the sealer's own drop. So a store that was down when its
+        partition's sealer told the stores learns it from its own broker's next pass, not
+        only from that sealer's next visit to the partition."""
         if self.local_store is None:
             return 0
-        dropped = 0
+        raised = 0
         for stream_id, mark in self.local_store.streams().items():
-            if mark < DROP_ALL and stream_id < image.next_stream_id:
-                if stream_id not in image.streams:
-                    self.local_store.drop_below(stream_id, DROP_ALL)
-                    dropped += 1
-        return dropped
+            if mark >= DROP_ALL or stream_id >= image.next_stream_id:
+                continue
+            stream = image.streams.get(stream_id)
+            if stream is None:
+                target = DROP_ALL
+            else:
+                end_slot = sealed_end(stream)
+                if end_slot is None or offset_of(end_slot) <= mark:
+                    continue
+                target = offset_of(end_slot)
+            self.local_store.drop_below(stream_id, target)
+            raised += 1
+        return raised
 
     # ------------------------------------------------------------ retention
 

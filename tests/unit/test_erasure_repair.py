@@ -234,6 +234,34 @@ def test_a_pass_is_rate_limited_and_the_next_resumes_where_it_stopped(
     assert all(stores[5].read(STREAM, o) is not None for o in offsets)
 
 
+def test_a_pass_stops_at_its_deadline_after_one_offset_and_the_next_resumes(
+    stores: list[HoleStore], pool: ThreadPoolExecutor
+) -> None:
+    clock = _Clock()
+    with ErasureWriter([*stores[:4], _Down(), _Down()], STREAM, clock_ns=clock) as writer:
+        offsets = [writer.append(b"z" * 100) for _ in range(4)]
+    end = clock.now + 10**9
+    seconds = [0.0]
+
+    def ticking() -> float:  # each look at the clock is a second later
+        seconds[0] += 1.0
+        return seconds[0]
+
+    repairer = _repairer(stores, pool, clock_s=ticking)
+    # the deadline has passed before the first offset: that one is still repaired
+    first = repairer.repair_range(0, end, deadline_s=0.0)
+    assert first.repaired_shards == 2 and first.next_offset == offsets[1]
+    assert stores[4].read(STREAM, offsets[0]) is not None
+    assert stores[4].read(STREAM, offsets[1]) is None
+    # the deadline 2.5 s of looks away (a look for the deadline, one for the rate budget
+    # per offset): offsets 1 and 2 are repaired, offset 3 waits for the next pass
+    second = repairer.repair_range(first.next_offset, end, deadline_s=seconds[0] + 2.5)
+    assert second.repaired_shards == 4 and second.next_offset == offsets[3]
+    last = repairer.repair_range(second.next_offset, end)  # no deadline: to the end
+    assert last.repaired_shards == 2 and last.next_offset == end
+    assert all(stores[5].read(STREAM, o) is not None for o in offsets)
+
+
 def test_repairs_over_the_stores_http_service(tmp_path: Path) -> None:
     import threading
 

@@ -32,6 +32,7 @@ from dataplane.formats.seal_format import (
 from dataplane.kafka.api_context import BrokerIdentity
 from dataplane.kafka.apis import KafkaApis
 from dataplane.kafka.erasure_partition import ErasurePartitions
+from dataplane.kafka.erasure_seal import ErasureSealer
 from dataplane.objectstore import ObjectStorage
 from dataplane.s3stream.storage import S3Storage
 from tests.unit.test_erasure_partition import (
@@ -454,11 +455,47 @@ def test_a_brokers_store_forgets_the_holes_of_deleted_topics_only(sealed_cluster
     controller.call("delete_topic", {"name": "gone"})
     sealer = erasure.sealer
     sealer.local_store = stores[1]
-    assert sealer.drop_deleted_streams(image_now()) == 1
+    assert sealer.follow_drop_marks(image_now()) == 1
     assert stores[1].read_range(gone, 0, 2**62, 10, 1 << 20).holes == []
     assert stores[1].hole_count == 2  # "kept" and the newer stream
-    assert sealer.drop_deleted_streams(image_now()) == 0  # once
+    assert sealer.follow_drop_marks(image_now()) == 0  # once
     assert stores[2].hole_count == 2  # other brokers' stores are their own sealer's work
+
+
+def test_a_store_that_missed_its_drop_gets_it_from_its_own_brokers_pass(sealed_cluster):
+    apis, controller, stores, erasure, image_now, objects = sealed_cluster
+    controller.call("create_topic", {"name": "events", "partitions": 1, "configs": ERASURE})
+    assert produce(apis, "events", batch([b"sealed"])).error_code == KafkaError.NONE
+    assert holes_settle_at(stores, [1] * 6)
+    partition, stream_id = _partition(erasure, image_now, "events")
+    shard_stores = image_now().topic_by_name("events").partitions[0].shard_stores
+    away = shard_stores[-1]
+    index = shard_stores.index(away)
+    # the store is down while the partition's sealer seals and tells the stores
+    partition.reader.stores[index] = _DownStore()
+    try:
+        time.sleep(0.3)  # past the read and seal delays
+        assert erasure.sealer.seal(partition) == 1
+    finally:
+        partition.reader.stores[index] = stores[away]
+    end = offset_of(image_now().streams[stream_id].end_offset)
+    assert stores[away].read_range(stream_id, 0, end, 10, 1 << 20).holes  # it missed it
+    # its own broker's pass (the partition's sealer is elsewhere, busy or not) raises the
+    # mark to the sealed end the image holds
+    own = ErasureSealer(
+        away,
+        lambda: image_now().brokers[away].node_epoch,
+        image_now,
+        controller,
+        objects,
+        lambda *_: None,
+        local_store=stores[away],
+    )
+    own.run_once()
+    answer = stores[away].read_range(stream_id, 0, end, 10, 1 << 20)
+    assert answer.dropped_below >= end and answer.holes == []
+    assert stores[away].hole_count == 0
+    assert own.follow_drop_marks(image_now()) == 0  # once
 
 
 def test_retention_bytes_keeps_the_newest_sealed_pieces(sealed_cluster):
