@@ -447,8 +447,8 @@ class SealConfig(_Section):
     repair_pass_max_ms: int = Field(
         2_000,
         ge=10,
-        description="longest one partition's repair pass runs (at least one write is "
-        "repaired); the next pass resumes where it stopped, after the sealer's other work",
+        description="how long one partition's repair pass may go on (it always looks at "
+        "one offset); the next pass resumes where it stopped, after the sealer's other work",
     )
 
 

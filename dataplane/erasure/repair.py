@@ -138,8 +138,8 @@ class ErasureRepairer:
         deadline_s: float | None = None,
     ) -> RepairPass:
         """One bounded pass over offsets [start, end). With `deadline_s` (on `clock_s`) the
-        pass repairs at least one offset and none after the deadline: a store that comes
-        back after an outage can hold hundreds of writes to repair, each fsync'd, and the
+        pass looks at one offset at least and starts none after the deadline: a store back
+        from an outage can lack shards of hundreds of writes, each repair fsync'd, and the
         caller's thread has other work between passes (sealing, the drops of stores that
         missed theirs)."""
         if end <= start:

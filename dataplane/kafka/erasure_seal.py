@@ -7,9 +7,9 @@ reads the decided records from the partition's sealed end up to the visible end 
 seal delay, writes them as one ordinary stream object of the partition's stream
 (`formats/seal_format.py`: stream offsets are Kafka offsets >> 16) and commits it with
 `seal_erasure_range`. Only once the commit is applied are the shards dropped from the shard
-stores (`drop_below`, durable); a store that misses the drop (down) is told again on every
-pass, and each broker's pass also raises its own store's marks to the image's sealed ends
-(`follow_drop_marks`). Reads below the sealed end then come from the object store, through the storage
+stores (`drop_below`, durable); a store that misses the drop (down) is told again on
+every pass, and each broker's pass also raises its own store's marks to the image's sealed
+ends (`follow_drop_marks`). Reads below the sealed end then come from the object store, through the storage
 engine's read path and BlockCache.
 
 Why nothing is lost or doubled:
@@ -197,7 +197,10 @@ class ErasureSealer:
         objects were committed."""
         image = self.image_fn()
         sealed = 0
-        self.follow_drop_marks(image)
+        try:
+            self.follow_drop_marks(image)
+        except Exception as exc:  # noqa: BLE001 - its store closed or failing: the rest goes on
+            log.warning("raising this broker's store's drop marks: %s", exc)
         for stream_id in [sid for sid in self._repairers if sid not in image.streams]:
             self._repairers.pop(stream_id, None)  # a deleted topic's: forget its state
             self._repair_cursor.pop(stream_id, None)
