@@ -9,8 +9,8 @@ seal delay, writes them as one ordinary stream object of the partition's stream
 `seal_erasure_range`. Only once the commit is applied are the shards dropped from the shard
 stores (`drop_below`, durable); a store that misses the drop (down) is told again on
 every pass, and each broker's pass also raises its own store's marks to the image's sealed
-ends (`follow_drop_marks`). Reads below the sealed end then come from the object store, through the storage
-engine's read path and BlockCache.
+ends (`follow_drop_marks`). Reads below the sealed end then come from the object store,
+through the storage engine's read path and BlockCache.
 
 Why nothing is lost or doubled:
 - prepare -> put -> commit: a sealer dying before the commit leaves a PREPARED object the
