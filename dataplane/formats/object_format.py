@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc32c
 
+from dataplane.formats.crc32c_combine import COMBINE_PAYS_FROM_BYTES, crc32c_combine
 from dataplane.formats.stream_records import (
     HEADER_SIZE_BYTES as BATCH_HEADER_SIZE_BYTES,
 )
@@ -207,6 +208,8 @@ class _OpenBlock:
     pieces: list[bytes | memoryview] = field(default_factory=list)
     body_size: int = 0
     batch_count: int = 0
+    # CRC32C of the body so far: a payload whose CRC its batch carries is not read again
+    body_crc32c: int = 0
 
 
 class ObjectWriter:
@@ -298,7 +301,13 @@ class ObjectWriter:
         if block is None:
             block = _OpenBlock(stream_id, base_offset, base_offset)
             self._open = block
-        block.pieces += (batch.encode_header(), batch.payload)
+        header, payload = batch.encode_header(), batch.payload
+        crc = _crc32c.crc32c(header, block.body_crc32c)
+        if batch.payload_crc32c is not None and len(payload) >= COMBINE_PAYS_FROM_BYTES:
+            block.body_crc32c = crc32c_combine(crc, batch.payload_crc32c, len(payload))
+        else:
+            block.body_crc32c = _crc32c.crc32c(payload, crc)
+        block.pieces += (header, payload)
         block.body_size += size
         block.batch_count += 1
         block.end_offset = last_offset
@@ -346,6 +355,7 @@ class ObjectWriter:
         ):
             body = bytes(body)  # a buffer that may change: copy (immutable bytes are kept)
         block.pieces.append(body)
+        block.body_crc32c = _crc32c.crc32c(body, block.body_crc32c)
         block.body_size += len(body)
         block.batch_count += entry.record_count
         block.end_offset = end
@@ -368,7 +378,7 @@ class ObjectWriter:
         # they are (an upload sends them without a copy), runs of smaller pieces (the batch
         # headers, small batches) are joined, so the body is never copied whole
         body = _coalesced(block.pieces)
-        head = _block_head(body, block.body_size, block.batch_count)
+        head = _block_head(block.body_crc32c, block.body_size, block.batch_count)
         size = len(head) + block.body_size
         entry = IndexEntry(
             stream_id=block.stream_id,
@@ -412,15 +422,13 @@ class ObjectWriter:
         )
 
 
-def _block_head(body: Sequence[bytes | memoryview], body_size: int, batch_count: int) -> bytes:
-    """The header of the data block whose body is the concatenation of `body` (`body_size`
-    bytes), its CRC32C included."""
+def _block_head(body_crc32c: int, body_size: int, batch_count: int) -> bytes:
+    """The header of the data block whose body (`body_size` bytes) has the CRC32C
+    `body_crc32c`, the block's CRC32C included."""
     head = _BLOCK_HEADER.pack(DATA_BLOCK_MAGIC, 0, batch_count, body_size, 0)[
         :_BLOCK_HEADER_CRC_SPAN
     ]
-    crc = _crc32c.crc32c(head)
-    for part in body:
-        crc = _crc32c.crc32c(part, crc)
+    crc = crc32c_combine(_crc32c.crc32c(head), body_crc32c, body_size)
     return head + crc.to_bytes(4, "big")
 
 

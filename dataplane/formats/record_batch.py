@@ -45,6 +45,7 @@ from enum import IntEnum
 
 import crc32c
 
+from dataplane.formats.crc32c_combine import crc32c_combine
 from dataplane.formats.kafka_errors import InvalidRecordBatchError, KafkaError
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "parse_batches",
     "parse_batch_header",
     "patch_batch",
+    "batch_crc32c",
     "patch_batches",
     "build_batch",
     "null_key_records",
@@ -405,6 +407,16 @@ def patch_batch(
     for piece in crc_range:
         crc = crc32c_keeping_gil(piece, crc)
     return b"".join((*head, view[16:17], _CRC.pack(crc), *crc_range))
+
+
+def batch_crc32c(batch: bytes | memoryview) -> int:
+    """The CRC32C of all of `batch`'s bytes, one v2 batch whose own CRC field (of the bytes
+    from its attributes on) is right: checked on arrival (`parse_batches`) or written by
+    `patch_batch`. Reads only the 21 bytes before that range (`crc32c_combine`)."""
+    view = _as_view(batch)
+    (stored,) = _CRC.unpack_from(view, _CRC_OFFSET)
+    head_crc = crc32c.crc32c(view[:_ATTRIBUTES_OFFSET])
+    return crc32c_combine(head_crc, stored, len(view) - _ATTRIBUTES_OFFSET)
 
 
 def patch_batches(

@@ -33,7 +33,11 @@ This module does no I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import crc32c as _crc32c
+
+from .crc32c_combine import crc32c_combine
 
 __all__ = [
     "MAGIC",
@@ -75,6 +79,10 @@ class StreamRecordBatch:
         payload: opaque bytes (at most ``MAX_PAYLOAD_BYTES``); a read-only memoryview of
             an immutable ``bytes`` buffer when decoded with ``share_payload=True``. A
             memoryview or bytearray given to the constructor is copied into ``bytes``.
+        payload_crc32c: the CRC32C of ``payload`` when its writer knows it without reading
+            it (a produced batch's, from its checked Kafka CRC); None: unknown. The WAL
+            record and the object block that carry the batch take their checksums from it
+            (`encoded_crc32c`) instead of reading the payload again. Not compared.
     """
 
     stream_id: int
@@ -82,6 +90,7 @@ class StreamRecordBatch:
     base_offset: int
     count: int
     payload: bytes | memoryview
+    payload_crc32c: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # one produced batch's cost: the common valid case in one expression, the named
@@ -145,13 +154,25 @@ class StreamRecordBatch:
             MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
         )
 
+    def encoded_crc32c(self, header: bytes) -> int | None:
+        """The CRC32C of `encode()` from `payload_crc32c` (None when that is unknown), given
+        the batch's `header` (`encode_header`, as `encode_parts` returns it)."""
+        if self.payload_crc32c is None:
+            return None
+        return crc32c_combine(_crc32c.crc32c(header), self.payload_crc32c, len(self.payload))
+
     def owned(self) -> StreamRecordBatch:
         """This batch with a payload of its own (``bytes``): a shared payload is copied, so
         the batch no longer keeps the buffer it was decoded from alive."""
         if type(self.payload) is bytes:
             return self
         return StreamRecordBatch(
-            self.stream_id, self.epoch, self.base_offset, self.count, self.payload
+            self.stream_id,
+            self.epoch,
+            self.base_offset,
+            self.count,
+            self.payload,
+            self.payload_crc32c,
         )
 
     @classmethod
@@ -217,6 +238,7 @@ class StreamRecordBatch:
         _set_count(batch, count)
         payload = view[end_of_header:end]
         _set_payload(batch, payload if share_payload else bytes(payload))
+        _set_payload_crc32c(batch, None)
         return batch, end
 
 
@@ -227,6 +249,7 @@ _set_epoch = StreamRecordBatch.__dict__["epoch"].__set__
 _set_base_offset = StreamRecordBatch.__dict__["base_offset"].__set__
 _set_count = StreamRecordBatch.__dict__["count"].__set__
 _set_payload = StreamRecordBatch.__dict__["payload"].__set__
+_set_payload_crc32c = StreamRecordBatch.__dict__["payload_crc32c"].__set__
 
 
 def decode_all(

@@ -23,9 +23,11 @@ from prometheus_client import Counter
 
 from controlplane import topic_configs
 from controlplane.image import RangeState
+from dataplane.formats.crc32c_combine import COMBINE_PAYS_FROM_BYTES
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.record_batch import (
     RecordChunks,
+    batch_crc32c,
     concat_records,
     patch_batch,
 )
@@ -339,10 +341,13 @@ class PartitionLog:
         (LogAppendTime, `patch_batch`). Returns (base offset, durable future)."""
         base = self.stream.append_offset
         patched = patch_batch(data, base, self.leader_epoch, log_append_time_ms)
+        # the batch's own CRC is right (checked on arrival, or written here): the WAL record
+        # and the object block take theirs from it instead of reading the batch twice more
+        crc = batch_crc32c(patched) if len(patched) >= COMBINE_PAYS_FROM_BYTES else None
         opened = txn_producer_id >= 0 and self.txns.data(txn_producer_id, base)
         try:
             fut = self.stream.append_at(
-                base, count, patched, None if wal_payload is None else wal_payload(base)
+                base, count, patched, None if wal_payload is None else wal_payload(base), crc
             )
         except BaseException:
             if opened:

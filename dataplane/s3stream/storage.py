@@ -22,11 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.calls import ControllerCalls
-from controlplane.errors import (
-    NODE_FENCING_CODES,
-    ControllerError,
-    ErrorCode,
-)
+from controlplane.errors import NODE_FENCING_CODES, ControllerError, ErrorCode
 from controlplane.requests import (
     CloseStreamRequest,
     CreateStreamRequest,
@@ -44,12 +40,7 @@ from dataplane.s3stream.committed_readers import CommittedReaders
 from dataplane.s3stream.controller_locator import ControllerLocator
 from dataplane.s3stream.log_cache import LogCache
 from dataplane.s3stream.recovery import UncommittedBatches, resolve_all
-from dataplane.s3stream.stream_reader import (
-    BlockFetcher,
-    IndexCache,
-    ObjectLocator,
-    StreamReader,
-)
+from dataplane.s3stream.stream_reader import BlockFetcher, IndexCache, ObjectLocator, StreamReader
 from dataplane.s3stream.uploader import (
     UNPACED_WAL_USED_FRACTION,
     ObjectUploader,
@@ -158,14 +149,22 @@ class Stream:
         return self._storage._append(self._state, None, count, payload)
 
     def append_at(
-        self, base_offset: int, count: int, payload: bytes, wal_payload: bytes | None = None
+        self,
+        base_offset: int,
+        count: int,
+        payload: bytes,
+        wal_payload: bytes | None = None,
+        payload_crc32c: int | None = None,
     ) -> Future:
         """Append a finished batch whose offsets its writer assigned: `count` offsets from
         `base_offset`, which must be `append_offset` (else StorageError, nothing appended).
         With `wal_payload` (a Link Record pointing at data stored elsewhere: the zone
         router's RouterChannel) the WAL keeps it instead of `payload`, while reads and
-        uploads get `payload`. The future gives the base offset once durable."""
-        return self._storage._append(self._state, base_offset, count, payload, wal_payload)
+        uploads get `payload`. `payload_crc32c`: see `StreamRecordBatch`. The future gives
+        the base offset once durable."""
+        return self._storage._append(
+            self._state, base_offset, count, payload, wal_payload, payload_crc32c
+        )
 
     def fetch(
         self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1024 * 1024
@@ -387,6 +386,7 @@ class S3Storage:
         count: int,
         payload: bytes,
         wal_payload: bytes | None = None,
+        payload_crc32c: int | None = None,
     ) -> Future:
         """See `Stream.append_at` (`base_offset` None: at the stream's end). Never blocks
         (callers may be on the event loop): no room in the WAL raises its
@@ -400,7 +400,7 @@ class S3Storage:
                     f"offset is {state.next_offset}"
                 )
             batch = StreamRecordBatch(
-                state.stream_id, state.epoch, state.next_offset, count, payload
+                state.stream_id, state.epoch, state.next_offset, count, payload, payload_crc32c
             )
             logged = (
                 batch
@@ -411,7 +411,8 @@ class S3Storage:
             )
             try:
                 # header and payload as pieces, not joined: the WAL writes them with pwritev
-                wal_future = self.wal.append(logged.encode_parts())
+                header, body = logged.encode_parts()
+                wal_future = self.wal.append((header, body), logged.encoded_crc32c(header))
             except WALBackpressureError:
                 self.request_upload()
                 raise

@@ -44,8 +44,8 @@ def test_a_cancelled_produce_future_does_not_break_the_append(tmp_path, monkeypa
         written: list[Future] = []
         real_append = storage.wal.append
 
-        def held_append(data):
-            written.append(real_append(data))
+        def held_append(data, body_crc32c=None):
+            written.append(real_append(data, body_crc32c))
             return wal_future
 
         monkeypatch.setattr(storage.wal, "append", held_append)

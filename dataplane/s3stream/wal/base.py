@@ -241,14 +241,19 @@ class WriteAheadLog(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+    def append(
+        self, record: bytes | RecordPieces, body_crc32c: int | None = None
+    ) -> Future[AppendResult]:
         """Queue ``record`` for durable append; the future resolves after it is durable.
         Never blocks (callers may be on the event loop): no room now raises a
         `WALBackpressureError` (`WALFullError`, `WALQueueFullError`) at once.
 
         ``record`` may be given as a tuple of its pieces in order (e.g. a header and a
         payload): they are written one after another as one record, without being joined
-        first. The caller must not change them afterwards (bytes or read-only views)."""
+        first. The caller must not change them afterwards (bytes or read-only views).
+        ``body_crc32c``: the CRC32C of the record's bytes when the caller knows it
+        (`formats.crc32c_combine` from a checked batch's CRC); a WAL may store it as the
+        record's checksum instead of reading the bytes again, so it must be right."""
 
     @abc.abstractmethod
     def has_room(self, size_bytes: int) -> bool:

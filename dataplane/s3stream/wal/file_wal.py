@@ -382,9 +382,12 @@ class FileWAL(QueuedWAL):
             return self._acked_bytes
 
     # ------------------------------------------------------------------ API
-    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+    def append(
+        self, record: bytes | RecordPieces, body_crc32c: int | None = None
+    ) -> Future[AppendResult]:
         """Queue ``record`` (or its pieces, see `WriteAheadLog.append`); the future resolves
-        once it is durable and ownership re-checked.
+        once it is durable and ownership re-checked. ``body_crc32c`` (when given) is the
+        record's checksum, not computed again.
 
         Never blocks (see `WriteAheadLog.append`; `append_waiting` waits for queue room
         on a worker thread).
@@ -401,11 +404,12 @@ class FileWAL(QueuedWAL):
             raise ValueError(
                 f"record of {body_len} B exceeds max_record_bytes={self._config.max_record_bytes}"
             )
-        body_crc = 0
-        for piece in body:
-            # on the caller's thread (the event loop, for a produce): the GIL is kept
-            body_crc = crc32c_keeping_gil(piece, body_crc)
-        return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body, body_crc)
+        if body_crc32c is None:
+            body_crc32c = 0
+            for piece in body:
+                # on the caller's thread (the event loop, for a produce): the GIL is kept
+                body_crc32c = crc32c_keeping_gil(piece, body_crc32c)
+        return self._admit(RECORD_HEADER_SIZE_BYTES + body_len, body, body_crc32c)
 
     def recover(self) -> Iterator[RecoveredRecord]:
         """Yield the records in ``[start_offset, end_offset)`` as of this call, in order.

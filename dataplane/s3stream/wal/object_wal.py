@@ -200,10 +200,14 @@ class ObjectWAL(QueuedWAL):
             return self._hedges
 
     # ------------------------------------------------------------------ API
-    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+    def append(
+        self, record: bytes | RecordPieces, body_crc32c: int | None = None
+    ) -> Future[AppendResult]:
         """Queue ``record`` (or its pieces, joined here); the future resolves once its object
         is stored and ownership re-checked. Never blocks (see `WriteAheadLog.append`;
-        `append_waiting` waits for queue room on a worker thread).
+        `append_waiting` waits for queue room on a worker thread). ``body_crc32c`` is not
+        used: the object's checksums are computed when it is built, off the caller's
+        thread.
 
         Raises:
             ValueError: record larger than ``max_record_bytes``.

@@ -272,7 +272,9 @@ class BucketFollowingWAL(WriteAheadLog):
             return self._segments[-1]
 
     # ------------------------------------------------------------------ API
-    def append(self, record: bytes | RecordPieces) -> Future[AppendResult]:
+    def append(
+        self, record: bytes | RecordPieces, body_crc32c: int | None = None
+    ) -> Future[AppendResult]:
         """Queue `record` in the newest segment; never blocks (see `ObjectWAL.append`). A
         failed segment raises WALError until the switch thread replaced it."""
         outer: Future[AppendResult] = LightFuture()
@@ -281,7 +283,8 @@ class BucketFollowingWAL(WriteAheadLog):
             if self._closed:
                 raise WALClosedError(f"WAL {self._base_prefix} is closed")
             newest = self._segments[-1]
-            inner = newest.wal.append(record)  # never blocks; under the lock: no switch now
+            # never blocks; under the lock: no switch now
+            inner = newest.wal.append(record, body_crc32c)
             barrier = self._barrier if self._ordered_acks else None
             self._last_append = outer
         segment = newest.segment
