@@ -660,7 +660,7 @@ def perf(
     if gb > 0:
         summary["cpu_s_per_gb"] = {k: round(v / gb, 2) for k, v in sorted(cpu.items())}
     summary["cores_busy"] = round(sum(cpu.values()) / wall_s, 2)
-    intervals = summary.pop("intervals", [])
+    intervals = summary.get("intervals", [])
     window = steady_window(intervals, steady_after_s) if steady_after_s is not None else None
     if window is not None and window[2] > 0:
         t0, t1, window_gb = window

@@ -27,10 +27,12 @@ BUCKETS = "0@s3://automq-main?region=us-east-1"
 def inprocess_broker(
     tmp_path: Path,
     topic_creation: TopicCreation = TopicCreation(),
+    storage_config: StorageConfig | None = None,
 ) -> Iterator[tuple[KafkaApis, InProcessController, Callable[[], None]]]:
     """(apis, controller, sync): `sync()` does on the calling thread what the broker's
     follower and reconcile threads do; the APIs also replay the log when they wait for
-    their own metadata change (a create or an alter). Needs AWS_* credentials in the env."""
+    their own metadata change (a create or an alter). Needs AWS_* credentials in the env.
+    `storage_config`: the engine's (default: small caches)."""
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="automq-main")
         controller = InProcessController()
@@ -47,7 +49,8 @@ def inprocess_broker(
         controller.call("broker_heartbeat", {"node_id": 1, "node_epoch": epoch})
         objects = ObjectStorage(BUCKETS)
         storage = S3Storage(
-            StorageConfig(block_cache_bytes=16 << 20, log_cache_uploaded_bytes=16 << 20),
+            storage_config
+            or StorageConfig(block_cache_bytes=16 << 20, log_cache_uploaded_bytes=16 << 20),
             1,
             epoch,
             controller,

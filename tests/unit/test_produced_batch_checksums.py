@@ -8,15 +8,18 @@ from __future__ import annotations
 import asyncio
 
 import boto3
+import pytest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
+from dataplane.config import StorageConfig
 from dataplane.formats.crc32c_combine import COMBINE_PAYS_FROM_BYTES
 from dataplane.formats.kafka_errors import KafkaError
 from dataplane.formats.object_format import check_block, parse_object
 from dataplane.formats.record_batch import parse_batches
 from dataplane.formats.stream_records import StreamRecordBatch
 from dataplane.kafka.registry import RequestContext
+from tests.unit.inprocess_broker import inprocess_broker
 
 # one batch each: below the combine's threshold, just above it, large with an odd length
 VALUE_BYTES = (100, COMBINE_PAYS_FROM_BYTES + 1, 300_001)
@@ -42,6 +45,19 @@ def produce(apis, topic: str, records: bytes) -> int:
     )
     response = asyncio.run(apis.data.produce(request, ctx))
     return response.responses[0].partition_responses[0].error_code
+
+
+@pytest.fixture
+def broker(tmp_path, monkeypatch):
+    """An in-process broker that uploads only when asked: no upload trims the WAL before
+    the test reads it back."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    config = StorageConfig(
+        block_cache_bytes=16 << 20, log_cache_uploaded_bytes=16 << 20, upload_interval_s=3600
+    )
+    with inprocess_broker(tmp_path, storage_config=config) as parts:
+        yield parts
 
 
 def test_large_batches_get_wal_and_object_checksums_of_their_bytes(broker):
