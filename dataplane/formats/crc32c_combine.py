@@ -10,7 +10,8 @@ is the checked one, carried with the batch.
 The math is zlib's `crc32_combine` for the Castagnoli polynomial: CRC(A + B) = CRC(A)
 times x^(8 len(B)) mod P, plus CRC(B) (the pre- and post-conditioning cancel). Multiplying
 by x^(8 * 2^k) mod P is linear in the CRC, so it is four 256-entry table lookups; a length
-is one such step per set bit. Each power's tables are built on first use (~1 ms).
+is one such step per set bit. Each power's tables are built on first use (~1 ms). (zlib
+wraps its table of powers at 32 entries; that holds for its polynomial, not for this one.)
 
 Pure: no I/O. Thread-safe: two threads that build the same tables at once build equal
 ones, and either is kept.

@@ -409,7 +409,7 @@ def patch_batch(
     return b"".join((*head, view[16:17], _CRC.pack(crc), *crc_range))
 
 
-def batch_crc32c(batch: bytes | memoryview) -> int:
+def batch_crc32c(batch: bytes | bytearray | memoryview) -> int:
     """The CRC32C of all of `batch`'s bytes, one v2 batch whose own CRC field (of the bytes
     from its attributes on) is right: checked on arrival (`parse_batches`) or written by
     `patch_batch`. Reads only the 21 bytes before that range (`crc32c_combine`)."""

@@ -82,7 +82,8 @@ class StreamRecordBatch:
         payload_crc32c: the CRC32C of ``payload`` when its writer knows it without reading
             it (a produced batch's, from its checked Kafka CRC); None: unknown. The WAL
             record and the object block that carry the batch take their checksums from it
-            (`encoded_crc32c`) instead of reading the payload again. Not compared.
+            (`encoded_crc32c`) instead of reading the payload again. Not compared. A batch
+            made from this one with another payload must not carry it.
     """
 
     stream_id: int

@@ -89,6 +89,8 @@ def parse_produced_batches(
         return AppendOutcome(KafkaError.MESSAGE_TOO_LARGE)
     max_batch_bytes = topic_configs.effective_int(configs, "max.message.bytes")
     try:
+        # the CRC check must stay: a partition log carries each checked CRC into the WAL
+        # record's checksum (`batch_crc32c`), so an unchecked bad batch would corrupt the WAL
         batches = parse_batches(records, max_batch_bytes=max_batch_bytes, copy=copy)
     except InvalidRecordBatchError as exc:
         return AppendOutcome(KafkaError(exc.error_code))

@@ -60,8 +60,18 @@ def broker(tmp_path, monkeypatch):
         yield parts
 
 
-def test_large_batches_get_wal_and_object_checksums_of_their_bytes(broker):
+def test_large_batches_get_wal_and_object_checksums_of_their_bytes(broker, monkeypatch):
     apis, controller, sync = broker
+    combined = []  # payload sizes of the WAL records whose checksum came from a carried CRC
+    real_encoded = StreamRecordBatch.encoded_crc32c
+
+    def encoded_crc32c(self, header):
+        crc = real_encoded(self, header)
+        if crc is not None:
+            combined.append(len(self.payload))
+        return crc
+
+    monkeypatch.setattr(StreamRecordBatch, "encoded_crc32c", encoded_crc32c)
     controller.call("create_topic", {"name": "plain", "partitions": 1})
     controller.call(
         "create_topic",
@@ -76,6 +86,10 @@ def test_large_batches_get_wal_and_object_checksums_of_their_bytes(broker):
         for size in VALUE_BYTES:
             assert produce(apis, topic, batch_of(bytes([size % 251]) * size)) == KafkaError.NONE
     storage = apis.partitions.storage
+    # the batches from the combine's threshold on carried their CRC (else this tests nothing)
+    large = [size for size in VALUE_BYTES if size >= COMBINE_PAYS_FROM_BYTES]
+    assert len(combined) == 2 * len(large)
+    assert all(size >= COMBINE_PAYS_FROM_BYTES for size in combined)
 
     # the WAL: every record reads back (recovery checks each record's checksum)
     logged = [StreamRecordBatch.decode(r.data)[0] for r in storage.wal.recover()]

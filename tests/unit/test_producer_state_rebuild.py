@@ -216,7 +216,9 @@ class _PendingStream:
     def append_offset(self) -> int:
         return self.next_offset + sum(c for c, _ in self.appended)
 
-    def append_at(self, base_offset, count, payload, wal_payload=None, payload_crc32c=None):
+    def append_at(
+        self, base_offset, count, payload, wal_payload=None, payload_crc32c=None
+    ) -> Future:
         self.check_writable()
         assert base_offset == self.append_offset
         fut: Future = Future()
